@@ -1,0 +1,24 @@
+package main
+
+import (
+	"context"
+	"fmt"
+)
+
+// cmdBench dispatches "gotron bench <what>".
+func cmdBench(ctx context.Context, env *cli, args []string) error {
+	subs := map[string]func(context.Context, *cli, []string) error{
+		"gemm":      benchGemm,
+		"attention": benchAttention,
+		"comm":      benchComm,
+	}
+	if len(args) == 0 || args[0] == "--help" || args[0] == "-h" {
+		fmt.Fprintln(env.stdout, "Usage: gotron bench gemm|attention|comm [flags]")
+		return errHelp
+	}
+	f, ok := subs[args[0]]
+	if !ok {
+		return fmt.Errorf("unknown benchmark %q (want gemm, attention or comm)", args[0])
+	}
+	return f(ctx, env, args[1:])
+}

@@ -1,0 +1,10 @@
+package main
+
+import (
+	"context"
+	"errors"
+)
+
+func benchAttention(ctx context.Context, env *cli, args []string) error {
+	return errors.New("not implemented yet")
+}

@@ -1,0 +1,166 @@
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"sort"
+	"strings"
+
+	"go.yaml.in/yaml/v3"
+)
+
+// errHelp is returned by a command after it printed its --help text.
+var errHelp = errors.New("help requested")
+
+// newFlags returns a flag set that reports errors instead of exiting, so every
+// command can turn a bad flag into a clear message.
+func newFlags(name, synopsis string) *flag.FlagSet {
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	fs.Usage = func() {}
+	_ = synopsis
+	return fs
+}
+
+// parseFlags parses Megatron-style flags (--name value, --name=value, --bool).
+// Unknown flags are rejected with the nearest valid name. --help prints the
+// flags to w and returns errHelp. If the flag set defines "config" and it is
+// set, the YAML file it names supplies values for every flag not given on the
+// command line (command-line flags override the file).
+func parseFlags(fs *flag.FlagSet, args []string, w io.Writer, synopsis string) error {
+	for _, a := range args {
+		if a == "--" {
+			break
+		}
+		if a == "-h" || a == "--help" || a == "-help" {
+			printFlags(fs, w, synopsis)
+			return errHelp
+		}
+	}
+	if err := fs.Parse(args); err != nil {
+		return explainFlagError(fs, err)
+	}
+	if cf := fs.Lookup("config"); cf != nil && cf.Value.String() != "" {
+		if err := applyConfigFile(fs, cf.Value.String()); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func explainFlagError(fs *flag.FlagSet, err error) error {
+	msg := err.Error()
+	const undef = "flag provided but not defined: "
+	if strings.HasPrefix(msg, undef) {
+		name := strings.TrimLeft(strings.TrimPrefix(msg, undef), "-")
+		var names []string
+		fs.VisitAll(func(f *flag.Flag) { names = append(names, f.Name) })
+		out := fmt.Sprintf("unknown flag --%s", name)
+		if s := nearest(name, names); s != "" {
+			out += fmt.Sprintf(" (did you mean --%s?)", s)
+		}
+		return errors.New(out)
+	}
+	return fmt.Errorf("%s (see --help)", msg)
+}
+
+func printFlags(fs *flag.FlagSet, w io.Writer, synopsis string) {
+	fmt.Fprintf(w, "Usage: gotron %s\n\nFlags:\n", synopsis)
+	fs.VisitAll(func(f *flag.Flag) {
+		def := ""
+		if f.DefValue != "" && f.DefValue != "false" && f.DefValue != "0" {
+			def = fmt.Sprintf(" (default %s)", f.DefValue)
+		}
+		fmt.Fprintf(w, "  --%s\n        %s%s\n", f.Name, f.Usage, def)
+	})
+}
+
+// applyConfigFile sets every flag named by a key of the YAML mapping in path,
+// unless it was given on the command line. Keys may use '-' or '_' (Megatron's
+// YAML configs use underscores).
+func applyConfigFile(fs *flag.FlagSet, path string) error {
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		return fmt.Errorf("--config: %w", err)
+	}
+	var kv map[string]any
+	if err := yaml.Unmarshal(raw, &kv); err != nil {
+		return fmt.Errorf("--config %s: %w", path, err)
+	}
+	given := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
+	keys := make([]string, 0, len(kv))
+	for k := range kv {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	var names []string
+	fs.VisitAll(func(f *flag.Flag) { names = append(names, f.Name) })
+	for _, k := range keys {
+		name := strings.ReplaceAll(k, "_", "-")
+		f := fs.Lookup(name)
+		if f == nil {
+			msg := fmt.Sprintf("--config %s: unknown key %q", path, k)
+			if s := nearest(name, names); s != "" {
+				msg += fmt.Sprintf(" (did you mean %q?)", s)
+			}
+			return errors.New(msg)
+		}
+		if given[name] || name == "config" {
+			continue
+		}
+		v := kv[k]
+		var s string
+		switch x := v.(type) {
+		case nil:
+			continue
+		case []any:
+			parts := make([]string, len(x))
+			for i, p := range x {
+				parts[i] = fmt.Sprint(p)
+			}
+			s = strings.Join(parts, " ")
+		default:
+			s = fmt.Sprint(x)
+		}
+		if err := fs.Set(name, s); err != nil {
+			return fmt.Errorf("--config %s: key %q: %v", path, k, err)
+		}
+	}
+	return nil
+}
+
+// nearest returns the candidate closest to s by edit distance, or "" if none is
+// plausibly what the user meant.
+func nearest(s string, candidates []string) string {
+	best, bestD := "", len(s)/2+2
+	for _, c := range candidates {
+		if d := editDistance(s, c); d < bestD {
+			best, bestD = c, d
+		}
+	}
+	return best
+}
+
+func editDistance(a, b string) int {
+	prev := make([]int, len(b)+1)
+	cur := make([]int, len(b)+1)
+	for j := range prev {
+		prev[j] = j
+	}
+	for i := 1; i <= len(a); i++ {
+		cur[0] = i
+		for j := 1; j <= len(b); j++ {
+			cost := 1
+			if a[i-1] == b[j-1] {
+				cost = 0
+			}
+			cur[j] = min(prev[j]+1, cur[j-1]+1, prev[j-1]+cost)
+		}
+		prev, cur = cur, prev
+	}
+	return prev[len(b)]
+}

@@ -1,0 +1,101 @@
+// Command gotron trains and serves transformer language models: Megatron-LM's
+// algorithms and flags in one static Go binary.
+//
+// Usage:
+//
+//	gotron <command> [flags]
+//
+// Run "gotron help" for the list of commands and "gotron <command> --help" for
+// a command's flags. Flags keep Megatron-LM's names (--num-layers,
+// --tensor-model-parallel-size, --data-path, ...).
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"syscall"
+)
+
+// command is one gotron subcommand.
+type command struct {
+	name    string
+	summary string
+	run     func(ctx context.Context, env *cli, args []string) error
+}
+
+// cli carries the process's standard streams so commands can be run from tests.
+type cli struct {
+	stdout io.Writer
+	stderr io.Writer
+	stdin  io.Reader
+	// getenv reads the environment; tests replace it.
+	getenv func(string) string
+}
+
+func commands() []command {
+	return []command{
+		{"train", "train a GPT/Llama model (Megatron's pretrain_gpt.py flags)", cmdTrain},
+		{"generate", "generate text from a checkpoint with a KV cache", cmdGenerate},
+		{"score", "write per-position logits and print log-probabilities and perplexity", cmdScore},
+		{"convert", "convert checkpoints to and from Hugging Face format", cmdConvert},
+		{"preprocess", "tokenize JSONL into Megatron .bin/.idx files (tools/preprocess_data.py)", cmdPreprocess},
+		{"data", "inspect datasets: 'data samples', 'data inspect'", cmdData},
+		{"parallel", "print Megatron's rank groups for a layout: 'parallel groups'", cmdParallel},
+		{"launch", "start N worker processes, torchrun-compatible", cmdLaunch},
+		{"bench", "benchmarks: 'bench gemm', 'bench attention', 'bench comm'", cmdBench},
+	}
+}
+
+func main() {
+	env := &cli{stdout: os.Stdout, stderr: os.Stderr, stdin: os.Stdin, getenv: os.Getenv}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	os.Exit(run(ctx, env, os.Args[1:]))
+}
+
+// run dispatches to a subcommand and turns its error into an exit status.
+func run(ctx context.Context, env *cli, args []string) int {
+	if len(args) == 0 || args[0] == "help" || args[0] == "-h" || args[0] == "--help" {
+		usage(env.stdout)
+		return 0
+	}
+	for _, c := range commands() {
+		if c.name != args[0] {
+			continue
+		}
+		err := c.run(ctx, env, args[1:])
+		switch {
+		case err == nil:
+			return 0
+		case errors.Is(err, errHelp):
+			return 0
+		default:
+			fmt.Fprintf(env.stderr, "gotron %s: %v\n", c.name, err)
+			return 1
+		}
+	}
+	names := make([]string, 0, len(commands()))
+	for _, c := range commands() {
+		names = append(names, c.name)
+	}
+	msg := fmt.Sprintf("gotron: unknown command %q", args[0])
+	if s := nearest(args[0], names); s != "" {
+		msg += fmt.Sprintf(" (did you mean %q?)", s)
+	}
+	fmt.Fprintln(env.stderr, msg)
+	usage(env.stderr)
+	return 2
+}
+
+func usage(w io.Writer) {
+	fmt.Fprintln(w, "gotron: Megatron-LM's training and serving, in Go.")
+	fmt.Fprintln(w, "\nUsage: gotron <command> [flags]\n\nCommands:")
+	for _, c := range commands() {
+		fmt.Fprintf(w, "  %-11s %s\n", c.name, c.summary)
+	}
+	fmt.Fprintln(w, "\nRun 'gotron <command> --help' for the flags of a command.")
+}
