@@ -1,0 +1,102 @@
+package nprand
+
+import (
+	"bufio"
+	"fmt"
+	"os"
+	"slices"
+	"strings"
+	"testing"
+)
+
+// Spec §3.8 reference vectors.
+func TestSpecVectors(t *testing.T) {
+	if got := New(1234).Uint32(); got != 822569775 {
+		t.Errorf("first output of MT19937(1234) = %d, want 822569775", got)
+	}
+	cases := []struct {
+		seed uint32
+		n    int
+		want []int
+	}{
+		{1234, 10, []int{7, 2, 9, 1, 0, 8, 4, 5, 6, 3}},
+		{0, 20, []int{18, 1, 19, 8, 10, 17, 6, 13, 4, 2, 5, 14, 9, 7, 16, 11, 3, 0, 15, 12}},
+	}
+	for _, c := range cases {
+		x := make([]int, c.n)
+		for i := range x {
+			x[i] = i
+		}
+		Shuffle(New(c.seed), x)
+		if !slices.Equal(x, c.want) {
+			t.Errorf("RandomState(%d).shuffle(arange(%d)) = %v, want %v", c.seed, c.n, x, c.want)
+		}
+	}
+}
+
+// TestNumpyGolden compares against numpy 1.24's RandomState.shuffle
+// (testdata/gen_golden.py), including a second shuffle on the same generator.
+func TestNumpyGolden(t *testing.T) {
+	f, err := os.Open("testdata/shuffle_golden.txt")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	lines := 0
+	for sc.Scan() {
+		var seed uint32
+		var n int
+		if _, err := fmt.Sscan(sc.Text(), &seed, &n); err != nil {
+			t.Fatalf("bad golden line %q: %v", sc.Text(), err)
+		}
+		r := New(seed)
+		a := make([]int64, n)
+		for i := range a {
+			a[i] = int64(i)
+		}
+		Shuffle(r, a)
+		b := []int{0, 1, 2, 3, 4, 5, 6}
+		Shuffle(r, b)
+		var dot int64
+		for i, v := range a {
+			dot += v * int64(i)
+		}
+		got := fmt.Sprintf("%d %d %s %s %d %s", seed, n, pyList(a[:min(8, n)]), pyList(a[max(0, n-3):]), dot, pyList(b))
+		if got != sc.Text() {
+			t.Errorf("got  %s\nwant %s", got, sc.Text())
+		}
+		lines++
+	}
+	if lines != 15 {
+		t.Fatalf("read %d golden lines, want 15", lines)
+	}
+}
+
+// numpy: RandomState(5).randint(0, 2**40, size=5, dtype=np.uint64), the
+// masked 64-bit path of Interval.
+func TestInterval64(t *testing.T) {
+	want := []uint64{425438759118, 1030067709629, 989404716150, 622681974857, 34745516772}
+	r := New(5)
+	for i, w := range want {
+		if got := r.Interval(1<<40 - 1); got != w {
+			t.Errorf("draw %d = %d, want %d", i, got, w)
+		}
+	}
+}
+
+func pyList[T any](x []T) string {
+	s := make([]string, len(x))
+	for i, v := range x {
+		s[i] = fmt.Sprint(v)
+	}
+	return "[" + strings.Join(s, ", ") + "]"
+}
+
+func BenchmarkShuffle1M(b *testing.B) {
+	x := make([]int32, 1<<20)
+	r := New(1)
+	for b.Loop() {
+		Shuffle(r, x)
+	}
+}
