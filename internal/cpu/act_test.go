@@ -1,0 +1,46 @@
+package cpu
+
+import (
+	"math/rand/v2"
+	"testing"
+)
+
+func TestActFastVsRef(t *testing.T) {
+	rng := rand.New(rand.NewPCG(8, 9))
+	type pair struct {
+		name   string
+		fwd    func(out, inp []float32)
+		bwd    func(dinp, dout, inp []float32)
+		fwdRef func(out, inp []float64)
+		bwdRef func(dinp, dout, inp []float64)
+	}
+	for _, p := range []pair{
+		{"gelu-tanh", GELUTanhForward, GELUTanhBackward, geluTanhForwardRef, geluTanhBackwardRef},
+		{"gelu-erf", GELUErfForward, GELUErfBackward, geluErfForwardRef, geluErfBackwardRef},
+		{"silu", SiLUForward, SiLUBackward, siluForwardRef, siluBackwardRef},
+	} {
+		for _, n := range []int{1, 17, 40001} {
+			x, g := round32(randF64(rng, n, 8)), round32(randF64(rng, n, 1))
+			x[0] = -100 // saturated tail stays finite
+			out, dx := make([]float64, n), filled(n, 0.5)
+			p.fwdRef(out, x)
+			p.bwdRef(dx, g, x)
+			out32, dx32 := make([]float32, n), to32(filled(n, 0.5))
+			p.fwd(out32, to32(x))
+			p.bwd(dx32, to32(g), to32(x))
+			assertClose(t, p.name+" out", out32, out, fastTol)
+			assertClose(t, p.name+" dinp", dx32, dx, fastTol)
+		}
+	}
+	for _, sh := range []struct{ n, f int }{{1, 1}, {5, 13}, {31, 300}} {
+		x, g := round32(randF64(rng, sh.n*2*sh.f, 6)), round32(randF64(rng, sh.n*sh.f, 1))
+		out, dx := make([]float64, sh.n*sh.f), filled(len(x), 0.5)
+		swigluForwardRef(out, x, sh.n, sh.f)
+		swigluBackwardRef(dx, g, x, sh.n, sh.f)
+		out32, dx32 := make([]float32, len(out)), to32(filled(len(x), 0.5))
+		SwiGLUForward(out32, to32(x), sh.n, sh.f)
+		SwiGLUBackward(dx32, to32(g), to32(x), sh.n, sh.f)
+		assertClose(t, "swiglu out", out32, out, fastTol)
+		assertClose(t, "swiglu dinp", dx32, dx, fastTol)
+	}
+}

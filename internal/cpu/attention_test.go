@@ -1,0 +1,74 @@
+package cpu
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"strings"
+	"testing"
+)
+
+// docIDs returns (b*t) document ids with documents of random length.
+func docIDs(rng *rand.Rand, b, t int) []int32 {
+	ids := make([]int32, b*t)
+	for i := 0; i < b; i++ {
+		id := int32(0)
+		for j := 0; j < t; j++ {
+			if j > 0 && rng.IntN(23) == 0 {
+				id++
+			}
+			ids[i*t+j] = id
+		}
+	}
+	return ids
+}
+
+func TestAttentionFastVsRef(t *testing.T) {
+	rng := rand.New(rand.NewPCG(16, 17))
+	for _, cfg := range []AttentionConfig{
+		{B: 1, T: 1, HQ: 1, HKV: 1, D: 1, Causal: true},
+		{B: 2, T: 7, HQ: 3, HKV: 3, D: 5, Causal: true},
+		{B: 1, T: 130, HQ: 4, HKV: 2, D: 16, Causal: true},                    // GQA, partial blocks
+		{B: 2, T: 65, HQ: 3, HKV: 1, D: 8, Causal: true},                      // MQA
+		{B: 1, T: 67, HQ: 2, HKV: 2, D: 9, Causal: false},                     // bidirectional
+		{B: 2, T: 150, HQ: 2, HKV: 1, D: 12, Causal: true, DocIDs: []int32{}}, // doc mask, filled below
+		{B: 1, T: 70, HQ: 2, HKV: 2, D: 4, Scale: 0.3, DocIDs: []int32{}},     // doc mask, no causal
+	} {
+		if cfg.DocIDs != nil {
+			cfg.DocIDs = docIDs(rng, cfg.B, cfg.T)
+		}
+		t.Run(fmt.Sprintf("B%dT%dHQ%dHKV%dD%d-causal%v-doc%v", cfg.B, cfg.T, cfg.HQ, cfg.HKV, cfg.D, cfg.Causal, cfg.DocIDs != nil), func(t *testing.T) {
+			nq, nkv := cfg.B*cfg.T*cfg.HQ*cfg.D, cfg.B*cfg.T*cfg.HKV*cfg.D
+			q, k, v := round32(randF64(rng, nq, 1)), round32(randF64(rng, nkv, 1)), round32(randF64(rng, nkv, 1))
+			g := round32(randF64(rng, nq, 1))
+			out, lse := make([]float64, nq), make([]float64, cfg.B*cfg.HQ*cfg.T)
+			attentionForwardRef(out, lse, q, k, v, cfg)
+			dq, dk, dv := filled(nq, 0.5), filled(nkv, 0.25), filled(nkv, -1)
+			attentionBackwardRef(dq, dk, dv, g, q, k, v, lse, cfg)
+
+			out32, lse32 := make([]float32, nq), make([]float32, len(lse))
+			AttentionForward(out32, lse32, to32(q), to32(k), to32(v), cfg)
+			assertClose(t, "out", out32, out, fastTol)
+			assertClose(t, "lse", lse32, lse, fastTol)
+			dq32, dk32, dv32 := to32(filled(nq, 0.5)), to32(filled(nkv, 0.25)), to32(filled(nkv, -1))
+			AttentionBackward(dq32, dk32, dv32, to32(g), to32(q), to32(k), to32(v), out32, lse32, cfg)
+			assertClose(t, "dq", dq32, dq, fastTol)
+			assertClose(t, "dk", dk32, dk, fastTol)
+			assertClose(t, "dv", dv32, dv, fastTol)
+		})
+	}
+}
+
+func TestAttentionConfigErrors(t *testing.T) {
+	for _, tc := range []struct {
+		cfg  AttentionConfig
+		want string
+	}{
+		{AttentionConfig{B: 1, T: 4, HQ: 3, HKV: 2, D: 4}, "HQ=3 is not a multiple of HKV=2"},
+		{AttentionConfig{B: 1, T: 4, HQ: 2, HKV: 2, D: 0}, "D=0"},
+		{AttentionConfig{B: 2, T: 4, HQ: 2, HKV: 2, D: 4, DocIDs: make([]int32, 4)}, "want B*T=8"},
+	} {
+		if err := tc.cfg.Validate(); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("Validate(%+v) = %v, want it to mention %q", tc.cfg, err, tc.want)
+		}
+	}
+}

@@ -1,0 +1,71 @@
+package cpu
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"strings"
+	"testing"
+)
+
+func TestCrossEntropyFastVsRef(t *testing.T) {
+	rng := rand.New(rand.NewPCG(12, 13))
+	for _, tc := range []struct {
+		n, v   int
+		s      float32
+		ignore int32
+	}{{1, 1, 0, 0}, {5, 11, 0, -1}, {7, 3001, 0.1, -100}, {33, 50, 0.5, -1}} {
+		t.Run(fmt.Sprintf("%dx%d-s%g", tc.n, tc.v, tc.s), func(t *testing.T) {
+			cfg := CrossEntropyConfig{N: tc.n, V: tc.v, LabelSmoothing: tc.s, IgnoreIndex: tc.ignore}
+			x := round32(randF64(rng, tc.n*tc.v, 10))
+			targets := make([]int32, tc.n)
+			for i := range targets {
+				targets[i] = int32(rng.IntN(tc.v))
+				if i%3 == 1 && tc.ignore < 0 {
+					targets[i] = tc.ignore
+				}
+			}
+			if err := cfg.CheckTargets(targets); err != nil {
+				t.Fatal(err)
+			}
+			dl := round32(randF64(rng, tc.n, 1))
+			losses, lse, dx := make([]float64, tc.n), make([]float64, tc.n), make([]float64, len(x))
+			crossEntropyForwardRef(losses, lse, x, targets, cfg)
+			crossEntropyBackwardRef(dx, x, lse, targets, dl, cfg)
+
+			x32 := to32(x)
+			l32, lse32 := make([]float32, tc.n), make([]float32, tc.n)
+			CrossEntropyForward(l32, lse32, x32, targets, cfg)
+			assertClose(t, "losses", l32, losses, fastTol)
+			assertClose(t, "lse", lse32, lse, fastTol)
+			dx32 := to32(filled(len(x), 7)) // overwritten, not accumulated
+			CrossEntropyBackward(dx32, x32, lse32, targets, to32(dl), cfg)
+			assertClose(t, "dlogits", dx32, dx, fastTol)
+			// in place: dlogits aliases logits
+			CrossEntropyBackward(x32, x32, lse32, targets, to32(dl), cfg)
+			assertClose(t, "dlogits in place", x32, dx, fastTol)
+		})
+	}
+}
+
+func TestCrossEntropyConfigErrors(t *testing.T) {
+	for _, tc := range []struct {
+		cfg     CrossEntropyConfig
+		targets []int32
+		want    string
+	}{
+		{CrossEntropyConfig{N: 2, V: 0}, []int32{0, 0}, "V >= 1"},
+		{CrossEntropyConfig{N: 1, V: 4, LabelSmoothing: 1}, []int32{0}, "LabelSmoothing"},
+		{CrossEntropyConfig{N: 2, V: 4}, []int32{0, 4}, "target[1]=4"},
+		{CrossEntropyConfig{N: 2, V: 4}, []int32{-1, 0}, "target[0]=-1"},
+		{CrossEntropyConfig{N: 2, V: 4, IgnoreIndex: -1}, []int32{-1, -100}, "target[1]=-100"},
+		{CrossEntropyConfig{N: 3, V: 4}, []int32{0}, "want N=3"},
+	} {
+		err := tc.cfg.Validate()
+		if err == nil {
+			err = tc.cfg.CheckTargets(tc.targets)
+		}
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%+v %v: error %v, want it to mention %q", tc.cfg, tc.targets, err, tc.want)
+		}
+	}
+}

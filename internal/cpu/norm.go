@@ -1,0 +1,145 @@
+package cpu
+
+import "math"
+
+// Gradient contract for every backward kernel in this package (llm.c style):
+// backward ACCUMULATES (+=) into dinp and into parameter gradients (dweight,
+// dbias), so the caller zeroes gradients once per step and residual branches
+// sum for free. The one exception is CrossEntropyBackward, which overwrites
+// dlogits (and may run in place over the logits).
+//
+// Parameter-gradient reductions over rows (dweight, dbias) are split over
+// columns, not rows, so results do not depend on Threads().
+
+// normGrain is the minimum number of rows (or columns) one goroutine takes.
+const normGrain = 16
+
+// LayerNormForward normalises each row of inp and applies weight and bias.
+//
+//	inp, out: (n, c); weight, bias: (c), bias may be nil
+//	mean, rstd: (n), cached for LayerNormBackward
+//
+// out[i,j] = (inp[i,j]-mean[i])*rstd[i]*weight[j] + bias[j], with
+// rstd = 1/sqrt(var + eps) and the biased (1/c) variance, as torch.nn.LayerNorm.
+func LayerNormForward(out, mean, rstd, inp, weight, bias []float32, n, c int, eps float32) {
+	Parallel(n, normGrain, func(lo, hi int) {
+		for i := lo; i < hi; i++ {
+			x := inp[i*c : i*c+c]
+			var s float32
+			for _, v := range x {
+				s += v
+			}
+			m := s / float32(c)
+			var v2 float32
+			for _, v := range x {
+				d := v - m
+				v2 += d * d
+			}
+			r := 1 / float32(math.Sqrt(float64(v2/float32(c)+eps)))
+			o := out[i*c : i*c+c]
+			for j, v := range x {
+				y := (v - m) * r * weight[j]
+				if bias != nil {
+					y += bias[j]
+				}
+				o[j] = y
+			}
+			mean[i], rstd[i] = m, r
+		}
+	})
+}
+
+// LayerNormBackward accumulates the gradients of LayerNormForward.
+//
+//	dout, inp, dinp: (n, c); weight, dweight, dbias: (c), dbias may be nil
+//	mean, rstd: (n) from LayerNormForward
+//
+// dinp += rstd*(w*dout - mean(w*dout) - xhat*mean(w*dout*xhat)),
+// dweight += Σ_rows dout*xhat, dbias += Σ_rows dout.
+func LayerNormBackward(dinp, dweight, dbias, dout, inp, weight, mean, rstd []float32, n, c int) {
+	Parallel(n, normGrain, func(lo, hi int) {
+		for i := lo; i < hi; i++ {
+			x, g, dx := inp[i*c:i*c+c], dout[i*c:i*c+c], dinp[i*c:i*c+c]
+			m, r := mean[i], rstd[i]
+			var dmean, dnormMean float32
+			for j := range x {
+				wg := weight[j] * g[j]
+				dmean += wg
+				dnormMean += wg * (x[j] - m) * r
+			}
+			dmean /= float32(c)
+			dnormMean /= float32(c)
+			for j := range x {
+				xh := (x[j] - m) * r
+				dx[j] += (weight[j]*g[j] - dmean - xh*dnormMean) * r
+			}
+		}
+	})
+	Parallel(c, normGrain, func(lo, hi int) {
+		for i := 0; i < n; i++ {
+			x, g := inp[i*c:i*c+c], dout[i*c:i*c+c]
+			m, r := mean[i], rstd[i]
+			for j := lo; j < hi; j++ {
+				dweight[j] += g[j] * (x[j] - m) * r
+				if dbias != nil {
+					dbias[j] += g[j]
+				}
+			}
+		}
+	})
+}
+
+// RMSNormForward scales each row by its reciprocal root mean square.
+//
+//	inp, out: (n, c); weight: (c); rstd: (n), cached for RMSNormBackward
+//
+// out[i,j] = inp[i,j]*rstd[i]*weight[j], rstd = 1/sqrt(mean(inp²) + eps)
+// (Megatron/Llama RMSNorm).
+func RMSNormForward(out, rstd, inp, weight []float32, n, c int, eps float32) {
+	Parallel(n, normGrain, func(lo, hi int) {
+		for i := lo; i < hi; i++ {
+			x := inp[i*c : i*c+c]
+			var s float32
+			for _, v := range x {
+				s += v * v
+			}
+			r := 1 / float32(math.Sqrt(float64(s/float32(c)+eps)))
+			o := out[i*c : i*c+c]
+			for j, v := range x {
+				o[j] = v * r * weight[j]
+			}
+			rstd[i] = r
+		}
+	})
+}
+
+// RMSNormBackward accumulates the gradients of RMSNormForward.
+//
+//	dout, inp, dinp: (n, c); weight, dweight: (c); rstd: (n) from the forward
+//
+// dinp += rstd*(w*dout - x*rstd²*mean(w*dout*x)), dweight += Σ_rows dout*x*rstd.
+func RMSNormBackward(dinp, dweight, dout, inp, weight, rstd []float32, n, c int) {
+	Parallel(n, normGrain, func(lo, hi int) {
+		for i := lo; i < hi; i++ {
+			x, g, dx := inp[i*c:i*c+c], dout[i*c:i*c+c], dinp[i*c:i*c+c]
+			r := rstd[i]
+			var dot float32
+			for j := range x {
+				dot += weight[j] * g[j] * x[j]
+			}
+			k := r * r * dot / float32(c)
+			for j := range x {
+				dx[j] += r * (weight[j]*g[j] - x[j]*k)
+			}
+		}
+	})
+	Parallel(c, normGrain, func(lo, hi int) {
+		for i := 0; i < n; i++ {
+			x, g := inp[i*c:i*c+c], dout[i*c:i*c+c]
+			r := rstd[i]
+			for j := lo; j < hi; j++ {
+				dweight[j] += g[j] * x[j] * r
+			}
+		}
+	})
+}

@@ -1,0 +1,98 @@
+package cpu
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"testing"
+)
+
+// fastTol is the fast-path vs float64-reference tolerance of the tests in this
+// package: |got - want| <= fastTol*max(1, |want|).
+const fastTol = 2e-5
+
+// filled returns n copies of v (gradient buffers pre-filled to check +=).
+func filled(n int, v float64) []float64 {
+	x := make([]float64, n)
+	for i := range x {
+		x[i] = v
+	}
+	return x
+}
+
+func TestNormFastVsRef(t *testing.T) {
+	rng := rand.New(rand.NewPCG(3, 4))
+	for _, sh := range []struct{ n, c int }{{1, 1}, {3, 7}, {33, 129}, {70, 768}} {
+		for _, bias := range []bool{true, false} {
+			t.Run(fmt.Sprintf("layernorm-%dx%d-bias%v", sh.n, sh.c, bias), func(t *testing.T) {
+				n, c := sh.n, sh.c
+				x, w := round32(randF64(rng, n*c, 3)), round32(randF64(rng, c, 1))
+				g := round32(randF64(rng, n*c, 1))
+				var bb []float64
+				if bias {
+					bb = round32(randF64(rng, c, 1))
+				}
+				out, mean, rstd := make([]float64, n*c), make([]float64, n), make([]float64, n)
+				layerNormForwardRef(out, mean, rstd, x, w, bb, n, c, 1e-5)
+				dx, dw, db := filled(n*c, 0.5), filled(c, 0.25), filled(c, -1)
+				if !bias {
+					db = nil
+				}
+				layerNormBackwardRef(dx, dw, db, g, x, w, mean, rstd, n, c)
+
+				out32, mean32, rstd32 := make([]float32, n*c), make([]float32, n), make([]float32, n)
+				LayerNormForward(out32, mean32, rstd32, to32(x), to32(w), to32(bb), n, c, 1e-5)
+				assertClose(t, "out", out32, out, fastTol)
+				assertClose(t, "mean", mean32, mean, fastTol)
+				assertClose(t, "rstd", rstd32, rstd, fastTol)
+				dx32, dw32, db32 := to32(filled(n*c, 0.5)), to32(filled(c, 0.25)), to32(filled(c, -1))
+				if !bias {
+					db32 = nil
+				}
+				LayerNormBackward(dx32, dw32, db32, to32(g), to32(x), to32(w), mean32, rstd32, n, c)
+				assertClose(t, "dinp", dx32, dx, fastTol)
+				assertClose(t, "dweight", dw32, dw, fastTol)
+				if bias {
+					assertClose(t, "dbias", db32, db, fastTol)
+				}
+			})
+		}
+		t.Run(fmt.Sprintf("rmsnorm-%dx%d", sh.n, sh.c), func(t *testing.T) {
+			n, c := sh.n, sh.c
+			x, w, g := round32(randF64(rng, n*c, 3)), round32(randF64(rng, c, 1)), round32(randF64(rng, n*c, 1))
+			out, rstd := make([]float64, n*c), make([]float64, n)
+			rmsNormForwardRef(out, rstd, x, w, n, c, 1e-5)
+			dx, dw := filled(n*c, 0.5), filled(c, 0.25)
+			rmsNormBackwardRef(dx, dw, g, x, w, rstd, n, c)
+			out32, rstd32 := make([]float32, n*c), make([]float32, n)
+			RMSNormForward(out32, rstd32, to32(x), to32(w), n, c, 1e-5)
+			assertClose(t, "out", out32, out, fastTol)
+			assertClose(t, "rstd", rstd32, rstd, fastTol)
+			dx32, dw32 := to32(filled(n*c, 0.5)), to32(filled(c, 0.25))
+			RMSNormBackward(dx32, dw32, to32(g), to32(x), to32(w), rstd32, n, c)
+			assertClose(t, "dinp", dx32, dx, fastTol)
+			assertClose(t, "dweight", dw32, dw, fastTol)
+		})
+	}
+}
+
+// TestNormThreadInvariant checks that parameter gradients do not depend on the
+// number of threads (they are reduced over columns, not rows).
+func TestNormThreadInvariant(t *testing.T) {
+	rng := rand.New(rand.NewPCG(5, 6))
+	n, c := 100, 48
+	x, w, g := to32(randF64(rng, n*c, 2)), to32(randF64(rng, c, 1)), to32(randF64(rng, n*c, 1))
+	run := func(threads int) []float32 {
+		defer SetThreads(SetThreads(threads))
+		out, mean, rstd := make([]float32, n*c), make([]float32, n), make([]float32, n)
+		LayerNormForward(out, mean, rstd, x, w, nil, n, c, 1e-5)
+		dx, dw := make([]float32, n*c), make([]float32, c)
+		LayerNormBackward(dx, dw, nil, g, x, w, mean, rstd, n, c)
+		return append(append(out, dx...), dw...)
+	}
+	a, b := run(1), run(3)
+	for i := range a {
+		if a[i] != b[i] {
+			t.Fatalf("element %d: 1 thread %g, 3 threads %g", i, a[i], b[i])
+		}
+	}
+}

@@ -1,0 +1,68 @@
+package cpu
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"strings"
+	"testing"
+)
+
+func TestRoPEFastVsRef(t *testing.T) {
+	rng := rand.New(rand.NewPCG(14, 15))
+	for _, style := range []RoPEStyle{RotateHalf, Interleaved} {
+		for _, sh := range []struct{ b, t, h, d, rot int }{{1, 1, 1, 2, 2}, {2, 5, 3, 10, 6}, {2, 37, 4, 64, 64}} {
+			t.Run(fmt.Sprintf("style%d-%v", style, sh), func(t *testing.T) {
+				cfg := RoPEConfig{Dim: sh.rot, MaxPositions: 64, Style: style}
+				r, err := NewRoPE(cfg)
+				if err != nil {
+					t.Fatal(err)
+				}
+				n := sh.b * sh.t * sh.h * sh.d
+				x, g := round32(randF64(rng, n, 2)), round32(randF64(rng, n, 1))
+				for _, pos := range [][]int32{nil, randPositions(rng, sh.b*sh.t, 64)} {
+					out, dx := make([]float64, n), filled(n, 0.5)
+					ropeForwardRef(out, x, pos, sh.b, sh.t, sh.h, sh.d, cfg, 1)
+					ropeBackwardRef(dx, g, pos, sh.b, sh.t, sh.h, sh.d, cfg)
+					out32, dx32 := make([]float32, n), to32(filled(n, 0.5))
+					r.Forward(out32, to32(x), pos, sh.b, sh.t, sh.h, sh.d)
+					r.Backward(dx32, to32(g), pos, sh.b, sh.t, sh.h, sh.d)
+					assertClose(t, "out", out32, out, fastTol)
+					assertClose(t, "dx", dx32, dx, fastTol)
+					inPlace := to32(x) // out aliases x
+					r.Forward(inPlace, inPlace, pos, sh.b, sh.t, sh.h, sh.d)
+					assertClose(t, "out in place", inPlace, out, fastTol)
+				}
+			})
+		}
+	}
+}
+
+func randPositions(rng *rand.Rand, n, maxPos int) []int32 {
+	p := make([]int32, n)
+	for i := range p {
+		p[i] = int32(rng.IntN(maxPos))
+	}
+	return p
+}
+
+func TestNewRoPEErrors(t *testing.T) {
+	for _, tc := range []struct {
+		cfg  RoPEConfig
+		want string
+	}{
+		{RoPEConfig{Dim: 3, MaxPositions: 4}, "Dim=3"},
+		{RoPEConfig{Dim: 0, MaxPositions: 4}, "Dim=0"},
+		{RoPEConfig{Dim: 4, MaxPositions: 0}, "MaxPositions=0"},
+		{RoPEConfig{Dim: 4, MaxPositions: 4, Base: -1}, "Base=-1"},
+		{RoPEConfig{Dim: 4, MaxPositions: 4, Style: 7}, "Style=7"},
+	} {
+		_, err := NewRoPE(tc.cfg)
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("NewRoPE(%+v) error %v, want it to mention %q", tc.cfg, err, tc.want)
+		}
+	}
+	r, err := NewRoPE(RoPEConfig{Dim: 4, MaxPositions: 4})
+	if err != nil || r.Config().Base != 10000 {
+		t.Fatalf("zero Base: got %+v, %v; want Base 10000", r.Config(), err)
+	}
+}
