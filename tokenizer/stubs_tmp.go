@@ -1,0 +1,27 @@
+package tokenizer
+
+import "errors"
+
+var errNotYet = errors.New("tokenizer: not implemented yet")
+
+// SentencePiece is a SentencePiece tokenizer (in progress).
+type SentencePiece struct{ Tokenizer }
+
+// Llama2 is Megatron's Llama2Tokenizer (in progress).
+type Llama2 struct{ *SentencePiece }
+
+// LoadSentencePiece is in progress.
+func LoadSentencePiece(path string) (*SentencePiece, error) { return nil, errNotYet }
+
+// LoadHuggingFace is in progress.
+func LoadHuggingFace(path string) (Tokenizer, error) { return nil, errNotYet }
+
+// TikTokenOptions are TikTokenizer's options (in progress).
+type TikTokenOptions struct {
+	Pattern          string
+	NumSpecialTokens int
+	SpecialTokens    []string
+}
+
+// LoadTikToken is in progress.
+func LoadTikToken(path string, o TikTokenOptions) (Tokenizer, error) { return nil, errNotYet }
