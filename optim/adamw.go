@@ -1,0 +1,166 @@
+package optim
+
+import (
+	"fmt"
+	"math"
+
+	"github.com/gotron/gotron/internal/cpu"
+)
+
+// AdamWConfig holds AdamW's fixed hyperparameters (the learning rate and
+// weight decay come from each Group every step). Zero fields take Megatron's
+// defaults, so AdamWConfig{} is --adam-beta1 0.9 --adam-beta2 0.999
+// --adam-eps 1e-8. (A β of exactly 0 cannot be expressed; use e.g. 1e-30.)
+type AdamWConfig struct {
+	// Beta1 is --adam-beta1, the first-moment decay; 0 means 0.9.
+	Beta1 float64
+	// Beta2 is --adam-beta2, the second-moment decay; 0 means 0.999.
+	Beta2 float64
+	// Eps is --adam-eps, added to √v̂ (outside the root); 0 means 1e-8.
+	Eps float64
+}
+
+// withDefaults fills zero fields with Megatron's defaults.
+func (c AdamWConfig) withDefaults() AdamWConfig {
+	if c.Beta1 == 0 {
+		c.Beta1 = 0.9
+	}
+	if c.Beta2 == 0 {
+		c.Beta2 = 0.999
+	}
+	if c.Eps == 0 {
+		c.Eps = 1e-8
+	}
+	return c
+}
+
+// Validate reports a hyperparameter outside its range, naming the flag.
+func (c AdamWConfig) Validate() error {
+	c = c.withDefaults()
+	switch {
+	case !(c.Beta1 > 0 && c.Beta1 < 1):
+		return fmt.Errorf("optim: --adam-beta1 %v: want 0 < beta1 < 1", c.Beta1)
+	case !(c.Beta2 > 0 && c.Beta2 < 1):
+		return fmt.Errorf("optim: --adam-beta2 %v: want 0 < beta2 < 1", c.Beta2)
+	case !(c.Eps > 0) || math.IsInf(c.Eps, 0):
+		return fmt.Errorf("optim: --adam-eps %v: want a positive finite value", c.Eps)
+	}
+	return nil
+}
+
+// AdamW is Adam with decoupled weight decay, computed as Megatron's default
+// optimizer does it: Transformer Engine / Apex FusedAdam with adam_w_mode
+// (csrc/multi_tensor_adam.cu, ADAM_MODE_1), all arithmetic in float32:
+//
+//	m ← β1·m + (1−β1)·g
+//	v ← β2·v + (1−β2)·g²
+//	m̂ = m/bc1, v̂ = v/bc2, bc_i = 1 − β_iᵗ (computed in float64 from float32 β, then rounded)
+//	p ← p − lr·(m̂/(√v̂ + eps) + wd·p)
+//
+// torch.optim.AdamW computes p·(1 − lr·wd) − lr/bc1 · m/(√v/√bc2 + eps): the
+// same formula with the eps placement identical, differing only in rounding
+// (≤ a few float32 ulps per step); the tests check both.
+type AdamW struct {
+	cfg    AdamWConfig
+	groups []Group
+	f      flat
+	m, v   [][]float32 // exp_avg, exp_avg_sq per flat param
+	steps  int64
+
+	// Per-step float32 scalars read by kernel.
+	b1, b2, omb1, omb2, eps, bc1, bc2 float32
+	lr, wd                            []float32 // per group
+	kernel                            func(lo, hi int)
+}
+
+var _ Optimizer = (*AdamW)(nil)
+
+// NewAdamW builds an AdamW over groups (see DefaultGroups), allocating zeroed
+// exp_avg and exp_avg_sq buffers. It errors on bad hyperparameters, nil or
+// duplicate params and Data/Grad/Shape length mismatches, naming the param.
+func NewAdamW(groups []Group, cfg AdamWConfig) (*AdamW, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	f, err := newFlat("adamw", groups)
+	if err != nil {
+		return nil, err
+	}
+	cfg = cfg.withDefaults()
+	o := &AdamW{cfg: cfg, groups: groups, f: f,
+		lr: make([]float32, len(groups)), wd: make([]float32, len(groups))}
+	for _, p := range f.params {
+		o.m = append(o.m, make([]float32, len(p.Data)))
+		o.v = append(o.v, make([]float32, len(p.Data)))
+	}
+	o.b1, o.b2, o.eps = float32(cfg.Beta1), float32(cfg.Beta2), float32(cfg.Eps)
+	o.omb1, o.omb2 = 1-o.b1, 1-o.b2 // float32 arithmetic, as the CUDA kernel does
+	o.kernel = func(lo, hi int) { o.f.each(lo, hi, o.update) }
+	return o, nil
+}
+
+// Groups returns the param groups (aliasing the optimizer's own).
+func (o *AdamW) Groups() []Group { return o.groups }
+
+// Steps returns the number of updates applied so far.
+func (o *AdamW) Steps() int64 { return o.steps }
+
+// Step applies one AdamW update using each group's LR and WD. It allocates
+// nothing itself; the work is split over internal/cpu.Parallel.
+func (o *AdamW) Step() {
+	o.steps++
+	// Apex: bias_correction = 1 - std::pow(beta (float), step) in double, stored as float.
+	o.bc1 = float32(1 - math.Pow(float64(o.b1), float64(o.steps)))
+	o.bc2 = float32(1 - math.Pow(float64(o.b2), float64(o.steps)))
+	for i := range o.groups {
+		o.lr[i] = float32(o.groups[i].LR)
+		o.wd[i] = float32(o.groups[i].WD)
+	}
+	cpu.Parallel(o.f.total(), 1<<14, o.kernel)
+}
+
+// update is the elementwise AdamW kernel on params[i][a:b].
+func (o *AdamW) update(i, a, b int) {
+	p, g := o.f.params[i].Data[a:b], o.f.params[i].Grad[a:b]
+	m, v := o.m[i][a:b], o.v[i][a:b]
+	lr, wd := o.lr[o.f.group[i]], o.wd[o.f.group[i]]
+	b1, b2, omb1, omb2, eps, bc1, bc2 := o.b1, o.b2, o.omb1, o.omb2, o.eps, o.bc1, o.bc2
+	_, _, _ = g[len(p)-1], m[len(p)-1], v[len(p)-1]
+	for j := range p {
+		gj := g[j]
+		mj := b1*m[j] + omb1*gj
+		vj := b2*v[j] + omb2*gj*gj
+		m[j], v[j] = mj, vj
+		denom := float32(math.Sqrt(float64(vj/bc2))) + eps
+		p[j] -= lr * (mj/bc1/denom + wd*p[j])
+	}
+}
+
+// State returns a copy of the step count and the exp_avg / exp_avg_sq
+// buffers ("exp_avg/<name>", "exp_avg_sq/<name>", torch's names).
+func (o *AdamW) State() State {
+	s := State{Kind: "adamw", Steps: o.steps, Buffers: map[string][]float32{}}
+	saveBuffers(s.Buffers, "exp_avg", &o.f, o.m)
+	saveBuffers(s.Buffers, "exp_avg_sq", &o.f, o.v)
+	return s
+}
+
+// LoadState restores s, checking the kind, step count and every buffer's
+// presence and length; on error the optimizer is unchanged.
+func (o *AdamW) LoadState(s State) error {
+	if s.Kind != "adamw" {
+		return fmt.Errorf("optim: adamw: load state: state is for optimizer %q, want \"adamw\"", s.Kind)
+	}
+	if s.Steps < 0 {
+		return fmt.Errorf("optim: adamw: load state: negative step count %d", s.Steps)
+	}
+	if err := checkBuffers("adamw", s, &o.f, []string{"exp_avg", "exp_avg_sq"}); err != nil {
+		return err
+	}
+	for i, p := range o.f.params {
+		copy(o.m[i], s.Buffers[stateKey("exp_avg", p.Name)])
+		copy(o.v[i], s.Buffers[stateKey("exp_avg_sq", p.Name)])
+	}
+	o.steps = s.Steps
+	return nil
+}

@@ -1,0 +1,31 @@
+// Package optim holds gotron's optimizers and the schedules around them,
+// each matching Megatron-LM (spec §1.5–1.7, §2.7–2.9):
+//
+//   - AdamW (TE/Apex FusedAdam, adam_w_mode) and SGD (torch semantics) over
+//     flat float32 parameters grouped like Megatron's param groups
+//     (DefaultGroups: decay / no_decay by DefaultNoWeightDecay);
+//   - Grads: global-norm gradient clipping (--clip-grad), split into a local
+//     sum of squares and a finish step so parallel code can all-reduce in
+//     between, and NaN/Inf detection (found_inf);
+//   - Scheduler: OptimizerParamScheduler, LR (constant, linear, cosine,
+//     inverse-square-root, WSD) and weight decay as functions of consumed
+//     samples, with Megatron's checkpoint load rules; SchedulerFlags builds
+//     its config from Megatron flags;
+//   - Microbatches: the number-of-microbatches calculator (constant,
+//     ramp-up, step schedule).
+//
+// Everything except the elementwise kernels is a pure function of its
+// inputs; the kernels split work over internal/cpu.Parallel and allocate
+// nothing per step beyond what cpu.Parallel itself does.
+//
+// One training iteration, as in Megatron's train_step:
+//
+//	mb.UpdateChecked(consumed)            // microbatches for this iteration
+//	... forward/backward over mb.Num() microbatches, accumulating Grad ...
+//	if grads.FoundInf() { skip }          // (all-reduce MAX across ranks first)
+//	norm := grads.ClipGradNorm(clipGrad)  // or SumSquares → all-reduce → L2Norm → ClipByNorm
+//	sched.Apply(opt.Groups())
+//	opt.Step()
+//	sched.Step(int64(mb.CurrentRunningGlobalBatchSize())) // num_microbatches·mbs·DP
+//	consumed += int64(mb.CurrentRunningGlobalBatchSize())
+package optim

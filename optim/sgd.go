@@ -1,0 +1,163 @@
+package optim
+
+import (
+	"fmt"
+
+	"github.com/gotron/gotron/internal/cpu"
+)
+
+// SGDConfig holds SGD's fixed hyperparameters. The zero value is plain SGD
+// without momentum; Megatron's --optimizer sgd default is Momentum 0.9
+// (--sgd-momentum), which callers set explicitly.
+type SGDConfig struct {
+	// Momentum is --sgd-momentum; 0 disables the momentum buffer.
+	Momentum float64
+	// Dampening scales the gradient added to the buffer by (1 − Dampening)
+	// (torch.optim.SGD; Megatron uses 0).
+	Dampening float64
+	// Nesterov uses g + momentum·buf instead of buf (torch semantics).
+	Nesterov bool
+}
+
+// Validate reports a hyperparameter outside its range, naming the flag.
+func (c SGDConfig) Validate() error {
+	switch {
+	case !(c.Momentum >= 0 && c.Momentum < 1):
+		return fmt.Errorf("optim: --sgd-momentum %v: want 0 <= momentum < 1", c.Momentum)
+	case !(c.Dampening >= 0 && c.Dampening <= 1):
+		return fmt.Errorf("optim: sgd dampening %v: want 0 <= dampening <= 1", c.Dampening)
+	case c.Nesterov && (c.Momentum == 0 || c.Dampening != 0):
+		return fmt.Errorf("optim: sgd: Nesterov momentum requires momentum > 0 and dampening 0 (torch rule)")
+	}
+	return nil
+}
+
+// SGD is stochastic gradient descent with torch.optim.SGD semantics (also
+// Apex FusedSGD's, which Megatron uses), in float32:
+//
+//	d = g + wd·p                       (coupled L2 weight decay, as torch)
+//	buf = d on the first step, else momentum·buf + (1−dampening)·d
+//	d = buf, or d + momentum·buf with Nesterov
+//	p ← p − lr·d
+type SGD struct {
+	cfg    SGDConfig
+	groups []Group
+	f      flat
+	buf    [][]float32 // momentum_buffer per flat param; nil without momentum
+	steps  int64
+
+	mom, omd float32
+	first    bool
+	lr, wd   []float32
+	kernel   func(lo, hi int)
+}
+
+var _ Optimizer = (*SGD)(nil)
+
+// NewSGD builds an SGD over groups, with zeroed momentum buffers when
+// cfg.Momentum > 0. Errors name the bad flag or parameter.
+func NewSGD(groups []Group, cfg SGDConfig) (*SGD, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	f, err := newFlat("sgd", groups)
+	if err != nil {
+		return nil, err
+	}
+	o := &SGD{cfg: cfg, groups: groups, f: f,
+		lr: make([]float32, len(groups)), wd: make([]float32, len(groups)),
+		mom: float32(cfg.Momentum), omd: float32(1 - cfg.Dampening)}
+	if cfg.Momentum != 0 {
+		for _, p := range f.params {
+			o.buf = append(o.buf, make([]float32, len(p.Data)))
+		}
+	}
+	o.kernel = func(lo, hi int) { o.f.each(lo, hi, o.update) }
+	return o, nil
+}
+
+// Groups returns the param groups (aliasing the optimizer's own).
+func (o *SGD) Groups() []Group { return o.groups }
+
+// Steps returns the number of updates applied so far.
+func (o *SGD) Steps() int64 { return o.steps }
+
+// Step applies one SGD update using each group's LR and WD.
+func (o *SGD) Step() {
+	o.first = o.steps == 0
+	o.steps++
+	for i := range o.groups {
+		o.lr[i] = float32(o.groups[i].LR)
+		o.wd[i] = float32(o.groups[i].WD)
+	}
+	cpu.Parallel(o.f.total(), 1<<14, o.kernel)
+}
+
+// update is the elementwise SGD kernel on params[i][a:b].
+func (o *SGD) update(i, a, b int) {
+	p, g := o.f.params[i].Data[a:b], o.f.params[i].Grad[a:b]
+	lr, wd := o.lr[o.f.group[i]], o.wd[o.f.group[i]]
+	if o.buf == nil {
+		for j := range p {
+			d := g[j]
+			if wd != 0 {
+				d += wd * p[j]
+			}
+			p[j] -= lr * d
+		}
+		return
+	}
+	buf := o.buf[i][a:b]
+	mom, omd, first, nesterov := o.mom, o.omd, o.first, o.cfg.Nesterov
+	for j := range p {
+		d := g[j]
+		if wd != 0 {
+			d += wd * p[j]
+		}
+		if first {
+			buf[j] = d
+		} else {
+			buf[j] = mom*buf[j] + omd*d
+		}
+		if nesterov {
+			d += mom * buf[j]
+		} else {
+			d = buf[j]
+		}
+		p[j] -= lr * d
+	}
+}
+
+// State returns a copy of the step count and, with momentum, the
+// "momentum_buffer/<name>" buffers.
+func (o *SGD) State() State {
+	s := State{Kind: "sgd", Steps: o.steps, Buffers: map[string][]float32{}}
+	if o.buf != nil {
+		saveBuffers(s.Buffers, "momentum_buffer", &o.f, o.buf)
+	}
+	return s
+}
+
+// LoadState restores s, checking kind, step count and buffers.
+func (o *SGD) LoadState(s State) error {
+	if s.Kind != "sgd" {
+		return fmt.Errorf("optim: sgd: load state: state is for optimizer %q, want \"sgd\"", s.Kind)
+	}
+	if s.Steps < 0 {
+		return fmt.Errorf("optim: sgd: load state: negative step count %d", s.Steps)
+	}
+	var kinds []string
+	if o.buf != nil {
+		kinds = []string{"momentum_buffer"}
+	}
+	if err := checkBuffers("sgd", s, &o.f, kinds); err != nil {
+		return err
+	}
+	for i, p := range o.f.params {
+		if o.buf != nil {
+			copy(o.buf[i], s.Buffers[stateKey("momentum_buffer", p.Name)])
+		}
+	}
+	o.steps = s.Steps
+	return nil
+}
