@@ -1,0 +1,230 @@
+package cpu
+
+import (
+	"fmt"
+	"unsafe"
+)
+
+//go:generate go run ./gen -out .
+
+// Transpose says whether a GEMM operand is used as stored or transposed.
+type Transpose bool
+
+const (
+	// NoTrans uses the operand as stored.
+	NoTrans Transpose = false
+	// Trans uses the operand's transpose.
+	Trans Transpose = true
+)
+
+// kernFunc is a micro-kernel: C[0:mr, 0:nr] = A·B (+ beta*C when load != 0)
+// for a packed kc×mr A panel and a kc×nr B panel with rows ldb bytes apart;
+// C rows are ldc bytes apart. mr and nr are fixed per function.
+type kernFunc func(kc int, a, b *float32, ldb int, c *float32, ldc int, beta float32, load int)
+
+// kernSet is one ISA's micro-kernels with their cache blocking.
+type kernSet struct {
+	mr, nr int        // full tile: rows, columns
+	kerns  []kernFunc // kerns[r-1] computes an r×nr tile, r = 1..mr
+	// Blocking (in floats): an mc×kc block of A is packed per thread and
+	// stays in L2; a kc×nc panel of B is packed and streams from L3, a
+	// kc×nr strip of it staying in L1 while the kernel sweeps the A block.
+	mc, kc, nc int
+}
+
+// Sgemm computes C = alpha*op(A)*op(B) + beta*C in float32. op(A) is m×k,
+// op(B) is k×n and C is m×n, all row-major with leading dimensions lda, ldb
+// and ldc: A is stored m×k (lda ≥ k) when tA is NoTrans and k×m (lda ≥ m)
+// when Trans; likewise B is stored k×n (ldb ≥ n) or n×k (ldb ≥ k).
+//
+// beta == 0 overwrites C (NaNs in C are ignored); alpha == 0 or k == 0 sets
+// C = beta*C without reading A or B. Work is split over Threads()
+// goroutines when it is large enough. Sgemm is safe for concurrent use and
+// allocates nothing in steady state. It panics, naming the argument, when
+// a dimension is negative, a leading dimension too small or a slice too
+// short: these are programming errors, and the assembly must never read
+// outside the slices.
+func Sgemm(tA, tB Transpose, m, n, k int, alpha float32, a []float32, lda int, b []float32, ldb int, beta float32, c []float32, ldc int) {
+	SgemmStrided(tA, tB, m, n, k, alpha, a, lda, 0, b, ldb, 0, beta, c, ldc, 0, 1)
+}
+
+// SgemmStrided runs batch independent Sgemm calls: call i uses
+// a[i*strideA:], b[i*strideB:] and c[i*strideC:]. The C matrices must not
+// overlap (strideC == 0 with batch > 1 is rejected); A and B may be shared
+// (stride 0). Small problems are spread over threads by batch item, large
+// ones split each item.
+func SgemmStrided(tA, tB Transpose, m, n, k int, alpha float32, a []float32, lda, strideA int, b []float32, ldb, strideB int, beta float32, c []float32, ldc, strideC int, batch int) {
+	if batch < 0 || strideA < 0 || strideB < 0 || strideC < 0 {
+		panic(fmt.Sprintf("cpu: SgemmStrided: negative batch %d or stride (A %d, B %d, C %d)", batch, strideA, strideB, strideC))
+	}
+	if batch == 0 {
+		return
+	}
+	if batch > 1 && strideC == 0 && m > 0 && n > 0 {
+		panic("cpu: SgemmStrided: strideC is 0 with batch > 1: the C matrices would overlap")
+	}
+	last := batch - 1
+	checkGemm(tA, tB, m, n, k, a[min(len(a), last*strideA):], lda, b[min(len(b), last*strideB):], ldb, c[min(len(c), last*strideC):], ldc)
+	if m == 0 || n == 0 {
+		return
+	}
+	if k == 0 || alpha == 0 {
+		for bi := 0; bi < batch; bi++ {
+			scaleC(c[bi*strideC:], m, n, ldc, beta)
+		}
+		return
+	}
+	j := getJob()
+	j.tA, j.tB, j.m, j.n, j.k = tA, tB, m, n, k
+	j.alpha, j.beta = alpha, beta
+	j.a, j.lda, j.strideA = a, lda, strideA
+	j.b, j.ldb, j.strideB = b, ldb, strideB
+	j.c, j.ldc, j.strideC = c, ldc, strideC
+	j.batch = batch
+	j.ks = kernelsFor(ActiveISA())
+	j.plan(Threads())
+	runJob(j)
+	putJob(j)
+}
+
+// checkGemm panics unless the arguments describe matrices inside the slices.
+func checkGemm(tA, tB Transpose, m, n, k int, a []float32, lda int, b []float32, ldb int, c []float32, ldc int) {
+	if m < 0 || n < 0 || k < 0 {
+		panic(fmt.Sprintf("cpu: Sgemm: negative dimension m=%d n=%d k=%d", m, n, k))
+	}
+	ar, ac := m, k
+	if tA {
+		ar, ac = k, m
+	}
+	br, bc := k, n
+	if tB {
+		br, bc = n, k
+	}
+	checkMatrix("A", a, ar, ac, lda)
+	checkMatrix("B", b, br, bc, ldb)
+	checkMatrix("C", c, m, n, ldc)
+}
+
+func checkMatrix(name string, s []float32, rows, cols, ld int) {
+	if ld < max(cols, 1) {
+		panic(fmt.Sprintf("cpu: Sgemm: ld%s=%d, want ≥ %d (the stored row length)", name, ld, max(cols, 1)))
+	}
+	if rows == 0 || cols == 0 {
+		return
+	}
+	if need := (rows-1)*ld + cols; len(s) < need {
+		panic(fmt.Sprintf("cpu: Sgemm: len(%s)=%d, want ≥ %d for %d×%d with ld %d", name, len(s), need, rows, cols, ld))
+	}
+}
+
+// scaleC sets C = beta*C (C = 0 when beta == 0, ignoring NaNs).
+func scaleC(c []float32, m, n, ldc int, beta float32) {
+	for i := 0; i < m; i++ {
+		row := c[i*ldc:][:n]
+		if beta == 0 {
+			clear(row)
+			continue
+		}
+		for j := range row {
+			row[j] *= beta
+		}
+	}
+}
+
+// gemmBlock computes rows [i0, i1) × columns [j0, j1) of batch item bi with
+// workspace w, Goto/BLIS style: for each kc×nc panel of op(B) (packed, or
+// read in place when few rows share it), for each mc×kc block of op(A)
+// (packed, alpha folded in), sweep nr-wide strips of the panel and mr-high
+// panels of the block with the micro-kernel.
+func (j *gemmJob) gemmBlock(w *gemmWork, bi, i0, i1, j0, j1 int) {
+	ks := &j.ks
+	a, b, c := j.a[bi*j.strideA:], j.b[bi*j.strideB:], j.c[bi*j.strideC:]
+	rows := i1 - i0
+	// Read B in place when it is stored row-major and each strip is used
+	// by at most one A panel: packing would cost as much as the GEMM.
+	direct := j.tB == NoTrans && rows <= ks.mr
+	for jc := j0; jc < j1; jc += ks.nc {
+		nc := min(ks.nc, j1-jc)
+		for pc := 0; pc < j.k; pc += ks.kc {
+			kc := min(ks.kc, j.k-pc)
+			first := pc == 0
+			if !direct {
+				for jr := 0; jr < nc; jr += ks.nr {
+					packB(w.bpack[jr*kc:], j.tB, b, j.ldb, pc, jc+jr, kc, min(ks.nr, nc-jr), ks.nr)
+				}
+			}
+			for ic := i0; ic < i1; ic += ks.mc {
+				mc := min(ks.mc, i1-ic)
+				for ir := 0; ir < mc; ir += ks.mr {
+					packA(w.apack[ir*kc:], j.tA, a, j.lda, ic+ir, pc, min(ks.mr, mc-ir), kc, j.alpha)
+				}
+				for jr := 0; jr < nc; jr += ks.nr {
+					nr := min(ks.nr, nc-jr)
+					var bp *float32
+					ldbBytes := ks.nr * 4
+					switch {
+					case !direct:
+						bp = &w.bpack[jr*kc]
+					case nr == ks.nr:
+						bp = &b[pc*j.ldb+jc+jr]
+						ldbBytes = j.ldb * 4
+					default:
+						packB(w.bpack, j.tB, b, j.ldb, pc, jc+jr, kc, nr, ks.nr)
+						bp = &w.bpack[0]
+					}
+					for ir := 0; ir < mc; ir += ks.mr {
+						mr := min(ks.mr, mc-ir)
+						ap := &w.apack[ir*kc]
+						ci := (ic+ir)*j.ldc + jc + jr
+						if nr == ks.nr {
+							beta, load := float32(1), 1
+							if first {
+								beta = j.beta
+								if beta == 0 {
+									load = 0
+								}
+							}
+							ks.kerns[mr-1](kc, ap, bp, ldbBytes, &c[ci], j.ldc*4, beta, load)
+							continue
+						}
+						// Edge strip: compute the full-width tile into w.tile, then
+						// merge the nr valid columns.
+						ks.kerns[mr-1](kc, ap, bp, ldbBytes, &w.tile[0], ks.nr*4, 0, 0)
+						mergeTile(c[ci:], j.ldc, w.tile[:], ks.nr, mr, nr, j.beta, first)
+					}
+				}
+			}
+		}
+	}
+}
+
+// mergeTile adds an mr×nr tile t (rows ldt apart) into C: C = t + beta*C on
+// the first k block (C = t when beta == 0), C += t afterwards.
+func mergeTile(c []float32, ldc int, t []float32, ldt, mr, nr int, beta float32, first bool) {
+	for i := 0; i < mr; i++ {
+		row := c[i*ldc:][:nr]
+		src := t[i*ldt:][:nr]
+		switch {
+		case !first:
+			for x, v := range src {
+				row[x] += v
+			}
+		case beta == 0:
+			copy(row, src)
+		default:
+			for x, v := range src {
+				row[x] = v + beta*row[x]
+			}
+		}
+	}
+}
+
+// alignedFloats returns a slice of n float32s starting on a 64-byte boundary.
+func alignedFloats(n int) []float32 {
+	s := make([]float32, n+16)
+	off := int(uintptr(unsafe.Pointer(&s[0]))%64) / 4
+	if off != 0 {
+		off = 16 - off
+	}
+	return s[off : off+n : off+n]
+}

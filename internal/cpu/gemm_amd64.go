@@ -1,0 +1,14 @@
+package cpu
+
+// kernelsFor returns the kernel set of isa (clamped by SetISA to what the
+// CPU supports). Blocking is tuned on Zen 4 / Sapphire Rapids class cores
+// (32–48 KiB L1d, 1–2 MiB L2): see docs/design/gemm.md.
+func kernelsFor(isa ISA) kernSet {
+	switch isa {
+	case ISAAVX512:
+		return kernSet{mr: mrAVX512, nr: nrAVX512, kerns: kernsAVX512[:], mc: 10 * mrAVX512, kc: 384, nc: 3072}
+	case ISAAVX2:
+		return kernSet{mr: mrAVX2, nr: nrAVX2, kerns: kernsAVX2[:], mc: 24 * mrAVX2, kc: 384, nc: 3072}
+	}
+	return genericKernels()
+}

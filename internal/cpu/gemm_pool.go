@@ -1,0 +1,188 @@
+package cpu
+
+import "sync"
+
+// gemmWork is one goroutine's packing workspace. Buffers only grow, so a
+// reused job allocates nothing.
+type gemmWork struct {
+	apack []float32 // mc×kc block of op(A), mr-row panels (64-byte aligned)
+	bpack []float32 // kc×nc panel of op(B), nr-column strips (64-byte aligned)
+	tile  [maxTile]float32
+}
+
+// maxTile bounds mr*nr over all kernel sets (AVX-512 14×32 = 448).
+const maxTile = 1024
+
+// splitMode says how a job divides its work between goroutines.
+type splitMode int
+
+const (
+	splitBatch splitMode = iota // whole batch items per part
+	splitRows                   // each item's rows, in mr units
+	splitCols                   // each item's columns, in nr units
+)
+
+// gemmJob is one SgemmStrided call: its arguments, its partition and the
+// workspaces of its parts. Jobs are recycled through a free list.
+type gemmJob struct {
+	tA, tB                    Transpose
+	m, n, k                   int
+	alpha, beta               float32
+	a, b, c                   []float32
+	lda, ldb, ldc             int
+	strideA, strideB, strideC int
+	batch                     int
+	ks                        kernSet
+
+	mode  splitMode
+	parts int
+	work  []gemmWork
+	wg    sync.WaitGroup
+}
+
+// minPartFMAs is the least work (multiply-adds) worth a goroutine of its
+// own: below it, waking a worker costs more than it saves.
+const minPartFMAs = 1 << 20
+
+// plan chooses the partition for up to threads goroutines and sizes the
+// workspaces.
+func (j *gemmJob) plan(threads int) {
+	ks := &j.ks
+	fmas := j.m * j.n * j.k
+	parts := max(1, min(threads, fmas*j.batch/minPartFMAs))
+	unitsM, unitsN := ceilDiv(j.m, ks.mr), ceilDiv(j.n, ks.nr)
+	switch {
+	case parts == 1:
+		j.mode = splitBatch
+	case j.batch >= 4*parts || (j.batch >= parts && j.batch%parts == 0):
+		j.mode = splitBatch
+	case j.m <= j.n && unitsN >= parts, unitsM < parts && unitsN >= unitsM:
+		// Splitting columns makes every part pack all of A; splitting rows,
+		// all of B. Duplicate the smaller operand.
+		j.mode = splitCols
+		parts = min(parts, unitsN)
+	default:
+		j.mode = splitRows
+		parts = min(parts, unitsM)
+	}
+	j.parts = parts
+	if len(j.work) < parts {
+		j.work = append(j.work, make([]gemmWork, parts-len(j.work))...)
+	}
+	kc := min(ks.kc, j.k)
+	needA := kc * min(ks.mc, j.m)
+	needB := kc * ceilDiv(min(ks.nc, j.n), ks.nr) * ks.nr
+	for p := range j.work[:parts] {
+		w := &j.work[p]
+		if len(w.apack) < needA {
+			w.apack = alignedFloats(needA)
+		}
+		if len(w.bpack) < needB {
+			w.bpack = alignedFloats(needB)
+		}
+	}
+}
+
+// runPart computes part p of the job.
+func (j *gemmJob) runPart(p int) {
+	w := &j.work[p]
+	switch j.mode {
+	case splitBatch:
+		lo, hi := p*j.batch/j.parts, (p+1)*j.batch/j.parts
+		for bi := lo; bi < hi; bi++ {
+			j.gemmBlock(w, bi, 0, j.m, 0, j.n)
+		}
+	case splitRows:
+		u := ceilDiv(j.m, j.ks.mr)
+		lo, hi := p*u/j.parts*j.ks.mr, min(j.m, (p+1)*u/j.parts*j.ks.mr)
+		for bi := 0; bi < j.batch; bi++ {
+			j.gemmBlock(w, bi, lo, hi, 0, j.n)
+		}
+	case splitCols:
+		u := ceilDiv(j.n, j.ks.nr)
+		lo, hi := p*u/j.parts*j.ks.nr, min(j.n, (p+1)*u/j.parts*j.ks.nr)
+		for bi := 0; bi < j.batch; bi++ {
+			j.gemmBlock(w, bi, 0, j.m, lo, hi)
+		}
+	}
+}
+
+func ceilDiv(a, b int) int { return (a + b - 1) / b }
+
+// jobFree is the free list of jobs. It is process state by nature (a cache
+// of workspaces): entries are never dropped, so steady-state calls do not
+// allocate even across garbage collections.
+var jobFree struct {
+	sync.Mutex
+	jobs []*gemmJob
+}
+
+func getJob() *gemmJob {
+	jobFree.Lock()
+	defer jobFree.Unlock()
+	if n := len(jobFree.jobs); n > 0 {
+		j := jobFree.jobs[n-1]
+		jobFree.jobs = jobFree.jobs[:n-1]
+		return j
+	}
+	return new(gemmJob)
+}
+
+func putJob(j *gemmJob) {
+	j.a, j.b, j.c = nil, nil, nil // do not pin the caller's matrices
+	jobFree.Lock()
+	jobFree.jobs = append(jobFree.jobs, j)
+	jobFree.Unlock()
+}
+
+// gemmTask asks a worker to run one part of a job.
+type gemmTask struct {
+	job  *gemmJob
+	part int
+}
+
+// gemmWorkers is the pool of persistent worker goroutines (process state,
+// like Threads): started on demand, parked on tasks, never stopped. Parts
+// are handed over a buffered channel; when it is full the caller runs the
+// part itself, so concurrent callers can never deadlock.
+var gemmWorkers struct {
+	sync.Mutex
+	started int
+	tasks   chan gemmTask
+}
+
+func gemmWorker(tasks <-chan gemmTask) {
+	for t := range tasks {
+		t.job.runPart(t.part)
+		t.job.wg.Done()
+	}
+}
+
+// runJob runs all parts of j, part 0 on the calling goroutine.
+func runJob(j *gemmJob) {
+	if j.parts == 1 {
+		j.runPart(0)
+		return
+	}
+	gemmWorkers.Lock()
+	if gemmWorkers.tasks == nil {
+		gemmWorkers.tasks = make(chan gemmTask, 64)
+	}
+	for gemmWorkers.started < j.parts-1 {
+		go gemmWorker(gemmWorkers.tasks)
+		gemmWorkers.started++
+	}
+	tasks := gemmWorkers.tasks
+	gemmWorkers.Unlock()
+	j.wg.Add(j.parts - 1)
+	for p := 1; p < j.parts; p++ {
+		select {
+		case tasks <- gemmTask{j, p}:
+		default:
+			j.runPart(p)
+			j.wg.Done()
+		}
+	}
+	j.runPart(0)
+	j.wg.Wait()
+}
