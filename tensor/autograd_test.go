@@ -1,0 +1,233 @@
+package tensor
+
+import (
+	"math"
+	"testing"
+)
+
+// block is a small residual MLP with dropout, used to compare recomputation
+// with plain backward.
+func block(tp *Tape, in []*Tensor, w1, w2 *Tensor, rng *RNG) []*Tensor {
+	h := tp.GELU(tp.Linear(in[0], w1, nil), GELUTanh)
+	h = tp.Dropout(h, 0.3, rng)
+	return []*Tensor{tp.Add(in[0], tp.Linear(h, w2, nil))}
+}
+
+func TestCheckpointMatchesPlainBackward(t *testing.T) {
+	init := NewRNG(7)
+	x := randParam(init, "x", 1, 4, 6)
+	w1 := randParam(init, "w1", 0.5, 8, 6)
+	w2 := randParam(init, "w2", 0.5, 6, 8)
+	run := func(recompute bool) (loss float32, gx, g1, g2 []float32) {
+		ZeroGrad([]*Tensor{x, w1, w2})
+		rng := NewRNG(11)
+		tp := NewTape()
+		var out []*Tensor
+		f := func(tp *Tape, in []*Tensor) []*Tensor { return block(tp, in, w1, w2, rng) }
+		if recompute {
+			out = tp.Checkpoint(f, []*Tensor{x}, rng)
+		} else {
+			out = f(tp, []*Tensor{x})
+		}
+		l := tp.Sum(tp.Mul(out[0], out[0]))
+		if err := tp.Backward(l); err != nil {
+			t.Fatal(err)
+		}
+		return l.Float32s()[0], x.Grad.Clone().Float32s(), w1.Grad.Clone().Float32s(), w2.Grad.Clone().Float32s()
+	}
+	l0, gx0, g10, g20 := run(false)
+	l1, gx1, g11, g21 := run(true)
+	if l0 != l1 {
+		t.Fatalf("loss differs: plain %v, recomputed %v", l0, l1)
+	}
+	for name, pair := range map[string][2][]float32{"x": {gx0, gx1}, "w1": {g10, g11}, "w2": {g20, g21}} {
+		for i := range pair[0] {
+			if pair[0][i] != pair[1][i] {
+				t.Fatalf("grad %s[%d]: plain %v, recomputed %v (recomputation must replay the same dropout mask)", name, i, pair[0][i], pair[1][i])
+			}
+		}
+	}
+}
+
+func TestBackwardFromOutputGradient(t *testing.T) {
+	// A pipeline stage gets dL/dout from the next stage: backward from
+	// (out, g) must equal backward of Σ out⊙g.
+	rng := NewRNG(3)
+	x := randParam(rng, "x", 1, 3, 4)
+	w := randParam(rng, "w", 1, 5, 4)
+	g := Zeros(3, 5)
+	rng.Normal(g.Float32s(), 0, 1)
+
+	tp := NewTape()
+	out := tp.Linear(x, w, nil)
+	if err := tp.BackwardFrom([]*Tensor{out}, []*Tensor{g}); err != nil {
+		t.Fatal(err)
+	}
+	want := w.Grad.Clone()
+	ZeroGrad([]*Tensor{x, w})
+	tp.Reset()
+	l := tp.Sum(tp.Mul(tp.Linear(x, w, nil), g))
+	if err := tp.Backward(l); err != nil {
+		t.Fatal(err)
+	}
+	for i, v := range want.Float32s() {
+		if math.Abs(float64(v-w.Grad.Float32s()[i])) > 1e-5 {
+			t.Fatalf("dW[%d]: %v vs %v", i, v, w.Grad.Float32s()[i])
+		}
+	}
+	if err := tp.BackwardFrom([]*Tensor{out}, []*Tensor{Zeros(2, 5)}); err == nil {
+		t.Fatal("BackwardFrom accepted a gradient of the wrong shape")
+	}
+	if err := tp.Backward(Zeros(2)); err == nil {
+		t.Fatal("Backward accepted a non-scalar loss")
+	}
+}
+
+// double is a user-defined function with a hand-written backward.
+type double struct{}
+
+func (double) Forward(tp *Tape, in []*Tensor) []*Tensor { return []*Tensor{tp.Scale(in[0], 2)} }
+func (double) Backward(tp *Tape, g []*Tensor) []*Tensor { return []*Tensor{tp.Scale(g[0], 2)} }
+
+func TestCustomFunction(t *testing.T) {
+	x := Param("x", 3)
+	copy(x.Float32s(), []float32{1, 2, 3})
+	tp := NewTape()
+	y := tp.Apply(double{}, x)[0]
+	if err := tp.Backward(tp.Sum(tp.Mul(y, y))); err != nil {
+		t.Fatal(err)
+	}
+	// d/dx Σ(2x)² = 8x
+	for i, v := range x.Grad.Float32s() {
+		if v != 8*float32(i+1) {
+			t.Fatalf("grad[%d] = %v, want %v", i, v, 8*float32(i+1))
+		}
+	}
+}
+
+func TestNoGradTapeRecordsNothing(t *testing.T) {
+	w := Param("w", 2, 2)
+	var tp *Tape
+	y := tp.Linear(Zeros(1, 2), w, nil)
+	if y.RequiresGrad() || tp.Len() != 0 {
+		t.Fatal("nil tape recorded a step")
+	}
+}
+
+func TestTapeReuseAllocatesNothing(t *testing.T) {
+	rng := NewRNG(5)
+	x := randParam(rng, "x", 1, 8, 16)
+	w := randParam(rng, "w", 1, 16, 16)
+	b := randParam(rng, "b", 1, 16)
+	tp := NewTape()
+	step := func() {
+		h := tp.LayerNorm(tp.Linear(x, w, nil), b, b, 1e-5)
+		l := tp.Sum(h)
+		if err := tp.Backward(l); err != nil {
+			t.Fatal(err)
+		}
+		tp.Reset()
+	}
+	step()
+	step()
+	before := len(tp.arena.free)
+	step()
+	if len(tp.arena.free) != before {
+		t.Fatalf("arena size classes grew from %d to %d: buffers are not reused", before, len(tp.arena.free))
+	}
+}
+
+func TestHalfConversions(t *testing.T) {
+	cases := []struct {
+		f    float32
+		bf16 uint16
+		f16  uint16
+	}{
+		{1, 0x3f80, 0x3c00},
+		{-2, 0xc000, 0xc000},
+		{65504, 0x4780, 0x7bff},
+		{65520, 0x4780, 0x7c00},                 // rounds up to inf in half
+		{5.960464477539063e-08, 0x3380, 0x0001}, // smallest half subnormal
+		{float32(math.Inf(1)), 0x7f80, 0x7c00},
+		{1.00390625, 0x3f80, 0x3c04}, // bf16 tie → even (down)
+		{1.01171875, 0x3f82, 0x3c0c}, // bf16 tie → even (up)
+	}
+	for _, c := range cases {
+		if got := Float32ToBFloat16(c.f); got != c.bf16 {
+			t.Errorf("bf16(%g) = %#04x, want %#04x", c.f, got, c.bf16)
+		}
+		if got := Float32ToFloat16(c.f); got != c.f16 {
+			t.Errorf("f16(%g) = %#04x, want %#04x", c.f, got, c.f16)
+		}
+	}
+	for h := range 1 << 16 { // every half survives a round trip
+		f := Float16ToFloat32(uint16(h))
+		if math.IsNaN(float64(f)) {
+			continue
+		}
+		if back := Float32ToFloat16(f); back != uint16(h) {
+			t.Fatalf("f16 %#04x -> %g -> %#04x", h, f, back)
+		}
+		if back := Float32ToBFloat16(BFloat16ToFloat32(uint16(h))); back != uint16(h) && !math.IsNaN(float64(BFloat16ToFloat32(uint16(h)))) {
+			t.Fatalf("bf16 %#04x round trip gave %#04x", h, back)
+		}
+	}
+	x := FromFloat32([]float32{1.5, -3.25}, 2)
+	if y := x.To(BFloat16).To(Float32).Float32s(); y[0] != 1.5 || y[1] != -3.25 {
+		t.Fatalf("To round trip: %v", y)
+	}
+}
+
+func TestRNGStreams(t *testing.T) {
+	a, b := make([]float32, 1000), make([]float32, 1000)
+	NewRNG(1).Normal(a, 0, 1)
+	NewRNG(1).Normal(b, 0, 1)
+	for i := range a {
+		if a[i] != b[i] {
+			t.Fatal("same seed gave different streams")
+		}
+	}
+	r := NewRNG(1)
+	tp0 := r.Fork("model-parallel-0")
+	tp1 := r.Fork("model-parallel-1")
+	x, y := make([]float32, 8), make([]float32, 8)
+	tp0.Uniform(x, 0, 1)
+	tp1.Uniform(y, 0, 1)
+	if x[0] == y[0] && x[1] == y[1] {
+		t.Fatal("forked streams are equal")
+	}
+	// Mean and variance of the normal stream.
+	var s, s2 float64
+	for _, v := range a {
+		s += float64(v)
+		s2 += float64(v) * float64(v)
+	}
+	mean, vr := s/1000, s2/1000-(s/1000)*(s/1000)
+	if math.Abs(mean) > 0.1 || math.Abs(vr-1) > 0.15 {
+		t.Fatalf("normal stream mean %v var %v", mean, vr)
+	}
+	// State/SetState replays.
+	st := r.State()
+	r.Uniform(x, 0, 1)
+	r.SetState(st)
+	r.Uniform(y, 0, 1)
+	for i := range x {
+		if x[i] != y[i] {
+			t.Fatal("SetState did not replay")
+		}
+	}
+	m := make([]float32, 10000)
+	NewRNG(2).DropoutMask(m, 0.25)
+	kept := 0
+	for _, v := range m {
+		if v != 0 {
+			kept++
+			if v != 1/(1-float32(0.25)) {
+				t.Fatalf("kept value %v", v)
+			}
+		}
+	}
+	if kept < 7200 || kept > 7800 {
+		t.Fatalf("dropout kept %d of 10000 at p=0.25", kept)
+	}
+}

@@ -1,0 +1,59 @@
+package tensor
+
+import "github.com/gotron/gotron/internal/cpu"
+
+// Transpose says whether a matmul operand is used transposed.
+type Transpose = cpu.Transpose
+
+// Operand transposition for MatMul.
+const (
+	NoTrans = cpu.NoTrans
+	Trans   = cpu.Trans
+)
+
+// Backend is the device-neutral kernel boundary: every op of this package
+// reaches arithmetic only through it. Arguments are tensors (which carry their
+// storage), so a device backend receives device buffers; shapes are checked
+// by the ops before the call. Backward kernels accumulate (+=) into input and
+// parameter gradients unless stated otherwise.
+//
+// The CPU backend (cpuBackend) forwards to internal/cpu. A CUDA backend would
+// implement the same methods over device storage (see docs/design/compute.md).
+type Backend interface {
+	Name() string
+	// Gemm: c = alpha*op(a)*op(b) + beta*c on the last two dims, batched
+	// over the leading dims (equal for a, b and c). All contiguous.
+	Gemm(tA, tB Transpose, alpha float32, a, b *Tensor, beta float32, c *Tensor)
+	LayerNormForward(out, mean, rstd, x, w, b *Tensor, eps float32)
+	LayerNormBackward(dx, dw, db, dout, x, w, mean, rstd *Tensor)
+	RMSNormForward(out, rstd, x, w *Tensor, eps float32)
+	RMSNormBackward(dx, dw, dout, x, w, rstd *Tensor)
+	GELUForward(out, x *Tensor, tanh bool)
+	GELUBackward(dx, dout, x *Tensor, tanh bool)
+	SiLUForward(out, x *Tensor)
+	SiLUBackward(dx, dout, x *Tensor)
+	SwiGLUForward(out, x *Tensor)
+	SwiGLUBackward(dx, dout, x *Tensor)
+	SoftmaxForward(out, x *Tensor)
+	SoftmaxBackward(dx, dout, out *Tensor)
+	RoPEForward(r *cpu.RoPE, out, x *Tensor, positions *Tensor)
+	RoPEBackward(r *cpu.RoPE, dx, dout *Tensor, positions *Tensor)
+	AttentionForward(out, lse, q, k, v *Tensor, cfg cpu.AttentionConfig)
+	AttentionBackward(dq, dk, dv, dout, q, k, v, out, lse *Tensor, cfg cpu.AttentionConfig)
+	CrossEntropyForward(losses, lse, logits, targets *Tensor, cfg cpu.CrossEntropyConfig)
+	CrossEntropyBackward(dlogits, logits, lse, targets, dlosses *Tensor, cfg cpu.CrossEntropyConfig)
+	EmbeddingForward(out, table, ids *Tensor)
+	EmbeddingBackward(dtable, dout, ids *Tensor)
+	// Elementwise: out = a op b with b broadcast along a's leading dims when
+	// it has fewer elements (b's elements repeat every b.Numel()).
+	Add(out, a, b *Tensor)
+	Mul(out, a, b *Tensor)
+	Axpy(y *Tensor, alpha float32, x *Tensor)
+	Scale(out *Tensor, alpha float32, x *Tensor)
+	// SumRows adds the rows of x (n, c) into out (c).
+	SumRows(out, x *Tensor)
+}
+
+// backendFor returns the backend owning t's storage. Only the CPU exists now;
+// a device tag on the storage would select another here.
+func backendFor(*Tensor) Backend { return cpuBackend{} }

@@ -1,0 +1,113 @@
+package tensor
+
+// Function is an op with a hand-written backward, the way tensor-parallel
+// communication ops (copy-to/reduce-from/gather-from/scatter-to the TP
+// region) are written: Forward computes outputs from inputs without
+// recording; Backward maps the outputs' gradients to the inputs' (nil entries
+// for inputs that need none). A gradient an output never received is passed
+// as a zero tensor.
+type Function interface {
+	Forward(tp *Tape, in []*Tensor) []*Tensor
+	Backward(tp *Tape, gradOut []*Tensor) []*Tensor
+}
+
+// Apply runs f and, when recording, pushes its Backward onto the tape.
+func (tp *Tape) Apply(f Function, in ...*Tensor) []*Tensor {
+	outs := f.Forward(tp.nonRecording(), in)
+	if !tp.recording(in...) {
+		return outs
+	}
+	tp.record("function", func(tp *Tape) {
+		gouts := make([]*Tensor, len(outs))
+		for i, o := range outs {
+			if g := tp.grad(o); g != nil {
+				gouts[i] = g
+			} else {
+				gouts[i] = tp.zeros(o.shape...)
+			}
+		}
+		gins := f.Backward(tp.nonRecording(), gouts)
+		for i, x := range in {
+			if i < len(gins) && gins[i] != nil {
+				tp.accumulate(x, gins[i])
+			}
+		}
+	}, outs...)
+	return outs
+}
+
+// accumulate adds g into x's gradient, copying (g may be owned by someone
+// else, e.g. a communication buffer).
+func (tp *Tape) accumulate(x, g *Tensor) {
+	if d := tp.gradFor(x); d != nil {
+		axpy(d.Float32s(), g.Contiguous().Float32s(), 1)
+	}
+}
+
+// nonRecording returns a tape sharing tp's arena and buffers that records
+// nothing (nil for a nil tape).
+func (tp *Tape) nonRecording() *Tape {
+	if tp == nil {
+		return nil
+	}
+	return &Tape{arena: tp.arena, disabled: true, grads: map[*Tensor]gradRef{}, parent: tp}
+}
+
+// Checkpoint runs fn without keeping its intermediate activations (activation
+// recomputation): only the inputs are kept, and during backward fn runs again
+// on a fresh tape under the same RNG states (so dropout masks repeat), then
+// its backward. Parameters used inside fn receive their gradients as usual.
+func (tp *Tape) Checkpoint(fn func(tp *Tape, in []*Tensor) []*Tensor, in []*Tensor, rngs ...*RNG) []*Tensor {
+	saved := make([]RNGState, len(rngs))
+	for i, r := range rngs {
+		saved[i] = r.State()
+	}
+	fwd := tp.nonRecording()
+	outs := fn(fwd, in)
+	if !tp.recording(in...) && !tp.recordingParams() {
+		return outs
+	}
+	tp.record("checkpoint", func(tp *Tape) {
+		after := make([]RNGState, len(rngs))
+		for i, r := range rngs {
+			after[i] = r.State()
+			r.SetState(saved[i])
+		}
+		sub := &Tape{arena: tp.arena, grads: map[*Tensor]gradRef{}}
+		det := make([]*Tensor, len(in))
+		for i, x := range in {
+			d := x.view(x.shape, x.strides, x.offset)
+			d.requiresGrad = x.requiresGrad
+			d.leaf = false // gradients land in sub.grads, not in a Grad field
+			det[i] = d
+		}
+		// Mark detached inputs as recorded so sub records ops on them.
+		re := fn(sub, det)
+		var routs, rgrads []*Tensor
+		for i, o := range re {
+			if g := tp.grad(outs[i]); g != nil && o.requiresGrad {
+				routs = append(routs, o)
+				rgrads = append(rgrads, g)
+			}
+		}
+		if len(routs) > 0 {
+			if err := sub.BackwardFrom(routs, rgrads); err != nil {
+				panic("tensor: checkpoint recompute: " + err.Error())
+			}
+		}
+		for i, x := range in {
+			if g := sub.grad(det[i]); g != nil {
+				tp.accumulate(x, g)
+			}
+		}
+		sub.Reset()
+		for i, r := range rngs {
+			r.SetState(after[i])
+		}
+	}, outs...)
+	return outs
+}
+
+// recordingParams reports whether tp records at all: a checkpointed block's
+// parameters need gradients even when its inputs do not.
+func (tp *Tape) recordingParams() bool { return tp != nil && !tp.disabled }

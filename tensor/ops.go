@@ -1,0 +1,529 @@
+package tensor
+
+import (
+	"fmt"
+
+	"github.com/gotron/gotron/internal/cpu"
+)
+
+// Each op computes its output through the Backend and, when recording,
+// pushes a backward closure. Backward closures accumulate into the inputs'
+// gradients (gradFor) so shared inputs sum their contributions.
+
+func mustF32(op string, ts ...*Tensor) {
+	for _, t := range ts {
+		if t != nil && t.dtype != Float32 {
+			panic(fmt.Sprintf("tensor: %s on %v tensor %s (want float32)", op, t.dtype, t.Name))
+		}
+	}
+}
+
+// MatMul returns op(a)·op(b) over the last two dims; leading dims are batch
+// dims, equal for a and b, or absent on one side (a weight shared by the batch).
+func (tp *Tape) MatMul(a, b *Tensor, tA, tB Transpose) *Tensor {
+	mustF32("MatMul", a, b)
+	a, b = tp.Contiguous(a), tp.Contiguous(b)
+	m, ka := a.Dim(-2), a.Dim(-1)
+	if tA == Trans {
+		m, ka = ka, m
+	}
+	kb, n := b.Dim(-2), b.Dim(-1)
+	if tB == Trans {
+		kb, n = n, kb
+	}
+	if ka != kb {
+		panic(fmt.Sprintf("tensor: MatMul inner dims differ: %v (trans %v) · %v (trans %v)", a.shape, tA, b.shape, tB))
+	}
+	lead := a.shape[:len(a.shape)-2]
+	if len(b.shape) > len(a.shape) {
+		lead = b.shape[:len(b.shape)-2]
+	}
+	shape := append(append([]int(nil), lead...), m, n)
+	out := tp.empty(shape...)
+	be := backendFor(a)
+	be.Gemm(tA, tB, 1, a, b, 0, out)
+	if tp.recording(a, b) {
+		tp.record("matmul", func(tp *Tape) {
+			g := tp.grad(out)
+			if da := tp.gradFor(a); da != nil {
+				// dA = dC·op(B)ᵀ, or its transpose when A was used transposed.
+				if tA == NoTrans {
+					tp.gemmAcc(be, NoTrans, !tB, g, b, da)
+				} else {
+					tp.gemmAcc(be, tB, Trans, b, g, da)
+				}
+			}
+			if db := tp.gradFor(b); db != nil {
+				if tB == NoTrans {
+					tp.gemmAcc(be, !tA, NoTrans, a, g, db)
+				} else {
+					tp.gemmAcc(be, Trans, tA, g, a, db)
+				}
+			}
+		}, out)
+	}
+	return out
+}
+
+// gemmAcc computes c += op(x)·op(y), summing over batch dims that c lacks
+// (the gradient of a weight shared across a batch).
+func (tp *Tape) gemmAcc(be Backend, tX, tY Transpose, x, y, c *Tensor) {
+	bx, by := x.Numel()/(x.Dim(-1)*x.Dim(-2)), y.Numel()/(y.Dim(-1)*y.Dim(-2))
+	bc := c.Numel() / (c.Dim(-1) * c.Dim(-2))
+	if bc == max(bx, by) {
+		be.Gemm(tX, tY, 1, x, y, 1, c)
+		return
+	}
+	// c is shared over the batch: fold the batch into the reduction dim when
+	// possible (x rows stacked), else loop.
+	if tX == Trans && tY == NoTrans && bx == by {
+		// c (p×q) += Σ_b x_bᵀ y_b = Xᵀ Y with X, Y stacked along rows.
+		xs := x.view([]int{bx * x.Dim(-2), x.Dim(-1)}, contiguousStrides([]int{bx * x.Dim(-2), x.Dim(-1)}), x.offset)
+		ys := y.view([]int{by * y.Dim(-2), y.Dim(-1)}, contiguousStrides([]int{by * y.Dim(-2), y.Dim(-1)}), y.offset)
+		be.Gemm(Trans, NoTrans, 1, xs, ys, 1, c)
+		return
+	}
+	for i := range max(bx, by) {
+		xi, yi := batchEntry(x, i, bx), batchEntry(y, i, by)
+		be.Gemm(tX, tY, 1, xi, yi, 1, c)
+	}
+}
+
+func batchEntry(t *Tensor, i, batch int) *Tensor {
+	r, c := t.Dim(-2), t.Dim(-1)
+	if batch == 1 {
+		return t.view([]int{r, c}, []int{c, 1}, t.offset)
+	}
+	return t.view([]int{r, c}, []int{c, 1}, t.offset+i*r*c)
+}
+
+// Linear returns x·wᵀ + b for x (..., in), w (out, in), b (out) or nil:
+// PyTorch's and Megatron's weight layout.
+func (tp *Tape) Linear(x, w, b *Tensor) *Tensor {
+	in := x.Dim(-1)
+	if w.Dim(1) != in {
+		panic(fmt.Sprintf("tensor: Linear input %v does not match weight %v", x.shape, w.shape))
+	}
+	x = tp.Contiguous(x)
+	rows := x.Numel() / in
+	x2 := x.view([]int{rows, in}, []int{in, 1}, x.offset)
+	shape := append(append([]int(nil), x.shape[:len(x.shape)-1]...), w.Dim(0))
+	out := tp.empty(shape...)
+	out2 := out.view([]int{rows, w.Dim(0)}, []int{w.Dim(0), 1}, 0)
+	be := backendFor(x)
+	be.Gemm(NoTrans, Trans, 1, x2, w, 0, out2)
+	if b != nil {
+		be.Add(out, out, b)
+	}
+	if tp.recording(x, w, b) {
+		tp.record("linear", func(tp *Tape) {
+			g := tp.grad(out)
+			g2 := g.view([]int{rows, w.Dim(0)}, []int{w.Dim(0), 1}, g.offset)
+			if dx := tp.gradFor(x); dx != nil {
+				be.Gemm(NoTrans, NoTrans, 1, g2, w, 1, dx.view([]int{rows, in}, []int{in, 1}, dx.offset))
+			}
+			if dw := tp.gradFor(w); dw != nil {
+				be.Gemm(Trans, NoTrans, 1, g2, x2, 1, dw)
+			}
+			if db := tp.gradFor(b); db != nil {
+				be.SumRows(db, g2)
+			}
+		}, out)
+	}
+	return out
+}
+
+// broadcastable checks that b's shape is a suffix of a's.
+func broadcastable(op string, a, b *Tensor) {
+	if len(b.shape) > len(a.shape) || !SameShape(a.shape[len(a.shape)-len(b.shape):], b.shape) {
+		panic(fmt.Sprintf("tensor: %s cannot broadcast %v to %v (b's shape must be a suffix of a's)", op, b.shape, a.shape))
+	}
+}
+
+// Add returns a + b, where b's shape is a suffix of a's (broadcast over a's
+// leading dims, e.g. a bias or position embeddings).
+func (tp *Tape) Add(a, b *Tensor) *Tensor {
+	mustF32("Add", a, b)
+	broadcastable("Add", a, b)
+	a, b = tp.Contiguous(a), tp.Contiguous(b)
+	out := tp.empty(a.shape...)
+	be := backendFor(a)
+	be.Add(out, a, b)
+	if tp.recording(a, b) {
+		tp.record("add", func(tp *Tape) {
+			g := tp.grad(out)
+			tp.passGrad(a, out)
+			if b.requiresGrad {
+				if b.Numel() == a.Numel() {
+					tp.passGrad(b, out)
+				} else {
+					be.SumRows(tp.gradFor(b), g.view([]int{g.Numel() / b.Numel(), b.Numel()}, []int{b.Numel(), 1}, g.offset))
+				}
+			}
+		}, out)
+	}
+	return out
+}
+
+// Sub returns a - b (b's shape a suffix of a's).
+func (tp *Tape) Sub(a, b *Tensor) *Tensor { return tp.Add(a, tp.Scale(b, -1)) }
+
+// Mul returns a ⊙ b, b's shape a suffix of a's.
+func (tp *Tape) Mul(a, b *Tensor) *Tensor {
+	mustF32("Mul", a, b)
+	broadcastable("Mul", a, b)
+	a, b = tp.Contiguous(a), tp.Contiguous(b)
+	out := tp.empty(a.shape...)
+	be := backendFor(a)
+	be.Mul(out, a, b)
+	if tp.recording(a, b) {
+		tp.record("mul", func(tp *Tape) {
+			g := tp.grad(out)
+			if da := tp.gradFor(a); da != nil {
+				t := tp.empty(a.shape...)
+				be.Mul(t, g, b)
+				be.Axpy(da, 1, t)
+			}
+			if db := tp.gradFor(b); db != nil {
+				t := tp.empty(a.shape...)
+				be.Mul(t, g, a) // a ⊙ g has a's shape; b = a suffix: sum rows
+				be.SumRows(db, t.view([]int{t.Numel() / b.Numel(), b.Numel()}, []int{b.Numel(), 1}, 0))
+			}
+		}, out)
+	}
+	return out
+}
+
+// Scale returns alpha·x.
+func (tp *Tape) Scale(x *Tensor, alpha float32) *Tensor {
+	x = tp.Contiguous(x)
+	out := tp.empty(x.shape...)
+	be := backendFor(x)
+	be.Scale(out, alpha, x)
+	if tp.recording(x) {
+		tp.record("scale", func(tp *Tape) { be.Axpy(tp.gradFor(x), alpha, tp.grad(out)) }, out)
+	}
+	return out
+}
+
+// Sum returns the sum of all elements as a scalar (shape [1]).
+func (tp *Tape) Sum(x *Tensor) *Tensor {
+	x = tp.Contiguous(x)
+	out := tp.empty(1)
+	var s float64
+	for _, v := range x.Float32s() {
+		s += float64(v)
+	}
+	out.f32[0] = float32(s)
+	if tp.recording(x) {
+		tp.record("sum", func(tp *Tape) {
+			g := tp.grad(out).f32[0]
+			d := tp.gradFor(x).Float32s()
+			for i := range d {
+				d[i] += g
+			}
+		}, out)
+	}
+	return out
+}
+
+// Mean returns the mean of all elements as a scalar.
+func (tp *Tape) Mean(x *Tensor) *Tensor { return tp.Scale(tp.Sum(x), 1/float32(x.Numel())) }
+
+// SumLast reduces the last dim: (..., c) → (...).
+func (tp *Tape) SumLast(x *Tensor) *Tensor {
+	x = tp.Contiguous(x)
+	n, c := rowsCols(x)
+	out := tp.empty(x.shape[:len(x.shape)-1]...)
+	xs, o := x.Float32s(), out.f32
+	for r := range n {
+		var s float32
+		for _, v := range xs[r*c : (r+1)*c] {
+			s += v
+		}
+		o[r] = s
+	}
+	if tp.recording(x) {
+		tp.record("sum_last", func(tp *Tape) {
+			g, d := tp.grad(out).Float32s(), tp.gradFor(x).Float32s()
+			for r := range n {
+				for j := range c {
+					d[r*c+j] += g[r]
+				}
+			}
+		}, out)
+	}
+	return out
+}
+
+// MaxLast returns the maximum over the last dim: (..., c) → (...). The
+// gradient goes to the first maximal element of each row.
+func (tp *Tape) MaxLast(x *Tensor) *Tensor {
+	x = tp.Contiguous(x)
+	n, c := rowsCols(x)
+	out := tp.empty(x.shape[:len(x.shape)-1]...)
+	arg := make([]int, n)
+	xs := x.Float32s()
+	for r := range n {
+		best := 0
+		for j := 1; j < c; j++ {
+			if xs[r*c+j] > xs[r*c+best] {
+				best = j
+			}
+		}
+		arg[r] = best
+		out.f32[r] = xs[r*c+best]
+	}
+	if tp.recording(x) {
+		tp.record("max_last", func(tp *Tape) {
+			g, d := tp.grad(out).Float32s(), tp.gradFor(x).Float32s()
+			for r := range n {
+				d[r*c+arg[r]] += g[r]
+			}
+		}, out)
+	}
+	return out
+}
+
+// Embedding returns rows of table (vocab, c) for int32 ids (...): (..., c).
+// Ids outside the table panic: validate data ids where they enter.
+func (tp *Tape) Embedding(ids, table *Tensor) *Tensor {
+	ids = ids.Contiguous()
+	v := table.Dim(0)
+	for i, id := range ids.Int32s() {
+		if id < 0 || int(id) >= v {
+			panic(fmt.Sprintf("tensor: embedding id %d at %d outside table of %d rows", id, i, v))
+		}
+	}
+	out := tp.empty(append(append([]int(nil), ids.shape...), table.Dim(1))...)
+	be := backendFor(table)
+	be.EmbeddingForward(out, table, ids)
+	if tp.recording(table) {
+		tp.record("embedding", func(tp *Tape) { be.EmbeddingBackward(tp.gradFor(table), tp.grad(out), ids) }, out)
+	}
+	return out
+}
+
+// LayerNorm normalises the last dim: (x-mean)/sqrt(var+eps)·w + b (b may be nil).
+func (tp *Tape) LayerNorm(x, w, b *Tensor, eps float32) *Tensor {
+	x = tp.Contiguous(x)
+	n, _ := rowsCols(x)
+	out, mean, rstd := tp.empty(x.shape...), tp.empty(n), tp.empty(n)
+	be := backendFor(x)
+	be.LayerNormForward(out, mean, rstd, x, w, b, eps)
+	if tp.recording(x, w, b) {
+		tp.record("layernorm", func(tp *Tape) {
+			be.LayerNormBackward(tp.gradForOrScratch(x), tp.gradForOrScratch(w), tp.gradFor(b), tp.grad(out), x, w, mean, rstd)
+		}, out)
+	}
+	return out
+}
+
+// gradForOrScratch is gradFor, or a throw-away buffer for kernels that must
+// write a gradient nobody needs.
+func (tp *Tape) gradForOrScratch(t *Tensor) *Tensor {
+	if g := tp.gradFor(t); g != nil {
+		return g
+	}
+	return tp.zeros(t.shape...)
+}
+
+// RMSNorm normalises the last dim: x/sqrt(mean(x²)+eps)·w.
+func (tp *Tape) RMSNorm(x, w *Tensor, eps float32) *Tensor {
+	x = tp.Contiguous(x)
+	n, _ := rowsCols(x)
+	out, rstd := tp.empty(x.shape...), tp.empty(n)
+	be := backendFor(x)
+	be.RMSNormForward(out, rstd, x, w, eps)
+	if tp.recording(x, w) {
+		tp.record("rmsnorm", func(tp *Tape) {
+			be.RMSNormBackward(tp.gradForOrScratch(x), tp.gradForOrScratch(w), tp.grad(out), x, w, rstd)
+		}, out)
+	}
+	return out
+}
+
+// GELUKind selects the GELU formula.
+type GELUKind int
+
+// GELU variants: the tanh approximation (GPT-2, Megatron's default fused
+// bias-gelu) and the exact erf form.
+const (
+	GELUTanh GELUKind = iota
+	GELUErf
+)
+
+// GELU applies GELU elementwise.
+func (tp *Tape) GELU(x *Tensor, kind GELUKind) *Tensor {
+	x = tp.Contiguous(x)
+	out := tp.empty(x.shape...)
+	be := backendFor(x)
+	be.GELUForward(out, x, kind == GELUTanh)
+	if tp.recording(x) {
+		tp.record("gelu", func(tp *Tape) { be.GELUBackward(tp.gradFor(x), tp.grad(out), x, kind == GELUTanh) }, out)
+	}
+	return out
+}
+
+// SiLU applies x·sigmoid(x) elementwise.
+func (tp *Tape) SiLU(x *Tensor) *Tensor {
+	x = tp.Contiguous(x)
+	out := tp.empty(x.shape...)
+	be := backendFor(x)
+	be.SiLUForward(out, x)
+	if tp.recording(x) {
+		tp.record("silu", func(tp *Tape) { be.SiLUBackward(tp.gradFor(x), tp.grad(out), x) }, out)
+	}
+	return out
+}
+
+// SwiGLU maps (..., 2f) laid out [gate | up] to silu(gate)·up (..., f).
+func (tp *Tape) SwiGLU(x *Tensor) *Tensor {
+	x = tp.Contiguous(x)
+	shape := append([]int(nil), x.shape...)
+	shape[len(shape)-1] /= 2
+	out := tp.empty(shape...)
+	be := backendFor(x)
+	be.SwiGLUForward(out, x)
+	if tp.recording(x) {
+		tp.record("swiglu", func(tp *Tape) { be.SwiGLUBackward(tp.gradFor(x), tp.grad(out), x) }, out)
+	}
+	return out
+}
+
+// Softmax over the last dim.
+func (tp *Tape) Softmax(x *Tensor) *Tensor {
+	x = tp.Contiguous(x)
+	out := tp.empty(x.shape...)
+	be := backendFor(x)
+	be.SoftmaxForward(out, x)
+	if tp.recording(x) {
+		tp.record("softmax", func(tp *Tape) { be.SoftmaxBackward(tp.gradFor(x), tp.grad(out), out) }, out)
+	}
+	return out
+}
+
+// Dropout zeroes elements with probability p and scales the rest by 1/(1-p),
+// drawing the mask from rng. p == 0 returns x.
+func (tp *Tape) Dropout(x *Tensor, p float32, rng *RNG) *Tensor {
+	if p == 0 {
+		return x
+	}
+	x = tp.Contiguous(x)
+	mask := tp.empty(x.shape...)
+	rng.DropoutMask(mask.f32, p)
+	out := tp.empty(x.shape...)
+	be := backendFor(x)
+	be.Mul(out, x, mask)
+	if tp.recording(x) {
+		tp.record("dropout", func(tp *Tape) {
+			t := tp.empty(x.shape...)
+			be.Mul(t, tp.grad(out), mask)
+			be.Axpy(tp.gradFor(x), 1, t)
+		}, out)
+	}
+	return out
+}
+
+// RoPE rotates x (b, t, h, d) by position with the given tables; positions is
+// an int32 (b, t) tensor or nil for 0..t-1.
+func (tp *Tape) RoPE(x *Tensor, r *cpu.RoPE, positions *Tensor) *Tensor {
+	x = tp.Contiguous(x)
+	out := tp.empty(x.shape...)
+	be := backendFor(x)
+	be.RoPEForward(r, out, x, positions)
+	if tp.recording(x) {
+		tp.record("rope", func(tp *Tape) { be.RoPEBackward(r, tp.gradFor(x), tp.grad(out), positions) }, out)
+	}
+	return out
+}
+
+// AttentionOptions are the per-call settings of fused attention.
+type AttentionOptions struct {
+	// Causal masks future keys.
+	Causal bool
+	// Scale multiplies the scores; 0 means 1/sqrt(head dim).
+	Scale float32
+	// DocIDs (b, t) int32, optional: a token attends only within its document
+	// (packed sequences, Megatron's --reset-attention-mask).
+	DocIDs *Tensor
+}
+
+// Attention is fused scaled-dot-product attention over q (b, t, hq, d) and
+// k, v (b, t, hkv, d) (GQA when hkv < hq), returning (b, t, hq, d). Memory
+// beyond the output is O(t) per head.
+func (tp *Tape) Attention(q, k, v *Tensor, o AttentionOptions) *Tensor {
+	q, k, v = tp.Contiguous(q), tp.Contiguous(k), tp.Contiguous(v)
+	b, t, hq, d := q.Dim(0), q.Dim(1), q.Dim(2), q.Dim(3)
+	cfg := cpu.AttentionConfig{B: b, T: t, HQ: hq, HKV: k.Dim(2), D: d, Scale: o.Scale, Causal: o.Causal}
+	if o.DocIDs != nil {
+		cfg.DocIDs = o.DocIDs.Contiguous().Int32s()
+	}
+	out, lse := tp.empty(q.shape...), tp.empty(b, hq, t)
+	be := backendFor(q)
+	be.AttentionForward(out, lse, q, k, v, cfg)
+	if tp.recording(q, k, v) {
+		tp.record("attention", func(tp *Tape) {
+			be.AttentionBackward(tp.gradForOrScratch(q), tp.gradForOrScratch(k), tp.gradForOrScratch(v), tp.grad(out), q, k, v, out, lse, cfg)
+		}, out)
+	}
+	return out
+}
+
+// CrossEntropyOptions configure the fused softmax cross-entropy.
+type CrossEntropyOptions struct {
+	// LossMask (n) float32, optional: per-token weights; the loss is
+	// Σ mask·loss / Σ mask (Megatron's token-weighted loss). Nil weighs all 1.
+	LossMask *Tensor
+	// LabelSmoothing in [0, 1).
+	LabelSmoothing float32
+}
+
+// CrossEntropy returns the mean token loss (a scalar) of logits (n, v)
+// against int32 targets (n), fused with log-softmax: backward writes the
+// logits' gradient without another (n, v) buffer.
+func (tp *Tape) CrossEntropy(logits, targets *Tensor, o CrossEntropyOptions) *Tensor {
+	logits = tp.Contiguous(logits)
+	n, v := rowsCols(logits)
+	cfg := cpu.CrossEntropyConfig{N: n, V: v, LabelSmoothing: o.LabelSmoothing, IgnoreIndex: -1}
+	targets = targets.Contiguous()
+	losses, lse := tp.empty(n), tp.empty(n)
+	be := backendFor(logits)
+	be.CrossEntropyForward(losses, lse, logits, targets, cfg)
+	w := tp.empty(n)
+	var den float64
+	for i := range w.f32 {
+		m := float32(1)
+		if o.LossMask != nil {
+			m = o.LossMask.Float32s()[i]
+		}
+		w.f32[i] = m
+		den += float64(m)
+	}
+	out := tp.empty(1)
+	var num float64
+	for i, l := range losses.f32 {
+		num += float64(l) * float64(w.f32[i])
+	}
+	if den > 0 {
+		out.f32[0] = float32(num / den)
+	}
+	if tp.recording(logits) {
+		tp.record("cross_entropy", func(tp *Tape) {
+			g := tp.grad(out).f32[0]
+			for i := range w.f32 {
+				if den > 0 {
+					w.f32[i] *= g / float32(den)
+				} else {
+					w.f32[i] = 0
+				}
+			}
+			// The kernel overwrites: give it a fresh buffer that becomes the
+			// gradient (no zeroing, no second (n, v) buffer).
+			tmp := tp.empty(logits.shape...)
+			be.CrossEntropyBackward(tmp, logits, lse, targets, w, cfg)
+			tp.addGrad(logits, tmp)
+		}, out)
+	}
+	return out
+}

@@ -1,0 +1,209 @@
+package tensor
+
+import "fmt"
+
+// Reshape returns t with a new shape of the same number of elements (one -1
+// is inferred). Contiguous inputs give a view; others are copied first.
+func (tp *Tape) Reshape(t *Tensor, shape ...int) *Tensor {
+	shape = inferShape(t.Numel(), shape)
+	src := tp.Contiguous(t)
+	out := src.view(shape, contiguousStrides(shape), src.offset)
+	if tp.recording(src) {
+		tp.record("reshape", func(tp *Tape) { tp.passGrad(src, out) }, out)
+	}
+	return out
+}
+
+func inferShape(n int, shape []int) []int {
+	shape = append([]int(nil), shape...)
+	known, infer := 1, -1
+	for i, s := range shape {
+		if s == -1 {
+			if infer >= 0 {
+				panic(fmt.Sprintf("tensor: reshape %v has two -1 dims", shape))
+			}
+			infer = i
+		} else {
+			known *= s
+		}
+	}
+	if infer >= 0 && known > 0 {
+		shape[infer] = n / known
+		known *= shape[infer]
+	}
+	if known != n {
+		panic(fmt.Sprintf("tensor: cannot reshape %d elements to %v", n, shape))
+	}
+	return shape
+}
+
+// Contiguous returns t when it is dense, else a recorded dense copy.
+func (tp *Tape) Contiguous(t *Tensor) *Tensor {
+	if t.IsContiguous() {
+		return t
+	}
+	out := tp.empty(t.shape...)
+	if t.dtype != Float32 {
+		return t.Contiguous()
+	}
+	copyStrided(out, t)
+	if tp.recording(t) {
+		src := t
+		tp.record("contiguous", func(tp *Tape) {
+			g := tp.grad(out)
+			// Scatter the dense gradient back through src's strides into the
+			// base gradient of the viewed tensor.
+			base := src.base
+			if base == nil {
+				panic("tensor: gradient through a strided view without a base")
+			}
+			bg := tp.gradFor(base)
+			scatterAddStrided(bg, src, g)
+		}, out)
+	}
+	return out
+}
+
+// scatterAddStrided adds dense g into dst at the positions view v (a strided
+// view of dst's tensor) addresses.
+func scatterAddStrided(dst, v, g *Tensor) {
+	n := v.Numel()
+	nd := len(v.shape)
+	idx := make([]int, nd)
+	off := v.offset - v.base.offset
+	d, gg := dst.Float32s(), g.Float32s()
+	for i := range n {
+		d[off] += gg[i]
+		for k := nd - 1; k >= 0; k-- {
+			idx[k]++
+			off += v.strides[k]
+			if idx[k] < v.shape[k] {
+				break
+			}
+			off -= idx[k] * v.strides[k]
+			idx[k] = 0
+		}
+	}
+}
+
+// Transpose swaps dims i and j as a strided view (no copy). Ops needing
+// dense input copy it through Contiguous, which carries the gradient back.
+func (tp *Tape) Transpose(t *Tensor, i, j int) *Tensor {
+	nd := len(t.shape)
+	if i < 0 {
+		i += nd
+	}
+	if j < 0 {
+		j += nd
+	}
+	shape := append([]int(nil), t.shape...)
+	strides := append([]int(nil), t.strides...)
+	shape[i], shape[j] = shape[j], shape[i]
+	strides[i], strides[j] = strides[j], strides[i]
+	return tp.stridedView(t, shape, strides, t.offset)
+}
+
+// Narrow returns elements [start, start+length) of dim as a view.
+func (tp *Tape) Narrow(t *Tensor, dim, start, length int) *Tensor {
+	if dim < 0 {
+		dim += len(t.shape)
+	}
+	if start < 0 || length < 0 || start+length > t.shape[dim] {
+		panic(fmt.Sprintf("tensor: narrow dim %d [%d,%d) of shape %v", dim, start, start+length, t.shape))
+	}
+	shape := append([]int(nil), t.shape...)
+	shape[dim] = length
+	return tp.stridedView(t, shape, append([]int(nil), t.strides...), t.offset+start*t.strides[dim])
+}
+
+// stridedView makes a view whose gradient flows through Contiguous: the view
+// remembers its base tensor.
+func (tp *Tape) stridedView(t *Tensor, shape, strides []int, offset int) *Tensor {
+	out := t.view(shape, strides, offset)
+	out.base = t
+	if t.base != nil { // views of views address the same base storage
+		out.base = t.base
+	}
+	if t.requiresGrad {
+		out.requiresGrad = true
+		out.leaf = false
+	}
+	if out.IsContiguous() && tp.recording(t) {
+		// A dense view (e.g. narrowing the first dim) can be used directly by
+		// kernels; route its gradient into the base by offset.
+		tp.record("view", func(tp *Tape) {
+			scatterAddStrided(tp.gradFor(out.base), out, tp.grad(out))
+		}, out)
+	}
+	return out
+}
+
+// Split splits dim into pieces of the given sizes (views).
+func (tp *Tape) Split(t *Tensor, dim int, sizes ...int) []*Tensor {
+	if dim < 0 {
+		dim += len(t.shape)
+	}
+	total := 0
+	for _, s := range sizes {
+		total += s
+	}
+	if total != t.shape[dim] {
+		panic(fmt.Sprintf("tensor: split sizes %v do not sum to dim %d of %v", sizes, dim, t.shape))
+	}
+	out := make([]*Tensor, len(sizes))
+	start := 0
+	for i, s := range sizes {
+		out[i] = tp.Narrow(t, dim, start, s)
+		start += s
+	}
+	return out
+}
+
+// Concat joins tensors of equal shape except along dim.
+func (tp *Tape) Concat(dim int, ts ...*Tensor) *Tensor {
+	if dim < 0 {
+		dim += len(ts[0].shape)
+	}
+	shape := append([]int(nil), ts[0].shape...)
+	shape[dim] = 0
+	for _, t := range ts {
+		for d := range shape {
+			if d != dim && t.shape[d] != shape[d] {
+				panic(fmt.Sprintf("tensor: concat of %v and %v along dim %d", ts[0].shape, t.shape, dim))
+			}
+		}
+		shape[dim] += t.shape[dim]
+	}
+	out := tp.empty(shape...)
+	outer := numel(shape[:dim])
+	inner := numel(shape[dim+1:])
+	o := out.f32
+	pos := 0
+	dense := make([]*Tensor, len(ts))
+	for i, t := range ts {
+		dense[i] = tp.Contiguous(t)
+		w := t.shape[dim] * inner
+		src := dense[i].Float32s()
+		for r := range outer {
+			copy(o[r*shape[dim]*inner+pos:], src[r*w:(r+1)*w])
+		}
+		pos += w
+	}
+	if tp.recording(dense...) {
+		tp.record("concat", func(tp *Tape) {
+			g := tp.grad(out).Float32s()
+			pos := 0
+			for _, t := range dense {
+				w := t.shape[dim] * inner
+				if dg := tp.gradFor(t); dg != nil {
+					d := dg.Float32s()
+					for r := range outer {
+						axpy(d[r*w:(r+1)*w], g[r*shape[dim]*inner+pos:r*shape[dim]*inner+pos+w], 1)
+					}
+				}
+				pos += w
+			}
+		}, out)
+	}
+	return out
+}

@@ -1,0 +1,319 @@
+package tensor
+
+import (
+	"fmt"
+	"math"
+)
+
+// Tape records the backward steps of the ops run through it and replays them
+// in reverse. A nil *Tape computes without recording (no-grad mode). A Tape
+// also owns the buffers of the activations and gradients it produced: Reset
+// returns them to its arena for the next iteration, so steady-state training
+// allocates nothing. Not safe for concurrent use.
+type Tape struct {
+	steps    []step
+	arena    *Arena
+	live     [][]float32 // buffers handed out since the last Reset
+	grads    map[*Tensor]gradRef
+	disabled bool  // computes through the arena without recording (recomputation)
+	parent   *Tape // for a non-recording child: the tape whose Reset frees its buffers
+}
+
+type step struct {
+	name string
+	outs []*Tensor
+	// backward reads the outputs' gradients with tp.grad and adds into the
+	// inputs' gradients with tp.addGrad / tp.gradFor.
+	backward func(tp *Tape)
+}
+
+// gradBuf is a gradient buffer, possibly shared (zero-copy) by a tensor and
+// its views or by the inputs of an add; refs counts the tensors sharing it.
+type gradBuf struct {
+	data  []float32
+	refs  int
+	owned bool // taken from the arena by the tape: returned when refs drops to 0
+}
+
+// gradRef is one tensor's gradient: a view of a shared buffer.
+type gradRef struct {
+	view *Tensor
+	buf  *gradBuf
+}
+
+// NewTape returns an empty tape with its own arena.
+func NewTape() *Tape { return &Tape{arena: NewArena(), grads: map[*Tensor]gradRef{}} }
+
+// Reset forgets the recorded steps and returns every buffer the tape handed
+// out to its arena. Tensors produced through the tape must not be used after.
+func (tp *Tape) Reset() {
+	for _, b := range tp.live {
+		tp.arena.put(b)
+	}
+	clear(tp.live)
+	tp.live = tp.live[:0]
+	clear(tp.steps)
+	tp.steps = tp.steps[:0]
+	for t, g := range tp.grads {
+		delete(tp.grads, t)
+		tp.dropRef(g)
+	}
+}
+
+// Len returns the number of recorded steps.
+func (tp *Tape) Len() int {
+	if tp == nil {
+		return 0
+	}
+	return len(tp.steps)
+}
+
+func (tp *Tape) recording(in ...*Tensor) bool {
+	if tp == nil || tp.disabled {
+		return false
+	}
+	for _, t := range in {
+		if t != nil && t.requiresGrad {
+			return true
+		}
+	}
+	return false
+}
+
+// record adds a backward step producing outs; outs are marked as requiring
+// gradients.
+func (tp *Tape) record(name string, backward func(tp *Tape), outs ...*Tensor) {
+	for _, o := range outs {
+		o.requiresGrad = true
+		o.leaf = false
+	}
+	tp.steps = append(tp.steps, step{name: name, outs: outs, backward: backward})
+}
+
+// empty returns an uninitialised float32 tensor from the tape's arena (or the
+// heap when tp is nil).
+func (tp *Tape) empty(shape ...int) *Tensor {
+	n := numel(shape)
+	var buf []float32
+	if tp == nil {
+		buf = make([]float32, n)
+	} else {
+		buf = tp.arena.get(n)
+		owner := tp
+		if tp.parent != nil {
+			owner = tp.parent
+		}
+		owner.live = append(owner.live, buf)
+	}
+	return &Tensor{shape: append([]int(nil), shape...), strides: contiguousStrides(shape), dtype: Float32, f32: buf, leaf: true}
+}
+
+// zeros returns a zeroed float32 tensor from the arena.
+func (tp *Tape) zeros(shape ...int) *Tensor {
+	t := tp.empty(shape...)
+	if tp != nil {
+		clear(t.f32)
+	}
+	return t
+}
+
+// Empty returns an uninitialised float32 tensor owned by the tape (or the heap
+// for a nil tape). Custom functions allocate their outputs with it.
+func (tp *Tape) Empty(shape ...int) *Tensor { return tp.empty(shape...) }
+
+// grad returns the gradient accumulated so far for t, or nil.
+func (tp *Tape) grad(t *Tensor) *Tensor {
+	if g, ok := tp.grads[t]; ok {
+		return g.view
+	}
+	return nil
+}
+
+func (tp *Tape) newGradBuf(t *Tensor) gradRef {
+	buf := tp.arena.get(t.Numel())
+	clear(buf)
+	return gradRef{view: FromFloat32(buf, t.shape...), buf: &gradBuf{data: buf, refs: 1, owned: true}}
+}
+
+// gradFor returns t's gradient buffer for a kernel to accumulate (+=) into:
+// the parameter's Grad for a leaf parameter, a zeroed buffer for an
+// intermediate the first time. It returns nil when t needs no gradient.
+func (tp *Tape) gradFor(t *Tensor) *Tensor {
+	if t == nil || !t.requiresGrad {
+		return nil
+	}
+	if t.leaf {
+		if t.Grad == nil {
+			t.Grad = Zeros(t.shape...)
+			t.Grad.Name = t.Name + ".grad"
+		}
+		return t.Grad
+	}
+	g, ok := tp.grads[t]
+	switch {
+	case !ok:
+		g = tp.newGradBuf(t)
+		tp.grads[t] = g
+	case g.buf.refs > 1: // shared: copy before writing
+		c := tp.newGradBuf(t)
+		copy(c.buf.data, g.view.Float32s())
+		tp.dropRef(g)
+		g = c
+		tp.grads[t] = g
+	}
+	return g.view
+}
+
+func (tp *Tape) dropRef(g gradRef) {
+	g.buf.refs--
+	if g.buf.refs == 0 && g.buf.owned {
+		tp.arena.put(g.buf.data)
+	}
+}
+
+// forget drops t's gradient entry.
+func (tp *Tape) forget(t *Tensor) {
+	if g, ok := tp.grads[t]; ok {
+		delete(tp.grads, t)
+		tp.dropRef(g)
+	}
+}
+
+// passGrad adds from's gradient into t's (same number of elements). When t
+// has no gradient yet it shares from's buffer instead of copying: reshapes,
+// adds and residual connections cost nothing in backward.
+func (tp *Tape) passGrad(t, from *Tensor) {
+	g, ok := tp.grads[from]
+	if !ok || t == nil || !t.requiresGrad {
+		return
+	}
+	if _, has := tp.grads[t]; !has && !t.leaf {
+		g.buf.refs++
+		tp.grads[t] = gradRef{view: FromFloat32(g.buf.data, t.shape...), buf: g.buf}
+		return
+	}
+	axpy(tp.gradFor(t).Float32s(), g.view.Float32s(), 1)
+}
+
+// addGrad adds g (contiguous, t's number of elements) into t's gradient.
+func (tp *Tape) addGrad(t, g *Tensor) {
+	if t == nil || !t.requiresGrad || g == nil {
+		return
+	}
+	if _, has := tp.grads[t]; !has && !t.leaf {
+		tp.grads[t] = gradRef{view: FromFloat32(g.Float32s(), t.shape...), buf: &gradBuf{data: g.Float32s(), refs: 1}}
+		return
+	}
+	axpy(tp.gradFor(t).Float32s(), g.Float32s(), 1)
+}
+
+// Backward runs the recorded steps in reverse from a scalar loss, seeding its
+// gradient with 1. Parameter gradients accumulate into their Grad tensors.
+func (tp *Tape) Backward(loss *Tensor) error {
+	if loss.Numel() != 1 {
+		return fmt.Errorf("tensor: Backward from %v: want a scalar (use BackwardFrom with an output gradient)", loss.shape)
+	}
+	one := tp.empty(loss.shape...)
+	one.f32[0] = 1
+	return tp.BackwardFrom([]*Tensor{loss}, []*Tensor{one})
+}
+
+// BackwardFrom runs the recorded steps in reverse, seeding each output with
+// the given gradient (a pipeline stage receives its output gradient from the
+// next stage). Gradients must be contiguous float32 of the outputs' shapes.
+func (tp *Tape) BackwardFrom(outs, grads []*Tensor) error {
+	if tp == nil {
+		return fmt.Errorf("tensor: Backward on a nil (no-grad) tape")
+	}
+	if len(outs) != len(grads) {
+		return fmt.Errorf("tensor: BackwardFrom with %d outputs and %d gradients", len(outs), len(grads))
+	}
+	for i, o := range outs {
+		if !SameShape(o.shape, grads[i].shape) {
+			return fmt.Errorf("tensor: output %d has shape %v but its gradient has shape %v", i, o.shape, grads[i].shape)
+		}
+		if !o.requiresGrad {
+			return fmt.Errorf("tensor: output %d (%v) does not require grad: no recorded op reaches a parameter", i, o)
+		}
+		tp.addGrad(o, grads[i].Contiguous())
+	}
+	for i := len(tp.steps) - 1; i >= 0; i-- {
+		s := &tp.steps[i]
+		has := false
+		for _, o := range s.outs {
+			if tp.grad(o) != nil {
+				has = true
+			}
+		}
+		if has {
+			s.backward(tp)
+		}
+		for _, o := range s.outs {
+			tp.forget(o)
+		}
+		s.backward = nil
+	}
+	tp.steps = tp.steps[:0]
+	return nil
+}
+
+// axpy computes y += a*x.
+func axpy(y, x []float32, a float32) {
+	y = y[:len(x)]
+	if a == 1 {
+		for i, v := range x {
+			y[i] += v
+		}
+		return
+	}
+	for i, v := range x {
+		y[i] += a * v
+	}
+}
+
+// Arena hands out float32 buffers by exact length and takes them back; a
+// training loop with fixed shapes reuses the same buffers every iteration.
+type Arena struct {
+	free map[int][][]float32
+}
+
+// NewArena returns an empty arena.
+func NewArena() *Arena { return &Arena{free: map[int][][]float32{}} }
+
+func (a *Arena) get(n int) []float32 {
+	if l := a.free[n]; len(l) > 0 {
+		b := l[len(l)-1]
+		a.free[n] = l[:len(l)-1]
+		return b
+	}
+	return make([]float32, n)
+}
+
+func (a *Arena) put(b []float32) { a.free[len(b)] = append(a.free[len(b)], b) }
+
+// Param returns a new float32 leaf tensor that requires gradients.
+func Param(name string, shape ...int) *Tensor {
+	t := Zeros(shape...)
+	t.Name = name
+	t.requiresGrad = true
+	return t
+}
+
+// ZeroGrad clears the gradients of params.
+func ZeroGrad(params []*Tensor) {
+	for _, p := range params {
+		if p.Grad != nil {
+			clear(p.Grad.Float32s())
+		}
+	}
+}
+
+// HasNonFinite reports whether x holds a NaN or an infinity.
+func HasNonFinite(x []float32) bool {
+	for _, v := range x {
+		if math.IsNaN(float64(v)) || math.IsInf(float64(v), 0) {
+			return true
+		}
+	}
+	return false
+}

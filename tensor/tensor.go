@@ -1,0 +1,342 @@
+// Package tensor holds gotron's dense tensors and eager reverse-mode autograd.
+//
+// A Tensor is a row-major view (shape, strides, offset) of typed storage.
+// Float32 is the compute type; BFloat16/Float16 are storage types; Int32 and
+// Int64 hold ids. Ops are methods of a *Tape: when the tape is non-nil and an
+// input requires gradients, the op records a backward step onto it, and
+// Tape.Backward replays them in reverse. A nil *Tape is the no-grad mode: the
+// same calls compute without recording. Each goroutine (each rank of an
+// in-process world) owns its tape, so there is no global grad mode.
+//
+// Ops reach kernels only through the Backend interface (see backend.go), so a
+// device other than the CPU can be added without touching model code.
+package tensor
+
+import (
+	"fmt"
+	"strings"
+)
+
+// Tensor is an n-dimensional row-major view of storage.
+type Tensor struct {
+	shape   []int
+	strides []int
+	offset  int
+	dtype   DType
+	f32     []float32
+	u16     []uint16
+	i32     []int32
+	i64     []int64
+
+	// requiresGrad marks parameters and values computed from them on a tape.
+	requiresGrad bool
+	// Grad accumulates this tensor's gradient when it is a parameter (leaf
+	// with requiresGrad); Backward adds into it. Nil until first needed.
+	Grad *Tensor
+	// Name is an optional label (parameter path) used in errors.
+	Name string
+	// leaf is true for tensors not produced by a recorded op.
+	leaf bool
+	// base is the tensor a strided view (Transpose, Narrow) looks into; its
+	// gradient flows there.
+	base *Tensor
+}
+
+// New returns a zeroed contiguous tensor of the given dtype and shape.
+func New(dtype DType, shape ...int) *Tensor {
+	n := numel(shape)
+	t := &Tensor{shape: append([]int(nil), shape...), dtype: dtype, leaf: true}
+	t.strides = contiguousStrides(t.shape)
+	switch dtype {
+	case Float32:
+		t.f32 = make([]float32, n)
+	case BFloat16, Float16:
+		t.u16 = make([]uint16, n)
+	case Int32:
+		t.i32 = make([]int32, n)
+	case Int64:
+		t.i64 = make([]int64, n)
+	default:
+		panic(fmt.Sprintf("tensor: unknown dtype %v", dtype))
+	}
+	return t
+}
+
+// Zeros returns a zeroed float32 tensor.
+func Zeros(shape ...int) *Tensor { return New(Float32, shape...) }
+
+// FromFloat32 wraps data (not copied) as a float32 tensor of the given shape.
+func FromFloat32(data []float32, shape ...int) *Tensor {
+	mustNumel(len(data), shape)
+	return &Tensor{shape: append([]int(nil), shape...), strides: contiguousStrides(shape), dtype: Float32, f32: data, leaf: true}
+}
+
+// FromInt32 wraps data (not copied) as an int32 tensor of the given shape.
+func FromInt32(data []int32, shape ...int) *Tensor {
+	mustNumel(len(data), shape)
+	return &Tensor{shape: append([]int(nil), shape...), strides: contiguousStrides(shape), dtype: Int32, i32: data, leaf: true}
+}
+
+func mustNumel(n int, shape []int) {
+	if numel(shape) != n {
+		panic(fmt.Sprintf("tensor: %d elements do not fill shape %v", n, shape))
+	}
+}
+
+func numel(shape []int) int {
+	n := 1
+	for _, s := range shape {
+		if s < 0 {
+			panic(fmt.Sprintf("tensor: negative dimension in shape %v", shape))
+		}
+		n *= s
+	}
+	return n
+}
+
+func contiguousStrides(shape []int) []int {
+	st := make([]int, len(shape))
+	s := 1
+	for i := len(shape) - 1; i >= 0; i-- {
+		st[i] = s
+		s *= shape[i]
+	}
+	return st
+}
+
+// Shape returns the tensor's shape (do not modify).
+func (t *Tensor) Shape() []int { return t.shape }
+
+// Dim returns the size of dimension i (negative counts from the end).
+func (t *Tensor) Dim(i int) int {
+	if i < 0 {
+		i += len(t.shape)
+	}
+	return t.shape[i]
+}
+
+// NDim returns the number of dimensions.
+func (t *Tensor) NDim() int { return len(t.shape) }
+
+// Numel returns the number of elements.
+func (t *Tensor) Numel() int { return numel(t.shape) }
+
+// DType returns the element type.
+func (t *Tensor) DType() DType { return t.dtype }
+
+// RequiresGrad reports whether gradients flow to or through t.
+func (t *Tensor) RequiresGrad() bool { return t.requiresGrad }
+
+// SetRequiresGrad marks a leaf (a parameter) as needing a gradient.
+func (t *Tensor) SetRequiresGrad(v bool) *Tensor {
+	if !t.leaf {
+		panic("tensor: SetRequiresGrad on a non-leaf tensor " + t.Name)
+	}
+	t.requiresGrad = v
+	return t
+}
+
+// IsContiguous reports whether t's elements are dense in row-major order.
+func (t *Tensor) IsContiguous() bool {
+	s := 1
+	for i := len(t.shape) - 1; i >= 0; i-- {
+		if t.shape[i] != 1 && t.strides[i] != s {
+			return false
+		}
+		s *= t.shape[i]
+	}
+	return true
+}
+
+// Float32s returns the float32 elements of a contiguous float32 tensor
+// (aliasing its storage).
+func (t *Tensor) Float32s() []float32 {
+	if t.dtype != Float32 {
+		panic(fmt.Sprintf("tensor: Float32s on %v tensor %s", t.dtype, t.Name))
+	}
+	if !t.IsContiguous() {
+		panic("tensor: Float32s on a non-contiguous view; call Contiguous first")
+	}
+	return t.f32[t.offset : t.offset+t.Numel()]
+}
+
+// Int32s returns the elements of a contiguous int32 tensor (aliasing).
+func (t *Tensor) Int32s() []int32 {
+	if t.dtype != Int32 || !t.IsContiguous() {
+		panic(fmt.Sprintf("tensor: Int32s on %v (contiguous=%v) tensor", t.dtype, t.IsContiguous()))
+	}
+	return t.i32[t.offset : t.offset+t.Numel()]
+}
+
+// Int64s returns the elements of a contiguous int64 tensor (aliasing).
+func (t *Tensor) Int64s() []int64 {
+	if t.dtype != Int64 || !t.IsContiguous() {
+		panic(fmt.Sprintf("tensor: Int64s on %v (contiguous=%v) tensor", t.dtype, t.IsContiguous()))
+	}
+	return t.i64[t.offset : t.offset+t.Numel()]
+}
+
+// Uint16s returns the raw bits of a contiguous bfloat16/float16 tensor.
+func (t *Tensor) Uint16s() []uint16 {
+	if (t.dtype != BFloat16 && t.dtype != Float16) || !t.IsContiguous() {
+		panic(fmt.Sprintf("tensor: Uint16s on %v tensor", t.dtype))
+	}
+	return t.u16[t.offset : t.offset+t.Numel()]
+}
+
+// At returns the element at the given index as float64 (any dtype).
+func (t *Tensor) At(idx ...int) float64 {
+	if len(idx) != len(t.shape) {
+		panic(fmt.Sprintf("tensor: At with %d indices on shape %v", len(idx), t.shape))
+	}
+	off := t.offset
+	for i, x := range idx {
+		if x < 0 || x >= t.shape[i] {
+			panic(fmt.Sprintf("tensor: index %v out of range for shape %v", idx, t.shape))
+		}
+		off += x * t.strides[i]
+	}
+	switch t.dtype {
+	case Float32:
+		return float64(t.f32[off])
+	case BFloat16:
+		return float64(BFloat16ToFloat32(t.u16[off]))
+	case Float16:
+		return float64(Float16ToFloat32(t.u16[off]))
+	case Int32:
+		return float64(t.i32[off])
+	default:
+		return float64(t.i64[off])
+	}
+}
+
+// String summarises the tensor (shape and dtype).
+func (t *Tensor) String() string {
+	var b strings.Builder
+	if t.Name != "" {
+		b.WriteString(t.Name + " ")
+	}
+	fmt.Fprintf(&b, "%v%v", t.dtype, t.shape)
+	return b.String()
+}
+
+// MustShape panics, naming both shapes, unless t has exactly the given shape
+// (-1 matches any size). It guards internal invariants, never user input.
+func MustShape(t *Tensor, shape ...int) {
+	ok := len(t.shape) == len(shape)
+	for i := 0; ok && i < len(shape); i++ {
+		ok = shape[i] == -1 || shape[i] == t.shape[i]
+	}
+	if !ok {
+		panic(fmt.Sprintf("tensor: %s has shape %v, want %v", t.Name, t.shape, shape))
+	}
+}
+
+// SameShape reports whether a and b have equal shapes.
+func SameShape(a, b []int) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i] != b[i] {
+			return false
+		}
+	}
+	return true
+}
+
+// Contiguous returns t if it is contiguous, else a dense copy (no autograd:
+// use Tape.Contiguous inside a graph).
+func (t *Tensor) Contiguous() *Tensor {
+	if t.IsContiguous() {
+		return t
+	}
+	out := New(t.dtype, t.shape...)
+	copyStrided(out, t)
+	return out
+}
+
+// copyStrided copies src's elements into dense dst of the same shape.
+func copyStrided(dst, src *Tensor) {
+	n := src.Numel()
+	if n == 0 {
+		return
+	}
+	nd := len(src.shape)
+	idx := make([]int, nd)
+	off := src.offset
+	for i := range n {
+		switch src.dtype {
+		case Float32:
+			dst.f32[i] = src.f32[off]
+		case BFloat16, Float16:
+			dst.u16[i] = src.u16[off]
+		case Int32:
+			dst.i32[i] = src.i32[off]
+		case Int64:
+			dst.i64[i] = src.i64[off]
+		}
+		for d := nd - 1; d >= 0; d-- {
+			idx[d]++
+			off += src.strides[d]
+			if idx[d] < src.shape[d] {
+				break
+			}
+			off -= idx[d] * src.strides[d]
+			idx[d] = 0
+		}
+	}
+}
+
+// view returns a tensor sharing t's storage with a new geometry.
+func (t *Tensor) view(shape, strides []int, offset int) *Tensor {
+	return &Tensor{shape: shape, strides: strides, offset: offset, dtype: t.dtype,
+		f32: t.f32, u16: t.u16, i32: t.i32, i64: t.i64, leaf: true}
+}
+
+// Clone returns a dense copy of t with no autograd history.
+func (t *Tensor) Clone() *Tensor {
+	out := New(t.dtype, t.shape...)
+	copyStrided(out, t)
+	out.Name = t.Name
+	return out
+}
+
+// To converts t to dtype (float32 ↔ bfloat16/float16 with round-to-nearest-
+// even; ints ↔ float32 by value). No autograd.
+func (t *Tensor) To(dtype DType) *Tensor {
+	src := t.Contiguous()
+	if dtype == t.dtype {
+		return src.Clone()
+	}
+	out := New(dtype, t.shape...)
+	n := t.Numel()
+	for i := range n {
+		var v float32
+		switch src.dtype {
+		case Float32:
+			v = src.f32[src.offset+i]
+		case BFloat16:
+			v = BFloat16ToFloat32(src.u16[src.offset+i])
+		case Float16:
+			v = Float16ToFloat32(src.u16[src.offset+i])
+		case Int32:
+			v = float32(src.i32[src.offset+i])
+		case Int64:
+			v = float32(src.i64[src.offset+i])
+		}
+		switch dtype {
+		case Float32:
+			out.f32[i] = v
+		case BFloat16:
+			out.u16[i] = Float32ToBFloat16(v)
+		case Float16:
+			out.u16[i] = Float32ToFloat16(v)
+		case Int32:
+			out.i32[i] = int32(v)
+		case Int64:
+			out.i64[i] = int64(v)
+		}
+	}
+	return out
+}
