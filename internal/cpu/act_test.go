@@ -44,3 +44,30 @@ func TestActFastVsRef(t *testing.T) {
 		assertClose(t, "swiglu dinp", dx32, dx, fastTol)
 	}
 }
+
+func TestActGolden(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		fwd  func(out, inp []float32)
+		bwd  func(dinp, dout, inp []float32)
+	}{
+		{"gelu_tanh", GELUTanhForward, GELUTanhBackward},
+		{"gelu_erf", GELUErfForward, GELUErfBackward},
+		{"silu", SiLUForward, SiLUBackward},
+	} {
+		g := loadGolden(t, tc.name)
+		x := g.f(t, "inp")
+		out, dx := make([]float32, len(x)), make([]float32, len(x))
+		tc.fwd(out, x)
+		tc.bwd(dx, g.f(t, "dout"), x)
+		g.check(t, "out", out)
+		g.check(t, "dinp", dx)
+	}
+	g := loadGolden(t, "swiglu")
+	n, f := g.p("n"), g.p("f")
+	out, dx := make([]float32, n*f), make([]float32, n*2*f)
+	SwiGLUForward(out, g.f(t, "inp"), n, f)
+	SwiGLUBackward(dx, g.f(t, "dout"), g.f(t, "inp"), n, f)
+	g.check(t, "out", out)
+	g.check(t, "dinp", dx)
+}

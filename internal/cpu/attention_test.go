@@ -72,3 +72,26 @@ func TestAttentionConfigErrors(t *testing.T) {
 		}
 	}
 }
+
+func TestAttentionGolden(t *testing.T) {
+	for _, name := range []string{"attention_causal", "attention_gqa", "attention_docmask"} {
+		t.Run(name, func(t *testing.T) {
+			g := loadGolden(t, name)
+			cfg := AttentionConfig{B: g.p("b"), T: g.p("t"), HQ: g.p("hq"), HKV: g.p("hkv"), D: g.p("d"),
+				Causal: g.Params["causal"].(bool), DocIDs: g.i32["doc_ids"]}
+			if name == "attention_docmask" && cfg.DocIDs == nil {
+				t.Fatal("attention_docmask has no doc_ids")
+			}
+			q, k, v := g.f(t, "q"), g.f(t, "k"), g.f(t, "v")
+			out, lse := make([]float32, len(q)), make([]float32, cfg.B*cfg.HQ*cfg.T)
+			AttentionForward(out, lse, q, k, v, cfg)
+			g.check(t, "out", out)
+			g.check(t, "lse", lse)
+			dq, dk, dv := make([]float32, len(q)), make([]float32, len(k)), make([]float32, len(v))
+			AttentionBackward(dq, dk, dv, g.f(t, "dout"), q, k, v, out, lse, cfg)
+			g.check(t, "dq", dq)
+			g.check(t, "dk", dk)
+			g.check(t, "dv", dv)
+		})
+	}
+}

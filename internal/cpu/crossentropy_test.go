@@ -69,3 +69,22 @@ func TestCrossEntropyConfigErrors(t *testing.T) {
 		}
 	}
 }
+
+func TestCrossEntropyGolden(t *testing.T) {
+	for _, name := range []string{"crossentropy", "crossentropy_smooth"} {
+		g := loadGolden(t, name)
+		cfg := CrossEntropyConfig{N: g.p("n"), V: g.p("v"), LabelSmoothing: float32(g.Params["label_smoothing"].(float64)),
+			IgnoreIndex: int32(g.p("ignore_index"))}
+		targets := g.i32["targets"]
+		if err := cfg.CheckTargets(targets); err != nil {
+			t.Fatal(err)
+		}
+		losses, lse := make([]float32, cfg.N), make([]float32, cfg.N)
+		CrossEntropyForward(losses, lse, g.f(t, "logits"), targets, cfg)
+		g.check(t, "losses", losses)
+		g.check(t, "lse", lse)
+		dx := make([]float32, cfg.N*cfg.V)
+		CrossEntropyBackward(dx, g.f(t, "logits"), lse, targets, g.f(t, "dlosses"), cfg)
+		g.check(t, "dlogits", dx)
+	}
+}

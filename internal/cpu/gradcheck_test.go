@@ -1,9 +1,13 @@
 package cpu
 
 import (
+	"encoding/binary"
+	"encoding/json"
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"os"
+	"path/filepath"
 	"testing"
 )
 
@@ -241,4 +245,89 @@ func TestGradCheck(t *testing.T) {
 	for _, o := range ops {
 		t.Run(o.name, func(t *testing.T) { gradCheck(t, o.ins, o.fwd, o.bwd, o.overwrite) })
 	}
+}
+
+// golden is one PyTorch fixture written by tools/golden/ops.py.
+type golden struct {
+	Op      string         `json:"op"`
+	Params  map[string]any `json:"params"`
+	Tensors []struct {
+		Name  string `json:"name"`
+		Dtype string `json:"dtype"`
+		Shape []int  `json:"shape"`
+	} `json:"tensors"`
+	f32 map[string][]float32
+	i32 map[string][]int32
+}
+
+const goldenVersion = 1
+
+// loadGolden reads testdata/golden/name.bin (format in tools/golden/ops.py).
+func loadGolden(t *testing.T, name string) *golden {
+	t.Helper()
+	path := filepath.Join("testdata", "golden", name+".bin")
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(b) < 16 || string(b[:8]) != "GTGOLDEN" {
+		t.Fatalf("%s: not a golden file (bad magic); regenerate with /usr/bin/python3 tools/golden/ops.py", path)
+	}
+	if v := binary.LittleEndian.Uint32(b[8:]); v != goldenVersion {
+		t.Fatalf("%s: version %d, want %d; regenerate with /usr/bin/python3 tools/golden/ops.py", path, v, goldenVersion)
+	}
+	hlen := int(binary.LittleEndian.Uint32(b[12:]))
+	if 16+hlen > len(b) {
+		t.Fatalf("%s: header length %d past end of file (%d bytes)", path, hlen, len(b))
+	}
+	g := &golden{f32: map[string][]float32{}, i32: map[string][]int32{}}
+	if err := json.Unmarshal(b[16:16+hlen], g); err != nil {
+		t.Fatalf("%s: header: %v", path, err)
+	}
+	off := 16 + hlen
+	for _, ts := range g.Tensors {
+		n := 1
+		for _, s := range ts.Shape {
+			n *= s
+		}
+		if off+4*n > len(b) {
+			t.Fatalf("%s: tensor %s (%d elements) past end of file", path, ts.Name, n)
+		}
+		for i := 0; i < n; i++ {
+			u := binary.LittleEndian.Uint32(b[off+4*i:])
+			if ts.Dtype == "i32" {
+				g.i32[ts.Name] = append(g.i32[ts.Name], int32(u))
+			} else {
+				g.f32[ts.Name] = append(g.f32[ts.Name], math.Float32frombits(u))
+			}
+		}
+		off += 4 * n
+	}
+	if off != len(b) {
+		t.Fatalf("%s: %d trailing bytes", path, len(b)-off)
+	}
+	return g
+}
+
+// f returns float32 tensor name, failing if absent.
+func (g *golden) f(t *testing.T, name string) []float32 {
+	t.Helper()
+	x, ok := g.f32[name]
+	if !ok {
+		t.Fatalf("golden %s: no tensor %q", g.Op, name)
+	}
+	return x
+}
+
+// p returns integer parameter name.
+func (g *golden) p(name string) int { return int(g.Params[name].(float64)) }
+
+// goldenTol is the tolerance against PyTorch goldens (computed in float64,
+// stored as float32): |got - want| <= 1e-5*max(1, |want|).
+const goldenTol = 1e-5
+
+// checkGolden compares got with golden tensor name.
+func (g *golden) check(t *testing.T, name string, got []float32) {
+	t.Helper()
+	assertClose(t, g.Op+" "+name, got, to64(g.f(t, name)), goldenTol)
 }

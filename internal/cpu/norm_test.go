@@ -96,3 +96,29 @@ func TestNormThreadInvariant(t *testing.T) {
 		}
 	}
 }
+
+func TestNormGolden(t *testing.T) {
+	g := loadGolden(t, "layernorm")
+	n, c := g.p("n"), g.p("c")
+	out, mean, rstd := make([]float32, n*c), make([]float32, n), make([]float32, n)
+	LayerNormForward(out, mean, rstd, g.f(t, "inp"), g.f(t, "weight"), g.f(t, "bias"), n, c, 1e-5)
+	g.check(t, "out", out)
+	g.check(t, "mean", mean)
+	g.check(t, "rstd", rstd)
+	dx, dw, db := make([]float32, n*c), make([]float32, c), make([]float32, c)
+	LayerNormBackward(dx, dw, db, g.f(t, "dout"), g.f(t, "inp"), g.f(t, "weight"), mean, rstd, n, c)
+	g.check(t, "dinp", dx)
+	g.check(t, "dweight", dw)
+	g.check(t, "dbias", db)
+
+	g = loadGolden(t, "rmsnorm")
+	n, c = g.p("n"), g.p("c")
+	out, rstd = make([]float32, n*c), make([]float32, n)
+	RMSNormForward(out, rstd, g.f(t, "inp"), g.f(t, "weight"), n, c, 1e-5)
+	g.check(t, "out", out)
+	g.check(t, "rstd", rstd)
+	dx, dw = make([]float32, n*c), make([]float32, c)
+	RMSNormBackward(dx, dw, g.f(t, "dout"), g.f(t, "inp"), g.f(t, "weight"), rstd, n, c)
+	g.check(t, "dinp", dx)
+	g.check(t, "dweight", dw)
+}

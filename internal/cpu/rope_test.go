@@ -66,3 +66,24 @@ func TestNewRoPEErrors(t *testing.T) {
 		t.Fatalf("zero Base: got %+v, %v; want Base 10000", r.Config(), err)
 	}
 }
+
+func TestRoPEGolden(t *testing.T) {
+	for _, name := range []string{"rope_half", "rope_interleaved"} {
+		g := loadGolden(t, name)
+		b, tt, h, d := g.p("b"), g.p("t"), g.p("h"), g.p("d")
+		cfg := RoPEConfig{Dim: g.p("dim"), Base: g.Params["base"].(float64), MaxPositions: 128}
+		if g.Params["style"] == "interleaved" {
+			cfg.Style = Interleaved
+		}
+		r, err := NewRoPE(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		pos := g.i32["positions"] // nil for rope_half: 0..t-1
+		out, dx := make([]float32, b*tt*h*d), make([]float32, b*tt*h*d)
+		r.Forward(out, g.f(t, "x"), pos, b, tt, h, d)
+		r.Backward(dx, g.f(t, "dout"), pos, b, tt, h, d)
+		g.check(t, "out", out)
+		g.check(t, "dx", dx)
+	}
+}

@@ -19,3 +19,13 @@ func TestSoftmaxFastVsRef(t *testing.T) {
 		assertClose(t, "dinp", dx32, dx, fastTol)
 	}
 }
+
+func TestSoftmaxGolden(t *testing.T) {
+	g := loadGolden(t, "softmax")
+	n, c := g.p("n"), g.p("c")
+	out, dx := make([]float32, n*c), make([]float32, n*c)
+	SoftmaxForward(out, g.f(t, "inp"), n, c)
+	SoftmaxBackward(dx, g.f(t, "dout"), out, n, c)
+	g.check(t, "out", out)
+	g.check(t, "dinp", dx)
+}
