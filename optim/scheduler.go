@@ -245,7 +245,7 @@ func (s *Scheduler) lr(maxLR, minLR float64) float64 {
 	case DecayLinear:
 		coeff = 1.0 - ratio
 	case DecayCosine:
-		coeff = 0.5 * (math.Cos(math.Pi*ratio) + 1.0)
+		coeff = 0.5 * (crCos(math.Pi*ratio) + 1.0)
 	case DecayWSD:
 		annealStart := c.DecaySteps - c.WSDDecaySteps
 		if s.numSteps <= annealStart {
@@ -256,9 +256,9 @@ func (s *Scheduler) lr(maxLR, minLR float64) float64 {
 			case WSDLinear:
 				coeff = 1.0 - r
 			case WSDCosine:
-				coeff = 0.5 * (math.Cos(math.Pi*r) + 1.0)
+				coeff = 0.5 * (crCos(math.Pi*r) + 1.0)
 			case WSDExponential:
-				coeff = 2.0*math.Pow(0.5, r) - 1.0
+				coeff = 2.0*crPowHalf(r) - 1.0
 			case WSDMinusSqrt:
 				coeff = 1.0 - math.Sqrt(r)
 			}
@@ -281,7 +281,7 @@ func wdAt(c SchedulerConfig, n int64) float64 {
 	case WDLinear:
 		coeff = ratio
 	case WDCosine:
-		coeff = 0.5 * (math.Cos(math.Pi*(1-ratio)) + 1.0)
+		coeff = 0.5 * (crCos(math.Pi*(1-ratio)) + 1.0)
 	}
 	return c.StartWD + coeff*(c.EndWD-c.StartWD)
 }
