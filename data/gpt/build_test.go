@@ -1,0 +1,234 @@
+package gpt
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/gotron/gotron/data/indexed"
+)
+
+// writeToy writes the spec §3.2 toy dataset (uint16, eod 99) under dir.
+func writeToy(t testing.TB, dir string) string {
+	t.Helper()
+	prefix := filepath.Join(dir, "toy")
+	b, err := indexed.NewBuilder(prefix, indexed.BuilderConfig{DType: indexed.UInt16})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tok := 0
+	for _, l := range specSizes {
+		d := make([]int32, 0, l)
+		for i := 0; i < int(l)-1; i++ {
+			d = append(d, int32((tok+i)%99))
+		}
+		d = append(d, 99)
+		tok += int(l)
+		if err := b.AddDocument(d, []int{len(d)}, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := b.Finalize(); err != nil {
+		t.Fatal(err)
+	}
+	return prefix
+}
+
+// writeDocs writes one single-sequence document per entry of docs.
+func writeDocs(t testing.TB, prefix string, dtype indexed.DType, docs [][]int32) string {
+	t.Helper()
+	b, err := indexed.NewBuilder(prefix, indexed.BuilderConfig{DType: dtype})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range docs {
+		if err := b.AddDocument(d, []int{len(d)}, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := b.Finalize(); err != nil {
+		t.Fatal(err)
+	}
+	return prefix
+}
+
+var specTok = []Field{{"class", "Tok"}, {"vocab_size", 100}}
+
+func TestBuildSpecDataset(t *testing.T) {
+	dir := t.TempDir()
+	prefix := writeToy(t, dir)
+	cfg := Config{SeqLength: 8, Seed: 1234, Split: "80,20,0", Blend: Blend{Prefixes: []string{prefix}},
+		NumSamples: [3]int64{20, 3, 0}, EOD: 99, TokenizerIdentifiers: specTok, CachePath: filepath.Join(dir, "cache")}
+	for round := range 2 { // build, then load from the cache
+		ds, err := Build(context.Background(), cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ds.Test != nil {
+			t.Errorf("test split built for --split 80,20,0")
+		}
+		tr := ds.Train.(*Dataset)
+		if got := pairs(tr.Indices.SampleIndex); !strings.HasPrefix(got, "[[0,0],[2,2],[4,0],[6,1]") || tr.Len() != 22 {
+			t.Errorf("round %d: train sample_index %s, len %d", round, got, tr.Len())
+		}
+		s, err := ds.Train.Sample(0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !slices.Equal(s.Tokens, []int32{18, 19, 20, 21, 22, 99, 99, 18}) || !slices.Equal(s.Labels, []int32{19, 20, 21, 22, 99, 99, 18, 19}) {
+			t.Errorf("round %d: train item 0 = %v / %v", round, s.Tokens, s.Labels)
+		}
+		v, err := ds.Valid.Sample(0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !slices.Equal(v.Tokens, []int32{99, 45, 46, 47, 48, 99, 36, 37}) {
+			t.Errorf("round %d: valid item 0 = %v", round, v.Tokens)
+		}
+		if _, err := ds.Train.Sample(22); err == nil {
+			t.Error("Sample(Len()) succeeded")
+		}
+		ds.Close()
+	}
+	matches, _ := filepath.Glob(filepath.Join(dir, "cache", "*-GPTDataset-train-*"))
+	if len(matches) != 4 {
+		t.Errorf("cache files %v, want 4", matches)
+	}
+}
+
+// Spec §3.9 blend row: toy (w .7) and toy2 (6 docs × 4 tokens, w .3), L=4,
+// N=10, split "100,0,0".
+func TestBuildSpecBlend(t *testing.T) {
+	dir := t.TempDir()
+	toy := writeToy(t, dir)
+	var docs [][]int32
+	for i := range 6 {
+		docs = append(docs, []int32{int32(i), 1, 2, 99})
+	}
+	toy2 := writeDocs(t, filepath.Join(dir, "toy2"), indexed.UInt16, docs)
+	cfg := Config{SeqLength: 4, Seed: 1234, Split: "100,0,0", Blend: Blend{Prefixes: []string{toy, toy2}, Weights: []float64{0.7, 0.3}},
+		NumSamples: [3]int64{10, 0, 0}, EOD: 99, CachePath: filepath.Join(dir, "cache")}
+	for round := range 2 {
+		ds, err := Build(context.Background(), cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b := ds.Train.(*Blended)
+		if b.Datasets[0].Len() != 12 || b.Datasets[1].Len() != 5 {
+			t.Errorf("mid-level lengths %d, %d; want 12, 5", b.Datasets[0].Len(), b.Datasets[1].Len())
+		}
+		if got := list(b.DatasetIndex); got != "[0,1,0,0,1,0,0,1,0,0]" {
+			t.Errorf("round %d: dataset_index %s", round, got)
+		}
+		if got := list(b.DatasetSampleIndex); got != "[0,0,1,2,1,3,4,2,5,6]" {
+			t.Errorf("round %d: dataset_sample_index %s", round, got)
+		}
+		s, err := b.Sample(1)
+		if err != nil || s.DatasetID != 1 || len(s.Tokens) != 4 {
+			t.Errorf("blended sample 1: %+v %v", s, err)
+		}
+		ds.Close()
+	}
+	if m, _ := filepath.Glob(filepath.Join(dir, "cache", "*-BlendedDataset-train-*")); len(m) != 3 {
+		t.Errorf("blend cache files %v", m)
+	}
+}
+
+func TestBlendingIndicesSpec(t *testing.T) {
+	di, dsi := BuildBlendingIndices([]float64{.3, .5, .2}, 10)
+	if list(di) != "[1,0,2,1,0,1,2,1,0,1]" || list(dsi) != "[0,0,0,1,1,2,1,3,2,4]" {
+		t.Errorf("build_blending_indices = %v / %v", di, dsi)
+	}
+	di, dsi, err := BuildExhaustiveBlendingIndices([]int64{1, 2, 3})
+	if err != nil || list(di) != "[2,1,0,2,1,2]" || list(dsi) != "[0,0,0,1,1,2]" {
+		t.Errorf("build_exhaustive_blending_indices = %v / %v (%v)", di, dsi, err)
+	}
+	if _, _, err := BuildExhaustiveBlendingIndices([]int64{3, 0}); err == nil {
+		t.Error("exhaustive blend with an empty dataset succeeded")
+	}
+}
+
+func TestConfigErrors(t *testing.T) {
+	good := Config{SeqLength: 8, Blend: Blend{Prefixes: []string{"x"}}}
+	cases := []struct {
+		mod  func(c *Config)
+		want string
+	}{
+		{func(c *Config) { c.SeqLength = 1 }, "--seq-length"},
+		{func(c *Config) { c.Seed = -1 }, "--seed"},
+		{func(c *Config) { c.Blend = Blend{} }, "--data-path"},
+		{func(c *Config) { c.Split = "1,2,3,4" }, "--split"},
+		{func(c *Config) { c.SplitBlends[0] = Blend{Prefixes: []string{"y"}} }, "mutually exclusive"},
+		{func(c *Config) { c.Blend = Blend{Prefixes: []string{"a"}, Weights: []float64{-1}} }, "--data-path"},
+		{func(c *Config) { c.NumSamples[1] = -5 }, "valid"},
+	}
+	for _, c := range cases {
+		cfg := good
+		c.mod(&cfg)
+		if err := cfg.Validate(); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("want error mentioning %q, got %v", c.want, err)
+		}
+	}
+	if err := good.Validate(); err != nil {
+		t.Errorf("good config: %v", err)
+	}
+	_, err := Build(context.Background(), Config{SeqLength: 8, Blend: Blend{Prefixes: []string{filepath.Join(t.TempDir(), "nope")}}})
+	if err == nil || !strings.Contains(err.Error(), "nope.idx") {
+		t.Errorf("missing dataset: %v", err)
+	}
+}
+
+func TestParseBlend(t *testing.T) {
+	cases := []struct {
+		in       []string
+		prefixes []string
+		weights  []float64
+	}{
+		{[]string{"30", "a", "70", "b"}, []string{"a", "b"}, []float64{30, 70}},
+		{[]string{"30 a 70 b"}, []string{"a", "b"}, []float64{30, 70}},
+		{[]string{"a"}, []string{"a"}, nil},
+		{[]string{"a", "b"}, []string{"a", "b"}, nil},
+		{[]string{"1", "a", "b"}, []string{"1", "a", "b"}, nil},
+	}
+	for _, c := range cases {
+		b, err := ParseBlend("--data-path", c.in)
+		if err != nil || !slices.Equal(b.Prefixes, c.prefixes) || !slices.Equal(b.Weights, c.weights) {
+			t.Errorf("ParseBlend(%q) = %+v, %v", c.in, b, err)
+		}
+	}
+}
+
+func TestCacheIsNeverStale(t *testing.T) {
+	dir := t.TempDir()
+	prefix := writeToy(t, dir)
+	cfg := Config{SeqLength: 8, Seed: 1234, Split: "80,20,0", Blend: Blend{Prefixes: []string{prefix}}, NumSamples: [3]int64{20, 3, 0}, EOD: 99}
+	ds, err := Build(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := ds.Train.(*Dataset).Indices
+	ds.Close()
+	// Megatron's default cache directory is under a directory named like the prefix.
+	shuffles, _ := filepath.Glob(filepath.Join(prefix, "cache", "GPTDataset_indices", "*-train-shuffle_index.npy"))
+	if len(shuffles) != 1 {
+		t.Fatalf("default cache: %v", shuffles)
+	}
+	// A truncated cache array is ignored and rewritten.
+	if err := os.WriteFile(shuffles[0], []byte("\x93NUMPY junk"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	ds, err = Build(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := ds.Train.(*Dataset).Indices; !slices.Equal(got.ShuffleIndex, want.ShuffleIndex) {
+		t.Errorf("rebuilt shuffle %v, want %v", got.ShuffleIndex, want.ShuffleIndex)
+	}
+	ds.Close()
+	if a, err := readNpy(shuffles[0]); err != nil || len(a.data) != 22 {
+		t.Errorf("cache not rewritten: %v", err)
+	}
+}

@@ -1,0 +1,140 @@
+package gpt
+
+import (
+	"fmt"
+	"slices"
+	"testing"
+)
+
+// specSizes are the sequence lengths of the spec §3.2 toy dataset.
+var specSizes = []int32{5, 3, 8, 2, 6, 4, 7, 1, 9, 5}
+
+func span(lo, hi int32) []int32 {
+	var out []int32
+	for i := lo; i < hi; i++ {
+		out = append(out, i)
+	}
+	return out
+}
+
+func pairs(flat []int64) string {
+	s := "["
+	for j := 0; j < len(flat); j += 2 {
+		if j > 0 {
+			s += ","
+		}
+		s += fmt.Sprintf("[%d,%d]", flat[j], flat[j+1])
+	}
+	return s + "]"
+}
+
+func list[T any](x []T) string {
+	s := "["
+	for i, v := range x {
+		if i > 0 {
+			s += ","
+		}
+		s += fmt.Sprint(v)
+	}
+	return s + "]"
+}
+
+// TestSpecIndexVectors checks the spec §3.9 reference vectors (computed by
+// running Megatron's HEAD code): L=8, x=1, seed 1234, split "80,20,0".
+func TestSpecIndexVectors(t *testing.T) {
+	cases := []struct {
+		name        string
+		indices     []int32
+		n           int64
+		epochs      int
+		separate    bool
+		doc, sample string
+		shuffle     string
+	}{
+		{"train n=20", span(0, 8), 20, 5, false,
+			"[0,7,6,1,4,7,4,1,5,5,0,7,3,2,6,2,2,5,3,2,3,1,1,5,0,4,6,1,4,5,0,3,6,2,7,7,0,4,6,3]",
+			"[[0,0],[2,2],[4,0],[6,1],[8,0],[10,0],[13,0],[14,0],[15,1],[16,1],[17,1],[19,3],[21,1],[23,3],[25,2],[26,4],[28,2],[30,0],[32,1],[33,2],[36,0],[37,3],[38,5]]",
+			"[2,3,8,17,6,15,9,13,18,16,5,0,4,20,1,12,21,11,10,7,19,14]"},
+		{"valid n=3", span(8, 10), 3, 2, false, "[8,9,8,9]", "[[0,0],[0,8],[2,2],[3,1]]", "[1,2,0]"},
+		{"train n=5 separate final epoch", span(0, 8), 5, 2, true,
+			"[2,1,6,0,4,5,3,7,5,0,3,4,2,6,1,7]", "[[0,0],[1,0],[2,5],[4,1],[5,3],[9,0],[11,1],[12,3],[13,3]]", "[1,3,2,0,5,7,4,6]"},
+		{"train n=3", span(0, 8), 3, 1, false, "[2,1,6,0,4,5,3,7]", "[[0,0],[1,0],[2,5],[4,1],[5,3]]", "[0,2,1,3]"},
+		{"valid all", span(8, 10), AllSamples, 1, false, "[8,9]", "[[0,0],[0,8]]", "[0]"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			x, err := BuildIndices(specSizes, c.indices, IndexParams{NumSamples: c.n, SeqLength: 8, ExtraToken: 1, Seed: 1234, DropLast: true})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if x.Epochs != c.epochs || x.SeparateFinalEpoch != c.separate {
+				t.Errorf("epochs %d separate %v, want %d %v", x.Epochs, x.SeparateFinalEpoch, c.epochs, c.separate)
+			}
+			if got := list(x.DocumentIndex); got != c.doc {
+				t.Errorf("document_index %s\nwant %s", got, c.doc)
+			}
+			if got := pairs(x.SampleIndex); got != c.sample {
+				t.Errorf("sample_index %s\nwant %s", got, c.sample)
+			}
+			if got := list(x.ShuffleIndex); got != c.shuffle {
+				t.Errorf("shuffle_index %s\nwant %s", got, c.shuffle)
+			}
+		})
+	}
+}
+
+func TestSplitParsing(t *testing.T) {
+	cases := []struct {
+		split  string
+		n      int
+		ranges [3][2]int // -1,-1 = nil split
+	}{
+		{"80,20,0", 10, [3][2]int{{0, 8}, {8, 10}, {-1, -1}}},
+		{"969, 30, 1", 1000, [3][2]int{{0, 969}, {969, 999}, {999, 1000}}},
+		{"1", 7, [3][2]int{{0, 7}, {-1, -1}, {-1, -1}}},
+		// 0.5·5 = 2.5 rounds half to even → 2; 0.75·10=7.5 → 8.
+		{"50,50", 5, [3][2]int{{0, 2}, {2, 5}, {-1, -1}}},
+		{"75,25", 10, [3][2]int{{0, 8}, {8, 10}, {-1, -1}}},
+		{"1,1,1", 10, [3][2]int{{0, 3}, {3, 7}, {7, 10}}},
+	}
+	for _, c := range cases {
+		v, err := ParseSplit(c.split)
+		if err != nil {
+			t.Fatal(err)
+		}
+		m := SplitMatrix(v)
+		for i := range m {
+			want := c.ranges[i]
+			if m[i] == nil {
+				if want[0] != -1 {
+					t.Errorf("%q: split %d is empty, want %v", c.split, i, want)
+				}
+				continue
+			}
+			b, e := SplitRange(*m[i], c.n)
+			if b != want[0] || e != want[1] {
+				t.Errorf("%q n=%d: split %d = [%d,%d), want %v", c.split, c.n, i, b, e, want)
+			}
+		}
+	}
+	for _, bad := range []string{"", "0,0,0", "1,2,3,4"} {
+		if _, err := ParseSplit(bad); err == nil {
+			t.Errorf("ParseSplit(%q) succeeded", bad)
+		}
+	}
+}
+
+func TestNoExtraTokenAndPartialValidation(t *testing.T) {
+	// x=0: samples tile the stream exactly; with DropLast=false the last
+	// partial sample is kept: tpe=14, L=4 → ceil(14/4)=4 samples.
+	x, err := BuildIndices(specSizes, span(8, 10), IndexParams{NumSamples: AllSamples, SeqLength: 4, Seed: 1, DropLast: false})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if x.NumSamples() != 4 {
+		t.Fatalf("S = %d, want 4", x.NumSamples())
+	}
+	if !slices.Equal(x.ShuffleIndex, []int64{0, 1, 2, 3}) && len(x.ShuffleIndex) != 4 {
+		t.Fatalf("shuffle %v", x.ShuffleIndex)
+	}
+}

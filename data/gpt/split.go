@@ -1,0 +1,86 @@
+package gpt
+
+import (
+	"fmt"
+	"math"
+	"regexp"
+	"strconv"
+)
+
+// Split names one of the three dataset splits.
+type Split int
+
+// The splits, in Megatron's order.
+const (
+	Train Split = iota
+	Valid
+	Test
+)
+
+// String returns Megatron's split name ("train", "valid", "test").
+func (s Split) String() string {
+	switch s {
+	case Train:
+		return "train"
+	case Valid:
+		return "valid"
+	case Test:
+		return "test"
+	}
+	return fmt.Sprintf("Split(%d)", int(s))
+}
+
+// Bookend is one split's [Start, End) fraction of a dataset's sequences. The
+// start of the first split is Python's integer 0 in Megatron, which only
+// matters for the cache description (see describe.go).
+type Bookend struct{ Start, End float64 }
+
+var splitNumber = regexp.MustCompile(`[.0-9]+`)
+
+// ParseSplit parses a --split string like "969,30,1" exactly as Megatron's
+// parse_and_normalize_split: every match of [.0-9]+ is a float, missing
+// entries are 0, and the vector is divided by its sum.
+func ParseSplit(s string) ([3]float64, error) {
+	var v [3]float64
+	nums := splitNumber.FindAllString(s, -1)
+	if len(nums) > 3 {
+		return v, fmt.Errorf("gpt: --split %q: want at most 3 numbers (train,valid,test), got %d", s, len(nums))
+	}
+	for i, n := range nums {
+		f, err := strconv.ParseFloat(n, 64)
+		if err != nil {
+			return v, fmt.Errorf("gpt: --split %q: %q is not a number", s, n)
+		}
+		v[i] = f
+	}
+	sum := v[0] + v[1] + v[2]
+	if !(sum > 0) || math.IsInf(sum, 0) {
+		return v, fmt.Errorf("gpt: --split %q: the proportions must sum to a positive number", s)
+	}
+	for i := range v {
+		v[i] /= sum
+	}
+	return v, nil
+}
+
+// SplitMatrix turns a normalized split vector into book-ends
+// (convert_split_vector_to_split_matrix): running sums from 0; a split whose
+// book-ends coincide is nil.
+func SplitMatrix(v [3]float64) [3]*Bookend {
+	var m [3]*Bookend
+	start := 0.0
+	for i, f := range v {
+		end := start + f
+		if end > start {
+			m[i] = &Bookend{start, end}
+		}
+		start = end
+	}
+	return m
+}
+
+// SplitRange returns the sequence ids [beg, end) of a split of n sequences:
+// Python's round (half to even) of the book-ends times n.
+func SplitRange(b Bookend, n int) (beg, end int) {
+	return int(math.RoundToEven(b.Start * float64(n))), int(math.RoundToEven(b.End * float64(n)))
+}
