@@ -1,0 +1,151 @@
+package gpt
+
+import (
+	"fmt"
+	"math"
+)
+
+// Config describes a GPT-family model with Megatron's semantics. Zero values
+// are Megatron's defaults where Megatron has one; every field names its flag.
+type Config struct {
+	NumLayers         int // --num-layers
+	HiddenSize        int // --hidden-size
+	NumAttentionHeads int // --num-attention-heads
+	// NumQueryGroups (--num-query-groups with --group-query-attention) is the
+	// number of key/value heads; 0 means NumAttentionHeads (no GQA).
+	NumQueryGroups int
+	// KVChannels (--kv-channels) is the head dimension; 0 means
+	// HiddenSize/NumAttentionHeads.
+	KVChannels int
+	// FFNHiddenSize (--ffn-hidden-size); 0 means 4·HiddenSize.
+	FFNHiddenSize int
+	// VocabSize is the padded vocabulary: the rows of the embedding table
+	// (see tokenizer.PaddedVocabSize).
+	VocabSize int
+	// MaxPositionEmbeddings (--max-position-embeddings) bounds sequence length
+	// for learned positions and RoPE tables.
+	MaxPositionEmbeddings int
+	// PositionEmbeddingType (--position-embedding-type): "learned_absolute"
+	// (the zero value), "rope" or "none".
+	PositionEmbeddingType string
+	RotaryBase            float64 // --rotary-base; 0 means 10000
+	RotaryPercent         float64 // --rotary-percent; 0 means 1.0
+	RotaryInterleaved     bool    // --rotary-interleaved: pairs (2i, 2i+1) instead of halves
+	// Normalization (--normalization): "LayerNorm" (the zero value) or "RMSNorm".
+	Normalization string
+	NormEpsilon   float32 // --norm-epsilon; 0 means 1e-5
+	// Activation of the MLP: "gelu" (exact erf GELU, Megatron's default; the
+	// zero value), "gelu_tanh" (--openai-gelu, GPT-2's) or "swiglu" (--swiglu:
+	// fc1 outputs [gate; up], 2·FFNHiddenSize rows).
+	Activation string
+	// DisableBiasLinear (--disable-bias-linear) drops the biases of every linear.
+	DisableBiasLinear bool
+	// AddQKVBias (--add-qkv-bias) keeps the QKV bias when DisableBiasLinear is set.
+	AddQKVBias       bool
+	AttentionDropout float32 // --attention-dropout (applied to the attention output; see Forward)
+	HiddenDropout    float32 // --hidden-dropout
+	// UntieEmbeddingsAndOutputWeights (--untie-embeddings-and-output-weights)
+	// gives the output layer its own weight; the zero value ties it to the
+	// word embeddings.
+	UntieEmbeddingsAndOutputWeights bool
+	// InitMethodStd (--init-method-std); 0 means 0.02. Output projections use
+	// std/sqrt(2·NumLayers), as Megatron's scaled_init_method_normal.
+	InitMethodStd float32
+}
+
+// Validate fills defaults and rejects impossible shapes, naming the flags.
+func (c *Config) Validate() error {
+	switch {
+	case c.NumLayers <= 0:
+		return fmt.Errorf("gpt: --num-layers=%d: want > 0", c.NumLayers)
+	case c.HiddenSize <= 0:
+		return fmt.Errorf("gpt: --hidden-size=%d: want > 0", c.HiddenSize)
+	case c.NumAttentionHeads <= 0:
+		return fmt.Errorf("gpt: --num-attention-heads=%d: want > 0", c.NumAttentionHeads)
+	case c.VocabSize <= 0:
+		return fmt.Errorf("gpt: vocab size %d: want > 0 (set --vocab-size or a tokenizer)", c.VocabSize)
+	case c.MaxPositionEmbeddings <= 0:
+		return fmt.Errorf("gpt: --max-position-embeddings=%d: want > 0", c.MaxPositionEmbeddings)
+	}
+	if c.KVChannels == 0 {
+		if c.HiddenSize%c.NumAttentionHeads != 0 {
+			return fmt.Errorf("gpt: --hidden-size=%d is not divisible by --num-attention-heads=%d (or set --kv-channels)", c.HiddenSize, c.NumAttentionHeads)
+		}
+		c.KVChannels = c.HiddenSize / c.NumAttentionHeads
+	}
+	if c.NumQueryGroups == 0 {
+		c.NumQueryGroups = c.NumAttentionHeads
+	}
+	if c.NumAttentionHeads%c.NumQueryGroups != 0 {
+		return fmt.Errorf("gpt: --num-attention-heads=%d is not divisible by --num-query-groups=%d", c.NumAttentionHeads, c.NumQueryGroups)
+	}
+	if c.FFNHiddenSize == 0 {
+		c.FFNHiddenSize = 4 * c.HiddenSize
+	}
+	if c.PositionEmbeddingType == "" {
+		c.PositionEmbeddingType = "learned_absolute"
+	}
+	switch c.PositionEmbeddingType {
+	case "learned_absolute", "rope", "none":
+	default:
+		return fmt.Errorf("gpt: --position-embedding-type=%q: want learned_absolute, rope or none", c.PositionEmbeddingType)
+	}
+	if c.RotaryBase == 0 {
+		c.RotaryBase = 10000
+	}
+	if c.RotaryPercent == 0 {
+		c.RotaryPercent = 1
+	}
+	if rd := c.RotaryDim(); c.PositionEmbeddingType == "rope" && (rd <= 0 || rd%2 != 0 || c.RotaryPercent > 1) {
+		return fmt.Errorf("gpt: --rotary-percent=%g with --kv-channels=%d gives rotary dim %d: want an even number in (0, kv-channels]", c.RotaryPercent, c.KVChannels, rd)
+	}
+	if c.Normalization == "" {
+		c.Normalization = "LayerNorm"
+	}
+	if c.Normalization != "LayerNorm" && c.Normalization != "RMSNorm" {
+		return fmt.Errorf("gpt: --normalization=%q: want LayerNorm or RMSNorm", c.Normalization)
+	}
+	if c.NormEpsilon == 0 {
+		c.NormEpsilon = 1e-5
+	}
+	if c.Activation == "" {
+		c.Activation = "gelu"
+	}
+	switch c.Activation {
+	case "gelu", "gelu_tanh", "swiglu":
+	default:
+		return fmt.Errorf("gpt: activation %q: want gelu, gelu_tanh or swiglu", c.Activation)
+	}
+	if c.InitMethodStd == 0 {
+		c.InitMethodStd = 0.02
+	}
+	for name, p := range map[string]float32{"--attention-dropout": c.AttentionDropout, "--hidden-dropout": c.HiddenDropout} {
+		if p < 0 || p >= 1 {
+			return fmt.Errorf("gpt: %s=%g: want 0 <= p < 1", name, p)
+		}
+	}
+	return nil
+}
+
+// RotaryDim is the number of rotated dimensions per head.
+func (c *Config) RotaryDim() int {
+	return int(math.Floor(float64(c.KVChannels) * c.RotaryPercent))
+}
+
+// Presets are named configurations (vocab and sequence length are set by the
+// caller's data; the values here are the architecture).
+func Preset(name string) (Config, error) {
+	switch name {
+	case "tiny": // unit tests and the quickstart
+		return Config{NumLayers: 4, HiddenSize: 256, NumAttentionHeads: 4, VocabSize: 50304, MaxPositionEmbeddings: 256, Activation: "gelu_tanh"}, nil
+	case "gpt2-small": // 124M
+		return Config{NumLayers: 12, HiddenSize: 768, NumAttentionHeads: 12, VocabSize: 50304, MaxPositionEmbeddings: 1024, Activation: "gelu_tanh"}, nil
+	case "gpt2-medium": // 350M
+		return Config{NumLayers: 24, HiddenSize: 1024, NumAttentionHeads: 16, VocabSize: 50304, MaxPositionEmbeddings: 1024, Activation: "gelu_tanh"}, nil
+	case "llama-tiny": // Llama-style: RMSNorm, SwiGLU, RoPE, GQA, no biases, untied
+		return Config{NumLayers: 4, HiddenSize: 256, NumAttentionHeads: 8, NumQueryGroups: 2, FFNHiddenSize: 688,
+			VocabSize: 32000, MaxPositionEmbeddings: 2048, PositionEmbeddingType: "rope", Normalization: "RMSNorm",
+			Activation: "swiglu", DisableBiasLinear: true, UntieEmbeddingsAndOutputWeights: true}, nil
+	}
+	return Config{}, fmt.Errorf("gpt: unknown preset %q (want tiny, gpt2-small, gpt2-medium or llama-tiny)", name)
+}
