@@ -61,29 +61,43 @@ const (
 	attnBlockK = 64
 )
 
-// attnScratch is one goroutine's workspace: O(block) floats, independent of T.
+// attnScratch is one goroutine's workspace: O(block²) floats, independent of T.
 type attnScratch struct {
-	s    []float32 // (attnBlockK) scores of one query row against a key block
-	m, l []float32 // (attnBlockQ) running max and running sum of the online softmax
+	s    []float32 // (attnBlockQ, attnBlockK) scores, then probabilities P
+	dp   []float32 // (attnBlockQ, attnBlockK) dP = dout·vᵀ, then dS (backward)
+	m, l []float32 // (attnBlockQ) running max and sum of the online softmax; backward: D_i
 }
+
+// attnScratchFloats is the size of one attnScratch in floats.
+const attnScratchFloats = 2*attnBlockQ*attnBlockK + 2*attnBlockQ
 
 // attnPool recycles workspaces so steady-state calls do not allocate them. It
 // is a cache, not state: any attnScratch is interchangeable.
 var attnPool = sync.Pool{New: func() any {
-	return &attnScratch{s: make([]float32, attnBlockK), m: make([]float32, attnBlockQ), l: make([]float32, attnBlockQ)}
+	return &attnScratch{
+		s: make([]float32, attnBlockQ*attnBlockK), dp: make([]float32, attnBlockQ*attnBlockK),
+		m: make([]float32, attnBlockQ), l: make([]float32, attnBlockQ),
+	}
 }}
+
+// AttentionScratchBytes is the extra memory the attention kernels use beyond
+// their arguments: one fixed-size workspace per goroutine (Threads()), whatever
+// T is. lse, O(T) per head, is an output of the forward, not scratch.
+func AttentionScratchBytes() int { return Threads() * attnScratchFloats * 4 }
 
 // AttentionForward is fused flash-style attention: for each (batch, query
 // head, query block of 64 rows) it streams over key blocks of 64 with an
-// online softmax, so the T×T score matrix is never stored; extra memory is
-// O(block) per goroutine (plus lse, O(T) per head, which is an output).
+// online softmax, so the T×T score matrix is never stored; extra memory is one
+// 64×64 tile per goroutine (AttentionScratchBytes).
 //
 //	out[b,i,h,:] = Σ_j softmax_j(scale*q_i·k_j over allowed j) v_j
 //	lse[b,h,i]   = log Σ_j exp(scale*q_i·k_j), cached for AttentionBackward
 //
-// Work is split over (b, head, query block) with Parallel. Causal key blocks
-// above the diagonal are skipped. A row with no allowed key (impossible when
-// Causal or DocIDs, since i attends to itself) gets out 0 and lse -Inf.
+// Both products run through Sgemm on tiles (single-threaded per tile); work
+// is split over (b, head, query block) with Parallel. Causal key blocks above
+// the diagonal are skipped. A row with no allowed key (impossible when Causal
+// or DocIDs, since i attends to itself) gets out 0 and lse -Inf. Against the
+// float64 reference the result agrees to ~1e-6 relative (tests use 2e-5).
 func AttentionForward(out, lse, q, k, v []float32, cfg AttentionConfig) {
 	cfg.mustValidate()
 	nqb := (cfg.T + attnBlockQ - 1) / attnBlockQ
@@ -98,17 +112,39 @@ func AttentionForward(out, lse, q, k, v []float32, cfg AttentionConfig) {
 	})
 }
 
+// attnMask sets masked scores of the tile s (rows i0.., columns j0.., row
+// stride attnBlockK) to -Inf. Only tiles crossing the diagonal or holding a
+// document boundary have any.
+func attnMask(s []float32, cfg *AttentionConfig, b, i0, nq, j0, nk int) {
+	negInf := float32(math.Inf(-1))
+	causalCut := cfg.Causal && j0+nk-1 > i0
+	if !causalCut && cfg.DocIDs == nil {
+		return
+	}
+	for r := 0; r < nq; r++ {
+		row := s[r*attnBlockK : r*attnBlockK+nk]
+		i := i0 + r
+		for c := range row {
+			if !attnAllowed(cfg, b, i, j0+c) {
+				row[c] = negInf
+			}
+		}
+	}
+}
+
 // attnForwardBlock runs query rows [i0, i1) of head h in batch b.
 func attnForwardBlock(out, lse, q, k, v []float32, cfg *AttentionConfig, b, h, i0, i1 int, ws *attnScratch) {
 	T, D := cfg.T, cfg.D
 	qs, kvs := cfg.HQ*D, cfg.HKV*D // row strides
 	g := h / (cfg.HQ / cfg.HKV)
-	scale := cfg.scale()
+	nq := i1 - i0
 	negInf := float32(math.Inf(-1))
-	m, l := ws.m[:i1-i0], ws.l[:i1-i0]
+	m, l := ws.m[:nq], ws.l[:nq]
+	qBlk := q[(b*T+i0)*qs+h*D:]   // (nq, D), row stride qs
+	oBlk := out[(b*T+i0)*qs+h*D:] // (nq, D), row stride qs
 	for r := range m {
 		m[r], l[r] = negInf, 0
-		clear(out[(b*T+i0+r)*qs+h*D:][:D])
+		clear(oBlk[r*qs : r*qs+D])
 	}
 	jEnd := T
 	if cfg.Causal {
@@ -116,59 +152,45 @@ func attnForwardBlock(out, lse, q, k, v []float32, cfg *AttentionConfig, b, h, i
 	}
 	for j0 := 0; j0 < jEnd; j0 += attnBlockK {
 		nk := min(attnBlockK, jEnd-j0)
+		kvOff := (b*T+j0)*kvs + g*D
+		// S = scale * Q Kᵀ: (nq, nk)
+		Sgemm(NoTrans, Trans, nq, nk, D, cfg.scale(), qBlk, qs, k[kvOff:], kvs, 0, ws.s, attnBlockK)
+		attnMask(ws.s, cfg, b, i0, nq, j0, nk)
 		for r := range m {
-			i := i0 + r
-			n := nk
-			if cfg.Causal {
-				n = min(nk, i-j0+1)
-			}
-			qi := q[(b*T+i)*qs+h*D:][:D]
-			oi := out[(b*T+i)*qs+h*D:][:D]
-			s := ws.s[:max(n, 0)]
+			row := ws.s[r*attnBlockK : r*attnBlockK+nk]
 			mx := m[r]
-			for c := range s {
-				j := j0 + c
-				if cfg.DocIDs != nil && cfg.DocIDs[b*T+i] != cfg.DocIDs[b*T+j] {
-					s[c] = negInf
-					continue
-				}
-				s[c] = dotF32(qi, k[(b*T+j)*kvs+g*D:][:D]) * scale
-				mx = max(mx, s[c])
+			for _, sc := range row {
+				mx = max(mx, sc)
 			}
-			if mx == negInf {
-				continue // nothing allowed yet
+			if mx == negInf { // nothing allowed yet: P row is 0
+				clear(row)
+				continue
 			}
 			if alpha := expF32(m[r] - mx); alpha != 1 {
-				scaleF32(alpha, oi)
+				scaleF32(alpha, oBlk[r*qs:r*qs+D])
 				l[r] *= alpha
 			}
-			sum := l[r]
-			for c, sc := range s {
-				if sc == negInf {
-					continue
-				}
-				p := expF32(sc - mx)
-				sum += p
-				axpyF32(p, v[(b*T+j0+c)*kvs+g*D:][:D], oi)
-			}
-			l[r], m[r] = sum, mx
+			l[r] += expSubF32(row, mx)
+			m[r] = mx
 		}
+		// O += P V: (nq, D)
+		Sgemm(NoTrans, NoTrans, nq, D, nk, 1, ws.s, attnBlockK, v[kvOff:], kvs, 1, oBlk, qs)
 	}
 	for r := range m {
-		i := i0 + r
 		if l[r] == 0 {
-			lse[(b*cfg.HQ+h)*T+i] = negInf
+			lse[(b*cfg.HQ+h)*T+i0+r] = negInf
 			continue
 		}
-		scaleF32(1/l[r], out[(b*T+i)*qs+h*D:][:D])
-		lse[(b*cfg.HQ+h)*T+i] = m[r] + float32(math.Log(float64(l[r])))
+		scaleF32(1/l[r], oBlk[r*qs:r*qs+D])
+		lse[(b*cfg.HQ+h)*T+i0+r] = m[r] + float32(math.Log(float64(l[r])))
 	}
 }
 
 // AttentionBackward accumulates the gradients of AttentionForward into dq, dk
 // and dv (shapes of q, k, v), with the FlashAttention-2 backward: P is
-// recomputed from q, k and lse, D_i = rowsum(dout_i*out_i), and
-// dS = P*(dP - D_i) with dP = dout·vᵀ. No T×T buffer is stored.
+// recomputed tile by tile from q, k and lse, D_i = rowsum(dout_i*out_i), and
+// dS = P*(dP - D_i) with dP = dout·vᵀ. No T×T buffer is stored; the five
+// tile products run through Sgemm.
 //
 // Work is split over (b, kv head): one goroutine owns the dk, dv rows of its kv
 // head and the dq rows of the query heads that share it, so accumulation needs
@@ -177,52 +199,62 @@ func attnForwardBlock(out, lse, q, k, v []float32, cfg *AttentionConfig, b, h, i
 func AttentionBackward(dq, dk, dv, dout, q, k, v, out, lse []float32, cfg AttentionConfig) {
 	cfg.mustValidate()
 	Parallel(cfg.B*cfg.HKV, 1, func(lo, hi int) {
+		ws := attnPool.Get().(*attnScratch)
 		for idx := lo; idx < hi; idx++ {
-			attnBackwardHead(dq, dk, dv, dout, q, k, v, out, lse, &cfg, idx/cfg.HKV, idx%cfg.HKV)
+			attnBackwardHead(dq, dk, dv, dout, q, k, v, out, lse, &cfg, idx/cfg.HKV, idx%cfg.HKV, ws)
 		}
+		attnPool.Put(ws)
 	})
 }
 
 // attnBackwardHead handles kv head g of batch b and its query heads. Key
 // blocks are the outer loop so a block of k, v, dk, dv stays in cache while
-// every query row that sees it streams past.
-func attnBackwardHead(dq, dk, dv, dout, q, k, v, out, lse []float32, cfg *AttentionConfig, b, g int) {
+// every query block that sees it streams past.
+func attnBackwardHead(dq, dk, dv, dout, q, k, v, out, lse []float32, cfg *AttentionConfig, b, g int, ws *attnScratch) {
 	T, D := cfg.T, cfg.D
 	qs, kvs := cfg.HQ*D, cfg.HKV*D
 	grp := cfg.HQ / cfg.HKV
 	scale := cfg.scale()
 	for j0 := 0; j0 < T; j0 += attnBlockK {
 		nk := min(attnBlockK, T-j0)
+		kvOff := (b*T+j0)*kvs + g*D
+		kBlk, vBlk, dkBlk, dvBlk := k[kvOff:], v[kvOff:], dk[kvOff:], dv[kvOff:] // (nk, D), stride kvs
 		for h := g * grp; h < (g+1)*grp; h++ {
 			iStart := 0
 			if cfg.Causal {
-				iStart = j0
+				iStart = j0 / attnBlockQ * attnBlockQ
 			}
-			for i := iStart; i < T; i++ {
-				li := lse[(b*cfg.HQ+h)*T+i]
-				if math.IsInf(float64(li), -1) {
-					continue
-				}
-				n := nk
-				if cfg.Causal {
-					n = min(nk, i-j0+1)
-				}
-				row := (b*T+i)*qs + h*D
-				qi, doi, dqi := q[row:][:D], dout[row:][:D], dq[row:][:D]
-				di := dotF32(doi, out[row:][:D])
-				for c := 0; c < n; c++ {
-					j := j0 + c
-					if cfg.DocIDs != nil && cfg.DocIDs[b*T+i] != cfg.DocIDs[b*T+j] {
-						continue
+			for i0 := iStart; i0 < T; i0 += attnBlockQ {
+				nq := min(attnBlockQ, T-i0)
+				qOff := (b*T+i0)*qs + h*D
+				qBlk, doBlk, dqBlk := q[qOff:], dout[qOff:], dq[qOff:] // (nq, D), stride qs
+				// P = exp(scale * Q Kᵀ - lse): (nq, nk)
+				Sgemm(NoTrans, Trans, nq, nk, D, scale, qBlk, qs, kBlk, kvs, 0, ws.s, attnBlockK)
+				attnMask(ws.s, cfg, b, i0, nq, j0, nk)
+				di := ws.m[:nq]
+				for r := 0; r < nq; r++ {
+					row := ws.s[r*attnBlockK : r*attnBlockK+nk]
+					li := lse[(b*cfg.HQ+h)*T+i0+r]
+					if math.IsInf(float64(li), -1) {
+						clear(row)
+					} else {
+						expSubF32(row, li)
 					}
-					kr := (b*T+j)*kvs + g*D
-					kj, vj := k[kr:][:D], v[kr:][:D]
-					p := expF32(dotF32(qi, kj)*scale - li)
-					axpyF32(p, doi, dv[kr:][:D])
-					ds := p * (dotF32(doi, vj) - di) * scale
-					axpyF32(ds, kj, dqi)
-					axpyF32(ds, qi, dk[kr:][:D])
+					di[r] = dotF32(doBlk[r*qs:r*qs+D], out[qOff+r*qs:][:D])
 				}
+				// dV += Pᵀ dO: (nk, D)
+				Sgemm(Trans, NoTrans, nk, D, nq, 1, ws.s, attnBlockK, doBlk, qs, 1, dvBlk, kvs)
+				// dP = dO Vᵀ: (nq, nk); dS = P*(dP - D_i)*scale
+				Sgemm(NoTrans, Trans, nq, nk, D, 1, doBlk, qs, vBlk, kvs, 0, ws.dp, attnBlockK)
+				for r := 0; r < nq; r++ {
+					p, ds := ws.s[r*attnBlockK:r*attnBlockK+nk], ws.dp[r*attnBlockK:r*attnBlockK+nk]
+					for c := range ds {
+						ds[c] = p[c] * (ds[c] - di[r]) * scale
+					}
+				}
+				// dQ += dS K: (nq, D);  dK += dSᵀ Q: (nk, D)
+				Sgemm(NoTrans, NoTrans, nq, D, nk, 1, ws.dp, attnBlockK, kBlk, kvs, 1, dqBlk, qs)
+				Sgemm(Trans, NoTrans, nk, D, nq, 1, ws.dp, attnBlockK, qBlk, qs, 1, dkBlk, kvs)
 			}
 		}
 	}

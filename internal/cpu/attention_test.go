@@ -2,6 +2,7 @@ package cpu
 
 import (
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"strings"
 	"testing"
@@ -93,5 +94,64 @@ func TestAttentionGolden(t *testing.T) {
 			g.check(t, "dk", dk)
 			g.check(t, "dv", dv)
 		})
+	}
+}
+
+// BenchmarkAttention reports forward+backward GFLOP/s (AttentionFLOPs
+// convention: causal halved) and bytes allocated per call (steady state: the
+// workspace pool is warm, so only Parallel's goroutine bookkeeping remains).
+func BenchmarkAttention(b *testing.B) {
+	for _, T := range []int{256, 512, 1024} {
+		cfg := AttentionConfig{B: 1, T: T, HQ: 12, HKV: 12, D: 64, Causal: true}
+		b.Run(fmt.Sprintf("B1-T%d-H12-D64", T), func(b *testing.B) {
+			rng := rand.New(rand.NewPCG(1, 1))
+			n := cfg.B * cfg.T * cfg.HQ * cfg.D
+			q, k, v, dout := to32(randF64(rng, n, 1)), to32(randF64(rng, n, 1)), to32(randF64(rng, n, 1)), to32(randF64(rng, n, 1))
+			out, lse := make([]float32, n), make([]float32, cfg.B*cfg.HQ*cfg.T)
+			dq, dk, dv := make([]float32, n), make([]float32, n), make([]float32, n)
+			AttentionForward(out, lse, q, k, v, cfg) // warm the pool
+			b.ReportAllocs()
+			b.ResetTimer()
+			for range b.N {
+				AttentionForward(out, lse, q, k, v, cfg)
+				AttentionBackward(dq, dk, dv, dout, q, k, v, out, lse, cfg)
+			}
+			fwd, bwd := AttentionFLOPs(cfg)
+			b.ReportMetric((fwd+bwd)*float64(b.N)/b.Elapsed().Seconds()/1e9, "GFLOP/s")
+		})
+	}
+}
+
+// TestExpSub holds the float32 exp (AVX-512 and pure Go) to math.Exp within
+// 4 ulp-ish (3e-7 relative) and checks masked (-Inf) lanes become exactly 0.
+func TestExpSub(t *testing.T) {
+	for _, isa := range []ISA{ISAGeneric, DetectedISA()} {
+		prev := SetISA(isa)
+		for _, n := range []int{1, 15, 16, 37, 64} {
+			x := make([]float32, n)
+			for i := range x {
+				x[i] = float32(i)*2.9 - 95 // spans underflow to ~ +88
+			}
+			x[n/2] = float32(math.Inf(-1))
+			want := make([]float64, n)
+			sum := 0.0
+			for i, v := range x {
+				want[i] = math.Exp(float64(v) - 3)
+				if v < -87.33654+3 {
+					want[i] = 0
+				}
+				sum += want[i]
+			}
+			got := expSubF32(x, 3)
+			for i := range x {
+				if math.Abs(float64(x[i])-want[i]) > 3e-7*want[i] {
+					t.Fatalf("%v n=%d: exp[%d] = %g, want %g", isa, n, i, x[i], want[i])
+				}
+			}
+			if math.Abs(float64(got)-sum) > 1e-6*sum {
+				t.Fatalf("%v n=%d: sum %g, want %g", isa, n, got, sum)
+			}
+		}
+		SetISA(prev)
 	}
 }

@@ -2,8 +2,7 @@ package cpu
 
 import "math"
 
-// Small vector helpers of the attention kernels (pure Go; the compiler does not
-// vectorise them, so they are unrolled by 4 for independent accumulators).
+// Small vector helpers of the attention kernels.
 
 // dotF32 returns Σ a[i]*b[i] over len(a) (b at least as long).
 func dotF32(a, b []float32) float32 {
@@ -22,21 +21,6 @@ func dotF32(a, b []float32) float32 {
 	return (s0 + s1) + (s2 + s3)
 }
 
-// axpyF32 computes y += alpha*x over len(x).
-func axpyF32(alpha float32, x, y []float32) {
-	y = y[:len(x)]
-	i := 0
-	for ; i+4 <= len(x); i += 4 {
-		y[i] += alpha * x[i]
-		y[i+1] += alpha * x[i+1]
-		y[i+2] += alpha * x[i+2]
-		y[i+3] += alpha * x[i+3]
-	}
-	for ; i < len(x); i++ {
-		y[i] += alpha * x[i]
-	}
-}
-
 // scaleF32 computes x *= alpha.
 func scaleF32(alpha float32, x []float32) {
 	for i := range x {
@@ -44,5 +28,37 @@ func scaleF32(alpha float32, x []float32) {
 	}
 }
 
-// expF32 is exp in float32 (through float64, so correctly rounded in practice).
-func expF32(x float32) float32 { return float32(math.Exp(float64(x))) }
+// expSubGo replaces x[i] by exp(x[i]-sub) and returns their sum (pure Go).
+func expSubGo(x []float32, sub float32) float32 {
+	var s float32
+	for i, v := range x {
+		e := expF32(v - sub)
+		x[i] = e
+		s += e
+	}
+	return s
+}
+
+// expF32 is a float32 exp (Cephes expf: range reduction by ln 2, degree-6
+// polynomial), within 2 ulp of the true value on [-87.3, 88.7]; below it
+// returns 0 (so -Inf gives 0), above +Inf; NaN propagates.
+func expF32(x float32) float32 {
+	const (
+		log2e = 1.44269504088896341
+		c1    = 0.693359375
+		c2    = -2.12194440e-4
+	)
+	switch {
+	case x < -87.33654:
+		return 0
+	case x > 88.72283:
+		return float32(math.Inf(1))
+	case x != x:
+		return x
+	}
+	fx := float32(math.Floor(float64(x*log2e + 0.5)))
+	r := x - fx*c1 - fx*c2
+	y := ((((1.9875691500e-4*r+1.3981999507e-3)*r+8.3334519073e-3)*r+4.1665795894e-2)*r+1.6666665459e-1)*r + 5.0000001201e-1
+	y = y*r*r + r + 1
+	return y * math.Float32frombits(uint32(int32(fx)+127)<<23)
+}

@@ -1,0 +1,20 @@
+//go:build amd64
+
+package cpu
+
+// expSubAVX512 sets x[i] = exp(x[i]-sub) for i < n, n a multiple of 16, and
+// returns their sum. Requires AVX-512F.
+//
+//go:noescape
+func expSubAVX512(x *float32, n int, sub float32) float32
+
+// expSubF32 replaces x[i] by exp(x[i]-sub) and returns their sum, with the
+// AVX-512 kernel on multiples of 16 when the active ISA allows it.
+func expSubF32(x []float32, sub float32) float32 {
+	var s float32
+	if n := len(x) &^ 15; n > 0 && ActiveISA() == ISAAVX512 {
+		s = expSubAVX512(&x[0], n, sub)
+		x = x[n:]
+	}
+	return s + expSubGo(x, sub)
+}
