@@ -340,3 +340,14 @@ func (t *Tensor) To(dtype DType) *Tensor {
 	}
 	return out
 }
+
+// Reshape returns a view of contiguous t with a new shape (one -1 is
+// inferred), without autograd: for data such as ids and masks. Use
+// Tape.Reshape for values in a graph.
+func (t *Tensor) Reshape(shape ...int) *Tensor {
+	if !t.IsContiguous() {
+		panic("tensor: Reshape of a non-contiguous view; call Contiguous first")
+	}
+	shape = inferShape(t.Numel(), shape)
+	return t.view(shape, contiguousStrides(shape), t.offset)
+}
