@@ -33,7 +33,7 @@ func TestCorruptFilesExactErrors(t *testing.T) {
 		{"header past EOF", append(binary.LittleEndian.AppendUint64(nil, 50), "{}"...), F + "header length 50 runs past the end of the file (10 bytes): truncated?"},
 		{"max uint64 header", binary.LittleEndian.AppendUint64(nil, ^uint64(0)), F + "header length 18446744073709551615 exceeds the limit of 100000000 bytes"},
 		{"not utf8", st("{\"\xff\":1}", 0), F + "header is not valid UTF-8"},
-		{"bad json", st(`{"a":`, 0), F + "header: value of \"a\": invalid JSON: unexpected end of header"},
+		{"bad json", st(`{"a":`, 0), F + "header: value of \"a\": invalid JSON: unexpected end of input"},
 		{"bad json 2", st(`{"a" 1}`, 0), F + `header: value of "a": invalid JSON: expected colon after object key`},
 		{"not an object", st(`[1,2]`, 0), F + `header: want a JSON object, found "["`},
 		{"trailing junk", st(`{} x`, 0), F + "header: after the object: invalid JSON: invalid character 'x' looking for beginning of value"},

@@ -146,7 +146,7 @@ func decodeObject(js []byte) ([]field, error) {
 
 func jsonErr(err error) error {
 	if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
-		return errors.New("invalid JSON: unexpected end of header")
+		return errors.New("invalid JSON: unexpected end of input")
 	}
 	return fmt.Errorf("invalid JSON: %v", err)
 }

@@ -68,6 +68,13 @@ def main():
     with open(os.path.join(here, "fixture.json"), "w") as f:
         json.dump(desc, f, indent=1, sort_keys=True, ensure_ascii=False)
         f.write("\n")
+    # An index as transformers writes it: json.dumps(indent=2, sort_keys=True) + "\n".
+    index = {"metadata": {"total_size": 1234, "total_parameters": 617},
+             "weight_map": {"b.weight": "model-00002-of-00002.safetensors",
+                            "a.weight": "model-00001-of-00002.safetensors",
+                            "caf\u00e9 <&> \U0001F600": "model-00001-of-00002.safetensors"}}
+    with open(os.path.join(here, "model.safetensors.index.json"), "w") as f:
+        f.write(json.dumps(index, indent=2, sort_keys=True) + "\n")
 
 
 if __name__ == "__main__":
