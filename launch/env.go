@@ -335,3 +335,25 @@ func ceilDiv(a, b int) int {
 	}
 	return (a + b - 1) / b
 }
+
+// Variables returns the torchrun variables that describe e, as "KEY=value"
+// strings; DetectEnv on them gives e back with Source "torchrun". maxRestarts
+// and runID fill TORCHELASTIC_MAX_RESTARTS and TORCHELASTIC_RUN_ID.
+func (e Env) Variables(maxRestarts int, runID string) []string {
+	kv := []struct {
+		k string
+		v any
+	}{
+		{"RANK", e.Rank}, {"LOCAL_RANK", e.LocalRank}, {"WORLD_SIZE", e.WorldSize},
+		{"LOCAL_WORLD_SIZE", e.LocalWorldSize}, {"GROUP_RANK", e.NodeRank}, {"GROUP_WORLD_SIZE", e.NNodes},
+		{"ROLE_RANK", e.Rank}, {"ROLE_WORLD_SIZE", e.WorldSize}, {"ROLE_NAME", "default"},
+		{"MASTER_ADDR", e.MasterAddr}, {"MASTER_PORT", e.MasterPort},
+		{"TORCHELASTIC_RESTART_COUNT", e.RestartCount}, {"TORCHELASTIC_MAX_RESTARTS", maxRestarts},
+		{"TORCHELASTIC_RUN_ID", runID},
+	}
+	out := make([]string, len(kv))
+	for i, p := range kv {
+		out[i] = fmt.Sprintf("%s=%v", p.k, p.v)
+	}
+	return out
+}

@@ -1,0 +1,308 @@
+package launch
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"strings"
+	"time"
+)
+
+// DefaultGracePeriod is how long stopped workers get between SIGTERM and
+// SIGKILL, as in torchrun.
+const DefaultGracePeriod = 30 * time.Second
+
+// Config describes the workers of one node. The zero value of every field
+// but NProcPerNode and Command is usable.
+type Config struct {
+	// NProcPerNode is the number of workers on this node; it must be ≥ 1.
+	NProcPerNode int
+	// NNodes is the number of nodes (0 means 1); NodeRank is this node's
+	// index. Worker i of node n gets rank n·NProcPerNode + i.
+	NNodes, NodeRank int
+	// MasterAddr and MasterPort locate rank 0's rendezvous; "" means
+	// 127.0.0.1 and 0 means 29500.
+	MasterAddr string
+	MasterPort int
+	// MaxRestarts is how many times a failed group is restarted as a whole.
+	MaxRestarts int
+	// GracePeriod is the time between SIGTERM and SIGKILL when workers are
+	// stopped; 0 means DefaultGracePeriod.
+	GracePeriod time.Duration
+	// RunID becomes TORCHELASTIC_RUN_ID ("" means "none").
+	RunID string
+	// Command is the worker program and its arguments (Run only).
+	Command []string
+	// Environ is the workers' base environment (nil means os.Environ()); the
+	// rank variables are added to it (Run only).
+	Environ []string
+	// Stdout and Stderr receive the workers' output, every line prefixed with
+	// "[rankN]: "; nil discards it. Launcher notices go to Stderr unprefixed.
+	Stdout, Stderr io.Writer
+	// Signals, when not nil, delivers signals to forward to every worker
+	// (SIGINT, SIGTERM), so that they can save before exiting. A group stopped
+	// by a signal is not restarted.
+	Signals <-chan os.Signal
+}
+
+// WorkerError reports the first worker that failed.
+type WorkerError struct {
+	Rank, LocalRank int
+	PID             int    // 0 for an in-process worker
+	ExitCode        int    // -1 when killed by a signal
+	Signal          string // the signal that killed it, if any
+	Err             error  // the underlying error (in-process: the worker's error)
+}
+
+func (e *WorkerError) Error() string {
+	who := fmt.Sprintf("worker rank %d (local rank %d", e.Rank, e.LocalRank)
+	if e.PID != 0 {
+		who += fmt.Sprintf(", pid %d", e.PID)
+	}
+	who += ")"
+	switch {
+	case e.PID == 0:
+		return fmt.Sprintf("launch: %s failed: %v", who, e.Err)
+	case e.Signal != "":
+		return fmt.Sprintf("launch: %s was killed by signal %s", who, e.Signal)
+	default:
+		return fmt.Sprintf("launch: %s exited with status %d", who, e.ExitCode)
+	}
+}
+
+func (e *WorkerError) Unwrap() error { return e.Err }
+
+// ErrInterrupted is returned (wrapped) when the workers were stopped by a
+// forwarded signal or a cancelled context.
+var ErrInterrupted = errors.New("launch: interrupted")
+
+// validate checks the config and fills defaults.
+func (c Config) validate() (Config, error) {
+	if c.NNodes == 0 {
+		c.NNodes = 1
+	}
+	if c.MasterAddr == "" {
+		c.MasterAddr = DefaultMasterAddr
+	}
+	if c.MasterPort == 0 {
+		c.MasterPort = DefaultMasterPort
+	}
+	if c.GracePeriod == 0 {
+		c.GracePeriod = DefaultGracePeriod
+	}
+	if c.RunID == "" {
+		c.RunID = "none"
+	}
+	if c.Stdout == nil {
+		c.Stdout = io.Discard
+	}
+	if c.Stderr == nil {
+		c.Stderr = io.Discard
+	}
+	switch {
+	case c.NProcPerNode < 1:
+		return c, fmt.Errorf("launch: --nproc-per-node %d: want at least 1 worker", c.NProcPerNode)
+	case c.NNodes < 1:
+		return c, fmt.Errorf("launch: --nnodes %d: want at least 1 node", c.NNodes)
+	case c.NodeRank < 0 || c.NodeRank >= c.NNodes:
+		return c, fmt.Errorf("launch: --node-rank %d: want 0..%d for --nnodes %d", c.NodeRank, c.NNodes-1, c.NNodes)
+	case c.MasterPort < 1 || c.MasterPort > 65535:
+		return c, fmt.Errorf("launch: --master-port %d: want 1..65535", c.MasterPort)
+	case c.MaxRestarts < 0:
+		return c, fmt.Errorf("launch: --max-restarts %d: must not be negative", c.MaxRestarts)
+	case c.GracePeriod < 0:
+		return c, fmt.Errorf("launch: grace period %v: must not be negative", c.GracePeriod)
+	}
+	return c, nil
+}
+
+// workerEnv is local worker i's Env in the given restart round.
+func (c Config) workerEnv(i, restart int) Env {
+	return Env{
+		Rank: c.NodeRank*c.NProcPerNode + i, LocalRank: i,
+		WorldSize: c.NNodes * c.NProcPerNode, LocalWorldSize: c.NProcPerNode,
+		NodeRank: c.NodeRank, NNodes: c.NNodes,
+		MasterAddr: c.MasterAddr, MasterPort: c.MasterPort,
+		RestartCount: restart, Source: "torchrun",
+	}
+}
+
+// Run starts NProcPerNode copies of Command with torchrun's variables and
+// waits for them. When one fails it stops the others (SIGTERM, then SIGKILL
+// after GracePeriod) and, while restarts remain, starts the whole group again
+// with TORCHELASTIC_RESTART_COUNT incremented; otherwise it returns a
+// *WorkerError naming the first failed worker. Signals from cfg.Signals are
+// forwarded to the workers; cancelling ctx stops them with SIGTERM. Either way
+// Run then returns an error wrapping ErrInterrupted once all workers exited.
+func Run(ctx context.Context, cfg Config) error {
+	c, err := cfg.validate()
+	if err != nil {
+		return err
+	}
+	if len(c.Command) == 0 {
+		return errors.New("launch: no worker command given")
+	}
+	if c.Environ == nil {
+		c.Environ = os.Environ()
+	}
+	return c.rounds(func(restart int) (bool, error) { return c.runGroup(ctx, restart) })
+}
+
+// rounds runs the group until it succeeds, is interrupted, or runs out of
+// restarts.
+func (c Config) rounds(group func(restart int) (retry bool, err error)) error {
+	for restart := 0; ; restart++ {
+		retry, err := group(restart)
+		if err == nil || !retry || restart >= c.MaxRestarts {
+			return err
+		}
+		fmt.Fprintf(c.Stderr, "gotron launch: %v; restarting the group (restart %d of %d)\n", err, restart+1, c.MaxRestarts)
+	}
+}
+
+type proc struct {
+	env  Env
+	cmd  *exec.Cmd
+	out  *PrefixWriter
+	errw *PrefixWriter
+	done bool
+}
+
+type exit struct {
+	i   int
+	err error
+}
+
+// runGroup runs one round. retry reports whether a failure may be retried
+// (it may not after a signal or a cancelled context).
+func (c Config) runGroup(ctx context.Context, restart int) (retry bool, err error) {
+	stdout, stderr := &LockedWriter{W: c.Stdout}, &LockedWriter{W: c.Stderr}
+	procs := make([]*proc, c.NProcPerNode)
+	exits := make(chan exit, c.NProcPerNode)
+	for i := range procs {
+		e := c.workerEnv(i, restart)
+		p := &proc{env: e}
+		prefix := fmt.Sprintf("[rank%d]: ", e.Rank)
+		p.out, p.errw = NewPrefixWriter(stdout, prefix), NewPrefixWriter(stderr, prefix)
+		p.cmd = exec.Command(c.Command[0], c.Command[1:]...)
+		p.cmd.Env = mergeEnv(c.Environ, e.Variables(c.MaxRestarts, c.RunID))
+		p.cmd.Stdout, p.cmd.Stderr = p.out, p.errw
+		p.cmd.WaitDelay = c.GracePeriod
+		ownProcessGroup(p.cmd)
+		if err := p.cmd.Start(); err != nil {
+			c.stop(procs[:i], exits, i)
+			return false, fmt.Errorf("launch: start worker rank %d: %w", e.Rank, err)
+		}
+		procs[i] = p
+		go func() { exits <- exit{i, p.cmd.Wait()} }()
+	}
+	return c.wait(ctx, procs, exits)
+}
+
+// wait collects the workers' exits, stopping the group on the first failure,
+// a signal or ctx.
+func (c Config) wait(ctx context.Context, procs []*proc, exits chan exit) (retry bool, err error) {
+	var first *WorkerError
+	var stopped error // set when a signal or ctx stopped the group
+	var kill <-chan time.Time
+	done := ctx.Done()
+	startStop := func(sig os.Signal) {
+		for _, p := range procs {
+			if !p.done {
+				signalProcess(p.cmd, sig)
+			}
+		}
+		if kill == nil {
+			kill = time.After(c.GracePeriod)
+		}
+	}
+	for left := len(procs); left > 0; {
+		select {
+		case x := <-exits:
+			left--
+			p := procs[x.i]
+			p.done = true
+			p.out.Flush()
+			p.errw.Flush()
+			if x.err != nil && first == nil && stopped == nil {
+				first = workerError(p, x.err)
+				startStop(sigTerm)
+			}
+		case sig := <-c.Signals:
+			if stopped == nil {
+				stopped = fmt.Errorf("%w by signal %v", ErrInterrupted, sig)
+			}
+			startStop(sig)
+		case <-done:
+			done = nil
+			sig := os.Signal(sigTerm)
+			select { // a signal that also cancelled ctx is forwarded as itself
+			case s := <-c.Signals:
+				sig = s
+			default:
+			}
+			if stopped == nil {
+				stopped = fmt.Errorf("%w (%v): stopped the workers with %v", ErrInterrupted, context.Cause(ctx), sig)
+			}
+			startStop(sig)
+		case <-kill:
+			for _, p := range procs {
+				if !p.done {
+					killProcess(p.cmd)
+				}
+			}
+		}
+	}
+	if stopped != nil {
+		return false, stopped
+	}
+	if first != nil {
+		return true, first
+	}
+	return false, nil
+}
+
+// stop kills the n workers already started after a start failure and waits
+// for them.
+func (c Config) stop(procs []*proc, exits chan exit, n int) {
+	for _, p := range procs {
+		killProcess(p.cmd)
+	}
+	for range n {
+		<-exits
+	}
+}
+
+func workerError(p *proc, err error) *WorkerError {
+	we := &WorkerError{Rank: p.env.Rank, LocalRank: p.env.LocalRank, ExitCode: -1, Err: err}
+	if p.cmd.Process != nil {
+		we.PID = p.cmd.Process.Pid
+	}
+	var ee *exec.ExitError
+	if errors.As(err, &ee) {
+		we.ExitCode = ee.ExitCode()
+		we.Signal = exitSignal(ee)
+	}
+	return we
+}
+
+// mergeEnv returns base with the variables of over replacing any of the same
+// name.
+func mergeEnv(base, over []string) []string {
+	set := map[string]bool{}
+	for _, kv := range over {
+		k, _, _ := strings.Cut(kv, "=")
+		set[k] = true
+	}
+	out := make([]string, 0, len(base)+len(over))
+	for _, kv := range base {
+		k, _, _ := strings.Cut(kv, "=")
+		if !set[k] {
+			out = append(out, kv)
+		}
+	}
+	return append(out, over...)
+}
