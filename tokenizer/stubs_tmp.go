@@ -4,14 +4,8 @@ import "errors"
 
 var errNotYet = errors.New("tokenizer: not implemented yet")
 
-// SentencePiece is a SentencePiece tokenizer (in progress).
-type SentencePiece struct{ Tokenizer }
-
 // Llama2 is Megatron's Llama2Tokenizer (in progress).
 type Llama2 struct{ *SentencePiece }
-
-// LoadSentencePiece is in progress.
-func LoadSentencePiece(path string) (*SentencePiece, error) { return nil, errNotYet }
 
 // LoadHuggingFace is in progress.
 func LoadHuggingFace(path string) (Tokenizer, error) { return nil, errNotYet }

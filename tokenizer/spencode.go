@@ -1,0 +1,222 @@
+package tokenizer
+
+import (
+	"container/heap"
+	"math"
+)
+
+// encodeBPE is sentencepiece's bpe::Model::Encode over normalized text:
+// start from characters (user-defined symbols are single frozen symbols),
+// repeatedly merge the adjacent pair whose concatenation is a piece with the
+// highest score, leftmost on ties, then split merged UNUSED pieces back.
+func (sp *SentencePiece) encodeBPE(norm string) []spSpan {
+	// Symbols are spans of norm: symbol i covers norm[start[i]:start[next[i]]].
+	var start, next, prev []int
+	var frozen []bool
+	for i := 0; i < len(norm); {
+		n := sp.userPrefix(norm[i:])
+		fr := n > 0
+		if !fr {
+			n = sp.charLen(norm[i:])
+		}
+		k := len(start)
+		start = append(start, i)
+		prev = append(prev, k-1)
+		next = append(next, k+1)
+		frozen = append(frozen, fr)
+		i += n
+	}
+	next[len(next)-1] = -1
+	start = append(start, len(norm)) // sentinel end
+	end := func(i int) int {
+		if next[i] < 0 {
+			return len(norm)
+		}
+		return start[next[i]]
+	}
+	h := &spAgenda{}
+	var rev map[string][2]string
+	add := func(l, r int) {
+		if l < 0 || r < 0 || frozen[l] || frozen[r] {
+			return
+		}
+		piece := norm[start[l]:end(r)]
+		id, ok := sp.ids[piece]
+		if !ok {
+			return
+		}
+		heap.Push(h, spCand{score: sp.m.pieces[id].score, left: l, right: r, size: len(piece)})
+		if sp.m.pieces[id].typ == spUnused {
+			if rev == nil {
+				rev = map[string][2]string{}
+			}
+			rev[piece] = [2]string{norm[start[l]:end(l)], norm[start[r]:end(r)]}
+		}
+	}
+	for i := 1; i < len(next); i++ {
+		add(i-1, i)
+	}
+	dead := make([]bool, len(next))
+	for h.Len() > 0 {
+		c := heap.Pop(h).(spCand)
+		if dead[c.left] || dead[c.right] || next[c.left] != c.right || end(c.right)-start[c.left] != c.size {
+			continue // stale
+		}
+		dead[c.right] = true
+		next[c.left] = next[c.right]
+		if next[c.right] >= 0 {
+			prev[next[c.right]] = c.left
+		}
+		add(prev[c.left], c.left)
+		add(c.left, next[c.left])
+	}
+	var out []spSpan
+	var resegment func(w string)
+	resegment = func(w string) {
+		id := sp.pieceID(w)
+		if id != sp.m.unkID || rev == nil {
+			out = append(out, spSpan{w, id})
+			return
+		}
+		p, ok := rev[w]
+		if !ok {
+			out = append(out, spSpan{w, id})
+			return
+		}
+		resegment(p[0])
+		resegment(p[1])
+	}
+	for i := 0; i >= 0; i = next[i] {
+		w := norm[start[i]:end(i)]
+		if id, ok := sp.ids[w]; ok && sp.m.pieces[id].typ == spUnused && rev != nil {
+			if p, ok := rev[w]; ok {
+				resegment(p[0])
+				resegment(p[1])
+				continue
+			}
+		}
+		resegment(w)
+	}
+	return out
+}
+
+// spCand is a merge candidate: higher score first, then leftmost.
+type spCand struct {
+	score       float32
+	left, right int
+	size        int
+}
+
+type spAgenda []spCand
+
+func (h spAgenda) Len() int { return len(h) }
+func (h spAgenda) Less(i, j int) bool {
+	if h[i].score != h[j].score {
+		return h[i].score > h[j].score
+	}
+	return h[i].left < h[j].left
+}
+func (h spAgenda) Swap(i, j int) { h[i], h[j] = h[j], h[i] }
+func (h *spAgenda) Push(x any)   { *h = append(*h, x.(spCand)) }
+func (h *spAgenda) Pop() any {
+	old := *h
+	x := old[len(old)-1]
+	*h = old[:len(old)-1]
+	return x
+}
+
+// initUnigram builds the piece trie and the score range.
+func (sp *SentencePiece) initUnigram() {
+	sp.trie = map[uint64]int32{}
+	sp.nodeID = []int32{-1}
+	sp.minScore, sp.maxScore = math.MaxFloat32, math.SmallestNonzeroFloat32
+	for i, p := range sp.m.pieces {
+		if p.typ == spNormal {
+			sp.minScore = min(sp.minScore, p.score)
+			sp.maxScore = max(sp.maxScore, p.score)
+		}
+		if p.typ != spNormal && p.typ != spUserDefined && p.typ != spUnused {
+			continue
+		}
+		node := int32(0)
+		for k := 0; k < len(p.piece); k++ {
+			key := uint64(node)<<8 | uint64(p.piece[k])
+			child, ok := sp.trie[key]
+			if !ok {
+				child = int32(len(sp.nodeID))
+				sp.nodeID = append(sp.nodeID, -1)
+				sp.trie[key] = child
+			}
+			node = child
+		}
+		if sp.nodeID[node] < 0 { // the first of duplicate pieces wins
+			sp.nodeID[node] = int32(i)
+		}
+	}
+}
+
+// encodeUnigram is sentencepiece's unigram Model::EncodeOptimized: Viterbi
+// over all pieces in the trie, candidate scores computed in float64
+// and kept in float32 as the C++ code;
+// a character no piece covers becomes <unk> with score min_score - 10.
+func (sp *SentencePiece) encodeUnigram(norm string) []spSpan {
+	type best struct {
+		id     int32
+		score  float32
+		starts int
+	}
+	size := len(norm)
+	unkScore := sp.minScore - 10
+	path := make([]best, size+1)
+	for i := range path {
+		path[i].starts = -1
+	}
+	for at := 0; at < size; {
+		here := path[at].score
+		mblen := min(sp.charLen(norm[at:]), size-at)
+		single := false
+		node := int32(0)
+		for k := at; k < size; k++ {
+			child, ok := sp.trie[uint64(node)<<8|uint64(norm[k])]
+			if !ok {
+				break
+			}
+			node = child
+			id := sp.nodeID[node]
+			if id < 0 || sp.m.pieces[id].typ == spUnused {
+				continue
+			}
+			length := k + 1 - at
+			// The C++ ternary makes the score a double: compare in float64,
+			// store float32.
+			var score float64
+			if sp.m.pieces[id].typ == spUserDefined {
+				score = float64(float32(length)*sp.maxScore) - 0.1
+			} else {
+				score = float64(sp.m.pieces[id].score)
+			}
+			cand := score + float64(here)
+			if t := &path[k+1]; t.starts < 0 || cand > float64(t.score) {
+				*t = best{id: id, score: float32(cand), starts: at}
+			}
+			if length == mblen {
+				single = true
+			}
+		}
+		if !single {
+			cand := unkScore + here
+			if t := &path[at+mblen]; t.starts < 0 || cand > t.score {
+				*t = best{id: int32(sp.m.unkID), score: cand, starts: at}
+			}
+		}
+		at += mblen
+	}
+	var out []spSpan
+	for e := size; e > 0; e = path[e].starts {
+		out = append(out, spSpan{norm[path[e].starts:e], int(path[e].id)})
+	}
+	for i, j := 0, len(out)-1; i < j; i, j = i+1, j-1 {
+		out[i], out[j] = out[j], out[i]
+	}
+	return out
+}
