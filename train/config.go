@@ -1,0 +1,104 @@
+// Package train is gotron's training loop, Megatron's pretrain_gpt.py in Go:
+// the loop reads top to bottom like nanoGPT's train.py (setup, loop,
+// evaluation, logging, checkpoints) with no callbacks to chase.
+package train
+
+import (
+	"fmt"
+	"io"
+	"time"
+
+	"github.com/gotron/gotron/model/gpt"
+	"github.com/gotron/gotron/optim"
+)
+
+// Config is one training run. Field comments name the Megatron flag.
+type Config struct {
+	Model gpt.Config
+
+	SeqLength       int   // --seq-length
+	MicroBatchSize  int   // --micro-batch-size
+	GlobalBatchSize int   // --global-batch-size; 0 means MicroBatchSize (× data-parallel size)
+	TrainIters      int64 // --train-iters (or TrainSamples)
+	TrainSamples    int64 // --train-samples
+	Seed            int64 // --seed (Megatron's default 1234 is the CLI's default)
+
+	// Optimizer and schedule.
+	Optimizer      string // --optimizer: "adam" (AdamW, the zero value) or "sgd"
+	Adam           optim.AdamWConfig
+	SGDMomentum    float64 // --sgd-momentum
+	Schedule       optim.SchedulerFlags
+	ClipGrad       float64 // --clip-grad; 0 disables clipping
+	MaxSkipsInARow int     // consecutive NaN/Inf iterations before stopping; 0 means 10
+
+	// Evaluation.
+	EvalInterval int64 // --eval-interval; 0 disables evaluation during training
+	EvalIters    int64 // --eval-iters
+
+	// Logging.
+	LogInterval int64     // --log-interval; 0 means 100
+	MetricsFile string    // JSONL metrics, one object per logged iteration
+	PeakFLOPs   float64   // per-process peak for MFU, FLOP/s; 0 means 256e9 (this CPU's fp32 FMA peak)
+	Out         io.Writer // log lines; nil means io.Discard
+	Progress    io.Writer // progress bar target (a terminal); nil means none
+
+	// Checkpoints.
+	Save         string         // --save
+	Load         string         // --load
+	SaveInterval int64          // --save-interval
+	ExitInterval int64          // --exit-interval
+	ExitDuration time.Duration  // --exit-duration-in-mins
+	NoSaveOptim  bool           // --no-save-optim
+	NoLoadOptim  bool           // --no-load-optim
+	Finetune     bool           // --finetune: load weights only, start at iteration 0
+	Args         map[string]any // the command line, stored in checkpoints
+
+	// Now is the clock (tests replace it); nil means time.Now.
+	Now func() time.Time
+}
+
+func (c *Config) validate() error {
+	if err := c.Model.Validate(); err != nil {
+		return err
+	}
+	switch {
+	case c.SeqLength <= 0:
+		return fmt.Errorf("train: --seq-length=%d: want > 0", c.SeqLength)
+	case c.Model.PositionEmbeddingType == "learned_absolute" && c.SeqLength > c.Model.MaxPositionEmbeddings:
+		return fmt.Errorf("train: --seq-length=%d exceeds --max-position-embeddings=%d", c.SeqLength, c.Model.MaxPositionEmbeddings)
+	case c.MicroBatchSize <= 0:
+		return fmt.Errorf("train: --micro-batch-size=%d: want > 0", c.MicroBatchSize)
+	case c.TrainIters > 0 && c.TrainSamples > 0:
+		return fmt.Errorf("train: set only one of --train-iters and --train-samples")
+	case c.TrainIters <= 0 && c.TrainSamples <= 0:
+		return fmt.Errorf("train: set --train-iters or --train-samples")
+	case c.EvalInterval > 0 && c.EvalIters <= 0:
+		return fmt.Errorf("train: --eval-interval=%d needs --eval-iters > 0", c.EvalInterval)
+	case c.SaveInterval > 0 && c.Save == "":
+		return fmt.Errorf("train: --save-interval=%d needs --save", c.SaveInterval)
+	case c.Optimizer != "" && c.Optimizer != "adam" && c.Optimizer != "sgd":
+		return fmt.Errorf("train: --optimizer=%q: want adam or sgd", c.Optimizer)
+	}
+	if c.GlobalBatchSize == 0 {
+		c.GlobalBatchSize = c.MicroBatchSize
+	}
+	if c.GlobalBatchSize%c.MicroBatchSize != 0 {
+		return fmt.Errorf("train: --global-batch-size=%d is not a multiple of --micro-batch-size=%d × data-parallel size 1", c.GlobalBatchSize, c.MicroBatchSize)
+	}
+	if c.LogInterval <= 0 {
+		c.LogInterval = 100
+	}
+	if c.MaxSkipsInARow <= 0 {
+		c.MaxSkipsInARow = 10
+	}
+	if c.PeakFLOPs <= 0 {
+		c.PeakFLOPs = 256e9
+	}
+	if c.Out == nil {
+		c.Out = io.Discard
+	}
+	if c.Now == nil {
+		c.Now = time.Now
+	}
+	return nil
+}

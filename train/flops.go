@@ -1,0 +1,33 @@
+package train
+
+import "github.com/gotron/gotron/model/gpt"
+
+// FLOPsPerIteration is Megatron's num_floating_point_operations for a dense
+// GPT (spec §2.19): model FLOPs of one iteration over globalBatch samples of
+// seqLen tokens, counting forward, dgrad and wgrad GEMMs and the causal half
+// of attention scores.
+func FLOPsPerIteration(c gpt.Config, globalBatch, seqLen int) float64 {
+	h, f, L := float64(c.HiddenSize), float64(c.FFNHiddenSize), float64(c.NumLayers)
+	d := float64(c.KVChannels)
+	q, k := d*float64(c.NumAttentionHeads), d*float64(c.NumQueryGroups)
+	V := float64(c.VocabSize)
+	e := 2.0
+	if c.Activation == "swiglu" {
+		e = 3
+	}
+	T := float64(globalBatch) * float64(seqLen)
+	S2 := float64(globalBatch) * float64(seqLen) * float64(seqLen)
+	return T*(6*h*f*e*L+6*(h*(q+2*k)+q*h)*L+6*h*V) + S2*6*q*L
+}
+
+// PaperFLOPsPerToken is the "6N + 12·L·d·T" count the PyTorch peer benchmark
+// (../shared/bench) uses for MFU, N = parameters without position
+// embeddings: (6N + 12·L·h·s) per token.
+func PaperFLOPsPerToken(m *gpt.Model, seqLen int) float64 {
+	n := m.NumParams()
+	if m.PosEmb != nil {
+		n -= m.PosEmb.Numel()
+	}
+	c := m.Config
+	return 6*float64(n) + 12*float64(c.NumLayers)*float64(c.HiddenSize)*float64(seqLen)
+}

@@ -1,0 +1,131 @@
+package train
+
+import (
+	"bufio"
+	"encoding/json"
+	"fmt"
+	"io"
+	"math"
+	"os"
+	"strings"
+	"time"
+)
+
+// logIteration accumulates the loss and, every --log-interval iterations,
+// prints Megatron's log line (spec §2.14) plus tokens/s and MFU, and appends
+// a JSON object to the metrics file.
+func (t *Trainer) logIteration(loss float64) {
+	cfg := &t.cfg
+	if !math.IsNaN(loss) && !math.IsInf(loss, 0) {
+		t.lossSinceLog += loss
+		t.itersSinceLog++
+	}
+	if t.progress != nil {
+		t.progress.update(t.Iteration, loss)
+	}
+	if t.Iteration%cfg.LogInterval != 0 && t.Iteration != t.trainIters {
+		return
+	}
+	now := cfg.Now()
+	iters := t.Iteration - t.lastLogIter
+	if iters <= 0 {
+		return
+	}
+	perIter := now.Sub(t.lastLog).Seconds() / float64(iters)
+	gbs := t.mb.CurrentGlobalBatchSize()
+	flops := FLOPsPerIteration(t.Model.Config, gbs, cfg.SeqLength)
+	tflops := flops / perIter / 1e12
+	tokensPerSec := float64(gbs*cfg.SeqLength) / perIter
+	mfu := flops / perIter / cfg.PeakFLOPs
+	avg := math.NaN()
+	if t.itersSinceLog > 0 {
+		avg = t.lossSinceLog / float64(t.itersSinceLog)
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "iteration %8d/%8d | consumed samples: %12d | elapsed time per iteration (ms): %.1f | throughput per GPU (TFLOP/s/GPU): %.3f | learning rate: %.6E | global batch size: %5d | lm loss: %.6E | loss scale: 1.0 | grad norm: %.3f | number of skipped iterations: %3d | number of nan iterations: %3d | tokens/s: %.1f | MFU: %.1f%% |",
+		t.Iteration, t.trainIters, t.Consumed, perIter*1e3, tflops, t.lastLR, gbs, avg, t.lastGradNorm, t.Skipped, t.NaNIterations, tokensPerSec, 100*mfu)
+	t.printf("%s", b.String())
+	if t.metrics != nil {
+		t.metrics.write(map[string]any{
+			"iteration": t.Iteration, "consumed_samples": t.Consumed, "elapsed_ms_per_iteration": perIter * 1e3,
+			"tflops": tflops, "learning_rate": t.lastLR, "global_batch_size": gbs, "lm_loss": jsonFloat(avg),
+			"grad_norm": jsonFloat(t.lastGradNorm), "skipped_iterations": t.Skipped, "nan_iterations": t.NaNIterations,
+			"tokens_per_second": tokensPerSec, "mfu": mfu, "valid_loss": jsonFloat(t.lastValidLoss),
+		})
+	}
+	t.lastLog, t.lastLogIter = now, t.Iteration
+	t.lossSinceLog, t.itersSinceLog = 0, 0
+}
+
+// jsonFloat maps NaN/Inf (not representable in JSON) to nil.
+func jsonFloat(x float64) any {
+	if math.IsNaN(x) || math.IsInf(x, 0) {
+		return nil
+	}
+	return x
+}
+
+type metricsWriter struct {
+	f *os.File
+	w *bufio.Writer
+}
+
+func openMetrics(path string) (*metricsWriter, error) {
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return nil, fmt.Errorf("train: metrics file: %w", err)
+	}
+	return &metricsWriter{f: f, w: bufio.NewWriter(f)}, nil
+}
+
+func (m *metricsWriter) write(v map[string]any) {
+	b, _ := json.Marshal(v)
+	m.w.Write(append(b, '\n'))
+	m.w.Flush()
+}
+
+func (m *metricsWriter) Close() error {
+	m.w.Flush()
+	return m.f.Close()
+}
+
+// progressBar draws "[#####.....] 120/500 loss 3.21 ETA 1m20s" on a
+// terminal, redrawn in place.
+type progressBar struct {
+	w          io.Writer
+	start, end int64
+	t0         time.Time
+	now        func() time.Time
+	drawn      bool
+}
+
+func newProgressBar(w io.Writer, start, end int64, now func() time.Time) *progressBar {
+	return &progressBar{w: w, start: start, end: end, t0: now(), now: now}
+}
+
+func (p *progressBar) update(it int64, loss float64) {
+	const width = 30
+	done := float64(it-p.start) / float64(max(p.end-p.start, 1))
+	fill := int(done * width)
+	elapsed := p.now().Sub(p.t0)
+	eta := time.Duration(0)
+	if it > p.start {
+		eta = time.Duration(float64(elapsed) / float64(it-p.start) * float64(p.end-it))
+	}
+	fmt.Fprintf(p.w, "\r[%s%s] %d/%d loss %.4f ETA %s   ", strings.Repeat("#", fill), strings.Repeat(".", width-fill),
+		it, p.end, loss, eta.Round(time.Second))
+	p.drawn = true
+}
+
+func (p *progressBar) clear() {
+	if p.drawn {
+		fmt.Fprint(p.w, "\r\033[K")
+		p.drawn = false
+	}
+}
+
+func (p *progressBar) finish() {
+	if p.drawn {
+		fmt.Fprintln(p.w)
+	}
+}

@@ -1,0 +1,331 @@
+package train
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"time"
+
+	datagpt "github.com/gotron/gotron/data/gpt"
+	"github.com/gotron/gotron/model/gpt"
+	"github.com/gotron/gotron/optim"
+	"github.com/gotron/gotron/tensor"
+)
+
+// Trainer holds one run's model, optimizer and position in the data.
+type Trainer struct {
+	cfg   Config
+	Model *gpt.Model
+	opt   optim.Optimizer
+	sched *optim.Scheduler
+	mb    *optim.Microbatches
+	grads *optim.Grads
+	train datagpt.Source
+	valid datagpt.Source
+	rng   *tensor.RNG // dropout stream (Megatron's default CUDA RNG)
+	tape  *tensor.Tape
+
+	// Position, saved in checkpoints.
+	Iteration     int64
+	Consumed      int64 // consumed_train_samples
+	ConsumedValid int64 // consumed_valid_samples
+	Skipped       int64 // iterations skipped for NaN/Inf
+	NaNIterations int64
+	FLOPsSoFar    float64
+	trainIters    int64
+	skippedInARow int
+	startTime     time.Time
+	lastLog       time.Time
+	lastLogIter   int64
+	lossSinceLog  float64
+	itersSinceLog int64
+	lastGradNorm  float64
+	lastLR        float64
+	lastValidLoss float64
+	metrics       *metricsWriter
+	progress      *progressBar
+}
+
+// Result summarises a run for callers and tests.
+type Result struct {
+	// Losses is the lm loss of every iteration run (NaN for skipped ones).
+	Losses      []float64
+	Iteration   int64
+	Consumed    int64
+	ValidLoss   float64 // last evaluation's loss; NaN if none ran
+	SavedAt     []int64 // iterations checkpointed
+	Interrupted bool    // stopped by the context (a signal) after saving
+}
+
+// New builds the model (or loads it with cfg.Load), the optimizer, the
+// schedule and the data position.
+func New(cfg Config, train, valid datagpt.Source) (*Trainer, error) {
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	if train == nil {
+		return nil, errors.New("train: no training data (set --data-path or --mock-data)")
+	}
+	t := &Trainer{cfg: cfg, train: train, valid: valid, tape: tensor.NewTape(), lastValidLoss: math.NaN()}
+	root := tensor.NewRNG(uint64(cfg.Seed))
+	m, err := gpt.New(cfg.Model, root.Fork("init"))
+	if err != nil {
+		return nil, err
+	}
+	t.Model = m
+	t.rng = root.Fork("dropout")
+	ps := OptimParams(m)
+	groups := optim.DefaultGroups(ps)
+	if cfg.Optimizer == "sgd" {
+		t.opt, err = optim.NewSGD(groups, optim.SGDConfig{Momentum: cfg.SGDMomentum})
+	} else {
+		t.opt, err = optim.NewAdamW(groups, cfg.Adam)
+	}
+	if err != nil {
+		return nil, err
+	}
+	if t.grads, err = optim.NewGrads(ps); err != nil {
+		return nil, err
+	}
+	if t.mb, err = optim.NewMicrobatches(optim.MicrobatchConfig{GlobalBatchSize: cfg.GlobalBatchSize,
+		MicroBatchSize: cfg.MicroBatchSize, DataParallelSize: 1}); err != nil {
+		return nil, err
+	}
+	t.trainIters = cfg.TrainIters
+	if cfg.TrainSamples > 0 {
+		t.trainIters = t.mb.TrainIters(cfg.TrainSamples)
+	}
+	sf := cfg.Schedule
+	sf.TrainIters, sf.TrainSamples, sf.GlobalBatchSize = cfg.TrainIters, cfg.TrainSamples, int64(cfg.GlobalBatchSize)
+	sc, err := sf.Config()
+	if err != nil {
+		return nil, err
+	}
+	if t.sched, err = optim.NewScheduler(sc); err != nil {
+		return nil, err
+	}
+	if cfg.Load != "" {
+		if err := t.load(cfg.Load); err != nil {
+			return nil, err
+		}
+	}
+	return t, nil
+}
+
+// OptimParams exposes a model's parameters to package optim (creating
+// gradient buffers), with Megatron's no-weight-decay rule.
+func OptimParams(m *gpt.Model) []*optim.Param {
+	var ps []*optim.Param
+	for _, p := range m.Params() {
+		if p.Grad == nil {
+			p.Grad = tensor.Zeros(p.Shape()...)
+		}
+		ps = append(ps, &optim.Param{Name: p.Name, Data: p.Float32s(), Grad: p.Grad.Float32s(), Shape: p.Shape(),
+			NoWeightDecay: optim.DefaultNoWeightDecay(p.Name, p.Shape())})
+	}
+	return ps
+}
+
+// TrainIters is the number of iterations the run ends at.
+func (t *Trainer) TrainIters() int64 { return t.trainIters }
+
+// Run trains until the last iteration, an exit condition, or ctx is done (a
+// signal): then it finishes the iteration in flight, saves (with --save) and
+// returns with Result.Interrupted set and a nil error.
+func (t *Trainer) Run(ctx context.Context) (Result, error) {
+	cfg := &t.cfg
+	res := Result{ValidLoss: math.NaN()}
+	t.startTime = cfg.Now()
+	t.lastLog, t.lastLogIter = t.startTime, t.Iteration
+	if cfg.MetricsFile != "" {
+		mw, err := openMetrics(cfg.MetricsFile)
+		if err != nil {
+			return res, err
+		}
+		defer mw.Close()
+		t.metrics = mw
+	}
+	if cfg.Progress != nil {
+		t.progress = newProgressBar(cfg.Progress, t.Iteration, t.trainIters, cfg.Now)
+		defer t.progress.finish()
+	}
+	savedLast := int64(-1)
+	for t.Iteration < t.trainIters {
+		loss, err := t.step()
+		if err != nil {
+			return res, err
+		}
+		res.Losses = append(res.Losses, loss)
+		t.logIteration(loss)
+		if cfg.EvalInterval > 0 && t.valid != nil && t.Iteration%cfg.EvalInterval == 0 {
+			t.lastValidLoss = t.evaluate()
+			res.ValidLoss = t.lastValidLoss
+			t.printf("validation loss at iteration %d | lm loss value: %.6E | lm loss PPL: %.6E |", t.Iteration, t.lastValidLoss, math.Exp(math.Min(20, t.lastValidLoss)))
+		}
+		save := cfg.SaveInterval > 0 && t.Iteration%cfg.SaveInterval == 0
+		exit := cfg.ExitInterval > 0 && t.Iteration%cfg.ExitInterval == 0
+		if cfg.ExitDuration > 0 && cfg.Now().Sub(t.startTime) >= cfg.ExitDuration {
+			exit = true
+			t.printf("exiting program after %v (--exit-duration-in-mins)", cfg.Now().Sub(t.startTime).Round(time.Second))
+		}
+		if ctx.Err() != nil {
+			exit = true
+			res.Interrupted = true
+			t.printf("received signal: saving and exiting at iteration %d", t.Iteration)
+		}
+		if (save || exit) && cfg.Save != "" {
+			if err := t.save(cfg.Save); err != nil {
+				return res, err
+			}
+			savedLast = t.Iteration
+			res.SavedAt = append(res.SavedAt, t.Iteration)
+		}
+		if exit {
+			break
+		}
+	}
+	if cfg.Save != "" && savedLast != t.Iteration && t.Iteration > 0 {
+		if err := t.save(cfg.Save); err != nil {
+			return res, err
+		}
+		res.SavedAt = append(res.SavedAt, t.Iteration)
+	}
+	res.Iteration, res.Consumed = t.Iteration, t.Consumed
+	return res, nil
+}
+
+// step runs one iteration: forward/backward over the microbatches of one
+// global batch, then clip, optimizer and scheduler steps (skipped on NaN/Inf
+// as Megatron's found_inf). It returns the iteration's lm loss.
+func (t *Trainer) step() (float64, error) {
+	if err := t.mb.UpdateChecked(t.Consumed); err != nil {
+		return 0, err
+	}
+	n, mbs := t.mb.Num(), t.mb.MicroBatchSize()
+	tensor.ZeroGrad(t.Model.Params())
+	var lossSum float64
+	for i := range n {
+		bt, err := makeBatch(t.train, t.Consumed+int64(i*mbs), mbs, t.cfg.SeqLength, t.Model.Config.VocabSize)
+		if err != nil {
+			return 0, fmt.Errorf("train: iteration %d: %w", t.Iteration+1, err)
+		}
+		logits := t.Model.Forward(t.tape, bt, t.rng, true)
+		loss := t.Model.Loss(t.tape, logits, bt)
+		lossSum += float64(loss.Float32s()[0])
+		// Each microbatch's mean loss counts 1/n of the iteration's loss.
+		if err := t.tape.Backward(t.tape.Scale(loss, 1/float32(n))); err != nil {
+			return 0, err
+		}
+		t.tape.Reset()
+	}
+	loss := lossSum / float64(n)
+	gbs := int64(t.mb.CurrentRunningGlobalBatchSize())
+	t.FLOPsSoFar += FLOPsPerIteration(t.Model.Config, int(gbs), t.cfg.SeqLength)
+	t.Iteration++
+	t.Consumed += gbs
+	t.lastLR = t.sched.LR()
+	if t.grads.FoundInf() || math.IsNaN(loss) || math.IsInf(loss, 0) {
+		t.Skipped++
+		t.NaNIterations++
+		t.skippedInARow++
+		if t.skippedInARow >= t.cfg.MaxSkipsInARow {
+			return loss, fmt.Errorf("train: %d iterations in a row (up to %d) had a NaN/Inf loss or gradient: the run diverged; lower --lr, raise --lr-warmup-iters, or set --clip-grad", t.skippedInARow, t.Iteration)
+		}
+		t.lastGradNorm = math.NaN()
+		return loss, nil
+	}
+	t.skippedInARow = 0
+	if t.cfg.ClipGrad > 0 {
+		t.lastGradNorm = t.grads.ClipGradNorm(t.cfg.ClipGrad)
+	} else {
+		t.lastGradNorm = optim.L2Norm(t.grads.SumSquares())
+	}
+	t.sched.Apply(t.opt.Groups())
+	t.lastLR = t.sched.LR()
+	t.opt.Step()
+	t.sched.Step(gbs)
+	return loss, nil
+}
+
+// evaluate runs --eval-iters global batches of the validation set without
+// gradients, continuing where the last evaluation stopped (Megatron keeps one
+// validation iterator), and returns the mean loss.
+func (t *Trainer) evaluate() float64 {
+	gbs, mbs := t.cfg.GlobalBatchSize, t.cfg.MicroBatchSize
+	var sum float64
+	var count int
+	for range t.cfg.EvalIters {
+		for i := 0; i < gbs/mbs; i++ {
+			start := t.ConsumedValid % int64(max(t.valid.Len(), 1))
+			bt, err := makeBatch(t.valid, start, mbs, t.cfg.SeqLength, t.Model.Config.VocabSize)
+			if err != nil {
+				t.printf("evaluation stopped: %v", err)
+				return math.NaN()
+			}
+			loss := t.Model.Loss(nil, t.Model.Forward(nil, bt, nil, false), bt)
+			sum += float64(loss.Float32s()[0])
+			count++
+			t.ConsumedValid += int64(mbs)
+		}
+	}
+	return sum / float64(count)
+}
+
+// makeBatch stacks samples [start, start+mbs) of src (wrapping around its
+// length, as a multi-epoch index would) into a batch.
+func makeBatch(src datagpt.Source, start int64, mbs, seq, vocab int) (gpt.Batch, error) {
+	n := int64(src.Len())
+	if n == 0 {
+		return gpt.Batch{}, errors.New("dataset has no samples")
+	}
+	tokens := make([]int32, mbs*seq)
+	labels := make([]int32, mbs*seq)
+	mask := make([]float32, mbs*seq)
+	pos := make([]int32, mbs*seq)
+	var docs []int32
+	for i := range mbs {
+		idx := (start + int64(i)) % n
+		s, err := src.Sample(int(idx))
+		if err != nil {
+			return gpt.Batch{}, fmt.Errorf("sample %d: %w", idx, err)
+		}
+		if len(s.Tokens) != seq || len(s.Labels) != seq {
+			return gpt.Batch{}, fmt.Errorf("sample %d has %d tokens, want --seq-length=%d", idx, len(s.Tokens), seq)
+		}
+		for j, id := range s.Tokens {
+			if id < 0 || int(id) >= vocab {
+				return gpt.Batch{}, fmt.Errorf("sample %d token %d is id %d, outside the model's vocabulary of %d (check --vocab-size / the tokenizer used to preprocess)", idx, j, id, vocab)
+			}
+		}
+		copy(tokens[i*seq:], s.Tokens)
+		copy(labels[i*seq:], s.Labels)
+		copy(mask[i*seq:], s.LossMask)
+		copy(pos[i*seq:], s.PositionIDs)
+		if s.DocIDs != nil {
+			if docs == nil {
+				docs = make([]int32, mbs*seq)
+			}
+			copy(docs[i*seq:], s.DocIDs)
+		}
+	}
+	for i, l := range labels {
+		if l < 0 { // padding (data/gpt.PadID): no loss, any valid id
+			labels[i] = 0
+			mask[i] = 0
+		}
+	}
+	bt := gpt.Batch{Tokens: tensor.FromInt32(tokens, mbs, seq), Labels: tensor.FromInt32(labels, mbs, seq),
+		LossMask: tensor.FromFloat32(mask, mbs, seq), Positions: tensor.FromInt32(pos, mbs, seq)}
+	if docs != nil {
+		bt.DocIDs = tensor.FromInt32(docs, mbs, seq)
+	}
+	return bt, nil
+}
+
+func (t *Trainer) printf(format string, args ...any) {
+	if t.progress != nil {
+		t.progress.clear()
+	}
+	fmt.Fprintf(t.cfg.Out, "[%s] "+format+"\n", append([]any{t.cfg.Now().Format("2006-01-02 15:04:05")}, args...)...)
+}

@@ -1,0 +1,162 @@
+package train
+
+import (
+	"bytes"
+	"context"
+	"math"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/gotron/gotron/model/gpt"
+	"github.com/gotron/gotron/optim"
+)
+
+func tinyConfig(testing.TB) Config {
+	sf := optim.DefaultSchedulerFlags()
+	sf.LR, sf.MinLR, sf.LRDecayStyle, sf.LRWarmupIters = 3e-3, 3e-4, optim.DecayCosine, 2
+	sf.WeightDecay = 0.1
+	return Config{
+		Model: gpt.Config{NumLayers: 2, HiddenSize: 32, NumAttentionHeads: 4, VocabSize: 64, MaxPositionEmbeddings: 16,
+			Activation: "gelu_tanh", HiddenDropout: 0.1, AttentionDropout: 0.1},
+		SeqLength: 16, MicroBatchSize: 2, GlobalBatchSize: 4, TrainIters: 8, Seed: 1234,
+		Schedule: sf, ClipGrad: 1.0, LogInterval: 1, EvalInterval: 4, EvalIters: 1,
+	}
+}
+
+func runTrainer(t *testing.T, cfg Config) Result {
+	t.Helper()
+	src := MockSource{SeqLength: cfg.SeqLength, VocabSize: cfg.Model.VocabSize}
+	tr, err := New(cfg, src, MockSource{SeqLength: cfg.SeqLength, VocabSize: cfg.Model.VocabSize, Samples: 64})
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := tr.Run(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return res
+}
+
+// TestResumeIsBitIdentical: 2N iterations straight equal N, save, resume, N
+// more — the same losses to the last bit (Megatron's *_resume_* functional
+// tests in deterministic mode).
+func TestResumeIsBitIdentical(t *testing.T) {
+	cfg := tinyConfig(t)
+	straight := runTrainer(t, cfg)
+
+	dir := t.TempDir()
+	first := cfg
+	first.Save, first.ExitInterval = dir, 4
+	a := runTrainer(t, first)
+	if a.Iteration != 4 || len(a.SavedAt) != 1 {
+		t.Fatalf("first half stopped at %d, saved at %v", a.Iteration, a.SavedAt)
+	}
+	second := cfg
+	second.Load = dir
+	b := runTrainer(t, second)
+	got := append(a.Losses, b.Losses...)
+	if len(got) != len(straight.Losses) {
+		t.Fatalf("%d losses after resume, %d straight", len(got), len(straight.Losses))
+	}
+	for i := range got {
+		if got[i] != straight.Losses[i] {
+			t.Fatalf("iteration %d: loss %v after resume, %v straight (must be bit-identical)", i+1, got[i], straight.Losses[i])
+		}
+	}
+	if a.ValidLoss != a.ValidLoss || b.ValidLoss != straight.ValidLoss {
+		t.Fatalf("validation loss after resume %v, straight %v", b.ValidLoss, straight.ValidLoss)
+	}
+}
+
+func TestLossFalls(t *testing.T) {
+	cfg := tinyConfig(t)
+	cfg.TrainIters = 40
+	cfg.Model.HiddenDropout, cfg.Model.AttentionDropout = 0, 0
+	res := runTrainer(t, cfg)
+	first, last := res.Losses[0], res.Losses[len(res.Losses)-1]
+	if !(last < first-0.5) {
+		t.Fatalf("loss went from %.3f to %.3f in 40 iterations; expected a clear fall", first, last)
+	}
+}
+
+// nanSource yields token ids that make the loss NaN by poisoning nothing:
+// instead the test sets a NaN weight, which every forward then propagates.
+func TestNaNIterationsAreSkippedThenDiagnosed(t *testing.T) {
+	cfg := tinyConfig(t)
+	cfg.MaxSkipsInARow = 3
+	src := MockSource{SeqLength: cfg.SeqLength, VocabSize: cfg.Model.VocabSize}
+	tr, err := New(cfg, src, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr.Model.Layers[0].FC1.Float32s()[0] = float32(math.NaN())
+	before := append([]float32(nil), tr.Model.Layers[1].FC2.Float32s()...)
+	_, err = tr.Run(context.Background())
+	if err == nil || !strings.Contains(err.Error(), "NaN/Inf") {
+		t.Fatalf("want a divergence error, got %v", err)
+	}
+	if tr.Skipped != 3 || tr.Iteration != 3 {
+		t.Fatalf("skipped %d at iteration %d, want 3 and 3", tr.Skipped, tr.Iteration)
+	}
+	for i, v := range tr.Model.Layers[1].FC2.Float32s() {
+		if v != before[i] {
+			t.Fatal("a skipped iteration changed the weights")
+		}
+	}
+}
+
+func TestLogLineAndMetrics(t *testing.T) {
+	cfg := tinyConfig(t)
+	cfg.TrainIters = 2
+	cfg.Schedule.LRWarmupIters = 0
+	var out bytes.Buffer
+	cfg.Out = &out
+	cfg.MetricsFile = filepath.Join(t.TempDir(), "m.jsonl")
+	runTrainer(t, cfg)
+	for _, want := range []string{"iteration        1/       2 | consumed samples:            4 |", "learning rate:", "lm loss:", "grad norm:", "number of skipped iterations:   0", "tokens/s:", "MFU:"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("log lacks %q:\n%s", want, out.String())
+		}
+	}
+	b, err := os.ReadFile(cfg.MetricsFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := strings.Count(string(b), "\n"); n != 2 || !strings.Contains(string(b), `"lm_loss":`) {
+		t.Fatalf("metrics file has %d lines:\n%s", n, b)
+	}
+}
+
+func TestLoadRejectsMismatchedModel(t *testing.T) {
+	cfg := tinyConfig(t)
+	cfg.TrainIters, cfg.Save = 1, t.TempDir()
+	cfg.Schedule.LRWarmupIters = 0
+	runTrainer(t, cfg)
+	other := tinyConfig(t)
+	other.Model.HiddenSize = 48
+	other.Schedule.LRWarmupIters = 0
+	other.Load = cfg.Save
+	_, err := New(other, MockSource{SeqLength: 16, VocabSize: 64}, nil)
+	if err == nil || !strings.Contains(err.Error(), "embedding.word_embeddings.weight has shape [64 32], model expects [64 48]") {
+		t.Fatalf("want a shape mismatch naming the tensor, got %v", err)
+	}
+}
+
+func TestConfigErrorsNameFlags(t *testing.T) {
+	cases := map[string]func(*Config){
+		"--hidden-size=30 is not divisible by --num-attention-heads=4": func(c *Config) { c.Model.HiddenSize = 30 },
+		"--global-batch-size=5 is not a multiple of --micro-batch-size=2": func(c *Config) { c.GlobalBatchSize = 5 },
+		"set --train-iters or --train-samples":                          func(c *Config) { c.TrainIters = 0 },
+		"--seq-length=32 exceeds --max-position-embeddings=16":          func(c *Config) { c.SeqLength = 32 },
+	}
+	for want, mutate := range cases {
+		cfg := tinyConfig(t)
+		mutate(&cfg)
+		_, err := New(cfg, MockSource{SeqLength: 16, VocabSize: 64}, nil)
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("want error containing %q, got %v", want, err)
+		}
+	}
+}
