@@ -146,10 +146,10 @@ func TestLoadRejectsMismatchedModel(t *testing.T) {
 
 func TestConfigErrorsNameFlags(t *testing.T) {
 	cases := map[string]func(*Config){
-		"--hidden-size=30 is not divisible by --num-attention-heads=4": func(c *Config) { c.Model.HiddenSize = 30 },
+		"--hidden-size=30 is not divisible by --num-attention-heads=4":    func(c *Config) { c.Model.HiddenSize = 30 },
 		"--global-batch-size=5 is not a multiple of --micro-batch-size=2": func(c *Config) { c.GlobalBatchSize = 5 },
-		"set --train-iters or --train-samples":                          func(c *Config) { c.TrainIters = 0 },
-		"--seq-length=32 exceeds --max-position-embeddings=16":          func(c *Config) { c.SeqLength = 32 },
+		"set --train-iters or --train-samples":                            func(c *Config) { c.TrainIters = 0 },
+		"--seq-length=32 exceeds --max-position-embeddings=16":            func(c *Config) { c.SeqLength = 32 },
 	}
 	for want, mutate := range cases {
 		cfg := tinyConfig(t)
