@@ -62,35 +62,71 @@ func (g *Grads) blocks(lo, hi int, fn func(blk int)) {
 func (g *Grads) sumBlock(blk int) {
 	s := 0.0
 	g.f.each(blk*normBlock, min((blk+1)*normBlock, g.f.total()), func(i, a, b int) {
-		for _, x := range g.f.params[i].Grad[a:b] {
-			s += float64(x) * float64(x)
-		}
+		s += sumSquares(g.f.params[i].Grad[a:b])
 	})
 	g.partial[blk] = s
+}
+
+// sumSquares returns Σ x² in float64 with four interleaved accumulators
+// (a fixed order, so the result depends only on x).
+func sumSquares(x []float32) float64 {
+	var s0, s1, s2, s3 float64
+	i := 0
+	for ; i+4 <= len(x); i += 4 {
+		a, b, c, d := float64(x[i]), float64(x[i+1]), float64(x[i+2]), float64(x[i+3])
+		s0 += a * a
+		s1 += b * b
+		s2 += c * c
+		s3 += d * d
+	}
+	for ; i < len(x); i++ {
+		s0 += float64(x[i]) * float64(x[i])
+	}
+	return (s0 + s1) + (s2 + s3)
 }
 
 // maxBlock stores max |g| over block blk (NaN propagates).
 func (g *Grads) maxBlock(blk int) {
 	m := 0.0
 	g.f.each(blk*normBlock, min((blk+1)*normBlock, g.f.total()), func(i, a, b int) {
-		for _, x := range g.f.params[i].Grad[a:b] {
-			ax := math.Abs(float64(x))
-			if ax > m || ax != ax {
-				m = ax
-			}
+		if ax := maxAbs(g.f.params[i].Grad[a:b]); ax > m || ax != ax {
+			m = ax
 		}
 	})
 	g.partial[blk] = m
+}
+
+// maxAbs returns max |x| (NaN if any x is NaN; 0 for empty x).
+func maxAbs(x []float32) float64 {
+	var m float32
+	for _, v := range x {
+		a := float32(math.Abs(float64(v)))
+		if a > m || a != a {
+			m = a
+			if a != a {
+				break
+			}
+		}
+	}
+	return float64(m)
+}
+
+// nonFinite reports whether x holds a NaN or ±Inf: x·0 is 0 for finite x
+// and NaN otherwise, so one OR-free pass suffices.
+func nonFinite(x []float32) bool {
+	var acc float32
+	for _, v := range x {
+		acc += v * 0
+	}
+	return acc != 0
 }
 
 // infBlock records whether block blk holds a NaN or ±Inf.
 func (g *Grads) infBlock(blk int) {
 	bad := false
 	g.f.each(blk*normBlock, min((blk+1)*normBlock, g.f.total()), func(i, a, b int) {
-		for _, x := range g.f.params[i].Grad[a:b] {
-			if x-x != 0 { // NaN or ±Inf
-				bad = true
-			}
+		if nonFinite(g.f.params[i].Grad[a:b]) {
+			bad = true
 		}
 	})
 	g.found[blk] = bad
