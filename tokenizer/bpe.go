@@ -54,8 +54,9 @@ type concatRanker struct {
 }
 
 func (c concatRanker) pair(a, b int32) (int32, int32, bool) {
-	s := c.syms.bytes[a] + c.syms.bytes[b]
-	id, ok := c.syms.ids[s]
+	var buf [64]byte
+	s := append(append(buf[:0], c.syms.bytes[a]...), c.syms.bytes[b]...)
+	id, ok := c.syms.ids[string(s)] // no allocation: the compiler keys the map by s
 	if !ok || c.ranks[id] < 0 {
 		return 0, 0, false
 	}

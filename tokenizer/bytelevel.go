@@ -47,7 +47,7 @@ func byteLevelEncode(raw string) string {
 // split by a pre-tokenizer, each piece's bytes become symbols through the
 // byte alphabet, and the merges list joins them.
 type byteBPE struct {
-	split   splitFunc
+	split   pretokenizer
 	added   *addedTokens
 	syms    symbolTable // byte-level token strings
 	byteSym [256]int32
@@ -60,7 +60,7 @@ type byteBPE struct {
 
 // newByteBPE builds the model from vocab (token string → id) and merges
 // (pairs of token strings, in rank order).
-func newByteBPE(vocab map[string]int, merges [][2]string, split splitFunc, unk int) *byteBPE {
+func newByteBPE(vocab map[string]int, merges [][2]string, split pretokenizer, unk int) *byteBPE {
 	m := &byteBPE{split: split, unk: unk, cache: newWordCache(),
 		syms: symbolTable{ids: make(map[string]int32, len(vocab)+len(merges))}}
 	size := 0
@@ -117,11 +117,7 @@ func (m *byteBPE) appendPiece(ids []int, piece string) []int {
 func (m *byteBPE) encode(text string) []int {
 	ids := make([]int, 0, len(text)/3+1)
 	m.added.each(text, func(seg string) {
-		for i := 0; i < len(seg); {
-			j := m.split(seg, i)
-			ids = m.appendPiece(ids, seg[i:j])
-			i = j
-		}
+		m.split(seg, func(piece string) { ids = m.appendPiece(ids, piece) })
 	}, func(id int) { ids = append(ids, id) })
 	return ids
 }

@@ -2,6 +2,8 @@ package tokenizer
 
 import (
 	"unicode"
+
+	"github.com/dlclark/regexp2/v2"
 	"unicode/utf8"
 )
 
@@ -147,17 +149,7 @@ func splitLlama3(s string, i int) int {
 		}
 	}
 	c, w := classAt(s, i)
-	// [^\r\n\p{L}\p{N}]?\p{L}+
-	if c == clsLetter {
-		return runOf(s, i+w, clsLetter)
-	}
-	if c != clsNumber && s[i] != '\r' && s[i] != '\n' && i+w < len(s) {
-		if c2, w2 := classAt(s, i+w); c2 == clsLetter {
-			return runOf(s, i+w+w2, clsLetter)
-		}
-	}
-	// \p{N}{1,3}
-	if c == clsNumber {
+	if c == clsNumber { // \p{N}{1,3}
 		j := i + w
 		for k := 1; k < 3 && j < len(s); k++ {
 			c2, w2 := classAt(s, j)
@@ -167,6 +159,21 @@ func splitLlama3(s string, i int) int {
 			j += w2
 		}
 		return j
+	}
+	return splitLlama3Rest(s, i, c, w)
+}
+
+// splitLlama3Rest is splitLlama3 after the contractions and numbers: the
+// character at i has class c (not a number) and width w.
+func splitLlama3Rest(s string, i int, c uint8, w int) int {
+	// [^\r\n\p{L}\p{N}]?\p{L}+
+	if c == clsLetter {
+		return runOf(s, i+w, clsLetter)
+	}
+	if c != clsNumber && s[i] != '\r' && s[i] != '\n' && i+w < len(s) {
+		if c2, w2 := classAt(s, i+w); c2 == clsLetter {
+			return runOf(s, i+w+w2, clsLetter)
+		}
 	}
 	//  ?[^\s\p{L}\p{N}]+[\r\n]*
 	j := i
@@ -199,3 +206,64 @@ func splitLlama3(s string, i int) int {
 	}
 	return spaceEnd(s, i)
 }
+
+// pretokenizer calls yield for each pre-token of s, in order; the pieces
+// concatenate to s.
+type pretokenizer func(s string, yield func(piece string))
+
+// byRule is the pretokenizer of a hand-written splitFunc.
+func byRule(f splitFunc) pretokenizer {
+	return func(s string, yield func(string)) {
+		for i := 0; i < len(s); {
+			j := f(s, i)
+			yield(s[i:j])
+			i = j
+		}
+	}
+}
+
+// byRegexp is the pretokenizer of a regular expression with lookaround
+// (dlclark/regexp2, .NET semantics: \s is Unicode White_Space as in
+// Python's regex module). Text between matches is yielded as its own piece.
+func byRegexp(re *regexp2.Regexp) pretokenizer {
+	return func(s string, yield func(string)) {
+		locs, err := re.FindAllStringIndex(s, -1)
+		if err != nil { // only on a match timeout, which is not set
+			yield(s)
+			return
+		}
+		at := 0
+		for _, l := range locs {
+			if l[0] > at {
+				yield(s[at:l[0]])
+			}
+			if l[1] > l[0] {
+				yield(s[l[0]:l[1]])
+			}
+			at = l[1]
+		}
+		if at < len(s) {
+			yield(s[at:])
+		}
+	}
+}
+
+// splitTikTokenV1 is Megatron's PATTERN_TIKTOKEN ("v1"):
+//
+//	[^\r\n\p{L}\p{N}]?+\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]++[\r\n]*|\s*[\r\n]|\s+(?!\S)|\s+
+//
+// The possessive quantifiers change nothing here: what they keep cannot be
+// matched by what follows them.
+func splitTikTokenV1(s string, i int) int {
+	c, w := classAt(s, i)
+	if c == clsNumber {
+		return i + w
+	}
+	return splitLlama3Rest(s, i, c, w)
+}
+
+// patternTikTokenV2 is Megatron's PATTERN_TIKTOKEN_V2 (o200k-like, no
+// contractions).
+const patternTikTokenV2 = `[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+` +
+	`|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*` +
+	`|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+`

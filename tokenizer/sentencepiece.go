@@ -321,4 +321,3 @@ func (sp *SentencePiece) Piece(id int) string {
 	}
 	return sp.m.pieces[id].piece
 }
-

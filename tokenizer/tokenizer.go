@@ -36,6 +36,17 @@ type Specials interface {
 	Pad() (id int, ok bool)
 }
 
+// Tokenize returns the ids Megatron's tokenizer.tokenize(text) returns, which
+// tools/preprocess_data.py writes: t.Encode(text), except for tokenizers
+// whose Megatron tokenize adds special tokens (Llama2Tokenizer prepends BOS),
+// which implement Tokenize themselves.
+func Tokenize(t Tokenizer, text string) []int {
+	if m, ok := t.(interface{ Tokenize(string) []int }); ok {
+		return m.Tokenize(text)
+	}
+	return t.Encode(text)
+}
+
 // Megatron's --tokenizer-type names accepted by New.
 const (
 	TypeGPT2BPE       = "GPT2BPETokenizer"
@@ -63,10 +74,16 @@ type Config struct {
 	// a tokenizer.json file or a directory holding one (HuggingFaceTokenizer),
 	// or a Megatron TikToken JSON vocabulary (TikTokenizer).
 	Model string
-	// VocabSize is --vocab-size (NullTokenizer only): ids are 0..VocabSize-1
-	// and EOD is VocabSize-1, as Megatron's HEAD NullTokenizer.
+	// VocabExtraIDs is --vocab-extra-ids: the number of "<extra_id_i>"
+	// tokens SentencePieceTokenizer appends. Zero means none.
+	VocabExtraIDs int
+	// VocabSize is --vocab-size. NullTokenizer: ids are 0..VocabSize-1 and
+	// EOD is VocabSize-1, as Megatron's HEAD NullTokenizer (required).
+	// TikTokenizer: the total vocabulary, special tokens included; zero
+	// means 2^17 (131072).
 	VocabSize int
-	// TikTokenPattern is --tiktoken-pattern: "v1" or "v2". Empty means "v2".
+	// TikTokenPattern is --tiktoken-pattern: "v1" or "v2" (required for
+	// TikTokenizer, as in Megatron).
 	TikTokenPattern string
 	// TikTokenNumSpecialTokens is --tiktoken-num-special-tokens: the number of
 	// ids reserved for special tokens before the vocabulary. Zero means 1000,
@@ -101,8 +118,11 @@ func New(cfg Config) (Tokenizer, error) {
 		if err != nil {
 			return nil, err
 		}
-		if cfg.Type == TypeLlama2 {
-			return &Llama2{SentencePiece: sp}, nil
+		switch cfg.Type {
+		case TypeLlama2:
+			return NewLlama2(sp)
+		case TypeSentencePiece:
+			return NewMegatronSentencePiece(sp, cfg.VocabExtraIDs), nil
 		}
 		return sp, nil
 	case TypeHuggingFace:
@@ -116,6 +136,7 @@ func New(cfg Config) (Tokenizer, error) {
 		}
 		return LoadTikToken(cfg.Model, TikTokenOptions{
 			Pattern:          cfg.TikTokenPattern,
+			VocabSize:        cfg.VocabSize,
 			NumSpecialTokens: cfg.TikTokenNumSpecialTokens,
 			SpecialTokens:    cfg.TikTokenSpecialTokens,
 		})
