@@ -17,10 +17,14 @@ const (
 	Trans Transpose = true
 )
 
-// kernFunc is a micro-kernel: C[0:mr, 0:nr] = A·B (+ beta*C when load != 0)
+// kernFunc is a micro-kernel: C[0:mr, 0:nr] = alpha*A·B (+ beta*C when load != 0)
 // for a packed kc×mr A panel and a kc×nr B panel with rows ldb bytes apart;
 // C rows are ldc bytes apart. mr and nr are fixed per function.
-type kernFunc func(kc int, a, b *float32, ldb int, c *float32, ldc int, beta float32, load int)
+type kernFunc func(kc int, a, b *float32, ldb int, c *float32, ldc int, alpha, beta float32, load int)
+
+// transFunc copies a fixed r×16 block (rows lds bytes apart) to its 16×r
+// transpose (rows ldd bytes apart).
+type transFunc func(src *float32, lds int, dst *float32, ldd int)
 
 // kernSet is one ISA's micro-kernels with their cache blocking.
 type kernSet struct {
@@ -30,6 +34,9 @@ type kernSet struct {
 	// stays in L2; a kc×nc panel of B is packed and streams from L3, a
 	// kc×nr strip of it staying in L1 while the kernel sweeps the A block.
 	mc, kc, nc int
+	// Optional transposes for packing (nil: plain Go loops): trMR moves an
+	// mr×16 block, tr16 a 16×16 block.
+	trMR, tr16 transFunc
 }
 
 // Sgemm computes C = alpha*op(A)*op(B) + beta*C in float32. op(A) is m×k,
@@ -134,7 +141,7 @@ func scaleC(c []float32, m, n, ldc int, beta float32) {
 // gemmBlock computes rows [i0, i1) × columns [j0, j1) of batch item bi with
 // workspace w, Goto/BLIS style: for each kc×nc panel of op(B) (packed, or
 // read in place when few rows share it), for each mc×kc block of op(A)
-// (packed, alpha folded in), sweep nr-wide strips of the panel and mr-high
+// (packed), sweep nr-wide strips of the panel and mr-high
 // panels of the block with the micro-kernel.
 func (j *gemmJob) gemmBlock(w *gemmWork, bi, i0, i1, j0, j1 int) {
 	ks := &j.ks
@@ -150,13 +157,13 @@ func (j *gemmJob) gemmBlock(w *gemmWork, bi, i0, i1, j0, j1 int) {
 			first := pc == 0
 			if !direct {
 				for jr := 0; jr < nc; jr += ks.nr {
-					packB(w.bpack[jr*kc:], j.tB, b, j.ldb, pc, jc+jr, kc, min(ks.nr, nc-jr), ks.nr)
+					packB(ks, w.bpack[jr*kc:], j.tB, b, j.ldb, pc, jc+jr, kc, min(ks.nr, nc-jr))
 				}
 			}
 			for ic := i0; ic < i1; ic += ks.mc {
 				mc := min(ks.mc, i1-ic)
 				for ir := 0; ir < mc; ir += ks.mr {
-					packA(w.apack[ir*kc:], j.tA, a, j.lda, ic+ir, pc, min(ks.mr, mc-ir), kc, j.alpha)
+					packA(ks, w.apack[ir*kc:], j.tA, a, j.lda, ic+ir, pc, min(ks.mr, mc-ir), kc)
 				}
 				for jr := 0; jr < nc; jr += ks.nr {
 					nr := min(ks.nr, nc-jr)
@@ -169,7 +176,7 @@ func (j *gemmJob) gemmBlock(w *gemmWork, bi, i0, i1, j0, j1 int) {
 						bp = &b[pc*j.ldb+jc+jr]
 						ldbBytes = j.ldb * 4
 					default:
-						packB(w.bpack, j.tB, b, j.ldb, pc, jc+jr, kc, nr, ks.nr)
+						packB(ks, w.bpack, j.tB, b, j.ldb, pc, jc+jr, kc, nr)
 						bp = &w.bpack[0]
 					}
 					for ir := 0; ir < mc; ir += ks.mr {
@@ -184,12 +191,12 @@ func (j *gemmJob) gemmBlock(w *gemmWork, bi, i0, i1, j0, j1 int) {
 									load = 0
 								}
 							}
-							ks.kerns[mr-1](kc, ap, bp, ldbBytes, &c[ci], j.ldc*4, beta, load)
+							ks.kerns[mr-1](kc, ap, bp, ldbBytes, &c[ci], j.ldc*4, j.alpha, beta, load)
 							continue
 						}
 						// Edge strip: compute the full-width tile into w.tile, then
 						// merge the nr valid columns.
-						ks.kerns[mr-1](kc, ap, bp, ldbBytes, &w.tile[0], ks.nr*4, 0, 0)
+						ks.kerns[mr-1](kc, ap, bp, ldbBytes, &w.tile[0], ks.nr*4, j.alpha, 0, 0)
 						mergeTile(c[ci:], j.ldc, w.tile[:], ks.nr, mr, nr, j.beta, first)
 					}
 				}

@@ -4,7 +4,7 @@
 
 #include "textflag.h"
 
-// func kernAVX2_1x16(kc int, a, b *float32, ldb int, c *float32, ldc int, beta float32, load int)
+// func kernAVX2_1x16(kc int, a, b *float32, ldb int, c *float32, ldc int, alpha, beta float32, load int)
 TEXT ·kernAVX2_1x16(SB), NOSPLIT, $0-64
 	MOVQ kc+0(FP), CX
 	MOVQ a+8(FP), SI
@@ -44,6 +44,9 @@ tail:
 	VFMADD231PS Y2, Y4, Y0
 	VFMADD231PS Y3, Y4, Y1
 done:
+	VBROADCASTSS alpha+48(FP), Y2
+	VMULPS Y2, Y0, Y0
+	VMULPS Y2, Y1, Y1
 	MOVQ load+56(FP), AX
 	MOVQ DI, R10
 	TESTQ AX, AX
@@ -53,7 +56,7 @@ done:
 	VZEROUPPER
 	RET
 accum:
-	VBROADCASTSS beta+48(FP), Y2
+	VBROADCASTSS beta+52(FP), Y2
 	VFMADD231PS 0(R10), Y2, Y0
 	VMOVUPS Y0, 0(R10)
 	VFMADD231PS 32(R10), Y2, Y1
@@ -61,7 +64,7 @@ accum:
 	VZEROUPPER
 	RET
 
-// func kernAVX2_2x16(kc int, a, b *float32, ldb int, c *float32, ldc int, beta float32, load int)
+// func kernAVX2_2x16(kc int, a, b *float32, ldb int, c *float32, ldc int, alpha, beta float32, load int)
 TEXT ·kernAVX2_2x16(SB), NOSPLIT, $0-64
 	MOVQ kc+0(FP), CX
 	MOVQ a+8(FP), SI
@@ -114,6 +117,11 @@ tail:
 	VFMADD231PS Y4, Y7, Y2
 	VFMADD231PS Y5, Y7, Y3
 done:
+	VBROADCASTSS alpha+48(FP), Y4
+	VMULPS Y4, Y0, Y0
+	VMULPS Y4, Y1, Y1
+	VMULPS Y4, Y2, Y2
+	VMULPS Y4, Y3, Y3
 	MOVQ load+56(FP), AX
 	MOVQ DI, R10
 	TESTQ AX, AX
@@ -126,7 +134,7 @@ done:
 	VZEROUPPER
 	RET
 accum:
-	VBROADCASTSS beta+48(FP), Y4
+	VBROADCASTSS beta+52(FP), Y4
 	VFMADD231PS 0(R10), Y4, Y0
 	VMOVUPS Y0, 0(R10)
 	VFMADD231PS 32(R10), Y4, Y1
@@ -139,7 +147,7 @@ accum:
 	VZEROUPPER
 	RET
 
-// func kernAVX2_3x16(kc int, a, b *float32, ldb int, c *float32, ldc int, beta float32, load int)
+// func kernAVX2_3x16(kc int, a, b *float32, ldb int, c *float32, ldc int, alpha, beta float32, load int)
 TEXT ·kernAVX2_3x16(SB), NOSPLIT, $0-64
 	MOVQ kc+0(FP), CX
 	MOVQ a+8(FP), SI
@@ -205,6 +213,13 @@ tail:
 	VFMADD231PS Y6, Y8, Y4
 	VFMADD231PS Y7, Y8, Y5
 done:
+	VBROADCASTSS alpha+48(FP), Y6
+	VMULPS Y6, Y0, Y0
+	VMULPS Y6, Y1, Y1
+	VMULPS Y6, Y2, Y2
+	VMULPS Y6, Y3, Y3
+	VMULPS Y6, Y4, Y4
+	VMULPS Y6, Y5, Y5
 	MOVQ load+56(FP), AX
 	MOVQ DI, R10
 	TESTQ AX, AX
@@ -220,7 +235,7 @@ done:
 	VZEROUPPER
 	RET
 accum:
-	VBROADCASTSS beta+48(FP), Y6
+	VBROADCASTSS beta+52(FP), Y6
 	VFMADD231PS 0(R10), Y6, Y0
 	VMOVUPS Y0, 0(R10)
 	VFMADD231PS 32(R10), Y6, Y1
@@ -238,7 +253,7 @@ accum:
 	VZEROUPPER
 	RET
 
-// func kernAVX2_4x16(kc int, a, b *float32, ldb int, c *float32, ldc int, beta float32, load int)
+// func kernAVX2_4x16(kc int, a, b *float32, ldb int, c *float32, ldc int, alpha, beta float32, load int)
 TEXT ·kernAVX2_4x16(SB), NOSPLIT, $0-64
 	MOVQ kc+0(FP), CX
 	MOVQ a+8(FP), SI
@@ -317,6 +332,15 @@ tail:
 	VFMADD231PS Y8, Y11, Y6
 	VFMADD231PS Y9, Y11, Y7
 done:
+	VBROADCASTSS alpha+48(FP), Y8
+	VMULPS Y8, Y0, Y0
+	VMULPS Y8, Y1, Y1
+	VMULPS Y8, Y2, Y2
+	VMULPS Y8, Y3, Y3
+	VMULPS Y8, Y4, Y4
+	VMULPS Y8, Y5, Y5
+	VMULPS Y8, Y6, Y6
+	VMULPS Y8, Y7, Y7
 	MOVQ load+56(FP), AX
 	MOVQ DI, R10
 	TESTQ AX, AX
@@ -335,7 +359,7 @@ done:
 	VZEROUPPER
 	RET
 accum:
-	VBROADCASTSS beta+48(FP), Y8
+	VBROADCASTSS beta+52(FP), Y8
 	VFMADD231PS 0(R10), Y8, Y0
 	VMOVUPS Y0, 0(R10)
 	VFMADD231PS 32(R10), Y8, Y1
@@ -358,7 +382,7 @@ accum:
 	VZEROUPPER
 	RET
 
-// func kernAVX2_5x16(kc int, a, b *float32, ldb int, c *float32, ldc int, beta float32, load int)
+// func kernAVX2_5x16(kc int, a, b *float32, ldb int, c *float32, ldc int, alpha, beta float32, load int)
 TEXT ·kernAVX2_5x16(SB), NOSPLIT, $0-64
 	MOVQ kc+0(FP), CX
 	MOVQ a+8(FP), SI
@@ -450,6 +474,17 @@ tail:
 	VFMADD231PS Y10, Y12, Y8
 	VFMADD231PS Y11, Y12, Y9
 done:
+	VBROADCASTSS alpha+48(FP), Y10
+	VMULPS Y10, Y0, Y0
+	VMULPS Y10, Y1, Y1
+	VMULPS Y10, Y2, Y2
+	VMULPS Y10, Y3, Y3
+	VMULPS Y10, Y4, Y4
+	VMULPS Y10, Y5, Y5
+	VMULPS Y10, Y6, Y6
+	VMULPS Y10, Y7, Y7
+	VMULPS Y10, Y8, Y8
+	VMULPS Y10, Y9, Y9
 	MOVQ load+56(FP), AX
 	MOVQ DI, R10
 	TESTQ AX, AX
@@ -471,7 +506,7 @@ done:
 	VZEROUPPER
 	RET
 accum:
-	VBROADCASTSS beta+48(FP), Y10
+	VBROADCASTSS beta+52(FP), Y10
 	VFMADD231PS 0(R10), Y10, Y0
 	VMOVUPS Y0, 0(R10)
 	VFMADD231PS 32(R10), Y10, Y1
@@ -499,7 +534,7 @@ accum:
 	VZEROUPPER
 	RET
 
-// func kernAVX2_6x16(kc int, a, b *float32, ldb int, c *float32, ldc int, beta float32, load int)
+// func kernAVX2_6x16(kc int, a, b *float32, ldb int, c *float32, ldc int, alpha, beta float32, load int)
 TEXT ·kernAVX2_6x16(SB), NOSPLIT, $0-64
 	MOVQ kc+0(FP), CX
 	MOVQ a+8(FP), SI
@@ -604,6 +639,19 @@ tail:
 	VFMADD231PS Y12, Y15, Y10
 	VFMADD231PS Y13, Y15, Y11
 done:
+	VBROADCASTSS alpha+48(FP), Y12
+	VMULPS Y12, Y0, Y0
+	VMULPS Y12, Y1, Y1
+	VMULPS Y12, Y2, Y2
+	VMULPS Y12, Y3, Y3
+	VMULPS Y12, Y4, Y4
+	VMULPS Y12, Y5, Y5
+	VMULPS Y12, Y6, Y6
+	VMULPS Y12, Y7, Y7
+	VMULPS Y12, Y8, Y8
+	VMULPS Y12, Y9, Y9
+	VMULPS Y12, Y10, Y10
+	VMULPS Y12, Y11, Y11
 	MOVQ load+56(FP), AX
 	MOVQ DI, R10
 	TESTQ AX, AX
@@ -628,7 +676,7 @@ done:
 	VZEROUPPER
 	RET
 accum:
-	VBROADCASTSS beta+48(FP), Y12
+	VBROADCASTSS beta+52(FP), Y12
 	VFMADD231PS 0(R10), Y12, Y0
 	VMOVUPS Y0, 0(R10)
 	VFMADD231PS 32(R10), Y12, Y1

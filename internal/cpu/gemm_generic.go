@@ -10,9 +10,9 @@ const (
 	nrGeneric = 8
 )
 
-// kernGo computes C[0:mr, 0:8] = A·B (+ beta*C when load != 0) for a packed
+// kernGo computes C[0:mr, 0:8] = alpha*A·B (+ beta*C when load != 0) for a packed
 // kc×mr A panel and a kc×8 B panel with rows ldb bytes apart.
-func kernGo(mr, kc int, a, b *float32, ldb int, c *float32, ldc int, beta float32, load int) {
+func kernGo(mr, kc int, a, b *float32, ldb int, c *float32, ldc int, alpha, beta float32, load int) {
 	as := unsafe.Slice(a, kc*mr)
 	ldb /= 4
 	ldc /= 4
@@ -33,6 +33,8 @@ func kernGo(mr, kc int, a, b *float32, ldb int, c *float32, ldc int, beta float3
 			c7 += av * br[7]
 		}
 		row := cs[i*ldc:][:nrGeneric]
+		c0, c1, c2, c3 = alpha*c0, alpha*c1, alpha*c2, alpha*c3
+		c4, c5, c6, c7 = alpha*c4, alpha*c5, alpha*c6, alpha*c7
 		if load != 0 {
 			c0 += beta * row[0]
 			c1 += beta * row[1]
@@ -48,20 +50,20 @@ func kernGo(mr, kc int, a, b *float32, ldb int, c *float32, ldc int, beta float3
 	}
 }
 
-func kernGo1(kc int, a, b *float32, ldb int, c *float32, ldc int, beta float32, load int) {
-	kernGo(1, kc, a, b, ldb, c, ldc, beta, load)
+func kernGo1(kc int, a, b *float32, ldb int, c *float32, ldc int, alpha, beta float32, load int) {
+	kernGo(1, kc, a, b, ldb, c, ldc, alpha, beta, load)
 }
 
-func kernGo2(kc int, a, b *float32, ldb int, c *float32, ldc int, beta float32, load int) {
-	kernGo(2, kc, a, b, ldb, c, ldc, beta, load)
+func kernGo2(kc int, a, b *float32, ldb int, c *float32, ldc int, alpha, beta float32, load int) {
+	kernGo(2, kc, a, b, ldb, c, ldc, alpha, beta, load)
 }
 
-func kernGo3(kc int, a, b *float32, ldb int, c *float32, ldc int, beta float32, load int) {
-	kernGo(3, kc, a, b, ldb, c, ldc, beta, load)
+func kernGo3(kc int, a, b *float32, ldb int, c *float32, ldc int, alpha, beta float32, load int) {
+	kernGo(3, kc, a, b, ldb, c, ldc, alpha, beta, load)
 }
 
-func kernGo4(kc int, a, b *float32, ldb int, c *float32, ldc int, beta float32, load int) {
-	kernGo(4, kc, a, b, ldb, c, ldc, beta, load)
+func kernGo4(kc int, a, b *float32, ldb int, c *float32, ldc int, alpha, beta float32, load int) {
+	kernGo(4, kc, a, b, ldb, c, ldc, alpha, beta, load)
 }
 
 // kernsGeneric[mr-1] is the pure-Go kernel for mr rows.

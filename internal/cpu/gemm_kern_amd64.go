@@ -29,46 +29,61 @@ var kernsAVX512 = [14]kernFunc{
 }
 
 //go:noescape
-func kernAVX512_1x32(kc int, a, b *float32, ldb int, c *float32, ldc int, beta float32, load int)
+func kernAVX512_1x32(kc int, a, b *float32, ldb int, c *float32, ldc int, alpha, beta float32, load int)
 
 //go:noescape
-func kernAVX512_2x32(kc int, a, b *float32, ldb int, c *float32, ldc int, beta float32, load int)
+func kernAVX512_2x32(kc int, a, b *float32, ldb int, c *float32, ldc int, alpha, beta float32, load int)
 
 //go:noescape
-func kernAVX512_3x32(kc int, a, b *float32, ldb int, c *float32, ldc int, beta float32, load int)
+func kernAVX512_3x32(kc int, a, b *float32, ldb int, c *float32, ldc int, alpha, beta float32, load int)
 
 //go:noescape
-func kernAVX512_4x32(kc int, a, b *float32, ldb int, c *float32, ldc int, beta float32, load int)
+func kernAVX512_4x32(kc int, a, b *float32, ldb int, c *float32, ldc int, alpha, beta float32, load int)
 
 //go:noescape
-func kernAVX512_5x32(kc int, a, b *float32, ldb int, c *float32, ldc int, beta float32, load int)
+func kernAVX512_5x32(kc int, a, b *float32, ldb int, c *float32, ldc int, alpha, beta float32, load int)
 
 //go:noescape
-func kernAVX512_6x32(kc int, a, b *float32, ldb int, c *float32, ldc int, beta float32, load int)
+func kernAVX512_6x32(kc int, a, b *float32, ldb int, c *float32, ldc int, alpha, beta float32, load int)
 
 //go:noescape
-func kernAVX512_7x32(kc int, a, b *float32, ldb int, c *float32, ldc int, beta float32, load int)
+func kernAVX512_7x32(kc int, a, b *float32, ldb int, c *float32, ldc int, alpha, beta float32, load int)
 
 //go:noescape
-func kernAVX512_8x32(kc int, a, b *float32, ldb int, c *float32, ldc int, beta float32, load int)
+func kernAVX512_8x32(kc int, a, b *float32, ldb int, c *float32, ldc int, alpha, beta float32, load int)
 
 //go:noescape
-func kernAVX512_9x32(kc int, a, b *float32, ldb int, c *float32, ldc int, beta float32, load int)
+func kernAVX512_9x32(kc int, a, b *float32, ldb int, c *float32, ldc int, alpha, beta float32, load int)
 
 //go:noescape
-func kernAVX512_10x32(kc int, a, b *float32, ldb int, c *float32, ldc int, beta float32, load int)
+func kernAVX512_10x32(kc int, a, b *float32, ldb int, c *float32, ldc int, alpha, beta float32, load int)
 
 //go:noescape
-func kernAVX512_11x32(kc int, a, b *float32, ldb int, c *float32, ldc int, beta float32, load int)
+func kernAVX512_11x32(kc int, a, b *float32, ldb int, c *float32, ldc int, alpha, beta float32, load int)
 
 //go:noescape
-func kernAVX512_12x32(kc int, a, b *float32, ldb int, c *float32, ldc int, beta float32, load int)
+func kernAVX512_12x32(kc int, a, b *float32, ldb int, c *float32, ldc int, alpha, beta float32, load int)
 
 //go:noescape
-func kernAVX512_13x32(kc int, a, b *float32, ldb int, c *float32, ldc int, beta float32, load int)
+func kernAVX512_13x32(kc int, a, b *float32, ldb int, c *float32, ldc int, alpha, beta float32, load int)
 
 //go:noescape
-func kernAVX512_14x32(kc int, a, b *float32, ldb int, c *float32, ldc int, beta float32, load int)
+func kernAVX512_14x32(kc int, a, b *float32, ldb int, c *float32, ldc int, alpha, beta float32, load int)
+
+// trMRAVX512 transposes an mr×16 block when packing A.
+var trMRAVX512 transFunc = transposeAVX512_14x16
+
+// transposeAVX512_14x16 copies a 14×16 block (rows lds bytes apart) to its 16×14 transpose
+// (rows ldd bytes apart).
+//
+//go:noescape
+func transposeAVX512_14x16(src *float32, lds int, dst *float32, ldd int)
+
+// transposeAVX512_16x16 copies a 16×16 block (rows lds bytes apart) to its 16×16 transpose
+// (rows ldd bytes apart).
+//
+//go:noescape
+func transposeAVX512_16x16(src *float32, lds int, dst *float32, ldd int)
 
 // AVX2 micro-kernel tile: up to 6 rows × 16 columns.
 const (
@@ -87,19 +102,19 @@ var kernsAVX2 = [6]kernFunc{
 }
 
 //go:noescape
-func kernAVX2_1x16(kc int, a, b *float32, ldb int, c *float32, ldc int, beta float32, load int)
+func kernAVX2_1x16(kc int, a, b *float32, ldb int, c *float32, ldc int, alpha, beta float32, load int)
 
 //go:noescape
-func kernAVX2_2x16(kc int, a, b *float32, ldb int, c *float32, ldc int, beta float32, load int)
+func kernAVX2_2x16(kc int, a, b *float32, ldb int, c *float32, ldc int, alpha, beta float32, load int)
 
 //go:noescape
-func kernAVX2_3x16(kc int, a, b *float32, ldb int, c *float32, ldc int, beta float32, load int)
+func kernAVX2_3x16(kc int, a, b *float32, ldb int, c *float32, ldc int, alpha, beta float32, load int)
 
 //go:noescape
-func kernAVX2_4x16(kc int, a, b *float32, ldb int, c *float32, ldc int, beta float32, load int)
+func kernAVX2_4x16(kc int, a, b *float32, ldb int, c *float32, ldc int, alpha, beta float32, load int)
 
 //go:noescape
-func kernAVX2_5x16(kc int, a, b *float32, ldb int, c *float32, ldc int, beta float32, load int)
+func kernAVX2_5x16(kc int, a, b *float32, ldb int, c *float32, ldc int, alpha, beta float32, load int)
 
 //go:noescape
-func kernAVX2_6x16(kc int, a, b *float32, ldb int, c *float32, ldc int, beta float32, load int)
+func kernAVX2_6x16(kc int, a, b *float32, ldb int, c *float32, ldc int, alpha, beta float32, load int)

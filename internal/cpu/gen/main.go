@@ -5,11 +5,12 @@
 //	go run ./gen -out .
 //
 // It writes gemm_avx512_amd64.s, gemm_avx2_amd64.s and gemm_kern_amd64.go.
+// The AVX-512 file also holds the 16×16 transposes used for packing.
 // Each ISA gets one kernel per row count mr = 1..MR for its full tile width
 // NR, so edge rows never compute padding. Every kernel computes
 //
-//	C[0:mr, 0:NR] = A·B            (load == 0)
-//	C[0:mr, 0:NR] = A·B + beta*C   (load != 0)
+//	C[0:mr, 0:NR] = alpha*A·B            (load == 0)
+//	C[0:mr, 0:NR] = alpha*A·B + beta*C   (load != 0)
 //
 // where A is a packed kc×mr panel (mr floats per k step) and B is a kc×NR
 // panel whose rows are ldb bytes apart (packed: NR*4, or B itself).
@@ -64,7 +65,21 @@ func main() {
 		decl.WriteString("}\n\n")
 		for mr := 1; mr <= s.mr; mr++ {
 			name := fmt.Sprintf("kern%s_%dx%d", s.name, mr, s.nv*s.lanes)
-			fmt.Fprintf(&decl, "//go:noescape\nfunc %s(kc int, a, b *float32, ldb int, c *float32, ldc int, beta float32, load int)\n\n", name)
+			fmt.Fprintf(&decl, "//go:noescape\nfunc %s(kc int, a, b *float32, ldb int, c *float32, ldc int, alpha, beta float32, load int)\n\n", name)
+		}
+		if s.bcst {
+			rowsList := []int{16}
+			if s.mr < 16 {
+				rowsList = []int{s.mr, 16}
+			}
+			for _, rows := range rowsList {
+				name := fmt.Sprintf("transpose%s_%dx16", s.name, rows)
+				transpose(&asm, name, rows)
+				if rows == s.mr {
+					fmt.Fprintf(&decl, "// trMR%s transposes an mr×16 block when packing A.\nvar trMR%s transFunc = %s\n\n", s.name, s.name, name)
+				}
+				fmt.Fprintf(&decl, "// %s copies a %d×16 block (rows lds bytes apart) to its 16×%d transpose\n// (rows ldd bytes apart).\n//\n//go:noescape\nfunc %s(src *float32, lds int, dst *float32, ldd int)\n\n", name, rows, rows, name)
+			}
 		}
 		file := filepath.Join(*out, "gemm_"+lower(s.name)+"_amd64.s")
 		if err := os.WriteFile(file, asm.Bytes(), 0o644); err != nil {
@@ -104,7 +119,7 @@ func (s isa) kernel(w *bytes.Buffer, name string, mr int) {
 	bReg := func(v int) string { return r(nacc + v) }
 	bc := func(i int) string { return r(nacc + s.nv + i%2) }
 	vbytes := s.lanes * 4
-	fmt.Fprintf(w, "\n// func %s(kc int, a, b *float32, ldb int, c *float32, ldc int, beta float32, load int)\n", name)
+	fmt.Fprintf(w, "\n// func %s(kc int, a, b *float32, ldb int, c *float32, ldc int, alpha, beta float32, load int)\n", name)
 	fmt.Fprintf(w, "TEXT ·%s(SB), NOSPLIT, $0-64\n", name)
 	w.WriteString("\tMOVQ kc+0(FP), CX\n\tMOVQ a+8(FP), SI\n\tMOVQ b+16(FP), DX\n\tMOVQ ldb+24(FP), R8\n\tMOVQ c+32(FP), DI\n\tMOVQ ldc+40(FP), R9\n")
 	for i := 0; i < nacc; i++ {
@@ -150,7 +165,12 @@ func (s isa) kernel(w *bytes.Buffer, name string, mr int) {
 	fmt.Fprintf(w, "\tLEAQ (DX)(R8*2), DX\n\tADDQ $%d, SI\n\tPREFETCHT0 %d(SI)\n\tDECQ BX\n\tJNZ loop\n", 8*mr, 512)
 	w.WriteString("tail:\n\tANDQ $1, CX\n\tJZ done\n")
 	step("(DX)", 0)
-	w.WriteString("done:\n\tMOVQ load+56(FP), AX\n\tMOVQ DI, R10\n\tTESTQ AX, AX\n\tJNZ accum\n")
+	w.WriteString("done:\n")
+	fmt.Fprintf(w, "\tVBROADCASTSS alpha+48(FP), %s\n", bReg(0))
+	for i := 0; i < nacc; i++ {
+		fmt.Fprintf(w, "\tVMULPS %s, %s, %s\n", bReg(0), r(i), r(i))
+	}
+	w.WriteString("\tMOVQ load+56(FP), AX\n\tMOVQ DI, R10\n\tTESTQ AX, AX\n\tJNZ accum\n")
 	for i := 0; i < mr; i++ {
 		for v := 0; v < s.nv; v++ {
 			fmt.Fprintf(w, "\tVMOVUPS %s, %d(R10)\n", r(i*s.nv+v), v*vbytes)
@@ -161,7 +181,7 @@ func (s isa) kernel(w *bytes.Buffer, name string, mr int) {
 	}
 	w.WriteString("\tVZEROUPPER\n\tRET\naccum:\n")
 	beta := bReg(0)
-	fmt.Fprintf(w, "\tVBROADCASTSS beta+48(FP), %s\n", beta)
+	fmt.Fprintf(w, "\tVBROADCASTSS beta+52(FP), %s\n", beta)
 	for i := 0; i < mr; i++ {
 		for v := 0; v < s.nv; v++ {
 			fmt.Fprintf(w, "\tVFMADD231PS %d(R10), %s, %s\n", v*vbytes, beta, r(i*s.nv+v))
@@ -169,6 +189,64 @@ func (s isa) kernel(w *bytes.Buffer, name string, mr int) {
 		}
 		if i < mr-1 {
 			w.WriteString("\tADDQ R9, R10\n")
+		}
+	}
+	w.WriteString("\tVZEROUPPER\n\tRET\n")
+}
+
+// transpose writes a function that transposes a rows×16 block of float32
+// (rows ≤ 16, rows lds bytes apart) into 16 rows of rows floats (ldd bytes
+// apart), with the classic four-stage 16×16 shuffle network: 32-bit and
+// 64-bit unpacks, then two rounds of 128-bit lane shuffles.
+func transpose(w *bytes.Buffer, name string, rows int) {
+	fmt.Fprintf(w, "\n// func %s(src *float32, lds int, dst *float32, ldd int)\n", name)
+	fmt.Fprintf(w, "TEXT ·%s(SB), NOSPLIT, $0-32\n", name)
+	w.WriteString("\tMOVQ src+0(FP), SI\n\tMOVQ lds+8(FP), R8\n\tMOVQ dst+16(FP), DI\n\tMOVQ ldd+24(FP), R9\n")
+	fmt.Fprintf(w, "\tMOVL $%d, AX\n\tKMOVW AX, K1\n", (1<<rows)-1)
+	z := func(i int) string { return fmt.Sprintf("Z%d", i) }
+	for i := 0; i < 16; i++ {
+		if i < rows {
+			fmt.Fprintf(w, "\tVMOVUPS (SI), %s\n", z(i))
+			if i < rows-1 {
+				w.WriteString("\tADDQ R8, SI\n")
+			}
+		} else {
+			fmt.Fprintf(w, "\tVPXORD %s, %s, %s\n", z(i), z(i), z(i))
+		}
+	}
+	// Stage 1: t[2p], t[2p+1] = unpack lo/hi of rows 2p, 2p+1 (32-bit).
+	for p := 0; p < 8; p++ {
+		fmt.Fprintf(w, "\tVUNPCKLPS %s, %s, %s\n", z(2*p+1), z(2*p), z(16+2*p))
+		fmt.Fprintf(w, "\tVUNPCKHPS %s, %s, %s\n", z(2*p+1), z(2*p), z(16+2*p+1))
+	}
+	// Stage 2: for row group g (rows 4g..4g+3), u[4g+c] holds column c of
+	// each 128-bit lane (64-bit unpacks of t).
+	for g := 0; g < 4; g++ {
+		t0, t1, t2, t3 := 16+4*g, 16+4*g+1, 16+4*g+2, 16+4*g+3
+		fmt.Fprintf(w, "\tVUNPCKLPD %s, %s, %s\n", z(t2), z(t0), z(4*g))
+		fmt.Fprintf(w, "\tVUNPCKHPD %s, %s, %s\n", z(t2), z(t0), z(4*g+1))
+		fmt.Fprintf(w, "\tVUNPCKLPD %s, %s, %s\n", z(t3), z(t1), z(4*g+2))
+		fmt.Fprintf(w, "\tVUNPCKHPD %s, %s, %s\n", z(t3), z(t1), z(4*g+3))
+	}
+	// Stage 3: v = lanes 0,1 (0x44) or 2,3 (0xEE) of groups 0,1; w of 2,3.
+	// Registers: v44[c]=16+c, vEE[c]=20+c, w44[c]=24+c, wEE[c]=28+c.
+	for c := 0; c < 4; c++ {
+		fmt.Fprintf(w, "\tVSHUFF32X4 $0x44, %s, %s, %s\n", z(4+c), z(c), z(16+c))
+		fmt.Fprintf(w, "\tVSHUFF32X4 $0xEE, %s, %s, %s\n", z(4+c), z(c), z(20+c))
+		fmt.Fprintf(w, "\tVSHUFF32X4 $0x44, %s, %s, %s\n", z(12+c), z(8+c), z(24+c))
+		fmt.Fprintf(w, "\tVSHUFF32X4 $0xEE, %s, %s, %s\n", z(12+c), z(8+c), z(28+c))
+	}
+	// Stage 4: column 4l+c of the output = lane l of each group.
+	for c := 0; c < 4; c++ {
+		fmt.Fprintf(w, "\tVSHUFF32X4 $0x88, %s, %s, %s\n", z(24+c), z(16+c), z(c))    // col c
+		fmt.Fprintf(w, "\tVSHUFF32X4 $0xDD, %s, %s, %s\n", z(24+c), z(16+c), z(4+c))  // col 4+c
+		fmt.Fprintf(w, "\tVSHUFF32X4 $0x88, %s, %s, %s\n", z(28+c), z(20+c), z(8+c))  // col 8+c
+		fmt.Fprintf(w, "\tVSHUFF32X4 $0xDD, %s, %s, %s\n", z(28+c), z(20+c), z(12+c)) // col 12+c
+	}
+	for c := 0; c < 16; c++ {
+		fmt.Fprintf(w, "\tVMOVUPS %s, K1, (DI)\n", z(c))
+		if c < 15 {
+			w.WriteString("\tADDQ R9, DI\n")
 		}
 	}
 	w.WriteString("\tVZEROUPPER\n\tRET\n")
