@@ -12,7 +12,9 @@
 //     samples, with Megatron's checkpoint load rules; SchedulerFlags builds
 //     its config from Megatron flags;
 //   - Microbatches: the number-of-microbatches calculator (constant,
-//     ramp-up, step schedule).
+//     ramp-up, step schedule);
+//   - LossScaler: fp16 dynamic (or constant) loss scaling, with
+//     Grads.Unscale for the unscale-and-check step.
 //
 // Everything except the elementwise kernels is a pure function of its
 // inputs; the kernels split work over internal/cpu.Parallel and allocate
