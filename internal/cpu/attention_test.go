@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"runtime"
 	"strings"
 	"testing"
 )
@@ -50,6 +51,16 @@ func TestAttentionFastVsRef(t *testing.T) {
 			AttentionForward(out32, lse32, to32(q), to32(k), to32(v), cfg)
 			assertClose(t, "out", out32, out, fastTol)
 			assertClose(t, "lse", lse32, lse, fastTol)
+			for _, sched := range []struct {
+				name string
+				run  func(dq, dk, dv, dout, q, k, v, out, lse []float32, cfg *AttentionConfig)
+			}{{"fused", attentionBackwardFused}, {"split", attentionBackwardSplit}} {
+				dq32, dk32, dv32 := to32(filled(nq, 0.5)), to32(filled(nkv, 0.25)), to32(filled(nkv, -1))
+				sched.run(dq32, dk32, dv32, to32(g), to32(q), to32(k), to32(v), out32, lse32, &cfg)
+				assertClose(t, sched.name+" dq", dq32, dq, fastTol)
+				assertClose(t, sched.name+" dk", dk32, dk, fastTol)
+				assertClose(t, sched.name+" dv", dv32, dv, fastTol)
+			}
 			dq32, dk32, dv32 := to32(filled(nq, 0.5)), to32(filled(nkv, 0.25)), to32(filled(nkv, -1))
 			AttentionBackward(dq32, dk32, dv32, to32(g), to32(q), to32(k), to32(v), out32, lse32, cfg)
 			assertClose(t, "dq", dq32, dq, fastTol)
@@ -101,7 +112,7 @@ func TestAttentionGolden(t *testing.T) {
 // convention: causal halved) and bytes allocated per call (steady state: the
 // workspace pool is warm, so only Parallel's goroutine bookkeeping remains).
 func BenchmarkAttention(b *testing.B) {
-	for _, T := range []int{256, 512, 1024} {
+	for _, T := range []int{512, 1024, 2048} {
 		cfg := AttentionConfig{B: 1, T: T, HQ: 12, HKV: 12, D: 64, Causal: true}
 		b.Run(fmt.Sprintf("B1-T%d-H12-D64", T), func(b *testing.B) {
 			rng := rand.New(rand.NewPCG(1, 1))
@@ -118,6 +129,7 @@ func BenchmarkAttention(b *testing.B) {
 			}
 			fwd, bwd := AttentionFLOPs(cfg)
 			b.ReportMetric((fwd+bwd)*float64(b.N)/b.Elapsed().Seconds()/1e9, "GFLOP/s")
+			b.ReportMetric(float64(AttentionScratchBytes()), "scratch-B")
 		})
 	}
 }
@@ -153,5 +165,30 @@ func TestExpSub(t *testing.T) {
 			}
 		}
 		SetISA(prev)
+	}
+}
+
+// TestAttentionMemoryIndependentOfT checks that fwd+bwd allocates no buffer
+// that grows with T: at T=512 a materialised score matrix for B=1, HQ=2 would
+// be 2 MiB; the kernels may allocate at most their pooled workspaces (if a GC
+// emptied the pool) plus Parallel's bookkeeping.
+func TestAttentionMemoryIndependentOfT(t *testing.T) {
+	rng := rand.New(rand.NewPCG(18, 19))
+	limit := uint64(AttentionScratchBytes() + 16<<10)
+	for _, T := range []int{64, 512} {
+		for _, hkv := range []int{1, 2} { // split and fused backward schedules
+			cfg := AttentionConfig{B: 1, T: T, HQ: 2, HKV: hkv, D: 16, Causal: true}
+			nq, nkv := T*2*16, T*hkv*16
+			q, k, v, g := to32(randF64(rng, nq, 1)), to32(randF64(rng, nkv, 1)), to32(randF64(rng, nkv, 1)), to32(randF64(rng, nq, 1))
+			out, lse, dq, dk, dv := make([]float32, nq), make([]float32, 2*T), make([]float32, nq), make([]float32, nkv), make([]float32, nkv)
+			var m0, m1 runtime.MemStats
+			runtime.ReadMemStats(&m0)
+			AttentionForward(out, lse, q, k, v, cfg)
+			AttentionBackward(dq, dk, dv, g, q, k, v, out, lse, cfg)
+			runtime.ReadMemStats(&m1)
+			if got := m1.TotalAlloc - m0.TotalAlloc; got > limit {
+				t.Errorf("T=%d HKV=%d: fwd+bwd allocated %d bytes, want <= %d", T, hkv, got, limit)
+			}
+		}
 	}
 }
