@@ -2,6 +2,8 @@ package train
 
 import (
 	"context"
+
+	"github.com/gotron/gotron/ckpt"
 	"math/rand"
 	"os"
 	"os/exec"
@@ -20,7 +22,7 @@ func TestMain(m *testing.M) {
 		cfg := tinyConfig(nil)
 		cfg.Model.HiddenSize, cfg.Model.NumLayers, cfg.Model.VocabSize = 128, 4, 4096 // ~5 MB checkpoints
 		cfg.TrainIters, cfg.SaveInterval, cfg.Save, cfg.EvalInterval = 1000, 1, dir, 0
-		if _, err := LatestIteration(dir); err == nil {
+		if _, err := ckpt.Latest(dir); err == nil {
 			cfg.Load = dir
 		}
 		tr, err := New(cfg, MockSource{SeqLength: cfg.SeqLength, VocabSize: cfg.Model.VocabSize}, nil)
@@ -56,7 +58,7 @@ func TestKillDuringSave(t *testing.T) {
 		// Wait for at least one new checkpoint, then kill at a random moment.
 		deadline := time.Now().Add(60 * time.Second)
 		for {
-			if it, err := LatestIteration(dir); err == nil && it > last {
+			if it, err := ckpt.Latest(dir); err == nil && int64(it) > last {
 				break
 			}
 			if time.Now().After(deadline) {
@@ -69,22 +71,24 @@ func TestKillDuringSave(t *testing.T) {
 		cmd.Process.Signal(syscall.SIGKILL)
 		cmd.Wait()
 
-		it, err := LatestIteration(dir)
+		latest, err := ckpt.Latest(dir)
 		if err != nil {
 			t.Fatalf("round %d: tracker unreadable after kill: %v", round, err)
 		}
-		meta, idir, err := ReadMeta(dir)
+		it := int64(latest)
+		c, err := ckpt.Load(dir, -1)
 		if err != nil {
 			t.Fatalf("round %d: latest checkpoint (iteration %d) unreadable: %v", round, it, err)
 		}
-		if meta.Iteration != it {
-			t.Fatalf("round %d: tracker says %d, metadata says %d", round, it, meta.Iteration)
+		if int64(c.Meta.Iteration) != it {
+			t.Fatalf("round %d: tracker says %d, metadata says %d", round, it, c.Meta.Iteration)
 		}
+		c.Close()
 		cfg := tinyConfig(t)
 		cfg.Model.HiddenSize, cfg.Model.NumLayers, cfg.Model.VocabSize = 128, 4, 4096
 		cfg.TrainIters, cfg.Load = 1000, dir
 		if _, err := New(cfg, MockSource{SeqLength: cfg.SeqLength, VocabSize: cfg.Model.VocabSize}, nil); err != nil {
-			t.Fatalf("round %d: loading %s after kill: %v", round, idir, err)
+			t.Fatalf("round %d: loading iteration %d after kill: %v", round, it, err)
 		}
 		// Every earlier complete iteration directory is intact too.
 		dirs, _ := filepath.Glob(filepath.Join(dir, "iter_*"))
@@ -92,7 +96,7 @@ func TestKillDuringSave(t *testing.T) {
 			if filepath.Ext(d) != "" {
 				continue // a temporary directory left by the kill
 			}
-			if _, err := os.Stat(filepath.Join(d, "metadata.json")); err != nil {
+			if _, err := os.Stat(filepath.Join(d, "checkpoint.json")); err != nil {
 				t.Fatalf("round %d: %s is incomplete: %v", round, d, err)
 			}
 		}
