@@ -13,9 +13,11 @@ var sigTerm os.Signal = syscall.SIGTERM
 
 // ownProcessGroup puts the worker in its own process group, so that a
 // terminal's Ctrl-C reaches it once (forwarded by the launcher) and a stop
-// reaches any processes it started.
+// reaches any processes it started. Where the system allows, the worker is
+// also killed when the launcher dies.
 func ownProcessGroup(cmd *exec.Cmd) {
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	setParentDeathSignal(cmd.SysProcAttr)
 }
 
 // signalProcess sends sig to the worker's process group.

@@ -223,6 +223,9 @@ func (c Config) wait(ctx context.Context, procs []*proc, exits chan exit) (retry
 		select {
 		case x := <-exits:
 			left--
+			if errors.Is(x.err, exec.ErrWaitDelay) {
+				x.err = nil // exited 0; a process it started still held the output open
+			}
 			p := procs[x.i]
 			p.done = true
 			p.out.Flush()

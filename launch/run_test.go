@@ -81,6 +81,13 @@ func testWorker(mode string) int {
 		return 0
 	case mode == "wait":
 		return waitSignal()
+	case mode == "pid": // print the pid, then block
+		fmt.Printf("pid %d\n", os.Getpid())
+		select {}
+	case mode == "launcher": // a launcher of two "pid" workers, for the kill -9 test
+		cfg := testConfig("pid", 2)
+		cfg.Stdout = os.Stdout
+		return map[bool]int{true: 1, false: 0}[Run(context.Background(), cfg) != nil]
 	}
 	return 9
 }

@@ -8,6 +8,7 @@ import (
 	"net"
 	"os"
 	"os/signal"
+	"runtime"
 	"strconv"
 	"strings"
 	"syscall"
@@ -58,12 +59,28 @@ func cmdLaunch(ctx context.Context, env *cli, args []string) error {
 			command = append([]string{self}, command...)
 		}
 		cfg.Command = command
+		cfg.Environ = workerEnviron(env, lf.nproc, runtime.NumCPU())
 		err = launch.Run(ctx, cfg)
 	}
 	if err != nil {
 		return trimmed{err}
 	}
 	return nil
+}
+
+// workerEnviron is the workers' base environment: the launcher's, plus, like
+// torchrun's OMP_NUM_THREADS=1, GOTRON_NUM_THREADS = CPUs/nproc when several
+// workers share the node and neither GOTRON_NUM_THREADS nor GOMAXPROCS is set,
+// so that the workers' kernels do not oversubscribe the cores.
+func workerEnviron(env *cli, nproc, cpus int) []string {
+	environ := os.Environ()
+	if nproc > 1 && env.getenv("GOTRON_NUM_THREADS") == "" && env.getenv("GOMAXPROCS") == "" {
+		n := max(1, cpus/nproc)
+		fmt.Fprintf(env.stderr, "gotron launch: setting GOTRON_NUM_THREADS=%d for each of %d workers (%d CPUs); "+
+			"set it yourself to choose otherwise\n", n, nproc, cpus)
+		environ = append(environ, fmt.Sprintf("GOTRON_NUM_THREADS=%d", n))
+	}
+	return environ
 }
 
 // inprocWorker runs one rank's gotron subcommand in this process, its

@@ -275,3 +275,29 @@ func TestLaunchBinary(t *testing.T) {
 		}
 	}
 }
+
+func TestWorkerEnviron(t *testing.T) {
+	for _, c := range []struct {
+		env     map[string]string
+		nproc   int
+		want    string // the GOTRON_NUM_THREADS entry added, or ""
+		wantLog string
+	}{
+		{nil, 4, "GOTRON_NUM_THREADS=4", "GOTRON_NUM_THREADS=4 for each of 4 workers (16 CPUs)"},
+		{nil, 32, "GOTRON_NUM_THREADS=1", "GOTRON_NUM_THREADS=1"},
+		{nil, 1, "", ""},
+		{map[string]string{"GOTRON_NUM_THREADS": "2"}, 4, "", ""},
+		{map[string]string{"GOMAXPROCS": "2"}, 4, "", ""},
+	} {
+		var errb bytes.Buffer
+		env := &cli{stderr: &errb, getenv: func(k string) string { return c.env[k] }}
+		got := workerEnviron(env, c.nproc, 16)
+		added := ""
+		if len(got) > len(os.Environ()) {
+			added = got[len(got)-1]
+		}
+		if added != c.want || !strings.Contains(errb.String(), c.wantLog) || (c.wantLog == "") != (errb.Len() == 0) {
+			t.Errorf("%v nproc %d: added %q, log %q; want %q, %q", c.env, c.nproc, added, errb.String(), c.want, c.wantLog)
+		}
+	}
+}
