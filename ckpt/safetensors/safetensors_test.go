@@ -54,6 +54,20 @@ func TestUpstreamGoldenBytes(t *testing.T) {
 			32, 32, 0, 0, 0, 0, 0, 0, 128, 63, 0, 0, 0, 64, 0, 0, 64, 64, 0, 0, 128, 64, 0, 0,
 			160, 64}},
 	}
+	// From the Python bindings' tests (bindings/python/tests/test_simple.py):
+	// save({"test": np.zeros((2, 2), np.int32)}) after data[1, 1] = 1.
+	i32 := make([]byte, 16)
+	i32[12] = 1
+	cases = append(cases,
+		struct {
+			name    string
+			tensors map[string]Tensor
+			meta    map[string]string
+			want    []byte
+		}{"python test_serialization", map[string]Tensor{"test": {I32, []int{2, 2}, i32}}, nil,
+			[]byte("@\x00\x00\x00\x00\x00\x00\x00{\"test\":{\"dtype\":\"I32\",\"shape\":[2,2],\"data_offsets\":[0,16]}}   " +
+				" \x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x01\x00\x00\x00")},
+	)
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			var buf bytes.Buffer
@@ -265,6 +279,10 @@ func TestFloat32Helpers(t *testing.T) {
 	v, ok := tn.Float32View()
 	if !ok || &v[0] != &x[0] {
 		t.Fatal("Float32View/Float32Bytes did not alias")
+	}
+	mis := make([]byte, 9)[1:] // heap allocations are 8-aligned, so this is not
+	if _, ok := (Tensor{F32, []int{2}, mis}).Float32View(); ok {
+		t.Error("Float32View of misaligned data succeeded")
 	}
 	if _, ok := (Tensor{F16, []int{1}, []byte{0, 0}}).Float32View(); ok {
 		t.Error("Float32View of F16 succeeded")
