@@ -11,7 +11,8 @@ import (
 
 const parallelGroupsSynopsis = "parallel groups --world-size N [--tensor-model-parallel-size N] " +
 	"[--pipeline-model-parallel-size N] [--context-parallel-size N] [--expert-model-parallel-size N] " +
-	"[--expert-tensor-parallel-size N] [--virtual-pipeline-model-parallel-size N] [--order tp-cp-ep-dp-pp]"
+	"[--expert-tensor-parallel-size N] [--virtual-pipeline-model-parallel-size N] " +
+	"[--order tp-cp-ep-dp-pp | --use-tp-pp-dp-mapping] [--rank R]"
 
 // cmdParallel dispatches "gotron parallel <sub>".
 func cmdParallel(ctx context.Context, env *cli, args []string) error {
@@ -45,6 +46,8 @@ func cmdParallelGroups(env *cli, args []string) error {
 	fs.IntVar(&cfg.ETP, "expert-tensor-parallel-size", 0, "expert tensor-parallel degree (0: same as --tensor-model-parallel-size)")
 	fs.IntVar(&cfg.VPP, "virtual-pipeline-model-parallel-size", 0, "virtual pipeline stages per rank (0: no interleaving)")
 	fs.StringVar(&cfg.Order, "order", parallel.DefaultOrder, "rank order, leftmost axis varies fastest")
+	tppp := fs.Bool("use-tp-pp-dp-mapping", false, "Megatron's switch to the order tp-cp-ep-pp-dp")
+	rank := fs.Int("rank", -1, "print only this rank's coordinates and groups")
 	fs.String("config", "", "YAML file with flag values")
 	if err := parseFlags(fs, args, env.stdout, parallelGroupsSynopsis); err != nil {
 		return err
@@ -55,9 +58,18 @@ func cmdParallelGroups(env *cli, args []string) error {
 	if cfg.WorldSize <= 0 {
 		return fmt.Errorf("--world-size %d: want a positive number of ranks", cfg.WorldSize)
 	}
+	if *tppp {
+		if cfg.Order != parallel.DefaultOrder {
+			return fmt.Errorf("--use-tp-pp-dp-mapping sets the order tp-cp-ep-pp-dp; it conflicts with --order %s", cfg.Order)
+		}
+		cfg.Order = "tp-cp-ep-pp-dp" // as megatron/training/initialize.py
+	}
 	l, err := parallel.NewLayout(cfg)
 	if err != nil {
 		return err
+	}
+	if *rank != -1 {
+		return printRankGroups(env, l, *rank)
 	}
 	var b strings.Builder
 	b.WriteString("{")
@@ -75,6 +87,37 @@ func cmdParallelGroups(env *cli, args []string) error {
 		b.Write(val)
 	}
 	b.WriteString("}\n")
+	_, err = fmt.Fprint(env.stdout, b.String())
+	return err
+}
+
+// printRankGroups prints one rank's coordinates and the group of each kind
+// holding it (null when none): {"rank":5,"coords":{...},"groups":{"tp":[4,5],...}}.
+func printRankGroups(env *cli, l *parallel.Layout, rank int) error {
+	c, err := l.Coords(rank)
+	if err != nil {
+		return fmt.Errorf("--rank %d: want 0..%d", rank, l.Config.WorldSize-1)
+	}
+	coords, err := json.Marshal(map[string]any{
+		"tp": c.TP, "cp": c.CP, "dp": c.DP, "pp": c.PP, "expert-tp": c.ExpertTP, "ep": c.EP, "expert-dp": c.EDP,
+		"first-stage": c.FirstStage, "last-stage": c.LastStage,
+	})
+	if err != nil {
+		return err
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, `{"rank":%d,"coords":%s,"groups":{`, rank, coords)
+	for i, k := range parallel.Kinds() {
+		if i > 0 {
+			b.WriteString(",")
+		}
+		val, err := json.Marshal(l.GroupOf(k, rank))
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(&b, "%q:%s", k, val)
+	}
+	b.WriteString("}}\n")
 	_, err = fmt.Fprint(env.stdout, b.String())
 	return err
 }

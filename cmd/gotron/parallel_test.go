@@ -105,3 +105,36 @@ func TestParallelGroupsErrors(t *testing.T) {
 		}
 	}
 }
+
+func TestParallelGroupsRankAndMapping(t *testing.T) {
+	code, out, errs := runGotronLocal(t, "parallel", "groups", "--world-size", "8", "--tensor-model-parallel-size", "2",
+		"--pipeline-model-parallel-size", "2", "--rank", "5")
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errs)
+	}
+	want := `{"rank":5,"coords":{"cp":0,"dp":0,"ep":0,"expert-dp":0,"expert-tp":1,"first-stage":false,"last-stage":true,"pp":1,"tp":1},` +
+		`"groups":{"tp":[4,5],"pp":[1,5],"dp":[5,7],"cp":[5],"dp-cp":[5,7],"tp-pp":[0,1,4,5],"tp-dp":[4,5,6,7],` +
+		`"tp-dp-cp":[4,5,6,7],"tp-cp":[4,5],"ep":[5],"expert-tp":[4,5],"expert-dp":[5,7],"tp-ep":[4,5],"tp-ep-pp":[0,1,4,5],` +
+		`"embedding":[1,5],"position-embedding":null}}` + "\n"
+	if out != want {
+		t.Errorf("got\n%s\nwant\n%s", out, want)
+	}
+	// Megatron's --use-tp-pp-dp-mapping is the order tp-cp-ep-pp-dp.
+	_, a, _ := runGotronLocal(t, "parallel", "groups", "--world-size", "8", "--pipeline-model-parallel-size", "2", "--use-tp-pp-dp-mapping")
+	_, b, _ := runGotronLocal(t, "parallel", "groups", "--world-size", "8", "--pipeline-model-parallel-size", "2", "--order", "tp-cp-ep-pp-dp")
+	if a != b || !strings.Contains(a, `"pp":[[0,1],[2,3],[4,5],[6,7]]`) {
+		t.Errorf("--use-tp-pp-dp-mapping:\n%s\nwant\n%s", a, b)
+	}
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--world-size", "8", "--rank", "8"}, "--rank 8: want 0..7"},
+		{[]string{"--world-size", "8", "--use-tp-pp-dp-mapping", "--order", "pp-dp"}, "conflicts with --order pp-dp"},
+	} {
+		code, _, errs := runGotronLocal(t, append([]string{"parallel", "groups"}, c.args...)...)
+		if code == 0 || !strings.Contains(errs, c.want) {
+			t.Errorf("%v: exit %d, stderr %q; want %q", c.args, code, errs, c.want)
+		}
+	}
+}
