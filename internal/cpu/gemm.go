@@ -156,9 +156,7 @@ func (j *gemmJob) gemmBlock(w *gemmWork, bi, i0, i1, j0, j1 int) {
 			kc := min(ks.kc, j.k-pc)
 			first := pc == 0
 			if !direct {
-				for jr := 0; jr < nc; jr += ks.nr {
-					packB(ks, w.bpack[jr*kc:], j.tB, b, j.ldb, pc, jc+jr, kc, min(ks.nr, nc-jr))
-				}
+				packBPanel(ks, w.bpack, j.tB, b, j.ldb, pc, jc, kc, nc)
 			}
 			for ic := i0; ic < i1; ic += ks.mc {
 				mc := min(ks.mc, i1-ic)

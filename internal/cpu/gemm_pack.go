@@ -34,6 +34,30 @@ func packA(ks *kernSet, dst []float32, tA Transpose, a []float32, lda, i0, p0, m
 	}
 }
 
+// packBPanel packs rows [p0, p0+kc) × columns [j0, j0+nc) of op(B) into
+// consecutive kc×ks.nr strips of dst, the last zero-padded.
+func packBPanel(ks *kernSet, dst []float32, tB Transpose, b []float32, ldb, p0, j0, kc, nc int) {
+	nr := ks.nr
+	full := nc / nr * nr
+	if !tB && full > 0 {
+		// Walk B row by row so reads stream through memory; each row feeds
+		// every strip.
+		for p := 0; p < kc; p++ {
+			row := b[(p0+p)*ldb+j0:][:full]
+			for jr := 0; jr < full; jr += nr {
+				copy(dst[jr*kc+p*nr:][:nr], row[jr:jr+nr])
+			}
+		}
+	} else {
+		for jr := 0; jr < full; jr += nr {
+			packB(ks, dst[jr*kc:], tB, b, ldb, p0, j0+jr, kc, nr)
+		}
+	}
+	if full < nc {
+		packB(ks, dst[full*kc:], tB, b, ldb, p0, j0+full, kc, nc-full)
+	}
+}
+
 // packB packs rows [p0, p0+kc) × columns [j0, j0+nr) of op(B) into
 // dst[:kc*ks.nr], zero-padding columns nr..ks.nr-1.
 func packB(ks *kernSet, dst []float32, tB Transpose, b []float32, ldb, p0, j0, kc, nr int) {
