@@ -57,6 +57,7 @@ type WorkerError struct {
 	Err             error  // the underlying error (in-process: the worker's error)
 }
 
+// Error names the worker and how it ended.
 func (e *WorkerError) Error() string {
 	who := fmt.Sprintf("worker rank %d (local rank %d", e.Rank, e.LocalRank)
 	if e.PID != 0 {
@@ -73,6 +74,7 @@ func (e *WorkerError) Error() string {
 	}
 }
 
+// Unwrap returns the underlying error.
 func (e *WorkerError) Unwrap() error { return e.Err }
 
 // ErrInterrupted is returned (wrapped) when the workers were stopped by a
