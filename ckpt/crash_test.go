@@ -73,7 +73,7 @@ func crashChild(dir string) error {
 		if err := sv.save(context.Background(), dir, it, sample(it, size)); err != nil {
 			return err
 		}
-		if err := Prune(dir, childKeep); err != nil {
+		if err := sv.prune(dir, childKeep); err != nil {
 			return err
 		}
 		fmt.Printf("saved %d\n", it)
@@ -86,8 +86,8 @@ func crashChild(dir string) error {
 // after each kill checks that the latest checkpoint loads completely with
 // the right contents and that every iteration directory present (at least
 // the last childKeep) loads intact too. Moments are of two kinds: the child
-// parks at the n-th save event (every chunk write, fsync, rename and tracker
-// step), or it runs free and is killed right after reporting k saves.
+// parks at the n-th save event (every chunk write, fsync, rename, tracker
+// and prune step), or it runs free and is killed right after reporting k saves.
 func TestKillDuringSave(t *testing.T) {
 	exe, err := os.Executable()
 	if err != nil {
@@ -100,6 +100,7 @@ func TestKillDuringSave(t *testing.T) {
 		"rename:1", // the very first save, before anything exists
 		"free:2",
 		"rename:1", "tracker :1", "tracker renamed:1", "fsync iter_:3", "write iter_:1",
+		"prune rename:1", "prune remove:1",
 	}
 	for range 6 {
 		stops = append(stops, fmt.Sprintf(":%d", 1+r.IntN(150))) // any event

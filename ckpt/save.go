@@ -318,7 +318,9 @@ func removeStale(dir string) error {
 // keep remain, never deleting the one the tracker names. Each directory is
 // first renamed to a temporary name, so a crash mid-delete never leaves a
 // partial iter_* directory behind. keep must be at least 1.
-func Prune(dir string, keep int) error {
+func Prune(dir string, keep int) error { return saver{}.prune(dir, keep) }
+
+func (s saver) prune(dir string, keep int) error {
 	if keep < 1 {
 		return fmt.Errorf("ckpt: Prune: keep = %d, want >= 1", keep)
 	}
@@ -352,12 +354,14 @@ func Prune(dir string, keep int) error {
 		if err := os.RemoveAll(aside); err != nil { // left by a crashed Prune
 			return fmt.Errorf("ckpt: prune: %w", err)
 		}
+		s.at("prune rename %s", name)
 		if err := os.Rename(filepath.Join(dir, name), aside); err != nil {
 			return fmt.Errorf("ckpt: prune: %w", err)
 		}
 		if err := syncDir(dir); err != nil {
 			return err
 		}
+		s.at("prune remove %s", name)
 		if err := os.RemoveAll(aside); err != nil {
 			return fmt.Errorf("ckpt: prune: %w", err)
 		}
