@@ -128,11 +128,13 @@ func (o *AdamW) update(i, a, b int) {
 	_, _, _ = g[len(p)-1], m[len(p)-1], v[len(p)-1]
 	for j := range p {
 		gj := g[j]
-		mj := b1*m[j] + omb1*gj
-		vj := b2*v[j] + omb2*gj*gj
+		// float32(...) around each product forbids FMA fusion, so results
+		// do not depend on GOAMD64.
+		mj := float32(b1*m[j]) + float32(omb1*gj)
+		vj := float32(b2*v[j]) + float32(float32(omb2*gj)*gj)
 		m[j], v[j] = mj, vj
 		denom := float32(math.Sqrt(float64(vj/bc2))) + eps
-		p[j] -= lr * (mj/bc1/denom + wd*p[j])
+		p[j] -= float32(lr * (mj/bc1/denom + float32(wd*p[j])))
 	}
 }
 

@@ -33,7 +33,7 @@ func ddAdd(x, y dd) dd {
 func ddMul(x, y dd) dd {
 	p := x.hi * y.hi
 	e := math.FMA(x.hi, y.hi, -p)
-	e += x.hi*y.lo + x.lo*y.hi
+	e += float64(x.hi*y.lo) + float64(x.lo*y.hi)
 	return twoSum(p, e)
 }
 

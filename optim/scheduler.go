@@ -221,13 +221,15 @@ func (s *Scheduler) Apply(groups []Group) {
 }
 
 // lr is get_lr for one group's max/min, evaluated in Megatron's order and
-// with its float64 operation order.
+// with its float64 operation order. The float64(...) conversions around
+// products stop the compiler fusing a·b+c into an FMA (GOAMD64=v3 does),
+// which Python never does.
 func (s *Scheduler) lr(maxLR, minLR float64) float64 {
 	c := &s.cfg
 	n := float64(s.numSteps)
 	w := c.WarmupSteps
 	if w > 0 && n <= w {
-		return c.InitLR + (maxLR-c.InitLR)*n/w
+		return c.InitLR + float64((maxLR-c.InitLR)*n)/w
 	}
 	if c.DecayStyle == DecayConstant {
 		return maxLR
@@ -245,7 +247,7 @@ func (s *Scheduler) lr(maxLR, minLR float64) float64 {
 	case DecayLinear:
 		coeff = 1.0 - ratio
 	case DecayCosine:
-		coeff = 0.5 * (crCos(math.Pi*ratio) + 1.0)
+		coeff = 0.5 * (crCos(float64(math.Pi*ratio)) + 1.0)
 	case DecayWSD:
 		annealStart := c.DecaySteps - c.WSDDecaySteps
 		if s.numSteps <= annealStart {
@@ -256,15 +258,15 @@ func (s *Scheduler) lr(maxLR, minLR float64) float64 {
 			case WSDLinear:
 				coeff = 1.0 - r
 			case WSDCosine:
-				coeff = 0.5 * (crCos(math.Pi*r) + 1.0)
+				coeff = 0.5 * (crCos(float64(math.Pi*r)) + 1.0)
 			case WSDExponential:
-				coeff = 2.0*crPowHalf(r) - 1.0
+				coeff = float64(2.0*crPowHalf(r)) - 1.0
 			case WSDMinusSqrt:
 				coeff = 1.0 - math.Sqrt(r)
 			}
 		}
 	}
-	return minLR + coeff*(maxLR-minLR)
+	return minLR + float64(coeff*(maxLR-minLR))
 }
 
 // wdAt is get_wd at n samples.
@@ -281,7 +283,7 @@ func wdAt(c SchedulerConfig, n int64) float64 {
 	case WDLinear:
 		coeff = ratio
 	case WDCosine:
-		coeff = 0.5 * (crCos(math.Pi*(1-ratio)) + 1.0)
+		coeff = 0.5 * (crCos(float64(math.Pi*(1-ratio))) + 1.0)
 	}
-	return c.StartWD + coeff*(c.EndWD-c.StartWD)
+	return c.StartWD + float64(coeff*(c.EndWD-c.StartWD))
 }

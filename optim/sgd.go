@@ -101,9 +101,9 @@ func (o *SGD) update(i, a, b int) {
 		for j := range p {
 			d := g[j]
 			if wd != 0 {
-				d += wd * p[j]
+				d += float32(wd * p[j])
 			}
-			p[j] -= lr * d
+			p[j] -= float32(lr * d)
 		}
 		return
 	}
@@ -112,19 +112,19 @@ func (o *SGD) update(i, a, b int) {
 	for j := range p {
 		d := g[j]
 		if wd != 0 {
-			d += wd * p[j]
+			d += float32(wd * p[j]) // float32(...): no FMA fusion
 		}
 		if first {
 			buf[j] = d
 		} else {
-			buf[j] = mom*buf[j] + omd*d
+			buf[j] = float32(mom*buf[j]) + float32(omd*d)
 		}
 		if nesterov {
-			d += mom * buf[j]
+			d += float32(mom * buf[j])
 		} else {
 			d = buf[j]
 		}
-		p[j] -= lr * d
+		p[j] -= float32(lr * d)
 	}
 }
 
