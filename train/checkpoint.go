@@ -155,3 +155,22 @@ func (t *Trainer) load(root string) error {
 	t.printf("loaded checkpoint from %s at iteration %d (consumed samples %d)", root, t.Iteration, t.Consumed)
 	return nil
 }
+
+// SaveModel writes m alone (no optimizer state) as a checkpoint at the given
+// iteration under dir: what conversion tools produce. train --load resumes
+// from it with --no-load-optim (or --finetune).
+func SaveModel(ctx context.Context, dir string, iteration int, m *gpt.Model, seqLength int, cli map[string]any) error {
+	model := map[string]safetensors.Tensor{}
+	for _, p := range m.Params() {
+		model[p.Name] = safetensors.Tensor{DType: safetensors.F32, Shape: p.Shape(), Data: safetensors.Float32Bytes(p.Float32s())}
+	}
+	args, err := json.Marshal(RunArgs{Model: m.Config, SeqLength: seqLength, CLI: cli})
+	if err != nil {
+		return err
+	}
+	c := &ckpt.Checkpoint{Groups: map[string]map[string]safetensors.Tensor{"model": model}, Meta: ckpt.Meta{Args: args}}
+	if err := ckpt.Save(ctx, dir, iteration, c); err != nil {
+		return fmt.Errorf("train: save model: %w", err)
+	}
+	return nil
+}
