@@ -117,6 +117,12 @@ func (t *Trainer) load(root string) error {
 		t.printf("loaded weights from %s (--finetune: iteration, optimizer and scheduler start fresh)", root)
 		return nil
 	}
+	if _, hasOpt := c.Groups["optimizer"]; !hasOpt && len(c.Meta.Scheduler) == 0 {
+		// A weights-only checkpoint (gotron convert, SaveModel): nothing to
+		// resume but the weights.
+		t.printf("loaded weights-only checkpoint from %s: training starts at iteration 0", root)
+		return nil
+	}
 	var ra RunArgs
 	if err := json.Unmarshal(c.Meta.Args, &ra); err != nil {
 		return fmt.Errorf("train: --load %s: args: %w", root, err)

@@ -160,3 +160,28 @@ func TestConfigErrorsNameFlags(t *testing.T) {
 		}
 	}
 }
+
+func TestLoadWeightsOnlyCheckpoint(t *testing.T) {
+	cfg := tinyConfig(t)
+	cfg.TrainIters, cfg.Schedule.LRWarmupIters = 2, 0
+	tr, err := New(cfg, MockSource{SeqLength: 16, VocabSize: 64}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	if err := SaveModel(context.Background(), dir, 0, tr.Model, cfg.SeqLength, nil); err != nil {
+		t.Fatal(err)
+	}
+	m, ra, err := LoadModel(dir)
+	if err != nil || ra.SeqLength != 16 {
+		t.Fatalf("LoadModel: %v (seq %d)", err, ra.SeqLength)
+	}
+	if m.Layers[1].FC2.Float32s()[3] != tr.Model.Layers[1].FC2.Float32s()[3] {
+		t.Fatal("weights differ after SaveModel/LoadModel")
+	}
+	cfg.Load = dir
+	res := runTrainer(t, cfg)
+	if res.Iteration != 2 {
+		t.Fatalf("resumed run ended at %d", res.Iteration)
+	}
+}
