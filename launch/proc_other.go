@@ -11,6 +11,9 @@ import (
 // is os.Interrupt.
 var sigTerm = os.Interrupt
 
+// sigKill is the signal that ends a worker.
+var sigKill = os.Kill
+
 func ownProcessGroup(cmd *exec.Cmd) {}
 
 func signalProcess(cmd *exec.Cmd, sig os.Signal) {

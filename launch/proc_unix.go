@@ -11,6 +11,9 @@ import (
 // sigTerm is the signal that asks a worker to stop.
 var sigTerm os.Signal = syscall.SIGTERM
 
+// sigKill is the signal that ends a worker.
+var sigKill os.Signal = syscall.SIGKILL
+
 // ownProcessGroup puts the worker in its own process group, so that a
 // terminal's Ctrl-C reaches it once (forwarded by the launcher) and a stop
 // reaches any processes it started. Where the system allows, the worker is

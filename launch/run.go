@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"slices"
 	"strings"
 	"time"
 )
@@ -48,13 +49,18 @@ type Config struct {
 	Signals <-chan os.Signal
 }
 
-// WorkerError reports the first worker that failed.
+// WorkerError reports the first worker that failed (the root cause, as
+// torchrun calls it).
 type WorkerError struct {
 	Rank, LocalRank int
 	PID             int    // 0 for an in-process worker
 	ExitCode        int    // -1 when killed by a signal
 	Signal          string // the signal that killed it, if any
 	Err             error  // the underlying error (in-process: the worker's error)
+	// Others are the workers that failed afterwards (at most maxOthers are
+	// listed in Error); workers killed by a signal the launcher sent them are
+	// not counted.
+	Others []*WorkerError
 }
 
 // Error names the worker and how it ended.
@@ -64,18 +70,38 @@ func (e *WorkerError) Error() string {
 		who += fmt.Sprintf(", pid %d", e.PID)
 	}
 	who += ")"
+	msg := "launch: " + who + " " + e.how()
+	for i, o := range e.Others {
+		if i == maxOthers {
+			msg += fmt.Sprintf(" and %d more", len(e.Others)-maxOthers)
+			break
+		}
+		if i == 0 {
+			msg += "; then"
+		} else {
+			msg += ","
+		}
+		msg += fmt.Sprintf(" rank %d %s", o.Rank, o.how())
+	}
+	return msg
+}
+
+func (e *WorkerError) how() string {
 	switch {
 	case e.PID == 0:
-		return fmt.Sprintf("launch: %s failed: %v", who, e.Err)
+		return fmt.Sprintf("failed: %v", e.Err)
 	case e.Signal != "":
-		return fmt.Sprintf("launch: %s was killed by signal %s", who, e.Signal)
+		return "was killed by signal " + e.Signal
 	default:
-		return fmt.Sprintf("launch: %s exited with status %d", who, e.ExitCode)
+		return fmt.Sprintf("exited with status %d", e.ExitCode)
 	}
 }
 
 // Unwrap returns the underlying error.
 func (e *WorkerError) Unwrap() error { return e.Err }
+
+// maxOthers bounds how many later failures WorkerError.Error lists.
+const maxOthers = 8
 
 // ErrInterrupted is returned (wrapped) when the workers were stopped by a
 // forwarded signal or a cancelled context.
@@ -171,6 +197,8 @@ type proc struct {
 	out  *PrefixWriter
 	errw *PrefixWriter
 	done bool
+	// sent names the signals the launcher sent the worker.
+	sent []string
 }
 
 type exit struct {
@@ -215,6 +243,7 @@ func (c Config) wait(ctx context.Context, procs []*proc, exits chan exit) (retry
 		for _, p := range procs {
 			if !p.done {
 				signalProcess(p.cmd, sig)
+				p.sent = append(p.sent, sig.String())
 			}
 		}
 		if kill == nil {
@@ -232,9 +261,17 @@ func (c Config) wait(ctx context.Context, procs []*proc, exits chan exit) (retry
 			p.done = true
 			p.out.Flush()
 			p.errw.Flush()
-			if x.err != nil && first == nil && stopped == nil {
-				first = workerError(p, x.err)
+			if x.err == nil {
+				break
+			}
+			we := workerError(p, x.err)
+			switch {
+			case stopped != nil:
+			case first == nil:
+				first = we
 				startStop(sigTerm)
+			case we.Signal == "" || !slices.Contains(p.sent, we.Signal):
+				first.Others = append(first.Others, we)
 			}
 		case sig := <-c.Signals:
 			if stopped == nil {
@@ -257,6 +294,7 @@ func (c Config) wait(ctx context.Context, procs []*proc, exits chan exit) (retry
 			for _, p := range procs {
 				if !p.done {
 					killProcess(p.cmd)
+					p.sent = append(p.sent, sigKill.String())
 				}
 			}
 		}

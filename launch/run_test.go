@@ -144,6 +144,11 @@ func TestRunFailureStopsOthers(t *testing.T) {
 	if !strings.Contains(err.Error(), "worker rank 2") || !strings.Contains(err.Error(), "status 7") {
 		t.Errorf("error %q does not name rank 2 and status 7", err)
 	}
+	for _, o := range we.Others { // ranks that handled SIGTERM and exited 3
+		if o.Rank == 2 || o.ExitCode != 3 {
+			t.Errorf("unexpected later failure %+v", o)
+		}
+	}
 	// Every other rank either got SIGTERM or had not reached its signal
 	// handler yet (then SIGTERM killed it); none may be left running, which
 	// Run returning proves.
@@ -352,5 +357,25 @@ func TestRunInProcess(t *testing.T) {
 	})
 	if err == nil || !strings.Contains(err.Error(), "panic: always") {
 		t.Errorf("panic: got %v", err)
+	}
+}
+
+func TestWorkerErrorMessage(t *testing.T) {
+	e := &WorkerError{Rank: 2, LocalRank: 2, PID: 77, ExitCode: -1, Signal: "killed"}
+	if got, want := e.Error(), "launch: worker rank 2 (local rank 2, pid 77) was killed by signal killed"; got != want {
+		t.Errorf("got %q, want %q", got, want)
+	}
+	for r := range 10 {
+		e.Others = append(e.Others, &WorkerError{Rank: r + 10, PID: 1, ExitCode: 1})
+	}
+	want := "launch: worker rank 2 (local rank 2, pid 77) was killed by signal killed; then rank 10 exited with status 1, " +
+		"rank 11 exited with status 1, rank 12 exited with status 1, rank 13 exited with status 1, rank 14 exited with status 1, " +
+		"rank 15 exited with status 1, rank 16 exited with status 1, rank 17 exited with status 1 and 2 more"
+	if got := e.Error(); got != want {
+		t.Errorf("got %q\nwant %q", got, want)
+	}
+	in := &WorkerError{Rank: 1, LocalRank: 1, Err: errors.New("boom")}
+	if got, want := in.Error(), "launch: worker rank 1 (local rank 1) failed: boom"; got != want {
+		t.Errorf("got %q, want %q", got, want)
 	}
 }
