@@ -55,7 +55,10 @@ type byteBPE struct {
 	symID   []int32  // symbol → vocabulary id, -1 when not in the vocabulary
 	idBytes []string // vocabulary id → raw bytes
 	unk     int      // id for symbols outside the vocabulary, -1 to drop them
-	cache   *wordCache
+	// ignoreMerges maps a piece that is itself a token straight to it
+	// (Hugging Face's ignore_merges, set by Llama-3).
+	ignoreMerges bool
+	cache        *wordCache
 }
 
 // newByteBPE builds the model from vocab (token string → id) and merges
@@ -95,6 +98,12 @@ func newByteBPE(vocab map[string]int, merges [][2]string, split pretokenizer, un
 // appendPiece appends the ids of one pre-token.
 func (m *byteBPE) appendPiece(ids []int, piece string) []int {
 	syms, ok := m.cache.get(piece)
+	if !ok && m.ignoreMerges {
+		if s, whole := m.syms.ids[byteLevelEncode(piece)]; whole {
+			syms, ok = []int32{s}, true
+			m.cache.put(piece, syms)
+		}
+	}
 	if !ok {
 		word := make([]int32, len(piece))
 		for i := 0; i < len(piece); i++ {

@@ -1,0 +1,92 @@
+package tokenizer
+
+import (
+	"slices"
+	"strings"
+	"testing"
+)
+
+// TestHuggingFaceTokenizersJS: ids equal Hugging Face's tokenizers.js on
+// the multilingual corpus for four tokenizer.json kinds: GPT-2 ByteLevel and
+// Llama-3 style Split+ByteLevel with ignore_merges (whole corpus as one
+// text), Llama-2 style BPE with byte fallback and BERT WordPiece (per line).
+func TestHuggingFaceTokenizersJS(t *testing.T) {
+	fixtures := hfFixtures(t)
+	corpus := string(readTestdata(t, "multilingual.txt.gz"))
+	lines := strings.Split(strings.TrimSuffix(corpus, "\n"), "\n")
+	for _, name := range []string{"gpt2", "llama3", "llama2", "bert"} {
+		t.Run(name, func(t *testing.T) {
+			tok, err := ParseHuggingFace(fixtures[name], nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			want := strings.Split(strings.TrimSuffix(string(readTestdata(t, "hf/"+name+".ids.gz")), "\n"), "\n")
+			texts := lines
+			if name == "gpt2" || name == "llama3" {
+				texts = []string{corpus}
+			}
+			if len(want) != len(texts) {
+				t.Fatalf("%d reference lines for %d texts", len(want), len(texts))
+			}
+			total, bad := 0, 0
+			for i, text := range texts {
+				w := parseIDs(t, want[i])
+				total += len(w)
+				got := tok.Encode(text)
+				if j := firstDiff(got, w); j >= 0 {
+					if bad++; bad <= 3 {
+						t.Errorf("text %d %.60q: ids differ at %d: got %v want %v", i, text, j, window(got, j), window(w, j))
+					}
+				}
+			}
+			if bad > 0 {
+				t.Fatalf("%d of %d texts differ", bad, len(texts))
+			}
+			t.Logf("%d tokens equal", total)
+		})
+	}
+}
+
+// TestHuggingFaceDecode: decode(encode(x)) == x where the tokenizer is
+// lossless, and the post-processor's BOS/CLS in Tokenize.
+func TestHuggingFaceDecode(t *testing.T) {
+	fixtures := hfFixtures(t)
+	for _, tc := range []struct {
+		name, text string
+		lossless   bool
+		tokenize   func(*HuggingFace, []int) []int
+	}{
+		{"gpt2", "Hello  world!\n\tcode() // 日本語 🎉<|endoftext|>", true, func(_ *HuggingFace, ids []int) []int { return ids }},
+		{"llama3", "Hello  world!\n\tcode() // 日本語 🎉", true, func(_ *HuggingFace, ids []int) []int { return ids }},
+		{"llama2", "Hello  world!\n\tcode() // 日本語 🎉", true, func(_ *HuggingFace, ids []int) []int { return append([]int{1}, ids...) }},
+		{"bert", "The cat, the hat. 42!", false, func(h *HuggingFace, ids []int) []int {
+			return append(append([]int{h.special2("[CLS]")}, ids...), h.special2("[SEP]"))
+		}},
+	} {
+		tok, err := ParseHuggingFace(fixtures[tc.name], nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids := tok.Encode(tc.text)
+		back := tok.Decode(ids)
+		if tc.lossless && back != tc.text {
+			t.Errorf("%s: decode(encode(%q)) = %q", tc.name, tc.text, back)
+		}
+		if !tc.lossless && back != "the cat, the hat. 42!" {
+			t.Errorf("%s: decode = %q", tc.name, back)
+		}
+		if got, want := tok.Tokenize(tc.text), tc.tokenize(tok, ids); !slices.Equal(got, want) {
+			t.Errorf("%s: Tokenize = %v, want %v", tc.name, got, want)
+		}
+	}
+}
+
+// special2 returns the id of an added token (test helper).
+func (t *HuggingFace) special2(s string) int {
+	for id, tok := range t.idToTok {
+		if tok == s {
+			return id
+		}
+	}
+	return -1
+}
