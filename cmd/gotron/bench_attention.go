@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/gotron/gotron/internal/cpu"
@@ -67,27 +68,34 @@ func benchAttention(ctx context.Context, env *cli, args []string) error {
 	bufs := newAttnBufs(cfg)
 	bufs.run(cfg) // warm-up: fills the workspace pool
 	var fwdT, bwdT []time.Duration
+	var fwdCPU, bwdCPU time.Duration // process CPU time, robust to a busy machine
 	for range *iters {
 		if err := ctx.Err(); err != nil {
 			return err
 		}
-		t0 := time.Now()
+		c0, t0 := cpuTime(), time.Now()
 		cpu.AttentionForward(bufs.out, bufs.lse, bufs.q, bufs.k, bufs.v, cfg)
-		t1 := time.Now()
+		c1, t1 := cpuTime(), time.Now()
 		cpu.AttentionBackward(bufs.dq, bufs.dk, bufs.dv, bufs.dout, bufs.q, bufs.k, bufs.v, bufs.out, bufs.lse, cfg)
+		c2 := cpuTime()
 		fwdT, bwdT = append(fwdT, t1.Sub(t0)), append(bwdT, time.Since(t1))
+		fwdCPU, bwdCPU = fwdCPU+c1-c0, bwdCPU+c2-c1
 	}
 	fwd, bwd := cpu.AttentionFLOPs(cfg)
 	fm, bm := median(fwdT), median(bwdT)
-	fmt.Fprintf(w, "  forward   %10.2f ms  %7.2f GFLOP/s\n", ms(fm), fwd/fm.Seconds()/1e9)
-	fmt.Fprintf(w, "  backward  %10.2f ms  %7.2f GFLOP/s\n", ms(bm), bwd/bm.Seconds()/1e9)
-	fmt.Fprintf(w, "  fwd+bwd   %10.2f ms  %7.2f GFLOP/s  (median of %d)\n", ms(fm+bm), (fwd+bwd)/(fm+bm).Seconds()/1e9, *iters)
+	n := float64(*iters)
+	perCore := func(flops float64, c time.Duration) float64 { return flops * n / c.Seconds() / 1e9 }
+	fmt.Fprintf(w, "  %-9s %10s  %9s  %s\n", "", "wall", "GFLOP/s", "GFLOP per CPU-second (per busy core)")
+	fmt.Fprintf(w, "  forward   %7.2f ms  %9.2f  %7.2f\n", ms(fm), fwd/fm.Seconds()/1e9, perCore(fwd, fwdCPU))
+	fmt.Fprintf(w, "  backward  %7.2f ms  %9.2f  %7.2f\n", ms(bm), bwd/bm.Seconds()/1e9, perCore(bwd, bwdCPU))
+	fmt.Fprintf(w, "  fwd+bwd   %7.2f ms  %9.2f  %7.2f   (median wall of %d; GFLOP/s over wall time)\n",
+		ms(fm+bm), (fwd+bwd)/(fm+bm).Seconds()/1e9, perCore(fwd+bwd, fwdCPU+bwdCPU), *iters)
 	fmt.Fprintf(w, "  FLOPs: forward 4·b·h·t²·d%s = %.3g, backward 2.5× forward = %.3g\n", map[bool]string{true: "/2 (causal)", false: ""}[cfg.Causal], fwd, bwd)
 
 	if len(seqs) == 0 {
 		return nil
 	}
-	fmt.Fprintf(w, "extra memory of one fwd+bwd (heap allocated during the calls; workspace by construction %d KiB = %d threads × %d KiB, any T):\n",
+	fmt.Fprintf(w, "extra memory of fwd+bwd (heap allocated during the calls; the pooled workspace is %d KiB = %d threads × %d KiB at any T,\n  allocated again on a first call after a GC emptied the pool; the rest is Parallel's goroutine bookkeeping):\n",
 		cpu.AttentionScratchBytes()/1024, cpu.Threads(), cpu.AttentionScratchBytes()/cpu.Threads()/1024)
 	for _, t := range seqs {
 		if err := ctx.Err(); err != nil {
@@ -96,13 +104,11 @@ func benchAttention(ctx context.Context, env *cli, args []string) error {
 		c := cfg
 		c.T = t
 		b := newAttnBufs(c)
-		var m0, m1 runtime.MemStats
-		runtime.ReadMemStats(&m0)
-		b.run(c)
-		runtime.ReadMemStats(&m1)
+		cold, coldN := allocated(func() { b.run(c) })
+		steady, steadyN := allocated(func() { b.run(c) })
 		scores := int64(c.B) * int64(c.HQ) * int64(t) * int64(t) * 4
-		fmt.Fprintf(w, "  T=%-6d allocated %8d B in %3d allocs   (a T×T score matrix would be %s)\n",
-			t, m1.TotalAlloc-m0.TotalAlloc, m1.Mallocs-m0.Mallocs, humanBytes(scores))
+		fmt.Fprintf(w, "  T=%-6d first call %7d B in %3d allocs, steady state %6d B in %3d allocs   (a T×T score matrix: %s)\n",
+			t, cold, coldN, steady, steadyN, humanBytes(scores))
 	}
 	return nil
 }
@@ -134,6 +140,15 @@ func (b *attnBufs) run(cfg cpu.AttentionConfig) {
 	cpu.AttentionBackward(b.dq, b.dk, b.dv, b.dout, b.q, b.k, b.v, b.out, b.lse, cfg)
 }
 
+// allocated returns the heap bytes and objects fn allocates.
+func allocated(fn func()) (bytes, objects uint64) {
+	var m0, m1 runtime.MemStats
+	runtime.ReadMemStats(&m0)
+	fn()
+	runtime.ReadMemStats(&m1)
+	return m1.TotalAlloc - m0.TotalAlloc, m1.Mallocs - m0.Mallocs
+}
+
 // parseSeqList parses --memory-seqs, a comma-separated list of positive ints.
 func parseSeqList(s string) ([]int, error) {
 	var out []int
@@ -148,6 +163,15 @@ func parseSeqList(s string) ([]int, error) {
 		out = append(out, n)
 	}
 	return out, nil
+}
+
+// cpuTime returns the user+system CPU time of this process so far.
+func cpuTime() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
 func median(d []time.Duration) time.Duration {

@@ -31,7 +31,7 @@ func TestBenchAttentionReports(t *testing.T) {
 	}
 	// one memory line per T; allocation must not grow like T² (T=256 would
 	// need a 1 MiB score matrix per (b, head) if materialised).
-	re := regexp.MustCompile(`T=(\d+)\s+allocated\s+(\d+) B`)
+	re := regexp.MustCompile(`T=(\d+)\s+first call\s+(\d+) B`)
 	m := re.FindAllStringSubmatch(out, -1)
 	if len(m) != 3 {
 		t.Fatalf("want 3 memory lines, got %d:\n%s", len(m), out)

@@ -158,10 +158,7 @@ func attnForwardBlock(out, lse, q, k, v []float32, cfg *AttentionConfig, b, h, i
 		attnMask(ws.s, cfg, b, i0, nq, j0, nk)
 		for r := range m {
 			row := ws.s[r*attnBlockK : r*attnBlockK+nk]
-			mx := m[r]
-			for _, sc := range row {
-				mx = max(mx, sc)
-			}
+			mx := maxF32(m[r], row)
 			if mx == negInf { // nothing allowed yet: P row is 0
 				clear(row)
 				continue

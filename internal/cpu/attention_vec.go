@@ -62,3 +62,19 @@ func expF32(x float32) float32 {
 	y = y*r*r + r + 1
 	return y * math.Float32frombits(uint32(int32(fx)+127)<<23)
 }
+
+// maxF32 returns max(m, x...) with eight independent running maxima, so the
+// loop is not bound by the latency of one dependent chain.
+func maxF32(m float32, x []float32) float32 {
+	m0, m1, m2, m3, m4, m5, m6, m7 := m, m, m, m, m, m, m, m
+	i := 0
+	for ; i+8 <= len(x); i += 8 {
+		v := x[i : i+8 : i+8]
+		m0, m1, m2, m3 = max(m0, v[0]), max(m1, v[1]), max(m2, v[2]), max(m3, v[3])
+		m4, m5, m6, m7 = max(m4, v[4]), max(m5, v[5]), max(m6, v[6]), max(m7, v[7])
+	}
+	for ; i < len(x); i++ {
+		m0 = max(m0, x[i])
+	}
+	return max(max(max(m0, m1), max(m2, m3)), max(max(m4, m5), max(m6, m7)))
+}
