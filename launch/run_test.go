@@ -379,3 +379,38 @@ func TestWorkerErrorMessage(t *testing.T) {
 		t.Errorf("got %q, want %q", got, want)
 	}
 }
+
+// TestRunInProcessInterrupted: a signal or a cancelled context cancels every
+// in-process rank, and the group is not restarted.
+func TestRunInProcessInterrupted(t *testing.T) {
+	sigs := make(chan os.Signal, 1)
+	var started sync.WaitGroup
+	started.Add(3)
+	go func() { started.Wait(); sigs <- syscall.SIGINT }()
+	runs := 0
+	var mu sync.Mutex
+	err := RunInProcess(context.Background(), Config{NProcPerNode: 3, MaxRestarts: 2, Signals: sigs},
+		func(ctx context.Context, e Env, _, _ io.Writer) error {
+			mu.Lock()
+			runs++
+			mu.Unlock()
+			started.Done()
+			<-ctx.Done()
+			return ctx.Err()
+		})
+	if !errors.Is(err, ErrInterrupted) || !strings.Contains(err.Error(), "interrupt") || runs != 3 {
+		t.Errorf("signal: got %v after %d runs, want ErrInterrupted after 3", err, runs)
+	}
+
+	ctx, cancel := context.WithCancel(context.Background())
+	started.Add(2)
+	go func() { started.Wait(); cancel() }()
+	err = RunInProcess(ctx, Config{NProcPerNode: 2, MaxRestarts: 2}, func(ctx context.Context, e Env, _, _ io.Writer) error {
+		started.Done()
+		<-ctx.Done()
+		return ctx.Err()
+	})
+	if !errors.Is(err, ErrInterrupted) {
+		t.Errorf("cancel: got %v, want ErrInterrupted", err)
+	}
+}
