@@ -1,6 +1,8 @@
 package optim
 
 import (
+	"encoding/json"
+	"os"
 	"reflect"
 	"strings"
 	"testing"
@@ -197,6 +199,59 @@ func TestMicrobatchesErrors(t *testing.T) {
 		_, err := NewMicrobatches(c.cfg)
 		if err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("NewMicrobatches(%+v) error %v, want one containing %q", c.cfg, err, c.want)
+		}
+	}
+}
+
+// TestMicrobatchesMatchMegatronCalculators replays
+// testdata/megatron_microbatches.json, written by
+// tools/golden/optim_microbatch.py from Megatron's own calculators (HEAD for
+// constant and step schedules, core_v0.17 for ramp-up) and update_train_iters.
+func TestMicrobatchesMatchMegatronCalculators(t *testing.T) {
+	raw, err := os.ReadFile("testdata/megatron_microbatches.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var g struct {
+		Cases []struct {
+			Name string `json:"name"`
+			Args struct {
+				GBS      int    `json:"global_batch_size"`
+				MBS      int    `json:"micro_batch_size"`
+				DP       int    `json:"data_parallel_size"`
+				Decrease bool   `json:"decrease_batch_size_if_needed"`
+				Rampup   []int  `json:"rampup_batch_size"`
+				Schedule string `json:"step_batch_size_schedule"`
+				Seq      int    `json:"seq_length"`
+			} `json:"args"`
+			Points     [][4]int64 `json:"points"`
+			TrainIters [][2]int64 `json:"train_iters"`
+		} `json:"cases"`
+	}
+	if err := json.Unmarshal(raw, &g); err != nil {
+		t.Fatal(err)
+	}
+	if len(g.Cases) < 7 {
+		t.Fatalf("golden has %d cases", len(g.Cases))
+	}
+	for _, c := range g.Cases {
+		a := c.Args
+		m, err := NewMicrobatches(MicrobatchConfig{GlobalBatchSize: a.GBS, MicroBatchSize: a.MBS, DataParallelSize: a.DP,
+			DecreaseBatchSizeIfNeeded: a.Decrease, RampupBatchSize: a.Rampup, StepBatchSizeSchedule: a.Schedule, SeqLength: a.Seq})
+		if err != nil {
+			t.Fatalf("%s: %v", c.Name, err)
+		}
+		for _, p := range c.Points {
+			m.Update(p[0])
+			got := [4]int64{p[0], int64(m.CurrentGlobalBatchSize()), int64(m.CurrentRunningGlobalBatchSize()), int64(m.Num())}
+			if got != p {
+				t.Errorf("%s: at %d consumed: [consumed GBS running M] = %v, Megatron %v", c.Name, p[0], got, p)
+			}
+		}
+		for _, ti := range c.TrainIters {
+			if got := m.TrainIters(ti[0]); got != ti[1] {
+				t.Errorf("%s: TrainIters(%d) = %d, Megatron %d", c.Name, ti[0], got, ti[1])
+			}
 		}
 	}
 }
