@@ -22,9 +22,11 @@ const normBlock = 1 << 13
 //	norm := optim.L2Norm(total)           // √total
 //	g.ClipByNorm(clipGrad, norm)          // scale by clipGrad/(norm+1e-6) if that is < 1
 //
-// On one rank ClipGradNorm does all four. As in Megatron, the caller passes
-// only parameters that are not tensor-parallel duplicates when computing
-// the norm, but clips every parameter. Grads is not safe for concurrent use.
+// On one rank ClipGradNorm does all four. Megatron sums squares only over
+// parameters that are not tensor-parallel (or shared) duplicates but clips
+// every parameter; with tensor parallelism use one Grads over the
+// non-duplicates for SumSquares and one over all parameters for ClipByNorm.
+// Grads is not safe for concurrent use.
 type Grads struct {
 	f       flat
 	partial []float64 // one per normBlock of the flat space

@@ -8,7 +8,9 @@ import (
 
 // Param is one trainable tensor. Data and Grad alias the model's storage
 // (row-major, len = product of Shape); the optimizer updates Data in place
-// from Grad and never reallocates either.
+// from Grad and never reallocates either. Optimizers and Grads hold the
+// *Param, so the model must not reallocate Data or Grad (or change a
+// group's Params) after building them.
 type Param struct {
 	// Name is the parameter's path, e.g. "decoder.layers.0.mlp.linear_fc1.bias".
 	// It keys the optimizer state in checkpoints, so it must be unique.
