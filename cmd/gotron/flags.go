@@ -40,7 +40,7 @@ func parseFlags(fs *flag.FlagSet, args []string, w io.Writer, synopsis string) e
 			return errHelp
 		}
 	}
-	if err := fs.Parse(args); err != nil {
+	if err := fs.Parse(joinListArgs(fs, args)); err != nil {
 		return explainFlagError(fs, err)
 	}
 	if cf := fs.Lookup("config"); cf != nil && cf.Value.String() != "" {
@@ -163,4 +163,52 @@ func editDistance(a, b string) int {
 		prev, cur = cur, prev
 	}
 	return prev[len(b)]
+}
+
+// listFlag is a flag taking several values, like Megatron's nargs='*'
+// options (--data-path 30 a 70 b): the values following it up to the next
+// --flag are joined with spaces.
+type listFlag struct{ values []string }
+
+func (l *listFlag) String() string {
+	if l == nil {
+		return ""
+	}
+	return strings.Join(l.values, " ")
+}
+
+func (l *listFlag) Set(s string) error {
+	l.values = append(l.values, strings.Fields(s)...)
+	return nil
+}
+
+// joinListArgs rewrites "--name v1 v2 v3" into "--name=v1 v2 v3" for every
+// listFlag so the standard parser sees one value.
+func joinListArgs(fs *flag.FlagSet, args []string) []string {
+	out := make([]string, 0, len(args))
+	for i := 0; i < len(args); i++ {
+		a := args[i]
+		out = append(out, a)
+		if a == "--" {
+			return append(out, args[i+1:]...)
+		}
+		name := strings.TrimLeft(a, "-")
+		if !strings.HasPrefix(a, "-") || strings.Contains(name, "=") {
+			continue
+		}
+		f := fs.Lookup(name)
+		if f == nil {
+			continue
+		}
+		if _, ok := f.Value.(*listFlag); !ok {
+			continue
+		}
+		var vals []string
+		for i+1 < len(args) && !strings.HasPrefix(args[i+1], "--") {
+			i++
+			vals = append(vals, args[i])
+		}
+		out[len(out)-1] = "--" + name + "=" + strings.Join(vals, " ")
+	}
+	return out
 }

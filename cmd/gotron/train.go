@@ -2,9 +2,394 @@ package main
 
 import (
 	"context"
-	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"time"
+
+	datagpt "github.com/gotron/gotron/data/gpt"
+	"github.com/gotron/gotron/model/gpt"
+	"github.com/gotron/gotron/optim"
+	"github.com/gotron/gotron/tokenizer"
+	"github.com/gotron/gotron/train"
 )
 
+const trainSynopsis = "train [flags]   (Megatron's pretrain_gpt.py flags; no flags: the quickstart)"
+
+// trainFlags are gotron train's flags, by Megatron's names.
+type trainFlags struct {
+	preset             string
+	model              gpt.Config
+	gqa                bool
+	swiglu, openaiGELU bool
+	divisibleBy        int
+
+	tpSize, ppSize, cpSize int
+
+	cfg            train.Config
+	schedule       optim.SchedulerFlags
+	lrDecayStyle   string
+	wsdDecayStyle  string
+	wdIncrStyle    string
+	exitMins       float64
+	data           dataArgs
+	quickstartDir  string
+	noProgress     bool
+	promptAfter    string
+	generateTokens int
+	// finish copies float64 flag values into the float32 config fields.
+	finish func()
+}
+
+// dataArgs are the data and tokenizer flags shared by train and data tools.
+type dataArgs struct {
+	dataPath, trainPath, validPath, testPath listFlag
+	split, cachePath                         string
+	mock                                     bool
+	masks                                    datagpt.MaskOptions
+	tok                                      tokenizer.Config
+}
+
+func addDataArgs(fs *flag.FlagSet, d *dataArgs) {
+	fs.Var(&d.dataPath, "data-path", "dataset prefixes with optional weights: 'PREFIX' or '30 a 70 b'")
+	fs.Var(&d.trainPath, "train-data-path", "training-split blend (excludes --data-path)")
+	fs.Var(&d.validPath, "valid-data-path", "validation-split blend")
+	fs.Var(&d.testPath, "test-data-path", "test-split blend")
+	fs.StringVar(&d.split, "split", "", "train,valid,test proportions (default 969,30,1)")
+	fs.StringVar(&d.cachePath, "data-cache-path", "", "directory for index caches (Megatron's file names)")
+	fs.BoolVar(&d.mock, "mock-data", false, "train on synthetic tokens")
+	fs.BoolVar(&d.masks.ResetPositionIDs, "reset-position-ids", false, "restart position ids after each end-of-document token")
+	fs.BoolVar(&d.masks.ResetAttentionMask, "reset-attention-mask", false, "mask attention across documents of a packed sequence")
+	fs.BoolVar(&d.masks.EODMaskLoss, "eod-mask-loss", false, "no loss on end-of-document tokens")
+	fs.StringVar(&d.tok.Type, "tokenizer-type", "", "GPT2BPETokenizer, SentencePieceTokenizer, Llama2Tokenizer, HuggingFaceTokenizer, TikTokenizer, NullTokenizer")
+	fs.StringVar(&d.tok.VocabFile, "vocab-file", "", "vocabulary file (GPT-2 vocab.json)")
+	fs.StringVar(&d.tok.MergeFile, "merge-file", "", "BPE merges file (GPT-2 merges.txt)")
+	fs.StringVar(&d.tok.Model, "tokenizer-model", "", "SentencePiece .model, tokenizer.json, or TikToken vocabulary")
+	fs.IntVar(&d.tok.VocabSize, "vocab-size", 0, "vocabulary size (NullTokenizer, --mock-data without a tokenizer)")
+}
+
+func newTrainFlags() (*flag.FlagSet, *trainFlags) {
+	fs := newFlags("train", trainSynopsis)
+	f := &trainFlags{schedule: optim.DefaultSchedulerFlags()}
+	m, c, s := &f.model, &f.cfg, &f.schedule
+	fs.String("config", "", "YAML file of flag values (keys with - or _); command-line flags override it")
+	fs.StringVar(&f.preset, "model", "", "architecture preset: tiny, gpt2-small, gpt2-medium, llama-tiny (flags override)")
+	fs.IntVar(&m.NumLayers, "num-layers", 0, "transformer layers")
+	fs.IntVar(&m.HiddenSize, "hidden-size", 0, "hidden size")
+	fs.IntVar(&m.FFNHiddenSize, "ffn-hidden-size", 0, "MLP hidden size (default 4×hidden)")
+	fs.IntVar(&m.NumAttentionHeads, "num-attention-heads", 0, "attention heads")
+	fs.IntVar(&m.KVChannels, "kv-channels", 0, "head dimension (default hidden/heads)")
+	fs.BoolVar(&f.gqa, "group-query-attention", false, "use grouped-query attention")
+	fs.IntVar(&m.NumQueryGroups, "num-query-groups", 0, "key/value heads with --group-query-attention")
+	fs.IntVar(&m.MaxPositionEmbeddings, "max-position-embeddings", 0, "position table size (default --seq-length)")
+	fs.StringVar(&m.PositionEmbeddingType, "position-embedding-type", "", "learned_absolute (default), rope or none")
+	fs.Float64Var(&m.RotaryBase, "rotary-base", 10000, "RoPE base")
+	fs.Float64Var(&m.RotaryPercent, "rotary-percent", 1, "fraction of head dims RoPE rotates")
+	fs.BoolVar(&m.RotaryInterleaved, "rotary-interleaved", false, "RoPE on (2i, 2i+1) pairs instead of halves")
+	fs.StringVar(&m.Normalization, "normalization", "", "LayerNorm (default) or RMSNorm")
+	normEps := fs.Float64("norm-epsilon", 1e-5, "normalisation epsilon")
+	fs.BoolVar(&f.swiglu, "swiglu", false, "SwiGLU MLP (fc1 rows [gate; up])")
+	fs.BoolVar(&f.openaiGELU, "openai-gelu", false, "tanh-approximated GELU (GPT-2's)")
+	fs.BoolVar(&m.DisableBiasLinear, "disable-bias-linear", false, "no biases in linear layers")
+	fs.BoolVar(&m.AddQKVBias, "add-qkv-bias", false, "keep the QKV bias with --disable-bias-linear")
+	attnDrop := fs.Float64("attention-dropout", 0.1, "dropout on attention output")
+	hidDrop := fs.Float64("hidden-dropout", 0.1, "dropout on residual branches and embeddings")
+	fs.BoolVar(&m.UntieEmbeddingsAndOutputWeights, "untie-embeddings-and-output-weights", false, "separate output layer weight")
+	initStd := fs.Float64("init-method-std", 0.02, "weight init standard deviation")
+	fs.IntVar(&f.divisibleBy, "make-vocab-size-divisible-by", 128, "pad the vocabulary to a multiple of this × TP")
+	fs.IntVar(&f.tpSize, "tensor-model-parallel-size", 1, "tensor-parallel size (only 1 in this release)")
+	fs.IntVar(&f.ppSize, "pipeline-model-parallel-size", 1, "pipeline-parallel size (only 1 in this release)")
+	fs.IntVar(&f.cpSize, "context-parallel-size", 1, "context-parallel size (only 1 in this release)")
+
+	fs.IntVar(&c.SeqLength, "seq-length", 0, "tokens per sample")
+	fs.IntVar(&c.MicroBatchSize, "micro-batch-size", 0, "samples per forward/backward")
+	fs.IntVar(&c.GlobalBatchSize, "global-batch-size", 0, "samples per optimizer step (default micro batch)")
+	fs.Int64Var(&c.TrainIters, "train-iters", 0, "iterations to train")
+	fs.Int64Var(&c.TrainSamples, "train-samples", 0, "samples to train (instead of --train-iters)")
+	fs.Int64Var(&c.Seed, "seed", 1234, "random seed")
+	fs.StringVar(&c.Optimizer, "optimizer", "adam", "adam (AdamW) or sgd")
+	fs.Float64Var(&s.LR, "lr", 0, "peak learning rate")
+	fs.Float64Var(&s.MinLR, "min-lr", 0, "final learning rate")
+	fs.Float64Var(&s.LRWarmupInit, "lr-warmup-init", 0, "learning rate at the start of warmup")
+	fs.StringVar(&f.lrDecayStyle, "lr-decay-style", "linear", "constant, linear, cosine, inverse-square-root or WSD")
+	fs.StringVar(&f.wsdDecayStyle, "lr-wsd-decay-style", "exponential", "WSD anneal: exponential, linear, cosine or minus_sqrt")
+	fs.Int64Var(&s.LRDecayIters, "lr-decay-iters", 0, "decay length in iterations (default --train-iters)")
+	fs.Int64Var(&s.LRDecaySamples, "lr-decay-samples", 0, "decay length in samples")
+	fs.Int64Var(&s.LRWSDDecayIters, "lr-wsd-decay-iters", 0, "WSD anneal length in iterations")
+	fs.Int64Var(&s.LRWSDDecaySamples, "lr-wsd-decay-samples", 0, "WSD anneal length in samples")
+	fs.Int64Var(&s.LRWarmupIters, "lr-warmup-iters", 0, "warmup length in iterations")
+	fs.Int64Var(&s.LRWarmupSamples, "lr-warmup-samples", 0, "warmup length in samples")
+	fs.Float64Var(&s.LRWarmupFraction, "lr-warmup-fraction", 0, "warmup as a fraction of the decay length")
+	fs.Float64Var(&s.WeightDecay, "weight-decay", 0.01, "weight decay (not on biases and 1-D parameters)")
+	fs.Float64Var(&s.StartWeightDecay, "start-weight-decay", 0, "initial weight decay for linear/cosine increments")
+	fs.Float64Var(&s.EndWeightDecay, "end-weight-decay", 0, "final weight decay for linear/cosine increments")
+	fs.StringVar(&f.wdIncrStyle, "weight-decay-incr-style", "constant", "constant, linear or cosine")
+	fs.BoolVar(&s.OverrideOptParamScheduler, "override-opt_param-scheduler", false, "ignore the checkpoint's scheduler settings")
+	fs.BoolVar(&s.UseCheckpointOptParamScheduler, "use-checkpoint-opt_param-scheduler", false, "take scheduler settings from the checkpoint")
+	fs.Float64Var(&c.ClipGrad, "clip-grad", 1.0, "clip gradients to this global L2 norm (0: off)")
+	fs.Float64Var(&c.Adam.Beta1, "adam-beta1", 0.9, "Adam β1")
+	fs.Float64Var(&c.Adam.Beta2, "adam-beta2", 0.999, "Adam β2")
+	fs.Float64Var(&c.Adam.Eps, "adam-eps", 1e-8, "Adam ε")
+	fs.Float64Var(&c.SGDMomentum, "sgd-momentum", 0.9, "SGD momentum")
+	fs.IntVar(&c.MaxSkipsInARow, "max-nan-iterations", 10, "stop after this many NaN/Inf iterations in a row")
+
+	fs.Int64Var(&c.EvalInterval, "eval-interval", 1000, "iterations between evaluations")
+	fs.Int64Var(&c.EvalIters, "eval-iters", 100, "global batches per evaluation")
+	fs.Int64Var(&c.LogInterval, "log-interval", 100, "iterations between log lines")
+	fs.StringVar(&c.MetricsFile, "metrics-file", "", "append one JSON object per log line to this file")
+	fs.Float64Var(&c.PeakFLOPs, "peak-flops", 256e9, "peak FLOP/s for MFU (default: this 2-core CPU's fp32 FMA peak)")
+	fs.BoolVar(&f.noProgress, "no-progress", false, "no progress bar even on a terminal")
+
+	fs.StringVar(&c.Save, "save", "", "checkpoint directory to save to")
+	fs.StringVar(&c.Load, "load", "", "checkpoint directory to resume from")
+	fs.Int64Var(&c.SaveInterval, "save-interval", 0, "iterations between checkpoints")
+	fs.Int64Var(&c.ExitInterval, "exit-interval", 0, "save and exit at iterations divisible by this")
+	fs.Float64Var(&f.exitMins, "exit-duration-in-mins", 0, "save and exit after this many minutes")
+	fs.BoolVar(&c.NoSaveOptim, "no-save-optim", false, "do not save optimizer state")
+	fs.BoolVar(&c.NoLoadOptim, "no-load-optim", false, "do not load optimizer state")
+	fs.BoolVar(&c.Finetune, "finetune", false, "load weights only; start at iteration 0")
+	addDataArgs(fs, &f.data)
+	fs.StringVar(&f.quickstartDir, "quickstart-dir", "gotron-quickstart", "where the quickstart keeps its corpus and checkpoint")
+	fs.StringVar(&f.promptAfter, "sample-prompt", "", "after training, print a sample continuing this prompt")
+	fs.IntVar(&f.generateTokens, "sample-tokens", 100, "tokens in the sample printed after training")
+	for _, name := range acceptedNoOps {
+		fs.Bool(name, false, "accepted for Megatron compatibility; no effect on CPU")
+	}
+	f.finish = func() {
+		m.NormEpsilon, m.AttentionDropout, m.HiddenDropout = float32(*normEps), float32(*attnDrop), float32(*hidDrop)
+		m.InitMethodStd = float32(*initStd)
+	}
+	return fs, f
+}
+
+// acceptedNoOps are Megatron flags that select GPU fusions or kernels; gotron
+// accepts them so launch scripts port unchanged.
+var acceptedNoOps = []string{"use-flash-attn", "no-masked-softmax-fusion", "no-bias-gelu-fusion", "no-bias-swiglu-fusion",
+	"no-bias-dropout-fusion", "no-gradient-accumulation-fusion", "use-mcore-models", "no-async-tensor-model-parallel-allreduce",
+	"no-persist-layer-norm", "use-distributed-optimizer", "overlap-grad-reduce", "overlap-param-gather", "sequence-parallel",
+	"fp16", "bf16", "no-rope-fusion", "log-throughput"}
+
 func cmdTrain(ctx context.Context, env *cli, args []string) error {
-	return errors.New("not implemented yet")
+	fs, f := newTrainFlags()
+	if err := parseFlags(fs, args, env.stdout, trainSynopsis); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("unexpected argument %q (flags start with --)", fs.Arg(0))
+	}
+	f.finish()
+	given := map[string]bool{}
+	fs.Visit(func(fl *flag.Flag) { given[fl.Name] = true })
+	for _, name := range []string{"fp16", "bf16"} {
+		if given[name] {
+			fmt.Fprintf(env.stderr, "gotron train: --%s: computing in float32 (mixed precision is not implemented yet)\n", name)
+		}
+	}
+	if len(given) == 0 || (len(given) == 1 && given["quickstart-dir"]) {
+		return quickstart(ctx, env, f)
+	}
+	cfg, src, err := f.build(ctx, given)
+	if err != nil {
+		return err
+	}
+	defer src.close()
+	if !f.noProgress && isTerminal(env.stdout) {
+		cfg.Progress = env.stdout
+	}
+	cfg.Out = env.stdout
+	cfg.Args = map[string]any{"argv": args}
+	tr, err := train.New(cfg, src.train, src.valid)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(env.stdout, "gotron train: %d parameters, %d layers, hidden %d, vocab %d (padded), %d iterations of %d samples × %d tokens\n",
+		tr.Model.NumParams(), cfg.Model.NumLayers, cfg.Model.HiddenSize, cfg.Model.VocabSize, tr.TrainIters(), max(cfg.GlobalBatchSize, cfg.MicroBatchSize), cfg.SeqLength)
+	if _, err := tr.Run(ctx); err != nil {
+		return err
+	}
+	if f.promptAfter != "" && src.tok != nil {
+		return printSample(env, tr.Model, src.tok, f.promptAfter, f.generateTokens, cfg.Seed)
+	}
+	return nil
+}
+
+// build turns the flags into a training config and data sources.
+func (f *trainFlags) build(ctx context.Context, given map[string]bool) (train.Config, *dataSources, error) {
+	cfg := f.cfg
+	m := f.model
+	if f.preset != "" {
+		p, err := gpt.Preset(f.preset)
+		if err != nil {
+			return cfg, nil, fmt.Errorf("--model: %w", err)
+		}
+		overlayModelFlags(&p, &m, given)
+		m = p
+	}
+	if f.tpSize != 1 || f.ppSize != 1 || f.cpSize != 1 {
+		return cfg, nil, fmt.Errorf("--tensor-model-parallel-size=%d --pipeline-model-parallel-size=%d --context-parallel-size=%d: only 1 is supported by gotron train in this release", f.tpSize, f.ppSize, f.cpSize)
+	}
+	if f.gqa && m.NumQueryGroups == 0 {
+		return cfg, nil, fmt.Errorf("--group-query-attention needs --num-query-groups")
+	}
+	if !f.gqa && given["num-query-groups"] {
+		return cfg, nil, fmt.Errorf("--num-query-groups needs --group-query-attention")
+	}
+	switch {
+	case f.swiglu && f.openaiGELU:
+		return cfg, nil, fmt.Errorf("--swiglu and --openai-gelu exclude each other")
+	case f.swiglu:
+		m.Activation = "swiglu"
+	case f.openaiGELU:
+		m.Activation = "gelu_tanh"
+	}
+	if m.MaxPositionEmbeddings == 0 {
+		m.MaxPositionEmbeddings = cfg.SeqLength
+	}
+	if cfg.SeqLength == 0 {
+		return cfg, nil, fmt.Errorf("--seq-length is required")
+	}
+	if cfg.MicroBatchSize == 0 {
+		return cfg, nil, fmt.Errorf("--micro-batch-size is required")
+	}
+	if f.schedule.LR == 0 {
+		return cfg, nil, fmt.Errorf("--lr is required")
+	}
+	s := f.schedule
+	s.LRDecayStyle = optim.DecayStyle(f.lrDecayStyle)
+	s.LRWSDDecayStyle = optim.WSDDecayStyle(f.wsdDecayStyle)
+	s.WeightDecayIncrStyle = optim.WDIncrStyle(f.wdIncrStyle)
+	cfg.Schedule = s
+	cfg.ExitDuration = time.Duration(f.exitMins * float64(time.Minute))
+	src, err := openData(ctx, &f.data, cfg, f.divisibleBy*f.tpSize, given)
+	if err != nil {
+		return cfg, nil, err
+	}
+	m.VocabSize = src.paddedVocab
+	cfg.Model = m
+	return cfg, src, nil
+}
+
+// overlayModelFlags copies the model flags given on the command line over a
+// preset.
+func overlayModelFlags(p, flags *gpt.Config, given map[string]bool) {
+	set := func(name string, apply func()) {
+		if given[name] {
+			apply()
+		}
+	}
+	set("num-layers", func() { p.NumLayers = flags.NumLayers })
+	set("hidden-size", func() { p.HiddenSize = flags.HiddenSize })
+	set("ffn-hidden-size", func() { p.FFNHiddenSize = flags.FFNHiddenSize })
+	set("num-attention-heads", func() { p.NumAttentionHeads = flags.NumAttentionHeads })
+	set("kv-channels", func() { p.KVChannels = flags.KVChannels })
+	set("num-query-groups", func() { p.NumQueryGroups = flags.NumQueryGroups })
+	set("max-position-embeddings", func() { p.MaxPositionEmbeddings = flags.MaxPositionEmbeddings })
+	set("position-embedding-type", func() { p.PositionEmbeddingType = flags.PositionEmbeddingType })
+	set("normalization", func() { p.Normalization = flags.Normalization })
+	set("disable-bias-linear", func() { p.DisableBiasLinear = flags.DisableBiasLinear })
+	set("untie-embeddings-and-output-weights", func() { p.UntieEmbeddingsAndOutputWeights = flags.UntieEmbeddingsAndOutputWeights })
+	p.RotaryBase, p.RotaryPercent, p.RotaryInterleaved = flags.RotaryBase, flags.RotaryPercent, flags.RotaryInterleaved
+	p.NormEpsilon, p.InitMethodStd = flags.NormEpsilon, flags.InitMethodStd
+	p.AttentionDropout, p.HiddenDropout, p.AddQKVBias = flags.AttentionDropout, flags.HiddenDropout, flags.AddQKVBias
+}
+
+// dataSources are the opened datasets of a run.
+type dataSources struct {
+	train, valid datagpt.Source
+	tok          tokenizer.Tokenizer
+	paddedVocab  int
+	closer       func() error
+}
+
+func (d *dataSources) close() {
+	if d != nil && d.closer != nil {
+		d.closer()
+	}
+}
+
+// openData opens the tokenizer and the datasets the data flags name.
+func openData(ctx context.Context, d *dataArgs, cfg train.Config, divisor int, given map[string]bool) (*dataSources, error) {
+	src := &dataSources{}
+	vocab := 0
+	if d.tok.Type != "" {
+		tok, err := tokenizer.New(d.tok)
+		if err != nil {
+			return nil, err
+		}
+		src.tok = tok
+		vocab = tok.VocabSize()
+	} else if d.tok.VocabSize > 0 {
+		vocab = d.tok.VocabSize
+	}
+	hasPaths := len(d.dataPath.values)+len(d.trainPath.values)+len(d.validPath.values)+len(d.testPath.values) > 0
+	switch {
+	case d.mock && hasPaths:
+		return nil, fmt.Errorf("--mock-data excludes --data-path")
+	case d.mock:
+		if vocab == 0 {
+			vocab = 50257
+		}
+		src.paddedVocab = tokenizer.PaddedVocabSize(vocab, divisor, 1)
+		src.train = train.MockSource{SeqLength: cfg.SeqLength, VocabSize: vocab}
+		src.valid = train.MockSource{SeqLength: cfg.SeqLength, VocabSize: vocab, Samples: 1 << 20}
+		return src, nil
+	case !hasPaths:
+		return nil, fmt.Errorf("no data: set --data-path (or --train-data-path ...) or --mock-data")
+	}
+	if src.tok == nil {
+		return nil, fmt.Errorf("--data-path needs --tokenizer-type (and its files) for the end-of-document id and vocabulary size")
+	}
+	src.paddedVocab = tokenizer.PaddedVocabSize(vocab, divisor, 1)
+	dc := datagpt.Config{SeqLength: cfg.SeqLength, Seed: cfg.Seed, Split: d.split, CachePath: d.cachePath, Masks: d.masks,
+		EOD: int32(src.tok.EOD())}
+	var err error
+	parse := func(flag string, l listFlag) datagpt.Blend {
+		if err != nil || len(l.values) == 0 {
+			return datagpt.Blend{}
+		}
+		var b datagpt.Blend
+		b, err = datagpt.ParseBlend(flag, l.values)
+		return b
+	}
+	dc.Blend = parse("--data-path", d.dataPath)
+	dc.SplitBlends[0] = parse("--train-data-path", d.trainPath)
+	dc.SplitBlends[1] = parse("--valid-data-path", d.validPath)
+	dc.SplitBlends[2] = parse("--test-data-path", d.testPath)
+	if err != nil {
+		return nil, err
+	}
+	gbs := int64(max(cfg.GlobalBatchSize, cfg.MicroBatchSize))
+	iters := cfg.TrainIters
+	if cfg.TrainSamples > 0 {
+		iters = (cfg.TrainSamples + gbs - 1) / gbs
+	}
+	evals := int64(0)
+	if cfg.EvalInterval > 0 {
+		evals = (iters/cfg.EvalInterval + 1) * cfg.EvalIters
+	}
+	// get_train_valid_test_num_samples
+	dc.NumSamples = [3]int64{iters * gbs, evals * gbs, cfg.EvalIters * gbs}
+	if cfg.TrainSamples > 0 {
+		dc.NumSamples[0] = cfg.TrainSamples
+	}
+	ds, err := datagpt.Build(ctx, dc)
+	if err != nil {
+		return nil, err
+	}
+	src.train, src.valid, src.closer = ds.Train, ds.Valid, ds.Close
+	if src.train == nil {
+		ds.Close()
+		return nil, fmt.Errorf("--split %q gives the training split no data", d.split)
+	}
+	return src, nil
+}
+
+// isTerminal reports whether w is a character device (a terminal).
+func isTerminal(w any) bool {
+	f, ok := w.(*os.File)
+	if !ok {
+		return false
+	}
+	st, err := f.Stat()
+	return err == nil && st.Mode()&os.ModeCharDevice != 0
 }
