@@ -2,9 +2,209 @@ package main
 
 import (
 	"context"
-	"errors"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/gotron/gotron/internal/cpu"
 )
 
+const benchGemmSynopsis = "bench gemm [--reps 5] [--threads N] [--isa auto|avx512|avx2|generic] [--peak-gflops 256] " +
+	"[--shapes NN:1024x1024x1024,...] [--min-rep-seconds 0.5]"
+
+// defaultGemmShapes are the square shapes and the GPT-2 (d=768, 4d=3072)
+// MLP shapes: forward Y = X·W (NN), backward dX = dY·Wᵀ (NT) and
+// dW = Xᵀ·dY (TN), then a 64³ attention-sized tile and an m=1 decode GEMV.
+// Each entry is OPS:MxKxN with op(A) M×K and op(B) K×N.
+const defaultGemmShapes = "NN:1024x1024x1024,NN:2048x2048x2048,NN:4096x768x3072," +
+	"NT:1024x3072x768,TN:768x1024x3072,NT:4096x768x3072,TN:768x4096x3072," +
+	"NN:64x64x64,NN:1x768x3072"
+
+// gemmShape is one row of the benchmark table.
+type gemmShape struct {
+	tA, tB  cpu.Transpose
+	m, k, n int
+}
+
+func (s gemmShape) ops() string {
+	t := func(x cpu.Transpose) string {
+		if x {
+			return "T"
+		}
+		return "N"
+	}
+	return t(s.tA) + t(s.tB)
+}
+
+// parseGemmShapes parses the --shapes list.
+func parseGemmShapes(list string) ([]gemmShape, error) {
+	var out []gemmShape
+	for _, f := range strings.Split(list, ",") {
+		f = strings.TrimSpace(f)
+		ops, dims, ok := strings.Cut(f, ":")
+		d := strings.Split(dims, "x")
+		if !ok || len(ops) != 2 || len(d) != 3 {
+			return nil, fmt.Errorf("--shapes: %q: want OPS:MxKxN with OPS one of NN, NT, TN, TT (e.g. NT:1024x3072x768)", f)
+		}
+		var s gemmShape
+		for i, p := range []*cpu.Transpose{&s.tA, &s.tB} {
+			switch ops[i] {
+			case 'N':
+			case 'T':
+				*p = cpu.Trans
+			default:
+				return nil, fmt.Errorf("--shapes: %q: transpose %q is not N or T", f, ops[i])
+			}
+		}
+		for i, p := range []*int{&s.m, &s.k, &s.n} {
+			v, err := strconv.Atoi(d[i])
+			if err != nil || v < 1 {
+				return nil, fmt.Errorf("--shapes: %q: dimension %q is not a positive integer", f, d[i])
+			}
+			*p = v
+		}
+		out = append(out, s)
+	}
+	return out, nil
+}
+
+// benchGemm times cpu.Sgemm on a list of shapes and prints GFLOP/s (median
+// and max over reps), their share of the fp32 peak, and GFLOP per CPU-second
+// per thread, which other processes on the machine disturb much less than
+// wall-clock rates.
 func benchGemm(ctx context.Context, env *cli, args []string) error {
-	return errors.New("not implemented yet")
+	fs := newFlags("bench gemm", benchGemmSynopsis)
+	reps := fs.Int("reps", 5, "timed repetitions per shape (median and max are reported)")
+	threads := fs.Int("threads", cpu.Threads(), "goroutines the kernel uses (GOTRON_NUM_THREADS)")
+	isaName := fs.String("isa", "auto", "kernel path: auto (detected), avx512, avx2 or generic")
+	peak := fs.Float64("peak-gflops", 256, "fp32 FMA peak of the machine for --threads threads, GFLOP/s")
+	shapeList := fs.String("shapes", defaultGemmShapes, "comma-separated OPS:MxKxN (op(A) M×K, op(B) K×N)")
+	minRep := fs.Float64("min-rep-seconds", 0.5, "each repetition repeats the GEMM until it lasts this long")
+	fs.String("config", "", "YAML file with flag values")
+	if err := parseFlags(fs, args, env.stdout, benchGemmSynopsis); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("unexpected argument %q", fs.Arg(0))
+	}
+	switch {
+	case *reps < 1:
+		return fmt.Errorf("--reps %d: want at least 1", *reps)
+	case *threads < 1:
+		return fmt.Errorf("--threads %d: want at least 1", *threads)
+	case !(*peak > 0):
+		return fmt.Errorf("--peak-gflops %g: want a positive number", *peak)
+	case !(*minRep >= 0):
+		return fmt.Errorf("--min-rep-seconds %g: want ≥ 0", *minRep)
+	}
+	isa, err := cpu.ParseISA(*isaName)
+	if err != nil {
+		return fmt.Errorf("--isa: %w", err)
+	}
+	shapes, err := parseGemmShapes(*shapeList)
+	if err != nil {
+		return err
+	}
+	prevISA := cpu.SetISA(isa)
+	defer cpu.SetISA(prevISA)
+	if got := cpu.ActiveISA(); got != isa {
+		return fmt.Errorf("--isa %v: this CPU supports at most %v", isa, cpu.DetectedISA())
+	}
+	prevThreads := cpu.SetThreads(*threads)
+	defer cpu.SetThreads(prevThreads)
+
+	w := env.stdout
+	fmt.Fprintf(w, "sgemm: isa %v, threads %d, peak %.0f GFLOP/s, %d reps of ≥ %.2gs each\n", isa, *threads, *peak, *reps, *minRep)
+	fmt.Fprintf(w, "%-3s %6s %6s %6s %8s %8s %7s %7s %10s %7s\n",
+		"ops", "M", "K", "N", "median", "max", "%peak", "%peak", "GFLOP/", "%peak")
+	fmt.Fprintf(w, "%-3s %6s %6s %6s %8s %8s %7s %7s %10s %7s\n",
+		"", "", "", "", "GFLOP/s", "GFLOP/s", "median", "max", "cpu-s/thr", "cpu")
+	for _, s := range shapes {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		r, err := timeGemm(ctx, s, *reps, *minRep)
+		if err != nil {
+			return err
+		}
+		perThread := r.cpuGFLOPs // GFLOP per CPU-second = per busy thread
+		fmt.Fprintf(w, "%-3s %6d %6d %6d %8.1f %8.1f %6.1f%% %6.1f%% %10.1f %6.1f%%\n",
+			s.ops(), s.m, s.k, s.n, r.median, r.max, 100*r.median / *peak, 100*r.max / *peak,
+			perThread, 100*perThread/(*peak/float64(*threads)))
+	}
+	return nil
+}
+
+// gemmResult holds one shape's rates.
+type gemmResult struct {
+	median, max float64 // wall-clock GFLOP/s over reps
+	cpuGFLOPs   float64 // GFLOP per process CPU-second, over all reps
+}
+
+// timeGemm runs one shape: a warm-up call that also calibrates how many
+// calls make a repetition last minRep seconds, then reps timed repetitions.
+func timeGemm(ctx context.Context, s gemmShape, reps int, minRep float64) (gemmResult, error) {
+	rng := rand.New(rand.NewPCG(uint64(s.m), uint64(s.n)))
+	fill := func(n int) []float32 {
+		x := make([]float32, n)
+		for i := range x {
+			x[i] = rng.Float32()*2 - 1
+		}
+		return x
+	}
+	a, b, c := fill(s.m*s.k), fill(s.k*s.n), make([]float32, s.m*s.n)
+	lda, ldb := s.k, s.n
+	if s.tA {
+		lda = s.m
+	}
+	if s.tB {
+		ldb = s.k
+	}
+	call := func() { cpu.Sgemm(s.tA, s.tB, s.m, s.n, s.k, 1, a, lda, b, ldb, 0, c, s.n) }
+	t0 := time.Now()
+	call()
+	one := time.Since(t0).Seconds()
+	calls := max(1, int(minRep/max(one, 1e-9)))
+	flop := 2 * float64(s.m) * float64(s.n) * float64(s.k) * float64(calls)
+	rates := make([]float64, 0, reps)
+	cpu0, err := processCPU()
+	if err != nil {
+		return gemmResult{}, err
+	}
+	for range reps {
+		if err := ctx.Err(); err != nil {
+			return gemmResult{}, err
+		}
+		t := time.Now()
+		for range calls {
+			call()
+		}
+		rates = append(rates, flop/time.Since(t).Seconds()/1e9)
+	}
+	cpu1, err := processCPU()
+	if err != nil {
+		return gemmResult{}, err
+	}
+	slices.Sort(rates)
+	r := gemmResult{median: rates[len(rates)/2], max: rates[len(rates)-1]}
+	if len(rates)%2 == 0 {
+		r.median = (rates[len(rates)/2-1] + rates[len(rates)/2]) / 2
+	}
+	if d := cpu1 - cpu0; d > 0 {
+		r.cpuGFLOPs = flop * float64(reps) / d / 1e9
+	}
+	return r, nil
+}
+
+// processCPU returns the CPU time (user+system) this process has used.
+func processCPU() (float64, error) {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0, fmt.Errorf("getrusage: %w", err)
+	}
+	return float64(ru.Utime.Nano()+ru.Stime.Nano()) / 1e9, nil
 }

@@ -1,0 +1,73 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+)
+
+func runBenchGemm(t *testing.T, args ...string) (string, error) {
+	t.Helper()
+	var out bytes.Buffer
+	env := &cli{stdout: &out, stderr: &out, stdin: strings.NewReader(""), getenv: func(string) string { return "" }}
+	err := cmdBench(context.Background(), env, append([]string{"gemm"}, args...))
+	return out.String(), err
+}
+
+// TestBenchGemmTable runs two small shapes per ISA and checks that each
+// prints one row with positive rates and a %peak consistent with
+// --peak-gflops.
+func TestBenchGemmTable(t *testing.T) {
+	for _, isa := range []string{"generic", "auto"} {
+		out, err := runBenchGemm(t, "--reps", "3", "--threads", "2", "--isa", isa, "--peak-gflops", "100",
+			"--shapes", "NN:33x20x17,TN:64x64x64", "--min-rep-seconds", "0.001")
+		if err != nil {
+			t.Fatalf("--isa %s: %v\n%s", isa, err, out)
+		}
+		if !strings.Contains(out, "threads 2, peak 100 GFLOP/s, 3 reps") {
+			t.Errorf("--isa %s: header missing:\n%s", isa, out)
+		}
+		re := regexp.MustCompile(`(?m)^(NN|TN)\s+(\d+)\s+(\d+)\s+(\d+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)%\s+([\d.]+)%\s+([\d.]+)\s+([\d.]+)%$`)
+		rows := re.FindAllStringSubmatch(out, -1)
+		if len(rows) != 2 {
+			t.Fatalf("--isa %s: want 2 table rows, got %d:\n%s", isa, len(rows), out)
+		}
+		for _, r := range rows {
+			med, _ := strconv.ParseFloat(r[5], 64)
+			mx, _ := strconv.ParseFloat(r[6], 64)
+			pct, _ := strconv.ParseFloat(r[7], 64)
+			if !(med > 0 && mx >= med) {
+				t.Errorf("--isa %s: row %q: want 0 < median ≤ max", isa, r[0])
+			}
+			// %peak of the median against --peak-gflops 100 (printed to 0.1).
+			if d := pct - med; d > 0.06 || d < -0.06 {
+				t.Errorf("--isa %s: row %q: %%peak %v, want median/100 GFLOP/s = %v%%", isa, r[0], pct, med)
+			}
+		}
+	}
+}
+
+// TestBenchGemmBadFlags checks that bad input is an error naming the flag.
+func TestBenchGemmBadFlags(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--reps", "0"}, "--reps"},
+		{[]string{"--threads", "-1"}, "--threads"},
+		{[]string{"--peak-gflops", "0"}, "--peak-gflops"},
+		{[]string{"--isa", "sse"}, "--isa"},
+		{[]string{"--shapes", "NN:1x2"}, "--shapes"},
+		{[]string{"--shapes", "NX:1x2x3"}, "--shapes"},
+		{[]string{"--shapes", "NN:1x0x3"}, "--shapes"},
+		{[]string{"--rep", "3"}, "did you mean --reps"},
+	} {
+		_, err := runBenchGemm(t, tc.args...)
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%v: error %v, want one mentioning %q", tc.args, err, tc.want)
+		}
+	}
+}
