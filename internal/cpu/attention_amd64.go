@@ -18,3 +18,22 @@ func expSubF32(x []float32, sub float32) float32 {
 	}
 	return s + expSubGo(x, sub)
 }
+
+// expSumAVX512 returns Σ exp(x[i]-sub) for i < n, n a multiple of 16, without
+// writing x. Requires AVX-512F.
+//
+//go:noescape
+func expSumAVX512(x *float32, n int, sub float32) float32
+
+// expSumF32 returns Σ exp(x[i]-sub) (float32 lanes, no writes).
+func expSumF32(x []float32, sub float32) float32 {
+	var s float32
+	if n := len(x) &^ 15; n > 0 && ActiveISA() == ISAAVX512 {
+		s = expSumAVX512(&x[0], n, sub)
+		x = x[n:]
+	}
+	for _, v := range x {
+		s += expF32(v - sub)
+	}
+	return s
+}

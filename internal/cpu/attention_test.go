@@ -5,6 +5,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"runtime"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -134,7 +135,7 @@ func BenchmarkAttention(b *testing.B) {
 	}
 }
 
-// TestExpSub holds the float32 exp (AVX-512 and pure Go) to math.Exp within
+// TestExpSub holds the float32 exp kernels (AVX-512 and pure Go) to math.Exp within
 // 4 ulp-ish (3e-7 relative) and checks masked (-Inf) lanes become exactly 0.
 func TestExpSub(t *testing.T) {
 	for _, isa := range []ISA{ISAGeneric, DetectedISA()} {
@@ -153,6 +154,13 @@ func TestExpSub(t *testing.T) {
 					want[i] = 0
 				}
 				sum += want[i]
+			}
+			orig := slices.Clone(x)
+			if s := expSumF32(x, 3); math.Abs(float64(s)-sum) > 1e-6*sum {
+				t.Fatalf("%v n=%d: expSumF32 = %g, want %g", isa, n, s, sum)
+			}
+			if !slices.Equal(x, orig) {
+				t.Fatalf("%v n=%d: expSumF32 wrote its input", isa, n)
 			}
 			got := expSubF32(x, 3)
 			for i := range x {

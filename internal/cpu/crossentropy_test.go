@@ -88,3 +88,23 @@ func TestCrossEntropyGolden(t *testing.T) {
 		g.check(t, "dlogits", dx)
 	}
 }
+
+// BenchmarkCrossEntropy reports GB/s of logits streamed by forward+backward
+// (the forward reads them twice, the backward reads and writes them once).
+func BenchmarkCrossEntropy(b *testing.B) {
+	cfg := CrossEntropyConfig{N: 256, V: 50304, IgnoreIndex: -1}
+	rng := rand.New(rand.NewPCG(1, 1))
+	logits := to32(randF64(rng, cfg.N*cfg.V, 5))
+	targets := make([]int32, cfg.N)
+	for i := range targets {
+		targets[i] = int32(rng.IntN(cfg.V))
+	}
+	losses, lse, dl, dx := make([]float32, cfg.N), make([]float32, cfg.N), to32(filled(cfg.N, 1)), make([]float32, len(logits))
+	b.ReportAllocs()
+	b.ResetTimer()
+	for range b.N {
+		CrossEntropyForward(losses, lse, logits, targets, cfg)
+		CrossEntropyBackward(dx, logits, lse, targets, dl, cfg)
+	}
+	b.ReportMetric(float64(4*4*len(logits))*float64(b.N)/b.Elapsed().Seconds()/1e9, "GB/s")
+}

@@ -37,12 +37,16 @@ func LayerNormForward(out, mean, rstd, inp, weight, bias []float32, n, c int, ep
 			}
 			r := 1 / float32(math.Sqrt(float64(v2/float32(c)+eps)))
 			o := out[i*c : i*c+c]
-			for j, v := range x {
-				y := (v - m) * r * weight[j]
-				if bias != nil {
-					y += bias[j]
+			w := weight[:c]
+			if bias == nil {
+				for j, v := range x {
+					o[j] = (v - m) * r * w[j]
 				}
-				o[j] = y
+			} else {
+				b := bias[:c]
+				for j, v := range x {
+					o[j] = (v-m)*r*w[j] + b[j]
+				}
 			}
 			mean[i], rstd[i] = m, r
 		}
@@ -81,7 +85,9 @@ func LayerNormBackward(dinp, dweight, dbias, dout, inp, weight, mean, rstd []flo
 			m, r := mean[i], rstd[i]
 			for j := lo; j < hi; j++ {
 				dweight[j] += g[j] * (x[j] - m) * r
-				if dbias != nil {
+			}
+			if dbias != nil {
+				for j := lo; j < hi; j++ {
 					dbias[j] += g[j]
 				}
 			}

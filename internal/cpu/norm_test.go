@@ -122,3 +122,20 @@ func TestNormGolden(t *testing.T) {
 	g.check(t, "dinp", dx)
 	g.check(t, "dweight", dw)
 }
+
+// BenchmarkLayerNorm reports GB/s of activations moved by forward+backward
+// (forward reads inp, writes out; backward reads inp and dout, adds to dinp).
+func BenchmarkLayerNorm(b *testing.B) {
+	n, c := 4096, 768
+	rng := rand.New(rand.NewPCG(1, 1))
+	x, w, bb, g := to32(randF64(rng, n*c, 2)), to32(randF64(rng, c, 1)), to32(randF64(rng, c, 1)), to32(randF64(rng, n*c, 1))
+	out, mean, rstd := make([]float32, n*c), make([]float32, n), make([]float32, n)
+	dx, dw, db := make([]float32, n*c), make([]float32, c), make([]float32, c)
+	b.ReportAllocs()
+	b.ResetTimer()
+	for range b.N {
+		LayerNormForward(out, mean, rstd, x, w, bb, n, c, 1e-5)
+		LayerNormBackward(dx, dw, db, g, x, w, mean, rstd, n, c)
+	}
+	b.ReportMetric(float64(7*4*n*c)*float64(b.N)/b.Elapsed().Seconds()/1e9, "GB/s")
+}
