@@ -2,8 +2,8 @@ package cpu
 
 import (
 	"fmt"
-	"syscall"
 	"math/rand/v2"
+	"syscall"
 	"testing"
 )
 
