@@ -3,6 +3,7 @@ package cpu
 import (
 	"fmt"
 	"math"
+	"slices"
 	"sync"
 )
 
@@ -132,6 +133,24 @@ func attnMask(s []float32, cfg *AttentionConfig, b, i0, nq, j0, nk int) {
 	}
 }
 
+// attnTileEmpty reports whether every (i, j) of the tile rows [i0, i0+nq),
+// columns [j0, j0+nk) is masked, so the tile can be skipped: it lies above the
+// causal diagonal, or the document ids of its rows and columns span disjoint
+// ranges (packed sequences give block-diagonal masks whose off-diagonal tiles
+// are skipped this way).
+func attnTileEmpty(cfg *AttentionConfig, b, i0, nq, j0, nk int) bool {
+	if cfg.Causal && j0 > i0+nq-1 {
+		return true
+	}
+	if cfg.DocIDs == nil {
+		return false
+	}
+	ids := cfg.DocIDs[b*cfg.T:]
+	qLo, qHi := slices.Min(ids[i0:i0+nq]), slices.Max(ids[i0:i0+nq])
+	kLo, kHi := slices.Min(ids[j0:j0+nk]), slices.Max(ids[j0:j0+nk])
+	return qHi < kLo || kHi < qLo
+}
+
 // attnForwardBlock runs query rows [i0, i1) of head h in batch b.
 func attnForwardBlock(out, lse, q, k, v []float32, cfg *AttentionConfig, b, h, i0, i1 int, ws *attnScratch) {
 	T, D := cfg.T, cfg.D
@@ -152,6 +171,9 @@ func attnForwardBlock(out, lse, q, k, v []float32, cfg *AttentionConfig, b, h, i
 	}
 	for j0 := 0; j0 < jEnd; j0 += attnBlockK {
 		nk := min(attnBlockK, jEnd-j0)
+		if attnTileEmpty(cfg, b, i0, nq, j0, nk) {
+			continue
+		}
 		kvOff := (b*T+j0)*kvs + g*D
 		// S = scale * Q Kᵀ: (nq, nk)
 		Sgemm(NoTrans, Trans, nq, nk, D, cfg.scale(), qBlk, qs, k[kvOff:], kvs, 0, ws.s, attnBlockK)

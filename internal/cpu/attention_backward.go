@@ -105,6 +105,9 @@ func attnBackwardTile(dq, dk, dv, dout, q, k, v, out, lse []float32, cfg *Attent
 	g := h / (cfg.HQ / cfg.HKV)
 	scale := cfg.scale()
 	nq, nk := min(attnBlockQ, T-i0), min(attnBlockK, T-j0)
+	if attnTileEmpty(cfg, b, i0, nq, j0, nk) {
+		return
+	}
 	kvOff, qOff := (b*T+j0)*kvs+g*D, (b*T+i0)*qs+h*D
 	kBlk, vBlk := k[kvOff:], v[kvOff:]                     // (nk, D), row stride kvs
 	qBlk, doBlk, dqBlk := q[qOff:], dout[qOff:], dq[qOff:] // (nq, D), row stride qs

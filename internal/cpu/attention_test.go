@@ -25,18 +25,31 @@ func docIDs(rng *rand.Rand, b, t int) []int32 {
 	return ids
 }
 
+// docsAt returns ids for one row of t tokens whose documents start at starts.
+func docsAt(t int, starts ...int) []int32 {
+	ids := make([]int32, t)
+	for _, s := range starts {
+		for i := s; i < t; i++ {
+			ids[i]++
+		}
+	}
+	return ids
+}
+
 func TestAttentionFastVsRef(t *testing.T) {
 	rng := rand.New(rand.NewPCG(16, 17))
 	for _, cfg := range []AttentionConfig{
 		{B: 1, T: 1, HQ: 1, HKV: 1, D: 1, Causal: true},
 		{B: 2, T: 7, HQ: 3, HKV: 3, D: 5, Causal: true},
-		{B: 1, T: 130, HQ: 4, HKV: 2, D: 16, Causal: true},                    // GQA, partial blocks
-		{B: 2, T: 65, HQ: 3, HKV: 1, D: 8, Causal: true},                      // MQA
-		{B: 1, T: 67, HQ: 2, HKV: 2, D: 9, Causal: false},                     // bidirectional
-		{B: 2, T: 150, HQ: 2, HKV: 1, D: 12, Causal: true, DocIDs: []int32{}}, // doc mask, filled below
-		{B: 1, T: 70, HQ: 2, HKV: 2, D: 4, Scale: 0.3, DocIDs: []int32{}},     // doc mask, no causal
+		{B: 1, T: 130, HQ: 4, HKV: 2, D: 16, Causal: true},                              // GQA, partial blocks
+		{B: 2, T: 65, HQ: 3, HKV: 1, D: 8, Causal: true},                                // MQA
+		{B: 1, T: 67, HQ: 2, HKV: 2, D: 9, Causal: false},                               // bidirectional
+		{B: 2, T: 150, HQ: 2, HKV: 1, D: 12, Causal: true, DocIDs: []int32{}},           // doc mask, filled below
+		{B: 1, T: 70, HQ: 2, HKV: 2, D: 4, Scale: 0.3, DocIDs: []int32{}},               // doc mask, no causal
+		{B: 1, T: 200, HQ: 2, HKV: 2, D: 8, Causal: true, DocIDs: docsAt(200, 70, 140)}, // whole tiles skipped
+		{B: 1, T: 200, HQ: 2, HKV: 1, D: 8, DocIDs: docsAt(200, 64, 130)},               // skipped both sides of the diagonal
 	} {
-		if cfg.DocIDs != nil {
+		if cfg.DocIDs != nil && len(cfg.DocIDs) == 0 {
 			cfg.DocIDs = docIDs(rng, cfg.B, cfg.T)
 		}
 		t.Run(fmt.Sprintf("B%dT%dHQ%dHKV%dD%d-causal%v-doc%v", cfg.B, cfg.T, cfg.HQ, cfg.HKV, cfg.D, cfg.Causal, cfg.DocIDs != nil), func(t *testing.T) {
@@ -88,7 +101,7 @@ func TestAttentionConfigErrors(t *testing.T) {
 
 func TestAttentionGolden(t *testing.T) {
 	for _, name := range []string{"attention_causal", "attention_gqa", "attention_docmask"} {
-		t.Run(name, func(t *testing.T) {
+		forEachISA(t, name, func(t *testing.T) {
 			g := loadGolden(t, name)
 			cfg := AttentionConfig{B: g.p("b"), T: g.p("t"), HQ: g.p("hq"), HKV: g.p("hkv"), D: g.p("d"),
 				Causal: g.Params["causal"].(bool), DocIDs: g.i32["doc_ids"]}
@@ -197,6 +210,29 @@ func TestAttentionMemoryIndependentOfT(t *testing.T) {
 			if got := m1.TotalAlloc - m0.TotalAlloc; got > limit {
 				t.Errorf("T=%d HKV=%d: fwd+bwd allocated %d bytes, want <= %d", T, hkv, got, limit)
 			}
+		}
+	}
+}
+
+func TestAttnTileEmpty(t *testing.T) {
+	docs := &AttentionConfig{B: 1, T: 200, HQ: 1, HKV: 1, D: 1, DocIDs: docsAt(200, 70, 140)}
+	causal := &AttentionConfig{B: 1, T: 200, HQ: 1, HKV: 1, D: 1, Causal: true}
+	for _, tc := range []struct {
+		cfg    *AttentionConfig
+		i0, j0 int
+		want   bool
+	}{
+		{causal, 0, 64, true},   // above the diagonal
+		{causal, 64, 64, false}, // diagonal tile
+		{causal, 128, 0, false}, // below
+		{docs, 128, 0, true},    // queries in docs 1-2, keys 0..63 all doc 0
+		{docs, 0, 64, false},    // keys 64..127 include doc 0 (64..69)
+		{docs, 192, 128, false}, // queries doc 2, keys docs 1-2
+		{docs, 192, 64, true},   // queries doc 2 only, keys docs 0-1
+	} {
+		nq, nk := min(64, 200-tc.i0), min(64, 200-tc.j0)
+		if got := attnTileEmpty(tc.cfg, 0, tc.i0, nq, tc.j0, nk); got != tc.want {
+			t.Errorf("causal=%v docs=%v tile (%d,%d): empty=%v, want %v", tc.cfg.Causal, tc.cfg.DocIDs != nil, tc.i0, tc.j0, got, tc.want)
 		}
 	}
 }

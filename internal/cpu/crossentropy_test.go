@@ -72,6 +72,12 @@ func TestCrossEntropyConfigErrors(t *testing.T) {
 
 func TestCrossEntropyGolden(t *testing.T) {
 	for _, name := range []string{"crossentropy", "crossentropy_smooth"} {
+		forEachISA(t, name, func(t *testing.T) { crossEntropyGolden(t, name) })
+	}
+}
+
+func crossEntropyGolden(t *testing.T, name string) {
+	{
 		g := loadGolden(t, name)
 		cfg := CrossEntropyConfig{N: g.p("n"), V: g.p("v"), LabelSmoothing: float32(g.Params["label_smoothing"].(float64)),
 			IgnoreIndex: int32(g.p("ignore_index"))}

@@ -20,7 +20,9 @@ func TestSoftmaxFastVsRef(t *testing.T) {
 	}
 }
 
-func TestSoftmaxGolden(t *testing.T) {
+func TestSoftmaxGolden(t *testing.T) { forEachISA(t, "softmax", softmaxGolden) }
+
+func softmaxGolden(t *testing.T) {
 	g := loadGolden(t, "softmax")
 	n, c := g.p("n"), g.p("c")
 	out, dx := make([]float32, n*c), make([]float32, n*c)
