@@ -42,3 +42,41 @@ func TestSamplingRules(t *testing.T) {
 		t.Fatal("top-k with top-p accepted")
 	}
 }
+
+type spaceDecoder struct{}
+
+func (spaceDecoder) Decode(ids []int) string {
+	var b []byte
+	for i, id := range ids {
+		if i > 0 {
+			b = append(b, ' ')
+		}
+		b = append(b, byte('0'+id))
+	}
+	return string(b)
+}
+
+type byteDecoder struct{}
+
+func (byteDecoder) Decode(ids []int) string {
+	b := make([]byte, len(ids))
+	for i, id := range ids {
+		b[i] = byte(id)
+	}
+	return string(b)
+}
+
+func TestTextStream(t *testing.T) {
+	s := NewTextStream(spaceDecoder{}, []int{1, 2})
+	if got := s.Add(3) + s.Add(4); got != " 3 4" {
+		t.Fatalf("space-joined stream gave %q", got)
+	}
+	// "é" is two bytes: nothing is emitted until the character is whole.
+	b := NewTextStream(byteDecoder{}, []int{'a'})
+	if got := b.Add(0xc3); got != "" {
+		t.Fatalf("half a character emitted: %q", got)
+	}
+	if got := b.Add(0xa9); got != "é" {
+		t.Fatalf("got %q", got)
+	}
+}

@@ -2,9 +2,73 @@ package main
 
 import (
 	"context"
-	"errors"
+	"fmt"
+
+	"github.com/gotron/gotron/infer"
+	"github.com/gotron/gotron/internal/assets/gpt2"
+	"github.com/gotron/gotron/tokenizer"
+	"github.com/gotron/gotron/train"
 )
 
+const generateSynopsis = "generate --load DIR --prompt TEXT [--max-new-tokens N --temperature T --top-k K | --top-p P --seed S]"
+
 func cmdGenerate(ctx context.Context, env *cli, args []string) error {
-	return errors.New("not implemented yet")
+	fs := newFlags("generate", generateSynopsis)
+	load := fs.String("load", "", "checkpoint directory (gotron train --save)")
+	prompt := fs.String("prompt", "", "text to continue")
+	maxNew := fs.Int("max-new-tokens", 100, "tokens to generate (Megatron's tokens_to_generate)")
+	var s infer.Sampling
+	fs.Float64Var(&s.Temperature, "temperature", 1.0, "divide logits by this")
+	fs.IntVar(&s.TopK, "top-k", 0, "sample from the k most likely tokens (1: greedy)")
+	fs.Float64Var(&s.TopP, "top-p", 0, "nucleus sampling mass (excludes --top-k > 1)")
+	seed := fs.Int64("seed", 1234, "sampling seed")
+	var d dataArgs
+	addDataArgs(fs, &d)
+	if err := parseFlags(fs, args, env.stdout, generateSynopsis); err != nil {
+		return err
+	}
+	if *load == "" {
+		return fmt.Errorf("--load is required")
+	}
+	if *prompt == "" {
+		return fmt.Errorf("--prompt is required")
+	}
+	s.Seed = uint64(*seed)
+	sampler, err := infer.NewSampler(s)
+	if err != nil {
+		return err
+	}
+	m, _, err := train.LoadModel(*load)
+	if err != nil {
+		return err
+	}
+	var tok tokenizer.Tokenizer
+	if d.tok.Type != "" {
+		if tok, err = tokenizer.New(d.tok); err != nil {
+			return err
+		}
+	} else {
+		if m.Config.VocabSize != tokenizer.PaddedVocabSize(50257, 128, 1) {
+			return fmt.Errorf("--load %s has a vocabulary of %d: name its tokenizer with --tokenizer-type and its files", *load, m.Config.VocabSize)
+		}
+		if tok, err = gpt2.Tokenizer(); err != nil {
+			return err
+		}
+	}
+	ids := tok.Encode(*prompt)
+	p := make([]int32, len(ids))
+	for i, id := range ids {
+		p[i] = int32(id)
+	}
+	fmt.Fprint(env.stdout, *prompt)
+	stream := infer.NewTextStream(tok, ids)
+	err = infer.Generate(ctx, m, p, *maxNew, tok.VocabSize(), tok.EOD(), sampler, func(id int) error {
+		if id != tok.EOD() {
+			_, err := fmt.Fprint(env.stdout, stream.Add(id))
+			return err
+		}
+		return nil
+	})
+	fmt.Fprintln(env.stdout)
+	return err
 }

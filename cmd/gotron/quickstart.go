@@ -107,9 +107,10 @@ func printSample(env *cli, m *gpt.Model, tok tokenizer.Tokenizer, prompt string,
 		return err
 	}
 	fmt.Fprint(env.stdout, prompt)
+	stream := infer.NewTextStream(tok, ids)
 	err = infer.Generate(context.Background(), m, p, n, tok.VocabSize(), tok.EOD(), s, func(id int) error {
 		if id != tok.EOD() {
-			fmt.Fprint(env.stdout, tok.Decode([]int{id}))
+			fmt.Fprint(env.stdout, stream.Add(id))
 		}
 		return nil
 	})

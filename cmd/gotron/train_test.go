@@ -1,0 +1,85 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+func runCLI(t *testing.T, args ...string) (string, string, int) {
+	t.Helper()
+	var out, errb bytes.Buffer
+	env := &cli{stdout: &out, stderr: &errb, stdin: strings.NewReader(""), getenv: func(string) string { return "" }}
+	code := run(context.Background(), env, args)
+	return out.String(), errb.String(), code
+}
+
+var tinyTrain = []string{"train", "--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4",
+	"--seq-length", "16", "--micro-batch-size", "2", "--global-batch-size", "4", "--lr", "1e-3", "--mock-data",
+	"--vocab-size", "100", "--make-vocab-size-divisible-by", "64", "--log-interval", "1", "--eval-interval", "2", "--eval-iters", "1"}
+
+func TestTrainThenGenerate(t *testing.T) {
+	dir := t.TempDir()
+	out, errs, code := runCLI(t, append(append([]string{}, tinyTrain...), "--train-iters", "3", "--save", filepath.Join(dir, "ck"))...)
+	if code != 0 {
+		t.Fatalf("train exit %d: %s", code, errs)
+	}
+	for _, want := range []string{"iteration        3/       3", "validation loss at iteration 2", "saved checkpoint at iteration       3"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("train output lacks %q:\n%s", want, out)
+		}
+	}
+	// The model's vocabulary (128) is not GPT-2's: generate must ask for the tokenizer.
+	_, errs, code = runCLI(t, "generate", "--load", filepath.Join(dir, "ck"), "--prompt", "1 2 3")
+	if code == 0 || !strings.Contains(errs, "--tokenizer-type") {
+		t.Fatalf("generate without a tokenizer: exit %d: %s", code, errs)
+	}
+	out, errs, code = runCLI(t, "generate", "--load", filepath.Join(dir, "ck"), "--prompt", "1 2 3",
+		"--tokenizer-type", "NullTokenizer", "--vocab-size", "100", "--max-new-tokens", "5", "--top-k", "1")
+	if code != 0 {
+		t.Fatalf("generate exit %d: %s", code, errs)
+	}
+	if fields := strings.Fields(out); len(fields) < 4 {
+		t.Fatalf("generate printed %q", out)
+	}
+}
+
+func TestTrainFlagErrors(t *testing.T) {
+	cases := []struct {
+		args []string
+		want string
+	}{
+		{[]string{"train", "--num-layer", "2"}, "unknown flag --num-layer (did you mean --num-layers?)"},
+		{append(append([]string{}, tinyTrain...), "--train-iters", "1", "--hidden-size", "30"), "--hidden-size=30 is not divisible by --num-attention-heads=4"},
+		{append(append([]string{}, tinyTrain...), "--train-iters", "1", "--global-batch-size", "3"), "--global-batch-size=3 is not a multiple of --micro-batch-size=2"},
+		{append(append([]string{}, tinyTrain...), "--train-iters", "1", "--tensor-model-parallel-size", "2"), "only 1 is supported"},
+		{append(append([]string{}, tinyTrain...), "--train-iters", "1", "--swiglu", "--openai-gelu"), "exclude each other"},
+		{[]string{"train", "--seq-length", "16", "--micro-batch-size", "1", "--lr", "1", "--train-iters", "1", "--num-layers", "1", "--hidden-size", "8", "--num-attention-heads", "2"}, "no data: set --data-path"},
+	}
+	for _, c := range cases {
+		_, errs, code := runCLI(t, c.args...)
+		if code == 0 || !strings.Contains(errs, c.want) {
+			t.Errorf("%v: exit %d, stderr %q; want %q", c.args, code, errs, c.want)
+		}
+	}
+}
+
+func TestTrainYAMLConfig(t *testing.T) {
+	dir := t.TempDir()
+	cfg := filepath.Join(dir, "run.yaml")
+	os.WriteFile(cfg, []byte("num_layers: 2\nhidden_size: 32\nnum_attention_heads: 4\nseq_length: 16\nmicro_batch_size: 2\nlr: 0.001\nmock_data: true\nvocab_size: 100\ntrain_iters: 2\nlog_interval: 1\neval_interval: 0\n"), 0o644)
+	out, errs, code := runCLI(t, "train", "--config", cfg, "--train-iters", "1")
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errs)
+	}
+	if !strings.Contains(out, "iteration        1/       1") {
+		t.Fatalf("the command-line --train-iters did not override the file:\n%s", out)
+	}
+	os.WriteFile(cfg, []byte("num_layer: 2\n"), 0o644)
+	if _, errs, _ := runCLI(t, "train", "--config", cfg); !strings.Contains(errs, `unknown key "num_layer" (did you mean "num-layers"?)`) {
+		t.Fatalf("bad key: %s", errs)
+	}
+}
