@@ -55,6 +55,34 @@ func (c AttentionConfig) mustValidate() {
 	}
 }
 
+// mustLen panics unless each buffer has at least the floats its shape needs:
+// shapes come from the caller's code, so a mismatch is a programming error.
+func (c AttentionConfig) mustLen(bufs ...attnBuf) {
+	for _, b := range bufs {
+		want := c.B * c.T * c.D
+		switch b.kind {
+		case 'q':
+			want *= c.HQ
+		case 'k':
+			want *= c.HKV
+		case 'l':
+			want = c.B * c.HQ * c.T
+		}
+		if len(b.x) < want {
+			panic(fmt.Sprintf("cpu: attention %s has %d floats, want %d for B=%d T=%d HQ=%d HKV=%d D=%d",
+				b.name, len(b.x), want, c.B, c.T, c.HQ, c.HKV, c.D))
+		}
+	}
+}
+
+// attnBuf names a buffer for mustLen; kind is 'q' (B,T,HQ,D), 'k' (B,T,HKV,D)
+// or 'l' (B,HQ,T).
+type attnBuf struct {
+	name string
+	kind byte
+	x    []float32
+}
+
 // Tile sizes. A key block of attnBlockK rows of k and v (2*64*D floats, 32 KiB
 // at D=64) stays in cache while attnBlockQ query rows stream over it.
 const (
@@ -95,12 +123,14 @@ func AttentionScratchBytes() int { return Threads() * attnScratchFloats * 4 }
 //	lse[b,h,i]   = log Σ_j exp(scale*q_i·k_j), cached for AttentionBackward
 //
 // Both products run through Sgemm on tiles (single-threaded per tile); work
-// is split over (b, head, query block) with Parallel. Causal key blocks above
-// the diagonal are skipped. A row with no allowed key (impossible when Causal
+// is split over (b, head, query block) with Parallel. Tiles that are wholly
+// masked (above the causal diagonal, or between disjoint document-id ranges)
+// are skipped. Buffers shorter than their shapes panic (programming error). A row with no allowed key (impossible when Causal
 // or DocIDs, since i attends to itself) gets out 0 and lse -Inf. Against the
 // float64 reference the result agrees to ~1e-6 relative (tests use 2e-5).
 func AttentionForward(out, lse, q, k, v []float32, cfg AttentionConfig) {
 	cfg.mustValidate()
+	cfg.mustLen(attnBuf{"out", 'q', out}, attnBuf{"lse", 'l', lse}, attnBuf{"q", 'q', q}, attnBuf{"k", 'k', k}, attnBuf{"v", 'k', v})
 	nqb := (cfg.T + attnBlockQ - 1) / attnBlockQ
 	Parallel(cfg.B*cfg.HQ*nqb, 1, func(lo, hi int) {
 		ws := attnPool.Get().(*attnScratch)

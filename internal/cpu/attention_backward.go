@@ -17,6 +17,8 @@ import "math"
 // accumulation needs no atomics; the two schedules agree to float32 rounding.
 func AttentionBackward(dq, dk, dv, dout, q, k, v, out, lse []float32, cfg AttentionConfig) {
 	cfg.mustValidate()
+	cfg.mustLen(attnBuf{"dq", 'q', dq}, attnBuf{"dk", 'k', dk}, attnBuf{"dv", 'k', dv}, attnBuf{"dout", 'q', dout},
+		attnBuf{"q", 'q', q}, attnBuf{"k", 'k', k}, attnBuf{"v", 'k', v}, attnBuf{"out", 'q', out}, attnBuf{"lse", 'l', lse})
 	if cfg.B*cfg.HKV >= 2*Threads() {
 		attentionBackwardFused(dq, dk, dv, dout, q, k, v, out, lse, &cfg)
 		return

@@ -236,3 +236,15 @@ func TestAttnTileEmpty(t *testing.T) {
 		}
 	}
 }
+
+func TestAttentionShortBufferPanics(t *testing.T) {
+	cfg := AttentionConfig{B: 1, T: 4, HQ: 2, HKV: 1, D: 8}
+	q, kv := make([]float32, 64), make([]float32, 32)
+	defer func() {
+		msg, _ := recover().(string)
+		if !strings.Contains(msg, "attention lse has 7 floats, want 8") {
+			t.Fatalf("panic %q, want it to name lse and its sizes", msg)
+		}
+	}()
+	AttentionForward(make([]float32, 64), make([]float32, 7), q, kv, kv, cfg)
+}
