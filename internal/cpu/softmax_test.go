@@ -17,6 +17,9 @@ func TestSoftmaxFastVsRef(t *testing.T) {
 		SoftmaxBackward(dx32, to32(g), out32, sh.n, sh.c)
 		assertClose(t, "out", out32, out, fastTol)
 		assertClose(t, "dinp", dx32, dx, fastTol)
+		inPlace := to32(x) // out aliases inp
+		SoftmaxForward(inPlace, inPlace, sh.n, sh.c)
+		assertClose(t, "out in place", inPlace, out, fastTol)
 	}
 }
 
