@@ -2,6 +2,7 @@ package tokenizer
 
 import (
 	"bytes"
+	"encoding/base64"
 	"compress/gzip"
 	"io"
 	"os"
@@ -83,3 +84,5 @@ func firstDiff(a, b []int) int {
 func window(ids []int, i int) []int {
 	return ids[max(0, i-3):min(len(ids), i+5)]
 }
+
+func b64(b []byte) string { return base64.StdEncoding.EncodeToString(b) }

