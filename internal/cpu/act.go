@@ -11,24 +11,30 @@ const geluTanhK = 0.7978845608028654
 
 // GELUTanhForward computes out = 0.5*x*(1+tanh(sqrt(2/π)*(x+0.044715x³))),
 // torch's gelu(approximate="tanh") and Megatron's bias_gelu. inp, out: (any).
+// It evaluates the identical x*sigmoid(2u) in float32 with one exp, accurate to
+// a few ulp (no cancellation in 1+tanh for negative x).
 func GELUTanhForward(out, inp []float32) {
 	Parallel(len(inp), actGrain, func(lo, hi int) {
 		for i := lo; i < hi; i++ {
-			x := float64(inp[i])
-			out[i] = float32(0.5 * x * (1 + math.Tanh(geluTanhK*(x+0.044715*x*x*x))))
+			x := inp[i]
+			out[i] = x * sigmoidF32(2*geluTanhK*(x+0.044715*x*x*x))
 		}
 	})
 }
 
-// GELUTanhBackward accumulates dinp += dout * d/dx GELUTanh(inp).
+// GELUTanhBackward accumulates dinp += dout * d/dx GELUTanh(inp)
+// = dout * (s + 2x·s(1-s)·sqrt(2/π)(1+3·0.044715x²)), s = sigmoid(2u).
 func GELUTanhBackward(dinp, dout, inp []float32) {
 	Parallel(len(inp), actGrain, func(lo, hi int) {
 		for i := lo; i < hi; i++ {
-			dinp[i] += dout[i] * float32(geluTanhGrad(float64(inp[i])))
+			x := inp[i]
+			s := sigmoidF32(2 * geluTanhK * (x + 0.044715*x*x*x))
+			dinp[i] += dout[i] * (s + 2*x*s*(1-s)*geluTanhK*(1+3*0.044715*x*x))
 		}
 	})
 }
 
+// geluTanhGrad is the float64 derivative of the tanh-form GELU (references).
 func geluTanhGrad(x float64) float64 {
 	u := geluTanhK * (x + 0.044715*x*x*x)
 	t := math.Tanh(u)
@@ -61,21 +67,16 @@ func geluErfGrad(x float64) float64 {
 	return 0.5*(1+math.Erf(x/math.Sqrt2)) + x*invSqrt2Pi*math.Exp(-0.5*x*x)
 }
 
-// sigmoid is 1/(1+e^-x), computed without overflow for large |x|.
-func sigmoid(x float64) float64 {
-	if x >= 0 {
-		return 1 / (1 + math.Exp(-x))
-	}
-	e := math.Exp(x)
-	return e / (1 + e)
-}
+// sigmoidF32 is 1/(1+e^-x) in float32: exact 0 and 1 in the tails, a few ulp
+// elsewhere.
+func sigmoidF32(x float32) float32 { return 1 / (1 + expF32(-x)) }
 
 // SiLUForward computes out = x*sigmoid(x). inp, out: (any).
 func SiLUForward(out, inp []float32) {
 	Parallel(len(inp), actGrain, func(lo, hi int) {
 		for i := lo; i < hi; i++ {
-			x := float64(inp[i])
-			out[i] = float32(x * sigmoid(x))
+			x := inp[i]
+			out[i] = x * sigmoidF32(x)
 		}
 	})
 }
@@ -84,9 +85,9 @@ func SiLUForward(out, inp []float32) {
 func SiLUBackward(dinp, dout, inp []float32) {
 	Parallel(len(inp), actGrain, func(lo, hi int) {
 		for i := lo; i < hi; i++ {
-			x := float64(inp[i])
-			s := sigmoid(x)
-			dinp[i] += dout[i] * float32(s*(1+x*(1-s)))
+			x := inp[i]
+			s := sigmoidF32(x)
+			dinp[i] += dout[i] * s * (1 + x*(1-s))
 		}
 	})
 }
@@ -100,8 +101,8 @@ func SwiGLUForward(out, inp []float32, n, f int) {
 		for i := lo; i < hi; i++ {
 			gate, up, o := inp[i*2*f:i*2*f+f], inp[i*2*f+f:i*2*f+2*f], out[i*f:i*f+f]
 			for j := range o {
-				x := float64(gate[j])
-				o[j] = float32(x*sigmoid(x)) * up[j]
+				x := gate[j]
+				o[j] = x * sigmoidF32(x) * up[j]
 			}
 		}
 	})
@@ -115,10 +116,10 @@ func SwiGLUBackward(dinp, dout, inp []float32, n, f int) {
 			gate, up, g := inp[i*2*f:i*2*f+f], inp[i*2*f+f:i*2*f+2*f], dout[i*f:i*f+f]
 			dgate, dup := dinp[i*2*f:i*2*f+f], dinp[i*2*f+f:i*2*f+2*f]
 			for j := range g {
-				x := float64(gate[j])
-				s := sigmoid(x)
-				dgate[j] += g[j] * up[j] * float32(s*(1+x*(1-s)))
-				dup[j] += g[j] * float32(x*s)
+				x := gate[j]
+				s := sigmoidF32(x)
+				dgate[j] += g[j] * up[j] * s * (1 + x*(1-s))
+				dup[j] += g[j] * x * s
 			}
 		}
 	})

@@ -71,3 +71,29 @@ func TestActGolden(t *testing.T) {
 	g.check(t, "out", out)
 	g.check(t, "dinp", dx)
 }
+
+// BenchmarkActivations reports GB/s for forward+backward (forward reads inp and
+// writes out; backward reads dout and inp and updates dinp: 6 float passes).
+func BenchmarkActivations(b *testing.B) {
+	n := 1 << 22
+	rng := rand.New(rand.NewPCG(1, 1))
+	x, g := to32(randF64(rng, n, 4)), to32(randF64(rng, n, 1))
+	out, dx := make([]float32, n), make([]float32, n)
+	for _, a := range []struct {
+		name string
+		fwd  func(out, inp []float32)
+		bwd  func(dinp, dout, inp []float32)
+	}{
+		{"gelu-tanh", GELUTanhForward, GELUTanhBackward},
+		{"gelu-erf", GELUErfForward, GELUErfBackward},
+		{"silu", SiLUForward, SiLUBackward},
+	} {
+		b.Run(a.name, func(b *testing.B) {
+			for range b.N {
+				a.fwd(out, x)
+				a.bwd(dx, g, x)
+			}
+			b.ReportMetric(float64(6*4*n)*float64(b.N)/b.Elapsed().Seconds()/1e9, "GB/s")
+		})
+	}
+}
