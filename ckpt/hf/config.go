@@ -1,0 +1,298 @@
+package hf
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"math"
+	"reflect"
+	"sort"
+
+	"github.com/gotron/gotron/model/gpt"
+	"github.com/gotron/gotron/tokenizer"
+)
+
+// hfConfig holds the config.json fields the conversion reads. Pointers are
+// nil when a key is absent or null; transformers' class defaults apply then.
+type hfConfig struct {
+	Architectures []string `json:"architectures"`
+	ModelType     string   `json:"model_type"`
+	VocabSize     *int     `json:"vocab_size"`
+	TieWordEmb    *bool    `json:"tie_word_embeddings"`
+
+	// GPT2Config
+	NEmbd                      *int     `json:"n_embd"`
+	NLayer                     *int     `json:"n_layer"`
+	NHead                      *int     `json:"n_head"`
+	NInner                     *int     `json:"n_inner"`
+	NPositions                 *int     `json:"n_positions"`
+	LayerNormEpsilon           *float64 `json:"layer_norm_epsilon"`
+	ActivationFunction         *string  `json:"activation_function"`
+	ScaleAttnWeights           *bool    `json:"scale_attn_weights"`
+	ScaleAttnByInverseLayerIdx *bool    `json:"scale_attn_by_inverse_layer_idx"`
+
+	// LlamaConfig / MistralConfig
+	HiddenSize            *int            `json:"hidden_size"`
+	IntermediateSize      *int            `json:"intermediate_size"`
+	NumHiddenLayers       *int            `json:"num_hidden_layers"`
+	NumAttentionHeads     *int            `json:"num_attention_heads"`
+	NumKeyValueHeads      *int            `json:"num_key_value_heads"`
+	HeadDim               *int            `json:"head_dim"`
+	MaxPositionEmbeddings *int            `json:"max_position_embeddings"`
+	HiddenAct             *string         `json:"hidden_act"`
+	RMSNormEps            *float64        `json:"rms_norm_eps"`
+	RopeTheta             *float64        `json:"rope_theta"`
+	RopeScaling           json.RawMessage `json:"rope_scaling"`
+	AttentionBias         *bool           `json:"attention_bias"`
+	MLPBias               *bool           `json:"mlp_bias"`
+	SlidingWindow         *int            `json:"sliding_window"`
+}
+
+func intOr(p *int, def int) int {
+	if p == nil {
+		return def
+	}
+	return *p
+}
+
+func floatOr(p *float64, def float64) float64 {
+	if p == nil {
+		return def
+	}
+	return *p
+}
+
+func boolOr(p *bool, def bool) bool {
+	if p == nil {
+		return def
+	}
+	return *p
+}
+
+// archOf names the table for a config.json: by model_type, else by the first
+// architecture.
+func archOf(c *hfConfig) (string, error) {
+	switch c.ModelType {
+	case "gpt2":
+		return ArchGPT2, nil
+	case "llama", "mistral":
+		return ArchLlama, nil
+	}
+	for _, a := range c.Architectures {
+		switch a {
+		case "GPT2LMHeadModel":
+			return ArchGPT2, nil
+		case "LlamaForCausalLM", "MistralForCausalLM":
+			return ArchLlama, nil
+		}
+	}
+	return "", fmt.Errorf("model_type %q, architectures %q: want gpt2 (GPT2LMHeadModel), llama (LlamaForCausalLM) or mistral (MistralForCausalLM)", c.ModelType, c.Architectures)
+}
+
+// gpt2Activation maps an HF activation_function to gotron's Activation
+// ("" when gotron has no equivalent). gelu_new, gelu_pytorch_tanh and
+// gelu_fast are all the tanh approximation; gelu is the exact erf form.
+func gpt2Activation(hf string) string {
+	switch hf {
+	case "gelu_new", "gelu_pytorch_tanh", "gelu_fast":
+		return "gelu_tanh"
+	case "gelu":
+		return "gelu"
+	}
+	return ""
+}
+
+// parseConfig turns config.json into a gotron model config (vocabulary padded
+// to a multiple of divisibleBy) and returns the unpadded vocabulary size and
+// warnings about settings gotron ignores.
+func parseConfig(raw []byte, divisibleBy int) (arch string, cfg gpt.Config, vocab int, warns []string, err error) {
+	var c hfConfig
+	if err := json.Unmarshal(raw, &c); err != nil {
+		return "", gpt.Config{}, 0, nil, err
+	}
+	if arch, err = archOf(&c); err != nil {
+		return "", gpt.Config{}, 0, nil, err
+	}
+	switch arch {
+	case ArchGPT2:
+		vocab = intOr(c.VocabSize, 50257)
+		h := intOr(c.NEmbd, 768)
+		act := "gelu_new"
+		if c.ActivationFunction != nil {
+			act = *c.ActivationFunction
+		}
+		gact := gpt2Activation(act)
+		if gact == "" {
+			return "", gpt.Config{}, 0, nil, fmt.Errorf("activation_function %q: want gelu_new, gelu_pytorch_tanh, gelu_fast or gelu", act)
+		}
+		if !boolOr(c.ScaleAttnWeights, true) || boolOr(c.ScaleAttnByInverseLayerIdx, false) {
+			return "", gpt.Config{}, 0, nil, fmt.Errorf("scale_attn_weights=false or scale_attn_by_inverse_layer_idx=true: gotron scales attention by 1/sqrt(head dim) only")
+		}
+		cfg = gpt.Config{NumLayers: intOr(c.NLayer, 12), HiddenSize: h, NumAttentionHeads: intOr(c.NHead, 12),
+			FFNHiddenSize: intOr(c.NInner, 4*h), MaxPositionEmbeddings: intOr(c.NPositions, 1024),
+			PositionEmbeddingType: "learned_absolute", Normalization: "LayerNorm",
+			NormEpsilon: float32(floatOr(c.LayerNormEpsilon, 1e-5)), Activation: gact,
+			UntieEmbeddingsAndOutputWeights: !boolOr(c.TieWordEmb, true)}
+	case ArchLlama:
+		vocab = intOr(c.VocabSize, 32000)
+		if act := c.HiddenAct; act != nil && *act != "silu" {
+			return "", gpt.Config{}, 0, nil, fmt.Errorf("hidden_act %q: want silu (SwiGLU)", *act)
+		}
+		if len(c.RopeScaling) > 0 && !bytes.Equal(bytes.TrimSpace(c.RopeScaling), []byte("null")) {
+			return "", gpt.Config{}, 0, nil, fmt.Errorf("rope_scaling %s: not supported (gotron implements plain RoPE)", c.RopeScaling)
+		}
+		if boolOr(c.AttentionBias, false) || boolOr(c.MLPBias, false) {
+			return "", gpt.Config{}, 0, nil, fmt.Errorf("attention_bias or mlp_bias true: not supported (gotron's Llama layout has no biases)")
+		}
+		heads := intOr(c.NumAttentionHeads, 32)
+		cfg = gpt.Config{NumLayers: intOr(c.NumHiddenLayers, 32), HiddenSize: intOr(c.HiddenSize, 4096),
+			NumAttentionHeads: heads, NumQueryGroups: intOr(c.NumKeyValueHeads, heads), KVChannels: intOr(c.HeadDim, 0),
+			FFNHiddenSize: intOr(c.IntermediateSize, 11008), MaxPositionEmbeddings: intOr(c.MaxPositionEmbeddings, 2048),
+			PositionEmbeddingType: "rope", RotaryBase: floatOr(c.RopeTheta, 10000), Normalization: "RMSNorm",
+			NormEpsilon: float32(floatOr(c.RMSNormEps, 1e-6)), Activation: "swiglu", DisableBiasLinear: true,
+			UntieEmbeddingsAndOutputWeights: !boolOr(c.TieWordEmb, false)}
+		if sw := c.SlidingWindow; sw != nil && *sw < cfg.MaxPositionEmbeddings {
+			warns = append(warns, fmt.Sprintf("sliding_window=%d is ignored: gotron attends to the whole sequence (identical for sequences up to %d tokens)", *sw, *sw))
+		}
+	}
+	if vocab <= 0 {
+		return "", gpt.Config{}, 0, nil, fmt.Errorf("vocab_size=%d: want > 0", vocab)
+	}
+	cfg.VocabSize = tokenizer.PaddedVocabSize(vocab, divisibleBy, 1)
+	if err := cfg.Validate(); err != nil {
+		return "", gpt.Config{}, 0, nil, err
+	}
+	return arch, cfg, vocab, warns, nil
+}
+
+// torchDType is config.json's torch_dtype for a safetensors dtype.
+func torchDType(d string) string {
+	switch d {
+	case "BF16":
+		return "bfloat16"
+	case "F16":
+		return "float16"
+	}
+	return "float32"
+}
+
+// owned are the config.json keys the exporter derives from the model; other
+// keys of the imported config.json are kept verbatim.
+// template holds the further keys written when there is no imported
+// config.json; nullMeans the value a null owned key stands for.
+func exportConfig(arch string, c gpt.Config, vocab int, dtype string) (owned, template, nullMeans map[string]any, err error) {
+	tied := !c.UntieEmbeddingsAndOutputWeights
+	switch arch {
+	case ArchGPT2:
+		act := "gelu_new"
+		if c.Activation == "gelu" {
+			act = "gelu"
+		}
+		owned = map[string]any{"model_type": "gpt2", "vocab_size": vocab, "n_embd": c.HiddenSize, "n_layer": c.NumLayers,
+			"n_head": c.NumAttentionHeads, "n_inner": c.FFNHiddenSize, "n_positions": c.MaxPositionEmbeddings,
+			"layer_norm_epsilon": float64(c.NormEpsilon), "activation_function": act, "tie_word_embeddings": tied,
+			"torch_dtype": torchDType(dtype)}
+		template = map[string]any{"architectures": []any{"GPT2LMHeadModel"}, "n_ctx": c.MaxPositionEmbeddings,
+			"attn_pdrop": float64(c.AttentionDropout), "embd_pdrop": float64(c.HiddenDropout), "resid_pdrop": float64(c.HiddenDropout),
+			"initializer_range": float64(c.InitMethodStd), "scale_attn_weights": true, "scale_attn_by_inverse_layer_idx": false,
+			"reorder_and_upcast_attn": false, "use_cache": true}
+		nullMeans = map[string]any{"n_inner": 4 * c.HiddenSize}
+	case ArchLlama:
+		owned = map[string]any{"model_type": "llama", "vocab_size": vocab, "hidden_size": c.HiddenSize,
+			"intermediate_size": c.FFNHiddenSize, "num_hidden_layers": c.NumLayers, "num_attention_heads": c.NumAttentionHeads,
+			"num_key_value_heads": c.NumQueryGroups, "max_position_embeddings": c.MaxPositionEmbeddings,
+			"rms_norm_eps": float64(c.NormEpsilon), "rope_theta": c.RotaryBase, "hidden_act": "silu",
+			"tie_word_embeddings": tied, "torch_dtype": torchDType(dtype)}
+		if c.KVChannels*c.NumAttentionHeads != c.HiddenSize {
+			owned["head_dim"] = c.KVChannels
+		}
+		template = map[string]any{"architectures": []any{"LlamaForCausalLM"}, "attention_dropout": 0.0,
+			"initializer_range": float64(c.InitMethodStd), "pretraining_tp": 1, "use_cache": true,
+			"attention_bias": false, "mlp_bias": false, "rope_scaling": nil}
+		nullMeans = map[string]any{"num_key_value_heads": c.NumAttentionHeads, "head_dim": c.HiddenSize / c.NumAttentionHeads}
+	default:
+		return nil, nil, nil, fmt.Errorf("hf: unknown architecture %q", arch)
+	}
+	return owned, template, nullMeans, nil
+}
+
+// mergeConfig is the config.json to write: the imported one (orig, may be
+// nil) with every owned key set, except where orig already says the same
+// (so "1e-06" stays "1e-06" and "gelu_pytorch_tanh" stays itself). Without
+// orig the template keys are added.
+func mergeConfig(orig, owned, template, nullMeans map[string]any) map[string]any {
+	out := map[string]any{}
+	if orig == nil {
+		for k, v := range template {
+			out[k] = v
+		}
+	}
+	for k, v := range orig {
+		out[k] = v
+	}
+	keys := make([]string, 0, len(owned))
+	for k := range owned {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		ov, ok := orig[k]
+		if ok && (sameValue(k, ov, owned[k]) || ov == nil && nullMeans[k] != nil && nullMeans[k] == owned[k]) {
+			continue
+		}
+		if k == "torch_dtype" && !ok && orig["dtype"] != nil {
+			out["dtype"] = owned[k] // transformers >= 4.56 writes "dtype"
+			continue
+		}
+		out[k] = owned[k]
+	}
+	if orig != nil && orig["model_type"] == "mistral" {
+		out["model_type"] = "mistral" // same table as llama
+	}
+	return out
+}
+
+// sameValue compares a config value read with UseNumber (a) with one the
+// exporter derived (b): numbers equal as float32 (gotron keeps epsilons in
+// float32), activations equal when they mean the same function.
+func sameValue(key string, a, b any) bool {
+	if n, ok := a.(json.Number); ok {
+		x, err := n.Float64()
+		if err != nil {
+			return false
+		}
+		var y float64
+		switch v := b.(type) {
+		case int:
+			y = float64(v)
+		case float64:
+			y = v
+		default:
+			return false
+		}
+		return x == y || float32(x) == float32(y) && !math.IsNaN(x)
+	}
+	if key == "activation_function" {
+		as, _ := a.(string)
+		bs, _ := b.(string)
+		return gpt2Activation(as) != "" && gpt2Activation(as) == gpt2Activation(bs)
+	}
+	if key == "model_type" && a == "mistral" && b == "llama" {
+		return true
+	}
+	return reflect.DeepEqual(a, b)
+}
+
+// decodeJSONObject reads a JSON object keeping numbers as written.
+func decodeJSONObject(raw []byte) (map[string]any, error) {
+	d := json.NewDecoder(bytes.NewReader(raw))
+	d.UseNumber()
+	var m map[string]any
+	if err := d.Decode(&m); err != nil {
+		return nil, err
+	}
+	if m == nil {
+		return nil, fmt.Errorf("want a JSON object, got null")
+	}
+	return m, nil
+}

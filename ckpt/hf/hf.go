@@ -1,0 +1,464 @@
+package hf
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+
+	"github.com/gotron/gotron/ckpt/safetensors"
+	"github.com/gotron/gotron/model/gpt"
+	"github.com/gotron/gotron/tensor"
+)
+
+// Architectures: the name-map tables.
+const (
+	ArchGPT2  = "gpt2"  // GPT2LMHeadModel
+	ArchLlama = "llama" // LlamaForCausalLM, MistralForCausalLM
+)
+
+// Files in a gotron checkpoint directory made by an import.
+const (
+	// InfoFile (in the checkpoint's --save directory) records the import:
+	// architecture, dtype, unpadded vocabulary and the original config.json.
+	InfoFile = "hf_import.json"
+	// TokenizerDir (in the --save directory) holds the carried tokenizer files.
+	TokenizerDir = "tokenizer"
+)
+
+// infoFormat and infoVersion tag InfoFile.
+const (
+	infoFormat  = "gotron-hf-import"
+	infoVersion = 1
+)
+
+// TokenizerFileNames are the files carried along with a checkpoint, both
+// ways, when present.
+func TokenizerFileNames() []string {
+	return []string{"tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt", "tokenizer.model",
+		"special_tokens_map.json", "added_tokens.json", "generation_config.json"}
+}
+
+// Info describes a Hugging Face checkpoint beyond the gotron model config.
+// The zero value means "unknown": Export then infers the architecture from
+// the model, writes float32 and keeps the padded vocabulary.
+type Info struct {
+	// Arch is ArchGPT2 or ArchLlama: which name map applies.
+	Arch string `json:"arch"`
+	// DType is the safetensors dtype of the weights ("F32", "BF16", "F16";
+	// that of the word embeddings when files mix them).
+	DType string `json:"dtype"`
+	// VocabSize is config.json's vocab_size, before gotron's padding.
+	VocabSize int `json:"vocab_size"`
+	// Config is config.json as imported (kept verbatim for export).
+	Config json.RawMessage `json:"config,omitempty"`
+	// Warnings lists config settings gotron ignores (not saved).
+	Warnings []string `json:"-"`
+}
+
+// ImportOptions configures Import. The zero value pads the vocabulary to a
+// multiple of 128, like Megatron's default.
+type ImportOptions struct {
+	// MakeVocabSizeDivisibleBy is --make-vocab-size-divisible-by; 0 means 128.
+	MakeVocabSizeDivisibleBy int
+}
+
+// IsHFDir reports whether dir looks like a Hugging Face model directory:
+// a config.json and no gotron/Megatron tracker file.
+func IsHFDir(dir string) bool {
+	if _, err := os.Stat(filepath.Join(dir, "config.json")); err != nil {
+		return false
+	}
+	_, err := os.Stat(filepath.Join(dir, "latest_checkpointed_iteration.txt"))
+	return errors.Is(err, fs.ErrNotExist)
+}
+
+// LoadModel is Import with default options: what train --load and generate
+// --load call when IsHFDir(dir).
+func LoadModel(dir string) (*gpt.Model, Info, error) {
+	return Import(dir, ImportOptions{})
+}
+
+// Import reads a Hugging Face GPT-2 or Llama/Mistral checkpoint (config.json
+// plus model.safetensors or a sharded index) into a float32 gotron model.
+// Errors name the directory and the tensor or config key at fault.
+func Import(dir string, opts ImportOptions) (*gpt.Model, Info, error) {
+	div := opts.MakeVocabSizeDivisibleBy
+	if div == 0 {
+		div = 128
+	}
+	raw, err := os.ReadFile(filepath.Join(dir, "config.json"))
+	if err != nil {
+		return nil, Info{}, fmt.Errorf("hf: %w", err)
+	}
+	arch, cfg, vocab, warns, err := parseConfig(raw, div)
+	if err != nil {
+		return nil, Info{}, fmt.Errorf("hf: %s: %w", filepath.Join(dir, "config.json"), err)
+	}
+	if !hasSafetensors(dir) {
+		return nil, Info{}, fmt.Errorf("hf: %s has no model.safetensors or model.safetensors.index.json (PyTorch .bin checkpoints are not supported: save with safe_serialization=True)", dir)
+	}
+	set, err := safetensors.OpenDir(dir)
+	if err != nil {
+		return nil, Info{}, fmt.Errorf("hf: %w", err)
+	}
+	defer set.Close()
+	m, err := gpt.New(cfg, tensor.NewRNG(0))
+	if err != nil {
+		return nil, Info{}, fmt.Errorf("hf: %s: %w", dir, err)
+	}
+	info := Info{Arch: arch, VocabSize: vocab, Config: json.RawMessage(raw), Warnings: warns}
+	if err := fill(m, set, arch, vocab, dir, &info); err != nil {
+		return nil, Info{}, err
+	}
+	return m, info, nil
+}
+
+func hasSafetensors(dir string) bool {
+	for _, f := range []string{safetensors.SingleFile, "model.safetensors.index.json"} {
+		if _, err := os.Stat(filepath.Join(dir, f)); err == nil {
+			return true
+		}
+	}
+	return false
+}
+
+// fill copies every table entry's HF tensors into m's parameters and rejects
+// missing, misshapen and unexpected tensors.
+func fill(m *gpt.Model, set *safetensors.Set, arch string, vocab int, dir string, info *Info) error {
+	c := m.Config
+	tab, err := table(arch, c, vocab)
+	if err != nil {
+		return err
+	}
+	params := map[string]*tensor.Tensor{}
+	for _, p := range m.Params() {
+		params[p.Name] = p
+	}
+	names := map[string]bool{}
+	for _, n := range set.Names() {
+		names[n] = true
+	}
+	// The original "gpt2" checkpoints were saved from GPT2Model: no
+	// "transformer." prefix.
+	resolve := func(n string) string { return n }
+	if arch == ArchGPT2 && !names["transformer.wte.weight"] && names["wte.weight"] {
+		resolve = func(n string) string { return strings.TrimPrefix(n, "transformer.") }
+	}
+	used := map[string]bool{}
+	dm := dims{h: c.HiddenSize, a: c.NumAttentionHeads, g: c.NumQueryGroups, d: c.KVChannels}
+	for _, e := range tab {
+		p := params[e.Gotron]
+		if p == nil {
+			return fmt.Errorf("hf: internal: no gotron parameter %s", e.Gotron)
+		}
+		src := make([][]float32, len(e.HF))
+		shapes := make([][]int, len(e.HF))
+		for i, ht := range e.HF {
+			name := resolve(ht.Name)
+			t, err := set.Tensor(name)
+			if err != nil {
+				return fmt.Errorf("hf: %s: missing tensor %s (config.json says %s)", dir, name, describe(arch, c, vocab))
+			}
+			if !reflect.DeepEqual(t.Shape, ht.Shape) {
+				return fmt.Errorf("hf: %s: tensor %s has shape %v, config.json implies %v", dir, name, t.Shape, ht.Shape)
+			}
+			switch t.DType {
+			case safetensors.F32, safetensors.BF16, safetensors.F16, safetensors.F64:
+			default:
+				return fmt.Errorf("hf: %s: tensor %s has dtype %s: want F32, BF16, F16 or F64", dir, name, t.DType)
+			}
+			if e.Gotron == "embedding.word_embeddings.weight" {
+				info.DType = t.DType.String()
+			}
+			src[i] = make([]float32, t.NumElements())
+			if err := t.DecodeFloat32(src[i]); err != nil {
+				return fmt.Errorf("hf: %s: tensor %s: %w", dir, name, err)
+			}
+			shapes[i] = ht.Shape
+			used[name] = true
+		}
+		e.Op.toGotron(dm, p.Float32s(), src, shapes)
+	}
+	tied := !c.UntieEmbeddingsAndOutputWeights
+	for _, n := range set.Names() {
+		if !used[n] && !ignored(arch, n, tied) {
+			return fmt.Errorf("hf: %s: unexpected tensor %s (not part of a %s model with %s)", dir, n, arch, describe(arch, c, vocab))
+		}
+	}
+	return nil
+}
+
+// describe summarises a config for error messages.
+func describe(arch string, c gpt.Config, vocab int) string {
+	tie := "tied"
+	if c.UntieEmbeddingsAndOutputWeights {
+		tie = "untied"
+	}
+	return fmt.Sprintf("%d layers, hidden %d, %d heads, %d kv heads, ffn %d, vocab %d, %s embeddings",
+		c.NumLayers, c.HiddenSize, c.NumAttentionHeads, c.NumQueryGroups, c.FFNHiddenSize, vocab, tie)
+}
+
+// ArchOf infers the Hugging Face architecture a gotron model config can be
+// exported as, naming the first setting that fits neither.
+func ArchOf(c gpt.Config) (string, error) {
+	if err := c.Validate(); err != nil {
+		return "", err
+	}
+	gpt2 := c.PositionEmbeddingType == "learned_absolute" && c.Normalization == "LayerNorm" &&
+		(c.Activation == "gelu" || c.Activation == "gelu_tanh") && !c.DisableBiasLinear &&
+		c.NumQueryGroups == c.NumAttentionHeads && c.KVChannels*c.NumAttentionHeads == c.HiddenSize
+	if gpt2 {
+		return ArchGPT2, nil
+	}
+	llama := c.PositionEmbeddingType == "rope" && c.Normalization == "RMSNorm" && c.Activation == "swiglu" &&
+		c.DisableBiasLinear && !c.AddQKVBias && c.RotaryPercent == 1 && !c.RotaryInterleaved
+	if llama {
+		return ArchLlama, nil
+	}
+	return "", fmt.Errorf("hf: model (position embedding %s, %s, activation %s, disable bias %v, kv heads %d/%d, rotary percent %g, interleaved %v) is neither GPT-2 (learned_absolute, LayerNorm, gelu, biases, no GQA) nor Llama (rope, RMSNorm, swiglu, no biases, full rotate-half RoPE)",
+		c.PositionEmbeddingType, c.Normalization, c.Activation, c.DisableBiasLinear, c.NumQueryGroups, c.NumAttentionHeads, c.RotaryPercent, c.RotaryInterleaved)
+}
+
+// ExportOptions configures Export. The zero value writes the dtype recorded
+// at import (float32 without one) in one file up to 5 GB per shard.
+type ExportOptions struct {
+	// DType is the safetensors dtype to write: "F32", "BF16" or "F16"; ""
+	// means Info.DType, or F32.
+	DType string
+	// MaxShardBytes is --max-shard-size; 0 means 5 GB (huggingface_hub's).
+	MaxShardBytes int64
+}
+
+// ParseDType accepts --dtype spellings: float32/bfloat16/float16 (torch's),
+// fp32/bf16/fp16 or F32/BF16/F16, and returns the safetensors name.
+func ParseDType(s string) (string, error) {
+	switch strings.ToLower(s) {
+	case "float32", "fp32", "f32":
+		return "F32", nil
+	case "bfloat16", "bf16":
+		return "BF16", nil
+	case "float16", "fp16", "f16", "half":
+		return "F16", nil
+	}
+	return "", fmt.Errorf("dtype %q: want float32, bfloat16 or float16", s)
+}
+
+// Export writes m as a Hugging Face checkpoint in dir: config.json and
+// model.safetensors (or shards and model.safetensors.index.json). The
+// vocabulary is cut back to info.VocabSize (the padded size when zero): the
+// padding rows are dropped, whatever training put in them. Config keys of info.Config that the
+// model does not determine are kept verbatim.
+func Export(ctx context.Context, dir string, m *gpt.Model, info Info, opts ExportOptions) error {
+	c := m.Config
+	arch := info.Arch
+	if arch == "" {
+		a, err := ArchOf(c)
+		if err != nil {
+			return err
+		}
+		arch = a
+	}
+	dtype := opts.DType
+	if dtype == "" {
+		dtype = info.DType
+	}
+	if dtype == "" {
+		dtype = "F32"
+	}
+	dt, err := safetensors.ParseDType(dtype)
+	if err != nil || (dt != safetensors.F32 && dt != safetensors.BF16 && dt != safetensors.F16) {
+		return fmt.Errorf("hf: export dtype %q: want F32, BF16 or F16", dtype)
+	}
+	vocab := info.VocabSize
+	if vocab == 0 {
+		vocab = c.VocabSize
+	}
+	if vocab > c.VocabSize {
+		return fmt.Errorf("hf: vocab_size %d exceeds the model's %d embedding rows", vocab, c.VocabSize)
+	}
+	tab, err := table(arch, c, vocab)
+	if err != nil {
+		return err
+	}
+	cfgJSON, err := exportConfigJSON(arch, c, vocab, dtype, info.Config)
+	if err != nil {
+		return err
+	}
+	params := map[string]*tensor.Tensor{}
+	for _, p := range m.Params() {
+		params[p.Name] = p
+	}
+	dm := dims{h: c.HiddenSize, a: c.NumAttentionHeads, g: c.NumQueryGroups, d: c.KVChannels}
+	var out []safetensors.Named
+	for _, e := range tab {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		p := params[e.Gotron]
+		if p == nil {
+			return fmt.Errorf("hf: model has no parameter %s", e.Gotron)
+		}
+		dst := make([][]float32, len(e.HF))
+		shapes := make([][]int, len(e.HF))
+		for i, ht := range e.HF {
+			dst[i] = make([]float32, numel(ht.Shape))
+			shapes[i] = ht.Shape
+		}
+		e.Op.toHF(dm, dst, p.Float32s(), shapes)
+		for i, ht := range e.HF {
+			st, err := safetensors.FromFloat32(dt, ht.Shape, dst[i])
+			if err != nil {
+				return fmt.Errorf("hf: %s: %w", ht.Name, err)
+			}
+			out = append(out, safetensors.Named{Name: ht.Name, Tensor: st})
+		}
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return fmt.Errorf("hf: %w", err)
+	}
+	if _, err := safetensors.WriteSharded(dir, out, safetensors.ShardOptions{MaxShardBytes: opts.MaxShardBytes,
+		Metadata: map[string]string{"format": "pt"}}); err != nil {
+		return fmt.Errorf("hf: write %s: %w", dir, err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "config.json"), cfgJSON, 0o644); err != nil {
+		return fmt.Errorf("hf: %w", err)
+	}
+	return nil
+}
+
+func numel(shape []int) int {
+	n := 1
+	for _, d := range shape {
+		n *= d
+	}
+	return n
+}
+
+// exportConfigJSON builds config.json and checks that reading it back gives
+// the model's config.
+func exportConfigJSON(arch string, c gpt.Config, vocab int, dtype string, origRaw json.RawMessage) ([]byte, error) {
+	owned, template, nullMeans, err := exportConfig(arch, c, vocab, dtype)
+	if err != nil {
+		return nil, err
+	}
+	var orig map[string]any
+	if len(origRaw) > 0 {
+		if orig, err = decodeJSONObject(origRaw); err != nil {
+			return nil, fmt.Errorf("hf: imported config.json: %w", err)
+		}
+	}
+	merged := mergeConfig(orig, owned, template, nullMeans)
+	b, err := json.MarshalIndent(merged, "", "  ")
+	if err != nil {
+		return nil, err
+	}
+	b = append(b, '\n')
+	_, back, backVocab, _, err := parseConfig(b, 1)
+	if err != nil {
+		return nil, fmt.Errorf("hf: exported config.json does not parse: %w", err)
+	}
+	want := c
+	want.VocabSize = vocab
+	back.VocabSize = backVocab
+	if !sameArch(want, back) {
+		return nil, fmt.Errorf("hf: exported config.json describes %s, want %s", describe(arch, back, vocab), describe(arch, want, vocab))
+	}
+	return b, nil
+}
+
+// sameArch compares the fields config.json carries.
+func sameArch(a, b gpt.Config) bool {
+	return a.NumLayers == b.NumLayers && a.HiddenSize == b.HiddenSize && a.NumAttentionHeads == b.NumAttentionHeads &&
+		a.NumQueryGroups == b.NumQueryGroups && a.KVChannels == b.KVChannels && a.FFNHiddenSize == b.FFNHiddenSize &&
+		a.VocabSize == b.VocabSize && a.MaxPositionEmbeddings == b.MaxPositionEmbeddings &&
+		a.PositionEmbeddingType == b.PositionEmbeddingType && a.Normalization == b.Normalization &&
+		a.NormEpsilon == b.NormEpsilon && a.Activation == b.Activation && a.RotaryBase == b.RotaryBase &&
+		a.UntieEmbeddingsAndOutputWeights == b.UntieEmbeddingsAndOutputWeights && a.DisableBiasLinear == b.DisableBiasLinear
+}
+
+// infoFile is InfoFile's content.
+type infoFile struct {
+	Format  string `json:"format"`
+	Version int    `json:"version"`
+	Info
+}
+
+// WriteInfo records info in dir (a gotron checkpoint's --save directory) as
+// InfoFile.
+func WriteInfo(dir string, info Info) error {
+	b, err := json.MarshalIndent(infoFile{Format: infoFormat, Version: infoVersion, Info: info}, "", "  ")
+	if err != nil {
+		return err
+	}
+	if err := os.WriteFile(filepath.Join(dir, InfoFile), append(b, '\n'), 0o644); err != nil {
+		return fmt.Errorf("hf: %w", err)
+	}
+	return nil
+}
+
+// ReadInfo reads dir's InfoFile; ok is false when there is none.
+func ReadInfo(dir string) (info Info, ok bool, err error) {
+	path := filepath.Join(dir, InfoFile)
+	b, err := os.ReadFile(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return Info{}, false, nil
+	}
+	if err != nil {
+		return Info{}, false, fmt.Errorf("hf: %w", err)
+	}
+	var f infoFile
+	if err := json.Unmarshal(b, &f); err != nil {
+		return Info{}, false, fmt.Errorf("hf: %s: %w", path, err)
+	}
+	if f.Format != infoFormat || f.Version != infoVersion {
+		return Info{}, false, fmt.Errorf("hf: %s: format %q version %d, want %q version %d", path, f.Format, f.Version, infoFormat, infoVersion)
+	}
+	return f.Info, true, nil
+}
+
+// CopyTokenizerFiles copies the TokenizerFileNames present in src to dst
+// (created if needed) and returns the names copied.
+func CopyTokenizerFiles(src, dst string) ([]string, error) {
+	var copied []string
+	for _, name := range TokenizerFileNames() {
+		in, err := os.Open(filepath.Join(src, name))
+		if errors.Is(err, fs.ErrNotExist) {
+			continue
+		}
+		if err != nil {
+			return copied, fmt.Errorf("hf: %w", err)
+		}
+		err = copyFile(in, filepath.Join(dst, name))
+		in.Close()
+		if err != nil {
+			return copied, err
+		}
+		copied = append(copied, name)
+	}
+	return copied, nil
+}
+
+func copyFile(in io.Reader, path string) error {
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return fmt.Errorf("hf: %w", err)
+	}
+	out, err := os.Create(path)
+	if err != nil {
+		return fmt.Errorf("hf: %w", err)
+	}
+	if _, err := io.Copy(out, in); err != nil {
+		out.Close()
+		return fmt.Errorf("hf: copy to %s: %w", path, err)
+	}
+	if err := out.Close(); err != nil {
+		return fmt.Errorf("hf: %w", err)
+	}
+	return nil
+}
