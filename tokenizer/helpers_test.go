@@ -2,8 +2,8 @@ package tokenizer
 
 import (
 	"bytes"
-	"encoding/base64"
 	"compress/gzip"
+	"encoding/base64"
 	"io"
 	"os"
 	"path/filepath"

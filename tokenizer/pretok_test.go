@@ -3,8 +3,8 @@ package tokenizer
 import (
 	"slices"
 	"strings"
-	"unicode/utf8"
 	"testing"
+	"unicode/utf8"
 
 	"github.com/dlclark/regexp2/v2"
 )

@@ -53,7 +53,9 @@ func lossless(t testing.TB) []struct {
 		{"gpt2", gpt2Fixture(t), anyBytes},
 		{"sentencepiece", sp, spText},
 		{"hf-llama3", hf3, anyBytes},
-		{"hf-llama2", hf2, func(s string) bool { return spText(s) && !strings.Contains(s, "<s>") && !strings.Contains(s, "</s>") && !strings.Contains(s, "<unk>") }},
+		{"hf-llama2", hf2, func(s string) bool {
+			return spText(s) && !strings.Contains(s, "<s>") && !strings.Contains(s, "</s>") && !strings.Contains(s, "<unk>")
+		}},
 		{"tiktoken-v1", tik, anyBytes},
 	}
 }

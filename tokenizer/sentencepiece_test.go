@@ -1,8 +1,8 @@
 package tokenizer
 
 import (
-	"fmt"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -44,13 +44,26 @@ func TestSentencePieceSpmEncode(t *testing.T) {
 	}
 }
 
-func ExampleSentencePiece() {
-	sp, err := LoadSentencePiece("testdata/spm/llama2_bpe.model")
+// TestMegatronSentencePiece: Megatron's SentencePieceTokenizer splits its
+// special tokens out of the text and appends missing ones after the pieces.
+func TestMegatronSentencePiece(t *testing.T) {
+	sp, err := LoadSentencePiece(filepath.Join("testdata", "spm", "llama2_bpe.model"))
 	if err != nil {
-		fmt.Println(err)
-		return
+		t.Fatal(err)
 	}
-	ids := sp.Encode("Hello world")
-	fmt.Println(sp.Decode(ids))
-	// Output: Hello world
+	m := NewMegatronSentencePiece(sp, 2)
+	a, b := sp.Encode("a"), sp.Encode("b")
+	want := append(append(append(append([]int{}, a...), 1002), b...), 1, 1006)
+	if got := m.Encode("a<EOD>b<s><extra_id_1>"); !slices.Equal(got, want) {
+		t.Fatalf("Encode = %v, want %v", got, want)
+	}
+	if got := m.Decode(want); got != "a <EOD> b <s>  <extra_id_1> " {
+		t.Fatalf("Decode = %q", got)
+	}
+	if m.VocabSize() != 1007 || m.EOD() != 1002 {
+		t.Fatalf("VocabSize %d EOD %d", m.VocabSize(), m.EOD())
+	}
+	if pad, _ := m.Pad(); pad != 1004 {
+		t.Fatalf("Pad %d, want 1004 (<PAD> appended: the model has no pad id)", pad)
+	}
 }
