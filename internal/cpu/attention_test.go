@@ -248,3 +248,35 @@ func TestAttentionShortBufferPanics(t *testing.T) {
 	}()
 	AttentionForward(make([]float32, 64), make([]float32, 7), q, kv, kv, cfg)
 }
+
+// FuzzAttention compares the fast kernels with the float64 reference on
+// random small shapes, masks and schedules (go test -fuzz FuzzAttention).
+func FuzzAttention(f *testing.F) {
+	f.Add(uint8(1), uint8(70), uint8(2), uint8(1), uint8(5), true, uint8(0), uint64(1))
+	f.Add(uint8(2), uint8(129), uint8(4), uint8(2), uint8(16), false, uint8(9), uint64(2))
+	f.Fuzz(func(t *testing.T, b, T, hkv, grp, d uint8, causal bool, docEvery uint8, seed uint64) {
+		cfg := AttentionConfig{B: int(b%3) + 1, T: int(T%200) + 1, HKV: int(hkv%3) + 1, D: int(d%20) + 1, Causal: causal}
+		cfg.HQ = cfg.HKV * (int(grp%3) + 1)
+		rng := rand.New(rand.NewPCG(seed, 3))
+		if docEvery%4 != 0 {
+			cfg.DocIDs = docIDs(rng, cfg.B, cfg.T)
+		}
+		nq, nkv := cfg.B*cfg.T*cfg.HQ*cfg.D, cfg.B*cfg.T*cfg.HKV*cfg.D
+		q, k, v, g := round32(randF64(rng, nq, 2)), round32(randF64(rng, nkv, 2)), round32(randF64(rng, nkv, 2)), round32(randF64(rng, nq, 1))
+		out, lse := make([]float64, nq), make([]float64, cfg.B*cfg.HQ*cfg.T)
+		attentionForwardRef(out, lse, q, k, v, cfg)
+		dq, dk, dv := make([]float64, nq), make([]float64, nkv), make([]float64, nkv)
+		attentionBackwardRef(dq, dk, dv, g, q, k, v, lse, cfg)
+		out32, lse32 := make([]float32, nq), make([]float32, len(lse))
+		AttentionForward(out32, lse32, to32(q), to32(k), to32(v), cfg)
+		assertClose(t, "out", out32, out, 1e-4)
+		assertClose(t, "lse", lse32, lse, 1e-4)
+		for _, run := range []func(dq, dk, dv, dout, q, k, v, out, lse []float32, cfg *AttentionConfig){attentionBackwardFused, attentionBackwardSplit} {
+			dq32, dk32, dv32 := make([]float32, nq), make([]float32, nkv), make([]float32, nkv)
+			run(dq32, dk32, dv32, to32(g), to32(q), to32(k), to32(v), out32, lse32, &cfg)
+			assertClose(t, "dq", dq32, dq, 1e-4)
+			assertClose(t, "dk", dk32, dk, 1e-4)
+			assertClose(t, "dv", dv32, dv, 1e-4)
+		}
+	})
+}
