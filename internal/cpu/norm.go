@@ -21,21 +21,22 @@ const normGrain = 16
 //
 // out[i,j] = (inp[i,j]-mean[i])*rstd[i]*weight[j] + bias[j], with
 // rstd = 1/sqrt(var + eps) and the biased (1/c) variance, as torch.nn.LayerNorm.
+// Row reductions accumulate in float64 (two passes: mean, then variance).
 func LayerNormForward(out, mean, rstd, inp, weight, bias []float32, n, c int, eps float32) {
 	Parallel(n, normGrain, func(lo, hi int) {
 		for i := lo; i < hi; i++ {
 			x := inp[i*c : i*c+c]
-			var s float32
+			var s float64
 			for _, v := range x {
-				s += v
+				s += float64(v)
 			}
-			m := s / float32(c)
-			var v2 float32
+			m := float32(s / float64(c))
+			var v2 float64
 			for _, v := range x {
-				d := v - m
+				d := float64(v - m)
 				v2 += d * d
 			}
-			r := 1 / float32(math.Sqrt(float64(v2/float32(c)+eps)))
+			r := float32(1 / math.Sqrt(v2/float64(c)+float64(eps)))
 			o := out[i*c : i*c+c]
 			w := weight[:c]
 			if bias == nil {
@@ -65,14 +66,14 @@ func LayerNormBackward(dinp, dweight, dbias, dout, inp, weight, mean, rstd []flo
 		for i := lo; i < hi; i++ {
 			x, g, dx := inp[i*c:i*c+c], dout[i*c:i*c+c], dinp[i*c:i*c+c]
 			m, r := mean[i], rstd[i]
-			var dmean, dnormMean float32
+			var sm, snm float64
 			for j := range x {
 				wg := weight[j] * g[j]
-				dmean += wg
-				dnormMean += wg * (x[j] - m) * r
+				sm += float64(wg)
+				snm += float64(wg * (x[j] - m))
 			}
-			dmean /= float32(c)
-			dnormMean /= float32(c)
+			dmean := float32(sm / float64(c))
+			dnormMean := float32(snm / float64(c) * float64(r))
 			for j := range x {
 				xh := (x[j] - m) * r
 				dx[j] += (weight[j]*g[j] - dmean - xh*dnormMean) * r
@@ -105,11 +106,11 @@ func RMSNormForward(out, rstd, inp, weight []float32, n, c int, eps float32) {
 	Parallel(n, normGrain, func(lo, hi int) {
 		for i := lo; i < hi; i++ {
 			x := inp[i*c : i*c+c]
-			var s float32
+			var s float64
 			for _, v := range x {
-				s += v * v
+				s += float64(v) * float64(v)
 			}
-			r := 1 / float32(math.Sqrt(float64(s/float32(c)+eps)))
+			r := float32(1 / math.Sqrt(s/float64(c)+float64(eps)))
 			o := out[i*c : i*c+c]
 			for j, v := range x {
 				o[j] = v * r * weight[j]
@@ -129,11 +130,11 @@ func RMSNormBackward(dinp, dweight, dout, inp, weight, rstd []float32, n, c int)
 		for i := lo; i < hi; i++ {
 			x, g, dx := inp[i*c:i*c+c], dout[i*c:i*c+c], dinp[i*c:i*c+c]
 			r := rstd[i]
-			var dot float32
+			var dot float64
 			for j := range x {
-				dot += weight[j] * g[j] * x[j]
+				dot += float64(weight[j] * g[j] * x[j])
 			}
-			k := r * r * dot / float32(c)
+			k := float32(float64(r) * float64(r) * dot / float64(c))
 			for j := range x {
 				dx[j] += r * (weight[j]*g[j] - x[j]*k)
 			}
