@@ -42,10 +42,10 @@ func (tp *Tape) Contiguous(t *Tensor) *Tensor {
 	if t.IsContiguous() {
 		return t
 	}
-	out := tp.empty(t.shape...)
 	if t.dtype != Float32 {
-		return t.Contiguous()
+		return t.Contiguous() // ids and masks: no gradient
 	}
+	out := tp.empty(t.shape...)
 	copyStrided(out, t)
 	if tp.recording(t) {
 		src := t
