@@ -1,7 +1,6 @@
 package tokenizer
 
 import (
-	"container/heap"
 	"hash/maphash"
 	"strings"
 	"sync"
@@ -88,21 +87,21 @@ func bpeMerge(word []int32, r pairRanker) []int32 {
 		prev[i] = int32(i - 1)
 	}
 	next[n-1] = -1
-	h := &pairHeap{}
+	var h pq[pairCand]
 	push := func(i int32) {
 		if i < 0 || next[i] < 0 {
 			return
 		}
 		j := next[i]
 		if rank, merged, ok := r.pair(word[i], word[j]); ok {
-			heap.Push(h, pairCand{rank: rank, left: i, a: word[i], b: word[j], merged: merged})
+			h.push(pairCand{rank: rank, left: i, a: word[i], b: word[j], merged: merged})
 		}
 	}
 	for i := range int32(n - 1) {
 		push(i)
 	}
-	for h.Len() > 0 {
-		c := heap.Pop(h).(pairCand)
+	for len(h) > 0 {
+		c := h.pop()
 		j := next[c.left]
 		if word[c.left] != c.a || j < 0 || word[j] != c.b || word[c.left] < 0 {
 			continue // stale
@@ -146,22 +145,11 @@ type pairCand struct {
 	rank, left, a, b, merged int32
 }
 
-type pairHeap []pairCand
-
-func (h pairHeap) Len() int { return len(h) }
-func (h pairHeap) Less(i, j int) bool {
-	if h[i].rank != h[j].rank {
-		return h[i].rank < h[j].rank
+func (c pairCand) less(o pairCand) bool {
+	if c.rank != o.rank {
+		return c.rank < o.rank
 	}
-	return h[i].left < h[j].left
-}
-func (h pairHeap) Swap(i, j int) { h[i], h[j] = h[j], h[i] }
-func (h *pairHeap) Push(x any)   { *h = append(*h, x.(pairCand)) }
-func (h *pairHeap) Pop() any {
-	old := *h
-	x := old[len(old)-1]
-	*h = old[:len(old)-1]
-	return x
+	return c.left < o.left
 }
 
 // wordCache memoises word → ids; safe for concurrent use. Each of its shards

@@ -1,7 +1,6 @@
 package tokenizer
 
 import (
-	"container/heap"
 	"math"
 )
 
@@ -34,7 +33,7 @@ func (sp *SentencePiece) encodeBPE(norm string) []spSpan {
 		}
 		return start[next[i]]
 	}
-	h := &spAgenda{}
+	var h pq[spCand]
 	var rev map[string][2]string
 	add := func(l, r int) {
 		if l < 0 || r < 0 || frozen[l] || frozen[r] {
@@ -45,7 +44,7 @@ func (sp *SentencePiece) encodeBPE(norm string) []spSpan {
 		if !ok {
 			return
 		}
-		heap.Push(h, spCand{score: sp.m.pieces[id].score, left: l, right: r, size: len(piece)})
+		h.push(spCand{score: sp.m.pieces[id].score, left: l, right: r, size: len(piece)})
 		if sp.m.pieces[id].typ == spUnused {
 			if rev == nil {
 				rev = map[string][2]string{}
@@ -57,8 +56,8 @@ func (sp *SentencePiece) encodeBPE(norm string) []spSpan {
 		add(i-1, i)
 	}
 	dead := make([]bool, len(next))
-	for h.Len() > 0 {
-		c := heap.Pop(h).(spCand)
+	for len(h) > 0 {
+		c := h.pop()
 		if dead[c.left] || dead[c.right] || next[c.left] != c.right || end(c.right)-start[c.left] != c.size {
 			continue // stale
 		}
@@ -107,22 +106,11 @@ type spCand struct {
 	size        int
 }
 
-type spAgenda []spCand
-
-func (h spAgenda) Len() int { return len(h) }
-func (h spAgenda) Less(i, j int) bool {
-	if h[i].score != h[j].score {
-		return h[i].score > h[j].score
+func (c spCand) less(o spCand) bool {
+	if c.score != o.score {
+		return c.score > o.score
 	}
-	return h[i].left < h[j].left
-}
-func (h spAgenda) Swap(i, j int) { h[i], h[j] = h[j], h[i] }
-func (h *spAgenda) Push(x any)   { *h = append(*h, x.(spCand)) }
-func (h *spAgenda) Pop() any {
-	old := *h
-	x := old[len(old)-1]
-	*h = old[:len(old)-1]
-	return x
+	return c.left < o.left
 }
 
 // initUnigram builds the piece trie and the score range.
