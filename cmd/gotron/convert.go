@@ -3,8 +3,184 @@ package main
 import (
 	"context"
 	"errors"
+	"flag"
+	"fmt"
+	"path/filepath"
+	"strconv"
+	"strings"
+
+	"github.com/gotron/gotron/ckpt/hf"
+	"github.com/gotron/gotron/model/gpt"
+	"github.com/gotron/gotron/train"
 )
 
+const convertSynopsis = `convert --from hf --load HF_DIR --save DIR   (Hugging Face → gotron)
+       gotron convert --to hf --load DIR --save HF_DIR     (gotron → Hugging Face)`
+
+// convertFlags are gotron convert's flags.
+type convertFlags struct {
+	from, to, load, save string
+	divisibleBy          int
+	seqLength            int
+	dtype                string
+	maxShardSize         string
+	vocabSize            int
+}
+
+func newConvertFlags() (*flag.FlagSet, *convertFlags) {
+	fs := newFlags("convert", convertSynopsis)
+	f := &convertFlags{}
+	fs.StringVar(&f.from, "from", "", "source format: hf (import a Hugging Face directory)")
+	fs.StringVar(&f.to, "to", "", "target format: hf (export a gotron checkpoint)")
+	fs.StringVar(&f.load, "load", "", "directory to read: a Hugging Face model (--from hf) or a gotron checkpoint (--to hf)")
+	fs.StringVar(&f.save, "save", "", "directory to write")
+	fs.IntVar(&f.divisibleBy, "make-vocab-size-divisible-by", 128, "import: pad the vocabulary to a multiple of this (zero rows)")
+	fs.IntVar(&f.seqLength, "seq-length", 0, "import: sequence length recorded in the checkpoint (default max_position_embeddings)")
+	fs.StringVar(&f.dtype, "dtype", "", "export: float32, bfloat16 or float16 (default the dtype recorded at import, else float32)")
+	fs.StringVar(&f.maxShardSize, "max-shard-size", "5GB", "export: largest shard (e.g. 5GB, 500MB, 2GiB, or bytes)")
+	fs.IntVar(&f.vocabSize, "vocab-size", 0, "export: vocab_size to write, stripping the padding (default the size recorded at import)")
+	return fs, f
+}
+
 func cmdConvert(ctx context.Context, env *cli, args []string) error {
-	return errors.New("not implemented yet")
+	fs, f := newConvertFlags()
+	if err := parseFlags(fs, args, env.stdout, convertSynopsis); err != nil {
+		return err
+	}
+	switch {
+	case f.load == "" || f.save == "":
+		return errors.New("--load and --save are required")
+	case filepath.Clean(f.load) == filepath.Clean(f.save):
+		return fmt.Errorf("--load and --save are the same directory %s", f.load)
+	case f.from == "hf" && f.to == "":
+		return convertFromHF(ctx, env, f)
+	case f.to == "hf" && f.from == "":
+		return convertToHF(ctx, env, f)
+	case f.from != "" && f.from != "hf":
+		return fmt.Errorf("--from=%q: want hf", f.from)
+	case f.to != "" && f.to != "hf":
+		return fmt.Errorf("--to=%q: want hf", f.to)
+	}
+	return errors.New("set exactly one of --from hf and --to hf")
+}
+
+// convertFromHF imports a Hugging Face directory as a weights-only gotron
+// checkpoint (iteration 0) with hf_import.json and tokenizer/ beside it.
+func convertFromHF(ctx context.Context, env *cli, f *convertFlags) error {
+	if f.divisibleBy < 1 {
+		return fmt.Errorf("--make-vocab-size-divisible-by=%d: want >= 1", f.divisibleBy)
+	}
+	if !hf.IsHFDir(f.load) {
+		return fmt.Errorf("--load %s is not a Hugging Face model directory (want config.json and safetensors, no latest_checkpointed_iteration.txt)", f.load)
+	}
+	m, info, err := hf.Import(f.load, hf.ImportOptions{MakeVocabSizeDivisibleBy: f.divisibleBy})
+	if err != nil {
+		return err
+	}
+	for _, w := range info.Warnings {
+		fmt.Fprintf(env.stderr, "warning: %s\n", w)
+	}
+	seq := f.seqLength
+	if seq == 0 {
+		seq = m.Config.MaxPositionEmbeddings
+	}
+	if seq < 1 || seq > m.Config.MaxPositionEmbeddings {
+		return fmt.Errorf("--seq-length=%d: want 1..%d (max_position_embeddings)", seq, m.Config.MaxPositionEmbeddings)
+	}
+	cliArgs := map[string]any{"convert": "--from hf", "load": f.load, "make_vocab_size_divisible_by": f.divisibleBy}
+	if err := train.SaveModel(ctx, f.save, 0, m, seq, cliArgs); err != nil {
+		return err
+	}
+	if err := hf.WriteInfo(f.save, info); err != nil {
+		return err
+	}
+	copied, err := hf.CopyTokenizerFiles(f.load, filepath.Join(f.save, hf.TokenizerDir))
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(env.stdout, "imported %s (%s, %s, %d parameters, vocab %d padded to %d) into %s\n",
+		f.load, info.Arch, info.DType, m.NumParams(), info.VocabSize, m.Config.VocabSize, f.save)
+	if len(copied) > 0 {
+		fmt.Fprintf(env.stdout, "tokenizer files: %s\n", strings.Join(copied, ", "))
+	}
+	return nil
+}
+
+// loadAny loads a gotron checkpoint (with its hf_import.json, if any) or a
+// Hugging Face directory, and returns where its tokenizer files live.
+func loadAny(dir string) (m *gpt.Model, info hf.Info, tokDir string, err error) {
+	if hf.IsHFDir(dir) {
+		m, info, err = hf.LoadModel(dir)
+		return m, info, dir, err
+	}
+	m, _, err = train.LoadModel(dir)
+	if err != nil {
+		return nil, hf.Info{}, "", err
+	}
+	info, _, err = hf.ReadInfo(dir)
+	return m, info, filepath.Join(dir, hf.TokenizerDir), err
+}
+
+// convertToHF exports a gotron checkpoint (or re-exports an HF directory).
+func convertToHF(ctx context.Context, env *cli, f *convertFlags) error {
+	var opts hf.ExportOptions
+	if f.dtype != "" {
+		dt, err := hf.ParseDType(f.dtype)
+		if err != nil {
+			return fmt.Errorf("--dtype: %w", err)
+		}
+		opts.DType = dt
+	}
+	shard, err := parseByteSize(f.maxShardSize)
+	if err != nil {
+		return fmt.Errorf("--max-shard-size: %w", err)
+	}
+	opts.MaxShardBytes = shard
+	m, info, tokDir, err := loadAny(f.load)
+	if err != nil {
+		return err
+	}
+	if f.vocabSize != 0 {
+		if f.vocabSize < 0 || f.vocabSize > m.Config.VocabSize {
+			return fmt.Errorf("--vocab-size=%d: want 1..%d (the checkpoint's padded vocabulary)", f.vocabSize, m.Config.VocabSize)
+		}
+		info.VocabSize = f.vocabSize
+	}
+	if info.VocabSize == 0 {
+		fmt.Fprintf(env.stderr, "warning: %s records no unpadded vocabulary size: exporting all %d rows (set --vocab-size)\n", f.load, m.Config.VocabSize)
+	}
+	if err := hf.Export(ctx, f.save, m, info, opts); err != nil {
+		return err
+	}
+	copied, err := hf.CopyTokenizerFiles(tokDir, f.save)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(env.stdout, "exported %s to %s\n", f.load, f.save)
+	if len(copied) > 0 {
+		fmt.Fprintf(env.stdout, "tokenizer files: %s\n", strings.Join(copied, ", "))
+	}
+	return nil
+}
+
+// parseByteSize reads sizes as huggingface_hub does: "5GB" (10^9), "500MB",
+// "2GiB" (2^30), "100KB", or a plain number of bytes.
+func parseByteSize(s string) (int64, error) {
+	units := []struct {
+		suffix string
+		mult   int64
+	}{{"GIB", 1 << 30}, {"MIB", 1 << 20}, {"KIB", 1 << 10}, {"GB", 1e9}, {"MB", 1e6}, {"KB", 1e3}, {"B", 1}}
+	u := strings.ToUpper(strings.TrimSpace(s))
+	mult := int64(1)
+	for _, x := range units {
+		if strings.HasSuffix(u, x.suffix) {
+			u, mult = strings.TrimSpace(strings.TrimSuffix(u, x.suffix)), x.mult
+			break
+		}
+	}
+	n, err := strconv.ParseFloat(u, 64)
+	if err != nil || n <= 0 {
+		return 0, fmt.Errorf("%q: want a positive size like 5GB, 500MB or 2GiB", s)
+	}
+	return int64(n * float64(mult)), nil
 }
