@@ -210,7 +210,7 @@ func attnForwardBlock(out, lse, q, k, v []float32, cfg *AttentionConfig, b, h, i
 		attnMask(ws.s, cfg, b, i0, nq, j0, nk)
 		for r := range m {
 			row := ws.s[r*attnBlockK : r*attnBlockK+nk]
-			mx := maxF32(m[r], row)
+			mx := maxRowF32(m[r], row)
 			if mx == negInf { // nothing allowed yet: P row is 0
 				clear(row)
 				continue

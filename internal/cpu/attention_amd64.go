@@ -37,3 +37,17 @@ func expSumF32(x []float32, sub float32) float32 {
 	}
 	return s
 }
+
+// maxAVX512 returns max(init, x[0:n]), n a multiple of 16. Requires AVX-512F.
+//
+//go:noescape
+func maxAVX512(x *float32, n int, init float32) float32
+
+// maxRowF32 returns max(m, x...), with the AVX-512 kernel on multiples of 16.
+func maxRowF32(m float32, x []float32) float32 {
+	if n := len(x) &^ 15; n > 0 && ActiveISA() == ISAAVX512 {
+		m = maxAVX512(&x[0], n, m)
+		x = x[n:]
+	}
+	return maxF32(m, x)
+}

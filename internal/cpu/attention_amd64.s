@@ -118,3 +118,38 @@ reduce:
 	VZEROUPPER
 	MOVSS X0, ret+24(FP)
 	RET
+
+// func maxAVX512(x *float32, n int, init float32) float32
+// returns max(init, x[0:n]) for n a multiple of 16 (NaN handling as VMAXPS).
+TEXT ·maxAVX512(SB), NOSPLIT, $0-28
+	MOVQ x+0(FP), SI
+	MOVQ n+8(FP), CX
+	VBROADCASTSS init+16(FP), Z0
+	VMOVAPS Z0, Z1
+	SHRQ $4, CX
+	MOVQ CX, BX
+	SHRQ $1, BX
+	JZ one
+pair:
+	VMAXPS (SI), Z0, Z0
+	VMAXPS 64(SI), Z1, Z1
+	ADDQ $128, SI
+	DECQ BX
+	JNZ pair
+one:
+	ANDQ $1, CX
+	JZ reduce
+	VMAXPS (SI), Z0, Z0
+reduce:
+	VMAXPS Z1, Z0, Z0
+	VEXTRACTF32X8 $1, Z0, Y1
+	VMAXPS Y1, Y0, Y0
+	VEXTRACTF128 $1, Y0, X1
+	VMAXPS X1, X0, X0
+	VPERMILPS $0x4e, X0, X1
+	VMAXPS X1, X0, X0
+	VPERMILPS $0xb1, X0, X1
+	VMAXPS X1, X0, X0
+	VZEROUPPER
+	MOVSS X0, ret+24(FP)
+	RET

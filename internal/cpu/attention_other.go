@@ -13,3 +13,6 @@ func expSumF32(x []float32, sub float32) float32 {
 	}
 	return s
 }
+
+// maxRowF32 returns max(m, x...).
+func maxRowF32(m float32, x []float32) float32 { return maxF32(m, x) }

@@ -148,6 +148,28 @@ func BenchmarkAttention(b *testing.B) {
 	}
 }
 
+func TestMaxRow(t *testing.T) {
+	for _, isa := range []ISA{ISAGeneric, DetectedISA()} {
+		prev := SetISA(isa)
+		for _, n := range []int{0, 1, 15, 16, 17, 32, 48, 64, 100} {
+			for at := 0; at < n; at += 7 {
+				x := make([]float32, n)
+				for i := range x {
+					x[i] = -float32(i%13) - 1
+				}
+				x[at] = 5
+				if got := maxRowF32(float32(math.Inf(-1)), x); got != 5 {
+					t.Fatalf("%v n=%d max at %d: got %g, want 5", isa, n, at, got)
+				}
+				if got := maxRowF32(9, x); got != 9 {
+					t.Fatalf("%v n=%d init 9: got %g", isa, n, got)
+				}
+			}
+		}
+		SetISA(prev)
+	}
+}
+
 // TestExpSub holds the float32 exp kernels (AVX-512 and pure Go) to math.Exp within
 // 4 ulp-ish (3e-7 relative) and checks masked (-Inf) lanes become exactly 0.
 func TestExpSub(t *testing.T) {

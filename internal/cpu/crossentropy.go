@@ -75,7 +75,7 @@ func CrossEntropyForward(losses, lse, logits []float32, targets []int32, cfg Cro
 	Parallel(cfg.N, normGrain, func(lo, hi int) {
 		for i := lo; i < hi; i++ {
 			x := logits[i*v : i*v+v]
-			m := maxF32(float32(math.Inf(-1)), x)
+			m := maxRowF32(float32(math.Inf(-1)), x)
 			l := float64(m) + math.Log(float64(expSumF32(x, m)))
 			lse[i] = float32(l)
 			t := targets[i]

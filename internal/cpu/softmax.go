@@ -12,7 +12,7 @@ func SoftmaxForward(out, inp []float32, n, c int) {
 	Parallel(n, normGrain, func(lo, hi int) {
 		for i := lo; i < hi; i++ {
 			x, o := inp[i*c:i*c+c], out[i*c:i*c+c]
-			m := maxF32(float32(math.Inf(-1)), x)
+			m := maxRowF32(float32(math.Inf(-1)), x)
 			copy(o, x) // no-op when out aliases inp
 			inv := 1 / expSubF32(o, m)
 			for j := range o {
