@@ -26,6 +26,10 @@ type kernFunc func(kc int, a, b *float32, ldb int, c *float32, ldc int, alpha, b
 // transpose (rows ldd bytes apart).
 type transFunc func(src *float32, lds int, dst *float32, ldd int)
 
+// copyFunc copies n rows of a fixed width (rows lds bytes apart) to
+// consecutive rows of dst.
+type copyFunc func(src *float32, lds int, dst *float32, n int)
+
 // kernSet is one ISA's micro-kernels with their cache blocking.
 type kernSet struct {
 	mr, nr int        // full tile: rows, columns
@@ -34,9 +38,10 @@ type kernSet struct {
 	// stays in L2; a kc×nc panel of B is packed and streams from L3, a
 	// kc×nr strip of it staying in L1 while the kernel sweeps the A block.
 	mc, kc, nc int
-	// Optional transposes for packing (nil: plain Go loops): trMR moves an
-	// mr×16 block, tr16 a 16×16 block.
+	// Optional packing helpers (nil: plain Go loops): trMR transposes an
+	// mr×16 block, tr16 a 16×16 block, cpMR copies mr-float rows.
 	trMR, tr16 transFunc
+	cpMR       copyFunc
 }
 
 // Sgemm computes C = alpha*op(A)*op(B) + beta*C in float32. op(A) is m×k,
@@ -139,65 +144,110 @@ func scaleC(c []float32, m, n, ldc int, beta float32) {
 }
 
 // gemmBlock computes rows [i0, i1) × columns [j0, j1) of batch item bi with
-// workspace w, Goto/BLIS style: for each kc×nc panel of op(B) (packed, or
-// read in place when few rows share it), for each mc×kc block of op(A)
-// (packed), sweep nr-wide strips of the panel and mr-high
-// panels of the block with the micro-kernel.
+// workspace w alone, Goto/BLIS style: for each kc×nc panel of op(B)
+// (packed, or read in place when few rows share it), for each mc×kc block
+// of op(A), run blockKernel.
 func (j *gemmJob) gemmBlock(w *gemmWork, bi, i0, i1, j0, j1 int) {
 	ks := &j.ks
-	a, b, c := j.a[bi*j.strideA:], j.b[bi*j.strideB:], j.c[bi*j.strideC:]
-	rows := i1 - i0
+	b := j.b[bi*j.strideB:]
 	// Read B in place when it is stored row-major and each strip is used
 	// by at most one A panel: packing would cost as much as the GEMM.
-	direct := j.tB == NoTrans && rows <= ks.mr
+	direct := j.tB == NoTrans && i1-i0 <= ks.mr
 	for jc := j0; jc < j1; jc += ks.nc {
 		nc := min(ks.nc, j1-jc)
 		for pc := 0; pc < j.k; pc += ks.kc {
 			kc := min(ks.kc, j.k-pc)
-			first := pc == 0
 			if !direct {
 				packBPanel(ks, w.bpack, j.tB, b, j.ldb, pc, jc, kc, nc)
 			}
 			for ic := i0; ic < i1; ic += ks.mc {
-				mc := min(ks.mc, i1-ic)
-				for ir := 0; ir < mc; ir += ks.mr {
-					packA(ks, w.apack[ir*kc:], j.tA, a, j.lda, ic+ir, pc, min(ks.mr, mc-ir), kc)
-				}
-				for jr := 0; jr < nc; jr += ks.nr {
-					nr := min(ks.nr, nc-jr)
-					var bp *float32
-					ldbBytes := ks.nr * 4
-					switch {
-					case !direct:
-						bp = &w.bpack[jr*kc]
-					case nr == ks.nr:
-						bp = &b[pc*j.ldb+jc+jr]
-						ldbBytes = j.ldb * 4
-					default:
-						packB(ks, w.bpack, j.tB, b, j.ldb, pc, jc+jr, kc, nr)
-						bp = &w.bpack[0]
+				j.blockKernel(w, w.bpack, direct, bi, ic, min(ks.mc, i1-ic), jc, nc, pc, kc)
+			}
+		}
+	}
+}
+
+// blockKernel packs the mc×kc block of op(A) at (ic, pc) into w.apack and
+// multiplies it with the kc×nc panel of op(B) at (pc, jc) into C: every
+// nr-wide strip of the panel (bpack, or B itself when direct) against
+// every mr-high panel of the block.
+func (j *gemmJob) blockKernel(w *gemmWork, bpack []float32, direct bool, bi, ic, mc, jc, nc, pc, kc int) {
+	ks := &j.ks
+	a, b, c := j.a[bi*j.strideA:], j.b[bi*j.strideB:], j.c[bi*j.strideC:]
+	first := pc == 0
+	for ir := 0; ir < mc; ir += ks.mr {
+		packA(ks, w.apack[ir*kc:], j.tA, a, j.lda, ic+ir, pc, min(ks.mr, mc-ir), kc)
+	}
+	for jr := 0; jr < nc; jr += ks.nr {
+		nr := min(ks.nr, nc-jr)
+		var bp *float32
+		ldbBytes := ks.nr * 4
+		switch {
+		case !direct:
+			bp = &bpack[jr*kc]
+		case nr == ks.nr:
+			bp = &b[pc*j.ldb+jc+jr]
+			ldbBytes = j.ldb * 4
+		default:
+			packB(ks, w.bpack, j.tB, b, j.ldb, pc, jc+jr, kc, nr)
+			bp = &w.bpack[0]
+		}
+		for ir := 0; ir < mc; ir += ks.mr {
+			mr := min(ks.mr, mc-ir)
+			ap := &w.apack[ir*kc]
+			ci := (ic+ir)*j.ldc + jc + jr
+			if nr == ks.nr {
+				beta, load := float32(1), 1
+				if first {
+					beta = j.beta
+					if beta == 0 {
+						load = 0
 					}
-					for ir := 0; ir < mc; ir += ks.mr {
-						mr := min(ks.mr, mc-ir)
-						ap := &w.apack[ir*kc]
-						ci := (ic+ir)*j.ldc + jc + jr
-						if nr == ks.nr {
-							beta, load := float32(1), 1
-							if first {
-								beta = j.beta
-								if beta == 0 {
-									load = 0
-								}
-							}
-							ks.kerns[mr-1](kc, ap, bp, ldbBytes, &c[ci], j.ldc*4, j.alpha, beta, load)
-							continue
-						}
-						// Edge strip: compute the full-width tile into w.tile, then
-						// merge the nr valid columns.
-						ks.kerns[mr-1](kc, ap, bp, ldbBytes, &w.tile[0], ks.nr*4, j.alpha, 0, 0)
-						mergeTile(c[ci:], j.ldc, w.tile[:], ks.nr, mr, nr, j.beta, first)
-					}
 				}
+				ks.kerns[mr-1](kc, ap, bp, ldbBytes, &c[ci], j.ldc*4, j.alpha, beta, load)
+				continue
+			}
+			// Edge strip: compute the full-width tile into w.tile, then
+			// merge the nr valid columns.
+			ks.kerns[mr-1](kc, ap, bp, ldbBytes, &w.tile[0], ks.nr*4, j.alpha, 0, 0)
+			mergeTile(c[ci:], j.ldc, w.tile[:], ks.nr, mr, nr, j.beta, first)
+		}
+	}
+}
+
+// gemmShared is part p's share of a job in splitShared mode, where all
+// parts work on one item at a time and share each packed B panel: they pack
+// its strips together, meet at a barrier, then take mc-row blocks of A
+// from a common counter (each packing its own block: nothing is packed
+// twice, and a part slowed by other processes simply takes fewer blocks),
+// and meet again before the panel is overwritten.
+func (j *gemmJob) gemmShared(p int) {
+	ks := &j.ks
+	w := &j.work[p]
+	blocks := ceilDiv(j.m, j.mcShared)
+	for bi := 0; bi < j.batch; bi++ {
+		b := j.b[bi*j.strideB:]
+		for jc := 0; jc < j.n; jc += ks.nc {
+			nc := min(ks.nc, j.n-jc)
+			strips := ceilDiv(nc, ks.nr)
+			for pc := 0; pc < j.k; pc += ks.kc {
+				kc := min(ks.kc, j.k-pc)
+				s0, s1 := p*strips/j.parts, (p+1)*strips/j.parts
+				if s1 > s0 {
+					packBPanel(ks, j.bshared[s0*ks.nr*kc:], j.tB, b, j.ldb, pc, jc+s0*ks.nr, kc, min(nc, s1*ks.nr)-s0*ks.nr)
+				}
+				// The first barrier of step s completes barrier 2s+1; step s
+				// owns tickets [s*blocks, (s+1)*blocks).
+				base := (j.bar.wait(j.parts) - 1) / 2 * uint64(blocks)
+				for {
+					t, ok := j.next.take(base + uint64(blocks))
+					if !ok {
+						break
+					}
+					ic := int(t-base) * j.mcShared
+					j.blockKernel(w, j.bshared, false, bi, ic, min(j.mcShared, j.m-ic), jc, nc, pc, kc)
+				}
+				j.bar.wait(j.parts)
 			}
 		}
 	}

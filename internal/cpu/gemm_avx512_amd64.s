@@ -2998,3 +2998,32 @@ TEXT ·transposeAVX512_16x16(SB), NOSPLIT, $0-32
 	VMOVUPS Z15, K1, (DI)
 	VZEROUPPER
 	RET
+
+// func copyPanelAVX512_14(src *float32, lds int, dst *float32, n int)
+TEXT ·copyPanelAVX512_14(SB), NOSPLIT, $0-32
+	MOVQ src+0(FP), SI
+	MOVQ lds+8(FP), R8
+	MOVQ dst+16(FP), DI
+	MOVQ n+24(FP), CX
+	MOVL $16383, AX
+	KMOVW AX, K1
+	MOVQ CX, BX
+	SHRQ $1, BX
+	JZ tail
+loop:
+	VMOVUPS (SI), K1, Z0
+	VMOVUPS (SI)(R8*1), K1, Z1
+	LEAQ (SI)(R8*2), SI
+	VMOVUPS Z0, K1, (DI)
+	VMOVUPS Z1, K1, 56(DI)
+	ADDQ $112, DI
+	DECQ BX
+	JNZ loop
+tail:
+	ANDQ $1, CX
+	JZ done
+	VMOVUPS (SI), K1, Z0
+	VMOVUPS Z0, K1, (DI)
+done:
+	VZEROUPPER
+	RET

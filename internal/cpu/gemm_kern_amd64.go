@@ -70,20 +70,29 @@ func kernAVX512_13x32(kc int, a, b *float32, ldb int, c *float32, ldc int, alpha
 //go:noescape
 func kernAVX512_14x32(kc int, a, b *float32, ldb int, c *float32, ldc int, alpha, beta float32, load int)
 
-// trMRAVX512 transposes an mr×16 block when packing A.
-var trMRAVX512 transFunc = transposeAVX512_14x16
-
 // transposeAVX512_14x16 copies a 14×16 block (rows lds bytes apart) to its 16×14 transpose
 // (rows ldd bytes apart).
 //
 //go:noescape
 func transposeAVX512_14x16(src *float32, lds int, dst *float32, ldd int)
 
+// trMRAVX512 transposes an mr×16 block when packing A.
+var trMRAVX512 transFunc = transposeAVX512_14x16
+
 // transposeAVX512_16x16 copies a 16×16 block (rows lds bytes apart) to its 16×16 transpose
 // (rows ldd bytes apart).
 //
 //go:noescape
 func transposeAVX512_16x16(src *float32, lds int, dst *float32, ldd int)
+
+// copyPanelAVX512_14 copies n rows of 14 floats (source rows lds bytes apart) to
+// consecutive rows of dst.
+//
+//go:noescape
+func copyPanelAVX512_14(src *float32, lds int, dst *float32, n int)
+
+// cpMRAVX512 packs a transposed A panel (mr floats per k step).
+var cpMRAVX512 copyFunc = copyPanelAVX512_14
 
 // AVX2 micro-kernel tile: up to 6 rows × 16 columns.
 const (

@@ -16,6 +16,11 @@ func packA(ks *kernSet, dst []float32, tA Transpose, a []float32, lda, i0, p0, m
 	dst = dst[:mr*kc]
 	if tA {
 		// op(A)[i, p] = a[p*lda + i]: each k step is mr contiguous floats.
+		if ks.cpMR != nil && mr == ks.mr {
+			_ = a[(p0+kc-1)*lda+i0+mr-1] // the block lies inside a
+			ks.cpMR(&a[p0*lda+i0], lda*4, &dst[0], kc)
+			return
+		}
 		for p := 0; p < kc; p++ {
 			copy(dst[p*mr:][:mr], a[(p0+p)*lda+i0:][:mr])
 		}

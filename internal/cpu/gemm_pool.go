@@ -1,6 +1,9 @@
 package cpu
 
-import "sync"
+import (
+	"sync"
+	"sync/atomic"
+)
 
 // gemmWork is one goroutine's packing workspace. Buffers only grow, so a
 // reused job allocates nothing.
@@ -20,6 +23,7 @@ const (
 	splitBatch splitMode = iota // whole batch items per part
 	splitRows                   // each item's rows, in mr units
 	splitCols                   // each item's columns, in nr units
+	splitShared                 // shared B panels, A blocks taken from a counter
 )
 
 // gemmJob is one SgemmStrided call: its arguments, its partition and the
@@ -38,6 +42,72 @@ type gemmJob struct {
 	parts int
 	work  []gemmWork
 	wg    sync.WaitGroup
+
+	// splitShared state: the packed B panel all parts read, the A block
+	// height, the next A block to take and the barrier between phases.
+	bshared  []float32
+	mcShared int
+	next     ticket
+	bar      barrier
+}
+
+// ticket hands out consecutive numbers up to a limit.
+type ticket struct{ v atomic.Uint64 }
+
+// take returns the next number if it is below limit.
+func (t *ticket) take(limit uint64) (uint64, bool) {
+	for {
+		v := t.v.Load()
+		if v >= limit {
+			return 0, false
+		}
+		if t.v.CompareAndSwap(v, v+1) {
+			return v, true
+		}
+	}
+}
+
+// barrier is a reusable barrier for the parts of one job: waiters spin
+// briefly (phases are short and the parts usually arrive together), then
+// sleep on a condition variable so that a part descheduled by the OS does
+// not make the others burn its CPU.
+type barrier struct {
+	arrived atomic.Int32
+	gen     atomic.Uint64 // barriers completed
+	mu      sync.Mutex
+	cond    sync.Cond
+}
+
+// reset prepares the barrier for a new job; no goroutine may be waiting.
+func (b *barrier) reset() {
+	b.arrived.Store(0)
+	b.gen.Store(0)
+	b.cond.L = &b.mu
+}
+
+// wait blocks until n goroutines have called it and returns how many
+// barriers have completed, this one included.
+func (b *barrier) wait(n int) uint64 {
+	g := b.gen.Load()
+	if int(b.arrived.Add(1)) == n {
+		b.arrived.Store(0)
+		b.mu.Lock()
+		b.gen.Store(g + 1)
+		b.cond.Broadcast()
+		b.mu.Unlock()
+		return g + 1
+	}
+	for range 4000 { // a few microseconds
+		if b.gen.Load() != g {
+			return g + 1
+		}
+	}
+	b.mu.Lock()
+	for b.gen.Load() == g {
+		b.cond.Wait()
+	}
+	b.mu.Unlock()
+	return g + 1
 }
 
 // minPartFMAs is the least work (multiply-adds) worth a goroutine of its
@@ -56,6 +126,12 @@ func (j *gemmJob) plan(threads int) {
 		j.mode = splitBatch
 	case j.batch >= 4*parts || (j.batch >= parts && j.batch%parts == 0):
 		j.mode = splitBatch
+	case unitsM >= 4*parts:
+		// Enough rows for every part to take several A blocks.
+		j.mode = splitShared
+		j.mcShared = min(ks.mc, ceilDiv(ceilDiv(j.m, 4*parts), ks.mr)*ks.mr)
+		j.next.v.Store(0)
+		j.bar.reset()
 	case j.m <= j.n && unitsN >= parts, unitsM < parts && unitsN >= unitsM:
 		// Splitting columns makes every part pack all of A; splitting rows,
 		// all of B. Duplicate the smaller operand.
@@ -66,6 +142,12 @@ func (j *gemmJob) plan(threads int) {
 		parts = min(parts, unitsM)
 	}
 	j.parts = parts
+	if j.mode == splitShared {
+		kc := min(ks.kc, j.k)
+		if need := kc * ceilDiv(min(ks.nc, j.n), ks.nr) * ks.nr; len(j.bshared) < need {
+			j.bshared = alignedFloats(need)
+		}
+	}
 	if len(j.work) < parts {
 		j.work = append(j.work, make([]gemmWork, parts-len(j.work))...)
 	}
@@ -77,7 +159,7 @@ func (j *gemmJob) plan(threads int) {
 		if len(w.apack) < needA {
 			w.apack = alignedFloats(needA)
 		}
-		if len(w.bpack) < needB {
+		if j.mode != splitShared && len(w.bpack) < needB {
 			w.bpack = alignedFloats(needB)
 		}
 	}
@@ -98,6 +180,8 @@ func (j *gemmJob) runPart(p int) {
 		for bi := 0; bi < j.batch; bi++ {
 			j.gemmBlock(w, bi, lo, hi, 0, j.n)
 		}
+	case splitShared:
+		j.gemmShared(p)
 	case splitCols:
 		u := ceilDiv(j.n, j.ks.nr)
 		lo, hi := p*u/j.parts*j.ks.nr, min(j.n, (p+1)*u/j.parts*j.ks.nr)

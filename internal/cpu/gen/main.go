@@ -75,10 +75,16 @@ func main() {
 			for _, rows := range rowsList {
 				name := fmt.Sprintf("transpose%s_%dx16", s.name, rows)
 				transpose(&asm, name, rows)
+				fmt.Fprintf(&decl, "// %s copies a %d×16 block (rows lds bytes apart) to its 16×%d transpose\n// (rows ldd bytes apart).\n//\n//go:noescape\nfunc %s(src *float32, lds int, dst *float32, ldd int)\n\n", name, rows, rows, name)
 				if rows == s.mr {
 					fmt.Fprintf(&decl, "// trMR%s transposes an mr×16 block when packing A.\nvar trMR%s transFunc = %s\n\n", s.name, s.name, name)
 				}
-				fmt.Fprintf(&decl, "// %s copies a %d×16 block (rows lds bytes apart) to its 16×%d transpose\n// (rows ldd bytes apart).\n//\n//go:noescape\nfunc %s(src *float32, lds int, dst *float32, ldd int)\n\n", name, rows, rows, name)
+			}
+			if s.mr <= 16 {
+				name := fmt.Sprintf("copyPanel%s_%d", s.name, s.mr)
+				copyPanel(&asm, name, s.mr)
+				fmt.Fprintf(&decl, "// %s copies n rows of %d floats (source rows lds bytes apart) to\n// consecutive rows of dst.\n//\n//go:noescape\nfunc %s(src *float32, lds int, dst *float32, n int)\n\n", name, s.mr, name)
+				fmt.Fprintf(&decl, "// cpMR%s packs a transposed A panel (mr floats per k step).\nvar cpMR%s copyFunc = %s\n\n", s.name, s.name, name)
 			}
 		}
 		file := filepath.Join(*out, "gemm_"+lower(s.name)+"_amd64.s")
@@ -250,4 +256,19 @@ func transpose(w *bytes.Buffer, name string, rows int) {
 		}
 	}
 	w.WriteString("\tVZEROUPPER\n\tRET\n")
+}
+
+// copyPanel writes a function that copies n rows of `cols` floats (cols ≤
+// 16) from rows lds bytes apart to consecutive rows, with masked loads and
+// stores (masked-off lanes never fault).
+func copyPanel(w *bytes.Buffer, name string, cols int) {
+	fmt.Fprintf(w, "\n// func %s(src *float32, lds int, dst *float32, n int)\n", name)
+	fmt.Fprintf(w, "TEXT ·%s(SB), NOSPLIT, $0-32\n", name)
+	w.WriteString("\tMOVQ src+0(FP), SI\n\tMOVQ lds+8(FP), R8\n\tMOVQ dst+16(FP), DI\n\tMOVQ n+24(FP), CX\n")
+	fmt.Fprintf(w, "\tMOVL $%d, AX\n\tKMOVW AX, K1\n", (1<<cols)-1)
+	w.WriteString("\tMOVQ CX, BX\n\tSHRQ $1, BX\n\tJZ tail\nloop:\n")
+	w.WriteString("\tVMOVUPS (SI), K1, Z0\n\tVMOVUPS (SI)(R8*1), K1, Z1\n\tLEAQ (SI)(R8*2), SI\n")
+	fmt.Fprintf(w, "\tVMOVUPS Z0, K1, (DI)\n\tVMOVUPS Z1, K1, %d(DI)\n\tADDQ $%d, DI\n", 4*cols, 8*cols)
+	w.WriteString("\tDECQ BX\n\tJNZ loop\ntail:\n\tANDQ $1, CX\n\tJZ done\n")
+	w.WriteString("\tVMOVUPS (SI), K1, Z0\n\tVMOVUPS Z0, K1, (DI)\ndone:\n\tVZEROUPPER\n\tRET\n")
 }
