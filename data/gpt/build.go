@@ -52,6 +52,7 @@ type builder struct {
 	cfg   *Config
 	out   *Datasets
 	files map[string]*indexed.Dataset
+	sizes map[string][]int32 // sequence lengths by prefix, read once
 }
 
 // Build builds the train, valid and test datasets as Megatron's
@@ -61,7 +62,7 @@ func Build(ctx context.Context, cfg Config) (*Datasets, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	b := &builder{cfg: &cfg, out: &Datasets{}, files: map[string]*indexed.Dataset{}}
+	b := &builder{cfg: &cfg, out: &Datasets{}, files: map[string]*indexed.Dataset{}, sizes: map[string][]int32{}}
 	var srcs [3]Source
 	var err error
 	if cfg.perSplit() {
@@ -103,6 +104,7 @@ func (b *builder) open(prefix string) (*indexed.Dataset, error) {
 		return nil, fmt.Errorf("gpt: %w", err)
 	}
 	b.files[prefix] = ds
+	b.sizes[prefix] = ds.SequenceLengths()
 	b.out.files = append(b.out.files, ds)
 	return ds, nil
 }
@@ -130,7 +132,7 @@ func (b *builder) midLevel(ctx context.Context, prefix string, m [3]*Bookend, si
 		for s := beg; s < end; s++ {
 			indices = append(indices, int32(s))
 		}
-		if out[i], err = newDataset(src, Split(i), indices, sizes[i], p); err != nil {
+		if out[i], err = newDataset(src, b.sizes[prefix], Split(i), indices, sizes[i], p); err != nil {
 			return out, err
 		}
 	}

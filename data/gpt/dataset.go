@@ -76,9 +76,10 @@ type datasetParams struct {
 	splitMatrix *[3]*Bookend
 }
 
-// newDataset builds one mid-level GPTDataset, loading its indices from the
+// newDataset builds one mid-level GPTDataset (sizes are src's sequence
+// lengths), loading its indices from the
 // cache when a matching, consistent cache exists and saving them otherwise.
-func newDataset(src *indexed.Dataset, split Split, indices []int32, numSamples int64, p datasetParams) (*Dataset, error) {
+func newDataset(src *indexed.Dataset, sizes []int32, split Split, indices []int32, numSamples int64, p datasetParams) (*Dataset, error) {
 	c := p.cfg
 	d := &Dataset{Path: src.Prefix, Split: split, src: src, seqLength: c.SeqLength, extra: c.extraToken(), eod: c.EOD, masks: c.Masks}
 	var ns any
@@ -104,7 +105,6 @@ func newDataset(src *indexed.Dataset, split Split, indices []int32, numSamples i
 		dir = ""
 	}
 	files := cacheFiles(dir, d.Hash, "GPTDataset", split, "document_index", "sample_index", "shuffle_index")
-	sizes := src.SequenceLengths()
 	params := IndexParams{NumSamples: numSamples, SeqLength: c.SeqLength, ExtraToken: d.extra, Seed: uint32(c.Seed),
 		DropLast: split != Valid || !c.KeepLastPartialValidation}
 	if arrs, ok := loadCache(files, d.Description); ok {
