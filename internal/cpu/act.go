@@ -11,13 +11,21 @@ const geluTanhK = 0.7978845608028654
 
 // GELUTanhForward computes out = 0.5*x*(1+tanh(sqrt(2/π)*(x+0.044715x³))),
 // torch's gelu(approximate="tanh") and Megatron's bias_gelu. inp, out: (any).
-// It evaluates the identical x*sigmoid(2u) in float32 with one exp, accurate to
-// a few ulp (no cancellation in 1+tanh for negative x).
+// It evaluates the identical x*sigmoid(2u) in float32 (no cancellation in
+// 1+tanh for negative x), exp vectorised in chunks, accurate to a few ulp.
 func GELUTanhForward(out, inp []float32) {
 	Parallel(len(inp), actGrain, func(lo, hi int) {
-		for i := lo; i < hi; i++ {
-			x := inp[i]
-			out[i] = x * sigmoidF32(2*geluTanhK*(x+0.044715*x*x*x))
+		var buf [actChunk]float32
+		for i0 := lo; i0 < hi; i0 += actChunk {
+			x := inp[i0:min(i0+actChunk, hi)]
+			s, o := buf[:len(x)], out[i0:i0+len(x)]
+			for i, v := range x {
+				s[i] = 2 * geluTanhK * (v + 0.044715*v*v*v)
+			}
+			sigmoidOf(s)
+			for i, v := range x {
+				o[i] = v * s[i]
+			}
 		}
 	})
 }
@@ -26,10 +34,17 @@ func GELUTanhForward(out, inp []float32) {
 // = dout * (s + 2x·s(1-s)·sqrt(2/π)(1+3·0.044715x²)), s = sigmoid(2u).
 func GELUTanhBackward(dinp, dout, inp []float32) {
 	Parallel(len(inp), actGrain, func(lo, hi int) {
-		for i := lo; i < hi; i++ {
-			x := inp[i]
-			s := sigmoidF32(2 * geluTanhK * (x + 0.044715*x*x*x))
-			dinp[i] += dout[i] * (s + 2*x*s*(1-s)*geluTanhK*(1+3*0.044715*x*x))
+		var buf [actChunk]float32
+		for i0 := lo; i0 < hi; i0 += actChunk {
+			x := inp[i0:min(i0+actChunk, hi)]
+			s, g, dx := buf[:len(x)], dout[i0:i0+len(x)], dinp[i0:i0+len(x)]
+			for i, v := range x {
+				s[i] = 2 * geluTanhK * (v + 0.044715*v*v*v)
+			}
+			sigmoidOf(s)
+			for i, v := range x {
+				dx[i] += g[i] * (s[i] + 2*v*s[i]*(1-s[i])*geluTanhK*(1+3*0.044715*v*v))
+			}
 		}
 	})
 }
@@ -67,16 +82,34 @@ func geluErfGrad(x float64) float64 {
 	return 0.5*(1+math.Erf(x/math.Sqrt2)) + x*invSqrt2Pi*math.Exp(-0.5*x*x)
 }
 
-// sigmoidF32 is 1/(1+e^-x) in float32: exact 0 and 1 in the tails, a few ulp
-// elsewhere.
-func sigmoidF32(x float32) float32 { return 1 / (1 + expF32(-x)) }
+// actChunk is how many elements the activation kernels pass to the vectorised
+// exp at once, through a stack buffer.
+const actChunk = 256
+
+// sigmoidOf replaces s[i] by 1/(1+exp(-s[i])): exact 0 and 1 in the tails, a
+// few ulp elsewhere.
+func sigmoidOf(s []float32) {
+	for i := range s {
+		s[i] = -s[i]
+	}
+	expSubF32(s, 0)
+	for i := range s {
+		s[i] = 1 / (1 + s[i])
+	}
+}
 
 // SiLUForward computes out = x*sigmoid(x). inp, out: (any).
 func SiLUForward(out, inp []float32) {
 	Parallel(len(inp), actGrain, func(lo, hi int) {
-		for i := lo; i < hi; i++ {
-			x := inp[i]
-			out[i] = x * sigmoidF32(x)
+		var buf [actChunk]float32
+		for i0 := lo; i0 < hi; i0 += actChunk {
+			x := inp[i0:min(i0+actChunk, hi)]
+			s, o := buf[:len(x)], out[i0:i0+len(x)]
+			copy(s, x)
+			sigmoidOf(s)
+			for i, v := range x {
+				o[i] = v * s[i]
+			}
 		}
 	})
 }
@@ -84,10 +117,15 @@ func SiLUForward(out, inp []float32) {
 // SiLUBackward accumulates dinp += dout * σ(x)(1 + x(1-σ(x))).
 func SiLUBackward(dinp, dout, inp []float32) {
 	Parallel(len(inp), actGrain, func(lo, hi int) {
-		for i := lo; i < hi; i++ {
-			x := inp[i]
-			s := sigmoidF32(x)
-			dinp[i] += dout[i] * s * (1 + x*(1-s))
+		var buf [actChunk]float32
+		for i0 := lo; i0 < hi; i0 += actChunk {
+			x := inp[i0:min(i0+actChunk, hi)]
+			s, g, dx := buf[:len(x)], dout[i0:i0+len(x)], dinp[i0:i0+len(x)]
+			copy(s, x)
+			sigmoidOf(s)
+			for i, v := range x {
+				dx[i] += g[i] * s[i] * (1 + v*(1-s[i]))
+			}
 		}
 	})
 }
@@ -98,11 +136,17 @@ func SiLUBackward(dinp, dout, inp []float32) {
 //	out: (n, f) = silu(gate) * up
 func SwiGLUForward(out, inp []float32, n, f int) {
 	Parallel(n, max(1, actGrain/(2*f+1)), func(lo, hi int) {
+		var buf [actChunk]float32
 		for i := lo; i < hi; i++ {
-			gate, up, o := inp[i*2*f:i*2*f+f], inp[i*2*f+f:i*2*f+2*f], out[i*f:i*f+f]
-			for j := range o {
-				x := gate[j]
-				o[j] = x * sigmoidF32(x) * up[j]
+			for j0 := 0; j0 < f; j0 += actChunk {
+				m := min(actChunk, f-j0)
+				gate, up := inp[i*2*f+j0:][:m], inp[i*2*f+f+j0:][:m]
+				s, o := buf[:m], out[i*f+j0:][:m]
+				copy(s, gate)
+				sigmoidOf(s)
+				for j, x := range gate {
+					o[j] = x * s[j] * up[j]
+				}
 			}
 		}
 	})
@@ -112,14 +156,19 @@ func SwiGLUForward(out, inp []float32, n, f int) {
 // dgate += dout*up*silu'(gate), dup += dout*silu(gate).
 func SwiGLUBackward(dinp, dout, inp []float32, n, f int) {
 	Parallel(n, max(1, actGrain/(2*f+1)), func(lo, hi int) {
+		var buf [actChunk]float32
 		for i := lo; i < hi; i++ {
-			gate, up, g := inp[i*2*f:i*2*f+f], inp[i*2*f+f:i*2*f+2*f], dout[i*f:i*f+f]
-			dgate, dup := dinp[i*2*f:i*2*f+f], dinp[i*2*f+f:i*2*f+2*f]
-			for j := range g {
-				x := gate[j]
-				s := sigmoidF32(x)
-				dgate[j] += g[j] * up[j] * s * (1 + x*(1-s))
-				dup[j] += g[j] * x * s
+			for j0 := 0; j0 < f; j0 += actChunk {
+				m := min(actChunk, f-j0)
+				gate, up, g := inp[i*2*f+j0:][:m], inp[i*2*f+f+j0:][:m], dout[i*f+j0:][:m]
+				dgate, dup := dinp[i*2*f+j0:][:m], dinp[i*2*f+f+j0:][:m]
+				s := buf[:m]
+				copy(s, gate)
+				sigmoidOf(s)
+				for j, x := range gate {
+					dgate[j] += g[j] * up[j] * s[j] * (1 + x*(1-s[j]))
+					dup[j] += g[j] * x * s[j]
+				}
 			}
 		}
 	})
