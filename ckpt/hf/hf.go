@@ -268,9 +268,9 @@ func Export(ctx context.Context, dir string, m *gpt.Model, info Info, opts Expor
 	dtype := opts.DType
 	if dtype == "" {
 		dtype = info.DType
-	}
-	if dtype == "" {
-		dtype = "F32"
+		if dtype != "BF16" && dtype != "F16" {
+			dtype = "F32" // also for F64 imports
+		}
 	}
 	dt, err := safetensors.ParseDType(dtype)
 	if err != nil || (dt != safetensors.F32 && dt != safetensors.BF16 && dt != safetensors.F16) {

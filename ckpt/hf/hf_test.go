@@ -467,3 +467,26 @@ func jsonEqual(t *testing.T, a, b []byte) bool {
 	}
 	return bytes.Equal(x.Bytes(), y.Bytes())
 }
+
+// TestMistral: model_type mistral uses the Llama table; sliding_window
+// gives a warning; export keeps model_type and architectures.
+func TestMistral(t *testing.T) {
+	dir := copyFixture(t, "llama_gqa_untied_f32")
+	p := filepath.Join(dir, "config.json")
+	b, _ := os.ReadFile(p)
+	b = bytes.Replace(b, []byte(`"model_type": "llama"`), []byte(`"model_type": "mistral", "sliding_window": 4`), 1)
+	b = bytes.Replace(b, []byte(`"LlamaForCausalLM"`), []byte(`"MistralForCausalLM"`), 1)
+	os.WriteFile(p, b, 0o644)
+	m, info, err := LoadModel(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.Arch != ArchLlama || len(info.Warnings) != 1 || !strings.Contains(info.Warnings[0], "sliding_window=4") {
+		t.Fatalf("arch %s warnings %q", info.Arch, info.Warnings)
+	}
+	out := t.TempDir()
+	if err := Export(context.Background(), out, m, info, ExportOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	CompareHFDirs(t, dir, out)
+}
