@@ -135,7 +135,7 @@ func AttentionForward(out, lse, q, k, v []float32, cfg AttentionConfig) {
 	Parallel(cfg.B*cfg.HQ*nqb, 1, func(lo, hi int) {
 		ws := attnPool.Get().(*attnScratch)
 		for idx := lo; idx < hi; idx++ {
-			b, h, qb := idx/(cfg.HQ*nqb), idx/nqb%cfg.HQ, idx%nqb
+			b, h, qb := idx/(cfg.HQ*nqb), idx/nqb%cfg.HQ, zigzag(idx%nqb, nqb)
 			i0 := qb * attnBlockQ
 			attnForwardBlock(out, lse, q, k, v, &cfg, b, h, i0, min(i0+attnBlockQ, cfg.T), ws)
 		}

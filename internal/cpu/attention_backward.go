@@ -64,7 +64,7 @@ func attentionBackwardSplit(dq, dk, dv, dout, q, k, v, out, lse []float32, cfg *
 	Parallel(cfg.B*cfg.HQ*nqb, 1, func(lo, hi int) {
 		ws := attnPool.Get().(*attnScratch)
 		for idx := lo; idx < hi; idx++ {
-			b, h, i0 := idx/(cfg.HQ*nqb), idx/nqb%cfg.HQ, idx%nqb*attnBlockQ
+			b, h, i0 := idx/(cfg.HQ*nqb), idx/nqb%cfg.HQ, zigzag(idx%nqb, nqb)*attnBlockQ
 			jEnd := cfg.T
 			if cfg.Causal {
 				jEnd = min(i0+attnBlockQ, cfg.T)
@@ -79,7 +79,7 @@ func attentionBackwardSplit(dq, dk, dv, dout, q, k, v, out, lse []float32, cfg *
 	Parallel(cfg.B*cfg.HKV*nkb, 1, func(lo, hi int) {
 		ws := attnPool.Get().(*attnScratch)
 		for idx := lo; idx < hi; idx++ {
-			b, g, j0 := idx/(cfg.HKV*nkb), idx/nkb%cfg.HKV, idx%nkb*attnBlockK
+			b, g, j0 := idx/(cfg.HKV*nkb), idx/nkb%cfg.HKV, zigzag(idx%nkb, nkb)*attnBlockK
 			for h := g * grp; h < (g+1)*grp; h++ {
 				for i0 := attnFirstQ(cfg, j0); i0 < cfg.T; i0 += attnBlockQ {
 					attnBackwardTile(dq, dk, dv, dout, q, k, v, out, lse, cfg, b, h, i0, j0, gradKV, ws)

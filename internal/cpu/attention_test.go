@@ -302,3 +302,16 @@ func FuzzAttention(f *testing.F) {
 		}
 	})
 }
+
+func TestZigzagIsPermutation(t *testing.T) {
+	for n := 1; n < 40; n++ {
+		seen := make([]bool, n)
+		for p := 0; p < n; p++ {
+			b := zigzag(p, n)
+			if b < 0 || b >= n || seen[b] {
+				t.Fatalf("n=%d: zigzag(%d) = %d repeats or is out of range", n, p, b)
+			}
+			seen[b] = true
+		}
+	}
+}

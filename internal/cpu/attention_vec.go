@@ -78,3 +78,13 @@ func maxF32(m float32, x []float32) float32 {
 	}
 	return max(max(max(m0, m1), max(m2, m3)), max(max(m4, m5), max(m6, m7)))
 }
+
+// zigzag maps position p of 0..n-1 to block 0, n-1, 1, n-2, ...: with causal
+// masks block cost grows (or shrinks) with the index, so this order gives every
+// contiguous range Parallel hands a goroutine a balanced share of work.
+func zigzag(p, n int) int {
+	if p%2 == 0 {
+		return p / 2
+	}
+	return n - 1 - p/2
+}
