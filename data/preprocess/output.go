@@ -1,0 +1,149 @@
+package preprocess
+
+import (
+	"fmt"
+	"os"
+	"time"
+
+	"github.com/gotron/gotron/data/indexed"
+)
+
+// outputs holds one builder per partition and key.
+type outputs struct {
+	cfg      Config
+	level    string
+	dtype    indexed.DType
+	builders [][]*indexed.Builder // [partition][key]
+	prefixes [][]string
+}
+
+func newOutputs(cfg Config) (*outputs, error) {
+	o := &outputs{cfg: cfg, level: "document", dtype: indexed.OptimalDType(cfg.Tokenizer.VocabSize())}
+	if cfg.SplitSentences {
+		o.level = "sentence"
+	}
+	for p := range cfg.Partitions {
+		base := cfg.OutputPrefix
+		if cfg.Partitions > 1 {
+			base = fmt.Sprintf("%s_%d", cfg.OutputPrefix, p) // Megatron's partition output prefix
+		}
+		var bs []*indexed.Builder
+		var ps []string
+		for _, key := range cfg.JSONKeys {
+			prefix := fmt.Sprintf("%s_%s_%s", base, key, o.level)
+			b, err := indexed.NewBuilder(prefix, indexed.BuilderConfig{DType: o.dtype})
+			if err != nil {
+				o.builders = append(o.builders, bs)
+				o.abort()
+				return nil, fmt.Errorf("preprocess: --output-prefix: %w", err)
+			}
+			bs, ps = append(bs, b), append(ps, prefix)
+		}
+		o.builders, o.prefixes = append(o.builders, bs), append(o.prefixes, ps)
+	}
+	return o, nil
+}
+
+// finish finalizes every builder and, with partitions, merges them in
+// partition order (add_index) and removes the partition files.
+func (o *outputs) finish() ([]string, error) {
+	for _, bs := range o.builders {
+		for _, b := range bs {
+			if err := b.Finalize(); err != nil {
+				return nil, err
+			}
+		}
+	}
+	if o.cfg.Partitions == 1 {
+		return o.prefixes[0], nil
+	}
+	var final []string
+	for k, key := range o.cfg.JSONKeys {
+		prefix := fmt.Sprintf("%s_%s_%s", o.cfg.OutputPrefix, key, o.level)
+		m, err := indexed.NewBuilder(prefix, indexed.BuilderConfig{DType: o.dtype})
+		if err != nil {
+			return nil, fmt.Errorf("preprocess: --output-prefix: %w", err)
+		}
+		for p := range o.builders {
+			if err := m.AddIndex(o.prefixes[p][k]); err != nil {
+				return nil, err
+			}
+		}
+		if err := m.Finalize(); err != nil {
+			return nil, err
+		}
+		for p := range o.builders {
+			removeDataset(o.prefixes[p][k])
+		}
+		final = append(final, prefix)
+	}
+	return final, nil
+}
+
+// abort closes and removes everything written so far.
+func (o *outputs) abort() {
+	for p, bs := range o.builders {
+		for k, b := range bs {
+			_ = b.Finalize()
+			if p < len(o.prefixes) && k < len(o.prefixes[p]) {
+				removeDataset(o.prefixes[p][k])
+			}
+		}
+	}
+}
+
+// removeDataset deletes a .bin/.idx pair, best effort: it only cleans up
+// after a run that already succeeded (partition files) or failed.
+func removeDataset(prefix string) {
+	_ = os.Remove(prefix + ".bin")
+	_ = os.Remove(prefix + ".idx")
+}
+
+// progress prints Megatron-style progress: docs/s and MB/s.
+type progress struct {
+	cfg       Config
+	start     time.Time
+	lastDocs  int64
+	lastPrint time.Time
+}
+
+func newProgress(cfg Config) *progress {
+	p := &progress{cfg: cfg}
+	if cfg.Progress != nil {
+		p.start = cfg.Now()
+	}
+	return p
+}
+
+// update reports docs and bytes processed; final forces a last line.
+func (p *progress) update(docs, bytes int64, final bool) {
+	w := p.cfg.Progress
+	if w == nil || docs == p.lastDocs && !final {
+		return
+	}
+	now := p.cfg.Now()
+	if p.cfg.ProgressTerminal {
+		// Redraw at most 10 times a second.
+		if !final && !p.lastPrint.IsZero() && now.Sub(p.lastPrint) < 100*time.Millisecond {
+			p.lastDocs = docs
+			return
+		}
+	} else if !final && docs/int64(p.cfg.LogInterval) == p.lastDocs/int64(p.cfg.LogInterval) {
+		p.lastDocs = docs
+		return
+	}
+	p.lastDocs, p.lastPrint = docs, now
+	secs := now.Sub(p.start).Seconds()
+	if secs <= 0 {
+		secs = 1e-9
+	}
+	line := fmt.Sprintf("Processed %d documents (%.1f docs/s, %.2f MB/s).", docs, float64(docs)/secs, float64(bytes)/secs/1024/1024)
+	if p.cfg.ProgressTerminal {
+		fmt.Fprintf(w, "\r%s    ", line)
+		if final {
+			fmt.Fprintln(w)
+		}
+		return
+	}
+	fmt.Fprintln(w, line)
+}
