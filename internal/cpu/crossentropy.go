@@ -17,10 +17,10 @@ type CrossEntropyConfig struct {
 	// (Megatron's vocab-parallel CE rescales s by V/(V-1) first; a caller
 	// wanting Megatron's numbers passes s*V/(V-1).)
 	LabelSmoothing float32
-	// IgnoreIndex, when negative, marks rows whose target equals it: their
-	// loss is 0 and their gradient row is 0 (use -1 for Megatron-style loss
-	// masks, -100 for PyTorch's default). The zero value ignores nothing,
-	// since 0 is a valid class.
+	// IgnoreIndex, when non-zero, marks rows whose target equals it: their
+	// loss is 0 and their gradient row is 0. Use -1 for Megatron-style loss
+	// masks, -100 for PyTorch's default, or a padding token id. The zero value
+	// ignores nothing (0 is a valid class; mask class 0 with a loss mask).
 	IgnoreIndex int32
 }
 
@@ -36,7 +36,7 @@ func (c CrossEntropyConfig) Validate() error {
 }
 
 // CheckTargets returns an error naming the first row whose target is neither
-// in [0, V) nor the (negative) IgnoreIndex. Call it where targets enter from
+// in [0, V) nor the (non-zero) IgnoreIndex. Call it where targets enter from
 // data; the kernels themselves panic on such rows.
 func (c CrossEntropyConfig) CheckTargets(targets []int32) error {
 	if len(targets) < c.N {
@@ -50,7 +50,7 @@ func (c CrossEntropyConfig) CheckTargets(targets []int32) error {
 	return nil
 }
 
-func (c CrossEntropyConfig) ignored(t int32) bool { return c.IgnoreIndex < 0 && t == c.IgnoreIndex }
+func (c CrossEntropyConfig) ignored(t int32) bool { return c.IgnoreIndex != 0 && t == c.IgnoreIndex }
 
 func (c CrossEntropyConfig) mustTarget(i int, t int32) {
 	if t < 0 || int(t) >= c.V {
