@@ -14,14 +14,17 @@ import (
 // byte-level or with byte fallback; WordPiece), and the decoder.
 //
 // Supported components: normalizers Sequence, Prepend, Replace (string or
-// regex), Lowercase, Strip, BertNormalizer without accent stripping;
+// regex), Lowercase, Strip, NFC, NFD, NFKC, NFKD (tables from Unicode
+// 14.0), BertNormalizer;
 // pre-tokenizers Sequence, ByteLevel, Split (GPT-2 and Llama-3/cl100k
 // patterns hand-written, others through regexp2), Metaspace,
 // BertPreTokenizer, Whitespace, WhitespaceSplit, Digits, Punctuation;
 // post-processors TemplateProcessing, BertProcessing, RobertaProcessing,
 // ByteLevel; decoders ByteLevel, Metaspace, Replace, ByteFallback, Fuse,
-// Strip, WordPiece, Sequence. Others (NFC/NFKC normalizers, Unigram models,
-// accent stripping) are rejected by LoadHuggingFace with an error.
+// Strip, WordPiece, Sequence. Others (Unigram models, BPE subword prefixes
+// and suffixes, Split with invert) are rejected by LoadHuggingFace with an
+// error. Added tokens match their exact content: their lstrip, rstrip,
+// single_word and normalized flags are not applied.
 type HuggingFace struct {
 	added     *addedTokens
 	norm      []hfNormalizer

@@ -7,14 +7,15 @@ import (
 )
 
 // TestHuggingFaceTokenizersJS: ids equal Hugging Face's tokenizers.js on
-// the multilingual corpus for four tokenizer.json kinds: GPT-2 ByteLevel and
-// Llama-3 style Split+ByteLevel with ignore_merges (whole corpus as one
-// text), Llama-2 style BPE with byte fallback and BERT WordPiece (per line).
+// the multilingual corpus for six tokenizer.json kinds: GPT-2 ByteLevel,
+// Llama-3 style Split+ByteLevel with ignore_merges and the same after NFKC
+// (whole corpus as one text), Llama-2 style BPE with byte fallback, BERT
+// WordPiece cased and uncased (accents stripped) (per line).
 func TestHuggingFaceTokenizersJS(t *testing.T) {
 	fixtures := hfFixtures(t)
 	corpus := string(readTestdata(t, "multilingual.txt.gz"))
 	lines := strings.Split(strings.TrimSuffix(corpus, "\n"), "\n")
-	for _, name := range []string{"gpt2", "llama3", "llama2", "bert"} {
+	for _, name := range []string{"gpt2", "llama3", "nfkc_llama3", "llama2", "bert", "bert_uncased"} {
 		t.Run(name, func(t *testing.T) {
 			tok, err := ParseHuggingFace(fixtures[name], nil)
 			if err != nil {
@@ -22,7 +23,7 @@ func TestHuggingFaceTokenizersJS(t *testing.T) {
 			}
 			want := strings.Split(strings.TrimSuffix(string(readTestdata(t, "hf/"+name+".ids.gz")), "\n"), "\n")
 			texts := lines
-			if name == "gpt2" || name == "llama3" {
+			if name == "gpt2" || strings.HasSuffix(name, "llama3") {
 				texts = []string{corpus}
 			}
 			if len(want) != len(texts) {

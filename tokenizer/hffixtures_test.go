@@ -66,6 +66,18 @@ func hfFixtures(t testing.TB) map[string][]byte {
 			"end_of_word_suffix": nil, "fuse_unk": false, "byte_fallback": false, "ignore_merges": true,
 			"vocab": vocab, "merges": mergeStrs},
 	})
+	// NFKC before a Llama-3 split: exercises the normalization tables.
+	out["nfkc_llama3"] = mustJSON(t, map[string]any{
+		"version": "1.0", "truncation": nil, "padding": nil,
+		"added_tokens": gpt2Added, "normalizer": map[string]any{"type": "NFKC"},
+		"pre_tokenizer": map[string]any{"type": "Sequence", "pretokenizers": []any{
+			map[string]any{"type": "Split", "pattern": map[string]any{"Regex": patternLlama3}, "behavior": "Isolated", "invert": false},
+			map[string]any{"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": false},
+		}},
+		"post_processor": byteLevel, "decoder": byteLevel,
+		"model": map[string]any{"type": "BPE", "dropout": nil, "unk_token": nil, "continuing_subword_prefix": nil,
+			"end_of_word_suffix": nil, "fuse_unk": false, "byte_fallback": false, "vocab": vocab, "merges": mergeStrs},
+	})
 	out["llama2"] = hfLlama2Fixture(t)
 	var bert []string
 	if err := json.Unmarshal(readTestdata(t, "hf/bert_vocab.json.gz"), &bert); err != nil {
@@ -79,9 +91,18 @@ func hfFixtures(t testing.TB) map[string][]byte {
 	for _, s := range []string{"[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"} {
 		bertAdded = append(bertAdded, map[string]any{"id": bv[s], "content": s, "special": true, "single_word": false, "lstrip": false, "rstrip": false, "normalized": false})
 	}
-	out["bert"] = mustJSON(t, map[string]any{
+	for name, strip := range map[string]any{"bert": false, "bert_uncased": nil} {
+		out[name] = bertFixture(t, bv, bertAdded, strip)
+	}
+	return out
+}
+
+// bertFixture is a BERT WordPiece tokenizer.json; stripAccents is false or
+// nil (BERT uncased: strip accents because lowercase is set).
+func bertFixture(t testing.TB, bv map[string]int, bertAdded []any, stripAccents any) []byte {
+	return mustJSON(t, map[string]any{
 		"version": "1.0", "truncation": nil, "padding": nil, "added_tokens": bertAdded,
-		"normalizer":    map[string]any{"type": "BertNormalizer", "clean_text": true, "handle_chinese_chars": true, "strip_accents": false, "lowercase": true},
+		"normalizer":    map[string]any{"type": "BertNormalizer", "clean_text": true, "handle_chinese_chars": true, "strip_accents": stripAccents, "lowercase": true},
 		"pre_tokenizer": map[string]any{"type": "BertPreTokenizer"},
 		"post_processor": map[string]any{"type": "TemplateProcessing",
 			"single":         []any{map[string]any{"SpecialToken": map[string]any{"id": "[CLS]", "type_id": 0}}, map[string]any{"Sequence": map[string]any{"id": "A", "type_id": 0}}, map[string]any{"SpecialToken": map[string]any{"id": "[SEP]", "type_id": 0}}},
@@ -90,7 +111,6 @@ func hfFixtures(t testing.TB) map[string][]byte {
 		"decoder": map[string]any{"type": "WordPiece", "prefix": "##", "cleanup": true},
 		"model":   map[string]any{"type": "WordPiece", "unk_token": "[UNK]", "continuing_subword_prefix": "##", "max_input_chars_per_word": 100, "vocab": bv},
 	})
-	return out
 }
 
 // hfLlama2Fixture converts llama2_bpe.model like transformers' LlamaConverter

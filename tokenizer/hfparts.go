@@ -106,7 +106,10 @@ func parseHFNormalizer(raw json.RawMessage) ([]hfNormalizer, error) {
 		content := c.str("content")
 		return []hfNormalizer{func(s string, _ bool) string { return replaceAll(re, s, content) }}, nil
 	case "Lowercase":
-		return []hfNormalizer{func(s string, _ bool) string { return strings.ToLower(s) }}, nil
+		return []hfNormalizer{func(s string, _ bool) string { return hfLower(s) }}, nil
+	case "NFC", "NFD", "NFKC", "NFKD":
+		f := map[string]func(string) string{"NFC": normNFC, "NFD": normNFD, "NFKC": normNFKC, "NFKD": normNFKD}[c.typ()]
+		return []hfNormalizer{func(s string, _ bool) string { return f(s) }}, nil
 	case "Strip":
 		left, right := c.boolean("strip_left", true), c.boolean("strip_right", true)
 		return []hfNormalizer{func(s string, _ bool) string {
@@ -120,11 +123,9 @@ func parseHFNormalizer(raw json.RawMessage) ([]hfNormalizer, error) {
 		}}, nil
 	case "BertNormalizer":
 		lower := c.boolean("lowercase", true)
-		if c.boolean("strip_accents", lower) {
-			return nil, fmt.Errorf("BertNormalizer with strip_accents (needs Unicode NFD) is not supported")
-		}
+		strip := c.boolean("strip_accents", lower) // null means "as lowercase"
 		clean, chinese := c.boolean("clean_text", true), c.boolean("handle_chinese_chars", true)
-		return []hfNormalizer{func(s string, _ bool) string { return bertNormalize(s, clean, chinese, lower) }}, nil
+		return []hfNormalizer{func(s string, _ bool) string { return bertNormalize(s, clean, chinese, strip, lower) }}, nil
 	}
 	return nil, fmt.Errorf("normalizer %q is not supported", c.typ())
 }
@@ -137,8 +138,10 @@ func replaceAll(re *regexp2.Regexp, s, content string) string {
 	return out
 }
 
-// bertNormalize is BertNormalizer without accent stripping.
-func bertNormalize(s string, clean, chinese, lower bool) string {
+// bertNormalize is Hugging Face's BertNormalizer: drop control characters
+// and map whitespace to spaces, pad CJK ideographs with spaces, strip accents
+// (NFD, then drop nonspacing marks), lowercase.
+func bertNormalize(s string, clean, chinese, strip, lower bool) string {
 	var b strings.Builder
 	for _, r := range s {
 		if clean {
@@ -157,10 +160,24 @@ func bertNormalize(s string, clean, chinese, lower bool) string {
 		}
 		b.WriteRune(r)
 	}
-	if lower {
-		return strings.ToLower(b.String())
+	out := b.String()
+	if strip {
+		out = stripAccents(out)
 	}
-	return b.String()
+	if lower {
+		out = hfLower(out)
+	}
+	return out
+}
+
+// hfLower is Rust's char::to_lowercase per character (as Hugging Face's
+// Lowercase): Go's simple mapping except U+0130, which lowercases to
+// "i\u0307".
+func hfLower(s string) string {
+	if !strings.ContainsRune(s, '\u0130') {
+		return strings.ToLower(s)
+	}
+	return strings.ToLower(strings.ReplaceAll(s, "\u0130", "i\u0307"))
 }
 
 func isBertWhitespace(r rune) bool {

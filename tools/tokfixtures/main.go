@@ -68,6 +68,13 @@ var pools = [][]string{
 		"ภาษาไทยไม่มีการเว้นวรรคระหว่างคำ",
 		"עברית נכתבת מימין לשמאל.",
 	},
+	{ // decomposed and compatibility characters (normalizers differ here)
+		"Cafe\u0301 na\u0131\u0308ve A\u030angstro\u0308m, Zu\u0308rich.",
+		"Ligatures ﬁ ﬂ ﬀ, superscripts x² y³, circled ① ② ③, fullwidth ＡＢＣ １２３.",
+		"Halfwidth ｶﾀｶﾅ and compatibility ㎏ ㎞ ℃ ™ Ⅻ.",
+		"Tiếng Việt có dấu: Việt Nam, Hà Nội, thành phố Hồ Chí Minh.",
+		"İstanbul, Iğdır, ŞEHİR; Ǆ ǅ ǆ; ΣΊΣΥΦΟΣ.",
+	},
 	{ // emoji and symbols
 		"Great job! 🎉🎉🎉 👍🏽 ❤️ 👨‍👩‍👧‍👦 🇯🇵 🇫🇷",
 		"Math: ∑ᵢ xᵢ² ≤ ∞, α+β=γ, √2 ≈ 1.414, ½ ¾ ⅓.",
