@@ -19,13 +19,14 @@
 // # What is exact against what
 //
 // Checked by the tests on a 200 KB multilingual corpus (English, code,
-// Chinese, Japanese, Korean, Russian, Arabic, Hindi, Greek, Thai, emoji,
-// whitespace runs, numbers, contractions) whose reference ids are committed
+// Chinese, Japanese, Korean, Russian, Arabic, Hindi, Greek, Thai,
+// Vietnamese, decomposed and compatibility characters, emoji, whitespace
+// runs, numbers, contractions) whose reference ids are committed
 // in testdata (tools/tokfixtures/generate.sh regenerates them):
 //
 //   - GPT2BPETokenizer (GPT2): byte-level BPE over the user's vocab.json and
 //     merges.txt with a hand-written GPT-2 pre-tokenizer (no regexp). Ids equal
-//     the reference JS gpt-3-encoder (OpenAI's encoder.py port) on 111,780
+//     the reference JS gpt-3-encoder (OpenAI's encoder.py port) on 112,040
 //     tokens and tiktoken's r50k_base on edge cases. "<|endoftext|>" in the
 //     text encodes to EOD, as Hugging Face's GPT2Tokenizer that Megatron wraps.
 //   - SentencePieceTokenizer, GPTSentencePieceTokenizer, Llama2Tokenizer
@@ -37,17 +38,22 @@
 //     runs merged into one <unk>. Ids equal spm_encode (sentencepiece
 //     0.1.97) line by line on 4 models (Llama-2-like BPE with byte fallback,
 //     nmt_nfkc unigram, nmt_nfkc BPE with <unk>, unigram with byte fallback):
-//     61k–91k tokens each. The Megatron wrappers follow
+//     65k–95k tokens each. The Megatron wrappers follow
 //     megatron/training/tokenizer: SentencePieceTokenizer appends <CLS>,
 //     <SEP>, <EOD>, <MASK>, <PAD> (and --vocab-extra-ids) and uses <EOD>;
 //     GPTSentencePieceTokenizer and Llama2Tokenizer use the model's eos.
 //   - HuggingFaceTokenizer (HuggingFace): tokenizer.json with byte-level BPE
 //     (GPT-2 and Llama-3 split patterns hand-written, other Split patterns
 //     through regexp2), ignore_merges, character BPE with byte fallback and
-//     fuse_unk (Llama-2 conversions), WordPiece (BERT). Ids equal Hugging
-//     Face's tokenizers.js on GPT-2, Llama-3-style, Llama-2-style and BERT
-//     tokenizer.json fixtures. NFC/NFKC normalizers, accent stripping and
-//     Unigram models are rejected with an error.
+//     fuse_unk (Llama-2 conversions), WordPiece (BERT), NFC/NFD/NFKC/NFKD
+//     and BERT normalizers. Ids equal Hugging Face's tokenizers.js on six
+//     tokenizer.json fixtures (GPT-2; Llama-3 style, plain and after NFKC;
+//     Llama-2 style; BERT cased and uncased), 40k–114k tokens each. Unigram
+//     models are rejected with an error; added tokens' lstrip/rstrip flags
+//     are not applied.
+//   - Unicode normalization (used by the above): tables generated from
+//     Python's unicodedata (Unicode 14.0); NFC/NFD/NFKC/NFKD equal it on
+//     every decomposable code point.
 //   - TikTokenizer (TikToken): Megatron's JSON vocabulary, ids shifted by
 //     --tiktoken-num-special-tokens, EOD "</s>". The BPE equals tiktoken's
 //     (via tiktoken-go's cl100k_base ranks) on the corpus; pattern v1 is
