@@ -110,12 +110,21 @@ func checkClose(t *testing.T, g gemmCase, got, want, bound []float32, ldc int) {
 	}
 }
 
-// runCase runs g through Sgemm and SgemmRef and compares.
-func runCase(t *testing.T, g gemmCase, rng *rand.Rand) {
-	t.Helper()
-	a, lda, b, ldb, c, ldc := g.operands(rng)
-	want := append([]float32(nil), c...)
-	SgemmRef(g.tA, g.tB, g.m, g.n, g.k, g.alpha, a, lda, b, ldb, g.beta, want, ldc)
+// prepared holds one case's operands and its reference result.
+type prepared struct {
+	g             gemmCase
+	a, b, c       []float32
+	lda, ldb, ldc int
+	want, bound   []float32
+}
+
+// prepare builds g's operands and computes the reference result and the
+// error bound with SgemmRef.
+func prepare(g gemmCase, rng *rand.Rand) *prepared {
+	p := &prepared{g: g}
+	p.a, p.lda, p.b, p.ldb, p.c, p.ldc = g.operands(rng)
+	p.want = append([]float32(nil), p.c...)
+	SgemmRef(g.tA, g.tB, g.m, g.n, g.k, g.alpha, p.a, p.lda, p.b, p.ldb, g.beta, p.want, p.ldc)
 	abs := func(s []float32) []float32 {
 		o := make([]float32, len(s))
 		for i, v := range s {
@@ -126,12 +135,25 @@ func runCase(t *testing.T, g gemmCase, rng *rand.Rand) {
 		}
 		return o
 	}
-	bound := abs(c)
-	SgemmRef(g.tA, g.tB, g.m, g.n, g.k, float32(math.Abs(float64(g.alpha))), abs(a), lda, abs(b), ldb,
-		float32(math.Abs(float64(g.beta))), bound, ldc)
-	got := c
-	Sgemm(g.tA, g.tB, g.m, g.n, g.k, g.alpha, a, lda, b, ldb, g.beta, got, ldc)
-	checkClose(t, g, got, want, bound, ldc)
+	p.bound = abs(p.c)
+	SgemmRef(g.tA, g.tB, g.m, g.n, g.k, float32(math.Abs(float64(g.alpha))), abs(p.a), p.lda, abs(p.b), p.ldb,
+		float32(math.Abs(float64(g.beta))), p.bound, p.ldc)
+	return p
+}
+
+// check runs Sgemm on a fresh copy of C and compares with the reference.
+func (p *prepared) check(t *testing.T) {
+	t.Helper()
+	g := p.g
+	got := append([]float32(nil), p.c...)
+	Sgemm(g.tA, g.tB, g.m, g.n, g.k, g.alpha, p.a, p.lda, p.b, p.ldb, g.beta, got, p.ldc)
+	checkClose(t, g, got, p.want, p.bound, p.ldc)
+}
+
+// runCase runs g through Sgemm and SgemmRef and compares.
+func runCase(t *testing.T, g gemmCase, rng *rand.Rand) {
+	t.Helper()
+	prepare(g, rng).check(t)
 }
 
 var transposes = [][2]Transpose{{NoTrans, NoTrans}, {NoTrans, Trans}, {Trans, NoTrans}, {Trans, Trans}}
@@ -164,24 +186,25 @@ func TestSgemmShapes(t *testing.T) {
 	}
 }
 
-// TestSgemmThreads checks every split (rows, columns, batch) on 1–3 threads
-// against the reference, with shapes big enough to be split.
+// TestSgemmThreads checks every split (shared B panels, rows, columns) on
+// 2 and 3 threads against the reference, with shapes big enough to split.
 func TestSgemmThreads(t *testing.T) {
 	prevT := SetThreads(1)
 	defer SetThreads(prevT)
 	rng := rand.New(rand.NewPCG(3, 4))
 	shapes := [][3]int{{300, 97, 150}, {97, 301, 150}, {1, 4099, 300}, {500, 20, 200}}
-	for _, isa := range isasToTest() {
-		withISA(t, isa, func() {
-			for _, th := range []int{2, 3} {
-				SetThreads(th)
-				for _, tr := range transposes {
-					for _, s := range shapes {
-						runCase(t, gemmCase{tA: tr[0], tB: tr[1], m: s[0], n: s[1], k: s[2], alpha: 0.75, beta: -1, padA: 1, padC: 3}, rng)
+	for _, tr := range transposes {
+		for _, s := range shapes {
+			p := prepare(gemmCase{tA: tr[0], tB: tr[1], m: s[0], n: s[1], k: s[2], alpha: 0.75, beta: -1, padA: 1, padC: 3}, rng)
+			for _, isa := range isasToTest() {
+				withISA(t, isa, func() {
+					for _, th := range []int{2, 3} {
+						SetThreads(th)
+						p.check(t)
 					}
-				}
+				})
 			}
-		})
+		}
 	}
 }
 
