@@ -12,8 +12,14 @@ func expSubAVX512(x *float32, n int, sub float32) float32
 // AVX-512 kernel on multiples of 16 when the active ISA allows it.
 func expSubF32(x []float32, sub float32) float32 {
 	var s float32
-	if n := len(x) &^ 15; n > 0 && ActiveISA() == ISAAVX512 {
+	switch isa := ActiveISA(); {
+	case isa == ISAAVX512 && len(x) >= 16:
+		n := len(x) &^ 15
 		s = expSubAVX512(&x[0], n, sub)
+		x = x[n:]
+	case isa == ISAAVX2 && len(x) >= 8:
+		n := len(x) &^ 7
+		s = expSubAVX2(&x[0], n, sub)
 		x = x[n:]
 	}
 	return s + expSubGo(x, sub)
@@ -28,8 +34,14 @@ func expSumAVX512(x *float32, n int, sub float32) float32
 // expSumF32 returns Σ exp(x[i]-sub) (float32 lanes, no writes).
 func expSumF32(x []float32, sub float32) float32 {
 	var s float32
-	if n := len(x) &^ 15; n > 0 && ActiveISA() == ISAAVX512 {
+	switch isa := ActiveISA(); {
+	case isa == ISAAVX512 && len(x) >= 16:
+		n := len(x) &^ 15
 		s = expSumAVX512(&x[0], n, sub)
+		x = x[n:]
+	case isa == ISAAVX2 && len(x) >= 8:
+		n := len(x) &^ 7
+		s = expSumAVX2(&x[0], n, sub)
 		x = x[n:]
 	}
 	for _, v := range x {
@@ -45,9 +57,27 @@ func maxAVX512(x *float32, n int, init float32) float32
 
 // maxRowF32 returns max(m, x...), with the AVX-512 kernel on multiples of 16.
 func maxRowF32(m float32, x []float32) float32 {
-	if n := len(x) &^ 15; n > 0 && ActiveISA() == ISAAVX512 {
+	switch isa := ActiveISA(); {
+	case isa == ISAAVX512 && len(x) >= 16:
+		n := len(x) &^ 15
 		m = maxAVX512(&x[0], n, m)
+		x = x[n:]
+	case isa == ISAAVX2 && len(x) >= 8:
+		n := len(x) &^ 7
+		m = maxAVX2(&x[0], n, m)
 		x = x[n:]
 	}
 	return maxF32(m, x)
 }
+
+// expSubAVX2, expSumAVX2 and maxAVX2 are the AVX2+FMA3 versions of the
+// kernels above, on multiples of 8.
+//
+//go:noescape
+func expSubAVX2(x *float32, n int, sub float32) float32
+
+//go:noescape
+func expSumAVX2(x *float32, n int, sub float32) float32
+
+//go:noescape
+func maxAVX2(x *float32, n int, init float32) float32

@@ -332,10 +332,10 @@ func (g *golden) check(t *testing.T, name string, got []float32) {
 	assertClose(t, g.Op+" "+name, got, to64(g.f(t, name)), goldenTol)
 }
 
-// forEachISA runs fn as a subtest under the pure-Go ISA and under the detected
-// one (AVX-512 here), restoring the active ISA afterwards.
+// forEachISA runs fn as a subtest under every ISA this CPU supports (pure Go,
+// AVX2, AVX-512), restoring the active ISA afterwards.
 func forEachISA(t *testing.T, name string, fn func(t *testing.T)) {
-	for _, isa := range []ISA{ISAGeneric, DetectedISA()} {
+	for isa := ISAGeneric; isa <= DetectedISA(); isa++ {
 		t.Run(name+"/"+isa.String(), func(t *testing.T) {
 			defer SetISA(SetISA(isa))
 			fn(t)
