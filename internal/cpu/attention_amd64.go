@@ -9,7 +9,7 @@ package cpu
 func expSubAVX512(x *float32, n int, sub float32) float32
 
 // expSubF32 replaces x[i] by exp(x[i]-sub) and returns their sum, with the
-// AVX-512 kernel on multiples of 16 when the active ISA allows it.
+// AVX-512 (multiples of 16) or AVX2 (multiples of 8) kernel per ActiveISA.
 func expSubF32(x []float32, sub float32) float32 {
 	var s float32
 	switch isa := ActiveISA(); {
@@ -55,7 +55,7 @@ func expSumF32(x []float32, sub float32) float32 {
 //go:noescape
 func maxAVX512(x *float32, n int, init float32) float32
 
-// maxRowF32 returns max(m, x...), with the AVX-512 kernel on multiples of 16.
+// maxRowF32 returns max(m, x...), vectorised per ActiveISA like expSubF32.
 func maxRowF32(m float32, x []float32) float32 {
 	switch isa := ActiveISA(); {
 	case isa == ISAAVX512 && len(x) >= 16:

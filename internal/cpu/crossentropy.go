@@ -66,7 +66,7 @@ func (c CrossEntropyConfig) mustTarget(i int, t int32) {
 //
 // losses[i] = (1-s)*(lse-logits[i,t]) + s*(lse-mean_j logits[i,j]); ignored
 // rows get loss 0 (their lse is still written). exp runs in float32
-// (AVX-512 where available, within 2 ulp); the smoothing mean in float64.
+// (AVX-512 or AVX2 per ActiveISA, within 2 ulp); the smoothing mean in float64.
 func CrossEntropyForward(losses, lse, logits []float32, targets []int32, cfg CrossEntropyConfig) {
 	if err := cfg.Validate(); err != nil {
 		panic(err.Error())

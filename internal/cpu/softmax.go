@@ -7,7 +7,7 @@ import "math"
 //	inp, out: (n, c); out[i,:] = exp(inp[i,:]-max)/Σ exp(inp[i,:]-max)
 //
 // out is cached for SoftmaxBackward. out may alias inp. exp runs in float32
-// (AVX-512 where available, within 2 ulp of exp).
+// (AVX-512 or AVX2 per ActiveISA, within 2 ulp of exp).
 func SoftmaxForward(out, inp []float32, n, c int) {
 	Parallel(n, normGrain, func(lo, hi int) {
 		for i := lo; i < hi; i++ {
