@@ -7,7 +7,6 @@ import (
 	"github.com/gotron/gotron/infer"
 	"github.com/gotron/gotron/internal/assets/gpt2"
 	"github.com/gotron/gotron/tokenizer"
-	"github.com/gotron/gotron/train"
 )
 
 const generateSynopsis = "generate --load DIR --prompt TEXT [--max-new-tokens N --temperature T --top-k K | --top-p P --seed S]"
@@ -38,22 +37,13 @@ func cmdGenerate(ctx context.Context, env *cli, args []string) error {
 	if err != nil {
 		return err
 	}
-	m, _, err := train.LoadModel(*load)
+	m, _, tokDir, err := loadAny(*load) // a gotron checkpoint or a Hugging Face directory
 	if err != nil {
 		return err
 	}
-	var tok tokenizer.Tokenizer
-	if d.tok.Type != "" {
-		if tok, err = tokenizer.New(d.tok); err != nil {
-			return err
-		}
-	} else {
-		if m.Config.VocabSize != tokenizer.PaddedVocabSize(50257, 128, 1) {
-			return fmt.Errorf("--load %s has a vocabulary of %d: name its tokenizer with --tokenizer-type and its files", *load, m.Config.VocabSize)
-		}
-		if tok, err = gpt2.Tokenizer(); err != nil {
-			return err
-		}
+	tok, err := generateTokenizer(d.tok, tokDir, m.Config.VocabSize, *load)
+	if err != nil {
+		return err
 	}
 	ids := tok.Encode(*prompt)
 	p := make([]int32, len(ids))
@@ -71,4 +61,20 @@ func cmdGenerate(ctx context.Context, env *cli, args []string) error {
 	})
 	fmt.Fprintln(env.stdout)
 	return err
+}
+
+// generateTokenizer opens the tokenizer the flags name, else the one carried
+// in the checkpoint, else (for GPT-2-sized vocabularies, like the
+// quickstart's) the embedded GPT-2 BPE.
+func generateTokenizer(cfg tokenizer.Config, tokDir string, vocab int, load string) (tokenizer.Tokenizer, error) {
+	if cfg.Type != "" {
+		return tokenizer.New(cfg)
+	}
+	if tok, err := scoreTokenizer(cfg, tokDir); err == nil {
+		return tok, nil
+	}
+	if vocab != tokenizer.PaddedVocabSize(50257, 128, 1) && vocab != 50257 {
+		return nil, fmt.Errorf("--load %s carries no tokenizer and has a vocabulary of %d: name its tokenizer with --tokenizer-type and its files", load, vocab)
+	}
+	return gpt2.Tokenizer()
 }

@@ -7,6 +7,7 @@ import (
 	"os"
 	"time"
 
+	"github.com/gotron/gotron/ckpt/hf"
 	datagpt "github.com/gotron/gotron/data/gpt"
 	"github.com/gotron/gotron/model/gpt"
 	"github.com/gotron/gotron/optim"
@@ -198,6 +199,13 @@ func cmdTrain(ctx context.Context, env *cli, args []string) error {
 	}
 	cfg.Out = env.stdout
 	cfg.Args = map[string]any{"argv": args}
+	if cfg.Load != "" && hf.IsHFDir(cfg.Load) {
+		tmp, err := importHFForTraining(ctx, env, &cfg)
+		if err != nil {
+			return err
+		}
+		defer os.RemoveAll(tmp)
+	}
 	tr, err := train.New(cfg, src.train, src.valid)
 	if err != nil {
 		return err
@@ -382,6 +390,33 @@ func openData(ctx context.Context, d *dataArgs, cfg train.Config, divisor int, g
 		return nil, fmt.Errorf("--split %q gives the training split no data", d.split)
 	}
 	return src, nil
+}
+
+// importHFForTraining makes --load HF_DIR work: the architecture comes from
+// the Hugging Face config (dropout and init flags still apply), the weights
+// become a weights-only gotron checkpoint in a temporary directory, and
+// training starts from it at iteration 0.
+func importHFForTraining(ctx context.Context, env *cli, cfg *train.Config) (string, error) {
+	m, info, err := hf.LoadModel(cfg.Load)
+	if err != nil {
+		return "", fmt.Errorf("--load %s: %w", cfg.Load, err)
+	}
+	mc := m.Config
+	mc.AttentionDropout, mc.HiddenDropout, mc.InitMethodStd = cfg.Model.AttentionDropout, cfg.Model.HiddenDropout, cfg.Model.InitMethodStd
+	m.Config = mc
+	cfg.Model = mc
+	tmp, err := os.MkdirTemp("", "gotron-hf-import-")
+	if err != nil {
+		return "", err
+	}
+	if err := train.SaveModel(ctx, tmp, 0, m, cfg.SeqLength, nil); err != nil {
+		os.RemoveAll(tmp)
+		return "", err
+	}
+	fmt.Fprintf(env.stdout, "gotron train: --load %s is a Hugging Face %s checkpoint (vocab %d, padded to %d): starting from its weights\n",
+		cfg.Load, info.Arch, info.VocabSize, mc.VocabSize)
+	cfg.Load = tmp
+	return tmp, nil
 }
 
 // isTerminal reports whether w is a character device (a terminal).

@@ -83,3 +83,20 @@ func TestTrainYAMLConfig(t *testing.T) {
 		t.Fatalf("bad key: %s", errs)
 	}
 }
+
+func TestTrainAndGenerateFromHFDir(t *testing.T) {
+	hfDir := filepath.Join("..", "..", "ckpt", "hf", "testdata", "llama_gqa_untied_f32")
+	out, errs, code := runCLI(t, "train", "--load", hfDir, "--mock-data", "--vocab-size", "100", "--seq-length", "16",
+		"--micro-batch-size", "2", "--train-iters", "2", "--lr", "1e-3", "--log-interval", "1", "--eval-interval", "0")
+	if code != 0 {
+		t.Fatalf("train --load HF_DIR: exit %d: %s", code, errs)
+	}
+	if !strings.Contains(out, "Hugging Face llama checkpoint") || !strings.Contains(out, "iteration        2/       2") {
+		t.Fatalf("train output:\n%s", out)
+	}
+	gptDir := filepath.Join("..", "..", "ckpt", "hf", "testdata", "gpt2_tied_f32")
+	out, errs, code = runCLI(t, "generate", "--load", gptDir, "--prompt", "ab", "--max-new-tokens", "4", "--top-k", "1")
+	if code != 0 || !strings.HasPrefix(out, "ab") {
+		t.Fatalf("generate --load HF_DIR: exit %d: %s%s", code, out, errs)
+	}
+}
