@@ -1,0 +1,3 @@
+def _add_tokenizer_args(parser):
+    parser.add_argument("--tokenizer-type", type=str)
+    return parser
