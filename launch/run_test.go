@@ -89,8 +89,14 @@ func testWorker(mode string) int {
 		cfg.Stdout = os.Stdout
 		return map[bool]int{true: 1, false: 0}[Run(context.Background(), cfg) != nil]
 	}
+	if f, ok := extraWorkers[mode]; ok {
+		return f(e)
+	}
 	return 9
 }
+
+// extraWorkers holds worker modes registered by other test files.
+var extraWorkers = map[string]func(Env) int{}
 
 func testConfig(mode string, nproc int) Config {
 	return Config{
