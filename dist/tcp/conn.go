@@ -1,0 +1,351 @@
+package tcp
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"math/bits"
+	"net"
+	"sync"
+	"time"
+
+	"github.com/gotron/gotron/dist"
+)
+
+// Frame header (little-endian): tag u32, reserved u32, payload length u64.
+// tag = group tag<<1 | 1 for point-to-point traffic; ctrlTag carries an
+// abort notice (blamed rank i32, kind u8).
+const (
+	headerLen   = 16
+	ctrlTag     = 0xFFFFFFFF
+	maxGroupTag = 0x3FFFFFFF
+	helloMagic  = 0x4E525447 // "GTRN"
+	helloVer    = 1
+	smallWrite  = 64 << 10 // frames up to this are copied into one write
+	maxFrame    = 1 << 36  // larger frame lengths mean a corrupt stream
+)
+
+func writeHello(c net.Conn, size, rank int) error {
+	var b [16]byte
+	binary.LittleEndian.PutUint32(b[0:], helloMagic)
+	binary.LittleEndian.PutUint32(b[4:], helloVer)
+	binary.LittleEndian.PutUint32(b[8:], uint32(size))
+	binary.LittleEndian.PutUint32(b[12:], uint32(rank))
+	_, err := c.Write(b[:])
+	return err
+}
+
+func readHello(c net.Conn) (size, rank int, err error) {
+	var b [16]byte
+	if _, err := io.ReadFull(c, b[:]); err != nil {
+		return 0, 0, err
+	}
+	if binary.LittleEndian.Uint32(b[0:]) != helloMagic || binary.LittleEndian.Uint32(b[4:]) != helloVer {
+		return 0, 0, errors.New("not a gotron tcp peer (bad magic or version)")
+	}
+	return int(binary.LittleEndian.Uint32(b[8:])), int(binary.LittleEndian.Uint32(b[12:])), nil
+}
+
+// bufPool recycles byte buffers by power-of-two size class, for frames that
+// arrive before their receive is posted.
+type bufPool struct {
+	mu   sync.Mutex
+	free [64][][]byte
+}
+
+func (p *bufPool) get(n int) []byte {
+	if n == 0 {
+		return nil
+	}
+	cls := bits.Len(uint(n - 1))
+	p.mu.Lock()
+	if l := p.free[cls]; len(l) > 0 {
+		b := l[len(l)-1]
+		p.free[cls] = l[:len(l)-1]
+		p.mu.Unlock()
+		return b[:n]
+	}
+	p.mu.Unlock()
+	return make([]byte, n, 1<<cls)
+}
+
+func (p *bufPool) put(b []byte) {
+	if cap(b) == 0 {
+		return
+	}
+	cls := bits.Len(uint(cap(b) - 1))
+	p.mu.Lock()
+	p.free[cls] = append(p.free[cls], b[:0])
+	p.mu.Unlock()
+}
+
+// req is a posted receive.
+type req struct {
+	pc    *peerConn
+	tag   uint32
+	dst   []byte
+	taken bool       // the reader is filling dst (under pc.mu)
+	done  chan error // buffered 1; exactly one value per use
+}
+
+var reqPool = sync.Pool{New: func() any { return &req{done: make(chan error, 1)} }}
+
+// peerConn is the connection to one peer.
+type peerConn struct {
+	w    *world
+	peer int
+	c    *net.TCPConn
+
+	wmu  sync.Mutex // serialises frame writes; protects wbuf
+	wbuf []byte
+
+	readerDone chan struct{} // closed when readLoop returns
+
+	mu         sync.Mutex // protects the fields below
+	posted     map[uint32][]*req
+	unexpected map[uint32][][]byte
+	err        error // set when the reader stopped
+}
+
+func newPeerConn(w *world, peer int, c *net.TCPConn) *peerConn {
+	c.SetNoDelay(true)
+	return &peerConn{w: w, peer: peer, c: c, readerDone: make(chan struct{}), posted: map[uint32][]*req{}, unexpected: map[uint32][][]byte{}}
+}
+
+func (pc *peerConn) readLoop() {
+	defer close(pc.readerDone)
+	var hdr [headerLen]byte
+	var err error
+	for {
+		if _, err = io.ReadFull(pc.c, hdr[:]); err != nil {
+			break
+		}
+		tag := binary.LittleEndian.Uint32(hdr[0:])
+		n := binary.LittleEndian.Uint64(hdr[8:])
+		if tag == ctrlTag {
+			var b [5]byte
+			if n != 5 {
+				err = fmt.Errorf("bad control frame of %d bytes", n)
+				break
+			}
+			if _, err = io.ReadFull(pc.c, b[:]); err != nil {
+				break
+			}
+			blame := int(int32(binary.LittleEndian.Uint32(b[:])))
+			cause := dist.ErrPeerLost
+			if b[4] == 1 {
+				cause = dist.ErrTimeout
+			}
+			pc.w.fail(blame, fmt.Errorf("%w (reported by rank %d)", cause, pc.peer), true)
+			continue
+		}
+		if n > maxFrame {
+			err = fmt.Errorf("frame of %d bytes exceeds %d: stream corrupt", n, uint64(maxFrame))
+			break
+		}
+		pc.mu.Lock()
+		if q := pc.posted[tag]; len(q) > 0 {
+			r := q[0]
+			pc.posted[tag] = q[1:]
+			r.taken = true
+			pc.mu.Unlock()
+			if uint64(len(r.dst)) != n {
+				_, err = io.CopyN(io.Discard, pc.c, int64(n))
+				r.done <- fmt.Errorf("%w: rank %d sent %d bytes, receive expects %d", dist.ErrMismatch, pc.peer, n, len(r.dst))
+				if err != nil {
+					break
+				}
+				continue
+			}
+			if _, err = io.ReadFull(pc.c, r.dst); err != nil {
+				r.done <- fmt.Errorf("%w: rank %d: %v", dist.ErrPeerLost, pc.peer, err)
+				break
+			}
+			r.done <- nil
+			continue
+		}
+		pc.mu.Unlock()
+		buf := pc.w.pool.get(int(n))
+		if _, err = io.ReadFull(pc.c, buf); err != nil {
+			break
+		}
+		pc.mu.Lock()
+		if q := pc.posted[tag]; len(q) > 0 { // posted while we read
+			r := q[0]
+			pc.posted[tag] = q[1:]
+			pc.mu.Unlock()
+			r.done <- deliver(r.dst, buf, pc.peer)
+			pc.w.pool.put(buf)
+			continue
+		}
+		pc.unexpected[tag] = append(pc.unexpected[tag], buf)
+		pc.mu.Unlock()
+	}
+	if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
+		err = errors.New("connection closed")
+	}
+	pc.mu.Lock()
+	pc.err = fmt.Errorf("%w: connection to rank %d: %v", dist.ErrPeerLost, pc.peer, err)
+	for tag, q := range pc.posted {
+		for _, r := range q {
+			r.taken = true
+			r.done <- pc.err
+		}
+		delete(pc.posted, tag)
+	}
+	pc.mu.Unlock()
+}
+
+func deliver(dst, src []byte, peer int) error {
+	if len(dst) != len(src) {
+		return fmt.Errorf("%w: rank %d sent %d bytes, receive expects %d", dist.ErrMismatch, peer, len(src), len(dst))
+	}
+	copy(dst, src)
+	return nil
+}
+
+// post registers a receive of the next frame tagged tag into dst. If it is
+// already here it is delivered at once (the req's done holds the result).
+func (pc *peerConn) post(tag uint32, dst []byte) *req {
+	r := reqPool.Get().(*req)
+	r.pc, r.tag, r.dst, r.taken = pc, tag, dst, false
+	pc.mu.Lock()
+	if q := pc.unexpected[tag]; len(q) > 0 {
+		buf := q[0]
+		q[0] = nil
+		pc.unexpected[tag] = q[1:]
+		pc.mu.Unlock()
+		r.taken = true
+		r.done <- deliver(dst, buf, pc.peer)
+		pc.w.pool.put(buf)
+		return r
+	}
+	if pc.err != nil {
+		pc.mu.Unlock()
+		r.taken = true
+		r.done <- pc.err
+		return r
+	}
+	pc.posted[tag] = append(pc.posted[tag], r)
+	pc.mu.Unlock()
+	return r
+}
+
+// wait waits for r; on failure it blames r's peer (or whoever the world
+// already blames), cancels r and returns a RankError for op.
+func (w *world) wait(ctx context.Context, r *req, op string, timer *time.Timer) error {
+	select {
+	case err := <-r.done:
+		reqPool.Put(r)
+		if err != nil {
+			if errors.Is(err, dist.ErrMismatch) {
+				return &dist.RankError{Rank: r.pc.peer, Op: op, Err: err}
+			}
+			w.fail(r.pc.peer, err, true)
+			return w.failure(op)
+		}
+		return nil
+	case <-w.broken:
+	case <-ctx.Done():
+		w.fail(w.rank, fmt.Errorf("%w: rank %d abandoned %s: %v", dist.ErrPeerLost, w.rank, op, ctx.Err()), true)
+		w.cancel(r)
+		return &dist.RankError{Rank: w.rank, Op: op, Err: ctx.Err()}
+	case <-timer.C:
+		w.fail(r.pc.peer, fmt.Errorf("%w: no data from rank %d within %v", dist.ErrTimeout, r.pc.peer, w.cfg.Timeout), true)
+	}
+	w.cancel(r)
+	return w.failure(op)
+}
+
+// cancel withdraws a posted receive; if the reader is filling it, the
+// connection is closed so the reader stops touching dst, and cancel waits.
+func (w *world) cancel(r *req) {
+	pc := r.pc
+	pc.mu.Lock()
+	q := pc.posted[r.tag]
+	for i, x := range q {
+		if x == r {
+			pc.posted[r.tag] = append(q[:i:i], q[i+1:]...)
+			pc.mu.Unlock()
+			return // never handed to the reader; dropped, not pooled
+		}
+	}
+	pc.mu.Unlock()
+	// Taken by the reader (or already answered).
+	select {
+	case <-r.done:
+		return
+	default:
+	}
+	pc.c.Close()
+	<-r.done
+}
+
+// send writes one frame. A write blocked longer than the timeout (the
+// peer stopped reading) or a broken connection fails the world.
+func (pc *peerConn) send(ctx context.Context, tag uint32, data []byte, op string) error {
+	w := pc.w
+	if err := w.failure(op); err != nil {
+		return err
+	}
+	pc.wmu.Lock()
+	defer pc.wmu.Unlock()
+	pc.c.SetWriteDeadline(time.Now().Add(w.cfg.Timeout))
+	if ctx.Done() != nil {
+		stop := context.AfterFunc(ctx, func() { pc.c.SetWriteDeadline(time.Unix(1, 0)) })
+		defer stop()
+	}
+	var hdr [headerLen]byte
+	binary.LittleEndian.PutUint32(hdr[0:], tag)
+	binary.LittleEndian.PutUint64(hdr[8:], uint64(len(data)))
+	var err error
+	if len(data) <= smallWrite {
+		pc.wbuf = append(append(pc.wbuf[:0], hdr[:]...), data...)
+		_, err = pc.c.Write(pc.wbuf)
+	} else {
+		if _, err = pc.c.Write(hdr[:]); err == nil {
+			_, err = pc.c.Write(data)
+		}
+	}
+	if err == nil {
+		return nil
+	}
+	switch {
+	case ctx.Err() != nil:
+		w.fail(w.rank, fmt.Errorf("%w: rank %d abandoned %s: %v", dist.ErrPeerLost, w.rank, op, ctx.Err()), true)
+		return &dist.RankError{Rank: w.rank, Op: op, Err: ctx.Err()}
+	case isTimeout(err):
+		w.fail(pc.peer, fmt.Errorf("%w: rank %d stopped reading for %v", dist.ErrTimeout, pc.peer, w.cfg.Timeout), true)
+	default:
+		// The peer may have exited after telling us why: let its reader
+		// take in whatever it sent before blaming it.
+		t := time.NewTimer(abortWait)
+		select {
+		case <-pc.readerDone:
+		case <-t.C:
+		}
+		t.Stop()
+		w.fail(pc.peer, fmt.Errorf("%w: send to rank %d: %v", dist.ErrPeerLost, pc.peer, err), true)
+	}
+	return w.failure(op)
+}
+
+func isTimeout(err error) bool {
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout()
+}
+
+// sendAbort tells the peer the world failed, blaming blame.
+func (pc *peerConn) sendAbort(blame int, kind byte) {
+	pc.wmu.Lock()
+	defer pc.wmu.Unlock()
+	var b [headerLen + 5]byte
+	binary.LittleEndian.PutUint32(b[0:], ctrlTag)
+	binary.LittleEndian.PutUint64(b[8:], 5)
+	binary.LittleEndian.PutUint32(b[16:], uint32(int32(blame)))
+	b[20] = kind
+	pc.c.SetWriteDeadline(time.Now().Add(5 * time.Second))
+	pc.c.Write(b[:])
+}
