@@ -145,12 +145,12 @@ func parseLaunchFlags(env *cli, args []string) (launchFlags, []string, error) {
 	fs.BoolVar(&lf.noPython, "no-python", false, "the command is any program, not a gotron subcommand")
 	fs.BoolVar(&lf.inproc, "inproc", false, "run the ranks as goroutines of this process instead of processes")
 	fs.DurationVar(&lf.grace, "grace-period", launch.DefaultGracePeriod, "time between SIGTERM and SIGKILL when stopping workers")
-	for flagName, petName := range map[string]string{"nproc-per-node": "NPROC_PER_NODE", "nnodes": "NNODES", "node-rank": "NODE_RANK",
-		"master-addr": "MASTER_ADDR", "rdzv-endpoint": "RDZV_ENDPOINT", "rdzv-backend": "RDZV_BACKEND", "rdzv-id": "RDZV_ID",
-		"max-restarts": "MAX_RESTARTS", "standalone": "STANDALONE"} {
-		if v := pet(petName, ""); v != "" {
-			if err := fs.Set(flagName, v); err != nil {
-				return lf, nil, fmt.Errorf("PET_%s=%q: %v", petName, v, err)
+	for _, p := range [][2]string{{"nproc-per-node", "NPROC_PER_NODE"}, {"nnodes", "NNODES"}, {"node-rank", "NODE_RANK"},
+		{"master-addr", "MASTER_ADDR"}, {"rdzv-endpoint", "RDZV_ENDPOINT"}, {"rdzv-backend", "RDZV_BACKEND"},
+		{"rdzv-id", "RDZV_ID"}, {"max-restarts", "MAX_RESTARTS"}, {"standalone", "STANDALONE"}} {
+		if v := pet(p[1], ""); v != "" {
+			if err := fs.Set(p[0], v); err != nil {
+				return lf, nil, fmt.Errorf("PET_%s=%q: %v", p[1], v, err)
 			}
 		}
 	}
