@@ -37,7 +37,7 @@ func (c CrossEntropyConfig) Validate() error {
 
 // CheckTargets returns an error naming the first row whose target is neither
 // in [0, V) nor the (non-zero) IgnoreIndex. Call it where targets enter from
-// data; the kernels themselves panic on such rows.
+// data; the kernels run it too and panic on a bad target (O(N), before any work).
 func (c CrossEntropyConfig) CheckTargets(targets []int32) error {
 	if len(targets) < c.N {
 		return fmt.Errorf("cpu: cross-entropy has %d targets, want N=%d", len(targets), c.N)
@@ -52,9 +52,15 @@ func (c CrossEntropyConfig) CheckTargets(targets []int32) error {
 
 func (c CrossEntropyConfig) ignored(t int32) bool { return c.IgnoreIndex != 0 && t == c.IgnoreIndex }
 
-func (c CrossEntropyConfig) mustTarget(i int, t int32) {
-	if t < 0 || int(t) >= c.V {
-		panic(fmt.Sprintf("cpu: cross-entropy target[%d]=%d out of range [0,%d) (validate with CheckTargets)", i, t, c.V))
+// mustCheck panics, on the caller's goroutine, on a config or target the
+// kernels cannot use.
+func (c CrossEntropyConfig) mustCheck(targets []int32) {
+	err := c.Validate()
+	if err == nil {
+		err = c.CheckTargets(targets)
+	}
+	if err != nil {
+		panic(err.Error())
 	}
 }
 
@@ -68,9 +74,7 @@ func (c CrossEntropyConfig) mustTarget(i int, t int32) {
 // rows get loss 0 (their lse is still written). exp runs in float32
 // (AVX-512 or AVX2 per ActiveISA, within 2 ulp); the smoothing mean in float64.
 func CrossEntropyForward(losses, lse, logits []float32, targets []int32, cfg CrossEntropyConfig) {
-	if err := cfg.Validate(); err != nil {
-		panic(err.Error())
-	}
+	cfg.mustCheck(targets)
 	v, s := cfg.V, float64(cfg.LabelSmoothing)
 	Parallel(cfg.N, normGrain, func(lo, hi int) {
 		for i := lo; i < hi; i++ {
@@ -83,7 +87,6 @@ func CrossEntropyForward(losses, lse, logits []float32, targets []int32, cfg Cro
 				losses[i] = 0
 				continue
 			}
-			cfg.mustTarget(i, t)
 			loss := (1 - s) * (l - float64(x[t]))
 			if s != 0 {
 				var sum float64
@@ -106,9 +109,7 @@ func CrossEntropyForward(losses, lse, logits []float32, targets []int32, cfg Cro
 // alias logits (the gradient then replaces the logits in place, saving the
 // (N, V) buffer).
 func CrossEntropyBackward(dlogits, logits, lse []float32, targets []int32, dlosses []float32, cfg CrossEntropyConfig) {
-	if err := cfg.Validate(); err != nil {
-		panic(err.Error())
-	}
+	cfg.mustCheck(targets)
 	v, s := cfg.V, cfg.LabelSmoothing
 	Parallel(cfg.N, normGrain, func(lo, hi int) {
 		for i := lo; i < hi; i++ {
@@ -118,7 +119,6 @@ func CrossEntropyBackward(dlogits, logits, lse []float32, targets []int32, dloss
 				clear(dx)
 				continue
 			}
-			cfg.mustTarget(i, t)
 			g, l, u := dlosses[i], lse[i], s/float32(v)
 			copy(dx, x) // no-op when dlogits aliases logits
 			expSubF32(dx, l)

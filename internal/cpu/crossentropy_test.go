@@ -114,3 +114,13 @@ func BenchmarkCrossEntropy(b *testing.B) {
 	}
 	b.ReportMetric(float64(4*4*len(logits))*float64(b.N)/b.Elapsed().Seconds()/1e9, "GB/s")
 }
+
+func TestCrossEntropyBadTargetPanics(t *testing.T) {
+	cfg := CrossEntropyConfig{N: 2, V: 3, IgnoreIndex: -1}
+	defer func() {
+		if msg, _ := recover().(string); !strings.Contains(msg, "target[1]=3") {
+			t.Fatalf("panic %q, want it to name target[1]=3", msg)
+		}
+	}()
+	CrossEntropyForward(make([]float32, 2), make([]float32, 2), make([]float32, 6), []int32{0, 3}, cfg)
+}

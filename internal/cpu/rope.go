@@ -85,7 +85,9 @@ func (r *RoPE) Config() RoPEConfig { return r.cfg }
 //	x, out: (b, t, h, d); positions: (b*t) or nil for 0..t-1 in every row
 //
 // RotateHalf: out[i] = x[i]cos - x[i+Dim/2]sin, out[i+Dim/2] = x[i+Dim/2]cos + x[i]sin;
-// Interleaved uses the pairs (2i, 2i+1). out may alias x.
+// Interleaved uses the pairs (2i, 2i+1). out may alias x. A position outside
+// [0, MaxPositions) panics before any work (positions come from the caller's
+// code; data-derived ones should be checked where they are built).
 func (r *RoPE) Forward(out, x []float32, positions []int32, b, t, h, d int) {
 	r.apply(out, x, positions, b, t, h, d, 1, false)
 }
@@ -105,6 +107,14 @@ func (r *RoPE) apply(out, x []float32, positions []int32, b, t, h, d int, sign f
 	if positions != nil && len(positions) < b*t {
 		panic(fmt.Sprintf("cpu: RoPE has %d positions, want b*t=%d", len(positions), b*t))
 	}
+	if positions == nil && t > r.cfg.MaxPositions {
+		panic(fmt.Sprintf("cpu: RoPE sequence length %d exceeds MaxPositions=%d", t, r.cfg.MaxPositions))
+	}
+	for row, p := range positions[:min(len(positions), b*t)] {
+		if p < 0 || int(p) >= r.cfg.MaxPositions {
+			panic(fmt.Sprintf("cpu: RoPE position %d at row %d outside [0,%d)", p, row, r.cfg.MaxPositions))
+		}
+	}
 	lo1, lo2, step := 0, half, 1 // RotateHalf: pair (i, i+half)
 	if r.cfg.Style == Interleaved {
 		lo1, lo2, step = 0, 1, 2 // pair (2i, 2i+1)
@@ -114,9 +124,6 @@ func (r *RoPE) apply(out, x []float32, positions []int32, b, t, h, d int, sign f
 			p := row % t
 			if positions != nil {
 				p = int(positions[row])
-			}
-			if p < 0 || p >= r.cfg.MaxPositions {
-				panic(fmt.Sprintf("cpu: RoPE position %d at row %d outside [0,%d)", p, row, r.cfg.MaxPositions))
 			}
 			cs, sn := r.cos[p*half:p*half+half], r.sin[p*half:p*half+half]
 			for hh := 0; hh < h; hh++ {

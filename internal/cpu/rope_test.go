@@ -87,3 +87,29 @@ func TestRoPEGolden(t *testing.T) {
 		g.check(t, "dx", dx)
 	}
 }
+
+func TestRoPEBadPositionPanics(t *testing.T) {
+	r, err := NewRoPE(RoPEConfig{Dim: 2, MaxPositions: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		pos  []int32
+		t    int
+		want string
+	}{
+		{[]int32{0, 4}, 2, "position 4 at row 1 outside [0,4)"},
+		{[]int32{-1, 0}, 2, "position -1 at row 0"},
+		{nil, 5, "sequence length 5 exceeds MaxPositions=4"},
+	} {
+		func() {
+			defer func() {
+				if msg, _ := recover().(string); !strings.Contains(msg, tc.want) {
+					t.Errorf("positions %v t=%d: panic %q, want %q", tc.pos, tc.t, msg, tc.want)
+				}
+			}()
+			x := make([]float32, tc.t*2)
+			r.Forward(x, x, tc.pos, 1, tc.t, 1, 2)
+		}()
+	}
+}
