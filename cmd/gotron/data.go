@@ -6,8 +6,8 @@ import (
 	"fmt"
 	"math/bits"
 
-	"github.com/gotron/gotron/data/indexed"
 	datagpt "github.com/gotron/gotron/data/gpt"
+	"github.com/gotron/gotron/data/indexed"
 	"github.com/gotron/gotron/tokenizer"
 )
 
