@@ -100,13 +100,13 @@ func TestAttentionConfigErrors(t *testing.T) {
 }
 
 func TestAttentionGolden(t *testing.T) {
-	for _, name := range []string{"attention_causal", "attention_gqa", "attention_docmask"} {
+	for _, name := range []string{"attention_causal", "attention_gqa", "attention_docmask", "attention_long"} {
 		forEachISA(t, name, func(t *testing.T) {
 			g := loadGolden(t, name)
 			cfg := AttentionConfig{B: g.p("b"), T: g.p("t"), HQ: g.p("hq"), HKV: g.p("hkv"), D: g.p("d"),
 				Causal: g.Params["causal"].(bool), DocIDs: g.i32["doc_ids"]}
-			if name == "attention_docmask" && cfg.DocIDs == nil {
-				t.Fatal("attention_docmask has no doc_ids")
+			if (name == "attention_docmask" || name == "attention_long") && cfg.DocIDs == nil {
+				t.Fatalf("%s has no doc_ids", name)
 			}
 			q, k, v := g.f(t, "q"), g.f(t, "k"), g.f(t, "v")
 			out, lse := make([]float32, len(q)), make([]float32, cfg.B*cfg.HQ*cfg.T)

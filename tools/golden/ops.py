@@ -161,7 +161,9 @@ def attention(outdir, gen):
     for name, b, t, hq, hkv, d, causal, docs in [
             ("attention_causal", 2, 16, 2, 2, 8, True, False),
             ("attention_gqa", 1, 20, 4, 2, 8, True, False),
-            ("attention_docmask", 2, 24, 2, 1, 4, True, True)]:
+            ("attention_docmask", 2, 24, 2, 1, 4, True, True),
+            # T > 64: several key and query tiles of the Go kernel
+            ("attention_long", 1, 100, 2, 1, 8, True, True)]:
         q = rand(gen, b, t, hq, d)
         k = rand(gen, b, t, hkv, d)
         v = rand(gen, b, t, hkv, d)
@@ -176,9 +178,12 @@ def attention(outdir, gen):
         if docs:
             # document boundaries (Megatron --reset-attention-mask), different per row
             ids = torch.zeros(b, t, dtype=torch.int32)
-            ids[0, 7:] = 1
-            ids[0, 15:] = 2
-            ids[1, 11:] = 1
+            if t > 64:
+                ids[0, 50:] = 1
+            else:
+                ids[0, 7:] = 1
+                ids[0, 15:] = 2
+                ids[1, 11:] = 1
             allowed &= (ids[:, None, :, None] == ids[:, None, None, :])
         s = s.masked_fill(~allowed, float("-inf"))
         lse = torch.logsumexp(s, -1)  # (b, hq, t)
