@@ -20,10 +20,10 @@ const maxTile = 1024
 type splitMode int
 
 const (
-	splitBatch splitMode = iota // whole batch items per part
-	splitRows                   // each item's rows, in mr units
-	splitCols                   // each item's columns, in nr units
-	splitShared                 // shared B panels, A blocks taken from a counter
+	splitBatch  splitMode = iota // whole batch items per part
+	splitRows                    // each item's rows, in mr units
+	splitCols                    // each item's columns, in nr units
+	splitShared                  // shared B panels, A blocks taken from a counter
 )
 
 // gemmJob is one SgemmStrided call: its arguments, its partition and the
