@@ -124,28 +124,37 @@ func DivideBy(buf Buffer, n int) {
 // in float32 and rounded once. dst may alias any of srcs exactly (same
 // memory); all must have dst's dtype and length, else it panics.
 func ReduceN(dst Buffer, srcs []Buffer, op ReduceOp) {
-	if len(srcs) == 0 {
-		panic("dist.ReduceN: no sources")
+	ReduceNTo([]Buffer{dst}, srcs, op)
+}
+
+// ReduceNTo is ReduceN writing the result into every buffer of dsts (the
+// in-process all-reduce writes each chunk straight into every rank's
+// buffer). The work goes block by block: a block of every source is read
+// before the block of any destination is written, so destinations may alias
+// sources exactly.
+func ReduceNTo(dsts, srcs []Buffer, op ReduceOp) {
+	if len(srcs) == 0 || len(dsts) == 0 {
+		panic("dist.ReduceNTo: no sources or destinations")
 	}
-	for _, s := range srcs {
+	dst := dsts[0]
+	for _, s := range append(srcs[:len(srcs):len(srcs)], dsts...) {
 		if err := CheckReduce(dst, s, op); err != nil {
-			panic("dist.ReduceN: " + err.Error())
+			panic("dist.ReduceNTo: " + err.Error())
 		}
 	}
 	n := dst.Len()
 	switch dst.DType {
 	case Float32:
 		var tmp [blockElems]float32
-		reduceN(dst.Float32(), srcs, op, tmp[:], Buffer.Float32)
+		reduceN(dsts, srcs, op, tmp[:], n, Buffer.Float32)
 	case Int32:
 		var tmp [blockElems]int32
-		reduceN(dst.Int32(), srcs, op, tmp[:], Buffer.Int32)
+		reduceN(dsts, srcs, op, tmp[:], n, Buffer.Int32)
 	case Int64:
 		var tmp [blockElems]int64
-		reduceN(dst.Int64(), srcs, op, tmp[:], Buffer.Int64)
+		reduceN(dsts, srcs, op, tmp[:], n, Buffer.Int64)
 	case BFloat16:
 		var tmp [blockElems]float32
-		d := dst.BFloat16()
 		for lo := 0; lo < n; lo += blockElems {
 			hi := min(lo+blockElems, n)
 			t := tmp[:hi-lo]
@@ -164,15 +173,18 @@ func ReduceN(dst Buffer, srcs []Buffer, op ReduceOp) {
 					t[i] /= f
 				}
 			}
+			d := dsts[0].BFloat16()[lo:hi]
 			for i, v := range t {
-				d[lo+i] = Float32ToBF16(v)
+				d[i] = Float32ToBF16(v)
+			}
+			for _, o := range dsts[1:] {
+				copy(o.BFloat16()[lo:hi], d)
 			}
 		}
 	}
 }
 
-func reduceN[T number](d []T, srcs []Buffer, op ReduceOp, tmp []T, view func(Buffer) []T) {
-	n := len(d)
+func reduceN[T number](dsts, srcs []Buffer, op ReduceOp, tmp []T, n int, view func(Buffer) []T) {
 	for lo := 0; lo < n; lo += len(tmp) {
 		hi := min(lo+len(tmp), n)
 		t := tmp[:hi-lo]
@@ -186,6 +198,8 @@ func reduceN[T number](d []T, srcs []Buffer, op ReduceOp, tmp []T, view func(Buf
 				t[i] /= k
 			}
 		}
-		copy(d[lo:hi], t)
+		for _, d := range dsts {
+			copy(view(d)[lo:hi], t)
+		}
 	}
 }

@@ -141,29 +141,22 @@ func (g *Group) chunk(r, n int) (int, int) {
 }
 
 // AllReduce reduces buf over all ranks: rank r reduces chunk r of every
-// rank's buffer, in rank order, into its own; then every rank copies the
-// other chunks.
+// rank's buffer, in rank order, and writes the result into chunk r of every
+// rank's buffer: each byte is read once and written once.
 func (g *Group) AllReduce(ctx context.Context, buf dist.Buffer, op dist.ReduceOp) error {
 	s := slot{op: dist.OpAllReduce, red: op, a: buf, bad: checkBuf(buf, "buffer")}
 	if !op.Valid() {
 		s.bad = fmt.Errorf("unknown reduce op %d", int(op))
 	}
 	return g.collective(ctx, s, func() error {
-		c, n := g.c, buf.Len()
-		lo, hi := g.chunk(g.rank, n)
+		c := g.c
+		lo, hi := g.chunk(g.rank, buf.Len())
 		for j := range g.srcs {
 			g.srcs[j] = c.slots[j].a.Slice(lo, hi)
 		}
-		dist.ReduceN(g.srcs[g.rank], g.srcs, op)
-		if err := c.sync(ctx, g.rank, dist.OpAllReduce); err != nil {
-			return err
-		}
-		for j := range g.srcs {
-			if j != g.rank {
-				lo, hi := g.chunk(j, n)
-				copy(buf.Slice(lo, hi).Data, c.slots[j].a.Slice(lo, hi).Data)
-			}
-		}
+		// Only this rank touches chunk lo:hi of any buffer, so it writes
+		// the result straight into every rank's buffer.
+		dist.ReduceNTo(g.srcs, g.srcs, op)
 		return c.sync(ctx, g.rank, dist.OpAllReduce)
 	})
 }
