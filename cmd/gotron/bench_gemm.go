@@ -13,7 +13,7 @@ import (
 	"github.com/gotron/gotron/internal/cpu"
 )
 
-const benchGemmSynopsis = "bench gemm [--reps 5] [--threads N] [--isa auto|avx512|avx2|generic] [--peak-gflops 256] " +
+const benchGemmSynopsis = "bench gemm [--reps 5] [--threads N] [--isa auto|avx512|avx2|generic] [--peak-gflops 128*threads] " +
 	"[--shapes NN:1024x1024x1024,...] [--min-rep-seconds 0.5]"
 
 // defaultGemmShapes are the square shapes and the GPT-2 (d=768, 4d=3072)
@@ -81,7 +81,7 @@ func benchGemm(ctx context.Context, env *cli, args []string) error {
 	reps := fs.Int("reps", 5, "timed repetitions per shape (median and max are reported)")
 	threads := fs.Int("threads", cpu.Threads(), "goroutines the kernel uses (GOTRON_NUM_THREADS)")
 	isaName := fs.String("isa", "auto", "kernel path: auto (detected), avx512, avx2 or generic")
-	peak := fs.Float64("peak-gflops", 256, "fp32 FMA peak of the machine for --threads threads, GFLOP/s")
+	peak := fs.Float64("peak-gflops", 0, "fp32 FMA peak for --threads threads, GFLOP/s (0: 128 per thread, i.e. 256 on 2 threads)")
 	shapeList := fs.String("shapes", defaultGemmShapes, "comma-separated OPS:MxKxN (op(A) M×K, op(B) K×N)")
 	minRep := fs.Float64("min-rep-seconds", 0.5, "each repetition repeats the GEMM until it lasts this long")
 	fs.String("config", "", "YAML file with flag values")
@@ -96,10 +96,13 @@ func benchGemm(ctx context.Context, env *cli, args []string) error {
 		return fmt.Errorf("--reps %d: want at least 1", *reps)
 	case *threads < 1:
 		return fmt.Errorf("--threads %d: want at least 1", *threads)
-	case !(*peak > 0):
-		return fmt.Errorf("--peak-gflops %g: want a positive number", *peak)
+	case !(*peak >= 0):
+		return fmt.Errorf("--peak-gflops %g: want a positive number (or 0 for 128 per thread)", *peak)
 	case !(*minRep >= 0):
 		return fmt.Errorf("--min-rep-seconds %g: want ≥ 0", *minRep)
+	}
+	if *peak == 0 {
+		*peak = 128 * float64(*threads)
 	}
 	isa, err := cpu.ParseISA(*isaName)
 	if err != nil {

@@ -50,6 +50,18 @@ func TestBenchGemmTable(t *testing.T) {
 	}
 }
 
+// TestBenchGemmDefaultPeak checks that the default peak is 128 GFLOP/s per
+// thread.
+func TestBenchGemmDefaultPeak(t *testing.T) {
+	out, err := runBenchGemm(t, "--reps", "1", "--threads", "3", "--isa", "generic", "--shapes", "NN:8x8x8", "--min-rep-seconds", "0")
+	if err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	if !strings.Contains(out, "threads 3, peak 384 GFLOP/s") {
+		t.Errorf("want peak 384 GFLOP/s for 3 threads:\n%s", out)
+	}
+}
+
 // TestBenchGemmBadFlags checks that bad input is an error naming the flag.
 func TestBenchGemmBadFlags(t *testing.T) {
 	for _, tc := range []struct {
@@ -58,7 +70,7 @@ func TestBenchGemmBadFlags(t *testing.T) {
 	}{
 		{[]string{"--reps", "0"}, "--reps"},
 		{[]string{"--threads", "-1"}, "--threads"},
-		{[]string{"--peak-gflops", "0"}, "--peak-gflops"},
+		{[]string{"--peak-gflops", "-1"}, "--peak-gflops"},
 		{[]string{"--isa", "sse"}, "--isa"},
 		{[]string{"--shapes", "NN:1x2"}, "--shapes"},
 		{[]string{"--shapes", "NX:1x2x3"}, "--shapes"},
