@@ -293,6 +293,6 @@ func Format(w io.Writer, results []Result) {
 			op = r.Op
 			fmt.Fprintf(w, "\n# %s\n# %12s %12s %7s %12s %12s %12s\n", op, "size(B)", "count", "iters", "time(us)", "algbw(GB/s)", "busbw(GB/s)")
 		}
-		fmt.Fprintf(w, "  %12d %12d %7d %12.1f %12.3f %12.3f\n", r.Bytes, r.Count, r.Iters, r.Seconds*1e6, r.AlgBW/1e9, r.BusBW/1e9)
+		fmt.Fprintf(w, "  %12d %12d %7d %12.3f %12.3f %12.3f\n", r.Bytes, r.Count, r.Iters, r.Seconds*1e6, r.AlgBW/1e9, r.BusBW/1e9)
 	}
 }
