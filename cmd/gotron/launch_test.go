@@ -47,6 +47,7 @@ func TestLaunchHelperWorker(t *testing.T) {
 	case mode == "wait":
 		sigs := make(chan os.Signal, 1)
 		signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT)
+		fmt.Printf("pid %d\n", os.Getpid())
 		fmt.Println("ready")
 		fmt.Printf("rank %d got %v, saving\n", e.Rank, <-sigs)
 		os.Exit(0)
@@ -270,6 +271,37 @@ func TestLaunchBinary(t *testing.T) {
 		t.Errorf("launcher: %v, exit %d, stderr %q", err, code, errb.String())
 	}
 	for r := range 3 {
+		if want := fmt.Sprintf("[rank%d]: rank %d got terminated, saving\n", r, r); !strings.Contains(w.String(), want) {
+			t.Errorf("missing %q in\n%s", want, w.String())
+		}
+	}
+
+	// kill -9 of worker rank 1: the launcher stops the others and exits 1
+	// naming rank 1.
+	w = &readyCounter{n: 3, ready: make(chan struct{})}
+	cmd = exec.Command(bin, "launch", "--nproc-per-node", "3", "--no-python", "--", os.Args[0], "-test.run=^TestLaunchHelperWorker$")
+	cmd.Env = append(os.Environ(), "GOTRON_LAUNCH_HELPER=wait", "GOTRON_NUM_THREADS=1") // no threads notice
+	errb.Reset()
+	cmd.Stdout, cmd.Stderr = w, &errb
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	<-w.ready
+	m := regexp.MustCompile(`\[rank1\]: pid (\d+)\n`).FindStringSubmatch(w.String())
+	if m == nil {
+		cmd.Process.Kill()
+		t.Fatalf("no pid from rank 1 in\n%s", w.String())
+	}
+	pid, _ := strconv.Atoi(m[1])
+	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	cmd.Wait()
+	want := fmt.Sprintf("gotron launch: worker rank 1 (local rank 1, pid %d) was killed by signal killed\n", pid)
+	if code := cmd.ProcessState.ExitCode(); code != 1 || errb.String() != want {
+		t.Errorf("launcher: exit %d, stderr %q; want 1, %q", code, errb.String(), want)
+	}
+	for _, r := range []int{0, 2} {
 		if want := fmt.Sprintf("[rank%d]: rank %d got terminated, saving\n", r, r); !strings.Contains(w.String(), want) {
 			t.Errorf("missing %q in\n%s", want, w.String())
 		}
