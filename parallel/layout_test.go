@@ -345,3 +345,13 @@ func TestGroupOfOutside(t *testing.T) {
 		t.Error("Groups returned internal storage")
 	}
 }
+
+// BenchmarkNewLayout builds the largest layout of Megatron's test
+// (1344 nodes × 8 = 10,752 ranks, TP=4, PP=8): every group of every kind.
+func BenchmarkNewLayout(b *testing.B) {
+	for b.Loop() {
+		if _, err := NewLayout(Config{WorldSize: 10752, TP: 4, PP: 8}); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
