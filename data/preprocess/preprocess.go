@@ -380,25 +380,37 @@ func encodeBatch(b *batch, cfg Config) {
 }
 
 func encodeLine(line []byte, cfg Config) doc {
-	var obj map[string]json.RawMessage
-	if err := json.Unmarshal(line, &obj); err != nil {
-		return doc{bad: fmt.Errorf("invalid JSON: %v", err)}
+	// One decoding pass over the whole line, like Python's json.loads.
+	var obj map[string]any
+	if err := json.Unmarshal(line, &obj); err != nil || obj == nil {
+		if err == nil {
+			err = errors.New("null is not an object")
+		}
+		return doc{bad: fmt.Errorf("invalid JSON object: %v", err)}
 	}
 	d := doc{ids: make([][]int32, len(cfg.JSONKeys)), lens: make([][]int, len(cfg.JSONKeys))}
 	for k, key := range cfg.JSONKeys {
-		raw, ok := obj[key]
+		v, ok := obj[key]
 		if !ok {
 			return doc{bad: fmt.Errorf("no key %q (--json-keys)", key)}
 		}
 		var sentences []string
-		var text string
-		if err := json.Unmarshal(raw, &text); err == nil {
+		switch v := v.(type) {
+		case string:
 			if cfg.SplitSentences {
-				sentences = SplitSentences(text, cfg.KeepNewlines)
+				sentences = SplitSentences(v, cfg.KeepNewlines)
 			} else {
-				sentences = []string{text}
+				sentences = []string{v}
 			}
-		} else if err := json.Unmarshal(raw, &sentences); err != nil {
+		case []any:
+			for _, e := range v {
+				s, ok := e.(string)
+				if !ok {
+					return doc{bad: fmt.Errorf("key %q: want a string or a list of strings", key)}
+				}
+				sentences = append(sentences, s)
+			}
+		default:
 			return doc{bad: fmt.Errorf("key %q: want a string or a list of strings", key)}
 		}
 		var ids []int32
