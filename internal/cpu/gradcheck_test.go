@@ -256,8 +256,9 @@ type golden struct {
 		Dtype string `json:"dtype"`
 		Shape []int  `json:"shape"`
 	} `json:"tensors"`
-	f32 map[string][]float32
-	i32 map[string][]int32
+	name string // file name without .bin
+	f32  map[string][]float32
+	i32  map[string][]int32
 }
 
 const goldenVersion = 1
@@ -280,7 +281,7 @@ func loadGolden(t *testing.T, name string) *golden {
 	if 16+hlen > len(b) {
 		t.Fatalf("%s: header length %d past end of file (%d bytes)", path, hlen, len(b))
 	}
-	g := &golden{f32: map[string][]float32{}, i32: map[string][]int32{}}
+	g := &golden{name: name, f32: map[string][]float32{}, i32: map[string][]int32{}}
 	if err := json.Unmarshal(b[16:16+hlen], g); err != nil {
 		t.Fatalf("%s: header: %v", path, err)
 	}
@@ -314,7 +315,7 @@ func (g *golden) f(t *testing.T, name string) []float32 {
 	t.Helper()
 	x, ok := g.f32[name]
 	if !ok {
-		t.Fatalf("golden %s: no tensor %q", g.Op, name)
+		t.Fatalf("golden %s: no tensor %q", g.name, name)
 	}
 	return x
 }
@@ -329,7 +330,7 @@ const goldenTol = 1e-5
 // checkGolden compares got with golden tensor name.
 func (g *golden) check(t *testing.T, name string, got []float32) {
 	t.Helper()
-	assertClose(t, g.Op+" "+name, got, to64(g.f(t, name)), goldenTol)
+	assertClose(t, g.name+" "+name, got, to64(g.f(t, name)), goldenTol)
 }
 
 // forEachISA runs fn as a subtest under every ISA this CPU supports (pure Go,

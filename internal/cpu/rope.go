@@ -30,6 +30,39 @@ type RoPEConfig struct {
 	MaxPositions int
 	// Style is RotateHalf (zero value) or Interleaved.
 	Style RoPEStyle
+	// InterpolationFactor divides positions before the angles are formed
+	// (Megatron --rotary-seq-len-interpolation-factor); 0 means none.
+	InterpolationFactor float64
+	// Llama3, if non-nil, rescales the frequencies as Llama 3.1+ does
+	// (Megatron --use-rope-scaling, Hugging Face rope_type "llama3").
+	Llama3 *Llama3Scaling
+}
+
+// Llama3Scaling holds the Llama-3.x frequency-scaling parameters; each zero
+// field takes the Llama 3.1 default: Factor 8, LowFreqFactor 1,
+// HighFreqFactor 4, OriginalMaxPositions 8192. Frequencies whose wavelength
+// exceeds OriginalMaxPositions/LowFreqFactor are divided by Factor, those
+// below OriginalMaxPositions/HighFreqFactor are kept, and those between are
+// interpolated smoothly.
+type Llama3Scaling struct {
+	Factor, LowFreqFactor, HighFreqFactor float64
+	OriginalMaxPositions                  int
+}
+
+func (l Llama3Scaling) withDefaults() Llama3Scaling {
+	if l.Factor == 0 {
+		l.Factor = 8
+	}
+	if l.LowFreqFactor == 0 {
+		l.LowFreqFactor = 1
+	}
+	if l.HighFreqFactor == 0 {
+		l.HighFreqFactor = 4
+	}
+	if l.OriginalMaxPositions == 0 {
+		l.OriginalMaxPositions = 8192
+	}
+	return l
 }
 
 // RoPE applies rotary position embeddings with cos/sin tables computed once.
@@ -40,14 +73,24 @@ type RoPE struct {
 }
 
 // NewRoPE builds the tables the way Megatron's RotaryEmbedding does, in
-// float32: inv_freq[i] = 1/base^(2i/Dim), angle = float32(pos)*inv_freq[i]
-// rounded to float32; cos and sin of that float32 angle are then correctly
-// rounded to float32.
+// float32: inv_freq[i] = 1/base^(2i/Dim) (then Llama-3 scaling, op by op in
+// float32 as torch evaluates it), angle = float32(pos [* 1/InterpolationFactor])
+// * inv_freq[i] rounded to float32; cos and sin of that float32 angle are then
+// correctly rounded to float32.
 func NewRoPE(cfg RoPEConfig) (*RoPE, error) {
 	if cfg.Base == 0 {
 		cfg.Base = 10000
 	}
+	if cfg.Llama3 != nil {
+		l := cfg.Llama3.withDefaults()
+		if !(l.Factor > 0) || !(l.HighFreqFactor > l.LowFreqFactor) || l.LowFreqFactor <= 0 || l.OriginalMaxPositions < 0 {
+			return nil, fmt.Errorf("cpu: RoPE Llama3 scaling %+v: want Factor > 0, 0 < LowFreqFactor < HighFreqFactor, OriginalMaxPositions > 0", *cfg.Llama3)
+		}
+		cfg.Llama3 = &l
+	}
 	switch {
+	case cfg.InterpolationFactor < 0 || math.IsNaN(cfg.InterpolationFactor):
+		return nil, fmt.Errorf("cpu: RoPE InterpolationFactor=%g: want > 0 (or 0 for none)", cfg.InterpolationFactor)
 	case cfg.Dim <= 0 || cfg.Dim%2 != 0:
 		return nil, fmt.Errorf("cpu: RoPE Dim=%d: want a positive even number", cfg.Dim)
 	case cfg.Base <= 0:
@@ -59,15 +102,55 @@ func NewRoPE(cfg RoPEConfig) (*RoPE, error) {
 	}
 	half := cfg.Dim / 2
 	r := &RoPE{cfg: cfg, cos: make([]float32, cfg.MaxPositions*half), sin: make([]float32, cfg.MaxPositions*half)}
-	for i := 0; i < half; i++ {
-		invFreq := ropeInvFreq(cfg.Base, i, cfg.Dim)
+	for i, invFreq := range ropeInvFreqs(&cfg) {
 		for p := 0; p < cfg.MaxPositions; p++ {
-			angle := float64(float32(p) * invFreq)
+			angle := float64(ropePosition(&cfg, p) * invFreq)
 			r.cos[p*half+i] = float32(math.Cos(angle))
 			r.sin[p*half+i] = float32(math.Sin(angle))
 		}
 	}
 	return r, nil
+}
+
+// ropeInvFreqs returns the Dim/2 float32 inverse frequencies, Llama-3 scaled
+// if configured (cfg has defaults filled in).
+func ropeInvFreqs(cfg *RoPEConfig) []float32 {
+	f := make([]float32, cfg.Dim/2)
+	for i := range f {
+		f[i] = ropeInvFreq(cfg.Base, i, cfg.Dim)
+		if cfg.Llama3 != nil {
+			f[i] = llama3Scale(f[i], *cfg.Llama3)
+		}
+	}
+	return f
+}
+
+// llama3Scale is Megatron's/Hugging Face's Llama-3 apply_scaling for one
+// frequency, each operation in float32 as torch does on a float32 tensor with
+// Python-float scalars.
+func llama3Scale(f float32, l Llama3Scaling) float32 {
+	old := float32(l.OriginalMaxPositions)
+	lowWavelen := old / float32(l.LowFreqFactor)
+	highWavelen := old / float32(l.HighFreqFactor)
+	wavelen := float32(2*math.Pi) / f
+	scaled := f
+	if wavelen > lowWavelen {
+		scaled = f / float32(l.Factor)
+	}
+	if wavelen < highWavelen || wavelen > lowWavelen {
+		return scaled
+	}
+	smooth := (old/wavelen - float32(l.LowFreqFactor)) / float32(l.HighFreqFactor-l.LowFreqFactor)
+	return (1-smooth)*scaled/float32(l.Factor) + smooth*scaled
+}
+
+// ropePosition is the float32 position the angles use: p, or
+// p * float32(1/InterpolationFactor) as Megatron scales its float32 positions.
+func ropePosition(cfg *RoPEConfig, p int) float32 {
+	if cfg.InterpolationFactor == 0 {
+		return float32(p)
+	}
+	return float32(p) * float32(1/cfg.InterpolationFactor)
 }
 
 // ropeInvFreq is torch's float32 1.0/(base**(arange(0,dim,2)/dim))[i]: the
@@ -153,12 +236,18 @@ func (r *RoPE) apply(out, x []float32, positions []int32, b, t, h, d int, sign f
 	})
 }
 
-// ropeForwardRef is the reference for RoPE.Forward, computing angles in
-// float64 from the same float32 angles (so only cos/sin rounding differs).
+// ropeForwardRef is the reference for RoPE.Forward: the float32 angles are
+// the specification (Megatron forms them in float32), the rotation runs in
+// float64 with float64 cos/sin.
 func ropeForwardRef(out, x []float64, positions []int32, b, t, h, d int, cfg RoPEConfig, sign float64) {
 	if cfg.Base == 0 {
 		cfg.Base = 10000
 	}
+	if cfg.Llama3 != nil {
+		l := cfg.Llama3.withDefaults()
+		cfg.Llama3 = &l
+	}
+	invFreqs := ropeInvFreqs(&cfg)
 	half := cfg.Dim / 2
 	for row := 0; row < b*t; row++ {
 		p := row % t
@@ -169,8 +258,7 @@ func ropeForwardRef(out, x []float64, positions []int32, b, t, h, d int, cfg RoP
 			base := (row*h + hh) * d
 			copy(out[base+cfg.Dim:base+d], x[base+cfg.Dim:base+d])
 			for i := 0; i < half; i++ {
-				invFreq := ropeInvFreq(cfg.Base, i, cfg.Dim)
-				angle := sign * float64(float32(p)*invFreq)
+				angle := sign * float64(ropePosition(&cfg, p)*invFreqs[i])
 				a, c := i, i+half
 				if cfg.Style == Interleaved {
 					a, c = 2*i, 2*i+1

@@ -9,10 +9,16 @@ import (
 
 func TestRoPEFastVsRef(t *testing.T) {
 	rng := rand.New(rand.NewPCG(14, 15))
-	for _, style := range []RoPEStyle{RotateHalf, Interleaved} {
+	for vi, variant := range []RoPEConfig{
+		{Style: RotateHalf}, {Style: Interleaved},
+		{Style: RotateHalf, Base: 500000, Llama3: &Llama3Scaling{OriginalMaxPositions: 64}},
+		{Style: Interleaved, InterpolationFactor: 2.5},
+	} {
 		for _, sh := range []struct{ b, t, h, d, rot int }{{1, 1, 1, 2, 2}, {2, 5, 3, 10, 6}, {2, 37, 4, 64, 64}} {
-			t.Run(fmt.Sprintf("style%d-%v", style, sh), func(t *testing.T) {
-				cfg := RoPEConfig{Dim: sh.rot, MaxPositions: 64, Style: style}
+			// variants: 0 rotate-half, 1 interleaved, 2 Llama-3 scaled, 3 interpolated
+			t.Run(fmt.Sprintf("variant%d-%v", vi, sh), func(t *testing.T) {
+				cfg := variant
+				cfg.Dim, cfg.MaxPositions = sh.rot, 64
 				r, err := NewRoPE(cfg)
 				if err != nil {
 					t.Fatal(err)
@@ -55,6 +61,8 @@ func TestNewRoPEErrors(t *testing.T) {
 		{RoPEConfig{Dim: 4, MaxPositions: 0}, "MaxPositions=0"},
 		{RoPEConfig{Dim: 4, MaxPositions: 4, Base: -1}, "Base=-1"},
 		{RoPEConfig{Dim: 4, MaxPositions: 4, Style: 7}, "Style=7"},
+		{RoPEConfig{Dim: 4, MaxPositions: 4, InterpolationFactor: -2}, "InterpolationFactor=-2"},
+		{RoPEConfig{Dim: 4, MaxPositions: 4, Llama3: &Llama3Scaling{LowFreqFactor: 4, HighFreqFactor: 2}}, "Llama3 scaling"},
 	} {
 		_, err := NewRoPE(tc.cfg)
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
@@ -68,12 +76,16 @@ func TestNewRoPEErrors(t *testing.T) {
 }
 
 func TestRoPEGolden(t *testing.T) {
-	for _, name := range []string{"rope_half", "rope_interleaved"} {
+	for _, name := range []string{"rope_half", "rope_interleaved", "rope_llama3", "rope_interp"} {
 		g := loadGolden(t, name)
 		b, tt, h, d := g.p("b"), g.p("t"), g.p("h"), g.p("d")
-		cfg := RoPEConfig{Dim: g.p("dim"), Base: g.Params["base"].(float64), MaxPositions: 128}
+		cfg := RoPEConfig{Dim: g.p("dim"), Base: g.Params["base"].(float64), MaxPositions: 5000,
+			InterpolationFactor: g.Params["interpolation_factor"].(float64)}
 		if g.Params["style"] == "interleaved" {
 			cfg.Style = Interleaved
+		}
+		if g.Params["llama3"].(bool) {
+			cfg.Llama3 = &Llama3Scaling{} // Llama 3.1 defaults
 		}
 		r, err := NewRoPE(cfg)
 		if err != nil {

@@ -121,23 +121,45 @@ def cross_entropy(outdir, gen):
                     ("lse", lse), ("dlogits", dx)])
 
 
-def rope_tables(rot, base, positions):
+def llama3_scaling(freqs, factor=8, low_freq_factor=1, high_freq_factor=4,
+                   original_max_position_embeddings=8192):
+    # Megatron RotaryEmbedding._apply_scaling / HF _compute_llama3_parameters.
+    old_context_len = original_max_position_embeddings
+    low_freq_wavelen = old_context_len / low_freq_factor
+    high_freq_wavelen = old_context_len / high_freq_factor
+    wavelen = 2 * math.pi / freqs
+    inv_freq_llama = torch.where(wavelen > low_freq_wavelen, freqs / factor, freqs)
+    smooth_factor = (old_context_len / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)
+    smoothed_inv_freq = (1 - smooth_factor) * inv_freq_llama / factor + smooth_factor * inv_freq_llama
+    is_medium_freq = ~(wavelen < high_freq_wavelen) * ~(wavelen > low_freq_wavelen)
+    return torch.where(is_medium_freq, smoothed_inv_freq, inv_freq_llama)
+
+
+def rope_tables(rot, base, positions, interp=None, llama3=False):
     # Megatron RotaryEmbedding: float32 inv_freq and angles, cos/sin in float32.
     inv_freq = 1.0 / (base ** (torch.arange(0, rot, 2, dtype=torch.float32) / rot))
-    freqs = torch.outer(positions.to(torch.float32), inv_freq)  # (n, rot/2)
+    if llama3:
+        inv_freq = llama3_scaling(inv_freq)
+    seq = positions.to(torch.float32)
+    if interp is not None:
+        seq *= 1 / interp
+    freqs = torch.outer(seq, inv_freq)  # (n, rot/2)
     return torch.cos(freqs).double(), torch.sin(freqs).double()
 
 
 def rope(outdir, gen):
-    for name, style, b, t, h, d, rot, with_pos in [
-            ("rope_half", "half", 2, 5, 3, 8, 8, False),
-            ("rope_interleaved", "interleaved", 2, 4, 2, 10, 6, True)]:
+    for name, style, b, t, h, d, rot, with_pos, base, interp, llama3 in [
+            ("rope_half", "half", 2, 5, 3, 8, 8, False, 10000.0, None, False),
+            ("rope_interleaved", "interleaved", 2, 4, 2, 10, 6, True, 10000.0, None, False),
+            # Llama 3.1: base 500000, scaled low/medium frequencies, far positions
+            ("rope_llama3", "half", 1, 6, 2, 16, 16, True, 500000.0, None, True),
+            ("rope_interp", "half", 1, 5, 1, 8, 8, True, 10000.0, 4.0, False)]:
         x = rand(gen, b, t, h, d, scale=2)
         if with_pos:
-            pos = torch.randint(0, 100, (b, t), generator=gen)
+            pos = torch.randint(0, 5000 if llama3 else 100, (b, t), generator=gen)
         else:
             pos = torch.arange(t).repeat(b, 1)
-        cos, sin = rope_tables(rot, 10000.0, pos.reshape(-1))
+        cos, sin = rope_tables(rot, base, pos.reshape(-1), interp, llama3)
         cos = cos.reshape(b, t, 1, rot // 2)
         sin = sin.reshape(b, t, 1, rot // 2)
         xr, xpass = x[..., :rot], x[..., rot:]
@@ -153,7 +175,8 @@ def rope(outdir, gen):
         if with_pos:
             tensors.insert(1, ("positions", pos))
         write_case(outdir, name, "rope",
-                   {"b": b, "t": t, "h": h, "d": d, "dim": rot, "base": 10000.0, "style": style},
+                   {"b": b, "t": t, "h": h, "d": d, "dim": rot, "base": base, "style": style,
+                    "interpolation_factor": interp or 0.0, "llama3": llama3},
                    tensors)
 
 
