@@ -143,7 +143,7 @@ func TestLaunchInproc(t *testing.T) {
 	code, _, errs = launchCLI(t, nil, "launch", "--inproc", "--nproc-per-node", "2", "--",
 		"parallel", "groups", "--world-size", "3", "--tensor-model-parallel-size", "2")
 	if code == 0 || !regexp.MustCompile(`gotron launch: worker rank \d \(local rank \d\) failed: gotron parallel exited with status 1`).MatchString(errs) ||
-		!regexp.MustCompile(`\[rank\d\]: gotron parallel: parallel: world size 3 is not divisible`).MatchString(errs) {
+		!regexp.MustCompile(`\[rank\d\]: gotron parallel: world size 3 is not divisible`).MatchString(errs) {
 		t.Errorf("exit %d, stderr:\n%s", code, errs)
 	}
 }

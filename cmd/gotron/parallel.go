@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"strings"
 
@@ -66,7 +67,8 @@ func cmdParallelGroups(env *cli, args []string) error {
 	}
 	l, err := parallel.NewLayout(cfg)
 	if err != nil {
-		return err
+		// "gotron parallel: " replaces the package's own prefix.
+		return errors.New(strings.TrimPrefix(err.Error(), "parallel: "))
 	}
 	if *rank != -1 {
 		return printRankGroups(env, l, *rank)
