@@ -14,9 +14,12 @@ import (
 	"github.com/gotron/gotron/dist"
 )
 
-// Frame header (little-endian): tag u32, reserved u32, payload length u64.
+// Frame header (little-endian): tag u32, seq u32, payload length u64.
 // tag = group tag<<1 | 1 for point-to-point traffic; ctrlTag carries an
-// abort notice (blamed rank i32, kind u8).
+// abort notice (blamed rank i32, kind u8). seq numbers the group's
+// collectives (or, for point-to-point, the messages from sender to
+// receiver), so a frame meant for another operation is caught as a
+// mismatch instead of being read as data.
 const (
 	headerLen   = 16
 	ctrlTag     = 0xFFFFFFFF
@@ -81,10 +84,17 @@ func (p *bufPool) put(b []byte) {
 	p.mu.Unlock()
 }
 
+// frame is a frame that arrived before its receive was posted.
+type frame struct {
+	buf []byte // from the pool
+	seq uint32
+}
+
 // req is a posted receive.
 type req struct {
 	pc    *peerConn
 	tag   uint32
+	seq   uint32
 	dst   []byte
 	taken bool       // the reader is filling dst (under pc.mu)
 	done  chan error // buffered 1; exactly one value per use
@@ -105,13 +115,13 @@ type peerConn struct {
 
 	mu         sync.Mutex // protects the fields below
 	posted     map[uint32][]*req
-	unexpected map[uint32][][]byte
+	unexpected map[uint32][]frame
 	err        error // set when the reader stopped
 }
 
 func newPeerConn(w *world, peer int, c *net.TCPConn) *peerConn {
 	c.SetNoDelay(true)
-	return &peerConn{w: w, peer: peer, c: c, readerDone: make(chan struct{}), posted: map[uint32][]*req{}, unexpected: map[uint32][][]byte{}}
+	return &peerConn{w: w, peer: peer, c: c, readerDone: make(chan struct{}), posted: map[uint32][]*req{}, unexpected: map[uint32][]frame{}}
 }
 
 func (pc *peerConn) readLoop() {
@@ -123,6 +133,7 @@ func (pc *peerConn) readLoop() {
 			break
 		}
 		tag := binary.LittleEndian.Uint32(hdr[0:])
+		seq := binary.LittleEndian.Uint32(hdr[4:])
 		n := binary.LittleEndian.Uint64(hdr[8:])
 		if tag == ctrlTag {
 			var b [5]byte
@@ -151,9 +162,9 @@ func (pc *peerConn) readLoop() {
 			pc.posted[tag] = q[1:]
 			r.taken = true
 			pc.mu.Unlock()
-			if uint64(len(r.dst)) != n {
+			if uint64(len(r.dst)) != n || seq != r.seq {
 				_, err = io.CopyN(io.Discard, pc.c, int64(n))
-				r.done <- fmt.Errorf("%w: rank %d sent %d bytes, receive expects %d", dist.ErrMismatch, pc.peer, n, len(r.dst))
+				r.done <- mismatch(pc.peer, n, seq, len(r.dst), r.seq)
 				if err != nil {
 					break
 				}
@@ -176,11 +187,11 @@ func (pc *peerConn) readLoop() {
 			r := q[0]
 			pc.posted[tag] = q[1:]
 			pc.mu.Unlock()
-			r.done <- deliver(r.dst, buf, pc.peer)
+			r.done <- deliver(r, frame{buf, seq})
 			pc.w.pool.put(buf)
 			continue
 		}
-		pc.unexpected[tag] = append(pc.unexpected[tag], buf)
+		pc.unexpected[tag] = append(pc.unexpected[tag], frame{buf, seq})
 		pc.mu.Unlock()
 	}
 	if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
@@ -198,28 +209,33 @@ func (pc *peerConn) readLoop() {
 	pc.mu.Unlock()
 }
 
-func deliver(dst, src []byte, peer int) error {
-	if len(dst) != len(src) {
-		return fmt.Errorf("%w: rank %d sent %d bytes, receive expects %d", dist.ErrMismatch, peer, len(src), len(dst))
+func deliver(r *req, f frame) error {
+	if len(r.dst) != len(f.buf) || r.seq != f.seq {
+		return mismatch(r.pc.peer, uint64(len(f.buf)), f.seq, len(r.dst), r.seq)
 	}
-	copy(dst, src)
+	copy(r.dst, f.buf)
 	return nil
+}
+
+func mismatch(peer int, n uint64, seq uint32, want int, wantSeq uint32) error {
+	return fmt.Errorf("%w: rank %d sent %d bytes as message #%d, this rank expects %d bytes as #%d "+
+		"(ranks called operations in different orders or with different sizes)", dist.ErrMismatch, peer, n, seq, want, wantSeq)
 }
 
 // post registers a receive of the next frame tagged tag into dst. If it is
 // already here it is delivered at once (the req's done holds the result).
-func (pc *peerConn) post(tag uint32, dst []byte) *req {
+func (pc *peerConn) post(tag, seq uint32, dst []byte) *req {
 	r := reqPool.Get().(*req)
-	r.pc, r.tag, r.dst, r.taken = pc, tag, dst, false
+	r.pc, r.tag, r.seq, r.dst, r.taken = pc, tag, seq, dst, false
 	pc.mu.Lock()
 	if q := pc.unexpected[tag]; len(q) > 0 {
-		buf := q[0]
-		q[0] = nil
+		f := q[0]
+		q[0] = frame{}
 		pc.unexpected[tag] = q[1:]
 		pc.mu.Unlock()
 		r.taken = true
-		r.done <- deliver(dst, buf, pc.peer)
-		pc.w.pool.put(buf)
+		r.done <- deliver(r, f)
+		pc.w.pool.put(f.buf)
 		return r
 	}
 	if pc.err != nil {
@@ -239,6 +255,9 @@ func (w *world) wait(ctx context.Context, r *req, op string, timer *time.Timer) 
 	select {
 	case err := <-r.done:
 		reqPool.Put(r)
+		if err == nil {
+			timer.Reset(w.cfg.Timeout) // progress: the timeout bounds silence, not the whole operation
+		}
 		if err != nil {
 			if errors.Is(err, dist.ErrMismatch) {
 				return &dist.RankError{Rank: r.pc.peer, Op: op, Err: err}
@@ -285,7 +304,7 @@ func (w *world) cancel(r *req) {
 
 // send writes one frame. A write blocked longer than the timeout (the
 // peer stopped reading) or a broken connection fails the world.
-func (pc *peerConn) send(ctx context.Context, tag uint32, data []byte, op string) error {
+func (pc *peerConn) send(ctx context.Context, tag, seq uint32, data []byte, op string) error {
 	w := pc.w
 	if err := w.failure(op); err != nil {
 		return err
@@ -299,6 +318,7 @@ func (pc *peerConn) send(ctx context.Context, tag uint32, data []byte, op string
 	}
 	var hdr [headerLen]byte
 	binary.LittleEndian.PutUint32(hdr[0:], tag)
+	binary.LittleEndian.PutUint32(hdr[4:], seq)
 	binary.LittleEndian.PutUint64(hdr[8:], uint64(len(data)))
 	var err error
 	if len(data) <= smallWrite {

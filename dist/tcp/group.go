@@ -24,6 +24,10 @@ type Group struct {
 	srcs      []dist.Buffer
 	one       []int32
 	errc      chan error
+
+	seq              uint32   // collectives begun on this group
+	cur              uint32   // current collective's frame seq: op code<<24 | seq
+	sendSeq, recvSeq []uint32 // point-to-point messages per peer
 }
 
 var (
@@ -33,7 +37,9 @@ var (
 )
 
 func newGroup(w *world, tag uint32, members []int, worldRank int) *Group {
-	g := &Group{w: w, tag: tag, members: members, srcs: make([]dist.Buffer, len(members)), one: make([]int32, 1), errc: make(chan error, 1)}
+	n := len(members)
+	g := &Group{w: w, tag: tag, members: members, srcs: make([]dist.Buffer, n), one: make([]int32, 1), errc: make(chan error, 1),
+		sendSeq: make([]uint32, n), recvSeq: make([]uint32, n)}
 	g.rank = slices.Index(members, worldRank)
 	return g
 }
@@ -89,7 +95,22 @@ func scratch(s *[]uint64, nbytes int) []byte {
 	return unsafe.Slice((*byte)(unsafe.Pointer(&(*s)[0])), nbytes)
 }
 
+// begin starts a collective: it numbers it and starts its timer.
 func (g *Group) begin(op string) (*time.Timer, error) {
+	g.seq++
+	g.cur = uint32(opCode(op))<<24 | g.seq&0xFFFFFF
+	return g.beginP2P(op)
+}
+
+// opCode numbers the collectives for frame headers, so that ranks calling
+// different collectives get ErrMismatch instead of each other's data.
+func opCode(op string) int {
+	return 1 + slices.Index([]string{dist.OpAllReduce, dist.OpReduceScatter, dist.OpAllGather, dist.OpBroadcast,
+		dist.OpReduce, dist.OpAllToAll, dist.OpBarrier}, op)
+}
+
+// beginP2P starts a point-to-point operation's timer.
+func (g *Group) beginP2P(op string) (*time.Timer, error) {
 	if err := g.w.failure(op); err != nil {
 		return nil, err
 	}
@@ -132,13 +153,13 @@ func (g *Group) ringStep(ctx context.Context, timer *time.Timer, op string, send
 	chunk := max(g.w.cfg.ChunkBytes/es*es, es)
 	reqs := g.reqs[:0]
 	for lo := 0; lo < len(recv); lo += chunk {
-		reqs = append(reqs, prev.post(tag, recv[lo:min(lo+chunk, len(recv))]))
+		reqs = append(reqs, prev.post(tag, g.cur, recv[lo:min(lo+chunk, len(recv))]))
 	}
 	g.reqs = reqs
 	go func() {
 		var err error
 		for lo := 0; lo < len(send) && err == nil; lo += chunk {
-			err = next.send(ctx, tag, send[lo:min(lo+chunk, len(send))], op)
+			err = next.send(ctx, tag, g.cur, send[lo:min(lo+chunk, len(send))], op)
 		}
 		g.errc <- err
 	}()
@@ -196,7 +217,7 @@ func (g *Group) direct(ctx context.Context, timer *time.Timer, op string, sendBl
 	for j := range g.Size() {
 		if j != g.rank {
 			if b := recvBlock(j); len(b) > 0 {
-				reqs = append(reqs, g.conn(j).post(tag, b))
+				reqs = append(reqs, g.conn(j).post(tag, g.cur, b))
 			}
 		}
 	}
@@ -204,7 +225,7 @@ func (g *Group) direct(ctx context.Context, timer *time.Timer, op string, sendBl
 	for k := 1; k < g.Size(); k++ { // start with the next rank to spread load
 		j := mod(g.rank+k, g.Size())
 		if b := sendBlock(j); len(b) > 0 {
-			if err := g.conn(j).send(ctx, tag, b, op); err != nil {
+			if err := g.conn(j).send(ctx, tag, g.cur, b, op); err != nil {
 				for _, r := range reqs {
 					g.w.cancel(r)
 				}
@@ -377,7 +398,7 @@ func (g *Group) Broadcast(ctx context.Context, buf dist.Buffer, root int) error 
 	if p > 0 {
 		prev := g.conn(mod(g.rank-1, n))
 		for lo := 0; lo < len(buf.Data); lo += chunk {
-			reqs = append(reqs, prev.post(tag, buf.Data[lo:min(lo+chunk, len(buf.Data))]))
+			reqs = append(reqs, prev.post(tag, g.cur, buf.Data[lo:min(lo+chunk, len(buf.Data))]))
 		}
 	}
 	g.reqs = reqs
@@ -392,7 +413,7 @@ func (g *Group) Broadcast(ctx context.Context, buf dist.Buffer, root int) error 
 			}
 		}
 		if p < n-1 {
-			if err := next.send(ctx, tag, buf.Data[lo:min(lo+chunk, len(buf.Data))], name); err != nil {
+			if err := next.send(ctx, tag, g.cur, buf.Data[lo:min(lo+chunk, len(buf.Data))], name); err != nil {
 				if p > 0 {
 					for _, r := range reqs[k+1:] {
 						g.w.cancel(r)
@@ -521,7 +542,8 @@ func (g *Group) Send(ctx context.Context, buf dist.Buffer, peer int) error {
 	if err := g.checkPeer(peer, dist.OpSend); err != nil {
 		return err
 	}
-	return g.conn(peer).send(ctx, g.tag<<1|1, buf.Data, dist.OpSend)
+	g.sendSeq[peer]++
+	return g.conn(peer).send(ctx, g.tag<<1|1, g.sendSeq[peer], buf.Data, dist.OpSend)
 }
 
 // Recv receives the next message from peer into buf.
@@ -529,12 +551,13 @@ func (g *Group) Recv(ctx context.Context, buf dist.Buffer, peer int) error {
 	if err := g.checkPeer(peer, dist.OpRecv); err != nil {
 		return err
 	}
-	timer, err := g.begin(dist.OpRecv)
+	timer, err := g.beginP2P(dist.OpRecv)
 	if err != nil {
 		return err
 	}
 	defer timer.Stop()
-	return g.w.wait(ctx, g.conn(peer).post(g.tag<<1|1, buf.Data), dist.OpRecv, timer)
+	g.recvSeq[peer]++
+	return g.w.wait(ctx, g.conn(peer).post(g.tag<<1|1, g.recvSeq[peer], buf.Data), dist.OpRecv, timer)
 }
 
 // BatchSendRecv posts every receive, then writes every send, then waits
@@ -550,7 +573,7 @@ func (g *Group) BatchSendRecv(ctx context.Context, ops []dist.P2POp) error {
 			return err
 		}
 	}
-	timer, err := g.begin(dist.OpRecv)
+	timer, err := g.beginP2P(dist.OpRecv)
 	if err != nil {
 		return err
 	}
@@ -559,13 +582,15 @@ func (g *Group) BatchSendRecv(ctx context.Context, ops []dist.P2POp) error {
 	reqs := g.reqs[:0]
 	for _, op := range ops {
 		if op.Kind == dist.RecvOp {
-			reqs = append(reqs, g.conn(op.Peer).post(tag, op.Buf.Data))
+			g.recvSeq[op.Peer]++
+			reqs = append(reqs, g.conn(op.Peer).post(tag, g.recvSeq[op.Peer], op.Buf.Data))
 		}
 	}
 	g.reqs = reqs
 	for _, op := range ops {
 		if op.Kind == dist.SendOp {
-			if err := g.conn(op.Peer).send(ctx, tag, op.Buf.Data, dist.OpSend); err != nil {
+			g.sendSeq[op.Peer]++
+			if err := g.conn(op.Peer).send(ctx, tag, g.sendSeq[op.Peer], op.Buf.Data, dist.OpSend); err != nil {
 				for _, r := range reqs {
 					g.w.cancel(r)
 				}

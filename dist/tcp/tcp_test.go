@@ -79,6 +79,32 @@ func worker(scenario string) int {
 				return 1
 			}
 		}
+	case "mismatch": // 2 ranks disagree on a receive size, then on the collective
+		blamed := func(err error) string {
+			var re *dist.RankError
+			if errors.As(err, &re) && errors.Is(err, dist.ErrMismatch) {
+				return strconv.Itoa(re.Rank)
+			}
+			return fmt.Sprintf("(%v)", err)
+		}
+		buf := dist.MakeBuffer(dist.Float32, 4)
+		p2p, coll := "-", ""
+		if g.Rank() == 0 {
+			if err := errors.Join(g.Send(ctx, buf, 1), g.Send(ctx, buf, 1), g.Broadcast(ctx, buf, 0)); err != nil {
+				fmt.Println("ERROR", err)
+				return 1
+			}
+			coll = blamed(g.AllReduce(ctx, buf, dist.Sum))
+		} else {
+			if err := g.Recv(ctx, buf, 0); err != nil {
+				fmt.Println("ERROR", err)
+				return 1
+			}
+			p2p = blamed(g.Recv(ctx, dist.MakeBuffer(dist.Float32, 8), 0))
+			coll = blamed(g.AllReduce(ctx, buf, dist.Sum))
+		}
+		fmt.Printf("MISMATCH p2p=%s coll=%s\n", p2p, coll)
+		return 0
 	}
 	fmt.Println("ERROR unknown scenario", scenario)
 	return 2
@@ -166,6 +192,18 @@ func TestConformanceProcesses(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestMismatchProcesses: ranks that disagree on a receive's size or on
+// which collective comes next get ErrMismatch naming the other rank, not
+// each other's data.
+func TestMismatchProcesses(t *testing.T) {
+	want := []string{"MISMATCH p2p=- coll=1", "MISMATCH p2p=0 coll=0"}
+	for r, p := range spawn(t, 2, "mismatch") {
+		if l := p.last(); l != want[r] {
+			t.Errorf("rank %d: %q, want %q", r, l, want[r])
+		}
 	}
 }
 
