@@ -25,7 +25,7 @@ const launchSynopsis = "launch --nproc-per-node N [--nnodes N] [--node-rank R] [
 type launchFlags struct {
 	nproc, nnodes, nodeRank, masterPort, maxRestarts int
 	masterAddr, rdzvEndpoint, rdzvBackend, runID     string
-	nnodesSpec                                       string
+	nnodesSpec, nprocSpec                            string
 	standalone, noPython, inproc                     bool
 	grace                                            time.Duration
 }
@@ -132,7 +132,7 @@ func parseLaunchFlags(env *cli, args []string) (launchFlags, []string, error) {
 	}
 	// Defaults come from the environment, so they are set as strings and
 	// parsed by the flag package (a bad PET_ value is reported like a flag).
-	fs.IntVar(&lf.nproc, "nproc-per-node", 1, "workers on this node (env PET_NPROC_PER_NODE)")
+	fs.StringVar(&lf.nprocSpec, "nproc-per-node", "1", "workers on this node: a number, or cpu/auto for one per CPU (env PET_NPROC_PER_NODE)")
 	fs.StringVar(&lf.nnodesSpec, "nnodes", "1", "number of nodes, N or N:N (env PET_NNODES)")
 	fs.IntVar(&lf.nodeRank, "node-rank", 0, "this node's index (env PET_NODE_RANK)")
 	fs.StringVar(&lf.masterAddr, "master-addr", defAddr, "rank 0's host (env PET_MASTER_ADDR, MASTER_ADDR)")
@@ -170,8 +170,20 @@ func parseLaunchFlags(env *cli, args []string) (launchFlags, []string, error) {
 	return lf, command, checkCommand(command, lf)
 }
 
-// resolve applies --nnodes, --rdzv-endpoint and --standalone.
+// resolve applies --nproc-per-node, --nnodes, --rdzv-endpoint and --standalone.
 func (lf *launchFlags) resolve(nnodes string) error {
+	switch lf.nprocSpec {
+	case "cpu", "auto": // torchrun's "auto" is one per GPU, else one per CPU
+		lf.nproc = runtime.NumCPU()
+	case "gpu":
+		return errors.New("--nproc-per-node gpu: gotron runs on CPUs; give a number, cpu or auto")
+	default:
+		n, err := strconv.Atoi(lf.nprocSpec)
+		if err != nil {
+			return fmt.Errorf("--nproc-per-node %q: want a number of workers, cpu or auto", lf.nprocSpec)
+		}
+		lf.nproc = n
+	}
 	lo, hi, elastic := strings.Cut(nnodes, ":")
 	n, err := strconv.Atoi(lo)
 	if err != nil || n < 1 {

@@ -9,6 +9,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"regexp"
+	"runtime"
 	"sort"
 	"strconv"
 	"strings"
@@ -165,7 +166,8 @@ func TestLaunchErrors(t *testing.T) {
 		{nil, []string{"--standalone", "--nnodes", "2", "--", "train"}, "--standalone"},
 		{nil, []string{"--rdzv-endpoint", "host:x", "--", "train"}, "--rdzv-endpoint"},
 		{nil, []string{"--rdzv-backend", "etcd", "--", "train"}, "--rdzv-backend"},
-		{map[string]string{"PET_NPROC_PER_NODE": "four"}, []string{"--", "train"}, `PET_NPROC_PER_NODE="four"`},
+		{map[string]string{"PET_NPROC_PER_NODE": "four"}, []string{"--", "train"}, `--nproc-per-node "four"`},
+		{nil, []string{"--nproc-per-node", "gpu", "--", "train"}, "gotron runs on CPUs"},
 		{map[string]string{"MASTER_PORT": "http"}, []string{"--", "train"}, `MASTER_PORT/PET_MASTER_PORT="http"`},
 		{nil, []string{"--master-port", "70000", "--no-python", "--", "/bin/true"}, "--master-port 70000"},
 		{nil, []string{"--no-python", "--", "/nonexistent/worker"}, "start worker rank 0"},
@@ -177,6 +179,15 @@ func TestLaunchErrors(t *testing.T) {
 	}
 	if code, out, _ := launchCLI(t, nil, "launch", "--help"); code != 0 || !strings.Contains(out, "--nproc-per-node") {
 		t.Errorf("--help: exit %d\n%s", code, out)
+	}
+}
+
+func TestLaunchNprocAuto(t *testing.T) {
+	for _, spec := range []string{"auto", "cpu"} {
+		lf, _, err := parseLaunchFlags(&cli{getenv: func(string) string { return "" }}, []string{"--nproc-per-node", spec, "--", "train"})
+		if err != nil || lf.nproc != runtime.NumCPU() {
+			t.Errorf("--nproc-per-node %s: %d workers, %v; want %d", spec, lf.nproc, err, runtime.NumCPU())
+		}
 	}
 }
 
