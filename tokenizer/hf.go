@@ -112,6 +112,9 @@ func ParseHuggingFace(tokenizerJSON, configJSON []byte) (*HuggingFace, error) {
 	}
 	var added []addedToken
 	for _, a := range f.AddedTokens {
+		if a.ID < 0 || a.ID >= maxVocabID {
+			return nil, fmt.Errorf("added token %q has id %d, want 0 ≤ id < %d", a.Content, a.ID, maxVocabID)
+		}
 		added = append(added, addedToken{a.Content, a.ID})
 		vocab[a.Content] = a.ID
 		if a.Special {

@@ -22,6 +22,11 @@ func (t *HuggingFace) parseModel(raw json.RawMessage) (map[string]int, error) {
 	if err := json.Unmarshal(c["vocab"], &vocab); err != nil {
 		return nil, fmt.Errorf("%s vocab: want an object of token → id: %w", c.typ(), err)
 	}
+	for tok, id := range vocab {
+		if id < 0 || id >= maxVocabID {
+			return nil, fmt.Errorf("token %q has id %d, want 0 ≤ id < %d", tok, id, maxVocabID)
+		}
+	}
 	unk := -1
 	if u := c.str("unk_token"); u != "" {
 		id, ok := vocab[u]
@@ -64,6 +69,10 @@ func (t *HuggingFace) parseModel(raw json.RawMessage) (map[string]int, error) {
 	}
 	return vocab, nil
 }
+
+// maxVocabID bounds token ids read from files (2^26, far above any real
+// vocabulary), so that a corrupt file cannot ask for a huge table.
+const maxVocabID = 1 << 26
 
 // parseHFMerges reads merges as ["a b", ...] or [["a", "b"], ...].
 func parseHFMerges(raw json.RawMessage) ([][2]string, error) {

@@ -93,6 +93,9 @@ func (t *MegatronSentencePiece) Encode(text string) []int {
 	for {
 		at, which := -1, -1
 		for k, s := range t.special {
+			if s.text == "" { // an empty piece (corrupt model) would never advance
+				continue
+			}
 			if i := strings.Index(text, s.text); i >= 0 && (at < 0 || i < at) {
 				at, which = i, k
 			}

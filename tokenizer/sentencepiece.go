@@ -89,6 +89,11 @@ func ParseSentencePiece(model []byte) (*SentencePiece, error) {
 		return nil, fmt.Errorf("no UNKNOWN piece")
 	}
 	m.unkID = unk
+	for _, id := range []*int{&m.bosID, &m.eosID, &m.padID} {
+		if *id >= len(m.pieces) {
+			*id = -1 // an id past the pieces is no token
+		}
+	}
 	sp.user = newAddedTokens(user)
 	if m.modelType == spUnigram {
 		sp.initUnigram()
