@@ -222,42 +222,53 @@ func (j *gemmJob) blockKernel(w *gemmWork, bpack []float32, direct bool, bi, ic,
 }
 
 // gemmShared is part p's share of a job in splitShared mode, where all
-// parts work on one item at a time and share each packed B panel: they pack
-// its strips together, meet at a barrier, then take mc-row blocks of A
-// from a common counter (each packing its own block: nothing is packed
+// parts work on one item at a time and share each packed B panel: they take
+// groups of its strips to pack from a counter, meet at a barrier, then take
+// mc-row blocks of A from another counter (each packing its own block: nothing is packed
 // twice, and a part slowed by other processes simply takes fewer blocks),
 // and meet again before the panel is overwritten.
 func (j *gemmJob) gemmShared(p int) {
 	ks := &j.ks
 	w := &j.work[p]
-	blocks := ceilDiv(j.m, j.mcShared)
+	blocks := uint64(ceilDiv(j.m, j.mcShared))
+	// Every part walks the same steps, so each knows where a step's
+	// tickets start: where the previous step's ended.
+	var packBase, blockBase uint64
 	for bi := 0; bi < j.batch; bi++ {
 		b := j.b[bi*j.strideB:]
 		for jc := 0; jc < j.n; jc += ks.nc {
 			nc := min(ks.nc, j.n-jc)
-			strips := ceilDiv(nc, ks.nr)
+			groups := uint64(ceilDiv(nc, sharedPackCols))
 			for pc := 0; pc < j.k; pc += ks.kc {
 				kc := min(ks.kc, j.k-pc)
-				s0, s1 := p*strips/j.parts, (p+1)*strips/j.parts
-				if s1 > s0 {
-					packBPanel(ks, j.bshared[s0*ks.nr*kc:], j.tB, b, j.ldb, pc, jc+s0*ks.nr, kc, min(nc, s1*ks.nr)-s0*ks.nr)
-				}
-				// The first barrier of step s completes barrier 2s+1; step s
-				// owns tickets [s*blocks, (s+1)*blocks).
-				base := (j.bar.wait(j.parts) - 1) / 2 * uint64(blocks)
 				for {
-					t, ok := j.next.take(base + uint64(blocks))
+					t, ok := j.nextPack.take(packBase + groups)
 					if !ok {
 						break
 					}
-					ic := int(t-base) * j.mcShared
+					c0 := int(t-packBase) * sharedPackCols
+					packBPanel(ks, j.bshared[c0*kc:], j.tB, b, j.ldb, pc, jc+c0, kc, min(sharedPackCols, nc-c0))
+				}
+				packBase += groups
+				j.bar.wait(j.parts)
+				for {
+					t, ok := j.nextBlock.take(blockBase + blocks)
+					if !ok {
+						break
+					}
+					ic := int(t-blockBase) * j.mcShared
 					j.blockKernel(w, j.bshared, false, bi, ic, min(j.mcShared, j.m-ic), jc, nc, pc, kc)
 				}
+				blockBase += blocks
 				j.bar.wait(j.parts)
 			}
 		}
 	}
 }
+
+// sharedPackCols is how many columns of a shared B panel one ticket packs
+// (a multiple of every kernel set's nr).
+const sharedPackCols = 128
 
 // directKC is the k block used when B is read in place (m ≤ mr, e.g.
 // decoding): measured best for M=1 K=768 N=3072 on Zen 4 among 4..512 (12:

@@ -44,11 +44,12 @@ type gemmJob struct {
 	wg    sync.WaitGroup
 
 	// splitShared state: the packed B panel all parts read, the A block
-	// height, the next A block to take and the barrier between phases.
-	bshared  []float32
-	mcShared int
-	next     ticket
-	bar      barrier
+	// height, the next B strip group and A block to take, and the barrier
+	// between phases.
+	bshared             []float32
+	mcShared            int
+	nextPack, nextBlock ticket
+	bar                 barrier
 }
 
 // ticket hands out consecutive numbers up to a limit.
@@ -85,9 +86,8 @@ func (b *barrier) reset() {
 	b.cond.L = &b.mu
 }
 
-// wait blocks until n goroutines have called it and returns how many
-// barriers have completed, this one included.
-func (b *barrier) wait(n int) uint64 {
+// wait blocks until n goroutines have called it.
+func (b *barrier) wait(n int) {
 	g := b.gen.Load()
 	if int(b.arrived.Add(1)) == n {
 		b.arrived.Store(0)
@@ -95,11 +95,11 @@ func (b *barrier) wait(n int) uint64 {
 		b.gen.Store(g + 1)
 		b.cond.Broadcast()
 		b.mu.Unlock()
-		return g + 1
+		return
 	}
 	for range 4000 { // a few microseconds
 		if b.gen.Load() != g {
-			return g + 1
+			return
 		}
 	}
 	b.mu.Lock()
@@ -107,7 +107,6 @@ func (b *barrier) wait(n int) uint64 {
 		b.cond.Wait()
 	}
 	b.mu.Unlock()
-	return g + 1
 }
 
 // minPartFMAs is the least work (multiply-adds) worth a goroutine of its
@@ -130,7 +129,8 @@ func (j *gemmJob) plan(threads int) {
 		// Enough rows for every part to take several A blocks.
 		j.mode = splitShared
 		j.mcShared = min(ks.mc, ceilDiv(ceilDiv(j.m, 4*parts), ks.mr)*ks.mr)
-		j.next.v.Store(0)
+		j.nextPack.v.Store(0)
+		j.nextBlock.v.Store(0)
 		j.bar.reset()
 	case j.m <= j.n && unitsN >= parts, unitsM < parts && unitsN >= unitsM:
 		// Splitting columns makes every part pack all of A; splitting rows,

@@ -192,7 +192,8 @@ func TestSgemmThreads(t *testing.T) {
 	prevT := SetThreads(1)
 	defer SetThreads(prevT)
 	rng := rand.New(rand.NewPCG(3, 4))
-	shapes := [][3]int{{300, 97, 150}, {97, 301, 150}, {1, 4099, 300}, {500, 20, 200}}
+	// {120, 1600, 530} spans two B panels in n and two k blocks in shared mode.
+	shapes := [][3]int{{300, 97, 150}, {97, 301, 150}, {1, 4099, 300}, {500, 20, 200}, {120, 1600, 530}}
 	for _, tr := range transposes {
 		for _, s := range shapes {
 			p := prepare(gemmCase{tA: tr[0], tB: tr[1], m: s[0], n: s[1], k: s[2], alpha: 0.75, beta: -1, padA: 1, padC: 3}, rng)
