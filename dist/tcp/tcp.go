@@ -276,6 +276,10 @@ func (w *world) fail(blame int, err error, tell bool) {
 		return
 	}
 	w.failRank, w.failErr = blame, err
+	tell = tell && !w.closed
+	if tell {
+		w.telling.Add(1) // before anyone can see broken and shut down
+	}
 	close(w.broken)
 	w.mu.Unlock()
 	if !tell {
@@ -285,7 +289,6 @@ func (w *world) fail(blame int, err error, tell bool) {
 	if errors.Is(err, dist.ErrTimeout) {
 		kind = 1
 	}
-	w.telling.Add(1)
 	go func() {
 		defer w.telling.Done()
 		// A writer blocked on a stalled peer may hold that connection, so

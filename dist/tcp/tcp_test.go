@@ -38,6 +38,9 @@ func worker(scenario string) int {
 		return 1
 	}
 	cfg.Timeout = 2 * time.Second
+	if v := os.Getenv("TIMEOUT"); v != "" { // slow runs (-race on a busy machine)
+		cfg.Timeout, _ = time.ParseDuration(v)
+	}
 	if v := os.Getenv("SMALL_BYTES"); v != "" {
 		cfg.SmallBytes, _ = strconv.Atoi(v)
 		cfg.ChunkBytes = 2048
@@ -186,7 +189,7 @@ func TestConformanceProcesses(t *testing.T) {
 			extra = append(extra, "SMALL_BYTES="+c.small)
 		}
 		t.Run(name, func(t *testing.T) {
-			for r, p := range spawn(t, c.n, "conformance", extra...) {
+			for r, p := range spawn(t, c.n, "conformance", append(extra, "TIMEOUT=30s")...) {
 				if l := p.last(); l != "OK" {
 					t.Errorf("rank %d: %s", r, l)
 				}
