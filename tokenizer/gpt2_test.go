@@ -2,6 +2,8 @@ package tokenizer
 
 import (
 	"slices"
+	"strings"
+	"sync"
 	"testing"
 
 	tiktoken "github.com/tiktoken-go/tokenizer"
@@ -73,5 +75,38 @@ func TestGPT2Special(t *testing.T) {
 	}
 	if s := tok.Decode(got); s != "a<|endoftext|>b" {
 		t.Fatalf("decode %q", s)
+	}
+}
+
+// TestConcurrentEncode: tokenizers (and their word caches) are safe for
+// concurrent use and give the sequential ids.
+func TestConcurrentEncode(t *testing.T) {
+	lines := strings.Split(string(readTestdata(t, "multilingual.txt.gz")), "\n")[:400]
+	tok := gpt2Fixture(t)
+	tok.bpe.cache = newWordCache()
+	want := make([][]int, len(lines))
+	for i, l := range lines {
+		want[i] = tok.Encode(l)
+	}
+	tok.bpe.cache = newWordCache()
+	var wg sync.WaitGroup
+	errs := make(chan string, 4)
+	for g := range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for k := range lines {
+				i := (k + g*97) % len(lines)
+				if got := tok.Encode(lines[i]); !slices.Equal(got, want[i]) {
+					errs <- lines[i]
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for l := range errs {
+		t.Errorf("concurrent Encode(%q) differs", l)
 	}
 }

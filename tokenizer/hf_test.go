@@ -91,3 +91,30 @@ func (t *HuggingFace) special2(s string) int {
 	}
 	return -1
 }
+
+// TestHuggingFaceConfigSpecials: tokenizer_config.json beside
+// tokenizer.json names eos (EOD) and bos.
+func TestHuggingFaceConfigSpecials(t *testing.T) {
+	fx := hfFixtures(t)
+	for _, tc := range []struct {
+		config   string
+		eod, bos int
+	}{
+		{`{"eos_token": "<|endoftext|>", "bos_token": {"content": "<|endoftext|>"}}`, 50256, 50256},
+		{`{"eos_token": "<|missing|>"}`, -1, -1}, // named but absent: no eos; no known bos name
+		{``, 50256, -1},                          // no config: well-known names
+	} {
+		var cfg []byte
+		if tc.config != "" {
+			cfg = []byte(tc.config)
+		}
+		tok, err := ParseHuggingFace(fx["gpt2"], cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		bos, _ := tok.BOS()
+		if tok.EOD() != tc.eod || bos != tc.bos {
+			t.Errorf("config %s: EOD %d BOS %d, want %d %d", tc.config, tok.EOD(), bos, tc.eod, tc.bos)
+		}
+	}
+}
