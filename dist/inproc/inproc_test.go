@@ -25,6 +25,17 @@ func TestConformance(t *testing.T) {
 	}
 }
 
+func TestConcurrentGroups(t *testing.T) {
+	for _, n := range []int{2, 5} {
+		err := inproc.Run(t.Context(), n, func(ctx context.Context, pg dist.ProcessGroup) error {
+			return disttest.ConcurrentGroups(ctx, pg, 10)
+		})
+		if err != nil {
+			t.Fatalf("n=%d: %v", n, err)
+		}
+	}
+}
+
 // TestManyRanks runs all-reduce on 64 ranks, the backend's stated maximum
 // in tests.
 func TestManyRanks(t *testing.T) {

@@ -64,6 +64,17 @@ func worker(scenario string) int {
 		}
 		fmt.Println("OK")
 		return 0
+	case "concurrent":
+		if err := disttest.ConcurrentGroups(ctx, g, 10); err != nil {
+			fmt.Println("ERROR", err)
+			return 1
+		}
+		if err := g.Barrier(ctx); err != nil {
+			fmt.Println("ERROR", err)
+			return 1
+		}
+		fmt.Println("OK")
+		return 0
 	case "loop": // all-reduce until something fails
 		buf := dist.MakeBuffer(dist.Float32, 1<<18)
 		for i := 0; ; i++ {
@@ -190,6 +201,20 @@ func TestConformanceProcesses(t *testing.T) {
 		}
 		t.Run(name, func(t *testing.T) {
 			for r, p := range spawn(t, c.n, "conformance", append(extra, "TIMEOUT=30s")...) {
+				if l := p.last(); l != "OK" {
+					t.Errorf("rank %d: %s", r, l)
+				}
+			}
+		})
+	}
+}
+
+// TestConcurrentGroupsProcesses: three groups sharing the connections run
+// at once from three goroutines per process.
+func TestConcurrentGroupsProcesses(t *testing.T) {
+	for _, n := range []int{2, 5} {
+		t.Run(fmt.Sprintf("n=%d", n), func(t *testing.T) {
+			for r, p := range spawn(t, n, "concurrent", "TIMEOUT=30s") {
 				if l := p.last(); l != "OK" {
 					t.Errorf("rank %d: %s", r, l)
 				}
