@@ -139,8 +139,13 @@ func benchComm(ctx context.Context, env *cli, args []string) error {
 	if err != nil {
 		return err
 	}
-	if o.backend == "tcp" && env.getenv("WORLD_SIZE") != "" {
-		return benchCommRank(ctx, env, o)
+	if ws := env.getenv("WORLD_SIZE"); ws != "" {
+		if o.backend == "tcp" {
+			return benchCommRank(ctx, env, o)
+		}
+		if ws != "1" {
+			return fmt.Errorf("--backend inproc starts its own --nproc ranks; under a launcher (WORLD_SIZE=%s) use --backend tcp", ws)
+		}
 	}
 	if o.backend == "tcp" {
 		return benchCommSpawn(ctx, env, o, args)

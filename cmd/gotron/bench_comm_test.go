@@ -153,6 +153,19 @@ func TestBenchCommBadFlags(t *testing.T) {
 	}
 }
 
+func TestBenchCommInprocUnderLauncher(t *testing.T) {
+	var out, errb bytes.Buffer
+	env := &cli{stdout: &out, stderr: &errb, getenv: func(k string) string {
+		if k == "WORLD_SIZE" {
+			return "4"
+		}
+		return ""
+	}}
+	if code := run(t.Context(), env, []string{"bench", "comm", "--backend", "inproc"}); code == 0 || !strings.Contains(errb.String(), "use --backend tcp") {
+		t.Errorf("exit %d, stderr %q; want an error pointing to --backend tcp", code, errb.String())
+	}
+}
+
 func TestParseBytes(t *testing.T) {
 	for in, want := range map[string]int{"8": 8, "64K": 64 << 10, "256M": 256 << 20, "1G": 1 << 30, "4MiB": 4 << 20, "2kb": 2 << 10} {
 		if got, err := parseBytes("x", in); got != want || err != nil {
