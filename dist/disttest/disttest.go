@@ -188,6 +188,16 @@ func Conformance(ctx context.Context, pg dist.ProcessGroup) error {
 					if err := ck.compare(out, func(i int) float64 { return ReduceRef(dt, op, seed, all, off[me]+i) }); err != nil {
 						return err
 					}
+					// in place: out is this rank's block of in (Megatron's
+					// distributed optimizer reduce-scatters into its shard)
+					in = Fill(dt, total, seed, me, 0)
+					ck.what += " in place"
+					if err := pg.ReduceScatter(ctx, in.Slice(off[me], off[me+1]), in, op, counts); err != nil {
+						return fmt.Errorf("%s: %w", ck.what, err)
+					}
+					if err := ck.compare(in.Slice(off[me], off[me+1]), func(i int) float64 { return ReduceRef(dt, op, seed, all, off[me]+i) }); err != nil {
+						return err
+					}
 					// all_gather of blocks, then in place
 					seed++
 					in = Fill(dt, cs[me], seed, me, 0)
