@@ -26,6 +26,10 @@ type kernFunc func(kc int, a, b *float32, ldb int, c *float32, ldc int, alpha, b
 // transpose (rows ldd bytes apart).
 type transFunc func(src *float32, lds int, dst *float32, ldd int)
 
+// dotFunc computes r dot products out[i] = Σ_p a[p]·b[i*ldb/4+p] (r fixed
+// per function, ldb in bytes).
+type dotFunc func(k int, a, b *float32, ldb int, out *float32)
+
 // copyFunc copies n rows of a fixed width (rows lds bytes apart) to
 // consecutive rows of dst.
 type copyFunc func(src *float32, lds int, dst *float32, n int)
@@ -42,6 +46,10 @@ type kernSet struct {
 	// mr×16 block, tr16 a 16×16 block, cpMR copies mr-float rows.
 	trMR, tr16 transFunc
 	cpMR       copyFunc
+	// dots[r-1] computes r dot products (nil: none): with B stored n×k
+	// and at most maxDotRows rows, C is a set of dot products of
+	// contiguous rows, cheaper than packing all of B for so few rows.
+	dots []dotFunc
 }
 
 // Sgemm computes C = alpha*op(A)*op(B) + beta*C in float32. op(A) is m×k,
@@ -269,6 +277,41 @@ func (j *gemmJob) gemmShared(p int) {
 // sharedPackCols is how many columns of a shared B panel one ticket packs
 // (a multiple of every kernel set's nr).
 const sharedPackCols = 128
+
+// maxDotRows is the most rows of C computed by dot products (each row
+// streams all of B once; the packed path streams it once in total).
+const maxDotRows = 3
+
+// dotRows computes columns [j0, j1) of every row of batch item bi by dot
+// products of op(A) rows with rows of B (stored n×k), four at a time.
+func (j *gemmJob) dotRows(w *gemmWork, bi, j0, j1 int) {
+	a, b, c := j.a[bi*j.strideA:], j.b[bi*j.strideB:], j.c[bi*j.strideC:]
+	k := j.k
+	for i := 0; i < j.m; i++ {
+		var arow []float32
+		if j.tA {
+			arow = w.apack[:k] // gather column i of the stored k×m A
+			for p := range arow {
+				arow[p] = a[p*j.lda+i]
+			}
+		} else {
+			arow = a[i*j.lda:][:k]
+		}
+		crow := c[i*j.ldc:]
+		for jj := j0; jj < j1; jj += 4 {
+			r := min(4, j1-jj)
+			_ = b[(jj+r-1)*j.ldb+k-1] // the rows lie inside b
+			j.ks.dots[r-1](k, &arow[0], &b[jj*j.ldb], j.ldb*4, &w.tile[0])
+			for x, v := range w.tile[:r] {
+				v *= j.alpha
+				if j.beta != 0 {
+					v += j.beta * crow[jj+x]
+				}
+				crow[jj+x] = v
+			}
+		}
+	}
+}
 
 // directKC is the k block used when B is read in place (m ≤ mr, e.g.
 // decoding): measured best for M=1 K=768 N=3072 on Zen 4 among 4..512 (12:

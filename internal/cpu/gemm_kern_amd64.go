@@ -85,6 +85,34 @@ var trMRAVX512 transFunc = transposeAVX512_14x16
 //go:noescape
 func transposeAVX512_16x16(src *float32, lds int, dst *float32, ldd int)
 
+// dotsAVX512[r-1] computes r dot products for small-m GEMMs with B stored n×k.
+var dotsAVX512 = [4]dotFunc{
+	dotAVX512_1,
+	dotAVX512_2,
+	dotAVX512_3,
+	dotAVX512_4,
+}
+
+// dotAVX512_1 sets out[i] = Σ_p a[p]·b[i*ldb/4 + p] for i < 1 (ldb in bytes).
+//
+//go:noescape
+func dotAVX512_1(k int, a, b *float32, ldb int, out *float32)
+
+// dotAVX512_2 sets out[i] = Σ_p a[p]·b[i*ldb/4 + p] for i < 2 (ldb in bytes).
+//
+//go:noescape
+func dotAVX512_2(k int, a, b *float32, ldb int, out *float32)
+
+// dotAVX512_3 sets out[i] = Σ_p a[p]·b[i*ldb/4 + p] for i < 3 (ldb in bytes).
+//
+//go:noescape
+func dotAVX512_3(k int, a, b *float32, ldb int, out *float32)
+
+// dotAVX512_4 sets out[i] = Σ_p a[p]·b[i*ldb/4 + p] for i < 4 (ldb in bytes).
+//
+//go:noescape
+func dotAVX512_4(k int, a, b *float32, ldb int, out *float32)
+
 // copyPanelAVX512_14 copies n rows of 14 floats (source rows lds bytes apart) to
 // consecutive rows of dst.
 //

@@ -24,6 +24,7 @@ const (
 	splitRows                    // each item's rows, in mr units
 	splitCols                    // each item's columns, in nr units
 	splitShared                  // shared B panels, A blocks taken from a counter
+	splitDot                     // dot products (few rows, B stored n×k), columns in 4s
 )
 
 // gemmJob is one SgemmStrided call: its arguments, its partition and the
@@ -38,10 +39,12 @@ type gemmJob struct {
 	batch                     int
 	ks                        kernSet
 
-	mode  splitMode
-	parts int
-	work  []gemmWork
-	wg    sync.WaitGroup
+	mode   splitMode
+	parts  int
+	chunk  int // rows or columns per ticket (row, column and dot modes)
+	chunks int // tickets in all (batch items × chunks per item)
+	work   []gemmWork
+	wg     sync.WaitGroup
 
 	// splitShared state: the packed B panel all parts read, the A block
 	// height, the next B strip group and A block to take, and the barrier
@@ -120,7 +123,11 @@ func (j *gemmJob) plan(threads int) {
 	fmas := j.m * j.n * j.k
 	parts := max(1, min(threads, fmas*j.batch/minPartFMAs))
 	unitsM, unitsN := ceilDiv(j.m, ks.mr), ceilDiv(j.n, ks.nr)
+	j.chunk, j.chunks = 1, j.batch
 	switch {
+	case ks.dots != nil && j.tB == Trans && j.m <= maxDotRows:
+		j.mode = splitDot
+		j.setChunks(parts, j.n, 4)
 	case parts == 1:
 		j.mode = splitBatch
 	case j.batch >= 4*parts || (j.batch >= parts && j.batch%parts == 0):
@@ -130,18 +137,20 @@ func (j *gemmJob) plan(threads int) {
 		j.mode = splitShared
 		j.mcShared = min(ks.mc, ceilDiv(ceilDiv(j.m, 4*parts), ks.mr)*ks.mr)
 		j.nextPack.v.Store(0)
-		j.nextBlock.v.Store(0)
 		j.bar.reset()
 	case j.m <= j.n && unitsN >= parts, unitsM < parts && unitsN >= unitsM:
-		// Splitting columns makes every part pack all of A; splitting rows,
-		// all of B. Duplicate the smaller operand.
+		// Splitting columns makes every chunk pack all of A; splitting
+		// rows, all of B. Duplicate the smaller operand.
 		j.mode = splitCols
 		parts = min(parts, unitsN)
+		j.setChunks(parts, j.n, ks.nr)
 	default:
 		j.mode = splitRows
 		parts = min(parts, unitsM)
+		j.setChunks(parts, j.m, ks.mr)
 	}
 	j.parts = parts
+	j.nextBlock.v.Store(0)
 	if j.mode == splitShared {
 		kc := min(ks.kc, j.k)
 		if need := kc * ceilDiv(min(ks.nc, j.n), ks.nr) * ks.nr; len(j.bshared) < need {
@@ -152,7 +161,7 @@ func (j *gemmJob) plan(threads int) {
 		j.work = append(j.work, make([]gemmWork, parts-len(j.work))...)
 	}
 	kc := min(ks.kc, j.k)
-	needA := kc * min(ks.mc, j.m)
+	needA := max(kc*min(ks.mc, j.m), j.k) // dot mode gathers a row of k
 	needB := kc * ceilDiv(min(ks.nc, j.n), ks.nr) * ks.nr
 	for p := range j.work[:parts] {
 		w := &j.work[p]
@@ -165,28 +174,41 @@ func (j *gemmJob) plan(threads int) {
 	}
 }
 
-// runPart computes part p of the job.
+// setChunks cuts a dimension of size n into about 4 chunks per part, in
+// multiples of unit; with the batch, there are j.chunks tickets in all.
+// Parts take chunks from a counter rather than fixed shares, so a worker
+// that starts late (a busy machine) leaves its chunks to the others.
+func (j *gemmJob) setChunks(parts, n, unit int) {
+	units := ceilDiv(n, unit)
+	j.chunk = ceilDiv(units, min(units, 4*parts)) * unit
+	j.chunks = ceilDiv(n, j.chunk) * j.batch
+}
+
+// runPart computes tickets of the job until none are left: batch items in
+// splitBatch mode, (item, chunk) pairs in the row, column and dot modes.
 func (j *gemmJob) runPart(p int) {
 	w := &j.work[p]
-	switch j.mode {
-	case splitBatch:
-		lo, hi := p*j.batch/j.parts, (p+1)*j.batch/j.parts
-		for bi := lo; bi < hi; bi++ {
-			j.gemmBlock(w, bi, 0, j.m, 0, j.n)
-		}
-	case splitRows:
-		u := ceilDiv(j.m, j.ks.mr)
-		lo, hi := p*u/j.parts*j.ks.mr, min(j.m, (p+1)*u/j.parts*j.ks.mr)
-		for bi := 0; bi < j.batch; bi++ {
-			j.gemmBlock(w, bi, lo, hi, 0, j.n)
-		}
-	case splitShared:
+	if j.mode == splitShared {
 		j.gemmShared(p)
-	case splitCols:
-		u := ceilDiv(j.n, j.ks.nr)
-		lo, hi := p*u/j.parts*j.ks.nr, min(j.n, (p+1)*u/j.parts*j.ks.nr)
-		for bi := 0; bi < j.batch; bi++ {
-			j.gemmBlock(w, bi, 0, j.m, lo, hi)
+		return
+	}
+	perItem := j.chunks / j.batch
+	for {
+		t, ok := j.nextBlock.take(uint64(j.chunks))
+		if !ok {
+			return
+		}
+		bi, c := int(t)/perItem, int(t)%perItem
+		lo := c * j.chunk
+		switch j.mode {
+		case splitBatch:
+			j.gemmBlock(w, bi, 0, j.m, 0, j.n)
+		case splitRows:
+			j.gemmBlock(w, bi, lo, min(j.m, lo+j.chunk), 0, j.n)
+		case splitCols:
+			j.gemmBlock(w, bi, 0, j.m, lo, min(j.n, lo+j.chunk))
+		case splitDot:
+			j.dotRows(w, bi, lo, min(j.n, lo+j.chunk))
 		}
 	}
 }

@@ -80,6 +80,16 @@ func main() {
 					fmt.Fprintf(&decl, "// trMR%s transposes an mr×16 block when packing A.\nvar trMR%s transFunc = %s\n\n", s.name, s.name, name)
 				}
 			}
+			fmt.Fprintf(&decl, "// dots%s[r-1] computes r dot products for small-m GEMMs with B stored n×k.\nvar dots%s = [4]dotFunc{\n", s.name, s.name)
+			for r := 1; r <= 4; r++ {
+				fmt.Fprintf(&decl, "\tdot%s_%d,\n", s.name, r)
+			}
+			decl.WriteString("}\n\n")
+			for r := 1; r <= 4; r++ {
+				name := fmt.Sprintf("dot%s_%d", s.name, r)
+				dot(&asm, name, r)
+				fmt.Fprintf(&decl, "// %s sets out[i] = Σ_p a[p]·b[i*ldb/4 + p] for i < %d (ldb in bytes).\n//\n//go:noescape\nfunc %s(k int, a, b *float32, ldb int, out *float32)\n\n", name, r, name)
+			}
 			if s.mr <= 16 {
 				name := fmt.Sprintf("copyPanel%s_%d", s.name, s.mr)
 				copyPanel(&asm, name, s.mr)
@@ -271,4 +281,45 @@ func copyPanel(w *bytes.Buffer, name string, cols int) {
 	fmt.Fprintf(w, "\tVMOVUPS Z0, K1, (DI)\n\tVMOVUPS Z1, K1, %d(DI)\n\tADDQ $%d, DI\n", 4*cols, 8*cols)
 	w.WriteString("\tDECQ BX\n\tJNZ loop\ntail:\n\tANDQ $1, CX\n\tJZ done\n")
 	w.WriteString("\tVMOVUPS (SI), K1, Z0\n\tVMOVUPS Z0, K1, (DI)\ndone:\n\tVZEROUPPER\n\tRET\n")
+}
+
+// dot writes a function computing `rows` dot products of a with rows of b
+// (ldb bytes apart), 32 floats per iteration with two accumulators per row,
+// then 16, then a masked tail (masked-off lanes of the FMA's memory operand
+// are never read), then horizontal sums.
+func dot(w *bytes.Buffer, name string, rows int) {
+	fmt.Fprintf(w, "\n// func %s(k int, a, b *float32, ldb int, out *float32)\n", name)
+	fmt.Fprintf(w, "TEXT ·%s(SB), NOSPLIT, $0-40\n", name)
+	w.WriteString("\tMOVQ k+0(FP), CX\n\tMOVQ a+8(FP), SI\n\tMOVQ b+16(FP), DX\n\tMOVQ ldb+24(FP), R8\n\tMOVQ out+32(FP), DI\n")
+	w.WriteString("\tLEAQ (R8)(R8*2), R9\n")
+	for i := 0; i < 2*rows; i++ {
+		fmt.Fprintf(w, "\tVPXORD Z%d, Z%d, Z%d\n", i, i, i)
+	}
+	addr := func(r, off int) string {
+		return fmt.Sprintf("%d%s", off, []string{"(DX)", "(DX)(R8*1)", "(DX)(R8*2)", "(DX)(R9*1)"}[r])
+	}
+	w.WriteString("\tCMPQ CX, $32\n\tJLT tail16\nloop32:\n\tVMOVUPS (SI), Z16\n\tVMOVUPS 64(SI), Z17\n")
+	for r := 0; r < rows; r++ {
+		fmt.Fprintf(w, "\tVFMADD231PS %s, Z16, Z%d\n\tVFMADD231PS %s, Z17, Z%d\n", addr(r, 0), 2*r, addr(r, 64), 2*r+1)
+	}
+	w.WriteString("\tADDQ $128, SI\n\tADDQ $128, DX\n\tSUBQ $32, CX\n\tCMPQ CX, $32\n\tJGE loop32\n")
+	w.WriteString("tail16:\n\tCMPQ CX, $16\n\tJLT tailmask\n\tVMOVUPS (SI), Z16\n")
+	for r := 0; r < rows; r++ {
+		fmt.Fprintf(w, "\tVFMADD231PS %s, Z16, Z%d\n", addr(r, 0), 2*r)
+	}
+	w.WriteString("\tADDQ $64, SI\n\tADDQ $64, DX\n\tSUBQ $16, CX\n")
+	w.WriteString("tailmask:\n\tTESTQ CX, CX\n\tJZ reduce\n\tMOVL $1, AX\n\tSHLL CX, AX\n\tDECL AX\n\tKMOVW AX, K1\n\tVMOVUPS.Z (SI), K1, Z16\n")
+	for r := 0; r < rows; r++ {
+		fmt.Fprintf(w, "\tVFMADD231PS %s, Z16, K1, Z%d\n", addr(r, 0), 2*r+1)
+	}
+	w.WriteString("reduce:\n")
+	for r := 0; r < rows; r++ {
+		a, b := 2*r, 2*r+1
+		fmt.Fprintf(w, "\tVADDPS Z%d, Z%d, Z%d\n", b, a, a)
+		fmt.Fprintf(w, "\tVSHUFF32X4 $0x4E, Z%d, Z%d, Z8\n\tVADDPS Z8, Z%d, Z%d\n", a, a, a, a)
+		fmt.Fprintf(w, "\tVEXTRACTF128 $1, Y%d, X8\n\tVADDPS X8, X%d, X%d\n", a, a, a)
+		fmt.Fprintf(w, "\tVHADDPS X%d, X%d, X%d\n\tVHADDPS X%d, X%d, X%d\n", a, a, a, a, a, a)
+		fmt.Fprintf(w, "\tVMOVSS X%d, %d(DI)\n", a, 4*r)
+	}
+	w.WriteString("\tVZEROUPPER\n\tRET\n")
 }
