@@ -24,6 +24,10 @@ type SentencePiece struct {
 	reserved map[string]int // UNKNOWN, CONTROL and BYTE pieces
 	user     *addedTokens   // user-defined symbols, matched before normalization rules
 	byteID   [256]int
+	// BPE: words, when no piece joins a non-space to a following space, so
+	// that merges never cross the start of a word and words can be cached.
+	words bool
+	cache *wordCache
 	// unigram
 	trie     map[uint64]int32 // (node<<8 | byte) → child node; the root is 0
 	nodeID   []int32          // node → piece id, -1 when no piece ends there
@@ -97,6 +101,8 @@ func ParseSentencePiece(model []byte) (*SentencePiece, error) {
 	sp.user = newAddedTokens(user)
 	if m.modelType == spUnigram {
 		sp.initUnigram()
+	} else {
+		sp.initWords()
 	}
 	return sp, nil
 }
@@ -217,7 +223,7 @@ func (sp *SentencePiece) Encode(text string) []int {
 	}
 	var pieces []spSpan
 	if sp.m.modelType == spBPE {
-		pieces = sp.encodeBPE(norm)
+		pieces = sp.encodeBPEWords(norm)
 	} else {
 		pieces = sp.encodeUnigram(norm)
 	}

@@ -67,3 +67,25 @@ func TestMegatronSentencePiece(t *testing.T) {
 		t.Fatalf("Pad %d, want 1004 (<PAD> appended: the model has no pad id)", pad)
 	}
 }
+
+// TestSentencePieceWordSplit: for BPE models whose pieces allow it, the
+// cached word-by-word merge equals merging the whole normalized text.
+func TestSentencePieceWordSplit(t *testing.T) {
+	corpus := string(readTestdata(t, "multilingual.txt.gz"))
+	for _, name := range []string{"llama2_bpe", "bpe_nfkc"} {
+		sp, err := LoadSentencePiece(filepath.Join("testdata", "spm", name+".model"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !sp.words {
+			t.Fatalf("%s: word splitting not enabled", name)
+		}
+		for _, text := range []string{corpus[:20000], corpus[50000:90000], "  a  b  ", "x\u2581\u2581y"} {
+			norm := sp.normalize(text)
+			whole, words := sp.encodeBPE(norm), sp.encodeBPEWords(norm)
+			if !slices.Equal(whole, words) {
+				t.Fatalf("%s: word-by-word BPE differs from whole-text BPE on %.40q", name, text)
+			}
+		}
+	}
+}

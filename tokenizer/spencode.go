@@ -2,6 +2,7 @@ package tokenizer
 
 import (
 	"math"
+	"strings"
 )
 
 // encodeBPE is sentencepiece's bpe::Model::Encode over normalized text:
@@ -205,6 +206,73 @@ func (sp *SentencePiece) encodeUnigram(norm string) []spSpan {
 	}
 	for i, j := 0, len(out)-1; i < j; i, j = i+1, j-1 {
 		out[i], out[j] = out[j], out[i]
+	}
+	return out
+}
+
+// spaceSymbol is the whitespace symbol in normalized text.
+func (sp *SentencePiece) spaceSymbol() string {
+	if sp.m.escapeWS {
+		return spSpace
+	}
+	return " "
+}
+
+// initWords decides whether BPE may run word by word: no piece (of those
+// merges can produce) holds a space symbol right after another character,
+// and whitespace is a prefix. Then no merge crosses a position where a
+// space follows a non-space, and each word's merges are independent of the
+// others' (the merge order only compares scores and positions).
+func (sp *SentencePiece) initWords() {
+	if sp.m.treatWSAsSuf {
+		return
+	}
+	ws := sp.spaceSymbol()
+	for p := range sp.ids {
+		for i := 1; i < len(p); i++ {
+			if strings.HasPrefix(p[i:], ws) && !strings.HasSuffix(p[:i], ws) {
+				return
+			}
+		}
+	}
+	sp.words = true
+	sp.cache = newWordCache()
+}
+
+// encodeBPEWords is encodeBPE, word by word through a cache when initWords
+// allowed it.
+func (sp *SentencePiece) encodeBPEWords(norm string) []spSpan {
+	if !sp.words {
+		return sp.encodeBPE(norm)
+	}
+	ws := sp.spaceSymbol()
+	var out []spSpan
+	for len(norm) > 0 {
+		// The word ends where a space symbol follows a non-space.
+		end := len(norm)
+		for i := 1; i < len(norm); i++ {
+			if strings.HasPrefix(norm[i:], ws) && !strings.HasSuffix(norm[:i], ws) {
+				end = i
+				break
+			}
+		}
+		word := norm[:end]
+		norm = norm[end:]
+		enc, ok := sp.cache.get(word) // pairs of (id, length in bytes)
+		if !ok {
+			spans := sp.encodeBPE(word)
+			enc = make([]int32, 0, 2*len(spans))
+			for _, s := range spans {
+				enc = append(enc, int32(s.id), int32(len(s.text)))
+			}
+			sp.cache.put(word, enc)
+		}
+		at := 0
+		for k := 0; k+1 < len(enc); k += 2 {
+			n := int(enc[k+1])
+			out = append(out, spSpan{word[at : at+n], int(enc[k])})
+			at += n
+		}
 	}
 	return out
 }
