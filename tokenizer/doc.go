@@ -56,8 +56,8 @@
 //     every decomposable code point.
 //   - TikTokenizer (TikToken): Megatron's JSON vocabulary, ids shifted by
 //     --tiktoken-num-special-tokens, EOD "</s>". The BPE equals tiktoken's
-//     (via tiktoken-go's cl100k_base ranks) on the corpus; pattern v1 is
-//     hand-written and v2 runs through regexp2.
+//     (via tiktoken-go's cl100k_base ranks) on the corpus; patterns v1 and
+//     v2 are hand-written.
 //   - NullTokenizer (Null): whitespace-separated ids, EOD = --vocab-size − 1
 //     (Megatron HEAD).
 //

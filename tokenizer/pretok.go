@@ -263,7 +263,123 @@ func splitTikTokenV1(s string, i int) int {
 }
 
 // patternTikTokenV2 is Megatron's PATTERN_TIKTOKEN_V2 (o200k-like, no
-// contractions).
+// contractions), implemented by splitTikTokenV2; the tests check the two
+// agree.
 const patternTikTokenV2 = `[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+` +
 	`|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*` +
 	`|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+`
+
+// Letter-case classes of the v2 (o200k-like) pattern, by rune.
+func isUpperish(r rune) bool { // [\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]
+	return unicode.In(r, unicode.Lu, unicode.Lt, unicode.Lm, unicode.Lo, unicode.M)
+}
+
+func isLowerish(r rune) bool { // [\p{Ll}\p{Lm}\p{Lo}\p{M}]
+	return unicode.In(r, unicode.Ll, unicode.Lm, unicode.Lo, unicode.M)
+}
+
+// runeAt decodes the rune at s[i]; an invalid byte is (RuneError, 1) and
+// belongs to no letter or mark class.
+func runeAt(s string, i int) (rune, int) {
+	if c := s[i]; c < utf8.RuneSelf {
+		return rune(c), 1
+	}
+	return utf8.DecodeRuneInString(s[i:])
+}
+
+// runWhile returns the end of the run of runes satisfying in from i.
+func runWhile(s string, i int, in func(rune) bool) int {
+	for i < len(s) {
+		r, w := runeAt(s, i)
+		if r == utf8.RuneError && w == 1 || !in(r) {
+			break
+		}
+		i += w
+	}
+	return i
+}
+
+// upperLower matches U*W+ at i (U upper-ish, W lower-ish) with the
+// regex's backtracking: the W+ starts at the last position of the U* run
+// (or just after it) that holds a W, and runs greedily from there.
+func upperLower(s string, i int) (int, bool) {
+	k := runWhile(s, i, isUpperish)
+	if k < len(s) {
+		if r, w := runeAt(s, k); !(r == utf8.RuneError && w == 1) && isLowerish(r) {
+			return runWhile(s, k, isLowerish), true
+		}
+	}
+	// Backtrack into the U* run: the last rune there that is also W.
+	for j := k; j > i; {
+		r, w := utf8.DecodeLastRuneInString(s[i:j])
+		j -= w
+		if isLowerish(r) {
+			return j + w, true
+		}
+	}
+	return 0, false
+}
+
+// isV2Prefix is [^\r\n\p{L}\p{N}] at s[i], with its width.
+func isV2Prefix(s string, i int) (bool, int) {
+	r, w := runeAt(s, i)
+	if r == '\r' || r == '\n' {
+		return false, w
+	}
+	if r == utf8.RuneError && w == 1 {
+		return true, 1
+	}
+	return !unicode.IsLetter(r) && !unicode.IsNumber(r), w
+}
+
+// splitTikTokenV2 is Megatron's PATTERN_TIKTOKEN_V2:
+//
+//	[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+|
+//	[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*|
+//	\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+
+func splitTikTokenV2(s string, i int) int {
+	pre, pw := isV2Prefix(s, i)
+	// Alternative 1, with then without the optional prefix.
+	if pre && i+pw < len(s) {
+		if end, ok := upperLower(s, i+pw); ok {
+			return end
+		}
+	}
+	if end, ok := upperLower(s, i); ok {
+		return end
+	}
+	// Alternative 2: U+ W*.
+	upperRun := func(j int) int {
+		if j >= len(s) {
+			return j
+		}
+		return runWhile(s, j, isUpperish)
+	}
+	if pre {
+		if k := upperRun(i + pw); k > i+pw {
+			return runWhile(s, k, isLowerish)
+		}
+	}
+	if k := upperRun(i); k > i {
+		return runWhile(s, k, isLowerish)
+	}
+	c, w := classAt(s, i)
+	if c == clsNumber { // \p{N}
+		return i + w
+	}
+	//  ?[^\s\p{L}\p{N}]+[\r\n/]*
+	j := i
+	if s[i] == ' ' && i+1 < len(s) {
+		if c2, _ := classAt(s, i+1); c2 == clsOther {
+			j = i + 1
+		}
+	}
+	if c2, _ := classAt(s, j); c2 == clsOther {
+		j = runOf(s, j, clsOther)
+		for j < len(s) && (s[j] == '\r' || s[j] == '\n' || s[j] == '/') {
+			j++
+		}
+		return j
+	}
+	return splitLlama3Rest(s, i, c, w) // the whitespace alternatives
+}

@@ -24,6 +24,8 @@ var pretokCases = []string{
 	"hello world", "Hello,  World!!", "tab\there", "\r\n\r\n", "a\r\n b", " \r\n\t x", "x\u00a0y", "x\u3000y",
 	"é", "e\u0301", "日本語のテキスト", "🎉🎉", "👨‍👩‍👧", "\u2028", "a\u2029b", "    def f():\n        return 1\n",
 	"¼½¾", "ǅa", "٣٤", "ab\u0300cd", "(foo) [bar]", " ..\n\n", "x!\r\n\r\ny", "a/b//c\n", "\t\tif x {\n",
+	"HELLOworld", "helloWORLD", "CamelCaseXMLParser", "ΣΊΣΥΦΟΣ", "\u0301abc", "(\u0301Abc", " Ab", "AB\u0301c", "ǅǅa",
+	"日本ABC", "Éa\u0301B", "x/\n/y", ".//\r\n", "\u02b0A\u02b0b", "A\u0300\u0300",
 }
 
 func TestPretokenizersMatchRegexp(t *testing.T) {
@@ -37,6 +39,7 @@ func TestPretokenizersMatchRegexp(t *testing.T) {
 		{"gpt2", patternGPT2, splitGPT2},
 		{"llama3", patternLlama3, splitLlama3},
 		{"tiktoken_v1", patternTikTokenV1, splitTikTokenV1},
+		{"tiktoken_v2", patternTikTokenV2, splitTikTokenV2},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			// Wrapped so that regexp2 interprets it: tiktoken-go registers a
@@ -75,7 +78,7 @@ func FuzzPretokenizers(f *testing.F) {
 	for _, p := range []struct {
 		pattern string
 		split   splitFunc
-	}{{patternGPT2, splitGPT2}, {patternLlama3, splitLlama3}, {patternTikTokenV1, splitTikTokenV1}} {
+	}{{patternGPT2, splitGPT2}, {patternLlama3, splitLlama3}, {patternTikTokenV1, splitTikTokenV1}, {patternTikTokenV2, splitTikTokenV2}} {
 		pairs = append(pairs, pair{byRegexp(regexp2.MustCompile("(?:"+p.pattern+")", regexp2.None)), byRule(p.split)})
 	}
 	f.Fuzz(func(t *testing.T, s string) {

@@ -6,8 +6,6 @@ import (
 	"fmt"
 	"os"
 	"slices"
-
-	"github.com/dlclark/regexp2/v2"
 )
 
 // TikTokenOptions are Megatron's TikTokenizer flags.
@@ -64,7 +62,7 @@ func ParseTikToken(vocabJSON []byte, o TikTokenOptions) (*TikToken, error) {
 	case "v1":
 		t.split = byRule(splitTikTokenV1)
 	case "v2":
-		t.split = byRegexp(regexp2.MustCompile(patternTikTokenV2, regexp2.None))
+		t.split = byRule(splitTikTokenV2)
 	default:
 		return nil, configErr("--tiktoken-pattern %q: want v1 or v2", o.Pattern)
 	}
