@@ -69,8 +69,20 @@ func combine[T number](a, b T, op ReduceOp) T {
 	return a + b
 }
 
+// addF32Ref is the reference of addF32 (reduce_amd64.s).
+func addF32Ref(d, s []float32) {
+	s = s[:len(d)]
+	for i := range d {
+		d[i] += s[i]
+	}
+}
+
 func accumulate[T number](d, s []T, op ReduceOp) {
 	s = s[:len(d)]
+	if f, ok := any(d).([]float32); ok && (op == Sum || op == Avg) {
+		addF32(f, any(s).([]float32))
+		return
+	}
 	switch op {
 	case Sum, Avg:
 		for i := range d {

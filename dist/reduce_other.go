@@ -1,0 +1,6 @@
+//go:build !amd64
+
+package dist
+
+// addF32 sets d[i] += s[i] for i < len(d) (len(s) ≥ len(d)).
+func addF32(d, s []float32) { addF32Ref(d, s) }
