@@ -1,6 +1,10 @@
 package tokenizer
 
-import "strings"
+import (
+	"strings"
+	"unicode"
+	"unicode/utf8"
+)
 
 // addedTokens finds special/added tokens (such as "<|endoftext|>") in text,
 // which are cut out before pre-tokenization and map straight to their ids.
@@ -13,6 +17,10 @@ type addedTokens struct {
 type addedToken struct {
 	text string
 	id   int
+	// Hugging Face's AddedToken flags: lstrip and rstrip take the
+	// whitespace before/after the token into it; singleWord matches only
+	// where no word character touches the token.
+	lstrip, rstrip, singleWord bool
 }
 
 func newAddedTokens(toks []addedToken) *addedTokens {
@@ -32,17 +40,40 @@ func newAddedTokens(toks []addedToken) *addedTokens {
 	return a
 }
 
+// isWordRune is a word character for single_word tokens.
+func isWordRune(r rune) bool {
+	return r == '_' || unicode.IsLetter(r) || unicode.IsDigit(r)
+}
+
 // next returns the first added token in s at or after i: its start, end and
-// id, or start = -1.
+// id, or start = -1. With lstrip/rstrip the span includes the whitespace
+// around the token (never before i).
 func (a *addedTokens) next(s string, i int) (start, end, id int) {
 	if a == nil || !a.any {
 		return -1, -1, -1
 	}
+	from := i
 	for ; i < len(s); i++ {
 		for _, t := range a.byFirst[s[i]] {
-			if strings.HasPrefix(s[i:], t.text) {
-				return i, i + len(t.text), t.id
+			if !strings.HasPrefix(s[i:], t.text) {
+				continue
 			}
+			e := i + len(t.text)
+			if t.singleWord {
+				before, _ := utf8.DecodeLastRuneInString(s[:i])
+				after, _ := utf8.DecodeRuneInString(s[e:])
+				if (i > 0 && isWordRune(before)) || (e < len(s) && isWordRune(after)) {
+					continue
+				}
+			}
+			st := i
+			if t.lstrip {
+				st = from + len(strings.TrimRightFunc(s[from:i], unicode.IsSpace))
+			}
+			if t.rstrip {
+				e = len(s) - len(strings.TrimLeftFunc(s[e:], unicode.IsSpace))
+			}
+			return st, e, t.id
 		}
 	}
 	return -1, -1, -1

@@ -56,7 +56,7 @@ func ParseGPT2(vocabJSON, mergesTxt []byte, vocabName, mergesName string) (*GPT2
 		return nil, fmt.Errorf("tokenizer: %s: no %q token (GPT2BPETokenizer's EOD)", vocabName, GPT2EndOfText)
 	}
 	m := newByteBPE(vocab, merges, byRule(splitGPT2), eod) // GPT-2's unk_token is <|endoftext|>
-	m.added = newAddedTokens([]addedToken{{GPT2EndOfText, eod}})
+	m.added = newAddedTokens([]addedToken{{text: GPT2EndOfText, id: eod}})
 	return &GPT2{bpe: m, eod: eod, n: len(vocab)}, nil
 }
 

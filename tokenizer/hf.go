@@ -23,8 +23,9 @@ import (
 // ByteLevel; decoders ByteLevel, Metaspace, Replace, ByteFallback, Fuse,
 // Strip, WordPiece, Sequence. Others (Unigram models, BPE subword prefixes
 // and suffixes, Split with invert) are rejected by LoadHuggingFace with an
-// error. Added tokens match their exact content: their lstrip, rstrip,
-// single_word and normalized flags are not applied.
+// error. Added tokens match the text before normalization, with their
+// lstrip, rstrip and single_word flags; the normalized flag is not applied
+// (a normalized=true token is not searched for in the normalized text).
 type HuggingFace struct {
 	added     *addedTokens
 	norm      []hfNormalizer
@@ -72,9 +73,12 @@ func LoadHuggingFace(path string) (*HuggingFace, error) {
 
 type hfFile struct {
 	AddedTokens []struct {
-		ID      int    `json:"id"`
-		Content string `json:"content"`
-		Special bool   `json:"special"`
+		ID         int    `json:"id"`
+		Content    string `json:"content"`
+		Special    bool   `json:"special"`
+		LStrip     bool   `json:"lstrip"`
+		RStrip     bool   `json:"rstrip"`
+		SingleWord bool   `json:"single_word"`
 	} `json:"added_tokens"`
 	Normalizer    json.RawMessage `json:"normalizer"`
 	PreTokenizer  json.RawMessage `json:"pre_tokenizer"`
@@ -115,7 +119,7 @@ func ParseHuggingFace(tokenizerJSON, configJSON []byte) (*HuggingFace, error) {
 		if a.ID < 0 || a.ID >= maxVocabID {
 			return nil, fmt.Errorf("added token %q has id %d, want 0 ≤ id < %d", a.Content, a.ID, maxVocabID)
 		}
-		added = append(added, addedToken{a.Content, a.ID})
+		added = append(added, addedToken{text: a.Content, id: a.ID, lstrip: a.LStrip, rstrip: a.RStrip, singleWord: a.SingleWord})
 		vocab[a.Content] = a.ID
 		if a.Special {
 			t.special[a.ID] = true

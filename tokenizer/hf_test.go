@@ -118,3 +118,33 @@ func TestHuggingFaceConfigSpecials(t *testing.T) {
 		}
 	}
 }
+
+// TestHuggingFaceAddedTokenFlags: lstrip/rstrip take the surrounding
+// whitespace into the token; single_word skips matches inside words.
+func TestHuggingFaceAddedTokenFlags(t *testing.T) {
+	cfg := `{"added_tokens":[
+		{"id":10,"content":"<m>","special":true,"lstrip":true,"rstrip":false,"single_word":false},
+		{"id":11,"content":"<r>","special":true,"lstrip":false,"rstrip":true,"single_word":false},
+		{"id":12,"content":"ab","special":false,"lstrip":false,"rstrip":false,"single_word":true}],
+		"pre_tokenizer":{"type":"WhitespaceSplit"},
+		"model":{"type":"WordPiece","unk_token":"[UNK]","vocab":{"[UNK]":0,"x":1,"y":2,"ab":3,"##ab":4,"xab":5}}}`
+	tok, err := ParseHuggingFace([]byte(cfg), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		text string
+		want []int
+	}{
+		{"x  <m> y", []int{1, 10, 2}},
+		{"x <r>   y", []int{1, 11, 2}},
+		{"x ab y", []int{1, 12, 2}},
+		// "ab" inside a word is text, as the Rust library's single_word;
+		// tokenizers.js 0.2.0 ignores single_word and gives [1 12 2].
+		{"xab y", []int{5, 2}},
+	} {
+		if got := tok.Encode(tc.text); !slices.Equal(got, tc.want) {
+			t.Errorf("Encode(%q) = %v, want %v", tc.text, got, tc.want)
+		}
+	}
+}

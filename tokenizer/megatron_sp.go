@@ -62,7 +62,7 @@ func NewMegatronSentencePiece(sp *SentencePiece, extraIDs int) *MegatronSentence
 			vocab[tok] = id
 		}
 		if _, dup := t.bySpecID[id]; !dup {
-			t.special = append(t.special, addedToken{tok, id})
+			t.special = append(t.special, addedToken{text: tok, id: id})
 		}
 		t.bySpecID[id] = tok
 		return id

@@ -80,7 +80,7 @@ func ParseSentencePiece(model []byte) (*SentencePiece, error) {
 		case spUnknown:
 			unk = i
 		case spUserDefined:
-			user = append(user, addedToken{p.piece, i})
+			user = append(user, addedToken{text: p.piece, id: i})
 		case spByte:
 			var b int
 			if _, err := fmt.Sscanf(p.piece, "<0x%02X>", &b); err != nil || b > 255 {
