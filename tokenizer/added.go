@@ -42,7 +42,7 @@ func newAddedTokens(toks []addedToken) *addedTokens {
 
 // isWordRune is a word character for single_word tokens.
 func isWordRune(r rune) bool {
-	return r == '_' || unicode.IsLetter(r) || unicode.IsDigit(r)
+	return r == '_' || unicode.IsLetter(r) || unicode.IsNumber(r)
 }
 
 // next returns the first added token in s at or after i: its start, end and
