@@ -51,7 +51,8 @@ type hfModel interface {
 
 // LoadHuggingFace reads tokenizer.json (--tokenizer-model: the file or the
 // directory holding it). A tokenizer_config.json beside it supplies the
-// bos/eos/pad tokens; without one, well-known names are tried.
+// bos/eos/pad tokens (without one, well-known names are tried) and, for
+// Llama and Gemma tokenizer classes, add_bos_token/add_eos_token.
 func LoadHuggingFace(path string) (*HuggingFace, error) {
 	if st, err := os.Stat(path); err == nil && st.IsDir() {
 		path = filepath.Join(path, "tokenizer.json")
@@ -140,7 +141,35 @@ func ParseHuggingFace(tokenizerJSON, configJSON []byte) (*HuggingFace, error) {
 		return nil, fmt.Errorf("post_processor: %w", err)
 	}
 	t.findSpecials(vocab, configJSON)
+	t.llamaTemplate(configJSON)
 	return t, nil
+}
+
+// llamaTemplate applies transformers' LlamaTokenizerFast and
+// GemmaTokenizerFast rule: their post-processor is rebuilt from
+// tokenizer_config.json's add_bos_token (default true) and add_eos_token
+// (default false), whatever tokenizer.json says.
+func (t *HuggingFace) llamaTemplate(configJSON []byte) {
+	var cfg struct {
+		Class  string `json:"tokenizer_class"`
+		AddBOS *bool  `json:"add_bos_token"`
+		AddEOS *bool  `json:"add_eos_token"`
+	}
+	if configJSON == nil || json.Unmarshal(configJSON, &cfg) != nil {
+		return
+	}
+	switch strings.TrimSuffix(cfg.Class, "Fast") {
+	case "LlamaTokenizer", "CodeLlamaTokenizer", "GemmaTokenizer":
+	default:
+		return
+	}
+	t.template = []hfTemplatePart{{sequence: true}}
+	if (cfg.AddBOS == nil || *cfg.AddBOS) && t.bos >= 0 {
+		t.template = append([]hfTemplatePart{{id: t.bos}}, t.template...)
+	}
+	if cfg.AddEOS != nil && *cfg.AddEOS && t.eos >= 0 {
+		t.template = append(t.template, hfTemplatePart{id: t.eos})
+	}
 }
 
 // findSpecials sets bos/eos/pad from tokenizer_config.json or, without one,

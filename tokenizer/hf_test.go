@@ -148,3 +148,34 @@ func TestHuggingFaceAddedTokenFlags(t *testing.T) {
 		}
 	}
 }
+
+// TestHuggingFaceLlamaConfig: for Llama tokenizer classes,
+// tokenizer_config.json's add_bos_token/add_eos_token decide Tokenize's
+// special tokens, as transformers' LlamaTokenizerFast.
+func TestHuggingFaceLlamaConfig(t *testing.T) {
+	fx := hfFixtures(t)
+	for _, tc := range []struct {
+		config      string
+		first, last int // -1: none added
+	}{
+		{`{"tokenizer_class": "LlamaTokenizer"}`, 1, -1},
+		{`{"tokenizer_class": "LlamaTokenizer", "add_bos_token": false, "add_eos_token": true}`, -1, 2},
+		{`{"tokenizer_class": "PreTrainedTokenizerFast", "add_bos_token": false}`, 1, -1}, // tokenizer.json's template
+	} {
+		tok, err := ParseHuggingFace(fx["llama2"], []byte(tc.config))
+		if err != nil {
+			t.Fatal(err)
+		}
+		enc, got := tok.Encode("hi"), tok.Tokenize("hi")
+		want := slices.Clone(enc)
+		if tc.first >= 0 {
+			want = append([]int{tc.first}, want...)
+		}
+		if tc.last >= 0 {
+			want = append(want, tc.last)
+		}
+		if !slices.Equal(got, want) {
+			t.Errorf("%s: Tokenize = %v, want %v", tc.config, got, want)
+		}
+	}
+}
