@@ -29,9 +29,8 @@ type SentencePiece struct {
 	words bool
 	cache *wordCache
 	// unigram
-	trie     map[uint64]int32 // (node<<8 | byte) → child node; the root is 0
-	nodeID   []int32          // node → piece id, -1 when no piece ends there
-	minScore float32          // of NORMAL pieces
+	trie     spTrie
+	minScore float32 // of NORMAL pieces
 	maxScore float32
 }
 

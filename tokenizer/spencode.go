@@ -2,6 +2,7 @@ package tokenizer
 
 import (
 	"math"
+	"slices"
 	"strings"
 )
 
@@ -114,10 +115,39 @@ func (c spCand) less(o spCand) bool {
 	return c.left < o.left
 }
 
+// spTrie is a byte trie over the pieces: the root's children in a table,
+// the other nodes' children as sorted runs of edges.
+type spTrie struct {
+	root  [256]int32 // byte → child of the root, 0 when none
+	first []int32    // node → index of its first edge
+	count []int32    // node → number of edges
+	label []byte     // edge → byte
+	child []int32    // edge → node
+	id    []int32    // node → piece id, -1 when no piece ends there
+}
+
+// step returns the child of node for byte b, or 0.
+func (t *spTrie) step(node int32, b byte) int32 {
+	if node == 0 {
+		return t.root[b]
+	}
+	lo, hi := t.first[node], t.first[node]+t.count[node]
+	for e := lo; e < hi; e++ {
+		if t.label[e] == b {
+			return t.child[e]
+		}
+	}
+	return 0
+}
+
 // initUnigram builds the piece trie and the score range.
 func (sp *SentencePiece) initUnigram() {
-	sp.trie = map[uint64]int32{}
-	sp.nodeID = []int32{-1}
+	type key struct {
+		node int32
+		b    byte
+	}
+	children := map[key]int32{}
+	ids := []int32{-1}
 	sp.minScore, sp.maxScore = math.MaxFloat32, math.SmallestNonzeroFloat32
 	for i, p := range sp.m.pieces {
 		if p.typ == spNormal {
@@ -129,18 +159,44 @@ func (sp *SentencePiece) initUnigram() {
 		}
 		node := int32(0)
 		for k := 0; k < len(p.piece); k++ {
-			key := uint64(node)<<8 | uint64(p.piece[k])
-			child, ok := sp.trie[key]
+			c, ok := children[key{node, p.piece[k]}]
 			if !ok {
-				child = int32(len(sp.nodeID))
-				sp.nodeID = append(sp.nodeID, -1)
-				sp.trie[key] = child
+				c = int32(len(ids))
+				ids = append(ids, -1)
+				children[key{node, p.piece[k]}] = c
 			}
-			node = child
+			node = c
 		}
-		if sp.nodeID[node] < 0 { // the first of duplicate pieces wins
-			sp.nodeID[node] = int32(i)
+		if ids[node] < 0 { // the first of duplicate pieces wins
+			ids[node] = int32(i)
 		}
+	}
+	t := &sp.trie
+	t.id = ids
+	t.first = make([]int32, len(ids))
+	t.count = make([]int32, len(ids))
+	edges := make([]key, 0, len(children))
+	for k := range children {
+		edges = append(edges, k)
+	}
+	slices.SortFunc(edges, func(a, b key) int {
+		if a.node != b.node {
+			return int(a.node - b.node)
+		}
+		return int(a.b) - int(b.b)
+	})
+	for _, e := range edges {
+		c := children[e]
+		if e.node == 0 {
+			t.root[e.b] = c
+			continue
+		}
+		if t.count[e.node] == 0 {
+			t.first[e.node] = int32(len(t.label))
+		}
+		t.count[e.node]++
+		t.label = append(t.label, e.b)
+		t.child = append(t.child, c)
 	}
 }
 
@@ -166,12 +222,11 @@ func (sp *SentencePiece) encodeUnigram(norm string) []spSpan {
 		single := false
 		node := int32(0)
 		for k := at; k < size; k++ {
-			child, ok := sp.trie[uint64(node)<<8|uint64(norm[k])]
-			if !ok {
+			node = sp.trie.step(node, norm[k])
+			if node == 0 {
 				break
 			}
-			node = child
-			id := sp.nodeID[node]
+			id := sp.trie.id[node]
 			if id < 0 || sp.m.pieces[id].typ == spUnused {
 				continue
 			}
