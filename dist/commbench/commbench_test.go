@@ -1,0 +1,70 @@
+package commbench_test
+
+import (
+	"bytes"
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/gotron/gotron/dist"
+	"github.com/gotron/gotron/dist/commbench"
+	"github.com/gotron/gotron/dist/inproc"
+)
+
+func TestBusFactor(t *testing.T) {
+	cases := []struct {
+		op   string
+		n    int
+		want float64
+	}{
+		{"all_reduce", 4, 1.5}, {"all_reduce", 2, 1}, {"all_reduce", 1, 0},
+		{"reduce_scatter", 4, 0.75}, {"all_gather", 8, 0.875}, {"all_to_all", 2, 0.5},
+		{"broadcast", 8, 1}, {"reduce", 3, 1}, {"sendrecv", 5, 1},
+	}
+	for _, c := range cases {
+		if got := commbench.BusFactor(c.op, c.n); got != c.want {
+			t.Errorf("BusFactor(%s, %d) = %v, want %v", c.op, c.n, got, c.want)
+		}
+	}
+}
+
+// TestRun times every op on 3 inproc ranks with a fake clock that advances
+// 1 ms per reading, so the numbers are exact.
+func TestRun(t *testing.T) {
+	var results [3][]commbench.Result
+	err := inproc.Run(t.Context(), 3, func(ctx context.Context, pg dist.ProcessGroup) error {
+		now := time.Unix(0, 0)
+		cfg := commbench.Config{Ops: commbench.Ops, MinBytes: 8, MaxBytes: 64, MaxIters: 4,
+			Now: func() time.Time { now = now.Add(time.Millisecond); return now }}
+		r, err := commbench.Run(ctx, pg, cfg)
+		results[pg.Rank()] = r
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := results[0]
+	// Sizes 8..64 bytes: 4 rows per op, except the ops splitting over 3
+	// ranks, which skip 8 bytes (2 floats < 3 ranks).
+	if len(r) != 4*len(commbench.Ops)-3 {
+		t.Fatalf("%d rows, want %d: %+v", len(r), 4*len(commbench.Ops)-3, r)
+	}
+	for _, x := range r {
+		// Each timing spans exactly two clock readings: 1 ms for all iters.
+		if want := 1e-3 / float64(x.Iters); x.Seconds != want {
+			t.Errorf("%s %d B: %v s per op, want %v", x.Op, x.Bytes, x.Seconds, want)
+		}
+		if x.BusBW != x.AlgBW*commbench.BusFactor(x.Op, 3) || x.AlgBW != float64(x.Bytes)/x.Seconds {
+			t.Errorf("%s %d B: bandwidths %v %v inconsistent", x.Op, x.Bytes, x.AlgBW, x.BusBW)
+		}
+	}
+	var out bytes.Buffer
+	commbench.Format(&out, r)
+	if !strings.Contains(out.String(), "# sendrecv") || !strings.Contains(out.String(), "busbw(GB/s)") {
+		t.Errorf("format:\n%s", out.String())
+	}
+	if err := (commbench.Config{Ops: []string{"allreduce"}}).Validate(); err == nil {
+		t.Error("unknown op accepted")
+	}
+}
