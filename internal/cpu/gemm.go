@@ -229,54 +229,67 @@ func (j *gemmJob) blockKernel(w *gemmWork, bpack []float32, direct bool, bi, ic,
 	}
 }
 
-// gemmShared is part p's share of a job in splitShared mode, where all
-// parts work on one item at a time and share each packed B panel: they take
-// groups of its strips to pack from a counter, meet at a barrier, then take
-// mc-row blocks of A from another counter (each packing its own block: nothing is packed
-// twice, and a part slowed by other processes simply takes fewer blocks),
-// and meet again before the panel is overwritten.
+// gemmShared is part p's share of a job in splitShared mode. The job is a
+// sequence of steps, one per (item, kc×nc panel of op(B)); each step has
+// the same number of mc-row blocks of op(A). Part 0 (the caller) packs
+// each step's B panel, alternating between two buffers, and publishes it;
+// every part, part 0 included, takes (step, block) tickets from one
+// counter, waits until the ticket's panel is published, packs its A block
+// and runs the kernels. Before part 0 overwrites a buffer it waits until
+// all blocks of the step that used it are done, and a block of a later k
+// block (pc > 0) waits until the previous step is done, since it adds into
+// the same C. Nothing is packed twice, and a worker that the OS starts
+// late just finds fewer tickets left instead of holding up a barrier.
 func (j *gemmJob) gemmShared(p int) {
 	ks := &j.ks
 	w := &j.work[p]
 	blocks := uint64(ceilDiv(j.m, j.mcShared))
-	// Every part walks the same steps, so each knows where a step's
-	// tickets start: where the previous step's ended.
-	var packBase, blockBase uint64
-	for bi := 0; bi < j.batch; bi++ {
-		b := j.b[bi*j.strideB:]
-		for jc := 0; jc < j.n; jc += ks.nc {
-			nc := min(ks.nc, j.n-jc)
-			groups := uint64(ceilDiv(nc, sharedPackCols))
-			for pc := 0; pc < j.k; pc += ks.kc {
-				kc := min(ks.kc, j.k-pc)
-				for {
-					t, ok := j.nextPack.take(packBase + groups)
-					if !ok {
-						break
-					}
-					c0 := int(t-packBase) * sharedPackCols
-					packBPanel(ks, j.bshared[c0*kc:], j.tB, b, j.ldb, pc, jc+c0, kc, min(sharedPackCols, nc-c0))
-				}
-				packBase += groups
-				j.bar.wait(j.parts)
-				for {
-					t, ok := j.nextBlock.take(blockBase + blocks)
-					if !ok {
-						break
-					}
-					ic := int(t-blockBase) * j.mcShared
-					j.blockKernel(w, j.bshared, false, bi, ic, min(j.mcShared, j.m-ic), jc, nc, pc, kc)
-				}
-				blockBase += blocks
-				j.bar.wait(j.parts)
+	nJC, nPC := ceilDiv(j.n, ks.nc), ceilDiv(j.k, ks.kc)
+	steps := uint64(j.batch * nJC * nPC)
+	// step returns item, column and k offsets of step s.
+	step := func(s uint64) (bi, jc, pc int) {
+		r := int(s) % (nJC * nPC)
+		return int(s) / (nJC * nPC), r / nPC * ks.nc, r % nPC * ks.kc
+	}
+	run := func(t uint64) {
+		s := t / blocks
+		j.ready.waitFor(s + 1)
+		bi, jc, pc := step(s)
+		if pc > 0 {
+			// Accumulating into C: the previous k block of these rows (step
+			// s-1) must be written first.
+			j.done.waitFor(s)
+		}
+		ic := int(t%blocks) * j.mcShared
+		nc, kc := min(ks.nc, j.n-jc), min(ks.kc, j.k-pc)
+		j.blockKernel(w, j.bshared[s%2], false, bi, ic, min(j.mcShared, j.m-ic), jc, nc, pc, kc)
+		j.done.stepDone(s, int(blocks))
+	}
+	if p != 0 {
+		for {
+			t, ok := j.nextBlock.take(steps * blocks)
+			if !ok {
+				return
 			}
+			run(t)
+		}
+	}
+	for s := uint64(0); s < steps; s++ {
+		if s >= 2 {
+			j.done.waitFor(s - 1) // steps ≤ s-2 (which used this buffer) are finished
+		}
+		bi, jc, pc := step(s)
+		packBPanel(ks, j.bshared[s%2], j.tB, j.b[bi*j.strideB:], j.ldb, pc, jc, min(ks.kc, j.k-pc), min(ks.nc, j.n-jc))
+		j.ready.add(1)
+		for {
+			t, ok := j.nextBlock.take((s + 1) * blocks)
+			if !ok {
+				break
+			}
+			run(t)
 		}
 	}
 }
-
-// sharedPackCols is how many columns of a shared B panel one ticket packs
-// (a multiple of every kernel set's nr).
-const sharedPackCols = 128
 
 // maxDotRows is the most rows of C computed by dot products (each row
 // streams all of B once; the packed path streams it once in total).

@@ -46,13 +46,13 @@ type gemmJob struct {
 	work   []gemmWork
 	wg     sync.WaitGroup
 
-	// splitShared state: the packed B panel all parts read, the A block
-	// height, the next B strip group and A block to take, and the barrier
-	// between phases.
-	bshared             []float32
-	mcShared            int
-	nextPack, nextBlock ticket
-	bar                 barrier
+	// nextBlock hands out tickets (chunks, or A blocks in splitShared).
+	nextBlock ticket
+	// splitShared state: two B panel buffers, the A block height, and
+	// gates counting published panels and finished A blocks.
+	bshared     [2][]float32
+	mcShared    int
+	ready, done gate
 }
 
 // ticket hands out consecutive numbers up to a limit.
@@ -71,45 +71,67 @@ func (t *ticket) take(limit uint64) (uint64, bool) {
 	}
 }
 
-// barrier is a reusable barrier for the parts of one job: waiters spin
-// briefly (phases are short and the parts usually arrive together), then
-// sleep on a condition variable so that a part descheduled by the OS does
-// not make the others burn its CPU.
-type barrier struct {
-	arrived atomic.Int32
-	gen     atomic.Uint64 // barriers completed
-	mu      sync.Mutex
-	cond    sync.Cond
+// gate is a counter that goroutines can wait on: waitFor(v) returns once
+// the counter reaches v. Waiters spin briefly (the counter usually moves
+// within microseconds), then sleep on a condition variable, so a part
+// descheduled by the OS does not make the others burn its CPU.
+type gate struct {
+	v        atomic.Uint64
+	sleepers atomic.Int32
+	mu       sync.Mutex // protects perStep; held to sleep and to wake
+	cond     sync.Cond
+	perStep  [4]int // finished blocks per unfinished step, by step mod 4
 }
 
-// reset prepares the barrier for a new job; no goroutine may be waiting.
-func (b *barrier) reset() {
-	b.arrived.Store(0)
-	b.gen.Store(0)
-	b.cond.L = &b.mu
+// reset prepares the gate for a new job; no goroutine may be waiting.
+func (g *gate) reset() {
+	g.v.Store(0)
+	g.cond.L = &g.mu
+	g.perStep = [4]int{}
 }
 
-// wait blocks until n goroutines have called it.
-func (b *barrier) wait(n int) {
-	g := b.gen.Load()
-	if int(b.arrived.Add(1)) == n {
-		b.arrived.Store(0)
-		b.mu.Lock()
-		b.gen.Store(g + 1)
-		b.cond.Broadcast()
-		b.mu.Unlock()
-		return
+// stepDone records that one of the blocks of step s is finished. The
+// counter is the number of leading steps whose blocks are all finished
+// (blocks finish out of order across steps). At most four steps may be
+// unfinished at once: gemmShared publishes step s only after step s-2 is
+// finished.
+func (g *gate) stepDone(s uint64, blocks int) {
+	g.mu.Lock()
+	g.perStep[s%4]++
+	v := g.v.Load()
+	for g.perStep[v%4] == blocks {
+		g.perStep[v%4] = 0
+		v++
 	}
+	g.v.Store(v)
+	g.cond.Broadcast()
+	g.mu.Unlock()
+}
+
+// add advances the counter by d and wakes sleepers.
+func (g *gate) add(d uint64) {
+	g.v.Add(d)
+	if g.sleepers.Load() > 0 {
+		g.mu.Lock()
+		g.cond.Broadcast()
+		g.mu.Unlock()
+	}
+}
+
+// waitFor blocks until the counter is at least v.
+func (g *gate) waitFor(v uint64) {
 	for range 4000 { // a few microseconds
-		if b.gen.Load() != g {
+		if g.v.Load() >= v {
 			return
 		}
 	}
-	b.mu.Lock()
-	for b.gen.Load() == g {
-		b.cond.Wait()
+	g.mu.Lock()
+	g.sleepers.Add(1)
+	for g.v.Load() < v {
+		g.cond.Wait()
 	}
-	b.mu.Unlock()
+	g.sleepers.Add(-1)
+	g.mu.Unlock()
 }
 
 // minPartFMAs is the least work (multiply-adds) worth a goroutine of its
@@ -136,8 +158,8 @@ func (j *gemmJob) plan(threads int) {
 		// Enough rows for every part to take several A blocks.
 		j.mode = splitShared
 		j.mcShared = min(ks.mc, ceilDiv(ceilDiv(j.m, 4*parts), ks.mr)*ks.mr)
-		j.nextPack.v.Store(0)
-		j.bar.reset()
+		j.ready.reset()
+		j.done.reset()
 	case j.m <= j.n && unitsN >= parts, unitsM < parts && unitsN >= unitsM:
 		// Splitting columns makes every chunk pack all of A; splitting
 		// rows, all of B. Duplicate the smaller operand.
@@ -153,8 +175,11 @@ func (j *gemmJob) plan(threads int) {
 	j.nextBlock.v.Store(0)
 	if j.mode == splitShared {
 		kc := min(ks.kc, j.k)
-		if need := kc * ceilDiv(min(ks.nc, j.n), ks.nr) * ks.nr; len(j.bshared) < need {
-			j.bshared = alignedFloats(need)
+		need := kc * ceilDiv(min(ks.nc, j.n), ks.nr) * ks.nr
+		for i := range j.bshared {
+			if len(j.bshared[i]) < need {
+				j.bshared[i] = alignedFloats(need)
+			}
 		}
 	}
 	if len(j.work) < parts {
