@@ -373,3 +373,14 @@ func TestSgemmPanics(t *testing.T) {
 		}()
 	}
 }
+
+// ExampleSgemm multiplies a 2×3 matrix by the transpose of a 2×3 matrix
+// (a linear layer y = x·Wᵀ with W stored out×in, as PyTorch stores it).
+func ExampleSgemm() {
+	x := []float32{1, 2, 3, 4, 5, 6}   // 2×3: two tokens, three features
+	w := []float32{1, 0, 1, 0, 1, 0}   // 2×3: two outputs, three inputs
+	y := []float32{0.5, 0.5, 0.5, 0.5} // 2×2, accumulated into (beta = 1)
+	Sgemm(NoTrans, Trans, 2, 2, 3, 1, x, 3, w, 3, 1, y, 2)
+	fmt.Println(y)
+	// Output: [4.5 2.5 10.5 5.5]
+}
