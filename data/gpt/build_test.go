@@ -232,3 +232,39 @@ func TestCacheIsNeverStale(t *testing.T) {
 		t.Errorf("cache not rewritten: %v", err)
 	}
 }
+
+// With KeepLastPartialValidation the valid split of the toy dataset (14
+// tokens, L=8, x=1) has ceil(13/8) = 2 samples; the partial one is padded
+// with token 0 and loss mask 0.
+func TestKeepLastPartialValidation(t *testing.T) {
+	dir := t.TempDir()
+	prefix := writeToy(t, dir)
+	ds, err := Build(context.Background(), Config{SeqLength: 8, Seed: 1234, Split: "80,20,0", Blend: Blend{Prefixes: []string{prefix}},
+		NumSamples: [3]int64{3, AllSamples, 0}, EOD: 99, NoCache: true, KeepLastPartialValidation: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ds.Close()
+	if ds.Valid.Len() != 2 {
+		t.Fatalf("valid length %d, want 2", ds.Valid.Len())
+	}
+	var padded int
+	for i := range 2 {
+		s, err := ds.Valid.Sample(i)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for j, m := range s.LossMask {
+			if m == 0 {
+				padded++
+				if s.Labels[j] != 0 {
+					t.Errorf("padded label %d", s.Labels[j])
+				}
+			}
+		}
+	}
+	// 13 tokens are inputs in total; 16 − 13 = 3 label positions are padding.
+	if padded != 3 {
+		t.Errorf("%d padded positions, want 3", padded)
+	}
+}

@@ -2,7 +2,6 @@ package gpt
 
 import (
 	"fmt"
-	"slices"
 	"testing"
 )
 
@@ -124,17 +123,42 @@ func TestSplitParsing(t *testing.T) {
 	}
 }
 
+// x = 0 and a kept last partial validation sample: tpe = 14 (sequences 8, 9
+// of lengths 9 and 5), L = 4 → ceil(14/4) = 4 samples, the last with 2 real
+// tokens and 2 pads.
 func TestNoExtraTokenAndPartialValidation(t *testing.T) {
-	// x=0: samples tile the stream exactly; with DropLast=false the last
-	// partial sample is kept: tpe=14, L=4 → ceil(14/4)=4 samples.
 	x, err := BuildIndices(specSizes, span(8, 10), IndexParams{NumSamples: AllSamples, SeqLength: 4, Seed: 1, DropLast: false})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if x.NumSamples() != 4 {
-		t.Fatalf("S = %d, want 4", x.NumSamples())
+	if got := pairs(x.SampleIndex); got != "[[0,0],[0,4],[0,8],[1,3],[1,5]]" {
+		t.Errorf("sample_index %s", got)
 	}
-	if !slices.Equal(x.ShuffleIndex, []int64{0, 1, 2, 3}) && len(x.ShuffleIndex) != 4 {
-		t.Fatalf("shuffle %v", x.ShuffleIndex)
+	if x.NumSamples() != 4 || len(x.ShuffleIndex) != 4 {
+		t.Fatalf("S = %d, shuffle %v", x.NumSamples(), x.ShuffleIndex)
+	}
+}
+
+func TestMakeSample(t *testing.T) {
+	const eod = 9
+	text := []int32{1, 2, eod, 3, eod, 4, PadID, PadID, PadID}
+	s := makeSample(text, 8, 1, eod, MaskOptions{ResetPositionIDs: true, ResetAttentionMask: true, EODMaskLoss: true})
+	check := func(name string, got, want any) {
+		if fmt.Sprint(got) != fmt.Sprint(want) {
+			t.Errorf("%s = %v, want %v", name, got, want)
+		}
+	}
+	check("tokens", s.Tokens, []int32{1, 2, eod, 3, eod, 4, 0, 0})
+	check("labels", s.Labels, []int32{2, eod, 3, eod, 4, 0, 0, 0})
+	check("loss_mask", s.LossMask, []float32{1, 1, 0, 1, 0, 0, 0, 0})
+	check("position_ids", s.PositionIDs, []int32{0, 1, 2, 0, 1, 0, 1, 2})
+	check("doc_ids", s.DocIDs, []int32{0, 0, 0, 1, 1, 2, 2, 2})
+	// x = 0: labels are the tokens rolled by one, the last label is padding.
+	s = makeSample([]int32{5, 6, 7, 8}, 4, 0, eod, MaskOptions{})
+	check("x=0 labels", s.Labels, []int32{6, 7, 8, 0})
+	check("x=0 loss_mask", s.LossMask, []float32{1, 1, 1, 0})
+	check("x=0 position_ids", s.PositionIDs, []int32{0, 1, 2, 3})
+	if s.DocIDs != nil {
+		t.Error("DocIDs set without --reset-attention-mask")
 	}
 }

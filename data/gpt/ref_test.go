@@ -262,3 +262,90 @@ func negZero() float64 {
 	z := 0.0
 	return -z
 }
+
+// TestReferenceUnweightedBlend: --data-path a b c without weights; the train
+// split is sized min(N, Σ lengths), the valid split (N None) is exhaustive.
+func TestReferenceUnweightedBlend(t *testing.T) {
+	ref := loadRef(t)
+	var c refCase
+	if err := json.Unmarshal(ref["unweighted"], &c); err != nil {
+		t.Fatal(err)
+	}
+	var sizes [][]int
+	if err := json.Unmarshal(c.Sizes, &sizes); err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	cfg := c.config(t, dir)
+	for j, s := range sizes {
+		p := filepath.Join(dir, fmt.Sprintf("u%d", j))
+		writeRefDataset(t, p, c.Case.Vocab, c.Case.EOD, s)
+		cfg.Blend.Prefixes = append(cfg.Blend.Prefixes, p)
+	}
+	ds, err := Build(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ds.Close()
+	for si, sname := range []string{"train", "valid"} {
+		want := c.Splits[sname]
+		b := ds.Split(Split(si)).(*Blended)
+		var mids []int
+		for _, d := range b.Datasets {
+			mids = append(mids, d.Len())
+		}
+		if !slices.Equal(mids, want.MidLengths) || !slices.Equal(b.DatasetIndex, want.DatasetIndex) || !slices.Equal(b.DatasetSampleIndex, want.DatasetSampleIndex) {
+			t.Errorf("%s: lengths %v indices %v / %v\nwant %v %v / %v", sname, mids, b.DatasetIndex, b.DatasetSampleIndex, want.MidLengths, want.DatasetIndex, want.DatasetSampleIndex)
+		}
+		got := b.Description
+		for j := range sizes {
+			got = strings.ReplaceAll(got, filepath.Join(dir, fmt.Sprintf("u%d", j)), fmt.Sprintf("@PATH%d@", j))
+		}
+		if got != want.Desc {
+			t.Errorf("%s: description\n%s\nwant\n%s", sname, got, want.Desc)
+		}
+	}
+}
+
+// TestReferencePerSplit: --train-data-path a --valid-data-path b.
+func TestReferencePerSplit(t *testing.T) {
+	ref := loadRef(t)
+	var c refCase
+	if err := json.Unmarshal(ref["per_split"], &c); err != nil {
+		t.Fatal(err)
+	}
+	var sizes [][]int
+	if err := json.Unmarshal(c.Sizes, &sizes); err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	cfg := c.config(t, dir)
+	cfg.Split = ""
+	for j, s := range sizes {
+		p := filepath.Join(dir, fmt.Sprintf("s%d", j))
+		writeRefDataset(t, p, c.Case.Vocab, c.Case.EOD, s)
+		cfg.SplitBlends[j] = Blend{Prefixes: []string{p}}
+	}
+	ds, err := Build(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ds.Close()
+	if ds.Test != nil {
+		t.Error("test split built without --test-data-path")
+	}
+	for si, sname := range []string{"train", "valid"} {
+		want := c.Splits[sname]
+		d := ds.Split(Split(si)).(*Dataset)
+		var flat []int64
+		for _, r := range want.Smp {
+			flat = append(flat, r[0], r[1])
+		}
+		if !slices.Equal(d.Indices.DocumentIndex, want.Doc) || !slices.Equal(d.Indices.SampleIndex, flat) || !slices.Equal(d.Indices.ShuffleIndex, want.Shf) {
+			t.Errorf("%s: indices differ", sname)
+		}
+		if got := strings.ReplaceAll(d.Description, filepath.Join(dir, fmt.Sprintf("s%d", si)), fmt.Sprintf("@PATH%d@", si)); got != want.Desc {
+			t.Errorf("%s: description\n%s\nwant\n%s", sname, got, want.Desc)
+		}
+	}
+}

@@ -213,6 +213,68 @@ cases = {
     "blend3": run_blend(dict(members=[(40, 1, 30, 11), (25, 5, 60, 12), (60, 1, 9, 13)], weights=[5, 3, 2], split="98,2,0",
         L=8, seed=4321, num_samples=[200, 20, 0], vocab=1000, eod=999)),
 }
+def run_unweighted(case):
+    # --data-path p0 p1 p2 (no weights): mid-level datasets of one epoch;
+    # weights = their lengths; size min(N, sum) (normalized weights) or, for
+    # N None, the exhaustive blend over the lengths.
+    all_sizes = [doc_lengths(n, lo, hi, s) for (n, lo, hi, s) in case["members"]]
+    m = split_matrix(case["split"])
+    out = dict(case=case, sizes=all_sizes, splits={})
+    for si, name in enumerate(["train", "valid", "test"]):
+        if m[si] is None:
+            continue
+        lens, ids = [], []
+        for j, sizes in enumerate(all_sizes):
+            beg, end = int(round(m[si][0] * float(len(sizes)))), int(round(m[si][1] * float(len(sizes))))
+            d = gpt_dataset(case, sizes, "@PATH%d@" % j, list(range(beg, end)), None, name, case["split"], m)
+            lens.append(len(d["shf"])); ids.append(d["ids"])
+        N = case["num_samples"][si]
+        if N is not None:
+            size = min(N, sum(lens)); weights = normalize(lens)
+            di, dsi = build_blending_indices(weights, size)
+        else:
+            size = None; weights = lens
+            di, dsi = build_exhaustive(lens)
+        u = OrderedDict()
+        u["class"] = "BlendedDataset"; u["datasets"] = ids; u["split"] = name; u["weights"] = weights; u["size"] = size
+        out["splits"][name] = dict(mid_lengths=lens, dataset_index=di, dataset_sample_index=dsi, desc=json.dumps(u, indent=4))
+    return out
+
+def build_exhaustive(sizes):
+    total = sum(sizes)
+    weights = [s / float(total) for s in sizes]
+    counts = [0] * len(sizes)
+    unspent = set(range(len(sizes)))
+    di, dsi = [], []
+    s = 0
+    while unspent:
+        x = max(float(s), 1.0)
+        best, err = -1, -1.7976931348623157e308
+        for j in sorted(unspent):
+            e = weights[j] * x - counts[j]
+            if e > err:
+                best, err = j, e
+        di.append(best); dsi.append(counts[best]); counts[best] += 1
+        if sizes[best] - counts[best] == 0:
+            unspent.discard(best)
+        s += 1
+    return di, dsi
+
+def run_per_split(case):
+    # --train-data-path p0 --valid-data-path p1: whole datasets, split and
+    # split_matrix None in the description.
+    out = dict(case=case, sizes=[], splits={})
+    for si, (name, member) in enumerate(zip(["train", "valid"], case["members"])):
+        sizes = doc_lengths(*member)
+        out["sizes"].append(sizes)
+        d = gpt_dataset(case, sizes, "@PATH%d@" % si, list(range(len(sizes))), case["num_samples"][si], name, None, None)
+        out["splits"][name] = dict(doc=d["doc"], smp=d["smp"], shf=d["shf"], epochs=d["epochs"], separate=d["separate"], desc=d["desc"], items=[])
+    return out
+
+cases["unweighted"] = run_unweighted(dict(members=[(30, 5, 20, 21), (20, 5, 40, 22), (15, 4, 9, 23)], split="80,20,0",
+    L=8, seed=99, num_samples=[50, None, None], vocab=1000, eod=999))
+cases["per_split"] = run_per_split(dict(members=[(30, 1, 20, 31), (12, 3, 9, 32)], L=8, seed=5, num_samples=[70, 9, None],
+    vocab=1000, eod=999))
 # Python json.dumps corner cases for describe.go.
 cases["describe"] = [json.dumps(OrderedDict([("class", "X"), ("path", "/tmp/é\u2028\U0001F600\"\\\t\x01\x7f"), ("f", [1e-05, 1e16, 123456789.0, 0.1 + 0.2, 2.5, -0.0, 1.0]),
     ("empty", []), ("obj", OrderedDict()), ("none", None), ("t", True), ("n", -7)]), indent=4)]
