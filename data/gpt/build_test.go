@@ -268,3 +268,41 @@ func TestKeepLastPartialValidation(t *testing.T) {
 		t.Errorf("%d padded positions, want 3", padded)
 	}
 }
+
+// A cache whose sample index runs backwards (possible only if corrupted or
+// written for other data) is rejected and rebuilt, never read out of bounds.
+func TestCorruptSampleIndexCache(t *testing.T) {
+	dir := t.TempDir()
+	prefix := writeToy(t, dir)
+	cfg := Config{SeqLength: 8, Seed: 1234, Split: "80,20,0", Blend: Blend{Prefixes: []string{prefix}}, NumSamples: [3]int64{20, 3, 0}, EOD: 99}
+	ds, err := Build(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := ds.Train.(*Dataset).Indices.SampleIndex
+	ds.Close()
+	files, _ := filepath.Glob(filepath.Join(prefix, "cache", "GPTDataset_indices", "*-train-sample_index.npy"))
+	if len(files) != 1 {
+		t.Fatal(files)
+	}
+	bad := slices.Clone(want)
+	// Row 1 = (0, 5): in bounds of sequence 0 (5 tokens), but sample 0 would
+	// then need tokens [0, 6) of it.
+	bad[2], bad[3] = 0, 5
+	if err := writeNpy(files[0], "<i4", []int{len(bad) / 2, 2}, bad); err != nil {
+		t.Fatal(err)
+	}
+	ds, err = Build(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ds.Close()
+	if got := ds.Train.(*Dataset).Indices.SampleIndex; !slices.Equal(got, want) {
+		t.Errorf("corrupt cache was used: %v", got[:6])
+	}
+	for i := 0; i < ds.Train.Len(); i++ {
+		if _, err := ds.Train.Sample(i); err != nil {
+			t.Fatal(err)
+		}
+	}
+}

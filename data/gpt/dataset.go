@@ -177,11 +177,19 @@ func adoptIndices(arrs []*npyArray, sizes, indices []int32, p IndexParams) (*Ind
 		}
 		x.DocumentIndex[i] = int32(v)
 	}
+	// Rows walk forward through the token stream, and every row after the
+	// first points at the last token a sample uses, so Sample never reads
+	// outside a sequence.
+	var pd, po int64
 	for j := 0; j <= s; j++ {
 		di, off := smp.data[2*j], smp.data[2*j+1]
 		if di < 0 || int(di) >= len(doc.data) || off < 0 || off > int64(sizes[doc.data[di]]) {
 			return nil, false
 		}
+		if j > 0 && (di < pd || di == pd && off < po || off+int64(p.ExtraToken) > int64(sizes[doc.data[di]])) {
+			return nil, false
+		}
+		pd, po = di, off
 	}
 	for _, v := range shf.data {
 		if v < 0 || int(v) >= s {
