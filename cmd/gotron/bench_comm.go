@@ -225,8 +225,9 @@ func benchCommSpawn(ctx context.Context, env *cli, o *benchCommOpts, args []stri
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	cmds := make([]*exec.Cmd, o.nproc)
-	var copiers sync.WaitGroup
+	errs := make([]error, o.nproc)
+	var ranks sync.WaitGroup
+	stdout, stderr := &lockedWriter{w: env.stdout}, &lockedWriter{w: env.stderr}
 	for r := range o.nproc {
 		cmd := exec.CommandContext(ctx, exe, append([]string{"bench", "comm"}, args...)...)
 		cmd.Env = append(os.Environ(), "RANK="+strconv.Itoa(r), "LOCAL_RANK="+strconv.Itoa(r),
@@ -241,21 +242,38 @@ func benchCommSpawn(ctx context.Context, env *cli, o *benchCommOpts, args []stri
 			return err
 		}
 		if err := cmd.Start(); err != nil {
+			cancel()
+			ranks.Wait()
 			return fmt.Errorf("start rank %d (%s): %w", r, exe, err)
 		}
-		cmds[r] = cmd
-		copiers.Add(2)
-		go func() { defer copiers.Done(); io.Copy(env.stdout, out) }()
-		go func() { defer copiers.Done(); prefixLines(env.stderr, errOut, fmt.Sprintf("[rank %d] ", r)) }()
+		ranks.Add(1)
+		go func() {
+			defer ranks.Done()
+			var copiers sync.WaitGroup
+			copiers.Add(2)
+			go func() { defer copiers.Done(); io.Copy(stdout, out) }()
+			go func() { defer copiers.Done(); prefixLines(stderr, errOut, fmt.Sprintf("[rank %d] ", r)) }()
+			copiers.Wait() // Wait closes the pipes: read them to the end first
+			if err := cmd.Wait(); err != nil {
+				errs[r] = fmt.Errorf("rank %d: %w", r, err)
+				cancel() // the others would wait for this rank until their timeout
+			}
+		}()
 	}
-	copiers.Wait()
-	var errs []error
-	for r, cmd := range cmds {
-		if err := cmd.Wait(); err != nil {
-			errs = append(errs, fmt.Errorf("rank %d: %w", r, err))
-		}
-	}
+	ranks.Wait()
 	return errors.Join(errs...)
+}
+
+// lockedWriter serialises writes from the ranks' output copiers.
+type lockedWriter struct {
+	mu sync.Mutex
+	w  io.Writer
+}
+
+func (l *lockedWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(p)
 }
 
 func prefixLines(w io.Writer, r io.Reader, prefix string) {

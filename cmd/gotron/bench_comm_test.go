@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"fmt"
 	"math"
 	"net"
@@ -12,6 +13,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/gotron/gotron/dist/commbench"
 )
@@ -113,7 +115,6 @@ func TestBenchCommTCPProcesses(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer os.RemoveAll(filepath.Dir(bin))
 	cmd := exec.CommandContext(t.Context(), bin, "bench", "comm", "--backend", "tcp", "--nproc", "3", "--ops", "all",
 		"--min-bytes", "64", "--max-bytes", "256K", "--time-per-size", "0.001", "--memcpy-bytes", "1M",
 		"--loopback-bytes", "8M", "--timeout", "60s")
@@ -129,6 +130,34 @@ func TestBenchCommTCPProcesses(t *testing.T) {
 		}
 	}
 	checkCommTables(t, s, 3, commbench.Ops)
+}
+
+// TestBenchCommTCPRankFails: rank 0 cannot serve the store (the port is
+// taken), so it exits; the command must stop rank 1 at once (not after its
+// 5-minute timeout) and name rank 0.
+func TestBenchCommTCPRankFails(t *testing.T) {
+	bin, err := buildGotronForComm()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	port := strconv.Itoa(ln.Addr().(*net.TCPAddr).Port)
+	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, bin, "bench", "comm", "--backend", "tcp", "--nproc", "2", "--master-port", port, "--timeout", "5m")
+	var errb bytes.Buffer
+	cmd.Stderr = &errb
+	err = cmd.Run()
+	if ctx.Err() != nil {
+		t.Fatalf("still running after 60s: rank 1 was not stopped; stderr:\n%s", errb.String())
+	}
+	if err == nil || !strings.Contains(errb.String(), "rank 0") || !strings.Contains(errb.String(), "address already in use") {
+		t.Errorf("exit %v, stderr:\n%s\nwant a failure naming rank 0 and the busy address", err, errb.String())
+	}
 }
 
 func TestBenchCommBadFlags(t *testing.T) {
