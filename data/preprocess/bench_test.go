@@ -42,8 +42,8 @@ func gunzipFile(b *testing.B, src, dst string) {
 func BenchmarkRunGPT2(b *testing.B) {
 	dir := b.TempDir()
 	vocab, merges := filepath.Join(dir, "vocab.json"), filepath.Join(dir, "merges.txt")
-	gunzipFile(b, "../../tokenizer/testdata/gpt2/vocab.json.gz", vocab)
-	gunzipFile(b, "../../tokenizer/testdata/gpt2/merges.txt.gz", merges)
+	gunzipFile(b, "../../internal/assets/gpt2/vocab.json.gz", vocab)
+	gunzipFile(b, "../../internal/assets/gpt2/merges.txt.gz", merges)
 	tok, err := tokenizer.New(tokenizer.Config{Type: tokenizer.TypeGPT2BPE, VocabFile: vocab, MergeFile: merges})
 	if err != nil {
 		b.Fatal(err)
