@@ -3,6 +3,7 @@ package preprocess
 import (
 	"fmt"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/gotron/gotron/data/indexed"
@@ -102,13 +103,14 @@ func removeDataset(prefix string) {
 // progress prints Megatron-style progress: docs/s and MB/s.
 type progress struct {
 	cfg       Config
+	total     int64 // input bytes, 0 if unknown
 	start     time.Time
 	lastDocs  int64
 	lastPrint time.Time
 }
 
-func newProgress(cfg Config) *progress {
-	p := &progress{cfg: cfg}
+func newProgress(cfg Config, totalBytes int64) *progress {
+	p := &progress{cfg: cfg, total: totalBytes}
 	if cfg.Progress != nil {
 		p.start = cfg.Now()
 	}
@@ -139,11 +141,22 @@ func (p *progress) update(docs, bytes int64, final bool) {
 	}
 	line := fmt.Sprintf("Processed %d documents (%.1f docs/s, %.2f MB/s).", docs, float64(docs)/secs, float64(bytes)/secs/1024/1024)
 	if p.cfg.ProgressTerminal {
-		fmt.Fprintf(w, "\r%s    ", line)
+		fmt.Fprintf(w, "\r%s%s    ", bar(bytes, p.total), line)
 		if final {
 			fmt.Fprintln(w)
 		}
 		return
 	}
 	fmt.Fprintln(w, line)
+}
+
+// bar draws a 30-cell progress bar with a percentage, or nothing when the
+// total is unknown.
+func bar(done, total int64) string {
+	if total <= 0 {
+		return ""
+	}
+	frac := min(float64(done)/float64(total), 1)
+	full := int(frac * 30)
+	return fmt.Sprintf("[%s%s] %3.0f%% ", strings.Repeat("#", full), strings.Repeat("-", 30-full), 100*frac)
 }

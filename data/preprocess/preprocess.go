@@ -285,7 +285,7 @@ func pipeline(ctx context.Context, cfg Config, files []string, assign func(int64
 	}
 	go func() { wg.Wait(); close(done) }()
 
-	prog := newProgress(cfg)
+	prog := newProgress(cfg, inputBytes(files))
 	pending := map[int64]*batch{}
 	var next, line int64
 	var err error
@@ -314,6 +314,20 @@ func pipeline(ctx context.Context, cfg Config, files []string, assign func(int64
 	}
 	prog.update(st.Documents, st.Bytes, true)
 	return st, err
+}
+
+// inputBytes is the total size of the input files, or 0 when unknown (a
+// compressed or unreadable file).
+func inputBytes(files []string) int64 {
+	var total int64
+	for _, f := range files {
+		st, err := os.Stat(f)
+		if err != nil || strings.HasSuffix(f, ".gz") {
+			return 0
+		}
+		total += st.Size()
+	}
+	return total
 }
 
 // readBatches splits the input files into batches of lines.

@@ -222,3 +222,25 @@ func TestSentenceSplitter(t *testing.T) {
 		}
 	}
 }
+
+func TestProgressBarOnTerminal(t *testing.T) {
+	dir := t.TempDir()
+	input := filepath.Join(dir, "in.jsonl")
+	if err := os.WriteFile(input, []byte("{\"text\": \"ab\"}\n{\"text\": \"cd\"}\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	var prog bytes.Buffer
+	clock := time.Unix(0, 0)
+	now := func() time.Time { clock = clock.Add(time.Second); return clock }
+	if _, err := Run(context.Background(), Config{Input: input, OutputPrefix: filepath.Join(dir, "o"), Tokenizer: byteTokenizer{},
+		Progress: &prog, ProgressTerminal: true, Now: now}); err != nil {
+		t.Fatal(err)
+	}
+	out := prog.String()
+	if !strings.HasPrefix(out, "\r[") || !strings.Contains(out, "100% Processed 2 documents") || !strings.HasSuffix(out, "\n") {
+		t.Errorf("terminal progress %q", out)
+	}
+	if bar(0, 0) != "" || bar(5, 10) != "[###############---------------]  50% " {
+		t.Errorf("bar = %q, %q", bar(0, 0), bar(5, 10))
+	}
+}
