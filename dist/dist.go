@@ -112,9 +112,13 @@ type Handle interface {
 // governs the collective itself; buffers must not be touched until Wait
 // returns nil.
 type Async interface {
+	// AllReduceAsync starts ProcessGroup.AllReduce.
 	AllReduceAsync(ctx context.Context, buf Buffer, op ReduceOp) Handle
+	// ReduceScatterAsync starts ProcessGroup.ReduceScatter.
 	ReduceScatterAsync(ctx context.Context, out, in Buffer, op ReduceOp, counts []int) Handle
+	// AllGatherAsync starts ProcessGroup.AllGather.
 	AllGatherAsync(ctx context.Context, out, in Buffer, counts []int) Handle
+	// BroadcastAsync starts ProcessGroup.Broadcast.
 	BroadcastAsync(ctx context.Context, buf Buffer, root int) Handle
 }
 
@@ -130,9 +134,9 @@ const (
 
 // P2POp is one point-to-point transfer of a batch (torch's dist.P2POp).
 type P2POp struct {
-	Kind P2PKind
-	Peer int // rank in the group
-	Buf  Buffer
+	Kind P2PKind // SendOp or RecvOp
+	Peer int     // rank in the group
+	Buf  Buffer  // data to send, or where to receive
 }
 
 // BatchSendRecv is implemented by groups that can run a list of sends and
@@ -148,6 +152,7 @@ type BatchSendRecv interface {
 // goroutines). Closing the world group unblocks every pending call on it
 // and its sub-groups, which return ErrClosed.
 type Closer interface {
+	// Close releases the group's resources; see the backend for its scope.
 	Close() error
 }
 

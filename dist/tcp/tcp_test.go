@@ -329,31 +329,58 @@ func TestConfigFromEnv(t *testing.T) {
 	}
 }
 
-// TestCloseUnblocks: a rank blocked in Recv returns ErrClosed when its
-// world is closed.
-func TestCloseUnblocks(t *testing.T) {
+// joinLocal joins n ranks as goroutines of this process.
+func joinLocal(t *testing.T, n int, timeout time.Duration) []*tcp.Group {
+	t.Helper()
 	port := freePort(t)
-	groups := make([]*tcp.Group, 2)
+	groups := make([]*tcp.Group, n)
 	var wg sync.WaitGroup
-	for r := range 2 {
+	for r := range n {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			g, err := tcp.Join(t.Context(), tcp.Config{Rank: r, WorldSize: 2, MasterPort: port, Timeout: 10 * time.Second})
+			g, err := tcp.Join(t.Context(), tcp.Config{Rank: r, WorldSize: n, MasterPort: port, Timeout: timeout})
 			if err != nil {
 				t.Error(err)
+				return
 			}
 			groups[r] = g
+			t.Cleanup(func() { g.Close() })
 		}()
 	}
 	wg.Wait()
 	if t.Failed() {
-		return
+		t.FailNow()
 	}
-	defer groups[1].Close()
+	return groups
+}
+
+// TestContextCancel: rank 0 abandons a Recv (its ctx ends); it gets the
+// context error and rank 1, blocked receiving from rank 0, is told at once
+// (not after its 1-minute timeout) and blames rank 0.
+func TestContextCancel(t *testing.T) {
+	g := joinLocal(t, 2, time.Minute)
+	ctx, cancel := context.WithCancel(t.Context())
+	e0, e1 := make(chan error, 1), make(chan error, 1)
+	go func() { e0 <- g[0].Recv(ctx, dist.MakeBuffer(dist.Float32, 4), 1) }()
+	go func() { e1 <- g[1].Recv(t.Context(), dist.MakeBuffer(dist.Float32, 4), 0) }()
+	cancel()
+	if err := <-e0; !errors.Is(err, context.Canceled) {
+		t.Errorf("rank 0: got %v, want context.Canceled", err)
+	}
+	var re *dist.RankError
+	if err := <-e1; !errors.As(err, &re) || re.Rank != 0 || !errors.Is(err, dist.ErrPeerLost) {
+		t.Errorf("rank 1: got %v, want a RankError naming rank 0 wrapping ErrPeerLost", err)
+	}
+}
+
+// TestCloseUnblocks: a rank blocked in Recv returns ErrClosed when its
+// world is closed.
+func TestCloseUnblocks(t *testing.T) {
+	g := joinLocal(t, 2, 10*time.Second)
 	done := make(chan error, 1)
-	go func() { done <- groups[0].Recv(t.Context(), dist.MakeBuffer(dist.Float32, 4), 1) }()
-	groups[0].Close()
+	go func() { done <- g[0].Recv(t.Context(), dist.MakeBuffer(dist.Float32, 4), 1) }()
+	g[0].Close()
 	if err := <-done; !errors.Is(err, dist.ErrClosed) {
 		t.Errorf("got %v, want ErrClosed", err)
 	}
