@@ -52,13 +52,16 @@ func NumEpochs(tokensPerEpoch, n int64, seqLength, extra int) int {
 	if n == AllSamples {
 		return 1
 	}
-	e, tokens := 1, tokensPerEpoch
-	for tokens < n*int64(seqLength)+int64(extra) {
-		e++
-		tokens += tokensPerEpoch
+	need := n*int64(seqLength) + int64(extra)
+	if tokensPerEpoch <= 0 || need <= tokensPerEpoch {
+		return 1
 	}
-	return e
+	return int((need + tokensPerEpoch - 1) / tokensPerEpoch) // Megatron's loop, in closed form
 }
+
+// maxDocumentIndex bounds E·|indices|, the document index length, so an
+// absurd request is an error rather than an out-of-memory crash.
+const maxDocumentIndex = 1 << 34
 
 // BuildIndices builds the document, sample and shuffle indices exactly as
 // Megatron's _build_document_sample_shuffle_indices and helpers.cpp
@@ -83,6 +86,13 @@ func BuildIndices(sizes []int32, indices []int32, p IndexParams) (*Indices, erro
 	}
 	if tpe <= 1 {
 		return nil, fmt.Errorf("gpt: the split has %d tokens in %d sequences; need at least 2", tpe, len(indices))
+	}
+	if p.NumSamples != AllSamples && p.NumSamples > (math.MaxInt64-1)/int64(p.SeqLength) {
+		return nil, fmt.Errorf("gpt: %d samples of %d tokens overflow a token count", p.NumSamples, p.SeqLength)
+	}
+	if e := NumEpochs(tpe, p.NumSamples, p.SeqLength, p.ExtraToken); int64(e)*int64(len(indices)) > maxDocumentIndex {
+		return nil, fmt.Errorf("gpt: %d samples of %d tokens need %d epochs of a %d-token split (%d sequences): the document index would have %d entries",
+			p.NumSamples, p.SeqLength, e, tpe, len(indices), int64(e)*int64(len(indices)))
 	}
 	out := &Indices{}
 	var err error

@@ -162,3 +162,26 @@ func TestMakeSample(t *testing.T) {
 		t.Error("DocIDs set without --reset-attention-mask")
 	}
 }
+
+func TestNumEpochs(t *testing.T) {
+	cases := []struct {
+		tpe, n     int64
+		L, x, want int
+	}{
+		{36, 20, 8, 1, 5}, // 5·36 = 180 ≥ 161
+		{36, 4, 8, 1, 1},  // 36 ≥ 33
+		{36, 35, 1, 1, 1}, // 36 ≥ 36
+		{36, 36, 1, 1, 2}, // 36 < 37
+		{14, AllSamples, 8, 1, 1},
+		{10, 0, 8, 1, 1},
+	}
+	for _, c := range cases {
+		if got := NumEpochs(c.tpe, c.n, c.L, c.x); got != c.want {
+			t.Errorf("NumEpochs(%d, %d, %d, %d) = %d, want %d", c.tpe, c.n, c.L, c.x, got, c.want)
+		}
+	}
+	// A tiny split asked for a huge number of samples is an error, not a hang.
+	if _, err := BuildIndices(specSizes, []int32{7, 3}, IndexParams{NumSamples: 1 << 40, SeqLength: 2048, ExtraToken: 1, DropLast: true}); err == nil {
+		t.Error("BuildIndices accepted 2^40 samples of a 3-token split")
+	}
+}
