@@ -306,3 +306,38 @@ func TestCorruptSampleIndexCache(t *testing.T) {
 		}
 	}
 }
+
+// Several ranks building the same cache at once all succeed, agree, and
+// leave no temporary files behind.
+func TestConcurrentCacheBuild(t *testing.T) {
+	dir := t.TempDir()
+	prefix := writeToy(t, dir)
+	cfg := Config{SeqLength: 8, Seed: 1234, Split: "80,20,0", Blend: Blend{Prefixes: []string{prefix}},
+		NumSamples: [3]int64{20, 3, 0}, EOD: 99, CachePath: filepath.Join(dir, "cache")}
+	const ranks = 4
+	shuffles := make([][]int64, ranks)
+	errs := make(chan error, ranks)
+	for r := range ranks {
+		go func() {
+			ds, err := Build(context.Background(), cfg)
+			if err == nil {
+				shuffles[r] = ds.Train.(*Dataset).Indices.ShuffleIndex
+				err = ds.Close()
+			}
+			errs <- err
+		}()
+	}
+	for range ranks {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	for r := 1; r < ranks; r++ {
+		if !slices.Equal(shuffles[r], shuffles[0]) {
+			t.Errorf("rank %d shuffle differs", r)
+		}
+	}
+	if tmp, _ := filepath.Glob(filepath.Join(dir, "cache", "*.tmp*")); len(tmp) != 0 {
+		t.Errorf("temporary files left: %v", tmp)
+	}
+}

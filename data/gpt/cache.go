@@ -58,12 +58,5 @@ func saveCache(c *cacheSet, desc string, arrays []npyArray) error {
 			return err
 		}
 	}
-	tmp := c.description + ".tmp"
-	if err := os.WriteFile(tmp, []byte(desc), 0o644); err != nil {
-		return fmt.Errorf("gpt: write cache: %w", err)
-	}
-	if err := os.Rename(tmp, c.description); err != nil {
-		return fmt.Errorf("gpt: write cache: %w", err)
-	}
-	return nil
+	return writeAtomic(c.description, []byte(desc))
 }

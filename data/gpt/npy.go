@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"os"
+	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
@@ -72,13 +73,29 @@ func writeNpy(path, descr string, shape []int, values []int64) error {
 			buf = le.AppendUint64(buf, uint64(v))
 		}
 	}
-	// Write to a temporary name and rename, so a reader never sees a
-	// half-written cache file.
-	tmp := path + ".tmp"
-	if err := os.WriteFile(tmp, buf, 0o644); err != nil {
+	return writeAtomic(path, buf)
+}
+
+// writeAtomic writes data to a uniquely named temporary file next to path
+// and renames it into place, so readers never see a half-written file and
+// ranks building the same cache at once cannot interleave their writes.
+func writeAtomic(path string, data []byte) error {
+	f, err := os.CreateTemp(filepath.Dir(path), filepath.Base(path)+".tmp*")
+	if err != nil {
 		return fmt.Errorf("gpt: write cache: %w", err)
 	}
-	if err := os.Rename(tmp, path); err != nil {
+	_, err = f.Write(data)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Chmod(f.Name(), 0o644)
+	}
+	if err == nil {
+		err = os.Rename(f.Name(), path)
+	}
+	if err != nil {
+		os.Remove(f.Name())
 		return fmt.Errorf("gpt: write cache: %w", err)
 	}
 	return nil
