@@ -237,8 +237,8 @@ func (j *gemmJob) blockKernel(w *gemmWork, bpack []float32, direct bool, bi, ic,
 // counter, waits until the ticket's panel is published, packs its A block
 // and runs the kernels. Before part 0 overwrites a buffer it waits until
 // all blocks of the step that used it are done, and a block of a later k
-// block (pc > 0) waits until the previous step is done, since it adds into
-// the same C. Nothing is packed twice, and a worker that the OS starts
+// block (pc > 0) waits until the same rows' block of the previous step is
+// done, since it adds into the same C. Nothing is packed twice, and a worker that the OS starts
 // late just finds fewer tickets left instead of holding up a barrier.
 func (j *gemmJob) gemmShared(p int) {
 	ks := &j.ks
@@ -255,15 +255,20 @@ func (j *gemmJob) gemmShared(p int) {
 		s := t / blocks
 		j.ready.waitFor(s + 1)
 		bi, jc, pc := step(s)
+		blk := int(t % blocks)
 		if pc > 0 {
-			// Accumulating into C: the previous k block of these rows (step
-			// s-1) must be written first.
-			j.done.waitFor(s)
+			// Accumulating into C: the previous k block of these rows (block
+			// blk of step s-1) must be written first. lastDone[blk] is one
+			// more than the latest step that finished block blk; no later
+			// step can finish it before step s-1 does (step s+1 is published
+			// only after step s-1 is finished).
+			last := &j.lastDone[blk]
+			j.done.waitUntil(func() bool { return last.Load() >= s })
 		}
-		ic := int(t%blocks) * j.mcShared
+		ic := blk * j.mcShared
 		nc, kc := min(ks.nc, j.n-jc), min(ks.kc, j.k-pc)
 		j.blockKernel(w, j.bshared[s%2], false, bi, ic, min(j.mcShared, j.m-ic), jc, nc, pc, kc)
-		j.done.stepDone(s, int(blocks))
+		j.done.stepDone(s, int(blocks), &j.lastDone[blk])
 	}
 	if p != 0 {
 		for {

@@ -53,6 +53,7 @@ type gemmJob struct {
 	bshared     [2][]float32
 	mcShared    int
 	ready, done gate
+	lastDone    []atomic.Uint64 // per A block: latest finished step + 1
 }
 
 // ticket hands out consecutive numbers up to a limit.
@@ -90,13 +91,17 @@ func (g *gate) reset() {
 	g.perStep = [4]int{}
 }
 
-// stepDone records that one of the blocks of step s is finished. The
+// stepDone records that one of the blocks of step s is finished, raising
+// *last (that block's latest finished step, plus one) to s+1. The
 // counter is the number of leading steps whose blocks are all finished
 // (blocks finish out of order across steps). At most four steps may be
 // unfinished at once: gemmShared publishes step s only after step s-2 is
 // finished.
-func (g *gate) stepDone(s uint64, blocks int) {
+func (g *gate) stepDone(s uint64, blocks int, last *atomic.Uint64) {
 	g.mu.Lock()
+	if last.Load() < s+1 {
+		last.Store(s + 1)
+	}
 	g.perStep[s%4]++
 	v := g.v.Load()
 	for g.perStep[v%4] == blocks {
@@ -120,14 +125,20 @@ func (g *gate) add(d uint64) {
 
 // waitFor blocks until the counter is at least v.
 func (g *gate) waitFor(v uint64) {
+	g.waitUntil(func() bool { return g.v.Load() >= v })
+}
+
+// waitUntil blocks until ok() holds; ok must read only state that changes
+// before a call of add or stepDone.
+func (g *gate) waitUntil(ok func() bool) {
 	for range 4000 { // a few microseconds
-		if g.v.Load() >= v {
+		if ok() {
 			return
 		}
 	}
 	g.mu.Lock()
 	g.sleepers.Add(1)
-	for g.v.Load() < v {
+	for !ok() {
 		g.cond.Wait()
 	}
 	g.sleepers.Add(-1)
@@ -157,7 +168,14 @@ func (j *gemmJob) plan(threads int) {
 	case unitsM >= 4*parts:
 		// Enough rows for every part to take several A blocks.
 		j.mode = splitShared
-		j.mcShared = min(ks.mc, ceilDiv(ceilDiv(j.m, 4*parts), ks.mr)*ks.mr)
+		j.mcShared = min(ks.mc, ceilDiv(ceilDiv(j.m, 8*parts), ks.mr)*ks.mr)
+		blocks := ceilDiv(j.m, j.mcShared)
+		if len(j.lastDone) < blocks {
+			j.lastDone = make([]atomic.Uint64, blocks)
+		}
+		for i := range j.lastDone[:blocks] {
+			j.lastDone[i].Store(0)
+		}
 		j.ready.reset()
 		j.done.reset()
 	case j.m <= j.n && unitsN >= parts, unitsM < parts && unitsN >= unitsM:
