@@ -62,11 +62,7 @@ func addDataArgs(fs *flag.FlagSet, d *dataArgs) {
 	fs.BoolVar(&d.masks.ResetPositionIDs, "reset-position-ids", false, "restart position ids after each end-of-document token")
 	fs.BoolVar(&d.masks.ResetAttentionMask, "reset-attention-mask", false, "mask attention across documents of a packed sequence")
 	fs.BoolVar(&d.masks.EODMaskLoss, "eod-mask-loss", false, "no loss on end-of-document tokens")
-	fs.StringVar(&d.tok.Type, "tokenizer-type", "", "GPT2BPETokenizer, SentencePieceTokenizer, Llama2Tokenizer, HuggingFaceTokenizer, TikTokenizer, NullTokenizer")
-	fs.StringVar(&d.tok.VocabFile, "vocab-file", "", "vocabulary file (GPT-2 vocab.json)")
-	fs.StringVar(&d.tok.MergeFile, "merge-file", "", "BPE merges file (GPT-2 merges.txt)")
-	fs.StringVar(&d.tok.Model, "tokenizer-model", "", "SentencePiece .model, tokenizer.json, or TikToken vocabulary")
-	fs.IntVar(&d.tok.VocabSize, "vocab-size", 0, "vocabulary size (NullTokenizer, --mock-data without a tokenizer)")
+	addTokenizerFlags(fs, &d.tok)
 }
 
 func newTrainFlags() (*flag.FlagSet, *trainFlags) {
@@ -348,24 +344,6 @@ func openData(ctx context.Context, d *dataArgs, cfg train.Config, divisor int, g
 		return nil, fmt.Errorf("--data-path needs --tokenizer-type (and its files) for the end-of-document id and vocabulary size")
 	}
 	src.paddedVocab = tokenizer.PaddedVocabSize(vocab, divisor, 1)
-	dc := datagpt.Config{SeqLength: cfg.SeqLength, Seed: cfg.Seed, Split: d.split, CachePath: d.cachePath, Masks: d.masks,
-		EOD: int32(src.tok.EOD())}
-	var err error
-	parse := func(flag string, l listFlag) datagpt.Blend {
-		if err != nil || len(l.values) == 0 {
-			return datagpt.Blend{}
-		}
-		var b datagpt.Blend
-		b, err = datagpt.ParseBlend(flag, l.values)
-		return b
-	}
-	dc.Blend = parse("--data-path", d.dataPath)
-	dc.SplitBlends[0] = parse("--train-data-path", d.trainPath)
-	dc.SplitBlends[1] = parse("--valid-data-path", d.validPath)
-	dc.SplitBlends[2] = parse("--test-data-path", d.testPath)
-	if err != nil {
-		return nil, err
-	}
 	gbs := int64(max(cfg.GlobalBatchSize, cfg.MicroBatchSize))
 	iters := cfg.TrainIters
 	if cfg.TrainSamples > 0 {
@@ -376,9 +354,13 @@ func openData(ctx context.Context, d *dataArgs, cfg train.Config, divisor int, g
 		evals = (iters/cfg.EvalInterval + 1) * cfg.EvalIters
 	}
 	// get_train_valid_test_num_samples
-	dc.NumSamples = [3]int64{iters * gbs, evals * gbs, cfg.EvalIters * gbs}
+	num := [3]int64{iters * gbs, evals * gbs, cfg.EvalIters * gbs}
 	if cfg.TrainSamples > 0 {
-		dc.NumSamples[0] = cfg.TrainSamples
+		num[0] = cfg.TrainSamples
+	}
+	dc, err := d.gptConfig(cfg.SeqLength, cfg.Seed, num, int32(src.tok.EOD()))
+	if err != nil {
+		return nil, err
 	}
 	ds, err := datagpt.Build(ctx, dc)
 	if err != nil {
