@@ -254,27 +254,41 @@ func (pc *peerConn) post(tag, seq uint32, dst []byte) *req {
 func (w *world) wait(ctx context.Context, r *req, op string, timer *time.Timer) error {
 	select {
 	case err := <-r.done:
-		reqPool.Put(r)
-		if err == nil {
-			timer.Reset(w.cfg.Timeout) // progress: the timeout bounds silence, not the whole operation
-		}
-		if err != nil {
-			if errors.Is(err, dist.ErrMismatch) {
-				return &dist.RankError{Rank: r.pc.peer, Op: op, Err: err}
-			}
-			w.fail(r.pc.peer, err, true)
-			return w.failure(op)
-		}
-		return nil
+		return w.finish(r, err, op, timer)
 	case <-w.broken:
 	case <-ctx.Done():
 		w.fail(w.rank, fmt.Errorf("%w: rank %d abandoned %s: %v", dist.ErrPeerLost, w.rank, op, ctx.Err()), true)
 		w.cancel(r)
 		return &dist.RankError{Rank: w.rank, Op: op, Err: ctx.Err()}
 	case <-timer.C:
-		w.fail(r.pc.peer, fmt.Errorf("%w: no data from rank %d within %v", dist.ErrTimeout, r.pc.peer, w.cfg.Timeout), true)
+		// The peer we wait on may itself be waiting on the real culprit and
+		// about to say so: give its report a moment before blaming it.
+		grace := time.NewTimer(min(abortWait, w.cfg.Timeout/2))
+		defer grace.Stop()
+		select {
+		case err := <-r.done: // late, but here
+			return w.finish(r, err, op, timer)
+		case <-w.broken:
+		case <-grace.C:
+			w.fail(r.pc.peer, fmt.Errorf("%w: no data from rank %d within %v", dist.ErrTimeout, r.pc.peer, w.cfg.Timeout), true)
+		}
 	}
 	w.cancel(r)
+	return w.failure(op)
+}
+
+// finish turns a completed receive into wait's result.
+func (w *world) finish(r *req, err error, op string, timer *time.Timer) error {
+	peer := r.pc.peer
+	reqPool.Put(r)
+	switch {
+	case err == nil:
+		timer.Reset(w.cfg.Timeout) // progress: the timeout bounds silence, not the whole operation
+		return nil
+	case errors.Is(err, dist.ErrMismatch):
+		return &dist.RankError{Rank: peer, Op: op, Err: err}
+	}
+	w.fail(peer, err, true)
 	return w.failure(op)
 }
 
