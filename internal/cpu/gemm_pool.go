@@ -292,8 +292,10 @@ type gemmTask struct {
 
 // gemmWorkers is the pool of persistent worker goroutines (process state,
 // like Threads): started on demand, parked on tasks, never stopped. Parts
-// are handed over a buffered channel; when it is full the caller runs the
-// part itself, so concurrent callers can never deadlock.
+// are handed over a buffered channel; when it is full (many concurrent
+// callers) a part is simply not handed out. Part 0 always runs on the
+// caller and can finish a job alone, so no caller ever waits for a worker
+// that another caller keeps busy.
 var gemmWorkers struct {
 	sync.Mutex
 	started int
@@ -328,7 +330,10 @@ func runJob(j *gemmJob) {
 		select {
 		case tasks <- gemmTask{j, p}:
 		default:
-			j.runPart(p)
+			// Every mode hands out work by tickets, so a part that never
+			// runs only means the others take more tickets. (Running it
+			// here, before part 0, would deadlock splitShared, whose
+			// panels only part 0 publishes.)
 			j.wg.Done()
 		}
 	}
