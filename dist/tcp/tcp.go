@@ -60,9 +60,12 @@ type Config struct {
 	MasterAddr string
 	// MasterPort is the store's port; 0 means DefaultMasterPort.
 	MasterPort int
-	// Timeout bounds the rendezvous and each wait for a peer inside an
-	// operation; zero means DefaultTimeout.
+	// Timeout bounds each wait for a peer inside an operation (the clock
+	// restarts whenever data arrives); zero means DefaultTimeout.
 	Timeout time.Duration
+	// JoinTimeout bounds the rendezvous (ranks of a job may start minutes
+	// apart); zero means Timeout.
+	JoinTimeout time.Duration
 	// ListenHost is the host this rank's data listener binds and advertises;
 	// "" means the local address this process uses to reach the store.
 	ListenHost string
@@ -104,8 +107,8 @@ func (c *Config) validate() error {
 		return fmt.Errorf("tcp: rank %d out of range for world size %d", c.Rank, c.WorldSize)
 	case c.MasterPort < 0 || c.MasterPort > 65535:
 		return fmt.Errorf("tcp: master port %d out of range", c.MasterPort)
-	case c.Timeout < 0:
-		return fmt.Errorf("tcp: negative timeout %v", c.Timeout)
+	case c.Timeout < 0 || c.JoinTimeout < 0:
+		return fmt.Errorf("tcp: negative timeout %v / join timeout %v", c.Timeout, c.JoinTimeout)
 	case c.ChunkBytes < 0:
 		return fmt.Errorf("tcp: negative chunk size %d", c.ChunkBytes)
 	}
@@ -121,6 +124,9 @@ func (c *Config) fill() {
 	}
 	if c.Timeout == 0 {
 		c.Timeout = DefaultTimeout
+	}
+	if c.JoinTimeout == 0 {
+		c.JoinTimeout = c.Timeout
 	}
 	if c.ChunkBytes == 0 {
 		c.ChunkBytes = DefaultChunkBytes
@@ -173,7 +179,7 @@ func Join(ctx context.Context, cfg Config) (*Group, error) {
 }
 
 func (w *world) join(ctx context.Context) error {
-	ctx, cancel := context.WithTimeout(ctx, w.cfg.Timeout)
+	ctx, cancel := context.WithTimeout(ctx, w.cfg.JoinTimeout)
 	defer cancel()
 	if w.size == 1 {
 		return nil
@@ -245,7 +251,7 @@ func (w *world) acceptPeers(ctx context.Context) error {
 			}
 			return fmt.Errorf("accept peers: %w", err)
 		}
-		c.SetDeadline(time.Now().Add(w.cfg.Timeout))
+		c.SetDeadline(time.Now().Add(w.cfg.JoinTimeout))
 		size, peer, err := readHello(c)
 		c.SetDeadline(time.Time{})
 		switch {
