@@ -38,9 +38,9 @@ type copyFunc func(src *float32, lds int, dst *float32, n int)
 type kernSet struct {
 	mr, nr int        // full tile: rows, columns
 	kerns  []kernFunc // kerns[r-1] computes an r×nr tile, r = 1..mr
-	// Blocking (in floats): an mc×kc block of A is packed per thread and
-	// stays in L2; a kc×nc panel of B is packed and streams from L3, a
-	// kc×nr strip of it staying in L1 while the kernel sweeps the A block.
+	// Blocking (in floats): an mc×kc block of A is packed per goroutine
+	// and stays in L2; a kc×nc panel of B is packed once, lives in L3, and
+	// each kc×nr strip of it is reused by every mr-row panel of the block.
 	mc, kc, nc int
 	// Optional packing helpers (nil: plain Go loops): trMR transposes an
 	// mr×16 block, tr16 a 16×16 block, cpMR copies mr-float rows.
@@ -70,7 +70,7 @@ func Sgemm(tA, tB Transpose, m, n, k int, alpha float32, a []float32, lda int, b
 
 // SgemmStrided runs batch independent Sgemm calls: call i uses
 // a[i*strideA:], b[i*strideB:] and c[i*strideC:]. The C matrices must not
-// overlap (strideC == 0 with batch > 1 is rejected); A and B may be shared
+// overlap (strideC ≥ (m-1)*ldc + n when batch > 1); A and B may be shared
 // (stride 0). Small problems are spread over threads by batch item, large
 // ones split each item.
 func SgemmStrided(tA, tB Transpose, m, n, k int, alpha float32, a []float32, lda, strideA int, b []float32, ldb, strideB int, beta float32, c []float32, ldc, strideC int, batch int) {
@@ -80,13 +80,13 @@ func SgemmStrided(tA, tB Transpose, m, n, k int, alpha float32, a []float32, lda
 	if batch == 0 {
 		return
 	}
-	if batch > 1 && strideC == 0 && m > 0 && n > 0 {
-		panic("cpu: SgemmStrided: strideC is 0 with batch > 1: the C matrices would overlap")
-	}
 	last := batch - 1
 	checkGemm(tA, tB, m, n, k, a[min(len(a), last*strideA):], lda, b[min(len(b), last*strideB):], ldb, c[min(len(c), last*strideC):], ldc)
 	if m == 0 || n == 0 {
 		return
+	}
+	if extent := (m-1)*ldc + n; batch > 1 && strideC < extent {
+		panic(fmt.Sprintf("cpu: SgemmStrided: strideC=%d < %d, the extent of one %d×%d C with ldc %d: the C matrices would overlap", strideC, extent, m, n, ldc))
 	}
 	if k == 0 || alpha == 0 {
 		for bi := 0; bi < batch; bi++ {

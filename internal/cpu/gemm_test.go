@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"strings"
 	"sync"
 	"testing"
 )
@@ -354,19 +355,23 @@ func TestSetISAClamps(t *testing.T) {
 func TestSgemmPanics(t *testing.T) {
 	a := make([]float32, 12)
 	for _, tc := range []struct {
-		name string
-		f    func()
+		name, want string
+		f          func()
 	}{
-		{"negative m", func() { Sgemm(NoTrans, NoTrans, -1, 2, 2, 1, a, 2, a, 2, 0, a, 2) }},
-		{"short lda", func() { Sgemm(NoTrans, NoTrans, 2, 2, 3, 1, a, 2, a, 2, 0, a, 2) }},
-		{"short A", func() { Sgemm(NoTrans, NoTrans, 4, 2, 4, 1, a, 4, a, 2, 0, a, 2) }},
-		{"short C", func() { Sgemm(Trans, NoTrans, 3, 4, 2, 1, a, 3, a, 4, 0, a[:11], 4) }},
-		{"overlapping C", func() { SgemmStrided(NoTrans, NoTrans, 1, 1, 1, 1, a, 1, 1, a, 1, 1, 0, a, 1, 0, 2) }},
+		{"negative m", "negative dimension m=-1", func() { Sgemm(NoTrans, NoTrans, -1, 2, 2, 1, a, 2, a, 2, 0, a, 2) }},
+		{"short lda", "ldA=2, want ≥ 3", func() { Sgemm(NoTrans, NoTrans, 2, 2, 3, 1, a, 2, a, 2, 0, a, 2) }},
+		{"short A", "len(A)=12, want ≥ 16", func() { Sgemm(NoTrans, NoTrans, 4, 2, 4, 1, a, 4, a, 2, 0, a, 2) }},
+		{"short C", "len(C)=11, want ≥ 12", func() { Sgemm(Trans, NoTrans, 3, 4, 2, 1, a, 3, a, 4, 0, a[:11], 4) }},
+		{"short B of last item", "len(B)=", func() { SgemmStrided(NoTrans, NoTrans, 1, 1, 1, 1, a, 1, 1, a, 1, 12, 0, a, 1, 1, 2) }},
+		{"overlapping C", "strideC=0 < 1", func() { SgemmStrided(NoTrans, NoTrans, 1, 1, 1, 1, a, 1, 1, a, 1, 1, 0, a, 1, 0, 2) }},
+		{"partly overlapping C", "strideC=3 < 4", func() { SgemmStrided(NoTrans, NoTrans, 2, 2, 1, 1, a, 1, 0, a, 2, 0, 0, a, 2, 3, 2) }},
+		{"negative batch", "negative batch", func() { SgemmStrided(NoTrans, NoTrans, 1, 1, 1, 1, a, 1, 1, a, 1, 1, 0, a, 1, 1, -1) }},
 	} {
 		func() {
 			defer func() {
-				if recover() == nil {
-					t.Errorf("%s: no panic", tc.name)
+				r := recover()
+				if msg, _ := r.(string); !strings.Contains(msg, tc.want) {
+					t.Errorf("%s: panic %v, want a message containing %q", tc.name, r, tc.want)
 				}
 			}()
 			tc.f()
