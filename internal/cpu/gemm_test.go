@@ -303,7 +303,8 @@ func TestSgemmConcurrent(t *testing.T) {
 }
 
 // TestSgemmAllocs checks that steady-state calls allocate nothing, on one
-// and two threads, for the packed, in-place-B and batched paths.
+// and two threads, for the packed (shared on two threads), in-place-B,
+// dot-product and batched paths.
 func TestSgemmAllocs(t *testing.T) {
 	prevT := SetThreads(1)
 	defer SetThreads(prevT)
@@ -319,6 +320,7 @@ func TestSgemmAllocs(t *testing.T) {
 			{"packed", func() { Sgemm(NoTrans, NoTrans, m, n, k, 1, a, k, b, n, 0, c, n) }},
 			{"transposed", func() { Sgemm(Trans, Trans, m, m, k, 1, a, m, b, k, 1, c, m) }},
 			{"gemv", func() { Sgemm(NoTrans, NoTrans, 1, n, k, 1, a, k, b, n, 0, c, n) }},
+			{"dot", func() { Sgemm(Trans, Trans, 2, n, k, 1, a, 2, b, k, 0.5, c, n) }},
 			{"batched", func() { SgemmStrided(NoTrans, Trans, 64, 64, 64, 1, a, 64, 4096, b, 64, 4096, 0, c, 64, 4096, 8) }},
 		} {
 			if got := testing.AllocsPerRun(20, tc.f); got != 0 {
