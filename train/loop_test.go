@@ -65,7 +65,7 @@ func TestResumeIsBitIdentical(t *testing.T) {
 			t.Fatalf("iteration %d: loss %v after resume, %v straight (must be bit-identical)", i+1, got[i], straight.Losses[i])
 		}
 	}
-	if a.ValidLoss != a.ValidLoss || b.ValidLoss != straight.ValidLoss {
+	if b.ValidLoss != straight.ValidLoss {
 		t.Fatalf("validation loss after resume %v, straight %v", b.ValidLoss, straight.ValidLoss)
 	}
 }
@@ -81,8 +81,8 @@ func TestLossFalls(t *testing.T) {
 	}
 }
 
-// nanSource yields token ids that make the loss NaN by poisoning nothing:
-// instead the test sets a NaN weight, which every forward then propagates.
+// A NaN weight makes every forward NaN: each iteration must be skipped
+// (weights untouched) and the run stopped after MaxSkipsInARow.
 func TestNaNIterationsAreSkippedThenDiagnosed(t *testing.T) {
 	cfg := tinyConfig(t)
 	cfg.MaxSkipsInARow = 3
