@@ -22,12 +22,10 @@ for shape in "${shapes[@]}"; do
       --seq-length "$T" --max-position-embeddings 1024 --micro-batch-size "$B" --train-iters $((steps + 2)) \
       --lr 1e-4 --lr-decay-style constant --openai-gelu --attention-dropout 0 --hidden-dropout 0 --vocab-size 50257 \
       --make-vocab-size-divisible-by 1 --clip-grad 0 --log-interval 1 --eval-interval 0 --no-progress 2>/dev/null |
-      awk -v L="$L" -v D="$D" -v B="$B" -v T="$T" -F'|' '/iteration/ {
-          split($1, it, " "); n = it[3] + 0; split(it[3], p, "/"); i = p[1] + 0
-          if (i > 2) { match($3, /[0-9.]+/); ms[++k] = substr($3, RSTART, RLENGTH) }
-        } END {
-          asort(ms); med = (k % 2) ? ms[(k + 1) / 2] : (ms[k / 2] + ms[k / 2 + 1]) / 2
-          printf "RESULT gotron-gpt2 L=%s d=%s B=%s T=%s: ms/step median=%.1f min=%.1f tokens/s=%.1f\n", L, D, B, T, med, ms[1], B * T * 1000 / med
+      awk -F'|' '/iteration/ { split($1, it, " "); split(it[4], p, "/"); if (p[1] + 0 > 2) { match($3, /[0-9.]+/); print substr($3, RSTART, RLENGTH) } }' |
+      sort -n | awk -v L="$L" -v D="$D" -v B="$B" -v T="$T" '{ ms[++k] = $1 } END {
+          med = (k % 2) ? ms[(k + 1) / 2] : (ms[k / 2] + ms[k / 2 + 1]) / 2
+          printf "RESULT gotron-gpt2 L=%s d=%s B=%s T=%s: ms/step median=%.1f min=%.1f tokens/s(median)=%.1f (n=%d)\n", L, D, B, T, med, ms[1], B * T * 1000 / med, k
         }'
   done
 done
