@@ -5,6 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"runtime/pprof"
 	"time"
 
 	"github.com/gotron/gotron/ckpt/hf"
@@ -36,6 +37,7 @@ type trainFlags struct {
 	data           dataArgs
 	quickstartDir  string
 	noProgress     bool
+	cpuProfile     string
 	promptAfter    string
 	generateTokens int
 	// finish copies float64 flag values into the float32 config fields.
@@ -136,6 +138,7 @@ func newTrainFlags() (*flag.FlagSet, *trainFlags) {
 	fs.StringVar(&c.MetricsFile, "metrics-file", "", "append one JSON object per log line to this file")
 	fs.Float64Var(&c.PeakFLOPs, "peak-flops", 256e9, "peak FLOP/s for MFU (default: this 2-core CPU's fp32 FMA peak)")
 	fs.BoolVar(&f.noProgress, "no-progress", false, "no progress bar even on a terminal")
+	fs.StringVar(&f.cpuProfile, "cpu-profile", "", "write a Go CPU profile of the training loop to this file (go tool pprof)")
 
 	fs.StringVar(&c.Save, "save", "", "checkpoint directory to save to")
 	fs.StringVar(&c.Load, "load", "", "checkpoint directory to resume from")
@@ -208,7 +211,15 @@ func cmdTrain(ctx context.Context, env *cli, args []string) error {
 	}
 	fmt.Fprintf(env.stdout, "gotron train: %d parameters, %d layers, hidden %d, vocab %d (padded), %d iterations of %d samples × %d tokens\n",
 		tr.Model.NumParams(), cfg.Model.NumLayers, cfg.Model.HiddenSize, cfg.Model.VocabSize, tr.TrainIters(), max(cfg.GlobalBatchSize, cfg.MicroBatchSize), cfg.SeqLength)
-	if _, err := tr.Run(ctx); err != nil {
+	stopProfile, err := startCPUProfile(f.cpuProfile)
+	if err != nil {
+		return err
+	}
+	_, err = tr.Run(ctx)
+	if perr := stopProfile(); err == nil {
+		err = perr
+	}
+	if err != nil {
 		return err
 	}
 	if f.promptAfter != "" && src.tok != nil {
@@ -409,4 +420,27 @@ func isTerminal(w any) bool {
 	}
 	st, err := f.Stat()
 	return err == nil && st.Mode()&os.ModeCharDevice != 0
+}
+
+// startCPUProfile starts a CPU profile into path (nothing when path is empty)
+// and returns the function that stops it and closes the file.
+func startCPUProfile(path string) (stop func() error, err error) {
+	if path == "" {
+		return func() error { return nil }, nil
+	}
+	out, err := os.Create(path)
+	if err != nil {
+		return nil, fmt.Errorf("--cpu-profile: %w", err)
+	}
+	if err := pprof.StartCPUProfile(out); err != nil {
+		out.Close()
+		return nil, fmt.Errorf("--cpu-profile %s: %w", path, err)
+	}
+	return func() error {
+		pprof.StopCPUProfile()
+		if err := out.Close(); err != nil {
+			return fmt.Errorf("--cpu-profile %s: %w", path, err)
+		}
+		return nil
+	}, nil
 }
