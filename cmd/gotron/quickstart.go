@@ -1,12 +1,15 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"fmt"
+	"hash/fnv"
 	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"runtime"
 	"sort"
 	"strings"
@@ -48,7 +51,7 @@ func quickstart(ctx context.Context, env *cli, f *trainFlags) error {
 	if _, err := os.Stat(prefix + ".idx"); err != nil {
 		fmt.Fprintf(env.stdout, "gotron quickstart: building a corpus from %s (one document per .go file)\n", goSourceRoot())
 		start := time.Now()
-		docs, tokens, err := buildGoCorpus(ctx, prefix, tok)
+		docs, tokens, err := buildGoCorpus(ctx, goSourceRoot(), prefix, tok, quickstartCorpusBytes)
 		if err != nil {
 			return err
 		}
@@ -129,17 +132,21 @@ func goSourceRoot() string {
 	return filepath.Join(runtime.GOROOT(), "src")
 }
 
-// buildGoCorpus tokenizes .go files (sorted by path, up to
-// quickstartCorpusBytes) into prefix.{bin,idx}, one document each with an
-// end-of-document token, as `gotron preprocess --append-eod` would.
-func buildGoCorpus(ctx context.Context, prefix string, tok tokenizer.Tokenizer) (docs, tokens int, err error) {
-	root := goSourceRoot()
+// buildGoCorpus tokenizes hand-written .go files under root (up to
+// maxBytes of source) into prefix.{bin,idx}, one document each with an
+// end-of-document token, as `gotron preprocess --append-eod` would. Files
+// are taken in a fixed pseudo-random order (a hash of the path) rather
+// than by path, so the corpus samples the whole tree and the validation
+// split (the last documents) looks like the training split; generated
+// files (the compiler's rewrite rules, tables) and testdata are left out,
+// since a small model would mostly learn their repetitive patterns.
+func buildGoCorpus(ctx context.Context, root, prefix string, tok tokenizer.Tokenizer, maxBytes int) (docs, tokens int, err error) {
 	var files []string
 	err = filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
 		if err != nil {
 			return err
 		}
-		if d.IsDir() && d.Name() == "testdata" {
+		if d.IsDir() && (d.Name() == "testdata" || d.Name() == "vendor") {
 			return filepath.SkipDir
 		}
 		if !d.IsDir() && strings.HasSuffix(path, ".go") {
@@ -153,7 +160,16 @@ func buildGoCorpus(ctx context.Context, prefix string, tok tokenizer.Tokenizer) 
 	if len(files) == 0 {
 		return 0, 0, fmt.Errorf("quickstart: no .go files under %s", root)
 	}
-	sort.Strings(files)
+	key := func(path string) uint64 {
+		h := fnv.New64a()
+		rel, _ := filepath.Rel(root, path)
+		h.Write([]byte(filepath.ToSlash(rel)))
+		return h.Sum64()
+	}
+	sort.Slice(files, func(i, j int) bool {
+		ki, kj := key(files[i]), key(files[j])
+		return ki < kj || ki == kj && files[i] < files[j]
+	})
 	b, err := indexed.NewBuilder(prefix+".tmp", indexed.BuilderConfig{DType: indexed.OptimalDType(tok.VocabSize())})
 	if err != nil {
 		return 0, 0, err
@@ -167,6 +183,9 @@ func buildGoCorpus(ctx context.Context, prefix string, tok tokenizer.Tokenizer) 
 		if err != nil {
 			return 0, 0, err
 		}
+		if isGenerated(text) {
+			continue
+		}
 		ids := tok.Encode(string(text))
 		doc := make([]int32, 0, len(ids)+1)
 		for _, id := range ids {
@@ -178,7 +197,7 @@ func buildGoCorpus(ctx context.Context, prefix string, tok tokenizer.Tokenizer) 
 		}
 		docs++
 		tokens += len(doc)
-		if total += len(text); total >= quickstartCorpusBytes {
+		if total += len(text); total >= maxBytes {
 			break
 		}
 	}
@@ -191,4 +210,20 @@ func buildGoCorpus(ctx context.Context, prefix string, tok tokenizer.Tokenizer) 
 		}
 	}
 	return docs, tokens, nil
+}
+
+// generatedRE is Go's convention for marking generated files
+// (https://go.dev/s/generatedcode), which must appear before the package
+// clause.
+var generatedRE = regexp.MustCompile(`(?m)^// Code generated .* DO NOT EDIT\.$`)
+
+// isGenerated reports whether a Go file says it was generated.
+func isGenerated(src []byte) bool {
+	if bytes.HasPrefix(src, []byte("package ")) {
+		return false
+	}
+	if i := bytes.Index(src, []byte("\npackage ")); i >= 0 {
+		src = src[:i]
+	}
+	return generatedRE.Match(src)
 }
