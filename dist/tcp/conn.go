@@ -9,12 +9,14 @@ import (
 	"math/bits"
 	"net"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/gotron/gotron/dist"
 )
 
-// Frame header (little-endian): tag u32, seq u32, payload length u64.
+// Frame header (little-endian): tag u32, seq u32, payload length u64 (bit
+// 63 set: the payload is in the pair's shared-memory ring, see shm.go).
 // tag = group tag<<1 | 1 for point-to-point traffic; ctrlTag carries an
 // abort notice (blamed rank i32, kind u8). seq numbers the group's
 // collectives (or, for point-to-point, the messages from sender to
@@ -25,9 +27,9 @@ const (
 	ctrlTag     = 0xFFFFFFFF
 	maxGroupTag = 0x3FFFFFFF
 	helloMagic  = 0x4E525447 // "GTRN"
-	helloVer    = 1
-	smallWrite  = 64 << 10 // frames up to this are copied into one write
-	maxFrame    = 1 << 36  // larger frame lengths mean a corrupt stream
+	helloVer    = 2          // 2: a shared-memory offer follows the hello
+	smallWrite  = 64 << 10   // frames up to this are copied into one write
+	maxFrame    = 1 << 36    // larger frame lengths mean a corrupt stream
 )
 
 func writeHello(c net.Conn, size, rank int) error {
@@ -112,6 +114,12 @@ type peerConn struct {
 	wbuf []byte
 
 	readerDone chan struct{} // closed when readLoop returns
+	started    bool          // readLoop was started (set before it runs)
+
+	shm      *shmLink // shared memory with a same-host peer, or nil
+	shmGone  bool     // shm is unmapped (under wmu)
+	shmSent  atomic.Uint64
+	sockSent atomic.Uint64
 
 	mu         sync.Mutex // protects the fields below
 	posted     map[uint32][]*req
@@ -119,15 +127,31 @@ type peerConn struct {
 	err        error // set when the reader stopped
 }
 
-func newPeerConn(w *world, peer int, c *net.TCPConn) *peerConn {
+func newPeerConn(w *world, peer int, c *net.TCPConn, link *shmLink) *peerConn {
 	c.SetNoDelay(true)
-	return &peerConn{w: w, peer: peer, c: c, readerDone: make(chan struct{}), posted: map[uint32][]*req{}, unexpected: map[uint32][]frame{}}
+	if link != nil {
+		link.conn = c
+	}
+	return &peerConn{w: w, peer: peer, c: c, shm: link, readerDone: make(chan struct{}), posted: map[uint32][]*req{}, unexpected: map[uint32][]frame{}}
+}
+
+// closeConn closes the connection and wakes anyone waiting on its shared
+// memory.
+func (pc *peerConn) closeConn() {
+	if pc.shm != nil {
+		pc.shm.close()
+	}
+	pc.c.Close()
 }
 
 func (pc *peerConn) readLoop() {
 	defer close(pc.readerDone)
 	var hdr [headerLen]byte
 	var err error
+	// orphan is a receive whose shared-memory payload the peer abandoned:
+	// it is answered after the next socket frame, which is usually the
+	// peer's abort notice naming the real culprit.
+	var orphan *req
 	for {
 		if _, err = io.ReadFull(pc.c, hdr[:]); err != nil {
 			break
@@ -135,6 +159,15 @@ func (pc *peerConn) readLoop() {
 		tag := binary.LittleEndian.Uint32(hdr[0:])
 		seq := binary.LittleEndian.Uint32(hdr[4:])
 		n := binary.LittleEndian.Uint64(hdr[8:])
+		var src io.Reader = pc.c
+		if n&shmFlag != 0 && tag != ctrlTag {
+			n &^= shmFlag
+			if pc.shm == nil || pc.shm.broken {
+				err = errors.New("shared-memory frame on a connection without a usable ring")
+				break
+			}
+			src = pc.shm
+		}
 		if tag == ctrlTag {
 			var b [5]byte
 			if n != 5 {
@@ -150,7 +183,15 @@ func (pc *peerConn) readLoop() {
 				cause = dist.ErrTimeout
 			}
 			pc.w.fail(blame, fmt.Errorf("%w (reported by rank %d)", cause, pc.peer), true)
+			if orphan != nil {
+				orphan.done <- fmt.Errorf("%w: rank %d abandoned a message", cause, pc.peer)
+				orphan = nil
+			}
 			continue
+		}
+		if orphan != nil { // a data frame after an abandoned one: stream lost
+			err = errShmAbandoned
+			break
 		}
 		if n > maxFrame {
 			err = fmt.Errorf("frame of %d bytes exceeds %d: stream corrupt", n, uint64(maxFrame))
@@ -163,14 +204,22 @@ func (pc *peerConn) readLoop() {
 			r.taken = true
 			pc.mu.Unlock()
 			if uint64(len(r.dst)) != n || seq != r.seq {
-				_, err = io.CopyN(io.Discard, pc.c, int64(n))
+				_, err = io.CopyN(io.Discard, src, int64(n))
+				if err == errShmAbandoned {
+					pc.shm.broken, orphan, err = true, r, nil
+					continue
+				}
 				r.done <- mismatch(pc.peer, n, seq, len(r.dst), r.seq)
 				if err != nil {
 					break
 				}
 				continue
 			}
-			if _, err = io.ReadFull(pc.c, r.dst); err != nil {
+			if _, err = io.ReadFull(src, r.dst); err != nil {
+				if err == errShmAbandoned {
+					pc.shm.broken, orphan, err = true, r, nil
+					continue
+				}
 				r.done <- fmt.Errorf("%w: rank %d: %v", dist.ErrPeerLost, pc.peer, err)
 				break
 			}
@@ -179,7 +228,12 @@ func (pc *peerConn) readLoop() {
 		}
 		pc.mu.Unlock()
 		buf := pc.w.pool.get(int(n))
-		if _, err = io.ReadFull(pc.c, buf); err != nil {
+		if _, err = io.ReadFull(src, buf); err != nil {
+			pc.w.pool.put(buf)
+			if err == errShmAbandoned {
+				pc.shm.broken, err = true, nil
+				continue
+			}
 			break
 		}
 		pc.mu.Lock()
@@ -199,6 +253,9 @@ func (pc *peerConn) readLoop() {
 	}
 	pc.mu.Lock()
 	pc.err = fmt.Errorf("%w: connection to rank %d: %v", dist.ErrPeerLost, pc.peer, err)
+	if orphan != nil {
+		orphan.done <- pc.err
+	}
 	for tag, q := range pc.posted {
 		for _, r := range q {
 			r.taken = true
@@ -312,7 +369,7 @@ func (w *world) cancel(r *req) {
 		return
 	default:
 	}
-	pc.c.Close()
+	pc.closeConn()
 	<-r.done
 }
 
@@ -325,7 +382,8 @@ func (pc *peerConn) send(ctx context.Context, tag, seq uint32, data []byte, op s
 	}
 	pc.wmu.Lock()
 	defer pc.wmu.Unlock()
-	pc.c.SetWriteDeadline(time.Now().Add(w.cfg.Timeout))
+	deadline := time.Now().Add(w.cfg.Timeout)
+	pc.c.SetWriteDeadline(deadline)
 	if ctx.Done() != nil {
 		stop := context.AfterFunc(ctx, func() { pc.c.SetWriteDeadline(time.Unix(1, 0)) })
 		defer stop()
@@ -335,15 +393,30 @@ func (pc *peerConn) send(ctx context.Context, tag, seq uint32, data []byte, op s
 	binary.LittleEndian.PutUint32(hdr[4:], seq)
 	binary.LittleEndian.PutUint64(hdr[8:], uint64(len(data)))
 	var err error
-	if len(data) <= smallWrite {
+	viaShm := pc.shm != nil && !pc.shmGone && len(data) >= shmMinBytes
+	switch {
+	case viaShm:
+		// What fits goes into the ring before the header, so the reader
+		// rarely has to wait for it; the rest follows as room appears.
+		binary.LittleEndian.PutUint64(hdr[8:], uint64(len(data))|shmFlag)
+		k := pc.shm.tryWrite(data)
+		if _, err = pc.c.Write(hdr[:]); err == nil && k < len(data) {
+			err = pc.shm.write(ctx, data[k:], deadline)
+		}
+	case len(data) <= smallWrite:
 		pc.wbuf = append(append(pc.wbuf[:0], hdr[:]...), data...)
 		_, err = pc.c.Write(pc.wbuf)
-	} else {
+	default:
 		if _, err = pc.c.Write(hdr[:]); err == nil {
 			_, err = pc.c.Write(data)
 		}
 	}
 	if err == nil {
+		if viaShm {
+			pc.shmSent.Add(uint64(len(data)))
+		} else {
+			pc.sockSent.Add(uint64(len(data)))
+		}
 		return nil
 	}
 	switch {

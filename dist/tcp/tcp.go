@@ -75,13 +75,35 @@ type Config struct {
 	// SmallBytes is the largest buffer that uses direct (non-ring)
 	// algorithms; zero means DefaultSmallBytes, negative means never.
 	SmallBytes int
+	// NoShm turns off shared memory between ranks on the same host (by
+	// default every same-host pair moves payloads of 1 KiB and more through
+	// a shared-memory ring, keeping the socket for headers, small frames and
+	// failure notices). A pair uses shared memory only if both ranks allow
+	// it. ConfigFromEnv sets it from GOTRON_TCP_SHM=0.
+	NoShm bool
+	// ShmBytes is the shared-memory ring size per direction and pair; zero
+	// means DefaultShmBytes. Ranks of a pair that differ use sockets.
+	ShmBytes int
 }
 
 // ConfigFromEnv reads RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT (as set
 // by gotron launch and torchrun) through getenv. Unset RANK and WORLD_SIZE
-// mean a single process (rank 0 of 1).
+// mean a single process (rank 0 of 1). GOTRON_TCP_SHM=0 sets NoShm (1 or
+// unset: shared memory between same-host ranks).
+//
+// It does not use launch.DetectEnv (Slurm, Open MPI...): package launch's
+// own tests import this package, so importing launch here would make an
+// import cycle; callers that want every launcher's variables use
+// launch.DetectEnv and fill Config from its Env.
 func ConfigFromEnv(getenv func(string) string) (Config, error) {
 	cfg := Config{WorldSize: 1, MasterAddr: getenv("MASTER_ADDR")}
+	switch v := getenv("GOTRON_TCP_SHM"); v {
+	case "", "1":
+	case "0":
+		cfg.NoShm = true
+	default:
+		return Config{}, fmt.Errorf("tcp: environment variable GOTRON_TCP_SHM=%q: want 0 or 1", v)
+	}
 	for _, v := range []struct {
 		name string
 		dst  *int
@@ -111,6 +133,8 @@ func (c *Config) validate() error {
 		return fmt.Errorf("tcp: negative timeout %v / join timeout %v", c.Timeout, c.JoinTimeout)
 	case c.ChunkBytes < 0:
 		return fmt.Errorf("tcp: negative chunk size %d", c.ChunkBytes)
+	case c.ShmBytes < 0 || c.ShmBytes > 1<<30:
+		return fmt.Errorf("tcp: shared-memory ring size %d, want 0 (default) to 1 GiB", c.ShmBytes)
 	}
 	return nil
 }
@@ -134,6 +158,9 @@ func (c *Config) fill() {
 	if c.SmallBytes == 0 {
 		c.SmallBytes = DefaultSmallBytes
 	}
+	if c.ShmBytes == 0 {
+		c.ShmBytes = DefaultShmBytes
+	}
 }
 
 // world is the per-process state every group of a job shares.
@@ -146,6 +173,8 @@ type world struct {
 	srv   *store.Server // rank 0 only
 	st    *store.Client
 	pool  bufPool
+	// hostKey tells which peers share this host ("" when unknown).
+	hostKey string
 
 	mu       sync.Mutex // protects the fields below
 	broken   chan struct{}
@@ -197,6 +226,9 @@ func (w *world) join(ctx context.Context) error {
 		return err
 	}
 	w.st = st
+	if !w.cfg.NoShm {
+		w.hostKey = hostKey()
+	}
 	host := w.cfg.ListenHost
 	if host == "" {
 		host, _, _ = net.SplitHostPort(st.LocalAddr().String())
@@ -222,17 +254,27 @@ func (w *world) join(ctx context.Context) error {
 		if err != nil {
 			return fmt.Errorf("connect to rank %d at %s: %w", peer, addr, err)
 		}
-		if err := writeHello(c, w.size, w.rank); err != nil {
+		if dl, ok := ctx.Deadline(); ok {
+			c.SetDeadline(dl)
+		}
+		err = writeHello(c, w.size, w.rank)
+		var link *shmLink
+		if err == nil {
+			link, err = w.offerShm(c)
+		}
+		c.SetDeadline(time.Time{})
+		if err != nil {
 			c.Close()
 			return fmt.Errorf("handshake with rank %d: %w", peer, err)
 		}
-		w.conns[peer] = newPeerConn(w, peer, c.(*net.TCPConn))
+		w.conns[peer] = newPeerConn(w, peer, c.(*net.TCPConn), link)
 	}
 	if err := <-acceptErr; err != nil {
 		return err
 	}
 	for _, pc := range w.conns {
 		if pc != nil {
+			pc.started = true
 			go pc.readLoop()
 		}
 	}
@@ -253,7 +295,16 @@ func (w *world) acceptPeers(ctx context.Context) error {
 		}
 		c.SetDeadline(time.Now().Add(w.cfg.JoinTimeout))
 		size, peer, err := readHello(c)
+		var link *shmLink
+		if err == nil {
+			link, err = w.answerShm(c)
+		}
 		c.SetDeadline(time.Time{})
+		if err != nil || size != w.size || peer <= w.rank || peer >= w.size || w.conns[peer] != nil {
+			if link != nil {
+				link.unmap()
+			}
+		}
 		switch {
 		case err != nil:
 			c.Close()
@@ -265,7 +316,7 @@ func (w *world) acceptPeers(ctx context.Context) error {
 			c.Close()
 			return fmt.Errorf("unexpected connection claiming rank %d from %s", peer, c.RemoteAddr())
 		}
-		w.conns[peer] = newPeerConn(w, peer, c.(*net.TCPConn))
+		w.conns[peer] = newPeerConn(w, peer, c.(*net.TCPConn), link)
 		want--
 	}
 	return nil
@@ -342,7 +393,20 @@ func (w *world) shutdown() {
 	w.telling.Wait()
 	for _, pc := range w.conns {
 		if pc != nil {
-			pc.c.Close()
+			pc.closeConn()
+		}
+	}
+	// Unmap shared memory once nothing can touch it: the reader has
+	// stopped, and a sender holds wmu while it uses the ring.
+	for _, pc := range w.conns {
+		if pc != nil && pc.shm != nil {
+			if pc.started {
+				<-pc.readerDone
+			}
+			pc.wmu.Lock()
+			pc.shm.unmap()
+			pc.shmGone = true
+			pc.wmu.Unlock()
 		}
 	}
 	if w.ln != nil {

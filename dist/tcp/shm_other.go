@@ -1,0 +1,28 @@
+//go:build !linux
+
+package tcp
+
+import (
+	"context"
+	"errors"
+	"net"
+	"sync/atomic"
+	"time"
+)
+
+// shmLink is never made outside Linux: every pair uses its socket.
+type shmLink struct {
+	conn   *net.TCPConn
+	closed atomic.Bool
+	broken bool
+}
+
+var errNoShm = errors.New("shared memory is only supported on Linux")
+
+func createShm(int) (*shmLink, string)                            { return nil, "" }
+func openShm(string, int) *shmLink                                { return nil }
+func (l *shmLink) unmap()                                         {}
+func (l *shmLink) close()                                         { l.closed.Store(true) }
+func (l *shmLink) Read([]byte) (int, error)                       { return 0, errNoShm }
+func (l *shmLink) tryWrite([]byte) int                            { return 0 }
+func (l *shmLink) write(context.Context, []byte, time.Time) error { return errNoShm }
