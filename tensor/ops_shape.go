@@ -64,28 +64,6 @@ func (tp *Tape) Contiguous(t *Tensor) *Tensor {
 	return out
 }
 
-// scatterAddStrided adds dense g into dst at the positions view v (a strided
-// view of dst's tensor) addresses.
-func scatterAddStrided(dst, v, g *Tensor) {
-	n := v.Numel()
-	nd := len(v.shape)
-	idx := make([]int, nd)
-	off := v.offset - v.base.offset
-	d, gg := dst.Float32s(), g.Float32s()
-	for i := range n {
-		d[off] += gg[i]
-		for k := nd - 1; k >= 0; k-- {
-			idx[k]++
-			off += v.strides[k]
-			if idx[k] < v.shape[k] {
-				break
-			}
-			off -= idx[k] * v.strides[k]
-			idx[k] = 0
-		}
-	}
-}
-
 // Transpose swaps dims i and j as a strided view (no copy). Ops needing
 // dense input copy it through Contiguous, which carries the gradient back.
 func (tp *Tape) Transpose(t *Tensor, i, j int) *Tensor {

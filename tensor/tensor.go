@@ -256,38 +256,6 @@ func (t *Tensor) Contiguous() *Tensor {
 	return out
 }
 
-// copyStrided copies src's elements into dense dst of the same shape.
-func copyStrided(dst, src *Tensor) {
-	n := src.Numel()
-	if n == 0 {
-		return
-	}
-	nd := len(src.shape)
-	idx := make([]int, nd)
-	off := src.offset
-	for i := range n {
-		switch src.dtype {
-		case Float32:
-			dst.f32[i] = src.f32[off]
-		case BFloat16, Float16:
-			dst.u16[i] = src.u16[off]
-		case Int32:
-			dst.i32[i] = src.i32[off]
-		case Int64:
-			dst.i64[i] = src.i64[off]
-		}
-		for d := nd - 1; d >= 0; d-- {
-			idx[d]++
-			off += src.strides[d]
-			if idx[d] < src.shape[d] {
-				break
-			}
-			off -= idx[d] * src.strides[d]
-			idx[d] = 0
-		}
-	}
-}
-
 // view returns a tensor sharing t's storage with a new geometry.
 func (t *Tensor) view(shape, strides []int, offset int) *Tensor {
 	return &Tensor{shape: shape, strides: strides, offset: offset, dtype: t.dtype,
