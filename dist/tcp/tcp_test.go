@@ -8,6 +8,7 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -62,7 +63,8 @@ func worker(scenario string) int {
 			fmt.Println("ERROR", err)
 			return 1
 		}
-		fmt.Println("OK")
+		st := g.Stats()
+		fmt.Printf("OK %s shm-bytes>0=%v\n", st.Transport(), st.ShmBytes > 0)
 		return 0
 	case "concurrent":
 		if err := disttest.ConcurrentGroups(ctx, g, 10); err != nil {
@@ -80,7 +82,7 @@ func worker(scenario string) int {
 		for i := 0; ; i++ {
 			err := g.AllReduce(ctx, buf, dist.Sum)
 			if i == 0 {
-				fmt.Println("READY")
+				fmt.Println("READY", g.Stats().Transport())
 			}
 			if err != nil {
 				var re *dist.RankError
@@ -193,35 +195,61 @@ func TestConformanceProcesses(t *testing.T) {
 		cases = append(cases, tc{n, "16"})
 	}
 	cases = append(cases, tc{3, ""}, tc{8, ""})
-	for _, c := range cases {
-		name := fmt.Sprintf("n=%d/ring", c.n)
-		var extra []string
-		if c.small == "" {
-			name = fmt.Sprintf("n=%d/default", c.n)
-		} else {
-			extra = append(extra, "SMALL_BYTES="+c.small)
-		}
-		t.Run(name, func(t *testing.T) {
-			for r, p := range spawn(t, c.n, "conformance", append(extra, "TIMEOUT=30s")...) {
-				if l := p.last(); l != "OK" {
-					t.Errorf("rank %d: %s", r, l)
-				}
+	for _, shm := range []bool{true, false} {
+		for _, c := range cases {
+			name := fmt.Sprintf("shm=%v/n=%d/ring", shm, c.n)
+			extra := []string{"TIMEOUT=30s", shmEnv(shm)}
+			// The ring cases use 2 KiB chunks: payloads ≥ 1 KiB go through
+			// shared memory when it is on.
+			want := fmt.Sprintf("OK %s shm-bytes>0=%v", wantTransport(c.n, shm), shm && c.n > 1)
+			if c.small == "" {
+				name = fmt.Sprintf("shm=%v/n=%d/default", shm, c.n)
+				want = fmt.Sprintf("OK %s shm-bytes>0=", wantTransport(c.n, shm))
+			} else {
+				extra = append(extra, "SMALL_BYTES="+c.small)
 			}
-		})
+			t.Run(name, func(t *testing.T) {
+				for r, p := range spawn(t, c.n, "conformance", extra...) {
+					if l := p.last(); !strings.HasPrefix(l, want) {
+						t.Errorf("rank %d: %q, want %q", r, l, want)
+					}
+				}
+			})
+		}
 	}
+}
+
+func shmEnv(on bool) string {
+	if on {
+		return "GOTRON_TCP_SHM=1"
+	}
+	return "GOTRON_TCP_SHM=0"
+}
+
+// wantTransport is what Stats().Transport() says on n same-host ranks.
+func wantTransport(n int, shm bool) string {
+	switch {
+	case n == 1:
+		return "none"
+	case shm:
+		return "shm"
+	}
+	return "socket"
 }
 
 // TestConcurrentGroupsProcesses: three groups sharing the connections run
 // at once from three goroutines per process.
 func TestConcurrentGroupsProcesses(t *testing.T) {
-	for _, n := range []int{2, 5} {
-		t.Run(fmt.Sprintf("n=%d", n), func(t *testing.T) {
-			for r, p := range spawn(t, n, "concurrent", "TIMEOUT=30s") {
-				if l := p.last(); l != "OK" {
-					t.Errorf("rank %d: %s", r, l)
+	for _, shm := range []bool{true, false} {
+		for _, n := range []int{2, 5} {
+			t.Run(fmt.Sprintf("shm=%v/n=%d", shm, n), func(t *testing.T) {
+				for r, p := range spawn(t, n, "concurrent", "TIMEOUT=30s", shmEnv(shm)) {
+					if l := p.last(); l != "OK" {
+						t.Errorf("rank %d: %s", r, l)
+					}
 				}
-			}
-		})
+			})
+		}
 	}
 }
 
@@ -230,25 +258,39 @@ func TestConcurrentGroupsProcesses(t *testing.T) {
 // each other's data.
 func TestMismatchProcesses(t *testing.T) {
 	want := []string{"MISMATCH p2p=- coll=1", "MISMATCH p2p=0 coll=0"}
-	for r, p := range spawn(t, 2, "mismatch") {
-		if l := p.last(); l != want[r] {
-			t.Errorf("rank %d: %q, want %q", r, l, want[r])
+	for _, shm := range []bool{true, false} {
+		for r, p := range spawn(t, 2, "mismatch", shmEnv(shm)) {
+			if l := p.last(); l != want[r] {
+				t.Errorf("shm=%v: rank %d: %q, want %q", shm, r, l, want[r])
+			}
 		}
 	}
 }
 
 // TestKill9 kills one worker process mid all-reduce: every other worker
-// must fail with a RankError naming it, well within the 2 s timeout.
+// must fail with a RankError naming it, well within the 2 s timeout, and
+// no shared-memory file of any worker may be left behind.
 func TestKill9(t *testing.T) {
-	for _, n := range []int{3, 5} {
-		t.Run(fmt.Sprintf("n=%d", n), func(t *testing.T) {
+	for _, c := range []struct {
+		n   int
+		shm bool
+	}{{3, true}, {5, true}, {3, false}, {5, false}} {
+		n := c.n
+		t.Run(fmt.Sprintf("shm=%v/n=%d", c.shm, n), func(t *testing.T) {
 			const victim = 2
-			procs := spawn(t, n, "loop", "TIMEOUT=60s") // detection must not wait for the timeout
+			procs := spawn(t, n, "loop", "TIMEOUT=60s", shmEnv(c.shm)) // detection must not wait for the timeout
 			for r, p := range procs {
-				if l := <-p.lines; l != "READY" {
-					t.Fatalf("rank %d: %q, want READY", r, l)
+				if l, want := <-p.lines, "READY "+wantTransport(n, c.shm); l != want {
+					t.Fatalf("rank %d: %q, want %q", r, l, want)
 				}
 			}
+			defer func() {
+				for _, p := range procs {
+					if f := shmFiles(t, p.cmd.Process.Pid); len(f) > 0 {
+						t.Errorf("shared-memory files left behind: %v", f)
+					}
+				}
+			}()
 			start := time.Now()
 			procs[victim].cmd.Process.Signal(syscall.SIGKILL)
 			var wg sync.WaitGroup
@@ -278,10 +320,10 @@ func TestKill9(t *testing.T) {
 // up after the timeout, naming it.
 func TestStoppedPeerTimesOut(t *testing.T) {
 	const n, victim = 3, 1
-	procs := spawn(t, n, "loop", "SMALL_BYTES=1048576000")
+	procs := spawn(t, n, "loop", "SMALL_BYTES=1048576000") // shared memory on (the default)
 	for r, p := range procs {
-		if l := <-p.lines; l != "READY" {
-			t.Fatalf("rank %d: %q, want READY", r, l)
+		if l := <-p.lines; l != "READY shm" {
+			t.Fatalf("rank %d: %q, want READY shm", r, l)
 		}
 	}
 	procs[victim].cmd.Process.Signal(syscall.SIGSTOP)
@@ -383,5 +425,81 @@ func TestCloseUnblocks(t *testing.T) {
 	g[0].Close()
 	if err := <-done; !errors.Is(err, dist.ErrClosed) {
 		t.Errorf("got %v, want ErrClosed", err)
+	}
+}
+
+// shmFiles lists the shared-memory files process pid created that still
+// exist (in /dev/shm or the temporary directory).
+func shmFiles(t *testing.T, pid int) []string {
+	t.Helper()
+	var all []string
+	for _, dir := range []string{"/dev/shm", os.TempDir()} {
+		m, err := filepath.Glob(filepath.Join(dir, "gotron-tcp-"+strconv.Itoa(pid)+"-*"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		all = append(all, m...)
+	}
+	return all
+}
+
+// TestShmUsedAndCleanedUp: ranks of one host (here goroutines of one
+// process) move large payloads through shared memory and small ones over
+// the socket, unless NoShm; closing the world leaves no file behind.
+func TestShmUsedAndCleanedUp(t *testing.T) {
+	const n = 3
+	for _, noShm := range []bool{false, true} {
+		t.Run(fmt.Sprintf("NoShm=%v", noShm), func(t *testing.T) {
+			port := freePort(t)
+			groups := make([]*tcp.Group, n)
+			errs := make([]error, n)
+			var wg sync.WaitGroup
+			for r := range n {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					g, err := tcp.Join(t.Context(), tcp.Config{Rank: r, WorldSize: n, MasterPort: port, Timeout: 30 * time.Second,
+						NoShm: noShm && r == 1, ShmBytes: 12345}) // one rank refusing is enough for its pairs
+					if err != nil {
+						errs[r] = err
+						return
+					}
+					groups[r] = g
+					big := dist.MakeBuffer(dist.Float32, 1<<18)
+					small := dist.MakeBuffer(dist.Float32, 8)
+					errs[r] = errors.Join(g.AllReduce(t.Context(), big, dist.Sum), g.AllReduce(t.Context(), small, dist.Sum))
+				}()
+			}
+			wg.Wait()
+			if err := errors.Join(errs...); err != nil {
+				t.Fatal(err)
+			}
+			for r, g := range groups {
+				st := g.Stats()
+				wantPeers := n - 1
+				if noShm {
+					wantPeers = 0 // rank 1 refuses...
+					if r != 1 {
+						wantPeers = 1 // ...so ranks 0 and 2 share memory only with each other
+					}
+				}
+				// The 1 MiB all-reduce is a ring: 2(n-1)/n MiB leave each rank.
+				ring := uint64(2 * (n - 1) * (1 << 18 / n) * 4)
+				switch {
+				case st.Peers != n-1 || st.ShmPeers != wantPeers:
+					t.Errorf("rank %d: %+v, want %d peers, %d through shm", r, st, n-1, wantPeers)
+				case wantPeers == n-1 && (st.ShmBytes < ring || st.SocketBytes >= 1024):
+					t.Errorf("rank %d: %+v: want ≥ %d bytes through shm, only the small all-reduce on the socket", r, st, ring)
+				case wantPeers == 0 && (st.ShmBytes != 0 || st.SocketBytes < ring):
+					t.Errorf("rank %d: %+v: want everything on the socket", r, st)
+				}
+			}
+			for _, g := range groups {
+				g.Close()
+			}
+			if f := shmFiles(t, os.Getpid()); len(f) > 0 {
+				t.Errorf("files left behind: %v", f)
+			}
+		})
 	}
 }
