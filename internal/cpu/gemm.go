@@ -50,6 +50,9 @@ type kernSet struct {
 	// and at most maxDotRows rows, C is a set of dot products of
 	// contiguous rows, cheaper than packing all of B for so few rows.
 	dots []dotFunc
+	// bf16 says how packing rounds op(A) and op(B) to bfloat16 (see
+	// gemm_bf16.go); the zero value packs fp32 as is.
+	bf16 bf16Pack
 }
 
 // Sgemm computes C = alpha*op(A)*op(B) + beta*C in float32. op(A) is m×k,
@@ -74,6 +77,11 @@ func Sgemm(tA, tB Transpose, m, n, k int, alpha float32, a []float32, lda int, b
 // (stride 0). Small problems are spread over threads by batch item, large
 // ones split each item.
 func SgemmStrided(tA, tB Transpose, m, n, k int, alpha float32, a []float32, lda, strideA int, b []float32, ldb, strideB int, beta float32, c []float32, ldc, strideC int, batch int) {
+	sgemmStrided(false, tA, tB, m, n, k, alpha, a, lda, strideA, b, ldb, strideB, beta, c, ldc, strideC, batch)
+}
+
+// sgemmStrided is SgemmStrided, or SgemmStridedBF16 when bf16 is set.
+func sgemmStrided(bf16 bool, tA, tB Transpose, m, n, k int, alpha float32, a []float32, lda, strideA int, b []float32, ldb, strideB int, beta float32, c []float32, ldc, strideC int, batch int) {
 	if batch < 0 || strideA < 0 || strideB < 0 || strideC < 0 {
 		panic(fmt.Sprintf("cpu: SgemmStrided: negative batch %d or stride (A %d, B %d, C %d)", batch, strideA, strideB, strideC))
 	}
@@ -101,7 +109,11 @@ func SgemmStrided(tA, tB Transpose, m, n, k int, alpha float32, a []float32, lda
 	j.b, j.ldb, j.strideB = b, ldb, strideB
 	j.c, j.ldc, j.strideC = c, ldc, strideC
 	j.batch = batch
-	j.ks = kernelsFor(ActiveISA())
+	if bf16 {
+		j.ks = bf16KernelsFor(ActiveISA())
+	} else {
+		j.ks = kernelsFor(ActiveISA())
+	}
 	j.plan(Threads())
 	runJob(j)
 	putJob(j)
@@ -160,7 +172,8 @@ func (j *gemmJob) gemmBlock(w *gemmWork, bi, i0, i1, j0, j1 int) {
 	b := j.b[bi*j.strideB:]
 	// Read B in place when it is stored row-major and each strip is used
 	// by at most one A panel: packing would cost as much as the GEMM.
-	direct := j.tB == NoTrans && i1-i0 <= ks.mr
+	// (bf16 packing must round, so it never reads B in place.)
+	direct := j.tB == NoTrans && i1-i0 <= ks.mr && ks.bf16 == packFP32
 	kcMax := ks.kc
 	if direct {
 		// Short k blocks keep the rows of B being read few enough that the

@@ -122,6 +122,67 @@ func copyPanelAVX512_14(src *float32, lds int, dst *float32, n int)
 // cpMRAVX512 packs a transposed A panel (mr floats per k step).
 var cpMRAVX512 copyFunc = copyPanelAVX512_14
 
+// kernsBF16AVX512[mr-1] is the AVX512 bf16-pair kernel (VDPBF16PS) for mr rows
+// (see internal/cpu/gen).
+var kernsBF16AVX512 = [14]kernFunc{
+	kernBF16AVX512_1x32,
+	kernBF16AVX512_2x32,
+	kernBF16AVX512_3x32,
+	kernBF16AVX512_4x32,
+	kernBF16AVX512_5x32,
+	kernBF16AVX512_6x32,
+	kernBF16AVX512_7x32,
+	kernBF16AVX512_8x32,
+	kernBF16AVX512_9x32,
+	kernBF16AVX512_10x32,
+	kernBF16AVX512_11x32,
+	kernBF16AVX512_12x32,
+	kernBF16AVX512_13x32,
+	kernBF16AVX512_14x32,
+}
+
+//go:noescape
+func kernBF16AVX512_1x32(kc int, a, b *float32, ldb int, c *float32, ldc int, alpha, beta float32, load int)
+
+//go:noescape
+func kernBF16AVX512_2x32(kc int, a, b *float32, ldb int, c *float32, ldc int, alpha, beta float32, load int)
+
+//go:noescape
+func kernBF16AVX512_3x32(kc int, a, b *float32, ldb int, c *float32, ldc int, alpha, beta float32, load int)
+
+//go:noescape
+func kernBF16AVX512_4x32(kc int, a, b *float32, ldb int, c *float32, ldc int, alpha, beta float32, load int)
+
+//go:noescape
+func kernBF16AVX512_5x32(kc int, a, b *float32, ldb int, c *float32, ldc int, alpha, beta float32, load int)
+
+//go:noescape
+func kernBF16AVX512_6x32(kc int, a, b *float32, ldb int, c *float32, ldc int, alpha, beta float32, load int)
+
+//go:noescape
+func kernBF16AVX512_7x32(kc int, a, b *float32, ldb int, c *float32, ldc int, alpha, beta float32, load int)
+
+//go:noescape
+func kernBF16AVX512_8x32(kc int, a, b *float32, ldb int, c *float32, ldc int, alpha, beta float32, load int)
+
+//go:noescape
+func kernBF16AVX512_9x32(kc int, a, b *float32, ldb int, c *float32, ldc int, alpha, beta float32, load int)
+
+//go:noescape
+func kernBF16AVX512_10x32(kc int, a, b *float32, ldb int, c *float32, ldc int, alpha, beta float32, load int)
+
+//go:noescape
+func kernBF16AVX512_11x32(kc int, a, b *float32, ldb int, c *float32, ldc int, alpha, beta float32, load int)
+
+//go:noescape
+func kernBF16AVX512_12x32(kc int, a, b *float32, ldb int, c *float32, ldc int, alpha, beta float32, load int)
+
+//go:noescape
+func kernBF16AVX512_13x32(kc int, a, b *float32, ldb int, c *float32, ldc int, alpha, beta float32, load int)
+
+//go:noescape
+func kernBF16AVX512_14x32(kc int, a, b *float32, ldb int, c *float32, ldc int, alpha, beta float32, load int)
+
 // AVX2 micro-kernel tile: up to 6 rows × 16 columns.
 const (
 	mrAVX2 = 6

@@ -13,6 +13,10 @@ package cpu
 // packA packs rows [i0, i0+mr) × columns [p0, p0+kc) of op(A) into
 // dst[:mr*kc].
 func packA(ks *kernSet, dst []float32, tA Transpose, a []float32, lda, i0, p0, mr, kc int) {
+	if ks.bf16 != packFP32 {
+		packABF16(ks, dst, tA, a, lda, i0, p0, mr, kc)
+		return
+	}
 	dst = dst[:mr*kc]
 	if tA {
 		// op(A)[i, p] = a[p*lda + i]: each k step is mr contiguous floats.
@@ -42,6 +46,10 @@ func packA(ks *kernSet, dst []float32, tA Transpose, a []float32, lda, i0, p0, m
 // packBPanel packs rows [p0, p0+kc) × columns [j0, j0+nc) of op(B) into
 // consecutive kc×ks.nr strips of dst, the last zero-padded.
 func packBPanel(ks *kernSet, dst []float32, tB Transpose, b []float32, ldb, p0, j0, kc, nc int) {
+	if ks.bf16 != packFP32 {
+		packBPanelBF16(ks, dst, tB, b, ldb, p0, j0, kc, nc)
+		return
+	}
 	nr := ks.nr
 	full := nc / nr * nr
 	if !tB && full > 0 {

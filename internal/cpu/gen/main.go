@@ -5,7 +5,8 @@
 //	go run ./gen -out .
 //
 // It writes gemm_avx512_amd64.s, gemm_avx2_amd64.s and gemm_kern_amd64.go.
-// The AVX-512 file also holds the 16×16 transposes used for packing.
+// The AVX-512 file also holds the 16×16 transposes used for packing and
+// the bf16-pair kernels (VDPBF16PS, emitted as bytes: see bf16.go).
 // Each ISA gets one kernel per row count mr = 1..MR for its full tile width
 // NR, so edge rows never compute padding. Every kernel computes
 //
@@ -96,6 +97,7 @@ func main() {
 				fmt.Fprintf(&decl, "// %s copies n rows of %d floats (source rows lds bytes apart) to\n// consecutive rows of dst.\n//\n//go:noescape\nfunc %s(src *float32, lds int, dst *float32, n int)\n\n", name, s.mr, name)
 				fmt.Fprintf(&decl, "// cpMR%s packs a transposed A panel (mr floats per k step).\nvar cpMR%s copyFunc = %s\n\n", s.name, s.name, name)
 			}
+			bf16Kernels(&asm, &decl, s)
 		}
 		file := filepath.Join(*out, "gemm_"+lower(s.name)+"_amd64.s")
 		if err := os.WriteFile(file, asm.Bytes(), 0o644); err != nil {
