@@ -118,12 +118,7 @@ func packABF16(ks *kernSet, dst []float32, tA Transpose, a []float32, lda, i0, p
 	if tA {
 		// op(A)[i, p] = a[p*lda + i]: two k rows make mr pairs.
 		for q := 0; q < kc/2; q++ {
-			r0 := a[(p0+2*q)*lda+i0:][:mr]
-			r1 := a[(p0+2*q+1)*lda+i0:][:mr]
-			dq := d[q*mr:][:mr]
-			for i := range dq {
-				dq[i] = pairBits(r0[i], r1[i])
-			}
+			pairRows(a[(p0+2*q)*lda+i0:][:mr], a[(p0+2*q+1)*lda+i0:][:mr], d[q*mr:][:mr])
 		}
 		if kc%2 == 1 {
 			r0 := a[(p0+kc-1)*lda+i0:][:mr]
@@ -136,13 +131,40 @@ func packABF16(ks *kernSet, dst []float32, tA Transpose, a []float32, lda, i0, p
 	}
 	// op(A)[i, p] = a[i*lda + p]: each row gives one word per pair step.
 	for i := 0; i < mr; i++ {
-		row := a[(i0+i)*lda+p0:][:kc]
-		for q := 0; q < kc/2; q++ {
-			d[q*mr+i] = pairBits(row[2*q], row[2*q+1])
+		spreadPairs(d[i:], mr, a[(i0+i)*lda+p0:][:kc])
+	}
+}
+
+// spreadPairs sets d[q*ld] = bf16(row[2q]) | bf16(row[2q+1])<<16 for the
+// (len(row)+1)/2 pair steps of row, a zero high half for an odd length.
+func spreadPairs(d []uint32, ld int, row []float32) {
+	var tmp [256]uint32
+	kc := len(row)
+	for q0 := 0; q0 < kc/2; q0 += len(tmp) {
+		t := tmp[:min(len(tmp), kc/2-q0)]
+		pairsOf(row[2*q0:], t)
+		for x, w := range t {
+			d[(q0+x)*ld] = w
 		}
-		if kc%2 == 1 {
-			d[(kp-1)*mr+i] = bf16Bits(row[kc-1])
-		}
+	}
+	if kc%2 == 1 {
+		d[kc/2*ld] = bf16Bits(row[kc-1])
+	}
+}
+
+// pairRowsGo is the Go statement of pairRows.
+func pairRowsGo(r0, r1 []float32, d []uint32) {
+	r0, r1 = r0[:len(d)], r1[:len(d)]
+	for j := range d {
+		d[j] = pairBits(r0[j], r1[j])
+	}
+}
+
+// pairsOfGo is the Go statement of pairsOf.
+func pairsOfGo(src []float32, d []uint32) {
+	src = src[:2*len(d)]
+	for q := range d {
+		d[q] = pairBits(src[2*q], src[2*q+1])
 	}
 }
 
@@ -169,14 +191,7 @@ func packBPanelBF16(ks *kernSet, dst []float32, tB Transpose, b []float32, ldb, 
 	if tB {
 		// op(B)[p, j] = b[j*ldb + p]: each stored row is one column.
 		for j := 0; j < nc; j++ {
-			row := b[(j0+j)*ldb+p0:][:kc]
-			s := d[j/nr*kc*nr+j%nr:]
-			for q := 0; q < kc/2; q++ {
-				s[q*nr] = pairBits(row[2*q], row[2*q+1])
-			}
-			if kc%2 == 1 {
-				s[(kp-1)*nr] = bf16Bits(row[kc-1])
-			}
+			spreadPairs(d[j/nr*kc*nr+j%nr:], nr, b[(j0+j)*ldb+p0:][:kc])
 		}
 		return
 	}
@@ -197,10 +212,7 @@ func packBPanelBF16(ks *kernSet, dst []float32, tB Transpose, b []float32, ldb, 
 				}
 				continue
 			}
-			x1 := r1[jr : jr+n]
-			for j := range s {
-				s[j] = pairBits(x0[j], x1[j])
-			}
+			pairRows(x0, r1[jr:jr+n], s)
 		}
 	}
 }

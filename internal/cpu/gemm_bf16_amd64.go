@@ -13,3 +13,30 @@ func bf16PairKernels(isa ISA) (kernSet, bool) {
 	return kernSet{mr: mrAVX512, nr: nrAVX512, kerns: kernsBF16AVX512[:], mc: 10 * mrAVX512, kc: 512, nc: 1536,
 		bf16: packPairs}, true
 }
+
+// pairRows sets d[j] = bf16(r0[j]) | bf16(r1[j])<<16 for j < len(d). It
+// runs only with the pair kernels, hence on a CPU with AVX-512F.
+func pairRows(r0, r1 []float32, d []uint32) {
+	n := len(d)
+	if n == 0 {
+		return
+	}
+	_, _ = r0[n-1], r1[n-1]
+	bf16PairRowsAVX512(&r0[0], &r1[0], &d[0], n)
+}
+
+// pairsOf sets d[q] = bf16(src[2q]) | bf16(src[2q+1])<<16 for q < len(d).
+func pairsOf(src []float32, d []uint32) {
+	n := len(d)
+	if n == 0 {
+		return
+	}
+	_ = src[2*n-1]
+	m := n &^ 15
+	if m > 0 {
+		bf16PairsAVX512(&src[0], &d[0], m)
+	}
+	for q := m; q < n; q++ {
+		d[q] = pairBits(src[2*q], src[2*q+1])
+	}
+}

@@ -3,6 +3,7 @@ package cpu
 import (
 	"math"
 	"math/rand/v2"
+	"runtime"
 	"strings"
 	"testing"
 
@@ -282,5 +283,43 @@ func TestSgemmBF16Panics(t *testing.T) {
 			}()
 			tc.f()
 		}()
+	}
+}
+
+// TestBF16PairPackers holds the pair packers (AVX-512 assembly on amd64)
+// bit for bit to their Go statements on random values, ties, NaNs with
+// full payloads, infinities, denormals and the largest floats, at lengths
+// that exercise the 16-wide loops and the masked or Go tails.
+func TestBF16PairPackers(t *testing.T) {
+	if runtime.GOARCH == "amd64" && DetectedISA() < ISAAVX512 {
+		t.Skip("the pair packers run only with AVX-512")
+	}
+	rng := rand.New(rand.NewPCG(31, 32))
+	specials := []uint32{0x7fffffff, 0xffffffff, 0x7fc00000, 0x7f800001, 0x7f800000, 0xff800000, 0x7f7fffff,
+		0x7f7f8000, 0x3f808000, 0x3f818000, 0x00018000, 0x80000001, 0, 0x80000000}
+	src := make([]float32, 200)
+	for i := range src {
+		if i%3 == 0 {
+			src[i] = math.Float32frombits(specials[i/3%len(specials)])
+		} else {
+			src[i] = math.Float32frombits(rng.Uint32())
+		}
+	}
+	for _, n := range []int{1, 7, 14, 16, 17, 32, 45, 64, 99} {
+		got, want := make([]uint32, n+1), make([]uint32, n+1)
+		pairRows(src, src[100:], got[:n])
+		pairRowsGo(src, src[100:], want[:n])
+		for j := range want {
+			if got[j] != want[j] {
+				t.Fatalf("pairRows n=%d: word %d = %#x, want %#x", n, j, got[j], want[j])
+			}
+		}
+		pairsOf(src, got[:n])
+		pairsOfGo(src, want[:n])
+		for j := range want {
+			if got[j] != want[j] {
+				t.Fatalf("pairsOf n=%d: word %d = %#x, want %#x", n, j, got[j], want[j])
+			}
+		}
 	}
 }

@@ -183,6 +183,17 @@ func kernBF16AVX512_13x32(kc int, a, b *float32, ldb int, c *float32, ldc int, a
 //go:noescape
 func kernBF16AVX512_14x32(kc int, a, b *float32, ldb int, c *float32, ldc int, alpha, beta float32, load int)
 
+// bf16PairRowsAVX512 sets dst[j] = bf16(r0[j]) | bf16(r1[j])<<16 for j < n.
+//
+//go:noescape
+func bf16PairRowsAVX512(r0, r1 *float32, dst *uint32, n int)
+
+// bf16PairsAVX512 sets dst[q] = bf16(src[2q]) | bf16(src[2q+1])<<16 for
+// q < n rounded down to a multiple of 16.
+//
+//go:noescape
+func bf16PairsAVX512(src *float32, dst *uint32, n int)
+
 // AVX2 micro-kernel tile: up to 6 rows × 16 columns.
 const (
 	mrAVX2 = 6

@@ -140,3 +140,59 @@ func (s isa) kernelBF16(w *bytes.Buffer, name string, mr int) {
 	}
 	w.WriteString("\tVZEROUPPER\n\tRET\n")
 }
+
+// bf16Packers writes the AVX-512F helpers that round fp32 to bf16 pairs
+// when packing for the bf16 kernels, bit for bit like the Go packers
+// (round to nearest even in integer arithmetic; NaN: truncated, quiet bit
+// set) and their declarations.
+func bf16Packers(asm, decl *bytes.Buffer) {
+	// round rounds the fp32 bits in Z(x) to bf16 in the high half (low half
+	// garbage). Z28 = 0x7fff, Z29 = 1, Z30 = quiet bit; uses Z2, K2, K3.
+	round := func(x int) {
+		fmt.Fprintf(asm, "\tVPSRLD $16, Z%d, Z2\n\tVPANDD Z29, Z2, Z2\n\tVPADDD Z28, Z2, Z2\n", x)
+		fmt.Fprintf(asm, "\tVCMPPS $3, Z%d, Z%d, K2\n\tKNOTW K2, K3\n", x, x)
+		fmt.Fprintf(asm, "\tVPADDD Z2, Z%d, K3, Z%d\n\tVPORD Z30, Z%d, K2, Z%d\n", x, x, x, x)
+	}
+	consts := "\tMOVL $0x7fff, AX\n\tVPBROADCASTD AX, Z28\n\tMOVL $1, AX\n\tVPBROADCASTD AX, Z29\n\tMOVL $0x00400000, AX\n\tVPBROADCASTD AX, Z30\n"
+
+	asm.WriteString("\n// func bf16PairRowsAVX512(r0, r1 *float32, dst *uint32, n int)\n")
+	asm.WriteString("TEXT ·bf16PairRowsAVX512(SB), NOSPLIT, $0-32\n")
+	asm.WriteString("\tMOVQ r0+0(FP), SI\n\tMOVQ r1+8(FP), DX\n\tMOVQ dst+16(FP), DI\n\tMOVQ n+24(FP), CX\n")
+	asm.WriteString(consts)
+	asm.WriteString("\tMOVL $0xffff0000, AX\n\tVPBROADCASTD AX, Z31\n")
+	combine := func() {
+		round(0)
+		round(1)
+		asm.WriteString("\tVPSRLD $16, Z0, Z0\n\tVPANDD Z31, Z1, Z1\n\tVPORD Z1, Z0, Z0\n")
+	}
+	asm.WriteString("rows16:\n\tCMPQ CX, $16\n\tJLT rowstail\n\tVMOVDQU32 (SI), Z0\n\tVMOVDQU32 (DX), Z1\n")
+	combine()
+	asm.WriteString("\tVMOVDQU32 Z0, (DI)\n\tADDQ $64, SI\n\tADDQ $64, DX\n\tADDQ $64, DI\n\tSUBQ $16, CX\n\tJMP rows16\n")
+	asm.WriteString("rowstail:\n\tTESTQ CX, CX\n\tJZ rowsdone\n\tMOVL $1, AX\n\tSHLL CX, AX\n\tDECL AX\n\tKMOVW AX, K1\n")
+	asm.WriteString("\tVMOVDQU32.Z (SI), K1, Z0\n\tVMOVDQU32.Z (DX), K1, Z1\n")
+	combine()
+	asm.WriteString("\tVMOVDQU32 Z0, K1, (DI)\nrowsdone:\n\tVZEROUPPER\n\tRET\n")
+
+	// Odd 16-bit words 1, 3, ..., 63: the bf16 halves of 32 floats.
+	asm.WriteString("\nDATA bf16OddWords<>+0(SB)/8, $0x0007000500030001\n")
+	for i := 1; i < 8; i++ {
+		w := uint64(0)
+		for x := 3; x >= 0; x-- {
+			w = w<<16 | uint64(8*i+2*x+1)
+		}
+		fmt.Fprintf(asm, "DATA bf16OddWords<>+%d(SB)/8, $0x%016x\n", 8*i, w)
+	}
+	asm.WriteString("GLOBL bf16OddWords<>(SB), RODATA|NOPTR, $64\n")
+	asm.WriteString("\n// func bf16PairsAVX512(src *float32, dst *uint32, n int)\n")
+	asm.WriteString("TEXT ·bf16PairsAVX512(SB), NOSPLIT, $0-24\n")
+	asm.WriteString("\tMOVQ src+0(FP), SI\n\tMOVQ dst+8(FP), DI\n\tMOVQ n+16(FP), CX\n\tSHRQ $4, CX\n\tJZ pairsdone\n")
+	asm.WriteString(consts)
+	asm.WriteString("\tVMOVDQU64 bf16OddWords<>(SB), Z27\npairs16:\n\tVMOVDQU32 (SI), Z0\n\tVMOVDQU32 64(SI), Z1\n")
+	round(0)
+	round(1)
+	asm.WriteString("\tVMOVDQA64 Z27, Z3\n\tVPERMI2W Z1, Z0, Z3\n\tVMOVDQU32 Z3, (DI)\n")
+	asm.WriteString("\tADDQ $128, SI\n\tADDQ $64, DI\n\tDECQ CX\n\tJNZ pairs16\npairsdone:\n\tVZEROUPPER\n\tRET\n")
+
+	decl.WriteString("// bf16PairRowsAVX512 sets dst[j] = bf16(r0[j]) | bf16(r1[j])<<16 for j < n.\n//\n//go:noescape\nfunc bf16PairRowsAVX512(r0, r1 *float32, dst *uint32, n int)\n\n")
+	decl.WriteString("// bf16PairsAVX512 sets dst[q] = bf16(src[2q]) | bf16(src[2q+1])<<16 for\n// q < n rounded down to a multiple of 16.\n//\n//go:noescape\nfunc bf16PairsAVX512(src *float32, dst *uint32, n int)\n\n")
+}

@@ -98,6 +98,7 @@ func main() {
 				fmt.Fprintf(&decl, "// cpMR%s packs a transposed A panel (mr floats per k step).\nvar cpMR%s copyFunc = %s\n\n", s.name, s.name, name)
 			}
 			bf16Kernels(&asm, &decl, s)
+			bf16Packers(&asm, &decl)
 		}
 		file := filepath.Join(*out, "gemm_"+lower(s.name)+"_amd64.s")
 		if err := os.WriteFile(file, asm.Bytes(), 0o644); err != nil {
