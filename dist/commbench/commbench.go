@@ -99,6 +99,16 @@ type Result struct {
 	Seconds float64 // mean time per operation, slowest rank
 	AlgBW   float64 // bytes/s
 	BusBW   float64 // bytes/s
+	// Transport is how the ranks' bytes moved, from the group's
+	// TransportName method (tcp: "shm (3 of 3 peers through shared
+	// memory)", "socket (...)"); "" when the group has none (inproc).
+	Transport string
+}
+
+// Transporter is implemented by groups that can say how their bytes move
+// (the tcp backend: shared memory or sockets).
+type Transporter interface {
+	TransportName() string
 }
 
 // Run times cfg's operations on pg with float32 buffers. Every rank of pg
@@ -109,6 +119,10 @@ func Run(ctx context.Context, pg dist.ProcessGroup, cfg Config) ([]Result, error
 		return nil, err
 	}
 	n := pg.Size()
+	transport := ""
+	if t, ok := pg.(Transporter); ok {
+		transport = t.TransportName()
+	}
 	var out []Result
 	for _, op := range cfg.Ops {
 		for size := cfg.MinBytes; size <= cfg.MaxBytes; size *= 2 {
@@ -135,7 +149,7 @@ func Run(ctx context.Context, pg dist.ProcessGroup, cfg Config) ([]Result, error
 			}
 			bytes := count * 4
 			alg := float64(bytes) / d
-			out = append(out, Result{Op: op, Bytes: bytes, Count: count, Iters: iters, Seconds: d, AlgBW: alg, BusBW: alg * BusFactor(op, n)})
+			out = append(out, Result{Op: op, Bytes: bytes, Count: count, Iters: iters, Seconds: d, AlgBW: alg, BusBW: alg * BusFactor(op, n), Transport: transport})
 		}
 	}
 	return out, nil
@@ -291,6 +305,9 @@ func Format(w io.Writer, results []Result) {
 	for _, r := range results {
 		if r.Op != op {
 			op = r.Op
+			if r.Transport != "" {
+				fmt.Fprintf(w, "\n# transport: %s", r.Transport)
+			}
 			fmt.Fprintf(w, "\n# %s\n# %12s %12s %7s %12s %12s %12s\n", op, "size(B)", "count", "iters", "time(us)", "algbw(GB/s)", "busbw(GB/s)")
 		}
 		fmt.Fprintf(w, "  %12d %12d %7d %12.3f %12.3f %12.3f\n", r.Bytes, r.Count, r.Iters, r.Seconds*1e6, r.AlgBW/1e9, r.BusBW/1e9)

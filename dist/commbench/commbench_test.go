@@ -3,13 +3,17 @@ package commbench_test
 import (
 	"bytes"
 	"context"
+	"errors"
+	"net"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/gotron/gotron/dist"
 	"github.com/gotron/gotron/dist/commbench"
 	"github.com/gotron/gotron/dist/inproc"
+	"github.com/gotron/gotron/dist/tcp"
 )
 
 func TestBusFactor(t *testing.T) {
@@ -66,5 +70,49 @@ func TestRun(t *testing.T) {
 	}
 	if err := (commbench.Config{Ops: []string{"allreduce"}}).Validate(); err == nil {
 		t.Error("unknown op accepted")
+	}
+}
+
+// TestTransportTCP: over the tcp backend every result and the printed
+// table say how the bytes moved, and the two settings differ.
+func TestTransportTCP(t *testing.T) {
+	for _, c := range []struct {
+		noShm bool
+		want  string
+	}{{false, "# transport: shm (1 of 1 peers"}, {true, "# transport: socket (0 of 1 peers"}} {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		port := ln.Addr().(*net.TCPAddr).Port
+		ln.Close()
+		var results [2][]commbench.Result
+		var errs [2]error
+		var wg sync.WaitGroup
+		for r := range 2 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				g, err := tcp.Join(t.Context(), tcp.Config{Rank: r, WorldSize: 2, MasterPort: port, Timeout: 30 * time.Second, NoShm: c.noShm})
+				if err != nil {
+					errs[r] = err
+					return
+				}
+				defer g.Close()
+				results[r], errs[r] = commbench.Run(t.Context(), g, commbench.Config{MinBytes: 1 << 20, MaxBytes: 1 << 20, MaxIters: 2})
+				if errs[r] == nil {
+					errs[r] = g.Barrier(t.Context())
+				}
+			}()
+		}
+		wg.Wait()
+		if err := errors.Join(errs[:]...); err != nil {
+			t.Fatal(err)
+		}
+		var out bytes.Buffer
+		commbench.Format(&out, results[0])
+		if !strings.Contains(out.String(), c.want) {
+			t.Errorf("NoShm=%v: want %q in\n%s", c.noShm, c.want, out.String())
+		}
 	}
 }
