@@ -14,7 +14,7 @@ import (
 )
 
 const benchGemmSynopsis = "bench gemm [--reps 5] [--threads N] [--isa auto|avx512|avx2|generic] [--peak-gflops 128*threads] " +
-	"[--shapes NN:1024x1024x1024,...] [--min-rep-seconds 0.5]"
+	"[--shapes NN:1024x1024x1024,...] [--min-rep-seconds 0.5] [--precision fp32|bf16]"
 
 // defaultGemmShapes are the square shapes and the GPT-2 (d=768, 4d=3072)
 // MLP shapes: forward Y = X·W (NN), backward dX = dY·Wᵀ (NT) and
@@ -72,16 +72,17 @@ func parseGemmShapes(list string) ([]gemmShape, error) {
 	return out, nil
 }
 
-// benchGemm times cpu.Sgemm on a list of shapes and prints GFLOP/s (median
-// and max over reps), their share of the fp32 peak, and GFLOP per CPU-second
-// per thread, which other processes on the machine disturb much less than
-// wall-clock rates.
+// benchGemm times cpu.Sgemm (or cpu.SgemmBF16 with --precision bf16) on a
+// list of shapes and prints GFLOP/s (median and max over reps), their share
+// of the peak, and GFLOP per CPU-second per thread, which other processes on
+// the machine disturb much less than wall-clock rates.
 func benchGemm(ctx context.Context, env *cli, args []string) error {
 	fs := newFlags("bench gemm", benchGemmSynopsis)
 	reps := fs.Int("reps", 5, "timed repetitions per shape (median and max are reported)")
 	threads := fs.Int("threads", cpu.Threads(), "goroutines the kernel uses (GOTRON_NUM_THREADS)")
 	isaName := fs.String("isa", "auto", "kernel path: auto (detected), avx512, avx2 or generic")
-	peak := fs.Float64("peak-gflops", 0, "fp32 FMA peak for --threads threads, GFLOP/s (0: 128 per thread, i.e. 256 on 2 threads)")
+	peak := fs.Float64("peak-gflops", 0, "peak for --threads threads, GFLOP/s (0: 128 per thread, the fp32 FMA peak; 256 per thread with the AVX512_BF16 kernels)")
+	precision := fs.String("precision", "fp32", "fp32 (cpu.Sgemm) or bf16 (cpu.SgemmBF16: inputs rounded to bfloat16, fp32 accumulation)")
 	shapeList := fs.String("shapes", defaultGemmShapes, "comma-separated OPS:MxKxN (op(A) M×K, op(B) K×N)")
 	minRep := fs.Float64("min-rep-seconds", 0.5, "each repetition repeats the GEMM until it lasts this long")
 	fs.String("config", "", "YAML file with flag values")
@@ -101,8 +102,13 @@ func benchGemm(ctx context.Context, env *cli, args []string) error {
 	case !(*minRep >= 0):
 		return fmt.Errorf("--min-rep-seconds %g: want ≥ 0", *minRep)
 	}
-	if *peak == 0 {
-		*peak = 128 * float64(*threads)
+	bf16 := false
+	switch *precision {
+	case "fp32":
+	case "bf16":
+		bf16 = true
+	default:
+		return fmt.Errorf("--precision %q: want fp32 or bf16", *precision)
 	}
 	isa, err := cpu.ParseISA(*isaName)
 	if err != nil {
@@ -119,9 +125,21 @@ func benchGemm(ctx context.Context, env *cli, args []string) error {
 	}
 	prevThreads := cpu.SetThreads(*threads)
 	defer cpu.SetThreads(prevThreads)
+	name := "sgemm"
+	perThreadPeak := 128.0
+	if bf16 {
+		name = "sgemm bf16 (fp32 kernels on rounded inputs)"
+		if cpu.HasBF16GEMM() {
+			name = "sgemm bf16 (VDPBF16PS kernels)"
+			perThreadPeak = 256
+		}
+	}
+	if *peak == 0 {
+		*peak = perThreadPeak * float64(*threads)
+	}
 
 	w := env.stdout
-	fmt.Fprintf(w, "sgemm: isa %v, threads %d, peak %.0f GFLOP/s, %d reps of ≥ %.2gs each\n", isa, *threads, *peak, *reps, *minRep)
+	fmt.Fprintf(w, "%s: isa %v, threads %d, peak %.0f GFLOP/s, %d reps of ≥ %.2gs each\n", name, isa, *threads, *peak, *reps, *minRep)
 	fmt.Fprintf(w, "%-3s %6s %6s %6s %8s %8s %7s %7s %10s %7s\n",
 		"ops", "M", "K", "N", "median", "max", "%peak", "%peak", "GFLOP/", "%peak")
 	fmt.Fprintf(w, "%-3s %6s %6s %6s %8s %8s %7s %7s %10s %7s\n",
@@ -130,7 +148,7 @@ func benchGemm(ctx context.Context, env *cli, args []string) error {
 		if err := ctx.Err(); err != nil {
 			return err
 		}
-		r, err := timeGemm(ctx, s, *reps, *minRep)
+		r, err := timeGemm(ctx, s, bf16, *reps, *minRep)
 		if err != nil {
 			return err
 		}
@@ -150,7 +168,8 @@ type gemmResult struct {
 
 // timeGemm runs one shape: a warm-up call that also calibrates how many
 // calls make a repetition last minRep seconds, then reps timed repetitions.
-func timeGemm(ctx context.Context, s gemmShape, reps int, minRep float64) (gemmResult, error) {
+// bf16 times cpu.SgemmBF16 instead of cpu.Sgemm.
+func timeGemm(ctx context.Context, s gemmShape, bf16 bool, reps int, minRep float64) (gemmResult, error) {
 	rng := rand.New(rand.NewPCG(uint64(s.m), uint64(s.n)))
 	fill := func(n int) []float32 {
 		x := make([]float32, n)
@@ -167,7 +186,11 @@ func timeGemm(ctx context.Context, s gemmShape, reps int, minRep float64) (gemmR
 	if s.tB {
 		ldb = s.k
 	}
-	call := func() { cpu.Sgemm(s.tA, s.tB, s.m, s.n, s.k, 1, a, lda, b, ldb, 0, c, s.n) }
+	gemm := cpu.Sgemm
+	if bf16 {
+		gemm = cpu.SgemmBF16
+	}
+	call := func() { gemm(s.tA, s.tB, s.m, s.n, s.k, 1, a, lda, b, ldb, 0, c, s.n) }
 	t0 := time.Now()
 	call()
 	one := time.Since(t0).Seconds()

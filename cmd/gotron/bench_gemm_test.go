@@ -7,6 +7,8 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/gotron/gotron/internal/cpu"
 )
 
 func runBenchGemm(t *testing.T, args ...string) (string, error) {
@@ -72,6 +74,7 @@ func TestBenchGemmBadFlags(t *testing.T) {
 		{[]string{"--threads", "-1"}, "--threads"},
 		{[]string{"--peak-gflops", "-1"}, "--peak-gflops"},
 		{[]string{"--isa", "sse"}, "--isa"},
+		{[]string{"--precision", "fp16"}, "--precision"},
 		{[]string{"--shapes", "NN:1x2"}, "--shapes"},
 		{[]string{"--shapes", "NX:1x2x3"}, "--shapes"},
 		{[]string{"--shapes", "NN:1x0x3"}, "--shapes"},
@@ -80,6 +83,34 @@ func TestBenchGemmBadFlags(t *testing.T) {
 		_, err := runBenchGemm(t, tc.args...)
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%v: error %v, want one mentioning %q", tc.args, err, tc.want)
+		}
+	}
+}
+
+// TestBenchGemmBF16 checks --precision bf16 on every path: the header names
+// the path that runs (the VDPBF16PS kernels only where the CPU has them and
+// the ISA is avx512), the default peak doubles with those kernels, and
+// each shape prints a row.
+func TestBenchGemmBF16(t *testing.T) {
+	for _, isa := range []string{"generic", "auto"} {
+		out, err := runBenchGemm(t, "--reps", "1", "--threads", "1", "--isa", isa, "--precision", "bf16",
+			"--shapes", "NN:33x20x17,NT:40x64x31", "--min-rep-seconds", "0")
+		if err != nil {
+			t.Fatalf("--isa %s: %v\n%s", isa, err, out)
+		}
+		parsed, _ := cpu.ParseISA(isa)
+		prev := cpu.SetISA(parsed)
+		fast := cpu.HasBF16GEMM()
+		cpu.SetISA(prev)
+		want := "sgemm bf16 (fp32 kernels on rounded inputs): isa " + parsed.String() + ", threads 1, peak 128 GFLOP/s"
+		if fast {
+			want = "sgemm bf16 (VDPBF16PS kernels): isa avx512, threads 1, peak 256 GFLOP/s"
+		}
+		if !strings.Contains(out, want) {
+			t.Errorf("--isa %s: want header %q:\n%s", isa, want, out)
+		}
+		if rows := regexp.MustCompile(`(?m)^(NN|NT)\s+\d+`).FindAllString(out, -1); len(rows) != 2 {
+			t.Errorf("--isa %s: want 2 rows:\n%s", isa, out)
 		}
 	}
 }
