@@ -51,10 +51,11 @@ func BenchmarkSgemmBF16Kernel(b *testing.B) {
 	const strips = 8
 	ap := randSlice(rng, ks.mr*ks.kc)
 	bp := randSlice(rng, strips*ks.kc*ks.nr)
-	if ks.bf16 == packPairs { // random pairs: round each half
+	if ks.bf16 == packPairs { // bf16 pairs of normal values
 		for _, s := range [][]float32{ap, bp} {
-			for i, w := range words(s) {
-				words(s)[i] = w &^ 0x8080 // keep exponents normal-ish; values irrelevant
+			w := words(s)
+			for i, v := range s {
+				w[i] = pairBits(v, -v/2)
 			}
 		}
 	}
