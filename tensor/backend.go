@@ -11,6 +11,28 @@ const (
 	Trans   = cpu.Trans
 )
 
+// MatmulPrecision is the arithmetic of matrix products (a Tape setting, like
+// a PyTorch autocast region). Every other op computes in float32.
+type MatmulPrecision int
+
+const (
+	// MatmulFP32 multiplies float32 by float32 (the zero value).
+	MatmulFP32 MatmulPrecision = iota
+	// MatmulBF16 rounds both operands to bfloat16 and accumulates the
+	// products in float32; the result stays float32. This is the matmul of
+	// Megatron's --bf16 (and of torch.autocast(dtype=torch.bfloat16)); the
+	// CPU runs it on AVX512_BF16 where present (internal/cpu.SgemmBF16).
+	MatmulBF16
+)
+
+// String returns "fp32" or "bf16".
+func (p MatmulPrecision) String() string {
+	if p == MatmulBF16 {
+		return "bf16"
+	}
+	return "fp32"
+}
+
 // Backend is the device-neutral kernel boundary: every op of this package
 // reaches arithmetic only through it. Arguments are tensors (which carry their
 // storage), so a device backend receives device buffers; shapes are checked
@@ -22,8 +44,9 @@ const (
 type Backend interface {
 	Name() string
 	// Gemm: c = alpha*op(a)*op(b) + beta*c on the last two dims, batched
-	// over the leading dims (equal for a, b and c). All contiguous.
-	Gemm(tA, tB Transpose, alpha float32, a, b *Tensor, beta float32, c *Tensor)
+	// over the leading dims (equal for a, b and c), in the arithmetic prec
+	// names. All contiguous.
+	Gemm(prec MatmulPrecision, tA, tB Transpose, alpha float32, a, b *Tensor, beta float32, c *Tensor)
 	LayerNormForward(out, mean, rstd, x, w, b *Tensor, eps float32)
 	LayerNormBackward(dx, dw, db, dout, x, w, mean, rstd *Tensor)
 	RMSNormForward(out, rstd, x, w *Tensor, eps float32)

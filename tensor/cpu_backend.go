@@ -16,7 +16,7 @@ func f(t *Tensor) []float32 {
 
 func (cpuBackend) Name() string { return "cpu" }
 
-func (cpuBackend) Gemm(tA, tB Transpose, alpha float32, a, b *Tensor, beta float32, c *Tensor) {
+func (cpuBackend) Gemm(prec MatmulPrecision, tA, tB Transpose, alpha float32, a, b *Tensor, beta float32, c *Tensor) {
 	m, n := c.Dim(-2), c.Dim(-1)
 	k := a.Dim(-1)
 	if tA == Trans {
@@ -31,11 +31,11 @@ func (cpuBackend) Gemm(tA, tB Transpose, alpha float32, a, b *Tensor, beta float
 	if b.Numel() == sb {
 		sb = 0
 	}
-	if batch == 1 {
-		cpu.Sgemm(tA, tB, m, n, k, alpha, f(a), lda, f(b), ldb, beta, f(c), n)
-		return
+	gemm := cpu.SgemmStrided
+	if prec == MatmulBF16 {
+		gemm = cpu.SgemmStridedBF16
 	}
-	cpu.SgemmStrided(tA, tB, m, n, k, alpha, f(a), lda, sa, f(b), ldb, sb, beta, f(c), n, m*n, batch)
+	gemm(tA, tB, m, n, k, alpha, f(a), lda, sa, f(b), ldb, sb, beta, f(c), n, m*n, batch)
 }
 
 func rowsCols(t *Tensor) (int, int) {

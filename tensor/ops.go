@@ -40,24 +40,24 @@ func (tp *Tape) MatMul(a, b *Tensor, tA, tB Transpose) *Tensor {
 	}
 	shape := append(append([]int(nil), lead...), m, n)
 	out := tp.empty(shape...)
-	be := backendFor(a)
-	be.Gemm(tA, tB, 1, a, b, 0, out)
+	be, prec := backendFor(a), tp.MatmulPrecision()
+	be.Gemm(prec, tA, tB, 1, a, b, 0, out)
 	if tp.recording(a, b) {
 		tp.record("matmul", func(tp *Tape) {
 			g := tp.grad(out)
 			if da := tp.gradFor(a); da != nil {
 				// dA = dC·op(B)ᵀ, or its transpose when A was used transposed.
 				if tA == NoTrans {
-					tp.gemmAcc(be, NoTrans, !tB, g, b, da)
+					tp.gemmAcc(be, prec, NoTrans, !tB, g, b, da)
 				} else {
-					tp.gemmAcc(be, tB, Trans, b, g, da)
+					tp.gemmAcc(be, prec, tB, Trans, b, g, da)
 				}
 			}
 			if db := tp.gradFor(b); db != nil {
 				if tB == NoTrans {
-					tp.gemmAcc(be, !tA, NoTrans, a, g, db)
+					tp.gemmAcc(be, prec, !tA, NoTrans, a, g, db)
 				} else {
-					tp.gemmAcc(be, Trans, tA, g, a, db)
+					tp.gemmAcc(be, prec, Trans, tA, g, a, db)
 				}
 			}
 		}, out)
@@ -67,11 +67,11 @@ func (tp *Tape) MatMul(a, b *Tensor, tA, tB Transpose) *Tensor {
 
 // gemmAcc computes c += op(x)·op(y), summing over batch dims that c lacks
 // (the gradient of a weight shared across a batch).
-func (tp *Tape) gemmAcc(be Backend, tX, tY Transpose, x, y, c *Tensor) {
+func (tp *Tape) gemmAcc(be Backend, prec MatmulPrecision, tX, tY Transpose, x, y, c *Tensor) {
 	bx, by := x.Numel()/(x.Dim(-1)*x.Dim(-2)), y.Numel()/(y.Dim(-1)*y.Dim(-2))
 	bc := c.Numel() / (c.Dim(-1) * c.Dim(-2))
 	if bc == max(bx, by) {
-		be.Gemm(tX, tY, 1, x, y, 1, c)
+		be.Gemm(prec, tX, tY, 1, x, y, 1, c)
 		return
 	}
 	// c is shared over the batch: fold the batch into the reduction dim when
@@ -80,12 +80,12 @@ func (tp *Tape) gemmAcc(be Backend, tX, tY Transpose, x, y, c *Tensor) {
 		// c (p×q) += Σ_b x_bᵀ y_b = Xᵀ Y with X, Y stacked along rows.
 		xs := x.view([]int{bx * x.Dim(-2), x.Dim(-1)}, contiguousStrides([]int{bx * x.Dim(-2), x.Dim(-1)}), x.offset)
 		ys := y.view([]int{by * y.Dim(-2), y.Dim(-1)}, contiguousStrides([]int{by * y.Dim(-2), y.Dim(-1)}), y.offset)
-		be.Gemm(Trans, NoTrans, 1, xs, ys, 1, c)
+		be.Gemm(prec, Trans, NoTrans, 1, xs, ys, 1, c)
 		return
 	}
 	for i := range max(bx, by) {
 		xi, yi := batchEntry(x, i, bx), batchEntry(y, i, by)
-		be.Gemm(tX, tY, 1, xi, yi, 1, c)
+		be.Gemm(prec, tX, tY, 1, xi, yi, 1, c)
 	}
 }
 
@@ -110,8 +110,8 @@ func (tp *Tape) Linear(x, w, b *Tensor) *Tensor {
 	shape := append(append([]int(nil), x.shape[:len(x.shape)-1]...), w.Dim(0))
 	out := tp.empty(shape...)
 	out2 := out.view([]int{rows, w.Dim(0)}, []int{w.Dim(0), 1}, 0)
-	be := backendFor(x)
-	be.Gemm(NoTrans, Trans, 1, x2, w, 0, out2)
+	be, prec := backendFor(x), tp.MatmulPrecision()
+	be.Gemm(prec, NoTrans, Trans, 1, x2, w, 0, out2)
 	if b != nil {
 		be.Add(out, out, b)
 	}
@@ -120,10 +120,10 @@ func (tp *Tape) Linear(x, w, b *Tensor) *Tensor {
 			g := tp.grad(out)
 			g2 := g.view([]int{rows, w.Dim(0)}, []int{w.Dim(0), 1}, g.offset)
 			if dx := tp.gradFor(x); dx != nil {
-				be.Gemm(NoTrans, NoTrans, 1, g2, w, 1, dx.view([]int{rows, in}, []int{in, 1}, dx.offset))
+				be.Gemm(prec, NoTrans, NoTrans, 1, g2, w, 1, dx.view([]int{rows, in}, []int{in, 1}, dx.offset))
 			}
 			if dw := tp.gradFor(w); dw != nil {
-				be.Gemm(Trans, NoTrans, 1, g2, x2, 1, dw)
+				be.Gemm(prec, Trans, NoTrans, 1, g2, x2, 1, dw)
 			}
 			if db := tp.gradFor(b); db != nil {
 				be.SumRows(db, g2)

@@ -17,6 +17,7 @@ type Tape struct {
 	grads    map[*Tensor]gradRef
 	disabled bool  // computes through the arena without recording (recomputation)
 	parent   *Tape // for a non-recording child: the tape whose Reset frees its buffers
+	matmul   MatmulPrecision
 }
 
 type step struct {
@@ -43,6 +44,20 @@ type gradRef struct {
 
 // NewTape returns an empty tape with its own arena.
 func NewTape() *Tape { return &Tape{arena: NewArena(), grads: map[*Tensor]gradRef{}} }
+
+// SetMatmulPrecision sets the arithmetic of the matrix products (MatMul,
+// Linear, forward and backward) recorded from now on; the zero value is
+// MatmulFP32. Tapes made for recomputation inherit it.
+func (tp *Tape) SetMatmulPrecision(p MatmulPrecision) { tp.matmul = p }
+
+// MatmulPrecision returns the tape's matmul arithmetic (MatmulFP32 for a
+// nil tape).
+func (tp *Tape) MatmulPrecision() MatmulPrecision {
+	if tp == nil {
+		return MatmulFP32
+	}
+	return tp.matmul
+}
 
 // Reset forgets the recorded steps and returns every buffer the tape handed
 // out to its arena. Tensors produced through the tape must not be used after.

@@ -31,6 +31,13 @@ type Config struct {
 	ClipGrad       float64 // --clip-grad; 0 disables clipping
 	MaxSkipsInARow int     // consecutive NaN/Inf iterations before stopping; 0 means 10
 
+	// BF16 (--bf16) runs the training step's matrix products on
+	// bfloat16-rounded operands with float32 accumulation
+	// (tensor.MatmulBF16); weights, gradients, optimizer state and every
+	// other op stay float32, like Megatron's fp32 main params and grads.
+	// Evaluation multiplies in float32.
+	BF16 bool
+
 	// Evaluation.
 	EvalInterval int64 // --eval-interval; 0 disables evaluation during training
 	EvalIters    int64 // --eval-iters
@@ -38,7 +45,7 @@ type Config struct {
 	// Logging.
 	LogInterval int64     // --log-interval; 0 means 100
 	MetricsFile string    // JSONL metrics, one object per logged iteration
-	PeakFLOPs   float64   // per-process peak for MFU, FLOP/s; 0 means 256e9 (this CPU's fp32 FMA peak)
+	PeakFLOPs   float64   // per-process peak for MFU, FLOP/s; 0 means 256e9 (this CPU's fp32 FMA peak), 512e9 with BF16
 	Out         io.Writer // log lines; nil means io.Discard
 	Progress    io.Writer // progress bar target (a terminal); nil means none
 
@@ -93,6 +100,9 @@ func (c *Config) validate() error {
 	}
 	if c.PeakFLOPs <= 0 {
 		c.PeakFLOPs = 256e9
+		if c.BF16 {
+			c.PeakFLOPs = 512e9 // VDPBF16PS: two products per fp32 lane and instruction
+		}
 	}
 	if c.Out == nil {
 		c.Out = io.Discard

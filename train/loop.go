@@ -68,6 +68,9 @@ func New(cfg Config, train, valid datagpt.Source) (*Trainer, error) {
 		return nil, errors.New("train: no training data (set --data-path or --mock-data)")
 	}
 	t := &Trainer{cfg: cfg, train: train, valid: valid, tape: tensor.NewTape(), lastValidLoss: math.NaN()}
+	if cfg.BF16 {
+		t.tape.SetMatmulPrecision(tensor.MatmulBF16)
+	}
 	root := tensor.NewRNG(uint64(cfg.Seed))
 	m, err := gpt.New(cfg.Model, root.Fork("init"))
 	if err != nil {

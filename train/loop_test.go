@@ -185,3 +185,45 @@ func TestLoadWeightsOnlyCheckpoint(t *testing.T) {
 		t.Fatalf("resumed run ended at %d", res.Iteration)
 	}
 }
+
+// TestBF16TracksFP32: --bf16 changes the arithmetic of the matrix products
+// (the losses differ from fp32's) but not the run: the loss curve follows
+// the fp32 one closely and still falls, and resume stays bit-identical.
+func TestBF16TracksFP32(t *testing.T) {
+	cfg := tinyConfig(t)
+	cfg.TrainIters = 40
+	cfg.Model.HiddenDropout, cfg.Model.AttentionDropout = 0, 0
+	fp32 := runTrainer(t, cfg)
+	cfg.BF16 = true
+	bf16 := runTrainer(t, cfg)
+	same := 0
+	for i, l := range bf16.Losses {
+		if l == fp32.Losses[i] {
+			same++
+		}
+		if d := math.Abs(l - fp32.Losses[i]); d > 0.05*math.Abs(fp32.Losses[i]) {
+			t.Errorf("iteration %d: bf16 loss %.5f, fp32 %.5f: more than 5%% apart", i+1, l, fp32.Losses[i])
+		}
+	}
+	if same == len(bf16.Losses) {
+		t.Fatal("bf16 losses equal fp32's bit for bit: the matmuls were not rounded")
+	}
+	if first, last := bf16.Losses[0], bf16.Losses[len(bf16.Losses)-1]; !(last < first-0.5) {
+		t.Errorf("bf16 loss went from %.3f to %.3f in 40 iterations; expected a clear fall", first, last)
+	}
+
+	cfg.TrainIters = 8
+	straight := runTrainer(t, cfg)
+	dir := t.TempDir()
+	first := cfg
+	first.Save, first.ExitInterval = dir, 4
+	a := runTrainer(t, first)
+	second := cfg
+	second.Load = dir
+	b := runTrainer(t, second)
+	for i, l := range append(a.Losses, b.Losses...) {
+		if l != straight.Losses[i] {
+			t.Fatalf("bf16 iteration %d: loss %v after resume, %v straight (must be bit-identical)", i+1, l, straight.Losses[i])
+		}
+	}
+}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"github.com/gotron/gotron/internal/cpu"
 	"os"
 	"runtime/pprof"
 	"time"
@@ -130,13 +131,14 @@ func newTrainFlags() (*flag.FlagSet, *trainFlags) {
 	fs.Float64Var(&c.Adam.Beta2, "adam-beta2", 0.999, "Adam β2")
 	fs.Float64Var(&c.Adam.Eps, "adam-eps", 1e-8, "Adam ε")
 	fs.Float64Var(&c.SGDMomentum, "sgd-momentum", 0.9, "SGD momentum")
+	fs.BoolVar(&c.BF16, "bf16", false, "matrix products on bfloat16-rounded operands with float32 accumulation (AVX512_BF16); weights, grads and optimizer stay float32")
 	fs.IntVar(&c.MaxSkipsInARow, "max-nan-iterations", 10, "stop after this many NaN/Inf iterations in a row")
 
 	fs.Int64Var(&c.EvalInterval, "eval-interval", 1000, "iterations between evaluations")
 	fs.Int64Var(&c.EvalIters, "eval-iters", 100, "global batches per evaluation")
 	fs.Int64Var(&c.LogInterval, "log-interval", 100, "iterations between log lines")
 	fs.StringVar(&c.MetricsFile, "metrics-file", "", "append one JSON object per log line to this file")
-	fs.Float64Var(&c.PeakFLOPs, "peak-flops", 256e9, "peak FLOP/s for MFU (default: this 2-core CPU's fp32 FMA peak)")
+	fs.Float64Var(&c.PeakFLOPs, "peak-flops", 0, "peak FLOP/s for MFU (0: 256e9, or 512e9 with --bf16: this 2-core CPU's peaks)")
 	fs.BoolVar(&f.noProgress, "no-progress", false, "no progress bar even on a terminal")
 	fs.StringVar(&f.cpuProfile, "cpu-profile", "", "write a Go CPU profile of the training loop to this file (go tool pprof)")
 
@@ -167,7 +169,7 @@ func newTrainFlags() (*flag.FlagSet, *trainFlags) {
 var acceptedNoOps = []string{"use-flash-attn", "no-masked-softmax-fusion", "no-bias-gelu-fusion", "no-bias-swiglu-fusion",
 	"no-bias-dropout-fusion", "no-gradient-accumulation-fusion", "use-mcore-models", "no-async-tensor-model-parallel-allreduce",
 	"no-persist-layer-norm", "use-distributed-optimizer", "overlap-grad-reduce", "overlap-param-gather", "sequence-parallel",
-	"fp16", "bf16", "no-rope-fusion", "log-throughput"}
+	"fp16", "no-rope-fusion", "log-throughput"}
 
 func cmdTrain(ctx context.Context, env *cli, args []string) error {
 	fs, f := newTrainFlags()
@@ -180,10 +182,11 @@ func cmdTrain(ctx context.Context, env *cli, args []string) error {
 	f.finish()
 	given := map[string]bool{}
 	fs.Visit(func(fl *flag.Flag) { given[fl.Name] = true })
-	for _, name := range []string{"fp16", "bf16"} {
-		if given[name] {
-			fmt.Fprintf(env.stderr, "gotron train: --%s: computing in float32 (mixed precision is not implemented yet)\n", name)
-		}
+	if given["fp16"] {
+		fmt.Fprintf(env.stderr, "gotron train: --fp16: computing in float32 (fp16 is not implemented; --bf16 is)\n")
+	}
+	if f.cfg.BF16 && !cpu.HasBF16GEMM() {
+		fmt.Fprintf(env.stderr, "gotron train: --bf16: this CPU has no AVX512_BF16: bf16-rounded matrix products run at float32 speed\n")
 	}
 	if len(given) == 0 || (len(given) == 1 && given["quickstart-dir"]) {
 		return quickstart(ctx, env, f)

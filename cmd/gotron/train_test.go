@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"github.com/gotron/gotron/internal/cpu"
 	"os"
 	"path/filepath"
 	"strings"
@@ -98,5 +99,25 @@ func TestTrainAndGenerateFromHFDir(t *testing.T) {
 	out, errs, code = runCLI(t, "generate", "--load", gptDir, "--prompt", "ab", "--max-new-tokens", "4", "--top-k", "1")
 	if code != 0 || !strings.HasPrefix(out, "ab") {
 		t.Fatalf("generate --load HF_DIR: exit %d: %s%s", code, out, errs)
+	}
+}
+
+// TestTrainPrecisionFlags: --bf16 trains (no fallback warning on a CPU with
+// AVX512_BF16) and reports MFU against the bf16 peak; --fp16 warns that it
+// computes in float32.
+func TestTrainPrecisionFlags(t *testing.T) {
+	out, errs, code := runCLI(t, append(append([]string{}, tinyTrain...), "--train-iters", "2", "--bf16")...)
+	if code != 0 {
+		t.Fatalf("--bf16: exit %d: %s", code, errs)
+	}
+	if !strings.Contains(out, "iteration        2/       2") {
+		t.Errorf("--bf16 did not train:\n%s", out)
+	}
+	if warned := strings.Contains(errs, "no AVX512_BF16"); warned == cpu.HasBF16GEMM() {
+		t.Errorf("--bf16 warning %q with HasBF16GEMM() = %v", errs, cpu.HasBF16GEMM())
+	}
+	_, errs, code = runCLI(t, append(append([]string{}, tinyTrain...), "--train-iters", "1", "--fp16")...)
+	if code != 0 || !strings.Contains(errs, "--fp16: computing in float32") {
+		t.Errorf("--fp16: exit %d, stderr %q; want a float32 warning", code, errs)
 	}
 }
