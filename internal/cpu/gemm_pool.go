@@ -44,7 +44,7 @@ type gemmJob struct {
 	chunk  int // rows or columns per ticket (row, column and dot modes)
 	chunks int // tickets in all (batch items × chunks per item)
 	work   []gemmWork
-	wg     sync.WaitGroup
+	cr     crew // the workers taking part in the current run
 
 	// nextBlock hands out tickets (chunks, or A blocks in splitShared).
 	nextBlock ticket
@@ -284,59 +284,17 @@ func putJob(j *gemmJob) {
 	jobFree.Unlock()
 }
 
-// gemmTask asks a worker to run one part of a job.
-type gemmTask struct {
-	job  *gemmJob
-	part int
-}
+func (j *gemmJob) crew() *crew { return &j.cr }
 
-// gemmWorkers is the pool of persistent worker goroutines (process state,
-// like Threads): started on demand, parked on tasks, never stopped. Parts
-// are handed over a buffered channel; when it is full (many concurrent
-// callers) a part is simply not handed out. Part 0 always runs on the
-// caller and can finish a job alone, so no caller ever waits for a worker
-// that another caller keeps busy.
-var gemmWorkers struct {
-	sync.Mutex
-	started int
-	tasks   chan gemmTask
-}
-
-func gemmWorker(tasks <-chan gemmTask) {
-	for t := range tasks {
-		t.job.runPart(t.part)
-		t.job.wg.Done()
-	}
-}
-
-// runJob runs all parts of j, part 0 on the calling goroutine.
+// runJob runs all parts of j on the shared worker pool, part 0 on the
+// calling goroutine. Every mode hands out work by tickets, so a part that
+// starts late (or never, when every worker is busy) only means the others
+// take more tickets; in splitShared only part 0 publishes panels, which is
+// why it is the one the caller runs.
 func runJob(j *gemmJob) {
 	if j.parts == 1 {
 		j.runPart(0)
 		return
 	}
-	gemmWorkers.Lock()
-	if gemmWorkers.tasks == nil {
-		gemmWorkers.tasks = make(chan gemmTask, 64)
-	}
-	for gemmWorkers.started < j.parts-1 {
-		go gemmWorker(gemmWorkers.tasks)
-		gemmWorkers.started++
-	}
-	tasks := gemmWorkers.tasks
-	gemmWorkers.Unlock()
-	j.wg.Add(j.parts - 1)
-	for p := 1; p < j.parts; p++ {
-		select {
-		case tasks <- gemmTask{j, p}:
-		default:
-			// Every mode hands out work by tickets, so a part that never
-			// runs only means the others take more tickets. (Running it
-			// here, before part 0, would deadlock splitShared, whose
-			// panels only part 0 publishes.)
-			j.wg.Done()
-		}
-	}
-	j.runPart(0)
-	j.wg.Wait()
+	workers.run(j, j.parts)
 }
