@@ -67,10 +67,10 @@ type AdamW struct {
 	m, v   [][]float32 // exp_avg, exp_avg_sq per flat param
 	steps  int64
 
-	// Per-step float32 scalars read by kernel.
-	b1, b2, omb1, omb2, eps, bc1, bc2 float32
-	lr, wd                            []float32 // per group
-	kernel                            func(lo, hi int)
+	// coef holds each group's float32 scalars for this step (read by
+	// kernel, which runs cpu.AdamWUpdate on every param range).
+	coef   []cpu.AdamWCoeffs
+	kernel func(lo, hi int)
 }
 
 var _ Optimizer = (*AdamW)(nil)
@@ -87,14 +87,11 @@ func NewAdamW(groups []Group, cfg AdamWConfig) (*AdamW, error) {
 		return nil, err
 	}
 	cfg = cfg.withDefaults()
-	o := &AdamW{cfg: cfg, groups: groups, f: f,
-		lr: make([]float32, len(groups)), wd: make([]float32, len(groups))}
+	o := &AdamW{cfg: cfg, groups: groups, f: f, coef: make([]cpu.AdamWCoeffs, len(groups))}
 	for _, p := range f.params {
 		o.m = append(o.m, make([]float32, len(p.Data)))
 		o.v = append(o.v, make([]float32, len(p.Data)))
 	}
-	o.b1, o.b2, o.eps = float32(cfg.Beta1), float32(cfg.Beta2), float32(cfg.Eps)
-	o.omb1, o.omb2 = 1-o.b1, 1-o.b2 // float32 arithmetic, as the CUDA kernel does
 	o.kernel = func(lo, hi int) { o.f.each(lo, hi, o.update) }
 	return o, nil
 }
@@ -109,33 +106,25 @@ func (o *AdamW) Steps() int64 { return o.steps }
 // nothing itself; the work is split over internal/cpu.Parallel.
 func (o *AdamW) Step() {
 	o.steps++
-	// Apex: bias_correction = 1 - std::pow(beta (float), step) in double, stored as float.
-	o.bc1 = float32(1 - math.Pow(float64(o.b1), float64(o.steps)))
-	o.bc2 = float32(1 - math.Pow(float64(o.b2), float64(o.steps)))
+	b1, b2 := float32(o.cfg.Beta1), float32(o.cfg.Beta2)
+	c := cpu.AdamWCoeffs{Beta1: b1, Beta2: b2, Eps: float32(o.cfg.Eps),
+		OneMinusBeta1: 1 - b1, OneMinusBeta2: 1 - b2, // float32 arithmetic, as the CUDA kernel does
+		// Apex: bias_correction = 1 - std::pow(beta (float), step) in double, stored as float.
+		BC1: float32(1 - math.Pow(float64(b1), float64(o.steps))),
+		BC2: float32(1 - math.Pow(float64(b2), float64(o.steps)))}
 	for i := range o.groups {
-		o.lr[i] = float32(o.groups[i].LR)
-		o.wd[i] = float32(o.groups[i].WD)
+		c.LR, c.WD = float32(o.groups[i].LR), float32(o.groups[i].WD)
+		o.coef[i] = c
 	}
 	cpu.Parallel(o.f.total(), 1<<14, o.kernel)
 }
 
-// update is the elementwise AdamW kernel on params[i][a:b].
+// update runs the AdamW kernel on params[i][a:b]: cpu.AdamWUpdate, the
+// Apex arithmetic above in float32 with each product rounded (no FMA), on
+// the AVX-512, AVX2 or pure-Go path, all bit-identical.
 func (o *AdamW) update(i, a, b int) {
-	p, g := o.f.params[i].Data[a:b], o.f.params[i].Grad[a:b]
-	m, v := o.m[i][a:b], o.v[i][a:b]
-	lr, wd := o.lr[o.f.group[i]], o.wd[o.f.group[i]]
-	b1, b2, omb1, omb2, eps, bc1, bc2 := o.b1, o.b2, o.omb1, o.omb2, o.eps, o.bc1, o.bc2
-	_, _, _ = g[len(p)-1], m[len(p)-1], v[len(p)-1]
-	for j := range p {
-		gj := g[j]
-		// float32(...) around each product forbids FMA fusion, so results
-		// do not depend on GOAMD64.
-		mj := float32(b1*m[j]) + float32(omb1*gj)
-		vj := float32(b2*v[j]) + float32(float32(omb2*gj)*gj)
-		m[j], v[j] = mj, vj
-		denom := float32(math.Sqrt(float64(vj/bc2))) + eps
-		p[j] -= float32(lr * (mj/bc1/denom + float32(wd*p[j])))
-	}
+	p := o.f.params[i]
+	cpu.AdamWUpdate(p.Data[a:b], p.Grad[a:b], o.m[i][a:b], o.v[i][a:b], &o.coef[o.f.group[i]])
 }
 
 // State returns a copy of the step count and the exp_avg / exp_avg_sq
