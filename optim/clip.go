@@ -113,21 +113,11 @@ func maxAbs(x []float32) float64 {
 	return float64(m)
 }
 
-// nonFinite reports whether x holds a NaN or ±Inf: x·0 is 0 for finite x
-// and NaN otherwise, so one OR-free pass suffices.
-func nonFinite(x []float32) bool {
-	var acc float32
-	for _, v := range x {
-		acc += v * 0
-	}
-	return acc != 0
-}
-
 // infBlock records whether block blk holds a NaN or ±Inf.
 func (g *Grads) infBlock(blk int) {
 	bad := false
 	g.f.each(blk*normBlock, min((blk+1)*normBlock, g.f.total()), func(i, a, b int) {
-		if nonFinite(g.f.params[i].Grad[a:b]) {
+		if cpu.NonFinite(g.f.params[i].Grad[a:b]) { // AVX-512/AVX2 scan
 			bad = true
 		}
 	})
