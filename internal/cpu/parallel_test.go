@@ -180,13 +180,16 @@ func TestParallelBlockedWorkers(t *testing.T) {
 // by running this test binary again with it set.
 func TestThreadsEnv(t *testing.T) {
 	if v := os.Getenv("GOTRON_TEST_WANT_THREADS"); v != "" {
+		if v == "gomaxprocs" {
+			v = strconv.Itoa(runtime.GOMAXPROCS(0))
+		}
 		if got := strconv.Itoa(Threads()); got != v {
 			t.Fatalf("Threads()=%s with GOTRON_NUM_THREADS=%q, want %s", got, os.Getenv("GOTRON_NUM_THREADS"), v)
 		}
 		return
 	}
 	for _, tc := range []struct{ env, want string }{
-		{"3", "3"}, {"1", "1"}, {"0", strconv.Itoa(runtime.GOMAXPROCS(0))}, {"x", strconv.Itoa(runtime.GOMAXPROCS(0))},
+		{"3", "3"}, {"1", "1"}, {"0", "gomaxprocs"}, {"x", "gomaxprocs"}, {"-2", "gomaxprocs"},
 	} {
 		cmd := exec.Command(os.Args[0], "-test.run=^TestThreadsEnv$")
 		cmd.Env = append(os.Environ(), "GOTRON_NUM_THREADS="+tc.env, "GOTRON_TEST_WANT_THREADS="+tc.want)
