@@ -35,12 +35,15 @@ var benchShapes = []benchShape{
 func BenchmarkSgemm(b *testing.B) {
 	for _, s := range benchShapes {
 		b.Run(fmt.Sprintf("%s_%v", s.name, ActiveISA()), func(b *testing.B) {
-			benchGemm(b, s)
+			benchGemm(b, s, Sgemm)
 		})
 	}
 }
 
-func benchGemm(b *testing.B, s benchShape) {
+// sgemmFunc is Sgemm's signature (Sgemm, SgemmBF16).
+type sgemmFunc func(tA, tB Transpose, m, n, k int, alpha float32, a []float32, lda int, b []float32, ldb int, beta float32, c []float32, ldc int)
+
+func benchGemm(b *testing.B, s benchShape, gemm sgemmFunc) {
 	rng := rand.New(rand.NewPCG(1, 1))
 	x := randSlice(rng, s.m*s.k)
 	y := randSlice(rng, s.k*s.n)
@@ -52,12 +55,12 @@ func benchGemm(b *testing.B, s benchShape) {
 	if s.tB {
 		ldb = s.k
 	}
-	Sgemm(s.tA, s.tB, s.m, s.n, s.k, 1, x, lda, y, ldb, 0, c, s.n)
+	gemm(s.tA, s.tB, s.m, s.n, s.k, 1, x, lda, y, ldb, 0, c, s.n)
 	b.ReportAllocs()
 	cpu0 := processCPUSeconds()
 	b.ResetTimer()
 	for b.Loop() {
-		Sgemm(s.tA, s.tB, s.m, s.n, s.k, 1, x, lda, y, ldb, 0, c, s.n)
+		gemm(s.tA, s.tB, s.m, s.n, s.k, 1, x, lda, y, ldb, 0, c, s.n)
 	}
 	gflop := 2 * float64(s.m) * float64(s.n) * float64(s.k) * float64(b.N) / 1e9
 	b.ReportMetric(gflop/b.Elapsed().Seconds(), "GFLOP/s")

@@ -16,27 +16,7 @@ func BenchmarkSgemmBF16(b *testing.B) {
 	}
 	for _, s := range benchShapes {
 		b.Run(fmt.Sprintf("%s_%v_%s", s.name, ActiveISA(), path), func(b *testing.B) {
-			rng := rand.New(rand.NewPCG(1, 1))
-			x := randSlice(rng, s.m*s.k)
-			y := randSlice(rng, s.k*s.n)
-			c := make([]float32, s.m*s.n)
-			lda, ldb := s.k, s.n
-			if s.tA {
-				lda = s.m
-			}
-			if s.tB {
-				ldb = s.k
-			}
-			SgemmBF16(s.tA, s.tB, s.m, s.n, s.k, 1, x, lda, y, ldb, 0, c, s.n)
-			b.ReportAllocs()
-			cpu0 := processCPUSeconds()
-			b.ResetTimer()
-			for b.Loop() {
-				SgemmBF16(s.tA, s.tB, s.m, s.n, s.k, 1, x, lda, y, ldb, 0, c, s.n)
-			}
-			gflop := 2 * float64(s.m) * float64(s.n) * float64(s.k) * float64(b.N) / 1e9
-			b.ReportMetric(gflop/b.Elapsed().Seconds(), "GFLOP/s")
-			b.ReportMetric(gflop/(processCPUSeconds()-cpu0), "GFLOP/cpu-s")
+			benchGemm(b, s, SgemmBF16)
 		})
 	}
 }
