@@ -4,7 +4,8 @@
 //
 //	go run ./gen -out .
 //
-// It writes gemm_avx512_amd64.s, gemm_avx2_amd64.s and gemm_kern_amd64.go.
+// It writes gemm_avx512_amd64.s, gemm_avx2_amd64.s and gemm_kern_amd64.go,
+// and gemm_peak_amd64.s (the FMA loops cpu.FMAPeak times: see peak.go).
 // The AVX-512 file also holds the 16×16 transposes used for packing and
 // the bf16-pair kernels (VDPBF16PS, emitted as bytes: see bf16.go).
 // Each ISA gets one kernel per row count mr = 1..MR for its full tile width
@@ -104,6 +105,9 @@ func main() {
 		if err := os.WriteFile(file, asm.Bytes(), 0o644); err != nil {
 			log.Fatal(err)
 		}
+	}
+	if err := os.WriteFile(filepath.Join(*out, "gemm_peak_amd64.s"), peakLoops(), 0o644); err != nil {
+		log.Fatal(err)
 	}
 	src, err := format.Source(decl.Bytes())
 	if err != nil {
