@@ -94,12 +94,17 @@ type frame struct {
 
 // req is a posted receive.
 type req struct {
-	pc    *peerConn
-	tag   uint32
-	seq   uint32
-	dst   []byte
-	taken bool       // the reader is filling dst (under pc.mu)
-	done  chan error // buffered 1; exactly one value per use
+	pc  *peerConn
+	tag uint32
+	seq uint32
+	dst []byte
+	dt  dist.DType    // with reduce: dst's element type
+	red dist.ReduceOp // with reduce: how the payload combines into dst
+	// reduce: the payload is combined into dst (dst = dst red payload),
+	// not copied over it.
+	reduce bool
+	taken  bool       // the reader is filling dst (under pc.mu)
+	done   chan error // buffered 1; exactly one value per use
 }
 
 var reqPool = sync.Pool{New: func() any { return &req{done: make(chan error, 1)} }}
@@ -117,6 +122,7 @@ type peerConn struct {
 	started    bool          // readLoop was started (set before it runs)
 
 	shm      *shmLink // shared memory with a same-host peer, or nil
+	bounce   []uint64 // reader only: staging for reduceFromShm, made on first use
 	shmGone  bool     // shm is unmapped (under wmu)
 	shmSent  atomic.Uint64
 	sockSent atomic.Uint64
@@ -160,13 +166,14 @@ func (pc *peerConn) readLoop() {
 		seq := binary.LittleEndian.Uint32(hdr[4:])
 		n := binary.LittleEndian.Uint64(hdr[8:])
 		var src io.Reader = pc.c
+		viaShm := false
 		if n&shmFlag != 0 && tag != ctrlTag {
 			n &^= shmFlag
 			if pc.shm == nil || pc.shm.broken {
 				err = errors.New("shared-memory frame on a connection without a usable ring")
 				break
 			}
-			src = pc.shm
+			src, viaShm = pc.shm, true
 		}
 		if tag == ctrlTag {
 			var b [5]byte
@@ -215,7 +222,7 @@ func (pc *peerConn) readLoop() {
 				}
 				continue
 			}
-			if _, err = io.ReadFull(src, r.dst); err != nil {
+			if err = pc.fill(viaShm, r); err != nil {
 				if err == errShmAbandoned {
 					pc.shm.broken, orphan, err = true, r, nil
 					continue
@@ -270,6 +277,10 @@ func deliver(r *req, f frame) error {
 	if len(r.dst) != len(f.buf) || r.seq != f.seq {
 		return mismatch(r.pc.peer, uint64(len(f.buf)), f.seq, len(r.dst), r.seq)
 	}
+	if r.reduce {
+		dist.Accumulate(dist.Buffer{DType: r.dt, Data: r.dst}, dist.Buffer{DType: r.dt, Data: f.buf}, r.red)
+		return nil
+	}
 	copy(r.dst, f.buf)
 	return nil
 }
@@ -282,8 +293,13 @@ func mismatch(peer int, n uint64, seq uint32, want int, wantSeq uint32) error {
 // post registers a receive of the next frame tagged tag into dst. If it is
 // already here it is delivered at once (the req's done holds the result).
 func (pc *peerConn) post(tag, seq uint32, dst []byte) *req {
+	return pc.postReq(tag, seq, dst, 0, 0, false)
+}
+
+func (pc *peerConn) postReq(tag, seq uint32, dst []byte, dt dist.DType, red dist.ReduceOp, reduce bool) *req {
 	r := reqPool.Get().(*req)
 	r.pc, r.tag, r.seq, r.dst, r.taken = pc, tag, seq, dst, false
+	r.dt, r.red, r.reduce = dt, red, reduce
 	pc.mu.Lock()
 	if q := pc.unexpected[tag]; len(q) > 0 {
 		f := q[0]

@@ -144,16 +144,22 @@ func (g *Group) waitAll(ctx context.Context, reqs []*req, op string, timer *time
 	return err
 }
 
-// ringStep sends send to the next rank while receiving len(recv) bytes from
-// the previous one, both in ChunkBytes pieces; with acc set, each received
-// piece is reduced into acc as soon as it lands (pipelined).
-func (g *Group) ringStep(ctx context.Context, timer *time.Timer, op string, send, recv []byte, acc *dist.Buffer, red dist.ReduceOp, es int) error {
-	n, tag := g.Size(), g.tag<<1
+// ringStep sends send to the next rank while receiving recv from the
+// previous one, both in ChunkBytes pieces. With reduce set, each received
+// piece is combined into recv by the connection's reader as it lands (from
+// shared memory, straight out of the ring); otherwise it is copied there.
+func (g *Group) ringStep(ctx context.Context, timer *time.Timer, op string, send []byte, recv dist.Buffer, reduce bool, red dist.ReduceOp) error {
+	n, tag, es := g.Size(), g.tag<<1, recv.DType.Size()
 	next, prev := g.conn(mod(g.rank+1, n)), g.conn(mod(g.rank-1, n))
 	chunk := max(g.w.cfg.ChunkBytes/es*es, es)
 	reqs := g.reqs[:0]
-	for lo := 0; lo < len(recv); lo += chunk {
-		reqs = append(reqs, prev.post(tag, g.cur, recv[lo:min(lo+chunk, len(recv))]))
+	for lo := 0; lo < len(recv.Data); lo += chunk {
+		piece := dist.Buffer{DType: recv.DType, Data: recv.Data[lo:min(lo+chunk, len(recv.Data))]}
+		if reduce {
+			reqs = append(reqs, prev.postReduce(tag, g.cur, piece, red))
+		} else {
+			reqs = append(reqs, prev.post(tag, g.cur, piece.Data))
+		}
 	}
 	g.reqs = reqs
 	go func() {
@@ -163,18 +169,7 @@ func (g *Group) ringStep(ctx context.Context, timer *time.Timer, op string, send
 		}
 		g.errc <- err
 	}()
-	var err error
-	for k, r := range reqs {
-		if err != nil {
-			g.w.cancel(r)
-			continue
-		}
-		if err = g.w.wait(ctx, r, op, timer); err == nil && acc != nil {
-			lo := k * chunk / es
-			piece := acc.Slice(lo, min(lo+chunk/es, acc.Len()))
-			dist.Accumulate(piece, dist.Buffer{DType: acc.DType, Data: recv[k*chunk : k*chunk+len(piece.Data)]}, red)
-		}
-	}
+	err := g.waitAll(ctx, reqs, op, timer)
 	if serr := <-g.errc; err == nil {
 		err = serr
 	}
@@ -184,12 +179,10 @@ func (g *Group) ringStep(ctx context.Context, timer *time.Timer, op string, send
 // ringReduceScatter reduces work in place so rank r ends with the full
 // reduction of segment r (elements off[r]..off[r+1]); Avg is left as Sum.
 func (g *Group) ringReduceScatter(ctx context.Context, timer *time.Timer, op string, work dist.Buffer, off []int, red dist.ReduceOp) error {
-	n, es := g.Size(), work.DType.Size()
+	n := g.Size()
 	for s := range n - 1 {
 		sseg, rseg := mod(g.rank-s-1, n), mod(g.rank-s-2, n)
-		acc := work.Slice(off[rseg], off[rseg+1])
-		tmp := scratch(&g.tmp, len(acc.Data))
-		if err := g.ringStep(ctx, timer, op, work.Slice(off[sseg], off[sseg+1]).Data, tmp, &acc, red, es); err != nil {
+		if err := g.ringStep(ctx, timer, op, work.Slice(off[sseg], off[sseg+1]).Data, work.Slice(off[rseg], off[rseg+1]), true, red); err != nil {
 			return err
 		}
 	}
@@ -199,10 +192,10 @@ func (g *Group) ringReduceScatter(ctx context.Context, timer *time.Timer, op str
 // ringAllGather fills every segment of buf from its owner (rank r owns
 // segment r).
 func (g *Group) ringAllGather(ctx context.Context, timer *time.Timer, op string, buf dist.Buffer, off []int) error {
-	n, es := g.Size(), buf.DType.Size()
+	n := g.Size()
 	for s := range n - 1 {
 		sseg, rseg := mod(g.rank-s, n), mod(g.rank-s-1, n)
-		if err := g.ringStep(ctx, timer, op, buf.Slice(off[sseg], off[sseg+1]).Data, buf.Slice(off[rseg], off[rseg+1]).Data, nil, 0, es); err != nil {
+		if err := g.ringStep(ctx, timer, op, buf.Slice(off[sseg], off[sseg+1]).Data, buf.Slice(off[rseg], off[rseg+1]), false, 0); err != nil {
 			return err
 		}
 	}

@@ -209,20 +209,28 @@ func (l *shmLink) Read(p []byte) (int, error) {
 	if len(p) == 0 {
 		return 0, nil
 	}
+	q, err := l.next(len(p))
+	if err != nil {
+		return 0, err
+	}
+	n := copy(p, q)
+	l.release(n)
+	return n, nil
+}
+
+// next waits until rx holds unread bytes and returns a view of them without
+// consuming them: at most limit (> 0) bytes, contiguous in the ring. The
+// view stays valid until release; its errors are Read's.
+func (l *shmLink) next(limit int) ([]byte, error) {
 	r := &l.rx
 	t := r.tail.Load()
 	for spin := 0; ; spin++ {
 		if h := r.head.Load(); h != t {
 			off := t % r.size
-			n := copy(p, r.data[off:min(r.size, off+(h-t))])
-			r.tail.Store(t + uint64(n))
-			if r.prodWait.Load() != 0 {
-				futexWakeAll(low32(r.tail))
-			}
-			return n, nil
+			return r.data[off:min(r.size, off+(h-t), off+uint64(limit))], nil
 		}
 		if l.closed.Load() {
-			return 0, net.ErrClosed
+			return nil, net.ErrClosed
 		}
 		if spin < shmSpin {
 			continue
@@ -240,10 +248,20 @@ func (l *shmLink) Read(p []byte) (int, error) {
 				continue
 			}
 			if l.closed.Load() {
-				return 0, net.ErrClosed
+				return nil, net.ErrClosed
 			}
-			return 0, errShmAbandoned
+			return nil, errShmAbandoned
 		}
+	}
+}
+
+// release consumes the first n bytes of the view next returned, handing
+// their room back to the producer.
+func (l *shmLink) release(n int) {
+	r := &l.rx
+	r.tail.Store(r.tail.Load() + uint64(n))
+	if r.prodWait.Load() != 0 {
+		futexWakeAll(low32(r.tail))
 	}
 }
 

@@ -24,5 +24,7 @@ func openShm(string, int) *shmLink                                { return nil }
 func (l *shmLink) unmap()                                         {}
 func (l *shmLink) close()                                         { l.closed.Store(true) }
 func (l *shmLink) Read([]byte) (int, error)                       { return 0, errNoShm }
+func (l *shmLink) next(int) ([]byte, error)                       { return nil, errNoShm }
+func (l *shmLink) release(int)                                    {}
 func (l *shmLink) tryWrite([]byte) int                            { return 0 }
 func (l *shmLink) write(context.Context, []byte, time.Time) error { return errNoShm }
