@@ -13,7 +13,7 @@ import (
 	"github.com/gotron/gotron/internal/cpu"
 )
 
-const benchGemmSynopsis = "bench gemm [--reps 5] [--threads N] [--isa auto|avx512|avx2|generic] [--peak-gflops 128*threads] " +
+const benchGemmSynopsis = "bench gemm [--reps 5] [--threads N] [--isa auto|avx512|avx2|generic] [--peak-gflops 0 (measured)] " +
 	"[--shapes NN:1024x1024x1024,...] [--min-rep-seconds 0.5] [--precision fp32|bf16]"
 
 // defaultGemmShapes are the square shapes and the GPT-2 (d=768, 4d=3072)
@@ -81,7 +81,7 @@ func benchGemm(ctx context.Context, env *cli, args []string) error {
 	reps := fs.Int("reps", 5, "timed repetitions per shape (median and max are reported)")
 	threads := fs.Int("threads", cpu.Threads(), "goroutines the kernel uses (GOTRON_NUM_THREADS)")
 	isaName := fs.String("isa", "auto", "kernel path: auto (detected), avx512, avx2 or generic")
-	peak := fs.Float64("peak-gflops", 0, "peak for --threads threads, GFLOP/s (0: 128 per thread, the fp32 FMA peak; 256 per thread with the AVX512_BF16 kernels)")
+	peak := fs.Float64("peak-gflops", 0, "peak for --threads threads, GFLOP/s (0: measured before every rep with --threads threads of register-only FMAs, cpu.FMAPeak; twice that with the AVX512_BF16 kernels)")
 	precision := fs.String("precision", "fp32", "fp32 (cpu.Sgemm) or bf16 (cpu.SgemmBF16: inputs rounded to bfloat16, fp32 accumulation)")
 	shapeList := fs.String("shapes", defaultGemmShapes, "comma-separated OPS:MxKxN (op(A) M×K, op(B) K×N)")
 	minRep := fs.Float64("min-rep-seconds", 0.5, "each repetition repeats the GEMM until it lasts this long")
@@ -98,7 +98,7 @@ func benchGemm(ctx context.Context, env *cli, args []string) error {
 	case *threads < 1:
 		return fmt.Errorf("--threads %d: want at least 1", *threads)
 	case !(*peak >= 0):
-		return fmt.Errorf("--peak-gflops %g: want a positive number (or 0 for 128 per thread)", *peak)
+		return fmt.Errorf("--peak-gflops %g: want a positive number (or 0 to measure it)", *peak)
 	case !(*minRep >= 0):
 		return fmt.Errorf("--min-rep-seconds %g: want ≥ 0", *minRep)
 	}
@@ -126,50 +126,66 @@ func benchGemm(ctx context.Context, env *cli, args []string) error {
 	prevThreads := cpu.SetThreads(*threads)
 	defer cpu.SetThreads(prevThreads)
 	name := "sgemm"
-	perThreadPeak := 128.0
+	// peakScale turns the measured fp32 FMA rate into this path's peak:
+	// VDPBF16PS does two multiply-adds per lane at the FMA rate.
+	peakScale := 1.0
 	if bf16 {
 		name = "sgemm bf16 (fp32 kernels on rounded inputs)"
 		if cpu.HasBF16GEMM() {
 			name = "sgemm bf16 (VDPBF16PS kernels)"
-			perThreadPeak = 256
+			peakScale = 2
 		}
 	}
+	// A measured peak is taken right before every rep, so each rep is
+	// compared with what the threads could do at that moment (the vCPUs'
+	// placement and other processes change from second to second).
+	peakFn := func() float64 { return *peak }
+	peakDesc := fmt.Sprintf("peak %.0f GFLOP/s", *peak)
 	if *peak == 0 {
-		*peak = perThreadPeak * float64(*threads)
+		dur := time.Duration(min(0.25, max(0.01, *minRep/2)) * float64(time.Second))
+		peakFn = func() float64 { return peakScale * cpu.FMAPeak(*threads, dur) }
+		peakDesc = fmt.Sprintf("peak measured before each rep (%v of FMAs on %d threads", dur, *threads)
+		if peakScale != 1 {
+			peakDesc += fmt.Sprintf(", ×%g", peakScale)
+		}
+		peakDesc += ")"
 	}
 
 	w := env.stdout
-	fmt.Fprintf(w, "%s: isa %v, threads %d, peak %.0f GFLOP/s, %d reps of ≥ %.2gs each\n", name, isa, *threads, *peak, *reps, *minRep)
-	fmt.Fprintf(w, "%-3s %6s %6s %6s %8s %8s %7s %7s %10s %7s\n",
-		"ops", "M", "K", "N", "median", "max", "%peak", "%peak", "GFLOP/", "%peak")
-	fmt.Fprintf(w, "%-3s %6s %6s %6s %8s %8s %7s %7s %10s %7s\n",
-		"", "", "", "", "GFLOP/s", "GFLOP/s", "median", "max", "cpu-s/thr", "cpu")
+	fmt.Fprintf(w, "%s: isa %v, threads %d, %s, %d reps of ≥ %.2gs each\n", name, isa, *threads, peakDesc, *reps, *minRep)
+	fmt.Fprintf(w, "%-3s %6s %6s %6s %8s %8s %8s %7s %7s %10s %7s\n",
+		"ops", "M", "K", "N", "median", "max", "peak", "%peak", "%peak", "GFLOP/", "%peak")
+	fmt.Fprintf(w, "%-3s %6s %6s %6s %8s %8s %8s %7s %7s %10s %7s\n",
+		"", "", "", "", "GFLOP/s", "GFLOP/s", "GFLOP/s", "median", "max", "cpu-s/thr", "cpu")
 	for _, s := range shapes {
 		if err := ctx.Err(); err != nil {
 			return err
 		}
-		r, err := timeGemm(ctx, s, bf16, *reps, *minRep)
+		r, err := timeGemm(ctx, s, bf16, *reps, *minRep, peakFn)
 		if err != nil {
 			return err
 		}
 		perThread := r.cpuGFLOPs // GFLOP per CPU-second = per busy thread
-		fmt.Fprintf(w, "%-3s %6d %6d %6d %8.1f %8.1f %6.1f%% %6.1f%% %10.1f %6.1f%%\n",
-			s.ops(), s.m, s.k, s.n, r.median, r.max, 100*r.median / *peak, 100*r.max / *peak,
-			perThread, 100*perThread/(*peak/float64(*threads)))
+		fmt.Fprintf(w, "%-3s %6d %6d %6d %8.1f %8.1f %8.1f %6.1f%% %6.1f%% %10.1f %6.1f%%\n",
+			s.ops(), s.m, s.k, s.n, r.median, r.max, r.peak, 100*r.pctMedian, 100*r.pctMax,
+			perThread, 100*perThread/(r.peak/float64(*threads)))
 	}
 	return nil
 }
 
 // gemmResult holds one shape's rates.
 type gemmResult struct {
-	median, max float64 // wall-clock GFLOP/s over reps
-	cpuGFLOPs   float64 // GFLOP per process CPU-second, over all reps
+	median, max       float64 // wall-clock GFLOP/s over reps
+	peak              float64 // median of the peaks taken before the reps
+	pctMedian, pctMax float64 // each rep's rate over its own peak: median, max
+	cpuGFLOPs         float64 // GFLOP per process CPU-second, over all reps
 }
 
 // timeGemm runs one shape: a warm-up call that also calibrates how many
-// calls make a repetition last minRep seconds, then reps timed repetitions.
-// bf16 times cpu.SgemmBF16 instead of cpu.Sgemm.
-func timeGemm(ctx context.Context, s gemmShape, bf16 bool, reps int, minRep float64) (gemmResult, error) {
+// calls make a repetition last minRep seconds, then reps timed repetitions,
+// each preceded by peak() (the GFLOP/s it is compared with). bf16 times
+// cpu.SgemmBF16 instead of cpu.Sgemm.
+func timeGemm(ctx context.Context, s gemmShape, bf16 bool, reps int, minRep float64, peak func() float64) (gemmResult, error) {
 	rng := rand.New(rand.NewPCG(uint64(s.m), uint64(s.n)))
 	fill := func(n int) []float32 {
 		x := make([]float32, n)
@@ -197,33 +213,47 @@ func timeGemm(ctx context.Context, s gemmShape, bf16 bool, reps int, minRep floa
 	calls := max(1, int(minRep/max(one, 1e-9)))
 	flop := 2 * float64(s.m) * float64(s.n) * float64(s.k) * float64(calls)
 	rates := make([]float64, 0, reps)
-	cpu0, err := processCPU()
-	if err != nil {
-		return gemmResult{}, err
-	}
+	peaks := make([]float64, 0, reps)
+	pcts := make([]float64, 0, reps)
+	var cpuSeconds float64
 	for range reps {
 		if err := ctx.Err(); err != nil {
+			return gemmResult{}, err
+		}
+		p := peak()
+		cpu0, err := processCPU()
+		if err != nil {
 			return gemmResult{}, err
 		}
 		t := time.Now()
 		for range calls {
 			call()
 		}
-		rates = append(rates, flop/time.Since(t).Seconds()/1e9)
+		rate := flop / time.Since(t).Seconds() / 1e9
+		cpu1, err := processCPU()
+		if err != nil {
+			return gemmResult{}, err
+		}
+		cpuSeconds += cpu1 - cpu0
+		rates, peaks, pcts = append(rates, rate), append(peaks, p), append(pcts, rate/p)
 	}
-	cpu1, err := processCPU()
-	if err != nil {
-		return gemmResult{}, err
-	}
-	slices.Sort(rates)
-	r := gemmResult{median: rates[len(rates)/2], max: rates[len(rates)-1]}
-	if len(rates)%2 == 0 {
-		r.median = (rates[len(rates)/2-1] + rates[len(rates)/2]) / 2
-	}
-	if d := cpu1 - cpu0; d > 0 {
-		r.cpuGFLOPs = flop * float64(reps) / d / 1e9
+	r := gemmResult{median: medianOf(rates), max: slices.Max(rates), peak: medianOf(peaks),
+		pctMedian: medianOf(pcts), pctMax: slices.Max(pcts)}
+	if cpuSeconds > 0 {
+		r.cpuGFLOPs = flop * float64(reps) / cpuSeconds / 1e9
 	}
 	return r, nil
+}
+
+// medianOf returns the median of xs (the mean of the middle two for an even
+// count); it sorts xs.
+func medianOf(xs []float64) float64 {
+	slices.Sort(xs)
+	n := len(xs)
+	if n%2 == 0 {
+		return (xs[n/2-1] + xs[n/2]) / 2
+	}
+	return xs[n/2]
 }
 
 // processCPU returns the CPU time (user+system) this process has used.

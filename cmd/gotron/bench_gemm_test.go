@@ -19,6 +19,10 @@ func runBenchGemm(t *testing.T, args ...string) (string, error) {
 	return out.String(), err
 }
 
+// benchGemmRow matches a table row: ops, M, K, N, median, max, peak,
+// %peak median, %peak max, GFLOP/cpu-s per thread, %peak cpu.
+var benchGemmRow = regexp.MustCompile(`(?m)^(NN|NT|TN|TT)\s+(\d+)\s+(\d+)\s+(\d+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)%\s+([\d.]+)%\s+([\d.]+)\s+([\d.]+)%$`)
+
 // TestBenchGemmTable runs two small shapes per ISA and checks that each
 // prints one row with positive rates and a %peak consistent with
 // --peak-gflops.
@@ -32,35 +36,59 @@ func TestBenchGemmTable(t *testing.T) {
 		if !strings.Contains(out, "threads 2, peak 100 GFLOP/s, 3 reps") {
 			t.Errorf("--isa %s: header missing:\n%s", isa, out)
 		}
-		re := regexp.MustCompile(`(?m)^(NN|TN)\s+(\d+)\s+(\d+)\s+(\d+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)%\s+([\d.]+)%\s+([\d.]+)\s+([\d.]+)%$`)
-		rows := re.FindAllStringSubmatch(out, -1)
+		rows := benchGemmRow.FindAllStringSubmatch(out, -1)
 		if len(rows) != 2 {
 			t.Fatalf("--isa %s: want 2 table rows, got %d:\n%s", isa, len(rows), out)
 		}
 		for _, r := range rows {
 			med, _ := strconv.ParseFloat(r[5], 64)
 			mx, _ := strconv.ParseFloat(r[6], 64)
-			pct, _ := strconv.ParseFloat(r[7], 64)
+			peak, _ := strconv.ParseFloat(r[7], 64)
+			pct, _ := strconv.ParseFloat(r[8], 64)
+			pctMax, _ := strconv.ParseFloat(r[9], 64)
 			if !(med > 0 && mx >= med) {
 				t.Errorf("--isa %s: row %q: want 0 < median ≤ max", isa, r[0])
 			}
-			// %peak of the median against --peak-gflops 100 (printed to 0.1).
+			if peak != 100 {
+				t.Errorf("--isa %s: row %q: peak %v, want --peak-gflops 100", isa, r[0], peak)
+			}
+			// %peak of the median and max against 100 GFLOP/s (printed to 0.1).
 			if d := pct - med; d > 0.06 || d < -0.06 {
 				t.Errorf("--isa %s: row %q: %%peak %v, want median/100 GFLOP/s = %v%%", isa, r[0], pct, med)
+			}
+			if d := pctMax - mx; d > 0.06 || d < -0.06 {
+				t.Errorf("--isa %s: row %q: %%peak max %v, want max/100 GFLOP/s = %v%%", isa, r[0], pctMax, mx)
 			}
 		}
 	}
 }
 
-// TestBenchGemmDefaultPeak checks that the default peak is 128 GFLOP/s per
-// thread.
-func TestBenchGemmDefaultPeak(t *testing.T) {
-	out, err := runBenchGemm(t, "--reps", "1", "--threads", "3", "--isa", "generic", "--shapes", "NN:8x8x8", "--min-rep-seconds", "0")
-	if err != nil {
-		t.Fatalf("%v\n%s", err, out)
-	}
-	if !strings.Contains(out, "threads 3, peak 384 GFLOP/s") {
-		t.Errorf("want peak 384 GFLOP/s for 3 threads:\n%s", out)
+// TestBenchGemmMeasuredPeak checks that without --peak-gflops the peak is
+// measured: the header says so, and the row's peak is a positive rate that
+// its %peak is computed against (one rep: %peak = rate / that rep's peak).
+func TestBenchGemmMeasuredPeak(t *testing.T) {
+	for _, isa := range []string{"generic", "auto"} {
+		out, err := runBenchGemm(t, "--reps", "1", "--threads", "2", "--isa", isa, "--shapes", "NN:48x40x64", "--min-rep-seconds", "0")
+		if err != nil {
+			t.Fatalf("--isa %s: %v\n%s", isa, err, out)
+		}
+		if !strings.Contains(out, "threads 2, peak measured before each rep (10ms of FMAs on 2 threads)") {
+			t.Errorf("--isa %s: want a measured-peak header:\n%s", isa, out)
+		}
+		rows := benchGemmRow.FindAllStringSubmatch(out, -1)
+		if len(rows) != 1 {
+			t.Fatalf("--isa %s: want 1 row:\n%s", isa, out)
+		}
+		med, _ := strconv.ParseFloat(rows[0][5], 64)
+		peak, _ := strconv.ParseFloat(rows[0][7], 64)
+		pct, _ := strconv.ParseFloat(rows[0][8], 64)
+		if !(peak > 0) {
+			t.Fatalf("--isa %s: measured peak %v, want > 0:\n%s", isa, peak, out)
+		}
+		// Printed to 0.1: allow for the rounding of all three numbers.
+		if want := 100 * med / peak; pct < want*0.99-0.1 || pct > want*1.01+0.1 {
+			t.Errorf("--isa %s: %%peak %v, want median/peak = %.2f%%:\n%s", isa, pct, want, out)
+		}
 	}
 }
 
@@ -89,7 +117,7 @@ func TestBenchGemmBadFlags(t *testing.T) {
 
 // TestBenchGemmBF16 checks --precision bf16 on every path: the header names
 // the path that runs (the VDPBF16PS kernels only where the CPU has them and
-// the ISA is avx512), the default peak doubles with those kernels, and
+// the ISA is avx512), the measured peak doubles with those kernels, and
 // each shape prints a row.
 func TestBenchGemmBF16(t *testing.T) {
 	for _, isa := range []string{"generic", "auto"} {
@@ -102,14 +130,14 @@ func TestBenchGemmBF16(t *testing.T) {
 		prev := cpu.SetISA(parsed)
 		fast := cpu.HasBF16GEMM()
 		cpu.SetISA(prev)
-		want := "sgemm bf16 (fp32 kernels on rounded inputs): isa " + parsed.String() + ", threads 1, peak 128 GFLOP/s"
+		want := "sgemm bf16 (fp32 kernels on rounded inputs): isa " + parsed.String() + ", threads 1, peak measured before each rep (10ms of FMAs on 1 threads)"
 		if fast {
-			want = "sgemm bf16 (VDPBF16PS kernels): isa avx512, threads 1, peak 256 GFLOP/s"
+			want = "sgemm bf16 (VDPBF16PS kernels): isa avx512, threads 1, peak measured before each rep (10ms of FMAs on 1 threads, ×2)"
 		}
 		if !strings.Contains(out, want) {
 			t.Errorf("--isa %s: want header %q:\n%s", isa, want, out)
 		}
-		if rows := regexp.MustCompile(`(?m)^(NN|NT)\s+\d+`).FindAllString(out, -1); len(rows) != 2 {
+		if rows := benchGemmRow.FindAllString(out, -1); len(rows) != 2 {
 			t.Errorf("--isa %s: want 2 rows:\n%s", isa, out)
 		}
 	}
