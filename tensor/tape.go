@@ -3,6 +3,8 @@ package tensor
 import (
 	"fmt"
 	"math"
+
+	"github.com/gotron/gotron/internal/cpu"
 )
 
 // Tape records the backward steps of the ops run through it and replays them
@@ -273,18 +275,7 @@ func (tp *Tape) BackwardFrom(outs, grads []*Tensor) error {
 }
 
 // axpy computes y += a*x.
-func axpy(y, x []float32, a float32) {
-	y = y[:len(x)]
-	if a == 1 {
-		for i, v := range x {
-			y[i] += v
-		}
-		return
-	}
-	for i, v := range x {
-		y[i] += a * v
-	}
-}
+func axpy(y, x []float32, a float32) { cpu.Axpy(y, x, a) }
 
 // Arena hands out float32 buffers by exact length and takes them back; a
 // training loop with fixed shapes reuses the same buffers every iteration.

@@ -13,40 +13,56 @@ const geluTanhK = 0.7978845608028654
 // torch's gelu(approximate="tanh") and Megatron's bias_gelu. inp, out: (any).
 // It evaluates the identical x*sigmoid(2u) in float32 (no cancellation in
 // 1+tanh for negative x), exp vectorised in chunks, accurate to a few ulp.
+//
+// With AVX-512 one fused kernel does it in a pass, bit-identical to the Go
+// loops below (which run on other ISAs and on the last few elements).
 func GELUTanhForward(out, inp []float32) {
 	Parallel(len(inp), actGrain, func(lo, hi int) {
-		var buf [actChunk]float32
-		for i0 := lo; i0 < hi; i0 += actChunk {
-			x := inp[i0:min(i0+actChunk, hi)]
-			s, o := buf[:len(x)], out[i0:i0+len(x)]
-			for i, v := range x {
-				s[i] = 2 * geluTanhK * (v + 0.044715*v*v*v)
-			}
-			sigmoidOf(s)
-			for i, v := range x {
-				o[i] = v * s[i]
-			}
-		}
+		n := geluTanhForwardVec(out[lo:hi], inp[lo:hi])
+		geluTanhForwardGo(out[lo+n:hi], inp[lo+n:hi])
 	})
+}
+
+// geluTanhForwardGo is GELUTanhForward on the calling goroutine, in chunks
+// through the vectorised exp.
+func geluTanhForwardGo(out, inp []float32) {
+	var buf [actChunk]float32
+	for i0 := 0; i0 < len(inp); i0 += actChunk {
+		x := inp[i0:min(i0+actChunk, len(inp))]
+		s, o := buf[:len(x)], out[i0:i0+len(x)]
+		for i, v := range x {
+			s[i] = 2 * geluTanhK * (v + 0.044715*v*v*v)
+		}
+		sigmoidOf(s)
+		for i, v := range x {
+			o[i] = v * s[i]
+		}
+	}
 }
 
 // GELUTanhBackward accumulates dinp += dout * d/dx GELUTanh(inp)
 // = dout * (s + 2x·s(1-s)·sqrt(2/π)(1+3·0.044715x²)), s = sigmoid(2u).
 func GELUTanhBackward(dinp, dout, inp []float32) {
 	Parallel(len(inp), actGrain, func(lo, hi int) {
-		var buf [actChunk]float32
-		for i0 := lo; i0 < hi; i0 += actChunk {
-			x := inp[i0:min(i0+actChunk, hi)]
-			s, g, dx := buf[:len(x)], dout[i0:i0+len(x)], dinp[i0:i0+len(x)]
-			for i, v := range x {
-				s[i] = 2 * geluTanhK * (v + 0.044715*v*v*v)
-			}
-			sigmoidOf(s)
-			for i, v := range x {
-				dx[i] += g[i] * (s[i] + 2*v*s[i]*(1-s[i])*geluTanhK*(1+3*0.044715*v*v))
-			}
-		}
+		n := geluTanhBackwardVec(dinp[lo:hi], dout[lo:hi], inp[lo:hi])
+		geluTanhBackwardGo(dinp[lo+n:hi], dout[lo+n:hi], inp[lo+n:hi])
 	})
+}
+
+// geluTanhBackwardGo is GELUTanhBackward on the calling goroutine.
+func geluTanhBackwardGo(dinp, dout, inp []float32) {
+	var buf [actChunk]float32
+	for i0 := 0; i0 < len(inp); i0 += actChunk {
+		x := inp[i0:min(i0+actChunk, len(inp))]
+		s, g, dx := buf[:len(x)], dout[i0:i0+len(x)], dinp[i0:i0+len(x)]
+		for i, v := range x {
+			s[i] = 2 * geluTanhK * (v + 0.044715*v*v*v)
+		}
+		sigmoidOf(s)
+		for i, v := range x {
+			dx[i] += g[i] * (s[i] + 2*v*s[i]*(1-s[i])*geluTanhK*(1+3*0.044715*v*v))
+		}
+	}
 }
 
 // geluTanhGrad is the float64 derivative of the tanh-form GELU (references).

@@ -1,0 +1,85 @@
+//go:build amd64
+
+package cpu
+
+// geluTanhFwdAVX512 is geluTanhForwardGo on n (a multiple of 16) elements,
+// bit for bit (same operation order, same exp). Requires AVX-512F.
+//
+//go:noescape
+func geluTanhFwdAVX512(out, inp *float32, n int)
+
+// geluTanhBwdAVX512 is geluTanhBackwardGo on n (a multiple of 16) elements,
+// bit for bit. Requires AVX-512F.
+//
+//go:noescape
+func geluTanhBwdAVX512(dinp, dout, inp *float32, n int)
+
+// ceGradAVX512 sets dx[i] = scale*(exp(x[i]-lse) - u) for i < n (a multiple of
+// 16), with expSubAVX512's exp. Requires AVX-512F.
+//
+//go:noescape
+func ceGradAVX512(dx, x *float32, n int, lse, scale, u float32)
+
+// axpyAVX512 adds a*x[i] to y[i] for i < n (a multiple of 16). Requires
+// AVX-512F.
+//
+//go:noescape
+func axpyAVX512(y, x *float32, n int, a float32)
+
+// axpyAVX2 adds a*x[i] to y[i] for i < n (a multiple of 8). Requires AVX.
+//
+//go:noescape
+func axpyAVX2(y, x *float32, n int, a float32)
+
+// geluTanhForwardVec runs the AVX-512 kernel on the longest multiple-of-16
+// prefix and returns its length (0 on other ISAs).
+func geluTanhForwardVec(out, inp []float32) int {
+	if ActiveISA() != ISAAVX512 || len(inp) < 16 {
+		return 0
+	}
+	n := len(inp) &^ 15
+	_, _ = out[n-1], inp[n-1]
+	geluTanhFwdAVX512(&out[0], &inp[0], n)
+	return n
+}
+
+// geluTanhBackwardVec is geluTanhForwardVec for the backward kernel.
+func geluTanhBackwardVec(dinp, dout, inp []float32) int {
+	if ActiveISA() != ISAAVX512 || len(inp) < 16 {
+		return 0
+	}
+	n := len(inp) &^ 15
+	_, _, _ = dinp[n-1], dout[n-1], inp[n-1]
+	geluTanhBwdAVX512(&dinp[0], &dout[0], &inp[0], n)
+	return n
+}
+
+// ceGradVec is ceGradAVX512 on the longest multiple-of-16 prefix of x; it
+// returns the prefix length (0 on other ISAs).
+func ceGradVec(dx, x []float32, lse, g, u float32) int {
+	if ActiveISA() != ISAAVX512 || len(x) < 16 {
+		return 0
+	}
+	n := len(x) &^ 15
+	_ = dx[n-1]
+	ceGradAVX512(&dx[0], &x[0], n, lse, g, u)
+	return n
+}
+
+// axpyVec runs the kernel of ActiveISA on a prefix of x and returns its
+// length.
+func axpyVec(y, x []float32, a float32) int {
+	switch isa := ActiveISA(); {
+	case isa == ISAAVX512 && len(x) >= 16:
+		n := len(x) &^ 15
+		_ = y[n-1]
+		axpyAVX512(&y[0], &x[0], n, a)
+		return n
+	case isa == ISAAVX2 && len(x) >= 8:
+		n := len(x) &^ 7
+		_ = y[n-1]
+		axpyAVX2(&y[0], &x[0], n, a)
+		return n
+	}
+	return 0
+}

@@ -1,0 +1,216 @@
+//go:build amd64
+
+#include "textflag.h"
+
+#define BCAST(bits, Z) MOVL $bits, AX; VPBROADCASTD AX, Z
+#define BCASTY(bits, Y) MOVL $bits, AX; MOVD AX, X0; VPBROADCASTD X0, Y
+
+// EXP_CONSTS loads the constants of the Cephes expf used by expSubAVX512
+// into Z19..Z30 (see attention_amd64.s); EXP computes Z2 = exp(Z0) with
+// exactly expSubAVX512's instruction sequence (so results are bit-identical
+// to it), clobbering Z0, Z1, Z3 and K2.
+#define EXP_CONSTS \
+	BCAST(0x3fb8aa3b, Z30); \
+	BCAST(0x3f318000, Z29); \
+	BCAST(0xb95e8083, Z28); \
+	BCAST(0x39506967, Z27); \
+	BCAST(0x3ab743ce, Z26); \
+	BCAST(0x3c088908, Z25); \
+	BCAST(0x3d2aa9c1, Z24); \
+	BCAST(0x3e2aaaaa, Z23); \
+	BCAST(0x3f000000, Z22); \
+	BCAST(0x3f800000, Z21); \
+	BCAST(0xc2aeac4f, Z20); \
+	BCAST(0x42b17217, Z19)
+
+#define EXP \
+	VMINPS Z19, Z0, Z0; \
+	VCMPPS $0x1d, Z20, Z0, K2; \
+	VMULPS Z30, Z0, Z1; \
+	VRNDSCALEPS $0, Z1, Z1; \
+	VFNMADD231PS Z29, Z1, Z0; \
+	VFNMADD231PS Z28, Z1, Z0; \
+	VMOVAPS Z27, Z2; \
+	VFMADD213PS Z26, Z0, Z2; \
+	VFMADD213PS Z25, Z0, Z2; \
+	VFMADD213PS Z24, Z0, Z2; \
+	VFMADD213PS Z23, Z0, Z2; \
+	VFMADD213PS Z22, Z0, Z2; \
+	VMULPS Z0, Z0, Z3; \
+	VFMADD213PS Z0, Z3, Z2; \
+	VADDPS Z21, Z2, Z2; \
+	VSCALEFPS.Z Z1, Z2, K2, Z2
+
+// SIGMOID2U sets Z2 = sigmoid(2u) = 1/(1+exp(-2u)) for the GELU-tanh
+// argument u of x = Z4, in the operation order of geluTanhForwardGo:
+// 2u = k2*(x + ((0.044715*x)*x)*x). Needs Z16 = sign mask, Z17 = k2,
+// Z18 = 0.044715 and EXP_CONSTS; clobbers Z0, Z1, Z3, Z5, K2.
+#define SIGMOID2U \
+	VMULPS Z18, Z4, Z5; \
+	VMULPS Z4, Z5, Z5; \
+	VMULPS Z4, Z5, Z5; \
+	VADDPS Z5, Z4, Z5; \
+	VMULPS Z17, Z5, Z5; \
+	VPXORD Z16, Z5, Z0; \
+	EXP; \
+	VADDPS Z21, Z2, Z2; \
+	VDIVPS Z2, Z21, Z2
+
+#define GELU_CONSTS \
+	EXP_CONSTS; \
+	BCAST(0x80000000, Z16); \
+	BCAST(0x3fcc422a, Z17); \
+	BCAST(0x3d372713, Z18)
+
+// func geluTanhFwdAVX512(out, inp *float32, n int)
+// out[i] = x*sigmoid(2u) for i < n, n a multiple of 16.
+TEXT ·geluTanhFwdAVX512(SB), NOSPLIT, $0-24
+	MOVQ out+0(FP), DI
+	MOVQ inp+8(FP), SI
+	MOVQ n+16(FP), CX
+	GELU_CONSTS
+	SHRQ $4, CX
+	JZ done
+loop:
+	VMOVUPS (SI), Z4
+	SIGMOID2U
+	VMULPS Z2, Z4, Z2
+	VMOVUPS Z2, (DI)
+	ADDQ $64, SI
+	ADDQ $64, DI
+	DECQ CX
+	JNZ loop
+done:
+	VZEROUPPER
+	RET
+
+// func geluTanhBwdAVX512(dinp, dout, inp *float32, n int)
+// dinp[i] += dout[i] * (s + ((((2x)*s)*(1-s))*K)*(1+(c3*x)*x)), s = sigmoid(2u),
+// K = sqrt(2/pi), c3 = 3*0.044715, for i < n, n a multiple of 16.
+TEXT ·geluTanhBwdAVX512(SB), NOSPLIT, $0-32
+	MOVQ dinp+0(FP), DI
+	MOVQ dout+8(FP), R8
+	MOVQ inp+16(FP), SI
+	MOVQ n+24(FP), CX
+	GELU_CONSTS
+	BCAST(0x3f4c422a, Z15) // K
+	BCAST(0x3e095d4f, Z14) // c3
+	SHRQ $4, CX
+	JZ done
+loop:
+	VMOVUPS (SI), Z4
+	SIGMOID2U
+	VADDPS Z4, Z4, Z5     // 2x
+	VMULPS Z2, Z5, Z5     // *s
+	VSUBPS Z2, Z21, Z6    // 1-s
+	VMULPS Z6, Z5, Z5
+	VMULPS Z15, Z5, Z5    // *K
+	VMULPS Z14, Z4, Z6    // c3*x
+	VMULPS Z4, Z6, Z6     // *x
+	VADDPS Z21, Z6, Z6    // 1+...
+	VMULPS Z6, Z5, Z5
+	VADDPS Z5, Z2, Z5     // s+...
+	VMULPS (R8), Z5, Z5   // dout*(...)
+	VADDPS (DI), Z5, Z5   // dinp + ...
+	VMOVUPS Z5, (DI)
+	ADDQ $64, SI
+	ADDQ $64, DI
+	ADDQ $64, R8
+	DECQ CX
+	JNZ loop
+done:
+	VZEROUPPER
+	RET
+
+// func ceGradAVX512(dx, x *float32, n int, lse, scale, u float32)
+// dx[i] = scale*(exp(x[i]-lse) - u) for i < n, n a multiple of 16: the
+// cross-entropy gradient row without label term, in one pass.
+TEXT ·ceGradAVX512(SB), NOSPLIT, $0-36
+	MOVQ dx+0(FP), DI
+	MOVQ x+8(FP), SI
+	MOVQ n+16(FP), CX
+	VBROADCASTSS lse+24(FP), Z31
+	VBROADCASTSS scale+28(FP), Z17
+	VBROADCASTSS u+32(FP), Z18
+	EXP_CONSTS
+	SHRQ $4, CX
+	JZ done
+loop:
+	VMOVUPS (SI), Z0
+	VSUBPS Z31, Z0, Z0
+	EXP
+	VSUBPS Z18, Z2, Z2
+	VMULPS Z17, Z2, Z2
+	VMOVUPS Z2, (DI)
+	ADDQ $64, SI
+	ADDQ $64, DI
+	DECQ CX
+	JNZ loop
+done:
+	VZEROUPPER
+	RET
+
+// func axpyAVX512(y, x *float32, n int, a float32)
+// y[i] += a*x[i] for i < n, n a multiple of 16 (multiply, then add: the
+// same rounding as the Go loop).
+TEXT ·axpyAVX512(SB), NOSPLIT, $0-28
+	MOVQ y+0(FP), DI
+	MOVQ x+8(FP), SI
+	MOVQ n+16(FP), CX
+	VBROADCASTSS a+24(FP), Z31
+	SHRQ $4, CX
+	MOVQ CX, DX
+	SHRQ $2, DX
+	JZ tail
+loop4:
+	VMULPS (SI), Z31, Z0
+	VMULPS 64(SI), Z31, Z1
+	VMULPS 128(SI), Z31, Z2
+	VMULPS 192(SI), Z31, Z3
+	VADDPS (DI), Z0, Z0
+	VADDPS 64(DI), Z1, Z1
+	VADDPS 128(DI), Z2, Z2
+	VADDPS 192(DI), Z3, Z3
+	VMOVUPS Z0, (DI)
+	VMOVUPS Z1, 64(DI)
+	VMOVUPS Z2, 128(DI)
+	VMOVUPS Z3, 192(DI)
+	ADDQ $256, SI
+	ADDQ $256, DI
+	DECQ DX
+	JNZ loop4
+tail:
+	ANDQ $3, CX
+	JZ done
+loop1:
+	VMULPS (SI), Z31, Z0
+	VADDPS (DI), Z0, Z0
+	VMOVUPS Z0, (DI)
+	ADDQ $64, SI
+	ADDQ $64, DI
+	DECQ CX
+	JNZ loop1
+done:
+	VZEROUPPER
+	RET
+
+// func axpyAVX2(y, x *float32, n int, a float32)
+// y[i] += a*x[i] for i < n, n a multiple of 8.
+TEXT ·axpyAVX2(SB), NOSPLIT, $0-28
+	MOVQ y+0(FP), DI
+	MOVQ x+8(FP), SI
+	MOVQ n+16(FP), CX
+	VBROADCASTSS a+24(FP), Y15
+	SHRQ $3, CX
+	JZ done
+loop:
+	VMULPS (SI), Y15, Y0
+	VADDPS (DI), Y0, Y0
+	VMOVUPS Y0, (DI)
+	ADDQ $32, SI
+	ADDQ $32, DI
+	DECQ CX
+	JNZ loop
+done:
+	VZEROUPPER
+	RET

@@ -1,0 +1,155 @@
+package cpu
+
+import (
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"testing"
+)
+
+// elemInputs returns n values: mostly normal(0, 3), with the special values
+// the kernels must treat exactly like the Go loops (±0, denormals, huge
+// values whose cube overflows, ±Inf, NaN) scattered in.
+func elemInputs(r *rand.Rand, n int) []float32 {
+	special := []float32{0, float32(math.Copysign(0, -1)), 1e-40, -1e-40, 9, -9, 44, -44, 90, -90, 1e20, -1e20,
+		float32(math.Inf(1)), float32(math.Inf(-1)), float32(math.NaN()), math.MaxFloat32, -math.MaxFloat32}
+	x := make([]float32, n)
+	for i := range x {
+		if r.IntN(8) == 0 {
+			x[i] = special[r.IntN(len(special))]
+		} else {
+			x[i] = float32(3 * r.NormFloat64())
+		}
+	}
+	return x
+}
+
+// sameBits reports whether a and b are equal bit for bit, or both NaN
+// (x86 may pick either operand's NaN payload).
+func sameBits(a, b float32) bool {
+	return math.Float32bits(a) == math.Float32bits(b) || (a != a && b != b)
+}
+
+// TestGELUTanhKernelBits holds the fused AVX-512 GELU kernels to the Go
+// loops bit for bit (the Go loops run on other ISAs and on tails, so every
+// machine computes the same activations), on inputs with special values.
+func TestGELUTanhKernelBits(t *testing.T) {
+	if DetectedISA() < ISAAVX512 {
+		t.Skip("no AVX-512 on this CPU: the fused kernel is not used")
+	}
+	withISA(t, ISAAVX512, func() {
+		r := rand.New(rand.NewPCG(1, 2))
+		for _, n := range []int{16, 32, 48, 256, 272, 1024 + 16} {
+			x, g, d0 := elemInputs(r, n), elemInputs(r, n), elemInputs(r, n)
+			got, want := make([]float32, n), make([]float32, n)
+			if k := geluTanhForwardVec(got, x); k != n {
+				t.Fatalf("n=%d: vector prefix %d", n, k)
+			}
+			geluTanhForwardGo(want, x)
+			dgot, dwant := append([]float32(nil), d0...), append([]float32(nil), d0...)
+			geluTanhBackwardVec(dgot, g, x)
+			geluTanhBackwardGo(dwant, g, x)
+			for i := range n {
+				if !sameBits(got[i], want[i]) {
+					t.Fatalf("forward n=%d x[%d]=%g: kernel %g (%#08x), Go %g (%#08x)", n, i, x[i], got[i], math.Float32bits(got[i]), want[i], math.Float32bits(want[i]))
+				}
+				if !sameBits(dgot[i], dwant[i]) {
+					t.Fatalf("backward n=%d x[%d]=%g g=%g: kernel %g, Go %g", n, i, x[i], g[i], dgot[i], dwant[i])
+				}
+			}
+		}
+	})
+}
+
+// TestCrossEntropyGradKernel holds the fused cross-entropy gradient row to
+// the unfused Go sequence (copy, exp, scale) bit for bit.
+func TestCrossEntropyGradKernel(t *testing.T) {
+	if DetectedISA() < ISAAVX512 {
+		t.Skip("no AVX-512 on this CPU: the fused kernel is not used")
+	}
+	withISA(t, ISAAVX512, func() {
+		r := rand.New(rand.NewPCG(3, 4))
+		for _, n := range []int{16, 64, 50256} {
+			x := elemInputs(r, n)
+			x[r.IntN(n)] = float32(math.Inf(-1)) // masked logit: exactly 0
+			lse, g, u := float32(7.25), float32(0.37), float32(0.1)/float32(n)
+			got, want := make([]float32, n), append([]float32(nil), x...)
+			if k := ceGradVec(got, x, lse, g, u); k != n {
+				t.Fatalf("n=%d: vector prefix %d", n, k)
+			}
+			expSubF32(want, lse)
+			for j := range want {
+				want[j] = g * (want[j] - u)
+			}
+			for i := range n {
+				if !sameBits(got[i], want[i]) {
+					t.Fatalf("n=%d x[%d]=%g: kernel %g, Go %g", n, i, x[i], got[i], want[i])
+				}
+			}
+		}
+	})
+}
+
+// TestAxpy checks every ISA against the plain loop, bit for bit: lengths
+// 0..70 (every tail), unaligned starts, a = 1 and others.
+func TestAxpy(t *testing.T) {
+	for _, isa := range isasToTest() {
+		withISA(t, isa, func() {
+			r := rand.New(rand.NewPCG(5, uint64(isa)))
+			for n := 0; n <= 70; n++ {
+				for _, a := range []float32{1, -0.5, 3.3} {
+					for _, off := range []int{0, 1, 3} {
+						x := elemInputs(r, n+off)[off:]
+						y0 := elemInputs(r, n+off+2)[off:]
+						got, want := append([]float32(nil), y0...), append([]float32(nil), y0...)
+						Axpy(got, x, a)
+						for i, v := range x {
+							want[i] += a * v
+						}
+						for i := range want {
+							if !sameBits(got[i], want[i]) {
+								t.Fatalf("%v n=%d a=%g off=%d: y[%d] = %g, want %g", isa, n, a, off, i, got[i], want[i])
+							}
+						}
+					}
+				}
+			}
+		})
+	}
+}
+
+// BenchmarkElementwise reports GB/s (bytes read and written) of the fused
+// kernels against the Go loops, on one goroutine.
+func BenchmarkElementwise(b *testing.B) {
+	const n = 1 << 16
+	r := rand.New(rand.NewPCG(1, 1))
+	// Plain normal values: denormals take microcode assists and would time those.
+	x, g, out := make([]float32, n), make([]float32, n), make([]float32, n)
+	for i := range x {
+		x[i], g[i] = float32(3*r.NormFloat64()), float32(r.NormFloat64())
+	}
+	for _, isa := range isasToTest() {
+		withISA(b, isa, func() {
+			b.Run(fmt.Sprintf("gelu_fwd/isa=%v", isa), func(b *testing.B) {
+				b.SetBytes(8 * n)
+				for b.Loop() {
+					k := geluTanhForwardVec(out, x)
+					geluTanhForwardGo(out[k:], x[k:])
+				}
+			})
+			b.Run(fmt.Sprintf("gelu_bwd/isa=%v", isa), func(b *testing.B) {
+				b.SetBytes(16 * n)
+				for b.Loop() {
+					k := geluTanhBackwardVec(out, g, x)
+					geluTanhBackwardGo(out[k:], g[k:], x[k:])
+				}
+			})
+			b.Run(fmt.Sprintf("axpy/isa=%v", isa), func(b *testing.B) {
+				b.SetBytes(12 * n)
+				for b.Loop() {
+					Axpy(out, x, 0.5)
+				}
+			})
+		})
+	}
+}
