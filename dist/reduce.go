@@ -69,6 +69,31 @@ func combine[T number](a, b T, op ReduceOp) T {
 	return a + b
 }
 
+// ntMinBytes is the output size (all destinations together) from which
+// ReduceNTo sums float32 with non-temporal stores (sumToNT): twice this
+// machine's per-core L2, past which the result is evicted before it is read
+// again anyway (Go's memmove streams copies from 1 MiB on for the same
+// reason).
+const ntMinBytes = 4 << 20
+
+// sumF32Ref sets every dsts[k][i], lo ≤ i < hi, to srcs[0][i] + srcs[1][i]
+// + ... in that order, divided by div when div != 0: the reference of
+// sumF32NT (reduce_amd64.s) and the head and tail around its aligned body.
+func sumF32Ref(dsts, srcs []Buffer, lo, hi int, div float32) {
+	for i := lo; i < hi; i++ {
+		v := srcs[0].Float32()[i]
+		for _, s := range srcs[1:] {
+			v += s.Float32()[i]
+		}
+		if div != 0 {
+			v /= div
+		}
+		for _, d := range dsts {
+			d.Float32()[i] = v
+		}
+	}
+}
+
 // addF32Ref is the reference of addF32 (reduce_amd64.s).
 func addF32Ref(d, s []float32) {
 	s = s[:len(d)]
@@ -157,6 +182,9 @@ func ReduceNTo(dsts, srcs []Buffer, op ReduceOp) {
 	n := dst.Len()
 	switch dst.DType {
 	case Float32:
+		if (op == Sum || op == Avg) && len(dsts)*len(dst.Data) >= ntMinBytes && sumToNT(dsts, srcs, op == Avg) {
+			return
+		}
 		var tmp [blockElems]float32
 		reduceN(dsts, srcs, op, tmp[:], n, Buffer.Float32)
 	case Int32:
