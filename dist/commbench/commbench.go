@@ -26,6 +26,7 @@ import (
 	"slices"
 	"sort"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/gotron/gotron/dist"
@@ -225,20 +226,36 @@ func prepare(pg dist.ProcessGroup, op string, count int) (func(context.Context) 
 }
 
 // Memcpy returns the median over reps of copy() bandwidth between two
-// buffers of size bytes, in bytes copied per second (the read is not
-// counted, as busbw does not count it).
+// buffers of size bytes on one goroutine, in bytes copied per second (the
+// read is not counted, as busbw does not count it). Go's copy streams
+// copies of 1 MiB and more with non-temporal stores.
 func Memcpy(size, reps int, now func() time.Time) float64 {
+	return MemcpyThreads(size, 1, reps, now)
+}
+
+// MemcpyThreads is Memcpy with the buffers split into threads equal parts
+// copied by as many goroutines at once: the aggregate bandwidth of several
+// cores, which one goroutine's copy may not reach.
+func MemcpyThreads(size, threads, reps int, now func() time.Time) float64 {
+	threads = max(threads, 1)
 	src, dst := make([]byte, size), make([]byte, size)
 	for i := range src {
-		src[i] = byte(i)
+		src[i] = byte(i) // written, so the reads are not of the shared zero page
 	}
 	copy(dst, src) // fault the pages in
 	rates := make([]float64, reps)
+	var wg sync.WaitGroup
 	for r := range rates {
 		t0 := now()
-		for range 4 {
-			copy(dst, src)
+		for k := range threads {
+			lo, hi := k*size/threads, (k+1)*size/threads
+			wg.Go(func() {
+				for range 4 {
+					copy(dst[lo:hi], src[lo:hi])
+				}
+			})
 		}
+		wg.Wait()
 		rates[r] = 4 * float64(size) / now().Sub(t0).Seconds()
 	}
 	return median(rates)

@@ -116,3 +116,16 @@ func TestTransportTCP(t *testing.T) {
 		}
 	}
 }
+
+// TestMemcpyThreadsClock: with a clock that advances one second per
+// reading, each repetition copies 4 buffers whatever the thread count
+// (odd sizes split unevenly), so the rate is exactly 4·size per second.
+func TestMemcpyThreadsClock(t *testing.T) {
+	for _, threads := range []int{0, 1, 2, 3} {
+		var tick int64
+		now := func() time.Time { tick++; return time.Unix(tick, 0) }
+		if got, want := commbench.MemcpyThreads(1001, threads, 3, now), 4*1001.0; got != want {
+			t.Errorf("threads=%d: %v bytes/s, want %v", threads, got, want)
+		}
+	}
+}
