@@ -244,67 +244,87 @@ func (j *gemmJob) blockKernel(w *gemmWork, bpack []float32, direct bool, bi, ic,
 
 // gemmShared is part p's share of a job in splitShared mode. The job is a
 // sequence of steps, one per (item, kc×nc panel of op(B)); each step has
-// the same number of mc-row blocks of op(A). Part 0 (the caller) packs
-// each step's B panel, alternating between two buffers, and publishes it;
-// every part, part 0 included, takes (step, block) tickets from one
-// counter, waits until the ticket's panel is published, packs its A block
-// and runs the kernels. Before part 0 overwrites a buffer it waits until
-// all blocks of the step that used it are done, and a block of a later k
-// block (pc > 0) waits until the same rows' block of the previous step is
-// done, since it adds into the same C. Nothing is packed twice, and a worker that the OS starts
-// late just finds fewer tickets left instead of holding up a barrier.
+// the same number of mc-row blocks of op(A). The panels are packed into two
+// buffers in turn, in chunks of strips. Every part takes tickets from one
+// counter, in this order: the chunks of panel 0; then for each step s, its
+// first few blocks, the chunks of panel s+1, its other blocks. So the next
+// panel is packed, by whichever parts get there, while step s is still
+// being computed, and nobody waits for it at the step's end.
+//
+// Dependencies, each on a smaller ticket (so the holder of the smallest
+// unfinished ticket can always go on, and part 0 alone can do everything):
+// a block waits until its panel's chunks are all packed; a block of a later
+// k block (pc > 0) waits until the same rows' block of the previous step is
+// done, since it adds into the same C; a chunk of panel q waits until step
+// q-2, the buffer's previous user, is finished. Nothing is packed twice, and
+// a worker that the OS starts late just finds fewer tickets left.
 func (j *gemmJob) gemmShared(p int) {
 	ks := &j.ks
 	w := &j.work[p]
 	blocks := uint64(ceilDiv(j.m, j.mcShared))
 	nJC, nPC := ceilDiv(j.n, ks.nc), ceilDiv(j.k, ks.kc)
 	steps := uint64(j.batch * nJC * nPC)
-	// step returns item, column and k offsets of step s.
-	step := func(s uint64) (bi, jc, pc int) {
+	chunks, early := uint64(j.packChunks), uint64(j.packAfter)
+	// step returns item, column and k offsets and the k and column extents
+	// of step s.
+	step := func(s uint64) (bi, jc, pc, kc, nc int) {
 		r := int(s) % (nJC * nPC)
-		return int(s) / (nJC * nPC), r / nPC * ks.nc, r % nPC * ks.kc
+		bi, jc, pc = int(s)/(nJC*nPC), r/nPC*ks.nc, r%nPC*ks.kc
+		return bi, jc, pc, min(ks.kc, j.k-pc), min(ks.nc, j.n-jc)
 	}
-	run := func(t uint64) {
-		s := t / blocks
-		j.ready.waitFor(s + 1)
-		bi, jc, pc := step(s)
-		blk := int(t % blocks)
+	// packed[q%2] counts the chunks packed into panel q's buffer so far;
+	// panel q is complete at (q/2+1)·chunks (panel q+2's chunks wait for
+	// step q, hence for panel q).
+	complete := func(q uint64) bool { return j.packed[q%2].Load() >= (q/2+1)*chunks }
+	pack := func(q, c uint64) {
+		if q >= 2 {
+			j.done.waitFor(q - 1) // steps ≤ q-2 (which used this buffer) are finished
+		}
+		bi, jc, pc, kc, nc := step(q)
+		strips := uint64(ceilDiv(nc, ks.nr))
+		s0, s1 := int(c*strips/chunks)*ks.nr, int((c+1)*strips/chunks)*ks.nr
+		packBPanel(ks, j.bshared[q%2][s0*kc:], j.tB, j.b[bi*j.strideB:], j.ldb, pc, jc+s0, kc, min(nc, s1)-s0)
+		j.packed[q%2].Add(1)
+		j.ready.add(1) // wakes parts waiting for the panel
+	}
+	run := func(s, blk uint64) {
+		if !complete(s) {
+			j.ready.waitUntil(func() bool { return complete(s) })
+		}
+		bi, jc, pc, kc, nc := step(s)
 		if pc > 0 {
 			// Accumulating into C: the previous k block of these rows (block
 			// blk of step s-1) must be written first. lastDone[blk] is one
 			// more than the latest step that finished block blk; no later
-			// step can finish it before step s-1 does (step s+1 is published
-			// only after step s-1 is finished).
+			// step can finish it before step s-1 does (step s+1's panel is
+			// packed only after step s-1 is finished).
 			last := &j.lastDone[blk]
 			j.done.waitUntil(func() bool { return last.Load() >= s })
 		}
-		ic := blk * j.mcShared
-		nc, kc := min(ks.nc, j.n-jc), min(ks.kc, j.k-pc)
+		ic := int(blk) * j.mcShared
 		j.blockKernel(w, j.bshared[s%2], false, bi, ic, min(j.mcShared, j.m-ic), jc, nc, pc, kc)
 		j.done.stepDone(s, int(blocks), &j.lastDone[blk])
 	}
-	if p != 0 {
-		for {
-			t, ok := j.nextBlock.take(steps * blocks)
-			if !ok {
-				return
-			}
-			run(t)
+	period := blocks + chunks // tickets per step but the last
+	total := chunks + steps*blocks + (steps-1)*chunks
+	for {
+		t, ok := j.nextBlock.take(total)
+		if !ok {
+			return
 		}
-	}
-	for s := uint64(0); s < steps; s++ {
-		if s >= 2 {
-			j.done.waitFor(s - 1) // steps ≤ s-2 (which used this buffer) are finished
+		if t < chunks {
+			pack(0, t)
+			continue
 		}
-		bi, jc, pc := step(s)
-		packBPanel(ks, j.bshared[s%2], j.tB, j.b[bi*j.strideB:], j.ldb, pc, jc, min(ks.kc, j.k-pc), min(ks.nc, j.n-jc))
-		j.ready.add(1)
-		for {
-			t, ok := j.nextBlock.take((s + 1) * blocks)
-			if !ok {
-				break
-			}
-			run(t)
+		t -= chunks
+		s, r := t/period, t%period
+		switch {
+		case s == steps-1 || r < early:
+			run(s, r)
+		case r < early+chunks:
+			pack(s+1, r-early)
+		default:
+			run(s, r-chunks)
 		}
 	}
 }

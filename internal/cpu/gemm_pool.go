@@ -48,12 +48,17 @@ type gemmJob struct {
 
 	// nextBlock hands out tickets (chunks, or A blocks in splitShared).
 	nextBlock ticket
-	// splitShared state: two B panel buffers, the A block height, and
-	// gates counting published panels and finished A blocks.
-	bshared     [2][]float32
-	mcShared    int
-	ready, done gate
-	lastDone    []atomic.Uint64 // per A block: latest finished step + 1
+	// splitShared state: two B panel buffers, the A block height, how the
+	// panels are cut for packing, and gates for packed chunks and finished
+	// A blocks.
+	bshared    [2][]float32
+	mcShared   int
+	packChunks int              // tickets (strip groups) per B panel
+	packAfter  int              // blocks of step s handed out before panel s+1's chunks
+	packed     [2]atomic.Uint64 // per buffer: chunks packed into it so far
+	ready      gate             // woken when a chunk is packed
+	done       gate             // leading finished steps
+	lastDone   []atomic.Uint64  // per A block: latest finished step + 1
 }
 
 // ticket hands out consecutive numbers up to a limit.
@@ -95,8 +100,8 @@ func (g *gate) reset() {
 // *last (that block's latest finished step, plus one) to s+1. The
 // counter is the number of leading steps whose blocks are all finished
 // (blocks finish out of order across steps). At most four steps may be
-// unfinished at once: gemmShared publishes step s only after step s-2 is
-// finished.
+// unfinished at once: in gemmShared, panel s (which step s's blocks wait
+// for) is packed only after step s-2 is finished.
 func (g *gate) stepDone(s uint64, blocks int, last *atomic.Uint64) {
 	g.mu.Lock()
 	if last.Load() < s+1 {
@@ -176,6 +181,13 @@ func (j *gemmJob) plan(threads int) {
 		for i := range j.lastDone[:blocks] {
 			j.lastDone[i].Store(0)
 		}
+		// Two chunks per part: panels are packed by every part in a few
+		// tickets, early in the previous step (after one block per part,
+		// by when the buffer's previous step is usually finished).
+		j.packChunks = min(2*parts, ceilDiv(min(ks.nc, j.n), ks.nr))
+		j.packAfter = min(blocks, parts)
+		j.packed[0].Store(0)
+		j.packed[1].Store(0)
 		j.ready.reset()
 		j.done.reset()
 	case j.m <= j.n && unitsN >= parts, unitsM < parts && unitsN >= unitsM:
