@@ -83,3 +83,38 @@ func axpyVec(y, x []float32, a float32) int {
 	}
 	return 0
 }
+
+// geluErfFwdAVX512 sets out[i] = x*Phi(x) for i < n (a multiple of 16) in
+// float32 (relative error ~1e-6; see ERF_CONSTS). Requires AVX-512F.
+//
+//go:noescape
+func geluErfFwdAVX512(out, inp *float32, n int)
+
+// geluErfBwdAVX512 adds dout*(Phi(x) + x*phi(x)) to dinp for i < n (a
+// multiple of 16). Requires AVX-512F.
+//
+//go:noescape
+func geluErfBwdAVX512(dinp, dout, inp *float32, n int)
+
+// geluErfForwardVec runs the AVX-512 kernel on the longest multiple-of-16
+// prefix and returns its length (0 on other ISAs).
+func geluErfForwardVec(out, inp []float32) int {
+	if ActiveISA() != ISAAVX512 || len(inp) < 16 {
+		return 0
+	}
+	n := len(inp) &^ 15
+	_, _ = out[n-1], inp[n-1]
+	geluErfFwdAVX512(&out[0], &inp[0], n)
+	return n
+}
+
+// geluErfBackwardVec is geluErfForwardVec for the backward kernel.
+func geluErfBackwardVec(dinp, dout, inp []float32) int {
+	if ActiveISA() != ISAAVX512 || len(inp) < 16 {
+		return 0
+	}
+	n := len(inp) &^ 15
+	_, _, _ = dinp[n-1], dout[n-1], inp[n-1]
+	geluErfBwdAVX512(&dinp[0], &dout[0], &inp[0], n)
+	return n
+}

@@ -214,3 +214,110 @@ loop:
 done:
 	VZEROUPPER
 	RET
+
+// ERF_CONSTS loads, besides EXP_CONSTS, the constants of PHI: Z31 = |x|
+// mask, Z8 = 1/sqrt(2), Z7 = 1/sqrt(2*pi), Z9..Z18 = c0..c9 of the
+// Chebyshev fit erfc(z) = t*exp(-z*z + c0 + t*(c1 + ... + t*c9)),
+// t = 1/(1+z/2), whose relative error is below 1.2e-7 for every z >= 0
+// (Numerical Recipes' erfcc): relative accuracy in both tails, so
+// x*Phi(x) keeps it for large negative x where 1+erf(x) would cancel.
+#define ERF_CONSTS \
+	EXP_CONSTS; \
+	BCAST(0x7fffffff, Z31); \
+	BCAST(0x3f3504f3, Z8); \
+	BCAST(0x3ecc422a, Z7); \
+	BCAST(0xbfa1fc4e, Z9); \
+	BCAST(0x3f8000c7, Z10); \
+	BCAST(0x3ebf88fb, Z11); \
+	BCAST(0x3dc636c9, Z12); \
+	BCAST(0xbe3ec24c, Z13); \
+	BCAST(0x3e8ec7cc, Z14); \
+	BCAST(0xbf914e5d, Z15); \
+	BCAST(0x3fbe87b0, Z16); \
+	BCAST(0xbf527892, Z17); \
+	BCAST(0x3e2ef945, Z18)
+
+// PHI sets Z6 = Phi(x) (the normal CDF) of x = Z4, clobbering Z0..Z3, Z5,
+// K2, K3: 0.5*erfc(z) below zero, 1 - that above, z = |x|/sqrt(2). The
+// exponent's -z*z is formed as -(x/2)*x in one rounding: its error, times
+// z*z, is the kernel's error in the tails.
+#define PHI \
+	VPANDD Z31, Z4, Z5; \
+	VMULPS Z8, Z5, Z5; \
+	VMULPS Z22, Z5, Z6; \
+	VADDPS Z21, Z6, Z6; \
+	VDIVPS Z6, Z21, Z6; \
+	VMOVAPS Z18, Z0; \
+	VFMADD213PS Z17, Z6, Z0; \
+	VFMADD213PS Z16, Z6, Z0; \
+	VFMADD213PS Z15, Z6, Z0; \
+	VFMADD213PS Z14, Z6, Z0; \
+	VFMADD213PS Z13, Z6, Z0; \
+	VFMADD213PS Z12, Z6, Z0; \
+	VFMADD213PS Z11, Z6, Z0; \
+	VFMADD213PS Z10, Z6, Z0; \
+	VFMADD213PS Z9, Z6, Z0; \
+	VMULPS Z22, Z4, Z3; \
+	VFNMADD231PS Z3, Z4, Z0; \
+	EXP; \
+	VMULPS Z6, Z2, Z2; \
+	VMULPS Z22, Z2, Z2; \
+	VPXORD Z3, Z3, Z3; \
+	VCMPPS $0x11, Z3, Z4, K3; \
+	VSUBPS Z2, Z21, Z6; \
+	VMOVAPS Z2, K3, Z6
+
+// func geluErfFwdAVX512(out, inp *float32, n int)
+// out[i] = x*Phi(x) for i < n, n a multiple of 16.
+TEXT ·geluErfFwdAVX512(SB), NOSPLIT, $0-24
+	MOVQ out+0(FP), DI
+	MOVQ inp+8(FP), SI
+	MOVQ n+16(FP), CX
+	ERF_CONSTS
+	SHRQ $4, CX
+	JZ done
+loop:
+	VMOVUPS (SI), Z4
+	PHI
+	VMULPS Z6, Z4, Z6
+	VMOVUPS Z6, (DI)
+	ADDQ $64, SI
+	ADDQ $64, DI
+	DECQ CX
+	JNZ loop
+done:
+	VZEROUPPER
+	RET
+
+// func geluErfBwdAVX512(dinp, dout, inp *float32, n int)
+// dinp[i] += dout[i] * (Phi(x) + x*exp(-x*x/2)/sqrt(2*pi)) for i < n, n a
+// multiple of 16.
+TEXT ·geluErfBwdAVX512(SB), NOSPLIT, $0-32
+	MOVQ dinp+0(FP), DI
+	MOVQ dout+8(FP), R8
+	MOVQ inp+16(FP), SI
+	MOVQ n+24(FP), CX
+	ERF_CONSTS
+	SHRQ $4, CX
+	JZ done
+loop:
+	VMOVUPS (SI), Z4
+	PHI
+	VMULPS Z22, Z4, Z3
+	VPXORD Z0, Z0, Z0
+	VFNMADD231PS Z3, Z4, Z0 // -(x/2)*x, rounded once
+	EXP
+	VMULPS Z7, Z2, Z2
+	VMULPS Z4, Z2, Z2
+	VADDPS Z2, Z6, Z6
+	VMULPS (R8), Z6, Z6
+	VADDPS (DI), Z6, Z6
+	VMOVUPS Z6, (DI)
+	ADDQ $64, SI
+	ADDQ $64, DI
+	ADDQ $64, R8
+	DECQ CX
+	JNZ loop
+done:
+	VZEROUPPER
+	RET

@@ -6,3 +6,5 @@ func geluTanhForwardVec(out, inp []float32) int         { return 0 }
 func geluTanhBackwardVec(dinp, dout, inp []float32) int { return 0 }
 func ceGradVec(dx, x []float32, lse, g, u float32) int  { return 0 }
 func axpyVec(y, x []float32, a float32) int             { return 0 }
+func geluErfForwardVec(out, inp []float32) int          { return 0 }
+func geluErfBackwardVec(dinp, dout, inp []float32) int  { return 0 }

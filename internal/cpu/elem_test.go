@@ -153,3 +153,51 @@ func BenchmarkElementwise(b *testing.B) {
 		})
 	}
 }
+
+// TestGELUErfKernelAccuracy holds the AVX-512 erf-GELU to float64 x·Φ(x)
+// (Φ from math.Erfc, accurate in both tails) on a dense grid over
+// [-14, 14]: relative error within 2.5e-6 of the output for |x| <= 8 and
+// 1e-5 beyond (the float32 argument of exp(-x²/2) carries ~x²·3e-8),
+// down to |out| = 1e-30 (below, exp's range ends and results flush to
+// zero), where torch's float32 0.5x(1+erf(x/√2)) has long cancelled to 0;
+// for the derivative, 4e-6 relative or 2e-7 absolute
+// (it crosses zero near x = -0.75).
+func TestGELUErfKernelAccuracy(t *testing.T) {
+	if DetectedISA() < ISAAVX512 {
+		t.Skip("no AVX-512 on this CPU: the float64 loop is used")
+	}
+	const n = 28000
+	x, g := make([]float32, n), make([]float32, n)
+	for i := range x {
+		x[i] = -14 + 28*float32(i)/n
+		g[i] = 1
+	}
+	out, dx := make([]float32, n), make([]float32, n)
+	withISA(t, ISAAVX512, func() {
+		if geluErfForwardVec(out, x) != n || geluErfBackwardVec(dx, g, x) != n {
+			t.Fatal("vector kernels did not take the whole grid")
+		}
+	})
+	var worst, worstD float64
+	for i, v := range x {
+		xv := float64(v)
+		phi := 0.5 * math.Erfc(-xv/math.Sqrt2)
+		want := xv * phi
+		wantD := phi + xv*math.Exp(-0.5*xv*xv)/math.Sqrt(2*math.Pi)
+		if math.Abs(want) >= 1e-30 {
+			rel := math.Abs(float64(out[i])-want) / math.Abs(want)
+			worst = max(worst, rel)
+			if tol := 2.5e-6; rel > tol && (math.Abs(xv) <= 8 || rel > 4*tol) {
+				t.Fatalf("gelu(%g) = %g, want %g (relative error %.2g)", v, out[i], want, rel)
+			}
+		} else if math.Abs(float64(out[i])-want) > 1e-30 {
+			t.Fatalf("gelu(%g) = %g, want %g (tiny)", v, out[i], want)
+		}
+		errD := math.Abs(float64(dx[i]) - wantD)
+		worstD = max(worstD, errD/max(math.Abs(wantD), 0.05))
+		if errD > 4e-6*math.Abs(wantD) && errD > 2e-7 {
+			t.Fatalf("gelu'(%g) = %g, want %g", v, dx[i], wantD)
+		}
+	}
+	t.Logf("max relative error: forward %.3g, backward %.3g", worst, worstD)
+}
