@@ -118,3 +118,58 @@ func geluErfBackwardVec(dinp, dout, inp []float32) int {
 	geluErfBwdAVX512(&dinp[0], &dout[0], &inp[0], n)
 	return n
 }
+
+//go:noescape
+func siluFwdAVX512(out, inp *float32, n int)
+
+//go:noescape
+func siluBwdAVX512(dinp, dout, inp *float32, n int)
+
+//go:noescape
+func swigluFwdAVX512(out, gate, up *float32, n int)
+
+//go:noescape
+func swigluBwdAVX512(dgate, dup, dout, gate, up *float32, n int)
+
+// siluForwardVec, siluBackwardVec, swigluForwardVec and swigluBackwardVec
+// run the AVX-512 kernels (bit-identical to the Go loops of act.go) on the
+// longest multiple-of-16 prefix and return its length (0 on other ISAs).
+func siluForwardVec(out, inp []float32) int {
+	if ActiveISA() != ISAAVX512 || len(inp) < 16 {
+		return 0
+	}
+	n := len(inp) &^ 15
+	_, _ = out[n-1], inp[n-1]
+	siluFwdAVX512(&out[0], &inp[0], n)
+	return n
+}
+
+func siluBackwardVec(dinp, dout, inp []float32) int {
+	if ActiveISA() != ISAAVX512 || len(inp) < 16 {
+		return 0
+	}
+	n := len(inp) &^ 15
+	_, _, _ = dinp[n-1], dout[n-1], inp[n-1]
+	siluBwdAVX512(&dinp[0], &dout[0], &inp[0], n)
+	return n
+}
+
+func swigluForwardVec(out, gate, up []float32) int {
+	if ActiveISA() != ISAAVX512 || len(gate) < 16 {
+		return 0
+	}
+	n := len(gate) &^ 15
+	_, _, _ = out[n-1], gate[n-1], up[n-1]
+	swigluFwdAVX512(&out[0], &gate[0], &up[0], n)
+	return n
+}
+
+func swigluBackwardVec(dgate, dup, dout, gate, up []float32) int {
+	if ActiveISA() != ISAAVX512 || len(gate) < 16 {
+		return 0
+	}
+	n := len(gate) &^ 15
+	_, _, _, _, _ = dgate[n-1], dup[n-1], dout[n-1], gate[n-1], up[n-1]
+	swigluBwdAVX512(&dgate[0], &dup[0], &dout[0], &gate[0], &up[0], n)
+	return n
+}

@@ -321,3 +321,132 @@ loop:
 done:
 	VZEROUPPER
 	RET
+
+// SIGMOID sets Z2 = 1/(1+exp(-x)) for x = Z4 in sigmoidOf's operation
+// order (Z16 = sign mask), clobbering Z0, Z1, Z3, K2.
+#define SIGMOID \
+	VPXORD Z16, Z4, Z0; \
+	EXP; \
+	VADDPS Z21, Z2, Z2; \
+	VDIVPS Z2, Z21, Z2
+
+// func siluFwdAVX512(out, inp *float32, n int)
+// out[i] = x*sigmoid(x) for i < n, n a multiple of 16.
+TEXT ·siluFwdAVX512(SB), NOSPLIT, $0-24
+	MOVQ out+0(FP), DI
+	MOVQ inp+8(FP), SI
+	MOVQ n+16(FP), CX
+	EXP_CONSTS
+	BCAST(0x80000000, Z16)
+	SHRQ $4, CX
+	JZ done
+loop:
+	VMOVUPS (SI), Z4
+	SIGMOID
+	VMULPS Z2, Z4, Z2
+	VMOVUPS Z2, (DI)
+	ADDQ $64, SI
+	ADDQ $64, DI
+	DECQ CX
+	JNZ loop
+done:
+	VZEROUPPER
+	RET
+
+// func siluBwdAVX512(dinp, dout, inp *float32, n int)
+// dinp[i] += (dout*s)*(1 + x*(1-s)), s = sigmoid(x), for i < n, n a
+// multiple of 16.
+TEXT ·siluBwdAVX512(SB), NOSPLIT, $0-32
+	MOVQ dinp+0(FP), DI
+	MOVQ dout+8(FP), R8
+	MOVQ inp+16(FP), SI
+	MOVQ n+24(FP), CX
+	EXP_CONSTS
+	BCAST(0x80000000, Z16)
+	SHRQ $4, CX
+	JZ done
+loop:
+	VMOVUPS (SI), Z4
+	SIGMOID
+	VSUBPS Z2, Z21, Z5    // 1-s
+	VMULPS Z5, Z4, Z5     // x*(1-s)
+	VADDPS Z21, Z5, Z5    // 1+...
+	VMULPS (R8), Z2, Z6   // dout*s
+	VMULPS Z5, Z6, Z6
+	VADDPS (DI), Z6, Z6
+	VMOVUPS Z6, (DI)
+	ADDQ $64, SI
+	ADDQ $64, DI
+	ADDQ $64, R8
+	DECQ CX
+	JNZ loop
+done:
+	VZEROUPPER
+	RET
+
+// func swigluFwdAVX512(out, gate, up *float32, n int)
+// out[i] = (x*sigmoid(x))*up[i], x = gate[i], for i < n, n a multiple of 16.
+TEXT ·swigluFwdAVX512(SB), NOSPLIT, $0-32
+	MOVQ out+0(FP), DI
+	MOVQ gate+8(FP), SI
+	MOVQ up+16(FP), R8
+	MOVQ n+24(FP), CX
+	EXP_CONSTS
+	BCAST(0x80000000, Z16)
+	SHRQ $4, CX
+	JZ done
+loop:
+	VMOVUPS (SI), Z4
+	SIGMOID
+	VMULPS Z2, Z4, Z2
+	VMULPS (R8), Z2, Z2
+	VMOVUPS Z2, (DI)
+	ADDQ $64, SI
+	ADDQ $64, DI
+	ADDQ $64, R8
+	DECQ CX
+	JNZ loop
+done:
+	VZEROUPPER
+	RET
+
+// func swigluBwdAVX512(dgate, dup, dout, gate, up *float32, n int)
+// dgate[i] += ((dout*up)*s)*(1 + x*(1-s)) and dup[i] += (dout*x)*s,
+// x = gate[i], s = sigmoid(x), for i < n, n a multiple of 16.
+TEXT ·swigluBwdAVX512(SB), NOSPLIT, $0-48
+	MOVQ dgate+0(FP), DI
+	MOVQ dup+8(FP), DX
+	MOVQ dout+16(FP), R8
+	MOVQ gate+24(FP), SI
+	MOVQ up+32(FP), R9
+	MOVQ n+40(FP), CX
+	EXP_CONSTS
+	BCAST(0x80000000, Z16)
+	SHRQ $4, CX
+	JZ done
+loop:
+	VMOVUPS (SI), Z4
+	SIGMOID
+	VMOVUPS (R8), Z7      // dout
+	VSUBPS Z2, Z21, Z5    // 1-s
+	VMULPS Z5, Z4, Z5     // x*(1-s)
+	VADDPS Z21, Z5, Z5    // 1+...
+	VMULPS (R9), Z7, Z6   // dout*up
+	VMULPS Z2, Z6, Z6     // *s
+	VMULPS Z5, Z6, Z6
+	VADDPS (DI), Z6, Z6
+	VMOVUPS Z6, (DI)
+	VMULPS Z4, Z7, Z6     // dout*x
+	VMULPS Z2, Z6, Z6     // *s
+	VADDPS (DX), Z6, Z6
+	VMOVUPS Z6, (DX)
+	ADDQ $64, SI
+	ADDQ $64, DI
+	ADDQ $64, DX
+	ADDQ $64, R8
+	ADDQ $64, R9
+	DECQ CX
+	JNZ loop
+done:
+	VZEROUPPER
+	RET

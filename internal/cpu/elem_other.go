@@ -2,9 +2,13 @@
 
 package cpu
 
-func geluTanhForwardVec(out, inp []float32) int         { return 0 }
-func geluTanhBackwardVec(dinp, dout, inp []float32) int { return 0 }
-func ceGradVec(dx, x []float32, lse, g, u float32) int  { return 0 }
-func axpyVec(y, x []float32, a float32) int             { return 0 }
-func geluErfForwardVec(out, inp []float32) int          { return 0 }
-func geluErfBackwardVec(dinp, dout, inp []float32) int  { return 0 }
+func geluTanhForwardVec(out, inp []float32) int                  { return 0 }
+func geluTanhBackwardVec(dinp, dout, inp []float32) int          { return 0 }
+func ceGradVec(dx, x []float32, lse, g, u float32) int           { return 0 }
+func axpyVec(y, x []float32, a float32) int                      { return 0 }
+func geluErfForwardVec(out, inp []float32) int                   { return 0 }
+func geluErfBackwardVec(dinp, dout, inp []float32) int           { return 0 }
+func siluForwardVec(out, inp []float32) int                      { return 0 }
+func siluBackwardVec(dinp, dout, inp []float32) int              { return 0 }
+func swigluForwardVec(out, gate, up []float32) int               { return 0 }
+func swigluBackwardVec(dgate, dup, dout, gate, up []float32) int { return 0 }

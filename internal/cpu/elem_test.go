@@ -61,6 +61,48 @@ func TestGELUTanhKernelBits(t *testing.T) {
 	})
 }
 
+// TestSiLUKernelBits holds the fused AVX-512 SiLU and SwiGLU kernels to
+// the Go loops bit for bit.
+func TestSiLUKernelBits(t *testing.T) {
+	if DetectedISA() < ISAAVX512 {
+		t.Skip("no AVX-512 on this CPU: the fused kernel is not used")
+	}
+	withISA(t, ISAAVX512, func() {
+		r := rand.New(rand.NewPCG(6, 7))
+		for _, n := range []int{16, 48, 272, 1040} {
+			x, up, g, d0 := elemInputs(r, n), elemInputs(r, n), elemInputs(r, n), elemInputs(r, n)
+			check := func(what string, got, want []float32) {
+				t.Helper()
+				for i := range want {
+					if !sameBits(got[i], want[i]) {
+						t.Fatalf("%s n=%d x[%d]=%g up=%g g=%g: kernel %g, Go %g", what, n, i, x[i], up[i], g[i], got[i], want[i])
+					}
+				}
+			}
+			got, want := make([]float32, n), make([]float32, n)
+			siluForwardVec(got, x)
+			siluForwardGo(want, x)
+			check("silu forward", got, want)
+			got, want = append([]float32(nil), d0...), append([]float32(nil), d0...)
+			siluBackwardVec(got, g, x)
+			siluBackwardGo(want, g, x)
+			check("silu backward", got, want)
+			got, want = make([]float32, n), make([]float32, n)
+			swigluForwardVec(got, x, up)
+			swigluForwardGo(want, x, up)
+			check("swiglu forward", got, want)
+			gotG, wantG := append([]float32(nil), d0...), append([]float32(nil), d0...)
+			gotU, wantU := append([]float32(nil), up...), append([]float32(nil), up...)
+			if k := swigluBackwardVec(gotG, gotU, g, x, up); k != n {
+				t.Fatalf("n=%d: vector prefix %d", n, k)
+			}
+			swigluBackwardGo(wantG, wantU, g, x, up)
+			check("swiglu dgate", gotG, wantG)
+			check("swiglu dup", gotU, wantU)
+		}
+	})
+}
+
 // TestCrossEntropyGradKernel holds the fused cross-entropy gradient row to
 // the unfused Go sequence (copy, exp, scale) bit for bit.
 func TestCrossEntropyGradKernel(t *testing.T) {
