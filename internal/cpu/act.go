@@ -17,7 +17,7 @@ const geluTanhK = 0.7978845608028654
 // With AVX-512 one fused kernel does it in a pass, bit-identical to the Go
 // loops below (which run on other ISAs and on the last few elements).
 func GELUTanhForward(out, inp []float32) {
-	Parallel(len(inp), actGrain, func(lo, hi int) {
+	parallel16(len(inp), actGrain, func(lo, hi int) {
 		n := geluTanhForwardVec(out[lo:hi], inp[lo:hi])
 		geluTanhForwardGo(out[lo+n:hi], inp[lo+n:hi])
 	})
@@ -43,7 +43,7 @@ func geluTanhForwardGo(out, inp []float32) {
 // GELUTanhBackward accumulates dinp += dout * d/dx GELUTanh(inp)
 // = dout * (s + 2x·s(1-s)·sqrt(2/π)(1+3·0.044715x²)), s = sigmoid(2u).
 func GELUTanhBackward(dinp, dout, inp []float32) {
-	Parallel(len(inp), actGrain, func(lo, hi int) {
+	parallel16(len(inp), actGrain, func(lo, hi int) {
 		n := geluTanhBackwardVec(dinp[lo:hi], dout[lo:hi], inp[lo:hi])
 		geluTanhBackwardGo(dinp[lo+n:hi], dout[lo+n:hi], inp[lo+n:hi])
 	})
@@ -80,7 +80,7 @@ func geluTanhGrad(x float64) float64 {
 // (relative error ~1e-6 in both tails; 60× faster than the float64 math.Erf
 // loop, which runs on other ISAs and on the last few elements).
 func GELUErfForward(out, inp []float32) {
-	Parallel(len(inp), actGrain, func(lo, hi int) {
+	parallel16(len(inp), actGrain, func(lo, hi int) {
 		for i := lo + geluErfForwardVec(out[lo:hi], inp[lo:hi]); i < hi; i++ {
 			x := float64(inp[i])
 			out[i] = float32(0.5 * x * (1 + math.Erf(x/math.Sqrt2)))
@@ -90,7 +90,7 @@ func GELUErfForward(out, inp []float32) {
 
 // GELUErfBackward accumulates dinp += dout * (Φ(x) + x·φ(x)).
 func GELUErfBackward(dinp, dout, inp []float32) {
-	Parallel(len(inp), actGrain, func(lo, hi int) {
+	parallel16(len(inp), actGrain, func(lo, hi int) {
 		for i := lo + geluErfBackwardVec(dinp[lo:hi], dout[lo:hi], inp[lo:hi]); i < hi; i++ {
 			dinp[i] += dout[i] * float32(geluErfGrad(float64(inp[i])))
 		}
@@ -100,6 +100,15 @@ func GELUErfBackward(dinp, dout, inp []float32) {
 func geluErfGrad(x float64) float64 {
 	const invSqrt2Pi = 0.3989422804014327
 	return 0.5*(1+math.Erf(x/math.Sqrt2)) + x*invSqrt2Pi*math.Exp(-0.5*x*x)
+}
+
+// parallel16 is Parallel with chunk boundaries at multiples of 16 elements,
+// so the vector kernels cover every chunk but the last whole and only the
+// final n%16 elements take the scalar path: which element is computed by
+// which path (their results differ in the last bits) does not depend on
+// the thread count, and neither do the activations.
+func parallel16(n, grain int, fn func(lo, hi int)) {
+	Parallel((n+15)/16, max(1, grain/16), func(lo, hi int) { fn(lo*16, min(hi*16, n)) })
 }
 
 // actChunk is how many elements the activation kernels pass to the vectorised
@@ -121,7 +130,7 @@ func sigmoidOf(s []float32) {
 // SiLUForward computes out = x*sigmoid(x). inp, out: (any). With AVX-512 a
 // fused kernel (bit-identical to siluForwardGo) does the bulk.
 func SiLUForward(out, inp []float32) {
-	Parallel(len(inp), actGrain, func(lo, hi int) {
+	parallel16(len(inp), actGrain, func(lo, hi int) {
 		n := siluForwardVec(out[lo:hi], inp[lo:hi])
 		siluForwardGo(out[lo+n:hi], inp[lo+n:hi])
 	})
@@ -142,7 +151,7 @@ func siluForwardGo(out, inp []float32) {
 
 // SiLUBackward accumulates dinp += dout * σ(x)(1 + x(1-σ(x))).
 func SiLUBackward(dinp, dout, inp []float32) {
-	Parallel(len(inp), actGrain, func(lo, hi int) {
+	parallel16(len(inp), actGrain, func(lo, hi int) {
 		n := siluBackwardVec(dinp[lo:hi], dout[lo:hi], inp[lo:hi])
 		siluBackwardGo(dinp[lo+n:hi], dout[lo+n:hi], inp[lo+n:hi])
 	})

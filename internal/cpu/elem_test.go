@@ -243,3 +243,47 @@ func TestGELUErfKernelAccuracy(t *testing.T) {
 	}
 	t.Logf("max relative error: forward %.3g, backward %.3g", worst, worstD)
 }
+
+// TestActivationsThreadIndependent checks that every activation gives the
+// same bits with 1, 2, 3 and 7 threads on a length that is not a multiple
+// of 16 or of any chunk size (the vector and scalar paths differ in the
+// last bits, so the split between them must not move with the threads).
+func TestActivationsThreadIndependent(t *testing.T) {
+	defer SetThreads(SetThreads(1))
+	n := 5*actGrain + 37
+	r := rand.New(rand.NewPCG(9, 9))
+	x, g := make([]float32, n), make([]float32, n)
+	for i := range x {
+		x[i], g[i] = float32(4*r.NormFloat64()), float32(r.NormFloat64())
+	}
+	for _, isa := range isasToTest() {
+		withISA(t, isa, func() {
+			for _, a := range []struct {
+				name string
+				fwd  func(out, inp []float32)
+				bwd  func(dinp, dout, inp []float32)
+			}{
+				{"gelu-tanh", GELUTanhForward, GELUTanhBackward},
+				{"gelu-erf", GELUErfForward, GELUErfBackward},
+				{"silu", SiLUForward, SiLUBackward},
+			} {
+				var want, wantD []float32
+				for _, threads := range []int{1, 2, 3, 7} {
+					SetThreads(threads)
+					out, dx := make([]float32, n), make([]float32, n)
+					a.fwd(out, x)
+					a.bwd(dx, g, x)
+					if want == nil {
+						want, wantD = out, dx
+						continue
+					}
+					for i := range out {
+						if !sameBits(out[i], want[i]) || !sameBits(dx[i], wantD[i]) {
+							t.Fatalf("%v %s: element %d differs with %d threads: %g/%g vs %g/%g (1 thread)", isa, a.name, i, threads, out[i], dx[i], want[i], wantD[i])
+						}
+					}
+				}
+			}
+		})
+	}
+}
