@@ -301,8 +301,8 @@ func (j *gemmJob) crew() *crew { return &j.cr }
 // runJob runs all parts of j on the shared worker pool, part 0 on the
 // calling goroutine. Every mode hands out work by tickets, so a part that
 // starts late (or never, when every worker is busy) only means the others
-// take more tickets; in splitShared only part 0 publishes panels, which is
-// why it is the one the caller runs.
+// take more tickets (in splitShared packing B panels is ticketed too, so
+// the caller alone can finish any job).
 func runJob(j *gemmJob) {
 	if j.parts == 1 {
 		j.runPart(0)
