@@ -160,10 +160,7 @@ func (cpuBackend) Add(out, a, b *Tensor) {
 	nb := len(y)
 	cpu.Parallel(len(x)/max(nb, 1), max(1, 16384/max(nb, 1)), func(lo, hi int) {
 		for r := lo; r < hi; r++ {
-			oo, xx := o[r*nb:(r+1)*nb], x[r*nb:(r+1)*nb]
-			for i, v := range y {
-				oo[i] = xx[i] + v
-			}
+			cpu.Add(o[r*nb:(r+1)*nb], x[r*nb:(r+1)*nb], y)
 		}
 	})
 }

@@ -106,10 +106,7 @@ func scatterAddStrided(dst, v, g *Tensor) {
 		for i := lo; i < hi; i++ {
 			s, src := r.start(i), gg[i*L:(i+1)*L]
 			if step == 1 {
-				row := d[s : s+L]
-				for j, x := range src {
-					row[j] += x
-				}
+				cpu.Axpy(d[s:s+L], src, 1)
 				continue
 			}
 			for j, x := range src {

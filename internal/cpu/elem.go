@@ -10,3 +10,12 @@ func Axpy(y, x []float32, a float32) {
 		y[i] += a * x[i]
 	}
 }
+
+// Add sets out[i] = a[i] + b[i] for i < len(a) (out and b at least as long;
+// out may alias a or b), on the calling goroutine.
+func Add(out, a, b []float32) {
+	out, b = out[:len(a)], b[:len(a)]
+	for i := addVec(out, a, b); i < len(a); i++ {
+		out[i] = a[i] + b[i]
+	}
+}

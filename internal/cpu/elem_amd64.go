@@ -173,3 +173,40 @@ func swigluBackwardVec(dgate, dup, dout, gate, up []float32) int {
 	swigluBwdAVX512(&dgate[0], &dup[0], &dout[0], &gate[0], &up[0], n)
 	return n
 }
+
+//go:noescape
+func addAVX512(out, a, b *float32, n int)
+
+//go:noescape
+func addAVX2(out, a, b *float32, n int)
+
+//go:noescape
+func lnParamGradAVX512(dw, dy, x *float32, n int, mean, rstd float32)
+
+// addVec runs the kernel of ActiveISA on a prefix and returns its length.
+func addVec(out, a, b []float32) int {
+	switch isa := ActiveISA(); {
+	case isa == ISAAVX512 && len(a) >= 16:
+		n := len(a) &^ 15
+		_, _ = out[n-1], b[n-1]
+		addAVX512(&out[0], &a[0], &b[0], n)
+		return n
+	case isa == ISAAVX2 && len(a) >= 8:
+		n := len(a) &^ 7
+		_, _ = out[n-1], b[n-1]
+		addAVX2(&out[0], &a[0], &b[0], n)
+		return n
+	}
+	return 0
+}
+
+// lnParamGradVec runs lnParamGradAVX512 on a prefix and returns its length.
+func lnParamGradVec(dw, g, x []float32, mean, rstd float32) int {
+	if ActiveISA() != ISAAVX512 || len(x) < 16 {
+		return 0
+	}
+	n := len(x) &^ 15
+	_, _ = dw[n-1], g[n-1]
+	lnParamGradAVX512(&dw[0], &g[0], &x[0], n, mean, rstd)
+	return n
+}

@@ -450,3 +450,75 @@ loop:
 done:
 	VZEROUPPER
 	RET
+
+// func addAVX512(out, a, b *float32, n int)
+// out[i] = a[i] + b[i] for i < n, n a multiple of 16.
+TEXT ·addAVX512(SB), NOSPLIT, $0-32
+	MOVQ out+0(FP), DI
+	MOVQ a+8(FP), SI
+	MOVQ b+16(FP), R8
+	MOVQ n+24(FP), CX
+	SHRQ $4, CX
+	JZ done
+loop:
+	VMOVUPS (SI), Z0
+	VADDPS (R8), Z0, Z0
+	VMOVUPS Z0, (DI)
+	ADDQ $64, SI
+	ADDQ $64, DI
+	ADDQ $64, R8
+	DECQ CX
+	JNZ loop
+done:
+	VZEROUPPER
+	RET
+
+// func addAVX2(out, a, b *float32, n int)
+// out[i] = a[i] + b[i] for i < n, n a multiple of 8.
+TEXT ·addAVX2(SB), NOSPLIT, $0-32
+	MOVQ out+0(FP), DI
+	MOVQ a+8(FP), SI
+	MOVQ b+16(FP), R8
+	MOVQ n+24(FP), CX
+	SHRQ $3, CX
+	JZ done
+loop:
+	VMOVUPS (SI), Y0
+	VADDPS (R8), Y0, Y0
+	VMOVUPS Y0, (DI)
+	ADDQ $32, SI
+	ADDQ $32, DI
+	ADDQ $32, R8
+	DECQ CX
+	JNZ loop
+done:
+	VZEROUPPER
+	RET
+
+// func lnParamGradAVX512(dw, dy, x *float32, n int, mean, rstd float32)
+// dw[i] += (dy[i]*(x[i]-mean))*rstd for i < n, n a multiple of 16: one row's
+// share of LayerNorm's weight gradient.
+TEXT ·lnParamGradAVX512(SB), NOSPLIT, $0-40
+	MOVQ dw+0(FP), DI
+	MOVQ dy+8(FP), R8
+	MOVQ x+16(FP), SI
+	MOVQ n+24(FP), CX
+	VBROADCASTSS mean+32(FP), Z30
+	VBROADCASTSS rstd+36(FP), Z31
+	SHRQ $4, CX
+	JZ done
+loop:
+	VMOVUPS (SI), Z0
+	VSUBPS Z30, Z0, Z0
+	VMULPS (R8), Z0, Z0
+	VMULPS Z31, Z0, Z0
+	VADDPS (DI), Z0, Z0
+	VMOVUPS Z0, (DI)
+	ADDQ $64, SI
+	ADDQ $64, DI
+	ADDQ $64, R8
+	DECQ CX
+	JNZ loop
+done:
+	VZEROUPPER
+	RET

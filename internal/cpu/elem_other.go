@@ -12,3 +12,5 @@ func siluForwardVec(out, inp []float32) int                      { return 0 }
 func siluBackwardVec(dinp, dout, inp []float32) int              { return 0 }
 func swigluForwardVec(out, gate, up []float32) int               { return 0 }
 func swigluBackwardVec(dgate, dup, dout, gate, up []float32) int { return 0 }
+func addVec(out, a, b []float32) int                             { return 0 }
+func lnParamGradVec(dw, g, x []float32, mean, rstd float32) int  { return 0 }

@@ -160,6 +160,52 @@ func TestAxpy(t *testing.T) {
 	}
 }
 
+// TestAddAndLNParamGrad checks Add and the LayerNorm weight-gradient row
+// kernel on every ISA against their plain loops, bit for bit: lengths
+// 0..70, unaligned starts, and Add in place over either operand.
+func TestAddAndLNParamGrad(t *testing.T) {
+	for _, isa := range isasToTest() {
+		withISA(t, isa, func() {
+			r := rand.New(rand.NewPCG(11, uint64(isa)))
+			for n := 0; n <= 70; n++ {
+				for _, off := range []int{0, 1, 5} {
+					a, b := elemInputs(r, n+off)[off:], elemInputs(r, n+off)[off:]
+					want := make([]float32, n)
+					for i := range want {
+						want[i] = a[i] + b[i]
+					}
+					got := make([]float32, n)
+					Add(got, a, b)
+					inA := append([]float32(nil), a...)
+					Add(inA, inA, b)
+					inB := append([]float32(nil), b...)
+					Add(inB, a, inB)
+					for i := range want {
+						if !sameBits(got[i], want[i]) || !sameBits(inA[i], want[i]) || !sameBits(inB[i], want[i]) {
+							t.Fatalf("%v Add n=%d off=%d [%d]: %g, in place %g/%g, want %g", isa, n, off, i, got[i], inA[i], inB[i], want[i])
+						}
+					}
+					dw0 := elemInputs(r, n)
+					m, rs := float32(0.3), float32(1.7)
+					gotW, wantW := append([]float32(nil), dw0...), append([]float32(nil), dw0...)
+					k := lnParamGradVec(gotW, b, a, m, rs)
+					for j := k; j < n; j++ {
+						gotW[j] += b[j] * (a[j] - m) * rs
+					}
+					for j := range wantW {
+						wantW[j] += b[j] * (a[j] - m) * rs
+					}
+					for j := range wantW {
+						if !sameBits(gotW[j], wantW[j]) {
+							t.Fatalf("%v lnParamGrad n=%d off=%d [%d]: %g, want %g", isa, n, off, j, gotW[j], wantW[j])
+						}
+					}
+				}
+			}
+		})
+	}
+}
+
 // BenchmarkElementwise reports GB/s (bytes read and written) of the fused
 // kernels against the Go loops, on one goroutine.
 func BenchmarkElementwise(b *testing.B) {

@@ -84,13 +84,11 @@ func LayerNormBackward(dinp, dweight, dbias, dout, inp, weight, mean, rstd []flo
 		for i := 0; i < n; i++ {
 			x, g := inp[i*c:i*c+c], dout[i*c:i*c+c]
 			m, r := mean[i], rstd[i]
-			for j := lo; j < hi; j++ {
+			for j := lo + lnParamGradVec(dweight[lo:hi], g[lo:hi], x[lo:hi], m, r); j < hi; j++ {
 				dweight[j] += g[j] * (x[j] - m) * r
 			}
 			if dbias != nil {
-				for j := lo; j < hi; j++ {
-					dbias[j] += g[j]
-				}
+				Axpy(dbias[lo:hi], g[lo:hi], 1)
 			}
 		}
 	})
