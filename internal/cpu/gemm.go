@@ -34,6 +34,11 @@ type dotFunc func(k int, a, b *float32, ldb int, out *float32)
 // consecutive rows of dst.
 type copyFunc func(src *float32, lds int, dst *float32, n int)
 
+// stripFunc packs rows×(strips·nr) floats of a row-major matrix (rows lds
+// bytes apart) into nr-column strips ldd bytes apart, prefetching pf bytes
+// ahead of each row (see packStrips in internal/cpu/gen).
+type stripFunc func(src *float32, lds int, dst *float32, ldd, rows, strips, pf int)
+
 // kernSet is one ISA's micro-kernels with their cache blocking.
 type kernSet struct {
 	mr, nr int        // full tile: rows, columns
@@ -43,9 +48,11 @@ type kernSet struct {
 	// each kc×nr strip of it is reused by every mr-row panel of the block.
 	mc, kc, nc int
 	// Optional packing helpers (nil: plain Go loops): trMR transposes an
-	// mr×16 block, tr16 a 16×16 block, cpMR copies mr-float rows.
+	// mr×16 block, tr16 a 16×16 block, cpMR copies mr-float rows, strips
+	// packs row-major B into full nr-column strips.
 	trMR, tr16 transFunc
 	cpMR       copyFunc
+	strips     stripFunc
 	// dots[r-1] computes r dot products (nil: none): with B stored n×k
 	// and at most maxDotRows rows, C is a set of dot products of
 	// contiguous rows, cheaper than packing all of B for so few rows.

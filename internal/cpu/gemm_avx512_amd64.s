@@ -3442,6 +3442,42 @@ done:
 	VZEROUPPER
 	RET
 
+// func packStripsAVX512_32(src *float32, lds int, dst *float32, ldd, rows, strips, pf int)
+TEXT ·packStripsAVX512_32(SB), NOSPLIT, $0-56
+	MOVQ src+0(FP), SI
+	MOVQ lds+8(FP), R8
+	MOVQ dst+16(FP), DI
+	MOVQ ldd+24(FP), R9
+	MOVQ rows+32(FP), CX
+	MOVQ strips+40(FP), R11
+	MOVQ pf+48(FP), R10
+	TESTQ CX, CX
+	JZ done
+	TESTQ R11, R11
+	JZ done
+row:
+	MOVQ SI, AX
+	MOVQ DI, DX
+	MOVQ R11, BX
+strip:
+	VMOVUPS 0(AX), Z0
+	VMOVUPS 64(AX), Z1
+	PREFETCHT0 0(AX)(R10*1)
+	PREFETCHT0 64(AX)(R10*1)
+	VMOVUPS Z0, 0(DX)
+	VMOVUPS Z1, 64(DX)
+	ADDQ $128, AX
+	ADDQ R9, DX
+	DECQ BX
+	JNZ strip
+	ADDQ R8, SI
+	ADDQ $128, DI
+	DECQ CX
+	JNZ row
+done:
+	VZEROUPPER
+	RET
+
 // func kernBF16AVX512_1x32(kc int, a, b *float32, ldb int, c *float32, ldc int, alpha, beta float32, load int)
 TEXT ·kernBF16AVX512_1x32(SB), NOSPLIT, $0-64
 	MOVQ kc+0(FP), CX

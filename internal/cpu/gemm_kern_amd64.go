@@ -122,6 +122,17 @@ func copyPanelAVX512_14(src *float32, lds int, dst *float32, n int)
 // cpMRAVX512 packs a transposed A panel (mr floats per k step).
 var cpMRAVX512 copyFunc = copyPanelAVX512_14
 
+// packStripsAVX512_32 copies rows×(strips·32) floats of a row-major matrix (rows lds
+// bytes apart) into strips of 32 columns: source row p, strip s goes to
+// dst + s·ldd + p·128 bytes. Each row also prefetches the bytes pf further on
+// (pf = 0: none).
+//
+//go:noescape
+func packStripsAVX512_32(src *float32, lds int, dst *float32, ldd, rows, strips, pf int)
+
+// packStripsAVX512 packs row-major B panels (nil on other ISAs).
+var packStripsAVX512 stripFunc = packStripsAVX512_32
+
 // kernsBF16AVX512[mr-1] is the AVX512 bf16-pair kernel (VDPBF16PS) for mr rows
 // (see internal/cpu/gen).
 var kernsBF16AVX512 = [14]kernFunc{

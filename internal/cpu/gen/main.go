@@ -98,6 +98,12 @@ func main() {
 				fmt.Fprintf(&decl, "// %s copies n rows of %d floats (source rows lds bytes apart) to\n// consecutive rows of dst.\n//\n//go:noescape\nfunc %s(src *float32, lds int, dst *float32, n int)\n\n", name, s.mr, name)
 				fmt.Fprintf(&decl, "// cpMR%s packs a transposed A panel (mr floats per k step).\nvar cpMR%s copyFunc = %s\n\n", s.name, s.name, name)
 			}
+			if s.nv == 2 {
+				name := fmt.Sprintf("packStrips%s_%d", s.name, s.nv*s.lanes)
+				packStrips(&asm, name, s.nv)
+				fmt.Fprintf(&decl, "// %s copies rows×(strips·%d) floats of a row-major matrix (rows lds\n// bytes apart) into strips of %d columns: source row p, strip s goes to\n// dst + s·ldd + p·%d bytes. Each row also prefetches the bytes pf further on\n// (pf = 0: none).\n//\n//go:noescape\nfunc %s(src *float32, lds int, dst *float32, ldd, rows, strips, pf int)\n\n", name, s.nv*s.lanes, s.nv*s.lanes, 4*s.nv*s.lanes, name)
+				fmt.Fprintf(&decl, "// packStrips%s packs row-major B panels (nil on other ISAs).\nvar packStrips%s stripFunc = %s\n\n", s.name, s.name, name)
+			}
 			bf16Kernels(&asm, &decl, s)
 			bf16Packers(&asm, &decl)
 		}
@@ -301,6 +307,35 @@ func copyPanel(w *bytes.Buffer, name string, cols int) {
 	fmt.Fprintf(w, "\tVMOVUPS Z0, K1, (DI)\n\tVMOVUPS Z1, K1, %d(DI)\n\tADDQ $%d, DI\n", 4*cols, 8*cols)
 	w.WriteString("\tDECQ BX\n\tJNZ loop\ntail:\n\tANDQ $1, CX\n\tJZ done\n")
 	w.WriteString("\tVMOVUPS (SI), K1, Z0\n\tVMOVUPS Z0, K1, (DI)\ndone:\n\tVZEROUPPER\n\tRET\n")
+}
+
+// packStrips writes a function that packs a block of a row-major matrix
+// into strips of nv·16 columns, one source row at a time: the row is read
+// left to right (so the reads stream) and each of its strips' nv vectors
+// goes to its own strip. Reading B row-major from DRAM for a chunk of a few
+// strips touches a few lines of each row and then jumps ldb bytes, a new
+// page every row, which the hardware prefetcher does not follow; so each
+// row prefetches the same columns pf bytes further on (the caller passes
+// some rows ahead, or 0 for the last rows of a block).
+func packStrips(w *bytes.Buffer, name string, nv int) {
+	fmt.Fprintf(w, "\n// func %s(src *float32, lds int, dst *float32, ldd, rows, strips, pf int)\n", name)
+	fmt.Fprintf(w, "TEXT ·%s(SB), NOSPLIT, $0-56\n", name)
+	w.WriteString("\tMOVQ src+0(FP), SI\n\tMOVQ lds+8(FP), R8\n\tMOVQ dst+16(FP), DI\n\tMOVQ ldd+24(FP), R9\n")
+	w.WriteString("\tMOVQ rows+32(FP), CX\n\tMOVQ strips+40(FP), R11\n\tMOVQ pf+48(FP), R10\n")
+	w.WriteString("\tTESTQ CX, CX\n\tJZ done\n\tTESTQ R11, R11\n\tJZ done\nrow:\n")
+	w.WriteString("\tMOVQ SI, AX\n\tMOVQ DI, DX\n\tMOVQ R11, BX\nstrip:\n")
+	for v := 0; v < nv; v++ {
+		fmt.Fprintf(w, "\tVMOVUPS %d(AX), Z%d\n", 64*v, v)
+	}
+	for v := 0; v < nv; v++ {
+		fmt.Fprintf(w, "\tPREFETCHT0 %d(AX)(R10*1)\n", 64*v)
+	}
+	for v := 0; v < nv; v++ {
+		fmt.Fprintf(w, "\tVMOVUPS Z%d, %d(DX)\n", v, 64*v)
+	}
+	fmt.Fprintf(w, "\tADDQ $%d, AX\n\tADDQ R9, DX\n\tDECQ BX\n\tJNZ strip\n", 64*nv)
+	fmt.Fprintf(w, "\tADDQ R8, SI\n\tADDQ $%d, DI\n\tDECQ CX\n\tJNZ row\n", 64*nv)
+	w.WriteString("done:\n\tVZEROUPPER\n\tRET\n")
 }
 
 // dot writes a function computing `rows` dot products of a with rows of b
