@@ -35,9 +35,8 @@ type dotFunc func(k int, a, b *float32, ldb int, out *float32)
 type copyFunc func(src *float32, lds int, dst *float32, n int)
 
 // stripFunc packs rows×(strips·nr) floats of a row-major matrix (rows lds
-// bytes apart) into nr-column strips ldd bytes apart, prefetching pf bytes
-// ahead of each row (see packStrips in internal/cpu/gen).
-type stripFunc func(src *float32, lds int, dst *float32, ldd, rows, strips, pf int)
+// bytes apart) into nr-column strips ldd bytes apart.
+type stripFunc func(src *float32, lds int, dst *float32, ldd, rows, strips int)
 
 // kernSet is one ISA's micro-kernels with their cache blocking.
 type kernSet struct {

@@ -3442,15 +3442,14 @@ done:
 	VZEROUPPER
 	RET
 
-// func packStripsAVX512_32(src *float32, lds int, dst *float32, ldd, rows, strips, pf int)
-TEXT ·packStripsAVX512_32(SB), NOSPLIT, $0-56
+// func packStripsAVX512_32(src *float32, lds int, dst *float32, ldd, rows, strips int)
+TEXT ·packStripsAVX512_32(SB), NOSPLIT, $0-48
 	MOVQ src+0(FP), SI
 	MOVQ lds+8(FP), R8
 	MOVQ dst+16(FP), DI
 	MOVQ ldd+24(FP), R9
 	MOVQ rows+32(FP), CX
 	MOVQ strips+40(FP), R11
-	MOVQ pf+48(FP), R10
 	TESTQ CX, CX
 	JZ done
 	TESTQ R11, R11
@@ -3462,8 +3461,6 @@ row:
 strip:
 	VMOVUPS 0(AX), Z0
 	VMOVUPS 64(AX), Z1
-	PREFETCHT0 0(AX)(R10*1)
-	PREFETCHT0 64(AX)(R10*1)
 	VMOVUPS Z0, 0(DX)
 	VMOVUPS Z1, 64(DX)
 	ADDQ $128, AX

@@ -124,11 +124,10 @@ var cpMRAVX512 copyFunc = copyPanelAVX512_14
 
 // packStripsAVX512_32 copies rows×(strips·32) floats of a row-major matrix (rows lds
 // bytes apart) into strips of 32 columns: source row p, strip s goes to
-// dst + s·ldd + p·128 bytes. Each row also prefetches the bytes pf further on
-// (pf = 0: none).
+// dst + s·ldd + p·128 bytes.
 //
 //go:noescape
-func packStripsAVX512_32(src *float32, lds int, dst *float32, ldd, rows, strips, pf int)
+func packStripsAVX512_32(src *float32, lds int, dst *float32, ldd, rows, strips int)
 
 // packStripsAVX512 packs row-major B panels (nil on other ISAs).
 var packStripsAVX512 stripFunc = packStripsAVX512_32

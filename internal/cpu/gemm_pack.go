@@ -53,17 +53,10 @@ func packBPanel(ks *kernSet, dst []float32, tB Transpose, b []float32, ldb, p0, 
 	nr := ks.nr
 	full := nc / nr * nr
 	if !tB && full > 0 && ks.strips != nil {
-		// B is read row by row, as below, but a chunk of a few strips
-		// touches only a few lines per row before jumping ldb floats to a
-		// page the hardware prefetcher has not seen: prefetch rows
-		// stripPrefetchRows ahead (the last rows prefetch nothing).
+		// Row by row as below, in one call instead of a copy per strip row.
 		_ = b[(p0+kc-1)*ldb+j0+full-1] // the block lies inside b
 		_ = dst[kc*full-1]
-		ahead := max(kc-stripPrefetchRows, 0)
-		if ahead > 0 {
-			ks.strips(&b[p0*ldb+j0], ldb*4, &dst[0], kc*nr*4, ahead, full/nr, stripPrefetchRows*ldb*4)
-		}
-		ks.strips(&b[(p0+ahead)*ldb+j0], ldb*4, &dst[ahead*nr], kc*nr*4, kc-ahead, full/nr, 0)
+		ks.strips(&b[p0*ldb+j0], ldb*4, &dst[0], kc*nr*4, kc, full/nr)
 	} else if !tB && full > 0 {
 		// Walk B row by row so reads stream through memory; each row feeds
 		// every strip.
@@ -82,10 +75,6 @@ func packBPanel(ks *kernSet, dst []float32, tB Transpose, b []float32, ldb, p0, 
 		packB(ks, dst[full*kc:], tB, b, ldb, p0, j0+full, kc, nc-full)
 	}
 }
-
-// stripPrefetchRows is how many rows ahead the strip packer prefetches
-// row-major B.
-const stripPrefetchRows = 4
 
 // packB packs rows [p0, p0+kc) × columns [j0, j0+nr) of op(B) into
 // dst[:kc*ks.nr], zero-padding columns nr..ks.nr-1.
