@@ -85,9 +85,12 @@ func TestBenchGemmMeasuredPeak(t *testing.T) {
 		if !(peak > 0) {
 			t.Fatalf("--isa %s: measured peak %v, want > 0:\n%s", isa, peak, out)
 		}
-		// Printed to 0.1: allow for the rounding of all three numbers.
-		if want := 100 * med / peak; pct < want*0.99-0.1 || pct > want*1.01+0.1 {
-			t.Errorf("--isa %s: %%peak %v, want median/peak = %.2f%%:\n%s", isa, pct, want, out)
+		// Each number is printed to 0.1: the true median and peak lie within
+		// ±0.05 of what is printed (at 2.6 GFLOP/s that alone is ±2%), and
+		// %peak within ±0.05 of its own.
+		lo, hi := 100*(med-0.05)/(peak+0.05)-0.05, 100*(med+0.05)/max(peak-0.05, 1e-9)+0.05
+		if pct < lo || pct > hi {
+			t.Errorf("--isa %s: %%peak %v, want median/peak in [%.2f, %.2f]%%:\n%s", isa, pct, lo, hi, out)
 		}
 	}
 }
