@@ -2,7 +2,8 @@
 
 #include "textflag.h"
 
-#define BCAST(bits, Z) MOVL $bits, AX; VPBROADCASTD AX, Z
+#include "exp_amd64.h"
+
 #define BCASTY(bits, Y) MOVL $bits, AX; MOVD AX, X0; VPBROADCASTD X0, Y
 
 // func expSubAVX512(x *float32, n int, sub float32) float32
@@ -13,40 +14,14 @@ TEXT ·expSubAVX512(SB), NOSPLIT, $0-28
 	MOVQ x+0(FP), SI
 	MOVQ n+8(FP), CX
 	VBROADCASTSS sub+16(FP), Z31
-	BCAST(0x3fb8aa3b, Z30) // log2e
-	BCAST(0x3f318000, Z29) // c1
-	BCAST(0xb95e8083, Z28) // c2
-	BCAST(0x39506967, Z27) // p0
-	BCAST(0x3ab743ce, Z26) // p1
-	BCAST(0x3c088908, Z25) // p2
-	BCAST(0x3d2aa9c1, Z24) // p3
-	BCAST(0x3e2aaaaa, Z23) // p4
-	BCAST(0x3f000000, Z22) // p5
-	BCAST(0x3f800000, Z21) // 1
-	BCAST(0xc2aeac4f, Z20) // lo
-	BCAST(0x42b17217, Z19) // hi
+	EXP_CONSTS
 	VPXORD Z18, Z18, Z18   // sum
 	SHRQ $4, CX
 	JZ reduce
 loop:
 	VMOVUPS (SI), Z0
 	VSUBPS Z31, Z0, Z0
-	VMINPS Z19, Z0, Z0
-	VCMPPS $0x1d, Z20, Z0, K2   // K2 = x >= lo
-	VMULPS Z30, Z0, Z1
-	VRNDSCALEPS $0, Z1, Z1      // fx = round(x*log2e)
-	VFNMADD231PS Z29, Z1, Z0    // r = x - fx*c1
-	VFNMADD231PS Z28, Z1, Z0    // r -= fx*c2
-	VMOVAPS Z27, Z2
-	VFMADD213PS Z26, Z0, Z2     // y = y*r + p1
-	VFMADD213PS Z25, Z0, Z2
-	VFMADD213PS Z24, Z0, Z2
-	VFMADD213PS Z23, Z0, Z2
-	VFMADD213PS Z22, Z0, Z2
-	VMULPS Z0, Z0, Z3           // r²
-	VFMADD213PS Z0, Z3, Z2      // y = y*r² + r
-	VADDPS Z21, Z2, Z2          // y += 1
-	VSCALEFPS.Z Z1, Z2, K2, Z2  // y *= 2^fx; lanes below lo -> 0
+	EXP                         // Z2 = exp(Z0) (exp_amd64.h)
 	VMOVUPS Z2, (SI)
 	VADDPS Z2, Z18, Z18
 	ADDQ $64, SI
@@ -71,40 +46,14 @@ TEXT ·expSumAVX512(SB), NOSPLIT, $0-28
 	MOVQ x+0(FP), SI
 	MOVQ n+8(FP), CX
 	VBROADCASTSS sub+16(FP), Z31
-	BCAST(0x3fb8aa3b, Z30) // log2e
-	BCAST(0x3f318000, Z29) // c1
-	BCAST(0xb95e8083, Z28) // c2
-	BCAST(0x39506967, Z27) // p0
-	BCAST(0x3ab743ce, Z26) // p1
-	BCAST(0x3c088908, Z25) // p2
-	BCAST(0x3d2aa9c1, Z24) // p3
-	BCAST(0x3e2aaaaa, Z23) // p4
-	BCAST(0x3f000000, Z22) // p5
-	BCAST(0x3f800000, Z21) // 1
-	BCAST(0xc2aeac4f, Z20) // lo
-	BCAST(0x42b17217, Z19) // hi
+	EXP_CONSTS
 	VPXORD Z18, Z18, Z18   // sum
 	SHRQ $4, CX
 	JZ reduce
 loop:
 	VMOVUPS (SI), Z0
 	VSUBPS Z31, Z0, Z0
-	VMINPS Z19, Z0, Z0
-	VCMPPS $0x1d, Z20, Z0, K2   // K2 = x >= lo
-	VMULPS Z30, Z0, Z1
-	VRNDSCALEPS $0, Z1, Z1      // fx = round(x*log2e)
-	VFNMADD231PS Z29, Z1, Z0    // r = x - fx*c1
-	VFNMADD231PS Z28, Z1, Z0    // r -= fx*c2
-	VMOVAPS Z27, Z2
-	VFMADD213PS Z26, Z0, Z2     // y = y*r + p1
-	VFMADD213PS Z25, Z0, Z2
-	VFMADD213PS Z24, Z0, Z2
-	VFMADD213PS Z23, Z0, Z2
-	VFMADD213PS Z22, Z0, Z2
-	VMULPS Z0, Z0, Z3           // r²
-	VFMADD213PS Z0, Z3, Z2      // y = y*r² + r
-	VADDPS Z21, Z2, Z2          // y += 1
-	VSCALEFPS.Z Z1, Z2, K2, Z2  // y *= 2^fx; lanes below lo -> 0
+	EXP                         // Z2 = exp(Z0) (exp_amd64.h)
 	VADDPS Z2, Z18, Z18
 	ADDQ $64, SI
 	DECQ CX

@@ -2,44 +2,7 @@
 
 #include "textflag.h"
 
-#define BCAST(bits, Z) MOVL $bits, AX; VPBROADCASTD AX, Z
-#define BCASTY(bits, Y) MOVL $bits, AX; MOVD AX, X0; VPBROADCASTD X0, Y
-
-// EXP_CONSTS loads the constants of the Cephes expf used by expSubAVX512
-// into Z19..Z30 (see attention_amd64.s); EXP computes Z2 = exp(Z0) with
-// exactly expSubAVX512's instruction sequence (so results are bit-identical
-// to it), clobbering Z0, Z1, Z3 and K2.
-#define EXP_CONSTS \
-	BCAST(0x3fb8aa3b, Z30); \
-	BCAST(0x3f318000, Z29); \
-	BCAST(0xb95e8083, Z28); \
-	BCAST(0x39506967, Z27); \
-	BCAST(0x3ab743ce, Z26); \
-	BCAST(0x3c088908, Z25); \
-	BCAST(0x3d2aa9c1, Z24); \
-	BCAST(0x3e2aaaaa, Z23); \
-	BCAST(0x3f000000, Z22); \
-	BCAST(0x3f800000, Z21); \
-	BCAST(0xc2aeac4f, Z20); \
-	BCAST(0x42b17217, Z19)
-
-#define EXP \
-	VMINPS Z19, Z0, Z0; \
-	VCMPPS $0x1d, Z20, Z0, K2; \
-	VMULPS Z30, Z0, Z1; \
-	VRNDSCALEPS $0, Z1, Z1; \
-	VFNMADD231PS Z29, Z1, Z0; \
-	VFNMADD231PS Z28, Z1, Z0; \
-	VMOVAPS Z27, Z2; \
-	VFMADD213PS Z26, Z0, Z2; \
-	VFMADD213PS Z25, Z0, Z2; \
-	VFMADD213PS Z24, Z0, Z2; \
-	VFMADD213PS Z23, Z0, Z2; \
-	VFMADD213PS Z22, Z0, Z2; \
-	VMULPS Z0, Z0, Z3; \
-	VFMADD213PS Z0, Z3, Z2; \
-	VADDPS Z21, Z2, Z2; \
-	VSCALEFPS.Z Z1, Z2, K2, Z2
+#include "exp_amd64.h"
 
 // SIGMOID2U sets Z2 = sigmoid(2u) = 1/(1+exp(-2u)) for the GELU-tanh
 // argument u of x = Z4, in the operation order of geluTanhForwardGo:
