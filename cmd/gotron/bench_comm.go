@@ -34,6 +34,7 @@ type benchCommOpts struct {
 	timeout          time.Duration
 	chunkBytes       int
 	smallBytes       int
+	shmSlotBytes     int
 	masterAddr       string
 	masterPort       int
 	ratioTargetBytes int
@@ -78,6 +79,7 @@ func parseBenchComm(env *cli, args []string) (*benchCommOpts, error) {
 	fs.DurationVar(&o.timeout, "timeout", 5*time.Minute, "tcp: how long a rank waits for a peer before failing")
 	fs.IntVar(&o.chunkBytes, "chunk-bytes", tcp.DefaultChunkBytes, "tcp: pipelining chunk of ring steps")
 	fs.IntVar(&o.smallBytes, "small-bytes", tcp.DefaultSmallBytes, "tcp: largest message using direct (non-ring) algorithms")
+	fs.IntVar(&o.shmSlotBytes, "shm-slot-bytes", 0, "tcp: slot of the shared region same-host groups use for large collectives (0: 8M/(2·nproc), -1: rings instead)")
 	fs.StringVar(&o.masterAddr, "master-addr", "127.0.0.1", "tcp: rendezvous host for the ranks this command starts")
 	fs.IntVar(&o.masterPort, "master-port", 0, "tcp: rendezvous port for the ranks this command starts (0: a free port)")
 	fs.String("config", "", "YAML file with flag values")
@@ -182,7 +184,7 @@ func benchCommRank(ctx context.Context, env *cli, o *benchCommOpts) error {
 	if err != nil {
 		return err
 	}
-	cfg.Timeout, cfg.ChunkBytes, cfg.SmallBytes = o.timeout, o.chunkBytes, o.smallBytes
+	cfg.Timeout, cfg.ChunkBytes, cfg.SmallBytes, cfg.ShmSlotBytes = o.timeout, o.chunkBytes, o.smallBytes, o.shmSlotBytes
 	g, err := tcp.Join(ctx, cfg)
 	if err != nil {
 		return err

@@ -120,10 +120,6 @@ func Run(ctx context.Context, pg dist.ProcessGroup, cfg Config) ([]Result, error
 		return nil, err
 	}
 	n := pg.Size()
-	transport := ""
-	if t, ok := pg.(Transporter); ok {
-		transport = t.TransportName()
-	}
 	var out []Result
 	for _, op := range cfg.Ops {
 		for size := cfg.MinBytes; size <= cfg.MaxBytes; size *= 2 {
@@ -150,7 +146,12 @@ func Run(ctx context.Context, pg dist.ProcessGroup, cfg Config) ([]Result, error
 			}
 			bytes := count * 4
 			alg := float64(bytes) / d
-			out = append(out, Result{Op: op, Bytes: bytes, Count: count, Iters: iters, Seconds: d, AlgBW: alg, BusBW: alg * BusFactor(op, n), Transport: transport})
+			out = append(out, Result{Op: op, Bytes: bytes, Count: count, Iters: iters, Seconds: d, AlgBW: alg, BusBW: alg * BusFactor(op, n)})
+		}
+	}
+	if t, ok := pg.(Transporter); ok { // after the runs: a route may be set up on first use
+		for i := range out {
+			out[i].Transport = t.TransportName()
 		}
 	}
 	return out, nil

@@ -25,6 +25,9 @@ type Group struct {
 	one       []int32
 	errc      chan error
 
+	region      *region // shared region of a same-host group (region.go)
+	regionState int     // regionPending, regionOn or regionOff
+
 	seq              uint32   // collectives begun on this group
 	cur              uint32   // current collective's frame seq: op code<<24 | seq
 	sendSeq, recvSeq []uint32 // point-to-point messages per peer
@@ -257,6 +260,12 @@ func (g *Group) AllReduce(ctx context.Context, buf dist.Buffer, op dist.ReduceOp
 		dist.ReduceN(buf, g.srcs, op)
 		return nil
 	}
+	if r, err := g.useRegion(ctx, timer, dist.OpAllReduce); err != nil || r != nil {
+		if err != nil {
+			return err
+		}
+		return g.regionAllReduce(ctx, r, buf, op)
+	}
 	off := evenOffsets(buf.Len(), n)
 	if err := g.ringReduceScatter(ctx, timer, dist.OpAllReduce, buf, off, op); err != nil {
 		return err
@@ -316,6 +325,12 @@ func (g *Group) ReduceScatter(ctx context.Context, out, in dist.Buffer, op dist.
 		dist.ReduceN(out, g.srcs, op)
 		return nil
 	}
+	if r, err := g.useRegion(ctx, timer, name); err != nil || r != nil {
+		if err != nil {
+			return err
+		}
+		return g.regionReduceScatter(ctx, r, out, in, op, counts, off)
+	}
 	work := dist.Buffer{DType: in.DType, Data: scratch(&g.work, len(in.Data))}
 	copy(work.Data, in.Data)
 	if err := g.ringReduceScatter(ctx, timer, name, work, off, op); err != nil {
@@ -354,6 +369,12 @@ func (g *Group) AllGather(ctx context.Context, out, in dist.Buffer, counts []int
 	}
 	if g.small(len(out.Data)) {
 		return g.direct(ctx, timer, name, func(int) []byte { return in.Data }, func(j int) []byte { return out.Slice(off[j], off[j+1]).Data })
+	}
+	if r, err := g.useRegion(ctx, timer, name); err != nil || r != nil {
+		if err != nil {
+			return err
+		}
+		return g.regionAllGather(ctx, r, out, in, counts, off)
 	}
 	return g.ringAllGather(ctx, timer, name, out, off)
 }

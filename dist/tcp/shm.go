@@ -8,6 +8,7 @@ import (
 	"net"
 	"os"
 	"strings"
+	"time"
 )
 
 // Same-host shared memory (NCCL's shm transport, simplified).
@@ -31,6 +32,14 @@ import (
 // ones go in the same write as their header.
 const shmMinBytes = 1024
 
+// shmPoll is the longest a rank waiting on shared memory sleeps before it
+// looks for a failure (the peer's socket, ctx, the timeout).
+const shmPoll = 10 * time.Millisecond
+
+// shmPiece is the most a ring write copies before publishing its head, and
+// the most a ring read hands out at once.
+const shmPiece = 256 << 10
+
 // shmFlag marks a frame length whose payload is in the ring.
 const shmFlag = uint64(1) << 63
 
@@ -53,6 +62,9 @@ type TransportStats struct {
 	ShmPeers int
 	// ShmBytes and SocketBytes count payload bytes sent each way.
 	ShmBytes, SocketBytes uint64
+	// RegionBytes counts payload bytes this rank copied into groups'
+	// shared regions.
+	RegionBytes uint64
 }
 
 // Transport returns "shm" when every peer is reached through shared memory,
@@ -83,14 +95,24 @@ func (g *Group) Stats() TransportStats {
 		s.ShmBytes += pc.shmSent.Load()
 		s.SocketBytes += pc.sockSent.Load()
 	}
+	g.w.mu.Lock()
+	for _, r := range g.w.regions {
+		s.RegionBytes += r.copied.Load()
+	}
+	g.w.mu.Unlock()
 	return s
 }
 
 // TransportName describes the route to the peers for reports, e.g.
-// "shm (3 of 3 peers)".
+// "shm (3 of 3 peers through shared memory; group region for large
+// collectives, 2 MiB slots)".
 func (g *Group) TransportName() string {
 	s := g.Stats()
-	return fmt.Sprintf("%s (%d of %d peers through shared memory)", s.Transport(), s.ShmPeers, s.Peers)
+	name := fmt.Sprintf("%s (%d of %d peers through shared memory", s.Transport(), s.ShmPeers, s.Peers)
+	if g.regionState == regionOn {
+		name += fmt.Sprintf("; group region for large collectives, %d KiB slots", g.region.slot>>10)
+	}
+	return name + ")"
 }
 
 // hostKey identifies the host and mount namespace, or "" when it cannot be

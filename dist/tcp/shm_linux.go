@@ -37,11 +37,7 @@ const (
 
 // Waiting: spin shmSpin times, then sleep on the futex for at most shmPoll
 // and look at the socket, the local close flag, ctx and the deadline.
-const (
-	shmSpin  = 200
-	shmPoll  = 10 * time.Millisecond
-	shmPiece = 256 << 10 // publish head at least this often while copying in
-)
+const shmSpin = 200
 
 // shmPrefix starts the names of shared-memory files, followed by the
 // creating process's pid.
@@ -92,11 +88,7 @@ type shmLink struct {
 	broken bool         // rx lost its place (abandoned frame); reader only
 }
 
-func mapShm(f *os.File, ringBytes int, dialer bool) (*shmLink, error) {
-	mem, err := unix.Mmap(int(f.Fd()), 0, 2*shmPage+2*ringBytes, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
-	if err != nil {
-		return nil, err
-	}
+func newShmLink(mem []byte, ringBytes int, dialer bool) *shmLink {
 	d0 := mem[2*shmPage : 2*shmPage+ringBytes]
 	d1 := mem[2*shmPage+ringBytes:]
 	r0, r1 := newRing(mem[:shmPage], d0), newRing(mem[shmPage:2*shmPage], d1)
@@ -104,7 +96,7 @@ func mapShm(f *os.File, ringBytes int, dialer bool) (*shmLink, error) {
 	if !dialer {
 		l.tx, l.rx = r1, r0
 	}
-	return l, nil
+	return l
 }
 
 func shmDir() string {
@@ -114,33 +106,63 @@ func shmDir() string {
 	return os.TempDir()
 }
 
-// createShm makes and maps a zeroed file for a link (the dialer's side),
-// reserving its memory so that a full tmpfs fails here and not with SIGBUS
-// later. It returns nil on any failure (the pair then uses sockets).
+// createShm makes and maps a zeroed file for a link (the dialer's side).
+// It returns nil on any failure (the pair then uses sockets).
 func createShm(ringBytes int) (*shmLink, string) {
 	if ringBytes == 0 {
 		ringBytes = DefaultShmBytes
 	}
+	mem, path := createShmFile(2*shmPage + 2*ringBytes)
+	if mem == nil {
+		return nil, ""
+	}
+	return newShmLink(mem, ringBytes, true), path
+}
+
+// createShmFile makes a zeroed shared-memory file of size bytes and maps
+// it, reserving its memory so that a full tmpfs fails here and not with
+// SIGBUS later. It returns nil on any failure.
+func createShmFile(size int) ([]byte, string) {
 	for _, dir := range []string{shmDir(), os.TempDir()} {
 		f, err := os.CreateTemp(dir, shmPrefix+strconv.Itoa(os.Getpid())+"-*.shm")
 		if err != nil {
 			continue
 		}
-		size := int64(2*shmPage + 2*ringBytes)
-		err = unix.Fallocate(int(f.Fd()), 0, 0, size)
-		var l *shmLink
+		err = unix.Fallocate(int(f.Fd()), 0, 0, int64(size))
+		var mem []byte
 		if err == nil {
-			l, err = mapShm(f, ringBytes, true)
+			mem, err = unix.Mmap(int(f.Fd()), 0, size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
 		}
 		f.Close()
 		if err != nil {
 			os.Remove(f.Name())
 			continue
 		}
-		return l, f.Name()
+		return mem, f.Name()
 	}
 	return nil, ""
 }
+
+// openShmFile maps another process's file of size bytes, or returns nil if
+// it cannot (missing, another size, mapping refused). It does not unlink it.
+func openShmFile(path string, size int) []byte {
+	f, err := os.OpenFile(path, os.O_RDWR, 0)
+	if err != nil {
+		return nil
+	}
+	defer f.Close()
+	if st, err := f.Stat(); err != nil || st.Size() != int64(size) {
+		return nil
+	}
+	mem, err := unix.Mmap(int(f.Fd()), 0, size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		return nil
+	}
+	return mem
+}
+
+// unmapShm releases a mapping made by createShmFile or openShmFile.
+func unmapShm(mem []byte) { unix.Munmap(mem) }
 
 // openShm maps the dialer's file (the acceptor's side) and unlinks it, so
 // nothing is left behind whatever happens to either process. It returns nil
@@ -149,20 +171,12 @@ func openShm(path string, ringBytes int) *shmLink {
 	if ringBytes == 0 {
 		ringBytes = DefaultShmBytes
 	}
-	f, err := os.OpenFile(path, os.O_RDWR, 0)
-	if err != nil {
-		return nil
-	}
-	defer f.Close()
+	mem := openShmFile(path, 2*shmPage+2*ringBytes)
 	os.Remove(path)
-	if st, err := f.Stat(); err != nil || st.Size() != int64(2*shmPage+2*ringBytes) {
-		return nil // the peer uses another ring size
+	if mem == nil {
+		return nil // gone, or the peer uses another ring size
 	}
-	l, err := mapShm(f, ringBytes, false)
-	if err != nil {
-		return nil
-	}
-	return l
+	return newShmLink(mem, ringBytes, false)
 }
 
 // unmap releases the mapping; nothing may touch the rings afterwards.
@@ -325,3 +339,6 @@ func (l *shmLink) write(ctx context.Context, data []byte, deadline time.Time) er
 	}
 	return nil
 }
+
+// osYield gives the CPU to another runnable thread or process, if any.
+func osYield() { unix.Syscall(unix.SYS_SCHED_YIELD, 0, 0, 0) }

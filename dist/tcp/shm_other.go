@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"net"
+	"runtime"
 	"sync/atomic"
 	"time"
 )
@@ -28,3 +29,11 @@ func (l *shmLink) next(int) ([]byte, error)                       { return nil, 
 func (l *shmLink) release(int)                                    {}
 func (l *shmLink) tryWrite([]byte) int                            { return 0 }
 func (l *shmLink) write(context.Context, []byte, time.Time) error { return errNoShm }
+
+func createShmFile(int) ([]byte, string)                   { return nil, "" }
+func openShmFile(string, int) []byte                       { return nil }
+func unmapShm([]byte)                                      {}
+func futexSleep(addr *uint32, val uint32, d time.Duration) { time.Sleep(d) }
+func futexWakeAll(*uint32)                                 {}
+
+func osYield() { runtime.Gosched() }

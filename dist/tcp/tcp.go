@@ -84,6 +84,12 @@ type Config struct {
 	// ShmBytes is the shared-memory ring size per direction and pair; zero
 	// means DefaultShmBytes. Ranks of a pair that differ use sockets.
 	ShmBytes int
+	// ShmSlotBytes is the slot size of the shared region through which a
+	// group whose members all share one host runs all-reduce,
+	// reduce-scatter and all-gather above SmallBytes (region.go); a region
+	// holds 2n slots. Zero means DefaultRegionBytes/(2n); negative
+	// means no region (rings over the pair links). All ranks must agree.
+	ShmSlotBytes int
 }
 
 // ConfigFromEnv reads RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT (as set
@@ -183,6 +189,7 @@ type world struct {
 	counts   map[string]int // NewGroup calls per rank list
 	tags     map[uint32]string
 	closed   bool
+	regions  []*region // groups' shared regions, unmapped at shutdown
 
 	telling sync.WaitGroup // failure notices being sent
 }
@@ -409,6 +416,7 @@ func (w *world) shutdown() {
 			pc.wmu.Unlock()
 		}
 	}
+	w.closeRegions()
 	if w.ln != nil {
 		w.ln.Close()
 	}

@@ -46,6 +46,9 @@ func worker(scenario string) int {
 		cfg.SmallBytes, _ = strconv.Atoi(v)
 		cfg.ChunkBytes = 2048
 	}
+	if v := os.Getenv("SHM_SLOT"); v != "" {
+		cfg.ShmSlotBytes, _ = strconv.Atoi(v)
+	}
 	ctx := context.Background()
 	g, err := tcp.Join(ctx, cfg)
 	if err != nil {
@@ -64,7 +67,7 @@ func worker(scenario string) int {
 			return 1
 		}
 		st := g.Stats()
-		fmt.Printf("OK %s shm-bytes>0=%v\n", st.Transport(), st.ShmBytes > 0)
+		fmt.Printf("OK %s shm-bytes>0=%v region-bytes>0=%v\n", st.Transport(), st.ShmBytes > 0, st.RegionBytes > 0)
 		return 0
 	case "concurrent":
 		if err := disttest.ConcurrentGroups(ctx, g, 10); err != nil {
@@ -95,6 +98,32 @@ func worker(scenario string) int {
 				return 1
 			}
 		}
+	case "mismatch-region": // 3 ranks: rank 1 passes another size; then all agree
+		blamed := func(err error) string {
+			var re *dist.RankError
+			if errors.As(err, &re) && errors.Is(err, dist.ErrMismatch) {
+				return strconv.Itoa(re.Rank)
+			}
+			return fmt.Sprintf("(%v)", err)
+		}
+		n := 1 << 16
+		if g.Rank() == 1 {
+			n += 1 << 14
+		}
+		got := blamed(g.AllReduce(ctx, dist.MakeBuffer(dist.Float32, n), dist.Sum))
+		buf := disttest.Fill(dist.Float32, 1<<16, 7, g.Rank(), 0)
+		if err := g.AllReduce(ctx, buf, dist.Sum); err != nil {
+			fmt.Println("ERROR", err)
+			return 1
+		}
+		for i := range buf.Len() {
+			if want := disttest.ReduceRef(dist.Float32, dist.Sum, 7, []int{0, 1, 2}, i); disttest.Get(buf, i) != want {
+				fmt.Printf("ERROR element %d after the mismatch: %v, want %v\n", i, disttest.Get(buf, i), want)
+				return 1
+			}
+		}
+		fmt.Printf("MISMATCH coll=%s then ok region-bytes>0=%v\n", got, g.Stats().RegionBytes > 0)
+		return 0
 	case "mismatch": // 2 ranks disagree on a receive size, then on the collective
 		blamed := func(err error) string {
 			var re *dist.RankError
@@ -187,35 +216,43 @@ func (p *proc) last() string {
 
 func TestConformanceProcesses(t *testing.T) {
 	type tc struct {
-		n     int
-		small string // "" = defaults (direct for the suite's sizes); else ring everywhere
+		n    int
+		algo string // "default" (direct for the suite's sizes), "ring" or "region" (shared memory only)
+		shm  bool
 	}
 	var cases []tc
-	for n := 1; n <= 8; n++ {
-		cases = append(cases, tc{n, "16"})
-	}
-	cases = append(cases, tc{3, ""}, tc{8, ""})
 	for _, shm := range []bool{true, false} {
-		for _, c := range cases {
-			name := fmt.Sprintf("shm=%v/n=%d/ring", shm, c.n)
-			extra := []string{"TIMEOUT=30s", shmEnv(shm)}
-			// The ring cases use 2 KiB chunks: payloads ≥ 1 KiB go through
-			// shared memory when it is on.
-			want := fmt.Sprintf("OK %s shm-bytes>0=%v", wantTransport(c.n, shm), shm && c.n > 1)
-			if c.small == "" {
-				name = fmt.Sprintf("shm=%v/n=%d/default", shm, c.n)
-				want = fmt.Sprintf("OK %s shm-bytes>0=", wantTransport(c.n, shm))
-			} else {
-				extra = append(extra, "SMALL_BYTES="+c.small)
-			}
-			t.Run(name, func(t *testing.T) {
-				for r, p := range spawn(t, c.n, "conformance", extra...) {
-					if l := p.last(); !strings.HasPrefix(l, want) {
-						t.Errorf("rank %d: %q, want %q", r, l, want)
-					}
-				}
-			})
+		for n := 1; n <= 8; n++ {
+			cases = append(cases, tc{n, "ring", shm})
 		}
+		cases = append(cases, tc{3, "default", shm}, tc{8, "default", shm})
+	}
+	for n := 2; n <= 8; n++ {
+		cases = append(cases, tc{n, "region", true})
+	}
+	for _, c := range cases {
+		t.Run(fmt.Sprintf("shm=%v/n=%d/%s", c.shm, c.n, c.algo), func(t *testing.T) {
+			extra := []string{"TIMEOUT=30s", shmEnv(c.shm)}
+			var want string
+			switch c.algo {
+			case "default":
+				want = fmt.Sprintf("OK %s shm-bytes>0=", wantTransport(c.n, c.shm))
+			case "ring":
+				// 2 KiB chunks: payloads ≥ 1 KiB go through the pair rings
+				// when shared memory is on.
+				extra = append(extra, "SMALL_BYTES=16", "SHM_SLOT=-1")
+				want = fmt.Sprintf("OK %s shm-bytes>0=%v region-bytes>0=false", wantTransport(c.n, c.shm), c.shm && c.n > 1)
+			case "region":
+				// The smallest slots: the suite's buffers take several blocks.
+				extra = append(extra, "SMALL_BYTES=16", "SHM_SLOT=1")
+				want = "OK shm shm-bytes>0=true region-bytes>0=true" // broadcast, reduce, all-to-all: pair rings
+			}
+			for r, p := range spawn(t, c.n, "conformance", extra...) {
+				if l := p.last(); !strings.HasPrefix(l, want) {
+					t.Errorf("rank %d: %q, want %q", r, l, want)
+				}
+			}
+		})
 	}
 }
 
@@ -265,6 +302,14 @@ func TestMismatchProcesses(t *testing.T) {
 			}
 		}
 	}
+	// In a group region every rank compares what the others are in: the
+	// first rank that differs is blamed, and the region stays usable.
+	want = []string{"MISMATCH coll=1 then ok region-bytes>0=true", "MISMATCH coll=0 then ok region-bytes>0=true", "MISMATCH coll=1 then ok region-bytes>0=true"}
+	for r, p := range spawn(t, 3, "mismatch-region", "TIMEOUT=30s") {
+		if l := p.last(); l != want[r] {
+			t.Errorf("region: rank %d: %q, want %q", r, l, want[r])
+		}
+	}
 }
 
 // TestKill9 kills one worker process mid all-reduce: every other worker
@@ -272,13 +317,14 @@ func TestMismatchProcesses(t *testing.T) {
 // no shared-memory file of any worker may be left behind.
 func TestKill9(t *testing.T) {
 	for _, c := range []struct {
-		n   int
-		shm bool
-	}{{3, true}, {5, true}, {3, false}, {5, false}} {
+		n    int
+		shm  bool
+		slot string // SHM_SLOT: "" (the group region when shm) or "-1" (rings)
+	}{{3, true, ""}, {5, true, ""}, {3, true, "-1"}, {3, false, ""}, {5, false, ""}} {
 		n := c.n
-		t.Run(fmt.Sprintf("shm=%v/n=%d", c.shm, n), func(t *testing.T) {
+		t.Run(fmt.Sprintf("shm=%v/n=%d/slot=%s", c.shm, n, c.slot), func(t *testing.T) {
 			const victim = 2
-			procs := spawn(t, n, "loop", "TIMEOUT=60s", shmEnv(c.shm)) // detection must not wait for the timeout
+			procs := spawn(t, n, "loop", "TIMEOUT=60s", shmEnv(c.shm), "SHM_SLOT="+c.slot) // detection must not wait for the timeout
 			for r, p := range procs {
 				if l, want := <-p.lines, "READY "+wantTransport(n, c.shm); l != want {
 					t.Fatalf("rank %d: %q, want %q", r, l, want)
@@ -320,22 +366,26 @@ func TestKill9(t *testing.T) {
 // up after the timeout, naming it.
 func TestStoppedPeerTimesOut(t *testing.T) {
 	const n, victim = 3, 1
-	procs := spawn(t, n, "loop", "SMALL_BYTES=1048576000") // shared memory on (the default)
-	for r, p := range procs {
-		if l := <-p.lines; l != "READY shm" {
-			t.Fatalf("rank %d: %q, want READY shm", r, l)
-		}
-	}
-	procs[victim].cmd.Process.Signal(syscall.SIGSTOP)
-	defer procs[victim].cmd.Process.Signal(syscall.SIGCONT)
-	for r, p := range procs {
-		if r == victim {
-			continue
-		}
-		want := fmt.Sprintf("FAILED blamed=%d op=all_reduce lost=false timeout=true", victim)
-		if l := p.last(); !strings.HasPrefix(l, want) {
-			t.Errorf("rank %d: %q, want prefix %q", r, l, want)
-		}
+	for _, env := range []string{"SMALL_BYTES=1048576000", "SHM_SLOT=0"} { // direct exchange; the group region
+		t.Run(env, func(t *testing.T) {
+			procs := spawn(t, n, "loop", env) // shared memory on (the default)
+			for r, p := range procs {
+				if l := <-p.lines; l != "READY shm" {
+					t.Fatalf("rank %d: %q, want READY shm", r, l)
+				}
+			}
+			procs[victim].cmd.Process.Signal(syscall.SIGSTOP)
+			defer procs[victim].cmd.Process.Signal(syscall.SIGCONT)
+			for r, p := range procs {
+				if r == victim {
+					continue
+				}
+				want := fmt.Sprintf("FAILED blamed=%d op=all_reduce lost=false timeout=true", victim)
+				if l := p.last(); !strings.HasPrefix(l, want) {
+					t.Errorf("rank %d: %q, want prefix %q", r, l, want)
+				}
+			}
+		})
 	}
 }
 
@@ -444,8 +494,10 @@ func shmFiles(t *testing.T, pid int) []string {
 }
 
 // TestShmUsedAndCleanedUp: ranks of one host (here goroutines of one
-// process) move large payloads through shared memory and small ones over
-// the socket, unless NoShm; closing the world leaves no file behind.
+// process) move large payloads through shared memory (the world's region)
+// and small ones over the socket; one rank with NoShm keeps the world on
+// rings, over sockets for its pairs; closing the world leaves no file
+// behind.
 func TestShmUsedAndCleanedUp(t *testing.T) {
 	const n = 3
 	for _, noShm := range []bool{false, true} {
@@ -483,13 +535,18 @@ func TestShmUsedAndCleanedUp(t *testing.T) {
 						wantPeers = 1 // ...so ranks 0 and 2 share memory only with each other
 					}
 				}
-				// The 1 MiB all-reduce is a ring: 2(n-1)/n MiB leave each rank.
-				ring := uint64(2 * (n - 1) * (1 << 18 / n) * 4)
+				// The 1 MiB all-reduce goes through the world's region when
+				// all three share memory (each rank copies in the parts the
+				// others reduce), else it is a ring: 2(n-1)/n MiB leave each rank.
+				part := uint64((n - 1) * (1 << 18 / n) * 4)
+				ring := 2 * part
 				switch {
 				case st.Peers != n-1 || st.ShmPeers != wantPeers:
 					t.Errorf("rank %d: %+v, want %d peers, %d through shm", r, st, n-1, wantPeers)
-				case wantPeers == n-1 && (st.ShmBytes < ring || st.SocketBytes >= 1024):
-					t.Errorf("rank %d: %+v: want ≥ %d bytes through shm, only the small all-reduce on the socket", r, st, ring)
+				case !noShm && (st.RegionBytes < part || st.ShmBytes != 0 || st.SocketBytes >= 1024):
+					t.Errorf("rank %d: %+v: want ≥ %d bytes through the region, none through the rings, only set-up and the small all-reduce on the socket", r, st, part)
+				case noShm && st.RegionBytes != 0:
+					t.Errorf("rank %d: %+v: a rank refused shared memory, yet the region was used", r, st)
 				case wantPeers == 0 && (st.ShmBytes != 0 || st.SocketBytes < ring):
 					t.Errorf("rank %d: %+v: want everything on the socket", r, st)
 				}
