@@ -174,9 +174,11 @@ func ReduceNTo(dsts, srcs []Buffer, op ReduceOp) {
 		panic("dist.ReduceNTo: no sources or destinations")
 	}
 	dst := dsts[0]
-	for _, s := range append(srcs[:len(srcs):len(srcs)], dsts...) {
-		if err := CheckReduce(dst, s, op); err != nil {
-			panic("dist.ReduceNTo: " + err.Error())
+	for _, list := range [2][]Buffer{srcs, dsts} {
+		for _, s := range list {
+			if err := CheckReduce(dst, s, op); err != nil {
+				panic("dist.ReduceNTo: " + err.Error())
+			}
 		}
 	}
 	n := dst.Len()

@@ -399,11 +399,6 @@ func (pc *peerConn) send(ctx context.Context, tag, seq uint32, data []byte, op s
 	pc.wmu.Lock()
 	defer pc.wmu.Unlock()
 	deadline := time.Now().Add(w.cfg.Timeout)
-	pc.c.SetWriteDeadline(deadline)
-	if ctx.Done() != nil {
-		stop := context.AfterFunc(ctx, func() { pc.c.SetWriteDeadline(time.Unix(1, 0)) })
-		defer stop()
-	}
 	var hdr [headerLen]byte
 	binary.LittleEndian.PutUint32(hdr[0:], tag)
 	binary.LittleEndian.PutUint32(hdr[4:], seq)
@@ -416,15 +411,15 @@ func (pc *peerConn) send(ctx context.Context, tag, seq uint32, data []byte, op s
 		// rarely has to wait for it; the rest follows as room appears.
 		binary.LittleEndian.PutUint64(hdr[8:], uint64(len(data))|shmFlag)
 		k := pc.shm.tryWrite(data)
-		if _, err = pc.c.Write(hdr[:]); err == nil && k < len(data) {
+		if err = pc.write(ctx, hdr[:], deadline); err == nil && k < len(data) {
 			err = pc.shm.write(ctx, data[k:], deadline)
 		}
 	case len(data) <= smallWrite:
 		pc.wbuf = append(append(pc.wbuf[:0], hdr[:]...), data...)
-		_, err = pc.c.Write(pc.wbuf)
+		err = pc.write(ctx, pc.wbuf, deadline)
 	default:
-		if _, err = pc.c.Write(hdr[:]); err == nil {
-			_, err = pc.c.Write(data)
+		if err = pc.write(ctx, hdr[:], deadline); err == nil {
+			err = pc.write(ctx, data, deadline)
 		}
 	}
 	if err == nil {
@@ -453,6 +448,33 @@ func (pc *peerConn) send(ctx context.Context, tag, seq uint32, data []byte, op s
 		w.fail(pc.peer, fmt.Errorf("%w: send to rank %d: %v", dist.ErrPeerLost, pc.peer, err), true)
 	}
 	return w.failure(op)
+}
+
+// writePoll is how often a blocked socket write looks at its context.
+const writePoll = 50 * time.Millisecond
+
+// write writes all of b to the socket by deadline. It wakes every
+// writePoll to look at ctx instead of arming a context callback, which
+// would allocate on every frame.
+func (pc *peerConn) write(ctx context.Context, b []byte, deadline time.Time) error {
+	for {
+		d := deadline
+		if ctx.Done() != nil {
+			d = time.Now().Add(writePoll)
+			if d.After(deadline) {
+				d = deadline
+			}
+		}
+		pc.c.SetWriteDeadline(d)
+		n, err := pc.c.Write(b)
+		if err == nil || !isTimeout(err) || !d.Before(deadline) {
+			return err
+		}
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		b = b[n:]
+	}
 }
 
 func isTimeout(err error) bool {

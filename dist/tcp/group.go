@@ -27,6 +27,9 @@ type Group struct {
 
 	region      *region // shared region of a same-host group (region.go)
 	regionState int     // regionPending, regionOn or regionOff
+	call        regionCall
+	dsts        [2]dist.Buffer
+	timer       *time.Timer // the current operation's; see beginP2P
 
 	seq              uint32   // collectives begun on this group
 	cur              uint32   // current collective's frame seq: op code<<24 | seq
@@ -112,12 +115,18 @@ func opCode(op string) int {
 		dist.OpReduce, dist.OpAllToAll, dist.OpBarrier}, op)
 }
 
-// beginP2P starts a point-to-point operation's timer.
+// beginP2P starts a point-to-point operation's timer (the group's one
+// timer, reused: operations on a group do not overlap).
 func (g *Group) beginP2P(op string) (*time.Timer, error) {
 	if err := g.w.failure(op); err != nil {
 		return nil, err
 	}
-	return time.NewTimer(g.w.cfg.Timeout), nil
+	if g.timer == nil {
+		g.timer = time.NewTimer(g.w.cfg.Timeout)
+	} else {
+		g.timer.Reset(g.w.cfg.Timeout)
+	}
+	return g.timer, nil
 }
 
 func (g *Group) small(nbytes int) bool { return nbytes <= g.w.cfg.SmallBytes }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/binary"
 	"fmt"
-	"hash/fnv"
 	"os"
 	"sync"
 	"sync/atomic"
@@ -29,10 +28,13 @@ import (
 //
 // Each rank reads its buffer once and writes it once; everything else
 // happens in a region small enough to stay in the last-level cache, and a
-// block costs two synchronisations instead of the ring's 2(n-1) hand-offs.
-// The ring moves about three times as many bytes through memory per rank
-// (a reduce-scatter step reads the segment twice and writes it twice),
-// which is what limits it when the ranks share a host's memory and cores.
+// block costs two synchronisations. The ring instead passes over each
+// segment of the buffer about four times per step (a reduce-scatter step
+// reads it to send and reads and writes it to reduce, an all-gather step
+// writes it and reads it to send on) in 2(n-1) hand-offs between
+// processes, which is what limits it when the ranks share a host's memory
+// and cores: at 4 ranks on 2 cores the region's all-reduce is 1.5-2x the
+// ring's busbw (docs/distributed.md).
 // Reductions combine ranks in rank order, so results are bit-identical on
 // every rank and from run to run.
 //
@@ -60,7 +62,8 @@ import (
 // the group keeps to rings, for good). Rank 0 then unlinks the file.
 
 // DefaultRegionBytes is the target size of a group region's data (two sets
-// of n slots) for a zero Config.ShmSlotBytes.
+// of n slots) for a zero Config.ShmSlotBytes: 1 MiB slots for 4 ranks, the
+// best of 256 KiB to 4 MiB measured on a 2-core EPYC (2 MiB for 2 ranks).
 const DefaultRegionBytes = 8 << 20
 
 const (
@@ -301,12 +304,13 @@ func (g *Group) beginRegion(ctx context.Context, r *region, op string, nbytes in
 		r.mu.Unlock()
 		return nil, g.w.failure(op)
 	}
-	h := fnv.New64a()
+	h := uint64(14695981039346656037) // FNV-1a over the counts
 	for _, c := range counts {
-		h.Write(binary.LittleEndian.AppendUint64(nil, uint64(c)))
+		h = (h ^ uint64(c)) * 1099511628211
 	}
-	c := &regionCall{g: g, r: r, ctx: ctx, op: op, first: true, parity: r.calls % 2,
-		desc: [regionDesc]uint64{uint64(g.cur), uint64(nbytes), uint64(dt)<<8 | uint64(red), h.Sum64()}}
+	c := &g.call
+	*c = regionCall{g: g, r: r, ctx: ctx, op: op, first: true, parity: r.calls % 2,
+		desc: [regionDesc]uint64{uint64(g.cur), uint64(nbytes), uint64(dt)<<8 | uint64(red), h}}
 	r.calls++
 	for k, v := range c.desc {
 		r.desc[r.me][c.parity][k].Store(v)
@@ -399,7 +403,7 @@ func (g *Group) regionAllReduce(ctx context.Context, r *region, buf dist.Buffer,
 	defer c.end()
 	n, es, me := r.n, buf.DType.Size(), r.me
 	per := r.slot / es
-	srcs := g.srcs
+	srcs, dsts := g.srcs, g.dsts[:]
 	for lo := 0; lo < buf.Len(); lo += per {
 		m := min(per, buf.Len()-lo)
 		block := buf.Data[lo*es : (lo+m)*es]
@@ -421,9 +425,9 @@ func (g *Group) regionAllReduce(ctx context.Context, r *region, buf dist.Buffer,
 			for j := range n {
 				srcs[j] = dist.Buffer{DType: buf.DType, Data: slotOf(set, r.slot, j)[p:q]}
 			}
-			own := dist.Buffer{DType: buf.DType, Data: block[p:q]}
-			srcs[me] = own
-			dist.ReduceNTo([]dist.Buffer{own, {DType: buf.DType, Data: mine[p:q]}}, srcs, op)
+			srcs[me] = dist.Buffer{DType: buf.DType, Data: block[p:q]}
+			dsts[0], dsts[1] = srcs[me], dist.Buffer{DType: buf.DType, Data: mine[p:q]}
+			dist.ReduceNTo(dsts, srcs, op)
 		}
 		if err := c.sync(); err != nil {
 			return err
