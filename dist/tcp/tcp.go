@@ -95,7 +95,8 @@ type Config struct {
 // ConfigFromEnv reads RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT (as set
 // by gotron launch and torchrun) through getenv. Unset RANK and WORLD_SIZE
 // mean a single process (rank 0 of 1). GOTRON_TCP_SHM=0 sets NoShm (1 or
-// unset: shared memory between same-host ranks).
+// unset: shared memory between same-host ranks); GOTRON_TCP_SHM_SLOT sets
+// ShmSlotBytes (-1: no group regions).
 //
 // It does not use launch.DetectEnv (Slurm, Open MPI...): package launch's
 // own tests import this package, so importing launch here would make an
@@ -113,7 +114,7 @@ func ConfigFromEnv(getenv func(string) string) (Config, error) {
 	for _, v := range []struct {
 		name string
 		dst  *int
-	}{{"RANK", &cfg.Rank}, {"WORLD_SIZE", &cfg.WorldSize}, {"MASTER_PORT", &cfg.MasterPort}} {
+	}{{"RANK", &cfg.Rank}, {"WORLD_SIZE", &cfg.WorldSize}, {"MASTER_PORT", &cfg.MasterPort}, {"GOTRON_TCP_SHM_SLOT", &cfg.ShmSlotBytes}} {
 		s := getenv(v.name)
 		if s == "" {
 			continue
@@ -139,6 +140,8 @@ func (c *Config) validate() error {
 		return fmt.Errorf("tcp: negative timeout %v / join timeout %v", c.Timeout, c.JoinTimeout)
 	case c.ChunkBytes < 0:
 		return fmt.Errorf("tcp: negative chunk size %d", c.ChunkBytes)
+	case c.ShmSlotBytes > 1<<28:
+		return fmt.Errorf("tcp: shared-region slot size %d, want at most 256 MiB (or 0: default, negative: no region)", c.ShmSlotBytes)
 	case c.ShmBytes < 0 || c.ShmBytes > 1<<30:
 		return fmt.Errorf("tcp: shared-memory ring size %d, want 0 (default) to 1 GiB", c.ShmBytes)
 	}

@@ -406,14 +406,19 @@ func TestConfigFromEnv(t *testing.T) {
 	if err != nil || cfg.Rank != 3 || cfg.WorldSize != 4 || cfg.MasterAddr != "node1" || cfg.MasterPort != 1234 {
 		t.Errorf("got %+v, %v", cfg, err)
 	}
-	if cfg, err := tcp.ConfigFromEnv(env(nil)); err != nil || cfg.WorldSize != 1 || cfg.Rank != 0 {
+	if cfg, err := tcp.ConfigFromEnv(env(nil)); err != nil || cfg.WorldSize != 1 || cfg.Rank != 0 || cfg.ShmSlotBytes != 0 {
 		t.Errorf("empty env: %+v, %v", cfg, err)
+	}
+	if cfg, err := tcp.ConfigFromEnv(env(map[string]string{"GOTRON_TCP_SHM_SLOT": "-1"})); err != nil || cfg.ShmSlotBytes != -1 {
+		t.Errorf("GOTRON_TCP_SHM_SLOT=-1: %+v, %v", cfg, err)
 	}
 	for _, bad := range []map[string]string{
 		{"RANK": "x", "WORLD_SIZE": "2"},
 		{"RANK": "2", "WORLD_SIZE": "2"},
 		{"RANK": "0", "WORLD_SIZE": "0"},
 		{"MASTER_PORT": "99999"},
+		{"GOTRON_TCP_SHM_SLOT": "1M"},
+		{"GOTRON_TCP_SHM_SLOT": "1073741824"},
 	} {
 		if _, err := tcp.ConfigFromEnv(env(bad)); err == nil {
 			t.Errorf("%v: no error", bad)
