@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/gotron/gotron/dist"
@@ -21,6 +22,10 @@ type comm struct {
 	slots []slot
 
 	mbox []chan *message // [src*n+dst], unbuffered: point-to-point handoff
+
+	// tickets hands out the chunks of an all-reduce to whichever ranks
+	// are running (see Group.AllReduce); it only grows.
+	tickets atomic.Int64
 
 	mu       sync.Mutex // protects the fields below
 	gen      *generation

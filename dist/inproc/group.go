@@ -20,6 +20,9 @@ type Group struct {
 	wrank int // rank in the world
 
 	srcs []dist.Buffer // scratch: one view per rank
+	// tickets is c.tickets at the start of the next all-reduce: every rank
+	// advances it alike (see AllReduce).
+	tickets int64
 }
 
 var (
@@ -140,26 +143,44 @@ func (g *Group) chunk(r, n int) (int, int) {
 	return r * n / p, (r + 1) * n / p
 }
 
-// AllReduce reduces buf over all ranks: rank r reduces chunk r of every
-// rank's buffer, in rank order, and writes the result into chunk r of every
-// rank's buffer: each byte is read once and written once.
+// AllReduce reduces buf over all ranks: chunk by chunk, a rank reduces the
+// chunk of every rank's buffer, in rank order, and writes the result
+// straight into that chunk of every rank's buffer, so each byte is read
+// once and written once. Chunks go to whichever ranks are running, by
+// ticket: with more ranks than cores, the ones the scheduler runs first do
+// the work instead of leaving a core idle while the rest wait their turn.
+// Who reduces a chunk does not change its result.
 func (g *Group) AllReduce(ctx context.Context, buf dist.Buffer, op dist.ReduceOp) error {
 	s := slot{op: dist.OpAllReduce, red: op, a: buf, bad: checkBuf(buf, "buffer")}
 	if !op.Valid() {
 		s.bad = fmt.Errorf("unknown reduce op %d", int(op))
 	}
 	return g.collective(ctx, s, func() error {
-		c := g.c
-		lo, hi := g.chunk(g.rank, buf.Len())
-		for j := range g.srcs {
-			g.srcs[j] = c.slots[j].a.Slice(lo, hi)
+		c, size := g.c, g.Size()
+		n, es := buf.Len(), buf.DType.Size()
+		// Chunks of at least 4 MiB over all ranks (the streaming-store
+		// kernel's threshold) and 1 MiB per rank, at most one per rank
+		// for small buffers.
+		per := max(1, min((n+size-1)/size, max(allReduceChunk/es, 4*allReduceChunk/(es*size))))
+		chunks := int64((n + per - 1) / per)
+		for {
+			k := c.tickets.Add(1) - 1 - g.tickets
+			if k >= chunks {
+				break
+			}
+			lo, hi := int(k)*per, min(int(k+1)*per, n)
+			for j := range g.srcs {
+				g.srcs[j] = c.slots[j].a.Slice(lo, hi)
+			}
+			dist.ReduceNTo(g.srcs, g.srcs, op)
 		}
-		// Only this rank touches chunk lo:hi of any buffer, so it writes
-		// the result straight into every rank's buffer.
-		dist.ReduceNTo(g.srcs, g.srcs, op)
+		g.tickets += chunks + int64(size) // each rank also took one ticket too many
 		return c.sync(ctx, g.rank, dist.OpAllReduce)
 	})
 }
+
+// allReduceChunk is the all-reduce work unit in bytes per rank buffer.
+const allReduceChunk = 1 << 20
 
 // ReduceScatter reduces block r of every rank's in into out on rank r.
 func (g *Group) ReduceScatter(ctx context.Context, out, in dist.Buffer, op dist.ReduceOp, counts []int) error {
