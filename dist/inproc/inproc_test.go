@@ -345,3 +345,42 @@ func TestBadWorld(t *testing.T) {
 		t.Error("negative timeout: no error")
 	}
 }
+
+// TestAllReduceChunked: buffers of several all-reduce chunks (1 MiB each
+// per rank) in every dtype, back to back so the ticket base advances, with
+// one rank arriving late (a hook delays it): whoever reduces a chunk, every
+// element must be the rank-order reduction.
+func TestAllReduceChunked(t *testing.T) {
+	const n = 3
+	w, err := inproc.New(inproc.Config{Size: n, Hook: func(rank int, op string) {
+		if rank == 2 && op == dist.OpAllReduce {
+			time.Sleep(5 * time.Millisecond) // a latecomer, not synchronisation
+		}
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	ranks := []int{0, 1, 2}
+	errs := runWorld(w, func(pg *inproc.Group) error {
+		for round, dt := range []dist.DType{dist.Float32, dist.BFloat16, dist.Int32, dist.Int64, dist.Float32} {
+			count := (3<<20)/dt.Size() + 7 // 3 MiB + 7 elements: 4 chunks of ≥ 1 MiB per rank, the last short
+			for _, op := range []dist.ReduceOp{dist.Sum, dist.Max} {
+				seed := 10*round + int(op)
+				buf := disttest.Fill(dt, count, seed, pg.Rank(), 0)
+				if err := pg.AllReduce(t.Context(), buf, op); err != nil {
+					return err
+				}
+				for i := range count {
+					if got, want := disttest.Get(buf, i), disttest.ReduceRef(dt, op, seed, ranks, i); got != want {
+						return fmt.Errorf("%s %s element %d of %d: %v, want %v", dt, op, i, count, got, want)
+					}
+				}
+			}
+		}
+		return nil
+	})
+	if err := errors.Join(errs...); err != nil {
+		t.Fatal(err)
+	}
+}
