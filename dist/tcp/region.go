@@ -19,12 +19,13 @@ import (
 // reduce-scatter and all-gather skip the pair rings and go through one
 // shared-memory region per group (the shared-memory all-reduce of CPU
 // training stacks, e.g. DeepSpeed's). The buffer is cut into blocks of one
-// slot; for each block an all-reduce is
+// slot, each cut into n parts; for each block an all-reduce is
 //
-//	copy in:  rank r copies its block into slot r          (arrive, wait for all)
-//	reduce:   rank r reduces part r of every slot, in rank
-//	          order, into part r of the result slot        (arrive, wait for all)
-//	copy out: rank r copies the result slot into its block
+//	copy in:  rank r copies parts j ≠ r of its block into slot r   (arrive, wait for all)
+//	reduce:   rank r reduces part r of every rank, in rank order
+//	          (its own straight from its buffer), into its buffer
+//	          and into part r of slot r                             (arrive, wait for all)
+//	copy out: rank r copies part j of slot j, j ≠ r, into its block
 //
 // Each rank reads its buffer once and writes it once; everything else
 // happens in a region small enough to stay in the last-level cache, and a

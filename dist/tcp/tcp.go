@@ -16,7 +16,10 @@
 // bit-identical on every rank); larger all-reduce is a ring reduce-scatter
 // followed by a ring all-gather, each step split into Config.ChunkBytes
 // pieces that are sent, received and reduced in a pipeline. Broadcast of
-// large buffers is a pipelined chain from the root.
+// large buffers is a pipelined chain from the root. Same-host pairs move
+// payloads through shared-memory rings (shm.go), and a group whose members
+// all share one host runs large all-reduce, reduce-scatter and all-gather
+// through a shared region instead of rings (region.go).
 //
 // Failures: a connection that breaks (the peer died), a peer that does not
 // answer within Config.Timeout, or a closed group ends the operation on
