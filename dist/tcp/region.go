@@ -158,16 +158,15 @@ func (r *region) lagging(k uint64) int {
 // copyCached copies in pieces below the size from which Go's memmove
 // switches to non-temporal stores: slots are read by the other ranks right
 // away, so they must stay in cache. (Copies out of the region into the
-// caller's buffer are left whole, and do stream past the cache.)
+// caller's buffer use copyNT, which streams past the cache.)
 func copyCached(dst, src []byte) {
 	for off := 0; off < len(src); off += regionCopy {
 		copy(dst[off:], src[off:min(off+regionCopy, len(src))])
 	}
 }
 
-// useRegion returns the group's region for a collective of nbytes
-// (already past the small-message cut), setting it up on first use; nil
-// means use the rings. Every rank makes the same choice: the arguments and
+// useRegion returns the group's region for a collective already past the
+// small-message cut, setting it up on first use; nil means use the rings. Every rank makes the same choice: the arguments and
 // the agreed state are the same everywhere.
 func (g *Group) useRegion(ctx context.Context, timer *time.Timer, op string) (*region, error) {
 	if g.w.cfg.ShmSlotBytes < 0 {
@@ -297,8 +296,8 @@ type regionCall struct {
 	first  bool
 }
 
-// begin locks the region for the collective described by nbytes, dtype,
-// reduce op and counts (nil for even).
+// beginRegion locks the region for the collective described by nbytes,
+// dtype, reduce op and counts (nil for even) and publishes the description.
 func (g *Group) beginRegion(ctx context.Context, r *region, op string, nbytes int, dt dist.DType, red dist.ReduceOp, counts []int) (*regionCall, error) {
 	r.mu.Lock()
 	if r.mem == nil {
