@@ -76,28 +76,7 @@ func BenchmarkAllReduce(b *testing.B) {
 func TestAllReduceAllocs(t *testing.T) {
 	for _, slot := range []int{0, -1} {
 		t.Run(fmt.Sprintf("ShmSlotBytes=%d", slot), func(t *testing.T) {
-			const n = 2
-			port := freePortAny(t)
-			groups := make([]*tcp.Group, n)
-			errs := make([]error, n)
-			var wg sync.WaitGroup
-			for r := range n {
-				wg.Add(1)
-				go func() {
-					defer wg.Done()
-					groups[r], errs[r] = tcp.Join(t.Context(), tcp.Config{Rank: r, WorldSize: n, MasterPort: port, Timeout: time.Minute,
-						ShmSlotBytes: slot, ChunkBytes: 64 << 10})
-				}()
-			}
-			wg.Wait()
-			if err := errors.Join(errs...); err != nil {
-				t.Fatal(err)
-			}
-			defer func() {
-				for _, g := range groups {
-					g.Close()
-				}
-			}()
+			groups := joinLocal(t, 2, tcp.Config{Timeout: time.Minute, ShmSlotBytes: slot, ChunkBytes: 64 << 10})
 			measure := func(elems int) float64 {
 				bufs := []dist.Buffer{dist.MakeBuffer(dist.Float32, elems), dist.MakeBuffer(dist.Float32, elems)}
 				start, done := make(chan struct{}), make(chan error)

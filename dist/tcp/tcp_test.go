@@ -427,16 +427,20 @@ func TestConfigFromEnv(t *testing.T) {
 }
 
 // joinLocal joins n ranks as goroutines of this process.
-func joinLocal(t *testing.T, n int, timeout time.Duration) []*tcp.Group {
+// joinLocal joins n ranks as goroutines of this process with cfg (its
+// rank, world size and port filled in); they are closed when t ends.
+func joinLocal(t *testing.T, n int, cfg tcp.Config) []*tcp.Group {
 	t.Helper()
-	port := freePort(t)
+	cfg.WorldSize, cfg.MasterPort = n, freePort(t)
 	groups := make([]*tcp.Group, n)
 	var wg sync.WaitGroup
 	for r := range n {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			g, err := tcp.Join(t.Context(), tcp.Config{Rank: r, WorldSize: n, MasterPort: port, Timeout: timeout})
+			cfg := cfg
+			cfg.Rank = r
+			g, err := tcp.Join(t.Context(), cfg)
 			if err != nil {
 				t.Error(err)
 				return
@@ -456,7 +460,7 @@ func joinLocal(t *testing.T, n int, timeout time.Duration) []*tcp.Group {
 // context error and rank 1, blocked receiving from rank 0, is told at once
 // (not after its 1-minute timeout) and blames rank 0.
 func TestContextCancel(t *testing.T) {
-	g := joinLocal(t, 2, time.Minute)
+	g := joinLocal(t, 2, tcp.Config{Timeout: time.Minute})
 	ctx, cancel := context.WithCancel(t.Context())
 	e0, e1 := make(chan error, 1), make(chan error, 1)
 	go func() { e0 <- g[0].Recv(ctx, dist.MakeBuffer(dist.Float32, 4), 1) }()
@@ -474,7 +478,7 @@ func TestContextCancel(t *testing.T) {
 // TestCloseUnblocks: a rank blocked in Recv returns ErrClosed when its
 // world is closed.
 func TestCloseUnblocks(t *testing.T) {
-	g := joinLocal(t, 2, 10*time.Second)
+	g := joinLocal(t, 2, tcp.Config{Timeout: 10 * time.Second})
 	done := make(chan error, 1)
 	go func() { done <- g[0].Recv(t.Context(), dist.MakeBuffer(dist.Float32, 4), 1) }()
 	g[0].Close()
