@@ -16,6 +16,6 @@
 //
 // Multi-node jobs run one launcher per node with the same master address;
 // there is no elastic rendezvous: a failed group is restarted by each node's
-// launcher independently, and the workers' own rendezvous (dist/tcp) brings
+// launcher independently, and the workers' own rendezvous (comm/tcp) brings
 // the new rounds together.
 package launch

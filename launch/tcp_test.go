@@ -16,13 +16,13 @@ import (
 	"testing"
 	"time"
 
-	"github.com/gotron/gotron/dist"
-	"github.com/gotron/gotron/dist/tcp"
+	"github.com/gotron/gotron/comm"
+	"github.com/gotron/gotron/comm/tcp"
 )
 
 func init() { extraWorkers["allreduce"] = allReduceWorker }
 
-// allReduceWorker joins the job through dist/tcp with the Env the launcher
+// allReduceWorker joins the job through comm/tcp with the Env the launcher
 // gave it and all-reduces 4 MiB buffers (the ring path) until a peer is lost;
 // it then reports the rank blamed and exits 1. Like a training worker that
 // saves on SIGTERM, it does not die of the launcher's SIGTERM, which would
@@ -43,9 +43,9 @@ func allReduceWorker(e Env) int {
 		for i := range buf {
 			buf[i] = float32(e.Rank)
 		}
-		if err := g.AllReduce(ctx, dist.Float32s(buf), dist.Sum); err != nil {
-			var re *dist.RankError
-			if errors.As(err, &re) && errors.Is(err, dist.ErrPeerLost) {
+		if err := g.AllReduce(ctx, comm.Float32s(buf), comm.Sum); err != nil {
+			var re *comm.RankError
+			if errors.As(err, &re) && errors.Is(err, comm.ErrPeerLost) {
 				fmt.Printf("blamed rank %d: %v\n", re.Rank, err)
 			} else {
 				fmt.Printf("unexpected error: %v\n", err)
@@ -97,7 +97,7 @@ func freePort(t *testing.T) int {
 	return l.Addr().(*net.TCPAddr).Port
 }
 
-// TestKillWorkerMidAllReduce: four workers all-reduce over dist/tcp; rank 2
+// TestKillWorkerMidAllReduce: four workers all-reduce over comm/tcp; rank 2
 // is killed with SIGKILL while they do. Every survivor's all-reduce fails with
 // ErrPeerLost naming rank 2 (not ErrTimeout: the loss is seen at once, not
 // after the 60 s timeout) and exits 1, and Run's error names rank 2 as killed
@@ -130,7 +130,7 @@ func TestKillWorkerMidAllReduce(t *testing.T) {
 	killedAt := time.Now()
 	err := <-done
 	if d := time.Since(killedAt); d > 30*time.Second {
-		t.Errorf("the group took %v to stop after rank 2 died; dist/tcp's timeout is 60 s", d)
+		t.Errorf("the group took %v to stop after rank 2 died; comm/tcp's timeout is 60 s", d)
 	}
 	var we *WorkerError
 	if !errors.As(err, &we) {

@@ -15,10 +15,10 @@ import (
 	"sync"
 	"time"
 
-	"github.com/gotron/gotron/dist"
-	"github.com/gotron/gotron/dist/commbench"
-	"github.com/gotron/gotron/dist/inproc"
-	"github.com/gotron/gotron/dist/tcp"
+	"github.com/gotron/gotron/comm"
+	"github.com/gotron/gotron/comm/commbench"
+	"github.com/gotron/gotron/comm/inproc"
+	"github.com/gotron/gotron/comm/tcp"
 )
 
 const benchCommSynopsis = "bench comm [--backend inproc|tcp] [--nproc N] [--ops all_reduce,...|all] " +
@@ -335,4 +335,4 @@ func report(w io.Writer, o *benchCommOpts, n int, results []commbench.Result, me
 	}
 }
 
-var _ dist.ProcessGroup = (*tcp.Group)(nil)
+var _ comm.ProcessGroup = (*tcp.Group)(nil)

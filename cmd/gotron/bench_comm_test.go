@@ -15,7 +15,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/gotron/gotron/dist/commbench"
+	"github.com/gotron/gotron/comm/commbench"
 )
 
 // checkCommTables parses the report's tables and checks every op of ops

@@ -1,0 +1,219 @@
+package comm
+
+import (
+	"errors"
+	"math"
+	"math/rand/v2"
+	"testing"
+)
+
+// TestFloat32ToBF16 checks round-to-nearest-even at the exact halfway
+// points and the special values.
+func TestFloat32ToBF16(t *testing.T) {
+	cases := []struct {
+		in   uint32 // float32 bits
+		want uint16
+		why  string
+	}{
+		{0x3f800000, 0x3f80, "1.0 exact"},
+		{0x3f808000, 0x3f80, "halfway, even below: round down"},
+		{0x3f818000, 0x3f82, "halfway, odd below: round up to even"},
+		{0x3f808001, 0x3f81, "just above halfway: up"},
+		{0x3f807fff, 0x3f80, "just below halfway: down"},
+		{0xbf808001, 0xbf81, "negative, above halfway"},
+		{0x7f7fffff, 0x7f80, "max float rounds to +Inf"},
+		{0x7f800000, 0x7f80, "+Inf"},
+		{0xff800000, 0xff80, "-Inf"},
+		{0x7f800001, 0x7fc0, "signalling NaN stays NaN (quieted)"},
+		{0xffc00000, 0xffc0, "negative quiet NaN"},
+		{0x00000001, 0x0000, "smallest subnormal rounds to 0"},
+		{0x80000000, 0x8000, "-0"},
+	}
+	for _, c := range cases {
+		if got := Float32ToBF16(math.Float32frombits(c.in)); got != c.want {
+			t.Errorf("%s: Float32ToBF16(%#08x) = %#04x, want %#04x", c.why, c.in, got, c.want)
+		}
+	}
+	for h := range 1 << 16 {
+		f := BF16ToFloat32(uint16(h))
+		if f != f {
+			continue
+		}
+		if got := Float32ToBF16(f); got != uint16(h) {
+			t.Fatalf("round trip of %#04x gave %#04x", h, got)
+		}
+	}
+}
+
+// reduceRef is the element-at-a-time specification of ReduceN.
+func reduceRef(srcs [][]float64, op ReduceOp) []float64 {
+	out := make([]float64, len(srcs[0]))
+	for i := range out {
+		acc := srcs[0][i]
+		for _, s := range srcs[1:] {
+			switch op {
+			case Max:
+				acc = math.Max(acc, s[i])
+			case Min:
+				acc = math.Min(acc, s[i])
+			default:
+				acc += s[i]
+			}
+		}
+		out[i] = acc
+	}
+	return out
+}
+
+// TestReduceN compares ReduceN and Accumulate with the reference on all
+// dtypes and ops, over lengths that cross the block size, with the
+// destination aliasing a source.
+func TestReduceN(t *testing.T) {
+	rng := rand.New(rand.NewPCG(7, 7))
+	for _, dt := range []DType{Float32, BFloat16, Int32, Int64} {
+		for _, op := range []ReduceOp{Sum, Avg, Max, Min} {
+			for _, n := range []int{1, 3} {
+				for _, size := range []int{0, 1, blockElems - 1, blockElems + 5, 3*blockElems + 17} {
+					vals := make([][]float64, n)
+					bufs := make([]Buffer, n)
+					for r := range vals {
+						vals[r] = make([]float64, size)
+						bufs[r] = MakeBuffer(dt, size)
+						for i := range size {
+							v := float64(rng.IntN(41) - 20) // exact in every dtype
+							vals[r][i] = v
+							setF(bufs[r], i, v)
+						}
+					}
+					ref := reduceRef(vals, op)
+					// Accumulate path, as the ring uses it.
+					acc := MakeBuffer(dt, size)
+					copy(acc.Data, bufs[0].Data)
+					for _, b := range bufs[1:] {
+						Accumulate(acc, b, op)
+					}
+					if op == Avg {
+						DivideBy(acc, n)
+					}
+					ReduceN(bufs[n-1], bufs, op) // in place on the last source
+					for i := range size {
+						want := ref[i]
+						if op == Avg {
+							want = avgAs(dt, want, n)
+						}
+						if got := getF(bufs[n-1], i); got != want {
+							t.Fatalf("%s %s n=%d size=%d: ReduceN element %d = %v, want %v", dt, op, n, size, i, got, want)
+						}
+						if got := getF(acc, i); got != want {
+							t.Fatalf("%s %s n=%d size=%d: Accumulate element %d = %v, want %v", dt, op, n, size, i, got, want)
+						}
+					}
+				}
+			}
+		}
+	}
+}
+
+func avgAs(dt DType, sum float64, n int) float64 {
+	switch dt {
+	case Int32, Int64:
+		return float64(int64(sum) / int64(n))
+	case BFloat16:
+		return float64(BF16ToFloat32(Float32ToBF16(float32(sum) / float32(n))))
+	}
+	return float64(float32(sum) / float32(n))
+}
+
+func setF(b Buffer, i int, v float64) {
+	switch b.DType {
+	case Float32:
+		b.Float32()[i] = float32(v)
+	case BFloat16:
+		b.BFloat16()[i] = Float32ToBF16(float32(v))
+	case Int32:
+		b.Int32()[i] = int32(v)
+	case Int64:
+		b.Int64()[i] = int64(v)
+	}
+}
+
+func getF(b Buffer, i int) float64 {
+	switch b.DType {
+	case Float32:
+		return float64(b.Float32()[i])
+	case BFloat16:
+		return float64(BF16ToFloat32(b.BFloat16()[i]))
+	case Int32:
+		return float64(b.Int32()[i])
+	}
+	return float64(b.Int64()[i])
+}
+
+// TestBF16SumRoundsOnce: 256 + 1 + 1 is 258 in float32 and in bfloat16
+// (258 is representable), but rounding after each add would give 256.
+func TestBF16SumRoundsOnce(t *testing.T) {
+	a, b, c := []uint16{Float32ToBF16(256)}, []uint16{Float32ToBF16(1)}, []uint16{Float32ToBF16(1)}
+	ReduceN(BFloat16s(a), []Buffer{BFloat16s(a), BFloat16s(b), BFloat16s(c)}, Sum)
+	if got := BF16ToFloat32(a[0]); got != 258 {
+		t.Errorf("256+1+1 in bfloat16 = %v, want 258 (float32 accumulation, one rounding)", got)
+	}
+}
+
+func TestCounts(t *testing.T) {
+	if _, err := ResolveCounts(nil, 10, 3, "counts"); err == nil {
+		t.Error("10 over 3 evenly: no error")
+	}
+	if c, err := ResolveCounts(nil, 12, 3, "counts"); err != nil || c[2] != 4 {
+		t.Errorf("12 over 3: %v %v", c, err)
+	}
+	for _, bad := range [][]int{{1, 2}, {1, -1, 10}, {1, 2, 3}} {
+		if _, err := ResolveCounts(bad, 10, 3, "counts"); err == nil {
+			t.Errorf("%v: no error", bad)
+		}
+	}
+	if got := Offsets([]int{2, 0, 3}); got[3] != 5 || got[2] != 2 {
+		t.Errorf("offsets: %v", got)
+	}
+}
+
+func TestRankError(t *testing.T) {
+	err := error(&RankError{Rank: 3, Op: OpAllReduce, Err: ErrPeerLost})
+	if err.Error() != "comm: all_reduce: rank 3: peer lost" {
+		t.Errorf("message %q", err)
+	}
+	if !errors.Is(err, ErrPeerLost) || errors.Is(err, ErrTimeout) {
+		t.Error("errors.Is does not see the cause")
+	}
+	if _, err := ValidateRanks([]int{0, 2}, 4, 1); !errors.Is(err, ErrNotMember) {
+		t.Errorf("non-member: %v", err)
+	}
+	for _, bad := range [][]int{nil, {0, 0}, {0, 4}, {-1}} {
+		if _, err := ValidateRanks(bad, 4, 0); err == nil {
+			t.Errorf("%v: no error", bad)
+		}
+	}
+}
+
+// TestAddF32 checks the vector add against its reference, bit for bit, on
+// random floats for every length up to 100 and at unaligned offsets.
+func TestAddF32(t *testing.T) {
+	rng := rand.New(rand.NewPCG(3, 4))
+	for n := 0; n <= 100; n++ {
+		for off := range 3 {
+			d := make([]float32, n+off)
+			s := make([]float32, n+off)
+			for i := range d {
+				d[i] = float32(rng.NormFloat64() * 1e3)
+				s[i] = float32(rng.NormFloat64())
+			}
+			want := append([]float32(nil), d...)
+			addF32Ref(want[off:], s[off:])
+			addF32(d[off:], s[off:])
+			for i := range d {
+				if math.Float32bits(d[i]) != math.Float32bits(want[i]) {
+					t.Fatalf("n=%d off=%d: element %d = %v, want %v", n, off, i, d[i], want[i])
+				}
+			}
+		}
+	}
+}
