@@ -50,7 +50,7 @@ func (tp *Tape) nonRecording() *Tape {
 	if tp == nil {
 		return nil
 	}
-	return &Tape{arena: tp.arena, disabled: true, grads: map[*Tensor]gradRef{}, parent: tp, matmul: tp.matmul}
+	return &Tape{arena: tp.arena, disabled: true, grads: map[*Tensor]gradRef{}, parent: tp, matmul: tp.matmul, ready: tp.ready}
 }
 
 // Checkpoint runs fn without keeping its intermediate activations (activation
@@ -73,7 +73,7 @@ func (tp *Tape) Checkpoint(fn func(tp *Tape, in []*Tensor) []*Tensor, in []*Tens
 			after[i] = r.State()
 			r.SetState(saved[i])
 		}
-		sub := &Tape{arena: tp.arena, grads: map[*Tensor]gradRef{}, matmul: tp.matmul}
+		sub := &Tape{arena: tp.arena, grads: map[*Tensor]gradRef{}, matmul: tp.matmul, ready: tp.ready, nested: true}
 		det := make([]*Tensor, len(in))
 		for i, x := range in {
 			d := x.view(x.shape, x.strides, x.offset)

@@ -20,6 +20,8 @@ type Tape struct {
 	disabled bool  // computes through the arena without recording (recomputation)
 	parent   *Tape // for a non-recording child: the tape whose Reset frees its buffers
 	matmul   MatmulPrecision
+	ready    *readyTracker // gradient-ready reporting (SetGradReadyHook); shared with child tapes
+	nested   bool          // a recomputation tape whose backward runs inside a step of its parent's
 }
 
 type step struct {
@@ -164,6 +166,9 @@ func (tp *Tape) gradFor(t *Tensor) *Tensor {
 			t.Grad = Zeros(t.shape...)
 			t.Grad.Name = t.Name + ".grad"
 		}
+		if tp.ready != nil {
+			tp.ready.note(t)
+		}
 		return t.Grad
 	}
 	g, ok := tp.grads[t]
@@ -254,8 +259,17 @@ func (tp *Tape) BackwardFrom(outs, grads []*Tensor) error {
 		}
 		tp.addGrad(o, grads[i].Contiguous())
 	}
+	rt := tp.ready
+	if tp.parent != nil || tp.nested || rt == nil || rt.hook == nil {
+		rt = nil // child tapes report through their parent's pass
+	} else {
+		rt.begin(tp.steps)
+	}
 	for i := len(tp.steps) - 1; i >= 0; i-- {
 		s := &tp.steps[i]
+		if rt != nil {
+			rt.cur = i
+		}
 		has := false
 		for _, o := range s.outs {
 			if tp.grad(o) != nil {
@@ -269,8 +283,14 @@ func (tp *Tape) BackwardFrom(outs, grads []*Tensor) error {
 			tp.forget(o)
 		}
 		s.backward = nil
+		if rt != nil {
+			rt.after(i)
+		}
 	}
 	tp.steps = tp.steps[:0]
+	if rt != nil {
+		return rt.end()
+	}
 	return nil
 }
 

@@ -319,3 +319,20 @@ func (t *Tensor) Reshape(shape ...int) *Tensor {
 	shape = inferShape(t.Numel(), shape)
 	return t.view(shape, contiguousStrides(shape), t.offset)
 }
+
+// MoveTo copies a contiguous float32 leaf tensor's values into buf (exactly
+// Numel elements) and makes buf its storage, so that many parameters can live
+// in one flat buffer that a collective updates at once (the distributed
+// optimizer's parameter all-gather). Views taken of t before the move keep
+// the old storage.
+func (t *Tensor) MoveTo(buf []float32) error {
+	switch {
+	case t.dtype != Float32 || !t.leaf || !t.IsContiguous():
+		return fmt.Errorf("tensor: MoveTo %s: want a contiguous float32 leaf tensor", t.Name)
+	case len(buf) != t.Numel():
+		return fmt.Errorf("tensor: MoveTo %s: buffer of %d values for %v (%d)", t.Name, len(buf), t.shape, t.Numel())
+	}
+	copy(buf, t.Float32s())
+	t.f32, t.offset = buf, 0
+	return nil
+}

@@ -7,6 +7,7 @@ import (
 
 	"github.com/gotron/gotron/ckpt"
 	"github.com/gotron/gotron/ckpt/safetensors"
+	"github.com/gotron/gotron/comm"
 	"github.com/gotron/gotron/model/gpt"
 	"github.com/gotron/gotron/optim"
 	"github.com/gotron/gotron/tensor"
@@ -27,7 +28,47 @@ type RunArgs struct {
 	CLI            map[string]any `json:"cli,omitempty"`
 }
 
+// save writes a checkpoint. Under data parallelism every rank takes part
+// (the distributed optimizer's state is gathered whole, so the checkpoint
+// does not depend on the data-parallel size), the writer rank writes, and
+// every rank learns whether it succeeded.
 func (t *Trainer) save(root string) error {
+	if err := t.syncParams(); err != nil {
+		return err
+	}
+	os := t.opt.State()
+	if t.ddp != nil && !t.cfg.NoSaveOptim {
+		full, err := t.ddp.FullState(t.cctx, os)
+		if err != nil {
+			return fmt.Errorf("train: --save: %w", err)
+		}
+		os = full
+	}
+	var err error
+	if t.isWriter() {
+		err = t.write(root, os)
+	}
+	if t.par != nil {
+		failed := []float32{0}
+		if err != nil {
+			failed[0] = 1
+		}
+		if cerr := t.par.World.AllReduce(t.cctx, comm.Float32s(failed), comm.Sum); cerr != nil {
+			return fmt.Errorf("train: --save at iteration %d: %w", t.Iteration, cerr)
+		}
+		if err == nil && failed[0] > 0 {
+			err = fmt.Errorf("train: --save at iteration %d failed on the writing rank (rank 0; see its log)", t.Iteration)
+		}
+	}
+	if err != nil {
+		return err
+	}
+	t.printf("saved checkpoint at iteration %7d to %s", t.Iteration, root)
+	return nil
+}
+
+// write writes the model and the (whole) optimizer state os under root.
+func (t *Trainer) write(root string, os optim.State) error {
 	model := map[string]safetensors.Tensor{}
 	for _, p := range t.Model.Params() {
 		st, err := safetensors.FromFloat32(safetensors.F32, p.Shape(), p.Float32s())
@@ -37,7 +78,6 @@ func (t *Trainer) save(root string) error {
 		model[p.Name] = st
 	}
 	c := &ckpt.Checkpoint{Groups: map[string]map[string]safetensors.Tensor{"model": model}}
-	os := t.opt.State()
 	if !t.cfg.NoSaveOptim {
 		opt := map[string]safetensors.Tensor{}
 		for name, buf := range os.Buffers {
@@ -61,7 +101,6 @@ func (t *Trainer) save(root string) error {
 	if err := ckpt.Save(context.Background(), root, int(t.Iteration), c); err != nil {
 		return fmt.Errorf("train: --save: %w", err)
 	}
-	t.printf("saved checkpoint at iteration %7d to %s", t.Iteration, root)
 	return nil
 }
 
@@ -153,6 +192,11 @@ func (t *Trainer) load(root string) error {
 				return fmt.Errorf("train: --load %s: optimizer %s: %w", root, name, err)
 			}
 			st.Buffers[name] = buf
+		}
+		if t.ddp != nil {
+			if st, err = t.ddp.ShardState(st); err != nil {
+				return fmt.Errorf("train: --load %s: %w", root, err)
+			}
 		}
 		if err := t.opt.LoadState(st); err != nil {
 			return fmt.Errorf("train: --load %s: %w", root, err)

@@ -10,6 +10,8 @@ import (
 
 	"github.com/gotron/gotron/model/gpt"
 	"github.com/gotron/gotron/optim"
+	"github.com/gotron/gotron/parallel"
+	"github.com/gotron/gotron/parallel/ddp"
 )
 
 // Config is one training run. Field comments name the Megatron flag.
@@ -60,6 +62,14 @@ type Config struct {
 	Finetune     bool           // --finetune: load weights only, start at iteration 0
 	Args         map[string]any // the command line, stored in checkpoints
 
+	// Parallel holds this rank's process groups (parallel.NewGroups); nil
+	// means one process. Only data parallelism (TP = PP = CP = 1) is run in
+	// this release.
+	Parallel *parallel.Groups
+	// DDP configures the data-parallel gradient reduction and the
+	// distributed optimizer (used when Parallel is set).
+	DDP ddp.Config
+
 	// Now is the clock (tests replace it); nil means time.Now.
 	Now func() time.Time
 }
@@ -86,11 +96,20 @@ func (c *Config) validate() error {
 	case c.Optimizer != "" && c.Optimizer != "adam" && c.Optimizer != "sgd":
 		return fmt.Errorf("train: --optimizer=%q: want adam or sgd", c.Optimizer)
 	}
-	if c.GlobalBatchSize == 0 {
-		c.GlobalBatchSize = c.MicroBatchSize
+	dp := 1
+	if c.Parallel != nil {
+		l := c.Parallel.Layout.Config
+		if l.TP != 1 || l.PP != 1 || l.CP != 1 || l.EP != 1 {
+			return fmt.Errorf("train: --tensor-model-parallel-size=%d --pipeline-model-parallel-size=%d --context-parallel-size=%d --expert-model-parallel-size=%d: "+
+				"this release trains with data parallelism only (every model-parallel degree 1)", l.TP, l.PP, l.CP, l.EP)
+		}
+		dp = c.Parallel.DPSize()
 	}
-	if c.GlobalBatchSize%c.MicroBatchSize != 0 {
-		return fmt.Errorf("train: --global-batch-size=%d is not a multiple of --micro-batch-size=%d × data-parallel size 1", c.GlobalBatchSize, c.MicroBatchSize)
+	if c.GlobalBatchSize == 0 {
+		c.GlobalBatchSize = c.MicroBatchSize * dp
+	}
+	if c.GlobalBatchSize%(c.MicroBatchSize*dp) != 0 {
+		return fmt.Errorf("train: --global-batch-size=%d is not a multiple of --micro-batch-size=%d × data-parallel size %d", c.GlobalBatchSize, c.MicroBatchSize, dp)
 	}
 	if c.LogInterval <= 0 {
 		c.LogInterval = 100

@@ -7,9 +7,12 @@ import (
 	"math"
 	"time"
 
+	"github.com/gotron/gotron/comm"
 	datagpt "github.com/gotron/gotron/data/gpt"
 	"github.com/gotron/gotron/model/gpt"
 	"github.com/gotron/gotron/optim"
+	"github.com/gotron/gotron/parallel"
+	"github.com/gotron/gotron/parallel/ddp"
 	"github.com/gotron/gotron/tensor"
 )
 
@@ -25,6 +28,12 @@ type Trainer struct {
 	valid datagpt.Source
 	rng   *tensor.RNG // dropout stream (Megatron's default CUDA RNG)
 	tape  *tensor.Tape
+
+	// Data parallelism (parallel.go); nil for one process.
+	par  *parallel.Groups
+	ddp  *ddp.DDP
+	cctx context.Context // collectives' context: not cancelled by a signal, so every rank stops at the same iteration
+	stop agreement       // the last iteration's agreed stop requests
 
 	// Position, saved in checkpoints.
 	Iteration     int64
@@ -67,7 +76,8 @@ func New(cfg Config, train, valid datagpt.Source) (*Trainer, error) {
 	if train == nil {
 		return nil, errors.New("train: no training data (set --data-path or --mock-data)")
 	}
-	t := &Trainer{cfg: cfg, train: train, valid: valid, tape: tensor.NewTape(), lastValidLoss: math.NaN()}
+	t := &Trainer{cfg: cfg, train: train, valid: valid, tape: tensor.NewTape(), lastValidLoss: math.NaN(),
+		par: cfg.Parallel, cctx: context.Background()}
 	if cfg.BF16 {
 		t.tape.SetMatmulPrecision(tensor.MatmulBF16)
 	}
@@ -78,7 +88,15 @@ func New(cfg Config, train, valid datagpt.Source) (*Trainer, error) {
 	}
 	t.Model = m
 	t.rng = root.Fork("dropout")
-	ps := OptimParams(m)
+	var ps []*optim.Param
+	if t.par != nil {
+		if ps, err = t.setupParallel(t.cctx); err != nil {
+			return nil, err
+		}
+		t.tape.SetGradReadyHook(t.ddp.Hook)
+	} else {
+		ps = OptimParams(m)
+	}
 	groups := optim.DefaultGroups(ps)
 	if cfg.Optimizer == "sgd" {
 		t.opt, err = optim.NewSGD(groups, optim.SGDConfig{Momentum: cfg.SGDMomentum})
@@ -92,7 +110,7 @@ func New(cfg Config, train, valid datagpt.Source) (*Trainer, error) {
 		return nil, err
 	}
 	if t.mb, err = optim.NewMicrobatches(optim.MicrobatchConfig{GlobalBatchSize: cfg.GlobalBatchSize,
-		MicroBatchSize: cfg.MicroBatchSize, DataParallelSize: 1}); err != nil {
+		MicroBatchSize: cfg.MicroBatchSize, DataParallelSize: t.dpSize()}); err != nil {
 		return nil, err
 	}
 	t.trainIters = cfg.TrainIters
@@ -139,6 +157,7 @@ func (t *Trainer) TrainIters() int64 { return t.trainIters }
 func (t *Trainer) Run(ctx context.Context) (Result, error) {
 	cfg := &t.cfg
 	res := Result{ValidLoss: math.NaN()}
+	t.cctx = context.WithoutCancel(ctx)
 	t.startTime = cfg.Now()
 	t.lastLog, t.lastLogIter = t.startTime, t.Iteration
 	if cfg.MetricsFile != "" {
@@ -155,24 +174,26 @@ func (t *Trainer) Run(ctx context.Context) (Result, error) {
 	}
 	savedLast := int64(-1)
 	for t.Iteration < t.trainIters {
-		loss, err := t.step()
+		loss, err := t.step(ctx)
 		if err != nil {
 			return res, err
 		}
 		res.Losses = append(res.Losses, loss)
 		t.logIteration(loss)
 		if cfg.EvalInterval > 0 && t.valid != nil && t.Iteration%cfg.EvalInterval == 0 {
-			t.lastValidLoss = t.evaluate()
+			if t.lastValidLoss, err = t.evaluate(); err != nil {
+				return res, err
+			}
 			res.ValidLoss = t.lastValidLoss
 			t.printf("validation loss at iteration %d | lm loss value: %.6E | lm loss PPL: %.6E |", t.Iteration, t.lastValidLoss, math.Exp(math.Min(20, t.lastValidLoss)))
 		}
 		save := cfg.SaveInterval > 0 && t.Iteration%cfg.SaveInterval == 0
 		exit := cfg.ExitInterval > 0 && t.Iteration%cfg.ExitInterval == 0
-		if cfg.ExitDuration > 0 && cfg.Now().Sub(t.startTime) >= cfg.ExitDuration {
+		if t.stop.timeUp {
 			exit = true
 			t.printf("exiting program after %v (--exit-duration-in-mins)", cfg.Now().Sub(t.startTime).Round(time.Second))
 		}
-		if ctx.Err() != nil {
+		if t.stop.stopped {
 			exit = true
 			res.Interrupted = true
 			t.printf("received signal: saving and exiting at iteration %d", t.Iteration)
@@ -188,6 +209,9 @@ func (t *Trainer) Run(ctx context.Context) (Result, error) {
 			break
 		}
 	}
+	if err := t.syncParams(); err != nil {
+		return res, err
+	}
 	if cfg.Save != "" && savedLast != t.Iteration && t.Iteration > 0 {
 		if err := t.save(cfg.Save); err != nil {
 			return res, err
@@ -201,15 +225,29 @@ func (t *Trainer) Run(ctx context.Context) (Result, error) {
 // step runs one iteration: forward/backward over the microbatches of one
 // global batch, then clip, optimizer and scheduler steps (skipped on NaN/Inf
 // as Megatron's found_inf). It returns the iteration's lm loss.
-func (t *Trainer) step() (float64, error) {
+func (t *Trainer) step(ctx context.Context) (float64, error) {
 	if err := t.mb.UpdateChecked(t.Consumed); err != nil {
 		return 0, err
 	}
 	n, mbs := t.mb.Num(), t.mb.MicroBatchSize()
-	tensor.ZeroGrad(t.Model.Params())
+	dp, r := t.dpSize(), t.dpRank()
+	if t.ddp != nil {
+		if err := t.ddp.WaitParams(t.cctx); err != nil {
+			return 0, fmt.Errorf("train: iteration %d: %w", t.Iteration+1, err)
+		}
+		t.ddp.ZeroGrad()
+	} else {
+		tensor.ZeroGrad(t.Model.Params())
+	}
 	var lossSum float64
 	for i := range n {
-		bt, err := makeBatch(t.train, t.Consumed+int64(i*mbs), mbs, t.cfg.SeqLength, t.Model.Config.VocabSize)
+		if t.ddp != nil && i == n-1 {
+			t.ddp.StartLastMicrobatch(t.cctx)
+		}
+		// MegatronPretrainingSampler: each micro-step takes mbs·DP
+		// consecutive samples; data-parallel rank r reads the r-th mbs.
+		start := t.Consumed + int64((i*dp+r)*mbs)
+		bt, err := makeBatch(t.train, start, mbs, t.cfg.SeqLength, t.Model.Config.VocabSize)
 		if err != nil {
 			return 0, fmt.Errorf("train: iteration %d: %w", t.Iteration+1, err)
 		}
@@ -222,13 +260,19 @@ func (t *Trainer) step() (float64, error) {
 		}
 		t.tape.Reset()
 	}
-	loss := lossSum / float64(n)
+	timeUp := t.cfg.ExitDuration > 0 && t.cfg.Now().Sub(t.startTime) >= t.cfg.ExitDuration
+	g, err := t.reduceGrads(t.cctx, agreement{loss: lossSum / float64(n), stopped: ctx.Err() != nil, timeUp: timeUp})
+	if err != nil {
+		return 0, err
+	}
+	t.stop = g
+	loss := g.loss
 	gbs := int64(t.mb.CurrentRunningGlobalBatchSize())
 	t.FLOPsSoFar += FLOPsPerIteration(t.Model.Config, int(gbs), t.cfg.SeqLength)
 	t.Iteration++
 	t.Consumed += gbs
 	t.lastLR = t.sched.LR()
-	if t.grads.FoundInf() || math.IsNaN(loss) || math.IsInf(loss, 0) {
+	if g.nonFin || math.IsNaN(loss) || math.IsInf(loss, 0) {
 		t.Skipped++
 		t.NaNIterations++
 		t.skippedInARow++
@@ -239,40 +283,64 @@ func (t *Trainer) step() (float64, error) {
 		return loss, nil
 	}
 	t.skippedInARow = 0
+	t.lastGradNorm = optim.L2Norm(g.sumSq)
 	if t.cfg.ClipGrad > 0 {
-		t.lastGradNorm = t.grads.ClipGradNorm(t.cfg.ClipGrad)
-	} else {
-		t.lastGradNorm = optim.L2Norm(t.grads.SumSquares())
+		t.grads.ClipByNorm(t.cfg.ClipGrad, t.lastGradNorm)
 	}
 	t.sched.Apply(t.opt.Groups())
 	t.lastLR = t.sched.LR()
 	t.opt.Step()
 	t.sched.Step(gbs)
+	if t.ddp != nil {
+		if err := t.ddp.GatherParams(t.cctx); err != nil {
+			return loss, fmt.Errorf("train: iteration %d: %w", t.Iteration, err)
+		}
+	}
 	return loss, nil
 }
 
 // evaluate runs --eval-iters global batches of the validation set without
 // gradients, continuing where the last evaluation stopped (Megatron keeps one
-// validation iterator), and returns the mean loss.
-func (t *Trainer) evaluate() float64 {
+// validation iterator), and returns the mean loss. Data-parallel ranks each
+// evaluate their micro-batch of every mbs·DP samples; the mean is over all.
+func (t *Trainer) evaluate() (float64, error) {
 	gbs, mbs := t.cfg.GlobalBatchSize, t.cfg.MicroBatchSize
+	dp, r := t.dpSize(), t.dpRank()
+	if err := t.syncParams(); err != nil {
+		return math.NaN(), err
+	}
 	var sum float64
 	var count int
+	failed := false
 	for range t.cfg.EvalIters {
-		for i := 0; i < gbs/mbs; i++ {
-			start := t.ConsumedValid % int64(max(t.valid.Len(), 1))
+		for i := 0; i < gbs/(mbs*dp) && !failed; i++ {
+			start := (t.ConsumedValid + int64(r*mbs)) % int64(max(t.valid.Len(), 1))
 			bt, err := makeBatch(t.valid, start, mbs, t.cfg.SeqLength, t.Model.Config.VocabSize)
 			if err != nil {
 				t.printf("evaluation stopped: %v", err)
-				return math.NaN()
+				failed = true
+				break
 			}
 			loss := t.Model.Loss(nil, t.Model.Forward(nil, bt, nil, false), bt)
 			sum += float64(loss.Float32s()[0])
 			count++
-			t.ConsumedValid += int64(mbs)
+			t.ConsumedValid += int64(mbs * dp)
 		}
 	}
-	return sum / float64(count)
+	if t.par != nil {
+		v := []float32{float32(sum), float32(count), 0}
+		if failed {
+			v[2] = 1
+		}
+		if err := t.par.DP.AllReduce(t.cctx, comm.Float32s(v), comm.Sum); err != nil {
+			return math.NaN(), fmt.Errorf("train: evaluation at iteration %d: %w", t.Iteration, err)
+		}
+		sum, count, failed = float64(v[0]), int(v[1]), v[2] > 0
+	}
+	if failed || count == 0 {
+		return math.NaN(), nil
+	}
+	return sum / float64(count), nil
 }
 
 // makeBatch stacks samples [start, start+mbs) of src (wrapping around its

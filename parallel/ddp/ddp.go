@@ -1,0 +1,403 @@
+package ddp
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sort"
+
+	"github.com/gotron/gotron/comm"
+	"github.com/gotron/gotron/optim"
+	"github.com/gotron/gotron/tensor"
+)
+
+// Config is the gradient reduction of one data-parallel run. The zero value
+// is Megatron's default: one bucket, reduced after backward, pre-scaled by
+// 1/DP and summed.
+type Config struct {
+	// OverlapGradReduce (--overlap-grad-reduce) starts each bucket's
+	// reduction while backward of the last micro-batch is still running.
+	OverlapGradReduce bool
+	// BucketSize (--ddp-bucket-size) in elements; 0 means
+	// DefaultBucketSize(DP) with OverlapGradReduce and one bucket without.
+	BucketSize int
+	// DistributedOptimizer (--use-distributed-optimizer) reduce-scatters
+	// gradients and keeps optimizer state for this rank's shard only.
+	DistributedOptimizer bool
+	// OverlapParamGather (--overlap-param-gather, distributed optimizer
+	// only) starts the parameter all-gathers right after the optimizer step
+	// and waits for them when the next forward begins.
+	OverlapParamGather bool
+	// AverageInCollective (--ddp-average-in-collective) reduces with Avg
+	// instead of pre-scaling by 1/DP and summing.
+	AverageInCollective bool
+}
+
+// DDP owns the flat gradient buffer of a model's parameters (and, with the
+// distributed optimizer, the flat parameter buffer) and reduces it over the
+// data-parallel group. Not safe for concurrent use: one training loop drives
+// it.
+type DDP struct {
+	cfg    Config
+	group  comm.ProcessGroup
+	async  comm.Async
+	params []*tensor.Tensor
+	Layout Layout
+
+	grad  []float32 // flat gradients (model Grad tensors are views)
+	param []float32 // flat parameters (distributed optimizer only)
+
+	bucketOf map[*tensor.Tensor]int
+	waiting  []int         // per bucket: params whose gradient is not final yet
+	handles  []comm.Handle // per bucket: its reduction in flight
+	next     int           // first bucket not yet issued
+	armed    bool          // this backward is the last micro-batch's
+	ctx      context.Context
+	err      error // first failure to issue a reduction
+
+	// Distributed optimizer.
+	gradShard  [][]float32 // per bucket: this rank's reduced gradient shard
+	sendShard  [][]float32 // per bucket: scratch for the parameter all-gather
+	pieces     []piece     // this rank's shard, per parameter piece
+	gathers    []comm.Handle
+	gatherPend bool
+}
+
+// piece is the part [Lo, Hi) (local indices) of parameter Param that lies in
+// this rank's shard of bucket Bucket.
+type piece struct {
+	Param, Bucket, Lo, Hi int
+}
+
+// New lays out params (in registration order) and points every parameter's
+// Grad at its slice of one flat buffer (and, with the distributed optimizer,
+// moves its values into a flat parameter buffer). group is the
+// data-parallel (× context-parallel) group; tied marks the word embedding
+// shared with the output layer (or nil).
+func New(params []*tensor.Tensor, group comm.ProcessGroup, cfg Config, tied *tensor.Tensor) (*DDP, error) {
+	if cfg.OverlapParamGather && !cfg.DistributedOptimizer {
+		return nil, errors.New("ddp: --overlap-param-gather needs --use-distributed-optimizer")
+	}
+	bucket := cfg.BucketSize
+	if bucket == 0 && cfg.OverlapGradReduce {
+		bucket = DefaultBucketSize(group.Size())
+	}
+	infos := make([]ParamInfo, len(params))
+	for i, p := range params {
+		infos[i] = ParamInfo{Name: p.Name, Numel: p.Numel(), SharedEmbedding: p == tied && tied != nil}
+	}
+	l, err := NewLayout(infos, LayoutConfig{BucketSize: bucket, DPSize: group.Size(), DistributedOptimizer: cfg.DistributedOptimizer})
+	if err != nil {
+		return nil, err
+	}
+	d := &DDP{cfg: cfg, group: group, async: asyncOf(group), params: params, Layout: l,
+		grad: make([]float32, l.Total), bucketOf: map[*tensor.Tensor]int{},
+		waiting: make([]int, len(l.Buckets)), handles: make([]comm.Handle, len(l.Buckets))}
+	if cfg.DistributedOptimizer {
+		d.param = make([]float32, l.Total)
+	}
+	for b, bk := range l.Buckets {
+		for _, i := range bk.Params {
+			p := params[i]
+			r := l.Range[i]
+			d.bucketOf[p] = b
+			p.Grad = tensor.FromFloat32(d.grad[r[0]:r[1]], p.Shape()...)
+			p.Grad.Name = p.Name + ".grad"
+			if d.param != nil {
+				if err := p.MoveTo(d.param[r[0]:r[1]]); err != nil {
+					return nil, fmt.Errorf("ddp: %w", err)
+				}
+			}
+		}
+	}
+	if cfg.DistributedOptimizer {
+		d.shard()
+	}
+	return d, nil
+}
+
+func asyncOf(g comm.ProcessGroup) comm.Async {
+	if a, ok := g.(comm.Async); ok {
+		return a
+	}
+	return comm.NewAsync(g)
+}
+
+// shard finds this rank's pieces of every bucket.
+func (d *DDP) shard() {
+	dp, me := d.group.Size(), d.group.Rank()
+	for b, bk := range d.Layout.Buckets {
+		lo, hi := bk.Shard(me, dp)
+		d.gradShard = append(d.gradShard, make([]float32, hi-lo))
+		d.sendShard = append(d.sendShard, make([]float32, hi-lo))
+		for _, i := range bk.Params {
+			r := d.Layout.Range[i]
+			a, z := max(lo, r[0]), min(hi, r[1])
+			if a < z {
+				d.pieces = append(d.pieces, piece{Param: i, Bucket: b, Lo: a - r[0], Hi: z - r[0]})
+			}
+		}
+	}
+}
+
+// Hook is the tape's gradient-ready hook (tensor.Tape.SetGradReadyHook):
+// during the last micro-batch's backward (see StartLastMicrobatch) it issues
+// each bucket's reduction, in bucket order, once all its gradients are final.
+func (d *DDP) Hook(ready []*tensor.Tensor) {
+	if !d.armed || !d.cfg.OverlapGradReduce {
+		return
+	}
+	for _, p := range ready {
+		if b, ok := d.bucketOf[p]; ok {
+			d.waiting[b]--
+		}
+	}
+	for d.next < len(d.waiting) && d.waiting[d.next] <= 0 {
+		d.issue(d.next)
+		d.next++
+	}
+}
+
+// StartLastMicrobatch arms the hook for the backward that completes the
+// gradients of this step. ctx governs the reductions it starts.
+func (d *DDP) StartLastMicrobatch(ctx context.Context) {
+	d.armed, d.ctx, d.next, d.err = true, ctx, 0, nil
+	for b, bk := range d.Layout.Buckets {
+		d.waiting[b] = len(bk.Params)
+		d.handles[b] = nil
+	}
+}
+
+// issue scales bucket b and starts its reduction.
+func (d *DDP) issue(b int) {
+	bk := d.Layout.Buckets[b]
+	g := d.grad[bk.Start:bk.End]
+	op := comm.Sum
+	if d.cfg.AverageInCollective {
+		op = comm.Avg
+	} else if n := d.group.Size(); n > 1 {
+		scale(g, 1/float32(n))
+	}
+	if d.group.Size() == 1 {
+		if d.cfg.DistributedOptimizer {
+			copy(d.gradShard[b], g)
+		}
+		return
+	}
+	if d.cfg.DistributedOptimizer {
+		d.handles[b] = d.async.ReduceScatterAsync(d.ctx, comm.Float32s(d.gradShard[b]), comm.Float32s(g), op, nil)
+	} else {
+		d.handles[b] = d.async.AllReduceAsync(d.ctx, comm.Float32s(g), op)
+	}
+}
+
+// Finish issues the buckets the hook did not and waits for every reduction:
+// after it, each rank holds the data-parallel mean gradient (all of it, or
+// its shard under the distributed optimizer). Errors name the bucket.
+func (d *DDP) Finish(ctx context.Context) error {
+	if !d.armed {
+		d.StartLastMicrobatch(ctx)
+	}
+	for ; d.next < len(d.Layout.Buckets); d.next++ {
+		d.issue(d.next)
+	}
+	d.armed = false
+	var first error
+	for b, h := range d.handles {
+		if h == nil {
+			continue
+		}
+		if err := h.Wait(ctx); err != nil && first == nil {
+			first = fmt.Errorf("ddp: gradient reduction of bucket %d (%d elements): %w", b, d.Layout.Buckets[b].End-d.Layout.Buckets[b].Start, err)
+		}
+		d.handles[b] = nil
+	}
+	return first
+}
+
+// ZeroGrad clears the flat gradient buffer (padding included).
+func (d *DDP) ZeroGrad() { clear(d.grad) }
+
+// Buckets returns the number of buckets.
+func (d *DDP) Buckets() int { return len(d.Layout.Buckets) }
+
+// ShardParams returns this rank's shard of every parameter as optimizer
+// parameters (distributed optimizer only): Data aliases the flat parameter
+// buffer, Grad the reduced gradient shard. Names are "<param>[lo:hi]";
+// weight decay follows Megatron's rule on the whole parameter.
+func (d *DDP) ShardParams() []*optim.Param {
+	var out []*optim.Param
+	for _, pc := range d.pieces {
+		p := d.params[pc.Param]
+		r := d.Layout.Range[pc.Param]
+		lo, _ := d.Layout.Buckets[pc.Bucket].Shard(d.group.Rank(), d.group.Size())
+		g := d.gradShard[pc.Bucket][r[0]+pc.Lo-lo : r[0]+pc.Hi-lo]
+		out = append(out, &optim.Param{Name: fmt.Sprintf("%s[%d:%d]", p.Name, pc.Lo, pc.Hi),
+			Data: d.param[r[0]+pc.Lo : r[0]+pc.Hi], Grad: g, Shape: []int{pc.Hi - pc.Lo},
+			NoWeightDecay: optim.DefaultNoWeightDecay(p.Name, p.Shape())})
+	}
+	return out
+}
+
+// GatherParams all-gathers every bucket's updated shard into the flat
+// parameter buffer (distributed optimizer only). With OverlapParamGather it
+// only starts the gathers; WaitParams completes them.
+func (d *DDP) GatherParams(ctx context.Context) error {
+	if !d.cfg.DistributedOptimizer || d.group.Size() == 1 {
+		return nil
+	}
+	d.gathers = d.gathers[:0]
+	for b, bk := range d.Layout.Buckets {
+		lo, hi := bk.Shard(d.group.Rank(), d.group.Size())
+		copy(d.sendShard[b], d.param[lo:hi])
+		d.gathers = append(d.gathers, d.async.AllGatherAsync(ctx, comm.Float32s(d.param[bk.Start:bk.End]), comm.Float32s(d.sendShard[b]), nil))
+	}
+	d.gatherPend = true
+	if d.cfg.OverlapParamGather {
+		return nil
+	}
+	return d.WaitParams(ctx)
+}
+
+// WaitParams waits for the parameter all-gathers GatherParams started.
+func (d *DDP) WaitParams(ctx context.Context) error {
+	if !d.gatherPend {
+		return nil
+	}
+	d.gatherPend = false
+	var first error
+	for b, h := range d.gathers {
+		if err := h.Wait(ctx); err != nil && first == nil {
+			first = fmt.Errorf("ddp: parameter all-gather of bucket %d: %w", b, err)
+		}
+	}
+	return first
+}
+
+// scale multiplies x by a in place (Megatron's gradient_scaling_factor).
+func scale(x []float32, a float32) {
+	for i := range x {
+		x[i] *= a
+	}
+}
+
+// pieceName is the optimizer-state name of a piece (see ShardParams).
+func (d *DDP) pieceName(pc piece) string {
+	return fmt.Sprintf("%s[%d:%d]", d.params[pc.Param].Name, pc.Lo, pc.Hi)
+}
+
+// FullState turns the state of an optimizer over ShardParams into the state
+// of the same optimizer over whole parameters ("<kind>/<param name>"
+// buffers, what a data-parallel size of 1 saves), all-gathering every
+// buffer kind over the group: checkpoints stay independent of the
+// data-parallel size. Every rank of the group must call it.
+func (d *DDP) FullState(ctx context.Context, st optim.State) (optim.State, error) {
+	out := optim.State{Kind: st.Kind, Steps: st.Steps, Buffers: map[string][]float32{}}
+	if !d.cfg.DistributedOptimizer {
+		return st, nil
+	}
+	kinds := map[string]bool{}
+	for k := range st.Buffers {
+		kind, _, ok := cutKind(k)
+		if !ok {
+			return out, fmt.Errorf("ddp: optimizer state buffer %q has no kind prefix", k)
+		}
+		kinds[kind] = true
+	}
+	for _, kind := range sortedKeys(kinds) {
+		for b, bk := range d.Layout.Buckets {
+			lo, hi := bk.Shard(d.group.Rank(), d.group.Size())
+			send := make([]float32, hi-lo)
+			for _, pc := range d.pieces {
+				if pc.Bucket != b {
+					continue
+				}
+				buf, ok := st.Buffers[kind+"/"+d.pieceName(pc)]
+				if !ok {
+					return out, fmt.Errorf("ddp: optimizer state has no %s buffer for %s", kind, d.pieceName(pc))
+				}
+				r := d.Layout.Range[pc.Param]
+				copy(send[r[0]+pc.Lo-lo:], buf)
+			}
+			full := make([]float32, bk.End-bk.Start)
+			if d.group.Size() == 1 {
+				copy(full, send)
+			} else if err := d.group.AllGather(ctx, comm.Float32s(full), comm.Float32s(send), nil); err != nil {
+				return out, fmt.Errorf("ddp: gather optimizer %s state of bucket %d: %w", kind, b, err)
+			}
+			for _, i := range bk.Params {
+				r := d.Layout.Range[i]
+				out.Buffers[kind+"/"+d.params[i].Name] = full[r[0]-bk.Start : r[1]-bk.Start]
+			}
+		}
+	}
+	return out, nil
+}
+
+// ShardState is FullState's inverse: it keeps this rank's pieces of a
+// whole-parameter optimizer state (as loaded from a checkpoint written at any
+// data-parallel size). Buffers must have their parameters' lengths.
+func (d *DDP) ShardState(full optim.State) (optim.State, error) {
+	if !d.cfg.DistributedOptimizer {
+		return full, nil
+	}
+	out := optim.State{Kind: full.Kind, Steps: full.Steps, Buffers: map[string][]float32{}}
+	kinds := map[string]bool{}
+	for k := range full.Buffers {
+		kind, _, ok := cutKind(k)
+		if !ok {
+			return out, fmt.Errorf("ddp: optimizer state buffer %q has no kind prefix", k)
+		}
+		kinds[kind] = true
+	}
+	for kind := range kinds {
+		for _, pc := range d.pieces {
+			p := d.params[pc.Param]
+			buf, ok := full.Buffers[kind+"/"+p.Name]
+			if !ok {
+				return out, fmt.Errorf("ddp: optimizer state has no %s buffer for %s", kind, p.Name)
+			}
+			if len(buf) != p.Numel() {
+				return out, fmt.Errorf("ddp: optimizer %s buffer for %s has %d values, the parameter %d", kind, p.Name, len(buf), p.Numel())
+			}
+			out.Buffers[kind+"/"+d.pieceName(pc)] = append([]float32(nil), buf[pc.Lo:pc.Hi]...)
+		}
+	}
+	return out, nil
+}
+
+// OptimizerBytes is the optimizer state this rank keeps per buffer kind
+// (4 bytes per element of its shard, or of the whole model without the
+// distributed optimizer).
+func (d *DDP) OptimizerBytes() int64 {
+	if !d.cfg.DistributedOptimizer {
+		n := 0
+		for _, p := range d.params {
+			n += p.Numel()
+		}
+		return 4 * int64(n)
+	}
+	n := 0
+	for _, pc := range d.pieces {
+		n += pc.Hi - pc.Lo
+	}
+	return 4 * int64(n)
+}
+
+func cutKind(key string) (kind, name string, ok bool) {
+	for i := 0; i < len(key); i++ {
+		if key[i] == '/' {
+			return key[:i], key[i+1:], true
+		}
+	}
+	return "", "", false
+}
+
+func sortedKeys(m map[string]bool) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	return keys
+}

@@ -1,0 +1,191 @@
+package train
+
+import (
+	"context"
+	"encoding/binary"
+	"encoding/json"
+	"fmt"
+	"hash/fnv"
+	"io"
+
+	"github.com/gotron/gotron/comm"
+	"github.com/gotron/gotron/optim"
+	"github.com/gotron/gotron/parallel"
+	"github.com/gotron/gotron/parallel/ddp"
+	"github.com/gotron/gotron/tensor"
+)
+
+// This file wires data parallelism into the Trainer (docs/design/parallel.md):
+// the model stays the plain single-process model; ddp owns its gradients
+// (and, with the distributed optimizer, its parameters) in flat buckets
+// reduced over the data-parallel group; the trainer shards the sample
+// stream, agrees on loss, NaN skips, the grad norm and stopping through one
+// small all-reduce per iteration, and lets one rank log and write.
+
+// dpSize and dpRank are this rank's data-parallel coordinates (1 and 0 alone).
+func (t *Trainer) dpSize() int {
+	if t.par == nil {
+		return 1
+	}
+	return t.par.DPSize()
+}
+
+func (t *Trainer) dpRank() int {
+	if t.par == nil {
+		return 0
+	}
+	return t.par.DP.Rank()
+}
+
+// isLogger is the rank that prints the log and progress bar: Megatron's last
+// rank (the last pipeline stage of the last data-parallel replica).
+func (t *Trainer) isLogger() bool {
+	return t.par == nil || t.par.World.Rank() == t.par.World.Size()-1
+}
+
+// isWriter is the rank that writes checkpoints: data-parallel rank 0 (global
+// rank 0 without model parallelism).
+func (t *Trainer) isWriter() bool { return t.par == nil || t.par.World.Rank() == 0 }
+
+// setupParallel checks the run's arguments agree on every rank, makes every
+// replica start from data-parallel rank 0's parameters, and builds the
+// gradient buffers and the optimizer's parameters.
+func (t *Trainer) setupParallel(ctx context.Context) ([]*optim.Param, error) {
+	p := t.par
+	if err := checkSameArgs(ctx, p.World, t.cfg.Args); err != nil {
+		return nil, err
+	}
+	if !t.isLogger() {
+		t.cfg.Out, t.cfg.Progress, t.cfg.MetricsFile = io.Discard, nil, ""
+	}
+	var tied *tensor.Tensor
+	if t.Model.OutputLayer == nil {
+		tied = t.Model.WordEmb
+	}
+	d, err := ddp.New(t.Model.Params(), p.DPCP, t.cfg.DDP, tied)
+	if err != nil {
+		return nil, err
+	}
+	t.ddp = d
+	for _, w := range t.Model.Params() {
+		if err := p.DP.Broadcast(ctx, comm.Float32s(w.Float32s()), 0); err != nil {
+			return nil, fmt.Errorf("train: broadcast parameter %s from data-parallel rank 0: %w", w.Name, err)
+		}
+	}
+	if t.cfg.DDP.DistributedOptimizer {
+		return d.ShardParams(), nil
+	}
+	return OptimParams(t.Model), nil
+}
+
+// checkSameArgs compares a hash of every rank's arguments and names the ranks
+// whose command line differs from rank 0's.
+func checkSameArgs(ctx context.Context, world comm.ProcessGroup, args map[string]any) error {
+	b, err := json.Marshal(args)
+	if err != nil {
+		return err
+	}
+	h := fnv.New64a()
+	h.Write(b)
+	mine := []int64{int64(binary.LittleEndian.Uint64(h.Sum(nil)))}
+	all := make([]int64, world.Size())
+	if err := world.AllGather(ctx, comm.Int64s(all), comm.Int64s(mine), nil); err != nil {
+		return fmt.Errorf("train: compare arguments across ranks: %w", err)
+	}
+	var differ []int
+	for r, v := range all {
+		if v != all[0] {
+			differ = append(differ, r)
+		}
+	}
+	if len(differ) > 0 {
+		return fmt.Errorf("train: rank(s) %v were started with different arguments from rank 0 (every rank must run the same command line): this is rank %d", differ, world.Rank())
+	}
+	return nil
+}
+
+// agreement is what the ranks settle each iteration in one all-reduce.
+type agreement struct {
+	loss    float64 // Σ over data-parallel ranks of the local mean loss
+	nonFin  bool    // some rank's gradient shard holds NaN/Inf
+	sumSq   float64 // Σ g² over every shard (distributed optimizer)
+	stopped bool    // some rank was asked to stop (a signal)
+	timeUp  bool    // some rank passed --exit-duration-in-mins
+}
+
+// agree all-reduces the iteration's scalars over the data-parallel group
+// (the world, while data parallelism is the only degree).
+func (t *Trainer) agree(ctx context.Context, a agreement) (agreement, error) {
+	if t.par == nil {
+		return a, nil
+	}
+	b2f := func(b bool) float32 {
+		if b {
+			return 1
+		}
+		return 0
+	}
+	v := []float32{float32(a.loss), b2f(a.nonFin), float32(a.sumSq), b2f(a.stopped), b2f(a.timeUp)}
+	if err := t.par.World.AllReduce(ctx, comm.Float32s(v), comm.Sum); err != nil {
+		return a, fmt.Errorf("train: iteration %d: %w", t.Iteration+1, err)
+	}
+	return agreement{loss: float64(v[0]), nonFin: v[1] > 0, sumSq: float64(v[2]), stopped: v[3] > 0, timeUp: v[4] > 0}, nil
+}
+
+// reduceGrads finishes this step's gradient reduction and returns whether a
+// gradient is NaN/Inf, the squared global norm (computed where the shard
+// lives), and the all-reduced loss and stop request.
+func (t *Trainer) reduceGrads(ctx context.Context, a agreement) (agreement, error) {
+	if t.ddp != nil {
+		if err := t.ddp.Finish(ctx); err != nil {
+			return a, fmt.Errorf("train: iteration %d: %w", t.Iteration+1, err)
+		}
+	}
+	distOpt := t.ddp != nil && t.cfg.DDP.DistributedOptimizer
+	if distOpt {
+		a.nonFin = t.grads.FoundInf()
+		a.sumSq = t.grads.SumSquares()
+	}
+	g, err := t.agree(ctx, a)
+	if err != nil {
+		return g, err
+	}
+	g.loss /= float64(t.dpSize())
+	if !distOpt {
+		g.nonFin = t.grads.FoundInf()
+		g.sumSq = t.grads.SumSquares()
+	}
+	return g, nil
+}
+
+// OptimizerStateBytes is the optimizer state this rank holds (Adam's two
+// moments, SGD's momentum), in bytes.
+func (t *Trainer) OptimizerStateBytes() int64 {
+	n := int64(0)
+	for _, g := range t.opt.Groups() {
+		for _, p := range g.Params {
+			n += int64(len(p.Data))
+		}
+	}
+	kinds := int64(2) // exp_avg, exp_avg_sq
+	if t.cfg.Optimizer == "sgd" {
+		kinds = 1 // momentum_buffer
+	}
+	return 4 * kinds * n
+}
+
+// syncParams completes the parameter all-gathers of the last step
+// (--overlap-param-gather leaves them in flight until the next forward):
+// evaluation, checkpoints and the caller need whole parameters.
+func (t *Trainer) syncParams() error {
+	if t.ddp == nil {
+		return nil
+	}
+	if err := t.ddp.WaitParams(t.cctx); err != nil {
+		return fmt.Errorf("train: iteration %d: %w", t.Iteration, err)
+	}
+	return nil
+}
+
+// Parallel returns the run's groups (nil for a single process).
+func (t *Trainer) Parallel() *parallel.Groups { return t.par }
