@@ -1,0 +1,532 @@
+package infer
+
+import (
+	"errors"
+	"fmt"
+	"sort"
+
+	"github.com/gotron/gotron/model/gpt"
+)
+
+// EngineConfig configures an Engine. Every field's zero value is usable.
+type EngineConfig struct {
+	// KVCacheBytes sizes the paged KV pool, allocated once (--kv-cache-bytes).
+	// 0 means the smaller of 1 GiB and what MaxNumSeqs sequences of the
+	// model's full context need.
+	KVCacheBytes int64
+	// BlockTokens is the number of positions per KV block (--block-size);
+	// 0 means 16.
+	BlockTokens int
+	// MaxNumBatchedTokens bounds the tokens of one step, decode tokens and
+	// prefill chunks together (--max-num-batched-tokens); 0 means 512.
+	MaxNumBatchedTokens int
+	// MaxNumSeqs bounds the sequences running at once (--max-num-seqs); 0
+	// means 256.
+	MaxNumSeqs int
+	// DisablePrefixCaching turns off the reuse of full prompt blocks
+	// (prefix caching is on by default).
+	DisablePrefixCaching bool
+	// VocabSize is the tokenizer's vocabulary: sampling never draws from
+	// the padded tail of the model's. 0 means the model's vocabulary.
+	VocabSize int
+	// Decoder turns ids into text for stop strings and Event.Text; nil
+	// means events carry no text and requests may not set Stop.
+	Decoder Decoder
+}
+
+// validate fills defaults for m and rejects bad values, naming the flag.
+func (c *EngineConfig) validate(m *gpt.Model) error {
+	mc := &m.Config
+	switch {
+	case c.KVCacheBytes < 0:
+		return fmt.Errorf("infer: --kv-cache-bytes=%d: want >= 0", c.KVCacheBytes)
+	case c.BlockTokens < 0:
+		return fmt.Errorf("infer: --block-size=%d: want >= 0", c.BlockTokens)
+	case c.MaxNumBatchedTokens < 0:
+		return fmt.Errorf("infer: --max-num-batched-tokens=%d: want >= 0", c.MaxNumBatchedTokens)
+	case c.MaxNumSeqs < 0:
+		return fmt.Errorf("infer: --max-num-seqs=%d: want >= 0", c.MaxNumSeqs)
+	case c.VocabSize < 0 || c.VocabSize > mc.VocabSize:
+		return fmt.Errorf("infer: vocabulary of %d: want 1..%d (the model's)", c.VocabSize, mc.VocabSize)
+	}
+	if c.BlockTokens == 0 {
+		c.BlockTokens = 16
+	}
+	if c.MaxNumBatchedTokens == 0 {
+		c.MaxNumBatchedTokens = 512
+	}
+	if c.MaxNumSeqs == 0 {
+		c.MaxNumSeqs = 256
+	}
+	if c.VocabSize == 0 {
+		c.VocabSize = mc.VocabSize
+	}
+	if c.KVCacheBytes == 0 {
+		full := int64(c.MaxNumSeqs) * int64(mc.MaxPositionEmbeddings+c.BlockTokens) * c.bytesPerToken(m)
+		c.KVCacheBytes = min(full, 1<<30)
+	}
+	if c.KVCacheBytes < c.blockBytes(m) {
+		return fmt.Errorf("infer: --kv-cache-bytes=%d holds no block of %d tokens (%d bytes)", c.KVCacheBytes, c.BlockTokens, c.blockBytes(m))
+	}
+	return nil
+}
+
+// bytesPerToken is the KV cache size of one position: keys and values of
+// every layer, float32.
+func (c *EngineConfig) bytesPerToken(m *gpt.Model) int64 {
+	mc := &m.Config
+	return int64(2 * mc.NumLayers * mc.NumQueryGroups * mc.KVChannels * 4)
+}
+
+func (c *EngineConfig) blockBytes(m *gpt.Model) int64 {
+	return int64(c.BlockTokens) * c.bytesPerToken(m)
+}
+
+// Request is one generation request.
+type Request struct {
+	// Prompt is the token ids to continue; not empty.
+	Prompt []int32
+	// MaxTokens is the most new tokens to generate (Megatron's
+	// tokens_to_generate); 0 is allowed only with PromptLogprobs (scoring).
+	MaxTokens int
+	// Sampling is the per-request sampling (Megatron's rules).
+	Sampling Sampling
+	// StopTokens end generation when sampled (reason "stop"; the token is
+	// reported but has no text). Usually the tokenizer's end of document.
+	StopTokens []int
+	// Stop strings end generation before their first occurrence in the
+	// generated text, which excludes them. Needs EngineConfig.Decoder.
+	Stop []string
+	// Logprobs reports each sampled token's log-probability (log-softmax of
+	// the raw logits over the vocabulary, before temperature).
+	Logprobs bool
+	// TopLogprobs also reports this many most likely tokens per step.
+	TopLogprobs int
+	// PromptLogprobs reports the log-probability of every prompt token
+	// after the first, given those before it (Megatron's logprobs). Such a
+	// request does not reuse cached prefix blocks.
+	PromptLogprobs bool
+}
+
+// SeqID identifies a request inside an Engine.
+type SeqID int64
+
+// FinishReason says why a sequence ended.
+type FinishReason string
+
+// Finish reasons (OpenAI's names).
+const (
+	FinishStop   FinishReason = "stop"   // a stop token or stop string
+	FinishLength FinishReason = "length" // MaxTokens reached
+	FinishAbort  FinishReason = "abort"  // cancelled, or the engine closed
+)
+
+// TokenLogprob is a token with its log-probability.
+type TokenLogprob struct {
+	Token   int
+	Logprob float32
+}
+
+// Event is one step's news of one sequence: a sampled token, or the end.
+type Event struct {
+	Seq SeqID
+	// Token is the sampled id, or -1 when the event only finishes.
+	Token int
+	// Text is the new text (with a Decoder): what Token completes, less any
+	// part held back because it may begin a stop string. It may be empty.
+	Text string
+	// Logprob and TopLogprobs are set when the request asked for them.
+	Logprob     float32
+	TopLogprobs []TokenLogprob
+	// PromptLogprobs is set on a sequence's first event when the request
+	// asked for it: entry i is the log-probability of prompt token i+1.
+	PromptLogprobs []float32
+	// Finish is non-empty on a sequence's last event.
+	Finish FinishReason
+	// PromptTokens and CompletionTokens count the sequence's tokens so far.
+	PromptTokens, CompletionTokens int
+}
+
+// ErrContextLength is wrapped by Add's error when a request cannot fit the
+// model's positions or the KV pool.
+var ErrContextLength = errors.New("infer: request exceeds the context")
+
+// ErrBadRequest is wrapped by Add's other errors on a malformed request.
+var ErrBadRequest = errors.New("infer: bad request")
+
+// Stats is a snapshot of an engine's state and counters.
+type Stats struct {
+	Waiting, Running     int   // sequences
+	KVBlocksUsed         int   // blocks held by sequences
+	KVBlocksCached       int   // free blocks still indexed for prefix reuse
+	KVBlocksTotal        int   // the pool
+	BlockTokens          int   // positions per block
+	Steps                int64 // forward steps run
+	Preemptions          int64 // sequences preempted (recomputed later)
+	PromptTokens         int64 // prompt tokens admitted
+	PrefixCacheHitTokens int64 // of which found in the prefix cache
+	GeneratedTokens      int64 // tokens sampled
+	BatchedTokens        int64 // tokens run through the model
+}
+
+// Engine is the synchronous, deterministic core of continuous batching
+// (raft's RawNode split; Runner is the goroutine wrapper): Add queues
+// requests, each Step schedules one batch — every running sequence's next
+// token plus prefill chunks of waiting ones, within MaxNumBatchedTokens —
+// runs one forward over it through the paged KV cache and returns the
+// events. The same calls give the same events. Not safe for concurrent use.
+type Engine struct {
+	m      *gpt.Model
+	cfg    EngineConfig
+	pool   *kvPool
+	att    *pagedAttention
+	maxPos int
+
+	nextID  SeqID
+	waiting []*sequence // by arrival (id)
+	running []*sequence // by arrival (id)
+	byID    map[SeqID]*sequence
+	stats   Stats
+
+	// step scratch
+	plan      []scheduled
+	tokens    []int32
+	positions []int32
+	spans     []span
+	rows      []int
+	events    []Event
+}
+
+// scheduled is one sequence's share of a step: n tokens from its computed
+// position, and where its logits rows start (-1: none).
+type scheduled struct {
+	s       *sequence
+	n       int
+	logits0 int
+	nLogits int
+}
+
+// NewEngine allocates the KV pool for m and returns an idle engine.
+func NewEngine(m *gpt.Model, cfg EngineConfig) (*Engine, error) {
+	if err := cfg.validate(m); err != nil {
+		return nil, err
+	}
+	mc := &m.Config
+	blocks := int(cfg.KVCacheBytes / cfg.blockBytes(m))
+	e := &Engine{m: m, cfg: cfg, maxPos: mc.MaxPositionEmbeddings, byID: map[SeqID]*sequence{}}
+	e.pool = newKVPool(mc.NumLayers, mc.NumQueryGroups*mc.KVChannels, cfg.BlockTokens, blocks)
+	e.att = newPagedAttention(e.pool, mc.NumAttentionHeads, mc.NumQueryGroups, mc.KVChannels)
+	return e, nil
+}
+
+// Config returns the engine's configuration with defaults filled in.
+func (e *Engine) Config() EngineConfig { return e.cfg }
+
+// MaxTokens is the most tokens (prompt and generated) one sequence can hold.
+func (e *Engine) MaxTokens() int {
+	return min(e.maxPos, e.pool.numBlocks*e.pool.blockTokens)
+}
+
+// Add validates r and queues it; the returned id names its events.
+func (e *Engine) Add(r Request) (SeqID, error) {
+	if err := e.check(&r); err != nil {
+		return 0, err
+	}
+	s, err := newSequence(e.nextID, r, e.cfg.Decoder)
+	if err != nil {
+		return 0, err
+	}
+	e.nextID++
+	e.waiting = append(e.waiting, s)
+	e.byID[s.id] = s
+	return s.id, nil
+}
+
+func (e *Engine) check(r *Request) error {
+	bad := func(format string, args ...any) error {
+		return fmt.Errorf("%w: "+format, append([]any{ErrBadRequest}, args...)...)
+	}
+	switch {
+	case len(r.Prompt) == 0:
+		return bad("empty prompt")
+	case r.MaxTokens < 0:
+		return bad("max tokens %d: want >= 0", r.MaxTokens)
+	case r.MaxTokens == 0 && !r.PromptLogprobs:
+		return bad("max tokens 0: want >= 1 (0 only to score the prompt's log-probabilities)")
+	case r.TopLogprobs < 0:
+		return bad("top logprobs %d: want >= 0", r.TopLogprobs)
+	case len(r.Stop) > 0 && e.cfg.Decoder == nil:
+		return bad("stop strings need a tokenizer")
+	}
+	for _, st := range r.Stop {
+		if st == "" {
+			return bad("empty stop string")
+		}
+	}
+	for i, t := range r.Prompt {
+		if t < 0 || int(t) >= e.cfg.VocabSize {
+			return bad("prompt token %d at %d outside the vocabulary of %d", t, i, e.cfg.VocabSize)
+		}
+	}
+	if err := r.Sampling.Validate(); err != nil {
+		return fmt.Errorf("%w: %w", ErrBadRequest, err)
+	}
+	if need, have := len(r.Prompt)+r.MaxTokens, e.MaxTokens(); need > have {
+		what := fmt.Sprintf("the model's %d positions", e.maxPos)
+		if have < e.maxPos {
+			what = fmt.Sprintf("the KV cache's %d positions (--kv-cache-bytes)", have)
+		}
+		return fmt.Errorf("%w: %d prompt tokens + %d new tokens exceed %s", ErrContextLength, len(r.Prompt), r.MaxTokens, what)
+	}
+	return nil
+}
+
+// Cancel ends the sequence id, freeing its blocks; it reports whether the
+// sequence was still queued or running. No event follows.
+func (e *Engine) Cancel(id SeqID) bool {
+	s, ok := e.byID[id]
+	if !ok {
+		return false
+	}
+	e.finish(s)
+	return true
+}
+
+// HasWork reports whether a Step would run anything.
+func (e *Engine) HasWork() bool { return len(e.waiting)+len(e.running) > 0 }
+
+// Stats returns the current counters.
+func (e *Engine) Stats() Stats {
+	st := e.stats
+	st.Waiting, st.Running = len(e.waiting), len(e.running)
+	st.KVBlocksUsed, st.KVBlocksCached, st.KVBlocksTotal = e.pool.Used(), e.pool.cachedCount(), e.pool.numBlocks
+	st.BlockTokens = e.pool.blockTokens
+	return st
+}
+
+// Step runs one batched forward over the scheduled sequences and returns
+// their events (valid until the next Step). With nothing to run it returns
+// no events. An error means the model failed: the step's sequences are
+// aborted (their events say so) and the engine stays usable.
+func (e *Engine) Step() ([]Event, error) {
+	e.events = e.events[:0]
+	e.schedule()
+	if len(e.plan) == 0 {
+		return e.events, nil
+	}
+	e.tokens, e.positions, e.spans, e.rows = e.tokens[:0], e.positions[:0], e.spans[:0], e.rows[:0]
+	for i := range e.plan {
+		p := &e.plan[i]
+		s := p.s
+		e.spans = append(e.spans, span{row: len(e.tokens), n: p.n, pos: s.computed, table: s.table})
+		e.tokens = append(e.tokens, s.tokens[s.computed:s.computed+p.n]...)
+		for j := range p.n {
+			e.positions = append(e.positions, int32(s.computed+j))
+		}
+		p.logits0, p.nLogits = len(e.rows), 0
+		if s.wantsPromptLogprobs() {
+			for j := range p.n {
+				e.rows = append(e.rows, e.spans[i].row+j)
+			}
+			p.nLogits = p.n
+		} else if s.computed+p.n == len(s.tokens) {
+			e.rows = append(e.rows, e.spans[i].row+p.n-1)
+			p.nLogits = 1
+		}
+	}
+	e.att.reset(e.spans)
+	var logits []float32
+	var err error
+	if len(e.rows) > 0 {
+		logits, err = e.m.DecodeBatch(e.tokens, e.positions, e.att, e.rows)
+	} else {
+		// Every sequence is mid-prefill: the forward still fills the
+		// cache; ask for one row's logits and ignore them.
+		logits, err = e.m.DecodeBatch(e.tokens, e.positions, e.att, []int{len(e.tokens) - 1})
+	}
+	e.stats.Steps++
+	e.stats.BatchedTokens += int64(len(e.tokens))
+	if err != nil {
+		for _, p := range e.plan {
+			e.emit(p.s, Event{Token: -1, Finish: FinishAbort})
+			e.finish(p.s)
+		}
+		return e.events, fmt.Errorf("infer: step: %w", err)
+	}
+	V := e.m.Config.VocabSize
+	for _, p := range e.plan {
+		s := p.s
+		pos0 := s.computed
+		s.computed += p.n
+		e.registerBlocks(s)
+		if s.wantsPromptLogprobs() {
+			s.addPromptLogprobs(pos0, logits[p.logits0*V:(p.logits0+p.nLogits)*V], V, e.cfg.VocabSize)
+		}
+		if s.computed < len(s.tokens) {
+			continue // mid-prefill
+		}
+		if s.generated == s.req.MaxTokens { // scoring only
+			e.emit(s, Event{Token: -1, Finish: FinishLength})
+			e.finish(s)
+			continue
+		}
+		row := logits[(p.logits0+p.nLogits-1)*V : (p.logits0+p.nLogits)*V][:e.cfg.VocabSize]
+		ev := s.sample(row)
+		e.stats.GeneratedTokens++
+		e.emit(s, ev)
+		if ev.Finish != "" {
+			e.finish(s)
+		}
+	}
+	return e.events, nil
+}
+
+// emit appends ev for s, filling the sequence fields.
+func (e *Engine) emit(s *sequence, ev Event) {
+	ev.Seq = s.id
+	ev.PromptTokens, ev.CompletionTokens = s.nPrompt, s.generated
+	if !s.emitted {
+		s.emitted = true
+		ev.PromptLogprobs = s.promptLP
+	}
+	e.events = append(e.events, ev)
+}
+
+// schedule fills e.plan: running sequences first, oldest first (a decode
+// token each, or their next prefill chunk), preempting the youngest when the
+// pool runs out; then, if nothing was preempted, waiting sequences in
+// arrival order while the token budget, MaxNumSeqs and the pool allow.
+func (e *Engine) schedule() {
+	e.plan = e.plan[:0]
+	budget := e.cfg.MaxNumBatchedTokens
+	preempted := false
+	for i := 0; i < len(e.running) && budget > 0; i++ {
+		s := e.running[i]
+		n := s.chunk(budget)
+		for !e.grow(s, s.computed+n) {
+			v := e.running[len(e.running)-1] // the youngest; may be s
+			e.preempt(v)
+			preempted = true
+			if v == s {
+				n = 0
+				break
+			}
+		}
+		if n == 0 {
+			break
+		}
+		e.plan = append(e.plan, scheduled{s: s, n: n})
+		budget -= n
+	}
+	if preempted {
+		return
+	}
+	for len(e.waiting) > 0 && budget > 0 && len(e.running) < e.cfg.MaxNumSeqs {
+		s := e.waiting[0]
+		e.matchPrefix(s)
+		n := s.chunk(budget)
+		if !e.grow(s, s.computed+n) {
+			e.releaseBlocks(s)
+			break
+		}
+		if !s.admitted { // first admission (not a recompute)
+			s.admitted = true
+			e.stats.PromptTokens += int64(s.nPrompt)
+			e.stats.PrefixCacheHitTokens += int64(s.computed)
+		}
+		e.waiting = e.waiting[1:]
+		e.running = append(e.running, s)
+		e.plan = append(e.plan, scheduled{s: s, n: n})
+		budget -= n
+	}
+}
+
+// grow gives s blocks for positions [0, upto), all or none.
+func (e *Engine) grow(s *sequence, upto int) bool {
+	need := (upto+e.pool.blockTokens-1)/e.pool.blockTokens - len(s.table)
+	if need <= 0 {
+		return true
+	}
+	if need > e.pool.Available() {
+		return false
+	}
+	for range need {
+		id, _ := e.pool.alloc()
+		s.table = append(s.table, id)
+	}
+	return true
+}
+
+// preempt returns the running sequence s to the waiting queue, freeing its
+// blocks: it will be recomputed from its tokens (prompt and generated so
+// far), its sampler state kept, so its output does not change.
+func (e *Engine) preempt(s *sequence) {
+	e.releaseBlocks(s)
+	e.running = remove(e.running, s)
+	i := sort.Search(len(e.waiting), func(i int) bool { return e.waiting[i].id > s.id })
+	e.waiting = append(e.waiting, nil)
+	copy(e.waiting[i+1:], e.waiting[i:])
+	e.waiting[i] = s
+	e.stats.Preemptions++
+}
+
+// finish removes s from the engine and frees its blocks.
+func (e *Engine) finish(s *sequence) {
+	e.releaseBlocks(s)
+	e.running = remove(e.running, s)
+	e.waiting = remove(e.waiting, s)
+	delete(e.byID, s.id)
+}
+
+func (e *Engine) releaseBlocks(s *sequence) {
+	for _, id := range s.table {
+		e.pool.release(id)
+	}
+	s.table, s.keys, s.computed = s.table[:0], s.keys[:0], 0
+}
+
+// matchPrefix points s's first blocks at cached blocks holding the same
+// tokens (full blocks only, and never the last token, whose logits the
+// step needs).
+func (e *Engine) matchPrefix(s *sequence) {
+	if e.cfg.DisablePrefixCaching || s.wantsPromptLogprobs() {
+		return
+	}
+	bt := e.pool.blockTokens
+	var parent uint64
+	for b := 0; (b+1)*bt <= len(s.tokens)-1; b++ {
+		id, ok := e.pool.lookup(parent, s.tokens[b*bt:(b+1)*bt])
+		if !ok {
+			break
+		}
+		e.pool.acquire(id)
+		s.table = append(s.table, id)
+		parent = blockKey(parent, s.tokens[b*bt:(b+1)*bt])
+		s.keys = append(s.keys, parent)
+	}
+	s.computed = len(s.table) * bt
+}
+
+// registerBlocks indexes s's newly filled full blocks for prefix reuse.
+func (e *Engine) registerBlocks(s *sequence) {
+	if e.cfg.DisablePrefixCaching {
+		return
+	}
+	bt := e.pool.blockTokens
+	for b := len(s.keys); (b+1)*bt <= s.computed; b++ {
+		var parent uint64
+		if b > 0 {
+			parent = s.keys[b-1]
+		}
+		s.keys = append(s.keys, e.pool.register(s.table[b], parent, s.tokens[b*bt:(b+1)*bt]))
+	}
+}
+
+func remove(list []*sequence, s *sequence) []*sequence {
+	for i, x := range list {
+		if x == s {
+			return append(list[:i], list[i+1:]...)
+		}
+	}
+	return list
+}

@@ -1,0 +1,98 @@
+package gpt
+
+import (
+	"fmt"
+
+	"github.com/gotron/gotron/tensor"
+)
+
+// Attender is the seam between the model and a key/value cache layout for
+// DecodeBatch (infer's paged cache implements it): it keeps each layer's keys
+// and values and computes the attention of new queries over the positions
+// their sequences have cached.
+type Attender interface {
+	// Attend is called once per layer, in layer order, with the new
+	// tokens' queries q (n, heads, head dim) and keys and values k, v
+	// (n, query groups, head dim), RoPE already applied. It stores k and v
+	// and writes into out (n, heads, head dim), which is zeroed, the causal
+	// attention of each query over its own sequence's positions up to and
+	// including its own.
+	Attend(layer int, q, k, v, out []float32)
+}
+
+// DecodeBatch runs tokens without gradients: the next positions of several
+// cached sequences, flattened sequence after sequence, token i at position
+// positions[i] of its sequence. Attention goes through att; every other op
+// works on each token alone, so one call serves any mix of prefill chunks
+// and single decode tokens (continuous batching). It returns the logits
+// (len(rows), V) of the tokens whose indices rows lists, in that order.
+//
+// For one sequence (att attending to it alone) the arithmetic is Decode's,
+// op for op.
+func (m *Model) DecodeBatch(tokens, positions []int32, att Attender, rows []int) ([]float32, error) {
+	c := &m.Config
+	n := len(tokens)
+	switch {
+	case n == 0:
+		return nil, fmt.Errorf("gpt: decode of no tokens")
+	case len(positions) != n:
+		return nil, fmt.Errorf("gpt: %d positions for %d tokens", len(positions), n)
+	case len(rows) == 0:
+		return nil, fmt.Errorf("gpt: decode asks for no logits")
+	}
+	for i, t := range tokens {
+		if t < 0 || int(t) >= c.VocabSize {
+			return nil, fmt.Errorf("gpt: token id %d outside the vocabulary of %d", t, c.VocabSize)
+		}
+		if p := positions[i]; p < 0 || (m.PosEmb != nil || m.rope != nil) && int(p) >= c.MaxPositionEmbeddings {
+			return nil, fmt.Errorf("gpt: position %d outside the model's %d positions (--max-position-embeddings)", p, c.MaxPositionEmbeddings)
+		}
+	}
+	for _, r := range rows {
+		if r < 0 || r >= n {
+			return nil, fmt.Errorf("gpt: logits of row %d asked of %d tokens", r, n)
+		}
+	}
+	var tp *tensor.Tape // no gradients
+	posT := tensor.FromInt32(append([]int32(nil), positions...), 1, n)
+	x := tp.Embedding(tensor.FromInt32(append([]int32(nil), tokens...), 1, n), m.WordEmb) // (1, n, h)
+	if m.PosEmb != nil {
+		x = tp.Add(x, tp.Embedding(posT, m.PosEmb))
+	}
+	g, r, d := c.NumQueryGroups, c.NumAttentionHeads/c.NumQueryGroups, c.KVChannels
+	for li := range m.Layers {
+		l := &m.Layers[li]
+		h := m.norm(tp, x, l.InputNorm, l.InputNormBias)
+		qkv := tp.Reshape(tp.Linear(h, l.QKV, l.QKVBias), 1, n, g, (r+2)*d)
+		parts := tp.Split(qkv, 3, r*d, d, d)
+		q := tp.Reshape(parts[0], 1, n, g*r, d)
+		k := tp.Reshape(parts[1], 1, n, g, d)
+		v := tp.Contiguous(parts[2]) // (1, n, g, d)
+		if m.rope != nil {
+			q = tp.RoPE(q, m.rope, posT)
+			k = tp.RoPE(k, m.rope, posT)
+		}
+		o := make([]float32, n*g*r*d) // (n, a, d)
+		att.Attend(li, q.Float32s(), k.Float32s(), v.Float32s(), o)
+		a := tp.Linear(tensor.FromFloat32(o, 1, n, g*r*d), l.Proj, l.ProjBias)
+		x = tp.Add(x, a)
+		x = tp.Add(x, m.mlp(tp, l, m.norm(tp, x, l.MLPNorm, l.MLPNormBias)))
+	}
+	var last *tensor.Tensor
+	if len(rows) == 1 {
+		last = tp.Contiguous(tp.Narrow(x, 1, rows[0], 1)) // (1, 1, h)
+	} else {
+		hs := c.HiddenSize
+		xs, sel := x.Float32s(), make([]float32, len(rows)*hs)
+		for i, r := range rows {
+			copy(sel[i*hs:(i+1)*hs], xs[r*hs:(r+1)*hs])
+		}
+		last = tensor.FromFloat32(sel, 1, len(rows), hs)
+	}
+	last = m.norm(tp, last, m.FinalNorm, m.FinalNormB)
+	out := m.OutputLayer
+	if out == nil {
+		out = m.WordEmb
+	}
+	return tp.Linear(last, out, nil).Float32s(), nil // (len(rows), V)
+}
