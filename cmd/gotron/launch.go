@@ -11,9 +11,11 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
+	"github.com/gotron/gotron/comm/inproc"
 	"github.com/gotron/gotron/launch"
 )
 
@@ -85,8 +87,34 @@ func workerEnviron(env *cli, nproc, cpus int) []string {
 
 // inprocWorker runs one rank's gotron subcommand in this process, its
 // environment being env's with the rank's torchrun variables on top.
+//
+// The ranks of one round share an inproc world: a command that communicates
+// (gotron train) finds its world group in cli.world. A rank that fails is
+// killed in that world, so the others' collectives end naming it instead of
+// waiting for their timeout.
 func inprocWorker(env *cli, command []string, lf launchFlags) launch.Worker {
+	var (
+		mu     sync.Mutex // protects worlds
+		worlds = map[int]*inproc.World{}
+	)
+	world := func(e launch.Env) (*inproc.World, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		if w, ok := worlds[e.RestartCount]; ok {
+			return w, nil
+		}
+		w, err := inproc.New(inproc.Config{Size: e.WorldSize, Timeout: inprocTimeout(env)})
+		if err != nil {
+			return nil, err
+		}
+		worlds[e.RestartCount] = w
+		return w, nil
+	}
 	return func(ctx context.Context, e launch.Env, stdout, stderr io.Writer) error {
+		w, err := world(e)
+		if err != nil {
+			return err
+		}
 		vars := map[string]string{}
 		for _, kv := range e.Variables(lf.maxRestarts, lf.runID) {
 			k, v, _ := strings.Cut(kv, "=")
@@ -97,12 +125,22 @@ func inprocWorker(env *cli, command []string, lf launchFlags) launch.Worker {
 				return v
 			}
 			return env.getenv(k)
-		}}
+		}, world: w.Group(e.Rank)}
 		if code := run(ctx, rankEnv, command); code != 0 {
+			w.Kill(e.Rank)
 			return fmt.Errorf("gotron %s exited with status %d", command[0], code)
 		}
 		return nil
 	}
+}
+
+// inprocTimeout is the inproc world's wait bound: GOTRON_COMM_TIMEOUT (a Go
+// duration) or 60 s, so that a hung rank stops the job within a minute.
+func inprocTimeout(env *cli) time.Duration {
+	if d, err := time.ParseDuration(env.getenv("GOTRON_COMM_TIMEOUT")); err == nil && d > 0 {
+		return d
+	}
+	return defaultCommTimeout
 }
 
 // trimmed drops the "launch: " prefix, which "gotron launch: " replaces.

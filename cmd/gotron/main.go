@@ -18,6 +18,8 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
+
+	"github.com/gotron/gotron/comm"
 )
 
 // command is one gotron subcommand.
@@ -34,6 +36,10 @@ type cli struct {
 	stdin  io.Reader
 	// getenv reads the environment; tests replace it.
 	getenv func(string) string
+	// world is this rank's world group when "gotron launch --inproc" runs
+	// the command as one of several goroutine ranks; nil otherwise (a
+	// multi-process job joins over tcp from the launcher's environment).
+	world comm.ProcessGroup
 }
 
 func commands() []command {
@@ -45,6 +51,7 @@ func commands() []command {
 		{"preprocess", "tokenize JSONL into Megatron .bin/.idx files (tools/preprocess_data.py)", cmdPreprocess},
 		{"data", "inspect datasets: 'data samples', 'data inspect'", cmdData},
 		{"parallel", "print Megatron's rank groups for a layout: 'parallel groups'", cmdParallel},
+		{"memory", "Megatron's theoretical memory report for train flags and --world-size", cmdMemory},
 		{"launch", "start N worker processes, torchrun-compatible", cmdLaunch},
 		{"bench", "benchmarks: 'bench gemm', 'bench attention', 'bench comm'", cmdBench},
 	}

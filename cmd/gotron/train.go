@@ -4,15 +4,17 @@ import (
 	"context"
 	"flag"
 	"fmt"
-	"github.com/gotron/gotron/internal/cpu"
+	"io"
 	"os"
 	"runtime/pprof"
 	"time"
 
 	"github.com/gotron/gotron/ckpt/hf"
 	datagpt "github.com/gotron/gotron/data/gpt"
+	"github.com/gotron/gotron/internal/cpu"
 	"github.com/gotron/gotron/model/gpt"
 	"github.com/gotron/gotron/optim"
+	"github.com/gotron/gotron/parallel"
 	"github.com/gotron/gotron/tokenizer"
 	"github.com/gotron/gotron/train"
 )
@@ -28,6 +30,7 @@ type trainFlags struct {
 	divisibleBy        int
 
 	tpSize, ppSize, cpSize int
+	timeoutMins            float64
 
 	cfg            train.Config
 	schedule       optim.SchedulerFlags
@@ -100,6 +103,13 @@ func newTrainFlags() (*flag.FlagSet, *trainFlags) {
 	fs.IntVar(&f.tpSize, "tensor-model-parallel-size", 1, "tensor-parallel size (only 1 in this release)")
 	fs.IntVar(&f.ppSize, "pipeline-model-parallel-size", 1, "pipeline-parallel size (only 1 in this release)")
 	fs.IntVar(&f.cpSize, "context-parallel-size", 1, "context-parallel size (only 1 in this release)")
+	fs.BoolVar(&c.DDP.DistributedOptimizer, "use-distributed-optimizer", false, "shard optimizer state over data-parallel ranks (ZeRO-1): reduce-scatter grads, all-gather params")
+	fs.BoolVar(&c.DDP.OverlapGradReduce, "overlap-grad-reduce", false, "start each gradient bucket's reduction during backward of the last micro-batch")
+	fs.BoolVar(&c.DDP.OverlapParamGather, "overlap-param-gather", false, "with --use-distributed-optimizer: leave parameter all-gathers in flight until the next forward")
+	fs.IntVar(&c.DDP.BucketSize, "ddp-bucket-size", 0, "gradient bucket size in elements (default: max(40M, 1M×DP) with --overlap-grad-reduce, else one bucket)")
+	fs.BoolVar(&c.DDP.AverageInCollective, "ddp-average-in-collective", false, "average gradients in the collective instead of pre-scaling by 1/DP")
+	fs.Bool("accumulate-allreduce-grads-in-fp32", false, "accepted: gradients are accumulated and reduced in float32 already")
+	fs.Float64Var(&f.timeoutMins, "distributed-timeout-minutes", 0, "how long a rank waits for another inside a collective (default 1 minute)")
 
 	fs.IntVar(&c.SeqLength, "seq-length", 0, "tokens per sample")
 	fs.IntVar(&c.MicroBatchSize, "micro-batch-size", 0, "samples per forward/backward")
@@ -157,6 +167,9 @@ func newTrainFlags() (*flag.FlagSet, *trainFlags) {
 	for _, name := range acceptedNoOps {
 		fs.Bool(name, false, "accepted for Megatron compatibility; no effect on CPU")
 	}
+	for name, why := range refusedFlags {
+		fs.Bool(name, false, "refused: "+why)
+	}
 	f.finish = func() {
 		m.NormEpsilon, m.AttentionDropout, m.HiddenDropout = float32(*normEps), float32(*attnDrop), float32(*hidDrop)
 		m.InitMethodStd = float32(*initStd)
@@ -168,8 +181,15 @@ func newTrainFlags() (*flag.FlagSet, *trainFlags) {
 // accepts them so launch scripts port unchanged.
 var acceptedNoOps = []string{"use-flash-attn", "no-masked-softmax-fusion", "no-bias-gelu-fusion", "no-bias-swiglu-fusion",
 	"no-bias-dropout-fusion", "no-gradient-accumulation-fusion", "use-mcore-models", "no-async-tensor-model-parallel-allreduce",
-	"no-persist-layer-norm", "use-distributed-optimizer", "overlap-grad-reduce", "overlap-param-gather", "sequence-parallel",
-	"fp16", "no-rope-fusion", "log-throughput"}
+	"no-persist-layer-norm", "fp16", "no-rope-fusion", "log-throughput"}
+
+// refusedFlags are Megatron flags for features this release does not run
+// yet: accepting them silently would train something else than asked.
+var refusedFlags = map[string]string{
+	"sequence-parallel":        "sequence parallelism needs tensor parallelism, which this release does not run yet",
+	"grad-reduce-in-bf16":      "gradients are reduced in float32 in this release",
+	"calculate-per-token-loss": "this release averages the loss per micro-batch (Megatron's default); per-token loss is not built yet",
+}
 
 func cmdTrain(ctx context.Context, env *cli, args []string) error {
 	fs, f := newTrainFlags()
@@ -191,11 +211,47 @@ func cmdTrain(ctx context.Context, env *cli, args []string) error {
 	if len(given) == 0 || (len(given) == 1 && given["quickstart-dir"]) {
 		return quickstart(ctx, env, f)
 	}
+	for name, why := range refusedFlags {
+		if given[name] {
+			return fmt.Errorf("--%s: %s", name, why)
+		}
+	}
+	if f.tpSize != 1 || f.ppSize != 1 || f.cpSize != 1 {
+		return fmt.Errorf("--tensor-model-parallel-size=%d --pipeline-model-parallel-size=%d --context-parallel-size=%d: "+
+			"this release trains with data parallelism only (launch N ranks with every model-parallel size 1)", f.tpSize, f.ppSize, f.cpSize)
+	}
+	timeout := defaultCommTimeout
+	if f.timeoutMins > 0 {
+		timeout = time.Duration(f.timeoutMins * float64(time.Minute))
+	}
+	world, closeWorld, err := joinWorld(ctx, env, timeout)
+	if err != nil {
+		return err
+	}
+	defer closeWorld()
+	var groups *parallel.Groups
+	if world != nil {
+		if groups, err = parallel.NewGroups(world, parallel.Config{TP: f.tpSize, PP: f.ppSize, CP: f.cpSize}); err != nil {
+			return err
+		}
+		// Rank 0 builds the dataset index caches first; the others then read them.
+		if world.Rank() != 0 {
+			if err := world.Barrier(ctx); err != nil {
+				return fmt.Errorf("wait for rank 0 to open the data: %w", err)
+			}
+		}
+	}
 	cfg, src, err := f.build(ctx, given)
+	if world != nil && world.Rank() == 0 {
+		if berr := world.Barrier(ctx); err == nil && berr != nil {
+			err = fmt.Errorf("data opened; tell the other ranks: %w", berr)
+		}
+	}
 	if err != nil {
 		return err
 	}
 	defer src.close()
+	cfg.Parallel = groups
 	if !f.noProgress && isTerminal(env.stdout) {
 		cfg.Progress = env.stdout
 	}
@@ -211,6 +267,25 @@ func cmdTrain(ctx context.Context, env *cli, args []string) error {
 	tr, err := train.New(cfg, src.train, src.valid)
 	if err != nil {
 		return err
+	}
+	if groups == nil || groups.DP.Rank() == 0 {
+		tp, pp := 0, 0
+		if groups != nil {
+			tp, pp = groups.Coords.TP, groups.Coords.PP
+		}
+		fmt.Fprintf(env.stdout, " > number of parameters on (tensor, pipeline) model parallel rank (%d, %d): %d\n", tp, pp, tr.Model.NumParams())
+	}
+	if groups != nil && groups.World.Rank() == groups.World.Size()-1 {
+		how := "replicated on every data-parallel rank"
+		if cfg.DDP.DistributedOptimizer {
+			how = "this rank's shard (--use-distributed-optimizer)"
+		}
+		fmt.Fprintf(env.stdout, "gotron train: data-parallel size %d; optimizer state per rank: %.2f MB (%s)\n",
+			groups.DPSize(), float64(tr.OptimizerStateBytes())/1e6, how)
+	}
+	logger := groups == nil || groups.World.Rank() == groups.World.Size()-1
+	if !logger {
+		env = &cli{stdout: io.Discard, stderr: env.stderr, stdin: env.stdin, getenv: env.getenv}
 	}
 	fmt.Fprintf(env.stdout, "gotron train: %d parameters, %d layers, hidden %d, vocab %d (padded), %d iterations of %d samples × %d tokens\n",
 		tr.Model.NumParams(), cfg.Model.NumLayers, cfg.Model.HiddenSize, cfg.Model.VocabSize, tr.TrainIters(), max(cfg.GlobalBatchSize, cfg.MicroBatchSize), cfg.SeqLength)
@@ -242,9 +317,6 @@ func (f *trainFlags) build(ctx context.Context, given map[string]bool) (train.Co
 		}
 		overlayModelFlags(&p, &m, given)
 		m = p
-	}
-	if f.tpSize != 1 || f.ppSize != 1 || f.cpSize != 1 {
-		return cfg, nil, fmt.Errorf("--tensor-model-parallel-size=%d --pipeline-model-parallel-size=%d --context-parallel-size=%d: only 1 is supported by gotron train in this release", f.tpSize, f.ppSize, f.cpSize)
 	}
 	if f.gqa && m.NumQueryGroups == 0 {
 		return cfg, nil, fmt.Errorf("--group-query-attention needs --num-query-groups")

@@ -1,0 +1,50 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/gotron/gotron/comm"
+	"github.com/gotron/gotron/comm/tcp"
+	"github.com/gotron/gotron/launch"
+)
+
+// defaultCommTimeout bounds every wait for another rank in gotron train
+// (--distributed-timeout-minutes overrides it): a rank that hangs stops the
+// job within a minute, every survivor naming it.
+const defaultCommTimeout = 60 * time.Second
+
+// joinWorld returns this rank's world group for a distributed run, or nil
+// for a single process: the inproc world "gotron launch --inproc" hands the
+// command, or a tcp world joined from the launcher's environment (gotron
+// launch, torchrun, Kubeflow, Slurm, Open MPI, MPICH). close releases it.
+func joinWorld(ctx context.Context, env *cli, timeout time.Duration) (world comm.ProcessGroup, close func(), err error) {
+	if env.world != nil {
+		return env.world, func() {}, nil
+	}
+	e, err := launch.DetectEnv(env.getenv)
+	if err != nil {
+		return nil, nil, err
+	}
+	if e.WorldSize == 1 {
+		return nil, func() {}, nil
+	}
+	cfg, err := tcp.ConfigFromEnv(func(k string) string {
+		switch k { // the launcher's values, whatever variables carried them
+		case "RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT":
+			return ""
+		}
+		return env.getenv(k)
+	})
+	if err != nil {
+		return nil, nil, err
+	}
+	cfg.Rank, cfg.WorldSize, cfg.MasterAddr, cfg.MasterPort = e.Rank, e.WorldSize, e.MasterAddr, e.MasterPort
+	cfg.Timeout, cfg.JoinTimeout = timeout, max(timeout, 5*time.Minute)
+	g, err := tcp.Join(ctx, cfg)
+	if err != nil {
+		return nil, nil, fmt.Errorf("rank %d of %d (%s environment): join the job at %s:%d: %w", e.Rank, e.WorldSize, e.Source, e.MasterAddr, e.MasterPort, err)
+	}
+	return g, func() { g.Close() }, nil
+}
