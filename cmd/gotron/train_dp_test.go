@@ -1,0 +1,170 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"math"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+// dpTrain is a small data-parallel-divisible run: global batch 8.
+var dpTrain = []string{"train", "--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4",
+	"--seq-length", "16", "--micro-batch-size", "1", "--global-batch-size", "8", "--lr", "1e-3", "--mock-data",
+	"--vocab-size", "100", "--make-vocab-size-divisible-by", "64", "--log-interval", "1", "--eval-interval", "5", "--eval-iters", "1",
+	"--hidden-dropout", "0", "--attention-dropout", "0", "--train-iters", "10"}
+
+func with(base []string, extra ...string) []string { return append(append([]string{}, base...), extra...) }
+
+// metricsLosses reads the lm loss and consumed samples of every line of a
+// --metrics-file.
+func metricsLosses(t *testing.T, path string) (losses []float64, consumed []int64) {
+	t.Helper()
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		var m struct {
+			Loss     float64 `json:"lm_loss"`
+			Consumed int64   `json:"consumed_samples"`
+		}
+		if err := json.Unmarshal(sc.Bytes(), &m); err != nil {
+			t.Fatal(err)
+		}
+		losses, consumed = append(losses, m.Loss), append(consumed, m.Consumed)
+	}
+	return losses, consumed
+}
+
+func sameLosses(t *testing.T, what string, got, want []float64) {
+	t.Helper()
+	if len(got) != len(want) || len(want) == 0 {
+		t.Fatalf("%s: %d logged iterations, single process %d", what, len(got), len(want))
+	}
+	for i := range want {
+		if math.Abs(got[i]-want[i]) > 1e-5*math.Abs(want[i]) {
+			t.Fatalf("%s: iteration %d lm loss %.9g, single process %.9g", what, i+1, got[i], want[i])
+		}
+	}
+}
+
+func freeTCPPort(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return strconv.Itoa(ln.Addr().(*net.TCPAddr).Port)
+}
+
+// TestLaunchInprocTrainDataParallel: "gotron launch --inproc
+// --nproc-per-node 4 -- train ..." logs the single-process losses; the last
+// rank alone logs.
+func TestLaunchInprocTrainDataParallel(t *testing.T) {
+	dir := t.TempDir()
+	ref := filepath.Join(dir, "one.jsonl")
+	if _, errs, code := runCLI(t, with(dpTrain, "--metrics-file", ref)...); code != 0 {
+		t.Fatalf("single process: exit %d: %s", code, errs)
+	}
+	want, _ := metricsLosses(t, ref)
+	for _, extra := range [][]string{nil, {"--use-distributed-optimizer", "--overlap-grad-reduce", "--ddp-bucket-size", "4000"}} {
+		got := filepath.Join(dir, fmt.Sprintf("dp4-%d.jsonl", len(extra)))
+		out, errs, code := runCLI(t, append([]string{"launch", "--inproc", "--nproc-per-node", "4", "--"}, with(dpTrain, append(extra, "--metrics-file", got)...)...)...)
+		if code != 0 {
+			t.Fatalf("launch --inproc 4 %v: exit %d: %s", extra, code, errs)
+		}
+		losses, consumed := metricsLosses(t, got)
+		sameLosses(t, fmt.Sprintf("inproc DP=4 %v", extra), losses, want)
+		if consumed[len(consumed)-1] != 80 {
+			t.Fatalf("consumed %d samples after 10 iterations of 8", consumed[len(consumed)-1])
+		}
+		if n := strings.Count(out, "lm loss:"); n != 10 {
+			t.Fatalf("%d log lines for 10 iterations (only the last rank logs):\n%s", n, out)
+		}
+		if !strings.Contains(out, "[rank3]: [") || strings.Contains(out, "[rank0]: [") {
+			t.Fatalf("the log should come from rank 3 only:\n%s", out)
+		}
+	}
+}
+
+// TestLaunchTrainDataParallelProcesses: two worker processes over tcp
+// (gotron launch) with the distributed optimizer and overlapped reduction
+// log the single-process losses.
+func TestLaunchTrainDataParallelProcesses(t *testing.T) {
+	bin, err := buildGotron()
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	ref := filepath.Join(dir, "one.jsonl")
+	if _, errs, code := runCLI(t, with(dpTrain, "--metrics-file", ref)...); code != 0 {
+		t.Fatalf("single process: exit %d: %s", code, errs)
+	}
+	want, _ := metricsLosses(t, ref)
+	got := filepath.Join(dir, "dp2.jsonl")
+	cmd := exec.Command(bin, append([]string{"launch", "--nproc-per-node", "2", "--master-port", freeTCPPort(t), "--"},
+		with(dpTrain, "--metrics-file", got, "--use-distributed-optimizer", "--overlap-grad-reduce", "--ddp-bucket-size", "4000")...)...)
+	cmd.Env = append(os.Environ(), "GOTRON_NUM_THREADS=1")
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("gotron launch --nproc-per-node 2: %v\n%s", err, out)
+	}
+	losses, _ := metricsLosses(t, got)
+	sameLosses(t, "tcp DP=2", losses, want)
+	if !bytes.Contains(out, []byte("data-parallel size 2")) {
+		t.Fatalf("no data-parallel size in the output:\n%s", out)
+	}
+}
+
+// TestTrainDataParallelBadInput: refused before training, naming what is
+// wrong: a global batch that does not divide by micro-batch × DP, and ranks
+// started with different arguments.
+func TestTrainDataParallelBadInput(t *testing.T) {
+	_, errs, code := runCLI(t, append([]string{"launch", "--inproc", "--nproc-per-node", "3", "--"}, dpTrain...)...)
+	if code == 0 || !strings.Contains(errs, "--global-batch-size=8 is not a multiple of --micro-batch-size=1 × data-parallel size 3") {
+		t.Fatalf("global batch 8 at DP=3: exit %d, stderr %q", code, errs)
+	}
+
+	bin, err := buildGotron()
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := freeTCPPort(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	var outs [2]bytes.Buffer
+	var cmds [2]*exec.Cmd
+	for r := range 2 {
+		args := dpTrain
+		if r == 1 {
+			args = with(dpTrain, "--seed", "7")
+		}
+		cmds[r] = exec.CommandContext(ctx, bin, args...)
+		cmds[r].Env = append(os.Environ(), "RANK="+strconv.Itoa(r), "WORLD_SIZE=2", "MASTER_ADDR=127.0.0.1", "MASTER_PORT="+port)
+		cmds[r].Stdout, cmds[r].Stderr = &outs[r], &outs[r]
+		if err := cmds[r].Start(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for r := range 2 {
+		if err := cmds[r].Wait(); err == nil {
+			t.Fatalf("rank %d with different arguments exited 0:\n%s", r, outs[r].String())
+		}
+		if !strings.Contains(outs[r].String(), "rank(s) [1] were started with different arguments from rank 0") {
+			t.Fatalf("rank %d: want an error naming rank 1:\n%s", r, outs[r].String())
+		}
+	}
+}
