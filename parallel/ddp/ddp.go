@@ -53,7 +53,7 @@ type DDP struct {
 	next     int           // first bucket not yet issued
 	armed    bool          // this backward is the last micro-batch's
 	ctx      context.Context
-	err      error // first failure to issue a reduction
+	early    int // buckets the hook issued during the last backward
 
 	// Distributed optimizer.
 	gradShard  [][]float32 // per bucket: this rank's reduced gradient shard
@@ -155,13 +155,14 @@ func (d *DDP) Hook(ready []*tensor.Tensor) {
 	for d.next < len(d.waiting) && d.waiting[d.next] <= 0 {
 		d.issue(d.next)
 		d.next++
+		d.early++
 	}
 }
 
 // StartLastMicrobatch arms the hook for the backward that completes the
 // gradients of this step. ctx governs the reductions it starts.
 func (d *DDP) StartLastMicrobatch(ctx context.Context) {
-	d.armed, d.ctx, d.next, d.err = true, ctx, 0, nil
+	d.armed, d.ctx, d.next, d.early = true, ctx, 0, 0
 	for b, bk := range d.Layout.Buckets {
 		d.waiting[b] = len(bk.Params)
 		d.handles[b] = nil
@@ -214,6 +215,11 @@ func (d *DDP) Finish(ctx context.Context) error {
 	}
 	return first
 }
+
+// EarlyBuckets is the number of buckets whose reduction the last step
+// issued during backward, before Finish: the reductions that overlapped
+// with computation.
+func (d *DDP) EarlyBuckets() int { return d.early }
 
 // ZeroGrad clears the flat gradient buffer (padding included).
 func (d *DDP) ZeroGrad() { clear(d.grad) }
