@@ -290,4 +290,3 @@ func TestDataParallelResume(t *testing.T) {
 		}
 	}
 }
-

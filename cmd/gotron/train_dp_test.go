@@ -23,7 +23,9 @@ var dpTrain = []string{"train", "--num-layers", "2", "--hidden-size", "32", "--n
 	"--vocab-size", "100", "--make-vocab-size-divisible-by", "64", "--log-interval", "1", "--eval-interval", "5", "--eval-iters", "1",
 	"--hidden-dropout", "0", "--attention-dropout", "0", "--train-iters", "10"}
 
-func with(base []string, extra ...string) []string { return append(append([]string{}, base...), extra...) }
+func with(base []string, extra ...string) []string {
+	return append(append([]string{}, base...), extra...)
+}
 
 // metricsLosses reads the lm loss and consumed samples of every line of a
 // --metrics-file.
