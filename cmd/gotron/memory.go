@@ -1,0 +1,227 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"strconv"
+	"strings"
+
+	"github.com/gotron/gotron/model/gpt"
+	"github.com/gotron/gotron/tokenizer"
+	"github.com/gotron/gotron/train"
+)
+
+const memorySynopsis = "memory [train flags] --world-size N   (Megatron's theoretical memory report; nothing is allocated)"
+
+// memoryFlags are the flags gotron memory adds to gotron train's. Each is
+// read back by name, so it works whether gotron train defines it too or not.
+var memoryFlags = []struct{ name, kind, usage string }{
+	{"world-size", "int", "number of ranks the layout runs on (required)"},
+	{"recompute-activations", "bool", "selective recompute of the attention core (= --recompute-granularity selective)"},
+	{"recompute-granularity", "string", "activation recompute: full or selective"},
+	{"num-layers-per-virtual-pipeline-stage", "int", "layers per virtual pipeline stage (interleaved schedule)"},
+	{"num-virtual-stages-per-pipeline-rank", "int", "virtual pipeline stages per pipeline rank (interleaved schedule)"},
+	{"sequence-parallel", "bool", "sequence parallelism (ignored at tensor-parallel size 1, as Megatron)"},
+	{"use-distributed-optimizer", "bool", "shard optimizer state over data-parallel ranks"},
+}
+
+// cmdMemory prints Megatron's theoretical memory report
+// (report_theoretical_memory) for the model and layout that gotron train's
+// flags describe. It builds no model and reads no data.
+func cmdMemory(_ context.Context, env *cli, args []string) error {
+	fs, f := newTrainFlags()
+	for _, m := range memoryFlags {
+		if fs.Lookup(m.name) != nil {
+			continue
+		}
+		switch m.kind {
+		case "bool":
+			fs.Bool(m.name, false, m.usage)
+		case "int":
+			fs.Int(m.name, 0, m.usage)
+		default:
+			fs.String(m.name, "", m.usage)
+		}
+	}
+	if err := parseFlags(fs, args, env.stdout, memorySynopsis); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("unexpected argument %q (flags start with --)", fs.Arg(0))
+	}
+	f.finish()
+	given := map[string]bool{}
+	fs.Visit(func(fl *flag.Flag) { given[fl.Name] = true })
+	cfg, err := memoryConfig(fs, f, given)
+	if err != nil {
+		return err
+	}
+	if f.swiglu && !given["ffn-hidden-size"] && f.preset == "" {
+		h := cfg.Model.HiddenSize
+		fmt.Fprintf(env.stderr, "gotron memory: --swiglu without --ffn-hidden-size: gotron's model uses 4×hidden = %d; Megatron's would use %d\n",
+			4*h, (4*h*2/3)/64*64)
+	}
+	r, err := train.TheoreticalMemory(cfg)
+	if err != nil {
+		return errors.New(strings.TrimPrefix(err.Error(), "train: memory: "))
+	}
+	micro := "microbatches unknown (no --global-batch-size)"
+	if cfg.NumMicrobatches > 0 {
+		micro = fmt.Sprintf("%d microbatches", cfg.NumMicrobatches)
+	}
+	fmt.Fprintf(env.stdout, "gotron memory: %d layers, hidden %d, padded vocab %d, seq %d × micro batch %d on %d ranks: TP %d, PP %d, CP %d, DP %d; %s\n",
+		cfg.Model.NumLayers, cfg.Model.HiddenSize, cfg.Model.VocabSize, cfg.SeqLength, cfg.MicroBatchSize,
+		cfg.WorldSize, cfg.TensorParallel, cfg.PipelineParallel, cfg.ContextParallel, cfg.DataParallel(), micro)
+	_, err = r.WriteTo(env.stdout)
+	return err
+}
+
+// memoryConfig turns the parsed flags into the report's input: the model as
+// gotron train builds it (preset, flags, padded vocabulary) and the layout.
+func memoryConfig(fs *flag.FlagSet, f *trainFlags, given map[string]bool) (train.MemoryConfig, error) {
+	var c train.MemoryConfig
+	m := f.model
+	if f.preset != "" {
+		p, err := gpt.Preset(f.preset)
+		if err != nil {
+			return c, fmt.Errorf("--model: %w", err)
+		}
+		overlayModelFlags(&p, &m, given)
+		m = p
+	}
+	switch {
+	case f.gqa && m.NumQueryGroups == 0:
+		return c, fmt.Errorf("--group-query-attention needs --num-query-groups")
+	case !f.gqa && given["num-query-groups"]:
+		return c, fmt.Errorf("--num-query-groups needs --group-query-attention")
+	case f.swiglu && f.openaiGELU:
+		return c, fmt.Errorf("--swiglu and --openai-gelu exclude each other")
+	case f.swiglu:
+		m.Activation = "swiglu"
+	case f.openaiGELU:
+		m.Activation = "gelu_tanh"
+	}
+	world, err := intFlag(fs, "world-size")
+	if err != nil {
+		return c, err
+	}
+	if !given["world-size"] {
+		return c, fmt.Errorf("--world-size is required: the number of ranks the layout runs on")
+	}
+	if f.cfg.SeqLength <= 0 {
+		return c, fmt.Errorf("--seq-length is required (got %d)", f.cfg.SeqLength)
+	}
+	if f.cfg.MicroBatchSize <= 0 {
+		return c, fmt.Errorf("--micro-batch-size is required (got %d)", f.cfg.MicroBatchSize)
+	}
+	vocab, err := memoryVocab(&f.data.tok)
+	if err != nil {
+		return c, err
+	}
+	if f.divisibleBy <= 0 || f.tpSize <= 0 {
+		return c, fmt.Errorf("--make-vocab-size-divisible-by=%d --tensor-model-parallel-size=%d: want positive sizes", f.divisibleBy, f.tpSize)
+	}
+	m.VocabSize = tokenizer.PaddedVocabSize(vocab, f.divisibleBy*f.tpSize, 1)
+	c = train.MemoryConfig{Model: m, SeqLength: f.cfg.SeqLength, MicroBatchSize: f.cfg.MicroBatchSize, WorldSize: world,
+		TensorParallel: f.tpSize, PipelineParallel: f.ppSize, ContextParallel: f.cpSize}
+	if c.SequenceParallel, err = boolFlag(fs, "sequence-parallel"); err != nil {
+		return c, err
+	}
+	if c.DistributedOptimizer, err = boolFlag(fs, "use-distributed-optimizer"); err != nil {
+		return c, err
+	}
+	c.RecomputeGranularity = fs.Lookup("recompute-granularity").Value.String()
+	if sel, err := boolFlag(fs, "recompute-activations"); err != nil {
+		return c, err
+	} else if sel {
+		c.RecomputeGranularity = train.RecomputeSelective // as Megatron's arguments.py
+	}
+	if c.VirtualPipeline, err = virtualPipelineSize(fs, m.NumLayers, f.ppSize); err != nil {
+		return c, err
+	}
+	if err := c.Validate(); err != nil {
+		return c, errors.New(strings.TrimPrefix(err.Error(), "train: memory: "))
+	}
+	if gbs := f.cfg.GlobalBatchSize; gbs > 0 {
+		per := c.MicroBatchSize * c.DataParallel()
+		if gbs%per != 0 {
+			return c, fmt.Errorf("--global-batch-size=%d is not divisible by --micro-batch-size × data-parallel size = %d×%d",
+				gbs, c.MicroBatchSize, c.DataParallel())
+		}
+		c.NumMicrobatches = gbs / per
+	}
+	return c, nil
+}
+
+// memoryVocab is the unpadded vocabulary: the tokenizer's, else
+// --vocab-size, else GPT-2's 50257 (as gotron train --mock-data).
+func memoryVocab(t *tokenizer.Config) (int, error) {
+	switch {
+	case t.Type != "":
+		tok, err := tokenizer.New(*t)
+		if err != nil {
+			return 0, err
+		}
+		return tok.VocabSize(), nil
+	case t.VocabSize > 0:
+		return t.VocabSize, nil
+	case t.VocabSize < 0:
+		return 0, fmt.Errorf("--vocab-size=%d: want > 0", t.VocabSize)
+	}
+	return 50257, nil
+}
+
+// virtualPipelineSize is Megatron's virtual_pipeline_model_parallel_size from
+// --num-layers-per-virtual-pipeline-stage or
+// --num-virtual-stages-per-pipeline-rank (at most one); 0 means none.
+func virtualPipelineSize(fs *flag.FlagSet, numLayers, pp int) (int, error) {
+	perStage, err := intFlag(fs, "num-layers-per-virtual-pipeline-stage")
+	if err != nil {
+		return 0, err
+	}
+	stages, err := intFlag(fs, "num-virtual-stages-per-pipeline-rank")
+	if err != nil {
+		return 0, err
+	}
+	switch {
+	case perStage < 0 || stages < 0:
+		return 0, fmt.Errorf("--num-layers-per-virtual-pipeline-stage=%d --num-virtual-stages-per-pipeline-rank=%d: want positive values", perStage, stages)
+	case perStage > 0 && stages > 0:
+		return 0, fmt.Errorf("--num-layers-per-virtual-pipeline-stage and --num-virtual-stages-per-pipeline-rank exclude each other")
+	case stages > 0:
+		return stages, nil
+	case perStage == 0:
+		return 0, nil
+	case pp <= 0 || numLayers%pp != 0:
+		return 0, fmt.Errorf("--num-layers=%d is not divisible by --pipeline-model-parallel-size=%d", numLayers, pp)
+	case (numLayers/pp)%perStage != 0:
+		return 0, fmt.Errorf("--num-layers-per-virtual-pipeline-stage=%d does not divide the %d layers of a pipeline stage (--num-layers=%d / --pipeline-model-parallel-size=%d)",
+			perStage, numLayers/pp, numLayers, pp)
+	}
+	return numLayers / pp / perStage, nil
+}
+
+// intFlag reads an integer flag by name, whoever defined it.
+func intFlag(fs *flag.FlagSet, name string) (int, error) {
+	s := fs.Lookup(name).Value.String()
+	if s == "" {
+		return 0, nil
+	}
+	v, err := strconv.Atoi(s)
+	if err != nil {
+		return 0, fmt.Errorf("--%s=%q: want an integer", name, s)
+	}
+	return v, nil
+}
+
+// boolFlag reads a boolean flag by name, whoever defined it.
+func boolFlag(fs *flag.FlagSet, name string) (bool, error) {
+	s := fs.Lookup(name).Value.String()
+	v, err := strconv.ParseBool(s)
+	if err != nil {
+		return false, fmt.Errorf("--%s=%q: want true or false", name, s)
+	}
+	return v, nil
+}
