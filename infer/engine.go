@@ -229,7 +229,7 @@ func (e *Engine) MaxTokens() int {
 
 // Add validates r and queues it; the returned id names its events.
 func (e *Engine) Add(r Request) (SeqID, error) {
-	if err := e.check(&r); err != nil {
+	if err := e.Validate(r); err != nil {
 		return 0, err
 	}
 	s, err := newSequence(e.nextID, r, e.cfg.Decoder)
@@ -242,7 +242,11 @@ func (e *Engine) Add(r Request) (SeqID, error) {
 	return s.id, nil
 }
 
-func (e *Engine) check(r *Request) error {
+// Validate reports whether Add would accept r: wrapping ErrBadRequest for a
+// malformed request, ErrContextLength for one too long for the model or the
+// KV pool. It reads only the engine's fixed configuration, so it is safe to
+// call from any goroutine while another runs the engine.
+func (e *Engine) Validate(r Request) error {
 	bad := func(format string, args ...any) error {
 		return fmt.Errorf("%w: "+format, append([]any{ErrBadRequest}, args...)...)
 	}

@@ -1,0 +1,137 @@
+package infer
+
+import (
+	"context"
+	"errors"
+	"io"
+	"runtime"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+)
+
+// collect reads a stream to its end.
+func collect(ctx context.Context, s *Stream) ([]int, FinishReason, error) {
+	var toks []int
+	for {
+		ev, err := s.Next(ctx)
+		if err == io.EOF {
+			return toks, "", errors.New("stream ended without a final event")
+		}
+		if err != nil {
+			return toks, "", err
+		}
+		if ev.Token >= 0 {
+			toks = append(toks, ev.Token)
+		}
+		if ev.Finish != "" {
+			switch _, err := s.Next(ctx); {
+			case err == io.EOF:
+				return toks, ev.Finish, nil
+			case errors.Is(err, ErrClosed) && ev.Finish == FinishAbort:
+				return toks, ev.Finish, err
+			}
+			return toks, ev.Finish, errors.New("events after the final one")
+		}
+	}
+}
+
+// waitGoroutines waits (bounded) for the goroutine count to fall to n.
+func waitGoroutines(t *testing.T, n int) {
+	t.Helper()
+	for i := 0; runtime.NumGoroutine() > n; i++ {
+		if i == 200 {
+			t.Fatalf("%d goroutines, want %d", runtime.NumGoroutine(), n)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// TestRunnerConcurrent: concurrent submitters each get their alone-output;
+// cancelled requests free their blocks; stopping the runner ends what is
+// left with ErrClosed; no goroutine outlives it.
+func TestRunnerConcurrent(t *testing.T) {
+	m := testModel(t, "llama")
+	generateAlone(t, m, testPrompt(40, 1, 64), 2, Sampling{TopK: 1}) // starts the kernels' workers
+	base := runtime.NumGoroutine()
+	e := mustEngine(t, m, EngineConfig{BlockTokens: 4, MaxNumBatchedTokens: 32})
+	r := NewRunner(e)
+	ctx, stop := context.WithCancel(context.Background())
+	runDone := make(chan error)
+	go func() { runDone <- r.Run(ctx) }()
+
+	var wg sync.WaitGroup
+	errs := make(chan error, 40)
+	for i := range 24 {
+		wg.Go(func() {
+			prompt := testPrompt(2+i%17, 300+i, 64)
+			want := generateAlone(t, m, prompt, 10, Sampling{TopK: 1})
+			s, err := r.Submit(context.Background(), Request{Prompt: prompt, MaxTokens: 10, Sampling: Sampling{TopK: 1}})
+			if err != nil {
+				errs <- err
+				return
+			}
+			got, fin, err := collect(context.Background(), s)
+			if err != nil || fin != FinishLength || !slices.Equal(got, want) {
+				errs <- errors.New("request " + string(rune('a'+i)) + ": wrong output")
+			}
+		})
+	}
+	// Cancelled mid-flight through the context.
+	for range 4 {
+		wg.Go(func() {
+			cctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			s, err := r.Submit(cctx, Request{Prompt: testPrompt(40, 9, 64), MaxTokens: 80, Sampling: Sampling{TopK: 1}})
+			if err != nil {
+				errs <- err
+				return
+			}
+			if _, err := s.Next(context.Background()); err != nil {
+				errs <- err
+			}
+			cancel()
+			if _, fin, err := collect(context.Background(), s); err != nil || fin != FinishAbort {
+				errs <- errors.New("cancelled request did not abort")
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	// Blocks all back once the runner has applied the cancellations.
+	for i := 0; r.Stats().KVBlocksUsed != 0 || r.Stats().Running != 0; i++ {
+		if i == 200 {
+			t.Fatalf("blocks still used: %+v", r.Stats())
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if _, err := r.Submit(context.Background(), Request{MaxTokens: 1}); !errors.Is(err, ErrBadRequest) {
+		t.Fatalf("empty prompt: %v", err)
+	}
+	// A request left running when the runner stops ends with ErrClosed.
+	s, err := r.Submit(context.Background(), Request{Prompt: testPrompt(40, 9, 64), MaxTokens: 80, Sampling: Sampling{TopK: 1}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Next(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	stop()
+	if err := <-runDone; !errors.Is(err, context.Canceled) {
+		t.Fatalf("Run returned %v", err)
+	}
+	if _, _, err := collect(context.Background(), s); !errors.Is(err, ErrClosed) {
+		t.Fatalf("stream after stop: %v", err)
+	}
+	if _, err := r.Submit(context.Background(), Request{Prompt: []int32{1}, MaxTokens: 1}); !errors.Is(err, ErrClosed) {
+		t.Fatalf("submit after stop: %v", err)
+	}
+	if st := r.Stats(); st.KVBlocksUsed != 0 {
+		t.Fatalf("after stop: %+v", st)
+	}
+	waitGoroutines(t, base)
+}
