@@ -6,7 +6,8 @@ package tensorboard
 // --tensorboard-log-interval iterations (default 1), on the last rank, with a
 // twin tag VsSamples(tag) whose step is the consumed training samples.
 const (
-	// TagLMLoss is the training loss averaged since the last write: the
+	// TagLMLoss is the training loss of this iteration (the mean over its
+	// microbatches, not the --log-interval average of the log line): the
 	// "lm loss" key of pretrain_gpt.py's loss dictionary.
 	TagLMLoss = "lm loss"
 	// TagLearningRate is the learning rate (after the scheduler step).
