@@ -3,6 +3,7 @@ package train
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 
 	"github.com/gotron/gotron/ckpt"
@@ -145,6 +146,13 @@ func loadWeights(m *gpt.Model, c *ckpt.Checkpoint) error {
 
 func (t *Trainer) load(root string) error {
 	c, err := ckpt.Load(root, -1)
+	if errors.Is(err, ckpt.ErrNoCheckpoint) {
+		// Megatron's load_checkpoint: no tracker file, start from random
+		// (what a first run with --save DIR --load DIR, or a restarted job
+		// that never saved, sees).
+		t.printf("WARNING: --load %s holds no checkpoint (no %s): training starts from scratch", root, ckpt.TrackerFile)
+		return nil
+	}
 	if err != nil {
 		return fmt.Errorf("train: --load: %w", err)
 	}

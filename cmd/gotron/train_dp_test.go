@@ -11,8 +11,10 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -167,6 +169,133 @@ func TestTrainDataParallelBadInput(t *testing.T) {
 		}
 		if !strings.Contains(outs[r].String(), "rank(s) [1] were started with different arguments from rank 0") {
 			t.Fatalf("rank %d: want an error naming rank 1:\n%s", r, outs[r].String())
+		}
+	}
+}
+
+// workerPID finds the worker process of rank whose environment carries tag.
+func workerPID(tag string, rank int) int {
+	ents, _ := os.ReadDir("/proc")
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		env, err := os.ReadFile(filepath.Join("/proc", e.Name(), "environ"))
+		if err != nil {
+			continue
+		}
+		vars := strings.Split(string(env), "\x00")
+		hasTag, hasRank := false, false
+		for _, v := range vars {
+			hasTag = hasTag || v == "GOTRON_TEST_TAG="+tag
+			hasRank = hasRank || v == "RANK="+strconv.Itoa(rank)
+		}
+		if hasTag && hasRank {
+			return pid
+		}
+	}
+	return 0
+}
+
+// lineWaiter collects output and signals when a line containing want appears.
+type lineWaiter struct {
+	mu   chan struct{}
+	buf  bytes.Buffer
+	want string
+	seen chan struct{}
+	done bool
+}
+
+func newLineWaiter(want string) *lineWaiter {
+	w := &lineWaiter{mu: make(chan struct{}, 1), want: want, seen: make(chan struct{})}
+	return w
+}
+
+func (w *lineWaiter) Write(p []byte) (int, error) {
+	w.mu <- struct{}{}
+	defer func() { <-w.mu }()
+	w.buf.Write(p)
+	if !w.done && strings.Contains(w.buf.String(), w.want) {
+		w.done = true
+		close(w.seen)
+	}
+	return len(p), nil
+}
+
+func (w *lineWaiter) String() string {
+	w.mu <- struct{}{}
+	defer func() { <-w.mu }()
+	return w.buf.String()
+}
+
+// TestTrainRankKilled: SIGKILL of one worker mid-training ends the job
+// within 60 s naming the rank; with --max-restarts 1 the launcher restarts
+// the group, which resumes from the last checkpoint and finishes.
+func TestTrainRankKilled(t *testing.T) {
+	if _, err := os.Stat("/proc/self/environ"); err != nil {
+		t.Skip("needs /proc to find the worker process")
+	}
+	bin, err := buildGotron()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, restarts := range []int{0, 1} {
+		dir := t.TempDir()
+		tag := fmt.Sprintf("%d-%d", os.Getpid(), restarts)
+		args := []string{"launch", "--nproc-per-node", "2", "--master-port", freeTCPPort(t), "--max-restarts", strconv.Itoa(restarts), "--"}
+		args = append(args, with(dpTrain, "--train-iters", "600", "--log-interval", "100", "--eval-interval", "0",
+			"--save", dir, "--load", dir, "--save-interval", "50")...)
+		cmd := exec.Command(bin, args...)
+		cmd.Env = append(os.Environ(), "GOTRON_NUM_THREADS=1", "GOTRON_TEST_TAG="+tag)
+		out := newLineWaiter("saved checkpoint at iteration     100")
+		cmd.Stdout, cmd.Stderr = out, out
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case <-out.seen:
+		case <-time.After(2 * time.Minute):
+			cmd.Process.Kill()
+			t.Fatalf("no checkpoint at iteration 100 within 2 minutes:\n%s", out.String())
+		}
+		pid := workerPID(tag, 1)
+		if pid == 0 {
+			cmd.Process.Kill()
+			t.Fatal("rank 1's process not found")
+		}
+		killed := time.Now()
+		if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+			t.Fatal(err)
+		}
+		waited := make(chan error, 1)
+		go func() { waited <- cmd.Wait() }()
+		limit := 60 * time.Second
+		if restarts > 0 {
+			limit = 5 * time.Minute
+		}
+		select {
+		case err = <-waited:
+		case <-time.After(limit):
+			cmd.Process.Kill()
+			t.Fatalf("restarts=%d: the job still runs %v after rank 1 was killed:\n%s", restarts, limit, out.String())
+		}
+		text := out.String()
+		if restarts == 0 {
+			if err == nil {
+				t.Fatalf("the job exited 0 after rank 1 was killed:\n%s", text)
+			}
+			if !regexp.MustCompile(`\[rank0\]: gotron train: .*rank 1: peer lost`).MatchString(text) {
+				t.Fatalf("the survivor (rank 0) did not name rank 1:\n%s", text)
+			}
+			t.Logf("job ended %v after SIGKILL of rank 1", time.Since(killed).Round(time.Millisecond))
+			continue
+		}
+		if err != nil {
+			t.Fatalf("with --max-restarts 1: %v\n%s", err, text)
+		}
+		if !strings.Contains(text, "loaded checkpoint from") || !strings.Contains(text, "iteration      600/     600") {
+			t.Fatalf("the restarted group did not resume from the checkpoint and finish:\n%s", text)
 		}
 	}
 }
