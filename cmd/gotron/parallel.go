@@ -8,6 +8,7 @@ import (
 	"strings"
 
 	"github.com/gotron/gotron/parallel"
+	"github.com/gotron/gotron/parallel/pp"
 )
 
 const parallelGroupsSynopsis = "parallel groups --world-size N [--tensor-model-parallel-size N] " +
@@ -15,23 +16,86 @@ const parallelGroupsSynopsis = "parallel groups --world-size N [--tensor-model-p
 	"[--expert-tensor-parallel-size N] [--virtual-pipeline-model-parallel-size N] " +
 	"[--order tp-cp-ep-dp-pp | --use-tp-pp-dp-mapping] [--rank R]"
 
+const parallelScheduleSynopsis = "parallel schedule [--pipeline-model-parallel-size P] " +
+	"[--virtual-pipeline-model-parallel-size V] --num-microbatches M " +
+	"[--microbatch-group-size-per-virtual-pipeline-stage G] [--format json|text]"
+
 // cmdParallel dispatches "gotron parallel <sub>".
 func cmdParallel(ctx context.Context, env *cli, args []string) error {
+	const want = "want 'parallel groups' or 'parallel schedule'"
 	if len(args) == 0 {
-		return fmt.Errorf("missing subcommand: want 'parallel groups' (usage: gotron %s)", parallelGroupsSynopsis)
+		return fmt.Errorf("missing subcommand: %s (usage: gotron %s | gotron %s)", want,
+			parallelGroupsSynopsis, parallelScheduleSynopsis)
 	}
 	switch args[0] {
 	case "groups":
 		return cmdParallelGroups(env, args[1:])
+	case "schedule":
+		return cmdParallelSchedule(env, args[1:])
 	case "-h", "--help", "help":
-		fmt.Fprintf(env.stdout, "Usage: gotron %s\n", parallelGroupsSynopsis)
+		fmt.Fprintf(env.stdout, "Usage:\n  gotron %s\n      print the rank groups of a layout as JSON\n"+
+			"  gotron %s\n      print each pipeline rank's forward/backward order (JSON) or time-line (text)\n",
+			parallelGroupsSynopsis, parallelScheduleSynopsis)
 		return errHelp
 	}
-	msg := fmt.Sprintf("unknown subcommand %q: want 'parallel groups'", args[0])
+	msg := fmt.Sprintf("unknown subcommand %q: %s", args[0], want)
 	if strings.HasPrefix(args[0], "-") {
-		msg = fmt.Sprintf("flag %s before the subcommand: want 'gotron parallel groups %s'", args[0], args[0])
+		msg = fmt.Sprintf("flag %s before the subcommand: want 'gotron parallel groups %s' or 'gotron parallel schedule %s'",
+			args[0], args[0], args[0])
 	}
 	return fmt.Errorf("%s", msg)
+}
+
+// cmdParallelSchedule prints Megatron's pipeline schedule for every pipeline
+// rank (package pp). JSON: {"ranks":[[["F",chunk,microbatch],["B",...],...],...]},
+// one list per rank in execution order, sends and receives left out. Text:
+// pp.WriteTimeline with forward 1 time unit and backward 2.
+func cmdParallelSchedule(env *cli, args []string) error {
+	fs := newFlags("parallel schedule", parallelScheduleSynopsis)
+	var cfg pp.Config
+	fs.IntVar(&cfg.PP, "pipeline-model-parallel-size", 1, "pipeline-parallel degree (number of pipeline ranks)")
+	fs.IntVar(&cfg.VPP, "virtual-pipeline-model-parallel-size", 0,
+		"model chunks per pipeline rank; 2 or more selects the interleaved schedule (0 or 1: none)")
+	fs.IntVar(&cfg.Microbatches, "num-microbatches", 0, "micro-batches per iteration (required)")
+	fs.IntVar(&cfg.GroupSize, "microbatch-group-size-per-virtual-pipeline-stage", 0,
+		"interleaved schedule only: contiguous micro-batches each chunk runs in turn (0: the pipeline size)")
+	format := fs.String("format", "json", "json: each rank's forward/backward passes; "+
+		"text: a time-line per rank (forward 1 unit, backward 2, '.' idle)")
+	fs.String("config", "", "YAML file with flag values")
+	if err := parseFlags(fs, args, env.stdout, parallelScheduleSynopsis); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("unexpected argument %q", fs.Arg(0))
+	}
+	if *format != "json" && *format != "text" {
+		return fmt.Errorf("--format %s: want json or text", *format)
+	}
+	lists, err := pp.Schedule(cfg)
+	if err != nil {
+		// "gotron parallel: " replaces the package's own prefix.
+		return errors.New(strings.TrimPrefix(err.Error(), "pp: "))
+	}
+	if *format == "text" {
+		return pp.WriteTimeline(env.stdout, cfg, 1, 2)
+	}
+	out := struct {
+		Ranks [][][3]any `json:"ranks"`
+	}{Ranks: make([][][3]any, len(lists))}
+	for r, list := range lists {
+		out.Ranks[r] = [][3]any{}
+		for _, a := range list {
+			if a.Op.Compute() {
+				out.Ranks[r] = append(out.Ranks[r], [3]any{a.Op.String(), a.Chunk, a.Microbatch})
+			}
+		}
+	}
+	raw, err := json.Marshal(out)
+	if err != nil {
+		return err
+	}
+	_, err = fmt.Fprintf(env.stdout, "%s\n", raw)
+	return err
 }
 
 // cmdParallelGroups prints every rank group of a layout as one JSON object,
