@@ -290,3 +290,55 @@ func TestDataParallelResume(t *testing.T) {
 		}
 	}
 }
+
+// stoppingSource cancels its rank's context when sample at is read: a signal
+// arriving on one rank mid-iteration.
+type stoppingSource struct {
+	datagpt.Source
+	at     int
+	cancel context.CancelFunc
+}
+
+func (s stoppingSource) Sample(i int) (datagpt.Sample, error) {
+	if i == s.at {
+		s.cancel()
+	}
+	return s.Source.Sample(i)
+}
+
+// TestDataParallelSignalOnOneRank: a signal on one rank (its context
+// cancelled) makes every rank stop after the same iteration and save once.
+func TestDataParallelSignalOnOneRank(t *testing.T) {
+	train, valid := dpDataset(t, 16)
+	cfg := dpConfig(dpModels()["gpt2"])
+	cfg.MicroBatchSize, cfg.Save = 1, t.TempDir()
+	results := make([]Result, 2)
+	err := inproc.Run(context.Background(), 2, func(ctx context.Context, pg comm.ProcessGroup) error {
+		g, err := parallel.NewGroups(pg, parallel.Config{})
+		if err != nil {
+			return err
+		}
+		c := cfg
+		c.Parallel = g
+		ctx, cancel := context.WithCancel(ctx)
+		defer cancel()
+		var src datagpt.Source = train
+		if pg.Rank() == 1 {
+			src = stoppingSource{Source: train, at: 8*3 + 5, cancel: cancel} // during iteration 4
+		}
+		tr, err := New(c, src, valid)
+		if err != nil {
+			return err
+		}
+		results[pg.Rank()], err = tr.Run(ctx)
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for r, res := range results {
+		if !res.Interrupted || res.Iteration != 4 || !slices.Equal(res.SavedAt, []int64{4}) {
+			t.Fatalf("rank %d: interrupted %v at iteration %d, saved at %v; want both ranks stopped and saved at 4", r, res.Interrupted, res.Iteration, res.SavedAt)
+		}
+	}
+}

@@ -299,3 +299,54 @@ func TestTrainRankKilled(t *testing.T) {
 		}
 	}
 }
+
+// TestTrainRankHangs: a stopped (SIGSTOP) rank is detected when the
+// survivors' wait passes --distributed-timeout-minutes (6 s here), and the
+// survivor names the rank that stopped answering.
+func TestTrainRankHangs(t *testing.T) {
+	if _, err := os.Stat("/proc/self/environ"); err != nil {
+		t.Skip("needs /proc to find the worker process")
+	}
+	bin, err := buildGotron()
+	if err != nil {
+		t.Fatal(err)
+	}
+	tag := fmt.Sprintf("%d-hang", os.Getpid())
+	args := []string{"launch", "--nproc-per-node", "2", "--master-port", freeTCPPort(t), "--grace-period", "2s", "--"}
+	args = append(args, with(dpTrain, "--train-iters", "100000", "--log-interval", "100", "--eval-interval", "0",
+		"--distributed-timeout-minutes", "0.1")...)
+	cmd := exec.Command(bin, args...)
+	cmd.Env = append(os.Environ(), "GOTRON_NUM_THREADS=1", "GOTRON_TEST_TAG="+tag)
+	out := newLineWaiter("iteration      100/")
+	cmd.Stdout, cmd.Stderr = out, out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer cmd.Process.Kill()
+	select {
+	case <-out.seen:
+	case <-time.After(2 * time.Minute):
+		t.Fatalf("no iteration 100 within 2 minutes:\n%s", out.String())
+	}
+	pid := workerPID(tag, 1)
+	if pid == 0 {
+		t.Fatal("rank 1's process not found")
+	}
+	stopped := time.Now()
+	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	waited := make(chan error, 1)
+	go func() { waited <- cmd.Wait() }()
+	select {
+	case err = <-waited:
+	case <-time.After(60 * time.Second):
+		syscall.Kill(pid, syscall.SIGKILL)
+		t.Fatalf("the job still runs 60 s after rank 1 stopped:\n%s", out.String())
+	}
+	text := out.String()
+	if err == nil || !regexp.MustCompile(`\[rank0\]: gotron train: .*rank 1`).MatchString(text) {
+		t.Fatalf("exit %v; the survivor did not name rank 1:\n%s", err, text)
+	}
+	t.Logf("job ended %v after SIGSTOP of rank 1 (timeout 6 s)", time.Since(stopped).Round(time.Millisecond))
+}
