@@ -51,6 +51,7 @@ func (t *Trainer) logIteration(loss float64) {
 			"tflops": tflops, "learning_rate": t.lastLR, "global_batch_size": gbs, "lm_loss": jsonFloat(avg),
 			"grad_norm": jsonFloat(t.lastGradNorm), "skipped_iterations": t.Skipped, "nan_iterations": t.NaNIterations,
 			"tokens_per_second": tokensPerSec, "mfu": mfu, "valid_loss": jsonFloat(t.lastValidLoss),
+			"grad_sync_wait_ms_per_iteration": t.syncWaitSinceLog(iters),
 		})
 	}
 	t.lastLog, t.lastLogIter = now, t.Iteration

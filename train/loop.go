@@ -35,6 +35,8 @@ type Trainer struct {
 	cctx context.Context // collectives' context: not cancelled by a signal, so every rank stops at the same iteration
 	stop agreement       // the last iteration's agreed stop requests
 
+	lastSyncWait time.Duration // ddp.SyncWait at the last log line
+
 	// Position, saved in checkpoints.
 	Iteration     int64
 	Consumed      int64 // consumed_train_samples

@@ -187,5 +187,18 @@ func (t *Trainer) syncParams() error {
 	return nil
 }
 
+// syncWaitSinceLog is the mean time per iteration, in ms, that the last
+// iters iterations spent waiting for the gradient reduction after backward
+// (nil without data parallelism).
+func (t *Trainer) syncWaitSinceLog(iters int64) any {
+	if t.ddp == nil {
+		return nil
+	}
+	w := t.ddp.SyncWait()
+	ms := float64(w-t.lastSyncWait) / 1e6 / float64(iters)
+	t.lastSyncWait = w
+	return ms
+}
+
 // Parallel returns the run's groups (nil for a single process).
 func (t *Trainer) Parallel() *parallel.Groups { return t.par }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sort"
+	"time"
 
 	"github.com/gotron/gotron/comm"
 	"github.com/gotron/gotron/optim"
@@ -53,7 +54,8 @@ type DDP struct {
 	next     int           // first bucket not yet issued
 	armed    bool          // this backward is the last micro-batch's
 	ctx      context.Context
-	early    int // buckets the hook issued during the last backward
+	early    int           // buckets the hook issued during the last backward
+	waited   time.Duration // time Finish spent issuing and waiting, summed over steps
 
 	// Distributed optimizer.
 	gradShard  [][]float32 // per bucket: this rank's reduced gradient shard
@@ -196,6 +198,8 @@ func (d *DDP) issue(b int) {
 // after it, each rank holds the data-parallel mean gradient (all of it, or
 // its shard under the distributed optimizer). Errors name the bucket.
 func (d *DDP) Finish(ctx context.Context) error {
+	start := time.Now()
+	defer func() { d.waited += time.Since(start) }()
 	if !d.armed {
 		d.StartLastMicrobatch(ctx)
 	}
@@ -220,6 +224,11 @@ func (d *DDP) Finish(ctx context.Context) error {
 // issued during backward, before Finish: the reductions that overlapped
 // with computation.
 func (d *DDP) EarlyBuckets() int { return d.early }
+
+// SyncWait returns the total time Finish has spent since the DDP was made:
+// the gradient reduction that backward did not hide (Megatron's
+// all-grads-sync timer).
+func (d *DDP) SyncWait() time.Duration { return d.waited }
 
 // ZeroGrad clears the flat gradient buffer (padding included).
 func (d *DDP) ZeroGrad() { clear(d.grad) }
