@@ -1,0 +1,347 @@
+package server
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/gotron/gotron/infer"
+	"github.com/gotron/gotron/model/gpt"
+	"github.com/gotron/gotron/tensor"
+)
+
+// charTok is a test tokenizer: ids 0..62 are the bytes ' '..'^', 63 is
+// the end of document.
+type charTok struct{}
+
+func (charTok) Encode(text string) []int {
+	ids := make([]int, 0, len(text))
+	for _, b := range []byte(text) {
+		if b < ' ' || b > '^' {
+			b = '?'
+		}
+		ids = append(ids, int(b-' '))
+	}
+	return ids
+}
+
+func (charTok) Decode(ids []int) string {
+	b := make([]byte, 0, len(ids))
+	for _, id := range ids {
+		if id < 63 {
+			b = append(b, byte(id)+' ')
+		}
+	}
+	return string(b)
+}
+
+func (charTok) VocabSize() int { return 64 }
+func (charTok) EOD() int       { return 63 }
+
+type harness struct {
+	url    string
+	srv    *Server
+	runner *infer.Runner
+	model  *gpt.Model
+}
+
+// newHarness serves a small random Llama-style model (context 96) through
+// httptest; cleanup stops the runner.
+func newHarness(t *testing.T, cfg Config) *harness {
+	t.Helper()
+	mc := gpt.Config{NumLayers: 2, HiddenSize: 32, NumAttentionHeads: 4, NumQueryGroups: 2, FFNHiddenSize: 48,
+		VocabSize: 64, MaxPositionEmbeddings: 96, PositionEmbeddingType: "rope", Normalization: "RMSNorm",
+		Activation: "swiglu", DisableBiasLinear: true, UntieEmbeddingsAndOutputWeights: true, InitMethodStd: 0.3}
+	m, err := gpt.New(mc, tensor.NewRNG(11))
+	if err != nil {
+		t.Fatal(err)
+	}
+	e, err := infer.NewEngine(m, infer.EngineConfig{BlockTokens: 8, Decoder: charTok{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := infer.NewRunner(e)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { r.Run(ctx); close(done) }()
+	cfg.Runner, cfg.Tokenizer = r, charTok{}
+	if cfg.ModelName == "" {
+		cfg.ModelName = "tiny"
+	}
+	s, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ts := httptest.NewServer(s.Handler())
+	t.Cleanup(func() { ts.Close(); cancel(); <-done })
+	return &harness{url: ts.URL, srv: s, runner: r, model: m}
+}
+
+func (h *harness) do(t *testing.T, method, path, body string) (int, []byte) {
+	t.Helper()
+	req, _ := http.NewRequest(method, h.url+path, strings.NewReader(body))
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, b
+}
+
+// sseData returns the data fields of an event stream.
+func sseData(t *testing.T, body []byte) []string {
+	t.Helper()
+	var out []string
+	sc := bufio.NewScanner(strings.NewReader(string(body)))
+	for sc.Scan() {
+		if l := sc.Text(); strings.HasPrefix(l, "data: ") {
+			out = append(out, strings.TrimPrefix(l, "data: "))
+		}
+	}
+	return out
+}
+
+// greedy returns infer.Generate's greedy text for prompt (gotron generate).
+func (h *harness) greedy(t *testing.T, prompt string, n int) string {
+	t.Helper()
+	ids := charTok{}.Encode(prompt)
+	p := make([]int32, len(ids))
+	for i, id := range ids {
+		p[i] = int32(id)
+	}
+	sm, _ := infer.NewSampler(infer.Sampling{TopK: 1})
+	var out []int
+	infer.Generate(context.Background(), h.model, p, n, 64, 63, sm, func(id int) error { out = append(out, id); return nil })
+	if len(out) > 0 && out[len(out)-1] == 63 {
+		out = out[:len(out)-1]
+	}
+	return charTok{}.Decode(out)
+}
+
+func TestCompletions(t *testing.T) {
+	h := newHarness(t, Config{})
+	want := h.greedy(t, "HELLO WORLD", 12)
+	code, body := h.do(t, "POST", "/v1/completions", `{"model":"tiny","prompt":"HELLO WORLD","max_tokens":12,"temperature":0}`)
+	if code != 200 {
+		t.Fatalf("%d %s", code, body)
+	}
+	var resp struct {
+		Object  string
+		Choices []struct {
+			Text         string
+			FinishReason string `json:"finish_reason"`
+		}
+		Usage usage
+	}
+	json.Unmarshal(body, &resp)
+	if resp.Object != "text_completion" || len(resp.Choices) != 1 || resp.Choices[0].Text != want || resp.Usage.PromptTokens != 11 {
+		t.Fatalf("response %s; want text %q", body, want)
+	}
+	// Streamed: the same text in pieces, then [DONE].
+	code, body = h.do(t, "POST", "/v1/completions", `{"prompt":"HELLO WORLD","max_tokens":12,"temperature":0,"stream":true,"stream_options":{"include_usage":true}}`)
+	data := sseData(t, body)
+	if code != 200 || len(data) < 3 || data[len(data)-1] != "[DONE]" {
+		t.Fatalf("stream %d: %s", code, body)
+	}
+	var text strings.Builder
+	for _, d := range data[:len(data)-2] {
+		var c struct{ Choices []struct{ Text string } }
+		json.Unmarshal([]byte(d), &c)
+		text.WriteString(c.Choices[0].Text)
+	}
+	if text.String() != want || !strings.Contains(data[len(data)-2], `"usage":{"prompt_tokens":11`) {
+		t.Fatalf("streamed %q, want %q; last chunks %v", text.String(), want, data[len(data)-2:])
+	}
+	// n choices with a seed are reproducible; logprobs and echo.
+	body1 := `{"prompt":"ABC","max_tokens":5,"n":3,"seed":4,"logprobs":2,"echo":true}`
+	_, b1 := h.do(t, "POST", "/v1/completions", body1)
+	_, b2 := h.do(t, "POST", "/v1/completions", body1)
+	var r1, r2 struct {
+		Choices []struct {
+			Text     string
+			Logprobs legacyLogprobs
+		}
+	}
+	json.Unmarshal(b1, &r1)
+	json.Unmarshal(b2, &r2)
+	if len(r1.Choices) != 3 || r1.Choices[0].Text != r2.Choices[0].Text || !strings.HasPrefix(r1.Choices[0].Text, "ABC") {
+		t.Fatalf("seeded n=3: %s / %s", b1, b2)
+	}
+	lp := r1.Choices[0].Logprobs
+	if len(lp.Tokens) != 3+5 || lp.TokenLogprobs[0] != nil || lp.TokenLogprobs[1] == nil || len(lp.TopLogprobs[4]) != 2 {
+		t.Fatalf("echo logprobs: %s", b1)
+	}
+}
+
+func TestChatCompletions(t *testing.T) {
+	h := newHarness(t, Config{})
+	want := h.greedy(t, PlainTemplate([]Message{{"system", "BE BRIEF."}, {"user", "HI"}}, true), 10)
+	msgs := `"messages":[{"role":"system","content":"BE BRIEF."},{"role":"user","content":[{"type":"text","text":"HI"}]}]`
+	code, body := h.do(t, "POST", "/v1/chat/completions", `{"model":"tiny",`+msgs+`,"max_tokens":10,"temperature":0}`)
+	var resp struct {
+		Object  string
+		Choices []struct{ Message struct{ Role, Content string } }
+	}
+	json.Unmarshal(body, &resp)
+	if code != 200 || resp.Object != "chat.completion" || resp.Choices[0].Message.Role != "assistant" || resp.Choices[0].Message.Content != want {
+		t.Fatalf("%d %s; want content %q", code, body, want)
+	}
+	code, body = h.do(t, "POST", "/v1/chat/completions", `{`+msgs+`,"max_tokens":10,"temperature":0,"stream":true}`)
+	data := sseData(t, body)
+	var text strings.Builder
+	for _, d := range data[:len(data)-1] {
+		var c struct {
+			Object  string
+			Choices []struct{ Delta struct{ Content string } }
+		}
+		json.Unmarshal([]byte(d), &c)
+		if c.Object != "chat.completion.chunk" {
+			t.Fatalf("chunk %s", d)
+		}
+		text.WriteString(c.Choices[0].Delta.Content)
+	}
+	if code != 200 || text.String() != want || data[len(data)-1] != "[DONE]" {
+		t.Fatalf("streamed %q, want %q: %s", text.String(), want, body)
+	}
+}
+
+func TestChatTemplateJinja(t *testing.T) {
+	tpl, err := ParseChatTemplate(`{{ bos_token }}{% for m in messages %}{% if m['role'] == 'user' %}{{ '[INST] ' + m['content'].strip() + ' [/INST]' }}{% else %}{{ raise_exception('only user messages') }}{% endif %}{% endfor %}`, "<s>", "</s>")
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := tpl.Render([]Message{{"user", " hi "}}, true)
+	if err != nil || got != "<s>[INST] hi [/INST]" {
+		t.Fatalf("%q %v", got, err)
+	}
+	if _, err := tpl.Render([]Message{{"system", "x"}}, true); err == nil || !strings.Contains(err.Error(), "only user messages") {
+		t.Fatalf("raise_exception: %v", err)
+	}
+	// Served: the template's error is the request's (422).
+	h := newHarness(t, Config{ChatTemplate: tpl})
+	if code, body := h.do(t, "POST", "/v1/chat/completions", `{"messages":[{"role":"system","content":"X"}],"max_tokens":2}`); code != 422 || !strings.Contains(string(body), "only user messages") {
+		t.Fatalf("%d %s", code, body)
+	}
+}
+
+func TestErrors(t *testing.T) {
+	h := newHarness(t, Config{MaxPromptTokens: 40, MaxRequestBytes: 4096})
+	long := strings.Repeat("A", 41)
+	cases := []struct {
+		method, path, body string
+		code               int
+		want               string
+	}{
+		{"POST", "/v1/completions", `{"prompt": "A",`, 400, "truncated"},
+		{"POST", "/v1/completions", `{"prompt": "A"} x`, 400, "after the JSON"},
+		{"POST", "/v1/completions", ``, 400, "empty request body"},
+		{"POST", "/v1/completions", `{"prompt": "A", "max_tokenz": 3}`, 400, `unknown field \"max_tokenz\"`},
+		{"POST", "/v1/completions", `{"prompt": "A", "max_tokens": "3"}`, 400, "max_tokens: want an integer"},
+		{"POST", "/v1/completions", `{"prompt": 3}`, 400, "prompt: want a string"},
+		{"POST", "/v1/completions", `{"model": "gpt-4", "prompt": "A"}`, 404, "model_not_found"},
+		{"POST", "/v1/completions", `{"prompt": "A", "max_tokens": 0}`, 422, "max_tokens=0"},
+		{"POST", "/v1/completions", `{"prompt": "A", "max_tokens": -2}`, 422, "max_tokens=-2"},
+		{"POST", "/v1/completions", `{"prompt": "A", "temperature": 3}`, 422, "temperature=3"},
+		{"POST", "/v1/completions", `{"prompt": "A", "top_p": 0.5, "top_k": 5}`, 422, "Megatron"},
+		{"POST", "/v1/completions", `{"prompt": "A", "n": 0}`, 422, "n=0"},
+		{"POST", "/v1/completions", `{"prompt": [[1, 2, 99]]}`, 422, "outside the vocabulary"},
+		{"POST", "/v1/completions", `{"prompt": ""}`, 422, "empty"},
+		{"POST", "/v1/completions", `{"prompt": "` + long + `"}`, 413, "--max-prompt-tokens"},
+		{"POST", "/v1/completions", `{"prompt": "A", "max_tokens": 96}`, 400, "context_length_exceeded"},
+		{"POST", "/v1/completions", `{"prompt": "` + strings.Repeat("A", 5000) + `"}`, 413, "request_too_large"},
+		{"POST", "/v1/chat/completions", `{"messages": []}`, 422, "at least one"},
+		{"POST", "/v1/chat/completions", `{"messages": [{"role": "robot", "content": "x"}]}`, 422, "role"},
+		{"POST", "/v1/chat/completions", `{"messages": [{"role": "user", "content": 5}]}`, 400, "content"},
+		{"GET", "/v1/completions", ``, 405, "use POST"},
+		{"GET", "/v2/nothing", ``, 404, "no route"},
+		{"PUT", "/api", `{"prompts": ["A"], "max_len": 4}`, 400, "tokens_to_generate"},
+		{"PUT", "/api", `{"prompts": ["A"], "top_k": 4, "top_p": 0.5}`, 400, "both top-k and top-p"},
+		{"PUT", "/api", `{"prompts": ["A"], "tokens_to_generate": 0}`, 400, "logprobs should be True"},
+	}
+	for _, c := range cases {
+		code, body := h.do(t, c.method, c.path, c.body)
+		var e struct {
+			Error struct{ Message, Type string }
+		}
+		if code != c.code || json.Unmarshal(body, &e) != nil || e.Error.Message == "" || !strings.Contains(string(body), c.want) {
+			t.Errorf("%s %s %.60s: %d %s; want %d with %q", c.method, c.path, c.body, code, body, c.code, c.want)
+		}
+	}
+	if st := h.runner.Stats(); st.KVBlocksUsed != 0 || st.Running+st.Waiting != 0 {
+		t.Fatalf("after errors: %+v", st)
+	}
+}
+
+func TestMegatronAPIAndMetrics(t *testing.T) {
+	h := newHarness(t, Config{})
+	code, body := h.do(t, "PUT", "/api", `{"prompts": ["HELLO", "AB"], "tokens_to_generate": 6, "top_k": 1, "logprobs": true}`)
+	var resp struct {
+		Text     []string
+		Tokens   [][]int
+		Segments [][]string
+		Logprobs [][]float32
+	}
+	if code != 200 || json.Unmarshal(body, &resp) != nil || len(resp.Text) != 2 {
+		t.Fatalf("%d %s", code, body)
+	}
+	if want := "HELLO" + h.greedy(t, "HELLO", 6); resp.Text[0] != want {
+		t.Fatalf("text %q, want %q", resp.Text[0], want)
+	}
+	if len(resp.Logprobs[1]) != len(resp.Tokens[1])-1 || len(resp.Segments[0]) != len(resp.Tokens[0]) {
+		t.Fatalf("shapes: %s", body)
+	}
+	code, body = h.do(t, "GET", "/metrics", "")
+	for _, want := range []string{`gotron_requests_total{endpoint="api",code="200"} 1`, "gotron_time_to_first_token_seconds_bucket{le=\"+Inf\"} 1",
+		"gotron_kv_blocks_used 0", "gotron_queue_depth 0", "gotron_generation_tokens_total"} {
+		if code != 200 || !strings.Contains(string(body), want) {
+			t.Errorf("metrics lack %q:\n%s", want, body)
+		}
+	}
+	if code, body := h.do(t, "GET", "/v1/models", ""); code != 200 || !strings.Contains(string(body), `"id":"tiny"`) {
+		t.Errorf("models: %d %s", code, body)
+	}
+	if code, body := h.do(t, "GET", "/health", ""); code != 200 || !strings.Contains(string(body), "ok") {
+		t.Errorf("health: %d %s", code, body)
+	}
+	h.srv.Drain()
+	if code, _ := h.do(t, "GET", "/health", ""); code != 503 {
+		t.Errorf("health while draining: %d", code)
+	}
+}
+
+// TestDisconnectFreesBlocks: a streaming client that goes away cancels its
+// sequence; the KV blocks come back.
+func TestDisconnectFreesBlocks(t *testing.T) {
+	h := newHarness(t, Config{})
+	ctx, cancel := context.WithCancel(context.Background())
+	req, _ := http.NewRequestWithContext(ctx, "POST", h.url+"/v1/completions", strings.NewReader(`{"prompt":"ABCDEFGHIJ","max_tokens":80,"ignore_eos":true,"stream":true}`))
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := bufio.NewReader(resp.Body)
+	if _, err := r.ReadString('\n'); err != nil { // the first chunk arrived
+		t.Fatal(err)
+	}
+	if h.runner.Stats().KVBlocksUsed == 0 {
+		t.Fatal("no blocks used while streaming")
+	}
+	cancel()
+	resp.Body.Close()
+	for i := 0; h.runner.Stats().KVBlocksUsed != 0 || h.runner.Stats().Running != 0; i++ {
+		if i == 500 {
+			t.Fatalf("blocks not freed after disconnect: %+v", h.runner.Stats())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	_ = slices.Equal[[]int]
+}
