@@ -7,7 +7,6 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
-	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -189,7 +188,9 @@ func TestChatCompletions(t *testing.T) {
 	code, body := h.do(t, "POST", "/v1/chat/completions", `{"model":"tiny",`+msgs+`,"max_tokens":10,"temperature":0}`)
 	var resp struct {
 		Object  string
-		Choices []struct{ Message struct{ Role, Content string } }
+		Choices []struct {
+			Message struct{ Role, Content string }
+		}
 	}
 	json.Unmarshal(body, &resp)
 	if code != 200 || resp.Object != "chat.completion" || resp.Choices[0].Message.Role != "assistant" || resp.Choices[0].Message.Content != want {
@@ -343,5 +344,4 @@ func TestDisconnectFreesBlocks(t *testing.T) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-	_ = slices.Equal[[]int]
 }
