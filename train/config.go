@@ -95,6 +95,8 @@ func (c *Config) validate() error {
 		return fmt.Errorf("train: --save-interval=%d needs --save", c.SaveInterval)
 	case c.Optimizer != "" && c.Optimizer != "adam" && c.Optimizer != "sgd":
 		return fmt.Errorf("train: --optimizer=%q: want adam or sgd", c.Optimizer)
+	case c.MaxSkipsInARow < 0:
+		return fmt.Errorf("train: --max-nan-iterations=%d: want > 0 (or 0 for 10)", c.MaxSkipsInARow)
 	}
 	dp := 1
 	if c.Parallel != nil {

@@ -66,6 +66,20 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("gpt: vocab size %d: want > 0 (set --vocab-size or a tokenizer)", c.VocabSize)
 	case c.MaxPositionEmbeddings <= 0:
 		return fmt.Errorf("gpt: --max-position-embeddings=%d: want > 0", c.MaxPositionEmbeddings)
+	case c.FFNHiddenSize < 0:
+		return fmt.Errorf("gpt: --ffn-hidden-size=%d: want > 0 (or 0 for 4×--hidden-size)", c.FFNHiddenSize)
+	case c.KVChannels < 0:
+		return fmt.Errorf("gpt: --kv-channels=%d: want > 0 (or 0 for --hidden-size/--num-attention-heads)", c.KVChannels)
+	case c.NumQueryGroups < 0:
+		return fmt.Errorf("gpt: --num-query-groups=%d: want > 0 (or 0 for --num-attention-heads)", c.NumQueryGroups)
+	case !(c.NormEpsilon >= 0) || math.IsInf(float64(c.NormEpsilon), 0):
+		return fmt.Errorf("gpt: --norm-epsilon=%g: want a finite value > 0 (or 0 for 1e-5)", c.NormEpsilon)
+	case !(c.InitMethodStd >= 0) || math.IsInf(float64(c.InitMethodStd), 0):
+		return fmt.Errorf("gpt: --init-method-std=%g: want a finite value > 0 (or 0 for 0.02)", c.InitMethodStd)
+	case c.RotaryBase < 0 || math.IsNaN(c.RotaryBase):
+		return fmt.Errorf("gpt: --rotary-base=%g: want > 0 (or 0 for 10000)", c.RotaryBase)
+	case c.RotaryPercent < 0 || math.IsNaN(c.RotaryPercent):
+		return fmt.Errorf("gpt: --rotary-percent=%g: want in (0, 1] (or 0 for 1)", c.RotaryPercent)
 	}
 	if c.KVChannels == 0 {
 		if c.HiddenSize%c.NumAttentionHeads != 0 {
@@ -120,7 +134,7 @@ func (c *Config) Validate() error {
 		c.InitMethodStd = 0.02
 	}
 	for name, p := range map[string]float32{"--attention-dropout": c.AttentionDropout, "--hidden-dropout": c.HiddenDropout} {
-		if p < 0 || p >= 1 {
+		if !(p >= 0 && p < 1) {
 			return fmt.Errorf("gpt: %s=%g: want 0 <= p < 1", name, p)
 		}
 	}
