@@ -157,6 +157,9 @@ func (t *Trainer) load(root string) error {
 		return fmt.Errorf("train: --load: %w", err)
 	}
 	defer c.Close()
+	if err := checkCheckpointArgs(root, t.Model.Config, c.Meta.Args); err != nil {
+		return err
+	}
 	if err := loadWeights(t.Model, c); err != nil {
 		return err
 	}
