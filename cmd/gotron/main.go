@@ -46,6 +46,7 @@ func commands() []command {
 	return []command{
 		{"train", "train a GPT/Llama model (Megatron's pretrain_gpt.py flags)", cmdTrain},
 		{"generate", "generate text from a checkpoint with a KV cache", cmdGenerate},
+		{"serve", "serve a model over HTTP: OpenAI-compatible API, continuous batching, paged KV cache", cmdServe},
 		{"score", "write per-position logits and print log-probabilities and perplexity", cmdScore},
 		{"convert", "convert checkpoints to and from Hugging Face format", cmdConvert},
 		{"preprocess", "tokenize JSONL into Megatron .bin/.idx files (tools/preprocess_data.py)", cmdPreprocess},

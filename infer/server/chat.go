@@ -117,6 +117,10 @@ func specialToken(raw json.RawMessage) string {
 	return obj.Content
 }
 
+// SpecialTokens returns the bos_token and eos_token strings the template
+// renders with.
+func (t *ChatTemplate) SpecialTokens() (bos, eos string) { return t.bos, t.eos }
+
 // Render returns the prompt for msgs, ending with the assistant's turn
 // opening when addGenerationPrompt is set.
 func (t *ChatTemplate) Render(msgs []Message, addGenerationPrompt bool) (string, error) {

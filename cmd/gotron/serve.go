@@ -1,0 +1,169 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"time"
+
+	"github.com/gotron/gotron/infer"
+	"github.com/gotron/gotron/infer/server"
+	"github.com/gotron/gotron/tokenizer"
+)
+
+const serveSynopsis = "serve --load DIR [--host 127.0.0.1] [--port 8000] [--kv-cache-bytes SIZE --max-num-batched-tokens N --max-num-seqs N ...]"
+
+// serveFlags are gotron serve's flags (vLLM's names where Megatron has none).
+type serveFlags struct {
+	load, host, modelName, chatTemplate string
+	port                                int
+	kvCacheBytes                        string
+	engine                              infer.EngineConfig
+	noPrefixCaching                     bool
+	maxRequestBytes                     int64
+	maxPromptTokens, maxN               int
+	grace                               time.Duration
+	tok                                 tokenizer.Config
+}
+
+func addServeFlags(fs *flag.FlagSet, f *serveFlags) {
+	fs.StringVar(&f.load, "load", "", "checkpoint directory (gotron train --save) or Hugging Face directory")
+	fs.StringVar(&f.host, "host", "127.0.0.1", "address to listen on")
+	fs.IntVar(&f.port, "port", 8000, "port to listen on (0: any free port)")
+	fs.StringVar(&f.modelName, "served-model-name", "", "model id in the API (default: the --load directory's name)")
+	fs.StringVar(&f.chatTemplate, "chat-template", "", "Jinja chat template file (default: the tokenizer_config.json's, else the plain template)")
+	fs.StringVar(&f.kvCacheBytes, "kv-cache-bytes", "", "KV cache pool, allocated at start, e.g. 2GiB (default: min(1GiB, --max-num-seqs full-context sequences))")
+	fs.IntVar(&f.engine.BlockTokens, "block-size", 16, "tokens per KV cache block")
+	fs.IntVar(&f.engine.MaxNumBatchedTokens, "max-num-batched-tokens", 512, "tokens per forward step: decode tokens plus prefill chunks")
+	fs.IntVar(&f.engine.MaxNumSeqs, "max-num-seqs", 256, "sequences batched at once")
+	fs.BoolVar(&f.noPrefixCaching, "no-enable-prefix-caching", false, "turn off the reuse of cached prompt blocks")
+	fs.Int64Var(&f.maxRequestBytes, "max-request-bytes", 1<<20, "largest request body (413 beyond)")
+	fs.IntVar(&f.maxPromptTokens, "max-prompt-tokens", 0, "longest prompt in tokens, 413 beyond (default: the model's context)")
+	fs.IntVar(&f.maxN, "max-n", 16, "largest n (choices) per request")
+	fs.DurationVar(&f.grace, "shutdown-grace", 30*time.Second, "on SIGTERM, how long requests in flight may take before they are cancelled")
+	addTokenizerFlags(fs, &f.tok)
+}
+
+func cmdServe(ctx context.Context, env *cli, args []string) error {
+	var f serveFlags
+	fs := newFlags("serve", serveSynopsis)
+	addServeFlags(fs, &f)
+	if err := parseFlags(fs, args, env.stdout, serveSynopsis); err != nil {
+		return err
+	}
+	if f.load == "" {
+		return fmt.Errorf("--load is required")
+	}
+	srv, runner, err := newServer(&f)
+	if err != nil {
+		return err
+	}
+	ln, err := net.Listen("tcp", net.JoinHostPort(f.host, strconv.Itoa(f.port)))
+	if err != nil {
+		return fmt.Errorf("--host/--port: %w", err)
+	}
+	cfg := runner.Engine().Config()
+	st := runner.Stats()
+	fmt.Fprintf(env.stdout, "gotron serve: %s: %d KV blocks of %d tokens (%d positions), up to %d sequences, %d tokens per step\n",
+		f.load, st.KVBlocksTotal, cfg.BlockTokens, st.KVBlocksTotal*cfg.BlockTokens, cfg.MaxNumSeqs, cfg.MaxNumBatchedTokens)
+	fmt.Fprintf(env.stdout, "gotron serve: listening on http://%s\n", ln.Addr())
+	return serve(ctx, env, srv, runner, ln, f.grace)
+}
+
+// newServer loads the model and tokenizer and builds the engine, its runner
+// and the HTTP server (the runner is not started).
+func newServer(f *serveFlags) (*server.Server, *infer.Runner, error) {
+	m, _, tokDir, err := loadAny(f.load)
+	if err != nil {
+		return nil, nil, err
+	}
+	tok, err := generateTokenizer(f.tok, tokDir, m.Config.VocabSize, f.load)
+	if err != nil {
+		return nil, nil, err
+	}
+	var tpl *server.ChatTemplate
+	if f.chatTemplate != "" {
+		tpl, err = loadTemplateFile(f.chatTemplate, tokDir)
+	} else {
+		tpl, err = server.LoadChatTemplate(tokDir)
+	}
+	if err != nil {
+		return nil, nil, err
+	}
+	ec := f.engine
+	ec.DisablePrefixCaching = f.noPrefixCaching
+	ec.VocabSize, ec.Decoder = tok.VocabSize(), tok
+	if ec.VocabSize > m.Config.VocabSize {
+		return nil, nil, fmt.Errorf("the tokenizer's %d ids exceed the model's vocabulary of %d", ec.VocabSize, m.Config.VocabSize)
+	}
+	if f.kvCacheBytes != "" {
+		if ec.KVCacheBytes, err = parseByteSize(f.kvCacheBytes); err != nil {
+			return nil, nil, fmt.Errorf("--kv-cache-bytes: %w", err)
+		}
+	}
+	e, err := infer.NewEngine(m, ec)
+	if err != nil {
+		return nil, nil, err
+	}
+	runner := infer.NewRunner(e)
+	name := f.modelName
+	if name == "" {
+		name = filepath.Base(filepath.Clean(f.load))
+	}
+	srv, err := server.New(server.Config{Runner: runner, Tokenizer: tok, ModelName: name, ChatTemplate: tpl,
+		MaxRequestBytes: f.maxRequestBytes, MaxPromptTokens: f.maxPromptTokens, MaxN: f.maxN})
+	return srv, runner, err
+}
+
+// loadTemplateFile reads a --chat-template file, with the special tokens of
+// the tokenizer directory's tokenizer_config.json when it has one.
+func loadTemplateFile(path, tokDir string) (*server.ChatTemplate, error) {
+	src, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("--chat-template: %w", err)
+	}
+	bos, eos := "", ""
+	if t, err := server.LoadChatTemplate(tokDir); err == nil && t != nil {
+		bos, eos = t.SpecialTokens()
+	}
+	return server.ParseChatTemplate(string(src), bos, eos)
+}
+
+// serve runs the runner and the HTTP server on ln until ctx ends (SIGTERM or
+// SIGINT), then shuts down gracefully: /health turns 503, the listener
+// closes, requests in flight get up to grace to finish, and whatever is
+// left is cancelled.
+func serve(ctx context.Context, env *cli, srv *server.Server, runner *infer.Runner, ln net.Listener, grace time.Duration) error {
+	runCtx, stopRunner := context.WithCancel(context.Background())
+	runDone := make(chan struct{})
+	go func() { runner.Run(runCtx); close(runDone) }()
+	hs := &http.Server{Handler: srv.Handler(), ReadHeaderTimeout: 30 * time.Second}
+	served := make(chan error, 1)
+	go func() { served <- hs.Serve(ln) }()
+	var err error
+	select {
+	case <-ctx.Done():
+	case err = <-served:
+	}
+	srv.Drain()
+	fmt.Fprintf(env.stdout, "gotron serve: shutting down (grace %v, %d requests running, %d waiting)\n", grace, runner.Stats().Running, runner.Stats().Waiting)
+	graceCtx, cancel := context.WithTimeout(context.Background(), grace)
+	defer cancel()
+	if shutErr := hs.Shutdown(graceCtx); shutErr != nil {
+		stopRunner() // cancel what is left; handlers answer and return
+		hs.Close()
+	}
+	stopRunner()
+	<-runDone
+	fmt.Fprintln(env.stdout, "gotron serve: stopped")
+	if err != nil && !errors.Is(err, http.ErrServerClosed) {
+		return err
+	}
+	return nil
+}

@@ -1,0 +1,349 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// openaiNodeVersion is the openai npm package the client test installs: the
+// newest release that still runs on Debian bookworm's Node 20 (7.x needs
+// Node 22).
+const openaiNodeVersion = "6.49.0"
+
+// serveCheckpoint trains a tiny model with GPT-2's vocabulary for one
+// iteration (gotron serve then falls back to the embedded GPT-2 BPE) and
+// returns its directory. A large init std spreads the logits, so greedy
+// decoding is never decided by rounding.
+func serveCheckpoint(t *testing.T) string {
+	t.Helper()
+	dir := filepath.Join(t.TempDir(), "tiny-gpt")
+	_, errs, code := runCLI(t, "train", "--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4",
+		"--seq-length", "16", "--max-position-embeddings", "256", "--micro-batch-size", "2", "--global-batch-size", "2",
+		"--lr", "1e-3", "--mock-data", "--vocab-size", "50257", "--train-iters", "1", "--eval-interval", "0",
+		"--init-method-std", "0.5", "--save", dir)
+	if code != 0 {
+		t.Fatalf("train: %s", errs)
+	}
+	return dir
+}
+
+// serveLog is a goroutine-safe stdout that reports the listening address.
+type serveLog struct {
+	mu   sync.Mutex
+	buf  bytes.Buffer
+	addr chan string
+}
+
+var listenRE = regexp.MustCompile(`listening on (http://\S+)`)
+
+func (w *serveLog) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.buf.Write(p)
+	if m := listenRE.FindSubmatch(w.buf.Bytes()); m != nil && w.addr != nil {
+		w.addr <- string(m[1])
+		w.addr = nil
+	}
+	return len(p), nil
+}
+
+func (w *serveLog) String() string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.buf.String()
+}
+
+// startServe runs "gotron serve" in this process on a free port of
+// 127.0.0.1 and returns its base URL; stop cancels its context (what
+// SIGTERM does) and checks that it shut down cleanly.
+func startServe(t *testing.T, args ...string) (base string, stop func()) {
+	t.Helper()
+	out := &serveLog{addr: make(chan string, 1)}
+	var errb bytes.Buffer
+	env := &cli{stdout: out, stderr: &errb, stdin: strings.NewReader(""), getenv: func(string) string { return "" }}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan int, 1)
+	go func() { done <- run(ctx, env, append([]string{"serve", "--host", "127.0.0.1", "--port", "0"}, args...)) }()
+	select {
+	case base = <-out.addr:
+	case code := <-done:
+		cancel()
+		t.Fatalf("serve exited %d: %s%s", code, out, errb.String())
+	case <-time.After(20 * time.Second):
+		cancel()
+		t.Fatal("serve did not start")
+	}
+	var once sync.Once
+	stop = func() {
+		once.Do(func() {
+			cancel()
+			if code := <-done; code != 0 || !strings.Contains(out.String(), "gotron serve: stopped") {
+				t.Errorf("serve exit %d:\n%s%s", code, out, errb.String())
+			}
+		})
+	}
+	t.Cleanup(stop)
+	return base, stop
+}
+
+func postJSON(t *testing.T, url, body string) (int, []byte) {
+	t.Helper()
+	resp, err := http.Post(url, "application/json", strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, b
+}
+
+// generateText returns what gotron generate (greedy) prints after prompt.
+func generateText(t *testing.T, ck, prompt string, n int) string {
+	t.Helper()
+	out, errs, code := runCLI(t, "generate", "--load", ck, "--prompt", prompt, "--top-k", "1", "--max-new-tokens", itoa(n))
+	if code != 0 || !strings.HasPrefix(out, prompt) {
+		t.Fatalf("generate: %d %s %s", code, out, errs)
+	}
+	return strings.TrimSuffix(strings.TrimPrefix(out, prompt), "\n")
+}
+
+func itoa(n int) string { b, _ := json.Marshal(n); return string(b) }
+
+// TestServeHTTP: gotron serve over a real socket: greedy completions and
+// chat equal gotron generate's output, streamed text equals the
+// non-streamed text, Megatron's PUT /api, metrics; then a clean shutdown.
+func TestServeHTTP(t *testing.T) {
+	ck := serveCheckpoint(t)
+	base, stop := startServe(t, "--load", ck)
+	prompt := "The capital of France is"
+	want := generateText(t, ck, prompt, 12)
+	code, body := postJSON(t, base+"/v1/completions", `{"model":"tiny-gpt","prompt":"`+prompt+`","max_tokens":12,"temperature":0}`)
+	var c struct {
+		Choices []struct{ Text string }
+		Usage   struct{ CompletionTokens int `json:"completion_tokens"` }
+	}
+	if code != 200 || json.Unmarshal(body, &c) != nil || c.Choices[0].Text != want || c.Usage.CompletionTokens != 12 {
+		t.Fatalf("completion %d %s; gotron generate printed %q", code, body, want)
+	}
+	code, body = postJSON(t, base+"/v1/completions", `{"prompt":"`+prompt+`","max_tokens":12,"temperature":0,"stream":true}`)
+	var streamed strings.Builder
+	lines := strings.Split(strings.TrimSpace(string(body)), "\n\n")
+	for _, l := range lines[:len(lines)-1] {
+		var ch struct{ Choices []struct{ Text string } }
+		json.Unmarshal([]byte(strings.TrimPrefix(l, "data: ")), &ch)
+		streamed.WriteString(ch.Choices[0].Text)
+	}
+	if code != 200 || streamed.String() != want || lines[len(lines)-1] != "data: [DONE]" {
+		t.Fatalf("stream %d: %q, want %q:\n%s", code, streamed.String(), want, body)
+	}
+	// Chat with the plain template ("User: ...\nAssistant:").
+	wantChat := generateText(t, ck, "User: Hello\nAssistant:", 8)
+	code, body = postJSON(t, base+"/v1/chat/completions", `{"messages":[{"role":"user","content":"Hello"}],"max_tokens":8,"temperature":0}`)
+	var ch struct {
+		Choices []struct{ Message struct{ Content string } }
+	}
+	if code != 200 || json.Unmarshal(body, &ch) != nil || ch.Choices[0].Message.Content != wantChat {
+		t.Fatalf("chat %d %s; want %q", code, body, wantChat)
+	}
+	// Megatron's API.
+	req, _ := http.NewRequest(http.MethodPut, base+"/api", strings.NewReader(`{"prompts":["`+prompt+`"],"tokens_to_generate":12,"top_k":1}`))
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ = io.ReadAll(resp.Body)
+	resp.Body.Close()
+	var api struct{ Text []string }
+	if resp.StatusCode != 200 || json.Unmarshal(body, &api) != nil || api.Text[0] != prompt+want {
+		t.Fatalf("PUT /api %d %s", resp.StatusCode, body)
+	}
+	resp, err = http.Get(base + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ = io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if !strings.Contains(string(body), `gotron_requests_total{endpoint="completions",code="200"} 2`) || !strings.Contains(string(body), "gotron_kv_blocks_used 0") {
+		t.Fatalf("metrics:\n%s", body)
+	}
+	stop()
+	if _, err := http.Get(base + "/health"); err == nil {
+		t.Fatal("still serving after shutdown")
+	}
+}
+
+// TestServeSIGTERM: the real binary, sent SIGTERM while a stream is in
+// flight, lets it finish within the grace period, refuses new connections
+// and exits 0.
+func TestServeSIGTERM(t *testing.T) {
+	bin, err := buildGotron()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ck := serveCheckpoint(t)
+	cmd := exec.Command(bin, "serve", "--load", ck, "--port", "0", "--shutdown-grace", "20s")
+	stdout, _ := cmd.StdoutPipe()
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer cmd.Process.Kill()
+	sc := bufio.NewScanner(stdout)
+	var base string
+	for sc.Scan() {
+		if m := listenRE.FindStringSubmatch(sc.Text()); m != nil {
+			base = m[1]
+			break
+		}
+	}
+	if base == "" {
+		t.Fatal("no listening line")
+	}
+	go io.Copy(io.Discard, stdout)
+	resp, err := http.Post(base+"/v1/completions", "application/json", strings.NewReader(`{"prompt":"Once upon a time","max_tokens":60,"ignore_eos":true,"stream":true}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	r := bufio.NewReader(resp.Body)
+	if _, err := r.ReadString('\n'); err != nil {
+		t.Fatal(err)
+	}
+	cmd.Process.Signal(syscall.SIGTERM)
+	rest, _ := io.ReadAll(r)
+	if !strings.HasSuffix(strings.TrimSpace(string(rest)), "data: [DONE]") || strings.Count(string(rest), `"text"`) < 10 {
+		t.Fatalf("the stream in flight did not finish:\n%s", rest)
+	}
+	if err := cmd.Wait(); err != nil {
+		t.Fatalf("serve after SIGTERM: %v", err)
+	}
+	if _, err := http.Get(base + "/health"); err == nil {
+		t.Fatal("still accepting connections")
+	}
+}
+
+// openaiNodeDir installs the openai npm package (openaiNodeVersion) into
+// the git-ignored .cache/openai-node at the repository root, once, and
+// copies the client script beside it. The test skips only when node or npm
+// is missing; a failed install fails it.
+func openaiNodeDir(t *testing.T) string {
+	t.Helper()
+	for _, tool := range []string{"node", "npm"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			t.Skipf("%s not found on PATH: the openai npm client test needs Node.js and npm (Debian: apt-get install nodejs npm)", tool)
+		}
+	}
+	root, err := filepath.Abs(filepath.Join("..", ".."))
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := filepath.Join(root, ".cache", "openai-node")
+	var pkg struct{ Version string }
+	b, _ := os.ReadFile(filepath.Join(dir, "node_modules", "openai", "package.json"))
+	if json.Unmarshal(b, &pkg) != nil || pkg.Version != openaiNodeVersion {
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		os.WriteFile(filepath.Join(dir, "package.json"), []byte(`{"private": true, "type": "module"}`+"\n"), 0o644)
+		cmd := exec.Command("npm", "install", "--no-audit", "--no-fund", "--no-save", "--loglevel=error", "openai@"+openaiNodeVersion)
+		cmd.Dir = dir
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("npm install openai@%s in %s: %v\n%s", openaiNodeVersion, dir, err, out)
+		}
+	}
+	src, err := os.ReadFile(filepath.Join("testdata", "serve", "openai_client.mjs"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "openai_client.mjs"), src, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
+// TestServeOpenAINodeClient: the official openai npm client against gotron
+// serve: models, completions and chat (greedy equals gotron generate;
+// streamed equals non-streamed; usage), and errors raised as the client's
+// API errors with their statuses.
+func TestServeOpenAINodeClient(t *testing.T) {
+	dir := openaiNodeDir(t)
+	ck := serveCheckpoint(t)
+	base, _ := startServe(t, "--load", ck)
+	prompt, chat := "The capital of France is", "Hello"
+	want, wantChat := generateText(t, ck, prompt, 10), generateText(t, ck, "User: "+chat+"\nAssistant:", 10)
+	cmd := exec.Command("node", filepath.Join(dir, "openai_client.mjs"))
+	cmd.Env = append(os.Environ(), "BASE_URL="+base+"/v1", "MODEL=tiny-gpt", "PROMPT="+prompt, "MAX_TOKENS=10", "CHAT="+chat)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("node: %v\n%s", err, stderr.String())
+	}
+	type apiErr struct {
+		Thrown, APIError bool
+		Status           int
+		Class            string
+	}
+	var rep struct {
+		Models     []string
+		Completion struct {
+			Text, Finish, Object string
+			Usage                struct{ PromptTokens, CompletionTokens, TotalTokens int } `json:"usage"`
+		}
+		CompletionStream struct {
+			Text, Finish string
+			Chunks       int
+		}
+		Chat struct {
+			Text, Role, Finish, Object string
+		}
+		ChatStream struct {
+			Text  string
+			Roles []string
+		}
+		ChatStreamUsage map[string]int
+		Errors          map[string]apiErr
+	}
+	if err := json.Unmarshal(out, &rep); err != nil {
+		t.Fatalf("node printed %s: %v", out, err)
+	}
+	if len(rep.Models) != 1 || rep.Models[0] != "tiny-gpt" {
+		t.Errorf("models.list: %v", rep.Models)
+	}
+	if rep.Completion.Text != want || rep.Completion.Object != "text_completion" || rep.Completion.Finish != "length" {
+		t.Errorf("completion %+v; gotron generate printed %q", rep.Completion, want)
+	}
+	if rep.CompletionStream.Text != rep.Completion.Text || rep.CompletionStream.Chunks < 2 || rep.CompletionStream.Finish != "length" {
+		t.Errorf("streamed completion %+v, non-streamed %q", rep.CompletionStream, rep.Completion.Text)
+	}
+	if rep.Chat.Text != wantChat || rep.Chat.Role != "assistant" || rep.Chat.Object != "chat.completion" {
+		t.Errorf("chat %+v; gotron generate printed %q", rep.Chat, wantChat)
+	}
+	if rep.ChatStream.Text != rep.Chat.Text || len(rep.ChatStream.Roles) != 1 || rep.ChatStreamUsage["completion_tokens"] != 10 {
+		t.Errorf("streamed chat %+v (usage %v), non-streamed %q", rep.ChatStream, rep.ChatStreamUsage, rep.Chat.Text)
+	}
+	for name, want := range map[string]apiErr{
+		"unknownModel":    {true, true, 404, "NotFoundError"},
+		"zeroMaxTokens":   {true, true, 422, "UnprocessableEntityError"},
+		"contextExceeded": {true, true, 400, "BadRequestError"},
+		"badTemperature":  {true, true, 422, "UnprocessableEntityError"},
+	} {
+		if got := rep.Errors[name]; got != want {
+			t.Errorf("%s: %+v, want %+v", name, got, want)
+		}
+	}
+	t.Logf("openai@%s: completion %q, chat %q", openaiNodeVersion, rep.Completion.Text, rep.Chat.Text)
+}
