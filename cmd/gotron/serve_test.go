@@ -76,7 +76,9 @@ func startServe(t *testing.T, args ...string) (base string, stop func()) {
 	env := &cli{stdout: out, stderr: &errb, stdin: strings.NewReader(""), getenv: func(string) string { return "" }}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan int, 1)
-	go func() { done <- run(ctx, env, append([]string{"serve", "--host", "127.0.0.1", "--port", "0"}, args...)) }()
+	go func() {
+		done <- run(ctx, env, append([]string{"serve", "--host", "127.0.0.1", "--port", "0"}, args...))
+	}()
 	select {
 	case base = <-out.addr:
 	case code := <-done:
@@ -133,7 +135,9 @@ func TestServeHTTP(t *testing.T) {
 	code, body := postJSON(t, base+"/v1/completions", `{"model":"tiny-gpt","prompt":"`+prompt+`","max_tokens":12,"temperature":0}`)
 	var c struct {
 		Choices []struct{ Text string }
-		Usage   struct{ CompletionTokens int `json:"completion_tokens"` }
+		Usage   struct {
+			CompletionTokens int `json:"completion_tokens"`
+		}
 	}
 	if code != 200 || json.Unmarshal(body, &c) != nil || c.Choices[0].Text != want || c.Usage.CompletionTokens != 12 {
 		t.Fatalf("completion %d %s; gotron generate printed %q", code, body, want)
