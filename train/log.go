@@ -34,9 +34,15 @@ func (t *Trainer) logIteration(loss float64) {
 	perIter := now.Sub(t.lastLog).Seconds() / float64(iters)
 	gbs := t.mb.CurrentGlobalBatchSize()
 	flops := FLOPsPerIteration(t.Model.Config, gbs, cfg.SeqLength)
-	tflops := flops / perIter / 1e12
+	// Megatron's "throughput per GPU" divides by the world size; MFU is
+	// against each process's peak.
+	world := 1.0
+	if t.par != nil {
+		world = float64(t.par.World.Size())
+	}
+	tflops := flops / perIter / 1e12 / world
 	tokensPerSec := float64(gbs*cfg.SeqLength) / perIter
-	mfu := flops / perIter / cfg.PeakFLOPs
+	mfu := flops / perIter / world / cfg.PeakFLOPs
 	avg := math.NaN()
 	if t.itersSinceLog > 0 {
 		avg = t.lossSinceLog / float64(t.itersSinceLog)
