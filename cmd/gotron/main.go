@@ -51,7 +51,7 @@ func commands() []command {
 		{"convert", "convert checkpoints to and from Hugging Face format", cmdConvert},
 		{"preprocess", "tokenize JSONL into Megatron .bin/.idx files (tools/preprocess_data.py)", cmdPreprocess},
 		{"data", "inspect datasets: 'data samples', 'data inspect'", cmdData},
-		{"parallel", "print Megatron's rank groups for a layout: 'parallel groups'", cmdParallel},
+		{"parallel", "Megatron's rank groups and pipeline schedules: 'parallel groups', 'parallel schedule'", cmdParallel},
 		{"memory", "Megatron's theoretical memory report for train flags and --world-size", cmdMemory},
 		{"launch", "start N worker processes, torchrun-compatible", cmdLaunch},
 		{"bench", "benchmarks: 'bench gemm', 'bench attention', 'bench comm'", cmdBench},
