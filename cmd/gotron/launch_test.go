@@ -204,12 +204,26 @@ func TestUnderscoresToHyphens(t *testing.T) {
 	}
 }
 
+// TestMain removes the binary buildGotron built, once every test that
+// shares it is done.
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if builtGotronDir != "" {
+		os.RemoveAll(builtGotronDir)
+	}
+	os.Exit(code)
+}
+
+// builtGotronDir is where buildGotron put the binary ("" before it ran).
+var builtGotronDir string
+
 // buildGotron builds the gotron binary once per test run.
 var buildGotron = sync.OnceValues(func() (string, error) {
 	dir, err := os.MkdirTemp("", "gotron-launch-test")
 	if err != nil {
 		return "", err
 	}
+	builtGotronDir = dir
 	bin := filepath.Join(dir, "gotron")
 	out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput()
 	if err != nil {
@@ -252,7 +266,6 @@ func TestLaunchBinary(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { os.RemoveAll(filepath.Dir(bin)) })
 
 	out, err := exec.Command(bin, "launch", "--standalone", "--nproc-per-node", "2", "--",
 		"parallel", "groups", "--world-size", "4", "--pipeline-model-parallel-size", "2").CombinedOutput()
