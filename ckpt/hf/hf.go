@@ -13,6 +13,7 @@ import (
 	"strings"
 
 	"github.com/gotron/gotron/ckpt/safetensors"
+	"github.com/gotron/gotron/internal/meminfo"
 	"github.com/gotron/gotron/model/gpt"
 	"github.com/gotron/gotron/tensor"
 )
@@ -67,6 +68,10 @@ type Info struct {
 type ImportOptions struct {
 	// MakeVocabSizeDivisibleBy is --make-vocab-size-divisible-by; 0 means 128.
 	MakeVocabSizeDivisibleBy int
+
+	// machine reports the machine's memory (tests replace it); nil means
+	// meminfo.Read.
+	machine func() (meminfo.Info, bool)
 }
 
 // IsHFDir reports whether dir looks like a Hugging Face model directory:
@@ -109,15 +114,50 @@ func Import(dir string, opts ImportOptions) (*gpt.Model, Info, error) {
 		return nil, Info{}, fmt.Errorf("hf: %w", err)
 	}
 	defer set.Close()
+	// Every name, shape and dtype is checked from the file headers before
+	// the model is allocated: a config.json that disagrees with the weights
+	// fails at once, not after allocating what it describes.
+	plan, err := planImport(set, arch, cfg, vocab, dir)
+	if err != nil {
+		return nil, Info{}, err
+	}
+	if err := checkMemory(dir, cfg, plan, opts.machine); err != nil {
+		return nil, Info{}, err
+	}
 	m, err := gpt.New(cfg, tensor.NewRNG(0))
 	if err != nil {
 		return nil, Info{}, fmt.Errorf("hf: %s: %w", dir, err)
 	}
 	info := Info{Arch: arch, VocabSize: vocab, Config: json.RawMessage(raw), Warnings: warns}
-	if err := fill(m, set, arch, vocab, dir, &info); err != nil {
+	if err := fill(m, plan, dir, &info); err != nil {
 		return nil, Info{}, err
 	}
 	return m, info, nil
+}
+
+// checkMemory refuses an import whose float32 model (plus the largest
+// source tensor being converted) does not fit in the memory available
+// (meminfo; no check where it is unknown).
+func checkMemory(dir string, cfg gpt.Config, plan []planned, machine func() (meminfo.Info, bool)) error {
+	if machine == nil {
+		machine = meminfo.Read
+	}
+	mem, ok := machine()
+	if !ok {
+		return nil
+	}
+	largest := 0.0
+	for _, p := range plan {
+		for _, t := range p.src {
+			largest = max(largest, float64(t.NumElements()))
+		}
+	}
+	need := 4 * (cfg.ParamCount() + largest)
+	if mem.Fits(need) {
+		return nil
+	}
+	return fmt.Errorf("hf: %s: the float32 model of config.json (%.4g billion parameters) needs at least %s but this machine has %s",
+		dir, cfg.ParamCount()/1e9, meminfo.FormatBytes(need), mem)
 }
 
 func hasSafetensors(dir string) bool {
@@ -129,17 +169,21 @@ func hasSafetensors(dir string) bool {
 	return false
 }
 
-// fill copies every table entry's HF tensors into m's parameters and rejects
-// missing, misshapen and unexpected tensors.
-func fill(m *gpt.Model, set *safetensors.Set, arch string, vocab int, dir string, info *Info) error {
-	c := m.Config
+// planned is one table entry with its Hugging Face tensors (file views,
+// not decoded yet).
+type planned struct {
+	entry
+	names []string             // resolved HF names, in entry.HF's order
+	src   []safetensors.Tensor // the tensors under those names
+}
+
+// planImport matches every table entry with the set's tensors and rejects
+// missing, misshapen, unexpected and non-float tensors. It reads only the
+// file headers.
+func planImport(set *safetensors.Set, arch string, c gpt.Config, vocab int, dir string) ([]planned, error) {
 	tab, err := table(arch, c, vocab)
 	if err != nil {
-		return err
-	}
-	params := map[string]*tensor.Tensor{}
-	for _, p := range m.Params() {
-		params[p.Name] = p
+		return nil, err
 	}
 	names := map[string]bool{}
 	for _, n := range set.Names() {
@@ -152,45 +196,64 @@ func fill(m *gpt.Model, set *safetensors.Set, arch string, vocab int, dir string
 		resolve = func(n string) string { return strings.TrimPrefix(n, "transformer.") }
 	}
 	used := map[string]bool{}
-	dm := dims{h: c.HiddenSize, a: c.NumAttentionHeads, g: c.NumQueryGroups, d: c.KVChannels}
+	plan := make([]planned, 0, len(tab))
 	for _, e := range tab {
-		p := params[e.Gotron]
-		if p == nil {
-			return fmt.Errorf("hf: internal: no gotron parameter %s", e.Gotron)
-		}
-		src := make([][]float32, len(e.HF))
-		shapes := make([][]int, len(e.HF))
-		for i, ht := range e.HF {
+		p := planned{entry: e}
+		for _, ht := range e.HF {
 			name := resolve(ht.Name)
 			t, err := set.Tensor(name)
 			if err != nil {
-				return fmt.Errorf("hf: %s: missing tensor %s (config.json says %s)", dir, name, describe(arch, c, vocab))
+				return nil, fmt.Errorf("hf: %s: missing tensor %s (config.json says %s)", dir, name, describe(arch, c, vocab))
 			}
 			if !reflect.DeepEqual(t.Shape, ht.Shape) {
-				return fmt.Errorf("hf: %s: tensor %s has shape %v, config.json implies %v", dir, name, t.Shape, ht.Shape)
+				return nil, fmt.Errorf("hf: %s: tensor %s has shape %v, config.json implies %v", dir, name, t.Shape, ht.Shape)
 			}
 			switch t.DType {
 			case safetensors.F32, safetensors.BF16, safetensors.F16, safetensors.F64:
 			default:
-				return fmt.Errorf("hf: %s: tensor %s has dtype %s: want F32, BF16, F16 or F64", dir, name, t.DType)
+				return nil, fmt.Errorf("hf: %s: tensor %s has dtype %s: want F32, BF16, F16 or F64", dir, name, t.DType)
 			}
+			p.names = append(p.names, name)
+			p.src = append(p.src, t)
+			used[name] = true
+		}
+		plan = append(plan, p)
+	}
+	tied := !c.UntieEmbeddingsAndOutputWeights
+	for _, n := range set.Names() {
+		if !used[n] && !ignored(arch, n, tied) {
+			return nil, fmt.Errorf("hf: %s: unexpected tensor %s (not part of a %s model with %s)", dir, n, arch, describe(arch, c, vocab))
+		}
+	}
+	return plan, nil
+}
+
+// fill decodes every planned tensor into m's parameters.
+func fill(m *gpt.Model, plan []planned, dir string, info *Info) error {
+	c := m.Config
+	params := map[string]*tensor.Tensor{}
+	for _, p := range m.Params() {
+		params[p.Name] = p
+	}
+	dm := dims{h: c.HiddenSize, a: c.NumAttentionHeads, g: c.NumQueryGroups, d: c.KVChannels}
+	for _, e := range plan {
+		p := params[e.Gotron]
+		if p == nil {
+			return fmt.Errorf("hf: internal: no gotron parameter %s", e.Gotron)
+		}
+		src := make([][]float32, len(e.src))
+		shapes := make([][]int, len(e.src))
+		for i, t := range e.src {
 			if e.Gotron == "embedding.word_embeddings.weight" {
 				info.DType = t.DType.String()
 			}
 			src[i] = make([]float32, t.NumElements())
 			if err := t.DecodeFloat32(src[i]); err != nil {
-				return fmt.Errorf("hf: %s: tensor %s: %w", dir, name, err)
+				return fmt.Errorf("hf: %s: tensor %s: %w", dir, e.names[i], err)
 			}
-			shapes[i] = ht.Shape
-			used[name] = true
+			shapes[i] = e.HF[i].Shape
 		}
 		e.Op.toGotron(dm, p.Float32s(), src, shapes)
-	}
-	tied := !c.UntieEmbeddingsAndOutputWeights
-	for _, n := range set.Names() {
-		if !used[n] && !ignored(arch, n, tied) {
-			return fmt.Errorf("hf: %s: unexpected tensor %s (not part of a %s model with %s)", dir, n, arch, describe(arch, c, vocab))
-		}
 	}
 	return nil
 }

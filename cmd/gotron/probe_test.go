@@ -3,6 +3,8 @@ package main
 import (
 	"strings"
 	"testing"
+
+	"github.com/gotron/gotron/internal/meminfo"
 )
 
 // TestTrainProbeFlagErrors runs the bad model flags that used to panic (a
@@ -25,6 +27,27 @@ func TestTrainProbeFlagErrors(t *testing.T) {
 			_, errs, code := runCLI(t, args...)
 			if code != 1 || !strings.Contains(errs, c.want) {
 				t.Fatalf("exit %d, stderr %q: want exit 1 naming %q", code, errs, c.want)
+			}
+		})
+	}
+}
+
+// TestTrainRefusesWhatCannotFit: sizes that used to end in a fatal
+// out-of-memory abort are refused before allocating, with the estimate and
+// the machine's memory.
+func TestTrainRefusesWhatCannotFit(t *testing.T) {
+	if _, ok := meminfo.Read(); !ok {
+		t.Skip("no /proc/meminfo: train.CheckMemory cannot know the machine's memory here")
+	}
+	for _, extra := range [][]string{
+		{"--num-layers", "100000", "--hidden-size", "100000"},
+		{"--seq-length", "300000", "--micro-batch-size", "64", "--global-batch-size", "64"},
+	} {
+		t.Run(strings.Join(extra, " "), func(t *testing.T) {
+			args := append(append(append([]string{}, tinyTrain...), "--train-iters", "1"), extra...)
+			_, errs, code := runCLI(t, args...)
+			if code != 1 || !strings.Contains(errs, "needs an estimated") || !strings.Contains(errs, "/proc/meminfo") {
+				t.Fatalf("exit %d, stderr %q", code, errs)
 			}
 		})
 	}

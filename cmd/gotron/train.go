@@ -264,6 +264,9 @@ func cmdTrain(ctx context.Context, env *cli, args []string) error {
 		}
 		defer os.RemoveAll(tmp)
 	}
+	if err := train.CheckMemory(cfg); err != nil {
+		return err
+	}
 	tr, err := train.New(cfg, src.train, src.valid)
 	if err != nil {
 		return err

@@ -163,3 +163,38 @@ func Preset(name string) (Config, error) {
 	}
 	return Config{}, fmt.Errorf("gpt: unknown preset %q (want tiny, gpt2-small, gpt2-medium or llama-tiny)", name)
 }
+
+// ParamCount is the number of parameters New allocates for a validated c
+// (tied weights once; Model.NumParams of the result). It is a float64 so that
+// absurd sizes do not overflow: callers compare it with the machine's memory
+// before allocating anything.
+func (c *Config) ParamCount() float64 {
+	h, d := float64(c.HiddenSize), float64(c.KVChannels)
+	a, g := float64(c.NumAttentionHeads), float64(c.NumQueryGroups)
+	ffn, v := float64(c.FFNHiddenSize), float64(c.VocabSize)
+	norm := h // weight; LayerNorm adds a bias
+	if c.Normalization == "LayerNorm" {
+		norm = 2 * h
+	}
+	bias := 0.0
+	if !c.DisableBiasLinear {
+		bias = 1
+	}
+	qkvRows := (a + 2*g) * d
+	fc1Rows := ffn
+	if c.Activation == "swiglu" {
+		fc1Rows = 2 * ffn
+	}
+	layer := 2*norm + qkvRows*h + h*a*d + fc1Rows*h + h*ffn + bias*(h+fc1Rows+h)
+	if !c.DisableBiasLinear || c.AddQKVBias {
+		layer += qkvRows
+	}
+	n := v*h + float64(c.NumLayers)*layer + norm
+	if c.PositionEmbeddingType == "learned_absolute" {
+		n += float64(c.MaxPositionEmbeddings) * h
+	}
+	if c.UntieEmbeddingsAndOutputWeights {
+		n += v * h
+	}
+	return n
+}

@@ -4,6 +4,8 @@ import (
 	"math"
 	"strings"
 	"testing"
+
+	"github.com/gotron/gotron/tensor"
 )
 
 // TestValidateRejectsBadFlags checks that every out-of-range field is refused
@@ -58,6 +60,34 @@ func TestValidateAcceptsPresets(t *testing.T) {
 		}
 		if c.NormEpsilon != 1e-5 || c.InitMethodStd != 0.02 || c.FFNHiddenSize == 0 || c.KVChannels == 0 {
 			t.Errorf("preset %s: defaults not filled: %+v", name, c)
+		}
+	}
+}
+
+// TestParamCountMatchesNew: the count computed without allocating equals
+// the allocated model's, for the presets' layouts and the optional pieces.
+func TestParamCountMatchesNew(t *testing.T) {
+	configs := map[string]Config{
+		"qkv bias only": {NumLayers: 2, HiddenSize: 32, NumAttentionHeads: 4, NumQueryGroups: 2, VocabSize: 64,
+			MaxPositionEmbeddings: 16, DisableBiasLinear: true, AddQKVBias: true, KVChannels: 16, PositionEmbeddingType: "none"},
+		"untied rope swiglu": {NumLayers: 1, HiddenSize: 32, NumAttentionHeads: 4, VocabSize: 64, MaxPositionEmbeddings: 16,
+			PositionEmbeddingType: "rope", Activation: "swiglu", FFNHiddenSize: 40, UntieEmbeddingsAndOutputWeights: true},
+	}
+	for _, name := range []string{"tiny", "llama-tiny"} {
+		p, err := Preset(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		p.VocabSize, p.NumLayers = 64, 1 // small: the test allocates it
+		configs[name] = p
+	}
+	for name, c := range configs {
+		m, err := New(c, tensor.NewRNG(1))
+		if err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		if got, want := m.Config.ParamCount(), float64(m.NumParams()); got != want {
+			t.Errorf("%s: ParamCount %v, NumParams %v", name, got, want)
 		}
 	}
 }

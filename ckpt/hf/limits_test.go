@@ -1,0 +1,67 @@
+package hf
+
+import (
+	"bytes"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"testing"
+
+	"github.com/gotron/gotron/internal/meminfo"
+)
+
+// setVocab rewrites config.json's vocab_size in a fixture copy.
+func setVocab(t *testing.T, dir, vocab string) {
+	t.Helper()
+	p := filepath.Join(dir, "config.json")
+	b, err := os.ReadFile(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	old := []byte(`"vocab_size": 260`)
+	if !bytes.Contains(b, old) {
+		t.Fatalf("config.json lacks %s", old)
+	}
+	if err := os.WriteFile(p, bytes.Replace(b, old, []byte(`"vocab_size": `+vocab), 1), 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestImportChecksShapesBeforeAllocating: a config.json whose vocab_size
+// disagrees with the weights fails on the tensor's shape without allocating
+// the model it describes (2e7 rows used to cost 2.5 GB and 30 s before the
+// same error; 1e12 rows aborted the process out of memory).
+func TestImportChecksShapesBeforeAllocating(t *testing.T) {
+	for _, vocab := range []string{"20000000", "1000000000000"} {
+		t.Run(vocab, func(t *testing.T) {
+			dir := copyFixture(t, "gpt2_tied_f32")
+			setVocab(t, dir, vocab)
+			var before, after runtime.MemStats
+			runtime.ReadMemStats(&before)
+			_, _, err := LoadModel(dir)
+			runtime.ReadMemStats(&after)
+			if err == nil || !strings.Contains(err.Error(), "transformer.wte.weight has shape [260 32], config.json implies ["+vocab+" 32]") {
+				t.Fatalf("err = %v", err)
+			}
+			if alloc := after.TotalAlloc - before.TotalAlloc; alloc > 64<<20 {
+				t.Fatalf("allocated %d MB before refusing", alloc>>20)
+			}
+		})
+	}
+}
+
+// TestImportRefusesWhatCannotFit: a model larger than the machine's
+// available memory is refused before allocation, naming both.
+func TestImportRefusesWhatCannotFit(t *testing.T) {
+	dir := copyFixture(t, "gpt2_tied_f32")
+	small := func() (meminfo.Info, bool) { return meminfo.Info{TotalBytes: 2e6, AvailableBytes: 1e5}, true }
+	_, _, err := Import(dir, ImportOptions{machine: small})
+	if err == nil || !strings.Contains(err.Error(), "needs at least") || !strings.Contains(err.Error(), "0.1 MB available of 2.0 MB (/proc/meminfo)") {
+		t.Fatalf("err = %v", err)
+	}
+	roomy := func() (meminfo.Info, bool) { return meminfo.Info{TotalBytes: 2e9, AvailableBytes: 1e9}, true }
+	if _, _, err := Import(dir, ImportOptions{machine: roomy}); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -1,0 +1,44 @@
+package train
+
+import (
+	"fmt"
+
+	"github.com/gotron/gotron/internal/meminfo"
+)
+
+// CheckMemory refuses a run that cannot fit in this machine's memory,
+// before anything is allocated: a Go process that runs out of memory dies
+// with a fatal error and a goroutine dump instead of an error. The estimate
+// is Megatron's theoretical memory footprint (TheoreticalMemory) of this
+// rank; gotron keeps weights, gradients and activations in float32, so it
+// needs at least about that much. The machine's memory is MemAvailable of
+// /proc/meminfo; where that file is absent (not Linux) no check is made.
+// A config that does not validate passes: New reports its error.
+func CheckMemory(cfg Config) error {
+	mem, ok := meminfo.Read()
+	if !ok {
+		return nil
+	}
+	return checkMemory(cfg, mem)
+}
+
+// checkMemory is CheckMemory against the given machine.
+func checkMemory(cfg Config, mem meminfo.Info) error {
+	mc := MemoryConfig{Model: cfg.Model, SeqLength: cfg.SeqLength, MicroBatchSize: cfg.MicroBatchSize, WorldSize: 1}
+	if cfg.Parallel != nil {
+		mc.WorldSize = cfg.Parallel.DPSize()
+		mc.DistributedOptimizer = cfg.DDP.DistributedOptimizer
+	}
+	r, err := TheoreticalMemory(mc)
+	if err != nil {
+		return nil
+	}
+	need := r.WeightAndOptimizerBytes + r.ActivationBytes
+	if mem.Fits(need) {
+		return nil
+	}
+	return fmt.Errorf("train: this run needs an estimated %s per rank (%.4g billion parameters; Megatron's theoretical memory: "+
+		"weight and optimizer %.0f MB, activation %.0f MB) but this machine has %s: reduce --num-layers, --hidden-size, "+
+		"--seq-length or --micro-batch-size ('gotron memory' prints the estimate)",
+		meminfo.FormatBytes(need), r.TotalParams/1e9, r.WeightAndOptimizerMB(), r.ActivationMB(), mem)
+}
