@@ -11,14 +11,15 @@ func cmdBench(ctx context.Context, env *cli, args []string) error {
 		"gemm":      benchGemm,
 		"attention": benchAttention,
 		"comm":      benchComm,
+		"serve":     benchServe,
 	}
 	if len(args) == 0 || args[0] == "--help" || args[0] == "-h" {
-		fmt.Fprintln(env.stdout, "Usage: gotron bench gemm|attention|comm [flags]")
+		fmt.Fprintln(env.stdout, "Usage: gotron bench gemm|attention|comm|serve [flags]")
 		return errHelp
 	}
 	f, ok := subs[args[0]]
 	if !ok {
-		return fmt.Errorf("unknown benchmark %q (want gemm, attention or comm)", args[0])
+		return fmt.Errorf("unknown benchmark %q (want gemm, attention, comm or serve)", args[0])
 	}
 	return f(ctx, env, args[1:])
 }

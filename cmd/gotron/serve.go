@@ -14,6 +14,7 @@ import (
 
 	"github.com/gotron/gotron/infer"
 	"github.com/gotron/gotron/infer/server"
+	"github.com/gotron/gotron/model/gpt"
 	"github.com/gotron/gotron/tokenizer"
 )
 
@@ -96,6 +97,12 @@ func newServer(f *serveFlags) (*server.Server, *infer.Runner, error) {
 	if err != nil {
 		return nil, nil, err
 	}
+	return buildServer(f, m, tok, tpl)
+}
+
+// buildServer builds the engine for m, its runner and the HTTP server.
+func buildServer(f *serveFlags, m *gpt.Model, tok tokenizer.Tokenizer, tpl *server.ChatTemplate) (*server.Server, *infer.Runner, error) {
+	var err error
 	ec := f.engine
 	ec.DisablePrefixCaching = f.noPrefixCaching
 	ec.VocabSize, ec.Decoder = tok.VocabSize(), tok
