@@ -30,6 +30,7 @@ func cmdPreprocess(ctx context.Context, env *cli, args []string) error {
 	fs.BoolVar(&cfg.KeepSequentialSamples, "keep-sequential-samples", false, "partitions take contiguous blocks of lines")
 	fs.IntVar(&cfg.LogInterval, "log-interval", 1000, "documents between progress lines (when stderr is not a terminal)")
 	fs.BoolVar(&cfg.SkipBadLines, "skip-bad-lines", false, "skip (and count) lines that are not JSON objects with the keys")
+	fs.BoolVar(&cfg.ReplaceInvalidUTF8, "replace-invalid-utf8", false, "replace invalid UTF-8 in the input with U+FFFD (default: stop at FILE:LINE)")
 	addTokenizerFlags(fs, &tok)
 	if err := parseFlags(fs, args, env.stdout, preprocessSynopsis); err != nil {
 		return err

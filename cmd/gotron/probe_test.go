@@ -1,6 +1,8 @@
 package main
 
 import (
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -50,5 +52,26 @@ func TestTrainRefusesWhatCannotFit(t *testing.T) {
 				t.Fatalf("exit %d, stderr %q", code, errs)
 			}
 		})
+	}
+}
+
+// TestPreprocessInvalidUTF8 checks --replace-invalid-utf8: without it a line
+// with invalid UTF-8 stops the run at FILE:LINE (it used to be replaced
+// silently).
+func TestPreprocessInvalidUTF8(t *testing.T) {
+	dir := t.TempDir()
+	in := filepath.Join(dir, "in.jsonl")
+	if err := os.WriteFile(in, []byte("{\"text\": \"1 2 3\"}\n{\"text\": \"4 5\", \"note\": \"\xff\"}\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	args := []string{"preprocess", "--input", in, "--output-prefix", filepath.Join(dir, "out"),
+		"--tokenizer-type", "NullTokenizer", "--vocab-size", "100", "--workers", "1"}
+	_, errs, code := runCLI(t, args...)
+	if code != 1 || !strings.Contains(errs, in+":2: invalid UTF-8 byte 0xff") {
+		t.Fatalf("exit %d, stderr %q", code, errs)
+	}
+	out, errs, code := runCLI(t, append(args, "--replace-invalid-utf8")...)
+	if code != 0 || !strings.Contains(out, "2 documents, 5 tokens") {
+		t.Fatalf("--replace-invalid-utf8: exit %d, stdout %q, stderr %q", code, out, errs)
 	}
 }

@@ -20,8 +20,11 @@ type BuilderConfig struct {
 }
 
 // Builder writes a .bin/.idx pair byte-identical to Megatron's
-// IndexedDatasetBuilder: tokens stream to prefix.bin as they are added, and
-// Finalize writes prefix.idx. It is not safe for concurrent use.
+// IndexedDatasetBuilder. Tokens stream to prefix.bin.tmp as they are added;
+// Finalize writes prefix.idx.tmp and renames both into place, so a dataset
+// already at prefix is replaced only by a complete one (a failed run, a full
+// disk, leaves it as it was), and Abort removes the temporary files. It is
+// not safe for concurrent use.
 type Builder struct {
 	cfg     BuilderConfig
 	prefix  string
@@ -33,7 +36,12 @@ type Builder struct {
 	modes   []int8
 }
 
-// NewBuilder creates prefix.bin (truncating it) for writing.
+// TempSuffix ends the names a Builder writes before Finalize renames them
+// (prefix.bin.tmp, prefix.idx.tmp).
+const TempSuffix = ".tmp"
+
+// NewBuilder creates prefix.bin.tmp (truncating it) for writing; a dataset
+// at prefix is not touched before Finalize.
 func NewBuilder(prefix string, cfg BuilderConfig) (*Builder, error) {
 	if cfg.DType == 0 {
 		cfg.DType = UInt8
@@ -41,7 +49,7 @@ func NewBuilder(prefix string, cfg BuilderConfig) (*Builder, error) {
 	if !cfg.DType.Valid() {
 		return nil, fmt.Errorf("indexed: builder for %s: invalid dtype code %d", prefix, cfg.DType)
 	}
-	f, err := os.Create(prefix + ".bin")
+	f, err := os.Create(prefix + ".bin" + TempSuffix)
 	if err != nil {
 		return nil, fmt.Errorf("indexed: %w", err)
 	}
@@ -159,16 +167,31 @@ func (b *Builder) AddIndex(prefix string) error {
 	return nil
 }
 
-// Finalize flushes and closes prefix.bin, then writes prefix.idx.
+// Finalize flushes and closes prefix.bin.tmp, writes prefix.idx.tmp, and
+// renames them to prefix.bin and prefix.idx (.bin first: a crash between
+// the two renames leaves a .bin the old .idx does not describe, which Open
+// reports). On error the temporary files are removed.
 func (b *Builder) Finalize() error {
+	if err := b.finalize(); err != nil {
+		b.Abort()
+		return err
+	}
+	return nil
+}
+
+func (b *Builder) finalize() error {
+	if b.bin == nil {
+		return fmt.Errorf("indexed: finalize %s: builder already finalized or aborted", b.prefix)
+	}
 	err := b.w.Flush()
 	if cerr := b.bin.Close(); err == nil {
 		err = cerr
 	}
+	b.bin = nil
 	if err != nil {
 		return fmt.Errorf("indexed: finalize %s.bin: %w", b.prefix, err)
 	}
-	f, err := os.Create(b.prefix + ".idx")
+	f, err := os.Create(b.prefix + ".idx" + TempSuffix)
 	if err != nil {
 		return fmt.Errorf("indexed: %w", err)
 	}
@@ -183,7 +206,24 @@ func (b *Builder) Finalize() error {
 	if err != nil {
 		return fmt.Errorf("indexed: write %s.idx: %w", b.prefix, err)
 	}
+	for _, ext := range []string{".bin", ".idx"} {
+		if err := os.Rename(b.prefix+ext+TempSuffix, b.prefix+ext); err != nil {
+			return fmt.Errorf("indexed: finalize %s: %w", b.prefix, err)
+		}
+	}
 	return nil
+}
+
+// Abort closes the builder without writing the dataset and removes its
+// temporary files; a dataset at prefix is left as it was. It is a no-op
+// after Finalize.
+func (b *Builder) Abort() {
+	if b.bin != nil {
+		_ = b.bin.Close()
+		b.bin = nil
+	}
+	_ = os.Remove(b.prefix + ".bin" + TempSuffix)
+	_ = os.Remove(b.prefix + ".idx" + TempSuffix)
 }
 
 // WriteIndex writes an .idx image: header, lengths, pointers derived from the

@@ -9,17 +9,23 @@ import (
 	"github.com/gotron/gotron/data/indexed"
 )
 
-// outputs holds one builder per partition and key.
+// outputs holds one builder per partition and key. Every builder writes
+// under a temporary prefix (the output name plus tmpSuffix); only when all
+// of them are complete does finish rename them to the output names, so a
+// failed run (a bad line, a full disk) leaves an existing dataset at
+// --output-prefix as it was.
 type outputs struct {
-	cfg      Config
-	level    string
-	dtype    indexed.DType
-	builders [][]*indexed.Builder // [partition][key]
-	prefixes [][]string
+	cfg       Config
+	level     string
+	dtype     indexed.DType
+	tmpSuffix string
+	builders  [][]*indexed.Builder // [partition][key]
+	prefixes  [][]string           // temporary prefixes, [partition][key]
 }
 
 func newOutputs(cfg Config) (*outputs, error) {
-	o := &outputs{cfg: cfg, level: "document", dtype: indexed.OptimalDType(cfg.Tokenizer.VocabSize())}
+	o := &outputs{cfg: cfg, level: "document", dtype: indexed.OptimalDType(cfg.Tokenizer.VocabSize()),
+		tmpSuffix: fmt.Sprintf(".tmp-%d", os.Getpid())}
 	if cfg.SplitSentences {
 		o.level = "sentence"
 	}
@@ -31,10 +37,10 @@ func newOutputs(cfg Config) (*outputs, error) {
 		var bs []*indexed.Builder
 		var ps []string
 		for _, key := range cfg.JSONKeys {
-			prefix := fmt.Sprintf("%s_%s_%s", base, key, o.level)
+			prefix := fmt.Sprintf("%s_%s_%s", base, key, o.level) + o.tmpSuffix
 			b, err := indexed.NewBuilder(prefix, indexed.BuilderConfig{DType: o.dtype})
 			if err != nil {
-				o.builders = append(o.builders, bs)
+				o.builders, o.prefixes = append(o.builders, bs), append(o.prefixes, ps)
 				o.abort()
 				return nil, fmt.Errorf("preprocess: --output-prefix: %w", err)
 			}
@@ -45,9 +51,36 @@ func newOutputs(cfg Config) (*outputs, error) {
 	return o, nil
 }
 
-// finish finalizes every builder and, with partitions, merges them in
-// partition order (add_index) and removes the partition files.
+// finalName is the output prefix of key k.
+func (o *outputs) finalName(key string) string {
+	return fmt.Sprintf("%s_%s_%s", o.cfg.OutputPrefix, key, o.level)
+}
+
+// finish finalizes every builder, with partitions merges them in partition
+// order (add_index), and renames the results to the output names. On error
+// nothing at the output names has changed and the temporary files are gone.
 func (o *outputs) finish() ([]string, error) {
+	done, err := o.complete()
+	if err != nil {
+		o.abort()
+		for _, tmp := range done {
+			removeDataset(tmp)
+		}
+		return nil, err
+	}
+	final := make([]string, len(done))
+	for k, key := range o.cfg.JSONKeys {
+		final[k] = o.finalName(key)
+		if err := renameDataset(done[k], final[k]); err != nil {
+			return nil, fmt.Errorf("preprocess: --output-prefix: %w", err)
+		}
+	}
+	return final, nil
+}
+
+// complete finalizes the builders and returns the temporary prefix of each
+// key's finished dataset.
+func (o *outputs) complete() ([]string, error) {
 	for _, bs := range o.builders {
 		for _, b := range bs {
 			if err := b.Finalize(); err != nil {
@@ -58,34 +91,36 @@ func (o *outputs) finish() ([]string, error) {
 	if o.cfg.Partitions == 1 {
 		return o.prefixes[0], nil
 	}
-	var final []string
+	var merged []string
 	for k, key := range o.cfg.JSONKeys {
-		prefix := fmt.Sprintf("%s_%s_%s", o.cfg.OutputPrefix, key, o.level)
+		prefix := o.finalName(key) + o.tmpSuffix
 		m, err := indexed.NewBuilder(prefix, indexed.BuilderConfig{DType: o.dtype})
 		if err != nil {
-			return nil, fmt.Errorf("preprocess: --output-prefix: %w", err)
+			return merged, fmt.Errorf("preprocess: --output-prefix: %w", err)
 		}
 		for p := range o.builders {
 			if err := m.AddIndex(o.prefixes[p][k]); err != nil {
-				return nil, err
+				m.Abort()
+				return merged, err
 			}
 		}
 		if err := m.Finalize(); err != nil {
-			return nil, err
+			return merged, err
 		}
+		merged = append(merged, prefix)
 		for p := range o.builders {
 			removeDataset(o.prefixes[p][k])
 		}
-		final = append(final, prefix)
 	}
-	return final, nil
+	return merged, nil
 }
 
-// abort closes and removes everything written so far.
+// abort stops every builder and removes everything written so far; the
+// output names are not touched.
 func (o *outputs) abort() {
 	for p, bs := range o.builders {
 		for k, b := range bs {
-			_ = b.Finalize()
+			b.Abort()
 			if p < len(o.prefixes) && k < len(o.prefixes[p]) {
 				removeDataset(o.prefixes[p][k])
 			}
@@ -94,10 +129,21 @@ func (o *outputs) abort() {
 }
 
 // removeDataset deletes a .bin/.idx pair, best effort: it only cleans up
-// after a run that already succeeded (partition files) or failed.
+// temporary files.
 func removeDataset(prefix string) {
 	_ = os.Remove(prefix + ".bin")
 	_ = os.Remove(prefix + ".idx")
+}
+
+// renameDataset moves a finished .bin/.idx pair to another prefix (.bin
+// first, as indexed.Builder.Finalize).
+func renameDataset(from, to string) error {
+	for _, ext := range []string{".bin", ".idx"} {
+		if err := os.Rename(from+ext, to+ext); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // progress prints Megatron-style progress: docs/s and MB/s.

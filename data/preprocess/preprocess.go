@@ -15,6 +15,7 @@ import (
 	"strings"
 	"sync"
 	"time"
+	"unicode/utf8"
 
 	"github.com/gotron/gotron/tokenizer"
 )
@@ -46,6 +47,10 @@ type Config struct {
 	// SkipBadLines counts and skips lines that are not a JSON object with
 	// string (or list of strings) values for every key, instead of failing.
 	SkipBadLines bool
+	// ReplaceInvalidUTF8 (--replace-invalid-utf8) replaces each invalid
+	// UTF-8 byte of the input with U+FFFD. The zero value reports such a
+	// line as a LineError (Megatron's Python fails to decode the file).
+	ReplaceInvalidUTF8 bool
 	// Tokenizer encodes the text (tokenizer.Tokenize semantics). Required.
 	Tokenizer tokenizer.Tokenizer
 	// Progress receives progress lines; nil means none. With
@@ -394,7 +399,12 @@ func encodeBatch(b *batch, cfg Config) {
 }
 
 func encodeLine(line []byte, cfg Config) doc {
+	if !cfg.ReplaceInvalidUTF8 && !utf8.Valid(line) {
+		at := invalidUTF8At(line)
+		return doc{bad: fmt.Errorf("invalid UTF-8 byte 0x%02x at column %d (--replace-invalid-utf8 replaces such bytes with U+FFFD)", line[at], at+1)}
+	}
 	// One decoding pass over the whole line, like Python's json.loads.
+	// encoding/json replaces invalid UTF-8 with U+FFFD.
 	var obj map[string]any
 	if err := json.Unmarshal(line, &obj); err != nil || obj == nil {
 		if err == nil {
@@ -446,6 +456,18 @@ func encodeLine(line []byte, cfg Config) doc {
 		d.ids[k], d.lens[k] = ids, lens
 	}
 	return d
+}
+
+// invalidUTF8At is the offset of the first invalid UTF-8 byte of b, or -1.
+func invalidUTF8At(b []byte) int {
+	for i := 0; i < len(b); {
+		r, n := utf8.DecodeRune(b[i:])
+		if r == utf8.RuneError && n == 1 {
+			return i
+		}
+		i += n
+	}
+	return -1
 }
 
 // writeBatch appends b's documents to their partitions' builders.
