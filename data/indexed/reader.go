@@ -37,10 +37,10 @@ func Open(prefix string) (*Dataset, error) {
 		ds.Close()
 		return nil, err
 	}
-	if want := ds.binBytes(); int64(len(ds.binMap)) != want {
-		ds.Close()
-		return nil, &FormatError{File: prefix + ".bin", Offset: int64(len(ds.binMap)),
-			Want: fmt.Sprintf("file size %d bytes (from %s), got %d", want, prefix+".idx", len(ds.binMap))}
+	if want, got := ds.binBytes(), int64(len(ds.binMap)); got != want {
+		ds.Close() // the size is read before Close unmaps the file
+		return nil, &FormatError{File: prefix + ".bin", Offset: got,
+			Want: fmt.Sprintf("file size %d bytes (from %s), got %d", want, prefix+".idx", got)}
 	}
 	return ds, nil
 }
@@ -121,6 +121,9 @@ func mmapFile(path string) ([]byte, error) {
 	if err != nil {
 		return nil, fmt.Errorf("indexed: %w", err)
 	}
+	if !st.Mode().IsRegular() {
+		return nil, fmt.Errorf("indexed: %s is a %s, not a file (a dataset prefix P names the files P.bin and P.idx)", path, fileKind(st.Mode()))
+	}
 	if st.Size() == 0 {
 		return nil, nil
 	}
@@ -132,4 +135,19 @@ func mmapFile(path string) ([]byte, error) {
 		return nil, fmt.Errorf("indexed: mmap %s: %w", path, err)
 	}
 	return m, nil
+}
+
+// fileKind names a non-regular file mode for error messages.
+func fileKind(m os.FileMode) string {
+	switch {
+	case m.IsDir():
+		return "directory"
+	case m&os.ModeNamedPipe != 0:
+		return "named pipe"
+	case m&os.ModeSocket != 0:
+		return "socket"
+	case m&os.ModeDevice != 0:
+		return "device"
+	}
+	return "special file"
 }
