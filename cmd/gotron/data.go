@@ -102,6 +102,9 @@ func cmdDataSamples(ctx context.Context, env *cli, args []string) error {
 		return fmt.Errorf("the %s split is empty with these --split/--*-data-path flags", split)
 	}
 	n := src.Len()
+	if n == 0 {
+		return fmt.Errorf("the %s split has no samples of --seq-length %d: its documents hold fewer than the %d tokens one sample needs", split, *seqLength, *seqLength+1)
+	}
 	if *first > 0 {
 		n = min(n, *first)
 	}

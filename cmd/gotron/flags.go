@@ -7,7 +7,9 @@ import (
 	"io"
 	"os"
 	"sort"
+	"strconv"
 	"strings"
+	"time"
 
 	"go.yaml.in/yaml/v3"
 )
@@ -123,14 +125,71 @@ func applyConfigFile(fs *flag.FlagSet, path string) error {
 				parts[i] = fmt.Sprint(p)
 			}
 			s = strings.Join(parts, " ")
+		case map[string]any:
+			return fmt.Errorf("--config %s: key %q: a mapping, want a value for flag --%s", path, k, name)
 		default:
 			s = fmt.Sprint(x)
 		}
 		if err := fs.Set(name, s); err != nil {
-			return fmt.Errorf("--config %s: key %q: %v", path, k, err)
+			if want := flagType(f); want != "" {
+				return fmt.Errorf("--config %s: key %q: value %s (YAML %s) is not %s (flag --%s)", path, k, yamlText(v), yamlKind(v), want, name)
+			}
+			return fmt.Errorf("--config %s: key %q: value %s (YAML %s): %v (flag --%s)", path, k, yamlText(v), yamlKind(v), err, name)
 		}
 	}
 	return nil
+}
+
+// flagType says what a flag's value must be, for error messages; "" for
+// flag types whose own Set error says it.
+func flagType(f *flag.Flag) string {
+	if _, ok := f.Value.(*listFlag); ok {
+		return "a list of strings"
+	}
+	g, ok := f.Value.(flag.Getter)
+	if !ok {
+		return ""
+	}
+	switch g.Get().(type) {
+	case bool:
+		return "a boolean (true or false)"
+	case int, int64:
+		return "an integer"
+	case uint, uint64:
+		return "a non-negative integer"
+	case float64:
+		return "a number"
+	case string:
+		return "a string"
+	case time.Duration:
+		return "a duration (e.g. 30s)"
+	}
+	return ""
+}
+
+// yamlKind names the YAML type a value was decoded as.
+func yamlKind(v any) string {
+	switch v.(type) {
+	case bool:
+		return "boolean"
+	case int, int64, uint64:
+		return "integer"
+	case float64:
+		return "float"
+	case string:
+		return "string"
+	case []any:
+		return "list"
+	}
+	return fmt.Sprintf("%T", v)
+}
+
+// yamlText writes a YAML value back for error messages: strings quoted.
+func yamlText(v any) string {
+	if s, ok := v.(string); ok {
+		return strconv.Quote(s)
+	}
+	return fmt.Sprint(v)
 }
 
 // nearest returns the candidate closest to s by edit distance, or "" if none is

@@ -75,3 +75,39 @@ func TestPreprocessInvalidUTF8(t *testing.T) {
 		t.Fatalf("--replace-invalid-utf8: exit %d, stdout %q, stderr %q", code, out, errs)
 	}
 }
+
+// TestDataSamplesLongerThanData: a --seq-length longer than the split's data
+// is an error (it used to print nothing and exit 0).
+func TestDataSamplesLongerThanData(t *testing.T) {
+	_, prefix := preprocessToy(t) // 50 tokens
+	code, out, errs := runGotronLocal(t, "data", "samples", "--data-path", prefix, "--seq-length", "4096", "--eod-id", "99", "--split", "100,0,0")
+	if code != 1 || !strings.Contains(errs, "the train split has no samples of --seq-length 4096") {
+		t.Fatalf("exit %d, stdout %q, stderr %q", code, out, errs)
+	}
+}
+
+// TestConfigFileTypeErrors: a --config value of the wrong type names the
+// key, the value, its YAML type and what the flag wants (it used to say
+// only "parse error").
+func TestConfigFileTypeErrors(t *testing.T) {
+	cases := []struct{ yaml, want string }{
+		{"num_layers: two\n", `key "num_layers": value "two" (YAML string) is not an integer (flag --num-layers)`},
+		{"lr: fast\n", `key "lr": value "fast" (YAML string) is not a number (flag --lr)`},
+		{"num_layers: 2.5\n", `key "num_layers": value 2.5 (YAML float) is not an integer (flag --num-layers)`},
+		{"mock_data: 3\n", `key "mock_data": value 3 (YAML integer) is not a boolean (true or false) (flag --mock-data)`},
+		{"num_layers: [1, 2]\n", `key "num_layers": value [1 2] (YAML list) is not an integer (flag --num-layers)`},
+		{"num_layers: {a: 1}\n", `key "num_layers": a mapping, want a value for flag --num-layers`},
+	}
+	for _, c := range cases {
+		t.Run(c.yaml, func(t *testing.T) {
+			p := filepath.Join(t.TempDir(), "c.yaml")
+			if err := os.WriteFile(p, []byte(c.yaml), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			_, errs, code := runCLI(t, "train", "--config", p)
+			if code != 1 || !strings.Contains(errs, c.want) {
+				t.Fatalf("exit %d, stderr %q, want %q", code, errs, c.want)
+			}
+		})
+	}
+}
