@@ -80,6 +80,7 @@ func convertFromHF(ctx context.Context, env *cli, f *convertFlags) error {
 	for _, w := range info.Warnings {
 		fmt.Fprintf(env.stderr, "warning: %s\n", w)
 	}
+	warnNonFinite(env.stderr, f.load, m)
 	seq := f.seqLength
 	if seq == 0 {
 		seq = m.Config.MaxPositionEmbeddings
@@ -140,6 +141,7 @@ func convertToHF(ctx context.Context, env *cli, f *convertFlags) error {
 	if err != nil {
 		return err
 	}
+	warnNonFinite(env.stderr, f.load, m)
 	if f.vocabSize != 0 {
 		if f.vocabSize < 0 || f.vocabSize > m.Config.VocabSize {
 			return fmt.Errorf("--vocab-size=%d: want 1..%d (the checkpoint's padded vocabulary)", f.vocabSize, m.Config.VocabSize)

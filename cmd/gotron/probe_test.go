@@ -1,11 +1,13 @@
 package main
 
 import (
+	"math"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 
+	"github.com/gotron/gotron/ckpt/safetensors"
 	"github.com/gotron/gotron/internal/meminfo"
 )
 
@@ -109,5 +111,57 @@ func TestConfigFileTypeErrors(t *testing.T) {
 				t.Fatalf("exit %d, stderr %q, want %q", code, errs, c.want)
 			}
 		})
+	}
+}
+
+// TestNonFiniteWeightsWarn: NaN and Inf weights import, convert and score
+// with a warning naming the tensor (they used to pass without a word).
+func TestNonFiniteWeightsWarn(t *testing.T) {
+	src := t.TempDir()
+	ents, err := os.ReadDir(hfFixture("gpt2_tied_f32"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range ents {
+		b, err := os.ReadFile(filepath.Join(hfFixture("gpt2_tied_f32"), e.Name()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(src, e.Name()), b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	st := filepath.Join(src, "model.safetensors")
+	f, err := safetensors.ReadFile(st)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ts := f.Tensors()
+	x := ts["transformer.ln_f.weight"]
+	vals := make([]float32, x.NumElements())
+	if err := x.DecodeFloat32(vals); err != nil {
+		t.Fatal(err)
+	}
+	vals[0], vals[1], vals[2] = float32(math.NaN()), float32(math.Inf(1)), float32(math.Inf(-1))
+	if ts["transformer.ln_f.weight"], err = safetensors.FromFloat32(safetensors.F32, x.Shape, vals); err != nil {
+		t.Fatal(err)
+	}
+	if err := safetensors.WriteFile(st, ts, nil); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	const want = "tensor decoder.final_layernorm.weight has 1 NaN and 2 infinite values (of 32)"
+	dst := filepath.Join(t.TempDir(), "g")
+	ids := filepath.Join(t.TempDir(), "ids.json")
+	os.WriteFile(ids, []byte("[1, 2]"), 0o644)
+	for _, args := range [][]string{
+		{"convert", "--from", "hf", "--load", src, "--save", dst},
+		{"score", "--load", dst, "--tokens-file", ids},
+		{"convert", "--to", "hf", "--load", dst, "--save", filepath.Join(t.TempDir(), "hf")},
+	} {
+		_, errs, code := gotronHF(t, args...)
+		if code != 0 || !strings.Contains(errs, want) {
+			t.Errorf("gotron %s: exit %d, stderr %q", strings.Join(args, " "), code, errs)
+		}
 	}
 }

@@ -55,6 +55,7 @@ func cmdScore(ctx context.Context, env *cli, args []string) error {
 	if err != nil {
 		return err
 	}
+	warnNonFinite(env.stderr, f.load, m)
 	var tok tokenizer.Tokenizer
 	if f.text != "" || f.tok.Type != "" {
 		if tok, err = scoreTokenizer(f.tok, tokDir); err != nil {
