@@ -90,12 +90,11 @@ func TestKillDuringSave(t *testing.T) {
 		if _, err := New(cfg, MockSource{SeqLength: cfg.SeqLength, VocabSize: cfg.Model.VocabSize}, nil); err != nil {
 			t.Fatalf("round %d: loading iteration %d after kill: %v", round, it, err)
 		}
-		// Every earlier complete iteration directory is intact too.
+		// Every iteration directory is complete: a kill leaves only
+		// temporary directories, named ".tmp-iter_…" (or ".del-iter_…"),
+		// which this pattern does not match.
 		dirs, _ := filepath.Glob(filepath.Join(dir, "iter_*"))
 		for _, d := range dirs {
-			if filepath.Ext(d) != "" {
-				continue // a temporary directory left by the kill
-			}
 			if _, err := os.Stat(filepath.Join(d, "checkpoint.json")); err != nil {
 				t.Fatalf("round %d: %s is incomplete: %v", round, d, err)
 			}
