@@ -2,27 +2,60 @@ package tokenizer
 
 import (
 	"cmp"
+	"crypto/sha256"
 	"encoding/json"
 	"flag"
+	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 	"unicode/utf8"
 )
 
-// -hf-out writes the tokenizer.json fixtures to a directory, for
-// tools/tokfixtures/generate.sh to run the reference (tokenizers.js) on.
-var hfOut = flag.String("hf-out", "", "write the Hugging Face tokenizer.json fixtures to this directory")
+// -hf-out regenerates the Hugging Face fixtures: it writes the
+// tokenizer.json files to a directory, for tools/tokfixtures/generate.sh to
+// run the reference (tokenizers.js) on, and records their SHA-256 digests in
+// testdata/hf/fixtures.sha256.
+var hfOut = flag.String("hf-out", "", "regenerate: write the Hugging Face tokenizer.json fixtures to this directory and their digests to testdata/hf/fixtures.sha256")
 
-func TestWriteHFFixtures(t *testing.T) {
-	if *hfOut == "" {
-		t.Skip("only with -hf-out")
+// hfDigestFile binds the tokenizer.json fixtures (built in memory by
+// hfFixtures) to the reference ids in testdata/hf/*.ids.gz that
+// tokenizers.js computed from them.
+const hfDigestFile = "testdata/hf/fixtures.sha256"
+
+// TestHFFixturesMatchReference checks that hfFixtures builds byte for byte
+// the tokenizer.json files the committed reference ids were computed from
+// (their digests in hfDigestFile): a change to the fixture builder must come
+// with regenerated ids (tools/tokfixtures/generate.sh). With -hf-out it
+// writes the fixtures and the digests instead.
+func TestHFFixturesMatchReference(t *testing.T) {
+	fx := hfFixtures(t)
+	names := slices.Sorted(maps.Keys(fx))
+	var digests strings.Builder
+	for _, name := range names {
+		fmt.Fprintf(&digests, "%x  %s.json\n", sha256.Sum256(fx[name]), name)
 	}
-	for name, b := range hfFixtures(t) {
-		if err := os.WriteFile(filepath.Join(*hfOut, name+".json"), b, 0o644); err != nil {
+	if *hfOut != "" {
+		for _, name := range names {
+			if err := os.WriteFile(filepath.Join(*hfOut, name+".json"), fx[name], 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := os.WriteFile(hfDigestFile, []byte(digests.String()), 0o644); err != nil {
 			t.Fatal(err)
 		}
+		return
+	}
+	want, err := os.ReadFile(hfDigestFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := digests.String(); got != string(want) {
+		t.Fatalf("the tokenizer.json fixtures differ from those %s records:\n got %s\nwant %s"+
+			"regenerate the reference ids with tools/tokfixtures/generate.sh (it runs this test with -hf-out)", hfDigestFile, got, want)
 	}
 }
 
