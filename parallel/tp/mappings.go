@@ -1,0 +1,278 @@
+// Package tp is Megatron's tensor (and sequence) parallelism for gotron:
+// the communication mappings as autograd functions on the tape (spec §2.2),
+// vocab-parallel embedding and cross-entropy (§2.3), and the plan that splits
+// a plain GPT model's parameters across the tensor-parallel ranks
+// (column-parallel QKV and fc1, row-parallel projection and fc2,
+// vocab-parallel embedding and output layer).
+//
+// Tape functions have no error result, so a Region keeps the first failure
+// of any of its collectives (sticky): the caller checks Err after forward and
+// after backward and abandons the step. The context of the collectives is the
+// Region's, set by the training loop.
+package tp
+
+import (
+	"context"
+	"fmt"
+	"sync"
+
+	"github.com/gotron/gotron/comm"
+	"github.com/gotron/gotron/tensor"
+)
+
+// Region is one tensor-parallel group seen from the tape: the mappings of
+// spec §2.2 as tape functions over Group.
+type Region struct {
+	Group comm.ProcessGroup
+	// SequenceParallel (--sequence-parallel) shards activations outside the
+	// tensor-parallel regions along the sequence dimension.
+	SequenceParallel bool
+	// Ctx governs the collectives; nil means context.Background().
+	Ctx context.Context
+
+	mu  sync.Mutex // protects err
+	err error
+}
+
+// Size is the tensor-parallel size; Rank this rank's index.
+func (r *Region) Size() int { return r.Group.Size() }
+func (r *Region) Rank() int { return r.Group.Rank() }
+
+// Err returns the first collective failure since the last ResetErr.
+func (r *Region) Err() error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.err
+}
+
+func (r *Region) fail(op string, err error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.err == nil {
+		r.err = fmt.Errorf("tp: %s over the tensor-parallel group: %w", op, err)
+	}
+}
+
+func (r *Region) ctx() context.Context {
+	if r.Ctx == nil {
+		return context.Background()
+	}
+	return r.Ctx
+}
+
+func (r *Region) allReduce(op string, x []float32) {
+	if r.Size() == 1 {
+		return
+	}
+	if err := r.Group.AllReduce(r.ctx(), comm.Float32s(x), comm.Sum); err != nil {
+		r.fail(op, err)
+	}
+}
+
+// fn adapts two closures to tensor.Function.
+type fn struct {
+	fwd func(tp *tensor.Tape, in []*tensor.Tensor) []*tensor.Tensor
+	bwd func(tp *tensor.Tape, g []*tensor.Tensor) []*tensor.Tensor
+}
+
+func (f fn) Forward(tp *tensor.Tape, in []*tensor.Tensor) []*tensor.Tensor  { return f.fwd(tp, in) }
+func (f fn) Backward(tp *tensor.Tape, g []*tensor.Tensor) []*tensor.Tensor { return f.bwd(tp, g) }
+
+func clone(tp *tensor.Tape, x *tensor.Tensor) *tensor.Tensor {
+	out := tp.Empty(x.Shape()...)
+	copy(out.Float32s(), x.Contiguous().Float32s())
+	return out
+}
+
+// CopyTo is Megatron's copy_to_tensor_model_parallel_region: identity
+// forward, all-reduce of the gradient backward. It sits at the input of a
+// column-parallel linear.
+func (r *Region) CopyTo(tp *tensor.Tape, x *tensor.Tensor) *tensor.Tensor {
+	if r.Size() == 1 {
+		return x
+	}
+	return tp.Apply(fn{
+		fwd: func(tp *tensor.Tape, in []*tensor.Tensor) []*tensor.Tensor { return []*tensor.Tensor{clone(tp, in[0])} },
+		bwd: func(tp *tensor.Tape, g []*tensor.Tensor) []*tensor.Tensor {
+			d := clone(tp, g[0])
+			r.allReduce("copy_to backward all_reduce", d.Float32s())
+			return []*tensor.Tensor{d}
+		},
+	}, x)[0]
+}
+
+// ReduceFrom is reduce_from_tensor_model_parallel_region: all-reduce
+// forward, identity backward. It sums a row-parallel linear's partial
+// outputs.
+func (r *Region) ReduceFrom(tp *tensor.Tape, x *tensor.Tensor) *tensor.Tensor {
+	if r.Size() == 1 {
+		return x
+	}
+	return tp.Apply(fn{
+		fwd: func(tp *tensor.Tape, in []*tensor.Tensor) []*tensor.Tensor {
+			out := clone(tp, in[0])
+			r.allReduce("reduce_from all_reduce", out.Float32s())
+			return []*tensor.Tensor{out}
+		},
+		bwd: func(tp *tensor.Tape, g []*tensor.Tensor) []*tensor.Tensor { return []*tensor.Tensor{g[0]} },
+	}, x)[0]
+}
+
+// GatherLast is gather_from_tensor_model_parallel_region: all-gather along
+// the last dimension forward, keep this rank's slice backward.
+func (r *Region) GatherLast(tp *tensor.Tape, x *tensor.Tensor) *tensor.Tensor {
+	if r.Size() == 1 {
+		return x
+	}
+	return tp.Apply(fn{
+		fwd: func(tp *tensor.Tape, in []*tensor.Tensor) []*tensor.Tensor {
+			return []*tensor.Tensor{r.gatherDim(tp, in[0], in[0].NDim()-1, "gather_from")}
+		},
+		bwd: func(tp *tensor.Tape, g []*tensor.Tensor) []*tensor.Tensor {
+			return []*tensor.Tensor{r.sliceDim(tp, g[0], g[0].NDim()-1)}
+		},
+	}, x)[0]
+}
+
+// ScatterLast is scatter_to_tensor_model_parallel_region: keep this rank's
+// slice of the last dimension forward, all-gather backward.
+func (r *Region) ScatterLast(tp *tensor.Tape, x *tensor.Tensor) *tensor.Tensor {
+	if r.Size() == 1 {
+		return x
+	}
+	return tp.Apply(fn{
+		fwd: func(tp *tensor.Tape, in []*tensor.Tensor) []*tensor.Tensor {
+			return []*tensor.Tensor{r.sliceDim(tp, in[0], in[0].NDim()-1)}
+		},
+		bwd: func(tp *tensor.Tape, g []*tensor.Tensor) []*tensor.Tensor {
+			return []*tensor.Tensor{r.gatherDim(tp, g[0], g[0].NDim()-1, "scatter_to backward all_gather")}
+		},
+	}, x)[0]
+}
+
+// GatherSeq is gather_from_sequence_parallel_region for gotron's (b, t, h)
+// activations: all-gather of the sequence shards (dimension 1) forward,
+// reduce-scatter backward.
+func (r *Region) GatherSeq(tp *tensor.Tape, x *tensor.Tensor) *tensor.Tensor {
+	if r.Size() == 1 {
+		return x
+	}
+	return tp.Apply(fn{
+		fwd: func(tp *tensor.Tape, in []*tensor.Tensor) []*tensor.Tensor {
+			return []*tensor.Tensor{r.gatherDim(tp, in[0], 1, "gather_from_sequence_parallel all_gather")}
+		},
+		bwd: func(tp *tensor.Tape, g []*tensor.Tensor) []*tensor.Tensor {
+			return []*tensor.Tensor{r.reduceScatterDim(tp, g[0], 1, "gather_from_sequence_parallel backward reduce_scatter")}
+		},
+	}, x)[0]
+}
+
+// ReduceScatterSeq is reduce_scatter_to_sequence_parallel_region: sum the
+// ranks' partial (b, t, h) and keep this rank's sequence shard forward,
+// all-gather backward.
+func (r *Region) ReduceScatterSeq(tp *tensor.Tape, x *tensor.Tensor) *tensor.Tensor {
+	if r.Size() == 1 {
+		return x
+	}
+	return tp.Apply(fn{
+		fwd: func(tp *tensor.Tape, in []*tensor.Tensor) []*tensor.Tensor {
+			return []*tensor.Tensor{r.reduceScatterDim(tp, in[0], 1, "reduce_scatter_to_sequence_parallel")}
+		},
+		bwd: func(tp *tensor.Tape, g []*tensor.Tensor) []*tensor.Tensor {
+			return []*tensor.Tensor{r.gatherDim(tp, g[0], 1, "reduce_scatter_to_sequence_parallel backward all_gather")}
+		},
+	}, x)[0]
+}
+
+// ScatterSeq is scatter_to_sequence_parallel_region: keep this rank's
+// sequence shard forward, all-gather backward.
+func (r *Region) ScatterSeq(tp *tensor.Tape, x *tensor.Tensor) *tensor.Tensor {
+	if r.Size() == 1 {
+		return x
+	}
+	return tp.Apply(fn{
+		fwd: func(tp *tensor.Tape, in []*tensor.Tensor) []*tensor.Tensor { return []*tensor.Tensor{r.sliceDim(tp, in[0], 1)} },
+		bwd: func(tp *tensor.Tape, g []*tensor.Tensor) []*tensor.Tensor {
+			return []*tensor.Tensor{r.gatherDim(tp, g[0], 1, "scatter_to_sequence_parallel backward all_gather")}
+		},
+	}, x)[0]
+}
+
+// split3 views a contiguous tensor as (outer, n, inner) around dimension d.
+func split3(shape []int, d int) (outer, n, inner int) {
+	outer, inner = 1, 1
+	for i, s := range shape {
+		switch {
+		case i < d:
+			outer *= s
+		case i > d:
+			inner *= s
+		}
+	}
+	return outer, shape[d], inner
+}
+
+// sliceDim returns this rank's 1/size slice of dimension d.
+func (r *Region) sliceDim(tp *tensor.Tape, x *tensor.Tensor, d int) *tensor.Tensor {
+	shape := x.Shape()
+	outer, n, inner := split3(shape, d)
+	if n%r.Size() != 0 {
+		panic(fmt.Sprintf("tp: dimension %d of %v does not divide by the tensor-parallel size %d", d, shape, r.Size()))
+	}
+	k := n / r.Size()
+	oshape := append([]int(nil), shape...)
+	oshape[d] = k
+	out := tp.Empty(oshape...)
+	src, dst := x.Contiguous().Float32s(), out.Float32s()
+	for o := range outer {
+		copy(dst[o*k*inner:(o+1)*k*inner], src[(o*n+r.Rank()*k)*inner:(o*n+(r.Rank()+1)*k)*inner])
+	}
+	return out
+}
+
+// gatherDim all-gathers every rank's x along dimension d.
+func (r *Region) gatherDim(tp *tensor.Tape, x *tensor.Tensor, d int, op string) *tensor.Tensor {
+	shape := x.Shape()
+	outer, k, inner := split3(shape, d)
+	p := r.Size()
+	buf := make([]float32, p*x.Numel()) // (p, outer, k, inner)
+	if err := r.Group.AllGather(r.ctx(), comm.Float32s(buf), comm.Float32s(x.Contiguous().Float32s()), nil); err != nil {
+		r.fail(op, err)
+	}
+	oshape := append([]int(nil), shape...)
+	oshape[d] = k * p
+	out := tp.Empty(oshape...)
+	dst := out.Float32s()
+	for q := range p {
+		for o := range outer {
+			copy(dst[(o*k*p+q*k)*inner:(o*k*p+(q+1)*k)*inner], buf[(q*outer+o)*k*inner:(q*outer+o+1)*k*inner])
+		}
+	}
+	return out
+}
+
+// reduceScatterDim sums every rank's x and keeps this rank's 1/size slice of
+// dimension d.
+func (r *Region) reduceScatterDim(tp *tensor.Tape, x *tensor.Tensor, d int, op string) *tensor.Tensor {
+	shape := x.Shape()
+	outer, n, inner := split3(shape, d)
+	p := r.Size()
+	if n%p != 0 {
+		panic(fmt.Sprintf("tp: dimension %d of %v does not divide by the tensor-parallel size %d", d, shape, p))
+	}
+	k := n / p
+	src := x.Contiguous().Float32s()
+	packed := make([]float32, len(src)) // (p, outer, k, inner)
+	for q := range p {
+		for o := range outer {
+			copy(packed[(q*outer+o)*k*inner:(q*outer+o+1)*k*inner], src[(o*n+q*k)*inner:(o*n+(q+1)*k)*inner])
+		}
+	}
+	oshape := append([]int(nil), shape...)
+	oshape[d] = k
+	out := tp.Empty(oshape...)
+	if err := r.Group.ReduceScatter(r.ctx(), comm.Float32s(out.Float32s()), comm.Float32s(packed), comm.Sum, nil); err != nil {
+		r.fail(op, err)
+	}
+	return out
+}
