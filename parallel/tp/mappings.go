@@ -75,7 +75,7 @@ type fn struct {
 	bwd func(tp *tensor.Tape, g []*tensor.Tensor) []*tensor.Tensor
 }
 
-func (f fn) Forward(tp *tensor.Tape, in []*tensor.Tensor) []*tensor.Tensor  { return f.fwd(tp, in) }
+func (f fn) Forward(tp *tensor.Tape, in []*tensor.Tensor) []*tensor.Tensor { return f.fwd(tp, in) }
 func (f fn) Backward(tp *tensor.Tape, g []*tensor.Tensor) []*tensor.Tensor { return f.bwd(tp, g) }
 
 func clone(tp *tensor.Tape, x *tensor.Tensor) *tensor.Tensor {
@@ -191,7 +191,9 @@ func (r *Region) ScatterSeq(tp *tensor.Tape, x *tensor.Tensor) *tensor.Tensor {
 		return x
 	}
 	return tp.Apply(fn{
-		fwd: func(tp *tensor.Tape, in []*tensor.Tensor) []*tensor.Tensor { return []*tensor.Tensor{r.sliceDim(tp, in[0], 1)} },
+		fwd: func(tp *tensor.Tape, in []*tensor.Tensor) []*tensor.Tensor {
+			return []*tensor.Tensor{r.sliceDim(tp, in[0], 1)}
+		},
 		bwd: func(tp *tensor.Tape, g []*tensor.Tensor) []*tensor.Tensor {
 			return []*tensor.Tensor{r.gatherDim(tp, g[0], 1, "scatter_to_sequence_parallel backward all_gather")}
 		},
