@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"math"
 	"unsafe"
+
+	"github.com/gotron/gotron/internal/half"
 )
 
 // DType is the element type of a Buffer.
@@ -153,16 +155,9 @@ func (b Buffer) Check() error {
 // BF16ToFloat32 widens a bfloat16 bit pattern to float32 (exact).
 func BF16ToFloat32(h uint16) float32 { return math.Float32frombits(uint32(h) << 16) }
 
-// Float32ToBF16 rounds f to the nearest bfloat16, ties to even; NaN stays a
-// (quiet) NaN with f's sign.
-func Float32ToBF16(f float32) uint16 {
-	u := math.Float32bits(f)
-	if u&0x7fffffff > 0x7f800000 {
-		return uint16(u>>16) | 0x40
-	}
-	u += 0x7fff + (u>>16)&1
-	return uint16(u >> 16)
-}
+// Float32ToBF16 rounds f to the nearest bfloat16, ties to even; a NaN stays
+// a quiet NaN with f's sign and top payload bits (half.BFloat16From).
+func Float32ToBF16(f float32) uint16 { return uint16(half.BFloat16From(f)) }
 
 // EvenCounts splits total elements into n equal counts, or returns an error
 // naming total and n if it does not divide.

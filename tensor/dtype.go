@@ -3,7 +3,7 @@ package tensor
 import (
 	"fmt"
 
-	"github.com/gotron/gotron/ckpt/half"
+	"github.com/gotron/gotron/internal/half"
 )
 
 // DType is a tensor's element type. Float32 is the compute type; BFloat16 and
@@ -48,7 +48,7 @@ func (d DType) String() string {
 	return fmt.Sprintf("DType(%d)", uint8(d))
 }
 
-// The conversions are package half's (ckpt/half), kept under these names
+// The conversions are package half's (internal/half), kept under these names
 // so tensor code reads naturally.
 
 // Float32ToBFloat16 rounds f to the nearest bfloat16, ties to even; NaN

@@ -6,7 +6,7 @@ import (
 	"math"
 	"unsafe"
 
-	"github.com/gotron/gotron/ckpt/half"
+	"github.com/gotron/gotron/internal/half"
 )
 
 // Tensor is a named file's tensor: element type, row-major shape and the

@@ -3,6 +3,8 @@ package cpu
 import (
 	"math"
 	"unsafe"
+
+	"github.com/gotron/gotron/internal/half"
 )
 
 // bf16 inputs: SgemmBF16 rounds op(A) and op(B) to bfloat16 (8-bit
@@ -77,14 +79,10 @@ func bf16KernelsFor(isa ISA) kernSet {
 // float32: the value SgemmBF16 multiplies. NaN stays NaN (quiet).
 func RoundBF16(x float32) float32 { return math.Float32frombits(bf16Bits(x) << 16) }
 
-// bf16Bits returns the bfloat16 encoding of x rounded to nearest even.
-func bf16Bits(x float32) uint32 {
-	b := math.Float32bits(x)
-	if b&0x7fffffff > 0x7f800000 {
-		return b>>16 | 0x40 // NaN: keep sign and top payload, set the quiet bit
-	}
-	return (b + 0x7fff + (b>>16)&1) >> 16
-}
+// bf16Bits returns the bfloat16 encoding of x rounded to nearest even
+// (half.BFloat16From: a NaN keeps its sign and top payload bits and becomes
+// quiet). The assembly packers (gen/bf16.go) compute the same bits.
+func bf16Bits(x float32) uint32 { return uint32(half.BFloat16From(x)) }
 
 // pairBits packs bf16(lo) into the low and bf16(hi) into the high half.
 func pairBits(lo, hi float32) uint32 { return bf16Bits(lo) | bf16Bits(hi)<<16 }

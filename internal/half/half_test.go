@@ -35,7 +35,7 @@ func TestFloat16AllPatternsWidenExactlyAndRoundTrip(t *testing.T) {
 				t.Fatalf("Float16(%#04x).Float32() = %v, want NaN", i, got)
 			}
 			back := Float16From(got)
-			if wantNaN := Float16(uint16(i)&0x8000 | f16QNaN); back != wantNaN {
+			if wantNaN := Float16(uint16(i) | f16Quiet); back != wantNaN { // payload kept, quieted
 				t.Fatalf("Float16From(NaN from %#04x) = %#04x, want %#04x", i, back, wantNaN)
 			}
 			continue
@@ -58,8 +58,8 @@ func TestBFloat16AllPatternsRoundTrip(t *testing.T) {
 		}
 		back := BFloat16From(got)
 		want := h
-		if i&0x7FFF > 0x7F80 { // NaN
-			want = BFloat16(uint16(i)&0x8000 | bf16QNaN)
+		if i&0x7FFF > 0x7F80 { // NaN: payload kept, quieted
+			want = BFloat16(uint16(i) | bf16Quiet)
 		}
 		if back != want {
 			t.Fatalf("BFloat16From(BFloat16(%#04x).Float32()) = %#04x, want %#04x", i, back, want)
@@ -137,7 +137,8 @@ func TestBFloat16RoundsToNearestEvenAtEveryBoundary(t *testing.T) {
 
 // torchEdge holds float32 inputs and the bit patterns torch 1.13
 // (tensor.to(torch.float16) / torch.bfloat16) produced for them, except the
-// bfloat16 NaN rows where torch is inconsistent (see the package doc).
+// NaN rows with payload bits, where this package keeps the payload and
+// torch canonicalizes (see the package doc).
 var torchEdge = []struct {
 	in   uint32
 	f16  uint16
@@ -145,10 +146,11 @@ var torchEdge = []struct {
 }{
 	{0x7FC00000, 0x7E00, 0x7FC0}, // quiet NaN
 	{0xFFC00000, 0xFE00, 0xFFC0}, // negative quiet NaN
-	{0x7F800001, 0x7E00, 0x7FC0}, // signalling NaN, payload in low bits only
+	{0x7F800001, 0x7E00, 0x7FC0}, // signalling NaN, payload in low bits only: quieted
 	{0xFF800001, 0xFE00, 0xFFC0},
-	{0x7FA00000, 0x7E00, 0x7FC0},
-	{0x7FFFFFFF, 0x7E00, 0x7FC0},
+	{0x7FA00000, 0x7F00, 0x7FE0}, // signalling NaN with a high payload bit: kept, quieted (torch: 0x7E00)
+	{0x7FFFFFFF, 0x7FFF, 0x7FFF}, // (torch: 0x7E00)
+	{0xFFC12345, 0xFE09, 0xFFC1}, // (torch: 0xFE00)
 	{0x00000001, 0x0000, 0x0000}, // smallest float32 subnormal
 	{0x80000001, 0x8000, 0x8000}, // keeps the sign of zero
 	{0x3F808000, 0x3C04, 0x3F80}, // 1.00390625: bf16 tie → even
@@ -226,5 +228,37 @@ func BenchmarkBFloat16sFrom(b *testing.B) {
 	b.SetBytes(int64(4 * len(src)))
 	for b.Loop() {
 		BFloat16sFrom(dst, src)
+	}
+}
+
+// TestNaNAndInfRules pins IEEE 754's rules for narrowing special values
+// (§6.2.3, and x86's VCVTNEPS2BF16 and VCVTPS2PH): an infinity stays an
+// infinity of the same sign; a NaN stays a NaN of the same sign, becomes
+// quiet, and keeps the top bits of its payload, for every payload bit.
+func TestNaNAndInfRules(t *testing.T) {
+	for _, sign := range []uint32{0, 0x80000000} {
+		inf := math.Float32frombits(sign | 0x7F800000)
+		if got, want := BFloat16From(inf), BFloat16(sign>>16|0x7F80); got != want {
+			t.Errorf("BFloat16From(%v) = %#04x, want %#04x", inf, got, want)
+		}
+		if got, want := Float16From(inf), Float16(sign>>16|0x7C00); got != want {
+			t.Errorf("Float16From(%v) = %#04x, want %#04x", inf, got, want)
+		}
+		payloads := []uint32{0x400000, 0x7FFFFF, 0x123456, 0x3FFFFF}
+		for bit := range 23 {
+			payloads = append(payloads, 1<<bit)
+		}
+		for _, p := range payloads {
+			in := sign | 0x7F800000 | p
+			f := math.Float32frombits(in)
+			b := BFloat16From(f)
+			if b.Float32() == b.Float32() || uint32(b)&0x8000 != sign>>16 || b&bf16Quiet == 0 || uint32(b)&0x3F != p>>16&0x3F {
+				t.Errorf("BFloat16From(NaN %#08x) = %#04x: want a quiet NaN with the sign and payload bits %#x", in, b, p>>16&0x3F)
+			}
+			h := Float16From(f)
+			if h.Float32() == h.Float32() || uint32(h)&0x8000 != sign>>16 || h&f16Quiet == 0 || uint32(h)&0x1FF != p>>13&0x1FF {
+				t.Errorf("Float16From(NaN %#08x) = %#04x: want a quiet NaN with the sign and payload bits %#x", in, h, p>>13&0x1FF)
+			}
+		}
 	}
 }

@@ -1,17 +1,26 @@
 // Package half converts between float32 and the two 16-bit floating-point
-// formats found in checkpoints: bfloat16 (8 exponent bits, 7 mantissa bits)
-// and IEEE 754 binary16 "float16" (5 exponent bits, 10 mantissa bits).
+// formats gotron uses: bfloat16 (8 exponent bits, 7 mantissa bits: --bf16
+// matrix operands, bf16 collectives, checkpoints) and IEEE 754 binary16
+// "float16" (5 exponent bits, 10 mantissa bits: checkpoints). It is the one
+// implementation of these roundings: tensor, internal/cpu (whose assembly
+// packers are tested bit for bit against it), comm and ckpt/safetensors all
+// call it.
 //
 // Narrowing conversions round to nearest, ties to even, exactly as IEEE 754
 // prescribes, including float16 subnormals, overflow to infinity and
 // underflow to signed zero. Widening conversions are exact.
 //
-// NaN handling: every NaN becomes the canonical quiet NaN of the target
-// format with the input's sign (bfloat16 0x7FC0, float16 0x7E00, sign bit
-// 0x8000). This matches PyTorch's float16 conversion; PyTorch's bfloat16
-// conversion is not consistent across versions and code paths (its scalar
-// path returns 0x7FC0 for every NaN, the AVX2 path of torch 1.13 returns
-// 0xFFFF), so the only guarantee for bfloat16 is that a NaN stays a NaN.
+// NaN handling follows IEEE 754's recommendation for narrowing (§6.2.3:
+// preserve the payload as far as the format allows) and what x86 hardware
+// does (VCVTNEPS2BF16, VCVTPS2PH): a NaN keeps its sign and the top bits of
+// its payload, and becomes quiet (the quiet bit, the mantissa's top bit, is
+// set, so it stays a NaN even when the kept payload bits are zero). So the
+// quiet NaN 0x7FC00000 becomes bfloat16 0x7FC0 and float16 0x7E00, the
+// signalling NaN 0x7F800001 becomes 0x7FC0 and 0x7E00, and 0xFFC12345
+// becomes 0xFFC1 and 0xFE09. PyTorch returns the canonical 0x7E00 (with the
+// sign) for every float16 NaN and is inconsistent for bfloat16 (0x7FC0 on
+// its scalar path, 0xFFFF on torch 1.13's AVX2 path): only the payload bits
+// of NaNs can differ from it.
 package half
 
 import (
@@ -27,18 +36,18 @@ type BFloat16 uint16
 type Float16 uint16
 
 const (
-	bf16QNaN = 0x7FC0
-	f16QNaN  = 0x7E00
-	f16Inf   = 0x7C00
+	bf16Quiet = 0x0040 // the quiet bit of a bfloat16 NaN (mantissa's top bit)
+	f16Quiet  = 0x0200 // the quiet bit of a float16 NaN
+	f16Inf    = 0x7C00
 )
 
 // BFloat16From rounds f to the nearest bfloat16, ties to even. Values beyond
-// the largest finite bfloat16 (after rounding) become infinities; NaNs become
-// the canonical quiet NaN with f's sign.
+// the largest finite bfloat16 (after rounding) become infinities; a NaN
+// keeps its sign and top 6 payload bits and becomes quiet.
 func BFloat16From(f float32) BFloat16 {
 	b := math.Float32bits(f)
 	if b&0x7FFFFFFF > 0x7F800000 { // NaN
-		return BFloat16(b>>16&0x8000 | bf16QNaN)
+		return BFloat16(b>>16 | bf16Quiet)
 	}
 	// Adding 0x7FFF plus the lowest kept bit rounds to nearest even; a carry
 	// out of the mantissa correctly increments the exponent (up to infinity).
@@ -54,7 +63,7 @@ func (h BFloat16) Float32() float32 {
 // Float16From rounds f to the nearest float16, ties to even, producing
 // subnormals for magnitudes below 2⁻¹⁴, signed zero below half the smallest
 // subnormal (2⁻²⁵, which itself ties to zero) and infinity at or above
-// 65520. NaNs become the canonical quiet NaN with f's sign.
+// 65520. A NaN keeps its sign and top 9 payload bits and becomes quiet.
 func Float16From(f float32) Float16 {
 	b := math.Float32bits(f)
 	sign := uint16(b>>16) & 0x8000
@@ -62,7 +71,7 @@ func Float16From(f float32) Float16 {
 	mant := b & 0x7FFFFF
 	if exp == 0xFF {
 		if mant != 0 {
-			return Float16(sign | f16QNaN)
+			return Float16(sign | f16Inf | f16Quiet | uint16(mant>>13))
 		}
 		return Float16(sign | f16Inf)
 	}

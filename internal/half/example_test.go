@@ -3,7 +3,7 @@ package half_test
 import (
 	"fmt"
 
-	"github.com/gotron/gotron/ckpt/half"
+	"github.com/gotron/gotron/internal/half"
 )
 
 func Example() {
