@@ -32,6 +32,9 @@ type EngineConfig struct {
 	// Decoder turns ids into text for stop strings and Event.Text; nil
 	// means events carry no text and requests may not set Stop.
 	Decoder Decoder
+	// Weights is the layout decode steps read the linear weights in
+	// (--decode-weights); the zero value WeightsAuto picks by timing.
+	Weights WeightLayout
 }
 
 // validate fills defaults for m and rejects bad values, naming the flag.
@@ -46,6 +49,8 @@ func (c *EngineConfig) validate(m *gpt.Model) error {
 		return fmt.Errorf("infer: --max-num-batched-tokens=%d: want >= 0", c.MaxNumBatchedTokens)
 	case c.MaxNumSeqs < 0:
 		return fmt.Errorf("infer: --max-num-seqs=%d: want >= 0", c.MaxNumSeqs)
+	case c.Weights < WeightsAuto || c.Weights > WeightsTransposed:
+		return fmt.Errorf("infer: weight layout %d: want WeightsAuto, WeightsModel or WeightsTransposed", c.Weights)
 	case c.VocabSize < 0 || c.VocabSize > mc.VocabSize:
 		return fmt.Errorf("infer: vocabulary of %d: want 1..%d (the model's)", c.VocabSize, mc.VocabSize)
 	}
@@ -180,6 +185,7 @@ type Engine struct {
 	cfg    EngineConfig
 	pool   *kvPool
 	att    *pagedAttention
+	tl     *gpt.TransposedLinears // nil: the model's weights only
 	maxPos int
 
 	nextID  SeqID
@@ -216,8 +222,13 @@ func NewEngine(m *gpt.Model, cfg EngineConfig) (*Engine, error) {
 	e := &Engine{m: m, cfg: cfg, maxPos: mc.MaxPositionEmbeddings, byID: map[SeqID]*sequence{}}
 	e.pool = newKVPool(mc.NumLayers, mc.NumQueryGroups*mc.KVChannels, cfg.BlockTokens, blocks)
 	e.att = newPagedAttention(e.pool, mc.NumAttentionHeads, mc.NumQueryGroups, mc.KVChannels)
+	e.tl = transposedLinears(m, cfg.Weights)
 	return e, nil
 }
+
+// TransposedWeights reports whether decode steps read transposed copies of
+// the weights (EngineConfig.Weights).
+func (e *Engine) TransposedWeights() bool { return e.tl != nil }
 
 // Config returns the engine's configuration with defaults filled in.
 func (e *Engine) Config() EngineConfig { return e.cfg }
@@ -342,11 +353,11 @@ func (e *Engine) Step() ([]Event, error) {
 	var logits []float32
 	var err error
 	if len(e.rows) > 0 {
-		logits, err = e.m.DecodeBatch(e.tokens, e.positions, e.att, e.rows)
+		logits, err = e.m.DecodeBatch(e.tokens, e.positions, e.att, e.rows, e.tl)
 	} else {
 		// Every sequence is mid-prefill: the forward still fills the
 		// cache; ask for one row's logits and ignore them.
-		logits, err = e.m.DecodeBatch(e.tokens, e.positions, e.att, []int{len(e.tokens) - 1})
+		logits, err = e.m.DecodeBatch(e.tokens, e.positions, e.att, []int{len(e.tokens) - 1}, e.tl)
 	}
 	e.stats.Steps++
 	e.stats.BatchedTokens += int64(len(e.tokens))

@@ -19,10 +19,13 @@ func testModel(t testing.TB, kind string) *gpt.Model {
 	t.Helper()
 	cfg := gpt.Config{NumLayers: 2, HiddenSize: 32, NumAttentionHeads: 4, VocabSize: 64, MaxPositionEmbeddings: 128,
 		Activation: "gelu_tanh", InitMethodStd: 0.3}
-	if kind == "llama" {
+	if kind == "llama" || kind == "llama-long" {
 		cfg = gpt.Config{NumLayers: 2, HiddenSize: 32, NumAttentionHeads: 4, NumQueryGroups: 2, FFNHiddenSize: 48,
 			VocabSize: 64, MaxPositionEmbeddings: 128, PositionEmbeddingType: "rope", Normalization: "RMSNorm",
 			Activation: "swiglu", DisableBiasLinear: true, UntieEmbeddingsAndOutputWeights: true, InitMethodStd: 0.3}
+	}
+	if kind == "llama-long" {
+		cfg.MaxPositionEmbeddings = 2048
 	}
 	m, err := gpt.New(cfg, tensor.NewRNG(7))
 	if err != nil {
@@ -106,26 +109,56 @@ func checkNoLeak(t testing.TB, e *Engine) {
 
 // TestEngineGreedyMatchesGenerate: one request alone in the engine decodes
 // token for token as Generate (gotron generate) does, greedy and seeded
-// sampling, GPT-2- and Llama-style.
+// sampling, GPT-2- and Llama-style, with the model's weights (the same
+// arithmetic) and with transposed copies (the same tokens).
 func TestEngineGreedyMatchesGenerate(t *testing.T) {
 	for _, kind := range []string{"gpt2", "llama"} {
-		t.Run(kind, func(t *testing.T) {
-			m := testModel(t, kind)
-			for i, s := range []Sampling{{TopK: 1}, {Seed: 5}, {TopP: 0.9, Temperature: 0.7, Seed: 3}} {
-				prompt := testPrompt(5+7*i, i, 64)
-				want := generateAlone(t, m, prompt, 20, s)
-				e := mustEngine(t, m, EngineConfig{})
-				id, err := e.Add(Request{Prompt: prompt, MaxTokens: 20, Sampling: s})
-				if err != nil {
-					t.Fatal(err)
-				}
-				toks, fin := drain(t, e)
-				if !slices.Equal(toks[id], want) || fin[id] != FinishLength {
-					t.Fatalf("sampling %+v: engine %v (%s), generate %v", s, toks[id], fin[id], want)
-				}
-				checkNoLeak(t, e)
-			}
-		})
+		for _, layout := range []WeightLayout{WeightsModel, WeightsTransposed} {
+			t.Run(kind+"/"+layout.String(), func(t *testing.T) {
+				testGreedyMatchesGenerate(t, kind, layout)
+			})
+		}
+	}
+}
+
+func testGreedyMatchesGenerate(t *testing.T, kind string, layout WeightLayout) {
+	m := testModel(t, kind)
+	for i, s := range []Sampling{{TopK: 1}, {Seed: 5}, {TopP: 0.9, Temperature: 0.7, Seed: 3}} {
+		prompt := testPrompt(5+7*i, i, 64)
+		want := generateAlone(t, m, prompt, 20, s)
+		e := mustEngine(t, m, EngineConfig{Weights: layout})
+		id, err := e.Add(Request{Prompt: prompt, MaxTokens: 20, Sampling: s})
+		if err != nil {
+			t.Fatal(err)
+		}
+		toks, fin := drain(t, e)
+		if !slices.Equal(toks[id], want) || fin[id] != FinishLength {
+			t.Fatalf("sampling %+v: engine %v (%s), generate %v", s, toks[id], fin[id], want)
+		}
+		checkNoLeak(t, e)
+	}
+}
+
+// TestTransposedLogits: logits through the transposed copies equal the
+// model's within float32 rounding.
+func TestTransposedLogits(t *testing.T) {
+	m := testModel(t, "llama")
+	prompt := testPrompt(9, 1, 64)
+	logits := func(layout WeightLayout) []float32 {
+		e := mustEngine(t, m, EngineConfig{Weights: layout})
+		e.Add(Request{Prompt: prompt, MaxTokens: 1, Logprobs: true, TopLogprobs: 64})
+		evs, _ := e.Step()
+		out := make([]float32, 64)
+		for _, tl := range evs[0].TopLogprobs {
+			out[tl.Token] = tl.Logprob
+		}
+		return out
+	}
+	a, b := logits(WeightsModel), logits(WeightsTransposed)
+	for i := range a {
+		if d := a[i] - b[i]; d > 1e-4 || d < -1e-4 {
+			t.Fatalf("logprob %d: %v (model layout), %v (transposed)", i, a[i], b[i])
+		}
 	}
 }
 

@@ -52,7 +52,7 @@ func waitGoroutines(t *testing.T, n int) {
 // cancelled requests free their blocks; stopping the runner ends what is
 // left with ErrClosed; no goroutine outlives it.
 func TestRunnerConcurrent(t *testing.T) {
-	m := testModel(t, "llama")
+	m := testModel(t, "llama-long")
 	generateAlone(t, m, testPrompt(40, 1, 64), 2, Sampling{TopK: 1}) // starts the kernels' workers
 	base := runtime.NumGoroutine()
 	e := mustEngine(t, m, EngineConfig{BlockTokens: 4, MaxNumBatchedTokens: 32})
@@ -83,7 +83,7 @@ func TestRunnerConcurrent(t *testing.T) {
 		wg.Go(func() {
 			cctx, cancel := context.WithCancel(context.Background())
 			defer cancel()
-			s, err := r.Submit(cctx, Request{Prompt: testPrompt(40, 9, 64), MaxTokens: 80, Sampling: Sampling{TopK: 1}})
+			s, err := r.Submit(cctx, Request{Prompt: testPrompt(40, 9, 64), MaxTokens: 2000, Sampling: Sampling{TopK: 1}})
 			if err != nil {
 				errs <- err
 				return
@@ -113,7 +113,7 @@ func TestRunnerConcurrent(t *testing.T) {
 		t.Fatalf("empty prompt: %v", err)
 	}
 	// A request left running when the runner stops ends with ErrClosed.
-	s, err := r.Submit(context.Background(), Request{Prompt: testPrompt(40, 9, 64), MaxTokens: 80, Sampling: Sampling{TopK: 1}})
+	s, err := r.Submit(context.Background(), Request{Prompt: testPrompt(40, 9, 64), MaxTokens: 2000, Sampling: Sampling{TopK: 1}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -93,8 +93,8 @@ func benchServe(ctx context.Context, env *cli, args []string) error {
 
 	prompts := benchPrompts(&f, tok.VocabSize())
 	c := m.Config
-	fmt.Fprintf(env.stdout, "bench serve: %d layers, hidden %d, heads %d (kv %d), vocab %d, %d params; %d clients × (%d prompt + %d new tokens); %d threads\n",
-		c.NumLayers, c.HiddenSize, c.NumAttentionHeads, c.NumQueryGroups, c.VocabSize, m.NumParams(), f.clients, f.promptTokens, f.maxNew, runtime.GOMAXPROCS(0))
+	fmt.Fprintf(env.stdout, "bench serve: %d layers, hidden %d, heads %d (kv %d), vocab %d, %d params; %d clients × (%d prompt + %d new tokens); %d threads; transposed decode weights: %v\n",
+		c.NumLayers, c.HiddenSize, c.NumAttentionHeads, c.NumQueryGroups, c.VocabSize, m.NumParams(), f.clients, f.promptTokens, f.maxNew, runtime.GOMAXPROCS(0), runner.Engine().TransposedWeights())
 	var want []string
 	if f.verify {
 		if want, err = benchAloneOutputs(ctx, m, tok, prompts, f.maxNew); err != nil {

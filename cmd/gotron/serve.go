@@ -23,6 +23,7 @@ const serveSynopsis = "serve --load DIR [--host 127.0.0.1] [--port 8000] [--kv-c
 // serveFlags are gotron serve's flags (vLLM's names where Megatron has none).
 type serveFlags struct {
 	load, host, modelName, chatTemplate string
+	decodeWeights                       string
 	port                                int
 	kvCacheBytes                        string
 	engine                              infer.EngineConfig
@@ -44,6 +45,7 @@ func addServeFlags(fs *flag.FlagSet, f *serveFlags) {
 	fs.IntVar(&f.engine.MaxNumBatchedTokens, "max-num-batched-tokens", 512, "tokens per forward step: decode tokens plus prefill chunks")
 	fs.IntVar(&f.engine.MaxNumSeqs, "max-num-seqs", 256, "sequences batched at once")
 	fs.BoolVar(&f.noPrefixCaching, "no-enable-prefix-caching", false, "turn off the reuse of cached prompt blocks")
+	fs.StringVar(&f.decodeWeights, "decode-weights", "auto", "weights small steps read: model, transposed (a second copy; faster where the GEMM lacks a dot-product path) or auto (timed at start)")
 	fs.Int64Var(&f.maxRequestBytes, "max-request-bytes", 1<<20, "largest request body (413 beyond)")
 	fs.IntVar(&f.maxPromptTokens, "max-prompt-tokens", 0, "longest prompt in tokens, 413 beyond (default: the model's context)")
 	fs.IntVar(&f.maxN, "max-n", 16, "largest n (choices) per request")
@@ -71,8 +73,12 @@ func cmdServe(ctx context.Context, env *cli, args []string) error {
 	}
 	cfg := runner.Engine().Config()
 	st := runner.Stats()
-	fmt.Fprintf(env.stdout, "gotron serve: %s: %d KV blocks of %d tokens (%d positions), up to %d sequences, %d tokens per step\n",
-		f.load, st.KVBlocksTotal, cfg.BlockTokens, st.KVBlocksTotal*cfg.BlockTokens, cfg.MaxNumSeqs, cfg.MaxNumBatchedTokens)
+	layout := "model"
+	if runner.Engine().TransposedWeights() {
+		layout = "transposed copies"
+	}
+	fmt.Fprintf(env.stdout, "gotron serve: %s: %d KV blocks of %d tokens (%d positions), up to %d sequences, %d tokens per step, decode weights: %s\n",
+		f.load, st.KVBlocksTotal, cfg.BlockTokens, st.KVBlocksTotal*cfg.BlockTokens, cfg.MaxNumSeqs, cfg.MaxNumBatchedTokens, layout)
 	fmt.Fprintf(env.stdout, "gotron serve: listening on http://%s\n", ln.Addr())
 	return serve(ctx, env, srv, runner, ln, f.grace)
 }
@@ -105,6 +111,9 @@ func buildServer(f *serveFlags, m *gpt.Model, tok tokenizer.Tokenizer, tpl *serv
 	var err error
 	ec := f.engine
 	ec.DisablePrefixCaching = f.noPrefixCaching
+	if ec.Weights, err = infer.ParseWeightLayout(f.decodeWeights); err != nil {
+		return nil, nil, fmt.Errorf("--decode-weights: %w", err)
+	}
 	ec.VocabSize, ec.Decoder = tok.VocabSize(), tok
 	if ec.VocabSize > m.Config.VocabSize {
 		return nil, nil, fmt.Errorf("the tokenizer's %d ids exceed the model's vocabulary of %d", ec.VocabSize, m.Config.VocabSize)

@@ -55,8 +55,14 @@ type harness struct {
 // httptest; cleanup stops the runner.
 func newHarness(t *testing.T, cfg Config) *harness {
 	t.Helper()
+	return newHarnessContext(t, cfg, 96)
+}
+
+// newHarnessContext is newHarness with a context of positions tokens.
+func newHarnessContext(t *testing.T, cfg Config, positions int) *harness {
+	t.Helper()
 	mc := gpt.Config{NumLayers: 2, HiddenSize: 32, NumAttentionHeads: 4, NumQueryGroups: 2, FFNHiddenSize: 48,
-		VocabSize: 64, MaxPositionEmbeddings: 96, PositionEmbeddingType: "rope", Normalization: "RMSNorm",
+		VocabSize: 64, MaxPositionEmbeddings: positions, PositionEmbeddingType: "rope", Normalization: "RMSNorm",
 		Activation: "swiglu", DisableBiasLinear: true, UntieEmbeddingsAndOutputWeights: true, InitMethodStd: 0.3}
 	m, err := gpt.New(mc, tensor.NewRNG(11))
 	if err != nil {
@@ -322,9 +328,9 @@ func TestMegatronAPIAndMetrics(t *testing.T) {
 // TestDisconnectFreesBlocks: a streaming client that goes away cancels its
 // sequence; the KV blocks come back.
 func TestDisconnectFreesBlocks(t *testing.T) {
-	h := newHarness(t, Config{})
+	h := newHarnessContext(t, Config{}, 4096)
 	ctx, cancel := context.WithCancel(context.Background())
-	req, _ := http.NewRequestWithContext(ctx, "POST", h.url+"/v1/completions", strings.NewReader(`{"prompt":"ABCDEFGHIJ","max_tokens":80,"ignore_eos":true,"stream":true}`))
+	req, _ := http.NewRequestWithContext(ctx, "POST", h.url+"/v1/completions", strings.NewReader(`{"prompt":"ABCDEFGHIJ","max_tokens":4000,"ignore_eos":true,"stream":true}`))
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		t.Fatal(err)

@@ -20,6 +20,97 @@ type Attender interface {
 	Attend(layer int, q, k, v, out []float32)
 }
 
+// TransposedLinears holds (in, out) copies of a model's linear weights for
+// DecodeBatch: a product of few rows reads such a copy as stored, while the
+// model's (out, in) layout makes some CPU GEMM paths repack the whole weight
+// for every call. It doubles the weights' memory.
+type TransposedLinears struct {
+	// MaxRows is the most rows of a product that uses the copies; larger
+	// products use the model's weights (where packing is amortised).
+	MaxRows int
+	// ChunkRows splits such products into products of at most this many
+	// rows (0: none), each streaming the weight: a GEMM reads a row-major
+	// weight in place only for a few rows (its micro-kernel's height).
+	ChunkRows int
+	t         map[*tensor.Tensor]*tensor.Tensor
+}
+
+// TransposeLinears copies every linear weight of m (QKV, projection, MLP,
+// output layer) transposed, for products of at most maxRows rows computed
+// chunkRows rows at a time (0: at once).
+func (m *Model) TransposeLinears(maxRows, chunkRows int) *TransposedLinears {
+	tl := &TransposedLinears{MaxRows: maxRows, ChunkRows: chunkRows, t: map[*tensor.Tensor]*tensor.Tensor{}}
+	add := func(w *tensor.Tensor) {
+		if w == nil || tl.t[w] != nil {
+			return
+		}
+		rows, cols := w.Dim(0), w.Dim(1)
+		src, dst := w.Float32s(), make([]float32, rows*cols)
+		for i := range rows {
+			for j, v := range src[i*cols : (i+1)*cols] {
+				dst[j*rows+i] = v
+			}
+		}
+		tl.t[w] = tensor.FromFloat32(dst, cols, rows)
+	}
+	for i := range m.Layers {
+		l := &m.Layers[i]
+		add(l.QKV)
+		add(l.Proj)
+		add(l.FC1)
+		add(l.FC2)
+	}
+	if m.OutputLayer != nil {
+		add(m.OutputLayer)
+	} else {
+		add(m.WordEmb)
+	}
+	return tl
+}
+
+// Linear is tp.Linear(x, w, b) (x·wᵀ + b), through w's transposed copy
+// when x has at most MaxRows rows and tl (which may be nil) holds one.
+func (tl *TransposedLinears) Linear(tp *tensor.Tape, x, w, b *tensor.Tensor) *tensor.Tensor {
+	in := x.Dim(-1)
+	n := x.Numel() / in
+	wt := tl.lookup(w)
+	if wt == nil || n > tl.MaxRows {
+		return tp.Linear(x, w, b)
+	}
+	out := wt.Dim(1)
+	x = tp.Contiguous(x)
+	shape := append(append([]int(nil), x.Shape()[:x.NDim()-1]...), out)
+	chunk := n
+	if tl.ChunkRows > 0 {
+		chunk = tl.ChunkRows
+	}
+	if chunk >= n {
+		y := tp.Reshape(tp.MatMul(tp.Reshape(x, n, in), wt, tensor.NoTrans, tensor.NoTrans), shape...)
+		if b != nil {
+			y = tp.Add(y, b)
+		}
+		return y
+	}
+	xs, ys := x.Float32s(), make([]float32, n*out)
+	for r := 0; r < n; r += chunk {
+		c := min(chunk, n-r)
+		xr := tensor.FromFloat32(xs[r*in:(r+c)*in], c, in)
+		copy(ys[r*out:(r+c)*out], tp.MatMul(xr, wt, tensor.NoTrans, tensor.NoTrans).Float32s())
+	}
+	y := tensor.FromFloat32(ys, shape...)
+	if b != nil {
+		y = tp.Add(y, b)
+	}
+	return y
+}
+
+func (tl *TransposedLinears) lookup(w *tensor.Tensor) *tensor.Tensor {
+	if tl == nil {
+		return nil
+	}
+	return tl.t[w]
+}
+
 // DecodeBatch runs tokens without gradients: the next positions of several
 // cached sequences, flattened sequence after sequence, token i at position
 // positions[i] of its sequence. Attention goes through att; every other op
@@ -27,9 +118,10 @@ type Attender interface {
 // and single decode tokens (continuous batching). It returns the logits
 // (len(rows), V) of the tokens whose indices rows lists, in that order.
 //
-// For one sequence (att attending to it alone) the arithmetic is Decode's,
-// op for op.
-func (m *Model) DecodeBatch(tokens, positions []int32, att Attender, rows []int) ([]float32, error) {
+// tl (nil: none) supplies transposed weights for small products. For one
+// sequence (att attending to it alone) and tl nil the arithmetic is
+// Decode's, op for op.
+func (m *Model) DecodeBatch(tokens, positions []int32, att Attender, rows []int, tl *TransposedLinears) ([]float32, error) {
 	c := &m.Config
 	n := len(tokens)
 	switch {
@@ -63,7 +155,7 @@ func (m *Model) DecodeBatch(tokens, positions []int32, att Attender, rows []int)
 	for li := range m.Layers {
 		l := &m.Layers[li]
 		h := m.norm(tp, x, l.InputNorm, l.InputNormBias)
-		qkv := tp.Reshape(tp.Linear(h, l.QKV, l.QKVBias), 1, n, g, (r+2)*d)
+		qkv := tp.Reshape(tl.Linear(tp, h, l.QKV, l.QKVBias), 1, n, g, (r+2)*d)
 		parts := tp.Split(qkv, 3, r*d, d, d)
 		q := tp.Reshape(parts[0], 1, n, g*r, d)
 		k := tp.Reshape(parts[1], 1, n, g, d)
@@ -74,9 +166,9 @@ func (m *Model) DecodeBatch(tokens, positions []int32, att Attender, rows []int)
 		}
 		o := make([]float32, n*g*r*d) // (n, a, d)
 		att.Attend(li, q.Float32s(), k.Float32s(), v.Float32s(), o)
-		a := tp.Linear(tensor.FromFloat32(o, 1, n, g*r*d), l.Proj, l.ProjBias)
+		a := tl.Linear(tp, tensor.FromFloat32(o, 1, n, g*r*d), l.Proj, l.ProjBias)
 		x = tp.Add(x, a)
-		x = tp.Add(x, m.mlp(tp, l, m.norm(tp, x, l.MLPNorm, l.MLPNormBias)))
+		x = tp.Add(x, m.decodeMLP(tp, l, m.norm(tp, x, l.MLPNorm, l.MLPNormBias), tl))
 	}
 	var last *tensor.Tensor
 	if len(rows) == 1 {
@@ -94,5 +186,22 @@ func (m *Model) DecodeBatch(tokens, positions []int32, att Attender, rows []int)
 	if out == nil {
 		out = m.WordEmb
 	}
-	return tp.Linear(last, out, nil).Float32s(), nil // (len(rows), V)
+	return tl.Linear(tp, last, out, nil).Float32s(), nil // (len(rows), V)
+}
+
+// decodeMLP is mlp with tl's linears.
+func (m *Model) decodeMLP(tp *tensor.Tape, l *Layer, x *tensor.Tensor, tl *TransposedLinears) *tensor.Tensor {
+	if tl == nil {
+		return m.mlp(tp, l, x)
+	}
+	h := tl.Linear(tp, x, l.FC1, l.FC1Bias)
+	switch m.Config.Activation {
+	case "swiglu":
+		h = tp.SwiGLU(h)
+	case "gelu_tanh":
+		h = tp.GELU(h, tensor.GELUTanh)
+	default:
+		h = tp.GELU(h, tensor.GELUErf)
+	}
+	return tl.Linear(tp, h, l.FC2, l.FC2Bias)
 }
