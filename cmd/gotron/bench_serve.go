@@ -33,7 +33,7 @@ type benchServeFlags struct {
 	seed                          uint64
 	clients, promptTokens, maxNew int
 	sharedPrefix, warmup          int
-	verify                        bool
+	verify, bound                 bool
 	timeout                       time.Duration
 }
 
@@ -56,6 +56,7 @@ func benchServe(ctx context.Context, env *cli, args []string) error {
 	fs.IntVar(&f.sharedPrefix, "shared-prefix-tokens", 0, "tokens every prompt starts with (exercises prefix caching)")
 	fs.IntVar(&f.warmup, "warmup", 1, "requests sent one by one before the timed run")
 	fs.BoolVar(&f.verify, "verify", true, "check each output against the request decoded alone")
+	fs.BoolVar(&f.bound, "bandwidth-bound", false, "also measure memcpy bandwidth and print the decode bound: weight bytes read per token / bandwidth")
 	fs.DurationVar(&f.timeout, "timeout", 2*time.Minute, "bound on the timed run")
 	if err := parseFlags(fs, args, env.stdout, benchServeSynopsis); err != nil {
 		return err
@@ -95,6 +96,12 @@ func benchServe(ctx context.Context, env *cli, args []string) error {
 	c := m.Config
 	fmt.Fprintf(env.stdout, "bench serve: %d layers, hidden %d, heads %d (kv %d), vocab %d, %d params; %d clients × (%d prompt + %d new tokens); %d threads; transposed decode weights: %v\n",
 		c.NumLayers, c.HiddenSize, c.NumAttentionHeads, c.NumQueryGroups, c.VocabSize, m.NumParams(), f.clients, f.promptTokens, f.maxNew, runtime.GOMAXPROCS(0), runner.Engine().TransposedWeights())
+	if f.bound {
+		bw := memcpyBandwidth()
+		wb := weightBytesPerToken(m)
+		fmt.Fprintf(env.stdout, "bandwidth bound: %.1f MB of weights per token / memcpy %.1f GB/s (bytes copied per second, %d threads) = %.1f tokens/s\n",
+			float64(wb)/1e6, bw/1e9, runtime.GOMAXPROCS(0), bw/float64(wb))
+	}
 	var want []string
 	if f.verify {
 		if want, err = benchAloneOutputs(ctx, m, tok, prompts, f.maxNew); err != nil {
@@ -138,6 +145,43 @@ func benchServe(ctx context.Context, env *cli, args []string) error {
 	return benchServeReport(env, &f, results, want, wall, st0, st, idleGoroutines, after)
 }
 
+// weightBytesPerToken is what one decode step of one sequence must read:
+// every float32 weight except the embedding tables, of which only a row is
+// read, plus the output layer (the word embeddings when tied).
+func weightBytesPerToken(m *gpt.Model) int64 {
+	n := int64(m.NumParams()) - int64(m.WordEmb.Numel())
+	if m.PosEmb != nil {
+		n -= int64(m.PosEmb.Numel())
+	}
+	if m.OutputLayer == nil {
+		n += int64(m.WordEmb.Numel())
+	}
+	return 4 * n
+}
+
+// memcpyBandwidth copies 512 MB with GOMAXPROCS goroutines, best of five,
+// and returns bytes copied per second.
+func memcpyBandwidth() float64 {
+	const n = 128 << 20 // float32s
+	src, dst := make([]float32, n), make([]float32, n)
+	for i := range src {
+		src[i], dst[i] = float32(i), 1
+	}
+	th := runtime.GOMAXPROCS(0)
+	best := time.Duration(1 << 62)
+	for range 5 {
+		t := time.Now()
+		var wg sync.WaitGroup
+		for p := range th {
+			lo, hi := p*n/th, (p+1)*n/th
+			wg.Go(func() { copy(dst[lo:hi], src[lo:hi]) })
+		}
+		wg.Wait()
+		best = min(best, time.Since(t))
+	}
+	return 4 * n / best.Seconds()
+}
+
 // benchServeModel loads --load, or builds a random --preset model with the
 // embedded GPT-2 tokenizer (GPT-2-sized vocabularies) or a NullTokenizer.
 func benchServeModel(f *benchServeFlags) (*gpt.Model, tokenizer.Tokenizer, error) {
@@ -146,7 +190,7 @@ func benchServeModel(f *benchServeFlags) (*gpt.Model, tokenizer.Tokenizer, error
 		if err != nil {
 			return nil, nil, err
 		}
-		tok, err := generateTokenizer(f.serve.tok, tokDir, m.Config.VocabSize, f.serve.load)
+		tok, err := serveTokenizer(f.serve.tok, tokDir, m.Config.VocabSize, f.serve.load)
 		if err != nil {
 			tok, err = tokenizer.New(tokenizer.Config{Type: tokenizer.TypeNull, VocabSize: m.Config.VocabSize})
 		}
@@ -161,7 +205,7 @@ func benchServeModel(f *benchServeFlags) (*gpt.Model, tokenizer.Tokenizer, error
 	if err != nil {
 		return nil, nil, err
 	}
-	tok, err := generateTokenizer(f.serve.tok, "", cfg.VocabSize, "--preset "+f.preset)
+	tok, err := serveTokenizer(f.serve.tok, "", cfg.VocabSize, "--preset "+f.preset)
 	if err != nil {
 		tok, err = tokenizer.New(tokenizer.Config{Type: tokenizer.TypeNull, VocabSize: cfg.VocabSize})
 	}
@@ -365,6 +409,19 @@ func benchServeReport(env *cli, f *benchServeFlags, res []benchResult, want []st
 	fmt.Fprintf(w, "requests: %d completed, %d failed; outputs: %s\n", len(res)-failed, failed, verified)
 	fmt.Fprintf(w, "throughput: %d tokens in %.2f s = %.1f tokens/s (%.1f per client)\n", tokens, wall.Seconds(), float64(tokens)/wall.Seconds(), float64(tokens)/wall.Seconds()/float64(len(res)))
 	fmt.Fprintf(w, "time to first token: p50 %s, p99 %s; inter-token: p50 %s, p99 %s\n", fmtMs(percentile(ttft, 0.5)), fmtMs(percentile(ttft, 0.99)), fmtMs(percentile(gaps, 0.5)), fmtMs(percentile(gaps, 0.99)))
+	var rates []time.Duration // per request: mean gap, as a duration
+	for _, r := range res {
+		if len(r.gaps) > 0 {
+			var sum time.Duration
+			for _, g := range r.gaps {
+				sum += g
+			}
+			rates = append(rates, sum/time.Duration(len(r.gaps)))
+		}
+	}
+	if med := percentile(rates, 0.5); med > 0 {
+		fmt.Fprintf(w, "decode: %.1f tokens/s per sequence (median over requests of 1 / mean inter-token time)\n", 1/med.Seconds())
+	}
 	steps := st.Steps - st0.Steps
 	fmt.Fprintf(w, "engine: %d steps, %.1f tokens per step, %d preemptions, %d prompt tokens from the prefix cache\n",
 		steps, float64(st.BatchedTokens-st0.BatchedTokens)/float64(max(steps, 1)), st.Preemptions-st0.Preemptions, st.PrefixCacheHitTokens-st0.PrefixCacheHitTokens)

@@ -14,6 +14,7 @@ import (
 
 	"github.com/gotron/gotron/infer"
 	"github.com/gotron/gotron/infer/server"
+	"github.com/gotron/gotron/internal/assets/gpt2"
 	"github.com/gotron/gotron/model/gpt"
 	"github.com/gotron/gotron/tokenizer"
 )
@@ -90,7 +91,7 @@ func newServer(f *serveFlags) (*server.Server, *infer.Runner, error) {
 	if err != nil {
 		return nil, nil, err
 	}
-	tok, err := generateTokenizer(f.tok, tokDir, m.Config.VocabSize, f.load)
+	tok, err := serveTokenizer(f.tok, tokDir, m.Config.VocabSize, f.load)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -135,6 +136,32 @@ func buildServer(f *serveFlags, m *gpt.Model, tok tokenizer.Tokenizer, tpl *serv
 	srv, err := server.New(server.Config{Runner: runner, Tokenizer: tok, ModelName: name, ChatTemplate: tpl,
 		MaxRequestBytes: f.maxRequestBytes, MaxPromptTokens: f.maxPromptTokens, MaxN: f.maxN})
 	return srv, runner, err
+}
+
+// serveTokenizer picks the tokenizer as gotron generate does: the one the
+// flags name, else the one carried in the checkpoint's tokenizer directory
+// (tokenizer.json, vocab.json and merges.txt, or tokenizer.model), else, for
+// GPT-2-sized vocabularies, the embedded GPT-2 BPE.
+func serveTokenizer(cfg tokenizer.Config, tokDir string, vocab int, load string) (tokenizer.Tokenizer, error) {
+	exists := func(n string) bool { _, err := os.Stat(filepath.Join(tokDir, n)); return tokDir != "" && err == nil }
+	switch {
+	case cfg.Type != "":
+	case exists("tokenizer.json"):
+		cfg = tokenizer.Config{Type: tokenizer.TypeHuggingFace, Model: filepath.Join(tokDir, "tokenizer.json")}
+	case exists("vocab.json") && exists("merges.txt"):
+		cfg = tokenizer.Config{Type: tokenizer.TypeGPT2BPE, VocabFile: filepath.Join(tokDir, "vocab.json"), MergeFile: filepath.Join(tokDir, "merges.txt")}
+	case exists("tokenizer.model"):
+		cfg = tokenizer.Config{Type: tokenizer.TypeLlama2, Model: filepath.Join(tokDir, "tokenizer.model")}
+	case vocab == tokenizer.PaddedVocabSize(50257, 128, 1) || vocab == 50257:
+		return gpt2.Tokenizer()
+	default:
+		return nil, fmt.Errorf("--load %s carries no tokenizer and has a vocabulary of %d: name its tokenizer with --tokenizer-type and its files", load, vocab)
+	}
+	tok, err := tokenizer.New(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("tokenizer: %w", err)
+	}
+	return tok, nil
 }
 
 // loadTemplateFile reads a --chat-template file, with the special tokens of
