@@ -45,9 +45,18 @@ func (t *Trainer) save(root string) error {
 		}
 		os = full
 	}
-	var err error
+	// Whole tensors: gathered over the tensor-parallel group (collectives:
+	// every rank takes part).
+	os, err := t.wholeOptimizerState(os)
+	if err != nil {
+		return err
+	}
+	model, err := t.wholeParams()
+	if err != nil {
+		return err
+	}
 	if t.isWriter() {
-		err = t.write(root, os)
+		err = t.write(root, model, os)
 	}
 	if t.par != nil {
 		failed := []float32{0}
@@ -68,16 +77,8 @@ func (t *Trainer) save(root string) error {
 	return nil
 }
 
-// write writes the model and the (whole) optimizer state os under root.
-func (t *Trainer) write(root string, os optim.State) error {
-	model := map[string]safetensors.Tensor{}
-	for _, p := range t.Model.Params() {
-		st, err := safetensors.FromFloat32(safetensors.F32, p.Shape(), p.Float32s())
-		if err != nil {
-			return err
-		}
-		model[p.Name] = st
-	}
+// write writes the (whole) model and optimizer state os under root.
+func (t *Trainer) write(root string, model map[string]safetensors.Tensor, os optim.State) error {
 	c := &ckpt.Checkpoint{Groups: map[string]map[string]safetensors.Tensor{"model": model}}
 	if !t.cfg.NoSaveOptim {
 		opt := map[string]safetensors.Tensor{}
@@ -160,7 +161,12 @@ func (t *Trainer) load(root string) error {
 	if err := checkCheckpointArgs(root, t.Model.Config, c.Meta.Args); err != nil {
 		return err
 	}
-	if err := loadWeights(t.Model, c); err != nil {
+	if t.region != nil {
+		err = t.loadSlices(c)
+	} else {
+		err = loadWeights(t.Model, c)
+	}
+	if err != nil {
 		return err
 	}
 	if t.cfg.Finetune {
@@ -204,6 +210,7 @@ func (t *Trainer) load(root string) error {
 			}
 			st.Buffers[name] = buf
 		}
+		st = t.sliceOptimizerState(st)
 		if t.ddp != nil {
 			if st, err = t.ddp.ShardState(st); err != nil {
 				return fmt.Errorf("train: --load %s: %w", root, err)

@@ -63,9 +63,12 @@ type Config struct {
 	Args         map[string]any // the command line, stored in checkpoints
 
 	// Parallel holds this rank's process groups (parallel.NewGroups); nil
-	// means one process. Only data parallelism (TP = PP = CP = 1) is run in
-	// this release.
+	// means one process. Data and tensor parallelism run in this release
+	// (pipeline and context parallelism: PP = CP = 1).
 	Parallel *parallel.Groups
+	// SequenceParallel (--sequence-parallel) shards the activations outside
+	// the tensor-parallel regions along the sequence (needs TP > 1).
+	SequenceParallel bool
 	// DDP configures the data-parallel gradient reduction and the
 	// distributed optimizer (used when Parallel is set).
 	DDP ddp.Config
@@ -101,11 +104,16 @@ func (c *Config) validate() error {
 	dp := 1
 	if c.Parallel != nil {
 		l := c.Parallel.Layout.Config
-		if l.TP != 1 || l.PP != 1 || l.CP != 1 || l.EP != 1 {
-			return fmt.Errorf("train: --tensor-model-parallel-size=%d --pipeline-model-parallel-size=%d --context-parallel-size=%d --expert-model-parallel-size=%d: "+
-				"this release trains with data parallelism only (every model-parallel degree 1)", l.TP, l.PP, l.CP, l.EP)
+		if l.PP != 1 || l.CP != 1 || l.EP != 1 {
+			return fmt.Errorf("train: --pipeline-model-parallel-size=%d --context-parallel-size=%d --expert-model-parallel-size=%d: "+
+				"this release trains with data and tensor parallelism only (pipeline, context and expert sizes 1)", l.PP, l.CP, l.EP)
+		}
+		if err := c.Model.CheckTP(l.TP, c.SequenceParallel, c.SeqLength); err != nil {
+			return err
 		}
 		dp = c.Parallel.DPSize()
+	} else if c.SequenceParallel {
+		return fmt.Errorf("train: --sequence-parallel needs --tensor-model-parallel-size > 1")
 	}
 	if c.GlobalBatchSize == 0 {
 		c.GlobalBatchSize = c.MicroBatchSize * dp

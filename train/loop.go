@@ -13,6 +13,7 @@ import (
 	"github.com/gotron/gotron/optim"
 	"github.com/gotron/gotron/parallel"
 	"github.com/gotron/gotron/parallel/ddp"
+	"github.com/gotron/gotron/parallel/tp"
 	"github.com/gotron/gotron/tensor"
 )
 
@@ -29,11 +30,14 @@ type Trainer struct {
 	rng   *tensor.RNG // dropout stream (Megatron's default CUDA RNG)
 	tape  *tensor.Tape
 
-	// Data parallelism (parallel.go); nil for one process.
-	par  *parallel.Groups
-	ddp  *ddp.DDP
-	cctx context.Context // collectives' context: not cancelled by a signal, so every rank stops at the same iteration
-	stop agreement       // the last iteration's agreed stop requests
+	// Data and tensor parallelism (parallel.go, tensorpar.go); nil for one process.
+	par    *parallel.Groups
+	ddp    *ddp.DDP
+	region *tp.Region            // tensor-parallel region; nil with TP = 1
+	plan   func(string) tp.Style // GPT's tensor-parallel plan (with region)
+	normG  *optim.Grads          // the gradients this rank counts in the global norm
+	cctx   context.Context       // collectives' context: not cancelled by a signal, so every rank stops at the same iteration
+	stop   agreement             // the last iteration's agreed stop requests
 
 	lastSyncWait time.Duration // ddp.SyncWait at the last log line
 
@@ -88,6 +92,11 @@ func New(cfg Config, train, valid datagpt.Source) (*Trainer, error) {
 	if err != nil {
 		return nil, err
 	}
+	if t.par != nil && t.par.Layout.Config.TP > 1 {
+		if m, err = t.shardModel(m, root); err != nil {
+			return nil, err
+		}
+	}
 	t.Model = m
 	t.rng = root.Fork("dropout")
 	var ps []*optim.Param
@@ -109,6 +118,9 @@ func New(cfg Config, train, valid datagpt.Source) (*Trainer, error) {
 		return nil, err
 	}
 	if t.grads, err = optim.NewGrads(ps); err != nil {
+		return nil, err
+	}
+	if t.normG, err = optim.NewGrads(t.normParams(ps)); err != nil {
 		return nil, err
 	}
 	if t.mb, err = optim.NewMicrobatches(optim.MicrobatchConfig{GlobalBatchSize: cfg.GlobalBatchSize,
@@ -160,6 +172,9 @@ func (t *Trainer) Run(ctx context.Context) (Result, error) {
 	cfg := &t.cfg
 	res := Result{ValidLoss: math.NaN()}
 	t.cctx = context.WithoutCancel(ctx)
+	if t.region != nil {
+		t.region.Ctx = t.cctx
+	}
 	t.startTime = cfg.Now()
 	t.lastLog, t.lastLogIter = t.startTime, t.Iteration
 	if cfg.MetricsFile != "" {
@@ -255,9 +270,15 @@ func (t *Trainer) step(ctx context.Context) (float64, error) {
 		}
 		logits := t.Model.Forward(t.tape, bt, t.rng, true)
 		loss := t.Model.Loss(t.tape, logits, bt)
+		if err := t.regionErr(); err != nil {
+			return 0, err
+		}
 		lossSum += float64(loss.Float32s()[0])
 		// Each microbatch's mean loss counts 1/n of the iteration's loss.
 		if err := t.tape.Backward(t.tape.Scale(loss, 1/float32(n))); err != nil {
+			return 0, err
+		}
+		if err := t.regionErr(); err != nil {
 			return 0, err
 		}
 		t.tape.Reset()
@@ -324,6 +345,9 @@ func (t *Trainer) evaluate() (float64, error) {
 				break
 			}
 			loss := t.Model.Loss(nil, t.Model.Forward(nil, bt, nil, false), bt)
+			if err := t.regionErr(); err != nil {
+				return math.NaN(), err
+			}
 			sum += float64(loss.Float32s()[0])
 			count++
 			t.ConsumedValid += int64(mbs * dp)

@@ -141,20 +141,28 @@ func (t *Trainer) reduceGrads(ctx context.Context, a agreement) (agreement, erro
 			return a, fmt.Errorf("train: iteration %d: %w", t.Iteration+1, err)
 		}
 	}
-	distOpt := t.ddp != nil && t.cfg.DDP.DistributedOptimizer
-	if distOpt {
-		a.nonFin = t.grads.FoundInf()
-		a.sumSq = t.grads.SumSquares()
+	if err := t.reduceSequenceParallelGrads(ctx); err != nil {
+		return a, err
+	}
+	// Every rank adds what it alone contributes, so one sum over the world
+	// gives the global values: the loss from tensor-parallel rank 0 of each
+	// replica, Σg² from the gradients this rank counts (normParams: its
+	// shard, replicated parameters on TP rank 0 only) on the ranks that hold
+	// distinct gradients (every rank with the distributed optimizer, DP rank
+	// 0 otherwise).
+	a.nonFin = t.grads.FoundInf()
+	a.sumSq = 0
+	if t.par == nil || t.cfg.DDP.DistributedOptimizer || t.par.DP.Rank() == 0 {
+		a.sumSq = t.normG.SumSquares()
+	}
+	if t.par != nil && t.par.TP.Rank() != 0 {
+		a.loss = 0
 	}
 	g, err := t.agree(ctx, a)
 	if err != nil {
 		return g, err
 	}
 	g.loss /= float64(t.dpSize())
-	if !distOpt {
-		g.nonFin = t.grads.FoundInf()
-		g.sumSq = t.grads.SumSquares()
-	}
 	return g, nil
 }
 

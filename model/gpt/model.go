@@ -35,6 +35,10 @@ type Model struct {
 	FinalNormB  *tensor.Tensor // decoder.final_layernorm.bias (LayerNorm only)
 	OutputLayer *tensor.Tensor // output_layer.weight (V, h); nil when tied
 	rope        *cpu.RoPE
+
+	// Sharding is set by a parallelism plan (Parallelize) on a model whose
+	// parameters are one tensor-parallel rank's slices; nil is one rank.
+	Sharding Sharding
 }
 
 // New builds a model with Megatron's initialisation drawn from rng: weights
@@ -154,15 +158,24 @@ type Batch struct {
 func (m *Model) Forward(tp *tensor.Tape, bt Batch, rng *tensor.RNG, training bool) *tensor.Tensor {
 	c := &m.Config
 	b, t := bt.Tokens.Dim(0), bt.Tokens.Dim(1)
-	x := tp.Embedding(bt.Tokens, m.WordEmb) // (b, t, h)
+	sh := m.Sharding
+	var x *tensor.Tensor
+	if sh == nil {
+		x = tp.Embedding(bt.Tokens, m.WordEmb) // (b, t, h)
+	} else { // vocab-parallel; sequence shards (b, t/TP, h) with SP and no position table
+		x = sh.WordEmbedding(tp, bt.Tokens, m.WordEmb, m.PosEmb == nil)
+	}
 	if m.PosEmb != nil {
 		pos := bt.Positions
 		if pos == nil {
 			pos = defaultPositions(b, t)
 		}
 		x = tp.Add(x, tp.Embedding(pos, m.PosEmb))
+		if sh != nil {
+			x = sh.ScatterSequence(tp, x) // identity without SP
+		}
 	}
-	x = m.dropout(tp, x, c.HiddenDropout, rng, training)
+	x = m.dropout(tp, x, c.HiddenDropout, m.rngOutsideTP(rng), training)
 	for i := range m.Layers {
 		x = m.layer(tp, &m.Layers[i], x, bt, rng, training)
 	}
@@ -171,24 +184,60 @@ func (m *Model) Forward(tp *tensor.Tape, bt Batch, rng *tensor.RNG, training boo
 	if out == nil {
 		out = m.WordEmb
 	}
-	return tp.Linear(x, out, nil) // (b, t, V)
+	return tp.Linear(m.enterColumn(tp, x), out, nil) // (b, t, V), or this rank's V/TP
+}
+
+// enterColumn is the input of a column-parallel linear: copy-to-TP, or the
+// sequence all-gather with SP (identity on one rank).
+func (m *Model) enterColumn(tp *tensor.Tape, x *tensor.Tensor) *tensor.Tensor {
+	if m.Sharding == nil {
+		return x
+	}
+	return m.Sharding.EnterColumn(tp, x)
+}
+
+// rowLinear is x·wᵀ + b for a row-parallel linear: the partial products are
+// reduced across TP ranks (reduce-scattered with SP) before the bias.
+func (m *Model) rowLinear(tp *tensor.Tape, x, w, b *tensor.Tensor) *tensor.Tensor {
+	if m.Sharding == nil {
+		return tp.Linear(x, w, b)
+	}
+	y := m.Sharding.ExitRow(tp, tp.Linear(x, w, nil))
+	if b != nil {
+		y = tp.Add(y, b)
+	}
+	return y
+}
+
+// rngOutsideTP is the dropout stream of replicated activations (Megatron's
+// default stream; with SP, activations are sequence shards and draw from
+// the per-rank stream, as Megatron's model-parallel RNG tracker).
+func (m *Model) rngOutsideTP(rng *tensor.RNG) *tensor.RNG {
+	if m.Sharding == nil || rng == nil {
+		return rng
+	}
+	return m.Sharding.DropoutRNG(rng, m.Sharding.SequenceParallel())
 }
 
 // layer is x + drop(attn(norm1(x))), then + drop(mlp(norm2(x))).
 func (m *Model) layer(tp *tensor.Tape, l *Layer, x *tensor.Tensor, bt Batch, rng *tensor.RNG, training bool) *tensor.Tensor {
 	c := &m.Config
 	a := m.attention(tp, l, m.norm(tp, x, l.InputNorm, l.InputNormBias), bt, rng, training)
-	x = tp.Add(x, m.dropout(tp, a, c.HiddenDropout, rng, training))
+	x = tp.Add(x, m.dropout(tp, a, c.HiddenDropout, m.rngOutsideTP(rng), training))
 	f := m.mlp(tp, l, m.norm(tp, x, l.MLPNorm, l.MLPNormBias))
-	return tp.Add(x, m.dropout(tp, f, c.HiddenDropout, rng, training))
+	return tp.Add(x, m.dropout(tp, f, c.HiddenDropout, m.rngOutsideTP(rng), training))
 }
 
 // attention: fused QKV in Megatron's per-query-group layout, RoPE, fused
 // causal attention, output projection.
 func (m *Model) attention(tp *tensor.Tape, l *Layer, x *tensor.Tensor, bt Batch, rng *tensor.RNG, training bool) *tensor.Tensor {
 	c := &m.Config
+	x = m.enterColumn(tp, x)
 	b, t := x.Dim(0), x.Dim(1)
-	g, r, d := c.NumQueryGroups, c.NumAttentionHeads/c.NumQueryGroups, c.KVChannels
+	// Query groups held here (all of them, or this TP rank's): from the
+	// weight, so a tensor-parallel slice needs no other config.
+	r, d := c.NumAttentionHeads/c.NumQueryGroups, c.KVChannels
+	g := l.QKV.Dim(0) / ((r + 2) * d)
 	qkv := tp.Reshape(tp.Linear(x, l.QKV, l.QKVBias), b, t, g, (r+2)*d)
 	parts := tp.Split(qkv, 3, r*d, d, d)
 	q := tp.Reshape(parts[0], b, t, g*r, d) // head h = j·r + i uses kv head j
@@ -199,12 +248,15 @@ func (m *Model) attention(tp *tensor.Tape, l *Layer, x *tensor.Tensor, bt Batch,
 		k = tp.RoPE(k, m.rope, bt.Positions)
 	}
 	o := tp.Attention(q, k, v, tensor.AttentionOptions{Causal: true, DocIDs: bt.DocIDs}) // (b, t, a, d)
+	if m.Sharding != nil && rng != nil {                                                 // inside the TP region: the per-rank stream
+		rng = m.Sharding.DropoutRNG(rng, true)
+	}
 	o = m.dropout(tp, o, c.AttentionDropout, rng, training)
-	return tp.Linear(tp.Reshape(o, b, t, c.NumAttentionHeads*d), l.Proj, l.ProjBias)
+	return m.rowLinear(tp, tp.Reshape(o, b, t, g*r*d), l.Proj, l.ProjBias)
 }
 
 func (m *Model) mlp(tp *tensor.Tape, l *Layer, x *tensor.Tensor) *tensor.Tensor {
-	h := tp.Linear(x, l.FC1, l.FC1Bias)
+	h := tp.Linear(m.enterColumn(tp, x), l.FC1, l.FC1Bias)
 	switch m.Config.Activation {
 	case "swiglu":
 		h = tp.SwiGLU(h)
@@ -213,7 +265,7 @@ func (m *Model) mlp(tp *tensor.Tape, l *Layer, x *tensor.Tensor) *tensor.Tensor 
 	default:
 		h = tp.GELU(h, tensor.GELUErf)
 	}
-	return tp.Linear(h, l.FC2, l.FC2Bias)
+	return m.rowLinear(tp, h, l.FC2, l.FC2Bias)
 }
 
 func (m *Model) norm(tp *tensor.Tape, x, w, b *tensor.Tensor) *tensor.Tensor {
@@ -245,6 +297,9 @@ func (m *Model) Loss(tp *tensor.Tape, logits *tensor.Tensor, bt Batch) *tensor.T
 	var mask *tensor.Tensor
 	if bt.LossMask != nil {
 		mask = tp.Reshape(bt.LossMask, n)
+	}
+	if m.Sharding != nil { // logits hold this rank's vocabulary slice
+		return m.Sharding.CrossEntropy(tp, tp.Reshape(logits, n, logits.Dim(-1)), bt.Labels.Contiguous().Reshape(n), mask)
 	}
 	return tp.CrossEntropy(tp.Reshape(logits, n, m.Config.VocabSize), bt.Labels.Contiguous().Reshape(n), tensor.CrossEntropyOptions{LossMask: mask})
 }

@@ -416,3 +416,30 @@ func sortedKeys(m map[string]bool) []string {
 	sort.Strings(keys)
 	return keys
 }
+
+// GradViews returns, for every parameter want selects, the gradient this
+// rank holds after Finish: the whole gradient, or, with the distributed
+// optimizer, its pieces in this rank's reduced shard. The views alias the
+// buffers (for reductions over other groups, e.g. sequence-parallel norm
+// gradients over the tensor-parallel group).
+func (d *DDP) GradViews(want func(*tensor.Tensor) bool) [][]float32 {
+	var out [][]float32
+	if !d.cfg.DistributedOptimizer {
+		for i, p := range d.params {
+			if want(p) {
+				r := d.Layout.Range[i]
+				out = append(out, d.grad[r[0]:r[1]])
+			}
+		}
+		return out
+	}
+	for _, pc := range d.pieces {
+		if !want(d.params[pc.Param]) {
+			continue
+		}
+		r := d.Layout.Range[pc.Param]
+		lo, _ := d.Layout.Buckets[pc.Bucket].Shard(d.group.Rank(), d.group.Size())
+		out = append(out, d.gradShard[pc.Bucket][r[0]+pc.Lo-lo:r[0]+pc.Hi-lo])
+	}
+	return out
+}

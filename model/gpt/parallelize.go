@@ -1,0 +1,166 @@
+package gpt
+
+import (
+	"fmt"
+	"strings"
+
+	"github.com/gotron/gotron/parallel/tp"
+	"github.com/gotron/gotron/tensor"
+)
+
+// Sharding is what tensor (and sequence) parallelism changes in the forward
+// pass: Megatron's entry and exit points of the tensor-parallel regions. A
+// model built by Parallelize holds one; the model file calls it and nothing
+// else of the plan.
+type Sharding interface {
+	// WordEmbedding is the vocab-parallel lookup, reduced over the TP
+	// ranks; scatter reduce-scatters it straight to sequence shards (SP with
+	// no position table).
+	WordEmbedding(tp *tensor.Tape, tokens, table *tensor.Tensor, scatter bool) *tensor.Tensor
+	// ScatterSequence keeps this rank's sequence shard (identity without SP).
+	ScatterSequence(tp *tensor.Tape, x *tensor.Tensor) *tensor.Tensor
+	// EnterColumn is the input of a column-parallel linear.
+	EnterColumn(tp *tensor.Tape, x *tensor.Tensor) *tensor.Tensor
+	// ExitRow reduces a row-parallel linear's partial output (before its bias).
+	ExitRow(tp *tensor.Tape, x *tensor.Tensor) *tensor.Tensor
+	// CrossEntropy is the vocab-parallel loss of this rank's logits (n, V/TP).
+	CrossEntropy(tp *tensor.Tape, logits, labels, mask *tensor.Tensor) *tensor.Tensor
+	// SequenceParallel reports whether activations outside the TP regions
+	// are sequence shards.
+	SequenceParallel() bool
+	// DropoutRNG returns the per-TP-rank stream when perRank, else shared.
+	DropoutRNG(shared *tensor.RNG, perRank bool) *tensor.RNG
+}
+
+// TPPlan is GPT's tensor-parallel plan (Megatron's layer specs): the style
+// of every parameter, by name. QKV rows are grouped per query group, so a
+// contiguous row slice is whole groups; SwiGLU's fc1 is [gate; up].
+func TPPlan(c Config) func(name string) tp.Style {
+	return func(name string) tp.Style {
+		switch {
+		case name == "embedding.word_embeddings.weight", name == "output_layer.weight":
+			return tp.Column // vocab-parallel rows
+		case strings.HasSuffix(name, "self_attention.linear_qkv.weight"), strings.HasSuffix(name, "self_attention.linear_qkv.bias"):
+			return tp.Column
+		case strings.HasSuffix(name, "mlp.linear_fc1.weight"), strings.HasSuffix(name, "mlp.linear_fc1.bias"):
+			if c.Activation == "swiglu" {
+				return tp.ColumnGLU
+			}
+			return tp.Column
+		case strings.HasSuffix(name, "self_attention.linear_proj.weight"), strings.HasSuffix(name, "mlp.linear_fc2.weight"):
+			return tp.Row
+		}
+		return tp.Replicated // norms, row-parallel biases, position embeddings
+	}
+}
+
+// CheckTP reports a configuration that cannot be split over size
+// tensor-parallel ranks, naming the flags.
+func (c *Config) CheckTP(size int, sequenceParallel bool, seqLength int) error {
+	switch {
+	case size < 1:
+		return fmt.Errorf("gpt: --tensor-model-parallel-size=%d: want ≥ 1", size)
+	case sequenceParallel && size == 1:
+		return fmt.Errorf("gpt: --sequence-parallel needs --tensor-model-parallel-size > 1")
+	case c.NumAttentionHeads%size != 0:
+		return fmt.Errorf("gpt: --num-attention-heads=%d is not divisible by --tensor-model-parallel-size=%d", c.NumAttentionHeads, size)
+	case c.NumQueryGroups%size != 0:
+		return fmt.Errorf("gpt: --num-query-groups=%d is not divisible by --tensor-model-parallel-size=%d", c.NumQueryGroups, size)
+	case c.FFNHiddenSize%size != 0:
+		return fmt.Errorf("gpt: --ffn-hidden-size=%d is not divisible by --tensor-model-parallel-size=%d", c.FFNHiddenSize, size)
+	case c.VocabSize%size != 0:
+		return fmt.Errorf("gpt: padded vocabulary %d is not divisible by --tensor-model-parallel-size=%d (pad with --make-vocab-size-divisible-by)", c.VocabSize, size)
+	case sequenceParallel && seqLength%size != 0:
+		return fmt.Errorf("gpt: --seq-length=%d is not divisible by --tensor-model-parallel-size=%d (needed by --sequence-parallel)", seqLength, size)
+	}
+	return nil
+}
+
+// Parallelize returns this tensor-parallel rank's model: every parameter of
+// full (built with the whole shapes, so every TP size starts from the same
+// values: Megatron's --use-cpu-initialization) sliced by TPPlan, and the
+// Sharding that inserts region's communication. rankRNG is the per-rank
+// dropout stream (Megatron's model-parallel RNG). full is left unchanged.
+func Parallelize(full *Model, region *tp.Region, rankRNG *tensor.RNG) (*Model, error) {
+	c := full.Config
+	size, rank := region.Size(), region.Rank()
+	if err := c.CheckTP(size, region.SequenceParallel, 0); err != nil {
+		return nil, err
+	}
+	plan := TPPlan(c)
+	m := &Model{Config: c, rope: full.rope}
+	var err error
+	shard := func(x *tensor.Tensor) *tensor.Tensor {
+		if x == nil || err != nil {
+			return nil
+		}
+		var s *tensor.Tensor
+		s, err = tp.Shard(x, plan(x.Name), rank, size)
+		return s
+	}
+	m.WordEmb, m.PosEmb = shard(full.WordEmb), shard(full.PosEmb)
+	for i := range full.Layers {
+		l := &full.Layers[i]
+		m.Layers = append(m.Layers, Layer{
+			InputNorm: shard(l.InputNorm), InputNormBias: shard(l.InputNormBias),
+			QKV: shard(l.QKV), QKVBias: shard(l.QKVBias), Proj: shard(l.Proj), ProjBias: shard(l.ProjBias),
+			MLPNorm: shard(l.MLPNorm), MLPNormBias: shard(l.MLPNormBias),
+			FC1: shard(l.FC1), FC1Bias: shard(l.FC1Bias), FC2: shard(l.FC2), FC2Bias: shard(l.FC2Bias),
+		})
+	}
+	m.FinalNorm, m.FinalNormB, m.OutputLayer = shard(full.FinalNorm), shard(full.FinalNormB), shard(full.OutputLayer)
+	if err != nil {
+		return nil, err
+	}
+	m.Sharding = &tpSharding{r: region, vocabStart: rank * (c.VocabSize / size), rankRNG: rankRNG}
+	return m, nil
+}
+
+// tpSharding is Sharding over one tp.Region.
+type tpSharding struct {
+	r          *tp.Region
+	vocabStart int
+	rankRNG    *tensor.RNG
+}
+
+func (s *tpSharding) WordEmbedding(t *tensor.Tape, tokens, table *tensor.Tensor, scatter bool) *tensor.Tensor {
+	x := s.r.VocabEmbedding(t, tokens, table, s.vocabStart)
+	if scatter && s.r.SequenceParallel {
+		return s.r.ReduceScatterSeq(t, x)
+	}
+	return s.r.ReduceFrom(t, x)
+}
+
+func (s *tpSharding) ScatterSequence(t *tensor.Tape, x *tensor.Tensor) *tensor.Tensor {
+	if !s.r.SequenceParallel {
+		return x
+	}
+	return s.r.ScatterSeq(t, x)
+}
+
+func (s *tpSharding) EnterColumn(t *tensor.Tape, x *tensor.Tensor) *tensor.Tensor {
+	if s.r.SequenceParallel {
+		return s.r.GatherSeq(t, x)
+	}
+	return s.r.CopyTo(t, x)
+}
+
+func (s *tpSharding) ExitRow(t *tensor.Tape, x *tensor.Tensor) *tensor.Tensor {
+	if s.r.SequenceParallel {
+		return s.r.ReduceScatterSeq(t, x)
+	}
+	return s.r.ReduceFrom(t, x)
+}
+
+func (s *tpSharding) CrossEntropy(t *tensor.Tape, logits, labels, mask *tensor.Tensor) *tensor.Tensor {
+	return s.r.VocabCrossEntropy(t, logits, labels, mask, s.vocabStart)
+}
+
+func (s *tpSharding) SequenceParallel() bool { return s.r.SequenceParallel }
+
+func (s *tpSharding) DropoutRNG(shared *tensor.RNG, perRank bool) *tensor.RNG {
+	if perRank && s.rankRNG != nil {
+		return s.rankRNG
+	}
+	return shared
+}
