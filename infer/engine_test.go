@@ -3,10 +3,12 @@ package infer
 import (
 	"context"
 	"errors"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
 
+	"github.com/gotron/gotron/ckpt/hf"
 	"github.com/gotron/gotron/model/gpt"
 	"github.com/gotron/gotron/tensor"
 )
@@ -378,5 +380,39 @@ func TestEngineCancelAndErrors(t *testing.T) {
 	}
 	if _, err := e.Add(Request{Prompt: testPrompt(100, 1, 64), MaxTokens: 28}); err != nil {
 		t.Errorf("a request filling the context: %v", err)
+	}
+}
+
+// TestEngineConvertedCheckpoints: checkpoints converted from Hugging Face
+// (GPT-2 tied fp32, Llama GQA untied fp32, Llama GQA tied bf16) decode in
+// the engine, batched with each other's prompts, as Generate decodes them
+// alone.
+func TestEngineConvertedCheckpoints(t *testing.T) {
+	for _, dir := range []string{"gpt2_tied_f32", "llama_gqa_untied_f32", "llama_gqa_tied_bf16"} {
+		t.Run(dir, func(t *testing.T) {
+			m, _, err := hf.LoadModel(filepath.Join("..", "ckpt", "hf", "testdata", dir))
+			if err != nil {
+				t.Fatal(err)
+			}
+			V := m.Config.VocabSize
+			e := mustEngine(t, m, EngineConfig{BlockTokens: 4})
+			want := map[SeqID][]int{}
+			for i := range 4 {
+				prompt := testPrompt(2+i, 40+i, V)
+				n := min(6, m.Config.MaxPositionEmbeddings-len(prompt))
+				id, err := e.Add(Request{Prompt: prompt, MaxTokens: n, Sampling: Sampling{TopK: 1}})
+				if err != nil {
+					t.Fatal(err)
+				}
+				want[id] = generateAlone(t, m, prompt, n, Sampling{TopK: 1})
+			}
+			got, _ := drain(t, e)
+			for id, w := range want {
+				if !slices.Equal(got[id], w) {
+					t.Errorf("request %d: engine %v, generate %v", id, got[id], w)
+				}
+			}
+			checkNoLeak(t, e)
+		})
 	}
 }
