@@ -100,7 +100,8 @@ func newTrainFlags() (*flag.FlagSet, *trainFlags) {
 	fs.BoolVar(&m.UntieEmbeddingsAndOutputWeights, "untie-embeddings-and-output-weights", false, "separate output layer weight")
 	initStd := fs.Float64("init-method-std", 0.02, "weight init standard deviation")
 	fs.IntVar(&f.divisibleBy, "make-vocab-size-divisible-by", 128, "pad the vocabulary to a multiple of this × TP")
-	fs.IntVar(&f.tpSize, "tensor-model-parallel-size", 1, "tensor-parallel size (only 1 in this release)")
+	fs.IntVar(&f.tpSize, "tensor-model-parallel-size", 1, "tensor-parallel size: split every layer's matrices over this many ranks")
+	fs.BoolVar(&c.SequenceParallel, "sequence-parallel", false, "with tensor parallelism: shard norms, dropouts and residuals along the sequence")
 	fs.IntVar(&f.ppSize, "pipeline-model-parallel-size", 1, "pipeline-parallel size (only 1 in this release)")
 	fs.IntVar(&f.cpSize, "context-parallel-size", 1, "context-parallel size (only 1 in this release)")
 	fs.BoolVar(&c.DDP.DistributedOptimizer, "use-distributed-optimizer", false, "shard optimizer state over data-parallel ranks (ZeRO-1): reduce-scatter grads, all-gather params")
@@ -186,7 +187,6 @@ var acceptedNoOps = []string{"use-flash-attn", "no-masked-softmax-fusion", "no-b
 // refusedFlags are Megatron flags for features this release does not run
 // yet: accepting them silently would train something else than asked.
 var refusedFlags = map[string]string{
-	"sequence-parallel":        "sequence parallelism needs tensor parallelism, which this release does not run yet",
 	"grad-reduce-in-bf16":      "gradients are reduced in float32 in this release",
 	"calculate-per-token-loss": "this release averages the loss per micro-batch (Megatron's default); per-token loss is not built yet",
 }
@@ -216,9 +216,12 @@ func cmdTrain(ctx context.Context, env *cli, args []string) error {
 			return fmt.Errorf("--%s: %s", name, why)
 		}
 	}
-	if f.tpSize != 1 || f.ppSize != 1 || f.cpSize != 1 {
-		return fmt.Errorf("--tensor-model-parallel-size=%d --pipeline-model-parallel-size=%d --context-parallel-size=%d: "+
-			"this release trains with data parallelism only (launch N ranks with every model-parallel size 1)", f.tpSize, f.ppSize, f.cpSize)
+	if f.ppSize != 1 || f.cpSize != 1 {
+		return fmt.Errorf("--pipeline-model-parallel-size=%d --context-parallel-size=%d: "+
+			"this release trains with data and tensor parallelism only (pipeline and context sizes 1)", f.ppSize, f.cpSize)
+	}
+	if f.cfg.SequenceParallel && f.tpSize == 1 {
+		return fmt.Errorf("--sequence-parallel needs --tensor-model-parallel-size > 1")
 	}
 	timeout := defaultCommTimeout
 	if f.timeoutMins > 0 {
@@ -229,6 +232,9 @@ func cmdTrain(ctx context.Context, env *cli, args []string) error {
 		return err
 	}
 	defer closeWorld()
+	if world == nil && f.tpSize > 1 {
+		return fmt.Errorf("--tensor-model-parallel-size=%d needs %d ranks or a multiple: start them with gotron launch (or torchrun, srun, mpirun)", f.tpSize, f.tpSize)
+	}
 	var groups *parallel.Groups
 	if world != nil {
 		if groups, err = parallel.NewGroups(world, parallel.Config{TP: f.tpSize, PP: f.ppSize, CP: f.cpSize}); err != nil {

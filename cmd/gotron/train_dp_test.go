@@ -350,3 +350,78 @@ func TestTrainRankHangs(t *testing.T) {
 	}
 	t.Logf("job ended %v after SIGSTOP of rank 1 (timeout 6 s)", time.Since(stopped).Round(time.Millisecond))
 }
+
+// TestTrainTensorParallel: gotron launch --inproc trains TP=2 × DP=2 with
+// sequence parallelism and logs the single-process losses; a TP=2
+// checkpoint holds whole tensors, so generate reads it and its Hugging Face
+// export equals the export of the TP=1 checkpoint it was resharded from.
+func TestTrainTensorParallel(t *testing.T) {
+	dir := t.TempDir()
+	ref := filepath.Join(dir, "one.jsonl")
+	one := filepath.Join(dir, "tp1")
+	if _, errs, code := runCLI(t, with(dpTrain, "--metrics-file", ref, "--save", one)...); code != 0 {
+		t.Fatalf("single process: exit %d: %s", code, errs)
+	}
+	want, _ := metricsLosses(t, ref)
+	got := filepath.Join(dir, "tp2dp2.jsonl")
+	_, errs, code := runCLI(t, append([]string{"launch", "--inproc", "--nproc-per-node", "4", "--"},
+		with(dpTrain, "--metrics-file", got, "--tensor-model-parallel-size", "2", "--sequence-parallel", "--use-distributed-optimizer")...)...)
+	if code != 0 {
+		t.Fatalf("TP=2 DP=2: exit %d: %s", code, errs)
+	}
+	losses, _ := metricsLosses(t, got)
+	sameLosses(t, "inproc TP=2 SP DP=2", losses, want)
+
+	// Reshard the TP=1 checkpoint to TP=2 (no further iterations) and export both.
+	two := filepath.Join(dir, "tp2")
+	if _, errs, code := runCLI(t, append([]string{"launch", "--inproc", "--nproc-per-node", "2", "--"},
+		with(dpTrain, "--tensor-model-parallel-size", "2", "--load", one, "--save", two)...)...); code != 0 {
+		t.Fatalf("resume at TP=2: exit %d: %s", code, errs)
+	}
+	for _, d := range []string{one, two} {
+		if _, errs, code := runCLI(t, "convert", "--to", "hf", "--load", d, "--save", d+"-hf"); code != 0 {
+			t.Fatalf("convert --to hf %s: exit %d: %s", d, code, errs)
+		}
+	}
+	a, err := os.ReadFile(filepath.Join(one+"-hf", "model.safetensors"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(filepath.Join(two+"-hf", "model.safetensors"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(a, b) {
+		t.Fatal("the HF export of the TP=2 checkpoint differs from the TP=1 export it was resharded from")
+	}
+	if _, errs, code := runCLI(t, "generate", "--load", two, "--prompt", "1 2 3", "--tokenizer-type", "NullTokenizer",
+		"--vocab-size", "100", "--max-new-tokens", "3", "--top-k", "1"); code != 0 {
+		t.Fatalf("generate from the TP=2 checkpoint: exit %d: %s", code, errs)
+	}
+}
+
+// TestTrainTensorParallelBadInput: layouts that cannot hold the model are
+// refused before training, naming the flags and values.
+func TestTrainTensorParallelBadInput(t *testing.T) {
+	launch := func(n int, extra ...string) []string {
+		return append([]string{"launch", "--inproc", "--nproc-per-node", strconv.Itoa(n), "--"}, with(dpTrain, extra...)...)
+	}
+	cases := []struct {
+		args []string
+		want string
+	}{
+		{launch(3, "--tensor-model-parallel-size", "3"), "--num-attention-heads=4 is not divisible by --tensor-model-parallel-size=3"},
+		{launch(2, "--tensor-model-parallel-size", "2", "--ffn-hidden-size", "33"), "--ffn-hidden-size=33 is not divisible by --tensor-model-parallel-size=2"},
+		{launch(4, "--tensor-model-parallel-size", "4", "--group-query-attention", "--num-query-groups", "2"), "--num-query-groups=2 is not divisible by --tensor-model-parallel-size=4"},
+		{launch(2, "--tensor-model-parallel-size", "2", "--sequence-parallel", "--seq-length", "15", "--max-position-embeddings", "16"), "--seq-length=15 is not divisible by --tensor-model-parallel-size=2"},
+		{launch(3, "--tensor-model-parallel-size", "2"), "world size 3 is not divisible by TP·CP·PP"},
+		{with(dpTrain, "--sequence-parallel"), "--sequence-parallel needs --tensor-model-parallel-size > 1"},
+		{with(dpTrain, "--tensor-model-parallel-size", "2"), "needs 2 ranks"},
+	}
+	for _, c := range cases {
+		_, errs, code := runCLI(t, c.args...)
+		if code == 0 || !strings.Contains(errs, c.want) {
+			t.Errorf("%v: exit %d, stderr %q; want %q", c.args, code, errs, c.want)
+		}
+	}
+}
