@@ -61,7 +61,8 @@ func cmdDataSamples(ctx context.Context, env *cli, args []string) error {
 	splitName := fs.String("split-name", "train", "split to print: train, valid or test")
 	first := fs.Int("first", 10, "print samples 0..K-1 (0: all)")
 	eodID := fs.Int("eod-id", -1, "end-of-document id when no --tokenizer-type is given")
-	if err := parseFlags(fs, args, env.stdout, dataSamplesSynopsis); err != nil {
+	hideMock := func(name string) bool { return name != "mock-data" } // shared with train, refused here
+	if err := parseFlagsHelp(fs, args, env.stdout, helpText{synopsis: dataSamplesSynopsis, show: hideMock}); err != nil {
 		return err
 	}
 	if fs.NArg() > 0 {

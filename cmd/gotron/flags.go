@@ -33,12 +33,27 @@ func newFlags(name, synopsis string) *flag.FlagSet {
 // set, the YAML file it names supplies values for every flag not given on the
 // command line (command-line flags override the file).
 func parseFlags(fs *flag.FlagSet, args []string, w io.Writer, synopsis string) error {
+	return parseFlagsHelp(fs, args, w, helpText{synopsis: synopsis})
+}
+
+// helpText is what --help prints: the synopsis and the flags for which show
+// returns true (nil: every flag), then note, if any.
+type helpText struct {
+	synopsis string
+	show     func(name string) bool
+	note     string
+}
+
+// parseFlagsHelp is parseFlags with a --help that lists only some flags:
+// for commands that accept flags of another command (gotron memory takes
+// every gotron train flag) or keep a shared flag they refuse.
+func parseFlagsHelp(fs *flag.FlagSet, args []string, w io.Writer, help helpText) error {
 	for _, a := range args {
 		if a == "--" {
 			break
 		}
 		if a == "-h" || a == "--help" || a == "-help" {
-			printFlags(fs, w, synopsis)
+			printFlags(fs, w, help)
 			return errHelp
 		}
 	}
@@ -69,15 +84,21 @@ func explainFlagError(fs *flag.FlagSet, err error) error {
 	return fmt.Errorf("%s (see --help)", msg)
 }
 
-func printFlags(fs *flag.FlagSet, w io.Writer, synopsis string) {
-	fmt.Fprintf(w, "Usage: gotron %s\n\nFlags:\n", synopsis)
+func printFlags(fs *flag.FlagSet, w io.Writer, help helpText) {
+	fmt.Fprintf(w, "Usage: gotron %s\n\nFlags:\n", help.synopsis)
 	fs.VisitAll(func(f *flag.Flag) {
+		if help.show != nil && !help.show(f.Name) {
+			return
+		}
 		def := ""
 		if f.DefValue != "" && f.DefValue != "false" && f.DefValue != "0" {
 			def = fmt.Sprintf(" (default %s)", f.DefValue)
 		}
 		fmt.Fprintf(w, "  --%s\n        %s%s\n", f.Name, f.Usage, def)
 	})
+	if help.note != "" {
+		fmt.Fprintf(w, "\n%s\n", help.note)
+	}
 }
 
 // applyConfigFile sets every flag named by a key of the YAML mapping in path,

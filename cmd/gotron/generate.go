@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"time"
 
 	"github.com/gotron/gotron/infer"
 	"github.com/gotron/gotron/internal/assets/gpt2"
@@ -21,8 +22,8 @@ func cmdGenerate(ctx context.Context, env *cli, args []string) error {
 	fs.IntVar(&s.TopK, "top-k", 0, "sample from the k most likely tokens (1: greedy)")
 	fs.Float64Var(&s.TopP, "top-p", 0, "nucleus sampling mass (excludes --top-k > 1)")
 	seed := fs.Int64("seed", 1234, "sampling seed")
-	var d dataArgs
-	addDataArgs(fs, &d)
+	var tc tokenizer.Config
+	addTokenizerFlags(fs, &tc)
 	if err := parseFlags(fs, args, env.stdout, generateSynopsis); err != nil {
 		return err
 	}
@@ -41,7 +42,7 @@ func cmdGenerate(ctx context.Context, env *cli, args []string) error {
 	if err != nil {
 		return err
 	}
-	tok, err := generateTokenizer(d.tok, tokDir, m.Config.VocabSize, *load)
+	tok, err := generateTokenizer(tc, tokDir, m.Config.VocabSize, *load)
 	if err != nil {
 		return err
 	}
@@ -52,7 +53,10 @@ func cmdGenerate(ctx context.Context, env *cli, args []string) error {
 	}
 	fmt.Fprint(env.stdout, *prompt)
 	stream := infer.NewTextStream(tok, ids)
+	start := time.Now()
+	n, last := 0, -1
 	err = infer.Generate(ctx, m, p, *maxNew, tok.VocabSize(), tok.EOD(), sampler, func(id int) error {
+		n, last = n+1, id
 		if id != tok.EOD() {
 			_, err := fmt.Fprint(env.stdout, stream.Add(id))
 			return err
@@ -60,12 +64,20 @@ func cmdGenerate(ctx context.Context, env *cli, args []string) error {
 		return nil
 	})
 	fmt.Fprintln(env.stdout)
+	secs := time.Since(start).Seconds()
+	fmt.Fprintf(env.stderr, "gotron generate: %d tokens in %.2f s: %.1f tokens/s (the %d-token prompt's prefill included)\n",
+		n, secs, float64(n)/max(secs, 1e-9), len(p))
+	if err == nil && n < *maxNew && last != tok.EOD() {
+		fmt.Fprintf(env.stderr, "gotron generate: stopped after %d of --max-new-tokens %d: the model's context of %d positions (--max-position-embeddings) is full\n",
+			n, *maxNew, m.Config.MaxPositionEmbeddings)
+	}
 	return err
 }
 
 // generateTokenizer opens the tokenizer the flags name, else the one carried
 // in the checkpoint, else (for GPT-2-sized vocabularies, like the
-// quickstart's) the embedded GPT-2 BPE.
+// quickstart's) the embedded GPT-2 BPE. generate, score --text and serve
+// use it.
 func generateTokenizer(cfg tokenizer.Config, tokDir string, vocab int, load string) (tokenizer.Tokenizer, error) {
 	if cfg.Type != "" {
 		return tokenizer.New(cfg)

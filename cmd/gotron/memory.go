@@ -27,6 +27,26 @@ var memoryFlags = []struct{ name, kind, usage string }{
 	{"use-distributed-optimizer", "bool", "shard optimizer state over data-parallel ranks"},
 }
 
+// memoryHelp lists the flags the report reads; the other gotron train
+// flags are accepted (a launch script's flags work unchanged) but not
+// listed.
+func memoryHelp() helpText {
+	read := map[string]bool{}
+	for _, n := range []string{"config", "model", "num-layers", "hidden-size", "ffn-hidden-size", "num-attention-heads",
+		"kv-channels", "group-query-attention", "num-query-groups", "max-position-embeddings", "position-embedding-type",
+		"normalization", "swiglu", "openai-gelu", "disable-bias-linear", "add-qkv-bias", "untie-embeddings-and-output-weights",
+		"make-vocab-size-divisible-by", "tensor-model-parallel-size", "pipeline-model-parallel-size", "context-parallel-size",
+		"seq-length", "micro-batch-size", "global-batch-size", "tokenizer-type", "vocab-file", "merge-file", "tokenizer-model",
+		"vocab-size", "vocab-extra-ids", "tiktoken-pattern", "tiktoken-num-special-tokens"} {
+		read[n] = true
+	}
+	for _, m := range memoryFlags {
+		read[m.name] = true
+	}
+	return helpText{synopsis: memorySynopsis, show: func(name string) bool { return read[name] },
+		note: "Every other 'gotron train' flag is accepted and does not change the report."}
+}
+
 // cmdMemory prints Megatron's theoretical memory report
 // (report_theoretical_memory) for the model and layout that gotron train's
 // flags describe. It builds no model and reads no data.
@@ -45,7 +65,7 @@ func cmdMemory(_ context.Context, env *cli, args []string) error {
 			fs.String(m.name, "", m.usage)
 		}
 	}
-	if err := parseFlags(fs, args, env.stdout, memorySynopsis); err != nil {
+	if err := parseFlagsHelp(fs, args, env.stdout, memoryHelp()); err != nil {
 		return err
 	}
 	if fs.NArg() > 0 {

@@ -58,7 +58,7 @@ func cmdScore(ctx context.Context, env *cli, args []string) error {
 	warnNonFinite(env.stderr, f.load, m)
 	var tok tokenizer.Tokenizer
 	if f.text != "" || f.tok.Type != "" {
-		if tok, err = scoreTokenizer(f.tok, tokDir); err != nil {
+		if tok, err = generateTokenizer(f.tok, tokDir, m.Config.VocabSize, f.load); err != nil {
 			return err
 		}
 	}

@@ -177,7 +177,7 @@ func TestScoreErrors(t *testing.T) {
 		{[]string{"--load", llama, "--tokens-file", write("empty.json", "[]")}, "no tokens"},
 		{[]string{"--load", gpt2, "--tokens-file", write("long.json", long)}, "17 tokens exceed the model's max_position_embeddings 16"},
 		{[]string{"--load", llama, "--tokens-file", filepath.Join(tmp, "missing.json")}, "--tokens-file"},
-		{[]string{"--load", llama, "--text", "hello"}, "--text needs a tokenizer"},
+		{[]string{"--load", llama, "--text", "hello"}, "carries no tokenizer"},
 		{[]string{"--load", filepath.Join(tmp, "nothing"), "--text", "hello"}, "no checkpoint"},
 		{[]string{"--load", gpt2, "--tokens-file", write("ok.json", "[1, 2]"), "--out", filepath.Join(tmp, "no", "dir", "x.npy")}, "--out"},
 	}
