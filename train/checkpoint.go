@@ -27,6 +27,9 @@ type RunArgs struct {
 	OptimizerSteps int64          `json:"optimizer_steps"`
 	NaNIterations  int64          `json:"nan_iterations"`
 	CLI            map[string]any `json:"cli,omitempty"`
+	// TPDropoutOffsets are the positions of the per-tensor-parallel-rank
+	// dropout streams (Megatron's model-parallel RNG), by TP rank.
+	TPDropoutOffsets []uint64 `json:"tp_dropout_offsets,omitempty"`
 }
 
 // save writes a checkpoint. Under data parallelism every rank takes part
@@ -53,6 +56,9 @@ func (t *Trainer) save(root string) error {
 	}
 	model, err := t.wholeParams()
 	if err != nil {
+		return err
+	}
+	if t.tpOffsets, err = t.gatherDropoutOffsets(); err != nil {
 		return err
 	}
 	if t.isWriter() {
@@ -92,7 +98,7 @@ func (t *Trainer) write(root string, model map[string]safetensors.Tensor, os opt
 		c.Groups["optimizer"] = opt
 	}
 	args, err := json.Marshal(RunArgs{Model: t.Model.Config, SeqLength: t.cfg.SeqLength, OptimizerKind: os.Kind,
-		OptimizerSteps: os.Steps, NaNIterations: t.NaNIterations, CLI: t.cfg.Args})
+		OptimizerSteps: os.Steps, NaNIterations: t.NaNIterations, CLI: t.cfg.Args, TPDropoutOffsets: t.tpOffsets})
 	if err != nil {
 		return err
 	}
@@ -194,6 +200,7 @@ func (t *Trainer) load(root string) error {
 	t.Iteration, t.Consumed, t.ConsumedValid = int64(c.Meta.Iteration), c.Meta.ConsumedTrainSamples, c.Meta.ConsumedValidSamples
 	t.Skipped, t.NaNIterations, t.FLOPsSoFar = c.Meta.SkippedTrainSamples, ra.NaNIterations, c.Meta.FloatingPointOperationsSoFar
 	t.rng.SetState(rng)
+	t.restoreDropoutOffset(ra.TPDropoutOffsets)
 	if err := t.sched.LoadState(sched); err != nil {
 		return fmt.Errorf("train: --load %s: %w", root, err)
 	}

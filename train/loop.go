@@ -31,13 +31,15 @@ type Trainer struct {
 	tape  *tensor.Tape
 
 	// Data and tensor parallelism (parallel.go, tensorpar.go); nil for one process.
-	par    *parallel.Groups
-	ddp    *ddp.DDP
-	region *tp.Region            // tensor-parallel region; nil with TP = 1
-	plan   func(string) tp.Style // GPT's tensor-parallel plan (with region)
-	normG  *optim.Grads          // the gradients this rank counts in the global norm
-	cctx   context.Context       // collectives' context: not cancelled by a signal, so every rank stops at the same iteration
-	stop   agreement             // the last iteration's agreed stop requests
+	par       *parallel.Groups
+	ddp       *ddp.DDP
+	region    *tp.Region            // tensor-parallel region; nil with TP = 1
+	plan      func(string) tp.Style // GPT's tensor-parallel plan (with region)
+	normG     *optim.Grads          // the gradients this rank counts in the global norm
+	rankRNG   *tensor.RNG           // per-TP-rank dropout stream (with region)
+	tpOffsets []uint64              // every TP rank's rankRNG offset, for the checkpoint being written
+	cctx      context.Context       // collectives' context: not cancelled by a signal, so every rank stops at the same iteration
+	stop      agreement             // the last iteration's agreed stop requests
 
 	lastSyncWait time.Duration // ddp.SyncWait at the last log line
 

@@ -27,8 +27,44 @@ func (t *Trainer) shardModel(full *gpt.Model, root *tensor.RNG) (*gpt.Model, err
 	t.plan = gpt.TPPlan(full.Config)
 	// Megatron's model-parallel RNG: a stream per tensor-parallel rank for
 	// dropout inside the TP regions (and on sequence shards).
-	rankRNG := root.Fork(fmt.Sprintf("dropout-tp-rank-%d", p.TP.Rank()))
-	return gpt.Parallelize(full, t.region, rankRNG)
+	t.rankRNG = root.Fork(fmt.Sprintf("dropout-tp-rank-%d", p.TP.Rank()))
+	return gpt.Parallelize(full, t.region, t.rankRNG)
+}
+
+// gatherDropoutOffsets collects every TP rank's dropout stream position for
+// the checkpoint (nil with TP = 1).
+func (t *Trainer) gatherDropoutOffsets() ([]uint64, error) {
+	if t.region == nil {
+		return nil, nil
+	}
+	all := make([]int64, t.region.Size())
+	mine := []int64{int64(t.rankRNG.State().Offset)}
+	if err := t.par.TP.AllGather(t.cctx, comm.Int64s(all), comm.Int64s(mine), nil); err != nil {
+		return nil, fmt.Errorf("train: gather dropout stream positions over the tensor-parallel group: %w", err)
+	}
+	out := make([]uint64, len(all))
+	for i, v := range all {
+		out[i] = uint64(v)
+	}
+	return out, nil
+}
+
+// restoreDropoutOffset resumes this rank's dropout stream where the
+// checkpoint left it; a checkpoint from another TP size starts the streams
+// afresh (masks cannot be resharded), and says so.
+func (t *Trainer) restoreDropoutOffset(offsets []uint64) {
+	if t.region == nil {
+		return
+	}
+	if len(offsets) != t.region.Size() {
+		if t.Model.Config.HiddenDropout > 0 || t.Model.Config.AttentionDropout > 0 {
+			t.printf("WARNING: the checkpoint's per-rank dropout streams are for %d tensor-parallel ranks, not %d: they start afresh", len(offsets), t.region.Size())
+		}
+		return
+	}
+	st := t.rankRNG.State()
+	st.Offset = offsets[t.region.Rank()]
+	t.rankRNG.SetState(st)
 }
 
 // regionErr is the tensor-parallel collectives' first failure, if any.
