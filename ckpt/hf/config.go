@@ -7,6 +7,7 @@ import (
 	"math"
 	"reflect"
 	"sort"
+	"strconv"
 
 	"github.com/gotron/gotron/model/gpt"
 	"github.com/gotron/gotron/tokenizer"
@@ -190,30 +191,41 @@ func exportConfig(arch string, c gpt.Config, vocab int, dtype string) (owned, te
 		}
 		owned = map[string]any{"model_type": "gpt2", "vocab_size": vocab, "n_embd": c.HiddenSize, "n_layer": c.NumLayers,
 			"n_head": c.NumAttentionHeads, "n_inner": c.FFNHiddenSize, "n_positions": c.MaxPositionEmbeddings,
-			"layer_norm_epsilon": float64(c.NormEpsilon), "activation_function": act, "tie_word_embeddings": tied,
+			"layer_norm_epsilon": decimal32(c.NormEpsilon), "activation_function": act, "tie_word_embeddings": tied,
 			"torch_dtype": torchDType(dtype)}
 		template = map[string]any{"architectures": []any{"GPT2LMHeadModel"}, "n_ctx": c.MaxPositionEmbeddings,
-			"attn_pdrop": float64(c.AttentionDropout), "embd_pdrop": float64(c.HiddenDropout), "resid_pdrop": float64(c.HiddenDropout),
-			"initializer_range": float64(c.InitMethodStd), "scale_attn_weights": true, "scale_attn_by_inverse_layer_idx": false,
+			"attn_pdrop": decimal32(c.AttentionDropout), "embd_pdrop": decimal32(c.HiddenDropout), "resid_pdrop": decimal32(c.HiddenDropout),
+			"initializer_range": decimal32(c.InitMethodStd), "scale_attn_weights": true, "scale_attn_by_inverse_layer_idx": false,
 			"reorder_and_upcast_attn": false, "use_cache": true}
 		nullMeans = map[string]any{"n_inner": 4 * c.HiddenSize}
 	case ArchLlama:
 		owned = map[string]any{"model_type": "llama", "vocab_size": vocab, "hidden_size": c.HiddenSize,
 			"intermediate_size": c.FFNHiddenSize, "num_hidden_layers": c.NumLayers, "num_attention_heads": c.NumAttentionHeads,
 			"num_key_value_heads": c.NumQueryGroups, "max_position_embeddings": c.MaxPositionEmbeddings,
-			"rms_norm_eps": float64(c.NormEpsilon), "rope_theta": c.RotaryBase, "hidden_act": "silu",
+			"rms_norm_eps": decimal32(c.NormEpsilon), "rope_theta": c.RotaryBase, "hidden_act": "silu",
 			"tie_word_embeddings": tied, "torch_dtype": torchDType(dtype)}
 		if c.KVChannels*c.NumAttentionHeads != c.HiddenSize {
 			owned["head_dim"] = c.KVChannels
 		}
 		template = map[string]any{"architectures": []any{"LlamaForCausalLM"}, "attention_dropout": 0.0,
-			"initializer_range": float64(c.InitMethodStd), "pretraining_tp": 1, "use_cache": true,
+			"initializer_range": decimal32(c.InitMethodStd), "pretraining_tp": 1, "use_cache": true,
 			"attention_bias": false, "mlp_bias": false, "rope_scaling": nil}
 		nullMeans = map[string]any{"num_key_value_heads": c.NumAttentionHeads, "head_dim": c.HiddenSize / c.NumAttentionHeads}
 	default:
 		return nil, nil, nil, fmt.Errorf("hf: unknown architecture %q", arch)
 	}
 	return owned, template, nullMeans, nil
+}
+
+// decimal32 is x as the float64 with the shortest decimal form that rounds
+// to x in float32: gotron keeps these settings in float32, and float64(x)
+// would write 1e-5 as 9.999999747378752e-06.
+func decimal32(x float32) float64 {
+	v, err := strconv.ParseFloat(strconv.FormatFloat(float64(x), 'g', -1, 32), 64)
+	if err != nil { // unreachable: FormatFloat's output parses
+		return float64(x)
+	}
+	return v
 }
 
 // mergeConfig is the config.json to write: the imported one (orig, may be

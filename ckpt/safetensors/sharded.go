@@ -155,7 +155,7 @@ func asciiEscape(b []byte) []byte {
 }
 
 // writeFileAtomic writes data to a temporary file next to path, fsyncs it
-// and renames it over path.
+// and renames it over path (mode 0644).
 func writeFileAtomic(path string, data []byte) (err error) {
 	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp-*")
 	if err != nil {
@@ -169,6 +169,9 @@ func writeFileAtomic(path string, data []byte) (err error) {
 		}
 	}()
 	if _, err = tmp.Write(data); err != nil {
+		return err
+	}
+	if err = tmp.Chmod(0o644); err != nil { // CreateTemp's 0600 would hide the file from other users
 		return err
 	}
 	if err = tmp.Sync(); err != nil {

@@ -51,7 +51,7 @@ func Encode(w io.Writer, tensors map[string]Tensor, metadata map[string]string) 
 // WriteFile writes tensors and metadata to path (see Encode) through a
 // temporary file in the same directory that is fsynced and then renamed
 // over path, so a reader (or a mapping) of an existing path never sees a
-// partial file. The directory itself is not fsynced.
+// partial file. The file has mode 0644. The directory itself is not fsynced.
 func WriteFile(path string, tensors map[string]Tensor, metadata map[string]string) (err error) {
 	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp-*")
 	if err != nil {
@@ -69,6 +69,9 @@ func WriteFile(path string, tensors map[string]Tensor, metadata map[string]strin
 		return err
 	}
 	if err = bw.Flush(); err != nil {
+		return err
+	}
+	if err = tmp.Chmod(0o644); err != nil { // CreateTemp's 0600 would hide the file from other users
 		return err
 	}
 	if err = tmp.Sync(); err != nil {

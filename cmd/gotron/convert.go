@@ -2,15 +2,19 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
+	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
 
 	"github.com/gotron/gotron/ckpt/hf"
+	"github.com/gotron/gotron/internal/assets/gpt2"
 	"github.com/gotron/gotron/model/gpt"
+	"github.com/gotron/gotron/tokenizer"
 	"github.com/gotron/gotron/train"
 )
 
@@ -148,21 +152,80 @@ func convertToHF(ctx context.Context, env *cli, f *convertFlags) error {
 		}
 		info.VocabSize = f.vocabSize
 	}
+	// The checkpoint's tokenizer, found as generate finds it: the files
+	// carried in the checkpoint, else GPT-2's for a GPT-2-sized vocabulary.
+	tok, tokErr := generateTokenizer(tokenizer.Config{}, tokDir, m.Config.VocabSize, f.load)
+	if info.VocabSize == 0 && tokErr == nil && tok.VocabSize() <= m.Config.VocabSize {
+		info.VocabSize = tok.VocabSize() // the unpadded vocabulary: padding rows are not exported
+	}
 	if info.VocabSize == 0 {
-		fmt.Fprintf(env.stderr, "warning: %s records no unpadded vocabulary size: exporting all %d rows (set --vocab-size)\n", f.load, m.Config.VocabSize)
+		fmt.Fprintf(env.stderr, "warning: %s records no unpadded vocabulary size and carries no tokenizer: exporting all %d rows (set --vocab-size)\n", f.load, m.Config.VocabSize)
 	}
 	if err := hf.Export(ctx, f.save, m, info, opts); err != nil {
 		return err
 	}
-	copied, err := hf.CopyTokenizerFiles(tokDir, f.save)
+	copied, err := exportTokenizer(f.save, tokDir, m, tok, tokErr)
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(env.stdout, "exported %s to %s\n", f.load, f.save)
+	fmt.Fprintf(env.stdout, "exported %s to %s (vocab_size %d)\n", f.load, f.save, info.VocabSize)
 	if len(copied) > 0 {
 		fmt.Fprintf(env.stdout, "tokenizer files: %s\n", strings.Join(copied, ", "))
 	}
 	return nil
+}
+
+// exportTokenizer writes the tokenizer files of an export into dir: those
+// carried in tokDir, else GPT-2's embedded files when tok is GPT-2's, and a
+// generation_config.json with the tokenizer's special ids when none was
+// carried. It returns the names written.
+func exportTokenizer(dir, tokDir string, m *gpt.Model, tok tokenizer.Tokenizer, tokErr error) ([]string, error) {
+	copied, err := hf.CopyTokenizerFiles(tokDir, dir)
+	if err != nil {
+		return copied, err
+	}
+	has := map[string]bool{}
+	for _, n := range copied {
+		has[n] = true
+	}
+	carried := has["tokenizer.json"] || has["vocab.json"] || has["tokenizer.model"]
+	if !carried && tokErr == nil { // generateTokenizer fell back to the embedded GPT-2 BPE
+		names, err := gpt2.WriteFiles(dir, m.Config.MaxPositionEmbeddings)
+		if err != nil {
+			return copied, err
+		}
+		copied = append(copied, names...)
+	}
+	if !has[hf.GenerationConfigFile] {
+		// As transformers' GenerationConfig.from_model_config: the ids of
+		// config.json, else the tokenizer's.
+		bos, eos := -1, -1
+		if tokErr == nil {
+			eos = tok.EOD()
+			if sp, ok := tok.(tokenizer.Specials); ok {
+				if id, ok := sp.BOS(); ok {
+					bos = id
+				}
+			}
+		}
+		var ids struct {
+			BOS *int `json:"bos_token_id"`
+			EOS *int `json:"eos_token_id"`
+		}
+		if b, err := os.ReadFile(filepath.Join(dir, "config.json")); err == nil && json.Unmarshal(b, &ids) == nil {
+			if ids.BOS != nil {
+				bos = *ids.BOS
+			}
+			if ids.EOS != nil {
+				eos = *ids.EOS
+			}
+		}
+		if err := hf.WriteGenerationConfig(dir, bos, eos); err != nil {
+			return copied, err
+		}
+		copied = append(copied, hf.GenerationConfigFile)
+	}
+	return copied, nil
 }
 
 // parseByteSize reads sizes as huggingface_hub does: "5GB" (10^9), "500MB",

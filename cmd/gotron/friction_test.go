@@ -2,13 +2,16 @@ package main
 
 import (
 	"context"
+	"os"
 	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
 
+	"github.com/gotron/gotron/ckpt/safetensors"
 	"github.com/gotron/gotron/model/gpt"
 	"github.com/gotron/gotron/tensor"
+	"github.com/gotron/gotron/tokenizer"
 	"github.com/gotron/gotron/train"
 )
 
@@ -88,5 +91,94 @@ func TestHelpListsOwnFlags(t *testing.T) {
 				t.Errorf("%v --help lists %q", c.cmd, w)
 			}
 		}
+	}
+}
+
+// TestExportGotronCheckpointToHF: a checkpoint gotron trained (GPT-2-sized
+// vocabulary, no tokenizer files, no import record) exports with GPT-2's
+// tokenizer files and a generation_config.json, the unpadded 50257 rows,
+// files of mode 0644 and config floats as written (0.00001, not
+// 9.999999747378752e-06).
+func TestExportGotronCheckpointToHF(t *testing.T) {
+	m, err := gpt.New(gpt.Config{NumLayers: 1, HiddenSize: 16, NumAttentionHeads: 2, VocabSize: 50304,
+		MaxPositionEmbeddings: 32, Activation: "gelu_tanh", HiddenDropout: 0.1, AttentionDropout: 0.1}, tensor.NewRNG(3))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ck := filepath.Join(t.TempDir(), "ck")
+	if err := train.SaveModel(context.Background(), ck, 0, m, 32, nil); err != nil {
+		t.Fatal(err)
+	}
+	out := filepath.Join(t.TempDir(), "hf")
+	stdout, errs, code := runCLI(t, "convert", "--to", "hf", "--load", ck, "--save", out)
+	if code != 0 || strings.Contains(errs, "warning") {
+		t.Fatalf("exit %d, stdout %q, stderr %q", code, stdout, errs)
+	}
+	ents, err := os.ReadDir(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, e := range ents {
+		info, err := e.Info()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if info.Mode().Perm() != 0o644 {
+			t.Errorf("%s has mode %v, want 0644", e.Name(), info.Mode().Perm())
+		}
+		names = append(names, e.Name())
+	}
+	want := []string{"config.json", "generation_config.json", "merges.txt", "model.safetensors", "tokenizer_config.json", "vocab.json"}
+	if strings.Join(names, " ") != strings.Join(want, " ") {
+		t.Errorf("files %v, want %v", names, want)
+	}
+	cfg, err := os.ReadFile(filepath.Join(out, "config.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, w := range []string{`"layer_norm_epsilon": 0.00001`, `"attn_pdrop": 0.1,`, `"initializer_range": 0.02,`, `"vocab_size": 50257`} {
+		if !strings.Contains(string(cfg), w) {
+			t.Errorf("config.json lacks %s:\n%s", w, cfg)
+		}
+	}
+	gc, err := os.ReadFile(filepath.Join(out, "generation_config.json"))
+	if err != nil || !strings.Contains(string(gc), `"eos_token_id": 50256`) || !strings.Contains(string(gc), `"bos_token_id": 50256`) {
+		t.Errorf("generation_config.json %s (%v)", gc, err)
+	}
+	st, err := safetensors.ReadFile(filepath.Join(out, "model.safetensors"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info, ok := st.Info("transformer.wte.weight"); !ok || info.Shape[0] != 50257 {
+		t.Errorf("transformer.wte.weight %+v, want 50257 rows", info)
+	}
+	// The exported directory loads back, tokenizer included.
+	if out, errs, code := runCLI(t, "score", "--load", out, "--text", "hello world"); code != 0 || !strings.Contains(out, `" world"`) {
+		t.Errorf("score of the export: exit %d, stdout %q, stderr %q", code, out, errs)
+	}
+}
+
+// TestTokenizerExportGPT2 writes the embedded GPT-2 files, which load as a
+// GPT2BPETokenizer (--vocab-file, --merge-file).
+func TestTokenizerExportGPT2(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "gpt2")
+	out, errs, code := runCLI(t, "tokenizer", "export-gpt2", dir)
+	if code != 0 || !strings.Contains(out, "vocab.json, merges.txt, tokenizer_config.json") {
+		t.Fatalf("exit %d, stdout %q, stderr %q", code, out, errs)
+	}
+	tok, err := tokenizer.New(tokenizer.Config{Type: tokenizer.TypeGPT2BPE, VocabFile: filepath.Join(dir, "vocab.json"),
+		MergeFile: filepath.Join(dir, "merges.txt")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if tok.VocabSize() != 50257 || tok.EOD() != 50256 {
+		t.Fatalf("vocab %d, eod %d", tok.VocabSize(), tok.EOD())
+	}
+	if _, errs, code := runCLI(t, "tokenizer", "export-gpt"); code == 0 || !strings.Contains(errs, `did you mean "export-gpt2"`) {
+		t.Errorf("typo: exit %d, stderr %q", code, errs)
+	}
+	if _, errs, code := runCLI(t, "tokenizer", "export-gpt2"); code == 0 || !strings.Contains(errs, "want one directory") {
+		t.Errorf("no directory: exit %d, stderr %q", code, errs)
 	}
 }

@@ -50,6 +50,7 @@ func commands() []command {
 		{"score", "write per-position logits and print log-probabilities and perplexity", cmdScore},
 		{"convert", "convert checkpoints to and from Hugging Face format", cmdConvert},
 		{"preprocess", "tokenize JSONL into Megatron .bin/.idx files (tools/preprocess_data.py)", cmdPreprocess},
+		{"tokenizer", "write the embedded GPT-2 tokenizer files: 'tokenizer export-gpt2 DIR'", cmdTokenizer},
 		{"data", "inspect datasets: 'data samples', 'data inspect'", cmdData},
 		{"parallel", "Megatron's rank groups and pipeline schedules: 'parallel groups', 'parallel schedule'", cmdParallel},
 		{"memory", "Megatron's theoretical memory report for train flags and --world-size", cmdMemory},

@@ -7,8 +7,11 @@ import (
 	"bytes"
 	"compress/gzip"
 	_ "embed"
+	"encoding/json"
 	"fmt"
 	"io"
+	"os"
+	"path/filepath"
 
 	"github.com/gotron/gotron/tokenizer"
 )
@@ -37,6 +40,41 @@ func Tokenizer() (*tokenizer.GPT2, error) {
 		return nil, err
 	}
 	return tokenizer.ParseGPT2(v, m, "embedded vocab.json", "embedded merges.txt")
+}
+
+// WriteFiles writes GPT-2's tokenizer as Hugging Face loads it into dir
+// (created if needed, files mode 0644): vocab.json, merges.txt and a
+// tokenizer_config.json naming GPT2Tokenizer with <|endoftext|> as the
+// beginning, end and unknown token. modelMaxLength (> 0) is recorded as
+// model_max_length; 0 means GPT-2's 1024. It returns the names written.
+func WriteFiles(dir string, modelMaxLength int) ([]string, error) {
+	vocab, merges, err := Files()
+	if err != nil {
+		return nil, err
+	}
+	if modelMaxLength <= 0 {
+		modelMaxLength = 1024
+	}
+	cfg, err := json.MarshalIndent(map[string]any{"tokenizer_class": "GPT2Tokenizer", "model_max_length": modelMaxLength,
+		"bos_token": "<|endoftext|>", "eos_token": "<|endoftext|>", "unk_token": "<|endoftext|>", "add_prefix_space": false}, "", "  ")
+	if err != nil {
+		return nil, err
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, fmt.Errorf("gpt2: %w", err)
+	}
+	files := []struct {
+		name string
+		data []byte
+	}{{"vocab.json", vocab}, {"merges.txt", merges}, {"tokenizer_config.json", append(cfg, '\n')}}
+	var names []string
+	for _, f := range files {
+		if err := os.WriteFile(filepath.Join(dir, f.name), f.data, 0o644); err != nil {
+			return names, fmt.Errorf("gpt2: %w", err)
+		}
+		names = append(names, f.name)
+	}
+	return names, nil
 }
 
 func gunzip(b []byte) ([]byte, error) {
