@@ -306,8 +306,13 @@ func TestMegatronAPIAndMetrics(t *testing.T) {
 	if len(resp.Logprobs[1]) != len(resp.Tokens[1])-1 || len(resp.Segments[0]) != len(resp.Tokens[0]) {
 		t.Fatalf("shapes: %s", body)
 	}
+	// Scoring only: tokens_to_generate 0 returns the prompt's log-probabilities.
+	code, body = h.do(t, "PUT", "/api", `{"prompts": ["HELLO"], "tokens_to_generate": 0, "logprobs": true}`)
+	if code != 200 || json.Unmarshal(body, &resp) != nil || resp.Text[0] != "HELLO" || len(resp.Logprobs[0]) != 4 || resp.Logprobs[0][0] >= 0 {
+		t.Fatalf("scoring: %d %s", code, body)
+	}
 	code, body = h.do(t, "GET", "/metrics", "")
-	for _, want := range []string{`gotron_requests_total{endpoint="api",code="200"} 1`, "gotron_time_to_first_token_seconds_bucket{le=\"+Inf\"} 1",
+	for _, want := range []string{`gotron_requests_total{endpoint="api",code="200"} 2`, "gotron_time_to_first_token_seconds_bucket{le=\"+Inf\"} 1",
 		"gotron_kv_blocks_used 0", "gotron_queue_depth 0", "gotron_generation_tokens_total"} {
 		if code != 200 || !strings.Contains(string(body), want) {
 			t.Errorf("metrics lack %q:\n%s", want, body)
