@@ -9,8 +9,8 @@ import (
 // CheckMemory refuses a run that cannot fit in this machine's memory,
 // before anything is allocated: a Go process that runs out of memory dies
 // with a fatal error and a goroutine dump instead of an error. The estimate
-// is Megatron's theoretical memory footprint (TheoreticalMemory) of this
-// rank; gotron keeps weights, gradients and activations in float32, so it
+// is Megatron's theoretical memory footprint (TheoreticalMemory) of the
+// most loaded rank of the layout (cfg.Parallel); gotron keeps weights, gradients and activations in float32, so it
 // needs at least about that much. The machine's memory is MemAvailable of
 // /proc/meminfo; where that file is absent (not Linux) no check is made.
 // A config that does not validate passes: New reports its error.
@@ -25,8 +25,10 @@ func CheckMemory(cfg Config) error {
 // checkMemory is CheckMemory against the given machine.
 func checkMemory(cfg Config, mem meminfo.Info) error {
 	mc := MemoryConfig{Model: cfg.Model, SeqLength: cfg.SeqLength, MicroBatchSize: cfg.MicroBatchSize, WorldSize: 1}
-	if cfg.Parallel != nil {
-		mc.WorldSize = cfg.Parallel.DPSize()
+	if p := cfg.Parallel; p != nil {
+		l := p.Layout.Config
+		mc.WorldSize, mc.TensorParallel, mc.PipelineParallel, mc.ContextParallel = p.World.Size(), l.TP, l.PP, l.CP
+		mc.VirtualPipeline, mc.SequenceParallel = l.VPP, cfg.SequenceParallel
 		mc.DistributedOptimizer = cfg.DDP.DistributedOptimizer
 	}
 	r, err := TheoreticalMemory(mc)

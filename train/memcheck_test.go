@@ -4,7 +4,9 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/gotron/gotron/comm/inproc"
 	"github.com/gotron/gotron/internal/meminfo"
+	"github.com/gotron/gotron/parallel"
 )
 
 // TestCheckMemory: runs whose theoretical footprint exceeds the machine's
@@ -42,5 +44,35 @@ func TestCheckMemory(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestCheckMemoryUsesTheLayout: with tensor parallelism the estimate is of
+// one rank's shard, so a model that fits only when split over 2 ranks
+// passes with TP = 2 and is refused on one process.
+func TestCheckMemoryUsesTheLayout(t *testing.T) {
+	world, err := inproc.NewWorld(2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	groups, err := parallel.NewGroups(world[0], parallel.Config{TP: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := tinyConfig(t)
+	cfg.Model.NumLayers, cfg.Model.HiddenSize, cfg.Model.NumAttentionHeads = 32, 4096, 32 // 6.4e9 parameters
+	cfg.Model.VocabSize, cfg.SeqLength, cfg.Model.MaxPositionEmbeddings, cfg.MicroBatchSize = 50304, 16, 16, 1
+	r, err := TheoreticalMemory(MemoryConfig{Model: cfg.Model, SeqLength: 16, MicroBatchSize: 1, WorldSize: 2, TensorParallel: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	half := r.WeightAndOptimizerBytes + r.ActivationBytes // one TP rank's share
+	machine := meminfo.Info{TotalBytes: int64(2 * half), AvailableBytes: int64(1.2 * half)}
+	if err := checkMemory(cfg, machine); err == nil {
+		t.Fatal("one process: accepted a model that needs two ranks' memory")
+	}
+	cfg.Parallel = groups
+	if err := checkMemory(cfg, machine); err != nil {
+		t.Fatalf("TP = 2: %v", err)
 	}
 }
