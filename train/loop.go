@@ -42,6 +42,7 @@ type Trainer struct {
 	stop      agreement             // the last iteration's agreed stop requests
 
 	lastSyncWait time.Duration // ddp.SyncWait at the last log line
+	lastTPComm   time.Duration // region.CommTime at the last log line
 
 	// Position, saved in checkpoints.
 	Iteration     int64

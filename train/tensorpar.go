@@ -274,3 +274,15 @@ func numel(shape []int) int {
 	}
 	return n
 }
+
+// tpCommSinceLog is the mean time per iteration, in ms, of the last iters
+// iterations' tensor-parallel collectives (nil with TP = 1).
+func (t *Trainer) tpCommSinceLog(iters int64) any {
+	if t.region == nil {
+		return nil
+	}
+	c := t.region.CommTime()
+	ms := float64(c-t.lastTPComm) / 1e6 / float64(iters)
+	t.lastTPComm = c
+	return ms
+}

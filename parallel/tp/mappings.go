@@ -15,6 +15,7 @@ import (
 	"context"
 	"fmt"
 	"sync"
+	"time"
 
 	"github.com/gotron/gotron/comm"
 	"github.com/gotron/gotron/tensor"
@@ -30,8 +31,21 @@ type Region struct {
 	// Ctx governs the collectives; nil means context.Background().
 	Ctx context.Context
 
-	mu  sync.Mutex // protects err
-	err error
+	mu   sync.Mutex // protects err
+	err  error
+	comm time.Duration // time spent in collectives
+}
+
+// CommTime is the total time this rank has spent in the region's
+// collectives (the tensor-parallel communication cost of the steps so far).
+func (r *Region) CommTime() time.Duration { return r.comm }
+
+// timed runs a collective, adding its duration to CommTime.
+func (r *Region) timed(f func() error) error {
+	start := time.Now()
+	err := f()
+	r.comm += time.Since(start)
+	return err
 }
 
 // Size is the tensor-parallel size; Rank this rank's index.
@@ -64,7 +78,7 @@ func (r *Region) allReduce(op string, x []float32) {
 	if r.Size() == 1 {
 		return
 	}
-	if err := r.Group.AllReduce(r.ctx(), comm.Float32s(x), comm.Sum); err != nil {
+	if err := r.timed(func() error { return r.Group.AllReduce(r.ctx(), comm.Float32s(x), comm.Sum) }); err != nil {
 		r.fail(op, err)
 	}
 }
@@ -238,7 +252,9 @@ func (r *Region) gatherDim(tp *tensor.Tape, x *tensor.Tensor, d int, op string) 
 	outer, k, inner := split3(shape, d)
 	p := r.Size()
 	buf := make([]float32, p*x.Numel()) // (p, outer, k, inner)
-	if err := r.Group.AllGather(r.ctx(), comm.Float32s(buf), comm.Float32s(x.Contiguous().Float32s()), nil); err != nil {
+	if err := r.timed(func() error {
+		return r.Group.AllGather(r.ctx(), comm.Float32s(buf), comm.Float32s(x.Contiguous().Float32s()), nil)
+	}); err != nil {
 		r.fail(op, err)
 	}
 	oshape := append([]int(nil), shape...)
@@ -273,7 +289,9 @@ func (r *Region) reduceScatterDim(tp *tensor.Tape, x *tensor.Tensor, d int, op s
 	oshape := append([]int(nil), shape...)
 	oshape[d] = k
 	out := tp.Empty(oshape...)
-	if err := r.Group.ReduceScatter(r.ctx(), comm.Float32s(out.Float32s()), comm.Float32s(packed), comm.Sum, nil); err != nil {
+	if err := r.timed(func() error {
+		return r.Group.ReduceScatter(r.ctx(), comm.Float32s(out.Float32s()), comm.Float32s(packed), comm.Sum, nil)
+	}); err != nil {
 		r.fail(op, err)
 	}
 	return out

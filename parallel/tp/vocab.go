@@ -79,7 +79,7 @@ func (r *Region) VocabCrossEntropy(tp *tensor.Tape, logits, targets, mask *tenso
 				rowMax[i] = m
 			}
 			if r.Size() > 1 {
-				if err := r.Group.AllReduce(r.ctx(), comm.Float32s(rowMax), comm.Max); err != nil {
+				if err := r.timed(func() error { return r.Group.AllReduce(r.ctx(), comm.Float32s(rowMax), comm.Max) }); err != nil {
 					r.fail("vocab cross-entropy max all_reduce", err)
 				}
 			}
