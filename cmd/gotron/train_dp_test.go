@@ -131,6 +131,17 @@ func TestLaunchTrainDataParallelProcesses(t *testing.T) {
 	if !bytes.Contains(out, []byte("data-parallel size 2")) {
 		t.Fatalf("no data-parallel size in the output:\n%s", out)
 	}
+
+	// Tensor parallelism over processes: TP=2 with sequence parallelism.
+	got = filepath.Join(dir, "tp2.jsonl")
+	cmd = exec.Command(bin, append([]string{"launch", "--nproc-per-node", "2", "--master-port", freeTCPPort(t), "--"},
+		with(dpTrain, "--metrics-file", got, "--tensor-model-parallel-size", "2", "--sequence-parallel")...)...)
+	cmd.Env = append(os.Environ(), "GOTRON_NUM_THREADS=1")
+	if out, err = cmd.CombinedOutput(); err != nil {
+		t.Fatalf("gotron launch --nproc-per-node 2 -- train --tensor-model-parallel-size 2: %v\n%s", err, out)
+	}
+	losses, _ = metricsLosses(t, got)
+	sameLosses(t, "tcp TP=2 SP", losses, want)
 }
 
 // TestTrainDataParallelBadInput: refused before training, naming what is
