@@ -169,49 +169,53 @@ func TestTransposedLogits(t *testing.T) {
 // the same steps, each get the tokens they get alone (greedy).
 func TestEngineBatchedEqualsAlone(t *testing.T) {
 	for _, kind := range []string{"gpt2", "llama"} {
-		t.Run(kind, func(t *testing.T) {
-			m := testModel(t, kind)
-			e := mustEngine(t, m, EngineConfig{MaxNumBatchedTokens: 24, BlockTokens: 4})
-			want := map[SeqID][]int{}
-			add := func(i int) {
-				prompt := testPrompt(3+(i*5)%40, 100+i, 64)
-				n := 4 + i%9
-				id, err := e.Add(Request{Prompt: prompt, MaxTokens: n, Sampling: Sampling{TopK: 1}})
-				if err != nil {
-					t.Fatal(err)
-				}
-				want[id] = generateAlone(t, m, prompt, n, Sampling{TopK: 1})
-			}
-			for i := range 10 {
-				add(i)
-			}
-			// Requests join mid-flight too.
-			got := map[SeqID][]int{}
-			for step := 0; e.HasWork() || step < 3; step++ {
-				if step < 3 {
-					add(10 + step)
-				}
-				evs, err := e.Step()
-				if err != nil {
-					t.Fatal(err)
-				}
-				for _, ev := range evs {
-					if ev.Token >= 0 {
-						got[ev.Seq] = append(got[ev.Seq], ev.Token)
-					}
-				}
-			}
-			for id, w := range want {
-				if !slices.Equal(got[id], w) {
-					t.Errorf("request %d: batched %v, alone %v", id, got[id], w)
-				}
-			}
-			if st := e.Stats(); st.Steps >= st.BatchedTokens {
-				t.Errorf("%d steps for %d tokens: no batching", st.Steps, st.BatchedTokens)
-			}
-			checkNoLeak(t, e)
-		})
+		for _, layout := range []WeightLayout{WeightsModel, WeightsTransposed} {
+			t.Run(kind+"/"+layout.String(), func(t *testing.T) { testBatchedEqualsAlone(t, kind, layout) })
+		}
 	}
+}
+
+func testBatchedEqualsAlone(t *testing.T, kind string, layout WeightLayout) {
+	m := testModel(t, kind)
+	e := mustEngine(t, m, EngineConfig{MaxNumBatchedTokens: 24, BlockTokens: 4, Weights: layout})
+	want := map[SeqID][]int{}
+	add := func(i int) {
+		prompt := testPrompt(3+(i*5)%40, 100+i, 64)
+		n := 4 + i%9
+		id, err := e.Add(Request{Prompt: prompt, MaxTokens: n, Sampling: Sampling{TopK: 1}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		want[id] = generateAlone(t, m, prompt, n, Sampling{TopK: 1})
+	}
+	for i := range 10 {
+		add(i)
+	}
+	// Requests join mid-flight too.
+	got := map[SeqID][]int{}
+	for step := 0; e.HasWork() || step < 3; step++ {
+		if step < 3 {
+			add(10 + step)
+		}
+		evs, err := e.Step()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, ev := range evs {
+			if ev.Token >= 0 {
+				got[ev.Seq] = append(got[ev.Seq], ev.Token)
+			}
+		}
+	}
+	for id, w := range want {
+		if !slices.Equal(got[id], w) {
+			t.Errorf("request %d: batched %v, alone %v", id, got[id], w)
+		}
+	}
+	if st := e.Stats(); st.Steps >= st.BatchedTokens {
+		t.Errorf("%d steps for %d tokens: no batching", st.Steps, st.BatchedTokens)
+	}
+	checkNoLeak(t, e)
 }
 
 // TestEnginePreemption: a pool too small for all requests at once preempts
