@@ -6,6 +6,7 @@ import (
 	"math"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 
@@ -340,5 +341,26 @@ func TestDataParallelSignalOnOneRank(t *testing.T) {
 		if !res.Interrupted || res.Iteration != 4 || !slices.Equal(res.SavedAt, []int64{4}) {
 			t.Fatalf("rank %d: interrupted %v at iteration %d, saved at %v; want both ranks stopped and saved at 4", r, res.Interrupted, res.Iteration, res.SavedAt)
 		}
+	}
+}
+
+// TestSignalWithoutSaveSaysSo: a stop signal without --save does not claim to
+// save.
+func TestSignalWithoutSaveSaysSo(t *testing.T) {
+	cfg := tinyConfig(t)
+	var out strings.Builder
+	cfg.Out = &out
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	src := MockSource{SeqLength: cfg.SeqLength, VocabSize: cfg.Model.VocabSize}
+	tr, err := New(cfg, src, src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tr.Run(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(out.String(), "saving") || !strings.Contains(out.String(), "nothing is saved") {
+		t.Fatalf("log after a signal without --save:\n%s", out.String())
 	}
 }

@@ -216,7 +216,11 @@ func (t *Trainer) Run(ctx context.Context) (Result, error) {
 		if t.stop.stopped {
 			exit = true
 			res.Interrupted = true
-			t.printf("received signal: saving and exiting at iteration %d", t.Iteration)
+			if cfg.Save != "" {
+				t.printf("received signal: saving and exiting at iteration %d", t.Iteration)
+			} else {
+				t.printf("received signal: exiting at iteration %d (no --save: nothing is saved)", t.Iteration)
+			}
 		}
 		if (save || exit) && cfg.Save != "" {
 			if err := t.save(cfg.Save); err != nil {
