@@ -58,7 +58,7 @@ func (t *Trainer) logIteration(loss float64) {
 			"grad_norm": jsonFloat(t.lastGradNorm), "skipped_iterations": t.Skipped, "nan_iterations": t.NaNIterations,
 			"tokens_per_second": tokensPerSec, "mfu": mfu, "valid_loss": jsonFloat(t.lastValidLoss),
 			"grad_sync_wait_ms_per_iteration": t.syncWaitSinceLog(iters),
-			"tp_comm_ms_per_iteration": t.tpCommSinceLog(iters),
+			"tp_comm_ms_per_iteration":        t.tpCommSinceLog(iters),
 		})
 	}
 	t.lastLog, t.lastLogIter = now, t.Iteration
