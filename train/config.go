@@ -42,7 +42,8 @@ type Config struct {
 
 	// Evaluation.
 	EvalInterval int64 // --eval-interval; 0 disables evaluation during training
-	EvalIters    int64 // --eval-iters
+	EvalIters    int64 // --eval-iters; 0 turns evaluation off (Megatron's do_valid/do_test)
+	SkipTrain    bool  // --skip-train: only the final validation and test evaluation
 
 	// Logging.
 	LogInterval int64     // --log-interval; 0 means 100
@@ -92,8 +93,8 @@ func (c *Config) validate() error {
 		return fmt.Errorf("train: set only one of --train-iters and --train-samples")
 	case c.TrainIters <= 0 && c.TrainSamples <= 0:
 		return fmt.Errorf("train: set --train-iters or --train-samples")
-	case c.EvalInterval > 0 && c.EvalIters <= 0:
-		return fmt.Errorf("train: --eval-interval=%d needs --eval-iters > 0", c.EvalInterval)
+	case c.EvalIters < 0:
+		return fmt.Errorf("train: --eval-iters=%d: want ≥ 0 (0 turns evaluation off)", c.EvalIters)
 	case c.SaveInterval > 0 && c.Save == "":
 		return fmt.Errorf("train: --save-interval=%d needs --save", c.SaveInterval)
 	case c.Optimizer != "" && c.Optimizer != "adam" && c.Optimizer != "sgd":

@@ -14,7 +14,11 @@ import (
 // logIteration accumulates the loss and, every --log-interval iterations,
 // prints Megatron's log line (spec §2.14) plus tokens/s and MFU, and appends
 // a JSON object to the metrics file.
-func (t *Trainer) logIteration(loss float64) {
+//
+// It returns the iteration's metrics record (nil when nothing is logged or
+// there is no metrics file); the caller adds this iteration's evaluation and
+// writes it with writeMetrics.
+func (t *Trainer) logIteration(loss float64) map[string]any {
 	cfg := &t.cfg
 	if !math.IsNaN(loss) && !math.IsInf(loss, 0) {
 		t.lossSinceLog += loss
@@ -24,12 +28,12 @@ func (t *Trainer) logIteration(loss float64) {
 		t.progress.update(t.Iteration, loss)
 	}
 	if t.Iteration%cfg.LogInterval != 0 && t.Iteration != t.trainIters {
-		return
+		return nil
 	}
 	now := cfg.Now()
 	iters := t.Iteration - t.lastLogIter
 	if iters <= 0 {
-		return
+		return nil
 	}
 	perIter := now.Sub(t.lastLog).Seconds() / float64(iters)
 	gbs := t.mb.CurrentGlobalBatchSize()
@@ -51,18 +55,28 @@ func (t *Trainer) logIteration(loss float64) {
 	fmt.Fprintf(&b, "iteration %8d/%8d | consumed samples: %12d | elapsed time per iteration (ms): %.1f | throughput per GPU (TFLOP/s/GPU): %.3f | learning rate: %.6E | global batch size: %5d | lm loss: %.6E | loss scale: 1.0 | grad norm: %.3f | number of skipped iterations: %3d | number of nan iterations: %3d | tokens/s: %.1f | MFU: %.1f%% |",
 		t.Iteration, t.trainIters, t.Consumed, perIter*1e3, tflops, t.lastLR, gbs, avg, t.lastGradNorm, t.Skipped, t.NaNIterations, tokensPerSec, 100*mfu)
 	t.printf("%s", b.String())
+	var record map[string]any
 	if t.metrics != nil {
-		t.metrics.write(map[string]any{
-			"iteration": t.Iteration, "consumed_samples": t.Consumed, "elapsed_ms_per_iteration": perIter * 1e3,
-			"tflops": tflops, "learning_rate": t.lastLR, "global_batch_size": gbs, "lm_loss": jsonFloat(avg),
-			"grad_norm": jsonFloat(t.lastGradNorm), "skipped_iterations": t.Skipped, "nan_iterations": t.NaNIterations,
-			"tokens_per_second": tokensPerSec, "mfu": mfu, "valid_loss": jsonFloat(t.lastValidLoss),
+		// valid_loss is added by the caller when this iteration evaluates.
+		record = map[string]any{
+			"iteration": t.Iteration, "timestamp": now.Format(time.RFC3339Nano), "consumed_samples": t.Consumed,
+			"elapsed_ms_per_iteration": perIter * 1e3, "tflops": tflops, "learning_rate": t.lastLR, "global_batch_size": gbs,
+			"lm_loss": jsonFloat(avg), "grad_norm": jsonFloat(t.lastGradNorm), "skipped_iterations": t.Skipped,
+			"nan_iterations": t.NaNIterations, "tokens_per_second": tokensPerSec, "mfu": mfu,
 			"grad_sync_wait_ms_per_iteration": t.syncWaitSinceLog(iters),
 			"tp_comm_ms_per_iteration":        t.tpCommSinceLog(iters),
-		})
+		}
 	}
 	t.lastLog, t.lastLogIter = now, t.Iteration
 	t.lossSinceLog, t.itersSinceLog = 0, 0
+	return record
+}
+
+// writeMetrics appends record to the metrics file (nothing for nil).
+func (t *Trainer) writeMetrics(record map[string]any) {
+	if t.metrics != nil && record != nil {
+		t.metrics.write(record)
+	}
 }
 
 // jsonFloat maps NaN/Inf (not representable in JSON) to nil.

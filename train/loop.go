@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"strings"
 	"time"
 
 	"github.com/gotron/gotron/comm"
@@ -27,6 +28,7 @@ type Trainer struct {
 	grads *optim.Grads
 	train datagpt.Source
 	valid datagpt.Source
+	test  datagpt.Source // the test split, evaluated once at the end (SetTest)
 	rng   *tensor.RNG // dropout stream (Megatron's default CUDA RNG)
 	tape  *tensor.Tape
 
@@ -72,6 +74,7 @@ type Result struct {
 	Iteration   int64
 	Consumed    int64
 	ValidLoss   float64 // last evaluation's loss; NaN if none ran
+	TestLoss    float64 // the final test-set evaluation's loss; NaN if none ran
 	SavedAt     []int64 // iterations checkpointed
 	Interrupted bool    // stopped by the context (a signal) after saving
 }
@@ -173,7 +176,7 @@ func (t *Trainer) TrainIters() int64 { return t.trainIters }
 // returns with Result.Interrupted set and a nil error.
 func (t *Trainer) Run(ctx context.Context) (Result, error) {
 	cfg := &t.cfg
-	res := Result{ValidLoss: math.NaN()}
+	res := Result{ValidLoss: math.NaN(), TestLoss: math.NaN()}
 	t.cctx = context.WithoutCancel(ctx)
 	if t.region != nil {
 		t.region.Ctx = t.cctx
@@ -193,20 +196,28 @@ func (t *Trainer) Run(ctx context.Context) (Result, error) {
 		defer t.progress.finish()
 	}
 	savedLast := int64(-1)
-	for t.Iteration < t.trainIters {
+	exited := false
+	if cfg.SkipTrain {
+		t.rawf("skipping training (--skip-train is on) ...")
+	}
+	for t.Iteration < t.trainIters && !cfg.SkipTrain {
 		loss, err := t.step(ctx)
 		if err != nil {
 			return res, err
 		}
 		res.Losses = append(res.Losses, loss)
-		t.logIteration(loss)
-		if cfg.EvalInterval > 0 && t.valid != nil && t.Iteration%cfg.EvalInterval == 0 {
-			if t.lastValidLoss, err = t.evaluate(); err != nil {
+		record := t.logIteration(loss)
+		if cfg.EvalInterval > 0 && t.doValid() && t.Iteration%cfg.EvalInterval == 0 {
+			if t.lastValidLoss, err = t.evaluate(t.valid, &t.ConsumedValid); err != nil {
 				return res, err
 			}
 			res.ValidLoss = t.lastValidLoss
-			t.printf("validation loss at iteration %d | lm loss value: %.6E | lm loss PPL: %.6E |", t.Iteration, t.lastValidLoss, math.Exp(math.Min(20, t.lastValidLoss)))
+			t.printEval(fmt.Sprintf("iteration %d", t.Iteration), t.lastValidLoss)
+			if record != nil {
+				record["valid_loss"] = jsonFloat(t.lastValidLoss)
+			}
 		}
+		t.writeMetrics(record)
 		save := cfg.SaveInterval > 0 && t.Iteration%cfg.SaveInterval == 0
 		exit := cfg.ExitInterval > 0 && t.Iteration%cfg.ExitInterval == 0
 		if t.stop.timeUp {
@@ -230,6 +241,7 @@ func (t *Trainer) Run(ctx context.Context) (Result, error) {
 			res.SavedAt = append(res.SavedAt, t.Iteration)
 		}
 		if exit {
+			exited = true
 			break
 		}
 	}
@@ -241,6 +253,30 @@ func (t *Trainer) Run(ctx context.Context) (Result, error) {
 			return res, err
 		}
 		res.SavedAt = append(res.SavedAt, t.Iteration)
+	}
+	// Megatron's end of pretrain: evaluation on the validation set (its
+	// iterator continues) and on the test set (from its start), unless the
+	// run exited early (--exit-interval, --exit-duration-in-mins, a signal).
+	if !exited {
+		if t.doValid() {
+			loss, err := t.evaluate(t.valid, &t.ConsumedValid)
+			if err != nil {
+				return res, err
+			}
+			res.ValidLoss, t.lastValidLoss = loss, loss
+			t.printEval(fmt.Sprintf("iteration %d on validation set", t.Iteration), loss)
+			t.writeMetrics(map[string]any{"iteration": t.Iteration, "timestamp": t.cfg.Now().Format(time.RFC3339Nano), "final_valid_loss": jsonFloat(loss)})
+		}
+		if t.test != nil && t.cfg.EvalIters > 0 {
+			var consumed int64
+			loss, err := t.evaluate(t.test, &consumed)
+			if err != nil {
+				return res, err
+			}
+			res.TestLoss = loss
+			t.printEval(fmt.Sprintf("iteration %d on test set", t.Iteration), loss)
+			t.writeMetrics(map[string]any{"iteration": t.Iteration, "timestamp": t.cfg.Now().Format(time.RFC3339Nano), "test_loss": jsonFloat(loss)})
+		}
 	}
 	res.Iteration, res.Consumed = t.Iteration, t.Consumed
 	return res, nil
@@ -318,9 +354,10 @@ func (t *Trainer) step(ctx context.Context) (float64, error) {
 		t.grads.ClipByNorm(t.cfg.ClipGrad, t.lastGradNorm)
 	}
 	t.sched.Apply(t.opt.Groups())
-	t.lastLR = t.sched.LR()
 	t.opt.Step()
 	t.sched.Step(gbs)
+	// Megatron logs the rate after the scheduler step: the next iteration's.
+	t.lastLR = t.sched.LR()
 	if t.ddp != nil {
 		if err := t.ddp.GatherParams(t.cctx); err != nil {
 			return loss, fmt.Errorf("train: iteration %d: %w", t.Iteration, err)
@@ -333,7 +370,7 @@ func (t *Trainer) step(ctx context.Context) (float64, error) {
 // gradients, continuing where the last evaluation stopped (Megatron keeps one
 // validation iterator), and returns the mean loss. Data-parallel ranks each
 // evaluate their micro-batch of every mbs·DP samples; the mean is over all.
-func (t *Trainer) evaluate() (float64, error) {
+func (t *Trainer) evaluate(src datagpt.Source, consumed *int64) (float64, error) {
 	gbs, mbs := t.cfg.GlobalBatchSize, t.cfg.MicroBatchSize
 	dp, r := t.dpSize(), t.dpRank()
 	if err := t.syncParams(); err != nil {
@@ -344,8 +381,8 @@ func (t *Trainer) evaluate() (float64, error) {
 	failed := false
 	for range t.cfg.EvalIters {
 		for i := 0; i < gbs/(mbs*dp) && !failed; i++ {
-			start := (t.ConsumedValid + int64(r*mbs)) % int64(max(t.valid.Len(), 1))
-			bt, err := makeBatch(t.valid, start, mbs, t.cfg.SeqLength, t.Model.Config.VocabSize)
+			start := (*consumed + int64(r*mbs)) % int64(max(src.Len(), 1))
+			bt, err := makeBatch(src, start, mbs, t.cfg.SeqLength, t.Model.Config.VocabSize)
 			if err != nil {
 				t.printf("evaluation stopped: %v", err)
 				failed = true
@@ -357,7 +394,7 @@ func (t *Trainer) evaluate() (float64, error) {
 			}
 			sum += float64(loss.Float32s()[0])
 			count++
-			t.ConsumedValid += int64(mbs * dp)
+			*consumed += int64(mbs * dp)
 		}
 	}
 	if t.par != nil {
@@ -432,4 +469,28 @@ func (t *Trainer) printf(format string, args ...any) {
 		t.progress.clear()
 	}
 	fmt.Fprintf(t.cfg.Out, "[%s] "+format+"\n", append([]any{t.cfg.Now().Format("2006-01-02 15:04:05")}, args...)...)
+}
+
+// SetTest gives the run a test split, evaluated once after training as
+// Megatron's do_test (with --eval-iters > 0).
+func (t *Trainer) SetTest(src datagpt.Source) { t.test = src }
+
+// doValid is Megatron's do_valid: a validation split and --eval-iters > 0.
+func (t *Trainer) doValid() bool { return t.valid != nil && t.cfg.EvalIters > 0 }
+
+// printEval prints Megatron's evaluation result block (evaluate_and_print_results).
+func (t *Trainer) printEval(prefix string, loss float64) {
+	s := fmt.Sprintf(" validation loss at %s | lm loss value: %.6E | lm loss PPL: %.6E | ", prefix, loss, math.Exp(math.Min(20, loss)))
+	dashes := strings.Repeat("-", len(s)+1)
+	t.rawf("%s", dashes)
+	t.rawf("%s", s)
+	t.rawf("%s", dashes)
+}
+
+// rawf prints a line without the timestamp (Megatron's print_rank_last).
+func (t *Trainer) rawf(format string, args ...any) {
+	if t.progress != nil {
+		t.progress.clear()
+	}
+	fmt.Fprintf(t.cfg.Out, format+"\n", args...)
 }

@@ -3,6 +3,7 @@ package train
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"math"
 	"os"
 	"path/filepath"
@@ -124,8 +125,75 @@ func TestLogLineAndMetrics(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if n := strings.Count(string(b), "\n"); n != 2 || !strings.Contains(string(b), `"lm_loss":`) {
-		t.Fatalf("metrics file has %d lines:\n%s", n, b)
+	// Two iteration records (each with a timestamp; the second carries the
+	// evaluation at iteration 2) and the final validation record.
+	lines := strings.Split(strings.TrimSpace(string(b)), "\n")
+	if len(lines) != 3 || !strings.Contains(lines[0], `"lm_loss":`) || !strings.Contains(lines[0], `"timestamp":`) ||
+		!strings.Contains(lines[2], `"final_valid_loss":`) {
+		t.Fatalf("metrics file:\n%s", b)
+	}
+}
+
+// TestMegatronLogLearningRateAndEvaluation: the logged learning rate is the
+// one after the scheduler step (Megatron logs the next iteration's rate);
+// evaluation prints Megatron's dashed block, during training ("at iteration
+// N") and at the end ("on validation set", "on test set"); the metrics
+// record of an evaluated iteration carries that evaluation.
+func TestMegatronLogLearningRateAndEvaluation(t *testing.T) {
+	cfg := tinyConfig(t)
+	cfg.TrainIters, cfg.EvalInterval, cfg.EvalIters = 4, 2, 1
+	cfg.Schedule.LRWarmupIters = 0 // cosine from 3e-3 to 3e-4 over 4 iterations
+	var out bytes.Buffer
+	cfg.Out = &out
+	cfg.MetricsFile = filepath.Join(t.TempDir(), "m.jsonl")
+	src := MockSource{SeqLength: cfg.SeqLength, VocabSize: cfg.Model.VocabSize}
+	tr, err := New(cfg, src, MockSource{SeqLength: cfg.SeqLength, VocabSize: cfg.Model.VocabSize, Samples: 64})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr.SetTest(MockSource{SeqLength: cfg.SeqLength, VocabSize: cfg.Model.VocabSize, Samples: 32})
+	res, err := tr.Run(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	log := out.String()
+	// Megatron's cosine: lr(step) = min + (max-min)·0.5·(1+cos(π·step/4)),
+	// logged after step s+1: iteration 1 logs lr(1) = 2.6045...E-03.
+	for it, lr := range map[int]float64{1: 3e-4 + 2.7e-3*0.5*(1+math.Cos(math.Pi/4)), 2: 3e-4 + 2.7e-3*0.5, 4: 3e-4} {
+		want := fmt.Sprintf("iteration %8d/%8d | consumed samples: %12d | ", it, 4, 4*it)
+		i := strings.Index(log, want)
+		if i < 0 {
+			t.Fatalf("no log line for iteration %d:\n%s", it, log)
+		}
+		if got := fmt.Sprintf("learning rate: %.6E", lr); !strings.Contains(log[i:i+400], got) {
+			t.Errorf("iteration %d: want %q in %q", it, got, log[i:i+300])
+		}
+	}
+	for _, want := range []string{
+		"\n validation loss at iteration 2 | lm loss value: ",
+		"\n validation loss at iteration 4 on validation set | lm loss value: ",
+		"\n validation loss at iteration 4 on test set | lm loss value: ",
+	} {
+		i := strings.Index(log, want)
+		if i < 0 {
+			t.Fatalf("log lacks %q:\n%s", want, log)
+		}
+		line := log[i+1 : i+1+strings.Index(log[i+1:], "\n")]
+		dashes := strings.Repeat("-", len(line)+1)
+		if !strings.Contains(log, dashes+"\n"+line+"\n"+dashes+"\n") {
+			t.Errorf("%q is not framed by %d dashes as Megatron prints it:\n%s", line, len(line)+1, log)
+		}
+	}
+	if math.IsNaN(res.TestLoss) {
+		t.Error("no test loss in the result")
+	}
+	b, err := os.ReadFile(cfg.MetricsFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(strings.TrimSpace(string(b)), "\n")
+	if !strings.Contains(lines[1], `"iteration":2`) || !strings.Contains(lines[1], `"valid_loss":`) || strings.Contains(lines[0], `"valid_loss"`) {
+		t.Fatalf("the record of iteration 2 should carry its evaluation, iteration 1 none:\n%s", b)
 	}
 }
 

@@ -146,7 +146,8 @@ func newTrainFlags() (*flag.FlagSet, *trainFlags) {
 	fs.IntVar(&c.MaxSkipsInARow, "max-nan-iterations", 10, "stop after this many NaN/Inf iterations in a row")
 
 	fs.Int64Var(&c.EvalInterval, "eval-interval", 1000, "iterations between evaluations")
-	fs.Int64Var(&c.EvalIters, "eval-iters", 100, "global batches per evaluation")
+	fs.Int64Var(&c.EvalIters, "eval-iters", 100, "global batches per evaluation (0: no validation or test evaluation)")
+	fs.BoolVar(&c.SkipTrain, "skip-train", false, "no training: only the validation and test evaluation (with --load)")
 	fs.Int64Var(&c.LogInterval, "log-interval", 100, "iterations between log lines")
 	fs.StringVar(&c.MetricsFile, "metrics-file", "", "append one JSON object per log line to this file")
 	fs.Float64Var(&c.PeakFLOPs, "peak-flops", 0, "peak FLOP/s for MFU (0: 256e9, or 512e9 with --bf16: this 2-core CPU's peaks)")
@@ -277,6 +278,7 @@ func cmdTrain(ctx context.Context, env *cli, args []string) error {
 	if err != nil {
 		return err
 	}
+	tr.SetTest(src.test)
 	if groups == nil || groups.DP.Rank() == 0 {
 		tp, pp := 0, 0
 		if groups != nil {
@@ -394,10 +396,10 @@ func overlayModelFlags(p, flags *gpt.Config, given map[string]bool) {
 
 // dataSources are the opened datasets of a run.
 type dataSources struct {
-	train, valid datagpt.Source
-	tok          tokenizer.Tokenizer
-	paddedVocab  int
-	closer       func() error
+	train, valid, test datagpt.Source
+	tok                tokenizer.Tokenizer
+	paddedVocab        int
+	closer             func() error
 }
 
 func (d *dataSources) close() {
@@ -431,6 +433,7 @@ func openData(ctx context.Context, d *dataArgs, cfg train.Config, divisor int, g
 		src.paddedVocab = tokenizer.PaddedVocabSize(vocab, divisor, 1)
 		src.train = train.MockSource{SeqLength: cfg.SeqLength, VocabSize: vocab}
 		src.valid = train.MockSource{SeqLength: cfg.SeqLength, VocabSize: vocab, Samples: 1 << 20}
+		src.test = train.MockSource{SeqLength: cfg.SeqLength, VocabSize: vocab, Samples: 1 << 20}
 		return src, nil
 	case !hasPaths:
 		return nil, fmt.Errorf("no data: set --data-path (or --train-data-path ...) or --mock-data")
@@ -461,7 +464,7 @@ func openData(ctx context.Context, d *dataArgs, cfg train.Config, divisor int, g
 	if err != nil {
 		return nil, err
 	}
-	src.train, src.valid, src.closer = ds.Train, ds.Valid, ds.Close
+	src.train, src.valid, src.test, src.closer = ds.Train, ds.Valid, ds.Test, ds.Close
 	if src.train == nil {
 		ds.Close()
 		return nil, fmt.Errorf("--split %q gives the training split no data", d.split)

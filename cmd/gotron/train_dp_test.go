@@ -47,6 +47,9 @@ func metricsLosses(t *testing.T, path string) (losses []float64, consumed []int6
 		if err := json.Unmarshal(sc.Bytes(), &m); err != nil {
 			t.Fatal(err)
 		}
+		if m.Consumed == 0 {
+			continue // a final evaluation record
+		}
 		losses, consumed = append(losses, m.Loss), append(consumed, m.Consumed)
 	}
 	return losses, consumed
