@@ -67,7 +67,7 @@ func (t *Trainer) logIteration(loss float64) map[string]any {
 			"tp_comm_ms_per_iteration":        t.tpCommSinceLog(iters),
 		}
 	}
-	t.lastLog, t.lastLogIter = now, t.Iteration
+	t.lastLog, t.lastLogIter, t.lastLoggedLoss = now, t.Iteration, avg
 	t.lossSinceLog, t.itersSinceLog = 0, 0
 	return record
 }

@@ -29,7 +29,7 @@ type Trainer struct {
 	train datagpt.Source
 	valid datagpt.Source
 	test  datagpt.Source // the test split, evaluated once at the end (SetTest)
-	rng   *tensor.RNG // dropout stream (Megatron's default CUDA RNG)
+	rng   *tensor.RNG    // dropout stream (Megatron's default CUDA RNG)
 	tape  *tensor.Tape
 
 	// Data and tensor parallelism (parallel.go, tensorpar.go); nil for one process.
@@ -47,30 +47,34 @@ type Trainer struct {
 	lastTPComm   time.Duration // region.CommTime at the last log line
 
 	// Position, saved in checkpoints.
-	Iteration     int64
-	Consumed      int64 // consumed_train_samples
-	ConsumedValid int64 // consumed_valid_samples
-	Skipped       int64 // iterations skipped for NaN/Inf
-	NaNIterations int64
-	FLOPsSoFar    float64
-	trainIters    int64
-	skippedInARow int
-	startTime     time.Time
-	lastLog       time.Time
-	lastLogIter   int64
-	lossSinceLog  float64
-	itersSinceLog int64
-	lastGradNorm  float64
-	lastLR        float64
-	lastValidLoss float64
-	metrics       *metricsWriter
-	progress      *progressBar
+	Iteration      int64
+	Consumed       int64 // consumed_train_samples
+	ConsumedValid  int64 // consumed_valid_samples
+	Skipped        int64 // iterations skipped for NaN/Inf
+	NaNIterations  int64
+	FLOPsSoFar     float64
+	trainIters     int64
+	skippedInARow  int
+	startTime      time.Time
+	lastLog        time.Time
+	lastLogIter    int64
+	lossSinceLog   float64
+	itersSinceLog  int64
+	lastGradNorm   float64
+	lastLR         float64
+	lastValidLoss  float64
+	lastLoggedLoss float64 // the lm loss of the last log line
+	metrics        *metricsWriter
+	progress       *progressBar
 }
 
 // Result summarises a run for callers and tests.
 type Result struct {
 	// Losses is the lm loss of every iteration run (NaN for skipped ones).
-	Losses      []float64
+	Losses []float64
+	// LoggedLoss is the lm loss the last log line printed (the mean over
+	// its --log-interval); NaN if none was printed.
+	LoggedLoss  float64
 	Iteration   int64
 	Consumed    int64
 	ValidLoss   float64 // last evaluation's loss; NaN if none ran
@@ -176,7 +180,7 @@ func (t *Trainer) TrainIters() int64 { return t.trainIters }
 // returns with Result.Interrupted set and a nil error.
 func (t *Trainer) Run(ctx context.Context) (Result, error) {
 	cfg := &t.cfg
-	res := Result{ValidLoss: math.NaN(), TestLoss: math.NaN()}
+	res := Result{ValidLoss: math.NaN(), TestLoss: math.NaN(), LoggedLoss: math.NaN()}
 	t.cctx = context.WithoutCancel(ctx)
 	if t.region != nil {
 		t.region.Ctx = t.cctx
@@ -207,6 +211,9 @@ func (t *Trainer) Run(ctx context.Context) (Result, error) {
 		}
 		res.Losses = append(res.Losses, loss)
 		record := t.logIteration(loss)
+		if t.lastLogIter == t.Iteration {
+			res.LoggedLoss = t.lastLoggedLoss
+		}
 		if cfg.EvalInterval > 0 && t.doValid() && t.Iteration%cfg.EvalInterval == 0 {
 			if t.lastValidLoss, err = t.evaluate(t.valid, &t.ConsumedValid); err != nil {
 				return res, err

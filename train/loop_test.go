@@ -187,6 +187,9 @@ func TestMegatronLogLearningRateAndEvaluation(t *testing.T) {
 	if math.IsNaN(res.TestLoss) {
 		t.Error("no test loss in the result")
 	}
+	if want := fmt.Sprintf("lm loss: %.6E", res.LoggedLoss); res.LoggedLoss != res.Losses[3] || !strings.Contains(log, want) {
+		t.Errorf("Result.LoggedLoss %v: want the last log line's %v (%q)", res.LoggedLoss, res.Losses[3], want)
+	}
 	b, err := os.ReadFile(cfg.MetricsFile)
 	if err != nil {
 		t.Fatal(err)

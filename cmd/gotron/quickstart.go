@@ -88,8 +88,8 @@ func quickstart(ctx context.Context, env *cli, f *trainFlags) error {
 		return err
 	}
 	if len(res.Losses) > 0 {
-		fmt.Fprintf(env.stdout, "gotron quickstart: loss %.3f → %.3f in %s; checkpoint in %s\n", res.Losses[0], res.Losses[len(res.Losses)-1],
-			time.Since(start).Round(time.Second), cfg.Save)
+		fmt.Fprintf(env.stdout, "gotron quickstart: lm loss %.3f at the first iteration → %.3f in the last log line, validation %.3f, in %s; checkpoint in %s\n",
+			res.Losses[0], res.LoggedLoss, res.ValidLoss, time.Since(start).Round(time.Second), cfg.Save)
 	}
 	if res.Interrupted {
 		return nil
