@@ -1,0 +1,447 @@
+package gpt
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/gotron/gotron/comm"
+	"github.com/gotron/gotron/tensor"
+)
+
+// Flag names of the pipeline split, as users type them.
+const (
+	flagPPSize      = "--pipeline-model-parallel-size"
+	flagVPStages    = "--num-virtual-stages-per-pipeline-rank"
+	flagVPLayers    = "--num-layers-per-virtual-pipeline-stage"
+	flagFirstLayers = "--decoder-first-pipeline-num-layers"
+	flagLastLayers  = "--decoder-last-pipeline-num-layers"
+)
+
+// PipelineSplit is how --num-layers is cut into pipeline stages (Megatron's
+// get_transformer_layer_offset and get_num_layers_to_build). The model is
+// cut into PP·VPP virtual stages; pipeline rank r holds chunks c = 0..VPP−1,
+// virtual stage c·PP + r, so the layers go round the ranks VPP times. The
+// zero value is one stage holding every layer.
+type PipelineSplit struct {
+	// PP is --pipeline-model-parallel-size; 0 means 1.
+	PP int
+	// VPP is the number of model chunks per pipeline rank
+	// (--num-virtual-stages-per-pipeline-rank, formerly
+	// --virtual-pipeline-model-parallel-size); 0 and 1 mean one chunk, or
+	// the count LayersPerVirtualStage gives.
+	VPP int
+	// LayersPerVirtualStage is --num-layers-per-virtual-pipeline-stage, the
+	// other way of asking for chunks: VPP = (layers per rank) / this. 0 means
+	// unset; it cannot be combined with VPP or an uneven split.
+	LayersPerVirtualStage int
+	// FirstLayers is --decoder-first-pipeline-num-layers: the layers of
+	// pipeline rank 0 over all its chunks. 0 means unset.
+	FirstLayers int
+	// LastLayers is --decoder-last-pipeline-num-layers: the layers of the
+	// last pipeline rank. 0 means unset. The layers neither takes are split
+	// evenly over the middle ranks.
+	LastLayers int
+}
+
+// Chunks returns the number of model chunks per pipeline rank (VPP, with
+// LayersPerVirtualStage resolved) after checking the split of numLayers
+// layers as Megatron's validate_args and TransformerConfig do, naming the
+// flags in the error.
+func (s PipelineSplit) Chunks(numLayers int) (int, error) {
+	_, vpp, err := s.resolve(numLayers)
+	return vpp, err
+}
+
+// resolve validates s for numLayers and returns PP and VPP with defaults.
+func (s PipelineSplit) resolve(numLayers int) (pp, vpp int, err error) {
+	for _, f := range []struct {
+		flag string
+		v    int
+	}{{flagPPSize, s.PP}, {flagVPStages, s.VPP}, {flagVPLayers, s.LayersPerVirtualStage},
+		{flagFirstLayers, s.FirstLayers}, {flagLastLayers, s.LastLayers}} {
+		if f.v < 0 {
+			return 0, 0, fmt.Errorf("gpt: %s=%d: want a positive number (or 0 for unset)", f.flag, f.v)
+		}
+	}
+	if numLayers <= 0 {
+		return 0, 0, fmt.Errorf("gpt: --num-layers=%d: want > 0", numLayers)
+	}
+	pp, vpp = max(s.PP, 1), max(s.VPP, 1)
+	uneven := s.FirstLayers > 0 || s.LastLayers > 0
+	if s.LayersPerVirtualStage > 0 {
+		switch {
+		case s.VPP > 0:
+			return 0, 0, fmt.Errorf("gpt: %s and %s both set: give only one of them", flagVPLayers, flagVPStages)
+		case uneven:
+			return 0, 0, fmt.Errorf("gpt: %s with %s or %s: use %s to set the virtual stages of an uneven split (as Megatron)",
+				flagVPLayers, flagFirstLayers, flagLastLayers, flagVPStages)
+		case numLayers%pp != 0:
+			return 0, 0, fmt.Errorf("gpt: --num-layers=%d is not divisible by %s=%d", numLayers, flagPPSize, pp)
+		case (numLayers/pp)%s.LayersPerVirtualStage != 0:
+			return 0, 0, fmt.Errorf("gpt: %d layers per pipeline rank (--num-layers=%d / %s=%d) are not divisible by %s=%d",
+				numLayers/pp, numLayers, flagPPSize, pp, flagVPLayers, s.LayersPerVirtualStage)
+		}
+		vpp = numLayers / pp / s.LayersPerVirtualStage
+	}
+	if vpp > 1 && pp == 1 {
+		return 0, 0, fmt.Errorf("gpt: %d virtual stages per pipeline rank need %s > 1 (got 1)", vpp, flagPPSize)
+	}
+	if !uneven {
+		switch {
+		case numLayers%pp != 0:
+			return 0, 0, fmt.Errorf("gpt: --num-layers=%d is not divisible by %s=%d (or set %s / %s)",
+				numLayers, flagPPSize, pp, flagFirstLayers, flagLastLayers)
+		case (numLayers/pp)%vpp != 0:
+			return 0, 0, fmt.Errorf("gpt: %d layers per pipeline rank (--num-layers=%d / %s=%d) are not divisible by %d virtual stages per rank (%s)",
+				numLayers/pp, numLayers, flagPPSize, pp, vpp, flagVPStages)
+		}
+		return pp, vpp, nil
+	}
+	if pp == 1 {
+		return 0, 0, fmt.Errorf("gpt: %s / %s need %s > 1", flagFirstLayers, flagLastLayers, flagPPSize)
+	}
+	middle, stages := numLayers, pp
+	for _, f := range []struct {
+		flag string
+		v    int
+	}{{flagFirstLayers, s.FirstLayers}, {flagLastLayers, s.LastLayers}} {
+		if f.v == 0 {
+			continue
+		}
+		if f.v%vpp != 0 {
+			return 0, 0, fmt.Errorf("gpt: %s=%d is not divisible by %d virtual stages per rank (%s)", f.flag, f.v, vpp, flagVPStages)
+		}
+		middle -= f.v
+		stages--
+	}
+	switch {
+	case middle < 0 || (stages == 0 && middle != 0):
+		return 0, 0, fmt.Errorf("gpt: %s=%d and %s=%d do not add up to --num-layers=%d over %s=%d",
+			flagFirstLayers, s.FirstLayers, flagLastLayers, s.LastLayers, numLayers, flagPPSize, pp)
+	case stages > 0 && middle%stages != 0:
+		return 0, 0, fmt.Errorf("gpt: the %d layers left by %s=%d and %s=%d are not divisible by the %d middle pipeline stages of %s=%d",
+			middle, flagFirstLayers, s.FirstLayers, flagLastLayers, s.LastLayers, stages, flagPPSize, pp)
+	case stages > 0 && (middle/stages)%vpp != 0:
+		return 0, 0, fmt.Errorf("gpt: %d layers per middle pipeline rank are not divisible by %d virtual stages per rank (%s)",
+			middle/stages, vpp, flagVPStages)
+	}
+	return pp, vpp, nil
+}
+
+// rankLayers is the number of layers pipeline rank r holds over all its
+// chunks, for a resolved split.
+func (s PipelineSplit) rankLayers(numLayers, pp, r int) int {
+	switch {
+	case r == 0 && s.FirstLayers > 0:
+		return s.FirstLayers
+	case r == pp-1 && s.LastLayers > 0:
+		return s.LastLayers
+	}
+	middle, stages := numLayers, pp
+	if s.FirstLayers > 0 {
+		middle, stages = middle-s.FirstLayers, stages-1
+	}
+	if s.LastLayers > 0 {
+		middle, stages = middle-s.LastLayers, stages-1
+	}
+	return middle / stages
+}
+
+// LayerRanges returns, for each chunk c of pipeline rank rank, the global
+// layer indices [lo, hi) it holds: virtual stage c·PP + rank starts after
+// every layer of the virtual stages before it (Megatron's layer offset:
+// chunk c begins at c·numLayers/VPP).
+func (s PipelineSplit) LayerRanges(numLayers, rank int) ([][2]int, error) {
+	pp, vpp, err := s.resolve(numLayers)
+	if err != nil {
+		return nil, err
+	}
+	if rank < 0 || rank >= pp {
+		return nil, fmt.Errorf("gpt: pipeline rank %d: want 0..%d (%s=%d)", rank, pp-1, flagPPSize, pp)
+	}
+	out := make([][2]int, vpp)
+	for c := range vpp {
+		lo := c * numLayers / vpp
+		for r := range rank {
+			lo += s.rankLayers(numLayers, pp, r) / vpp
+		}
+		out[c] = [2]int{lo, lo + s.rankLayers(numLayers, pp, rank)/vpp}
+	}
+	return out, nil
+}
+
+// Stage is one pipeline rank's part of the model for one model chunk
+// (virtual stage): the embedding on the model's first stage, a contiguous
+// range of layers, and the final norm, output layer and loss on the last
+// stage. Its tensors are the full model's (SplitStages slices, it does not
+// copy), keeping their global names (decoder.layers.<global index>...), so
+// checkpoints merge and split by name.
+type Stage struct {
+	Config Config
+	// Rank is the pipeline rank and Chunk the model chunk on it; the virtual
+	// stage is Chunk·PP + Rank.
+	Rank, Chunk int
+	// FirstLayer is the global index of Layers[0].
+	FirstLayer int
+	// WordEmb and PosEmb are set on the first stage only (PosEmb with
+	// learned absolute positions).
+	WordEmb, PosEmb *tensor.Tensor
+	// Layers are the stage's transformer layers, in order.
+	Layers []Layer
+	// FinalNorm, FinalNormB and OutputLayer are set on the last stage only.
+	// With tied embeddings OutputLayer is the word embedding: the same
+	// tensor when one stage is both first and last, otherwise the last
+	// stage's own copy (named embedding.word_embeddings.weight, initialised
+	// equal), whose gradient AllReduceEmbeddingGrads sums with the first
+	// stage's.
+	FinalNorm, FinalNormB, OutputLayer *tensor.Tensor
+	// Sharding is the full model's tensor-parallel entry points (nil on one
+	// rank).
+	Sharding Sharding
+
+	first, last bool
+	model       *Model // the full model's rope table and config, for the layer code
+}
+
+// IsFirst reports whether the stage holds the embedding (virtual stage 0).
+func (s *Stage) IsFirst() bool { return s.first }
+
+// IsLast reports whether the stage holds the final norm, output layer and
+// loss (the last virtual stage).
+func (s *Stage) IsLast() bool { return s.last }
+
+// SplitStages returns pipeline rank rank's stages, one per model chunk, of
+// full (built whole from the seed, and tensor-parallel sliced if TP is on,
+// so every layout starts from the same values). The last stage of a tied
+// model on another rank than the first gets a copy of the word embedding.
+// full's tensors are shared, not copied.
+func SplitStages(full *Model, split PipelineSplit, rank int) ([]*Stage, error) {
+	c := full.Config
+	ranges, err := split.LayerRanges(c.NumLayers, rank)
+	if err != nil {
+		return nil, err
+	}
+	pp, vpp := max(split.PP, 1), len(ranges)
+	tied := full.OutputLayer == nil
+	var out []*Stage
+	for ch, r := range ranges {
+		s := &Stage{Config: c, Rank: rank, Chunk: ch, FirstLayer: r[0], Layers: full.Layers[r[0]:r[1]:r[1]],
+			Sharding: full.Sharding, model: full, first: rank == 0 && ch == 0, last: rank == pp-1 && ch == vpp-1}
+		if s.first {
+			s.WordEmb, s.PosEmb = full.WordEmb, full.PosEmb
+		}
+		if s.last {
+			s.FinalNorm, s.FinalNormB, s.OutputLayer = full.FinalNorm, full.FinalNormB, full.OutputLayer
+			switch {
+			case tied && s.first:
+				s.OutputLayer = full.WordEmb
+			case tied:
+				s.OutputLayer = tensor.Param(full.WordEmb.Name, full.WordEmb.Shape()...)
+				copy(s.OutputLayer.Float32s(), full.WordEmb.Float32s())
+			}
+		}
+		out = append(out, s)
+	}
+	return out, nil
+}
+
+// Params returns the stage's parameters in the model's checkpoint order
+// (the tied output weight once when it is the embedding itself).
+func (s *Stage) Params() []*tensor.Tensor {
+	ps := []*tensor.Tensor{s.WordEmb, s.PosEmb}
+	for i := range s.Layers {
+		l := &s.Layers[i]
+		ps = append(ps, l.InputNorm, l.InputNormBias, l.QKV, l.QKVBias, l.Proj, l.ProjBias,
+			l.MLPNorm, l.MLPNormBias, l.FC1, l.FC1Bias, l.FC2, l.FC2Bias)
+	}
+	ps = append(ps, s.FinalNorm, s.FinalNormB)
+	if s.OutputLayer != s.WordEmb {
+		ps = append(ps, s.OutputLayer)
+	}
+	out := ps[:0]
+	for _, p := range ps {
+		if p != nil {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// SharedEmbedding returns the tensor whose gradient is summed over the
+// embedding group with tied embeddings: the first stage's word embedding or
+// the last stage's copy. It is nil on other stages, on untied models, and on
+// a stage that is both first and last (nothing to sum). A trainer passes it
+// to data parallelism as the shared embedding (its own bucket) and, on the
+// last stage, leaves it out of the gradient norm (Megatron marks the copy
+// shared, so the norm counts it once).
+func (s *Stage) SharedEmbedding() *tensor.Tensor {
+	if s.model.OutputLayer != nil || (s.first && s.last) {
+		return nil
+	}
+	switch {
+	case s.first:
+		return s.WordEmb
+	case s.last:
+		return s.OutputLayer
+	}
+	return nil
+}
+
+// IsEmbeddingCopy reports whether p is the last stage's copy of the tied
+// word embedding (to be counted once in the gradient norm, as Megatron's
+// shared parameters).
+func (s *Stage) IsEmbeddingCopy(p *tensor.Tensor) bool {
+	return s.last && !s.first && p != nil && p == s.SharedEmbedding()
+}
+
+// Forward runs the stage's part of Model.Forward on micro-batch bt and
+// returns the hidden states (b, t, h) for the next stage, or on the last
+// stage the logits (b, t, V) (this rank's V/TP with tensor parallelism). x is
+// the previous stage's output (b, t, h) ((b, t/TP, h) with sequence
+// parallelism); the first stage ignores it and embeds bt.Tokens. The ops are
+// Model.Forward's, in its order, so the pipeline reproduces one process.
+func (s *Stage) Forward(tp *tensor.Tape, x *tensor.Tensor, bt Batch, rng *tensor.RNG, training bool) *tensor.Tensor {
+	m := s.view()
+	if s.first {
+		x = m.embed(tp, bt, rng, training)
+	}
+	for i := range s.Layers {
+		x = m.layer(tp, &s.Layers[i], x, bt, rng, training)
+	}
+	if !s.last {
+		return x
+	}
+	x = m.norm(tp, x, s.FinalNorm, s.FinalNormB)
+	return tp.Linear(m.enterColumn(tp, x), s.OutputLayer, nil) // (b, t, V), or this rank's V/TP
+}
+
+// Loss is Model.Loss on the last stage's logits.
+func (s *Stage) Loss(tp *tensor.Tape, logits *tensor.Tensor, bt Batch) *tensor.Tensor {
+	return s.view().Loss(tp, logits, bt)
+}
+
+// view is a Model holding the stage's parameters, so the stage runs the
+// model file's own layer code.
+func (s *Stage) view() *Model {
+	return &Model{Config: s.Config, WordEmb: s.WordEmb, PosEmb: s.PosEmb, Layers: s.Layers,
+		FinalNorm: s.FinalNorm, FinalNormB: s.FinalNormB, OutputLayer: s.OutputLayer,
+		rope: s.model.rope, Sharding: s.Sharding}
+}
+
+// embed is the first part of Model.Forward: word (and position)
+// embeddings, then dropout.
+func (m *Model) embed(tp *tensor.Tape, bt Batch, rng *tensor.RNG, training bool) *tensor.Tensor {
+	b, t := bt.Tokens.Dim(0), bt.Tokens.Dim(1)
+	sh := m.Sharding
+	var x *tensor.Tensor
+	if sh == nil {
+		x = tp.Embedding(bt.Tokens, m.WordEmb) // (b, t, h)
+	} else { // vocab-parallel; sequence shards (b, t/TP, h) with SP and no position table
+		x = sh.WordEmbedding(tp, bt.Tokens, m.WordEmb, m.PosEmb == nil)
+	}
+	if m.PosEmb != nil {
+		pos := bt.Positions
+		if pos == nil {
+			pos = defaultPositions(b, t)
+		}
+		x = tp.Add(x, tp.Embedding(pos, m.PosEmb))
+		if sh != nil {
+			x = sh.ScatterSequence(tp, x) // identity without SP
+		}
+	}
+	return m.dropout(tp, x, m.Config.HiddenDropout, m.rngOutsideTP(rng), training)
+}
+
+// ActivationShape is the shape of the hidden states between stages for a
+// micro-batch of b sequences of t tokens: (b, t, h), or (b, t/TP, h) with
+// sequence parallelism.
+func (s *Stage) ActivationShape(b, t int) []int {
+	if ts, ok := s.Sharding.(*tpSharding); ok && ts.r.SequenceParallel {
+		t /= ts.r.Size()
+	}
+	return []int{b, t, s.Config.HiddenSize}
+}
+
+// AllReduceEmbeddingGrads sums the gradients of the tied word embedding's
+// two copies, the first stage's table and the last stage's output weight,
+// over group: Megatron's embedding group (parallel.Groups.Embedding, the
+// first and last pipeline rank; nil on middle ranks). It does nothing for a
+// nil or one-rank group or an untied model. Call it on both ranks after
+// backward and the data-parallel reduction, before the gradient norm and the
+// optimizer step (Megatron's finalize_model_grads order). With the
+// distributed optimizer the embedding has a bucket of its own, so each
+// data-parallel rank's shard covers the same elements on both stages and
+// the sum is right on the shard it owns.
+func AllReduceEmbeddingGrads(ctx context.Context, group comm.ProcessGroup, stages []*Stage) error {
+	if group == nil || group.Size() == 1 || len(stages) == 0 || stages[0].model.OutputLayer != nil {
+		return nil
+	}
+	var p *tensor.Tensor
+	for _, s := range stages {
+		if e := s.SharedEmbedding(); e != nil {
+			p = e
+		}
+	}
+	switch {
+	case p == nil:
+		return errors.New("gpt: embedding group: this rank holds neither the first nor the last pipeline stage")
+	case p.Grad == nil:
+		return fmt.Errorf("gpt: embedding group: %s has no gradient (run backward first)", p.Name)
+	}
+	if err := group.AllReduce(ctx, comm.Float32s(p.Grad.Float32s()), comm.Sum); err != nil {
+		return fmt.Errorf("gpt: all-reduce of the tied word embedding's gradient over the embedding group: %w", err)
+	}
+	return nil
+}
+
+// StageRunner runs a Stage over one step's micro-batches for the pipeline
+// executor: it has the method set of parallel/pp.Stage (and pp.StageErr).
+// The caller sets Batches before each step; every pipeline rank needs them
+// (tokens on the first stage, labels and loss mask on the last, positions
+// and document ids on all).
+type StageRunner struct {
+	Stage *Stage
+	// Batches are the step's micro-batches, indexed by micro-batch.
+	Batches []Batch
+	// RNG draws dropout masks; nil with zero dropout.
+	RNG *tensor.RNG
+	// Training turns dropout on.
+	Training bool
+	// RegionErr, if set, returns the first error of the tensor-parallel
+	// collectives run inside tape functions (tp.Region's sticky error); the
+	// executor checks it after every pass.
+	RegionErr func() error
+}
+
+// Forward runs micro-batch mb from in (nil on the first stage) and returns
+// the hidden states, or on the last stage the micro-batch's mean loss.
+func (r *StageRunner) Forward(tp *tensor.Tape, mb int, in *tensor.Tensor) (*tensor.Tensor, error) {
+	if mb < 0 || mb >= len(r.Batches) {
+		return nil, fmt.Errorf("gpt: stage %d: micro-batch %d of %d", r.Stage.Chunk, mb, len(r.Batches))
+	}
+	bt := r.Batches[mb]
+	out := r.Stage.Forward(tp, in, bt, r.RNG, r.Training)
+	if r.Stage.IsLast() {
+		out = r.Stage.Loss(tp, out, bt)
+	}
+	return out, r.Err()
+}
+
+// InputShape is the activation shape of micro-batch mb (see
+// Stage.ActivationShape).
+func (r *StageRunner) InputShape(mb int) []int {
+	if mb < 0 || mb >= len(r.Batches) {
+		return nil
+	}
+	tok := r.Batches[mb].Tokens
+	return r.Stage.ActivationShape(tok.Dim(0), tok.Dim(1))
+}
+
+// Err returns RegionErr's error (nil without one).
+func (r *StageRunner) Err() error {
+	if r.RegionErr == nil {
+		return nil
+	}
+	return r.RegionErr()
+}

@@ -1,0 +1,372 @@
+package pp
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/gotron/gotron/comm"
+	"github.com/gotron/gotron/tensor"
+)
+
+// Stage is one model chunk as the executor runs it: a small seam, so that
+// any model (GPT's gpt.StageRunner, or a test's toy) can be pipelined.
+type Stage interface {
+	// Forward records the chunk's forward pass of micro-batch mb on tp and
+	// returns its output: the activation for the next virtual stage or, on
+	// the model's last stage, the micro-batch's loss as a one-element tensor
+	// (not yet divided by the number of micro-batches; the executor does
+	// that). in is the activation received from the previous virtual stage,
+	// a leaf that requires its gradient; it is nil on the model's first
+	// stage.
+	Forward(tp *tensor.Tape, mb int, in *tensor.Tensor) (*tensor.Tensor, error)
+	// InputShape is the shape of the activation micro-batch mb receives
+	// (Megatron's tensor_shape; (b, t, h) for a transformer). The model's
+	// first stage is never asked.
+	InputShape(mb int) []int
+}
+
+// StageErr is implemented by stages whose tape functions keep an error
+// instead of returning one (tensor-parallel collectives): the executor
+// checks Err after every forward and backward pass and stops on the first.
+type StageErr interface {
+	Err() error
+}
+
+// ExecConfig configures an Executor for one pipeline rank.
+type ExecConfig struct {
+	// Schedule is the pipeline's schedule configuration (PP, VPP, M, G).
+	Schedule Config
+	// Group is the pipeline group: its rank is the pipeline rank and its
+	// size Schedule.PP. It may be nil when PP is 1.
+	Group comm.ProcessGroup
+	// Stages are this rank's model chunks, Stages[c] for chunk c (VPP of
+	// them).
+	Stages []Stage
+	// Actions is the list the executor follows each step; nil means
+	// Actions(Schedule, rank). Any list that keeps the package contract
+	// (every forward and backward once, sends matching the neighbours'
+	// receives) runs; the benchmark passes an all-forward-then-backward one.
+	Actions []Action
+	// NewTape makes the tape for one in-flight micro-batch of chunk (the
+	// caller sets matmul precision and gradient-ready hooks there); nil
+	// means tensor.NewTape. A tape is only ever reused for the same chunk,
+	// so its gradient-ready plan sees the same graph every time.
+	NewTape func(chunk int) *tensor.Tape
+	// LastBackward, if set, is called just before the backward pass of a
+	// chunk's last micro-batch in the step (Megatron enables the chunk's
+	// gradient reduction there, so buckets reduce while it runs).
+	LastBackward func(chunk int)
+	// Unbatched posts each send and receive alone, in list order (Megatron's
+	// even/odd p2p order), instead of each run of consecutive ones as one
+	// comm.BatchSendRecv call. Groups without BatchSendRecv are always
+	// unbatched.
+	Unbatched bool
+	// Now is the clock of Stats; nil means time.Now.
+	Now func() time.Time
+}
+
+// Stats are one step's measurements on this rank. The zero value is a
+// step that did nothing.
+type Stats struct {
+	// Step is the wall time of the whole Step.
+	Step time.Duration
+	// Forward and Backward are the time spent in the passes; Comm the time
+	// spent in sends and receives (waiting for neighbours included).
+	Forward, Backward, Comm time.Duration
+	// PeakInFlight is the most (chunk, micro-batch) pairs held at once with
+	// the forward done and the backward not: live tapes, each holding one
+	// micro-batch's activations.
+	PeakInFlight int
+	// Tapes is the number of tapes made so far (over all steps); tapes are
+	// reused after their backward, so it is the peak of live tapes.
+	Tapes int
+}
+
+// Executor runs one pipeline rank's action list for a training step: the
+// synchronous core of pipelining, one goroutine, one rank. Not safe for
+// concurrent use.
+type Executor struct {
+	cfg     ExecConfig
+	c       Config // defaulted
+	rank    int
+	actions []Action
+	lastB   []int // per chunk: index of its last Backward in actions
+	now     func() time.Time
+
+	free    [][]*tensor.Tape // per chunk: tapes reset and ready
+	tapes   int
+	pool    map[int][][]float32 // receive buffers by length
+	slots   map[Slot]*slot
+	headers map[link]bool // channels whose first message carried a shape header
+	stats   Stats
+}
+
+// slot is the state of one (chunk, micro-batch) during a step.
+type slot struct {
+	tape *tensor.Tape
+	in   *tensor.Tensor // received activation (a leaf requiring grad); its Grad is sent back
+	out  *tensor.Tensor // forward output: activation, or the loss divided by M
+	grad *tensor.Tensor // received gradient of out
+	fwd  bool           // forward done
+}
+
+// link is one direction of one kind of message to or from a peer.
+type link struct {
+	peer       int
+	grad, send bool
+}
+
+// NewExecutor checks cfg and prepares the rank's list.
+func NewExecutor(cfg ExecConfig) (*Executor, error) {
+	c := cfg.Schedule.withDefaults()
+	rank := 0
+	if cfg.Group != nil {
+		rank = cfg.Group.Rank()
+		if cfg.Group.Size() != c.PP {
+			return nil, fmt.Errorf(errPrefix+"executor: pipeline group of %d ranks for %s %d", cfg.Group.Size(), flagPP, c.PP)
+		}
+	} else if c.PP > 1 {
+		return nil, fmt.Errorf(errPrefix+"executor: %s %d needs a pipeline group", flagPP, c.PP)
+	}
+	if err := cfg.Schedule.checkRank(rank); err != nil {
+		return nil, err
+	}
+	if len(cfg.Stages) != c.VPP {
+		return nil, fmt.Errorf(errPrefix+"executor: %d stages for %d model chunks per rank (%s)", len(cfg.Stages), c.VPP, flagVPP)
+	}
+	acts := cfg.Actions
+	if acts == nil {
+		var err error
+		if acts, err = Actions(cfg.Schedule, rank); err != nil {
+			return nil, err
+		}
+	}
+	e := &Executor{cfg: cfg, c: c, rank: rank, actions: acts, now: cfg.Now, lastB: make([]int, c.VPP),
+		free: make([][]*tensor.Tape, c.VPP), pool: map[int][][]float32{}, slots: map[Slot]*slot{}, headers: map[link]bool{}}
+	if e.now == nil {
+		e.now = time.Now
+	}
+	for i := range e.lastB {
+		e.lastB[i] = -1
+	}
+	for i, a := range acts {
+		if a.Chunk < 0 || a.Chunk >= c.VPP || a.Microbatch < 0 || a.Microbatch >= c.Microbatches {
+			return nil, fmt.Errorf(errPrefix+"executor: action %d (%v) outside %d chunks and %d micro-batches", i, a, c.VPP, c.Microbatches)
+		}
+		if a.Op == Backward {
+			e.lastB[a.Chunk] = i
+		}
+	}
+	return e, nil
+}
+
+// firstStage and lastStage report whether chunk holds the model's first
+// or last virtual stage.
+func (e *Executor) firstStage(chunk int) bool { return e.rank == 0 && chunk == 0 }
+func (e *Executor) lastStage(chunk int) bool  { return e.rank == e.c.PP-1 && chunk == e.c.VPP-1 }
+
+// Stats returns the measurements of the last Step.
+func (e *Executor) Stats() Stats { return e.stats }
+
+// HasLoss reports whether this rank computes the loss (holds the model's
+// last stage), so that Step's loss means something.
+func (e *Executor) HasLoss() bool { return e.rank == e.c.PP-1 }
+
+// Step runs the rank's list once: every forward and backward of the step's
+// micro-batches, with the sends and receives between them. Parameter
+// gradients accumulate (+=) into the stages' parameters; the caller zeroes
+// them before and reduces them after (data parallelism, the tied
+// embedding). On the last pipeline rank it returns the step's loss, the
+// mean of the micro-batches' losses (each backward is seeded by loss/M);
+// elsewhere 0. Errors from stages, shapes and collectives are returned
+// naming the action; after one, the step is abandoned (the peers' pending
+// exchanges fail when their wait times out or ctx ends).
+func (e *Executor) Step(ctx context.Context) (float64, error) {
+	start := e.now()
+	e.stats = Stats{Tapes: e.tapes}
+	var lossSum float64
+	inFlight := 0
+	defer e.cleanup()
+	for i := 0; i < len(e.actions); {
+		a := e.actions[i]
+		if !a.Op.Compute() {
+			j := i
+			for j < len(e.actions) && !e.actions[j].Op.Compute() {
+				j++
+			}
+			t := e.now()
+			err := e.exchange(ctx, e.actions[i:j])
+			e.stats.Comm += e.now().Sub(t)
+			if err != nil {
+				return 0, err
+			}
+			i = j
+			continue
+		}
+		t := e.now()
+		var err error
+		if a.Op == Forward {
+			var loss float64
+			loss, err = e.forward(a)
+			lossSum += loss
+			e.stats.Forward += e.now().Sub(t)
+			inFlight++
+			e.stats.PeakInFlight = max(e.stats.PeakInFlight, inFlight)
+		} else {
+			if i == e.lastB[a.Chunk] && e.cfg.LastBackward != nil {
+				e.cfg.LastBackward(a.Chunk)
+			}
+			err = e.backward(a)
+			e.stats.Backward += e.now().Sub(t)
+			inFlight--
+		}
+		if err != nil {
+			return 0, fmt.Errorf(errPrefix+"rank %d: %v: %w", e.rank, a, err)
+		}
+		i++
+	}
+	e.stats.Step = e.now().Sub(start)
+	e.stats.Tapes = e.tapes
+	if !e.HasLoss() {
+		return 0, nil
+	}
+	return lossSum / float64(e.c.Microbatches), nil
+}
+
+// slot returns the state of (chunk, mb), creating it.
+func (e *Executor) slot(chunk, mb int) *slot {
+	k := Slot{Chunk: chunk, Microbatch: mb}
+	s := e.slots[k]
+	if s == nil {
+		s = &slot{}
+		e.slots[k] = s
+	}
+	return s
+}
+
+// tape returns an idle tape of chunk, making one when none is free.
+func (e *Executor) tape(chunk int) *tensor.Tape {
+	if f := e.free[chunk]; len(f) > 0 {
+		tp := f[len(f)-1]
+		e.free[chunk] = f[:len(f)-1]
+		return tp
+	}
+	e.tapes++
+	if e.cfg.NewTape != nil {
+		return e.cfg.NewTape(chunk)
+	}
+	return tensor.NewTape()
+}
+
+// forward runs a Forward action; on the model's last stage it returns the
+// micro-batch's (undivided) loss.
+func (e *Executor) forward(a Action) (float64, error) {
+	s := e.slot(a.Chunk, a.Microbatch)
+	if s.fwd {
+		return 0, errors.New("forward twice")
+	}
+	if !e.firstStage(a.Chunk) && s.in == nil {
+		return 0, errors.New("no activation received for it")
+	}
+	s.fwd = true
+	s.tape = e.tape(a.Chunk)
+	out, err := e.cfg.Stages[a.Chunk].Forward(s.tape, a.Microbatch, s.in)
+	if err == nil {
+		err = e.stageErr(a.Chunk)
+	}
+	switch {
+	case err != nil:
+		return 0, err
+	case out == nil:
+		return 0, errors.New("the stage returned no output")
+	case !out.RequiresGrad():
+		return 0, errors.New("the stage's output does not depend on its parameters or input (nothing to backpropagate)")
+	}
+	if !e.lastStage(a.Chunk) {
+		s.out = out
+		return 0, nil
+	}
+	if out.Numel() != 1 {
+		return 0, fmt.Errorf("the model's last stage returned shape %v, want the loss (one element)", out.Shape())
+	}
+	loss := float64(out.Float32s()[0])
+	// Each micro-batch's loss counts 1/M of the step's (Megatron divides it
+	// by num_microbatches in forward_step).
+	s.out = s.tape.Scale(out, 1/float32(e.c.Microbatches))
+	return loss, nil
+}
+
+// backward runs a Backward action, then frees its tape for reuse.
+func (e *Executor) backward(a Action) error {
+	k := Slot{Chunk: a.Chunk, Microbatch: a.Microbatch}
+	s := e.slots[k]
+	if s == nil || !s.fwd {
+		return errors.New("backward before its forward")
+	}
+	if s.tape == nil {
+		return errors.New("backward twice")
+	}
+	var err error
+	if e.lastStage(a.Chunk) {
+		err = s.tape.Backward(s.out)
+	} else if s.grad == nil {
+		return errors.New("no output gradient received for it")
+	} else {
+		err = s.tape.BackwardFrom([]*tensor.Tensor{s.out}, []*tensor.Tensor{s.grad})
+	}
+	if err == nil {
+		err = e.stageErr(a.Chunk)
+	}
+	s.tape.Reset()
+	e.free[a.Chunk] = append(e.free[a.Chunk], s.tape)
+	s.tape, s.out = nil, nil
+	if s.grad != nil {
+		e.put(s.grad.Float32s())
+		s.grad = nil
+	}
+	if s.in == nil { // the model's first stage: nothing to send back
+		delete(e.slots, k)
+	}
+	return err
+}
+
+func (e *Executor) stageErr(chunk int) error {
+	if se, ok := e.cfg.Stages[chunk].(StageErr); ok {
+		return se.Err()
+	}
+	return nil
+}
+
+// get returns a zeroed buffer of n elements from the pool.
+func (e *Executor) get(n int) []float32 {
+	if l := e.pool[n]; len(l) > 0 {
+		b := l[len(l)-1]
+		e.pool[n] = l[:len(l)-1]
+		clear(b)
+		return b
+	}
+	return make([]float32, n)
+}
+
+func (e *Executor) put(b []float32) { e.pool[len(b)] = append(e.pool[len(b)], b) }
+
+// cleanup returns what a finished or abandoned step still holds: tapes of
+// micro-batches whose backward did not run, receive buffers.
+func (e *Executor) cleanup() {
+	for k, s := range e.slots {
+		if s.tape != nil {
+			s.tape.Reset()
+			e.free[k.Chunk] = append(e.free[k.Chunk], s.tape)
+		}
+		if s.grad != nil {
+			e.put(s.grad.Float32s())
+		}
+		if s.in != nil {
+			e.put(s.in.Float32s())
+			e.put(s.in.Grad.Float32s())
+		}
+		delete(e.slots, k)
+	}
+}
