@@ -48,9 +48,12 @@ type Config struct {
 	// Logging.
 	LogInterval int64     // --log-interval; 0 means 100
 	MetricsFile string    // JSONL metrics, one object per logged iteration
-	PeakFLOPs   float64   // per-process peak for MFU, FLOP/s; 0 means 256e9 (this CPU's fp32 FMA peak), 512e9 with BF16
+	PeakFLOPs   float64   // per-process peak for MFU, FLOP/s (--peak-flops); 0 means measured (cpu.FMAPeak over this process's threads, doubled with BF16)
 	Out         io.Writer // log lines; nil means io.Discard
 	Progress    io.Writer // progress bar target (a terminal); nil means none
+
+	// TensorBoard event files (--tensorboard-dir and friends).
+	TensorBoard TensorBoard
 
 	// Checkpoints.
 	Save         string         // --save
@@ -128,11 +131,8 @@ func (c *Config) validate() error {
 	if c.MaxSkipsInARow <= 0 {
 		c.MaxSkipsInARow = 10
 	}
-	if c.PeakFLOPs <= 0 {
-		c.PeakFLOPs = 256e9
-		if c.BF16 {
-			c.PeakFLOPs = 512e9 // VDPBF16PS: two products per fp32 lane and instruction
-		}
+	if c.PeakFLOPs < 0 {
+		return fmt.Errorf("train: --peak-flops=%g: want > 0 (or 0 to measure this CPU)", c.PeakFLOPs)
 	}
 	if c.Out == nil {
 		c.Out = io.Discard

@@ -54,7 +54,11 @@ func (t *Trainer) logIteration(loss float64) map[string]any {
 	var b strings.Builder
 	fmt.Fprintf(&b, "iteration %8d/%8d | consumed samples: %12d | elapsed time per iteration (ms): %.1f | throughput per GPU (TFLOP/s/GPU): %.3f | learning rate: %.6E | global batch size: %5d | lm loss: %.6E | loss scale: 1.0 | grad norm: %.3f | number of skipped iterations: %3d | number of nan iterations: %3d | tokens/s: %.1f | MFU: %.1f%% |",
 		t.Iteration, t.trainIters, t.Consumed, perIter*1e3, tflops, t.lastLR, gbs, avg, t.lastGradNorm, t.Skipped, t.NaNIterations, tokensPerSec, 100*mfu)
+	if t.lastLogIter == t.startIter && t.isLogger() {
+		t.printTheoreticalMemory()
+	}
 	t.printf("%s", b.String())
+	t.tbLogLine(perIter, tflops)
 	var record map[string]any
 	if t.metrics != nil {
 		// valid_loss is added by the caller when this iteration evaluates.
@@ -150,4 +154,25 @@ func (p *progressBar) finish() {
 	if p.drawn {
 		fmt.Fprintln(p.w)
 	}
+}
+
+// printTheoreticalMemory prints Megatron's report_theoretical_memory lines
+// with the first log line (after the optimizer state exists).
+func (t *Trainer) printTheoreticalMemory() {
+	mc := MemoryConfig{Model: t.Model.Config, SeqLength: t.cfg.SeqLength, MicroBatchSize: t.cfg.MicroBatchSize, WorldSize: 1,
+		NumMicrobatches: t.mb.Num()}
+	if p := t.par; p != nil {
+		l := p.Layout.Config
+		mc.WorldSize, mc.TensorParallel, mc.PipelineParallel, mc.ContextParallel = p.World.Size(), l.TP, l.PP, l.CP
+		mc.VirtualPipeline, mc.SequenceParallel = l.VPP, t.cfg.SequenceParallel
+		mc.DistributedOptimizer = t.cfg.DDP.DistributedOptimizer
+	}
+	r, err := TheoreticalMemory(mc)
+	if err != nil {
+		return
+	}
+	if t.progress != nil {
+		t.progress.clear()
+	}
+	r.WriteTo(t.cfg.Out)
 }

@@ -10,6 +10,7 @@ import (
 
 	"github.com/gotron/gotron/comm"
 	datagpt "github.com/gotron/gotron/data/gpt"
+	"github.com/gotron/gotron/internal/cpu"
 	"github.com/gotron/gotron/model/gpt"
 	"github.com/gotron/gotron/optim"
 	"github.com/gotron/gotron/parallel"
@@ -64,6 +65,7 @@ type Trainer struct {
 	lastLR         float64
 	lastValidLoss  float64
 	lastLoggedLoss float64 // the lm loss of the last log line
+	startIter      int64   // the iteration this Run started at
 	metrics        *metricsWriter
 	progress       *progressBar
 }
@@ -186,7 +188,7 @@ func (t *Trainer) Run(ctx context.Context) (Result, error) {
 		t.region.Ctx = t.cctx
 	}
 	t.startTime = cfg.Now()
-	t.lastLog, t.lastLogIter = t.startTime, t.Iteration
+	t.lastLog, t.lastLogIter, t.startIter = t.startTime, t.Iteration, t.Iteration
 	if cfg.MetricsFile != "" {
 		mw, err := openMetrics(cfg.MetricsFile)
 		if err != nil {
@@ -199,6 +201,13 @@ func (t *Trainer) Run(ctx context.Context) (Result, error) {
 		t.progress = newProgressBar(cfg.Progress, t.Iteration, t.trainIters, cfg.Now)
 		defer t.progress.finish()
 	}
+	if err := t.openTensorBoard(); err != nil {
+		return res, err
+	}
+	defer t.closeTensorBoard()
+	if cfg.PeakFLOPs == 0 {
+		cfg.PeakFLOPs = measuredPeak(cfg.BF16)
+	}
 	savedLast := int64(-1)
 	exited := false
 	if cfg.SkipTrain {
@@ -210,6 +219,7 @@ func (t *Trainer) Run(ctx context.Context) (Result, error) {
 			return res, err
 		}
 		res.Losses = append(res.Losses, loss)
+		t.tbIteration(loss)
 		record := t.logIteration(loss)
 		if t.lastLogIter == t.Iteration {
 			res.LoggedLoss = t.lastLoggedLoss
@@ -220,6 +230,7 @@ func (t *Trainer) Run(ctx context.Context) (Result, error) {
 			}
 			res.ValidLoss = t.lastValidLoss
 			t.printEval(fmt.Sprintf("iteration %d", t.Iteration), t.lastValidLoss)
+			t.tbValidation(t.lastValidLoss)
 			if record != nil {
 				record["valid_loss"] = jsonFloat(t.lastValidLoss)
 			}
@@ -272,6 +283,9 @@ func (t *Trainer) Run(ctx context.Context) (Result, error) {
 			}
 			res.ValidLoss, t.lastValidLoss = loss, loss
 			t.printEval(fmt.Sprintf("iteration %d on validation set", t.Iteration), loss)
+			if !cfg.SkipTrain {
+				t.tbValidation(loss)
+			}
 			t.writeMetrics(map[string]any{"iteration": t.Iteration, "timestamp": t.cfg.Now().Format(time.RFC3339Nano), "final_valid_loss": jsonFloat(loss)})
 		}
 		if t.test != nil && t.cfg.EvalIters > 0 {
@@ -282,6 +296,9 @@ func (t *Trainer) Run(ctx context.Context) (Result, error) {
 			}
 			res.TestLoss = loss
 			t.printEval(fmt.Sprintf("iteration %d on test set", t.Iteration), loss)
+			if !cfg.SkipTrain { // Megatron writes the test loss under the validation tags
+				t.tbValidation(loss)
+			}
 			t.writeMetrics(map[string]any{"iteration": t.Iteration, "timestamp": t.cfg.Now().Format(time.RFC3339Nano), "test_loss": jsonFloat(loss)})
 		}
 	}
@@ -500,4 +517,15 @@ func (t *Trainer) rawf(format string, args ...any) {
 		t.progress.clear()
 	}
 	fmt.Fprintf(t.cfg.Out, format+"\n", args...)
+}
+
+// measuredPeak is this process's fp32 FMA peak (cpu.FMAPeak over the kernel
+// threads, 50 ms), doubled with bf16 (VDPBF16PS does two products per fp32
+// lane): the denominator of MFU when --peak-flops is not given.
+func measuredPeak(bf16 bool) float64 {
+	p := cpu.FMAPeak(cpu.Threads(), 50*time.Millisecond)
+	if bf16 {
+		p *= 2
+	}
+	return p
 }

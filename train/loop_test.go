@@ -298,3 +298,26 @@ func TestBF16TracksFP32(t *testing.T) {
 		}
 	}
 }
+
+// TestTensorBoardScalars: --tensorboard-dir writes one event file with
+// Megatron's scalars (training, timers, throughput, validation, memory).
+func TestTensorBoardScalars(t *testing.T) {
+	cfg := tinyConfig(t)
+	cfg.TrainIters, cfg.EvalInterval = 4, 2
+	cfg.TensorBoard = TensorBoard{Dir: t.TempDir(), LogTimers: true, LogThroughput: true, LogValidationPPL: true, LogMemory: true}
+	runTrainer(t, cfg)
+	files, err := filepath.Glob(filepath.Join(cfg.TensorBoard.Dir, "events.out.tfevents.*"))
+	if err != nil || len(files) != 1 {
+		t.Fatalf("event files %v (%v); want one", files, err)
+	}
+	b, err := os.ReadFile(files[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tag := range []string{"lm loss", "lm loss vs samples", "learning-rate", "grad-norm", "batch-size", "loss-scale",
+		"iteration-time", "throughput", "lm loss validation", "lm loss validation ppl", "mem-allocated-bytes"} {
+		if !bytes.Contains(b, []byte(tag)) {
+			t.Errorf("no %q scalar in %s", tag, files[0])
+		}
+	}
+}

@@ -150,7 +150,15 @@ func newTrainFlags() (*flag.FlagSet, *trainFlags) {
 	fs.BoolVar(&c.SkipTrain, "skip-train", false, "no training: only the validation and test evaluation (with --load)")
 	fs.Int64Var(&c.LogInterval, "log-interval", 100, "iterations between log lines")
 	fs.StringVar(&c.MetricsFile, "metrics-file", "", "append one JSON object per log line to this file")
-	fs.Float64Var(&c.PeakFLOPs, "peak-flops", 0, "peak FLOP/s for MFU (0: 256e9, or 512e9 with --bf16: this 2-core CPU's peaks)")
+	tb := &c.TensorBoard
+	fs.StringVar(&tb.Dir, "tensorboard-dir", "", "write TensorBoard event files here (lm loss, learning-rate, grad-norm, batch-size, loss-scale, validation)")
+	fs.Int64Var(&tb.LogInterval, "tensorboard-log-interval", 1, "iterations between TensorBoard scalars")
+	fs.BoolVar(&tb.LogTimers, "log-timers-to-tensorboard", false, "also write iteration-time to TensorBoard")
+	fs.BoolVar(&tb.LogThroughput, "log-throughput", false, "also write throughput (TFLOP/s per rank) to TensorBoard (the log line always shows it)")
+	fs.BoolVar(&tb.LogValidationPPL, "log-validation-ppl-to-tensorboard", false, "also write the validation perplexity to TensorBoard")
+	fs.BoolVar(&tb.LogMemory, "log-memory-to-tensorboard", false, "also write Go heap sizes (Megatron's mem-* scalars) to TensorBoard")
+	fs.Int("tensorboard-queue-size", 1000, "accepted: gotron buffers events in memory and flushes them at every log line")
+	fs.Float64Var(&c.PeakFLOPs, "peak-flops", 0, "per-process peak FLOP/s for MFU (0: measure this CPU's fp32 FMA peak over the kernel threads at start, doubled with --bf16)")
 	fs.BoolVar(&f.noProgress, "no-progress", false, "no progress bar even on a terminal")
 	fs.StringVar(&f.cpuProfile, "cpu-profile", "", "write a Go CPU profile of the training loop to this file (go tool pprof)")
 
@@ -183,13 +191,14 @@ func newTrainFlags() (*flag.FlagSet, *trainFlags) {
 // accepts them so launch scripts port unchanged.
 var acceptedNoOps = []string{"use-flash-attn", "no-masked-softmax-fusion", "no-bias-gelu-fusion", "no-bias-swiglu-fusion",
 	"no-bias-dropout-fusion", "no-gradient-accumulation-fusion", "use-mcore-models", "no-async-tensor-model-parallel-allreduce",
-	"no-persist-layer-norm", "fp16", "no-rope-fusion", "log-throughput"}
+	"no-persist-layer-norm", "fp16", "no-rope-fusion"}
 
 // refusedFlags are Megatron flags for features this release does not run
 // yet: accepting them silently would train something else than asked.
 var refusedFlags = map[string]string{
 	"grad-reduce-in-bf16":      "gradients are reduced in float32 in this release",
 	"calculate-per-token-loss": "this release averages the loss per micro-batch (Megatron's default); per-token loss is not built yet",
+	"wandb-project":            "Weights & Biases cannot be reached from here (no network but the package registries); use --tensorboard-dir",
 }
 
 func cmdTrain(ctx context.Context, env *cli, args []string) error {
@@ -203,6 +212,9 @@ func cmdTrain(ctx context.Context, env *cli, args []string) error {
 	f.finish()
 	given := map[string]bool{}
 	fs.Visit(func(fl *flag.Flag) { given[fl.Name] = true })
+	if given["tensorboard-queue-size"] {
+		fmt.Fprintf(env.stderr, "gotron train: --tensorboard-queue-size has no effect: events are buffered in memory and flushed at every log line\n")
+	}
 	if given["fp16"] {
 		fmt.Fprintf(env.stderr, "gotron train: --fp16: computing in float32 (fp16 is not implemented; --bf16 is)\n")
 	}
