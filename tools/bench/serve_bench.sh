@@ -6,7 +6,7 @@
 #     (weight bytes read per token / measured memcpy bandwidth, printed by gotron bench serve);
 #  2. aggregate tokens/s at 1, 8, 32 and 128 concurrent streaming clients (gotron bench serve).
 #
-# usage: tools/bench/serve_bench.sh [reps] [new-tokens]
+# usage: tools/bench/serve_bench.sh [reps] [new-tokens]   (GOTRON=path uses a built binary)
 # needs: Debian python3-torch (apt-get install python3-torch libopenblas0-pthread). Uses
 # ../shared/bench/prio.sh (own scheduler group, nice -15) when it exists next to the repository.
 set -euo pipefail
@@ -15,8 +15,9 @@ reps=${1:-5}
 new=${2:-64}
 prio=()
 [ -x ../shared/bench/prio.sh ] && prio=(../shared/bench/prio.sh)
-go build -o /tmp/gotron-serve-bench ./cmd/gotron
-gotron() { "${prio[@]}" /tmp/gotron-serve-bench "$@"; }
+bin=${GOTRON:-/tmp/gotron-serve-bench}
+[ -n "${GOTRON:-}" ] || go build -o "$bin" ./cmd/gotron
+gotron() { "${prio[@]}" "$bin" "$@"; }
 echo "# $(date -u +%FT%TZ) $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2), loadavg $(cut -d' ' -f1-3 /proc/loadavg), commit $(git rev-parse --short HEAD)"
 for r in $(seq "$reps"); do
   OMP_NUM_THREADS=2 "${prio[@]}" /usr/bin/python3 tools/bench/gpt2_decode_torch.py --prompt 16 --new "$new" --reps 1 2>/dev/null | grep RESULT
