@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"runtime/pprof"
+	"strings"
 	"time"
 
 	"github.com/gotron/gotron/ckpt/hf"
@@ -178,7 +179,11 @@ func newTrainFlags() (*flag.FlagSet, *trainFlags) {
 		fs.Bool(name, false, "accepted for Megatron compatibility; no effect on CPU")
 	}
 	for name, why := range refusedFlags {
-		fs.Bool(name, false, "refused: "+why)
+		if refusedTakesValue[name] {
+			fs.String(name, "", "refused: "+why)
+		} else {
+			fs.Bool(name, false, "refused: "+why)
+		}
 	}
 	f.finish = func() {
 		m.NormEpsilon, m.AttentionDropout, m.HiddenDropout = float32(*normEps), float32(*attnDrop), float32(*hidDrop)
@@ -191,7 +196,10 @@ func newTrainFlags() (*flag.FlagSet, *trainFlags) {
 // accepts them so launch scripts port unchanged.
 var acceptedNoOps = []string{"use-flash-attn", "no-masked-softmax-fusion", "no-bias-gelu-fusion", "no-bias-swiglu-fusion",
 	"no-bias-dropout-fusion", "no-gradient-accumulation-fusion", "use-mcore-models", "no-async-tensor-model-parallel-allreduce",
-	"no-persist-layer-norm", "fp16", "no-rope-fusion"}
+	"no-persist-layer-norm", "no-rope-fusion"}
+
+// refusedTakesValue marks the refused flags that take a value.
+var refusedTakesValue = map[string]bool{"wandb-project": true}
 
 // refusedFlags are Megatron flags for features this release does not run
 // yet: accepting them silently would train something else than asked.
@@ -199,6 +207,7 @@ var refusedFlags = map[string]string{
 	"grad-reduce-in-bf16":      "gradients are reduced in float32 in this release",
 	"calculate-per-token-loss": "this release averages the loss per micro-batch (Megatron's default); per-token loss is not built yet",
 	"wandb-project":            "Weights & Biases cannot be reached from here (no network but the package registries); use --tensorboard-dir",
+	"fp16":                     "fp16 training (fp16 operands and dynamic loss scaling) is not built yet; --bf16 is",
 }
 
 func cmdTrain(ctx context.Context, env *cli, args []string) error {
@@ -215,8 +224,14 @@ func cmdTrain(ctx context.Context, env *cli, args []string) error {
 	if given["tensorboard-queue-size"] {
 		fmt.Fprintf(env.stderr, "gotron train: --tensorboard-queue-size has no effect: events are buffered in memory and flushed at every log line\n")
 	}
-	if given["fp16"] {
-		fmt.Fprintf(env.stderr, "gotron train: --fp16: computing in float32 (fp16 is not implemented; --bf16 is)\n")
+	var noOps []string
+	for _, name := range acceptedNoOps {
+		if given[name] {
+			noOps = append(noOps, "--"+name)
+		}
+	}
+	if len(noOps) > 0 {
+		fmt.Fprintf(env.stderr, "gotron train: %s: no effect on the CPU backend (GPU kernel and fusion choices)\n", strings.Join(noOps, ", "))
 	}
 	if f.cfg.BF16 && !cpu.HasBF16GEMM() {
 		fmt.Fprintf(env.stderr, "gotron train: --bf16: this CPU has no AVX512_BF16: bf16-rounded matrix products run at float32 speed\n")
@@ -438,6 +453,8 @@ func openData(ctx context.Context, d *dataArgs, cfg train.Config, divisor int, g
 	switch {
 	case d.mock && hasPaths:
 		return nil, fmt.Errorf("--mock-data excludes --data-path")
+	case d.mock && d.tok.Type == "" && (d.tok.Model != "" || d.tok.VocabFile != "" || d.tok.MergeFile != ""):
+		return nil, fmt.Errorf("--tokenizer-model/--vocab-file/--merge-file need --tokenizer-type (with --mock-data they would be ignored)")
 	case d.mock:
 		if vocab == 0 {
 			vocab = 50257

@@ -117,7 +117,27 @@ func TestTrainPrecisionFlags(t *testing.T) {
 		t.Errorf("--bf16 warning %q with HasBF16GEMM() = %v", errs, cpu.HasBF16GEMM())
 	}
 	_, errs, code = runCLI(t, append(append([]string{}, tinyTrain...), "--train-iters", "1", "--fp16")...)
-	if code != 0 || !strings.Contains(errs, "--fp16: computing in float32") {
-		t.Errorf("--fp16: exit %d, stderr %q; want a float32 warning", code, errs)
+	if code == 0 || !strings.Contains(errs, "--fp16: fp16 training") || !strings.Contains(errs, "--bf16 is") {
+		t.Errorf("--fp16: exit %d, stderr %q; want a refusal pointing to --bf16", code, errs)
+	}
+}
+
+// TestTrainNoSilentFlags: every accepted Megatron flag acts, or is named in
+// one warning, or is refused with the reason.
+func TestTrainNoSilentFlags(t *testing.T) {
+	_, errs, code := runCLI(t, with(tinyTrain, "--train-iters", "1", "--use-flash-attn", "--no-bias-gelu-fusion", "--no-rope-fusion")...)
+	if code != 0 || !strings.Contains(errs, "--use-flash-attn, --no-bias-gelu-fusion, --no-rope-fusion: no effect on the CPU backend") {
+		t.Errorf("GPU fusion flags: exit %d, stderr %q; want one warning naming them", code, errs)
+	}
+	for flag, want := range map[string]string{
+		"--wandb-project=x":           "Weights & Biases cannot be reached",
+		"--grad-reduce-in-bf16":       "reduced in float32",
+		"--calculate-per-token-loss":  "per-token loss is not built yet",
+		"--tokenizer-model=/nonexist": "need --tokenizer-type",
+	} {
+		_, errs, code := runCLI(t, with(tinyTrain, "--train-iters", "1", flag)...)
+		if code == 0 || !strings.Contains(errs, want) {
+			t.Errorf("%s: exit %d, stderr %q; want %q", flag, code, errs, want)
+		}
 	}
 }
