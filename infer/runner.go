@@ -3,6 +3,7 @@ package infer
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"sync"
 )
@@ -178,7 +179,14 @@ func (r *Runner) Run(ctx context.Context) error {
 		if err := ctx.Err(); err != nil {
 			return err
 		}
-		evs, err := r.eng.Step()
+		evs, err := r.step()
+		if err != nil && evs == nil { // a panic: abort everything in flight
+			for id, s := range live {
+				r.eng.Cancel(id)
+				s.end(err)
+				delete(live, id)
+			}
+		}
 		for _, ev := range evs {
 			s := live[ev.Seq]
 			if s == nil {
@@ -189,11 +197,24 @@ func (r *Runner) Run(ctx context.Context) error {
 				delete(live, ev.Seq)
 			}
 		}
-		_ = err // the step's sequences got abort events; the engine goes on
+		// After a step error the step's sequences got abort events; the
+		// engine goes on.
 		r.mu.Lock()
 		r.stats = r.eng.Stats()
 		r.mu.Unlock()
 	}
+}
+
+// step runs one engine step, turning a panic (a bug, or a model that does
+// not fit its own configuration) into an error with no events, so one bad
+// step cannot take the server down.
+func (r *Runner) step() (evs []Event, err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			evs, err = nil, fmt.Errorf("infer: step panicked: %v", p)
+		}
+	}()
+	return r.eng.Step()
 }
 
 // admit applies cancellations and adds submitted requests to the engine.

@@ -6,9 +6,12 @@ import (
 	"io"
 	"runtime"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/gotron/gotron/tensor"
 )
 
 // collect reads a stream to its end.
@@ -29,7 +32,7 @@ func collect(ctx context.Context, s *Stream) ([]int, FinishReason, error) {
 			switch _, err := s.Next(ctx); {
 			case err == io.EOF:
 				return toks, ev.Finish, nil
-			case errors.Is(err, ErrClosed) && ev.Finish == FinishAbort:
+			case err != nil && ev.Finish == FinishAbort: // ErrClosed, a step's error
 				return toks, ev.Finish, err
 			}
 			return toks, ev.Finish, errors.New("events after the final one")
@@ -134,4 +137,35 @@ func TestRunnerConcurrent(t *testing.T) {
 		t.Fatalf("after stop: %+v", st)
 	}
 	waitGoroutines(t, base)
+}
+
+// TestRunnerSurvivesPanic: a step that panics (here a weight of the wrong
+// shape) ends the requests in flight with an error and frees their blocks;
+// the runner keeps running.
+func TestRunnerSurvivesPanic(t *testing.T) {
+	m := testModel(t, "gpt2")
+	e := mustEngine(t, m, EngineConfig{Weights: WeightsModel})
+	good := m.Layers[1].FC2
+	m.Layers[1].FC2 = tensor.Zeros(3, 3)
+	r := NewRunner(e)
+	ctx, stop := context.WithCancel(context.Background())
+	done := make(chan error)
+	go func() { done <- r.Run(ctx) }()
+	s, err := r.Submit(context.Background(), Request{Prompt: []int32{1, 2, 3}, MaxTokens: 4, Sampling: Sampling{TopK: 1}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, fin, err := collect(context.Background(), s); fin != FinishAbort || err == nil || !strings.Contains(err.Error(), "panicked") {
+		t.Fatalf("finish %q, error %v", fin, err)
+	}
+	m.Layers[1].FC2 = good
+	s, _ = r.Submit(context.Background(), Request{Prompt: []int32{1, 2, 3}, MaxTokens: 4, Sampling: Sampling{TopK: 1}})
+	if toks, fin, err := collect(context.Background(), s); err != nil || fin != FinishLength || len(toks) != 4 {
+		t.Fatalf("after the panic: %v %q %v", toks, fin, err)
+	}
+	if st := r.Stats(); st.KVBlocksUsed != 0 {
+		t.Fatalf("blocks leaked: %+v", st)
+	}
+	stop()
+	<-done
 }
