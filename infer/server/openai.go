@@ -3,7 +3,6 @@ package server
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"net/http"
 	"strings"
@@ -351,8 +350,12 @@ func (s *Server) streamCompletion(ctx context.Context, w http.ResponseWriter, ch
 			return 499
 		}
 		if ce.err != nil || ce.ev.Finish == infer.FinishAbort {
-			out.sseError(engineError(infer.ErrClosed, ""))
-			return http.StatusServiceUnavailable
+			e := engineError(infer.ErrClosed, "")
+			if ce.err != nil {
+				e = engineError(ce.err, "")
+			}
+			out.sseError(e)
+			return e.Status
 		}
 		st := states[ce.i]
 		s.observe(start, &first, st, ce)
@@ -594,8 +597,12 @@ func (s *Server) streamChat(ctx context.Context, w http.ResponseWriter, ch <-cha
 			return 499
 		}
 		if ce.err != nil || ce.ev.Finish == infer.FinishAbort {
-			out.sseError(engineError(errors.Join(infer.ErrClosed, ce.err), ""))
-			return http.StatusServiceUnavailable
+			e := engineError(infer.ErrClosed, "")
+			if ce.err != nil {
+				e = engineError(ce.err, "")
+			}
+			out.sseError(e)
+			return e.Status
 		}
 		st := states[ce.i]
 		s.observe(start, &first, st, ce)

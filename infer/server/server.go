@@ -14,6 +14,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"math/rand/v2"
 	"net/http"
 	"strings"
@@ -324,6 +325,15 @@ func (s *Server) submit(ctx context.Context, reqs []infer.Request) (<-chan choic
 				ev, err := st.Next(ctx)
 				if err != nil && ctx.Err() != nil {
 					return // the handler is gone
+				}
+				if ev.Finish == infer.FinishAbort {
+					// Why: ErrClosed (shutdown) or a failed step, the
+					// stream's error after its final event.
+					if _, why := st.Next(ctx); why != nil && why != io.EOF {
+						err = why
+					} else {
+						err = infer.ErrClosed
+					}
 				}
 				select {
 				case ch <- choiceEvent{i: i, ev: ev, err: err, at: s.cfg.Now()}:
