@@ -79,8 +79,10 @@ type Stats struct {
 	// the forward done and the backward not: live tapes, each holding one
 	// micro-batch's activations.
 	PeakInFlight int
-	// Tapes is the number of tapes made so far (over all steps); tapes are
-	// reused after their backward, so it is the peak of live tapes.
+	// Tapes is the number of tapes made so far (over all steps). A tape is
+	// reset after its micro-batch's backward and reused by the same chunk,
+	// so this is, summed over chunks, the most micro-batches each chunk had
+	// in flight at once.
 	Tapes int
 }
 

@@ -14,8 +14,10 @@ import (
 // activation or gradient) is preceded by a header carrying the sent
 // tensor's shape, so a receiver whose stage expects another shape stops at
 // the first exchange with both shapes in its error instead of computing on
-// a misread buffer. Later messages on the channel carry only data (a
-// different element count still fails in the transport).
+// a misread buffer (the sender learns of a different element count from
+// the transport; of an equal one, when its peer stops). Later messages on
+// the channel carry only data (a different element count still fails in
+// the transport).
 const (
 	headerMagic = 0x70705348 // "ppSH"
 	headerLen   = 8          // int64s: magic, ndim, up to 6 dims
@@ -53,8 +55,8 @@ type transfer struct {
 }
 
 // exchange runs one maximal run of consecutive sends and receives: all of
-// them as one batch (headers first, in a batch of their own) or, unbatched
-// or without comm.BatchSendRecv, one at a time in list order.
+// them as one batch or, unbatched or without comm.BatchSendRecv, one at a
+// time in list order.
 func (e *Executor) exchange(ctx context.Context, run []Action) error {
 	if e.cfg.Group == nil {
 		return fmt.Errorf(errPrefix+"rank %d: %v without a pipeline group", e.rank, run[0])
@@ -67,14 +69,7 @@ func (e *Executor) exchange(ctx context.Context, run []Action) error {
 		}
 		xs[i] = x
 	}
-	batch, ok := e.cfg.Group.(comm.BatchSendRecv)
-	if e.cfg.Unbatched || !ok {
-		for i := range xs {
-			if err := e.one(ctx, &xs[i]); err != nil {
-				return err
-			}
-		}
-	} else if err := e.batched(ctx, batch, xs); err != nil {
+	if err := e.run(ctx, xs); err != nil {
 		return err
 	}
 	for _, x := range xs {
@@ -152,70 +147,55 @@ func (x *transfer) op(buf comm.Buffer) comm.P2POp {
 	return comm.P2POp{Kind: comm.RecvOp, Peer: x.a.Peer, Buf: buf}
 }
 
-func (e *Executor) post(ctx context.Context, op comm.P2POp) error {
-	if op.Kind == comm.SendOp {
-		return e.cfg.Group.Send(ctx, op.Buf, op.Peer)
-	}
-	return e.cfg.Group.Recv(ctx, op.Buf, op.Peer)
-}
-
-// one runs a transfer alone: its header, a check, then its data.
-func (e *Executor) one(ctx context.Context, x *transfer) error {
-	if x.header != nil {
-		if err := e.post(ctx, x.op(comm.Int64s(x.header))); err != nil {
-			return e.commErr(x.a, err)
-		}
-		if err := e.checkHeader(x); err != nil {
-			return e.drain(ctx, []*transfer{x}, err)
-		}
-	}
-	if err := e.post(ctx, x.op(x.data)); err != nil {
-		return e.commErr(x.a, err)
-	}
-	return nil
-}
-
-// batched runs the run's headers as one batch, checks them, then its data
-// as another batch.
-func (e *Executor) batched(ctx context.Context, b comm.BatchSendRecv, xs []transfer) error {
-	var hdr []comm.P2POp
+// run posts the transfers: as one batch, or one message at a time in list
+// order, each header right before its data on the same channel (so the
+// two sides' messages still pair in order however the runs are batched).
+// A receive whose header disagrees with the expected shape fails with
+// both shapes, whether the transport noticed a different length or not.
+func (e *Executor) run(ctx context.Context, xs []transfer) error {
+	var ops []comm.P2POp
+	var owner []int // ops[i] belongs to xs[owner[i]]
 	for i := range xs {
 		if xs[i].header != nil {
-			hdr = append(hdr, xs[i].op(comm.Int64s(xs[i].header)))
+			ops = append(ops, xs[i].op(comm.Int64s(xs[i].header)))
+			owner = append(owner, i)
 		}
+		ops = append(ops, xs[i].op(xs[i].data))
+		owner = append(owner, i)
 	}
-	if len(hdr) > 0 {
-		if err := b.BatchSendRecv(ctx, hdr); err != nil {
-			return e.commErr(xs[0].a, err)
-		}
-	}
-	var bad []*transfer
-	var first error
-	for i := range xs {
-		if err := e.checkHeader(&xs[i]); err != nil {
-			bad = append(bad, &xs[i])
-			if first == nil {
-				first = err
+	var err error
+	failed := 0 // the first transfer that may have failed
+	if b, ok := e.cfg.Group.(comm.BatchSendRecv); ok && !e.cfg.Unbatched {
+		err = b.BatchSendRecv(ctx, ops)
+	} else {
+		for i, op := range ops {
+			if op.Kind == comm.SendOp {
+				err = e.cfg.Group.Send(ctx, op.Buf, op.Peer)
+			} else {
+				err = e.cfg.Group.Recv(ctx, op.Buf, op.Peer)
+			}
+			if err != nil {
+				failed = owner[i]
+				break
 			}
 		}
 	}
-	if first != nil {
-		return e.drain(ctx, bad, first, xs...)
-	}
-	ops := make([]comm.P2POp, len(xs))
 	for i := range xs {
-		ops[i] = xs[i].op(xs[i].data)
+		if herr := e.checkHeader(&xs[i]); herr != nil {
+			return herr
+		}
 	}
-	if err := b.BatchSendRecv(ctx, ops); err != nil {
-		return e.commErr(xs[0].a, err)
+	if err != nil {
+		return fmt.Errorf(errPrefix+"rank %d: %v: %w", e.rank, xs[failed].a, err)
 	}
 	return nil
 }
 
-// checkHeader compares a receive's header with the shape its stage
-// expects.
+// checkHeader compares a received header with the shape the stage
+// expects (nothing for sends, channels past their first message, or a
+// header that never arrived).
 func (e *Executor) checkHeader(x *transfer) error {
-	if x.header == nil || x.want == nil {
+	if x.header == nil || x.want == nil || x.header[0] == 0 {
 		return nil
 	}
 	got, err := decodeHeader(x.header)
@@ -231,33 +211,6 @@ func (e *Executor) checkHeader(x *transfer) error {
 	}
 	return fmt.Errorf(errPrefix+"rank %d: %v: the gradient has shape %v but chunk %d's forward output was %v",
 		e.rank, x.a, got, x.a.Chunk, x.want)
-}
-
-// drain still takes the data of mismatched receives (into scratch buffers
-// of the sender's size) so the peers' sends complete, runs the run's other
-// transfers, and returns err.
-func (e *Executor) drain(ctx context.Context, bad []*transfer, err error, all ...transfer) error {
-	for _, x := range bad {
-		if got, derr := decodeHeader(x.header); derr == nil {
-			x.data = comm.Float32s(make([]float32, numel(got)))
-		}
-	}
-	if b, ok := e.cfg.Group.(comm.BatchSendRecv); ok && len(all) > 0 {
-		ops := make([]comm.P2POp, len(all))
-		for i := range all {
-			ops[i] = all[i].op(all[i].data)
-		}
-		_ = b.BatchSendRecv(ctx, ops) // best effort: err is what the caller needs
-		return err
-	}
-	for _, x := range bad {
-		_ = e.post(ctx, x.op(x.data))
-	}
-	return err
-}
-
-func (e *Executor) commErr(a Action, err error) error {
-	return fmt.Errorf(errPrefix+"rank %d: %v: %w", e.rank, a, err)
 }
 
 // finish releases what a completed transfer no longer needs: after a
