@@ -7,6 +7,8 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -354,5 +356,43 @@ func TestDisconnectFreesBlocks(t *testing.T) {
 			t.Fatalf("blocks not freed after disconnect: %+v", h.runner.Stats())
 		}
 		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// TestLoadChatTemplate: tokenizer_config.json's chat_template (a string or
+// named templates) with its special tokens (strings or {"content"}), and
+// chat_template.jinja first; none gives nil (the plain template).
+func TestLoadChatTemplate(t *testing.T) {
+	write := func(dir, name, body string) {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(body), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	msgs := []Message{{"user", "hi"}}
+	dir := t.TempDir()
+	if tpl, err := LoadChatTemplate(dir); tpl != nil || err != nil {
+		t.Fatalf("no files: %v %v", tpl, err)
+	}
+	write(dir, "tokenizer_config.json", `{"bos_token": {"content": "<s>", "lstrip": false}, "eos_token": "</s>",
+		"chat_template": [{"name": "tool_use", "template": "T"}, {"name": "default", "template": "{{ bos_token }}{{ messages[0].content }}{{ eos_token }}"}]}`)
+	tpl, err := LoadChatTemplate(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := tpl.Render(msgs, true); got != "<s>hi</s>" {
+		t.Fatalf("named default template: %q", got)
+	}
+	write(dir, "chat_template.jinja", "J{{ messages | length }}{% if add_generation_prompt %}>{% endif %}")
+	tpl, _ = LoadChatTemplate(dir)
+	if got, _ := tpl.Render(msgs, true); got != "J1>" {
+		t.Fatalf("chat_template.jinja: %q", got)
+	}
+	write(dir, "tokenizer_config.json", `{"chat_template": 5}`)
+	os.Remove(filepath.Join(dir, "chat_template.jinja"))
+	if _, err := LoadChatTemplate(dir); err == nil {
+		t.Fatal("a numeric chat_template was accepted")
+	}
+	if got := PlainTemplate([]Message{{"system", "s"}, {"user", "u"}}, true); got != "System: s\nUser: u\nAssistant:" {
+		t.Fatalf("plain template: %q", got)
 	}
 }
