@@ -10,7 +10,9 @@ import (
 	"math/rand/v2"
 	"net"
 	"net/http"
+	"os"
 	"runtime"
+	"runtime/pprof"
 	"slices"
 	"strings"
 	"sync"
@@ -35,6 +37,7 @@ type benchServeFlags struct {
 	sharedPrefix, warmup          int
 	verify, bound                 bool
 	timeout                       time.Duration
+	cpuProfile                    string
 }
 
 // benchServe is a load test of gotron serve on 127.0.0.1: N concurrent
@@ -58,6 +61,7 @@ func benchServe(ctx context.Context, env *cli, args []string) error {
 	fs.BoolVar(&f.verify, "verify", true, "check each output against the request decoded alone")
 	fs.BoolVar(&f.bound, "bandwidth-bound", false, "also measure memcpy bandwidth and print the decode bound: weight bytes read per token / bandwidth")
 	fs.DurationVar(&f.timeout, "timeout", 2*time.Minute, "bound on the timed run")
+	fs.StringVar(&f.cpuProfile, "cpuprofile", "", "write a CPU profile of the timed run to this file")
 	if err := parseFlags(fs, args, env.stdout, benchServeSynopsis); err != nil {
 		return err
 	}
@@ -123,6 +127,16 @@ func benchServe(ctx context.Context, env *cli, args []string) error {
 	defer cancel()
 	results := make([]benchResult, f.clients)
 	var wg sync.WaitGroup
+	if f.cpuProfile != "" {
+		pf, err := os.Create(f.cpuProfile)
+		if err != nil {
+			return fmt.Errorf("--cpuprofile: %w", err)
+		}
+		defer pf.Close()
+		if err := pprof.StartCPUProfile(pf); err != nil {
+			return fmt.Errorf("--cpuprofile: %w", err)
+		}
+	}
 	start := time.Now()
 	for i := range f.clients {
 		wg.Go(func() {
@@ -131,6 +145,9 @@ func benchServe(ctx context.Context, env *cli, args []string) error {
 	}
 	wg.Wait()
 	wall := time.Since(start)
+	if f.cpuProfile != "" {
+		pprof.StopCPUProfile()
+	}
 	tr.CloseIdleConnections()
 
 	// Idle again: blocks and goroutines back (bounded waits).
