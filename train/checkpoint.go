@@ -199,8 +199,10 @@ func (t *Trainer) load(root string) error {
 	}
 	t.Iteration, t.Consumed, t.ConsumedValid = int64(c.Meta.Iteration), c.Meta.ConsumedTrainSamples, c.Meta.ConsumedValidSamples
 	t.Skipped, t.NaNIterations, t.FLOPsSoFar = c.Meta.SkippedTrainSamples, ra.NaNIterations, c.Meta.FloatingPointOperationsSoFar
-	t.rng.SetState(rng)
-	t.restoreDropoutOffset(ra.TPDropoutOffsets)
+	if !t.cfg.NoLoadRNG {
+		t.rng.SetState(rng)
+		t.restoreDropoutOffset(ra.TPDropoutOffsets)
+	}
 	if err := t.sched.LoadState(sched); err != nil {
 		return fmt.Errorf("train: --load %s: %w", root, err)
 	}
@@ -248,4 +250,19 @@ func SaveModel(ctx context.Context, dir string, iteration int, m *gpt.Model, seq
 		return fmt.Errorf("train: save model: %w", err)
 	}
 	return nil
+}
+
+// ReadRunArgs returns the arguments recorded in the latest checkpoint under
+// dir (the architecture for --use-checkpoint-args).
+func ReadRunArgs(dir string) (RunArgs, error) {
+	c, err := ckpt.Load(dir, -1)
+	if err != nil {
+		return RunArgs{}, err
+	}
+	defer c.Close()
+	var ra RunArgs
+	if err := json.Unmarshal(c.Meta.Args, &ra); err != nil {
+		return RunArgs{}, fmt.Errorf("train: %s: args: %w", dir, err)
+	}
+	return ra, nil
 }

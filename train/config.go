@@ -23,6 +23,9 @@ type Config struct {
 	GlobalBatchSize int   // --global-batch-size; 0 means MicroBatchSize (× data-parallel size)
 	TrainIters      int64 // --train-iters (or TrainSamples)
 	TrainSamples    int64 // --train-samples
+	// RampupBatchSize is --rampup-batch-size START INCR RAMP_SAMPLES
+	// (Megatron's ramp-up of the global batch; needs --train-samples).
+	RampupBatchSize []int
 	Seed            int64 // --seed (Megatron's default 1234 is the CLI's default)
 
 	// Optimizer and schedule.
@@ -46,11 +49,12 @@ type Config struct {
 	SkipTrain    bool  // --skip-train: only the final validation and test evaluation
 
 	// Logging.
-	LogInterval int64     // --log-interval; 0 means 100
-	MetricsFile string    // JSONL metrics, one object per logged iteration
-	PeakFLOPs   float64   // per-process peak for MFU, FLOP/s (--peak-flops); 0 means measured (cpu.FMAPeak over this process's threads, doubled with BF16)
-	Out         io.Writer // log lines; nil means io.Discard
-	Progress    io.Writer // progress bar target (a terminal); nil means none
+	LogParamsNorm bool      // --log-params-norm: the L2 norm of the parameters on the log line
+	LogInterval   int64     // --log-interval; 0 means 100
+	MetricsFile   string    // JSONL metrics, one object per logged iteration
+	PeakFLOPs     float64   // per-process peak for MFU, FLOP/s (--peak-flops); 0 means measured (cpu.FMAPeak over this process's threads, doubled with BF16)
+	Out           io.Writer // log lines; nil means io.Discard
+	Progress      io.Writer // progress bar target (a terminal); nil means none
 
 	// TensorBoard event files (--tensorboard-dir and friends).
 	TensorBoard TensorBoard
@@ -63,6 +67,7 @@ type Config struct {
 	ExitDuration time.Duration  // --exit-duration-in-mins
 	NoSaveOptim  bool           // --no-save-optim
 	NoLoadOptim  bool           // --no-load-optim
+	NoLoadRNG    bool           // --no-load-rng: the dropout streams start afresh
 	Finetune     bool           // --finetune: load weights only, start at iteration 0
 	Args         map[string]any // the command line, stored in checkpoints
 

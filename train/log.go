@@ -9,6 +9,8 @@ import (
 	"os"
 	"strings"
 	"time"
+
+	"github.com/gotron/gotron/comm"
 )
 
 // logIteration accumulates the loss and, every --log-interval iterations,
@@ -56,6 +58,11 @@ func (t *Trainer) logIteration(loss float64) map[string]any {
 		t.Iteration, t.trainIters, t.Consumed, perIter*1e3, tflops, t.lastLR, gbs, avg, t.lastGradNorm, t.Skipped, t.NaNIterations, tokensPerSec, 100*mfu)
 	if t.lastLogIter == t.startIter && t.isLogger() {
 		t.printTheoreticalMemory()
+	}
+	if cfg.LogParamsNorm {
+		pn := t.paramsNorm()
+		fmt.Fprintf(&b, " params norm: %.3f |", pn)
+		t.tbScalar("params-norm", pn, true)
 	}
 	t.printf("%s", b.String())
 	t.tbLogLine(perIter, tflops)
@@ -175,4 +182,27 @@ func (t *Trainer) printTheoreticalMemory() {
 		t.progress.clear()
 	}
 	r.WriteTo(t.cfg.Out)
+}
+
+// paramsNorm is the L2 norm of every parameter, each counted once across
+// tensor-parallel ranks (Megatron's calc_params_l2_norm for
+// --log-params-norm). Collective under tensor parallelism.
+func (t *Trainer) paramsNorm() float64 {
+	var sq float64
+	for _, p := range t.Model.Params() {
+		if t.region != nil && t.region.Rank() != 0 && t.replicated(p.Name) {
+			continue
+		}
+		for _, v := range p.Float32s() {
+			sq += float64(v) * float64(v)
+		}
+	}
+	if t.region != nil {
+		v := []float32{float32(sq)}
+		if err := t.par.TP.AllReduce(t.cctx, comm.Float32s(v), comm.Sum); err != nil {
+			return math.NaN()
+		}
+		sq = float64(v[0])
+	}
+	return math.Sqrt(sq)
 }

@@ -135,7 +135,7 @@ func New(cfg Config, train, valid datagpt.Source) (*Trainer, error) {
 	if t.normG, err = optim.NewGrads(t.normParams(ps)); err != nil {
 		return nil, err
 	}
-	if t.mb, err = optim.NewMicrobatches(optim.MicrobatchConfig{GlobalBatchSize: cfg.GlobalBatchSize,
+	if t.mb, err = optim.NewMicrobatches(optim.MicrobatchConfig{GlobalBatchSize: cfg.GlobalBatchSize, RampupBatchSize: cfg.RampupBatchSize,
 		MicroBatchSize: cfg.MicroBatchSize, DataParallelSize: t.dpSize()}); err != nil {
 		return nil, err
 	}

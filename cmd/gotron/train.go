@@ -7,9 +7,11 @@ import (
 	"io"
 	"os"
 	"runtime/pprof"
+	"strconv"
 	"strings"
 	"time"
 
+	"github.com/gotron/gotron/ckpt"
 	"github.com/gotron/gotron/ckpt/hf"
 	datagpt "github.com/gotron/gotron/data/gpt"
 	"github.com/gotron/gotron/internal/cpu"
@@ -32,6 +34,9 @@ type trainFlags struct {
 
 	tpSize, ppSize, cpSize int
 	timeoutMins            float64
+	useCkptArgs            bool
+	ckptFormat             string
+	rampup                 listFlag
 
 	cfg            train.Config
 	schedule       optim.SchedulerFlags
@@ -170,6 +175,12 @@ func newTrainFlags() (*flag.FlagSet, *trainFlags) {
 	fs.Float64Var(&f.exitMins, "exit-duration-in-mins", 0, "save and exit after this many minutes")
 	fs.BoolVar(&c.NoSaveOptim, "no-save-optim", false, "do not save optimizer state")
 	fs.BoolVar(&c.NoLoadOptim, "no-load-optim", false, "do not load optimizer state")
+	fs.BoolVar(&c.NoLoadRNG, "no-load-rng", false, "do not load the dropout streams' state")
+	fs.BoolVar(&f.useCkptArgs, "use-checkpoint-args", false, "take the model architecture from the --load checkpoint")
+	fs.StringVar(&f.ckptFormat, "ckpt-format", ckpt.FormatName, "checkpoint format: only "+ckpt.FormatName+" (gotron's sharded safetensors + checkpoint.json)")
+	fs.Bool("use-cpu-initialization", false, "accepted: gotron always initialises on the CPU from the seed, whole (any parallel layout starts from the same model)")
+	fs.BoolVar(&c.LogParamsNorm, "log-params-norm", false, "print the parameters' L2 norm on the log line")
+	fs.Var(&f.rampup, "rampup-batch-size", "START INCR RAMP_SAMPLES: ramp the global batch up (needs --train-samples)")
 	fs.BoolVar(&c.Finetune, "finetune", false, "load weights only; start at iteration 0")
 	addDataArgs(fs, &f.data)
 	fs.StringVar(&f.quickstartDir, "quickstart-dir", "gotron-quickstart", "where the quickstart keeps its corpus and checkpoint")
@@ -382,6 +393,34 @@ func (f *trainFlags) build(ctx context.Context, given map[string]bool) (train.Co
 	if f.schedule.LR == 0 {
 		return cfg, nil, fmt.Errorf("--lr is required")
 	}
+	if f.ckptFormat != ckpt.FormatName {
+		return cfg, nil, fmt.Errorf("--ckpt-format=%s: gotron reads and writes %q checkpoints (Megatron's torch/torch_dist files convert with 'gotron convert')", f.ckptFormat, ckpt.FormatName)
+	}
+	if len(f.rampup.values) > 0 {
+		for _, v := range f.rampup.values {
+			n, err := strconv.Atoi(v)
+			if err != nil {
+				return cfg, nil, fmt.Errorf("--rampup-batch-size %s: want three integers START INCR RAMP_SAMPLES", f.rampup.String())
+			}
+			cfg.RampupBatchSize = append(cfg.RampupBatchSize, n)
+		}
+	}
+	if f.useCkptArgs {
+		if cfg.Load == "" {
+			return cfg, nil, fmt.Errorf("--use-checkpoint-args needs --load")
+		}
+		ra, err := train.ReadRunArgs(cfg.Load)
+		if err != nil {
+			return cfg, nil, fmt.Errorf("--use-checkpoint-args: %w", err)
+		}
+		// The architecture from the checkpoint; dropout and init from the flags.
+		arch := ra.Model
+		arch.AttentionDropout, arch.HiddenDropout, arch.InitMethodStd = m.AttentionDropout, m.HiddenDropout, m.InitMethodStd
+		m = arch
+		if !given["seq-length"] && ra.SeqLength > 0 {
+			cfg.SeqLength = ra.SeqLength
+		}
+	}
 	s := f.schedule
 	s.LRDecayStyle = optim.DecayStyle(f.lrDecayStyle)
 	s.LRWSDDecayStyle = optim.WSDDecayStyle(f.wsdDecayStyle)
@@ -391,6 +430,10 @@ func (f *trainFlags) build(ctx context.Context, given map[string]bool) (train.Co
 	src, err := openData(ctx, &f.data, cfg, f.divisibleBy*f.tpSize, given)
 	if err != nil {
 		return cfg, nil, err
+	}
+	if f.useCkptArgs && m.VocabSize != src.paddedVocab {
+		src.close()
+		return cfg, nil, fmt.Errorf("--use-checkpoint-args: the checkpoint's padded vocabulary is %d, the tokenizer's %d", m.VocabSize, src.paddedVocab)
 	}
 	m.VocabSize = src.paddedVocab
 	cfg.Model = m

@@ -141,3 +141,32 @@ func TestTrainNoSilentFlags(t *testing.T) {
 		}
 	}
 }
+
+// TestTrainMegatronFlagsThatAct: --use-checkpoint-args takes the
+// architecture from the checkpoint, --no-load-rng, --log-params-norm,
+// --rampup-batch-size, --ckpt-format and --use-cpu-initialization.
+func TestTrainMegatronFlagsThatAct(t *testing.T) {
+	dir := t.TempDir()
+	ck := filepath.Join(dir, "ck")
+	if _, errs, code := runCLI(t, with(tinyTrain, "--train-iters", "2", "--save", ck, "--use-cpu-initialization")...); code != 0 {
+		t.Fatalf("train: exit %d: %s", code, errs)
+	}
+	// A different --hidden-size on the command line: the checkpoint's wins.
+	out, errs, code := runCLI(t, with(tinyTrain, "--train-iters", "3", "--load", ck, "--use-checkpoint-args", "--hidden-size", "48",
+		"--no-load-rng", "--log-params-norm", "--ckpt-format", "gotron-checkpoint", "--override-opt_param-scheduler")...)
+	if code != 0 || !strings.Contains(out, "hidden 32") || !strings.Contains(out, "params norm: ") || !strings.Contains(out, "iteration        3/       3") {
+		t.Fatalf("--use-checkpoint-args: exit %d:\n%s%s", code, out, errs)
+	}
+	_, errs, code = runCLI(t, with(tinyTrain, "--train-iters", "1", "--ckpt-format", "torch_dist")...)
+	if code == 0 || !strings.Contains(errs, `--ckpt-format=torch_dist: gotron reads and writes "gotron-checkpoint"`) {
+		t.Fatalf("--ckpt-format torch_dist: exit %d: %s", code, errs)
+	}
+	// Megatron's ramp-up: 2 → 4 samples over the first 8 samples.
+	args := []string{"train", "--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4", "--seq-length", "16",
+		"--micro-batch-size", "2", "--global-batch-size", "4", "--lr", "1e-3", "--mock-data", "--vocab-size", "100",
+		"--log-interval", "1", "--eval-iters", "0", "--train-samples", "16", "--rampup-batch-size", "2", "2", "8"}
+	out, errs, code = runCLI(t, args...)
+	if code != 0 || !strings.Contains(out, "global batch size:     2") || !strings.Contains(out, "global batch size:     4") {
+		t.Fatalf("--rampup-batch-size: exit %d:\n%s%s", code, out, errs)
+	}
+}
