@@ -18,6 +18,7 @@ import (
 	"github.com/gotron/gotron/optim"
 	"github.com/gotron/gotron/parallel"
 	"github.com/gotron/gotron/parallel/pp"
+	"github.com/gotron/gotron/parallel/tp"
 	"github.com/gotron/gotron/tensor"
 )
 
@@ -498,5 +499,79 @@ func TestSplitStagesNamesAndTiedCopy(t *testing.T) {
 	stages, _ := SplitStages(untied, PipelineSplit{PP: 2}, 1)
 	if stages[0].SharedEmbedding() != nil || stages[0].OutputLayer != untied.OutputLayer {
 		t.Error("untied model: the last stage must hold output_layer.weight and share nothing")
+	}
+}
+
+// Pipeline × tensor parallelism (PP=2 × TP=2, with and without sequence
+// parallelism, 4 inproc ranks): each rank slices the whole model for its
+// TP rank, then keeps its pipeline stage; activations cross stages as
+// (b, t/TP, h) shards with SP. The loss, and the gradient of every
+// TP-sliced parameter (the tied embedding after the embedding-group
+// all-reduce, which runs per TP rank), equal one process's slices.
+// Replicated parameters are compared without SP only: with SP their
+// gradients are partial until the trainer's sequence-parallel all-reduce.
+func TestPipelineWithTensorParallel(t *testing.T) {
+	const m = 4
+	c := gpt2Tiny()
+	ref := stageModel(t, c)
+	want := oneProcess(ref, batches(c, 0, m))
+	refGrad := map[string]*tensor.Tensor{}
+	for _, p := range ref.Params() {
+		g := p.Grad.Clone()
+		g.Name = p.Name
+		refGrad[p.Name] = g
+	}
+	plan := TPPlan(ref.Config)
+	for _, sp := range []bool{false, true} {
+		var loss float64
+		err := runRanks(t, 4, "inproc", func(ctx context.Context, world comm.ProcessGroup) error {
+			groups, err := parallel.NewGroups(world, parallel.Config{TP: 2, PP: 2})
+			if err != nil {
+				return err
+			}
+			region := &tp.Region{Group: groups.TP, SequenceParallel: sp, Ctx: ctx}
+			sliced, err := Parallelize(stageModel(t, c), region, nil)
+			if err != nil {
+				return err
+			}
+			stages, err := SplitStages(sliced, PipelineSplit{PP: 2}, groups.PP.Rank())
+			if err != nil {
+				return err
+			}
+			bts := batches(c, 0, m)
+			e, err := pp.NewExecutor(pp.ExecConfig{Schedule: pp.Config{PP: 2, Microbatches: m}, Group: groups.PP,
+				Stages: []pp.Stage{&StageRunner{Stage: stages[0], Batches: bts, Training: true, RegionErr: region.Err}}})
+			if err != nil {
+				return err
+			}
+			l, err := e.Step(ctx)
+			if err != nil {
+				return err
+			}
+			if err := AllReduceEmbeddingGrads(ctx, groups.Embedding, stages); err != nil {
+				return err
+			}
+			if e.HasLoss() && groups.TP.Rank() == 0 {
+				loss = l
+			}
+			for _, p := range stages[0].Params() {
+				style := plan(p.Name)
+				if sp && style == tp.Replicated {
+					continue
+				}
+				w, err := tp.Shard(refGrad[p.Name], style, groups.TP.Rank(), 2)
+				if err != nil {
+					return err
+				}
+				closeTo(t, fmt.Sprintf("SP=%v TP rank %d: %s grad", sp, groups.TP.Rank(), p.Name), p.Grad.Float32s(), w.Float32s(), 1e-5)
+			}
+			return nil
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if math.Abs(loss-want) > 1e-5*math.Abs(want) {
+			t.Errorf("SP=%v: loss %v, one process %v", sp, loss, want)
+		}
 	}
 }
