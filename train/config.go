@@ -34,6 +34,8 @@ type Config struct {
 	SGDMomentum    float64 // --sgd-momentum
 	Schedule       optim.SchedulerFlags
 	ClipGrad       float64 // --clip-grad; 0 disables clipping
+	DecoupledLR    float64 // --decoupled-lr: peak rate of the embedding and output layer; 0 means --lr
+	DecoupledMinLR float64 // --decoupled-min-lr; 0 means --min-lr
 	MaxSkipsInARow int     // consecutive NaN/Inf iterations before stopping; 0 means 10
 
 	// BF16 (--bf16) runs the training step's matrix products on

@@ -120,7 +120,7 @@ func New(cfg Config, train, valid datagpt.Source) (*Trainer, error) {
 	} else {
 		ps = OptimParams(m)
 	}
-	groups := optim.DefaultGroups(ps)
+	groups := decoupledGroups(optim.DefaultGroups(ps), cfg.DecoupledLR, cfg.DecoupledMinLR, cfg.Schedule.MinLR)
 	if cfg.Optimizer == "sgd" {
 		t.opt, err = optim.NewSGD(groups, optim.SGDConfig{Momentum: cfg.SGDMomentum})
 	} else {
@@ -528,4 +528,34 @@ func measuredPeak(bf16 bool) float64 {
 		p *= 2
 	}
 	return p
+}
+
+// decoupledGroups moves the word embedding and the output layer (Megatron's
+// is_embedding_or_output_parameter) of every group into a group of their own
+// scheduled between lr and minLR (--decoupled-lr, --decoupled-min-lr; the
+// latter defaults to --min-lr). lr 0 leaves the groups as they are.
+func decoupledGroups(groups []optim.Group, lr, minLR, defaultMin float64) []optim.Group {
+	if lr <= 0 {
+		return groups
+	}
+	if minLR <= 0 {
+		minLR = defaultMin
+	}
+	var out, extra []optim.Group
+	for _, g := range groups {
+		dec := optim.Group{Name: g.Name + "_decoupled_lr", WDMult: g.WDMult, OverrideLR: true, MaxLR: lr, MinLR: minLR}
+		kept := g
+		kept.Params = nil
+		for _, p := range g.Params {
+			name, _, _ := strings.Cut(p.Name, "[") // distributed-optimizer pieces
+			if name == "embedding.word_embeddings.weight" || name == "output_layer.weight" {
+				dec.Params = append(dec.Params, p)
+			} else {
+				kept.Params = append(kept.Params, p)
+			}
+		}
+		out = append(out, kept)
+		extra = append(extra, dec)
+	}
+	return append(out, extra...)
 }

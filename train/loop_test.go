@@ -321,3 +321,33 @@ func TestTensorBoardScalars(t *testing.T) {
 		}
 	}
 }
+
+// TestDecoupledLR: with --decoupled-lr the word embedding (and output
+// layer) are scheduled at their own rate; other parameters at --lr.
+func TestDecoupledLR(t *testing.T) {
+	cfg := tinyConfig(t)
+	cfg.TrainIters, cfg.DecoupledLR, cfg.Schedule.LRWarmupIters = 1, 0.5, 0
+	src := MockSource{SeqLength: cfg.SeqLength, VocabSize: cfg.Model.VocabSize}
+	tr, err := New(cfg, src, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr.sched.Apply(tr.opt.Groups())
+	found := 0
+	for _, g := range tr.opt.Groups() {
+		for _, p := range g.Params {
+			switch {
+			case p.Name == "embedding.word_embeddings.weight":
+				found++
+				if g.LR != 0.5 {
+					t.Errorf("word embedding scheduled at %v, want --decoupled-lr 0.5", g.LR)
+				}
+			case g.LR != cfg.Schedule.LR:
+				t.Errorf("%s scheduled at %v, want --lr %v", p.Name, g.LR, cfg.Schedule.LR)
+			}
+		}
+	}
+	if found != 1 {
+		t.Fatalf("word embedding in %d groups", found)
+	}
+}

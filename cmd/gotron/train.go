@@ -176,6 +176,8 @@ func newTrainFlags() (*flag.FlagSet, *trainFlags) {
 	fs.BoolVar(&c.NoSaveOptim, "no-save-optim", false, "do not save optimizer state")
 	fs.BoolVar(&c.NoLoadOptim, "no-load-optim", false, "do not load optimizer state")
 	fs.BoolVar(&c.NoLoadRNG, "no-load-rng", false, "do not load the dropout streams' state")
+	fs.Float64Var(&c.DecoupledLR, "decoupled-lr", 0, "separate peak learning rate for the word embedding and output layer")
+	fs.Float64Var(&c.DecoupledMinLR, "decoupled-min-lr", 0, "final learning rate with --decoupled-lr (default --min-lr)")
 	fs.BoolVar(&f.useCkptArgs, "use-checkpoint-args", false, "take the model architecture from the --load checkpoint")
 	fs.StringVar(&f.ckptFormat, "ckpt-format", ckpt.FormatName, "checkpoint format: only "+ckpt.FormatName+" (gotron's sharded safetensors + checkpoint.json)")
 	fs.Bool("use-cpu-initialization", false, "accepted: gotron always initialises on the CPU from the seed, whole (any parallel layout starts from the same model)")
