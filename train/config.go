@@ -29,11 +29,14 @@ type Config struct {
 	Seed            int64 // --seed (Megatron's default 1234 is the CLI's default)
 
 	// Optimizer and schedule.
-	Optimizer      string // --optimizer: "adam" (AdamW, the zero value) or "sgd"
-	Adam           optim.AdamWConfig
-	SGDMomentum    float64 // --sgd-momentum
-	Schedule       optim.SchedulerFlags
-	ClipGrad       float64 // --clip-grad; 0 disables clipping
+	Optimizer   string // --optimizer: "adam" (AdamW, the zero value) or "sgd"
+	Adam        optim.AdamWConfig
+	SGDMomentum float64 // --sgd-momentum
+	Schedule    optim.SchedulerFlags
+	ClipGrad    float64 // --clip-grad; 0 disables clipping
+	// Recompute is activation recomputation (--recompute-activations,
+	// --recompute-granularity, --recompute-method, --recompute-num-layers).
+	Recompute      gpt.Recompute
 	DecoupledLR    float64 // --decoupled-lr: peak rate of the embedding and output layer; 0 means --lr
 	DecoupledMinLR float64 // --decoupled-min-lr; 0 means --min-lr
 	MaxSkipsInARow int     // consecutive NaN/Inf iterations before stopping; 0 means 10
@@ -111,6 +114,9 @@ func (c *Config) validate() error {
 		return fmt.Errorf("train: --optimizer=%q: want adam or sgd", c.Optimizer)
 	case c.MaxSkipsInARow < 0:
 		return fmt.Errorf("train: --max-nan-iterations=%d: want > 0 (or 0 for 10)", c.MaxSkipsInARow)
+	}
+	if err := c.Recompute.Validate(c.Model.NumLayers); err != nil {
+		return err
 	}
 	dp := 1
 	if c.Parallel != nil {

@@ -109,6 +109,7 @@ func New(cfg Config, train, valid datagpt.Source) (*Trainer, error) {
 			return nil, err
 		}
 	}
+	m.Recompute = cfg.Recompute
 	t.Model = m
 	t.rng = root.Fork("dropout")
 	var ps []*optim.Param

@@ -12,6 +12,7 @@ import (
 
 	"github.com/gotron/gotron/model/gpt"
 	"github.com/gotron/gotron/optim"
+	"github.com/gotron/gotron/tensor"
 )
 
 func tinyConfig(testing.TB) Config {
@@ -349,5 +350,54 @@ func TestDecoupledLR(t *testing.T) {
 	}
 	if found != 1 {
 		t.Fatalf("word embedding in %d groups", found)
+	}
+}
+
+// TestRecomputeIsBitIdentical: selective and full (uniform, block)
+// recomputation give the same losses and weights as keeping every
+// activation, dropout on.
+func TestRecomputeIsBitIdentical(t *testing.T) {
+	cfg := tinyConfig(t)
+	cfg.TrainIters = 3
+	ref := runTrainer(t, cfg)
+	for _, r := range []gpt.Recompute{{Selective: true}, {Full: true, Method: "uniform", NumLayers: 2},
+		{Full: true, Method: "uniform", NumLayers: 1}, {Full: true, Method: "block", NumLayers: 1}} {
+		c := cfg
+		c.Recompute = r
+		got := runTrainer(t, c)
+		for i := range ref.Losses {
+			if got.Losses[i] != ref.Losses[i] {
+				t.Fatalf("%+v: iteration %d loss %v, without recompute %v", r, i+1, got.Losses[i], ref.Losses[i])
+			}
+		}
+	}
+	bad := cfg
+	bad.Recompute = gpt.Recompute{Full: true, Method: "uniform", NumLayers: 5}
+	if _, err := New(bad, MockSource{SeqLength: 16, VocabSize: 64}, nil); err == nil || !strings.Contains(err.Error(), "--recompute-num-layers=5") {
+		t.Fatalf("5 recompute layers of 2: %v", err)
+	}
+}
+
+// TestRecomputeKeepsFewerActivations: full recomputation records one step
+// per recomputed chunk instead of every op of its layers.
+func TestRecomputeKeepsFewerActivations(t *testing.T) {
+	cfg := tinyConfig(t)
+	m, err := gpt.New(cfg.Model, tensor.NewRNG(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	bt, err := makeBatch(MockSource{SeqLength: 16, VocabSize: 64}, 0, 2, 16, 64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	steps := func(r gpt.Recompute) int {
+		m.Recompute = r
+		tp := tensor.NewTape()
+		m.Loss(tp, m.Forward(tp, bt, tensor.NewRNG(2), true), bt)
+		return tp.Len()
+	}
+	none, sel, full := steps(gpt.Recompute{}), steps(gpt.Recompute{Selective: true}), steps(gpt.Recompute{Full: true, Method: "uniform", NumLayers: 2})
+	if !(full < sel && sel < none) {
+		t.Fatalf("recorded steps: none %d, selective %d, full %d; want full < selective < none", none, sel, full)
 	}
 }

@@ -87,7 +87,8 @@ func TestLaunchInprocTrainDataParallel(t *testing.T) {
 		t.Fatalf("single process: exit %d: %s", code, errs)
 	}
 	want, _ := metricsLosses(t, ref)
-	for _, extra := range [][]string{nil, {"--use-distributed-optimizer", "--overlap-grad-reduce", "--ddp-bucket-size", "4000"}} {
+	for _, extra := range [][]string{nil, {"--use-distributed-optimizer", "--overlap-grad-reduce", "--ddp-bucket-size", "4000"},
+		{"--overlap-grad-reduce", "--ddp-bucket-size", "4000", "--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1"}} {
 		got := filepath.Join(dir, fmt.Sprintf("dp4-%d.jsonl", len(extra)))
 		out, errs, code := runCLI(t, append([]string{"launch", "--inproc", "--nproc-per-node", "4", "--"}, with(dpTrain, append(extra, "--metrics-file", got)...)...)...)
 		if code != 0 {

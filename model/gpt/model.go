@@ -39,6 +39,8 @@ type Model struct {
 	// Sharding is set by a parallelism plan (Parallelize) on a model whose
 	// parameters are one tensor-parallel rank's slices; nil is one rank.
 	Sharding Sharding
+	// Recompute is activation recomputation (recompute.go); zero keeps all.
+	Recompute Recompute
 }
 
 // New builds a model with Megatron's initialisation drawn from rng: weights
@@ -176,9 +178,7 @@ func (m *Model) Forward(tp *tensor.Tape, bt Batch, rng *tensor.RNG, training boo
 		}
 	}
 	x = m.dropout(tp, x, c.HiddenDropout, m.rngOutsideTP(rng), training)
-	for i := range m.Layers {
-		x = m.layer(tp, &m.Layers[i], x, bt, rng, training)
-	}
+	x = m.layers(tp, x, bt, rng, training) // recompute.go: with or without activation recomputation
 	x = m.norm(tp, x, m.FinalNorm, m.FinalNormB)
 	out := m.OutputLayer
 	if out == nil {
@@ -247,11 +247,7 @@ func (m *Model) attention(tp *tensor.Tape, l *Layer, x *tensor.Tensor, bt Batch,
 		q = tp.RoPE(q, m.rope, bt.Positions)
 		k = tp.RoPE(k, m.rope, bt.Positions)
 	}
-	o := tp.Attention(q, k, v, tensor.AttentionOptions{Causal: true, DocIDs: bt.DocIDs}) // (b, t, a, d)
-	if m.Sharding != nil && rng != nil {                                                 // inside the TP region: the per-rank stream
-		rng = m.Sharding.DropoutRNG(rng, true)
-	}
-	o = m.dropout(tp, o, c.AttentionDropout, rng, training)
+	o := m.coreAttention(tp, q, k, v, bt, rng, training) // (b, t, a, d)
 	return m.rowLinear(tp, tp.Reshape(o, b, t, g*r*d), l.Proj, l.ProjBias)
 }
 
