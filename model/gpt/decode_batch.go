@@ -25,21 +25,17 @@ type Attender interface {
 // model's (out, in) layout makes some CPU GEMM paths repack the whole weight
 // for every call. It doubles the weights' memory.
 type TransposedLinears struct {
-	// MaxRows is the most rows of a product that uses the copies; larger
-	// products use the model's weights (where packing is amortised).
+	// MaxRows is the most rows of a product that uses the copies (a GEMM
+	// reads a row-major weight in place only for as many rows as its
+	// micro-kernel has); larger products use the model's weights.
 	MaxRows int
-	// ChunkRows splits such products into products of at most this many
-	// rows (0: none), each streaming the weight: a GEMM reads a row-major
-	// weight in place only for a few rows (its micro-kernel's height).
-	ChunkRows int
-	t         map[*tensor.Tensor]*tensor.Tensor
+	t       map[*tensor.Tensor]*tensor.Tensor
 }
 
 // TransposeLinears copies every linear weight of m (QKV, projection, MLP,
-// output layer) transposed, for products of at most maxRows rows computed
-// chunkRows rows at a time (0: at once).
-func (m *Model) TransposeLinears(maxRows, chunkRows int) *TransposedLinears {
-	tl := &TransposedLinears{MaxRows: maxRows, ChunkRows: chunkRows, t: map[*tensor.Tensor]*tensor.Tensor{}}
+// output layer) transposed, for products of at most maxRows rows.
+func (m *Model) TransposeLinears(maxRows int) *TransposedLinears {
+	tl := &TransposedLinears{MaxRows: maxRows, t: map[*tensor.Tensor]*tensor.Tensor{}}
 	add := func(w *tensor.Tensor) {
 		if w == nil || tl.t[w] != nil {
 			return
@@ -77,27 +73,8 @@ func (tl *TransposedLinears) Linear(tp *tensor.Tape, x, w, b *tensor.Tensor) *te
 	if wt == nil || n > tl.MaxRows {
 		return tp.Linear(x, w, b)
 	}
-	out := wt.Dim(1)
-	x = tp.Contiguous(x)
-	shape := append(append([]int(nil), x.Shape()[:x.NDim()-1]...), out)
-	chunk := n
-	if tl.ChunkRows > 0 {
-		chunk = tl.ChunkRows
-	}
-	if chunk >= n {
-		y := tp.Reshape(tp.MatMul(tp.Reshape(x, n, in), wt, tensor.NoTrans, tensor.NoTrans), shape...)
-		if b != nil {
-			y = tp.Add(y, b)
-		}
-		return y
-	}
-	xs, ys := x.Float32s(), make([]float32, n*out)
-	for r := 0; r < n; r += chunk {
-		c := min(chunk, n-r)
-		xr := tensor.FromFloat32(xs[r*in:(r+c)*in], c, in)
-		copy(ys[r*out:(r+c)*out], tp.MatMul(xr, wt, tensor.NoTrans, tensor.NoTrans).Float32s())
-	}
-	y := tensor.FromFloat32(ys, shape...)
+	shape := append(append([]int(nil), x.Shape()[:x.NDim()-1]...), wt.Dim(1))
+	y := tp.Reshape(tp.MatMul(tp.Reshape(x, n, in), wt, tensor.NoTrans, tensor.NoTrans), shape...)
 	if b != nil {
 		y = tp.Add(y, b)
 	}
