@@ -23,12 +23,21 @@ const (
 	// Megatron's --bf16 (and of torch.autocast(dtype=torch.bfloat16)); the
 	// CPU runs it on AVX512_BF16 where present (internal/cpu.SgemmBF16).
 	MatmulBF16
+	// MatmulFP16 rounds both operands to IEEE half precision (values beyond
+	// ±65504 become ±Inf, as in fp16 hardware) and accumulates in float32:
+	// Megatron's --fp16 matmul. No CPU here multiplies fp16 natively, so it
+	// is emulated (rounded copies, then the float32 kernel): the numerics of
+	// fp16 training, not its speed.
+	MatmulFP16
 )
 
-// String returns "fp32" or "bf16".
+// String returns "fp32", "bf16" or "fp16".
 func (p MatmulPrecision) String() string {
-	if p == MatmulBF16 {
+	switch p {
+	case MatmulBF16:
 		return "bf16"
+	case MatmulFP16:
+		return "fp16"
 	}
 	return "fp32"
 }

@@ -1,6 +1,9 @@
 package tensor
 
-import "github.com/gotron/gotron/internal/cpu"
+import (
+	"github.com/gotron/gotron/internal/cpu"
+	"github.com/gotron/gotron/internal/half"
+)
 
 // cpuBackend runs ops with internal/cpu kernels on host float32 storage.
 type cpuBackend struct{}
@@ -32,10 +35,14 @@ func (cpuBackend) Gemm(prec MatmulPrecision, tA, tB Transpose, alpha float32, a,
 		sb = 0
 	}
 	gemm := cpu.SgemmStrided
-	if prec == MatmulBF16 {
+	av, bv := f(a), f(b)
+	switch prec {
+	case MatmulBF16:
 		gemm = cpu.SgemmStridedBF16
+	case MatmulFP16:
+		av, bv = roundFP16(av), roundFP16(bv)
 	}
-	gemm(tA, tB, m, n, k, alpha, f(a), lda, sa, f(b), ldb, sb, beta, f(c), n, m*n, batch)
+	gemm(tA, tB, m, n, k, alpha, av, lda, sa, bv, ldb, sb, beta, f(c), n, m*n, batch)
 }
 
 func rowsCols(t *Tensor) (int, int) {
@@ -201,4 +208,13 @@ func (cpuBackend) SumRows(out, x *Tensor) {
 			axpy(o[lo:hi], xx[r*c+lo:r*c+hi], 1)
 		}
 	})
+}
+
+// roundFP16 returns a copy of x rounded to IEEE half precision (MatmulFP16).
+func roundFP16(x []float32) []float32 {
+	out := make([]float32, len(x))
+	for i, v := range x {
+		out[i] = half.Float16From(v).Float32()
+	}
+	return out
 }

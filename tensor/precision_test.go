@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/gotron/gotron/internal/cpu"
+	"github.com/gotron/gotron/internal/half"
 )
 
 // TestLinearBF16 checks that a MatmulBF16 tape computes Linear's output and
@@ -13,6 +14,24 @@ import (
 // recomputing (checkpointed) region inherits the setting, and that the
 // result really differs from float32 arithmetic.
 func TestLinearBF16(t *testing.T) {
+	checkLinearPrecision(t, MatmulBF16, func(v float32) float64 { return float64(cpu.RoundBF16(v)) })
+}
+
+// TestLinearFP16 is TestLinearBF16 for MatmulFP16 (IEEE half operands).
+func TestLinearFP16(t *testing.T) {
+	checkLinearPrecision(t, MatmulFP16, func(v float32) float64 { return float64(half.Float16From(v).Float32()) })
+	// Beyond fp16's range an operand becomes Inf, as on fp16 hardware: the
+	// overflow --fp16's loss scaling detects.
+	x := FromFloat32([]float32{70000, 1}, 1, 2)
+	w := FromFloat32([]float32{1, 1}, 1, 2)
+	tp := NewTape()
+	tp.SetMatmulPrecision(MatmulFP16)
+	if y := tp.Linear(x, w, nil).Float32s()[0]; !math.IsInf(float64(y), 1) {
+		t.Errorf("fp16 Linear of 70000: %v, want +Inf", y)
+	}
+}
+
+func checkLinearPrecision(t *testing.T, prec MatmulPrecision, r func(float32) float64) {
 	const rows, in, out = 9, 37, 20
 	rng := rand.New(rand.NewPCG(3, 4))
 	fillRand := func(t *Tensor) *Tensor {
@@ -22,7 +41,6 @@ func TestLinearBF16(t *testing.T) {
 		return t
 	}
 	x0, w0, g0 := fillRand(Zeros(rows, in)), fillRand(Zeros(out, in)), fillRand(Zeros(rows, out))
-	r := func(v float32) float64 { return float64(cpu.RoundBF16(v)) }
 	// float64 references on rounded operands: y = x·wᵀ, dx = g·w, dw = gᵀ·x.
 	wantY, wantDX, wantDW := make([]float64, rows*out), make([]float64, rows*in), make([]float64, out*in)
 	for i := range rows {
@@ -56,14 +74,14 @@ func TestLinearBF16(t *testing.T) {
 		for i, v := range got {
 			d := math.Abs(float64(v) - want[i])
 			if d > 1e-5*(1+math.Abs(want[i])) {
-				t.Fatalf("%s[%d] = %v, want %v (bf16 operands, fp32 sums)", name, i, v, want[i])
+				t.Fatalf("%v: %s[%d] = %v, want %v (rounded operands, fp32 sums)", prec, name, i, v, want[i])
 			}
 			worst = max(worst, d)
 		}
 		return worst
 	}
 	for _, ckpt := range []bool{false, true} {
-		y, dx, dw := run(MatmulBF16, ckpt)
+		y, dx, dw := run(prec, ckpt)
 		check("y", y, wantY)
 		check("dx", dx, wantDX)
 		check("dw", dw, wantDW)
@@ -75,7 +93,7 @@ func TestLinearBF16(t *testing.T) {
 		diff = max(diff, math.Abs(float64(v)-wantY[i]))
 	}
 	if diff < 1e-3 {
-		t.Errorf("fp32 Linear is within %g of the bf16 reference: the test cannot tell the precisions apart", diff)
+		t.Errorf("fp32 Linear is within %g of the %v reference: the test cannot tell the precisions apart", diff, prec)
 	}
 	var nilTape *Tape
 	if nilTape.MatmulPrecision() != MatmulFP32 {

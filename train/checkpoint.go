@@ -30,6 +30,8 @@ type RunArgs struct {
 	// TPDropoutOffsets are the positions of the per-tensor-parallel-rank
 	// dropout streams (Megatron's model-parallel RNG), by TP rank.
 	TPDropoutOffsets []uint64 `json:"tp_dropout_offsets,omitempty"`
+	// LossScaler is --fp16's dynamic loss scaler state.
+	LossScaler *optim.LossScalerState `json:"loss_scaler,omitempty"`
 }
 
 // save writes a checkpoint. Under data parallelism every rank takes part
@@ -98,7 +100,7 @@ func (t *Trainer) write(root string, model map[string]safetensors.Tensor, os opt
 		c.Groups["optimizer"] = opt
 	}
 	args, err := json.Marshal(RunArgs{Model: t.Model.Config, SeqLength: t.cfg.SeqLength, OptimizerKind: os.Kind,
-		OptimizerSteps: os.Steps, NaNIterations: t.NaNIterations, CLI: t.cfg.Args, TPDropoutOffsets: t.tpOffsets})
+		OptimizerSteps: os.Steps, NaNIterations: t.NaNIterations, CLI: t.cfg.Args, TPDropoutOffsets: t.tpOffsets, LossScaler: t.scalerState()})
 	if err != nil {
 		return err
 	}
@@ -199,6 +201,12 @@ func (t *Trainer) load(root string) error {
 	}
 	t.Iteration, t.Consumed, t.ConsumedValid = int64(c.Meta.Iteration), c.Meta.ConsumedTrainSamples, c.Meta.ConsumedValidSamples
 	t.Skipped, t.NaNIterations, t.FLOPsSoFar = c.Meta.SkippedTrainSamples, ra.NaNIterations, c.Meta.FloatingPointOperationsSoFar
+	t.skippedAtLog, t.nanAtLog = t.Skipped, t.NaNIterations
+	if t.scaler != nil && ra.LossScaler != nil {
+		if err := t.scaler.LoadState(*ra.LossScaler); err != nil {
+			return fmt.Errorf("train: --load %s: %w", root, err)
+		}
+	}
 	if !t.cfg.NoLoadRNG {
 		t.rng.SetState(rng)
 		t.restoreDropoutOffset(ra.TPDropoutOffsets)
@@ -265,4 +273,12 @@ func ReadRunArgs(dir string) (RunArgs, error) {
 		return RunArgs{}, fmt.Errorf("train: %s: args: %w", dir, err)
 	}
 	return ra, nil
+}
+
+func (t *Trainer) scalerState() *optim.LossScalerState {
+	if t.scaler == nil {
+		return nil
+	}
+	st := t.scaler.State()
+	return &st
 }

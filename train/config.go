@@ -47,6 +47,12 @@ type Config struct {
 	// other op stay float32, like Megatron's fp32 main params and grads.
 	// Evaluation multiplies in float32.
 	BF16 bool
+	// FP16 (--fp16) runs the matrix products on fp16-rounded operands
+	// (tensor.MatmulFP16, emulated on the CPU) with float32 accumulation and
+	// float32 master weights, and scales the loss by LossScale's dynamic
+	// (or constant) scale, as Megatron's DynamicGradScaler.
+	FP16      bool
+	LossScale optim.LossScalerConfig // --loss-scale, --initial-loss-scale, --min-loss-scale, --loss-scale-window, --hysteresis
 
 	// Evaluation.
 	EvalInterval int64 // --eval-interval; 0 disables evaluation during training
@@ -114,6 +120,9 @@ func (c *Config) validate() error {
 		return fmt.Errorf("train: --optimizer=%q: want adam or sgd", c.Optimizer)
 	case c.MaxSkipsInARow < 0:
 		return fmt.Errorf("train: --max-nan-iterations=%d: want > 0 (or 0 for 10)", c.MaxSkipsInARow)
+	}
+	if c.BF16 && c.FP16 {
+		return fmt.Errorf("train: --bf16 and --fp16 exclude each other")
 	}
 	if err := c.Recompute.Validate(c.Model.NumLayers); err != nil {
 		return err

@@ -22,7 +22,8 @@ import (
 // writes it with writeMetrics.
 func (t *Trainer) logIteration(loss float64) map[string]any {
 	cfg := &t.cfg
-	if !math.IsNaN(loss) && !math.IsInf(loss, 0) {
+	// Megatron leaves skipped iterations out of the logged mean.
+	if !math.IsNaN(loss) && !math.IsInf(loss, 0) && !t.overflow {
 		t.lossSinceLog += loss
 		t.itersSinceLog++
 	}
@@ -53,9 +54,11 @@ func (t *Trainer) logIteration(loss float64) map[string]any {
 	if t.itersSinceLog > 0 {
 		avg = t.lossSinceLog / float64(t.itersSinceLog)
 	}
+	// Megatron counts skipped and NaN iterations per log interval.
+	skipped, nans := t.Skipped-t.skippedAtLog, t.NaNIterations-t.nanAtLog
 	var b strings.Builder
-	fmt.Fprintf(&b, "iteration %8d/%8d | consumed samples: %12d | elapsed time per iteration (ms): %.1f | throughput per GPU (TFLOP/s/GPU): %.3f | learning rate: %.6E | global batch size: %5d | lm loss: %.6E | loss scale: 1.0 | grad norm: %.3f | number of skipped iterations: %3d | number of nan iterations: %3d | tokens/s: %.1f | MFU: %.1f%% |",
-		t.Iteration, t.trainIters, t.Consumed, perIter*1e3, tflops, t.lastLR, gbs, avg, t.lastGradNorm, t.Skipped, t.NaNIterations, tokensPerSec, 100*mfu)
+	fmt.Fprintf(&b, "iteration %8d/%8d | consumed samples: %12d | elapsed time per iteration (ms): %.1f | throughput per GPU (TFLOP/s/GPU): %.3f | learning rate: %.6E | global batch size: %5d | lm loss: %.6E | loss scale: %.1f | grad norm: %.3f | number of skipped iterations: %3d | number of nan iterations: %3d | tokens/s: %.1f | MFU: %.1f%% |",
+		t.Iteration, t.trainIters, t.Consumed, perIter*1e3, tflops, t.lastLR, gbs, avg, t.lossScale(), t.lastGradNorm, skipped, nans, tokensPerSec, 100*mfu)
 	if t.lastLogIter == t.startIter && t.isLogger() {
 		t.printTheoreticalMemory()
 	}
@@ -72,14 +75,15 @@ func (t *Trainer) logIteration(loss float64) map[string]any {
 		record = map[string]any{
 			"iteration": t.Iteration, "timestamp": now.Format(time.RFC3339Nano), "consumed_samples": t.Consumed,
 			"elapsed_ms_per_iteration": perIter * 1e3, "tflops": tflops, "learning_rate": t.lastLR, "global_batch_size": gbs,
-			"lm_loss": jsonFloat(avg), "grad_norm": jsonFloat(t.lastGradNorm), "skipped_iterations": t.Skipped,
-			"nan_iterations": t.NaNIterations, "tokens_per_second": tokensPerSec, "mfu": mfu,
+			"lm_loss": jsonFloat(avg), "grad_norm": jsonFloat(t.lastGradNorm), "skipped_iterations": skipped,
+			"nan_iterations": nans, "loss_scale": t.lossScale(), "tokens_per_second": tokensPerSec, "mfu": mfu,
 			"grad_sync_wait_ms_per_iteration": t.syncWaitSinceLog(iters),
 			"tp_comm_ms_per_iteration":        t.tpCommSinceLog(iters),
 		}
 	}
 	t.lastLog, t.lastLogIter, t.lastLoggedLoss = now, t.Iteration, avg
 	t.lossSinceLog, t.itersSinceLog = 0, 0
+	t.skippedAtLog, t.nanAtLog = t.Skipped, t.NaNIterations
 	return record
 }
 

@@ -41,6 +41,8 @@ type Trainer struct {
 	normG     *optim.Grads          // the gradients this rank counts in the global norm
 	rankRNG   *tensor.RNG           // per-TP-rank dropout stream (with region)
 	tpOffsets []uint64              // every TP rank's rankRNG offset, for the checkpoint being written
+	scaler    *optim.LossScaler     // --fp16's loss scaler; nil otherwise
+	overflow  bool                  // the last step was skipped for an fp16 gradient overflow
 	cctx      context.Context       // collectives' context: not cancelled by a signal, so every rank stops at the same iteration
 	stop      agreement             // the last iteration's agreed stop requests
 
@@ -51,7 +53,7 @@ type Trainer struct {
 	Iteration      int64
 	Consumed       int64 // consumed_train_samples
 	ConsumedValid  int64 // consumed_valid_samples
-	Skipped        int64 // iterations skipped for NaN/Inf
+	Skipped        int64 // iterations skipped (NaN/Inf, fp16 overflow), over the run
 	NaNIterations  int64
 	FLOPsSoFar     float64
 	trainIters     int64
@@ -60,6 +62,8 @@ type Trainer struct {
 	lastLog        time.Time
 	lastLogIter    int64
 	lossSinceLog   float64
+	skippedAtLog   int64 // Skipped and NaNIterations at the last log line
+	nanAtLog       int64
 	itersSinceLog  int64
 	lastGradNorm   float64
 	lastLR         float64
@@ -72,8 +76,15 @@ type Trainer struct {
 
 // Result summarises a run for callers and tests.
 type Result struct {
-	// Losses is the lm loss of every iteration run (NaN for skipped ones).
+	// Losses is the lm loss of every iteration run (NaN for skipped ones;
+	// the finite loss of an iteration skipped for an fp16 gradient overflow).
 	Losses []float64
+	// LossScales is the loss scale after every iteration run (1 without
+	// --fp16), as the log line prints it.
+	LossScales []float64
+	// Skipped counts the iterations whose update was skipped (NaN/Inf
+	// loss or gradients, or an fp16 overflow), over the whole run.
+	Skipped int64
 	// LoggedLoss is the lm loss the last log line printed (the mean over
 	// its --log-interval); NaN if none was printed.
 	LoggedLoss  float64
@@ -98,6 +109,17 @@ func New(cfg Config, train, valid datagpt.Source) (*Trainer, error) {
 		par: cfg.Parallel, cctx: context.Background()}
 	if cfg.BF16 {
 		t.tape.SetMatmulPrecision(tensor.MatmulBF16)
+	}
+	if cfg.FP16 {
+		t.tape.SetMatmulPrecision(tensor.MatmulFP16)
+	}
+	// Megatron scales the loss with --fp16 (dynamically unless --loss-scale)
+	// and, with --bf16, only when --loss-scale asks for a constant scale.
+	if cfg.FP16 || (cfg.BF16 && cfg.LossScale.Constant > 0) {
+		var err error
+		if t.scaler, err = optim.NewLossScaler(cfg.LossScale); err != nil {
+			return nil, err
+		}
 	}
 	root := tensor.NewRNG(uint64(cfg.Seed))
 	m, err := gpt.New(cfg.Model, root.Fork("init"))
@@ -220,6 +242,7 @@ func (t *Trainer) Run(ctx context.Context) (Result, error) {
 			return res, err
 		}
 		res.Losses = append(res.Losses, loss)
+		res.LossScales = append(res.LossScales, float64(t.lossScale()))
 		t.tbIteration(loss)
 		record := t.logIteration(loss)
 		if t.lastLogIter == t.Iteration {
@@ -303,7 +326,7 @@ func (t *Trainer) Run(ctx context.Context) (Result, error) {
 			t.writeMetrics(map[string]any{"iteration": t.Iteration, "timestamp": t.cfg.Now().Format(time.RFC3339Nano), "test_loss": jsonFloat(loss)})
 		}
 	}
-	res.Iteration, res.Consumed = t.Iteration, t.Consumed
+	res.Iteration, res.Consumed, res.Skipped = t.Iteration, t.Consumed, t.Skipped
 	return res, nil
 }
 
@@ -342,8 +365,9 @@ func (t *Trainer) step(ctx context.Context) (float64, error) {
 			return 0, err
 		}
 		lossSum += float64(loss.Float32s()[0])
-		// Each microbatch's mean loss counts 1/n of the iteration's loss.
-		if err := t.tape.Backward(t.tape.Scale(loss, 1/float32(n))); err != nil {
+		// Each microbatch's mean loss counts 1/n of the iteration's loss
+		// (times the loss scale with --fp16).
+		if err := t.tape.Backward(t.tape.Scale(loss, t.lossScale()/float32(n))); err != nil {
 			return 0, err
 		}
 		if err := t.regionErr(); err != nil {
@@ -363,6 +387,19 @@ func (t *Trainer) step(ctx context.Context) (float64, error) {
 	t.Iteration++
 	t.Consumed += gbs
 	t.lastLR = t.sched.LR()
+	if t.scaler != nil {
+		t.scaler.Update(g.nonFin)
+	}
+	if g.nonFin && t.scaler != nil && !math.IsNaN(loss) && !math.IsInf(loss, 0) {
+		// An fp16 gradient overflow: the loss scale backs off and the
+		// step is skipped, as Megatron's DynamicGradScaler; not a NaN
+		// iteration.
+		t.Skipped++
+		t.overflow = true
+		t.lastGradNorm = math.NaN()
+		return loss, nil
+	}
+	t.overflow = false
 	if g.nonFin || math.IsNaN(loss) || math.IsInf(loss, 0) {
 		t.Skipped++
 		t.NaNIterations++
@@ -559,4 +596,13 @@ func decoupledGroups(groups []optim.Group, lr, minLR, defaultMin float64) []opti
 		extra = append(extra, dec)
 	}
 	return append(out, extra...)
+}
+
+// lossScale is the factor the loss is multiplied by before backward: the
+// --fp16 loss scaler's scale, else 1.
+func (t *Trainer) lossScale() float32 {
+	if t.scaler == nil {
+		return 1
+	}
+	return t.scaler.Scale()
 }

@@ -401,3 +401,81 @@ func TestRecomputeKeepsFewerActivations(t *testing.T) {
 		t.Fatalf("recorded steps: none %d, selective %d, full %d; want full < selective < none", none, sel, full)
 	}
 }
+
+// TestFP16LossScaling: --fp16 with Megatron's dynamic loss scaler. From the
+// default initial scale 2^32 the fp16-rounded gradients overflow; those
+// iterations are skipped (not NaN iterations), the scale backs off after
+// --hysteresis overflows, training proceeds once it fits, grows again after
+// --loss-scale-window clean iterations, and the loss falls. The scaler's
+// state is checkpointed: resume is bit-identical.
+func TestFP16LossScaling(t *testing.T) {
+	cfg := tinyConfig(t)
+	cfg.TrainIters = 30
+	cfg.Model.HiddenDropout, cfg.Model.AttentionDropout = 0, 0
+	cfg.FP16 = true
+	cfg.LossScale = optim.LossScalerConfig{Window: 4, Hysteresis: 2}
+	res := runTrainer(t, cfg)
+	t.Logf("loss scales: %v", res.LossScales)
+	t.Logf("losses: %.4f", res.Losses)
+	if res.LossScales[0] != 1<<32 || res.LossScales[1] != 1<<31 {
+		t.Errorf("scales after iterations 1, 2: %v, %v; want 2^32 (hysteresis 2) then 2^31", res.LossScales[0], res.LossScales[1])
+	}
+	low, lowAt := math.Inf(1), 0
+	for i, s := range res.LossScales {
+		if s < low {
+			low, lowAt = s, i
+		}
+	}
+	grew := false
+	for _, s := range res.LossScales[lowAt:] {
+		grew = grew || s > low
+	}
+	if !grew {
+		t.Errorf("the loss scale never grew back after falling to %v at iteration %d", low, lowAt+1)
+	}
+	if res.Skipped < 2 || res.Skipped > 20 {
+		t.Errorf("%d skipped iterations; want the overflows of the first iterations (at least 2) and fewer than 20", res.Skipped)
+	}
+	// About half the iterations are skipped while the scale settles.
+	if first, last := res.Losses[0], res.Losses[len(res.Losses)-1]; !(last < first-0.15) {
+		t.Errorf("fp16 loss went from %.3f to %.3f in 30 iterations; expected a fall", first, last)
+	}
+
+	// A constant scale (--loss-scale) never changes and, small enough, never
+	// skips; the fp16 run tracks the fp32 one.
+	cfg.TrainIters = 10
+	cfg.LossScale = optim.LossScalerConfig{Constant: 1024}
+	constant := runTrainer(t, cfg)
+	cfg.FP16 = false
+	fp32 := runTrainer(t, cfg)
+	for i, l := range constant.Losses {
+		if constant.LossScales[i] != 1024 {
+			t.Fatalf("iteration %d: constant loss scale is %v", i+1, constant.LossScales[i])
+		}
+		if d := math.Abs(l - fp32.Losses[i]); d > 0.05*math.Abs(fp32.Losses[i]) || (i > 0 && l == fp32.Losses[i]) {
+			t.Errorf("iteration %d: fp16 loss %.6f, fp32 %.6f: want within 5%% and not equal", i+1, l, fp32.Losses[i])
+		}
+	}
+	if constant.Skipped != 0 {
+		t.Errorf("constant scale 1024: %d skipped iterations", constant.Skipped)
+	}
+
+	cfg.FP16 = true
+	cfg.LossScale = optim.LossScalerConfig{Window: 4, Hysteresis: 2}
+	cfg.TrainIters = 20
+	straight := runTrainer(t, cfg)
+	dir := t.TempDir()
+	first := cfg
+	first.Save, first.ExitInterval = dir, 13
+	a := runTrainer(t, first)
+	second := cfg
+	second.Load = dir
+	b := runTrainer(t, second)
+	losses, scales := append(a.Losses, b.Losses...), append(a.LossScales, b.LossScales...)
+	for i, l := range losses {
+		if l != straight.Losses[i] || scales[i] != straight.LossScales[i] {
+			t.Fatalf("fp16 iteration %d: loss %v scale %v after resume, %v and %v straight (must be bit-identical)",
+				i+1, l, scales[i], straight.Losses[i], straight.LossScales[i])
+		}
+	}
+}

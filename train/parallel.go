@@ -150,7 +150,11 @@ func (t *Trainer) reduceGrads(ctx context.Context, a agreement) (agreement, erro
 	// shard, replicated parameters on TP rank 0 only) on the ranks that hold
 	// distinct gradients (every rank with the distributed optimizer, DP rank
 	// 0 otherwise).
-	a.nonFin = t.grads.FoundInf()
+	if t.scaler != nil {
+		a.nonFin = t.grads.Unscale(t.scaler.InvScale()) // Megatron: unscale, then check for overflow
+	} else {
+		a.nonFin = t.grads.FoundInf()
+	}
 	a.sumSq = 0
 	if t.par == nil || t.cfg.DDP.DistributedOptimizer || t.par.DP.Rank() == 0 {
 		a.sumSq = t.normG.SumSquares()

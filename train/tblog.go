@@ -85,7 +85,7 @@ func (t *Trainer) tbIteration(loss float64) {
 	t.tbScalar(tensorboard.TagLearningRate, t.lastLR, true)
 	t.tbScalar(tensorboard.TagBatchSize, float64(t.mb.CurrentGlobalBatchSize()), true)
 	t.tbScalar(tensorboard.TagLMLoss, loss, true)
-	t.tbScalar(tensorboard.TagLossScale, 1, true)
+	t.tbScalar(tensorboard.TagLossScale, float64(t.lossScale()), true)
 	t.tbScalar(tensorboard.TagGradNorm, t.lastGradNorm, true)
 	if tb.LogMemory {
 		var ms runtime.MemStats

@@ -150,6 +150,13 @@ func newTrainFlags() (*flag.FlagSet, *trainFlags) {
 	fs.Float64Var(&c.Adam.Eps, "adam-eps", 1e-8, "Adam ε")
 	fs.Float64Var(&c.SGDMomentum, "sgd-momentum", 0.9, "SGD momentum")
 	fs.BoolVar(&c.BF16, "bf16", false, "matrix products on bfloat16-rounded operands with float32 accumulation (AVX512_BF16); weights, grads and optimizer stay float32")
+	fs.BoolVar(&c.FP16, "fp16", false, "matrix products on fp16-rounded operands (emulated: fp16 numerics, fp32 speed) with float32 accumulation and float32 master weights, and loss scaling")
+	ls := &c.LossScale
+	fs.Float64Var(&ls.Constant, "loss-scale", 0, "with --fp16: a constant loss scale (0: dynamic scaling)")
+	fs.Float64Var(&ls.InitialScale, "initial-loss-scale", 1<<32, "with --fp16: the dynamic loss scale's initial value")
+	fs.Float64Var(&ls.MinScale, "min-loss-scale", 1, "with --fp16: the dynamic loss scale's floor")
+	fs.IntVar(&ls.Window, "loss-scale-window", 1000, "with --fp16: clean iterations before the dynamic loss scale doubles")
+	fs.IntVar(&ls.Hysteresis, "hysteresis", 2, "with --fp16: overflowing iterations before the dynamic loss scale halves")
 	fs.IntVar(&c.MaxSkipsInARow, "max-nan-iterations", 10, "stop after this many NaN/Inf iterations in a row")
 
 	fs.Int64Var(&c.EvalInterval, "eval-interval", 1000, "iterations between evaluations")
@@ -225,7 +232,6 @@ var refusedFlags = map[string]string{
 	"grad-reduce-in-bf16":      "gradients are reduced in float32 in this release",
 	"calculate-per-token-loss": "this release averages the loss per micro-batch (Megatron's default); per-token loss is not built yet",
 	"wandb-project":            "Weights & Biases cannot be reached from here (no network but the package registries); use --tensorboard-dir",
-	"fp16":                     "fp16 training (fp16 operands and dynamic loss scaling) is not built yet; --bf16 is",
 }
 
 func cmdTrain(ctx context.Context, env *cli, args []string) error {
@@ -260,6 +266,16 @@ func cmdTrain(ctx context.Context, env *cli, args []string) error {
 	for name, why := range refusedFlags {
 		if given[name] {
 			return fmt.Errorf("--%s: %s", name, why)
+		}
+	}
+	if !f.cfg.FP16 {
+		for _, name := range []string{"initial-loss-scale", "min-loss-scale", "loss-scale-window", "hysteresis"} {
+			if given[name] {
+				return fmt.Errorf("--%s: dynamic loss scaling runs only with --fp16", name)
+			}
+		}
+		if given["loss-scale"] && !f.cfg.BF16 {
+			return fmt.Errorf("--loss-scale: loss scaling runs only with --fp16 or --bf16")
 		}
 	}
 	if f.ppSize != 1 || f.cpSize != 1 {

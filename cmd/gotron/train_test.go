@@ -103,8 +103,9 @@ func TestTrainAndGenerateFromHFDir(t *testing.T) {
 }
 
 // TestTrainPrecisionFlags: --bf16 trains (no fallback warning on a CPU with
-// AVX512_BF16) and reports MFU against the bf16 peak; --fp16 warns that it
-// computes in float32.
+// AVX512_BF16) and reports MFU against the bf16 peak; --fp16 scales the
+// loss dynamically, skipping overflowing iterations, and bad combinations
+// are refused.
 func TestTrainPrecisionFlags(t *testing.T) {
 	out, errs, code := runCLI(t, append(append([]string{}, tinyTrain...), "--train-iters", "2", "--bf16")...)
 	if code != 0 {
@@ -116,9 +117,30 @@ func TestTrainPrecisionFlags(t *testing.T) {
 	if warned := strings.Contains(errs, "no AVX512_BF16"); warned == cpu.HasBF16GEMM() {
 		t.Errorf("--bf16 warning %q with HasBF16GEMM() = %v", errs, cpu.HasBF16GEMM())
 	}
-	_, errs, code = runCLI(t, append(append([]string{}, tinyTrain...), "--train-iters", "1", "--fp16")...)
-	if code == 0 || !strings.Contains(errs, "--fp16: fp16 training") || !strings.Contains(errs, "--bf16 is") {
-		t.Errorf("--fp16: exit %d, stderr %q; want a refusal pointing to --bf16", code, errs)
+	// --fp16 from Megatron's initial scale 2^32: the first iterations
+	// overflow and are skipped, the log shows the scale backing off.
+	out, errs, code = runCLI(t, with(tinyTrain, "--train-iters", "4", "--fp16", "--hysteresis", "1", "--loss-scale-window", "100")...)
+	if code != 0 {
+		t.Fatalf("--fp16: exit %d: %s", code, errs)
+	}
+	for _, want := range []string{"loss scale: 2147483648.0 |", "number of skipped iterations:   1 |", "loss scale: 1073741824.0 |"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("--fp16 log lacks %q:\n%s", want, out)
+		}
+	}
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--fp16", "--bf16"}, "exclude each other"},
+		{[]string{"--hysteresis", "3"}, "--hysteresis: dynamic loss scaling runs only with --fp16"},
+		{[]string{"--loss-scale", "128"}, "--loss-scale: loss scaling runs only with --fp16 or --bf16"},
+		{[]string{"--fp16", "--min-loss-scale", "8", "--initial-loss-scale", "4"}, "--min-loss-scale 8"},
+	} {
+		_, errs, code := runCLI(t, with(tinyTrain, append([]string{"--train-iters", "1"}, c.args...)...)...)
+		if code == 0 || !strings.Contains(errs, c.want) {
+			t.Errorf("%v: exit %d, stderr %q; want %q", c.args, code, errs, c.want)
+		}
 	}
 }
 
