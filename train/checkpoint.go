@@ -30,6 +30,13 @@ type RunArgs struct {
 	// TPDropoutOffsets are the positions of the per-tensor-parallel-rank
 	// dropout streams (Megatron's model-parallel RNG), by TP rank.
 	TPDropoutOffsets []uint64 `json:"tp_dropout_offsets,omitempty"`
+	// RankDropoutOffsets are, by world rank, the positions of the dropout
+	// streams (the stage's shared one, the per-TP-rank one) under pipeline
+	// parallelism, where every stage draws from its own; restored when
+	// PipelineSize and TensorSize (and the world size) match.
+	RankDropoutOffsets [][2]uint64 `json:"rank_dropout_offsets,omitempty"`
+	PipelineSize       int         `json:"pipeline_model_parallel_size,omitempty"`
+	TensorSize         int         `json:"tensor_model_parallel_size,omitempty"`
 	// LossScaler is --fp16's dynamic loss scaler state.
 	LossScaler *optim.LossScalerState `json:"loss_scaler,omitempty"`
 }
@@ -50,17 +57,28 @@ func (t *Trainer) save(root string) error {
 		}
 		os = full
 	}
-	// Whole tensors: gathered over the tensor-parallel group (collectives:
-	// every rank takes part).
-	os, err := t.wholeOptimizerState(os)
-	if err != nil {
-		return err
+	// Whole tensors: the pipeline stages sent to pipeline rank 0, then
+	// gathered over the tensor-parallel group (collectives: every rank takes
+	// part).
+	var model map[string]safetensors.Tensor
+	var err error
+	if t.pipelined() {
+		if err := t.gatherPipeline(&os, !t.cfg.NoSaveOptim); err != nil {
+			return err
+		}
 	}
-	model, err := t.wholeParams()
-	if err != nil {
-		return err
+	if !t.pipelined() || t.par.PP.Rank() == 0 {
+		if os, err = t.wholeOptimizerState(os); err != nil {
+			return err
+		}
+		if model, err = t.wholeParams(); err != nil {
+			return err
+		}
 	}
 	if t.tpOffsets, err = t.gatherDropoutOffsets(); err != nil {
+		return err
+	}
+	if t.rankOffsets, err = t.pipelineDropoutOffsets(); err != nil {
 		return err
 	}
 	if t.isWriter() {
@@ -99,8 +117,12 @@ func (t *Trainer) write(root string, model map[string]safetensors.Tensor, os opt
 		}
 		c.Groups["optimizer"] = opt
 	}
-	args, err := json.Marshal(RunArgs{Model: t.Model.Config, SeqLength: t.cfg.SeqLength, OptimizerKind: os.Kind,
-		OptimizerSteps: os.Steps, NaNIterations: t.NaNIterations, CLI: t.cfg.Args, TPDropoutOffsets: t.tpOffsets, LossScaler: t.scalerState()})
+	ra := RunArgs{Model: t.Model.Config, SeqLength: t.cfg.SeqLength, OptimizerKind: os.Kind,
+		OptimizerSteps: os.Steps, NaNIterations: t.NaNIterations, CLI: t.cfg.Args, TPDropoutOffsets: t.tpOffsets, LossScaler: t.scalerState()}
+	if t.pipelined() {
+		ra.RankDropoutOffsets, ra.PipelineSize, ra.TensorSize = t.rankOffsets, t.ppSize(), max(t.par.Layout.Config.TP, 1)
+	}
+	args, err := json.Marshal(ra)
 	if err != nil {
 		return err
 	}
@@ -177,6 +199,9 @@ func (t *Trainer) load(root string) error {
 	if err != nil {
 		return err
 	}
+	if t.pipelined() {
+		t.loadedIntoStages(nil)
+	}
 	if t.cfg.Finetune {
 		t.printf("loaded weights from %s (--finetune: iteration, optimizer and scheduler start fresh)", root)
 		return nil
@@ -208,8 +233,13 @@ func (t *Trainer) load(root string) error {
 		}
 	}
 	if !t.cfg.NoLoadRNG {
-		t.rng.SetState(rng)
-		t.restoreDropoutOffset(ra.TPDropoutOffsets)
+		if t.pipelined() {
+			// Each stage has its own streams (forked by pipeline rank).
+			t.restorePipelineDropout(ra)
+		} else {
+			t.rng.SetState(rng)
+			t.restoreDropoutOffset(ra.TPDropoutOffsets)
+		}
 	}
 	if err := t.sched.LoadState(sched); err != nil {
 		return fmt.Errorf("train: --load %s: %w", root, err)
@@ -228,6 +258,9 @@ func (t *Trainer) load(root string) error {
 			st.Buffers[name] = buf
 		}
 		st = t.sliceOptimizerState(st)
+		if t.pipelined() {
+			t.loadedIntoStages(&st)
+		}
 		if t.ddp != nil {
 			if st, err = t.ddp.ShardState(st); err != nil {
 				return fmt.Errorf("train: --load %s: %w", root, err)

@@ -83,9 +83,17 @@ type Config struct {
 	Args         map[string]any // the command line, stored in checkpoints
 
 	// Parallel holds this rank's process groups (parallel.NewGroups); nil
-	// means one process. Data and tensor parallelism run in this release
-	// (pipeline and context parallelism: PP = CP = 1).
+	// means one process. Data, tensor and pipeline parallelism run in this
+	// release (context and expert parallelism: CP = EP = 1).
 	Parallel *parallel.Groups
+	// Pipeline is how the layers are cut into pipeline stages: virtual
+	// stages and an uneven first/last split (its PP is the layout's
+	// pipeline size, set by Parallel).
+	Pipeline gpt.PipelineSplit
+	// MicrobatchGroupSize is
+	// --microbatch-group-size-per-virtual-pipeline-stage (0: the pipeline
+	// size, Megatron's default).
+	MicrobatchGroupSize int
 	// SequenceParallel (--sequence-parallel) shards the activations outside
 	// the tensor-parallel regions along the sequence (needs TP > 1).
 	SequenceParallel bool
@@ -130,9 +138,9 @@ func (c *Config) validate() error {
 	dp := 1
 	if c.Parallel != nil {
 		l := c.Parallel.Layout.Config
-		if l.PP != 1 || l.CP != 1 || l.EP != 1 {
-			return fmt.Errorf("train: --pipeline-model-parallel-size=%d --context-parallel-size=%d --expert-model-parallel-size=%d: "+
-				"this release trains with data and tensor parallelism only (pipeline, context and expert sizes 1)", l.PP, l.CP, l.EP)
+		if l.CP > 1 || l.EP > 1 {
+			return fmt.Errorf("train: --context-parallel-size=%d --expert-model-parallel-size=%d: "+
+				"this release trains with data, tensor and pipeline parallelism only (context and expert sizes 1)", l.CP, l.EP)
 		}
 		if err := c.Model.CheckTP(l.TP, c.SequenceParallel, c.SeqLength); err != nil {
 			return err
@@ -140,6 +148,15 @@ func (c *Config) validate() error {
 		dp = c.Parallel.DPSize()
 	} else if c.SequenceParallel {
 		return fmt.Errorf("train: --sequence-parallel needs --tensor-model-parallel-size > 1")
+	}
+	if p := c.Pipeline; p.PP > 1 && (c.Parallel == nil || p.PP != c.Parallel.Layout.Config.PP) {
+		return fmt.Errorf("train: --pipeline-model-parallel-size=%d needs a layout with that pipeline size (start %d ranks or a multiple with gotron launch)", p.PP, p.PP)
+	}
+	if _, err := c.pipelineSplit().Chunks(c.Model.NumLayers); err != nil {
+		return fmt.Errorf("train: %w", err)
+	}
+	if c.MicrobatchGroupSize < 0 {
+		return fmt.Errorf("train: --microbatch-group-size-per-virtual-pipeline-stage=%d: want > 0 (or 0 for the pipeline size)", c.MicrobatchGroupSize)
 	}
 	if c.GlobalBatchSize == 0 {
 		c.GlobalBatchSize = c.MicroBatchSize * dp

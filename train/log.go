@@ -193,17 +193,18 @@ func (t *Trainer) printTheoreticalMemory() {
 // --log-params-norm). Collective under tensor parallelism.
 func (t *Trainer) paramsNorm() float64 {
 	var sq float64
-	for _, p := range t.Model.Params() {
-		if t.region != nil && t.region.Rank() != 0 && t.replicated(p.Name) {
+	cp := t.embeddingCopy()
+	for _, p := range t.localParams() {
+		if (t.region != nil && t.region.Rank() != 0 && t.replicated(p.Name)) || p == cp {
 			continue
 		}
 		for _, v := range p.Float32s() {
 			sq += float64(v) * float64(v)
 		}
 	}
-	if t.region != nil {
+	if t.region != nil || t.pipelined() {
 		v := []float32{float32(sq)}
-		if err := t.par.TP.AllReduce(t.cctx, comm.Float32s(v), comm.Sum); err != nil {
+		if err := t.par.MP.AllReduce(t.cctx, comm.Float32s(v), comm.Sum); err != nil {
 			return math.NaN()
 		}
 		sq = float64(v[0])

@@ -15,6 +15,7 @@ import (
 	"github.com/gotron/gotron/optim"
 	"github.com/gotron/gotron/parallel"
 	"github.com/gotron/gotron/parallel/ddp"
+	"github.com/gotron/gotron/parallel/pp"
 	"github.com/gotron/gotron/parallel/tp"
 	"github.com/gotron/gotron/tensor"
 )
@@ -34,17 +35,21 @@ type Trainer struct {
 	tape  *tensor.Tape
 
 	// Data and tensor parallelism (parallel.go, tensorpar.go); nil for one process.
-	par       *parallel.Groups
-	ddp       *ddp.DDP
-	region    *tp.Region            // tensor-parallel region; nil with TP = 1
-	plan      func(string) tp.Style // GPT's tensor-parallel plan (with region)
-	normG     *optim.Grads          // the gradients this rank counts in the global norm
-	rankRNG   *tensor.RNG           // per-TP-rank dropout stream (with region)
-	tpOffsets []uint64              // every TP rank's rankRNG offset, for the checkpoint being written
-	scaler    *optim.LossScaler     // --fp16's loss scaler; nil otherwise
-	overflow  bool                  // the last step was skipped for an fp16 gradient overflow
-	cctx      context.Context       // collectives' context: not cancelled by a signal, so every rank stops at the same iteration
-	stop      agreement             // the last iteration's agreed stop requests
+	par         *parallel.Groups
+	ddp         *ddp.DDP
+	region      *tp.Region            // tensor-parallel region; nil with TP = 1
+	plan        func(string) tp.Style // GPT's tensor-parallel plan (with region)
+	normG       *optim.Grads          // the gradients this rank counts in the global norm
+	rankRNG     *tensor.RNG           // per-TP-rank dropout stream (with region)
+	tpOffsets   []uint64              // every TP rank's rankRNG offset, for the checkpoint being written
+	rankOffsets [][2]uint64           // every rank's dropout stream offsets under pipelining, for the checkpoint
+	scaler      *optim.LossScaler     // --fp16's loss scaler; nil otherwise
+	overflow    bool                  // the last step was skipped for an fp16 gradient overflow
+	stages      []*gpt.Stage          // this pipeline rank's model chunks; nil without pipelining
+	runners     []*gpt.StageRunner    // the stages as the executor runs them
+	execs       map[int]*pp.Executor  // pipeline executors by micro-batches per iteration
+	cctx        context.Context       // collectives' context: not cancelled by a signal, so every rank stops at the same iteration
+	stop        agreement             // the last iteration's agreed stop requests
 
 	lastSyncWait time.Duration // ddp.SyncWait at the last log line
 	lastTPComm   time.Duration // region.CommTime at the last log line
@@ -134,6 +139,13 @@ func New(cfg Config, train, valid datagpt.Source) (*Trainer, error) {
 	m.Recompute = cfg.Recompute
 	t.Model = m
 	t.rng = root.Fork("dropout")
+	if cfg.pipelineSplit().PP > 1 {
+		// Each pipeline stage draws its dropout masks from its own stream.
+		t.rng = root.Fork(fmt.Sprintf("dropout-pp-rank-%d", t.par.PP.Rank()))
+		if err := t.splitStages(m); err != nil {
+			return nil, err
+		}
+	}
 	var ps []*optim.Param
 	if t.par != nil {
 		if ps, err = t.setupParallel(t.cctx); err != nil {
@@ -141,7 +153,7 @@ func New(cfg Config, train, valid datagpt.Source) (*Trainer, error) {
 		}
 		t.tape.SetGradReadyHook(t.ddp.Hook)
 	} else {
-		ps = OptimParams(m)
+		ps = optimParams(m.Params())
 	}
 	groups := decoupledGroups(optim.DefaultGroups(ps), cfg.DecoupledLR, cfg.DecoupledMinLR, cfg.Schedule.MinLR)
 	if cfg.Optimizer == "sgd" {
@@ -185,9 +197,11 @@ func New(cfg Config, train, valid datagpt.Source) (*Trainer, error) {
 
 // OptimParams exposes a model's parameters to package optim (creating
 // gradient buffers), with Megatron's no-weight-decay rule.
-func OptimParams(m *gpt.Model) []*optim.Param {
+func OptimParams(m *gpt.Model) []*optim.Param { return optimParams(m.Params()) }
+
+func optimParams(params []*tensor.Tensor) []*optim.Param {
 	var ps []*optim.Param
-	for _, p := range m.Params() {
+	for _, p := range params {
 		if p.Grad == nil {
 			p.Grad = tensor.Zeros(p.Shape()...)
 		}
@@ -345,10 +359,17 @@ func (t *Trainer) step(ctx context.Context) (float64, error) {
 		}
 		t.ddp.ZeroGrad()
 	} else {
-		tensor.ZeroGrad(t.Model.Params())
+		tensor.ZeroGrad(t.localParams())
 	}
 	var lossSum float64
-	for i := range n {
+	if t.pipelined() {
+		loss, err := t.pipelineStep(n, mbs, dp, r)
+		if err != nil {
+			return 0, err
+		}
+		lossSum = loss * float64(n)
+	}
+	for i := 0; i < n && !t.pipelined(); i++ {
 		if t.ddp != nil && i == n-1 {
 			t.ddp.StartLastMicrobatch(t.cctx)
 		}
@@ -450,11 +471,18 @@ func (t *Trainer) evaluate(src datagpt.Source, consumed *int64) (float64, error)
 				failed = true
 				break
 			}
-			loss := t.Model.Loss(nil, t.Model.Forward(nil, bt, nil, false), bt)
-			if err := t.regionErr(); err != nil {
-				return math.NaN(), err
+			var loss float64
+			if t.pipelined() {
+				if loss, err = t.pipelineEval(bt); err != nil {
+					return math.NaN(), err
+				}
+			} else {
+				loss = float64(t.Model.Loss(nil, t.Model.Forward(nil, bt, nil, false), bt).Float32s()[0])
+				if err := t.regionErr(); err != nil {
+					return math.NaN(), err
+				}
 			}
-			sum += float64(loss.Float32s()[0])
+			sum += loss
 			count++
 			*consumed += int64(mbs * dp)
 		}
@@ -466,6 +494,9 @@ func (t *Trainer) evaluate(src datagpt.Source, consumed *int64) (float64, error)
 		}
 		if err := t.par.DP.AllReduce(t.cctx, comm.Float32s(v), comm.Sum); err != nil {
 			return math.NaN(), fmt.Errorf("train: evaluation at iteration %d: %w", t.Iteration, err)
+		}
+		if err := t.broadcastFromLastStage(v); err != nil {
+			return math.NaN(), err
 		}
 		sum, count, failed = float64(v[0]), int(v[1]), v[2] > 0
 	}
@@ -561,7 +592,7 @@ func (t *Trainer) rawf(format string, args ...any) {
 // threads, 50 ms), doubled with bf16 (VDPBF16PS does two products per fp32
 // lane): the denominator of MFU when --peak-flops is not given.
 func measuredPeak(bf16 bool) float64 {
-	p := cpu.FMAPeak(cpu.Threads(), 50*time.Millisecond)
+	p := cpu.FMAPeak(cpu.Threads(), 50*time.Millisecond) * 1e9 // GFLOP/s → FLOP/s
 	if bf16 {
 		p *= 2
 	}

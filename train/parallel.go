@@ -12,7 +12,6 @@ import (
 	"github.com/gotron/gotron/optim"
 	"github.com/gotron/gotron/parallel"
 	"github.com/gotron/gotron/parallel/ddp"
-	"github.com/gotron/gotron/tensor"
 )
 
 // This file wires data parallelism into the Trainer (docs/design/parallel.md):
@@ -58,16 +57,12 @@ func (t *Trainer) setupParallel(ctx context.Context) ([]*optim.Param, error) {
 	if !t.isLogger() {
 		t.cfg.Out, t.cfg.Progress, t.cfg.MetricsFile = io.Discard, nil, ""
 	}
-	var tied *tensor.Tensor
-	if t.Model.OutputLayer == nil {
-		tied = t.Model.WordEmb
-	}
-	d, err := ddp.New(t.Model.Params(), p.DPCP, t.cfg.DDP, tied)
+	d, err := ddp.New(t.localParams(), p.DPCP, t.cfg.DDP, t.sharedEmbedding())
 	if err != nil {
 		return nil, err
 	}
 	t.ddp = d
-	for _, w := range t.Model.Params() {
+	for _, w := range t.localParams() {
 		if err := p.DP.Broadcast(ctx, comm.Float32s(w.Float32s()), 0); err != nil {
 			return nil, fmt.Errorf("train: broadcast parameter %s from data-parallel rank 0: %w", w.Name, err)
 		}
@@ -75,7 +70,7 @@ func (t *Trainer) setupParallel(ctx context.Context) ([]*optim.Param, error) {
 	if t.cfg.DDP.DistributedOptimizer {
 		return d.ShardParams(), nil
 	}
-	return OptimParams(t.Model), nil
+	return optimParams(t.localParams()), nil
 }
 
 // checkSameArgs compares a hash of every rank's arguments and names the ranks
@@ -142,6 +137,9 @@ func (t *Trainer) reduceGrads(ctx context.Context, a agreement) (agreement, erro
 		}
 	}
 	if err := t.reduceSequenceParallelGrads(ctx); err != nil {
+		return a, err
+	}
+	if err := t.reduceEmbeddingGrads(ctx); err != nil {
 		return a, err
 	}
 	// Every rank adds what it alone contributes, so one sum over the world

@@ -27,7 +27,11 @@ func (t *Trainer) shardModel(full *gpt.Model, root *tensor.RNG) (*gpt.Model, err
 	t.plan = gpt.TPPlan(full.Config)
 	// Megatron's model-parallel RNG: a stream per tensor-parallel rank for
 	// dropout inside the TP regions (and on sequence shards).
-	t.rankRNG = root.Fork(fmt.Sprintf("dropout-tp-rank-%d", p.TP.Rank()))
+	name := fmt.Sprintf("dropout-tp-rank-%d", p.TP.Rank())
+	if p.Layout.Config.PP > 1 {
+		name = fmt.Sprintf("dropout-pp-rank-%d-tp-rank-%d", p.PP.Rank(), p.TP.Rank())
+	}
+	t.rankRNG = root.Fork(name)
 	return gpt.Parallelize(full, t.region, t.rankRNG)
 }
 
@@ -89,15 +93,21 @@ func (t *Trainer) replicated(name string) bool {
 // tensor-parallel ranks count on TP rank 0 only (Megatron counts each
 // parameter once).
 func (t *Trainer) normParams(ps []*optim.Param) []*optim.Param {
-	if t.region == nil || t.region.Rank() == 0 {
+	copyName := ""
+	if e := t.embeddingCopy(); e != nil {
+		// The last stage's copy of the tied embedding: counted on the first.
+		copyName = e.Name
+	}
+	if (t.region == nil || t.region.Rank() == 0) && copyName == "" {
 		return ps
 	}
 	var out []*optim.Param
 	for _, p := range ps {
 		name, _, _ := strings.Cut(p.Name, "[") // distributed-optimizer pieces are "name[a:b]"
-		if !t.replicated(name) {
-			out = append(out, p)
+		if name == copyName || (t.region != nil && t.region.Rank() != 0 && t.replicated(name)) {
+			continue
 		}
+		out = append(out, p)
 	}
 	return out
 }

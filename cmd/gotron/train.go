@@ -109,7 +109,14 @@ func newTrainFlags() (*flag.FlagSet, *trainFlags) {
 	fs.IntVar(&f.divisibleBy, "make-vocab-size-divisible-by", 128, "pad the vocabulary to a multiple of this × TP")
 	fs.IntVar(&f.tpSize, "tensor-model-parallel-size", 1, "tensor-parallel size: split every layer's matrices over this many ranks")
 	fs.BoolVar(&c.SequenceParallel, "sequence-parallel", false, "with tensor parallelism: shard norms, dropouts and residuals along the sequence")
-	fs.IntVar(&f.ppSize, "pipeline-model-parallel-size", 1, "pipeline-parallel size (only 1 in this release)")
+	fs.IntVar(&f.ppSize, "pipeline-model-parallel-size", 1, "pipeline-parallel size: split the layers into this many stages (1F1B schedule)")
+	ps := &c.Pipeline
+	fs.IntVar(&ps.VPP, "num-virtual-stages-per-pipeline-rank", 0, "model chunks per pipeline rank: Megatron's interleaved schedule (0: one)")
+	fs.IntVar(&ps.VPP, "virtual-pipeline-model-parallel-size", 0, "= --num-virtual-stages-per-pipeline-rank (Megatron's older name)")
+	fs.IntVar(&ps.LayersPerVirtualStage, "num-layers-per-virtual-pipeline-stage", 0, "layers per model chunk: the other way to ask for the interleaved schedule")
+	fs.IntVar(&ps.FirstLayers, "decoder-first-pipeline-num-layers", 0, "layers of the first pipeline stage (uneven split; 0: even)")
+	fs.IntVar(&ps.LastLayers, "decoder-last-pipeline-num-layers", 0, "layers of the last pipeline stage (uneven split; 0: even)")
+	fs.IntVar(&c.MicrobatchGroupSize, "microbatch-group-size-per-virtual-pipeline-stage", 0, "micro-batches each model chunk runs in a row in the interleaved schedule (0: the pipeline size)")
 	fs.IntVar(&f.cpSize, "context-parallel-size", 1, "context-parallel size (only 1 in this release)")
 	fs.BoolVar(&c.DDP.DistributedOptimizer, "use-distributed-optimizer", false, "shard optimizer state over data-parallel ranks (ZeRO-1): reduce-scatter grads, all-gather params")
 	fs.BoolVar(&c.DDP.OverlapGradReduce, "overlap-grad-reduce", false, "start each gradient bucket's reduction during backward of the last micro-batch")
@@ -278,10 +285,13 @@ func cmdTrain(ctx context.Context, env *cli, args []string) error {
 			return fmt.Errorf("--loss-scale: loss scaling runs only with --fp16 or --bf16")
 		}
 	}
-	if f.ppSize != 1 || f.cpSize != 1 {
-		return fmt.Errorf("--pipeline-model-parallel-size=%d --context-parallel-size=%d: "+
-			"this release trains with data and tensor parallelism only (pipeline and context sizes 1)", f.ppSize, f.cpSize)
+	if f.cpSize != 1 {
+		return fmt.Errorf("--context-parallel-size=%d: this release trains with data, tensor and pipeline parallelism (context size 1)", f.cpSize)
 	}
+	if f.ppSize < 1 {
+		return fmt.Errorf("--pipeline-model-parallel-size=%d: want >= 1", f.ppSize)
+	}
+	f.cfg.Pipeline.PP = f.ppSize // the layer split is checked with the model's --num-layers in train.New
 	if f.cfg.SequenceParallel && f.tpSize == 1 {
 		return fmt.Errorf("--sequence-parallel needs --tensor-model-parallel-size > 1")
 	}
@@ -294,8 +304,9 @@ func cmdTrain(ctx context.Context, env *cli, args []string) error {
 		return err
 	}
 	defer closeWorld()
-	if world == nil && f.tpSize > 1 {
-		return fmt.Errorf("--tensor-model-parallel-size=%d needs %d ranks or a multiple: start them with gotron launch (or torchrun, srun, mpirun)", f.tpSize, f.tpSize)
+	if world == nil && f.tpSize*f.ppSize > 1 {
+		return fmt.Errorf("--tensor-model-parallel-size=%d --pipeline-model-parallel-size=%d need %d ranks or a multiple: start them with gotron launch (or torchrun, srun, mpirun)",
+			f.tpSize, f.ppSize, f.tpSize*f.ppSize)
 	}
 	var groups *parallel.Groups
 	if world != nil {
@@ -345,7 +356,7 @@ func cmdTrain(ctx context.Context, env *cli, args []string) error {
 		if groups != nil {
 			tp, pp = groups.Coords.TP, groups.Coords.PP
 		}
-		fmt.Fprintf(env.stdout, " > number of parameters on (tensor, pipeline) model parallel rank (%d, %d): %d\n", tp, pp, tr.Model.NumParams())
+		fmt.Fprintf(env.stdout, " > number of parameters on (tensor, pipeline) model parallel rank (%d, %d): %d\n", tp, pp, tr.NumLocalParams())
 	}
 	if groups != nil && groups.World.Rank() == groups.World.Size()-1 {
 		how := "replicated on every data-parallel rank"
@@ -373,6 +384,11 @@ func cmdTrain(ctx context.Context, env *cli, args []string) error {
 		return err
 	}
 	if f.promptAfter != "" && src.tok != nil {
+		if f.ppSize > 1 {
+			// The logging rank holds the last stage only.
+			fmt.Fprintf(env.stdout, "gotron train: --sample-prompt: no sample under pipeline parallelism (this rank holds one stage); sample the checkpoint with gotron generate --load\n")
+			return nil
+		}
 		return printSample(env, tr.Model, src.tok, f.promptAfter, f.generateTokens, cfg.Seed)
 	}
 	return nil

@@ -6,6 +6,8 @@ import (
 	"github.com/gotron/gotron/internal/cpu"
 	"os"
 	"path/filepath"
+	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 )
@@ -190,5 +192,25 @@ func TestTrainMegatronFlagsThatAct(t *testing.T) {
 	out, errs, code = runCLI(t, args...)
 	if code != 0 || !strings.Contains(out, "global batch size:     2") || !strings.Contains(out, "global batch size:     4") {
 		t.Fatalf("--rampup-batch-size: exit %d:\n%s%s", code, out, errs)
+	}
+}
+
+// TestTrainMFUIsAFraction: the log line's MFU divides by this CPU's
+// measured peak in FLOP/s (cpu.FMAPeak reports GFLOP/s): a tiny model's
+// MFU is a few percent at most, never above 100%.
+func TestTrainMFUIsAFraction(t *testing.T) {
+	out, errs, code := runCLI(t, with(tinyTrain, "--train-iters", "2")...)
+	if code != 0 {
+		t.Fatalf("train: exit %d: %s", code, errs)
+	}
+	m := regexp.MustCompile(`MFU: ([0-9.]+)%`).FindAllStringSubmatch(out, -1)
+	if len(m) == 0 {
+		t.Fatalf("no MFU on the log lines:\n%s", out)
+	}
+	for _, s := range m {
+		v, err := strconv.ParseFloat(s[1], 64)
+		if err != nil || !(v > 0 && v <= 100) {
+			t.Errorf("MFU %s%%: want a percentage in (0, 100]", s[1])
+		}
 	}
 }

@@ -322,11 +322,12 @@ func (s *Stage) Loss(tp *tensor.Tape, logits *tensor.Tensor, bt Batch) *tensor.T
 }
 
 // view is a Model holding the stage's parameters, so the stage runs the
-// model file's own layer code.
+// model file's own layer code (with the full model's recompute setting,
+// applied per stage as Megatron's --recompute-num-layers is).
 func (s *Stage) view() *Model {
 	return &Model{Config: s.Config, WordEmb: s.WordEmb, PosEmb: s.PosEmb, Layers: s.Layers,
 		FinalNorm: s.FinalNorm, FinalNormB: s.FinalNormB, OutputLayer: s.OutputLayer,
-		rope: s.model.rope, Sharding: s.Sharding}
+		rope: s.model.rope, Sharding: s.Sharding, Recompute: s.model.Recompute}
 }
 
 // embed is the first part of Model.Forward: word (and position)

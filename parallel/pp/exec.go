@@ -63,6 +63,10 @@ type ExecConfig struct {
 	// comm.BatchSendRecv call. Groups without BatchSendRecv are always
 	// unbatched.
 	Unbatched bool
+	// LossScale, if set, is read at every forward of the model's last stage:
+	// backward is seeded by loss·LossScale()/M (fp16 loss scaling), while
+	// Step still returns the unscaled mean loss.
+	LossScale func() float32
 	// Now is the clock of Stats; nil means time.Now.
 	Now func() time.Time
 }
@@ -296,7 +300,11 @@ func (e *Executor) forward(a Action) (float64, error) {
 	loss := float64(out.Float32s()[0])
 	// Each micro-batch's loss counts 1/M of the step's (Megatron divides it
 	// by num_microbatches in forward_step).
-	s.out = s.tape.Scale(out, 1/float32(e.c.Microbatches))
+	scale := float32(1)
+	if e.cfg.LossScale != nil {
+		scale = e.cfg.LossScale()
+	}
+	s.out = s.tape.Scale(out, scale/float32(e.c.Microbatches))
 	return loss, nil
 }
 

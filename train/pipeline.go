@@ -1,0 +1,403 @@
+package train
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"strings"
+
+	"github.com/gotron/gotron/comm"
+	"github.com/gotron/gotron/model/gpt"
+	"github.com/gotron/gotron/optim"
+	"github.com/gotron/gotron/parallel/pp"
+	"github.com/gotron/gotron/tensor"
+)
+
+// This file wires pipeline parallelism into the Trainer
+// (docs/design/parallel.md): every rank builds the whole model from the seed
+// (tensor-parallel sliced), keeps its pipeline stages (gpt.SplitStages: the
+// layers of its virtual stages, the embedding on the first, the final norm,
+// output layer and loss on the last, a copy of a tied word embedding there),
+// and runs each iteration's micro-batches through parallel/pp's executor,
+// which follows Megatron's schedule (1F1B, or interleaved with virtual
+// stages). The data-parallel buffers, the optimizer and the gradient norm
+// see only the rank's own parameters. Checkpoints stay whole: the stages'
+// parameters and optimizer state are sent to pipeline rank 0, whose
+// tensor-parallel ranks gather them as without pipelining, so a checkpoint
+// loads at any pipeline size.
+
+// pipelined reports whether this run splits the model over pipeline ranks.
+func (t *Trainer) pipelined() bool { return t.stages != nil }
+
+// ppSize is the pipeline-parallel size (1 without pipelining).
+func (t *Trainer) ppSize() int {
+	if t.par == nil {
+		return 1
+	}
+	return t.par.Layout.Config.PP
+}
+
+// pipelineSplit is the layer split with the pipeline size of the layout.
+func (c *Config) pipelineSplit() gpt.PipelineSplit {
+	s := c.Pipeline
+	s.PP = 1
+	if c.Parallel != nil {
+		s.PP = max(c.Parallel.Layout.Config.PP, 1)
+	}
+	return s
+}
+
+// splitStages keeps this pipeline rank's stages of the whole model m.
+func (t *Trainer) splitStages(m *gpt.Model) error {
+	stages, err := gpt.SplitStages(m, t.cfg.pipelineSplit(), t.par.PP.Rank())
+	if err != nil {
+		return fmt.Errorf("train: %w", err)
+	}
+	t.stages = stages
+	for _, s := range stages {
+		r := &gpt.StageRunner{Stage: s, RNG: t.rng, Training: true}
+		if t.region != nil {
+			r.RegionErr = t.region.Err
+		}
+		t.runners = append(t.runners, r)
+	}
+	return nil
+}
+
+// localParams are the parameters this rank trains: its stages' (the tied
+// embedding's copy included on the last stage), or the whole model's.
+func (t *Trainer) localParams() []*tensor.Tensor {
+	if !t.pipelined() {
+		return t.Model.Params()
+	}
+	var ps []*tensor.Tensor
+	for _, s := range t.stages {
+		ps = append(ps, s.Params()...)
+	}
+	return ps
+}
+
+// NumLocalParams is the number of parameters this rank holds (what
+// Megatron prints per (tensor, pipeline) rank).
+func (t *Trainer) NumLocalParams() int64 {
+	var n int64
+	for _, p := range t.localParams() {
+		n += int64(p.Numel())
+	}
+	return n
+}
+
+// sharedEmbedding is the word embedding tied to the output layer on this
+// rank, which data parallelism gives a bucket of its own: the first or the
+// last stage's copy under pipelining, the model's table otherwise (nil when
+// untied or on a middle stage).
+func (t *Trainer) sharedEmbedding() *tensor.Tensor {
+	if !t.pipelined() {
+		if t.Model.OutputLayer == nil {
+			return t.Model.WordEmb
+		}
+		return nil
+	}
+	for _, s := range t.stages {
+		if e := s.SharedEmbedding(); e != nil {
+			return e
+		}
+	}
+	return nil
+}
+
+// embeddingCopy is the last stage's copy of the tied word embedding on this
+// rank, or nil: counted once in the gradient norm (on the first stage) and
+// not written to checkpoints.
+func (t *Trainer) embeddingCopy() *tensor.Tensor {
+	for _, s := range t.stages {
+		if e := s.SharedEmbedding(); e != nil && s.IsEmbeddingCopy(e) {
+			return e
+		}
+	}
+	return nil
+}
+
+// executor returns the pipeline executor for m micro-batches per
+// iteration (one per m: a batch-size ramp changes m).
+func (t *Trainer) executor(m int) (*pp.Executor, error) {
+	if e := t.execs[m]; e != nil {
+		return e, nil
+	}
+	sc := pp.Config{PP: t.ppSize(), VPP: len(t.stages), Microbatches: m, GroupSize: t.cfg.MicrobatchGroupSize}
+	acts, err := pp.Actions(sc, t.par.PP.Rank())
+	if err != nil {
+		return nil, fmt.Errorf("train: %d micro-batches per iteration (--global-batch-size / (--micro-batch-size × data-parallel size)): %w", m, err)
+	}
+	// The data-parallel hook is armed for the step's last backward on this
+	// rank. With one chunk that is the chunk's last micro-batch, so its
+	// buckets reduce during it; with virtual stages the other chunks'
+	// buckets reduce after the schedule (one DDP over all chunks).
+	lastChunk := 0
+	for _, a := range acts {
+		if a.Op == pp.Backward {
+			lastChunk = a.Chunk
+		}
+	}
+	stages := make([]pp.Stage, len(t.runners))
+	for i, r := range t.runners {
+		stages[i] = r
+	}
+	e, err := pp.NewExecutor(pp.ExecConfig{
+		Schedule: sc, Group: t.par.PP, Stages: stages, Actions: acts,
+		NewTape: func(int) *tensor.Tape {
+			tp := tensor.NewTape()
+			tp.SetMatmulPrecision(t.tape.MatmulPrecision())
+			if t.ddp != nil {
+				tp.SetGradReadyHook(t.ddp.Hook)
+			}
+			return tp
+		},
+		LastBackward: func(chunk int) {
+			if chunk == lastChunk && t.ddp != nil {
+				t.ddp.StartLastMicrobatch(t.cctx)
+			}
+		},
+		LossScale: t.lossScale,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("train: %w", err)
+	}
+	if t.execs == nil {
+		t.execs = map[int]*pp.Executor{}
+	}
+	t.execs[m] = e
+	return e, nil
+}
+
+// pipelineStep runs one iteration's forward and backward passes through
+// the pipeline and returns the mean micro-batch loss (0 off the last stage).
+func (t *Trainer) pipelineStep(n, mbs, dp, r int) (float64, error) {
+	e, err := t.executor(n)
+	if err != nil {
+		return 0, err
+	}
+	bts := make([]gpt.Batch, n)
+	for i := range n {
+		// Every stage reads the micro-batches (tokens on the first, labels
+		// on the last, positions on all), from the same sample stream.
+		start := t.Consumed + int64((i*dp+r)*mbs)
+		if bts[i], err = makeBatch(t.train, start, mbs, t.cfg.SeqLength, t.Model.Config.VocabSize); err != nil {
+			return 0, fmt.Errorf("train: iteration %d: %w", t.Iteration+1, err)
+		}
+	}
+	for _, rn := range t.runners {
+		rn.Batches = bts
+	}
+	loss, err := e.Step(t.cctx)
+	if err != nil {
+		return 0, fmt.Errorf("train: iteration %d: %w", t.Iteration+1, err)
+	}
+	return loss, nil
+}
+
+// pipelineEval runs micro-batch bt forward through the pipeline without
+// gradients and returns its loss on the last stage (0 elsewhere). The
+// activation travels the virtual stages in order, one message at a time,
+// so any pipeline size and virtual stage count forms a chain that cannot
+// deadlock.
+func (t *Trainer) pipelineEval(bt gpt.Batch) (float64, error) {
+	g := t.par.PP
+	p, rank := g.Size(), g.Rank()
+	var loss float64
+	for _, s := range t.stages {
+		var x *tensor.Tensor
+		if !s.IsFirst() {
+			x = tensor.Zeros(s.ActivationShape(bt.Tokens.Dim(0), bt.Tokens.Dim(1))...)
+			if err := g.Recv(t.cctx, comm.Float32s(x.Float32s()), (rank+p-1)%p); err != nil {
+				return 0, fmt.Errorf("train: evaluation: receive the activation of stage %d: %w", s.Chunk*p+rank, err)
+			}
+		}
+		out := s.Forward(nil, x, bt, nil, false)
+		if err := t.regionErr(); err != nil {
+			return 0, err
+		}
+		if s.IsLast() {
+			loss = float64(s.Loss(nil, out, bt).Float32s()[0])
+			continue
+		}
+		out = out.Contiguous()
+		if err := g.Send(t.cctx, comm.Float32s(out.Float32s()), (rank+1)%p); err != nil {
+			return 0, fmt.Errorf("train: evaluation: send the activation of stage %d: %w", s.Chunk*p+rank, err)
+		}
+	}
+	return loss, nil
+}
+
+// reduceEmbeddingGrads sums the gradients of the tied word embedding's two
+// copies (first and last stage) over the embedding group, after the
+// data-parallel reduction: on the pieces this rank holds, which are the
+// same elements on both stages (the embedding has a bucket of its own).
+func (t *Trainer) reduceEmbeddingGrads(ctx context.Context) error {
+	e := t.sharedEmbedding()
+	if !t.pipelined() || e == nil || t.par.Embedding == nil || t.par.Embedding.Size() == 1 {
+		return nil
+	}
+	views := t.ddp.GradViews(func(p *tensor.Tensor) bool { return p == e })
+	for _, v := range views {
+		if err := t.par.Embedding.AllReduce(ctx, comm.Float32s(v), comm.Sum); err != nil {
+			return fmt.Errorf("train: iteration %d: all-reduce of the tied word embedding's gradient over the embedding group: %w", t.Iteration+1, err)
+		}
+	}
+	return nil
+}
+
+// ownedParams are the parameters of stages written to checkpoints: all but
+// the tied embedding's copy, in stage order.
+func ownedParams(stages []*gpt.Stage) []*tensor.Tensor {
+	var out []*tensor.Tensor
+	for _, s := range stages {
+		for _, p := range s.Params() {
+			if !s.IsEmbeddingCopy(p) {
+				out = append(out, p)
+			}
+		}
+	}
+	return out
+}
+
+// gatherPipeline brings the stages of every pipeline rank into pipeline
+// rank 0's whole model (parameters) and optimizer state st (buffers
+// "<kind>/<name>", whole over data parallelism), for a checkpoint. Every
+// rank of the pipeline group takes part; the result matters on rank 0.
+func (t *Trainer) gatherPipeline(st *optim.State, withOptim bool) error {
+	g := t.par.PP
+	var kinds []string
+	if withOptim {
+		seen := map[string]bool{}
+		for k := range st.Buffers {
+			kind, _, _ := strings.Cut(k, "/")
+			seen[kind] = true
+		}
+		for k := range seen {
+			kinds = append(kinds, k)
+		}
+		sort.Strings(kinds)
+	}
+	if g.Rank() != 0 {
+		for _, p := range ownedParams(t.stages) {
+			if err := g.Send(t.cctx, comm.Float32s(p.Float32s()), 0); err != nil {
+				return fmt.Errorf("train: --save: send %s to pipeline rank 0: %w", p.Name, err)
+			}
+			for _, k := range kinds {
+				buf, ok := st.Buffers[k+"/"+p.Name]
+				if !ok || len(buf) != p.Numel() {
+					return fmt.Errorf("train: --save: pipeline rank %d has no %s state of %d values for %s", g.Rank(), k, p.Numel(), p.Name)
+				}
+				if err := g.Send(t.cctx, comm.Float32s(buf), 0); err != nil {
+					return fmt.Errorf("train: --save: send the %s state of %s to pipeline rank 0: %w", k, p.Name, err)
+				}
+			}
+		}
+		return nil
+	}
+	for r := 1; r < g.Size(); r++ {
+		// Rank 0 holds the whole model: the stages of rank r are views of
+		// the tensors to receive into.
+		stages, err := gpt.SplitStages(t.Model, t.cfg.pipelineSplit(), r)
+		if err != nil {
+			return err
+		}
+		for _, p := range ownedParams(stages) {
+			if err := g.Recv(t.cctx, comm.Float32s(p.Float32s()), r); err != nil {
+				return fmt.Errorf("train: --save: receive %s from pipeline rank %d: %w", p.Name, r, err)
+			}
+			for _, k := range kinds {
+				buf := make([]float32, p.Numel())
+				if err := g.Recv(t.cctx, comm.Float32s(buf), r); err != nil {
+					return fmt.Errorf("train: --save: receive the %s state of %s from pipeline rank %d: %w", k, p.Name, r, err)
+				}
+				st.Buffers[k+"/"+p.Name] = buf
+			}
+		}
+	}
+	return nil
+}
+
+// loadedIntoStages finishes a load under pipelining: the tied embedding's
+// copy on the last stage takes the loaded table, and the optimizer state
+// keeps the buffers of this rank's parameters only.
+func (t *Trainer) loadedIntoStages(st *optim.State) {
+	if e := t.embeddingCopy(); e != nil {
+		copy(e.Float32s(), t.Model.WordEmb.Float32s())
+	}
+	if st == nil {
+		return
+	}
+	mine := map[string]bool{}
+	for _, p := range t.localParams() {
+		mine[p.Name] = true
+	}
+	for k := range st.Buffers {
+		if _, name, _ := strings.Cut(k, "/"); !mine[name] {
+			delete(st.Buffers, k)
+		}
+	}
+}
+
+// pipelineDropoutOffsets gathers every rank's dropout stream positions
+// (the stage's shared stream and, with tensor parallelism, the per-rank
+// one) by world rank, for the checkpoint: under pipelining each stage draws
+// from its own streams.
+func (t *Trainer) pipelineDropoutOffsets() ([][2]uint64, error) {
+	if !t.pipelined() {
+		return nil, nil
+	}
+	mine := []int64{int64(t.rng.State().Offset), 0}
+	if t.rankRNG != nil {
+		mine[1] = int64(t.rankRNG.State().Offset)
+	}
+	all := make([]int64, 2*t.par.World.Size())
+	if err := t.par.World.AllGather(t.cctx, comm.Int64s(all), comm.Int64s(mine), nil); err != nil {
+		return nil, fmt.Errorf("train: --save: gather the dropout stream positions: %w", err)
+	}
+	out := make([][2]uint64, t.par.World.Size())
+	for r := range out {
+		out[r] = [2]uint64{uint64(all[2*r]), uint64(all[2*r+1])}
+	}
+	return out, nil
+}
+
+// restorePipelineDropout resumes this rank's dropout streams from a
+// checkpoint written by the same layout (same world size and pipeline and
+// tensor-parallel sizes); otherwise they start afresh, and it says so when
+// dropout is on.
+func (t *Trainer) restorePipelineDropout(ra RunArgs) {
+	if !t.pipelined() {
+		return
+	}
+	l := t.par.Layout.Config
+	same := len(ra.RankDropoutOffsets) == t.par.World.Size() && ra.PipelineSize == l.PP && ra.TensorSize == max(l.TP, 1)
+	if !same {
+		if t.Model.Config.HiddenDropout > 0 || t.Model.Config.AttentionDropout > 0 {
+			t.printf("WARNING: the checkpoint's dropout streams were saved by another parallel layout: they start afresh")
+		}
+		return
+	}
+	o := ra.RankDropoutOffsets[t.par.World.Rank()]
+	st := t.rng.State()
+	st.Offset = o[0]
+	t.rng.SetState(st)
+	if t.rankRNG != nil {
+		st := t.rankRNG.State()
+		st.Offset = o[1]
+		t.rankRNG.SetState(st)
+	}
+}
+
+// broadcastFromLastStage gives every pipeline rank the value the last
+// stage computed (the evaluation loss).
+func (t *Trainer) broadcastFromLastStage(v []float32) error {
+	if !t.pipelined() {
+		return nil
+	}
+	if err := t.par.PP.Broadcast(t.cctx, comm.Float32s(v), t.par.PP.Size()-1); err != nil {
+		return fmt.Errorf("train: evaluation at iteration %d: broadcast the loss from the last pipeline stage: %w", t.Iteration, err)
+	}
+	return nil
+}
