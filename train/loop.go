@@ -192,6 +192,15 @@ func New(cfg Config, train, valid datagpt.Source) (*Trainer, error) {
 			return nil, err
 		}
 	}
+	if t.pipelined() {
+		// Refuse a micro-batch count the schedule cannot run before any work.
+		if err := t.mb.UpdateChecked(t.Consumed); err != nil {
+			return nil, err
+		}
+		if _, err := t.executor(t.mb.Num()); err != nil {
+			return nil, err
+		}
+	}
 	return t, nil
 }
 
