@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"os"
 
 	"github.com/gotron/gotron/ckpt"
 	"github.com/gotron/gotron/ckpt/safetensors"
@@ -314,4 +315,20 @@ func (t *Trainer) scalerState() *optim.LossScalerState {
 	}
 	st := t.scaler.State()
 	return &st
+}
+
+// checkSaveDir makes sure --save can be written before training starts (not
+// at the first save, an interval of work later): it creates the directory
+// and a probe file, and removes the probe.
+func checkSaveDir(dir string) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return fmt.Errorf("train: --save %s: cannot create the checkpoint directory: %w", dir, err)
+	}
+	f, err := os.CreateTemp(dir, ".gotron-write-check-*")
+	if err != nil {
+		return fmt.Errorf("train: --save %s: the checkpoint directory is not writable: %w", dir, err)
+	}
+	name := f.Name()
+	f.Close()
+	return os.Remove(name)
 }

@@ -110,6 +110,11 @@ func New(cfg Config, train, valid datagpt.Source) (*Trainer, error) {
 	if train == nil {
 		return nil, errors.New("train: no training data (set --data-path or --mock-data)")
 	}
+	if cfg.Save != "" && (cfg.Parallel == nil || cfg.Parallel.World.Rank() == 0) {
+		if err := checkSaveDir(cfg.Save); err != nil {
+			return nil, err
+		}
+	}
 	t := &Trainer{cfg: cfg, train: train, valid: valid, tape: tensor.NewTape(), lastValidLoss: math.NaN(),
 		par: cfg.Parallel, cctx: context.Background()}
 	if cfg.BF16 {

@@ -479,3 +479,20 @@ func TestFP16LossScaling(t *testing.T) {
 		}
 	}
 }
+
+// TestSaveDirCheckedAtStart: a --save that cannot be created (a path
+// through a regular file: refused even to root) is refused when the trainer
+// is built, naming the flag, not at the first checkpoint.
+func TestSaveDirCheckedAtStart(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "file")
+	if err := os.WriteFile(file, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	dir := filepath.Join(file, "ck")
+	cfg := tinyConfig(t)
+	cfg.Save = dir
+	_, err := New(cfg, MockSource{SeqLength: cfg.SeqLength, VocabSize: cfg.Model.VocabSize}, nil)
+	if err == nil || !strings.Contains(err.Error(), "--save "+dir) {
+		t.Errorf("--save %s: err %v; want a refusal naming --save", dir, err)
+	}
+}
