@@ -152,7 +152,9 @@ func (s *Stream) end(err error) {
 	}
 }
 
-// Stats returns the engine's counters as of the last step.
+// Stats returns the engine's counters as of the last step. They are taken
+// before the step's events are delivered, so once a stream has its final
+// event, Stats no longer counts its sequence or its blocks.
 func (r *Runner) Stats() Stats {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -180,13 +182,24 @@ func (r *Runner) Run(ctx context.Context) error {
 			return err
 		}
 		evs, err := r.step()
+		var failed []*Stream
 		if err != nil && evs == nil { // a panic: abort everything in flight
 			for id, s := range live {
 				r.eng.Cancel(id)
-				s.end(err)
+				failed = append(failed, s)
 				delete(live, id)
 			}
 		}
+		// The counters before the events: a caller holding a request's
+		// final event sees its blocks freed in Stats.
+		r.mu.Lock()
+		r.stats = r.eng.Stats()
+		r.mu.Unlock()
+		for _, s := range failed {
+			s.end(err)
+		}
+		// After a step error the step's sequences get abort events; the
+		// engine goes on.
 		for _, ev := range evs {
 			s := live[ev.Seq]
 			if s == nil {
@@ -197,11 +210,6 @@ func (r *Runner) Run(ctx context.Context) error {
 				delete(live, ev.Seq)
 			}
 		}
-		// After a step error the step's sequences got abort events; the
-		// engine goes on.
-		r.mu.Lock()
-		r.stats = r.eng.Stats()
-		r.mu.Unlock()
 	}
 }
 
@@ -253,14 +261,16 @@ func (r *Runner) shutdown(live map[SeqID]*Stream) {
 	pending := append(r.inbox, r.cancels...)
 	r.inbox, r.cancels = nil, nil
 	r.mu.Unlock()
-	for _, s := range pending {
-		s.end(ErrClosed)
-	}
-	for id, s := range live {
+	for id := range live {
 		r.eng.Cancel(id)
-		s.end(ErrClosed)
 	}
 	r.mu.Lock()
 	r.stats = r.eng.Stats()
 	r.mu.Unlock()
+	for _, s := range pending {
+		s.end(ErrClosed)
+	}
+	for _, s := range live {
+		s.end(ErrClosed)
+	}
 }

@@ -40,14 +40,21 @@ func collect(ctx context.Context, s *Stream) ([]int, FinishReason, error) {
 	}
 }
 
-// waitGoroutines waits (bounded) for the goroutine count to fall to n.
+// waitGoroutines waits for the goroutine count to fall to n. Goroutines
+// end asynchronously after their work is done, so it polls, failing
+// shortly before the test's deadline (go test -timeout) rather than after
+// a fixed time a loaded machine may exceed.
 func waitGoroutines(t *testing.T, n int) {
 	t.Helper()
-	for i := 0; runtime.NumGoroutine() > n; i++ {
-		if i == 200 {
+	deadline, ok := t.Deadline()
+	if !ok {
+		deadline = time.Now().Add(10 * time.Minute)
+	}
+	for runtime.NumGoroutine() > n {
+		if time.Until(deadline) < 5*time.Second {
 			t.Fatalf("%d goroutines, want %d", runtime.NumGoroutine(), n)
 		}
-		time.Sleep(10 * time.Millisecond)
+		time.Sleep(time.Millisecond)
 	}
 }
 
@@ -105,12 +112,9 @@ func TestRunnerConcurrent(t *testing.T) {
 	for err := range errs {
 		t.Error(err)
 	}
-	// Blocks all back once the runner has applied the cancellations.
-	for i := 0; r.Stats().KVBlocksUsed != 0 || r.Stats().Running != 0; i++ {
-		if i == 200 {
-			t.Fatalf("blocks still used: %+v", r.Stats())
-		}
-		time.Sleep(5 * time.Millisecond)
+	// Every stream has its final event, so Stats shows every block back.
+	if st := r.Stats(); st.KVBlocksUsed != 0 || st.Running+st.Waiting != 0 {
+		t.Fatalf("blocks still used: %+v", st)
 	}
 	if _, err := r.Submit(context.Background(), Request{MaxTokens: 1}); !errors.Is(err, ErrBadRequest) {
 		t.Fatalf("empty prompt: %v", err)
@@ -168,4 +172,29 @@ func TestRunnerSurvivesPanic(t *testing.T) {
 	}
 	stop()
 	<-done
+}
+
+// TestRunnerStatsBeforeFinalEvent: once a caller has a request's final
+// event, Stats already counts the step that finished it (blocks freed, the
+// sequence gone), so a server answering /metrics right after a response
+// never shows the finished request as running.
+func TestRunnerStatsBeforeFinalEvent(t *testing.T) {
+	m := testModel(t, "gpt2")
+	r := NewRunner(mustEngine(t, m, EngineConfig{Weights: WeightsModel}))
+	ctx, stop := context.WithCancel(context.Background())
+	done := make(chan error)
+	go func() { done <- r.Run(ctx) }()
+	defer func() { stop(); <-done }()
+	for i := range 200 {
+		s, err := r.Submit(context.Background(), Request{Prompt: testPrompt(3, i, 64), MaxTokens: 1, Sampling: Sampling{TopK: 1}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, fin, err := collect(context.Background(), s); err != nil || fin != FinishLength {
+			t.Fatalf("request %d: %q %v", i, fin, err)
+		}
+		if st := r.Stats(); st.KVBlocksUsed != 0 || st.Running+st.Waiting != 0 {
+			t.Fatalf("request %d finished, but Stats still shows it: %+v", i, st)
+		}
+	}
 }

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -337,25 +338,43 @@ func TestMegatronAPIAndMetrics(t *testing.T) {
 func TestDisconnectFreesBlocks(t *testing.T) {
 	h := newHarnessContext(t, Config{}, 4096)
 	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
 	req, _ := http.NewRequestWithContext(ctx, "POST", h.url+"/v1/completions", strings.NewReader(`{"prompt":"ABCDEFGHIJ","max_tokens":4000,"ignore_eos":true,"stream":true}`))
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		t.Fatal(err)
 	}
+	defer resp.Body.Close()
 	r := bufio.NewReader(resp.Body)
 	if _, err := r.ReadString('\n'); err != nil { // the first chunk arrived
 		t.Fatal(err)
 	}
+	// The runner's Stats are taken before it delivers a step's events.
 	if h.runner.Stats().KVBlocksUsed == 0 {
 		t.Fatal("no blocks used while streaming")
 	}
 	cancel()
 	resp.Body.Close()
-	for i := 0; h.runner.Stats().KVBlocksUsed != 0 || h.runner.Stats().Running != 0; i++ {
-		if i == 500 {
-			t.Fatalf("blocks not freed after disconnect: %+v", h.runner.Stats())
+	// The server learns of the disconnect asynchronously (its connection's
+	// read fails), so wait for it, as long as the test may run.
+	waitFor(t, func() bool { st := h.runner.Stats(); return st.KVBlocksUsed == 0 && st.Running+st.Waiting == 0 },
+		func() string { return fmt.Sprintf("blocks not freed after disconnect: %+v", h.runner.Stats()) })
+}
+
+// waitFor polls cond until it holds, failing with msg() shortly before the
+// test's deadline (go test -timeout), so that slow machines wait longer
+// instead of failing.
+func waitFor(t *testing.T, cond func() bool, msg func() string) {
+	t.Helper()
+	deadline, ok := t.Deadline()
+	if !ok {
+		deadline = time.Now().Add(10 * time.Minute)
+	}
+	for !cond() {
+		if time.Until(deadline) < 5*time.Second {
+			t.Fatal(msg())
 		}
-		time.Sleep(10 * time.Millisecond)
+		time.Sleep(time.Millisecond)
 	}
 }
 
