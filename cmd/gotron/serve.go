@@ -178,6 +178,10 @@ func loadTemplateFile(path, tokDir string) (*server.ChatTemplate, error) {
 	return server.ParseChatTemplate(string(src), bos, eos)
 }
 
+// answerGrace bounds how long, after the shutdown grace period, the
+// handlers of cancelled requests may take to write their error answers.
+const answerGrace = 5 * time.Second
+
 // serve runs the runner and the HTTP server on ln until ctx ends (SIGTERM or
 // SIGINT), then shuts down gracefully: /health turns 503, the listener
 // closes, requests in flight get up to grace to finish, and whatever is
@@ -199,7 +203,16 @@ func serve(ctx context.Context, env *cli, srv *server.Server, runner *infer.Runn
 	graceCtx, cancel := context.WithTimeout(context.Background(), grace)
 	defer cancel()
 	if shutErr := hs.Shutdown(graceCtx); shutErr != nil {
-		stopRunner() // cancel what is left; handlers answer and return
+		// Past the grace period: stopping the runner ends every request
+		// left with infer.ErrClosed; its handler answers (a stream gets an
+		// error event, others a 503) and returns, and only then are the
+		// connections closed. A client that does not read its answer gets
+		// answerGrace, then its connection is closed under it.
+		stopRunner()
+		<-runDone
+		answerCtx, cancelAnswer := context.WithTimeout(context.Background(), answerGrace)
+		defer cancelAnswer()
+		hs.Shutdown(answerCtx)
 		hs.Close()
 	}
 	stopRunner()

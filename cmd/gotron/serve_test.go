@@ -29,9 +29,15 @@ const openaiNodeVersion = "6.49.0"
 // decoding is never decided by rounding.
 func serveCheckpoint(t *testing.T) string {
 	t.Helper()
+	return serveCheckpointPositions(t, 256)
+}
+
+// serveCheckpointPositions is serveCheckpoint with a context of positions.
+func serveCheckpointPositions(t *testing.T, positions int) string {
+	t.Helper()
 	dir := filepath.Join(t.TempDir(), "tiny-gpt")
 	_, errs, code := runCLI(t, "train", "--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4",
-		"--seq-length", "16", "--max-position-embeddings", "256", "--micro-batch-size", "2", "--global-batch-size", "2",
+		"--seq-length", "16", "--max-position-embeddings", itoa(positions), "--micro-batch-size", "2", "--global-batch-size", "2",
 		"--lr", "1e-3", "--mock-data", "--vocab-size", "50257", "--train-iters", "1", "--eval-interval", "0",
 		"--init-method-std", "0.5", "--save", dir)
 	if code != 0 {
@@ -237,6 +243,80 @@ func TestServeSIGTERM(t *testing.T) {
 	if _, err := http.Get(base + "/health"); err == nil {
 		t.Fatal("still accepting connections")
 	}
+}
+
+// TestServeShutdownPastGrace: requests still running when the grace period
+// ends are cancelled and answered, not cut off: a stream ends with an error
+// event (which the openai clients raise), a non-streamed request gets a
+// 503; then the process exits 0.
+func TestServeShutdownPastGrace(t *testing.T) {
+	ck := serveCheckpointPositions(t, 4096)
+	base, stop := startServe(t, "--load", ck, "--shutdown-grace", "0s")
+	long := `{"prompt":"Once upon a time","max_tokens":4000,"ignore_eos":true`
+	resp, err := http.Post(base+"/v1/completions", "application/json", strings.NewReader(long+`,"stream":true}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	r := bufio.NewReader(resp.Body)
+	if _, err := r.ReadString('\n'); err != nil {
+		t.Fatal(err)
+	}
+	type answer struct {
+		code int
+		body []byte
+	}
+	plain := make(chan answer, 1)
+	go func() {
+		resp, err := http.Post(base+"/v1/completions", "application/json", strings.NewReader(long+`}`))
+		if err != nil {
+			plain <- answer{0, []byte(err.Error())}
+			return
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		plain <- answer{resp.StatusCode, b}
+	}()
+	// Both requests are in the running batch before the shutdown begins.
+	for {
+		_, m := getBody(t, base+"/metrics")
+		if strings.Contains(m, "\ngotron_running_sequences 2\n") {
+			break
+		}
+	}
+	rest := make(chan []byte, 1)
+	go func() { b, _ := io.ReadAll(r); rest <- b }()
+	stop() // cancels serve's context, as SIGTERM does, and checks the exit
+	events := sseLines(<-rest)
+	if len(events) == 0 || !strings.Contains(events[len(events)-1], `"code":"shutting_down"`) || strings.Contains(strings.Join(events, "\n"), "[DONE]") {
+		t.Errorf("stream cancelled at shutdown: want a last error event and no [DONE]; got %d events, last %q", len(events), events[len(events)-1:])
+	}
+	if a := <-plain; a.code != http.StatusServiceUnavailable || !strings.Contains(string(a.body), "shutting_down") {
+		t.Errorf("non-streamed request cancelled at shutdown: %d %s", a.code, a.body)
+	}
+}
+
+// getBody GETs url and returns the status and body.
+func getBody(t *testing.T, url string) (int, string) {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+// sseLines returns the "data: " payloads of an event stream.
+func sseLines(body []byte) []string {
+	var out []string
+	for _, l := range strings.Split(string(body), "\n") {
+		if d, ok := strings.CutPrefix(l, "data: "); ok {
+			out = append(out, d)
+		}
+	}
+	return out
 }
 
 // openaiNodeDir installs the openai npm package (openaiNodeVersion) into
