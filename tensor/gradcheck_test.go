@@ -119,6 +119,14 @@ func TestGradients(t *testing.T) {
 			func(tp *Tape, in []*Tensor) *Tensor {
 				return tp.Attention(in[0], in[1], in[2], AttentionOptions{Causal: true, DocIDs: FromInt32([]int32{0, 0, 0, 1, 1, 2}, 1, 6)})
 			}},
+		// Dropout: each evaluation draws from a fresh stream of one seed, so
+		// the mask is fixed and the function smooth.
+		{"dropout", []*Tensor{randParam(rng, "x", 1, 3, 7)},
+			func(tp *Tape, in []*Tensor) *Tensor { return tp.Dropout(in[0], 0.4, NewRNG(5)) }},
+		{"attention_dropout_gqa_causal", []*Tensor{randParam(rng, "q", 1, 2, 5, 4, 3), randParam(rng, "k", 1, 2, 5, 2, 3), randParam(rng, "v", 1, 2, 5, 2, 3)},
+			func(tp *Tape, in []*Tensor) *Tensor {
+				return tp.Attention(in[0], in[1], in[2], AttentionOptions{Causal: true, Dropout: 0.3, RNG: NewRNG(6), FirstHead: 4})
+			}},
 		{"cross_entropy_masked_smoothed", []*Tensor{randParam(rng, "logits", 1, 6, 5)},
 			func(tp *Tape, in []*Tensor) *Tensor {
 				return tp.CrossEntropy(in[0], targets, CrossEntropyOptions{LossMask: mask, LabelSmoothing: 0.1})

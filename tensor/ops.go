@@ -447,17 +447,39 @@ type AttentionOptions struct {
 	// DocIDs (b, t) int32, optional: a token attends only within its document
 	// (packed sequences, Megatron's --reset-attention-mask).
 	DocIDs *Tensor
+	// Dropout is the probability of dropping each attention probability
+	// (after the softmax, before the product with v: Megatron's
+	// --attention-dropout); 0 turns it off. The kernel keys its masks by
+	// (RNG draw, batch row, global head, query, key): see
+	// cpu.AttentionConfig.Dropout.
+	Dropout float32
+	// RNG is the dropout stream: each call with Dropout > 0 draws one block
+	// (the key of its masks), so masks replay when the stream's state is
+	// restored (checkpoints, activation recomputation). Required with
+	// Dropout > 0.
+	RNG *RNG
+	// FirstHead is the global index of q's head 0: a tensor-parallel rank
+	// holding heads [FirstHead, FirstHead+hq) drops what the whole model
+	// drops on those heads. 0 on one rank.
+	FirstHead int
 }
 
 // Attention is fused scaled-dot-product attention over q (b, t, hq, d) and
-// k, v (b, t, hkv, d) (GQA when hkv < hq), returning (b, t, hq, d). Memory
-// beyond the output is O(t) per head.
+// k, v (b, t, hkv, d) (GQA when hkv < hq), returning (b, t, hq, d), with
+// optional dropout on the probabilities. Memory beyond the output is O(t)
+// per head: the dropout mask is regenerated in backward, not stored.
 func (tp *Tape) Attention(q, k, v *Tensor, o AttentionOptions) *Tensor {
 	q, k, v = tp.Contiguous(q), tp.Contiguous(k), tp.Contiguous(v)
 	b, t, hq, d := q.Dim(0), q.Dim(1), q.Dim(2), q.Dim(3)
-	cfg := cpu.AttentionConfig{B: b, T: t, HQ: hq, HKV: k.Dim(2), D: d, Scale: o.Scale, Causal: o.Causal}
+	cfg := cpu.AttentionConfig{B: b, T: t, HQ: hq, HKV: k.Dim(2), D: d, Scale: o.Scale, Causal: o.Causal, FirstHead: o.FirstHead}
 	if o.DocIDs != nil {
 		cfg.DocIDs = o.DocIDs.Contiguous().Int32s()
+	}
+	if o.Dropout != 0 {
+		if o.RNG == nil {
+			panic("tensor: Attention with Dropout needs an RNG")
+		}
+		cfg.Dropout, cfg.DropoutSeed = o.Dropout, o.RNG.Uint64()
 	}
 	out, lse := tp.empty(q.shape...), tp.empty(b, hq, t)
 	be := backendFor(q)

@@ -103,6 +103,15 @@ func (r *RNG) Normal(dst []float32, mean, std float32) {
 	}
 }
 
+// Uint64 draws the next block and returns 64 bits of it: a key for
+// generators that hash their own coordinates (the attention kernel's
+// dropout). It advances r by one block, as any draw of up to four values.
+func (r *RNG) Uint64() uint64 {
+	w := r.block(r.offset)
+	r.offset++
+	return uint64(w[0]) | uint64(w[1])<<32
+}
+
 // DropoutMask fills mask with 0 (dropped, probability p) or 1/(1-p) (kept),
 // the scale inverted dropout applies.
 func (r *RNG) DropoutMask(mask []float32, p float32) {

@@ -25,6 +25,22 @@ type AttentionConfig struct {
 	// --reset-attention-mask). Combined with Causal it is the block-diagonal
 	// causal mask.
 	DocIDs []int32
+	// Dropout is Megatron's attention dropout: each probability of the
+	// softmax (before the product with v) is zeroed with probability Dropout
+	// and the kept ones are scaled by 1/(1-Dropout); 0 turns it off. The
+	// masks are not drawn from a stream but computed from a key
+	// (attnKeep): DropoutSeed, the batch row, the global query head
+	// FirstHead+h, the query and the key position. The same call therefore
+	// drops the same probabilities whatever the thread count, the tile
+	// schedule or the tensor-parallel split of the heads, and the backward
+	// regenerates the mask instead of storing it.
+	Dropout float32
+	// DropoutSeed keys the dropout masks of this call (one per layer and
+	// micro-batch: tensor.Tape.Attention draws it from the dropout stream).
+	DropoutSeed uint64
+	// FirstHead is the global index of query head 0 (a tensor-parallel
+	// rank's first head; 0 on one rank): the masks are keyed by global head.
+	FirstHead int
 }
 
 // Validate reports a config the attention kernels cannot run.
@@ -38,6 +54,10 @@ func (c AttentionConfig) Validate() error {
 		return fmt.Errorf("cpu: attention has %d DocIDs, want B*T=%d", len(c.DocIDs), c.B*c.T)
 	case math.IsNaN(float64(c.Scale)) || math.IsInf(float64(c.Scale), 0):
 		return fmt.Errorf("cpu: attention Scale=%g is not finite", c.Scale)
+	case !(c.Dropout >= 0 && c.Dropout < 1):
+		return fmt.Errorf("cpu: attention Dropout=%g: want 0 <= p < 1", c.Dropout)
+	case c.FirstHead < 0:
+		return fmt.Errorf("cpu: attention FirstHead=%d: want >= 0", c.FirstHead)
 	}
 	return nil
 }
@@ -95,17 +115,18 @@ type attnScratch struct {
 	s    []float32 // (attnBlockQ, attnBlockK) scores, then probabilities P
 	dp   []float32 // (attnBlockQ, attnBlockK) dP = dout·vᵀ, then dS (backward)
 	m, l []float32 // (attnBlockQ) running max and sum of the online softmax; backward: D_i
+	keep []float32 // (attnBlockQ, attnBlockK) dropout multipliers, 0 or 1/(1-p)
 }
 
 // attnScratchFloats is the size of one attnScratch in floats.
-const attnScratchFloats = 2*attnBlockQ*attnBlockK + 2*attnBlockQ
+const attnScratchFloats = 3*attnBlockQ*attnBlockK + 2*attnBlockQ
 
 // attnPool recycles workspaces so steady-state calls do not allocate them. It
 // is a cache, not state: any attnScratch is interchangeable.
 var attnPool = sync.Pool{New: func() any {
 	return &attnScratch{
 		s: make([]float32, attnBlockQ*attnBlockK), dp: make([]float32, attnBlockQ*attnBlockK),
-		m: make([]float32, attnBlockQ), l: make([]float32, attnBlockQ),
+		m: make([]float32, attnBlockQ), l: make([]float32, attnBlockQ), keep: make([]float32, attnBlockQ*attnBlockK),
 	}
 }}
 
@@ -119,8 +140,11 @@ func AttentionScratchBytes() int { return Threads() * attnScratchFloats * 4 }
 // online softmax, so the T×T score matrix is never stored; extra memory is one
 // 64×64 tile per goroutine (AttentionScratchBytes).
 //
-//	out[b,i,h,:] = Σ_j softmax_j(scale*q_i·k_j over allowed j) v_j
+//	out[b,i,h,:] = Σ_j softmax_j(scale*q_i·k_j over allowed j) z_ij v_j
 //	lse[b,h,i]   = log Σ_j exp(scale*q_i·k_j), cached for AttentionBackward
+//
+// where z_ij is 1, or with cfg.Dropout the keyed dropout multiplier (0 or
+// 1/(1-p)); lse is that of the probabilities before dropout.
 //
 // Both products run through Sgemm on tiles (single-threaded per tile); work
 // is split over (b, head, query block) with Parallel. Tiles that are wholly
@@ -221,6 +245,12 @@ func attnForwardBlock(out, lse, q, k, v []float32, cfg *AttentionConfig, b, h, i
 			}
 			l[r] += expSubF32(row, mx)
 			m[r] = mx
+		}
+		if cfg.Dropout > 0 { // P̃ = P∘Z: l keeps the sum before dropout
+			attnDropTile(ws.keep, cfg, b, h, i0, nq, j0, nk)
+			for r := range m {
+				mulF32(ws.s[r*attnBlockK:r*attnBlockK+nk], ws.keep[r*attnBlockK:])
+			}
 		}
 		// O += P V: (nq, D)
 		Sgemm(NoTrans, NoTrans, nq, D, nk, 1, ws.s, attnBlockK, v[kvOff:], kvs, 1, oBlk, qs)

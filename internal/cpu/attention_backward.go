@@ -5,8 +5,10 @@ import "math"
 // AttentionBackward accumulates the gradients of AttentionForward into dq, dk
 // and dv (shapes of q, k, v), with the FlashAttention-2 backward: P is
 // recomputed tile by tile from q, k and lse, D_i = rowsum(dout_i*out_i), and
-// dS = P*(dP - D_i) with dP = dout·vᵀ. No T×T buffer is stored; the tile
-// products run through Sgemm.
+// dS = P*(dP - D_i) with dP = dout·vᵀ. With cfg.Dropout the tile's mask Z
+// is regenerated from its key: dV takes P̃ = P*Z, dP is Z*(dout·vᵀ), and
+// D_i = Σ_j P̃ dP̃ = dout_i·out_i still holds. No T×T buffer is stored; the
+// tile products run through Sgemm.
 //
 // Schedule: when B*HKV >= 2*Threads(), work is split over (b, kv head): one
 // goroutine owns the dk, dv rows of a kv head and the dq rows of the query
@@ -131,16 +133,29 @@ func attnBackwardTile(dq, dk, dv, dout, q, k, v, out, lse []float32, cfg *Attent
 		}
 		di[r] = dotF32(doBlk[r*qs:r*qs+D], out[qOff+r*qs:][:D])
 	}
-	if which != gradQ { // dV += Pᵀ dO: (nk, D)
-		Sgemm(Trans, NoTrans, nk, D, nq, 1, ws.s, attnBlockK, doBlk, qs, 1, dv[kvOff:], kvs)
-	}
-	// dP = dO Vᵀ: (nq, nk); dS = P*(dP - D_i)*scale, in place
+	// dP̃ = dO Vᵀ: (nq, nk). dS = P*(Z*dP̃ - D_i)*scale in place (Z = 1
+	// without dropout), then P becomes P̃ = P*Z for dV.
 	Sgemm(NoTrans, Trans, nq, nk, D, 1, doBlk, qs, vBlk, kvs, 0, ws.dp, attnBlockK)
-	for r := range di {
-		p, ds := ws.s[r*attnBlockK:r*attnBlockK+nk], ws.dp[r*attnBlockK:r*attnBlockK+nk]
-		for c := range ds {
-			ds[c] = p[c] * (ds[c] - di[r]) * scale
+	if cfg.Dropout > 0 {
+		attnDropTile(ws.keep, cfg, b, h, i0, nq, j0, nk)
+		for r := range di {
+			p, ds := ws.s[r*attnBlockK:r*attnBlockK+nk], ws.dp[r*attnBlockK:r*attnBlockK+nk]
+			z := ws.keep[r*attnBlockK : r*attnBlockK+nk]
+			for c := range ds {
+				ds[c] = p[c] * (z[c]*ds[c] - di[r]) * scale
+				p[c] *= z[c]
+			}
 		}
+	} else {
+		for r := range di {
+			p, ds := ws.s[r*attnBlockK:r*attnBlockK+nk], ws.dp[r*attnBlockK:r*attnBlockK+nk]
+			for c := range ds {
+				ds[c] = p[c] * (ds[c] - di[r]) * scale
+			}
+		}
+	}
+	if which != gradQ { // dV += P̃ᵀ dO: (nk, D)
+		Sgemm(Trans, NoTrans, nk, D, nq, 1, ws.s, attnBlockK, doBlk, qs, 1, dv[kvOff:], kvs)
 	}
 	if which != gradKV { // dQ += dS K: (nq, D)
 		Sgemm(NoTrans, NoTrans, nq, D, nk, 1, ws.dp, attnBlockK, kBlk, kvs, 1, dqBlk, qs)

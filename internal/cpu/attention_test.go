@@ -48,11 +48,16 @@ func TestAttentionFastVsRef(t *testing.T) {
 		{B: 1, T: 70, HQ: 2, HKV: 2, D: 4, Scale: 0.3, DocIDs: []int32{}},               // doc mask, no causal
 		{B: 1, T: 200, HQ: 2, HKV: 2, D: 8, Causal: true, DocIDs: docsAt(200, 70, 140)}, // whole tiles skipped
 		{B: 1, T: 200, HQ: 2, HKV: 1, D: 8, DocIDs: docsAt(200, 64, 130)},               // skipped both sides of the diagonal
+		// attention dropout: odd T (a lone last key), partial blocks, GQA, a TP rank's heads
+		{B: 2, T: 7, HQ: 3, HKV: 3, D: 5, Causal: true, Dropout: 0.3, DropoutSeed: 11},
+		{B: 2, T: 131, HQ: 4, HKV: 2, D: 8, Causal: true, Dropout: 0.1, DropoutSeed: 12, FirstHead: 4},
+		{B: 1, T: 67, HQ: 2, HKV: 1, D: 9, Dropout: 0.5, DropoutSeed: 13},
+		{B: 1, T: 150, HQ: 2, HKV: 2, D: 8, Causal: true, DocIDs: []int32{}, Dropout: 0.2, DropoutSeed: 14},
 	} {
 		if cfg.DocIDs != nil && len(cfg.DocIDs) == 0 {
 			cfg.DocIDs = docIDs(rng, cfg.B, cfg.T)
 		}
-		t.Run(fmt.Sprintf("B%dT%dHQ%dHKV%dD%d-causal%v-doc%v", cfg.B, cfg.T, cfg.HQ, cfg.HKV, cfg.D, cfg.Causal, cfg.DocIDs != nil), func(t *testing.T) {
+		t.Run(fmt.Sprintf("B%dT%dHQ%dHKV%dD%d-causal%v-doc%v-drop%g", cfg.B, cfg.T, cfg.HQ, cfg.HKV, cfg.D, cfg.Causal, cfg.DocIDs != nil, cfg.Dropout), func(t *testing.T) {
 			nq, nkv := cfg.B*cfg.T*cfg.HQ*cfg.D, cfg.B*cfg.T*cfg.HKV*cfg.D
 			q, k, v := round32(randF64(rng, nq, 1)), round32(randF64(rng, nkv, 1)), round32(randF64(rng, nkv, 1))
 			g := round32(randF64(rng, nq, 1))
@@ -92,6 +97,10 @@ func TestAttentionConfigErrors(t *testing.T) {
 		{AttentionConfig{B: 1, T: 4, HQ: 3, HKV: 2, D: 4}, "HQ=3 is not a multiple of HKV=2"},
 		{AttentionConfig{B: 1, T: 4, HQ: 2, HKV: 2, D: 0}, "D=0"},
 		{AttentionConfig{B: 2, T: 4, HQ: 2, HKV: 2, D: 4, DocIDs: make([]int32, 4)}, "want B*T=8"},
+		{AttentionConfig{B: 1, T: 4, HQ: 2, HKV: 2, D: 4, Dropout: 1}, "Dropout=1"},
+		{AttentionConfig{B: 1, T: 4, HQ: 2, HKV: 2, D: 4, Dropout: -0.1}, "Dropout=-0.1"},
+		{AttentionConfig{B: 1, T: 4, HQ: 2, HKV: 2, D: 4, Dropout: float32(math.NaN())}, "Dropout=NaN"},
+		{AttentionConfig{B: 1, T: 4, HQ: 2, HKV: 2, D: 4, FirstHead: -1}, "FirstHead=-1"},
 	} {
 		if err := tc.cfg.Validate(); err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("Validate(%+v) = %v, want it to mention %q", tc.cfg, err, tc.want)
@@ -280,12 +289,14 @@ func TestAttentionShortBufferPanics(t *testing.T) {
 }
 
 // FuzzAttention compares the fast kernels with the float64 reference on
-// random small shapes, masks and schedules (go test -fuzz FuzzAttention).
+// random small shapes, masks, dropout and schedules (go test -fuzz
+// FuzzAttention).
 func FuzzAttention(f *testing.F) {
-	f.Add(uint8(1), uint8(70), uint8(2), uint8(1), uint8(5), true, uint8(0), uint64(1))
-	f.Add(uint8(2), uint8(129), uint8(4), uint8(2), uint8(16), false, uint8(9), uint64(2))
-	f.Fuzz(func(t *testing.T, b, T, hkv, grp, d uint8, causal bool, docEvery uint8, seed uint64) {
-		cfg := AttentionConfig{B: int(b%3) + 1, T: int(T%200) + 1, HKV: int(hkv%3) + 1, D: int(d%20) + 1, Causal: causal}
+	f.Add(uint8(1), uint8(70), uint8(2), uint8(1), uint8(5), true, uint8(0), uint64(1), uint8(0))
+	f.Add(uint8(2), uint8(129), uint8(4), uint8(2), uint8(16), false, uint8(9), uint64(2), uint8(25))
+	f.Fuzz(func(t *testing.T, b, T, hkv, grp, d uint8, causal bool, docEvery uint8, seed uint64, dropPct uint8) {
+		cfg := AttentionConfig{B: int(b%3) + 1, T: int(T%200) + 1, HKV: int(hkv%3) + 1, D: int(d%20) + 1, Causal: causal,
+			Dropout: float32(dropPct%100) / 100, DropoutSeed: seed, FirstHead: int(grp % 5)}
 		cfg.HQ = cfg.HKV * (int(grp%3) + 1)
 		rng := rand.New(rand.NewPCG(seed, 3))
 		if docEvery%4 != 0 {
@@ -325,10 +336,19 @@ func TestZigzagIsPermutation(t *testing.T) {
 }
 
 // TestAttentionThreadInvariant checks that, for each backward schedule, the
-// forward and backward results are bitwise the same at 1 and 3 threads.
+// forward and backward results are bitwise the same at 1 and 3 threads,
+// with and without attention dropout.
 func TestAttentionThreadInvariant(t *testing.T) {
 	rng := rand.New(rand.NewPCG(20, 21))
-	cfg := AttentionConfig{B: 2, T: 150, HQ: 4, HKV: 2, D: 8, Causal: true}
+	for _, cfg := range []AttentionConfig{
+		{B: 2, T: 150, HQ: 4, HKV: 2, D: 8, Causal: true},
+		{B: 2, T: 150, HQ: 4, HKV: 2, D: 8, Causal: true, Dropout: 0.1, DropoutSeed: 5},
+	} {
+		checkThreadInvariant(t, rng, cfg)
+	}
+}
+
+func checkThreadInvariant(t *testing.T, rng *rand.Rand, cfg AttentionConfig) {
 	nq, nkv := cfg.B*cfg.T*cfg.HQ*cfg.D, cfg.B*cfg.T*cfg.HKV*cfg.D
 	q, k, v, g := to32(randF64(rng, nq, 1)), to32(randF64(rng, nkv, 1)), to32(randF64(rng, nkv, 1)), to32(randF64(rng, nq, 1))
 	for _, sched := range []func(dq, dk, dv, dout, q, k, v, out, lse []float32, cfg *AttentionConfig){attentionBackwardFused, attentionBackwardSplit} {
@@ -343,7 +363,7 @@ func TestAttentionThreadInvariant(t *testing.T) {
 		a, b := run(1), run(3)
 		for i := range a {
 			if a[i] != b[i] {
-				t.Fatalf("element %d: 1 thread %g, 3 threads %g", i, a[i], b[i])
+				t.Fatalf("dropout %g: element %d: 1 thread %g, 3 threads %g", cfg.Dropout, i, a[i], b[i])
 			}
 		}
 	}
