@@ -379,7 +379,9 @@ func TestRecomputeIsBitIdentical(t *testing.T) {
 }
 
 // TestRecomputeKeepsFewerActivations: full recomputation records one step
-// per recomputed chunk instead of every op of its layers.
+// per recomputed chunk instead of every op of its layers. The attention
+// core is one fused op, dropout included, so selective recomputation
+// trades its step for one checkpoint step: as many steps as none.
 func TestRecomputeKeepsFewerActivations(t *testing.T) {
 	cfg := tinyConfig(t)
 	m, err := gpt.New(cfg.Model, tensor.NewRNG(1))
@@ -397,8 +399,8 @@ func TestRecomputeKeepsFewerActivations(t *testing.T) {
 		return tp.Len()
 	}
 	none, sel, full := steps(gpt.Recompute{}), steps(gpt.Recompute{Selective: true}), steps(gpt.Recompute{Full: true, Method: "uniform", NumLayers: 2})
-	if !(full < sel && sel < none) {
-		t.Fatalf("recorded steps: none %d, selective %d, full %d; want full < selective < none", none, sel, full)
+	if !(full < sel && sel == none) {
+		t.Fatalf("recorded steps: none %d, selective %d, full %d; want full < selective = none", none, sel, full)
 	}
 }
 

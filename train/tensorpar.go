@@ -25,8 +25,10 @@ func (t *Trainer) shardModel(full *gpt.Model, root *tensor.RNG) (*gpt.Model, err
 	p := t.par
 	t.region = &tp.Region{Group: p.TP, SequenceParallel: t.cfg.SequenceParallel, Ctx: t.cctx}
 	t.plan = gpt.TPPlan(full.Config)
-	// Megatron's model-parallel RNG: a stream per tensor-parallel rank for
-	// dropout inside the TP regions (and on sequence shards).
+	// Megatron's model-parallel RNG: a stream per tensor-parallel rank, for
+	// dropout on sequence shards. Attention dropout draws from the shared
+	// stream and keys its masks by global head (gpt.Model.coreAttention),
+	// so that every TP size drops the same attention probabilities.
 	name := fmt.Sprintf("dropout-tp-rank-%d", p.TP.Rank())
 	if p.Layout.Config.PP > 1 {
 		name = fmt.Sprintf("dropout-pp-rank-%d-tp-rank-%d", p.PP.Rank(), p.TP.Rank())
@@ -55,13 +57,14 @@ func (t *Trainer) gatherDropoutOffsets() ([]uint64, error) {
 
 // restoreDropoutOffset resumes this rank's dropout stream where the
 // checkpoint left it; a checkpoint from another TP size starts the streams
-// afresh (masks cannot be resharded), and says so.
+// afresh (masks of sequence shards cannot be resharded), and says so when
+// they are used (hidden dropout with sequence parallelism).
 func (t *Trainer) restoreDropoutOffset(offsets []uint64) {
 	if t.region == nil {
 		return
 	}
 	if len(offsets) != t.region.Size() {
-		if t.Model.Config.HiddenDropout > 0 || t.Model.Config.AttentionDropout > 0 {
+		if t.cfg.SequenceParallel && t.Model.Config.HiddenDropout > 0 {
 			t.printf("WARNING: the checkpoint's per-rank dropout streams are for %d tensor-parallel ranks, not %d: they start afresh", len(offsets), t.region.Size())
 		}
 		return

@@ -132,3 +132,32 @@ func TestTensorParallelResumeWithDropout(t *testing.T) {
 		}
 	}
 }
+
+// TestTensorParallelDropoutMatchesSingleProcess: attention dropout is keyed
+// by global head and drawn from the shared stream, so with dropout on TP=2
+// and TP=4 reproduce the single-process run: with hidden dropout too when
+// the activations are replicated (the hidden masks come from the shared
+// stream), and with sequence parallelism when only attention dropout is on
+// (hidden dropout on sequence shards draws from the per-rank streams, as
+// Megatron's).
+func TestTensorParallelDropoutMatchesSingleProcess(t *testing.T) {
+	train, valid := dpDataset(t, 16)
+	cfg := dpConfig(dpModels()["gpt2"])
+	cfg.MicroBatchSize = 2
+	noDrop := runDP(t, cfg, 0, ddp.Config{}, train, valid)[0]
+	for _, c := range []struct {
+		hidden float32
+		sp     bool
+		sizes  []int
+	}{{0.1, false, []int{2, 4}}, {0, true, []int{2}}} {
+		cfg.Model.HiddenDropout, cfg.Model.AttentionDropout = c.hidden, 0.1
+		ref := runDP(t, cfg, 0, ddp.Config{}, train, valid)[0]
+		if ref.res.Losses[0] == noDrop.res.Losses[0] {
+			t.Fatalf("hidden dropout %g, attention dropout 0.1: the first loss %v equals the loss without dropout", c.hidden, ref.res.Losses[0])
+		}
+		for _, size := range c.sizes {
+			label := fmt.Sprintf("attention dropout 0.1, hidden dropout %g, TP=%d SP=%v", c.hidden, size, c.sp)
+			checkSameRun(t, label, ref, runTP(t, cfg, size, 1, c.sp, ddp.Config{}, train, valid))
+		}
+	}
+}

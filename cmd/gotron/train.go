@@ -102,7 +102,7 @@ func newTrainFlags() (*flag.FlagSet, *trainFlags) {
 	fs.BoolVar(&f.openaiGELU, "openai-gelu", false, "tanh-approximated GELU (GPT-2's)")
 	fs.BoolVar(&m.DisableBiasLinear, "disable-bias-linear", false, "no biases in linear layers")
 	fs.BoolVar(&m.AddQKVBias, "add-qkv-bias", false, "keep the QKV bias with --disable-bias-linear")
-	attnDrop := fs.Float64("attention-dropout", 0.1, "dropout on attention output")
+	attnDrop := fs.Float64("attention-dropout", 0.1, "dropout on the attention probabilities")
 	hidDrop := fs.Float64("hidden-dropout", 0.1, "dropout on residual branches and embeddings")
 	fs.BoolVar(&m.UntieEmbeddingsAndOutputWeights, "untie-embeddings-and-output-weights", false, "separate output layer weight")
 	initStd := fs.Float64("init-method-std", 0.02, "weight init standard deviation")

@@ -41,8 +41,11 @@ type Config struct {
 	// DisableBiasLinear (--disable-bias-linear) drops the biases of every linear.
 	DisableBiasLinear bool
 	// AddQKVBias (--add-qkv-bias) keeps the QKV bias when DisableBiasLinear is set.
-	AddQKVBias       bool
-	AttentionDropout float32 // --attention-dropout (applied to the attention output; see Forward)
+	AddQKVBias bool
+	// AttentionDropout (--attention-dropout) drops attention probabilities
+	// (after the softmax, before the product with v), as Megatron, inside
+	// the fused attention kernel; see coreAttention for the masks' stream.
+	AttentionDropout float32
 	HiddenDropout    float32 // --hidden-dropout
 	// UntieEmbeddingsAndOutputWeights (--untie-embeddings-and-output-weights)
 	// gives the output layer its own weight; the zero value ties it to the

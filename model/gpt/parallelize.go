@@ -30,6 +30,10 @@ type Sharding interface {
 	SequenceParallel() bool
 	// DropoutRNG returns the per-TP-rank stream when perRank, else shared.
 	DropoutRNG(shared *tensor.RNG, perRank bool) *tensor.RNG
+	// FirstHead is the global index of this rank's first query head (the
+	// ranks hold contiguous query groups): attention dropout is keyed by
+	// global head, so every TP size drops the same probabilities.
+	FirstHead() int
 }
 
 // TPPlan is GPT's tensor-parallel plan (Megatron's layer specs): the style
@@ -112,7 +116,7 @@ func Parallelize(full *Model, region *tp.Region, rankRNG *tensor.RNG) (*Model, e
 	if err != nil {
 		return nil, err
 	}
-	m.Sharding = &tpSharding{r: region, vocabStart: rank * (c.VocabSize / size), rankRNG: rankRNG}
+	m.Sharding = &tpSharding{r: region, vocabStart: rank * (c.VocabSize / size), headStart: rank * (c.NumAttentionHeads / size), rankRNG: rankRNG}
 	return m, nil
 }
 
@@ -120,6 +124,7 @@ func Parallelize(full *Model, region *tp.Region, rankRNG *tensor.RNG) (*Model, e
 type tpSharding struct {
 	r          *tp.Region
 	vocabStart int
+	headStart  int
 	rankRNG    *tensor.RNG
 }
 
@@ -164,3 +169,5 @@ func (s *tpSharding) DropoutRNG(shared *tensor.RNG, perRank bool) *tensor.RNG {
 	}
 	return shared
 }
+
+func (s *tpSharding) FirstHead() int { return s.headStart }

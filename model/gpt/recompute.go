@@ -12,7 +12,8 @@ import (
 // are bit-identical). The zero value keeps every activation.
 type Recompute struct {
 	// Selective (--recompute-activations, --recompute-granularity
-	// selective) recomputes the attention core (scores, softmax, dropout).
+	// selective) recomputes the attention core (scores, softmax, dropout:
+	// one fused kernel, whose masks replay from the restored stream).
 	Selective bool
 	// Full (--recompute-granularity full) recomputes whole layers, per Method.
 	Full bool
@@ -83,16 +84,22 @@ func (m *Model) layers(tp *tensor.Tape, x *tensor.Tensor, bt Batch, rng *tensor.
 }
 
 // coreAttention is the attention core (b, t, a, d), recomputed in backward
-// under selective recomputation.
+// under selective recomputation. Attention dropout acts on the
+// probabilities, inside the fused kernel, as Megatron's (its core_attention
+// drops attention_probs). Megatron draws it from the per-TP-rank stream;
+// here each call draws one block of the shared stream rng, the same on
+// every TP rank, and the kernel keys the masks by global head
+// (Sharding.FirstHead): the masks do not depend on the TP size.
 func (m *Model) coreAttention(tp *tensor.Tape, q, k, v *tensor.Tensor, bt Batch, rng *tensor.RNG, training bool) *tensor.Tensor {
+	opt := tensor.AttentionOptions{Causal: true, DocIDs: bt.DocIDs}
+	if training && rng != nil {
+		opt.Dropout, opt.RNG = m.Config.AttentionDropout, rng
+	}
+	if m.Sharding != nil {
+		opt.FirstHead = m.Sharding.FirstHead()
+	}
 	core := func(tp *tensor.Tape, in []*tensor.Tensor) []*tensor.Tensor {
-		o := tp.Attention(in[0], in[1], in[2], tensor.AttentionOptions{Causal: true, DocIDs: bt.DocIDs}) // (b, t, a, d)
-		// Inside the TP region the dropout draws from the per-rank stream.
-		r := rng
-		if m.Sharding != nil && r != nil {
-			r = m.Sharding.DropoutRNG(r, true)
-		}
-		return []*tensor.Tensor{m.dropout(tp, o, m.Config.AttentionDropout, r, training)}
+		return []*tensor.Tensor{tp.Attention(in[0], in[1], in[2], opt)} // (b, t, a, d)
 	}
 	if !m.Recompute.Selective {
 		return core(tp, []*tensor.Tensor{q, k, v})[0]
