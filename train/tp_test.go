@@ -161,3 +161,30 @@ func TestTensorParallelDropoutMatchesSingleProcess(t *testing.T) {
 		}
 	}
 }
+
+// TestTensorParallelDropoutReshards: with attention and hidden dropout on
+// and no sequence parallelism, every mask comes from the shared stream (the
+// attention masks keyed by global head), so a TP=2 checkpoint resumes at
+// TP=1 and TP=4 with the losses of the uninterrupted TP=2 run.
+func TestTensorParallelDropoutReshards(t *testing.T) {
+	train, valid := dpDataset(t, 16)
+	cfg := dpConfig(dpModels()["gpt2"])
+	cfg.MicroBatchSize = 2
+	cfg.Model.HiddenDropout, cfg.Model.AttentionDropout = 0.1, 0.1
+	straight := runTP(t, cfg, 2, 1, false, ddp.Config{}, train, valid)[0]
+	dir := t.TempDir()
+	first := cfg
+	first.Save, first.ExitInterval = dir, 5
+	a := runTP(t, first, 2, 1, false, ddp.Config{}, train, valid)[0]
+	for _, size := range []int{1, 4} {
+		second := cfg
+		second.Load = dir
+		b := runTP(t, second, size, 1, false, ddp.Config{}, train, valid)[0]
+		got := append(append([]float64(nil), a.res.Losses...), b.res.Losses...)
+		for i := range straight.res.Losses {
+			if !relClose(got[i], straight.res.Losses[i], 1e-5) {
+				t.Fatalf("TP=2 checkpoint resumed at TP=%d with dropout: iteration %d loss %.9g, straight %.9g", size, i+1, got[i], straight.res.Losses[i])
+			}
+		}
+	}
+}
