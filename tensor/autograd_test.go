@@ -241,3 +241,43 @@ func TestRNGStreams(t *testing.T) {
 		t.Fatalf("dropout kept %d of 10000 at p=0.25", kept)
 	}
 }
+
+// TestCheckpointReleasesIntermediates: a checkpointed block keeps only its
+// outputs' buffers on the tape after forward; its intermediates go back to
+// the arena at once (the memory recomputation exists to save), so the next
+// block reuses them, while the tape without checkpointing holds them all.
+func TestCheckpointReleasesIntermediates(t *testing.T) {
+	init := NewRNG(7)
+	x := randParam(init, "x", 1, 4, 6)
+	w1 := randParam(init, "w1", 0.5, 8, 6)
+	w2 := randParam(init, "w2", 0.5, 6, 8)
+	liveFloats := func(recompute bool) int {
+		rng := NewRNG(11)
+		tp := NewTape()
+		f := func(tp *Tape, in []*Tensor) []*Tensor { return block(tp, in, w1, w2, rng) }
+		h := []*Tensor{x}
+		for range 4 {
+			if recompute {
+				h = tp.Checkpoint(f, h, rng)
+			} else {
+				h = f(tp, h)
+			}
+		}
+		n := 0
+		for _, b := range tp.live {
+			n += len(b)
+		}
+		if err := tp.Backward(tp.Sum(h[0])); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	plain, ckpt := liveFloats(false), liveFloats(true)
+	// Each block's output is (4, 6): four of them stay with the tape.
+	if ckpt != 4*4*6 {
+		t.Errorf("checkpointed blocks hold %d floats on the tape after forward, want the 4 outputs' %d", ckpt, 4*4*6)
+	}
+	if plain <= 3*ckpt {
+		t.Errorf("plain blocks hold %d floats, checkpointed %d: the intermediates should dominate without recomputation", plain, ckpt)
+	}
+}

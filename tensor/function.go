@@ -1,5 +1,7 @@
 package tensor
 
+import "unsafe"
+
 // Function is an op with a hand-written backward, the way tensor-parallel
 // communication ops (copy-to/reduce-from/gather-from/scatter-to the TP
 // region) are written: Forward computes outputs from inputs without
@@ -62,8 +64,26 @@ func (tp *Tape) Checkpoint(fn func(tp *Tape, in []*Tensor) []*Tensor, in []*Tens
 	for i, r := range rngs {
 		saved[i] = r.State()
 	}
-	fwd := tp.nonRecording()
+	if tp == nil {
+		return fn(nil, in)
+	}
+	// The forward runs on a tape of its own so that its intermediate
+	// buffers go back to the arena as soon as it returns (only the
+	// outputs' buffers stay with tp): the memory recomputation saves.
+	fwd := &Tape{arena: tp.arena, disabled: true, grads: map[*Tensor]gradRef{}, matmul: tp.matmul, ready: tp.ready}
 	outs := fn(fwd, in)
+	owner := tp
+	if tp.parent != nil {
+		owner = tp.parent
+	}
+	for _, b := range fwd.live {
+		if backsAny(b, outs) {
+			owner.live = append(owner.live, b)
+		} else {
+			tp.arena.put(b)
+		}
+	}
+	fwd.live = nil
 	if !tp.recording(in...) && !tp.recordingParams() {
 		return outs
 	}
@@ -111,3 +131,22 @@ func (tp *Tape) Checkpoint(fn func(tp *Tape, in []*Tensor) []*Tensor, in []*Tens
 // recordingParams reports whether tp records at all: a checkpointed block's
 // parameters need gradients even when its inputs do not.
 func (tp *Tape) recordingParams() bool { return tp != nil && !tp.disabled }
+
+// backsAny reports whether buffer b holds the data of one of ts.
+func backsAny(b []float32, ts []*Tensor) bool {
+	if cap(b) == 0 {
+		return false
+	}
+	lo := uintptr(unsafe.Pointer(unsafe.SliceData(b[:1])))
+	hi := lo + uintptr(cap(b))*4
+	for _, t := range ts {
+		if t == nil || cap(t.f32) == 0 {
+			continue
+		}
+		p := uintptr(unsafe.Pointer(unsafe.SliceData(t.f32[:1])))
+		if p >= lo && p < hi {
+			return true
+		}
+	}
+	return false
+}

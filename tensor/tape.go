@@ -79,6 +79,21 @@ func (tp *Tape) Reset() {
 	}
 }
 
+// LiveFloats returns the number of float32 elements the tape holds from its
+// arena since the last Reset: the activations a backward pass will read
+// (and the outputs of recomputed blocks), what activation recomputation
+// reduces.
+func (tp *Tape) LiveFloats() int {
+	if tp == nil {
+		return 0
+	}
+	n := 0
+	for _, b := range tp.live {
+		n += len(b)
+	}
+	return n
+}
+
 // Len returns the number of recorded steps.
 func (tp *Tape) Len() int {
 	if tp == nil {
