@@ -26,7 +26,11 @@ type Config struct {
 	// RampupBatchSize is --rampup-batch-size START INCR RAMP_SAMPLES
 	// (Megatron's ramp-up of the global batch; needs --train-samples).
 	RampupBatchSize []int
-	Seed            int64 // --seed (Megatron's default 1234 is the CLI's default)
+	// StepBatchSizeSchedule is --step-batch-size-schedule "THRESHOLD:BS ..."
+	// (Megatron HEAD): thresholds in tokens (K/M/B/T suffixes), divided by
+	// --seq-length into samples; the global batch of the last entry reached.
+	StepBatchSizeSchedule string
+	Seed                  int64 // --seed (Megatron's default 1234 is the CLI's default)
 
 	// Optimizer and schedule.
 	Optimizer   string // --optimizer: "adam" (AdamW, the zero value) or "sgd"

@@ -176,6 +176,7 @@ func New(cfg Config, train, valid datagpt.Source) (*Trainer, error) {
 		return nil, err
 	}
 	if t.mb, err = optim.NewMicrobatches(optim.MicrobatchConfig{GlobalBatchSize: cfg.GlobalBatchSize, RampupBatchSize: cfg.RampupBatchSize,
+		StepBatchSizeSchedule: cfg.StepBatchSizeSchedule, SeqLength: cfg.SeqLength,
 		MicroBatchSize: cfg.MicroBatchSize, DataParallelSize: t.dpSize()}); err != nil {
 		return nil, err
 	}

@@ -38,6 +38,7 @@ type trainFlags struct {
 	recomputeGranularity   string
 	ckptFormat             string
 	rampup                 listFlag
+	attentionBackend       string
 
 	cfg            train.Config
 	schedule       optim.SchedulerFlags
@@ -201,6 +202,8 @@ func newTrainFlags() (*flag.FlagSet, *trainFlags) {
 	fs.StringVar(&f.ckptFormat, "ckpt-format", ckpt.FormatName, "checkpoint format: only "+ckpt.FormatName+" (gotron's sharded safetensors + checkpoint.json)")
 	fs.Bool("use-cpu-initialization", false, "accepted: gotron always initialises on the CPU from the seed, whole (any parallel layout starts from the same model)")
 	fs.BoolVar(&c.LogParamsNorm, "log-params-norm", false, "print the parameters' L2 norm on the log line")
+	fs.StringVar(&c.StepBatchSizeSchedule, "step-batch-size-schedule", "", "\"THRESHOLD:BS ...\": global batch BS from THRESHOLD tokens on (K/M/B/T suffixes; first threshold 0); excludes --global-batch-size")
+	fs.StringVar(&f.attentionBackend, "attention-backend", "auto", "auto, flash, fused, unfused or local: a GPU kernel choice; the CPU runs its one fused attention kernel")
 	fs.Var(&f.rampup, "rampup-batch-size", "START INCR RAMP_SAMPLES: ramp the global batch up (needs --train-samples)")
 	fs.BoolVar(&c.Finetune, "finetune", false, "load weights only; start at iteration 0")
 	addDataArgs(fs, &f.data)
@@ -260,6 +263,17 @@ func cmdTrain(ctx context.Context, env *cli, args []string) error {
 		if given[name] {
 			noOps = append(noOps, "--"+name)
 		}
+	}
+	if given["attention-backend"] {
+		switch f.attentionBackend {
+		case "auto", "flash", "fused", "unfused", "local":
+			noOps = append(noOps, "--attention-backend "+f.attentionBackend)
+		default:
+			return fmt.Errorf("--attention-backend %q: want auto, flash, fused, unfused or local", f.attentionBackend)
+		}
+	}
+	if given["step-batch-size-schedule"] && given["global-batch-size"] {
+		return fmt.Errorf("--step-batch-size-schedule and --global-batch-size exclude each other (as Megatron: the schedule sets the global batch)")
 	}
 	if len(noOps) > 0 {
 		fmt.Fprintf(env.stderr, "gotron train: %s: no effect on the CPU backend (GPU kernel and fusion choices)\n", strings.Join(noOps, ", "))
@@ -530,6 +544,11 @@ func (d *dataSources) close() {
 func openData(ctx context.Context, d *dataArgs, cfg train.Config, divisor int, given map[string]bool) (*dataSources, error) {
 	src := &dataSources{}
 	vocab := 0
+	if d.tok.Type == "" && d.tok.VocabFile != "" && d.tok.MergeFile != "" {
+		// pretrain_gpt.py's default tokenizer: Megatron's GPT scripts give
+		// --vocab-file and --merge-file without --tokenizer-type.
+		d.tok.Type = tokenizer.TypeGPT2BPE
+	}
 	if d.tok.Type != "" {
 		tok, err := tokenizer.New(d.tok)
 		if err != nil {
