@@ -19,8 +19,9 @@ import (
 )
 
 // openaiNodeVersion is the openai npm package the client test installs: the
-// newest release that still runs on Debian bookworm's Node 20 (7.x needs
-// Node 22).
+// newest 6.x release. 7.x declares Node >= 22; this one has no engines
+// bound and passes the test on Debian bookworm's nodejs 18.20.4 (what
+// .ci/run installs) and on NodeSource's 20.20.2.
 const openaiNodeVersion = "6.49.0"
 
 // serveCheckpoint trains a tiny model with GPT-2's vocabulary for one
@@ -321,8 +322,10 @@ func sseLines(body []byte) []string {
 
 // openaiNodeDir installs the openai npm package (openaiNodeVersion) into
 // the git-ignored .cache/openai-node at the repository root, once, and
-// copies the client script beside it. The test skips only when node or npm
-// is missing; a failed install fails it.
+// copies the client script beside it; npm's download cache is
+// .cache/npm, so a fresh install of the same version does not need the
+// registry. The test skips only when node or npm is missing (.ci/run
+// installs them); a failed install fails it.
 func openaiNodeDir(t *testing.T) string {
 	t.Helper()
 	for _, tool := range []string{"node", "npm"} {
@@ -342,7 +345,8 @@ func openaiNodeDir(t *testing.T) string {
 			t.Fatal(err)
 		}
 		os.WriteFile(filepath.Join(dir, "package.json"), []byte(`{"private": true, "type": "module"}`+"\n"), 0o644)
-		cmd := exec.Command("npm", "install", "--no-audit", "--no-fund", "--no-save", "--loglevel=error", "openai@"+openaiNodeVersion)
+		cmd := exec.Command("npm", "install", "--no-audit", "--no-fund", "--no-save", "--loglevel=error",
+			"--prefer-offline", "--cache", filepath.Join(root, ".cache", "npm"), "openai@"+openaiNodeVersion)
 		cmd.Dir = dir
 		if out, err := cmd.CombinedOutput(); err != nil {
 			t.Fatalf("npm install openai@%s in %s: %v\n%s", openaiNodeVersion, dir, err, out)
