@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"reflect"
 	"strings"
 
 	"github.com/gotron/gotron/infer"
@@ -73,7 +74,11 @@ func decodeBody(w http.ResponseWriter, r *http.Request, limit int64, v any) *api
 	case errors.As(err, &syn):
 		return badRequest("", "request body is not valid JSON: %v (at byte %d)", syn, syn.Offset)
 	case errors.As(err, &typ):
-		return badRequest(typ.Field, "%s: want %s, got JSON %s", typ.Field, jsonType(typ.Type.String()), typ.Value)
+		field := jsonPath(typ.Field, reflect.TypeOf(v))
+		if field == "" {
+			return badRequest("", "request body: want %s, got JSON %s", jsonType(typ.Type.String()), typ.Value)
+		}
+		return badRequest(field, "%s: want %s, got JSON %s", field, jsonType(typ.Type.String()), typ.Value)
 	case err == io.EOF:
 		return badRequest("", "empty request body: want a JSON object")
 	case errors.Is(err, io.ErrUnexpectedEOF):
@@ -89,10 +94,45 @@ func decodeBody(w http.ResponseWriter, r *http.Request, limit int64, v any) *api
 	return badRequest("", "request body: %v", err)
 }
 
+// jsonPath is a json.UnmarshalTypeError's field path as the client wrote
+// it: encoding/json names the Go type of an embedded struct in the path
+// ("samplingParams.n"), which the JSON does not have.
+func jsonPath(field string, t reflect.Type) string {
+	embedded := map[string]bool{}
+	var walk func(t reflect.Type)
+	walk = func(t reflect.Type) {
+		for t.Kind() == reflect.Pointer {
+			t = t.Elem()
+		}
+		if t.Kind() != reflect.Struct {
+			return
+		}
+		for i := range t.NumField() {
+			if f := t.Field(i); f.Anonymous {
+				embedded[f.Name] = true
+				walk(f.Type)
+			}
+		}
+	}
+	walk(t)
+	var parts []string
+	for _, p := range strings.Split(field, ".") {
+		if p != "" && !embedded[p] {
+			parts = append(parts, p)
+		}
+	}
+	return strings.Join(parts, ".")
+}
+
 // jsonType names a Go type the way a JSON user thinks of it.
 func jsonType(goType string) string {
+	goType = strings.TrimLeft(goType, "*")
 	switch {
-	case strings.HasPrefix(goType, "int"), strings.HasPrefix(goType, "*int"), strings.HasPrefix(goType, "uint"):
+	case strings.HasPrefix(goType, "[]"):
+		return "an array"
+	case strings.HasPrefix(goType, "map["), strings.HasPrefix(goType, "struct"):
+		return "an object"
+	case strings.HasPrefix(goType, "int"), strings.HasPrefix(goType, "uint"):
 		return "an integer"
 	case strings.Contains(goType, "float"):
 		return "a number"
@@ -100,8 +140,6 @@ func jsonType(goType string) string {
 		return "a string"
 	case strings.Contains(goType, "bool"):
 		return "a boolean"
-	case strings.HasPrefix(goType, "[]"):
-		return "an array"
 	}
 	return "an object"
 }

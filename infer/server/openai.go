@@ -405,9 +405,14 @@ type chatMessage struct {
 	Name    string          `json:"name"`
 }
 
+// text returns the message's text. Content may be missing or null only in
+// an assistant message (OpenAI's rule: one that made tool calls).
 func (m chatMessage) text(i int) (string, *apiError) {
 	param := fmt.Sprintf("messages[%d].content", i)
 	if len(m.Content) == 0 || string(m.Content) == "null" {
+		if m.Role != "assistant" {
+			return "", badRequest(param, "%s: a %s message needs content", param, m.Role)
+		}
 		return "", nil
 	}
 	var s string
@@ -415,18 +420,21 @@ func (m chatMessage) text(i int) (string, *apiError) {
 		return s, nil
 	}
 	var parts []struct {
-		Type string `json:"type"`
-		Text string `json:"text"`
+		Type string  `json:"type"`
+		Text *string `json:"text"`
 	}
 	if err := json.Unmarshal(m.Content, &parts); err != nil {
 		return "", badRequest(param, "%s: want a string or an array of content parts", param)
 	}
 	var b strings.Builder
-	for _, p := range parts {
-		if p.Type != "text" {
+	for j, p := range parts {
+		switch {
+		case p.Type != "text":
 			return "", invalidValue(param, "%s: content part of type %q is not supported (text only)", param, p.Type)
+		case p.Text == nil:
+			return "", badRequest(param, "%s[%d]: a text part needs \"text\"", param, j)
 		}
-		b.WriteString(p.Text)
+		b.WriteString(*p.Text)
 	}
 	return b.String(), nil
 }
@@ -454,7 +462,7 @@ func (s *Server) chatStatus(w http.ResponseWriter, r *http.Request, start time.T
 		switch m.Role {
 		case "system", "user", "assistant", "developer", "tool":
 		default:
-			return fail(invalidValue(fmt.Sprintf("messages[%d].role", i), "role %q: want system, user or assistant", m.Role))
+			return fail(invalidValue(fmt.Sprintf("messages[%d].role", i), "role %q: want system, developer, user, assistant or tool", m.Role))
 		}
 		text, e := m.text(i)
 		if e != nil {
