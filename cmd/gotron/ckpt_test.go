@@ -1,0 +1,54 @@
+package main
+
+import (
+	"encoding/json"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// TestCkptInspect: 'gotron ckpt inspect' reports a trained checkpoint's
+// iteration, model, optimizer and every tensor with its bytes (text and
+// --json, the byte totals adding up to the groups'), and bad input is a
+// clear error.
+func TestCkptInspect(t *testing.T) {
+	ck := filepath.Join(t.TempDir(), "ck")
+	if _, errs, code := runCLI(t, with(tinyTrain, "--train-iters", "3", "--save", ck, "--save-interval", "2")...); code != 0 {
+		t.Fatalf("train: %s", errs)
+	}
+	out, errs, code := runCLI(t, "ckpt", "inspect", ck)
+	if code != 0 {
+		t.Fatalf("ckpt inspect: exit %d: %s", code, errs)
+	}
+	for _, want := range []string{"iteration 3 (saved iterations [2 3])", "model: 2 layers, hidden 32, 4 heads", "optimizer: adamw, 3 steps",
+		"decoder.layers.1.self_attention.linear_qkv.weight", "F32   (96, 32)", "12288 1"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("ckpt inspect lacks %q:\n%s", want, out)
+		}
+	}
+	out, _, code = runCLI(t, "ckpt", "inspect", "--json", "--iteration", "2", ck)
+	var r ckptReport
+	if err := json.Unmarshal([]byte(out), &r); code != 0 || err != nil {
+		t.Fatalf("ckpt inspect --json: exit %d, %v:\n%s", code, err, out)
+	}
+	sums := map[string]int{}
+	for _, tn := range r.Tensors {
+		sums[tn.Group] += int(tn.Bytes)
+	}
+	if r.Iteration != 2 || r.Meta.ConsumedTrainSamples != 8 || len(sums) != 2 || sums["model"] != r.Groups["model"] || sums["optimizer"] != 2*sums["model"] {
+		t.Errorf("--json: iteration %d, consumed %d, group bytes %v, tensor sums %v", r.Iteration, r.Meta.ConsumedTrainSamples, r.Groups, sums)
+	}
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"ckpt", "inspect", filepath.Join(ck, "missing")}, "no checkpoint"},
+		{[]string{"ckpt", "inspect", "--iteration", "7", ck}, "iter_0000007"},
+		{[]string{"ckpt", "inspct", ck}, `did you mean "inspect"`},
+		{[]string{"ckpt", "inspect"}, "want one checkpoint directory"},
+	} {
+		if _, errs, code := runCLI(t, c.args...); code == 0 || !strings.Contains(errs, c.want) {
+			t.Errorf("%v: exit %d, stderr %q; want %q", c.args, code, errs, c.want)
+		}
+	}
+}
