@@ -6,20 +6,21 @@
 #   DP=2 with --use-distributed-optimizer (reduce-scatter + all-gather), overlap on
 #   TP=2: gotron launch --inproc (2 goroutine ranks sharing the process's 2 kernel threads),
 #         and over tcp (2 processes × 1 thread); with --sequence-parallel on inproc
+#   PP=2: gotron launch, 2 processes × 1 thread over tcp, 1F1B over 8 micro-batches of 1
 # and prints, per configuration, the median ms/step of iterations 3..N, the median time per
 # step spent waiting for the gradient reduction after backward (ddp.SyncWait: what overlap did
 # not hide) and in tensor-parallel collectives, from the --metrics-file JSONL.
 # Optimizer-state bytes per rank are printed by the run.
 #
 # usage: tools/bench/parallel_step.sh [rounds] [iters] [modes...]
-#   modes: dp1 dp2-overlap-off dp2-overlap-on dp2-distopt-overlap tp2-inproc tp2-tcp tp2-sp-inproc (default all)
+#   modes: dp1 dp2-overlap-off dp2-overlap-on dp2-distopt-overlap tp2-inproc tp2-tcp tp2-sp-inproc pp2-tcp (default all)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 rounds=${1:-3}
 iters=${2:-10}
 shift $(( $# > 2 ? 2 : $# ))
 modes=("$@")
-[ ${#modes[@]} -eq 0 ] && modes=(dp1 dp2-overlap-off dp2-overlap-on dp2-distopt-overlap tp2-inproc tp2-tcp tp2-sp-inproc)
+[ ${#modes[@]} -eq 0 ] && modes=(dp1 dp2-overlap-off dp2-overlap-on dp2-distopt-overlap tp2-inproc tp2-tcp tp2-sp-inproc pp2-tcp)
 bin=/tmp/gotron-parallel-bench
 go build -o "$bin" ./cmd/gotron
 tmp=$(mktemp -d)
@@ -60,6 +61,9 @@ for r in $(seq "$rounds"); do
         [ $mode = tp2-sp-inproc ] && extra=(--sequence-parallel)
         GOTRON_NUM_THREADS=2 "$bin" launch --inproc --nproc-per-node 2 -- train "${model[@]}" --micro-batch-size 8 \
           --tensor-model-parallel-size 2 --metrics-file "$out" "${extra[@]}" >/dev/null 2>&1 ;;
+      pp2-tcp)
+        GOTRON_NUM_THREADS=1 "$bin" launch --nproc-per-node 2 --master-port "$port" -- train "${model[@]}" --micro-batch-size 1 \
+          --pipeline-model-parallel-size 2 --metrics-file "$out" >/dev/null 2>&1 ;;
       tp2-tcp)
         GOTRON_NUM_THREADS=1 "$bin" launch --nproc-per-node 2 --master-port "$port" -- train "${model[@]}" --micro-batch-size 8 \
           --tensor-model-parallel-size 2 --metrics-file "$out" >/dev/null 2>&1 ;;
