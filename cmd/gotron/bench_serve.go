@@ -150,17 +150,26 @@ func benchServe(ctx context.Context, env *cli, args []string) error {
 	}
 	tr.CloseIdleConnections()
 
-	// Idle again: blocks and goroutines back (bounded waits).
-	var st infer.Stats
-	for i := 0; i < 200; i++ {
-		if st = runner.Stats(); st.KVBlocksUsed == 0 && st.Running == 0 && st.Waiting == 0 {
-			break
-		}
+	// Idle again. The runner takes its Stats before it delivers a step's
+	// events, so once every stream has ended the blocks are back: no wait.
+	// A request that failed (--timeout) is cancelled asynchronously, so
+	// then the blocks get a bounded wait. Goroutines (the server's side of
+	// each connection) end asynchronously after the clients close theirs;
+	// the bound is only reached when some leaked.
+	st := runner.Stats()
+	failed := slices.ContainsFunc(results, func(r benchResult) bool { return r.err != nil })
+	for deadline := time.Now().Add(idleWait); failed && !idle(st) && time.Now().Before(deadline); st = runner.Stats() {
 		time.Sleep(10 * time.Millisecond)
 	}
-	after := waitForGoroutines(idleGoroutines, 2*time.Second)
+	after := waitForGoroutines(idleGoroutines, idleWait)
 	return benchServeReport(env, &f, results, want, wall, st0, st, idleGoroutines, after)
 }
+
+// idleWait bounds the waits for the server to be idle after the run.
+const idleWait = 30 * time.Second
+
+// idle reports whether the engine holds no sequence and no block.
+func idle(st infer.Stats) bool { return st.KVBlocksUsed == 0 && st.Running == 0 && st.Waiting == 0 }
 
 // weightBytesPerToken is what one decode step of one sequence must read:
 // every float32 weight except the embedding tables, of which only a row is
