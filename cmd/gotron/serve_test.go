@@ -86,12 +86,16 @@ func startServe(t *testing.T, args ...string) (base string, stop func()) {
 	go func() {
 		done <- run(ctx, env, append([]string{"serve", "--host", "127.0.0.1", "--port", "0"}, args...))
 	}()
+	var timeout <-chan time.Time // shortly before go test -timeout: a slow machine waits longer
+	if d, ok := t.Deadline(); ok {
+		timeout = time.After(time.Until(d) - 10*time.Second)
+	}
 	select {
 	case base = <-out.addr:
 	case code := <-done:
 		cancel()
 		t.Fatalf("serve exited %d: %s%s", code, out, errb.String())
-	case <-time.After(20 * time.Second):
+	case <-timeout:
 		cancel()
 		t.Fatal("serve did not start")
 	}
