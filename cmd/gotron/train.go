@@ -319,8 +319,15 @@ func cmdTrain(ctx context.Context, env *cli, args []string) error {
 	}
 	defer closeWorld()
 	if world == nil && f.tpSize*f.ppSize > 1 {
-		return fmt.Errorf("--tensor-model-parallel-size=%d --pipeline-model-parallel-size=%d need %d ranks or a multiple: start them with gotron launch (or torchrun, srun, mpirun)",
-			f.tpSize, f.ppSize, f.tpSize*f.ppSize)
+		var sizes []string
+		if f.tpSize > 1 {
+			sizes = append(sizes, fmt.Sprintf("--tensor-model-parallel-size=%d", f.tpSize))
+		}
+		if f.ppSize > 1 {
+			sizes = append(sizes, fmt.Sprintf("--pipeline-model-parallel-size=%d", f.ppSize))
+		}
+		return fmt.Errorf("%s needs %d ranks or a multiple: start them with gotron launch (or torchrun, srun, mpirun)",
+			strings.Join(sizes, " with "), f.tpSize*f.ppSize)
 	}
 	var groups *parallel.Groups
 	if world != nil {

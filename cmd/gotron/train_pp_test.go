@@ -89,7 +89,7 @@ func TestTrainPipelineParallelBadInput(t *testing.T) {
 		{with(ppTrain, "--num-virtual-stages-per-pipeline-rank", "2"), "need --pipeline-model-parallel-size > 1"},
 		{launch(2, "--pipeline-model-parallel-size", "2", "--decoder-first-pipeline-num-layers", "1", "--decoder-last-pipeline-num-layers", "2"),
 			"do not add up to --num-layers=4"},
-		{with(ppTrain, "--pipeline-model-parallel-size", "2"), "need 2 ranks"},
+		{with(ppTrain, "--pipeline-model-parallel-size", "2"), "--pipeline-model-parallel-size=2 needs 2 ranks"},
 		{launch(2, "--pipeline-model-parallel-size", "2", "--num-virtual-stages-per-pipeline-rank", "2", "--num-layers-per-virtual-pipeline-stage", "1"),
 			"give only one of them"},
 	}
