@@ -53,6 +53,7 @@ var notRun = []struct{ page, prefix, why string }{
 	{"docs/distributed.md", "gotron bench comm --backend tcp --nproc N", "a synopsis: N and [...] are placeholders"},
 	{"docs/distributed.md", "gotron bench comm --backend inproc --nproc N", "a synopsis: N is a placeholder"},
 	{"docs/serving.md", "gotron bench serve --clients 200", "the load test: 200 clients and 200 alone decodings, over a minute on two cores; cmd/gotron's TestBenchServe runs it with 20 clients"},
+	{"docs/serving.md", "gotron bench serve --preset llama-tiny --clients 200", "the load test on the Llama-style preset, as above"},
 	{"docs/design/gemm.md", "cd internal/cpu && go generate", "rewrites the repository's assembly (a developer's step, checked by the internal/cpu tests)"},
 	{"docs/design/gemm.md", "go test", "package tests and benchmarks, run by go test ./..."},
 	{"docs/design/gemm.md", "GOTRON_NUM_THREADS=2 go test", "benchmarks: minutes"},
