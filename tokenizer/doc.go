@@ -61,6 +61,11 @@
 //   - NullTokenizer (Null): whitespace-separated ids, EOD = --vocab-size − 1
 //     (Megatron HEAD).
 //
+// TrainGPT2BPE fits a byte-level BPE vocabulary to a corpus (GPT-2's
+// pre-tokenizer, the most frequent pair merged first) and writes it as a
+// GPT2BPETokenizer's vocab.json and merges.txt: the quickstart's 4096-token
+// vocabulary for Go source is made this way.
+//
 // The hand-written pre-tokenizers equal their reference regular expressions
 // run by regexp2's interpreter on the corpus and under fuzzing. Character
 // classes follow Go's unicode tables (\s is White_Space, as Python's regex
