@@ -3,8 +3,10 @@ package main
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"hash/fnv"
+	"io"
 	"io/fs"
 	"os"
 	"os/exec"
@@ -15,97 +17,267 @@ import (
 	"strings"
 	"time"
 
+	"github.com/gotron/gotron/ckpt"
+	"github.com/gotron/gotron/ckpt/hf"
 	datagpt "github.com/gotron/gotron/data/gpt"
 	"github.com/gotron/gotron/data/indexed"
 	"github.com/gotron/gotron/infer"
-	"github.com/gotron/gotron/internal/assets/gpt2"
 	"github.com/gotron/gotron/model/gpt"
 	"github.com/gotron/gotron/optim"
 	"github.com/gotron/gotron/tokenizer"
 	"github.com/gotron/gotron/train"
 )
 
-// Quickstart settings: a ~16M-parameter GPT (most of it GPT-2's 50k-token
-// embedding) trained for a few minutes on 2 cores.
+// quickstartPlan is what the quickstart builds and trains.
+// quickstartDefault is the plan `gotron train` runs with no flags (picked by
+// the measurements in docs/training.md); tests swap in a tiny one.
+type quickstartPlan struct {
+	SourceRoot     string     // Go source tree; "" means $(go env GOROOT)/src
+	CorpusBytes    int        // Go source read into the corpus
+	TokenizerBytes int        // the corpus's first bytes the BPE is fitted to; 0 means all
+	VocabSize      int        // BPE vocabulary with "<|endoftext|>" (257: one token per byte)
+	Model          gpt.Config // architecture; its VocabSize and MaxPositionEmbeddings are set from the plan
+	Seq, Batch     int        // tokens per sample, samples per iteration
+	Iters          int64      // training iterations
+	LR, MinLR      float64    // cosine schedule from LR to MinLR after WarmupIters
+	WarmupIters    int64
+	EvalInterval   int64 // iterations between validation runs
+	EvalIters      int64 // batches per validation run
+	LogInterval    int64
+	Prompt         string // the sample's prompt
+	SampleTokens   int    // tokens sampled after the prompt
+}
+
+var quickstartDefault = quickstartPlan{
+	CorpusBytes: 24 << 20, TokenizerBytes: 8 << 20, VocabSize: 4096,
+	Model: gpt.Config{NumLayers: 2, HiddenSize: 128, NumAttentionHeads: 4, Activation: "gelu_tanh"},
+	Seq:   128, Batch: 16, Iters: 700, LR: 5e-3, MinLR: 5e-4, WarmupIters: 20,
+	EvalInterval: 200, EvalIters: 8, LogInterval: 100,
+	Prompt: "func main() {", SampleTokens: 120,
+}
+
+// The sample's sampling settings (gotron generate's flags): below 0.8 the
+// small model wanders less often from code into comment prose.
 const (
-	quickstartCorpusBytes = 24 << 20 // Go source to tokenize
-	quickstartIters       = 300
-	quickstartSeq         = 128
-	quickstartBatch       = 8
-	quickstartPrompt      = "func main() {\n"
+	quickstartTemperature = 0.6
+	quickstartTopK        = 40
+	quickstartSeed        = 1234
 )
 
 // quickstart is `gotron train` with no flags: build a corpus from Go's own
-// source tree, tokenize it with GPT-2 BPE into Megatron .bin/.idx files,
-// train a small GPT with a progress bar, save a checkpoint and print a sample.
+// source tree, fit a byte-level BPE vocabulary to it, tokenize it into
+// Megatron .bin/.idx files, train a small GPT with a progress bar, save a
+// checkpoint carrying the tokenizer and print a sample. A re-run resumes
+// from the checkpoint, or only samples when it is complete.
 func quickstart(ctx context.Context, env *cli, f *trainFlags) error {
-	dir := f.quickstartDir
+	return runQuickstart(ctx, env, f.quickstartDir, quickstartDefault)
+}
+
+func runQuickstart(ctx context.Context, env *cli, dir string, plan quickstartPlan) error {
+	save := filepath.Join(dir, "checkpoints")
+	latest, err := ckpt.Latest(save)
+	switch {
+	case errors.Is(err, ckpt.ErrNoCheckpoint):
+		latest = 0
+	case err != nil:
+		return err
+	case int64(latest) >= plan.Iters:
+		fmt.Fprintf(env.stdout, "gotron quickstart: %s already holds iteration %d of %d: not training again (remove it, or pass --quickstart-dir DIR, to start over)\n",
+			save, latest, plan.Iters)
+		return sampleCheckpoint(env, save, plan)
+	}
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return err
 	}
-	tok, err := gpt2.Tokenizer()
+	prefix := filepath.Join(dir, "gosrc_text_document")
+	tok, files, err := quickstartCorpus(ctx, env, dir, prefix, plan)
 	if err != nil {
 		return err
 	}
-	prefix := filepath.Join(dir, "gosrc_text_document")
-	if _, err := os.Stat(prefix + ".idx"); err != nil {
-		fmt.Fprintf(env.stdout, "gotron quickstart: building a corpus from %s (one document per .go file)\n", goSourceRoot())
-		start := time.Now()
-		docs, tokens, err := buildGoCorpus(ctx, goSourceRoot(), prefix, tok, quickstartCorpusBytes)
-		if err != nil {
-			return err
-		}
-		fmt.Fprintf(env.stdout, "gotron quickstart: %d documents, %d GPT-2 tokens in %s → %s.{bin,idx}\n", docs, tokens, time.Since(start).Round(time.Millisecond), prefix)
+	if err := carryTokenizer(save, files); err != nil {
+		return err
 	}
-	model, _ := gpt.Preset("tiny")
-	model.VocabSize = tokenizer.PaddedVocabSize(tok.VocabSize(), 128, 1)
-	model.MaxPositionEmbeddings = quickstartSeq
-	sf := optim.DefaultSchedulerFlags()
-	sf.LR, sf.MinLR, sf.LRDecayStyle, sf.LRWarmupIters, sf.WeightDecay = 2e-3, 2e-4, optim.DecayCosine, 30, 0.1
-	cfg := train.Config{Model: model, SeqLength: quickstartSeq, MicroBatchSize: quickstartBatch, GlobalBatchSize: quickstartBatch,
-		TrainIters: quickstartIters, Seed: 1234, Schedule: sf, ClipGrad: 1.0, Adam: optim.AdamWConfig{Beta1: 0.9, Beta2: 0.95},
-		EvalInterval: 100, EvalIters: 4, LogInterval: 50, Save: filepath.Join(dir, "checkpoints"), Out: env.stdout,
-		Args: map[string]any{"quickstart": true}}
+	cfg := plan.trainConfig(tok.VocabSize(), save, env.stdout)
+	model := cfg.Model
+	if latest > 0 {
+		cfg.Load = save
+	}
 	if isTerminal(env.stdout) {
 		cfg.Progress = env.stdout
 	}
-	ds, err := datagpt.Build(ctx, datagpt.Config{SeqLength: quickstartSeq, Seed: 1234, Split: "98,2,0",
-		Blend: datagpt.Blend{Prefixes: []string{prefix}}, EOD: int32(tok.EOD()),
-		NumSamples: [3]int64{quickstartIters * quickstartBatch, 4 * 4 * quickstartBatch, 0}})
+	ds, err := datagpt.Build(ctx, plan.dataConfig(prefix, tok.EOD()))
 	if err != nil {
 		return err
 	}
 	defer ds.Close()
 	tr, err := train.New(cfg, ds.Train, ds.Valid)
 	if err != nil {
+		if latest > 0 {
+			return fmt.Errorf("quickstart: resuming from %s: %w\n(remove %s to start over)", save, err, save)
+		}
 		return err
 	}
-	fmt.Fprintf(env.stdout, "gotron quickstart: training a %.1fM-parameter GPT (%d layers, hidden %d) for %d iterations of %d×%d tokens; Ctrl-C saves and stops\n",
-		float64(tr.Model.NumParams())/1e6, model.NumLayers, model.HiddenSize, quickstartIters, quickstartBatch, quickstartSeq)
+	if latest > 0 {
+		fmt.Fprintf(env.stdout, "gotron quickstart: resuming from iteration %d of %d in %s\n", latest, plan.Iters, save)
+	}
+	fmt.Fprintf(env.stdout, "gotron quickstart: training a %.1fM-parameter GPT (%d layers, hidden %d, vocabulary %d) for %d iterations of %d×%d tokens; Ctrl-C saves and stops\n",
+		float64(tr.Model.NumParams())/1e6, model.NumLayers, model.HiddenSize, tok.VocabSize(), plan.Iters, plan.Batch, plan.Seq)
 	start := time.Now()
 	res, err := tr.Run(ctx)
 	if err != nil {
 		return err
 	}
 	if len(res.Losses) > 0 {
-		fmt.Fprintf(env.stdout, "gotron quickstart: lm loss %.3f at the first iteration → %.3f in the last log line, validation %.3f, in %s; checkpoint in %s\n",
-			res.Losses[0], res.LoggedLoss, res.ValidLoss, time.Since(start).Round(time.Second), cfg.Save)
+		fmt.Fprintf(env.stdout, "gotron quickstart: lm loss %.3f at iteration %d → %.3f in the last log line, validation %.3f, in %s; checkpoint in %s\n",
+			res.Losses[0], latest+1, res.LoggedLoss, res.ValidLoss, time.Since(start).Round(time.Second), save)
 	}
 	if res.Interrupted {
 		return nil
 	}
-	fmt.Fprintf(env.stdout, "\nSample (gotron generate --load %s --prompt ...):\n", cfg.Save)
-	return printSample(env, tr.Model, tok, quickstartPrompt, 120, 1234)
+	return printQuickstartSample(env, tr.Model, tok, save, plan)
 }
 
-// printSample streams a continuation of prompt (top-k 40, temperature 0.8).
+// trainConfig is the training run of the plan for a tokenizer of vocab ids
+// (padded as Megatron pads, to a multiple of 128).
+func (plan quickstartPlan) trainConfig(vocab int, save string, out io.Writer) train.Config {
+	model := plan.Model
+	model.VocabSize = tokenizer.PaddedVocabSize(vocab, 128, 1)
+	model.MaxPositionEmbeddings = plan.Seq
+	sf := optim.DefaultSchedulerFlags()
+	sf.LR, sf.MinLR, sf.LRDecayStyle, sf.LRWarmupIters, sf.WeightDecay = plan.LR, plan.MinLR, optim.DecayCosine, plan.WarmupIters, 0.1
+	return train.Config{Model: model, SeqLength: plan.Seq, MicroBatchSize: plan.Batch, GlobalBatchSize: plan.Batch,
+		TrainIters: plan.Iters, Seed: 1234, Schedule: sf, ClipGrad: 1.0, Adam: optim.AdamWConfig{Beta1: 0.9, Beta2: 0.95},
+		EvalInterval: plan.EvalInterval, EvalIters: plan.EvalIters, LogInterval: plan.LogInterval, Save: save, Out: out,
+		Args: map[string]any{"quickstart": true}}
+}
+
+// dataConfig is the plan's dataset: a 98/2 train/validation split of the
+// corpus at prefix, as many samples as training and evaluation read.
+func (plan quickstartPlan) dataConfig(prefix string, eod int) datagpt.Config {
+	evals := plan.Iters/max(plan.EvalInterval, 1) + 1 // the evaluations during training and the final one
+	return datagpt.Config{SeqLength: plan.Seq, Seed: 1234, Split: "98,2,0",
+		Blend: datagpt.Blend{Prefixes: []string{prefix}}, EOD: int32(eod),
+		NumSamples: [3]int64{plan.Iters * int64(plan.Batch), evals * plan.EvalIters * int64(plan.Batch), 0}}
+}
+
+// quickstartCorpus returns the quickstart's tokenizer and its files, and
+// makes sure prefix.{bin,idx} holds the corpus tokenized with it: a corpus
+// and tokenizer of an earlier run are reused when the tokenizer has the
+// plan's size; otherwise both are built from the Go source tree.
+func quickstartCorpus(ctx context.Context, env *cli, dir, prefix string, plan quickstartPlan) (*tokenizer.GPT2, tokenizer.GPT2Files, error) {
+	tokDir := filepath.Join(dir, "tokenizer")
+	files, err := readGPT2Files(tokDir)
+	if err == nil {
+		tok, err := files.Tokenizer()
+		if _, statErr := os.Stat(prefix + ".idx"); err == nil && statErr == nil && tok.VocabSize() == plan.VocabSize {
+			return tok, files, nil
+		}
+	}
+	root := plan.SourceRoot
+	if root == "" {
+		root = goSourceRoot()
+	}
+	fmt.Fprintf(env.stdout, "gotron quickstart: building a corpus from %s (one document per .go file)\n", root)
+	start := time.Now()
+	texts, err := readGoSources(ctx, root, plan.CorpusBytes)
+	if err != nil {
+		return nil, files, err
+	}
+	fit, n := texts, 0
+	for i, text := range texts {
+		if n += len(text); plan.TokenizerBytes > 0 && n >= plan.TokenizerBytes {
+			fit = texts[:i+1]
+			break
+		}
+	}
+	if files, err = tokenizer.TrainGPT2BPE(ctx, fit, plan.VocabSize); err != nil {
+		return nil, files, err
+	}
+	tok, err := files.Tokenizer()
+	if err != nil {
+		return nil, files, err
+	}
+	fitTime := time.Since(start)
+	tokens, err := writeCorpus(ctx, texts, prefix, tok)
+	if err != nil {
+		return nil, files, err
+	}
+	if err := files.Write(tokDir); err != nil { // last: its presence marks a finished corpus
+		return nil, files, err
+	}
+	size := 0
+	for _, text := range texts {
+		size += len(text)
+	}
+	fmt.Fprintf(env.stdout, "gotron quickstart: %d documents (%.1f MB); a %d-token BPE vocabulary fitted to the first %.1f MB in %s → %s; %d tokens (%.2f bytes per token) in %s → %s.{bin,idx}\n",
+		len(texts), float64(size)/1e6, tok.VocabSize(), float64(n)/1e6, fitTime.Round(time.Millisecond), tokDir,
+		tokens, float64(size)/float64(tokens-len(texts)), time.Since(start).Round(time.Millisecond), prefix)
+	return tok, files, nil
+}
+
+// printQuickstartSample prints the sample and the generate command that
+// prints it again from the checkpoint.
+func printQuickstartSample(env *cli, m *gpt.Model, tok tokenizer.Tokenizer, save string, plan quickstartPlan) error {
+	fmt.Fprintf(env.stdout, "\nSample (gotron generate --load %s --prompt %q --max-new-tokens %d --temperature %g --top-k %d --seed %d):\n",
+		save, plan.Prompt, plan.SampleTokens, quickstartTemperature, quickstartTopK, quickstartSeed)
+	return printSample(env, m, tok, plan.Prompt, plan.SampleTokens, quickstartSeed)
+}
+
+// sampleCheckpoint samples from a finished quickstart checkpoint, loading
+// the model and its tokenizer as gotron generate does.
+func sampleCheckpoint(env *cli, save string, plan quickstartPlan) error {
+	m, _, tokDir, err := loadAny(save)
+	if err != nil {
+		return err
+	}
+	tok, err := generateTokenizer(tokenizer.Config{}, tokDir, m.Config.VocabSize, save)
+	if err != nil {
+		return err
+	}
+	return printQuickstartSample(env, m, tok, save, plan)
+}
+
+// readGPT2Files reads vocab.json and merges.txt from dir.
+func readGPT2Files(dir string) (tokenizer.GPT2Files, error) {
+	var f tokenizer.GPT2Files
+	var err error
+	if f.VocabJSON, err = os.ReadFile(filepath.Join(dir, "vocab.json")); err != nil {
+		return f, err
+	}
+	f.MergesTxt, err = os.ReadFile(filepath.Join(dir, "merges.txt"))
+	return f, err
+}
+
+// carryTokenizer writes the tokenizer files into the checkpoint directory
+// (where generate, score and serve look for them) before training, so that
+// even an interrupted run's checkpoint carries them. An existing checkpoint
+// must already carry the same files: one without them (an earlier gotron's
+// GPT-2 quickstart) or with others (Go's source tree changed since) is
+// refused rather than paired with the wrong vocabulary.
+func carryTokenizer(save string, files tokenizer.GPT2Files) error {
+	dir := filepath.Join(save, hf.TokenizerDir)
+	if _, err := ckpt.Latest(save); err == nil {
+		have, err := readGPT2Files(dir)
+		switch {
+		case err != nil:
+			return fmt.Errorf("quickstart: %s holds a checkpoint without the quickstart's tokenizer files (an earlier gotron's?): remove it to start over", save)
+		case !bytes.Equal(have.VocabJSON, files.VocabJSON) || !bytes.Equal(have.MergesTxt, files.MergesTxt):
+			return fmt.Errorf("quickstart: %s carries another tokenizer than the one fitted to this corpus (Go's source tree changed?): remove it to start over", save)
+		}
+		return nil
+	}
+	return files.Write(dir)
+}
+
+// printSample streams a continuation of prompt (quickstartTemperature,
+// quickstartTopK).
 func printSample(env *cli, m *gpt.Model, tok tokenizer.Tokenizer, prompt string, n int, seed int64) error {
 	ids := tok.Encode(prompt)
 	p := make([]int32, len(ids))
 	for i, id := range ids {
 		p[i] = int32(id)
 	}
-	s, err := infer.NewSampler(infer.Sampling{Temperature: 0.8, TopK: 40, Seed: uint64(seed)})
+	s, err := infer.NewSampler(infer.Sampling{Temperature: quickstartTemperature, TopK: quickstartTopK, Seed: uint64(seed)})
 	if err != nil {
 		return err
 	}
@@ -132,17 +304,16 @@ func goSourceRoot() string {
 	return filepath.Join(runtime.GOROOT(), "src")
 }
 
-// buildGoCorpus tokenizes hand-written .go files under root (up to
-// maxBytes of source) into prefix.{bin,idx}, one document each with an
-// end-of-document token, as `gotron preprocess --append-eod` would. Files
-// are taken in a fixed pseudo-random order (a hash of the path) rather
-// than by path, so the corpus samples the whole tree and the validation
-// split (the last documents) looks like the training split; generated
-// files (the compiler's rewrite rules, tables) and testdata are left out,
-// since a small model would mostly learn their repetitive patterns.
-func buildGoCorpus(ctx context.Context, root, prefix string, tok tokenizer.Tokenizer, maxBytes int) (docs, tokens int, err error) {
+// readGoSources returns hand-written .go files under root (up to maxBytes
+// of source), one text each. Files are taken in a fixed pseudo-random order
+// (a hash of the path) rather than by path, so the corpus samples the whole
+// tree and the validation split (the last documents) looks like the
+// training split; generated files (the compiler's rewrite rules, tables)
+// and testdata are left out, since a small model would mostly learn their
+// repetitive patterns.
+func readGoSources(ctx context.Context, root string, maxBytes int) ([]string, error) {
 	var files []string
-	err = filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
+	err := filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
 		if err != nil {
 			return err
 		}
@@ -155,10 +326,10 @@ func buildGoCorpus(ctx context.Context, root, prefix string, tok tokenizer.Token
 		return nil
 	})
 	if err != nil {
-		return 0, 0, fmt.Errorf("quickstart: reading Go's source tree at %s: %w (is Go installed?)", root, err)
+		return nil, fmt.Errorf("quickstart: reading Go's source tree at %s: %w (is Go installed?)", root, err)
 	}
 	if len(files) == 0 {
-		return 0, 0, fmt.Errorf("quickstart: no .go files under %s", root)
+		return nil, fmt.Errorf("quickstart: no .go files under %s", root)
 	}
 	key := func(path string) uint64 {
 		h := fnv.New64a()
@@ -170,46 +341,59 @@ func buildGoCorpus(ctx context.Context, root, prefix string, tok tokenizer.Token
 		ki, kj := key(files[i]), key(files[j])
 		return ki < kj || ki == kj && files[i] < files[j]
 	})
-	b, err := indexed.NewBuilder(prefix+".tmp", indexed.BuilderConfig{DType: indexed.OptimalDType(tok.VocabSize())})
-	if err != nil {
-		return 0, 0, err
-	}
+	var texts []string
 	total := 0
 	for _, path := range files {
 		if ctx.Err() != nil {
-			return 0, 0, ctx.Err()
+			return nil, ctx.Err()
 		}
 		text, err := os.ReadFile(path)
 		if err != nil {
-			return 0, 0, err
+			return nil, err
 		}
 		if isGenerated(text) {
 			continue
 		}
-		ids := tok.Encode(string(text))
+		texts = append(texts, string(text))
+		if total += len(text); total >= maxBytes {
+			break
+		}
+	}
+	return texts, nil
+}
+
+// writeCorpus tokenizes texts into prefix.{bin,idx}, one document each with
+// an end-of-document token, as `gotron preprocess --append-eod` would, and
+// returns the number of tokens written.
+func writeCorpus(ctx context.Context, texts []string, prefix string, tok tokenizer.Tokenizer) (tokens int, err error) {
+	b, err := indexed.NewBuilder(prefix+".tmp", indexed.BuilderConfig{DType: indexed.OptimalDType(tok.VocabSize())})
+	if err != nil {
+		return 0, err
+	}
+	for _, text := range texts {
+		if ctx.Err() != nil {
+			return 0, ctx.Err()
+		}
+		ids := tok.Encode(text)
 		doc := make([]int32, 0, len(ids)+1)
 		for _, id := range ids {
 			doc = append(doc, int32(id))
 		}
 		doc = append(doc, int32(tok.EOD()))
 		if err := b.AddDocument(doc, []int{len(doc)}, nil); err != nil {
-			return 0, 0, err
+			return 0, err
 		}
-		docs++
 		tokens += len(doc)
-		if total += len(text); total >= maxBytes {
-			break
-		}
 	}
 	if err := b.Finalize(); err != nil {
-		return 0, 0, err
+		return 0, err
 	}
 	for _, ext := range []string{".bin", ".idx"} {
 		if err := os.Rename(prefix+".tmp"+ext, prefix+ext); err != nil {
-			return 0, 0, err
+			return 0, err
 		}
 	}
-	return docs, tokens, nil
+	return tokens, nil
 }
 
 // generatedRE is Go's convention for marking generated files

@@ -2,18 +2,26 @@ package main
 
 import (
 	"context"
+	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 
+	"github.com/gotron/gotron/ckpt"
 	"github.com/gotron/gotron/data/indexed"
 	"github.com/gotron/gotron/internal/assets/gpt2"
+	"github.com/gotron/gotron/model/gpt"
+	"github.com/gotron/gotron/tokenizer"
+	"github.com/gotron/gotron/train"
 )
 
 // TestBuildGoCorpus: hand-written .go files become one document each
 // (tokens + end-of-document), in the hash order, with generated files,
-// testdata, vendor and non-Go files left out.
+// testdata, vendor and non-Go files left out (readGoSources, then
+// writeCorpus).
 func TestBuildGoCorpus(t *testing.T) {
 	root := t.TempDir()
 	files := map[string]string{
@@ -41,10 +49,15 @@ func TestBuildGoCorpus(t *testing.T) {
 		t.Fatal(err)
 	}
 	prefix := filepath.Join(t.TempDir(), "corpus")
-	docs, tokens, err := buildGoCorpus(context.Background(), root, prefix, tok, 1<<20)
+	texts, err := readGoSources(context.Background(), root, 1<<20)
 	if err != nil {
 		t.Fatal(err)
 	}
+	tokens, err := writeCorpus(context.Background(), texts, prefix, tok)
+	if err != nil {
+		t.Fatal(err)
+	}
+	docs := len(texts)
 	ds, err := indexed.Open(prefix)
 	if err != nil {
 		t.Fatal(err)
@@ -78,5 +91,186 @@ func TestBuildGoCorpus(t *testing.T) {
 		// Not an error by itself, but the hash order of these four paths is
 		// known not to be sorted; a sorted result means the shuffle is gone.
 		t.Errorf("documents are in path order %q; want the hash order", got)
+	}
+}
+
+// tinyQuickstart swaps in a plan that runs in about a second on a generated
+// source tree of 120 small Go files, for the rest of the test.
+func tinyQuickstart(t *testing.T, iters int64) quickstartPlan {
+	t.Helper()
+	root := filepath.Join(t.TempDir(), "src")
+	for i := range 120 {
+		text := fmt.Sprintf("package p%d\n\n// F%d returns x plus %d.\nfunc F%d(x int) (int, error) {\n\tif x < 0 {\n\t\treturn 0, errNegative\n\t}\n\treturn x + %d, nil\n}\n", i%7, i, i, i, i)
+		path := filepath.Join(root, fmt.Sprintf("p%d", i%7), fmt.Sprintf("f%d.go", i))
+		if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(path, []byte(text), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	plan := quickstartPlan{SourceRoot: root, CorpusBytes: 1 << 20, TokenizerBytes: 4 << 10, VocabSize: 300,
+		Model: gpt.Config{NumLayers: 1, HiddenSize: 32, NumAttentionHeads: 2, Activation: "gelu_tanh"},
+		Seq:   32, Batch: 2, Iters: iters, LR: 1e-3, MinLR: 1e-4, WarmupIters: 1,
+		EvalInterval: 2, EvalIters: 1, LogInterval: 1, Prompt: "func F(x int) {", SampleTokens: 12}
+	old := quickstartDefault
+	quickstartDefault = plan
+	t.Cleanup(func() { quickstartDefault = old })
+	return plan
+}
+
+// sampleOf returns what follows the quickstart's "Sample (...):" line.
+func sampleOf(t *testing.T, out string) string {
+	t.Helper()
+	_, after, ok := strings.Cut(out, "\nSample (gotron generate ")
+	if !ok {
+		t.Fatalf("no sample in the output:\n%s", out)
+	}
+	_, sample, _ := strings.Cut(after, "):\n")
+	return sample
+}
+
+// TestQuickstartCarriesItsTokenizer: the quickstart fits a BPE to the corpus,
+// trains, and saves a checkpoint that carries the tokenizer, so that
+// `gotron generate` with the flags the quickstart names prints its sample
+// and `gotron score --text` reads text; a re-run only samples and leaves
+// `latest` where it was.
+func TestQuickstartCarriesItsTokenizer(t *testing.T) {
+	plan := tinyQuickstart(t, 4)
+	dir := t.TempDir()
+	out, errs, code := runCLI(t, "train", "--quickstart-dir", dir)
+	if code != 0 {
+		t.Fatalf("quickstart: exit %d: %s\n%s", code, errs, out)
+	}
+	for _, want := range []string{"building a corpus from " + plan.SourceRoot, "a 300-token BPE vocabulary",
+		"vocabulary 300) for 4 iterations of 2×32 tokens", "saved checkpoint at iteration       4", "lm loss"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("quickstart output lacks %q:\n%s", want, out)
+		}
+	}
+	sample := sampleOf(t, out)
+	save := filepath.Join(dir, "checkpoints")
+	if _, err := tokenizer.LoadGPT2(filepath.Join(save, "tokenizer", "vocab.json"), filepath.Join(save, "tokenizer", "merges.txt")); err != nil {
+		t.Fatalf("the checkpoint carries no GPT-2-format tokenizer: %v", err)
+	}
+	gen, errs, code := runCLI(t, "generate", "--load", save, "--prompt", plan.Prompt, "--max-new-tokens", "12",
+		"--temperature", "0.8", "--top-k", "40", "--seed", "1234")
+	if code != 0 {
+		t.Fatalf("generate: exit %d: %s", code, errs)
+	}
+	if gen != sample {
+		t.Errorf("generate printed %q; the quickstart's sample was %q", gen, sample)
+	}
+	if score, errs, code := runCLI(t, "score", "--load", save, "--text", "func F(x int) {"); code != 0 || !strings.Contains(score, `" F"`) {
+		t.Errorf("score --text: exit %d, stdout %q, stderr %q", code, score, errs)
+	}
+
+	again, errs, code := runCLI(t, "train", "--quickstart-dir", dir)
+	if code != 0 {
+		t.Fatalf("re-run: exit %d: %s", code, errs)
+	}
+	if !strings.Contains(again, "already holds iteration 4 of 4: not training again") || strings.Contains(again, "building a corpus") ||
+		strings.Contains(again, "saved checkpoint") {
+		t.Errorf("re-run output:\n%s", again)
+	}
+	if s := sampleOf(t, again); s != sample {
+		t.Errorf("re-run sample %q, first run's %q", s, sample)
+	}
+	if latest, err := ckpt.Latest(save); err != nil || latest != 4 {
+		t.Errorf("latest after the re-run = %d, %v; want 4", latest, err)
+	}
+}
+
+// cancelAfter cancels a context once the text it is written contains
+// marker (the quickstart's log line of some iteration), as Ctrl-C would.
+type cancelAfter struct {
+	buf    strings.Builder
+	marker string
+	cancel context.CancelFunc
+}
+
+func (w *cancelAfter) Write(p []byte) (int, error) {
+	w.buf.Write(p)
+	if strings.Contains(w.buf.String(), w.marker) {
+		w.cancel()
+	}
+	return len(p), nil
+}
+
+// TestQuickstartResumes: a quickstart stopped by a signal keeps its
+// checkpoint; the next run reuses the corpus and resumes from it, so
+// `latest` only moves forward; a later re-run only samples.
+func TestQuickstartResumes(t *testing.T) {
+	tinyQuickstart(t, 6)
+	dir := t.TempDir()
+	save := filepath.Join(dir, "checkpoints")
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	w := &cancelAfter{marker: "iteration        2/       6", cancel: cancel}
+	env := &cli{stdout: w, stderr: io.Discard, stdin: strings.NewReader(""), getenv: func(string) string { return "" }}
+	if code := run(ctx, env, []string{"train", "--quickstart-dir", dir}); code != 0 {
+		t.Fatalf("interrupted quickstart: exit %d:\n%s", code, w.buf.String())
+	}
+	// The stop request is seen by the next iteration, which then saves.
+	latest, err := ckpt.Latest(save)
+	if err != nil || latest != 3 || strings.Contains(w.buf.String(), "\nSample") {
+		t.Fatalf("after the interrupt: latest %d, %v; output:\n%s", latest, err, w.buf.String())
+	}
+	out, errs, code := runCLI(t, "train", "--quickstart-dir", dir)
+	if code != 0 {
+		t.Fatalf("resume: exit %d: %s\n%s", code, errs, out)
+	}
+	if !strings.Contains(out, "resuming from iteration 3 of 6") || strings.Contains(out, "building a corpus") ||
+		!strings.Contains(out, "iteration        4/       6") || strings.Contains(out, "iteration        3/       6") {
+		t.Errorf("resume output:\n%s", out)
+	}
+	sampleOf(t, out)
+	if latest, err := ckpt.Latest(save); err != nil || latest != 6 {
+		t.Errorf("latest after resuming = %d, %v; want 6", latest, err)
+	}
+}
+
+// TestQuickstartRefusesAForeignCheckpoint: a checkpoint directory whose
+// tokenizer differs from the corpus's (here: another vocabulary size), or
+// that carries none (an earlier gotron's GPT-2 quickstart), is refused
+// before training, never resumed with the wrong vocabulary.
+func TestQuickstartRefusesAForeignCheckpoint(t *testing.T) {
+	tinyQuickstart(t, 4)
+	quickstartDefault.Iters = 2
+	dir := t.TempDir()
+	if out, errs, code := runCLI(t, "train", "--quickstart-dir", dir); code != 0 {
+		t.Fatalf("quickstart: exit %d: %s\n%s", code, errs, out)
+	}
+	quickstartDefault.Iters, quickstartDefault.VocabSize = 4, 320
+	out, errs, code := runCLI(t, "train", "--quickstart-dir", dir)
+	if code == 0 || !strings.Contains(errs, "carries another tokenizer than the one fitted to this corpus") || strings.Contains(out, "saved checkpoint") {
+		t.Errorf("another vocabulary: exit %d, stderr %q\n%s", code, errs, out)
+	}
+	if err := os.RemoveAll(filepath.Join(dir, "checkpoints", "tokenizer")); err != nil {
+		t.Fatal(err)
+	}
+	out, errs, code = runCLI(t, "train", "--quickstart-dir", dir)
+	if code == 0 || !strings.Contains(errs, "holds a checkpoint without the quickstart's tokenizer files") {
+		t.Errorf("no tokenizer: exit %d, stderr %q\n%s", code, errs, out)
+	}
+	if latest, err := ckpt.Latest(filepath.Join(dir, "checkpoints")); err != nil || latest != 2 {
+		t.Errorf("latest = %d, %v; want 2", latest, err)
+	}
+}
+
+// TestQuickstartDefaultPlan: the plan `gotron train` runs validates as a
+// training run, its sample fits in the model's context, and it reads the
+// Go tree (no test's source root).
+func TestQuickstartDefaultPlan(t *testing.T) {
+	plan := quickstartDefault
+	cfg := plan.trainConfig(plan.VocabSize, "", io.Discard)
+	if _, err := train.New(cfg, train.MockSource{SeqLength: plan.Seq, VocabSize: plan.VocabSize}, nil); err != nil {
+		t.Fatal(err)
+	}
+	if plan.SampleTokens+8 > plan.Seq {
+		t.Errorf("a %d-token sample after the prompt does not fit the %d-token context", plan.SampleTokens, plan.Seq)
+	}
+	if plan.SourceRoot != "" || plan.VocabSize < 257 || plan.TokenizerBytes > plan.CorpusBytes {
+		t.Errorf("plan %+v", plan)
 	}
 }
