@@ -153,7 +153,7 @@ func (c *Config) RotaryDim() int {
 // caller's data; the values here are the architecture).
 func Preset(name string) (Config, error) {
 	switch name {
-	case "tiny": // unit tests and the quickstart
+	case "tiny": // unit tests and the serving benchmark
 		return Config{NumLayers: 4, HiddenSize: 256, NumAttentionHeads: 4, VocabSize: 50304, MaxPositionEmbeddings: 256, Activation: "gelu_tanh"}, nil
 	case "gpt2-small": // 124M
 		return Config{NumLayers: 12, HiddenSize: 768, NumAttentionHeads: 12, VocabSize: 50304, MaxPositionEmbeddings: 1024, Activation: "gelu_tanh"}, nil
