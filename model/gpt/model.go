@@ -158,7 +158,19 @@ type Batch struct {
 // Forward returns logits (b, t, V). rng draws dropout masks (nil when both
 // dropouts are zero, or in evaluation with training=false).
 func (m *Model) Forward(tp *tensor.Tape, bt Batch, rng *tensor.RNG, training bool) *tensor.Tensor {
-	c := &m.Config
+	x := m.embed(tp, bt, rng, training)
+	x = m.layers(tp, x, bt, rng, training) // recompute.go: with or without activation recomputation
+	x = m.norm(tp, x, m.FinalNorm, m.FinalNormB)
+	out := m.OutputLayer
+	if out == nil {
+		out = m.WordEmb
+	}
+	return tp.Linear(m.enterColumn(tp, x), out, nil) // (b, t, V), or this rank's V/TP
+}
+
+// embed is the first part of Model.Forward: word (and position)
+// embeddings, then dropout.
+func (m *Model) embed(tp *tensor.Tape, bt Batch, rng *tensor.RNG, training bool) *tensor.Tensor {
 	b, t := bt.Tokens.Dim(0), bt.Tokens.Dim(1)
 	sh := m.Sharding
 	var x *tensor.Tensor
@@ -177,14 +189,7 @@ func (m *Model) Forward(tp *tensor.Tape, bt Batch, rng *tensor.RNG, training boo
 			x = sh.ScatterSequence(tp, x) // identity without SP
 		}
 	}
-	x = m.dropout(tp, x, c.HiddenDropout, m.rngOutsideTP(rng), training)
-	x = m.layers(tp, x, bt, rng, training) // recompute.go: with or without activation recomputation
-	x = m.norm(tp, x, m.FinalNorm, m.FinalNormB)
-	out := m.OutputLayer
-	if out == nil {
-		out = m.WordEmb
-	}
-	return tp.Linear(m.enterColumn(tp, x), out, nil) // (b, t, V), or this rank's V/TP
+	return m.dropout(tp, x, m.Config.HiddenDropout, m.rngOutsideTP(rng), training)
 }
 
 // enterColumn is the input of a column-parallel linear: copy-to-TP, or the

@@ -330,30 +330,6 @@ func (s *Stage) view() *Model {
 		rope: s.model.rope, Sharding: s.Sharding, Recompute: s.model.Recompute}
 }
 
-// embed is the first part of Model.Forward: word (and position)
-// embeddings, then dropout.
-func (m *Model) embed(tp *tensor.Tape, bt Batch, rng *tensor.RNG, training bool) *tensor.Tensor {
-	b, t := bt.Tokens.Dim(0), bt.Tokens.Dim(1)
-	sh := m.Sharding
-	var x *tensor.Tensor
-	if sh == nil {
-		x = tp.Embedding(bt.Tokens, m.WordEmb) // (b, t, h)
-	} else { // vocab-parallel; sequence shards (b, t/TP, h) with SP and no position table
-		x = sh.WordEmbedding(tp, bt.Tokens, m.WordEmb, m.PosEmb == nil)
-	}
-	if m.PosEmb != nil {
-		pos := bt.Positions
-		if pos == nil {
-			pos = defaultPositions(b, t)
-		}
-		x = tp.Add(x, tp.Embedding(pos, m.PosEmb))
-		if sh != nil {
-			x = sh.ScatterSequence(tp, x) // identity without SP
-		}
-	}
-	return m.dropout(tp, x, m.Config.HiddenDropout, m.rngOutsideTP(rng), training)
-}
-
 // ActivationShape is the shape of the hidden states between stages for a
 // micro-batch of b sequences of t tokens: (b, t, h), or (b, t/TP, h) with
 // sequence parallelism.
