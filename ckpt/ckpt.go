@@ -18,9 +18,10 @@ import (
 
 // Names and versions of the on-disk format.
 const (
-	// FormatVersion is the version of the layout Save writes and the newest
-	// Load reads.
-	FormatVersion = 1
+	// FormatVersion is the newest layout Load and Open read: 2, the sharded
+	// layout WriteShards and FinishSharded write (Save writes version 1,
+	// whole tensors in one file per group).
+	FormatVersion = shardedVersion
 	// FormatName is the "format" value of checkpoint.json, its magic.
 	FormatName = "gotron-checkpoint"
 	// TrackerFile names the latest iteration, as in Megatron-LM.
@@ -168,6 +169,9 @@ func Load(dir string, iteration int) (*Checkpoint, error) {
 	if err != nil {
 		return nil, err
 	}
+	if mf.FormatVersion == shardedVersion {
+		return loadSharded(dir, iteration)
+	}
 	c := &Checkpoint{Meta: mf.Meta, Groups: map[string]map[string]safetensors.Tensor{}, iterDir: name}
 	for _, file := range slices.Sorted(maps.Keys(mf.Files)) {
 		group, ok := strings.CutSuffix(file, ".safetensors")
@@ -262,6 +266,12 @@ type Spec struct {
 // Missing tensors, unexpected ones, dtype and shape mismatches are all
 // reported; nil means every tensor matches.
 func (c *Checkpoint) Expect(group string, want map[string]Spec) error {
+	return c.expect(group, want, false)
+}
+
+// expect is Expect; sharded names tensors as "group/name" of the iteration
+// directory rather than of a group's file.
+func (c *Checkpoint) expect(group string, want map[string]Spec, sharded bool) error {
 	where := c.iterDir
 	if where == "" {
 		where = "(unsaved)"
@@ -271,24 +281,29 @@ func (c *Checkpoint) Expect(group string, want map[string]Spec) error {
 		return fmt.Errorf("ckpt: %s: no tensor group %q (have %v)", where, group, slices.Sorted(maps.Keys(c.Groups)))
 	}
 	prefix := fmt.Sprintf("ckpt: %s/%s.safetensors: tensor", where, group)
+	tensorName := func(name string) string { return name }
+	if sharded {
+		prefix = fmt.Sprintf("ckpt: %s: tensor", where)
+		tensorName = func(name string) string { return group + "/" + name }
+	}
 	var errs []error
 	for _, name := range slices.Sorted(maps.Keys(want)) {
 		w := want[name]
 		g, ok := got[name]
 		switch {
 		case !ok:
-			errs = append(errs, fmt.Errorf("%s %s missing, %s expects %v%v", prefix, name, group, w.DType, w.Shape))
+			errs = append(errs, fmt.Errorf("%s %s missing, %s expects %v%v", prefix, tensorName(name), group, w.DType, w.Shape))
 		case !slices.Equal(g.Shape, w.Shape) && g.DType != w.DType:
-			errs = append(errs, fmt.Errorf("%s %s is %v%v, %s expects %v%v", prefix, name, g.DType, g.Shape, group, w.DType, w.Shape))
+			errs = append(errs, fmt.Errorf("%s %s is %v%v, %s expects %v%v", prefix, tensorName(name), g.DType, g.Shape, group, w.DType, w.Shape))
 		case !slices.Equal(g.Shape, w.Shape):
-			errs = append(errs, fmt.Errorf("%s %s has shape %v, %s expects %v", prefix, name, g.Shape, group, w.Shape))
+			errs = append(errs, fmt.Errorf("%s %s has shape %v, %s expects %v", prefix, tensorName(name), g.Shape, group, w.Shape))
 		case g.DType != w.DType:
-			errs = append(errs, fmt.Errorf("%s %s has dtype %v, %s expects %v", prefix, name, g.DType, group, w.DType))
+			errs = append(errs, fmt.Errorf("%s %s has dtype %v, %s expects %v", prefix, tensorName(name), g.DType, group, w.DType))
 		}
 	}
 	for _, name := range slices.Sorted(maps.Keys(got)) {
 		if _, ok := want[name]; !ok {
-			errs = append(errs, fmt.Errorf("%s %s (%v%v) is not expected by %s", prefix, name, got[name].DType, got[name].Shape, group))
+			errs = append(errs, fmt.Errorf("%s %s (%v%v) is not expected by %s", prefix, tensorName(name), got[name].DType, got[name].Shape, group))
 		}
 	}
 	return errors.Join(errs...)

@@ -200,8 +200,10 @@ func TestLoadErrors(t *testing.T) {
 			b[len(b)-1] ^= 1
 			os.WriteFile(p, b, 0o644)
 		}, "ckpt: iter_0000100/model.safetensors: CRC-32C ebdac920, checkpoint.json records 19b14a23 (corrupted)"},
-		{"newer version", func(d string) { editMeta(d, `"format_version": 1`, `"format_version": 2`) },
-			"ckpt: iter_0000100/checkpoint.json: format version 2 is newer than this gotron reads (1): upgrade gotron"},
+		{"newer version", func(d string) { editMeta(d, `"format_version": 1`, `"format_version": 3`) },
+			"ckpt: iter_0000100/checkpoint.json: format version 3 is newer than this gotron reads (2): upgrade gotron"},
+		{"version 2 without shards", func(d string) { editMeta(d, `"format_version": 1`, `"format_version": 2`) },
+			"ckpt: iter_0000100/checkpoint.json: format version 2 lists no tensors"},
 		{"wrong magic", func(d string) { editMeta(d, `"gotron-checkpoint"`, `"other"`) },
 			`ckpt: iter_0000100/checkpoint.json: format "other", want "gotron-checkpoint"`},
 		{"wrong iteration", func(d string) { editMeta(d, `"iteration": 100`, `"iteration": 99`) },

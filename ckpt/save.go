@@ -76,7 +76,7 @@ func (s saver) save(ctx context.Context, dir string, iteration int, c *Checkpoin
 		}
 	}()
 	c.Meta.Iteration = iteration
-	mf := metaFile{Format: FormatName, FormatVersion: FormatVersion, Meta: c.Meta, Files: map[string]fileRecord{}}
+	mf := metaFile{Format: FormatName, FormatVersion: layoutVersion1, Meta: c.Meta, Files: map[string]fileRecord{}}
 	for _, group := range slices.Sorted(maps.Keys(c.Groups)) {
 		file := group + ".safetensors"
 		rec, err := s.writeGroup(ctx, filepath.Join(tmp, file), name+"/"+file, c.Groups[group])

@@ -1,0 +1,260 @@
+package ckpt
+
+import (
+	"context"
+	"encoding/json"
+	"math"
+	"math/rand"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// cut returns the pieces of a [rows, cols] tensor (values = whole) that
+// rank of size holds when split along dim (0: row blocks, 1: column
+// blocks), further cut into nflat flat ranges (a distributed optimizer's).
+func cut(name string, whole []float32, rows, cols, dim, rank, size, nflat int) []Piece {
+	b := Block{Offset: []int{0, 0}, Shape: []int{rows, cols}}
+	if dim == 0 {
+		b.Offset[0], b.Shape[0] = rank*rows/size, rows/size
+	} else {
+		b.Offset[1], b.Shape[1] = rank*cols/size, cols/size
+	}
+	n := b.Shape[0] * b.Shape[1]
+	local := make([]float32, 0, n)
+	for r := range b.Shape[0] {
+		row := (b.Offset[0] + r) * cols
+		local = append(local, whole[row+b.Offset[1]:row+b.Offset[1]+b.Shape[1]]...)
+	}
+	var out []Piece
+	for i := range nflat {
+		lo, hi := i*n/nflat, (i+1)*n/nflat
+		p := Piece{Group: "model", Name: name, GlobalShape: []int{rows, cols}, Block: b, Data: local[lo:hi]}
+		p.Lo, p.Hi = lo, hi
+		out = append(out, p)
+	}
+	return out
+}
+
+func saveSharded(t *testing.T, dir string, it int, ranks [][]Piece) {
+	t.Helper()
+	if err := BeginSharded(dir, it); err != nil {
+		t.Fatal(err)
+	}
+	for r, ps := range ranks {
+		if err := WriteShards(context.Background(), dir, it, r, ps); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := FinishSharded(dir, it, Meta{ConsumedTrainSamples: 7}, Layout{WorldSize: len(ranks)}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestShardedRoundTrip saves a tensor cut by one layout and reads every
+// block another layout wants.
+func TestShardedRoundTrip(t *testing.T) {
+	const rows, cols = 12, 10
+	whole := make([]float32, rows*cols)
+	for i := range whole {
+		whole[i] = float32(i)
+	}
+	rng := rand.New(rand.NewSource(1))
+	for _, save := range []struct{ dim, size, nflat int }{{0, 1, 1}, {0, 2, 1}, {1, 2, 3}, {0, 4, 2}, {1, 5, 7}} {
+		dir := t.TempDir()
+		var ranks [][]Piece
+		for r := range save.size {
+			ranks = append(ranks, cut("w", whole, rows, cols, save.dim, r, save.size, save.nflat))
+		}
+		saveSharded(t, dir, 3, ranks)
+		rd, err := Open(dir, -1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if rd.Meta.ConsumedTrainSamples != 7 || rd.Meta.Iteration != 3 || rd.Version != 2 {
+			t.Fatalf("meta %+v version %d", rd.Meta, rd.Version)
+		}
+		for range 50 {
+			r0, c0 := rng.Intn(rows), rng.Intn(cols)
+			b := Block{Offset: []int{r0, c0}, Shape: []int{1 + rng.Intn(rows-r0), 1 + rng.Intn(cols-c0)}}
+			n := b.Shape[0] * b.Shape[1]
+			b.Lo = rng.Intn(n)
+			b.Hi = b.Lo + 1 + rng.Intn(n-b.Lo)
+			got := make([]float32, b.Len())
+			if err := rd.Read("model", "w", []int{rows, cols}, b, got); err != nil {
+				t.Fatal(err)
+			}
+			for k := range got {
+				e := b.Lo + k
+				want := whole[(r0+e/b.Shape[1])*cols+c0+e%b.Shape[1]]
+				if got[k] != want {
+					t.Fatalf("saved %+v, block %+v: element %d = %v, want %v", save, b, k, got[k], want)
+				}
+			}
+		}
+		rd.Close()
+		c, err := Load(dir, 3) // whole, as generate and convert read
+		if err != nil {
+			t.Fatal(err)
+		}
+		v, _ := c.Groups["model"]["w"].Float32View()
+		for i := range whole {
+			if v[i] != whole[i] {
+				t.Fatalf("Load: element %d = %v", i, v[i])
+			}
+		}
+		c.Close()
+	}
+}
+
+// TestShardedIncompleteNotCommitted: a save whose ranks did not all report,
+// or whose shards miss or duplicate elements, is refused and leaves the
+// previous checkpoint the latest.
+func TestShardedIncompleteNotCommitted(t *testing.T) {
+	whole := make([]float32, 16)
+	dir := t.TempDir()
+	saveSharded(t, dir, 1, [][]Piece{cut("w", whole, 4, 4, 0, 0, 1, 1)})
+
+	if err := BeginSharded(dir, 2); err != nil {
+		t.Fatal(err)
+	}
+	if err := WriteShards(context.Background(), dir, 2, 0, cut("w", whole, 4, 4, 0, 0, 2, 1)); err != nil {
+		t.Fatal(err)
+	}
+	err := FinishSharded(dir, 2, Meta{}, Layout{WorldSize: 2})
+	if err == nil || !strings.Contains(err.Error(), "rank 1 wrote no rank_00001.json") {
+		t.Fatalf("missing rank: %v", err)
+	}
+	// Both report, but rank 1 holds rank 0's rows again: a duplicate and a
+	// hole.
+	if err := WriteShards(context.Background(), dir, 2, 1, cut("w", whole, 4, 4, 0, 0, 2, 1)); err != nil {
+		t.Fatal(err)
+	}
+	err = FinishSharded(dir, 2, Meta{}, Layout{WorldSize: 2})
+	if err == nil || !strings.Contains(err.Error(), "store the same elements") {
+		t.Fatalf("a duplicate and a hole: %v", err)
+	}
+
+	if err := BeginSharded(dir, 3); err != nil {
+		t.Fatal(err)
+	}
+	if err := WriteShards(context.Background(), dir, 3, 0, cut("w", whole, 4, 4, 1, 0, 2, 1)); err != nil {
+		t.Fatal(err)
+	}
+	if err := WriteShards(context.Background(), dir, 3, 1, nil); err != nil {
+		t.Fatal(err)
+	}
+	err = FinishSharded(dir, 3, Meta{}, Layout{WorldSize: 2})
+	if err == nil || !strings.Contains(err.Error(), "its shards store 8") {
+		t.Fatalf("half a tensor: %v", err)
+	}
+	if it, _ := Latest(dir); it != 1 {
+		t.Fatalf("latest %d, want 1", it)
+	}
+	for _, it := range []int{2, 3} {
+		if _, err := os.Stat(filepath.Join(dir, IterDirName(it))); err == nil {
+			t.Fatalf("the incomplete save of iteration %d got its final name", it)
+		}
+	}
+	if err := BeginSharded(dir, 3); err != nil { // leftovers are cleaned
+		t.Fatal(err)
+	}
+}
+
+// TestShardedCorruption: truncated and corrupted shard files, a missing
+// metadata file, an unknown file name: errors name the file or tensor.
+func TestShardedCorruption(t *testing.T) {
+	whole := make([]float32, 64)
+	for i := range whole {
+		whole[i] = float32(i)
+	}
+	mk := func() (string, string) {
+		dir := t.TempDir()
+		saveSharded(t, dir, 4, [][]Piece{cut("w", whole, 8, 8, 0, 0, 2, 1), cut("w", whole, 8, 8, 0, 1, 2, 1)})
+		return dir, filepath.Join(dir, IterDirName(4))
+	}
+	dir, it := mk()
+	f := filepath.Join(it, "rank_00001.safetensors")
+	b, _ := os.ReadFile(f)
+	os.WriteFile(f, b[:len(b)-4], 0o644)
+	if _, err := Open(dir, -1); err == nil || !strings.Contains(err.Error(), "rank_00001.safetensors") || !strings.Contains(err.Error(), "truncated") {
+		t.Fatalf("truncated: %v", err)
+	}
+
+	dir, it = mk()
+	f = filepath.Join(it, "rank_00000.safetensors")
+	b, _ = os.ReadFile(f)
+	b[len(b)-1] ^= 0x40
+	os.WriteFile(f, b, 0o644)
+	rd, err := Open(dir, -1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := make([]float32, 32)
+	// Rank 1's rows are intact and read; rank 0's are refused.
+	if err := rd.Read("model", "w", []int{8, 8}, Block{Offset: []int{4, 0}, Shape: []int{4, 8}, Hi: 32}, got); err != nil {
+		t.Fatal(err)
+	}
+	if err := rd.Read("model", "w", []int{8, 8}, Block{Offset: []int{0, 0}, Shape: []int{4, 8}, Hi: 32}, got); err == nil ||
+		!strings.Contains(err.Error(), "model/w") || !strings.Contains(err.Error(), "CRC-32C") {
+		t.Fatalf("corrupted: %v", err)
+	}
+	rd.Close()
+
+	dir, it = mk()
+	os.Remove(filepath.Join(it, MetaFile))
+	if _, err := Open(dir, -1); err == nil || !strings.Contains(err.Error(), "no checkpoint.json") {
+		t.Fatalf("no metadata: %v", err)
+	}
+
+	dir, it = mk()
+	raw, _ := os.ReadFile(filepath.Join(it, MetaFile))
+	var m map[string]any
+	json.Unmarshal(raw, &m)
+	m["files"].(map[string]any)["../x"] = map[string]any{"bytes": 1, "crc32c": "00000000"}
+	raw, _ = json.Marshal(m)
+	os.WriteFile(filepath.Join(it, MetaFile), raw, 0o644)
+	if _, err := Open(dir, -1); err == nil || !strings.Contains(err.Error(), `invalid file name "../x"`) {
+		t.Fatalf("bad file name: %v", err)
+	}
+}
+
+// TestReadAsShape: a format-1 tensor stored whole may be read under another
+// shape of the same size (its optimizer buffers are flat).
+func TestReadAsShape(t *testing.T) {
+	dir := t.TempDir()
+	c := sample(2, 64)
+	if err := Save(context.Background(), dir, 2, c); err != nil {
+		t.Fatal(err)
+	}
+	rd, err := Open(dir, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rd.Close()
+	if rd.Version != 1 {
+		t.Fatalf("version %d", rd.Version)
+	}
+	for g, ts := range c.Groups {
+		for n, x := range ts {
+			if x.DType.String() != "F32" || x.NumElements() < 2 || x.NumElements()%2 != 0 {
+				continue
+			}
+			want := make([]float32, x.NumElements())
+			x.DecodeFloat32(want)
+			shape := []int{2, x.NumElements() / 2}
+			got := make([]float32, len(want)/2)
+			if err := rd.Read(g, n, shape, Block{Offset: []int{1, 0}, Shape: []int{1, shape[1]}, Hi: shape[1]}, got); err != nil {
+				t.Fatal(err)
+			}
+			for i := range got {
+				if math.Float32bits(got[i]) != math.Float32bits(want[shape[1]+i]) {
+					t.Fatalf("%s/%s[%d] = %v, want %v", g, n, i, got[i], want[shape[1]+i])
+				}
+			}
+			return
+		}
+	}
+	t.Fatal("sample has no even-sized F32 tensor")
+}
