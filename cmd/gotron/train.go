@@ -13,6 +13,7 @@ import (
 
 	"github.com/gotron/gotron/ckpt"
 	"github.com/gotron/gotron/ckpt/hf"
+	"github.com/gotron/gotron/comm"
 	datagpt "github.com/gotron/gotron/data/gpt"
 	"github.com/gotron/gotron/internal/cpu"
 	"github.com/gotron/gotron/model/gpt"
@@ -182,7 +183,7 @@ func newTrainFlags() (*flag.FlagSet, *trainFlags) {
 	fs.Int("tensorboard-queue-size", 1000, "accepted: gotron buffers events in memory and flushes them at every log line")
 	fs.Float64Var(&c.PeakFLOPs, "peak-flops", 0, "per-process peak FLOP/s for MFU (0: measure this CPU's fp32 FMA peak over the kernel threads at start, doubled with --bf16)")
 	fs.BoolVar(&f.noProgress, "no-progress", false, "no progress bar even on a terminal")
-	fs.StringVar(&f.cpuProfile, "cpu-profile", "", "write a Go CPU profile of the training loop to this file (go tool pprof)")
+	fs.StringVar(&f.cpuProfile, "cpu-profile", "", "write a Go CPU profile of the training loop to this file (go tool pprof); under launch --inproc rank 0's covers every rank, other processes' ranks r write FILE.rank<r>")
 
 	fs.StringVar(&c.Save, "save", "", "checkpoint directory to save to")
 	fs.StringVar(&c.Load, "load", "", "checkpoint directory to resume from")
@@ -393,7 +394,7 @@ func cmdTrain(ctx context.Context, env *cli, args []string) error {
 	}
 	fmt.Fprintf(env.stdout, "gotron train: %d parameters, %d layers, hidden %d, vocab %d (padded), %d iterations of %d samples × %d tokens\n",
 		tr.Model.NumParams(), cfg.Model.NumLayers, cfg.Model.HiddenSize, cfg.Model.VocabSize, tr.TrainIters(), max(cfg.GlobalBatchSize, cfg.MicroBatchSize), cfg.SeqLength)
-	stopProfile, err := startCPUProfile(f.cpuProfile)
+	stopProfile, err := startCPUProfile(cpuProfilePath(f.cpuProfile, env.world != nil, worldRank(world)))
 	if err != nil {
 		return err
 	}
@@ -657,6 +658,29 @@ func isTerminal(w any) bool {
 
 // startCPUProfile starts a CPU profile into path (nothing when path is empty)
 // and returns the function that stops it and closes the file.
+// cpuProfilePath is the file this rank writes its --cpu-profile to, or ""
+// for none. Go's profiler is per process: under "gotron launch --inproc" the
+// ranks share one, so only world rank 0 starts it and its profile covers
+// every rank of the process; ranks in processes of their own each write
+// one, rank 0 to path and rank r > 0 to path.rank<r>.
+func cpuProfilePath(path string, inproc bool, rank int) string {
+	if path == "" || rank == 0 {
+		return path
+	}
+	if inproc {
+		return ""
+	}
+	return fmt.Sprintf("%s.rank%d", path, rank)
+}
+
+// worldRank is world's rank, 0 without one.
+func worldRank(world comm.ProcessGroup) int {
+	if world == nil {
+		return 0
+	}
+	return world.Rank()
+}
+
 func startCPUProfile(path string) (stop func() error, err error) {
 	if path == "" {
 		return func() error { return nil }, nil

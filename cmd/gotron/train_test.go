@@ -214,3 +214,23 @@ func TestTrainMFUIsAFraction(t *testing.T) {
 		}
 	}
 }
+
+func TestCPUProfilePath(t *testing.T) {
+	for _, tc := range []struct {
+		path   string
+		inproc bool
+		rank   int
+		want   string
+	}{
+		{"", false, 0, ""},
+		{"", true, 1, ""},
+		{"p.prof", false, 0, "p.prof"},
+		{"p.prof", true, 0, "p.prof"}, // covers every rank of the process
+		{"p.prof", true, 1, ""},
+		{"p.prof", false, 3, "p.prof.rank3"},
+	} {
+		if got := cpuProfilePath(tc.path, tc.inproc, tc.rank); got != tc.want {
+			t.Errorf("cpuProfilePath(%q, inproc=%v, rank %d) = %q, want %q", tc.path, tc.inproc, tc.rank, got, tc.want)
+		}
+	}
+}
