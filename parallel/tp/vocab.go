@@ -4,6 +4,7 @@ import (
 	"math"
 
 	"github.com/gotron/gotron/comm"
+	"github.com/gotron/gotron/internal/cpu"
 	"github.com/gotron/gotron/tensor"
 )
 
@@ -64,20 +65,14 @@ func (r *Region) VocabCrossEntropy(tp *tensor.Tape, logits, targets, mask *tenso
 		}
 		return mk[i]
 	}
-	// Saved for backward: the global row max and sum of exponentials.
-	rowMax := make([]float32, n)
-	sumExp := make([]float32, n)
+	// Saved for backward: each row's global log-sum-exp.
+	lse := make([]float32, n)
 	var den float64
 	return tp.Apply(fn{
 		fwd: func(tp *tensor.Tape, in []*tensor.Tensor) []*tensor.Tensor {
 			x := in[0].Contiguous().Float32s()
-			for i := range n {
-				m := float32(math.Inf(-1))
-				for _, v := range x[i*vl : (i+1)*vl] {
-					m = max(m, v)
-				}
-				rowMax[i] = m
-			}
+			rowMax := make([]float32, n)
+			cpu.RowMax(rowMax, x, n, vl)
 			if r.Size() > 1 {
 				if err := r.timed(func() error { return r.Group.AllReduce(r.ctx(), comm.Float32s(rowMax), comm.Max) }); err != nil {
 					r.fail("vocab cross-entropy max all_reduce", err)
@@ -86,23 +81,20 @@ func (r *Region) VocabCrossEntropy(tp *tensor.Tape, logits, targets, mask *tenso
 			// One all-reduce carries the sums of exponentials and the
 			// target logits (shifted by the max).
 			both := make([]float32, 2*n)
+			cpu.RowExpSum(both[:n], x, rowMax, n, vl)
 			for i := range n {
-				var s float32
-				for _, v := range x[i*vl : (i+1)*vl] {
-					s += float32(math.Exp(float64(v - rowMax[i])))
-				}
-				both[i] = s
 				if j := int(tg[i]) - start; j >= 0 && j < vl {
 					both[n+i] = x[i*vl+j] - rowMax[i]
 				}
 			}
 			r.allReduce("vocab cross-entropy sum all_reduce", both)
-			copy(sumExp, both[:n])
 			var num float64
 			den = 0
 			for i := range n {
 				w := float64(weight(i))
-				num += (math.Log(float64(sumExp[i])) - float64(both[n+i])) * w
+				l := math.Log(float64(both[i]))
+				lse[i] = float32(float64(rowMax[i]) + l)
+				num += (l - float64(both[n+i])) * w
 				den += w
 			}
 			out := tp.Empty(1)
@@ -115,20 +107,18 @@ func (r *Region) VocabCrossEntropy(tp *tensor.Tape, logits, targets, mask *tenso
 		bwd: func(tp *tensor.Tape, g []*tensor.Tensor) []*tensor.Tensor {
 			x := logits.Contiguous().Float32s()
 			gl := g[0].Float32s()[0]
+			scale := make([]float32, n)
+			if den > 0 {
+				for i := range n {
+					scale[i] = gl * weight(i) / float32(den)
+				}
+			}
 			d := tp.Empty(n, vl)
 			dx := d.Float32s()
+			cpu.RowSoftmaxScaled(dx, x, lse, scale, n, vl)
 			for i := range n {
-				w := float32(0)
-				if den > 0 {
-					w = gl * weight(i) / float32(den)
-				}
-				row := dx[i*vl : (i+1)*vl]
-				inv := 1 / sumExp[i]
-				for k, v := range x[i*vl : (i+1)*vl] {
-					row[k] = float32(math.Exp(float64(v-rowMax[i]))) * inv * w
-				}
 				if j := int(tg[i]) - start; j >= 0 && j < vl {
-					row[j] -= w
+					dx[i*vl+j] -= scale[i]
 				}
 			}
 			return []*tensor.Tensor{d}
