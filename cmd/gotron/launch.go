@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/gotron/gotron/comm/inproc"
+	"github.com/gotron/gotron/internal/cpu"
 	"github.com/gotron/gotron/launch"
 )
 
@@ -51,7 +52,9 @@ func cmdLaunch(ctx context.Context, env *cli, args []string) error {
 	defer signal.Stop(sigs)
 	cfg.Signals = sigs
 	if lf.inproc {
+		restore := shareThreads(env, lf.nproc)
 		err = launch.RunInProcess(ctx, cfg, inprocWorker(env, command, lf))
+		restore()
 	} else {
 		if !lf.noPython {
 			self, err := os.Executable()
@@ -83,6 +86,24 @@ func workerEnviron(env *cli, nproc, cpus int) []string {
 		environ = append(environ, fmt.Sprintf("GOTRON_NUM_THREADS=%d", n))
 	}
 	return environ
+}
+
+// shareThreads divides the process's kernel threads (cpu.Threads:
+// GOTRON_NUM_THREADS, or GOMAXPROCS) among the nproc goroutine ranks of
+// --inproc, which call kernels concurrently: each rank's kernels then split
+// their work over Threads/nproc goroutines (at least 1), as nproc processes
+// of GOTRON_NUM_THREADS = CPUs/nproc each would, instead of every rank
+// splitting over all of them and nproc× oversubscribing the cores. It says
+// so on stderr and returns a function that restores the previous count.
+func shareThreads(env *cli, nproc int) (restore func()) {
+	total := cpu.Threads()
+	per := max(1, total/nproc)
+	if nproc <= 1 || per == total {
+		return func() {}
+	}
+	prev := cpu.SetThreads(per)
+	fmt.Fprintf(env.stderr, "gotron launch: --inproc: the %d ranks share the process's %d kernel threads: %d per rank\n", nproc, total, per)
+	return func() { cpu.SetThreads(prev) }
 }
 
 // inprocWorker runs one rank's gotron subcommand in this process, its
