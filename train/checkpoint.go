@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"time"
 
 	"github.com/gotron/gotron/ckpt"
 	"github.com/gotron/gotron/ckpt/safetensors"
@@ -42,99 +43,197 @@ type RunArgs struct {
 	LossScaler *optim.LossScalerState `json:"loss_scaler,omitempty"`
 }
 
-// save writes a checkpoint. Under data parallelism every rank takes part
-// (the distributed optimizer's state is gathered whole, so the checkpoint
-// does not depend on the data-parallel size), the writer rank writes, and
-// every rank learns whether it succeeded.
-func (t *Trainer) save(root string) error {
+// save writes a sharded checkpoint of the current iteration under root:
+// every rank writes the shards it owns (see shardckpt.go) in parallel, then
+// world rank 0 merges their reports into checkpoint.json, renames the
+// directory into place and moves the tracker. Every rank takes part and
+// learns whether it succeeded. With async (--async-save) the shards are
+// copied and written in the background; pollSave finalises the save at a
+// later iteration.
+func (t *Trainer) save(root string, async bool) error {
+	if err := t.waitSave(); err != nil { // at most one save in flight
+		return err
+	}
 	if err := t.syncParams(); err != nil {
 		return err
 	}
-	os := t.opt.State()
-	if t.ddp != nil && !t.cfg.NoSaveOptim {
-		full, err := t.ddp.FullState(t.cctx, os)
-		if err != nil {
-			return fmt.Errorf("train: --save: %w", err)
-		}
-		os = full
-	}
-	// Whole tensors: the pipeline stages sent to pipeline rank 0, then
-	// gathered over the tensor-parallel group (collectives: every rank takes
-	// part).
-	var model map[string]safetensors.Tensor
 	var err error
-	if t.pipelined() {
-		if err := t.gatherPipeline(&os, !t.cfg.NoSaveOptim); err != nil {
-			return err
-		}
-	}
-	if !t.pipelined() || t.par.PP.Rank() == 0 {
-		if os, err = t.wholeOptimizerState(os); err != nil {
-			return err
-		}
-		if model, err = t.wholeParams(); err != nil {
-			return err
-		}
-	}
 	if t.tpOffsets, err = t.gatherDropoutOffsets(); err != nil {
 		return err
 	}
 	if t.rankOffsets, err = t.pipelineDropoutOffsets(); err != nil {
 		return err
 	}
+	it := int(t.Iteration)
 	if t.isWriter() {
-		err = t.write(root, model, os)
+		err = ckpt.BeginSharded(root, it)
 	}
-	if t.par != nil {
-		failed := []float32{0}
-		if err != nil {
-			failed[0] = 1
-		}
-		if cerr := t.par.World.AllReduce(t.cctx, comm.Float32s(failed), comm.Sum); cerr != nil {
-			return fmt.Errorf("train: --save at iteration %d: %w", t.Iteration, cerr)
-		}
-		if err == nil && failed[0] > 0 {
-			err = fmt.Errorf("train: --save at iteration %d failed on the writing rank (rank 0; see its log)", t.Iteration)
-		}
-	}
-	if err != nil {
+	if err = t.agreeSave(err, "prepare"); err != nil {
 		return err
 	}
-	t.printf("saved checkpoint at iteration %7d to %s", t.Iteration, root)
+	var st *optim.State
+	ost := t.opt.State()
+	if !t.cfg.NoSaveOptim {
+		st = &ost
+	}
+	meta, err := t.checkpointMeta(ost)
+	if err == nil {
+		var pieces []ckpt.Piece
+		if pieces, err = t.checkpointPieces(st, async); err == nil && async {
+			ps := &pendingSave{root: root, iteration: it, meta: meta, done: make(chan error, 1), started: t.cfg.Now()}
+			for _, p := range pieces {
+				ps.bytes += 4 * int64(len(p.Data))
+			}
+			go func() { ps.done <- ckpt.WriteShards(context.Background(), root, it, t.worldRank(), pieces) }()
+			t.pending = ps
+			t.printf("saving checkpoint at iteration %7d to %s in the background (%.1f MB of shards copied on this rank)", it, root, float64(ps.bytes)/1e6)
+			return nil
+		}
+		if err == nil {
+			err = ckpt.WriteShards(context.Background(), root, it, t.worldRank(), pieces)
+		}
+	}
+	return t.finishSave(root, it, meta, err)
+}
+
+// finishSave completes a save whose shards this rank wrote (or failed to
+// write, err): every rank agrees, then rank 0 finalises it.
+func (t *Trainer) finishSave(root string, it int, meta ckpt.Meta, err error) error {
+	if err = t.agreeSave(err, "write"); err != nil {
+		if t.isWriter() {
+			ckpt.AbortSharded(root, it)
+		}
+		return err
+	}
+	if t.isWriter() {
+		err = ckpt.FinishSharded(root, it, meta, t.checkpointLayout())
+	}
+	if err = t.agreeSave(err, "finalise"); err != nil {
+		return err
+	}
+	t.printf("saved checkpoint at iteration %7d to %s", it, root)
 	return nil
 }
 
-// write writes the (whole) model and optimizer state os under root.
-func (t *Trainer) write(root string, model map[string]safetensors.Tensor, os optim.State) error {
-	c := &ckpt.Checkpoint{Groups: map[string]map[string]safetensors.Tensor{"model": model}}
-	if !t.cfg.NoSaveOptim {
-		opt := map[string]safetensors.Tensor{}
-		for name, buf := range os.Buffers {
-			st, err := safetensors.FromFloat32(safetensors.F32, []int{len(buf)}, buf)
-			if err != nil {
-				return err
-			}
-			opt[name] = st
-		}
-		c.Groups["optimizer"] = opt
+// pendingSave is an asynchronous save in flight.
+type pendingSave struct {
+	root      string
+	iteration int
+	meta      ckpt.Meta
+	bytes     int64 // the copied shards of this rank
+	started   time.Time
+	done      chan error // this rank's WriteShards result
+}
+
+// pollSave finalises the save in flight once every rank has written its
+// shards; with wait it waits for them. Every rank calls it at the same
+// points (the start of every iteration, before a save, at the end).
+func (t *Trainer) pollSave(wait bool) error {
+	ps := t.pending
+	if ps == nil {
+		return nil
 	}
-	ra := RunArgs{Model: t.Model.Config, SeqLength: t.cfg.SeqLength, OptimizerKind: os.Kind,
-		OptimizerSteps: os.Steps, NaNIterations: t.NaNIterations, CLI: t.cfg.Args, TPDropoutOffsets: t.tpOffsets, LossScaler: t.scalerState()}
+	var werr error
+	written := false
+	if wait {
+		werr, written = <-ps.done, true
+	} else {
+		select {
+		case werr = <-ps.done:
+			written = true
+		default:
+		}
+	}
+	if written {
+		// Read once: keep the result for the next poll if others lag.
+		ps.done <- werr
+	}
+	if t.par != nil && t.par.World.Size() > 1 {
+		v := []float32{0}
+		if written {
+			v[0] = 1
+		}
+		if err := t.par.World.AllReduce(t.cctx, comm.Float32s(v), comm.Sum); err != nil {
+			return fmt.Errorf("train: asynchronous save of iteration %d: %w", ps.iteration, err)
+		}
+		written = int(v[0]) == t.par.World.Size()
+	}
+	if !written {
+		return nil
+	}
+	werr = <-ps.done
+	t.pending = nil
+	if err := t.finishSave(ps.root, ps.iteration, ps.meta, werr); err != nil {
+		return err
+	}
+	t.printf("  (asynchronous save of iteration %d finalised at iteration %d, %v after it started)", ps.iteration, t.Iteration, t.cfg.Now().Sub(ps.started).Round(time.Millisecond))
+	return nil
+}
+
+// waitSave waits for the save in flight, if any, and finalises it.
+func (t *Trainer) waitSave() error { return t.pollSave(true) }
+
+// agreeSave tells every rank whether step of a save failed on any rank: it
+// returns this rank's error, or one naming the step if another rank failed.
+func (t *Trainer) agreeSave(err error, step string) error {
+	if t.par == nil || t.par.World.Size() == 1 {
+		if err != nil {
+			return fmt.Errorf("train: --save at iteration %d: %w", t.Iteration, err)
+		}
+		return nil
+	}
+	failed := []float32{0}
+	if err != nil {
+		failed[0] = 1
+	}
+	if cerr := t.par.World.AllReduce(t.cctx, comm.Float32s(failed), comm.Sum); cerr != nil {
+		return fmt.Errorf("train: --save at iteration %d: %w", t.Iteration, cerr)
+	}
+	switch {
+	case err != nil:
+		return fmt.Errorf("train: --save at iteration %d (rank %d): %w", t.Iteration, t.worldRank(), err)
+	case failed[0] > 0:
+		return fmt.Errorf("train: --save at iteration %d failed to %s on %d rank(s): see their log", t.Iteration, step, int(failed[0]))
+	}
+	return nil
+}
+
+func (t *Trainer) worldRank() int {
+	if t.par == nil {
+		return 0
+	}
+	return t.par.World.Rank()
+}
+
+// checkpointLayout is this run's parallel layout, recorded in the
+// checkpoint for inspection.
+func (t *Trainer) checkpointLayout() ckpt.Layout {
+	l := ckpt.Layout{WorldSize: 1, TensorParallel: 1, PipelineParallel: 1, DataParallel: 1, DistributedOptimizer: t.cfg.DDP.DistributedOptimizer}
+	if t.par != nil {
+		l.WorldSize, l.TensorParallel, l.PipelineParallel, l.DataParallel = t.par.World.Size(), t.par.TP.Size(), t.par.PP.Size(), t.par.DP.Size()
+	}
+	if t.pipelined() {
+		l.VirtualStages = len(t.stages)
+	}
+	return l
+}
+
+// checkpointMeta is the checkpoint's metadata beside the tensors: samples,
+// arguments, RNG and scheduler state, the optimizer's kind and steps (ost).
+func (t *Trainer) checkpointMeta(ost optim.State) (ckpt.Meta, error) {
+	ra := RunArgs{Model: t.Model.Config, SeqLength: t.cfg.SeqLength, OptimizerKind: ost.Kind,
+		OptimizerSteps: ost.Steps, NaNIterations: t.NaNIterations, CLI: t.cfg.Args, TPDropoutOffsets: t.tpOffsets, LossScaler: t.scalerState()}
 	if t.pipelined() {
 		ra.RankDropoutOffsets, ra.PipelineSize, ra.TensorSize = t.rankOffsets, t.ppSize(), max(t.par.Layout.Config.TP, 1)
 	}
 	args, err := json.Marshal(ra)
 	if err != nil {
-		return err
+		return ckpt.Meta{}, err
 	}
 	rng, _ := json.Marshal(t.rng.State())
 	sched, _ := json.Marshal(t.sched.State())
-	c.Meta = ckpt.Meta{ConsumedTrainSamples: t.Consumed, SkippedTrainSamples: t.Skipped, ConsumedValidSamples: t.ConsumedValid,
-		FloatingPointOperationsSoFar: t.FLOPsSoFar, Args: args, RNGState: rng, Scheduler: sched}
-	if err := ckpt.Save(context.Background(), root, int(t.Iteration), c); err != nil {
-		return fmt.Errorf("train: --save: %w", err)
-	}
-	return nil
+	return ckpt.Meta{Iteration: int(t.Iteration), ConsumedTrainSamples: t.Consumed, SkippedTrainSamples: t.Skipped, ConsumedValidSamples: t.ConsumedValid,
+		FloatingPointOperationsSoFar: t.FLOPsSoFar, Args: args, RNGState: rng, Scheduler: sched}, nil
 }
 
 // LoadModel opens the latest checkpoint under dir and returns its model and
@@ -176,8 +275,11 @@ func loadWeights(m *gpt.Model, c *ckpt.Checkpoint) error {
 	return nil
 }
 
+// load resumes from the latest checkpoint under root, written by any
+// parallel layout (or by SaveModel, or format 1): each rank reads the
+// blocks of the parameters and optimizer buffers it holds.
 func (t *Trainer) load(root string) error {
-	c, err := ckpt.Load(root, -1)
+	r, err := ckpt.Open(root, -1)
 	if errors.Is(err, ckpt.ErrNoCheckpoint) {
 		// Megatron's load_checkpoint: no tracker file, start from random
 		// (what a first run with --save DIR --load DIR, or a restarted job
@@ -188,45 +290,53 @@ func (t *Trainer) load(root string) error {
 	if err != nil {
 		return fmt.Errorf("train: --load: %w", err)
 	}
-	defer c.Close()
-	if err := checkCheckpointArgs(root, t.Model.Config, c.Meta.Args); err != nil {
+	defer r.Close()
+	if err := checkCheckpointArgs(root, t.Model.Config, r.Meta.Args); err != nil {
 		return err
 	}
-	if t.region != nil {
-		err = t.loadSlices(c)
-	} else {
-		err = loadWeights(t.Model, c)
+	weightsOnly := !r.Has(ckpt.GroupOptimizer) && len(r.Meta.Scheduler) == 0
+	loadOptim := !t.cfg.Finetune && !weightsOnly && !t.cfg.NoLoadOptim
+	var st optim.State
+	if loadOptim {
+		if !r.Has(ckpt.GroupOptimizer) {
+			return fmt.Errorf("train: --load %s has no optimizer state (saved with --no-save-optim?): add --no-load-optim", root)
+		}
+		st = t.opt.State() // the keys and lengths this rank's optimizer keeps
 	}
-	if err != nil {
+	var want *optim.State
+	if loadOptim {
+		want = &st
+	}
+	if err := t.expectTensors(r, want); err != nil {
 		return err
 	}
-	if t.pipelined() {
-		t.loadedIntoStages(nil)
+	if err := t.readParams(r); err != nil {
+		return err
 	}
 	if t.cfg.Finetune {
 		t.printf("loaded weights from %s (--finetune: iteration, optimizer and scheduler start fresh)", root)
 		return nil
 	}
-	if _, hasOpt := c.Groups["optimizer"]; !hasOpt && len(c.Meta.Scheduler) == 0 {
+	if weightsOnly {
 		// A weights-only checkpoint (gotron convert, SaveModel): nothing to
 		// resume but the weights.
 		t.printf("loaded weights-only checkpoint from %s: training starts at iteration 0", root)
 		return nil
 	}
 	var ra RunArgs
-	if err := json.Unmarshal(c.Meta.Args, &ra); err != nil {
+	if err := json.Unmarshal(r.Meta.Args, &ra); err != nil {
 		return fmt.Errorf("train: --load %s: args: %w", root, err)
 	}
 	var rng tensor.RNGState
 	var sched optim.SchedulerState
-	if err := json.Unmarshal(c.Meta.RNGState, &rng); err != nil {
+	if err := json.Unmarshal(r.Meta.RNGState, &rng); err != nil {
 		return fmt.Errorf("train: --load %s: rng state: %w", root, err)
 	}
-	if err := json.Unmarshal(c.Meta.Scheduler, &sched); err != nil {
+	if err := json.Unmarshal(r.Meta.Scheduler, &sched); err != nil {
 		return fmt.Errorf("train: --load %s: scheduler state: %w", root, err)
 	}
-	t.Iteration, t.Consumed, t.ConsumedValid = int64(c.Meta.Iteration), c.Meta.ConsumedTrainSamples, c.Meta.ConsumedValidSamples
-	t.Skipped, t.NaNIterations, t.FLOPsSoFar = c.Meta.SkippedTrainSamples, ra.NaNIterations, c.Meta.FloatingPointOperationsSoFar
+	t.Iteration, t.Consumed, t.ConsumedValid = int64(r.Meta.Iteration), r.Meta.ConsumedTrainSamples, r.Meta.ConsumedValidSamples
+	t.Skipped, t.NaNIterations, t.FLOPsSoFar = r.Meta.SkippedTrainSamples, ra.NaNIterations, r.Meta.FloatingPointOperationsSoFar
 	t.skippedAtLog, t.nanAtLog = t.Skipped, t.NaNIterations
 	if t.scaler != nil && ra.LossScaler != nil {
 		if err := t.scaler.LoadState(*ra.LossScaler); err != nil {
@@ -245,28 +355,14 @@ func (t *Trainer) load(root string) error {
 	if err := t.sched.LoadState(sched); err != nil {
 		return fmt.Errorf("train: --load %s: %w", root, err)
 	}
-	if !t.cfg.NoLoadOptim {
-		group, ok := c.Groups["optimizer"]
-		if !ok {
-			return fmt.Errorf("train: --load %s has no optimizer state (saved with --no-save-optim?): add --no-load-optim", root)
+	if loadOptim {
+		if ra.OptimizerKind != st.Kind {
+			return fmt.Errorf("train: --load %s: the checkpoint's optimizer state is %q, this run's optimizer is %q", root, ra.OptimizerKind, st.Kind)
 		}
-		st := optim.State{Kind: ra.OptimizerKind, Steps: ra.OptimizerSteps, Buffers: map[string][]float32{}}
-		for name, x := range group {
-			buf := make([]float32, x.NumElements())
-			if err := x.DecodeFloat32(buf); err != nil {
-				return fmt.Errorf("train: --load %s: optimizer %s: %w", root, name, err)
-			}
-			st.Buffers[name] = buf
+		if err := t.readOptimizerState(r, &st); err != nil {
+			return err
 		}
-		st = t.sliceOptimizerState(st)
-		if t.pipelined() {
-			t.loadedIntoStages(&st)
-		}
-		if t.ddp != nil {
-			if st, err = t.ddp.ShardState(st); err != nil {
-				return fmt.Errorf("train: --load %s: %w", root, err)
-			}
-		}
+		st.Steps = ra.OptimizerSteps
 		if err := t.opt.LoadState(st); err != nil {
 			return fmt.Errorf("train: --load %s: %w", root, err)
 		}

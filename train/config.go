@@ -6,6 +6,7 @@ package train
 import (
 	"fmt"
 	"io"
+	"slices"
 	"time"
 
 	"github.com/gotron/gotron/model/gpt"
@@ -75,16 +76,23 @@ type Config struct {
 	TensorBoard TensorBoard
 
 	// Checkpoints.
-	Save         string         // --save
-	Load         string         // --load
-	SaveInterval int64          // --save-interval
-	ExitInterval int64          // --exit-interval
-	ExitDuration time.Duration  // --exit-duration-in-mins
-	NoSaveOptim  bool           // --no-save-optim
-	NoLoadOptim  bool           // --no-load-optim
-	NoLoadRNG    bool           // --no-load-rng: the dropout streams start afresh
-	Finetune     bool           // --finetune: load weights only, start at iteration 0
-	Args         map[string]any // the command line, stored in checkpoints
+	Save         string        // --save
+	Load         string        // --load
+	SaveInterval int64         // --save-interval
+	ExitInterval int64         // --exit-interval
+	ExitDuration time.Duration // --exit-duration-in-mins
+	NoSaveOptim  bool          // --no-save-optim
+	NoLoadOptim  bool          // --no-load-optim
+	NoLoadRNG    bool          // --no-load-rng: the dropout streams start afresh
+	// AsyncSave is --async-save: a save snapshots this rank's shards and
+	// training goes on while they are written; finalised (metadata, tracker)
+	// at a later iteration, at most one in flight.
+	AsyncSave bool
+	// DistCkptStrictness is --dist-ckpt-strictness (StrictnessValues):
+	// whether checkpoint tensors the model does not use are accepted.
+	DistCkptStrictness string
+	Finetune           bool           // --finetune: load weights only, start at iteration 0
+	Args               map[string]any // the command line, stored in checkpoints
 
 	// Parallel holds this rank's process groups (parallel.NewGroups); nil
 	// means one process. Data, tensor and pipeline parallelism run in this
@@ -128,6 +136,10 @@ func (c *Config) validate() error {
 		return fmt.Errorf("train: --eval-iters=%d: want ≥ 0 (0 turns evaluation off)", c.EvalIters)
 	case c.SaveInterval > 0 && c.Save == "":
 		return fmt.Errorf("train: --save-interval=%d needs --save", c.SaveInterval)
+	case c.DistCkptStrictness != "" && !slices.Contains(StrictnessValues, c.DistCkptStrictness):
+		return fmt.Errorf("train: --dist-ckpt-strictness=%s: want one of %v", c.DistCkptStrictness, StrictnessValues)
+	case c.AsyncSave && c.Save == "":
+		return fmt.Errorf("train: --async-save needs --save")
 	case c.Optimizer != "" && c.Optimizer != "adam" && c.Optimizer != "sgd":
 		return fmt.Errorf("train: --optimizer=%q: want adam or sgd", c.Optimizer)
 	case c.MaxSkipsInARow < 0:

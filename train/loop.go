@@ -43,6 +43,7 @@ type Trainer struct {
 	rankRNG     *tensor.RNG           // per-TP-rank dropout stream (with region)
 	tpOffsets   []uint64              // every TP rank's rankRNG offset, for the checkpoint being written
 	rankOffsets [][2]uint64           // every rank's dropout stream offsets under pipelining, for the checkpoint
+	pending     *pendingSave          // the --async-save in flight
 	scaler      *optim.LossScaler     // --fp16's loss scaler; nil otherwise
 	overflow    bool                  // the last step was skipped for an fp16 gradient overflow
 	stages      []*gpt.Stage          // this pipeline rank's model chunks; nil without pipelining
@@ -266,6 +267,9 @@ func (t *Trainer) Run(ctx context.Context) (Result, error) {
 		t.rawf("skipping training (--skip-train is on) ...")
 	}
 	for t.Iteration < t.trainIters && !cfg.SkipTrain {
+		if err := t.pollSave(false); err != nil {
+			return res, err
+		}
 		loss, err := t.step(ctx)
 		if err != nil {
 			return res, err
@@ -305,7 +309,8 @@ func (t *Trainer) Run(ctx context.Context) (Result, error) {
 			}
 		}
 		if (save || exit) && cfg.Save != "" {
-			if err := t.save(cfg.Save); err != nil {
+			// A save before exiting is synchronous: nothing is left to finish.
+			if err := t.save(cfg.Save, cfg.AsyncSave && !exit && t.Iteration < t.trainIters); err != nil {
 				return res, err
 			}
 			savedLast = t.Iteration
@@ -316,11 +321,14 @@ func (t *Trainer) Run(ctx context.Context) (Result, error) {
 			break
 		}
 	}
+	if err := t.waitSave(); err != nil {
+		return res, err
+	}
 	if err := t.syncParams(); err != nil {
 		return res, err
 	}
 	if cfg.Save != "" && savedLast != t.Iteration && t.Iteration > 0 {
-		if err := t.save(cfg.Save); err != nil {
+		if err := t.save(cfg.Save, false); err != nil {
 			return res, err
 		}
 		res.SavedAt = append(res.SavedAt, t.Iteration)

@@ -3,12 +3,9 @@ package train
 import (
 	"context"
 	"fmt"
-	"sort"
-	"strings"
 
 	"github.com/gotron/gotron/comm"
 	"github.com/gotron/gotron/model/gpt"
-	"github.com/gotron/gotron/optim"
 	"github.com/gotron/gotron/parallel/pp"
 	"github.com/gotron/gotron/tensor"
 )
@@ -259,85 +256,6 @@ func ownedParams(stages []*gpt.Stage) []*tensor.Tensor {
 		}
 	}
 	return out
-}
-
-// gatherPipeline brings the stages of every pipeline rank into pipeline
-// rank 0's whole model (parameters) and optimizer state st (buffers
-// "<kind>/<name>", whole over data parallelism), for a checkpoint. Every
-// rank of the pipeline group takes part; the result matters on rank 0.
-func (t *Trainer) gatherPipeline(st *optim.State, withOptim bool) error {
-	g := t.par.PP
-	var kinds []string
-	if withOptim {
-		seen := map[string]bool{}
-		for k := range st.Buffers {
-			kind, _, _ := strings.Cut(k, "/")
-			seen[kind] = true
-		}
-		for k := range seen {
-			kinds = append(kinds, k)
-		}
-		sort.Strings(kinds)
-	}
-	if g.Rank() != 0 {
-		for _, p := range ownedParams(t.stages) {
-			if err := g.Send(t.cctx, comm.Float32s(p.Float32s()), 0); err != nil {
-				return fmt.Errorf("train: --save: send %s to pipeline rank 0: %w", p.Name, err)
-			}
-			for _, k := range kinds {
-				buf, ok := st.Buffers[k+"/"+p.Name]
-				if !ok || len(buf) != p.Numel() {
-					return fmt.Errorf("train: --save: pipeline rank %d has no %s state of %d values for %s", g.Rank(), k, p.Numel(), p.Name)
-				}
-				if err := g.Send(t.cctx, comm.Float32s(buf), 0); err != nil {
-					return fmt.Errorf("train: --save: send the %s state of %s to pipeline rank 0: %w", k, p.Name, err)
-				}
-			}
-		}
-		return nil
-	}
-	for r := 1; r < g.Size(); r++ {
-		// Rank 0 holds the whole model: the stages of rank r are views of
-		// the tensors to receive into.
-		stages, err := gpt.SplitStages(t.Model, t.cfg.pipelineSplit(), r)
-		if err != nil {
-			return err
-		}
-		for _, p := range ownedParams(stages) {
-			if err := g.Recv(t.cctx, comm.Float32s(p.Float32s()), r); err != nil {
-				return fmt.Errorf("train: --save: receive %s from pipeline rank %d: %w", p.Name, r, err)
-			}
-			for _, k := range kinds {
-				buf := make([]float32, p.Numel())
-				if err := g.Recv(t.cctx, comm.Float32s(buf), r); err != nil {
-					return fmt.Errorf("train: --save: receive the %s state of %s from pipeline rank %d: %w", k, p.Name, r, err)
-				}
-				st.Buffers[k+"/"+p.Name] = buf
-			}
-		}
-	}
-	return nil
-}
-
-// loadedIntoStages finishes a load under pipelining: the tied embedding's
-// copy on the last stage takes the loaded table, and the optimizer state
-// keeps the buffers of this rank's parameters only.
-func (t *Trainer) loadedIntoStages(st *optim.State) {
-	if e := t.embeddingCopy(); e != nil {
-		copy(e.Float32s(), t.Model.WordEmb.Float32s())
-	}
-	if st == nil {
-		return
-	}
-	mine := map[string]bool{}
-	for _, p := range t.localParams() {
-		mine[p.Name] = true
-	}
-	for k := range st.Buffers {
-		if _, name, _ := strings.Cut(k, "/"); !mine[name] {
-			delete(st.Buffers, k)
-		}
-	}
 }
 
 // pipelineDropoutOffsets gathers every rank's dropout stream positions

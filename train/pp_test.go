@@ -9,7 +9,6 @@ import (
 	"github.com/gotron/gotron/comm/inproc"
 	datagpt "github.com/gotron/gotron/data/gpt"
 	"github.com/gotron/gotron/model/gpt"
-	"github.com/gotron/gotron/optim"
 	"github.com/gotron/gotron/parallel"
 	"github.com/gotron/gotron/parallel/ddp"
 )
@@ -52,7 +51,7 @@ func runPP(t *testing.T, cfg Config, l ppLayout, train, valid datagpt.Source) []
 			return err
 		}
 		if tr.pipelined() {
-			if err := tr.gatherPipeline(&optim.State{}, false); err != nil {
+			if err := tr.gatherPipeline(); err != nil {
 				return err
 			}
 		}

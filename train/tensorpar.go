@@ -5,8 +5,6 @@ import (
 	"fmt"
 	"strings"
 
-	"github.com/gotron/gotron/ckpt"
-	"github.com/gotron/gotron/ckpt/safetensors"
 	"github.com/gotron/gotron/comm"
 	"github.com/gotron/gotron/model/gpt"
 	"github.com/gotron/gotron/optim"
@@ -159,125 +157,6 @@ func (t *Trainer) fullShape(name string, shape []int) []int {
 		out[len(out)-1] *= t.region.Size()
 	}
 	return out
-}
-
-// gatherWhole all-gathers a parameter-shaped buffer (the parameter, or one
-// of its optimizer buffers) over the TP group and returns the whole tensor.
-func (t *Trainer) gatherWhole(name string, shape []int, local []float32) ([]float32, error) {
-	if t.region == nil || t.replicated(name) {
-		return local, nil
-	}
-	size := t.region.Size()
-	all := make([]float32, size*len(local))
-	if err := t.par.TP.AllGather(t.cctx, comm.Float32s(all), comm.Float32s(local), nil); err != nil {
-		return nil, fmt.Errorf("train: gather %s over the tensor-parallel group: %w", name, err)
-	}
-	full := t.fullShape(name, shape)
-	whole := make([]float32, len(all))
-	for r := range size {
-		tp.Merge(whole, all[r*len(local):(r+1)*len(local)], full, t.plan(name), r, size)
-	}
-	return whole, nil
-}
-
-// sliceWhole is gatherWhole's inverse for loading: this rank's slice of a
-// whole tensor of the parameter's full shape.
-func (t *Trainer) sliceWhole(name string, shape []int, whole []float32) []float32 {
-	if t.region == nil || t.replicated(name) {
-		return whole
-	}
-	local := make([]float32, len(whole)/t.region.Size())
-	full := t.fullShape(name, shape)
-	x := tensor.FromFloat32(whole, full...)
-	x.Name = name
-	s, err := tp.Shard(x, t.plan(name), t.region.Rank(), t.region.Size())
-	if err != nil { // shapes come from the model itself: cannot fail
-		panic(err)
-	}
-	copy(local, s.Float32s())
-	return local
-}
-
-// wholeParams returns every parameter as a whole-shape safetensors tensor
-// (gathered over TP).
-func (t *Trainer) wholeParams() (map[string]safetensors.Tensor, error) {
-	out := map[string]safetensors.Tensor{}
-	for _, p := range t.Model.Params() {
-		w, err := t.gatherWhole(p.Name, p.Shape(), p.Float32s())
-		if err != nil {
-			return nil, err
-		}
-		st, err := safetensors.FromFloat32(safetensors.F32, t.fullShape(p.Name, p.Shape()), w)
-		if err != nil {
-			return nil, err
-		}
-		out[p.Name] = st
-	}
-	return out, nil
-}
-
-// wholeOptimizerState gathers every per-parameter optimizer buffer
-// ("<kind>/<param>") over TP.
-func (t *Trainer) wholeOptimizerState(st optim.State) (optim.State, error) {
-	if t.region == nil {
-		return st, nil
-	}
-	shapes := map[string][]int{}
-	for _, p := range t.Model.Params() {
-		shapes[p.Name] = p.Shape()
-	}
-	out := optim.State{Kind: st.Kind, Steps: st.Steps, Buffers: map[string][]float32{}}
-	for _, k := range st.BufferNames() {
-		_, name, _ := strings.Cut(k, "/")
-		shape, ok := shapes[name]
-		if !ok {
-			return out, fmt.Errorf("train: optimizer buffer %s names no parameter", k)
-		}
-		w, err := t.gatherWhole(name, shape, st.Buffers[k])
-		if err != nil {
-			return out, err
-		}
-		out.Buffers[k] = w
-	}
-	return out, nil
-}
-
-// loadSlices copies this rank's slice of every whole checkpoint tensor into
-// the model, checking names and whole shapes.
-func (t *Trainer) loadSlices(c *ckpt.Checkpoint) error {
-	want := map[string]ckpt.Spec{}
-	for _, p := range t.Model.Params() {
-		want[p.Name] = ckpt.Spec{DType: safetensors.F32, Shape: t.fullShape(p.Name, p.Shape())}
-	}
-	if err := c.Expect("model", want); err != nil {
-		return err
-	}
-	for _, p := range t.Model.Params() {
-		whole := make([]float32, c.Groups["model"][p.Name].NumElements())
-		if err := c.Groups["model"][p.Name].DecodeFloat32(whole); err != nil {
-			return fmt.Errorf("train: checkpoint tensor %s: %w", p.Name, err)
-		}
-		copy(p.Float32s(), t.sliceWhole(p.Name, p.Shape(), whole))
-	}
-	return nil
-}
-
-// sliceOptimizerState keeps this rank's slice of every whole optimizer buffer.
-func (t *Trainer) sliceOptimizerState(st optim.State) optim.State {
-	if t.region == nil {
-		return st
-	}
-	shapes := map[string][]int{}
-	for _, p := range t.Model.Params() {
-		shapes[p.Name] = p.Shape()
-	}
-	for k, buf := range st.Buffers {
-		_, name, _ := strings.Cut(k, "/")
-		if shape, ok := shapes[name]; ok && len(buf) == numel(t.fullShape(name, shape)) {
-			st.Buffers[k] = t.sliceWhole(name, shape, buf)
-		}
-	}
-	return st
 }
 
 func numel(shape []int) int {

@@ -200,7 +200,9 @@ func newTrainFlags() (*flag.FlagSet, *trainFlags) {
 	fs.Float64Var(&c.DecoupledLR, "decoupled-lr", 0, "separate peak learning rate for the word embedding and output layer")
 	fs.Float64Var(&c.DecoupledMinLR, "decoupled-min-lr", 0, "final learning rate with --decoupled-lr (default --min-lr)")
 	fs.BoolVar(&f.useCkptArgs, "use-checkpoint-args", false, "take the model architecture from the --load checkpoint")
-	fs.StringVar(&f.ckptFormat, "ckpt-format", ckpt.FormatName, "checkpoint format: only "+ckpt.FormatName+" (gotron's sharded safetensors + checkpoint.json)")
+	fs.StringVar(&f.ckptFormat, "ckpt-format", ckpt.FormatName, "checkpoint format: "+ckpt.FormatName+" (gotron's sharded safetensors + checkpoint.json: every rank writes its shards, any layout loads them); torch_dist means the same")
+	fs.BoolVar(&c.AsyncSave, "async-save", false, "save checkpoints in the background: the saving iteration copies this rank's shards and training goes on while they are written")
+	fs.StringVar(&c.DistCkptStrictness, "dist-ckpt-strictness", "assume_ok_unexpected", "checkpoint tensors the model does not use: "+strings.Join(train.StrictnessValues, ", ")+" (missing tensors and shape mismatches are always errors)")
 	fs.Bool("use-cpu-initialization", false, "accepted: gotron always initialises on the CPU from the seed, whole (any parallel layout starts from the same model)")
 	fs.BoolVar(&c.LogParamsNorm, "log-params-norm", false, "print the parameters' L2 norm on the log line")
 	fs.StringVar(&c.StepBatchSizeSchedule, "step-batch-size-schedule", "", "\"THRESHOLD:BS ...\": global batch BS from THRESHOLD tokens on (K/M/B/T suffixes; first threshold 0); excludes --global-batch-size")
@@ -454,8 +456,8 @@ func (f *trainFlags) build(ctx context.Context, given map[string]bool) (train.Co
 	if f.schedule.LR == 0 {
 		return cfg, nil, fmt.Errorf("--lr is required")
 	}
-	if f.ckptFormat != ckpt.FormatName {
-		return cfg, nil, fmt.Errorf("--ckpt-format=%s: gotron reads and writes %q checkpoints (Megatron's torch/torch_dist files convert with 'gotron convert')", f.ckptFormat, ckpt.FormatName)
+	if f.ckptFormat != ckpt.FormatName && f.ckptFormat != "torch_dist" {
+		return cfg, nil, fmt.Errorf("--ckpt-format=%s: gotron reads and writes %q checkpoints, sharded and reshardable like torch_dist (Megatron's legacy torch checkpoints convert with 'gotron convert --from megatron')", f.ckptFormat, ckpt.FormatName)
 	}
 	if len(f.rampup.values) > 0 {
 		for _, v := range f.rampup.values {

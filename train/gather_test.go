@@ -1,0 +1,78 @@
+package train
+
+import (
+	"fmt"
+
+	"github.com/gotron/gotron/ckpt/safetensors"
+	"github.com/gotron/gotron/comm"
+	"github.com/gotron/gotron/model/gpt"
+	"github.com/gotron/gotron/parallel/tp"
+)
+
+// Test helpers: the whole model, gathered from the ranks that hold its
+// parts, to compare parallel layouts with one process.
+
+// gatherWhole all-gathers a parameter-shaped buffer (the parameter, or one
+// of its optimizer buffers) over the TP group and returns the whole tensor.
+func (t *Trainer) gatherWhole(name string, shape []int, local []float32) ([]float32, error) {
+	if t.region == nil || t.replicated(name) {
+		return local, nil
+	}
+	size := t.region.Size()
+	all := make([]float32, size*len(local))
+	if err := t.par.TP.AllGather(t.cctx, comm.Float32s(all), comm.Float32s(local), nil); err != nil {
+		return nil, fmt.Errorf("train: gather %s over the tensor-parallel group: %w", name, err)
+	}
+	full := t.fullShape(name, shape)
+	whole := make([]float32, len(all))
+	for r := range size {
+		tp.Merge(whole, all[r*len(local):(r+1)*len(local)], full, t.plan(name), r, size)
+	}
+	return whole, nil
+}
+
+// wholeParams returns every parameter as a whole-shape safetensors tensor
+// (gathered over TP).
+func (t *Trainer) wholeParams() (map[string]safetensors.Tensor, error) {
+	out := map[string]safetensors.Tensor{}
+	for _, p := range t.Model.Params() {
+		w, err := t.gatherWhole(p.Name, p.Shape(), p.Float32s())
+		if err != nil {
+			return nil, err
+		}
+		st, err := safetensors.FromFloat32(safetensors.F32, t.fullShape(p.Name, p.Shape()), w)
+		if err != nil {
+			return nil, err
+		}
+		out[p.Name] = st
+	}
+	return out, nil
+}
+
+// gatherPipeline brings every pipeline rank's stages into pipeline rank
+// 0's whole model. Every rank of the pipeline group takes part.
+func (t *Trainer) gatherPipeline() error {
+	g := t.par.PP
+	if g.Rank() != 0 {
+		for _, p := range ownedParams(t.stages) {
+			if err := g.Send(t.cctx, comm.Float32s(p.Float32s()), 0); err != nil {
+				return fmt.Errorf("send %s to pipeline rank 0: %w", p.Name, err)
+			}
+		}
+		return nil
+	}
+	for r := 1; r < g.Size(); r++ {
+		// Rank 0 holds the whole model: the stages of rank r are views of
+		// the tensors to receive into.
+		stages, err := gpt.SplitStages(t.Model, t.cfg.pipelineSplit(), r)
+		if err != nil {
+			return err
+		}
+		for _, p := range ownedParams(stages) {
+			if err := g.Recv(t.cctx, comm.Float32s(p.Float32s()), r); err != nil {
+				return fmt.Errorf("receive %s from pipeline rank %d: %w", p.Name, r, err)
+			}
+		}
+	}
+	return nil
+}

@@ -1,0 +1,331 @@
+package train
+
+import (
+	"cmp"
+	"fmt"
+	"maps"
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/gotron/gotron/ckpt"
+	"github.com/gotron/gotron/ckpt/safetensors"
+	"github.com/gotron/gotron/optim"
+	"github.com/gotron/gotron/parallel/tp"
+	"github.com/gotron/gotron/tensor"
+)
+
+// Which rank writes which part of which tensor, and which parts a rank
+// reads back, in the sharded checkpoint format (package ckpt, format 2).
+//
+// Every logical tensor is a whole parameter, or one optimizer buffer of one
+// ("exp_avg/<param>"), of the parameter's whole (TP=1) shape. A rank holds a
+// tensor-parallel slice of it: a block of rows (column-parallel layers and
+// the vocabulary-parallel embedding and output layer), two (SwiGLU's fc1,
+// [gate_r; up_r]), a block of columns (row-parallel layers), or all of it
+// (replicated: norms, row-parallel biases, position embeddings). With the
+// distributed optimizer a data-parallel rank holds a flat range of that
+// slice's optimizer buffers. A rank writes what it holds, except that a
+// replicated copy is written once: by tensor-parallel rank 0, and, across
+// data-parallel replicas, by the one rank the tensor is dealt to (largest
+// first, to the least loaded), so that every rank of a data-parallel group
+// writes about as much. The tied embedding's copy on the last pipeline
+// stage is not written: the first stage's is the tensor.
+
+// localBlock is one block of a parameter's whole tensor that this rank
+// holds, starting at element start of its local tensor.
+type localBlock struct {
+	start int
+	ckpt.Block
+}
+
+// paramBlocks returns the whole shape of parameter name, whose local slice
+// has shape, and the blocks of it the local slice holds.
+func (t *Trainer) paramBlocks(name string, shape []int) ([]int, []localBlock) {
+	full := t.fullShape(name, shape)
+	if t.region == nil || t.replicated(name) {
+		return full, []localBlock{{0, ckpt.Whole(full)}}
+	}
+	rank := t.region.Rank()
+	b := ckpt.Whole(shape)
+	switch t.plan(name) {
+	case tp.Column:
+		b.Offset[0] = rank * shape[0]
+	case tp.Row:
+		b.Offset[len(shape)-1] = rank * shape[len(shape)-1]
+	case tp.ColumnGLU:
+		k := shape[0] / 2 // rows of each half on this rank
+		half := slices.Clone(shape)
+		half[0] = k
+		gate, up := ckpt.Whole(half), ckpt.Whole(half)
+		gate.Offset[0], up.Offset[0] = rank*k, full[0]/2+rank*k
+		return full, []localBlock{{0, gate}, {numel(half), up}}
+	}
+	return full, []localBlock{{0, b}}
+}
+
+// restrict cuts blocks to the local elements [lo, hi); the returned blocks'
+// start is relative to lo.
+func restrict(blocks []localBlock, lo, hi int) []localBlock {
+	var out []localBlock
+	for _, lb := range blocks {
+		n := lb.Len()
+		a, b := max(lo, lb.start), min(hi, lb.start+n)
+		if a >= b {
+			continue
+		}
+		c := lb
+		c.Lo, c.Hi = a-lb.start, b-lb.start
+		c.start = a - lo
+		out = append(out, c)
+	}
+	return out
+}
+
+// optimizerKey splits an optimizer buffer key, "<kind>/<param>" or, over
+// the distributed optimizer's pieces, "<kind>/<param>[lo:hi]".
+func optimizerKey(key string, numel int) (kind, param string, lo, hi int, sharded bool, err error) {
+	kind, param, ok := strings.Cut(key, "/")
+	if !ok {
+		return "", "", 0, 0, false, fmt.Errorf("train: optimizer buffer %q has no kind prefix", key)
+	}
+	if i := strings.LastIndexByte(param, '['); i > 0 && strings.HasSuffix(param, "]") {
+		a, b, ok := strings.Cut(param[i+1:len(param)-1], ":")
+		lo, err1 := strconv.Atoi(a)
+		hi, err2 := strconv.Atoi(b)
+		if !ok || err1 != nil || err2 != nil || lo < 0 || hi < lo || hi > numel && numel >= 0 {
+			return "", "", 0, 0, false, fmt.Errorf("train: optimizer buffer %q: bad element range", key)
+		}
+		return kind, param[:i], lo, hi, true, nil
+	}
+	return kind, param, 0, -1, false, nil
+}
+
+// dpWriters deals the tensors replicated across this rank's data-parallel
+// group to its ranks, largest first to the least loaded: every rank of the
+// group computes the same table, as they hold the same parameters.
+func (t *Trainer) dpWriters(params []*tensor.Tensor, withOptim int) map[string]int {
+	dp := 1
+	if t.par != nil {
+		dp = t.par.DP.Size()
+	}
+	owner := map[string]int{}
+	if dp == 1 {
+		for _, p := range params {
+			owner[p.Name] = 0
+		}
+		return owner
+	}
+	ps := slices.Clone(params)
+	slices.SortFunc(ps, func(a, b *tensor.Tensor) int {
+		return cmp.Or(cmp.Compare(b.Numel(), a.Numel()), cmp.Compare(a.Name, b.Name))
+	})
+	load := make([]int64, dp)
+	for _, p := range ps {
+		r := 0
+		for i := range load {
+			if load[i] < load[r] {
+				r = i
+			}
+		}
+		owner[p.Name] = r
+		// A replicated optimizer state goes with its parameter.
+		load[r] += int64(p.Numel()) * int64(1+withOptim)
+	}
+	return owner
+}
+
+// checkpointPieces returns the pieces of the model and optimizer state st
+// (this rank's, as the optimizer keeps it) that this rank writes. With
+// snapshot the data are copies (an asynchronous save writes them while
+// training goes on); otherwise they alias the live tensors.
+func (t *Trainer) checkpointPieces(st *optim.State, snapshot bool) ([]ckpt.Piece, error) {
+	owned := t.Model.Params()
+	if t.pipelined() {
+		owned = ownedParams(t.stages)
+	}
+	tpRank, dpRank := 0, 0
+	if t.region != nil {
+		tpRank = t.region.Rank()
+	}
+	if t.par != nil {
+		dpRank = t.par.DP.Rank()
+	}
+	replicatedBuffers := 0 // per parameter, dealt with it
+	if st != nil && !t.cfg.DDP.DistributedOptimizer {
+		replicatedBuffers = len(stateKinds(*st))
+	}
+	writer := t.dpWriters(owned, replicatedBuffers)
+	writes := func(name string, dpSharded bool) bool {
+		if tpRank != 0 && t.replicated(name) {
+			return false
+		}
+		w, ok := writer[name]
+		return ok && (dpSharded || w == dpRank)
+	}
+	data := func(v []float32) []float32 {
+		if snapshot {
+			return slices.Clone(v)
+		}
+		return v
+	}
+	var out []ckpt.Piece
+	add := func(group, name string, shape []int, blocks []localBlock, v []float32) {
+		for _, b := range blocks {
+			out = append(out, ckpt.Piece{Group: group, Name: name, GlobalShape: shape, Block: b.Block,
+				Data: data(v[b.start : b.start+b.Len()])})
+		}
+	}
+	shapes := map[string][]int{}
+	for _, p := range owned {
+		shapes[p.Name] = p.Shape()
+		if writes(p.Name, false) {
+			full, blocks := t.paramBlocks(p.Name, p.Shape())
+			add(ckpt.GroupModel, p.Name, full, blocks, p.Float32s())
+		}
+	}
+	if st == nil {
+		return out, nil
+	}
+	for _, key := range st.BufferNames() {
+		buf := st.Buffers[key]
+		kind, name, lo, hi, sharded, err := optimizerKey(key, -1)
+		if err != nil {
+			return nil, err
+		}
+		shape, ok := shapes[name]
+		if !ok {
+			if e := t.embeddingCopy(); e != nil && e.Name == name {
+				continue // the tied embedding's copy: the first stage writes its state
+			}
+			return nil, fmt.Errorf("train: optimizer buffer %s names no parameter of this rank", key)
+		}
+		if !sharded {
+			hi = len(buf)
+		}
+		if hi-lo != len(buf) || hi > numel(shape) {
+			return nil, fmt.Errorf("train: optimizer buffer %s has %d values for its range [%d, %d) of %v", key, len(buf), lo, hi, shape)
+		}
+		if !writes(name, sharded) {
+			continue
+		}
+		full, blocks := t.paramBlocks(name, shape)
+		add(ckpt.GroupOptimizer, kind+"/"+name, full, restrict(blocks, lo, hi), buf)
+	}
+	return out, nil
+}
+
+// stateKinds are the buffer kinds of an optimizer state ("exp_avg", ...).
+func stateKinds(st optim.State) []string {
+	seen := map[string]bool{}
+	for k := range st.Buffers {
+		kind, _, _ := strings.Cut(k, "/")
+		seen[kind] = true
+	}
+	kinds := make([]string, 0, len(seen))
+	for k := range seen {
+		kinds = append(kinds, k)
+	}
+	slices.Sort(kinds)
+	return kinds
+}
+
+// readParams fills this rank's parameters (its stages' under pipelining,
+// the tied embedding's copy included) from the checkpoint, reading only the
+// blocks it holds.
+func (t *Trainer) readParams(r *ckpt.Reader) error {
+	for _, p := range t.localParams() {
+		full, blocks := t.paramBlocks(p.Name, p.Shape())
+		v := p.Float32s()
+		for _, b := range blocks {
+			if err := r.Read(ckpt.GroupModel, p.Name, full, b.Block, v[b.start:b.start+b.Len()]); err != nil {
+				return fmt.Errorf("train: --load: %w", err)
+			}
+		}
+	}
+	return nil
+}
+
+// readOptimizerState fills st, this rank's optimizer state as the optimizer
+// keeps it (its keys and lengths), from the checkpoint.
+func (t *Trainer) readOptimizerState(r *ckpt.Reader, st *optim.State) error {
+	shapes := map[string][]int{}
+	for _, p := range t.localParams() {
+		shapes[p.Name] = p.Shape()
+	}
+	for _, key := range st.BufferNames() {
+		buf := st.Buffers[key]
+		kind, name, lo, hi, sharded, err := optimizerKey(key, -1)
+		if err != nil {
+			return err
+		}
+		shape, ok := shapes[name]
+		if !ok {
+			return fmt.Errorf("train: optimizer buffer %s names no parameter of this rank", key)
+		}
+		if !sharded {
+			lo, hi = 0, len(buf)
+		}
+		full, blocks := t.paramBlocks(name, shape)
+		for _, b := range restrict(blocks, lo, hi) {
+			if err := r.Read(ckpt.GroupOptimizer, kind+"/"+name, full, b.Block, buf[b.start:b.start+b.Len()]); err != nil {
+				return fmt.Errorf("train: --load: %w", err)
+			}
+		}
+	}
+	return nil
+}
+
+// expectTensors checks the checkpoint's model (and, with optimizer, its
+// optimizer) tensors against this run's model: names, whole shapes and
+// dtypes, every mismatch listed. Unexpected tensors are errors unless
+// strictness allows them (Megatron's --dist-ckpt-strictness).
+func (t *Trainer) expectTensors(r *ckpt.Reader, optimizer *optim.State) error {
+	unexpectedOK, logUnexpected := strictness(t.cfg.DistCkptStrictness)
+	want := map[string]ckpt.Spec{}
+	for _, p := range t.Model.Params() {
+		want[p.Name] = ckpt.Spec{DType: safetensors.F32, Shape: t.fullShape(p.Name, p.Shape())}
+	}
+	err := r.Expect(ckpt.GroupModel, want, unexpectedOK)
+	if optimizer != nil && err == nil {
+		wantOpt := map[string]ckpt.Spec{}
+		for _, kind := range stateKinds(*optimizer) {
+			for _, p := range t.Model.Params() {
+				shape := t.fullShape(p.Name, p.Shape())
+				if r.Version < 2 {
+					shape = []int{numel(shape)} // format 1 stores optimizer buffers flat
+				}
+				wantOpt[kind+"/"+p.Name] = ckpt.Spec{DType: safetensors.F32, Shape: shape}
+			}
+		}
+		err = r.Expect(ckpt.GroupOptimizer, wantOpt, unexpectedOK)
+	}
+	if err != nil {
+		return fmt.Errorf("train: --load: the checkpoint does not match the model:\n%w", err)
+	}
+	if logUnexpected {
+		for _, name := range slices.Sorted(maps.Keys(r.Tensors(ckpt.GroupModel))) {
+			if _, ok := want[name]; !ok {
+				t.printf("WARNING: --load: checkpoint tensor %s/%s is not used by the model", ckpt.GroupModel, name)
+			}
+		}
+	}
+	return nil
+}
+
+// strictness maps --dist-ckpt-strictness to whether tensors the model does
+// not use are accepted, and whether they are logged. Missing tensors and
+// shape or dtype mismatches are errors whatever the value: gotron never
+// trains on a partly loaded model.
+func strictness(s string) (unexpectedOK, logUnexpected bool) {
+	switch s {
+	case "raise_unexpected", "raise_all":
+		return false, false
+	case "log_unexpected", "log_all":
+		return true, true
+	}
+	return true, false // assume_ok_unexpected (Megatron's default), ignore_all
+}
+
+// StrictnessValues are the accepted --dist-ckpt-strictness values.
+var StrictnessValues = []string{"assume_ok_unexpected", "log_unexpected", "log_all", "raise_unexpected", "raise_all", "ignore_all"}
