@@ -22,9 +22,11 @@ type ckptTensor struct {
 	DType string `json:"dtype"`
 	Shape []int  `json:"shape"`
 	Bytes int64  `json:"bytes"`
-	// Shards is the number of pieces the tensor is stored in: 1, since
-	// this format writes every tensor whole whatever the parallel layout.
+	// Shards is the number of pieces the tensor is stored in (one per rank
+	// that wrote a part of it; 1 in format 1, which stores it whole).
 	Shards int `json:"shards"`
+	// Pieces are the shards: file, global offset, shape, element range.
+	Pieces []ckpt.ShardRecord `json:"pieces,omitempty"`
 }
 
 // ckptReport is what 'gotron ckpt inspect --json' prints.
@@ -36,6 +38,9 @@ type ckptReport struct {
 	Args       train.RunArgs  `json:"args"`
 	Layout     string         `json:"layout"`
 	Groups     map[string]int `json:"group_bytes"`
+	Version    int            `json:"format_version"`
+	Saved      ckpt.Layout    `json:"saved_layout"`
+	Verified   bool           `json:"verified,omitempty"`
 	Tensors    []ckptTensor   `json:"tensors"`
 }
 
@@ -58,6 +63,7 @@ func cmdCkpt(_ context.Context, env *cli, args []string) error {
 	fs := newFlags("ckpt inspect", ckptInspectSynopsis)
 	iteration := fs.Int("iteration", -1, "the iteration to inspect (default: the latest, as latest_checkpointed_iteration.txt says)")
 	asJSON := fs.Bool("json", false, "print one JSON object instead of text")
+	verify := fs.Bool("verify", false, "read every shard, checking its CRC-32C and that every tensor is whole")
 	if err := parseFlags(fs, args[1:], env.stdout, ckptInspectSynopsis); err != nil {
 		return err
 	}
@@ -65,7 +71,7 @@ func cmdCkpt(_ context.Context, env *cli, args []string) error {
 		return fmt.Errorf("want one checkpoint directory (the --save directory), got %d arguments", fs.NArg())
 	}
 	dir := fs.Arg(0)
-	c, err := ckpt.Load(dir, *iteration)
+	c, err := ckpt.Open(dir, *iteration)
 	if err != nil {
 		return err
 	}
@@ -75,24 +81,39 @@ func cmdCkpt(_ context.Context, env *cli, args []string) error {
 		return err
 	}
 	r := ckptReport{Dir: dir, Iteration: c.Meta.Iteration, Iterations: its, Meta: c.Meta, Groups: map[string]int{},
-		Layout: "every tensor whole (one shard): loads at any tensor, pipeline and data-parallel size"}
+		Version: c.Version, Saved: c.Layout, Layout: layoutString(c)}
 	if len(c.Meta.Args) > 0 {
 		if err := json.Unmarshal(c.Meta.Args, &r.Args); err != nil {
 			return fmt.Errorf("%s: iteration %d: args: %w", dir, c.Meta.Iteration, err)
 		}
 	}
 	r.Meta.Args, r.Meta.RNGState, r.Meta.Scheduler = nil, nil, nil
-	for _, g := range slices.Sorted(maps.Keys(c.Groups)) {
-		for _, name := range slices.Sorted(maps.Keys(c.Groups[g])) {
-			t := c.Groups[g][name]
-			n, err := safetensors.ByteSize(t.DType, t.Shape)
+	for _, g := range c.Groups() {
+		ts := c.Tensors(g)
+		for _, name := range slices.Sorted(maps.Keys(ts)) {
+			t := ts[name]
+			dt, err := safetensors.ParseDType(t.DType)
 			if err != nil {
 				return fmt.Errorf("%s: %s/%s: %w", dir, g, name, err)
 			}
-			r.Tensors = append(r.Tensors, ckptTensor{Group: g, Name: name, DType: t.DType.String(), Shape: t.Shape, Bytes: int64(n), Shards: 1})
+			n, err := safetensors.ByteSize(dt, t.Shape)
+			if err != nil {
+				return fmt.Errorf("%s: %s/%s: %w", dir, g, name, err)
+			}
+			if *verify {
+				if _, _, err := c.ReadWhole(g, name); err != nil {
+					return err
+				}
+			}
+			ct := ckptTensor{Group: g, Name: name, DType: t.DType, Shape: t.Shape, Bytes: int64(n), Shards: len(t.Shards)}
+			if *asJSON && c.Version >= 2 {
+				ct.Pieces = t.Shards
+			}
+			r.Tensors = append(r.Tensors, ct)
 			r.Groups[g] += n
 		}
 	}
+	r.Verified = *verify
 	if *asJSON {
 		enc := json.NewEncoder(env.stdout)
 		enc.SetIndent("", "  ")
@@ -115,6 +136,9 @@ func cmdCkpt(_ context.Context, env *cli, args []string) error {
 		fmt.Fprintf(w, "saved by: gotron %v\n", argv)
 	}
 	fmt.Fprintf(w, "layout: %s\n", r.Layout)
+	if r.Verified {
+		fmt.Fprintf(w, "verified: every shard read, CRC-32C checked, every tensor whole\n")
+	}
 	for _, g := range slices.Sorted(maps.Keys(r.Groups)) {
 		fmt.Fprintf(w, "group %s: %d bytes\n", g, r.Groups[g])
 	}
@@ -123,6 +147,22 @@ func cmdCkpt(_ context.Context, env *cli, args []string) error {
 		fmt.Fprintf(w, "%-10s %-60s %-5s %-16s %12d %d\n", t.Group, t.Name, t.DType, shapeString(t.Shape), t.Bytes, t.Shards)
 	}
 	return nil
+}
+
+// layoutString says how a checkpoint was saved and what loads it.
+func layoutString(c *ckpt.Reader) string {
+	if c.Version < 2 {
+		return "format 1, every tensor whole (one shard): loads at any tensor, pipeline and data-parallel size"
+	}
+	l := c.Layout
+	s := fmt.Sprintf("sharded, written by %d rank(s) at TP=%d PP=%d DP=%d", l.WorldSize, l.TensorParallel, l.PipelineParallel, l.DataParallel)
+	if l.VirtualStages > 1 {
+		s += fmt.Sprintf(" V=%d", l.VirtualStages)
+	}
+	if l.DistributedOptimizer {
+		s += " with the distributed optimizer"
+	}
+	return s + ": loads at any tensor, pipeline and data-parallel size"
 }
 
 func orDefault(s, d string) string {

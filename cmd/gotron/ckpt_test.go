@@ -38,6 +38,43 @@ func TestCkptInspect(t *testing.T) {
 	if r.Iteration != 2 || r.Meta.ConsumedTrainSamples != 8 || len(sums) != 2 || sums["model"] != r.Groups["model"] || sums["optimizer"] != 2*sums["model"] {
 		t.Errorf("--json: iteration %d, consumed %d, group bytes %v, tensor sums %v", r.Iteration, r.Meta.ConsumedTrainSamples, r.Groups, sums)
 	}
+	// A TP=2 × DP=2 save with the distributed optimizer: the QKV weight in
+	// two row blocks, Adam moments cut into flat pieces of such blocks by
+	// the data-parallel ranks; --verify reads them all.
+	par := filepath.Join(t.TempDir(), "par")
+	if _, errs, code := runCLI(t, append([]string{"launch", "--inproc", "--nproc-per-node", "4", "--"},
+		with(tinyTrain, "--train-iters", "2", "--save", par, "--tensor-model-parallel-size", "2", "--use-distributed-optimizer")...)...); code != 0 {
+		t.Fatalf("train TP=2 DP=2: %s", errs)
+	}
+	out, errs, code = runCLI(t, "ckpt", "inspect", "--verify", par)
+	if code != 0 {
+		t.Fatalf("ckpt inspect --verify: exit %d: %s", code, errs)
+	}
+	for _, want := range []string{"sharded, written by 4 rank(s) at TP=2 PP=1 DP=2 with the distributed optimizer", "verified: every shard read",
+		"decoder.layers.1.self_attention.linear_qkv.weight            F32   (96, 32)                12288 2\n"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("ckpt inspect of the TP=2 DP=2 checkpoint lacks %q:\n%s", want, out)
+		}
+	}
+	out, _, _ = runCLI(t, "ckpt", "inspect", "--json", par)
+	r = ckptReport{}
+	if err := json.Unmarshal([]byte(out), &r); err != nil {
+		t.Fatal(err)
+	}
+	flat := 0
+	for _, tn := range r.Tensors {
+		if len(tn.Pieces) != tn.Shards {
+			t.Errorf("%s: %d shards, %d pieces listed", tn.Name, tn.Shards, len(tn.Pieces))
+		}
+		for _, p := range tn.Pieces {
+			if p.Len() < p.Shape[0]*max(1, p.Shape[len(p.Shape)-1]) && len(p.Shape) == 2 || len(p.Shape) == 1 && p.Len() < p.Shape[0] {
+				flat++
+			}
+		}
+	}
+	if flat == 0 {
+		t.Errorf("no optimizer piece is a flat range of a block: the distributed optimizer's shards were not written as such")
+	}
 	for _, c := range []struct {
 		args []string
 		want string
