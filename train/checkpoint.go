@@ -166,7 +166,7 @@ func (t *Trainer) pollSave(wait bool) error {
 	if err := t.finishSave(ps.root, ps.iteration, ps.meta, werr); err != nil {
 		return err
 	}
-	t.printf("  (asynchronous save of iteration %d finalised at iteration %d, %v after it started)", ps.iteration, t.Iteration, t.cfg.Now().Sub(ps.started).Round(time.Millisecond))
+	t.printf("  (asynchronous save of iteration %d finalised after iteration %d, %v after it started)", ps.iteration, t.Iteration, t.cfg.Now().Sub(ps.started).Round(time.Millisecond))
 	return nil
 }
 
