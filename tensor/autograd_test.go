@@ -281,3 +281,79 @@ func TestCheckpointReleasesIntermediates(t *testing.T) {
 		t.Errorf("plain blocks hold %d floats, checkpointed %d: the intermediates should dominate without recomputation", plain, ckpt)
 	}
 }
+
+// passBack is a function whose backward returns the output's gradient
+// itself (an identity backward, like reduce-from-TP's).
+type passBack struct{}
+
+func (passBack) Forward(tp *Tape, in []*Tensor) []*Tensor {
+	out := tp.Empty(in[0].Shape()...)
+	copy(out.Float32s(), in[0].Float32s())
+	return []*Tensor{out}
+}
+func (passBack) Backward(tp *Tape, g []*Tensor) []*Tensor { return []*Tensor{g[0]} }
+
+// heapDouble is double with its backward's result on the heap (as a
+// communication buffer would be), which the tape must copy.
+type heapDouble struct{}
+
+func (heapDouble) Forward(tp *Tape, in []*Tensor) []*Tensor { return []*Tensor{tp.Scale(in[0], 2)} }
+func (heapDouble) Backward(tp *Tape, g []*Tensor) []*Tensor {
+	d := make([]float32, g[0].Numel())
+	for i, v := range g[0].Float32s() {
+		d[i] = 2 * v
+	}
+	return []*Tensor{FromFloat32(d, g[0].Shape()...)}
+}
+
+// TestCustomFunctionGradientOwnership: Apply shares an identity backward's
+// gradient and adopts a fresh one instead of copying, and the sums come out
+// as if it had copied, whatever the order in which an intermediate's uses
+// deliver their gradients.
+func TestCustomFunctionGradientOwnership(t *testing.T) {
+	rng := NewRNG(9)
+	x := randParam(rng, "x", 1, 4, 6)
+	c := make([]*Tensor, 4)
+	for i := range c {
+		c[i] = Zeros(4, 6)
+		rng.Normal(c[i].Float32s(), 0, 1)
+	}
+	for _, order := range [][]int{{0, 1, 2, 3}, {3, 2, 1, 0}, {1, 3, 0, 2}, {0, 2, 3, 1}} {
+		ZeroGrad([]*Tensor{x})
+		tp := NewTape()
+		h := tp.Scale(x, 1) // an intermediate: its gradient is the tape's
+		var ys [4]*Tensor
+		for _, k := range order {
+			switch k {
+			case 0:
+				ys[k] = tp.Apply(passBack{}, h)[0]
+			case 1:
+				ys[k] = tp.Apply(double{}, h)[0]
+			case 2:
+				ys[k] = tp.Apply(heapDouble{}, h)[0]
+			case 3:
+				ys[k] = tp.Apply(passBack{}, h)[0]
+			}
+		}
+		var loss *Tensor
+		for _, k := range order {
+			l := tp.Sum(tp.Mul(ys[k], c[k]))
+			if loss == nil {
+				loss = l
+			} else {
+				loss = tp.Add(loss, l)
+			}
+		}
+		if err := tp.Backward(loss); err != nil {
+			t.Fatal(err)
+		}
+		// dx = c0 + 2 c1 + 2 c2 + c3
+		for i, v := range x.Grad.Float32s() {
+			want := c[0].f32[i] + 2*c[1].f32[i] + 2*c[2].f32[i] + c[3].f32[i]
+			if math.Abs(float64(v-want)) > 1e-5 {
+				t.Fatalf("order %v: dx[%d] = %v, want %v", order, i, v, want)
+			}
+		}
+		tp.Reset()
+	}
+}

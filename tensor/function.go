@@ -14,6 +14,14 @@ type Function interface {
 }
 
 // Apply runs f and, when recording, pushes its Backward onto the tape.
+//
+// Backward's results become the inputs' gradients without a copy when the
+// tape owns them: an output's gradient passed back unchanged (an identity
+// backward) is shared as reshapes share theirs, and a tensor Backward
+// allocated with tp.Empty is adopted when the input has no gradient yet, as
+// the tape's own kernels do. Backward must not keep or write such a result
+// after returning it. Anything else (a communication buffer, a heap tensor)
+// is added into the input's gradient.
 func (tp *Tape) Apply(f Function, in ...*Tensor) []*Tensor {
 	outs := f.Forward(tp.nonRecording(), in)
 	if !tp.recording(in...) {
@@ -28,14 +36,45 @@ func (tp *Tape) Apply(f Function, in ...*Tensor) []*Tensor {
 				gouts[i] = tp.zeros(o.shape...)
 			}
 		}
+		before := len(tp.live) // the child's buffers land in tp.live
 		gins := f.Backward(tp.nonRecording(), gouts)
+		fresh := append([][]float32(nil), tp.live[before:]...)
+	inputs:
 		for i, x := range in {
-			if i < len(gins) && gins[i] != nil {
-				tp.accumulate(x, gins[i])
+			if i >= len(gins) || gins[i] == nil {
+				continue
 			}
+			g := gins[i]
+			for j, o := range outs {
+				if g == gouts[j] && tp.grad(o) == g {
+					tp.passGrad(x, o)
+					continue inputs
+				}
+			}
+			if k := freshBuffer(fresh, g); k >= 0 && x.requiresGrad && !x.leaf && tp.grad(x) == nil {
+				fresh[k] = nil // adopted once
+				tp.addGrad(x, g)
+				continue
+			}
+			tp.accumulate(x, g)
 		}
 	}, outs...)
 	return outs
+}
+
+// freshBuffer returns the index of the buffer in fresh that g (a float32
+// tensor) covers exactly and contiguously, or -1.
+func freshBuffer(fresh [][]float32, g *Tensor) int {
+	if g.dtype != Float32 || !g.IsContiguous() || g.Numel() == 0 {
+		return -1
+	}
+	d := g.Float32s()
+	for k, b := range fresh {
+		if len(b) == len(d) && &b[0] == &d[0] {
+			return k
+		}
+	}
+	return -1
 }
 
 // accumulate adds g into x's gradient, copying (g may be owned by someone
