@@ -1,6 +1,7 @@
 package train
 
 import (
+	"context"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -170,5 +171,48 @@ func TestAsyncSaveMatchesSync(t *testing.T) {
 		if it, _ := ckpt.Latest(asyncCfg.Save); it != 10 {
 			t.Errorf("%v: latest %d, want 10", l, it)
 		}
+	}
+}
+
+// TestReshardOffline: Reshard rewrites a (TP2, PP2) checkpoint as (TP1,
+// DP2, distributed optimizer) and (TP4) save it, one shard file per new
+// rank, and resuming from the rewritten checkpoint gives bit-identically the
+// losses of resuming from the original at that layout.
+func TestReshardOffline(t *testing.T) {
+	train, valid := dpDataset(t, 16)
+	m := dpModels()["llama"]
+	m.NumLayers, m.NumAttentionHeads, m.NumQueryGroups = 4, 8, 4
+	cfg := dpConfig(m)
+	cfg.MicroBatchSize = 2
+	src := t.TempDir()
+	first := cfg
+	first.Save, first.ExitInterval = src, 5
+	runPP(t, first, ppLayout{tp: 2, pp: 2, dp: 1, split: gpt.PipelineSplit{PP: 2}}, train, valid)
+	distOpt := ddp.Config{DistributedOptimizer: true}
+	for _, l := range []ppLayout{{tp: 1, pp: 1, dp: 2, dc: distOpt}, {tp: 4, pp: 1, dp: 1}} {
+		dst := filepath.Join(t.TempDir(), "resharded")
+		it, err := Reshard(context.Background(), src, dst, ReshardLayout{TP: l.tp, PP: l.pp, DP: l.dp, DistributedOptimizer: l.dc.DistributedOptimizer})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if it != 5 {
+			t.Fatalf("resharded iteration %d, want 5", it)
+		}
+		checkShardFiles(t, dst, 5, l.tp*l.pp*l.dp)
+		direct, resharded := cfg, cfg
+		direct.Load, resharded.Load = src, dst
+		a := runPP(t, direct, l, train, valid)[0]
+		b := runPP(t, resharded, l, train, valid)[0]
+		for i := range a.res.Losses {
+			if a.res.Losses[i] != b.res.Losses[i] {
+				t.Fatalf("%v: iteration %d after the resharded checkpoint: loss %v, from the original %v", l, i+6, b.res.Losses[i], a.res.Losses[i])
+			}
+		}
+		if len(a.res.Losses) != 5 {
+			t.Fatalf("%v: %d iterations after resuming, want 5", l, len(a.res.Losses))
+		}
+	}
+	if _, err := Reshard(context.Background(), src, src, ReshardLayout{}); err == nil {
+		t.Fatal("resharding into the input directory was accepted")
 	}
 }

@@ -7,13 +7,16 @@ import (
 	"maps"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/gotron/gotron/ckpt"
 	"github.com/gotron/gotron/ckpt/safetensors"
 	"github.com/gotron/gotron/train"
 )
 
-const ckptInspectSynopsis = "ckpt inspect [--iteration N] [--json] DIR   (a checkpoint's iteration, arguments, layout and tensors)"
+const ckptInspectSynopsis = "ckpt inspect [--iteration N] [--json] [--verify] DIR   (a checkpoint's iteration, arguments, layout and tensors)"
+
+const ckptReshardSynopsis = "ckpt reshard DIR --out DIR2 [--tensor-model-parallel-size N] [--pipeline-model-parallel-size P] [--num-virtual-stages-per-pipeline-rank V] [--data-parallel-size D] [--use-distributed-optimizer]   (rewrite the latest checkpoint as that layout saves it)"
 
 // ckptTensor is one tensor of an inspected checkpoint.
 type ckptTensor struct {
@@ -44,18 +47,21 @@ type ckptReport struct {
 	Tensors    []ckptTensor   `json:"tensors"`
 }
 
-// cmdCkpt dispatches 'gotron ckpt inspect'.
-func cmdCkpt(_ context.Context, env *cli, args []string) error {
+// cmdCkpt dispatches 'gotron ckpt inspect' and 'gotron ckpt reshard'.
+func cmdCkpt(ctx context.Context, env *cli, args []string) error {
 	if len(args) == 0 || args[0] == "--help" || args[0] == "-h" {
-		fmt.Fprintf(env.stdout, "Usage:\n  gotron %s\n", ckptInspectSynopsis)
+		fmt.Fprintf(env.stdout, "Usage:\n  gotron %s\n  gotron %s\n", ckptInspectSynopsis, ckptReshardSynopsis)
 		if len(args) == 0 {
-			return fmt.Errorf("missing subcommand: inspect")
+			return fmt.Errorf("missing subcommand: inspect or reshard")
 		}
 		return errHelp
 	}
+	if args[0] == "reshard" {
+		return cmdCkptReshard(ctx, env, args[1:])
+	}
 	if args[0] != "inspect" {
-		msg := fmt.Sprintf("unknown subcommand %q: want inspect", args[0])
-		if s := nearest(args[0], []string{"inspect"}); s != "" {
+		msg := fmt.Sprintf("unknown subcommand %q: want inspect or reshard", args[0])
+		if s := nearest(args[0], []string{"inspect", "reshard"}); s != "" {
 			msg += fmt.Sprintf(" (did you mean %q?)", s)
 		}
 		return fmt.Errorf("%s", msg)
@@ -146,6 +152,47 @@ func cmdCkpt(_ context.Context, env *cli, args []string) error {
 	for _, t := range r.Tensors {
 		fmt.Fprintf(w, "%-10s %-60s %-5s %-16s %12d %d\n", t.Group, t.Name, t.DType, shapeString(t.Shape), t.Bytes, t.Shards)
 	}
+	return nil
+}
+
+// cmdCkptReshard is 'gotron ckpt reshard'.
+func cmdCkptReshard(ctx context.Context, env *cli, args []string) error {
+	fs := newFlags("ckpt reshard", ckptReshardSynopsis)
+	out := fs.String("out", "", "directory to write the resharded checkpoint to (not the input)")
+	var l train.ReshardLayout
+	fs.IntVar(&l.TP, "tensor-model-parallel-size", 1, "tensor-parallel size of the new layout")
+	fs.IntVar(&l.PP, "pipeline-model-parallel-size", 1, "pipeline-parallel size of the new layout")
+	fs.IntVar(&l.Pipeline.VPP, "num-virtual-stages-per-pipeline-rank", 0, "virtual pipeline stages per rank of the new layout")
+	fs.IntVar(&l.Pipeline.FirstLayers, "decoder-first-pipeline-num-layers", 0, "layers of the first pipeline stage (uneven split)")
+	fs.IntVar(&l.Pipeline.LastLayers, "decoder-last-pipeline-num-layers", 0, "layers of the last pipeline stage (uneven split)")
+	fs.IntVar(&l.DP, "data-parallel-size", 1, "data-parallel size of the new layout (who writes which shard)")
+	fs.BoolVar(&l.DistributedOptimizer, "use-distributed-optimizer", false, "shard the optimizer state over the data-parallel ranks, as --use-distributed-optimizer saves it")
+	var dirs []string
+	if len(args) > 0 && !strings.HasPrefix(args[0], "-") { // DIR first, as the synopsis writes it
+		dirs, args = args[:1], args[1:]
+	}
+	if err := parseFlags(fs, args, env.stdout, ckptReshardSynopsis); err != nil {
+		return err
+	}
+	dirs = append(dirs, fs.Args()...)
+	if len(dirs) != 1 {
+		return fmt.Errorf("want one checkpoint directory (the --save directory), got %d arguments", len(dirs))
+	}
+	if *out == "" {
+		return fmt.Errorf("--out is required: the directory to write the resharded checkpoint to")
+	}
+	for name, v := range map[string]int{"--tensor-model-parallel-size": l.TP, "--pipeline-model-parallel-size": l.PP, "--data-parallel-size": l.DP} {
+		if v < 1 {
+			return fmt.Errorf("%s=%d: want ≥ 1", name, v)
+		}
+	}
+	start := time.Now()
+	it, err := train.Reshard(ctx, dirs[0], *out, l)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(env.stdout, "resharded iteration %d of %s to %s: TP=%d PP=%d DP=%d (%d rank files) in %v\n",
+		it, dirs[0], *out, l.TP, l.PP, l.DP, l.TP*l.PP*l.DP, time.Since(start).Round(time.Millisecond))
 	return nil
 }
 

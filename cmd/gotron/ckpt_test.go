@@ -75,10 +75,28 @@ func TestCkptInspect(t *testing.T) {
 	if flat == 0 {
 		t.Errorf("no optimizer piece is a flat range of a block: the distributed optimizer's shards were not written as such")
 	}
+	// Offline reshard to TP=1 × DP=2: two rank files, and training resumes
+	// from it.
+	one := filepath.Join(t.TempDir(), "one")
+	out, errs, code = runCLI(t, "ckpt", "reshard", par, "--out", one, "--data-parallel-size", "2")
+	if code != 0 || !strings.Contains(out, "resharded iteration 2 of") || !strings.Contains(out, "(2 rank files)") {
+		t.Fatalf("ckpt reshard: exit %d: %s%s", code, out, errs)
+	}
+	if out, _, _ = runCLI(t, "ckpt", "inspect", "--verify", one); !strings.Contains(out, "written by 2 rank(s) at TP=1 PP=1 DP=2") {
+		t.Errorf("ckpt inspect of the resharded checkpoint:\n%s", out)
+	}
+	if out, errs, code = runCLI(t, with(tinyTrain, "--train-iters", "3", "--load", one, "--use-checkpoint-opt_param-scheduler")...); code != 0 || !strings.Contains(out, "loaded checkpoint from") {
+		t.Fatalf("train --load the resharded checkpoint: exit %d: %s%s", code, out, errs)
+	}
 	for _, c := range []struct {
 		args []string
 		want string
 	}{
+		{[]string{"ckpt", "reshard", par, "--out", filepath.Join(t.TempDir(), "x"), "--tensor-model-parallel-size", "3"},
+			"--num-attention-heads=4 is not divisible by --tensor-model-parallel-size=3"},
+		{[]string{"ckpt", "reshard", par, "--out", par}, "the output directory is the input"},
+		{[]string{"ckpt", "reshard", par}, "--out is required"},
+		{[]string{"ckpt", "reshard", par, "--out", filepath.Join(t.TempDir(), "x"), "--data-parallel-size", "0"}, "--data-parallel-size=0: want ≥ 1"},
 		{[]string{"ckpt", "inspect", filepath.Join(ck, "missing")}, "no checkpoint"},
 		{[]string{"ckpt", "inspect", "--iteration", "7", ck}, "iter_0000007"},
 		{[]string{"ckpt", "inspct", ck}, `did you mean "inspect"`},
