@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"strings"
 	"testing"
 
 	"github.com/gotron/gotron/ckpt"
@@ -214,5 +215,55 @@ func TestReshardOffline(t *testing.T) {
 	}
 	if _, err := Reshard(context.Background(), src, src, ReshardLayout{}); err == nil {
 		t.Fatal("resharding into the input directory was accepted")
+	}
+}
+
+// TestShardedLoadBadInput: a corrupted or truncated shard, a missing
+// metadata file and a checkpoint of another model are refused at --load
+// with errors naming the file or tensor, before any training.
+func TestShardedLoadBadInput(t *testing.T) {
+	train, valid := dpDataset(t, 16)
+	m := dpModels()["llama"]
+	cfg := dpConfig(m)
+	save := func() string {
+		dir := t.TempDir()
+		first := cfg
+		first.Save, first.ExitInterval = dir, 2
+		runPP(t, first, ppLayout{tp: 2, pp: 1, dp: 1}, train, valid)
+		return dir
+	}
+	load := func(dir string, c Config) error {
+		c.Load = dir
+		_, err := New(c, train, valid)
+		return err
+	}
+	shard := func(dir string) string { return filepath.Join(dir, ckpt.IterDirName(2), "rank_00001.safetensors") }
+
+	dir := save()
+	b, _ := os.ReadFile(shard(dir))
+	b[len(b)-3] ^= 0x10
+	os.WriteFile(shard(dir), b, 0o644)
+	if err := load(dir, cfg); err == nil || !regexp.MustCompile(`iter_0000002: tensor \S+/\S+: rank_00001.safetensors: \S+#0: CRC-32C [0-9a-f]{8}, checkpoint.json records [0-9a-f]{8} \(corrupted\)`).MatchString(err.Error()) {
+		t.Errorf("corrupted shard: %v", err)
+	}
+
+	dir = save()
+	b, _ = os.ReadFile(shard(dir))
+	os.WriteFile(shard(dir), b[:len(b)/2], 0o644)
+	if err := load(dir, cfg); err == nil || !strings.Contains(err.Error(), "iter_0000002/rank_00001.safetensors") || !strings.Contains(err.Error(), "truncated") {
+		t.Errorf("truncated shard: %v", err)
+	}
+
+	dir = save()
+	os.Remove(filepath.Join(dir, ckpt.IterDirName(2), ckpt.MetaFile))
+	if err := load(dir, cfg); err == nil || !strings.Contains(err.Error(), "iter_0000002: no checkpoint.json") {
+		t.Errorf("no metadata: %v", err)
+	}
+
+	dir = save()
+	other := cfg
+	other.Model.FFNHiddenSize = 96
+	if err := load(dir, other); err == nil || !strings.Contains(err.Error(), "ffn") {
+		t.Errorf("another model: %v", err)
 	}
 }
