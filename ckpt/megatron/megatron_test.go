@@ -521,3 +521,43 @@ func TestOptimizerReported(t *testing.T) {
 		}
 	}
 }
+
+func TestCopyTokenizer(t *testing.T) {
+	src := t.TempDir()
+	for _, n := range []string{"gpt2-vocab.json", "gpt2-merges.txt", "tok.model", "hf/tokenizer.json", "hf/tokenizer_config.json"} {
+		os.MkdirAll(filepath.Dir(filepath.Join(src, n)), 0o755)
+		os.WriteFile(filepath.Join(src, n), []byte(n), 0o644)
+	}
+	cases := []struct {
+		info    Info
+		copied  []string
+		missing []string
+	}{
+		{Info{TokenizerType: "GPT2BPETokenizer", VocabFile: filepath.Join(src, "gpt2-vocab.json"), MergeFile: filepath.Join(src, "gpt2-merges.txt")}, []string{"vocab.json", "merges.txt"}, nil},
+		{Info{TokenizerType: "GPT2BPETokenizer", VocabFile: filepath.Join(src, "gpt2-vocab.json"), MergeFile: "/elsewhere/merges.txt"}, nil, []string{"/elsewhere/merges.txt"}},
+		{Info{TokenizerType: "Llama2Tokenizer", TokenizerModel: filepath.Join(src, "tok.model")}, []string{"tokenizer.model"}, nil},
+		{Info{TokenizerType: "HuggingFaceTokenizer", TokenizerModel: filepath.Join(src, "hf")}, []string{"tokenizer.json", "tokenizer_config.json"}, nil},
+		{Info{TokenizerType: "HuggingFaceTokenizer", TokenizerModel: "meta-llama/Llama-2-7b-hf"}, nil, []string{"meta-llama/Llama-2-7b-hf"}},
+		{Info{TokenizerType: "NullTokenizer"}, nil, nil},
+	}
+	for i, c := range cases {
+		dst := filepath.Join(t.TempDir(), "tokenizer")
+		copied, missing, err := CopyTokenizer(c.info, dst)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if strings.Join(copied, ",") != strings.Join(c.copied, ",") || strings.Join(missing, ",") != strings.Join(c.missing, ",") {
+			t.Errorf("case %d: copied %v missing %v, want %v %v", i, copied, missing, c.copied, c.missing)
+		}
+		for _, n := range copied {
+			if _, err := os.Stat(filepath.Join(dst, n)); err != nil {
+				t.Errorf("case %d: %v", i, err)
+			}
+		}
+		if len(copied) == 0 {
+			if _, err := os.Stat(dst); err == nil {
+				t.Errorf("case %d: %s created with nothing copied", i, dst)
+			}
+		}
+	}
+}

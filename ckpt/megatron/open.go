@@ -63,8 +63,20 @@ var rankDirRE = regexp.MustCompile(`^mp_rank_(\d{2})(?:_(\d{3}))?(?:_(\d{3}))?$`
 // checkpoint: a tracker file beside iter_* directories, or an iteration
 // directory holding mp_rank_* directories.
 func IsMegatronDir(dir string) bool {
-	_, err := findIterDir(dir)
-	return err == nil
+	iter, err := findIterDir(dir)
+	if err != nil {
+		return false
+	}
+	ents, err := os.ReadDir(iter)
+	if err != nil {
+		return false
+	}
+	for _, e := range ents {
+		if rankDirRE.MatchString(e.Name()) {
+			return true
+		}
+	}
+	return false
 }
 
 // findIterDir resolves the load directory to the iteration directory to

@@ -12,6 +12,7 @@ import (
 	"strings"
 
 	"github.com/gotron/gotron/ckpt/hf"
+	"github.com/gotron/gotron/ckpt/megatron"
 	"github.com/gotron/gotron/internal/assets/gpt2"
 	"github.com/gotron/gotron/model/gpt"
 	"github.com/gotron/gotron/tokenizer"
@@ -19,6 +20,7 @@ import (
 )
 
 const convertSynopsis = `convert --from hf --load HF_DIR --save DIR   (Hugging Face → gotron)
+       gotron convert --from megatron --load MEGATRON_DIR --save DIR   (Megatron-LM, --ckpt-format torch → gotron)
        gotron convert --to hf --load DIR --save HF_DIR     (gotron → Hugging Face)`
 
 // convertFlags are gotron convert's flags.
@@ -34,12 +36,12 @@ type convertFlags struct {
 func newConvertFlags() (*flag.FlagSet, *convertFlags) {
 	fs := newFlags("convert", convertSynopsis)
 	f := &convertFlags{}
-	fs.StringVar(&f.from, "from", "", "source format: hf (import a Hugging Face directory)")
+	fs.StringVar(&f.from, "from", "", "source format: hf (import a Hugging Face directory) or megatron (import a Megatron-LM checkpoint saved with --ckpt-format torch)")
 	fs.StringVar(&f.to, "to", "", "target format: hf (export a gotron checkpoint)")
-	fs.StringVar(&f.load, "load", "", "directory to read: a Hugging Face model (--from hf) or a gotron checkpoint (--to hf)")
+	fs.StringVar(&f.load, "load", "", "directory to read: a Hugging Face model (--from hf), Megatron's --save directory or one of its iter_* directories (--from megatron), or a gotron checkpoint (--to hf)")
 	fs.StringVar(&f.save, "save", "", "directory to write")
-	fs.IntVar(&f.divisibleBy, "make-vocab-size-divisible-by", 128, "import: pad the vocabulary to a multiple of this (zero rows)")
-	fs.IntVar(&f.seqLength, "seq-length", 0, "import: sequence length recorded in the checkpoint (default max_position_embeddings)")
+	fs.IntVar(&f.divisibleBy, "make-vocab-size-divisible-by", 128, "--from hf: pad the vocabulary to a multiple of this (zero rows; a Megatron checkpoint keeps its padded vocabulary)")
+	fs.IntVar(&f.seqLength, "seq-length", 0, "import: sequence length recorded in the checkpoint (default max_position_embeddings; Megatron: its --seq-length)")
 	fs.StringVar(&f.dtype, "dtype", "", "export: float32, bfloat16 or float16 (default the dtype recorded at import, else float32)")
 	fs.StringVar(&f.maxShardSize, "max-shard-size", "5GB", "export: largest shard (e.g. 5GB, 500MB, 2GiB, or bytes)")
 	fs.IntVar(&f.vocabSize, "vocab-size", 0, "export: vocab_size to write, stripping the padding (default the size recorded at import)")
@@ -58,14 +60,75 @@ func cmdConvert(ctx context.Context, env *cli, args []string) error {
 		return fmt.Errorf("--load and --save are the same directory %s", f.load)
 	case f.from == "hf" && f.to == "":
 		return convertFromHF(ctx, env, f)
+	case f.from == "megatron" && f.to == "":
+		return convertFromMegatron(ctx, env, f)
 	case f.to == "hf" && f.from == "":
 		return convertToHF(ctx, env, f)
-	case f.from != "" && f.from != "hf":
-		return fmt.Errorf("--from=%q: want hf", f.from)
+	case f.from != "" && f.from != "hf" && f.from != "megatron":
+		return fmt.Errorf("--from=%q: want hf or megatron", f.from)
 	case f.to != "" && f.to != "hf":
 		return fmt.Errorf("--to=%q: want hf", f.to)
 	}
-	return errors.New("set exactly one of --from hf and --to hf")
+	return errors.New("set exactly one of --from (hf or megatron) and --to hf")
+}
+
+// convertFromMegatron imports a Megatron-LM checkpoint in the legacy torch
+// format (every tensor- and pipeline-parallel rank's model_optim_rng.pt) as
+// a weights-only gotron checkpoint at iteration 0, with the tokenizer files
+// its args name when they are on this machine.
+func convertFromMegatron(ctx context.Context, env *cli, f *convertFlags) error {
+	m, info, err := megatron.Load(f.load, megatron.Options{})
+	if err != nil {
+		return err
+	}
+	for _, w := range info.Warnings {
+		fmt.Fprintf(env.stderr, "warning: %s\n", w)
+	}
+	warnNonFinite(env.stderr, f.load, m)
+	seq := f.seqLength
+	if seq == 0 {
+		seq = info.SeqLength
+	}
+	if seq < 1 || seq > m.Config.MaxPositionEmbeddings {
+		return fmt.Errorf("--seq-length=%d: want 1..%d (max_position_embeddings)", seq, m.Config.MaxPositionEmbeddings)
+	}
+	iter := fmt.Sprint(info.Iteration)
+	if info.Release {
+		iter = "release"
+	}
+	cliArgs := map[string]any{"convert": "--from megatron", "load": f.load, "megatron_iteration": iter,
+		"megatron_tensor_model_parallel_size": info.TP, "megatron_pipeline_model_parallel_size": info.PP}
+	if info.VP > 1 {
+		cliArgs["megatron_virtual_pipeline_model_parallel_size"] = info.VP
+	}
+	if info.TokenizerType != "" {
+		cliArgs["tokenizer_type"] = info.TokenizerType
+	}
+	if err := train.SaveModel(ctx, f.save, 0, m, seq, cliArgs); err != nil {
+		return err
+	}
+	layout := fmt.Sprintf("TP=%d PP=%d", info.TP, info.PP)
+	if info.VP > 1 {
+		layout += fmt.Sprintf(" VP=%d", info.VP)
+	}
+	fmt.Fprintf(env.stdout, "imported %s (Megatron iteration %s, %s, %s weights: %d layers, hidden %d, %d parameters, padded vocab %d) into %s\n",
+		info.Dir, iter, layout, info.DType, m.Config.NumLayers, m.Config.HiddenSize, m.NumParams(), m.Config.VocabSize, f.save)
+	state := "the checkpoint holds no optimizer state"
+	if info.Optimizer {
+		state = "the optimizer state in the checkpoint is not converted"
+	}
+	fmt.Fprintf(env.stdout, "weights only: %s; gotron train --load %s starts at iteration 0 with a fresh optimizer and schedule\n", state, f.save)
+	copied, missing, err := megatron.CopyTokenizer(info, filepath.Join(f.save, hf.TokenizerDir))
+	if err != nil {
+		return err
+	}
+	switch {
+	case len(copied) > 0:
+		fmt.Fprintf(env.stdout, "tokenizer files: %s\n", strings.Join(copied, ", "))
+	case len(missing) > 0:
+		fmt.Fprintf(env.stdout, "tokenizer (%s) not carried: %s not found on this machine; pass --tokenizer-type and its files to generate/score --text\n", info.TokenizerType, strings.Join(missing, ", "))
+	}
+	return nil
 }
 
 // convertFromHF imports a Hugging Face directory as a weights-only gotron
@@ -111,12 +174,17 @@ func convertFromHF(ctx context.Context, env *cli, f *convertFlags) error {
 	return nil
 }
 
-// loadAny loads a gotron checkpoint (with its hf_import.json, if any) or a
-// Hugging Face directory, and returns where its tokenizer files live.
+// loadAny loads a gotron checkpoint (with its hf_import.json, if any), a
+// Hugging Face directory or a Megatron-LM checkpoint (converted in memory),
+// and returns where its tokenizer files live.
 func loadAny(dir string) (m *gpt.Model, info hf.Info, tokDir string, err error) {
 	if hf.IsHFDir(dir) {
 		m, info, err = hf.LoadModel(dir)
 		return m, info, dir, err
+	}
+	if megatron.IsMegatronDir(dir) { // its tokenizer files are elsewhere (convert --from megatron copies them)
+		m, _, err = megatron.Load(dir, megatron.Options{})
+		return m, hf.Info{}, filepath.Join(dir, hf.TokenizerDir), err
 	}
 	m, _, err = train.LoadModel(dir)
 	if err != nil {

@@ -167,8 +167,8 @@ func TestConvertErrors(t *testing.T) {
 		want string
 	}{
 		{[]string{"--from", "hf", "--save", "x"}, "--load and --save are required"},
-		{[]string{"--from", "hf", "--to", "hf", "--load", "a", "--save", "b"}, "exactly one of --from hf and --to hf"},
-		{[]string{"--from", "megatron", "--load", "a", "--save", "b"}, `--from="megatron": want hf`},
+		{[]string{"--from", "hf", "--to", "hf", "--load", "a", "--save", "b"}, "exactly one of --from (hf or megatron) and --to hf"},
+		{[]string{"--from", "nemo", "--load", "a", "--save", "b"}, `--from="nemo": want hf or megatron`},
 		{[]string{"--from", "hf", "--load", g, "--save", filepath.Join(tmp, "x")}, "is not a Hugging Face model directory"},
 		{[]string{"--to", "hf", "--load", g, "--save", filepath.Join(tmp, "y"), "--dtype", "int8"}, "--dtype"},
 		{[]string{"--to", "hf", "--load", g, "--save", filepath.Join(tmp, "y"), "--max-shard-size", "lots"}, "--max-shard-size"},

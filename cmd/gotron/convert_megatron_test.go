@@ -1,0 +1,303 @@
+package main
+
+import (
+	"archive/zip"
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"math"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/gotron/gotron/ckpt"
+	"github.com/gotron/gotron/train"
+)
+
+// The Megatron fixtures are tools/golden/megatron_ckpt.py's: legacy
+// torch-format checkpoints (llama_tp2_pp2: TP=2 × PP=2, bf16, TE names;
+// gpt_tp2_pp2_vp2: TP=2 × PP=2 × 2 virtual stages; gpt_tp2: TP=2) and the
+// logits of a float64 PyTorch forward of the unsharded weights.
+var megatronFixtures = []string{"llama_tp2_pp2", "gpt_tp2_pp2_vp2", "gpt_tp2"}
+
+func megatronFixture(name string) string {
+	return filepath.Join("..", "..", "ckpt", "megatron", "testdata", name)
+}
+
+type megatronGolden struct {
+	Tokens   []int32     `json:"tokens"`
+	Padded   int         `json:"padded_vocab_size"`
+	Logits   [][]float64 `json:"logits"`
+	LogProbs []float64   `json:"logprobs"`
+}
+
+func readMegatronGolden(t *testing.T, name string) megatronGolden {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(megatronFixture(name), "golden.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var g megatronGolden
+	if err := json.Unmarshal(b, &g); err != nil {
+		t.Fatal(err)
+	}
+	return g
+}
+
+// TestConvertFromMegatronMatchesPyTorch: gotron convert --from megatron,
+// then gotron score on the result, gives the reference logits (all padded
+// vocabulary columns: a Megatron checkpoint records no unpadded size) and
+// per-token log-probabilities within 1e-5; score reads the Megatron
+// directory directly too.
+func TestConvertFromMegatronMatchesPyTorch(t *testing.T) {
+	const tol = 1e-5
+	for _, name := range megatronFixtures {
+		t.Run(name, func(t *testing.T) {
+			src, tmp := megatronFixture(name), t.TempDir()
+			g := filepath.Join(tmp, "gotron")
+			out := mustGotron(t, "convert", "--from", "megatron", "--load", src, "--save", g)
+			for _, want := range []string{"imported " + src, "Megatron iteration", "TP=2", "into " + g, "weights only: ", "gotron train --load " + g + " starts at iteration 0",
+				"tokenizer (", "not found on this machine"} {
+				if !strings.Contains(out, want) {
+					t.Errorf("convert output lacks %q:\n%s", want, out)
+				}
+			}
+			if strings.HasPrefix(name, "llama") != strings.Contains(out, "optimizer state in the checkpoint is not converted") {
+				t.Errorf("optimizer line wrong for %s:\n%s", name, out)
+			}
+			if strings.Contains(name, "vp2") && !strings.Contains(out, "VP=2") {
+				t.Errorf("no VP=2 in:\n%s", out)
+			}
+			gd := readMegatronGolden(t, name)
+			tokens := filepath.Join(tmp, "tokens.json")
+			js, _ := json.Marshal(gd.Tokens)
+			os.WriteFile(tokens, js, 0o644)
+			for _, load := range []string{g, src} {
+				npy := filepath.Join(tmp, "logits.npy")
+				out := mustGotron(t, "score", "--load", load, "--tokens-file", tokens, "--out", npy)
+				got, rows, cols := readNPY(t, npy)
+				if rows != len(gd.Tokens) || cols != gd.Padded {
+					t.Fatalf("%s: logits (%d, %d), want (%d, %d)", load, rows, cols, len(gd.Tokens), gd.Padded)
+				}
+				worst, worstAbs := 0.0, 0.0
+				for i, row := range gd.Logits {
+					for j, want := range row {
+						d := math.Abs(float64(got[i*cols+j]) - want)
+						worstAbs = math.Max(worstAbs, d)
+						worst = math.Max(worst, d/math.Max(1, math.Abs(want)))
+					}
+				}
+				if worst > tol {
+					t.Fatalf("%s: max relative logit error %.3g > %g", load, worst, tol)
+				}
+				for i, lp := range gd.LogProbs {
+					line := fmt.Sprintf("%8d %8d ", i+1, gd.Tokens[i+1])
+					j := strings.Index(out, line)
+					if j < 0 {
+						t.Fatalf("no line %q in:\n%s", line, out)
+					}
+					got, _ := strconv.ParseFloat(strings.Fields(out[j:])[2], 64)
+					if math.Abs(got-lp) > tol*math.Max(1, math.Abs(lp)) {
+						t.Fatalf("%s: position %d logprob %.6f, want %.8f", load, i+1, got, lp)
+					}
+				}
+				t.Logf("%s: max logit difference %.3g (relative %.3g)", load, worstAbs, worst)
+			}
+		})
+	}
+}
+
+// TestConvertFromMegatronThenTrainAndExport: the converted checkpoint is an
+// ordinary gotron checkpoint: package train starts from its weights, and
+// convert --to hf exports it (logits of the unpadded vocabulary unchanged).
+func TestConvertFromMegatronThenTrainAndExport(t *testing.T) {
+	tmp := t.TempDir()
+	g, s, hfOut := filepath.Join(tmp, "gotron"), filepath.Join(tmp, "trained"), filepath.Join(tmp, "hf")
+	mustGotron(t, "convert", "--from", "megatron", "--load", megatronFixture("llama_tp2_pp2"), "--save", g)
+	c, err := ckpt.Load(g, -1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Meta.Iteration != 0 {
+		t.Errorf("converted checkpoint at iteration %d, want 0", c.Meta.Iteration)
+	}
+	c.Close()
+	imported, ra, err := train.LoadModel(g)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ra.SeqLength != 32 || ra.CLI["megatron_iteration"] != "1200" {
+		t.Errorf("recorded seq_length %d, cli %v", ra.SeqLength, ra.CLI)
+	}
+	cfg := train.Config{Model: ra.Model, SeqLength: 16, MicroBatchSize: 2, TrainIters: 2, Seed: 1234, Load: g, Save: s,
+		SaveInterval: 2, LogInterval: 1}
+	cfg.Schedule.LR = 1e-3
+	tr, err := train.New(cfg, train.MockSource{SeqLength: 16, VocabSize: 100}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, p := range tr.Model.Params() {
+		q := imported.Params()[i].Float32s()
+		for j, x := range p.Float32s() {
+			if x != q[j] {
+				t.Fatalf("trainer starts with %s different from the converted weights", p.Name)
+			}
+		}
+	}
+	res, err := tr.Run(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Iteration != 2 || math.IsNaN(res.Losses[1]) {
+		t.Fatalf("ran to %d with losses %v", res.Iteration, res.Losses)
+	}
+
+	mustGotron(t, "convert", "--to", "hf", "--load", g, "--save", hfOut, "--vocab-size", "100")
+	gd := readMegatronGolden(t, "llama_tp2_pp2")
+	tokens := filepath.Join(tmp, "tokens.json")
+	js, _ := json.Marshal(gd.Tokens)
+	os.WriteFile(tokens, js, 0o644)
+	npy := filepath.Join(tmp, "hf.npy")
+	mustGotron(t, "score", "--load", hfOut, "--tokens-file", tokens, "--out", npy)
+	got, rows, cols := readNPY(t, npy)
+	if rows != len(gd.Tokens) || cols != 100 {
+		t.Fatalf("HF export logits (%d, %d), want (%d, 100)", rows, cols, len(gd.Tokens))
+	}
+	for i := range rows {
+		for j := range cols {
+			if want := gd.Logits[i][j]; math.Abs(float64(got[i*cols+j])-want) > 1e-5*math.Max(1, math.Abs(want)) {
+				t.Fatalf("HF export: logit (%d, %d) = %g, want %g", i, j, got[i*cols+j], want)
+			}
+		}
+	}
+}
+
+// copyMegatronFixture copies a fixture into a temporary directory.
+func copyMegatronFixture(t *testing.T, name string) string {
+	t.Helper()
+	src, dst := megatronFixture(name), filepath.Join(t.TempDir(), name)
+	err := filepath.Walk(src, func(p string, fi os.FileInfo, err error) error {
+		if err != nil {
+			return err
+		}
+		rel, _ := filepath.Rel(src, p)
+		if fi.IsDir() {
+			return os.MkdirAll(filepath.Join(dst, rel), 0o755)
+		}
+		b, err := os.ReadFile(p)
+		if err != nil {
+			return err
+		}
+		return os.WriteFile(filepath.Join(dst, rel), b, 0o644)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return dst
+}
+
+// setArgInPickle rewrites a torch.save zip, setting the args attribute key
+// (None in the file) to the pickle opcodes val.
+func setArgInPickle(t *testing.T, path, key, val string) {
+	t.Helper()
+	zr, err := zip.OpenReader(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var buf bytes.Buffer
+	zw := zip.NewWriter(&buf)
+	patched := false
+	for _, zf := range zr.File {
+		rc, _ := zf.Open()
+		b, _ := io.ReadAll(rc)
+		rc.Close()
+		if strings.HasSuffix(zf.Name, "data.pkl") {
+			k := fmt.Sprintf("X%c\x00\x00\x00%s", len(key), key) // BINUNICODE key
+			i := bytes.Index(b, []byte(k))
+			if i < 0 {
+				t.Fatalf("%s: no %s in data.pkl", path, key)
+			}
+			j := i + len(k)
+			switch b[j] { // the key's memo store
+			case 'q':
+				j += 2
+			case 'r':
+				j += 5
+			}
+			if b[j] != 'N' {
+				t.Fatalf("%s: %s is not None (opcode %q)", path, key, b[j])
+			}
+			b = append(append(append([]byte{}, b[:j]...), val...), b[j+1:]...)
+			patched = true
+		}
+		w, _ := zw.CreateHeader(&zip.FileHeader{Name: zf.Name, Method: zip.Store})
+		w.Write(b)
+	}
+	zr.Close()
+	zw.Close()
+	if !patched {
+		t.Fatalf("%s: no data.pkl", path)
+	}
+	if err := os.WriteFile(path, buf.Bytes(), 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestConvertFromMegatronErrors: bad input gives a clear error naming the
+// file at fault (and no panic, which would fail the test binary).
+func TestConvertFromMegatronErrors(t *testing.T) {
+	rank := func(dir, r string) string { return filepath.Join(dir, "iter_0001200", r, "model_optim_rng.pt") }
+	cases := []struct {
+		name  string
+		edit  func(t *testing.T, dir string)
+		wants []string
+	}{
+		{"missing rank", func(t *testing.T, dir string) {
+			os.RemoveAll(filepath.Join(dir, "iter_0001200", "mp_rank_01_001"))
+		}, []string{"{dir}/iter_0001200/mp_rank_01_001/model_optim_rng.pt is missing (args: tensor_model_parallel_size=2, pipeline_model_parallel_size=2, so 4 rank files are expected)"}},
+		{"truncated .pt", func(t *testing.T, dir string) {
+			b, _ := os.ReadFile(rank(dir, "mp_rank_00_001"))
+			os.WriteFile(rank(dir, "mp_rank_00_001"), b[:len(b)-1000], 0o644)
+		}, []string{"{dir}/iter_0001200/mp_rank_00_001/model_optim_rng.pt", "not a valid zip archive (truncated or corrupt?)"}},
+		{"not a zip file", func(t *testing.T, dir string) {
+			os.WriteFile(rank(dir, "mp_rank_01_000"), []byte("<html>not found</html>"), 0o644)
+		}, []string{"{dir}/iter_0001200/mp_rank_01_000/model_optim_rng.pt", "not a PyTorch checkpoint"}},
+		{"MoE args", func(t *testing.T, dir string) {
+			setArgInPickle(t, rank(dir, "mp_rank_00_000"), "num_experts", "K\x08")
+		}, []string{"{dir}/iter_0001200/mp_rank_00_000/model_optim_rng.pt: args.num_experts=8: mixture of experts is not supported by gotron"}},
+		{"sliding window args", func(t *testing.T, dir string) {
+			setArgInPickle(t, rank(dir, "mp_rank_00_000"), "window_size", "M\x00\x10K\x00\x86")
+		}, []string{"args.window_size=[4096 0]: sliding-window attention is not supported"}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			dir := copyMegatronFixture(t, "llama_tp2_pp2")
+			c.edit(t, dir)
+			save := filepath.Join(t.TempDir(), "out")
+			_, errs, code := gotronHF(t, "convert", "--from", "megatron", "--load", dir, "--save", save)
+			if code == 0 {
+				t.Fatal("convert succeeded")
+			}
+			for _, w := range c.wants {
+				if w = strings.ReplaceAll(w, "{dir}", dir); !strings.Contains(errs, w) {
+					t.Errorf("stderr %q\nwant it to mention %q", errs, w)
+				}
+			}
+			if _, err := os.Stat(save); err == nil {
+				t.Errorf("a failed conversion wrote %s", save)
+			}
+		})
+	}
+	_, errs, code := gotronHF(t, "convert", "--from", "megatron", "--load", megatronFixture("gpt_tp2"), "--save", filepath.Join(t.TempDir(), "x"), "--seq-length", "33")
+	if code == 0 || !strings.Contains(errs, "--seq-length=33: want 1..32") {
+		t.Errorf("--seq-length 33: exit %d, %q", code, errs)
+	}
+	_, errs, code = gotronHF(t, "convert", "--from", "megatron", "--load", hfFixture("gpt2_tied_f32"), "--save", filepath.Join(t.TempDir(), "y"))
+	if code == 0 || !strings.Contains(errs, "is not a Megatron checkpoint") {
+		t.Errorf("an HF directory: exit %d, %q", code, errs)
+	}
+}
