@@ -65,7 +65,7 @@ type Meta struct {
 // fileRecord is checkpoint.json's entry for one tensor file.
 type fileRecord struct {
 	Bytes  int64  `json:"bytes"`
-	CRC32C string `json:"crc32c"` // 8 lower-case hex digits
+	CRC32C string `json:"crc32c,omitempty"` // 8 lower-case hex digits; format 2 checksums each shard instead
 }
 
 // metaFile is the whole of checkpoint.json.

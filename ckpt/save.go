@@ -36,6 +36,9 @@ const writeChunkBytes = 4 << 20
 type saver struct {
 	event      func(string)
 	chunkBytes int // 0 means writeChunkBytes
+	// shardCRCs: the file's tensors carry their own CRC-32Cs (format 2),
+	// so the file's is not computed, sparing a pass over the data.
+	shardCRCs bool
 }
 
 func (s saver) at(format string, args ...any) {
@@ -153,7 +156,10 @@ func (s saver) writeGroup(ctx context.Context, path, rel string, tensors map[str
 		return fileRecord{}, fmt.Errorf("ckpt: %w", err)
 	}
 	defer f.Close()
-	cw := &chunkWriter{ctx: ctx, w: f, crc: crc32.New(castagnoli), s: s, rel: rel, chunk: s.chunkBytes}
+	cw := &chunkWriter{ctx: ctx, w: f, s: s, rel: rel, chunk: s.chunkBytes}
+	if !s.shardCRCs {
+		cw.crc = crc32.New(castagnoli)
+	}
 	if cw.chunk <= 0 {
 		cw.chunk = writeChunkBytes
 	}
@@ -171,7 +177,11 @@ func (s saver) writeGroup(ctx context.Context, path, rel string, tensors map[str
 	if err := f.Close(); err != nil {
 		return fileRecord{}, fmt.Errorf("ckpt: close %s: %w", rel, err)
 	}
-	return fileRecord{Bytes: cw.n, CRC32C: fmt.Sprintf("%08x", cw.crc.Sum32())}, nil
+	rec := fileRecord{Bytes: cw.n}
+	if cw.crc != nil {
+		rec.CRC32C = fmt.Sprintf("%08x", cw.crc.Sum32())
+	}
+	return rec, nil
 }
 
 // chunkWriter writes in chunks of at most writeChunkBytes, checking ctx and
@@ -195,7 +205,9 @@ func (c *chunkWriter) Write(p []byte) (int, error) {
 		k := min(len(p), c.chunk)
 		c.s.at("write %s @%d", c.rel, c.n)
 		m, err := c.w.Write(p[:k])
-		c.crc.Write(p[:m])
+		if c.crc != nil {
+			c.crc.Write(p[:m])
+		}
 		c.n += int64(m)
 		done += m
 		if err != nil {

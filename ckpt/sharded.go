@@ -263,7 +263,7 @@ func WriteShards(ctx context.Context, dir string, iteration, rank int, pieces []
 	}
 	if len(tensors) > 0 {
 		fr.File = rankFile(rank)
-		rec, err := saver{}.writeGroup(ctx, filepath.Join(tmp, fr.File), name+"/"+fr.File, tensors)
+		rec, err := saver{shardCRCs: true}.writeGroup(ctx, filepath.Join(tmp, fr.File), name+"/"+fr.File, tensors)
 		if err != nil {
 			return fmt.Errorf("ckpt: rank %d: %w", rank, err)
 		}

@@ -136,6 +136,14 @@ func (o *AdamW) State() State {
 	return s
 }
 
+// StateView implements StateViewer.
+func (o *AdamW) StateView() State {
+	s := State{Kind: "adamw", Steps: o.steps, Buffers: map[string][]float32{}}
+	viewBuffers(s.Buffers, "exp_avg", &o.f, o.m)
+	viewBuffers(s.Buffers, "exp_avg_sq", &o.f, o.v)
+	return s
+}
+
 // LoadState restores s, checking the kind, step count and every buffer's
 // presence and length; on error the optimizer is unchanged.
 func (o *AdamW) LoadState(s State) error {

@@ -138,6 +138,15 @@ func (o *SGD) State() State {
 	return s
 }
 
+// StateView implements StateViewer.
+func (o *SGD) StateView() State {
+	s := State{Kind: "sgd", Steps: o.steps, Buffers: map[string][]float32{}}
+	if o.buf != nil {
+		viewBuffers(s.Buffers, "momentum_buffer", &o.f, o.buf)
+	}
+	return s
+}
+
 // LoadState restores s, checking kind, step count and buffers.
 func (o *SGD) LoadState(s State) error {
 	if s.Kind != "sgd" {

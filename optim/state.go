@@ -46,6 +46,21 @@ func (s State) BufferNames() []string {
 	return names
 }
 
+// StateViewer is implemented by optimizers that can show their state
+// without copying it (a synchronous checkpoint writes it as it is).
+type StateViewer interface {
+	// StateView is State whose buffers alias the optimizer's own: valid
+	// until the next Step or LoadState, and not to be modified.
+	StateView() State
+}
+
+// viewBuffers is saveBuffers without the copies.
+func viewBuffers(out map[string][]float32, kind string, f *flat, bufs [][]float32) {
+	for i, p := range f.params {
+		out[stateKey(kind, p.Name)] = bufs[i]
+	}
+}
+
 // stateKey is the Buffers key of one per-parameter buffer.
 func stateKey(kind, param string) string { return kind + "/" + param }
 

@@ -72,46 +72,73 @@ func (t *Trainer) save(root string, async bool) error {
 		return err
 	}
 	var st *optim.State
-	ost := t.opt.State()
+	var ost optim.State
+	if v, ok := t.opt.(optim.StateViewer); ok {
+		ost = v.StateView() // copied below when the save is asynchronous
+	} else {
+		ost = t.opt.State()
+	}
 	if !t.cfg.NoSaveOptim {
 		st = &ost
 	}
 	meta, err := t.checkpointMeta(ost)
+	ps := &pendingSave{root: root, iteration: it, meta: meta, started: t.cfg.Now(), async: async}
 	if err == nil {
 		var pieces []ckpt.Piece
-		if pieces, err = t.checkpointPieces(st, async); err == nil && async {
-			ps := &pendingSave{root: root, iteration: it, meta: meta, done: make(chan error, 1), started: t.cfg.Now()}
-			for _, p := range pieces {
-				ps.bytes += 4 * int64(len(p.Data))
-			}
-			go func() { ps.done <- ckpt.WriteShards(context.Background(), root, it, t.worldRank(), pieces) }()
+		pieces, err = t.checkpointPieces(st)
+		for _, p := range pieces {
+			ps.bytes += 4 * int64(len(p.Data))
+		}
+		write := func() error {
+			err := ckpt.WriteShards(context.Background(), root, it, t.worldRank(), pieces)
+			ps.wrote = t.cfg.Now().Sub(ps.started)
+			return err
+		}
+		if err == nil && async {
+			// The parameters and optimizer state stay as they are until
+			// the next optimizer step: the copy overlaps the next forward
+			// and backward, and only that step waits for it (waitSnapshot).
+			ps.done, ps.copied = make(chan error, 1), make(chan struct{})
+			go func() {
+				t.snapshotPieces(pieces)
+				ps.copyTime = t.cfg.Now().Sub(ps.started)
+				close(ps.copied)
+				ps.done <- write()
+			}()
 			t.pending = ps
-			t.printf("saving checkpoint at iteration %7d to %s in the background (%.1f MB of shards copied on this rank)", it, root, float64(ps.bytes)/1e6)
+			t.printf("saving checkpoint at iteration %7d to %s in the background (%.1f MB of this rank's shards copied during the next iteration)", it, root, float64(ps.bytes)/1e6)
 			return nil
 		}
 		if err == nil {
-			err = ckpt.WriteShards(context.Background(), root, it, t.worldRank(), pieces)
+			err = write()
 		}
 	}
-	return t.finishSave(root, it, meta, err)
+	return t.finishSave(ps, err)
 }
 
 // finishSave completes a save whose shards this rank wrote (or failed to
 // write, err): every rank agrees, then rank 0 finalises it.
-func (t *Trainer) finishSave(root string, it int, meta ckpt.Meta, err error) error {
+func (t *Trainer) finishSave(ps *pendingSave, err error) error {
 	if err = t.agreeSave(err, "write"); err != nil {
 		if t.isWriter() {
-			ckpt.AbortSharded(root, it)
+			ckpt.AbortSharded(ps.root, ps.iteration)
 		}
 		return err
 	}
 	if t.isWriter() {
-		err = ckpt.FinishSharded(root, it, meta, t.checkpointLayout())
+		err = ckpt.FinishSharded(ps.root, ps.iteration, ps.meta, t.checkpointLayout())
 	}
 	if err = t.agreeSave(err, "finalise"); err != nil {
 		return err
 	}
-	t.printf("saved checkpoint at iteration %7d to %s", it, root)
+	mb := float64(ps.bytes) / 1e6
+	if ps.async {
+		t.printf("saved checkpoint at iteration %7d to %s (in the background: this rank's %.1f MB copied in %.3f s, written in %.3f s, %.0f MB/s; finalised after iteration %d)",
+			ps.iteration, ps.root, mb, ps.copyTime.Seconds(), ps.wrote.Seconds(), mb/ps.wrote.Seconds(), t.Iteration)
+	} else {
+		took := t.cfg.Now().Sub(ps.started)
+		t.printf("saved checkpoint at iteration %7d to %s in %.3f s (this rank wrote %.1f MB, %.0f MB/s)", ps.iteration, ps.root, took.Seconds(), mb, mb/took.Seconds())
+	}
 	return nil
 }
 
@@ -120,9 +147,21 @@ type pendingSave struct {
 	root      string
 	iteration int
 	meta      ckpt.Meta
-	bytes     int64 // the copied shards of this rank
+	bytes     int64 // of this rank's shards
 	started   time.Time
-	done      chan error // this rank's WriteShards result
+	async     bool
+	wrote     time.Duration // from the start until this rank's shards were written
+	copyTime  time.Duration // from the start until they were copied (async)
+	copied    chan struct{} // closed once they are (async)
+	done      chan error    // this rank's WriteShards result (async)
+}
+
+// waitSnapshot waits until the save in flight has copied this rank's
+// shards: the optimizer step is about to change them.
+func (t *Trainer) waitSnapshot() {
+	if t.pending != nil {
+		<-t.pending.copied
+	}
 }
 
 // pollSave finalises the save in flight once every rank has written its
@@ -163,11 +202,7 @@ func (t *Trainer) pollSave(wait bool) error {
 	}
 	werr = <-ps.done
 	t.pending = nil
-	if err := t.finishSave(ps.root, ps.iteration, ps.meta, werr); err != nil {
-		return err
-	}
-	t.printf("  (asynchronous save of iteration %d finalised after iteration %d, %v after it started)", ps.iteration, t.Iteration, t.cfg.Now().Sub(ps.started).Round(time.Millisecond))
-	return nil
+	return t.finishSave(ps, werr)
 }
 
 // waitSave waits for the save in flight, if any, and finalises it.
@@ -279,6 +314,7 @@ func loadWeights(m *gpt.Model, c *ckpt.Checkpoint) error {
 // parallel layout (or by SaveModel, or format 1): each rank reads the
 // blocks of the parameters and optimizer buffers it holds.
 func (t *Trainer) load(root string) error {
+	start := t.cfg.Now()
 	r, err := ckpt.Open(root, -1)
 	if errors.Is(err, ckpt.ErrNoCheckpoint) {
 		// Megatron's load_checkpoint: no tracker file, start from random
@@ -367,7 +403,7 @@ func (t *Trainer) load(root string) error {
 			return fmt.Errorf("train: --load %s: %w", root, err)
 		}
 	}
-	t.printf("loaded checkpoint from %s at iteration %d (consumed samples %d)", root, t.Iteration, t.Consumed)
+	t.printf("loaded checkpoint from %s at iteration %d (consumed samples %d) in %.3f s", root, t.Iteration, t.Consumed, t.cfg.Now().Sub(start).Seconds())
 	return nil
 }
 

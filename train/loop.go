@@ -44,6 +44,7 @@ type Trainer struct {
 	tpOffsets   []uint64              // every TP rank's rankRNG offset, for the checkpoint being written
 	rankOffsets [][2]uint64           // every rank's dropout stream offsets under pipelining, for the checkpoint
 	pending     *pendingSave          // the --async-save in flight
+	snapshot    []float32             // its copy of this rank's shards, reused by the next
 	scaler      *optim.LossScaler     // --fp16's loss scaler; nil otherwise
 	overflow    bool                  // the last step was skipped for an fp16 gradient overflow
 	stages      []*gpt.Stage          // this pipeline rank's model chunks; nil without pipelining
@@ -460,6 +461,7 @@ func (t *Trainer) step(ctx context.Context) (float64, error) {
 		t.grads.ClipByNorm(t.cfg.ClipGrad, t.lastGradNorm)
 	}
 	t.sched.Apply(t.opt.Groups())
+	t.waitSnapshot()
 	t.opt.Step()
 	t.sched.Step(gbs)
 	// Megatron logs the rate after the scheduler step: the next iteration's.

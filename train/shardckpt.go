@@ -136,10 +136,9 @@ func (t *Trainer) dpWriters(params []*tensor.Tensor, withOptim int) map[string]i
 }
 
 // checkpointPieces returns the pieces of the model and optimizer state st
-// (this rank's, as the optimizer keeps it) that this rank writes. With
-// snapshot the data are copies (an asynchronous save writes them while
-// training goes on); otherwise they alias the live tensors.
-func (t *Trainer) checkpointPieces(st *optim.State, snapshot bool) ([]ckpt.Piece, error) {
+// (this rank's, as the optimizer keeps it) that this rank writes; their
+// data alias the live tensors (snapshotPieces copies them).
+func (t *Trainer) checkpointPieces(st *optim.State) ([]ckpt.Piece, error) {
 	owned := t.Model.Params()
 	if t.pipelined() {
 		owned = ownedParams(t.stages)
@@ -163,17 +162,11 @@ func (t *Trainer) checkpointPieces(st *optim.State, snapshot bool) ([]ckpt.Piece
 		w, ok := writer[name]
 		return ok && (dpSharded || w == dpRank)
 	}
-	data := func(v []float32) []float32 {
-		if snapshot {
-			return slices.Clone(v)
-		}
-		return v
-	}
 	var out []ckpt.Piece
 	add := func(group, name string, shape []int, blocks []localBlock, v []float32) {
 		for _, b := range blocks {
 			out = append(out, ckpt.Piece{Group: group, Name: name, GlobalShape: shape, Block: b.Block,
-				Data: data(v[b.start : b.start+b.Len()])})
+				Data: v[b.start : b.start+b.Len()]})
 		}
 	}
 	shapes := map[string][]int{}
@@ -213,6 +206,24 @@ func (t *Trainer) checkpointPieces(st *optim.State, snapshot bool) ([]ckpt.Piece
 		add(ckpt.GroupOptimizer, kind+"/"+name, full, restrict(blocks, lo, hi), buf)
 	}
 	return out, nil
+}
+
+// snapshotPieces copies the pieces' data into the snapshot buffer, grown
+// as needed and reused by the next asynchronous save (at most one is in
+// flight), for the background writer.
+func (t *Trainer) snapshotPieces(pieces []ckpt.Piece) {
+	n := 0
+	for _, p := range pieces {
+		n += len(p.Data)
+	}
+	if cap(t.snapshot) < n {
+		t.snapshot = make([]float32, n)
+	}
+	buf := t.snapshot[:n]
+	for i := range pieces {
+		k := copy(buf, pieces[i].Data)
+		pieces[i].Data, buf = buf[:k:k], buf[k:]
+	}
 }
 
 // stateKinds are the buffer kinds of an optimizer state ("exp_avg", ...).
