@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/gotron/gotron/infer"
@@ -27,6 +28,7 @@ type serveFlags struct {
 	decodeWeights                       string
 	port                                int
 	kvCacheBytes                        string
+	kvCacheFraction                     float64
 	engine                              infer.EngineConfig
 	noPrefixCaching                     bool
 	maxRequestBytes                     int64
@@ -42,6 +44,7 @@ func addServeFlags(fs *flag.FlagSet, f *serveFlags) {
 	fs.StringVar(&f.modelName, "served-model-name", "", "model id in the API (default: the --load directory's name)")
 	fs.StringVar(&f.chatTemplate, "chat-template", "", "Jinja chat template file (default: the tokenizer_config.json's, else the plain template)")
 	fs.StringVar(&f.kvCacheBytes, "kv-cache-bytes", "", "KV cache pool, allocated at start, e.g. 2GiB (default: min(1GiB, --max-num-seqs full-context sequences))")
+	fs.Float64Var(&f.kvCacheFraction, "kv-cache-memory-fraction", 0, "KV cache pool as this fraction (0 < F ≤ 0.95) of the memory available after loading the weights (MemAvailable in /proc/meminfo); excludes --kv-cache-bytes")
 	fs.IntVar(&f.engine.BlockTokens, "block-size", 16, "tokens per KV cache block")
 	fs.IntVar(&f.engine.MaxNumBatchedTokens, "max-num-batched-tokens", 512, "tokens per forward step: decode tokens plus prefill chunks")
 	fs.IntVar(&f.engine.MaxNumSeqs, "max-num-seqs", 256, "sequences batched at once")
@@ -107,6 +110,32 @@ func newServer(f *serveFlags) (*server.Server, *infer.Runner, error) {
 	return buildServer(f, m, tok, tpl)
 }
 
+// kvPoolFromFraction is --kv-cache-memory-fraction: that fraction of the
+// memory the kernel reports available now (the weights are loaded).
+func kvPoolFromFraction(frac float64, haveBytes bool, meminfo string) (int64, error) {
+	switch {
+	case haveBytes:
+		return 0, fmt.Errorf("set one of --kv-cache-bytes and --kv-cache-memory-fraction")
+	case !(frac > 0 && frac <= 0.95):
+		return 0, fmt.Errorf("--kv-cache-memory-fraction=%g: want 0 < F ≤ 0.95 (the rest is for activations, the runtime and the OS)", frac)
+	}
+	raw, err := os.ReadFile(meminfo)
+	if err != nil {
+		return 0, fmt.Errorf("--kv-cache-memory-fraction: cannot read the available memory: %w (use --kv-cache-bytes)", err)
+	}
+	for _, line := range strings.Split(string(raw), "\n") {
+		f := strings.Fields(line)
+		if len(f) == 3 && f[0] == "MemAvailable:" && f[2] == "kB" {
+			kb, err := strconv.ParseInt(f[1], 10, 64)
+			if err != nil || kb <= 0 {
+				break
+			}
+			return int64(frac * float64(kb) * 1024), nil
+		}
+	}
+	return 0, fmt.Errorf("--kv-cache-memory-fraction: %s has no MemAvailable line (use --kv-cache-bytes)", meminfo)
+}
+
 // buildServer builds the engine for m, its runner and the HTTP server.
 func buildServer(f *serveFlags, m *gpt.Model, tok tokenizer.Tokenizer, tpl *server.ChatTemplate) (*server.Server, *infer.Runner, error) {
 	var err error
@@ -122,6 +151,11 @@ func buildServer(f *serveFlags, m *gpt.Model, tok tokenizer.Tokenizer, tpl *serv
 	if f.kvCacheBytes != "" {
 		if ec.KVCacheBytes, err = parseByteSize(f.kvCacheBytes); err != nil {
 			return nil, nil, fmt.Errorf("--kv-cache-bytes: %w", err)
+		}
+	}
+	if f.kvCacheFraction != 0 {
+		if ec.KVCacheBytes, err = kvPoolFromFraction(f.kvCacheFraction, f.kvCacheBytes != "", "/proc/meminfo"); err != nil {
+			return nil, nil, err
 		}
 	}
 	e, err := infer.NewEngine(m, ec)
