@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/gotron/gotron/ckpt"
+	"github.com/gotron/gotron/ckpt/megatron"
 	"github.com/gotron/gotron/ckpt/safetensors"
 	"github.com/gotron/gotron/comm"
 	"github.com/gotron/gotron/model/gpt"
@@ -324,6 +325,9 @@ func (t *Trainer) load(root string) error {
 		return nil
 	}
 	if err != nil {
+		if megatron.IsMegatronDir(root) {
+			return fmt.Errorf("train: --load %s is a Megatron-LM (torch format) checkpoint: convert it first with 'gotron convert --from megatron --load %s --save DIR', then --load DIR", root, root)
+		}
 		return fmt.Errorf("train: --load: %w", err)
 	}
 	defer r.Close()

@@ -295,3 +295,13 @@ func TestConvertFromMegatronErrors(t *testing.T) {
 		t.Errorf("an HF directory: exit %d, %q", code, errs)
 	}
 }
+
+// TestTrainLoadMegatronDirSaysConvert: --load pointed at a Megatron
+// checkpoint says how to convert it instead of a bare format error.
+func TestTrainLoadMegatronDirSaysConvert(t *testing.T) {
+	dir := filepath.Join("..", "..", "ckpt", "megatron", "testdata", "llama_tp2_pp2")
+	_, errs, code := runCLI(t, with(tinyTrain, "--train-iters", "1", "--load", dir)...)
+	if code == 0 || !strings.Contains(errs, "is a Megatron-LM (torch format) checkpoint: convert it first with 'gotron convert --from megatron") {
+		t.Fatalf("train --load MEGATRON_DIR: exit %d: %s", code, errs)
+	}
+}

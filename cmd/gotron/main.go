@@ -48,7 +48,7 @@ func commands() []command {
 		{"generate", "generate text from a checkpoint with a KV cache", cmdGenerate},
 		{"serve", "serve a model over HTTP: OpenAI-compatible API, continuous batching, paged KV cache", cmdServe},
 		{"score", "write per-position logits and print log-probabilities and perplexity", cmdScore},
-		{"convert", "convert checkpoints to and from Hugging Face format", cmdConvert},
+		{"convert", "convert checkpoints: Hugging Face in and out, Megatron-LM (legacy torch format) in", cmdConvert},
 		{"ckpt", "inspect a checkpoint: 'ckpt inspect DIR' (iteration, arguments, layout, every tensor)", cmdCkpt},
 		{"preprocess", "tokenize JSONL into Megatron .bin/.idx files (tools/preprocess_data.py)", cmdPreprocess},
 		{"tokenizer", "write the embedded GPT-2 tokenizer files: 'tokenizer export-gpt2 DIR'", cmdTokenizer},
