@@ -143,7 +143,8 @@ func (t *Trainer) finishSave(ps *pendingSave, err error) error {
 	return nil
 }
 
-// pendingSave is an asynchronous save in flight.
+// pendingSave is a save this rank is writing; an asynchronous one stays in
+// flight (Trainer.pending) until pollSave finalises it.
 type pendingSave struct {
 	root      string
 	iteration int
