@@ -12,6 +12,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"runtime"
 	"slices"
 	"strconv"
 
@@ -39,6 +40,8 @@ type saver struct {
 	// shardCRCs: the file's tensors carry their own CRC-32Cs (format 2),
 	// so the file's is not computed, sparing a pass over the data.
 	shardCRCs bool
+	// yield: a background writer yields the processor before each chunk.
+	yield bool
 }
 
 func (s saver) at(format string, args ...any) {
@@ -203,6 +206,9 @@ func (c *chunkWriter) Write(p []byte) (int, error) {
 			return done, err
 		}
 		k := min(len(p), c.chunk)
+		if c.s.yield {
+			runtime.Gosched()
+		}
 		c.s.at("write %s @%d", c.rel, c.n)
 		m, err := c.w.Write(p[:k])
 		if c.crc != nil {

@@ -9,6 +9,7 @@ import (
 	"maps"
 	"os"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -222,6 +223,38 @@ func fragmentFile(rank int) string { return fmt.Sprintf("rank_%05d.json", rank) 
 // FinishSharded. Every rank of the job calls it, with or without pieces.
 // The pieces' data are read, not kept.
 func WriteShards(ctx context.Context, dir string, iteration, rank int, pieces []Piece) error {
+	return writeShards(ctx, dir, iteration, rank, pieces, false)
+}
+
+// WriteShardsInBackground is WriteShards for a writer running beside
+// training (--async-save): it works a megabyte at a time and yields the
+// processor in between, so that the training goroutines, which wait for
+// each other at every kernel's end, get one back at once instead of after
+// a scheduler time slice.
+func WriteShardsInBackground(ctx context.Context, dir string, iteration, rank int, pieces []Piece) error {
+	return writeShards(ctx, dir, iteration, rank, pieces, true)
+}
+
+// yieldBytes is how much a background writer checksums or writes between
+// yields.
+const yieldBytes = 1 << 20
+
+// checksum is the CRC-32C of data, yielding every yieldBytes when asked.
+func checksum(data []byte, yield bool) uint32 {
+	if !yield {
+		return crc32.Checksum(data, castagnoli)
+	}
+	var c uint32
+	for len(data) > 0 {
+		k := min(len(data), yieldBytes)
+		c = crc32.Update(c, castagnoli, data[:k])
+		data = data[k:]
+		runtime.Gosched()
+	}
+	return c
+}
+
+func writeShards(ctx context.Context, dir string, iteration, rank int, pieces []Piece, yield bool) error {
 	tmp := ShardedTempDir(dir, iteration)
 	name := IterDirName(iteration)
 	fr := fragment{Rank: rank, Tensors: map[string]map[string]TensorRecord{}}
@@ -257,13 +290,17 @@ func WriteShards(ctx context.Context, dir string, iteration, rank int, pieces []
 		}
 		tr.DType, tr.Shape = safetensors.F32.String(), slices.Clone(p.GlobalShape)
 		tr.Shards = append(tr.Shards, ShardRecord{File: rankFile(rank), Key: key,
-			CRC32C: fmt.Sprintf("%08x", crc32.Checksum(data, castagnoli)),
+			CRC32C: fmt.Sprintf("%08x", checksum(data, yield)),
 			Block:  Block{Offset: slices.Clone(p.Offset), Shape: slices.Clone(p.Block.Shape), Lo: p.Lo, Hi: p.Hi}})
 		g[p.Name] = tr
 	}
 	if len(tensors) > 0 {
 		fr.File = rankFile(rank)
-		rec, err := saver{shardCRCs: true}.writeGroup(ctx, filepath.Join(tmp, fr.File), name+"/"+fr.File, tensors)
+		sv := saver{shardCRCs: true, yield: yield}
+		if yield {
+			sv.chunkBytes = yieldBytes
+		}
+		rec, err := sv.writeGroup(ctx, filepath.Join(tmp, fr.File), name+"/"+fr.File, tensors)
 		if err != nil {
 			return fmt.Errorf("ckpt: rank %d: %w", rank, err)
 		}

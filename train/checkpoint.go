@@ -91,7 +91,11 @@ func (t *Trainer) save(root string, async bool) error {
 			ps.bytes += 4 * int64(len(p.Data))
 		}
 		write := func() error {
-			err := ckpt.WriteShards(context.Background(), root, it, t.worldRank(), pieces)
+			w := ckpt.WriteShards
+			if async {
+				w = ckpt.WriteShardsInBackground
+			}
+			err := w(context.Background(), root, it, t.worldRank(), pieces)
 			ps.wrote = t.cfg.Now().Sub(ps.started)
 			return err
 		}
@@ -101,9 +105,10 @@ func (t *Trainer) save(root string, async bool) error {
 			// and backward, and only that step waits for it (waitSnapshot).
 			ps.done, ps.copied = make(chan error, 1), make(chan struct{})
 			go func() {
-				t.snapshotPieces(pieces)
+				t.snapshotPieces(pieces) // at normal priority: the next optimizer step waits for it
 				ps.copyTime = t.cfg.Now().Sub(ps.started)
 				close(ps.copied)
+				lowerWriterPriority()
 				ps.done <- write()
 			}()
 			t.pending = ps

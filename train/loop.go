@@ -209,6 +209,11 @@ func New(cfg Config, train, valid datagpt.Source) (*Trainer, error) {
 			return nil, err
 		}
 	}
+	if cfg.AsyncSave {
+		if err := t.allocateSnapshot(); err != nil {
+			return nil, err
+		}
+	}
 	return t, nil
 }
 
