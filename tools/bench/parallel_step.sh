@@ -4,7 +4,7 @@
 #   DP=1: one process, 2 threads (micro-batch 8)
 #   DP=2: gotron launch, 2 processes × 1 thread over tcp (micro-batch 4 each), overlap off / on
 #   DP=2 with --use-distributed-optimizer (reduce-scatter + all-gather), overlap on
-#   TP=2: gotron launch --inproc (2 goroutine ranks sharing the process's 2 kernel threads),
+#   TP=2: gotron launch --inproc (2 goroutine ranks sharing the process's 2 kernel threads, 1 each),
 #         and over tcp (2 processes × 1 thread); with --sequence-parallel on inproc
 #   PP=2: gotron launch, 2 processes × 1 thread over tcp, 1F1B over 8 micro-batches of 1
 # and prints, per configuration, the median ms/step of iterations 3..N, the median time per
