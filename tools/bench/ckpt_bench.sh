@@ -17,7 +17,7 @@ rounds=${1:-2}
 base=${2:-$(mktemp -d /var/tmp/gotron-ckpt-bench.XXXXXX)}
 bin=/tmp/gotron-ckpt-bench
 go build -o "$bin" ./cmd/gotron
-trap 'rm -rf "$base"' EXIT
+trap '[ $? -eq 0 ] && rm -rf "$base" || echo "logs kept in $base" >&2' EXIT
 model=(--mock-data --num-layers 12 --hidden-size 768 --num-attention-heads 12 --seq-length 128 --max-position-embeddings 1024
   --vocab-size 50257 --micro-batch-size 1 --global-batch-size 2 --lr 1e-4 --lr-decay-style constant --log-interval 1
   --eval-interval 0 --eval-iters 0 --no-progress --attention-dropout 0 --hidden-dropout 0)
@@ -33,7 +33,7 @@ run() { # label dp extra...
     unset GOTRON_NUM_THREADS
   fi
   "${cmd[@]}" train "${model[@]}" --train-iters 8 --save "$dir" --save-interval 4 "$@" >"$log" 2>&1
-  "${cmd[@]}" train "${model[@]}" --train-iters 9 --load "$dir" --use-checkpoint-opt_param-scheduler "$@" >>"$log" 2>&1
+  "${cmd[@]}" train "${model[@]}" --train-iters 9 --load "$dir" --save "$dir" --use-checkpoint-opt_param-scheduler "$@" >>"$log" 2>&1
   local bytes
   bytes=$(du -sb "$dir/iter_0000004" | cut -f1)
   python3 - "$log" "$label" "$bytes" <<'PY'
