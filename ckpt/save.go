@@ -15,6 +15,7 @@ import (
 	"runtime"
 	"slices"
 	"strconv"
+	"time"
 
 	"github.com/gotron/gotron/ckpt/safetensors"
 )
@@ -40,8 +41,11 @@ type saver struct {
 	// shardCRCs: the file's tensors carry their own CRC-32Cs (format 2),
 	// so the file's is not computed, sparing a pass over the data.
 	shardCRCs bool
-	// yield: a background writer yields the processor before each chunk.
-	yield bool
+	// yield: a background writer yields the processor before each chunk,
+	// and, with maxRate > 0, sleeps as needed to write at most maxRate
+	// bytes per second.
+	yield   bool
+	maxRate float64
 }
 
 func (s saver) at(format string, args ...any) {
@@ -197,6 +201,7 @@ type chunkWriter struct {
 	s     saver
 	rel   string
 	chunk int
+	start time.Time // of a paced write
 }
 
 func (c *chunkWriter) Write(p []byte) (int, error) {
@@ -208,6 +213,14 @@ func (c *chunkWriter) Write(p []byte) (int, error) {
 		k := min(len(p), c.chunk)
 		if c.s.yield {
 			runtime.Gosched()
+			if c.s.maxRate > 0 {
+				if c.start.IsZero() {
+					c.start = time.Now()
+				}
+				if ahead := time.Duration(float64(c.n)/c.s.maxRate*1e9) - time.Since(c.start); ahead > 0 {
+					time.Sleep(ahead)
+				}
+			}
 		}
 		c.s.at("write %s @%d", c.rel, c.n)
 		m, err := c.w.Write(p[:k])

@@ -223,16 +223,17 @@ func fragmentFile(rank int) string { return fmt.Sprintf("rank_%05d.json", rank) 
 // FinishSharded. Every rank of the job calls it, with or without pieces.
 // The pieces' data are read, not kept.
 func WriteShards(ctx context.Context, dir string, iteration, rank int, pieces []Piece) error {
-	return writeShards(ctx, dir, iteration, rank, pieces, false)
+	return writeShards(ctx, dir, iteration, rank, pieces, false, 0)
 }
 
 // WriteShardsInBackground is WriteShards for a writer running beside
 // training (--async-save): it works a megabyte at a time and yields the
 // processor in between, so that the training goroutines, which wait for
 // each other at every kernel's end, get one back at once instead of after
-// a scheduler time slice.
-func WriteShardsInBackground(ctx context.Context, dir string, iteration, rank int, pieces []Piece) error {
-	return writeShards(ctx, dir, iteration, rank, pieces, true)
+// a scheduler time slice; with maxRate > 0 it writes at most maxRate bytes
+// per second, spreading the I/O's CPU cost over more training steps.
+func WriteShardsInBackground(ctx context.Context, dir string, iteration, rank int, pieces []Piece, maxRate float64) error {
+	return writeShards(ctx, dir, iteration, rank, pieces, true, maxRate)
 }
 
 // yieldBytes is how much a background writer checksums or writes between
@@ -254,7 +255,7 @@ func checksum(data []byte, yield bool) uint32 {
 	return c
 }
 
-func writeShards(ctx context.Context, dir string, iteration, rank int, pieces []Piece, yield bool) error {
+func writeShards(ctx context.Context, dir string, iteration, rank int, pieces []Piece, yield bool, maxRate float64) error {
 	tmp := ShardedTempDir(dir, iteration)
 	name := IterDirName(iteration)
 	fr := fragment{Rank: rank, Tensors: map[string]map[string]TensorRecord{}}
@@ -296,7 +297,7 @@ func writeShards(ctx context.Context, dir string, iteration, rank int, pieces []
 	}
 	if len(tensors) > 0 {
 		fr.File = rankFile(rank)
-		sv := saver{shardCRCs: true, yield: yield}
+		sv := saver{shardCRCs: true, yield: yield, maxRate: maxRate}
 		if yield {
 			sv.chunkBytes = yieldBytes
 		}

@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 )
 
 // cut returns the pieces of a [rows, cols] tensor (values = whole) that
@@ -257,4 +258,42 @@ func TestReadAsShape(t *testing.T) {
 		}
 	}
 	t.Fatal("sample has no even-sized F32 tensor")
+}
+
+// TestWriteShardsInBackgroundPaced: a paced background write of 3 MB at
+// 10 MB/s does not finish before the third megabyte is due (0.2 s), and
+// writes the same checkpoint as an unpaced one.
+func TestWriteShardsInBackgroundPaced(t *testing.T) {
+	whole := make([]float32, 3<<18) // 3 MB
+	for i := range whole {
+		whole[i] = float32(i)
+	}
+	dir := t.TempDir()
+	if err := BeginSharded(dir, 1); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	if err := WriteShardsInBackground(context.Background(), dir, 1, 0, cut("w", whole, 768, 1024, 0, 0, 1, 1), 10e6); err != nil {
+		t.Fatal(err)
+	}
+	if took := time.Since(start); took < 200*time.Millisecond {
+		t.Errorf("3 MB paced at 10 MB/s written in %v", took)
+	}
+	if err := FinishSharded(dir, 1, Meta{}, Layout{WorldSize: 1}); err != nil {
+		t.Fatal(err)
+	}
+	rd, err := Open(dir, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rd.Close()
+	got, _, err := rd.ReadWhole("model", "w")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range whole {
+		if got[i] != whole[i] {
+			t.Fatalf("element %d = %v", i, got[i])
+		}
+	}
 }

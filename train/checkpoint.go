@@ -91,11 +91,12 @@ func (t *Trainer) save(root string, async bool) error {
 			ps.bytes += 4 * int64(len(p.Data))
 		}
 		write := func() error {
-			w := ckpt.WriteShards
+			var err error
 			if async {
-				w = ckpt.WriteShardsInBackground
+				err = ckpt.WriteShardsInBackground(context.Background(), root, it, t.worldRank(), pieces, t.cfg.AsyncSaveRate*1e6)
+			} else {
+				err = ckpt.WriteShards(context.Background(), root, it, t.worldRank(), pieces)
 			}
-			err := w(context.Background(), root, it, t.worldRank(), pieces)
 			ps.wrote = t.cfg.Now().Sub(ps.started)
 			return err
 		}

@@ -88,6 +88,9 @@ type Config struct {
 	// training goes on while they are written; finalised (metadata, tracker)
 	// at a later iteration, at most one in flight.
 	AsyncSave bool
+	// AsyncSaveRate is --async-save-rate: at most this many MB per second
+	// per rank written in the background (0: as fast as the disk goes).
+	AsyncSaveRate float64
 	// DistCkptStrictness is --dist-ckpt-strictness (StrictnessValues):
 	// whether checkpoint tensors the model does not use are accepted.
 	DistCkptStrictness string
@@ -138,6 +141,8 @@ func (c *Config) validate() error {
 		return fmt.Errorf("train: --save-interval=%d needs --save", c.SaveInterval)
 	case c.DistCkptStrictness != "" && !slices.Contains(StrictnessValues, c.DistCkptStrictness):
 		return fmt.Errorf("train: --dist-ckpt-strictness=%s: want one of %v", c.DistCkptStrictness, StrictnessValues)
+	case c.AsyncSaveRate < 0:
+		return fmt.Errorf("train: --async-save-rate=%g: want ≥ 0 MB/s (0: unpaced)", c.AsyncSaveRate)
 	case c.AsyncSave && c.Save == "":
 		return fmt.Errorf("train: --async-save needs --save")
 	case c.Optimizer != "" && c.Optimizer != "adam" && c.Optimizer != "sgd":

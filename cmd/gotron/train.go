@@ -202,6 +202,7 @@ func newTrainFlags() (*flag.FlagSet, *trainFlags) {
 	fs.BoolVar(&f.useCkptArgs, "use-checkpoint-args", false, "take the model architecture from the --load checkpoint")
 	fs.StringVar(&f.ckptFormat, "ckpt-format", ckpt.FormatName, "checkpoint format: "+ckpt.FormatName+" (gotron's sharded safetensors + checkpoint.json: every rank writes its shards, any layout loads them); torch_dist means the same")
 	fs.BoolVar(&c.AsyncSave, "async-save", false, "save checkpoints in the background: the saving iteration copies this rank's shards and training goes on while they are written")
+	fs.Float64Var(&c.AsyncSaveRate, "async-save-rate", 0, "with --async-save, write at most this many MB/s per rank, spreading the disk I/O's CPU cost over more steps (0: as fast as the disk goes)")
 	fs.StringVar(&c.DistCkptStrictness, "dist-ckpt-strictness", "assume_ok_unexpected", "checkpoint tensors the model does not use: "+strings.Join(train.StrictnessValues, ", ")+" (missing tensors and shape mismatches are always errors)")
 	fs.Bool("use-cpu-initialization", false, "accepted: gotron always initialises on the CPU from the seed, whole (any parallel layout starts from the same model)")
 	fs.BoolVar(&c.LogParamsNorm, "log-params-norm", false, "print the parameters' L2 norm on the log line")
