@@ -345,10 +345,10 @@ func (t *Trainer) load(root string) error {
 	loadOptim := !t.cfg.Finetune && !weightsOnly && !t.cfg.NoLoadOptim
 	var st optim.State
 	if loadOptim {
-		if !r.Has(ckpt.GroupOptimizer) {
+		st = t.opt.State() // the keys and lengths this rank's optimizer keeps
+		if len(st.Buffers) > 0 && !r.Has(ckpt.GroupOptimizer) { // (SGD without momentum keeps none)
 			return fmt.Errorf("train: --load %s has no optimizer state (saved with --no-save-optim?): add --no-load-optim", root)
 		}
-		st = t.opt.State() // the keys and lengths this rank's optimizer keeps
 	}
 	var want *optim.State
 	if loadOptim {

@@ -267,3 +267,24 @@ func TestShardedLoadBadInput(t *testing.T) {
 		t.Errorf("another model: %v", err)
 	}
 }
+
+// TestResumeSGDWithoutMomentum: an optimizer that keeps no buffers (SGD,
+// momentum 0) saves no optimizer tensors, and its checkpoint resumes.
+func TestResumeSGDWithoutMomentum(t *testing.T) {
+	train, valid := dpDataset(t, 16)
+	cfg := dpConfig(dpModels()["gpt2"])
+	cfg.Optimizer, cfg.SGDMomentum = "sgd", 0
+	straight := runPP(t, cfg, ppLayout{tp: 1, pp: 1, dp: 2}, train, valid)[0]
+	first := cfg
+	first.Save, first.ExitInterval = t.TempDir(), 5
+	a := runPP(t, first, ppLayout{tp: 1, pp: 1, dp: 2}, train, valid)[0]
+	second := cfg
+	second.Load = first.Save
+	b := runPP(t, second, ppLayout{tp: 1, pp: 1, dp: 2}, train, valid)[0]
+	got := append(append([]float64(nil), a.res.Losses...), b.res.Losses...)
+	for i := range straight.res.Losses {
+		if got[i] != straight.res.Losses[i] {
+			t.Fatalf("iteration %d: loss %v after resume, %v straight", i+1, got[i], straight.res.Losses[i])
+		}
+	}
+}

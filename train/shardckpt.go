@@ -332,7 +332,7 @@ func (t *Trainer) expectTensors(r *ckpt.Reader, optimizer *optim.State) error {
 		want[p.Name] = ckpt.Spec{DType: safetensors.F32, Shape: t.fullShape(p.Name, p.Shape())}
 	}
 	err := r.Expect(ckpt.GroupModel, want, unexpectedOK)
-	if optimizer != nil && err == nil {
+	if optimizer != nil && len(optimizer.Buffers) > 0 && err == nil {
 		wantOpt := map[string]ckpt.Spec{}
 		for _, kind := range stateKinds(*optimizer) {
 			for _, p := range t.Model.Params() {
