@@ -282,37 +282,38 @@ func (t *Trainer) checkpointMeta(ost optim.State) (ckpt.Meta, error) {
 // LoadModel opens the latest checkpoint under dir and returns its model and
 // arguments (for generate, score and convert).
 func LoadModel(dir string) (*gpt.Model, RunArgs, error) {
-	c, err := ckpt.Load(dir, -1)
+	r, err := ckpt.Open(dir, -1)
 	if err != nil {
 		return nil, RunArgs{}, err
 	}
-	defer c.Close()
+	defer r.Close()
 	var ra RunArgs
-	if err := json.Unmarshal(c.Meta.Args, &ra); err != nil {
+	if err := json.Unmarshal(r.Meta.Args, &ra); err != nil {
 		return nil, RunArgs{}, fmt.Errorf("train: %s: args: %w", dir, err)
 	}
 	m, err := gpt.New(ra.Model, tensor.NewRNG(0))
 	if err != nil {
 		return nil, RunArgs{}, fmt.Errorf("train: %s: %w", dir, err)
 	}
-	if err := loadWeights(m, c); err != nil {
+	if err := loadWeights(m, r); err != nil {
 		return nil, RunArgs{}, err
 	}
 	return m, ra, nil
 }
 
-// loadWeights checks every parameter's name and shape and copies it into m.
-func loadWeights(m *gpt.Model, c *ckpt.Checkpoint) error {
+// loadWeights checks every parameter's name and shape and reads it whole
+// into m (the model group only: the optimizer state is not read).
+func loadWeights(m *gpt.Model, r *ckpt.Reader) error {
 	want := map[string]ckpt.Spec{}
 	for _, p := range m.Params() {
 		want[p.Name] = ckpt.Spec{DType: safetensors.F32, Shape: p.Shape()}
 	}
-	if err := c.Expect("model", want); err != nil {
+	if err := r.Expect(ckpt.GroupModel, want, false); err != nil {
 		return err
 	}
 	for _, p := range m.Params() {
-		if err := c.Groups["model"][p.Name].DecodeFloat32(p.Float32s()); err != nil {
-			return fmt.Errorf("train: checkpoint tensor %s: %w", p.Name, err)
+		if err := r.Read(ckpt.GroupModel, p.Name, p.Shape(), ckpt.Whole(p.Shape()), p.Float32s()); err != nil {
+			return fmt.Errorf("train: %w", err)
 		}
 	}
 	return nil
@@ -440,7 +441,7 @@ func SaveModel(ctx context.Context, dir string, iteration int, m *gpt.Model, seq
 // ReadRunArgs returns the arguments recorded in the latest checkpoint under
 // dir (the architecture for --use-checkpoint-args).
 func ReadRunArgs(dir string) (RunArgs, error) {
-	c, err := ckpt.Load(dir, -1)
+	c, err := ckpt.Open(dir, -1)
 	if err != nil {
 		return RunArgs{}, err
 	}
