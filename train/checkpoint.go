@@ -346,8 +346,10 @@ func (t *Trainer) load(root string) error {
 	loadOptim := !t.cfg.Finetune && !weightsOnly && !t.cfg.NoLoadOptim
 	var st optim.State
 	if loadOptim {
-		st = t.opt.State() // the keys and lengths this rank's optimizer keeps
-		if len(st.Buffers) > 0 && !r.Has(ckpt.GroupOptimizer) { // (SGD without momentum keeps none)
+		// The keys and lengths this rank's optimizer keeps (SGD without
+		// momentum keeps none, and its checkpoints have no optimizer group).
+		st = t.opt.State()
+		if len(st.Buffers) > 0 && !r.Has(ckpt.GroupOptimizer) {
 			return fmt.Errorf("train: --load %s has no optimizer state (saved with --no-save-optim?): add --no-load-optim", root)
 		}
 	}
