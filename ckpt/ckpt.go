@@ -156,16 +156,7 @@ func List(dir string) ([]int, error) {
 // version, that every file checkpoint.json lists exists with the recorded
 // size and CRC-32C and has a valid header. The result must be Closed.
 func Load(dir string, iteration int) (*Checkpoint, error) {
-	if iteration < 0 {
-		it, err := Latest(dir)
-		if err != nil {
-			return nil, err
-		}
-		iteration = it
-	}
-	name := IterDirName(iteration)
-	iterDir := filepath.Join(dir, name)
-	mf, err := readMeta(filepath.Join(iterDir, MetaFile), name, iteration)
+	iteration, name, iterDir, mf, _, err := locate(dir, iteration)
 	if err != nil {
 		return nil, err
 	}
@@ -192,30 +183,45 @@ func Load(dir string, iteration int) (*Checkpoint, error) {
 
 // readMeta reads and checks checkpoint.json; rel is the iteration directory
 // name used in errors.
-func readMeta(path, rel string, iteration int) (*metaFile, error) {
+func readMeta(path, rel string, iteration int) (*metaFile, []byte, error) {
 	raw, err := os.ReadFile(path)
 	if errors.Is(err, os.ErrNotExist) {
-		return nil, fmt.Errorf("ckpt: %s: no %s (not a checkpoint directory, or missing): %w", rel, MetaFile, err)
+		return nil, nil, fmt.Errorf("ckpt: %s: no %s (not a checkpoint directory, or missing): %w", rel, MetaFile, err)
 	}
 	if err != nil {
-		return nil, fmt.Errorf("ckpt: %w", err)
+		return nil, nil, fmt.Errorf("ckpt: %w", err)
 	}
 	var mf metaFile
 	if err := json.Unmarshal(raw, &mf); err != nil {
-		return nil, fmt.Errorf("ckpt: %s/%s: %v", rel, MetaFile, err)
+		return nil, nil, fmt.Errorf("ckpt: %s/%s: %v", rel, MetaFile, err)
 	}
 	switch {
 	case mf.Format != FormatName:
-		return nil, fmt.Errorf("ckpt: %s/%s: format %q, want %q", rel, MetaFile, mf.Format, FormatName)
+		return nil, nil, fmt.Errorf("ckpt: %s/%s: format %q, want %q", rel, MetaFile, mf.Format, FormatName)
 	case mf.FormatVersion > FormatVersion:
-		return nil, fmt.Errorf("ckpt: %s/%s: format version %d is newer than this gotron reads (%d): upgrade gotron",
+		return nil, nil, fmt.Errorf("ckpt: %s/%s: format version %d is newer than this gotron reads (%d): upgrade gotron",
 			rel, MetaFile, mf.FormatVersion, FormatVersion)
 	case mf.FormatVersion < 1:
-		return nil, fmt.Errorf("ckpt: %s/%s: invalid format version %d", rel, MetaFile, mf.FormatVersion)
+		return nil, nil, fmt.Errorf("ckpt: %s/%s: invalid format version %d", rel, MetaFile, mf.FormatVersion)
 	case mf.Iteration != iteration:
-		return nil, fmt.Errorf("ckpt: %s/%s: records iteration %d", rel, MetaFile, mf.Iteration)
+		return nil, nil, fmt.Errorf("ckpt: %s/%s: records iteration %d", rel, MetaFile, mf.Iteration)
 	}
-	return &mf, nil
+	return &mf, raw, nil
+}
+
+// locate resolves iteration (the latest when negative) in dir and reads its
+// checkpoint.json: the iteration, its directory's name and path, the
+// checked common fields and the raw file (for format 2's own fields).
+func locate(dir string, iteration int) (it int, name, iterDir string, mf *metaFile, raw []byte, err error) {
+	if iteration < 0 {
+		if iteration, err = Latest(dir); err != nil {
+			return 0, "", "", nil, nil, err
+		}
+	}
+	name = IterDirName(iteration)
+	iterDir = filepath.Join(dir, name)
+	mf, raw, err = readMeta(filepath.Join(iterDir, MetaFile), name, iteration)
+	return iteration, name, iterDir, mf, raw, err
 }
 
 // openVerified maps a tensor file and checks its size and checksum.

@@ -462,16 +462,7 @@ type Reader struct {
 // of the files it lists; tensor data are read, and checksummed, on demand.
 // The Reader must be closed.
 func Open(dir string, iteration int) (*Reader, error) {
-	if iteration < 0 {
-		it, err := Latest(dir)
-		if err != nil {
-			return nil, err
-		}
-		iteration = it
-	}
-	name := IterDirName(iteration)
-	iterDir := filepath.Join(dir, name)
-	mf, err := readMeta(filepath.Join(iterDir, MetaFile), name, iteration)
+	iteration, name, iterDir, mf, raw, err := locate(dir, iteration)
 	if err != nil {
 		return nil, err
 	}
@@ -499,10 +490,6 @@ func Open(dir string, iteration int) (*Reader, error) {
 		return r, nil
 	}
 	var sm shardedMeta
-	raw, err := os.ReadFile(filepath.Join(iterDir, MetaFile))
-	if err != nil {
-		return nil, fmt.Errorf("ckpt: %w", err)
-	}
 	if err := json.Unmarshal(raw, &sm); err != nil {
 		return nil, fmt.Errorf("ckpt: %s/%s: %v", name, MetaFile, err)
 	}
