@@ -85,7 +85,7 @@ func restrict(blocks []localBlock, lo, hi int) []localBlock {
 
 // optimizerKey splits an optimizer buffer key, "<kind>/<param>" or, over
 // the distributed optimizer's pieces, "<kind>/<param>[lo:hi]".
-func optimizerKey(key string, numel int) (kind, param string, lo, hi int, sharded bool, err error) {
+func optimizerKey(key string) (kind, param string, lo, hi int, sharded bool, err error) {
 	kind, param, ok := strings.Cut(key, "/")
 	if !ok {
 		return "", "", 0, 0, false, fmt.Errorf("train: optimizer buffer %q has no kind prefix", key)
@@ -94,7 +94,7 @@ func optimizerKey(key string, numel int) (kind, param string, lo, hi int, sharde
 		a, b, ok := strings.Cut(param[i+1:len(param)-1], ":")
 		lo, err1 := strconv.Atoi(a)
 		hi, err2 := strconv.Atoi(b)
-		if !ok || err1 != nil || err2 != nil || lo < 0 || hi < lo || hi > numel && numel >= 0 {
+		if !ok || err1 != nil || err2 != nil || lo < 0 || hi < lo {
 			return "", "", 0, 0, false, fmt.Errorf("train: optimizer buffer %q: bad element range", key)
 		}
 		return kind, param[:i], lo, hi, true, nil
@@ -183,7 +183,7 @@ func (t *Trainer) checkpointPieces(st *optim.State) ([]ckpt.Piece, error) {
 	}
 	for _, key := range st.BufferNames() {
 		buf := st.Buffers[key]
-		kind, name, lo, hi, sharded, err := optimizerKey(key, -1)
+		kind, name, lo, hi, sharded, err := optimizerKey(key)
 		if err != nil {
 			return nil, err
 		}
@@ -300,7 +300,7 @@ func (t *Trainer) readOptimizerState(r *ckpt.Reader, st *optim.State) error {
 	}
 	for _, key := range st.BufferNames() {
 		buf := st.Buffers[key]
-		kind, name, lo, hi, sharded, err := optimizerKey(key, -1)
+		kind, name, lo, hi, sharded, err := optimizerKey(key)
 		if err != nil {
 			return err
 		}

@@ -10,12 +10,12 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/gotron/gotron/infer"
 	"github.com/gotron/gotron/infer/server"
 	"github.com/gotron/gotron/internal/assets/gpt2"
+	"github.com/gotron/gotron/internal/meminfo"
 	"github.com/gotron/gotron/model/gpt"
 	"github.com/gotron/gotron/tokenizer"
 )
@@ -111,29 +111,20 @@ func newServer(f *serveFlags) (*server.Server, *infer.Runner, error) {
 }
 
 // kvPoolFromFraction is --kv-cache-memory-fraction: that fraction of the
-// memory the kernel reports available now (the weights are loaded).
-func kvPoolFromFraction(frac float64, haveBytes bool, meminfo string) (int64, error) {
+// memory the kernel reports available now (the weights are loaded), from
+// machine (meminfo.Read).
+func kvPoolFromFraction(frac float64, haveBytes bool, machine func() (meminfo.Info, bool)) (int64, error) {
 	switch {
 	case haveBytes:
 		return 0, fmt.Errorf("set one of --kv-cache-bytes and --kv-cache-memory-fraction")
 	case !(frac > 0 && frac <= 0.95):
 		return 0, fmt.Errorf("--kv-cache-memory-fraction=%g: want 0 < F ≤ 0.95 (the rest is for activations, the runtime and the OS)", frac)
 	}
-	raw, err := os.ReadFile(meminfo)
-	if err != nil {
-		return 0, fmt.Errorf("--kv-cache-memory-fraction: cannot read the available memory: %w (use --kv-cache-bytes)", err)
+	mem, ok := machine()
+	if !ok || mem.AvailableBytes <= 0 {
+		return 0, fmt.Errorf("--kv-cache-memory-fraction: cannot read the available memory from %s (use --kv-cache-bytes)", meminfo.Path)
 	}
-	for _, line := range strings.Split(string(raw), "\n") {
-		f := strings.Fields(line)
-		if len(f) == 3 && f[0] == "MemAvailable:" && f[2] == "kB" {
-			kb, err := strconv.ParseInt(f[1], 10, 64)
-			if err != nil || kb <= 0 {
-				break
-			}
-			return int64(frac * float64(kb) * 1024), nil
-		}
-	}
-	return 0, fmt.Errorf("--kv-cache-memory-fraction: %s has no MemAvailable line (use --kv-cache-bytes)", meminfo)
+	return int64(frac * float64(mem.AvailableBytes)), nil
 }
 
 // buildServer builds the engine for m, its runner and the HTTP server.
@@ -154,7 +145,7 @@ func buildServer(f *serveFlags, m *gpt.Model, tok tokenizer.Tokenizer, tpl *serv
 		}
 	}
 	if f.kvCacheFraction != 0 {
-		if ec.KVCacheBytes, err = kvPoolFromFraction(f.kvCacheFraction, f.kvCacheBytes != "", "/proc/meminfo"); err != nil {
+		if ec.KVCacheBytes, err = kvPoolFromFraction(f.kvCacheFraction, f.kvCacheBytes != "", meminfo.Read); err != nil {
 			return nil, nil, err
 		}
 	}

@@ -16,6 +16,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/gotron/gotron/internal/meminfo"
 )
 
 // openaiNodeVersion is the openai npm package the client test installs: the
@@ -446,28 +448,30 @@ func TestServeOpenAINodeClient(t *testing.T) {
 // TestKVPoolFromFraction: --kv-cache-memory-fraction takes its share of
 // MemAvailable; bad values and conflicts are refused naming the flags.
 func TestKVPoolFromFraction(t *testing.T) {
-	mi := filepath.Join(t.TempDir(), "meminfo")
-	os.WriteFile(mi, []byte("MemTotal:       24000000 kB\nMemFree:         1000000 kB\nMemAvailable:   20000000 kB\n"), 0o644)
-	got, err := kvPoolFromFraction(0.5, false, mi)
+	machine := func() (meminfo.Info, bool) {
+		return meminfo.Info{TotalBytes: 24000000 * 1024, AvailableBytes: 20000000 * 1024}, true
+	}
+	got, err := kvPoolFromFraction(0.5, false, machine)
 	if err != nil || got != 10000000*1024 {
 		t.Fatalf("0.5 of 20000000 kB: %d, %v", got, err)
 	}
-	if got, err := kvPoolFromFraction(0.1, false, "/proc/meminfo"); err != nil || got <= 0 {
+	if got, err := kvPoolFromFraction(0.1, false, meminfo.Read); err != nil || got <= 0 {
 		t.Fatalf("this machine's /proc/meminfo: %d, %v", got, err)
 	}
+	unknown := func() (meminfo.Info, bool) { return meminfo.Info{}, false }
 	for _, c := range []struct {
-		frac float64
-		both bool
-		file string
-		want string
+		frac    float64
+		both    bool
+		machine func() (meminfo.Info, bool)
+		want    string
 	}{
-		{0.5, true, mi, "set one of --kv-cache-bytes and --kv-cache-memory-fraction"},
-		{1.2, false, mi, "--kv-cache-memory-fraction=1.2: want 0 < F ≤ 0.95"},
-		{-0.1, false, mi, "want 0 < F ≤ 0.95"},
-		{0.5, false, filepath.Join(t.TempDir(), "none"), "cannot read the available memory"},
+		{0.5, true, machine, "set one of --kv-cache-bytes and --kv-cache-memory-fraction"},
+		{1.2, false, machine, "--kv-cache-memory-fraction=1.2: want 0 < F ≤ 0.95"},
+		{-0.1, false, machine, "want 0 < F ≤ 0.95"},
+		{0.5, false, unknown, "cannot read the available memory"},
 	} {
-		if _, err := kvPoolFromFraction(c.frac, c.both, c.file); err == nil || !strings.Contains(err.Error(), c.want) {
-			t.Errorf("%+v: %v, want %q", c, err, c.want)
+		if _, err := kvPoolFromFraction(c.frac, c.both, c.machine); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%v %v: %v, want %q", c.frac, c.both, err, c.want)
 		}
 	}
 }
