@@ -139,25 +139,16 @@ func Import(dir string, opts ImportOptions) (*gpt.Model, Info, error) {
 // source tensor being converted) does not fit in the memory available
 // (meminfo; no check where it is unknown).
 func checkMemory(dir string, cfg gpt.Config, plan []planned, machine func() (meminfo.Info, bool)) error {
-	if machine == nil {
-		machine = meminfo.Read
-	}
-	mem, ok := machine()
-	if !ok {
-		return nil
-	}
 	largest := 0.0
 	for _, p := range plan {
 		for _, t := range p.src {
 			largest = max(largest, float64(t.NumElements()))
 		}
 	}
-	need := 4 * (cfg.ParamCount() + largest)
-	if mem.Fits(need) {
-		return nil
+	if err := meminfo.CheckFloat32Import(machine, cfg.ParamCount(), largest, "the float32 model of config.json"); err != nil {
+		return fmt.Errorf("hf: %s: %w", dir, err)
 	}
-	return fmt.Errorf("hf: %s: the float32 model of config.json (%.4g billion parameters) needs at least %s but this machine has %s",
-		dir, cfg.ParamCount()/1e9, meminfo.FormatBytes(need), mem)
+	return nil
 }
 
 func hasSafetensors(dir string) bool {

@@ -517,23 +517,14 @@ func maxDiff(s *source, ref []float32) (float64, error) {
 // checkMemory refuses an import whose float32 model (plus the largest
 // source tensor being converted) does not fit in the memory available.
 func checkMemory(dir string, cfg gpt.Config, plan []*source, machine func() (meminfo.Info, bool)) error {
-	if machine == nil {
-		machine = meminfo.Read
-	}
-	mem, ok := machine()
-	if !ok {
-		return nil
-	}
 	largest := 0.0
 	for _, s := range plan {
 		for _, t := range s.slices {
 			largest = max(largest, float64(t.Numel()))
 		}
 	}
-	need := 4 * (cfg.ParamCount() + largest)
-	if mem.Fits(need) {
-		return nil
+	if err := meminfo.CheckFloat32Import(machine, cfg.ParamCount(), largest, "the float32 model the args describe"); err != nil {
+		return fmt.Errorf("megatron: %s: %w", dir, err)
 	}
-	return fmt.Errorf("megatron: %s: the float32 model the args describe (%.4g billion parameters) needs at least %s but this machine has %s",
-		dir, cfg.ParamCount()/1e9, meminfo.FormatBytes(need), mem)
+	return nil
 }

@@ -85,6 +85,26 @@ func (i Info) Fits(needBytes float64) bool {
 	return i.TotalBytes == 0 || needBytes <= float64(i.AvailableBytes)
 }
 
+// CheckFloat32Import refuses a model import whose float32 parameters
+// (params of them) plus the largest source tensor being converted
+// (largest elements) do not fit in the memory machine reports (Read when
+// nil; no check where it is unknown). The error says what model describes
+// (e.g. "the float32 model of config.json") and what it needs.
+func CheckFloat32Import(machine func() (Info, bool), params, largest float64, model string) error {
+	if machine == nil {
+		machine = Read
+	}
+	mem, ok := machine()
+	if !ok {
+		return nil
+	}
+	need := 4 * (params + largest)
+	if mem.Fits(need) {
+		return nil
+	}
+	return fmt.Errorf("%s (%.4g billion parameters) needs at least %s but this machine has %s", model, params/1e9, FormatBytes(need), mem)
+}
+
 // String describes the machine for error messages:
 // "23.0 GB available of 23.5 GB (/proc/meminfo)".
 func (i Info) String() string {
