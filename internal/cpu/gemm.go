@@ -56,6 +56,8 @@ type kernSet struct {
 	// and at most maxDotRows rows, C is a set of dot products of
 	// contiguous rows, cheaper than packing all of B for so few rows.
 	dots []dotFunc
+	// wide[r-1] is kerns[r-1] reading a bfloat16 B panel (PackedB).
+	wide []wideKernFunc
 	// bf16 says how packing rounds op(A) and op(B) to bfloat16 (see
 	// gemm_bf16.go); the zero value packs fp32 as is.
 	bf16 bf16Pack

@@ -71,5 +71,5 @@ var kernsGeneric = [mrGeneric]kernFunc{kernGo1, kernGo2, kernGo3, kernGo4}
 
 // genericKernels returns the pure-Go kernel set.
 func genericKernels() kernSet {
-	return kernSet{mr: mrGeneric, nr: nrGeneric, kerns: kernsGeneric[:], mc: 64, kc: 256, nc: 1024}
+	return kernSet{mr: mrGeneric, nr: nrGeneric, kerns: kernsGeneric[:], mc: 64, kc: 256, nc: 1024, wide: kernsWideGeneric[:]}
 }

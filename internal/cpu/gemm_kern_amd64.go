@@ -70,6 +70,67 @@ func kernAVX512_13x32(kc int, a, b *float32, ldb int, c *float32, ldc int, alpha
 //go:noescape
 func kernAVX512_14x32(kc int, a, b *float32, ldb int, c *float32, ldc int, alpha, beta float32, load int)
 
+// kernsWideAVX512[mr-1] is the AVX512 kernel for mr rows whose B panel holds
+// bfloat16 values, widened to float32 as they are loaded (see internal/cpu/gen).
+var kernsWideAVX512 = [14]wideKernFunc{
+	kernWideAVX512_1x32,
+	kernWideAVX512_2x32,
+	kernWideAVX512_3x32,
+	kernWideAVX512_4x32,
+	kernWideAVX512_5x32,
+	kernWideAVX512_6x32,
+	kernWideAVX512_7x32,
+	kernWideAVX512_8x32,
+	kernWideAVX512_9x32,
+	kernWideAVX512_10x32,
+	kernWideAVX512_11x32,
+	kernWideAVX512_12x32,
+	kernWideAVX512_13x32,
+	kernWideAVX512_14x32,
+}
+
+//go:noescape
+func kernWideAVX512_1x32(kc int, a *float32, b *uint16, ldb int, c *float32, ldc int, alpha, beta float32, load int)
+
+//go:noescape
+func kernWideAVX512_2x32(kc int, a *float32, b *uint16, ldb int, c *float32, ldc int, alpha, beta float32, load int)
+
+//go:noescape
+func kernWideAVX512_3x32(kc int, a *float32, b *uint16, ldb int, c *float32, ldc int, alpha, beta float32, load int)
+
+//go:noescape
+func kernWideAVX512_4x32(kc int, a *float32, b *uint16, ldb int, c *float32, ldc int, alpha, beta float32, load int)
+
+//go:noescape
+func kernWideAVX512_5x32(kc int, a *float32, b *uint16, ldb int, c *float32, ldc int, alpha, beta float32, load int)
+
+//go:noescape
+func kernWideAVX512_6x32(kc int, a *float32, b *uint16, ldb int, c *float32, ldc int, alpha, beta float32, load int)
+
+//go:noescape
+func kernWideAVX512_7x32(kc int, a *float32, b *uint16, ldb int, c *float32, ldc int, alpha, beta float32, load int)
+
+//go:noescape
+func kernWideAVX512_8x32(kc int, a *float32, b *uint16, ldb int, c *float32, ldc int, alpha, beta float32, load int)
+
+//go:noescape
+func kernWideAVX512_9x32(kc int, a *float32, b *uint16, ldb int, c *float32, ldc int, alpha, beta float32, load int)
+
+//go:noescape
+func kernWideAVX512_10x32(kc int, a *float32, b *uint16, ldb int, c *float32, ldc int, alpha, beta float32, load int)
+
+//go:noescape
+func kernWideAVX512_11x32(kc int, a *float32, b *uint16, ldb int, c *float32, ldc int, alpha, beta float32, load int)
+
+//go:noescape
+func kernWideAVX512_12x32(kc int, a *float32, b *uint16, ldb int, c *float32, ldc int, alpha, beta float32, load int)
+
+//go:noescape
+func kernWideAVX512_13x32(kc int, a *float32, b *uint16, ldb int, c *float32, ldc int, alpha, beta float32, load int)
+
+//go:noescape
+func kernWideAVX512_14x32(kc int, a *float32, b *uint16, ldb int, c *float32, ldc int, alpha, beta float32, load int)
+
 // transposeAVX512_14x16 copies a 14×16 block (rows lds bytes apart) to its 16×14 transpose
 // (rows ldd bytes apart).
 //
@@ -237,3 +298,32 @@ func kernAVX2_5x16(kc int, a, b *float32, ldb int, c *float32, ldc int, alpha, b
 
 //go:noescape
 func kernAVX2_6x16(kc int, a, b *float32, ldb int, c *float32, ldc int, alpha, beta float32, load int)
+
+// kernsWideAVX2[mr-1] is the AVX2 kernel for mr rows whose B panel holds
+// bfloat16 values, widened to float32 as they are loaded (see internal/cpu/gen).
+var kernsWideAVX2 = [6]wideKernFunc{
+	kernWideAVX2_1x16,
+	kernWideAVX2_2x16,
+	kernWideAVX2_3x16,
+	kernWideAVX2_4x16,
+	kernWideAVX2_5x16,
+	kernWideAVX2_6x16,
+}
+
+//go:noescape
+func kernWideAVX2_1x16(kc int, a *float32, b *uint16, ldb int, c *float32, ldc int, alpha, beta float32, load int)
+
+//go:noescape
+func kernWideAVX2_2x16(kc int, a *float32, b *uint16, ldb int, c *float32, ldc int, alpha, beta float32, load int)
+
+//go:noescape
+func kernWideAVX2_3x16(kc int, a *float32, b *uint16, ldb int, c *float32, ldc int, alpha, beta float32, load int)
+
+//go:noescape
+func kernWideAVX2_4x16(kc int, a *float32, b *uint16, ldb int, c *float32, ldc int, alpha, beta float32, load int)
+
+//go:noescape
+func kernWideAVX2_5x16(kc int, a *float32, b *uint16, ldb int, c *float32, ldc int, alpha, beta float32, load int)
+
+//go:noescape
+func kernWideAVX2_6x16(kc int, a *float32, b *uint16, ldb int, c *float32, ldc int, alpha, beta float32, load int)

@@ -15,7 +15,9 @@
 //	C[0:mr, 0:NR] = alpha*A·B + beta*C   (load != 0)
 //
 // where A is a packed kc×mr panel (mr floats per k step) and B is a kc×NR
-// panel whose rows are ldb bytes apart (packed: NR*4, or B itself).
+// panel whose rows are ldb bytes apart (packed: NR*4, or B itself). A
+// second, "wide" kernel per row count reads a B panel of bfloat16 values
+// (prepacked weights: see PackedB) and widens them as it loads them.
 package main
 
 import (
@@ -68,6 +70,16 @@ func main() {
 		for mr := 1; mr <= s.mr; mr++ {
 			name := fmt.Sprintf("kern%s_%dx%d", s.name, mr, s.nv*s.lanes)
 			fmt.Fprintf(&decl, "//go:noescape\nfunc %s(kc int, a, b *float32, ldb int, c *float32, ldc int, alpha, beta float32, load int)\n\n", name)
+		}
+		fmt.Fprintf(&decl, "// kernsWide%s[mr-1] is the %s kernel for mr rows whose B panel holds\n// bfloat16 values, widened to float32 as they are loaded (see internal/cpu/gen).\nvar kernsWide%s = [%d]wideKernFunc{\n", s.name, s.name, s.name, s.mr)
+		for mr := 1; mr <= s.mr; mr++ {
+			fmt.Fprintf(&decl, "\tkernWide%s_%dx%d,\n", s.name, mr, s.nv*s.lanes)
+		}
+		decl.WriteString("}\n\n")
+		for mr := 1; mr <= s.mr; mr++ {
+			name := fmt.Sprintf("kernWide%s_%dx%d", s.name, mr, s.nv*s.lanes)
+			s.kernelB(&asm, name, mr, true)
+			fmt.Fprintf(&decl, "//go:noescape\nfunc %s(kc int, a *float32, b *uint16, ldb int, c *float32, ldc int, alpha, beta float32, load int)\n\n", name)
 		}
 		if s.bcst {
 			rowsList := []int{16}
@@ -147,13 +159,24 @@ const cPrefetchLead = 4
 // kernel writes one micro-kernel for mr rows. Registers: CX k counter, SI A
 // panel, DX B row, R8 ldb bytes, DI C, R9 ldc bytes, R10 and R11 C rows,
 // BX pairs.
-func (s isa) kernel(w *bytes.Buffer, name string, mr int) {
+func (s isa) kernel(w *bytes.Buffer, name string, mr int) { s.kernelB(w, name, mr, false) }
+
+// kernelB writes kernel, or with wide set its variant whose B panel holds
+// bfloat16 values (2 bytes each, rows ldb bytes apart): each B vector is
+// loaded zero-extended to 32 bits and shifted into the high half, which is
+// exactly the float32 the bf16 value stands for, so the arithmetic is the
+// fp32 kernel's on those values.
+func (s isa) kernelB(w *bytes.Buffer, name string, mr int, wide bool) {
 	r := func(i int) string { return fmt.Sprintf("%s%d", s.reg, i) }
 	nacc := mr * s.nv
 	bReg := func(v int) string { return r(nacc + v) }
 	bc := func(i int) string { return r(nacc + s.nv + i%2) }
 	vbytes := s.lanes * 4
-	fmt.Fprintf(w, "\n// func %s(kc int, a, b *float32, ldb int, c *float32, ldc int, alpha, beta float32, load int)\n", name)
+	bType := "b *float32"
+	if wide {
+		bType = "b *uint16"
+	}
+	fmt.Fprintf(w, "\n// func %s(kc int, a *float32, %s, ldb int, c *float32, ldc int, alpha, beta float32, load int)\n", name, bType)
 	fmt.Fprintf(w, "TEXT ·%s(SB), NOSPLIT, $0-64\n", name)
 	w.WriteString("\tMOVQ kc+0(FP), CX\n\tMOVQ a+8(FP), SI\n\tMOVQ b+16(FP), DX\n\tMOVQ ldb+24(FP), R8\n\tMOVQ c+32(FP), DI\n\tMOVQ ldc+40(FP), R9\n")
 	for i := 0; i < nacc; i++ {
@@ -176,6 +199,10 @@ func (s isa) kernel(w *bytes.Buffer, name string, mr int) {
 	// One k step: load the B row, then one FMA per accumulator.
 	step := func(bAddr string, aOff int) {
 		for v := 0; v < s.nv; v++ {
+			if wide {
+				fmt.Fprintf(w, "\tVPMOVZXWD %d%s, %s\n\tVPSLLD $16, %s, %s\n", v*vbytes/2, bAddr, bReg(v), bReg(v), bReg(v))
+				continue
+			}
 			fmt.Fprintf(w, "\tVMOVUPS %d%s, %s\n", v*vbytes, bAddr, bReg(v))
 		}
 		for i := 0; i < mr; i++ {
