@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"sort"
 
+	"github.com/gotron/gotron/internal/cpu"
 	"github.com/gotron/gotron/model/gpt"
 )
 
@@ -33,8 +34,12 @@ type EngineConfig struct {
 	// means events carry no text and requests may not set Stop.
 	Decoder Decoder
 	// Weights is the layout decode steps read the linear weights in
-	// (--decode-weights); the zero value WeightsAuto picks by timing.
+	// (--decode-weights); the zero value packs them (WeightsPacked).
 	Weights WeightLayout
+	// BF16 says the model's weights are bfloat16 values (rounded by
+	// gpt.Model.RoundToBF16, --bf16): packed weights are then stored in
+	// bfloat16, half the bytes a decode step streams, exactly.
+	BF16 bool
 }
 
 // validate fills defaults for m and rejects bad values, naming the flag.
@@ -49,8 +54,8 @@ func (c *EngineConfig) validate(m *gpt.Model) error {
 		return fmt.Errorf("infer: --max-num-batched-tokens=%d: want >= 0", c.MaxNumBatchedTokens)
 	case c.MaxNumSeqs < 0:
 		return fmt.Errorf("infer: --max-num-seqs=%d: want >= 0", c.MaxNumSeqs)
-	case c.Weights < WeightsAuto || c.Weights > WeightsTransposed:
-		return fmt.Errorf("infer: weight layout %d: want WeightsAuto, WeightsModel or WeightsTransposed", c.Weights)
+	case c.Weights < WeightsPacked || c.Weights > WeightsModel:
+		return fmt.Errorf("infer: weight layout %d: want WeightsPacked or WeightsModel", c.Weights)
 	case c.VocabSize < 0 || c.VocabSize > mc.VocabSize:
 		return fmt.Errorf("infer: vocabulary of %d: want 1..%d (the model's)", c.VocabSize, mc.VocabSize)
 	}
@@ -185,7 +190,7 @@ type Engine struct {
 	cfg    EngineConfig
 	pool   *kvPool
 	att    *pagedAttention
-	tl     *gpt.TransposedLinears // nil: the model's weights only
+	packed *PackedLinears // nil: the model's weights through the general GEMM
 	maxPos int
 
 	nextID  SeqID
@@ -222,13 +227,37 @@ func NewEngine(m *gpt.Model, cfg EngineConfig) (*Engine, error) {
 	e := &Engine{m: m, cfg: cfg, maxPos: mc.MaxPositionEmbeddings, byID: map[SeqID]*sequence{}}
 	e.pool = newKVPool(mc.NumLayers, mc.NumQueryGroups*mc.KVChannels, cfg.BlockTokens, blocks)
 	e.att = newPagedAttention(e.pool, mc.NumAttentionHeads, mc.NumQueryGroups, mc.KVChannels)
-	e.tl = transposedLinears(m, cfg.Weights)
+	if cfg.BF16 {
+		if err := m.CheckBF16(); err != nil {
+			return nil, fmt.Errorf("infer: EngineConfig.BF16: %w", err)
+		}
+	}
+	if cfg.Weights == WeightsPacked {
+		typ := cpu.PackedFloat32
+		if cfg.BF16 {
+			typ = cpu.PackedBFloat16
+		}
+		e.packed = PackLinears(m, typ)
+	}
 	return e, nil
 }
 
-// TransposedWeights reports whether decode steps read transposed copies of
-// the weights (EngineConfig.Weights).
-func (e *Engine) TransposedWeights() bool { return e.tl != nil }
+// PackedWeightBytes returns the memory of the packed weight copies (0
+// with WeightsModel).
+func (e *Engine) PackedWeightBytes() int64 {
+	if e.packed == nil {
+		return 0
+	}
+	return e.packed.Bytes()
+}
+
+// linears returns what DecodeBatch computes the linear layers with.
+func (e *Engine) linears() gpt.Linears {
+	if e.packed == nil {
+		return nil // a nil *PackedLinears in the interface would not be nil
+	}
+	return e.packed
+}
 
 // Config returns the engine's configuration with defaults filled in.
 func (e *Engine) Config() EngineConfig { return e.cfg }
@@ -353,11 +382,11 @@ func (e *Engine) Step() ([]Event, error) {
 	var logits []float32
 	var err error
 	if len(e.rows) > 0 {
-		logits, err = e.m.DecodeBatch(e.tokens, e.positions, e.att, e.rows, e.tl)
+		logits, err = e.m.DecodeBatch(e.tokens, e.positions, e.att, e.rows, e.linears())
 	} else {
 		// Every sequence is mid-prefill: the forward still fills the
 		// cache; ask for one row's logits and ignore them.
-		logits, err = e.m.DecodeBatch(e.tokens, e.positions, e.att, []int{len(e.tokens) - 1}, e.tl)
+		logits, err = e.m.DecodeBatch(e.tokens, e.positions, e.att, []int{len(e.tokens) - 1}, e.linears())
 	}
 	e.stats.Steps++
 	e.stats.BatchedTokens += int64(len(e.tokens))

@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/gotron/gotron/ckpt/hf"
+	"github.com/gotron/gotron/internal/cpu"
 	"github.com/gotron/gotron/model/gpt"
 	"github.com/gotron/gotron/tensor"
 )
@@ -109,26 +110,44 @@ func checkNoLeak(t testing.TB, e *Engine) {
 	}
 }
 
+// weightCases are the ways an engine reads its weights: the model's, packed
+// float32, and packed bfloat16 on a model rounded to bf16.
+var weightCases = []struct {
+	name   string
+	layout WeightLayout
+	bf16   bool
+}{{"model", WeightsModel, false}, {"packed", WeightsPacked, false}, {"packed-bf16", WeightsPacked, true}}
+
+// weightCaseModel returns the test model, rounded to bf16 when bf16 is set.
+func weightCaseModel(t *testing.T, kind string, bf16 bool) *gpt.Model {
+	m := testModel(t, kind)
+	if bf16 {
+		m.RoundToBF16()
+	}
+	return m
+}
+
 // TestEngineGreedyMatchesGenerate: one request alone in the engine decodes
 // token for token as Generate (gotron generate) does, greedy and seeded
 // sampling, GPT-2- and Llama-style, with the model's weights (the same
-// arithmetic) and with transposed copies (the same tokens).
+// arithmetic) and with packed weights, float32 and bfloat16 (the same
+// tokens; generate runs on the same bf16-rounded model, as
+// `gotron generate --bf16` does).
 func TestEngineGreedyMatchesGenerate(t *testing.T) {
 	for _, kind := range []string{"gpt2", "llama"} {
-		for _, layout := range []WeightLayout{WeightsModel, WeightsTransposed} {
-			t.Run(kind+"/"+layout.String(), func(t *testing.T) {
-				testGreedyMatchesGenerate(t, kind, layout)
+		for _, wc := range weightCases {
+			t.Run(kind+"/"+wc.name, func(t *testing.T) {
+				testGreedyMatchesGenerate(t, weightCaseModel(t, kind, wc.bf16), EngineConfig{Weights: wc.layout, BF16: wc.bf16})
 			})
 		}
 	}
 }
 
-func testGreedyMatchesGenerate(t *testing.T, kind string, layout WeightLayout) {
-	m := testModel(t, kind)
+func testGreedyMatchesGenerate(t *testing.T, m *gpt.Model, cfg EngineConfig) {
 	for i, s := range []Sampling{{TopK: 1}, {Seed: 5}, {TopP: 0.9, Temperature: 0.7, Seed: 3}} {
 		prompt := testPrompt(5+7*i, i, 64)
 		want := generateAlone(t, m, prompt, 20, s)
-		e := mustEngine(t, m, EngineConfig{Weights: layout})
+		e := mustEngine(t, m, cfg)
 		id, err := e.Add(Request{Prompt: prompt, MaxTokens: 20, Sampling: s})
 		if err != nil {
 			t.Fatal(err)
@@ -141,26 +160,51 @@ func testGreedyMatchesGenerate(t *testing.T, kind string, layout WeightLayout) {
 	}
 }
 
-// TestTransposedLogits: logits through the transposed copies equal the
-// model's within float32 rounding.
-func TestTransposedLogits(t *testing.T) {
-	m := testModel(t, "llama")
-	prompt := testPrompt(5, 1, 64) // at most transposedMaxRows rows: the copies are read
-	logits := func(layout WeightLayout) []float32 {
-		e := mustEngine(t, m, EngineConfig{Weights: layout})
-		e.Add(Request{Prompt: prompt, MaxTokens: 1, Logprobs: true, TopLogprobs: 64})
-		evs, _ := e.Step()
-		out := make([]float32, 64)
-		for _, tl := range evs[0].TopLogprobs {
-			out[tl.Token] = tl.Logprob
-		}
-		return out
+// promptLogprobs returns the log-probabilities of the whole vocabulary (64)
+// after prompt, from a fresh engine on m with cfg.
+func promptLogprobs(t *testing.T, m *gpt.Model, cfg EngineConfig, prompt []int32) []float32 {
+	e := mustEngine(t, m, cfg)
+	e.Add(Request{Prompt: prompt, MaxTokens: 1, Logprobs: true, TopLogprobs: 64})
+	evs, _ := e.Step()
+	out := make([]float32, 64)
+	for _, tl := range evs[0].TopLogprobs {
+		out[tl.Token] = tl.Logprob
 	}
-	a, b := logits(WeightsModel), logits(WeightsTransposed)
-	for i := range a {
-		if d := a[i] - b[i]; d > 1e-4 || d < -1e-4 {
-			t.Fatalf("logprob %d: %v (model layout), %v (transposed)", i, a[i], b[i])
+	return out
+}
+
+// TestPackedLogits: logits through packed weights equal the model's — bit
+// for bit where the GEMM packs B for one row too (every ISA but AVX-512,
+// whose few-row products take a dot-product path), else within float32
+// rounding — in float32, and in bfloat16 on a bf16-rounded model.
+func TestPackedLogits(t *testing.T) {
+	for _, bf16 := range []bool{false, true} {
+		m := weightCaseModel(t, "llama", bf16)
+		for _, n := range []int{1, 5, 40} { // decode-sized and prefill-sized steps
+			prompt := testPrompt(n, 1, 64)
+			a := promptLogprobs(t, m, EngineConfig{Weights: WeightsModel}, prompt)
+			b := promptLogprobs(t, m, EngineConfig{Weights: WeightsPacked, BF16: bf16}, prompt)
+			exact := cpu.ActiveISA() != cpu.ISAAVX512
+			for i := range a {
+				if d := a[i] - b[i]; d > 1e-4 || d < -1e-4 || exact && a[i] != b[i] {
+					t.Fatalf("bf16 %v, %d-token prompt: logprob %d: %v (model layout), %v (packed)", bf16, n, i, a[i], b[i])
+				}
+			}
 		}
+	}
+}
+
+// TestEngineBF16Checked: BF16 on a model whose weights are not bf16
+// values is refused, naming the parameter, instead of decoding with
+// weights silently different from the model's.
+func TestEngineBF16Checked(t *testing.T) {
+	m := testModel(t, "gpt2")
+	_, err := NewEngine(m, EngineConfig{BF16: true})
+	if err == nil || !strings.Contains(err.Error(), "not a bfloat16 value") {
+		t.Fatalf("NewEngine(BF16) on a float32 model: %v", err)
+	}
+	if _, err := ParseWeightLayout("transposed"); err == nil || !strings.Contains(err.Error(), "packed") {
+		t.Fatalf("ParseWeightLayout(transposed): %v", err)
 	}
 }
 
@@ -169,15 +213,17 @@ func TestTransposedLogits(t *testing.T) {
 // the same steps, each get the tokens they get alone (greedy).
 func TestEngineBatchedEqualsAlone(t *testing.T) {
 	for _, kind := range []string{"gpt2", "llama"} {
-		for _, layout := range []WeightLayout{WeightsModel, WeightsTransposed} {
-			t.Run(kind+"/"+layout.String(), func(t *testing.T) { testBatchedEqualsAlone(t, kind, layout) })
+		for _, wc := range weightCases {
+			t.Run(kind+"/"+wc.name, func(t *testing.T) {
+				testBatchedEqualsAlone(t, weightCaseModel(t, kind, wc.bf16), EngineConfig{Weights: wc.layout, BF16: wc.bf16})
+			})
 		}
 	}
 }
 
-func testBatchedEqualsAlone(t *testing.T, kind string, layout WeightLayout) {
-	m := testModel(t, kind)
-	e := mustEngine(t, m, EngineConfig{MaxNumBatchedTokens: 24, BlockTokens: 4, Weights: layout})
+func testBatchedEqualsAlone(t *testing.T, m *gpt.Model, cfg EngineConfig) {
+	cfg.MaxNumBatchedTokens, cfg.BlockTokens = 24, 4
+	e := mustEngine(t, m, cfg)
 	want := map[SeqID][]int{}
 	add := func(i int) {
 		prompt := testPrompt(3+(i*5)%40, 100+i, 64)

@@ -2,93 +2,134 @@ package infer
 
 import (
 	"fmt"
-	"time"
 
+	"github.com/gotron/gotron/internal/cpu"
 	"github.com/gotron/gotron/model/gpt"
 	"github.com/gotron/gotron/tensor"
 )
 
-// WeightLayout chooses how decode steps read the linear weights.
+// WeightLayout chooses how decode steps read the linear weights
+// (--decode-weights).
 type WeightLayout int
 
 const (
-	// WeightsAuto (the zero value) keeps transposed copies when a timing
-	// at NewEngine shows a one-row product at least 1.3× faster with them
-	// (CPU GEMM paths without a dot-product kernel repack the model's
-	// (out, in) weights on every call).
-	WeightsAuto WeightLayout = iota
-	// WeightsModel uses the model's weights only: a lone sequence then
-	// decodes with gotron generate's arithmetic exactly.
+	// WeightsPacked (the zero value) packs every linear weight once, at
+	// NewEngine, into the GEMM micro-kernels' strips: a decode step then
+	// streams each weight from memory in order instead of repacking the
+	// model's (out, in) layout on every call. A second copy of the linear
+	// weights (in float32, or half of it in bfloat16).
+	WeightsPacked WeightLayout = iota
+	// WeightsModel uses the model's weights through the general GEMM: a
+	// lone sequence then decodes with gotron generate's arithmetic exactly
+	// on every CPU (packed float32 weights give the same bits except on
+	// AVX-512, whose one-to-three-row products take a dot-product path).
 	WeightsModel
-	// WeightsTransposed always keeps the copies (double weight memory).
-	WeightsTransposed
 )
 
-// Products of at most transposedMaxRows rows read the transposed copies
-// (the AVX2 micro-kernel's height, up to which the GEMM reads a row-major
-// weight in place); larger ones read the model's weights. Measured on two
-// AVX2 cores, GPT-2 124M decode steps (medians of three, interleaved): 4
-// sequences 72 ms with the copies against 136 ms without; 8 sequences 164
-// against 133 ms and 16 sequences 212 against 145 ms when the copies were
-// read 6 rows at a time, so larger products do not use them.
-const transposedMaxRows = 6
-
-// ParseWeightLayout reads "auto", "model" or "transposed".
+// ParseWeightLayout reads "packed" or "model".
 func ParseWeightLayout(s string) (WeightLayout, error) {
 	switch s {
-	case "auto", "":
-		return WeightsAuto, nil
+	case "packed", "":
+		return WeightsPacked, nil
 	case "model":
 		return WeightsModel, nil
-	case "transposed":
-		return WeightsTransposed, nil
+	case "auto", "transposed":
+		return 0, fmt.Errorf("infer: weight layout %q was replaced by \"packed\" (weights packed once for the GEMM kernels, faster at every batch size): want packed or model", s)
 	}
-	return 0, fmt.Errorf("infer: weight layout %q: want auto, model or transposed", s)
+	return 0, fmt.Errorf("infer: weight layout %q: want packed or model", s)
 }
 
 // String returns the layout's name.
 func (l WeightLayout) String() string {
-	return [...]string{"auto", "model", "transposed"}[l]
+	if l == WeightsModel {
+		return "model"
+	}
+	return "packed"
 }
 
-// transposedLinears returns the copies the layout asks for (nil: none).
-func transposedLinears(m *gpt.Model, l WeightLayout) *gpt.TransposedLinears {
-	switch l {
-	case WeightsModel:
-		return nil
-	case WeightsTransposed:
-		return m.TransposeLinears(transposedMaxRows)
-	}
-	if oneRowSpeedup(m) < 1.3 {
-		return nil
-	}
-	return m.TransposeLinears(transposedMaxRows)
+// PackedLinears holds a model's linear weights (QKV, projection, MLP,
+// output layer) packed for cpu.SgemmPacked. It implements gpt.Linears.
+type PackedLinears struct {
+	w     map[*tensor.Tensor]*cpu.PackedB
+	bytes int64
 }
 
-// oneRowSpeedup times a one-row product with the first layer's largest
-// weight in the model's layout and transposed, best of five each, and
-// returns the ratio.
-func oneRowSpeedup(m *gpt.Model) float64 {
-	l := &m.Layers[0]
-	w := l.FC1
-	if l.FC2.Numel() > w.Numel() {
-		w = l.FC2
-	}
-	probe := &gpt.Model{Layers: []gpt.Layer{{FC1: w}}}
-	tl := probe.TransposeLinears(1)
-	x := tensor.FromFloat32(make([]float32, w.Dim(1)), 1, 1, w.Dim(1))
-	var tp *tensor.Tape
-	best := func(f func()) time.Duration {
-		f()
-		b := time.Duration(1 << 62)
-		for range 5 {
-			t := time.Now()
-			f()
-			b = min(b, time.Since(t))
+// PackLinears packs every linear weight of m in typ. With
+// cpu.PackedBFloat16 the weights are rounded to bfloat16 (to nearest
+// even); round the model first (gpt.Model.RoundToBF16) for every op to
+// see the same weights, as `--bf16` does.
+func PackLinears(m *gpt.Model, typ cpu.PackedType) *PackedLinears {
+	pl := &PackedLinears{w: map[*tensor.Tensor]*cpu.PackedB{}}
+	add := func(w *tensor.Tensor) {
+		if w == nil || pl.w[w] != nil {
+			return
 		}
-		return b
+		out, in := w.Dim(0), w.Dim(1)
+		pb := cpu.PackB(cpu.Trans, in, out, w.Float32s(), in, typ)
+		pl.w[w] = pb
+		pl.bytes += pb.Bytes()
 	}
-	model := best(func() { tp.Linear(x, w, nil) })
-	trans := best(func() { tl.Linear(tp, x, w, nil) })
-	return float64(model) / float64(max(trans, 1))
+	for i := range m.Layers {
+		l := &m.Layers[i]
+		add(l.QKV)
+		add(l.Proj)
+		add(l.FC1)
+		add(l.FC2)
+	}
+	if m.OutputLayer != nil {
+		add(m.OutputLayer)
+	} else {
+		add(m.WordEmb)
+	}
+	return pl
+}
+
+// PackedBytes estimates the memory NewEngine(m, cfg) allocates for packed
+// weights (0 with WeightsModel): every linear weight in float32 or, with
+// cfg.BF16, bfloat16 (strip padding aside).
+func PackedBytes(m *gpt.Model, cfg EngineConfig) int64 {
+	if cfg.Weights == WeightsModel {
+		return 0
+	}
+	var n int64
+	for i := range m.Layers {
+		l := &m.Layers[i]
+		n += int64(l.QKV.Numel() + l.Proj.Numel() + l.FC1.Numel() + l.FC2.Numel())
+	}
+	if m.OutputLayer != nil {
+		n += int64(m.OutputLayer.Numel())
+	} else {
+		n += int64(m.WordEmb.Numel())
+	}
+	if cfg.BF16 {
+		return 2 * n
+	}
+	return 4 * n
+}
+
+// Bytes returns the memory the packed weights take.
+func (pl *PackedLinears) Bytes() int64 { return pl.bytes }
+
+// Linear is tp.Linear(x, w, b) (x·wᵀ + b) through w's packed copy; a
+// weight without one goes through tp.Linear. No gradients are recorded:
+// decoding only.
+func (pl *PackedLinears) Linear(tp *tensor.Tape, x, w, b *tensor.Tensor) *tensor.Tensor {
+	pb := pl.w[w]
+	if pb == nil {
+		return tp.Linear(x, w, b)
+	}
+	x = tp.Contiguous(x)
+	in, out := pb.K(), pb.N()
+	if x.Dim(-1) != in {
+		panic(fmt.Sprintf("infer: linear input %v does not match weight %v", x.Shape(), w.Shape()))
+	}
+	n := x.Numel() / in
+	y := make([]float32, n*out)
+	cpu.SgemmPacked(n, 1, x.Float32s(), in, pb, 0, y, out)
+	shape := append(append([]int(nil), x.Shape()[:x.NDim()-1]...), out)
+	yt := tensor.FromFloat32(y, shape...)
+	if b != nil {
+		yt = tp.Add(yt, b)
+	}
+	return yt
 }

@@ -98,11 +98,11 @@ func benchServe(ctx context.Context, env *cli, args []string) error {
 
 	prompts := benchPrompts(&f, tok.VocabSize())
 	c := m.Config
-	fmt.Fprintf(env.stdout, "bench serve: %d layers, hidden %d, heads %d (kv %d), vocab %d, %d params; %d clients × (%d prompt + %d new tokens); %d threads; transposed decode weights: %v\n",
-		c.NumLayers, c.HiddenSize, c.NumAttentionHeads, c.NumQueryGroups, c.VocabSize, m.NumParams(), f.clients, f.promptTokens, f.maxNew, runtime.GOMAXPROCS(0), runner.Engine().TransposedWeights())
+	fmt.Fprintf(env.stdout, "bench serve: %d layers, hidden %d, heads %d (kv %d), vocab %d, %d params; %d clients × (%d prompt + %d new tokens); %d threads; decode weights: %s\n",
+		c.NumLayers, c.HiddenSize, c.NumAttentionHeads, c.NumQueryGroups, c.VocabSize, m.NumParams(), f.clients, f.promptTokens, f.maxNew, runtime.GOMAXPROCS(0), weightsDescription(runner.Engine()))
 	if f.bound {
 		bw := memcpyBandwidth()
-		wb := weightBytesPerToken(m)
+		wb := weightBytesPerToken(m, f.serve.bf16)
 		fmt.Fprintf(env.stdout, "bandwidth bound: %.1f MB of weights per token / memcpy %.1f GB/s (bytes copied per second, %d threads) = %.1f tokens/s\n",
 			float64(wb)/1e6, bw/1e9, runtime.GOMAXPROCS(0), bw/float64(wb))
 	}
@@ -174,13 +174,16 @@ func idle(st infer.Stats) bool { return st.KVBlocksUsed == 0 && st.Running == 0 
 // weightBytesPerToken is what one decode step of one sequence must read:
 // every float32 weight except the embedding tables, of which only a row is
 // read, plus the output layer (the word embeddings when tied).
-func weightBytesPerToken(m *gpt.Model) int64 {
+func weightBytesPerToken(m *gpt.Model, bf16 bool) int64 {
 	n := int64(m.NumParams()) - int64(m.WordEmb.Numel())
 	if m.PosEmb != nil {
 		n -= int64(m.PosEmb.Numel())
 	}
 	if m.OutputLayer == nil {
 		n += int64(m.WordEmb.Numel())
+	}
+	if bf16 {
+		return 2 * n
 	}
 	return 4 * n
 }

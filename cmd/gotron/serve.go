@@ -26,6 +26,7 @@ const serveSynopsis = "serve --load DIR [--host 127.0.0.1] [--port 8000] [--kv-c
 type serveFlags struct {
 	load, host, modelName, chatTemplate string
 	decodeWeights                       string
+	bf16                                bool
 	port                                int
 	kvCacheBytes                        string
 	kvCacheFraction                     float64
@@ -49,7 +50,8 @@ func addServeFlags(fs *flag.FlagSet, f *serveFlags) {
 	fs.IntVar(&f.engine.MaxNumBatchedTokens, "max-num-batched-tokens", 512, "tokens per forward step: decode tokens plus prefill chunks")
 	fs.IntVar(&f.engine.MaxNumSeqs, "max-num-seqs", 256, "sequences batched at once")
 	fs.BoolVar(&f.noPrefixCaching, "no-enable-prefix-caching", false, "turn off the reuse of cached prompt blocks")
-	fs.StringVar(&f.decodeWeights, "decode-weights", "auto", "weights small steps read: model, transposed (a second copy; faster where the GEMM lacks a dot-product path) or auto (timed at start)")
+	fs.StringVar(&f.decodeWeights, "decode-weights", "packed", "how decode steps read the linear weights: packed (a copy packed once for the GEMM kernels: faster) or model (the model's own, through the general GEMM: gotron generate's arithmetic on every CPU)")
+	fs.BoolVar(&f.bf16, "bf16", false, "serve bfloat16 weights: every weight rounded to bf16 (to nearest even; exact for bf16 checkpoints) and the packed copy stored in bf16, half the bytes per decode step; activations and sums stay float32 (as gotron generate --bf16)")
 	fs.Int64Var(&f.maxRequestBytes, "max-request-bytes", 1<<20, "largest request body (413 beyond)")
 	fs.IntVar(&f.maxPromptTokens, "max-prompt-tokens", 0, "longest prompt in tokens, 413 beyond (default: the model's context)")
 	fs.IntVar(&f.maxN, "max-n", 16, "largest n (choices) per request")
@@ -77,12 +79,8 @@ func cmdServe(ctx context.Context, env *cli, args []string) error {
 	}
 	cfg := runner.Engine().Config()
 	st := runner.Stats()
-	layout := "model"
-	if runner.Engine().TransposedWeights() {
-		layout = "transposed copies"
-	}
 	fmt.Fprintf(env.stdout, "gotron serve: %s: %d KV blocks of %d tokens (%d positions), up to %d sequences, %d tokens per step, decode weights: %s\n",
-		f.load, st.KVBlocksTotal, cfg.BlockTokens, st.KVBlocksTotal*cfg.BlockTokens, cfg.MaxNumSeqs, cfg.MaxNumBatchedTokens, layout)
+		f.load, st.KVBlocksTotal, cfg.BlockTokens, st.KVBlocksTotal*cfg.BlockTokens, cfg.MaxNumSeqs, cfg.MaxNumBatchedTokens, weightsDescription(runner.Engine()))
 	fmt.Fprintf(env.stdout, "gotron serve: listening on http://%s\n", ln.Addr())
 	return serve(ctx, env, srv, runner, ln, f.grace)
 }
@@ -135,6 +133,10 @@ func buildServer(f *serveFlags, m *gpt.Model, tok tokenizer.Tokenizer, tpl *serv
 	if ec.Weights, err = infer.ParseWeightLayout(f.decodeWeights); err != nil {
 		return nil, nil, fmt.Errorf("--decode-weights: %w", err)
 	}
+	if f.bf16 {
+		m.RoundToBF16()
+		ec.BF16 = true
+	}
 	ec.VocabSize, ec.Decoder = tok.VocabSize(), tok
 	if ec.VocabSize > m.Config.VocabSize {
 		return nil, nil, fmt.Errorf("the tokenizer's %d ids exceed the model's vocabulary of %d", ec.VocabSize, m.Config.VocabSize)
@@ -147,6 +149,10 @@ func buildServer(f *serveFlags, m *gpt.Model, tok tokenizer.Tokenizer, tpl *serv
 	if f.kvCacheFraction != 0 {
 		if ec.KVCacheBytes, err = kvPoolFromFraction(f.kvCacheFraction, f.kvCacheBytes != "", meminfo.Read); err != nil {
 			return nil, nil, err
+		}
+		// The packed weights are allocated after this reading.
+		if ec.KVCacheBytes -= infer.PackedBytes(m, ec); ec.KVCacheBytes <= 0 {
+			return nil, nil, fmt.Errorf("--kv-cache-memory-fraction=%g leaves no memory for the KV cache beside the packed weights (%d MB)", f.kvCacheFraction, infer.PackedBytes(m, ec)>>20)
 		}
 	}
 	e, err := infer.NewEngine(m, ec)
@@ -161,6 +167,20 @@ func buildServer(f *serveFlags, m *gpt.Model, tok tokenizer.Tokenizer, tpl *serv
 	srv, err := server.New(server.Config{Runner: runner, Tokenizer: tok, ModelName: name, ChatTemplate: tpl,
 		MaxRequestBytes: f.maxRequestBytes, MaxPromptTokens: f.maxPromptTokens, MaxN: f.maxN})
 	return srv, runner, err
+}
+
+// weightsDescription says how decode steps read the weights, for the
+// start-up line.
+func weightsDescription(e *infer.Engine) string {
+	cfg := e.Config()
+	dtype := "float32"
+	if cfg.BF16 {
+		dtype = "bfloat16"
+	}
+	if cfg.Weights == infer.WeightsModel {
+		return "the model's (" + dtype + " values)"
+	}
+	return fmt.Sprintf("packed %s (%d MB)", dtype, e.PackedWeightBytes()>>20)
 }
 
 // serveTokenizer picks the tokenizer as gotron generate does: the one the

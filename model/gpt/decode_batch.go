@@ -20,72 +20,11 @@ type Attender interface {
 	Attend(layer int, q, k, v, out []float32)
 }
 
-// TransposedLinears holds (in, out) copies of a model's linear weights for
-// DecodeBatch: a product of few rows reads such a copy as stored, while the
-// model's (out, in) layout makes some CPU GEMM paths repack the whole weight
-// for every call. It doubles the weights' memory.
-type TransposedLinears struct {
-	// MaxRows is the most rows of a product that uses the copies (a GEMM
-	// reads a row-major weight in place only for as many rows as its
-	// micro-kernel has); larger products use the model's weights.
-	MaxRows int
-	t       map[*tensor.Tensor]*tensor.Tensor
-}
-
-// TransposeLinears copies every linear weight of m (QKV, projection, MLP,
-// output layer) transposed, for products of at most maxRows rows.
-func (m *Model) TransposeLinears(maxRows int) *TransposedLinears {
-	tl := &TransposedLinears{MaxRows: maxRows, t: map[*tensor.Tensor]*tensor.Tensor{}}
-	add := func(w *tensor.Tensor) {
-		if w == nil || tl.t[w] != nil {
-			return
-		}
-		rows, cols := w.Dim(0), w.Dim(1)
-		src, dst := w.Float32s(), make([]float32, rows*cols)
-		for i := range rows {
-			for j, v := range src[i*cols : (i+1)*cols] {
-				dst[j*rows+i] = v
-			}
-		}
-		tl.t[w] = tensor.FromFloat32(dst, cols, rows)
-	}
-	for i := range m.Layers {
-		l := &m.Layers[i]
-		add(l.QKV)
-		add(l.Proj)
-		add(l.FC1)
-		add(l.FC2)
-	}
-	if m.OutputLayer != nil {
-		add(m.OutputLayer)
-	} else {
-		add(m.WordEmb)
-	}
-	return tl
-}
-
-// Linear is tp.Linear(x, w, b) (x·wᵀ + b), through w's transposed copy
-// when x has at most MaxRows rows and tl (which may be nil) holds one.
-func (tl *TransposedLinears) Linear(tp *tensor.Tape, x, w, b *tensor.Tensor) *tensor.Tensor {
-	in := x.Dim(-1)
-	n := x.Numel() / in
-	wt := tl.lookup(w)
-	if wt == nil || n > tl.MaxRows {
-		return tp.Linear(x, w, b)
-	}
-	shape := append(append([]int(nil), x.Shape()[:x.NDim()-1]...), wt.Dim(1))
-	y := tp.Reshape(tp.MatMul(tp.Reshape(x, n, in), wt, tensor.NoTrans, tensor.NoTrans), shape...)
-	if b != nil {
-		y = tp.Add(y, b)
-	}
-	return y
-}
-
-func (tl *TransposedLinears) lookup(w *tensor.Tensor) *tensor.Tensor {
-	if tl == nil {
-		return nil
-	}
-	return tl.t[w]
+// Linears computes DecodeBatch's linear layers, x·wᵀ + b for the model's
+// weight w, in place of tp.Linear: a server keeps the weights in a layout
+// or precision made for decoding (infer's packed weights).
+type Linears interface {
+	Linear(tp *tensor.Tape, x, w, b *tensor.Tensor) *tensor.Tensor
 }
 
 // DecodeBatch runs tokens without gradients: the next positions of several
@@ -95,10 +34,10 @@ func (tl *TransposedLinears) lookup(w *tensor.Tensor) *tensor.Tensor {
 // and single decode tokens (continuous batching). It returns the logits
 // (len(rows), V) of the tokens whose indices rows lists, in that order.
 //
-// tl (nil: none) supplies transposed weights for small products. For one
-// sequence (att attending to it alone) and tl nil the arithmetic is
-// Decode's, op for op.
-func (m *Model) DecodeBatch(tokens, positions []int32, att Attender, rows []int, tl *TransposedLinears) ([]float32, error) {
+// lin (nil: tp.Linear on the model's weights) computes the linear layers.
+// For one sequence (att attending to it alone) and lin nil the arithmetic
+// is Decode's, op for op.
+func (m *Model) DecodeBatch(tokens, positions []int32, att Attender, rows []int, lin Linears) ([]float32, error) {
 	c := &m.Config
 	n := len(tokens)
 	switch {
@@ -123,6 +62,10 @@ func (m *Model) DecodeBatch(tokens, positions []int32, att Attender, rows []int,
 		}
 	}
 	var tp *tensor.Tape // no gradients
+	linear := tp.Linear
+	if lin != nil {
+		linear = func(x, w, b *tensor.Tensor) *tensor.Tensor { return lin.Linear(tp, x, w, b) }
+	}
 	posT := tensor.FromInt32(append([]int32(nil), positions...), 1, n)
 	x := tp.Embedding(tensor.FromInt32(append([]int32(nil), tokens...), 1, n), m.WordEmb) // (1, n, h)
 	if m.PosEmb != nil {
@@ -132,7 +75,7 @@ func (m *Model) DecodeBatch(tokens, positions []int32, att Attender, rows []int,
 	for li := range m.Layers {
 		l := &m.Layers[li]
 		h := m.norm(tp, x, l.InputNorm, l.InputNormBias)
-		qkv := tp.Reshape(tl.Linear(tp, h, l.QKV, l.QKVBias), 1, n, g, (r+2)*d)
+		qkv := tp.Reshape(linear(h, l.QKV, l.QKVBias), 1, n, g, (r+2)*d)
 		parts := tp.Split(qkv, 3, r*d, d, d)
 		q := tp.Reshape(parts[0], 1, n, g*r, d)
 		k := tp.Reshape(parts[1], 1, n, g, d)
@@ -143,9 +86,9 @@ func (m *Model) DecodeBatch(tokens, positions []int32, att Attender, rows []int,
 		}
 		o := make([]float32, n*g*r*d) // (n, a, d)
 		att.Attend(li, q.Float32s(), k.Float32s(), v.Float32s(), o)
-		a := tl.Linear(tp, tensor.FromFloat32(o, 1, n, g*r*d), l.Proj, l.ProjBias)
+		a := linear(tensor.FromFloat32(o, 1, n, g*r*d), l.Proj, l.ProjBias)
 		x = tp.Add(x, a)
-		x = tp.Add(x, m.decodeMLP(tp, l, m.norm(tp, x, l.MLPNorm, l.MLPNormBias), tl))
+		x = tp.Add(x, m.decodeMLP(tp, l, m.norm(tp, x, l.MLPNorm, l.MLPNormBias), linear))
 	}
 	var last *tensor.Tensor
 	if len(rows) == 1 {
@@ -163,15 +106,12 @@ func (m *Model) DecodeBatch(tokens, positions []int32, att Attender, rows []int,
 	if out == nil {
 		out = m.WordEmb
 	}
-	return tl.Linear(tp, last, out, nil).Float32s(), nil // (len(rows), V)
+	return linear(last, out, nil).Float32s(), nil // (len(rows), V)
 }
 
-// decodeMLP is mlp with tl's linears.
-func (m *Model) decodeMLP(tp *tensor.Tape, l *Layer, x *tensor.Tensor, tl *TransposedLinears) *tensor.Tensor {
-	if tl == nil {
-		return m.mlp(tp, l, x)
-	}
-	h := tl.Linear(tp, x, l.FC1, l.FC1Bias)
+// decodeMLP is mlp with its linear layers computed by linear.
+func (m *Model) decodeMLP(tp *tensor.Tape, l *Layer, x *tensor.Tensor, linear func(x, w, b *tensor.Tensor) *tensor.Tensor) *tensor.Tensor {
+	h := linear(x, l.FC1, l.FC1Bias)
 	switch m.Config.Activation {
 	case "swiglu":
 		h = tp.SwiGLU(h)
@@ -180,5 +120,5 @@ func (m *Model) decodeMLP(tp *tensor.Tape, l *Layer, x *tensor.Tensor, tl *Trans
 	default:
 		h = tp.GELU(h, tensor.GELUErf)
 	}
-	return tl.Linear(tp, h, l.FC2, l.FC2Bias)
+	return linear(h, l.FC2, l.FC2Bias)
 }

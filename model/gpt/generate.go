@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 
+	"github.com/gotron/gotron/internal/half"
 	"github.com/gotron/gotron/tensor"
 )
 
@@ -124,4 +125,30 @@ func cachedAttention(q, kc, vc []float32, n, p0, g, r, d int) []float32 {
 		}
 	}
 	return out
+}
+
+// RoundToBF16 rounds every parameter of m to bfloat16 (to nearest even),
+// in place, keeping float32 storage: decoding with `--bf16` computes in
+// float32 on bf16 weights, as a model stored in bf16 and widened on load
+// would (whose weights this leaves unchanged).
+func (m *Model) RoundToBF16() {
+	for _, p := range m.Params() {
+		s := p.Float32s()
+		for i, v := range s {
+			s[i] = half.BFloat16From(v).Float32()
+		}
+	}
+}
+
+// CheckBF16 returns an error naming the first parameter that holds a value
+// bfloat16 cannot represent exactly (see RoundToBF16).
+func (m *Model) CheckBF16() error {
+	for _, p := range m.Params() {
+		for i, v := range p.Float32s() {
+			if math.Float32bits(v)&0xFFFF != 0 && !math.IsNaN(float64(v)) {
+				return fmt.Errorf("gpt: parameter %s element %d = %g is not a bfloat16 value (round the model with RoundToBF16)", p.Name, i, v)
+			}
+		}
+	}
+	return nil
 }
