@@ -10,7 +10,7 @@ import (
 	"github.com/gotron/gotron/tokenizer"
 )
 
-const generateSynopsis = "generate --load DIR --prompt TEXT [--max-new-tokens N --temperature T --top-k K | --top-p P --seed S]"
+const generateSynopsis = "generate --load DIR --prompt TEXT [--max-new-tokens N --temperature T --top-k K | --top-p P --seed S --bf16]"
 
 func cmdGenerate(ctx context.Context, env *cli, args []string) error {
 	fs := newFlags("generate", generateSynopsis)
@@ -22,6 +22,7 @@ func cmdGenerate(ctx context.Context, env *cli, args []string) error {
 	fs.IntVar(&s.TopK, "top-k", 0, "sample from the k most likely tokens (1: greedy)")
 	fs.Float64Var(&s.TopP, "top-p", 0, "nucleus sampling mass (excludes --top-k > 1)")
 	seed := fs.Int64("seed", 1234, "sampling seed")
+	bf16 := fs.Bool("bf16", false, "decode with bfloat16 weights: every weight rounded to bf16 (to nearest even; exact for bf16 checkpoints), activations and sums in float32 (as gotron serve --bf16)")
 	var tc tokenizer.Config
 	addTokenizerFlags(fs, &tc)
 	if err := parseFlags(fs, args, env.stdout, generateSynopsis); err != nil {
@@ -45,6 +46,9 @@ func cmdGenerate(ctx context.Context, env *cli, args []string) error {
 	tok, err := generateTokenizer(tc, tokDir, m.Config.VocabSize, *load)
 	if err != nil {
 		return err
+	}
+	if *bf16 {
+		m.RoundToBF16()
 	}
 	ids := tok.Encode(*prompt)
 	p := make([]int32, len(ids))

@@ -125,10 +125,11 @@ func postJSON(t *testing.T, url, body string) (int, []byte) {
 	return resp.StatusCode, b
 }
 
-// generateText returns what gotron generate (greedy) prints after prompt.
-func generateText(t *testing.T, ck, prompt string, n int) string {
+// generateText returns what gotron generate (greedy, with extra flags)
+// prints after prompt.
+func generateText(t *testing.T, ck, prompt string, n int, extra ...string) string {
 	t.Helper()
-	out, errs, code := runCLI(t, "generate", "--load", ck, "--prompt", prompt, "--top-k", "1", "--max-new-tokens", itoa(n))
+	out, errs, code := runCLI(t, append([]string{"generate", "--load", ck, "--prompt", prompt, "--top-k", "1", "--max-new-tokens", itoa(n)}, extra...)...)
 	if code != 0 || !strings.HasPrefix(out, prompt) {
 		t.Fatalf("generate: %d %s %s", code, out, errs)
 	}
@@ -136,6 +137,21 @@ func generateText(t *testing.T, ck, prompt string, n int) string {
 }
 
 func itoa(n int) string { b, _ := json.Marshal(n); return string(b) }
+
+// TestServeBF16: serve --bf16 decodes as generate --bf16 (every weight
+// rounded to bf16; serve's packed copy stored in bf16), and says so.
+func TestServeBF16(t *testing.T) {
+	ck := serveCheckpoint(t)
+	base, stop := startServe(t, "--load", ck, "--bf16")
+	defer stop()
+	prompt := "Once upon a time"
+	want := generateText(t, ck, prompt, 16, "--bf16")
+	code, body := postJSON(t, base+"/v1/completions", `{"prompt":"`+prompt+`","max_tokens":16,"temperature":0}`)
+	var c struct{ Choices []struct{ Text string } }
+	if code != 200 || json.Unmarshal(body, &c) != nil || c.Choices[0].Text != want {
+		t.Fatalf("serve --bf16: %d %s; generate --bf16 printed %q", code, body, want)
+	}
+}
 
 // TestServeHTTP: gotron serve over a real socket: greedy completions and
 // chat equal gotron generate's output, streamed text equals the
