@@ -27,6 +27,7 @@ type pagedAttention struct {
 	dim        int   // head dim
 	// per call
 	layer  int
+	hsplit int // head ranges per query row (Attend)
 	q, out []float32
 	work   func(lo, hi int) // a method value stored once
 }
@@ -59,13 +60,23 @@ func (a *pagedAttention) Attend(layer int, q, k, v, out []float32) {
 		copy(vc[s*row:(s+1)*row], v[i*row:(i+1)*row])
 	}
 	a.layer, a.q, a.out = layer, q, out
-	// Work items: (query row, head) pairs, spread over the kernel threads.
-	cpu.Parallel(len(a.slots)*a.heads, 8, a.work)
+	// Work items: a query row's heads, split into a few head ranges when
+	// there are too few rows to keep every kernel thread busy.
+	rows := len(a.slots)
+	a.hsplit = 1
+	if t := cpu.Threads(); rows < 2*t {
+		a.hsplit = min(a.heads, (2*t+rows-1)/rows)
+	}
+	cpu.Parallel(rows*a.hsplit, 1, a.work)
 }
 
-// attendRange computes work items [lo, hi): item = row·heads + head. Each
-// query is computed as gpt's cachedAttention computes it (float64 scores,
-// the same order), so a lone sequence decodes exactly as gotron generate.
+// attendRange computes work items [lo, hi): item = row·hsplit + head range.
+// Each query is computed as gpt's cachedAttention computes it (float64
+// scores by cpu.DotF64, weighted values by cpu.Axpy: per head the same
+// operations in the same order), so a lone sequence decodes exactly as
+// gotron generate. The loops run over positions outside and heads inside,
+// so each cached key and value row is read once for all the heads it
+// serves rather than once per head.
 func (a *pagedAttention) attendRange(lo, hi int) {
 	d, r := a.dim, a.heads/a.grp
 	row := a.pool.rowFloats
@@ -73,43 +84,48 @@ func (a *pagedAttention) attendRange(lo, hi int) {
 	kc, vc := a.pool.k[a.layer], a.pool.v[a.layer]
 	scale := 1 / math.Sqrt(float64(d))
 	si := 0 // the span of item lo's row, found by scanning
-	var scores []float64
+	var scores, sums []float64
 	for it := lo; it < hi; it++ {
-		i, h := it/a.heads, it%a.heads
+		i, c := it/a.hsplit, it%a.hsplit
+		h0, h1 := c*a.heads/a.hsplit, (c+1)*a.heads/a.hsplit
 		for a.spans[si].row+a.spans[si].n <= i {
 			si++
 		}
 		s := &a.spans[si]
 		limit := s.pos + (i - s.row) + 1
-		if cap(scores) < limit {
-			scores = make([]float64, limit+64)
+		nh := h1 - h0
+		if cap(scores) < nh*limit {
+			scores = make([]float64, nh*limit+64*nh)
 		}
-		scores = scores[:limit]
-		kvh := h / r
-		qi := a.q[(i*a.heads+h)*d : (i*a.heads+h+1)*d]
-		mx := math.Inf(-1)
+		if cap(sums) < nh {
+			sums = make([]float64, a.heads)
+		}
+		scores, sums = scores[:nh*limit], sums[:nh]
+		q := a.q[i*a.heads*d:]
 		for j := range limit {
-			off := (int(s.table[j/bt])*bt+j%bt)*row + kvh*d
-			kj := kc[off : off+d]
-			var sc float64
-			for t := range d {
-				sc += float64(qi[t]) * float64(kj[t])
+			base := (int(s.table[j/bt])*bt + j%bt) * row
+			for h := h0; h < h1; h++ {
+				scores[(h-h0)*limit+j] = cpu.DotF64(q[h*d:(h+1)*d], kc[base+h/r*d:][:d]) * scale
 			}
-			scores[j] = sc * scale
-			mx = math.Max(mx, scores[j])
 		}
-		var sum float64
-		for j := range limit {
-			scores[j] = math.Exp(scores[j] - mx)
-			sum += scores[j]
+		for h := range nh {
+			sc := scores[h*limit : (h+1)*limit]
+			mx := math.Inf(-1)
+			for _, v := range sc {
+				mx = math.Max(mx, v)
+			}
+			var sum float64
+			for j, v := range sc {
+				sc[j] = math.Exp(v - mx)
+				sum += sc[j]
+			}
+			sums[h] = sum
 		}
-		o := a.out[(i*a.heads+h)*d : (i*a.heads+h+1)*d]
+		out := a.out[i*a.heads*d:]
 		for j := range limit {
-			w := float32(scores[j] / sum)
-			off := (int(s.table[j/bt])*bt+j%bt)*row + kvh*d
-			vj := vc[off : off+d]
-			for t := range d {
-				o[t] += w * vj[t]
+			base := (int(s.table[j/bt])*bt + j%bt) * row
+			for h := h0; h < h1; h++ {
+				cpu.Axpy(out[h*d:(h+1)*d], vc[base+h/r*d:][:d], float32(scores[(h-h0)*limit+j]/sums[h-h0]))
 			}
 		}
 	}

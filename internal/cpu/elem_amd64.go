@@ -84,6 +84,25 @@ func axpyVec(y, x []float32, a float32) int {
 	return 0
 }
 
+// dotF64AVX2 sets acc[l] to the fused float64 sum of a[i]·b[i] over
+// i ≡ l (mod 16), i < n (a multiple of 16), i ascending. Requires AVX2
+// and FMA3.
+//
+//go:noescape
+func dotF64AVX2(a, b *float32, n int, acc *[dotLanes]float64)
+
+// dotF64Vec runs dotF64AVX2 (on AVX2 and AVX-512 machines) on the longest
+// multiple-of-16 prefix and returns its length.
+func dotF64Vec(a, b []float32, acc *[dotLanes]float64) int {
+	if ActiveISA() < ISAAVX2 || len(a) < dotLanes {
+		return 0
+	}
+	n := len(a) &^ (dotLanes - 1)
+	_ = b[n-1]
+	dotF64AVX2(&a[0], &b[0], n, acc)
+	return n
+}
+
 // geluErfFwdAVX512 sets out[i] = x*Phi(x) for i < n (a multiple of 16) in
 // float32 (relative error ~1e-6; see ERF_CONSTS). Requires AVX-512F.
 //

@@ -485,3 +485,42 @@ loop:
 done:
 	VZEROUPPER
 	RET
+
+// func dotF64AVX2(a, b *float32, n int, acc *[16]float64)
+// Lanes i mod 16: Y0 holds 0..3, Y1 4..7, Y2 8..11, Y3 12..15; each
+// float32 pair is widened to float64 and fused-multiply-added.
+TEXT ·dotF64AVX2(SB), NOSPLIT, $0-32
+	MOVQ a+0(FP), SI
+	MOVQ b+8(FP), DI
+	MOVQ n+16(FP), CX
+	MOVQ acc+24(FP), DX
+	VXORPD Y0, Y0, Y0
+	VXORPD Y1, Y1, Y1
+	VXORPD Y2, Y2, Y2
+	VXORPD Y3, Y3, Y3
+	SHRQ $4, CX
+	JZ dotdone
+dotloop:
+	VCVTPS2PD (SI), Y4
+	VCVTPS2PD (DI), Y8
+	VFMADD231PD Y8, Y4, Y0
+	VCVTPS2PD 16(SI), Y5
+	VCVTPS2PD 16(DI), Y9
+	VFMADD231PD Y9, Y5, Y1
+	VCVTPS2PD 32(SI), Y6
+	VCVTPS2PD 32(DI), Y10
+	VFMADD231PD Y10, Y6, Y2
+	VCVTPS2PD 48(SI), Y7
+	VCVTPS2PD 48(DI), Y11
+	VFMADD231PD Y11, Y7, Y3
+	ADDQ $64, SI
+	ADDQ $64, DI
+	DECQ CX
+	JNZ dotloop
+dotdone:
+	VMOVUPD Y0, (DX)
+	VMOVUPD Y1, 32(DX)
+	VMOVUPD Y2, 64(DX)
+	VMOVUPD Y3, 96(DX)
+	VZEROUPPER
+	RET

@@ -14,3 +14,4 @@ func swigluForwardVec(out, gate, up []float32) int               { return 0 }
 func swigluBackwardVec(dgate, dup, dout, gate, up []float32) int { return 0 }
 func addVec(out, a, b []float32) int                             { return 0 }
 func lnParamGradVec(dw, g, x []float32, mean, rstd float32) int  { return 0 }
+func dotF64Vec(a, b []float32, acc *[dotLanes]float64) int       { return 0 }

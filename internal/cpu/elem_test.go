@@ -333,3 +333,38 @@ func TestActivationsThreadIndependent(t *testing.T) {
 		})
 	}
 }
+
+// TestDotF64 holds DotF64 on every ISA to its definition (16 fused float64
+// partial sums added in order), bit for bit, and to an exact-enough float64
+// reference: lengths 0..100, unaligned starts.
+func TestDotF64(t *testing.T) {
+	for _, isa := range isasToTest() {
+		withISA(t, isa, func() {
+			r := rand.New(rand.NewPCG(9, uint64(isa)))
+			for n := 0; n <= 100; n++ {
+				for _, off := range []int{0, 1, 3} {
+					a := elemInputs(r, n+off)[off:]
+					b := elemInputs(r, n+off+1)[off:]
+					var acc [16]float64
+					var naive, abs float64
+					for i := range a {
+						acc[i%16] = math.FMA(float64(a[i]), float64(b[i]), acc[i%16])
+						naive += float64(a[i]) * float64(b[i])
+						abs += math.Abs(float64(a[i]) * float64(b[i]))
+					}
+					var want float64
+					for _, v := range acc {
+						want += v
+					}
+					got := DotF64(a, b)
+					if math.Float64bits(got) != math.Float64bits(want) {
+						t.Fatalf("%v n=%d off=%d: DotF64 = %v, its definition gives %v", isa, n, off, got, want)
+					}
+					if math.Abs(got-naive) > 1e-13*abs {
+						t.Fatalf("%v n=%d: DotF64 = %v, naive float64 sum %v", isa, n, got, naive)
+					}
+				}
+			}
+		})
+	}
+}

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 
+	"github.com/gotron/gotron/internal/cpu"
 	"github.com/gotron/gotron/internal/half"
 	"github.com/gotron/gotron/tensor"
 )
@@ -101,12 +102,7 @@ func cachedAttention(q, kc, vc []float32, n, p0, g, r, d int) []float32 {
 			limit := p0 + i + 1
 			mx := math.Inf(-1)
 			for j := range limit {
-				kj := kc[(j*g+kvh)*d : (j*g+kvh+1)*d]
-				var s float64
-				for t := range d {
-					s += float64(qi[t]) * float64(kj[t])
-				}
-				scores[j] = s * scale
+				scores[j] = cpu.DotF64(qi, kc[(j*g+kvh)*d:(j*g+kvh+1)*d]) * scale
 				mx = math.Max(mx, scores[j])
 			}
 			var sum float64
@@ -116,11 +112,7 @@ func cachedAttention(q, kc, vc []float32, n, p0, g, r, d int) []float32 {
 			}
 			o := out[(i*g*r+h)*d : (i*g*r+h+1)*d]
 			for j := range limit {
-				w := float32(scores[j] / sum)
-				vj := vc[(j*g+kvh)*d : (j*g+kvh+1)*d]
-				for t := range d {
-					o[t] += w * vj[t]
-				}
+				cpu.Axpy(o, vc[(j*g+kvh)*d:(j*g+kvh+1)*d], float32(scores[j]/sum))
 			}
 		}
 	}
