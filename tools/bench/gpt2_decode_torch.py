@@ -1,6 +1,6 @@
 #!/usr/bin/python3
 """PyTorch peer for gotron serve's single-stream decode: GPT-2 (nanoGPT-style: pre-LN,
-GELU-tanh, learned positions, tied embeddings, biases), fp32, greedy decoding with a KV cache
+GELU-tanh, learned positions, tied embeddings, biases), fp32 (or --dtype bfloat16), greedy decoding with a KV cache
 (preallocated per layer, one token per step after the prompt's prefill), torch.no_grad().
 
 usage: OMP_NUM_THREADS=2 /usr/bin/python3 gpt2_decode_torch.py --prompt 16 --new 64 --reps 5
@@ -58,7 +58,9 @@ class GPT(nn.Module):
 
     def new_cache(self):
         hd = self.d // self.h
-        return [(torch.zeros(1, self.h, self.ctx, hd), torch.zeros(1, self.h, self.ctx, hd)) for _ in range(self.L)]
+        dt = self.wte.weight.dtype
+        return [(torch.zeros(1, self.h, self.ctx, hd, dtype=dt), torch.zeros(1, self.h, self.ctx, hd, dtype=dt))
+                for _ in range(self.L)]
 
     def forward(self, idx, cache, pos):
         T = idx.shape[1]
@@ -96,16 +98,18 @@ def main():
     ap.add_argument('--new', type=int, default=64)
     ap.add_argument('--reps', type=int, default=5)
     ap.add_argument('--threads', type=int, default=2)
+    ap.add_argument('--dtype', choices=['float32', 'bfloat16'], default='float32',
+                    help='bfloat16: the whole model and cache in bf16 (torch\'s CPU bf16 kernels)')
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     torch.manual_seed(0)
-    model = GPT(a.layers, a.d, a.heads, a.vocab, a.ctx).eval()
+    model = GPT(a.layers, a.d, a.heads, a.vocab, a.ctx).eval().to(getattr(torch, a.dtype))
     prompt = torch.randint(0, a.vocab, (1, a.prompt), generator=torch.Generator().manual_seed(1))
     decode(model, prompt, 4)  # warm-up
     rates = [decode(model, prompt, a.new)[1] for _ in range(a.reps)]
     params = sum(p.numel() for p in model.parameters())
     print(f"RESULT torch-gpt2-decode L={a.layers} d={a.d} V={a.vocab} params={params} threads={torch.get_num_threads()} "
-          f"torch={torch.__version__} prompt={a.prompt} new={a.new}: decode tokens/s median={statistics.median(rates):.1f} "
+          f"torch={torch.__version__} dtype={a.dtype} prompt={a.prompt} new={a.new}: decode tokens/s median={statistics.median(rates):.1f} "
           f"best={max(rates):.1f} (n={len(rates)})", flush=True)
 
 
