@@ -184,15 +184,16 @@ func (pb *PackedB) gemmStrips(w *packedWork, m int, alpha float32, a []float32, 
 			first := pc == 0
 			for ic := 0; ic < m; ic += ks.mc {
 				mc := min(ks.mc, m-ic)
-				for ir := 0; ir < mc; ir += ks.mr {
-					packA(ks, w.apack[ir*kc:], NoTrans, a, lda, ic+ir, pc, min(ks.mr, mc-ir), kc)
+				panels := ceilDiv(mc, ks.mr)
+				for ir := 0; ir < mc; ir += panelRows(mc, panels, ir) {
+					packA(ks, w.apack[ir*kc:], NoTrans, a, lda, ic+ir, pc, panelRows(mc, panels, ir), kc)
 				}
 				for s := g0; s < g1; s++ {
 					off := pc*pb.nPad + s*kc*nr
 					jc := s * nr
 					cols := min(nr, pb.n-jc)
-					for ir := 0; ir < mc; ir += ks.mr {
-						mr := min(ks.mr, mc-ir)
+					for ir := 0; ir < mc; ir += panelRows(mc, panels, ir) {
+						mr := panelRows(mc, panels, ir)
 						ci := (ic+ir)*ldc + jc
 						b, load := float32(1), 1
 						if first {
@@ -212,6 +213,20 @@ func (pb *PackedB) gemmStrips(w *packedWork, m int, alpha float32, a []float32, 
 			}
 		}
 	}
+}
+
+// panelRows is the height of the A panel starting at row ir of an mc-row
+// block cut into panels of near-equal heights (at most the kernel's mr):
+// 32 rows are 6+6+5+5+5+5 rather than 5×6+2, whose 2-row tail runs the
+// kernel at a fraction of its speed (too few accumulators to hide the FMA
+// latency). Each row of C is computed the same way whatever its panel's
+// height, so this changes no bits.
+func panelRows(mc, panels, ir int) int {
+	base, tall := mc/panels, mc%panels // the first `tall` panels have base+1 rows
+	if ir < tall*(base+1) {
+		return base + 1
+	}
+	return base
 }
 
 // kern runs the mr-row kernel on the strip at element off.
