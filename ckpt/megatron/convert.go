@@ -71,6 +71,10 @@ type source struct {
 	slices []*torchpt.Tensor
 	how    merge
 	addOne bool // zero-centred gamma norm weight: store 1 + w
+	// chunk and key locate the parameter in the files: the index of its
+	// chunk in chunks() and its key in the chunk's state dict.
+	chunk int
+	key   string
 }
 
 // chunk is one model chunk: the state dicts of a (pipeline rank, virtual
@@ -110,9 +114,23 @@ var layerNames = map[string]struct {
 // Model converts the checkpoint. Every name and shape is checked against
 // the configuration the args describe before the model is allocated.
 func (c *Checkpoint) Model(opts Options) (*gpt.Model, Info, error) {
+	m, info, _, err := c.model(opts, 1)
+	return m, info, err
+}
+
+// converted is what model leaves for the optimizer import: the plan the
+// weights were merged by and the tied output layer's copy.
+type converted struct {
+	plan []*source
+	tied *source
+}
+
+// model converts the weights; copies is how many float32 copies of the
+// model the whole import holds (the memory check).
+func (c *Checkpoint) model(opts Options, copies int) (*gpt.Model, Info, converted, error) {
 	cfg, dv, err := c.args.config()
 	if err != nil {
-		return nil, Info{}, fmt.Errorf("megatron: %w", err)
+		return nil, Info{}, converted{}, fmt.Errorf("megatron: %w", err)
 	}
 	info := Info{Dir: c.Dir, Iteration: c.Iteration, Release: c.Release, TP: c.TP, PP: c.PP, VP: c.VP,
 		SeqLength: dv.SeqLength, Optimizer: c.Optimizer, TokenizerType: dv.TokenizerType, VocabFile: dv.VocabFile,
@@ -121,29 +139,29 @@ func (c *Checkpoint) Model(opts Options) (*gpt.Model, Info, error) {
 		info.Warnings = append(info.Warnings, fmt.Sprintf("dropout not imported (args: hidden_dropout=%g, attention_dropout=%g); set --hidden-dropout/--attention-dropout when training", dv.HiddenDropout, dv.AttentionDropout))
 	}
 	if g := cfg.NumQueryGroups; g%c.TP != 0 {
-		return nil, Info{}, fmt.Errorf("megatron: %s: %d query groups over tensor_model_parallel_size=%d: groups split across ranks are not supported", c.files[0][0].Path, g, c.TP)
+		return nil, Info{}, converted{}, fmt.Errorf("megatron: %s: %d query groups over tensor_model_parallel_size=%d: groups split across ranks are not supported", c.files[0][0].Path, g, c.TP)
 	}
 	plan, tiedCopy, err := c.plan(cfg, dv)
 	if err != nil {
-		return nil, Info{}, fmt.Errorf("megatron: %w", err)
+		return nil, Info{}, converted{}, fmt.Errorf("megatron: %w", err)
 	}
-	if err := checkMemory(c.Dir, cfg, plan, opts.machine); err != nil {
-		return nil, Info{}, err
+	if err := checkMemory(c.Dir, cfg, plan, copies, opts.machine); err != nil {
+		return nil, Info{}, converted{}, err
 	}
 	m, err := gpt.New(cfg, tensor.NewRNG(0))
 	if err != nil {
-		return nil, Info{}, fmt.Errorf("megatron: %s: %w", c.Dir, err)
+		return nil, Info{}, converted{}, fmt.Errorf("megatron: %s: %w", c.Dir, err)
 	}
 	params := map[string]*tensor.Tensor{}
 	for _, p := range m.Params() {
 		params[p.Name] = p
 	}
 	if err := checkPlan(plan, params, cfg, c.files[0][0].Path); err != nil {
-		return nil, Info{}, fmt.Errorf("megatron: %w", err)
+		return nil, Info{}, converted{}, fmt.Errorf("megatron: %w", err)
 	}
 	for _, s := range plan {
 		if err := s.fill(params[s.name]); err != nil {
-			return nil, Info{}, fmt.Errorf("megatron: %w", err)
+			return nil, Info{}, converted{}, fmt.Errorf("megatron: %w", err)
 		}
 		if s.name == "embedding.word_embeddings.weight" {
 			info.DType = s.slices[0].DType().String()
@@ -152,13 +170,13 @@ func (c *Checkpoint) Model(opts Options) (*gpt.Model, Info, error) {
 	if tiedCopy != nil { // tied weights: the last stage's copy should equal the embeddings
 		diff, err := maxDiff(tiedCopy, m.WordEmb.Float32s())
 		if err != nil {
-			return nil, Info{}, fmt.Errorf("megatron: %w", err)
+			return nil, Info{}, converted{}, fmt.Errorf("megatron: %w", err)
 		}
 		if diff != 0 {
 			info.Warnings = append(info.Warnings, fmt.Sprintf("tied embeddings: the last pipeline stage's output_layer.weight differs from the word embeddings by up to %g; using the word embeddings", diff))
 		}
 	}
-	return m, info, nil
+	return m, info, converted{plan: plan, tied: tiedCopy}, nil
 }
 
 // chunks lists the model chunks in layer order: virtual stage by virtual
@@ -263,7 +281,7 @@ func (c *Checkpoint) plan(cfg gpt.Config, dv derived) ([]*source, *source, error
 				}
 				slices[t] = tt
 			}
-			s := &source{from: ch.key + "." + k, file: f0.Path, slices: slices}
+			s := &source{from: ch.key + "." + k, file: f0.Path, slices: slices, chunk: ci, key: k}
 			switch m := layerRE.FindStringSubmatch(k); {
 			case m != nil:
 				local, _ := strconv.Atoi(m[1])
@@ -514,16 +532,21 @@ func maxDiff(s *source, ref []float32) (float64, error) {
 	return d, nil
 }
 
-// checkMemory refuses an import whose float32 model (plus the largest
-// source tensor being converted) does not fit in the memory available.
-func checkMemory(dir string, cfg gpt.Config, plan []*source, machine func() (meminfo.Info, bool)) error {
+// checkMemory refuses an import whose float32 model (copies of it: the
+// optimizer state's buffers) plus the largest source tensor being converted
+// does not fit in the memory available.
+func checkMemory(dir string, cfg gpt.Config, plan []*source, copies int, machine func() (meminfo.Info, bool)) error {
 	largest := 0.0
 	for _, s := range plan {
 		for _, t := range s.slices {
 			largest = max(largest, float64(t.Numel()))
 		}
 	}
-	if err := meminfo.CheckFloat32Import(machine, cfg.ParamCount(), largest, "the float32 model the args describe"); err != nil {
+	what := "the float32 model the args describe"
+	if copies > 1 {
+		what += fmt.Sprintf(" and its optimizer state (%d float32 copies in all)", copies)
+	}
+	if err := meminfo.CheckFloat32Import(machine, float64(copies)*cfg.ParamCount(), largest, what); err != nil {
 		return fmt.Errorf("megatron: %s: %w", dir, err)
 	}
 	return nil

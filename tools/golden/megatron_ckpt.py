@@ -39,15 +39,37 @@ in their natural form (separate q/k/v heads, separate gate/up), so a wrong
 merge of the shards cannot agree with it: golden.json holds the tokens, the
 logits over the padded vocabulary [T][V_padded] and the per-token log-probs
 log p(t_i | t_<i) (log-softmax over the padded vocabulary, as Megatron's
-loss). Cases:
+loss).
+
+The optimizer state is Megatron's non-distributed optimizer's
+(megatron/core/optimizer): natural per-parameter tensors of the weights'
+form (Adam's exp_avg and exp_avg_sq, or SGD's momentum_buffer, and with
+bf16/fp16 the fp32 main params, which round to the stored weights) are
+sharded exactly as the weights, and each rank's `optimizer` entry is what
+its optimizer.state_dict() holds: the rank's parameters in
+named_parameters() order (chunk by chunk), split into param groups by
+weight decay (biases and 1-D parameters take none), torch's state dict
+indices numbering them group by group; Float16OptimizerWithFloat16Params
+wraps it as {optimizer, grad_scaler (fp16), fp32_from_fp16_params (by
+group)}, FP32Optimizer is the plain torch state dict. optimizer.safetensors
+holds the whole tensors the import must produce, keyed as gotron's
+checkpoints key them ("exp_avg/<param>", ...; "main_params/<param>"), with
+the optimizer's kind, step count and loss scaler as metadata. Cases:
 
   llama_tp2_pp2      RMSNorm, SwiGLU, RoPE (base 500000), GQA (4 heads, 2 groups),
-                     untied output, no biases, 4 layers, bf16 weights with a
-                     fp32 Adam state, TE names, HEAD's argument names
+                     untied output, no biases, 4 layers, bf16 weights, TE names,
+                     HEAD's argument names; Float16OptimizerWithFloat16Params over
+                     Apex/TE FusedAdam (the step in param_groups), HEAD's group
+                     order (weight decay first)
   gpt_tp2_pp2_vp2    LayerNorm, GELU, biases, learned positions, tied, 4 layers
-                     over TP=2 PP=2 and 2 virtual stages, fp32, local-spec names,
-                     older argument names (norm_epsilon, apply_layernorm_1p)
-  gpt_tp2            the same GPT weights at TP=2 alone (mp_rank_TT directories)
+                     over TP=2 PP=2 and 2 virtual stages, fp32 (fp16-representable
+                     values, shared with gpt_tp2), local-spec names, older argument
+                     names (norm_epsilon, apply_layernorm_1p); FP32Optimizer over
+                     torch's AdamW (a step per parameter), older Megatron's group
+                     order (first appearance: it differs between the stages), the
+                     tied embeddings' copy on the last stage with its own state
+  gpt_tp2            the same GPT weights at TP=2 alone (mp_rank_TT directories),
+                     fp16, SGD with momentum, a dynamic loss scaler
 
 and, for ckpt/torchpt's reader, edge.pt (zip) and edge_legacy.pt (the
 pre-1.6 format) holding every kind of value the reader must handle.
@@ -108,16 +130,25 @@ for _cls in (AttnBackend, ModelType):
 
 # ---------------------------------------------------------------- configurations
 
+# optimizer: Megatron's --optimizer; wrapper: "fp16" is Float16OptimizerWithFloat16Params (bf16/fp16
+# training: fp32 main params), "fp32" FP32Optimizer (the plain torch state dict); step: where the
+# Adam step count lives ("group": Apex/TE FusedAdam's param_groups[i]['step'], "state": torch.optim's
+# per-parameter state['step'] tensor); groups: the param-group order ("sorted": Megatron HEAD, the
+# default (weight-decay) group first; "insertion": older Megatron core, groups in the order their
+# first parameter appears on the rank).
 CASES = {
     "llama_tp2_pp2": dict(arch="llama", tp=2, pp=2, vp=1, layers=4, hidden=16, heads=4, groups=2, kv=4, ffn=32,
                           vocab=100, divisible=32, positions=64, seq=32, eps=1e-5, base=500000, dtype=torch.bfloat16,
-                          te=True, optimizer=True, iteration=1200),
+                          te=True, iteration=1200, optimizer="adam", wrapper="fp16", step="group", steps=1190,
+                          param_groups="sorted"),
     "gpt_tp2_pp2_vp2": dict(arch="gpt", tp=2, pp=2, vp=2, layers=4, hidden=16, heads=4, groups=4, kv=4, ffn=32,
                             vocab=100, divisible=32, positions=32, seq=32, eps=1e-5, dtype=torch.float32,
-                            te=False, optimizer=False, iteration=30, seed="gpt"),
+                            round_to=torch.float16, te=False, iteration=30, seed="gpt", optimizer="adam",
+                            wrapper="fp32", step="state", steps=30, param_groups="insertion"),
     "gpt_tp2": dict(arch="gpt", tp=2, pp=1, vp=1, layers=4, hidden=16, heads=4, groups=4, kv=4, ffn=32,
-                    vocab=100, divisible=32, positions=32, seq=32, eps=1e-5, dtype=torch.float32,
-                    te=False, optimizer=False, iteration=30, seed="gpt"),
+                    vocab=100, divisible=32, positions=32, seq=32, eps=1e-5, dtype=torch.float16,
+                    te=False, iteration=30, seed="gpt", optimizer="sgd", wrapper="fp16", steps=None,
+                    param_groups="insertion"),
 }
 
 
@@ -154,9 +185,12 @@ def megatron_args(c):
         tokenizer_type="HuggingFaceTokenizer" if llama else "GPT2BPETokenizer",
         tokenizer_model="/data/llama-tokenizer" if llama else None,
         vocab_file=None if llama else "/data/gpt2-vocab.json", merge_file=None if llama else "/data/gpt2-merges.txt",
-        params_dtype=c["dtype"], bf16=c["dtype"] == torch.bfloat16, fp16=False,
+        params_dtype=c["dtype"], bf16=c["dtype"] == torch.bfloat16, fp16=c["dtype"] == torch.float16,
+        loss_scale=None, initial_loss_scale=4294967296, min_loss_scale=1.0, loss_scale_window=1000, hysteresis=2,
+        optimizer=c["optimizer"], sgd_momentum=0.9, decoupled_lr=None, decoupled_min_lr=None,
         hidden_dropout=0.0 if llama else 0.1, attention_dropout=0.0 if llama else 0.1, init_method_std=0.02,
         iteration=c["iteration"], consumed_train_samples=c["iteration"] * 8, consumed_valid_samples=80,
+        skipped_train_samples=0,
         train_iters=10000, lr=3e-4, min_lr=3e-5, lr_decay_style="cosine", lr_warmup_iters=100,
         weight_decay=0.1, adam_beta1=0.9, adam_beta2=0.95, adam_eps=1e-8, clip_grad=1.0,
         micro_batch_size=2, global_batch_size=8, seed=1234, data_path=["/data/corpus_text_document"],
@@ -209,8 +243,9 @@ def make_weights(c, gen):
         W["final_b"] = 0.1 * rnd(h)
     if llama:
         W["out"] = rnd(Vp, h, std=0.5)
-    # Round to the stored dtype: the reference uses exactly the stored values.
-    dt = c["dtype"]
+    # Round to the stored dtype (or a narrower one shared by cases that must
+    # hold the same weights): the reference uses exactly the stored values.
+    dt = c.get("round_to", c["dtype"])
 
     def rnd_to(x):
         return x.to(dt).to(torch.float32) if torch.is_tensor(x) else x
@@ -307,10 +342,10 @@ def fused_qkv(c, L, t):
     return w, (torch.cat(bias, dim=0) if bias else None)
 
 
-def layer_state(c, L, t, te):
+def layer_state(c, L, t, te, dt=None):
     """Rank t's state dict entries of one layer (names relative to decoder.layers.N.)."""
     tp, llama = c["tp"], c["arch"] == "llama"
-    dt = c["dtype"]
+    dt = dt or c["dtype"]
     s = collections.OrderedDict()
     qkv_w, qkv_b = fused_qkv(c, L, t)
     a_per = c["heads"] // tp
@@ -350,13 +385,14 @@ def layer_state(c, L, t, te):
                                    for k, v in s.items())
 
 
-def chunk_state(c, W, t, p, v):
-    """The model state dict of TP rank t, pipeline stage p, virtual chunk v."""
+def chunk_state(c, W, t, p, v, dt=None):
+    """The model state dict of TP rank t, pipeline stage p, virtual chunk v (of the weights W, or of
+    per-parameter optimizer tensors in W's form, in dtype dt)."""
     tp, pp, vp, nl = c["tp"], c["pp"], c["vp"], c["layers"]
     per_chunk = nl // (pp * vp)
     first = v * (nl // vp) + p * per_chunk  # Megatron's get_transformer_layer_offset
     pre, post = (p == 0 and v == 0), (p == pp - 1 and v == vp - 1)
-    dt = c["dtype"]
+    dt = dt or c["dtype"]
     Vp = padded_vocab(c)
     vrows = slice(t * Vp // tp, (t + 1) * Vp // tp)
     s = collections.OrderedDict()
@@ -365,7 +401,7 @@ def chunk_state(c, W, t, p, v):
         if "pos" in W:
             s["embedding.position_embeddings.weight"] = W["pos"].to(dt)
     for i in range(per_chunk):  # local layer numbers
-        for k, val in layer_state(c, W["layers"][first + i], t, c["te"]).items():
+        for k, val in layer_state(c, W["layers"][first + i], t, c["te"], dt).items():
             s[f"decoder.layers.{i}.{k}"] = val
     if post:
         if c["te"]:
@@ -393,17 +429,181 @@ def rng_state(full):
     return [st]
 
 
-def optimizer_state(states):
-    """Megatron's Float16OptimizerWithFloat16Params state dict (bf16 params, fp32 main params, Adam)."""
-    params = [v for sd in states for k, v in sd.items() if torch.is_tensor(v) and v.is_floating_point()]
-    adam = {"state": {i: {"step": torch.tensor(3.0), "exp_avg": torch.zeros(p.shape), "exp_avg_sq": torch.zeros(p.shape)}
-                      for i, p in enumerate(params)},
-            "param_groups": [{"lr": 2.9e-4, "betas": (0.9, 0.95), "eps": 1e-8, "weight_decay": 0.1, "amsgrad": False,
-                              "maximize": False, "foreach": None, "capturable": False, "differentiable": False,
-                              "fused": None, "wd_mult": 1.0, "lr_mult": 1.0, "is_expert_parallel": False,
-                              "is_decoupled_lr": False, "params": list(range(len(params)))}]}
-    return {"optimizer": adam, "grad_scaler": None,
-            "fp32_from_fp16_params": [[p.float() for p in params]]}
+# ---------------------------------------------------------------- optimizer state
+
+def natural_like(W, fn):
+    """A tree of W's form holding fn(name, tensor) for each of its tensors."""
+    out = {}
+    for k, v in W.items():
+        if k == "layers":
+            out[k] = [{kk: fn(f"layers.{i}.{kk}", vv) for kk, vv in L.items()} for i, L in enumerate(v)]
+        else:
+            out[k] = fn(k, v)
+    return out
+
+
+def optimizer_tensors(c, W, gen):
+    """Natural (unsharded) per-parameter optimizer tensors, W's form: distinctive values per tensor
+    (the mean moves with a running id, so a tensor put under another parameter's name is caught),
+    every element distinct. Adam: exp_avg, exp_avg_sq (positive); SGD: momentum_buffer; with the
+    fp16 wrapper the fp32 main params too: the weights with low bits of their own, each rounding
+    back to the stored weight (Megatron copies main -> model params after every step)."""
+    ids = iter(range(1, 1000))
+    T = {}
+    if c["optimizer"] == "adam":
+        T["exp_avg"] = natural_like(W, lambda n, w: 1e-4 * next(ids) + 1e-4 * torch.randn(w.shape, generator=gen))
+        T["exp_avg_sq"] = natural_like(W, lambda n, w: 1e-8 * next(ids) * (1 + torch.rand(w.shape, generator=gen)))
+    else:
+        T["momentum_buffer"] = natural_like(W, lambda n, w: 1e-3 * next(ids) + 1e-3 * torch.randn(w.shape, generator=gen))
+    if c["wrapper"] == "fp16":
+        dt = c["dtype"]
+        delta = 2.0 ** -11 if dt == torch.bfloat16 else 2.0 ** -13  # below half an ulp of the stored type
+
+        def main(n, w):
+            u = 2 * torch.rand(w.shape, generator=gen) - 1
+            m = (w * (1 + delta * u)).float()
+            assert torch.equal(m.to(dt).float(), w), n
+            return m
+
+        T["main"] = natural_like(W, main)
+    return T
+
+
+def is_param(k, v):
+    return torch.is_tensor(v) and v.is_floating_point() and not k.endswith("_extra_state")
+
+
+def no_weight_decay(name, t):
+    # Megatron's rule (optimizer/__init__.py): biases and 1-D parameters take no weight decay.
+    return name.endswith(".bias") or t.dim() == 1
+
+
+def optimizer_state(c, t, p, T):
+    """Rank (t, p)'s `optimizer` entry as Megatron's optimizer.state_dict() writes it: the rank's
+    parameters (named_parameters() of its model chunks, in order) split into param groups, torch's
+    state dict indices numbering them group by group."""
+    locs = {kind: {} for kind in T}
+    order = []  # (name, weight) in named_parameters() order, chunk by chunk
+    for v in range(c["vp"]):
+        weights = chunk_state(c, c["W"], t, p, v)
+        for kind, tree in T.items():
+            for k, val in chunk_state(c, tree, t, p, v, torch.float32).items():
+                locs[kind][(v, k)] = val
+        order += [((v, k), val) for k, val in weights.items() if is_param(k, val)]
+    groups = {}  # wd_mult -> [(v, name)], in first-appearance order
+    for key, w in order:
+        groups.setdefault(0.0 if no_weight_decay(key[1], w) else 1.0, []).append(key)
+    keys = list(groups)
+    if c["param_groups"] == "sorted":  # HEAD: sorted by overrides, no override (weight decay) first
+        keys = sorted(keys, reverse=True)
+    lr = 2.9e-4
+    param_groups, state, index, mains = [], {}, 0, []
+    for wd_mult in keys:
+        members = groups[wd_mult]
+        idx = list(range(index, index + len(members)))
+        index += len(members)
+        if c["optimizer"] == "sgd":  # torch.optim.SGD
+            g = {"lr": lr, "momentum": 0.9, "dampening": 0, "weight_decay": 0.1 * wd_mult, "nesterov": False,
+                 "maximize": False, "foreach": None, "differentiable": False}
+        elif c["step"] == "group":  # Apex / TransformerEngine FusedAdam
+            g = {"lr": lr, "bias_correction": True, "betas": (0.9, 0.95), "eps": 1e-8, "weight_decay": 0.1 * wd_mult,
+                 "amsgrad": False, "step": c["steps"]}
+        else:  # torch.optim.AdamW
+            g = {"lr": lr, "betas": (0.9, 0.95), "eps": 1e-8, "weight_decay": 0.1 * wd_mult, "amsgrad": False,
+                 "foreach": None, "maximize": False, "capturable": False, "differentiable": False, "fused": None}
+        if c["param_groups"] == "sorted":  # Megatron HEAD's group keys
+            g.update({"is_expert_parallel": False, "default_config": True, "wd_mult": wd_mult, "lr_mult": 1.0,
+                      "is_decoupled_lr": False, "max_lr": 3e-4, "min_lr": 3e-5})
+        else:  # older Megatron core
+            g.update({"wd_mult": wd_mult, "lr_mult": 1.0, "is_expert_parallel": False, "is_decoupled_lr": False})
+        g["params"] = idx
+        param_groups.append(g)
+        for i, key in zip(idx, members):
+            st = {}
+            if c["optimizer"] == "adam":
+                if c["step"] == "state":
+                    st["step"] = torch.tensor(float(c["steps"]))
+                st["exp_avg"] = locs["exp_avg"][key].clone()
+                st["exp_avg_sq"] = locs["exp_avg_sq"][key].clone()
+            else:
+                st["momentum_buffer"] = locs["momentum_buffer"][key].clone()
+            state[i] = st
+        if "main" in T:
+            mains.append([locs["main"][key].clone() for key in members])
+    inner = {"state": state, "param_groups": param_groups}
+    if c["wrapper"] == "fp32":
+        return inner
+    sd = {"optimizer": inner}
+    if c["dtype"] == torch.float16:  # DynamicGradScaler (bf16 without --loss-scale has no scaler)
+        sd["grad_scaler"] = {"scale": torch.tensor(65536.0), "growth_tracker": 17, "hysteresis_tracker": 2}
+    sd["fp32_from_fp16_params"] = mains
+    return sd
+
+
+def whole_state(c, W):
+    """W (or a tree of W's form) as gotron's whole parameters, by name (Megatron core's names at TP=1)."""
+    llama = c["arch"] == "llama"
+    out = collections.OrderedDict()
+    out["embedding.word_embeddings.weight"] = W["emb"]
+    if "pos" in W:
+        out["embedding.position_embeddings.weight"] = W["pos"]
+    c1 = dict(c, tp=1)
+    for i, L in enumerate(W["layers"]):
+        n = f"decoder.layers.{i}."
+        qkv_w, qkv_b = fused_qkv(c1, L, 0)
+        out[n + "input_layernorm.weight"] = L["ln1"]
+        if "ln1_b" in L:
+            out[n + "input_layernorm.bias"] = L["ln1_b"]
+        out[n + "self_attention.linear_qkv.weight"] = qkv_w
+        if qkv_b is not None:
+            out[n + "self_attention.linear_qkv.bias"] = qkv_b
+        out[n + "self_attention.linear_proj.weight"] = L["proj"]
+        if "proj_b" in L:
+            out[n + "self_attention.linear_proj.bias"] = L["proj_b"]
+        out[n + "pre_mlp_layernorm.weight"] = L["ln2"]
+        if "ln2_b" in L:
+            out[n + "pre_mlp_layernorm.bias"] = L["ln2_b"]
+        out[n + "mlp.linear_fc1.weight"] = torch.cat([L["gate"], L["up"]]) if llama else L["fc1"]
+        if "fc1_b" in L:
+            out[n + "mlp.linear_fc1.bias"] = L["fc1_b"]
+        out[n + "mlp.linear_fc2.weight"] = L["fc2"]
+        if "fc2_b" in L:
+            out[n + "mlp.linear_fc2.bias"] = L["fc2_b"]
+    out["decoder.final_layernorm.weight"] = W["final"]
+    if "final_b" in W:
+        out["decoder.final_layernorm.bias"] = W["final_b"]
+    if "out" in W:
+        out["output_layer.weight"] = W["out"]
+    return out
+
+
+def write_safetensors(path, tensors, metadata):
+    """A safetensors file (F32), written by hand: 8-byte header length, JSON header, data."""
+    header, blobs, off = {"__metadata__": metadata}, [], 0
+    for k in sorted(tensors):
+        b = tensors[k].detach().to(torch.float32).contiguous().numpy().astype("<f4").tobytes()
+        header[k] = {"dtype": "F32", "shape": list(tensors[k].shape), "data_offsets": [off, off + len(b)]}
+        blobs.append(b)
+        off += len(b)
+    h = json.dumps(header, separators=(",", ":")).encode()
+    h += b" " * (-len(h) % 8)
+    with open(path, "wb") as f:
+        f.write(len(h).to_bytes(8, "little") + h + b"".join(blobs))
+
+
+def expected_optimizer(c, T):
+    """optimizer.safetensors: the whole optimizer tensors gotron's import must produce, keyed as
+    gotron's checkpoints key them ("<kind>/<param>"; "main_params/<param>" for the fp32 main
+    params, which become the model weights)."""
+    out = {}
+    for kind, tree in T.items():
+        for n, v in whole_state(c, tree).items():
+            out[("main_params" if kind == "main" else kind) + "/" + n] = v
+    meta = {"kind": "adamw" if c["optimizer"] == "adam" else "sgd",
+            "steps": str(c["steps"] if c["steps"] is not None else c["iteration"])}
+    if c["dtype"] == torch.float16:
+        meta.update(loss_scale="65536", growth_tracker="17", hysteresis_tracker="2")
+    return out, meta
 
 
 def build(name, c):
@@ -413,6 +613,8 @@ def build(name, c):
     torch.manual_seed(1)
     W = make_weights(c, gen)
     logits, lp = reference(c, W, TOKENS)
+    T = optimizer_tensors(c, W, gen)
+    c = dict(c, W=W)
     d = os.path.join(OUT, name)
     it = c["iteration"]
     args = megatron_args(c)
@@ -425,13 +627,12 @@ def build(name, c):
             else:
                 for v, st in enumerate(states):
                     sd[f"model{v}"] = st
-            if c["optimizer"]:
-                sd["optimizer"] = optimizer_state(states)
+            sd["optimizer"] = optimizer_state(c, t, p, T)
             sd["opt_param_scheduler"] = {"max_lr": 3e-4, "lr_warmup_steps": 800, "num_steps": it * 8,
                                          "lr_decay_style": "cosine", "lr_decay_steps": 80000, "min_lr": 3e-5,
                                          "start_wd": 0.1, "end_wd": 0.1, "wd_incr_style": "constant",
                                          "wd_incr_steps": 80000}
-            sd["rng_state"] = rng_state(full=c["optimizer"])
+            sd["rng_state"] = rng_state(full=c["arch"] == "llama")
             sd["num_floating_point_operations_so_far"] = 123456789.0
             sd["rerun_state_machine"] = {"mode": 0, "rerun_requested": False}
             rank = f"mp_rank_{t:02d}" if c["pp"] == 1 else f"mp_rank_{t:02d}_{p:03d}"
@@ -444,6 +645,8 @@ def build(name, c):
               "logits": [[float(x) for x in row] for row in logits.tolist()], "logprobs": lp}
     with open(os.path.join(d, "golden.json"), "w") as f:
         json.dump(golden, f)
+    tensors, meta = expected_optimizer(c, T)
+    write_safetensors(os.path.join(d, "optimizer.safetensors"), tensors, meta)
     print(f"{name}: logits {tuple(logits.shape)}, mean logprob {sum(lp) / len(lp):.6f}")
 
 

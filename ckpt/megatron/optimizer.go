@@ -1,0 +1,876 @@
+package megatron
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"math"
+	"math/big"
+	"os"
+	"path/filepath"
+	"slices"
+	"sort"
+	"strings"
+
+	"github.com/gotron/gotron/ckpt/safetensors"
+	"github.com/gotron/gotron/ckpt/torchpt"
+	"github.com/gotron/gotron/internal/half"
+	"github.com/gotron/gotron/model/gpt"
+	"github.com/gotron/gotron/optim"
+	"github.com/gotron/gotron/tensor"
+)
+
+// OptimizerState is a Megatron checkpoint's optimizer and training state,
+// merged over the tensor- and pipeline-parallel ranks exactly as the
+// weights are and named as gotron's checkpoints name it.
+type OptimizerState struct {
+	// Kind is gotron's optimizer: "adamw" (Megatron's adam, Adam with
+	// decoupled weight decay) or "sgd".
+	Kind string
+	// Steps is the number of optimizer steps taken (Adam's step, which
+	// its bias correction uses; SGD keeps none: the iteration).
+	Steps int64
+	// Buffers maps "<kind>/<param>" (exp_avg and exp_avg_sq, or
+	// momentum_buffer) to the whole tensor, row-major in the parameter's
+	// shape: gotron's optimizer checkpoint entries.
+	Buffers map[string][]float32
+	// MainParams reports that the model's weights are the optimizer's fp32
+	// main params (Float16OptimizerWithFloat16Params: bf16 or fp16
+	// training), not their bf16/fp16 copies in the model state dicts.
+	MainParams bool
+	// Scheduler is opt_param_scheduler, field for field.
+	Scheduler optim.SchedulerState
+	// LossScaler is fp16's dynamic loss scaler (grad_scaler); nil without.
+	LossScaler *optim.LossScalerState
+	// ConsumedTrainSamples, SkippedTrainSamples and ConsumedValidSamples
+	// come from args, FLOPs from num_floating_point_operations_so_far.
+	ConsumedTrainSamples, SkippedTrainSamples, ConsumedValidSamples int64
+	FLOPs                                                           float64
+	// Seed is args.seed.
+	Seed int64
+	// Source describes what was read, for messages: "Adam state of
+	// Float16OptimizerWithFloat16Params (bf16), step 1190".
+	Source string
+}
+
+// An OptimizerError is a malformed optimizer section: the weights alone can
+// still be imported (Load).
+type OptimizerError struct{ Err error }
+
+func (e *OptimizerError) Error() string { return e.Err.Error() }
+func (e *OptimizerError) Unwrap() error { return e.Err }
+
+// Import opens the checkpoint under dir (see Open) and converts the model
+// and its optimizer state (see Checkpoint.Import).
+func Import(dir string, opts Options) (*gpt.Model, *OptimizerState, Info, error) {
+	c, err := Open(dir)
+	if err != nil {
+		return nil, nil, Info{}, err
+	}
+	defer c.Close()
+	return c.Import(opts)
+}
+
+// Import converts the model and, when the files hold a non-distributed
+// optimizer's state that gotron's optimizers can take (Adam, SGD with
+// momentum), that state: each rank's parameters are listed as Megatron's
+// optimizer saw them (named_parameters() of the rank's model chunks, split
+// into param groups by weight decay and decoupled learning rate), which
+// maps the optimizer state dict's indices to names; the per-rank tensors
+// are then merged by the weights' plan (QKV query groups, SwiGLU halves,
+// padded vocabulary rows, ...). With fp32 main params (bf16/fp16 training)
+// those become the weights. When the state cannot be taken (none saved, a
+// release checkpoint, the distributed optimizer, another optimizer, state
+// missing), the optimizer state is nil and Info.Warnings says why, naming
+// the file; a malformed optimizer section is an *OptimizerError.
+func (c *Checkpoint) Import(opts Options) (*gpt.Model, *OptimizerState, Info, error) {
+	copies := 1
+	if c.Optimizer {
+		copies = 3 // the weights, Adam's two moments (SGD: one buffer)
+	}
+	m, info, conv, err := c.model(opts, copies)
+	if err != nil {
+		return nil, nil, Info{}, err
+	}
+	if !c.Optimizer {
+		return m, nil, info, nil // Info.Optimizer says so
+	}
+	st, why, err := c.optimizer(m, conv)
+	if err != nil {
+		return nil, nil, Info{}, &OptimizerError{fmt.Errorf("megatron: %w", err)}
+	}
+	if why != "" {
+		info.Warnings = append(info.Warnings, "optimizer state not imported: "+why)
+		return m, nil, info, nil
+	}
+	if st.tiedDiff != "" {
+		info.Warnings = append(info.Warnings, st.tiedDiff)
+	}
+	return m, &st.OptimizerState, info, nil
+}
+
+// groupSig is what decides a parameter's param group in Megatron's
+// _get_param_groups: no weight decay (biases and 1-D parameters) and the
+// decoupled learning rate (embedding and output layer, --decoupled-lr).
+type groupSig struct{ noWD, decoupled bool }
+
+// localParam is one parameter of a rank as its optimizer saw it.
+type localParam struct {
+	src    *source // the plan's source (or the tied output layer's copy)
+	t      int     // the tensor-parallel rank: src.slices[t] is its weight
+	tied   bool
+	sig    groupSig
+	weight *torchpt.Tensor
+}
+
+// name is the parameter's key in the file and, where it differs,
+// gotron's name.
+func (p localParam) name() string {
+	switch {
+	case p.tied:
+		return p.src.from + " (the last stage's copy of the tied embeddings)"
+	case p.src.key != p.src.name:
+		return p.src.from + " → " + p.src.name
+	}
+	return p.src.from
+}
+
+// rankOptimizer is one rank file's optimizer section.
+type rankOptimizer struct {
+	file    *torchpt.File
+	wrapper string // "Float16OptimizerWithFloat16Params" or "FP32Optimizer"
+	state   *torchpt.Dict
+	groups  []*torchpt.Dict
+	mains   [][]*torchpt.Tensor // fp32_from_fp16_params, by group
+	scaler  *torchpt.Dict       // grad_scaler, or nil
+}
+
+// optimizerResult is the optimizer import's outcome.
+type optimizerResult struct {
+	OptimizerState
+	tiedDiff string // a warning: the tied copy's state differs
+}
+
+// optimizer imports the optimizer state into st and, with main params,
+// the weights of m. why says why nothing was imported; err is a malformed
+// section.
+func (c *Checkpoint) optimizer(m *gpt.Model, conv converted) (res optimizerResult, why string, err error) {
+	f0 := c.files[0][0]
+	if c.Release {
+		return res, fmt.Sprintf("%s is a release checkpoint, whose optimizer state Megatron does not load either", c.Dir), nil
+	}
+	if dist, _ := c.args.boolOr("use_distributed_optimizer", false); dist {
+		return res, fmt.Sprintf("%s: args.use_distributed_optimizer=True: the distributed optimizer keeps its state in distrib_optim.pt files, which gotron does not read (only the non-distributed optimizer's state in %s is imported)", f0.Path, FileName), nil
+	}
+	kind, err := c.args.strOr("optimizer", "adam")
+	if err != nil {
+		return res, "", err
+	}
+	switch kind {
+	case "adam", "adamw":
+		res.Kind = "adamw"
+		if dwd, _ := c.args.boolOr("decoupled_weight_decay", true); !dwd {
+			return res, fmt.Sprintf("%s: args.decoupled_weight_decay=False: Adam with L2 weight decay; gotron's Adam decouples it (AdamW)", f0.Path), nil
+		}
+	case "sgd":
+		res.Kind = "sgd"
+	default:
+		return res, fmt.Sprintf("%s: args.optimizer=%q: gotron's optimizers are Adam (AdamW) and SGD", f0.Path, kind), nil
+	}
+	var kinds []string
+	switch res.Kind {
+	case "adamw":
+		kinds = []string{"exp_avg", "exp_avg_sq"}
+	case "sgd":
+		mom, err := c.args.floatOr("sgd_momentum", 0.9)
+		if err != nil {
+			return res, "", err
+		}
+		if mom != 0 {
+			kinds = []string{"momentum_buffer"}
+		}
+	}
+	chunks, err := c.chunks()
+	if err != nil {
+		return res, "", err
+	}
+	byKey := map[chunkKey]*source{}
+	for _, s := range conv.plan {
+		byKey[chunkKey{s.chunk, s.key}] = s
+	}
+	tiedSeparate := false
+	if t := conv.tied; t != nil {
+		// A copy in a chunk of its own is a parameter of its own (Megatron's
+		// last-stage copy); in the embedding's chunk it would be the same one.
+		emb := byKey[chunkKey{0, "embedding.word_embeddings.weight"}]
+		tiedSeparate = emb == nil || emb.chunk != t.chunk
+		if tiedSeparate {
+			byKey[chunkKey{t.chunk, t.key}] = t
+		}
+	}
+	// Every rank's section, its parameters and their param groups.
+	var ranks []*rankOptimizer
+	var locals [][]localParam
+	decoupledRun := false
+	for p := range c.PP {
+		for t := range c.TP {
+			f := c.files[t][p]
+			ro, why, err := readRankOptimizer(f)
+			if err != nil || why != "" {
+				return res, why, err
+			}
+			if _, err := os.Stat(filepath.Join(filepath.Dir(f.Path), "distrib_optim.pt")); err == nil {
+				return res, fmt.Sprintf("%s has a distrib_optim.pt beside it: the distributed optimizer's state is not read by gotron (only the non-distributed optimizer's state in %s is imported)", f.Path, FileName), nil
+			} else if !errors.Is(err, fs.ErrNotExist) {
+				return res, "", err
+			}
+			var lp []localParam
+			for v := range c.VP {
+				ci := v*c.PP + p
+				d := chunks[ci].dicts[t]
+				for i, k := range d.Keys() {
+					ks, _ := k.(string)
+					if isExtraState(ks) {
+						continue
+					}
+					s := byKey[chunkKey{ci, ks}]
+					if s == nil {
+						continue // the tied copy in the embedding's own chunk
+					}
+					w, _ := d.Values()[i].(*torchpt.Tensor)
+					lp = append(lp, localParam{src: s, t: t, tied: s == conv.tied, weight: w,
+						sig: groupSig{noWD: strings.HasSuffix(ks, ".bias") || len(w.Shape) == 1}})
+				}
+			}
+			for _, g := range ro.groups {
+				decoupledRun = decoupledRun || groupDecoupled(g)
+			}
+			ranks = append(ranks, ro)
+			locals = append(locals, lp)
+		}
+	}
+	if decoupledRun {
+		for _, lp := range locals {
+			for i := range lp {
+				k := lp[i].src.key
+				lp[i].sig.decoupled = k == "embedding.word_embeddings.weight" || k == "output_layer.weight"
+			}
+		}
+	}
+	// Per source and kind, the TP slices of the state; the main params.
+	bufs := map[*source]map[string][]*torchpt.Tensor{}
+	mains := map[*source][]*torchpt.Tensor{}
+	steps := map[int64]string{} // step value → where it was read
+	for ri, ro := range ranks {
+		assigned, why, err := assignIndices(ro, locals[ri])
+		if err != nil || why != "" {
+			return res, why, err
+		}
+		for gi, idx := range assigned {
+			g := ro.groups[gi]
+			if v, ok := g.Get("step"); ok && v != nil {
+				n, err := stepValue(v)
+				if err != nil {
+					return res, "", fmt.Errorf("%s: optimizer param_groups[%d].step: %w", ro.file.Path, gi, err)
+				}
+				steps[n] = fmt.Sprintf("%s param_groups[%d]", ro.file.Path, gi)
+			}
+			if v, ok := g.Get("amsgrad"); ok && v == true {
+				return res, fmt.Sprintf("%s: optimizer param_groups[%d] has amsgrad=True: gotron's Adam keeps no max_exp_avg_sq", ro.file.Path, gi), nil
+			}
+			for _, a := range idx {
+				lp := locals[ri][a.local]
+				at := fmt.Sprintf("%s: optimizer state[%d] (%s, param group %d)", ro.file.Path, a.index, lp.name(), gi)
+				v, ok := ro.state.Get(a.index)
+				if !ok || v == nil {
+					return res, fmt.Sprintf("%s: no optimizer state for parameter %d (%s): saved before the optimizer's first step?", ro.file.Path, a.index, lp.name()), nil
+				}
+				d, ok := v.(*torchpt.Dict)
+				if !ok {
+					return res, "", fmt.Errorf("%s is a %T, not a dict of tensors", at, v)
+				}
+				for i, k := range d.Keys() {
+					ks, _ := k.(string)
+					switch {
+					case d.Values()[i] == nil: // torch's SGD without momentum: momentum_buffer None
+					case ks == "step":
+						n, err := stepValue(d.Values()[i])
+						if err != nil {
+							return res, "", fmt.Errorf("%s: step: %w", at, err)
+						}
+						steps[n] = at
+					case !slices.Contains(kinds, ks):
+						return res, fmt.Sprintf("%s holds %v, which gotron's %s does not keep", at, k, res.Kind), nil
+					}
+				}
+				if bufs[lp.src] == nil {
+					bufs[lp.src] = map[string][]*torchpt.Tensor{}
+				}
+				for _, kind := range kinds {
+					x, ok := d.Get(kind)
+					if !ok || x == nil {
+						return res, fmt.Sprintf("%s has no %s (keys %s)", at, kind, strings.Join(d.StringKeys(), ", ")), nil
+					}
+					tt, ok := x.(*torchpt.Tensor)
+					if !ok {
+						return res, "", fmt.Errorf("%s: %s is a %T, not a tensor", at, kind, x)
+					}
+					if !slices.Equal(tt.Shape, lp.weight.Shape) {
+						return res, "", fmt.Errorf("%s: %s has shape %v, but the parameter the param groups give this index, %s, has shape %v", at, kind, tt.Shape, lp.name(), lp.weight.Shape)
+					}
+					if bufs[lp.src][kind] == nil {
+						bufs[lp.src][kind] = make([]*torchpt.Tensor, c.TP)
+					}
+					bufs[lp.src][kind][lp.t] = tt
+				}
+			}
+			if ro.mains != nil {
+				n := 0
+				for _, a := range idx {
+					if dt := locals[ri][a.local].weight.DType(); dt == safetensors.BF16 || dt == safetensors.F16 {
+						n++
+					}
+				}
+				if n != len(ro.mains[gi]) {
+					return res, "", fmt.Errorf("%s: optimizer fp32_from_fp16_params[%d] holds %d tensors, param group %d has %d 16-bit parameters", ro.file.Path, gi, len(ro.mains[gi]), gi, n)
+				}
+				k := 0
+				for _, a := range idx {
+					lp := locals[ri][a.local]
+					if dt := lp.weight.DType(); dt != safetensors.BF16 && dt != safetensors.F16 {
+						continue // an fp32 parameter: the optimizer updates it directly
+					}
+					mt := ro.mains[gi][k]
+					k++
+					at := fmt.Sprintf("%s: optimizer fp32_from_fp16_params[%d][%d] (%s)", ro.file.Path, gi, k-1, lp.name())
+					if !slices.Equal(mt.Shape, lp.weight.Shape) {
+						return res, "", fmt.Errorf("%s has shape %v, the parameter %v", at, mt.Shape, lp.weight.Shape)
+					}
+					if err := checkMain(at, mt, lp.weight); err != nil {
+						return res, "", err
+					}
+					if mains[lp.src] == nil {
+						mains[lp.src] = make([]*torchpt.Tensor, c.TP)
+					}
+					mains[lp.src][lp.t] = mt
+				}
+			}
+		}
+	}
+	// The step count: one value everywhere.
+	switch {
+	case len(steps) > 1:
+		var where []string
+		for n, at := range steps {
+			where = append(where, fmt.Sprintf("%d (%s)", n, at))
+		}
+		sort.Strings(where)
+		return res, fmt.Sprintf("the step counts differ: %s", strings.Join(where, ", ")), nil
+	case len(steps) == 1:
+		for n := range steps {
+			res.Steps = n
+		}
+	case res.Kind == "adamw":
+		return res, fmt.Sprintf("%s: the Adam state has no step count (neither in param_groups nor per parameter)", f0.Path), nil
+	default:
+		res.Steps = c.Iteration // SGD counts no steps; any count > 0 keeps its momentum
+	}
+	// Merge as the weights are.
+	params := map[string]*tensor.Tensor{}
+	for _, p := range m.Params() {
+		params[p.Name] = p
+	}
+	res.Buffers = map[string][]float32{}
+	for _, s := range conv.plan {
+		shape := params[s.name].Shape()
+		for _, kind := range kinds {
+			sl := bufs[s][kind]
+			if slices.Contains(sl, nil) || len(sl) == 0 {
+				return res, "", fmt.Errorf("%s: %s: no rank's optimizer state covers this parameter", s.file, s.from)
+			}
+			ms := *s
+			ms.slices, ms.addOne = sl, false // moments of w are those of 1 + w
+			dst := make([]float32, params[s.name].Numel())
+			if err := ms.merge(dst, shape); err != nil {
+				return res, "", err
+			}
+			res.Buffers[kind+"/"+s.name] = dst
+		}
+	}
+	if ranks[0].mains != nil {
+		for _, s := range conv.plan {
+			sl := mains[s]
+			if len(sl) == 0 {
+				continue // an fp32 parameter
+			}
+			if slices.Contains(sl, nil) {
+				return res, "", fmt.Errorf("%s: %s: its fp32 main params are missing on some tensor-parallel rank", s.file, s.from)
+			}
+			ms := *s
+			ms.slices = sl
+			if err := ms.fill(params[s.name]); err != nil {
+				return res, "", err
+			}
+		}
+		res.MainParams = true
+	}
+	if t := conv.tied; t != nil && tiedSeparate {
+		for _, kind := range kinds {
+			ms := *t
+			ms.slices, ms.addOne = bufs[t][kind], false
+			if slices.Contains(ms.slices, nil) {
+				return res, "", fmt.Errorf("%s: %s: no optimizer state on some tensor-parallel rank", t.file, t.from)
+			}
+			d, err := maxDiff(&ms, res.Buffers[kind+"/embedding.word_embeddings.weight"])
+			if err != nil {
+				return res, "", err
+			}
+			if d != 0 {
+				res.tiedDiff = fmt.Sprintf("tied embeddings: the last pipeline stage's %s of output_layer.weight differs from the word embeddings' by up to %g; using the word embeddings'", kind, d)
+			}
+		}
+	}
+	if err := c.trainingState(&res.OptimizerState, ranks[0]); err != nil {
+		return res, "", err
+	}
+	name := map[string]string{"adamw": "Adam", "sgd": "SGD"}[res.Kind]
+	res.Source = fmt.Sprintf("%s state of %s (%s), step %d", name, ranks[0].wrapper, precision(locals[0]), res.Steps)
+	return res, "", nil
+}
+
+type chunkKey struct {
+	chunk int
+	key   string
+}
+
+// precision names the 16-bit type of the rank's parameters.
+func precision(lp []localParam) string {
+	for _, p := range lp {
+		switch p.weight.DType() {
+		case safetensors.BF16:
+			return "bf16"
+		case safetensors.F16:
+			return "fp16"
+		}
+	}
+	return "fp32"
+}
+
+// readRankOptimizer reads a rank file's optimizer section: Megatron's
+// Float16OptimizerWithFloat16Params ({optimizer, grad_scaler,
+// fp32_from_fp16_params}) or FP32Optimizer (the torch optimizer's own
+// state dict).
+func readRankOptimizer(f *torchpt.File) (*rankOptimizer, string, error) {
+	sd, _ := stateDict(f)
+	v, ok := sd.Get("optimizer")
+	if !ok || v == nil {
+		return nil, fmt.Sprintf("%s holds no optimizer state (other ranks do)", f.Path), nil
+	}
+	ro := &rankOptimizer{file: f}
+	var inner *torchpt.Dict
+	switch x := v.(type) {
+	case *torchpt.List:
+		return nil, fmt.Sprintf("%s: the optimizer section is a list of %d state dicts (Megatron's ChainedOptimizer): not supported", f.Path, len(x.Items)), nil
+	case *torchpt.Dict:
+		if o, ok := x.Get("optimizer"); ok {
+			ro.wrapper = "Float16OptimizerWithFloat16Params"
+			if inner, ok = o.(*torchpt.Dict); !ok {
+				return nil, "", fmt.Errorf("%s: optimizer.optimizer is a %T, not a torch optimizer state dict", f.Path, o)
+			}
+			if s, ok := x.Get("grad_scaler"); ok && s != nil {
+				if ro.scaler, ok = s.(*torchpt.Dict); !ok {
+					return nil, "", fmt.Errorf("%s: optimizer.grad_scaler is a %T, not a dict", f.Path, s)
+				}
+			}
+			mv, ok := x.Get("fp32_from_fp16_params")
+			if !ok {
+				mv, ok = x.Get("fp32_from_fp16") // older Megatron
+			}
+			if !ok {
+				if _, has := inner.Get("state"); !has {
+					return nil, fmt.Sprintf("%s: the optimizer section holds no per-parameter state and no fp32 main params (the distributed optimizer's, whose state is in distrib_optim.pt files gotron does not read?)", f.Path), nil
+				}
+				return nil, "", fmt.Errorf("%s: the optimizer section (Float16OptimizerWithFloat16Params) has no fp32_from_fp16_params (keys %s)", f.Path, strings.Join(x.StringKeys(), ", "))
+			}
+			groups, ok := mv.(*torchpt.List)
+			if !ok {
+				return nil, "", fmt.Errorf("%s: optimizer.fp32_from_fp16_params is a %T, not a list", f.Path, mv)
+			}
+			for i, g := range groups.Items {
+				gl, ok := g.(*torchpt.List)
+				if !ok {
+					return nil, "", fmt.Errorf("%s: optimizer.fp32_from_fp16_params[%d] is a %T, not a list of tensors", f.Path, i, g)
+				}
+				var ts []*torchpt.Tensor
+				for j, t := range gl.Items {
+					tt, ok := t.(*torchpt.Tensor)
+					if !ok {
+						return nil, "", fmt.Errorf("%s: optimizer.fp32_from_fp16_params[%d][%d] is a %T, not a tensor", f.Path, i, j, t)
+					}
+					ts = append(ts, tt)
+				}
+				ro.mains = append(ro.mains, ts)
+			}
+		} else {
+			ro.wrapper, inner = "FP32Optimizer", x
+		}
+	default:
+		return nil, "", fmt.Errorf("%s: the optimizer section is a %T, not a Megatron optimizer state dict", f.Path, v)
+	}
+	pg, ok := inner.Get("param_groups")
+	if !ok {
+		return nil, "", fmt.Errorf("%s: the optimizer state dict has no param_groups (keys %s)", f.Path, strings.Join(inner.StringKeys(), ", "))
+	}
+	gl, ok := pg.(*torchpt.List)
+	if !ok {
+		return nil, "", fmt.Errorf("%s: optimizer param_groups is a %T, not a list", f.Path, pg)
+	}
+	for i, g := range gl.Items {
+		d, ok := g.(*torchpt.Dict)
+		if !ok {
+			return nil, "", fmt.Errorf("%s: optimizer param_groups[%d] is a %T, not a dict", f.Path, i, g)
+		}
+		if _, ok := d.Get("params"); !ok {
+			return nil, fmt.Sprintf("%s: optimizer param_groups[%d] lists no params: the distributed optimizer's state (kept in distrib_optim.pt files, which gotron does not read)", f.Path, i), nil
+		}
+		ro.groups = append(ro.groups, d)
+	}
+	sv, ok := inner.Get("state")
+	if !ok {
+		return nil, "", fmt.Errorf("%s: the optimizer state dict has no state (keys %s)", f.Path, strings.Join(inner.StringKeys(), ", "))
+	}
+	if ro.state, ok = sv.(*torchpt.Dict); !ok {
+		return nil, "", fmt.Errorf("%s: optimizer state is a %T, not a dict", f.Path, sv)
+	}
+	if ro.state.Len() == 0 {
+		return nil, fmt.Sprintf("%s: the optimizer holds no per-parameter state (saved before its first step)", f.Path), nil
+	}
+	if ro.mains != nil && len(ro.mains) != len(ro.groups) {
+		return nil, "", fmt.Errorf("%s: optimizer fp32_from_fp16_params has %d groups, param_groups %d", f.Path, len(ro.mains), len(ro.groups))
+	}
+	return ro, "", nil
+}
+
+// groupDecoupled reports whether a param group has a learning rate of its
+// own: --decoupled-lr's embedding and output layer (is_decoupled_lr, or
+// at Megatron HEAD a group that does not follow the default schedule).
+func groupDecoupled(g *torchpt.Dict) bool {
+	if v, ok := g.Get("is_decoupled_lr"); ok && v == true {
+		return true
+	}
+	v, ok := g.Get("default_config")
+	return ok && v == false
+}
+
+// assigned is one optimizer index and the local parameter it is.
+type assigned struct {
+	index int64
+	local int
+}
+
+// assignIndices maps each param group's indices to the rank's parameters:
+// a group holds, in named_parameters() order, the parameters of its
+// signature (Megatron's _get_param_groups), whatever the groups' order.
+func assignIndices(ro *rankOptimizer, lp []localParam) ([][]assigned, string, error) {
+	f := ro.file
+	queues := map[groupSig][]int{}
+	for i, p := range lp {
+		queues[p.sig] = append(queues[p.sig], i)
+	}
+	seenSig := map[groupSig]int{}
+	seenIdx := map[int64]bool{}
+	out := make([][]assigned, len(ro.groups))
+	for gi, g := range ro.groups {
+		sig, why, err := groupSignature(f, gi, g)
+		if err != nil || why != "" {
+			return nil, why, err
+		}
+		if prev, dup := seenSig[sig]; dup {
+			return nil, fmt.Sprintf("%s: optimizer param_groups[%d] and [%d] are both %s: which parameters each holds cannot be derived", f.Path, prev, gi, sig), nil
+		}
+		seenSig[sig] = gi
+		pv, _ := g.Get("params")
+		pl, ok := pv.(*torchpt.List)
+		if !ok {
+			return nil, "", fmt.Errorf("%s: optimizer param_groups[%d].params is a %T, not a list of indices", f.Path, gi, pv)
+		}
+		q := queues[sig]
+		if len(pl.Items) != len(q) {
+			return nil, "", fmt.Errorf("%s: optimizer param_groups[%d] (%s) holds %d parameters, but the rank's model has %d such parameters", f.Path, gi, sig, len(pl.Items), len(q))
+		}
+		for j, x := range pl.Items {
+			idx, ok := x.(int64)
+			if !ok || idx < 0 {
+				return nil, "", fmt.Errorf("%s: optimizer param_groups[%d].params[%d] is %v, not an index", f.Path, gi, j, x)
+			}
+			if seenIdx[idx] {
+				return nil, "", fmt.Errorf("%s: optimizer param_groups list index %d twice", f.Path, idx)
+			}
+			seenIdx[idx] = true
+			out[gi] = append(out[gi], assigned{index: idx, local: q[j]})
+		}
+		delete(queues, sig)
+	}
+	for _, p := range lp { // a signature no group took, first in model order
+		if q, ok := queues[p.sig]; ok {
+			return nil, "", fmt.Errorf("%s: no optimizer param group holds the rank's %d %s parameters (%s, ...)", f.Path, len(q), p.sig, lp[q[0]].name())
+		}
+	}
+	return out, "", nil
+}
+
+func (s groupSig) String() string {
+	wd := "weight-decay"
+	if s.noWD {
+		wd = "no-weight-decay"
+	}
+	if s.decoupled {
+		return wd + ", decoupled-learning-rate"
+	}
+	return wd
+}
+
+// groupSignature reads which parameters a param group holds from its
+// Megatron keys (wd_mult, else weight_decay; is_decoupled_lr or
+// default_config); other groupings are not derived.
+func groupSignature(f *torchpt.File, gi int, g *torchpt.Dict) (groupSig, string, error) {
+	num := func(k string) (float64, bool, error) {
+		v, ok := g.Get(k)
+		if !ok || v == nil {
+			return 0, false, nil
+		}
+		switch x := v.(type) {
+		case float64:
+			return x, true, nil
+		case int64:
+			return float64(x), true, nil
+		case bool:
+			if x {
+				return 1, true, nil
+			}
+			return 0, true, nil
+		}
+		return 0, false, fmt.Errorf("%s: optimizer param_groups[%d].%s is a %T, not a number", f.Path, gi, k, v)
+	}
+	var sig groupSig
+	if v, ok, err := num("lr_mult"); err != nil {
+		return sig, "", err
+	} else if ok && v != 1 {
+		return sig, fmt.Sprintf("%s: optimizer param_groups[%d] has lr_mult=%g (a --scale-lr-cond grouping): which parameters it holds cannot be derived", f.Path, gi, v), nil
+	}
+	if v, ok := g.Get("is_expert_parallel"); ok && v == true {
+		return sig, fmt.Sprintf("%s: optimizer param_groups[%d] holds expert-parallel parameters: mixture of experts is not supported", f.Path, gi), nil
+	}
+	if wd, ok, err := num("wd_mult"); err != nil {
+		return sig, "", err
+	} else if ok {
+		sig.noWD = wd == 0
+	} else if wd, ok, err := num("weight_decay"); err != nil {
+		return sig, "", err
+	} else if ok {
+		sig.noWD = wd == 0
+	} else {
+		return sig, "", fmt.Errorf("%s: optimizer param_groups[%d] has neither wd_mult nor weight_decay", f.Path, gi)
+	}
+	sig.decoupled = groupDecoupled(g)
+	return sig, "", nil
+}
+
+// stepValue reads a step count: an int, a float or a scalar tensor.
+func stepValue(v any) (int64, error) {
+	var x float64
+	switch s := v.(type) {
+	case int64:
+		x = float64(s)
+	case float64:
+		x = s
+	case *big.Int:
+		return 0, fmt.Errorf("%v is out of range", s)
+	case *torchpt.Tensor:
+		if s.Numel() != 1 {
+			return 0, fmt.Errorf("a tensor of shape %v, not a scalar", s.Shape)
+		}
+		f, err := s.Float32s()
+		if err != nil {
+			return 0, err
+		}
+		x = float64(f[0])
+	default:
+		return 0, fmt.Errorf("a %T, not a number", v)
+	}
+	if x < 0 || x != math.Trunc(x) || x > 1<<53 {
+		return 0, fmt.Errorf("%v is not a step count", x)
+	}
+	return int64(x), nil
+}
+
+// checkMain checks that an fp32 main param rounds to the model's 16-bit
+// weight, as Megatron's copy after every step leaves them: a main param
+// taken for another parameter cannot pass.
+func checkMain(at string, main, weight *torchpt.Tensor) error {
+	mv, err := main.Float32s()
+	if err != nil {
+		return err
+	}
+	wv, err := weight.Float32s()
+	if err != nil {
+		return err
+	}
+	bf := weight.DType() == safetensors.BF16
+	for i, x := range mv {
+		r := half.Float16From(x).Float32()
+		if bf {
+			r = half.BFloat16From(x).Float32()
+		}
+		if r != wv[i] && !(r != r && wv[i] != wv[i]) {
+			return fmt.Errorf("%s: element %d is %g, which rounds to %g, but the %s weight holds %g: the main params do not belong to the parameters the param groups give them", at, i, x, r, weight.DType(), wv[i])
+		}
+	}
+	return nil
+}
+
+// trainingState fills the scheduler, loss scaler, sample counts, FLOPs
+// and seed from rank 0's file and args.
+func (c *Checkpoint) trainingState(st *OptimizerState, ro *rankOptimizer) error {
+	f := c.files[0][0]
+	sd, _ := stateDict(f)
+	v, ok := sd.Get("opt_param_scheduler")
+	if !ok || v == nil {
+		return fmt.Errorf("%s has optimizer state but no opt_param_scheduler", f.Path)
+	}
+	d, ok := v.(*torchpt.Dict)
+	if !ok {
+		return fmt.Errorf("%s: opt_param_scheduler is a %T, not a dict", f.Path, v)
+	}
+	get := func(k string) (any, error) {
+		x, ok := d.Get(k)
+		if !ok || x == nil {
+			return nil, fmt.Errorf("%s: opt_param_scheduler has no %s (keys %s)", f.Path, k, strings.Join(d.StringKeys(), ", "))
+		}
+		return x, nil
+	}
+	float := func(k string) (float64, error) {
+		x, err := get(k)
+		if err != nil {
+			return 0, err
+		}
+		switch n := x.(type) {
+		case float64:
+			return n, nil
+		case int64:
+			return float64(n), nil
+		}
+		return 0, fmt.Errorf("%s: opt_param_scheduler.%s is a %T, not a number", f.Path, k, x)
+	}
+	integer := func(k string) (int64, error) {
+		x, err := float(k)
+		if err != nil {
+			return 0, err
+		}
+		if x != math.Trunc(x) || math.Abs(x) > 1<<62 {
+			return 0, fmt.Errorf("%s: opt_param_scheduler.%s=%v is not a whole number", f.Path, k, x)
+		}
+		return int64(x), nil
+	}
+	str := func(k string) (string, error) {
+		x, err := get(k)
+		if err != nil {
+			return "", err
+		}
+		s, ok := x.(string)
+		if !ok {
+			return "", fmt.Errorf("%s: opt_param_scheduler.%s is a %T, not a string", f.Path, k, x)
+		}
+		return s, nil
+	}
+	var errs []error
+	s := &st.Scheduler
+	var err error
+	s.MaxLR, err = float("max_lr")
+	errs = append(errs, err)
+	s.LRWarmupSteps, err = float("lr_warmup_steps")
+	errs = append(errs, err)
+	s.NumSteps, err = integer("num_steps")
+	errs = append(errs, err)
+	ds, err := str("lr_decay_style")
+	errs = append(errs, err)
+	s.LRDecayStyle = optim.DecayStyle(ds)
+	s.LRDecaySteps, err = integer("lr_decay_steps")
+	errs = append(errs, err)
+	s.MinLR, err = float("min_lr")
+	errs = append(errs, err)
+	s.StartWD, err = float("start_wd")
+	errs = append(errs, err)
+	s.EndWD, err = float("end_wd")
+	errs = append(errs, err)
+	ws, err := str("wd_incr_style")
+	errs = append(errs, err)
+	s.WDIncrStyle = optim.WDIncrStyle(ws)
+	s.WDIncrSteps, err = integer("wd_incr_steps")
+	errs = append(errs, err)
+	if err := errors.Join(errs...); err != nil {
+		return err
+	}
+	if ro.scaler != nil {
+		if sv, ok := ro.scaler.Get("scale"); ok && sv != nil {
+			var ls optim.LossScalerState
+			switch x := sv.(type) {
+			case *torchpt.Tensor:
+				v, err := stepScalar(x)
+				if err != nil {
+					return fmt.Errorf("%s: optimizer.grad_scaler.scale: %w", ro.file.Path, err)
+				}
+				ls.Scale = v
+			case float64:
+				ls.Scale = float32(x)
+			default:
+				return fmt.Errorf("%s: optimizer.grad_scaler.scale is a %T", ro.file.Path, sv)
+			}
+			for _, k := range []struct {
+				name string
+				dst  *int
+			}{{"growth_tracker", &ls.GrowthTracker}, {"hysteresis_tracker", &ls.HysteresisTracker}} {
+				x, _ := ro.scaler.Get(k.name)
+				n, ok := x.(int64)
+				if !ok || n < 0 || n > 1<<31 {
+					return fmt.Errorf("%s: optimizer.grad_scaler.%s is %v, not a count", ro.file.Path, k.name, x)
+				}
+				*k.dst = int(n)
+			}
+			st.LossScaler = &ls
+		}
+	}
+	if st.ConsumedTrainSamples, err = c.args.intOr("consumed_train_samples", 0); err != nil {
+		return err
+	}
+	if st.SkippedTrainSamples, err = c.args.intOr("skipped_train_samples", 0); err != nil {
+		return err
+	}
+	if st.ConsumedValidSamples, err = c.args.intOr("consumed_valid_samples", 0); err != nil {
+		return err
+	}
+	if st.Seed, err = c.args.intOr("seed", 1234); err != nil {
+		return err
+	}
+	if x, ok := sd.Get("num_floating_point_operations_so_far"); ok {
+		switch n := x.(type) {
+		case float64:
+			st.FLOPs = n
+		case int64:
+			st.FLOPs = float64(n)
+		}
+	}
+	return nil
+}
+
+// stepScalar reads a one-element tensor.
+func stepScalar(t *torchpt.Tensor) (float32, error) {
+	if t.Numel() != 1 {
+		return 0, fmt.Errorf("a tensor of shape %v, not a scalar", t.Shape)
+	}
+	v, err := t.Float32s()
+	if err != nil {
+		return 0, err
+	}
+	return v[0], nil
+}
