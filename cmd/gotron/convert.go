@@ -8,13 +8,16 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"sort"
 	"strconv"
 	"strings"
 
+	"github.com/gotron/gotron/ckpt"
 	"github.com/gotron/gotron/ckpt/hf"
 	"github.com/gotron/gotron/ckpt/megatron"
 	"github.com/gotron/gotron/internal/assets/gpt2"
 	"github.com/gotron/gotron/model/gpt"
+	"github.com/gotron/gotron/tensor"
 	"github.com/gotron/gotron/tokenizer"
 	"github.com/gotron/gotron/train"
 )
@@ -31,6 +34,7 @@ type convertFlags struct {
 	dtype                string
 	maxShardSize         string
 	vocabSize            int
+	noLoadOptim          bool
 }
 
 func newConvertFlags() (*flag.FlagSet, *convertFlags) {
@@ -45,6 +49,7 @@ func newConvertFlags() (*flag.FlagSet, *convertFlags) {
 	fs.StringVar(&f.dtype, "dtype", "", "export: float32, bfloat16 or float16 (default the dtype recorded at import, else float32)")
 	fs.StringVar(&f.maxShardSize, "max-shard-size", "5GB", "export: largest shard (e.g. 5GB, 500MB, 2GiB, or bytes)")
 	fs.IntVar(&f.vocabSize, "vocab-size", 0, "export: vocab_size to write, stripping the padding (default the size recorded at import)")
+	fs.BoolVar(&f.noLoadOptim, "no-load-optim", false, "--from megatron: convert the weights alone (a weights-only checkpoint at iteration 0), not the optimizer state, iteration and schedule")
 	return fs, f
 }
 
@@ -73,11 +78,25 @@ func cmdConvert(ctx context.Context, env *cli, args []string) error {
 }
 
 // convertFromMegatron imports a Megatron-LM checkpoint in the legacy torch
-// format (every tensor- and pipeline-parallel rank's model_optim_rng.pt) as
-// a weights-only gotron checkpoint at iteration 0, with the tokenizer files
-// its args name when they are on this machine.
+// format (every tensor- and pipeline-parallel rank's model_optim_rng.pt),
+// with the tokenizer files its args name when they are on this machine.
+// With optimizer state gotron can take (non-distributed Adam or SGD), the
+// result resumes: Megatron's iteration, the Adam moments (or momentum), the
+// fp32 main params as weights, the schedule and sample counts. Otherwise,
+// or with --no-load-optim, it is a weights-only checkpoint at iteration 0.
 func convertFromMegatron(ctx context.Context, env *cli, f *convertFlags) error {
-	m, info, err := megatron.Load(f.load, megatron.Options{})
+	var m *gpt.Model
+	var st *megatron.OptimizerState
+	var info megatron.Info
+	var err error
+	if f.noLoadOptim {
+		m, info, err = megatron.Load(f.load, megatron.Options{})
+	} else {
+		m, st, info, err = megatron.Import(f.load, megatron.Options{})
+		if oe := (*megatron.OptimizerError)(nil); errors.As(err, &oe) {
+			err = fmt.Errorf("%w\n(the weights alone convert with --no-load-optim)", err)
+		}
+	}
 	if err != nil {
 		return err
 	}
@@ -104,20 +123,38 @@ func convertFromMegatron(ctx context.Context, env *cli, f *convertFlags) error {
 	if info.TokenizerType != "" {
 		cliArgs["tokenizer_type"] = info.TokenizerType
 	}
-	if err := train.SaveModel(ctx, f.save, 0, m, seq, cliArgs); err != nil {
+	if st != nil {
+		err = saveMegatronResume(ctx, f.save, int(info.Iteration), m, st, seq, cliArgs)
+	} else {
+		err = train.SaveModel(ctx, f.save, 0, m, seq, cliArgs)
+	}
+	if err != nil {
 		return err
 	}
 	layout := fmt.Sprintf("TP=%d PP=%d", info.TP, info.PP)
 	if info.VP > 1 {
 		layout += fmt.Sprintf(" VP=%d", info.VP)
 	}
-	fmt.Fprintf(env.stdout, "imported %s (Megatron iteration %s, %s, %s weights: %d layers, hidden %d, %d parameters, padded vocab %d) into %s\n",
-		info.Dir, iter, layout, info.DType, m.Config.NumLayers, m.Config.HiddenSize, m.NumParams(), m.Config.VocabSize, f.save)
-	state := "the checkpoint holds no optimizer state"
-	if info.Optimizer {
-		state = "the optimizer state in the checkpoint is not converted"
+	weights := info.DType + " weights"
+	if st != nil && st.MainParams {
+		weights = "fp32 main params as weights"
 	}
-	fmt.Fprintf(env.stdout, "weights only: %s; gotron train --load %s starts at iteration 0 with a fresh optimizer and schedule\n", state, f.save)
+	fmt.Fprintf(env.stdout, "imported %s (Megatron iteration %s, %s, %s: %d layers, hidden %d, %d parameters, padded vocab %d) into %s\n",
+		info.Dir, iter, layout, weights, m.Config.NumLayers, m.Config.HiddenSize, m.NumParams(), m.Config.VocabSize, f.save)
+	switch {
+	case st != nil:
+		fmt.Fprintf(env.stdout, "optimizer: %s; gotron train --load %s resumes at iteration %d (consumed samples %d) with it and the learning-rate schedule (--no-load-optim: fresh optimizer state; --finetune: weights only)\n",
+			st.Source, f.save, info.Iteration, st.ConsumedTrainSamples)
+	default:
+		state := "the checkpoint holds no optimizer state"
+		switch {
+		case f.noLoadOptim && info.Optimizer:
+			state = "--no-load-optim: the optimizer state in the checkpoint is not converted"
+		case info.Optimizer:
+			state = "the optimizer state in the checkpoint is not converted (see the warning)"
+		}
+		fmt.Fprintf(env.stdout, "weights only: %s; gotron train --load %s starts at iteration 0 with a fresh optimizer and schedule\n", state, f.save)
+	}
 	copied, missing, err := megatron.CopyTokenizer(info, filepath.Join(f.save, hf.TokenizerDir))
 	if err != nil {
 		return err
@@ -127,6 +164,66 @@ func convertFromMegatron(ctx context.Context, env *cli, f *convertFlags) error {
 		fmt.Fprintf(env.stdout, "tokenizer files: %s\n", strings.Join(copied, ", "))
 	case len(missing) > 0:
 		fmt.Fprintf(env.stdout, "tokenizer (%s) not carried: %s not found on this machine; pass --tokenizer-type and its files to generate/score --text\n", info.TokenizerType, strings.Join(missing, ", "))
+	}
+	return nil
+}
+
+// saveMegatronResume writes an imported Megatron model and optimizer state
+// as the checkpoint gotron train would have saved at that iteration with
+// one rank (package ckpt's sharded format): the model group, the optimizer
+// group ("<kind>/<param>"), the optimizer's kind and steps, the scheduler
+// and sample counts. Megatron's RNG states (torch's, CUDA's) have no gotron
+// counterpart: the dropout stream is the one a fresh gotron run with
+// Megatron's --seed starts with (train's root RNG forked "dropout").
+func saveMegatronResume(ctx context.Context, dir string, iteration int, m *gpt.Model, st *megatron.OptimizerState, seq int, cli map[string]any) error {
+	args, err := json.Marshal(train.RunArgs{Model: m.Config, SeqLength: seq, OptimizerKind: st.Kind, OptimizerSteps: st.Steps,
+		CLI: cli, LossScaler: st.LossScaler})
+	if err != nil {
+		return err
+	}
+	rng, err := json.Marshal(tensor.NewRNG(uint64(st.Seed)).Fork("dropout").State())
+	if err != nil {
+		return err
+	}
+	sched, err := json.Marshal(st.Scheduler)
+	if err != nil {
+		return err
+	}
+	meta := ckpt.Meta{Iteration: iteration, ConsumedTrainSamples: st.ConsumedTrainSamples, SkippedTrainSamples: st.SkippedTrainSamples,
+		ConsumedValidSamples: st.ConsumedValidSamples, FloatingPointOperationsSoFar: st.FLOPs, Args: args, RNGState: rng, Scheduler: sched}
+	shapes := map[string][]int{}
+	var pieces []ckpt.Piece
+	for _, p := range m.Params() {
+		shapes[p.Name] = p.Shape()
+		pieces = append(pieces, ckpt.Piece{Group: ckpt.GroupModel, Name: p.Name, GlobalShape: p.Shape(), Block: ckpt.Whole(p.Shape()), Data: p.Float32s()})
+	}
+	keys := make([]string, 0, len(st.Buffers))
+	for k := range st.Buffers {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		_, name, _ := strings.Cut(k, "/")
+		shape, ok := shapes[name]
+		n := 1
+		for _, d := range shape {
+			n *= d
+		}
+		if !ok || len(st.Buffers[k]) != n {
+			return fmt.Errorf("convert: optimizer buffer %s matches no parameter of the model", k)
+		}
+		pieces = append(pieces, ckpt.Piece{Group: ckpt.GroupOptimizer, Name: k, GlobalShape: shape, Block: ckpt.Whole(shape), Data: st.Buffers[k]})
+	}
+	if err := ckpt.BeginSharded(dir, iteration); err != nil {
+		return err
+	}
+	err = ckpt.WriteShards(ctx, dir, iteration, 0, pieces)
+	if err == nil {
+		err = ckpt.FinishSharded(dir, iteration, meta, ckpt.Layout{WorldSize: 1, TensorParallel: 1, PipelineParallel: 1, DataParallel: 1})
+	}
+	if err != nil {
+		ckpt.AbortSharded(dir, iteration)
+		return fmt.Errorf("convert: save %s: %w", dir, err)
 	}
 	return nil
 }

@@ -14,6 +14,10 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/gotron/gotron/ckpt"
+	"github.com/gotron/gotron/ckpt/safetensors"
+	"github.com/gotron/gotron/ckpt/torchpt"
+	"github.com/gotron/gotron/optim"
 	"github.com/gotron/gotron/train"
 )
 
@@ -58,15 +62,14 @@ func TestConvertFromMegatronMatchesPyTorch(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			src, tmp := megatronFixture(name), t.TempDir()
 			g := filepath.Join(tmp, "gotron")
-			out := mustGotron(t, "convert", "--from", "megatron", "--load", src, "--save", g)
-			for _, want := range []string{"imported " + src, "Megatron iteration", "TP=2", "into " + g, "weights only: ", "gotron train --load " + g + " starts at iteration 0",
-				"tokenizer (", "not found on this machine"} {
+			// --no-load-optim: the weights of the model state dicts alone
+			// (the reference's), at iteration 0.
+			out := mustGotron(t, "convert", "--from", "megatron", "--load", src, "--save", g, "--no-load-optim")
+			for _, want := range []string{"imported " + src, "Megatron iteration", "TP=2", "into " + g, "weights only: --no-load-optim: the optimizer state in the checkpoint is not converted",
+				"gotron train --load " + g + " starts at iteration 0", "tokenizer (", "not found on this machine"} {
 				if !strings.Contains(out, want) {
 					t.Errorf("convert output lacks %q:\n%s", want, out)
 				}
-			}
-			if strings.HasPrefix(name, "llama") != strings.Contains(out, "optimizer state in the checkpoint is not converted") {
-				t.Errorf("optimizer line wrong for %s:\n%s", name, out)
 			}
 			if strings.Contains(name, "vp2") && !strings.Contains(out, "VP=2") {
 				t.Errorf("no VP=2 in:\n%s", out)
@@ -116,7 +119,7 @@ func TestConvertFromMegatronMatchesPyTorch(t *testing.T) {
 func TestConvertFromMegatronThenTrainAndExport(t *testing.T) {
 	tmp := t.TempDir()
 	g, s, hfOut := filepath.Join(tmp, "gotron"), filepath.Join(tmp, "trained"), filepath.Join(tmp, "hf")
-	mustGotron(t, "convert", "--from", "megatron", "--load", megatronFixture("llama_tp2_pp2"), "--save", g)
+	mustGotron(t, "convert", "--from", "megatron", "--load", megatronFixture("llama_tp2_pp2"), "--save", g, "--no-load-optim")
 	if b, err := os.ReadFile(filepath.Join(g, "latest_checkpointed_iteration.txt")); err != nil || strings.TrimSpace(string(b)) != "0" {
 		t.Errorf("converted checkpoint's tracker %q (%v), want iteration 0", b, err)
 	}
@@ -303,5 +306,267 @@ func TestTrainLoadMegatronDirSaysConvert(t *testing.T) {
 	_, errs, code := runCLI(t, with(tinyTrain, "--train-iters", "1", "--load", dir)...)
 	if code == 0 || !strings.Contains(errs, "is a Megatron-LM (torch format) checkpoint: convert it first with 'gotron convert --from megatron") {
 		t.Fatalf("train --load MEGATRON_DIR: exit %d: %s", code, errs)
+	}
+}
+
+// megatronExpected reads a fixture's optimizer.safetensors: the whole
+// optimizer tensors the import must produce ("<kind>/<param>",
+// "main_params/<param>") and their metadata.
+func megatronExpected(t *testing.T, name string) (map[string][]float32, map[string]string) {
+	t.Helper()
+	f, err := safetensors.ReadFile(filepath.Join(megatronFixture(name), "optimizer.safetensors"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	out := map[string][]float32{}
+	for k, ts := range f.Tensors() {
+		v := make([]float32, len(ts.Data)/4)
+		if err := ts.DecodeFloat32(v); err != nil {
+			t.Fatal(err)
+		}
+		out[k] = v
+	}
+	return out, f.Metadata()
+}
+
+// readCheckpointTensor reads a whole tensor of a gotron checkpoint.
+func readCheckpointTensor(t *testing.T, r *ckpt.Reader, group, name string) []float32 {
+	t.Helper()
+	v, _, err := r.ReadWhole(group, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return v
+}
+
+func maxAbsDiff(a, b []float32) float64 {
+	if len(a) != len(b) {
+		return math.Inf(1)
+	}
+	d := 0.0
+	for i := range a {
+		d = math.Max(d, math.Abs(float64(a[i])-float64(b[i])))
+	}
+	return d
+}
+
+// TestConvertFromMegatronOptimizer: convert --from megatron carries the
+// optimizer state: the converted checkpoint resumes at Megatron's iteration
+// with exactly the script's whole optimizer tensors (the fp32 main params
+// as weights with bf16/fp16), the step count, the schedule, the sample
+// counts and fp16's loss scaler.
+func TestConvertFromMegatronOptimizer(t *testing.T) {
+	for _, name := range megatronFixtures {
+		t.Run(name, func(t *testing.T) {
+			g := filepath.Join(t.TempDir(), "gotron")
+			out := mustGotron(t, "convert", "--from", "megatron", "--load", megatronFixture(name), "--save", g)
+			want, meta := megatronExpected(t, name)
+			r, err := ckpt.Open(g, -1)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer r.Close()
+			it := r.Meta.Iteration
+			for _, w := range []string{"optimizer: ", fmt.Sprintf("step %s; gotron train --load %s resumes at iteration %d (consumed samples %d)", meta["steps"], g, it, it*8)} {
+				if !strings.Contains(out, w) {
+					t.Errorf("convert output lacks %q:\n%s", w, out)
+				}
+			}
+			if it == 0 || r.Meta.ConsumedTrainSamples != int64(it)*8 || r.Meta.ConsumedValidSamples != 80 || r.Meta.FloatingPointOperationsSoFar != 123456789 {
+				t.Errorf("meta %+v", r.Meta)
+			}
+			var ra train.RunArgs
+			if err := json.Unmarshal(r.Meta.Args, &ra); err != nil {
+				t.Fatal(err)
+			}
+			if ra.OptimizerKind != meta["kind"] || strconv.FormatInt(ra.OptimizerSteps, 10) != meta["steps"] || ra.SeqLength != 32 {
+				t.Errorf("args: optimizer %q steps %d seq %d, want %q %s", ra.OptimizerKind, ra.OptimizerSteps, ra.SeqLength, meta["kind"], meta["steps"])
+			}
+			if (ra.LossScaler != nil) != (meta["loss_scale"] != "") || (ra.LossScaler != nil && (ra.LossScaler.Scale != 65536 || ra.LossScaler.GrowthTracker != 17 || ra.LossScaler.HysteresisTracker != 2)) {
+				t.Errorf("loss scaler %+v, want scale %q", ra.LossScaler, meta["loss_scale"])
+			}
+			var sched map[string]any
+			if err := json.Unmarshal(r.Meta.Scheduler, &sched); err != nil || sched["num_steps"] != float64(it*8) || sched["lr_decay_style"] != "cosine" || sched["max_lr"] != 3e-4 {
+				t.Errorf("scheduler %v (%v)", sched, err)
+			}
+			worst := map[string]float64{}
+			opt := 0
+			for k, v := range want {
+				kind, param, _ := strings.Cut(k, "/")
+				var got []float32
+				if kind == "main_params" {
+					got = readCheckpointTensor(t, r, ckpt.GroupModel, param)
+				} else {
+					got = readCheckpointTensor(t, r, ckpt.GroupOptimizer, k)
+					opt++
+				}
+				d := maxAbsDiff(got, v)
+				worst[kind] = math.Max(worst[kind], d)
+				if d != 0 {
+					t.Errorf("%s: max |difference| %g", k, d)
+				}
+			}
+			if n := len(r.Tensors(ckpt.GroupOptimizer)); n != opt {
+				t.Errorf("%d optimizer tensors, want %d", n, opt)
+			}
+			t.Logf("max |difference| from the script's tensors, by kind: %v", worst)
+		})
+	}
+}
+
+// TestConvertFromMegatronResumesAdam: gotron train --load of a converted
+// checkpoint takes up Megatron's Adam moments and step count: one
+// iteration from them (run A) and one from fresh moments (run B,
+// --no-load-optim: the same weights, data, schedule and so gradient) give
+// exp_avg_A = β1·m0 + exp_avg_B and exp_avg_sq_A = β2·v0 + exp_avg_sq_B
+// exactly (float32, the kernel's own roundings), with m0, v0 the imported
+// moments.
+func TestConvertFromMegatronResumesAdam(t *testing.T) {
+	tmp := t.TempDir()
+	g := filepath.Join(tmp, "gotron")
+	mustGotron(t, "convert", "--from", "megatron", "--load", megatronFixture("llama_tp2_pp2"), "--save", g)
+	ra, err := train.ReadRunArgs(g)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const b1, b2 = 0.9, 0.95
+	run := func(save string, noLoadOptim bool) (*ckpt.Reader, train.RunArgs) {
+		cfg := train.Config{Model: ra.Model, SeqLength: 32, MicroBatchSize: 2, GlobalBatchSize: 8, TrainIters: 1201, Seed: 1234,
+			Load: g, Save: save, SaveInterval: 1201, LogInterval: 1, NoLoadOptim: noLoadOptim, ClipGrad: 1,
+			Adam: optim.AdamWConfig{Beta1: b1, Beta2: b2, Eps: 1e-8}}
+		cfg.Schedule = optim.DefaultSchedulerFlags()
+		cfg.Schedule.LR, cfg.Schedule.MinLR, cfg.Schedule.WeightDecay = 3e-4, 3e-5, 0.1
+		cfg.Schedule.UseCheckpointOptParamScheduler = true
+		tr, err := train.New(cfg, train.MockSource{SeqLength: 32, VocabSize: 100}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		res, err := tr.Run(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res.Iteration != 1201 || len(res.Losses) != 1 || math.IsNaN(res.Losses[0]) {
+			t.Fatalf("ran to %d with losses %v", res.Iteration, res.Losses)
+		}
+		r, err := ckpt.Open(save, -1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { r.Close() })
+		var sra train.RunArgs
+		if err := json.Unmarshal(r.Meta.Args, &sra); err != nil {
+			t.Fatal(err)
+		}
+		return r, sra
+	}
+	a, raA := run(filepath.Join(tmp, "a"), false)
+	b, raB := run(filepath.Join(tmp, "b"), true)
+	if raA.OptimizerSteps != ra.OptimizerSteps+1 || raB.OptimizerSteps != 1 {
+		t.Errorf("optimizer steps after one iteration: %d from the import (%d), %d fresh", raA.OptimizerSteps, ra.OptimizerSteps, raB.OptimizerSteps)
+	}
+	c, err := ckpt.Open(g, -1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	worst, moved := 0.0, 0.0
+	for name := range c.Tensors(ckpt.GroupOptimizer) {
+		kind, _, _ := strings.Cut(name, "/")
+		beta := float32(b1)
+		if kind == "exp_avg_sq" {
+			beta = float32(b2)
+		}
+		m0 := readCheckpointTensor(t, c, ckpt.GroupOptimizer, name)
+		mA := readCheckpointTensor(t, a, ckpt.GroupOptimizer, name)
+		mB := readCheckpointTensor(t, b, ckpt.GroupOptimizer, name)
+		want := make([]float32, len(m0))
+		for i := range m0 {
+			want[i] = float32(beta*m0[i]) + mB[i]
+		}
+		worst = math.Max(worst, maxAbsDiff(mA, want))
+		moved = math.Max(moved, maxAbsDiff(mA, mB))
+	}
+	if worst != 0 || moved == 0 {
+		t.Fatalf("moments after one step: max |A − (β·m0 + B)| = %g, max |A − B| = %g", worst, moved)
+	}
+	// The command line resumes from it too.
+	out, errs, code := runCLI(t, "train", "--load", g, "--use-checkpoint-args", "--seq-length", "32", "--micro-batch-size", "2",
+		"--global-batch-size", "8", "--lr", "3e-4", "--min-lr", "3e-5", "--weight-decay", "0.1", "--adam-beta2", "0.95",
+		"--use-checkpoint-opt_param-scheduler", "--train-iters", "1201", "--mock-data", "--vocab-size", "100",
+		"--make-vocab-size-divisible-by", "64", "--log-interval", "1", "--eval-iters", "0")
+	if code != 0 || !strings.Contains(out, "loaded checkpoint from "+g+" at iteration 1200 (consumed samples 9600)") || !strings.Contains(out, "iteration     1201/    1201") {
+		t.Fatalf("gotron train --load %s: exit %d\n%s\n%s", g, code, out, errs)
+	}
+	wA := readCheckpointTensor(t, a, ckpt.GroupModel, "output_layer.weight")
+	wB := readCheckpointTensor(t, b, ckpt.GroupModel, "output_layer.weight")
+	t.Logf("one step from the imported moments: exp_avg/exp_avg_sq match β·m0 + (fresh run's) exactly; they differ from the fresh run's by up to %g, the output layer's update by up to %g", moved, maxAbsDiff(wA, wB))
+}
+
+// TestConvertFromMegatronOptimizerErrors: a truncated optimizer tensor is
+// refused naming its file (with --no-load-optim the weights still
+// convert); the distributed optimizer's state is not read: a warning, and
+// a weights-only checkpoint.
+func TestConvertFromMegatronOptimizerErrors(t *testing.T) {
+	dir := copyMegatronFixture(t, "gpt_tp2_pp2_vp2")
+	path := filepath.Join(dir, "iter_0000030", "mp_rank_01_001", "model_optim_rng.pt")
+	truncateOptimizerRecord(t, path)
+	save := filepath.Join(t.TempDir(), "out")
+	_, errs, code := gotronHF(t, "convert", "--from", "megatron", "--load", dir, "--save", save)
+	if code == 0 || !strings.Contains(errs, path) || !strings.Contains(errs, "truncated") {
+		t.Fatalf("exit %d: %s", code, errs)
+	}
+	if _, err := os.Stat(save); err == nil {
+		t.Errorf("a failed conversion wrote %s", save)
+	}
+
+	dir = copyMegatronFixture(t, "llama_tp2_pp2")
+	os.WriteFile(filepath.Join(dir, "iter_0001200", "mp_rank_00_001", "distrib_optim.pt"), nil, 0o644)
+	out, errs, code := gotronHF(t, "convert", "--from", "megatron", "--load", dir, "--save", save)
+	if code != 0 || !strings.Contains(errs, "warning: optimizer state not imported: "+filepath.Join(dir, "iter_0001200", "mp_rank_00_001", "model_optim_rng.pt")+" has a distrib_optim.pt beside it") ||
+		!strings.Contains(out, "weights only: the optimizer state in the checkpoint is not converted (see the warning)") {
+		t.Fatalf("exit %d\nstdout %s\nstderr %s", code, out, errs)
+	}
+	if b, err := os.ReadFile(filepath.Join(save, "latest_checkpointed_iteration.txt")); err != nil || strings.TrimSpace(string(b)) != "0" {
+		t.Errorf("tracker %q (%v), want 0", b, err)
+	}
+}
+
+// truncateOptimizerRecord cuts short the zip record of the first Adam
+// moment in the rank file's optimizer section (as a copy interrupted
+// mid-file would leave a record) and rewrites the archive.
+func truncateOptimizerRecord(t *testing.T, path string) {
+	t.Helper()
+	f, err := torchpt.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sd := f.Root.(*torchpt.Dict)
+	o, _ := sd.Get("optimizer")
+	st, _ := o.(*torchpt.Dict).Get("state")
+	e, _ := st.(*torchpt.Dict).Get(int64(0))
+	x, _ := e.(*torchpt.Dict).Get("exp_avg")
+	key := "data/" + x.(*torchpt.Tensor).Storage.Key
+	f.Close()
+	zr, err := zip.OpenReader(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var buf bytes.Buffer
+	zw := zip.NewWriter(&buf)
+	for _, zf := range zr.File {
+		rc, _ := zf.Open()
+		b, _ := io.ReadAll(rc)
+		rc.Close()
+		if strings.HasSuffix(zf.Name, "/"+key) {
+			b = b[:len(b)/2]
+		}
+		w, _ := zw.CreateHeader(&zip.FileHeader{Name: zf.Name, Method: zip.Store})
+		w.Write(b)
+	}
+	zr.Close()
+	zw.Close()
+	if err := os.WriteFile(path, buf.Bytes(), 0o644); err != nil {
+		t.Fatal(err)
 	}
 }
