@@ -26,6 +26,33 @@
 // _extra_state entries are skipped. With --apply-layernorm-1p the norm
 // weights are stored as 1 + w.
 //
-// Only weights are converted: optimizer state, RNG state and the scheduler
-// are not (Info.Optimizer says whether the files held optimizer state).
+// Load converts the weights alone (those of the model state dicts). Import
+// also converts the optimizer state of Megatron's non-distributed optimizer
+// (OptimizerState): FP32Optimizer's torch state dict, or
+// Float16OptimizerWithFloat16Params' {optimizer, grad_scaler,
+// fp32_from_fp16_params} with bf16/fp16 training. Its per-parameter state
+// is keyed by index: Megatron's _get_param_groups puts each rank's
+// parameters, in named_parameters() order (model chunk by chunk), into
+// param groups by weight decay (biases and 1-D parameters take none) and
+// decoupled learning rate (embedding and output layer), and torch numbers
+// them group by group. The import lists each rank's parameters from its
+// state dicts the same way, reads each group's members from its keys
+// (wd_mult, is_decoupled_lr or default_config), in whatever order the
+// groups come, and checks every state tensor's shape and that every fp32
+// main param rounds to its bf16/fp16 weight. The per-rank tensors then
+// merge over tensor and pipeline ranks by the weights' own plan, so QKV
+// groups, SwiGLU halves and the padded vocabulary come out as the weights
+// do (moments of a zero-centred norm weight are not shifted by 1); the
+// tied embeddings' copy on the last stage is compared with the embeddings'.
+// Imported: Adam's exp_avg and exp_avg_sq ("adamw") or SGD's
+// momentum_buffer ("sgd"), the step count (param group or per-parameter
+// "step"), the fp32 main params (which become the weights),
+// opt_param_scheduler, fp16's loss scaler, the consumed and skipped sample
+// counts and num_floating_point_operations_so_far; Megatron's RNG states
+// are not. Without optimizer state, for a release checkpoint, the
+// distributed optimizer (args.use_distributed_optimizer, distrib_optim.pt
+// files: not supported), chained optimizers, another optimizer, amsgrad,
+// param groups whose members cannot be derived (lr_mult) or missing state,
+// Import converts the weights alone and says why in Info.Warnings, naming
+// the file; a malformed optimizer section is an *OptimizerError.
 package megatron
