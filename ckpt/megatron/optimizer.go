@@ -151,78 +151,116 @@ type optimizerResult struct {
 	tiedDiff string // a warning: the tied copy's state differs
 }
 
-// optimizer imports the optimizer state into st and, with main params,
-// the weights of m. why says why nothing was imported; err is a malformed
+// optimizer imports the optimizer state and, with main params, the
+// weights of m. why says why nothing was imported; err is a malformed
 // section.
-func (c *Checkpoint) optimizer(m *gpt.Model, conv converted) (res optimizerResult, why string, err error) {
-	f0 := c.files[0][0]
+func (c *Checkpoint) optimizer(m *gpt.Model, conv converted) (optimizerResult, string, error) {
+	o := &optImport{c: c, conv: conv, bufs: map[*source]map[string][]*torchpt.Tensor{},
+		mains: map[*source][]*torchpt.Tensor{}, steps: map[int64]string{}}
+	for _, step := range []func() (string, error){o.optimizerKind, o.readRanks, o.collect, o.stepCount} {
+		if why, err := step(); err != nil || why != "" {
+			return o.res, why, err
+		}
+	}
+	if err := o.merge(m); err != nil {
+		return o.res, "", err
+	}
+	if err := c.trainingState(&o.res.OptimizerState, o.ranks[0]); err != nil {
+		return o.res, "", err
+	}
+	name := map[string]string{"adamw": "Adam", "sgd": "SGD"}[o.res.Kind]
+	o.res.Source = fmt.Sprintf("%s state of %s (%s), step %d", name, o.ranks[0].wrapper, precision(o.locals[0]), o.res.Steps)
+	return o.res, "", nil
+}
+
+// optImport is one optimizer import in progress.
+type optImport struct {
+	c     *Checkpoint
+	conv  converted
+	res   optimizerResult
+	kinds []string // the per-parameter state gotron's optimizer keeps
+	// tiedSeparate: the tied embeddings' copy on the last stage is a
+	// parameter of its own (in a chunk without the embeddings).
+	tiedSeparate bool
+	ranks        []*rankOptimizer // pipeline rank by pipeline rank, TP ranks within
+	locals       [][]localParam   // each rank's parameters, named_parameters() order
+	// bufs holds each parameter's per-kind TP slices of the state, mains
+	// its fp32 main params' slices, steps the step counts found (value →
+	// where).
+	bufs  map[*source]map[string][]*torchpt.Tensor
+	mains map[*source][]*torchpt.Tensor
+	steps map[int64]string
+}
+
+// optimizerKind checks what args say about the optimizer: gotron takes the
+// non-distributed Adam (decoupled weight decay) and SGD of a non-release
+// checkpoint.
+func (o *optImport) optimizerKind() (string, error) {
+	c, f0 := o.c, o.c.files[0][0]
 	if c.Release {
-		return res, fmt.Sprintf("%s is a release checkpoint, whose optimizer state Megatron does not load either", c.Dir), nil
+		return fmt.Sprintf("%s is a release checkpoint, whose optimizer state Megatron does not load either", c.Dir), nil
 	}
 	if dist, _ := c.args.boolOr("use_distributed_optimizer", false); dist {
-		return res, fmt.Sprintf("%s: args.use_distributed_optimizer=True: the distributed optimizer keeps its state in distrib_optim.pt files, which gotron does not read (only the non-distributed optimizer's state in %s is imported)", f0.Path, FileName), nil
+		return fmt.Sprintf("%s: args.use_distributed_optimizer=True: the distributed optimizer keeps its state in distrib_optim.pt files, which gotron does not read (only the non-distributed optimizer's state in %s is imported)", f0.Path, FileName), nil
 	}
 	kind, err := c.args.strOr("optimizer", "adam")
 	if err != nil {
-		return res, "", err
+		return "", err
 	}
 	switch kind {
 	case "adam", "adamw":
-		res.Kind = "adamw"
 		if dwd, _ := c.args.boolOr("decoupled_weight_decay", true); !dwd {
-			return res, fmt.Sprintf("%s: args.decoupled_weight_decay=False: Adam with L2 weight decay; gotron's Adam decouples it (AdamW)", f0.Path), nil
+			return fmt.Sprintf("%s: args.decoupled_weight_decay=False: Adam with L2 weight decay; gotron's Adam decouples it (AdamW)", f0.Path), nil
 		}
-	case "sgd":
-		res.Kind = "sgd"
-	default:
-		return res, fmt.Sprintf("%s: args.optimizer=%q: gotron's optimizers are Adam (AdamW) and SGD", f0.Path, kind), nil
-	}
-	var kinds []string
-	switch res.Kind {
-	case "adamw":
-		kinds = []string{"exp_avg", "exp_avg_sq"}
+		o.res.Kind, o.kinds = "adamw", []string{"exp_avg", "exp_avg_sq"}
 	case "sgd":
 		mom, err := c.args.floatOr("sgd_momentum", 0.9)
 		if err != nil {
-			return res, "", err
+			return "", err
 		}
+		o.res.Kind = "sgd"
 		if mom != 0 {
-			kinds = []string{"momentum_buffer"}
+			o.kinds = []string{"momentum_buffer"}
 		}
+	default:
+		return fmt.Sprintf("%s: args.optimizer=%q: gotron's optimizers are Adam (AdamW) and SGD", f0.Path, kind), nil
 	}
+	return "", nil
+}
+
+// readRanks reads every rank's optimizer section and lists its parameters
+// as its optimizer saw them, each with its param-group signature.
+func (o *optImport) readRanks() (string, error) {
+	c, conv := o.c, o.conv
 	chunks, err := c.chunks()
 	if err != nil {
-		return res, "", err
+		return "", err
 	}
 	byKey := map[chunkKey]*source{}
 	for _, s := range conv.plan {
 		byKey[chunkKey{s.chunk, s.key}] = s
 	}
-	tiedSeparate := false
 	if t := conv.tied; t != nil {
 		// A copy in a chunk of its own is a parameter of its own (Megatron's
 		// last-stage copy); in the embedding's chunk it would be the same one.
 		emb := byKey[chunkKey{0, "embedding.word_embeddings.weight"}]
-		tiedSeparate = emb == nil || emb.chunk != t.chunk
-		if tiedSeparate {
+		o.tiedSeparate = emb == nil || emb.chunk != t.chunk
+		if o.tiedSeparate {
 			byKey[chunkKey{t.chunk, t.key}] = t
 		}
 	}
-	// Every rank's section, its parameters and their param groups.
-	var ranks []*rankOptimizer
-	var locals [][]localParam
-	decoupledRun := false
+	decoupled := false
 	for p := range c.PP {
 		for t := range c.TP {
 			f := c.files[t][p]
 			ro, why, err := readRankOptimizer(f)
 			if err != nil || why != "" {
-				return res, why, err
+				return why, err
 			}
 			if _, err := os.Stat(filepath.Join(filepath.Dir(f.Path), "distrib_optim.pt")); err == nil {
-				return res, fmt.Sprintf("%s has a distrib_optim.pt beside it: the distributed optimizer's state is not read by gotron (only the non-distributed optimizer's state in %s is imported)", f.Path, FileName), nil
+				return fmt.Sprintf("%s has a distrib_optim.pt beside it: the distributed optimizer's state is not read by gotron (only the non-distributed optimizer's state in %s is imported)", f.Path, FileName), nil
 			} else if !errors.Is(err, fs.ErrNotExist) {
-				return res, "", err
+				return "", err
 			}
 			var lp []localParam
 			for v := range c.VP {
@@ -230,212 +268,224 @@ func (c *Checkpoint) optimizer(m *gpt.Model, conv converted) (res optimizerResul
 				d := chunks[ci].dicts[t]
 				for i, k := range d.Keys() {
 					ks, _ := k.(string)
-					if isExtraState(ks) {
+					s := byKey[chunkKey{ci, ks}]
+					if isExtraState(ks) || s == nil { // nil: the tied copy in the embedding's own chunk
 						continue
 					}
-					s := byKey[chunkKey{ci, ks}]
-					if s == nil {
-						continue // the tied copy in the embedding's own chunk
-					}
-					w, _ := d.Values()[i].(*torchpt.Tensor)
+					w, _ := d.Values()[i].(*torchpt.Tensor) // plan checked the types
 					lp = append(lp, localParam{src: s, t: t, tied: s == conv.tied, weight: w,
 						sig: groupSig{noWD: strings.HasSuffix(ks, ".bias") || len(w.Shape) == 1}})
 				}
 			}
 			for _, g := range ro.groups {
-				decoupledRun = decoupledRun || groupDecoupled(g)
+				decoupled = decoupled || groupDecoupled(g)
 			}
-			ranks = append(ranks, ro)
-			locals = append(locals, lp)
+			o.ranks = append(o.ranks, ro)
+			o.locals = append(o.locals, lp)
 		}
 	}
-	if decoupledRun {
-		for _, lp := range locals {
+	if decoupled { // --decoupled-lr: the embedding and output layer in groups of their own
+		for _, lp := range o.locals {
 			for i := range lp {
 				k := lp[i].src.key
 				lp[i].sig.decoupled = k == "embedding.word_embeddings.weight" || k == "output_layer.weight"
 			}
 		}
 	}
-	// Per source and kind, the TP slices of the state; the main params.
-	bufs := map[*source]map[string][]*torchpt.Tensor{}
-	mains := map[*source][]*torchpt.Tensor{}
-	steps := map[int64]string{} // step value → where it was read
-	for ri, ro := range ranks {
-		assigned, why, err := assignIndices(ro, locals[ri])
+	return "", nil
+}
+
+// collect maps every rank's optimizer indices to its parameters and
+// gathers their state, main params and step counts.
+func (o *optImport) collect() (string, error) {
+	for ri, ro := range o.ranks {
+		assigned, why, err := assignIndices(ro, o.locals[ri])
 		if err != nil || why != "" {
-			return res, why, err
+			return why, err
 		}
 		for gi, idx := range assigned {
 			g := ro.groups[gi]
 			if v, ok := g.Get("step"); ok && v != nil {
 				n, err := stepValue(v)
 				if err != nil {
-					return res, "", fmt.Errorf("%s: optimizer param_groups[%d].step: %w", ro.file.Path, gi, err)
+					return "", fmt.Errorf("%s: optimizer param_groups[%d].step: %w", ro.file.Path, gi, err)
 				}
-				steps[n] = fmt.Sprintf("%s param_groups[%d]", ro.file.Path, gi)
+				o.steps[n] = fmt.Sprintf("%s param_groups[%d]", ro.file.Path, gi)
 			}
 			if v, ok := g.Get("amsgrad"); ok && v == true {
-				return res, fmt.Sprintf("%s: optimizer param_groups[%d] has amsgrad=True: gotron's Adam keeps no max_exp_avg_sq", ro.file.Path, gi), nil
+				return fmt.Sprintf("%s: optimizer param_groups[%d] has amsgrad=True: gotron's Adam keeps no max_exp_avg_sq", ro.file.Path, gi), nil
 			}
 			for _, a := range idx {
-				lp := locals[ri][a.local]
-				at := fmt.Sprintf("%s: optimizer state[%d] (%s, param group %d)", ro.file.Path, a.index, lp.name(), gi)
-				v, ok := ro.state.Get(a.index)
-				if !ok || v == nil {
-					return res, fmt.Sprintf("%s: no optimizer state for parameter %d (%s): saved before the optimizer's first step?", ro.file.Path, a.index, lp.name()), nil
-				}
-				d, ok := v.(*torchpt.Dict)
-				if !ok {
-					return res, "", fmt.Errorf("%s is a %T, not a dict of tensors", at, v)
-				}
-				for i, k := range d.Keys() {
-					ks, _ := k.(string)
-					switch {
-					case d.Values()[i] == nil: // torch's SGD without momentum: momentum_buffer None
-					case ks == "step":
-						n, err := stepValue(d.Values()[i])
-						if err != nil {
-							return res, "", fmt.Errorf("%s: step: %w", at, err)
-						}
-						steps[n] = at
-					case !slices.Contains(kinds, ks):
-						return res, fmt.Sprintf("%s holds %v, which gotron's %s does not keep", at, k, res.Kind), nil
-					}
-				}
-				if bufs[lp.src] == nil {
-					bufs[lp.src] = map[string][]*torchpt.Tensor{}
-				}
-				for _, kind := range kinds {
-					x, ok := d.Get(kind)
-					if !ok || x == nil {
-						return res, fmt.Sprintf("%s has no %s (keys %s)", at, kind, strings.Join(d.StringKeys(), ", ")), nil
-					}
-					tt, ok := x.(*torchpt.Tensor)
-					if !ok {
-						return res, "", fmt.Errorf("%s: %s is a %T, not a tensor", at, kind, x)
-					}
-					if !slices.Equal(tt.Shape, lp.weight.Shape) {
-						return res, "", fmt.Errorf("%s: %s has shape %v, but the parameter the param groups give this index, %s, has shape %v", at, kind, tt.Shape, lp.name(), lp.weight.Shape)
-					}
-					if bufs[lp.src][kind] == nil {
-						bufs[lp.src][kind] = make([]*torchpt.Tensor, c.TP)
-					}
-					bufs[lp.src][kind][lp.t] = tt
+				if why, err := o.collectState(ro, gi, a.index, o.locals[ri][a.local]); err != nil || why != "" {
+					return why, err
 				}
 			}
 			if ro.mains != nil {
-				n := 0
-				for _, a := range idx {
-					if dt := locals[ri][a.local].weight.DType(); dt == safetensors.BF16 || dt == safetensors.F16 {
-						n++
-					}
-				}
-				if n != len(ro.mains[gi]) {
-					return res, "", fmt.Errorf("%s: optimizer fp32_from_fp16_params[%d] holds %d tensors, param group %d has %d 16-bit parameters", ro.file.Path, gi, len(ro.mains[gi]), gi, n)
-				}
-				k := 0
-				for _, a := range idx {
-					lp := locals[ri][a.local]
-					if dt := lp.weight.DType(); dt != safetensors.BF16 && dt != safetensors.F16 {
-						continue // an fp32 parameter: the optimizer updates it directly
-					}
-					mt := ro.mains[gi][k]
-					k++
-					at := fmt.Sprintf("%s: optimizer fp32_from_fp16_params[%d][%d] (%s)", ro.file.Path, gi, k-1, lp.name())
-					if !slices.Equal(mt.Shape, lp.weight.Shape) {
-						return res, "", fmt.Errorf("%s has shape %v, the parameter %v", at, mt.Shape, lp.weight.Shape)
-					}
-					if err := checkMain(at, mt, lp.weight); err != nil {
-						return res, "", err
-					}
-					if mains[lp.src] == nil {
-						mains[lp.src] = make([]*torchpt.Tensor, c.TP)
-					}
-					mains[lp.src][lp.t] = mt
+				if err := o.collectMains(ro, gi, idx, o.locals[ri]); err != nil {
+					return "", err
 				}
 			}
 		}
 	}
-	// The step count: one value everywhere.
+	return "", nil
+}
+
+// collectState takes state[index] of rank ro as the state of lp.
+func (o *optImport) collectState(ro *rankOptimizer, gi int, index int64, lp localParam) (string, error) {
+	at := fmt.Sprintf("%s: optimizer state[%d] (%s, param group %d)", ro.file.Path, index, lp.name(), gi)
+	v, ok := ro.state.Get(index)
+	if !ok || v == nil {
+		return fmt.Sprintf("%s: no optimizer state for parameter %d (%s): saved before the optimizer's first step?", ro.file.Path, index, lp.name()), nil
+	}
+	d, ok := v.(*torchpt.Dict)
+	if !ok {
+		return "", fmt.Errorf("%s is a %T, not a dict of tensors", at, v)
+	}
+	for i, k := range d.Keys() {
+		ks, _ := k.(string)
+		switch {
+		case d.Values()[i] == nil: // torch's SGD without momentum: momentum_buffer None
+		case ks == "step":
+			n, err := stepValue(d.Values()[i])
+			if err != nil {
+				return "", fmt.Errorf("%s: step: %w", at, err)
+			}
+			o.steps[n] = at
+		case !slices.Contains(o.kinds, ks):
+			return fmt.Sprintf("%s holds %v, which gotron's %s does not keep", at, k, o.res.Kind), nil
+		}
+	}
+	if o.bufs[lp.src] == nil {
+		o.bufs[lp.src] = map[string][]*torchpt.Tensor{}
+	}
+	for _, kind := range o.kinds {
+		x, ok := d.Get(kind)
+		if !ok || x == nil {
+			return fmt.Sprintf("%s has no %s (keys %s)", at, kind, strings.Join(d.StringKeys(), ", ")), nil
+		}
+		tt, ok := x.(*torchpt.Tensor)
+		if !ok {
+			return "", fmt.Errorf("%s: %s is a %T, not a tensor", at, kind, x)
+		}
+		if !slices.Equal(tt.Shape, lp.weight.Shape) {
+			return "", fmt.Errorf("%s: %s has shape %v, but the parameter the param groups give this index, %s, has shape %v", at, kind, tt.Shape, lp.name(), lp.weight.Shape)
+		}
+		if o.bufs[lp.src][kind] == nil {
+			o.bufs[lp.src][kind] = make([]*torchpt.Tensor, o.c.TP)
+		}
+		o.bufs[lp.src][kind][lp.t] = tt
+	}
+	return "", nil
+}
+
+// collectMains takes fp32_from_fp16_params[gi] of rank ro as the main
+// params of the group's 16-bit parameters, in order, each checked to round
+// to its weight.
+func (o *optImport) collectMains(ro *rankOptimizer, gi int, idx []assigned, locals []localParam) error {
+	var sixteen []localParam
+	for _, a := range idx {
+		if dt := locals[a.local].weight.DType(); dt == safetensors.BF16 || dt == safetensors.F16 {
+			sixteen = append(sixteen, locals[a.local]) // fp32 parameters are updated directly
+		}
+	}
+	if len(sixteen) != len(ro.mains[gi]) {
+		return fmt.Errorf("%s: optimizer fp32_from_fp16_params[%d] holds %d tensors, param group %d has %d 16-bit parameters", ro.file.Path, gi, len(ro.mains[gi]), gi, len(sixteen))
+	}
+	for k, lp := range sixteen {
+		mt := ro.mains[gi][k]
+		at := fmt.Sprintf("%s: optimizer fp32_from_fp16_params[%d][%d] (%s)", ro.file.Path, gi, k, lp.name())
+		if !slices.Equal(mt.Shape, lp.weight.Shape) {
+			return fmt.Errorf("%s has shape %v, the parameter %v", at, mt.Shape, lp.weight.Shape)
+		}
+		if err := checkMain(at, mt, lp.weight); err != nil {
+			return err
+		}
+		if o.mains[lp.src] == nil {
+			o.mains[lp.src] = make([]*torchpt.Tensor, o.c.TP)
+		}
+		o.mains[lp.src][lp.t] = mt
+	}
+	return nil
+}
+
+// stepCount settles the step count: one value everywhere.
+func (o *optImport) stepCount() (string, error) {
 	switch {
-	case len(steps) > 1:
+	case len(o.steps) > 1:
 		var where []string
-		for n, at := range steps {
+		for n, at := range o.steps {
 			where = append(where, fmt.Sprintf("%d (%s)", n, at))
 		}
 		sort.Strings(where)
-		return res, fmt.Sprintf("the step counts differ: %s", strings.Join(where, ", ")), nil
-	case len(steps) == 1:
-		for n := range steps {
-			res.Steps = n
+		return fmt.Sprintf("the step counts differ: %s", strings.Join(where, ", ")), nil
+	case len(o.steps) == 1:
+		for n := range o.steps {
+			o.res.Steps = n
 		}
-	case res.Kind == "adamw":
-		return res, fmt.Sprintf("%s: the Adam state has no step count (neither in param_groups nor per parameter)", f0.Path), nil
+	case o.res.Kind == "adamw":
+		return fmt.Sprintf("%s: the Adam state has no step count (neither in param_groups nor per parameter)", o.c.files[0][0].Path), nil
 	default:
-		res.Steps = c.Iteration // SGD counts no steps; any count > 0 keeps its momentum
+		o.res.Steps = o.c.Iteration // SGD counts no steps; any count > 0 keeps its momentum
 	}
-	// Merge as the weights are.
+	return "", nil
+}
+
+// merge merges the collected slices by the weights' plan: the buffers,
+// and the main params into m's weights.
+func (o *optImport) merge(m *gpt.Model) error {
 	params := map[string]*tensor.Tensor{}
 	for _, p := range m.Params() {
 		params[p.Name] = p
 	}
-	res.Buffers = map[string][]float32{}
-	for _, s := range conv.plan {
-		shape := params[s.name].Shape()
-		for _, kind := range kinds {
-			sl := bufs[s][kind]
-			if slices.Contains(sl, nil) || len(sl) == 0 {
-				return res, "", fmt.Errorf("%s: %s: no rank's optimizer state covers this parameter", s.file, s.from)
+	slicesOf := func(s *source, sl []*torchpt.Tensor, what string) error {
+		if len(sl) == 0 || slices.Contains(sl, nil) {
+			return fmt.Errorf("%s: %s: its %s is missing on some tensor-parallel rank", s.file, s.from, what)
+		}
+		return nil
+	}
+	o.res.Buffers = map[string][]float32{}
+	for _, s := range o.conv.plan {
+		for _, kind := range o.kinds {
+			if err := slicesOf(s, o.bufs[s][kind], kind); err != nil {
+				return err
 			}
 			ms := *s
-			ms.slices, ms.addOne = sl, false // moments of w are those of 1 + w
+			ms.slices, ms.addOne = o.bufs[s][kind], false // moments of w are those of 1 + w
 			dst := make([]float32, params[s.name].Numel())
-			if err := ms.merge(dst, shape); err != nil {
-				return res, "", err
+			if err := ms.merge(dst, params[s.name].Shape()); err != nil {
+				return err
 			}
-			res.Buffers[kind+"/"+s.name] = dst
+			o.res.Buffers[kind+"/"+s.name] = dst
 		}
-	}
-	if ranks[0].mains != nil {
-		for _, s := range conv.plan {
-			sl := mains[s]
-			if len(sl) == 0 {
-				continue // an fp32 parameter
-			}
-			if slices.Contains(sl, nil) {
-				return res, "", fmt.Errorf("%s: %s: its fp32 main params are missing on some tensor-parallel rank", s.file, s.from)
+		if o.ranks[0].mains != nil && len(o.mains[s]) > 0 { // none: an fp32 parameter
+			if err := slicesOf(s, o.mains[s], "fp32 main param"); err != nil {
+				return err
 			}
 			ms := *s
-			ms.slices = sl
+			ms.slices = o.mains[s]
 			if err := ms.fill(params[s.name]); err != nil {
-				return res, "", err
+				return err
 			}
+			o.res.MainParams = true
 		}
-		res.MainParams = true
 	}
-	if t := conv.tied; t != nil && tiedSeparate {
-		for _, kind := range kinds {
-			ms := *t
-			ms.slices, ms.addOne = bufs[t][kind], false
-			if slices.Contains(ms.slices, nil) {
-				return res, "", fmt.Errorf("%s: %s: no optimizer state on some tensor-parallel rank", t.file, t.from)
+	if t := o.conv.tied; t != nil && o.tiedSeparate {
+		for _, kind := range o.kinds {
+			if err := slicesOf(t, o.bufs[t][kind], kind); err != nil {
+				return err
 			}
-			d, err := maxDiff(&ms, res.Buffers[kind+"/embedding.word_embeddings.weight"])
+			ms := *t
+			ms.slices, ms.addOne = o.bufs[t][kind], false
+			d, err := maxDiff(&ms, o.res.Buffers[kind+"/embedding.word_embeddings.weight"])
 			if err != nil {
-				return res, "", err
+				return err
 			}
 			if d != 0 {
-				res.tiedDiff = fmt.Sprintf("tied embeddings: the last pipeline stage's %s of output_layer.weight differs from the word embeddings' by up to %g; using the word embeddings'", kind, d)
+				o.res.tiedDiff = fmt.Sprintf("tied embeddings: the last pipeline stage's %s of output_layer.weight differs from the word embeddings' by up to %g; using the word embeddings'", kind, d)
 			}
 		}
 	}
-	if err := c.trainingState(&res.OptimizerState, ranks[0]); err != nil {
-		return res, "", err
-	}
-	name := map[string]string{"adamw": "Adam", "sgd": "SGD"}[res.Kind]
-	res.Source = fmt.Sprintf("%s state of %s (%s), step %d", name, ranks[0].wrapper, precision(locals[0]), res.Steps)
-	return res, "", nil
+	return nil
 }
 
 type chunkKey struct {
@@ -687,14 +737,11 @@ func stepValue(v any) (int64, error) {
 	case *big.Int:
 		return 0, fmt.Errorf("%v is out of range", s)
 	case *torchpt.Tensor:
-		if s.Numel() != 1 {
-			return 0, fmt.Errorf("a tensor of shape %v, not a scalar", s.Shape)
-		}
-		f, err := s.Float32s()
+		f, err := stepScalar(s)
 		if err != nil {
 			return 0, err
 		}
-		x = float64(f[0])
+		x = float64(f)
 	default:
 		return 0, fmt.Errorf("a %T, not a number", v)
 	}
@@ -863,7 +910,7 @@ func (c *Checkpoint) trainingState(st *OptimizerState, ro *rankOptimizer) error 
 	return nil
 }
 
-// stepScalar reads a one-element tensor.
+// stepScalar reads a one-element tensor (a step count, a loss scale).
 func stepScalar(t *torchpt.Tensor) (float32, error) {
 	if t.Numel() != 1 {
 		return 0, fmt.Errorf("a tensor of shape %v, not a scalar", t.Shape)

@@ -189,6 +189,33 @@ func TestImportOptimizerBadInput(t *testing.T) {
 			m := items(get(outer, "fp32_from_fp16_params"))
 			outer.Set("fp32_from_fp16_params", &torchpt.List{Items: []any{m[1], m[0]}})
 		}, ok, nil},
+		{"--decoupled-lr: embedding and output layer in a group of their own", "llama_tp2_pp2", func(t *testing.T, c *Checkpoint) {
+			for tp := range 2 {
+				for pp := range 2 {
+					outer, inner := optSection(t, c, tp, pp)
+					groups := items(get(inner, "param_groups"))
+					g0 := groups[0].(*torchpt.Dict)
+					idx, mains := get(g0, "params").(*torchpt.List), items(get(outer, "fp32_from_fp16_params"))
+					m0 := mains[0].(*torchpt.List)
+					at := 0 // the embedding comes first on the first stage, the output layer last on the last
+					if pp == 1 {
+						at = len(idx.Items) - 1
+					}
+					dg := torchpt.NewDict()
+					for i, k := range g0.Keys() {
+						dg.Set(k, g0.Values()[i])
+					}
+					dg.Set("is_decoupled_lr", true)
+					dg.Set("max_lr", 1e-3)
+					dg.Set("params", &torchpt.List{Items: []any{idx.Items[at]}})
+					dm := &torchpt.List{Items: []any{m0.Items[at]}}
+					idx.Items = append(idx.Items[:at:at], idx.Items[at+1:]...)
+					m0.Items = append(m0.Items[:at:at], m0.Items[at+1:]...)
+					inner.Set("param_groups", &torchpt.List{Items: append(groups, dg)})
+					outer.Set("fp32_from_fp16_params", &torchpt.List{Items: append(mains, dm)})
+				}
+			}
+		}, ok, nil},
 		{"two groups alike", "llama_tp2_pp2", func(t *testing.T, c *Checkpoint) {
 			_, inner := optSection(t, c, 0, 0)
 			items(get(inner, "param_groups"))[1].(*torchpt.Dict).Set("wd_mult", 1.0)
