@@ -131,8 +131,12 @@ func cmdCkpt(ctx context.Context, env *cli, args []string) error {
 		r.Meta.ConsumedTrainSamples, r.Meta.ConsumedValidSamples, r.Meta.SkippedTrainSamples, r.Meta.FloatingPointOperationsSoFar)
 	m := r.Args.Model
 	if m.NumLayers > 0 {
+		groups := m.NumQueryGroups
+		if groups == 0 { // the zero value: one group per head (no GQA)
+			groups = m.NumAttentionHeads
+		}
 		fmt.Fprintf(w, "model: %d layers, hidden %d, %d heads (%d query groups), ffn %d, vocab %d, %s, %s, position %s, seq-length %d\n",
-			m.NumLayers, m.HiddenSize, m.NumAttentionHeads, max(m.NumQueryGroups, m.NumAttentionHeads), m.FFNHiddenSize, m.VocabSize,
+			m.NumLayers, m.HiddenSize, m.NumAttentionHeads, groups, m.FFNHiddenSize, m.VocabSize,
 			orDefault(m.Normalization, "LayerNorm"), orDefault(m.Activation, "gelu"), orDefault(m.PositionEmbeddingType, "learned_absolute"), r.Args.SeqLength)
 	}
 	if r.Args.OptimizerKind != "" {

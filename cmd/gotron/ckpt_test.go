@@ -20,7 +20,7 @@ func TestCkptInspect(t *testing.T) {
 	if code != 0 {
 		t.Fatalf("ckpt inspect: exit %d: %s", code, errs)
 	}
-	for _, want := range []string{"iteration 3 (saved iterations [2 3])", "model: 2 layers, hidden 32, 4 heads", "optimizer: adamw, 3 steps",
+	for _, want := range []string{"iteration 3 (saved iterations [2 3])", "model: 2 layers, hidden 32, 4 heads (4 query groups)", "optimizer: adamw, 3 steps",
 		"decoder.layers.1.self_attention.linear_qkv.weight", "F32   (96, 32)", "12288 1"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("ckpt inspect lacks %q:\n%s", want, out)

@@ -74,6 +74,11 @@ func TestConvertFromMegatronMatchesPyTorch(t *testing.T) {
 			if strings.Contains(name, "vp2") && !strings.Contains(out, "VP=2") {
 				t.Errorf("no VP=2 in:\n%s", out)
 			}
+			if strings.Contains(name, "llama") { // grouped-query attention: 4 heads, 2 groups
+				if ins := mustGotron(t, "ckpt", "inspect", g); !strings.Contains(ins, "4 heads (2 query groups)") {
+					t.Errorf("ckpt inspect of the converted Llama:\n%s", ins)
+				}
+			}
 			gd := readMegatronGolden(t, name)
 			tokens := filepath.Join(tmp, "tokens.json")
 			js, _ := json.Marshal(gd.Tokens)
