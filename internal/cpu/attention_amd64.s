@@ -281,3 +281,82 @@ reducem2:
 	VZEROUPPER
 	MOVSS X0, ret+24(FP)
 	RET
+
+// Constants of geluTanhFwdAVX2: 0.044715 and -k2 (k2 = 2·sqrt(2/π)),
+// eight lanes each.
+DATA geluc2<>+0(SB)/4, $0x3d372713
+DATA geluc2<>+4(SB)/4, $0x3d372713
+DATA geluc2<>+8(SB)/4, $0x3d372713
+DATA geluc2<>+12(SB)/4, $0x3d372713
+DATA geluc2<>+16(SB)/4, $0x3d372713
+DATA geluc2<>+20(SB)/4, $0x3d372713
+DATA geluc2<>+24(SB)/4, $0x3d372713
+DATA geluc2<>+28(SB)/4, $0x3d372713
+DATA geluc2<>+32(SB)/4, $0xbfcc422a
+DATA geluc2<>+36(SB)/4, $0xbfcc422a
+DATA geluc2<>+40(SB)/4, $0xbfcc422a
+DATA geluc2<>+44(SB)/4, $0xbfcc422a
+DATA geluc2<>+48(SB)/4, $0xbfcc422a
+DATA geluc2<>+52(SB)/4, $0xbfcc422a
+DATA geluc2<>+56(SB)/4, $0xbfcc422a
+DATA geluc2<>+60(SB)/4, $0xbfcc422a
+GLOBL geluc2<>(SB), RODATA|NOPTR, $64
+
+// func geluTanhFwdAVX2(out, inp *float32, n int)
+// out[i] = x·sigmoid(2u) for i < n (n a multiple of 8), fused, in the
+// operation order of geluTanhForwardGo on AVX2 (whose exp is expSubAVX2):
+// -2u = (-k2)·(x + ((0.044715·x)·x)·x), e = exp(-2u) as expSubAVX2 computes
+// it, out = x · (1/(1+e)). Bit for bit the Go loop's result.
+TEXT ·geluTanhFwdAVX2(SB), NOSPLIT, $0-24
+	MOVQ out+0(FP), DI
+	MOVQ inp+8(FP), SI
+	MOVQ n+16(FP), CX
+	BCASTY(0x3fb8aa3b, Y14) // log2e
+	BCASTY(0x3f318000, Y13) // c1
+	BCASTY(0xb95e8083, Y12) // c2
+	BCASTY(0x3f800000, Y11) // 1
+	BCASTY(0xc2aeac4f, Y10) // lo
+	BCASTY(0x42b17217, Y9)  // hi
+	BCASTY(127, Y7)         // exponent bias
+	BCASTY(0x3e2aaaaa, Y6)  // p4
+	BCASTY(0x3f000000, Y5)  // p5
+	SHRQ $3, CX
+	JZ gelu2done
+gelu2loop:
+	VMOVUPS (SI), Y4
+	VMULPS geluc2<>+0(SB), Y4, Y0
+	VMULPS Y4, Y0, Y0
+	VMULPS Y4, Y0, Y0
+	VADDPS Y0, Y4, Y0
+	VMULPS geluc2<>+32(SB), Y0, Y0 // -2u
+	VMINPS Y9, Y0, Y0
+	VCMPPS $0x1d, Y10, Y0, Y8      // Y8 = -2u >= lo (all ones)
+	VMULPS Y14, Y0, Y1
+	VROUNDPS $0, Y1, Y1
+	VFNMADD231PS Y13, Y1, Y0
+	VFNMADD231PS Y12, Y1, Y0
+	VMOVUPS expc2<>+0(SB), Y2
+	VFMADD213PS expc2<>+32(SB), Y0, Y2
+	VFMADD213PS expc2<>+64(SB), Y0, Y2
+	VFMADD213PS expc2<>+96(SB), Y0, Y2
+	VFMADD213PS Y6, Y0, Y2
+	VFMADD213PS Y5, Y0, Y2
+	VMULPS Y0, Y0, Y3
+	VFMADD213PS Y0, Y3, Y2
+	VADDPS Y11, Y2, Y2
+	VCVTPS2DQ Y1, Y1
+	VPADDD Y7, Y1, Y1
+	VPSLLD $23, Y1, Y1
+	VMULPS Y1, Y2, Y2
+	VANDPS Y8, Y2, Y2              // e
+	VADDPS Y11, Y2, Y2
+	VDIVPS Y2, Y11, Y2             // 1/(1+e)
+	VMULPS Y2, Y4, Y2
+	VMOVUPS Y2, (DI)
+	ADDQ $32, SI
+	ADDQ $32, DI
+	DECQ CX
+	JNZ gelu2loop
+gelu2done:
+	VZEROUPPER
+	RET

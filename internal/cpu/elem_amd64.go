@@ -34,14 +34,26 @@ func axpyAVX2(y, x *float32, n int, a float32)
 // geluTanhForwardVec runs the AVX-512 kernel on the longest multiple-of-16
 // prefix and returns its length (0 on other ISAs).
 func geluTanhForwardVec(out, inp []float32) int {
-	if ActiveISA() != ISAAVX512 || len(inp) < 16 {
-		return 0
+	switch isa := ActiveISA(); {
+	case isa == ISAAVX512 && len(inp) >= 16:
+		n := len(inp) &^ 15
+		_, _ = out[n-1], inp[n-1]
+		geluTanhFwdAVX512(&out[0], &inp[0], n)
+		return n
+	case isa == ISAAVX2 && len(inp) >= 8:
+		n := len(inp) &^ 7
+		_, _ = out[n-1], inp[n-1]
+		geluTanhFwdAVX2(&out[0], &inp[0], n)
+		return n
 	}
-	n := len(inp) &^ 15
-	_, _ = out[n-1], inp[n-1]
-	geluTanhFwdAVX512(&out[0], &inp[0], n)
-	return n
+	return 0
 }
+
+// geluTanhFwdAVX2 is geluTanhFwdAVX512 for AVX2+FMA3, n a multiple of 8
+// (attention_amd64.s, beside the exp it inlines).
+//
+//go:noescape
+func geluTanhFwdAVX2(out, inp *float32, n int)
 
 // geluTanhBackwardVec is geluTanhForwardVec for the backward kernel.
 func geluTanhBackwardVec(dinp, dout, inp []float32) int {

@@ -61,6 +61,33 @@ func TestGELUTanhKernelBits(t *testing.T) {
 	})
 }
 
+// TestGELUTanhAVX2Bits holds the fused AVX2 GELU forward kernel to the Go
+// loop on AVX2 (whose exp is the AVX2 exp kernel) bit for bit, on inputs
+// with special values, lengths with and without a tail.
+func TestGELUTanhAVX2Bits(t *testing.T) {
+	if DetectedISA() < ISAAVX2 {
+		t.Skip("no AVX2 on this CPU: the fused kernel is not used")
+	}
+	withISA(t, ISAAVX2, func() {
+		r := rand.New(rand.NewPCG(3, 4))
+		for _, n := range []int{7, 8, 16, 24, 255, 256, 257, 1024 + 8} {
+			x := elemInputs(r, n)
+			got, want := make([]float32, n), make([]float32, n)
+			k := geluTanhForwardVec(got, x)
+			if k != n&^7 {
+				t.Fatalf("n=%d: vector prefix %d", n, k)
+			}
+			geluTanhForwardGo(got[k:], x[k:])
+			geluTanhForwardGo(want, x)
+			for i := range n {
+				if !sameBits(got[i], want[i]) {
+					t.Fatalf("n=%d x[%d]=%g: kernel %g (%#08x), Go %g (%#08x)", n, i, x[i], got[i], math.Float32bits(got[i]), want[i], math.Float32bits(want[i]))
+				}
+			}
+		}
+	})
+}
+
 // TestSiLUKernelBits holds the fused AVX-512 SiLU and SwiGLU kernels to
 // the Go loops bit for bit.
 func TestSiLUKernelBits(t *testing.T) {
