@@ -58,6 +58,11 @@ type kernSet struct {
 	dots []dotFunc
 	// wide[r-1] is kerns[r-1] reading a bfloat16 B panel (PackedB).
 	wide []wideKernFunc
+	// pair and pairWide (nil: none) compute one row against two adjacent
+	// B strips at once (PackedB, float32 and bfloat16): a one-row product
+	// then has four independent accumulator chains instead of two.
+	pair     kernFunc
+	pairWide wideKernFunc
 	// bf16 says how packing rounds op(A) and op(B) to bfloat16 (see
 	// gemm_bf16.go); the zero value packs fp32 as is.
 	bf16 bf16Pack

@@ -8,9 +8,11 @@ func kernelsFor(isa ISA) kernSet {
 	case ISAAVX512:
 		return kernSet{mr: mrAVX512, nr: nrAVX512, kerns: kernsAVX512[:], mc: 10 * mrAVX512, kc: 512, nc: 1536,
 			trMR: trMRAVX512, cpMR: cpMRAVX512, dots: dotsAVX512[:], tr16: transposeAVX512_16x16,
-			strips: packStripsAVX512, wide: kernsWideAVX512[:]}
+			strips: packStripsAVX512, wide: kernsWideAVX512[:],
+			pair: kernPairAVX512_1x64, pairWide: kernPairWideAVX512_1x64}
 	case ISAAVX2:
-		return kernSet{mr: mrAVX2, nr: nrAVX2, kerns: kernsAVX2[:], mc: 24 * mrAVX2, kc: 384, nc: 3072, wide: kernsWideAVX2[:]}
+		return kernSet{mr: mrAVX2, nr: nrAVX2, kerns: kernsAVX2[:], mc: 24 * mrAVX2, kc: 384, nc: 3072, wide: kernsWideAVX2[:],
+			pair: kernPairAVX2_1x32, pairWide: kernPairWideAVX2_1x32}
 	}
 	return genericKernels()
 }

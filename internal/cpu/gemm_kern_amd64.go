@@ -131,6 +131,22 @@ func kernWideAVX512_13x32(kc int, a *float32, b *uint16, ldb int, c *float32, ld
 //go:noescape
 func kernWideAVX512_14x32(kc int, a *float32, b *uint16, ldb int, c *float32, ldc int, alpha, beta float32, load int)
 
+// kernPairAVX512_1x64 is the one-row kernel over two adjacent float32 B strips (the
+// second kc·ldb bytes after the first; C's second tile 32 floats right of
+// the first): four independent accumulator chains instead of two, each
+// column computed exactly as the one-strip kernel computes it.
+//
+//go:noescape
+func kernPairAVX512_1x64(kc int, a *float32, b *float32, ldb int, c *float32, ldc int, alpha, beta float32, load int)
+
+// kernPairWideAVX512_1x64 is the one-row kernel over two adjacent bfloat16 B strips (the
+// second kc·ldb bytes after the first; C's second tile 32 floats right of
+// the first): four independent accumulator chains instead of two, each
+// column computed exactly as the one-strip kernel computes it.
+//
+//go:noescape
+func kernPairWideAVX512_1x64(kc int, a *float32, b *uint16, ldb int, c *float32, ldc int, alpha, beta float32, load int)
+
 // transposeAVX512_14x16 copies a 14×16 block (rows lds bytes apart) to its 16×14 transpose
 // (rows ldd bytes apart).
 //
@@ -327,3 +343,19 @@ func kernWideAVX2_5x16(kc int, a *float32, b *uint16, ldb int, c *float32, ldc i
 
 //go:noescape
 func kernWideAVX2_6x16(kc int, a *float32, b *uint16, ldb int, c *float32, ldc int, alpha, beta float32, load int)
+
+// kernPairAVX2_1x32 is the one-row kernel over two adjacent float32 B strips (the
+// second kc·ldb bytes after the first; C's second tile 16 floats right of
+// the first): four independent accumulator chains instead of two, each
+// column computed exactly as the one-strip kernel computes it.
+//
+//go:noescape
+func kernPairAVX2_1x32(kc int, a *float32, b *float32, ldb int, c *float32, ldc int, alpha, beta float32, load int)
+
+// kernPairWideAVX2_1x32 is the one-row kernel over two adjacent bfloat16 B strips (the
+// second kc·ldb bytes after the first; C's second tile 16 floats right of
+// the first): four independent accumulator chains instead of two, each
+// column computed exactly as the one-strip kernel computes it.
+//
+//go:noescape
+func kernPairWideAVX2_1x32(kc int, a *float32, b *uint16, ldb int, c *float32, ldc int, alpha, beta float32, load int)

@@ -192,6 +192,10 @@ func (pb *PackedB) gemmStrips(w *packedWork, m int, alpha float32, a []float32, 
 					off := pc*pb.nPad + s*kc*nr
 					jc := s * nr
 					cols := min(nr, pb.n-jc)
+					if mc == 1 && s+1 < g1 && jc+2*nr <= pb.n && pb.pair(kc, &w.apack[0], off, &c[ic*ldc+jc], alpha, beta, first) {
+						s++ // two strips done
+						continue
+					}
 					for ir := 0; ir < mc; ir += panelRows(mc, panels, ir) {
 						mr := panelRows(mc, panels, ir)
 						ci := (ic+ir)*ldc + jc
@@ -227,6 +231,28 @@ func panelRows(mc, panels, ir int) int {
 		return base + 1
 	}
 	return base
+}
+
+// pair runs the one-row two-strip kernel on the strips at element off and
+// the next, if the kernel set has one, and reports whether it did.
+func (pb *PackedB) pair(kc int, a *float32, off int, c *float32, alpha, beta float32, first bool) bool {
+	b, load := float32(1), 1
+	if first {
+		b = beta
+		if beta == 0 {
+			load = 0
+		}
+	}
+	ks := &pb.ks
+	switch {
+	case pb.typ == PackedFloat32 && ks.pair != nil:
+		ks.pair(kc, a, &pb.f32[off], ks.nr*4, c, 0, alpha, b, load)
+	case pb.typ == PackedBFloat16 && ks.pairWide != nil:
+		ks.pairWide(kc, a, &pb.b16[off], ks.nr*2, c, 0, alpha, b, load)
+	default:
+		return false
+	}
+	return true
 }
 
 // kern runs the mr-row kernel on the strip at element off.

@@ -81,6 +81,14 @@ func main() {
 			s.kernelB(&asm, name, mr, true)
 			fmt.Fprintf(&decl, "//go:noescape\nfunc %s(kc int, a *float32, b *uint16, ldb int, c *float32, ldc int, alpha, beta float32, load int)\n\n", name)
 		}
+		for _, wide := range []bool{false, true} {
+			name, bType, kind := fmt.Sprintf("kernPair%s_1x%d", s.name, 2*s.nv*s.lanes), "*float32", "float32"
+			if wide {
+				name, bType, kind = fmt.Sprintf("kernPairWide%s_1x%d", s.name, 2*s.nv*s.lanes), "*uint16", "bfloat16"
+			}
+			s.pairKernel(&asm, name, wide)
+			fmt.Fprintf(&decl, "// %s is the one-row kernel over two adjacent %s B strips (the\n// second kc·ldb bytes after the first; C's second tile %d floats right of\n// the first): four independent accumulator chains instead of two, each\n// column computed exactly as the one-strip kernel computes it.\n//\n//go:noescape\nfunc %s(kc int, a *float32, b %s, ldb int, c *float32, ldc int, alpha, beta float32, load int)\n\n", name, kind, s.nv*s.lanes, name, bType)
+		}
 		if s.bcst {
 			rowsList := []int{16}
 			if s.mr < 16 {
@@ -259,6 +267,64 @@ func (s isa) kernelB(w *bytes.Buffer, name string, mr int, wide bool) {
 		if i < mr-1 {
 			w.WriteString("\tADDQ R9, R10\n")
 		}
+	}
+	w.WriteString("\tVZEROUPPER\n\tRET\n")
+}
+
+// pairKernel writes the one-row kernel over two adjacent B strips (see the
+// declaration in gemm_kern_amd64.go). Registers: CX k counter, SI A, DX
+// first B strip, R10 second, R8 ldb bytes, DI C.
+func (s isa) pairKernel(w *bytes.Buffer, name string, wide bool) {
+	r := func(i int) string { return fmt.Sprintf("%s%d", s.reg, i) }
+	nv, vbytes := s.nv, s.lanes*4
+	bvb := vbytes
+	bType := "b *float32"
+	if wide {
+		bvb, bType = vbytes/2, "b *uint16"
+	}
+	acc := func(strip, v int) string { return r(strip*nv + v) }
+	breg := func(strip, v int) string { return r(2*nv + strip*nv + v) }
+	bc := r(4 * nv)
+	fmt.Fprintf(w, "\n// func %s(kc int, a *float32, %s, ldb int, c *float32, ldc int, alpha, beta float32, load int)\n", name, bType)
+	fmt.Fprintf(w, "TEXT ·%s(SB), NOSPLIT, $0-64\n", name)
+	w.WriteString("\tMOVQ kc+0(FP), CX\n\tMOVQ a+8(FP), SI\n\tMOVQ b+16(FP), DX\n\tMOVQ ldb+24(FP), R8\n\tMOVQ c+32(FP), DI\n")
+	w.WriteString("\tMOVQ CX, R10\n\tIMULQ R8, R10\n\tADDQ DX, R10\n")
+	for i := 0; i < 2*nv; i++ {
+		if s.bcst {
+			fmt.Fprintf(w, "\tVPXORD %s, %s, %s\n", r(i), r(i), r(i))
+		} else {
+			fmt.Fprintf(w, "\tVXORPS %s, %s, %s\n", r(i), r(i), r(i))
+		}
+	}
+	w.WriteString("\tTESTQ CX, CX\n\tJZ pairdone\npairloop:\n")
+	for strip, base := range []string{"(DX)", "(R10)"} {
+		for v := 0; v < nv; v++ {
+			if wide {
+				fmt.Fprintf(w, "\tVPMOVZXWD %d%s, %s\n\tVPSLLD $16, %s, %s\n", v*bvb, base, breg(strip, v), breg(strip, v), breg(strip, v))
+			} else {
+				fmt.Fprintf(w, "\tVMOVUPS %d%s, %s\n", v*bvb, base, breg(strip, v))
+			}
+		}
+	}
+	fmt.Fprintf(w, "\tVBROADCASTSS (SI), %s\n", bc)
+	for strip := 0; strip < 2; strip++ {
+		for v := 0; v < nv; v++ {
+			fmt.Fprintf(w, "\tVFMADD231PS %s, %s, %s\n", breg(strip, v), bc, acc(strip, v))
+		}
+	}
+	w.WriteString("\tADDQ $4, SI\n\tADDQ R8, DX\n\tADDQ R8, R10\n\tDECQ CX\n\tJNZ pairloop\npairdone:\n")
+	fmt.Fprintf(w, "\tVBROADCASTSS alpha+48(FP), %s\n", bc)
+	for i := 0; i < 2*nv; i++ {
+		fmt.Fprintf(w, "\tVMULPS %s, %s, %s\n", bc, r(i), r(i))
+	}
+	w.WriteString("\tMOVQ load+56(FP), AX\n\tTESTQ AX, AX\n\tJZ pairstore\n")
+	fmt.Fprintf(w, "\tVBROADCASTSS beta+52(FP), %s\n", bc)
+	for i := 0; i < 2*nv; i++ {
+		fmt.Fprintf(w, "\tVFMADD231PS %d(DI), %s, %s\n", i*vbytes, bc, r(i))
+	}
+	w.WriteString("pairstore:\n")
+	for i := 0; i < 2*nv; i++ {
+		fmt.Fprintf(w, "\tVMOVUPS %s, %d(DI)\n", r(i), i*vbytes)
 	}
 	w.WriteString("\tVZEROUPPER\n\tRET\n")
 }
