@@ -223,7 +223,8 @@ func fragmentFile(rank int) string { return fmt.Sprintf("rank_%05d.json", rank) 
 // FinishSharded. Every rank of the job calls it, with or without pieces.
 // The pieces' data are read, not kept.
 func WriteShards(ctx context.Context, dir string, iteration, rank int, pieces []Piece) error {
-	return writeShards(ctx, dir, iteration, rank, pieces, false, 0)
+	_, err := writeShards(ctx, dir, iteration, rank, pieces, false, 0)
+	return err
 }
 
 // WriteShardsInBackground is WriteShards for a writer running beside
@@ -231,9 +232,13 @@ func WriteShards(ctx context.Context, dir string, iteration, rank int, pieces []
 // processor in between, so that the training goroutines, which wait for
 // each other at every kernel's end, get one back at once instead of after
 // a scheduler time slice; with maxRate > 0 it writes at most maxRate bytes
-// per second, spreading the I/O's CPU cost over more training steps.
+// per second, spreading the I/O's CPU cost over more training steps. It
+// writes with O_DIRECT where the filesystem allows it, without a copy for
+// pieces laid back to back from the start of a buffer from
+// AlignedFloat32s (see direct_io.go).
 func WriteShardsInBackground(ctx context.Context, dir string, iteration, rank int, pieces []Piece, maxRate float64) error {
-	return writeShards(ctx, dir, iteration, rank, pieces, true, maxRate)
+	_, err := writeShards(ctx, dir, iteration, rank, pieces, true, maxRate)
+	return err
 }
 
 // yieldBytes is how much a background writer checksums or writes between
@@ -255,21 +260,24 @@ func checksum(data []byte, yield bool) uint32 {
 	return c
 }
 
-func writeShards(ctx context.Context, dir string, iteration, rank int, pieces []Piece, yield bool, maxRate float64) error {
+// writeShards writes rank's file and report, and tells how the file was
+// written (see writeShardFile; a background writer, yield, uses O_DIRECT).
+func writeShards(ctx context.Context, dir string, iteration, rank int, pieces []Piece, yield bool, maxRate float64) (writeStats, error) {
 	tmp := ShardedTempDir(dir, iteration)
 	name := IterDirName(iteration)
 	fr := fragment{Rank: rank, Tensors: map[string]map[string]TensorRecord{}}
-	tensors := map[string]safetensors.Tensor{}
+	var ws writeStats
+	var entries []shardEntry
 	keyCount := map[string]int{}
 	for _, p := range pieces {
 		if !groupName.MatchString(p.Group) {
-			return fmt.Errorf("ckpt: rank %d: group name %q: want lower-case letters, digits and '_'", rank, p.Group)
+			return ws, fmt.Errorf("ckpt: rank %d: group name %q: want lower-case letters, digits and '_'", rank, p.Group)
 		}
 		if err := p.Block.check(p.GlobalShape); err != nil {
-			return fmt.Errorf("ckpt: rank %d: %s/%s: %v", rank, p.Group, p.Name, err)
+			return ws, fmt.Errorf("ckpt: rank %d: %s/%s: %v", rank, p.Group, p.Name, err)
 		}
 		if len(p.Data) != p.Len() {
-			return fmt.Errorf("ckpt: rank %d: %s/%s: %d values for a block of %d", rank, p.Group, p.Name, len(p.Data), p.Len())
+			return ws, fmt.Errorf("ckpt: rank %d: %s/%s: %d values for a block of %d", rank, p.Group, p.Name, len(p.Data), p.Len())
 		}
 		base := p.Group + "/" + p.Name
 		key := base + "#" + strconv.Itoa(keyCount[base])
@@ -279,7 +287,7 @@ func writeShards(ctx context.Context, dir string, iteration, rank int, pieces []
 			shape = []int{p.Len()}
 		}
 		data := safetensors.Float32Bytes(p.Data)
-		tensors[key] = safetensors.Tensor{DType: safetensors.F32, Shape: slices.Clone(shape), Data: data}
+		entries = append(entries, shardEntry{key: key, dtype: safetensors.F32, shape: slices.Clone(shape), data: data})
 		g := fr.Tensors[p.Group]
 		if g == nil {
 			g = map[string]TensorRecord{}
@@ -287,7 +295,7 @@ func writeShards(ctx context.Context, dir string, iteration, rank int, pieces []
 		}
 		tr := g[p.Name]
 		if tr.Shape != nil && !slices.Equal(tr.Shape, p.GlobalShape) {
-			return fmt.Errorf("ckpt: rank %d: %s/%s: pieces disagree on the global shape (%v, %v)", rank, p.Group, p.Name, tr.Shape, p.GlobalShape)
+			return ws, fmt.Errorf("ckpt: rank %d: %s/%s: pieces disagree on the global shape (%v, %v)", rank, p.Group, p.Name, tr.Shape, p.GlobalShape)
 		}
 		tr.DType, tr.Shape = safetensors.F32.String(), slices.Clone(p.GlobalShape)
 		tr.Shards = append(tr.Shards, ShardRecord{File: rankFile(rank), Key: key,
@@ -295,28 +303,28 @@ func writeShards(ctx context.Context, dir string, iteration, rank int, pieces []
 			Block:  Block{Offset: slices.Clone(p.Offset), Shape: slices.Clone(p.Block.Shape), Lo: p.Lo, Hi: p.Hi}})
 		g[p.Name] = tr
 	}
-	if len(tensors) > 0 {
+	if len(entries) > 0 {
 		fr.File = rankFile(rank)
 		sv := saver{shardCRCs: true, yield: yield, maxRate: maxRate}
 		if yield {
 			sv.chunkBytes = yieldBytes
 		}
-		rec, err := sv.writeGroup(ctx, filepath.Join(tmp, fr.File), name+"/"+fr.File, tensors)
+		rec, st, err := sv.writeShardFile(ctx, filepath.Join(tmp, fr.File), name+"/"+fr.File, entries, yield)
 		if err != nil {
-			return fmt.Errorf("ckpt: rank %d: %w", rank, err)
+			return ws, fmt.Errorf("ckpt: rank %d: %w", rank, err)
 		}
-		fr.Record = rec
+		fr.Record, ws = rec, st
 	}
 	js, err := json.Marshal(fr)
 	if err != nil {
-		return fmt.Errorf("ckpt: rank %d: %w", rank, err)
+		return ws, fmt.Errorf("ckpt: rank %d: %w", rank, err)
 	}
 	path := filepath.Join(tmp, fragmentFile(rank))
 	os.Remove(path) // a retry of the same save
 	if err := writeSynced(path, js); err != nil {
-		return fmt.Errorf("ckpt: rank %d: %w", rank, err)
+		return ws, fmt.Errorf("ckpt: rank %d: %w", rank, err)
 	}
-	return nil
+	return ws, nil
 }
 
 // FinishSharded completes a sharded save once every one of the layout's
