@@ -104,13 +104,17 @@ func (t *Trainer) save(root string, async bool) error {
 			// The parameters and optimizer state stay as they are until
 			// the next optimizer step: the copy overlaps the next forward
 			// and backward, and only that step waits for it (waitSnapshot).
-			ps.done, ps.copied = make(chan error, 1), make(chan struct{})
+			ps.done, ps.snap = make(chan error, 1), t.newSnapshot(pieces)
+			release := addWriterProc()
 			go func() {
-				t.snapshotPieces(pieces) // at normal priority: the next optimizer step waits for it
-				ps.copyTime = t.cfg.Now().Sub(ps.started)
-				close(ps.copied)
+				// The copy and the write at the lowest priority, on a
+				// processor of their own: they run while training leaves
+				// a core idle, and the optimizer step finishes the copy.
 				lowerWriterPriority()
-				ps.done <- write()
+				ps.snap.copyInBackground()
+				err := write()
+				release()
+				ps.done <- err
 			}()
 			t.pending = ps
 			t.printf("saving checkpoint at iteration %7d to %s in the background (%.1f MB of this rank's shards copied during the next iteration)", it, root, float64(ps.bytes)/1e6)
@@ -140,8 +144,8 @@ func (t *Trainer) finishSave(ps *pendingSave, err error) error {
 	}
 	mb := float64(ps.bytes) / 1e6
 	if ps.async {
-		t.printf("saved checkpoint at iteration %7d to %s (in the background: this rank's %.1f MB copied in %.3f s, written in %.3f s, %.0f MB/s; finalised after iteration %d)",
-			ps.iteration, ps.root, mb, ps.copyTime.Seconds(), ps.wrote.Seconds(), mb/ps.wrote.Seconds(), t.Iteration)
+		t.printf("saved checkpoint at iteration %7d to %s (in the background: this rank's %.1f MB copied in %.3f s, written in %.3f s, %.0f MB/s; finalised after iteration %d; %.0f%% of the copy left to the optimizer step)",
+			ps.iteration, ps.root, mb, ps.snap.took.Seconds(), ps.wrote.Seconds(), mb/ps.wrote.Seconds(), t.Iteration, 100*ps.snap.stepShare())
 	} else {
 		took := t.cfg.Now().Sub(ps.started)
 		t.printf("saved checkpoint at iteration %7d to %s in %.3f s (this rank wrote %.1f MB, %.0f MB/s)", ps.iteration, ps.root, took.Seconds(), mb, mb/took.Seconds())
@@ -159,8 +163,7 @@ type pendingSave struct {
 	started   time.Time
 	async     bool
 	wrote     time.Duration // from the start until this rank's shards were written
-	copyTime  time.Duration // from the start until they were copied (async)
-	copied    chan struct{} // closed once they are (async)
+	snap      *snapshot     // their copy (async)
 	done      chan error    // this rank's WriteShards result (async)
 }
 
@@ -168,7 +171,7 @@ type pendingSave struct {
 // shards: the optimizer step is about to change them.
 func (t *Trainer) waitSnapshot() {
 	if t.pending != nil {
-		<-t.pending.copied
+		t.pending.snap.finish()
 	}
 }
 

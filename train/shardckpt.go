@@ -8,9 +8,12 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync/atomic"
+	"time"
 
 	"github.com/gotron/gotron/ckpt"
 	"github.com/gotron/gotron/ckpt/safetensors"
+	"github.com/gotron/gotron/internal/cpu"
 	"github.com/gotron/gotron/optim"
 	"github.com/gotron/gotron/parallel/tp"
 	"github.com/gotron/gotron/tensor"
@@ -138,7 +141,7 @@ func (t *Trainer) dpWriters(params []*tensor.Tensor, withOptim int) map[string]i
 
 // checkpointPieces returns the pieces of the model and optimizer state st
 // (this rank's, as the optimizer keeps it) that this rank writes; their
-// data alias the live tensors (snapshotPieces copies them).
+// data alias the live tensors (newSnapshot points them at a copy).
 func (t *Trainer) checkpointPieces(st *optim.State) ([]ckpt.Piece, error) {
 	owned := t.Model.Params()
 	if t.pipelined() {
@@ -209,29 +212,107 @@ func (t *Trainer) checkpointPieces(st *optim.State) ([]ckpt.Piece, error) {
 	return out, nil
 }
 
-// snapshotPieces copies the pieces' data into the snapshot buffer, grown
-// as needed and reused by the next asynchronous save (at most one is in
-// flight), for the background writer.
-func (t *Trainer) snapshotPieces(pieces []ckpt.Piece) {
+// snapshot is an asynchronous save's copy of this rank's shards into the
+// snapshot buffer (Trainer.snapshot, grown as needed and reused by the next
+// save: at most one is in flight), in chunks of a megabyte that any
+// goroutine may take: the background writer's thread takes them first, at
+// the lowest priority, so the copy runs while training leaves a core idle;
+// the next optimizer step, which must not change the parameters before
+// they are copied, takes whatever is left on the training threads (at
+// normal priority: nothing the training waits for is left to a thread the
+// OS may starve).
+type snapshot struct {
+	chunks  []snapChunk
+	next    atomic.Int64 // the next chunk to take
+	left    atomic.Int64 // chunks not yet copied
+	byStep  atomic.Int64 // chunks the optimizer step copied
+	done    chan struct{}
+	started time.Time
+	took    time.Duration // from started until the last chunk was copied
+}
+
+type snapChunk struct{ dst, src []float32 }
+
+// snapChunkFloats is the size of a chunk: a megabyte.
+const snapChunkFloats = 1 << 18
+
+// newSnapshot prepares the copy of the pieces' data into the snapshot
+// buffer and points the pieces at their copies (not yet made: the writer
+// must wait for done).
+func (t *Trainer) newSnapshot(pieces []ckpt.Piece) *snapshot {
 	n := 0
 	for _, p := range pieces {
 		n += len(p.Data)
 	}
 	if cap(t.snapshot) < n {
-		t.snapshot = make([]float32, n)
+		t.snapshot = ckpt.AlignedFloat32s(n) // aligned and back to back: written with O_DIRECT
 	}
+	s := &snapshot{done: make(chan struct{}), started: time.Now()}
 	buf := t.snapshot[:n]
 	for i := range pieces {
 		src, k := pieces[i].Data, len(pieces[i].Data)
 		dst := buf[:k:k]
-		// A megabyte at a time, yielding in between: training goroutines
-		// waiting for a processor get it back at once.
-		for j := 0; j < k; j += 1 << 18 {
-			copy(dst[j:min(k, j+1<<18)], src[j:])
-			runtime.Gosched()
+		for j := 0; j < k; j += snapChunkFloats {
+			e := min(k, j+snapChunkFloats)
+			s.chunks = append(s.chunks, snapChunk{dst[j:e], src[j:e]})
 		}
 		pieces[i].Data, buf = dst, buf[k:]
 	}
+	s.left.Store(int64(len(s.chunks)))
+	if len(s.chunks) == 0 {
+		close(s.done)
+	}
+	return s
+}
+
+// take copies the next chunk not yet taken, if any.
+func (s *snapshot) take() bool {
+	i := s.next.Add(1) - 1
+	if i >= int64(len(s.chunks)) {
+		return false
+	}
+	c := s.chunks[i]
+	copy(c.dst, c.src)
+	if s.left.Add(-1) == 0 {
+		s.took = time.Since(s.started)
+		close(s.done)
+	}
+	return true
+}
+
+// copyInBackground is the writer thread's part of the copy: chunks until
+// none is left to take, yielding the processor in between (where the
+// writer has no processor of its own, see addWriterProc); then it waits
+// for the chunks others took.
+func (s *snapshot) copyInBackground() {
+	for s.take() {
+		runtime.Gosched()
+	}
+	<-s.done
+}
+
+// stepShare is the fraction of the copy the optimizer step made.
+func (s *snapshot) stepShare() float64 {
+	if len(s.chunks) == 0 {
+		return 0
+	}
+	return float64(s.byStep.Load()) / float64(len(s.chunks))
+}
+
+// finish copies what is left on the training threads and waits until the
+// copy is complete.
+func (s *snapshot) finish() {
+	select {
+	case <-s.done:
+		return
+	default:
+	}
+	cpu.Parallel(cpu.Threads(), 1, func(int, int) {
+		for s.take() {
+			s.byStep.Add(1)
+		}
+	})
+	<-s.done
 }
 
 // allocateSnapshot sets aside, at start, the buffer --async-save copies
@@ -252,7 +333,7 @@ func (t *Trainer) allocateSnapshot() error {
 	for _, p := range pieces {
 		n += len(p.Data)
 	}
-	t.snapshot = make([]float32, n)
+	t.snapshot = ckpt.AlignedFloat32s(n) // aligned: written with O_DIRECT
 	for i := 0; i < n; i += 1024 {
 		t.snapshot[i] = 0 // fault the page in
 	}
