@@ -3,27 +3,70 @@
 # Adam state (fp32 params + two moments: 1.49 GB), on the local disk:
 #   DP=1: one process (2 threads); DP=2: gotron launch, 2 processes × 1 thread over tcp,
 #         with and without the distributed optimizer (each rank writes its own shards)
-# For each: the synchronous save time and MB/s (the whole checkpoint / the time from the
-# start of the save to the tracker's rename), the load time on --load at the same layout,
-# and, with --async-save, the elapsed time of the iteration that pays for the save (the one
-# after it: the save runs between two log lines; it copies the shards) and of the two after it
-# (the background write goes on) against the median of iterations 2-4, and the same for a
-# synchronous save. Rounds are interleaved; the machine's load average is printed.
+# For each layout:
+#   - synchronous: 8 iterations saving at 4; the save time and MB/s (the whole checkpoint / the
+#     time from the start of the save to the tracker's rename), and the elapsed time of the
+#     iteration that pays for the save (iteration 5: the save runs between two log lines)
+#     against the median of iterations 2-4;
+#   - --async-save: 24 iterations saving in the background at 6, 12 and 18 (24, the last, is
+#     synchronous); for each of those saves the elapsed time of the iteration that pays for it
+#     (the one after: it copies the shards) and of the two after it (the background write goes
+#     on) against the median of the three iterations before the save;
+#   - the load time on --load at the same layout (a second run, one iteration further).
+# The machine is shared and its step times drift, so every measured step is printed with what
+# else took the CPUs meanwhile: "steal" (CPU time the hypervisor gave elsewhere, in CPUs: the
+# host's side of the virtual disk's I/O shows here) and "others" (other processes' CPU time, in
+# CPUs). Rounds are interleaved; the load average is printed.
 #
 # usage: tools/bench/ckpt_bench.sh [rounds] [dir]   (dir: where checkpoints go; default a temp dir under /var/tmp)
+#        CKPT_BENCH_ONLY="dp1-async dp1-sync" limits the runs to those labels.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 rounds=${1:-2}
 base=${2:-$(mktemp -d /var/tmp/gotron-ckpt-bench.XXXXXX)}
 bin=/tmp/gotron-ckpt-bench
 go build -o "$bin" ./cmd/gotron
-trap '[ $? -eq 0 ] && rm -rf "$base" || echo "logs kept in $base" >&2' EXIT
+trap 'rc=$?; kill $(jobs -p) 2>/dev/null; [ $rc -eq 0 ] && rm -rf "$base" || echo "logs kept in $base" >&2' EXIT
 model=(--mock-data --num-layers 12 --hidden-size 768 --num-attention-heads 12 --seq-length 128 --max-position-embeddings 1024
   --vocab-size 50257 --micro-batch-size 1 --global-batch-size 2 --lr 1e-4 --lr-decay-style constant --log-interval 1
   --eval-interval 0 --eval-iters 0 --no-progress --attention-dropout 0 --hidden-dropout 0)
-run() { # label dp extra...
-  local label=$1 dp=$2; shift 2
-  local dir="$base/$label" log="$base/$label.log"
+
+# sampler: every 0.1 s, the time, the machine's steal jiffies and the jiffies of processes other
+# than $bin's, the sampler's and kernel threads.
+cat >"$base/sampler.py" <<'PY'
+import os, sys, time
+bin, out = os.path.realpath(sys.argv[1]), open(sys.argv[2], "w")
+me = os.getpid()
+while True:
+    steal = int(open("/proc/stat").readline().split()[8])
+    others = 0
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit() or int(pid) == me:
+            continue
+        try:
+            f = open("/proc/%s/stat" % pid).read().rsplit(")", 1)[1].split()
+            if int(f[6]) & 0x00200000:  # kernel thread
+                continue
+        except OSError:
+            continue
+        try:
+            if os.path.realpath("/proc/%s/exe" % pid) == bin:
+                continue
+        except OSError:
+            pass
+        others += int(f[11]) + int(f[12])
+    out.write("%.3f %d %d\n" % (time.time(), steal, others))
+    out.flush()
+    time.sleep(0.1)
+PY
+# stamp: prefixes every line with the time it was read.
+stamp=(python3 -u -c 'import sys, time
+for l in sys.stdin: print("%.3f %s" % (time.time(), l), end="", flush=True)')
+
+run() { # label dp iters save-interval extra...
+  local label=$1 dp=$2 iters=$3 interval=$4; shift 4
+  if [ -n "${CKPT_BENCH_ONLY:-}" ] && [[ " $CKPT_BENCH_ONLY " != *" $label "* ]]; then return; fi
+  local dir="$base/$label" log="$base/$label.log" samples="$base/$label.samples"
   rm -rf "$dir"
   local cmd=("$bin")
   if [ "$dp" -gt 1 ]; then
@@ -32,37 +75,54 @@ run() { # label dp extra...
   else
     unset GOTRON_NUM_THREADS
   fi
-  "${cmd[@]}" train "${model[@]}" --train-iters 8 --save "$dir" --save-interval 4 "$@" >"$log" 2>&1
-  "${cmd[@]}" train "${model[@]}" --train-iters 9 --load "$dir" --save "$dir" --use-checkpoint-opt_param-scheduler "$@" >>"$log" 2>&1
+  python3 "$base/sampler.py" "$bin" "$samples" &
+  local sampler=$!
+  "${cmd[@]}" train "${model[@]}" --train-iters "$iters" --save "$dir" --save-interval "$interval" "$@" 2>&1 | "${stamp[@]}" >"$log"
+  "${cmd[@]}" train "${model[@]}" --train-iters $((iters + 1)) --load "$dir" --save "$dir" --use-checkpoint-opt_param-scheduler "$@" 2>&1 | "${stamp[@]}" >>"$log"
+  kill "$sampler"
   local bytes
-  bytes=$(du -sb "$dir/iter_0000004" | cut -f1)
-  python3 - "$log" "$label" "$bytes" <<'PY'
-import re, statistics, sys
-log, label, total = open(sys.argv[1]).read(), sys.argv[2], int(sys.argv[3])
-it = {int(m.group(1)): float(m.group(2)) for m in re.finditer(r"iteration +(\d+)/ +8 \|.*?elapsed time per iteration \(ms\): ([0-9.]+)", log)}
-save = re.search(r"saved checkpoint at iteration +4 to \S+ in ([0-9.]+) s", log)
-bg = re.search(r"saved checkpoint at iteration +4 to \S+ \(in the background: this rank's ([0-9.]+) MB copied in ([0-9.]+) s, written in ([0-9.]+) s", log)
-load = re.search(r"loaded checkpoint from \S+ at iteration \d+ .* in ([0-9.]+) s", log)
-normal = statistics.median(it[k] for k in (2, 3, 4))
-out = "RESULT %-24s checkpoint %.0f MB" % (label, total / 1e6)
+  bytes=$(du -sb "$dir/iter_$(printf %07d "$interval")" | cut -f1)
+  python3 - "$log" "$samples" "$label" "$bytes" "$iters" "$interval" <<'PY'
+import os, re, statistics, sys
+log, samples, label, total, iters, interval = open(sys.argv[1]).read(), sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5]), int(sys.argv[6])
+hz = os.sysconf("SC_CLK_TCK")
+smp = [tuple(map(float, l.split())) for l in open(samples) if len(l.split()) == 3]
+it = {}  # iteration -> (end time, elapsed s), first run only
+for m in re.finditer(r"^([0-9.]+) .*?iteration +(\d+)/ +%d \|.*?elapsed time per iteration \(ms\): ([0-9.]+)" % iters, log, re.M):
+    it.setdefault(int(m.group(2)), (float(m.group(1)), float(m.group(3)) / 1e3))
+def busy(k):  # steal and others' CPU (in CPUs) during iteration k
+    t1, dt = it[k]
+    a = min(smp, key=lambda s: abs(s[0] - (t1 - dt))); b = min(smp, key=lambda s: abs(s[0] - t1))
+    if b[0] - a[0] < 0.05:
+        return "?"
+    return "steal %.2f, others %.2f" % ((b[1] - a[1]) / hz / (b[0] - a[0]), max(0, b[2] - a[2]) / hz / (b[0] - a[0]))
+out = "RESULT %-18s checkpoint %.0f MB" % (label, total / 1e6)
+save = re.search(r"saved checkpoint at iteration +%d to \S+ in ([0-9.]+) s" % interval, log)
 if save:
     s = float(save.group(1)); out += " | save %.2f s, %.0f MB/s" % (s, total / 1e6 / s)
-if bg:
-    out += " | background: this rank's %.0f MB copied in %.2f s, written in %.2f s" % (float(bg.group(1)), float(bg.group(2)), float(bg.group(3)))
-out += " | steps 2-4 median %.0f ms; step with the save %.0f ms = %.2fx; the next two %.2fx, %.2fx" % (
-    normal, it[5], it[5] / normal, it[6] / normal, it[7] / normal)
+load = re.search(r"loaded checkpoint from \S+ at iteration \d+ .* in ([0-9.]+) s", log)
 if load:
     l = float(load.group(1)); out += " | load %.2f s, %.0f MB/s" % (l, total / 1e6 / l)
 print(out)
+for sv in range(interval, iters, interval):
+    normal = statistics.median(it[k][1] for k in range(max(2, sv - 2), sv + 1))
+    bg = re.search(r"saved checkpoint at iteration +%d to \S+ \(in the background: this rank's ([0-9.]+) MB copied in ([0-9.]+) s, written in ([0-9.]+) s.*?(\d+)%% of the copy left" % sv, log)
+    line = "    save at %2d: steps before it %.0f ms; the step with the save %.2fx (%s)" % (sv, normal * 1e3, it[sv + 1][1] / normal, busy(sv + 1))
+    line += "; the next two %.2fx (%s), %.2fx (%s)" % (it[sv + 2][1] / normal, busy(sv + 2), it[sv + 3][1] / normal, busy(sv + 3))
+    if bg:
+        line += " | this rank's %.0f MB copied in %.2f s (%s%% by the optimizer step), written in %.2f s" % (
+            float(bg.group(1)), float(bg.group(2)), bg.group(4), float(bg.group(3)))
+    print(line)
 PY
 }
-echo "machine: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2), $(nproc) cores; load average $(cut -d' ' -f1-3 /proc/loadavg)"
+echo "machine: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2), $(nproc) cores; load average $(cut -d' ' -f1-3 /proc/loadavg); commit $(git rev-parse --short HEAD)$(git diff --quiet HEAD -- ckpt train || echo ' (ckpt/train modified)')"
 for r in $(seq "$rounds"); do
-  echo "round $r (load average $(cut -d' ' -f1-3 /proc/loadavg))"
-  run dp1-sync 1
-  run dp1-async 1 --async-save
-  run dp2-sync 2
-  run dp2-async 2 --async-save
-  run dp2-distopt-sync 2 --use-distributed-optimizer
-  run dp2-distopt-async 2 --use-distributed-optimizer --async-save
+  echo "round $r ($(date -u '+%F %T') UTC, load average $(cut -d' ' -f1-3 /proc/loadavg))"
+  run dp1-sync 1 8 4
+  run dp1-async 1 24 6 --async-save
+  run dp1-async-100MBps 1 24 6 --async-save --async-save-rate 100
+  run dp2-sync 2 8 4
+  run dp2-async 2 24 6 --async-save
+  run dp2-distopt-sync 2 8 4 --use-distributed-optimizer
+  run dp2-distopt-async 2 24 6 --use-distributed-optimizer --async-save
 done
