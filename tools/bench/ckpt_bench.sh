@@ -24,6 +24,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 rounds=${1:-2}
 base=${2:-$(mktemp -d /var/tmp/gotron-ckpt-bench.XXXXXX)}
+mkdir -p "$base"
 bin=/tmp/gotron-ckpt-bench
 go build -o "$bin" ./cmd/gotron
 trap 'rc=$?; kill $(jobs -p) 2>/dev/null; [ $rc -eq 0 ] && rm -rf "$base" || echo "logs kept in $base" >&2' EXIT
