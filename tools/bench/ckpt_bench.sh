@@ -27,7 +27,7 @@ base=${2:-$(mktemp -d /var/tmp/gotron-ckpt-bench.XXXXXX)}
 mkdir -p "$base"
 bin=/tmp/gotron-ckpt-bench
 go build -o "$bin" ./cmd/gotron
-trap 'rc=$?; kill $(jobs -p) 2>/dev/null; [ $rc -eq 0 ] && rm -rf "$base" || echo "logs kept in $base" >&2' EXIT
+trap 'rc=$?; kill $(jobs -p) 2>/dev/null || true; [ $rc -eq 0 ] && rm -rf "$base" || echo "logs kept in $base" >&2' EXIT
 model=(--mock-data --num-layers 12 --hidden-size 768 --num-attention-heads 12 --seq-length 128 --max-position-embeddings 1024
   --vocab-size 50257 --micro-batch-size 1 --global-batch-size 2 --lr 1e-4 --lr-decay-style constant --log-interval 1
   --eval-interval 0 --eval-iters 0 --no-progress --attention-dropout 0 --hidden-dropout 0)
