@@ -115,6 +115,7 @@ for sv in range(interval, iters, interval):
             float(bg.group(1)), float(bg.group(2)), bg.group(4), float(bg.group(3)))
     print(line)
 PY
+  rm -rf "$dir" # up to 7.5 GB
 }
 echo "machine: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2), $(nproc) cores; load average $(cut -d' ' -f1-3 /proc/loadavg); commit $(git rev-parse --short HEAD)$(git diff --quiet HEAD -- ckpt train || echo ' (ckpt/train modified)')"
 for r in $(seq "$rounds"); do
