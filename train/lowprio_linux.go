@@ -4,18 +4,26 @@ import (
 	"runtime"
 	"sync"
 	"syscall"
+
+	"golang.org/x/sys/unix"
 )
 
 // lowerWriterPriority locks the calling goroutine to its OS thread and
-// gives that thread the lowest CPU priority (nice 19): a background
-// checkpoint writer's work (the snapshot copy, checksums, the kernel side
-// of its writes) then runs when training leaves a core idle instead of
-// preempting a training thread, which its peers would wait for at the
-// kernel's end. The thread is never unlocked, so it exits with the
-// goroutine and its priority with it.
+// gives that thread the lowest CPU priority: the SCHED_IDLE policy, else
+// nice 19. A background checkpoint writer's work (the snapshot copy,
+// checksums, the kernel side of its writes) then runs when training leaves
+// a core idle instead of preempting a training thread, which its peers
+// would wait for at the kernel's end; under SCHED_IDLE a training thread
+// that wakes up preempts it at once (a nice-19 thread may finish its time
+// slice first). The thread is never unlocked, so it exits with the
+// goroutine and its policy with it.
 func lowerWriterPriority() {
 	runtime.LockOSThread()
-	syscall.Setpriority(syscall.PRIO_PROCESS, syscall.Gettid(), 19) // best effort
+	tid := unix.Gettid()
+	if unix.SchedSetAttr(tid, &unix.SchedAttr{Policy: unix.SCHED_IDLE, Nice: 19}, 0) == nil {
+		return
+	}
+	syscall.Setpriority(syscall.PRIO_PROCESS, tid, 19) // best effort
 }
 
 // writerProcs counts the background writers holding an extra Go processor
@@ -31,8 +39,8 @@ var writerProcs struct {
 // holding a processor (while it copies, checksums, or sits in a write
 // syscall until the runtime takes the processor back) leaves a kernel
 // thread without one, and the other waits for it at the kernel's end; with
-// its own, the writer is just a nice-19 thread the OS runs when a core is
-// idle.
+// its own, the writer is just a lowest-priority thread the OS runs when a
+// core is idle.
 func addWriterProc() (release func()) {
 	writerProcs.Lock()
 	if writerProcs.n == 0 {
