@@ -105,6 +105,7 @@ load = re.search(r"loaded checkpoint from \S+ at iteration \d+ .* in ([0-9.]+) s
 if load:
     l = float(load.group(1)); out += " | load %.2f s, %.0f MB/s" % (l, total / 1e6 / l)
 print(out)
+print("    every step (ms): " + " ".join("%.0f" % (it[k][1] * 1e3) for k in sorted(it)))
 for sv in range(interval, iters, interval):
     normal = statistics.median(it[k][1] for k in range(max(2, sv - 2), sv + 1))
     bg = re.search(r"saved checkpoint at iteration +%d to \S+ \(in the background: this rank's ([0-9.]+) MB copied in ([0-9.]+) s, written in ([0-9.]+) s.*?(\d+)%% of the copy left" % sv, log)
