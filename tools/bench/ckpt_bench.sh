@@ -118,7 +118,7 @@ for sv in range(interval, iters, interval):
 PY
   rm -rf "$dir" # up to 7.5 GB
 }
-echo "machine: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2), $(nproc) cores; load average $(cut -d' ' -f1-3 /proc/loadavg); commit $(git rev-parse --short HEAD)$(git diff --quiet HEAD -- ckpt train || echo ' (ckpt/train modified)')"
+echo "machine: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2), $(nproc) cores; load average $(cut -d' ' -f1-3 /proc/loadavg); commit $(git rev-parse --short HEAD 2>/dev/null || echo '? (not a git checkout)')$(git diff --quiet HEAD -- ckpt train 2>/dev/null; [ $? -ne 1 ] || echo ' (ckpt/train modified)')"
 for r in $(seq "$rounds"); do
   echo "round $r ($(date -u '+%F %T') UTC, load average $(cut -d' ' -f1-3 /proc/loadavg))"
   run dp1-sync 1 8 4
