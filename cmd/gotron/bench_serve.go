@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/gotron/gotron/infer"
+	"github.com/gotron/gotron/internal/cpu"
 	"github.com/gotron/gotron/model/gpt"
 	"github.com/gotron/gotron/tensor"
 	"github.com/gotron/gotron/tokenizer"
@@ -105,6 +106,13 @@ func benchServe(ctx context.Context, env *cli, args []string) error {
 		wb := weightBytesPerToken(m, f.serve.bf16)
 		fmt.Fprintf(env.stdout, "bandwidth bound: %.1f MB of weights per token / memcpy %.1f GB/s (bytes copied per second, %d threads) = %.1f tokens/s\n",
 			float64(wb)/1e6, bw/1e9, runtime.GOMAXPROCS(0), bw/float64(wb))
+		// The batched steps are compute-bound: their ceiling is the FMA
+		// peak over 2 FLOP per weight per token, and its ratio to the
+		// bandwidth bound caps what many clients can gain over one.
+		peak := cpu.FMAPeak(cpu.Threads(), time.Second)
+		flops := 2 * float64(weightBytesPerToken(m, false)/4)
+		fmt.Fprintf(env.stdout, "compute bound: FMA peak %.1f GFLOP/s (cpu.FMAPeak, %d threads) / %.1f MFLOP per token = %.1f tokens/s, %.1f× the bandwidth bound\n",
+			peak, cpu.Threads(), flops/1e6, peak*1e9/flops, peak*1e9/flops/(bw/float64(wb)))
 	}
 	var want []string
 	if f.verify {

@@ -31,7 +31,7 @@ for r in $(seq "$reps"); do
   done
   for bf in "" --bf16; do
     gotron bench serve --preset gpt2-small --init-method-std 0.02 --clients 1 --prompt-tokens 16 --max-tokens "$new" \
-      --verify=false --bandwidth-bound $bf 2>&1 | grep -E 'bandwidth bound|^decode' | sed "s/^/RESULT gotron${bf:+ bf16} rep $r: /"
+      --verify=false --bandwidth-bound $bf 2>&1 | grep -E 'bandwidth bound|compute bound|^decode' | sed "s/^/RESULT gotron${bf:+ bf16} rep $r: /"
   done
 done
 for bf in "" --bf16; do
