@@ -57,6 +57,12 @@ type Bucket struct {
 	Start, End int
 	// Params are indices into the ParamInfo list, in buffer order.
 	Params []int
+	// Unpadded is Megatron's numel_unpadded: the elements from Start to the
+	// end of the last parameter, or, when the bucket was closed for the
+	// shared embedding, to that parameter's (aligned) start; the rest up to
+	// End is the bucket-end padding. The distributed optimizer's
+	// distrib_optim.pt concatenates the buckets without that padding.
+	Unpadded int
 }
 
 // Layout places every parameter in the flat buffer.
@@ -92,7 +98,7 @@ func NewLayout(params []ParamInfo, cfg LayoutConfig) (Layout, error) {
 			return
 		}
 		end := roundUp(cursor, pad)
-		l.Buckets = append(l.Buckets, Bucket{Start: start, End: end, Params: open})
+		l.Buckets = append(l.Buckets, Bucket{Start: start, End: end, Params: open, Unpadded: cursor - start})
 		cursor, start, open = end, end, nil
 	}
 	for i := len(params) - 1; i >= 0; i-- {
