@@ -70,6 +70,38 @@ the optimizer's kind, step count and loss scaler as metadata. Cases:
                      tied embeddings' copy on the last stage with its own state
   gpt_tp2            the same GPT weights at TP=2 alone (mp_rank_TT directories),
                      fp16, SGD with momentum, a dynamic loss scaler
+  gpt_tp2_pp2_distopt
+                     a GPT of 2 layers (one per stage), tied, bf16, TP=2 PP=2 DP=2
+                     with the distributed optimizer (--use-distributed-optimizer,
+                     --overlap-grad-reduce, --ddp-bucket-size 1488): see below
+
+The distributed optimizer's case follows Megatron-LM's
+megatron/core/optimizer/distrib_optimizer.py (get_parameter_state_dp_zero,
+save_parameter_state) and the buffer layout of
+megatron/core/distributed/param_and_grad_buffer.py and optimizer/param_layout.py
+as of commit d98e8a64 (2026-08-22; the format dates from 369e698d, 2024-04-03,
+"buckets_coalesced", and the 64-element parameter alignment from 5467bef3,
+2024-07-01). Each rank's model_optim_rng.pt holds the optimizer section
+DistributedOptimizer.state_dict() writes: {optimizer: {param_groups}}, the
+param groups without their params (FusedAdam's step in each), no per-parameter
+state and no main params (bf16 without a loss scale: no grad_scaler). Beside it,
+distrib_optim.pt (written by data-parallel rank 0 of each (TP, PP) rank) holds
+{buckets_coalesced: True, gbuf_index: {(param_dtype, grad_dtype): {param,
+exp_avg, exp_avg_sq: flat fp32 tensors, numel_unpadded}}}, one gradient buffer
+per model chunk and dtype. The script lays each buffer out as Megatron's DDP
+does (the chunk's parameters in reverse named_parameters() order, each start
+rounded up to 64 elements, a bucket closed once it holds bucket_size elements
+(the first chunk of the first stage only; None elsewhere) and around the shared
+embedding (tied embeddings under PP: the first stage's word embedding and the
+last stage's copy), bucket ends padded to lcm(DP, 128)), fills every DP rank's
+contiguous 1/DP shard of each bucket from the parameters' ranges in it,
+gathers the shards on DP rank 0 and keeps the first numel_unpadded elements of
+each bucket, concatenated: the steps of get_parameter_state_dp_zero. The bucket
+size, 1488, closes the first stage's first bucket after the input norm's weight,
+whose end is not a multiple of 64, and leaves the position embeddings in an open
+bucket that the shared embedding closes: in the coalesced buffer the position
+embeddings then start at 1488, not at 1536 where a single bucket would put them,
+so a reader that gets the buckets wrong cannot read them right.
 
 and, for ckpt/torchpt's reader, edge.pt (zip) and edge_legacy.pt (the
 pre-1.6 format) holding every kind of value the reader must handle.
@@ -149,6 +181,10 @@ CASES = {
                     vocab=100, divisible=32, positions=32, seq=32, eps=1e-5, dtype=torch.float16,
                     te=False, iteration=30, seed="gpt", optimizer="sgd", wrapper="fp16", steps=None,
                     param_groups="insertion"),
+    "gpt_tp2_pp2_distopt": dict(arch="gpt", tp=2, pp=2, vp=1, layers=2, hidden=16, heads=4, groups=4, kv=4, ffn=32,
+                                vocab=100, divisible=32, positions=32, seq=32, eps=1e-5, dtype=torch.bfloat16,
+                                te=False, iteration=500, optimizer="adam", wrapper="fp16", step="group", steps=497,
+                                param_groups="sorted", dist=dict(dp=2, bucket_size=1488)),
 }
 
 
@@ -200,6 +236,13 @@ def megatron_args(c):
         model_type=ModelType.encoder_or_decoder, exit_on_missing_checkpoint=False, timing_log_level=0,
         recompute_granularity=None, recompute_method=None, recompute_num_layers=None,
     )
+    if "dist" in c:  # --use-distributed-optimizer --overlap-grad-reduce --ddp-bucket-size N, DP > 1
+        dp = c["dist"]["dp"]
+        a.update(use_distributed_optimizer=True, data_parallel_size=dp, world_size=c["tp"] * c["pp"] * dp,
+                 overlap_grad_reduce=True, overlap_param_gather=True, ddp_bucket_size=c["dist"]["bucket_size"],
+                 ddp_num_buckets=None, ddp_pad_buckets_for_high_nccl_busbw=False,
+                 overlap_param_gather_with_optimizer_step=False, num_distributed_optimizer_instances=1,
+                 accumulate_allreduce_grads_in_fp32=True, ckpt_convert_update_legacy_dist_opt_format=False)
     if llama:  # Megatron HEAD: names of TransformerConfig fields
         a.update(layernorm_epsilon=c["eps"], layernorm_zero_centered_gamma=False)
     else:  # older Megatron: --norm-epsilon, --apply-layernorm-1p
@@ -540,6 +583,91 @@ def optimizer_state(c, t, p, T):
     return sd
 
 
+def dist_optimizer_section(c, t, p, T):
+    """Rank (t, p)'s `optimizer` entry with the distributed optimizer: DistributedOptimizer.state_dict()
+    keeps the torch optimizer's param groups without their params (and without the per-parameter
+    state, which goes to distrib_optim.pt); FusedAdam's step stays in every group."""
+    inner = optimizer_state(c, t, p, T)["optimizer"]
+    groups = [{k: v for k, v in g.items() if k != "params"} for g in inner["param_groups"]]
+    return {"optimizer": {"param_groups": groups}}
+
+
+def pad_to(x, m):
+    return (x + m - 1) // m * m
+
+
+def buffer_layout(numels, shared, bucket_size, dp):
+    """Megatron's DDP buffer layout under the distributed optimizer: parameters walked in reverse,
+    each start rounded up to 64 elements; the shared embedding closes the open bucket before it (at
+    its aligned start) and its own after it; a bucket closes once it holds bucket_size elements;
+    bucket ends are padded to lcm(dp, 128). Returns each parameter's [start, end) and the buckets as
+    (start, end, numel_unpadded)."""
+    ranges, buckets = [None] * len(numels), []
+    state = {"bstart": 0, "open": 0}
+
+    def close(unpadded_end):
+        end = pad_to(unpadded_end, math.lcm(dp, 128))
+        buckets.append((state["bstart"], end, unpadded_end - state["bstart"]))
+        state["bstart"], state["open"] = end, 0
+        return end
+
+    cur = 0
+    for i in reversed(range(len(numels))):
+        cur = pad_to(cur, 64)
+        if shared[i] and state["open"]:
+            cur = close(cur)
+        ranges[i] = (cur, cur + numels[i])
+        state["open"] += 1
+        cur += numels[i]
+        if (bucket_size is not None and cur - state["bstart"] >= bucket_size) or shared[i]:
+            cur = close(cur)
+    if state["open"]:
+        close(cur)
+    return ranges, buckets
+
+
+def distrib_optim(c, t, p, T):
+    """Rank (t, p)'s distrib_optim.pt, as DP rank 0 gathers and saves it (get_parameter_state_dp_zero):
+    per gradient buffer (model chunk by chunk; one dtype here), each DP rank's contiguous shard of
+    every bucket is filled from the parameters' ranges in it, the shards are concatenated, and each
+    bucket's first numel_unpadded elements are kept, the buckets concatenated."""
+    dp, tied = c["dist"]["dp"], c["arch"] != "llama"
+    trees = {"param": T["main"], "exp_avg": T["exp_avg"], "exp_avg_sq": T["exp_avg_sq"]}
+    state = {"buckets_coalesced": True}
+    for v in range(c["vp"]):
+        ci = v * c["pp"] + p
+        weights = chunk_state(c, c["W"], t, p, v)
+        names = [k for k, w in weights.items() if is_param(k, w)]
+        local = {key: chunk_state(c, tree, t, p, v, torch.float32) for key, tree in trees.items()}
+        first, last = ci == 0, ci == c["pp"] * c["vp"] - 1
+        shared = [tied and c["pp"] > 1 and ((n == "embedding.word_embeddings.weight" and first and not last) or
+                                            (n == "output_layer.weight" and last and not first)) for n in names]
+        bucket_size = c["dist"]["bucket_size"] if (v == 0 and p == 0) else None  # bucketing: chunk 0, stage 0
+        ranges, buckets = buffer_layout([weights[n].numel() for n in names], shared, bucket_size, dp)
+        unpadded = sum(b[2] for b in buckets)
+        world = {key: torch.zeros(unpadded, dtype=torch.float32) for key in trees}
+        offset = 0
+        for b, (bs, be, bu) in enumerate(buckets):
+            per = (be - bs) // dp
+            for key in trees:
+                shards = []
+                for r in range(dp):  # DP rank r owns [bs + r*per, bs + (r+1)*per)
+                    lo, hi = bs + r * per, bs + (r + 1) * per
+                    shard = torch.zeros(per, dtype=torch.float32)
+                    for n, (ps, pe) in zip(names, ranges):
+                        s0, s1 = max(ps, lo), min(pe, hi)
+                        if s1 > s0:
+                            shard[s0 - lo:s1 - lo] = local[key][n].reshape(-1)[s0 - ps:s1 - ps]
+                    shards.append(shard)
+                world[key][offset:offset + bu] = torch.cat(shards)[:bu]  # the gather on DP rank 0
+            offset += bu
+        entry = dict(world)
+        entry["numel_unpadded"] = unpadded
+        state[v] = {(c["dtype"], torch.float32): entry}  # gbuf index = chunk (one buffer each)
+        print(f"  rank t{t} p{p} chunk {v}: buckets {buckets}, numel_unpadded {unpadded}")
+    return state
+
+
 def whole_state(c, W):
     """W (or a tree of W's form) as gotron's whole parameters, by name (Megatron core's names at TP=1)."""
     llama = c["arch"] == "llama"
@@ -627,7 +755,7 @@ def build(name, c):
             else:
                 for v, st in enumerate(states):
                     sd[f"model{v}"] = st
-            sd["optimizer"] = optimizer_state(c, t, p, T)
+            sd["optimizer"] = dist_optimizer_section(c, t, p, T) if "dist" in c else optimizer_state(c, t, p, T)
             sd["opt_param_scheduler"] = {"max_lr": 3e-4, "lr_warmup_steps": 800, "num_steps": it * 8,
                                          "lr_decay_style": "cosine", "lr_decay_steps": 80000, "min_lr": 3e-5,
                                          "start_wd": 0.1, "end_wd": 0.1, "wd_incr_style": "constant",
@@ -639,6 +767,8 @@ def build(name, c):
             path = os.path.join(d, f"iter_{it:07d}", rank, "model_optim_rng.pt")
             os.makedirs(os.path.dirname(path), exist_ok=True)
             torch.save(sd, path)
+            if "dist" in c:
+                torch.save(distrib_optim(c, t, p, T), os.path.join(os.path.dirname(path), "distrib_optim.pt"))
     with open(os.path.join(d, "latest_checkpointed_iteration.txt"), "w") as f:
         f.write(str(it))
     golden = {"tokens": TOKENS, "padded_vocab_size": padded_vocab(c),
