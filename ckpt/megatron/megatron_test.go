@@ -18,7 +18,7 @@ import (
 // The fixtures are tools/golden/megatron_ckpt.py's: Megatron-layout
 // checkpoints and the logits of a float64 PyTorch forward written from the
 // unsharded weights.
-var fixtures = []string{"llama_tp2_pp2", "gpt_tp2_pp2_vp2", "gpt_tp2"}
+var fixtures = []string{"llama_tp2_pp2", "gpt_tp2_pp2_vp2", "gpt_tp2", "gpt_tp2_pp2_distopt"}
 
 // logitTol bounds |gotron − reference| / max(1, |reference|) per logit.
 const logitTol = 1e-5

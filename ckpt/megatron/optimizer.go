@@ -143,6 +143,10 @@ type rankOptimizer struct {
 	groups  []*torchpt.Dict
 	mains   [][]*torchpt.Tensor // fp32_from_fp16_params, by group
 	scaler  *torchpt.Dict       // grad_scaler, or nil
+	// dist is the distributed optimizer's distrib_optim.pt beside the file:
+	// its gradient buffers (distFile open until the import ends).
+	dist     []distBuffer
+	distFile *torchpt.File
 }
 
 // optimizerResult is the optimizer import's outcome.
@@ -157,7 +161,20 @@ type optimizerResult struct {
 func (c *Checkpoint) optimizer(m *gpt.Model, conv converted) (optimizerResult, string, error) {
 	o := &optImport{c: c, conv: conv, bufs: map[*source]map[string][]*torchpt.Tensor{},
 		mains: map[*source][]*torchpt.Tensor{}, steps: map[int64]string{}}
-	for _, step := range []func() (string, error){o.optimizerKind, o.readRanks, o.collect, o.stepCount} {
+	defer func() {
+		for _, ro := range o.ranks {
+			if ro.distFile != nil {
+				ro.distFile.Close()
+			}
+		}
+	}()
+	collect := func() (string, error) {
+		if o.dist {
+			return o.collectDist()
+		}
+		return o.collect()
+	}
+	for _, step := range []func() (string, error){o.optimizerKind, o.readRanks, collect, o.stepCount} {
 		if why, err := step(); err != nil || why != "" {
 			return o.res, why, err
 		}
@@ -170,6 +187,9 @@ func (c *Checkpoint) optimizer(m *gpt.Model, conv converted) (optimizerResult, s
 	}
 	name := map[string]string{"adamw": "Adam", "sgd": "SGD"}[o.res.Kind]
 	o.res.Source = fmt.Sprintf("%s state of %s (%s), step %d", name, o.ranks[0].wrapper, precision(o.locals[0]), o.res.Steps)
+	if o.dist {
+		o.res.Source = fmt.Sprintf("%s state of the distributed optimizer (%s files, %s), step %d", name, DistOptimFile, precision(o.locals[0]), o.res.Steps)
+	}
 	return o.res, "", nil
 }
 
@@ -182,8 +202,15 @@ type optImport struct {
 	// tiedSeparate: the tied embeddings' copy on the last stage is a
 	// parameter of its own (in a chunk without the embeddings).
 	tiedSeparate bool
-	ranks        []*rankOptimizer // pipeline rank by pipeline rank, TP ranks within
-	locals       [][]localParam   // each rank's parameters, named_parameters() order
+	// dist: the distributed optimizer (distrib_optim.pt files); dp, the
+	// data-parallel size, bucketSizes the DDP bucket sizes args allow (0:
+	// one bucket) and tiedEmb tied embeddings, for its buffer layout.
+	dist        bool
+	dp          int
+	bucketSizes []int
+	tiedEmb     bool
+	ranks       []*rankOptimizer // pipeline rank by pipeline rank, TP ranks within
+	locals      [][]localParam   // each rank's parameters, named_parameters() order
 	// bufs holds each parameter's per-kind TP slices of the state, mains
 	// its fp32 main params' slices, steps the step counts found (value →
 	// where).
@@ -200,9 +227,11 @@ func (o *optImport) optimizerKind() (string, error) {
 	if c.Release {
 		return fmt.Sprintf("%s is a release checkpoint, whose optimizer state Megatron does not load either", c.Dir), nil
 	}
-	if dist, _ := c.args.boolOr("use_distributed_optimizer", false); dist {
-		return fmt.Sprintf("%s: args.use_distributed_optimizer=True: the distributed optimizer keeps its state in distrib_optim.pt files, which gotron does not read (only the non-distributed optimizer's state in %s is imported)", f0.Path, FileName), nil
+	dist, err := c.args.boolOr("use_distributed_optimizer", false)
+	if err != nil {
+		return "", err
 	}
+	o.dist = dist
 	kind, err := c.args.strOr("optimizer", "adam")
 	if err != nil {
 		return "", err
@@ -224,6 +253,9 @@ func (o *optImport) optimizerKind() (string, error) {
 		}
 	default:
 		return fmt.Sprintf("%s: args.optimizer=%q: gotron's optimizers are Adam (AdamW) and SGD", f0.Path, kind), nil
+	}
+	if o.dist {
+		return o.distArgs()
 	}
 	return "", nil
 }
@@ -253,14 +285,27 @@ func (o *optImport) readRanks() (string, error) {
 	for p := range c.PP {
 		for t := range c.TP {
 			f := c.files[t][p]
-			ro, why, err := readRankOptimizer(f)
-			if err != nil || why != "" {
-				return why, err
-			}
-			if _, err := os.Stat(filepath.Join(filepath.Dir(f.Path), "distrib_optim.pt")); err == nil {
-				return fmt.Sprintf("%s has a distrib_optim.pt beside it: the distributed optimizer's state is not read by gotron (only the non-distributed optimizer's state in %s is imported)", f.Path, FileName), nil
-			} else if !errors.Is(err, fs.ErrNotExist) {
-				return "", err
+			dpath := filepath.Join(filepath.Dir(f.Path), DistOptimFile)
+			var ro *rankOptimizer
+			var why string
+			if o.dist {
+				if ro, why, err = readDistSection(f); err != nil || why != "" {
+					return why, err
+				}
+				// The file stays open (closed when the import ends): its
+				// tensors are read as the parameters merge.
+				if ro.distFile, ro.dist, why, err = readDistOptim(dpath, o.kinds); err != nil || why != "" {
+					return why, err
+				}
+			} else {
+				if ro, why, err = readRankOptimizer(f); err != nil || why != "" {
+					return why, err
+				}
+				if _, err := os.Stat(dpath); err == nil {
+					return fmt.Sprintf("%s has a %s beside it, but args.use_distributed_optimizer is not set: which optimizer's state to take is unclear", f.Path, DistOptimFile), nil
+				} else if !errors.Is(err, fs.ErrNotExist) {
+					return "", err
+				}
 			}
 			var lp []localParam
 			for v := range c.VP {
@@ -269,6 +314,11 @@ func (o *optImport) readRanks() (string, error) {
 				for i, k := range d.Keys() {
 					ks, _ := k.(string)
 					s := byKey[chunkKey{ci, ks}]
+					if s == nil && o.dist && !isExtraState(ks) {
+						// The buffer layout needs every parameter of the chunk.
+						ro.distFile.Close()
+						return fmt.Sprintf("%s: %s.%s is not a parameter of its own to the import: the distributed optimizer's buffer layout cannot be derived", f.Path, chunks[ci].key, ks), nil
+					}
 					if isExtraState(ks) || s == nil { // nil: the tied copy in the embedding's own chunk
 						continue
 					}
@@ -397,7 +447,7 @@ func (o *optImport) collectMains(ro *rankOptimizer, gi int, idx []assigned, loca
 		if !slices.Equal(mt.Shape, lp.weight.Shape) {
 			return fmt.Errorf("%s has shape %v, the parameter %v", at, mt.Shape, lp.weight.Shape)
 		}
-		if err := checkMain(at, mt, lp.weight); err != nil {
+		if err := checkMain(at, mt, lp.weight, "the main params do not belong to the parameters the param groups give them"); err != nil {
 			return err
 		}
 		if o.mains[lp.src] == nil {
@@ -457,7 +507,7 @@ func (o *optImport) merge(m *gpt.Model) error {
 			}
 			o.res.Buffers[kind+"/"+s.name] = dst
 		}
-		if o.ranks[0].mains != nil && len(o.mains[s]) > 0 { // none: an fp32 parameter
+		if len(o.mains[s]) > 0 { // none: an fp32 parameter (or FP32Optimizer)
 			if err := slicesOf(s, o.mains[s], "fp32 main param"); err != nil {
 				return err
 			}
@@ -538,7 +588,7 @@ func readRankOptimizer(f *torchpt.File) (*rankOptimizer, string, error) {
 			}
 			if !ok {
 				if _, has := inner.Get("state"); !has {
-					return nil, fmt.Sprintf("%s: the optimizer section holds no per-parameter state and no fp32 main params (the distributed optimizer's, whose state is in distrib_optim.pt files gotron does not read?)", f.Path), nil
+					return nil, fmt.Sprintf("%s: the optimizer section holds no per-parameter state and no fp32 main params (the distributed optimizer's, whose state is in %s files? args.use_distributed_optimizer is not set)", f.Path, DistOptimFile), nil
 				}
 				return nil, "", fmt.Errorf("%s: the optimizer section (Float16OptimizerWithFloat16Params) has no fp32_from_fp16_params (keys %s)", f.Path, strings.Join(x.StringKeys(), ", "))
 			}
@@ -581,7 +631,7 @@ func readRankOptimizer(f *torchpt.File) (*rankOptimizer, string, error) {
 			return nil, "", fmt.Errorf("%s: optimizer param_groups[%d] is a %T, not a dict", f.Path, i, g)
 		}
 		if _, ok := d.Get("params"); !ok {
-			return nil, fmt.Sprintf("%s: optimizer param_groups[%d] lists no params: the distributed optimizer's state (kept in distrib_optim.pt files, which gotron does not read)", f.Path, i), nil
+			return nil, fmt.Sprintf("%s: optimizer param_groups[%d] lists no params: the distributed optimizer's state (kept in %s files), but args.use_distributed_optimizer is not set", f.Path, i, DistOptimFile), nil
 		}
 		ro.groups = append(ro.groups, d)
 	}
@@ -754,7 +804,7 @@ func stepValue(v any) (int64, error) {
 // checkMain checks that an fp32 main param rounds to the model's 16-bit
 // weight, as Megatron's copy after every step leaves them: a main param
 // taken for another parameter cannot pass.
-func checkMain(at string, main, weight *torchpt.Tensor) error {
+func checkMain(at string, main, weight *torchpt.Tensor, blame string) error {
 	mv, err := main.Float32s()
 	if err != nil {
 		return err
@@ -770,7 +820,7 @@ func checkMain(at string, main, weight *torchpt.Tensor) error {
 			r = half.BFloat16From(x).Float32()
 		}
 		if r != wv[i] && !(r != r && wv[i] != wv[i]) {
-			return fmt.Errorf("%s: element %d is %g, which rounds to %g, but the %s weight holds %g: the main params do not belong to the parameters the param groups give them", at, i, x, r, weight.DType(), wv[i])
+			return fmt.Errorf("%s: element %d is %g, which rounds to %g, but the %s weight holds %g: %s", at, i, x, r, weight.DType(), wv[i], blame)
 		}
 	}
 	return nil

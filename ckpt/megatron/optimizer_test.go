@@ -284,7 +284,7 @@ func TestImportOptimizerBadInput(t *testing.T) {
 		}, warning, []string{`args.optimizer="lion": gotron's optimizers are Adam (AdamW) and SGD`}},
 		{"distributed optimizer", "llama_tp2_pp2", func(t *testing.T, c *Checkpoint) {
 			c.args.d.Set("use_distributed_optimizer", true)
-		}, warning, []string{"args.use_distributed_optimizer=True: the distributed optimizer keeps its state in distrib_optim.pt files, which gotron does not read"}},
+		}, warning, []string{"{rank}: args.use_distributed_optimizer=True, but the optimizer section is the non-distributed optimizer's (it holds fp32_from_fp16_params)"}},
 		{"scheduler incomplete", "llama_tp2_pp2", func(t *testing.T, c *Checkpoint) {
 			sd, _ := stateDict(c.files[0][0])
 			sd.Set("opt_param_scheduler", without(get(sd, "opt_param_scheduler").(*torchpt.Dict), "max_lr"))
@@ -359,7 +359,8 @@ func TestImportOptimizerBadInput(t *testing.T) {
 
 // TestImportOptimizerTruncatedAndDistributed: a rank file whose optimizer
 // tensor's record is cut short is refused naming it; a distrib_optim.pt
-// beside a rank file imports the weights alone, with a warning.
+// beside a rank file whose args do not say --use-distributed-optimizer
+// imports the weights alone, with a warning.
 func TestImportOptimizerTruncatedAndDistributed(t *testing.T) {
 	dir := copyFixture(t, "llama_tp2_pp2")
 	path := filepath.Join(dir, "iter_0001200", "mp_rank_01_001", FileName)

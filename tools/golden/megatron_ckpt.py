@@ -780,6 +780,42 @@ def build(name, c):
     print(f"{name}: logits {tuple(logits.shape)}, mean logprob {sum(lp) / len(lp):.6f}")
 
 
+# ---------------------------------------------------------------- malformed distrib_optim.pt files
+
+def build_dist_malformed():
+    """Small distrib_optim.pt files that ckpt/megatron's tests put in place of a rank's: each is either
+    another layout, which the import declines with a warning naming the file, or malformed, which is an
+    error naming the file. Their tensors are tiny: each is refused before its layout is looked at."""
+    d = os.path.join(OUT, "distrib_optim_malformed")
+    os.makedirs(d, exist_ok=True)
+    key = (torch.bfloat16, torch.float32)
+
+    def entry(n=8, m=None, drop=()):
+        e = {k: torch.arange(m if m is not None else n, dtype=torch.float32) for k in ("param", "exp_avg", "exp_avg_sq")
+             if k not in drop}
+        e["numel_unpadded"] = n
+        return e
+
+    good = {"buckets_coalesced": True, 0: {key: entry()}}
+    files = {
+        # another layout: a warning
+        "sharding_type.pt": {"param_state_sharding_type": "fully_reshardable", "param_state": good},
+        "legacy.pt": {"per_bucket_numel": [{key: [8]}], "per_bucket_numel_unpadded": [{key: [8]}],
+                      0: {key: {k: [torch.zeros(8)] for k in ("param", "exp_avg", "exp_avg_sq")}}},
+        "chained.pt": [good, good],
+        # malformed: an error
+        "no_exp_avg_sq.pt": {"buckets_coalesced": True, 0: {key: entry(drop=("exp_avg_sq",))}},
+        "wrong_size.pt": {"buckets_coalesced": True, 0: {key: entry(8, 7)}},
+        "no_numel_unpadded.pt": {"buckets_coalesced": True, 0: {key: {k: v for k, v in entry().items() if k != "numel_unpadded"}}},
+        "no_buckets_coalesced.pt": {0: {key: entry()}},
+        "dtype_key.pt": {"buckets_coalesced": True, 0: {torch.bfloat16: entry()}},
+        "not_a_dict.pt": torch.zeros(3),
+    }
+    for name, obj in files.items():
+        torch.save(obj, os.path.join(d, name))
+    print("distrib_optim_malformed:", ", ".join(files))
+
+
 # ---------------------------------------------------------------- ckpt/torchpt's edge cases
 
 def edge_object():
@@ -824,6 +860,7 @@ def build_edge():
 def main():
     for name, c in CASES.items():
         build(name, c)
+    build_dist_malformed()
     build_edge()
 
 
