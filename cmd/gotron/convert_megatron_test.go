@@ -25,7 +25,7 @@ import (
 // torch-format checkpoints (llama_tp2_pp2: TP=2 × PP=2, bf16, TE names;
 // gpt_tp2_pp2_vp2: TP=2 × PP=2 × 2 virtual stages; gpt_tp2: TP=2) and the
 // logits of a float64 PyTorch forward of the unsharded weights.
-var megatronFixtures = []string{"llama_tp2_pp2", "gpt_tp2_pp2_vp2", "gpt_tp2"}
+var megatronFixtures = []string{"llama_tp2_pp2", "gpt_tp2_pp2_vp2", "gpt_tp2", "gpt_tp2_pp2_distopt"}
 
 func megatronFixture(name string) string {
 	return filepath.Join("..", "..", "ckpt", "megatron", "testdata", name)
@@ -426,19 +426,31 @@ func TestConvertFromMegatronOptimizer(t *testing.T) {
 // --no-load-optim: the same weights, data, schedule and so gradient) give
 // exp_avg_A = β1·m0 + exp_avg_B and exp_avg_sq_A = β2·v0 + exp_avg_sq_B
 // exactly (float32, the kernel's own roundings), with m0, v0 the imported
-// moments.
+// moments. llama_tp2_pp2's moments come from the non-distributed
+// optimizer's section of its rank files, gpt_tp2_pp2_distopt's from the
+// distributed optimizer's distrib_optim.pt files.
 func TestConvertFromMegatronResumesAdam(t *testing.T) {
+	for _, c := range []struct {
+		name      string
+		iteration int
+		weight    string // a weight whose update the log reports
+	}{{"llama_tp2_pp2", 1200, "output_layer.weight"}, {"gpt_tp2_pp2_distopt", 500, "embedding.word_embeddings.weight"}} {
+		t.Run(c.name, func(t *testing.T) { testConvertFromMegatronResumesAdam(t, c.name, c.iteration, c.weight) })
+	}
+}
+
+func testConvertFromMegatronResumesAdam(t *testing.T, fixture string, it int, weight string) {
 	tmp := t.TempDir()
 	g := filepath.Join(tmp, "gotron")
-	mustGotron(t, "convert", "--from", "megatron", "--load", megatronFixture("llama_tp2_pp2"), "--save", g)
+	mustGotron(t, "convert", "--from", "megatron", "--load", megatronFixture(fixture), "--save", g)
 	ra, err := train.ReadRunArgs(g)
 	if err != nil {
 		t.Fatal(err)
 	}
 	const b1, b2 = 0.9, 0.95
 	run := func(save string, noLoadOptim bool) (*ckpt.Reader, train.RunArgs) {
-		cfg := train.Config{Model: ra.Model, SeqLength: 32, MicroBatchSize: 2, GlobalBatchSize: 8, TrainIters: 1201, Seed: 1234,
-			Load: g, Save: save, SaveInterval: 1201, LogInterval: 1, NoLoadOptim: noLoadOptim, ClipGrad: 1,
+		cfg := train.Config{Model: ra.Model, SeqLength: 32, MicroBatchSize: 2, GlobalBatchSize: 8, TrainIters: int64(it) + 1, Seed: 1234,
+			Load: g, Save: save, SaveInterval: int64(it) + 1, LogInterval: 1, NoLoadOptim: noLoadOptim, ClipGrad: 1,
 			Adam: optim.AdamWConfig{Beta1: b1, Beta2: b2, Eps: 1e-8}}
 		cfg.Schedule = optim.DefaultSchedulerFlags()
 		cfg.Schedule.LR, cfg.Schedule.MinLR, cfg.Schedule.WeightDecay = 3e-4, 3e-5, 0.1
@@ -451,7 +463,7 @@ func TestConvertFromMegatronResumesAdam(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if res.Iteration != 1201 || len(res.Losses) != 1 || math.IsNaN(res.Losses[0]) {
+		if res.Iteration != int64(it)+1 || len(res.Losses) != 1 || math.IsNaN(res.Losses[0]) {
 			t.Fatalf("ran to %d with losses %v", res.Iteration, res.Losses)
 		}
 		r, err := ckpt.Open(save, -1)
@@ -498,20 +510,22 @@ func TestConvertFromMegatronResumesAdam(t *testing.T) {
 	// The command line resumes from it too.
 	out, errs, code := runCLI(t, "train", "--load", g, "--use-checkpoint-args", "--seq-length", "32", "--micro-batch-size", "2",
 		"--global-batch-size", "8", "--lr", "3e-4", "--min-lr", "3e-5", "--weight-decay", "0.1", "--adam-beta2", "0.95",
-		"--use-checkpoint-opt_param-scheduler", "--train-iters", "1201", "--mock-data", "--vocab-size", "100",
+		"--use-checkpoint-opt_param-scheduler", "--train-iters", strconv.Itoa(it+1), "--mock-data", "--vocab-size", "100",
 		"--make-vocab-size-divisible-by", "64", "--log-interval", "1", "--eval-iters", "0")
-	if code != 0 || !strings.Contains(out, "loaded checkpoint from "+g+" at iteration 1200 (consumed samples 9600)") || !strings.Contains(out, "iteration     1201/    1201") {
+	if code != 0 || !strings.Contains(out, fmt.Sprintf("loaded checkpoint from %s at iteration %d (consumed samples %d)", g, it, it*8)) || !strings.Contains(out, fmt.Sprintf("iteration %8d/%8d", it+1, it+1)) {
 		t.Fatalf("gotron train --load %s: exit %d\n%s\n%s", g, code, out, errs)
 	}
-	wA := readCheckpointTensor(t, a, ckpt.GroupModel, "output_layer.weight")
-	wB := readCheckpointTensor(t, b, ckpt.GroupModel, "output_layer.weight")
-	t.Logf("one step from the imported moments: exp_avg/exp_avg_sq match β·m0 + (fresh run's) exactly; they differ from the fresh run's by up to %g, the output layer's update by up to %g", moved, maxAbsDiff(wA, wB))
+	wA := readCheckpointTensor(t, a, ckpt.GroupModel, weight)
+	wB := readCheckpointTensor(t, b, ckpt.GroupModel, weight)
+	t.Logf("one step from the imported moments: exp_avg/exp_avg_sq match β·m0 + (fresh run's) exactly; they differ from the fresh run's by up to %g, %s's update by up to %g", moved, weight, maxAbsDiff(wA, wB))
 }
 
 // TestConvertFromMegatronOptimizerErrors: a truncated optimizer tensor is
 // refused naming its file (with --no-load-optim the weights still
-// convert); the distributed optimizer's state is not read: a warning, and
-// a weights-only checkpoint.
+// convert); a distrib_optim.pt beside rank files whose args do not say
+// --use-distributed-optimizer is not read: a warning, and a weights-only
+// checkpoint; a malformed distrib_optim.pt is refused naming it, one in
+// another layout gives the weights-only checkpoint with a warning.
 func TestConvertFromMegatronOptimizerErrors(t *testing.T) {
 	dir := copyMegatronFixture(t, "gpt_tp2_pp2_vp2")
 	path := filepath.Join(dir, "iter_0000030", "mp_rank_01_001", "model_optim_rng.pt")
@@ -534,6 +548,41 @@ func TestConvertFromMegatronOptimizerErrors(t *testing.T) {
 	}
 	if b, err := os.ReadFile(filepath.Join(save, "latest_checkpointed_iteration.txt")); err != nil || strings.TrimSpace(string(b)) != "0" {
 		t.Errorf("tracker %q (%v), want 0", b, err)
+	}
+
+	// The distributed optimizer: a malformed distrib_optim.pt is an error
+	// naming it; one in a layout gotron does not read converts the weights
+	// with a warning naming it.
+	for _, c := range []struct {
+		file string
+		ok   bool
+		want string
+	}{
+		{"wrong_size.pt", false, ": gradient buffer 0 (bfloat16, float32): param has shape [7], want [8] (numel_unpadded)"},
+		{"sharding_type.pt", true, ": param_state_sharding_type fully_reshardable: gotron reads the dp_zero_gather_scatter layout"},
+	} {
+		dir = copyMegatronFixture(t, "gpt_tp2_pp2_distopt")
+		dist := filepath.Join(dir, "iter_0000500", "mp_rank_01_001", "distrib_optim.pt")
+		b, err := os.ReadFile(filepath.Join(megatronFixture("distrib_optim_malformed"), c.file))
+		if err != nil {
+			t.Fatal(err)
+		}
+		os.WriteFile(dist, b, 0o644)
+		save := filepath.Join(t.TempDir(), "out")
+		out, errs, code := gotronHF(t, "convert", "--from", "megatron", "--load", dir, "--save", save)
+		if !c.ok {
+			if code == 0 || !strings.Contains(errs, dist+c.want) {
+				t.Errorf("%s: exit %d\n%s", c.file, code, errs)
+			}
+			if _, err := os.Stat(save); err == nil {
+				t.Errorf("%s: a failed conversion wrote %s", c.file, save)
+			}
+			continue
+		}
+		if code != 0 || !strings.Contains(errs, "warning: optimizer state not imported: "+dist+c.want) ||
+			!strings.Contains(out, "weights only: the optimizer state in the checkpoint is not converted (see the warning)") {
+			t.Errorf("%s: exit %d\nstdout %s\nstderr %s", c.file, code, out, errs)
+		}
 	}
 }
 
