@@ -49,10 +49,24 @@
 // "step"), the fp32 main params (which become the weights),
 // opt_param_scheduler, fp16's loss scaler, the consumed and skipped sample
 // counts and num_floating_point_operations_so_far; Megatron's RNG states
-// are not. Without optimizer state, for a release checkpoint, the
-// distributed optimizer (args.use_distributed_optimizer, distrib_optim.pt
-// files: not supported), chained optimizers, another optimizer, amsgrad,
-// param groups whose members cannot be derived (lr_mult) or missing state,
-// Import converts the weights alone and says why in Info.Warnings, naming
-// the file; a malformed optimizer section is an *OptimizerError.
+// are not.
+//
+// With the distributed optimizer (args.use_distributed_optimizer) the
+// moments and fp32 main params come from the distrib_optim.pt beside each
+// rank file (distopt.go): Megatron's coalesced dp_zero layout (Megatron-LM
+// since commit 369e698d, 2024-04-03, checked against d98e8a64), one flat
+// fp32 tensor per state and gradient buffer (model chunk and dtype), its
+// buckets concatenated without their end padding. The parameters' offsets
+// come from the DDP buffer walk of package ddp (reverse order, 64-element
+// alignment, --ddp-bucket-size buckets on the first chunk of the first
+// stage, the shared embedding alone), chosen by the file's numel_unpadded
+// and checked by every main param rounding to its weight.
+//
+// Without optimizer state, for a release checkpoint, a distrib_optim.pt in
+// another layout (per-bucket, another sharding type, a size no layout
+// gives), chained optimizers, another optimizer, amsgrad, param groups
+// whose members cannot be derived (lr_mult) or missing state, Import
+// converts the weights alone and says why in Info.Warnings, naming the
+// file; a malformed optimizer section or distrib_optim.pt is an
+// *OptimizerError.
 package megatron
