@@ -166,7 +166,7 @@ const cPrefetchLead = 4
 
 // kernel writes one micro-kernel for mr rows. Registers: CX k counter, SI A
 // panel, DX B row, R8 ldb bytes, DI C, R9 ldc bytes, R10 and R11 C rows,
-// BX pairs.
+// BX pairs, R12 the B panel's bytes.
 func (s isa) kernel(w *bytes.Buffer, name string, mr int) { s.kernelB(w, name, mr, false) }
 
 // kernelB writes kernel, or with wide set its variant whose B panel holds
@@ -231,9 +231,23 @@ func (s isa) kernelB(w *bytes.Buffer, name string, mr int, wide bool) {
 	// iteration is prefetched again (R11 walks the rows): the loop streams
 	// far more than L1 holds, so the lines touched above are back in L2 by
 	// the time the tile is loaded and stored.
+	// R12 is the B panel's length, kc·ldb: the next strip starts there in
+	// every packed layout, and the loop prefetches it into L2 as it goes,
+	// the lines of two k steps per iteration. Without this a strip's first
+	// panel waits on memory for each line (a served model's weights stream
+	// from DRAM once per decode step) while the FMA units idle; prefetches
+	// past the last strip are harmless.
+	w.WriteString("\tMOVQ CX, R12\n\tIMULQ R8, R12\n")
 	w.WriteString("\tMOVQ DI, R11\n\tMOVQ CX, BX\n\tSHRQ $1, BX\n\tJZ tail\nloop:\n")
 	step("(DX)", 0)
 	step("(DX)(R8*1)", 4*mr)
+	bRowBytes := s.nv * vbytes
+	if wide {
+		bRowBytes /= 2
+	}
+	for off := 0; off < 2*bRowBytes; off += 64 {
+		fmt.Fprintf(w, "\tPREFETCHT1 %d(DX)(R12*1)\n", off)
+	}
 	fmt.Fprintf(w, "\tLEAQ (DX)(R8*2), DX\n\tADDQ $%d, SI\n\tPREFETCHT0 %d(SI)\n", 8*mr, 512)
 	fmt.Fprintf(w, "\tCMPQ BX, $%d\n\tJA nopf\n\tCMPQ BX, $%d\n\tJBE nopf\n", mr+cPrefetchLead, cPrefetchLead)
 	for off := 0; off < s.nv*vbytes; off += 64 {
