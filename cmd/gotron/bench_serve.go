@@ -99,8 +99,8 @@ func benchServe(ctx context.Context, env *cli, args []string) error {
 
 	prompts := benchPrompts(&f, tok.VocabSize())
 	c := m.Config
-	fmt.Fprintf(env.stdout, "bench serve: %d layers, hidden %d, heads %d (kv %d), vocab %d, %d params; %d clients × (%d prompt + %d new tokens); %d threads; decode weights: %s\n",
-		c.NumLayers, c.HiddenSize, c.NumAttentionHeads, c.NumQueryGroups, c.VocabSize, m.NumParams(), f.clients, f.promptTokens, f.maxNew, runtime.GOMAXPROCS(0), weightsDescription(runner.Engine()))
+	fmt.Fprintf(env.stdout, "bench serve: %d layers, hidden %d, heads %d (kv %d), vocab %d, %d params; %d clients × (%d prompt + %d new tokens); %d threads; decode weights: %s; GOGC %d\n",
+		c.NumLayers, c.HiddenSize, c.NumAttentionHeads, c.NumQueryGroups, c.VocabSize, m.NumParams(), f.clients, f.promptTokens, f.maxNew, runtime.GOMAXPROCS(0), weightsDescription(runner.Engine()), gcPercent())
 	if f.bound {
 		bw := memcpyBandwidth()
 		wb := weightBytesPerToken(m, f.serve.bf16)

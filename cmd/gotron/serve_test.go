@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"runtime/debug"
 	"strings"
 	"sync"
 	"syscall"
@@ -489,5 +490,37 @@ func TestKVPoolFromFraction(t *testing.T) {
 		if _, err := kvPoolFromFraction(c.frac, c.both, c.machine); err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%v %v: %v, want %q", c.frac, c.both, err, c.want)
 		}
+	}
+}
+
+// TestServingGCPercent: the heap may grow by about gcHeadroom over the live
+// heap, within Go's default and a floor.
+func TestServingGCPercent(t *testing.T) {
+	for _, c := range []struct {
+		live int64
+		want int
+	}{
+		{0, 100}, {1 << 20, 100}, {gcHeadroom, 100}, {2 * gcHeadroom, 50}, {4 * gcHeadroom, 25},
+		{3 * gcHeadroom, 34}, {1 << 40, 10},
+	} {
+		if got := servingGCPercent(c.live); got != c.want {
+			t.Errorf("servingGCPercent(%d) = %d, want %d", c.live, got, c.want)
+		}
+	}
+}
+
+// TestTuneGCForServingKeepsUserGOGC: a GOGC the user set is left alone;
+// otherwise the percentage follows the live heap.
+func TestTuneGCForServingKeepsUserGOGC(t *testing.T) {
+	defer debug.SetGCPercent(debug.SetGCPercent(77))
+	t.Setenv("GOGC", "77")
+	tuneGCForServing()
+	if p := gcPercent(); p != 77 {
+		t.Errorf("GOGC=77 set by the user: percent %d after tuning", p)
+	}
+	os.Unsetenv("GOGC")
+	tuneGCForServing()
+	if p := gcPercent(); p < 10 || p > 100 || p == 77 {
+		t.Errorf("GOGC unset: percent %d after tuning, want servingGCPercent of the live heap", p)
 	}
 }
