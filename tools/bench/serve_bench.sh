@@ -6,7 +6,7 @@
 #     same run, and the memory-bandwidth bound (weight bytes read per token / measured memcpy
 #     bandwidth, printed by gotron bench serve);
 #  2. aggregate tokens/s at 1, 8, 32 and 128 concurrent streaming clients (gotron bench serve),
-#     fp32 weights, then bf16.
+#     fp32 weights, then bf16, repeated reps times (interleaved).
 #
 # usage: tools/bench/serve_bench.sh [reps] [new-tokens] [concurrency...]
 #        (GOTRON=path uses a built binary; concurrency defaults to 1 8 32 128)
@@ -34,9 +34,13 @@ for r in $(seq "$reps"); do
       --verify=false --bandwidth-bound $bf 2>&1 | grep -E 'bandwidth bound|compute bound|^decode' | sed "s/^/RESULT gotron${bf:+ bf16} rep $r: /"
   done
 done
-for bf in "" --bf16; do
-  for c in "${conc[@]}"; do
-    gotron bench serve --preset gpt2-small --init-method-std 0.02 --clients "$c" --prompt-tokens 16 --max-tokens "$new" \
-      --verify=false --timeout 20m $bf 2>&1 | grep -E 'throughput|first token|engine' | sed "s/^/RESULT gotron${bf:+ bf16} $c clients: /"
+# The machine's speed drifts (other tenants of the host): the concurrency levels are interleaved
+# and repeated, so each ratio to one client can be taken within a repetition.
+for r in $(seq "$reps"); do
+  for bf in "" --bf16; do
+    for c in "${conc[@]}"; do
+      gotron bench serve --preset gpt2-small --init-method-std 0.02 --clients "$c" --prompt-tokens 16 --max-tokens "$new" \
+        --verify=false --timeout 20m $bf 2>&1 | grep -E 'throughput|first token|engine' | sed "s/^/RESULT gotron${bf:+ bf16} rep $r $c clients: /"
+    done
   done
 done
