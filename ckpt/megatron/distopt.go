@@ -154,19 +154,11 @@ func readDistSection(f *torchpt.File) (*rankOptimizer, string, error) {
 			return nil, "", fmt.Errorf("%s: optimizer.grad_scaler is a %T, not a dict", f.Path, s)
 		}
 	}
-	pg, ok := inner.Get("param_groups")
-	if !ok {
-		return nil, "", fmt.Errorf("%s: the optimizer state dict has no param_groups (keys %s)", f.Path, strings.Join(inner.StringKeys(), ", "))
+	groups, err := paramGroups(f.Path, inner)
+	if err != nil {
+		return nil, "", err
 	}
-	gl, ok := pg.(*torchpt.List)
-	if !ok {
-		return nil, "", fmt.Errorf("%s: optimizer param_groups is a %T, not a list", f.Path, pg)
-	}
-	for i, g := range gl.Items {
-		d, ok := g.(*torchpt.Dict)
-		if !ok {
-			return nil, "", fmt.Errorf("%s: optimizer param_groups[%d] is a %T, not a dict", f.Path, i, g)
-		}
+	for i, d := range groups {
 		if p, ok := d.Get("params"); ok {
 			if l, ok := p.(*torchpt.List); !ok || len(l.Items) > 0 {
 				return nil, fmt.Sprintf("%s: args.use_distributed_optimizer=True, but optimizer param_groups[%d] lists params (the non-distributed optimizer's section?)", f.Path, i), nil

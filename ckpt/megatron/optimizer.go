@@ -617,19 +617,11 @@ func readRankOptimizer(f *torchpt.File) (*rankOptimizer, string, error) {
 	default:
 		return nil, "", fmt.Errorf("%s: the optimizer section is a %T, not a Megatron optimizer state dict", f.Path, v)
 	}
-	pg, ok := inner.Get("param_groups")
-	if !ok {
-		return nil, "", fmt.Errorf("%s: the optimizer state dict has no param_groups (keys %s)", f.Path, strings.Join(inner.StringKeys(), ", "))
+	groups, err := paramGroups(f.Path, inner)
+	if err != nil {
+		return nil, "", err
 	}
-	gl, ok := pg.(*torchpt.List)
-	if !ok {
-		return nil, "", fmt.Errorf("%s: optimizer param_groups is a %T, not a list", f.Path, pg)
-	}
-	for i, g := range gl.Items {
-		d, ok := g.(*torchpt.Dict)
-		if !ok {
-			return nil, "", fmt.Errorf("%s: optimizer param_groups[%d] is a %T, not a dict", f.Path, i, g)
-		}
+	for i, d := range groups {
 		if _, ok := d.Get("params"); !ok {
 			return nil, fmt.Sprintf("%s: optimizer param_groups[%d] lists no params: the distributed optimizer's state (kept in %s files), but args.use_distributed_optimizer is not set", f.Path, i, DistOptimFile), nil
 		}
@@ -649,6 +641,26 @@ func readRankOptimizer(f *torchpt.File) (*rankOptimizer, string, error) {
 		return nil, "", fmt.Errorf("%s: optimizer fp32_from_fp16_params has %d groups, param_groups %d", f.Path, len(ro.mains), len(ro.groups))
 	}
 	return ro, "", nil
+}
+
+// paramGroups returns the optimizer state dict's param_groups, each a
+// dict; path names the file in errors.
+func paramGroups(path string, inner *torchpt.Dict) ([]*torchpt.Dict, error) {
+	pg, ok := inner.Get("param_groups")
+	if !ok {
+		return nil, fmt.Errorf("%s: the optimizer state dict has no param_groups (keys %s)", path, strings.Join(inner.StringKeys(), ", "))
+	}
+	gl, ok := pg.(*torchpt.List)
+	if !ok {
+		return nil, fmt.Errorf("%s: optimizer param_groups is a %T, not a list", path, pg)
+	}
+	groups := make([]*torchpt.Dict, len(gl.Items))
+	for i, g := range gl.Items {
+		if groups[i], ok = g.(*torchpt.Dict); !ok {
+			return nil, fmt.Errorf("%s: optimizer param_groups[%d] is a %T, not a dict", path, i, g)
+		}
+	}
+	return groups, nil
 }
 
 // groupDecoupled reports whether a param group has a learning rate of its
