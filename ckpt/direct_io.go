@@ -3,12 +3,9 @@ package ckpt
 import (
 	"bufio"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
-	"strconv"
-	"strings"
 	"syscall"
 	"unsafe"
 
@@ -71,43 +68,22 @@ type shardEntry struct {
 // the JSON header listing entries in order, padded with spaces so that its
 // length is a multiple of directAlign.
 func shardHeader(entries []shardEntry) ([]byte, error) {
-	var sb strings.Builder
-	sb.WriteByte('{')
-	off := 0
+	names, tensors := make([]string, len(entries)), make([]safetensors.Tensor, len(entries))
 	for i, e := range entries {
-		if i > 0 {
-			sb.WriteByte(',')
-		}
-		k, err := json.Marshal(e.key)
-		if err != nil {
-			return nil, err
-		}
-		sb.Write(k)
-		sb.WriteString(`:{"dtype":"`)
-		sb.WriteString(e.dtype.String())
-		sb.WriteString(`","shape":[`)
-		for j, d := range e.shape {
-			if j > 0 {
-				sb.WriteByte(',')
-			}
-			sb.WriteString(strconv.Itoa(d))
-		}
-		sb.WriteString(`],"data_offsets":[`)
-		sb.WriteString(strconv.Itoa(off))
-		sb.WriteByte(',')
-		off += len(e.data)
-		sb.WriteString(strconv.Itoa(off))
-		sb.WriteString("]}")
+		names[i], tensors[i] = e.key, safetensors.Tensor{DType: e.dtype, Shape: e.shape, Data: e.data}
 	}
-	sb.WriteByte('}')
-	n := (8 + sb.Len() + directAlign - 1) / directAlign * directAlign
+	js, err := safetensors.HeaderJSON(names, tensors)
+	if err != nil {
+		return nil, err
+	}
+	n := (8 + len(js) + directAlign - 1) / directAlign * directAlign
 	if n-8 > safetensors.MaxHeaderBytes {
 		return nil, fmt.Errorf("safetensors header of %d bytes exceeds the limit of %d", n-8, safetensors.MaxHeaderBytes)
 	}
 	head := alignedBytes(n)
 	putUint64LE(head, uint64(n-8))
-	copy(head[8:], sb.String())
-	for i := 8 + sb.Len(); i < n; i++ {
+	copy(head[8:], js)
+	for i := 8 + len(js); i < n; i++ {
 		head[i] = ' '
 	}
 	return head, nil

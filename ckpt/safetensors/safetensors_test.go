@@ -352,3 +352,34 @@ func TestOpenMissingFile(t *testing.T) {
 		t.Errorf("Open missing = %v", err)
 	}
 }
+
+// TestHeaderJSONMatchesEncode: in Encode's data order, HeaderJSON is the
+// header Encode writes, less its padding; bad input is refused.
+func TestHeaderJSONMatchesEncode(t *testing.T) {
+	tensors := map[string]Tensor{
+		"b.weight": {DType: F32, Shape: []int{2, 3}, Data: make([]byte, 24)},
+		"a\"q\n":   {DType: BF16, Shape: []int{4}, Data: make([]byte, 8)},
+		"scalar":   {DType: I64, Shape: []int{}, Data: make([]byte, 8)},
+	}
+	head, order, err := HeaderBytes(tensors, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	list := make([]Tensor, len(order))
+	for i, name := range order {
+		list[i] = tensors[name]
+	}
+	js, err := HeaderJSON(order, list)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := strings.TrimRight(string(head), " "); js != want {
+		t.Errorf("HeaderJSON = %s\nEncode's header = %s", js, want)
+	}
+	if _, err := HeaderJSON([]string{"x"}, []Tensor{{DType: F32, Shape: []int{2}, Data: make([]byte, 4)}}); err == nil || !strings.Contains(err.Error(), "tensor x") {
+		t.Errorf("short data: err %v", err)
+	}
+	if _, err := HeaderJSON([]string{"x", "y"}, list[:1]); err == nil {
+		t.Error("2 names for 1 tensor: no error")
+	}
+}

@@ -136,13 +136,50 @@ func encodeHeader(tensors map[string]Tensor, metadata map[string]string) ([]byte
 			sb.WriteByte(',')
 		}
 	}
+	writeEntries(&sb, order, func(i int) Tensor { return tensors[order[i]] })
+	sb.WriteByte('}')
+	for sb.Len()%8 != 0 {
+		sb.WriteByte(' ')
+	}
+	if sb.Len() > MaxHeaderBytes {
+		return nil, nil, fmt.Errorf("safetensors: header of %d bytes exceeds the limit of %d", sb.Len(), MaxHeaderBytes)
+	}
+	return []byte(sb.String()), order, nil
+}
+
+// HeaderJSON returns the JSON header of a file holding tensors[i] under
+// names[i] in that order, their data back to back from offset 0: no
+// metadata, no length prefix, no padding. A writer that lays out the data
+// itself (ckpt's O_DIRECT shard files) pads and prefixes it.
+func HeaderJSON(names []string, tensors []Tensor) (string, error) {
+	if len(names) != len(tensors) {
+		return "", fmt.Errorf("safetensors: %d names for %d tensors", len(names), len(tensors))
+	}
+	for i, name := range names {
+		if !utf8.ValidString(name) || name == metadataKey {
+			return "", fmt.Errorf("safetensors: tensor name %q is not valid UTF-8 or is reserved", name)
+		}
+		if err := tensors[i].Validate(); err != nil {
+			return "", fmt.Errorf("safetensors: tensor %s: %v", name, err)
+		}
+	}
+	var sb strings.Builder
+	sb.WriteByte('{')
+	writeEntries(&sb, names, func(i int) Tensor { return tensors[i] })
+	sb.WriteByte('}')
+	return sb.String(), nil
+}
+
+// writeEntries writes the header entries of names (tensor i from
+// tensor(i)), comma-separated, data offsets back to back from 0.
+func writeEntries(sb *strings.Builder, names []string, tensor func(i int) Tensor) {
 	off := 0
-	for i, name := range order {
-		t := tensors[name]
+	for i, name := range names {
+		t := tensor(i)
 		if i > 0 {
 			sb.WriteByte(',')
 		}
-		writeJSONString(&sb, name)
+		writeJSONString(sb, name)
 		sb.WriteString(`:{"dtype":"`)
 		sb.WriteString(t.DType.String())
 		sb.WriteString(`","shape":[`)
@@ -159,14 +196,6 @@ func encodeHeader(tensors map[string]Tensor, metadata map[string]string) ([]byte
 		sb.WriteString(strconv.Itoa(off))
 		sb.WriteString("]}")
 	}
-	sb.WriteByte('}')
-	for sb.Len()%8 != 0 {
-		sb.WriteByte(' ')
-	}
-	if sb.Len() > MaxHeaderBytes {
-		return nil, nil, fmt.Errorf("safetensors: header of %d bytes exceeds the limit of %d", sb.Len(), MaxHeaderBytes)
-	}
-	return []byte(sb.String()), order, nil
 }
 
 // writeJSONString writes s as serde_json does: only '"', '\\' and control
