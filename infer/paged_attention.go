@@ -2,6 +2,7 @@ package infer
 
 import (
 	"math"
+	"sync"
 
 	"github.com/gotron/gotron/internal/cpu"
 	"github.com/gotron/gotron/model/gpt"
@@ -72,19 +73,24 @@ func (a *pagedAttention) Attend(layer int, q, k, v, out []float32) {
 
 // attendRange computes work items [lo, hi): item = row·hsplit + head range.
 // Each query is computed as gpt's cachedAttention computes it (float64
-// scores by cpu.DotF64, weighted values by cpu.Axpy: per head the same
-// operations in the same order), so a lone sequence decodes exactly as
-// gotron generate. The loops run over positions outside and heads inside,
-// so each cached key and value row is read once for all the heads it
-// serves rather than once per head.
+// scores by cpu.DotF64's arithmetic, values weighted by cpu.Axpy's: per
+// head the same operations in the same order), so a lone sequence decodes
+// exactly as gotron generate. A block's positions are consecutive slots, so
+// each block's keys are scored and its values weighted in one kernel call
+// per head (cpu.DotsF64, cpu.Axpys), the block staying in cache while all
+// the heads it serves read it.
 func (a *pagedAttention) attendRange(lo, hi int) {
 	d, r := a.dim, a.heads/a.grp
 	row := a.pool.rowFloats
 	bt := a.pool.blockTokens
 	kc, vc := a.pool.k[a.layer], a.pool.v[a.layer]
 	scale := 1 / math.Sqrt(float64(d))
+	sc, _ := attnScratches.Get().(*attnScratch)
+	if sc == nil {
+		sc = &attnScratch{}
+	}
+	defer attnScratches.Put(sc)
 	si := 0 // the span of item lo's row, found by scanning
-	var scores, sums []float64
 	for it := lo; it < hi; it++ {
 		i, c := it/a.hsplit, it%a.hsplit
 		h0, h1 := c*a.heads/a.hsplit, (c+1)*a.heads/a.hsplit
@@ -94,39 +100,55 @@ func (a *pagedAttention) attendRange(lo, hi int) {
 		s := &a.spans[si]
 		limit := s.pos + (i - s.row) + 1
 		nh := h1 - h0
-		if cap(scores) < nh*limit {
-			scores = make([]float64, nh*limit+64*nh)
-		}
-		if cap(sums) < nh {
-			sums = make([]float64, a.heads)
-		}
-		scores, sums = scores[:nh*limit], sums[:nh]
+		scores, w := sc.get(nh * limit)
 		q := a.q[i*a.heads*d:]
-		for j := range limit {
-			base := (int(s.table[j/bt])*bt + j%bt) * row
+		for j0 := 0; j0 < limit; j0 += bt {
+			nb, base := min(bt, limit-j0), int(s.table[j0/bt])*bt*row
 			for h := h0; h < h1; h++ {
-				scores[(h-h0)*limit+j] = cpu.DotF64(q[h*d:(h+1)*d], kc[base+h/r*d:][:d]) * scale
+				cpu.DotsF64(scores[(h-h0)*limit+j0:][:nb], q[h*d:(h+1)*d], kc[base+h/r*d:], row, scale)
 			}
 		}
 		for h := range nh {
-			sc := scores[h*limit : (h+1)*limit]
-			mx := math.Inf(-1)
-			for _, v := range sc {
-				mx = math.Max(mx, v)
-			}
-			var sum float64
-			for j, v := range sc {
-				sc[j] = math.Exp(v - mx)
-				sum += sc[j]
-			}
-			sums[h] = sum
+			softmaxWeights(w[h*limit:(h+1)*limit], scores[h*limit:(h+1)*limit])
 		}
 		out := a.out[i*a.heads*d:]
-		for j := range limit {
-			base := (int(s.table[j/bt])*bt + j%bt) * row
+		for j0 := 0; j0 < limit; j0 += bt {
+			nb, base := min(bt, limit-j0), int(s.table[j0/bt])*bt*row
 			for h := h0; h < h1; h++ {
-				cpu.Axpy(out[h*d:(h+1)*d], vc[base+h/r*d:][:d], float32(scores[(h-h0)*limit+j]/sums[h-h0]))
+				cpu.Axpys(out[h*d:(h+1)*d], vc[base+h/r*d:], row, w[(h-h0)*limit+j0:][:nb])
 			}
 		}
 	}
+}
+
+// softmaxWeights sets w[j] = float32(exp(sc[j]-max)/Σ exp), the attention
+// weights as gpt's cachedAttention computes them (sc is overwritten).
+func softmaxWeights(w []float32, sc []float64) {
+	mx := math.Inf(-1)
+	for _, v := range sc {
+		mx = math.Max(mx, v)
+	}
+	var sum float64
+	for j, v := range sc {
+		sc[j] = math.Exp(v - mx)
+		sum += sc[j]
+	}
+	for j, v := range sc {
+		w[j] = float32(v / sum)
+	}
+}
+
+// attnScratch is one goroutine's scores and weights.
+type attnScratch struct {
+	scores []float64
+	w      []float32
+}
+
+var attnScratches sync.Pool
+
+func (s *attnScratch) get(n int) ([]float64, []float32) {
+	if cap(s.scores) < n {
+		s.scores, s.w = make([]float64, n+n/2), make([]float32, n+n/2)
+	}
+	return s.scores[:n], s.w[:n]
 }

@@ -1,6 +1,9 @@
 package cpu
 
-import "math"
+import (
+	"fmt"
+	"math"
+)
 
 // Axpy adds a*x[i] to y[i] (y at least as long as x), multiplying then
 // adding in float32 like the plain loop, so every ISA gives the same bits.
@@ -10,6 +13,26 @@ func Axpy(y, x []float32, a float32) {
 	n := axpyVec(y, x, a)
 	for i := n; i < len(x); i++ {
 		y[i] += a * x[i]
+	}
+}
+
+// Axpys adds w[j]·x[j·ldx+i] to y[i] for j = 0, 1, …, len(w)-1 in that
+// order and i < len(y): the same bits as Axpy(y, x[j·ldx:][:len(y)], w[j])
+// for each j in turn, in one call (attention weights values this way, one
+// row per cached position). Rows may overlap (ldx ≥ 0).
+func Axpys(y, x []float32, ldx int, w []float32) {
+	d, n := len(y), len(w)
+	if n == 0 || d == 0 {
+		return
+	}
+	if ldx < 0 || len(x) < (n-1)*ldx+d {
+		panic(fmt.Sprintf("cpu: Axpys: %d rows of %d at stride %d need %d values, have %d", n, d, ldx, (n-1)*ldx+d, len(x)))
+	}
+	if axpysVec(y, x, ldx, w) {
+		return
+	}
+	for j, a := range w {
+		Axpy(y, x[j*ldx:][:d], a)
 	}
 }
 
@@ -42,4 +65,23 @@ func DotF64(a, b []float32) float64 {
 		s += v
 	}
 	return s
+}
+
+// DotsF64 sets out[j] = DotF64(q, k[j·ldk:][:len(q)])·scale for j <
+// len(out), with the same bits, in one call (attention scores a query
+// against one cached key per row).
+func DotsF64(out []float64, q, k []float32, ldk int, scale float64) {
+	d, n := len(q), len(out)
+	if n == 0 {
+		return
+	}
+	if ldk < 0 || len(k) < (n-1)*ldk+d {
+		panic(fmt.Sprintf("cpu: DotsF64: %d keys of %d at stride %d need %d values, have %d", n, d, ldk, (n-1)*ldk+d, len(k)))
+	}
+	if d > 0 && dotsF64Vec(out, q, k, ldk, scale) {
+		return
+	}
+	for j := range out {
+		out[j] = DotF64(q, k[j*ldk:][:d]) * scale
+	}
 }

@@ -241,3 +241,36 @@ func lnParamGradVec(dw, g, x []float32, mean, rstd float32) int {
 	lnParamGradAVX512(&dw[0], &g[0], &x[0], n, mean, rstd)
 	return n
 }
+
+// dotsF64AVX2 sets out[j] = DotF64(q[:d], key j)·scale for j < n, key j
+// at k + j·ldk bytes, d a multiple of 16. Requires AVX2 and FMA3.
+//
+//go:noescape
+func dotsF64AVX2(q, k *float32, d, ldk, n int, scale float64, out *float64)
+
+// axpysAVX2 adds w[j]·x_j[i] to y[i] for j = 0 … n-1 in order and i < d
+// (a multiple of 16), row x_j at x + j·ldx bytes. Requires AVX2.
+//
+//go:noescape
+func axpysAVX2(y, x *float32, d, ldx, n int, w *float32)
+
+// dotsF64Vec runs dotsF64AVX2 when the ISA and d allow and reports
+// whether it did.
+func dotsF64Vec(out []float64, q, k []float32, ldk int, scale float64) bool {
+	d := len(q)
+	if ActiveISA() < ISAAVX2 || d%dotLanes != 0 {
+		return false
+	}
+	dotsF64AVX2(&q[0], &k[0], d, ldk*4, len(out), scale, &out[0])
+	return true
+}
+
+// axpysVec runs axpysAVX2 when the ISA and len(y) allow and reports
+// whether it did.
+func axpysVec(y, x []float32, ldx int, w []float32) bool {
+	if ActiveISA() < ISAAVX2 || len(y)%16 != 0 {
+		return false
+	}
+	axpysAVX2(&y[0], &x[0], len(y), ldx*4, len(w), &w[0])
+	return true
+}

@@ -524,3 +524,175 @@ dotdone:
 	VMOVUPD Y3, 96(DX)
 	VZEROUPPER
 	RET
+
+// func dotsF64AVX2(q, k *float32, d, ldk, n int, scale float64, out *float64)
+// For j < n: out[j] = DotF64(q[:d], key j)·scale, key j at k + j·ldk
+// bytes, d a multiple of 16: each key's 16 lanes accumulate as in
+// dotF64AVX2, then 0 + lane 0 + lane 1 + … + lane 15 in that order (as
+// DotF64 sums them), then the product with scale.
+TEXT ·dotsF64AVX2(SB), NOSPLIT, $0-56
+	MOVQ q+0(FP), SI
+	MOVQ k+8(FP), DI
+	MOVQ d+16(FP), BX
+	SHRQ $4, BX
+	MOVQ ldk+24(FP), R8
+	MOVQ n+32(FP), CX
+	VMOVSD scale+40(FP), X15
+	MOVQ out+48(FP), DX
+	TESTQ CX, CX
+	JZ dotsdone
+	TESTQ BX, BX
+	JZ dotsdone
+dotskey:
+	VXORPD Y0, Y0, Y0
+	VXORPD Y1, Y1, Y1
+	VXORPD Y2, Y2, Y2
+	VXORPD Y3, Y3, Y3
+	MOVQ SI, R9
+	MOVQ DI, R10
+	MOVQ BX, R11
+dotschunk:
+	VCVTPS2PD (R9), Y4
+	VCVTPS2PD (R10), Y8
+	VFMADD231PD Y8, Y4, Y0
+	VCVTPS2PD 16(R9), Y5
+	VCVTPS2PD 16(R10), Y9
+	VFMADD231PD Y9, Y5, Y1
+	VCVTPS2PD 32(R9), Y6
+	VCVTPS2PD 32(R10), Y10
+	VFMADD231PD Y10, Y6, Y2
+	VCVTPS2PD 48(R9), Y7
+	VCVTPS2PD 48(R10), Y11
+	VFMADD231PD Y11, Y7, Y3
+	ADDQ $64, R9
+	ADDQ $64, R10
+	DECQ R11
+	JNZ dotschunk
+	VXORPD X12, X12, X12
+	VADDSD X0, X12, X12
+	VPERMILPD $1, X0, X5
+	VADDSD X5, X12, X12
+	VEXTRACTF128 $1, Y0, X6
+	VADDSD X6, X12, X12
+	VPERMILPD $1, X6, X5
+	VADDSD X5, X12, X12
+	VADDSD X1, X12, X12
+	VPERMILPD $1, X1, X5
+	VADDSD X5, X12, X12
+	VEXTRACTF128 $1, Y1, X6
+	VADDSD X6, X12, X12
+	VPERMILPD $1, X6, X5
+	VADDSD X5, X12, X12
+	VADDSD X2, X12, X12
+	VPERMILPD $1, X2, X5
+	VADDSD X5, X12, X12
+	VEXTRACTF128 $1, Y2, X6
+	VADDSD X6, X12, X12
+	VPERMILPD $1, X6, X5
+	VADDSD X5, X12, X12
+	VADDSD X3, X12, X12
+	VPERMILPD $1, X3, X5
+	VADDSD X5, X12, X12
+	VEXTRACTF128 $1, Y3, X6
+	VADDSD X6, X12, X12
+	VPERMILPD $1, X6, X5
+	VADDSD X5, X12, X12
+	VMULSD X15, X12, X12
+	VMOVSD X12, (DX)
+	ADDQ $8, DX
+	ADDQ R8, DI
+	DECQ CX
+	JNZ dotskey
+dotsdone:
+	VZEROUPPER
+	RET
+
+// func axpysAVX2(y, x *float32, d, ldx, n int, w *float32)
+// For j = 0 … n-1 in order, y[i] += w[j]·x_j[i] for i < d, row x_j at
+// x + j·ldx bytes, d a multiple of 16: multiply, then add, as axpyAVX2, so
+// each element gets the same bits as n calls of Axpy. y is held in
+// registers, 64 (then 16) floats at a time, across all n rows.
+TEXT ·axpysAVX2(SB), NOSPLIT, $0-48
+	MOVQ y+0(FP), DI
+	MOVQ x+8(FP), SI
+	MOVQ d+16(FP), BX
+	MOVQ ldx+24(FP), R8
+	MOVQ n+32(FP), CX
+	MOVQ w+40(FP), DX
+	TESTQ CX, CX
+	JZ axpysdone
+axpyswide:
+	CMPQ BX, $64
+	JLT axpysnarrow
+	VMOVUPS (DI), Y0
+	VMOVUPS 32(DI), Y1
+	VMOVUPS 64(DI), Y2
+	VMOVUPS 96(DI), Y3
+	VMOVUPS 128(DI), Y4
+	VMOVUPS 160(DI), Y5
+	VMOVUPS 192(DI), Y6
+	VMOVUPS 224(DI), Y7
+	MOVQ SI, R9
+	MOVQ DX, R10
+	MOVQ CX, R11
+axpyswloop:
+	VBROADCASTSS (R10), Y15
+	VMULPS (R9), Y15, Y8
+	VMULPS 32(R9), Y15, Y9
+	VMULPS 64(R9), Y15, Y10
+	VMULPS 96(R9), Y15, Y11
+	VADDPS Y8, Y0, Y0
+	VADDPS Y9, Y1, Y1
+	VADDPS Y10, Y2, Y2
+	VADDPS Y11, Y3, Y3
+	VMULPS 128(R9), Y15, Y12
+	VMULPS 160(R9), Y15, Y13
+	VMULPS 192(R9), Y15, Y14
+	VMULPS 224(R9), Y15, Y8
+	VADDPS Y12, Y4, Y4
+	VADDPS Y13, Y5, Y5
+	VADDPS Y14, Y6, Y6
+	VADDPS Y8, Y7, Y7
+	ADDQ R8, R9
+	ADDQ $4, R10
+	DECQ R11
+	JNZ axpyswloop
+	VMOVUPS Y0, (DI)
+	VMOVUPS Y1, 32(DI)
+	VMOVUPS Y2, 64(DI)
+	VMOVUPS Y3, 96(DI)
+	VMOVUPS Y4, 128(DI)
+	VMOVUPS Y5, 160(DI)
+	VMOVUPS Y6, 192(DI)
+	VMOVUPS Y7, 224(DI)
+	ADDQ $256, DI
+	ADDQ $256, SI
+	SUBQ $64, BX
+	JMP axpyswide
+axpysnarrow:
+	TESTQ BX, BX
+	JZ axpysdone
+	VMOVUPS (DI), Y0
+	VMOVUPS 32(DI), Y1
+	MOVQ SI, R9
+	MOVQ DX, R10
+	MOVQ CX, R11
+axpysnloop:
+	VBROADCASTSS (R10), Y15
+	VMULPS (R9), Y15, Y8
+	VMULPS 32(R9), Y15, Y9
+	VADDPS Y8, Y0, Y0
+	VADDPS Y9, Y1, Y1
+	ADDQ R8, R9
+	ADDQ $4, R10
+	DECQ R11
+	JNZ axpysnloop
+	VMOVUPS Y0, (DI)
+	VMOVUPS Y1, 32(DI)
+	ADDQ $64, DI
+	ADDQ $64, SI
+	SUBQ $16, BX
+	JMP axpysnarrow
+axpysdone:
+	VZEROUPPER
+	RET

@@ -395,3 +395,64 @@ func TestDotF64(t *testing.T) {
 		})
 	}
 }
+
+// TestDotsF64AndAxpys holds the batched attention kernels to the calls they
+// replace, bit for bit, on every ISA: DotsF64 to DotF64·scale per key, and
+// Axpys to Axpy per row in order; head dims 1..144 (vector kernels and the
+// fallback), 0..19 rows, strides longer than a row and unaligned starts,
+// with signed zeros, large and tiny values among the inputs.
+func TestDotsF64AndAxpys(t *testing.T) {
+	for _, isa := range isasToTest() {
+		withISA(t, isa, func() {
+			r := rand.New(rand.NewPCG(13, uint64(isa)))
+			for _, d := range []int{1, 8, 15, 16, 17, 32, 48, 64, 80, 96, 128, 144} {
+				for _, n := range []int{0, 1, 2, 7, 16, 19} {
+					ld := d + r.IntN(3)*16 + r.IntN(2)
+					off := r.IntN(3)
+					k := elemInputs(r, off+n*ld+d)[off:]
+					q := elemInputs(r, d+off)[off:]
+					if n > 0 {
+						k[0], q[0] = float32(math.Copysign(0, -1)), 1e30
+					}
+					scale := 1 / math.Sqrt(float64(d))
+					got := make([]float64, n)
+					DotsF64(got, q, k, ld, scale)
+					for j := range n {
+						want := DotF64(q, k[j*ld:][:d]) * scale
+						if math.Float64bits(got[j]) != math.Float64bits(want) {
+							t.Fatalf("%v d=%d n=%d ld=%d: DotsF64[%d] = %v, DotF64·scale = %v", isa, d, n, ld, j, got[j], want)
+						}
+					}
+					w := elemInputs(r, n)
+					if n > 1 {
+						w[1] = 1e-30
+					}
+					y0 := elemInputs(r, d+off)[off:]
+					gotY, wantY := append([]float32(nil), y0...), append([]float32(nil), y0...)
+					Axpys(gotY, k, ld, w)
+					for j, a := range w {
+						Axpy(wantY, k[j*ld:][:d], a)
+					}
+					for i := range wantY {
+						if !sameBits(gotY[i], wantY[i]) {
+							t.Fatalf("%v d=%d n=%d ld=%d: Axpys y[%d] = %g, Axpy per row %g", isa, d, n, ld, i, gotY[i], wantY[i])
+						}
+					}
+				}
+			}
+			for name, f := range map[string]func(){
+				"DotsF64 short k": func() { DotsF64(make([]float64, 3), make([]float32, 16), make([]float32, 40), 16, 1) },
+				"Axpys short x":   func() { Axpys(make([]float32, 16), make([]float32, 40), 16, make([]float32, 3)) },
+			} {
+				func() {
+					defer func() {
+						if recover() == nil {
+							t.Errorf("%s: no panic", name)
+						}
+					}()
+					f()
+				}()
+			}
+		})
+	}
+}

@@ -90,30 +90,33 @@ func (m *Model) Decode(kv *KVCache, tokens []int32) ([]float32, error) {
 }
 
 // cachedAttention: query i (position p0+i) attends to cached positions
-// 0..p0+i. q (n, g·r, d); caches (len, g, d); returns (n, g·r, d).
+// 0..p0+i. q (n, g·r, d); caches (len, g, d); returns (n, g·r, d). Scores
+// are accumulated in float64 (cpu.DotsF64) and values weighted in float32
+// (cpu.Axpys), in position order: infer's paged attention computes the
+// same, so a served sequence decodes exactly as this one.
 func cachedAttention(q, kc, vc []float32, n, p0, g, r, d int) []float32 {
 	out := make([]float32, n*g*r*d)
 	scale := 1 / math.Sqrt(float64(d))
-	scores := make([]float64, p0+n)
+	scores, w := make([]float64, p0+n), make([]float32, p0+n)
 	for i := range n {
 		for h := range g * r {
 			kvh := h / r
 			qi := q[(i*g*r+h)*d : (i*g*r+h+1)*d]
 			limit := p0 + i + 1
+			cpu.DotsF64(scores[:limit], qi, kc[kvh*d:], g*d, scale)
 			mx := math.Inf(-1)
-			for j := range limit {
-				scores[j] = cpu.DotF64(qi, kc[(j*g+kvh)*d:(j*g+kvh+1)*d]) * scale
-				mx = math.Max(mx, scores[j])
+			for _, v := range scores[:limit] {
+				mx = math.Max(mx, v)
 			}
 			var sum float64
 			for j := range limit {
 				scores[j] = math.Exp(scores[j] - mx)
 				sum += scores[j]
 			}
-			o := out[(i*g*r+h)*d : (i*g*r+h+1)*d]
 			for j := range limit {
-				cpu.Axpy(o, vc[(j*g+kvh)*d:(j*g+kvh+1)*d], float32(scores[j]/sum))
+				w[j] = float32(scores[j] / sum)
 			}
+			cpu.Axpys(out[(i*g*r+h)*d:(i*g*r+h+1)*d], vc[kvh*d:], g*d, w[:limit])
 		}
 	}
 	return out
