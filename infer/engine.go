@@ -200,6 +200,7 @@ type Engine struct {
 	stats   Stats
 
 	// step scratch
+	bufs      gpt.DecodeBuffers
 	plan      []scheduled
 	tokens    []int32
 	positions []int32
@@ -225,7 +226,7 @@ func NewEngine(m *gpt.Model, cfg EngineConfig) (*Engine, error) {
 	mc := &m.Config
 	blocks := int(cfg.KVCacheBytes / cfg.blockBytes(m))
 	e := &Engine{m: m, cfg: cfg, maxPos: mc.MaxPositionEmbeddings, byID: map[SeqID]*sequence{}}
-	e.pool = newKVPool(mc.NumLayers, mc.NumQueryGroups*mc.KVChannels, cfg.BlockTokens, blocks)
+	e.pool = newKVPool(mc.NumLayers, mc.NumQueryGroups, mc.KVChannels, cfg.BlockTokens, blocks)
 	e.att = newPagedAttention(e.pool, mc.NumAttentionHeads, mc.NumQueryGroups, mc.KVChannels)
 	if cfg.BF16 {
 		if err := m.CheckBF16(); err != nil {
@@ -382,11 +383,11 @@ func (e *Engine) Step() ([]Event, error) {
 	var logits []float32
 	var err error
 	if len(e.rows) > 0 {
-		logits, err = e.m.DecodeBatch(e.tokens, e.positions, e.att, e.rows, e.linears())
+		logits, err = e.m.DecodeBatch(&e.bufs, e.tokens, e.positions, e.att, e.rows, e.linears())
 	} else {
 		// Every sequence is mid-prefill: the forward still fills the
 		// cache; ask for one row's logits and ignore them.
-		logits, err = e.m.DecodeBatch(e.tokens, e.positions, e.att, []int{len(e.tokens) - 1}, e.linears())
+		logits, err = e.m.DecodeBatch(&e.bufs, e.tokens, e.positions, e.att, []int{len(e.tokens) - 1}, e.linears())
 	}
 	e.stats.Steps++
 	e.stats.BatchedTokens += int64(len(e.tokens))

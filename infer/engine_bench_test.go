@@ -34,7 +34,7 @@ func BenchmarkEngineDecodeStep(b *testing.B) {
 				name = fmt.Sprintf("bf16/seqs%d", seqs)
 			}
 			b.Run(name, func(b *testing.B) {
-				e, err := NewEngine(m, EngineConfig{BF16: bf16, KVCacheBytes: 256 << 20, MaxNumSeqs: 64, MaxNumBatchedTokens: 1024})
+				e, err := NewEngine(m, EngineConfig{BF16: bf16, KVCacheBytes: 768 << 20, MaxNumSeqs: 64, MaxNumBatchedTokens: 1024})
 				if err != nil {
 					b.Fatal(err)
 				}
@@ -54,7 +54,7 @@ func BenchmarkEngineDecodeStep(b *testing.B) {
 					if _, err := e.Step(); err != nil {
 						b.Fatal(err)
 					}
-					if steps++; steps == 200 { // keep positions bounded: restart
+					if steps++; steps == 100 { // keep positions bounded: restart
 						b.StopTimer()
 						for id := range e.byID {
 							e.Cancel(id)

@@ -54,11 +54,14 @@ func (a *pagedAttention) reset(spans []span) {
 
 // Attend stores the layer's new keys and values and computes attention.
 func (a *pagedAttention) Attend(layer int, q, k, v, out []float32) {
-	row := a.pool.rowFloats
+	d := a.dim
 	kc, vc := a.pool.k[layer], a.pool.v[layer]
 	for i, s := range a.slots {
-		copy(kc[s*row:(s+1)*row], k[i*row:(i+1)*row])
-		copy(vc[s*row:(s+1)*row], v[i*row:(i+1)*row])
+		for h := range a.grp {
+			at, src := a.pool.at(s, h), (i*a.grp+h)*d
+			copy(kc[at:at+d], k[src:src+d])
+			copy(vc[at:at+d], v[src:src+d])
+		}
 	}
 	a.layer, a.q, a.out = layer, q, out
 	// Work items: a query row's heads, split into a few head ranges when
@@ -75,13 +78,11 @@ func (a *pagedAttention) Attend(layer int, q, k, v, out []float32) {
 // Each query is computed as gpt's cachedAttention computes it (float64
 // scores by cpu.DotF64's arithmetic, values weighted by cpu.Axpy's: per
 // head the same operations in the same order), so a lone sequence decodes
-// exactly as gotron generate. A block's positions are consecutive slots, so
-// each block's keys are scored and its values weighted in one kernel call
-// per head (cpu.DotsF64, cpu.Axpys), the block staying in cache while all
-// the heads it serves read it.
+// exactly as gotron generate. A block holds each KV head's positions
+// contiguously, so a block's keys are scored and its values weighted in one
+// kernel call per head (cpu.DotsF64, cpu.Axpys), reading memory in order.
 func (a *pagedAttention) attendRange(lo, hi int) {
 	d, r := a.dim, a.heads/a.grp
-	row := a.pool.rowFloats
 	bt := a.pool.blockTokens
 	kc, vc := a.pool.k[a.layer], a.pool.v[a.layer]
 	scale := 1 / math.Sqrt(float64(d))
@@ -103,9 +104,9 @@ func (a *pagedAttention) attendRange(lo, hi int) {
 		scores, w := sc.get(nh * limit)
 		q := a.q[i*a.heads*d:]
 		for j0 := 0; j0 < limit; j0 += bt {
-			nb, base := min(bt, limit-j0), int(s.table[j0/bt])*bt*row
+			nb, slot := min(bt, limit-j0), int(s.table[j0/bt])*bt
 			for h := h0; h < h1; h++ {
-				cpu.DotsF64(scores[(h-h0)*limit+j0:][:nb], q[h*d:(h+1)*d], kc[base+h/r*d:], row, scale)
+				cpu.DotsF64(scores[(h-h0)*limit+j0:][:nb], q[h*d:(h+1)*d], kc[a.pool.at(slot, h/r):], d, scale)
 			}
 		}
 		for h := range nh {
@@ -113,9 +114,9 @@ func (a *pagedAttention) attendRange(lo, hi int) {
 		}
 		out := a.out[i*a.heads*d:]
 		for j0 := 0; j0 < limit; j0 += bt {
-			nb, base := min(bt, limit-j0), int(s.table[j0/bt])*bt*row
+			nb, slot := min(bt, limit-j0), int(s.table[j0/bt])*bt
 			for h := h0; h < h1; h++ {
-				cpu.Axpys(out[h*d:(h+1)*d], vc[base+h/r*d:], row, w[(h-h0)*limit+j0:][:nb])
+				cpu.Axpys(out[h*d:(h+1)*d], vc[a.pool.at(slot, h/r):], d, w[(h-h0)*limit+j0:][:nb])
 			}
 		}
 	}

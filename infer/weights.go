@@ -124,10 +124,9 @@ func (pl *PackedLinears) Linear(tp *tensor.Tape, x, w, b *tensor.Tensor) *tensor
 		panic(fmt.Sprintf("infer: linear input %v does not match weight %v", x.Shape(), w.Shape()))
 	}
 	n := x.Numel() / in
-	y := make([]float32, n*out)
-	cpu.SgemmPacked(n, 1, x.Float32s(), in, pb, 0, y, out)
 	shape := append(append([]int(nil), x.Shape()[:x.NDim()-1]...), out)
-	yt := tensor.FromFloat32(y, shape...)
+	yt := tp.Empty(shape...)
+	cpu.SgemmPacked(n, 1, x.Float32s(), in, pb, 0, yt.Float32s(), out)
 	if b != nil {
 		yt = tp.Add(yt, b)
 	}

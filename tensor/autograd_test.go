@@ -357,3 +357,60 @@ func TestCustomFunctionGradientOwnership(t *testing.T) {
 		tp.Reset()
 	}
 }
+
+// TestSizeClassArena: a size-class arena hands out buffers of the asked
+// length whose capacity is the class (at least the length, less than a
+// quarter unused above 64), takes them back whole, and serves every length
+// of a class from one buffer; a no-grad tape on it records nothing and
+// reuses its buffers across steps whose shapes change.
+func TestSizeClassArena(t *testing.T) {
+	prev := 0
+	for n := 1; n < 1<<20; n += 1 + n/7 {
+		c := sizeClass(n)
+		if c < n || c < prev || (n > 64 && float64(c-n) >= 0.25*float64(c)) {
+			t.Fatalf("sizeClass(%d) = %d (previous class %d)", n, c, prev)
+		}
+		prev = c
+	}
+	a := NewSizeClassArena()
+	b := a.get(1000)
+	if len(b) != 1000 || cap(b) != sizeClass(1000) {
+		t.Fatalf("get(1000): len %d cap %d, want 1000 and %d", len(b), cap(b), sizeClass(1000))
+	}
+	b[0] = 7
+	a.put(b)
+	if c := a.get(sizeClass(1000)); &c[0] != &b[0] || len(c) != sizeClass(1000) {
+		t.Fatal("a length of the same class did not get the returned buffer")
+	}
+	if c := a.get(1000); &c[0] == &b[0] {
+		t.Fatal("a buffer was handed out twice")
+	}
+	if e := NewArena().get(1000); cap(e) != 1000 {
+		t.Fatalf("exact arena: cap %d, want 1000", cap(e))
+	}
+
+	rng := NewRNG(3)
+	w := randParam(rng, "w", 1, 128, 128)
+	tp := NewNoGradTape(NewSizeClassArena())
+	step := func(rows int) {
+		x := tp.Empty(1, rows, 128)
+		clear(x.Float32s())
+		y := tp.GELU(tp.Linear(x, w, nil), GELUTanh)
+		if y.RequiresGrad() || tp.Len() != 0 {
+			t.Fatal("no-grad tape recorded a step")
+		}
+		tp.Reset()
+	}
+	for rows := 30; rows <= 32; rows++ { // one size class: 30·128 … 32·128
+		step(rows)
+	}
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	for rows := 30; rows <= 32; rows++ {
+		step(rows)
+	}
+	runtime.ReadMemStats(&after)
+	if got := after.TotalAlloc - before.TotalAlloc; got >= 30*128*4 {
+		t.Fatalf("steps of 30–32 rows allocated %d bytes after warm-up: buffers are not reused across lengths of a class", got)
+	}
+}

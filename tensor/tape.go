@@ -3,6 +3,7 @@ package tensor
 import (
 	"fmt"
 	"math"
+	"math/bits"
 
 	"github.com/gotron/gotron/internal/cpu"
 )
@@ -314,23 +315,63 @@ func axpy(y, x []float32, a float32) { cpu.Axpy(y, x, a) }
 
 // Arena hands out float32 buffers by exact length and takes them back; a
 // training loop with fixed shapes reuses the same buffers every iteration.
+// An arena made by NewSizeClassArena rounds lengths up to size classes
+// instead, for shapes that change from call to call.
 type Arena struct {
-	free map[int][][]float32
+	free    map[int][][]float32 // by length, or by class (capacity)
+	classes bool
 }
 
 // NewArena returns an empty arena.
 func NewArena() *Arena { return &Arena{free: map[int][][]float32{}} }
 
-func (a *Arena) get(n int) []float32 {
-	if l := a.free[n]; len(l) > 0 {
-		b := l[len(l)-1]
-		a.free[n] = l[:len(l)-1]
-		return b
+// NewSizeClassArena returns an empty arena whose buffers serve any length of
+// their size class (four classes per power of two, so at most a quarter of
+// a buffer is unused): a server's decode steps, whose token counts change
+// as sequences join and leave, reuse the same few buffers.
+func NewSizeClassArena() *Arena { return &Arena{free: map[int][][]float32{}, classes: true} }
+
+// sizeClass is the capacity of the class holding length n: n rounded up to
+// a multiple of an eighth of the power of two at or above it (64 at least).
+func sizeClass(n int) int {
+	if n <= 64 {
+		return 64
 	}
-	return make([]float32, n)
+	step := 1 << (bits.Len(uint(n-1)) - 3)
+	return (n + step - 1) &^ (step - 1)
 }
 
-func (a *Arena) put(b []float32) { a.free[len(b)] = append(a.free[len(b)], b) }
+func (a *Arena) get(n int) []float32 {
+	key, c := n, n
+	if a.classes {
+		c = sizeClass(n)
+		key = c
+	}
+	if l := a.free[key]; len(l) > 0 {
+		b := l[len(l)-1]
+		a.free[key] = l[:len(l)-1]
+		return b[:n]
+	}
+	return make([]float32, n, c)
+}
+
+func (a *Arena) put(b []float32) {
+	if a.classes {
+		b = b[:cap(b)]
+	}
+	a.free[len(b)] = append(a.free[len(b)], b)
+}
+
+// NewNoGradTape returns a tape that records nothing and takes its outputs
+// from a (a fresh arena when a is nil): forward-only computation, such as
+// decoding, whose buffers go back to the arena at every Reset instead of to
+// the garbage collector.
+func NewNoGradTape(a *Arena) *Tape {
+	if a == nil {
+		a = NewArena()
+	}
+	return &Tape{arena: a, disabled: true, grads: map[*Tensor]gradRef{}}
+}
 
 // Param returns a new float32 leaf tensor that requires gradients.
 func Param(name string, shape ...int) *Tensor {

@@ -20,7 +20,7 @@ type KVCache struct {
 // NewKVCache allocates a cache for up to maxLen positions.
 func (m *Model) NewKVCache(maxLen int) *KVCache {
 	c := m.Config
-	if m.PosEmb != nil && maxLen > c.MaxPositionEmbeddings {
+	if (m.PosEmb != nil || m.rope != nil) && maxLen > c.MaxPositionEmbeddings {
 		maxLen = c.MaxPositionEmbeddings
 	}
 	kv := &KVCache{MaxLen: maxLen}
