@@ -3,6 +3,7 @@ package infer
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 
 	"github.com/gotron/gotron/internal/cpu"
@@ -200,13 +201,18 @@ type Engine struct {
 	stats   Stats
 
 	// step scratch
-	bufs      gpt.DecodeBuffers
-	plan      []scheduled
-	tokens    []int32
-	positions []int32
-	spans     []span
-	rows      []int
-	events    []Event
+	bufs       gpt.DecodeBuffers
+	plan       []scheduled
+	draws      []Event // by plan index: the token drawn (drawTokens)
+	drawIdx    []int   // plan indices that draw this step
+	drawFn     func(lo, hi int)
+	drawLogits []float32
+	drawV      int
+	tokens     []int32
+	positions  []int32
+	spans      []span
+	rows       []int
+	events     []Event
 }
 
 // scheduled is one sequence's share of a step: n tokens from its computed
@@ -399,7 +405,8 @@ func (e *Engine) Step() ([]Event, error) {
 		return e.events, fmt.Errorf("infer: step: %w", err)
 	}
 	V := e.m.Config.VocabSize
-	for _, p := range e.plan {
+	e.drawTokens(logits, V)
+	for i, p := range e.plan {
 		s := p.s
 		pos0 := s.computed
 		s.computed += p.n
@@ -415,8 +422,7 @@ func (e *Engine) Step() ([]Event, error) {
 			e.finish(s)
 			continue
 		}
-		row := logits[(p.logits0+p.nLogits-1)*V : (p.logits0+p.nLogits)*V][:e.cfg.VocabSize]
-		ev := s.sample(row)
+		ev := s.take(e.draws[i])
 		e.stats.GeneratedTokens++
 		e.emit(s, ev)
 		if ev.Finish != "" {
@@ -424,6 +430,38 @@ func (e *Engine) Step() ([]Event, error) {
 		}
 	}
 	return e.events, nil
+}
+
+// drawTokens draws the next token of every planned sequence whose tokens
+// are all computed (except scoring-only ones) into e.draws, by plan index,
+// in parallel: with many sequences the samplers' passes over the vocabulary
+// would otherwise run on one thread while the others wait. Each sequence
+// draws with its own sampler, so the order does not matter.
+func (e *Engine) drawTokens(logits []float32, V int) {
+	e.draws = slices.Grow(e.draws[:0], len(e.plan))[:len(e.plan)]
+	e.drawIdx = e.drawIdx[:0]
+	for i, p := range e.plan {
+		s := p.s
+		if s.computed+p.n == len(s.tokens) && s.generated < s.req.MaxTokens {
+			e.drawIdx = append(e.drawIdx, i)
+		}
+	}
+	e.drawLogits, e.drawV = logits, V
+	if e.drawFn == nil {
+		e.drawFn = e.drawRange
+	}
+	cpu.Parallel(len(e.drawIdx), 1, e.drawFn)
+	e.drawLogits = nil
+}
+
+// drawRange draws for e.drawIdx[lo:hi].
+func (e *Engine) drawRange(lo, hi int) {
+	V := e.drawV
+	for _, i := range e.drawIdx[lo:hi] {
+		p := &e.plan[i]
+		row := e.drawLogits[(p.logits0+p.nLogits-1)*V : (p.logits0+p.nLogits)*V][:e.cfg.VocabSize]
+		e.draws[i] = p.s.draw(row)
+	}
 }
 
 // emit appends ev for s, filling the sequence fields.

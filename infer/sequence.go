@@ -83,10 +83,10 @@ func (s *sequence) addPromptLogprobs(pos0 int, rows []float32, V, vocab int) {
 	}
 }
 
-// sample draws the next token from logits (the real vocabulary), appends it
-// and returns its event, finished when a stop token, a stop string or
-// MaxTokens ends the sequence.
-func (s *sequence) sample(logits []float32) Event {
+// draw picks the next token from logits with the sequence's sampler and
+// computes its log-probabilities, touching nothing else of the sequence:
+// the draws of a step's sequences can run in parallel.
+func (s *sequence) draw(logits []float32) Event {
 	id := s.sampler.Sample(logits)
 	ev := Event{Token: id}
 	if s.req.Logprobs || s.req.TopLogprobs > 0 {
@@ -96,6 +96,13 @@ func (s *sequence) sample(logits []float32) Event {
 			ev.TopLogprobs = topLogprobs(logits, s.req.TopLogprobs, lse)
 		}
 	}
+	return ev
+}
+
+// take appends the token ev drew and returns ev, finished when a stop
+// token, a stop string or MaxTokens ends the sequence.
+func (s *sequence) take(ev Event) Event {
+	id := ev.Token
 	s.tokens = append(s.tokens, int32(id))
 	s.generated++
 	if slices.Contains(s.req.StopTokens, id) {
