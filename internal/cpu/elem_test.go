@@ -398,20 +398,33 @@ func TestDotF64(t *testing.T) {
 
 // TestDotsF64AndAxpys holds the batched attention kernels to the calls they
 // replace, bit for bit, on every ISA: DotsF64 to DotF64·scale per key, and
-// Axpys to Axpy per row in order; head dims 1..144 (vector kernels and the
-// fallback), 0..19 rows, strides longer than a row and unaligned starts,
-// with signed zeros, large and tiny values among the inputs.
+// Axpys to Axpy per row in order; head dims 1..272 (vector kernels and the
+// fallback), 0..35 rows (the AVX-512 kernel's groups of eight and the rest),
+// strides longer than a row and unaligned starts. Most inputs are normal
+// values, so that any change in the order of the sums shows in the last
+// bits; every fourth case draws elemInputs' special values too.
 func TestDotsF64AndAxpys(t *testing.T) {
 	for _, isa := range isasToTest() {
 		withISA(t, isa, func() {
 			r := rand.New(rand.NewPCG(13, uint64(isa)))
-			for _, d := range []int{1, 8, 15, 16, 17, 32, 48, 64, 80, 96, 128, 144} {
-				for _, n := range []int{0, 1, 2, 7, 16, 19} {
+			inputs := func(n int, special bool) []float32 {
+				if special {
+					return elemInputs(r, n)
+				}
+				x := make([]float32, n)
+				for i := range x {
+					x[i] = float32(r.NormFloat64())
+				}
+				return x
+			}
+			for _, d := range []int{1, 8, 15, 16, 17, 32, 48, 64, 80, 96, 128, 144, 256, 272} {
+				for ni, n := range []int{0, 1, 2, 7, 8, 16, 19, 35} {
+					special := (ni+d)%4 == 0
 					ld := d + r.IntN(3)*16 + r.IntN(2)
 					off := r.IntN(3)
-					k := elemInputs(r, off+n*ld+d)[off:]
-					q := elemInputs(r, d+off)[off:]
-					if n > 0 {
+					k := inputs(off+n*ld+d, special)[off:]
+					q := inputs(d+off, special)[off:]
+					if n > 0 && special {
 						k[0], q[0] = float32(math.Copysign(0, -1)), 1e30
 					}
 					scale := 1 / math.Sqrt(float64(d))
@@ -423,11 +436,11 @@ func TestDotsF64AndAxpys(t *testing.T) {
 							t.Fatalf("%v d=%d n=%d ld=%d: DotsF64[%d] = %v, DotF64·scale = %v", isa, d, n, ld, j, got[j], want)
 						}
 					}
-					w := elemInputs(r, n)
+					w := inputs(n, special)
 					if n > 1 {
 						w[1] = 1e-30
 					}
-					y0 := elemInputs(r, d+off)[off:]
+					y0 := inputs(d+off, special)[off:]
 					gotY, wantY := append([]float32(nil), y0...), append([]float32(nil), y0...)
 					Axpys(gotY, k, ld, w)
 					for j, a := range w {
