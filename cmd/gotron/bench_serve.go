@@ -60,7 +60,7 @@ func benchServe(ctx context.Context, env *cli, args []string) error {
 	fs.IntVar(&f.sharedPrefix, "shared-prefix-tokens", 0, "tokens every prompt starts with (exercises prefix caching)")
 	fs.IntVar(&f.warmup, "warmup", 1, "requests sent one by one before the timed run")
 	fs.BoolVar(&f.verify, "verify", true, "check each output against the request decoded alone")
-	fs.BoolVar(&f.bound, "bandwidth-bound", false, "also measure memcpy bandwidth and print the decode bound: weight bytes read per token / bandwidth")
+	fs.BoolVar(&f.bound, "bandwidth-bound", false, "after the run, also measure memcpy bandwidth and the FMA peak and print the decode bounds: weight bytes read per token / bandwidth, FLOPs per token / peak")
 	fs.DurationVar(&f.timeout, "timeout", 2*time.Minute, "bound on the timed run")
 	fs.StringVar(&f.cpuProfile, "cpuprofile", "", "write a CPU profile of the timed run to this file")
 	if err := parseFlags(fs, args, env.stdout, benchServeSynopsis); err != nil {
@@ -101,19 +101,6 @@ func benchServe(ctx context.Context, env *cli, args []string) error {
 	c := m.Config
 	fmt.Fprintf(env.stdout, "bench serve: %d layers, hidden %d, heads %d (kv %d), vocab %d, %d params; %d clients × (%d prompt + %d new tokens); %d threads; decode weights: %s; GOGC %d\n",
 		c.NumLayers, c.HiddenSize, c.NumAttentionHeads, c.NumQueryGroups, c.VocabSize, m.NumParams(), f.clients, f.promptTokens, f.maxNew, runtime.GOMAXPROCS(0), weightsDescription(runner.Engine()), gcPercent())
-	if f.bound {
-		bw := memcpyBandwidth()
-		wb := weightBytesPerToken(m, f.serve.bf16)
-		fmt.Fprintf(env.stdout, "bandwidth bound: %.1f MB of weights per token / memcpy %.1f GB/s (bytes copied per second, %d threads) = %.1f tokens/s\n",
-			float64(wb)/1e6, bw/1e9, runtime.GOMAXPROCS(0), bw/float64(wb))
-		// The batched steps are compute-bound: their ceiling is the FMA
-		// peak over 2 FLOP per weight per token, and its ratio to the
-		// bandwidth bound caps what many clients can gain over one.
-		peak := cpu.FMAPeak(cpu.Threads(), time.Second)
-		flops := 2 * float64(weightBytesPerToken(m, false)/4)
-		fmt.Fprintf(env.stdout, "compute bound: FMA peak %.1f GFLOP/s (cpu.FMAPeak, %d threads) / %.1f MFLOP per token = %.1f tokens/s, %.1f× the bandwidth bound\n",
-			peak, cpu.Threads(), flops/1e6, peak*1e9/flops, peak*1e9/flops/(bw/float64(wb)))
-	}
 	var want []string
 	if f.verify {
 		if want, err = benchAloneOutputs(ctx, m, tok, prompts, f.maxNew); err != nil {
@@ -170,7 +157,29 @@ func benchServe(ctx context.Context, env *cli, args []string) error {
 		time.Sleep(10 * time.Millisecond)
 	}
 	after := waitForGoroutines(idleGoroutines, idleWait)
-	return benchServeReport(env, &f, results, want, wall, st0, st, idleGoroutines, after)
+	err = benchServeReport(env, &f, results, want, wall, st0, st, idleGoroutines, after)
+	if f.bound {
+		printDecodeBounds(env, m, f.serve.bf16)
+	}
+	return err
+}
+
+// printDecodeBounds measures and prints the decode bounds of m on this
+// machine. It runs after the timed run, which its gigabyte of copied memory
+// (garbage the runtime then returns to the OS) and its seconds of FMA loops
+// would disturb.
+func printDecodeBounds(env *cli, m *gpt.Model, bf16 bool) {
+	bw := memcpyBandwidth()
+	wb := weightBytesPerToken(m, bf16)
+	fmt.Fprintf(env.stdout, "bandwidth bound: %.1f MB of weights per token / memcpy %.1f GB/s (bytes copied per second, %d threads) = %.1f tokens/s\n",
+		float64(wb)/1e6, bw/1e9, runtime.GOMAXPROCS(0), bw/float64(wb))
+	// The batched steps are compute-bound: their ceiling is the FMA peak
+	// over 2 FLOP per weight per token, and its ratio to the bandwidth
+	// bound caps what many clients can gain over one.
+	peak := cpu.FMAPeak(cpu.Threads(), time.Second)
+	flops := 2 * float64(weightBytesPerToken(m, false)/4)
+	fmt.Fprintf(env.stdout, "compute bound: FMA peak %.1f GFLOP/s (cpu.FMAPeak, %d threads) / %.1f MFLOP per token = %.1f tokens/s, %.1f× the bandwidth bound\n",
+		peak, cpu.Threads(), flops/1e6, peak*1e9/flops, peak*1e9/flops/(bw/float64(wb)))
 }
 
 // idleWait bounds the waits for the server to be idle after the run.

@@ -22,9 +22,13 @@ func runBenchServe(t *testing.T, args ...string) (string, error) {
 // alone, and blocks and goroutines must be back after.
 func TestBenchServe(t *testing.T) {
 	out, err := runBenchServe(t, "--preset", "llama-tiny", "--clients", "20", "--prompt-tokens", "12", "--max-tokens", "10",
-		"--shared-prefix-tokens", "8", "--block-size", "4", "--kv-cache-bytes", "256KiB", "--timeout", "60s")
+		"--shared-prefix-tokens", "8", "--block-size", "4", "--kv-cache-bytes", "256KiB", "--timeout", "60s", "--bandwidth-bound")
 	if err != nil {
 		t.Fatalf("%v\n%s", err, out)
+	}
+	// The bounds are measured after the timed run, which they would disturb.
+	if a, b := strings.Index(out, "after: 0 KV blocks used"), strings.Index(out, "bandwidth bound: "); a < 0 || b < a || !strings.Contains(out[b:], "compute bound: FMA peak") {
+		t.Errorf("want the bandwidth and compute bounds after the run's report:\n%s", out)
 	}
 	for _, want := range []string{"requests: 20 completed, 0 failed; outputs: 20 of 20 equal their alone output",
 		"after: 0 KV blocks used", "time to first token: p50", "tokens/s"} {
