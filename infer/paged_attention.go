@@ -110,7 +110,7 @@ func (a *pagedAttention) attendRange(lo, hi int) {
 			}
 		}
 		for h := range nh {
-			softmaxWeights(w[h*limit:(h+1)*limit], scores[h*limit:(h+1)*limit])
+			cpu.SoftmaxWeights(w[h*limit:(h+1)*limit], scores[h*limit:(h+1)*limit])
 		}
 		out := a.out[i*a.heads*d:]
 		for j0 := 0; j0 < limit; j0 += bt {
@@ -119,23 +119,6 @@ func (a *pagedAttention) attendRange(lo, hi int) {
 				cpu.Axpys(out[h*d:(h+1)*d], vc[a.pool.at(slot, h/r):], d, w[(h-h0)*limit+j0:][:nb])
 			}
 		}
-	}
-}
-
-// softmaxWeights sets w[j] = float32(exp(sc[j]-max)/Σ exp), the attention
-// weights as gpt's cachedAttention computes them (sc is overwritten).
-func softmaxWeights(w []float32, sc []float64) {
-	mx := math.Inf(-1)
-	for _, v := range sc {
-		mx = math.Max(mx, v)
-	}
-	var sum float64
-	for j, v := range sc {
-		sc[j] = math.Exp(v - mx)
-		sum += sc[j]
-	}
-	for j, v := range sc {
-		w[j] = float32(v / sum)
 	}
 }
 

@@ -36,6 +36,30 @@ func Axpys(y, x []float32, ldx int, w []float32) {
 	}
 }
 
+// SoftmaxWeights sets w[j] = float32(exp(sc[j]-m)/Σ exp(sc[i]-m)), m the
+// largest score: attention weights from float64 scores, as both of
+// decoding's attention paths (gpt's cached attention, infer's paged
+// attention) compute them, so that they agree bit for bit. sc is
+// overwritten with the exponentials. A NaN score makes every weight NaN.
+func SoftmaxWeights(w []float32, sc []float64) {
+	w = w[:len(sc)]
+	mx := math.Inf(-1)
+	for _, v := range sc {
+		if v > mx { // math.Max's NaN and signed-zero cases change no weight
+			mx = v
+		}
+	}
+	var sum float64
+	for j, v := range sc {
+		e := math.Exp(v - mx)
+		sc[j] = e
+		sum += e
+	}
+	for j, v := range sc {
+		w[j] = float32(v / sum)
+	}
+}
+
 // Add sets out[i] = a[i] + b[i] for i < len(a) (out and b at least as long;
 // out may alias a or b), on the calling goroutine.
 func Add(out, a, b []float32) {

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"testing"
 )
 
@@ -467,5 +468,54 @@ func TestDotsF64AndAxpys(t *testing.T) {
 				}()
 			}
 		})
+	}
+}
+
+// TestSoftmaxWeights holds SoftmaxWeights to the formula with math.Max
+// (what decoding computed before), bit for bit: random scores, signed
+// zeros, a spread past exp's range, a lone score, and a NaN (every weight
+// NaN); the weights of finite scores sum to 1.
+func TestSoftmaxWeights(t *testing.T) {
+	r := rand.New(rand.NewPCG(17, 1))
+	ref := func(sc []float64) []float32 {
+		mx := math.Inf(-1)
+		for _, v := range sc {
+			mx = math.Max(mx, v)
+		}
+		e, sum := make([]float64, len(sc)), 0.0
+		for j, v := range sc {
+			e[j] = math.Exp(v - mx)
+			sum += e[j]
+		}
+		w := make([]float32, len(sc))
+		for j, v := range e {
+			w[j] = float32(v / sum)
+		}
+		return w
+	}
+	cases := [][]float64{{0.5}, {math.Copysign(0, -1), 0, math.Copysign(0, -1)}, {-800, 0, 3}, {1, math.NaN(), 2}}
+	for range 50 {
+		sc := make([]float64, 1+r.IntN(300))
+		for j := range sc {
+			sc[j] = 8 * r.NormFloat64()
+		}
+		cases = append(cases, sc)
+	}
+	for _, sc := range cases {
+		want := ref(sc)
+		got := make([]float32, len(sc))
+		SoftmaxWeights(got, append([]float64(nil), sc...))
+		var sum float64
+		for j := range got {
+			if !sameBits(got[j], want[j]) {
+				t.Fatalf("scores %v: weight %d = %v, want %v", sc, j, got[j], want[j])
+			}
+			sum += float64(got[j])
+		}
+		if finite := !slices.ContainsFunc(sc, math.IsNaN); finite && math.Abs(sum-1) > 1e-5 {
+			t.Fatalf("weights sum to %v", sum)
+		} else if !finite && !math.IsNaN(float64(got[0])) {
+			t.Fatalf("a NaN score gave weight %v", got[0])
+		}
 	}
 }

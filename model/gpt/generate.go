@@ -91,9 +91,10 @@ func (m *Model) Decode(kv *KVCache, tokens []int32) ([]float32, error) {
 
 // cachedAttention: query i (position p0+i) attends to cached positions
 // 0..p0+i. q (n, g·r, d); caches (len, g, d); returns (n, g·r, d). Scores
-// are accumulated in float64 (cpu.DotsF64) and values weighted in float32
-// (cpu.Axpys), in position order: infer's paged attention computes the
-// same, so a served sequence decodes exactly as this one.
+// are accumulated in float64 (cpu.DotsF64), weighted by cpu.SoftmaxWeights
+// and values summed in float32 (cpu.Axpys), in position order: infer's
+// paged attention computes the same, so a served sequence decodes exactly
+// as this one.
 func cachedAttention(q, kc, vc []float32, n, p0, g, r, d int) []float32 {
 	out := make([]float32, n*g*r*d)
 	scale := 1 / math.Sqrt(float64(d))
@@ -104,18 +105,7 @@ func cachedAttention(q, kc, vc []float32, n, p0, g, r, d int) []float32 {
 			qi := q[(i*g*r+h)*d : (i*g*r+h+1)*d]
 			limit := p0 + i + 1
 			cpu.DotsF64(scores[:limit], qi, kc[kvh*d:], g*d, scale)
-			mx := math.Inf(-1)
-			for _, v := range scores[:limit] {
-				mx = math.Max(mx, v)
-			}
-			var sum float64
-			for j := range limit {
-				scores[j] = math.Exp(scores[j] - mx)
-				sum += scores[j]
-			}
-			for j := range limit {
-				w[j] = float32(scores[j] / sum)
-			}
+			cpu.SoftmaxWeights(w[:limit], scores[:limit])
 			cpu.Axpys(out[(i*g*r+h)*d:(i*g*r+h+1)*d], vc[kvh*d:], g*d, w[:limit])
 		}
 	}
