@@ -360,8 +360,9 @@ func TestCustomFunctionGradientOwnership(t *testing.T) {
 
 // TestSizeClassArena: a size-class arena hands out buffers of the asked
 // length whose capacity is the class (at least the length, less than a
-// quarter unused above 64), takes them back whole, and serves every length
-// of a class from one buffer; a no-grad tape on it records nothing and
+// quarter unused above 64), takes them back whole, serves every length of a
+// class from one buffer, and a length whose class has none free from a
+// larger class up to two powers of two above; a no-grad tape on it records nothing and
 // reuses its buffers across steps whose shapes change.
 func TestSizeClassArena(t *testing.T) {
 	prev := 0
@@ -384,6 +385,14 @@ func TestSizeClassArena(t *testing.T) {
 	}
 	if c := a.get(1000); &c[0] == &b[0] {
 		t.Fatal("a buffer was handed out twice")
+	}
+	big := a.get(4000) // class 4096, two powers of two above 1000's
+	a.put(big)
+	if c := a.get(100); &c[0] == &big[0] {
+		t.Fatal("a buffer six powers of two too big was handed out")
+	}
+	if c := a.get(1000); &c[0] != &big[0] || cap(c) != sizeClass(4000) {
+		t.Fatal("with its class empty, a length did not get a free buffer of a larger class")
 	}
 	if e := NewArena().get(1000); cap(e) != 1000 {
 		t.Fatalf("exact arena: cap %d, want 1000", cap(e))

@@ -327,8 +327,9 @@ func NewArena() *Arena { return &Arena{free: map[int][][]float32{}} }
 
 // NewSizeClassArena returns an empty arena whose buffers serve any length of
 // their size class (four classes per power of two, so at most a quarter of
-// a buffer is unused): a server's decode steps, whose token counts change
-// as sequences join and leave, reuse the same few buffers.
+// a buffer is unused), or of a class up to two powers of two below when
+// their own has none free: a server's decode steps, whose token counts
+// change as sequences join and leave, reuse the same few buffers.
 func NewSizeClassArena() *Arena { return &Arena{free: map[int][][]float32{}, classes: true} }
 
 // sizeClass is the capacity of the class holding length n: n rounded up to
@@ -351,6 +352,21 @@ func (a *Arena) get(n int) []float32 {
 		b := l[len(l)-1]
 		a.free[key] = l[:len(l)-1]
 		return b[:n]
+	}
+	if a.classes {
+		// A free buffer of a larger class, up to two powers of two
+		// above: buffers allocated for the largest step (a server's
+		// warm-up) then serve the smaller ones too, rather than new
+		// memory being faulted in for each class a step first needs.
+		for range 8 {
+			c = sizeClass(c + 1)
+			if l := a.free[c]; len(l) > 0 {
+				b := l[len(l)-1]
+				a.free[c] = l[:len(l)-1]
+				return b[:n]
+			}
+		}
+		return make([]float32, n, sizeClass(n))
 	}
 	return make([]float32, n, c)
 }
