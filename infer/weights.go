@@ -126,9 +126,11 @@ func (pl *PackedLinears) Linear(tp *tensor.Tape, x, w, b *tensor.Tensor) *tensor
 	n := x.Numel() / in
 	shape := append(append([]int(nil), x.Shape()[:x.NDim()-1]...), out)
 	yt := tp.Empty(shape...)
-	cpu.SgemmPacked(n, 1, x.Float32s(), in, pb, 0, yt.Float32s(), out)
-	if b != nil {
-		yt = tp.Add(yt, b)
+	if b == nil {
+		cpu.SgemmPacked(n, 1, x.Float32s(), in, pb, 0, yt.Float32s(), out)
+		return yt
 	}
+	// x·wᵀ + b as tp.Add would add b, in the product's own pass.
+	cpu.SgemmPackedBias(n, x.Float32s(), in, pb, b.Contiguous().Float32s(), yt.Float32s(), out)
 	return yt
 }

@@ -124,6 +124,22 @@ var packedWorks sync.Pool
 // Work is split over Threads() goroutines by columns when it is large
 // enough; it allocates nothing in steady state.
 func SgemmPacked(m int, alpha float32, a []float32, lda int, pb *PackedB, beta float32, c []float32, ldc int) {
+	sgemmPacked(m, alpha, a, lda, pb, beta, c, ldc, nil)
+}
+
+// SgemmPackedBias computes C = A·B + bias (bias added to every row, after
+// the product: fl(fl(A·B) + bias), what SgemmPacked then Add per row give,
+// bit for bit) with A, B and C as SgemmPacked's. Each goroutine adds the
+// bias to the columns it has just computed, while they are in cache: a
+// linear layer's bias costs no pass of its own.
+func SgemmPackedBias(m int, a []float32, lda int, pb *PackedB, bias, c []float32, ldc int) {
+	if len(bias) < pb.n {
+		panic(fmt.Sprintf("cpu: SgemmPackedBias: bias of %d for %d columns", len(bias), pb.n))
+	}
+	sgemmPacked(m, 1, a, lda, pb, 0, c, ldc, bias[:pb.n])
+}
+
+func sgemmPacked(m int, alpha float32, a []float32, lda int, pb *PackedB, beta float32, c []float32, ldc int, bias []float32) {
 	if m < 0 {
 		panic(fmt.Sprintf("cpu: SgemmPacked: negative m %d", m))
 	}
@@ -140,7 +156,7 @@ func SgemmPacked(m int, alpha float32, a []float32, lda int, pb *PackedB, beta f
 		j = &packedJob{}
 		j.run = j.strips // one method value per job, not one closure per call
 	}
-	j.pb, j.m, j.alpha, j.a, j.lda, j.beta, j.c, j.ldc = pb, m, alpha, a, lda, beta, c, ldc
+	j.pb, j.m, j.alpha, j.a, j.lda, j.beta, j.c, j.ldc, j.bias = pb, m, alpha, a, lda, beta, c, ldc, bias
 	Parallel(strips, grain, j.run)
 	*j = packedJob{run: j.run} // do not pin the operands
 	packedJobs.Put(j)
@@ -152,6 +168,7 @@ type packedJob struct {
 	m, lda, ldc int
 	alpha, beta float32
 	a, c        []float32
+	bias        []float32 // nil: none
 	run         func(s0, s1 int)
 }
 
@@ -166,6 +183,13 @@ func (j *packedJob) strips(s0, s1 int) {
 	}
 	j.pb.gemmStrips(w, j.m, j.alpha, j.a, j.lda, j.beta, j.c, j.ldc, s0, s1)
 	packedWorks.Put(w)
+	if j.bias != nil {
+		c0, c1 := s0*ks.nr, min(s1*ks.nr, j.pb.n)
+		for i := range j.m {
+			row := j.c[i*j.ldc+c0 : i*j.ldc+c1]
+			Add(row, row, j.bias[c0:c1])
+		}
+	}
 }
 
 // gemmStrips computes the columns of strips [s0, s1) of C, Goto style as

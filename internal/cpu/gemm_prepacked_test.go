@@ -120,6 +120,47 @@ func TestSgemmPackedThreads(t *testing.T) {
 	}
 }
 
+// TestSgemmPackedBias holds SgemmPackedBias to SgemmPacked followed by Add
+// of the bias to each row, bit for bit, on every ISA and with 1 to 3
+// threads (each adds the bias to its own columns): float32 and bfloat16 B,
+// one row (the pair kernels) to several tiles, n off the strip width.
+func TestSgemmPackedBias(t *testing.T) {
+	prev := SetThreads(1)
+	defer SetThreads(prev)
+	rng := rand.New(rand.NewPCG(13, 14))
+	for _, isa := range isasToTest() {
+		withISA(t, isa, func() {
+			for _, s := range [][3]int{{1, 70, 33}, {1, 3100, 530}, {9, 2051, 700}, {32, 300, 96}} {
+				g := gemmCase{tB: Trans, m: s[0], n: s[1], k: s[2], alpha: 1, padC: 3}
+				p := prepare(g, rng)
+				bias := make([]float32, g.n)
+				for i := range bias {
+					bias[i] = float32(rng.NormFloat64())
+				}
+				for _, typ := range []PackedType{PackedFloat32, PackedBFloat16} {
+					pb := PackB(Trans, g.k, g.n, p.b, p.ldb, typ)
+					want := append([]float32(nil), p.c...)
+					SgemmPacked(g.m, 1, p.a, p.lda, pb, 0, want, p.ldc)
+					for i := range g.m {
+						row := want[i*p.ldc : i*p.ldc+g.n]
+						Add(row, row, bias)
+					}
+					for _, th := range []int{1, 2, 3} {
+						SetThreads(th)
+						got := append([]float32(nil), p.c...)
+						SgemmPackedBias(g.m, p.a, p.lda, pb, bias, got, p.ldc)
+						for i := range got {
+							if math.Float32bits(got[i]) != math.Float32bits(want[i]) {
+								t.Fatalf("%v %v %v, %d threads: C[%d] = %g, SgemmPacked + Add %g", isa, typ, s, th, i, got[i], want[i])
+							}
+						}
+					}
+				}
+			}
+		})
+	}
+}
+
 // TestSgemmPackedAllocs: steady-state calls allocate nothing.
 func TestSgemmPackedAllocs(t *testing.T) {
 	rng := rand.New(rand.NewPCG(11, 12))
@@ -144,6 +185,9 @@ func TestSgemmPackedPanics(t *testing.T) {
 		"short A":  func() { SgemmPacked(2, 1, make([]float32, 5), 3, pb, 0, make([]float32, 8), 4) },
 		"short C":  func() { SgemmPacked(2, 1, make([]float32, 6), 3, pb, 0, make([]float32, 7), 4) },
 		"small ld": func() { SgemmPacked(2, 1, make([]float32, 6), 2, pb, 0, make([]float32, 8), 4) },
+		"short bias": func() {
+			SgemmPackedBias(2, make([]float32, 6), 3, pb, make([]float32, 3), make([]float32, 8), 4)
+		},
 	} {
 		func() {
 			defer func() {
