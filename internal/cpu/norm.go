@@ -24,7 +24,36 @@ const normGrain = 16
 // Row reductions accumulate in float64 (two passes: mean, then variance).
 func LayerNormForward(out, mean, rstd, inp, weight, bias []float32, n, c int, eps float32) {
 	Parallel(n, normGrain, func(lo, hi int) {
-		for i := lo; i < hi; i++ {
+		i := lo
+		for ; i+4 <= hi; i += 4 {
+			// Four rows' sums at once: four independent float64 chains
+			// (each row's in the same order as alone), so the adds'
+			// latency overlaps instead of serialising every row.
+			x0, x1, x2, x3 := inp[i*c:][:c], inp[(i+1)*c:][:c], inp[(i+2)*c:][:c], inp[(i+3)*c:][:c]
+			var s0, s1, s2, s3 float64
+			for j := range x0 {
+				s0 += float64(x0[j])
+				s1 += float64(x1[j])
+				s2 += float64(x2[j])
+				s3 += float64(x3[j])
+			}
+			m0, m1, m2, m3 := float32(s0/float64(c)), float32(s1/float64(c)), float32(s2/float64(c)), float32(s3/float64(c))
+			var v0, v1, v2, v3 float64
+			for j := range x0 {
+				d0, d1, d2, d3 := float64(x0[j]-m0), float64(x1[j]-m1), float64(x2[j]-m2), float64(x3[j]-m3)
+				v0 += d0 * d0
+				v1 += d1 * d1
+				v2 += d2 * d2
+				v3 += d3 * d3
+			}
+			for r, mv := range [4]struct {
+				m  float32
+				v2 float64
+			}{{m0, v0}, {m1, v1}, {m2, v2}, {m3, v3}} {
+				layerNormApply(out, mean, rstd, inp, weight, bias, i+r, c, mv.m, mv.v2, eps)
+			}
+		}
+		for ; i < hi; i++ {
 			x := inp[i*c : i*c+c]
 			var s float64
 			for _, v := range x {
@@ -36,22 +65,29 @@ func LayerNormForward(out, mean, rstd, inp, weight, bias []float32, n, c int, ep
 				d := float64(v - m)
 				v2 += d * d
 			}
-			r := float32(1 / math.Sqrt(v2/float64(c)+float64(eps)))
-			o := out[i*c : i*c+c]
-			w := weight[:c]
-			if bias == nil {
-				for j, v := range x {
-					o[j] = (v - m) * r * w[j]
-				}
-			} else {
-				b := bias[:c]
-				for j, v := range x {
-					o[j] = (v-m)*r*w[j] + b[j]
-				}
-			}
-			mean[i], rstd[i] = m, r
+			layerNormApply(out, mean, rstd, inp, weight, bias, i, c, m, v2, eps)
 		}
 	})
+}
+
+// layerNormApply writes row i of LayerNormForward given its mean m and sum
+// of squared deviations v2.
+func layerNormApply(out, mean, rstd, inp, weight, bias []float32, i, c int, m float32, v2 float64, eps float32) {
+	x := inp[i*c : i*c+c]
+	r := float32(1 / math.Sqrt(v2/float64(c)+float64(eps)))
+	o := out[i*c : i*c+c]
+	w := weight[:c]
+	if bias == nil {
+		for j, v := range x {
+			o[j] = (v - m) * r * w[j]
+		}
+	} else {
+		b := bias[:c]
+		for j, v := range x {
+			o[j] = (v-m)*r*w[j] + b[j]
+		}
+	}
+	mean[i], rstd[i] = m, r
 }
 
 // LayerNormBackward accumulates the gradients of LayerNormForward.

@@ -139,3 +139,56 @@ func BenchmarkLayerNorm(b *testing.B) {
 	}
 	b.ReportMetric(float64(7*4*n*c)*float64(b.N)/b.Elapsed().Seconds()/1e9, "GB/s")
 }
+
+// TestLayerNormRowsBitwise: LayerNormForward's four-rows-at-once path gives
+// every row the bits of the plain per-row loops (sums in float64 in column
+// order, then the deviations), for row counts that mix both paths, with
+// and without bias, on 1 and 2 threads.
+func TestLayerNormRowsBitwise(t *testing.T) {
+	r := rand.New(rand.NewPCG(21, 22))
+	prev := SetThreads(1)
+	defer SetThreads(prev)
+	for _, c := range []int{1, 5, 768} {
+		for _, n := range []int{1, 3, 4, 7, 9, 40} {
+			inp, w, b := make([]float32, n*c), make([]float32, c), make([]float32, c)
+			for i := range inp {
+				inp[i] = float32(3*r.NormFloat64() + 1)
+			}
+			for j := range w {
+				w[j], b[j] = float32(r.NormFloat64()), float32(r.NormFloat64())
+			}
+			for _, bias := range [][]float32{nil, b} {
+				want, wm, wr := make([]float32, n*c), make([]float32, n), make([]float32, n)
+				for i := range n {
+					x := inp[i*c : i*c+c]
+					var s float64
+					for _, v := range x {
+						s += float64(v)
+					}
+					m := float32(s / float64(c))
+					var v2 float64
+					for _, v := range x {
+						d := float64(v - m)
+						v2 += d * d
+					}
+					layerNormApply(want, wm, wr, inp, w, bias, i, c, m, v2, 1e-5)
+				}
+				for _, th := range []int{1, 2} {
+					SetThreads(th)
+					got, gm, gr := make([]float32, n*c), make([]float32, n), make([]float32, n)
+					LayerNormForward(got, gm, gr, inp, w, bias, n, c, 1e-5)
+					for i := range got {
+						if !sameBits(got[i], want[i]) {
+							t.Fatalf("c=%d n=%d bias=%v threads=%d: out[%d] = %v, per-row loops %v", c, n, bias != nil, th, i, got[i], want[i])
+						}
+					}
+					for i := range n {
+						if !sameBits(gm[i], wm[i]) || !sameBits(gr[i], wr[i]) {
+							t.Fatalf("c=%d n=%d: row %d mean/rstd %v/%v, want %v/%v", c, n, i, gm[i], gr[i], wm[i], wr[i])
+						}
+					}
+				}
+			}
+		}
+	}
+}
