@@ -259,7 +259,9 @@ func NewEngine(m *gpt.Model, cfg EngineConfig) (*Engine, error) {
 // allocated, and their pages committed, at start instead of being faulted
 // in during the first large batch (GPT-2 124M's 512-token prefill took
 // ~150 ms longer when it had to fault in its ~40 MB of buffers). Smaller
-// steps reuse these buffers (tensor.NewSizeClassArena).
+// steps reuse these buffers (tensor.NewSizeClassArena). A layer's buffers
+// go back to the pool when it is done, so the model's first layer alone
+// shows them all: the warm-up costs a layer, not a whole prefill.
 func (e *Engine) warmUp() error {
 	n := e.cfg.MaxNumBatchedTokens
 	tokens, positions := make([]int32, n), make([]int32, n)
@@ -270,7 +272,9 @@ func (e *Engine) warmUp() error {
 	for i := range rows {
 		rows[i] = n - len(rows) + i
 	}
-	_, err := e.m.DecodeBatch(&e.bufs, tokens, positions, discardAttention{}, rows, e.linears())
+	first := *e.m // shares the weights
+	first.Layers = first.Layers[:min(1, len(first.Layers))]
+	_, err := first.DecodeBatch(&e.bufs, tokens, positions, discardAttention{}, rows, e.linears())
 	return err
 }
 
