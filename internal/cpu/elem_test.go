@@ -364,15 +364,27 @@ func TestActivationsThreadIndependent(t *testing.T) {
 
 // TestDotF64 holds DotF64 on every ISA to its definition (16 fused float64
 // partial sums added in order), bit for bit, and to an exact-enough float64
-// reference: lengths 0..100, unaligned starts.
+// reference: lengths 0..100, unaligned starts. Inputs are normal values
+// (so a change in the order of the sums shows in the last bits), and for
+// one start elemInputs' special values.
 func TestDotF64(t *testing.T) {
 	for _, isa := range isasToTest() {
 		withISA(t, isa, func() {
 			r := rand.New(rand.NewPCG(9, uint64(isa)))
+			inputs := func(n int, special bool) []float32 {
+				if special {
+					return elemInputs(r, n)
+				}
+				x := make([]float32, n)
+				for i := range x {
+					x[i] = float32(r.NormFloat64())
+				}
+				return x
+			}
 			for n := 0; n <= 100; n++ {
 				for _, off := range []int{0, 1, 3} {
-					a := elemInputs(r, n+off)[off:]
-					b := elemInputs(r, n+off+1)[off:]
+					a := inputs(n+off, off == 3)[off:]
+					b := inputs(n+off+1, off == 3)[off:]
 					var acc [16]float64
 					var naive, abs float64
 					for i := range a {
