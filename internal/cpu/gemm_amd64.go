@@ -16,3 +16,10 @@ func kernelsFor(isa ISA) kernSet {
 	}
 	return genericKernels()
 }
+
+// transpose16 is kernSet.tr16 on AVX-512 (the only kernel set that has
+// one), called directly so that a scratch block on the caller's stack
+// does not escape.
+func transpose16(src *float32, lds int, dst *[256]float32) {
+	transposeAVX512_16x16(src, lds, &dst[0], 16*4)
+}
