@@ -25,6 +25,20 @@ func elemInputs(r *rand.Rand, n int) []float32 {
 	return x
 }
 
+// dotInputs returns n standard normal values, or with special elemInputs':
+// tests of summation order need the former (one Inf, NaN or huge value
+// swamps every other term and hides the order).
+func dotInputs(r *rand.Rand, n int, special bool) []float32 {
+	if special {
+		return elemInputs(r, n)
+	}
+	x := make([]float32, n)
+	for i := range x {
+		x[i] = float32(r.NormFloat64())
+	}
+	return x
+}
+
 // sameBits reports whether a and b are equal bit for bit, or both NaN
 // (x86 may pick either operand's NaN payload).
 func sameBits(a, b float32) bool {
@@ -371,20 +385,10 @@ func TestDotF64(t *testing.T) {
 	for _, isa := range isasToTest() {
 		withISA(t, isa, func() {
 			r := rand.New(rand.NewPCG(9, uint64(isa)))
-			inputs := func(n int, special bool) []float32 {
-				if special {
-					return elemInputs(r, n)
-				}
-				x := make([]float32, n)
-				for i := range x {
-					x[i] = float32(r.NormFloat64())
-				}
-				return x
-			}
 			for n := 0; n <= 100; n++ {
 				for _, off := range []int{0, 1, 3} {
-					a := inputs(n+off, off == 3)[off:]
-					b := inputs(n+off+1, off == 3)[off:]
+					a := dotInputs(r, n+off, off == 3)[off:]
+					b := dotInputs(r, n+off+1, off == 3)[off:]
 					var acc [16]float64
 					var naive, abs float64
 					for i := range a {
@@ -420,23 +424,13 @@ func TestDotsF64AndAxpys(t *testing.T) {
 	for _, isa := range isasToTest() {
 		withISA(t, isa, func() {
 			r := rand.New(rand.NewPCG(13, uint64(isa)))
-			inputs := func(n int, special bool) []float32 {
-				if special {
-					return elemInputs(r, n)
-				}
-				x := make([]float32, n)
-				for i := range x {
-					x[i] = float32(r.NormFloat64())
-				}
-				return x
-			}
 			for _, d := range []int{1, 8, 15, 16, 17, 32, 48, 64, 80, 96, 128, 144, 256, 272} {
 				for ni, n := range []int{0, 1, 2, 7, 8, 16, 19, 35} {
 					special := (ni+d)%4 == 0
 					ld := d + r.IntN(3)*16 + r.IntN(2)
 					off := r.IntN(3)
-					k := inputs(off+n*ld+d, special)[off:]
-					q := inputs(d+off, special)[off:]
+					k := dotInputs(r, off+n*ld+d, special)[off:]
+					q := dotInputs(r, d+off, special)[off:]
 					if n > 0 && special {
 						k[0], q[0] = float32(math.Copysign(0, -1)), 1e30
 					}
@@ -449,11 +443,11 @@ func TestDotsF64AndAxpys(t *testing.T) {
 							t.Fatalf("%v d=%d n=%d ld=%d: DotsF64[%d] = %v, DotF64·scale = %v", isa, d, n, ld, j, got[j], want)
 						}
 					}
-					w := inputs(n, special)
+					w := dotInputs(r, n, special)
 					if n > 1 {
 						w[1] = 1e-30
 					}
-					y0 := inputs(d+off, special)[off:]
+					y0 := dotInputs(r, d+off, special)[off:]
 					gotY, wantY := append([]float32(nil), y0...), append([]float32(nil), y0...)
 					Axpys(gotY, k, ld, w)
 					for j, a := range w {

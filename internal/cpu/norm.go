@@ -46,28 +46,31 @@ func LayerNormForward(out, mean, rstd, inp, weight, bias []float32, n, c int, ep
 				v2 += d2 * d2
 				v3 += d3 * d3
 			}
-			for r, mv := range [4]struct {
-				m  float32
-				v2 float64
-			}{{m0, v0}, {m1, v1}, {m2, v2}, {m3, v3}} {
-				layerNormApply(out, mean, rstd, inp, weight, bias, i+r, c, mv.m, mv.v2, eps)
-			}
+			layerNormApply(out, mean, rstd, inp, weight, bias, i, c, m0, v0, eps)
+			layerNormApply(out, mean, rstd, inp, weight, bias, i+1, c, m1, v1, eps)
+			layerNormApply(out, mean, rstd, inp, weight, bias, i+2, c, m2, v2, eps)
+			layerNormApply(out, mean, rstd, inp, weight, bias, i+3, c, m3, v3, eps)
 		}
 		for ; i < hi; i++ {
-			x := inp[i*c : i*c+c]
-			var s float64
-			for _, v := range x {
-				s += float64(v)
-			}
-			m := float32(s / float64(c))
-			var v2 float64
-			for _, v := range x {
-				d := float64(v - m)
-				v2 += d * d
-			}
+			m, v2 := layerNormStats(inp[i*c : i*c+c])
 			layerNormApply(out, mean, rstd, inp, weight, bias, i, c, m, v2, eps)
 		}
 	})
+}
+
+// layerNormStats returns a row's mean and sum of squared deviations, in
+// float64 in column order (the four-row path computes each row the same).
+func layerNormStats(x []float32) (m float32, v2 float64) {
+	var s float64
+	for _, v := range x {
+		s += float64(v)
+	}
+	m = float32(s / float64(len(x)))
+	for _, v := range x {
+		d := float64(v - m)
+		v2 += d * d
+	}
+	return m, v2
 }
 
 // layerNormApply writes row i of LayerNormForward given its mean m and sum

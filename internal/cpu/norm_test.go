@@ -141,7 +141,7 @@ func BenchmarkLayerNorm(b *testing.B) {
 }
 
 // TestLayerNormRowsBitwise: LayerNormForward's four-rows-at-once path gives
-// every row the bits of the plain per-row loops (sums in float64 in column
+// every row the bits of the plain per-row loops (layerNormStats) (sums in float64 in column
 // order, then the deviations), for row counts that mix both paths, with
 // and without bias, on 1 and 2 threads.
 func TestLayerNormRowsBitwise(t *testing.T) {
@@ -160,17 +160,7 @@ func TestLayerNormRowsBitwise(t *testing.T) {
 			for _, bias := range [][]float32{nil, b} {
 				want, wm, wr := make([]float32, n*c), make([]float32, n), make([]float32, n)
 				for i := range n {
-					x := inp[i*c : i*c+c]
-					var s float64
-					for _, v := range x {
-						s += float64(v)
-					}
-					m := float32(s / float64(c))
-					var v2 float64
-					for _, v := range x {
-						d := float64(v - m)
-						v2 += d * d
-					}
+					m, v2 := layerNormStats(inp[i*c : i*c+c])
 					layerNormApply(want, wm, wr, inp, w, bias, i, c, m, v2, 1e-5)
 				}
 				for _, th := range []int{1, 2} {
