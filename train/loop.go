@@ -10,7 +10,6 @@ import (
 
 	"github.com/gotron/gotron/comm"
 	datagpt "github.com/gotron/gotron/data/gpt"
-	"github.com/gotron/gotron/internal/cpu"
 	"github.com/gotron/gotron/model/gpt"
 	"github.com/gotron/gotron/optim"
 	"github.com/gotron/gotron/parallel"
@@ -618,11 +617,11 @@ func (t *Trainer) rawf(format string, args ...any) {
 	fmt.Fprintf(t.cfg.Out, format+"\n", args...)
 }
 
-// measuredPeak is this process's fp32 FMA peak (cpu.FMAPeak over the kernel
-// threads, 50 ms), doubled with bf16 (VDPBF16PS does two products per fp32
-// lane): the denominator of MFU when --peak-flops is not given.
+// measuredPeak is this process's fp32 FMA peak (tensor.CPUPeakFLOPs over
+// the kernel threads, 50 ms), doubled with bf16 (VDPBF16PS does two products
+// per fp32 lane): the denominator of MFU when --peak-flops is not given.
 func measuredPeak(bf16 bool) float64 {
-	p := cpu.FMAPeak(cpu.Threads(), 50*time.Millisecond) * 1e9 // GFLOP/s → FLOP/s
+	p := tensor.CPUPeakFLOPs(tensor.CPUThreads(), 50*time.Millisecond)
 	if bf16 {
 		p *= 2
 	}

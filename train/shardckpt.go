@@ -8,12 +8,12 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/gotron/gotron/ckpt"
 	"github.com/gotron/gotron/ckpt/safetensors"
-	"github.com/gotron/gotron/internal/cpu"
 	"github.com/gotron/gotron/optim"
 	"github.com/gotron/gotron/parallel/tp"
 	"github.com/gotron/gotron/tensor"
@@ -307,11 +307,19 @@ func (s *snapshot) finish() {
 		return
 	default:
 	}
-	cpu.Parallel(cpu.Threads(), 1, func(int, int) {
+	// A host-side copy of I/O buffers, not arithmetic: as many goroutines
+	// as the kernels use (the caller being one) drain the chunk queue.
+	drain := func() {
 		for s.take() {
 			s.byStep.Add(1)
 		}
-	})
+	}
+	var wg sync.WaitGroup
+	for range tensor.CPUThreads() - 1 {
+		wg.Go(drain)
+	}
+	drain()
+	wg.Wait()
 	<-s.done
 }
 

@@ -16,8 +16,8 @@ import (
 	"time"
 
 	"github.com/gotron/gotron/comm/inproc"
-	"github.com/gotron/gotron/internal/cpu"
 	"github.com/gotron/gotron/launch"
+	"github.com/gotron/gotron/tensor"
 )
 
 const launchSynopsis = "launch --nproc-per-node N [--nnodes N] [--node-rank R] [--master-addr HOST] " +
@@ -88,7 +88,7 @@ func workerEnviron(env *cli, nproc, cpus int) []string {
 	return environ
 }
 
-// shareThreads divides the process's kernel threads (cpu.Threads:
+// shareThreads divides the process's kernel threads (tensor.CPUThreads:
 // GOTRON_NUM_THREADS, or GOMAXPROCS) among the nproc goroutine ranks of
 // --inproc, which call kernels concurrently: each rank's kernels then split
 // their work over Threads/nproc goroutines (at least 1), as nproc processes
@@ -96,14 +96,14 @@ func workerEnviron(env *cli, nproc, cpus int) []string {
 // splitting over all of them and nproc× oversubscribing the cores. It says
 // so on stderr and returns a function that restores the previous count.
 func shareThreads(env *cli, nproc int) (restore func()) {
-	total := cpu.Threads()
+	total := tensor.CPUThreads()
 	per := max(1, total/nproc)
 	if nproc <= 1 || per == total {
 		return func() {}
 	}
-	prev := cpu.SetThreads(per)
+	prev := tensor.SetCPUThreads(per)
 	fmt.Fprintf(env.stderr, "gotron launch: --inproc: the %d ranks share the process's %d kernel threads: %d per rank\n", nproc, total, per)
-	return func() { cpu.SetThreads(prev) }
+	return func() { tensor.SetCPUThreads(prev) }
 }
 
 // inprocWorker runs one rank's gotron subcommand in this process, its

@@ -17,8 +17,8 @@ import (
 	"syscall"
 	"testing"
 
-	"github.com/gotron/gotron/internal/cpu"
 	"github.com/gotron/gotron/launch"
+	"github.com/gotron/gotron/tensor"
 )
 
 // TestLaunchHelperWorker is not a test: it is the worker program that the
@@ -363,19 +363,19 @@ func TestWorkerEnviron(t *testing.T) {
 // threads among them for the run (at least 1 each), and the count is
 // restored after.
 func TestInprocSharesThreads(t *testing.T) {
-	prev := cpu.SetThreads(4)
-	defer cpu.SetThreads(prev)
+	prev := tensor.SetCPUThreads(4)
+	defer tensor.SetCPUThreads(prev)
 	for _, c := range []struct{ nproc, per int }{{1, 4}, {2, 2}, {3, 1}, {8, 1}} {
 		var errb bytes.Buffer
 		restore := shareThreads(&cli{stderr: &errb}, c.nproc)
-		if got := cpu.Threads(); got != c.per {
+		if got := tensor.CPUThreads(); got != c.per {
 			t.Errorf("%d ranks: %d threads per rank, want %d", c.nproc, got, c.per)
 		}
 		if want := fmt.Sprintf("%d ranks share the process's 4 kernel threads: %d per rank", c.nproc, c.per); c.nproc > 1 && !strings.Contains(errb.String(), want) {
 			t.Errorf("%d ranks: stderr %q, want it to say %q", c.nproc, errb.String(), want)
 		}
 		restore()
-		if got := cpu.Threads(); got != 4 {
+		if got := tensor.CPUThreads(); got != 4 {
 			t.Errorf("%d ranks: %d threads after the run, want 4 again", c.nproc, got)
 		}
 	}

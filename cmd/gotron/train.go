@@ -15,10 +15,10 @@ import (
 	"github.com/gotron/gotron/ckpt/hf"
 	"github.com/gotron/gotron/comm"
 	datagpt "github.com/gotron/gotron/data/gpt"
-	"github.com/gotron/gotron/internal/cpu"
 	"github.com/gotron/gotron/model/gpt"
 	"github.com/gotron/gotron/optim"
 	"github.com/gotron/gotron/parallel"
+	"github.com/gotron/gotron/tensor"
 	"github.com/gotron/gotron/tokenizer"
 	"github.com/gotron/gotron/train"
 )
@@ -282,7 +282,7 @@ func cmdTrain(ctx context.Context, env *cli, args []string) error {
 	if len(noOps) > 0 {
 		fmt.Fprintf(env.stderr, "gotron train: %s: no effect on the CPU backend (GPU kernel and fusion choices)\n", strings.Join(noOps, ", "))
 	}
-	if f.cfg.BF16 && !cpu.HasBF16GEMM() {
+	if f.cfg.BF16 && !tensor.HasBF16Matmul() {
 		fmt.Fprintf(env.stderr, "gotron train: --bf16: this CPU has no AVX512_BF16: bf16-rounded matrix products run at float32 speed\n")
 	}
 	if len(given) == 0 || (len(given) == 1 && given["quickstart-dir"]) {

@@ -3,7 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
-	"github.com/gotron/gotron/internal/cpu"
+	"github.com/gotron/gotron/tensor"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -116,8 +116,8 @@ func TestTrainPrecisionFlags(t *testing.T) {
 	if !strings.Contains(out, "iteration        2/       2") {
 		t.Errorf("--bf16 did not train:\n%s", out)
 	}
-	if warned := strings.Contains(errs, "no AVX512_BF16"); warned == cpu.HasBF16GEMM() {
-		t.Errorf("--bf16 warning %q with HasBF16GEMM() = %v", errs, cpu.HasBF16GEMM())
+	if warned := strings.Contains(errs, "no AVX512_BF16"); warned == tensor.HasBF16Matmul() {
+		t.Errorf("--bf16 warning %q with HasBF16GEMM() = %v", errs, tensor.HasBF16Matmul())
 	}
 	// --fp16 from Megatron's initial scale 2^32: the first iterations
 	// overflow and are skipped, the log shows the scale backing off.
@@ -196,7 +196,7 @@ func TestTrainMegatronFlagsThatAct(t *testing.T) {
 }
 
 // TestTrainMFUIsAFraction: the log line's MFU divides by this CPU's
-// measured peak in FLOP/s (cpu.FMAPeak reports GFLOP/s): a tiny model's
+// measured peak in FLOP/s (tensor.CPUPeakFLOPs): a tiny model's
 // MFU is a few percent at most, never above 100%.
 func TestTrainMFUIsAFraction(t *testing.T) {
 	out, errs, code := runCLI(t, with(tinyTrain, "--train-iters", "2")...)
