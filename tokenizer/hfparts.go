@@ -2,6 +2,7 @@ package tokenizer
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"strconv"
 	"strings"
@@ -101,7 +102,7 @@ func parseHFNormalizer(raw json.RawMessage) ([]hfNormalizer, error) {
 		}
 		re, err := regexp2.Compile(pat, regexp2.None)
 		if err != nil {
-			return nil, fmt.Errorf("Replace pattern: %w", err)
+			return nil, fmt.Errorf("normalizer \"Replace\": pattern: %w", err)
 		}
 		content := c.str("content")
 		return []hfNormalizer{func(s string, _ bool) string { return replaceAll(re, s, content) }}, nil
@@ -261,14 +262,14 @@ func parseHFPreTok(raw json.RawMessage) ([]hfPreTok, error) {
 			return nil, err
 		}
 		if c.boolean("invert", false) {
-			return nil, fmt.Errorf("Split with invert=true is not supported")
+			return nil, errors.New("pre-tokenizer \"Split\": invert=true is not supported")
 		}
 		behavior := c.str("behavior")
 		split, known := knownSplit(pat)
 		if !known || behavior != "Isolated" {
 			re, err := regexp2.Compile(pat, regexp2.None)
 			if err != nil {
-				return nil, fmt.Errorf("Split pattern %q: %w", pat, err)
+				return nil, fmt.Errorf("pre-tokenizer \"Split\": pattern %q: %w", pat, err)
 			}
 			split, err = splitBehavior(re, behavior)
 			if err != nil {
@@ -304,7 +305,7 @@ func parseHFPreTok(raw json.RawMessage) ([]hfPreTok, error) {
 		})}}, nil
 	case "Punctuation":
 		if b := c.str("behavior"); b != "" && b != "Isolated" {
-			return nil, fmt.Errorf("Punctuation behavior %q is not supported", b)
+			return nil, fmt.Errorf("pre-tokenizer \"Punctuation\": behavior %q is not supported", b)
 		}
 		return []hfPreTok{{apply: eachPiece(func(s string, _ bool, yield func(string)) {
 			splitFields(s, func(rune) bool { return false }, isBertPunct, yield)
@@ -377,7 +378,7 @@ func splitBehavior(re *regexp2.Regexp, behavior string) (pretokenizer, error) {
 			}
 		}, nil
 	}
-	return nil, fmt.Errorf("Split behavior %q is not supported", behavior)
+	return nil, fmt.Errorf("pre-tokenizer \"Split\": behavior %q is not supported", behavior)
 }
 
 func parseMetaspace(c component) ([]hfPreTok, error) {
