@@ -212,7 +212,8 @@ func parseDistOptim(f *torchpt.File, kinds []string) ([]distBuffer, string, erro
 		if s != "dp_zero_gather_scatter" {
 			return nil, fmt.Sprintf("%s: param_state_sharding_type %v: gotron reads the dp_zero_gather_scatter layout (the torch format's) only", path, st), nil
 		}
-		ps, ok := root.Get("param_state")
+		// A missing param_state is reported below as a <nil>, not a dict.
+		ps, _ := root.Get("param_state")
 		if root, ok = ps.(*torchpt.Dict); !ok {
 			return nil, "", fmt.Errorf("%s: param_state is a %T, not a dict", path, ps)
 		}
@@ -265,7 +266,8 @@ func parseDistOptim(f *torchpt.File, kinds []string) ([]distBuffer, string, erro
 		if !ok {
 			return nil, "", fmt.Errorf("%s is a %T, not a dict of tensors", at, d.Values()[0])
 		}
-		nu, ok := e.Get("numel_unpadded")
+		// A missing entry is reported below as a <nil>, with the keys there are.
+		nu, _ := e.Get("numel_unpadded")
 		if b.unpadded, ok = nu.(int64); !ok || b.unpadded <= 0 {
 			return nil, "", fmt.Errorf("%s: numel_unpadded is %v, want a positive element count (keys %s)", at, nu, keyList(e))
 		}
