@@ -316,24 +316,6 @@ func (g *Group) checkPeer(peer int, op string) error {
 	return nil
 }
 
-// wait blocks on ch until it is ready, the group breaks, ctx ends or the
-// timeout passes (blaming world rank peer).
-func (g *Group) wait(ctx context.Context, ready <-chan struct{}, peer int, op string) error {
-	t := time.NewTimer(g.c.timeout)
-	defer t.Stop()
-	select {
-	case <-ready:
-		return nil
-	case <-g.c.broken:
-		return g.c.brokenErr(op)
-	case <-ctx.Done():
-		g.c.fail(g.wrank, fmt.Errorf("%w: rank %d abandoned %s: %v", comm.ErrPeerLost, g.wrank, op, ctx.Err()))
-		return &comm.RankError{Rank: g.wrank, Op: op, Err: ctx.Err()}
-	case <-t.C:
-		return g.c.timeoutErr(peer, op)
-	}
-}
-
 // Send hands buf to peer's matching Recv and returns once it was copied.
 func (g *Group) Send(ctx context.Context, buf comm.Buffer, peer int) error {
 	if h := g.w.cfg.Hook; h != nil {
