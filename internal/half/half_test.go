@@ -118,8 +118,9 @@ func TestBFloat16RoundsToNearestEvenAtEveryBoundary(t *testing.T) {
 			lo, hi := sign|m, sign|(m+1)
 			loV, hiV := BFloat16(lo).Float32(), BFloat16(hi).Float32()
 			if m+1 == 0x7F80 {
-				// Threshold to infinity: one more mantissa step past the max.
-				hiV = float32(math.Copysign(math.Ldexp(1, 128), float64(loV)))
+				// Threshold to infinity: the next step past the largest
+				// finite value is 2^128, beyond float32, so the midpoint and
+				// one ulp below it are built from bits.
 				mid := math.Float32frombits(uint32(lo)<<16 | 0x8000)
 				if got := conv(mid); got != hi {
 					t.Fatalf("BFloat16From(%v) = %#04x, want inf %#04x", mid, got, hi)
