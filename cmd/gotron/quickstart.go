@@ -301,6 +301,10 @@ func goSourceRoot() string {
 			return filepath.Join(root, "src")
 		}
 	}
+	// Without a go command on PATH, the build machine's root is the best
+	// remaining guess (quickstart binaries usually run where they were
+	// built); readGoSources reports a missing directory.
+	//lint:ignore SA1019 the fallback is used only after go env GOROOT failed
 	return filepath.Join(runtime.GOROOT(), "src")
 }
 

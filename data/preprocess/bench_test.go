@@ -7,6 +7,7 @@ import (
 	"io"
 	"io/fs"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"runtime"
 	"strings"
@@ -49,7 +50,13 @@ func BenchmarkRunGPT2(b *testing.B) {
 		b.Fatal(err)
 	}
 	var sb strings.Builder
-	root := filepath.Join(runtime.GOROOT(), "src")
+	// go test puts its own toolchain first on PATH, so this is the GOROOT
+	// of the go command running the benchmark.
+	out, err := exec.Command("go", "env", "GOROOT").Output()
+	if err != nil {
+		b.Fatalf("go env GOROOT: %v", err)
+	}
+	root := filepath.Join(strings.TrimSpace(string(out)), "src")
 	_ = filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
 		if err != nil || sb.Len() > 8<<20 || d.IsDir() || !strings.HasSuffix(p, ".go") {
 			return nil
