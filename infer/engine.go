@@ -8,6 +8,7 @@ import (
 
 	"github.com/gotron/gotron/internal/cpu"
 	"github.com/gotron/gotron/model/gpt"
+	"github.com/gotron/gotron/tensor"
 )
 
 // EngineConfig configures an Engine. Every field's zero value is usable.
@@ -282,7 +283,7 @@ func (e *Engine) warmUp() error {
 // leaves the output zero.
 type discardAttention struct{}
 
-func (discardAttention) Attend(layer int, q, k, v, out []float32) {}
+func (discardAttention) Attend(layer int, q, k, v, out *tensor.Tensor) {}
 
 // PackedWeightBytes returns the memory of the packed weight copies (0
 // with WeightsModel).

@@ -6,6 +6,7 @@ import (
 
 	"github.com/gotron/gotron/internal/cpu"
 	"github.com/gotron/gotron/model/gpt"
+	"github.com/gotron/gotron/tensor"
 )
 
 // span is one sequence's run of new tokens in a batched step: rows
@@ -53,7 +54,8 @@ func (a *pagedAttention) reset(spans []span) {
 }
 
 // Attend stores the layer's new keys and values and computes attention.
-func (a *pagedAttention) Attend(layer int, q, k, v, out []float32) {
+func (a *pagedAttention) Attend(layer int, qt, kt, vt, outt *tensor.Tensor) {
+	q, k, v, out := qt.Float32s(), kt.Float32s(), vt.Float32s(), outt.Float32s()
 	d := a.dim
 	kc, vc := a.pool.k[layer], a.pool.v[layer]
 	for i, s := range a.slots {

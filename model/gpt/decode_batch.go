@@ -13,18 +13,11 @@ import (
 type Attender interface {
 	// Attend is called once per layer, in layer order, with the new
 	// tokens' queries q (n, heads, head dim) and keys and values k, v
-	// (n, query groups, head dim), RoPE already applied. It stores k and v
-	// and writes into out (n, heads, head dim), which is zeroed, the causal
-	// attention of each query over its own sequence's positions up to and
-	// including its own.
-	Attend(layer int, q, k, v, out []float32)
-}
-
-// Linears computes DecodeBatch's linear layers, x·wᵀ + b for the model's
-// weight w, in place of tp.Linear: a server keeps the weights in a layout
-// or precision made for decoding (infer's packed weights).
-type Linears interface {
-	Linear(tp *tensor.Tape, x, w, b *tensor.Tensor) *tensor.Tensor
+	// (n, query groups, head dim), RoPE already applied, all contiguous. It
+	// stores k and v and writes into out (n, heads, head dim), which is
+	// zeroed, the causal attention of each query over its own sequence's
+	// positions up to and including its own.
+	Attend(layer int, q, k, v, out *tensor.Tensor)
 }
 
 // DecodeBuffers keeps DecodeBatch's activations from one call to the next
@@ -90,70 +83,21 @@ func (m *Model) DecodeBatch(buf *DecodeBuffers, tokens, positions []int32, att A
 		}
 	}
 	tp, lt := buf.tapes() // no gradients: the call's buffers, a layer's
-	linear := func(tp *tensor.Tape, x, w, b *tensor.Tensor) *tensor.Tensor { return tp.Linear(x, w, b) }
-	if lin != nil {
-		linear = lin.Linear
+	if lin == nil {
+		lin = tapeLinear{}
 	}
 	posT := tensor.FromInt32(append([]int32(nil), positions...), 1, n)
-	x := tp.Embedding(tensor.FromInt32(append([]int32(nil), tokens...), 1, n), m.WordEmb) // (1, n, h)
-	if m.PosEmb != nil {
-		x = tp.Add(x, tp.Embedding(posT, m.PosEmb))
-	}
-	g, r, d := c.NumQueryGroups, c.NumAttentionHeads/c.NumQueryGroups, c.KVChannels
-	for li := range m.Layers {
-		l := &m.Layers[li]
-		h := m.norm(lt, x, l.InputNorm, l.InputNormBias)
-		qkv := lt.Reshape(linear(lt, h, l.QKV, l.QKVBias), 1, n, g, (r+2)*d)
-		parts := lt.Split(qkv, 3, r*d, d, d)
-		q := lt.Reshape(parts[0], 1, n, g*r, d)
-		k := lt.Reshape(parts[1], 1, n, g, d)
-		v := lt.Contiguous(parts[2]) // (1, n, g, d)
-		if m.rope != nil {
-			q = lt.RoPE(q, m.rope, posT)
-			k = lt.RoPE(k, m.rope, posT)
-		}
-		o := lt.Empty(n, g*r*d) // (n, a, d)
-		clear(o.Float32s())
-		att.Attend(li, q.Float32s(), k.Float32s(), v.Float32s(), o.Float32s())
-		a := linear(lt, lt.Reshape(o, 1, n, g*r*d), l.Proj, l.ProjBias)
-		y := lt.Add(x, a)
-		y = lt.Add(y, m.decodeMLP(lt, l, m.norm(lt, y, l.MLPNorm, l.MLPNormBias), linear))
-		if lt == nil {
-			x = y
-			continue
-		}
-		copy(x.Float32s(), y.Float32s()) // x lives on the call's tape
-		lt.Reset()
-	}
-	var last *tensor.Tensor
+	p := &pass{positions: posT, core: attenderCore{att}, lin: lin, layerTape: lt}
+	x := m.embed(tp, tensor.FromInt32(append([]int32(nil), tokens...), 1, n), posT, p) // (1, n, h)
+	x = m.block(tp, x, m.Layers, 0, p)
+	var last *tensor.Tensor // (1, len(rows), h)
 	if len(rows) == 1 {
-		last = tp.Contiguous(tp.Narrow(x, 1, rows[0], 1)) // (1, 1, h)
+		last = tp.Contiguous(tp.Narrow(x, 1, rows[0], 1))
 	} else {
-		hs := c.HiddenSize
-		last = tp.Empty(1, len(rows), hs)
-		xs, sel := x.Float32s(), last.Float32s()
+		last = tp.Empty(1, len(rows), c.HiddenSize)
 		for i, r := range rows {
-			copy(sel[i*hs:(i+1)*hs], xs[r*hs:(r+1)*hs])
+			tensor.Copy(tp.Narrow(last, 1, i, 1), tp.Narrow(x, 1, r, 1))
 		}
 	}
-	last = m.norm(tp, last, m.FinalNorm, m.FinalNormB)
-	out := m.OutputLayer
-	if out == nil {
-		out = m.WordEmb
-	}
-	return linear(tp, last, out, nil).Float32s(), nil // (len(rows), V)
-}
-
-// decodeMLP is mlp with its linear layers computed by linear.
-func (m *Model) decodeMLP(tp *tensor.Tape, l *Layer, x *tensor.Tensor, linear func(tp *tensor.Tape, x, w, b *tensor.Tensor) *tensor.Tensor) *tensor.Tensor {
-	h := linear(tp, x, l.FC1, l.FC1Bias)
-	switch m.Config.Activation {
-	case "swiglu":
-		h = tp.SwiGLU(h)
-	case "gelu_tanh":
-		h = tp.GELU(h, tensor.GELUTanh)
-	default:
-		h = tp.GELU(h, tensor.GELUErf)
-	}
-	return linear(tp, h, l.FC2, l.FC2Bias)
+	return m.head(tp, last, m.outputWeight(), p).Float32s(), nil // (len(rows), V)
 }

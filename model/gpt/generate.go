@@ -35,68 +35,52 @@ func (m *Model) NewKVCache(maxLen int) *KVCache {
 // Decode runs tokens (the next positions of the cached sequence) through the
 // model without gradients, appends their keys and values to the cache, and
 // returns the logits of the last one (V). Prefill is Decode of the prompt.
+// It is DecodeBatch of one sequence over the contiguous cache.
 func (m *Model) Decode(kv *KVCache, tokens []int32) ([]float32, error) {
-	c := &m.Config
 	n, p0 := len(tokens), kv.Len
 	if n == 0 {
 		return nil, fmt.Errorf("gpt: decode of no tokens")
 	}
-	if p0+n > kv.MaxLen {
+	if n > kv.MaxLen-p0 {
 		return nil, fmt.Errorf("gpt: sequence of %d tokens exceeds the cache of %d positions (--max-position-embeddings)", p0+n, kv.MaxLen)
 	}
-	for _, t := range tokens {
-		if t < 0 || int(t) >= c.VocabSize {
-			return nil, fmt.Errorf("gpt: token id %d outside the vocabulary of %d", t, c.VocabSize)
-		}
-	}
-	var tp *tensor.Tape // no gradients
 	pos := make([]int32, n)
 	for i := range pos {
 		pos[i] = int32(p0 + i)
 	}
-	positions := tensor.FromInt32(pos, 1, n)
-	x := tp.Embedding(tensor.FromInt32(append([]int32(nil), tokens...), 1, n), m.WordEmb) // (1, n, h)
-	if m.PosEmb != nil {
-		x = tp.Add(x, tp.Embedding(positions, m.PosEmb))
-	}
-	g, r, d := c.NumQueryGroups, c.NumAttentionHeads/c.NumQueryGroups, c.KVChannels
-	for li := range m.Layers {
-		l := &m.Layers[li]
-		h := m.norm(tp, x, l.InputNorm, l.InputNormBias)
-		qkv := tp.Reshape(tp.Linear(h, l.QKV, l.QKVBias), 1, n, g, (r+2)*d)
-		parts := tp.Split(qkv, 3, r*d, d, d)
-		q := tp.Reshape(parts[0], 1, n, g*r, d)
-		k := tp.Reshape(parts[1], 1, n, g, d)
-		v := tp.Contiguous(parts[2])
-		if m.rope != nil {
-			q = tp.RoPE(q, m.rope, positions)
-			k = tp.RoPE(k, m.rope, positions)
-		}
-		copy(kv.k[li][p0*g*d:], k.Float32s())
-		copy(kv.v[li][p0*g*d:], v.Float32s())
-		o := cachedAttention(q.Float32s(), kv.k[li], kv.v[li], n, p0, g, r, d)
-		a := tp.Linear(tensor.FromFloat32(o, 1, n, g*r*d), l.Proj, l.ProjBias)
-		x = tp.Add(x, a)
-		x = tp.Add(x, m.mlp(tp, l, m.norm(tp, x, l.MLPNorm, l.MLPNormBias)))
+	logits, err := m.DecodeBatch(nil, tokens, pos, &cacheAttender{kv: kv, p0: p0, cfg: &m.Config}, []int{n - 1}, nil)
+	if err != nil {
+		return nil, err
 	}
 	kv.Len += n
-	last := tp.Narrow(x, 1, n-1, 1) // (1, 1, h)
-	last = m.norm(tp, tp.Contiguous(last), m.FinalNorm, m.FinalNormB)
-	out := m.OutputLayer
-	if out == nil {
-		out = m.WordEmb
-	}
-	return tp.Linear(last, out, nil).Float32s(), nil
+	return logits, nil
 }
 
-// cachedAttention: query i (position p0+i) attends to cached positions
-// 0..p0+i. q (n, g·r, d); caches (len, g, d); returns (n, g·r, d). Scores
+// cacheAttender is the Attender of one sequence's contiguous KVCache for a
+// run of new tokens from position p0.
+type cacheAttender struct {
+	kv  *KVCache
+	p0  int
+	cfg *Config
+}
+
+func (a *cacheAttender) Attend(layer int, q, k, v, out *tensor.Tensor) {
+	c := a.cfg
+	g, r, d := c.NumQueryGroups, c.NumAttentionHeads/c.NumQueryGroups, c.KVChannels
+	n := q.Dim(0)
+	copy(a.kv.k[layer][a.p0*g*d:], k.Float32s())
+	copy(a.kv.v[layer][a.p0*g*d:], v.Float32s())
+	attendCache(out.Float32s(), q.Float32s(), a.kv.k[layer], a.kv.v[layer], n, a.p0, g, r, d)
+}
+
+// attendCache: query i (position p0+i) attends to cached positions
+// 0..p0+i. q (n, g·r, d); caches (len, g, d); adds into out (n, g·r, d),
+// which is zeroed. Scores
 // are accumulated in float64 (cpu.DotsF64), weighted by cpu.SoftmaxWeights
 // and values summed in float32 (cpu.Axpys), in position order: infer's
 // paged attention computes the same, so a served sequence decodes exactly
 // as this one.
-func cachedAttention(q, kc, vc []float32, n, p0, g, r, d int) []float32 {
-	out := make([]float32, n*g*r*d)
+func attendCache(out, q, kc, vc []float32, n, p0, g, r, d int) {
 	scale := 1 / math.Sqrt(float64(d))
 	scores, w := make([]float64, p0+n), make([]float32, p0+n)
 	for i := range n {
@@ -109,7 +93,6 @@ func cachedAttention(q, kc, vc []float32, n, p0, g, r, d int) []float32 {
 			cpu.Axpys(out[(i*g*r+h)*d:(i*g*r+h+1)*d], vc[kvh*d:], g*d, w[:limit])
 		}
 	}
-	return out
 }
 
 // RoundToBF16 rounds every parameter of m to bfloat16 (to nearest even),

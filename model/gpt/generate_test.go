@@ -41,22 +41,25 @@ func TestDecodeMatchesFullForward(t *testing.T) {
 	}
 }
 
-// seqAttender is a gpt.Attender for one sequence in a contiguous cache,
-// computed by cachedAttention (as Decode computes it) and added into out,
-// which Attend's contract says is zeroed (infer's paged attention
-// accumulates into it).
+// seqAttender is a gpt.Attender for one sequence in a growing cache,
+// computed by attendCache (as Decode computes it) into a fresh buffer and
+// added into out, which Attend's contract says is zeroed (infer's paged
+// attention accumulates into it).
 type seqAttender struct {
 	k, v    [][]float32
 	g, r, d int
 	len     int
 }
 
-func (a *seqAttender) Attend(layer int, q, k, v, out []float32) {
+func (a *seqAttender) Attend(layer int, qt, kt, vt, outt *tensor.Tensor) {
+	q, k, v, out := qt.Float32s(), kt.Float32s(), vt.Float32s(), outt.Float32s()
 	n := len(k) / (a.g * a.d)
 	a.k[layer] = append(a.k[layer], k...)
 	a.v[layer] = append(a.v[layer], v...)
-	for i, o := range cachedAttention(q, a.k[layer], a.v[layer], n, a.len, a.g, a.r, a.d) {
-		out[i] += o
+	o := make([]float32, len(out))
+	attendCache(o, q, a.k[layer], a.v[layer], n, a.len, a.g, a.r, a.d)
+	for i := range o {
+		out[i] += o[i]
 	}
 	if layer == len(a.k)-1 {
 		a.len += n

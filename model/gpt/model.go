@@ -4,7 +4,16 @@
 // copy: RoPE, GQA, SwiGLU and RMSNorm are Config fields. Parameter names are
 // Megatron core's (decoder.layers.N.self_attention.linear_qkv.weight, ...),
 // and their layouts are Megatron's: QKV rows grouped per query group, SwiGLU
-// fc1 rows [gate; up]. The model holds no parallelism code.
+// fc1 rows [gate; up].
+//
+// The transformer layer is written once (layer, attention, mlp below) and
+// every run goes through it: training, pipeline stages, KV-cache decoding
+// and a server's batched decoding. What differs between them sits behind
+// small interfaces with plain defaults: the attention core
+// (AttentionCore), the product kernel of the linear layers (Linears), the
+// tensor-parallel region around them (Sharding: its identity when nil) and
+// activation recomputation (Recompute). The model file calls those and
+// holds no communication of its own.
 package gpt
 
 import (
@@ -37,7 +46,8 @@ type Model struct {
 	rope        *cpu.RoPE
 
 	// Sharding is set by a parallelism plan (Parallelize) on a model whose
-	// parameters are one tensor-parallel rank's slices; nil is one rank.
+	// parameters are one tensor-parallel rank's slices; nil is one rank
+	// (see region).
 	Sharding Sharding
 	// Recompute is activation recomputation (recompute.go); zero keeps all.
 	Recompute Recompute
@@ -158,106 +168,136 @@ type Batch struct {
 // Forward returns logits (b, t, V). rng draws dropout masks (nil when both
 // dropouts are zero, or in evaluation with training=false).
 func (m *Model) Forward(tp *tensor.Tape, bt Batch, rng *tensor.RNG, training bool) *tensor.Tensor {
-	x := m.embed(tp, bt, rng, training)
-	x = m.layers(tp, x, bt, rng, training) // recompute.go: with or without activation recomputation
-	x = m.norm(tp, x, m.FinalNorm, m.FinalNormB)
-	out := m.OutputLayer
-	if out == nil {
-		out = m.WordEmb
-	}
-	return tp.Linear(m.enterColumn(tp, x), out, nil) // (b, t, V), or this rank's V/TP
+	p := m.trainingPass(bt, rng, training)
+	x := m.embed(tp, bt.Tokens, bt.Positions, p)
+	x = m.block(tp, x, m.Layers, 0, p)
+	return m.head(tp, x, m.outputWeight(), p) // (b, t, V), or this rank's V/TP
 }
 
-// embed is the first part of Model.Forward: word (and position)
+// pass is what differs between the runs of the one layer implementation
+// below: training (Forward, a pipeline Stage) and decoding (Decode,
+// DecodeBatch). Each part has a plain default, so a new kind of run (ring
+// attention for context parallelism, an MoE MLP's grouped experts) plugs in
+// at one place instead of copying the layer.
+type pass struct {
+	// positions (1, n) or (b, t) of the tokens; nil means 0..t-1.
+	positions *tensor.Tensor
+	// core is the attention of a layer's queries over its keys and values.
+	core AttentionCore
+	// lin computes x·wᵀ + b for a weight (tensor.Tape.Linear by default;
+	// a server's packed weights). The TP region around it is m.region()'s.
+	lin Linears
+	// rng draws dropout masks; nil means no dropout (evaluation, decoding).
+	rng      *tensor.RNG
+	dropout  float32 // hidden dropout probability while rng is set
+	recomp   Recompute
+	// layerTape, when set, holds one layer's activations: each layer runs
+	// on it and its output is copied into a buffer of the run's tape before
+	// the layer tape is reset (decoding: a step keeps one layer's buffers).
+	layerTape *tensor.Tape
+}
+
+// trainingPass is the pass of Forward and Stage.Forward: the fused causal
+// attention core (documents masked by bt.DocIDs, selective recomputation),
+// the model's own linear layers, dropout and recomputation as configured.
+func (m *Model) trainingPass(bt Batch, rng *tensor.RNG, training bool) *pass {
+	if !training {
+		rng = nil
+	}
+	core := &causalAttention{m: m, docIDs: bt.DocIDs, rng: rng, selective: m.Recompute.Selective}
+	return &pass{positions: bt.Positions, core: core, lin: tapeLinear{}, rng: rng,
+		dropout: m.Config.HiddenDropout, recomp: m.Recompute}
+}
+
+// embed is the first part of the forward pass: word (and position)
 // embeddings, then dropout.
-func (m *Model) embed(tp *tensor.Tape, bt Batch, rng *tensor.RNG, training bool) *tensor.Tensor {
-	b, t := bt.Tokens.Dim(0), bt.Tokens.Dim(1)
-	sh := m.Sharding
-	var x *tensor.Tensor
-	if sh == nil {
-		x = tp.Embedding(bt.Tokens, m.WordEmb) // (b, t, h)
-	} else { // vocab-parallel; sequence shards (b, t/TP, h) with SP and no position table
-		x = sh.WordEmbedding(tp, bt.Tokens, m.WordEmb, m.PosEmb == nil)
-	}
+func (m *Model) embed(tp *tensor.Tape, tokens, positions *tensor.Tensor, p *pass) *tensor.Tensor {
+	b, t := tokens.Dim(0), tokens.Dim(1)
+	sh := m.region()
+	// vocab-parallel with TP; sequence shards (b, t/TP, h) with SP and no position table
+	x := sh.WordEmbedding(tp, tokens, m.WordEmb, m.PosEmb == nil) // (b, t, h)
 	if m.PosEmb != nil {
-		pos := bt.Positions
-		if pos == nil {
-			pos = defaultPositions(b, t)
+		if positions == nil {
+			positions = defaultPositions(b, t)
 		}
-		x = tp.Add(x, tp.Embedding(pos, m.PosEmb))
-		if sh != nil {
-			x = sh.ScatterSequence(tp, x) // identity without SP
+		x = sh.ScatterSequence(tp, tp.Add(x, tp.Embedding(positions, m.PosEmb))) // identity without SP
+	}
+	return m.dropout(tp, x, p)
+}
+
+// block runs layers (global indices first, first+1, ...), recomputing as
+// p.recomp says: Megatron's --recompute-num-layers counts the layers of
+// each pipeline stage, so the units start at layers[0].
+func (m *Model) block(tp *tensor.Tape, x *tensor.Tensor, layers []Layer, first int, p *pass) *tensor.Tensor {
+	for i := 0; i < len(layers); {
+		n := p.recomp.chunk(i, len(layers))
+		if n == 0 {
+			x = m.layerOn(tp, x, &layers[i], first+i, p)
+			i++
+			continue
 		}
+		lo := i
+		x = tp.Checkpoint(func(tp *tensor.Tape, in []*tensor.Tensor) []*tensor.Tensor {
+			h := in[0]
+			for j := lo; j < lo+n; j++ {
+				h = m.layer(tp, h, &layers[j], first+j, p)
+			}
+			return []*tensor.Tensor{h}
+		}, []*tensor.Tensor{x}, m.dropoutStreams(p.rng)...)[0]
+		i += n
 	}
-	return m.dropout(tp, x, m.Config.HiddenDropout, m.rngOutsideTP(rng), training)
+	return x
 }
 
-// enterColumn is the input of a column-parallel linear: copy-to-TP, or the
-// sequence all-gather with SP (identity on one rank).
-func (m *Model) enterColumn(tp *tensor.Tape, x *tensor.Tensor) *tensor.Tensor {
-	if m.Sharding == nil {
-		return x
+// layerOn runs layer on the run's tape, or on p.layerTape and copies the
+// output into x's buffer (x lives on the run's tape; the layer's buffers go
+// back to the layer tape's arena).
+func (m *Model) layerOn(tp *tensor.Tape, x *tensor.Tensor, l *Layer, index int, p *pass) *tensor.Tensor {
+	lt := p.layerTape
+	if lt == nil {
+		return m.layer(tp, x, l, index, p)
 	}
-	return m.Sharding.EnterColumn(tp, x)
-}
-
-// rowLinear is x·wᵀ + b for a row-parallel linear: the partial products are
-// reduced across TP ranks (reduce-scattered with SP) before the bias.
-func (m *Model) rowLinear(tp *tensor.Tape, x, w, b *tensor.Tensor) *tensor.Tensor {
-	if m.Sharding == nil {
-		return tp.Linear(x, w, b)
-	}
-	y := m.Sharding.ExitRow(tp, tp.Linear(x, w, nil))
-	if b != nil {
-		y = tp.Add(y, b)
-	}
-	return y
-}
-
-// rngOutsideTP is the dropout stream of replicated activations (Megatron's
-// default stream; with SP, activations are sequence shards and draw from
-// the per-rank stream, as Megatron's model-parallel RNG tracker).
-func (m *Model) rngOutsideTP(rng *tensor.RNG) *tensor.RNG {
-	if m.Sharding == nil || rng == nil {
-		return rng
-	}
-	return m.Sharding.DropoutRNG(rng, m.Sharding.SequenceParallel())
+	y := m.layer(lt, x, l, index, p)
+	tensor.Copy(x, y)
+	lt.Reset()
+	return x
 }
 
 // layer is x + drop(attn(norm1(x))), then + drop(mlp(norm2(x))).
-func (m *Model) layer(tp *tensor.Tape, l *Layer, x *tensor.Tensor, bt Batch, rng *tensor.RNG, training bool) *tensor.Tensor {
-	c := &m.Config
-	a := m.attention(tp, l, m.norm(tp, x, l.InputNorm, l.InputNormBias), bt, rng, training)
-	x = tp.Add(x, m.dropout(tp, a, c.HiddenDropout, m.rngOutsideTP(rng), training))
-	f := m.mlp(tp, l, m.norm(tp, x, l.MLPNorm, l.MLPNormBias))
-	return tp.Add(x, m.dropout(tp, f, c.HiddenDropout, m.rngOutsideTP(rng), training))
+func (m *Model) layer(tp *tensor.Tape, x *tensor.Tensor, l *Layer, index int, p *pass) *tensor.Tensor {
+	a := m.attention(tp, l, index, m.norm(tp, x, l.InputNorm, l.InputNormBias), p)
+	x = tp.Add(x, m.dropout(tp, a, p))
+	f := m.mlp(tp, l, m.norm(tp, x, l.MLPNorm, l.MLPNormBias), p)
+	return tp.Add(x, m.dropout(tp, f, p))
 }
 
-// attention: fused QKV in Megatron's per-query-group layout, RoPE, fused
-// causal attention, output projection.
-func (m *Model) attention(tp *tensor.Tape, l *Layer, x *tensor.Tensor, bt Batch, rng *tensor.RNG, training bool) *tensor.Tensor {
+// attention: fused QKV in Megatron's per-query-group layout, RoPE, the
+// pass's attention core, output projection.
+func (m *Model) attention(tp *tensor.Tape, l *Layer, index int, x *tensor.Tensor, p *pass) *tensor.Tensor {
 	c := &m.Config
-	x = m.enterColumn(tp, x)
-	b, t := x.Dim(0), x.Dim(1)
+	sh := m.region()
+	qkv := sh.ColumnLinear(tp, p.lin, x, l.QKV, l.QKVBias) // (b, t, G·(r+2)·d), this rank's groups
+	b, t := qkv.Dim(0), qkv.Dim(1)
 	// Query groups held here (all of them, or this TP rank's): from the
 	// weight, so a tensor-parallel slice needs no other config.
 	r, d := c.NumAttentionHeads/c.NumQueryGroups, c.KVChannels
 	g := l.QKV.Dim(0) / ((r + 2) * d)
-	qkv := tp.Reshape(tp.Linear(x, l.QKV, l.QKVBias), b, t, g, (r+2)*d)
-	parts := tp.Split(qkv, 3, r*d, d, d)
+	parts := tp.Split(tp.Reshape(qkv, b, t, g, (r+2)*d), 3, r*d, d, d)
 	q := tp.Reshape(parts[0], b, t, g*r, d) // head h = j·r + i uses kv head j
 	k := tp.Reshape(parts[1], b, t, g, d)
 	v := tp.Reshape(parts[2], b, t, g, d)
 	if m.rope != nil {
-		q = tp.RoPE(q, m.rope, bt.Positions)
-		k = tp.RoPE(k, m.rope, bt.Positions)
+		q = tp.RoPE(q, m.rope, p.positions)
+		k = tp.RoPE(k, m.rope, p.positions)
 	}
-	o := m.coreAttention(tp, q, k, v, bt, rng, training) // (b, t, a, d)
-	return m.rowLinear(tp, tp.Reshape(o, b, t, g*r*d), l.Proj, l.ProjBias)
+	o := p.core.Attend(tp, index, q, k, v) // (b, t, a, d)
+	return sh.RowLinear(tp, p.lin, tp.Reshape(o, b, t, g*r*d), l.Proj, l.ProjBias)
 }
 
-func (m *Model) mlp(tp *tensor.Tape, l *Layer, x *tensor.Tensor) *tensor.Tensor {
-	h := tp.Linear(m.enterColumn(tp, x), l.FC1, l.FC1Bias)
+// mlp is fc2(act(fc1(x))). An MoE layer's router and experts plug in here.
+func (m *Model) mlp(tp *tensor.Tape, l *Layer, x *tensor.Tensor, p *pass) *tensor.Tensor {
+	sh := m.region()
+	h := sh.ColumnLinear(tp, p.lin, x, l.FC1, l.FC1Bias)
 	switch m.Config.Activation {
 	case "swiglu":
 		h = tp.SwiGLU(h)
@@ -266,7 +306,23 @@ func (m *Model) mlp(tp *tensor.Tape, l *Layer, x *tensor.Tensor) *tensor.Tensor 
 	default:
 		h = tp.GELU(h, tensor.GELUErf)
 	}
-	return m.rowLinear(tp, h, l.FC2, l.FC2Bias)
+	return sh.RowLinear(tp, p.lin, h, l.FC2, l.FC2Bias)
+}
+
+// head is the final norm and the output layer: logits (b, t, V), or this
+// TP rank's V/TP.
+func (m *Model) head(tp *tensor.Tape, x, out *tensor.Tensor, p *pass) *tensor.Tensor {
+	x = m.norm(tp, x, m.FinalNorm, m.FinalNormB)
+	return m.region().ColumnLinear(tp, p.lin, x, out, nil)
+}
+
+// outputWeight is the output layer's weight: its own, or the word
+// embedding when tied.
+func (m *Model) outputWeight() *tensor.Tensor {
+	if m.OutputLayer != nil {
+		return m.OutputLayer
+	}
+	return m.WordEmb
 }
 
 func (m *Model) norm(tp *tensor.Tape, x, w, b *tensor.Tensor) *tensor.Tensor {
@@ -276,11 +332,16 @@ func (m *Model) norm(tp *tensor.Tape, x, w, b *tensor.Tensor) *tensor.Tensor {
 	return tp.LayerNorm(x, w, b, m.Config.NormEpsilon)
 }
 
-func (m *Model) dropout(tp *tensor.Tape, x *tensor.Tensor, p float32, rng *tensor.RNG, training bool) *tensor.Tensor {
-	if !training || p == 0 || rng == nil {
+// dropout is the hidden dropout of replicated activations, drawn from
+// Megatron's default stream; with SP the activations are sequence shards
+// and draw from the per-rank stream, as Megatron's model-parallel RNG
+// tracker.
+func (m *Model) dropout(tp *tensor.Tape, x *tensor.Tensor, p *pass) *tensor.Tensor {
+	if p.rng == nil || p.dropout == 0 {
 		return x
 	}
-	return tp.Dropout(x, p, rng)
+	sh := m.region()
+	return tp.Dropout(x, p.dropout, sh.DropoutRNG(p.rng, sh.SequenceParallel()))
 }
 
 func defaultPositions(b, t int) *tensor.Tensor {
@@ -299,8 +360,6 @@ func (m *Model) Loss(tp *tensor.Tape, logits *tensor.Tensor, bt Batch) *tensor.T
 	if bt.LossMask != nil {
 		mask = tp.Reshape(bt.LossMask, n)
 	}
-	if m.Sharding != nil { // logits hold this rank's vocabulary slice
-		return m.Sharding.CrossEntropy(tp, tp.Reshape(logits, n, logits.Dim(-1)), bt.Labels.Contiguous().Reshape(n), mask)
-	}
-	return tp.CrossEntropy(tp.Reshape(logits, n, m.Config.VocabSize), bt.Labels.Contiguous().Reshape(n), tensor.CrossEntropyOptions{LossMask: mask})
+	// With TP the logits hold this rank's vocabulary slice.
+	return m.region().CrossEntropy(tp, tp.Reshape(logits, n, logits.Dim(-1)), bt.Labels.Contiguous().Reshape(n), mask)
 }

@@ -11,7 +11,8 @@ import (
 // Sharding is what tensor (and sequence) parallelism changes in the forward
 // pass: Megatron's entry and exit points of the tensor-parallel regions. A
 // model built by Parallelize holds one; the model file calls it and nothing
-// else of the plan.
+// else of the plan. One rank's is the identity (unsharded), so the model
+// never asks whether it is parallel.
 type Sharding interface {
 	// WordEmbedding is the vocab-parallel lookup, reduced over the TP
 	// ranks; scatter reduce-scatters it straight to sequence shards (SP with
@@ -19,10 +20,15 @@ type Sharding interface {
 	WordEmbedding(tp *tensor.Tape, tokens, table *tensor.Tensor, scatter bool) *tensor.Tensor
 	// ScatterSequence keeps this rank's sequence shard (identity without SP).
 	ScatterSequence(tp *tensor.Tape, x *tensor.Tensor) *tensor.Tensor
-	// EnterColumn is the input of a column-parallel linear.
-	EnterColumn(tp *tensor.Tape, x *tensor.Tensor) *tensor.Tensor
-	// ExitRow reduces a row-parallel linear's partial output (before its bias).
-	ExitRow(tp *tensor.Tape, x *tensor.Tensor) *tensor.Tensor
+	// ColumnLinear is a column-parallel linear (QKV, fc1, the output
+	// layer) computed by lin: x enters the region (copied to the TP ranks,
+	// or all-gathered from sequence shards with SP), and each rank computes
+	// its slice of the outputs.
+	ColumnLinear(tp *tensor.Tape, lin Linears, x, w, b *tensor.Tensor) *tensor.Tensor
+	// RowLinear is a row-parallel linear (proj, fc2) computed by lin: the
+	// ranks' partial products are reduced (reduce-scattered to sequence
+	// shards with SP) before the bias is added.
+	RowLinear(tp *tensor.Tape, lin Linears, x, w, b *tensor.Tensor) *tensor.Tensor
 	// CrossEntropy is the vocab-parallel loss of this rank's logits (n, V/TP).
 	CrossEntropy(tp *tensor.Tape, logits, labels, mask *tensor.Tensor) *tensor.Tensor
 	// SequenceParallel reports whether activations outside the TP regions
@@ -143,18 +149,26 @@ func (s *tpSharding) ScatterSequence(t *tensor.Tape, x *tensor.Tensor) *tensor.T
 	return s.r.ScatterSeq(t, x)
 }
 
-func (s *tpSharding) EnterColumn(t *tensor.Tape, x *tensor.Tensor) *tensor.Tensor {
+func (s *tpSharding) ColumnLinear(t *tensor.Tape, lin Linears, x, w, b *tensor.Tensor) *tensor.Tensor {
 	if s.r.SequenceParallel {
-		return s.r.GatherSeq(t, x)
+		x = s.r.GatherSeq(t, x)
+	} else {
+		x = s.r.CopyTo(t, x)
 	}
-	return s.r.CopyTo(t, x)
+	return lin.Linear(t, x, w, b)
 }
 
-func (s *tpSharding) ExitRow(t *tensor.Tape, x *tensor.Tensor) *tensor.Tensor {
+func (s *tpSharding) RowLinear(t *tensor.Tape, lin Linears, x, w, b *tensor.Tensor) *tensor.Tensor {
+	y := lin.Linear(t, x, w, nil)
 	if s.r.SequenceParallel {
-		return s.r.ReduceScatterSeq(t, x)
+		y = s.r.ReduceScatterSeq(t, y)
+	} else {
+		y = s.r.ReduceFrom(t, y)
 	}
-	return s.r.ReduceFrom(t, x)
+	if b != nil {
+		y = t.Add(y, b)
+	}
+	return y
 }
 
 func (s *tpSharding) CrossEntropy(t *tensor.Tape, logits, labels, mask *tensor.Tensor) *tensor.Tensor {
@@ -171,3 +185,38 @@ func (s *tpSharding) DropoutRNG(shared *tensor.RNG, perRank bool) *tensor.RNG {
 }
 
 func (s *tpSharding) FirstHead() int { return s.headStart }
+
+// unsharded is one rank's Sharding: no region to enter or leave.
+type unsharded struct{}
+
+func (unsharded) WordEmbedding(t *tensor.Tape, tokens, table *tensor.Tensor, _ bool) *tensor.Tensor {
+	return t.Embedding(tokens, table)
+}
+
+func (unsharded) ScatterSequence(_ *tensor.Tape, x *tensor.Tensor) *tensor.Tensor { return x }
+
+func (unsharded) ColumnLinear(t *tensor.Tape, lin Linears, x, w, b *tensor.Tensor) *tensor.Tensor {
+	return lin.Linear(t, x, w, b)
+}
+
+func (unsharded) RowLinear(t *tensor.Tape, lin Linears, x, w, b *tensor.Tensor) *tensor.Tensor {
+	return lin.Linear(t, x, w, b)
+}
+
+func (unsharded) CrossEntropy(t *tensor.Tape, logits, labels, mask *tensor.Tensor) *tensor.Tensor {
+	return t.CrossEntropy(logits, labels, tensor.CrossEntropyOptions{LossMask: mask})
+}
+
+func (unsharded) SequenceParallel() bool { return false }
+
+func (unsharded) DropoutRNG(shared *tensor.RNG, _ bool) *tensor.RNG { return shared }
+
+func (unsharded) FirstHead() int { return 0 }
+
+// region is the model's Sharding: its plan's, or one rank's identity.
+func (m *Model) region() Sharding {
+	if m.Sharding == nil {
+		return unsharded{}
+	}
+	return m.Sharding
+}

@@ -61,63 +61,44 @@ func (r Recompute) chunk(i, layers int) int {
 	return 0
 }
 
-// layers runs the transformer layers, recomputing as m.Recompute says.
-func (m *Model) layers(tp *tensor.Tape, x *tensor.Tensor, bt Batch, rng *tensor.RNG, training bool) *tensor.Tensor {
-	for i := 0; i < len(m.Layers); {
-		n := m.Recompute.chunk(i, len(m.Layers))
-		if n == 0 {
-			x = m.layer(tp, &m.Layers[i], x, bt, rng, training)
-			i++
-			continue
-		}
-		first := i
-		x = tp.Checkpoint(func(tp *tensor.Tape, in []*tensor.Tensor) []*tensor.Tensor {
-			h := in[0]
-			for j := first; j < first+n; j++ {
-				h = m.layer(tp, &m.Layers[j], h, bt, rng, training)
-			}
-			return []*tensor.Tensor{h}
-		}, []*tensor.Tensor{x}, m.dropoutStreams(rng, training)...)[0]
-		i += n
-	}
-	return x
+// causalAttention is the AttentionCore of training: the fused causal
+// kernel, its scores, softmax and dropout recomputed in backward under
+// selective recomputation. Attention dropout acts on the probabilities,
+// inside the kernel, as Megatron's (its core_attention drops
+// attention_probs). Megatron draws it from the per-TP-rank stream; here
+// each call draws one block of the shared stream rng, the same on every TP
+// rank, and the kernel keys the masks by global head (Sharding.FirstHead):
+// the masks do not depend on the TP size.
+type causalAttention struct {
+	m         *Model
+	docIDs    *tensor.Tensor // non-nil masks attention across documents
+	rng       *tensor.RNG    // nil: no dropout
+	selective bool
 }
 
-// coreAttention is the attention core (b, t, a, d), recomputed in backward
-// under selective recomputation. Attention dropout acts on the
-// probabilities, inside the fused kernel, as Megatron's (its core_attention
-// drops attention_probs). Megatron draws it from the per-TP-rank stream;
-// here each call draws one block of the shared stream rng, the same on
-// every TP rank, and the kernel keys the masks by global head
-// (Sharding.FirstHead): the masks do not depend on the TP size.
-func (m *Model) coreAttention(tp *tensor.Tape, q, k, v *tensor.Tensor, bt Batch, rng *tensor.RNG, training bool) *tensor.Tensor {
-	opt := tensor.AttentionOptions{Causal: true, DocIDs: bt.DocIDs}
-	if training && rng != nil {
-		opt.Dropout, opt.RNG = m.Config.AttentionDropout, rng
-	}
-	if m.Sharding != nil {
-		opt.FirstHead = m.Sharding.FirstHead()
+func (a *causalAttention) Attend(tp *tensor.Tape, _ int, q, k, v *tensor.Tensor) *tensor.Tensor {
+	opt := tensor.AttentionOptions{Causal: true, DocIDs: a.docIDs, FirstHead: a.m.region().FirstHead()}
+	if a.rng != nil {
+		opt.Dropout, opt.RNG = a.m.Config.AttentionDropout, a.rng
 	}
 	core := func(tp *tensor.Tape, in []*tensor.Tensor) []*tensor.Tensor {
 		return []*tensor.Tensor{tp.Attention(in[0], in[1], in[2], opt)} // (b, t, a, d)
 	}
-	if !m.Recompute.Selective {
+	if !a.selective {
 		return core(tp, []*tensor.Tensor{q, k, v})[0]
 	}
-	return tp.Checkpoint(core, []*tensor.Tensor{q, k, v}, m.dropoutStreams(rng, training)...)[0]
+	return tp.Checkpoint(core, []*tensor.Tensor{q, k, v}, a.m.dropoutStreams(a.rng)...)[0]
 }
 
 // dropoutStreams are the RNGs a recomputed part draws from (restored before
 // recomputing so the masks repeat).
-func (m *Model) dropoutStreams(rng *tensor.RNG, training bool) []*tensor.RNG {
-	if rng == nil || !training {
+func (m *Model) dropoutStreams(rng *tensor.RNG) []*tensor.RNG {
+	if rng == nil {
 		return nil
 	}
 	out := []*tensor.RNG{rng}
-	if m.Sharding != nil {
-		if r := m.Sharding.DropoutRNG(rng, true); r != rng {
-			out = append(out, r)
-		}
+	if r := m.region().DropoutRNG(rng, true); r != rng {
+		out = append(out, r)
 	}
 	return out
 }

@@ -303,17 +303,15 @@ func (s *Stage) IsEmbeddingCopy(p *tensor.Tensor) bool {
 // Model.Forward's, in its order, so the pipeline reproduces one process.
 func (s *Stage) Forward(tp *tensor.Tape, x *tensor.Tensor, bt Batch, rng *tensor.RNG, training bool) *tensor.Tensor {
 	m := s.view()
+	p := m.trainingPass(bt, rng, training)
 	if s.first {
-		x = m.embed(tp, bt, rng, training)
+		x = m.embed(tp, bt.Tokens, bt.Positions, p)
 	}
-	for i := range s.Layers {
-		x = m.layer(tp, &s.Layers[i], x, bt, rng, training)
-	}
+	x = m.block(tp, x, s.Layers, s.FirstLayer, p)
 	if !s.last {
 		return x
 	}
-	x = m.norm(tp, x, s.FinalNorm, s.FinalNormB)
-	return tp.Linear(m.enterColumn(tp, x), s.OutputLayer, nil) // (b, t, V), or this rank's V/TP
+	return m.head(tp, x, s.OutputLayer, p) // (b, t, V), or this rank's V/TP
 }
 
 // Loss is Model.Loss on the last stage's logits.

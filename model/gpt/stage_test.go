@@ -575,3 +575,47 @@ func TestPipelineWithTensorParallel(t *testing.T) {
 		}
 	}
 }
+
+// TestPipelineRecomputeHoldsOneProcessActivations: a pipeline stage
+// recomputes as the whole model does (Megatron's --recompute-num-layers
+// counts each stage's layers), so the stages of a PP=2 split hold together
+// exactly the activations one process holds, with and without full
+// recomputation — and full recomputation holds less. (Stages once ran their
+// layers without it: --recompute-granularity full did nothing under PP.)
+func TestPipelineRecomputeHoldsOneProcessActivations(t *testing.T) {
+	for _, c := range []Config{gpt2Tiny(), llamaTiny()} {
+		for _, rc := range []Recompute{{}, {Full: true, Method: "uniform", NumLayers: 1}, {Full: true, Method: "uniform", NumLayers: 2},
+			{Selective: true}} {
+			m := stageModel(t, c)
+			m.Recompute = rc
+			bt := batches(c, 0, 1)[0]
+			live := func(run func(tp *tensor.Tape)) int {
+				tp := tensor.NewTape()
+				run(tp)
+				return tp.LiveFloats()
+			}
+			one := live(func(tp *tensor.Tape) { m.Forward(tp, bt, nil, true) })
+			stages, err := SplitStages(m, PipelineSplit{PP: 2}, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			last, err := SplitStages(m, PipelineSplit{PP: 2}, 1)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var mid *tensor.Tensor
+			pp := live(func(tp *tensor.Tape) { mid = stages[0].Forward(tp, nil, bt, nil, true) })
+			in := mid.Clone().SetRequiresGrad(true) // the activation the next stage receives
+			pp += live(func(tp *tensor.Tape) { last[0].Forward(tp, in, bt, nil, true) })
+			if pp != one {
+				t.Errorf("%+v %+v: the PP=2 stages hold %d floats of activations, one process %d", c.Activation, rc, pp, one)
+			}
+			if rc.Full {
+				m.Recompute = Recompute{}
+				if all := live(func(tp *tensor.Tape) { m.Forward(tp, bt, nil, true) }); one >= all {
+					t.Errorf("%+v %+v: full recomputation holds %d floats, none %d", c.Activation, rc, one, all)
+				}
+			}
+		}
+	}
+}

@@ -1,0 +1,41 @@
+package gpt
+
+import "github.com/gotron/gotron/tensor"
+
+// AttentionCore is the attention of one layer's queries over keys and
+// values, the part of the layer that differs most between runs: the fused
+// causal kernel in training (causalAttention), a KV cache in decoding
+// (cachedAttention over an Attender), ring attention over a context-parallel
+// group. q is (b, t, heads, d), k and v are (b, t, query groups, d), RoPE
+// applied; it returns (b, t, heads, d). layer is the global layer index.
+type AttentionCore interface {
+	Attend(tp *tensor.Tape, layer int, q, k, v *tensor.Tensor) *tensor.Tensor
+}
+
+// Linears computes the model's linear layers, x·wᵀ + b for one of the
+// model's weights w (b may be nil), in place of tensor.Tape.Linear: a server
+// keeps the weights in a layout or precision made for decoding (infer's
+// packed weights). Tensor parallelism stays outside it (Sharding).
+type Linears interface {
+	Linear(tp *tensor.Tape, x, w, b *tensor.Tensor) *tensor.Tensor
+}
+
+// tapeLinear is the default Linears: the tape's own product.
+type tapeLinear struct{}
+
+func (tapeLinear) Linear(tp *tensor.Tape, x, w, b *tensor.Tensor) *tensor.Tensor {
+	return tp.Linear(x, w, b)
+}
+
+// attenderCore is the AttentionCore of decoding: the Attender stores the
+// new keys and values and attends each query over its sequence's cache.
+type attenderCore struct{ att Attender }
+
+func (c attenderCore) Attend(tp *tensor.Tape, layer int, q, k, v *tensor.Tensor) *tensor.Tensor {
+	b, t, heads, d := q.Dim(0), q.Dim(1), q.Dim(2), q.Dim(3)
+	n, g := b*t, k.Dim(2)
+	o := tp.Empty(b, t, heads, d)
+	tensor.Zero(o) // Attend's contract: out is zeroed
+	c.att.Attend(layer, tp.Reshape(q, n, heads, d), tp.Reshape(k, n, g, d), tp.Reshape(v, n, g, d), tp.Reshape(o, n, heads, d))
+	return o
+}
