@@ -235,18 +235,18 @@ func NewEngine(m *gpt.Model, cfg EngineConfig) (*Engine, error) {
 	blocks := int(cfg.KVCacheBytes / cfg.blockBytes(m))
 	e := &Engine{m: m, cfg: cfg, maxPos: mc.MaxPositionEmbeddings, byID: map[SeqID]*sequence{}}
 	e.pool = newKVPool(mc.NumLayers, mc.NumQueryGroups, mc.KVChannels, cfg.BlockTokens, blocks)
-	e.att = newPagedAttention(e.pool, mc.NumAttentionHeads, mc.NumQueryGroups, mc.KVChannels)
+	e.att = newPagedAttention(e.pool)
 	if cfg.BF16 {
 		if err := m.CheckBF16(); err != nil {
 			return nil, fmt.Errorf("infer: EngineConfig.BF16: %w", err)
 		}
 	}
 	if cfg.Weights == WeightsPacked {
-		typ := cpu.PackedFloat32
+		dtype := tensor.Float32
 		if cfg.BF16 {
-			typ = cpu.PackedBFloat16
+			dtype = tensor.BFloat16
 		}
-		e.packed = PackLinears(m, typ)
+		e.packed = PackLinears(m, dtype)
 	}
 	if err := e.warmUp(); err != nil {
 		return nil, fmt.Errorf("infer: warm-up step: %w", err)

@@ -2,9 +2,10 @@ package infer
 
 import (
 	"encoding/binary"
-	"github.com/gotron/gotron/internal/cpu"
 	"hash/fnv"
 	"slices"
+
+	"github.com/gotron/gotron/tensor"
 )
 
 // kvPool is the paged KV cache: one preallocated pool of fixed-size blocks,
@@ -24,8 +25,8 @@ type kvPool struct {
 	numBlocks   int
 	// k[layer], v[layer]: (numBlocks, groups, blockTokens, head dim), as
 	// vLLM's blocks: a block's keys of one head are contiguous, so
-	// attention streams them in order.
-	k, v [][]float32
+	// attention streams them in order (tensor.PagedAttention's layout).
+	k, v []*tensor.Tensor
 
 	refs  []int32          // per block
 	meta  []blockMeta      // per block: its prefix-cache identity
@@ -57,33 +58,20 @@ func newKVPool(layers, groups, dim, blockTokens, numBlocks int) *kvPool {
 		refs: make([]int32, numBlocks), meta: make([]blockMeta, numBlocks), inLRU: make([]bool, numBlocks),
 		index: map[uint64]int32{}, lruHead: -1, lruTail: -1,
 		prev: make([]int32, numBlocks), next: make([]int32, numBlocks)}
-	per := numBlocks * groups * blockTokens * dim
+	// Committed now: the pool is the server's memory, so an allocation the
+	// machine cannot back fails at start, not in a request, and a decode
+	// step that writes a new block's keys does not fault its pages in one
+	// by one (a third of a 32-sequence step of GPT-2 124M when the blocks
+	// were fresh).
 	for range layers {
-		p.k = append(p.k, make([]float32, per))
-		p.v = append(p.v, make([]float32, per))
-	}
-	// Touch every page now: the pool is the server's memory, committed at
-	// start (an allocation the machine cannot back fails here, not in a
-	// request), and a decode step that writes a new block's keys would
-	// otherwise fault in its pages one by one (a third of a 32-sequence
-	// step of GPT-2 124M when the blocks were fresh).
-	for _, s := range [][][]float32{p.k, p.v} {
-		for _, l := range s {
-			cpu.Parallel(len(l), 1<<20, func(lo, hi int) {
-				for i := lo; i < hi; i += pageFloats {
-					l[i] = 0
-				}
-			})
-		}
+		p.k = append(p.k, tensor.NewCommitted(numBlocks, groups, blockTokens, dim))
+		p.v = append(p.v, tensor.NewCommitted(numBlocks, groups, blockTokens, dim))
 	}
 	for b := numBlocks - 1; b >= 0; b-- {
 		p.free = append(p.free, int32(b))
 	}
 	return p
 }
-
-// pageFloats is the floats of a 4 KiB page: newKVPool writes one per page.
-const pageFloats = 1024
 
 // Used returns the number of blocks held by sequences.
 func (p *kvPool) Used() int { return p.numBlocks - len(p.free) - p.cachedCount() }
@@ -226,10 +214,4 @@ func blockKey(parent uint64, tokens []int32) uint64 {
 // kept: block·blockTokens + offset.
 func (p *kvPool) slot(table []int32, pos int) int {
 	return int(table[pos/p.blockTokens])*p.blockTokens + pos%p.blockTokens
-}
-
-// at returns the offset in a layer's keys (or values) of slot's head h.
-func (p *kvPool) at(slot, h int) int {
-	b, o := slot/p.blockTokens, slot%p.blockTokens
-	return ((b*p.groups+h)*p.blockTokens + o) * p.dim
 }

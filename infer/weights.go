@@ -3,7 +3,6 @@ package infer
 import (
 	"fmt"
 
-	"github.com/gotron/gotron/internal/cpu"
 	"github.com/gotron/gotron/model/gpt"
 	"github.com/gotron/gotron/tensor"
 )
@@ -48,26 +47,27 @@ func (l WeightLayout) String() string {
 }
 
 // PackedLinears holds a model's linear weights (QKV, projection, MLP,
-// output layer) packed for cpu.SgemmPacked. It implements gpt.Linears.
+// output layer) prepared by the backend for repeated products
+// (tensor.PackWeight). It implements gpt.Linears.
 type PackedLinears struct {
-	w     map[*tensor.Tensor]*cpu.PackedB
+	w     map[*tensor.Tensor]*tensor.PackedWeight
 	bytes int64
 }
 
-// PackLinears packs every linear weight of m in typ. With
-// cpu.PackedBFloat16 the weights are rounded to bfloat16 (to nearest
-// even); round the model first (gpt.Model.RoundToBF16) for every op to
-// see the same weights, as `--bf16` does.
-func PackLinears(m *gpt.Model, typ cpu.PackedType) *PackedLinears {
-	pl := &PackedLinears{w: map[*tensor.Tensor]*cpu.PackedB{}}
+// PackLinears packs every linear weight of m, stored in dtype
+// (tensor.Float32 or tensor.BFloat16). With tensor.BFloat16 the weights
+// are rounded to bfloat16 (to nearest even); round the model first
+// (gpt.Model.RoundToBF16) for every op to see the same weights, as `--bf16`
+// does.
+func PackLinears(m *gpt.Model, dtype tensor.DType) *PackedLinears {
+	pl := &PackedLinears{w: map[*tensor.Tensor]*tensor.PackedWeight{}}
 	add := func(w *tensor.Tensor) {
 		if w == nil || pl.w[w] != nil {
 			return
 		}
-		out, in := w.Dim(0), w.Dim(1)
-		pb := cpu.PackB(cpu.Trans, in, out, w.Float32s(), in, typ)
-		pl.w[w] = pb
-		pl.bytes += pb.Bytes()
+		pw := tensor.PackWeight(w, dtype)
+		pl.w[w] = pw
+		pl.bytes += pw.Bytes()
 	}
 	for i := range m.Layers {
 		l := &m.Layers[i]
@@ -110,27 +110,16 @@ func PackedBytes(m *gpt.Model, cfg EngineConfig) int64 {
 // Bytes returns the memory the packed weights take.
 func (pl *PackedLinears) Bytes() int64 { return pl.bytes }
 
-// Linear is tp.Linear(x, w, b) (x·wᵀ + b) through w's packed copy; a
-// weight without one goes through tp.Linear. No gradients are recorded:
-// decoding only.
+// Linear is tp.Linear(x, w, b) (x·wᵀ + b) through w's packed copy
+// (tp.LinearPacked); a weight without one goes through tp.Linear. No
+// gradients are recorded: decoding only.
 func (pl *PackedLinears) Linear(tp *tensor.Tape, x, w, b *tensor.Tensor) *tensor.Tensor {
-	pb := pl.w[w]
-	if pb == nil {
+	pw := pl.w[w]
+	if pw == nil {
 		return tp.Linear(x, w, b)
 	}
-	x = tp.Contiguous(x)
-	in, out := pb.K(), pb.N()
-	if x.Dim(-1) != in {
+	if x.Dim(-1) != pw.In() {
 		panic(fmt.Sprintf("infer: linear input %v does not match weight %v", x.Shape(), w.Shape()))
 	}
-	n := x.Numel() / in
-	shape := append(append([]int(nil), x.Shape()[:x.NDim()-1]...), out)
-	yt := tp.Empty(shape...)
-	if b == nil {
-		cpu.SgemmPacked(n, 1, x.Float32s(), in, pb, 0, yt.Float32s(), out)
-		return yt
-	}
-	// x·wᵀ + b as tp.Add would add b, in the product's own pass.
-	cpu.SgemmPackedBias(n, x.Float32s(), in, pb, b.Contiguous().Float32s(), yt.Float32s(), out)
-	return yt
+	return tp.LinearPacked(x, pw, b)
 }

@@ -84,6 +84,27 @@ type Backend interface {
 	Scale(out *Tensor, alpha float32, x *Tensor)
 	// SumRows adds the rows of x (n, c) into out (c).
 	SumRows(out, x *Tensor)
+
+	// Decoding (decode_ops.go: the exported ops check shapes, then call
+	// these). Inference only: nothing here records or computes gradients.
+	//
+	// AllocCommitted returns a zeroed tensor whose memory is committed
+	// (backed) now: a long-lived pool such as the paged KV cache.
+	AllocCommitted(dtype DType, shape []int) *Tensor
+	// PagedKVWrite copies the rows of k and v (rows, groups, head dim) into
+	// the paged pools (blocks, groups, block positions, head dim) at the
+	// int32 slots (rows): block slot/B, offset slot mod B.
+	PagedKVWrite(kPool, vPool, k, v, slots *Tensor)
+	// PagedAttention overwrites out (rows, heads, head dim) with each query
+	// row's causal attention over its sequence's positions in the paged
+	// pools, in PagedAttention's fixed arithmetic (bit for bit).
+	PagedAttention(out, q, kPool, vPool *Tensor, cfg PagedAttentionConfig)
+	// PackWeight prepares w (out, in) for PackedLinear, stored in dtype
+	// (Float32 or BFloat16).
+	PackWeight(w *Tensor, dtype DType) *PackedWeight
+	// PackedLinear overwrites out (rows, out) with x (rows, in)·wᵀ (+ b,
+	// added to the rounded product, when b is not nil).
+	PackedLinear(out, x *Tensor, w *PackedWeight, b *Tensor)
 }
 
 // backendFor returns the backend owning t's storage. Only the CPU exists now;
