@@ -4,7 +4,7 @@ import (
 	"fmt"
 	"math"
 
-	"github.com/gotron/gotron/internal/cpu"
+	"github.com/gotron/gotron/tensor"
 )
 
 // AdamWConfig holds AdamW's fixed hyperparameters (the learning rate and
@@ -67,10 +67,11 @@ type AdamW struct {
 	m, v   [][]float32 // exp_avg, exp_avg_sq per flat param
 	steps  int64
 
-	// coef holds each group's float32 scalars for this step (read by
-	// kernel, which runs cpu.AdamWUpdate on every param range).
-	coef   []cpu.AdamWCoeffs
-	kernel func(lo, hi int)
+	// The same storage as tensor lists for tensor.AdamW: params, grads,
+	// exp_avg, exp_avg_sq.
+	pl, gl, ml, vl *tensor.TensorList
+	// coef holds each param's float32 scalars for this step (its group's).
+	coef []tensor.AdamWCoeffs
 }
 
 var _ Optimizer = (*AdamW)(nil)
@@ -87,12 +88,20 @@ func NewAdamW(groups []Group, cfg AdamWConfig) (*AdamW, error) {
 		return nil, err
 	}
 	cfg = cfg.withDefaults()
-	o := &AdamW{cfg: cfg, groups: groups, f: f, coef: make([]cpu.AdamWCoeffs, len(groups))}
+	o := &AdamW{cfg: cfg, groups: groups, f: f, coef: make([]tensor.AdamWCoeffs, len(f.params))}
 	for _, p := range f.params {
 		o.m = append(o.m, make([]float32, len(p.Data)))
 		o.v = append(o.v, make([]float32, len(p.Data)))
 	}
-	o.kernel = func(lo, hi int) { o.f.each(lo, hi, o.update) }
+	if o.pl, o.gl, err = f.lists("adamw"); err != nil {
+		return nil, err
+	}
+	if o.ml, err = f.bufferList("adamw", "exp_avg", o.m); err != nil {
+		return nil, err
+	}
+	if o.vl, err = f.bufferList("adamw", "exp_avg_sq", o.v); err != nil {
+		return nil, err
+	}
 	return o, nil
 }
 
@@ -102,29 +111,25 @@ func (o *AdamW) Groups() []Group { return o.groups }
 // Steps returns the number of updates applied so far.
 func (o *AdamW) Steps() int64 { return o.steps }
 
-// Step applies one AdamW update using each group's LR and WD. It allocates
-// nothing itself; the work is split over internal/cpu.Parallel.
+// Step applies one AdamW update using each group's LR and WD through
+// tensor.AdamW (which the backend splits over all parameters at once). It
+// allocates nothing.
 func (o *AdamW) Step() {
 	o.steps++
 	b1, b2 := float32(o.cfg.Beta1), float32(o.cfg.Beta2)
-	c := cpu.AdamWCoeffs{Beta1: b1, Beta2: b2, Eps: float32(o.cfg.Eps),
+	c := tensor.AdamWCoeffs{Beta1: b1, Beta2: b2, Eps: float32(o.cfg.Eps),
 		OneMinusBeta1: 1 - b1, OneMinusBeta2: 1 - b2, // float32 arithmetic, as the CUDA kernel does
 		// Apex: bias_correction = 1 - std::pow(beta (float), step) in double, stored as float.
 		BC1: float32(1 - math.Pow(float64(b1), float64(o.steps))),
 		BC2: float32(1 - math.Pow(float64(b2), float64(o.steps)))}
-	for i := range o.groups {
-		c.LR, c.WD = float32(o.groups[i].LR), float32(o.groups[i].WD)
+	for i, gi := range o.f.group {
+		g := &o.groups[gi]
+		c.LR, c.WD = float32(g.LR), float32(g.WD)
 		o.coef[i] = c
 	}
-	cpu.Parallel(o.f.total(), 1<<14, o.kernel)
-}
-
-// update runs the AdamW kernel on params[i][a:b]: cpu.AdamWUpdate, the
-// Apex arithmetic above in float32 with each product rounded (no FMA), on
-// the AVX-512, AVX2 or pure-Go path, all bit-identical.
-func (o *AdamW) update(i, a, b int) {
-	p := o.f.params[i]
-	cpu.AdamWUpdate(p.Data[a:b], p.Grad[a:b], o.m[i][a:b], o.v[i][a:b], &o.coef[o.f.group[i]])
+	// The Apex arithmetic above in float32 with each product rounded (no
+	// FMA): the same bits on every backend and instruction set.
+	tensor.AdamW(o.pl, o.gl, o.ml, o.vl, o.coef)
 }
 
 // State returns a copy of the step count and the exp_avg / exp_avg_sq

@@ -4,7 +4,7 @@ import (
 	"fmt"
 	"testing"
 
-	"github.com/gotron/gotron/internal/cpu"
+	"github.com/gotron/gotron/tensor"
 )
 
 // benchParams returns n float32 params spread over a few tensors like a
@@ -30,9 +30,9 @@ func benchParams(n int) []*Param {
 
 // TestAdamWStepAllocs checks the per-step allocation contract: a whole
 // training step (found-inf, clipping, scheduler, AdamW) allocates nothing,
-// on one thread or several (cpu.Parallel runs on persistent workers).
+// on one thread or several (the CPU backend runs list ops on persistent workers).
 func TestAdamWStepAllocs(t *testing.T) {
-	defer cpu.SetThreads(cpu.SetThreads(1))
+	defer tensor.SetCPUThreads(tensor.SetCPUThreads(1))
 	ps := benchParams(1 << 16)
 	opt, err := NewAdamW(DefaultGroups(ps), AdamWConfig{})
 	if err != nil {
@@ -50,7 +50,7 @@ func TestAdamWStepAllocs(t *testing.T) {
 	if a := testing.AllocsPerRun(20, step); a != 0 {
 		t.Errorf("one thread: %v allocs per training step, want 0", a)
 	}
-	cpu.SetThreads(4)
+	tensor.SetCPUThreads(4)
 	step() // warm the worker pool
 	if a := testing.AllocsPerRun(20, step); a != 0 {
 		t.Errorf("4 threads: %v allocs per training step, want 0", a)
@@ -67,7 +67,7 @@ func BenchmarkAdamW(b *testing.B) {
 	for _, n := range []int{1 << 16, 30_000_000} {
 		for _, th := range []int{1, 2} {
 			b.Run(fmt.Sprintf("params=%d/threads=%d", n, th), func(b *testing.B) {
-				defer cpu.SetThreads(cpu.SetThreads(th))
+				defer tensor.SetCPUThreads(tensor.SetCPUThreads(th))
 				ps := benchParams(n)
 				opt, _ := NewAdamW(DefaultGroups(ps), AdamWConfig{})
 				for i := range opt.Groups() {
@@ -90,7 +90,7 @@ func BenchmarkGradNorm(b *testing.B) {
 	n := 1 << 22
 	for _, th := range []int{1, 2} {
 		b.Run(fmt.Sprintf("params=%d/threads=%d", n, th), func(b *testing.B) {
-			defer cpu.SetThreads(cpu.SetThreads(th))
+			defer tensor.SetCPUThreads(tensor.SetCPUThreads(th))
 			g, _ := NewGrads(benchParams(n))
 			b.SetBytes(int64(4 * n))
 			b.ReportAllocs()

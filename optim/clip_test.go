@@ -5,13 +5,13 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/gotron/gotron/internal/cpu"
+	"github.com/gotron/gotron/tensor"
 )
 
 // TestGradsSumSquaresDeterministic checks Σg² against a float64 loop, and
 // that the result is bit-identical on 1, 2 and 5 threads (fixed blocks).
 func TestGradsSumSquaresDeterministic(t *testing.T) {
-	defer cpu.SetThreads(cpu.SetThreads(1))
+	defer tensor.SetCPUThreads(tensor.SetCPUThreads(1))
 	ps := testParams(6, true)
 	ps = append(ps, testParams(7, true)[3:]...)
 	ps[len(ps)-1].Name = "big2.weight"
@@ -29,7 +29,7 @@ func TestGradsSumSquaresDeterministic(t *testing.T) {
 	}
 	var first float64
 	for i, th := range []int{1, 2, 5} {
-		cpu.SetThreads(th)
+		tensor.SetCPUThreads(th)
 		got := g.SumSquares()
 		if !near(got, want, 1e-13) {
 			t.Errorf("threads %d: SumSquares = %.17g, float64 loop %.17g", th, got, want)
@@ -112,7 +112,7 @@ func TestFoundInf(t *testing.T) {
 		{ps[0], 0, float32(math.NaN())},
 		{ps[1], 4, float32(math.Inf(1))},
 		{last, len(last.Grad) - 1, float32(math.Inf(-1))},
-		{last, normBlock + 3, float32(math.NaN())},
+		{last, tensor.NormBlock + 3, float32(math.NaN())},
 	} {
 		old := bad.p.Grad[bad.i]
 		bad.p.Grad[bad.i] = bad.v

@@ -17,8 +17,9 @@
 //     Grads.Unscale for the unscale-and-check step.
 //
 // Everything except the elementwise kernels is a pure function of its
-// inputs; the kernels split work over internal/cpu.Parallel and allocate
-// nothing per step beyond what cpu.Parallel itself does.
+// inputs; the kernels are the tensor package's list ops (tensor.AdamW,
+// tensor.SGD, tensor.SumSquares, ...), which the backend splits over all
+// parameters at once, and a step allocates nothing.
 //
 // One training iteration, as in Megatron's train_step:
 //

@@ -4,7 +4,7 @@ import (
 	"fmt"
 	"math"
 
-	"github.com/gotron/gotron/internal/cpu"
+	"github.com/gotron/gotron/tensor"
 )
 
 // LossScalerConfig configures fp16 loss scaling
@@ -139,7 +139,6 @@ func (s *LossScaler) LoadState(st LossScalerState) error {
 // whether any was NaN or ±Inf, like torch._amp_foreach_non_finite_check_and_unscale_
 // (which Megatron calls before all-reducing found_inf).
 func (g *Grads) Unscale(inv float32) bool {
-	g.scale = inv
-	cpu.Parallel(g.f.total(), 1<<14, g.scaleK)
+	tensor.ScaleList(g.grads, inv)
 	return g.FoundInf()
 }

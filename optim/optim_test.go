@@ -6,7 +6,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/gotron/gotron/internal/cpu"
+	"github.com/gotron/gotron/tensor"
 )
 
 // testParams returns seeded params: a weight, a bias, a 1-D norm weight and
@@ -105,10 +105,10 @@ func closeF32(got float32, want, tol, floor float64) bool {
 // decay and no-decay groups and non-default betas against refAdamW, on 1
 // and 3 threads (which must agree bit for bit).
 func TestAdamWMatchesFloat64Reference(t *testing.T) {
-	defer cpu.SetThreads(cpu.SetThreads(1))
+	defer tensor.SetCPUThreads(tensor.SetCPUThreads(1))
 	var first []*Param
 	for _, threads := range []int{1, 3} {
-		cpu.SetThreads(threads)
+		tensor.SetCPUThreads(threads)
 		ps := testParams(1, true)
 		ref := newRefAdamW(ps, 0.9, 0.95, 1e-8)
 		opt, err := NewAdamW(DefaultGroups(ps), AdamWConfig{Beta2: 0.95})

@@ -2,8 +2,9 @@ package optim
 
 import (
 	"fmt"
-	"sort"
 	"strings"
+
+	"github.com/gotron/gotron/tensor"
 )
 
 // Param is one trainable tensor. Data and Grad alias the model's storage
@@ -73,13 +74,13 @@ func DefaultGroups(params []*Param) []Group {
 	return []Group{decay, noDecay}
 }
 
-// flat is the concatenation of every group's params into one index space
-// [0, total), so one cpu.Parallel call covers all of them and chunk
-// boundaries do not depend on how the model is split into tensors.
+// flat is the concatenation of every group's params in one order, the order
+// of the tensor lists the optimizer ops take (a backend splits their joint
+// index space, so chunking does not depend on how the model is split into
+// tensors).
 type flat struct {
 	params []*Param
 	group  []int // group index of params[i]
-	start  []int // start[i] is params[i]'s first flat index; start[len] = total
 }
 
 // newFlat checks the groups (non-nil params, Data and Grad of equal length,
@@ -88,7 +89,6 @@ type flat struct {
 func newFlat(who string, groups []Group) (flat, error) {
 	var f flat
 	seen := map[string]bool{}
-	total := 0
 	for gi := range groups {
 		for _, p := range groups[gi].Params {
 			if p == nil {
@@ -112,30 +112,42 @@ func newFlat(who string, groups []Group) (flat, error) {
 			}
 			f.params = append(f.params, p)
 			f.group = append(f.group, gi)
-			f.start = append(f.start, total)
-			total += len(p.Data)
 		}
 	}
-	f.start = append(f.start, total)
 	return f, nil
 }
 
-// total is the number of scalar parameters.
-func (f *flat) total() int { return f.start[len(f.start)-1] }
+// lists returns the params' Data and Grad as tensor lists (aliasing them,
+// in flat order), the form the tensor package's optimizer ops take. who
+// names the caller in errors.
+func (f *flat) lists(who string) (data, grad *tensor.TensorList, err error) {
+	ds, gs := make([]*tensor.Tensor, len(f.params)), make([]*tensor.Tensor, len(f.params))
+	for i, p := range f.params {
+		ds[i] = tensor.FromFloat32(p.Data, len(p.Data))
+		ds[i].Name = p.Name
+		gs[i] = tensor.FromFloat32(p.Grad, len(p.Grad))
+		gs[i].Name = p.Name + ".grad"
+	}
+	if data, err = tensor.NewTensorList(ds...); err != nil {
+		return nil, nil, fmt.Errorf("optim: %s: %w", who, err)
+	}
+	if grad, err = tensor.NewTensorList(gs...); err != nil {
+		return nil, nil, fmt.Errorf("optim: %s: %w", who, err)
+	}
+	return data, grad, nil
+}
 
-// each calls fn(i, a, b) for every param i overlapping the flat range
-// [lo, hi), with [a, b) the overlap in that param's local indices.
-func (f *flat) each(lo, hi int, fn func(i, a, b int)) {
-	if lo >= hi {
-		return
+// bufferList returns the optimizer buffers bufs (one per param, in flat
+// order) as a tensor list aliasing them; kind names them in errors.
+func (f *flat) bufferList(who, kind string, bufs [][]float32) (*tensor.TensorList, error) {
+	ts := make([]*tensor.Tensor, len(bufs))
+	for i, b := range bufs {
+		ts[i] = tensor.FromFloat32(b, len(b))
+		ts[i].Name = stateKey(kind, f.params[i].Name)
 	}
-	// First param whose end is > lo.
-	i := sort.Search(len(f.params), func(k int) bool { return f.start[k+1] > lo })
-	for ; i < len(f.params) && f.start[i] < hi; i++ {
-		a := max(lo, f.start[i]) - f.start[i]
-		b := min(hi, f.start[i+1]) - f.start[i]
-		if a < b {
-			fn(i, a, b)
-		}
+	l, err := tensor.NewTensorList(ts...)
+	if err != nil {
+		return nil, fmt.Errorf("optim: %s: %w", who, err)
 	}
+	return l, nil
 }

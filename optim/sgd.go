@@ -3,7 +3,7 @@ package optim
 import (
 	"fmt"
 
-	"github.com/gotron/gotron/internal/cpu"
+	"github.com/gotron/gotron/tensor"
 )
 
 // SGDConfig holds SGD's fixed hyperparameters. The zero value is plain SGD
@@ -46,10 +46,11 @@ type SGD struct {
 	buf    [][]float32 // momentum_buffer per flat param; nil without momentum
 	steps  int64
 
-	mom, omd float32
-	first    bool
-	lr, wd   []float32
-	kernel   func(lo, hi int)
+	// The same storage as tensor lists for tensor.SGD: params, grads and
+	// momentum buffers (nil without momentum).
+	pl, gl, bl *tensor.TensorList
+	// coef holds each param's float32 scalars for this step.
+	coef []tensor.SGDCoeffs
 }
 
 var _ Optimizer = (*SGD)(nil)
@@ -64,15 +65,18 @@ func NewSGD(groups []Group, cfg SGDConfig) (*SGD, error) {
 	if err != nil {
 		return nil, err
 	}
-	o := &SGD{cfg: cfg, groups: groups, f: f,
-		lr: make([]float32, len(groups)), wd: make([]float32, len(groups)),
-		mom: float32(cfg.Momentum), omd: float32(1 - cfg.Dampening)}
+	o := &SGD{cfg: cfg, groups: groups, f: f, coef: make([]tensor.SGDCoeffs, len(f.params))}
+	if o.pl, o.gl, err = f.lists("sgd"); err != nil {
+		return nil, err
+	}
 	if cfg.Momentum != 0 {
 		for _, p := range f.params {
 			o.buf = append(o.buf, make([]float32, len(p.Data)))
 		}
+		if o.bl, err = f.bufferList("sgd", "momentum_buffer", o.buf); err != nil {
+			return nil, err
+		}
 	}
-	o.kernel = func(lo, hi int) { o.f.each(lo, hi, o.update) }
 	return o, nil
 }
 
@@ -82,50 +86,19 @@ func (o *SGD) Groups() []Group { return o.groups }
 // Steps returns the number of updates applied so far.
 func (o *SGD) Steps() int64 { return o.steps }
 
-// Step applies one SGD update using each group's LR and WD.
+// Step applies one SGD update using each group's LR and WD through
+// tensor.SGD. It allocates nothing.
 func (o *SGD) Step() {
-	o.first = o.steps == 0
+	first := o.steps == 0
 	o.steps++
-	for i := range o.groups {
-		o.lr[i] = float32(o.groups[i].LR)
-		o.wd[i] = float32(o.groups[i].WD)
+	c := tensor.SGDCoeffs{Momentum: float32(o.cfg.Momentum), OneMinusDampening: float32(1 - o.cfg.Dampening),
+		FirstStep: first, Nesterov: o.cfg.Nesterov}
+	for i, gi := range o.f.group {
+		g := &o.groups[gi]
+		c.LR, c.WD = float32(g.LR), float32(g.WD)
+		o.coef[i] = c
 	}
-	cpu.Parallel(o.f.total(), 1<<14, o.kernel)
-}
-
-// update is the elementwise SGD kernel on params[i][a:b].
-func (o *SGD) update(i, a, b int) {
-	p, g := o.f.params[i].Data[a:b], o.f.params[i].Grad[a:b]
-	lr, wd := o.lr[o.f.group[i]], o.wd[o.f.group[i]]
-	if o.buf == nil {
-		for j := range p {
-			d := g[j]
-			if wd != 0 {
-				d += float32(wd * p[j])
-			}
-			p[j] -= float32(lr * d)
-		}
-		return
-	}
-	buf := o.buf[i][a:b]
-	mom, omd, first, nesterov := o.mom, o.omd, o.first, o.cfg.Nesterov
-	for j := range p {
-		d := g[j]
-		if wd != 0 {
-			d += float32(wd * p[j]) // float32(...): no FMA fusion
-		}
-		if first {
-			buf[j] = d
-		} else {
-			buf[j] = float32(mom*buf[j]) + float32(omd*d)
-		}
-		if nesterov {
-			d += float32(mom * buf[j])
-		} else {
-			d = buf[j]
-		}
-		p[j] -= float32(lr * d)
-	}
+	tensor.SGD(o.pl, o.gl, o.bl, o.coef)
 }
 
 // State returns a copy of the step count and, with momentum, the

@@ -7,7 +7,7 @@ import (
 
 // Optimizer updates parameters from their gradients using each Group's LR
 // and WD. Implementations: *AdamW, *SGD. Not safe for concurrent use; Step
-// itself splits the work over internal/cpu threads.
+// itself splits the work over the backend's threads (tensor.AdamW, tensor.SGD).
 type Optimizer interface {
 	// Step applies one update to every parameter, reading Grad and writing
 	// Data and the optimizer's own state.

@@ -105,6 +105,18 @@ type Backend interface {
 	// PackedLinear overwrites out (rows, out) with x (rows, in)·wᵀ (+ b,
 	// added to the rounded product, when b is not nil).
 	PackedLinear(out, x *Tensor, w *PackedWeight, b *Tensor)
+
+	// Optimizer and gradient-statistics ops on tensor lists (optim_ops.go:
+	// the exported functions check that the lists match, then call these;
+	// cpu_backend_optim.go is the CPU's). They update in place; the
+	// statistics come back as host scalars.
+	AdamW(params, grads, expAvg, expAvgSq *TensorList, coeffs []AdamWCoeffs)
+	// SGD: momentum is nil without a momentum buffer.
+	SGD(params, grads, momentum *TensorList, coeffs []SGDCoeffs)
+	ScaleList(l *TensorList, alpha float32)
+	SumSquares(l *TensorList) float64
+	MaxAbs(l *TensorList) float64
+	NonFinite(l *TensorList) bool
 }
 
 // backendFor returns the backend owning t's storage. Only the CPU exists now;
