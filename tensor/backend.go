@@ -11,6 +11,40 @@ const (
 	Trans   = cpu.Trans
 )
 
+// AttentionConfig is one fused attention call: q (B, T, HQ, D) over k, v
+// (B, T, HKV, D), HQ a multiple of HKV (grouped-query attention).
+type AttentionConfig struct {
+	B, T, HQ, HKV, D int
+	// Scale multiplies q·k; 0 means 1/sqrt(D).
+	Scale float32
+	// Causal lets query i attend to keys j <= i only.
+	Causal bool
+	// DocIDs, if non-nil, is an int32 (B, T) tensor: token i attends to
+	// token j only within its document (Megatron's --reset-attention-mask).
+	DocIDs *Tensor
+	// Dropout drops each probability (after the softmax, before the product
+	// with v) with this probability, scaling the kept ones by 1/(1-Dropout);
+	// the masks are a function of (DropoutSeed, batch row, global head
+	// FirstHead+h, query, key), so backward regenerates them and they do
+	// not depend on threads, tiling or the tensor-parallel split.
+	Dropout     float32
+	DropoutSeed uint64
+	// FirstHead is the global index of q's head 0.
+	FirstHead int
+}
+
+// CrossEntropyConfig is one fused softmax cross-entropy call over logits
+// (N, V).
+type CrossEntropyConfig struct {
+	N, V int
+	// LabelSmoothing s in [0, 1): loss = (1-s)·nll + s·mean_j(-log p_j),
+	// as torch's F.cross_entropy(label_smoothing=s).
+	LabelSmoothing float32
+	// IgnoreIndex, when non-zero, marks rows whose target equals it: loss
+	// and gradient 0 (-1 for Megatron-style loss masks).
+	IgnoreIndex int32
+}
+
 // MatmulPrecision is the arithmetic of matrix products (a Tape setting, like
 // a PyTorch autocast region). Every other op computes in float32.
 type MatmulPrecision int
@@ -68,12 +102,21 @@ type Backend interface {
 	SwiGLUBackward(dx, dout, x *Tensor)
 	SoftmaxForward(out, x *Tensor)
 	SoftmaxBackward(dx, dout, out *Tensor)
-	RoPEForward(r *cpu.RoPE, out, x *Tensor, positions *Tensor)
-	RoPEBackward(r *cpu.RoPE, dx, dout *Tensor, positions *Tensor)
-	AttentionForward(out, lse, q, k, v *Tensor, cfg cpu.AttentionConfig)
-	AttentionBackward(dq, dk, dv, dout, q, k, v, out, lse *Tensor, cfg cpu.AttentionConfig)
-	CrossEntropyForward(losses, lse, logits, targets *Tensor, cfg cpu.CrossEntropyConfig)
-	CrossEntropyBackward(dlogits, logits, lse, targets, dlosses *Tensor, cfg cpu.CrossEntropyConfig)
+	// RoPEForward rotates x (b, t, h, d) into out by the positions (int32
+	// (b, t), or nil for 0..t-1); RoPEBackward adds the inverse rotation of
+	// dout into dx.
+	RoPEForward(r *RoPE, out, x *Tensor, positions *Tensor)
+	RoPEBackward(r *RoPE, dx, dout *Tensor, positions *Tensor)
+	// AttentionForward writes the attention of q over k, v into out and the
+	// log-sum-exp of each query's scores into lse (b, hq, t), which
+	// AttentionBackward reads.
+	AttentionForward(out, lse, q, k, v *Tensor, cfg AttentionConfig)
+	AttentionBackward(dq, dk, dv, dout, q, k, v, out, lse *Tensor, cfg AttentionConfig)
+	// CrossEntropyForward writes each row's loss and log-sum-exp;
+	// CrossEntropyBackward overwrites dlogits (it may alias logits) with the
+	// gradient for per-row loss gradients dlosses.
+	CrossEntropyForward(losses, lse, logits, targets *Tensor, cfg CrossEntropyConfig)
+	CrossEntropyBackward(dlogits, logits, lse, targets, dlosses *Tensor, cfg CrossEntropyConfig)
 	EmbeddingForward(out, table, ids *Tensor)
 	EmbeddingBackward(dtable, dout, ids *Tensor)
 	// Elementwise: out = a op b with b broadcast along a's leading dims when
@@ -105,6 +148,9 @@ type Backend interface {
 	// PackedLinear overwrites out (rows, out) with x (rows, in)·wᵀ (+ b,
 	// added to the rounded product, when b is not nil).
 	PackedLinear(out, x *Tensor, w *PackedWeight, b *Tensor)
+	// SampleTokens draws a token per TokenSampling from its logits row
+	// (its first vocab columns) into out.IDs, with the log-probabilities
+	// asked for (sampling_ops.go).
 
 	// Optimizer and gradient-statistics ops on tensor lists (optim_ops.go:
 	// the exported functions check that the lists match, then call these;

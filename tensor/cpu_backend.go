@@ -119,28 +119,38 @@ func positionsOf(p *Tensor) []int32 {
 	return p.Int32s()
 }
 
-func (cpuBackend) RoPEForward(r *cpu.RoPE, out, x *Tensor, positions *Tensor) {
-	r.Forward(f(out), f(x), positionsOf(positions), x.Dim(0), x.Dim(1), x.Dim(2), x.Dim(3))
+func (cpuBackend) RoPEForward(r *RoPE, out, x *Tensor, positions *Tensor) {
+	r.cpu.Forward(f(out), f(x), positionsOf(positions), x.Dim(0), x.Dim(1), x.Dim(2), x.Dim(3))
 }
 
-func (cpuBackend) RoPEBackward(r *cpu.RoPE, dx, dout *Tensor, positions *Tensor) {
-	r.Backward(f(dx), f(dout), positionsOf(positions), dout.Dim(0), dout.Dim(1), dout.Dim(2), dout.Dim(3))
+func (cpuBackend) RoPEBackward(r *RoPE, dx, dout *Tensor, positions *Tensor) {
+	r.cpu.Backward(f(dx), f(dout), positionsOf(positions), dout.Dim(0), dout.Dim(1), dout.Dim(2), dout.Dim(3))
 }
 
-func (cpuBackend) AttentionForward(out, lse, q, k, v *Tensor, cfg cpu.AttentionConfig) {
-	cpu.AttentionForward(f(out), f(lse), f(q), f(k), f(v), cfg)
+// cpuAttention is cfg in the kernel's terms.
+func cpuAttention(cfg AttentionConfig) cpu.AttentionConfig {
+	c := cpu.AttentionConfig{B: cfg.B, T: cfg.T, HQ: cfg.HQ, HKV: cfg.HKV, D: cfg.D, Scale: cfg.Scale, Causal: cfg.Causal,
+		Dropout: cfg.Dropout, DropoutSeed: cfg.DropoutSeed, FirstHead: cfg.FirstHead}
+	if cfg.DocIDs != nil {
+		c.DocIDs = cfg.DocIDs.Int32s()
+	}
+	return c
 }
 
-func (cpuBackend) AttentionBackward(dq, dk, dv, dout, q, k, v, out, lse *Tensor, cfg cpu.AttentionConfig) {
-	cpu.AttentionBackward(f(dq), f(dk), f(dv), f(dout), f(q), f(k), f(v), f(out), f(lse), cfg)
+func (cpuBackend) AttentionForward(out, lse, q, k, v *Tensor, cfg AttentionConfig) {
+	cpu.AttentionForward(f(out), f(lse), f(q), f(k), f(v), cpuAttention(cfg))
 }
 
-func (cpuBackend) CrossEntropyForward(losses, lse, logits, targets *Tensor, cfg cpu.CrossEntropyConfig) {
-	cpu.CrossEntropyForward(f(losses), f(lse), f(logits), targets.Int32s(), cfg)
+func (cpuBackend) AttentionBackward(dq, dk, dv, dout, q, k, v, out, lse *Tensor, cfg AttentionConfig) {
+	cpu.AttentionBackward(f(dq), f(dk), f(dv), f(dout), f(q), f(k), f(v), f(out), f(lse), cpuAttention(cfg))
 }
 
-func (cpuBackend) CrossEntropyBackward(dlogits, logits, lse, targets, dlosses *Tensor, cfg cpu.CrossEntropyConfig) {
-	cpu.CrossEntropyBackward(f(dlogits), f(logits), f(lse), targets.Int32s(), f(dlosses), cfg)
+func (cpuBackend) CrossEntropyForward(losses, lse, logits, targets *Tensor, cfg CrossEntropyConfig) {
+	cpu.CrossEntropyForward(f(losses), f(lse), f(logits), targets.Int32s(), cpu.CrossEntropyConfig(cfg))
+}
+
+func (cpuBackend) CrossEntropyBackward(dlogits, logits, lse, targets, dlosses *Tensor, cfg CrossEntropyConfig) {
+	cpu.CrossEntropyBackward(f(dlogits), f(logits), f(lse), targets.Int32s(), f(dlosses), cpu.CrossEntropyConfig(cfg))
 }
 
 func (cpuBackend) EmbeddingForward(out, table, ids *Tensor) {

@@ -3,8 +3,6 @@ package tensor
 import (
 	"math"
 	"testing"
-
-	"github.com/gotron/gotron/internal/cpu"
 )
 
 // gradCheck compares the tape's gradients of loss = Σ out⊙r (r fixed random)
@@ -69,11 +67,11 @@ func TestGradients(t *testing.T) {
 	ids := FromInt32([]int32{3, 1, 3, 0, 2, 4}, 2, 3)
 	targets := FromInt32([]int32{1, 0, 4, -1, 2, 3}, 6)
 	mask := FromFloat32([]float32{1, 1, 0.5, 1, 0, 1}, 6)
-	rope, err := cpu.NewRoPE(cpu.RoPEConfig{Dim: 4, Base: 10000, MaxPositions: 16})
+	rope, err := NewRoPE(RoPEConfig{Dim: 4, Base: 10000, MaxPositions: 16})
 	if err != nil {
 		t.Fatal(err)
 	}
-	ropeI, err := cpu.NewRoPE(cpu.RoPEConfig{Dim: 4, Base: 10000, MaxPositions: 16, Style: cpu.Interleaved})
+	ropeI, err := NewRoPE(RoPEConfig{Dim: 4, Base: 10000, MaxPositions: 16, Style: Interleaved})
 	if err != nil {
 		t.Fatal(err)
 	}

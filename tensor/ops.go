@@ -1,10 +1,6 @@
 package tensor
 
-import (
-	"fmt"
-
-	"github.com/gotron/gotron/internal/cpu"
-)
+import "fmt"
 
 // Each op computes its output through the Backend and, when recording,
 // pushes a backward closure. Backward closures accumulate into the inputs'
@@ -427,7 +423,7 @@ func (tp *Tape) Dropout(x *Tensor, p float32, rng *RNG) *Tensor {
 
 // RoPE rotates x (b, t, h, d) by position with the given tables; positions is
 // an int32 (b, t) tensor or nil for 0..t-1.
-func (tp *Tape) RoPE(x *Tensor, r *cpu.RoPE, positions *Tensor) *Tensor {
+func (tp *Tape) RoPE(x *Tensor, r *RoPE, positions *Tensor) *Tensor {
 	x = tp.Contiguous(x)
 	out := tp.empty(x.shape...)
 	be := backendFor(x)
@@ -451,7 +447,7 @@ type AttentionOptions struct {
 	// (after the softmax, before the product with v: Megatron's
 	// --attention-dropout); 0 turns it off. The kernel keys its masks by
 	// (RNG draw, batch row, global head, query, key): see
-	// cpu.AttentionConfig.Dropout.
+	// AttentionConfig.Dropout.
 	Dropout float32
 	// RNG is the dropout stream: each call with Dropout > 0 draws one block
 	// (the key of its masks), so masks replay when the stream's state is
@@ -471,9 +467,9 @@ type AttentionOptions struct {
 func (tp *Tape) Attention(q, k, v *Tensor, o AttentionOptions) *Tensor {
 	q, k, v = tp.Contiguous(q), tp.Contiguous(k), tp.Contiguous(v)
 	b, t, hq, d := q.Dim(0), q.Dim(1), q.Dim(2), q.Dim(3)
-	cfg := cpu.AttentionConfig{B: b, T: t, HQ: hq, HKV: k.Dim(2), D: d, Scale: o.Scale, Causal: o.Causal, FirstHead: o.FirstHead}
+	cfg := AttentionConfig{B: b, T: t, HQ: hq, HKV: k.Dim(2), D: d, Scale: o.Scale, Causal: o.Causal, FirstHead: o.FirstHead}
 	if o.DocIDs != nil {
-		cfg.DocIDs = o.DocIDs.Contiguous().Int32s()
+		cfg.DocIDs = o.DocIDs.Contiguous()
 	}
 	if o.Dropout != 0 {
 		if o.RNG == nil {
@@ -507,7 +503,7 @@ type CrossEntropyOptions struct {
 func (tp *Tape) CrossEntropy(logits, targets *Tensor, o CrossEntropyOptions) *Tensor {
 	logits = tp.Contiguous(logits)
 	n, v := rowsCols(logits)
-	cfg := cpu.CrossEntropyConfig{N: n, V: v, LabelSmoothing: o.LabelSmoothing, IgnoreIndex: -1}
+	cfg := CrossEntropyConfig{N: n, V: v, LabelSmoothing: o.LabelSmoothing, IgnoreIndex: -1}
 	targets = targets.Contiguous()
 	losses, lse := tp.empty(n), tp.empty(n)
 	be := backendFor(logits)

@@ -163,6 +163,10 @@ func ropeInvFreq(base float64, i, dim int) float32 {
 // Config returns the configuration with defaults filled in.
 func (r *RoPE) Config() RoPEConfig { return r.cfg }
 
+// Tables returns the cos and sin tables, (MaxPositions, Dim/2) row-major:
+// entry (p, i) is pair i's rotation at position p. They alias r's storage.
+func (r *RoPE) Tables() (cos, sin []float32) { return r.cos, r.sin }
+
 // Forward rotates the first Dim dimensions of every head; the rest are copied.
 //
 //	x, out: (b, t, h, d); positions: (b*t) or nil for 0..t-1 in every row

@@ -20,7 +20,6 @@ import (
 	"fmt"
 	"math"
 
-	"github.com/gotron/gotron/internal/cpu"
 	"github.com/gotron/gotron/tensor"
 )
 
@@ -43,7 +42,7 @@ type Model struct {
 	FinalNorm   *tensor.Tensor // decoder.final_layernorm.weight
 	FinalNormB  *tensor.Tensor // decoder.final_layernorm.bias (LayerNorm only)
 	OutputLayer *tensor.Tensor // output_layer.weight (V, h); nil when tied
-	rope        *cpu.RoPE
+	rope        *tensor.RoPE
 
 	// Sharding is set by a parallelism plan (Parallelize) on a model whose
 	// parameters are one tensor-parallel rank's slices; nil is one rank
@@ -116,11 +115,11 @@ func New(cfg Config, rng *tensor.RNG) (*Model, error) {
 		m.OutputLayer = normal("output_layer.weight", std, cfg.VocabSize, h)
 	}
 	if cfg.PositionEmbeddingType == "rope" {
-		style := cpu.RotateHalf
+		style := tensor.RotateHalf
 		if cfg.RotaryInterleaved {
-			style = cpu.Interleaved
+			style = tensor.Interleaved
 		}
-		r, err := cpu.NewRoPE(cpu.RoPEConfig{Dim: cfg.RotaryDim(), Base: cfg.RotaryBase, MaxPositions: cfg.MaxPositionEmbeddings, Style: style})
+		r, err := tensor.NewRoPE(tensor.RoPEConfig{Dim: cfg.RotaryDim(), Base: cfg.RotaryBase, MaxPositions: cfg.MaxPositionEmbeddings, Style: style})
 		if err != nil {
 			return nil, err
 		}
@@ -188,9 +187,9 @@ type pass struct {
 	// a server's packed weights). The TP region around it is m.region()'s.
 	lin Linears
 	// rng draws dropout masks; nil means no dropout (evaluation, decoding).
-	rng      *tensor.RNG
-	dropout  float32 // hidden dropout probability while rng is set
-	recomp   Recompute
+	rng     *tensor.RNG
+	dropout float32 // hidden dropout probability while rng is set
+	recomp  Recompute
 	// layerTape, when set, holds one layer's activations: each layer runs
 	// on it and its output is copied into a buffer of the run's tape before
 	// the layer tape is reset (decoding: a step keeps one layer's buffers).

@@ -1,11 +1,8 @@
 package gpt
 
 import (
-	"context"
-	"errors"
 	"fmt"
 
-	"github.com/gotron/gotron/comm"
 	"github.com/gotron/gotron/tensor"
 )
 
@@ -193,8 +190,8 @@ type Stage struct {
 	// With tied embeddings OutputLayer is the word embedding: the same
 	// tensor when one stage is both first and last, otherwise the last
 	// stage's own copy (named embedding.word_embeddings.weight, initialised
-	// equal), whose gradient AllReduceEmbeddingGrads sums with the first
-	// stage's.
+	// equal), whose gradient a trainer sums with the first stage's over the
+	// embedding group (SharedEmbedding).
 	FinalNorm, FinalNormB, OutputLayer *tensor.Tensor
 	// Sharding is the full model's tensor-parallel entry points (nil on one
 	// rank).
@@ -336,38 +333,6 @@ func (s *Stage) ActivationShape(b, t int) []int {
 		t /= ts.r.Size()
 	}
 	return []int{b, t, s.Config.HiddenSize}
-}
-
-// AllReduceEmbeddingGrads sums the gradients of the tied word embedding's
-// two copies, the first stage's table and the last stage's output weight,
-// over group: Megatron's embedding group (parallel.Groups.Embedding, the
-// first and last pipeline rank; nil on middle ranks). It does nothing for a
-// nil or one-rank group or an untied model. Call it on both ranks after
-// backward and the data-parallel reduction, before the gradient norm and the
-// optimizer step (Megatron's finalize_model_grads order). With the
-// distributed optimizer the embedding has a bucket of its own, so each
-// data-parallel rank's shard covers the same elements on both stages and
-// the sum is right on the shard it owns.
-func AllReduceEmbeddingGrads(ctx context.Context, group comm.ProcessGroup, stages []*Stage) error {
-	if group == nil || group.Size() == 1 || len(stages) == 0 || stages[0].model.OutputLayer != nil {
-		return nil
-	}
-	var p *tensor.Tensor
-	for _, s := range stages {
-		if e := s.SharedEmbedding(); e != nil {
-			p = e
-		}
-	}
-	switch {
-	case p == nil:
-		return errors.New("gpt: embedding group: this rank holds neither the first nor the last pipeline stage")
-	case p.Grad == nil:
-		return fmt.Errorf("gpt: embedding group: %s has no gradient (run backward first)", p.Name)
-	}
-	if err := group.AllReduce(ctx, comm.Float32s(p.Grad.Float32s()), comm.Sum); err != nil {
-		return fmt.Errorf("gpt: all-reduce of the tied word embedding's gradient over the embedding group: %w", err)
-	}
-	return nil
 }
 
 // StageRunner runs a Stage over one step's micro-batches for the pipeline

@@ -619,3 +619,36 @@ func TestPipelineRecomputeHoldsOneProcessActivations(t *testing.T) {
 		}
 	}
 }
+
+// AllReduceEmbeddingGrads (train's reduceEmbeddingGrads for these tests)
+// sums the gradients of the tied word embedding's
+// two copies, the first stage's table and the last stage's output weight,
+// over group: Megatron's embedding group (parallel.Groups.Embedding, the
+// first and last pipeline rank; nil on middle ranks). It does nothing for a
+// nil or one-rank group or an untied model. Call it on both ranks after
+// backward and the data-parallel reduction, before the gradient norm and the
+// optimizer step (Megatron's finalize_model_grads order). With the
+// distributed optimizer the embedding has a bucket of its own, so each
+// data-parallel rank's shard covers the same elements on both stages and
+// the sum is right on the shard it owns.
+func AllReduceEmbeddingGrads(ctx context.Context, group comm.ProcessGroup, stages []*Stage) error {
+	if group == nil || group.Size() == 1 || len(stages) == 0 || stages[0].model.OutputLayer != nil {
+		return nil
+	}
+	var p *tensor.Tensor
+	for _, s := range stages {
+		if e := s.SharedEmbedding(); e != nil {
+			p = e
+		}
+	}
+	switch {
+	case p == nil:
+		return errors.New("gpt: embedding group: this rank holds neither the first nor the last pipeline stage")
+	case p.Grad == nil:
+		return fmt.Errorf("gpt: embedding group: %s has no gradient (run backward first)", p.Name)
+	}
+	if err := group.AllReduce(ctx, comm.Float32s(p.Grad.Float32s()), comm.Sum); err != nil {
+		return fmt.Errorf("gpt: all-reduce of the tied word embedding's gradient over the embedding group: %w", err)
+	}
+	return nil
+}
