@@ -163,6 +163,14 @@ type Backend interface {
 	SumSquares(l *TensorList) float64
 	MaxAbs(l *TensorList) float64
 	NonFinite(l *TensorList) bool
+	// Vocab-parallel embedding and cross-entropy, one rank's share
+	// (vocab_ops.go, cpu_backend_vocab.go).
+	VocabEmbeddingForward(out, table, ids *Tensor, start int)
+	VocabEmbeddingBackward(dtable, dout, ids *Tensor, start int)
+	RowMax(m, x *Tensor)
+	VocabCrossEntropyPartials(partials, x, rowMax, targets *Tensor, start int)
+	VocabCrossEntropyLoss(loss, lse, partials, rowMax, mask *Tensor) float64
+	VocabCrossEntropyBackward(dx, x, lse, targets, mask, dloss *Tensor, den float64, start int)
 }
 
 // backendFor returns the backend owning t's storage. Only the CPU exists now;
