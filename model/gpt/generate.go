@@ -4,15 +4,16 @@ import (
 	"fmt"
 	"math"
 
-	"github.com/gotron/gotron/internal/cpu"
 	"github.com/gotron/gotron/internal/half"
 	"github.com/gotron/gotron/tensor"
 )
 
 // KVCache holds each layer's keys and values for incremental decoding of one
-// sequence: (MaxLen, groups, head dim) per layer.
+// sequence: per layer one block of a paged pool, (1, groups, MaxLen, head
+// dim), so a server's paged attention (tensor.PagedAttention) computes it,
+// and a sequence decodes alone exactly as it does served.
 type KVCache struct {
-	k, v   [][]float32
+	k, v   []*tensor.Tensor
 	Len    int // positions filled
 	MaxLen int
 }
@@ -24,10 +25,9 @@ func (m *Model) NewKVCache(maxLen int) *KVCache {
 		maxLen = c.MaxPositionEmbeddings
 	}
 	kv := &KVCache{MaxLen: maxLen}
-	per := maxLen * c.NumQueryGroups * c.KVChannels
 	for range c.NumLayers {
-		kv.k = append(kv.k, make([]float32, per))
-		kv.v = append(kv.v, make([]float32, per))
+		kv.k = append(kv.k, tensor.Zeros(1, c.NumQueryGroups, maxLen, c.KVChannels))
+		kv.v = append(kv.v, tensor.Zeros(1, c.NumQueryGroups, maxLen, c.KVChannels))
 	}
 	return kv
 }
@@ -48,7 +48,7 @@ func (m *Model) Decode(kv *KVCache, tokens []int32) ([]float32, error) {
 	for i := range pos {
 		pos[i] = int32(p0 + i)
 	}
-	logits, err := m.DecodeBatch(nil, tokens, pos, &cacheAttender{kv: kv, p0: p0, cfg: &m.Config}, []int{n - 1}, nil)
+	logits, err := m.DecodeBatch(nil, tokens, pos, &cacheAttender{kv: kv, p0: p0}, []int{n - 1}, nil)
 	if err != nil {
 		return nil, err
 	}
@@ -57,42 +57,25 @@ func (m *Model) Decode(kv *KVCache, tokens []int32) ([]float32, error) {
 }
 
 // cacheAttender is the Attender of one sequence's contiguous KVCache for a
-// run of new tokens from position p0.
+// run of new tokens from position p0: the paged ops' case of one sequence
+// whose block table is the cache's single block.
 type cacheAttender struct {
-	kv  *KVCache
-	p0  int
-	cfg *Config
+	kv *KVCache
+	p0 int
 }
 
 func (a *cacheAttender) Attend(layer int, q, k, v, out *tensor.Tensor) {
-	c := a.cfg
-	g, r, d := c.NumQueryGroups, c.NumAttentionHeads/c.NumQueryGroups, c.KVChannels
 	n := q.Dim(0)
-	copy(a.kv.k[layer][a.p0*g*d:], k.Float32s())
-	copy(a.kv.v[layer][a.p0*g*d:], v.Float32s())
-	attendCache(out.Float32s(), q.Float32s(), a.kv.k[layer], a.kv.v[layer], n, a.p0, g, r, d)
-}
-
-// attendCache: query i (position p0+i) attends to cached positions
-// 0..p0+i. q (n, g·r, d); caches (len, g, d); adds into out (n, g·r, d),
-// which is zeroed. Scores
-// are accumulated in float64 (cpu.DotsF64), weighted by cpu.SoftmaxWeights
-// and values summed in float32 (cpu.Axpys), in position order: infer's
-// paged attention computes the same, so a served sequence decodes exactly
-// as this one.
-func attendCache(out, q, kc, vc []float32, n, p0, g, r, d int) {
-	scale := 1 / math.Sqrt(float64(d))
-	scores, w := make([]float64, p0+n), make([]float32, p0+n)
-	for i := range n {
-		for h := range g * r {
-			kvh := h / r
-			qi := q[(i*g*r+h)*d : (i*g*r+h+1)*d]
-			limit := p0 + i + 1
-			cpu.DotsF64(scores[:limit], qi, kc[kvh*d:], g*d, scale)
-			cpu.SoftmaxWeights(w[:limit], scores[:limit])
-			cpu.Axpys(out[(i*g*r+h)*d:(i*g*r+h+1)*d], vc[kvh*d:], g*d, w[:limit])
-		}
+	slots := make([]int32, n)
+	for i := range slots {
+		slots[i] = int32(a.p0 + i)
 	}
+	kc, vc := a.kv.k[layer], a.kv.v[layer]
+	tensor.PagedKVWrite(kc, vc, k, v, tensor.FromInt32(slots, n))
+	tensor.PagedAttention(out, q, kc, vc, tensor.PagedAttentionConfig{
+		BlockTables: tensor.FromInt32([]int32{0}, 1, 1),
+		Spans:       tensor.FromInt32([]int32{0, int32(n), int32(a.p0)}, 1, 3),
+	})
 }
 
 // RoundToBF16 rounds every parameter of m to bfloat16 (to nearest even),

@@ -41,31 +41,6 @@ func TestDecodeMatchesFullForward(t *testing.T) {
 	}
 }
 
-// seqAttender is a gpt.Attender for one sequence in a growing cache,
-// computed by attendCache (as Decode computes it) into a fresh buffer and
-// added into out, which Attend's contract says is zeroed (infer's paged
-// attention accumulates into it).
-type seqAttender struct {
-	k, v    [][]float32
-	g, r, d int
-	len     int
-}
-
-func (a *seqAttender) Attend(layer int, qt, kt, vt, outt *tensor.Tensor) {
-	q, k, v, out := qt.Float32s(), kt.Float32s(), vt.Float32s(), outt.Float32s()
-	n := len(k) / (a.g * a.d)
-	a.k[layer] = append(a.k[layer], k...)
-	a.v[layer] = append(a.v[layer], v...)
-	o := make([]float32, len(out))
-	attendCache(o, q, a.k[layer], a.v[layer], n, a.len, a.g, a.r, a.d)
-	for i := range o {
-		out[i] += o[i]
-	}
-	if layer == len(a.k)-1 {
-		a.len += n
-	}
-}
-
 // TestDecodeBatchBuffers: DecodeBatch with one DecodeBuffers reused call
 // after call — chunks of 3, 1, 2, 1 and 1 tokens, so the buffers serve
 // changing shapes — gives Decode's logits bit for bit, and the logits of
@@ -78,8 +53,7 @@ func TestDecodeBatchBuffers(t *testing.T) {
 			c := m.Config
 			tokens := bt.Tokens.Int32s()[:8]
 			kv := m.NewKVCache(8)
-			att := &seqAttender{k: make([][]float32, c.NumLayers), v: make([][]float32, c.NumLayers),
-				g: c.NumQueryGroups, r: c.NumAttentionHeads / c.NumQueryGroups, d: c.KVChannels}
+			batched := m.NewKVCache(8) // DecodeBatch's own cache
 			var buf DecodeBuffers
 			p := 0
 			for _, n := range []int{3, 1, 2, 1, 1} {
@@ -95,7 +69,8 @@ func TestDecodeBatchBuffers(t *testing.T) {
 				if n > 1 {
 					rows = []int{0, n - 1}
 				}
-				got, err := m.DecodeBatch(&buf, tokens[p:p+n], pos, att, rows, nil)
+				got, err := m.DecodeBatch(&buf, tokens[p:p+n], pos, &cacheAttender{kv: batched, p0: p}, rows, nil)
+				batched.Len += n
 				if err != nil {
 					t.Fatal(err)
 				}
