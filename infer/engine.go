@@ -6,7 +6,6 @@ import (
 	"slices"
 	"sort"
 
-	"github.com/gotron/gotron/internal/cpu"
 	"github.com/gotron/gotron/model/gpt"
 	"github.com/gotron/gotron/tensor"
 )
@@ -202,18 +201,20 @@ type Engine struct {
 	stats   Stats
 
 	// step scratch
-	bufs       gpt.DecodeBuffers
-	plan       []scheduled
-	draws      []Event // by plan index: the token drawn (drawTokens)
-	drawIdx    []int   // plan indices that draw this step
-	drawFn     func(lo, hi int)
-	drawLogits []float32
-	drawV      int
-	tokens     []int32
-	positions  []int32
-	spans      []span
-	rows       []int
-	events     []Event
+	bufs      gpt.DecodeBuffers
+	plan      []scheduled
+	draws     []Event // by plan index: the token drawn (drawTokens)
+	drawIdx   []int   // plan indices that draw this step
+	drawSpec  []tensor.TokenSampling
+	drawIDs   []int32   // by draw: the drawn token
+	drawLPs   []float32 // by draw: its log-probability
+	topIDs    []int32   // by draw: its top log-probabilities (k each)
+	topLPs    []float32
+	tokens    []int32
+	positions []int32
+	spans     []span
+	rows      []int
+	events    []Event
 }
 
 // scheduled is one sequence's share of a step: n tokens from its computed
@@ -469,34 +470,53 @@ func (e *Engine) Step() ([]Event, error) {
 }
 
 // drawTokens draws the next token of every planned sequence whose tokens
-// are all computed (except scoring-only ones) into e.draws, by plan index,
-// in parallel: with many sequences the samplers' passes over the vocabulary
-// would otherwise run on one thread while the others wait. Each sequence
-// draws with its own sampler, so the order does not matter.
+// are all computed (except scoring-only ones) into e.draws, by plan index:
+// one tensor.SampleTokens over the step's logits, each sequence with its
+// own sampler's rules and uniform number, so the backend may draw them in
+// any order (the CPU draws them in parallel).
 func (e *Engine) drawTokens(logits []float32, V int) {
 	e.draws = slices.Grow(e.draws[:0], len(e.plan))[:len(e.plan)]
-	e.drawIdx = e.drawIdx[:0]
+	e.drawIdx, e.drawSpec = e.drawIdx[:0], e.drawSpec[:0]
+	k := 0
 	for i, p := range e.plan {
 		s := p.s
 		if s.computed+p.n == len(s.tokens) && s.generated < s.req.MaxTokens {
+			d := s.sampler.next(p.logits0 + p.nLogits - 1)
+			d.Logprob = s.req.Logprobs || s.req.TopLogprobs > 0
+			d.TopLogprobs = s.req.TopLogprobs
+			k = max(k, d.TopLogprobs)
 			e.drawIdx = append(e.drawIdx, i)
+			e.drawSpec = append(e.drawSpec, d)
 		}
 	}
-	e.drawLogits, e.drawV = logits, V
-	if e.drawFn == nil {
-		e.drawFn = e.drawRange
+	n := len(e.drawIdx)
+	if n == 0 {
+		return
 	}
-	cpu.Parallel(len(e.drawIdx), 1, e.drawFn)
-	e.drawLogits = nil
-}
-
-// drawRange draws for e.drawIdx[lo:hi].
-func (e *Engine) drawRange(lo, hi int) {
-	V := e.drawV
-	for _, i := range e.drawIdx[lo:hi] {
-		p := &e.plan[i]
-		row := e.drawLogits[(p.logits0+p.nLogits-1)*V : (p.logits0+p.nLogits)*V][:e.cfg.VocabSize]
-		e.draws[i] = p.s.draw(row)
+	e.drawIDs = slices.Grow(e.drawIDs[:0], n)[:n]
+	e.drawLPs = slices.Grow(e.drawLPs[:0], n)[:n]
+	out := tensor.SampledTokens{IDs: tensor.FromInt32(e.drawIDs, n), Logprobs: tensor.FromFloat32(e.drawLPs, n)}
+	if k > 0 {
+		e.topIDs = slices.Grow(e.topIDs[:0], n*k)[:n*k]
+		e.topLPs = slices.Grow(e.topLPs[:0], n*k)[:n*k]
+		out.TopIDs, out.TopLogprobs = tensor.FromInt32(e.topIDs, n, k), tensor.FromFloat32(e.topLPs, n, k)
+	}
+	tensor.SampleTokens(out, tensor.FromFloat32(logits, len(logits)/V, V), e.cfg.VocabSize, e.drawSpec)
+	// The drawn tokens and their log-probabilities are the step's output:
+	// read back here, into the events.
+	for j, i := range e.drawIdx {
+		d := &e.drawSpec[j]
+		ev := Event{Token: int(e.drawIDs[j])}
+		if d.Logprob {
+			ev.Logprob = e.drawLPs[j]
+		}
+		if d.TopLogprobs > 0 {
+			ev.TopLogprobs = make([]TokenLogprob, min(d.TopLogprobs, e.cfg.VocabSize))
+			for t := range ev.TopLogprobs {
+				ev.TopLogprobs[t] = TokenLogprob{Token: int(e.topIDs[j*k+t]), Logprob: e.topLPs[j*k+t]}
+			}
+		}
+		e.draws[i] = ev
 	}
 }
 

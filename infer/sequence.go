@@ -1,9 +1,10 @@
 package infer
 
 import (
-	"math"
 	"slices"
 	"strings"
+
+	"github.com/gotron/gotron/tensor"
 )
 
 // promptLogprobChunk bounds the prefill chunk of a sequence whose prompt
@@ -72,31 +73,13 @@ func (s *sequence) chunk(budget int) int {
 // following positions pos0, pos0+1, ... given their logits rows (V wide,
 // the first vocab entries real).
 func (s *sequence) addPromptLogprobs(pos0 int, rows []float32, V, vocab int) {
-	for j := range len(rows) / V {
-		pos := pos0 + j
-		if pos+1 >= s.nPrompt {
-			break
-		}
-		row := rows[j*V : j*V+vocab]
-		s.promptLP[pos] = float32(float64(row[s.tokens[pos+1]]) - logSumExp(row))
-		s.lpDone = max(s.lpDone, pos+1)
+	m := min(len(rows)/V, s.nPrompt-1-pos0) // the rows followed by a prompt token
+	if m <= 0 {
+		return
 	}
-}
-
-// draw picks the next token from logits with the sequence's sampler and
-// computes its log-probabilities, touching nothing else of the sequence:
-// the draws of a step's sequences can run in parallel.
-func (s *sequence) draw(logits []float32) Event {
-	id := s.sampler.Sample(logits)
-	ev := Event{Token: id}
-	if s.req.Logprobs || s.req.TopLogprobs > 0 {
-		lse := logSumExp(logits)
-		ev.Logprob = float32(float64(logits[id]) - lse)
-		if s.req.TopLogprobs > 0 {
-			ev.TopLogprobs = topLogprobs(logits, s.req.TopLogprobs, lse)
-		}
-	}
-	return ev
+	tensor.TokenLogprobs(tensor.FromFloat32(s.promptLP[pos0:pos0+m], m), tensor.FromFloat32(rows[:m*V], m, V),
+		tensor.FromInt32(s.tokens[pos0+1:pos0+1+m], m), vocab)
+	s.lpDone = max(s.lpDone, pos0+m)
 }
 
 // take appends the token ev drew and returns ev, finished when a stop
@@ -164,41 +147,4 @@ func (s *sequence) flush() string {
 	out := s.text[s.sent:]
 	s.sent = len(s.text)
 	return out
-}
-
-// logSumExp is log Σ exp(x), in float64.
-func logSumExp(x []float32) float64 {
-	mx := math.Inf(-1)
-	for _, v := range x {
-		mx = math.Max(mx, float64(v))
-	}
-	var sum float64
-	for _, v := range x {
-		sum += math.Exp(float64(v) - mx)
-	}
-	return mx + math.Log(sum)
-}
-
-// topLogprobs returns the k largest logits' tokens, most likely first
-// (ties: lower id first), with their log-probabilities.
-func topLogprobs(x []float32, k int, lse float64) []TokenLogprob {
-	k = min(k, len(x))
-	top := make([]TokenLogprob, 0, k+1)
-	for id, v := range x {
-		if len(top) == k && v <= top[k-1].Logprob {
-			continue
-		}
-		i := len(top)
-		for i > 0 && top[i-1].Logprob < v {
-			i--
-		}
-		top = slices.Insert(top, i, TokenLogprob{Token: id, Logprob: v})
-		if len(top) > k {
-			top = top[:k]
-		}
-	}
-	for i := range top {
-		top[i].Logprob = float32(float64(top[i].Logprob) - lse)
-	}
-	return top
 }

@@ -151,6 +151,10 @@ type Backend interface {
 	// SampleTokens draws a token per TokenSampling from its logits row
 	// (its first vocab columns) into out.IDs, with the log-probabilities
 	// asked for (sampling_ops.go).
+	SampleTokens(out SampledTokens, logits *Tensor, vocab int, draws []TokenSampling)
+	// TokenLogprobs writes each row's log-probability of its target token
+	// (log-softmax over the first vocab columns) into out.
+	TokenLogprobs(out, logits, targets *Tensor, vocab int)
 
 	// Optimizer and gradient-statistics ops on tensor lists (optim_ops.go:
 	// the exported functions check that the lists match, then call these;

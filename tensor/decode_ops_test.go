@@ -9,14 +9,17 @@ import (
 	"github.com/gotron/gotron/tensor/backendtest"
 )
 
-// TestPagedAttentionThreadIndependent: the CPU's PagedAttention splits a
-// step's rows (and, with few rows, their heads) over the kernel threads;
-// every split must give the reference's bits.
-func TestPagedAttentionThreadIndependent(t *testing.T) {
+// TestDecodeOpsThreadIndependent: the CPU's PagedAttention splits a step's
+// rows (and, with few rows, their heads) over the kernel threads, and
+// SampleTokens its draws; every split must give the reference's bits.
+func TestDecodeOpsThreadIndependent(t *testing.T) {
 	defer cpu.SetThreads(cpu.SetThreads(1))
 	for _, n := range []int{1, 2, 3, 8, 64} {
 		cpu.SetThreads(n)
 		if err := backendtest.CheckPagedAttention(tensor.CPUBackend()); err != nil {
+			t.Fatalf("%d threads: %v", n, err)
+		}
+		if err := backendtest.CheckSampleTokens(tensor.CPUBackend()); err != nil {
 			t.Fatalf("%d threads: %v", n, err)
 		}
 	}
@@ -100,5 +103,45 @@ func TestLinearPackedShapes(t *testing.T) {
 				t.Fatalf("%v: element %d = %v, want %v", dt, i, got.Float32s()[i], v)
 			}
 		}
+	}
+}
+
+// TestLinearPackedMatchesLinear: on every ISA path this CPU has, a product
+// through a packed weight — float32, or bfloat16 of a weight whose values
+// are bfloat16 — equals Linear's bit for bit, bias included, at decode
+// and prefill row counts; except on AVX-512, whose one-to-three-row
+// products take a dot-product path (then within float32 rounding).
+func TestLinearPackedMatchesLinear(t *testing.T) {
+	rng := tensor.NewRNG(5)
+	in, out := 200, 70
+	w, b := tensor.Zeros(out, in), tensor.Zeros(out)
+	rng.Normal(w.Float32s(), 0, 1)
+	rng.Normal(b.Float32s(), 0, 1)
+	w = w.To(tensor.BFloat16).To(tensor.Float32) // bfloat16 values: both packings hold them exactly
+	for isa := cpu.ISAGeneric; isa <= cpu.DetectedISA(); isa++ {
+		func() {
+			defer cpu.SetISA(cpu.SetISA(isa))
+			if got := cpu.ActiveISA(); got != isa {
+				t.Fatalf("SetISA(%v): active ISA is %v", isa, got)
+			}
+			for _, dt := range []tensor.DType{tensor.Float32, tensor.BFloat16} {
+				pw := tensor.PackWeight(w, dt)
+				for _, rows := range []int{1, 2, 3, 5, 40} {
+					x := tensor.Zeros(rows, in)
+					rng.Normal(x.Float32s(), 0, 1)
+					var tp *tensor.Tape
+					for _, bias := range []*tensor.Tensor{nil, b} {
+						want, got := tp.Linear(x, w, bias).Float32s(), tp.LinearPacked(x, pw, bias).Float32s()
+						for i := range want {
+							d := float64(got[i] - want[i])
+							if isa == cpu.ISAAVX512 && d < 1e-4 && d > -1e-4 || got[i] == want[i] {
+								continue
+							}
+							t.Fatalf("%v, %v weight, %d rows, bias %v: element %d = %v, Linear %v", isa, dt, rows, bias != nil, i, got[i], want[i])
+						}
+					}
+				}
+			}
+		}()
 	}
 }

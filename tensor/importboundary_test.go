@@ -21,11 +21,7 @@ const cpuKernels = "github.com/gotron/gotron/internal/cpu"
 // import internal/cpu: being converted; must be empty. A file leaves the
 // list when it stops importing it (the test fails until it does), so the
 // list can only shrink.
-var pendingCPUImports = []string{
-	"infer/engine.go",
-	"infer/engine_test.go",
-	"model/gpt/generate.go",
-}
+var pendingCPUImports = []string{}
 
 // cpuImportAllowed reports whether the file at rel (slash-separated, from
 // the repository root) may import internal/cpu: package tensor itself (its

@@ -268,11 +268,11 @@ func CheckPackedLinear(be tensor.Backend) error {
 func CheckAllocCommitted(be tensor.Backend) error {
 	t := be.AllocCommitted(tensor.Float32, []int{3, 2, 5000})
 	if t.DType() != tensor.Float32 || !tensor.SameShape(t.Shape(), []int{3, 2, 5000}) {
-		return fmt.Errorf("AllocCommitted: %v, want float32[3 2 5000]", t)
+		return fmt.Errorf("%v, want float32[3 2 5000]", t)
 	}
 	for i, v := range t.Float32s() {
 		if v != 0 || math.Signbit(float64(v)) {
-			return fmt.Errorf("AllocCommitted: element %d is %v, want +0", i, v)
+			return fmt.Errorf("element %d is %v, want +0", i, v)
 		}
 	}
 	return nil

@@ -14,6 +14,8 @@ func TestCPUConformance(t *testing.T) {
 		"PagedKVWrite":   CheckPagedKVWrite,
 		"PagedAttention": CheckPagedAttention,
 		"PackedLinear":   CheckPackedLinear,
+		"SampleTokens":   CheckSampleTokens,
+		"TokenLogprobs":  CheckTokenLogprobs,
 	} {
 		if err := check(be); err != nil {
 			t.Errorf("%s: %v", name, err)
@@ -59,11 +61,28 @@ func (b broken) PackedLinear(out, x *tensor.Tensor, w *tensor.PackedWeight, bias
 	}
 }
 
+func (b broken) SampleTokens(out tensor.SampledTokens, logits *tensor.Tensor, vocab int, draws []tensor.TokenSampling) {
+	b.Backend.SampleTokens(out, logits, vocab, draws)
+	if b.method == "SampleTokens" { // the last draw takes the next id
+		ids := out.IDs.Int32s()
+		ids[len(ids)-1] = (ids[len(ids)-1] + 1) % int32(vocab)
+	}
+}
+
+func (b broken) TokenLogprobs(out, logits, targets *tensor.Tensor, vocab int) {
+	b.Backend.TokenLogprobs(out, logits, targets, vocab)
+	if b.method == "TokenLogprobs" {
+		nudge(out)
+	}
+}
+
 func TestChecksCatchErrors(t *testing.T) {
 	for method, check := range map[string]func(tensor.Backend) error{
 		"PagedAttention": CheckPagedAttention,
 		"PagedKVWrite":   CheckPagedKVWrite,
 		"PackedLinear":   CheckPackedLinear,
+		"SampleTokens":   CheckSampleTokens,
+		"TokenLogprobs":  CheckTokenLogprobs,
 	} {
 		if err := check(broken{tensor.CPUBackend(), method}); err == nil {
 			t.Errorf("Check%s passed a backend whose %s is wrong", method, method)
