@@ -18,7 +18,8 @@ import (
 // Frame header (little-endian): tag u32, seq u32, payload length u64 (bit
 // 63 set: the payload is in the pair's shared-memory ring, see shm.go).
 // tag = group tag<<1 | 1 for point-to-point traffic; ctrlTag carries an
-// abort notice (blamed rank i32, kind u8). seq numbers the group's
+// abort notice (blamed rank i32, kind u8: 0 lost, 1 timeout) or, with kind
+// waitNotice, word that the sender is alive and waiting on that rank. seq numbers the group's
 // collectives (or, for point-to-point, the messages from sender to
 // receiver), so a frame meant for another operation is caught as a
 // mismatch instead of being read as data.
@@ -30,6 +31,7 @@ const (
 	helloVer    = 2          // 2: a shared-memory offer follows the hello
 	smallWrite  = 64 << 10   // frames up to this are copied into one write
 	maxFrame    = 1 << 36    // larger frame lengths mean a corrupt stream
+	waitNotice  = 2          // control frame kind: not a failure, see world.wait
 )
 
 func writeHello(c net.Conn, size, rank int) error {
@@ -127,6 +129,10 @@ type peerConn struct {
 	shmSent  atomic.Uint64
 	sockSent atomic.Uint64
 
+	// waitingAt is when the peer last said that its own timeout ran out
+	// waiting on another rank (unix nanoseconds; 0: never).
+	waitingAt atomic.Int64
+
 	mu         sync.Mutex // protects the fields below
 	posted     map[uint32][]*req
 	unexpected map[uint32][]frame
@@ -185,6 +191,10 @@ func (pc *peerConn) readLoop() {
 				break
 			}
 			blame := int(int32(binary.LittleEndian.Uint32(b[:])))
+			if b[4] == waitNotice {
+				pc.waitingAt.Store(time.Now().UnixNano())
+				continue
+			}
 			cause := comm.ErrPeerLost
 			if b[4] == 1 {
 				cause = comm.ErrTimeout
@@ -335,15 +345,29 @@ func (w *world) wait(ctx context.Context, r *req, op string, timer *time.Timer) 
 		return &comm.RankError{Rank: w.rank, Op: op, Err: ctx.Err()}
 	case <-timer.C:
 		// The peer we wait on may itself be waiting on the real culprit and
-		// about to say so: give its report a moment before blaming it.
+		// about to say so: give its report a moment before blaming it. It
+		// may have started waiting only just before we did, so its report
+		// can come after our grace; but then it said it was waiting when
+		// its own timeout ran out, and we wait for its report as long again.
+		// Our own word goes out now, for whoever waits on us.
+		silentSince := time.Now().Add(-w.cfg.Timeout).UnixNano()
+		w.noteWaiting(r.pc.peer)
 		grace := time.NewTimer(min(abortWait, w.cfg.Timeout/2))
 		defer grace.Stop()
-		select {
-		case err := <-r.done: // late, but here
-			return w.finish(r, err, op, timer)
-		case <-w.broken:
-		case <-grace.C:
-			w.fail(r.pc.peer, fmt.Errorf("%w: no data from rank %d within %v", comm.ErrTimeout, r.pc.peer, w.cfg.Timeout), true)
+		for extended := false; ; {
+			select {
+			case err := <-r.done: // late, but here
+				return w.finish(r, err, op, timer)
+			case <-w.broken:
+			case <-grace.C:
+				if !extended && r.pc.waitingAt.Load() > silentSince {
+					extended = true
+					grace.Reset(w.cfg.Timeout + abortWait)
+					continue
+				}
+				w.fail(r.pc.peer, fmt.Errorf("%w: no data from rank %d within %v", comm.ErrTimeout, r.pc.peer, w.cfg.Timeout), true)
+			}
+			break
 		}
 	}
 	w.cancel(r)
@@ -482,7 +506,19 @@ func isTimeout(err error) bool {
 	return errors.As(err, &ne) && ne.Timeout()
 }
 
-// sendAbort tells the peer the world failed, blaming blame.
+// noteWaiting tells every peer but the one we wait on that our timeout ran
+// out waiting on rank peer, each in the background: a writer blocked on a
+// stalled connection may hold its lock, and this is only a hint.
+func (w *world) noteWaiting(peer int) {
+	for _, pc := range w.conns {
+		if pc != nil && pc.peer != peer {
+			go pc.sendAbort(peer, waitNotice)
+		}
+	}
+}
+
+// sendAbort tells the peer the world failed, blaming blame (or, with kind
+// waitNotice, that we are waiting on blame).
 func (pc *peerConn) sendAbort(blame int, kind byte) {
 	pc.wmu.Lock()
 	defer pc.wmu.Unlock()
