@@ -92,9 +92,10 @@ type fn struct {
 func (f fn) Forward(tp *tensor.Tape, in []*tensor.Tensor) []*tensor.Tensor { return f.fwd(tp, in) }
 func (f fn) Backward(tp *tensor.Tape, g []*tensor.Tensor) []*tensor.Tensor { return f.bwd(tp, g) }
 
+// clone returns a contiguous copy of x owned by tp.
 func clone(tp *tensor.Tape, x *tensor.Tensor) *tensor.Tensor {
 	out := tp.Empty(x.Shape()...)
-	copy(out.Float32s(), x.Contiguous().Float32s())
+	tensor.Copy(out, x)
 	return out
 }
 
@@ -109,7 +110,7 @@ func (r *Region) CopyTo(tp *tensor.Tape, x *tensor.Tensor) *tensor.Tensor {
 		fwd: func(tp *tensor.Tape, in []*tensor.Tensor) []*tensor.Tensor { return []*tensor.Tensor{clone(tp, in[0])} },
 		bwd: func(tp *tensor.Tape, g []*tensor.Tensor) []*tensor.Tensor {
 			d := clone(tp, g[0])
-			r.allReduce("copy_to backward all_reduce", d.Float32s())
+			r.allReduce("copy_to backward all_reduce", d.Float32s()) // comm staging
 			return []*tensor.Tensor{d}
 		},
 	}, x)[0]
@@ -125,7 +126,7 @@ func (r *Region) ReduceFrom(tp *tensor.Tape, x *tensor.Tensor) *tensor.Tensor {
 	return tp.Apply(fn{
 		fwd: func(tp *tensor.Tape, in []*tensor.Tensor) []*tensor.Tensor {
 			out := clone(tp, in[0])
-			r.allReduce("reduce_from all_reduce", out.Float32s())
+			r.allReduce("reduce_from all_reduce", out.Float32s()) // comm staging
 			return []*tensor.Tensor{out}
 		},
 		bwd: func(tp *tensor.Tape, g []*tensor.Tensor) []*tensor.Tensor { return []*tensor.Tensor{g[0]} },
@@ -231,7 +232,7 @@ func split3(shape []int, d int) (outer, n, inner int) {
 // sliceDim returns this rank's 1/size slice of dimension d.
 func (r *Region) sliceDim(tp *tensor.Tape, x *tensor.Tensor, d int) *tensor.Tensor {
 	shape := x.Shape()
-	outer, n, inner := split3(shape, d)
+	n := shape[d]
 	if n%r.Size() != 0 {
 		panic(fmt.Sprintf("tp: dimension %d of %v does not divide by the tensor-parallel size %d", d, shape, r.Size()))
 	}
@@ -239,14 +240,12 @@ func (r *Region) sliceDim(tp *tensor.Tape, x *tensor.Tensor, d int) *tensor.Tens
 	oshape := append([]int(nil), shape...)
 	oshape[d] = k
 	out := tp.Empty(oshape...)
-	src, dst := x.Contiguous().Float32s(), out.Float32s()
-	for o := range outer {
-		copy(dst[o*k*inner:(o+1)*k*inner], src[(o*n+r.Rank()*k)*inner:(o*n+(r.Rank()+1)*k)*inner])
-	}
+	tensor.Copy(out, (*tensor.Tape)(nil).Narrow(x, d, r.Rank()*k, k))
 	return out
 }
 
-// gatherDim all-gathers every rank's x along dimension d.
+// gatherDim all-gathers every rank's x along dimension d. The host slices
+// are comm staging: the collective fills buf, which is then unpacked.
 func (r *Region) gatherDim(tp *tensor.Tape, x *tensor.Tensor, d int, op string) *tensor.Tensor {
 	shape := x.Shape()
 	outer, k, inner := split3(shape, d)
@@ -270,7 +269,8 @@ func (r *Region) gatherDim(tp *tensor.Tape, x *tensor.Tensor, d int, op string) 
 }
 
 // reduceScatterDim sums every rank's x and keeps this rank's 1/size slice of
-// dimension d.
+// dimension d. The host slices are comm staging: x is packed rank-major
+// for the collective, which writes out.
 func (r *Region) reduceScatterDim(tp *tensor.Tape, x *tensor.Tensor, d int, op string) *tensor.Tensor {
 	shape := x.Shape()
 	outer, n, inner := split3(shape, d)
