@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/gotron/gotron/comm"
+	"github.com/gotron/gotron/tensor"
 )
 
 // logIteration accumulates the loss and, every --log-interval iterations,
@@ -192,16 +193,19 @@ func (t *Trainer) printTheoreticalMemory() {
 // tensor-parallel ranks (Megatron's calc_params_l2_norm for
 // --log-params-norm). Collective under tensor parallelism.
 func (t *Trainer) paramsNorm() float64 {
-	var sq float64
+	var counted []*tensor.Tensor
 	cp := t.embeddingCopy()
 	for _, p := range t.localParams() {
 		if (t.region != nil && t.region.Rank() != 0 && t.replicated(p.Name)) || p == cp {
 			continue
 		}
-		for _, v := range p.Float32s() {
-			sq += float64(v) * float64(v)
-		}
+		counted = append(counted, p)
 	}
+	l, err := tensor.NewTensorList(counted...)
+	if err != nil { // parameters are contiguous float32 tensors
+		panic(fmt.Sprintf("train: params norm: %v", err))
+	}
+	sq := tensor.SumSquares(l)
 	if t.region != nil || t.pipelined() {
 		v := []float32{float32(sq)}
 		if err := t.par.MP.AllReduce(t.cctx, comm.Float32s(v), comm.Sum); err != nil {
