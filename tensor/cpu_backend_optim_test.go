@@ -153,6 +153,7 @@ func TestListOpsPanicOnMismatch(t *testing.T) {
 		"size":     func() { SGD(a, c, nil, make([]SGDCoeffs, a.Len())) },
 		"coeffs":   func() { AdamW(a, a, a, a, make([]AdamWCoeffs, 1)) },
 		"momentum": func() { SGD(a, a, b, make([]SGDCoeffs, a.Len())) },
+		"nil":      func() { AdamW(a, a, nil, a, make([]AdamWCoeffs, a.Len())) },
 	} {
 		func() {
 			defer func() {

@@ -125,6 +125,9 @@ type AdamWCoeffs struct {
 // no fused multiply-add, so every backend gives the same bits. The lists must
 // match tensor by tensor; it panics otherwise.
 func AdamW(params, grads, expAvg, expAvgSq *TensorList, coeffs []AdamWCoeffs) {
+	if grads == nil || expAvg == nil || expAvgSq == nil {
+		panic("tensor: AdamW: nil list")
+	}
 	mustMatch("AdamW", params, grads, expAvg, expAvgSq)
 	if len(coeffs) != params.Len() {
 		panic(fmt.Sprintf("tensor: AdamW: %d coefficient sets for %d tensors", len(coeffs), params.Len()))
@@ -157,6 +160,9 @@ type SGDCoeffs struct {
 //
 // The lists must match tensor by tensor; it panics otherwise.
 func SGD(params, grads, momentum *TensorList, coeffs []SGDCoeffs) {
+	if grads == nil {
+		panic("tensor: SGD: nil gradient list")
+	}
 	mustMatch("SGD", params, grads, momentum)
 	if len(coeffs) != params.Len() {
 		panic(fmt.Sprintf("tensor: SGD: %d coefficient sets for %d tensors", len(coeffs), params.Len()))
