@@ -177,6 +177,12 @@ type Backend interface {
 	VocabCrossEntropyBackward(dx, x, lse, targets, mask, dloss *Tensor, den float64, start int)
 }
 
-// backendFor returns the backend owning t's storage. Only the CPU exists now;
-// a device tag on the storage would select another here.
-func backendFor(*Tensor) Backend { return cpuBackend{} }
+// backendFor returns the backend owning the storage of ts (nil entries
+// skipped; none means the CPU), panicking when they are on two devices.
+func backendFor(ts ...*Tensor) Backend {
+	switch sameDevice("op", ts...) {
+	case Sim:
+		return simBackend{}
+	}
+	return cpuBackend{}
+}

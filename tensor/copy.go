@@ -3,9 +3,11 @@ package tensor
 import "fmt"
 
 // Copy copies src's elements, in row-major order, into dst: a contiguous
-// tensor of the same dtype and element count (shapes may differ). It
+// tensor of the same dtype and element count (shapes may differ), on any
+// device (a copy between the host and the simulated device is counted). It
 // records nothing on any tape. A decoding step uses it to keep a layer's
-// output in a buffer that outlives the layer's scratch tape.
+// output in a buffer that outlives the layer's scratch tape; loading a
+// checkpoint into device parameters is a Copy from the host.
 func Copy(dst, src *Tensor) {
 	switch {
 	case dst.dtype != src.dtype:
@@ -15,6 +17,7 @@ func Copy(dst, src *Tensor) {
 	case !dst.IsContiguous():
 		panic("tensor: Copy into a strided view")
 	}
+	countTransfer(src.dev, dst.dev, src)
 	if !src.IsContiguous() {
 		if dst.offset == 0 {
 			copyStrided(dst, src) // writes from element 0 of dst's storage

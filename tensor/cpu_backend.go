@@ -14,7 +14,7 @@ func f(t *Tensor) []float32 {
 	if t == nil {
 		return nil
 	}
-	return t.Float32s()
+	return t.f32s()
 }
 
 func (cpuBackend) Name() string { return "cpu" }
@@ -116,7 +116,7 @@ func positionsOf(p *Tensor) []int32 {
 	if p == nil {
 		return nil
 	}
-	return p.Int32s()
+	return p.i32s()
 }
 
 func (cpuBackend) RoPEForward(r *RoPE, out, x *Tensor, positions *Tensor) {
@@ -132,7 +132,7 @@ func cpuAttention(cfg AttentionConfig) cpu.AttentionConfig {
 	c := cpu.AttentionConfig{B: cfg.B, T: cfg.T, HQ: cfg.HQ, HKV: cfg.HKV, D: cfg.D, Scale: cfg.Scale, Causal: cfg.Causal,
 		Dropout: cfg.Dropout, DropoutSeed: cfg.DropoutSeed, FirstHead: cfg.FirstHead}
 	if cfg.DocIDs != nil {
-		c.DocIDs = cfg.DocIDs.Int32s()
+		c.DocIDs = cfg.DocIDs.i32s()
 	}
 	return c
 }
@@ -146,16 +146,16 @@ func (cpuBackend) AttentionBackward(dq, dk, dv, dout, q, k, v, out, lse *Tensor,
 }
 
 func (cpuBackend) CrossEntropyForward(losses, lse, logits, targets *Tensor, cfg CrossEntropyConfig) {
-	cpu.CrossEntropyForward(f(losses), f(lse), f(logits), targets.Int32s(), cpu.CrossEntropyConfig(cfg))
+	cpu.CrossEntropyForward(f(losses), f(lse), f(logits), targets.i32s(), cpu.CrossEntropyConfig(cfg))
 }
 
 func (cpuBackend) CrossEntropyBackward(dlogits, logits, lse, targets, dlosses *Tensor, cfg CrossEntropyConfig) {
-	cpu.CrossEntropyBackward(f(dlogits), f(logits), f(lse), targets.Int32s(), f(dlosses), cpu.CrossEntropyConfig(cfg))
+	cpu.CrossEntropyBackward(f(dlogits), f(logits), f(lse), targets.i32s(), f(dlosses), cpu.CrossEntropyConfig(cfg))
 }
 
 func (cpuBackend) EmbeddingForward(out, table, ids *Tensor) {
 	c := table.Dim(-1)
-	tab, o, id := f(table), f(out), ids.Int32s()
+	tab, o, id := f(table), f(out), ids.i32s()
 	cpu.Parallel(len(id), 64, func(lo, hi int) {
 		for i := lo; i < hi; i++ {
 			copy(o[i*c:(i+1)*c], tab[int(id[i])*c:(int(id[i])+1)*c])
@@ -166,7 +166,7 @@ func (cpuBackend) EmbeddingForward(out, table, ids *Tensor) {
 func (cpuBackend) EmbeddingBackward(dtable, dout, ids *Tensor) {
 	// Serial scatter-add: rows may repeat, and the order keeps it deterministic.
 	c := dtable.Dim(-1)
-	dt, d, id := f(dtable), f(dout), ids.Int32s()
+	dt, d, id := f(dtable), f(dout), ids.i32s()
 	for i, r := range id {
 		axpy(dt[int(r)*c:(int(r)+1)*c], d[i*c:(i+1)*c], 1)
 	}

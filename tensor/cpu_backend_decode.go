@@ -33,7 +33,7 @@ func (cpuBackend) AllocCommitted(dtype DType, shape []int) *Tensor {
 func (cpuBackend) PagedKVWrite(kPool, vPool, k, v, slots *Tensor) {
 	blocks, g, bt, d := kPool.Dim(0), kPool.Dim(1), kPool.Dim(2), kPool.Dim(3)
 	kc, vc, kk, vv := f(kPool), f(vPool), f(k), f(v)
-	for i, s := range slots.Int32s() {
+	for i, s := range slots.i32s() {
 		if s < 0 || int(s) >= blocks*bt {
 			panic(fmt.Sprintf("tensor: PagedKVWrite: row %d's slot %d outside the pool's %d", i, s, blocks*bt))
 		}
@@ -70,7 +70,7 @@ func (cpuBackend) PagedAttention(out, q, kPool, vPool *Tensor, cfg PagedAttentio
 	j := pagedJobs.Get().(*pagedJob)
 	defer pagedJobs.Put(j)
 	*j = pagedJob{out: f(out), q: f(q), k: f(kPool), v: f(vPool),
-		tables: cfg.BlockTables.Int32s(), spans: cfg.Spans.Int32s(), maxBlocks: cfg.BlockTables.Dim(1),
+		tables: cfg.BlockTables.i32s(), spans: cfg.Spans.i32s(), maxBlocks: cfg.BlockTables.Dim(1),
 		heads: q.Dim(1), groups: kPool.Dim(1), d: q.Dim(2), bt: kPool.Dim(2),
 		scale: 1 / math.Sqrt(float64(q.Dim(2))), work: j.work}
 	j.check(rows, kPool.Dim(0))

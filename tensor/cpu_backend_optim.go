@@ -51,7 +51,7 @@ func cpuListOf(l *TensorList) *cpuList {
 }
 
 // host returns elements [a, b) of tensor i of l.
-func host(l *TensorList, i, a, b int) []float32 { return l.ts[i].Float32s()[a:b] }
+func host(l *TensorList, i, a, b int) []float32 { return l.ts[i].f32s()[a:b] }
 
 func (cpuBackend) AdamW(params, grads, expAvg, expAvgSq *TensorList, coeffs []AdamWCoeffs) {
 	c := cpuListOf(params)

@@ -13,7 +13,7 @@ import (
 // The CPU backend's SampleTokens (sampling_ops.go).
 
 func (cpuBackend) SampleTokens(out SampledTokens, logits *Tensor, vocab int, draws []TokenSampling) {
-	V, lg, ids := logits.Dim(1), f(logits), out.IDs.Int32s()
+	V, lg, ids := logits.Dim(1), f(logits), out.IDs.i32s()
 	var lps, topLP []float32
 	var topIDs []int32
 	k := 0
@@ -21,7 +21,7 @@ func (cpuBackend) SampleTokens(out SampledTokens, logits *Tensor, vocab int, dra
 		lps = f(out.Logprobs)
 	}
 	if out.TopIDs != nil {
-		topIDs, topLP, k = out.TopIDs.Int32s(), f(out.TopLogprobs), out.TopIDs.Dim(1)
+		topIDs, topLP, k = out.TopIDs.i32s(), f(out.TopLogprobs), out.TopIDs.Dim(1)
 	}
 	// One draw per work item: with many sequences the passes over the
 	// vocabulary would otherwise run on one thread while the others wait.
@@ -51,7 +51,7 @@ func (cpuBackend) SampleTokens(out SampledTokens, logits *Tensor, vocab int, dra
 }
 
 func (cpuBackend) TokenLogprobs(out, logits, targets *Tensor, vocab int) {
-	V, lg, o, tg := logits.Dim(1), f(logits), f(out), targets.Int32s()
+	V, lg, o, tg := logits.Dim(1), f(logits), f(out), targets.i32s()
 	for i, t := range tg {
 		if t < 0 || int(t) >= vocab {
 			panic(fmt.Sprintf("tensor: TokenLogprobs: row %d's target %d outside the vocabulary of %d", i, t, vocab))

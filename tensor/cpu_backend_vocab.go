@@ -13,7 +13,7 @@ func (cpuBackend) VocabEmbeddingForward(out, table, ids *Tensor, start int) {
 	vl, h := table.Dim(0), table.Dim(-1)
 	dst, w := f(out), f(table)
 	clear(dst)
-	for i, id := range ids.Int32s() {
+	for i, id := range ids.i32s() {
 		if j := int(id) - start; j >= 0 && j < vl {
 			copy(dst[i*h:(i+1)*h], w[j*h:(j+1)*h])
 		}
@@ -24,7 +24,7 @@ func (cpuBackend) VocabEmbeddingBackward(dtable, dout, ids *Tensor, start int) {
 	vl, h := dtable.Dim(0), dtable.Dim(-1)
 	dw, gs := f(dtable), f(dout)
 	clear(dw)
-	for i, id := range ids.Int32s() {
+	for i, id := range ids.i32s() {
 		if j := int(id) - start; j >= 0 && j < vl {
 			row := dw[j*h : (j+1)*h]
 			for k, v := range gs[i*h : (i+1)*h] {
@@ -42,7 +42,7 @@ func (cpuBackend) VocabCrossEntropyPartials(partials, x, rowMax, targets *Tensor
 	n, vl := x.Dim(0), x.Dim(-1)
 	both, xs, m := f(partials), f(x), f(rowMax)
 	cpu.RowExpSum(both[:n], xs, m, n, vl)
-	for i, t := range targets.Int32s() {
+	for i, t := range targets.i32s() {
 		both[n+i] = 0
 		if j := int(t) - start; j >= 0 && j < vl {
 			both[n+i] = xs[i*vl+j] - m[i]
@@ -87,7 +87,7 @@ func (cpuBackend) VocabCrossEntropyBackward(dx, x, lse, targets, mask, dloss *Te
 	}
 	d := f(dx)
 	cpu.RowSoftmaxScaled(d, f(x), f(lse), scale, n, vl)
-	for i, t := range targets.Int32s() {
+	for i, t := range targets.i32s() {
 		if j := int(t) - start; j >= 0 && j < vl {
 			d[i*vl+j] -= scale[i]
 		}

@@ -70,7 +70,7 @@ func PagedAttention(out, q, kPool, vPool *Tensor, cfg PagedAttentionConfig) {
 	}
 	mustContiguous("PagedAttention", out, q, kPool, vPool)
 	checkPagedTables("PagedAttention", cfg)
-	backendFor(q).PagedAttention(out, q, kPool, vPool, cfg)
+	backendFor(out, q, kPool, vPool, cfg.BlockTables, cfg.Spans).PagedAttention(out, q, kPool, vPool, cfg)
 }
 
 // checkPagedTables checks cfg's shapes and dtypes.
@@ -101,7 +101,7 @@ func PagedKVWrite(kPool, vPool, k, v, slots *Tensor) {
 		panic(fmt.Sprintf("tensor: PagedKVWrite: slots %v must be int32 (%d)", slots, k.Dim(0)))
 	}
 	mustContiguous("PagedKVWrite", kPool, vPool, k, v, slots)
-	backendFor(k).PagedKVWrite(kPool, vPool, k, v, slots)
+	backendFor(kPool, vPool, k, v, slots).PagedKVWrite(kPool, vPool, k, v, slots)
 }
 
 func mustContiguous(op string, ts ...*Tensor) {
@@ -169,10 +169,10 @@ func (tp *Tape) LinearPacked(x *Tensor, w *PackedWeight, b *Tensor) *Tensor {
 	x = tp.Contiguous(x)
 	rows := x.Numel() / w.in
 	shape := append(append([]int(nil), x.shape[:len(x.shape)-1]...), w.out)
-	out := tp.empty(shape...)
+	out := tp.empty(x.dev, shape...)
 	if b != nil {
 		b = b.Contiguous()
 	}
-	backendFor(x).PackedLinear(out.view([]int{rows, w.out}, []int{w.out, 1}, 0), x.view([]int{rows, w.in}, []int{w.in, 1}, x.offset), w, b)
+	backendFor(x, b).PackedLinear(out.view([]int{rows, w.out}, []int{w.out, 1}, 0), x.view([]int{rows, w.in}, []int{w.in, 1}, x.offset), w, b)
 	return out
 }

@@ -33,7 +33,7 @@ func (tp *Tape) Apply(f Function, in ...*Tensor) []*Tensor {
 			if g := tp.grad(o); g != nil {
 				gouts[i] = g
 			} else {
-				gouts[i] = tp.zeros(o.shape...)
+				gouts[i] = tp.zeros(o.dev, o.shape...)
 			}
 		}
 		before := len(tp.live) // the child's buffers land in tp.live
@@ -68,7 +68,7 @@ func freshBuffer(fresh [][]float32, g *Tensor) int {
 	if g.dtype != Float32 || !g.IsContiguous() || g.Numel() == 0 {
 		return -1
 	}
-	d := g.Float32s()
+	d := g.f32s()
 	for k, b := range fresh {
 		if len(b) == len(d) && &b[0] == &d[0] {
 			return k
@@ -81,7 +81,7 @@ func freshBuffer(fresh [][]float32, g *Tensor) int {
 // else, e.g. a communication buffer).
 func (tp *Tape) accumulate(x, g *Tensor) {
 	if d := tp.gradFor(x); d != nil {
-		axpy(d.Float32s(), g.Contiguous().Float32s(), 1)
+		axpy(d.f32s(), g.Contiguous().f32s(), 1)
 	}
 }
 

@@ -35,8 +35,8 @@ func (tp *Tape) MatMul(a, b *Tensor, tA, tB Transpose) *Tensor {
 		lead = b.shape[:len(b.shape)-2]
 	}
 	shape := append(append([]int(nil), lead...), m, n)
-	out := tp.empty(shape...)
-	be, prec := backendFor(a), tp.MatmulPrecision()
+	out := tp.empty(a.dev, shape...)
+	be, prec := backendFor(a, b), tp.MatmulPrecision()
 	be.Gemm(prec, tA, tB, 1, a, b, 0, out)
 	if tp.recording(a, b) {
 		tp.record("matmul", func(tp *Tape) {
@@ -104,9 +104,9 @@ func (tp *Tape) Linear(x, w, b *Tensor) *Tensor {
 	rows := x.Numel() / in
 	x2 := x.view([]int{rows, in}, []int{in, 1}, x.offset)
 	shape := append(append([]int(nil), x.shape[:len(x.shape)-1]...), w.Dim(0))
-	out := tp.empty(shape...)
+	out := tp.empty(x.dev, shape...)
 	out2 := out.view([]int{rows, w.Dim(0)}, []int{w.Dim(0), 1}, 0)
-	be, prec := backendFor(x), tp.MatmulPrecision()
+	be, prec := backendFor(x, w, b), tp.MatmulPrecision()
 	be.Gemm(prec, NoTrans, Trans, 1, x2, w, 0, out2)
 	if b != nil {
 		be.Add(out, out, b)
@@ -142,8 +142,8 @@ func (tp *Tape) Add(a, b *Tensor) *Tensor {
 	mustF32("Add", a, b)
 	broadcastable("Add", a, b)
 	a, b = tp.Contiguous(a), tp.Contiguous(b)
-	out := tp.empty(a.shape...)
-	be := backendFor(a)
+	out := tp.empty(a.dev, a.shape...)
+	be := backendFor(a, b)
 	be.Add(out, a, b)
 	if tp.recording(a, b) {
 		tp.record("add", func(tp *Tape) {
@@ -169,19 +169,19 @@ func (tp *Tape) Mul(a, b *Tensor) *Tensor {
 	mustF32("Mul", a, b)
 	broadcastable("Mul", a, b)
 	a, b = tp.Contiguous(a), tp.Contiguous(b)
-	out := tp.empty(a.shape...)
-	be := backendFor(a)
+	out := tp.empty(a.dev, a.shape...)
+	be := backendFor(a, b)
 	be.Mul(out, a, b)
 	if tp.recording(a, b) {
 		tp.record("mul", func(tp *Tape) {
 			g := tp.grad(out)
 			if da := tp.gradFor(a); da != nil {
-				t := tp.empty(a.shape...)
+				t := tp.empty(a.dev, a.shape...)
 				be.Mul(t, g, b)
 				be.Axpy(da, 1, t)
 			}
 			if db := tp.gradFor(b); db != nil {
-				t := tp.empty(a.shape...)
+				t := tp.empty(a.dev, a.shape...)
 				be.Mul(t, g, a) // a ⊙ g has a's shape; b = a suffix: sum rows
 				be.SumRows(db, t.view([]int{t.Numel() / b.Numel(), b.Numel()}, []int{b.Numel(), 1}, 0))
 			}
@@ -193,7 +193,7 @@ func (tp *Tape) Mul(a, b *Tensor) *Tensor {
 // Scale returns alpha·x.
 func (tp *Tape) Scale(x *Tensor, alpha float32) *Tensor {
 	x = tp.Contiguous(x)
-	out := tp.empty(x.shape...)
+	out := tp.empty(x.dev, x.shape...)
 	be := backendFor(x)
 	be.Scale(out, alpha, x)
 	if tp.recording(x) {
@@ -205,16 +205,16 @@ func (tp *Tape) Scale(x *Tensor, alpha float32) *Tensor {
 // Sum returns the sum of all elements as a scalar (shape [1]).
 func (tp *Tape) Sum(x *Tensor) *Tensor {
 	x = tp.Contiguous(x)
-	out := tp.empty(1)
+	out := tp.empty(x.dev, 1)
 	var s float64
-	for _, v := range x.Float32s() {
+	for _, v := range x.f32s() {
 		s += float64(v)
 	}
 	out.f32[0] = float32(s)
 	if tp.recording(x) {
 		tp.record("sum", func(tp *Tape) {
 			g := tp.grad(out).f32[0]
-			d := tp.gradFor(x).Float32s()
+			d := tp.gradFor(x).f32s()
 			for i := range d {
 				d[i] += g
 			}
@@ -230,8 +230,8 @@ func (tp *Tape) Mean(x *Tensor) *Tensor { return tp.Scale(tp.Sum(x), 1/float32(x
 func (tp *Tape) SumLast(x *Tensor) *Tensor {
 	x = tp.Contiguous(x)
 	n, c := rowsCols(x)
-	out := tp.empty(x.shape[:len(x.shape)-1]...)
-	xs, o := x.Float32s(), out.f32
+	out := tp.empty(x.dev, x.shape[:len(x.shape)-1]...)
+	xs, o := x.f32s(), out.f32
 	for r := range n {
 		var s float32
 		for _, v := range xs[r*c : (r+1)*c] {
@@ -241,7 +241,7 @@ func (tp *Tape) SumLast(x *Tensor) *Tensor {
 	}
 	if tp.recording(x) {
 		tp.record("sum_last", func(tp *Tape) {
-			g, d := tp.grad(out).Float32s(), tp.gradFor(x).Float32s()
+			g, d := tp.grad(out).f32s(), tp.gradFor(x).f32s()
 			for r := range n {
 				for j := range c {
 					d[r*c+j] += g[r]
@@ -257,9 +257,9 @@ func (tp *Tape) SumLast(x *Tensor) *Tensor {
 func (tp *Tape) MaxLast(x *Tensor) *Tensor {
 	x = tp.Contiguous(x)
 	n, c := rowsCols(x)
-	out := tp.empty(x.shape[:len(x.shape)-1]...)
+	out := tp.empty(x.dev, x.shape[:len(x.shape)-1]...)
 	arg := make([]int, n)
-	xs := x.Float32s()
+	xs := x.f32s()
 	for r := range n {
 		best := 0
 		for j := 1; j < c; j++ {
@@ -272,7 +272,7 @@ func (tp *Tape) MaxLast(x *Tensor) *Tensor {
 	}
 	if tp.recording(x) {
 		tp.record("max_last", func(tp *Tape) {
-			g, d := tp.grad(out).Float32s(), tp.gradFor(x).Float32s()
+			g, d := tp.grad(out).f32s(), tp.gradFor(x).f32s()
 			for r := range n {
 				d[r*c+arg[r]] += g[r]
 			}
@@ -286,13 +286,13 @@ func (tp *Tape) MaxLast(x *Tensor) *Tensor {
 func (tp *Tape) Embedding(ids, table *Tensor) *Tensor {
 	ids = ids.Contiguous()
 	v := table.Dim(0)
-	for i, id := range ids.Int32s() {
+	for i, id := range ids.i32s() {
 		if id < 0 || int(id) >= v {
 			panic(fmt.Sprintf("tensor: embedding id %d at %d outside table of %d rows", id, i, v))
 		}
 	}
-	out := tp.empty(append(append([]int(nil), ids.shape...), table.Dim(1))...)
-	be := backendFor(table)
+	out := tp.empty(table.dev, append(append([]int(nil), ids.shape...), table.Dim(1))...)
+	be := backendFor(table, ids)
 	be.EmbeddingForward(out, table, ids)
 	if tp.recording(table) {
 		tp.record("embedding", func(tp *Tape) { be.EmbeddingBackward(tp.gradFor(table), tp.grad(out), ids) }, out)
@@ -304,8 +304,8 @@ func (tp *Tape) Embedding(ids, table *Tensor) *Tensor {
 func (tp *Tape) LayerNorm(x, w, b *Tensor, eps float32) *Tensor {
 	x = tp.Contiguous(x)
 	n, _ := rowsCols(x)
-	out, mean, rstd := tp.empty(x.shape...), tp.empty(n), tp.empty(n)
-	be := backendFor(x)
+	out, mean, rstd := tp.empty(x.dev, x.shape...), tp.empty(x.dev, n), tp.empty(x.dev, n)
+	be := backendFor(x, w, b)
 	be.LayerNormForward(out, mean, rstd, x, w, b, eps)
 	if tp.recording(x, w, b) {
 		tp.record("layernorm", func(tp *Tape) {
@@ -321,15 +321,15 @@ func (tp *Tape) gradForOrScratch(t *Tensor) *Tensor {
 	if g := tp.gradFor(t); g != nil {
 		return g
 	}
-	return tp.zeros(t.shape...)
+	return tp.zeros(t.dev, t.shape...)
 }
 
 // RMSNorm normalises the last dim: x/sqrt(mean(x²)+eps)·w.
 func (tp *Tape) RMSNorm(x, w *Tensor, eps float32) *Tensor {
 	x = tp.Contiguous(x)
 	n, _ := rowsCols(x)
-	out, rstd := tp.empty(x.shape...), tp.empty(n)
-	be := backendFor(x)
+	out, rstd := tp.empty(x.dev, x.shape...), tp.empty(x.dev, n)
+	be := backendFor(x, w)
 	be.RMSNormForward(out, rstd, x, w, eps)
 	if tp.recording(x, w) {
 		tp.record("rmsnorm", func(tp *Tape) {
@@ -352,7 +352,7 @@ const (
 // GELU applies GELU elementwise.
 func (tp *Tape) GELU(x *Tensor, kind GELUKind) *Tensor {
 	x = tp.Contiguous(x)
-	out := tp.empty(x.shape...)
+	out := tp.empty(x.dev, x.shape...)
 	be := backendFor(x)
 	be.GELUForward(out, x, kind == GELUTanh)
 	if tp.recording(x) {
@@ -364,7 +364,7 @@ func (tp *Tape) GELU(x *Tensor, kind GELUKind) *Tensor {
 // SiLU applies x·sigmoid(x) elementwise.
 func (tp *Tape) SiLU(x *Tensor) *Tensor {
 	x = tp.Contiguous(x)
-	out := tp.empty(x.shape...)
+	out := tp.empty(x.dev, x.shape...)
 	be := backendFor(x)
 	be.SiLUForward(out, x)
 	if tp.recording(x) {
@@ -378,7 +378,7 @@ func (tp *Tape) SwiGLU(x *Tensor) *Tensor {
 	x = tp.Contiguous(x)
 	shape := append([]int(nil), x.shape...)
 	shape[len(shape)-1] /= 2
-	out := tp.empty(shape...)
+	out := tp.empty(x.dev, shape...)
 	be := backendFor(x)
 	be.SwiGLUForward(out, x)
 	if tp.recording(x) {
@@ -390,7 +390,7 @@ func (tp *Tape) SwiGLU(x *Tensor) *Tensor {
 // Softmax over the last dim.
 func (tp *Tape) Softmax(x *Tensor) *Tensor {
 	x = tp.Contiguous(x)
-	out := tp.empty(x.shape...)
+	out := tp.empty(x.dev, x.shape...)
 	be := backendFor(x)
 	be.SoftmaxForward(out, x)
 	if tp.recording(x) {
@@ -406,14 +406,14 @@ func (tp *Tape) Dropout(x *Tensor, p float32, rng *RNG) *Tensor {
 		return x
 	}
 	x = tp.Contiguous(x)
-	mask := tp.empty(x.shape...)
+	mask := tp.empty(x.dev, x.shape...)
 	rng.DropoutMask(mask.f32, p)
-	out := tp.empty(x.shape...)
+	out := tp.empty(x.dev, x.shape...)
 	be := backendFor(x)
 	be.Mul(out, x, mask)
 	if tp.recording(x) {
 		tp.record("dropout", func(tp *Tape) {
-			t := tp.empty(x.shape...)
+			t := tp.empty(x.dev, x.shape...)
 			be.Mul(t, tp.grad(out), mask)
 			be.Axpy(tp.gradFor(x), 1, t)
 		}, out)
@@ -425,8 +425,8 @@ func (tp *Tape) Dropout(x *Tensor, p float32, rng *RNG) *Tensor {
 // an int32 (b, t) tensor or nil for 0..t-1.
 func (tp *Tape) RoPE(x *Tensor, r *RoPE, positions *Tensor) *Tensor {
 	x = tp.Contiguous(x)
-	out := tp.empty(x.shape...)
-	be := backendFor(x)
+	out := tp.empty(x.dev, x.shape...)
+	be := backendFor(x, positions)
 	be.RoPEForward(r, out, x, positions)
 	if tp.recording(x) {
 		tp.record("rope", func(tp *Tape) { be.RoPEBackward(r, tp.gradFor(x), tp.grad(out), positions) }, out)
@@ -477,8 +477,8 @@ func (tp *Tape) Attention(q, k, v *Tensor, o AttentionOptions) *Tensor {
 		}
 		cfg.Dropout, cfg.DropoutSeed = o.Dropout, o.RNG.Uint64()
 	}
-	out, lse := tp.empty(q.shape...), tp.empty(b, hq, t)
-	be := backendFor(q)
+	out, lse := tp.empty(q.dev, q.shape...), tp.empty(q.dev, b, hq, t)
+	be := backendFor(q, k, v, o.DocIDs)
 	be.AttentionForward(out, lse, q, k, v, cfg)
 	if tp.recording(q, k, v) {
 		tp.record("attention", func(tp *Tape) {
@@ -505,20 +505,20 @@ func (tp *Tape) CrossEntropy(logits, targets *Tensor, o CrossEntropyOptions) *Te
 	n, v := rowsCols(logits)
 	cfg := CrossEntropyConfig{N: n, V: v, LabelSmoothing: o.LabelSmoothing, IgnoreIndex: -1}
 	targets = targets.Contiguous()
-	losses, lse := tp.empty(n), tp.empty(n)
-	be := backendFor(logits)
+	losses, lse := tp.empty(logits.dev, n), tp.empty(logits.dev, n)
+	be := backendFor(logits, targets, o.LossMask)
 	be.CrossEntropyForward(losses, lse, logits, targets, cfg)
-	w := tp.empty(n)
+	w := tp.empty(logits.dev, n)
 	var den float64
 	for i := range w.f32 {
 		m := float32(1)
 		if o.LossMask != nil {
-			m = o.LossMask.Float32s()[i]
+			m = o.LossMask.f32s()[i]
 		}
 		w.f32[i] = m
 		den += float64(m)
 	}
-	out := tp.empty(1)
+	out := tp.empty(logits.dev, 1)
 	var num float64
 	for i, l := range losses.f32 {
 		num += float64(l) * float64(w.f32[i])
@@ -538,7 +538,7 @@ func (tp *Tape) CrossEntropy(logits, targets *Tensor, o CrossEntropyOptions) *Te
 			}
 			// The kernel overwrites: give it a fresh buffer that becomes the
 			// gradient (no zeroing, no second (n, v) buffer).
-			tmp := tp.empty(logits.shape...)
+			tmp := tp.empty(logits.dev, logits.shape...)
 			be.CrossEntropyBackward(tmp, logits, lse, targets, w, cfg)
 			tp.addGrad(logits, tmp)
 		}, out)

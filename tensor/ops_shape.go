@@ -45,7 +45,7 @@ func (tp *Tape) Contiguous(t *Tensor) *Tensor {
 	if t.dtype != Float32 {
 		return t.Contiguous() // ids and masks: no gradient
 	}
-	out := tp.empty(t.shape...)
+	out := tp.empty(t.dev, t.shape...)
 	copyStrided(out, t)
 	if tp.recording(t) {
 		src := t
@@ -152,7 +152,7 @@ func (tp *Tape) Concat(dim int, ts ...*Tensor) *Tensor {
 		}
 		shape[dim] += t.shape[dim]
 	}
-	out := tp.empty(shape...)
+	out := tp.empty(ts[0].dev, shape...)
 	outer := numel(shape[:dim])
 	inner := numel(shape[dim+1:])
 	o := out.f32
@@ -161,7 +161,7 @@ func (tp *Tape) Concat(dim int, ts ...*Tensor) *Tensor {
 	for i, t := range ts {
 		dense[i] = tp.Contiguous(t)
 		w := t.shape[dim] * inner
-		src := dense[i].Float32s()
+		src := dense[i].f32s()
 		for r := range outer {
 			copy(o[r*shape[dim]*inner+pos:], src[r*w:(r+1)*w])
 		}
@@ -169,12 +169,12 @@ func (tp *Tape) Concat(dim int, ts ...*Tensor) *Tensor {
 	}
 	if tp.recording(dense...) {
 		tp.record("concat", func(tp *Tape) {
-			g := tp.grad(out).Float32s()
+			g := tp.grad(out).f32s()
 			pos := 0
 			for _, t := range dense {
 				w := t.shape[dim] * inner
 				if dg := tp.gradFor(t); dg != nil {
-					d := dg.Float32s()
+					d := dg.f32s()
 					for r := range outer {
 						axpy(d[r*w:(r+1)*w], g[r*shape[dim]*inner+pos:r*shape[dim]*inner+pos+w], 1)
 					}

@@ -39,6 +39,8 @@ func NewTensorList(ts ...*Tensor) (*TensorList, error) {
 			return nil, fmt.Errorf("tensor: tensor list: element %d (%q) is %v, want float32", i, t.Name, t.dtype)
 		case !t.IsContiguous():
 			return nil, fmt.Errorf("tensor: tensor list: element %d (%q) is a non-contiguous view", i, t.Name)
+		case t.dev != ts[0].dev:
+			return nil, fmt.Errorf("tensor: tensor list: element %d (%q) is on the %v device, element 0 (%q) on %v", i, t.Name, t.dev, ts[0].Name, ts[0].dev)
 		}
 		l.start = append(l.start, total)
 		total += t.Numel()
@@ -92,6 +94,9 @@ func mustMatch(op string, l *TensorList, others ...*TensorList) {
 		}
 		if len(o.ts) != len(l.ts) {
 			panic(fmt.Sprintf("tensor: %s: list %d has %d tensors, want %d", op, k+1, len(o.ts), len(l.ts)))
+		}
+		if len(o.ts) > 0 {
+			sameDevice(op, l.ts[0], o.ts[0])
 		}
 		for i := range o.ts {
 			if o.start[i+1] != l.start[i+1] {

@@ -98,5 +98,5 @@ func TokenLogprobs(out, logits, targets *Tensor, vocab int) {
 		panic(fmt.Sprintf("tensor: TokenLogprobs: targets %v and out %v for %d rows: want int32 and float32 (%d)", targets, out, n, n))
 	}
 	mustContiguous("TokenLogprobs", out, logits, targets)
-	backendFor(logits).TokenLogprobs(out, logits, targets, vocab)
+	backendFor(out, logits, targets).TokenLogprobs(out, logits, targets, vocab)
 }

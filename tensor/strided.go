@@ -100,7 +100,7 @@ func scatterAddStrided(dst, v, g *Tensor) {
 		return
 	}
 	r := newStridedRows(v.shape, v.strides, v.offset-v.base.offset)
-	d, gg := dst.Float32s(), g.Float32s()
+	d, gg := dst.f32s(), g.f32s()
 	L, step := r.rowLen, r.step
 	fn := func(lo, hi int) {
 		for i := lo; i < hi; i++ {

@@ -125,9 +125,9 @@ func (tp *Tape) record(name string, backward func(tp *Tape), outs ...*Tensor) {
 	tp.steps = append(tp.steps, step{name: name, outs: outs, backward: backward})
 }
 
-// empty returns an uninitialised float32 tensor from the tape's arena (or the
-// heap when tp is nil).
-func (tp *Tape) empty(shape ...int) *Tensor {
+// empty returns an uninitialised float32 tensor on dev from the tape's
+// arena (or the heap when tp is nil).
+func (tp *Tape) empty(dev Device, shape ...int) *Tensor {
 	n := numel(shape)
 	var buf []float32
 	if tp == nil {
@@ -140,21 +140,26 @@ func (tp *Tape) empty(shape ...int) *Tensor {
 		}
 		owner.live = append(owner.live, buf)
 	}
-	return &Tensor{shape: append([]int(nil), shape...), strides: contiguousStrides(shape), dtype: Float32, f32: buf, leaf: true}
+	return &Tensor{shape: append([]int(nil), shape...), strides: contiguousStrides(shape), dtype: Float32, dev: dev, f32: buf, leaf: true}
 }
 
-// zeros returns a zeroed float32 tensor from the arena.
-func (tp *Tape) zeros(shape ...int) *Tensor {
-	t := tp.empty(shape...)
+// zeros returns a zeroed float32 tensor on dev from the arena.
+func (tp *Tape) zeros(dev Device, shape ...int) *Tensor {
+	t := tp.empty(dev, shape...)
 	if tp != nil {
 		clear(t.f32)
 	}
 	return t
 }
 
-// Empty returns an uninitialised float32 tensor owned by the tape (or the heap
-// for a nil tape). Custom functions allocate their outputs with it.
-func (tp *Tape) Empty(shape ...int) *Tensor { return tp.empty(shape...) }
+// Empty returns an uninitialised float32 tensor on the CPU owned by the tape
+// (or the heap for a nil tape). Custom functions allocate their outputs with
+// EmptyLike, on their inputs' device.
+func (tp *Tape) Empty(shape ...int) *Tensor { return tp.empty(CPU, shape...) }
+
+// EmptyLike returns an uninitialised float32 tensor of the given shape on
+// like's device, owned by the tape (or the heap for a nil tape).
+func (tp *Tape) EmptyLike(like *Tensor, shape ...int) *Tensor { return tp.empty(like.dev, shape...) }
 
 // grad returns the gradient accumulated so far for t, or nil.
 func (tp *Tape) grad(t *Tensor) *Tensor {
@@ -167,7 +172,7 @@ func (tp *Tape) grad(t *Tensor) *Tensor {
 func (tp *Tape) newGradBuf(t *Tensor) gradRef {
 	buf := tp.arena.get(t.Numel())
 	clear(buf)
-	return gradRef{view: FromFloat32(buf, t.shape...), buf: &gradBuf{data: buf, refs: 1, owned: true}}
+	return gradRef{view: onDevice(FromFloat32(buf, t.shape...), t.dev), buf: &gradBuf{data: buf, refs: 1, owned: true}}
 }
 
 // gradFor returns t's gradient buffer for a kernel to accumulate (+=) into:
@@ -179,7 +184,7 @@ func (tp *Tape) gradFor(t *Tensor) *Tensor {
 	}
 	if t.leaf {
 		if t.Grad == nil {
-			t.Grad = Zeros(t.shape...)
+			t.Grad = ZerosLike(t)
 			t.Grad.Name = t.Name + ".grad"
 		}
 		if tp.ready != nil {
@@ -194,7 +199,7 @@ func (tp *Tape) gradFor(t *Tensor) *Tensor {
 		tp.grads[t] = g
 	case g.buf.refs > 1: // shared: copy before writing
 		c := tp.newGradBuf(t)
-		copy(c.buf.data, g.view.Float32s())
+		copy(c.buf.data, g.view.f32s())
 		tp.dropRef(g)
 		g = c
 		tp.grads[t] = g
@@ -227,10 +232,10 @@ func (tp *Tape) passGrad(t, from *Tensor) {
 	}
 	if _, has := tp.grads[t]; !has && !t.leaf {
 		g.buf.refs++
-		tp.grads[t] = gradRef{view: FromFloat32(g.buf.data, t.shape...), buf: g.buf}
+		tp.grads[t] = gradRef{view: onDevice(FromFloat32(g.buf.data, t.shape...), t.dev), buf: g.buf}
 		return
 	}
-	axpy(tp.gradFor(t).Float32s(), g.view.Float32s(), 1)
+	axpy(tp.gradFor(t).f32s(), g.view.f32s(), 1)
 }
 
 // addGrad adds g (contiguous, t's number of elements) into t's gradient.
@@ -239,10 +244,10 @@ func (tp *Tape) addGrad(t, g *Tensor) {
 		return
 	}
 	if _, has := tp.grads[t]; !has && !t.leaf {
-		tp.grads[t] = gradRef{view: FromFloat32(g.Float32s(), t.shape...), buf: &gradBuf{data: g.Float32s(), refs: 1}}
+		tp.grads[t] = gradRef{view: onDevice(FromFloat32(g.f32s(), t.shape...), t.dev), buf: &gradBuf{data: g.f32s(), refs: 1}}
 		return
 	}
-	axpy(tp.gradFor(t).Float32s(), g.Float32s(), 1)
+	axpy(tp.gradFor(t).f32s(), g.f32s(), 1)
 }
 
 // Backward runs the recorded steps in reverse from a scalar loss, seeding its
@@ -251,7 +256,7 @@ func (tp *Tape) Backward(loss *Tensor) error {
 	if loss.Numel() != 1 {
 		return fmt.Errorf("tensor: Backward from %v: want a scalar (use BackwardFrom with an output gradient)", loss.shape)
 	}
-	one := tp.empty(loss.shape...)
+	one := tp.empty(loss.dev, loss.shape...)
 	one.f32[0] = 1
 	return tp.BackwardFrom([]*Tensor{loss}, []*Tensor{one})
 }
@@ -401,7 +406,7 @@ func Param(name string, shape ...int) *Tensor {
 func ZeroGrad(params []*Tensor) {
 	for _, p := range params {
 		if p.Grad != nil {
-			clear(p.Grad.Float32s())
+			clear(p.Grad.f32s())
 		}
 	}
 }

@@ -23,6 +23,7 @@ type Tensor struct {
 	strides []int
 	offset  int
 	dtype   DType
+	dev     Device
 	f32     []float32
 	u16     []uint16
 	i32     []int32
@@ -149,8 +150,15 @@ func (t *Tensor) IsContiguous() bool {
 }
 
 // Float32s returns the float32 elements of a contiguous float32 tensor
-// (aliasing its storage).
+// (aliasing its storage). It is host access: t must be on the CPU.
 func (t *Tensor) Float32s() []float32 {
+	t.mustHost("Float32s")
+	return t.f32s()
+}
+
+// f32s is Float32s for package tensor's own code, on any device whose
+// storage is host memory (the CPU's and the simulated device's).
+func (t *Tensor) f32s() []float32 {
 	if t.dtype != Float32 {
 		panic(fmt.Sprintf("tensor: Float32s on %v tensor %s", t.dtype, t.Name))
 	}
@@ -160,32 +168,52 @@ func (t *Tensor) Float32s() []float32 {
 	return t.f32[t.offset : t.offset+t.Numel()]
 }
 
-// Int32s returns the elements of a contiguous int32 tensor (aliasing).
+// Int32s returns the elements of a contiguous int32 tensor (aliasing). It
+// is host access: t must be on the CPU.
 func (t *Tensor) Int32s() []int32 {
+	t.mustHost("Int32s")
+	return t.i32s()
+}
+
+func (t *Tensor) i32s() []int32 {
 	if t.dtype != Int32 || !t.IsContiguous() {
 		panic(fmt.Sprintf("tensor: Int32s on %v (contiguous=%v) tensor", t.dtype, t.IsContiguous()))
 	}
 	return t.i32[t.offset : t.offset+t.Numel()]
 }
 
-// Int64s returns the elements of a contiguous int64 tensor (aliasing).
+// Int64s returns the elements of a contiguous int64 tensor (aliasing). It
+// is host access: t must be on the CPU.
 func (t *Tensor) Int64s() []int64 {
+	t.mustHost("Int64s")
+	return t.i64s()
+}
+
+func (t *Tensor) i64s() []int64 {
 	if t.dtype != Int64 || !t.IsContiguous() {
 		panic(fmt.Sprintf("tensor: Int64s on %v (contiguous=%v) tensor", t.dtype, t.IsContiguous()))
 	}
 	return t.i64[t.offset : t.offset+t.Numel()]
 }
 
-// Uint16s returns the raw bits of a contiguous bfloat16/float16 tensor.
+// Uint16s returns the raw bits of a contiguous bfloat16/float16 tensor. It
+// is host access: t must be on the CPU.
 func (t *Tensor) Uint16s() []uint16 {
+	t.mustHost("Uint16s")
+	return t.u16s()
+}
+
+func (t *Tensor) u16s() []uint16 {
 	if (t.dtype != BFloat16 && t.dtype != Float16) || !t.IsContiguous() {
 		panic(fmt.Sprintf("tensor: Uint16s on %v tensor", t.dtype))
 	}
 	return t.u16[t.offset : t.offset+t.Numel()]
 }
 
-// At returns the element at the given index as float64 (any dtype).
+// At returns the element at the given index as float64 (any dtype). It is
+// host access: t must be on the CPU.
 func (t *Tensor) At(idx ...int) float64 {
+	t.mustHost("At")
 	if len(idx) != len(t.shape) {
 		panic(fmt.Sprintf("tensor: At with %d indices on shape %v", len(idx), t.shape))
 	}
@@ -253,12 +281,13 @@ func (t *Tensor) Contiguous() *Tensor {
 	}
 	out := New(t.dtype, t.shape...)
 	copyStrided(out, t)
+	out.dev = t.dev
 	return out
 }
 
 // view returns a tensor sharing t's storage with a new geometry.
 func (t *Tensor) view(shape, strides []int, offset int) *Tensor {
-	return &Tensor{shape: shape, strides: strides, offset: offset, dtype: t.dtype,
+	return &Tensor{shape: shape, strides: strides, offset: offset, dtype: t.dtype, dev: t.dev,
 		f32: t.f32, u16: t.u16, i32: t.i32, i64: t.i64, leaf: true}
 }
 
@@ -266,7 +295,7 @@ func (t *Tensor) view(shape, strides []int, offset int) *Tensor {
 func (t *Tensor) Clone() *Tensor {
 	out := New(t.dtype, t.shape...)
 	copyStrided(out, t)
-	out.Name = t.Name
+	out.Name, out.dev = t.Name, t.dev
 	return out
 }
 
@@ -278,6 +307,7 @@ func (t *Tensor) To(dtype DType) *Tensor {
 		return src.Clone()
 	}
 	out := New(dtype, t.shape...)
+	out.dev = t.dev
 	n := t.Numel()
 	for i := range n {
 		var v float32
@@ -329,10 +359,12 @@ func (t *Tensor) MoveTo(buf []float32) error {
 	switch {
 	case t.dtype != Float32 || !t.leaf || !t.IsContiguous():
 		return fmt.Errorf("tensor: MoveTo %s: want a contiguous float32 leaf tensor", t.Name)
+	case t.dev != CPU:
+		return fmt.Errorf("tensor: MoveTo %s: the tensor is on the %v device and buf is host memory", t.Name, t.dev)
 	case len(buf) != t.Numel():
 		return fmt.Errorf("tensor: MoveTo %s: buffer of %d values for %v (%d)", t.Name, len(buf), t.shape, t.Numel())
 	}
-	copy(buf, t.Float32s())
+	copy(buf, t.f32s())
 	t.f32, t.offset = buf, 0
 	return nil
 }

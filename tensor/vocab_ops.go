@@ -39,7 +39,7 @@ func VocabEmbeddingForward(out, table, ids *Tensor, start int) {
 	mustVocab("VocabEmbeddingForward", "table", table, false, Float32, table.Dim(0), h)
 	mustVocab("VocabEmbeddingForward", "ids", ids, false, Int32, n)
 	mustVocab("VocabEmbeddingForward", "out", out, false, Float32, n, h)
-	backendFor(table).VocabEmbeddingForward(out, table, ids, start)
+	backendFor(out, table, ids).VocabEmbeddingForward(out, table, ids, start)
 }
 
 // VocabEmbeddingBackward overwrites dtable (v, h), the gradient of this
@@ -51,14 +51,14 @@ func VocabEmbeddingBackward(dtable, dout, ids *Tensor, start int) {
 	mustVocab("VocabEmbeddingBackward", "dtable", dtable, false, Float32, dtable.Dim(0), h)
 	mustVocab("VocabEmbeddingBackward", "ids", ids, false, Int32, n)
 	mustVocab("VocabEmbeddingBackward", "dout", dout, false, Float32, n, h)
-	backendFor(dtable).VocabEmbeddingBackward(dtable, dout, ids, start)
+	backendFor(dtable, dout, ids).VocabEmbeddingBackward(dtable, dout, ids, start)
 }
 
 // RowMax sets m[i] to the maximum of row i of x (n, v).
 func RowMax(m, x *Tensor) {
 	mustVocab("RowMax", "x", x, false, Float32, x.Dim(0), x.Dim(-1))
 	mustVocab("RowMax", "m", m, false, Float32, x.Dim(0))
-	backendFor(x).RowMax(m, x)
+	backendFor(m, x).RowMax(m, x)
 }
 
 // VocabCrossEntropyPartials writes what each rank contributes to the
@@ -74,7 +74,7 @@ func VocabCrossEntropyPartials(partials, x, rowMax, targets *Tensor, start int) 
 	mustVocab("VocabCrossEntropyPartials", "partials", partials, false, Float32, 2, n)
 	mustVocab("VocabCrossEntropyPartials", "rowMax", rowMax, false, Float32, n)
 	mustVocab("VocabCrossEntropyPartials", "targets", targets, false, Int32, n)
-	backendFor(x).VocabCrossEntropyPartials(partials, x, rowMax, targets, start)
+	backendFor(partials, x, rowMax, targets).VocabCrossEntropyPartials(partials, x, rowMax, targets, start)
 }
 
 // VocabCrossEntropyLoss finishes the cross-entropy from the summed partials
@@ -91,7 +91,7 @@ func VocabCrossEntropyLoss(loss, lse, partials, rowMax, mask *Tensor) (den float
 	mustVocab("VocabCrossEntropyLoss", "lse", lse, false, Float32, n)
 	mustVocab("VocabCrossEntropyLoss", "mask", mask, true, Float32, n)
 	mustVocab("VocabCrossEntropyLoss", "loss", loss, false, Float32, 1)
-	return backendFor(rowMax).VocabCrossEntropyLoss(loss, lse, partials, rowMax, mask)
+	return backendFor(loss, lse, partials, rowMax, mask).VocabCrossEntropyLoss(loss, lse, partials, rowMax, mask)
 }
 
 // VocabCrossEntropyBackward overwrites dx (n, v), which may be x itself,
@@ -108,5 +108,5 @@ func VocabCrossEntropyBackward(dx, x, lse, targets, mask, dloss *Tensor, den flo
 	mustVocab("VocabCrossEntropyBackward", "targets", targets, false, Int32, n)
 	mustVocab("VocabCrossEntropyBackward", "mask", mask, true, Float32, n)
 	mustVocab("VocabCrossEntropyBackward", "dloss", dloss, false, Float32, 1)
-	backendFor(x).VocabCrossEntropyBackward(dx, x, lse, targets, mask, dloss, den, start)
+	backendFor(dx, x, lse, targets, mask, dloss).VocabCrossEntropyBackward(dx, x, lse, targets, mask, dloss, den, start)
 }

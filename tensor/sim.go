@@ -1,0 +1,177 @@
+package tensor
+
+import (
+	"fmt"
+	"sync/atomic"
+)
+
+// Device is where a tensor's storage lives, and so which Backend computes
+// on it. Every op's output is on its inputs' device; an op given tensors of
+// two devices panics naming them. Tensors cross devices only through the
+// explicit copies (ToDevice, ToHost, Copy), at the program's I/O
+// boundaries: data loading, checkpoints, logging, communication staging.
+type Device uint8
+
+const (
+	// CPU is host memory computed on by internal/cpu's kernels; its host
+	// accessors (Float32s, ...) alias the storage. The zero value.
+	CPU Device = iota
+	// Sim is a development aid, a simulated device that proves the device
+	// seam without a GPU: its buffers are host memory the rest of the
+	// program may not read — Float32s, Int32s, At, ... panic on them — so
+	// code that reaches around the backend fails; host access goes through
+	// the explicit copies, which it counts (SimTransfers); its arithmetic is
+	// the CPU kernels', so results are the CPU's bit for bit.
+	Sim
+)
+
+// String returns "cpu" or "sim".
+func (d Device) String() string {
+	switch d {
+	case CPU:
+		return "cpu"
+	case Sim:
+		return "sim"
+	}
+	return fmt.Sprintf("device(%d)", uint8(d))
+}
+
+// ParseDevice parses a --device value: "cpu" or "sim".
+func ParseDevice(s string) (Device, error) {
+	switch s {
+	case "", "cpu":
+		return CPU, nil
+	case "sim":
+		return Sim, nil
+	}
+	return CPU, fmt.Errorf("tensor: device %q: want cpu or sim (sim: the simulated device, a development aid)", s)
+}
+
+// Transfers counts the copies between the host and the simulated device.
+type Transfers struct {
+	// ToHost and FromHost count copies out of and into sim storage;
+	// Bytes is their total size.
+	ToHost, FromHost, Bytes int64
+}
+
+// simTransfers is the process's count (the simulated device is one per
+// process, as a GPU is).
+var simTransfers struct{ toHost, fromHost, bytes atomic.Int64 }
+
+// SimTransfers returns the number of host copies of sim tensors so far.
+func SimTransfers() Transfers {
+	return Transfers{ToHost: simTransfers.toHost.Load(), FromHost: simTransfers.fromHost.Load(), Bytes: simTransfers.bytes.Load()}
+}
+
+// countTransfer records a copy of t's elements from device from to device
+// to (nothing when neither is sim).
+func countTransfer(from, to Device, t *Tensor) {
+	switch {
+	case from == to:
+		return
+	case from == Sim:
+		simTransfers.toHost.Add(1)
+	case to == Sim:
+		simTransfers.fromHost.Add(1)
+	default:
+		return
+	}
+	simTransfers.bytes.Add(int64(t.Numel() * t.dtype.Size()))
+}
+
+// Device returns the device holding t's storage.
+func (t *Tensor) Device() Device { return t.dev }
+
+// ToDevice returns t on dev: t itself when it is there already, else a
+// dense copy (no autograd; counted when it crosses into or out of sim).
+func (t *Tensor) ToDevice(dev Device) *Tensor {
+	if t.dev == dev {
+		return t
+	}
+	out := t.Clone()
+	out.dev = dev
+	out.Name = t.Name
+	countTransfer(t.dev, dev, t)
+	return out
+}
+
+// ToHost returns t's values on the CPU, where the host accessors may read
+// them: t itself when on the CPU, else a counted copy. Writing into the copy
+// does not change t (use Copy).
+func ToHost(t *Tensor) *Tensor { return t.ToDevice(CPU) }
+
+// MoveParams moves leaf tensors (a model's parameters) to dev in place:
+// their storage is copied there (counted) and their Grad dropped, so
+// pointers to them stay valid. It is the start of a run on a device.
+func MoveParams(dev Device, params ...*Tensor) {
+	for _, p := range params {
+		if p == nil || p.dev == dev {
+			continue
+		}
+		if !p.leaf {
+			panic("tensor: MoveParams of a non-leaf tensor " + p.Name)
+		}
+		countTransfer(p.dev, dev, p)
+		p.dev = dev
+		if p.Grad != nil {
+			p.Grad = nil
+		}
+	}
+}
+
+// ZerosLike returns a zeroed float32 tensor of t's shape on t's device.
+func ZerosLike(t *Tensor) *Tensor {
+	z := Zeros(t.shape...)
+	z.dev = t.dev
+	return z
+}
+
+// ZerosOn returns a zeroed float32 tensor on dev.
+func ZerosOn(dev Device, shape ...int) *Tensor {
+	z := Zeros(shape...)
+	z.dev = dev
+	return z
+}
+
+// mustHost panics unless t's storage may be read by the host accessor op.
+func (t *Tensor) mustHost(op string) {
+	if t.dev != CPU {
+		panic(fmt.Sprintf("tensor: %s of %s on the %v device: host code may not read device storage; copy it with tensor.ToHost (or move data with ToDevice)", op, t, t.dev))
+	}
+}
+
+// sameDevice returns the device of ts (nil entries skipped), panicking when
+// they are on two devices.
+func sameDevice(op string, ts ...*Tensor) Device {
+	var dev Device
+	seen := false
+	for _, t := range ts {
+		if t == nil {
+			continue
+		}
+		if !seen {
+			dev, seen = t.dev, true
+		} else if t.dev != dev {
+			panic(fmt.Sprintf("tensor: %s of tensors on two devices: %v on %v, another on %v (move one with ToDevice)", op, t, t.dev, dev))
+		}
+	}
+	return dev
+}
+
+// onDevice tags t, a fresh wrapper of host storage inside package tensor,
+// as living on dev, and returns it.
+func onDevice(t *Tensor, dev Device) *Tensor {
+	t.dev = dev
+	return t
+}
+
+// simBackend is the simulated device's Backend: the CPU kernels on its
+// (host) storage, so its results are the CPU's bit for bit. What it checks
+// is everything around the kernels: that tensors reach it only through ops
+// (host accessors refuse sim tensors), that every op's inputs share its
+// device, and that outputs are allocated there.
+type simBackend struct{ cpuBackend }
+
+var _ Backend = simBackend{}
+
+func (simBackend) Name() string { return "sim" }
