@@ -504,16 +504,22 @@ func (e *Engine) drawTokens(logits []float32, V int) {
 	tensor.SampleTokens(out, tensor.FromFloat32(logits, len(logits)/V, V), e.cfg.VocabSize, e.drawSpec)
 	// The drawn tokens and their log-probabilities are the step's output:
 	// read back here, into the events.
+	ids, lps := out.IDs.Int32s(), out.Logprobs.Float32s()
+	var topIDs []int32
+	var topLPs []float32
+	if k > 0 {
+		topIDs, topLPs = out.TopIDs.Int32s(), out.TopLogprobs.Float32s()
+	}
 	for j, i := range e.drawIdx {
 		d := &e.drawSpec[j]
-		ev := Event{Token: int(e.drawIDs[j])}
+		ev := Event{Token: int(ids[j])}
 		if d.Logprob {
-			ev.Logprob = e.drawLPs[j]
+			ev.Logprob = lps[j]
 		}
 		if d.TopLogprobs > 0 {
 			ev.TopLogprobs = make([]TokenLogprob, min(d.TopLogprobs, e.cfg.VocabSize))
 			for t := range ev.TopLogprobs {
-				ev.TopLogprobs[t] = TokenLogprob{Token: int(e.topIDs[j*k+t]), Logprob: e.topLPs[j*k+t]}
+				ev.TopLogprobs[t] = TokenLogprob{Token: int(topIDs[j*k+t]), Logprob: topLPs[j*k+t]}
 			}
 		}
 		e.draws[i] = ev

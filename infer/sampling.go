@@ -68,8 +68,9 @@ func NewSampler(cfg Sampling) (*Sampler, error) {
 // by sorting the vocabulary (tensor.SampleTokens).
 func (s *Sampler) Sample(logits []float32) int {
 	s.one[0] = s.next(0)
-	tensor.SampleTokens(tensor.SampledTokens{IDs: tensor.FromInt32(s.id[:], 1)}, tensor.FromFloat32(logits, 1, len(logits)), len(logits), s.one[:])
-	return int(s.id[0])
+	ids := tensor.FromInt32(s.id[:], 1)
+	tensor.SampleTokens(tensor.SampledTokens{IDs: ids}, tensor.FromFloat32(logits, 1, len(logits)), len(logits), s.one[:])
+	return int(ids.Int32s()[0]) // the draw, read back
 }
 
 // next returns the sampler's next draw, from logits row row: its rules
