@@ -86,18 +86,19 @@ func (m *Model) DecodeBatch(buf *DecodeBuffers, tokens, positions []int32, att A
 	if lin == nil {
 		lin = tapeLinear{}
 	}
-	posT := tensor.FromInt32(append([]int32(nil), positions...), 1, n)
+	dev := m.Device() // tokens and positions are the step's input: copied to the model's device
+	posT := tensor.FromInt32(append([]int32(nil), positions...), 1, n).ToDevice(dev)
 	p := &pass{positions: posT, core: attenderCore{att}, lin: lin, layerTape: lt}
-	x := m.embed(tp, tensor.FromInt32(append([]int32(nil), tokens...), 1, n), posT, p) // (1, n, h)
+	x := m.embed(tp, tensor.FromInt32(append([]int32(nil), tokens...), 1, n).ToDevice(dev), posT, p) // (1, n, h)
 	x = m.block(tp, x, m.Layers, 0, p)
 	var last *tensor.Tensor // (1, len(rows), h)
 	if len(rows) == 1 {
 		last = tp.Contiguous(tp.Narrow(x, 1, rows[0], 1))
 	} else {
-		last = tp.Empty(1, len(rows), c.HiddenSize)
+		last = tp.EmptyLike(x, 1, len(rows), c.HiddenSize)
 		for i, r := range rows {
 			tensor.Copy(tp.Narrow(last, 1, i, 1), tp.Narrow(x, 1, r, 1))
 		}
 	}
-	return m.head(tp, last, m.outputWeight(), p).Float32s(), nil // (len(rows), V)
+	return tensor.ToHost(m.head(tp, last, m.outputWeight(), p)).Float32s(), nil // (len(rows), V), read by the host
 }

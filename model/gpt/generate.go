@@ -26,8 +26,8 @@ func (m *Model) NewKVCache(maxLen int) *KVCache {
 	}
 	kv := &KVCache{MaxLen: maxLen}
 	for range c.NumLayers {
-		kv.k = append(kv.k, tensor.Zeros(1, c.NumQueryGroups, maxLen, c.KVChannels))
-		kv.v = append(kv.v, tensor.Zeros(1, c.NumQueryGroups, maxLen, c.KVChannels))
+		kv.k = append(kv.k, tensor.ZerosOn(m.Device(), 1, c.NumQueryGroups, maxLen, c.KVChannels))
+		kv.v = append(kv.v, tensor.ZerosOn(m.Device(), 1, c.NumQueryGroups, maxLen, c.KVChannels))
 	}
 	return kv
 }
@@ -71,10 +71,11 @@ func (a *cacheAttender) Attend(layer int, q, k, v, out *tensor.Tensor) {
 		slots[i] = int32(a.p0 + i)
 	}
 	kc, vc := a.kv.k[layer], a.kv.v[layer]
-	tensor.PagedKVWrite(kc, vc, k, v, tensor.FromInt32(slots, n))
+	dev := kc.Device()
+	tensor.PagedKVWrite(kc, vc, k, v, tensor.FromInt32(slots, n).ToDevice(dev))
 	tensor.PagedAttention(out, q, kc, vc, tensor.PagedAttentionConfig{
-		BlockTables: tensor.FromInt32([]int32{0}, 1, 1),
-		Spans:       tensor.FromInt32([]int32{0, int32(n), int32(a.p0)}, 1, 3),
+		BlockTables: tensor.FromInt32([]int32{0}, 1, 1).ToDevice(dev),
+		Spans:       tensor.FromInt32([]int32{0, int32(n), int32(a.p0)}, 1, 3).ToDevice(dev),
 	})
 }
 

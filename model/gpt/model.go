@@ -146,6 +146,13 @@ func (m *Model) Params() []*tensor.Tensor {
 	return out
 }
 
+// Device returns the device holding the model's parameters.
+func (m *Model) Device() tensor.Device { return m.WordEmb.Device() }
+
+// ToDevice moves every parameter to dev, in place (a model is built on the
+// CPU, from the seed or a checkpoint, then moved): tensor.MoveParams.
+func (m *Model) ToDevice(dev tensor.Device) { tensor.MoveParams(dev, m.Params()...) }
+
 // NumParams counts parameters (tied weights once).
 func (m *Model) NumParams() int {
 	n := 0
@@ -217,7 +224,7 @@ func (m *Model) embed(tp *tensor.Tape, tokens, positions *tensor.Tensor, p *pass
 	x := sh.WordEmbedding(tp, tokens, m.WordEmb, m.PosEmb == nil) // (b, t, h)
 	if m.PosEmb != nil {
 		if positions == nil {
-			positions = defaultPositions(b, t)
+			positions = defaultPositions(m.Device(), b, t)
 		}
 		x = sh.ScatterSequence(tp, tp.Add(x, tp.Embedding(positions, m.PosEmb))) // identity without SP
 	}
@@ -343,12 +350,13 @@ func (m *Model) dropout(tp *tensor.Tape, x *tensor.Tensor, p *pass) *tensor.Tens
 	return tp.Dropout(x, p.dropout, sh.DropoutRNG(p.rng, sh.SequenceParallel()))
 }
 
-func defaultPositions(b, t int) *tensor.Tensor {
+// defaultPositions is 0..t-1 in every row, on dev.
+func defaultPositions(dev tensor.Device, b, t int) *tensor.Tensor {
 	p := make([]int32, b*t)
 	for i := range p {
 		p[i] = int32(i % t)
 	}
-	return tensor.FromInt32(p, b, t)
+	return tensor.FromInt32(p, b, t).ToDevice(dev)
 }
 
 // Loss is the token-weighted cross-entropy Σ loss·mask / Σ mask of logits

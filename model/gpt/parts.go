@@ -34,7 +34,7 @@ type attenderCore struct{ att Attender }
 func (c attenderCore) Attend(tp *tensor.Tape, layer int, q, k, v *tensor.Tensor) *tensor.Tensor {
 	b, t, heads, d := q.Dim(0), q.Dim(1), q.Dim(2), q.Dim(3)
 	n, g := b*t, k.Dim(2)
-	o := tp.Empty(b, t, heads, d)
+	o := tp.EmptyLike(q, b, t, heads, d)
 	tensor.Zero(o) // Attend's contract: out is zeroed
 	c.att.Attend(layer, tp.Reshape(q, n, heads, d), tp.Reshape(k, n, g, d), tp.Reshape(v, n, g, d), tp.Reshape(o, n, heads, d))
 	return o

@@ -235,7 +235,8 @@ func SplitStages(full *Model, split PipelineSplit, rank int) ([]*Stage, error) {
 				s.OutputLayer = full.WordEmb
 			case tied:
 				s.OutputLayer = tensor.Param(full.WordEmb.Name, full.WordEmb.Shape()...)
-				copy(s.OutputLayer.Float32s(), full.WordEmb.Float32s())
+				tensor.MoveParams(full.Device(), s.OutputLayer)
+				tensor.Copy(s.OutputLayer, full.WordEmb)
 			}
 		}
 		out = append(out, s)

@@ -1,0 +1,101 @@
+package gpt
+
+import (
+	"math"
+	"testing"
+
+	"github.com/gotron/gotron/tensor"
+)
+
+// onDevice returns bt with every tensor copied to dev (the data loader's
+// transfer).
+func onDevice(bt Batch, dev tensor.Device) Batch {
+	mv := func(t *tensor.Tensor) *tensor.Tensor {
+		if t == nil {
+			return nil
+		}
+		return t.ToDevice(dev)
+	}
+	return Batch{Tokens: mv(bt.Tokens), Positions: mv(bt.Positions), DocIDs: mv(bt.DocIDs), Labels: mv(bt.Labels), LossMask: mv(bt.LossMask)}
+}
+
+func sameBits(t *testing.T, what string, got, want []float32) {
+	t.Helper()
+	if len(got) != len(want) {
+		t.Fatalf("%s: %d values, want %d", what, len(got), len(want))
+	}
+	for i := range got {
+		if math.Float32bits(got[i]) != math.Float32bits(want[i]) {
+			t.Fatalf("%s: element %d: %v, want %v (bit for bit)", what, i, got[i], want[i])
+		}
+	}
+}
+
+// TestSimDeviceMatchesCPU: the model's training step (forward with dropout
+// and document masks, loss, backward, recomputation) and decoding run on the
+// simulated device — whose storage the model code cannot read — and give
+// the CPU's losses, gradients and logits bit for bit, for GPT-2- and
+// Llama-style models. Host transfers happen only at the edges: the batch in,
+// the loss and logits out.
+func TestSimDeviceMatchesCPU(t *testing.T) {
+	for _, c := range []Config{gpt2Tiny(), llamaTiny()} {
+		c.HiddenDropout, c.AttentionDropout = 0.1, 0.1
+		bt := batches(c, 0, 1)[0]
+		docs := make([]int32, 16)
+		for i := range docs {
+			docs[i] = int32(i % 8 / 5)
+		}
+		bt.DocIDs = tensor.FromInt32(docs, 2, 8)
+		step := func(dev tensor.Device, rc Recompute) (float32, [][]float32) {
+			m := stageModel(t, c)
+			m.Recompute = rc
+			m.ToDevice(dev)
+			tp := tensor.NewTape()
+			b := onDevice(bt, dev)
+			loss := m.Loss(tp, m.Forward(tp, b, tensor.NewRNG(3), true), b)
+			if loss.Device() != dev {
+				t.Fatalf("loss on %v, want %v", loss.Device(), dev)
+			}
+			if err := tp.Backward(loss); err != nil {
+				t.Fatal(err)
+			}
+			var grads [][]float32
+			for _, p := range m.Params() {
+				grads = append(grads, tensor.ToHost(p.Grad).Float32s())
+			}
+			return tensor.ToHost(loss).Float32s()[0], grads
+		}
+		for _, rc := range []Recompute{{}, {Selective: true}, {Full: true, Method: "uniform", NumLayers: 2}} {
+			cl, cg := step(tensor.CPU, rc)
+			before := tensor.SimTransfers()
+			sl, sg := step(tensor.Sim, rc)
+			sameBits(t, c.Activation+" loss", []float32{sl}, []float32{cl})
+			for i := range cg {
+				sameBits(t, c.Activation+" gradient", sg[i], cg[i])
+			}
+			if d := tensor.SimTransfers(); d.ToHost == before.ToHost {
+				t.Errorf("%s: no transfer counted", c.Activation)
+			}
+		}
+
+		decode := func(dev tensor.Device) [][]float32 {
+			m := stageModel(t, c)
+			m.ToDevice(dev)
+			kv := m.NewKVCache(8)
+			toks := bt.Tokens.Int32s()
+			var out [][]float32
+			for _, n := range []int{3, 1, 2} {
+				l, err := m.Decode(kv, toks[kv.Len:kv.Len+n])
+				if err != nil {
+					t.Fatal(err)
+				}
+				out = append(out, l)
+			}
+			return out
+		}
+		want, got := decode(tensor.CPU), decode(tensor.Sim)
+		for i := range want {
+			sameBits(t, c.Activation+" decode logits", got[i], want[i])
+		}
+	}
+}
