@@ -21,7 +21,6 @@ import (
 // first when the free list is empty). Used() counts only used blocks.
 type kvPool struct {
 	blockTokens int // positions per block
-	groups, dim int // KV heads (query groups), head dim
 	numBlocks   int
 	// k[layer], v[layer]: (numBlocks, groups, blockTokens, head dim), as
 	// vLLM's blocks: a block's keys of one head are contiguous, so
@@ -54,7 +53,7 @@ type blockMeta struct {
 // newKVPool allocates numBlocks blocks for layers layers of groups KV heads
 // of dim floats per position.
 func newKVPool(layers, groups, dim, blockTokens, numBlocks int) *kvPool {
-	p := &kvPool{blockTokens: blockTokens, groups: groups, dim: dim, numBlocks: numBlocks,
+	p := &kvPool{blockTokens: blockTokens, numBlocks: numBlocks,
 		refs: make([]int32, numBlocks), meta: make([]blockMeta, numBlocks), inLRU: make([]bool, numBlocks),
 		index: map[uint64]int32{}, lruHead: -1, lruTail: -1,
 		prev: make([]int32, numBlocks), next: make([]int32, numBlocks)}
