@@ -1,0 +1,190 @@
+package backendtest
+
+import (
+	"fmt"
+	"math"
+
+	"github.com/gotron/gotron/tensor"
+)
+
+// OpCase is one op (or a short composition) run forward and backward on
+// fixed inputs: the whole path through the tape, the backend's kernels
+// included, as models use it.
+type OpCase struct {
+	Name string
+	// Inputs returns fresh host inputs. Those that require gradients are
+	// parameters (their gradients are compared); the others are data (ids,
+	// positions, masks).
+	Inputs func() []*tensor.Tensor
+	// Run computes the op's output from the inputs, which are on the
+	// device under test.
+	Run func(tp *tensor.Tape, in []*tensor.Tensor) *tensor.Tensor
+	// BF16 runs the case's products with bfloat16 operands
+	// (tensor.MatmulBF16).
+	BF16 bool
+}
+
+// normal returns a host parameter of the given shape drawn from N(0, std²).
+func normal(name string, std float32, shape ...int) *tensor.Tensor {
+	p := tensor.Param(name, shape...)
+	tensor.NewRNG(uint64(len(name))*7919+uint64(len(shape))).Fork(name).Normal(p.Float32s(), 0, std)
+	return p
+}
+
+func ids(vals []int32, shape ...int) *tensor.Tensor { return tensor.FromInt32(vals, shape...) }
+
+// OpCases covers every core Backend method through the ops that reach it:
+// Gemm (both transpositions, batched, bf16), the bias add and its row sum,
+// broadcast Add and Mul, Scale and Axpy, LayerNorm, RMSNorm, both GELUs,
+// SiLU, SwiGLU, Softmax, RoPE with positions, attention (causal,
+// grouped-query, document masks, dropout), cross-entropy (mask, label
+// smoothing), embedding, dropout and the shape ops.
+func OpCases() []OpCase {
+	rope, err := tensor.NewRoPE(tensor.RoPEConfig{Dim: 6, MaxPositions: 16})
+	if err != nil {
+		panic(err)
+	}
+	return []OpCase{
+		{Name: "matmul", Inputs: func() []*tensor.Tensor { return []*tensor.Tensor{normal("a", 1, 2, 5, 7), normal("b", 1, 2, 9, 7)} },
+			Run: func(tp *tensor.Tape, in []*tensor.Tensor) *tensor.Tensor { return tp.MatMul(in[0], in[1], tensor.NoTrans, tensor.Trans) }},
+		{Name: "matmul-transA", Inputs: func() []*tensor.Tensor { return []*tensor.Tensor{normal("a", 1, 7, 5), normal("b", 1, 7, 3)} },
+			Run: func(tp *tensor.Tape, in []*tensor.Tensor) *tensor.Tensor { return tp.MatMul(in[0], in[1], tensor.Trans, tensor.NoTrans) }},
+		{Name: "linear-bias", Inputs: func() []*tensor.Tensor {
+			return []*tensor.Tensor{normal("x", 1, 3, 4, 33), normal("w", 0.2, 17, 33), normal("b", 1, 17)}
+		}, Run: func(tp *tensor.Tape, in []*tensor.Tensor) *tensor.Tensor { return tp.Linear(in[0], in[1], in[2]) }},
+		{Name: "linear-bf16", BF16: true, Inputs: func() []*tensor.Tensor { return []*tensor.Tensor{normal("x", 1, 6, 40), normal("w", 0.2, 19, 40)} },
+			Run: func(tp *tensor.Tape, in []*tensor.Tensor) *tensor.Tensor { return tp.Linear(in[0], in[1], nil) }},
+		{Name: "add-mul-scale", Inputs: func() []*tensor.Tensor { return []*tensor.Tensor{normal("a", 1, 3, 8), normal("b", 1, 8)} },
+			Run: func(tp *tensor.Tape, in []*tensor.Tensor) *tensor.Tensor {
+				return tp.Scale(tp.Mul(tp.Add(in[0], in[1]), in[1]), 0.5)
+			}},
+		{Name: "layernorm", Inputs: func() []*tensor.Tensor { return []*tensor.Tensor{normal("x", 2, 5, 24), normal("w", 1, 24), normal("b", 1, 24)} },
+			Run: func(tp *tensor.Tape, in []*tensor.Tensor) *tensor.Tensor { return tp.LayerNorm(in[0], in[1], in[2], 1e-5) }},
+		{Name: "rmsnorm", Inputs: func() []*tensor.Tensor { return []*tensor.Tensor{normal("x", 2, 5, 24), normal("w", 1, 24)} },
+			Run: func(tp *tensor.Tape, in []*tensor.Tensor) *tensor.Tensor { return tp.RMSNorm(in[0], in[1], 1e-6) }},
+		{Name: "gelu-silu", Inputs: func() []*tensor.Tensor { return []*tensor.Tensor{normal("x", 2, 4, 37)} },
+			Run: func(tp *tensor.Tape, in []*tensor.Tensor) *tensor.Tensor {
+				return tp.Add(tp.Add(tp.GELU(in[0], tensor.GELUErf), tp.GELU(in[0], tensor.GELUTanh)), tp.SiLU(in[0]))
+			}},
+		{Name: "swiglu-softmax", Inputs: func() []*tensor.Tensor { return []*tensor.Tensor{normal("x", 2, 3, 2*21)} },
+			Run: func(tp *tensor.Tape, in []*tensor.Tensor) *tensor.Tensor { return tp.Softmax(tp.SwiGLU(in[0])) }},
+		{Name: "rope", Inputs: func() []*tensor.Tensor {
+			return []*tensor.Tensor{normal("x", 1, 2, 4, 3, 8), ids([]int32{0, 1, 2, 3, 7, 9, 11, 15}, 2, 4)}
+		}, Run: func(tp *tensor.Tape, in []*tensor.Tensor) *tensor.Tensor { return tp.RoPE(in[0], rope, in[1]) }},
+		{Name: "attention", Inputs: func() []*tensor.Tensor {
+			return []*tensor.Tensor{normal("q", 1, 2, 9, 4, 8), normal("k", 1, 2, 9, 2, 8), normal("v", 1, 2, 9, 2, 8),
+				ids([]int32{0, 0, 0, 0, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 2, 2, 2}, 2, 9)}
+		}, Run: func(tp *tensor.Tape, in []*tensor.Tensor) *tensor.Tensor {
+			return tp.Attention(in[0], in[1], in[2], tensor.AttentionOptions{Causal: true, DocIDs: in[3], Dropout: 0.2, RNG: tensor.NewRNG(5), FirstHead: 4})
+		}},
+		{Name: "cross-entropy", Inputs: func() []*tensor.Tensor {
+			return []*tensor.Tensor{normal("logits", 3, 6, 50), ids([]int32{3, 49, 0, 17, 17, 8}, 6), tensor.FromFloat32([]float32{1, 0, 1, 1, 0.5, 1}, 6)}
+		}, Run: func(tp *tensor.Tape, in []*tensor.Tensor) *tensor.Tensor {
+			return tp.CrossEntropy(in[0], in[1], tensor.CrossEntropyOptions{LossMask: in[2], LabelSmoothing: 0.1})
+		}},
+		{Name: "embedding-dropout", Inputs: func() []*tensor.Tensor {
+			return []*tensor.Tensor{normal("table", 1, 11, 16), ids([]int32{4, 0, 10, 4, 7, 7}, 2, 3)}
+		}, Run: func(tp *tensor.Tape, in []*tensor.Tensor) *tensor.Tensor {
+			return tp.Dropout(tp.Embedding(in[1], in[0]), 0.3, tensor.NewRNG(9))
+		}},
+		{Name: "shape-ops", Inputs: func() []*tensor.Tensor { return []*tensor.Tensor{normal("x", 1, 3, 4, 5)} },
+			Run: func(tp *tensor.Tape, in []*tensor.Tensor) *tensor.Tensor {
+				t := tp.Transpose(in[0], 0, 2)
+				parts := tp.Split(t, 0, 2, 3)
+				return tp.Add(tp.Concat(0, parts[1], parts[0]), tp.Contiguous(t))
+			}},
+		{Name: "reductions", Inputs: func() []*tensor.Tensor { return []*tensor.Tensor{normal("x", 1, 4, 13)} },
+			Run: func(tp *tensor.Tape, in []*tensor.Tensor) *tensor.Tensor {
+				return tp.Add(tp.SumLast(in[0]), tp.MaxLast(in[0]))
+			}},
+	}
+}
+
+// opResult is a case's output and input gradients, on the host.
+type opResult struct{ out, grads [][]float32 }
+
+// runOp runs c on dev: forward, then backward from Σ out ⊙ r for a fixed
+// random r.
+func runOp(c OpCase, dev tensor.Device) (res opResult, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("panic: %v", r)
+		}
+	}()
+	in := c.Inputs()
+	var params []*tensor.Tensor
+	for i, t := range in {
+		if t.RequiresGrad() {
+			tensor.MoveParams(dev, t)
+			params = append(params, t)
+		} else {
+			in[i] = t.ToDevice(dev)
+		}
+	}
+	tp := tensor.NewTape()
+	if c.BF16 {
+		tp.SetMatmulPrecision(tensor.MatmulBF16)
+	}
+	out := c.Run(tp, in)
+	if out.Device() != dev {
+		return res, fmt.Errorf("output on %v, want %v", out.Device(), dev)
+	}
+	r := tensor.Zeros(out.Shape()...)
+	tensor.NewRNG(77).Normal(r.Float32s(), 0, 1)
+	if err := tp.Backward(tp.Sum(tp.Mul(out, r.ToDevice(dev)))); err != nil {
+		return res, err
+	}
+	res.out = append(res.out, tensor.ToHost(out.Contiguous()).Float32s())
+	for _, p := range params {
+		if p.Grad == nil {
+			return res, fmt.Errorf("input %s got no gradient", p.Name)
+		}
+		res.grads = append(res.grads, tensor.ToHost(p.Grad).Float32s())
+	}
+	return res, nil
+}
+
+// CheckOps runs every case of OpCases on dev and on the CPU, the
+// reference, and compares outputs and input gradients: bit for bit when
+// tol is 0, else within tol·max(1, |cpu|) per element. A device backend
+// states its tolerance per precision (fp32, bf16) beside its call.
+func CheckOps(dev tensor.Device, tol float64) error {
+	for _, c := range OpCases() {
+		want, err := runOp(c, tensor.CPU)
+		if err != nil {
+			return fmt.Errorf("%s on the cpu: %w", c.Name, err)
+		}
+		got, err := runOp(c, dev)
+		if err != nil {
+			return fmt.Errorf("%s on %v: %w", c.Name, dev, err)
+		}
+		if err := closeAll(c.Name+" output", got.out, want.out, tol); err != nil {
+			return err
+		}
+		if err := closeAll(c.Name+" gradient", got.grads, want.grads, tol); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func closeAll(what string, got, want [][]float32, tol float64) error {
+	for i := range want {
+		if len(got[i]) != len(want[i]) {
+			return fmt.Errorf("%s %d: %d values, want %d", what, i, len(got[i]), len(want[i]))
+		}
+		for j, w := range want[i] {
+			g := got[i][j]
+			if tol == 0 {
+				if math.Float32bits(g) != math.Float32bits(w) {
+					return fmt.Errorf("%s %d element %d: %v, want %v bit for bit", what, i, j, g, w)
+				}
+				continue
+			}
+			if d := math.Abs(float64(g) - float64(w)); !(d <= tol*math.Max(1, math.Abs(float64(w)))) {
+				return fmt.Errorf("%s %d element %d: %v, want %v within %g", what, i, j, g, w, tol)
+			}
+		}
+	}
+	return nil
+}
