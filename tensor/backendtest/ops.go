@@ -46,9 +46,13 @@ func OpCases() []OpCase {
 	}
 	return []OpCase{
 		{Name: "matmul", Inputs: func() []*tensor.Tensor { return []*tensor.Tensor{normal("a", 1, 2, 5, 7), normal("b", 1, 2, 9, 7)} },
-			Run: func(tp *tensor.Tape, in []*tensor.Tensor) *tensor.Tensor { return tp.MatMul(in[0], in[1], tensor.NoTrans, tensor.Trans) }},
+			Run: func(tp *tensor.Tape, in []*tensor.Tensor) *tensor.Tensor {
+				return tp.MatMul(in[0], in[1], tensor.NoTrans, tensor.Trans)
+			}},
 		{Name: "matmul-transA", Inputs: func() []*tensor.Tensor { return []*tensor.Tensor{normal("a", 1, 7, 5), normal("b", 1, 7, 3)} },
-			Run: func(tp *tensor.Tape, in []*tensor.Tensor) *tensor.Tensor { return tp.MatMul(in[0], in[1], tensor.Trans, tensor.NoTrans) }},
+			Run: func(tp *tensor.Tape, in []*tensor.Tensor) *tensor.Tensor {
+				return tp.MatMul(in[0], in[1], tensor.Trans, tensor.NoTrans)
+			}},
 		{Name: "linear-bias", Inputs: func() []*tensor.Tensor {
 			return []*tensor.Tensor{normal("x", 1, 3, 4, 33), normal("w", 0.2, 17, 33), normal("b", 1, 17)}
 		}, Run: func(tp *tensor.Tape, in []*tensor.Tensor) *tensor.Tensor { return tp.Linear(in[0], in[1], in[2]) }},
@@ -58,8 +62,12 @@ func OpCases() []OpCase {
 			Run: func(tp *tensor.Tape, in []*tensor.Tensor) *tensor.Tensor {
 				return tp.Scale(tp.Mul(tp.Add(in[0], in[1]), in[1]), 0.5)
 			}},
-		{Name: "layernorm", Inputs: func() []*tensor.Tensor { return []*tensor.Tensor{normal("x", 2, 5, 24), normal("w", 1, 24), normal("b", 1, 24)} },
-			Run: func(tp *tensor.Tape, in []*tensor.Tensor) *tensor.Tensor { return tp.LayerNorm(in[0], in[1], in[2], 1e-5) }},
+		{Name: "layernorm", Inputs: func() []*tensor.Tensor {
+			return []*tensor.Tensor{normal("x", 2, 5, 24), normal("w", 1, 24), normal("b", 1, 24)}
+		},
+			Run: func(tp *tensor.Tape, in []*tensor.Tensor) *tensor.Tensor {
+				return tp.LayerNorm(in[0], in[1], in[2], 1e-5)
+			}},
 		{Name: "rmsnorm", Inputs: func() []*tensor.Tensor { return []*tensor.Tensor{normal("x", 2, 5, 24), normal("w", 1, 24)} },
 			Run: func(tp *tensor.Tape, in []*tensor.Tensor) *tensor.Tensor { return tp.RMSNorm(in[0], in[1], 1e-6) }},
 		{Name: "gelu-silu", Inputs: func() []*tensor.Tensor { return []*tensor.Tensor{normal("x", 2, 4, 37)} },
