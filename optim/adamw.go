@@ -64,11 +64,11 @@ type AdamW struct {
 	cfg    AdamWConfig
 	groups []Group
 	f      flat
-	m, v   [][]float32 // exp_avg, exp_avg_sq per flat param
+	m, v   []*tensor.Tensor // exp_avg, exp_avg_sq per flat param, on its device
 	steps  int64
 
-	// The same storage as tensor lists for tensor.AdamW: params, grads,
-	// exp_avg, exp_avg_sq.
+	// The same tensors as lists for tensor.AdamW: params, grads, exp_avg,
+	// exp_avg_sq.
 	pl, gl, ml, vl *tensor.TensorList
 	// coef holds each param's float32 scalars for this step (its group's).
 	coef []tensor.AdamWCoeffs
@@ -77,8 +77,9 @@ type AdamW struct {
 var _ Optimizer = (*AdamW)(nil)
 
 // NewAdamW builds an AdamW over groups (see DefaultGroups), allocating zeroed
-// exp_avg and exp_avg_sq buffers. It errors on bad hyperparameters, nil or
-// duplicate params and Data/Grad/Shape length mismatches, naming the param.
+// exp_avg and exp_avg_sq buffers on each parameter's device. It errors on
+// bad hyperparameters, nil or duplicate params and Data/Grad size or device
+// mismatches, naming the param.
 func NewAdamW(groups []Group, cfg AdamWConfig) (*AdamW, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
@@ -89,17 +90,13 @@ func NewAdamW(groups []Group, cfg AdamWConfig) (*AdamW, error) {
 	}
 	cfg = cfg.withDefaults()
 	o := &AdamW{cfg: cfg, groups: groups, f: f, coef: make([]tensor.AdamWCoeffs, len(f.params))}
-	for _, p := range f.params {
-		o.m = append(o.m, make([]float32, len(p.Data)))
-		o.v = append(o.v, make([]float32, len(p.Data)))
-	}
 	if o.pl, o.gl, err = f.lists("adamw"); err != nil {
 		return nil, err
 	}
-	if o.ml, err = f.bufferList("adamw", "exp_avg", o.m); err != nil {
+	if o.m, o.ml, err = f.buffers("adamw", "exp_avg"); err != nil {
 		return nil, err
 	}
-	if o.vl, err = f.bufferList("adamw", "exp_avg_sq", o.v); err != nil {
+	if o.v, o.vl, err = f.buffers("adamw", "exp_avg_sq"); err != nil {
 		return nil, err
 	}
 	return o, nil
@@ -133,7 +130,8 @@ func (o *AdamW) Step() {
 }
 
 // State returns a copy of the step count and the exp_avg / exp_avg_sq
-// buffers ("exp_avg/<name>", "exp_avg_sq/<name>", torch's names).
+// buffers ("exp_avg/<name>", "exp_avg_sq/<name>", torch's names), copied to
+// the host (a checkpoint boundary).
 func (o *AdamW) State() State {
 	s := State{Kind: "adamw", Steps: o.steps, Buffers: map[string][]float32{}}
 	saveBuffers(s.Buffers, "exp_avg", &o.f, o.m)
@@ -141,7 +139,8 @@ func (o *AdamW) State() State {
 	return s
 }
 
-// StateView implements StateViewer.
+// StateView implements StateViewer (on a device, the buffers are host
+// copies).
 func (o *AdamW) StateView() State {
 	s := State{Kind: "adamw", Steps: o.steps, Buffers: map[string][]float32{}}
 	viewBuffers(s.Buffers, "exp_avg", &o.f, o.m)
@@ -161,10 +160,8 @@ func (o *AdamW) LoadState(s State) error {
 	if err := checkBuffers("adamw", s, &o.f, []string{"exp_avg", "exp_avg_sq"}); err != nil {
 		return err
 	}
-	for i, p := range o.f.params {
-		copy(o.m[i], s.Buffers[stateKey("exp_avg", p.Name)])
-		copy(o.v[i], s.Buffers[stateKey("exp_avg_sq", p.Name)])
-	}
+	loadBuffers(s, "exp_avg", &o.f, o.m)
+	loadBuffers(s, "exp_avg_sq", &o.f, o.v)
 	o.steps = s.Steps
 	return nil
 }

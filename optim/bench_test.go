@@ -20,7 +20,7 @@ func benchParams(n int) []*Param {
 			k *= d
 		}
 		name := fmt.Sprintf("p%d.weight", i)
-		p := &Param{Name: name, Shape: s, Data: make([]float32, k), Grad: make([]float32, k)}
+		p := &Param{Name: name, Data: tensor.Zeros(s...), Grad: tensor.Zeros(s...)}
 		p.NoWeightDecay = DefaultNoWeightDecay(name, s)
 		ps = append(ps, p)
 	}

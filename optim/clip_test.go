@@ -18,7 +18,7 @@ func TestGradsSumSquaresDeterministic(t *testing.T) {
 	fillGrads(ps, 3)
 	want, wantMax := 0.0, 0.0
 	for _, p := range ps {
-		for _, g := range p.Grad {
+		for _, g := range p.Grad.Float32s() {
 			want += float64(g) * float64(g)
 			wantMax = math.Max(wantMax, math.Abs(float64(g)))
 		}
@@ -59,8 +59,8 @@ func TestClipGradNorm(t *testing.T) {
 		t.Fatalf("ClipGradNorm returned %v, want %v", got, norm)
 	}
 	for k := range ps {
-		for i := range ps[k].Grad {
-			if ps[k].Grad[i] != orig[k].Grad[i] {
+		for i := range ps[k].Grad.Float32s() {
+			if ps[k].Grad.Float32s()[i] != orig[k].Grad.Float32s()[i] {
 				t.Fatalf("grads changed although norm %v < max %v", norm, norm*2)
 			}
 		}
@@ -76,9 +76,9 @@ func TestClipGradNorm(t *testing.T) {
 	}
 	c := float32(maxNorm / (norm + 1e-6))
 	for k := range ps {
-		for i := range ps[k].Grad {
-			if ps[k].Grad[i] != orig[k].Grad[i]*c {
-				t.Fatalf("%s[%d] = %v, want %v·%v", ps[k].Name, i, ps[k].Grad[i], orig[k].Grad[i], c)
+		for i := range ps[k].Grad.Float32s() {
+			if ps[k].Grad.Float32s()[i] != orig[k].Grad.Float32s()[i]*c {
+				t.Fatalf("%s[%d] = %v, want %v·%v", ps[k].Name, i, ps[k].Grad.Float32s()[i], orig[k].Grad.Float32s()[i], c)
 			}
 		}
 	}
@@ -111,18 +111,18 @@ func TestFoundInf(t *testing.T) {
 	}{
 		{ps[0], 0, float32(math.NaN())},
 		{ps[1], 4, float32(math.Inf(1))},
-		{last, len(last.Grad) - 1, float32(math.Inf(-1))},
+		{last, len(last.Grad.Float32s()) - 1, float32(math.Inf(-1))},
 		{last, tensor.NormBlock + 3, float32(math.NaN())},
 	} {
-		old := bad.p.Grad[bad.i]
-		bad.p.Grad[bad.i] = bad.v
+		old := bad.p.Grad.Float32s()[bad.i]
+		bad.p.Grad.Float32s()[bad.i] = bad.v
 		if !g.FoundInf() {
 			t.Errorf("FoundInf missed %v at %s[%d]", bad.v, bad.p.Name, bad.i)
 		}
 		if bad.v != bad.v && !math.IsNaN(g.MaxAbs()) {
 			t.Errorf("MaxAbs with a NaN at %s[%d] = %v, want NaN", bad.p.Name, bad.i, g.MaxAbs())
 		}
-		bad.p.Grad[bad.i] = old
+		bad.p.Grad.Float32s()[bad.i] = old
 	}
 	if g.FoundInf() {
 		t.Error("FoundInf after restoring finite grads")
@@ -130,7 +130,7 @@ func TestFoundInf(t *testing.T) {
 	if ClipCoeff(1, math.Inf(1)) != 0 {
 		t.Error("ClipCoeff with infinite norm is not 0")
 	}
-	if _, err := NewGrads([]*Param{{Name: "x", Data: make([]float32, 2), Grad: make([]float32, 1)}}); err == nil || !strings.Contains(err.Error(), `"x"`) {
+	if _, err := NewGrads([]*Param{{Name: "x", Data: tensor.Zeros(2), Grad: tensor.Zeros(1)}}); err == nil || !strings.Contains(err.Error(), `"x"`) {
 		t.Errorf("NewGrads with bad param: %v", err)
 	}
 }

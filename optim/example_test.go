@@ -2,6 +2,7 @@ package optim_test
 
 import (
 	"fmt"
+	"github.com/gotron/gotron/tensor"
 
 	"github.com/gotron/gotron/optim"
 )
@@ -9,10 +10,10 @@ import (
 // A minimal training loop: Megatron's iteration order with a cosine schedule
 // counted in samples, gradient clipping and AdamW.
 func Example() {
-	w := &optim.Param{Name: "linear.weight", Shape: []int{2, 2}, Data: []float32{1, 2, 3, 4}, Grad: make([]float32, 4)}
-	b := &optim.Param{Name: "linear.bias", Shape: []int{2}, Data: []float32{0.5, -0.5}, Grad: make([]float32, 2)}
+	w := &optim.Param{Name: "linear.weight", Data: tensor.FromFloat32([]float32{1, 2, 3, 4}, 2, 2), Grad: tensor.Zeros(2, 2)}
+	b := &optim.Param{Name: "linear.bias", Data: tensor.FromFloat32([]float32{0.5, -0.5}, 2), Grad: tensor.Zeros(2)}
 	for _, p := range []*optim.Param{w, b} {
-		p.NoWeightDecay = optim.DefaultNoWeightDecay(p.Name, p.Shape)
+		p.NoWeightDecay = optim.DefaultNoWeightDecay(p.Name, p.Data.Shape())
 	}
 	params := []*optim.Param{w, b}
 
@@ -36,8 +37,8 @@ func Example() {
 			return
 		}
 		for _, p := range params { // stand-in for forward/backward
-			for i := range p.Grad {
-				p.Grad[i] = float32(i+1) * 0.5
+			for i := range p.Grad.Float32s() {
+				p.Grad.Float32s()[i] = float32(i+1) * 0.5
 			}
 		}
 		if grads.FoundInf() {
@@ -52,7 +53,7 @@ func Example() {
 		sched.Step(n)
 		consumed += n
 	}
-	fmt.Printf("weight %.5f, bias %.5f\n", w.Data, b.Data)
+	fmt.Printf("weight %.5f, bias %.5f\n", w.Data.Float32s(), b.Data.Float32s())
 	// Output:
 	// iter 1: microbatches 4, lr 0.00000, wd 0.01/0.00, grad norm 2.9580
 	// iter 2: microbatches 4, lr 0.01000, wd 0.01/0.00, grad norm 2.9580

@@ -2,6 +2,7 @@ package optim
 
 import (
 	"encoding/json"
+	"github.com/gotron/gotron/tensor"
 	"math"
 	"os"
 	"testing"
@@ -72,8 +73,8 @@ func TestMatchesTorch(t *testing.T) {
 	mk := func() []*Param {
 		var ps []*Param
 		for _, p := range g.Params {
-			q := &Param{Name: p.Name, Shape: p.Shape, Data: append([]float32(nil), p.Data...), Grad: make([]float32, len(p.Data))}
-			q.NoWeightDecay = DefaultNoWeightDecay(q.Name, q.Shape)
+			q := &Param{Name: p.Name, Data: tensor.FromFloat32(append([]float32(nil), p.Data...), p.Shape...), Grad: tensor.Zeros(p.Shape...)}
+			q.NoWeightDecay = DefaultNoWeightDecay(q.Name, p.Shape)
 			if q.NoWeightDecay != p.NoWeightDecay {
 				t.Fatalf("%s: DefaultNoWeightDecay %v, fixture %v", q.Name, q.NoWeightDecay, p.NoWeightDecay)
 			}
@@ -100,17 +101,17 @@ func TestMatchesTorch(t *testing.T) {
 	clipped := 0
 	for k, st := range g.Steps {
 		for _, p := range ps {
-			copy(p.Grad, st.Grads[p.Name])
+			copy(p.Grad.Float32s(), st.Grads[p.Name])
 		}
 		for _, p := range sps {
-			copy(p.Grad, st.Grads[p.Name])
+			copy(p.Grad.Float32s(), st.Grads[p.Name])
 		}
 		prev := map[string][]float32{}
 		for _, p := range ps {
-			prev["adamw/"+p.Name] = append([]float32(nil), p.Data...)
+			prev["adamw/"+p.Name] = append([]float32(nil), p.Data.Float32s()...)
 		}
 		for _, p := range sps {
-			prev["sgd/"+p.Name] = append([]float32(nil), p.Data...)
+			prev["sgd/"+p.Name] = append([]float32(nil), p.Data.Float32s()...)
 		}
 		norm := grads.ClipGradNorm(g.ClipGrad)
 		if !near(norm, st.Norm, 1e-6) {
@@ -131,15 +132,15 @@ func TestMatchesTorch(t *testing.T) {
 		sgd.Step()
 		for _, p := range ps {
 			for i, w := range st.AdamW[p.Name] {
-				if !relClose(p.Data[i], w, 1e-6, math.Abs(float64(prev["adamw/"+p.Name][i]))) {
-					t.Errorf("step %d: adamw %s[%d] = %.9g, torch %.9g", k, p.Name, i, p.Data[i], w)
+				if !relClose(p.Data.Float32s()[i], w, 1e-6, math.Abs(float64(prev["adamw/"+p.Name][i]))) {
+					t.Errorf("step %d: adamw %s[%d] = %.9g, torch %.9g", k, p.Name, i, p.Data.Float32s()[i], w)
 				}
 			}
 		}
 		for _, p := range sps {
 			for i, w := range st.SGD[p.Name] {
-				if !relClose(p.Data[i], w, 1e-6, math.Abs(float64(prev["sgd/"+p.Name][i]))) {
-					t.Errorf("step %d: sgd %s[%d] = %.9g, torch %.9g", k, p.Name, i, p.Data[i], w)
+				if !relClose(p.Data.Float32s()[i], w, 1e-6, math.Abs(float64(prev["sgd/"+p.Name][i]))) {
+					t.Errorf("step %d: sgd %s[%d] = %.9g, torch %.9g", k, p.Name, i, p.Data.Float32s()[i], w)
 				}
 			}
 		}

@@ -95,13 +95,13 @@ func TestGradsUnscale(t *testing.T) {
 		t.Fatal("Unscale reported overflow on finite grads")
 	}
 	for k := range ps {
-		for i := range ps[k].Grad {
-			if ps[k].Grad[i] != orig[k].Grad[i]*0.25 {
-				t.Fatalf("%s[%d] = %v, want %v/4", ps[k].Name, i, ps[k].Grad[i], orig[k].Grad[i])
+		for i := range ps[k].Grad.Float32s() {
+			if ps[k].Grad.Float32s()[i] != orig[k].Grad.Float32s()[i]*0.25 {
+				t.Fatalf("%s[%d] = %v, want %v/4", ps[k].Name, i, ps[k].Grad.Float32s()[i], orig[k].Grad.Float32s()[i])
 			}
 		}
 	}
-	ps[2].Grad[3] = float32(math.Inf(1))
+	ps[2].Grad.Float32s()[3] = float32(math.Inf(1))
 	if !g.Unscale(0.5) {
 		t.Error("Unscale missed +Inf")
 	}

@@ -18,9 +18,9 @@ func testParams(seed uint64, big bool) []*Param {
 		for _, d := range shape {
 			n *= d
 		}
-		p := &Param{Name: name, Shape: shape, Data: make([]float32, n), Grad: make([]float32, n)}
-		for i := range p.Data {
-			p.Data[i] = float32(r.NormFloat64())
+		p := &Param{Name: name, Data: tensor.Zeros(shape...), Grad: tensor.Zeros(shape...)}
+		for i := range p.Data.Float32s() {
+			p.Data.Float32s()[i] = float32(r.NormFloat64())
 		}
 		p.NoWeightDecay = DefaultNoWeightDecay(name, shape)
 		return p
@@ -36,12 +36,12 @@ func testParams(seed uint64, big bool) []*Param {
 func fillGrads(ps []*Param, seed uint64) {
 	r := rand.New(rand.NewPCG(seed, 11))
 	for _, p := range ps {
-		for i := range p.Grad {
+		for i := range p.Grad.Float32s() {
 			g := r.NormFloat64() * math.Pow(10, r.Float64()*3-2)
 			if r.IntN(17) == 0 {
 				g = 0
 			}
-			p.Grad[i] = float32(g)
+			p.Grad.Float32s()[i] = float32(g)
 		}
 	}
 }
@@ -51,8 +51,8 @@ func clone(ps []*Param) []*Param {
 	out := make([]*Param, len(ps))
 	for i, p := range ps {
 		q := *p
-		q.Data = append([]float32(nil), p.Data...)
-		q.Grad = append([]float32(nil), p.Grad...)
+		q.Data = p.Data.Clone()
+		q.Grad = p.Grad.Clone()
 		out[i] = &q
 	}
 	return out
@@ -69,8 +69,8 @@ type refAdamW struct {
 func newRefAdamW(ps []*Param, b1, b2, eps float64) *refAdamW {
 	r := &refAdamW{b1: b1, b2: b2, eps: eps}
 	for _, p := range ps {
-		d := make([]float64, len(p.Data))
-		for i, x := range p.Data {
+		d := make([]float64, len(p.Data.Float32s()))
+		for i, x := range p.Data.Float32s() {
 			d[i] = float64(x)
 		}
 		r.p = append(r.p, d)
@@ -86,7 +86,7 @@ func (r *refAdamW) step(ps []*Param, lr func(*Param) float64, wd func(*Param) fl
 	bc2 := 1 - math.Pow(r.b2, float64(r.t))
 	for k, p := range ps {
 		for i := range r.p[k] {
-			g := float64(p.Grad[i])
+			g := float64(p.Grad.Float32s()[i])
 			r.p[k][i] *= 1 - lr(p)*wd(p)
 			r.m[k][i] = r.b1*r.m[k][i] + (1-r.b1)*g
 			r.v[k][i] = r.b2*r.v[k][i] + (1-r.b2)*g*g
@@ -134,15 +134,15 @@ func TestAdamWMatchesFloat64Reference(t *testing.T) {
 			sched.Step(1)
 		}
 		for k, p := range ps {
-			for i := range p.Data {
-				if !closeF32(p.Data[i], ref.p[k][i], 1e-6, 1) {
-					t.Fatalf("threads %d: %s[%d] = %v, float64 reference %v", threads, p.Name, i, p.Data[i], ref.p[k][i])
+			for i := range p.Data.Float32s() {
+				if !closeF32(p.Data.Float32s()[i], ref.p[k][i], 1e-6, 1) {
+					t.Fatalf("threads %d: %s[%d] = %v, float64 reference %v", threads, p.Name, i, p.Data.Float32s()[i], ref.p[k][i])
 				}
 			}
 		}
 		st := opt.State()
 		for k, p := range ps {
-			for i := range p.Data {
+			for i := range p.Data.Float32s() {
 				if !closeF32(st.Buffers["exp_avg/"+p.Name][i], ref.m[k][i], 1e-6, math.Sqrt(ref.v[k][i])) /* m cancels: scale by the grads' size */ ||
 					!closeF32(st.Buffers["exp_avg_sq/"+p.Name][i], ref.v[k][i], 1e-6, 0) {
 					t.Fatalf("%s[%d]: state m %v v %v, reference %v %v", p.Name, i,
@@ -155,9 +155,9 @@ func TestAdamWMatchesFloat64Reference(t *testing.T) {
 			continue
 		}
 		for k := range ps {
-			for i := range ps[k].Data {
-				if math.Float32bits(ps[k].Data[i]) != math.Float32bits(first[k].Data[i]) {
-					t.Fatalf("%s[%d]: 3 threads %v, 1 thread %v", ps[k].Name, i, ps[k].Data[i], first[k].Data[i])
+			for i := range ps[k].Data.Float32s() {
+				if math.Float32bits(ps[k].Data.Float32s()[i]) != math.Float32bits(first[k].Data.Float32s()[i]) {
+					t.Fatalf("%s[%d]: 3 threads %v, 1 thread %v", ps[k].Name, i, ps[k].Data.Float32s()[i], first[k].Data.Float32s()[i])
 				}
 			}
 		}
@@ -169,7 +169,7 @@ func refSGDRun(ps []*Param, cfg SGDConfig, lr, wd float64, grads func(step int),
 	p := make([][]float64, len(ps))
 	buf := make([][]float64, len(ps))
 	for k := range ps {
-		for _, x := range ps[k].Data {
+		for _, x := range ps[k].Data.Float32s() {
 			p[k] = append(p[k], float64(x))
 		}
 		buf[k] = make([]float64, len(p[k]))
@@ -182,7 +182,7 @@ func refSGDRun(ps []*Param, cfg SGDConfig, lr, wd float64, grads func(step int),
 				w = 0
 			}
 			for i := range p[k] {
-				d := float64(q.Grad[i]) + w*p[k][i]
+				d := float64(q.Grad.Float32s()[i]) + w*p[k][i]
 				if cfg.Momentum != 0 {
 					if s == 0 {
 						buf[k][i] = d
@@ -222,9 +222,9 @@ func TestSGDMatchesFloat64Reference(t *testing.T) {
 			opt.Step()
 		}
 		for k, p := range ps {
-			for i := range p.Data {
-				if !closeF32(p.Data[i], want[k][i], 1e-6, 1) {
-					t.Fatalf("%+v: %s[%d] = %v, float64 reference %v", cfg, p.Name, i, p.Data[i], want[k][i])
+			for i := range p.Data.Float32s() {
+				if !closeF32(p.Data.Float32s()[i], want[k][i], 1e-6, 1) {
+					t.Fatalf("%+v: %s[%d] = %v, float64 reference %v", cfg, p.Name, i, p.Data.Float32s()[i], want[k][i])
 				}
 			}
 		}
@@ -272,9 +272,9 @@ func TestOptimizerStateRoundTrip(t *testing.T) {
 		a.Step()
 		b.Step()
 		for k := range ps {
-			for i := range ps[k].Data {
-				if math.Float32bits(ps[k].Data[i]) != math.Float32bits(qs[k].Data[i]) {
-					t.Fatalf("%s: after reload %s[%d] = %v, uninterrupted %v", name, ps[k].Name, i, qs[k].Data[i], ps[k].Data[i])
+			for i := range ps[k].Data.Float32s() {
+				if math.Float32bits(ps[k].Data.Float32s()[i]) != math.Float32bits(qs[k].Data.Float32s()[i]) {
+					t.Fatalf("%s: after reload %s[%d] = %v, uninterrupted %v", name, ps[k].Name, i, qs[k].Data.Float32s()[i], ps[k].Data.Float32s()[i])
 				}
 			}
 		}
@@ -322,15 +322,16 @@ func TestOptimizerLoadStateErrors(t *testing.T) {
 // TestNewOptimizerErrors checks construction-time validation.
 func TestNewOptimizerErrors(t *testing.T) {
 	p := func(name string, nd, ng int, shape ...int) *Param {
-		return &Param{Name: name, Data: make([]float32, nd), Grad: make([]float32, ng), Shape: shape}
+		return &Param{Name: name, Data: tensor.Zeros(nd), Grad: tensor.Zeros(ng)}
 	}
 	for _, c := range []struct {
 		groups []Group
 		cfg    AdamWConfig
 		want   string
 	}{
-		{[]Group{{Name: "g", Params: []*Param{p("a", 3, 2)}}}, AdamWConfig{}, `parameter "a": len(Grad)=2, want len(Data)=3`},
-		{[]Group{{Name: "g", Params: []*Param{p("a", 6, 6, 2, 2)}}}, AdamWConfig{}, `parameter "a": shape [2 2] holds 4 values, len(Data)=6`},
+		{[]Group{{Name: "g", Params: []*Param{p("a", 3, 2)}}}, AdamWConfig{}, `parameter "a": Grad has 2 elements, want Data's 3`},
+		{[]Group{{Name: "g", Params: []*Param{{Name: "a", Data: tensor.Zeros(2)}}}}, AdamWConfig{}, `parameter "a" has no Data or no Grad tensor`},
+		{[]Group{{Name: "g", Params: []*Param{{Name: "a", Data: tensor.Zeros(2), Grad: tensor.ZerosOn(tensor.Sim, 2)}}}}, AdamWConfig{}, `parameter "a": Data on the cpu device, Grad on sim`},
 		{[]Group{{Name: "g", Params: []*Param{p("a", 1, 1)}}, {Name: "h", Params: []*Param{p("a", 1, 1)}}}, AdamWConfig{}, `parameter "a" appears twice`},
 		{[]Group{{Name: "g", Params: []*Param{nil}}}, AdamWConfig{}, `group "g" holds a nil *Param`},
 		{nil, AdamWConfig{Beta1: 1}, "--adam-beta1 1"},

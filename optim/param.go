@@ -7,22 +7,23 @@ import (
 	"github.com/gotron/gotron/tensor"
 )
 
-// Param is one trainable tensor. Data and Grad alias the model's storage
-// (row-major, len = product of Shape); the optimizer updates Data in place
-// from Grad and never reallocates either. Optimizers and Grads hold the
-// *Param, so the model must not reallocate Data or Grad (or change a
-// group's Params) after building them.
+// Param is one trainable tensor. Data and Grad are the model's tensors
+// (contiguous float32, on one device — the CPU or an accelerator); the
+// optimizer updates Data in place from Grad through the backend's list ops
+// and never reallocates either, and keeps its own state on the same device.
+// Optimizers and Grads hold the tensors, so the model must not give a
+// parameter new storage or a new Grad tensor (or change a group's Params)
+// after building them.
 type Param struct {
 	// Name is the parameter's path, e.g. "decoder.layers.0.mlp.linear_fc1.bias".
 	// It keys the optimizer state in checkpoints, so it must be unique.
 	Name string
-	// Data holds the values; Grad the gradient of the loss (same length).
-	Data, Grad []float32
-	// Shape is the logical shape; only its rank matters here (1-D params get
-	// no weight decay under DefaultNoWeightDecay).
-	Shape []int
+	// Data holds the values; Grad the gradient of the loss (same number of
+	// elements, same device). Their shapes may differ (a gradient may be a
+	// flat view); Data's shape is the parameter's.
+	Data, Grad *tensor.Tensor
 	// NoWeightDecay puts the param in the no-decay group (Megatron wd_mult 0).
-	// Set it with DefaultNoWeightDecay(Name, Shape) to follow Megatron.
+	// Set it with DefaultNoWeightDecay(Name, Data.Shape()) to follow Megatron.
 	NoWeightDecay bool
 }
 
@@ -83,9 +84,9 @@ type flat struct {
 	group  []int // group index of params[i]
 }
 
-// newFlat checks the groups (non-nil params, Data and Grad of equal length,
-// Shape consistent, unique names) and builds the flat index. who names the
-// caller in errors.
+// newFlat checks the groups (non-nil params, Data and Grad of equal size on
+// one device, unique names) and builds the flat index. who names the caller
+// in errors.
 func newFlat(who string, groups []Group) (flat, error) {
 	var f flat
 	seen := map[string]bool{}
@@ -98,17 +99,14 @@ func newFlat(who string, groups []Group) (flat, error) {
 				return flat{}, fmt.Errorf("optim: %s: parameter %q appears twice (names key the optimizer state)", who, p.Name)
 			}
 			seen[p.Name] = true
-			if len(p.Grad) != len(p.Data) {
-				return flat{}, fmt.Errorf("optim: %s: parameter %q: len(Grad)=%d, want len(Data)=%d", who, p.Name, len(p.Grad), len(p.Data))
+			if p.Data == nil || p.Grad == nil {
+				return flat{}, fmt.Errorf("optim: %s: parameter %q has no Data or no Grad tensor", who, p.Name)
 			}
-			if p.Shape != nil {
-				n := 1
-				for _, d := range p.Shape {
-					n *= d
-				}
-				if n != len(p.Data) {
-					return flat{}, fmt.Errorf("optim: %s: parameter %q: shape %v holds %d values, len(Data)=%d", who, p.Name, p.Shape, n, len(p.Data))
-				}
+			if p.Grad.Numel() != p.Data.Numel() {
+				return flat{}, fmt.Errorf("optim: %s: parameter %q: Grad has %d elements, want Data's %d", who, p.Name, p.Grad.Numel(), p.Data.Numel())
+			}
+			if p.Grad.Device() != p.Data.Device() {
+				return flat{}, fmt.Errorf("optim: %s: parameter %q: Data on the %v device, Grad on %v", who, p.Name, p.Data.Device(), p.Grad.Device())
 			}
 			f.params = append(f.params, p)
 			f.group = append(f.group, gi)
@@ -117,16 +115,13 @@ func newFlat(who string, groups []Group) (flat, error) {
 	return f, nil
 }
 
-// lists returns the params' Data and Grad as tensor lists (aliasing them,
-// in flat order), the form the tensor package's optimizer ops take. who
-// names the caller in errors.
+// lists returns the params' Data and Grad as tensor lists (in flat order),
+// the form the tensor package's optimizer ops take. who names the caller in
+// errors.
 func (f *flat) lists(who string) (data, grad *tensor.TensorList, err error) {
 	ds, gs := make([]*tensor.Tensor, len(f.params)), make([]*tensor.Tensor, len(f.params))
 	for i, p := range f.params {
-		ds[i] = tensor.FromFloat32(p.Data, len(p.Data))
-		ds[i].Name = p.Name
-		gs[i] = tensor.FromFloat32(p.Grad, len(p.Grad))
-		gs[i].Name = p.Name + ".grad"
+		ds[i], gs[i] = p.Data, p.Grad
 	}
 	if data, err = tensor.NewTensorList(ds...); err != nil {
 		return nil, nil, fmt.Errorf("optim: %s: %w", who, err)
@@ -137,17 +132,18 @@ func (f *flat) lists(who string) (data, grad *tensor.TensorList, err error) {
 	return data, grad, nil
 }
 
-// bufferList returns the optimizer buffers bufs (one per param, in flat
-// order) as a tensor list aliasing them; kind names them in errors.
-func (f *flat) bufferList(who, kind string, bufs [][]float32) (*tensor.TensorList, error) {
-	ts := make([]*tensor.Tensor, len(bufs))
-	for i, b := range bufs {
-		ts[i] = tensor.FromFloat32(b, len(b))
-		ts[i].Name = stateKey(kind, f.params[i].Name)
+// buffers allocates one zeroed optimizer buffer per param, on the param's
+// device and of its shape (tensor.ZerosLike), named for the state kind, and
+// returns them with their tensor list.
+func (f *flat) buffers(who, kind string) ([]*tensor.Tensor, *tensor.TensorList, error) {
+	bufs := make([]*tensor.Tensor, len(f.params))
+	for i, p := range f.params {
+		bufs[i] = tensor.ZerosLike(p.Data)
+		bufs[i].Name = stateKey(kind, p.Name)
 	}
-	l, err := tensor.NewTensorList(ts...)
+	l, err := tensor.NewTensorList(bufs...)
 	if err != nil {
-		return nil, fmt.Errorf("optim: %s: %w", who, err)
+		return nil, nil, fmt.Errorf("optim: %s: %w", who, err)
 	}
-	return l, nil
+	return bufs, l, nil
 }

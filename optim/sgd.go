@@ -43,10 +43,10 @@ type SGD struct {
 	cfg    SGDConfig
 	groups []Group
 	f      flat
-	buf    [][]float32 // momentum_buffer per flat param; nil without momentum
+	buf    []*tensor.Tensor // momentum_buffer per flat param, on its device; nil without momentum
 	steps  int64
 
-	// The same storage as tensor lists for tensor.SGD: params, grads and
+	// The same tensors as lists for tensor.SGD: params, grads and
 	// momentum buffers (nil without momentum).
 	pl, gl, bl *tensor.TensorList
 	// coef holds each param's float32 scalars for this step.
@@ -55,8 +55,8 @@ type SGD struct {
 
 var _ Optimizer = (*SGD)(nil)
 
-// NewSGD builds an SGD over groups, with zeroed momentum buffers when
-// cfg.Momentum > 0. Errors name the bad flag or parameter.
+// NewSGD builds an SGD over groups, with zeroed momentum buffers (on each
+// parameter's device) when cfg.Momentum > 0. Errors name the bad flag or parameter.
 func NewSGD(groups []Group, cfg SGDConfig) (*SGD, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
@@ -70,10 +70,7 @@ func NewSGD(groups []Group, cfg SGDConfig) (*SGD, error) {
 		return nil, err
 	}
 	if cfg.Momentum != 0 {
-		for _, p := range f.params {
-			o.buf = append(o.buf, make([]float32, len(p.Data)))
-		}
-		if o.bl, err = f.bufferList("sgd", "momentum_buffer", o.buf); err != nil {
+		if o.buf, o.bl, err = f.buffers("sgd", "momentum_buffer"); err != nil {
 			return nil, err
 		}
 	}
@@ -135,10 +132,8 @@ func (o *SGD) LoadState(s State) error {
 	if err := checkBuffers("sgd", s, &o.f, kinds); err != nil {
 		return err
 	}
-	for i, p := range o.f.params {
-		if o.buf != nil {
-			copy(o.buf[i], s.Buffers[stateKey("momentum_buffer", p.Name)])
-		}
+	if o.buf != nil {
+		loadBuffers(s, "momentum_buffer", &o.f, o.buf)
 	}
 	o.steps = s.Steps
 	return nil

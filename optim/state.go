@@ -3,6 +3,8 @@ package optim
 import (
 	"fmt"
 	"sort"
+
+	"github.com/gotron/gotron/tensor"
 )
 
 // Optimizer updates parameters from their gradients using each Group's LR
@@ -54,10 +56,12 @@ type StateViewer interface {
 	StateView() State
 }
 
-// viewBuffers is saveBuffers without the copies.
-func viewBuffers(out map[string][]float32, kind string, f *flat, bufs [][]float32) {
+// viewBuffers is saveBuffers without the copies where the buffers are host
+// memory; device buffers are copied to the host (tensor.ToHost), the only
+// way to read them.
+func viewBuffers(out map[string][]float32, kind string, f *flat, bufs []*tensor.Tensor) {
 	for i, p := range f.params {
-		out[stateKey(kind, p.Name)] = bufs[i]
+		out[stateKey(kind, p.Name)] = tensor.ToHost(bufs[i]).Float32s()
 	}
 }
 
@@ -65,10 +69,23 @@ func viewBuffers(out map[string][]float32, kind string, f *flat, bufs [][]float3
 func stateKey(kind, param string) string { return kind + "/" + param }
 
 // saveBuffers copies each per-param buffer bufs[i] (for f.params[i]) into out
-// under stateKey(kind, name).
-func saveBuffers(out map[string][]float32, kind string, f *flat, bufs [][]float32) {
+// under stateKey(kind, name): a host copy, from any device.
+func saveBuffers(out map[string][]float32, kind string, f *flat, bufs []*tensor.Tensor) {
 	for i, p := range f.params {
-		out[stateKey(kind, p.Name)] = append([]float32(nil), bufs[i]...)
+		if bufs[i].Device() == tensor.CPU {
+			out[stateKey(kind, p.Name)] = append([]float32(nil), bufs[i].Float32s()...)
+		} else {
+			out[stateKey(kind, p.Name)] = tensor.ToHost(bufs[i]).Float32s() // a fresh copy already
+		}
+	}
+}
+
+// loadBuffers copies s's buffers of kind into bufs (one per f.params[i], on
+// any device: tensor.Copy from the host). checkBuffers has checked them.
+func loadBuffers(s State, kind string, f *flat, bufs []*tensor.Tensor) {
+	for i, p := range f.params {
+		b := s.Buffers[stateKey(kind, p.Name)]
+		tensor.Copy(bufs[i], tensor.FromFloat32(b, len(b)))
 	}
 }
 
@@ -83,9 +100,9 @@ func checkBuffers(who string, s State, f *flat, kinds []string) error {
 			if !ok {
 				return fmt.Errorf("optim: %s: load state: missing buffer %q", who, k)
 			}
-			if len(b) != len(p.Data) {
+			if len(b) != p.Data.Numel() {
 				return fmt.Errorf("optim: %s: load state: buffer %q has %d values, parameter %q (shape %v) has %d",
-					who, k, len(b), p.Name, p.Shape, len(p.Data))
+					who, k, len(b), p.Name, p.Data.Shape(), p.Data.Numel())
 			}
 			want++
 		}

@@ -224,9 +224,9 @@ func optimParams(params []*tensor.Tensor) []*optim.Param {
 	var ps []*optim.Param
 	for _, p := range params {
 		if p.Grad == nil {
-			p.Grad = tensor.Zeros(p.Shape()...)
+			p.Grad = tensor.ZerosLike(p) // on the parameter's device
 		}
-		ps = append(ps, &optim.Param{Name: p.Name, Data: p.Float32s(), Grad: p.Grad.Float32s(), Shape: p.Shape(),
+		ps = append(ps, &optim.Param{Name: p.Name, Data: p, Grad: p.Grad,
 			NoWeightDecay: optim.DefaultNoWeightDecay(p.Name, p.Shape())})
 	}
 	return ps

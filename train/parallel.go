@@ -174,7 +174,7 @@ func (t *Trainer) OptimizerStateBytes() int64 {
 	n := int64(0)
 	for _, g := range t.opt.Groups() {
 		for _, p := range g.Params {
-			n += int64(len(p.Data))
+			n += int64(p.Data.Numel())
 		}
 	}
 	kinds := int64(2) // exp_avg, exp_avg_sq

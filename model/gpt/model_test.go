@@ -154,7 +154,7 @@ func optimParams(m *Model) []*optim.Param {
 		if p.Grad == nil {
 			p.Grad = tensor.Zeros(p.Shape()...)
 		}
-		ps = append(ps, &optim.Param{Name: p.Name, Data: p.Float32s(), Grad: p.Grad.Float32s(), Shape: p.Shape(),
+		ps = append(ps, &optim.Param{Name: p.Name, Data: p, Grad: p.Grad,
 			NoWeightDecay: optim.DefaultNoWeightDecay(p.Name, p.Shape())})
 	}
 	return ps

@@ -160,7 +160,7 @@ func stageParams(stages []*Stage) []*optim.Param {
 				p.Grad = tensor.Zeros(p.Shape()...)
 				p.Grad.Name = p.Name + ".grad"
 			}
-			ps = append(ps, &optim.Param{Name: p.Name, Data: p.Float32s(), Grad: p.Grad.Float32s(), Shape: p.Shape(),
+			ps = append(ps, &optim.Param{Name: p.Name, Data: p, Grad: p.Grad,
 				NoWeightDecay: optim.DefaultNoWeightDecay(p.Name, p.Shape())})
 		}
 	}
@@ -288,7 +288,7 @@ func pipeline(t *testing.T, c Config, split PipelineSplit, m, steps int, transpo
 		}
 		for step := range steps {
 			for _, p := range ps {
-				clear(p.Grad)
+				tensor.Zero(p.Grad)
 			}
 			bts := batches(c, step, m)
 			for _, r := range runners {
@@ -412,7 +412,7 @@ func TestPipelineTrainingMatchesOneProcess(t *testing.T) {
 			var want []float64
 			for step := range steps {
 				for _, p := range ps {
-					clear(p.Grad)
+					tensor.Zero(p.Grad)
 				}
 				want = append(want, oneProcess(ref, batches(c.cfg, step, m)))
 				zeroKeyBiasGrads(ref)

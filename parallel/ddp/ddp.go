@@ -248,7 +248,7 @@ func (d *DDP) ShardParams() []*optim.Param {
 		lo, _ := d.Layout.Buckets[pc.Bucket].Shard(d.group.Rank(), d.group.Size())
 		g := d.gradShard[pc.Bucket][r[0]+pc.Lo-lo : r[0]+pc.Hi-lo]
 		out = append(out, &optim.Param{Name: fmt.Sprintf("%s[%d:%d]", p.Name, pc.Lo, pc.Hi),
-			Data: d.param[r[0]+pc.Lo : r[0]+pc.Hi], Grad: g, Shape: []int{pc.Hi - pc.Lo},
+			Data: tensor.FromFloat32(d.param[r[0]+pc.Lo:r[0]+pc.Hi], pc.Hi-pc.Lo), Grad: tensor.FromFloat32(g, len(g)),
 			NoWeightDecay: optim.DefaultNoWeightDecay(p.Name, p.Shape())})
 	}
 	return out
