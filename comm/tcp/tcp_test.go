@@ -168,6 +168,8 @@ func freePortAny(t testing.TB) int {
 }
 
 type proc struct {
+	t     *testing.T
+	rank  int
 	cmd   *exec.Cmd
 	lines chan string // stdout lines; closed at EOF
 }
@@ -190,7 +192,7 @@ func spawn(t *testing.T, n int, scenario string, extra ...string) []*proc {
 		if err := cmd.Start(); err != nil {
 			t.Fatal(err)
 		}
-		p := &proc{cmd: cmd, lines: make(chan string, 16)}
+		p := &proc{t: t, rank: r, cmd: cmd, lines: make(chan string, 16)}
 		go func() {
 			defer close(p.lines)
 			sc := bufio.NewScanner(out)
@@ -205,12 +207,18 @@ func spawn(t *testing.T, n int, scenario string, extra ...string) []*proc {
 }
 
 // last returns the worker's last stdout line and waits for it to exit.
+// A worker of a race-detector build that found a data race exits with
+// status 66 (the detector's default) after its report on stderr; the test
+// binary's own detector does not see into it, so that fails the test here.
 func (p *proc) last() string {
 	var l string
 	for s := range p.lines {
 		l = s
 	}
 	p.cmd.Wait()
+	if raceEnabled && p.cmd.ProcessState.ExitCode() == 66 {
+		p.t.Errorf("rank %d: data race (the report is on stderr above)", p.rank)
+	}
 	return l
 }
 
@@ -235,14 +243,25 @@ func TestConformanceProcesses(t *testing.T) {
 		algo string // "default" (direct for the suite's sizes), "ring" or "region" (shared memory only)
 		shm  bool
 	}
+	// Under the race detector every worker runs several times slower and
+	// 8 of them share the CI machine's 2 cores: up to 4 ranks (odd and
+	// even groups, more than one step of each ring) take a fifth of the
+	// time; the plain run keeps the whole matrix.
+	maxN := 8
+	if raceEnabled {
+		maxN = 4
+	}
 	var cases []tc
 	for _, shm := range []bool{true, false} {
-		for n := 1; n <= 8; n++ {
+		for n := 1; n <= maxN; n++ {
 			cases = append(cases, tc{n, "ring", shm})
 		}
-		cases = append(cases, tc{3, "default", shm}, tc{8, "default", shm})
+		cases = append(cases, tc{3, "default", shm})
+		if !raceEnabled {
+			cases = append(cases, tc{8, "default", shm})
+		}
 	}
-	for n := 2; n <= 8; n++ {
+	for n := 2; n <= maxN; n++ {
 		cases = append(cases, tc{n, "region", true})
 	}
 	for _, c := range cases {
