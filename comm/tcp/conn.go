@@ -19,10 +19,10 @@ import (
 // 63 set: the payload is in the pair's shared-memory ring, see shm.go).
 // tag = group tag<<1 | 1 for point-to-point traffic; ctrlTag carries an
 // abort notice (blamed rank i32, kind u8: 0 lost, 1 timeout) or, with kind
-// waitNotice, word that the sender is alive and waiting on that rank. seq numbers the group's
-// collectives (or, for point-to-point, the messages from sender to
-// receiver), so a frame meant for another operation is caught as a
-// mismatch instead of being read as data.
+// waitNotice, word that the sender is alive and waiting on that rank. seq
+// numbers the group's collectives (or, for point-to-point, the messages
+// from sender to receiver), so a frame meant for another operation is
+// caught as a mismatch instead of being read as data.
 const (
 	headerLen   = 16
 	ctrlTag     = 0xFFFFFFFF
