@@ -21,11 +21,11 @@ import (
 func testModel(t testing.TB, kind string) *gpt.Model {
 	t.Helper()
 	cfg := gpt.Config{NumLayers: 2, HiddenSize: 32, NumAttentionHeads: 4, VocabSize: 64, MaxPositionEmbeddings: 128,
-		Activation: "gelu_tanh", InitMethodStd: 0.3}
+		Activation: gpt.GELUTanh, InitMethodStd: 0.3}
 	if kind == "llama" || kind == "llama-long" {
 		cfg = gpt.Config{NumLayers: 2, HiddenSize: 32, NumAttentionHeads: 4, NumQueryGroups: 2, FFNHiddenSize: 48,
-			VocabSize: 64, MaxPositionEmbeddings: 128, PositionEmbeddingType: "rope", Normalization: "RMSNorm",
-			Activation: "swiglu", DisableBiasLinear: true, UntieEmbeddingsAndOutputWeights: true, InitMethodStd: 0.3}
+			VocabSize: 64, MaxPositionEmbeddings: 128, PositionEmbeddingType: gpt.RoPE, Normalization: gpt.RMSNorm,
+			Activation: gpt.SwiGLU, DisableBiasLinear: true, UntieEmbeddingsAndOutputWeights: true, InitMethodStd: 0.3}
 	}
 	if kind == "llama-long" {
 		cfg.MaxPositionEmbeddings = 2048

@@ -33,7 +33,7 @@ func TestLoadRefusesDifferentArchitecture(t *testing.T) {
 		{"dropout may change", func(c *gpt.Config) { c.HiddenDropout = 0 }, nil},
 		{"heads", func(c *gpt.Config) { c.NumAttentionHeads = 8 },
 			[]string{"--num-attention-heads: checkpoint 4, this run 8", "--kv-channels: checkpoint 8, this run 4"}},
-		{"norm and eps", func(c *gpt.Config) { c.Normalization = "RMSNorm"; c.NormEpsilon = 1e-6 },
+		{"norm and eps", func(c *gpt.Config) { c.Normalization = gpt.RMSNorm; c.NormEpsilon = 1e-6 },
 			[]string{"--normalization: checkpoint LayerNorm, this run RMSNorm", "--norm-epsilon: checkpoint 1e-05, this run 1e-06"}},
 		{"layers", func(c *gpt.Config) { c.NumLayers = 3 }, []string{"--num-layers: checkpoint 2, this run 3"}},
 	}

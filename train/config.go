@@ -4,6 +4,7 @@
 package train
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"slices"
@@ -34,7 +35,7 @@ type Config struct {
 	Seed                  int64 // --seed (Megatron's default 1234 is the CLI's default)
 
 	// Optimizer and schedule.
-	Optimizer   string // --optimizer: "adam" (AdamW, the zero value) or "sgd"
+	Optimizer   Optimizer // --optimizer: Adam (AdamW, the zero value) or SGD
 	Adam        optim.AdamWConfig
 	SGDMomentum float64 // --sgd-momentum
 	Schedule    optim.SchedulerFlags
@@ -120,6 +121,46 @@ type Config struct {
 	Now func() time.Time
 }
 
+// Optimizer is --optimizer.
+type Optimizer uint8
+
+const (
+	Adam Optimizer = iota // "adam": AdamW, Adam with decoupled weight decay as Megatron's adam
+	SGD                   // "sgd": SGD with --sgd-momentum
+)
+
+// ParseOptimizer parses --optimizer: "adam" or "sgd".
+func ParseOptimizer(s string) (Optimizer, error) {
+	switch s {
+	case "adam":
+		return Adam, nil
+	case "sgd":
+		return SGD, nil
+	}
+	return 0, fmt.Errorf("--optimizer=%q: want adam or sgd", s)
+}
+
+// String returns the flag's spelling.
+func (o Optimizer) String() string {
+	switch o {
+	case Adam:
+		return "adam"
+	case SGD:
+		return "sgd"
+	}
+	return fmt.Sprintf("Optimizer(%d)", uint8(o))
+}
+
+// Set makes *Optimizer a flag.Value (--optimizer).
+func (o *Optimizer) Set(s string) error {
+	v, err := ParseOptimizer(s)
+	if err != nil {
+		return errors.New("want adam or sgd")
+	}
+	*o = v
+	return nil
+}
+
 func (c *Config) validate() error {
 	if err := c.Model.Validate(); err != nil {
 		return err
@@ -127,7 +168,7 @@ func (c *Config) validate() error {
 	switch {
 	case c.SeqLength <= 0:
 		return fmt.Errorf("train: --seq-length=%d: want > 0", c.SeqLength)
-	case c.Model.PositionEmbeddingType == "learned_absolute" && c.SeqLength > c.Model.MaxPositionEmbeddings:
+	case c.Model.PositionEmbeddingType == gpt.LearnedAbsolute && c.SeqLength > c.Model.MaxPositionEmbeddings:
 		return fmt.Errorf("train: --seq-length=%d exceeds --max-position-embeddings=%d", c.SeqLength, c.Model.MaxPositionEmbeddings)
 	case c.MicroBatchSize <= 0:
 		return fmt.Errorf("train: --micro-batch-size=%d: want > 0", c.MicroBatchSize)
@@ -145,8 +186,8 @@ func (c *Config) validate() error {
 		return fmt.Errorf("train: --async-save-rate=%g: want ≥ 0 MB/s (0: unpaced)", c.AsyncSaveRate)
 	case c.AsyncSave && c.Save == "":
 		return fmt.Errorf("train: --async-save needs --save")
-	case c.Optimizer != "" && c.Optimizer != "adam" && c.Optimizer != "sgd":
-		return fmt.Errorf("train: --optimizer=%q: want adam or sgd", c.Optimizer)
+	case c.Optimizer > SGD:
+		return fmt.Errorf("train: --optimizer=%v: want adam or sgd", c.Optimizer)
 	case c.MaxSkipsInARow < 0:
 		return fmt.Errorf("train: --max-nan-iterations=%d: want > 0 (or 0 for 10)", c.MaxSkipsInARow)
 	}

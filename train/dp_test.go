@@ -70,9 +70,9 @@ func (r *recordingSource) Sample(i int) (datagpt.Sample, error) {
 func dpModels() map[string]gpt.Config {
 	return map[string]gpt.Config{
 		"gpt2": {NumLayers: 2, HiddenSize: 32, NumAttentionHeads: 4, VocabSize: 64, MaxPositionEmbeddings: 16,
-			Activation: "gelu_tanh"},
+			Activation: gpt.GELUTanh},
 		"llama": {NumLayers: 2, HiddenSize: 32, NumAttentionHeads: 4, NumQueryGroups: 2, VocabSize: 64,
-			Normalization: "RMSNorm", Activation: "swiglu", PositionEmbeddingType: "rope", DisableBiasLinear: true, MaxPositionEmbeddings: 16,
+			Normalization: gpt.RMSNorm, Activation: gpt.SwiGLU, PositionEmbeddingType: gpt.RoPE, DisableBiasLinear: true, MaxPositionEmbeddings: 16,
 			UntieEmbeddingsAndOutputWeights: true, FFNHiddenSize: 64},
 	}
 }

@@ -12,7 +12,7 @@ func FLOPsPerIteration(c gpt.Config, globalBatch, seqLen int) float64 {
 	q, k := d*float64(c.NumAttentionHeads), d*float64(c.NumQueryGroups)
 	V := float64(c.VocabSize)
 	e := 2.0
-	if c.Activation == "swiglu" {
+	if c.Activation == gpt.SwiGLU {
 		e = 3
 	}
 	T := float64(globalBatch) * float64(seqLen)

@@ -162,7 +162,7 @@ func New(cfg Config, train, valid datagpt.Source) (*Trainer, error) {
 		ps = optimParams(m.Params())
 	}
 	groups := decoupledGroups(optim.DefaultGroups(ps), cfg.DecoupledLR, cfg.DecoupledMinLR, cfg.Schedule.MinLR)
-	if cfg.Optimizer == "sgd" {
+	if cfg.Optimizer == SGD {
 		t.opt, err = optim.NewSGD(groups, optim.SGDConfig{Momentum: cfg.SGDMomentum})
 	} else {
 		t.opt, err = optim.NewAdamW(groups, cfg.Adam)

@@ -21,7 +21,7 @@ func tinyConfig(testing.TB) Config {
 	sf.WeightDecay = 0.1
 	return Config{
 		Model: gpt.Config{NumLayers: 2, HiddenSize: 32, NumAttentionHeads: 4, VocabSize: 64, MaxPositionEmbeddings: 16,
-			Activation: "gelu_tanh", HiddenDropout: 0.1, AttentionDropout: 0.1},
+			Activation: gpt.GELUTanh, HiddenDropout: 0.1, AttentionDropout: 0.1},
 		SeqLength: 16, MicroBatchSize: 2, GlobalBatchSize: 4, TrainIters: 8, Seed: 1234,
 		Schedule: sf, ClipGrad: 1.0, LogInterval: 1, EvalInterval: 4, EvalIters: 1,
 	}

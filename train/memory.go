@@ -196,11 +196,11 @@ func weightAndOptimizerMemory(c MemoryConfig) MemoryReport {
 	tp, pp := float64(c.TensorParallel), float64(c.PipelineParallel)
 	qRatio := float64(m.KVChannels*m.NumAttentionHeads) / h
 	gated := 1.0
-	if m.Activation == "swiglu" {
+	if m.Activation == gpt.SwiGLU {
 		gated = 1.5
 	}
 	norm := 2.0 // LayerNorm has a bias
-	if m.Normalization == "RMSNorm" {
+	if m.Normalization == gpt.RMSNorm {
 		norm = 1
 	}
 	attention := 2 * h * h * ((1 + float64(m.NumQueryGroups)/float64(m.NumAttentionHeads)) * qRatio)

@@ -12,9 +12,9 @@ var (
 	memGPT3175B = gpt.Config{NumLayers: 96, HiddenSize: 12288, NumAttentionHeads: 96, VocabSize: 51200}
 	memGPT2124M = gpt.Config{NumLayers: 12, HiddenSize: 768, NumAttentionHeads: 12, VocabSize: 50304}
 	memLlama38B = gpt.Config{NumLayers: 32, HiddenSize: 4096, NumAttentionHeads: 32, NumQueryGroups: 8, FFNHiddenSize: 14336,
-		VocabSize: 128256, Activation: "swiglu", Normalization: "RMSNorm", UntieEmbeddingsAndOutputWeights: true}
+		VocabSize: 128256, Activation: gpt.SwiGLU, Normalization: gpt.RMSNorm, UntieEmbeddingsAndOutputWeights: true}
 	memLlama27B = gpt.Config{NumLayers: 32, HiddenSize: 4096, NumAttentionHeads: 32, FFNHiddenSize: 11008,
-		VocabSize: 32000, Activation: "swiglu", Normalization: "RMSNorm", UntieEmbeddingsAndOutputWeights: true}
+		VocabSize: 32000, Activation: gpt.SwiGLU, Normalization: gpt.RMSNorm, UntieEmbeddingsAndOutputWeights: true}
 	memTiny = gpt.Config{NumLayers: 4, HiddenSize: 256, NumAttentionHeads: 4, VocabSize: 50304}
 )
 

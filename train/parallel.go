@@ -178,7 +178,7 @@ func (t *Trainer) OptimizerStateBytes() int64 {
 		}
 	}
 	kinds := int64(2) // exp_avg, exp_avg_sq
-	if t.cfg.Optimizer == "sgd" {
+	if t.cfg.Optimizer == SGD {
 		kinds = 1 // momentum_buffer
 	}
 	return 4 * kinds * n

@@ -53,7 +53,7 @@ func Reshard(ctx context.Context, src, dst string, l ReshardLayout) (int, error)
 		TrainIters: max(int64(it), 1), Schedule: sf, Load: src, Args: ra.CLI, FP16: ra.LossScaler != nil,
 		NoLoadOptim: !hasOptim, NoSaveOptim: !hasOptim, EvalIters: 0}
 	if ra.OptimizerKind == "sgd" {
-		cfg.Optimizer = "sgd"
+		cfg.Optimizer = SGD
 	}
 	if !hasSched {
 		cfg.Finetune = true // weights only: nothing else to carry

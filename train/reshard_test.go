@@ -273,7 +273,7 @@ func TestShardedLoadBadInput(t *testing.T) {
 func TestResumeSGDWithoutMomentum(t *testing.T) {
 	train, valid := dpDataset(t, 16)
 	cfg := dpConfig(dpModels()["gpt2"])
-	cfg.Optimizer, cfg.SGDMomentum = "sgd", 0
+	cfg.Optimizer, cfg.SGDMomentum = SGD, 0
 	straight := runPP(t, cfg, ppLayout{tp: 1, pp: 1, dp: 2}, train, valid)[0]
 	first := cfg
 	first.Save, first.ExitInterval = t.TempDir(), 5

@@ -91,16 +91,16 @@ func archOf(c *hfConfig) (string, error) {
 }
 
 // gpt2Activation maps an HF activation_function to gotron's Activation
-// ("" when gotron has no equivalent). gelu_new, gelu_pytorch_tanh and
+// (false when gotron has no equivalent). gelu_new, gelu_pytorch_tanh and
 // gelu_fast are all the tanh approximation; gelu is the exact erf form.
-func gpt2Activation(hf string) string {
+func gpt2Activation(hf string) (gpt.Activation, bool) {
 	switch hf {
 	case "gelu_new", "gelu_pytorch_tanh", "gelu_fast":
-		return "gelu_tanh"
+		return gpt.GELUTanh, true
 	case "gelu":
-		return "gelu"
+		return gpt.GELU, true
 	}
-	return ""
+	return 0, false
 }
 
 // parseConfig turns config.json into a gotron model config (vocabulary padded
@@ -122,8 +122,8 @@ func parseConfig(raw []byte, divisibleBy int) (arch string, cfg gpt.Config, voca
 		if c.ActivationFunction != nil {
 			act = *c.ActivationFunction
 		}
-		gact := gpt2Activation(act)
-		if gact == "" {
+		gact, ok := gpt2Activation(act)
+		if !ok {
 			return "", gpt.Config{}, 0, nil, fmt.Errorf("activation_function %q: want gelu_new, gelu_pytorch_tanh, gelu_fast or gelu", act)
 		}
 		if !boolOr(c.ScaleAttnWeights, true) || boolOr(c.ScaleAttnByInverseLayerIdx, false) {
@@ -131,7 +131,7 @@ func parseConfig(raw []byte, divisibleBy int) (arch string, cfg gpt.Config, voca
 		}
 		cfg = gpt.Config{NumLayers: intOr(c.NLayer, 12), HiddenSize: h, NumAttentionHeads: intOr(c.NHead, 12),
 			FFNHiddenSize: intOr(c.NInner, 4*h), MaxPositionEmbeddings: intOr(c.NPositions, 1024),
-			PositionEmbeddingType: "learned_absolute", Normalization: "LayerNorm",
+			PositionEmbeddingType: gpt.LearnedAbsolute, Normalization: gpt.LayerNorm,
 			NormEpsilon: float32(floatOr(c.LayerNormEpsilon, 1e-5)), Activation: gact,
 			UntieEmbeddingsAndOutputWeights: !boolOr(c.TieWordEmb, true)}
 	case ArchLlama:
@@ -149,8 +149,8 @@ func parseConfig(raw []byte, divisibleBy int) (arch string, cfg gpt.Config, voca
 		cfg = gpt.Config{NumLayers: intOr(c.NumHiddenLayers, 32), HiddenSize: intOr(c.HiddenSize, 4096),
 			NumAttentionHeads: heads, NumQueryGroups: intOr(c.NumKeyValueHeads, heads), KVChannels: intOr(c.HeadDim, 0),
 			FFNHiddenSize: intOr(c.IntermediateSize, 11008), MaxPositionEmbeddings: intOr(c.MaxPositionEmbeddings, 2048),
-			PositionEmbeddingType: "rope", RotaryBase: floatOr(c.RopeTheta, 10000), Normalization: "RMSNorm",
-			NormEpsilon: float32(floatOr(c.RMSNormEps, 1e-6)), Activation: "swiglu", DisableBiasLinear: true,
+			PositionEmbeddingType: gpt.RoPE, RotaryBase: floatOr(c.RopeTheta, 10000), Normalization: gpt.RMSNorm,
+			NormEpsilon: float32(floatOr(c.RMSNormEps, 1e-6)), Activation: gpt.SwiGLU, DisableBiasLinear: true,
 			UntieEmbeddingsAndOutputWeights: !boolOr(c.TieWordEmb, false)}
 		if sw := c.SlidingWindow; sw != nil && *sw < cfg.MaxPositionEmbeddings {
 			warns = append(warns, fmt.Sprintf("sliding_window=%d is ignored: gotron attends to the whole sequence (identical for sequences up to %d tokens)", *sw, *sw))
@@ -186,7 +186,7 @@ func exportConfig(arch string, c gpt.Config, vocab int, dtype string) (owned, te
 	switch arch {
 	case ArchGPT2:
 		act := "gelu_new"
-		if c.Activation == "gelu" {
+		if c.Activation == gpt.GELU {
 			act = "gelu"
 		}
 		owned = map[string]any{"model_type": "gpt2", "vocab_size": vocab, "n_embd": c.HiddenSize, "n_layer": c.NumLayers,
@@ -287,7 +287,9 @@ func sameValue(key string, a, b any) bool {
 	if key == "activation_function" {
 		as, _ := a.(string)
 		bs, _ := b.(string)
-		return gpt2Activation(as) != "" && gpt2Activation(as) == gpt2Activation(bs)
+		x, okx := gpt2Activation(as)
+		y, oky := gpt2Activation(bs)
+		return okx && oky && x == y
 	}
 	if key == "model_type" && a == "mistral" && b == "llama" {
 		return true

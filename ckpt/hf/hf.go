@@ -265,13 +265,13 @@ func ArchOf(c gpt.Config) (string, error) {
 	if err := c.Validate(); err != nil {
 		return "", err
 	}
-	gpt2 := c.PositionEmbeddingType == "learned_absolute" && c.Normalization == "LayerNorm" &&
-		(c.Activation == "gelu" || c.Activation == "gelu_tanh") && !c.DisableBiasLinear &&
+	gpt2 := c.PositionEmbeddingType == gpt.LearnedAbsolute && c.Normalization == gpt.LayerNorm &&
+		(c.Activation == gpt.GELU || c.Activation == gpt.GELUTanh) && !c.DisableBiasLinear &&
 		c.NumQueryGroups == c.NumAttentionHeads && c.KVChannels*c.NumAttentionHeads == c.HiddenSize
 	if gpt2 {
 		return ArchGPT2, nil
 	}
-	llama := c.PositionEmbeddingType == "rope" && c.Normalization == "RMSNorm" && c.Activation == "swiglu" &&
+	llama := c.PositionEmbeddingType == gpt.RoPE && c.Normalization == gpt.RMSNorm && c.Activation == gpt.SwiGLU &&
 		c.DisableBiasLinear && !c.AddQKVBias && c.RotaryPercent == 1 && !c.RotaryInterleaved
 	if llama {
 		return ArchLlama, nil

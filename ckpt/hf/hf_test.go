@@ -191,9 +191,9 @@ func sortedKeys[V any](m map[string]V) []string {
 // an inferred architecture and a config.json that imports back to the same
 // model, for both architectures and every dtype.
 func TestExportWithoutInfo(t *testing.T) {
-	gpt2 := gpt.Config{NumLayers: 1, HiddenSize: 16, NumAttentionHeads: 2, VocabSize: 128, MaxPositionEmbeddings: 8, Activation: "gelu_tanh"}
+	gpt2 := gpt.Config{NumLayers: 1, HiddenSize: 16, NumAttentionHeads: 2, VocabSize: 128, MaxPositionEmbeddings: 8, Activation: gpt.GELUTanh}
 	llama := gpt.Config{NumLayers: 1, HiddenSize: 16, NumAttentionHeads: 4, NumQueryGroups: 2, FFNHiddenSize: 24, VocabSize: 128,
-		MaxPositionEmbeddings: 8, PositionEmbeddingType: "rope", Normalization: "RMSNorm", Activation: "swiglu",
+		MaxPositionEmbeddings: 8, PositionEmbeddingType: gpt.RoPE, Normalization: gpt.RMSNorm, Activation: gpt.SwiGLU,
 		DisableBiasLinear: true, UntieEmbeddingsAndOutputWeights: true, RotaryBase: 500000}
 	for _, c := range []gpt.Config{gpt2, llama} {
 		for _, dt := range []string{"F32", "BF16", "F16"} {

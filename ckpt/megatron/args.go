@@ -241,20 +241,14 @@ func (a argset) config() (gpt.Config, derived, error) {
 		add, _ := a.boolOr("add_position_embedding", true)
 		switch {
 		case rot:
-			pet = "rope"
+			cfg.PositionEmbeddingType = gpt.RoPE
 		case !add:
-			pet = "none"
-		default:
-			pet = "learned_absolute"
+			cfg.PositionEmbeddingType = gpt.NoPositionEmbedding
 		}
+	} else if err := cfg.PositionEmbeddingType.Set(pet); err != nil {
+		return fail("position_embedding_type", pet, err.Error())
 	}
-	switch pet {
-	case "learned_absolute", "rope", "none":
-		cfg.PositionEmbeddingType = pet
-	default:
-		return fail("position_embedding_type", pet, "want learned_absolute, rope or none")
-	}
-	if pet == "rope" {
+	if cfg.PositionEmbeddingType == gpt.RoPE {
 		if cfg.RotaryBase, err = a.floatOr("rotary_base", 10000); err != nil {
 			return gpt.Config{}, derived{}, err
 		}
@@ -275,11 +269,12 @@ func (a argset) config() (gpt.Config, derived, error) {
 		dv.SeqLength = cfg.MaxPositionEmbeddings
 	}
 
-	if cfg.Normalization, err = a.strOr("normalization", "LayerNorm"); err != nil {
+	norm, err := a.strOr("normalization", "LayerNorm")
+	if err != nil {
 		return gpt.Config{}, derived{}, err
 	}
-	if cfg.Normalization != "LayerNorm" && cfg.Normalization != "RMSNorm" {
-		return fail("normalization", cfg.Normalization, "want LayerNorm or RMSNorm")
+	if err := cfg.Normalization.Set(norm); err != nil {
+		return fail("normalization", norm, err.Error())
 	}
 	// --norm-epsilon: dest norm_epsilon until Megatron made TransformerConfig
 	// the source of its flags (layernorm_epsilon); older still: layernorm_epsilon.
@@ -314,11 +309,11 @@ func (a argset) config() (gpt.Config, derived, error) {
 	}
 	switch {
 	case swiglu:
-		cfg.Activation = "swiglu"
+		cfg.Activation = gpt.SwiGLU
 	case openai:
-		cfg.Activation = "gelu_tanh"
+		cfg.Activation = gpt.GELUTanh
 	default:
-		cfg.Activation = "gelu" // F.gelu (erf), Megatron's default
+		cfg.Activation = gpt.GELU // F.gelu (erf), Megatron's default
 	}
 	// --disable-bias-linear: dest add_bias_linear (store_false); some
 	// checkpoints carry disable_bias_linear instead (Megatron's load_args

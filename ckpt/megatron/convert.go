@@ -291,7 +291,7 @@ func (c *Checkpoint) plan(cfg gpt.Config, dv derived) ([]*source, *source, error
 				}
 				s.name, s.how = fmt.Sprintf("decoder.layers.%d.%s", layerBase+local, ln.name), ln.how
 				if ln.name == "mlp.linear_fc1.weight" || ln.name == "mlp.linear_fc1.bias" {
-					if cfg.Activation == "swiglu" {
+					if cfg.Activation == gpt.SwiGLU {
 						s.how = glu
 					}
 				}

@@ -474,7 +474,7 @@ func TestArgs(t *testing.T) {
 		c.args.d.Set("position_embedding_type", nil)
 		c.args.d.Set("use_rotary_position_embeddings", true)
 		m, _, err := c.Model(Options{})
-		if err != nil || m.Config.PositionEmbeddingType != "rope" {
+		if err != nil || m.Config.PositionEmbeddingType != gpt.RoPE {
 			t.Fatalf("use_rotary_position_embeddings: %v %v", err, m)
 		}
 	})

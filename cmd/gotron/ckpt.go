@@ -137,7 +137,7 @@ func cmdCkpt(ctx context.Context, env *cli, args []string) error {
 		}
 		fmt.Fprintf(w, "model: %d layers, hidden %d, %d heads (%d query groups), ffn %d, vocab %d, %s, %s, position %s, seq-length %d\n",
 			m.NumLayers, m.HiddenSize, m.NumAttentionHeads, groups, m.FFNHiddenSize, m.VocabSize,
-			orDefault(m.Normalization, "LayerNorm"), orDefault(m.Activation, "gelu"), orDefault(m.PositionEmbeddingType, "learned_absolute"), r.Args.SeqLength)
+			m.Normalization, m.Activation, m.PositionEmbeddingType, r.Args.SeqLength)
 	}
 	if r.Args.OptimizerKind != "" {
 		fmt.Fprintf(w, "optimizer: %s, %d steps\n", r.Args.OptimizerKind, r.Args.OptimizerSteps)
@@ -214,13 +214,6 @@ func layoutString(c *ckpt.Reader) string {
 		s += " with the distributed optimizer"
 	}
 	return s + ": loads at any tensor, pipeline and data-parallel size"
-}
-
-func orDefault(s, d string) string {
-	if s == "" {
-		return d
-	}
-	return s
 }
 
 func shapeString(s []int) string {

@@ -21,7 +21,7 @@ import (
 func gpt2SizedCheckpoint(t *testing.T, maxPos int) string {
 	t.Helper()
 	m, err := gpt.New(gpt.Config{NumLayers: 1, HiddenSize: 16, NumAttentionHeads: 2, VocabSize: 50304,
-		MaxPositionEmbeddings: maxPos, Activation: "gelu_tanh"}, tensor.NewRNG(3))
+		MaxPositionEmbeddings: maxPos, Activation: gpt.GELUTanh}, tensor.NewRNG(3))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -101,7 +101,7 @@ func TestHelpListsOwnFlags(t *testing.T) {
 // 9.999999747378752e-06).
 func TestExportGotronCheckpointToHF(t *testing.T) {
 	m, err := gpt.New(gpt.Config{NumLayers: 1, HiddenSize: 16, NumAttentionHeads: 2, VocabSize: 50304,
-		MaxPositionEmbeddings: 32, Activation: "gelu_tanh", HiddenDropout: 0.1, AttentionDropout: 0.1}, tensor.NewRNG(3))
+		MaxPositionEmbeddings: 32, Activation: gpt.GELUTanh, HiddenDropout: 0.1, AttentionDropout: 0.1}, tensor.NewRNG(3))
 	if err != nil {
 		t.Fatal(err)
 	}

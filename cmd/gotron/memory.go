@@ -119,9 +119,9 @@ func memoryConfig(fs *flag.FlagSet, f *trainFlags, given map[string]bool) (train
 	case f.swiglu && f.openaiGELU:
 		return c, fmt.Errorf("--swiglu and --openai-gelu exclude each other")
 	case f.swiglu:
-		m.Activation = "swiglu"
+		m.Activation = gpt.SwiGLU
 	case f.openaiGELU:
-		m.Activation = "gelu_tanh"
+		m.Activation = gpt.GELUTanh
 	}
 	world, err := intFlag(fs, "world-size")
 	if err != nil {

@@ -50,7 +50,7 @@ type quickstartPlan struct {
 
 var quickstartDefault = quickstartPlan{
 	CorpusBytes: 24 << 20, TokenizerBytes: 8 << 20, VocabSize: 4096,
-	Model: gpt.Config{NumLayers: 2, HiddenSize: 128, NumAttentionHeads: 4, Activation: "gelu_tanh"},
+	Model: gpt.Config{NumLayers: 2, HiddenSize: 128, NumAttentionHeads: 4, Activation: gpt.GELUTanh},
 	Seq:   128, Batch: 16, Iters: 700, LR: 5e-3, MinLR: 5e-4, WarmupIters: 20,
 	EvalInterval: 200, EvalIters: 8, LogInterval: 100,
 	Prompt: "func main() {", SampleTokens: 120,

@@ -110,7 +110,7 @@ func tinyQuickstart(t *testing.T, iters int64) quickstartPlan {
 		}
 	}
 	plan := quickstartPlan{SourceRoot: root, CorpusBytes: 1 << 20, TokenizerBytes: 4 << 10, VocabSize: 300,
-		Model: gpt.Config{NumLayers: 1, HiddenSize: 32, NumAttentionHeads: 2, Activation: "gelu_tanh"},
+		Model: gpt.Config{NumLayers: 1, HiddenSize: 32, NumAttentionHeads: 2, Activation: gpt.GELUTanh},
 		Seq:   32, Batch: 2, Iters: iters, LR: 1e-3, MinLR: 1e-4, WarmupIters: 1,
 		EvalInterval: 2, EvalIters: 1, LogInterval: 1, Prompt: "func F(x int) {", SampleTokens: 12}
 	old := quickstartDefault

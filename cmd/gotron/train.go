@@ -94,11 +94,11 @@ func newTrainFlags() (*flag.FlagSet, *trainFlags) {
 	fs.BoolVar(&f.gqa, "group-query-attention", false, "use grouped-query attention")
 	fs.IntVar(&m.NumQueryGroups, "num-query-groups", 0, "key/value heads with --group-query-attention")
 	fs.IntVar(&m.MaxPositionEmbeddings, "max-position-embeddings", 0, "position table size (default --seq-length)")
-	fs.StringVar(&m.PositionEmbeddingType, "position-embedding-type", "", "learned_absolute (default), rope or none")
+	fs.Var(&m.PositionEmbeddingType, "position-embedding-type", "learned_absolute, rope or none")
 	fs.Float64Var(&m.RotaryBase, "rotary-base", 10000, "RoPE base")
 	fs.Float64Var(&m.RotaryPercent, "rotary-percent", 1, "fraction of head dims RoPE rotates")
 	fs.BoolVar(&m.RotaryInterleaved, "rotary-interleaved", false, "RoPE on (2i, 2i+1) pairs instead of halves")
-	fs.StringVar(&m.Normalization, "normalization", "", "LayerNorm (default) or RMSNorm")
+	fs.Var(&m.Normalization, "normalization", "LayerNorm or RMSNorm")
 	normEps := fs.Float64("norm-epsilon", 1e-5, "normalisation epsilon")
 	fs.BoolVar(&f.swiglu, "swiglu", false, "SwiGLU MLP (fc1 rows [gate; up])")
 	fs.BoolVar(&f.openaiGELU, "openai-gelu", false, "tanh-approximated GELU (GPT-2's)")
@@ -134,7 +134,7 @@ func newTrainFlags() (*flag.FlagSet, *trainFlags) {
 	fs.Int64Var(&c.TrainIters, "train-iters", 0, "iterations to train")
 	fs.Int64Var(&c.TrainSamples, "train-samples", 0, "samples to train (instead of --train-iters)")
 	fs.Int64Var(&c.Seed, "seed", 1234, "random seed")
-	fs.StringVar(&c.Optimizer, "optimizer", "adam", "adam (AdamW) or sgd")
+	fs.Var(&c.Optimizer, "optimizer", "adam (AdamW) or sgd")
 	fs.Float64Var(&s.LR, "lr", 0, "peak learning rate")
 	fs.Float64Var(&s.MinLR, "min-lr", 0, "final learning rate")
 	fs.Float64Var(&s.LRWarmupInit, "lr-warmup-init", 0, "learning rate at the start of warmup")
@@ -441,9 +441,9 @@ func (f *trainFlags) build(ctx context.Context, given map[string]bool) (train.Co
 	case f.swiglu && f.openaiGELU:
 		return cfg, nil, fmt.Errorf("--swiglu and --openai-gelu exclude each other")
 	case f.swiglu:
-		m.Activation = "swiglu"
+		m.Activation = gpt.SwiGLU
 	case f.openaiGELU:
-		m.Activation = "gelu_tanh"
+		m.Activation = gpt.GELUTanh
 	}
 	if m.MaxPositionEmbeddings == 0 {
 		m.MaxPositionEmbeddings = cfg.SeqLength

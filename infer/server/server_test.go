@@ -65,8 +65,8 @@ func newHarness(t *testing.T, cfg Config) *harness {
 func newHarnessContext(t *testing.T, cfg Config, positions int) *harness {
 	t.Helper()
 	mc := gpt.Config{NumLayers: 2, HiddenSize: 32, NumAttentionHeads: 4, NumQueryGroups: 2, FFNHiddenSize: 48,
-		VocabSize: 64, MaxPositionEmbeddings: positions, PositionEmbeddingType: "rope", Normalization: "RMSNorm",
-		Activation: "swiglu", DisableBiasLinear: true, UntieEmbeddingsAndOutputWeights: true, InitMethodStd: 0.3}
+		VocabSize: 64, MaxPositionEmbeddings: positions, PositionEmbeddingType: gpt.RoPE, Normalization: gpt.RMSNorm,
+		Activation: gpt.SwiGLU, DisableBiasLinear: true, UntieEmbeddingsAndOutputWeights: true, InitMethodStd: 0.3}
 	m, err := gpt.New(mc, tensor.NewRNG(11))
 	if err != nil {
 		t.Fatal(err)

@@ -25,19 +25,19 @@ type Config struct {
 	// MaxPositionEmbeddings (--max-position-embeddings) bounds sequence length
 	// for learned positions and RoPE tables.
 	MaxPositionEmbeddings int
-	// PositionEmbeddingType (--position-embedding-type): "learned_absolute"
-	// (the zero value), "rope" or "none".
-	PositionEmbeddingType string
+	// PositionEmbeddingType (--position-embedding-type): LearnedAbsolute
+	// (the zero value), RoPE or NoPositionEmbedding.
+	PositionEmbeddingType PositionEmbeddingType
 	RotaryBase            float64 // --rotary-base; 0 means 10000
 	RotaryPercent         float64 // --rotary-percent; 0 means 1.0
 	RotaryInterleaved     bool    // --rotary-interleaved: pairs (2i, 2i+1) instead of halves
-	// Normalization (--normalization): "LayerNorm" (the zero value) or "RMSNorm".
-	Normalization string
+	// Normalization (--normalization): LayerNorm (the zero value) or RMSNorm.
+	Normalization Normalization
 	NormEpsilon   float32 // --norm-epsilon; 0 means 1e-5
-	// Activation of the MLP: "gelu" (exact erf GELU, Megatron's default; the
-	// zero value), "gelu_tanh" (--openai-gelu, GPT-2's) or "swiglu" (--swiglu:
+	// Activation of the MLP: GELU (exact erf GELU, Megatron's default; the
+	// zero value), GELUTanh (--openai-gelu, GPT-2's) or SwiGLU (--swiglu:
 	// fc1 outputs [gate; up], 2·FFNHiddenSize rows).
-	Activation string
+	Activation Activation
 	// DisableBiasLinear (--disable-bias-linear) drops the biases of every linear.
 	DisableBiasLinear bool
 	// AddQKVBias (--add-qkv-bias) keeps the QKV bias when DisableBiasLinear is set.
@@ -99,13 +99,13 @@ func (c *Config) Validate() error {
 	if c.FFNHiddenSize == 0 {
 		c.FFNHiddenSize = 4 * c.HiddenSize
 	}
-	if c.PositionEmbeddingType == "" {
-		c.PositionEmbeddingType = "learned_absolute"
-	}
-	switch c.PositionEmbeddingType {
-	case "learned_absolute", "rope", "none":
-	default:
-		return fmt.Errorf("gpt: --position-embedding-type=%q: want learned_absolute, rope or none", c.PositionEmbeddingType)
+	switch {
+	case !c.PositionEmbeddingType.valid():
+		return fmt.Errorf("gpt: --position-embedding-type=%v: want learned_absolute, rope or none", c.PositionEmbeddingType)
+	case !c.Normalization.valid():
+		return fmt.Errorf("gpt: --normalization=%v: want LayerNorm or RMSNorm", c.Normalization)
+	case !c.Activation.valid():
+		return fmt.Errorf("gpt: activation %v: want gelu, gelu_tanh (--openai-gelu) or swiglu (--swiglu)", c.Activation)
 	}
 	if c.RotaryBase == 0 {
 		c.RotaryBase = 10000
@@ -113,25 +113,11 @@ func (c *Config) Validate() error {
 	if c.RotaryPercent == 0 {
 		c.RotaryPercent = 1
 	}
-	if rd := c.RotaryDim(); c.PositionEmbeddingType == "rope" && (rd <= 0 || rd%2 != 0 || c.RotaryPercent > 1) {
+	if rd := c.RotaryDim(); c.PositionEmbeddingType == RoPE && (rd <= 0 || rd%2 != 0 || c.RotaryPercent > 1) {
 		return fmt.Errorf("gpt: --rotary-percent=%g with --kv-channels=%d gives rotary dim %d: want an even number in (0, kv-channels]", c.RotaryPercent, c.KVChannels, rd)
-	}
-	if c.Normalization == "" {
-		c.Normalization = "LayerNorm"
-	}
-	if c.Normalization != "LayerNorm" && c.Normalization != "RMSNorm" {
-		return fmt.Errorf("gpt: --normalization=%q: want LayerNorm or RMSNorm", c.Normalization)
 	}
 	if c.NormEpsilon == 0 {
 		c.NormEpsilon = 1e-5
-	}
-	if c.Activation == "" {
-		c.Activation = "gelu"
-	}
-	switch c.Activation {
-	case "gelu", "gelu_tanh", "swiglu":
-	default:
-		return fmt.Errorf("gpt: activation %q: want gelu, gelu_tanh or swiglu", c.Activation)
 	}
 	if c.InitMethodStd == 0 {
 		c.InitMethodStd = 0.02
@@ -154,15 +140,15 @@ func (c *Config) RotaryDim() int {
 func Preset(name string) (Config, error) {
 	switch name {
 	case "tiny": // unit tests and the serving benchmark
-		return Config{NumLayers: 4, HiddenSize: 256, NumAttentionHeads: 4, VocabSize: 50304, MaxPositionEmbeddings: 256, Activation: "gelu_tanh"}, nil
+		return Config{NumLayers: 4, HiddenSize: 256, NumAttentionHeads: 4, VocabSize: 50304, MaxPositionEmbeddings: 256, Activation: GELUTanh}, nil
 	case "gpt2-small": // 124M
-		return Config{NumLayers: 12, HiddenSize: 768, NumAttentionHeads: 12, VocabSize: 50304, MaxPositionEmbeddings: 1024, Activation: "gelu_tanh"}, nil
+		return Config{NumLayers: 12, HiddenSize: 768, NumAttentionHeads: 12, VocabSize: 50304, MaxPositionEmbeddings: 1024, Activation: GELUTanh}, nil
 	case "gpt2-medium": // 350M
-		return Config{NumLayers: 24, HiddenSize: 1024, NumAttentionHeads: 16, VocabSize: 50304, MaxPositionEmbeddings: 1024, Activation: "gelu_tanh"}, nil
+		return Config{NumLayers: 24, HiddenSize: 1024, NumAttentionHeads: 16, VocabSize: 50304, MaxPositionEmbeddings: 1024, Activation: GELUTanh}, nil
 	case "llama-tiny": // Llama-style: RMSNorm, SwiGLU, RoPE, GQA, no biases, untied
 		return Config{NumLayers: 4, HiddenSize: 256, NumAttentionHeads: 8, NumQueryGroups: 2, FFNHiddenSize: 688,
-			VocabSize: 32000, MaxPositionEmbeddings: 2048, PositionEmbeddingType: "rope", Normalization: "RMSNorm",
-			Activation: "swiglu", DisableBiasLinear: true, UntieEmbeddingsAndOutputWeights: true}, nil
+			VocabSize: 32000, MaxPositionEmbeddings: 2048, PositionEmbeddingType: RoPE, Normalization: RMSNorm,
+			Activation: SwiGLU, DisableBiasLinear: true, UntieEmbeddingsAndOutputWeights: true}, nil
 	}
 	return Config{}, fmt.Errorf("gpt: unknown preset %q (want tiny, gpt2-small, gpt2-medium or llama-tiny)", name)
 }
@@ -176,7 +162,7 @@ func (c *Config) ParamCount() float64 {
 	a, g := float64(c.NumAttentionHeads), float64(c.NumQueryGroups)
 	ffn, v := float64(c.FFNHiddenSize), float64(c.VocabSize)
 	norm := h // weight; LayerNorm adds a bias
-	if c.Normalization == "LayerNorm" {
+	if c.Normalization == LayerNorm {
 		norm = 2 * h
 	}
 	bias := 0.0
@@ -185,7 +171,7 @@ func (c *Config) ParamCount() float64 {
 	}
 	qkvRows := (a + 2*g) * d
 	fc1Rows := ffn
-	if c.Activation == "swiglu" {
+	if c.Activation == SwiGLU {
 		fc1Rows = 2 * ffn
 	}
 	layer := 2*norm + qkvRows*h + h*a*d + fc1Rows*h + h*ffn + bias*(h+fc1Rows+h)
@@ -193,7 +179,7 @@ func (c *Config) ParamCount() float64 {
 		layer += qkvRows
 	}
 	n := v*h + float64(c.NumLayers)*layer + norm
-	if c.PositionEmbeddingType == "learned_absolute" {
+	if c.PositionEmbeddingType == LearnedAbsolute {
 		n += float64(c.MaxPositionEmbeddings) * h
 	}
 	if c.UntieEmbeddingsAndOutputWeights {

@@ -1,6 +1,10 @@
 package gpt
 
 import (
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
 	"math"
 	"strings"
 	"testing"
@@ -69,9 +73,9 @@ func TestValidateAcceptsPresets(t *testing.T) {
 func TestParamCountMatchesNew(t *testing.T) {
 	configs := map[string]Config{
 		"qkv bias only": {NumLayers: 2, HiddenSize: 32, NumAttentionHeads: 4, NumQueryGroups: 2, VocabSize: 64,
-			MaxPositionEmbeddings: 16, DisableBiasLinear: true, AddQKVBias: true, KVChannels: 16, PositionEmbeddingType: "none"},
+			MaxPositionEmbeddings: 16, DisableBiasLinear: true, AddQKVBias: true, KVChannels: 16, PositionEmbeddingType: NoPositionEmbedding},
 		"untied rope swiglu": {NumLayers: 1, HiddenSize: 32, NumAttentionHeads: 4, VocabSize: 64, MaxPositionEmbeddings: 16,
-			PositionEmbeddingType: "rope", Activation: "swiglu", FFNHiddenSize: 40, UntieEmbeddingsAndOutputWeights: true},
+			PositionEmbeddingType: RoPE, Activation: SwiGLU, FFNHiddenSize: 40, UntieEmbeddingsAndOutputWeights: true},
 	}
 	for _, name := range []string{"tiny", "llama-tiny"} {
 		p, err := Preset(name)
@@ -88,6 +92,95 @@ func TestParamCountMatchesNew(t *testing.T) {
 		}
 		if got, want := m.Config.ParamCount(), float64(m.NumParams()); got != want {
 			t.Errorf("%s: ParamCount %v, NumParams %v", name, got, want)
+		}
+	}
+}
+
+// TestEnumsText: the enums marshal as Megatron's spellings (the JSON
+// checkpoints record), read them and the empty string (the zero value)
+// back, and refuse anything else naming the flag.
+func TestEnumsText(t *testing.T) {
+	c := Config{PositionEmbeddingType: RoPE, Normalization: RMSNorm, Activation: SwiGLU}
+	b, err := json.Marshal(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{`"PositionEmbeddingType":"rope"`, `"Normalization":"RMSNorm"`, `"Activation":"swiglu"`} {
+		if !strings.Contains(string(b), want) {
+			t.Errorf("%s does not contain %s", b, want)
+		}
+	}
+	var back Config
+	if err := json.Unmarshal(b, &back); err != nil || back != c {
+		t.Errorf("round trip: %+v, %v; want %+v", back, err, c)
+	}
+	zero := Config{NumLayers: 1}
+	if err := json.Unmarshal([]byte(`{"PositionEmbeddingType":"","Normalization":"","Activation":""}`), &zero); err != nil ||
+		zero.PositionEmbeddingType != LearnedAbsolute || zero.Normalization != LayerNorm || zero.Activation != GELU {
+		t.Errorf("empty strings: %+v, %v; want the zero values", zero, err)
+	}
+	bad := map[string]string{
+		`{"Normalization":"LayerNorm1P"}`:  `--normalization="LayerNorm1P": want LayerNorm or RMSNorm`,
+		`{"PositionEmbeddingType":"yarn"}`: `--position-embedding-type="yarn": want learned_absolute, rope or none`,
+		`{"Activation":"relu"}`:            `activation "relu": want gelu, gelu_tanh or swiglu`,
+	}
+	for in, want := range bad {
+		if err := json.Unmarshal([]byte(in), &back); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("%s: error %v, want %q", in, err, want)
+		}
+	}
+	for _, v := range []fmt.Stringer{GELU, GELUTanh, SwiGLU, LayerNorm, RMSNorm, LearnedAbsolute, RoPE, NoPositionEmbedding} {
+		var err error
+		switch v := v.(type) {
+		case Activation:
+			var got Activation
+			if got, err = ParseActivation(v.String()); got != v {
+				t.Errorf("ParseActivation(%q) = %v", v, got)
+			}
+		case Normalization:
+			var got Normalization
+			if got, err = ParseNormalization(v.String()); got != v {
+				t.Errorf("ParseNormalization(%q) = %v", v, got)
+			}
+		case PositionEmbeddingType:
+			var got PositionEmbeddingType
+			if got, err = ParsePositionEmbeddingType(v.String()); got != v {
+				t.Errorf("ParsePositionEmbeddingType(%q) = %v", v, got)
+			}
+		}
+		if err != nil {
+			t.Error(err)
+		}
+	}
+}
+
+// TestEnumFlags: Normalization and PositionEmbeddingType are flag.Values,
+// and Validate refuses values outside the enums.
+func TestEnumFlags(t *testing.T) {
+	fs := flag.NewFlagSet("t", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	var c Config
+	fs.Var(&c.Normalization, "normalization", "")
+	fs.Var(&c.PositionEmbeddingType, "position-embedding-type", "")
+	if err := fs.Parse([]string{"--normalization", "RMSNorm", "--position-embedding-type=none"}); err != nil {
+		t.Fatal(err)
+	}
+	if c.Normalization != RMSNorm || c.PositionEmbeddingType != NoPositionEmbedding {
+		t.Errorf("parsed %v, %v", c.Normalization, c.PositionEmbeddingType)
+	}
+	err := fs.Parse([]string{"--normalization", "rmsnorm"})
+	if err == nil || !strings.Contains(err.Error(), "-normalization: want LayerNorm or RMSNorm") {
+		t.Errorf("error %v does not name the flag and the choices", err)
+	}
+	for _, mutate := range []func(*Config){
+		func(c *Config) { c.Activation = 3 },
+		func(c *Config) { c.Normalization = 2 },
+		func(c *Config) { c.PositionEmbeddingType = 3 },
+	} {
+		c := Config{NumLayers: 1, HiddenSize: 8, NumAttentionHeads: 2, VocabSize: 8, MaxPositionEmbeddings: 4}
+		mutate(&c)
+		if err := c.Validate(); err == nil || !strings.Contains(err.Error(), "(3)") && !strings.Contains(err.Error(), "(2)") {
+			t.Errorf("Validate of %+v: %v", c, err)
 		}
 	}
 }

@@ -82,14 +82,14 @@ func New(cfg Config, rng *tensor.RNG) (*Model, error) {
 		}
 		return tensor.Param(name, n)
 	}
-	ln := cfg.Normalization == "LayerNorm"
+	ln := cfg.Normalization == LayerNorm
 	hasBias := !cfg.DisableBiasLinear
 	fc1Rows := cfg.FFNHiddenSize
-	if cfg.Activation == "swiglu" {
+	if cfg.Activation == SwiGLU {
 		fc1Rows *= 2
 	}
 	m.WordEmb = normal("embedding.word_embeddings.weight", std, cfg.VocabSize, h)
-	if cfg.PositionEmbeddingType == "learned_absolute" {
+	if cfg.PositionEmbeddingType == LearnedAbsolute {
 		m.PosEmb = normal("embedding.position_embeddings.weight", std, cfg.MaxPositionEmbeddings, h)
 	}
 	for i := range cfg.NumLayers {
@@ -114,7 +114,7 @@ func New(cfg Config, rng *tensor.RNG) (*Model, error) {
 	if cfg.UntieEmbeddingsAndOutputWeights {
 		m.OutputLayer = normal("output_layer.weight", std, cfg.VocabSize, h)
 	}
-	if cfg.PositionEmbeddingType == "rope" {
+	if cfg.PositionEmbeddingType == RoPE {
 		style := tensor.RotateHalf
 		if cfg.RotaryInterleaved {
 			style = tensor.Interleaved
@@ -305,9 +305,9 @@ func (m *Model) mlp(tp *tensor.Tape, l *Layer, x *tensor.Tensor, p *pass) *tenso
 	sh := m.region()
 	h := sh.ColumnLinear(tp, p.lin, x, l.FC1, l.FC1Bias)
 	switch m.Config.Activation {
-	case "swiglu":
+	case SwiGLU:
 		h = tp.SwiGLU(h)
-	case "gelu_tanh":
+	case GELUTanh:
 		h = tp.GELU(h, tensor.GELUTanh)
 	default:
 		h = tp.GELU(h, tensor.GELUErf)
@@ -332,7 +332,7 @@ func (m *Model) outputWeight() *tensor.Tensor {
 }
 
 func (m *Model) norm(tp *tensor.Tape, x, w, b *tensor.Tensor) *tensor.Tensor {
-	if m.Config.Normalization == "RMSNorm" {
+	if m.Config.Normalization == RMSNorm {
 		return tp.RMSNorm(x, w, m.Config.NormEpsilon)
 	}
 	return tp.LayerNorm(x, w, b, m.Config.NormEpsilon)

@@ -16,7 +16,9 @@ import (
 type goldenConfig struct {
 	Config struct {
 		Layers, Hidden, Heads, Groups, FFN, Vocab, Seq, Batch int
-		Pos, Norm, Act                                        string
+		Pos                                                   PositionEmbeddingType
+		Norm                                                  Normalization
+		Act                                                   Activation
 		Bias, Tied                                            bool
 		Eps                                                   float32
 	} `json:"config"`

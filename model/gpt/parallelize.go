@@ -53,7 +53,7 @@ func TPPlan(c Config) func(name string) tp.Style {
 		case strings.HasSuffix(name, "self_attention.linear_qkv.weight"), strings.HasSuffix(name, "self_attention.linear_qkv.bias"):
 			return tp.Column
 		case strings.HasSuffix(name, "mlp.linear_fc1.weight"), strings.HasSuffix(name, "mlp.linear_fc1.bias"):
-			if c.Activation == "swiglu" {
+			if c.Activation == SwiGLU {
 				return tp.ColumnGLU
 			}
 			return tp.Column

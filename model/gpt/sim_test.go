@@ -69,9 +69,9 @@ func TestSimDeviceMatchesCPU(t *testing.T) {
 			cl, cg := step(tensor.CPU, rc)
 			before := tensor.SimTransfers()
 			sl, sg := step(tensor.Sim, rc)
-			sameBits(t, c.Activation+" loss", []float32{sl}, []float32{cl})
+			sameBits(t, c.Activation.String()+" loss", []float32{sl}, []float32{cl})
 			for i := range cg {
-				sameBits(t, c.Activation+" gradient", sg[i], cg[i])
+				sameBits(t, c.Activation.String()+" gradient", sg[i], cg[i])
 			}
 			if d := tensor.SimTransfers(); d.ToHost == before.ToHost {
 				t.Errorf("%s: no transfer counted", c.Activation)
@@ -95,7 +95,7 @@ func TestSimDeviceMatchesCPU(t *testing.T) {
 		}
 		want, got := decode(tensor.CPU), decode(tensor.Sim)
 		for i := range want {
-			sameBits(t, c.Activation+" decode logits", got[i], want[i])
+			sameBits(t, c.Activation.String()+" decode logits", got[i], want[i])
 		}
 	}
 }

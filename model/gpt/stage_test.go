@@ -89,12 +89,12 @@ func TestPipelineSplitRefuses(t *testing.T) {
 // gpt2Tiny is GPT-2-style (tied, LayerNorm, GELU, biases, learned
 // positions); llamaTiny Llama-style (untied, RMSNorm, SwiGLU, RoPE, GQA).
 func gpt2Tiny() Config {
-	return Config{NumLayers: 4, HiddenSize: 16, NumAttentionHeads: 2, VocabSize: 40, MaxPositionEmbeddings: 8, Activation: "gelu_tanh"}
+	return Config{NumLayers: 4, HiddenSize: 16, NumAttentionHeads: 2, VocabSize: 40, MaxPositionEmbeddings: 8, Activation: GELUTanh}
 }
 
 func llamaTiny() Config {
 	return Config{NumLayers: 4, HiddenSize: 16, NumAttentionHeads: 4, NumQueryGroups: 2, FFNHiddenSize: 24, VocabSize: 40,
-		MaxPositionEmbeddings: 8, PositionEmbeddingType: "rope", Normalization: "RMSNorm", Activation: "swiglu",
+		MaxPositionEmbeddings: 8, PositionEmbeddingType: RoPE, Normalization: RMSNorm, Activation: SwiGLU,
 		DisableBiasLinear: true, UntieEmbeddingsAndOutputWeights: true}
 }
 

@@ -216,7 +216,7 @@ func allForwardThenBackward(cfg Config, rank int) []Action {
 // memModel is the GPT of the memory measurement: 8 layers, hidden 128,
 // micro-batch 2 × 128 tokens.
 func memModel(b *testing.B) (*gpt.Model, []gpt.Batch) {
-	c := gpt.Config{NumLayers: 8, HiddenSize: 128, NumAttentionHeads: 4, VocabSize: 512, MaxPositionEmbeddings: 128, Activation: "gelu_tanh"}
+	c := gpt.Config{NumLayers: 8, HiddenSize: 128, NumAttentionHeads: 4, VocabSize: 512, MaxPositionEmbeddings: 128, Activation: gpt.GELUTanh}
 	m, err := gpt.New(c, tensor.NewRNG(1))
 	if err != nil {
 		b.Fatal(err)
