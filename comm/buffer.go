@@ -6,56 +6,26 @@ import (
 	"unsafe"
 
 	"github.com/gotron/gotron/internal/half"
+	"github.com/gotron/gotron/tensor"
 )
 
-// DType is the element type of a Buffer.
-type DType int
-
-const (
-	// Float32 is IEEE 754 binary32.
-	Float32 DType = iota
-	// BFloat16 is the top 16 bits of a float32, stored as uint16.
-	BFloat16
-	// Int32 is a signed 32-bit integer.
-	Int32
-	// Int64 is a signed 64-bit integer.
-	Int64
-)
-
-// Size is the element size in bytes (0 for an invalid DType).
-func (d DType) Size() int {
+// elemSize is the element size in bytes of the dtypes a Buffer carries
+// (tensor.Float32, BFloat16, Int32 and Int64), 0 for any other.
+func elemSize(d tensor.DType) int {
 	switch d {
-	case Float32, Int32:
-		return 4
-	case BFloat16:
-		return 2
-	case Int64:
-		return 8
+	case tensor.Float32, tensor.BFloat16, tensor.Int32, tensor.Int64:
+		return d.Size()
 	}
 	return 0
 }
 
-// String returns torch's name of the type ("float32", "bfloat16", ...).
-func (d DType) String() string {
-	switch d {
-	case Float32:
-		return "float32"
-	case BFloat16:
-		return "bfloat16"
-	case Int32:
-		return "int32"
-	case Int64:
-		return "int64"
-	}
-	return "DType(" + itoa(int(d)) + ")"
-}
-
-// Buffer is a view of typed elements as bytes. The zero Buffer is an empty
-// float32 buffer. Data must be aligned for DType (views made by Float32s,
-// BFloat16s, Int32s, Int64s and MakeBuffer are), and len(Data) must be a
-// multiple of DType.Size().
+// Buffer is a view of typed elements as bytes: tensor.Float32, BFloat16,
+// Int32 or Int64 (tensor.DType is the one element type of the module). The
+// zero Buffer is an empty float32 buffer. Data must be aligned for DType
+// (views made by Float32s, BFloat16s, Int32s, Int64s and MakeBuffer are),
+// and len(Data) must be a multiple of DType.Size().
 type Buffer struct {
-	DType DType
+	DType tensor.DType
 	Data  []byte
 }
 
@@ -76,26 +46,26 @@ func viewAs[T any](b []byte) []T {
 }
 
 // Float32s views s as a Float32 buffer (no copy).
-func Float32s(s []float32) Buffer { return Buffer{Float32, bytesOf(s)} }
+func Float32s(s []float32) Buffer { return Buffer{tensor.Float32, bytesOf(s)} }
 
 // BFloat16s views s (bfloat16 bit patterns) as a BFloat16 buffer (no copy).
-func BFloat16s(s []uint16) Buffer { return Buffer{BFloat16, bytesOf(s)} }
+func BFloat16s(s []uint16) Buffer { return Buffer{tensor.BFloat16, bytesOf(s)} }
 
 // Int32s views s as an Int32 buffer (no copy).
-func Int32s(s []int32) Buffer { return Buffer{Int32, bytesOf(s)} }
+func Int32s(s []int32) Buffer { return Buffer{tensor.Int32, bytesOf(s)} }
 
 // Int64s views s as an Int64 buffer (no copy).
-func Int64s(s []int64) Buffer { return Buffer{Int64, bytesOf(s)} }
+func Int64s(s []int64) Buffer { return Buffer{tensor.Int64, bytesOf(s)} }
 
 // MakeBuffer allocates a zeroed, 8-byte aligned buffer of n elements.
-func MakeBuffer(dt DType, n int) Buffer {
+func MakeBuffer(dt tensor.DType, n int) Buffer {
 	words := make([]uint64, (n*dt.Size()+7)/8)
 	return Buffer{dt, bytesOf(words)[:n*dt.Size()]}
 }
 
 // Len is the number of elements.
 func (b Buffer) Len() int {
-	if s := b.DType.Size(); s > 0 {
+	if s := elemSize(b.DType); s > 0 {
 		return len(b.Data) / s
 	}
 	return 0
@@ -109,7 +79,7 @@ func (b Buffer) Slice(i, j int) Buffer {
 
 // Float32 views a Float32 buffer as []float32 (nil for other dtypes).
 func (b Buffer) Float32() []float32 {
-	if b.DType != Float32 {
+	if b.DType != tensor.Float32 {
 		return nil
 	}
 	return viewAs[float32](b.Data)
@@ -117,7 +87,7 @@ func (b Buffer) Float32() []float32 {
 
 // BFloat16 views a BFloat16 buffer as []uint16 (nil for other dtypes).
 func (b Buffer) BFloat16() []uint16 {
-	if b.DType != BFloat16 {
+	if b.DType != tensor.BFloat16 {
 		return nil
 	}
 	return viewAs[uint16](b.Data)
@@ -125,7 +95,7 @@ func (b Buffer) BFloat16() []uint16 {
 
 // Int32 views an Int32 buffer as []int32 (nil for other dtypes).
 func (b Buffer) Int32() []int32 {
-	if b.DType != Int32 {
+	if b.DType != tensor.Int32 {
 		return nil
 	}
 	return viewAs[int32](b.Data)
@@ -133,7 +103,7 @@ func (b Buffer) Int32() []int32 {
 
 // Int64 views an Int64 buffer as []int64 (nil for other dtypes).
 func (b Buffer) Int64() []int64 {
-	if b.DType != Int64 {
+	if b.DType != tensor.Int64 {
 		return nil
 	}
 	return viewAs[int64](b.Data)
@@ -142,9 +112,9 @@ func (b Buffer) Int64() []int64 {
 // Check returns an error if b's dtype is unknown or its byte length is not
 // a whole number of elements.
 func (b Buffer) Check() error {
-	s := b.DType.Size()
+	s := elemSize(b.DType)
 	if s == 0 {
-		return fmt.Errorf("unknown dtype %d", int(b.DType))
+		return fmt.Errorf("unsupported dtype %v", b.DType)
 	}
 	if len(b.Data)%s != 0 {
 		return fmt.Errorf("%s buffer of %d bytes is not a whole number of %d-byte elements", b.DType, len(b.Data), s)

@@ -1,6 +1,10 @@
 package comm
 
-import "fmt"
+import (
+	"fmt"
+
+	"github.com/gotron/gotron/tensor"
+)
 
 // This file holds the reduction kernels every backend shares. They are plain
 // loops (the compiler vectorises none of them; they run at memory speed for
@@ -39,13 +43,13 @@ func Accumulate(dst, src Buffer, op ReduceOp) {
 		panic("comm.Accumulate: " + err.Error())
 	}
 	switch dst.DType {
-	case Float32:
+	case tensor.Float32:
 		accumulate(dst.Float32(), src.Float32(), op)
-	case Int32:
+	case tensor.Int32:
 		accumulate(dst.Int32(), src.Int32(), op)
-	case Int64:
+	case tensor.Int64:
 		accumulate(dst.Int64(), src.Int64(), op)
-	case BFloat16:
+	case tensor.BFloat16:
 		d, s := dst.BFloat16(), src.BFloat16()
 		for i := range d {
 			d[i] = Float32ToBF16(combine(BF16ToFloat32(d[i]), BF16ToFloat32(s[i]), op))
@@ -132,22 +136,22 @@ func accumulate[T number](d, s []T, op ReduceOp) {
 // truncate toward zero; bfloat16 is divided in float32 and rounded.
 func DivideBy(buf Buffer, n int) {
 	switch buf.DType {
-	case Float32:
+	case tensor.Float32:
 		f := float32(n)
 		for i, v := range buf.Float32() {
 			buf.Float32()[i] = v / f
 		}
-	case Int32:
+	case tensor.Int32:
 		s := buf.Int32()
 		for i := range s {
 			s[i] /= int32(n)
 		}
-	case Int64:
+	case tensor.Int64:
 		s := buf.Int64()
 		for i := range s {
 			s[i] /= int64(n)
 		}
-	case BFloat16:
+	case tensor.BFloat16:
 		s, f := buf.BFloat16(), float32(n)
 		for i := range s {
 			s[i] = Float32ToBF16(BF16ToFloat32(s[i]) / f)
@@ -183,19 +187,19 @@ func ReduceNTo(dsts, srcs []Buffer, op ReduceOp) {
 	}
 	n := dst.Len()
 	switch dst.DType {
-	case Float32:
+	case tensor.Float32:
 		if (op == Sum || op == Avg) && len(dsts)*len(dst.Data) >= ntMinBytes && sumToNT(dsts, srcs, op == Avg) {
 			return
 		}
 		var tmp [blockElems]float32
 		reduceN(dsts, srcs, op, tmp[:], n, Buffer.Float32)
-	case Int32:
+	case tensor.Int32:
 		var tmp [blockElems]int32
 		reduceN(dsts, srcs, op, tmp[:], n, Buffer.Int32)
-	case Int64:
+	case tensor.Int64:
 		var tmp [blockElems]int64
 		reduceN(dsts, srcs, op, tmp[:], n, Buffer.Int64)
-	case BFloat16:
+	case tensor.BFloat16:
 		var tmp [blockElems]float32
 		for lo := 0; lo < n; lo += blockElems {
 			hi := min(lo+blockElems, n)

@@ -5,6 +5,8 @@ import (
 	"math/rand/v2"
 	"testing"
 	"unsafe"
+
+	"github.com/gotron/gotron/tensor"
 )
 
 // alignedF32 returns n float32s starting off elements past a 32-byte
@@ -114,7 +116,7 @@ func BenchmarkReduceNTo4(b *testing.B) {
 	const n, ranks = 4 << 20, 4
 	bufs := make([]Buffer, ranks)
 	for k := range bufs {
-		bufs[k] = MakeBuffer(Float32, n)
+		bufs[k] = MakeBuffer(tensor.Float32, n)
 	}
 	for _, nt := range []bool{true, false} {
 		name := "block"

@@ -5,6 +5,8 @@ import (
 	"math"
 	"math/rand/v2"
 	"testing"
+
+	"github.com/gotron/gotron/tensor"
 )
 
 // TestFloat32ToBF16 checks round-to-nearest-even at the exact halfway
@@ -70,7 +72,7 @@ func reduceRef(srcs [][]float64, op ReduceOp) []float64 {
 // destination aliasing a source.
 func TestReduceN(t *testing.T) {
 	rng := rand.New(rand.NewPCG(7, 7))
-	for _, dt := range []DType{Float32, BFloat16, Int32, Int64} {
+	for _, dt := range []tensor.DType{tensor.Float32, tensor.BFloat16, tensor.Int32, tensor.Int64} {
 		for _, op := range []ReduceOp{Sum, Avg, Max, Min} {
 			for _, n := range []int{1, 3} {
 				for _, size := range []int{0, 1, blockElems - 1, blockElems + 5, 3*blockElems + 17} {
@@ -114,11 +116,11 @@ func TestReduceN(t *testing.T) {
 	}
 }
 
-func avgAs(dt DType, sum float64, n int) float64 {
+func avgAs(dt tensor.DType, sum float64, n int) float64 {
 	switch dt {
-	case Int32, Int64:
+	case tensor.Int32, tensor.Int64:
 		return float64(int64(sum) / int64(n))
-	case BFloat16:
+	case tensor.BFloat16:
 		return float64(BF16ToFloat32(Float32ToBF16(float32(sum) / float32(n))))
 	}
 	return float64(float32(sum) / float32(n))
@@ -126,24 +128,24 @@ func avgAs(dt DType, sum float64, n int) float64 {
 
 func setF(b Buffer, i int, v float64) {
 	switch b.DType {
-	case Float32:
+	case tensor.Float32:
 		b.Float32()[i] = float32(v)
-	case BFloat16:
+	case tensor.BFloat16:
 		b.BFloat16()[i] = Float32ToBF16(float32(v))
-	case Int32:
+	case tensor.Int32:
 		b.Int32()[i] = int32(v)
-	case Int64:
+	case tensor.Int64:
 		b.Int64()[i] = int64(v)
 	}
 }
 
 func getF(b Buffer, i int) float64 {
 	switch b.DType {
-	case Float32:
+	case tensor.Float32:
 		return float64(b.Float32()[i])
-	case BFloat16:
+	case tensor.BFloat16:
 		return float64(BF16ToFloat32(b.BFloat16()[i]))
-	case Int32:
+	case tensor.Int32:
 		return float64(b.Int32()[i])
 	}
 	return float64(b.Int64()[i])
@@ -215,5 +217,22 @@ func TestAddF32(t *testing.T) {
 				}
 			}
 		}
+	}
+}
+
+// TestBufferCheck: a Buffer carries the four tensor dtypes comm reduces and
+// refuses the others (float16) and ragged lengths.
+func TestBufferCheck(t *testing.T) {
+	for _, dt := range []tensor.DType{tensor.Float32, tensor.BFloat16, tensor.Int32, tensor.Int64} {
+		b := MakeBuffer(dt, 3)
+		if err := b.Check(); err != nil || b.Len() != 3 || len(b.Data) != 3*dt.Size() {
+			t.Errorf("%v: Check %v, Len %d, %d bytes", dt, err, b.Len(), len(b.Data))
+		}
+	}
+	if err := (Buffer{DType: tensor.Float16, Data: make([]byte, 4)}).Check(); err == nil || err.Error() != "unsupported dtype float16" {
+		t.Errorf("float16: %v", err)
+	}
+	if err := (Buffer{DType: tensor.Int64, Data: make([]byte, 12)}).Check(); err == nil {
+		t.Error("a 12-byte int64 buffer passed Check")
 	}
 }

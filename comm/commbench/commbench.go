@@ -30,6 +30,7 @@ import (
 	"time"
 
 	"github.com/gotron/gotron/comm"
+	"github.com/gotron/gotron/tensor"
 )
 
 // Ops lists the operations Run knows, in report order.
@@ -180,7 +181,7 @@ func timeIters(ctx context.Context, pg comm.ProcessGroup, now func() time.Time, 
 // one call of it.
 func prepare(pg comm.ProcessGroup, op string, count int) (func(context.Context) error, error) {
 	n, me := pg.Size(), pg.Rank()
-	a := comm.MakeBuffer(comm.Float32, count)
+	a := comm.MakeBuffer(tensor.Float32, count)
 	for i, p := 0, a.Float32(); i < len(p); i++ {
 		p[i] = float32(i%7) - 3
 	}
@@ -188,20 +189,20 @@ func prepare(pg comm.ProcessGroup, op string, count int) (func(context.Context) 
 	case "all_reduce":
 		return func(ctx context.Context) error { return pg.AllReduce(ctx, a, comm.Sum) }, nil
 	case "reduce_scatter":
-		out := comm.MakeBuffer(comm.Float32, count/n)
+		out := comm.MakeBuffer(tensor.Float32, count/n)
 		return func(ctx context.Context) error { return pg.ReduceScatter(ctx, out, a, comm.Sum, nil) }, nil
 	case "all_gather":
-		in := comm.MakeBuffer(comm.Float32, count/n)
+		in := comm.MakeBuffer(tensor.Float32, count/n)
 		return func(ctx context.Context) error { return pg.AllGather(ctx, a, in, nil) }, nil
 	case "broadcast":
 		return func(ctx context.Context) error { return pg.Broadcast(ctx, a, 0) }, nil
 	case "reduce":
 		return func(ctx context.Context) error { return pg.Reduce(ctx, a, comm.Sum, 0) }, nil
 	case "all_to_all":
-		out := comm.MakeBuffer(comm.Float32, count)
+		out := comm.MakeBuffer(tensor.Float32, count)
 		return func(ctx context.Context) error { return pg.AllToAll(ctx, out, a, nil, nil) }, nil
 	case "sendrecv":
-		in := comm.MakeBuffer(comm.Float32, count)
+		in := comm.MakeBuffer(tensor.Float32, count)
 		next, prev := (me+1)%n, (me+n-1)%n
 		if n == 1 {
 			return func(context.Context) error { copy(in.Data, a.Data); return nil }, nil

@@ -15,10 +15,11 @@ import (
 	"fmt"
 
 	"github.com/gotron/gotron/comm"
+	"github.com/gotron/gotron/tensor"
 )
 
 // DTypes lists the dtypes the suite covers.
-var DTypes = []comm.DType{comm.Float32, comm.BFloat16, comm.Int32, comm.Int64}
+var DTypes = []tensor.DType{tensor.Float32, tensor.BFloat16, tensor.Int32, tensor.Int64}
 
 // Ops lists the reduce ops the suite covers.
 var Ops = []comm.ReduceOp{comm.Sum, comm.Avg, comm.Max, comm.Min}
@@ -30,7 +31,7 @@ func Value(seed, rank, i int) int64 {
 }
 
 // Fill returns a buffer of n elements with Value(seed, rank, off+i).
-func Fill(dt comm.DType, n, seed, rank, off int) comm.Buffer {
+func Fill(dt tensor.DType, n, seed, rank, off int) comm.Buffer {
 	b := comm.MakeBuffer(dt, n)
 	for i := range n {
 		Set(b, i, float64(Value(seed, rank, off+i)))
@@ -41,13 +42,13 @@ func Fill(dt comm.DType, n, seed, rank, off int) comm.Buffer {
 // Set stores v (converted, bfloat16 rounded to nearest even) at element i.
 func Set(b comm.Buffer, i int, v float64) {
 	switch b.DType {
-	case comm.Float32:
+	case tensor.Float32:
 		b.Float32()[i] = float32(v)
-	case comm.BFloat16:
+	case tensor.BFloat16:
 		b.BFloat16()[i] = comm.Float32ToBF16(float32(v))
-	case comm.Int32:
+	case tensor.Int32:
 		b.Int32()[i] = int32(v)
-	case comm.Int64:
+	case tensor.Int64:
 		b.Int64()[i] = int64(v)
 	}
 }
@@ -55,13 +56,13 @@ func Set(b comm.Buffer, i int, v float64) {
 // Get returns element i as float64.
 func Get(b comm.Buffer, i int) float64 {
 	switch b.DType {
-	case comm.Float32:
+	case tensor.Float32:
 		return float64(b.Float32()[i])
-	case comm.BFloat16:
+	case tensor.BFloat16:
 		return float64(comm.BF16ToFloat32(b.BFloat16()[i]))
-	case comm.Int32:
+	case tensor.Int32:
 		return float64(b.Int32()[i])
-	case comm.Int64:
+	case tensor.Int64:
 		return float64(b.Int64()[i])
 	}
 	return 0
@@ -69,7 +70,7 @@ func Get(b comm.Buffer, i int) float64 {
 
 // ReduceRef is the serial reference: op over Value(seed, r, i) for r in
 // ranks, as the dtype would store it.
-func ReduceRef(dt comm.DType, op comm.ReduceOp, seed int, ranks []int, i int) float64 {
+func ReduceRef(dt tensor.DType, op comm.ReduceOp, seed int, ranks []int, i int) float64 {
 	acc := Value(seed, ranks[0], i)
 	for _, r := range ranks[1:] {
 		v := Value(seed, r, i)
@@ -87,9 +88,9 @@ func ReduceRef(dt comm.DType, op comm.ReduceOp, seed int, ranks []int, i int) fl
 	}
 	n := int64(len(ranks))
 	switch dt {
-	case comm.Int32, comm.Int64:
+	case tensor.Int32, tensor.Int64:
 		return float64(acc / n)
-	case comm.BFloat16:
+	case tensor.BFloat16:
 		return float64(comm.BF16ToFloat32(comm.Float32ToBF16(float32(acc) / float32(n))))
 	}
 	return float64(float32(acc) / float32(n))
@@ -281,7 +282,7 @@ func Conformance(ctx context.Context, pg comm.ProcessGroup) error {
 
 // sendRecv passes a message around the ring in both directions, with plain
 // Send/Recv (even ranks send first) and, if offered, BatchSendRecv.
-func sendRecv(ctx context.Context, pg comm.ProcessGroup, dt comm.DType, seed int) error {
+func sendRecv(ctx context.Context, pg comm.ProcessGroup, dt tensor.DType, seed int) error {
 	n, me := pg.Size(), pg.Rank()
 	if n == 1 {
 		return nil
@@ -354,12 +355,12 @@ func subGroups(ctx context.Context, pg comm.ProcessGroup) error {
 		return fmt.Errorf("rank %d: new_group %v: got rank %d of %d", me, mine, g.Rank(), g.Size())
 	}
 	const seed = 9001
-	buf := Fill(comm.Float32, 1001, seed, me, 0)
+	buf := Fill(tensor.Float32, 1001, seed, me, 0)
 	if err := g.AllReduce(ctx, buf, comm.Sum); err != nil {
 		return fmt.Errorf("all_reduce on group %v: %w", mine, err)
 	}
 	ck := checker{me, fmt.Sprintf("all_reduce on group %v", mine)}
-	if err := ck.compare(buf, func(i int) float64 { return ReduceRef(comm.Float32, comm.Sum, seed, mine, i) }); err != nil {
+	if err := ck.compare(buf, func(i int) float64 { return ReduceRef(tensor.Float32, comm.Sum, seed, mine, i) }); err != nil {
 		return err
 	}
 	rev := make([]int, n)
@@ -377,7 +378,7 @@ func subGroups(ctx context.Context, pg comm.ProcessGroup) error {
 	if r1.Rank() != n-1-me {
 		return fmt.Errorf("rank %d: reversed group rank %d, want %d", me, r1.Rank(), n-1-me)
 	}
-	b1, b2 := Fill(comm.Int64, 77, seed+1, me, 0), Fill(comm.Int64, 77, seed+2, me, 0)
+	b1, b2 := Fill(tensor.Int64, 77, seed+1, me, 0), Fill(tensor.Int64, 77, seed+2, me, 0)
 	if err := r1.Broadcast(ctx, b1, 0); err != nil {
 		return fmt.Errorf("broadcast on reversed group: %w", err)
 	}
@@ -389,7 +390,7 @@ func subGroups(ctx context.Context, pg comm.ProcessGroup) error {
 		return err
 	}
 	ck.what = "all_reduce max on second reversed group"
-	if err := ck.compare(b2, func(i int) float64 { return ReduceRef(comm.Int64, comm.Max, seed+2, rev, i) }); err != nil {
+	if err := ck.compare(b2, func(i int) float64 { return ReduceRef(tensor.Int64, comm.Max, seed+2, rev, i) }); err != nil {
 		return err
 	}
 	if _, err := pg.NewGroup([]int{(me + 1) % n}); n > 1 && !isNotMember(err) {
@@ -442,13 +443,13 @@ func ConcurrentGroups(ctx context.Context, pg comm.ProcessGroup, rounds int) err
 			for round := range rounds {
 				for _, size := range []int{17, 40000} {
 					seed := j.seed + round*2 + size%2
-					buf := Fill(comm.Float32, size, seed, me, 0)
+					buf := Fill(tensor.Float32, size, seed, me, 0)
 					if err := j.g.AllReduce(ctx, buf, comm.Sum); err != nil {
 						errs <- fmt.Errorf("group %v round %d: %w", j.members, round, err)
 						return
 					}
 					ck := checker{me, fmt.Sprintf("concurrent all_reduce on group %v round %d size %d", j.members, round, size)}
-					if err := ck.compare(buf, func(i int) float64 { return ReduceRef(comm.Float32, comm.Sum, seed, j.members, i) }); err != nil {
+					if err := ck.compare(buf, func(i int) float64 { return ReduceRef(tensor.Float32, comm.Sum, seed, j.members, i) }); err != nil {
 						errs <- err
 						return
 					}

@@ -8,6 +8,7 @@ import (
 
 	"github.com/gotron/gotron/comm"
 	"github.com/gotron/gotron/comm/inproc"
+	"github.com/gotron/gotron/tensor"
 )
 
 // BenchmarkAllReduce reports busbw-style throughput (bytes of one rank's
@@ -22,7 +23,7 @@ func BenchmarkAllReduce(b *testing.B) {
 				}
 				bufs := make([]comm.Buffer, n)
 				for r := range bufs {
-					bufs[r] = comm.MakeBuffer(comm.Float32, size/4)
+					bufs[r] = comm.MakeBuffer(tensor.Float32, size/4)
 				}
 				b.SetBytes(int64(float64(size) * 2 * float64(n-1) / float64(n)))
 				b.ResetTimer()
@@ -50,7 +51,7 @@ func BenchmarkReduceN(b *testing.B) {
 	const n = 1 << 20
 	srcs := make([]comm.Buffer, 4)
 	for i := range srcs {
-		srcs[i] = comm.MakeBuffer(comm.Float32, n)
+		srcs[i] = comm.MakeBuffer(tensor.Float32, n)
 	}
 	b.SetBytes(int64(len(srcs) * n * 4))
 	for range b.N {

@@ -12,6 +12,7 @@ import (
 	"github.com/gotron/gotron/comm"
 	"github.com/gotron/gotron/comm/commtest"
 	"github.com/gotron/gotron/comm/inproc"
+	"github.com/gotron/gotron/tensor"
 )
 
 func TestConformance(t *testing.T) {
@@ -41,7 +42,7 @@ func TestConcurrentGroups(t *testing.T) {
 func TestManyRanks(t *testing.T) {
 	const n = 64
 	err := inproc.Run(t.Context(), n, func(ctx context.Context, pg comm.ProcessGroup) error {
-		buf := commtest.Fill(comm.Float32, 333, 5, pg.Rank(), 0)
+		buf := commtest.Fill(tensor.Float32, 333, 5, pg.Rank(), 0)
 		if err := pg.AllReduce(ctx, buf, comm.Sum); err != nil {
 			return err
 		}
@@ -50,7 +51,7 @@ func TestManyRanks(t *testing.T) {
 			all[i] = i
 		}
 		for i, v := range buf.Float32() {
-			if want := commtest.ReduceRef(comm.Float32, comm.Sum, 5, all, i); float64(v) != want {
+			if want := commtest.ReduceRef(tensor.Float32, comm.Sum, 5, all, i); float64(v) != want {
 				return fmt.Errorf("element %d = %v, want %v", i, v, want)
 			}
 		}
@@ -213,37 +214,37 @@ func TestMismatch(t *testing.T) {
 			if pg.Rank() == 2 {
 				n = 11
 			}
-			return pg.AllReduce(ctx, comm.MakeBuffer(comm.Float32, n), comm.Sum)
+			return pg.AllReduce(ctx, comm.MakeBuffer(tensor.Float32, n), comm.Sum)
 		}},
 		{"dtype", func(ctx context.Context, pg comm.ProcessGroup) error {
-			dt := comm.Float32
+			dt := tensor.Float32
 			if pg.Rank() == 2 {
-				dt = comm.Int32
+				dt = tensor.Int32
 			}
 			return pg.AllReduce(ctx, comm.MakeBuffer(dt, 4), comm.Sum)
 		}},
 		{"op", func(ctx context.Context, pg comm.ProcessGroup) error {
 			if pg.Rank() == 2 {
-				return pg.Broadcast(ctx, comm.MakeBuffer(comm.Float32, 4), 0)
+				return pg.Broadcast(ctx, comm.MakeBuffer(tensor.Float32, 4), 0)
 			}
-			return pg.AllReduce(ctx, comm.MakeBuffer(comm.Float32, 4), comm.Sum)
+			return pg.AllReduce(ctx, comm.MakeBuffer(tensor.Float32, 4), comm.Sum)
 		}},
 		{"root", func(ctx context.Context, pg comm.ProcessGroup) error {
-			return pg.Broadcast(ctx, comm.MakeBuffer(comm.Float32, 4), min(pg.Rank(), 2)/2*1)
+			return pg.Broadcast(ctx, comm.MakeBuffer(tensor.Float32, 4), min(pg.Rank(), 2)/2*1)
 		}},
 		{"bad root", func(ctx context.Context, pg comm.ProcessGroup) error {
 			root := 0
 			if pg.Rank() == 2 {
 				root = 9
 			}
-			return pg.Reduce(ctx, comm.MakeBuffer(comm.Float32, 4), comm.Sum, root)
+			return pg.Reduce(ctx, comm.MakeBuffer(tensor.Float32, 4), comm.Sum, root)
 		}},
 		{"uneven split", func(ctx context.Context, pg comm.ProcessGroup) error {
 			n := 8
 			if pg.Rank() == 2 {
 				n = 9
 			}
-			return pg.ReduceScatter(ctx, comm.MakeBuffer(comm.Float32, 2), comm.MakeBuffer(comm.Float32, n), comm.Sum, nil)
+			return pg.ReduceScatter(ctx, comm.MakeBuffer(tensor.Float32, 2), comm.MakeBuffer(tensor.Float32, n), comm.Sum, nil)
 		}},
 	}
 	for _, tc := range cases {
@@ -255,7 +256,7 @@ func TestMismatch(t *testing.T) {
 					return fmt.Errorf("got %v, want RankError naming rank 2 wrapping ErrMismatch", err)
 				}
 				// Still usable.
-				return pg.AllReduce(ctx, comm.MakeBuffer(comm.Int64, 3), comm.Sum)
+				return pg.AllReduce(ctx, comm.MakeBuffer(tensor.Int64, 3), comm.Sum)
 			})
 			if err != nil {
 				t.Fatal(err)
@@ -272,7 +273,7 @@ func TestCloseUnblocks(t *testing.T) {
 	}
 	done := make(chan error, 1)
 	go func() { done <- w.Group(0).Barrier(t.Context()) }()
-	go func() { done <- w.Group(1).Recv(t.Context(), comm.MakeBuffer(comm.Float32, 1), 2) }()
+	go func() { done <- w.Group(1).Recv(t.Context(), comm.MakeBuffer(tensor.Float32, 1), 2) }()
 	w.Close()
 	for range 2 {
 		if err := <-done; !errors.Is(err, comm.ErrClosed) {
@@ -363,7 +364,7 @@ func TestAllReduceChunked(t *testing.T) {
 	defer w.Close()
 	ranks := []int{0, 1, 2}
 	errs := runWorld(w, func(pg *inproc.Group) error {
-		for round, dt := range []comm.DType{comm.Float32, comm.BFloat16, comm.Int32, comm.Int64, comm.Float32} {
+		for round, dt := range []tensor.DType{tensor.Float32, tensor.BFloat16, tensor.Int32, tensor.Int64, tensor.Float32} {
 			count := (3<<20)/dt.Size() + 7 // 3 MiB + 7 elements: 4 chunks of ≥ 1 MiB per rank, the last short
 			for _, op := range []comm.ReduceOp{comm.Sum, comm.Max} {
 				seed := 10*round + int(op)

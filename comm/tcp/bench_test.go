@@ -10,6 +10,7 @@ import (
 
 	"github.com/gotron/gotron/comm"
 	"github.com/gotron/gotron/comm/tcp"
+	"github.com/gotron/gotron/tensor"
 )
 
 // BenchmarkAllReduce runs 2 ranks as goroutines of this process (each with
@@ -42,7 +43,7 @@ func BenchmarkAllReduce(b *testing.B) {
 					g.Close()
 				}
 			}()
-			bufs := []comm.Buffer{comm.MakeBuffer(comm.Float32, size/4), comm.MakeBuffer(comm.Float32, size/4)}
+			bufs := []comm.Buffer{comm.MakeBuffer(tensor.Float32, size/4), comm.MakeBuffer(tensor.Float32, size/4)}
 			b.SetBytes(int64(size)) // busbw = algbw for n = 2
 			b.ReportAllocs()
 			b.ResetTimer()
@@ -78,7 +79,7 @@ func TestAllReduceAllocs(t *testing.T) {
 		t.Run(fmt.Sprintf("ShmSlotBytes=%d", slot), func(t *testing.T) {
 			groups := joinLocal(t, 2, tcp.Config{Timeout: time.Minute, ShmSlotBytes: slot, ChunkBytes: 64 << 10})
 			measure := func(elems int) float64 {
-				bufs := []comm.Buffer{comm.MakeBuffer(comm.Float32, elems), comm.MakeBuffer(comm.Float32, elems)}
+				bufs := []comm.Buffer{comm.MakeBuffer(tensor.Float32, elems), comm.MakeBuffer(tensor.Float32, elems)}
 				start, done := make(chan struct{}), make(chan error)
 				go func() {
 					for range start {

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/gotron/gotron/comm"
+	"github.com/gotron/gotron/tensor"
 )
 
 // Frame header (little-endian): tag u32, seq u32, payload length u64 (bit
@@ -100,7 +101,7 @@ type req struct {
 	tag uint32
 	seq uint32
 	dst []byte
-	dt  comm.DType    // with reduce: dst's element type
+	dt  tensor.DType  // with reduce: dst's element type
 	red comm.ReduceOp // with reduce: how the payload combines into dst
 	// reduce: the payload is combined into dst (dst = dst red payload),
 	// not copied over it.
@@ -306,7 +307,7 @@ func (pc *peerConn) post(tag, seq uint32, dst []byte) *req {
 	return pc.postReq(tag, seq, dst, 0, 0, false)
 }
 
-func (pc *peerConn) postReq(tag, seq uint32, dst []byte, dt comm.DType, red comm.ReduceOp, reduce bool) *req {
+func (pc *peerConn) postReq(tag, seq uint32, dst []byte, dt tensor.DType, red comm.ReduceOp, reduce bool) *req {
 	r := reqPool.Get().(*req)
 	r.pc, r.tag, r.seq, r.dst, r.taken = pc, tag, seq, dst, false
 	r.dt, r.red, r.reduce = dt, red, reduce

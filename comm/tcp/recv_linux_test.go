@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/gotron/gotron/comm"
+	"github.com/gotron/gotron/tensor"
 )
 
 // TestReduceFromShm streams payloads of every dtype through rings whose
@@ -21,7 +22,7 @@ import (
 // give exactly what Accumulate gives on a copy of the payload, and the
 // byte frames must arrive intact.
 func TestReduceFromShm(t *testing.T) {
-	dts := []comm.DType{comm.Float32, comm.BFloat16, comm.Int32, comm.Int64}
+	dts := []tensor.DType{tensor.Float32, tensor.BFloat16, tensor.Int32, tensor.Int64}
 	ops := []comm.ReduceOp{comm.Sum, comm.Max, comm.Min, comm.Avg}
 	for _, size := range []int{7, 4099, 1 << 20} {
 		t.Run(strconv.Itoa(size), func(t *testing.T) {
@@ -108,22 +109,22 @@ func TestReduceFromShm(t *testing.T) {
 
 // randBuffer returns n random elements of dt (small integers as floats, so
 // sums are exact in any order and the comparison is about placement).
-func randBuffer(rng *rand.Rand, dt comm.DType, n int) comm.Buffer {
+func randBuffer(rng *rand.Rand, dt tensor.DType, n int) comm.Buffer {
 	b := comm.MakeBuffer(dt, n)
 	switch dt {
-	case comm.Float32:
+	case tensor.Float32:
 		for i := range b.Float32() {
 			b.Float32()[i] = float32(rng.IntN(2001) - 1000)
 		}
-	case comm.BFloat16:
+	case tensor.BFloat16:
 		for i := range b.BFloat16() {
 			b.BFloat16()[i] = comm.Float32ToBF16(float32(rng.IntN(2001)-1000) / 7)
 		}
-	case comm.Int32:
+	case tensor.Int32:
 		for i := range b.Int32() {
 			b.Int32()[i] = int32(rng.Uint32())
 		}
-	case comm.Int64:
+	case tensor.Int64:
 		for i := range b.Int64() {
 			b.Int64()[i] = int64(rng.Uint64())
 		}

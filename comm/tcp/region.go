@@ -11,6 +11,7 @@ import (
 	"unsafe"
 
 	"github.com/gotron/gotron/comm"
+	"github.com/gotron/gotron/tensor"
 )
 
 // Same-host collectives through a group region.
@@ -298,7 +299,7 @@ type regionCall struct {
 
 // beginRegion locks the region for the collective described by nbytes,
 // dtype, reduce op and counts (nil for even) and publishes the description.
-func (g *Group) beginRegion(ctx context.Context, r *region, op string, nbytes int, dt comm.DType, red comm.ReduceOp, counts []int) (*regionCall, error) {
+func (g *Group) beginRegion(ctx context.Context, r *region, op string, nbytes int, dt tensor.DType, red comm.ReduceOp, counts []int) (*regionCall, error) {
 	r.mu.Lock()
 	if r.mem == nil {
 		r.mu.Unlock()

@@ -19,6 +19,7 @@ import (
 	"github.com/gotron/gotron/comm"
 	"github.com/gotron/gotron/comm/commtest"
 	"github.com/gotron/gotron/comm/tcp"
+	"github.com/gotron/gotron/tensor"
 )
 
 // Worker processes are this test binary re-executed with workerEnv set to
@@ -81,7 +82,7 @@ func worker(scenario string) int {
 		fmt.Println("OK")
 		return 0
 	case "loop": // all-reduce until something fails
-		buf := comm.MakeBuffer(comm.Float32, 1<<18)
+		buf := comm.MakeBuffer(tensor.Float32, 1<<18)
 		for i := 0; ; i++ {
 			err := g.AllReduce(ctx, buf, comm.Sum)
 			if i == 0 {
@@ -110,14 +111,14 @@ func worker(scenario string) int {
 		if g.Rank() == 1 {
 			n += 1 << 14
 		}
-		got := blamed(g.AllReduce(ctx, comm.MakeBuffer(comm.Float32, n), comm.Sum))
-		buf := commtest.Fill(comm.Float32, 1<<16, 7, g.Rank(), 0)
+		got := blamed(g.AllReduce(ctx, comm.MakeBuffer(tensor.Float32, n), comm.Sum))
+		buf := commtest.Fill(tensor.Float32, 1<<16, 7, g.Rank(), 0)
 		if err := g.AllReduce(ctx, buf, comm.Sum); err != nil {
 			fmt.Println("ERROR", err)
 			return 1
 		}
 		for i := range buf.Len() {
-			if want := commtest.ReduceRef(comm.Float32, comm.Sum, 7, []int{0, 1, 2}, i); commtest.Get(buf, i) != want {
+			if want := commtest.ReduceRef(tensor.Float32, comm.Sum, 7, []int{0, 1, 2}, i); commtest.Get(buf, i) != want {
 				fmt.Printf("ERROR element %d after the mismatch: %v, want %v\n", i, commtest.Get(buf, i), want)
 				return 1
 			}
@@ -132,7 +133,7 @@ func worker(scenario string) int {
 			}
 			return fmt.Sprintf("(%v)", err)
 		}
-		buf := comm.MakeBuffer(comm.Float32, 4)
+		buf := comm.MakeBuffer(tensor.Float32, 4)
 		p2p, coll := "-", ""
 		if g.Rank() == 0 {
 			if err := errors.Join(g.Send(ctx, buf, 1), g.Send(ctx, buf, 1), g.Broadcast(ctx, buf, 0)); err != nil {
@@ -145,7 +146,7 @@ func worker(scenario string) int {
 				fmt.Println("ERROR", err)
 				return 1
 			}
-			p2p = blamed(g.Recv(ctx, comm.MakeBuffer(comm.Float32, 8), 0))
+			p2p = blamed(g.Recv(ctx, comm.MakeBuffer(tensor.Float32, 8), 0))
 			coll = blamed(g.AllReduce(ctx, buf, comm.Sum))
 		}
 		fmt.Printf("MISMATCH p2p=%s coll=%s\n", p2p, coll)
@@ -501,8 +502,8 @@ func TestContextCancel(t *testing.T) {
 	g := joinLocal(t, 2, tcp.Config{Timeout: time.Minute})
 	ctx, cancel := context.WithCancel(t.Context())
 	e0, e1 := make(chan error, 1), make(chan error, 1)
-	go func() { e0 <- g[0].Recv(ctx, comm.MakeBuffer(comm.Float32, 4), 1) }()
-	go func() { e1 <- g[1].Recv(t.Context(), comm.MakeBuffer(comm.Float32, 4), 0) }()
+	go func() { e0 <- g[0].Recv(ctx, comm.MakeBuffer(tensor.Float32, 4), 1) }()
+	go func() { e1 <- g[1].Recv(t.Context(), comm.MakeBuffer(tensor.Float32, 4), 0) }()
 	cancel()
 	if err := <-e0; !errors.Is(err, context.Canceled) {
 		t.Errorf("rank 0: got %v, want context.Canceled", err)
@@ -518,7 +519,7 @@ func TestContextCancel(t *testing.T) {
 func TestCloseUnblocks(t *testing.T) {
 	g := joinLocal(t, 2, tcp.Config{Timeout: 10 * time.Second})
 	done := make(chan error, 1)
-	go func() { done <- g[0].Recv(t.Context(), comm.MakeBuffer(comm.Float32, 4), 1) }()
+	go func() { done <- g[0].Recv(t.Context(), comm.MakeBuffer(tensor.Float32, 4), 1) }()
 	g[0].Close()
 	if err := <-done; !errors.Is(err, comm.ErrClosed) {
 		t.Errorf("got %v, want ErrClosed", err)
@@ -564,8 +565,8 @@ func TestShmUsedAndCleanedUp(t *testing.T) {
 						return
 					}
 					groups[r] = g
-					big := comm.MakeBuffer(comm.Float32, 1<<18)
-					small := comm.MakeBuffer(comm.Float32, 8)
+					big := comm.MakeBuffer(tensor.Float32, 1<<18)
+					small := comm.MakeBuffer(tensor.Float32, 8)
 					errs[r] = errors.Join(g.AllReduce(t.Context(), big, comm.Sum), g.AllReduce(t.Context(), small, comm.Sum))
 				}()
 			}
