@@ -315,7 +315,9 @@ func loadWeights(m *gpt.Model, r *ckpt.Reader) error {
 		return err
 	}
 	for _, p := range m.Params() {
-		if err := r.Read(ckpt.GroupModel, p.Name, p.Shape(), ckpt.Whole(p.Shape()), p.Float32s()); err != nil {
+		if err := staged(p, func(v []float32) error {
+			return r.Read(ckpt.GroupModel, p.Name, p.Shape(), ckpt.Whole(p.Shape()), v)
+		}); err != nil {
 			return fmt.Errorf("train: %w", err)
 		}
 	}
@@ -430,7 +432,7 @@ func (t *Trainer) load(root string) error {
 func SaveModel(ctx context.Context, dir string, iteration int, m *gpt.Model, seqLength int, cli map[string]any) error {
 	model := map[string]safetensors.Tensor{}
 	for _, p := range m.Params() {
-		model[p.Name] = safetensors.Tensor{DType: safetensors.F32, Shape: p.Shape(), Data: safetensors.Float32Bytes(p.Float32s())}
+		model[p.Name] = safetensors.Tensor{DType: safetensors.F32, Shape: p.Shape(), Data: safetensors.Float32Bytes(hostValues(p))}
 	}
 	args, err := json.Marshal(RunArgs{Model: m.Config, SeqLength: seqLength, CLI: cli})
 	if err != nil {

@@ -14,6 +14,7 @@ import (
 	"github.com/gotron/gotron/optim"
 	"github.com/gotron/gotron/parallel"
 	"github.com/gotron/gotron/parallel/ddp"
+	"github.com/gotron/gotron/tensor"
 )
 
 // Config is one training run. Field comments name the Megatron flag.
@@ -116,6 +117,13 @@ type Config struct {
 	// DDP configures the data-parallel gradient reduction and the
 	// distributed optimizer (used when Parallel is set).
 	DDP ddp.Config
+
+	// Device is --device: where the parameters, gradients and optimizer
+	// state live and compute. tensor.CPU is the zero value; tensor.Sim, the
+	// simulated device, is a development aid that proves the device seam
+	// (device storage is read only through counted copies at the I/O
+	// boundaries) with results identical to the CPU's bit for bit.
+	Device tensor.Device
 
 	// Now is the clock (tests replace it); nil means time.Now.
 	Now func() time.Time

@@ -152,6 +152,10 @@ func New(cfg Config, train, valid datagpt.Source) (*Trainer, error) {
 			return nil, err
 		}
 	}
+	if err := t.checkDevice(); err != nil {
+		return nil, err
+	}
+	t.moveToDevice()
 	var ps []*optim.Param
 	if t.par != nil {
 		if ps, err = t.setupParallel(t.cctx); err != nil {
@@ -247,6 +251,11 @@ func (t *Trainer) Run(ctx context.Context) (Result, error) {
 	}
 	t.startTime = cfg.Now()
 	t.lastLog, t.lastLogIter, t.startIter = t.startTime, t.Iteration, t.Iteration
+	var stepCopies tensor.Transfers // host copies made by training steps (--device sim)
+	if cfg.Device == tensor.Sim {
+		since := tensor.SimTransfers()
+		defer func() { t.printf("%s", transfers(since, stepCopies, t.Iteration-t.startIter)) }()
+	}
 	if cfg.MetricsFile != "" {
 		mw, err := openMetrics(cfg.MetricsFile)
 		if err != nil {
@@ -275,10 +284,12 @@ func (t *Trainer) Run(ctx context.Context) (Result, error) {
 		if err := t.pollSave(false); err != nil {
 			return res, err
 		}
+		before := tensor.SimTransfers()
 		loss, err := t.step(ctx)
 		if err != nil {
 			return res, err
 		}
+		stepCopies = add(stepCopies, sub(tensor.SimTransfers(), before))
 		res.Losses = append(res.Losses, loss)
 		res.LossScales = append(res.LossScales, float64(t.lossScale()))
 		t.tbIteration(loss)
@@ -408,12 +419,13 @@ func (t *Trainer) step(ctx context.Context) (float64, error) {
 		if err != nil {
 			return 0, fmt.Errorf("train: iteration %d: %w", t.Iteration+1, err)
 		}
+		bt = batchTo(bt, t.cfg.Device)
 		logits := t.Model.Forward(t.tape, bt, t.rng, true)
 		loss := t.Model.Loss(t.tape, logits, bt)
 		if err := t.regionErr(); err != nil {
 			return 0, err
 		}
-		lossSum += float64(loss.Float32s()[0])
+		lossSum += scalar(loss)
 		// Each microbatch's mean loss counts 1/n of the iteration's loss
 		// (times the loss scale with --fp16).
 		if err := t.tape.Backward(t.tape.Scale(loss, t.lossScale()/float32(n))); err != nil {
@@ -506,7 +518,8 @@ func (t *Trainer) evaluate(src datagpt.Source, consumed *int64) (float64, error)
 					return math.NaN(), err
 				}
 			} else {
-				loss = float64(t.Model.Loss(nil, t.Model.Forward(nil, bt, nil, false), bt).Float32s()[0])
+				dbt := batchTo(bt, t.cfg.Device)
+				loss = scalar(t.Model.Loss(nil, t.Model.Forward(nil, dbt, nil, false), dbt))
 				if err := t.regionErr(); err != nil {
 					return math.NaN(), err
 				}

@@ -178,7 +178,7 @@ func (t *Trainer) checkpointPieces(st *optim.State) ([]ckpt.Piece, error) {
 		shapes[p.Name] = p.Shape()
 		if writes(p.Name, false) {
 			full, blocks := t.paramBlocks(p.Name, p.Shape())
-			add(ckpt.GroupModel, p.Name, full, blocks, p.Float32s())
+			add(ckpt.GroupModel, p.Name, full, blocks, hostValues(p))
 		}
 	}
 	if st == nil {
@@ -370,11 +370,15 @@ func stateKinds(st optim.State) []string {
 func (t *Trainer) readParams(r *ckpt.Reader) error {
 	for _, p := range t.localParams() {
 		full, blocks := t.paramBlocks(p.Name, p.Shape())
-		v := p.Float32s()
-		for _, b := range blocks {
-			if err := r.Read(ckpt.GroupModel, p.Name, full, b.Block, v[b.start:b.start+b.Len()]); err != nil {
-				return fmt.Errorf("train: --load: %w", err)
+		if err := staged(p, func(v []float32) error {
+			for _, b := range blocks {
+				if err := r.Read(ckpt.GroupModel, p.Name, full, b.Block, v[b.start:b.start+b.Len()]); err != nil {
+					return fmt.Errorf("train: --load: %w", err)
+				}
 			}
+			return nil
+		}); err != nil {
+			return err
 		}
 	}
 	return nil

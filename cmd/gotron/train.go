@@ -51,6 +51,7 @@ type trainFlags struct {
 	quickstartDir  string
 	noProgress     bool
 	cpuProfile     string
+	device         string
 	promptAfter    string
 	generateTokens int
 	// finish copies float64 flag values into the float32 config fields.
@@ -183,6 +184,7 @@ func newTrainFlags() (*flag.FlagSet, *trainFlags) {
 	fs.Int("tensorboard-queue-size", 1000, "accepted: gotron buffers events in memory and flushes them at every log line")
 	fs.Float64Var(&c.PeakFLOPs, "peak-flops", 0, "per-process peak FLOP/s for MFU (0: measure this CPU's fp32 FMA peak over the kernel threads at start, doubled with --bf16)")
 	fs.BoolVar(&f.noProgress, "no-progress", false, "no progress bar even on a terminal")
+	fs.StringVar(&f.device, "device", "cpu", "where the model computes: cpu, or sim — the simulated device, a development aid that proves the device seam (results identical to cpu, host copies counted and printed at the end; one process only for now)")
 	fs.StringVar(&f.cpuProfile, "cpu-profile", "", "write a Go CPU profile of the training loop to this file (go tool pprof); under launch --inproc rank 0's covers every rank, other processes' ranks r write FILE.rank<r>")
 
 	fs.StringVar(&c.Save, "save", "", "checkpoint directory to save to")
@@ -423,6 +425,11 @@ func cmdTrain(ctx context.Context, env *cli, args []string) error {
 func (f *trainFlags) build(ctx context.Context, given map[string]bool) (train.Config, *dataSources, error) {
 	cfg := f.cfg
 	m := f.model
+	dev, err := tensor.ParseDevice(f.device)
+	if err != nil {
+		return cfg, nil, fmt.Errorf("--device: %w", err)
+	}
+	cfg.Device = dev
 	if f.preset != "" {
 		p, err := gpt.Preset(f.preset)
 		if err != nil {

@@ -1,0 +1,105 @@
+package train
+
+import (
+	"fmt"
+
+	"github.com/gotron/gotron/model/gpt"
+	"github.com/gotron/gotron/tensor"
+)
+
+// This file is the Trainer's device seam (--device). The model is built on
+// the CPU, from the seed or sliced by the parallel plan, and moved to the
+// device once; after that, host code touches device storage only at the
+// I/O boundaries, through the explicit copies the tensor package counts:
+// batches are copied in at the data-loading boundary, the loss and the
+// logged scalars are read back, checkpoints are written from and read into
+// host copies of the parameters and optimizer state, and collectives stage
+// their buffers through the host (copy out, communicate, copy back).
+
+// moveToDevice moves this rank's parameters (its stages' under pipelining,
+// the tied embedding's copy included) to the run's device, before the
+// gradient buffers and the optimizer state are allocated beside them.
+func (t *Trainer) moveToDevice() {
+	if t.cfg.Device == tensor.CPU {
+		return
+	}
+	tensor.MoveParams(t.cfg.Device, t.Model.Params()...)
+	tensor.MoveParams(t.cfg.Device, t.localParams()...)
+}
+
+// batchTo returns bt with every tensor copied to dev (bt itself on the CPU):
+// the data-loading boundary.
+func batchTo(bt gpt.Batch, dev tensor.Device) gpt.Batch {
+	if dev == tensor.CPU {
+		return bt
+	}
+	mv := func(x *tensor.Tensor) *tensor.Tensor {
+		if x == nil {
+			return nil
+		}
+		return x.ToDevice(dev)
+	}
+	return gpt.Batch{Tokens: mv(bt.Tokens), Positions: mv(bt.Positions), DocIDs: mv(bt.DocIDs), Labels: mv(bt.Labels), LossMask: mv(bt.LossMask)}
+}
+
+// scalar reads a one-element float32 tensor back to the host (a logged
+// value: the loss).
+func scalar(x *tensor.Tensor) float64 { return float64(tensor.ToHost(x).Float32s()[0]) }
+
+// hostValues returns p's values for host code that only reads them (a
+// checkpoint being written): p's own storage on the CPU, else a counted
+// copy.
+func hostValues(p *tensor.Tensor) []float32 { return tensor.ToHost(p).Float32s() }
+
+// staged runs fn on p's values in host memory and, when p lives on a device,
+// copies what fn wrote back: the staging of a collective or a checkpoint
+// read into device storage. On the CPU fn gets p's own storage.
+func staged(p *tensor.Tensor, fn func([]float32) error) error {
+	if p.Device() == tensor.CPU {
+		return fn(p.Float32s())
+	}
+	h := tensor.ToHost(p)
+	if err := fn(h.Float32s()); err != nil {
+		return err
+	}
+	tensor.Copy(p, h)
+	return nil
+}
+
+// transfers is the line a run on the simulated device ends with: how many
+// host copies it made (the seam's cost, which a real device pays over its
+// bus) since the run began, and how many each training iteration made on
+// average (steps: the copies made inside training steps, over iters of
+// them; evaluation and checkpoints excluded).
+func transfers(since, steps tensor.Transfers, iters int64) string {
+	d := sub(tensor.SimTransfers(), since)
+	per := ""
+	if iters > 0 {
+		per = fmt.Sprintf("; per training iteration %.1f in, %.1f out, %.3f MB",
+			float64(steps.FromHost)/float64(iters), float64(steps.ToHost)/float64(iters), float64(steps.Bytes)/1e6/float64(iters))
+	}
+	return fmt.Sprintf("sim device: %d host-to-device and %d device-to-host copies, %.3f MB%s", d.FromHost, d.ToHost, float64(d.Bytes)/1e6, per)
+}
+
+// sub returns a − b, field by field.
+func sub(a, b tensor.Transfers) tensor.Transfers {
+	return tensor.Transfers{ToHost: a.ToHost - b.ToHost, FromHost: a.FromHost - b.FromHost, Bytes: a.Bytes - b.Bytes}
+}
+
+// add returns a + b, field by field.
+func add(a, b tensor.Transfers) tensor.Transfers {
+	return tensor.Transfers{ToHost: a.ToHost + b.ToHost, FromHost: a.FromHost + b.FromHost, Bytes: a.Bytes + b.Bytes}
+}
+
+// checkDevice refuses --device values with a layout that does not run on a
+// device yet, naming the layout and the reason, rather than reach around
+// the backend.
+func (t *Trainer) checkDevice() error {
+	if t.cfg.Device == tensor.CPU || t.par == nil {
+		return nil
+	}
+	l := t.par.Layout.Config
+	return fmt.Errorf("train: --device %v with --tensor-model-parallel-size=%d --pipeline-model-parallel-size=%d and data-parallel size %d: "+
+		"multi-rank layouts do not run on the %v device yet (their collectives read host buffers); run one process, or --device cpu",
+		t.cfg.Device, l.TP, l.PP, t.par.DPSize(), t.cfg.Device)
+}
