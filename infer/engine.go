@@ -235,7 +235,7 @@ func NewEngine(m *gpt.Model, cfg EngineConfig) (*Engine, error) {
 	mc := &m.Config
 	blocks := int(cfg.KVCacheBytes / cfg.blockBytes(m))
 	e := &Engine{m: m, cfg: cfg, maxPos: mc.MaxPositionEmbeddings, byID: map[SeqID]*sequence{}}
-	e.pool = newKVPool(mc.NumLayers, mc.NumQueryGroups, mc.KVChannels, cfg.BlockTokens, blocks)
+	e.pool = newKVPool(m.Device(), mc.NumLayers, mc.NumQueryGroups, mc.KVChannels, cfg.BlockTokens, blocks)
 	e.att = newPagedAttention(e.pool)
 	if cfg.BF16 {
 		if err := m.CheckBF16(); err != nil {

@@ -22,6 +22,7 @@ import (
 type kvPool struct {
 	blockTokens int // positions per block
 	numBlocks   int
+	dev         tensor.Device // where the keys and values are
 	// k[layer], v[layer]: (numBlocks, groups, blockTokens, head dim), as
 	// vLLM's blocks: a block's keys of one head are contiguous, so
 	// attention streams them in order (tensor.PagedAttention's layout).
@@ -50,10 +51,10 @@ type blockMeta struct {
 	tokens []int32
 }
 
-// newKVPool allocates numBlocks blocks for layers layers of groups KV heads
-// of dim floats per position.
-func newKVPool(layers, groups, dim, blockTokens, numBlocks int) *kvPool {
-	p := &kvPool{blockTokens: blockTokens, numBlocks: numBlocks,
+// newKVPool allocates on dev numBlocks blocks for layers layers of groups
+// KV heads of dim floats per position.
+func newKVPool(dev tensor.Device, layers, groups, dim, blockTokens, numBlocks int) *kvPool {
+	p := &kvPool{blockTokens: blockTokens, numBlocks: numBlocks, dev: dev,
 		refs: make([]int32, numBlocks), meta: make([]blockMeta, numBlocks), inLRU: make([]bool, numBlocks),
 		index: map[uint64]int32{}, lruHead: -1, lruTail: -1,
 		prev: make([]int32, numBlocks), next: make([]int32, numBlocks)}
@@ -63,8 +64,8 @@ func newKVPool(layers, groups, dim, blockTokens, numBlocks int) *kvPool {
 	// by one (a third of a 32-sequence step of GPT-2 124M when the blocks
 	// were fresh).
 	for range layers {
-		p.k = append(p.k, tensor.NewCommitted(numBlocks, groups, blockTokens, dim))
-		p.v = append(p.v, tensor.NewCommitted(numBlocks, groups, blockTokens, dim))
+		p.k = append(p.k, tensor.NewCommitted(dev, numBlocks, groups, blockTokens, dim))
+		p.v = append(p.v, tensor.NewCommitted(dev, numBlocks, groups, blockTokens, dim))
 	}
 	for b := numBlocks - 1; b >= 0; b-- {
 		p.free = append(p.free, int32(b))

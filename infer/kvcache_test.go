@@ -1,12 +1,16 @@
 package infer
 
-import "testing"
+import (
+	"testing"
+
+	"github.com/gotron/gotron/tensor"
+)
 
 // TestKVPoolAccounting: blocks move free → used → cached (when indexed) →
 // reused by lookup or evicted (least recently released first), and the
 // counts always add up to the pool.
 func TestKVPoolAccounting(t *testing.T) {
-	p := newKVPool(1, 1, 2, 4, 3)
+	p := newKVPool(tensor.CPU, 1, 1, 2, 4, 3)
 	check := func(used, cached, avail int) {
 		t.Helper()
 		if p.Used() != used || p.cachedCount() != cached || p.Available() != avail {

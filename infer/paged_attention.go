@@ -56,11 +56,14 @@ func (a *pagedAttention) reset(spans []span) {
 			a.slots = append(a.slots, int32(a.pool.slot(s.table, s.pos+i)))
 		}
 	}
+	// The step's tables are its input, built by the host: copied to the
+	// pool's device (on the CPU they are used in place).
+	dev := a.pool.dev
 	a.cfg = tensor.PagedAttentionConfig{
-		BlockTables: tensor.FromInt32(a.tables, len(spans), maxBlocks),
-		Spans:       tensor.FromInt32(a.spans, len(spans), 3),
+		BlockTables: tensor.FromInt32(a.tables, len(spans), maxBlocks).ToDevice(dev),
+		Spans:       tensor.FromInt32(a.spans, len(spans), 3).ToDevice(dev),
 	}
-	a.slotsT = tensor.FromInt32(a.slots, len(a.slots))
+	a.slotsT = tensor.FromInt32(a.slots, len(a.slots)).ToDevice(dev)
 }
 
 // Attend stores the layer's new keys and values and computes attention.

@@ -14,13 +14,17 @@ import "fmt"
 // today.
 func CPUBackend() Backend { return cpuBackend{} }
 
-// NewCommitted returns a zeroed float32 tensor whose memory is committed
-// now, for long-lived buffers such as a KV pool: an allocation the machine
-// cannot back then fails at start-up, not in the middle of a request, and
-// the first step that writes it does not fault its pages in one by one.
-func NewCommitted(shape ...int) *Tensor {
-	return backendFor(nil).AllocCommitted(Float32, shape)
+// NewCommitted returns a zeroed float32 tensor on dev whose memory is
+// committed now, for long-lived buffers such as a KV pool: an allocation
+// the machine cannot back then fails at start-up, not in the middle of a
+// request, and the first step that writes it does not fault its pages in
+// one by one.
+func NewCommitted(dev Device, shape ...int) *Tensor {
+	return backendOn(dev).AllocCommitted(Float32, shape)
 }
+
+// backendOn returns the backend of tensors on dev.
+func backendOn(dev Device) Backend { return backendFor(&Tensor{dev: dev}) }
 
 // PagedAttentionConfig locates each query row's keys and values in a paged
 // KV cache for PagedAttention. The rows of a step are grouped by sequence:
@@ -120,9 +124,13 @@ func mustContiguous(op string, ts ...*Tensor) {
 type PackedWeight struct {
 	out, in int
 	dtype   DType
+	dev     Device
 	bytes   int64
 	impl    any // the backend's form (the CPU's: *cpu.PackedB)
 }
+
+// Device returns the device holding the packed weight: the weight's.
+func (w *PackedWeight) Device() Device { return w.dev }
 
 // Out returns the weight's output features (its rows).
 func (w *PackedWeight) Out() int { return w.out }
@@ -165,6 +173,9 @@ func (tp *Tape) LinearPacked(x *Tensor, w *PackedWeight, b *Tensor) *Tensor {
 	}
 	if tp.recording(x, b) {
 		panic("tensor: LinearPacked records no gradient; use Linear on a recording tape")
+	}
+	if x.dev != w.dev {
+		panic(fmt.Sprintf("tensor: LinearPacked of %v on %v with a weight packed on %v", x, x.dev, w.dev))
 	}
 	x = tp.Contiguous(x)
 	rows := x.Numel() / w.in
