@@ -18,6 +18,7 @@ import (
 	"github.com/gotron/gotron/optim"
 	"github.com/gotron/gotron/parallel"
 	"github.com/gotron/gotron/parallel/ddp"
+	"github.com/gotron/gotron/tensor"
 )
 
 // dpDataset writes a real .bin/.idx pair (documents of a few learnable
@@ -91,6 +92,7 @@ type dpRun struct {
 	seen   []int
 	optB   int64
 	early  int // buckets reduced during the last backward
+	device tensor.Device
 }
 
 // runDP trains cfg on dp inproc ranks (dp = 0: one process, no groups).
@@ -120,9 +122,9 @@ func runDP(t *testing.T, cfg Config, dp int, dc ddp.Config, train, valid datagpt
 		}
 		ps := map[string][]float32{}
 		for _, p := range tr.Model.Params() {
-			ps[p.Name] = slices.Clone(p.Float32s())
+			ps[p.Name] = slices.Clone(tensor.ToHost(p).Float32s())
 		}
-		runs[rank] = dpRun{res: res, params: ps, seen: rec.seen, optB: tr.OptimizerStateBytes()}
+		runs[rank] = dpRun{res: res, params: ps, seen: rec.seen, optB: tr.OptimizerStateBytes(), device: tr.Model.Device()}
 		if tr.ddp != nil {
 			runs[rank].early = tr.ddp.EarlyBuckets()
 		}

@@ -36,7 +36,7 @@ func (t *Trainer) gatherWhole(name string, shape []int, local []float32) ([]floa
 func (t *Trainer) wholeParams() (map[string]safetensors.Tensor, error) {
 	out := map[string]safetensors.Tensor{}
 	for _, p := range t.Model.Params() {
-		w, err := t.gatherWhole(p.Name, p.Shape(), p.Float32s())
+		w, err := t.gatherWhole(p.Name, p.Shape(), hostValues(p))
 		if err != nil {
 			return nil, err
 		}
@@ -55,7 +55,7 @@ func (t *Trainer) gatherPipeline() error {
 	g := t.par.PP
 	if g.Rank() != 0 {
 		for _, p := range ownedParams(t.stages) {
-			if err := g.Send(t.cctx, comm.Float32s(p.Float32s()), 0); err != nil {
+			if err := g.Send(t.cctx, comm.Float32s(hostValues(p)), 0); err != nil {
 				return fmt.Errorf("send %s to pipeline rank 0: %w", p.Name, err)
 			}
 		}
@@ -69,7 +69,7 @@ func (t *Trainer) gatherPipeline() error {
 			return err
 		}
 		for _, p := range ownedParams(stages) {
-			if err := g.Recv(t.cctx, comm.Float32s(p.Float32s()), r); err != nil {
+			if err := staged(p, func(v []float32) error { return g.Recv(t.cctx, comm.Float32s(v), r) }); err != nil {
 				return fmt.Errorf("receive %s from pipeline rank %d: %w", p.Name, r, err)
 			}
 		}

@@ -63,7 +63,7 @@ func (t *Trainer) setupParallel(ctx context.Context) ([]*optim.Param, error) {
 	}
 	t.ddp = d
 	for _, w := range t.localParams() {
-		if err := p.DP.Broadcast(ctx, comm.Float32s(w.Float32s()), 0); err != nil {
+		if err := staged(w, func(v []float32) error { return p.DP.Broadcast(ctx, comm.Float32s(v), 0) }); err != nil {
 			return nil, fmt.Errorf("train: broadcast parameter %s from data-parallel rank 0: %w", w.Name, err)
 		}
 	}

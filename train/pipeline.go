@@ -237,7 +237,9 @@ func (t *Trainer) reduceEmbeddingGrads(ctx context.Context) error {
 	}
 	views := t.ddp.GradViews(func(p *tensor.Tensor) bool { return p == e })
 	for _, v := range views {
-		if err := t.par.Embedding.AllReduce(ctx, comm.Float32s(v), comm.Sum); err != nil {
+		if err := staged(v, func(h []float32) error {
+			return t.par.Embedding.AllReduce(ctx, comm.Float32s(h), comm.Sum)
+		}); err != nil {
 			return fmt.Errorf("train: iteration %d: all-reduce of the tied word embedding's gradient over the embedding group: %w", t.Iteration+1, err)
 		}
 	}

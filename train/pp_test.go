@@ -55,7 +55,7 @@ func runPP(t *testing.T, cfg Config, l ppLayout, train, valid datagpt.Source) []
 				return err
 			}
 		}
-		run := dpRun{res: res}
+		run := dpRun{res: res, device: tr.localParams()[0].Device()}
 		if tr.ddp != nil {
 			run.early = tr.ddp.EarlyBuckets()
 		}

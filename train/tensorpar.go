@@ -128,18 +128,20 @@ func (t *Trainer) reduceSequenceParallelGrads(ctx context.Context) error {
 	})
 	n := 0
 	for _, v := range views {
-		n += len(v)
+		n += v.Numel()
 	}
+	// One all-reduce of the views packed in a host buffer (device views are
+	// copied out and back).
 	buf := make([]float32, 0, n)
 	for _, v := range views {
-		buf = append(buf, v...)
+		buf = append(buf, hostValues(v)...)
 	}
 	if err := t.par.TP.AllReduce(ctx, comm.Float32s(buf), comm.Sum); err != nil {
 		return fmt.Errorf("train: iteration %d: sequence-parallel gradient all-reduce: %w", t.Iteration+1, err)
 	}
 	for _, v := range views {
-		copy(v, buf[:len(v)])
-		buf = buf[len(v):]
+		setValues(v, buf[:v.Numel()])
+		buf = buf[v.Numel():]
 	}
 	return nil
 }

@@ -44,7 +44,7 @@ func runTP(t *testing.T, cfg Config, tpSize, dp int, sp bool, dc ddp.Config, tra
 			}
 			ps[name] = buf
 		}
-		runs[pg.Rank()] = dpRun{res: res, params: ps}
+		runs[pg.Rank()] = dpRun{res: res, params: ps, device: tr.Model.Device()}
 		return nil
 	})
 	if err != nil {

@@ -36,8 +36,12 @@ type Config struct {
 
 // DDP owns the flat gradient buffer of a model's parameters (and, with the
 // distributed optimizer, the flat parameter buffer) and reduces it over the
-// data-parallel group. Not safe for concurrent use: one training loop drives
-// it.
+// data-parallel group. The buffers live on the parameters' device; the
+// collectives read and write host memory, so on a device each bucket is
+// staged through host buffers with the tensor package's explicit copies
+// (copy out, communicate, copy back), while on the CPU the collectives work
+// on the buffers themselves. Not safe for concurrent use: one training loop
+// drives it.
 type DDP struct {
 	cfg    Config
 	group  comm.ProcessGroup
@@ -45,8 +49,12 @@ type DDP struct {
 	params []*tensor.Tensor
 	Layout Layout
 
-	grad  []float32 // flat gradients (model Grad tensors are views)
-	param []float32 // flat parameters (distributed optimizer only)
+	grad  *tensor.Tensor // flat gradients on the params' device (model Grad tensors are views)
+	param *tensor.Tensor // flat parameters (distributed optimizer only)
+
+	bucketGrad  []*tensor.Tensor     // per bucket: its view of grad
+	bucketScale []*tensor.TensorList // per bucket: bucketGrad as a list, for tensor.ScaleList
+	hostGrad    []*tensor.Tensor     // per bucket: what the collective reduces (bucketGrad itself on the CPU)
 
 	bucketOf map[*tensor.Tensor]int
 	waiting  []int         // per bucket: params whose gradient is not final yet
@@ -58,11 +66,15 @@ type DDP struct {
 	waited   time.Duration // time Finish spent issuing and waiting, summed over steps
 
 	// Distributed optimizer.
-	gradShard  [][]float32 // per bucket: this rank's reduced gradient shard
-	sendShard  [][]float32 // per bucket: scratch for the parameter all-gather
-	pieces     []piece     // this rank's shard, per parameter piece
-	gathers    []comm.Handle
-	gatherPend bool
+	gradShard   []*tensor.Tensor // per bucket: this rank's reduced gradient shard, on the device
+	hostShard   []*tensor.Tensor // per bucket: the reduce-scatter's output (gradShard itself on the CPU)
+	paramShard  []*tensor.Tensor // per bucket: this rank's shard of param
+	paramBucket []*tensor.Tensor // per bucket: its view of param
+	hostParam   []*tensor.Tensor // per bucket: the all-gather's output (paramBucket itself on the CPU)
+	sendShard   []*tensor.Tensor // per bucket: host scratch for the parameter all-gather
+	pieces      []piece          // this rank's shard, per parameter piece
+	gathers     []comm.Handle
+	gatherPend  bool
 }
 
 // piece is the part [Lo, Hi) (local indices) of parameter Param that lies in
@@ -92,21 +104,35 @@ func New(params []*tensor.Tensor, group comm.ProcessGroup, cfg Config, tied *ten
 	if err != nil {
 		return nil, err
 	}
+	dev := tensor.CPU
+	for i, p := range params {
+		if i == 0 {
+			dev = p.Device()
+		} else if p.Device() != dev {
+			return nil, fmt.Errorf("ddp: parameter %s is on the %v device, %s on %v", p.Name, p.Device(), params[0].Name, dev)
+		}
+	}
 	d := &DDP{cfg: cfg, group: group, async: asyncOf(group), params: params, Layout: l,
-		grad: make([]float32, l.Total), bucketOf: map[*tensor.Tensor]int{},
+		grad: tensor.ZerosOn(dev, l.Total), bucketOf: map[*tensor.Tensor]int{},
 		waiting: make([]int, len(l.Buckets)), handles: make([]comm.Handle, len(l.Buckets))}
 	if cfg.DistributedOptimizer {
-		d.param = make([]float32, l.Total)
+		d.param = tensor.ZerosOn(dev, l.Total)
 	}
 	for b, bk := range l.Buckets {
+		g := flatView(d.grad, bk.Start, bk.End-bk.Start)
+		sl, err := tensor.NewTensorList(g)
+		if err != nil {
+			return nil, fmt.Errorf("ddp: bucket %d: %w", b, err)
+		}
+		d.bucketGrad, d.bucketScale, d.hostGrad = append(d.bucketGrad, g), append(d.bucketScale, sl), append(d.hostGrad, staging(g))
 		for _, i := range bk.Params {
 			p := params[i]
 			r := l.Range[i]
 			d.bucketOf[p] = b
-			p.Grad = tensor.FromFloat32(d.grad[r[0]:r[1]], p.Shape()...)
+			p.Grad = flatView(d.grad, r[0], r[1]-r[0]).Reshape(p.Shape()...)
 			p.Grad.Name = p.Name + ".grad"
 			if d.param != nil {
-				if err := p.MoveTo(d.param[r[0]:r[1]]); err != nil {
+				if err := p.MoveInto(flatView(d.param, r[0], r[1]-r[0])); err != nil {
 					return nil, fmt.Errorf("ddp: %w", err)
 				}
 			}
@@ -116,6 +142,37 @@ func New(params []*tensor.Tensor, group comm.ProcessGroup, cfg Config, tied *ten
 		d.shard()
 	}
 	return d, nil
+}
+
+// flatView returns elements [off, off+n) of the 1-D tensor flat as a view
+// (no autograd), on flat's device.
+func flatView(flat *tensor.Tensor, off, n int) *tensor.Tensor {
+	var noGrad *tensor.Tape
+	return noGrad.Narrow(flat, 0, off, n)
+}
+
+// staging returns the host tensor a collective works on for x: x itself on
+// the CPU, else a host buffer of x's size, to and from which toHost and
+// fromHost copy (counted by the tensor package).
+func staging(x *tensor.Tensor) *tensor.Tensor {
+	if x.Device() == tensor.CPU {
+		return x
+	}
+	return tensor.Zeros(x.Shape()...)
+}
+
+// toHost copies x into its staging buffer h (nothing when h is x).
+func toHost(h, x *tensor.Tensor) {
+	if h != x {
+		tensor.Copy(h, x)
+	}
+}
+
+// fromHost copies the staging buffer h back into x (nothing when h is x).
+func fromHost(x, h *tensor.Tensor) {
+	if h != x {
+		tensor.Copy(x, h)
+	}
 }
 
 func asyncOf(g comm.ProcessGroup) comm.Async {
@@ -130,8 +187,11 @@ func (d *DDP) shard() {
 	dp, me := d.group.Size(), d.group.Rank()
 	for b, bk := range d.Layout.Buckets {
 		lo, hi := bk.Shard(me, dp)
-		d.gradShard = append(d.gradShard, make([]float32, hi-lo))
-		d.sendShard = append(d.sendShard, make([]float32, hi-lo))
+		gs := tensor.ZerosOn(d.grad.Device(), hi-lo)
+		pb := flatView(d.param, bk.Start, bk.End-bk.Start)
+		d.gradShard, d.hostShard = append(d.gradShard, gs), append(d.hostShard, staging(gs))
+		d.paramShard, d.paramBucket = append(d.paramShard, flatView(d.param, lo, hi-lo)), append(d.paramBucket, pb)
+		d.hostParam, d.sendShard = append(d.hostParam, staging(pb)), append(d.sendShard, tensor.Zeros(hi-lo))
 		for _, i := range bk.Params {
 			r := d.Layout.Range[i]
 			a, z := max(lo, r[0]), min(hi, r[1])
@@ -171,26 +231,28 @@ func (d *DDP) StartLastMicrobatch(ctx context.Context) {
 	}
 }
 
-// issue scales bucket b and starts its reduction.
+// issue scales bucket b (on its device: Megatron's
+// gradient_scaling_factor) and starts its reduction, staged through the host
+// off the CPU.
 func (d *DDP) issue(b int) {
-	bk := d.Layout.Buckets[b]
-	g := d.grad[bk.Start:bk.End]
 	op := comm.Sum
 	if d.cfg.AverageInCollective {
 		op = comm.Avg
 	} else if n := d.group.Size(); n > 1 {
-		scale(g, 1/float32(n))
+		tensor.ScaleList(d.bucketScale[b], 1/float32(n))
 	}
 	if d.group.Size() == 1 {
 		if d.cfg.DistributedOptimizer {
-			copy(d.gradShard[b], g)
+			tensor.Copy(d.gradShard[b], d.bucketGrad[b])
 		}
 		return
 	}
+	toHost(d.hostGrad[b], d.bucketGrad[b])
+	g := comm.Float32s(d.hostGrad[b].Float32s())
 	if d.cfg.DistributedOptimizer {
-		d.handles[b] = d.async.ReduceScatterAsync(d.ctx, comm.Float32s(d.gradShard[b]), comm.Float32s(g), op, nil)
+		d.handles[b] = d.async.ReduceScatterAsync(d.ctx, comm.Float32s(d.hostShard[b].Float32s()), g, op, nil)
 	} else {
-		d.handles[b] = d.async.AllReduceAsync(d.ctx, comm.Float32s(g), op)
+		d.handles[b] = d.async.AllReduceAsync(d.ctx, g, op)
 	}
 }
 
@@ -212,8 +274,14 @@ func (d *DDP) Finish(ctx context.Context) error {
 		if h == nil {
 			continue
 		}
-		if err := h.Wait(ctx); err != nil && first == nil {
-			first = fmt.Errorf("ddp: gradient reduction of bucket %d (%d elements): %w", b, d.Layout.Buckets[b].End-d.Layout.Buckets[b].Start, err)
+		if err := h.Wait(ctx); err != nil {
+			if first == nil {
+				first = fmt.Errorf("ddp: gradient reduction of bucket %d (%d elements): %w", b, d.Layout.Buckets[b].End-d.Layout.Buckets[b].Start, err)
+			}
+		} else if d.cfg.DistributedOptimizer {
+			fromHost(d.gradShard[b], d.hostShard[b])
+		} else {
+			fromHost(d.bucketGrad[b], d.hostGrad[b])
 		}
 		d.handles[b] = nil
 	}
@@ -231,24 +299,24 @@ func (d *DDP) EarlyBuckets() int { return d.early }
 func (d *DDP) SyncWait() time.Duration { return d.waited }
 
 // ZeroGrad clears the flat gradient buffer (padding included).
-func (d *DDP) ZeroGrad() { clear(d.grad) }
+func (d *DDP) ZeroGrad() { tensor.Zero(d.grad) }
 
 // Buckets returns the number of buckets.
 func (d *DDP) Buckets() int { return len(d.Layout.Buckets) }
 
 // ShardParams returns this rank's shard of every parameter as optimizer
-// parameters (distributed optimizer only): Data aliases the flat parameter
-// buffer, Grad the reduced gradient shard. Names are "<param>[lo:hi]";
-// weight decay follows Megatron's rule on the whole parameter.
+// parameters (distributed optimizer only): Data is a view of the flat
+// parameter buffer, Grad of the reduced gradient shard, on the parameters'
+// device. Names are "<param>[lo:hi]"; weight decay follows Megatron's rule
+// on the whole parameter.
 func (d *DDP) ShardParams() []*optim.Param {
 	var out []*optim.Param
 	for _, pc := range d.pieces {
 		p := d.params[pc.Param]
 		r := d.Layout.Range[pc.Param]
 		lo, _ := d.Layout.Buckets[pc.Bucket].Shard(d.group.Rank(), d.group.Size())
-		g := d.gradShard[pc.Bucket][r[0]+pc.Lo-lo : r[0]+pc.Hi-lo]
 		out = append(out, &optim.Param{Name: fmt.Sprintf("%s[%d:%d]", p.Name, pc.Lo, pc.Hi),
-			Data: tensor.FromFloat32(d.param[r[0]+pc.Lo:r[0]+pc.Hi], pc.Hi-pc.Lo), Grad: tensor.FromFloat32(g, len(g)),
+			Data: flatView(d.param, r[0]+pc.Lo, pc.Hi-pc.Lo), Grad: flatView(d.gradShard[pc.Bucket], r[0]+pc.Lo-lo, pc.Hi-pc.Lo),
 			NoWeightDecay: optim.DefaultNoWeightDecay(p.Name, p.Shape())})
 	}
 	return out
@@ -262,10 +330,10 @@ func (d *DDP) GatherParams(ctx context.Context) error {
 		return nil
 	}
 	d.gathers = d.gathers[:0]
-	for b, bk := range d.Layout.Buckets {
-		lo, hi := bk.Shard(d.group.Rank(), d.group.Size())
-		copy(d.sendShard[b], d.param[lo:hi])
-		d.gathers = append(d.gathers, d.async.AllGatherAsync(ctx, comm.Float32s(d.param[bk.Start:bk.End]), comm.Float32s(d.sendShard[b]), nil))
+	for b := range d.Layout.Buckets {
+		// The shard is sent from a copy: the all-gather writes the bucket it is in.
+		tensor.Copy(d.sendShard[b], d.paramShard[b])
+		d.gathers = append(d.gathers, d.async.AllGatherAsync(ctx, comm.Float32s(d.hostParam[b].Float32s()), comm.Float32s(d.sendShard[b].Float32s()), nil))
 	}
 	d.gatherPend = true
 	if d.cfg.OverlapParamGather {
@@ -282,18 +350,15 @@ func (d *DDP) WaitParams(ctx context.Context) error {
 	d.gatherPend = false
 	var first error
 	for b, h := range d.gathers {
-		if err := h.Wait(ctx); err != nil && first == nil {
-			first = fmt.Errorf("ddp: parameter all-gather of bucket %d: %w", b, err)
+		if err := h.Wait(ctx); err != nil {
+			if first == nil {
+				first = fmt.Errorf("ddp: parameter all-gather of bucket %d: %w", b, err)
+			}
+		} else {
+			fromHost(d.paramBucket[b], d.hostParam[b])
 		}
 	}
 	return first
-}
-
-// scale multiplies x by a in place (Megatron's gradient_scaling_factor).
-func scale(x []float32, a float32) {
-	for i := range x {
-		x[i] *= a
-	}
 }
 
 // pieceName is the optimizer-state name of a piece (see ShardParams).
@@ -419,16 +484,17 @@ func sortedKeys(m map[string]bool) []string {
 
 // GradViews returns, for every parameter want selects, the gradient this
 // rank holds after Finish: the whole gradient, or, with the distributed
-// optimizer, its pieces in this rank's reduced shard. The views alias the
-// buffers (for reductions over other groups, e.g. sequence-parallel norm
-// gradients over the tensor-parallel group).
-func (d *DDP) GradViews(want func(*tensor.Tensor) bool) [][]float32 {
-	var out [][]float32
+// optimizer, its pieces in this rank's reduced shard. The views share the
+// buffers' storage, on the parameters' device (for reductions over other
+// groups, e.g. sequence-parallel norm gradients over the tensor-parallel
+// group, which stage them through the host off the CPU).
+func (d *DDP) GradViews(want func(*tensor.Tensor) bool) []*tensor.Tensor {
+	var out []*tensor.Tensor
 	if !d.cfg.DistributedOptimizer {
 		for i, p := range d.params {
 			if want(p) {
 				r := d.Layout.Range[i]
-				out = append(out, d.grad[r[0]:r[1]])
+				out = append(out, flatView(d.grad, r[0], r[1]-r[0]))
 			}
 		}
 		return out
@@ -439,7 +505,7 @@ func (d *DDP) GradViews(want func(*tensor.Tensor) bool) [][]float32 {
 		}
 		r := d.Layout.Range[pc.Param]
 		lo, _ := d.Layout.Buckets[pc.Bucket].Shard(d.group.Rank(), d.group.Size())
-		out = append(out, d.gradShard[pc.Bucket][r[0]+pc.Lo-lo:r[0]+pc.Hi-lo])
+		out = append(out, flatView(d.gradShard[pc.Bucket], r[0]+pc.Lo-lo, pc.Hi-pc.Lo))
 	}
 	return out
 }
