@@ -82,12 +82,18 @@ func (a *cacheAttender) Attend(layer int, q, k, v, out *tensor.Tensor) {
 // RoundToBF16 rounds every parameter of m to bfloat16 (to nearest even),
 // in place, keeping float32 storage: decoding with `--bf16` computes in
 // float32 on bf16 weights, as a model stored in bf16 and widened on load
-// would (whose weights this leaves unchanged).
+// would (whose weights this leaves unchanged). Parameters on a device are
+// rounded through a host copy: a load-time transform, like reading a
+// checkpoint.
 func (m *Model) RoundToBF16() {
 	for _, p := range m.Params() {
-		s := p.Float32s()
+		h := tensor.ToHost(p)
+		s := h.Float32s()
 		for i, v := range s {
 			s[i] = half.BFloat16From(v).Float32()
+		}
+		if h != p {
+			tensor.Copy(p, h)
 		}
 	}
 }
@@ -96,7 +102,7 @@ func (m *Model) RoundToBF16() {
 // bfloat16 cannot represent exactly (see RoundToBF16).
 func (m *Model) CheckBF16() error {
 	for _, p := range m.Params() {
-		for i, v := range p.Float32s() {
+		for i, v := range tensor.ToHost(p).Float32s() {
 			if math.Float32bits(v)&0xFFFF != 0 && !math.IsNaN(float64(v)) {
 				return fmt.Errorf("gpt: parameter %s element %d = %g is not a bfloat16 value (round the model with RoundToBF16)", p.Name, i, v)
 			}

@@ -74,13 +74,19 @@ func TestSimDeviceMatchesCPU(t *testing.T) {
 				sameBits(t, c.Activation.String()+" gradient", sg[i], cg[i])
 			}
 			if d := tensor.SimTransfers(); d.ToHost == before.ToHost {
-				t.Errorf("%s: no transfer counted", c.Activation)
+				t.Errorf("%v: no transfer counted", c.Activation)
 			}
 		}
 
-		decode := func(dev tensor.Device) [][]float32 {
+		decode := func(dev tensor.Device, bf16 bool) [][]float32 {
 			m := stageModel(t, c)
 			m.ToDevice(dev)
+			if bf16 { // rounded on the device, through a host copy
+				m.RoundToBF16()
+				if err := m.CheckBF16(); err != nil {
+					t.Fatal(err)
+				}
+			}
 			kv := m.NewKVCache(8)
 			toks := bt.Tokens.Int32s()
 			var out [][]float32
