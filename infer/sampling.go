@@ -11,7 +11,8 @@ import (
 	"github.com/gotron/gotron/tensor"
 )
 
-// Sampling is Megatron's SamplingParams subset (spec §1.16).
+// Sampling is a subset of Megatron's SamplingParams
+// (megatron/core/inference/sampling_params.py).
 type Sampling struct {
 	// Temperature divides the logits; 0 means 1.
 	Temperature float64

@@ -32,9 +32,9 @@ type Env struct {
 }
 
 // DetectEnv reads a worker's rank and rendezvous address from the environment
-// through getenv (os.Getenv in production). Launchers are tried in the order
-// of go-ecosystem.md §7: torchrun (RANK with LOCAL_RANK, as set by torchrun
-// and "gotron launch") > Kubeflow PyTorchJob (PET_*, with RANK/WORLD_SIZE) >
+// through getenv (os.Getenv in production). Launchers are tried in this
+// order: torchrun (RANK with LOCAL_RANK, as set by torchrun and "gotron
+// launch") > Kubeflow PyTorchJob (PET_*, with RANK/WORLD_SIZE) >
 // plain RANK/WORLD_SIZE > Slurm (SLURM_PROCID...) > Open MPI
 // (OMPI_COMM_WORLD_*) > MPICH/Intel MPI (PMI_RANK, PMI_SIZE) > a single
 // process. MASTER_ADDR and MASTER_PORT override the address every source

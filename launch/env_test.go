@@ -10,8 +10,8 @@ func envOf(kv map[string]string) func(string) string {
 	return func(k string) string { return kv[k] }
 }
 
-// TestDetectEnv covers every launcher's variables and the precedence of
-// go-ecosystem.md §7.
+// TestDetectEnv covers every launcher's variables and DetectEnv's
+// precedence.
 func TestDetectEnv(t *testing.T) {
 	for _, c := range []struct {
 		name string

@@ -1,5 +1,7 @@
 // Package optim holds gotron's optimizers and the schedules around them,
-// each matching Megatron-LM (spec §1.5–1.7, §2.7–2.9):
+// each matching Megatron-LM (megatron/core/optimizer/,
+// megatron/core/optimizer_param_scheduler.py and
+// megatron/core/num_microbatches_calculator.py):
 //
 //   - AdamW (TE/Apex FusedAdam, adam_w_mode) and SGD (torch semantics) over
 //     flat float32 parameters grouped like Megatron's param groups

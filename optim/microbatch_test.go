@@ -9,8 +9,9 @@ import (
 )
 
 // TestMicrobatchesConstant checks ConstantNumMicroBatchesCalculator:
-// M = GBS/(mbs·DP), and --decrease-batch-size-if-needed rounding (the spec's
-// example from Megatron's test: GBS 32, mbs 8, DP 3 → M 1, running 24).
+// M = GBS/(mbs·DP), and --decrease-batch-size-if-needed rounding (the example
+// of Megatron's test_num_microbatches_calculator.py: GBS 32, mbs 8, DP 3 →
+// M 1, running 24).
 func TestMicrobatchesConstant(t *testing.T) {
 	cases := []struct {
 		rule                  string
@@ -42,16 +43,18 @@ func TestMicrobatchesConstant(t *testing.T) {
 	}
 }
 
-// TestMicrobatchesRampupReferenceRun replays the spec §2.9 ramp-up reference
-// run (START 32, INCR 32, RAMP 1000, GBS 128, mbs 4, DP 2), stepping consumed
-// samples by the current global batch as the training loop does.
+// TestMicrobatchesRampupReferenceRun replays a reference run of Megatron's
+// RampupBatchsizeNumMicroBatchesCalculator (core_v0.17.0's
+// megatron/core/num_microbatches_calculator.py; START 32, INCR 32, RAMP
+// 1000, GBS 128, mbs 4, DP 2), stepping consumed samples by the current
+// global batch as the training loop does.
 func TestMicrobatchesRampupReferenceRun(t *testing.T) {
 	m, err := NewMicrobatches(MicrobatchConfig{GlobalBatchSize: 128, MicroBatchSize: 4, DataParallelSize: 2,
 		RampupBatchSize: []int{32, 32, 1000}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	// iteration → (consumed, GBS, M) from the spec.
+	// iteration → (consumed, GBS, M) from Megatron's reference run.
 	want := map[int][3]int{0: {0, 32, 4}, 10: {320, 32, 4}, 11: {352, 64, 8}, 15: {608, 64, 8},
 		16: {672, 96, 12}, 19: {960, 96, 12}, 20: {1056, 128, 16}, 30: {2336, 128, 16}}
 	var consumed int64

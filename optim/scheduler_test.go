@@ -42,14 +42,16 @@ func lrAt(t *testing.T, cfg SchedulerConfig, n int64) (float64, float64) {
 	return s.LR(), s.WD()
 }
 
-// specBase is the spec §2.8 reference setting: lr0=0, lrM=3e-4, lrm=3e-5, W=100, D=1000.
+// specBase is the setting of Megatron's reference values: lr0=0, lrM=3e-4,
+// lrm=3e-5, W=100, D=1000.
 func specBase(style DecayStyle) SchedulerConfig {
 	return SchedulerConfig{MaxLR: 3e-4, MinLR: 3e-5, WarmupSteps: 100, DecaySteps: 1000,
 		DecayStyle: style, StartWD: 0.01, EndWD: 0.01, WDIncrSteps: 1000}
 }
 
-// TestSchedulerSpecReferenceValues checks every reference value of spec §2.8
-// (computed by running Megatron's HEAD class) to its printed precision.
+// TestSchedulerSpecReferenceValues checks Megatron's reference values
+// (computed by its OptimizerParamScheduler,
+// megatron/core/optimizer_param_scheduler.py) to their printed precision.
 func TestSchedulerSpecReferenceValues(t *testing.T) {
 	wsd := func(s WSDDecayStyle) SchedulerConfig {
 		c := specBase(DecayWSD)
@@ -75,7 +77,7 @@ func TestSchedulerSpecReferenceValues(t *testing.T) {
 	for _, c := range cases {
 		for _, p := range c.pts {
 			got, _ := lrAt(t, c.cfg, p.n)
-			// The spec prints 10 significant digits.
+			// The reference values have 10 significant digits.
 			if !near(got, p.lr, 5e-10) && math.Abs(got-p.lr) > 1e-20 {
 				t.Errorf("%s: lr(%d) = %.12g, spec says %.10g", c.name, p.n, got, p.lr)
 			}
@@ -176,8 +178,9 @@ func TestSchedulerMatchesMegatronClass(t *testing.T) {
 	t.Logf("%d of %d values bit-identical to Megatron", total-inexact, total)
 }
 
-// TestSchedulerFormulas checks each rule of §2.8 at the boundaries, against
-// values derived by hand from the formulas.
+// TestSchedulerFormulas checks each LR and WD rule of Megatron's
+// OptimizerParamScheduler at the boundaries, against values derived by hand
+// from the formulas.
 func TestSchedulerFormulas(t *testing.T) {
 	cos := func(r float64) float64 { return 0.5 * (math.Cos(math.Pi*r) + 1) }
 	cfg := func(style DecayStyle, mod func(*SchedulerConfig)) SchedulerConfig {

@@ -9,8 +9,9 @@ import (
 	"testing"
 )
 
-// TestWorkedExample checks megatron.md §2.1's verified example
-// (tp-cp-ep-dp-pp, TP=2, DP=2, PP=2, 8 ranks; expert ETP=1, EP=2).
+// TestWorkedExample checks the groups Megatron's RankGenerator
+// (megatron/core/parallel_state.py) builds for tp-cp-ep-dp-pp, TP=2, DP=2,
+// PP=2, 8 ranks; expert ETP=1, EP=2.
 func TestWorkedExample(t *testing.T) {
 	l, err := NewLayout(Config{WorldSize: 8, TP: 2, PP: 2})
 	if err != nil {

@@ -3,7 +3,8 @@ package tensor
 import "fmt"
 
 // Vocab-parallel ops: the local arithmetic of Megatron's
-// VocabParallelEmbedding and vocab_parallel_cross_entropy (spec §2.3), where
+// VocabParallelEmbedding and vocab_parallel_cross_entropy
+// (megatron/core/tensor_parallel/layers.py and cross_entropy.py), where
 // each tensor-parallel rank holds the vocabulary rows [start, start+v). The
 // collectives between them (max, then sum, all-reduces) are the caller's:
 // the row maxima and the (2, n) partials are the buffers it reduces. They

@@ -9,7 +9,9 @@ import (
 	"testing/quick"
 )
 
-// TestPaddedVocabSize: Megatron's _vocab_size_with_padding (spec §2.15).
+// TestPaddedVocabSize: Megatron's vocab_size_with_padding
+// (megatron/core/tokenizers/utils/build_tokenizer.py; _vocab_size_with_padding
+// in older releases).
 func TestPaddedVocabSize(t *testing.T) {
 	for _, tc := range []struct{ orig, div, tp, want int }{
 		{50257, 128, 1, 50304},

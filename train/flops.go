@@ -2,10 +2,10 @@ package train
 
 import "github.com/gotron/gotron/model/gpt"
 
-// FLOPsPerIteration is Megatron's num_floating_point_operations for a dense
-// GPT (spec §2.19): model FLOPs of one iteration over globalBatch samples of
-// seqLen tokens, counting forward, dgrad and wgrad GEMMs and the causal half
-// of attention scores.
+// FLOPsPerIteration is Megatron's num_floating_point_operations
+// (megatron/training/training.py) for a dense GPT: model FLOPs of one
+// iteration over globalBatch samples of seqLen tokens, counting forward,
+// dgrad and wgrad GEMMs and the causal half of attention scores.
 func FLOPsPerIteration(c gpt.Config, globalBatch, seqLen int) float64 {
 	h, f, L := float64(c.HiddenSize), float64(c.FFNHiddenSize), float64(c.NumLayers)
 	d := float64(c.KVChannels)

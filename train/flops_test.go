@@ -7,8 +7,9 @@ import (
 	"github.com/gotron/gotron/model/gpt"
 )
 
-// TestFLOPsMatchesMegatronReferenceValues checks spec §2.19's reference values
-// of num_floating_point_operations.
+// TestFLOPsMatchesMegatronReferenceValues checks Megatron's reference values
+// (computed by its num_floating_point_operations,
+// megatron/training/training.py).
 func TestFLOPsMatchesMegatronReferenceValues(t *testing.T) {
 	cases := []struct {
 		name string

@@ -15,8 +15,8 @@ import (
 )
 
 // logIteration accumulates the loss and, every --log-interval iterations,
-// prints Megatron's log line (spec §2.14) plus tokens/s and MFU, and appends
-// a JSON object to the metrics file.
+// prints Megatron's log line (training_log in megatron/training/training.py)
+// plus tokens/s and MFU, and appends a JSON object to the metrics file.
 //
 // It returns the iteration's metrics record (nil when nothing is logged or
 // there is no metrics file); the caller adds this iteration's evaluation and

@@ -19,7 +19,8 @@ func preprocessToy(t *testing.T) (dir, prefix string) {
 	return dir, filepath.Join(dir, "toy_text_document")
 }
 
-// TestDataSamplesSpec prints the spec §3.9 train item 0 and valid item 0.
+// TestDataSamplesSpec prints train item 0 and valid item 0 of Megatron's
+// reference values (computed by its GPTDataset).
 func TestDataSamplesSpec(t *testing.T) {
 	dir, prefix := preprocessToy(t)
 	cases := []struct {

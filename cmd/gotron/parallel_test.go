@@ -18,7 +18,8 @@ func runGotronLocal(t *testing.T, args ...string) (code int, stdout, stderr stri
 	return code, out.String(), errb.String()
 }
 
-// TestParallelGroupsWorkedExample prints megatron.md §2.1's example layout.
+// TestParallelGroupsWorkedExample prints the layout Megatron's RankGenerator
+// (megatron/core/parallel_state.py) builds for TP=2, PP=2 on 8 ranks.
 func TestParallelGroupsWorkedExample(t *testing.T) {
 	code, out, errs := runGotronLocal(t, "parallel", "groups", "--world-size", "8",
 		"--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2")

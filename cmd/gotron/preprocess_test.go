@@ -9,7 +9,8 @@ import (
 	"testing"
 )
 
-// specJSONL writes the spec §3.2 toy dataset as JSONL for NullTokenizer
+// specJSONL writes the toy dataset of Megatron's reference values (10
+// documents of lengths 5,3,8,2,6,4,7,1,9,5) as JSONL for NullTokenizer
 // (vocab 100, EOD 99): document k is [(t+i) mod 99 for i < len−1] + [99].
 func specJSONL(t *testing.T, dir string) string {
 	t.Helper()
@@ -31,8 +32,8 @@ func specJSONL(t *testing.T, dir string) string {
 	return p
 }
 
-// TestPreprocessSpecExample writes the spec §3.2 example through the CLI and
-// compares the .idx with the bytes Megatron's builder wrote.
+// TestPreprocessSpecExample writes that toy dataset through the CLI and
+// compares the .idx with the bytes Megatron's IndexedDatasetBuilder wrote.
 func TestPreprocessSpecExample(t *testing.T) {
 	dir := t.TempDir()
 	in := specJSONL(t, dir)

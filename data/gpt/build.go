@@ -56,7 +56,9 @@ type builder struct {
 }
 
 // Build builds the train, valid and test datasets as Megatron's
-// BlendedMegatronDatasetBuilder does (spec §3.3–3.5), loading indices from
+// BlendedMegatronDatasetBuilder does
+// (megatron/core/datasets/blended_megatron_dataset_builder.py), loading
+// indices from
 // the cache when possible. ctx is checked between datasets.
 func Build(ctx context.Context, cfg Config) (*Datasets, error) {
 	if err := cfg.Validate(); err != nil {

@@ -11,7 +11,9 @@ import (
 	"github.com/gotron/gotron/data/indexed"
 )
 
-// writeToy writes the spec §3.2 toy dataset (uint16, eod 99) under dir.
+// writeToy writes the toy dataset of Megatron's reference values (10
+// one-sequence documents of lengths 5,3,8,2,6,4,7,1,9,5; uint16, eod 99)
+// under dir.
 func writeToy(t testing.TB, dir string) string {
 	t.Helper()
 	prefix := filepath.Join(dir, "toy")
@@ -99,8 +101,9 @@ func TestBuildSpecDataset(t *testing.T) {
 	}
 }
 
-// Spec §3.9 blend row: toy (w .7) and toy2 (6 docs × 4 tokens, w .3), L=4,
-// N=10, split "100,0,0".
+// Megatron's reference blend (computed by its BlendedMegatronDatasetBuilder):
+// toy (w .7) and toy2 (6 docs × 4 tokens, w .3), L=4, N=10, split
+// "100,0,0".
 func TestBuildSpecBlend(t *testing.T) {
 	dir := t.TempDir()
 	toy := writeToy(t, dir)

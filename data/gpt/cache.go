@@ -8,7 +8,8 @@ import (
 
 // cacheSet names the files of one cached index build:
 // <dir>/<md5>-<class>-<split>-description.txt and -<name>.npy, Megatron's
-// names (spec §3.4 step 9), so gotron and Megatron runs with the same
+// names (gpt_dataset.py's _build_document_sample_shuffle_indices and
+// blended_dataset.py), so gotron and Megatron runs with the same
 // description share caches.
 type cacheSet struct {
 	description string

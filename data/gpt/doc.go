@@ -1,7 +1,9 @@
 // Package gpt builds Megatron-LM's GPT training data from .bin/.idx
 // datasets: GPTDataset (document, sample and shuffle indices), BlendedDataset
 // (weighted, unweighted and exhaustive blends) and the 'single' pretraining
-// sampler, bit-exact with Megatron (spec megatron.md §3.3–3.6).
+// sampler, bit-exact with Megatron (megatron/core/datasets/gpt_dataset.py,
+// blended_dataset.py, blended_megatron_dataset_builder.py, helpers.cpp and
+// megatron/training/datasets/data_samplers.py).
 //
 // Build takes a Config (the --data-path/--split/--seq-length/--seed/... flags
 // as typed fields) and returns the train, valid and test datasets. Each is a

@@ -10,8 +10,8 @@ import (
 	"github.com/gotron/gotron/data/indexed"
 )
 
-// Build the spec §3.2 toy dataset, then read the first training sample
-// exactly as Megatron would (spec §3.9).
+// Build the toy dataset of Megatron's reference values, then read the first
+// training sample exactly as Megatron's GPTDataset would.
 func Example() {
 	dir, _ := os.MkdirTemp("", "gpt-example")
 	defer os.RemoveAll(dir)

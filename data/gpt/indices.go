@@ -12,7 +12,9 @@ import (
 const AllSamples int64 = -1
 
 // IndexParams are the inputs of one GPTDataset's index construction
-// (spec §3.4). The zero value is not usable: set SeqLength.
+// (Megatron's megatron/core/datasets/gpt_dataset.py,
+// _build_document_sample_shuffle_indices). The zero value is not usable:
+// set SeqLength.
 type IndexParams struct {
 	// NumSamples is the requested sample count, or AllSamples.
 	NumSamples int64
@@ -39,7 +41,8 @@ type Indices struct {
 	// ShuffleIndex is a permutation of [0, S) (two when the final epoch is
 	// separate).
 	ShuffleIndex []int64
-	// Epochs is E and SeparateFinalEpoch the §3.4 step-3 decision.
+	// Epochs is E (_get_num_epochs) and SeparateFinalEpoch the
+	// separate_final_epoch decision of _build_document_sample_shuffle_indices.
 	Epochs             int
 	SeparateFinalEpoch bool
 }
@@ -120,7 +123,8 @@ func BuildIndices(sizes []int32, indices []int32, p IndexParams) (*Indices, erro
 	return out, nil
 }
 
-// epochPlan is §3.4 steps 2–3: the number of epochs, whether the final
+// epochPlan is gpt_dataset.py's _get_num_epochs and separate_final_epoch
+// decision: the number of epochs, whether the final
 // epoch is shuffled separately, and the sample count without it.
 func epochPlan(tpe int64, p IndexParams) (epochs int, separate bool, sans int64, err error) {
 	L, x := int64(p.SeqLength), int64(p.ExtraToken)
@@ -160,7 +164,8 @@ func shuffledRange(lo, hi int64, rng *nprand.MT19937) []int64 {
 	return out
 }
 
-// buildSampleIndex is helpers.cpp build_sample_idx (spec §3.4 step 6).
+// buildSampleIndex is Megatron's build_sample_idx
+// (megatron/core/datasets/helpers.cpp).
 func buildSampleIndex(sizes []int32, docIndex []int32, p IndexParams, totalTokens int64) ([]int64, error) {
 	L, x := int64(p.SeqLength), int64(p.ExtraToken)
 	var n int64

@@ -5,7 +5,8 @@ import (
 	"testing"
 )
 
-// specSizes are the sequence lengths of the spec §3.2 toy dataset.
+// specSizes are the sequence lengths of the toy dataset of Megatron's
+// reference values.
 var specSizes = []int32{5, 3, 8, 2, 6, 4, 7, 1, 9, 5}
 
 func span(lo, hi int32) []int32 {
@@ -38,8 +39,9 @@ func list[T any](x []T) string {
 	return s + "]"
 }
 
-// TestSpecIndexVectors checks the spec §3.9 reference vectors (computed by
-// running Megatron's HEAD code): L=8, x=1, seed 1234, split "80,20,0".
+// TestSpecIndexVectors checks Megatron's reference values (computed by its
+// GPTDataset, megatron/core/datasets/gpt_dataset.py): L=8, x=1, seed 1234,
+// split "80,20,0".
 func TestSpecIndexVectors(t *testing.T) {
 	cases := []struct {
 		name        string

@@ -14,8 +14,8 @@ import (
 )
 
 // testdata/ref.json is written by testdata/ref.py: Megatron's index code with
-// numpy's RandomState and helpers.cpp transliterated, on cases not in the
-// spec (multi-epoch, separate final epochs, int32 tokens, masks, a blend of
+// numpy's RandomState and helpers.cpp transliterated, on cases beyond
+// Megatron's reference values (multi-epoch, separate final epochs, int32 tokens, masks, a blend of
 // three datasets).
 
 type refItem struct {

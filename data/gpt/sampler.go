@@ -7,7 +7,7 @@ import (
 )
 
 // SamplerConfig configures Megatron's 'single' MegatronPretrainingSampler
-// (--dataloader-type single, spec §3.6).
+// (--dataloader-type single; megatron/training/datasets/data_samplers.py).
 type SamplerConfig struct {
 	// ConsumedSamples is where to resume: the checkpoint's
 	// consumed_train_samples (0 for a fresh run).

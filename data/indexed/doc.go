@@ -1,6 +1,6 @@
 // Package indexed reads and writes Megatron-LM's IndexedDataset: a .bin file
 // of raw token ids and an .idx file describing sequences and documents
-// (spec megatron.md §3.1–3.2).
+// (megatron/core/datasets/indexed_dataset.py).
 //
 // Open memory-maps both files (golang.org/x/sys/unix) and validates them;
 // reads decode tokens straight from the mapping. Builder writes files

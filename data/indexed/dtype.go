@@ -5,7 +5,8 @@ import "fmt"
 // DType is the token dtype code stored in byte 17 of an .idx file.
 type DType uint8
 
-// The dtype codes of Megatron's DType enum (spec §3.2). Code 6 was float64 and
+// The dtype codes of Megatron's DType enum
+// (megatron/core/datasets/indexed_dataset.py). Code 6 was float64 and
 // 7 float32 since 2024; older Megatron mapped both 6 and 7 to float64.
 const (
 	UInt8   DType = 1

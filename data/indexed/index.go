@@ -14,7 +14,8 @@ const Version = 1
 // HeaderBytes is the size of the .idx header: magic, version, dtype, N, D.
 const HeaderBytes = 34
 
-// Index is a parsed .idx file (spec §3.2). Its arrays are decoded in place
+// Index is a parsed .idx file (the format of Megatron's _IndexReader and
+// _IndexWriter, megatron/core/datasets/indexed_dataset.py). Its arrays are decoded in place
 // from the bytes given to ParseIndex (usually an mmap): accessors read
 // little-endian values on demand and nothing is copied, because the int64
 // arrays are not 8-byte aligned in the file.

@@ -11,7 +11,8 @@ import (
 	"testing"
 )
 
-// specDocs builds the §3.2 example: 10 one-sequence documents with lengths
+// specDocs builds the toy dataset of Megatron's reference values: 10
+// one-sequence documents with lengths
 // 5,3,8,2,6,4,7,1,9,5, contents [(t+i) mod 99 for i < len−1] + [99].
 func specDocs() [][]int32 {
 	var docs [][]int32
@@ -28,7 +29,8 @@ func specDocs() [][]int32 {
 	return docs
 }
 
-// specIdxHex is the .idx Megatron's HEAD builder wrote for specDocs (spec §3.2).
+// specIdxHex is the .idx Megatron's IndexedDatasetBuilder
+// (megatron/core/datasets/indexed_dataset.py) wrote for specDocs.
 const specIdxHex = "4d4d49444944580000" + "0100000000000000" + "08" + "0a00000000000000" + "0b00000000000000" +
 	"05000000030000000800000002000000060000000400000007000000010000000900000005000000" +
 	"0000000000000000" + "0a00000000000000" + "1000000000000000" + "2000000000000000" + "2400000000000000" +

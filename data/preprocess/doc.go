@@ -1,5 +1,5 @@
 // Package preprocess turns JSONL text into Megatron .bin/.idx datasets, as
-// Megatron-LM's tools/preprocess_data.py (spec megatron.md §2.16): one
+// Megatron-LM's tools/preprocess_data.py: one
 // document per JSON line and key, token ids from a tokenizer.Tokenizer,
 // uint16 tokens when the vocabulary has fewer than 65500 ids (else int32),
 // an optional EOD per document, optional sentence splitting (one sequence

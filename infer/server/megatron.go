@@ -11,7 +11,8 @@ import (
 )
 
 // megatronRequest is PUT /api's body: Megatron's text generation server
-// (spec §2.17), keys and defaults as there.
+// (megatron/core/inference/text_generation_server/), keys and defaults as
+// there.
 type megatronRequest struct {
 	Prompts                  []string `json:"prompts"`
 	TokensToGenerate         *int     `json:"tokens_to_generate"`

@@ -3,7 +3,8 @@ package cpu
 import "math"
 
 // The kernels below are the row passes of a cross-entropy whose classes are
-// split across ranks (Megatron's vocab-parallel cross-entropy, spec §2.3):
+// split across ranks (Megatron's vocab_parallel_cross_entropy,
+// megatron/core/tensor_parallel/cross_entropy.py):
 // each rank takes the row max of its slice, the maxima are all-reduced, then
 // each rank sums exponentials shifted by the global max, the sums are
 // all-reduced, and backward writes the softmax of the slice against the

@@ -1,8 +1,8 @@
 // Package nprand reproduces numpy's legacy random stream bit for bit:
-// MT19937 seeded like numpy.random.RandomState(seed) and RandomState.shuffle
-// (spec megatron.md §3.8). Megatron shuffles its document, sample and shuffle
-// indices with this generator, so gotron must draw the same numbers to build
-// the same indices.
+// MT19937 seeded like numpy.random.RandomState(seed) and RandomState.shuffle.
+// Megatron shuffles its document, sample and shuffle indices with this
+// generator (megatron/core/datasets/gpt_dataset.py), so gotron must draw the
+// same numbers to build the same indices.
 //
 // The stream is frozen by numpy's compatibility policy (NEP 19); Go's
 // math/rand is a different generator and cannot be used.

@@ -9,7 +9,7 @@ import (
 	"testing"
 )
 
-// Spec §3.8 reference vectors.
+// Reference vectors computed by numpy's RandomState(seed).shuffle.
 func TestSpecVectors(t *testing.T) {
 	if got := New(1234).Uint32(); got != 822569775 {
 		t.Errorf("first output of MT19937(1234) = %d, want 822569775", got)

@@ -8,9 +8,11 @@
 // steps only its contiguous shard of every bucket and all-gathers the
 // updated parameters.
 //
-// Layout is the pure part (Megatron's param_and_grad_buffer.py and
-// distrib_optimizer.py layout walk, spec §2.6), tested by tables; DDP is the
-// runtime that wires a model's parameters to the buffers and a process group.
+// Layout is the pure part (the layout walk of Megatron's
+// megatron/core/distributed/param_and_grad_buffer.py, _ParamAndGradBuffer,
+// and megatron/core/optimizer/distrib_optimizer.py,
+// _compute_per_buffer_param_layout), tested by tables; DDP is the runtime
+// that wires a model's parameters to the buffers and a process group.
 package ddp
 
 import "fmt"

@@ -5,7 +5,9 @@ import (
 	"testing"
 )
 
-// The cases follow spec §2.6's walk: parameters in reverse registration
+// The cases follow Megatron's layout walk (megatron/core/distributed/
+// param_and_grad_buffer.py; distrib_optimizer.py's
+// _compute_per_buffer_param_layout): parameters in reverse registration
 // order, dist-opt starts padded to 64, bucket ends padded to lcm(DP, 128),
 // a bucket closed once it holds BucketSize elements, the shared embedding in
 // a bucket of its own. Unpadded is Megatron's numel_unpadded: up to the last

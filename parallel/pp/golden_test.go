@@ -17,7 +17,8 @@ var update = flag.Bool("update", false, "rewrite testdata goldens")
 const goldenHeader = "gotron pp schedule golden v1\n"
 
 // goldenCases are the configurations whose full action lists are kept in
-// testdata/<name>.txt and reviewed by hand against megatron.md §2.5.
+// testdata/<name>.txt and reviewed by hand against Megatron's
+// megatron/core/pipeline_parallel/schedules.py.
 var goldenCases = []struct {
 	name string
 	cfg  Config

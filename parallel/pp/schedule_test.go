@@ -156,7 +156,9 @@ func TestOneFOneBWarmupIsPPMinusRankMinusOneCappedAtM(t *testing.T) {
 	}
 }
 
-// §2.5's steady step: forward, send-forward-recv-backward, backward,
+// Megatron's 1F1B steady step (forward_backward_pipelining_without_interleaving
+// in megatron/core/pipeline_parallel/schedules.py): forward,
+// send-forward-recv-backward, backward,
 // send-backward-recv-forward (the last step only sends backward). Within a
 // call, Megatron's unbatched order: even ranks send the activation before
 // receiving one, odd ranks receive it first; both receive an activation
@@ -185,7 +187,8 @@ func TestOneFOneBStepOrderFollowsMegatron(t *testing.T) {
 	}
 }
 
-// get_schedule_table, megatron.md §2.5's example (PP=2, M=5, VP=2, G=3) and
+// get_schedule_table (megatron/core/pipeline_parallel/schedules.py) on
+// Megatron's reference example (PP=2, M=5, VP=2, G=3) and
 // ModelParallelConfig's (PP=2, VP=2, G=2, M=4).
 func TestScheduleTableMatchesMegatronExamples(t *testing.T) {
 	for _, c := range []struct {

@@ -55,8 +55,8 @@ def groups(ns, world, tp=1, pp=1, cp=1, ep=1, etp=None, vpp=None, order="tp-cp-e
 
 
 CASES = [
-    dict(world=8, tp=2, pp=2),                                    # megatron.md §2.1 worked example
-    dict(world=8, tp=2, pp=2, ep=2, etp=1),                       # §2.1 expert example
+    dict(world=8, tp=2, pp=2),                                    # TP=2, PP=2 worked example
+    dict(world=8, tp=2, pp=2, ep=2, etp=1),                       # its expert example
     dict(world=1),
     dict(world=16, tp=2, cp=2, pp=2),
     dict(world=16, tp=2, pp=2, ep=4, etp=1),

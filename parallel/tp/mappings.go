@@ -1,6 +1,8 @@
 // Package tp is Megatron's tensor (and sequence) parallelism for gotron:
-// the communication mappings as autograd functions on the tape (spec §2.2),
-// vocab-parallel embedding and cross-entropy (§2.3), and the plan that splits
+// the communication mappings as autograd functions on the tape (Megatron's
+// megatron/core/tensor_parallel/mappings.py), vocab-parallel embedding and
+// cross-entropy (tensor_parallel/layers.py's VocabParallelEmbedding,
+// tensor_parallel/cross_entropy.py), and the plan that splits
 // a plain GPT model's parameters across the tensor-parallel ranks
 // (column-parallel QKV and fc1, row-parallel projection and fc2,
 // vocab-parallel embedding and output layer).
@@ -22,7 +24,7 @@ import (
 )
 
 // Region is one tensor-parallel group seen from the tape: the mappings of
-// spec §2.2 as tape functions over Group.
+// Megatron's tensor_parallel/mappings.py as tape functions over Group.
 type Region struct {
 	Group comm.ProcessGroup
 	// SequenceParallel (--sequence-parallel) shards activations outside the

@@ -28,7 +28,8 @@ func (r *Region) VocabEmbedding(tp *tensor.Tape, tokens, table *tensor.Tensor, s
 	}, table)[0]
 }
 
-// VocabCrossEntropy is Megatron's vocab_parallel_cross_entropy (spec §2.3)
+// VocabCrossEntropy is Megatron's vocab_parallel_cross_entropy
+// (megatron/core/tensor_parallel/cross_entropy.py)
 // with the token-weighted mean of pretrain_gpt.py's loss: logits (n, V/TP)
 // hold this rank's vocabulary slice [start, start+V/TP); the row max, the sum
 // of exponentials and the target logit are all-reduced, so no rank ever holds

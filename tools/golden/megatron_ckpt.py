@@ -25,7 +25,7 @@ TE case, the local spec's names (`input_layernorm`, `pre_mlp_layernorm`) for
 the other. Megatron's enums live in stand-in modules registered under their
 real names, so they pickle as Megatron's do.
 
-Tensor-parallel splits follow megatron/core (spec §2.10, tools/checkpoint/
+Tensor-parallel splits follow megatron/core (tools/checkpoint/
 loader_base.py): linear_qkv rows in whole query groups per rank, each group
 [its query heads; k; v]; SwiGLU linear_fc1 as [gate_r; up_r] per rank;
 linear_proj and linear_fc2 split along their input columns; embedding and
