@@ -99,9 +99,11 @@ func TestSimDeviceMatchesCPU(t *testing.T) {
 			}
 			return out
 		}
-		want, got := decode(tensor.CPU), decode(tensor.Sim)
-		for i := range want {
-			sameBits(t, c.Activation.String()+" decode logits", got[i], want[i])
+		for _, bf16 := range []bool{false, true} {
+			want, got := decode(tensor.CPU, bf16), decode(tensor.Sim, bf16)
+			for i := range want {
+				sameBits(t, c.Activation.String()+" decode logits", got[i], want[i])
+			}
 		}
 	}
 }
