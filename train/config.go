@@ -169,6 +169,15 @@ func (o *Optimizer) Set(s string) error {
 	return nil
 }
 
+// checkGlobalBatch checks that --global-batch-size splits into micro-batches
+// of every data-parallel rank (Config and MemoryConfig).
+func checkGlobalBatch(global, micro, dp int) error {
+	if global%(micro*dp) != 0 {
+		return fmt.Errorf("--global-batch-size=%d is not a multiple of --micro-batch-size=%d × data-parallel size %d", global, micro, dp)
+	}
+	return nil
+}
+
 func (c *Config) validate() error {
 	if err := c.Model.Validate(); err != nil {
 		return err
@@ -216,8 +225,8 @@ func (c *Config) validate() error {
 			return err
 		}
 		dp = c.Parallel.DPSize()
-	} else if c.SequenceParallel {
-		return fmt.Errorf("train: --sequence-parallel needs --tensor-model-parallel-size > 1")
+	} else if err := c.Model.CheckTP(1, c.SequenceParallel, c.SeqLength); err != nil {
+		return err
 	}
 	if p := c.Pipeline; p.PP > 1 && (c.Parallel == nil || p.PP != c.Parallel.Layout.Config.PP) {
 		return fmt.Errorf("train: --pipeline-model-parallel-size=%d needs a layout with that pipeline size (start %d ranks or a multiple with gotron launch)", p.PP, p.PP)
@@ -231,8 +240,8 @@ func (c *Config) validate() error {
 	if c.GlobalBatchSize == 0 {
 		c.GlobalBatchSize = c.MicroBatchSize * dp
 	}
-	if c.GlobalBatchSize%(c.MicroBatchSize*dp) != 0 {
-		return fmt.Errorf("train: --global-batch-size=%d is not a multiple of --micro-batch-size=%d × data-parallel size %d", c.GlobalBatchSize, c.MicroBatchSize, dp)
+	if err := checkGlobalBatch(c.GlobalBatchSize, c.MicroBatchSize, dp); err != nil {
+		return fmt.Errorf("train: %w", err)
 	}
 	if c.LogInterval <= 0 {
 		c.LogInterval = 100

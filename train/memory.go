@@ -59,6 +59,9 @@ type MemoryConfig struct {
 	// tools/report_theoretical_memory.py passes it: the pipeline is then
 	// taken to hold PipelineParallel microbatches.
 	NumMicrobatches int
+	// GlobalBatchSize is --global-batch-size; when set, Validate checks it
+	// and derives NumMicrobatches from it.
+	GlobalBatchSize int
 }
 
 // Validate fills the zero-value defaults and rejects impossible layouts,
@@ -83,10 +86,6 @@ func (c *MemoryConfig) Validate() error {
 		return fmt.Errorf("train: memory: --micro-batch-size=%d: want > 0", c.MicroBatchSize)
 	case c.WorldSize <= 0:
 		return fmt.Errorf("train: memory: --world-size=%d: want > 0", c.WorldSize)
-	case c.VirtualPipeline < 0:
-		return fmt.Errorf("train: memory: virtual pipeline size %d: want >= 0", c.VirtualPipeline)
-	case c.VirtualPipeline > 1 && c.PipelineParallel == 1:
-		return fmt.Errorf("train: memory: an interleaved schedule (%d virtual stages per pipeline rank) needs --pipeline-model-parallel-size > 1", c.VirtualPipeline)
 	case c.NumMicrobatches < 0:
 		return fmt.Errorf("train: memory: %d microbatches: want >= 0", c.NumMicrobatches)
 	}
@@ -111,8 +110,15 @@ func (c *MemoryConfig) Validate() error {
 	if err := c.Model.Validate(); err != nil {
 		return fmt.Errorf("train: memory: %w", err)
 	}
-	if c.Model.NumLayers%c.PipelineParallel != 0 {
-		return fmt.Errorf("train: memory: --num-layers=%d is not divisible by --pipeline-model-parallel-size=%d", c.Model.NumLayers, c.PipelineParallel)
+	split := gpt.PipelineSplit{PP: c.PipelineParallel, VPP: c.VirtualPipeline}
+	if _, err := split.Chunks(c.Model.NumLayers); err != nil {
+		return fmt.Errorf("train: memory: %w", err)
+	}
+	if c.GlobalBatchSize > 0 {
+		if err := checkGlobalBatch(c.GlobalBatchSize, c.MicroBatchSize, c.DataParallel()); err != nil {
+			return fmt.Errorf("train: memory: %w", err)
+		}
+		c.NumMicrobatches = c.GlobalBatchSize / (c.MicroBatchSize * c.DataParallel())
 	}
 	return nil
 }

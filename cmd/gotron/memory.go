@@ -8,7 +8,6 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/gotron/gotron/model/gpt"
 	"github.com/gotron/gotron/tokenizer"
 	"github.com/gotron/gotron/train"
 )
@@ -21,8 +20,6 @@ var memoryFlags = []struct{ name, kind, usage string }{
 	{"world-size", "int", "number of ranks the layout runs on (required)"},
 	{"recompute-activations", "bool", "selective recompute of the attention core (= --recompute-granularity selective)"},
 	{"recompute-granularity", "string", "activation recompute: full or selective"},
-	{"num-layers-per-virtual-pipeline-stage", "int", "layers per virtual pipeline stage (interleaved schedule)"},
-	{"num-virtual-stages-per-pipeline-rank", "int", "virtual pipeline stages per pipeline rank (interleaved schedule)"},
 	{"sequence-parallel", "bool", "sequence parallelism (ignored at tensor-parallel size 1, as Megatron)"},
 	{"use-distributed-optimizer", "bool", "shard optimizer state over data-parallel ranks"},
 }
@@ -36,6 +33,7 @@ func memoryHelp() helpText {
 		"kv-channels", "group-query-attention", "num-query-groups", "max-position-embeddings", "position-embedding-type",
 		"normalization", "swiglu", "openai-gelu", "disable-bias-linear", "add-qkv-bias", "untie-embeddings-and-output-weights",
 		"make-vocab-size-divisible-by", "tensor-model-parallel-size", "pipeline-model-parallel-size", "context-parallel-size",
+		"num-layers-per-virtual-pipeline-stage", "num-virtual-stages-per-pipeline-rank",
 		"seq-length", "micro-batch-size", "global-batch-size", "tokenizer-type", "vocab-file", "merge-file", "tokenizer-model",
 		"vocab-size", "vocab-extra-ids", "tiktoken-pattern", "tiktoken-num-special-tokens"} {
 		read[n] = true
@@ -102,26 +100,9 @@ func cmdMemory(_ context.Context, env *cli, args []string) error {
 // gotron train builds it (preset, flags, padded vocabulary) and the layout.
 func memoryConfig(fs *flag.FlagSet, f *trainFlags, given map[string]bool) (train.MemoryConfig, error) {
 	var c train.MemoryConfig
-	m := f.model
-	if f.preset != "" {
-		p, err := gpt.Preset(f.preset)
-		if err != nil {
-			return c, fmt.Errorf("--model: %w", err)
-		}
-		overlayModelFlags(&p, &m, given)
-		m = p
-	}
-	switch {
-	case f.gqa && m.NumQueryGroups == 0:
-		return c, fmt.Errorf("--group-query-attention needs --num-query-groups")
-	case !f.gqa && given["num-query-groups"]:
-		return c, fmt.Errorf("--num-query-groups needs --group-query-attention")
-	case f.swiglu && f.openaiGELU:
-		return c, fmt.Errorf("--swiglu and --openai-gelu exclude each other")
-	case f.swiglu:
-		m.Activation = gpt.SwiGLU
-	case f.openaiGELU:
-		m.Activation = gpt.GELUTanh
+	m, err := f.modelConfig(given)
+	if err != nil {
+		return c, err
 	}
 	world, err := intFlag(fs, "world-size")
 	if err != nil {
@@ -129,12 +110,6 @@ func memoryConfig(fs *flag.FlagSet, f *trainFlags, given map[string]bool) (train
 	}
 	if !given["world-size"] {
 		return c, fmt.Errorf("--world-size is required: the number of ranks the layout runs on")
-	}
-	if f.cfg.SeqLength <= 0 {
-		return c, fmt.Errorf("--seq-length is required (got %d)", f.cfg.SeqLength)
-	}
-	if f.cfg.MicroBatchSize <= 0 {
-		return c, fmt.Errorf("--micro-batch-size is required (got %d)", f.cfg.MicroBatchSize)
 	}
 	vocab, err := memoryVocab(&f.data.tok)
 	if err != nil {
@@ -145,7 +120,7 @@ func memoryConfig(fs *flag.FlagSet, f *trainFlags, given map[string]bool) (train
 	}
 	m.VocabSize = tokenizer.PaddedVocabSize(vocab, f.divisibleBy*f.tpSize, 1)
 	c = train.MemoryConfig{Model: m, SeqLength: f.cfg.SeqLength, MicroBatchSize: f.cfg.MicroBatchSize, WorldSize: world,
-		TensorParallel: f.tpSize, PipelineParallel: f.ppSize, ContextParallel: f.cpSize}
+		TensorParallel: f.tpSize, PipelineParallel: f.ppSize, ContextParallel: f.cpSize, GlobalBatchSize: f.cfg.GlobalBatchSize}
 	if c.SequenceParallel, err = boolFlag(fs, "sequence-parallel"); err != nil {
 		return c, err
 	}
@@ -158,19 +133,13 @@ func memoryConfig(fs *flag.FlagSet, f *trainFlags, given map[string]bool) (train
 	} else if sel {
 		c.RecomputeGranularity = train.RecomputeSelective // as Megatron's arguments.py
 	}
-	if c.VirtualPipeline, err = virtualPipelineSize(fs, m.NumLayers, f.ppSize); err != nil {
-		return c, err
+	split := f.cfg.Pipeline // --num-virtual-stages-per-pipeline-rank or --num-layers-per-virtual-pipeline-stage
+	split.PP = f.ppSize
+	if c.VirtualPipeline, err = split.Chunks(m.NumLayers); err != nil {
+		return c, errors.New(strings.TrimPrefix(err.Error(), "gpt: "))
 	}
 	if err := c.Validate(); err != nil {
-		return c, errors.New(strings.TrimPrefix(err.Error(), "train: memory: "))
-	}
-	if gbs := f.cfg.GlobalBatchSize; gbs > 0 {
-		per := c.MicroBatchSize * c.DataParallel()
-		if gbs%per != 0 {
-			return c, fmt.Errorf("--global-batch-size=%d is not divisible by --micro-batch-size × data-parallel size = %d×%d",
-				gbs, c.MicroBatchSize, c.DataParallel())
-		}
-		c.NumMicrobatches = gbs / per
+		return c, errors.New(strings.TrimPrefix(strings.TrimPrefix(err.Error(), "train: memory: "), "gpt: "))
 	}
 	return c, nil
 }
@@ -191,36 +160,6 @@ func memoryVocab(t *tokenizer.Config) (int, error) {
 		return 0, fmt.Errorf("--vocab-size=%d: want > 0", t.VocabSize)
 	}
 	return 50257, nil
-}
-
-// virtualPipelineSize is Megatron's virtual_pipeline_model_parallel_size from
-// --num-layers-per-virtual-pipeline-stage or
-// --num-virtual-stages-per-pipeline-rank (at most one); 0 means none.
-func virtualPipelineSize(fs *flag.FlagSet, numLayers, pp int) (int, error) {
-	perStage, err := intFlag(fs, "num-layers-per-virtual-pipeline-stage")
-	if err != nil {
-		return 0, err
-	}
-	stages, err := intFlag(fs, "num-virtual-stages-per-pipeline-rank")
-	if err != nil {
-		return 0, err
-	}
-	switch {
-	case perStage < 0 || stages < 0:
-		return 0, fmt.Errorf("--num-layers-per-virtual-pipeline-stage=%d --num-virtual-stages-per-pipeline-rank=%d: want positive values", perStage, stages)
-	case perStage > 0 && stages > 0:
-		return 0, fmt.Errorf("--num-layers-per-virtual-pipeline-stage and --num-virtual-stages-per-pipeline-rank exclude each other")
-	case stages > 0:
-		return stages, nil
-	case perStage == 0:
-		return 0, nil
-	case pp <= 0 || numLayers%pp != 0:
-		return 0, fmt.Errorf("--num-layers=%d is not divisible by --pipeline-model-parallel-size=%d", numLayers, pp)
-	case (numLayers/pp)%perStage != 0:
-		return 0, fmt.Errorf("--num-layers-per-virtual-pipeline-stage=%d does not divide the %d layers of a pipeline stage (--num-layers=%d / --pipeline-model-parallel-size=%d)",
-			perStage, numLayers/pp, numLayers, pp)
-	}
-	return numLayers / pp / perStage, nil
 }
 
 // intFlag reads an integer flag by name, whoever defined it.

@@ -312,9 +312,6 @@ func cmdTrain(ctx context.Context, env *cli, args []string) error {
 		return fmt.Errorf("--pipeline-model-parallel-size=%d: want >= 1", f.ppSize)
 	}
 	f.cfg.Pipeline.PP = f.ppSize // the layer split is checked with the model's --num-layers in train.New
-	if f.cfg.SequenceParallel && f.tpSize == 1 {
-		return fmt.Errorf("--sequence-parallel needs --tensor-model-parallel-size > 1")
-	}
 	timeout := defaultCommTimeout
 	if f.timeoutMins > 0 {
 		timeout = time.Duration(f.timeoutMins * float64(time.Minute))
@@ -424,33 +421,14 @@ func cmdTrain(ctx context.Context, env *cli, args []string) error {
 // build turns the flags into a training config and data sources.
 func (f *trainFlags) build(ctx context.Context, given map[string]bool) (train.Config, *dataSources, error) {
 	cfg := f.cfg
-	m := f.model
 	dev, err := tensor.ParseDevice(f.device)
 	if err != nil {
 		return cfg, nil, fmt.Errorf("--device: %w", err)
 	}
 	cfg.Device = dev
-	if f.preset != "" {
-		p, err := gpt.Preset(f.preset)
-		if err != nil {
-			return cfg, nil, fmt.Errorf("--model: %w", err)
-		}
-		overlayModelFlags(&p, &m, given)
-		m = p
-	}
-	if f.gqa && m.NumQueryGroups == 0 {
-		return cfg, nil, fmt.Errorf("--group-query-attention needs --num-query-groups")
-	}
-	if !f.gqa && given["num-query-groups"] {
-		return cfg, nil, fmt.Errorf("--num-query-groups needs --group-query-attention")
-	}
-	switch {
-	case f.swiglu && f.openaiGELU:
-		return cfg, nil, fmt.Errorf("--swiglu and --openai-gelu exclude each other")
-	case f.swiglu:
-		m.Activation = gpt.SwiGLU
-	case f.openaiGELU:
-		m.Activation = gpt.GELUTanh
+	m, err := f.modelConfig(given)
+	if err != nil {
+		return cfg, nil, err
 	}
 	if m.MaxPositionEmbeddings == 0 {
 		m.MaxPositionEmbeddings = cfg.SeqLength
