@@ -38,6 +38,7 @@ import (
 // prefix (whitespace and line continuations normalised to one space); an
 // entry that matches nothing fails the test, so the list follows the docs.
 var notRun = []struct{ page, prefix, why string }{
+	{"README.md", "CGO_ENABLED=0 go install ./cmd/gotron", "installs the binary this test builds once itself (buildGotron)"},
 	{"README.md", "go run ./cmd/gotron train", "the quickstart: ~385 CPU-seconds; cmd/gotron's TestQuickstart* tests run its plan small"},
 	{"README.md", "go test ./...", "the test suite this test is part of"},
 	{"docs/training.md", "go run ./cmd/gotron train", "the quickstart, as in README.md"},
