@@ -108,10 +108,10 @@ func (t *Trainer) checkDevice() error {
 		return nil
 	}
 	l := t.par.Layout.Config
-	if l.TP > 1 || l.PP > 1 {
-		return fmt.Errorf("train: --device %v with --tensor-model-parallel-size=%d --pipeline-model-parallel-size=%d: "+
-			"tensor- and pipeline-parallel layouts do not run on the %v device yet (their collectives read host buffers); use data parallelism only, or --device cpu",
-			t.cfg.Device, l.TP, l.PP, t.cfg.Device)
+	if l.PP > 1 {
+		return fmt.Errorf("train: --device %v with --pipeline-model-parallel-size=%d: "+
+			"pipeline-parallel layouts do not run on the %v device yet (their sends and receives read host buffers); use data and tensor parallelism only, or --device cpu",
+			t.cfg.Device, l.PP, t.cfg.Device)
 	}
 	return nil
 }

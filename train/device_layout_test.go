@@ -80,3 +80,35 @@ func TestSimDeviceDataParallelMatchesCPU(t *testing.T) {
 		}
 	}
 }
+
+// TestSimDeviceTensorParallelMatchesCPU: TP=2 on the simulated device, with
+// and without sequence parallelism and composed with DP=2 and the
+// distributed optimizer — the tensor-parallel mappings, vocab-parallel
+// embedding and cross-entropy and the sequence-parallel gradient reduction
+// staging their collectives through the host — gives each rank the losses
+// and (gathered) parameters of the same layout on the CPU bit for bit, with
+// dropout on.
+func TestSimDeviceTensorParallelMatchesCPU(t *testing.T) {
+	train, valid := dpDataset(t, 16)
+	for name, m := range dpModels() {
+		m.HiddenDropout, m.AttentionDropout = 0.1, 0.1
+		cfg := dpConfig(m)
+		cfg.MicroBatchSize, cfg.TrainIters = 1, 4
+		for _, l := range []struct {
+			dp int
+			sp bool
+			dc ddp.Config
+		}{
+			{1, true, ddp.Config{}},
+			{1, false, ddp.Config{}},
+			{2, true, ddp.Config{DistributedOptimizer: true}},
+		} {
+			label := fmt.Sprintf("%s TP=2 DP=%d SP=%v %+v", name, l.dp, l.sp, l.dc)
+			want := runTP(t, cfg, 2, l.dp, l.sp, l.dc, train, valid)
+			sim := cfg
+			sim.Device = tensor.Sim
+			got := runTP(t, sim, 2, l.dp, l.sp, l.dc, train, valid)
+			sameRunBits(t, label, want, got)
+		}
+	}
+}

@@ -76,12 +76,49 @@ func (r *Region) ctx() context.Context {
 	return r.Ctx
 }
 
-func (r *Region) allReduce(op string, x []float32) {
+// allReduce reduces the contiguous tensor x in place over the group with
+// red. The collective works on host memory: x's own storage on the CPU, else
+// a host copy (comm staging) copied back into x.
+func (r *Region) allReduce(op string, x *tensor.Tensor, red comm.ReduceOp) {
 	if r.Size() == 1 {
 		return
 	}
-	if err := r.timed(func() error { return r.Group.AllReduce(r.ctx(), comm.Float32s(x), comm.Sum) }); err != nil {
+	buf := stageOut(x)
+	if err := r.timed(func() error { return r.Group.AllReduce(r.ctx(), comm.Float32s(buf), red) }); err != nil {
 		r.fail(op, err)
+		return
+	}
+	stageIn(x, buf)
+}
+
+// Comm staging: collectives read and write host memory, so a tensor on a
+// device crosses to the host before a collective and back after it, through
+// the tensor package's explicit (counted) copies. On the CPU the
+// collectives work on the tensors' own storage and nothing is copied.
+
+// stageOut returns the values of x, which must be contiguous on the CPU,
+// in host memory: x's own storage on the CPU, else a fresh host copy.
+func stageOut(x *tensor.Tensor) []float32 {
+	if x.Device() == tensor.CPU {
+		return x.Float32s()
+	}
+	return tensor.ToHost(x).Float32s()
+}
+
+// hostBuffer returns host memory a collective may write x's values into:
+// x's own storage on the CPU, else a fresh buffer for stageIn.
+func hostBuffer(x *tensor.Tensor) []float32 {
+	if x.Device() == tensor.CPU {
+		return x.Float32s()
+	}
+	return make([]float32, x.Numel())
+}
+
+// stageIn copies buf, from stageOut(x) or hostBuffer(x), into x when x is
+// on a device (on the CPU buf is x's storage already).
+func stageIn(x *tensor.Tensor, buf []float32) {
+	if x.Device() != tensor.CPU {
+		tensor.Copy(x, tensor.FromFloat32(buf, len(buf)))
 	}
 }
 
@@ -96,7 +133,7 @@ func (f fn) Backward(tp *tensor.Tape, g []*tensor.Tensor) []*tensor.Tensor { ret
 
 // clone returns a contiguous copy of x owned by tp.
 func clone(tp *tensor.Tape, x *tensor.Tensor) *tensor.Tensor {
-	out := tp.Empty(x.Shape()...)
+	out := tp.EmptyLike(x, x.Shape()...)
 	tensor.Copy(out, x)
 	return out
 }
@@ -112,7 +149,7 @@ func (r *Region) CopyTo(tp *tensor.Tape, x *tensor.Tensor) *tensor.Tensor {
 		fwd: func(tp *tensor.Tape, in []*tensor.Tensor) []*tensor.Tensor { return []*tensor.Tensor{clone(tp, in[0])} },
 		bwd: func(tp *tensor.Tape, g []*tensor.Tensor) []*tensor.Tensor {
 			d := clone(tp, g[0])
-			r.allReduce("copy_to backward all_reduce", d.Float32s()) // comm staging
+			r.allReduce("copy_to backward all_reduce", d, comm.Sum)
 			return []*tensor.Tensor{d}
 		},
 	}, x)[0]
@@ -128,7 +165,7 @@ func (r *Region) ReduceFrom(tp *tensor.Tape, x *tensor.Tensor) *tensor.Tensor {
 	return tp.Apply(fn{
 		fwd: func(tp *tensor.Tape, in []*tensor.Tensor) []*tensor.Tensor {
 			out := clone(tp, in[0])
-			r.allReduce("reduce_from all_reduce", out.Float32s()) // comm staging
+			r.allReduce("reduce_from all_reduce", out, comm.Sum)
 			return []*tensor.Tensor{out}
 		},
 		bwd: func(tp *tensor.Tape, g []*tensor.Tensor) []*tensor.Tensor { return []*tensor.Tensor{g[0]} },
@@ -241,27 +278,29 @@ func (r *Region) sliceDim(tp *tensor.Tape, x *tensor.Tensor, d int) *tensor.Tens
 	k := n / r.Size()
 	oshape := append([]int(nil), shape...)
 	oshape[d] = k
-	out := tp.Empty(oshape...)
+	out := tp.EmptyLike(x, oshape...)
 	tensor.Copy(out, (*tensor.Tape)(nil).Narrow(x, d, r.Rank()*k, k))
 	return out
 }
 
 // gatherDim all-gathers every rank's x along dimension d. The host slices
-// are comm staging: the collective fills buf, which is then unpacked.
+// are comm staging: the collective fills buf, which is then unpacked (on the
+// host, into out's storage or a host buffer copied to out's device).
 func (r *Region) gatherDim(tp *tensor.Tape, x *tensor.Tensor, d int, op string) *tensor.Tensor {
 	shape := x.Shape()
 	outer, k, inner := split3(shape, d)
 	p := r.Size()
 	buf := make([]float32, p*x.Numel()) // (p, outer, k, inner)
 	if err := r.timed(func() error {
-		return r.Group.AllGather(r.ctx(), comm.Float32s(buf), comm.Float32s(x.Contiguous().Float32s()), nil)
+		return r.Group.AllGather(r.ctx(), comm.Float32s(buf), comm.Float32s(stageOut(x.Contiguous())), nil)
 	}); err != nil {
 		r.fail(op, err)
 	}
 	oshape := append([]int(nil), shape...)
 	oshape[d] = k * p
-	out := tp.Empty(oshape...)
-	dst := out.Float32s()
+	out := tp.EmptyLike(x, oshape...)
+	dst := hostBuffer(out)
+	defer stageIn(out, dst)
 	for q := range p {
 		for o := range outer {
 			copy(dst[(o*k*p+q*k)*inner:(o*k*p+(q+1)*k)*inner], buf[(q*outer+o)*k*inner:(q*outer+o+1)*k*inner])
@@ -281,7 +320,7 @@ func (r *Region) reduceScatterDim(tp *tensor.Tape, x *tensor.Tensor, d int, op s
 		panic(fmt.Sprintf("tp: dimension %d of %v does not divide by the tensor-parallel size %d", d, shape, p))
 	}
 	k := n / p
-	src := x.Contiguous().Float32s()
+	src := stageOut(x.Contiguous())
 	packed := make([]float32, len(src)) // (p, outer, k, inner)
 	for q := range p {
 		for o := range outer {
@@ -290,11 +329,13 @@ func (r *Region) reduceScatterDim(tp *tensor.Tape, x *tensor.Tensor, d int, op s
 	}
 	oshape := append([]int(nil), shape...)
 	oshape[d] = k
-	out := tp.Empty(oshape...)
+	out := tp.EmptyLike(x, oshape...)
+	dst := hostBuffer(out)
 	if err := r.timed(func() error {
-		return r.Group.ReduceScatter(r.ctx(), comm.Float32s(out.Float32s()), comm.Float32s(packed), comm.Sum, nil)
+		return r.Group.ReduceScatter(r.ctx(), comm.Float32s(dst), comm.Float32s(packed), comm.Sum, nil)
 	}); err != nil {
 		r.fail(op, err)
 	}
+	stageIn(out, dst)
 	return out
 }

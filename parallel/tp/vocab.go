@@ -16,12 +16,12 @@ func (r *Region) VocabEmbedding(tp *tensor.Tape, tokens, table *tensor.Tensor, s
 	shape := append(append([]int(nil), tokens.Shape()...), h)
 	return tp.Apply(fn{
 		fwd: func(tp *tensor.Tape, in []*tensor.Tensor) []*tensor.Tensor {
-			out := tp.Empty(shape...)
+			out := tp.EmptyLike(in[0], shape...)
 			tensor.VocabEmbeddingForward(out.Reshape(-1, h), in[0], ids, start)
 			return []*tensor.Tensor{out}
 		},
 		bwd: func(tp *tensor.Tape, g []*tensor.Tensor) []*tensor.Tensor {
-			d := tp.Empty(vl, h)
+			d := tp.EmptyLike(table, vl, h)
 			tensor.VocabEmbeddingBackward(d, g[0].Contiguous().Reshape(-1, h), ids, start)
 			return []*tensor.Tensor{d}
 		},
@@ -43,31 +43,25 @@ func (r *Region) VocabCrossEntropy(tp *tensor.Tape, logits, targets, mask *tenso
 		mk = mask.Contiguous().Reshape(n)
 	}
 	// Saved for backward: each row's global log-sum-exp and Σ mask.
-	lse := tensor.Zeros(n)
+	lse := tensor.ZerosOn(logits.Device(), n)
 	var den float64
 	return tp.Apply(fn{
 		fwd: func(tp *tensor.Tape, in []*tensor.Tensor) []*tensor.Tensor {
 			x := in[0].Contiguous()
-			rowMax := tensor.Zeros(n)
+			rowMax := tensor.ZerosOn(x.Device(), n)
 			tensor.RowMax(rowMax, x)
-			if r.Size() > 1 {
-				// Comm staging: the collective takes the host buffer.
-				if err := r.timed(func() error { return r.Group.AllReduce(r.ctx(), comm.Float32s(rowMax.Float32s()), comm.Max) }); err != nil {
-					r.fail("vocab cross-entropy max all_reduce", err)
-				}
-			}
+			r.allReduce("vocab cross-entropy max all_reduce", rowMax, comm.Max)
 			// One all-reduce carries the sums of exponentials and the
 			// target logits (shifted by the max).
-			partials := tensor.Zeros(2, n)
+			partials := tensor.ZerosOn(x.Device(), 2, n)
 			tensor.VocabCrossEntropyPartials(partials, x, rowMax, tg, start)
-			// Comm staging: the collective takes the host buffer.
-			r.allReduce("vocab cross-entropy sum all_reduce", partials.Float32s())
-			out := tp.Empty(1)
+			r.allReduce("vocab cross-entropy sum all_reduce", partials, comm.Sum)
+			out := tp.EmptyLike(x, 1)
 			den = tensor.VocabCrossEntropyLoss(out, lse, partials, rowMax, mk)
 			return []*tensor.Tensor{out}
 		},
 		bwd: func(tp *tensor.Tape, g []*tensor.Tensor) []*tensor.Tensor {
-			d := tp.Empty(n, logits.Dim(1))
+			d := tp.EmptyLike(logits, n, logits.Dim(1))
 			tensor.VocabCrossEntropyBackward(d, logits.Contiguous(), lse, tg, mk, g[0].Contiguous().Reshape(1), den, start)
 			return []*tensor.Tensor{d}
 		},
