@@ -1,16 +1,17 @@
 // Package gpt builds Megatron-LM's GPT training data from .bin/.idx
-// datasets: GPTDataset (document, sample and shuffle indices), BlendedDataset
-// (weighted, unweighted and exhaustive blends) and the 'single' pretraining
-// sampler, bit-exact with Megatron (megatron/core/datasets/gpt_dataset.py,
-// blended_dataset.py, blended_megatron_dataset_builder.py, helpers.cpp and
-// megatron/training/datasets/data_samplers.py).
+// datasets: GPTDataset (document, sample and shuffle indices) and
+// BlendedDataset (weighted, unweighted and exhaustive blends), bit-exact with
+// Megatron (megatron/core/datasets/gpt_dataset.py, blended_dataset.py,
+// blended_megatron_dataset_builder.py and helpers.cpp).
 //
 // Build takes a Config (the --data-path/--split/--seq-length/--seed/... flags
 // as typed fields) and returns the train, valid and test datasets. Each is a
 // Source: Len and Sample(i), where a Sample holds SeqLength tokens, labels,
 // loss mask, position ids and, with --reset-attention-mask, per-token
-// document ids for the attention kernel's document mask. NewBatches walks a
-// Source for one data-parallel rank from a resume point.
+// document ids for the attention kernel's document mask. Which samples a
+// data-parallel rank reads (Megatron's 'single' MegatronPretrainingSampler)
+// is package train's: micro-step i of a step from consumed samples c takes
+// the mbs·DP ids from c + i·mbs·DP, rank r the r-th mbs of them.
 //
 // The indices equal Megatron's element for element: the split book-ends
 // round half to even, numpy's RandomState(seed).shuffle is reproduced by
