@@ -50,9 +50,6 @@ func TestEngineOnSimMatchesCPU(t *testing.T) {
 		return evs, steps
 	}
 	for _, wc := range weightCases {
-		if wc.bf16 {
-			continue // gpt.Model.CheckBF16 reads the parameters on the host: not yet on sim
-		}
 		cfg := EngineConfig{Weights: wc.layout, BF16: wc.bf16, BlockTokens: 4, MaxNumBatchedTokens: 16}
 		want, _ := serve(cfg, false, wc.bf16)
 		before := tensor.SimTransfers()
@@ -68,13 +65,37 @@ func TestEngineOnSimMatchesCPU(t *testing.T) {
 				t.Fatalf("%s: event %d on sim %+v, on the CPU %+v", wc.name, i, g, w)
 			}
 		}
-		// Out of sim: the logits once per step (NewEngine's warm-up step
-		// included). In: the model's parameters once, then per step its
-		// tokens and positions and the attention's three tables.
+		// Out of sim, per step: the drawn ids and log-probabilities (and
+		// the top ones, and prompt log-probabilities, when asked) — a few
+		// bytes per sequence, never a logits row (V floats). In: the model's
+		// parameters once (and, with bf16, rounded through the host once),
+		// then per step its tokens, positions, the attention's tables and
+		// the prompt log-probabilities' targets.
 		toHost, fromHost := after.ToHost-before.ToHost, after.FromHost-before.FromHost
 		params := int64(len(weightCaseModel(t, "llama", wc.bf16).Params()))
-		if toHost > int64(steps+1) || fromHost > params+int64(5*(steps+1)) {
+		V := int64(weightCaseModel(t, "llama", wc.bf16).Config.VocabSize)
+		if toHost > int64(5*steps)+2*params || fromHost > 3*params+int64(6*(steps+1)) {
 			t.Errorf("%s: %d steps copied %d tensors out of sim and %d in (%d parameters)", wc.name, steps, toHost, fromHost, params)
 		}
+		// A logits row is V floats; the draws are a few values a sequence.
+		// With bf16 the engine checks the weights' rounding on the host
+		// once (gpt.Model.CheckBF16).
+		out := after.ToHostBytes - before.ToHostBytes
+		if wc.bf16 {
+			out -= paramBytes(weightCaseModel(t, "llama", wc.bf16).Params())
+		}
+		if rows := int64(len(reqs)); out >= rows*4*V {
+			t.Errorf("%s: %d steps copied %d bytes out of sim: logits rows (V=%d), not just the draws", wc.name, steps, out, V)
+		}
 	}
+}
+
+
+// paramBytes is the float32 size of ps.
+func paramBytes(ps []*tensor.Tensor) int64 {
+	var n int64
+	for _, p := range ps {
+		n += int64(p.Numel() * 4)
+	}
+	return n
 }

@@ -423,7 +423,7 @@ func (e *Engine) Step() ([]Event, error) {
 		}
 	}
 	e.att.reset(e.spans)
-	var logits []float32
+	var logits *tensor.Tensor // (rows, V) on the model's device
 	var err error
 	if len(e.rows) > 0 {
 		logits, err = e.m.DecodeBatch(&e.bufs, e.tokens, e.positions, e.att, e.rows, e.linears())
@@ -449,7 +449,8 @@ func (e *Engine) Step() ([]Event, error) {
 		s.computed += p.n
 		e.registerBlocks(s)
 		if s.wantsPromptLogprobs() {
-			s.addPromptLogprobs(pos0, logits[p.logits0*V:(p.logits0+p.nLogits)*V], V, e.cfg.VocabSize)
+			var view *tensor.Tape // no gradients: a view of the step's rows
+			s.addPromptLogprobs(pos0, view.Narrow(logits, 0, p.logits0, p.nLogits), e.cfg.VocabSize)
 		}
 		if s.computed < len(s.tokens) {
 			continue // mid-prefill
@@ -474,7 +475,7 @@ func (e *Engine) Step() ([]Event, error) {
 // one tensor.SampleTokens over the step's logits, each sequence with its
 // own sampler's rules and uniform number, so the backend may draw them in
 // any order (the CPU draws them in parallel).
-func (e *Engine) drawTokens(logits []float32, V int) {
+func (e *Engine) drawTokens(logits *tensor.Tensor, V int) {
 	e.draws = slices.Grow(e.draws[:0], len(e.plan))[:len(e.plan)]
 	e.drawIdx, e.drawSpec = e.drawIdx[:0], e.drawSpec[:0]
 	k := 0
@@ -501,9 +502,9 @@ func (e *Engine) drawTokens(logits []float32, V int) {
 		e.topLPs = slices.Grow(e.topLPs[:0], n*k)[:n*k]
 		out.TopIDs, out.TopLogprobs = tensor.FromInt32(e.topIDs, n, k), tensor.FromFloat32(e.topLPs, n, k)
 	}
-	tensor.SampleTokens(out, tensor.FromFloat32(logits, len(logits)/V, V), e.cfg.VocabSize, e.drawSpec)
-	// The drawn tokens and their log-probabilities are the step's output:
-	// read back here, into the events.
+	// The draws are made where the logits are; the drawn tokens and their
+	// log-probabilities, the step's output, are read back here.
+	sampleOn(logits.Device(), out, logits, e.cfg.VocabSize, e.drawSpec)
 	ids, lps := out.IDs.Int32s(), out.Logprobs.Float32s()
 	var topIDs []int32
 	var topLPs []float32
@@ -674,4 +675,27 @@ func remove(list []*sequence, s *sequence) []*sequence {
 		}
 	}
 	return list
+}
+
+// sampleOn is tensor.SampleTokens into the host tensors of out, for logits
+// on dev: on the CPU in place, elsewhere into device tensors copied back
+// (the step's one read of its results).
+func sampleOn(dev tensor.Device, out tensor.SampledTokens, logits *tensor.Tensor, vocab int, draws []tensor.TokenSampling) {
+	if dev == tensor.CPU {
+		tensor.SampleTokens(out, logits, vocab, draws)
+		return
+	}
+	on := func(t *tensor.Tensor) *tensor.Tensor {
+		if t == nil {
+			return nil
+		}
+		return tensor.NewOn(dev, t.DType(), t.Shape()...)
+	}
+	d := tensor.SampledTokens{IDs: on(out.IDs), Logprobs: on(out.Logprobs), TopIDs: on(out.TopIDs), TopLogprobs: on(out.TopLogprobs)}
+	tensor.SampleTokens(d, logits, vocab, draws)
+	for _, c := range [][2]*tensor.Tensor{{out.IDs, d.IDs}, {out.Logprobs, d.Logprobs}, {out.TopIDs, d.TopIDs}, {out.TopLogprobs, d.TopLogprobs}} {
+		if c[0] != nil {
+			tensor.Copy(c[0], c[1])
+		}
+	}
 }

@@ -70,15 +70,25 @@ func (s *sequence) chunk(budget int) int {
 }
 
 // addPromptLogprobs records the log-probabilities of the prompt tokens
-// following positions pos0, pos0+1, ... given their logits rows (V wide,
-// the first vocab entries real).
-func (s *sequence) addPromptLogprobs(pos0 int, rows []float32, V, vocab int) {
-	m := min(len(rows)/V, s.nPrompt-1-pos0) // the rows followed by a prompt token
+// following positions pos0, pos0+1, ... given their logits rows (rows, V)
+// on the model's device, the first vocab entries of a row real.
+func (s *sequence) addPromptLogprobs(pos0 int, rows *tensor.Tensor, vocab int) {
+	m := min(rows.Dim(0), s.nPrompt-1-pos0) // the rows followed by a prompt token
 	if m <= 0 {
 		return
 	}
-	tensor.TokenLogprobs(tensor.FromFloat32(s.promptLP[pos0:pos0+m], m), tensor.FromFloat32(rows[:m*V], m, V),
-		tensor.FromInt32(s.tokens[pos0+1:pos0+1+m], m), vocab)
+	var view *tensor.Tape
+	rows = view.Narrow(rows, 0, 0, m)
+	dev := rows.Device()
+	out := tensor.FromFloat32(s.promptLP[pos0:pos0+m], m)
+	targets := tensor.FromInt32(s.tokens[pos0+1:pos0+1+m], m).ToDevice(dev)
+	if dev == tensor.CPU {
+		tensor.TokenLogprobs(out, rows, targets, vocab)
+	} else { // computed where the logits are, read back
+		d := tensor.NewOn(dev, tensor.Float32, m)
+		tensor.TokenLogprobs(d, rows, targets, vocab)
+		tensor.Copy(out, d)
+	}
 	s.lpDone = max(s.lpDone, pos0+m)
 }
 

@@ -50,35 +50,37 @@ func ParseDevice(s string) (Device, error) {
 // Transfers counts the copies between the host and the simulated device.
 type Transfers struct {
 	// ToHost and FromHost count copies out of and into sim storage;
-	// Bytes is their total size.
-	ToHost, FromHost, Bytes int64
+	// ToHostBytes and FromHostBytes their sizes, Bytes the two together.
+	ToHost, FromHost, Bytes    int64
+	ToHostBytes, FromHostBytes int64
 }
 
 // simTransfers is the process's count (the simulated device is one per
 // process, as a GPU is).
-var simTransfers struct{ toHost, fromHost, bytes atomic.Int64 }
+var simTransfers struct{ toHost, fromHost, toHostBytes, fromHostBytes atomic.Int64 }
 
 // SimTransfers returns the number of host copies of sim tensors so far.
 func SimTransfers() Transfers {
-	return Transfers{ToHost: simTransfers.toHost.Load(), FromHost: simTransfers.fromHost.Load(), Bytes: simTransfers.bytes.Load()}
+	t := Transfers{ToHost: simTransfers.toHost.Load(), FromHost: simTransfers.fromHost.Load(),
+		ToHostBytes: simTransfers.toHostBytes.Load(), FromHostBytes: simTransfers.fromHostBytes.Load()}
+	t.Bytes = t.ToHostBytes + t.FromHostBytes
+	return t
 }
 
 // countTransfer records a copy of t's elements from device from to device
 // to (nothing when neither is sim).
 func countTransfer(from, to Device, t *Tensor) {
+	n := int64(t.Numel() * t.dtype.Size())
 	switch {
 	case from == to:
-		return
 	case from == Sim:
 		simTransfers.toHost.Add(1)
+		simTransfers.toHostBytes.Add(n)
 	case to == Sim:
 		simTransfers.fromHost.Add(1)
-	default:
-		return
+		simTransfers.fromHostBytes.Add(n)
 	}
-	simTransfers.bytes.Add(int64(t.Numel() * t.dtype.Size()))
 }
-
 // Device returns the device holding t's storage.
 func (t *Tensor) Device() Device { return t.dev }
 
@@ -124,6 +126,13 @@ func ZerosLike(t *Tensor) *Tensor {
 	z := Zeros(t.shape...)
 	z.dev = t.dev
 	return z
+}
+
+// NewOn returns a zeroed tensor of dtype and shape on dev.
+func NewOn(dev Device, dtype DType, shape ...int) *Tensor {
+	t := New(dtype, shape...)
+	t.dev = dev
+	return t
 }
 
 // ZerosOn returns a zeroed float32 tensor on dev.

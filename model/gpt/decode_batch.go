@@ -52,13 +52,15 @@ func (b *DecodeBuffers) tapes() (step, layer *tensor.Tape) {
 // positions[i] of its sequence. Attention goes through att; every other op
 // works on each token alone, so one call serves any mix of prefill chunks
 // and single decode tokens (continuous batching). It returns the logits
-// (len(rows), V) of the tokens whose indices rows lists, in that order.
+// (len(rows), V) of the tokens whose indices rows lists, in that order, on
+// the model's device: a server samples from them there
+// (tensor.SampleTokens) and reads back only the drawn ids.
 //
 // lin (nil: tp.Linear on the model's weights) computes the linear layers.
 // For one sequence (att attending to it alone) and lin nil the arithmetic
 // is Decode's, op for op. With buf (nil: every buffer from the heap) the
 // logits are valid until the next call with the same buf.
-func (m *Model) DecodeBatch(buf *DecodeBuffers, tokens, positions []int32, att Attender, rows []int, lin Linears) ([]float32, error) {
+func (m *Model) DecodeBatch(buf *DecodeBuffers, tokens, positions []int32, att Attender, rows []int, lin Linears) (*tensor.Tensor, error) {
 	c := &m.Config
 	n := len(tokens)
 	switch {
@@ -100,5 +102,5 @@ func (m *Model) DecodeBatch(buf *DecodeBuffers, tokens, positions []int32, att A
 			tensor.Copy(tp.Narrow(last, 1, i, 1), tp.Narrow(x, 1, r, 1))
 		}
 	}
-	return tensor.ToHost(m.head(tp, last, m.outputWeight(), p)).Float32s(), nil // (len(rows), V), read by the host
+	return tp.Reshape(m.head(tp, last, m.outputWeight(), p), len(rows), c.VocabSize), nil
 }

@@ -53,7 +53,7 @@ func (m *Model) Decode(kv *KVCache, tokens []int32) ([]float32, error) {
 		return nil, err
 	}
 	kv.Len += n
-	return logits, nil
+	return tensor.ToHost(logits).Float32s(), nil // read by the host's sampler
 }
 
 // cacheAttender is the Attender of one sequence's contiguous KVCache for a

@@ -75,7 +75,7 @@ func TestDecodeBatchBuffers(t *testing.T) {
 					t.Fatal(err)
 				}
 				V := c.VocabSize
-				last := got[(len(rows)-1)*V:]
+				last := got.Float32s()[(len(rows)-1)*V:]
 				for i := range want {
 					if math.Float32bits(last[i]) != math.Float32bits(want[i]) {
 						t.Fatalf("chunk of %d at %d: logit %d: DecodeBatch %v, Decode %v", n, p, i, last[i], want[i])
