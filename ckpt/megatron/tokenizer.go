@@ -7,6 +7,8 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+
+	"github.com/gotron/gotron/tokenizer"
 )
 
 // CopyTokenizer copies the tokenizer files the checkpoint's args name
@@ -22,11 +24,11 @@ func CopyTokenizer(info Info, dst string) (copied, missing []string, err error) 
 	type file struct{ src, name string }
 	var files []file
 	switch info.TokenizerType {
-	case "GPT2BPETokenizer":
+	case tokenizer.TypeGPT2BPE:
 		files = []file{{info.VocabFile, "vocab.json"}, {info.MergeFile, "merges.txt"}}
-	case "Llama2Tokenizer", "SentencePieceTokenizer", "GPTSentencePieceTokenizer":
+	case tokenizer.TypeLlama2, tokenizer.TypeSentencePiece, tokenizer.TypeGPTSentencePiece:
 		files = []file{{info.TokenizerModel, "tokenizer.model"}}
-	case "HuggingFaceTokenizer":
+	case tokenizer.TypeHuggingFace:
 		dir := info.TokenizerModel
 		if st, err := os.Stat(dir); err != nil || !st.IsDir() {
 			if dir != "" {

@@ -104,12 +104,9 @@ func convertFromMegatron(ctx context.Context, env *cli, f *convertFlags) error {
 		fmt.Fprintf(env.stderr, "warning: %s\n", w)
 	}
 	warnNonFinite(env.stderr, f.load, m)
-	seq := f.seqLength
-	if seq == 0 {
-		seq = info.SeqLength
-	}
-	if seq < 1 || seq > m.Config.MaxPositionEmbeddings {
-		return fmt.Errorf("--seq-length=%d: want 1..%d (max_position_embeddings)", seq, m.Config.MaxPositionEmbeddings)
+	seq, err := convertSeqLength(f.seqLength, info.SeqLength, m.Config)
+	if err != nil {
+		return err
 	}
 	iter := fmt.Sprint(info.Iteration)
 	if info.Release {
@@ -245,12 +242,9 @@ func convertFromHF(ctx context.Context, env *cli, f *convertFlags) error {
 		fmt.Fprintf(env.stderr, "warning: %s\n", w)
 	}
 	warnNonFinite(env.stderr, f.load, m)
-	seq := f.seqLength
-	if seq == 0 {
-		seq = m.Config.MaxPositionEmbeddings
-	}
-	if seq < 1 || seq > m.Config.MaxPositionEmbeddings {
-		return fmt.Errorf("--seq-length=%d: want 1..%d (max_position_embeddings)", seq, m.Config.MaxPositionEmbeddings)
+	seq, err := convertSeqLength(f.seqLength, m.Config.MaxPositionEmbeddings, m.Config)
+	if err != nil {
+		return err
 	}
 	cliArgs := map[string]any{"convert": "--from hf", "load": f.load, "make_vocab_size_divisible_by": f.divisibleBy}
 	if err := train.SaveModel(ctx, f.save, 0, m, seq, cliArgs); err != nil {
@@ -413,4 +407,18 @@ func parseByteSize(s string) (int64, error) {
 		return 0, fmt.Errorf("%q: want a positive size like 5GB, 500MB or 2GiB", s)
 	}
 	return int64(n * float64(mult)), nil
+}
+
+// convertSeqLength is the training sequence length a converted checkpoint
+// records: --seq-length, or def when the flag is 0, within the model's
+// position range.
+func convertSeqLength(flag, def int, c gpt.Config) (int, error) {
+	seq := flag
+	if seq == 0 {
+		seq = def
+	}
+	if seq < 1 || seq > c.MaxPositionEmbeddings {
+		return 0, fmt.Errorf("--seq-length=%d: want 1..%d (max_position_embeddings)", seq, c.MaxPositionEmbeddings)
+	}
+	return seq, nil
 }
