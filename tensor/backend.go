@@ -76,13 +76,15 @@ func (p MatmulPrecision) String() string {
 	return "fp32"
 }
 
-// Backend is the device-neutral kernel boundary: every op of this package
-// reaches arithmetic only through it. Arguments are tensors (which carry their
-// storage), so a device backend receives device buffers; shapes are checked
-// by the ops before the call. Backward kernels accumulate (+=) into input and
+// Backend is the device-neutral kernel boundary: the ops of this package
+// reach arithmetic through it (the few loops that do not yet are listed in
+// the package comment). Arguments are tensors (which carry their storage),
+// so a device backend receives device buffers; shapes are checked by the
+// ops before the call. Backward kernels accumulate (+=) into input and
 // parameter gradients unless stated otherwise.
 //
-// The CPU backend (cpuBackend) forwards to internal/cpu. A CUDA backend would
+// The CPU backend (cpuBackend) forwards to internal/cpu; the simulated
+// device's (simBackend) runs the same kernels. A CUDA backend would
 // implement the same methods over device storage (see docs/design/compute.md).
 type Backend interface {
 	Name() string

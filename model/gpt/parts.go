@@ -5,8 +5,8 @@ import "github.com/gotron/gotron/tensor"
 // AttentionCore is the attention of one layer's queries over keys and
 // values, the part of the layer that differs most between runs: the fused
 // causal kernel in training (causalAttention), a KV cache in decoding
-// (cachedAttention over an Attender), ring attention over a context-parallel
-// group. q is (b, t, heads, d), k and v are (b, t, query groups, d), RoPE
+// (attenderCore over an Attender); ring attention over a context-parallel
+// group would be another (context parallelism is not built yet). q is (b, t, heads, d), k and v are (b, t, query groups, d), RoPE
 // applied; it returns (b, t, heads, d). layer is the global layer index.
 type AttentionCore interface {
 	Attend(tp *tensor.Tape, layer int, q, k, v *tensor.Tensor) *tensor.Tensor

@@ -1,9 +1,19 @@
-// Package pp computes Megatron-LM's pipeline-parallel schedules: for each
-// pipeline rank, the exact ordered list of forward passes, backward passes,
-// sends and receives it performs in one training iteration. It is pure
-// integer logic with no communication and no tensors; an executor (elsewhere)
-// follows a list step by step, and a test simulator runs all ranks' lists
-// against each other.
+// Package pp is Megatron-LM's pipeline parallelism for gotron, in two parts.
+//
+// The schedules (Actions, Schedule, Table, Timeline) are pure integer logic
+// with no communication and no tensors: for each pipeline rank, the exact
+// ordered list of forward passes, backward passes, sends and receives it
+// performs in one training iteration. A test simulator runs all ranks'
+// lists against each other.
+//
+// The Executor runs one rank's list for a training step: it calls the
+// rank's model chunks (Stage) on one tape per in-flight micro-batch and
+// moves activations and gradients between pipeline ranks with the pipeline
+// group's point-to-point Send and Recv (comm.ProcessGroup), each run of
+// consecutive sends and receives as one comm.BatchSendRecv or one by one in
+// Megatron's even/odd order (ExecConfig.Unbatched). The first message on
+// each channel carries the tensor's shape, so mismatched stages fail at the
+// first exchange.
 //
 // # Schedules
 //

@@ -2,10 +2,10 @@
 // the communication mappings as autograd functions on the tape (Megatron's
 // megatron/core/tensor_parallel/mappings.py), vocab-parallel embedding and
 // cross-entropy (tensor_parallel/layers.py's VocabParallelEmbedding,
-// tensor_parallel/cross_entropy.py), and the plan that splits
-// a plain GPT model's parameters across the tensor-parallel ranks
-// (column-parallel QKV and fc1, row-parallel projection and fc2,
-// vocab-parallel embedding and output layer).
+// tensor_parallel/cross_entropy.py), and the split styles (Style, Shard) by
+// which model/gpt's TPPlan cuts a plain GPT model's parameters across the
+// tensor-parallel ranks (column-parallel QKV and fc1, row-parallel
+// projection and fc2, vocab-parallel embedding and output layer).
 //
 // Tape functions have no error result, so a Region keeps the first failure
 // of any of its collectives (sticky): the caller checks Err after forward and

@@ -5,9 +5,11 @@
 // it finds. The CPU backend runs them in this package's tests; a device
 // backend runs the same functions on itself.
 //
-// The inputs are host tensors (tensor.FromFloat32, tensor.FromInt32): a
-// device backend's check moves them to the device first once tensors carry
-// a device (docs/design/compute.md, "Adding a CUDA backend").
+// The inputs are host tensors (tensor.FromFloat32, tensor.FromInt32); the
+// method-level checks call the backend on them as they are. CheckOps(dev,
+// tol) runs the core ops forward and backward on a device, moving its
+// inputs there (Tensor.ToDevice), against the CPU (docs/design/compute.md,
+// "Adding a CUDA backend").
 package backendtest
 
 import (
