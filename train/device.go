@@ -99,19 +99,3 @@ func sub(a, b tensor.Transfers) tensor.Transfers {
 func add(a, b tensor.Transfers) tensor.Transfers {
 	return tensor.Transfers{ToHost: a.ToHost + b.ToHost, FromHost: a.FromHost + b.FromHost, Bytes: a.Bytes + b.Bytes}
 }
-
-// checkDevice refuses --device values with a layout that does not run on a
-// device yet, naming the layout and the reason, rather than reach around
-// the backend.
-func (t *Trainer) checkDevice() error {
-	if t.cfg.Device == tensor.CPU || t.par == nil {
-		return nil
-	}
-	l := t.par.Layout.Config
-	if l.PP > 1 {
-		return fmt.Errorf("train: --device %v with --pipeline-model-parallel-size=%d: "+
-			"pipeline-parallel layouts do not run on the %v device yet (their sends and receives read host buffers); use data and tensor parallelism only, or --device cpu",
-			t.cfg.Device, l.PP, t.cfg.Device)
-	}
-	return nil
-}

@@ -152,9 +152,6 @@ func New(cfg Config, train, valid datagpt.Source) (*Trainer, error) {
 			return nil, err
 		}
 	}
-	if err := t.checkDevice(); err != nil {
-		return nil, err
-	}
 	t.moveToDevice()
 	var ps []*optim.Param
 	if t.par != nil {

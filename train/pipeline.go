@@ -156,6 +156,7 @@ func (t *Trainer) executor(m int) (*pp.Executor, error) {
 			}
 		},
 		LossScale: t.lossScale,
+		Device:    t.cfg.Device,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("train: %w", err)
@@ -182,6 +183,7 @@ func (t *Trainer) pipelineStep(n, mbs, dp, r int) (float64, error) {
 		if bts[i], err = makeBatch(t.train, start, mbs, t.cfg.SeqLength, t.Model.Config.VocabSize); err != nil {
 			return 0, fmt.Errorf("train: iteration %d: %w", t.Iteration+1, err)
 		}
+		bts[i] = batchTo(bts[i], t.cfg.Device)
 	}
 	for _, rn := range t.runners {
 		rn.Batches = bts
@@ -201,25 +203,27 @@ func (t *Trainer) pipelineStep(n, mbs, dp, r int) (float64, error) {
 func (t *Trainer) pipelineEval(bt gpt.Batch) (float64, error) {
 	g := t.par.PP
 	p, rank := g.Size(), g.Rank()
+	bt = batchTo(bt, t.cfg.Device)
 	var loss float64
 	for _, s := range t.stages {
 		var x *tensor.Tensor
 		if !s.IsFirst() {
+			// Received into host memory, then copied to the device.
 			x = tensor.Zeros(s.ActivationShape(bt.Tokens.Dim(0), bt.Tokens.Dim(1))...)
 			if err := g.Recv(t.cctx, comm.Float32s(x.Float32s()), (rank+p-1)%p); err != nil {
 				return 0, fmt.Errorf("train: evaluation: receive the activation of stage %d: %w", s.Chunk*p+rank, err)
 			}
+			x = x.ToDevice(t.cfg.Device)
 		}
 		out := s.Forward(nil, x, bt, nil, false)
 		if err := t.regionErr(); err != nil {
 			return 0, err
 		}
 		if s.IsLast() {
-			loss = float64(s.Loss(nil, out, bt).Float32s()[0])
+			loss = scalar(s.Loss(nil, out, bt))
 			continue
 		}
-		out = out.Contiguous()
-		if err := g.Send(t.cctx, comm.Float32s(out.Float32s()), (rank+1)%p); err != nil {
+		if err := g.Send(t.cctx, comm.Float32s(hostValues(out.Contiguous())), (rank+1)%p); err != nil {
 			return 0, fmt.Errorf("train: evaluation: send the activation of stage %d: %w", s.Chunk*p+rank, err)
 		}
 	}

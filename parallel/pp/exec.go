@@ -69,6 +69,12 @@ type ExecConfig struct {
 	LossScale func() float32
 	// Now is the clock of Stats; nil means time.Now.
 	Now func() time.Time
+	// Device is where the stages compute: their inputs, outputs and
+	// gradients live there. The zero value is the CPU, where sends and
+	// receives use the tensors' own storage; on another device they are
+	// staged through host buffers with the tensor package's explicit
+	// copies (copy out and send; receive and copy in).
+	Device tensor.Device
 }
 
 // Stats are one step's measurements on this rank. The zero value is a
@@ -116,6 +122,10 @@ type slot struct {
 	out  *tensor.Tensor // forward output: activation, or the loss divided by M
 	grad *tensor.Tensor // received gradient of out
 	fwd  bool           // forward done
+
+	// Off the CPU: the host buffers a receive of in or grad lands in
+	// before it is copied to the device (nil once copied).
+	inHost, gradHost []float32
 }
 
 // link is one direction of one kind of message to or from a peer.
@@ -297,7 +307,7 @@ func (e *Executor) forward(a Action) (float64, error) {
 	if out.Numel() != 1 {
 		return 0, fmt.Errorf("the model's last stage returned shape %v, want the loss (one element)", out.Shape())
 	}
-	loss := float64(out.Float32s()[0])
+	loss := float64(tensor.ToHost(out).Float32s()[0]) // the step's one readback on this rank
 	// Each micro-batch's loss counts 1/M of the step's (Megatron divides it
 	// by num_microbatches in forward_step).
 	scale := float32(1)
@@ -333,7 +343,7 @@ func (e *Executor) backward(a Action) error {
 	e.free[a.Chunk] = append(e.free[a.Chunk], s.tape)
 	s.tape, s.out = nil, nil
 	if s.grad != nil {
-		e.put(s.grad.Float32s())
+		e.release(s.grad)
 		s.grad = nil
 	}
 	if s.in == nil { // the model's first stage: nothing to send back
@@ -362,6 +372,36 @@ func (e *Executor) get(n int) []float32 {
 
 func (e *Executor) put(b []float32) { e.pool[len(b)] = append(e.pool[len(b)], b) }
 
+// release returns a received tensor's storage to the pool: on the CPU it is
+// a pool buffer; on a device it is the device's (its host staging buffer
+// went back when the receive finished).
+func (e *Executor) release(t *tensor.Tensor) {
+	if e.cfg.Device == tensor.CPU {
+		e.put(t.Float32s())
+	}
+}
+
+// hostValues returns the values of the contiguous tensor t for a send: its
+// own storage on the CPU, else a host copy (comm staging).
+func hostValues(t *tensor.Tensor) []float32 {
+	if t.Device() == tensor.CPU {
+		return t.Float32s()
+	}
+	return tensor.ToHost(t).Float32s()
+}
+
+// recvTensor returns a zeroed tensor of shape on the executor's device for
+// a receive, and the host buffer the receive writes: the tensor's own
+// storage on the CPU, else a staging buffer that finish copies in.
+func (e *Executor) recvTensor(shape []int) (t *tensor.Tensor, host []float32) {
+	n := numel(shape)
+	if e.cfg.Device == tensor.CPU {
+		b := e.get(n)
+		return tensor.FromFloat32(b, shape...), b
+	}
+	return tensor.ZerosOn(e.cfg.Device, shape...), e.get(n)
+}
+
 // cleanup returns what a finished or abandoned step still holds: tapes of
 // micro-batches whose backward did not run, receive buffers.
 func (e *Executor) cleanup() {
@@ -371,11 +411,16 @@ func (e *Executor) cleanup() {
 			e.free[k.Chunk] = append(e.free[k.Chunk], s.tape)
 		}
 		if s.grad != nil {
-			e.put(s.grad.Float32s())
+			e.release(s.grad)
 		}
 		if s.in != nil {
-			e.put(s.in.Float32s())
-			e.put(s.in.Grad.Float32s())
+			e.release(s.in)
+			e.release(s.in.Grad)
+		}
+		for _, b := range [][]float32{s.inHost, s.gradHost} {
+			if b != nil {
+				e.put(b)
+			}
 		}
 		delete(e.slots, k)
 	}

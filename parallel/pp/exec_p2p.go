@@ -91,21 +91,26 @@ func (e *Executor) prepare(a Action) (transfer, error) {
 			return x, errors.New("no forward output to send")
 		}
 		out := s.out.Contiguous()
-		shape, x.data = out.Shape(), comm.Float32s(out.Float32s())
+		shape, x.data = out.Shape(), comm.Float32s(hostValues(out))
 	case SendGrad:
 		if s.in == nil || s.tape != nil {
 			return x, errors.New("no input gradient to send (backward not run)")
 		}
-		shape, x.data = s.in.Shape(), comm.Float32s(s.in.Grad.Float32s())
+		shape, x.data = s.in.Shape(), comm.Float32s(hostValues(s.in.Grad))
 	case RecvActivation:
 		if s.in != nil {
 			return x, errors.New("activation received twice")
 		}
 		shape = slices.Clone(e.cfg.Stages[a.Chunk].InputShape(a.Microbatch))
-		n := numel(shape)
-		s.in = tensor.FromFloat32(e.get(n), shape...).SetRequiresGrad(true)
-		s.in.Grad = tensor.FromFloat32(e.get(n), shape...)
-		x.data, x.want = comm.Float32s(s.in.Float32s()), shape
+		var buf []float32
+		s.in, buf = e.recvTensor(shape)
+		s.in.SetRequiresGrad(true)
+		if e.cfg.Device == tensor.CPU {
+			s.in.Grad = tensor.FromFloat32(e.get(len(buf)), shape...)
+		} else {
+			s.in.Grad, s.inHost = tensor.ZerosOn(e.cfg.Device, shape...), buf
+		}
+		x.data, x.want = comm.Float32s(buf), shape
 	case RecvGrad:
 		if s.out == nil {
 			return x, errors.New("gradient for an output this rank has not computed")
@@ -114,8 +119,12 @@ func (e *Executor) prepare(a Action) (transfer, error) {
 			return x, errors.New("gradient received twice")
 		}
 		shape = s.out.Shape()
-		s.grad = tensor.FromFloat32(e.get(s.out.Numel()), shape...)
-		x.data, x.want = comm.Float32s(s.grad.Float32s()), shape
+		var buf []float32
+		s.grad, buf = e.recvTensor(shape)
+		if e.cfg.Device != tensor.CPU {
+			s.gradHost = buf
+		}
+		x.data, x.want = comm.Float32s(buf), shape
 	}
 	if !e.headers[l] {
 		e.headers[l] = true
@@ -213,16 +222,31 @@ func (e *Executor) checkHeader(x *transfer) error {
 		e.rank, x.a, got, x.a.Chunk, x.want)
 }
 
-// finish releases what a completed transfer no longer needs: after a
+// finish completes a transfer: off the CPU a received activation or
+// gradient is copied from its host staging buffer to the device; after a
 // gradient is sent back, the (chunk, micro-batch) is done on this rank.
 func (e *Executor) finish(a Action) {
-	if a.Op != SendGrad {
+	k := Slot{Chunk: a.Chunk, Microbatch: a.Microbatch}
+	s := e.slots[k]
+	if s == nil {
 		return
 	}
-	k := Slot{Chunk: a.Chunk, Microbatch: a.Microbatch}
-	if s := e.slots[k]; s != nil {
-		e.put(s.in.Float32s())
-		e.put(s.in.Grad.Float32s())
+	switch a.Op {
+	case RecvActivation:
+		if s.inHost != nil {
+			tensor.Copy(s.in, tensor.FromFloat32(s.inHost, len(s.inHost)))
+			e.put(s.inHost)
+			s.inHost = nil
+		}
+	case RecvGrad:
+		if s.gradHost != nil {
+			tensor.Copy(s.grad, tensor.FromFloat32(s.gradHost, len(s.gradHost)))
+			e.put(s.gradHost)
+			s.gradHost = nil
+		}
+	case SendGrad:
+		e.release(s.in)
+		e.release(s.in.Grad)
 		delete(e.slots, k)
 	}
 }
