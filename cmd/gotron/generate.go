@@ -7,10 +7,11 @@ import (
 
 	"github.com/gotron/gotron/infer"
 	"github.com/gotron/gotron/internal/assets/gpt2"
+	"github.com/gotron/gotron/tensor"
 	"github.com/gotron/gotron/tokenizer"
 )
 
-const generateSynopsis = "generate --load DIR --prompt TEXT [--max-new-tokens N --temperature T --top-k K | --top-p P --seed S --bf16]"
+const generateSynopsis = "generate --load DIR --prompt TEXT [--max-new-tokens N --temperature T --top-k K | --top-p P --seed S --bf16 --device cpu|sim]"
 
 func cmdGenerate(ctx context.Context, env *cli, args []string) error {
 	fs := newFlags("generate", generateSynopsis)
@@ -23,9 +24,14 @@ func cmdGenerate(ctx context.Context, env *cli, args []string) error {
 	fs.Float64Var(&s.TopP, "top-p", 0, "nucleus sampling mass (excludes --top-k > 1)")
 	seed := fs.Int64("seed", 1234, "sampling seed")
 	bf16 := fs.Bool("bf16", false, "decode with bfloat16 weights: every weight rounded to bf16 (to nearest even; exact for bf16 checkpoints), activations and sums in float32 (as gotron serve --bf16)")
+	device := deviceFlag(fs)
 	var tc tokenizer.Config
 	addTokenizerFlags(fs, &tc)
 	if err := parseFlags(fs, args, env.stdout, generateSynopsis); err != nil {
+		return err
+	}
+	dev, err := parseDevice(*device)
+	if err != nil {
 		return err
 	}
 	if *load == "" {
@@ -50,6 +56,8 @@ func cmdGenerate(ctx context.Context, env *cli, args []string) error {
 	if *bf16 {
 		m.RoundToBF16()
 	}
+	since := tensor.SimTransfers()
+	m.ToDevice(dev)
 	ids := tok.Encode(*prompt)
 	p := make([]int32, len(ids))
 	for i, id := range ids {
@@ -71,6 +79,7 @@ func cmdGenerate(ctx context.Context, env *cli, args []string) error {
 	secs := time.Since(start).Seconds()
 	fmt.Fprintf(env.stderr, "gotron generate: %d tokens in %.2f s: %.1f tokens/s (the %d-token prompt's prefill included)\n",
 		n, secs, float64(n)/max(secs, 1e-9), len(p))
+	reportTransfers(env.stderr, "generate", dev, since)
 	if err == nil && n < *maxNew && last != tok.EOD() {
 		fmt.Fprintf(env.stderr, "gotron generate: stopped after %d of --max-new-tokens %d: the model's context of %d positions (--max-position-embeddings) is full\n",
 			n, *maxNew, m.Config.MaxPositionEmbeddings)

@@ -20,6 +20,7 @@ import (
 	"github.com/gotron/gotron/internal/assets/gpt2"
 	"github.com/gotron/gotron/internal/meminfo"
 	"github.com/gotron/gotron/model/gpt"
+	"github.com/gotron/gotron/tensor"
 	"github.com/gotron/gotron/tokenizer"
 )
 
@@ -28,7 +29,7 @@ const serveSynopsis = "serve --load DIR [--host 127.0.0.1] [--port 8000] [--kv-c
 // serveFlags are gotron serve's flags (vLLM's names where Megatron has none).
 type serveFlags struct {
 	load, host, modelName, chatTemplate string
-	decodeWeights                       string
+	decodeWeights, device               string
 	bf16                                bool
 	port                                int
 	kvCacheBytes                        string
@@ -59,6 +60,7 @@ func addServeFlags(fs *flag.FlagSet, f *serveFlags) {
 	fs.IntVar(&f.maxPromptTokens, "max-prompt-tokens", 0, "longest prompt in tokens, 413 beyond (default: the model's context)")
 	fs.IntVar(&f.maxN, "max-n", 16, "largest n (choices) per request")
 	fs.DurationVar(&f.grace, "shutdown-grace", 30*time.Second, "on SIGTERM, how long requests in flight may take before they are cancelled")
+	fs.StringVar(&f.device, "device", "cpu", deviceUsage)
 	addTokenizerFlags(fs, &f.tok)
 }
 
@@ -72,9 +74,13 @@ func cmdServe(ctx context.Context, env *cli, args []string) error {
 	if f.load == "" {
 		return fmt.Errorf("--load is required")
 	}
+	since := tensor.SimTransfers()
 	srv, runner, err := newServer(&f)
 	if err != nil {
 		return err
+	}
+	if dev, _ := parseDevice(f.device); dev == tensor.Sim {
+		defer reportTransfers(env.stderr, "serve", dev, since)
 	}
 	ln, err := net.Listen("tcp", net.JoinHostPort(f.host, strconv.Itoa(f.port)))
 	if err != nil {
@@ -136,10 +142,15 @@ func buildServer(f *serveFlags, m *gpt.Model, tok tokenizer.Tokenizer, tpl *serv
 	if ec.Weights, err = infer.ParseWeightLayout(f.decodeWeights); err != nil {
 		return nil, nil, fmt.Errorf("--decode-weights: %w", err)
 	}
+	dev, err := parseDevice(f.device)
+	if err != nil {
+		return nil, nil, err
+	}
 	if f.bf16 {
 		m.RoundToBF16()
 		ec.BF16 = true
 	}
+	m.ToDevice(dev) // the engine's KV pool and packed weights follow the model
 	ec.VocabSize, ec.Decoder = tok.VocabSize(), tok
 	if ec.VocabSize > m.Config.VocabSize {
 		return nil, nil, fmt.Errorf("the tokenizer's %d ids exceed the model's vocabulary of %d", ec.VocabSize, m.Config.VocabSize)
