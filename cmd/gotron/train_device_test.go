@@ -1,6 +1,7 @@
 package main
 
 import (
+	"fmt"
 	"path/filepath"
 	"regexp"
 	"slices"
@@ -43,5 +44,34 @@ func TestTrainDeviceSim(t *testing.T) {
 	}
 	if _, errs, code := runCLI(t, with(tinyTrain, "--train-iters", "1", "--device", "gpu")...); code == 0 || !strings.Contains(errs, `--device: tensor: device "gpu"`) {
 		t.Errorf("--device gpu: exit %d, stderr %q", code, errs)
+	}
+}
+
+// TestLaunchInprocTrainDeviceSim: gotron launch --inproc trains TP=2 × DP=2
+// (sequence parallel, distributed optimizer) and PP=2 × DP=2 on --device sim
+// and logs the losses the same layout logs on the CPU, exactly.
+func TestLaunchInprocTrainDeviceSim(t *testing.T) {
+	dir := t.TempDir()
+	for i, layout := range [][]string{
+		{"--tensor-model-parallel-size", "2", "--sequence-parallel", "--use-distributed-optimizer"},
+		{"--pipeline-model-parallel-size", "2", "--overlap-grad-reduce"},
+	} {
+		var losses [2][]float64
+		for j, dev := range []string{"cpu", "sim"} {
+			m := filepath.Join(dir, fmt.Sprintf("%d-%s.jsonl", i, dev))
+			args := append([]string{"launch", "--inproc", "--nproc-per-node", "4", "--"},
+				with(dpTrain, append(layout, "--train-iters", "3", "--device", dev, "--metrics-file", m)...)...)
+			out, errs, code := runCLI(t, args...)
+			if code != 0 {
+				t.Fatalf("%v --device %s: exit %d: %s", layout, dev, code, errs)
+			}
+			if strings.Contains(out, "sim device: ") != (dev == "sim") {
+				t.Errorf("%v --device %s: transfer line present: %v:\n%s", layout, dev, dev != "sim", out)
+			}
+			losses[j], _ = metricsLosses(t, m)
+		}
+		if len(losses[0]) != 3 || !slices.Equal(losses[1], losses[0]) {
+			t.Errorf("%v: losses on sim %v, on the CPU %v (must be identical)", layout, losses[1], losses[0])
+		}
 	}
 }
