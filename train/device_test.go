@@ -3,10 +3,12 @@ package train
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"math"
 	"strings"
 	"testing"
 
+	"github.com/gotron/gotron/optim"
 	"github.com/gotron/gotron/tensor"
 )
 
@@ -113,6 +115,35 @@ func TestSimDeviceTrainingMatchesCPU(t *testing.T) {
 			b := runOn(t, second, dev)
 			b.res.Losses = append(append([]float64(nil), a.res.Losses...), b.res.Losses...)
 			sameDeviceRun(t, opt+" resumed on "+dev.String()+" from a sim checkpoint", b, want)
+		}
+	}
+}
+
+// TestSimDevicePrecisionsMatchCPU: --fp16 (dynamic loss scaling, whose
+// unscale and overflow check are backend ops on the device's gradients) and
+// --bf16 training with --log-params-norm give the CPU's losses, loss scales
+// and final parameters bit for bit on the simulated device.
+func TestSimDevicePrecisionsMatchCPU(t *testing.T) {
+	for _, fp16 := range []bool{true, false} {
+		cfg := tinyConfig(t)
+		cfg.TrainIters, cfg.LogParamsNorm = 5, true
+		if fp16 {
+			cfg.FP16 = true
+			cfg.LossScale = optim.LossScalerConfig{Window: 2, Hysteresis: 1}
+		} else {
+			cfg.BF16 = true
+		}
+		want := runOn(t, cfg, tensor.CPU)
+		got := runOn(t, cfg, tensor.Sim)
+		what := fmt.Sprintf("fp16=%v bf16=%v", cfg.FP16, cfg.BF16)
+		sameDeviceRun(t, what, got, want)
+		for i := range want.res.LossScales {
+			if got.res.LossScales[i] != want.res.LossScales[i] {
+				t.Fatalf("%s: iteration %d: loss scale %v on sim, %v on the CPU", what, i+1, got.res.LossScales[i], want.res.LossScales[i])
+			}
+		}
+		if !strings.Contains(got.log, "params norm") {
+			t.Errorf("%s: no params norm logged:\n%s", what, got.log)
 		}
 	}
 }
