@@ -1,6 +1,7 @@
 package train
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"math"
@@ -12,12 +13,50 @@ import (
 // bytesPerMB is Megatron's NUM_BYTES_IN_MEGABYTE: its "MB" are MiB.
 const bytesPerMB = 1024 * 1024
 
-// Recompute granularities (--recompute-granularity).
+// RecomputeGranularity is --recompute-granularity.
+type RecomputeGranularity uint8
+
+// The granularities; the zero value recomputes nothing.
 const (
-	RecomputeNone      = ""          // no activation recomputation
-	RecomputeSelective = "selective" // --recompute-activations: the attention core
-	RecomputeFull      = "full"      // whole transformer layers
+	RecomputeNone      RecomputeGranularity = iota // no activation recomputation
+	RecomputeSelective                             // "selective" (also --recompute-activations): the attention core
+	RecomputeFull                                  // "full": whole transformer layers
 )
+
+// ParseRecomputeGranularity parses --recompute-granularity: "full" or
+// "selective".
+func ParseRecomputeGranularity(s string) (RecomputeGranularity, error) {
+	switch s {
+	case "selective":
+		return RecomputeSelective, nil
+	case "full":
+		return RecomputeFull, nil
+	}
+	return 0, fmt.Errorf("--recompute-granularity=%q: want full or selective", s)
+}
+
+// String returns the flag's spelling ("" for RecomputeNone).
+func (g RecomputeGranularity) String() string {
+	switch g {
+	case RecomputeNone:
+		return ""
+	case RecomputeSelective:
+		return "selective"
+	case RecomputeFull:
+		return "full"
+	}
+	return fmt.Sprintf("RecomputeGranularity(%d)", uint8(g))
+}
+
+// Set makes *RecomputeGranularity a flag.Value (--recompute-granularity).
+func (g *RecomputeGranularity) Set(s string) error {
+	v, err := ParseRecomputeGranularity(s)
+	if err != nil {
+		return errors.New("want full or selective")
+	}
+	*g = v
+	return nil
+}
 
 // MemoryConfig is the input of Megatron's theoretical memory report
 // (megatron/training/theoretical_memory_usage.py, spec §2.18): an
@@ -50,7 +89,7 @@ type MemoryConfig struct {
 	// RecomputeGranularity is --recompute-granularity: RecomputeNone (the
 	// zero value), RecomputeSelective (also --recompute-activations) or
 	// RecomputeFull.
-	RecomputeGranularity string
+	RecomputeGranularity RecomputeGranularity
 	// DistributedOptimizer is --use-distributed-optimizer: 6 + 12/DP bytes
 	// per parameter instead of 18.
 	DistributedOptimizer bool
@@ -93,10 +132,8 @@ func (c *MemoryConfig) Validate() error {
 		return fmt.Errorf("train: memory: --world-size=%d is not divisible by --tensor-model-parallel-size × --pipeline-model-parallel-size × --context-parallel-size = %d×%d×%d = %d",
 			c.WorldSize, c.TensorParallel, c.PipelineParallel, c.ContextParallel, m)
 	}
-	switch c.RecomputeGranularity {
-	case RecomputeNone, RecomputeSelective, RecomputeFull:
-	default:
-		return fmt.Errorf("train: memory: --recompute-granularity=%q: want full or selective", c.RecomputeGranularity)
+	if c.RecomputeGranularity > RecomputeFull {
+		return fmt.Errorf("train: memory: --recompute-granularity=%v: want full or selective", c.RecomputeGranularity)
 	}
 	if c.VirtualPipeline == 1 {
 		c.VirtualPipeline = 0

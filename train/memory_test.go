@@ -296,7 +296,7 @@ func TestMemoryValidateNamesFlags(t *testing.T) {
 		{"no micro batch", func(c *MemoryConfig) { c.MicroBatchSize = -1 }, []string{"--micro-batch-size=-1"}},
 		{"negative TP", func(c *MemoryConfig) { c.TensorParallel = -2 }, []string{"--tensor-model-parallel-size=-2"}},
 		{"interleaving without PP", func(c *MemoryConfig) { c.VirtualPipeline = 2 }, []string{"--pipeline-model-parallel-size > 1"}},
-		{"unknown recompute granularity", func(c *MemoryConfig) { c.RecomputeGranularity = "block" }, []string{"--recompute-granularity", "block"}},
+		{"unknown recompute granularity", func(c *MemoryConfig) { c.RecomputeGranularity = 7 }, []string{"--recompute-granularity=RecomputeGranularity(7)"}},
 		{"layers not dividing into stages", func(c *MemoryConfig) { c.PipelineParallel = 8 }, []string{"--num-layers=4", "--pipeline-model-parallel-size=8"}},
 		{"heads not dividing hidden", func(c *MemoryConfig) { c.Model.NumAttentionHeads = 3 }, []string{"--num-attention-heads=3"}},
 	}

@@ -81,6 +81,10 @@ func explainFlagError(fs *flag.FlagSet, err error) error {
 		}
 		return errors.New(out)
 	}
+	// The flag package names a flag with one dash; gotron's messages use two.
+	if rest, ok := strings.CutPrefix(msg, "invalid value "); ok {
+		msg = "invalid value " + strings.Replace(rest, " for flag -", " for flag --", 1)
+	}
 	return fmt.Errorf("%s (see --help)", msg)
 }
 

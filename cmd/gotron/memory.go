@@ -5,7 +5,6 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"strconv"
 	"strings"
 
 	"github.com/gotron/gotron/tokenizer"
@@ -14,15 +13,6 @@ import (
 
 const memorySynopsis = "memory [train flags] --world-size N   (Megatron's theoretical memory report; nothing is allocated)"
 
-// memoryFlags are the flags gotron memory adds to gotron train's. Each is
-// read back by name, so it works whether gotron train defines it too or not.
-var memoryFlags = []struct{ name, kind, usage string }{
-	{"world-size", "int", "number of ranks the layout runs on (required)"},
-	{"recompute-activations", "bool", "selective recompute of the attention core (= --recompute-granularity selective)"},
-	{"recompute-granularity", "string", "activation recompute: full or selective"},
-	{"sequence-parallel", "bool", "sequence parallelism (ignored at tensor-parallel size 1, as Megatron)"},
-	{"use-distributed-optimizer", "bool", "shard optimizer state over data-parallel ranks"},
-}
 
 // memoryHelp lists the flags the report reads; the other gotron train
 // flags are accepted (a launch script's flags work unchanged) but not
@@ -35,11 +25,9 @@ func memoryHelp() helpText {
 		"make-vocab-size-divisible-by", "tensor-model-parallel-size", "pipeline-model-parallel-size", "context-parallel-size",
 		"num-layers-per-virtual-pipeline-stage", "num-virtual-stages-per-pipeline-rank",
 		"seq-length", "micro-batch-size", "global-batch-size", "tokenizer-type", "vocab-file", "merge-file", "tokenizer-model",
-		"vocab-size", "vocab-extra-ids", "tiktoken-pattern", "tiktoken-num-special-tokens"} {
+		"vocab-size", "vocab-extra-ids", "tiktoken-pattern", "tiktoken-num-special-tokens",
+		"world-size", "recompute-activations", "recompute-granularity", "sequence-parallel", "use-distributed-optimizer"} {
 		read[n] = true
-	}
-	for _, m := range memoryFlags {
-		read[m.name] = true
 	}
 	return helpText{synopsis: memorySynopsis, show: func(name string) bool { return read[name] },
 		note: "Every other 'gotron train' flag is accepted and does not change the report."}
@@ -50,19 +38,7 @@ func memoryHelp() helpText {
 // flags describe. It builds no model and reads no data.
 func cmdMemory(_ context.Context, env *cli, args []string) error {
 	fs, f := newTrainFlags()
-	for _, m := range memoryFlags {
-		if fs.Lookup(m.name) != nil {
-			continue
-		}
-		switch m.kind {
-		case "bool":
-			fs.Bool(m.name, false, m.usage)
-		case "int":
-			fs.Int(m.name, 0, m.usage)
-		default:
-			fs.String(m.name, "", m.usage)
-		}
-	}
+	world := fs.Int("world-size", 0, "number of ranks the layout runs on (required)")
 	if err := parseFlagsHelp(fs, args, env.stdout, memoryHelp()); err != nil {
 		return err
 	}
@@ -72,7 +48,7 @@ func cmdMemory(_ context.Context, env *cli, args []string) error {
 	f.finish()
 	given := map[string]bool{}
 	fs.Visit(func(fl *flag.Flag) { given[fl.Name] = true })
-	cfg, err := memoryConfig(fs, f, given)
+	cfg, err := memoryConfig(f, *world, given)
 	if err != nil {
 		return err
 	}
@@ -98,13 +74,9 @@ func cmdMemory(_ context.Context, env *cli, args []string) error {
 
 // memoryConfig turns the parsed flags into the report's input: the model as
 // gotron train builds it (preset, flags, padded vocabulary) and the layout.
-func memoryConfig(fs *flag.FlagSet, f *trainFlags, given map[string]bool) (train.MemoryConfig, error) {
+func memoryConfig(f *trainFlags, world int, given map[string]bool) (train.MemoryConfig, error) {
 	var c train.MemoryConfig
 	m, err := f.modelConfig(given)
-	if err != nil {
-		return c, err
-	}
-	world, err := intFlag(fs, "world-size")
 	if err != nil {
 		return c, err
 	}
@@ -121,17 +93,10 @@ func memoryConfig(fs *flag.FlagSet, f *trainFlags, given map[string]bool) (train
 	m.VocabSize = tokenizer.PaddedVocabSize(vocab, f.divisibleBy*f.tpSize, 1)
 	c = train.MemoryConfig{Model: m, SeqLength: f.cfg.SeqLength, MicroBatchSize: f.cfg.MicroBatchSize, WorldSize: world,
 		TensorParallel: f.tpSize, PipelineParallel: f.ppSize, ContextParallel: f.cpSize, GlobalBatchSize: f.cfg.GlobalBatchSize}
-	if c.SequenceParallel, err = boolFlag(fs, "sequence-parallel"); err != nil {
-		return c, err
-	}
-	if c.DistributedOptimizer, err = boolFlag(fs, "use-distributed-optimizer"); err != nil {
-		return c, err
-	}
-	c.RecomputeGranularity = fs.Lookup("recompute-granularity").Value.String()
-	if sel, err := boolFlag(fs, "recompute-activations"); err != nil {
-		return c, err
-	} else if sel {
-		c.RecomputeGranularity = train.RecomputeSelective // as Megatron's arguments.py
+	c.SequenceParallel, c.DistributedOptimizer = f.cfg.SequenceParallel, f.cfg.DDP.DistributedOptimizer
+	c.RecomputeGranularity = f.recomputeGranularity
+	if f.cfg.Recompute.Selective { // --recompute-activations, as Megatron's arguments.py
+		c.RecomputeGranularity = train.RecomputeSelective
 	}
 	split := f.cfg.Pipeline // --num-virtual-stages-per-pipeline-rank or --num-layers-per-virtual-pipeline-stage
 	split.PP = f.ppSize
@@ -160,27 +125,4 @@ func memoryVocab(t *tokenizer.Config) (int, error) {
 		return 0, fmt.Errorf("--vocab-size=%d: want > 0", t.VocabSize)
 	}
 	return 50257, nil
-}
-
-// intFlag reads an integer flag by name, whoever defined it.
-func intFlag(fs *flag.FlagSet, name string) (int, error) {
-	s := fs.Lookup(name).Value.String()
-	if s == "" {
-		return 0, nil
-	}
-	v, err := strconv.Atoi(s)
-	if err != nil {
-		return 0, fmt.Errorf("--%s=%q: want an integer", name, s)
-	}
-	return v, nil
-}
-
-// boolFlag reads a boolean flag by name, whoever defined it.
-func boolFlag(fs *flag.FlagSet, name string) (bool, error) {
-	s := fs.Lookup(name).Value.String()
-	v, err := strconv.ParseBool(s)
-	if err != nil {
-		return false, fmt.Errorf("--%s=%q: want true or false", name, s)
-	}
-	return v, nil
 }

@@ -115,6 +115,10 @@ func TestMemoryBadInput(t *testing.T) {
 		{"both virtual pipeline flags", []string{"--world-size", "2", "--pipeline-model-parallel-size", "2",
 			"--num-layers-per-virtual-pipeline-stage", "1", "--num-virtual-stages-per-pipeline-rank", "2"}, []string{"give only one of them"}},
 		{"bad recompute granularity", []string{"--world-size", "1", "--recompute-granularity", "block"}, []string{"--recompute-granularity", "block"}},
+		{"bad normalization", []string{"--world-size", "1", "--normalization", "rmsnorm"}, []string{`"rmsnorm" for flag --normalization: want LayerNorm or RMSNorm`}},
+		{"bad position embedding", []string{"--world-size", "1", "--position-embedding-type", "yarn"},
+			[]string{`"yarn" for flag --position-embedding-type: want learned_absolute, rope or none`}},
+		{"bad optimizer", []string{"--world-size", "1", "--optimizer", "lion"}, []string{`"lion" for flag --optimizer: want adam or sgd`}},
 		{"unknown flag", []string{"--world-size", "1", "--world-sise", "2"}, []string{"did you mean --world-size"}},
 		{"GQA without groups", []string{"--world-size", "1", "--group-query-attention"}, []string{"--num-query-groups"}},
 	}

@@ -98,7 +98,7 @@ func TestParallelScheduleErrors(t *testing.T) {
 			"leaves a last group of 1 micro-batches"},
 		{[]string{"--pipeline-model-parallel-size", "-2", "--num-microbatches", "4"}, 1, "--pipeline-model-parallel-size -2: must not be negative"},
 		{[]string{"--num-microbatches", "4", "--format", "yaml"}, 1, "--format yaml: want json or text"},
-		{[]string{"--num-microbatches", "four"}, 1, `invalid value "four" for flag -num-microbatches`},
+		{[]string{"--num-microbatches", "four"}, 1, `invalid value "four" for flag --num-microbatches`},
 		{[]string{"--num-microbatche", "4"}, 1, "did you mean --num-microbatches"},
 		{[]string{"--num-microbatches", "4", "extra"}, 1, `unexpected argument "extra"`},
 		{[]string{"--help"}, 0, ""},

@@ -36,7 +36,7 @@ type trainFlags struct {
 	tpSize, ppSize, cpSize int
 	timeoutMins            float64
 	useCkptArgs            bool
-	recomputeGranularity   string
+	recomputeGranularity   train.RecomputeGranularity
 	ckptFormat             string
 	rampup                 listFlag
 	attentionBackend       string
@@ -196,7 +196,7 @@ func newTrainFlags() (*flag.FlagSet, *trainFlags) {
 	fs.BoolVar(&c.NoLoadOptim, "no-load-optim", false, "do not load optimizer state")
 	fs.BoolVar(&c.NoLoadRNG, "no-load-rng", false, "do not load the dropout streams' state")
 	fs.BoolVar(&c.Recompute.Selective, "recompute-activations", false, "recompute the attention core in backward (= --recompute-granularity selective)")
-	fs.StringVar(&f.recomputeGranularity, "recompute-granularity", "", "activation recomputation: full or selective")
+	fs.Var(&f.recomputeGranularity, "recompute-granularity", "activation recomputation: full or selective")
 	fs.StringVar(&c.Recompute.Method, "recompute-method", "", "with --recompute-granularity full: uniform (chunks of --recompute-num-layers layers) or block (the first --recompute-num-layers layers)")
 	fs.IntVar(&c.Recompute.NumLayers, "recompute-num-layers", 0, "layers per recomputed chunk (uniform) or recomputed layers (block)")
 	fs.Float64Var(&c.DecoupledLR, "decoupled-lr", 0, "separate peak learning rate for the word embedding and output layer")
@@ -471,13 +471,10 @@ func (f *trainFlags) build(ctx context.Context, given map[string]bool) (train.Co
 		}
 	}
 	switch f.recomputeGranularity {
-	case "":
-	case "selective":
+	case train.RecomputeSelective:
 		cfg.Recompute.Selective = true
-	case "full":
+	case train.RecomputeFull:
 		cfg.Recompute.Full = true
-	default:
-		return cfg, nil, fmt.Errorf("--recompute-granularity=%q: want full or selective", f.recomputeGranularity)
 	}
 	s := f.schedule
 	s.LRDecayStyle = optim.DecayStyle(f.lrDecayStyle)
