@@ -59,7 +59,7 @@ func (g *RecomputeGranularity) Set(s string) error {
 }
 
 // MemoryConfig is the input of Megatron's theoretical memory report
-// (megatron/training/theoretical_memory_usage.py, spec §2.18): an
+// (megatron/training/theoretical_memory_usage.py): an
 // architecture and a parallel layout. Nothing is allocated from it, so any
 // size works (GPT-3 175B on a laptop). Field comments name the flag.
 type MemoryConfig struct {
