@@ -92,10 +92,12 @@ func transfers(since, steps tensor.Transfers, iters int64) string {
 
 // sub returns a − b, field by field.
 func sub(a, b tensor.Transfers) tensor.Transfers {
-	return tensor.Transfers{ToHost: a.ToHost - b.ToHost, FromHost: a.FromHost - b.FromHost, Bytes: a.Bytes - b.Bytes}
+	return tensor.Transfers{ToHost: a.ToHost - b.ToHost, FromHost: a.FromHost - b.FromHost, Bytes: a.Bytes - b.Bytes,
+		ToHostBytes: a.ToHostBytes - b.ToHostBytes, FromHostBytes: a.FromHostBytes - b.FromHostBytes}
 }
 
 // add returns a + b, field by field.
 func add(a, b tensor.Transfers) tensor.Transfers {
-	return tensor.Transfers{ToHost: a.ToHost + b.ToHost, FromHost: a.FromHost + b.FromHost, Bytes: a.Bytes + b.Bytes}
+	return tensor.Transfers{ToHost: a.ToHost + b.ToHost, FromHost: a.FromHost + b.FromHost, Bytes: a.Bytes + b.Bytes,
+		ToHostBytes: a.ToHostBytes + b.ToHostBytes, FromHostBytes: a.FromHostBytes + b.FromHostBytes}
 }
