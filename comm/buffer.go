@@ -2,10 +2,8 @@ package comm
 
 import (
 	"fmt"
-	"math"
 	"unsafe"
 
-	"github.com/gotron/gotron/internal/half"
 	"github.com/gotron/gotron/tensor"
 )
 
@@ -121,13 +119,6 @@ func (b Buffer) Check() error {
 	}
 	return nil
 }
-
-// BF16ToFloat32 widens a bfloat16 bit pattern to float32 (exact).
-func BF16ToFloat32(h uint16) float32 { return math.Float32frombits(uint32(h) << 16) }
-
-// Float32ToBF16 rounds f to the nearest bfloat16, ties to even; a NaN stays
-// a quiet NaN with f's sign and top payload bits (half.BFloat16From).
-func Float32ToBF16(f float32) uint16 { return uint16(half.BFloat16From(f)) }
 
 // EvenCounts splits total elements into n equal counts, or returns an error
 // naming total and n if it does not divide.

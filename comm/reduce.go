@@ -52,7 +52,7 @@ func Accumulate(dst, src Buffer, op ReduceOp) {
 	case tensor.BFloat16:
 		d, s := dst.BFloat16(), src.BFloat16()
 		for i := range d {
-			d[i] = Float32ToBF16(combine(BF16ToFloat32(d[i]), BF16ToFloat32(s[i]), op))
+			d[i] = tensor.Float32ToBFloat16(combine(tensor.BFloat16ToFloat32(d[i]), tensor.BFloat16ToFloat32(s[i]), op))
 		}
 	}
 }
@@ -154,7 +154,7 @@ func DivideBy(buf Buffer, n int) {
 	case tensor.BFloat16:
 		s, f := buf.BFloat16(), float32(n)
 		for i := range s {
-			s[i] = Float32ToBF16(BF16ToFloat32(s[i]) / f)
+			s[i] = tensor.Float32ToBFloat16(tensor.BFloat16ToFloat32(s[i]) / f)
 		}
 	}
 }
@@ -205,12 +205,12 @@ func ReduceNTo(dsts, srcs []Buffer, op ReduceOp) {
 			hi := min(lo+blockElems, n)
 			t := tmp[:hi-lo]
 			for i, h := range srcs[0].BFloat16()[lo:hi] {
-				t[i] = BF16ToFloat32(h)
+				t[i] = tensor.BFloat16ToFloat32(h)
 			}
 			for _, s := range srcs[1:] {
 				ss := s.BFloat16()[lo:hi]
 				for i := range t {
-					t[i] = combine(t[i], BF16ToFloat32(ss[i]), op)
+					t[i] = combine(t[i], tensor.BFloat16ToFloat32(ss[i]), op)
 				}
 			}
 			if op == Avg {
@@ -221,7 +221,7 @@ func ReduceNTo(dsts, srcs []Buffer, op ReduceOp) {
 			}
 			d := dsts[0].BFloat16()[lo:hi]
 			for i, v := range t {
-				d[i] = Float32ToBF16(v)
+				d[i] = tensor.Float32ToBFloat16(v)
 			}
 			for _, o := range dsts[1:] {
 				copy(o.BFloat16()[lo:hi], d)

@@ -9,44 +9,6 @@ import (
 	"github.com/gotron/gotron/tensor"
 )
 
-// TestFloat32ToBF16 checks round-to-nearest-even at the exact halfway
-// points and the special values.
-func TestFloat32ToBF16(t *testing.T) {
-	cases := []struct {
-		in   uint32 // float32 bits
-		want uint16
-		why  string
-	}{
-		{0x3f800000, 0x3f80, "1.0 exact"},
-		{0x3f808000, 0x3f80, "halfway, even below: round down"},
-		{0x3f818000, 0x3f82, "halfway, odd below: round up to even"},
-		{0x3f808001, 0x3f81, "just above halfway: up"},
-		{0x3f807fff, 0x3f80, "just below halfway: down"},
-		{0xbf808001, 0xbf81, "negative, above halfway"},
-		{0x7f7fffff, 0x7f80, "max float rounds to +Inf"},
-		{0x7f800000, 0x7f80, "+Inf"},
-		{0xff800000, 0xff80, "-Inf"},
-		{0x7f800001, 0x7fc0, "signalling NaN stays NaN (quieted)"},
-		{0xffc00000, 0xffc0, "negative quiet NaN"},
-		{0x00000001, 0x0000, "smallest subnormal rounds to 0"},
-		{0x80000000, 0x8000, "-0"},
-	}
-	for _, c := range cases {
-		if got := Float32ToBF16(math.Float32frombits(c.in)); got != c.want {
-			t.Errorf("%s: Float32ToBF16(%#08x) = %#04x, want %#04x", c.why, c.in, got, c.want)
-		}
-	}
-	for h := range 1 << 16 {
-		f := BF16ToFloat32(uint16(h))
-		if f != f {
-			continue
-		}
-		if got := Float32ToBF16(f); got != uint16(h) {
-			t.Fatalf("round trip of %#04x gave %#04x", h, got)
-		}
-	}
-}
-
 // reduceRef is the element-at-a-time specification of ReduceN.
 func reduceRef(srcs [][]float64, op ReduceOp) []float64 {
 	out := make([]float64, len(srcs[0]))
@@ -121,7 +83,7 @@ func avgAs(dt tensor.DType, sum float64, n int) float64 {
 	case tensor.Int32, tensor.Int64:
 		return float64(int64(sum) / int64(n))
 	case tensor.BFloat16:
-		return float64(BF16ToFloat32(Float32ToBF16(float32(sum) / float32(n))))
+		return float64(tensor.BFloat16ToFloat32(tensor.Float32ToBFloat16(float32(sum) / float32(n))))
 	}
 	return float64(float32(sum) / float32(n))
 }
@@ -131,7 +93,7 @@ func setF(b Buffer, i int, v float64) {
 	case tensor.Float32:
 		b.Float32()[i] = float32(v)
 	case tensor.BFloat16:
-		b.BFloat16()[i] = Float32ToBF16(float32(v))
+		b.BFloat16()[i] = tensor.Float32ToBFloat16(float32(v))
 	case tensor.Int32:
 		b.Int32()[i] = int32(v)
 	case tensor.Int64:
@@ -144,7 +106,7 @@ func getF(b Buffer, i int) float64 {
 	case tensor.Float32:
 		return float64(b.Float32()[i])
 	case tensor.BFloat16:
-		return float64(BF16ToFloat32(b.BFloat16()[i]))
+		return float64(tensor.BFloat16ToFloat32(b.BFloat16()[i]))
 	case tensor.Int32:
 		return float64(b.Int32()[i])
 	}
@@ -154,9 +116,9 @@ func getF(b Buffer, i int) float64 {
 // TestBF16SumRoundsOnce: 256 + 1 + 1 is 258 in float32 and in bfloat16
 // (258 is representable), but rounding after each add would give 256.
 func TestBF16SumRoundsOnce(t *testing.T) {
-	a, b, c := []uint16{Float32ToBF16(256)}, []uint16{Float32ToBF16(1)}, []uint16{Float32ToBF16(1)}
+	a, b, c := []uint16{tensor.Float32ToBFloat16(256)}, []uint16{tensor.Float32ToBFloat16(1)}, []uint16{tensor.Float32ToBFloat16(1)}
 	ReduceN(BFloat16s(a), []Buffer{BFloat16s(a), BFloat16s(b), BFloat16s(c)}, Sum)
-	if got := BF16ToFloat32(a[0]); got != 258 {
+	if got := tensor.BFloat16ToFloat32(a[0]); got != 258 {
 		t.Errorf("256+1+1 in bfloat16 = %v, want 258 (float32 accumulation, one rounding)", got)
 	}
 }

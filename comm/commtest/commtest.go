@@ -45,7 +45,7 @@ func Set(b comm.Buffer, i int, v float64) {
 	case tensor.Float32:
 		b.Float32()[i] = float32(v)
 	case tensor.BFloat16:
-		b.BFloat16()[i] = comm.Float32ToBF16(float32(v))
+		b.BFloat16()[i] = tensor.Float32ToBFloat16(float32(v))
 	case tensor.Int32:
 		b.Int32()[i] = int32(v)
 	case tensor.Int64:
@@ -59,7 +59,7 @@ func Get(b comm.Buffer, i int) float64 {
 	case tensor.Float32:
 		return float64(b.Float32()[i])
 	case tensor.BFloat16:
-		return float64(comm.BF16ToFloat32(b.BFloat16()[i]))
+		return float64(tensor.BFloat16ToFloat32(b.BFloat16()[i]))
 	case tensor.Int32:
 		return float64(b.Int32()[i])
 	case tensor.Int64:
@@ -91,7 +91,7 @@ func ReduceRef(dt tensor.DType, op comm.ReduceOp, seed int, ranks []int, i int) 
 	case tensor.Int32, tensor.Int64:
 		return float64(acc / n)
 	case tensor.BFloat16:
-		return float64(comm.BF16ToFloat32(comm.Float32ToBF16(float32(acc) / float32(n))))
+		return float64(tensor.BFloat16ToFloat32(tensor.Float32ToBFloat16(float32(acc) / float32(n))))
 	}
 	return float64(float32(acc) / float32(n))
 }

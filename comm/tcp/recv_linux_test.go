@@ -118,7 +118,7 @@ func randBuffer(rng *rand.Rand, dt tensor.DType, n int) comm.Buffer {
 		}
 	case tensor.BFloat16:
 		for i := range b.BFloat16() {
-			b.BFloat16()[i] = comm.Float32ToBF16(float32(rng.IntN(2001)-1000) / 7)
+			b.BFloat16()[i] = tensor.Float32ToBFloat16(float32(rng.IntN(2001)-1000) / 7)
 		}
 	case tensor.Int32:
 		for i := range b.Int32() {

@@ -6,7 +6,6 @@ import (
 	"testing"
 
 	"github.com/gotron/gotron/ckpt/safetensors"
-	"github.com/gotron/gotron/comm"
 	"github.com/gotron/gotron/internal/cpu"
 	"github.com/gotron/gotron/internal/half"
 	"github.com/gotron/gotron/tensor"
@@ -35,7 +34,6 @@ func TestOneBFloat16Rounding(t *testing.T) {
 			got  uint16
 		}{
 			{"cpu.RoundBF16", uint16(math.Float32bits(cpu.RoundBF16(f)) >> 16)},
-			{"comm.Float32ToBF16", comm.Float32ToBF16(f)},
 			{"tensor.Float32ToBFloat16", tensor.Float32ToBFloat16(f)},
 			{"safetensors BF16", uint16(st.Data[0]) | uint16(st.Data[1])<<8},
 		} {
