@@ -30,8 +30,11 @@ func ParseActivation(s string) (Activation, error) {
 	return Activation(i), nil
 }
 
+// String returns Megatron's spelling.
 func (a Activation) String() string { return enumString("Activation", activationNames, a) }
 func (a Activation) valid() bool    { return int(a) < len(activationNames) }
+
+// MarshalText writes String's spelling; a value outside the enum is an error.
 func (a Activation) MarshalText() ([]byte, error) {
 	return marshalEnum("activation", activationNames, a)
 }
@@ -61,8 +64,11 @@ func ParseNormalization(s string) (Normalization, error) {
 	return Normalization(i), nil
 }
 
+// String returns Megatron's spelling.
 func (n Normalization) String() string { return enumString("Normalization", normalizationNames, n) }
 func (n Normalization) valid() bool    { return int(n) < len(normalizationNames) }
+
+// MarshalText writes String's spelling; a value outside the enum is an error.
 func (n Normalization) MarshalText() ([]byte, error) {
 	return marshalEnum("--normalization", normalizationNames, n)
 }
@@ -104,10 +110,14 @@ func ParsePositionEmbeddingType(s string) (PositionEmbeddingType, error) {
 	return PositionEmbeddingType(i), nil
 }
 
+// String returns Megatron's spelling.
 func (p PositionEmbeddingType) String() string {
 	return enumString("PositionEmbeddingType", positionEmbeddingNames, p)
 }
+
 func (p PositionEmbeddingType) valid() bool { return int(p) < len(positionEmbeddingNames) }
+
+// MarshalText writes String's spelling; a value outside the enum is an error.
 func (p PositionEmbeddingType) MarshalText() ([]byte, error) {
 	return marshalEnum("--position-embedding-type", positionEmbeddingNames, p)
 }
