@@ -545,9 +545,6 @@ func (r *Reader) Close() error {
 	return errors.Join(errs...)
 }
 
-// Dir is the iteration directory's name, e.g. "iter_0000100".
-func (r *Reader) Dir() string { return r.iterDir }
-
 // Groups returns the tensor groups, sorted.
 func (r *Reader) Groups() []string { return slices.Sorted(maps.Keys(r.tensors)) }
 
