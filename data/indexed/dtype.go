@@ -60,16 +60,6 @@ func (d DType) String() string {
 	return fmt.Sprintf("dtype(%d)", uint8(d))
 }
 
-// ParseDType returns the dtype named by numpy's name ("uint16", "int32", ...).
-func ParseDType(name string) (DType, error) {
-	for d := UInt8; d <= UInt16; d++ {
-		if d.String() == name {
-			return d, nil
-		}
-	}
-	return 0, fmt.Errorf("indexed: unknown dtype %q (want uint8, int8, int16, int32, int64, float64, float32 or uint16)", name)
-}
-
 // OptimalDType is the token dtype tools/preprocess_data.py picks for a
 // vocabulary (DType.optimal_dtype): uint16 when vocabSize < 65500, else int32.
 func OptimalDType(vocabSize int) DType {
