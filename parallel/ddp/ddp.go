@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sort"
 	"time"
 
 	"github.com/gotron/gotron/comm"
@@ -301,9 +300,6 @@ func (d *DDP) SyncWait() time.Duration { return d.waited }
 // ZeroGrad clears the flat gradient buffer (padding included).
 func (d *DDP) ZeroGrad() { tensor.Zero(d.grad) }
 
-// Buckets returns the number of buckets.
-func (d *DDP) Buckets() int { return len(d.Layout.Buckets) }
-
 // ShardParams returns this rank's shard of every parameter as optimizer
 // parameters (distributed optimizer only): Data is a view of the flat
 // parameter buffer, Grad of the reduced gradient shard, on the parameters'
@@ -359,127 +355,6 @@ func (d *DDP) WaitParams(ctx context.Context) error {
 		}
 	}
 	return first
-}
-
-// pieceName is the optimizer-state name of a piece (see ShardParams).
-func (d *DDP) pieceName(pc piece) string {
-	return fmt.Sprintf("%s[%d:%d]", d.params[pc.Param].Name, pc.Lo, pc.Hi)
-}
-
-// FullState turns the state of an optimizer over ShardParams into the state
-// of the same optimizer over whole parameters ("<kind>/<param name>"
-// buffers, what a data-parallel size of 1 saves), all-gathering every
-// buffer kind over the group: checkpoints stay independent of the
-// data-parallel size. Every rank of the group must call it.
-func (d *DDP) FullState(ctx context.Context, st optim.State) (optim.State, error) {
-	out := optim.State{Kind: st.Kind, Steps: st.Steps, Buffers: map[string][]float32{}}
-	if !d.cfg.DistributedOptimizer {
-		return st, nil
-	}
-	kinds := map[string]bool{}
-	for k := range st.Buffers {
-		kind, _, ok := cutKind(k)
-		if !ok {
-			return out, fmt.Errorf("ddp: optimizer state buffer %q has no kind prefix", k)
-		}
-		kinds[kind] = true
-	}
-	for _, kind := range sortedKeys(kinds) {
-		for b, bk := range d.Layout.Buckets {
-			lo, hi := bk.Shard(d.group.Rank(), d.group.Size())
-			send := make([]float32, hi-lo)
-			for _, pc := range d.pieces {
-				if pc.Bucket != b {
-					continue
-				}
-				buf, ok := st.Buffers[kind+"/"+d.pieceName(pc)]
-				if !ok {
-					return out, fmt.Errorf("ddp: optimizer state has no %s buffer for %s", kind, d.pieceName(pc))
-				}
-				r := d.Layout.Range[pc.Param]
-				copy(send[r[0]+pc.Lo-lo:], buf)
-			}
-			full := make([]float32, bk.End-bk.Start)
-			if d.group.Size() == 1 {
-				copy(full, send)
-			} else if err := d.group.AllGather(ctx, comm.Float32s(full), comm.Float32s(send), nil); err != nil {
-				return out, fmt.Errorf("ddp: gather optimizer %s state of bucket %d: %w", kind, b, err)
-			}
-			for _, i := range bk.Params {
-				r := d.Layout.Range[i]
-				out.Buffers[kind+"/"+d.params[i].Name] = full[r[0]-bk.Start : r[1]-bk.Start]
-			}
-		}
-	}
-	return out, nil
-}
-
-// ShardState is FullState's inverse: it keeps this rank's pieces of a
-// whole-parameter optimizer state (as loaded from a checkpoint written at any
-// data-parallel size). Buffers must have their parameters' lengths.
-func (d *DDP) ShardState(full optim.State) (optim.State, error) {
-	if !d.cfg.DistributedOptimizer {
-		return full, nil
-	}
-	out := optim.State{Kind: full.Kind, Steps: full.Steps, Buffers: map[string][]float32{}}
-	kinds := map[string]bool{}
-	for k := range full.Buffers {
-		kind, _, ok := cutKind(k)
-		if !ok {
-			return out, fmt.Errorf("ddp: optimizer state buffer %q has no kind prefix", k)
-		}
-		kinds[kind] = true
-	}
-	for kind := range kinds {
-		for _, pc := range d.pieces {
-			p := d.params[pc.Param]
-			buf, ok := full.Buffers[kind+"/"+p.Name]
-			if !ok {
-				return out, fmt.Errorf("ddp: optimizer state has no %s buffer for %s", kind, p.Name)
-			}
-			if len(buf) != p.Numel() {
-				return out, fmt.Errorf("ddp: optimizer %s buffer for %s has %d values, the parameter %d", kind, p.Name, len(buf), p.Numel())
-			}
-			out.Buffers[kind+"/"+d.pieceName(pc)] = append([]float32(nil), buf[pc.Lo:pc.Hi]...)
-		}
-	}
-	return out, nil
-}
-
-// OptimizerBytes is the optimizer state this rank keeps per buffer kind
-// (4 bytes per element of its shard, or of the whole model without the
-// distributed optimizer).
-func (d *DDP) OptimizerBytes() int64 {
-	if !d.cfg.DistributedOptimizer {
-		n := 0
-		for _, p := range d.params {
-			n += p.Numel()
-		}
-		return 4 * int64(n)
-	}
-	n := 0
-	for _, pc := range d.pieces {
-		n += pc.Hi - pc.Lo
-	}
-	return 4 * int64(n)
-}
-
-func cutKind(key string) (kind, name string, ok bool) {
-	for i := 0; i < len(key); i++ {
-		if key[i] == '/' {
-			return key[:i], key[i+1:], true
-		}
-	}
-	return "", "", false
-}
-
-func sortedKeys(m map[string]bool) []string {
-	keys := make([]string, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	return keys
 }
 
 // GradViews returns, for every parameter want selects, the gradient this
