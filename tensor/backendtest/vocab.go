@@ -168,7 +168,7 @@ func checkVocabCE(be tensor.Backend, ci int, c vocabCase, masked bool) error {
 		wantDen += w(i)
 	}
 	if den != wantDen {
-		return fmt.Errorf("Σ mask = %v, want %v", den, wantDen)
+		return fmt.Errorf("mask sum Σ = %v, want %v", den, wantDen)
 	}
 	if err := sameBits("log-sum-exp", lse.Float32s(), wantLSE); err != nil {
 		return err
