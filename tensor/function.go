@@ -1,13 +1,18 @@
 package tensor
 
-import "unsafe"
+import (
+	"fmt"
+	"unsafe"
+)
 
 // Function is an op with a hand-written backward, the way tensor-parallel
 // communication ops (copy-to/reduce-from/gather-from/scatter-to the TP
 // region) are written: Forward computes outputs from inputs without
 // recording; Backward maps the outputs' gradients to the inputs' (nil entries
 // for inputs that need none). A gradient an output never received is passed
-// as a zero tensor.
+// as a zero tensor. The tape each is given shares the recording tape's
+// context and failure: a Function that blocks uses tp.Context(), and one
+// that fails calls tp.Fail and still returns tensors of the right shapes.
 type Function interface {
 	Forward(tp *Tape, in []*Tensor) []*Tensor
 	Backward(tp *Tape, gradOut []*Tensor) []*Tensor
@@ -91,13 +96,14 @@ func (tp *Tape) nonRecording() *Tape {
 	if tp == nil {
 		return nil
 	}
-	return &Tape{arena: tp.arena, disabled: true, grads: map[*Tensor]gradRef{}, parent: tp, matmul: tp.matmul, ready: tp.ready}
+	return &Tape{arena: tp.arena, disabled: true, grads: map[*Tensor]gradRef{}, parent: tp, matmul: tp.matmul, ready: tp.ready, run: tp.run, child: true}
 }
 
 // Checkpoint runs fn without keeping its intermediate activations (activation
 // recomputation): only the inputs are kept, and during backward fn runs again
 // on a fresh tape under the same RNG states (so dropout masks repeat), then
 // its backward. Parameters used inside fn receive their gradients as usual.
+// Both runs of fn see tp's context and record failures on tp.
 func (tp *Tape) Checkpoint(fn func(tp *Tape, in []*Tensor) []*Tensor, in []*Tensor, rngs ...*RNG) []*Tensor {
 	saved := make([]RNGState, len(rngs))
 	for i, r := range rngs {
@@ -109,7 +115,7 @@ func (tp *Tape) Checkpoint(fn func(tp *Tape, in []*Tensor) []*Tensor, in []*Tens
 	// The forward runs on a tape of its own so that its intermediate
 	// buffers go back to the arena as soon as it returns (only the
 	// outputs' buffers stay with tp): the memory recomputation saves.
-	fwd := &Tape{arena: tp.arena, disabled: true, grads: map[*Tensor]gradRef{}, matmul: tp.matmul, ready: tp.ready}
+	fwd := &Tape{arena: tp.arena, disabled: true, grads: map[*Tensor]gradRef{}, matmul: tp.matmul, ready: tp.ready, run: tp.run, child: true}
 	outs := fn(fwd, in)
 	owner := tp
 	if tp.parent != nil {
@@ -132,7 +138,7 @@ func (tp *Tape) Checkpoint(fn func(tp *Tape, in []*Tensor) []*Tensor, in []*Tens
 			after[i] = r.State()
 			r.SetState(saved[i])
 		}
-		sub := &Tape{arena: tp.arena, grads: map[*Tensor]gradRef{}, matmul: tp.matmul, ready: tp.ready, nested: true}
+		sub := &Tape{arena: tp.arena, grads: map[*Tensor]gradRef{}, matmul: tp.matmul, ready: tp.ready, nested: true, run: tp.run, child: true}
 		det := make([]*Tensor, len(in))
 		for i, x := range in {
 			d := x.view(x.shape, x.strides, x.offset)
@@ -150,8 +156,8 @@ func (tp *Tape) Checkpoint(fn func(tp *Tape, in []*Tensor) []*Tensor, in []*Tens
 			}
 		}
 		if len(routs) > 0 {
-			if err := sub.BackwardFrom(routs, rgrads); err != nil {
-				panic("tensor: checkpoint recompute: " + err.Error())
+			if err := sub.BackwardFrom(routs, rgrads); err != nil && tp.Err() == nil {
+				tp.Fail(fmt.Errorf("tensor: checkpoint recompute: %w", err))
 			}
 		}
 		for i, x := range in {

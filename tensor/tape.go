@@ -1,9 +1,11 @@
 package tensor
 
 import (
+	"context"
 	"fmt"
 	"math"
 	"math/bits"
+	"sync"
 
 	"github.com/gotron/gotron/internal/cpu"
 )
@@ -13,6 +15,16 @@ import (
 // also owns the buffers of the activations and gradients it produced: Reset
 // returns them to its arena for the next iteration, so steady-state training
 // allocates nothing. Not safe for concurrent use.
+//
+// A Tape also carries the context of the step it records and the step's
+// first failure. Ops have no error result, so functions that block or can
+// fail (the collectives of parallel/tp, run inside tape functions) take
+// their context from the tape (Context) and record a failure on it (Fail):
+// the first is kept, later ones are ignored, and Backward and BackwardFrom
+// return it. Storing a context in a struct is against Go's general rule;
+// a Tape is the exception http.Request is: a per-step object (one forward
+// and one backward, then Reset) whose context is that step's, set with
+// SetContext.
 type Tape struct {
 	steps    []step
 	arena    *Arena
@@ -23,6 +35,69 @@ type Tape struct {
 	matmul   MatmulPrecision
 	ready    *readyTracker // gradient-ready reporting (SetGradReadyHook); shared with child tapes
 	nested   bool          // a recomputation tape whose backward runs inside a step of its parent's
+	run      *tapeRun      // context and first failure; shared with child tapes
+	child    bool          // shares its parent's run: Reset leaves the failure to the parent
+}
+
+// tapeRun is what a tape and its child tapes (Apply's, Checkpoint's) share
+// for one step: its context and its first failure.
+type tapeRun struct {
+	ctx context.Context
+	mu  sync.Mutex // protects err
+	err error
+}
+
+func newRun() *tapeRun { return &tapeRun{ctx: context.Background()} }
+
+// SetContext sets the context of the step the tape records: the context of
+// the blocking work its functions do (tensor-parallel collectives). A new
+// tape's is context.Background(); Reset keeps it. It panics on a nil ctx or
+// a nil tape.
+func (tp *Tape) SetContext(ctx context.Context) {
+	if ctx == nil {
+		panic("tensor: SetContext with a nil context")
+	}
+	tp.run.ctx = ctx
+}
+
+// Context returns the tape's context (context.Background() for a nil
+// tape). Tape functions that block use it.
+func (tp *Tape) Context() context.Context {
+	if tp == nil {
+		return context.Background()
+	}
+	return tp.run.ctx
+}
+
+// Fail records err as the step's failure unless one is recorded already
+// (the first is kept); Err, Backward and BackwardFrom return it. A tape
+// function that fails records its error so and returns outputs of the right
+// shapes. A nil err is ignored. A nil tape has nowhere to keep the error and
+// panics with it: forward-only code whose functions can fail runs on a tape
+// from NewNoGradTape.
+func (tp *Tape) Fail(err error) {
+	if err == nil {
+		return
+	}
+	if tp == nil {
+		panic(fmt.Sprintf("tensor: failure on a nil (no-grad) tape: %v", err))
+	}
+	tp.run.mu.Lock()
+	defer tp.run.mu.Unlock()
+	if tp.run.err == nil {
+		tp.run.err = err
+	}
+}
+
+// Err returns the failure recorded since the last Reset, or nil (always nil
+// for a nil tape).
+func (tp *Tape) Err() error {
+	if tp == nil {
+		return nil
+	}
+	tp.run.mu.Lock()
+	defer tp.run.mu.Unlock()
+	return tp.run.err
 }
 
 type step struct {
@@ -48,7 +123,8 @@ type gradRef struct {
 }
 
 // NewTape returns an empty tape with its own arena.
-func NewTape() *Tape { return &Tape{arena: NewArena(), grads: map[*Tensor]gradRef{}} }
+// Its context is context.Background() until SetContext.
+func NewTape() *Tape { return &Tape{arena: NewArena(), grads: map[*Tensor]gradRef{}, run: newRun()} }
 
 // SetMatmulPrecision sets the arithmetic of the matrix products (MatMul,
 // Linear, forward and backward) recorded from now on; the zero value is
@@ -64,9 +140,16 @@ func (tp *Tape) MatmulPrecision() MatmulPrecision {
 	return tp.matmul
 }
 
-// Reset forgets the recorded steps and returns every buffer the tape handed
-// out to its arena. Tensors produced through the tape must not be used after.
+// Reset forgets the recorded steps and the recorded failure, and returns
+// every buffer the tape handed out to its arena: the tape is ready for the
+// next step (under the same context until SetContext). Tensors produced
+// through the tape must not be used after.
 func (tp *Tape) Reset() {
+	if !tp.child {
+		tp.run.mu.Lock()
+		tp.run.err = nil
+		tp.run.mu.Unlock()
+	}
 	for _, b := range tp.live {
 		tp.arena.put(b)
 	}
@@ -252,7 +335,13 @@ func (tp *Tape) addGrad(t, g *Tensor) {
 
 // Backward runs the recorded steps in reverse from a scalar loss, seeding its
 // gradient with 1. Parameter gradients accumulate into their Grad tensors.
+// It returns the failure recorded on the tape (Fail) during the forward
+// pass, without running, or during the backward pass, whose remaining steps
+// it then skips.
 func (tp *Tape) Backward(loss *Tensor) error {
+	if err := tp.Err(); err != nil {
+		return err
+	}
 	if loss.Numel() != 1 {
 		return fmt.Errorf("tensor: Backward from %v: want a scalar (use BackwardFrom with an output gradient)", loss.shape)
 	}
@@ -264,9 +353,13 @@ func (tp *Tape) Backward(loss *Tensor) error {
 // BackwardFrom runs the recorded steps in reverse, seeding each output with
 // the given gradient (a pipeline stage receives its output gradient from the
 // next stage). Gradients must be contiguous float32 of the outputs' shapes.
+// Failures are returned as Backward's are.
 func (tp *Tape) BackwardFrom(outs, grads []*Tensor) error {
 	if tp == nil {
 		return fmt.Errorf("tensor: Backward on a nil (no-grad) tape")
+	}
+	if err := tp.Err(); err != nil {
+		return err
 	}
 	if len(outs) != len(grads) {
 		return fmt.Errorf("tensor: BackwardFrom with %d outputs and %d gradients", len(outs), len(grads))
@@ -286,19 +379,24 @@ func (tp *Tape) BackwardFrom(outs, grads []*Tensor) error {
 	} else {
 		rt.begin(tp.steps)
 	}
+	failed := false // a step recorded a failure: the rest are skipped
 	for i := len(tp.steps) - 1; i >= 0; i-- {
 		s := &tp.steps[i]
 		if rt != nil {
 			rt.cur = i
 		}
-		has := false
-		for _, o := range s.outs {
-			if tp.grad(o) != nil {
-				has = true
+		has := !failed
+		if has {
+			has = false
+			for _, o := range s.outs {
+				if tp.grad(o) != nil {
+					has = true
+				}
 			}
 		}
 		if has {
 			s.backward(tp)
+			failed = tp.Err() != nil
 		}
 		for _, o := range s.outs {
 			tp.forget(o)
@@ -309,6 +407,12 @@ func (tp *Tape) BackwardFrom(outs, grads []*Tensor) error {
 		}
 	}
 	tp.steps = tp.steps[:0]
+	if failed {
+		if rt != nil {
+			rt.planAt = nil // the pass was cut short: learn nothing from it
+		}
+		return tp.Err()
+	}
 	if rt != nil {
 		return rt.end()
 	}
@@ -386,12 +490,14 @@ func (a *Arena) put(b []float32) {
 // NewNoGradTape returns a tape that records nothing and takes its outputs
 // from a (a fresh arena when a is nil): forward-only computation, such as
 // decoding, whose buffers go back to the arena at every Reset instead of to
-// the garbage collector.
+// the garbage collector. Unlike a nil tape it carries a context and records
+// failures (SetContext, Fail, Err), so forward-only code whose functions can
+// fail (tensor-parallel collectives) runs on one.
 func NewNoGradTape(a *Arena) *Tape {
 	if a == nil {
 		a = NewArena()
 	}
-	return &Tape{arena: a, disabled: true, grads: map[*Tensor]gradRef{}}
+	return &Tape{arena: a, disabled: true, grads: map[*Tensor]gradRef{}, run: newRun()}
 }
 
 // Param returns a new float32 leaf tensor that requires gradients.
