@@ -68,9 +68,16 @@ func NewSampler(cfg Sampling) (*Sampler, error) {
 // (equal logits: lower id first), found by partial selection rather than
 // by sorting the vocabulary (tensor.SampleTokens).
 func (s *Sampler) Sample(logits []float32) int {
+	return s.SampleRow(tensor.FromFloat32(logits, 1, len(logits)), len(logits))
+}
+
+// SampleRow is Sample of logits (1, V) on any device, drawing among the
+// first vocab ids (the tokenizer's; the padded tail is never drawn): the
+// draw is made where the logits are and only the id is read back.
+func (s *Sampler) SampleRow(logits *tensor.Tensor, vocab int) int {
 	s.one[0] = s.next(0)
 	ids := tensor.FromInt32(s.id[:], 1)
-	tensor.SampleTokens(tensor.SampledTokens{IDs: ids}, tensor.FromFloat32(logits, 1, len(logits)), len(logits), s.one[:])
+	sampleOn(logits.Device(), tensor.SampledTokens{IDs: ids}, logits, vocab, s.one[:])
 	return int(ids.Int32s()[0]) // the draw, read back
 }
 
@@ -101,7 +108,7 @@ func Generate(ctx context.Context, m *gpt.Model, prompt []int32, maxNew, vocab i
 	if len(prompt) > kv.MaxLen {
 		return fmt.Errorf("infer: prompt of %d tokens exceeds the model's %d positions", len(prompt), kv.MaxLen)
 	}
-	logits, err := m.Decode(kv, prompt)
+	logits, err := m.DecodeLogits(kv, prompt)
 	if err != nil {
 		return err
 	}
@@ -109,14 +116,14 @@ func Generate(ctx context.Context, m *gpt.Model, prompt []int32, maxNew, vocab i
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
-		id := s.Sample(logits[:vocab])
+		id := s.SampleRow(logits, vocab)
 		if err := emit(id); err != nil {
 			return err
 		}
 		if id == stop || kv.Len >= kv.MaxLen {
 			return nil
 		}
-		if logits, err = m.Decode(kv, []int32{int32(id)}); err != nil {
+		if logits, err = m.DecodeLogits(kv, []int32{int32(id)}); err != nil {
 			return err
 		}
 	}

@@ -34,9 +34,20 @@ func (m *Model) NewKVCache(maxLen int) *KVCache {
 
 // Decode runs tokens (the next positions of the cached sequence) through the
 // model without gradients, appends their keys and values to the cache, and
-// returns the logits of the last one (V). Prefill is Decode of the prompt.
-// It is DecodeBatch of one sequence over the contiguous cache.
+// returns the logits of the last one (V), read back to the host. Prefill is
+// Decode of the prompt.
 func (m *Model) Decode(kv *KVCache, tokens []int32) ([]float32, error) {
+	logits, err := m.DecodeLogits(kv, tokens)
+	if err != nil {
+		return nil, err
+	}
+	return tensor.ToHost(logits).Float32s(), nil
+}
+
+// DecodeLogits is Decode leaving the logits (1, V) on the model's device,
+// for a sampler that draws there. It is DecodeBatch of one sequence over the
+// contiguous cache.
+func (m *Model) DecodeLogits(kv *KVCache, tokens []int32) (*tensor.Tensor, error) {
 	n, p0 := len(tokens), kv.Len
 	if n == 0 {
 		return nil, fmt.Errorf("gpt: decode of no tokens")
@@ -53,7 +64,7 @@ func (m *Model) Decode(kv *KVCache, tokens []int32) ([]float32, error) {
 		return nil, err
 	}
 	kv.Len += n
-	return tensor.ToHost(logits).Float32s(), nil // read by the host's sampler
+	return logits, nil
 }
 
 // cacheAttender is the Attender of one sequence's contiguous KVCache for a
