@@ -83,11 +83,16 @@ func (p MatmulPrecision) String() string {
 // ops before the call. Backward kernels accumulate (+=) into input and
 // parameter gradients unless stated otherwise.
 //
-// The CPU backend (cpuBackend) forwards to internal/cpu; the simulated
-// device's (simBackend) runs the same kernels. A CUDA backend would
-// implement the same methods over device storage (see docs/design/compute.md).
+// The CPU backend (cpuBackend, CPUBackend) forwards to internal/cpu; the
+// simulated device's (simBackend, SimBackend) runs the same kernels. A CUDA
+// backend would implement the same methods over device storage (see
+// docs/design/compute.md); tensor/backendtest checks an implementation.
 type Backend interface {
+	// Name is the backend's name ("cpu", "sim").
 	Name() string
+	// Device is the device whose storage the backend computes on: its
+	// methods take (and AllocCommitted, PackWeight return) tensors there.
+	Device() Device
 	// Gemm: c = alpha*op(a)*op(b) + beta*c on the last two dims, batched
 	// over the leading dims (equal for a, b and c), in the arithmetic prec
 	// names. All contiguous.

@@ -19,6 +19,8 @@ func f(t *Tensor) []float32 {
 
 func (cpuBackend) Name() string { return "cpu" }
 
+func (cpuBackend) Device() Device { return CPU }
+
 func (cpuBackend) Gemm(prec MatmulPrecision, tA, tB Transpose, alpha float32, a, b *Tensor, beta float32, c *Tensor) {
 	m, n := c.Dim(-2), c.Dim(-1)
 	k := a.Dim(-1)

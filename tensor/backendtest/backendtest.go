@@ -5,11 +5,17 @@
 // it finds. The CPU backend runs them in this package's tests; a device
 // backend runs the same functions on itself.
 //
-// The inputs are host tensors (tensor.FromFloat32, tensor.FromInt32); the
-// method-level checks call the backend on them as they are. CheckOps(dev,
-// tol) runs the core ops forward and backward on a device, moving its
-// inputs there (Tensor.ToDevice), against the CPU (docs/design/compute.md,
-// "Adding a CUDA backend").
+// The method-level checks (CheckPagedAttention, CheckAdamW, ...) build their
+// inputs on the host (tensor.FromFloat32, tensor.FromInt32) and move them to
+// the backend's device (be.Device(), Tensor.ToDevice; tensor lists and
+// PagedAttentionConfig tables of moved tensors, packed weights from the
+// backend's own PackWeight), allocate outputs there (tensor.NewOn,
+// tensor.ZerosOn) and read results back through tensor.ToHost: on the CPU
+// these are the tensors themselves, on a device the backend gets only its
+// own storage. The simulated device (tensor.SimBackend), whose host
+// accessors panic, runs them in this package's tests. CheckOps(dev, tol)
+// runs the core ops forward and backward on a device, moving its inputs
+// there, against the CPU (docs/design/compute.md, "Adding a CUDA backend").
 package backendtest
 
 import (
@@ -18,6 +24,24 @@ import (
 
 	"github.com/gotron/gotron/tensor"
 )
+
+// onDev returns a float32 tensor of x's values (shape) on dev: x itself,
+// wrapped, on the CPU.
+func onDev(dev tensor.Device, x []float32, shape ...int) *tensor.Tensor {
+	return tensor.FromFloat32(x, shape...).ToDevice(dev)
+}
+
+// idsOn returns an int32 tensor of x's values (shape) on dev.
+func idsOn(dev tensor.Device, x []int32, shape ...int) *tensor.Tensor {
+	return tensor.FromInt32(x, shape...).ToDevice(dev)
+}
+
+// host returns t's float32 values read back to the host (t's own storage
+// on the CPU).
+func host(t *tensor.Tensor) []float32 { return tensor.ToHost(t).Float32s() }
+
+// hostIDs returns t's int32 values read back to the host.
+func hostIDs(t *tensor.Tensor) []int32 { return tensor.ToHost(t).Int32s() }
 
 // pagedCase is one PagedAttention/PagedKVWrite shape: sequences of rows[s]
 // new rows at first position pos[s], in pools of Blocks blocks of
@@ -42,7 +66,8 @@ var pagedCases = []pagedCase{
 }
 
 // paged is a case's inputs: pools filled at every slot (so a read of a
-// wrong slot shows), block tables with the blocks shuffled, spans, slots.
+// wrong slot shows), block tables with the blocks shuffled, spans, slots;
+// the pools and the tables as tensors on the backend's device.
 type paged struct {
 	c              pagedCase
 	rows           int
@@ -55,7 +80,7 @@ type paged struct {
 	cfg            tensor.PagedAttentionConfig
 }
 
-func newPaged(c pagedCase, seed uint64) *paged {
+func newPaged(dev tensor.Device, c pagedCase, seed uint64) *paged {
 	p := &paged{c: c}
 	rng := tensor.NewRNG(seed)
 	for s := range c.Rows {
@@ -98,13 +123,22 @@ func newPaged(c pagedCase, seed uint64) *paged {
 		}
 		row += c.Rows[s]
 	}
-	p.kPoolT = tensor.FromFloat32(p.kPool, c.Blocks, c.Groups, c.BlockTokens, c.Dim)
-	p.vPoolT = tensor.FromFloat32(p.vPool, c.Blocks, c.Groups, c.BlockTokens, c.Dim)
+	p.kPoolT = onDev(dev, p.kPool, c.Blocks, c.Groups, c.BlockTokens, c.Dim)
+	p.vPoolT = onDev(dev, p.vPool, c.Blocks, c.Groups, c.BlockTokens, c.Dim)
 	p.cfg = tensor.PagedAttentionConfig{
-		BlockTables: tensor.FromInt32(p.tables, len(c.Rows), p.maxBlocks),
-		Spans:       tensor.FromInt32(p.spans, len(c.Rows), 3),
+		BlockTables: idsOn(dev, p.tables, len(c.Rows), p.maxBlocks),
+		Spans:       idsOn(dev, p.spans, len(c.Rows), 3),
 	}
 	return p
+}
+
+// write writes the case's new keys and values into the pools with
+// be.PagedKVWrite.
+func (p *paged) write(be tensor.Backend) {
+	c, dev := p.c, be.Device()
+	be.PagedKVWrite(p.kPoolT, p.vPoolT,
+		onDev(dev, p.k, p.rows, c.Groups, c.Dim), onDev(dev, p.v, p.rows, c.Groups, c.Dim),
+		idsOn(dev, p.slots, p.rows))
 }
 
 // at is the offset in a pool of slot's KV head h.
@@ -119,7 +153,7 @@ func (p *paged) at(slot int32, h int) int {
 // written values.
 func CheckPagedKVWrite(be tensor.Backend) error {
 	for ci, c := range pagedCases {
-		p := newPaged(c, uint64(ci)+1)
+		p := newPaged(be.Device(), c, uint64(ci)+1)
 		wantK, wantV := append([]float32(nil), p.kPool...), append([]float32(nil), p.vPool...)
 		for i, s := range p.slots {
 			for h := range c.Groups {
@@ -128,13 +162,11 @@ func CheckPagedKVWrite(be tensor.Backend) error {
 				copy(wantV[p.at(s, h):][:c.Dim], p.v[src:src+c.Dim])
 			}
 		}
-		be.PagedKVWrite(p.kPoolT, p.vPoolT,
-			tensor.FromFloat32(p.k, p.rows, c.Groups, c.Dim), tensor.FromFloat32(p.v, p.rows, c.Groups, c.Dim),
-			tensor.FromInt32(p.slots, p.rows))
-		if err := sameBits(c.Name+": key pool", p.kPoolT.Float32s(), wantK); err != nil {
+		p.write(be)
+		if err := sameBits(c.Name+": key pool", host(p.kPoolT), wantK); err != nil {
 			return err
 		}
-		if err := sameBits(c.Name+": value pool", p.vPoolT.Float32s(), wantV); err != nil {
+		if err := sameBits(c.Name+": value pool", host(p.vPoolT), wantV); err != nil {
 			return err
 		}
 	}
@@ -146,11 +178,9 @@ func CheckPagedKVWrite(be tensor.Backend) error {
 // PagedAttentionRef's, bit for bit: the operation's arithmetic is fixed.
 func CheckPagedAttention(be tensor.Backend) error {
 	for ci, c := range pagedCases {
-		p := newPaged(c, uint64(ci)+100)
-		be.PagedKVWrite(p.kPoolT, p.vPoolT,
-			tensor.FromFloat32(p.k, p.rows, c.Groups, c.Dim), tensor.FromFloat32(p.v, p.rows, c.Groups, c.Dim),
-			tensor.FromInt32(p.slots, p.rows))
-		kPool, vPool := p.kPoolT.Float32s(), p.vPoolT.Float32s()
+		p := newPaged(be.Device(), c, uint64(ci)+100)
+		p.write(be)
+		kPool, vPool := host(p.kPoolT), host(p.vPoolT)
 		want := make([]float32, p.rows*c.Heads*c.Dim)
 		r := c.Heads / c.Groups
 		row := 0
@@ -170,12 +200,13 @@ func CheckPagedAttention(be tensor.Backend) error {
 			}
 			row += c.Rows[s]
 		}
-		out := make([]float32, len(want))
-		for i := range out {
-			out[i] = float32(math.NaN()) // out is overwritten, not added to
+		nan := make([]float32, len(want))
+		for i := range nan {
+			nan[i] = float32(math.NaN()) // out is overwritten, not added to
 		}
-		be.PagedAttention(tensor.FromFloat32(out, p.rows, c.Heads, c.Dim), tensor.FromFloat32(p.q, p.rows, c.Heads, c.Dim), p.kPoolT, p.vPoolT, p.cfg)
-		if err := sameBits(c.Name+": attention", out, want); err != nil {
+		out := onDev(be.Device(), nan, p.rows, c.Heads, c.Dim)
+		be.PagedAttention(out, onDev(be.Device(), p.q, p.rows, c.Heads, c.Dim), p.kPoolT, p.vPoolT, p.cfg)
+		if err := sameBits(c.Name+": attention", host(out), want); err != nil {
 			return err
 		}
 	}
@@ -223,6 +254,7 @@ func PagedAttentionRef(out, q []float32, keys, values [][]float32) {
 // (rounded) weights, within float32 summation error, and that the bias is
 // added to the rounded product exactly as a separate add would.
 func CheckPackedLinear(be tensor.Backend) error {
+	dev := be.Device()
 	rng := tensor.NewRNG(7)
 	for _, sh := range [][3]int{{1, 48, 40}, {3, 17, 130}, {37, 300, 33}, {64, 64, 64}} {
 		rows, in, outF := sh[0], sh[1], sh[2]
@@ -230,16 +262,17 @@ func CheckPackedLinear(be tensor.Backend) error {
 		rng.Normal(x, 0, 1)
 		rng.Normal(w, 0, 1)
 		rng.Normal(b, 0, 1)
+		xT, bT := onDev(dev, x, rows, in), onDev(dev, b, outF)
 		for _, dt := range []tensor.DType{tensor.Float32, tensor.BFloat16} {
 			name := fmt.Sprintf("%d×%d·(%d×%d)ᵀ %v", rows, in, outF, in, dt)
-			pw := be.PackWeight(tensor.FromFloat32(w, outF, in), dt)
-			if pw.Out() != outF || pw.In() != in || pw.DType() != dt || pw.Bytes() < int64(outF*in*dt.Size()) {
-				return fmt.Errorf("%s: packed weight (%d, %d) %v of %d bytes", name, pw.Out(), pw.In(), pw.DType(), pw.Bytes())
+			pw := be.PackWeight(onDev(dev, w, outF, in), dt)
+			if pw.Out() != outF || pw.In() != in || pw.DType() != dt || pw.Bytes() < int64(outF*in*dt.Size()) || pw.Device() != dev {
+				return fmt.Errorf("%s: packed weight (%d, %d) %v of %d bytes on %v, want on %v", name, pw.Out(), pw.In(), pw.DType(), pw.Bytes(), pw.Device(), dev)
 			}
-			plain := make([]float32, rows*outF)
-			be.PackedLinear(tensor.FromFloat32(plain, rows, outF), tensor.FromFloat32(x, rows, in), pw, nil)
-			biased := make([]float32, rows*outF)
-			be.PackedLinear(tensor.FromFloat32(biased, rows, outF), tensor.FromFloat32(x, rows, in), pw, tensor.FromFloat32(b, outF))
+			plainT, biasedT := tensor.ZerosOn(dev, rows, outF), tensor.ZerosOn(dev, rows, outF)
+			be.PackedLinear(plainT, xT, pw, nil)
+			be.PackedLinear(biasedT, xT, pw, bT)
+			plain, biased := host(plainT), host(biasedT)
 			for i := range rows {
 				for o := range outF {
 					var want, mag float64
@@ -266,11 +299,11 @@ func CheckPackedLinear(be tensor.Backend) error {
 }
 
 // CheckAllocCommitted checks that be.AllocCommitted returns a zeroed
-// float32 tensor of the shape asked for.
+// float32 tensor of the shape asked for, on the backend's device.
 func CheckAllocCommitted(be tensor.Backend) error {
 	t := be.AllocCommitted(tensor.Float32, []int{3, 2, 5000})
-	if t.DType() != tensor.Float32 || !tensor.SameShape(t.Shape(), []int{3, 2, 5000}) {
-		return fmt.Errorf("%v, want float32[3 2 5000]", t)
+	if t.DType() != tensor.Float32 || !tensor.SameShape(t.Shape(), []int{3, 2, 5000}) || t.Device() != be.Device() {
+		return fmt.Errorf("%v on %v, want float32[3 2 5000] on %v", t, t.Device(), be.Device())
 	}
 	for i, v := range tensor.ToHost(t).Float32s() { // on the backend's device: read through a copy
 		if v != 0 || math.Signbit(float64(v)) {

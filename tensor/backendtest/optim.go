@@ -44,11 +44,12 @@ func copies(x [][]float32) [][]float32 {
 	return out
 }
 
-// newList wraps x (not copied) as a tensor list.
-func newList(x [][]float32) *tensor.TensorList {
+// newList returns a tensor list of x's values on dev (on the CPU, x
+// itself, not copied).
+func newList(dev tensor.Device, x [][]float32) *tensor.TensorList {
 	ts := make([]*tensor.Tensor, len(x))
 	for i := range x {
-		ts[i] = tensor.FromFloat32(x[i], len(x[i]))
+		ts[i] = onDev(dev, x[i], len(x[i]))
 	}
 	l, err := tensor.NewTensorList(ts...)
 	if err != nil {
@@ -57,10 +58,10 @@ func newList(x [][]float32) *tensor.TensorList {
 	return l
 }
 
-// sameList compares list l with want bit for bit.
+// sameList compares list l, read back to the host, with want bit for bit.
 func sameList(what string, l *tensor.TensorList, want [][]float32) error {
 	for i := range want {
-		if err := sameBits(fmt.Sprintf("%s: tensor %d", what, i), l.At(i).Float32s(), want[i]); err != nil {
+		if err := sameBits(fmt.Sprintf("%s: tensor %d", what, i), host(l.At(i)), want[i]); err != nil {
 			return err
 		}
 	}
@@ -86,7 +87,8 @@ func CheckAdamW(be tensor.Backend) error {
 	p, g, m, v := listValues(1, false), listValues(2, false), listValues(3, false), listValues(4, true)
 	g[2][3] = float32(math.Inf(1))
 	wp, wm, wv := copies(p), copies(m), copies(v)
-	pl, gl, ml, vl := newList(p), newList(g), newList(m), newList(v)
+	dev := be.Device()
+	pl, gl, ml, vl := newList(dev, p), newList(dev, g), newList(dev, m), newList(dev, v)
 	c := make([]tensor.AdamWCoeffs, len(p))
 	for step := 1; step <= 3; step++ {
 		for i := range c {
@@ -141,10 +143,11 @@ func CheckSGD(be tensor.Backend) error {
 	for _, momentum := range []bool{false, true} {
 		p, g, b := listValues(5, false), listValues(6, false), listValues(7, false)
 		wp, wb := copies(p), copies(b)
-		pl, gl := newList(p), newList(g)
+		dev := be.Device()
+		pl, gl := newList(dev, p), newList(dev, g)
 		var bl *tensor.TensorList
 		if momentum {
-			bl = newList(b)
+			bl = newList(dev, b)
 		}
 		c := make([]tensor.SGDCoeffs, len(p))
 		for step := range 3 {
@@ -185,7 +188,7 @@ func CheckScaleList(be tensor.Backend) error {
 			want[i][j] *= alpha
 		}
 	}
-	l := newList(x)
+	l := newList(be.Device(), x)
 	be.ScaleList(l, alpha)
 	return sameList("scaled", l, want)
 }
@@ -232,11 +235,11 @@ func SumSquaresRef(x [][]float32) float64 {
 // CheckSumSquares compares be.SumSquares with SumSquaresRef bit for bit,
 // on the list and on an empty list.
 func CheckSumSquares(be tensor.Backend) error {
-	x := listValues(9, false)
-	if got, want := be.SumSquares(newList(x)), SumSquaresRef(x); math.Float64bits(got) != math.Float64bits(want) {
+	x, dev := listValues(9, false), be.Device()
+	if got, want := be.SumSquares(newList(dev, x)), SumSquaresRef(x); math.Float64bits(got) != math.Float64bits(want) {
 		return fmt.Errorf("SumSquares = %.17g, want %.17g (bit for bit)", got, want)
 	}
-	if got := be.SumSquares(newList(nil)); got != 0 {
+	if got := be.SumSquares(newList(dev, nil)); got != 0 {
 		return fmt.Errorf("SumSquares of an empty list = %v, want 0", got)
 	}
 	return nil
@@ -246,23 +249,22 @@ func CheckSumSquares(be tensor.Backend) error {
 // then with a NaN placed in the last tensor (want NaN), and on an empty
 // list (want 0).
 func CheckMaxAbs(be tensor.Backend) error {
-	x := listValues(10, false)
+	x, dev := listValues(10, false), be.Device()
 	want := 0.0
 	for i := range x {
 		for _, v := range x[i] {
 			want = math.Max(want, math.Abs(float64(v)))
 		}
 	}
-	l := newList(x)
-	if got := be.MaxAbs(l); got != want {
+	if got := be.MaxAbs(newList(dev, x)); got != want {
 		return fmt.Errorf("MaxAbs = %v, want %v", got, want)
 	}
 	last := x[len(x)-1]
 	last[len(last)/2] = float32(math.NaN())
-	if got := be.MaxAbs(l); !math.IsNaN(got) {
+	if got := be.MaxAbs(newList(dev, x)); !math.IsNaN(got) {
 		return fmt.Errorf("MaxAbs with a NaN = %v, want NaN", got)
 	}
-	if got := be.MaxAbs(newList(nil)); got != 0 {
+	if got := be.MaxAbs(newList(dev, nil)); got != 0 {
 		return fmt.Errorf("MaxAbs of an empty list = %v, want 0", got)
 	}
 	return nil
@@ -272,9 +274,8 @@ func CheckMaxAbs(be tensor.Backend) error {
 // +Inf or −Inf placed at the first element, past a NormBlock boundary and
 // at the last element.
 func CheckNonFinite(be tensor.Backend) error {
-	x := listValues(11, false)
-	l := newList(x)
-	if be.NonFinite(l) {
+	x, dev := listValues(11, false), be.Device()
+	if be.NonFinite(newList(dev, x)) {
 		return fmt.Errorf("NonFinite on finite values")
 	}
 	last := x[len(x)-1]
@@ -285,7 +286,7 @@ func CheckNonFinite(be tensor.Backend) error {
 	}{{x[0], 0, math.NaN()}, {last, tensor.NormBlock + 3, math.Inf(1)}, {last, len(last) - 1, math.Inf(-1)}} {
 		old := c.x[c.i]
 		c.x[c.i] = float32(c.v)
-		if !be.NonFinite(l) {
+		if !be.NonFinite(newList(dev, x)) {
 			return fmt.Errorf("NonFinite missed %v at element %d of a tensor of %d", c.v, c.i, len(c.x))
 		}
 		c.x[c.i] = old

@@ -35,6 +35,7 @@ func CheckSampleTokens(be tensor.Backend) error {
 		{TopP: 0.1}, {TopP: 0.5}, {TopP: 0.9, Temperature: 0.7}, {TopP: 1},
 	}
 	us := []float32{1e-7, 0.1, 0.5, 0.9, 0.999999, 1}
+	dev := be.Device()
 	for _, sh := range [][3]int{{4, 1000, 1000}, {3, 1030, 1000}, {2, 8, 6}} {
 		rows, V, vocab := sh[0], sh[1], sh[2]
 		logits := samplingLogits(rows, V, vocab, uint64(V))
@@ -52,12 +53,13 @@ func CheckSampleTokens(be tensor.Backend) error {
 			}
 		}
 		n, k := len(draws), 7
-		ids, lps := make([]int32, n), make([]float32, n)
-		topIDs, topLPs := make([]int32, n*k), make([]float32, n*k)
-		be.SampleTokens(tensor.SampledTokens{
-			IDs: tensor.FromInt32(ids, n), Logprobs: tensor.FromFloat32(lps, n),
-			TopIDs: tensor.FromInt32(topIDs, n, k), TopLogprobs: tensor.FromFloat32(topLPs, n, k),
-		}, tensor.FromFloat32(logits, rows, V), vocab, draws)
+		out := tensor.SampledTokens{
+			IDs: tensor.NewOn(dev, tensor.Int32, n), Logprobs: tensor.ZerosOn(dev, n),
+			TopIDs: tensor.NewOn(dev, tensor.Int32, n, k), TopLogprobs: tensor.ZerosOn(dev, n, k),
+		}
+		be.SampleTokens(out, onDev(dev, logits, rows, V), vocab, draws)
+		ids, lps := hostIDs(out.IDs), host(out.Logprobs)
+		topIDs, topLPs := hostIDs(out.TopIDs), host(out.TopLogprobs)
 		for i, d := range draws {
 			row := logits[d.Row*V : d.Row*V+vocab]
 			name := fmt.Sprintf("V=%d vocab=%d draw %d %+v", V, vocab, i, d)
@@ -88,8 +90,9 @@ func CheckSampleTokens(be tensor.Backend) error {
 	// three equal thirds of U's range pick them in that order.
 	logits := samplingLogits(1, 6, 6, 1)
 	draws := []tensor.TokenSampling{{TopK: 3, Temperature: 1, U: 0.1}, {TopK: 3, Temperature: 1, U: 0.5}, {TopK: 3, Temperature: 1, U: 0.9}}
-	ids := make([]int32, 3)
-	be.SampleTokens(tensor.SampledTokens{IDs: tensor.FromInt32(ids, 3)}, tensor.FromFloat32(logits, 1, 6), 6, draws)
+	idsT := tensor.NewOn(dev, tensor.Int32, 3)
+	be.SampleTokens(tensor.SampledTokens{IDs: idsT}, onDev(dev, logits, 1, 6), 6, draws)
+	ids := hostIDs(idsT)
 	if ids[0] != 1 || ids[1] != 2 || ids[2] != 3 {
 		return fmt.Errorf("top-3 of tied logits %v drew %v for U 0.1, 0.5, 0.9; want [1 2 3]", logits, ids)
 	}
@@ -186,8 +189,10 @@ func CheckTokenLogprobs(be tensor.Backend) error {
 	rows, V, vocab := 5, 300, 257
 	logits := samplingLogits(rows, V, vocab, 11)
 	targets := []int32{0, 256, 17, 100, 3}
-	out := make([]float32, rows)
-	be.TokenLogprobs(tensor.FromFloat32(out, rows), tensor.FromFloat32(logits, rows, V), tensor.FromInt32(targets, rows), vocab)
+	dev := be.Device()
+	outT := tensor.ZerosOn(dev, rows)
+	be.TokenLogprobs(outT, onDev(dev, logits, rows, V), idsOn(dev, targets, rows), vocab)
+	out := host(outT)
 	for i, t := range targets {
 		row := logits[i*V : i*V+vocab]
 		if w := float32(float64(row[t]) - logSumExpRef(row)); math.Float32bits(out[i]) != math.Float32bits(w) {

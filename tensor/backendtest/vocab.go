@@ -44,6 +44,7 @@ func normals(n int, seed uint64, sd float32) []float32 {
 // into a gradient it overwrites), bit for bit.
 func CheckVocabEmbedding(be tensor.Backend) error {
 	const h = 9
+	dev := be.Device()
 	for ci, c := range vocabCases {
 		ids := c.ids(ci)
 		table, dout := normals(c.V*h, uint64(ci)+1, 1), normals(c.N*h, uint64(ci)+11, 1)
@@ -56,14 +57,15 @@ func CheckVocabEmbedding(be tensor.Backend) error {
 				}
 			}
 		}
-		out, d := tensor.FromFloat32(normals(c.N*h, 99, 1), c.N, h), tensor.FromFloat32(normals(c.V*h, 98, 1), c.V, h)
-		idsT := tensor.FromInt32(ids, c.N)
-		be.VocabEmbeddingForward(out, tensor.FromFloat32(table, c.V, h), idsT, c.Start)
-		if err := sameBits(fmt.Sprintf("case %d: embedding", ci), out.Float32s(), wantOut); err != nil {
+		// Outputs filled with values they must overwrite.
+		out, d := onDev(dev, normals(c.N*h, 99, 1), c.N, h), onDev(dev, normals(c.V*h, 98, 1), c.V, h)
+		idsT := idsOn(dev, ids, c.N)
+		be.VocabEmbeddingForward(out, onDev(dev, table, c.V, h), idsT, c.Start)
+		if err := sameBits(fmt.Sprintf("case %d: embedding", ci), host(out), wantOut); err != nil {
 			return err
 		}
-		be.VocabEmbeddingBackward(d, tensor.FromFloat32(dout, c.N, h), idsT, c.Start)
-		if err := sameBits(fmt.Sprintf("case %d: table gradient", ci), d.Float32s(), wantD); err != nil {
+		be.VocabEmbeddingBackward(d, onDev(dev, dout, c.N, h), idsT, c.Start)
+		if err := sameBits(fmt.Sprintf("case %d: table gradient", ci), host(d), wantD); err != nil {
 			return err
 		}
 	}
@@ -82,9 +84,9 @@ func CheckRowMax(be tensor.Backend) error {
 				want[i] = max(want[i], v)
 			}
 		}
-		m := tensor.Zeros(c.N)
-		be.RowMax(m, tensor.FromFloat32(x, c.N, c.V))
-		if err := sameBits(fmt.Sprintf("case %d: row max", ci), m.Float32s(), want); err != nil {
+		m := tensor.ZerosOn(be.Device(), c.N)
+		be.RowMax(m, onDev(be.Device(), x, c.N, c.V))
+		if err := sameBits(fmt.Sprintf("case %d: row max", ci), host(m), want); err != nil {
 			return err
 		}
 	}
@@ -114,6 +116,7 @@ func CheckVocabCrossEntropy(be tensor.Backend) error {
 }
 
 func checkVocabCE(be tensor.Backend, ci int, c vocabCase, masked bool) error {
+	dev := be.Device()
 	x := normals(c.N*c.V, uint64(ci)+31, 3)
 	targets := c.ids(ci + 5)
 	rowMax := make([]float32, c.N)
@@ -130,15 +133,15 @@ func checkVocabCE(be tensor.Backend, ci int, c vocabCase, masked bool) error {
 		for i := range mk {
 			mk[i] = float32(i%3) * 0.5
 		}
-		mask = tensor.FromFloat32(mk, c.N)
+		mask = onDev(dev, mk, c.N)
 		w = func(i int) float64 { return float64(mk[i]) }
 	}
-	xT, tgT, mT := tensor.FromFloat32(x, c.N, c.V), tensor.FromInt32(targets, c.N), tensor.FromFloat32(rowMax, c.N)
+	xT, tgT, mT := onDev(dev, x, c.N, c.V), idsOn(dev, targets, c.N), onDev(dev, rowMax, c.N)
 
 	// Partials.
-	partials := tensor.FromFloat32(normals(2*c.N, 97, 1), 2, c.N) // overwritten
+	partials := onDev(dev, normals(2*c.N, 97, 1), 2, c.N) // overwritten
 	be.VocabCrossEntropyPartials(partials, xT, mT, tgT, c.Start)
-	got := partials.Float32s()
+	got := host(partials)
 	for i := range c.N {
 		s := 0.0
 		for _, v := range x[i*c.V : (i+1)*c.V] {
@@ -157,7 +160,7 @@ func checkVocabCE(be tensor.Backend, ci int, c vocabCase, masked bool) error {
 	}
 
 	// Loss, from the partials as computed (a reduction would sum them).
-	loss, lse := tensor.Zeros(1), tensor.Zeros(c.N)
+	loss, lse := tensor.ZerosOn(dev, 1), tensor.ZerosOn(dev, c.N)
 	den := be.VocabCrossEntropyLoss(loss, lse, partials, mT, mask)
 	var num, wantDen float64
 	wantLSE := make([]float32, c.N)
@@ -170,18 +173,18 @@ func checkVocabCE(be tensor.Backend, ci int, c vocabCase, masked bool) error {
 	if den != wantDen {
 		return fmt.Errorf("mask sum Σ = %v, want %v", den, wantDen)
 	}
-	if err := sameBits("log-sum-exp", lse.Float32s(), wantLSE); err != nil {
+	if err := sameBits("log-sum-exp", host(lse), wantLSE); err != nil {
 		return err
 	}
-	if err := sameBits("loss", loss.Float32s(), []float32{float32(num / wantDen)}); err != nil {
+	if err := sameBits("loss", host(loss), []float32{float32(num / wantDen)}); err != nil {
 		return err
 	}
 
 	// Gradient.
 	const dl = float32(0.7)
-	dx := tensor.FromFloat32(normals(c.N*c.V, 96, 1), c.N, c.V) // overwritten
-	be.VocabCrossEntropyBackward(dx, xT, lse, tgT, mask, tensor.FromFloat32([]float32{dl}, 1), den, c.Start)
-	g := dx.Float32s()
+	dx := onDev(dev, normals(c.N*c.V, 96, 1), c.N, c.V) // overwritten
+	be.VocabCrossEntropyBackward(dx, xT, lse, tgT, mask, onDev(dev, []float32{dl}, 1), den, c.Start)
+	g := host(dx)
 	for i := range c.N {
 		scale := float64(dl * float32(w(i)) / float32(den))
 		for j := range c.V {
