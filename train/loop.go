@@ -32,6 +32,9 @@ type Trainer struct {
 	test  datagpt.Source // the test split, evaluated once at the end (SetTest)
 	rng   *tensor.RNG    // dropout stream (Megatron's default CUDA RNG)
 	tape  *tensor.Tape
+	// evalTape runs evaluation's forward passes: no gradients, but the
+	// step's context and the failures of tensor-parallel collectives.
+	evalTape *tensor.Tape
 
 	// Data and tensor parallelism (parallel.go, tensorpar.go); nil for one process.
 	par         *parallel.Groups
@@ -243,9 +246,6 @@ func (t *Trainer) Run(ctx context.Context) (Result, error) {
 	cfg := &t.cfg
 	res := Result{ValidLoss: math.NaN(), TestLoss: math.NaN(), LoggedLoss: math.NaN()}
 	t.cctx = context.WithoutCancel(ctx)
-	if t.region != nil {
-		t.region.Ctx = t.cctx
-	}
 	t.startTime = cfg.Now()
 	t.lastLog, t.lastLogIter, t.startIter = t.startTime, t.Iteration, t.Iteration
 	var stepCopies tensor.Transfers // host copies made by training steps (--device sim)
@@ -417,19 +417,19 @@ func (t *Trainer) step(ctx context.Context) (float64, error) {
 			return 0, fmt.Errorf("train: iteration %d: %w", t.Iteration+1, err)
 		}
 		bt = batchTo(bt, t.cfg.Device)
+		// The tape carries the collectives' context; Backward returns the
+		// first failure of those run in forward or backward.
+		t.tape.SetContext(t.cctx)
 		logits := t.Model.Forward(t.tape, bt, t.rng, true)
 		loss := t.Model.Loss(t.tape, logits, bt)
-		if err := t.regionErr(); err != nil {
-			return 0, err
+		if err := t.tape.Err(); err != nil {
+			return 0, fmt.Errorf("train: iteration %d: %w", t.Iteration+1, err)
 		}
 		lossSum += scalar(loss)
 		// Each microbatch's mean loss counts 1/n of the iteration's loss
 		// (times the loss scale with --fp16).
 		if err := t.tape.Backward(t.tape.Scale(loss, t.lossScale()/float32(n))); err != nil {
-			return 0, err
-		}
-		if err := t.regionErr(); err != nil {
-			return 0, err
+			return 0, fmt.Errorf("train: iteration %d: %w", t.Iteration+1, err)
 		}
 		t.tape.Reset()
 	}
@@ -487,6 +487,17 @@ func (t *Trainer) step(ctx context.Context) (float64, error) {
 	return loss, nil
 }
 
+// noGradTape returns the evaluation tape, carrying the collectives'
+// context: forward passes without gradients whose tensor-parallel
+// collectives' failures it records (Err).
+func (t *Trainer) noGradTape() *tensor.Tape {
+	if t.evalTape == nil {
+		t.evalTape = tensor.NewNoGradTape(nil)
+	}
+	t.evalTape.SetContext(t.cctx)
+	return t.evalTape
+}
+
 // evaluate runs --eval-iters global batches of the validation set without
 // gradients, continuing where the last evaluation stopped (Megatron keeps one
 // validation iterator), and returns the mean loss. Data-parallel ranks each
@@ -516,9 +527,12 @@ func (t *Trainer) evaluate(src datagpt.Source, consumed *int64) (float64, error)
 				}
 			} else {
 				dbt := batchTo(bt, t.cfg.Device)
-				loss = scalar(t.Model.Loss(nil, t.Model.Forward(nil, dbt, nil, false), dbt))
-				if err := t.regionErr(); err != nil {
-					return math.NaN(), err
+				tp := t.noGradTape()
+				loss = scalar(t.Model.Loss(tp, t.Model.Forward(tp, dbt, nil, false), dbt))
+				err := tp.Err()
+				tp.Reset()
+				if err != nil {
+					return math.NaN(), fmt.Errorf("train: evaluation at iteration %d: %w", t.Iteration, err)
 				}
 			}
 			sum += loss

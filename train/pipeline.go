@@ -52,11 +52,7 @@ func (t *Trainer) splitStages(m *gpt.Model) error {
 	}
 	t.stages = stages
 	for _, s := range stages {
-		r := &gpt.StageRunner{Stage: s, RNG: t.rng, Training: true}
-		if t.region != nil {
-			r.RegionErr = t.region.Err
-		}
-		t.runners = append(t.runners, r)
+		t.runners = append(t.runners, &gpt.StageRunner{Stage: s, RNG: t.rng, Training: true})
 	}
 	return nil
 }
@@ -215,15 +211,22 @@ func (t *Trainer) pipelineEval(bt gpt.Batch) (float64, error) {
 			}
 			x = x.ToDevice(t.cfg.Device)
 		}
-		out := s.Forward(nil, x, bt, nil, false)
-		if err := t.regionErr(); err != nil {
-			return 0, err
+		tp := t.noGradTape()
+		out := s.Forward(tp, x, bt, nil, false)
+		if s.IsLast() {
+			loss = scalar(s.Loss(tp, out, bt))
+		}
+		if err := tp.Err(); err != nil {
+			tp.Reset()
+			return 0, fmt.Errorf("train: evaluation: stage %d: %w", s.Chunk*p+rank, err)
 		}
 		if s.IsLast() {
-			loss = scalar(s.Loss(nil, out, bt))
+			tp.Reset()
 			continue
 		}
-		if err := g.Send(t.cctx, comm.Float32s(hostValues(out.Contiguous())), (rank+1)%p); err != nil {
+		err := g.Send(t.cctx, comm.Float32s(hostValues(out.Contiguous())), (rank+1)%p)
+		tp.Reset()
+		if err != nil {
 			return 0, fmt.Errorf("train: evaluation: send the activation of stage %d: %w", s.Chunk*p+rank, err)
 		}
 	}

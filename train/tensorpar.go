@@ -21,7 +21,7 @@ import (
 // shardModel keeps this tensor-parallel rank's slices of the whole model.
 func (t *Trainer) shardModel(full *gpt.Model, root *tensor.RNG) (*gpt.Model, error) {
 	p := t.par
-	t.region = &tp.Region{Group: p.TP, SequenceParallel: t.cfg.SequenceParallel, Ctx: t.cctx}
+	t.region = &tp.Region{Group: p.TP, SequenceParallel: t.cfg.SequenceParallel}
 	t.plan = gpt.TPPlan(full.Config)
 	// Megatron's model-parallel RNG: a stream per tensor-parallel rank, for
 	// dropout on sequence shards. Attention dropout draws from the shared
@@ -70,17 +70,6 @@ func (t *Trainer) restoreDropoutOffset(offsets []uint64) {
 	st := t.rankRNG.State()
 	st.Offset = offsets[t.region.Rank()]
 	t.rankRNG.SetState(st)
-}
-
-// regionErr is the tensor-parallel collectives' first failure, if any.
-func (t *Trainer) regionErr() error {
-	if t.region == nil {
-		return nil
-	}
-	if err := t.region.Err(); err != nil {
-		return fmt.Errorf("train: iteration %d: %w", t.Iteration+1, err)
-	}
-	return nil
 }
 
 // replicated reports whether parameter name is whole on every

@@ -337,7 +337,9 @@ func (s *Stage) ActivationShape(b, t int) []int {
 }
 
 // StageRunner runs a Stage over one step's micro-batches for the pipeline
-// executor: it has the method set of parallel/pp.Stage (and pp.StageErr).
+// executor: it has the method set of parallel/pp.Stage. The failures of the
+// tensor-parallel collectives its stage runs are recorded on the tape, which
+// the executor checks.
 // The caller sets Batches before each step; every pipeline rank needs them
 // (tokens on the first stage, labels and loss mask on the last, positions
 // and document ids on all).
@@ -349,10 +351,6 @@ type StageRunner struct {
 	RNG *tensor.RNG
 	// Training turns dropout on.
 	Training bool
-	// RegionErr, if set, returns the first error of the tensor-parallel
-	// collectives run inside tape functions (tp.Region's sticky error); the
-	// executor checks it after every pass.
-	RegionErr func() error
 }
 
 // Forward runs micro-batch mb from in (nil on the first stage) and returns
@@ -366,7 +364,7 @@ func (r *StageRunner) Forward(tp *tensor.Tape, mb int, in *tensor.Tensor) (*tens
 	if r.Stage.IsLast() {
 		out = r.Stage.Loss(tp, out, bt)
 	}
-	return out, r.Err()
+	return out, nil
 }
 
 // InputShape is the activation shape of micro-batch mb (see
@@ -377,12 +375,4 @@ func (r *StageRunner) InputShape(mb int) []int {
 	}
 	tok := r.Batches[mb].Tokens
 	return r.Stage.ActivationShape(tok.Dim(0), tok.Dim(1))
-}
-
-// Err returns RegionErr's error (nil without one).
-func (r *StageRunner) Err() error {
-	if r.RegionErr == nil {
-		return nil
-	}
-	return r.RegionErr()
 }

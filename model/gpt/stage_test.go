@@ -529,7 +529,7 @@ func TestPipelineWithTensorParallel(t *testing.T) {
 			if err != nil {
 				return err
 			}
-			region := &tp.Region{Group: groups.TP, SequenceParallel: sp, Ctx: ctx}
+			region := &tp.Region{Group: groups.TP, SequenceParallel: sp}
 			sliced, err := Parallelize(stageModel(t, c), region, nil)
 			if err != nil {
 				return err
@@ -540,7 +540,7 @@ func TestPipelineWithTensorParallel(t *testing.T) {
 			}
 			bts := batches(c, 0, m)
 			e, err := pp.NewExecutor(pp.ExecConfig{Schedule: pp.Config{PP: 2, Microbatches: m}, Group: groups.PP,
-				Stages: []pp.Stage{&StageRunner{Stage: stages[0], Batches: bts, Training: true, RegionErr: region.Err}}})
+				Stages: []pp.Stage{&StageRunner{Stage: stages[0], Batches: bts, Training: true}}})
 			if err != nil {
 				return err
 			}
@@ -572,6 +572,59 @@ func TestPipelineWithTensorParallel(t *testing.T) {
 		}
 		if math.Abs(loss-want) > 1e-5*math.Abs(want) {
 			t.Errorf("SP=%v: loss %v, one process %v", sp, loss, want)
+		}
+	}
+}
+
+// TestPipelineWithTensorParallelCanceled: a PP=2 × TP=2 step whose context
+// is canceled stops with the context's error: the first stage's
+// tensor-parallel collectives run under the stage tape's context, which the
+// executor sets from Step's, and their failure ends the step naming the
+// action and the op.
+func TestPipelineWithTensorParallelCanceled(t *testing.T) {
+	c := gpt2Tiny()
+	var mu sync.Mutex
+	errs := map[int]error{}
+	err := runRanks(t, 4, "inproc", func(ctx context.Context, world comm.ProcessGroup) error {
+		groups, err := parallel.NewGroups(world, parallel.Config{TP: 2, PP: 2})
+		if err != nil {
+			return err
+		}
+		region := &tp.Region{Group: groups.TP}
+		sliced, err := Parallelize(stageModel(t, c), region, nil)
+		if err != nil {
+			return err
+		}
+		stages, err := SplitStages(sliced, PipelineSplit{PP: 2}, groups.PP.Rank())
+		if err != nil {
+			return err
+		}
+		e, err := pp.NewExecutor(pp.ExecConfig{Schedule: pp.Config{PP: 2, Microbatches: 2}, Group: groups.PP,
+			Stages: []pp.Stage{&StageRunner{Stage: stages[0], Batches: batches(c, 0, 2), Training: true}}})
+		if err != nil {
+			return err
+		}
+		canceled, cancel := context.WithCancel(ctx)
+		cancel()
+		_, err = e.Step(canceled)
+		mu.Lock()
+		errs[world.Rank()] = err
+		mu.Unlock()
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for rank, err := range errs {
+		if !errors.Is(err, context.Canceled) && !errors.Is(err, comm.ErrPeerLost) {
+			t.Errorf("world rank %d: Step returned %v, want the context's error (or a peer's abandonment)", rank, err)
+		}
+	}
+	// World ranks 0 and 1 are the first stage (TP ranks 0 and 1): their
+	// first forward's collective fails.
+	for rank := range 2 {
+		if want := "pp: rank 0: F c0 m0: tp: rank "; errs[rank] == nil || !strings.Contains(errs[rank].Error(), want) {
+			t.Errorf("world rank %d: Step returned %v, want %q", rank, errs[rank], want)
 		}
 	}
 }

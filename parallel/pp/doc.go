@@ -13,7 +13,11 @@
 // consecutive sends and receives as one comm.BatchSendRecv or one by one in
 // Megatron's even/odd order (ExecConfig.Unbatched). The first message on
 // each channel carries the tensor's shape, so mismatched stages fail at the
-// first exchange.
+// first exchange. Each tape carries Step's context: a stage's tape functions
+// (tensor-parallel collectives) block under it and record their failures on
+// the tape (tensor.Tape.Fail), which the executor checks after each forward
+// and backward pass, ending the step with the failure as with a stage's
+// returned error.
 //
 // # Schedules
 //

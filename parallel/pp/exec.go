@@ -19,19 +19,15 @@ type Stage interface {
 	// (not yet divided by the number of micro-batches; the executor does
 	// that). in is the activation received from the previous virtual stage,
 	// a leaf that requires its gradient; it is nil on the model's first
-	// stage.
+	// stage. tp carries Step's context, and a failure of the tape
+	// functions (tensor-parallel collectives) recorded on tp ends the step
+	// as a returned error does: the executor checks tp.Err after each
+	// forward pass, and the backward pass returns it.
 	Forward(tp *tensor.Tape, mb int, in *tensor.Tensor) (*tensor.Tensor, error)
 	// InputShape is the shape of the activation micro-batch mb receives
 	// (Megatron's tensor_shape; (b, t, h) for a transformer). The model's
 	// first stage is never asked.
 	InputShape(mb int) []int
-}
-
-// StageErr is implemented by stages whose tape functions keep an error
-// instead of returning one (tensor-parallel collectives): the executor
-// checks Err after every forward and backward pass and stops on the first.
-type StageErr interface {
-	Err() error
 }
 
 // ExecConfig configures an Executor for one pipeline rank.
@@ -225,7 +221,7 @@ func (e *Executor) Step(ctx context.Context) (float64, error) {
 		var err error
 		if a.Op == Forward {
 			var loss float64
-			loss, err = e.forward(a)
+			loss, err = e.forward(ctx, a)
 			lossSum += loss
 			e.stats.Forward += e.now().Sub(t)
 			inFlight++
@@ -276,9 +272,9 @@ func (e *Executor) tape(chunk int) *tensor.Tape {
 	return tensor.NewTape()
 }
 
-// forward runs a Forward action; on the model's last stage it returns the
-// micro-batch's (undivided) loss.
-func (e *Executor) forward(a Action) (float64, error) {
+// forward runs a Forward action on a tape carrying ctx; on the model's last
+// stage it returns the micro-batch's (undivided) loss.
+func (e *Executor) forward(ctx context.Context, a Action) (float64, error) {
 	s := e.slot(a.Chunk, a.Microbatch)
 	if s.fwd {
 		return 0, errors.New("forward twice")
@@ -288,9 +284,10 @@ func (e *Executor) forward(a Action) (float64, error) {
 	}
 	s.fwd = true
 	s.tape = e.tape(a.Chunk)
+	s.tape.SetContext(ctx)
 	out, err := e.cfg.Stages[a.Chunk].Forward(s.tape, a.Microbatch, s.in)
 	if err == nil {
-		err = e.stageErr(a.Chunk)
+		err = s.tape.Err()
 	}
 	switch {
 	case err != nil:
@@ -336,9 +333,7 @@ func (e *Executor) backward(a Action) error {
 	} else {
 		err = s.tape.BackwardFrom([]*tensor.Tensor{s.out}, []*tensor.Tensor{s.grad})
 	}
-	if err == nil {
-		err = e.stageErr(a.Chunk)
-	}
+	// err includes a failure recorded on the tape in either pass.
 	s.tape.Reset()
 	e.free[a.Chunk] = append(e.free[a.Chunk], s.tape)
 	s.tape, s.out = nil, nil
@@ -350,13 +345,6 @@ func (e *Executor) backward(a Action) error {
 		delete(e.slots, k)
 	}
 	return err
-}
-
-func (e *Executor) stageErr(chunk int) error {
-	if se, ok := e.cfg.Stages[chunk].(StageErr); ok {
-		return se.Err()
-	}
-	return nil
 }
 
 // get returns a zeroed buffer of n elements from the pool.

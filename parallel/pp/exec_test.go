@@ -87,6 +87,9 @@ type toyStage struct {
 	shape []int              // InputShape; nil means (b, h)
 	fail  func(mb int) error // optional error from Forward
 	onFwd func(mb int)       // optional observer of forwards
+	// hook, if set, is applied to the output: a tape function (as a
+	// tensor-parallel collective) that may block or fail.
+	hook func(mb int) tensor.Function
 }
 
 func (st *toyStage) Forward(tp *tensor.Tape, mb int, in *tensor.Tensor) (*tensor.Tensor, error) {
@@ -98,7 +101,31 @@ func (st *toyStage) Forward(tp *tensor.Tape, mb int, in *tensor.Tensor) (*tensor
 			return nil, err
 		}
 	}
-	return st.t.stage(tp, st.s, st.w, in, mb), nil
+	out := st.t.stage(tp, st.s, st.w, in, mb)
+	if st.hook != nil {
+		if f := st.hook(mb); f != nil {
+			out = tp.Apply(f, out)[0]
+		}
+	}
+	return out, nil
+}
+
+// tapeFunc is an identity tape function whose passes call fwd and bwd with
+// their tape.
+type tapeFunc struct{ fwd, bwd func(tp *tensor.Tape) }
+
+func (f tapeFunc) Forward(tp *tensor.Tape, in []*tensor.Tensor) []*tensor.Tensor {
+	if f.fwd != nil {
+		f.fwd(tp)
+	}
+	return []*tensor.Tensor{tp.Scale(in[0], 1)}
+}
+
+func (f tapeFunc) Backward(tp *tensor.Tape, g []*tensor.Tensor) []*tensor.Tensor {
+	if f.bwd != nil {
+		f.bwd(tp)
+	}
+	return []*tensor.Tensor{g[0]}
 }
 
 func (st *toyStage) InputShape(int) []int {
@@ -321,6 +348,100 @@ func TestExecutorStageError(t *testing.T) {
 		return err
 	})
 	if want := "pp: rank 1: F c0 m1: tp: all_reduce: peer lost"; errs[1] == nil || !strings.Contains(errs[1].Error(), want) {
+		t.Errorf("rank 1: %v, want %q", errs[1], want)
+	}
+}
+
+// A failure a stage's tape function records on its tape (as a
+// tensor-parallel collective does) ends the step with the action named,
+// whether in the forward or the backward pass; the tapes start the next
+// step without it.
+func TestExecutorTapeFailure(t *testing.T) {
+	cfg := Config{PP: 2, Microbatches: 3}
+	for _, c := range []struct {
+		backward bool
+		want     string
+	}{
+		{false, "pp: rank 1: F c0 m1: tp: rank 0: all_reduce: peer lost"},
+		{true, "pp: rank 1: B c0 m1: tp: rank 0: all_reduce: peer lost"},
+	} {
+		tm := newToy(2, 3)
+		ws := tm.weights()
+		lost := errors.New("tp: rank 0: all_reduce: peer lost")
+		var second error // rank 1's tapes after the step
+		errs := runRanks(t, 2, func(ctx context.Context, pg comm.ProcessGroup) error {
+			stages, toys := rankStages(tm, cfg, pg.Rank(), ws)
+			if pg.Rank() == 1 {
+				toys[0].hook = func(mb int) tensor.Function {
+					if mb != 1 {
+						return nil
+					}
+					f := func(tp *tensor.Tape) { tp.Fail(lost) }
+					if c.backward {
+						return tapeFunc{bwd: f}
+					}
+					return tapeFunc{fwd: f}
+				}
+			}
+			e, err := NewExecutor(ExecConfig{Schedule: cfg, Group: pg, Stages: stages})
+			if err != nil {
+				return err
+			}
+			_, err = e.Step(ctx)
+			if pg.Rank() == 1 {
+				// The abandoned step's tapes went back reset.
+				for _, tp := range e.free[0] {
+					if tp.Err() != nil {
+						second = fmt.Errorf("a free tape keeps the failure %v", tp.Err())
+					}
+				}
+			}
+			return err
+		})
+		if errs[1] == nil || !strings.Contains(errs[1].Error(), c.want) || !errors.Is(errs[1], lost) {
+			t.Errorf("backward=%v: rank 1: %v, want %q", c.backward, errs[1], c.want)
+		}
+		if second != nil {
+			t.Errorf("backward=%v: rank 1: %v", c.backward, second)
+		}
+	}
+}
+
+// Canceling Step's context stops a step blocked in a stage's tape
+// function: the tapes carry Step's context, and the blocked function
+// records its error.
+func TestExecutorTapeContextCanceled(t *testing.T) {
+	cfg := Config{PP: 2, Microbatches: 3}
+	tm := newToy(2, 3)
+	ws := tm.weights()
+	errs := runRanks(t, 2, func(ctx context.Context, pg comm.ProcessGroup) error {
+		stages, toys := rankStages(tm, cfg, pg.Rank(), ws)
+		ctx, cancel := context.WithCancel(ctx)
+		defer cancel()
+		if pg.Rank() == 1 {
+			toys[0].hook = func(mb int) tensor.Function {
+				if mb != 1 {
+					return nil
+				}
+				return tapeFunc{fwd: func(tp *tensor.Tape) {
+					go func() { time.Sleep(10 * time.Millisecond); cancel() }()
+					select {
+					case <-tp.Context().Done():
+						tp.Fail(fmt.Errorf("tp: all_reduce: %w", tp.Context().Err()))
+					case <-time.After(10 * time.Second):
+						tp.Fail(errors.New("the tape does not carry Step's context"))
+					}
+				}}
+			}
+		}
+		e, err := NewExecutor(ExecConfig{Schedule: cfg, Group: pg, Stages: stages})
+		if err != nil {
+			return err
+		}
+		_, err = e.Step(ctx)
+		return err
+	})
+	if want := "pp: rank 1: F c0 m1: tp: all_reduce: context canceled"; errs[1] == nil || !strings.Contains(errs[1].Error(), want) || !errors.Is(errs[1], context.Canceled) {
 		t.Errorf("rank 1: %v, want %q", errs[1], want)
 	}
 }

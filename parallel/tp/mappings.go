@@ -7,16 +7,16 @@
 // tensor-parallel ranks (column-parallel QKV and fc1, row-parallel
 // projection and fc2, vocab-parallel embedding and output layer).
 //
-// Tape functions have no error result, so a Region keeps the first failure
-// of any of its collectives (sticky): the caller checks Err after forward and
-// after backward and abandons the step. The context of the collectives is the
-// Region's, set by the training loop.
+// The collectives run inside tape functions, which have no error result:
+// they run under the tape's context (tensor.Tape.Context) and record a
+// failure on the tape (tensor.Tape.Fail), which Backward returns (or Err,
+// after a forward-only pass on a no-grad tape). Once a tape holds a failure
+// the region's later collectives on it are skipped: the step is abandoned.
 package tp
 
 import (
 	"context"
 	"fmt"
-	"sync"
 	"time"
 
 	"github.com/gotron/gotron/comm"
@@ -30,11 +30,7 @@ type Region struct {
 	// SequenceParallel (--sequence-parallel) shards activations outside the
 	// tensor-parallel regions along the sequence dimension.
 	SequenceParallel bool
-	// Ctx governs the collectives; nil means context.Background().
-	Ctx context.Context
 
-	mu   sync.Mutex // protects err
-	err  error
 	comm time.Duration // time spent in collectives
 }
 
@@ -42,53 +38,39 @@ type Region struct {
 // collectives (the tensor-parallel communication cost of the steps so far).
 func (r *Region) CommTime() time.Duration { return r.comm }
 
-// timed runs a collective, adding its duration to CommTime.
-func (r *Region) timed(f func() error) error {
+// collective runs f, a collective named op, under tp's context, adding its
+// duration to CommTime, and records its failure on tp naming the op and the
+// rank. It runs nothing when tp holds a failure already, and reports
+// whether f ran and succeeded.
+func (r *Region) collective(tp *tensor.Tape, op string, f func(ctx context.Context) error) bool {
+	if tp.Err() != nil {
+		return false
+	}
 	start := time.Now()
-	err := f()
+	err := f(tp.Context())
 	r.comm += time.Since(start)
-	return err
+	if err != nil {
+		tp.Fail(fmt.Errorf("tp: rank %d: %s over the tensor-parallel group: %w", r.Rank(), op, err))
+		return false
+	}
+	return true
 }
 
 // Size is the tensor-parallel size; Rank this rank's index.
 func (r *Region) Size() int { return r.Group.Size() }
 func (r *Region) Rank() int { return r.Group.Rank() }
 
-// Err returns the first collective failure since the last ResetErr.
-func (r *Region) Err() error {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return r.err
-}
-
-func (r *Region) fail(op string, err error) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.err == nil {
-		r.err = fmt.Errorf("tp: %s over the tensor-parallel group: %w", op, err)
-	}
-}
-
-func (r *Region) ctx() context.Context {
-	if r.Ctx == nil {
-		return context.Background()
-	}
-	return r.Ctx
-}
-
 // allReduce reduces the contiguous tensor x in place over the group with
 // red. The collective works on host memory: x's own storage on the CPU, else
-// a host copy (comm staging) copied back into x.
-func (r *Region) allReduce(op string, x *tensor.Tensor, red comm.ReduceOp) {
+// a host copy (comm staging) copied back into x. A failure is recorded on tp.
+func (r *Region) allReduce(tp *tensor.Tape, op string, x *tensor.Tensor, red comm.ReduceOp) {
 	if r.Size() == 1 {
 		return
 	}
 	buf := stageOut(x)
-	if err := r.timed(func() error { return r.Group.AllReduce(r.ctx(), comm.Float32s(buf), red) }); err != nil {
-		r.fail(op, err)
-		return
+	if r.collective(tp, op, func(ctx context.Context) error { return r.Group.AllReduce(ctx, comm.Float32s(buf), red) }) {
+		stageIn(x, buf)
 	}
-	stageIn(x, buf)
 }
 
 // Comm staging: collectives read and write host memory, so a tensor on a
@@ -149,7 +131,7 @@ func (r *Region) CopyTo(tp *tensor.Tape, x *tensor.Tensor) *tensor.Tensor {
 		fwd: func(tp *tensor.Tape, in []*tensor.Tensor) []*tensor.Tensor { return []*tensor.Tensor{clone(tp, in[0])} },
 		bwd: func(tp *tensor.Tape, g []*tensor.Tensor) []*tensor.Tensor {
 			d := clone(tp, g[0])
-			r.allReduce("copy_to backward all_reduce", d, comm.Sum)
+			r.allReduce(tp, "copy_to backward all_reduce", d, comm.Sum)
 			return []*tensor.Tensor{d}
 		},
 	}, x)[0]
@@ -165,7 +147,7 @@ func (r *Region) ReduceFrom(tp *tensor.Tape, x *tensor.Tensor) *tensor.Tensor {
 	return tp.Apply(fn{
 		fwd: func(tp *tensor.Tape, in []*tensor.Tensor) []*tensor.Tensor {
 			out := clone(tp, in[0])
-			r.allReduce("reduce_from all_reduce", out, comm.Sum)
+			r.allReduce(tp, "reduce_from all_reduce", out, comm.Sum)
 			return []*tensor.Tensor{out}
 		},
 		bwd: func(tp *tensor.Tape, g []*tensor.Tensor) []*tensor.Tensor { return []*tensor.Tensor{g[0]} },
@@ -291,11 +273,9 @@ func (r *Region) gatherDim(tp *tensor.Tape, x *tensor.Tensor, d int, op string) 
 	outer, k, inner := split3(shape, d)
 	p := r.Size()
 	buf := make([]float32, p*x.Numel()) // (p, outer, k, inner)
-	if err := r.timed(func() error {
-		return r.Group.AllGather(r.ctx(), comm.Float32s(buf), comm.Float32s(stageOut(x.Contiguous())), nil)
-	}); err != nil {
-		r.fail(op, err)
-	}
+	r.collective(tp, op, func(ctx context.Context) error {
+		return r.Group.AllGather(ctx, comm.Float32s(buf), comm.Float32s(stageOut(x.Contiguous())), nil)
+	})
 	oshape := append([]int(nil), shape...)
 	oshape[d] = k * p
 	out := tp.EmptyLike(x, oshape...)
@@ -331,11 +311,9 @@ func (r *Region) reduceScatterDim(tp *tensor.Tape, x *tensor.Tensor, d int, op s
 	oshape[d] = k
 	out := tp.EmptyLike(x, oshape...)
 	dst := hostBuffer(out)
-	if err := r.timed(func() error {
-		return r.Group.ReduceScatter(r.ctx(), comm.Float32s(dst), comm.Float32s(packed), comm.Sum, nil)
-	}); err != nil {
-		r.fail(op, err)
-	}
+	r.collective(tp, op, func(ctx context.Context) error {
+		return r.Group.ReduceScatter(ctx, comm.Float32s(dst), comm.Float32s(packed), comm.Sum, nil)
+	})
 	stageIn(out, dst)
 	return out
 }

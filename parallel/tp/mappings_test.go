@@ -2,9 +2,13 @@ package tp
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math"
+	"strings"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/gotron/gotron/comm"
 	"github.com/gotron/gotron/comm/inproc"
@@ -49,7 +53,7 @@ func TestMappingsGradientFiniteDifferences(t *testing.T) {
 	for _, size := range []int{2, 3} {
 		for name, f := range maps {
 			err := inproc.Run(context.Background(), size, func(ctx context.Context, pg comm.ProcessGroup) error {
-				r := &Region{Group: pg, Ctx: ctx}
+				r := &Region{Group: pg}
 				seed := uint64(100 + pg.Rank())
 				if replicated[name] {
 					seed = 100
@@ -83,6 +87,7 @@ func TestMappingsGradientFiniteDifferences(t *testing.T) {
 				}
 				// Analytic: backward from y with gradient c.
 				tp := tensor.NewTape()
+				tp.SetContext(ctx)
 				y = f(r, tp, x)
 				if err := tp.BackwardFrom([]*tensor.Tensor{y}, []*tensor.Tensor{tensor.FromFloat32(c, y.Shape()...)}); err != nil {
 					return err
@@ -113,10 +118,7 @@ func TestMappingsGradientFiniteDifferences(t *testing.T) {
 						}
 					}
 				}
-				if bad != nil {
-					return bad
-				}
-				return r.Err()
+				return bad
 			})
 			if err != nil {
 				t.Fatalf("%s at TP=%d: %v", name, size, err)
@@ -144,12 +146,13 @@ func TestVocabParallelCrossEntropyMatchesSingleRank(t *testing.T) {
 	for _, size := range []int{2, 3, 4} {
 		vl := v / size
 		err := inproc.Run(context.Background(), size, func(ctx context.Context, pg comm.ProcessGroup) error {
-			r := &Region{Group: pg, Ctx: ctx}
+			r := &Region{Group: pg}
 			local := tensor.Param("local", n, vl)
 			for i := range n {
 				copy(local.Float32s()[i*vl:(i+1)*vl], full.Float32s()[i*v+pg.Rank()*vl:i*v+(pg.Rank()+1)*vl])
 			}
 			tp := tensor.NewTape()
+			tp.SetContext(ctx)
 			loss := r.VocabCrossEntropy(tp, local, targets, mask, pg.Rank()*vl)
 			if got := float64(loss.Float32s()[0]); math.Abs(got-want) > 1e-5*math.Abs(want) {
 				return fmt.Errorf("rank %d: loss %v, single rank %v", pg.Rank(), got, want)
@@ -165,7 +168,7 @@ func TestVocabParallelCrossEntropyMatchesSingleRank(t *testing.T) {
 					}
 				}
 			}
-			return r.Err()
+			return nil
 		})
 		if err != nil {
 			t.Fatalf("TP=%d: %v", size, err)
@@ -190,11 +193,12 @@ func TestVocabEmbeddingMatchesLookup(t *testing.T) {
 		t.Fatal(err)
 	}
 	err := inproc.Run(context.Background(), 3, func(ctx context.Context, pg comm.ProcessGroup) error {
-		r := &Region{Group: pg, Ctx: ctx}
+		r := &Region{Group: pg}
 		vl := v / 3
 		local := tensor.Param("local", vl, h)
 		copy(local.Float32s(), table.Float32s()[pg.Rank()*vl*h:(pg.Rank()+1)*vl*h])
 		tp := tensor.NewTape()
+		tp.SetContext(ctx)
 		y := r.ReduceFrom(tp, r.VocabEmbedding(tp, tokens, local, pg.Rank()*vl))
 		for i, x := range y.Float32s() {
 			if x != out.Float32s()[i] {
@@ -209,9 +213,115 @@ func TestVocabEmbeddingMatchesLookup(t *testing.T) {
 				return fmt.Errorf("rank %d: table grad[%d] = %v, want %v", pg.Rank(), i, x, w)
 			}
 		}
-		return r.Err()
+		return nil
 	})
 	if err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestCollectiveFailureReturnedByBackward: a collective failing inside a
+// forward or a backward pass — its peer gone, or the tape's context canceled
+// — makes Backward return that error, naming the op and the rank; the
+// region's later collectives on the tape are skipped (the first failure is
+// the one returned).
+func TestCollectiveFailureReturnedByBackward(t *testing.T) {
+	canceled, cancel := context.WithCancel(context.Background())
+	cancel()
+	for _, c := range []struct {
+		name    string
+		ctx     context.Context
+		kill    bool // the peer is gone
+		forward bool // the failing collective is in the forward pass
+		op      string
+		want    error
+	}{
+		{name: "peer gone in forward", ctx: context.Background(), kill: true, forward: true,
+			op: "tp: rank 0: reduce_from all_reduce", want: comm.ErrPeerLost},
+		{name: "peer gone in backward", ctx: context.Background(), kill: true,
+			op: "tp: rank 0: copy_to backward all_reduce", want: comm.ErrPeerLost},
+		{name: "context canceled in forward", ctx: canceled, forward: true,
+			op: "tp: rank 0: reduce_from all_reduce", want: context.Canceled},
+		{name: "context canceled in backward", ctx: canceled,
+			op: "tp: rank 0: copy_to backward all_reduce", want: context.Canceled},
+	} {
+		w, err := inproc.New(inproc.Config{Size: 2, Timeout: time.Minute})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if c.kill {
+			w.Kill(1)
+		}
+		r := &Region{Group: w.Group(0)}
+		tp := tensor.NewTape()
+		tp.SetContext(c.ctx)
+		x := tensor.Param("x", 2, 4)
+		var y *tensor.Tensor
+		if c.forward {
+			y = r.ReduceFrom(tp, x)
+			if err := tp.Err(); err == nil || !strings.Contains(err.Error(), c.op) {
+				t.Errorf("%s: after forward Err() = %v, want the %q failure", c.name, err, c.op)
+			}
+			y = r.GatherLast(tp, y) // skipped: the tape has failed
+		} else {
+			y = r.CopyTo(tp, x)
+		}
+		err = tp.Backward(tp.Sum(y))
+		if err == nil || !strings.Contains(err.Error(), c.op) || !errors.Is(err, c.want) {
+			t.Errorf("%s: Backward returned %v, want %q wrapping %v", c.name, err, c.op, c.want)
+		}
+		var re *comm.RankError
+		if !errors.As(err, &re) {
+			t.Errorf("%s: %v does not wrap a comm.RankError", c.name, err)
+		}
+		if c.forward && x.Grad != nil {
+			t.Errorf("%s: backward ran after a failed forward", c.name)
+		}
+		tp.Reset()
+		if tp.Err() != nil {
+			t.Errorf("%s: Reset kept the failure", c.name)
+		}
+		_ = w.Close()
+	}
+}
+
+// TestCanceledContextStopsTPStep: canceling the tape's context while the
+// ranks of a TP=2 step wait in a collective stops the step: every rank's
+// Backward returns an error wrapping the context's.
+func TestCanceledContextStopsTPStep(t *testing.T) {
+	w, err := inproc.New(inproc.Config{Size: 2, Timeout: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	var errs [2]error
+	var wg sync.WaitGroup
+	for rank := range 2 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r := &Region{Group: w.Group(rank)}
+			tp := tensor.NewTape()
+			tp.SetContext(ctx)
+			x := tensor.Param("x", 2, 4)
+			y := r.ReduceFrom(tp, r.CopyTo(tp, x)) // a full step's collectives, forward and backward
+			if rank == 1 {
+				// Rank 1 is late for backward: rank 0 waits in the
+				// backward all-reduce until the context ends.
+				<-ctx.Done()
+			}
+			errs[rank] = tp.Backward(tp.Sum(y))
+		}()
+	}
+	time.Sleep(10 * time.Millisecond)
+	cancel()
+	wg.Wait()
+	// The backward all-reduce, or the forward one on a slow machine.
+	if want := "tp: rank 0: "; errs[0] == nil || !strings.Contains(errs[0].Error(), want) || !errors.Is(errs[0], context.Canceled) {
+		t.Errorf("rank 0: Backward returned %v, want %q wrapping context.Canceled", errs[0], want)
+	}
+	if !errors.Is(errs[1], context.Canceled) && !errors.Is(errs[1], comm.ErrPeerLost) {
+		t.Errorf("rank 1: Backward returned %v, want the context's error (or rank 0's abandonment)", errs[1])
 	}
 }

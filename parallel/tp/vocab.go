@@ -50,12 +50,12 @@ func (r *Region) VocabCrossEntropy(tp *tensor.Tape, logits, targets, mask *tenso
 			x := in[0].Contiguous()
 			rowMax := tensor.ZerosOn(x.Device(), n)
 			tensor.RowMax(rowMax, x)
-			r.allReduce("vocab cross-entropy max all_reduce", rowMax, comm.Max)
+			r.allReduce(tp, "vocab cross-entropy max all_reduce", rowMax, comm.Max)
 			// One all-reduce carries the sums of exponentials and the
 			// target logits (shifted by the max).
 			partials := tensor.ZerosOn(x.Device(), 2, n)
 			tensor.VocabCrossEntropyPartials(partials, x, rowMax, tg, start)
-			r.allReduce("vocab cross-entropy sum all_reduce", partials, comm.Sum)
+			r.allReduce(tp, "vocab cross-entropy sum all_reduce", partials, comm.Sum)
 			out := tp.EmptyLike(x, 1)
 			den = tensor.VocabCrossEntropyLoss(out, lse, partials, rowMax, mk)
 			return []*tensor.Tensor{out}
