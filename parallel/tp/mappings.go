@@ -10,8 +10,10 @@
 // The collectives run inside tape functions, which have no error result:
 // they run under the tape's context (tensor.Tape.Context) and record a
 // failure on the tape (tensor.Tape.Fail), which Backward returns (or Err,
-// after a forward-only pass on a no-grad tape). Once a tape holds a failure
-// the region's later collectives on it are skipped: the step is abandoned.
+// after a forward-only pass on a tape from tensor.NewNoGradTape; a nil tape
+// has nowhere to keep a failure and panics with it). Once a tape holds a
+// failure the region's later collectives on it are skipped: the step is
+// abandoned.
 package tp
 
 import (
