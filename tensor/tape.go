@@ -3,7 +3,6 @@ package tensor
 import (
 	"context"
 	"fmt"
-	"math"
 	"math/bits"
 	"sync"
 
@@ -515,14 +514,4 @@ func ZeroGrad(params []*Tensor) {
 			clear(p.Grad.f32s())
 		}
 	}
-}
-
-// HasNonFinite reports whether x holds a NaN or an infinity.
-func HasNonFinite(x []float32) bool {
-	for _, v := range x {
-		if math.IsNaN(float64(v)) || math.IsInf(float64(v), 0) {
-			return true
-		}
-	}
-	return false
 }

@@ -256,18 +256,6 @@ func (t *Tensor) String() string {
 	return b.String()
 }
 
-// MustShape panics, naming both shapes, unless t has exactly the given shape
-// (-1 matches any size). It guards internal invariants, never user input.
-func MustShape(t *Tensor, shape ...int) {
-	ok := len(t.shape) == len(shape)
-	for i := 0; ok && i < len(shape); i++ {
-		ok = shape[i] == -1 || shape[i] == t.shape[i]
-	}
-	if !ok {
-		panic(fmt.Sprintf("tensor: %s has shape %v, want %v", t.Name, t.shape, shape))
-	}
-}
-
 // SameShape reports whether a and b have equal shapes.
 func SameShape(a, b []int) bool {
 	if len(a) != len(b) {

@@ -19,15 +19,3 @@ func FLOPsPerIteration(c gpt.Config, globalBatch, seqLen int) float64 {
 	S2 := float64(globalBatch) * float64(seqLen) * float64(seqLen)
 	return T*(6*h*f*e*L+6*(h*(q+2*k)+q*h)*L+6*h*V) + S2*6*q*L
 }
-
-// PaperFLOPsPerToken is the "6N + 12·L·d·T" count the PyTorch peer benchmark
-// (../shared/bench) uses for MFU, N = parameters without position
-// embeddings: (6N + 12·L·h·s) per token.
-func PaperFLOPsPerToken(m *gpt.Model, seqLen int) float64 {
-	n := m.NumParams()
-	if m.PosEmb != nil {
-		n -= m.PosEmb.Numel()
-	}
-	c := m.Config
-	return 6*float64(n) + 12*float64(c.NumLayers)*float64(c.HiddenSize)*float64(seqLen)
-}

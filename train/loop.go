@@ -220,10 +220,6 @@ func New(cfg Config, train, valid datagpt.Source) (*Trainer, error) {
 	return t, nil
 }
 
-// OptimParams exposes a model's parameters to package optim (creating
-// gradient buffers), with Megatron's no-weight-decay rule.
-func OptimParams(m *gpt.Model) []*optim.Param { return optimParams(m.Params()) }
-
 func optimParams(params []*tensor.Tensor) []*optim.Param {
 	var ps []*optim.Param
 	for _, p := range params {

@@ -10,7 +10,6 @@ import (
 
 	"github.com/gotron/gotron/comm"
 	"github.com/gotron/gotron/optim"
-	"github.com/gotron/gotron/parallel"
 	"github.com/gotron/gotron/parallel/ddp"
 )
 
@@ -209,6 +208,3 @@ func (t *Trainer) syncWaitSinceLog(iters int64) any {
 	t.lastSyncWait = w
 	return ms
 }
-
-// Parallel returns the run's groups (nil for a single process).
-func (t *Trainer) Parallel() *parallel.Groups { return t.par }

@@ -61,11 +61,6 @@ func Merge(whole, shard []float32, fullShape []int, s Style, rank, size int) {
 	moveShard(shard, whole, fullShape, s, rank, size, true)
 }
 
-// ShardShape is the shape of one rank's slice of a tensor of fullShape.
-func ShardShape(name string, fullShape []int, s Style, size int) ([]int, error) {
-	return shardShape(name, fullShape, s, size)
-}
-
 func shardShape(name string, shape []int, s Style, size int) ([]int, error) {
 	out := append([]int(nil), shape...)
 	switch s {
