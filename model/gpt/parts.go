@@ -6,8 +6,9 @@ import "github.com/gotron/gotron/tensor"
 // values, the part of the layer that differs most between runs: the fused
 // causal kernel in training (causalAttention), a KV cache in decoding
 // (attenderCore over an Attender); ring attention over a context-parallel
-// group would be another (context parallelism is not built yet). q is (b, t, heads, d), k and v are (b, t, query groups, d), RoPE
-// applied; it returns (b, t, heads, d). layer is the global layer index.
+// group would be another (context parallelism is not built yet). q is
+// (b, t, heads, d), k and v are (b, t, query groups, d), RoPE applied; it
+// returns (b, t, heads, d). layer is the global layer index.
 type AttentionCore interface {
 	Attend(tp *tensor.Tape, layer int, q, k, v *tensor.Tensor) *tensor.Tensor
 }
