@@ -405,14 +405,10 @@ func (t *Trainer) step(ctx context.Context) (float64, error) {
 		if t.ddp != nil && i == n-1 {
 			t.ddp.StartLastMicrobatch(t.cctx)
 		}
-		// MegatronPretrainingSampler: each micro-step takes mbs·DP
-		// consecutive samples; data-parallel rank r reads the r-th mbs.
-		start := t.Consumed + int64((i*dp+r)*mbs)
-		bt, err := makeBatch(t.train, start, mbs, t.cfg.SeqLength, t.Model.Config.VocabSize)
+		bt, err := t.trainBatch(i, mbs, dp, r)
 		if err != nil {
-			return 0, fmt.Errorf("train: iteration %d: %w", t.Iteration+1, err)
+			return 0, err
 		}
-		bt = batchTo(bt, t.cfg.Device)
 		// The tape carries the collectives' context; Backward returns the
 		// first failure of those run in forward or backward.
 		t.tape.SetContext(t.cctx)
@@ -553,6 +549,19 @@ func (t *Trainer) evaluate(src datagpt.Source, consumed *int64) (float64, error)
 		return math.NaN(), nil
 	}
 	return sum / float64(count), nil
+}
+
+// trainBatch is micro-step i's batch of data-parallel rank r of dp, mbs
+// samples, on the run's device, in MegatronPretrainingSampler's order: each
+// micro-step takes mbs·DP consecutive samples from the consumed count, and
+// rank r reads the r-th mbs of them.
+func (t *Trainer) trainBatch(i, mbs, dp, r int) (gpt.Batch, error) {
+	start := t.Consumed + int64((i*dp+r)*mbs)
+	bt, err := makeBatch(t.train, start, mbs, t.cfg.SeqLength, t.Model.Config.VocabSize)
+	if err != nil {
+		return gpt.Batch{}, fmt.Errorf("train: iteration %d: %w", t.Iteration+1, err)
+	}
+	return batchTo(bt, t.cfg.Device), nil
 }
 
 // makeBatch stacks samples [start, start+mbs) of src (wrapping around its

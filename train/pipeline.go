@@ -175,11 +175,9 @@ func (t *Trainer) pipelineStep(n, mbs, dp, r int) (float64, error) {
 	for i := range n {
 		// Every stage reads the micro-batches (tokens on the first, labels
 		// on the last, positions on all), from the same sample stream.
-		start := t.Consumed + int64((i*dp+r)*mbs)
-		if bts[i], err = makeBatch(t.train, start, mbs, t.cfg.SeqLength, t.Model.Config.VocabSize); err != nil {
-			return 0, fmt.Errorf("train: iteration %d: %w", t.Iteration+1, err)
+		if bts[i], err = t.trainBatch(i, mbs, dp, r); err != nil {
+			return 0, err
 		}
-		bts[i] = batchTo(bts[i], t.cfg.Device)
 	}
 	for _, rn := range t.runners {
 		rn.Batches = bts
