@@ -2,6 +2,7 @@ package tensor
 
 import (
 	"fmt"
+	"strings"
 	"sync/atomic"
 )
 
@@ -43,6 +44,9 @@ func ParseDevice(s string) (Device, error) {
 		return CPU, nil
 	case "sim":
 		return Sim, nil
+	}
+	if s == "cuda" || strings.HasPrefix(s, "cuda:") {
+		return CPU, fmt.Errorf("tensor: device %q: the CUDA backend is not built yet; want cpu or sim (sim: the simulated device, a development aid)", s)
 	}
 	return CPU, fmt.Errorf("tensor: device %q: want cpu or sim (sim: the simulated device, a development aid)", s)
 }
