@@ -182,6 +182,46 @@ type Backend interface {
 	VocabCrossEntropyPartials(partials, x, rowMax, targets *Tensor, start int)
 	VocabCrossEntropyLoss(loss, lse, partials, rowMax, mask *Tensor) float64
 	VocabCrossEntropyBackward(dx, x, lse, targets, mask, dloss *Tensor, den float64, start int)
+
+	// Memory, reductions and the tape's bookkeeping (cpu_backend_tape.go):
+	// the copies, clears, gradient accumulation and small reductions the
+	// ops, the tape and Copy/Zero run, so that no arithmetic or memory loop
+	// of package tensor touches device storage other than through here.
+	//
+	// Fill sets every element of the contiguous t (any dtype; v converted
+	// to it) to v: Zero, zeroed gradient buffers, the backward seed.
+	Fill(t *Tensor, v float32)
+	// CopyStrided copies src's elements, in row-major order, into dst (same
+	// dtype and element count): dst contiguous and src any view, or dst a
+	// view of src's shape and src contiguous. Both on the backend's device.
+	CopyStrided(dst, src *Tensor)
+	// ScatterAddStrided adds the dense float32 g into dst at the positions
+	// the view v (of a tensor whose storage has dst's geometry, at v's
+	// offset from its base) addresses: the gradient of a strided view.
+	ScatterAddStrided(dst, v, g *Tensor)
+	// SumAll writes the sum of x's elements (accumulated in float64, in
+	// order, rounded once) into out (1).
+	SumAll(out, x *Tensor)
+	// RowSum writes the float32 sum of each row of x (n, c) into out (n).
+	RowSum(out, x *Tensor)
+	// RowArgMax writes each row's maximum of x (n, c) into out (n) and its
+	// first index into the int32 arg (n).
+	RowArgMax(out, arg, x *Tensor)
+	// AddRowBroadcast adds g[r] to every element of row r of dx (n, c).
+	AddRowBroadcast(dx, g *Tensor)
+	// AddAtRowIndex adds g[r] to dx[r, arg[r]] (dx (n, c), int32 arg (n)).
+	AddAtRowIndex(dx, arg, g *Tensor)
+	// DropoutMask fills mask with 0 (probability p) or 1/(1-p) from the
+	// Philox stream at rng, as RNG.DropoutMask does (one block per four
+	// elements; the caller advances its RNG).
+	DropoutMask(mask *Tensor, p float32, rng RNGState)
+	// LossMaskMean writes the per-row weights w (n) (mask's, or 1 when mask
+	// is nil) and out (1) = Σ w·losses / Σ w (0 when Σ w <= 0), both sums
+	// in float64 in row order; it returns Σ w, read back to the host.
+	LossMaskMean(out, w, losses, mask *Tensor) float64
+	// LossMaskScale scales w by dout[0]/float32(den) (zeroes it when den
+	// <= 0): the per-row loss gradients of LossMaskMean.
+	LossMaskScale(w, dout *Tensor, den float64)
 }
 
 // backendFor returns the backend owning the storage of ts (nil entries

@@ -18,24 +18,14 @@ func Copy(dst, src *Tensor) {
 		panic("tensor: Copy into a strided view")
 	}
 	countTransfer(src.dev, dst.dev, src)
-	if !src.IsContiguous() {
-		if dst.offset == 0 {
-			copyStrided(dst, src) // writes from element 0 of dst's storage
-			return
-		}
-		src = src.Contiguous()
+	if src.dev != dst.dev {
+		// A transfer between the host and the simulated device: both are
+		// host memory, so the CPU's copy moves it (a CUDA backend's
+		// host-device copy goes here, as in ToDevice).
+		cpuBackend{}.CopyStrided(dst, src)
+		return
 	}
-	n, so, do := src.Numel(), src.offset, dst.offset
-	switch src.dtype {
-	case Float32:
-		copy(dst.f32[do:do+n], src.f32[so:so+n])
-	case BFloat16, Float16:
-		copy(dst.u16[do:do+n], src.u16[so:so+n])
-	case Int32:
-		copy(dst.i32[do:do+n], src.i32[so:so+n])
-	case Int64:
-		copy(dst.i64[do:do+n], src.i64[so:so+n])
-	}
+	backendFor(dst, src).CopyStrided(dst, src)
 }
 
 // Zero sets every element of the contiguous tensor t to zero. It records
@@ -44,15 +34,5 @@ func Zero(t *Tensor) {
 	if !t.IsContiguous() {
 		panic("tensor: Zero of a strided view")
 	}
-	n, o := t.Numel(), t.offset
-	switch t.dtype {
-	case Float32:
-		clear(t.f32[o : o+n])
-	case BFloat16, Float16:
-		clear(t.u16[o : o+n])
-	case Int32:
-		clear(t.i32[o : o+n])
-	case Int64:
-		clear(t.i64[o : o+n])
-	}
+	backendFor(t).Fill(t, 0)
 }

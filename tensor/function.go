@@ -86,7 +86,7 @@ func freshBuffer(fresh [][]float32, g *Tensor) int {
 // else, e.g. a communication buffer).
 func (tp *Tape) accumulate(x, g *Tensor) {
 	if d := tp.gradFor(x); d != nil {
-		axpy(d.f32s(), g.Contiguous().f32s(), 1)
+		backendFor(d, g).Axpy(d, 1, g.Contiguous())
 	}
 }
 

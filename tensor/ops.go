@@ -206,18 +206,12 @@ func (tp *Tape) Scale(x *Tensor, alpha float32) *Tensor {
 func (tp *Tape) Sum(x *Tensor) *Tensor {
 	x = tp.Contiguous(x)
 	out := tp.empty(x.dev, 1)
-	var s float64
-	for _, v := range x.f32s() {
-		s += float64(v)
-	}
-	out.f32[0] = float32(s)
+	be := backendFor(x)
+	be.SumAll(out, x)
 	if tp.recording(x) {
 		tp.record("sum", func(tp *Tape) {
-			g := tp.grad(out).f32[0]
-			d := tp.gradFor(x).f32s()
-			for i := range d {
-				d[i] += g
-			}
+			d := tp.gradFor(x)
+			be.AddRowBroadcast(d.view([]int{1, d.Numel()}, []int{d.Numel(), 1}, d.offset), tp.grad(out))
 		}, out)
 	}
 	return out
@@ -229,25 +223,11 @@ func (tp *Tape) Mean(x *Tensor) *Tensor { return tp.Scale(tp.Sum(x), 1/float32(x
 // SumLast reduces the last dim: (..., c) → (...).
 func (tp *Tape) SumLast(x *Tensor) *Tensor {
 	x = tp.Contiguous(x)
-	n, c := rowsCols(x)
 	out := tp.empty(x.dev, x.shape[:len(x.shape)-1]...)
-	xs, o := x.f32s(), out.f32
-	for r := range n {
-		var s float32
-		for _, v := range xs[r*c : (r+1)*c] {
-			s += v
-		}
-		o[r] = s
-	}
+	be := backendFor(x)
+	be.RowSum(out, x)
 	if tp.recording(x) {
-		tp.record("sum_last", func(tp *Tape) {
-			g, d := tp.grad(out).f32s(), tp.gradFor(x).f32s()
-			for r := range n {
-				for j := range c {
-					d[r*c+j] += g[r]
-				}
-			}
-		}, out)
+		tp.record("sum_last", func(tp *Tape) { be.AddRowBroadcast(tp.gradFor(x), tp.grad(out)) }, out)
 	}
 	return out
 }
@@ -256,27 +236,12 @@ func (tp *Tape) SumLast(x *Tensor) *Tensor {
 // gradient goes to the first maximal element of each row.
 func (tp *Tape) MaxLast(x *Tensor) *Tensor {
 	x = tp.Contiguous(x)
-	n, c := rowsCols(x)
 	out := tp.empty(x.dev, x.shape[:len(x.shape)-1]...)
-	arg := make([]int, n)
-	xs := x.f32s()
-	for r := range n {
-		best := 0
-		for j := 1; j < c; j++ {
-			if xs[r*c+j] > xs[r*c+best] {
-				best = j
-			}
-		}
-		arg[r] = best
-		out.f32[r] = xs[r*c+best]
-	}
+	arg := NewOn(x.dev, Int32, out.shape...)
+	be := backendFor(x)
+	be.RowArgMax(out, arg, x)
 	if tp.recording(x) {
-		tp.record("max_last", func(tp *Tape) {
-			g, d := tp.grad(out).f32s(), tp.gradFor(x).f32s()
-			for r := range n {
-				d[r*c+arg[r]] += g[r]
-			}
-		}, out)
+		tp.record("max_last", func(tp *Tape) { be.AddAtRowIndex(tp.gradFor(x), arg, tp.grad(out)) }, out)
 	}
 	return out
 }
@@ -407,9 +372,12 @@ func (tp *Tape) Dropout(x *Tensor, p float32, rng *RNG) *Tensor {
 	}
 	x = tp.Contiguous(x)
 	mask := tp.empty(x.dev, x.shape...)
-	rng.DropoutMask(mask.f32, p)
-	out := tp.empty(x.dev, x.shape...)
 	be := backendFor(x)
+	be.DropoutMask(mask, p, rng.State())
+	if p < 1 { // the stream moves one block per four elements
+		rng.offset += uint64((mask.Numel() + 3) / 4)
+	}
+	out := tp.empty(x.dev, x.shape...)
 	be.Mul(out, x, mask)
 	if tp.recording(x) {
 		tp.record("dropout", func(tp *Tape) {
@@ -509,33 +477,13 @@ func (tp *Tape) CrossEntropy(logits, targets *Tensor, o CrossEntropyOptions) *Te
 	be := backendFor(logits, targets, o.LossMask)
 	be.CrossEntropyForward(losses, lse, logits, targets, cfg)
 	w := tp.empty(logits.dev, n)
-	var den float64
-	for i := range w.f32 {
-		m := float32(1)
-		if o.LossMask != nil {
-			m = o.LossMask.f32s()[i]
-		}
-		w.f32[i] = m
-		den += float64(m)
-	}
 	out := tp.empty(logits.dev, 1)
-	var num float64
-	for i, l := range losses.f32 {
-		num += float64(l) * float64(w.f32[i])
-	}
-	if den > 0 {
-		out.f32[0] = float32(num / den)
-	}
+	// den (Σ mask) comes back to the host, a readback of one value: the
+	// backward's scale needs it.
+	den := be.LossMaskMean(out, w, losses, o.LossMask)
 	if tp.recording(logits) {
 		tp.record("cross_entropy", func(tp *Tape) {
-			g := tp.grad(out).f32[0]
-			for i := range w.f32 {
-				if den > 0 {
-					w.f32[i] *= g / float32(den)
-				} else {
-					w.f32[i] = 0
-				}
-			}
+			be.LossMaskScale(w, tp.grad(out), den)
 			// The kernel overwrites: give it a fresh buffer that becomes the
 			// gradient (no zeroing, no second (n, v) buffer).
 			tmp := tp.empty(logits.dev, logits.shape...)

@@ -46,7 +46,8 @@ func (tp *Tape) Contiguous(t *Tensor) *Tensor {
 		return t.Contiguous() // ids and masks: no gradient
 	}
 	out := tp.empty(t.dev, t.shape...)
-	copyStrided(out, t)
+	be := backendFor(t)
+	be.CopyStrided(out, t)
 	if tp.recording(t) {
 		src := t
 		tp.record("contiguous", func(tp *Tape) {
@@ -58,7 +59,7 @@ func (tp *Tape) Contiguous(t *Tensor) *Tensor {
 				panic("tensor: gradient through a strided view without a base")
 			}
 			bg := tp.gradFor(base)
-			scatterAddStrided(bg, src, g)
+			be.ScatterAddStrided(bg, src, g)
 		}, out)
 	}
 	return out
@@ -110,7 +111,7 @@ func (tp *Tape) stridedView(t *Tensor, shape, strides []int, offset int) *Tensor
 		// A dense view (e.g. narrowing the first dim) can be used directly by
 		// kernels; route its gradient into the base by offset.
 		tp.record("view", func(tp *Tape) {
-			scatterAddStrided(tp.gradFor(out.base), out, tp.grad(out))
+			backendFor(out).ScatterAddStrided(tp.gradFor(out.base), out, tp.grad(out))
 		}, out)
 	}
 	return out
@@ -153,33 +154,33 @@ func (tp *Tape) Concat(dim int, ts ...*Tensor) *Tensor {
 		shape[dim] += t.shape[dim]
 	}
 	out := tp.empty(ts[0].dev, shape...)
-	outer := numel(shape[:dim])
-	inner := numel(shape[dim+1:])
-	o := out.f32
+	be := backendFor(ts...)
+	// part returns the block of x (a tensor of out's shape) that input i
+	// fills: a strided view, dim narrowed to [pos, pos+size).
+	part := func(x *Tensor, pos, size int) *Tensor {
+		sh := append([]int(nil), shape...)
+		sh[dim] = size
+		return x.view(sh, contiguousStrides(shape), x.offset+pos*x.strides[dim])
+	}
 	pos := 0
 	dense := make([]*Tensor, len(ts))
 	for i, t := range ts {
 		dense[i] = tp.Contiguous(t)
-		w := t.shape[dim] * inner
-		src := dense[i].f32s()
-		for r := range outer {
-			copy(o[r*shape[dim]*inner+pos:], src[r*w:(r+1)*w])
-		}
-		pos += w
+		be.CopyStrided(part(out, pos, t.shape[dim]), dense[i])
+		pos += t.shape[dim]
 	}
 	if tp.recording(dense...) {
 		tp.record("concat", func(tp *Tape) {
-			g := tp.grad(out).f32s()
+			g := tp.grad(out)
 			pos := 0
 			for _, t := range dense {
-				w := t.shape[dim] * inner
 				if dg := tp.gradFor(t); dg != nil {
-					d := dg.f32s()
-					for r := range outer {
-						axpy(d[r*w:(r+1)*w], g[r*shape[dim]*inner+pos:r*shape[dim]*inner+pos+w], 1)
-					}
+					// Gather the block, then add it: dg += g's block.
+					blk := tp.empty(t.dev, t.shape...)
+					be.CopyStrided(blk, part(g, pos, t.shape[dim]))
+					be.Axpy(dg, 1, blk)
 				}
-				pos += w
+				pos += t.shape[dim]
 			}
 		}, out)
 	}

@@ -57,7 +57,8 @@ func (r *stridedRows) parallelRows(fn func(lo, hi int)) {
 	cpu.Parallel(r.nrows, max(1, grainElems/max(r.rowLen, 1)), fn)
 }
 
-// copyStrided copies src's elements into dense dst of the same shape.
+// copyStrided copies src's elements into dense dst of the same element
+// count (from dst's offset).
 func copyStrided(dst, src *Tensor) {
 	if src.Numel() == 0 {
 		return
@@ -66,7 +67,7 @@ func copyStrided(dst, src *Tensor) {
 	L, step := r.rowLen, r.step
 	r.parallelRows(func(lo, hi int) {
 		for i := lo; i < hi; i++ {
-			s, o := r.start(i), i*L
+			s, o := r.start(i), dst.offset+i*L
 			switch src.dtype {
 			case Float32:
 				gatherRun(dst.f32[o:o+L], src.f32, s, step)

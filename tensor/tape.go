@@ -229,7 +229,7 @@ func (tp *Tape) empty(dev Device, shape ...int) *Tensor {
 func (tp *Tape) zeros(dev Device, shape ...int) *Tensor {
 	t := tp.empty(dev, shape...)
 	if tp != nil {
-		clear(t.f32)
+		backendFor(t).Fill(t, 0)
 	}
 	return t
 }
@@ -253,8 +253,9 @@ func (tp *Tape) grad(t *Tensor) *Tensor {
 
 func (tp *Tape) newGradBuf(t *Tensor) gradRef {
 	buf := tp.arena.get(t.Numel())
-	clear(buf)
-	return gradRef{view: onDevice(FromFloat32(buf, t.shape...), t.dev), buf: &gradBuf{data: buf, refs: 1, owned: true}}
+	view := onDevice(FromFloat32(buf, t.shape...), t.dev)
+	backendFor(view).Fill(view, 0)
+	return gradRef{view: view, buf: &gradBuf{data: buf, refs: 1, owned: true}}
 }
 
 // gradFor returns t's gradient buffer for a kernel to accumulate (+=) into:
@@ -281,7 +282,7 @@ func (tp *Tape) gradFor(t *Tensor) *Tensor {
 		tp.grads[t] = g
 	case g.buf.refs > 1: // shared: copy before writing
 		c := tp.newGradBuf(t)
-		copy(c.buf.data, g.view.f32s())
+		backendFor(c.view).CopyStrided(c.view, g.view)
 		tp.dropRef(g)
 		g = c
 		tp.grads[t] = g
@@ -317,7 +318,8 @@ func (tp *Tape) passGrad(t, from *Tensor) {
 		tp.grads[t] = gradRef{view: onDevice(FromFloat32(g.buf.data, t.shape...), t.dev), buf: g.buf}
 		return
 	}
-	axpy(tp.gradFor(t).f32s(), g.view.f32s(), 1)
+	d := tp.gradFor(t)
+	backendFor(d).Axpy(d, 1, g.view)
 }
 
 // addGrad adds g (contiguous, t's number of elements) into t's gradient.
@@ -329,7 +331,8 @@ func (tp *Tape) addGrad(t, g *Tensor) {
 		tp.grads[t] = gradRef{view: onDevice(FromFloat32(g.f32s(), t.shape...), t.dev), buf: &gradBuf{data: g.f32s(), refs: 1}}
 		return
 	}
-	axpy(tp.gradFor(t).f32s(), g.f32s(), 1)
+	d := tp.gradFor(t)
+	backendFor(d, g).Axpy(d, 1, g)
 }
 
 // Backward runs the recorded steps in reverse from a scalar loss, seeding its
@@ -345,7 +348,7 @@ func (tp *Tape) Backward(loss *Tensor) error {
 		return fmt.Errorf("tensor: Backward from %v: want a scalar (use BackwardFrom with an output gradient)", loss.shape)
 	}
 	one := tp.empty(loss.dev, loss.shape...)
-	one.f32[0] = 1
+	backendFor(one).Fill(one, 1)
 	return tp.BackwardFrom([]*Tensor{loss}, []*Tensor{one})
 }
 

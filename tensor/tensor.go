@@ -276,8 +276,8 @@ func (t *Tensor) Contiguous() *Tensor {
 		return t
 	}
 	out := New(t.dtype, t.shape...)
-	copyStrided(out, t)
 	out.dev = t.dev
+	backendFor(t).CopyStrided(out, t)
 	return out
 }
 
@@ -290,8 +290,8 @@ func (t *Tensor) view(shape, strides []int, offset int) *Tensor {
 // Clone returns a dense copy of t with no autograd history.
 func (t *Tensor) Clone() *Tensor {
 	out := New(t.dtype, t.shape...)
-	copyStrided(out, t)
 	out.Name, out.dev = t.Name, t.dev
+	backendFor(t).CopyStrided(out, t)
 	return out
 }
 

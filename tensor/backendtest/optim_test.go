@@ -24,6 +24,31 @@ var listAndVocabChecks = map[string]func(tensor.Backend) error{
 	"VocabCrossEntropyBackward": CheckVocabCrossEntropy,
 }
 
+// memoryChecks are the checks of the memory, reduction and tape
+// bookkeeping methods, by method name.
+var memoryChecks = map[string]func(tensor.Backend) error{
+	"Fill":              CheckFill,
+	"CopyStrided":       CheckCopyStrided,
+	"ScatterAddStrided": CheckScatterAddStrided,
+	"SumAll":            CheckReductions,
+	"RowSum":            CheckReductions,
+	"RowArgMax":         CheckReductions,
+	"AddRowBroadcast":   CheckRowAdds,
+	"AddAtRowIndex":     CheckRowAdds,
+	"DropoutMask":       CheckDropoutMask,
+	"LossMaskMean":      CheckLossMask,
+	"LossMaskScale":     CheckLossMask,
+}
+
+func TestCPUMemoryConformance(t *testing.T) {
+	be := tensor.CPUBackend()
+	for name, check := range memoryChecks {
+		if err := check(be); err != nil {
+			t.Errorf("%s: %v", name, err)
+		}
+	}
+}
+
 func TestCPUListAndVocabConformance(t *testing.T) {
 	be := tensor.CPUBackend()
 	for name, check := range listAndVocabChecks {

@@ -11,7 +11,7 @@ import (
 // methodChecks returns every method-level check, by method name.
 func methodChecks() map[string]func(tensor.Backend) error {
 	all := map[string]func(tensor.Backend) error{}
-	for _, m := range []map[string]func(tensor.Backend) error{decodeChecks, listAndVocabChecks} {
+	for _, m := range []map[string]func(tensor.Backend) error{decodeChecks, listAndVocabChecks, memoryChecks} {
 		for name, check := range m {
 			all[name] = check
 		}
@@ -172,4 +172,59 @@ func (b strict) VocabCrossEntropyLoss(loss, lse, partials, rowMax, mask *tensor.
 func (b strict) VocabCrossEntropyBackward(dx, x, lse, targets, mask, dloss *tensor.Tensor, den float64, start int) {
 	b.on("VocabCrossEntropyBackward", dx, x, lse, targets, mask, dloss)
 	b.Backend.VocabCrossEntropyBackward(dx, x, lse, targets, mask, dloss, den, start)
+}
+
+func (b strict) Fill(t *tensor.Tensor, v float32) {
+	b.on("Fill", t)
+	b.Backend.Fill(t, v)
+}
+
+func (b strict) CopyStrided(dst, src *tensor.Tensor) {
+	b.on("CopyStrided", dst, src)
+	b.Backend.CopyStrided(dst, src)
+}
+
+func (b strict) ScatterAddStrided(dst, v, g *tensor.Tensor) {
+	b.on("ScatterAddStrided", dst, v, g)
+	b.Backend.ScatterAddStrided(dst, v, g)
+}
+
+func (b strict) SumAll(out, x *tensor.Tensor) {
+	b.on("SumAll", out, x)
+	b.Backend.SumAll(out, x)
+}
+
+func (b strict) RowSum(out, x *tensor.Tensor) {
+	b.on("RowSum", out, x)
+	b.Backend.RowSum(out, x)
+}
+
+func (b strict) RowArgMax(out, arg, x *tensor.Tensor) {
+	b.on("RowArgMax", out, arg, x)
+	b.Backend.RowArgMax(out, arg, x)
+}
+
+func (b strict) AddRowBroadcast(dx, g *tensor.Tensor) {
+	b.on("AddRowBroadcast", dx, g)
+	b.Backend.AddRowBroadcast(dx, g)
+}
+
+func (b strict) AddAtRowIndex(dx, arg, g *tensor.Tensor) {
+	b.on("AddAtRowIndex", dx, arg, g)
+	b.Backend.AddAtRowIndex(dx, arg, g)
+}
+
+func (b strict) DropoutMask(mask *tensor.Tensor, p float32, rng tensor.RNGState) {
+	b.on("DropoutMask", mask)
+	b.Backend.DropoutMask(mask, p, rng)
+}
+
+func (b strict) LossMaskMean(out, w, losses, mask *tensor.Tensor) float64 {
+	b.on("LossMaskMean", out, w, losses, mask)
+	return b.Backend.LossMaskMean(out, w, losses, mask)
+}
+
+func (b strict) LossMaskScale(w, dout *tensor.Tensor, den float64) {
+	b.on("LossMaskScale", w, dout)
+	b.Backend.LossMaskScale(w, dout, den)
 }
