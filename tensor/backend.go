@@ -77,8 +77,9 @@ func (p MatmulPrecision) String() string {
 }
 
 // Backend is the device-neutral kernel boundary: the ops of this package
-// reach arithmetic through it (the few loops that do not yet are listed in
-// the package comment). Arguments are tensors (which carry their storage),
+// reach arithmetic and device memory through it (what package tensor
+// still does on host storage is listed in docs/design/compute.md,
+// "Devices"). Arguments are tensors (which carry their storage),
 // so a device backend receives device buffers; shapes are checked by the
 // ops before the call. Backward kernels accumulate (+=) into input and
 // parameter gradients unless stated otherwise.
@@ -222,6 +223,10 @@ type Backend interface {
 	// LossMaskScale scales w by dout[0]/float32(den) (zeroes it when den
 	// <= 0): the per-row loss gradients of LossMaskMean.
 	LossMaskScale(w, dout *Tensor, den float64)
+	// Convert writes src's values into dst (contiguous, same element
+	// count, another dtype) as Tensor.To converts: float32 ↔ bfloat16 /
+	// float16 rounding to nearest even, ints ↔ float32 by value.
+	Convert(dst, src *Tensor)
 }
 
 // backendFor returns the backend owning the storage of ts (nil entries

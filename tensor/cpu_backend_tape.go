@@ -172,6 +172,37 @@ func (cpuBackend) LossMaskScale(w, dout *Tensor, den float64) {
 	}
 }
 
+func (cpuBackend) Convert(dst, src *Tensor) {
+	for i := range src.Numel() {
+		var v float32
+		switch src.dtype {
+		case Float32:
+			v = src.f32[src.offset+i]
+		case BFloat16:
+			v = BFloat16ToFloat32(src.u16[src.offset+i])
+		case Float16:
+			v = Float16ToFloat32(src.u16[src.offset+i])
+		case Int32:
+			v = float32(src.i32[src.offset+i])
+		case Int64:
+			v = float32(src.i64[src.offset+i])
+		}
+		o := dst.offset + i
+		switch dst.dtype {
+		case Float32:
+			dst.f32[o] = v
+		case BFloat16:
+			dst.u16[o] = Float32ToBFloat16(v)
+		case Float16:
+			dst.u16[o] = Float32ToFloat16(v)
+		case Int32:
+			dst.i32[o] = int32(v)
+		case Int64:
+			dst.i64[o] = int64(v)
+		}
+	}
+}
+
 // storeStrided copies dense src into the positions the strided view dst
 // addresses.
 func storeStrided(dst, src *Tensor) {

@@ -20,7 +20,7 @@ func (t *Tensor) MoveInto(dst *Tensor) error {
 	case dst.Numel() != t.Numel():
 		return fmt.Errorf("tensor: MoveInto %s: destination of %d values for %v (%d)", t.Name, dst.Numel(), t.shape, t.Numel())
 	}
-	copy(dst.f32s(), t.f32s())
+	backendFor(dst, t).CopyStrided(dst, t)
 	t.f32, t.offset = dst.f32, dst.offset
 	return nil
 }

@@ -514,7 +514,7 @@ func Param(name string, shape ...int) *Tensor {
 func ZeroGrad(params []*Tensor) {
 	for _, p := range params {
 		if p.Grad != nil {
-			clear(p.Grad.f32s())
+			backendFor(p.Grad).Fill(p.Grad, 0)
 		}
 	}
 }

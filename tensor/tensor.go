@@ -304,34 +304,7 @@ func (t *Tensor) To(dtype DType) *Tensor {
 	}
 	out := New(dtype, t.shape...)
 	out.dev = t.dev
-	n := t.Numel()
-	for i := range n {
-		var v float32
-		switch src.dtype {
-		case Float32:
-			v = src.f32[src.offset+i]
-		case BFloat16:
-			v = BFloat16ToFloat32(src.u16[src.offset+i])
-		case Float16:
-			v = Float16ToFloat32(src.u16[src.offset+i])
-		case Int32:
-			v = float32(src.i32[src.offset+i])
-		case Int64:
-			v = float32(src.i64[src.offset+i])
-		}
-		switch dtype {
-		case Float32:
-			out.f32[i] = v
-		case BFloat16:
-			out.u16[i] = Float32ToBFloat16(v)
-		case Float16:
-			out.u16[i] = Float32ToFloat16(v)
-		case Int32:
-			out.i32[i] = int32(v)
-		case Int64:
-			out.i64[i] = int64(v)
-		}
-	}
+	backendFor(src).Convert(out, src)
 	return out
 }
 

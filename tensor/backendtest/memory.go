@@ -307,3 +307,66 @@ func CheckLossMask(be tensor.Backend) error {
 	}
 	return nil
 }
+
+// CheckConvert checks be.Convert: float32 to bfloat16 and float16 (round to
+// nearest even, against tensor.Float32ToBFloat16 / Float32ToFloat16), back
+// to float32, and int32 ↔ float32, the int32 from a transposed view made dense.
+func CheckConvert(be tensor.Backend) error {
+	dev := be.Device()
+	const r, c = 3, 11
+	x := normals(r*c, 12, 1e3)
+	x[0], x[1], x[2] = 1e6, -7e4, float32(math.Copysign(0, -1))
+	src := onDevCopy(dev, x, r, c)
+	for _, dt := range []tensor.DType{tensor.BFloat16, tensor.Float16} {
+		h := tensor.NewOn(dev, dt, r, c)
+		be.Convert(h, src)
+		want := make([]uint16, r*c)
+		for i, v := range x {
+			if dt == tensor.BFloat16 {
+				want[i] = tensor.Float32ToBFloat16(v)
+			} else {
+				want[i] = tensor.Float32ToFloat16(v)
+			}
+		}
+		got := tensor.ToHost(h).Uint16s()
+		for i := range want {
+			if got[i] != want[i] {
+				return fmt.Errorf("float32 to %v: element %d = %#04x, want %#04x", dt, i, got[i], want[i])
+			}
+		}
+		back := tensor.ZerosOn(dev, r, c)
+		be.Convert(back, h)
+		wantBack := make([]float32, r*c)
+		for i, u := range want {
+			if dt == tensor.BFloat16 {
+				wantBack[i] = tensor.BFloat16ToFloat32(u)
+			} else {
+				wantBack[i] = tensor.Float16ToFloat32(u)
+			}
+		}
+		if err := sameBits(fmt.Sprintf("%v to float32", dt), host(back), wantBack); err != nil {
+			return err
+		}
+	}
+	ids := make([]int32, r*c)
+	for i := range ids {
+		ids[i] = int32(i*i*977 - 5000)
+	}
+	asF := tensor.ZerosOn(dev, c, r)
+	be.Convert(asF, noTape.Transpose(idsOn(dev, ids, r, c), 0, 1).Contiguous())
+	wantF := make([]float32, r*c)
+	for i := range wantF {
+		wantF[i] = float32(ids[i%r*c+i/r])
+	}
+	if err := sameBits("int32 to float32", host(asF), wantF); err != nil {
+		return err
+	}
+	asI := tensor.NewOn(dev, tensor.Int32, r, c)
+	be.Convert(asI, src)
+	for i, got := range hostIDs(asI) {
+		if got != int32(x[i]) {
+			return fmt.Errorf("float32 to int32: element %d = %d, want %d", i, got, int32(x[i]))
+		}
+	}
+	return nil
+}

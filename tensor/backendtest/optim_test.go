@@ -38,6 +38,7 @@ var memoryChecks = map[string]func(tensor.Backend) error{
 	"DropoutMask":       CheckDropoutMask,
 	"LossMaskMean":      CheckLossMask,
 	"LossMaskScale":     CheckLossMask,
+	"Convert":           CheckConvert,
 }
 
 func TestCPUMemoryConformance(t *testing.T) {

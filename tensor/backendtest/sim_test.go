@@ -228,3 +228,8 @@ func (b strict) LossMaskScale(w, dout *tensor.Tensor, den float64) {
 	b.on("LossMaskScale", w, dout)
 	b.Backend.LossMaskScale(w, dout, den)
 }
+
+func (b strict) Convert(dst, src *tensor.Tensor) {
+	b.on("Convert", dst, src)
+	b.Backend.Convert(dst, src)
+}
