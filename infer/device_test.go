@@ -90,7 +90,6 @@ func TestEngineOnSimMatchesCPU(t *testing.T) {
 	}
 }
 
-
 // paramBytes is the float32 size of ps.
 func paramBytes(ps []*tensor.Tensor) int64 {
 	var n int64

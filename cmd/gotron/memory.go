@@ -13,7 +13,6 @@ import (
 
 const memorySynopsis = "memory [train flags] --world-size N   (Megatron's theoretical memory report; nothing is allocated)"
 
-
 // memoryHelp lists the flags the report reads; the other gotron train
 // flags are accepted (a launch script's flags work unchanged) but not
 // listed.
