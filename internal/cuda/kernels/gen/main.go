@@ -1,0 +1,139 @@
+// Command gen compiles the CUDA kernel families of package kernels (every
+// *.cu file in the current directory) to PTX with nvcc, once per target
+// architecture:
+//
+//	go run ./gen -out ptx      (what go generate runs, from internal/cuda/kernels)
+//
+// writes <out>/sm_80/<family>.ptx and <out>/sm_90/<family>.ptx and removes
+// PTX files in those folders whose .cu file no longer exists. The flags are
+// fixed (see Flags) so that the committed PTX is reproducible: nvcc emits
+// the same PTX for the same source and compiler version.
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"log"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"sort"
+	"strings"
+	"sync"
+)
+
+// Archs are the virtual architectures gotron ships PTX for: sm_80 (A100,
+// and the driver JIT-compiles it for newer GPUs) and sm_90 (H100/H200).
+var Archs = []string{"sm_80", "sm_90"}
+
+// Flags are nvcc's options besides -arch. No --use_fast_math: the kernels
+// must round like the CPU backend's float32 code.
+var Flags = []string{"-ptx", "-O3", "-std=c++14"}
+
+func main() {
+	out := flag.String("out", "ptx", "folder to write <arch>/<family>.ptx into")
+	src := flag.String("src", ".", "folder holding the <family>.cu files")
+	flag.Parse()
+	log.SetFlags(0)
+	log.SetPrefix("kernels/gen: ")
+	if err := run(*src, *out); err != nil {
+		log.Fatal(err)
+	}
+}
+
+// nvccPath finds nvcc on PATH, then under $CUDA_HOME/bin and /usr/local/cuda/bin.
+func nvccPath() (string, error) {
+	if p, err := exec.LookPath("nvcc"); err == nil {
+		return p, nil
+	}
+	var dirs []string
+	if h := os.Getenv("CUDA_HOME"); h != "" {
+		dirs = append(dirs, filepath.Join(h, "bin"))
+	}
+	dirs = append(dirs, "/usr/local/cuda/bin")
+	for _, d := range dirs {
+		p := filepath.Join(d, "nvcc")
+		if st, err := os.Stat(p); err == nil && !st.IsDir() {
+			return p, nil
+		}
+	}
+	return "", errors.New("nvcc not found on PATH, in $CUDA_HOME/bin or in /usr/local/cuda/bin: install the CUDA toolkit (11.8 or newer) to regenerate the PTX")
+}
+
+func run(src, out string) error {
+	nvcc, err := nvccPath()
+	if err != nil {
+		return err
+	}
+	files, err := filepath.Glob(filepath.Join(src, "*.cu"))
+	if err != nil {
+		return err
+	}
+	if len(files) == 0 {
+		return fmt.Errorf("no .cu files in %s", src)
+	}
+	sort.Strings(files)
+	type job struct{ cu, arch, ptx string }
+	var jobs []job
+	want := map[string]bool{}
+	for _, arch := range Archs {
+		dir := filepath.Join(out, arch)
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			return err
+		}
+		for _, cu := range files {
+			fam := strings.TrimSuffix(filepath.Base(cu), ".cu")
+			ptx := filepath.Join(dir, fam+".ptx")
+			want[ptx] = true
+			jobs = append(jobs, job{cu, arch, ptx})
+		}
+	}
+	// nvcc is single-threaded: compile the files in parallel.
+	errs := make([]error, len(jobs))
+	sem := make(chan struct{}, runtime.NumCPU())
+	var wg sync.WaitGroup
+	for i, j := range jobs {
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer wg.Done()
+			defer func() { <-sem }()
+			errs[i] = compile(nvcc, j.cu, j.arch, j.ptx)
+		}()
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		return err
+	}
+	// Remove PTX of families whose .cu is gone.
+	for _, arch := range Archs {
+		old, err := filepath.Glob(filepath.Join(out, arch, "*.ptx"))
+		if err != nil {
+			return err
+		}
+		for _, p := range old {
+			if !want[p] {
+				if err := os.Remove(p); err != nil {
+					return err
+				}
+			}
+		}
+	}
+	return nil
+}
+
+// compile runs nvcc on cu for arch, writing ptx through a temporary file
+// so that a failed compile leaves the old PTX in place.
+func compile(nvcc, cu, arch, ptx string) error {
+	tmp := ptx + ".tmp"
+	args := append(append([]string(nil), Flags...), "-arch="+arch, "-o", tmp, cu)
+	cmd := exec.Command(nvcc, args...)
+	msg, err := cmd.CombinedOutput()
+	if err != nil {
+		os.Remove(tmp)
+		return fmt.Errorf("nvcc %s: %v\n%s", strings.Join(args, " "), err, msg)
+	}
+	return os.Rename(tmp, ptx)
+}

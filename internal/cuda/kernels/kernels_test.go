@@ -1,0 +1,160 @@
+package kernels
+
+import (
+	"bytes"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+)
+
+// TestPTXForEveryFamily: every .cu file has committed PTX for both
+// architectures, and PTX picks the folder by compute capability.
+func TestPTXForEveryFamily(t *testing.T) {
+	cus, err := filepath.Glob("*.cu")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(cus) == 0 {
+		t.Fatal("no .cu files")
+	}
+	var want []string
+	for _, cu := range cus {
+		want = append(want, strings.TrimSuffix(cu, ".cu"))
+	}
+	if got := Families(); strings.Join(got, " ") != strings.Join(want, " ") {
+		t.Fatalf("Families() = %v, want the .cu files' %v (run go generate ./internal/cuda/kernels)", got, want)
+	}
+	for _, cc := range []struct {
+		major, minor int
+		arch         string
+	}{{8, 0, "sm_80"}, {8, 6, "sm_80"}, {8, 9, "sm_80"}, {9, 0, "sm_90"}, {10, 0, "sm_90"}, {12, 0, "sm_90"}} {
+		ptx, err := PTX(cc.major, cc.minor)
+		if err != nil {
+			t.Fatalf("PTX(%d, %d): %v", cc.major, cc.minor, err)
+		}
+		for _, fam := range want {
+			if !bytes.Contains(ptx[fam], []byte(".target "+cc.arch)) {
+				t.Errorf("PTX(%d, %d)[%s] does not target %s", cc.major, cc.minor, fam, cc.arch)
+			}
+		}
+	}
+	if _, err := PTX(7, 5); err == nil || !strings.Contains(err.Error(), "compute capability 7.5 is older than the sm_80 PTX") {
+		t.Errorf("PTX(7, 5) error = %v, want one naming compute capability 7.5", err)
+	}
+}
+
+// TestKernelNamesPrefixed: every kernel of family f is named f_... (names
+// are looked up across all modules, so they must not collide).
+func TestKernelNamesPrefixed(t *testing.T) {
+	ptx, err := PTX(9, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	entry := regexp.MustCompile(`\.entry\s+([A-Za-z_][A-Za-z0-9_$]*)`)
+	seen := map[string]string{}
+	for fam, b := range ptx {
+		for _, m := range entry.FindAllSubmatch(b, -1) {
+			name := string(m[1])
+			if !strings.HasPrefix(name, fam+"_") {
+				t.Errorf("kernel %s of %s.cu is not prefixed %s_ (extern \"C\" missing?)", name, fam, fam)
+			}
+			if other, ok := seen[name]; ok {
+				t.Errorf("kernel %s is in both %s.cu and %s.cu", name, other, fam)
+			}
+			seen[name] = fam
+		}
+	}
+}
+
+// nvccVersion returns the "release X.Y, VX.Y.Z" of a PTX header or of
+// nvcc --version.
+var nvccRelease = regexp.MustCompile(`release \d+\.\d+, V[\d.]+`)
+
+// TestPTXUpToDate regenerates the PTX with the installed nvcc and compares
+// it with the committed files. PTX from another nvcc release differs
+// without being stale, so then it only checks that every file compiles.
+func TestPTXUpToDate(t *testing.T) {
+	nvcc, err := exec.LookPath("nvcc")
+	if err != nil {
+		t.Skip("nvcc not on PATH: cannot check that the committed PTX matches the .cu files")
+	}
+	ver, err := exec.Command(nvcc, "--version").Output()
+	if err != nil {
+		t.Fatalf("nvcc --version: %v", err)
+	}
+	installed := nvccRelease.Find(ver)
+	out := t.TempDir()
+	cmd := exec.Command("go", "run", "./gen", "-out", out)
+	if msg, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("go run ./gen -out %s: %v\n%s", out, err, msg)
+	}
+	for _, arch := range []string{"sm_80", "sm_90"} {
+		fresh, err := filepath.Glob(filepath.Join(out, arch, "*.ptx"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, p := range fresh {
+			name := filepath.Join("ptx", arch, filepath.Base(p))
+			got, err := os.ReadFile(p)
+			if err != nil {
+				t.Fatal(err)
+			}
+			committed, err := os.ReadFile(name)
+			if err != nil {
+				t.Errorf("%s: %v (run go generate ./internal/cuda/kernels)", name, err)
+				continue
+			}
+			if bytes.Equal(got, committed) {
+				continue
+			}
+			if made := nvccRelease.Find(committed); !bytes.Equal(made, installed) {
+				t.Logf("%s was made by nvcc %s, the installed one is %s: not compared", name, made, installed)
+				continue
+			}
+			t.Errorf("%s differs from what nvcc makes of %s.cu now: run go generate ./internal/cuda/kernels and commit the PTX", name, strings.TrimSuffix(filepath.Base(p), ".ptx"))
+		}
+	}
+}
+
+// TestPTXNoSpills assembles each sm_90 file with ptxas and fails on
+// register spills (local-memory traffic in a hot loop); it logs each
+// kernel's register count.
+func TestPTXNoSpills(t *testing.T) {
+	ptxas, err := exec.LookPath("ptxas")
+	if err != nil {
+		t.Skip("ptxas not on PATH: cannot check the kernels for register spills")
+	}
+	files, err := filepath.Glob(filepath.Join("ptx", "sm_90", "*.ptx"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	fn := regexp.MustCompile(`Compiling entry function '([^']+)'`)
+	spill := regexp.MustCompile(`(\d+) bytes spill stores, (\d+) bytes spill loads`)
+	regs := regexp.MustCompile(`Used (\d+) registers`)
+	for _, p := range files {
+		out, err := exec.Command(ptxas, "-arch=sm_90", "-v", "-o", os.DevNull, p).CombinedOutput()
+		if err != nil {
+			t.Errorf("ptxas %s: %v\n%s", p, err, out)
+			continue
+		}
+		var kernel string
+		var summary []string
+		for _, line := range strings.Split(string(out), "\n") {
+			if m := fn.FindStringSubmatch(line); m != nil {
+				kernel = m[1]
+			}
+			if m := spill.FindStringSubmatch(line); m != nil && (m[1] != "0" || m[2] != "0") {
+				t.Errorf("%s: kernel %s spills: %s", p, kernel, strings.TrimSpace(line))
+			}
+			if m := regs.FindStringSubmatch(line); m != nil {
+				n, _ := strconv.Atoi(m[1])
+				summary = append(summary, kernel+"="+strconv.Itoa(n))
+			}
+		}
+		t.Logf("%s registers: %s", filepath.Base(p), strings.Join(summary, " "))
+	}
+}
