@@ -267,7 +267,7 @@ func (t *Trainer) checkpointLayout() ckpt.Layout {
 // checkpointMeta is the checkpoint's metadata beside the tensors: samples,
 // arguments, RNG and scheduler state, the optimizer's kind and steps (ost).
 func (t *Trainer) checkpointMeta(ost optim.State) (ckpt.Meta, error) {
-	ra := RunArgs{Model: t.Model.Config, SeqLength: t.cfg.SeqLength, OptimizerKind: ost.Kind,
+	ra := RunArgs{Model: t.cfg.Model, SeqLength: t.cfg.SeqLength, OptimizerKind: ost.Kind,
 		OptimizerSteps: ost.Steps, NaNIterations: t.NaNIterations, CLI: t.cfg.Args, TPDropoutOffsets: t.tpOffsets, LossScaler: t.scalerState()}
 	if t.pipelined() {
 		ra.RankDropoutOffsets, ra.PipelineSize, ra.TensorSize = t.rankOffsets, t.ppSize(), max(t.par.Layout.Config.TP, 1)
@@ -306,7 +306,7 @@ func LoadModel(dir string) (*gpt.Model, RunArgs, error) {
 
 // loadWeights checks every parameter's name and shape and reads it whole
 // into m (the model group only: the optimizer state is not read).
-func loadWeights(m *gpt.Model, r *ckpt.Reader) error {
+func loadWeights(m Model, r *ckpt.Reader) error {
 	want := map[string]ckpt.Spec{}
 	for _, p := range m.Params() {
 		want[p.Name] = ckpt.Spec{DType: safetensors.F32, Shape: p.Shape()}
@@ -344,7 +344,7 @@ func (t *Trainer) load(root string) error {
 		return fmt.Errorf("train: --load: %w", err)
 	}
 	defer r.Close()
-	if err := checkCheckpointArgs(root, t.Model.Config, r.Meta.Args); err != nil {
+	if err := checkCheckpointArgs(root, t.cfg.Model, r.Meta.Args); err != nil {
 		return err
 	}
 	weightsOnly := !r.Has(ckpt.GroupOptimizer) && len(r.Meta.Scheduler) == 0

@@ -19,7 +19,12 @@ import (
 
 // Config is one training run. Field comments name the Megatron flag.
 type Config struct {
+	// Model is the model's configuration: its hyperparameters, checked
+	// and recorded in checkpoints.
 	Model gpt.Config
+	// Architecture builds and lays out the model (train/model.go); nil is
+	// GPT{Config: Model, Recompute: Recompute}.
+	Architecture Architecture
 
 	SeqLength       int   // --seq-length
 	MicroBatchSize  int   // --micro-batch-size

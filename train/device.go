@@ -23,7 +23,7 @@ func (t *Trainer) moveToDevice() {
 	if t.cfg.Device == tensor.CPU {
 		return
 	}
-	tensor.MoveParams(t.cfg.Device, t.Model.Params()...)
+	tensor.MoveParams(t.cfg.Device, t.model.Params()...)
 	tensor.MoveParams(t.cfg.Device, t.localParams()...)
 }
 

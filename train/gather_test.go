@@ -5,7 +5,6 @@ import (
 
 	"github.com/gotron/gotron/ckpt/safetensors"
 	"github.com/gotron/gotron/comm"
-	"github.com/gotron/gotron/model/gpt"
 	"github.com/gotron/gotron/parallel/tp"
 )
 
@@ -64,7 +63,7 @@ func (t *Trainer) gatherPipeline() error {
 	for r := 1; r < g.Size(); r++ {
 		// Rank 0 holds the whole model: the stages of rank r are views of
 		// the tensors to receive into.
-		stages, err := gpt.SplitStages(t.Model, t.cfg.pipelineSplit(), r)
+		stages, err := t.arch.SplitStages(t.model, t.cfg.pipelineSplit(), r)
 		if err != nil {
 			return err
 		}

@@ -41,7 +41,7 @@ func (t *Trainer) logIteration(loss float64) map[string]any {
 	}
 	perIter := now.Sub(t.lastLog).Seconds() / float64(iters)
 	gbs := t.mb.CurrentGlobalBatchSize()
-	flops := FLOPsPerIteration(t.Model.Config, gbs, cfg.SeqLength)
+	flops := FLOPsPerIteration(t.cfg.Model, gbs, cfg.SeqLength)
 	// Megatron's "throughput per GPU" divides by the world size; MFU is
 	// against each process's peak.
 	world := 1.0
@@ -171,7 +171,7 @@ func (p *progressBar) finish() {
 // printTheoreticalMemory prints Megatron's report_theoretical_memory lines
 // with the first log line (after the optimizer state exists).
 func (t *Trainer) printTheoreticalMemory() {
-	mc := MemoryConfig{Model: t.Model.Config, SeqLength: t.cfg.SeqLength, MicroBatchSize: t.cfg.MicroBatchSize, WorldSize: 1,
+	mc := MemoryConfig{Model: t.cfg.Model, SeqLength: t.cfg.SeqLength, MicroBatchSize: t.cfg.MicroBatchSize, WorldSize: 1,
 		NumMicrobatches: t.mb.Num()}
 	if p := t.par; p != nil {
 		l := p.Layout.Config

@@ -21,8 +21,13 @@ import (
 
 // Trainer holds one run's model, optimizer and position in the data.
 type Trainer struct {
-	cfg   Config
+	cfg Config
+	// Model is the model trained, when it is a GPT model (the default
+	// architecture), for callers that sample from it afterwards; nil
+	// otherwise. It is model's concrete value.
 	Model *gpt.Model
+	model Model        // this rank's model (its tensor-parallel slices)
+	arch  Architecture // how model was built and is laid out
 	opt   optim.Optimizer
 	sched *optim.Scheduler
 	mb    *optim.Microbatches
@@ -49,8 +54,8 @@ type Trainer struct {
 	snapshot    []float32             // its copy of this rank's shards, reused by the next
 	scaler      *optim.LossScaler     // --fp16's loss scaler; nil otherwise
 	overflow    bool                  // the last step was skipped for an fp16 gradient overflow
-	stages      []*gpt.Stage          // this pipeline rank's model chunks; nil without pipelining
-	runners     []*gpt.StageRunner    // the stages as the executor runs them
+	stages      []Stage               // this pipeline rank's model chunks; nil without pipelining
+	runners     []*stageRunner        // the stages as the executor runs them
 	execs       map[int]*pp.Executor  // pipeline executors by micro-batches per iteration
 	cctx        context.Context       // collectives' context: not cancelled by a signal, so every rank stops at the same iteration
 	stop        agreement             // the last iteration's agreed stop requests
@@ -136,7 +141,8 @@ func New(cfg Config, train, valid datagpt.Source) (*Trainer, error) {
 		}
 	}
 	root := tensor.NewRNG(uint64(cfg.Seed))
-	m, err := gpt.New(cfg.Model, root.Fork("init"))
+	t.arch = cfg.architecture()
+	m, err := t.arch.Build(root.Fork("init"))
 	if err != nil {
 		return nil, err
 	}
@@ -145,8 +151,8 @@ func New(cfg Config, train, valid datagpt.Source) (*Trainer, error) {
 			return nil, err
 		}
 	}
-	m.Recompute = cfg.Recompute
-	t.Model = m
+	t.model = m
+	t.Model, _ = m.(*gpt.Model)
 	t.rng = root.Fork("dropout")
 	if cfg.pipelineSplit().PP > 1 {
 		// Each pipeline stage draws its dropout masks from its own stream.
@@ -412,8 +418,8 @@ func (t *Trainer) step(ctx context.Context) (float64, error) {
 		// The tape carries the collectives' context; Backward returns the
 		// first failure of those run in forward or backward.
 		t.tape.SetContext(t.cctx)
-		logits := t.Model.Forward(t.tape, bt, t.rng, true)
-		loss := t.Model.Loss(t.tape, logits, bt)
+		logits := t.model.Forward(t.tape, bt, t.rng, true)
+		loss := t.model.Loss(t.tape, logits, bt)
 		if err := t.tape.Err(); err != nil {
 			return 0, fmt.Errorf("train: iteration %d: %w", t.Iteration+1, err)
 		}
@@ -433,7 +439,7 @@ func (t *Trainer) step(ctx context.Context) (float64, error) {
 	t.stop = g
 	loss := g.loss
 	gbs := int64(t.mb.CurrentRunningGlobalBatchSize())
-	t.FLOPsSoFar += FLOPsPerIteration(t.Model.Config, int(gbs), t.cfg.SeqLength)
+	t.FLOPsSoFar += FLOPsPerIteration(t.cfg.Model, int(gbs), t.cfg.SeqLength)
 	t.Iteration++
 	t.Consumed += gbs
 	t.lastLR = t.sched.LR()
@@ -506,7 +512,7 @@ func (t *Trainer) evaluate(src datagpt.Source, consumed *int64) (float64, error)
 	for range t.cfg.EvalIters {
 		for i := 0; i < gbs/(mbs*dp) && !failed; i++ {
 			start := (*consumed + int64(r*mbs)) % int64(max(src.Len(), 1))
-			bt, err := makeBatch(src, start, mbs, t.cfg.SeqLength, t.Model.Config.VocabSize)
+			bt, err := makeBatch(src, start, mbs, t.cfg.SeqLength, t.cfg.Model.VocabSize)
 			if err != nil {
 				t.printf("evaluation stopped: %v", err)
 				failed = true
@@ -520,7 +526,7 @@ func (t *Trainer) evaluate(src datagpt.Source, consumed *int64) (float64, error)
 			} else {
 				dbt := batchTo(bt, t.cfg.Device)
 				tp := t.noGradTape()
-				loss = scalar(t.Model.Loss(tp, t.Model.Forward(tp, dbt, nil, false), dbt))
+				loss = scalar(t.model.Loss(tp, t.model.Forward(tp, dbt, nil, false), dbt))
 				err := tp.Err()
 				tp.Reset()
 				if err != nil {
@@ -557,7 +563,7 @@ func (t *Trainer) evaluate(src datagpt.Source, consumed *int64) (float64, error)
 // rank r reads the r-th mbs of them.
 func (t *Trainer) trainBatch(i, mbs, dp, r int) (gpt.Batch, error) {
 	start := t.Consumed + int64((i*dp+r)*mbs)
-	bt, err := makeBatch(t.train, start, mbs, t.cfg.SeqLength, t.Model.Config.VocabSize)
+	bt, err := makeBatch(t.train, start, mbs, t.cfg.SeqLength, t.cfg.Model.VocabSize)
 	if err != nil {
 		return gpt.Batch{}, fmt.Errorf("train: iteration %d: %w", t.Iteration+1, err)
 	}

@@ -45,23 +45,59 @@ func (c *Config) pipelineSplit() gpt.PipelineSplit {
 }
 
 // splitStages keeps this pipeline rank's stages of the whole model m.
-func (t *Trainer) splitStages(m *gpt.Model) error {
-	stages, err := gpt.SplitStages(m, t.cfg.pipelineSplit(), t.par.PP.Rank())
+func (t *Trainer) splitStages(m Model) error {
+	stages, err := t.arch.SplitStages(m, t.cfg.pipelineSplit(), t.par.PP.Rank())
 	if err != nil {
 		return fmt.Errorf("train: %w", err)
 	}
 	t.stages = stages
-	for _, s := range stages {
-		t.runners = append(t.runners, &gpt.StageRunner{Stage: s, RNG: t.rng, Training: true})
+	for i, s := range stages {
+		t.runners = append(t.runners, &stageRunner{stage: s, chunk: i, rng: t.rng})
 	}
 	return nil
+}
+
+// stageRunner runs one of the rank's stages over a step's micro-batches
+// for the pipeline executor (parallel/pp.Stage): the failures of the
+// tensor-parallel collectives its stage runs are recorded on the tape,
+// which the executor checks. The trainer sets batches before each step;
+// every pipeline rank reads them (tokens on the first stage, labels and
+// loss mask on the last, positions and document ids on all).
+type stageRunner struct {
+	stage   Stage
+	chunk   int         // the stage's model chunk on this rank
+	rng     *tensor.RNG // dropout masks
+	batches []gpt.Batch // the step's micro-batches
+}
+
+// Forward runs micro-batch mb from in (nil on the first stage) and returns
+// the activation, or on the last stage the micro-batch's mean loss.
+func (r *stageRunner) Forward(tp *tensor.Tape, mb int, in *tensor.Tensor) (*tensor.Tensor, error) {
+	if mb < 0 || mb >= len(r.batches) {
+		return nil, fmt.Errorf("train: stage %d: micro-batch %d of %d", r.chunk, mb, len(r.batches))
+	}
+	bt := r.batches[mb]
+	out := r.stage.Forward(tp, in, bt, r.rng, true)
+	if r.stage.IsLast() {
+		out = r.stage.Loss(tp, out, bt)
+	}
+	return out, nil
+}
+
+// InputShape is the activation shape of micro-batch mb.
+func (r *stageRunner) InputShape(mb int) []int {
+	if mb < 0 || mb >= len(r.batches) {
+		return nil
+	}
+	tok := r.batches[mb].Tokens
+	return r.stage.ActivationShape(tok.Dim(0), tok.Dim(1))
 }
 
 // localParams are the parameters this rank trains: its stages' (the tied
 // embedding's copy included on the last stage), or the whole model's.
 func (t *Trainer) localParams() []*tensor.Tensor {
 	if !t.pipelined() {
-		return t.Model.Params()
+		return t.model.Params()
 	}
 	var ps []*tensor.Tensor
 	for _, s := range t.stages {
@@ -86,10 +122,7 @@ func (t *Trainer) NumLocalParams() int64 {
 // untied or on a middle stage).
 func (t *Trainer) sharedEmbedding() *tensor.Tensor {
 	if !t.pipelined() {
-		if t.Model.OutputLayer == nil {
-			return t.Model.WordEmb
-		}
-		return nil
+		return t.arch.TiedEmbedding(t.model)
 	}
 	for _, s := range t.stages {
 		if e := s.SharedEmbedding(); e != nil {
@@ -180,7 +213,7 @@ func (t *Trainer) pipelineStep(n, mbs, dp, r int) (float64, error) {
 		}
 	}
 	for _, rn := range t.runners {
-		rn.Batches = bts
+		rn.batches = bts
 	}
 	loss, err := e.Step(t.cctx)
 	if err != nil {
@@ -199,13 +232,13 @@ func (t *Trainer) pipelineEval(bt gpt.Batch) (float64, error) {
 	p, rank := g.Size(), g.Rank()
 	bt = batchTo(bt, t.cfg.Device)
 	var loss float64
-	for _, s := range t.stages {
+	for chunk, s := range t.stages {
 		var x *tensor.Tensor
 		if !s.IsFirst() {
 			// Received into host memory, then copied to the device.
 			x = tensor.Zeros(s.ActivationShape(bt.Tokens.Dim(0), bt.Tokens.Dim(1))...)
 			if err := g.Recv(t.cctx, comm.Float32s(x.Float32s()), (rank+p-1)%p); err != nil {
-				return 0, fmt.Errorf("train: evaluation: receive the activation of stage %d: %w", s.Chunk*p+rank, err)
+				return 0, fmt.Errorf("train: evaluation: receive the activation of stage %d: %w", chunk*p+rank, err)
 			}
 			x = x.ToDevice(t.cfg.Device)
 		}
@@ -216,7 +249,7 @@ func (t *Trainer) pipelineEval(bt gpt.Batch) (float64, error) {
 		}
 		if err := tp.Err(); err != nil {
 			tp.Reset()
-			return 0, fmt.Errorf("train: evaluation: stage %d: %w", s.Chunk*p+rank, err)
+			return 0, fmt.Errorf("train: evaluation: stage %d: %w", chunk*p+rank, err)
 		}
 		if s.IsLast() {
 			tp.Reset()
@@ -225,7 +258,7 @@ func (t *Trainer) pipelineEval(bt gpt.Batch) (float64, error) {
 		err := g.Send(t.cctx, comm.Float32s(hostValues(out.Contiguous())), (rank+1)%p)
 		tp.Reset()
 		if err != nil {
-			return 0, fmt.Errorf("train: evaluation: send the activation of stage %d: %w", s.Chunk*p+rank, err)
+			return 0, fmt.Errorf("train: evaluation: send the activation of stage %d: %w", chunk*p+rank, err)
 		}
 	}
 	return loss, nil
@@ -253,7 +286,7 @@ func (t *Trainer) reduceEmbeddingGrads(ctx context.Context) error {
 
 // ownedParams are the parameters of stages written to checkpoints: all but
 // the tied embedding's copy, in stage order.
-func ownedParams(stages []*gpt.Stage) []*tensor.Tensor {
+func ownedParams(stages []Stage) []*tensor.Tensor {
 	var out []*tensor.Tensor
 	for _, s := range stages {
 		for _, p := range s.Params() {
@@ -299,7 +332,7 @@ func (t *Trainer) restorePipelineDropout(ra RunArgs) {
 	l := t.par.Layout.Config
 	same := len(ra.RankDropoutOffsets) == t.par.World.Size() && ra.PipelineSize == l.PP && ra.TensorSize == max(l.TP, 1)
 	if !same {
-		if t.Model.Config.HiddenDropout > 0 || t.Model.Config.AttentionDropout > 0 {
+		if t.cfg.Model.HiddenDropout > 0 || t.cfg.Model.AttentionDropout > 0 {
 			t.printf("WARNING: the checkpoint's dropout streams were saved by another parallel layout: they start afresh")
 		}
 		return

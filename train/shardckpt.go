@@ -143,7 +143,7 @@ func (t *Trainer) dpWriters(params []*tensor.Tensor, withOptim int) map[string]i
 // (this rank's, as the optimizer keeps it) that this rank writes; their
 // data alias the live tensors (newSnapshot points them at a copy).
 func (t *Trainer) checkpointPieces(st *optim.State) ([]ckpt.Piece, error) {
-	owned := t.Model.Params()
+	owned := t.model.Params()
 	if t.pipelined() {
 		owned = ownedParams(t.stages)
 	}
@@ -421,14 +421,14 @@ func (t *Trainer) readOptimizerState(r *ckpt.Reader, st *optim.State) error {
 func (t *Trainer) expectTensors(r *ckpt.Reader, optimizer *optim.State) error {
 	unexpectedOK, logUnexpected := strictness(t.cfg.DistCkptStrictness)
 	want := map[string]ckpt.Spec{}
-	for _, p := range t.Model.Params() {
+	for _, p := range t.model.Params() {
 		want[p.Name] = ckpt.Spec{DType: safetensors.F32, Shape: t.fullShape(p.Name, p.Shape())}
 	}
 	err := r.Expect(ckpt.GroupModel, want, unexpectedOK)
 	if optimizer != nil && len(optimizer.Buffers) > 0 && err == nil {
 		wantOpt := map[string]ckpt.Spec{}
 		for _, kind := range stateKinds(*optimizer) {
-			for _, p := range t.Model.Params() {
+			for _, p := range t.model.Params() {
 				shape := t.fullShape(p.Name, p.Shape())
 				if r.Version < 2 {
 					shape = []int{numel(shape)} // format 1 stores optimizer buffers flat

@@ -6,7 +6,6 @@ import (
 	"strings"
 
 	"github.com/gotron/gotron/comm"
-	"github.com/gotron/gotron/model/gpt"
 	"github.com/gotron/gotron/optim"
 	"github.com/gotron/gotron/parallel/tp"
 	"github.com/gotron/gotron/tensor"
@@ -19,10 +18,10 @@ import (
 // and sliced when loading, so a checkpoint written at TP=N loads at any TP.
 
 // shardModel keeps this tensor-parallel rank's slices of the whole model.
-func (t *Trainer) shardModel(full *gpt.Model, root *tensor.RNG) (*gpt.Model, error) {
+func (t *Trainer) shardModel(full Model, root *tensor.RNG) (Model, error) {
 	p := t.par
 	t.region = &tp.Region{Group: p.TP, SequenceParallel: t.cfg.SequenceParallel}
-	t.plan = gpt.TPPlan(full.Config)
+	t.plan = t.arch.TPStyle
 	// Megatron's model-parallel RNG: a stream per tensor-parallel rank, for
 	// dropout on sequence shards. Attention dropout draws from the shared
 	// stream and keys its masks by global head (gpt.Model.coreAttention),
@@ -32,7 +31,7 @@ func (t *Trainer) shardModel(full *gpt.Model, root *tensor.RNG) (*gpt.Model, err
 		name = fmt.Sprintf("dropout-pp-rank-%d-tp-rank-%d", p.PP.Rank(), p.TP.Rank())
 	}
 	t.rankRNG = root.Fork(name)
-	return gpt.Parallelize(full, t.region, t.rankRNG)
+	return t.arch.Parallelize(full, t.region, t.rankRNG)
 }
 
 // gatherDropoutOffsets collects every TP rank's dropout stream position for
@@ -62,7 +61,7 @@ func (t *Trainer) restoreDropoutOffset(offsets []uint64) {
 		return
 	}
 	if len(offsets) != t.region.Size() {
-		if t.cfg.SequenceParallel && t.Model.Config.HiddenDropout > 0 {
+		if t.cfg.SequenceParallel && t.cfg.Model.HiddenDropout > 0 {
 			t.printf("WARNING: the checkpoint's per-rank dropout streams are for %d tensor-parallel ranks, not %d: they start afresh", len(offsets), t.region.Size())
 		}
 		return
