@@ -1,0 +1,470 @@
+// Fused scaled-dot-product attention (flash-attention style), float32 on
+// CUDA cores: the CUDA backend's AttentionForward and AttentionBackward.
+//
+// Layouts (row-major, contiguous), as internal/cpu.AttentionConfig:
+// q, out, dq, dout (B, T, HQ, D); k, v, dk, dv (B, T, HKV, D); lse and the
+// backward's delta (B, HQ, T); docs int32 (B, T) or null. Query head h reads
+// KV head h / (HQ / HKV).
+//
+// Semantics follow internal/cpu/attention*.go exactly: scores are
+// scale·(q·k); masked scores (causal j > i, other document) are -Inf; a row
+// with no allowed key gets out 0 and lse -Inf; lse is the log-sum-exp before
+// dropout; dropout multiplies the normalised probabilities by 0 or 1/(1-p)
+// with the keyed splitmix64 masks of internal/cpu/attention_dropout.go
+// (attnKeep), bit for bit the same masks.
+//
+// Schedule: every kernel gives each warp a few rows of one side (queries or
+// keys) and the 32 lanes the 32 entries of the other side, so scores live
+// one per lane and no T×T buffer exists. Tiles of q, k, v, dout sit in
+// static shared memory sized for the head dimension bound DMAX (64 or 128;
+// two instantiations), at most 48 KiB, so no launch attribute is needed.
+// The backward is two kernels with no atomics (deterministic): dq over query
+// tiles, dk and dv over key tiles, each recomputing the probabilities from
+// lse; delta_i = dout_i·out_i is a third, small kernel before them.
+//
+// Summation order differs from the CPU's (float32 rounding), so results agree
+// with the CPU backend within float tolerance, not bit for bit.
+
+#include <stdint.h>
+
+#define ATTN_FULL 0xffffffffu
+#define ATTN_GOLDEN 0x9E3779B97F4A7C15ull
+
+// attn_mix64 is splitmix64's output function (internal/cpu.mix64).
+__device__ __forceinline__ uint64_t attn_mix64(uint64_t z) {
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+// attn_row_key is internal/cpu.attnRowKey: the dropout key of query row i
+// of global head head in batch row b.
+__device__ __forceinline__ uint64_t attn_row_key(uint64_t seed, int b, int head, int i) {
+    uint64_t k = attn_mix64(seed + (uint64_t)(b + 1) * ATTN_GOLDEN);
+    k = attn_mix64(k + (uint64_t)(head + 1) * ATTN_GOLDEN);
+    return attn_mix64(k + (uint64_t)(i + 1) * ATTN_GOLDEN);
+}
+
+// attn_keep is the dropout multiplier of key j in the row keyed rowKey:
+// 0 when the key's 32-bit hash is below thr, else dscale (attnKeep: pair
+// j/2's 64-bit hash, low half for even j, high half for odd j).
+__device__ __forceinline__ float attn_keep(uint64_t rowKey, int j, uint32_t thr, float dscale) {
+    uint64_t x = attn_mix64(rowKey + (uint64_t)(j >> 1) * ATTN_GOLDEN);
+    uint32_t bits = (j & 1) ? (uint32_t)(x >> 32) : (uint32_t)x;
+    return bits >= thr ? dscale : 0.0f;
+}
+
+__device__ __forceinline__ float attn_warp_max(float x) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) x = fmaxf(x, __shfl_xor_sync(ATTN_FULL, x, o));
+    return x;
+}
+
+__device__ __forceinline__ float attn_warp_sum(float x) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(ATTN_FULL, x, o);
+    return x;
+}
+
+// attn_allowed is internal/cpu.attnAllowed for in-range i, j.
+__device__ __forceinline__ bool attn_allowed(int causal, int i, int j, int docI, int docJ) {
+    return !(causal && j > i) && docI == docJ;
+}
+
+// Tile shapes. Forward: 4 warps × 8 query rows = 32 queries per block,
+// 32 keys per tile (one per lane). Backward dq: 4 warps × 4 query rows = 16
+// queries, 32 keys per tile. Backward dk/dv: 4 warps × 4 keys = 16 keys,
+// 32 queries per tile (one per lane).
+#define ATTN_THREADS 128
+#define ATTN_FWD_ROWS 8
+#define ATTN_FWD_BQ 32
+#define ATTN_BK 32
+#define ATTN_DQ_ROWS 4
+#define ATTN_DQ_BQ 16
+#define ATTN_DKV_KEYS 4
+#define ATTN_DKV_BK 16
+#define ATTN_DKV_BQ 32
+
+// load_rows copies rows [r0, r0+n) (n <= cap) of a (rows of stride ld, D
+// used floats) into the compact (cap, D) tile s, zeros past nValid rows.
+__device__ __forceinline__ void attn_load_rows(float* s, const float* a, long long ld, int r0, int nValid, int cap, int D) {
+    for (int idx = threadIdx.x; idx < cap * D; idx += blockDim.x) {
+        int r = idx / D, d = idx - r * D;
+        s[idx] = r < nValid ? a[(long long)(r0 + r) * ld + d] : 0.0f;
+    }
+}
+
+// attn_fwd: grid (ceil(T/32), HQ, B), 128 threads.
+template <int DC>
+__device__ __forceinline__ void attn_fwd(float* out, float* lse, const float* q, const float* k, const float* v,
+                                         const int32_t* docs, int T, int HQ, int HKV, int D, float scale, int causal,
+                                         int dropout, uint32_t thr, float dscale, uint64_t seed, int firstHead,
+                                         float* Qs, float* Ks, float* Vs) {
+    const int qt = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int i0 = qt * ATTN_FWD_BQ;
+    const int g = h / (HQ / HKV);
+    const long long qs = (long long)HQ * D, kvs = (long long)HKV * D;
+    const float* qb = q + (long long)b * T * qs + (long long)h * D;
+    const float* kb = k + (long long)b * T * kvs + (long long)g * D;
+    const float* vb = v + (long long)b * T * kvs + (long long)g * D;
+
+    attn_load_rows(Qs, qb, qs, i0, min(ATTN_FWD_BQ, T - i0), ATTN_FWD_BQ, D);
+
+    float m[ATTN_FWD_ROWS], l[ATTN_FWD_ROWS], o[ATTN_FWD_ROWS][DC];
+    int docI[ATTN_FWD_ROWS];
+    uint64_t key[ATTN_FWD_ROWS];
+#pragma unroll
+    for (int rr = 0; rr < ATTN_FWD_ROWS; rr++) {
+        const int i = i0 + warp * ATTN_FWD_ROWS + rr;
+        m[rr] = -INFINITY;
+        l[rr] = 0.0f;
+#pragma unroll
+        for (int c = 0; c < DC; c++) o[rr][c] = 0.0f;
+        docI[rr] = (docs != nullptr && i < T) ? docs[(long long)b * T + i] : 0;
+        key[rr] = dropout ? attn_row_key(seed, b, firstHead + h, i) : 0;
+    }
+
+    const int jEnd = causal ? min(T, i0 + ATTN_FWD_BQ) : T;
+    for (int j0 = 0; j0 < jEnd; j0 += ATTN_BK) {
+        const int nk = min(ATTN_BK, T - j0);
+        __syncthreads(); // the previous tile is consumed (and Qs is loaded)
+        attn_load_rows(Ks, kb, kvs, j0, nk, ATTN_BK, D);
+        attn_load_rows(Vs, vb, kvs, j0, nk, ATTN_BK, D);
+        __syncthreads();
+
+        const int j = j0 + lane;
+        const int docJ = (docs != nullptr && j < T) ? docs[(long long)b * T + j] : 0;
+        float s[ATTN_FWD_ROWS];
+#pragma unroll
+        for (int rr = 0; rr < ATTN_FWD_ROWS; rr++) s[rr] = 0.0f;
+        // s = q_r·k_lane; each lane starts at its own column (bank-conflict free).
+        int dd = lane % D;
+        for (int t = 0; t < D; t++) {
+            const float kv = Ks[lane * D + dd];
+#pragma unroll
+            for (int rr = 0; rr < ATTN_FWD_ROWS; rr++) s[rr] += Qs[(warp * ATTN_FWD_ROWS + rr) * D + dd] * kv;
+            dd = dd + 1 == D ? 0 : dd + 1;
+        }
+#pragma unroll
+        for (int rr = 0; rr < ATTN_FWD_ROWS; rr++) {
+            const int i = i0 + warp * ATTN_FWD_ROWS + rr;
+            const bool ok = i < T && j < T && attn_allowed(causal, i, j, docI[rr], docJ);
+            const float sc = ok ? scale * s[rr] : -INFINITY;
+            const float mNew = fmaxf(m[rr], attn_warp_max(sc));
+            float p = 0.0f, alpha = 1.0f;
+            if (mNew != -INFINITY) { // warp-uniform: nothing allowed yet keeps P 0
+                p = expf(sc - mNew);
+                alpha = expf(m[rr] - mNew);
+            }
+            l[rr] = l[rr] * alpha + attn_warp_sum(p);
+            m[rr] = mNew;
+#pragma unroll
+            for (int c = 0; c < DC; c++) o[rr][c] *= alpha;
+            if (dropout && p != 0.0f) p *= attn_keep(key[rr], j, thr, dscale);
+            s[rr] = p;
+        }
+        // O += P·V: lane owns columns lane + 32c.
+        for (int jj = 0; jj < nk; jj++) {
+            float vv[DC];
+#pragma unroll
+            for (int c = 0; c < DC; c++) vv[c] = c * 32 + lane < D ? Vs[jj * D + c * 32 + lane] : 0.0f;
+#pragma unroll
+            for (int rr = 0; rr < ATTN_FWD_ROWS; rr++) {
+                const float pj = __shfl_sync(ATTN_FULL, s[rr], jj);
+#pragma unroll
+                for (int c = 0; c < DC; c++) o[rr][c] += pj * vv[c];
+            }
+        }
+    }
+
+#pragma unroll
+    for (int rr = 0; rr < ATTN_FWD_ROWS; rr++) {
+        const int i = i0 + warp * ATTN_FWD_ROWS + rr;
+        if (i >= T) continue;
+        float* ob = out + ((long long)b * T + i) * qs + (long long)h * D;
+        float inv = 0.0f, ls = -INFINITY;
+        if (l[rr] != 0.0f) {
+            inv = 1.0f / l[rr];
+            ls = m[rr] + (float)log((double)l[rr]);
+        }
+#pragma unroll
+        for (int c = 0; c < DC; c++)
+            if (c * 32 + lane < D) ob[c * 32 + lane] = o[rr][c] * inv;
+        if (lane == 0) lse[((long long)b * HQ + h) * T + i] = ls;
+    }
+}
+
+#define ATTN_FWD_KERNEL(NAME, DMAX)                                                                                  \
+    extern "C" __global__ void __launch_bounds__(ATTN_THREADS)                                                       \
+        NAME(float* out, float* lse, const float* q, const float* k, const float* v, const int32_t* docs, int T,     \
+             int HQ, int HKV, int D, float scale, int causal, int dropout, uint32_t thr, float dscale, uint64_t seed, \
+             int firstHead) {                                                                                        \
+        __shared__ float Qs[ATTN_FWD_BQ * DMAX];                                                                     \
+        __shared__ float Ks[ATTN_BK * DMAX];                                                                         \
+        __shared__ float Vs[ATTN_BK * DMAX];                                                                         \
+        attn_fwd<DMAX / 32>(out, lse, q, k, v, docs, T, HQ, HKV, D, scale, causal, dropout, thr, dscale, seed,       \
+                            firstHead, Qs, Ks, Vs);                                                                  \
+    }
+
+ATTN_FWD_KERNEL(attn_fwd_d64_f32, 64)
+ATTN_FWD_KERNEL(attn_fwd_d128_f32, 128)
+
+// attn_bwd_delta_f32 writes delta[b, h, i] = dout[b, i, h, :]·out[b, i, h, :]
+// (internal/cpu's D_i): one warp per (b, i, h) row, rows = B·T·HQ.
+extern "C" __global__ void attn_bwd_delta_f32(float* delta, const float* dout, const float* out, long long rows, int T,
+                                              int HQ, int D) {
+    const int lane = threadIdx.x & 31;
+    for (long long row = (long long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5); row < rows;
+         row += (long long)gridDim.x * (blockDim.x >> 5)) {
+        const float* a = dout + row * D;
+        const float* o = out + row * D;
+        float s = 0.0f;
+        for (int d = lane; d < D; d += 32) s += a[d] * o[d];
+        s = attn_warp_sum(s);
+        if (lane == 0) {
+            // row = (b*T + i)*HQ + h
+            const long long bt = row / HQ;
+            const int h = (int)(row - bt * HQ);
+            const long long b = bt / T;
+            const int i = (int)(bt - b * T);
+            delta[(b * HQ + h) * T + i] = s;
+        }
+    }
+}
+
+// attn_bwd_dq: grid (ceil(T/16), HQ, B), 128 threads. dq += Σ_j dS_ij k_j.
+template <int DC>
+__device__ __forceinline__ void attn_bwd_dq(float* dq, const float* dout, const float* q, const float* k, const float* v,
+                                            const float* lse, const float* delta, const int32_t* docs, int T, int HQ,
+                                            int HKV, int D, float scale, int causal, int dropout, uint32_t thr,
+                                            float dscale, uint64_t seed, int firstHead, float* Qs, float* Os, float* Ks,
+                                            float* Vs) {
+    const int qt = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int i0 = qt * ATTN_DQ_BQ;
+    const int g = h / (HQ / HKV);
+    const long long qs = (long long)HQ * D, kvs = (long long)HKV * D;
+    const long long qOff = (long long)b * T * qs + (long long)h * D;
+    const float* kb = k + (long long)b * T * kvs + (long long)g * D;
+    const float* vb = v + (long long)b * T * kvs + (long long)g * D;
+
+    attn_load_rows(Qs, q + qOff, qs, i0, min(ATTN_DQ_BQ, T - i0), ATTN_DQ_BQ, D);
+    attn_load_rows(Os, dout + qOff, qs, i0, min(ATTN_DQ_BQ, T - i0), ATTN_DQ_BQ, D);
+
+    float acc[ATTN_DQ_ROWS][DC], li[ATTN_DQ_ROWS], di[ATTN_DQ_ROWS];
+    int docI[ATTN_DQ_ROWS];
+    uint64_t key[ATTN_DQ_ROWS];
+#pragma unroll
+    for (int rr = 0; rr < ATTN_DQ_ROWS; rr++) {
+        const int i = i0 + warp * ATTN_DQ_ROWS + rr;
+#pragma unroll
+        for (int c = 0; c < DC; c++) acc[rr][c] = 0.0f;
+        const long long at = ((long long)b * HQ + h) * T + i;
+        li[rr] = i < T ? lse[at] : -INFINITY;
+        di[rr] = i < T ? delta[at] : 0.0f;
+        docI[rr] = (docs != nullptr && i < T) ? docs[(long long)b * T + i] : 0;
+        key[rr] = dropout ? attn_row_key(seed, b, firstHead + h, i) : 0;
+    }
+
+    const int jEnd = causal ? min(T, i0 + ATTN_DQ_BQ) : T;
+    for (int j0 = 0; j0 < jEnd; j0 += ATTN_BK) {
+        const int nk = min(ATTN_BK, T - j0);
+        __syncthreads();
+        attn_load_rows(Ks, kb, kvs, j0, nk, ATTN_BK, D);
+        attn_load_rows(Vs, vb, kvs, j0, nk, ATTN_BK, D);
+        __syncthreads();
+
+        const int j = j0 + lane;
+        const int docJ = (docs != nullptr && j < T) ? docs[(long long)b * T + j] : 0;
+        float s[ATTN_DQ_ROWS], dp[ATTN_DQ_ROWS];
+#pragma unroll
+        for (int rr = 0; rr < ATTN_DQ_ROWS; rr++) s[rr] = dp[rr] = 0.0f;
+        int dd = lane % D;
+        for (int t = 0; t < D; t++) {
+            const float kv = Ks[lane * D + dd], vv = Vs[lane * D + dd];
+#pragma unroll
+            for (int rr = 0; rr < ATTN_DQ_ROWS; rr++) {
+                const int r = warp * ATTN_DQ_ROWS + rr;
+                s[rr] += Qs[r * D + dd] * kv;
+                dp[rr] += Os[r * D + dd] * vv;
+            }
+            dd = dd + 1 == D ? 0 : dd + 1;
+        }
+        // dS = P*(Z*dP - D_i)*scale, P = exp(scale*s - lse) (0 where masked
+        // or the row has no allowed key).
+#pragma unroll
+        for (int rr = 0; rr < ATTN_DQ_ROWS; rr++) {
+            const int i = i0 + warp * ATTN_DQ_ROWS + rr;
+            const bool ok = i < T && j < T && li[rr] != -INFINITY && attn_allowed(causal, i, j, docI[rr], docJ);
+            const float p = ok ? expf(scale * s[rr] - li[rr]) : 0.0f;
+            float z = 1.0f;
+            if (dropout) z = attn_keep(key[rr], j, thr, dscale);
+            s[rr] = dropout ? p * (z * dp[rr] - di[rr]) * scale : p * (dp[rr] - di[rr]) * scale;
+        }
+        for (int jj = 0; jj < nk; jj++) {
+            float kv[DC];
+#pragma unroll
+            for (int c = 0; c < DC; c++) kv[c] = c * 32 + lane < D ? Ks[jj * D + c * 32 + lane] : 0.0f;
+#pragma unroll
+            for (int rr = 0; rr < ATTN_DQ_ROWS; rr++) {
+                const float ds = __shfl_sync(ATTN_FULL, s[rr], jj);
+#pragma unroll
+                for (int c = 0; c < DC; c++) acc[rr][c] += ds * kv[c];
+            }
+        }
+    }
+#pragma unroll
+    for (int rr = 0; rr < ATTN_DQ_ROWS; rr++) {
+        const int i = i0 + warp * ATTN_DQ_ROWS + rr;
+        if (i >= T) continue;
+        float* row = dq + qOff + (long long)i * qs;
+#pragma unroll
+        for (int c = 0; c < DC; c++)
+            if (c * 32 + lane < D) row[c * 32 + lane] += acc[rr][c];
+    }
+}
+
+#define ATTN_DQ_KERNEL(NAME, DMAX)                                                                                   \
+    extern "C" __global__ void __launch_bounds__(ATTN_THREADS)                                                       \
+        NAME(float* dq, const float* dout, const float* q, const float* k, const float* v, const float* lse,         \
+             const float* delta, const int32_t* docs, int T, int HQ, int HKV, int D, float scale, int causal,         \
+             int dropout, uint32_t thr, float dscale, uint64_t seed, int firstHead) {                                \
+        __shared__ float Qs[ATTN_DQ_BQ * DMAX];                                                                      \
+        __shared__ float Os[ATTN_DQ_BQ * DMAX];                                                                      \
+        __shared__ float Ks[ATTN_BK * DMAX];                                                                         \
+        __shared__ float Vs[ATTN_BK * DMAX];                                                                         \
+        attn_bwd_dq<DMAX / 32>(dq, dout, q, k, v, lse, delta, docs, T, HQ, HKV, D, scale, causal, dropout, thr,      \
+                               dscale, seed, firstHead, Qs, Os, Ks, Vs);                                             \
+    }
+
+ATTN_DQ_KERNEL(attn_bwd_dq_d64_f32, 64)
+ATTN_DQ_KERNEL(attn_bwd_dq_d128_f32, 128)
+
+// attn_bwd_dkv: grid (ceil(T/16), HKV, B), 128 threads. For the block's 16
+// keys of KV head g: dv += Σ_{h in group, i} P̃_ij dout_i and
+// dk += Σ dS_ij q_i, query heads in order, query tiles in order.
+template <int DC>
+__device__ __forceinline__ void attn_bwd_dkv(float* dk, float* dv, const float* dout, const float* q, const float* k,
+                                             const float* v, const float* lse, const float* delta,
+                                             const int32_t* docs, int T, int HQ, int HKV, int D, float scale,
+                                             int causal, int dropout, uint32_t thr, float dscale, uint64_t seed,
+                                             int firstHead, float* Ks, float* Vs, float* Qs, float* Os) {
+    const int kt = blockIdx.x, g = blockIdx.y, b = blockIdx.z;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int j0 = kt * ATTN_DKV_BK;
+    const int grp = HQ / HKV;
+    const long long qs = (long long)HQ * D, kvs = (long long)HKV * D;
+    const long long kvOff = (long long)b * T * kvs + (long long)g * D;
+
+    attn_load_rows(Ks, k + kvOff, kvs, j0, min(ATTN_DKV_BK, T - j0), ATTN_DKV_BK, D);
+    attn_load_rows(Vs, v + kvOff, kvs, j0, min(ATTN_DKV_BK, T - j0), ATTN_DKV_BK, D);
+
+    float dkAcc[ATTN_DKV_KEYS][DC], dvAcc[ATTN_DKV_KEYS][DC];
+    int docJ[ATTN_DKV_KEYS];
+#pragma unroll
+    for (int rk = 0; rk < ATTN_DKV_KEYS; rk++) {
+        const int j = j0 + warp * ATTN_DKV_KEYS + rk;
+#pragma unroll
+        for (int c = 0; c < DC; c++) dkAcc[rk][c] = dvAcc[rk][c] = 0.0f;
+        docJ[rk] = (docs != nullptr && j < T) ? docs[(long long)b * T + j] : 0;
+    }
+
+    const int iStart = causal ? j0 / ATTN_DKV_BQ * ATTN_DKV_BQ : 0;
+    for (int h = g * grp; h < (g + 1) * grp; h++) {
+        const long long qOff = (long long)b * T * qs + (long long)h * D;
+        for (int i0 = iStart; i0 < T; i0 += ATTN_DKV_BQ) {
+            const int nq = min(ATTN_DKV_BQ, T - i0);
+            __syncthreads(); // the previous tile is consumed (and Ks, Vs loaded)
+            attn_load_rows(Qs, q + qOff, qs, i0, nq, ATTN_DKV_BQ, D);
+            attn_load_rows(Os, dout + qOff, qs, i0, nq, ATTN_DKV_BQ, D);
+            __syncthreads();
+
+            const int i = i0 + lane;
+            const long long at = ((long long)b * HQ + h) * T + i;
+            const float li = i < T ? lse[at] : -INFINITY;
+            const float di = i < T ? delta[at] : 0.0f;
+            const int docI = (docs != nullptr && i < T) ? docs[(long long)b * T + i] : 0;
+            const uint64_t key = dropout ? attn_row_key(seed, b, firstHead + h, i) : 0;
+
+            float s[ATTN_DKV_KEYS], dp[ATTN_DKV_KEYS];
+#pragma unroll
+            for (int rk = 0; rk < ATTN_DKV_KEYS; rk++) s[rk] = dp[rk] = 0.0f;
+            int dd = lane % D;
+            for (int t = 0; t < D; t++) {
+                const float qv = Qs[lane * D + dd], ov = Os[lane * D + dd];
+#pragma unroll
+                for (int rk = 0; rk < ATTN_DKV_KEYS; rk++) {
+                    const int r = warp * ATTN_DKV_KEYS + rk;
+                    s[rk] += qv * Ks[r * D + dd];
+                    dp[rk] += ov * Vs[r * D + dd];
+                }
+                dd = dd + 1 == D ? 0 : dd + 1;
+            }
+            // s becomes P̃ = P*Z, dp becomes dS.
+#pragma unroll
+            for (int rk = 0; rk < ATTN_DKV_KEYS; rk++) {
+                const int j = j0 + warp * ATTN_DKV_KEYS + rk;
+                const bool ok = i < T && j < T && li != -INFINITY && attn_allowed(causal, i, j, docI, docJ[rk]);
+                const float p = ok ? expf(scale * s[rk] - li) : 0.0f;
+                if (dropout) {
+                    const float z = attn_keep(key, j, thr, dscale);
+                    dp[rk] = p * (z * dp[rk] - di) * scale;
+                    s[rk] = p * z;
+                } else {
+                    dp[rk] = p * (dp[rk] - di) * scale;
+                    s[rk] = p;
+                }
+            }
+            for (int ii = 0; ii < nq; ii++) {
+                float qv[DC], ov[DC];
+#pragma unroll
+                for (int c = 0; c < DC; c++) {
+                    const bool in = c * 32 + lane < D;
+                    qv[c] = in ? Qs[ii * D + c * 32 + lane] : 0.0f;
+                    ov[c] = in ? Os[ii * D + c * 32 + lane] : 0.0f;
+                }
+#pragma unroll
+                for (int rk = 0; rk < ATTN_DKV_KEYS; rk++) {
+                    const float pj = __shfl_sync(ATTN_FULL, s[rk], ii);
+                    const float ds = __shfl_sync(ATTN_FULL, dp[rk], ii);
+#pragma unroll
+                    for (int c = 0; c < DC; c++) {
+                        dvAcc[rk][c] += pj * ov[c];
+                        dkAcc[rk][c] += ds * qv[c];
+                    }
+                }
+            }
+        }
+    }
+#pragma unroll
+    for (int rk = 0; rk < ATTN_DKV_KEYS; rk++) {
+        const int j = j0 + warp * ATTN_DKV_KEYS + rk;
+        if (j >= T) continue;
+        float* dkr = dk + kvOff + (long long)j * kvs;
+        float* dvr = dv + kvOff + (long long)j * kvs;
+#pragma unroll
+        for (int c = 0; c < DC; c++) {
+            if (c * 32 + lane < D) {
+                dkr[c * 32 + lane] += dkAcc[rk][c];
+                dvr[c * 32 + lane] += dvAcc[rk][c];
+            }
+        }
+    }
+}
+
+#define ATTN_DKV_KERNEL(NAME, DMAX)                                                                                  \
+    extern "C" __global__ void __launch_bounds__(ATTN_THREADS)                                                       \
+        NAME(float* dk, float* dv, const float* dout, const float* q, const float* k, const float* v,                \
+             const float* lse, const float* delta, const int32_t* docs, int T, int HQ, int HKV, int D, float scale,  \
+             int causal, int dropout, uint32_t thr, float dscale, uint64_t seed, int firstHead) {                    \
+        __shared__ float Ks[ATTN_DKV_BK * DMAX];                                                                     \
+        __shared__ float Vs[ATTN_DKV_BK * DMAX];                                                                     \
+        __shared__ float Qs[ATTN_DKV_BQ * DMAX];                                                                     \
+        __shared__ float Os[ATTN_DKV_BQ * DMAX];                                                                     \
+        attn_bwd_dkv<DMAX / 32>(dk, dv, dout, q, k, v, lse, delta, docs, T, HQ, HKV, D, scale, causal, dropout, thr, \
+                                dscale, seed, firstHead, Ks, Vs, Qs, Os);                                            \
+    }
+
+ATTN_DKV_KERNEL(attn_bwd_dkv_d64_f32, 64)
+ATTN_DKV_KERNEL(attn_bwd_dkv_d128_f32, 128)
