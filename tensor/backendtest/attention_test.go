@@ -1,0 +1,30 @@
+package backendtest
+
+import (
+	"testing"
+
+	"github.com/gotron/gotron/tensor"
+)
+
+// TestAttentionConformance runs CheckAttention on the simulated device,
+// whose kernels are the CPU's: bit for bit.
+func TestAttentionConformance(t *testing.T) {
+	if err := CheckAttention(strict{tensor.SimBackend()}, 0); err != nil {
+		t.Error(err)
+	}
+}
+
+// TestCheckAttentionCatchesErrors: a backend whose dk is off by one ulp in
+// one element fails the check.
+func TestCheckAttentionCatchesErrors(t *testing.T) {
+	if err := CheckAttention(wrongAttn{tensor.SimBackend()}, 0); err == nil {
+		t.Error("CheckAttention passed a backend with a wrong dk")
+	}
+}
+
+type wrongAttn struct{ tensor.Backend }
+
+func (b wrongAttn) AttentionBackward(dq, dk, dv, dout, q, k, v, out, lse *tensor.Tensor, cfg tensor.AttentionConfig) {
+	b.Backend.AttentionBackward(dq, dk, dv, dout, q, k, v, out, lse, cfg)
+	nudge(dk)
+}
