@@ -19,20 +19,23 @@
 
 // view_offset returns the storage offset (in elements, from the view's
 // element 0) of the view's element with row-major index i.
-#define VIEW_OFFSET(off, i)                                                          \
-    long long off = 0;                                                               \
-    {                                                                                \
-        const long long sh[8] = {n0, n1, n2, n3, n4, n5, n6, n7};                    \
-        const long long st[8] = {s0, s1, s2, s3, s4, s5, s6, s7};                    \
-        long long rest = (i);                                                        \
-        _Pragma("unroll") for (int d = 7; d >= 0; d--) {                             \
-            if (sh[d] != 1) {                                                        \
-                long long q = rest / sh[d];                                          \
-                off += (rest - q * sh[d]) * st[d];                                   \
-                rest = q;                                                            \
-            }                                                                        \
-        }                                                                            \
+__host__ __device__ __forceinline__ long long view_offset(long long i, const long long sh[8], const long long st[8]) {
+    long long off = 0;
+#pragma unroll
+    for (int d = 7; d >= 0; d--) {
+        if (sh[d] != 1) {
+            const long long q = i / sh[d];
+            off += (i - q * sh[d]) * st[d];
+            i = q;
+        }
     }
+    return off;
+}
+
+#define VIEW_OFFSET(off, i)                                                 \
+    const long long sh[8] = {n0, n1, n2, n3, n4, n5, n6, n7};               \
+    const long long st[8] = {s0, s1, s2, s3, s4, s5, s6, s7};               \
+    const long long off = view_offset((i), sh, st);
 
 // dst[i] = src[view offset of i]: a strided view into a dense tensor.
 #define GATHER(name, T)                                                                               \

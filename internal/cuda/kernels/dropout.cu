@@ -9,7 +9,7 @@
 
 // philox4x32_10 is tensor.philox: ten rounds on the counter ctr with the
 // key bumped by the Weyl constants after each.
-__device__ __forceinline__ uint4 philox4x32_10(uint4 ctr, uint32_t k0, uint32_t k1) {
+__host__ __device__ __forceinline__ uint4 philox4x32_10(uint4 ctr, uint32_t k0, uint32_t k1) {
 #pragma unroll
     for (int round = 0; round < 10; round++) {
         const uint64_t p0 = (uint64_t)0xD2511F53u * ctr.x;
@@ -21,19 +21,23 @@ __device__ __forceinline__ uint4 philox4x32_10(uint4 ctr, uint32_t k0, uint32_t 
     return ctr;
 }
 
-// mask[4b+j] (j < 4) = 0 when word j of block offset+b is below thr (drop),
-// else keep: tensor.RNG.DropoutMask from state (key, offset), thr =
-// uint32(p·2³²) and keep = 1/(1-p) computed by the host as the CPU does.
+// dropout_block writes mask[4b+j] (j < 4, 4b+j < n): 0 when word j of
+// Philox block offset+b is below thr (dropped), else keep.
+__host__ __device__ __forceinline__ void dropout_block(float* mask, long long n, long long b, uint32_t k0, uint32_t k1, unsigned long long offset, uint32_t thr, float keep) {
+    const unsigned long long i = offset + (unsigned long long)b;
+    const uint4 w = philox4x32_10(make_uint4((uint32_t)i, (uint32_t)(i >> 32), 0u, 0u), k0, k1);
+    const uint32_t words[4] = {w.x, w.y, w.z, w.w};
+    const long long e = 4 * b;
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        if (e + j < n) mask[e + j] = words[j] < thr ? 0.0f : keep;
+    }
+}
+
+// tensor.RNG.DropoutMask from state (key, offset) over n elements, one
+// Philox block per 4; thr = uint32(p·2³²) and keep = 1/(1-p) computed by
+// the host as the CPU computes them.
 extern "C" __global__ void dropout_mask_f32(float* __restrict__ mask, long long n, unsigned int k0, unsigned int k1, unsigned long long offset, unsigned int thr, float keep) {
     const long long blocks = (n + 3) / 4;
-    GRID_STRIDE(b, blocks) {
-        const unsigned long long i = offset + (unsigned long long)b;
-        const uint4 w = philox4x32_10(make_uint4((uint32_t)i, (uint32_t)(i >> 32), 0u, 0u), k0, k1);
-        const uint32_t words[4] = {w.x, w.y, w.z, w.w};
-        const long long e = 4 * b;
-#pragma unroll
-        for (int j = 0; j < 4; j++) {
-            if (e + j < n) mask[e + j] = words[j] < thr ? 0.0f : keep;
-        }
-    }
+    GRID_STRIDE(b, blocks) { dropout_block(mask, n, b, k0, k1, offset, thr, keep); }
 }

@@ -5,6 +5,7 @@
 // differ. Element counts are 64-bit; loops are grid-stride.
 
 #include <stdint.h>
+#include <string.h>
 
 #define GRID_STRIDE(i, n) \
     for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < (n); i += (long long)gridDim.x * blockDim.x)
@@ -58,10 +59,32 @@ extern "C" __global__ void elem_fill_u64(unsigned long long* p, unsigned long lo
     GRID_STRIDE(i, n) { p[i] = v; }
 }
 
+// Bit casts that also compile for the host (tests run the conversions
+// there against internal/half).
+__host__ __device__ __forceinline__ uint32_t f32_bits(float f) {
+#ifdef __CUDA_ARCH__
+    return __float_as_uint(f);
+#else
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return u;
+#endif
+}
+
+__host__ __device__ __forceinline__ float f32_from_bits(uint32_t u) {
+#ifdef __CUDA_ARCH__
+    return __uint_as_float(u);
+#else
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+#endif
+}
+
 // The conversions of internal/half, bit for bit (integer arithmetic, so
 // NaN payloads, subnormals and ties come out as on the CPU).
-__device__ __forceinline__ uint16_t bf16_from_f32(float f) {
-    uint32_t b = __float_as_uint(f);
+__host__ __device__ __forceinline__ uint16_t bf16_from_f32(float f) {
+    uint32_t b = f32_bits(f);
     if ((b & 0x7FFFFFFFu) > 0x7F800000u) {  // NaN: keep sign and payload top, quiet
         return (uint16_t)((b >> 16) | 0x0040u);
     }
@@ -69,10 +92,10 @@ __device__ __forceinline__ uint16_t bf16_from_f32(float f) {
     return (uint16_t)(b >> 16);
 }
 
-__device__ __forceinline__ float f32_from_bf16(uint16_t h) { return __uint_as_float((uint32_t)h << 16); }
+__host__ __device__ __forceinline__ float f32_from_bf16(uint16_t h) { return f32_from_bits((uint32_t)h << 16); }
 
-__device__ __forceinline__ uint16_t f16_from_f32(float f) {
-    uint32_t b = __float_as_uint(f);
+__host__ __device__ __forceinline__ uint16_t f16_from_f32(float f) {
+    uint32_t b = f32_bits(f);
     uint32_t sign = (b >> 16) & 0x8000u;
     int exp = (int)((b >> 23) & 0xFFu);
     uint32_t mant = b & 0x7FFFFFu;
@@ -111,37 +134,37 @@ __device__ __forceinline__ uint16_t f16_from_f32(float f) {
     return (uint16_t)(sign | h);
 }
 
-__device__ __forceinline__ float f32_from_f16(uint16_t h) {
+__host__ __device__ __forceinline__ float f32_from_f16(uint16_t h) {
     uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
     uint32_t exp = ((uint32_t)h >> 10) & 0x1Fu;
     uint32_t mant = (uint32_t)h & 0x3FFu;
     if (exp == 0x1F) {
         if (mant != 0) {
-            return __uint_as_float(sign | 0x7F800000u | (mant << 13));
+            return f32_from_bits(sign | 0x7F800000u | (mant << 13));
         }
-        return __uint_as_float(sign | 0x7F800000u);
+        return f32_from_bits(sign | 0x7F800000u);
     }
     if (exp == 0) {
         if (mant == 0) {
-            return __uint_as_float(sign);
+            return f32_from_bits(sign);
         }
         float v = (float)mant * (1.0f / 16777216.0f);  // exact: mant·2⁻²⁴
         return sign ? -v : v;
     }
-    return __uint_as_float(sign | ((exp + 127 - 15) << 23) | (mant << 13));
+    return f32_from_bits(sign | ((exp + 127 - 15) << 23) | (mant << 13));
 }
 
 // Float to integer as Go's conversion on amd64 (CVTTSS2SI): truncation
 // toward zero, and the "integer indefinite" minimum for NaN or values out
 // of range (CUDA's cvt would saturate instead).
-__device__ __forceinline__ int i32_from_f32(float v) {
+__host__ __device__ __forceinline__ int i32_from_f32(float v) {
     if (!(v >= -2147483648.0f && v < 2147483648.0f)) {
         return (int)0x80000000u;
     }
     return (int)v;
 }
 
-__device__ __forceinline__ long long i64_from_f32(float v) {
+__host__ __device__ __forceinline__ long long i64_from_f32(float v) {
     if (!(v >= -9223372036854775808.0f && v < 9223372036854775808.0f)) {
         return (long long)0x8000000000000000ull;
     }
@@ -152,24 +175,27 @@ __device__ __forceinline__ long long i64_from_f32(float v) {
 // widens exactly (ints by value, rounded to nearest), the destination
 // narrows as tensor.Float32ToBFloat16/Float32ToFloat16, or truncates to
 // an integer. Both contiguous, n elements.
-extern "C" __global__ void elem_convert(void* dst, int dstType, const void* src, int srcType, long long n) {
-    GRID_STRIDE(i, n) {
-        float v = 0.0f;
-        switch (srcType) {
-        case DT_F32: v = ((const float*)src)[i]; break;
-        case DT_BF16: v = f32_from_bf16(((const uint16_t*)src)[i]); break;
-        case DT_F16: v = f32_from_f16(((const uint16_t*)src)[i]); break;
-        case DT_I32: v = __int2float_rn(((const int*)src)[i]); break;
-        case DT_I64: v = __ll2float_rn(((const long long*)src)[i]); break;
-        }
-        switch (dstType) {
-        case DT_F32: ((float*)dst)[i] = v; break;
-        case DT_BF16: ((uint16_t*)dst)[i] = bf16_from_f32(v); break;
-        case DT_F16: ((uint16_t*)dst)[i] = f16_from_f32(v); break;
-        case DT_I32: ((int*)dst)[i] = i32_from_f32(v); break;
-        case DT_I64: ((long long*)dst)[i] = i64_from_f32(v); break;
-        }
+// convert_one converts element i (tensor.Convert's loop body).
+__host__ __device__ __forceinline__ void convert_one(void* dst, int dstType, const void* src, int srcType, long long i) {
+    float v = 0.0f;
+    switch (srcType) {
+    case DT_F32: v = ((const float*)src)[i]; break;
+    case DT_BF16: v = f32_from_bf16(((const uint16_t*)src)[i]); break;
+    case DT_F16: v = f32_from_f16(((const uint16_t*)src)[i]); break;
+    case DT_I32: v = (float)((const int*)src)[i]; break;          // round to nearest
+    case DT_I64: v = (float)((const long long*)src)[i]; break;    // round to nearest
     }
+    switch (dstType) {
+    case DT_F32: ((float*)dst)[i] = v; break;
+    case DT_BF16: ((uint16_t*)dst)[i] = bf16_from_f32(v); break;
+    case DT_F16: ((uint16_t*)dst)[i] = f16_from_f32(v); break;
+    case DT_I32: ((int*)dst)[i] = i32_from_f32(v); break;
+    case DT_I64: ((long long*)dst)[i] = i64_from_f32(v); break;
+    }
+}
+
+extern "C" __global__ void elem_convert(void* dst, int dstType, const void* src, int srcType, long long n) {
+    GRID_STRIDE(i, n) { convert_one(dst, dstType, src, srcType, i); }
 }
 
 // sigmoid as internal/cpu's sigmoidOf: 1/(1+exp(-x)), exact 0 and 1 in

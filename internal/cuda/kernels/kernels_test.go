@@ -87,6 +87,17 @@ func TestPTXUpToDate(t *testing.T) {
 		t.Fatalf("nvcc --version: %v", err)
 	}
 	installed := nvccRelease.Find(ver)
+	// go run ./gen reads the .cu files in another process: read them here
+	// too, so that go test's cache notices when they change.
+	cus, err := filepath.Glob("*.cu")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, cu := range cus {
+		if _, err := os.ReadFile(cu); err != nil {
+			t.Fatal(err)
+		}
+	}
 	out := t.TempDir()
 	cmd := exec.Command("go", "run", "./gen", "-out", out)
 	if msg, err := cmd.CombinedOutput(); err != nil {
@@ -135,13 +146,14 @@ func TestPTXNoSpills(t *testing.T) {
 	fn := regexp.MustCompile(`Compiling entry function '([^']+)'`)
 	spill := regexp.MustCompile(`(\d+) bytes spill stores, (\d+) bytes spill loads`)
 	regs := regexp.MustCompile(`Used (\d+) registers`)
+	stack := regexp.MustCompile(`(\d+) bytes stack frame`)
 	for _, p := range files {
 		out, err := exec.Command(ptxas, "-arch=sm_90", "-v", "-o", os.DevNull, p).CombinedOutput()
 		if err != nil {
 			t.Errorf("ptxas %s: %v\n%s", p, err, out)
 			continue
 		}
-		var kernel string
+		var kernel, frame string
 		var summary []string
 		for _, line := range strings.Split(string(out), "\n") {
 			if m := fn.FindStringSubmatch(line); m != nil {
@@ -150,9 +162,17 @@ func TestPTXNoSpills(t *testing.T) {
 			if m := spill.FindStringSubmatch(line); m != nil && (m[1] != "0" || m[2] != "0") {
 				t.Errorf("%s: kernel %s spills: %s", p, kernel, strings.TrimSpace(line))
 			}
+			if m := stack.FindStringSubmatch(line); m != nil {
+				frame = m[1]
+			}
 			if m := regs.FindStringSubmatch(line); m != nil {
 				n, _ := strconv.Atoi(m[1])
-				summary = append(summary, kernel+"="+strconv.Itoa(n))
+				s := kernel + "=" + strconv.Itoa(n)
+				if frame != "" && frame != "0" {
+					s += "(stack " + frame + "B)" // local arrays: fine off the hot path
+				}
+				summary = append(summary, s)
+				frame = ""
 			}
 		}
 		t.Logf("%s registers: %s", filepath.Base(p), strings.Join(summary, " "))

@@ -1,0 +1,210 @@
+package kernels_test
+
+import (
+	"bufio"
+	"bytes"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/gotron/gotron/internal/half"
+	"github.com/gotron/gotron/tensor"
+)
+
+// The kernels' scalar helpers that must match Go bit for bit (dtype
+// conversions, the Philox dropout stream) are __host__ __device__: these
+// tests build testdata/hostcheck.cu for the host with nvcc and compare
+// its output with the Go code the kernels port. Without nvcc they skip.
+
+var hostcheck struct {
+	once sync.Once
+	dir  string
+	path string
+	err  error
+}
+
+// hostcheckBin builds testdata/hostcheck.cu once per test binary.
+func hostcheckBin(t *testing.T) string {
+	t.Helper()
+	nvcc, err := exec.LookPath("nvcc")
+	if err != nil {
+		t.Skip("nvcc not on PATH: cannot build testdata/hostcheck.cu to check the kernels' conversions and Philox stream")
+	}
+	// nvcc reads the sources, not the test binary: read them here too,
+	// so that go test's cache notices when they change.
+	for _, src := range []string{"testdata/hostcheck.cu", "elem.cu", "dropout.cu"} {
+		if _, err := os.ReadFile(src); err != nil {
+			t.Fatal(err)
+		}
+	}
+	hostcheck.once.Do(func() {
+		dir, err := os.MkdirTemp("", "gotron-hostcheck-")
+		if err != nil {
+			hostcheck.err = err
+			return
+		}
+		hostcheck.dir = dir
+		out := filepath.Join(dir, "hostcheck")
+		msg, err := exec.Command(nvcc, "-std=c++14", "-O2", "-o", out, filepath.Join("testdata", "hostcheck.cu")).CombinedOutput()
+		if err != nil {
+			hostcheck.err = fmt.Errorf("nvcc testdata/hostcheck.cu: %v\n%s", err, msg)
+			return
+		}
+		hostcheck.path = out
+	})
+	if hostcheck.err != nil {
+		t.Fatal(hostcheck.err)
+	}
+	return hostcheck.path
+}
+
+// runHostcheck runs the harness with args and stdin, returning its lines.
+func runHostcheck(t *testing.T, stdin string, args ...string) []string {
+	t.Helper()
+	cmd := exec.Command(hostcheckBin(t), args...)
+	cmd.Stdin = strings.NewReader(stdin)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("hostcheck %v: %v\n%s", args, err, stderr.String())
+	}
+	var lines []string
+	sc := bufio.NewScanner(bytes.NewReader(out))
+	for sc.Scan() {
+		lines = append(lines, sc.Text())
+	}
+	return lines
+}
+
+// TestHostWidening: every bfloat16 and float16 widens as internal/half.
+func TestHostWidening(t *testing.T) {
+	lines := runHostcheck(t, "", "half")
+	if len(lines) != 1<<16 {
+		t.Fatalf("hostcheck half printed %d lines, want 65536", len(lines))
+	}
+	for h, line := range lines {
+		want := fmt.Sprintf("%x %x", math.Float32bits(half.BFloat16(h).Float32()), math.Float32bits(half.Float16(h).Float32()))
+		if line != want {
+			t.Fatalf("16-bit %#04x widens to %s (bf16 f16 bits), internal/half gives %s", h, line, want)
+		}
+	}
+}
+
+// TestHostNarrowing: float32 → bfloat16, float16 (internal/half) and to
+// int32, int64 (Go's conversion on amd64) for special values, every
+// exponent and random bit patterns.
+func TestHostNarrowing(t *testing.T) {
+	bits := []uint32{0, 0x80000000, 0x7F800000, 0xFF800000, 0x7FC00000, 0x7F800001, 0xFFC12345, 0x7F7FFFFF,
+		0x477FE000, 0x477FF000, 0x477FEFFF, 0x33000000, 0x33000001, 0x387FC000, 0x38800000, 0x00000001,
+		0x3F808000, 0x3F818000, 0x3F800001, 0x4F000000, 0xCF000000, 0xCF000001, 0x5F000000, 0xDF000000, 0x4EFFFFFF}
+	rng := rand.New(rand.NewPCG(1, 2))
+	for e := range uint32(256) {
+		for range 64 {
+			bits = append(bits, e<<23|rng.Uint32()&0x807FFFFF)
+		}
+	}
+	// Exact ties of both roundings: bfloat16 (low 16 bits 0x8000) and
+	// float16, normal (low 13 bits 0x1000) and subnormal (the bits below
+	// the kept ones exactly half).
+	for e := uint32(100); e < 150; e++ {
+		for range 32 {
+			m := rng.Uint32()
+			bits = append(bits, e<<23|m&0x807F0000|0x8000, e<<23|m&0x807FE000|0x1000)
+			if e < 113 { // float16 subnormal: 14-(e-112) bits dropped
+				shift := uint32(14 - (int(e) - 112))
+				if shift < 24 {
+					bits = append(bits, e<<23|(m&0x807FFFFF)&^(1<<shift-1)|1<<(shift-1))
+				}
+			}
+		}
+	}
+	for range 100000 {
+		bits = append(bits, rng.Uint32())
+	}
+	var in strings.Builder
+	for _, b := range bits {
+		fmt.Fprintf(&in, "%x\n", b)
+	}
+	lines := runHostcheck(t, in.String(), "f32")
+	if len(lines) != len(bits) {
+		t.Fatalf("hostcheck f32 printed %d lines for %d values", len(lines), len(bits))
+	}
+	for i, b := range bits {
+		f := math.Float32frombits(b)
+		got := strings.Fields(lines[i])
+		if want := fmt.Sprintf("%x", uint16(half.BFloat16From(f))); got[0] != want {
+			t.Fatalf("float32 %#08x → bfloat16 %s, internal/half gives %s", b, got[0], want)
+		}
+		if want := fmt.Sprintf("%x", uint16(half.Float16From(f))); got[1] != want {
+			t.Fatalf("float32 %#08x → float16 %s, internal/half gives %s", b, got[1], want)
+		}
+		// Go leaves NaN and out-of-range conversions to the platform;
+		// the kernels do what amd64 does.
+		inRange32 := f >= -(1<<31) && f < 1<<31
+		inRange64 := f >= -(1<<63) && f < 1<<63
+		if inRange32 || runtime.GOARCH == "amd64" {
+			if want := fmt.Sprintf("%x", uint32(int32(f))); got[2] != want {
+				t.Fatalf("float32 %#08x (%v) → int32 %s, Go gives %s", b, f, got[2], want)
+			}
+		}
+		if inRange64 || runtime.GOARCH == "amd64" {
+			if want := fmt.Sprintf("%x", uint64(int64(f))); got[3] != want {
+				t.Fatalf("float32 %#08x (%v) → int64 %s, Go gives %s", b, f, got[3], want)
+			}
+		}
+	}
+}
+
+// TestHostDropoutMask: dropout.cu's Philox blocks give tensor.RNG's
+// DropoutMask bit for bit, across a 2³² block-counter carry, for lengths
+// that are not multiples of 4.
+func TestHostDropoutMask(t *testing.T) {
+	for _, c := range []struct {
+		key    [2]uint32
+		offset uint64
+		p      float32
+		n      int
+	}{
+		{[2]uint32{0, 0}, 0, 0.1, 1001},
+		{[2]uint32{0xDEADBEEF, 0x12345678}, 7, 0.5, 4096},
+		{[2]uint32{42, 0}, 1<<32 - 3, 0.3, 37},
+		{[2]uint32{0xFFFFFFFF, 0xFFFFFFFF}, 1<<63 + 5, 0.9, 18},
+		{[2]uint32{1, 2}, 3, 0, 12},
+	} {
+		r := tensor.NewRNG(0)
+		r.SetState(tensor.RNGState{Key: c.key, Offset: c.offset})
+		want := make([]float32, c.n)
+		r.DropoutMask(want, c.p)
+		// The host's share of tensor.cudaBackend.DropoutMask.
+		keep := 1 / (1 - c.p)
+		thr := uint32(float64(c.p) * (1 << 32))
+		lines := runHostcheck(t, "", "dropout", strconv.FormatUint(uint64(c.key[0]), 10), strconv.FormatUint(uint64(c.key[1]), 10),
+			strconv.FormatUint(c.offset, 10), strconv.FormatUint(uint64(thr), 10), strconv.FormatUint(uint64(math.Float32bits(keep)), 10), strconv.Itoa(c.n))
+		if len(lines) != c.n {
+			t.Fatalf("hostcheck dropout printed %d values, want %d", len(lines), c.n)
+		}
+		for i, line := range lines {
+			if want := fmt.Sprintf("%x", math.Float32bits(want[i])); line != want {
+				t.Fatalf("key %x offset %d p %v: mask[%d] bits %s, tensor.RNG gives %s", c.key, c.offset, c.p, i, line, want)
+			}
+		}
+	}
+}
+
+// TestMain removes the harness's build folder after the tests.
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if hostcheck.dir != "" {
+		os.RemoveAll(hostcheck.dir)
+	}
+	os.Exit(code)
+}

@@ -1,0 +1,45 @@
+// hostcheck runs the kernels' __host__ __device__ helpers on the host, for
+// TestHost* (hostcheck_test.go) to compare with the Go code they port:
+// internal/half's conversions, Go's float-to-int conversion, and
+// tensor.RNG's Philox dropout mask. Built by the test with nvcc.
+//
+//	hostcheck f32 < hex float32 bits, one a line → "bf16 f16 i32 i64" in hex
+//	hostcheck half         → for each 16-bit h: the float32 bits of bf16 h and f16 h
+//	hostcheck dropout k0 k1 offset thr keepbits n → n mask values' bits
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../elem.cu"
+#include "../dropout.cu"
+
+int main(int argc, char** argv) {
+    if (argc < 2) return 2;
+    if (strcmp(argv[1], "f32") == 0) {
+        unsigned int u;
+        while (scanf("%x", &u) == 1) {
+            float f = f32_from_bits(u);
+            printf("%x %x %x %llx\n", (unsigned)bf16_from_f32(f), (unsigned)f16_from_f32(f), (unsigned)i32_from_f32(f), (unsigned long long)i64_from_f32(f));
+        }
+        return 0;
+    }
+    if (strcmp(argv[1], "half") == 0) {
+        for (unsigned h = 0; h < 65536; h++) {
+            printf("%x %x\n", f32_bits(f32_from_bf16((uint16_t)h)), f32_bits(f32_from_f16((uint16_t)h)));
+        }
+        return 0;
+    }
+    if (strcmp(argv[1], "dropout") == 0 && argc == 8) {
+        uint32_t k0 = (uint32_t)strtoul(argv[2], 0, 0), k1 = (uint32_t)strtoul(argv[3], 0, 0);
+        unsigned long long offset = strtoull(argv[4], 0, 0);
+        uint32_t thr = (uint32_t)strtoul(argv[5], 0, 0);
+        float keep = f32_from_bits((uint32_t)strtoul(argv[6], 0, 0));
+        long long n = strtoll(argv[7], 0, 0);
+        float* mask = (float*)calloc(n + 4, sizeof(float));
+        for (long long b = 0; b < (n + 3) / 4; b++) dropout_block(mask, n, b, k0, k1, offset, thr, keep);
+        for (long long i = 0; i < n; i++) printf("%x\n", f32_bits(mask[i]));
+        return 0;
+    }
+    return 2;
+}
