@@ -8,6 +8,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 )
 
@@ -78,6 +79,7 @@ var nvccRelease = regexp.MustCompile(`release \d+\.\d+, V[\d.]+`)
 // it with the committed files. PTX from another nvcc release differs
 // without being stale, so then it only checks that every file compiles.
 func TestPTXUpToDate(t *testing.T) {
+	t.Parallel() // nvcc and ptxas are slow: let the two overlap
 	nvcc, err := exec.LookPath("nvcc")
 	if err != nil {
 		t.Skip("nvcc not on PATH: cannot check that the committed PTX matches the .cu files")
@@ -135,6 +137,7 @@ func TestPTXUpToDate(t *testing.T) {
 // register spills (local-memory traffic in a hot loop); it logs each
 // kernel's register count.
 func TestPTXNoSpills(t *testing.T) {
+	t.Parallel()
 	ptxas, err := exec.LookPath("ptxas")
 	if err != nil {
 		t.Skip("ptxas not on PATH: cannot check the kernels for register spills")
@@ -147,8 +150,17 @@ func TestPTXNoSpills(t *testing.T) {
 	spill := regexp.MustCompile(`(\d+) bytes spill stores, (\d+) bytes spill loads`)
 	regs := regexp.MustCompile(`Used (\d+) registers`)
 	stack := regexp.MustCompile(`(\d+) bytes stack frame`)
-	for _, p := range files {
-		out, err := exec.Command(ptxas, "-arch=sm_90", "-v", "-o", os.DevNull, p).CombinedOutput()
+	outs := make([][]byte, len(files))
+	errs := make([]error, len(files))
+	var wg sync.WaitGroup
+	for i, p := range files {
+		wg.Go(func() {
+			outs[i], errs[i] = exec.Command(ptxas, "-arch=sm_90", "-v", "-o", os.DevNull, p).CombinedOutput()
+		})
+	}
+	wg.Wait()
+	for i, p := range files {
+		out, err := outs[i], errs[i]
 		if err != nil {
 			t.Errorf("ptxas %s: %v\n%s", p, err, out)
 			continue
