@@ -18,7 +18,7 @@
 #define DT_I64 4
 
 // out = a + b, b's nb elements repeating along a's leading dims.
-extern "C" __global__ void elem_add_f32(float* __restrict__ out, const float* __restrict__ a, const float* __restrict__ b, long long n, long long nb) {
+extern "C" __global__ void elem_add_f32(float* out, const float* a, const float* b, long long n, long long nb) {
     if (nb == n) {
         GRID_STRIDE(i, n) { out[i] = a[i] + b[i]; }
     } else {
@@ -27,7 +27,7 @@ extern "C" __global__ void elem_add_f32(float* __restrict__ out, const float* __
 }
 
 // out = a * b, broadcast as elem_add_f32.
-extern "C" __global__ void elem_mul_f32(float* __restrict__ out, const float* __restrict__ a, const float* __restrict__ b, long long n, long long nb) {
+extern "C" __global__ void elem_mul_f32(float* out, const float* a, const float* b, long long n, long long nb) {
     if (nb == n) {
         GRID_STRIDE(i, n) { out[i] = a[i] * b[i]; }
     } else {
@@ -36,7 +36,7 @@ extern "C" __global__ void elem_mul_f32(float* __restrict__ out, const float* __
 }
 
 // y += alpha * x.
-extern "C" __global__ void elem_axpy_f32(float* __restrict__ y, float alpha, const float* __restrict__ x, long long n) {
+extern "C" __global__ void elem_axpy_f32(float* y, float alpha, const float* x, long long n) {
     GRID_STRIDE(i, n) { y[i] += alpha * x[i]; }
 }
 
@@ -217,7 +217,7 @@ extern "C" __global__ void elem_gelu_tanh_fwd_f32(float* out, const float* x, lo
 }
 
 // dx += dout·(s + 2x·s(1-s)·sqrt(2/π)(1+3·0.044715x²)).
-extern "C" __global__ void elem_gelu_tanh_bwd_f32(float* __restrict__ dx, const float* __restrict__ dout, const float* __restrict__ x, long long n) {
+extern "C" __global__ void elem_gelu_tanh_bwd_f32(float* dx, const float* dout, const float* x, long long n) {
     GRID_STRIDE(i, n) {
         float v = x[i];
         float s = sigmoid_f32(GELU_TANH_2K * (v + 0.044715f * v * v * v));
@@ -234,7 +234,7 @@ extern "C" __global__ void elem_gelu_erf_fwd_f32(float* out, const float* x, lon
 }
 
 // dx += dout·(Φ(x) + x·φ(x)), the derivative in float64.
-extern "C" __global__ void elem_gelu_erf_bwd_f32(float* __restrict__ dx, const float* __restrict__ dout, const float* __restrict__ x, long long n) {
+extern "C" __global__ void elem_gelu_erf_bwd_f32(float* dx, const float* dout, const float* x, long long n) {
     GRID_STRIDE(i, n) {
         double v = (double)x[i];
         double g = 0.5 * (1.0 + erf(v / 1.4142135623730951)) + v * 0.3989422804014327 * exp(-0.5 * v * v);
@@ -251,7 +251,7 @@ extern "C" __global__ void elem_silu_fwd_f32(float* out, const float* x, long lo
 }
 
 // dx += dout·σ(x)(1 + x(1-σ(x))).
-extern "C" __global__ void elem_silu_bwd_f32(float* __restrict__ dx, const float* __restrict__ dout, const float* __restrict__ x, long long n) {
+extern "C" __global__ void elem_silu_bwd_f32(float* dx, const float* dout, const float* x, long long n) {
     GRID_STRIDE(i, n) {
         float v = x[i];
         float s = sigmoid_f32(v);
@@ -261,7 +261,7 @@ extern "C" __global__ void elem_silu_bwd_f32(float* __restrict__ dx, const float
 
 // SwiGLU over x (rows, 2f), each row [gate(f) | up(f)]: out (rows, f) =
 // silu(gate)·up. n = rows·f.
-extern "C" __global__ void elem_swiglu_fwd_f32(float* __restrict__ out, const float* __restrict__ x, long long n, long long f) {
+extern "C" __global__ void elem_swiglu_fwd_f32(float* out, const float* x, long long n, long long f) {
     GRID_STRIDE(i, n) {
         long long r = i / f, j = i - r * f;
         float g = x[r * 2 * f + j], u = x[r * 2 * f + f + j];
@@ -270,7 +270,7 @@ extern "C" __global__ void elem_swiglu_fwd_f32(float* __restrict__ out, const fl
 }
 
 // dgate += dout·up·silu'(gate), dup += dout·silu(gate), into dx (rows, 2f).
-extern "C" __global__ void elem_swiglu_bwd_f32(float* __restrict__ dx, const float* __restrict__ dout, const float* __restrict__ x, long long n, long long f) {
+extern "C" __global__ void elem_swiglu_bwd_f32(float* dx, const float* dout, const float* x, long long n, long long f) {
     GRID_STRIDE(i, n) {
         long long r = i / f, j = i - r * f;
         long long gi = r * 2 * f + j, ui = gi + f;
@@ -282,11 +282,11 @@ extern "C" __global__ void elem_swiglu_bwd_f32(float* __restrict__ dx, const flo
 }
 
 // dx (n, c) += g[r] on every element of row r.
-extern "C" __global__ void elem_add_row_broadcast_f32(float* __restrict__ dx, const float* __restrict__ g, long long total, long long c) {
+extern "C" __global__ void elem_add_row_broadcast_f32(float* dx, const float* g, long long total, long long c) {
     GRID_STRIDE(i, total) { dx[i] += g[i / c]; }
 }
 
 // dx[r, arg[r]] += g[r] for the n rows of dx (n, c).
-extern "C" __global__ void elem_add_at_row_index_f32(float* __restrict__ dx, const int* __restrict__ arg, const float* __restrict__ g, long long n, long long c) {
+extern "C" __global__ void elem_add_at_row_index_f32(float* dx, const int* arg, const float* g, long long n, long long c) {
     GRID_STRIDE(r, n) { dx[r * c + arg[r]] += g[r]; }
 }
