@@ -3,7 +3,19 @@
 // compiled ahead of time to PTX for sm_80 and sm_90 (see gen.go) and
 // embedded here, so that a CGO_ENABLED=0 gotron binary carries them and the
 // CUDA driver JIT-compiles them for the GPU it finds. Package tensor loads
-// every family's module when it opens a GPU (tensor.OpenCUDA).
+// every family's module when it opens a GPU (tensor.OpenCUDA) and finds a
+// kernel by name in any of them.
+//
+// Adding a family: write <family>.cu here (kernel names prefixed
+// <family>_, unique across families; include only CUDA's own headers, the
+// files compile one by one), run go generate ./internal/cuda/kernels, and
+// commit the .cu with both ptx/sm_80/<family>.ptx and ptx/sm_90/<family>.ptx.
+// The tests check that every family has both, that its kernels are
+// prefixed, that the PTX is what nvcc makes of the .cu now, and that no
+// kernel spills registers (where nvcc and ptxas are installed). Helpers
+// that must match Go bit for bit (dtype conversions, the Philox stream)
+// are __host__ __device__ and are compared with the Go code on the host
+// (hostcheck_test.go).
 package kernels
 
 import (
