@@ -198,7 +198,7 @@ func (t *Trainer) pollSave(wait bool) error {
 		// Read once: keep the result for the next poll if others lag.
 		ps.done <- werr
 	}
-	if t.par != nil && t.par.World.Size() > 1 {
+	if t.par.World.Size() > 1 {
 		v := []float32{0}
 		if written {
 			v[0] = 1
@@ -222,7 +222,7 @@ func (t *Trainer) waitSave() error { return t.pollSave(true) }
 // agreeSave tells every rank whether step of a save failed on any rank: it
 // returns this rank's error, or one naming the step if another rank failed.
 func (t *Trainer) agreeSave(err error, step string) error {
-	if t.par == nil || t.par.World.Size() == 1 {
+	if t.par.World.Size() == 1 {
 		if err != nil {
 			return fmt.Errorf("train: --save at iteration %d: %w", t.Iteration, err)
 		}
@@ -244,20 +244,13 @@ func (t *Trainer) agreeSave(err error, step string) error {
 	return nil
 }
 
-func (t *Trainer) worldRank() int {
-	if t.par == nil {
-		return 0
-	}
-	return t.par.World.Rank()
-}
+func (t *Trainer) worldRank() int { return t.par.World.Rank() }
 
 // checkpointLayout is this run's parallel layout, recorded in the
 // checkpoint for inspection.
 func (t *Trainer) checkpointLayout() ckpt.Layout {
-	l := ckpt.Layout{WorldSize: 1, TensorParallel: 1, PipelineParallel: 1, DataParallel: 1, DistributedOptimizer: t.cfg.DDP.DistributedOptimizer}
-	if t.par != nil {
-		l.WorldSize, l.TensorParallel, l.PipelineParallel, l.DataParallel = t.par.World.Size(), t.par.TP.Size(), t.par.PP.Size(), t.par.DP.Size()
-	}
+	l := ckpt.Layout{WorldSize: t.par.World.Size(), TensorParallel: t.par.TP.Size(), PipelineParallel: t.par.PP.Size(),
+		DataParallel: t.par.DP.Size(), DistributedOptimizer: t.cfg.DDP.DistributedOptimizer}
 	if t.pipelined() {
 		l.VirtualStages = len(t.stages)
 	}
@@ -270,7 +263,7 @@ func (t *Trainer) checkpointMeta(ost optim.State) (ckpt.Meta, error) {
 	ra := RunArgs{Model: t.cfg.Model, SeqLength: t.cfg.SeqLength, OptimizerKind: ost.Kind,
 		OptimizerSteps: ost.Steps, NaNIterations: t.NaNIterations, CLI: t.cfg.Args, TPDropoutOffsets: t.tpOffsets, LossScaler: t.scalerState()}
 	if t.pipelined() {
-		ra.RankDropoutOffsets, ra.PipelineSize, ra.TensorSize = t.rankOffsets, t.ppSize(), max(t.par.Layout.Config.TP, 1)
+		ra.RankDropoutOffsets, ra.PipelineSize, ra.TensorSize = t.rankOffsets, t.par.PP.Size(), t.par.TP.Size()
 	}
 	args, err := json.Marshal(ra)
 	if err != nil {

@@ -105,8 +105,9 @@ type Config struct {
 	Args               map[string]any // the command line, stored in checkpoints
 
 	// Parallel holds this rank's process groups (parallel.NewGroups); nil
-	// means one process. Data, tensor and pipeline parallelism run in this
-	// release (context and expert parallelism: CP = EP = 1).
+	// means one process, which New gives the groups of a world of one rank
+	// (every group of size 1). Data, tensor and pipeline parallelism run in
+	// this release (context and expert parallelism: CP = EP = 1).
 	Parallel *parallel.Groups
 	// Pipeline is how the layers are cut into pipeline stages: virtual
 	// stages and an uneven first/last split (its PP is the layout's
@@ -219,21 +220,17 @@ func (c *Config) validate() error {
 	if err := c.Recompute.Validate(c.Model.NumLayers); err != nil {
 		return err
 	}
-	dp := 1
-	if c.Parallel != nil {
-		l := c.Parallel.Layout.Config
-		if l.CP > 1 || l.EP > 1 {
-			return fmt.Errorf("train: --context-parallel-size=%d --expert-model-parallel-size=%d: "+
-				"this release trains with data, tensor and pipeline parallelism only (context and expert sizes 1)", l.CP, l.EP)
-		}
-		if err := c.Model.CheckTP(l.TP, c.SequenceParallel, c.SeqLength); err != nil {
-			return err
-		}
-		dp = c.Parallel.DPSize()
-	} else if err := c.Model.CheckTP(1, c.SequenceParallel, c.SeqLength); err != nil {
+	c.Parallel = c.groups()
+	l := c.Parallel.Layout.Config
+	if l.CP > 1 || l.EP > 1 {
+		return fmt.Errorf("train: --context-parallel-size=%d --expert-model-parallel-size=%d: "+
+			"this release trains with data, tensor and pipeline parallelism only (context and expert sizes 1)", l.CP, l.EP)
+	}
+	if err := c.Model.CheckTP(l.TP, c.SequenceParallel, c.SeqLength); err != nil {
 		return err
 	}
-	if p := c.Pipeline; p.PP > 1 && (c.Parallel == nil || p.PP != c.Parallel.Layout.Config.PP) {
+	dp := c.Parallel.DPSize()
+	if p := c.Pipeline; p.PP > 1 && p.PP != l.PP {
 		return fmt.Errorf("train: --pipeline-model-parallel-size=%d needs a layout with that pipeline size (start %d ranks or a multiple with gotron launch)", p.PP, p.PP)
 	}
 	if _, err := c.pipelineSplit().Chunks(c.Model.NumLayers); err != nil {
@@ -264,4 +261,23 @@ func (c *Config) validate() error {
 		c.Now = time.Now
 	}
 	return nil
+}
+
+// groups are the run's process groups: Parallel, or for a process started
+// alone the groups of a world of one rank.
+func (c *Config) groups() *parallel.Groups {
+	if c.Parallel != nil {
+		return c.Parallel
+	}
+	return soloGroups()
+}
+
+// memoryConfig is the MemoryConfig of the run's most loaded rank
+// (CheckMemory, and the report with the first log line).
+func (c *Config) memoryConfig() MemoryConfig {
+	p := c.groups()
+	l := p.Layout.Config
+	return MemoryConfig{Model: c.Model, SeqLength: c.SeqLength, MicroBatchSize: c.MicroBatchSize,
+		WorldSize: p.World.Size(), TensorParallel: l.TP, PipelineParallel: l.PP, ContextParallel: l.CP,
+		VirtualPipeline: l.VPP, SequenceParallel: c.SequenceParallel, DistributedOptimizer: c.DDP.DistributedOptimizer}
 }

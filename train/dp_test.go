@@ -125,8 +125,8 @@ func runDP(t *testing.T, cfg Config, dp int, dc ddp.Config, train, valid datagpt
 			ps[p.Name] = slices.Clone(tensor.ToHost(p).Float32s())
 		}
 		runs[rank] = dpRun{res: res, params: ps, seen: rec.seen, optB: tr.OptimizerStateBytes(), device: tr.Model.Device()}
-		if tr.ddp != nil {
-			runs[rank].early = tr.ddp.EarlyBuckets()
+		if d, ok := tr.reducer.(ddpGrads); ok {
+			runs[rank].early = d.EarlyBuckets()
 		}
 		return nil
 	}

@@ -10,7 +10,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/gotron/gotron/comm"
 	"github.com/gotron/gotron/tensor"
 )
 
@@ -44,10 +43,7 @@ func (t *Trainer) logIteration(loss float64) map[string]any {
 	flops := FLOPsPerIteration(t.cfg.Model, gbs, cfg.SeqLength)
 	// Megatron's "throughput per GPU" divides by the world size; MFU is
 	// against each process's peak.
-	world := 1.0
-	if t.par != nil {
-		world = float64(t.par.World.Size())
-	}
+	world := float64(t.par.World.Size())
 	tflops := flops / perIter / 1e12 / world
 	tokensPerSec := float64(gbs*cfg.SeqLength) / perIter
 	mfu := flops / perIter / world / cfg.PeakFLOPs
@@ -171,14 +167,8 @@ func (p *progressBar) finish() {
 // printTheoreticalMemory prints Megatron's report_theoretical_memory lines
 // with the first log line (after the optimizer state exists).
 func (t *Trainer) printTheoreticalMemory() {
-	mc := MemoryConfig{Model: t.cfg.Model, SeqLength: t.cfg.SeqLength, MicroBatchSize: t.cfg.MicroBatchSize, WorldSize: 1,
-		NumMicrobatches: t.mb.Num()}
-	if p := t.par; p != nil {
-		l := p.Layout.Config
-		mc.WorldSize, mc.TensorParallel, mc.PipelineParallel, mc.ContextParallel = p.World.Size(), l.TP, l.PP, l.CP
-		mc.VirtualPipeline, mc.SequenceParallel = l.VPP, t.cfg.SequenceParallel
-		mc.DistributedOptimizer = t.cfg.DDP.DistributedOptimizer
-	}
+	mc := t.cfg.memoryConfig()
+	mc.NumMicrobatches = t.mb.Num()
 	r, err := TheoreticalMemory(mc)
 	if err != nil {
 		return
@@ -196,7 +186,7 @@ func (t *Trainer) paramsNorm() float64 {
 	var counted []*tensor.Tensor
 	cp := t.embeddingCopy()
 	for _, p := range t.localParams() {
-		if (t.region != nil && t.region.Rank() != 0 && t.replicated(p.Name)) || p == cp {
+		if (t.region.Rank() != 0 && t.replicated(p.Name)) || p == cp {
 			continue
 		}
 		counted = append(counted, p)
@@ -206,12 +196,8 @@ func (t *Trainer) paramsNorm() float64 {
 		panic(fmt.Sprintf("train: params norm: %v", err))
 	}
 	sq := tensor.SumSquares(l)
-	if t.region != nil || t.pipelined() {
-		v := []float32{float32(sq)}
-		if err := t.par.MP.AllReduce(t.cctx, comm.Float32s(v), comm.Sum); err != nil {
-			return math.NaN()
-		}
-		sq = float64(v[0])
+	if err := sumOver(t.cctx, t.par.MP, &sq); err != nil {
+		return math.NaN()
 	}
 	return math.Sqrt(sq)
 }

@@ -13,7 +13,6 @@ import (
 	"github.com/gotron/gotron/model/gpt"
 	"github.com/gotron/gotron/optim"
 	"github.com/gotron/gotron/parallel"
-	"github.com/gotron/gotron/parallel/ddp"
 	"github.com/gotron/gotron/parallel/pp"
 	"github.com/gotron/gotron/parallel/tp"
 	"github.com/gotron/gotron/tensor"
@@ -41,13 +40,14 @@ type Trainer struct {
 	// step's context and the failures of tensor-parallel collectives.
 	evalTape *tensor.Tape
 
-	// Data and tensor parallelism (parallel.go, tensorpar.go); nil for one process.
+	// Data, tensor and pipeline parallelism (parallel.go, tensorpar.go,
+	// pipeline.go); a process alone has the groups of a world of one.
 	par         *parallel.Groups
-	ddp         *ddp.DDP
-	region      *tp.Region            // tensor-parallel region; nil with TP = 1
-	plan        func(string) tp.Style // GPT's tensor-parallel plan (with region)
+	reducer     gradReducer           // the step's gradients, reduced over the data-parallel group
+	region      *tp.Region            // tensor-parallel region (of size 1 with TP = 1)
+	plan        func(string) tp.Style // the architecture's tensor-parallel plan
 	normG       *optim.Grads          // the gradients this rank counts in the global norm
-	rankRNG     *tensor.RNG           // per-TP-rank dropout stream (with region)
+	rankRNG     *tensor.RNG           // per-TP-rank dropout stream (unused with TP = 1)
 	tpOffsets   []uint64              // every TP rank's rankRNG offset, for the checkpoint being written
 	rankOffsets [][2]uint64           // every rank's dropout stream offsets under pipelining, for the checkpoint
 	pending     *pendingSave          // the --async-save in flight
@@ -113,19 +113,20 @@ type Result struct {
 // New builds the model (or loads it with cfg.Load), the optimizer, the
 // schedule and the data position.
 func New(cfg Config, train, valid datagpt.Source) (*Trainer, error) {
+	launched := cfg.Parallel != nil // else one process: the groups of a world of one (validate)
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
 	if train == nil {
 		return nil, errors.New("train: no training data (set --data-path or --mock-data)")
 	}
-	if cfg.Save != "" && (cfg.Parallel == nil || cfg.Parallel.World.Rank() == 0) {
+	t := &Trainer{cfg: cfg, train: train, valid: valid, tape: tensor.NewTape(), lastValidLoss: math.NaN(),
+		par: cfg.Parallel, cctx: context.Background()}
+	if cfg.Save != "" && t.isWriter() {
 		if err := checkSaveDir(cfg.Save); err != nil {
 			return nil, err
 		}
 	}
-	t := &Trainer{cfg: cfg, train: train, valid: valid, tape: tensor.NewTape(), lastValidLoss: math.NaN(),
-		par: cfg.Parallel, cctx: context.Background()}
 	if cfg.BF16 {
 		t.tape.SetMatmulPrecision(tensor.MatmulBF16)
 	}
@@ -146,15 +147,13 @@ func New(cfg Config, train, valid datagpt.Source) (*Trainer, error) {
 	if err != nil {
 		return nil, err
 	}
-	if t.par != nil && t.par.Layout.Config.TP > 1 {
-		if m, err = t.shardModel(m, root); err != nil {
-			return nil, err
-		}
+	if m, err = t.shardModel(m, root); err != nil {
+		return nil, err
 	}
 	t.model = m
 	t.Model, _ = m.(*gpt.Model)
 	t.rng = root.Fork("dropout")
-	if cfg.pipelineSplit().PP > 1 {
+	if t.pipelined() {
 		// Each pipeline stage draws its dropout masks from its own stream.
 		t.rng = root.Fork(fmt.Sprintf("dropout-pp-rank-%d", t.par.PP.Rank()))
 		if err := t.splitStages(m); err != nil {
@@ -162,15 +161,11 @@ func New(cfg Config, train, valid datagpt.Source) (*Trainer, error) {
 		}
 	}
 	t.moveToDevice()
-	var ps []*optim.Param
-	if t.par != nil {
-		if ps, err = t.setupParallel(t.cctx); err != nil {
-			return nil, err
-		}
-		t.tape.SetGradReadyHook(t.ddp.Hook)
-	} else {
-		ps = optimParams(m.Params())
+	ps, err := t.setupParallel(t.cctx, launched)
+	if err != nil {
+		return nil, err
 	}
+	t.tape.SetGradReadyHook(t.reducer.readyHook())
 	groups := decoupledGroups(optim.DefaultGroups(ps), cfg.DecoupledLR, cfg.DecoupledMinLR, cfg.Schedule.MinLR)
 	if cfg.Optimizer == SGD {
 		t.opt, err = optim.NewSGD(groups, optim.SGDConfig{Momentum: cfg.SGDMomentum})
@@ -391,14 +386,10 @@ func (t *Trainer) step(ctx context.Context) (float64, error) {
 	}
 	n, mbs := t.mb.Num(), t.mb.MicroBatchSize()
 	dp, r := t.dpSize(), t.dpRank()
-	if t.ddp != nil {
-		if err := t.ddp.WaitParams(t.cctx); err != nil {
-			return 0, fmt.Errorf("train: iteration %d: %w", t.Iteration+1, err)
-		}
-		t.ddp.ZeroGrad()
-	} else {
-		tensor.ZeroGrad(t.localParams())
+	if err := t.reducer.WaitParams(t.cctx); err != nil {
+		return 0, fmt.Errorf("train: iteration %d: %w", t.Iteration+1, err)
 	}
+	t.reducer.ZeroGrad()
 	var lossSum float64
 	if t.pipelined() {
 		loss, err := t.pipelineStep(n, mbs, dp, r)
@@ -408,8 +399,8 @@ func (t *Trainer) step(ctx context.Context) (float64, error) {
 		lossSum = loss * float64(n)
 	}
 	for i := 0; i < n && !t.pipelined(); i++ {
-		if t.ddp != nil && i == n-1 {
-			t.ddp.StartLastMicrobatch(t.cctx)
+		if i == n-1 {
+			t.reducer.StartLastMicrobatch(t.cctx)
 		}
 		bt, err := t.trainBatch(i, mbs, dp, r)
 		if err != nil {
@@ -477,10 +468,8 @@ func (t *Trainer) step(ctx context.Context) (float64, error) {
 	t.sched.Step(gbs)
 	// Megatron logs the rate after the scheduler step: the next iteration's.
 	t.lastLR = t.sched.LR()
-	if t.ddp != nil {
-		if err := t.ddp.GatherParams(t.cctx); err != nil {
-			return loss, fmt.Errorf("train: iteration %d: %w", t.Iteration, err)
-		}
+	if err := t.reducer.GatherParams(t.cctx); err != nil {
+		return loss, fmt.Errorf("train: iteration %d: %w", t.Iteration, err)
 	}
 	return loss, nil
 }
@@ -538,7 +527,7 @@ func (t *Trainer) evaluate(src datagpt.Source, consumed *int64) (float64, error)
 			*consumed += int64(mbs * dp)
 		}
 	}
-	if t.par != nil {
+	if t.par.World.Size() > 1 { // one rank's sums are exact as they are
 		v := []float32{float32(sum), float32(count), 0}
 		if failed {
 			v[2] = 1

@@ -24,14 +24,7 @@ func CheckMemory(cfg Config) error {
 
 // checkMemory is CheckMemory against the given machine.
 func checkMemory(cfg Config, mem meminfo.Info) error {
-	mc := MemoryConfig{Model: cfg.Model, SeqLength: cfg.SeqLength, MicroBatchSize: cfg.MicroBatchSize, WorldSize: 1}
-	if p := cfg.Parallel; p != nil {
-		l := p.Layout.Config
-		mc.WorldSize, mc.TensorParallel, mc.PipelineParallel, mc.ContextParallel = p.World.Size(), l.TP, l.PP, l.CP
-		mc.VirtualPipeline, mc.SequenceParallel = l.VPP, cfg.SequenceParallel
-		mc.DistributedOptimizer = cfg.DDP.DistributedOptimizer
-	}
-	r, err := TheoreticalMemory(mc)
+	r, err := TheoreticalMemory(cfg.memoryConfig())
 	if err != nil {
 		return nil
 	}

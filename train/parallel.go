@@ -20,35 +20,24 @@ import (
 // stream, agrees on loss, NaN skips, the grad norm and stopping through one
 // small all-reduce per iteration, and lets one rank log and write.
 
-// dpSize and dpRank are this rank's data-parallel coordinates (1 and 0 alone).
-func (t *Trainer) dpSize() int {
-	if t.par == nil {
-		return 1
-	}
-	return t.par.DPSize()
-}
-
-func (t *Trainer) dpRank() int {
-	if t.par == nil {
-		return 0
-	}
-	return t.par.DP.Rank()
-}
+// dpSize and dpRank are this rank's data-parallel coordinates.
+func (t *Trainer) dpSize() int { return t.par.DPSize() }
+func (t *Trainer) dpRank() int { return t.par.DP.Rank() }
 
 // isLogger is the rank that prints the log and progress bar: Megatron's last
 // rank (the last pipeline stage of the last data-parallel replica).
-func (t *Trainer) isLogger() bool {
-	return t.par == nil || t.par.World.Rank() == t.par.World.Size()-1
-}
+func (t *Trainer) isLogger() bool { return t.par.World.Rank() == t.par.World.Size()-1 }
 
 // isWriter is the rank that writes checkpoints: data-parallel rank 0 (global
 // rank 0 without model parallelism).
-func (t *Trainer) isWriter() bool { return t.par == nil || t.par.World.Rank() == 0 }
+func (t *Trainer) isWriter() bool { return t.par.World.Rank() == 0 }
 
 // setupParallel checks the run's arguments agree on every rank, makes every
 // replica start from data-parallel rank 0's parameters, and builds the
-// gradient buffers and the optimizer's parameters.
-func (t *Trainer) setupParallel(ctx context.Context) ([]*optim.Param, error) {
+// gradient buffers (ddp's, when launched, at any size: a launched run keeps
+// its layout of buffers whatever its world size) and the optimizer's
+// parameters.
+func (t *Trainer) setupParallel(ctx context.Context, launched bool) ([]*optim.Param, error) {
 	p := t.par
 	if err := checkSameArgs(ctx, p.World, t.cfg.Args); err != nil {
 		return nil, err
@@ -56,11 +45,16 @@ func (t *Trainer) setupParallel(ctx context.Context) ([]*optim.Param, error) {
 	if !t.isLogger() {
 		t.cfg.Out, t.cfg.Progress, t.cfg.MetricsFile = io.Discard, nil, ""
 	}
+	if !launched {
+		ps := optimParams(t.localParams())
+		t.reducer = localGrads{params: t.localParams()}
+		return ps, nil
+	}
 	d, err := ddp.New(t.localParams(), p.DPCP, t.cfg.DDP, t.sharedEmbedding())
 	if err != nil {
 		return nil, err
 	}
-	t.ddp = d
+	t.reducer = ddpGrads{d}
 	for _, w := range t.localParams() {
 		if err := staged(w, func(v []float32) error { return p.DP.Broadcast(ctx, comm.Float32s(v), 0) }); err != nil {
 			return nil, fmt.Errorf("train: broadcast parameter %s from data-parallel rank 0: %w", w.Name, err)
@@ -110,8 +104,8 @@ type agreement struct {
 // agree all-reduces the iteration's scalars over the data-parallel group
 // (the world, while data parallelism is the only degree).
 func (t *Trainer) agree(ctx context.Context, a agreement) (agreement, error) {
-	if t.par == nil {
-		return a, nil
+	if t.par.World.Size() == 1 {
+		return a, nil // one rank agrees with itself: no float32 round trip
 	}
 	b2f := func(b bool) float32 {
 		if b {
@@ -130,10 +124,8 @@ func (t *Trainer) agree(ctx context.Context, a agreement) (agreement, error) {
 // gradient is NaN/Inf, the squared global norm (computed where the shard
 // lives), and the all-reduced loss and stop request.
 func (t *Trainer) reduceGrads(ctx context.Context, a agreement) (agreement, error) {
-	if t.ddp != nil {
-		if err := t.ddp.Finish(ctx); err != nil {
-			return a, fmt.Errorf("train: iteration %d: %w", t.Iteration+1, err)
-		}
+	if err := t.reducer.Finish(ctx); err != nil {
+		return a, fmt.Errorf("train: iteration %d: %w", t.Iteration+1, err)
 	}
 	if err := t.reduceSequenceParallelGrads(ctx); err != nil {
 		return a, err
@@ -153,10 +145,10 @@ func (t *Trainer) reduceGrads(ctx context.Context, a agreement) (agreement, erro
 		a.nonFin = t.grads.FoundInf()
 	}
 	a.sumSq = 0
-	if t.par == nil || t.cfg.DDP.DistributedOptimizer || t.par.DP.Rank() == 0 {
+	if t.cfg.DDP.DistributedOptimizer || t.par.DP.Rank() == 0 {
 		a.sumSq = t.normG.SumSquares()
 	}
-	if t.par != nil && t.par.TP.Rank() != 0 {
+	if t.par.TP.Rank() != 0 {
 		a.loss = 0
 	}
 	g, err := t.agree(ctx, a)
@@ -187,10 +179,7 @@ func (t *Trainer) OptimizerStateBytes() int64 {
 // (--overlap-param-gather leaves them in flight until the next forward):
 // evaluation, checkpoints and the caller need whole parameters.
 func (t *Trainer) syncParams() error {
-	if t.ddp == nil {
-		return nil
-	}
-	if err := t.ddp.WaitParams(t.cctx); err != nil {
+	if err := t.reducer.WaitParams(t.cctx); err != nil {
 		return fmt.Errorf("train: iteration %d: %w", t.Iteration, err)
 	}
 	return nil
@@ -200,11 +189,25 @@ func (t *Trainer) syncParams() error {
 // iters iterations spent waiting for the gradient reduction after backward
 // (nil without data parallelism).
 func (t *Trainer) syncWaitSinceLog(iters int64) any {
-	if t.ddp == nil {
+	w, ok := t.reducer.syncWait()
+	if !ok {
 		return nil
 	}
-	w := t.ddp.SyncWait()
 	ms := float64(w-t.lastSyncWait) / 1e6 / float64(iters)
 	t.lastSyncWait = w
 	return ms
+}
+
+// sumOver sums x over group g: x itself over one rank (exact, no float32
+// round trip), else a float32 all-reduce.
+func sumOver(ctx context.Context, g comm.ProcessGroup, x *float64) error {
+	if g.Size() == 1 {
+		return nil
+	}
+	v := []float32{float32(*x)}
+	if err := g.AllReduce(ctx, comm.Float32s(v), comm.Sum); err != nil {
+		return err
+	}
+	*x = float64(v[0])
+	return nil
 }

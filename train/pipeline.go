@@ -23,24 +23,14 @@ import (
 // tensor-parallel ranks gather them as without pipelining, so a checkpoint
 // loads at any pipeline size.
 
-// pipelined reports whether this run splits the model over pipeline ranks.
-func (t *Trainer) pipelined() bool { return t.stages != nil }
-
-// ppSize is the pipeline-parallel size (1 without pipelining).
-func (t *Trainer) ppSize() int {
-	if t.par == nil {
-		return 1
-	}
-	return t.par.Layout.Config.PP
-}
+// pipelined reports whether this run splits the model over pipeline ranks
+// (and runs its steps through the pipeline executor).
+func (t *Trainer) pipelined() bool { return t.par.PP.Size() > 1 }
 
 // pipelineSplit is the layer split with the pipeline size of the layout.
 func (c *Config) pipelineSplit() gpt.PipelineSplit {
 	s := c.Pipeline
-	s.PP = 1
-	if c.Parallel != nil {
-		s.PP = max(c.Parallel.Layout.Config.PP, 1)
-	}
+	s.PP = max(c.groups().Layout.Config.PP, 1)
 	return s
 }
 
@@ -150,7 +140,7 @@ func (t *Trainer) executor(m int) (*pp.Executor, error) {
 	if e := t.execs[m]; e != nil {
 		return e, nil
 	}
-	sc := pp.Config{PP: t.ppSize(), VPP: len(t.stages), Microbatches: m, GroupSize: t.cfg.MicrobatchGroupSize}
+	sc := pp.Config{PP: t.par.PP.Size(), VPP: len(t.stages), Microbatches: m, GroupSize: t.cfg.MicrobatchGroupSize}
 	acts, err := pp.Actions(sc, t.par.PP.Rank())
 	if err != nil {
 		return nil, fmt.Errorf("train: %d micro-batches per iteration (--global-batch-size / (--micro-batch-size × data-parallel size)): %w", m, err)
@@ -174,14 +164,12 @@ func (t *Trainer) executor(m int) (*pp.Executor, error) {
 		NewTape: func(int) *tensor.Tape {
 			tp := tensor.NewTape()
 			tp.SetMatmulPrecision(t.tape.MatmulPrecision())
-			if t.ddp != nil {
-				tp.SetGradReadyHook(t.ddp.Hook)
-			}
+			tp.SetGradReadyHook(t.reducer.readyHook())
 			return tp
 		},
 		LastBackward: func(chunk int) {
-			if chunk == lastChunk && t.ddp != nil {
-				t.ddp.StartLastMicrobatch(t.cctx)
+			if chunk == lastChunk {
+				t.reducer.StartLastMicrobatch(t.cctx)
 			}
 		},
 		LossScale: t.lossScale,
@@ -270,10 +258,10 @@ func (t *Trainer) pipelineEval(bt gpt.Batch) (float64, error) {
 // same elements on both stages (the embedding has a bucket of its own).
 func (t *Trainer) reduceEmbeddingGrads(ctx context.Context) error {
 	e := t.sharedEmbedding()
-	if !t.pipelined() || e == nil || t.par.Embedding == nil || t.par.Embedding.Size() == 1 {
+	if e == nil || t.par.Embedding.Size() == 1 { // no tied embedding here, or both uses on this rank
 		return nil
 	}
-	views := t.ddp.GradViews(func(p *tensor.Tensor) bool { return p == e })
+	views := t.reducer.GradViews(func(p *tensor.Tensor) bool { return p == e })
 	for _, v := range views {
 		if err := staged(v, func(h []float32) error {
 			return t.par.Embedding.AllReduce(ctx, comm.Float32s(h), comm.Sum)
@@ -306,10 +294,7 @@ func (t *Trainer) pipelineDropoutOffsets() ([][2]uint64, error) {
 	if !t.pipelined() {
 		return nil, nil
 	}
-	mine := []int64{int64(t.rng.State().Offset), 0}
-	if t.rankRNG != nil {
-		mine[1] = int64(t.rankRNG.State().Offset)
-	}
+	mine := []int64{int64(t.rng.State().Offset), int64(t.rankRNG.State().Offset)}
 	all := make([]int64, 2*t.par.World.Size())
 	if err := t.par.World.AllGather(t.cctx, comm.Int64s(all), comm.Int64s(mine), nil); err != nil {
 		return nil, fmt.Errorf("train: --save: gather the dropout stream positions: %w", err)
@@ -341,11 +326,9 @@ func (t *Trainer) restorePipelineDropout(ra RunArgs) {
 	st := t.rng.State()
 	st.Offset = o[0]
 	t.rng.SetState(st)
-	if t.rankRNG != nil {
-		st := t.rankRNG.State()
-		st.Offset = o[1]
-		t.rankRNG.SetState(st)
-	}
+	st = t.rankRNG.State()
+	st.Offset = o[1]
+	t.rankRNG.SetState(st)
 }
 
 // broadcastFromLastStage gives every pipeline rank the value the last

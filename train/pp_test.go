@@ -56,8 +56,8 @@ func runPP(t *testing.T, cfg Config, l ppLayout, train, valid datagpt.Source) []
 			}
 		}
 		run := dpRun{res: res, device: tr.localParams()[0].Device()}
-		if tr.ddp != nil {
-			run.early = tr.ddp.EarlyBuckets()
+		if d, ok := tr.reducer.(ddpGrads); ok {
+			run.early = d.EarlyBuckets()
 		}
 		if !tr.pipelined() || g.PP.Rank() == 0 {
 			whole, err := tr.wholeParams()

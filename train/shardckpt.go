@@ -47,7 +47,7 @@ type localBlock struct {
 // has shape, and the blocks of it the local slice holds.
 func (t *Trainer) paramBlocks(name string, shape []int) ([]int, []localBlock) {
 	full := t.fullShape(name, shape)
-	if t.region == nil || t.replicated(name) {
+	if t.region.Size() == 1 || t.replicated(name) { // whole on this rank: one block
 		return full, []localBlock{{0, ckpt.Whole(full)}}
 	}
 	rank := t.region.Rank()
@@ -109,10 +109,7 @@ func optimizerKey(key string) (kind, param string, lo, hi int, sharded bool, err
 // group to its ranks, largest first to the least loaded: every rank of the
 // group computes the same table, as they hold the same parameters.
 func (t *Trainer) dpWriters(params []*tensor.Tensor, withOptim int) map[string]int {
-	dp := 1
-	if t.par != nil {
-		dp = t.par.DP.Size()
-	}
+	dp := t.par.DP.Size()
 	owner := map[string]int{}
 	if dp == 1 {
 		for _, p := range params {
@@ -147,13 +144,7 @@ func (t *Trainer) checkpointPieces(st *optim.State) ([]ckpt.Piece, error) {
 	if t.pipelined() {
 		owned = ownedParams(t.stages)
 	}
-	tpRank, dpRank := 0, 0
-	if t.region != nil {
-		tpRank = t.region.Rank()
-	}
-	if t.par != nil {
-		dpRank = t.par.DP.Rank()
-	}
+	tpRank, dpRank := t.region.Rank(), t.par.DP.Rank()
 	replicatedBuffers := 0 // per parameter, dealt with it
 	if st != nil && !t.cfg.DDP.DistributedOptimizer {
 		replicatedBuffers = len(stateKinds(*st))

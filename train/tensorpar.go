@@ -17,7 +17,9 @@ import (
 // checkpoints hold whole tensors, gathered over the TP group when saving
 // and sliced when loading, so a checkpoint written at TP=N loads at any TP.
 
-// shardModel keeps this tensor-parallel rank's slices of the whole model.
+// shardModel keeps this tensor-parallel rank's slices of the whole model:
+// the whole model itself with TP = 1, where a region of one rank is the
+// identity and the model runs without one (no collectives to skip).
 func (t *Trainer) shardModel(full Model, root *tensor.RNG) (Model, error) {
 	p := t.par
 	t.region = &tp.Region{Group: p.TP, SequenceParallel: t.cfg.SequenceParallel}
@@ -31,13 +33,17 @@ func (t *Trainer) shardModel(full Model, root *tensor.RNG) (Model, error) {
 		name = fmt.Sprintf("dropout-pp-rank-%d-tp-rank-%d", p.PP.Rank(), p.TP.Rank())
 	}
 	t.rankRNG = root.Fork(name)
+	if t.region.Size() == 1 {
+		return full, nil
+	}
 	return t.arch.Parallelize(full, t.region, t.rankRNG)
 }
 
 // gatherDropoutOffsets collects every TP rank's dropout stream position for
-// the checkpoint (nil with TP = 1).
+// the checkpoint (nil with TP = 1, whose model draws from the shared
+// stream only).
 func (t *Trainer) gatherDropoutOffsets() ([]uint64, error) {
-	if t.region == nil {
+	if t.region.Size() == 1 {
 		return nil, nil
 	}
 	all := make([]int64, t.region.Size())
@@ -57,9 +63,6 @@ func (t *Trainer) gatherDropoutOffsets() ([]uint64, error) {
 // afresh (masks of sequence shards cannot be resharded), and says so when
 // they are used (hidden dropout with sequence parallelism).
 func (t *Trainer) restoreDropoutOffset(offsets []uint64) {
-	if t.region == nil {
-		return
-	}
 	if len(offsets) != t.region.Size() {
 		if t.cfg.SequenceParallel && t.cfg.Model.HiddenDropout > 0 {
 			t.printf("WARNING: the checkpoint's per-rank dropout streams are for %d tensor-parallel ranks, not %d: they start afresh", len(offsets), t.region.Size())
@@ -74,7 +77,7 @@ func (t *Trainer) restoreDropoutOffset(offsets []uint64) {
 // replicated reports whether parameter name is whole on every
 // tensor-parallel rank.
 func (t *Trainer) replicated(name string) bool {
-	return t.plan != nil && t.plan(name) == tp.Replicated
+	return t.plan(name) == tp.Replicated
 }
 
 // normParams are the optimizer parameters whose gradients this rank counts
@@ -87,13 +90,13 @@ func (t *Trainer) normParams(ps []*optim.Param) []*optim.Param {
 		// The last stage's copy of the tied embedding: counted on the first.
 		copyName = e.Name
 	}
-	if (t.region == nil || t.region.Rank() == 0) && copyName == "" {
+	if t.region.Rank() == 0 && copyName == "" {
 		return ps
 	}
 	var out []*optim.Param
 	for _, p := range ps {
 		name, _, _ := strings.Cut(p.Name, "[") // distributed-optimizer pieces are "name[a:b]"
-		if name == copyName || (t.region != nil && t.region.Rank() != 0 && t.replicated(name)) {
+		if name == copyName || (t.region.Rank() != 0 && t.replicated(name)) {
 			continue
 		}
 		out = append(out, p)
@@ -106,12 +109,12 @@ func (t *Trainer) normParams(ps []*optim.Param) []*optim.Param {
 // only (norms, row-parallel biases): Megatron's
 // finalize_model_grads for --sequence-parallel.
 func (t *Trainer) reduceSequenceParallelGrads(ctx context.Context) error {
-	if t.region == nil || !t.cfg.SequenceParallel {
+	if !t.cfg.SequenceParallel { // (which needs TP > 1)
 		return nil
 	}
 	// The position table is added before the activations are split into
 	// sequence shards: its gradient is whole on every rank already.
-	views := t.ddp.GradViews(func(p *tensor.Tensor) bool {
+	views := t.reducer.GradViews(func(p *tensor.Tensor) bool {
 		return t.replicated(p.Name) && p.Name != "embedding.position_embeddings.weight"
 	})
 	n := 0
@@ -137,9 +140,6 @@ func (t *Trainer) reduceSequenceParallelGrads(ctx context.Context) error {
 // fullShape is the whole shape of a parameter whose TP slice has shape.
 func (t *Trainer) fullShape(name string, shape []int) []int {
 	out := append([]int(nil), shape...)
-	if t.region == nil {
-		return out
-	}
 	switch t.plan(name) {
 	case tp.Column, tp.ColumnGLU:
 		out[0] *= t.region.Size()
@@ -158,9 +158,9 @@ func numel(shape []int) int {
 }
 
 // tpCommSinceLog is the mean time per iteration, in ms, of the last iters
-// iterations' tensor-parallel collectives (nil with TP = 1).
+// iterations' tensor-parallel collectives (nil with TP = 1, which has none).
 func (t *Trainer) tpCommSinceLog(iters int64) any {
-	if t.region == nil {
+	if t.region.Size() == 1 {
 		return nil
 	}
 	c := t.region.CommTime()
