@@ -71,13 +71,11 @@ __device__ __forceinline__ bool attn_allowed(int causal, int i, int j, int docI,
     return !(causal && j > i) && docI == docJ;
 }
 
-// Tile shapes. Forward: 4 warps × 8 query rows = 32 queries per block,
-// 32 keys per tile (one per lane). Backward dq: 4 warps × 4 query rows = 16
-// queries, 32 keys per tile. Backward dk/dv: 4 warps × 4 keys = 16 keys,
-// 32 queries per tile (one per lane).
+// Tile shapes. Forward: 4 warps × 8 (D <= 64) or 6 (D <= 128) query rows
+// per block, 32 keys per tile (one per lane). Backward dq: 4 warps × 4
+// query rows = 16 queries, 32 keys per tile. Backward dk/dv: 4 warps × 4
+// keys = 16 keys, 32 queries per tile (one per lane).
 #define ATTN_THREADS 128
-#define ATTN_FWD_ROWS 8
-#define ATTN_FWD_BQ 32
 #define ATTN_BK 32
 #define ATTN_DQ_ROWS 4
 #define ATTN_DQ_BQ 16
@@ -94,29 +92,41 @@ __device__ __forceinline__ void attn_load_rows(float* s, const float* a, long lo
     }
 }
 
-// attn_fwd: grid (ceil(T/32), HQ, B), 128 threads.
-template <int DC>
+// attn_fwd: grid (ceil(T/(4·ROWS)), HQ, B), 128 threads; each warp owns
+// ROWS query rows, lane j key j0+j of the tile. The key tile is stored
+// transposed (Kt[d·33 + j]: conflict-free for the transposing store and for
+// the lanes' reads), so that the scores read q as float4 broadcasts; the
+// probabilities go through the warp's Ps rows, read back as float4
+// broadcasts for O += P·V. Q rows have stride DP = D rounded up to 4
+// (zero-padded) for the float4 reads.
+template <int DC, int ROWS>
 __device__ __forceinline__ void attn_fwd(float* out, float* lse, const float* q, const float* k, const float* v,
                                          const int32_t* docs, int T, int HQ, int HKV, int D, float scale, int causal,
                                          int dropout, uint32_t thr, float dscale, uint64_t seed, int firstHead,
-                                         float* Qs, float* Ks, float* Vs) {
+                                         float* Qs, float* Kt, float* Vs, float* Ps) {
+    const int BQ = 4 * ROWS;
     const int qt = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int i0 = qt * ATTN_FWD_BQ;
+    const int i0 = qt * BQ;
     const int g = h / (HQ / HKV);
+    const int DP = (D + 3) & ~3;
     const long long qs = (long long)HQ * D, kvs = (long long)HKV * D;
     const float* qb = q + (long long)b * T * qs + (long long)h * D;
     const float* kb = k + (long long)b * T * kvs + (long long)g * D;
     const float* vb = v + (long long)b * T * kvs + (long long)g * D;
+    float* ps = Ps + warp * ROWS * ATTN_BK; // this warp's (ROWS, 32) probabilities
 
-    attn_load_rows(Qs, qb, qs, i0, min(ATTN_FWD_BQ, T - i0), ATTN_FWD_BQ, D);
+    for (int idx = threadIdx.x; idx < BQ * DP; idx += blockDim.x) {
+        const int r = idx / DP, d = idx - r * DP;
+        Qs[idx] = (i0 + r < T && d < D) ? qb[(long long)(i0 + r) * qs + d] : 0.0f;
+    }
 
-    float m[ATTN_FWD_ROWS], l[ATTN_FWD_ROWS], o[ATTN_FWD_ROWS][DC];
-    int docI[ATTN_FWD_ROWS];
-    uint64_t key[ATTN_FWD_ROWS];
+    float m[ROWS], l[ROWS], o[ROWS][DC];
+    int docI[ROWS];
+    uint64_t key[ROWS];
 #pragma unroll
-    for (int rr = 0; rr < ATTN_FWD_ROWS; rr++) {
-        const int i = i0 + warp * ATTN_FWD_ROWS + rr;
+    for (int rr = 0; rr < ROWS; rr++) {
+        const int i = i0 + warp * ROWS + rr;
         m[rr] = -INFINITY;
         l[rr] = 0.0f;
 #pragma unroll
@@ -125,30 +135,37 @@ __device__ __forceinline__ void attn_fwd(float* out, float* lse, const float* q,
         key[rr] = dropout ? attn_row_key(seed, b, firstHead + h, i) : 0;
     }
 
-    const int jEnd = causal ? min(T, i0 + ATTN_FWD_BQ) : T;
+    const int jEnd = causal ? min(T, i0 + BQ) : T;
     for (int j0 = 0; j0 < jEnd; j0 += ATTN_BK) {
         const int nk = min(ATTN_BK, T - j0);
         __syncthreads(); // the previous tile is consumed (and Qs is loaded)
-        attn_load_rows(Ks, kb, kvs, j0, nk, ATTN_BK, D);
+        for (int idx = threadIdx.x; idx < ATTN_BK * DP; idx += blockDim.x) {
+            const int j = idx / DP, d = idx - j * DP;
+            Kt[d * 33 + j] = (j < nk && d < D) ? kb[(long long)(j0 + j) * kvs + d] : 0.0f;
+        }
         attn_load_rows(Vs, vb, kvs, j0, nk, ATTN_BK, D);
         __syncthreads();
 
         const int j = j0 + lane;
         const int docJ = (docs != nullptr && j < T) ? docs[(long long)b * T + j] : 0;
-        float s[ATTN_FWD_ROWS];
+        float s[ROWS];
 #pragma unroll
-        for (int rr = 0; rr < ATTN_FWD_ROWS; rr++) s[rr] = 0.0f;
-        // s = q_r·k_lane; each lane starts at its own column (bank-conflict free).
-        int dd = lane % D;
-        for (int t = 0; t < D; t++) {
-            const float kv = Ks[lane * D + dd];
+        for (int rr = 0; rr < ROWS; rr++) s[rr] = 0.0f;
+        for (int d = 0; d < DP; d += 4) {
+            const float k0 = Kt[d * 33 + lane], k1 = Kt[(d + 1) * 33 + lane];
+            const float k2 = Kt[(d + 2) * 33 + lane], k3 = Kt[(d + 3) * 33 + lane];
 #pragma unroll
-            for (int rr = 0; rr < ATTN_FWD_ROWS; rr++) s[rr] += Qs[(warp * ATTN_FWD_ROWS + rr) * D + dd] * kv;
-            dd = dd + 1 == D ? 0 : dd + 1;
+            for (int rr = 0; rr < ROWS; rr++) {
+                const float4 qv = *reinterpret_cast<const float4*>(&Qs[(warp * ROWS + rr) * DP + d]);
+                s[rr] += qv.x * k0;
+                s[rr] += qv.y * k1;
+                s[rr] += qv.z * k2;
+                s[rr] += qv.w * k3;
+            }
         }
 #pragma unroll
-        for (int rr = 0; rr < ATTN_FWD_ROWS; rr++) {
-            const int i = i0 + warp * ATTN_FWD_ROWS + rr;
+        for (int rr = 0; rr < ROWS; rr++) {
+            const int i = i0 + warp * ROWS + rr;
             const bool ok = i < T && j < T && attn_allowed(causal, i, j, docI[rr], docJ);
             const float sc = ok ? scale * s[rr] : -INFINITY;
             const float mNew = fmaxf(m[rr], attn_warp_max(sc));
@@ -162,25 +179,35 @@ __device__ __forceinline__ void attn_fwd(float* out, float* lse, const float* q,
 #pragma unroll
             for (int c = 0; c < DC; c++) o[rr][c] *= alpha;
             if (dropout && p != 0.0f) p *= attn_keep(key[rr], j, thr, dscale);
-            s[rr] = p;
+            ps[rr * ATTN_BK + lane] = p; // 0 for keys past T
         }
-        // O += P·V: lane owns columns lane + 32c.
-        for (int jj = 0; jj < nk; jj++) {
-            float vv[DC];
+        __syncwarp();
+        // O += P·V: lane owns columns lane + 32c; V rows past nk are 0.
+        for (int jj = 0; jj < nk; jj += 4) {
+            float vv[4][DC];
 #pragma unroll
-            for (int c = 0; c < DC; c++) vv[c] = c * 32 + lane < D ? Vs[jj * D + c * 32 + lane] : 0.0f;
+            for (int u = 0; u < 4; u++)
 #pragma unroll
-            for (int rr = 0; rr < ATTN_FWD_ROWS; rr++) {
-                const float pj = __shfl_sync(ATTN_FULL, s[rr], jj);
+                for (int c = 0; c < DC; c++)
+                    vv[u][c] = c * 32 + lane < D ? Vs[(jj + u) * D + c * 32 + lane] : 0.0f;
 #pragma unroll
-                for (int c = 0; c < DC; c++) o[rr][c] += pj * vv[c];
+            for (int rr = 0; rr < ROWS; rr++) {
+                const float4 p4 = *reinterpret_cast<const float4*>(&ps[rr * ATTN_BK + jj]);
+#pragma unroll
+                for (int c = 0; c < DC; c++) {
+                    o[rr][c] += p4.x * vv[0][c];
+                    o[rr][c] += p4.y * vv[1][c];
+                    o[rr][c] += p4.z * vv[2][c];
+                    o[rr][c] += p4.w * vv[3][c];
+                }
             }
         }
+        __syncwarp(); // ps is read before the next tile overwrites it
     }
 
 #pragma unroll
-    for (int rr = 0; rr < ATTN_FWD_ROWS; rr++) {
-        const int i = i0 + warp * ATTN_FWD_ROWS + rr;
+    for (int rr = 0; rr < ROWS; rr++) {
+        const int i = i0 + warp * ROWS + rr;
         if (i >= T) continue;
         float* ob = out + ((long long)b * T + i) * qs + (long long)h * D;
         float inv = 0.0f, ls = -INFINITY;
@@ -195,20 +222,23 @@ __device__ __forceinline__ void attn_fwd(float* out, float* lse, const float* q,
     }
 }
 
-#define ATTN_FWD_KERNEL(NAME, DMAX)                                                                                  \
+// Forward instantiations: 8 query rows per warp up to D = 64, 6 up to 128
+// (the tiles fill at most 48 KiB of shared memory).
+#define ATTN_FWD_KERNEL(NAME, DMAX, ROWS)                                                                            \
     extern "C" __global__ void __launch_bounds__(ATTN_THREADS)                                                       \
         NAME(float* out, float* lse, const float* q, const float* k, const float* v, const int32_t* docs, int T,     \
              int HQ, int HKV, int D, float scale, int causal, int dropout, uint32_t thr, float dscale, uint64_t seed, \
              int firstHead) {                                                                                        \
-        __shared__ float Qs[ATTN_FWD_BQ * DMAX];                                                                     \
-        __shared__ float Ks[ATTN_BK * DMAX];                                                                         \
+        __shared__ __align__(16) float Qs[4 * ROWS * DMAX];                                                          \
+        __shared__ float Kt[DMAX * 33];                                                                              \
         __shared__ float Vs[ATTN_BK * DMAX];                                                                         \
-        attn_fwd<DMAX / 32>(out, lse, q, k, v, docs, T, HQ, HKV, D, scale, causal, dropout, thr, dscale, seed,       \
-                            firstHead, Qs, Ks, Vs);                                                                  \
+        __shared__ __align__(16) float Ps[4 * ROWS * ATTN_BK];                                                       \
+        attn_fwd<DMAX / 32, ROWS>(out, lse, q, k, v, docs, T, HQ, HKV, D, scale, causal, dropout, thr, dscale, seed, \
+                                  firstHead, Qs, Kt, Vs, Ps);                                                        \
     }
 
-ATTN_FWD_KERNEL(attn_fwd_d64_f32, 64)
-ATTN_FWD_KERNEL(attn_fwd_d128_f32, 128)
+ATTN_FWD_KERNEL(attn_fwd_d64_f32, 64, 8)
+ATTN_FWD_KERNEL(attn_fwd_d128_f32, 128, 6)
 
 // attn_bwd_delta_f32 writes delta[b, h, i] = dout[b, i, h, :]·out[b, i, h, :]
 // (internal/cpu's D_i): one warp per (b, i, h) row, rows = B·T·HQ.
