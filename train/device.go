@@ -7,7 +7,7 @@ import (
 	"github.com/gotron/gotron/tensor"
 )
 
-// This file is the Trainer's device seam (--device). The model is built on
+// This file is the stepper's device seam (--device). The model is built on
 // the CPU, from the seed or sliced by the parallel plan, and moved to the
 // device once; after that, host code touches device storage only at the
 // I/O boundaries, through the explicit copies the tensor package counts:
@@ -19,12 +19,12 @@ import (
 // moveToDevice moves this rank's parameters (its stages' under pipelining,
 // the tied embedding's copy included) to the run's device, before the
 // gradient buffers and the optimizer state are allocated beside them.
-func (t *Trainer) moveToDevice() {
-	if t.cfg.Device == tensor.CPU {
+func (st *stepper) moveToDevice() {
+	if st.cfg.Device == tensor.CPU {
 		return
 	}
-	tensor.MoveParams(t.cfg.Device, t.model.Params()...)
-	tensor.MoveParams(t.cfg.Device, t.localParams()...)
+	tensor.MoveParams(st.cfg.Device, st.model.Params()...)
+	tensor.MoveParams(st.cfg.Device, st.localParams()...)
 }
 
 // batchTo returns bt with every tensor copied to dev (bt itself on the CPU):

@@ -29,7 +29,7 @@ func runOn(t *testing.T, cfg Config, dev tensor.Device) deviceRun {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, p := range tr.localParams() {
+	for _, p := range tr.stepper.localParams() {
 		if p.Device() != dev || p.Grad == nil || p.Grad.Device() != dev {
 			t.Fatalf("%s: parameter or gradient not on the %v device", p.Name, dev)
 		}
@@ -39,7 +39,7 @@ func runOn(t *testing.T, cfg Config, dev tensor.Device) deviceRun {
 		t.Fatal(err)
 	}
 	out := deviceRun{res: res, params: map[string][]float32{}, log: log.String()}
-	for _, p := range tr.localParams() {
+	for _, p := range tr.stepper.localParams() {
 		out.params[p.Name] = append([]float32(nil), tensor.ToHost(p).Float32s()...)
 	}
 	return out

@@ -125,7 +125,7 @@ func runDP(t *testing.T, cfg Config, dp int, dc ddp.Config, train, valid datagpt
 			ps[p.Name] = slices.Clone(tensor.ToHost(p).Float32s())
 		}
 		runs[rank] = dpRun{res: res, params: ps, seen: rec.seen, optB: tr.OptimizerStateBytes(), device: tr.Model.Device()}
-		if d, ok := tr.reducer.(ddpGrads); ok {
+		if d, ok := tr.stepper.reducer.(ddpGrads); ok {
 			runs[rank].early = d.EarlyBuckets()
 		}
 		return nil

@@ -333,9 +333,9 @@ func TestDecoupledLR(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	tr.sched.Apply(tr.opt.Groups())
+	tr.stepper.sched.Apply(tr.stepper.opt.Groups())
 	found := 0
-	for _, g := range tr.opt.Groups() {
+	for _, g := range tr.stepper.opt.Groups() {
 		for _, p := range g.Params {
 			switch {
 			case p.Name == "embedding.word_embeddings.weight":

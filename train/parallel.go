@@ -10,10 +10,11 @@ import (
 
 	"github.com/gotron/gotron/comm"
 	"github.com/gotron/gotron/optim"
+	"github.com/gotron/gotron/parallel"
 	"github.com/gotron/gotron/parallel/ddp"
 )
 
-// This file wires data parallelism into the Trainer (docs/design/parallel.md):
+// This file wires data parallelism into the stepper (docs/design/parallel.md):
 // the model stays the plain single-process model; ddp owns its gradients
 // (and, with the distributed optimizer, its parameters) in flat buckets
 // reduced over the data-parallel group; the trainer shards the sample
@@ -21,49 +22,50 @@ import (
 // small all-reduce per iteration, and lets one rank log and write.
 
 // dpSize and dpRank are this rank's data-parallel coordinates.
-func (t *Trainer) dpSize() int { return t.par.DPSize() }
-func (t *Trainer) dpRank() int { return t.par.DP.Rank() }
+func (st *stepper) dpSize() int { return st.par.DPSize() }
+func (st *stepper) dpRank() int { return st.par.DP.Rank() }
 
-// isLogger is the rank that prints the log and progress bar: Megatron's last
-// rank (the last pipeline stage of the last data-parallel replica).
-func (t *Trainer) isLogger() bool { return t.par.World.Rank() == t.par.World.Size()-1 }
+// isLogger reports whether this rank prints the log and progress bar:
+// Megatron's last rank (the last pipeline stage of the last data-parallel
+// replica).
+func isLogger(p *parallel.Groups) bool { return p.World.Rank() == p.World.Size()-1 }
 
-// isWriter is the rank that writes checkpoints: data-parallel rank 0 (global
-// rank 0 without model parallelism).
-func (t *Trainer) isWriter() bool { return t.par.World.Rank() == 0 }
+// isWriter reports whether this rank writes checkpoints: data-parallel
+// rank 0 (global rank 0 without model parallelism).
+func isWriter(p *parallel.Groups) bool { return p.World.Rank() == 0 }
 
 // setupParallel checks the run's arguments agree on every rank, makes every
 // replica start from data-parallel rank 0's parameters, and builds the
 // gradient buffers (ddp's, when launched, at any size: a launched run keeps
 // its layout of buffers whatever its world size) and the optimizer's
 // parameters.
-func (t *Trainer) setupParallel(ctx context.Context, launched bool) ([]*optim.Param, error) {
-	p := t.par
-	if err := checkSameArgs(ctx, p.World, t.cfg.Args); err != nil {
+func (st *stepper) setupParallel(ctx context.Context, launched bool) ([]*optim.Param, error) {
+	p := st.par
+	if err := checkSameArgs(ctx, p.World, st.cfg.Args); err != nil {
 		return nil, err
 	}
-	if !t.isLogger() {
-		t.cfg.Out, t.cfg.Progress, t.cfg.MetricsFile = io.Discard, nil, ""
+	if !isLogger(st.par) {
+		st.cfg.Out, st.cfg.Progress, st.cfg.MetricsFile = io.Discard, nil, ""
 	}
 	if !launched {
-		ps := optimParams(t.localParams())
-		t.reducer = localGrads{params: t.localParams()}
+		ps := optimParams(st.localParams())
+		st.reducer = localGrads{params: st.localParams()}
 		return ps, nil
 	}
-	d, err := ddp.New(t.localParams(), p.DPCP, t.cfg.DDP, t.sharedEmbedding())
+	d, err := ddp.New(st.localParams(), p.DPCP, st.cfg.DDP, st.sharedEmbedding())
 	if err != nil {
 		return nil, err
 	}
-	t.reducer = ddpGrads{d}
-	for _, w := range t.localParams() {
+	st.reducer = ddpGrads{d}
+	for _, w := range st.localParams() {
 		if err := staged(w, func(v []float32) error { return p.DP.Broadcast(ctx, comm.Float32s(v), 0) }); err != nil {
 			return nil, fmt.Errorf("train: broadcast parameter %s from data-parallel rank 0: %w", w.Name, err)
 		}
 	}
-	if t.cfg.DDP.DistributedOptimizer {
+	if st.cfg.DDP.DistributedOptimizer {
 		return d.ShardParams(), nil
 	}
-	return optimParams(t.localParams()), nil
+	return optimParams(st.localParams()), nil
 }
 
 // checkSameArgs compares a hash of every rank's arguments and names the ranks
@@ -103,8 +105,8 @@ type agreement struct {
 
 // agree all-reduces the iteration's scalars over the data-parallel group
 // (the world, while data parallelism is the only degree).
-func (t *Trainer) agree(ctx context.Context, a agreement) (agreement, error) {
-	if t.par.World.Size() == 1 {
+func (st *stepper) agree(ctx context.Context, a agreement) (agreement, error) {
+	if st.par.World.Size() == 1 {
 		return a, nil // one rank agrees with itself: no float32 round trip
 	}
 	b2f := func(b bool) float32 {
@@ -114,8 +116,8 @@ func (t *Trainer) agree(ctx context.Context, a agreement) (agreement, error) {
 		return 0
 	}
 	v := []float32{float32(a.loss), b2f(a.nonFin), float32(a.sumSq), b2f(a.stopped), b2f(a.timeUp)}
-	if err := t.par.World.AllReduce(ctx, comm.Float32s(v), comm.Sum); err != nil {
-		return a, fmt.Errorf("train: iteration %d: %w", t.Iteration+1, err)
+	if err := st.par.World.AllReduce(ctx, comm.Float32s(v), comm.Sum); err != nil {
+		return a, fmt.Errorf("train: iteration %d: %w", st.Iteration+1, err)
 	}
 	return agreement{loss: float64(v[0]), nonFin: v[1] > 0, sumSq: float64(v[2]), stopped: v[3] > 0, timeUp: v[4] > 0}, nil
 }
@@ -123,14 +125,14 @@ func (t *Trainer) agree(ctx context.Context, a agreement) (agreement, error) {
 // reduceGrads finishes this step's gradient reduction and returns whether a
 // gradient is NaN/Inf, the squared global norm (computed where the shard
 // lives), and the all-reduced loss and stop request.
-func (t *Trainer) reduceGrads(ctx context.Context, a agreement) (agreement, error) {
-	if err := t.reducer.Finish(ctx); err != nil {
-		return a, fmt.Errorf("train: iteration %d: %w", t.Iteration+1, err)
+func (st *stepper) reduceGrads(ctx context.Context, a agreement) (agreement, error) {
+	if err := st.reducer.Finish(ctx); err != nil {
+		return a, fmt.Errorf("train: iteration %d: %w", st.Iteration+1, err)
 	}
-	if err := t.reduceSequenceParallelGrads(ctx); err != nil {
+	if err := st.reduceSequenceParallelGrads(ctx); err != nil {
 		return a, err
 	}
-	if err := t.reduceEmbeddingGrads(ctx); err != nil {
+	if err := st.reduceEmbeddingGrads(ctx); err != nil {
 		return a, err
 	}
 	// Every rank adds what it alone contributes, so one sum over the world
@@ -139,23 +141,23 @@ func (t *Trainer) reduceGrads(ctx context.Context, a agreement) (agreement, erro
 	// shard, replicated parameters on TP rank 0 only) on the ranks that hold
 	// distinct gradients (every rank with the distributed optimizer, DP rank
 	// 0 otherwise).
-	if t.scaler != nil {
-		a.nonFin = t.grads.Unscale(t.scaler.InvScale()) // Megatron: unscale, then check for overflow
+	if st.scaler != nil {
+		a.nonFin = st.grads.Unscale(st.scaler.InvScale()) // Megatron: unscale, then check for overflow
 	} else {
-		a.nonFin = t.grads.FoundInf()
+		a.nonFin = st.grads.FoundInf()
 	}
 	a.sumSq = 0
-	if t.cfg.DDP.DistributedOptimizer || t.par.DP.Rank() == 0 {
-		a.sumSq = t.normG.SumSquares()
+	if st.cfg.DDP.DistributedOptimizer || st.par.DP.Rank() == 0 {
+		a.sumSq = st.normG.SumSquares()
 	}
-	if t.par.TP.Rank() != 0 {
+	if st.par.TP.Rank() != 0 {
 		a.loss = 0
 	}
-	g, err := t.agree(ctx, a)
+	g, err := st.agree(ctx, a)
 	if err != nil {
 		return g, err
 	}
-	g.loss /= float64(t.dpSize())
+	g.loss /= float64(st.dpSize())
 	return g, nil
 }
 
@@ -163,7 +165,7 @@ func (t *Trainer) reduceGrads(ctx context.Context, a agreement) (agreement, erro
 // moments, SGD's momentum), in bytes.
 func (t *Trainer) OptimizerStateBytes() int64 {
 	n := int64(0)
-	for _, g := range t.opt.Groups() {
+	for _, g := range t.stepper.opt.Groups() {
 		for _, p := range g.Params {
 			n += int64(p.Data.Numel())
 		}
@@ -178,9 +180,9 @@ func (t *Trainer) OptimizerStateBytes() int64 {
 // syncParams completes the parameter all-gathers of the last step
 // (--overlap-param-gather leaves them in flight until the next forward):
 // evaluation, checkpoints and the caller need whole parameters.
-func (t *Trainer) syncParams() error {
-	if err := t.reducer.WaitParams(t.cctx); err != nil {
-		return fmt.Errorf("train: iteration %d: %w", t.Iteration, err)
+func (st *stepper) syncParams() error {
+	if err := st.reducer.WaitParams(st.cctx); err != nil {
+		return fmt.Errorf("train: iteration %d: %w", st.Iteration, err)
 	}
 	return nil
 }
@@ -188,13 +190,13 @@ func (t *Trainer) syncParams() error {
 // syncWaitSinceLog is the mean time per iteration, in ms, that the last
 // iters iterations spent waiting for the gradient reduction after backward
 // (nil without data parallelism).
-func (t *Trainer) syncWaitSinceLog(iters int64) any {
-	w, ok := t.reducer.syncWait()
+func (rp *reporter) syncWaitSinceLog(iters int64) any {
+	w, ok := rp.stepper.reducer.syncWait()
 	if !ok {
 		return nil
 	}
-	ms := float64(w-t.lastSyncWait) / 1e6 / float64(iters)
-	t.lastSyncWait = w
+	ms := float64(w-rp.lastSyncWait) / 1e6 / float64(iters)
+	rp.lastSyncWait = w
 	return ms
 }
 

@@ -10,7 +10,7 @@ import (
 	"github.com/gotron/gotron/tensor"
 )
 
-// This file wires pipeline parallelism into the Trainer
+// This file wires pipeline parallelism into the stepper
 // (docs/design/parallel.md): every rank builds the whole model from the seed
 // (tensor-parallel sliced), keeps its pipeline stages (gpt.SplitStages: the
 // layers of its virtual stages, the embedding on the first, the final norm,
@@ -25,7 +25,7 @@ import (
 
 // pipelined reports whether this run splits the model over pipeline ranks
 // (and runs its steps through the pipeline executor).
-func (t *Trainer) pipelined() bool { return t.par.PP.Size() > 1 }
+func (st *stepper) pipelined() bool { return st.par.PP.Size() > 1 }
 
 // pipelineSplit is the layer split with the pipeline size of the layout.
 func (c *Config) pipelineSplit() gpt.PipelineSplit {
@@ -35,14 +35,14 @@ func (c *Config) pipelineSplit() gpt.PipelineSplit {
 }
 
 // splitStages keeps this pipeline rank's stages of the whole model m.
-func (t *Trainer) splitStages(m Model) error {
-	stages, err := t.arch.SplitStages(m, t.cfg.pipelineSplit(), t.par.PP.Rank())
+func (st *stepper) splitStages(m Model) error {
+	stages, err := st.arch.SplitStages(m, st.cfg.pipelineSplit(), st.par.PP.Rank())
 	if err != nil {
 		return fmt.Errorf("train: %w", err)
 	}
-	t.stages = stages
+	st.stages = stages
 	for i, s := range stages {
-		t.runners = append(t.runners, &stageRunner{stage: s, chunk: i, rng: t.rng})
+		st.runners = append(st.runners, &stageRunner{stage: s, chunk: i, rng: st.rng})
 	}
 	return nil
 }
@@ -85,12 +85,12 @@ func (r *stageRunner) InputShape(mb int) []int {
 
 // localParams are the parameters this rank trains: its stages' (the tied
 // embedding's copy included on the last stage), or the whole model's.
-func (t *Trainer) localParams() []*tensor.Tensor {
-	if !t.pipelined() {
-		return t.model.Params()
+func (st *stepper) localParams() []*tensor.Tensor {
+	if !st.pipelined() {
+		return st.model.Params()
 	}
 	var ps []*tensor.Tensor
-	for _, s := range t.stages {
+	for _, s := range st.stages {
 		ps = append(ps, s.Params()...)
 	}
 	return ps
@@ -100,7 +100,7 @@ func (t *Trainer) localParams() []*tensor.Tensor {
 // Megatron prints per (tensor, pipeline) rank).
 func (t *Trainer) NumLocalParams() int64 {
 	var n int64
-	for _, p := range t.localParams() {
+	for _, p := range t.stepper.localParams() {
 		n += int64(p.Numel())
 	}
 	return n
@@ -110,11 +110,11 @@ func (t *Trainer) NumLocalParams() int64 {
 // rank, which data parallelism gives a bucket of its own: the first or the
 // last stage's copy under pipelining, the model's table otherwise (nil when
 // untied or on a middle stage).
-func (t *Trainer) sharedEmbedding() *tensor.Tensor {
-	if !t.pipelined() {
-		return t.arch.TiedEmbedding(t.model)
+func (st *stepper) sharedEmbedding() *tensor.Tensor {
+	if !st.pipelined() {
+		return st.arch.TiedEmbedding(st.model)
 	}
-	for _, s := range t.stages {
+	for _, s := range st.stages {
 		if e := s.SharedEmbedding(); e != nil {
 			return e
 		}
@@ -125,8 +125,8 @@ func (t *Trainer) sharedEmbedding() *tensor.Tensor {
 // embeddingCopy is the last stage's copy of the tied word embedding on this
 // rank, or nil: counted once in the gradient norm (on the first stage) and
 // not written to checkpoints.
-func (t *Trainer) embeddingCopy() *tensor.Tensor {
-	for _, s := range t.stages {
+func (st *stepper) embeddingCopy() *tensor.Tensor {
+	for _, s := range st.stages {
 		if e := s.SharedEmbedding(); e != nil && s.IsEmbeddingCopy(e) {
 			return e
 		}
@@ -136,12 +136,12 @@ func (t *Trainer) embeddingCopy() *tensor.Tensor {
 
 // executor returns the pipeline executor for m micro-batches per
 // iteration (one per m: a batch-size ramp changes m).
-func (t *Trainer) executor(m int) (*pp.Executor, error) {
-	if e := t.execs[m]; e != nil {
+func (st *stepper) executor(m int) (*pp.Executor, error) {
+	if e := st.execs[m]; e != nil {
 		return e, nil
 	}
-	sc := pp.Config{PP: t.par.PP.Size(), VPP: len(t.stages), Microbatches: m, GroupSize: t.cfg.MicrobatchGroupSize}
-	acts, err := pp.Actions(sc, t.par.PP.Rank())
+	sc := pp.Config{PP: st.par.PP.Size(), VPP: len(st.stages), Microbatches: m, GroupSize: st.cfg.MicrobatchGroupSize}
+	acts, err := pp.Actions(sc, st.par.PP.Rank())
 	if err != nil {
 		return nil, fmt.Errorf("train: %d micro-batches per iteration (--global-batch-size / (--micro-batch-size × data-parallel size)): %w", m, err)
 	}
@@ -155,40 +155,40 @@ func (t *Trainer) executor(m int) (*pp.Executor, error) {
 			lastChunk = a.Chunk
 		}
 	}
-	stages := make([]pp.Stage, len(t.runners))
-	for i, r := range t.runners {
+	stages := make([]pp.Stage, len(st.runners))
+	for i, r := range st.runners {
 		stages[i] = r
 	}
 	e, err := pp.NewExecutor(pp.ExecConfig{
-		Schedule: sc, Group: t.par.PP, Stages: stages, Actions: acts,
+		Schedule: sc, Group: st.par.PP, Stages: stages, Actions: acts,
 		NewTape: func(int) *tensor.Tape {
 			tp := tensor.NewTape()
-			tp.SetMatmulPrecision(t.tape.MatmulPrecision())
-			tp.SetGradReadyHook(t.reducer.readyHook())
+			tp.SetMatmulPrecision(st.tape.MatmulPrecision())
+			tp.SetGradReadyHook(st.reducer.readyHook())
 			return tp
 		},
 		LastBackward: func(chunk int) {
 			if chunk == lastChunk {
-				t.reducer.StartLastMicrobatch(t.cctx)
+				st.reducer.StartLastMicrobatch(st.cctx)
 			}
 		},
-		LossScale: t.lossScale,
-		Device:    t.cfg.Device,
+		LossScale: st.lossScale,
+		Device:    st.cfg.Device,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("train: %w", err)
 	}
-	if t.execs == nil {
-		t.execs = map[int]*pp.Executor{}
+	if st.execs == nil {
+		st.execs = map[int]*pp.Executor{}
 	}
-	t.execs[m] = e
+	st.execs[m] = e
 	return e, nil
 }
 
 // pipelineStep runs one iteration's forward and backward passes through
 // the pipeline and returns the mean micro-batch loss (0 off the last stage).
-func (t *Trainer) pipelineStep(n, mbs, dp, r int) (float64, error) {
-	e, err := t.executor(n)
+func (st *stepper) pipelineStep(n, mbs, dp, r int) (float64, error) {
+	e, err := st.executor(n)
 	if err != nil {
 		return 0, err
 	}
@@ -196,16 +196,16 @@ func (t *Trainer) pipelineStep(n, mbs, dp, r int) (float64, error) {
 	for i := range n {
 		// Every stage reads the micro-batches (tokens on the first, labels
 		// on the last, positions on all), from the same sample stream.
-		if bts[i], err = t.trainBatch(i, mbs, dp, r); err != nil {
+		if bts[i], err = st.trainBatch(i, mbs, dp, r); err != nil {
 			return 0, err
 		}
 	}
-	for _, rn := range t.runners {
+	for _, rn := range st.runners {
 		rn.batches = bts
 	}
-	loss, err := e.Step(t.cctx)
+	loss, err := e.Step(st.cctx)
 	if err != nil {
-		return 0, fmt.Errorf("train: iteration %d: %w", t.Iteration+1, err)
+		return 0, fmt.Errorf("train: iteration %d: %w", st.Iteration+1, err)
 	}
 	return loss, nil
 }
@@ -215,22 +215,22 @@ func (t *Trainer) pipelineStep(n, mbs, dp, r int) (float64, error) {
 // activation travels the virtual stages in order, one message at a time,
 // so any pipeline size and virtual stage count forms a chain that cannot
 // deadlock.
-func (t *Trainer) pipelineEval(bt gpt.Batch) (float64, error) {
-	g := t.par.PP
+func (st *stepper) pipelineEval(bt gpt.Batch) (float64, error) {
+	g := st.par.PP
 	p, rank := g.Size(), g.Rank()
-	bt = batchTo(bt, t.cfg.Device)
+	bt = batchTo(bt, st.cfg.Device)
 	var loss float64
-	for chunk, s := range t.stages {
+	for chunk, s := range st.stages {
 		var x *tensor.Tensor
 		if !s.IsFirst() {
 			// Received into host memory, then copied to the device.
 			x = tensor.Zeros(s.ActivationShape(bt.Tokens.Dim(0), bt.Tokens.Dim(1))...)
-			if err := g.Recv(t.cctx, comm.Float32s(x.Float32s()), (rank+p-1)%p); err != nil {
+			if err := g.Recv(st.cctx, comm.Float32s(x.Float32s()), (rank+p-1)%p); err != nil {
 				return 0, fmt.Errorf("train: evaluation: receive the activation of stage %d: %w", chunk*p+rank, err)
 			}
-			x = x.ToDevice(t.cfg.Device)
+			x = x.ToDevice(st.cfg.Device)
 		}
-		tp := t.noGradTape()
+		tp := st.noGradTape()
 		out := s.Forward(tp, x, bt, nil, false)
 		if s.IsLast() {
 			loss = scalar(s.Loss(tp, out, bt))
@@ -243,7 +243,7 @@ func (t *Trainer) pipelineEval(bt gpt.Batch) (float64, error) {
 			tp.Reset()
 			continue
 		}
-		err := g.Send(t.cctx, comm.Float32s(hostValues(out.Contiguous())), (rank+1)%p)
+		err := g.Send(st.cctx, comm.Float32s(hostValues(out.Contiguous())), (rank+1)%p)
 		tp.Reset()
 		if err != nil {
 			return 0, fmt.Errorf("train: evaluation: send the activation of stage %d: %w", chunk*p+rank, err)
@@ -256,17 +256,17 @@ func (t *Trainer) pipelineEval(bt gpt.Batch) (float64, error) {
 // copies (first and last stage) over the embedding group, after the
 // data-parallel reduction: on the pieces this rank holds, which are the
 // same elements on both stages (the embedding has a bucket of its own).
-func (t *Trainer) reduceEmbeddingGrads(ctx context.Context) error {
-	e := t.sharedEmbedding()
-	if e == nil || t.par.Embedding.Size() == 1 { // no tied embedding here, or both uses on this rank
+func (st *stepper) reduceEmbeddingGrads(ctx context.Context) error {
+	e := st.sharedEmbedding()
+	if e == nil || st.par.Embedding.Size() == 1 { // no tied embedding here, or both uses on this rank
 		return nil
 	}
-	views := t.reducer.GradViews(func(p *tensor.Tensor) bool { return p == e })
+	views := st.reducer.GradViews(func(p *tensor.Tensor) bool { return p == e })
 	for _, v := range views {
 		if err := staged(v, func(h []float32) error {
-			return t.par.Embedding.AllReduce(ctx, comm.Float32s(h), comm.Sum)
+			return st.par.Embedding.AllReduce(ctx, comm.Float32s(h), comm.Sum)
 		}); err != nil {
-			return fmt.Errorf("train: iteration %d: all-reduce of the tied word embedding's gradient over the embedding group: %w", t.Iteration+1, err)
+			return fmt.Errorf("train: iteration %d: all-reduce of the tied word embedding's gradient over the embedding group: %w", st.Iteration+1, err)
 		}
 	}
 	return nil
@@ -290,16 +290,16 @@ func ownedParams(stages []Stage) []*tensor.Tensor {
 // (the stage's shared stream and, with tensor parallelism, the per-rank
 // one) by world rank, for the checkpoint: under pipelining each stage draws
 // from its own streams.
-func (t *Trainer) pipelineDropoutOffsets() ([][2]uint64, error) {
-	if !t.pipelined() {
+func (ck *checkpointer) pipelineDropoutOffsets() ([][2]uint64, error) {
+	if !ck.stepper.pipelined() {
 		return nil, nil
 	}
-	mine := []int64{int64(t.rng.State().Offset), int64(t.rankRNG.State().Offset)}
-	all := make([]int64, 2*t.par.World.Size())
-	if err := t.par.World.AllGather(t.cctx, comm.Int64s(all), comm.Int64s(mine), nil); err != nil {
+	mine := []int64{int64(ck.stepper.rng.State().Offset), int64(ck.stepper.rankRNG.State().Offset)}
+	all := make([]int64, 2*ck.par.World.Size())
+	if err := ck.par.World.AllGather(ck.stepper.cctx, comm.Int64s(all), comm.Int64s(mine), nil); err != nil {
 		return nil, fmt.Errorf("train: --save: gather the dropout stream positions: %w", err)
 	}
-	out := make([][2]uint64, t.par.World.Size())
+	out := make([][2]uint64, ck.par.World.Size())
 	for r := range out {
 		out[r] = [2]uint64{uint64(all[2*r]), uint64(all[2*r+1])}
 	}
@@ -310,35 +310,35 @@ func (t *Trainer) pipelineDropoutOffsets() ([][2]uint64, error) {
 // checkpoint written by the same layout (same world size and pipeline and
 // tensor-parallel sizes); otherwise they start afresh, and it says so when
 // dropout is on.
-func (t *Trainer) restorePipelineDropout(ra RunArgs) {
-	if !t.pipelined() {
+func (ck *checkpointer) restorePipelineDropout(ra RunArgs) {
+	if !ck.stepper.pipelined() {
 		return
 	}
-	l := t.par.Layout.Config
-	same := len(ra.RankDropoutOffsets) == t.par.World.Size() && ra.PipelineSize == l.PP && ra.TensorSize == max(l.TP, 1)
+	l := ck.par.Layout.Config
+	same := len(ra.RankDropoutOffsets) == ck.par.World.Size() && ra.PipelineSize == l.PP && ra.TensorSize == max(l.TP, 1)
 	if !same {
-		if t.cfg.Model.HiddenDropout > 0 || t.cfg.Model.AttentionDropout > 0 {
-			t.printf("WARNING: the checkpoint's dropout streams were saved by another parallel layout: they start afresh")
+		if ck.cfg.Model.HiddenDropout > 0 || ck.cfg.Model.AttentionDropout > 0 {
+			ck.printf("WARNING: the checkpoint's dropout streams were saved by another parallel layout: they start afresh")
 		}
 		return
 	}
-	o := ra.RankDropoutOffsets[t.par.World.Rank()]
-	st := t.rng.State()
+	o := ra.RankDropoutOffsets[ck.par.World.Rank()]
+	st := ck.stepper.rng.State()
 	st.Offset = o[0]
-	t.rng.SetState(st)
-	st = t.rankRNG.State()
+	ck.stepper.rng.SetState(st)
+	st = ck.stepper.rankRNG.State()
 	st.Offset = o[1]
-	t.rankRNG.SetState(st)
+	ck.stepper.rankRNG.SetState(st)
 }
 
 // broadcastFromLastStage gives every pipeline rank the value the last
 // stage computed (the evaluation loss).
-func (t *Trainer) broadcastFromLastStage(v []float32) error {
-	if !t.pipelined() {
+func (st *stepper) broadcastFromLastStage(v []float32) error {
+	if !st.pipelined() {
 		return nil
 	}
-	if err := t.par.PP.Broadcast(t.cctx, comm.Float32s(v), t.par.PP.Size()-1); err != nil {
-		return fmt.Errorf("train: evaluation at iteration %d: broadcast the loss from the last pipeline stage: %w", t.Iteration, err)
+	if err := st.par.PP.Broadcast(st.cctx, comm.Float32s(v), st.par.PP.Size()-1); err != nil {
+		return fmt.Errorf("train: evaluation at iteration %d: broadcast the loss from the last pipeline stage: %w", st.Iteration, err)
 	}
 	return nil
 }

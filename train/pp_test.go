@@ -47,19 +47,19 @@ func runPP(t *testing.T, cfg Config, l ppLayout, train, valid datagpt.Source) []
 		if err != nil {
 			return fmt.Errorf("rank %d: %w", pg.Rank(), err)
 		}
-		if err := tr.syncParams(); err != nil {
+		if err := tr.stepper.syncParams(); err != nil {
 			return err
 		}
-		if tr.pipelined() {
+		if tr.stepper.pipelined() {
 			if err := tr.gatherPipeline(); err != nil {
 				return err
 			}
 		}
-		run := dpRun{res: res, device: tr.localParams()[0].Device()}
-		if d, ok := tr.reducer.(ddpGrads); ok {
+		run := dpRun{res: res, device: tr.stepper.localParams()[0].Device()}
+		if d, ok := tr.stepper.reducer.(ddpGrads); ok {
 			run.early = d.EarlyBuckets()
 		}
-		if !tr.pipelined() || g.PP.Rank() == 0 {
+		if !tr.stepper.pipelined() || g.PP.Rank() == 0 {
 			whole, err := tr.wholeParams()
 			if err != nil {
 				return err

@@ -73,8 +73,8 @@ func Reshard(ctx context.Context, src, dst string, l ReshardLayout) (int, error)
 		if err != nil {
 			return err
 		}
-		tr.cctx = ctx
-		return tr.save(dst, false)
+		tr.stepper.cctx = ctx
+		return tr.checkpointer.save(dst, false)
 	})
 	for _, e := range rankErrs {
 		if e != nil {

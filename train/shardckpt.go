@@ -45,14 +45,14 @@ type localBlock struct {
 
 // paramBlocks returns the whole shape of parameter name, whose local slice
 // has shape, and the blocks of it the local slice holds.
-func (t *Trainer) paramBlocks(name string, shape []int) ([]int, []localBlock) {
-	full := t.fullShape(name, shape)
-	if t.region.Size() == 1 || t.replicated(name) { // whole on this rank: one block
+func (ck *checkpointer) paramBlocks(name string, shape []int) ([]int, []localBlock) {
+	full := ck.stepper.fullShape(name, shape)
+	if ck.stepper.region.Size() == 1 || ck.stepper.replicated(name) { // whole on this rank: one block
 		return full, []localBlock{{0, ckpt.Whole(full)}}
 	}
-	rank := t.region.Rank()
+	rank := ck.stepper.region.Rank()
 	b := ckpt.Whole(shape)
-	switch t.plan(name) {
+	switch ck.stepper.plan(name) {
 	case tp.Column:
 		b.Offset[0] = rank * shape[0]
 	case tp.Row:
@@ -108,8 +108,8 @@ func optimizerKey(key string) (kind, param string, lo, hi int, sharded bool, err
 // dpWriters deals the tensors replicated across this rank's data-parallel
 // group to its ranks, largest first to the least loaded: every rank of the
 // group computes the same table, as they hold the same parameters.
-func (t *Trainer) dpWriters(params []*tensor.Tensor, withOptim int) map[string]int {
-	dp := t.par.DP.Size()
+func (ck *checkpointer) dpWriters(params []*tensor.Tensor, withOptim int) map[string]int {
+	dp := ck.par.DP.Size()
 	owner := map[string]int{}
 	if dp == 1 {
 		for _, p := range params {
@@ -139,19 +139,19 @@ func (t *Trainer) dpWriters(params []*tensor.Tensor, withOptim int) map[string]i
 // checkpointPieces returns the pieces of the model and optimizer state st
 // (this rank's, as the optimizer keeps it) that this rank writes; their
 // data alias the live tensors (newSnapshot points them at a copy).
-func (t *Trainer) checkpointPieces(st *optim.State) ([]ckpt.Piece, error) {
-	owned := t.model.Params()
-	if t.pipelined() {
-		owned = ownedParams(t.stages)
+func (ck *checkpointer) checkpointPieces(st *optim.State) ([]ckpt.Piece, error) {
+	owned := ck.stepper.model.Params()
+	if ck.stepper.pipelined() {
+		owned = ownedParams(ck.stepper.stages)
 	}
-	tpRank, dpRank := t.region.Rank(), t.par.DP.Rank()
+	tpRank, dpRank := ck.stepper.region.Rank(), ck.par.DP.Rank()
 	replicatedBuffers := 0 // per parameter, dealt with it
-	if st != nil && !t.cfg.DDP.DistributedOptimizer {
+	if st != nil && !ck.cfg.DDP.DistributedOptimizer {
 		replicatedBuffers = len(stateKinds(*st))
 	}
-	writer := t.dpWriters(owned, replicatedBuffers)
+	writer := ck.dpWriters(owned, replicatedBuffers)
 	writes := func(name string, dpSharded bool) bool {
-		if tpRank != 0 && t.replicated(name) {
+		if tpRank != 0 && ck.stepper.replicated(name) {
 			return false
 		}
 		w, ok := writer[name]
@@ -168,7 +168,7 @@ func (t *Trainer) checkpointPieces(st *optim.State) ([]ckpt.Piece, error) {
 	for _, p := range owned {
 		shapes[p.Name] = p.Shape()
 		if writes(p.Name, false) {
-			full, blocks := t.paramBlocks(p.Name, p.Shape())
+			full, blocks := ck.paramBlocks(p.Name, p.Shape())
 			add(ckpt.GroupModel, p.Name, full, blocks, hostValues(p))
 		}
 	}
@@ -183,7 +183,7 @@ func (t *Trainer) checkpointPieces(st *optim.State) ([]ckpt.Piece, error) {
 		}
 		shape, ok := shapes[name]
 		if !ok {
-			if e := t.embeddingCopy(); e != nil && e.Name == name {
+			if e := ck.stepper.embeddingCopy(); e != nil && e.Name == name {
 				continue // the tied embedding's copy: the first stage writes its state
 			}
 			return nil, fmt.Errorf("train: optimizer buffer %s names no parameter of this rank", key)
@@ -197,14 +197,14 @@ func (t *Trainer) checkpointPieces(st *optim.State) ([]ckpt.Piece, error) {
 		if !writes(name, sharded) {
 			continue
 		}
-		full, blocks := t.paramBlocks(name, shape)
+		full, blocks := ck.paramBlocks(name, shape)
 		add(ckpt.GroupOptimizer, kind+"/"+name, full, restrict(blocks, lo, hi), buf)
 	}
 	return out, nil
 }
 
 // snapshot is an asynchronous save's copy of this rank's shards into the
-// snapshot buffer (Trainer.snapshot, grown as needed and reused by the next
+// snapshot buffer (checkpointer.snapshot, grown as needed and reused by the next
 // save: at most one is in flight), in chunks of a megabyte that any
 // goroutine may take: the background writer's thread takes them first, at
 // the lowest priority, so the copy runs while training leaves a core idle;
@@ -230,16 +230,16 @@ const snapChunkFloats = 1 << 18
 // newSnapshot prepares the copy of the pieces' data into the snapshot
 // buffer and points the pieces at their copies (not yet made: the writer
 // must wait for done).
-func (t *Trainer) newSnapshot(pieces []ckpt.Piece) *snapshot {
+func (ck *checkpointer) newSnapshot(pieces []ckpt.Piece) *snapshot {
 	n := 0
 	for _, p := range pieces {
 		n += len(p.Data)
 	}
-	if cap(t.snapshot) < n {
-		t.snapshot = ckpt.AlignedFloat32s(n) // aligned and back to back: written with O_DIRECT
+	if cap(ck.snapshot) < n {
+		ck.snapshot = ckpt.AlignedFloat32s(n) // aligned and back to back: written with O_DIRECT
 	}
 	s := &snapshot{done: make(chan struct{}), started: time.Now()}
-	buf := t.snapshot[:n]
+	buf := ck.snapshot[:n]
 	for i := range pieces {
 		src, k := pieces[i].Data, len(pieces[i].Data)
 		dst := buf[:k:k]
@@ -318,13 +318,13 @@ func (s *snapshot) finish() {
 // this rank's shards into, and touches every page of it: the first save
 // then costs a copy, not a copy plus the page faults of a fresh gigabyte.
 // It is the memory overhead of asynchronous saving, reported here.
-func (t *Trainer) allocateSnapshot() error {
-	st := t.opt.State()
+func (ck *checkpointer) allocateSnapshot() error {
+	st := ck.stepper.opt.State()
 	var ps *optim.State
-	if !t.cfg.NoSaveOptim {
+	if !ck.cfg.NoSaveOptim {
 		ps = &st
 	}
-	pieces, err := t.checkpointPieces(ps)
+	pieces, err := ck.checkpointPieces(ps)
 	if err != nil {
 		return err
 	}
@@ -332,11 +332,11 @@ func (t *Trainer) allocateSnapshot() error {
 	for _, p := range pieces {
 		n += len(p.Data)
 	}
-	t.snapshot = ckpt.AlignedFloat32s(n) // aligned: written with O_DIRECT
+	ck.snapshot = ckpt.AlignedFloat32s(n) // aligned: written with O_DIRECT
 	for i := 0; i < n; i += 1024 {
-		t.snapshot[i] = 0 // fault the page in
+		ck.snapshot[i] = 0 // fault the page in
 	}
-	t.printf("--async-save: %.1f MB set aside for a copy of this rank's checkpoint shards", float64(4*n)/1e6)
+	ck.printf("--async-save: %.1f MB set aside for a copy of this rank's checkpoint shards", float64(4*n)/1e6)
 	return nil
 }
 
@@ -358,9 +358,9 @@ func stateKinds(st optim.State) []string {
 // readParams fills this rank's parameters (its stages' under pipelining,
 // the tied embedding's copy included) from the checkpoint, reading only the
 // blocks it holds.
-func (t *Trainer) readParams(r *ckpt.Reader) error {
-	for _, p := range t.localParams() {
-		full, blocks := t.paramBlocks(p.Name, p.Shape())
+func (ck *checkpointer) readParams(r *ckpt.Reader) error {
+	for _, p := range ck.stepper.localParams() {
+		full, blocks := ck.paramBlocks(p.Name, p.Shape())
 		if err := staged(p, func(v []float32) error {
 			for _, b := range blocks {
 				if err := r.Read(ckpt.GroupModel, p.Name, full, b.Block, v[b.start:b.start+b.Len()]); err != nil {
@@ -377,9 +377,9 @@ func (t *Trainer) readParams(r *ckpt.Reader) error {
 
 // readOptimizerState fills st, this rank's optimizer state as the optimizer
 // keeps it (its keys and lengths), from the checkpoint.
-func (t *Trainer) readOptimizerState(r *ckpt.Reader, st *optim.State) error {
+func (ck *checkpointer) readOptimizerState(r *ckpt.Reader, st *optim.State) error {
 	shapes := map[string][]int{}
-	for _, p := range t.localParams() {
+	for _, p := range ck.stepper.localParams() {
 		shapes[p.Name] = p.Shape()
 	}
 	for _, key := range st.BufferNames() {
@@ -395,7 +395,7 @@ func (t *Trainer) readOptimizerState(r *ckpt.Reader, st *optim.State) error {
 		if !sharded {
 			lo, hi = 0, len(buf)
 		}
-		full, blocks := t.paramBlocks(name, shape)
+		full, blocks := ck.paramBlocks(name, shape)
 		for _, b := range restrict(blocks, lo, hi) {
 			if err := r.Read(ckpt.GroupOptimizer, kind+"/"+name, full, b.Block, buf[b.start:b.start+b.Len()]); err != nil {
 				return fmt.Errorf("train: --load: %w", err)
@@ -409,18 +409,18 @@ func (t *Trainer) readOptimizerState(r *ckpt.Reader, st *optim.State) error {
 // optimizer) tensors against this run's model: names, whole shapes and
 // dtypes, every mismatch listed. Unexpected tensors are errors unless
 // strictness allows them (Megatron's --dist-ckpt-strictness).
-func (t *Trainer) expectTensors(r *ckpt.Reader, optimizer *optim.State) error {
-	unexpectedOK, logUnexpected := strictness(t.cfg.DistCkptStrictness)
+func (ck *checkpointer) expectTensors(r *ckpt.Reader, optimizer *optim.State) error {
+	unexpectedOK, logUnexpected := strictness(ck.cfg.DistCkptStrictness)
 	want := map[string]ckpt.Spec{}
-	for _, p := range t.model.Params() {
-		want[p.Name] = ckpt.Spec{DType: safetensors.F32, Shape: t.fullShape(p.Name, p.Shape())}
+	for _, p := range ck.stepper.model.Params() {
+		want[p.Name] = ckpt.Spec{DType: safetensors.F32, Shape: ck.stepper.fullShape(p.Name, p.Shape())}
 	}
 	err := r.Expect(ckpt.GroupModel, want, unexpectedOK)
 	if optimizer != nil && len(optimizer.Buffers) > 0 && err == nil {
 		wantOpt := map[string]ckpt.Spec{}
 		for _, kind := range stateKinds(*optimizer) {
-			for _, p := range t.model.Params() {
-				shape := t.fullShape(p.Name, p.Shape())
+			for _, p := range ck.stepper.model.Params() {
+				shape := ck.stepper.fullShape(p.Name, p.Shape())
 				if r.Version < 2 {
 					shape = []int{numel(shape)} // format 1 stores optimizer buffers flat
 				}
@@ -435,7 +435,7 @@ func (t *Trainer) expectTensors(r *ckpt.Reader, optimizer *optim.State) error {
 	if logUnexpected {
 		for _, name := range slices.Sorted(maps.Keys(r.Tensors(ckpt.GroupModel))) {
 			if _, ok := want[name]; !ok {
-				t.printf("WARNING: --load: checkpoint tensor %s/%s is not used by the model", ckpt.GroupModel, name)
+				ck.printf("WARNING: --load: checkpoint tensor %s/%s is not used by the model", ckpt.GroupModel, name)
 			}
 		}
 	}

@@ -31,9 +31,9 @@ type TensorBoard struct {
 }
 
 // openTensorBoard opens the writer on the logging rank.
-func (t *Trainer) openTensorBoard() error {
-	tb := &t.cfg.TensorBoard
-	if tb.Dir == "" || !t.isLogger() {
+func (rp *reporter) openTensorBoard() error {
+	tb := &rp.cfg.TensorBoard
+	if tb.Dir == "" || !isLogger(rp.par) {
 		return nil
 	}
 	w, err := tensorboard.New(tb.Dir)
@@ -45,8 +45,8 @@ func (t *Trainer) openTensorBoard() error {
 }
 
 // closeTensorBoard flushes and closes the writer.
-func (t *Trainer) closeTensorBoard() error {
-	tb := &t.cfg.TensorBoard
+func (rp *reporter) closeTensorBoard() error {
+	tb := &rp.cfg.TensorBoard
 	if tb.writer == nil {
 		return nil
 	}
@@ -61,65 +61,65 @@ func (t *Trainer) closeTensorBoard() error {
 // tbScalar writes one scalar (and its "vs samples" twin when vsSamples); a
 // write error is reported once on the log and stops TensorBoard output
 // (training goes on).
-func (t *Trainer) tbScalar(tag string, v float64, vsSamples bool) {
-	tb := &t.cfg.TensorBoard
+func (rp *reporter) tbScalar(tag string, v float64, vsSamples bool) {
+	tb := &rp.cfg.TensorBoard
 	if tb.writer == nil || math.IsNaN(v) {
 		return
 	}
-	err := tb.writer.AddScalar(tag, v, t.Iteration)
+	err := tb.writer.AddScalar(tag, v, rp.Iteration)
 	if err == nil && vsSamples {
-		err = tb.writer.AddScalar(tensorboard.VsSamples(tag), v, t.Consumed)
+		err = tb.writer.AddScalar(tensorboard.VsSamples(tag), v, rp.Consumed)
 	}
 	if err != nil && !tb.writeErrorReported {
 		tb.writeErrorReported = true
-		t.printf("WARNING: --tensorboard-dir: %v: no more TensorBoard output", err)
+		rp.printf("WARNING: --tensorboard-dir: %v: no more TensorBoard output", err)
 	}
 }
 
 // tbIteration writes the per-iteration scalars.
-func (t *Trainer) tbIteration(loss float64) {
-	tb := &t.cfg.TensorBoard
-	if tb.writer == nil || t.Iteration%max(tb.LogInterval, 1) != 0 {
+func (rp *reporter) tbIteration(loss float64) {
+	tb := &rp.cfg.TensorBoard
+	if tb.writer == nil || rp.Iteration%max(tb.LogInterval, 1) != 0 {
 		return
 	}
-	t.tbScalar(tensorboard.TagLearningRate, t.lastLR, true)
-	t.tbScalar(tensorboard.TagBatchSize, float64(t.mb.CurrentGlobalBatchSize()), true)
-	t.tbScalar(tensorboard.TagLMLoss, loss, true)
-	t.tbScalar(tensorboard.TagLossScale, float64(t.lossScale()), true)
-	t.tbScalar(tensorboard.TagGradNorm, t.lastGradNorm, true)
+	rp.tbScalar(tensorboard.TagLearningRate, rp.stepper.lastLR, true)
+	rp.tbScalar(tensorboard.TagBatchSize, float64(rp.stepper.mb.CurrentGlobalBatchSize()), true)
+	rp.tbScalar(tensorboard.TagLMLoss, loss, true)
+	rp.tbScalar(tensorboard.TagLossScale, float64(rp.stepper.lossScale()), true)
+	rp.tbScalar(tensorboard.TagGradNorm, rp.stepper.lastGradNorm, true)
 	if tb.LogMemory {
 		var ms runtime.MemStats
 		runtime.ReadMemStats(&ms)
 		tb.maxHeapAllocBytes = max(tb.maxHeapAllocBytes, ms.HeapAlloc)
-		t.tbScalar(tensorboard.TagMemReservedBytes, float64(ms.Sys), false)
-		t.tbScalar(tensorboard.TagMemAllocatedBytes, float64(ms.HeapAlloc), false)
-		t.tbScalar(tensorboard.TagMemMaxAllocatedBytes, float64(tb.maxHeapAllocBytes), false)
-		t.tbScalar(tensorboard.TagMemAllocatedCount, float64(ms.Mallocs-ms.Frees), false)
+		rp.tbScalar(tensorboard.TagMemReservedBytes, float64(ms.Sys), false)
+		rp.tbScalar(tensorboard.TagMemAllocatedBytes, float64(ms.HeapAlloc), false)
+		rp.tbScalar(tensorboard.TagMemMaxAllocatedBytes, float64(tb.maxHeapAllocBytes), false)
+		rp.tbScalar(tensorboard.TagMemAllocatedCount, float64(ms.Mallocs-ms.Frees), false)
 	}
 }
 
 // tbLogLine writes the scalars of a log line (timers, throughput).
-func (t *Trainer) tbLogLine(secondsPerIteration, tflopsPerRank float64) {
-	tb := &t.cfg.TensorBoard
+func (rp *reporter) tbLogLine(secondsPerIteration, tflopsPerRank float64) {
+	tb := &rp.cfg.TensorBoard
 	if tb.writer == nil {
 		return
 	}
 	if tb.LogTimers {
-		t.tbScalar(tensorboard.TagIterationTime, secondsPerIteration, false)
+		rp.tbScalar(tensorboard.TagIterationTime, secondsPerIteration, false)
 	}
 	if tb.LogThroughput {
-		t.tbScalar(tensorboard.TagThroughput, tflopsPerRank, false)
+		rp.tbScalar(tensorboard.TagThroughput, tflopsPerRank, false)
 	}
 	if err := tb.writer.Flush(); err != nil && !tb.writeErrorReported {
 		tb.writeErrorReported = true
-		t.printf("WARNING: --tensorboard-dir: %v: no more TensorBoard output", err)
+		rp.printf("WARNING: --tensorboard-dir: %v: no more TensorBoard output", err)
 	}
 }
 
 // tbValidation writes an evaluation's loss (and perplexity).
-func (t *Trainer) tbValidation(loss float64) {
-	t.tbScalar(tensorboard.TagLMLossValidation, loss, true)
-	if t.cfg.TensorBoard.LogValidationPPL {
-		t.tbScalar(tensorboard.TagLMLossValidationPPL, math.Exp(math.Min(20, loss)), true)
+func (rp *reporter) tbValidation(loss float64) {
+	rp.tbScalar(tensorboard.TagLMLossValidation, loss, true)
+	if rp.cfg.TensorBoard.LogValidationPPL {
+		rp.tbScalar(tensorboard.TagLMLossValidationPPL, math.Exp(math.Min(20, loss)), true)
 	}
 }

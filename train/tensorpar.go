@@ -11,19 +11,19 @@ import (
 	"github.com/gotron/gotron/tensor"
 )
 
-// This file wires tensor (and sequence) parallelism into the Trainer: the
-// model is built whole from the seed and sliced by GPT's plan
-// (gpt.Parallelize), so every TP size starts from the same values;
+// This file wires tensor (and sequence) parallelism into the stepper: the
+// model is built whole from the seed and sliced by the architecture's plan
+// (Architecture.Parallelize), so every TP size starts from the same values;
 // checkpoints hold whole tensors, gathered over the TP group when saving
 // and sliced when loading, so a checkpoint written at TP=N loads at any TP.
 
 // shardModel keeps this tensor-parallel rank's slices of the whole model:
 // the whole model itself with TP = 1, where a region of one rank is the
 // identity and the model runs without one (no collectives to skip).
-func (t *Trainer) shardModel(full Model, root *tensor.RNG) (Model, error) {
-	p := t.par
-	t.region = &tp.Region{Group: p.TP, SequenceParallel: t.cfg.SequenceParallel}
-	t.plan = t.arch.TPStyle
+func (st *stepper) shardModel(full Model, root *tensor.RNG) (Model, error) {
+	p := st.par
+	st.region = &tp.Region{Group: p.TP, SequenceParallel: st.cfg.SequenceParallel}
+	st.plan = st.arch.TPStyle
 	// Megatron's model-parallel RNG: a stream per tensor-parallel rank, for
 	// dropout on sequence shards. Attention dropout draws from the shared
 	// stream and keys its masks by global head (gpt.Model.coreAttention),
@@ -32,23 +32,23 @@ func (t *Trainer) shardModel(full Model, root *tensor.RNG) (Model, error) {
 	if p.Layout.Config.PP > 1 {
 		name = fmt.Sprintf("dropout-pp-rank-%d-tp-rank-%d", p.PP.Rank(), p.TP.Rank())
 	}
-	t.rankRNG = root.Fork(name)
-	if t.region.Size() == 1 {
+	st.rankRNG = root.Fork(name)
+	if st.region.Size() == 1 {
 		return full, nil
 	}
-	return t.arch.Parallelize(full, t.region, t.rankRNG)
+	return st.arch.Parallelize(full, st.region, st.rankRNG)
 }
 
 // gatherDropoutOffsets collects every TP rank's dropout stream position for
 // the checkpoint (nil with TP = 1, whose model draws from the shared
 // stream only).
-func (t *Trainer) gatherDropoutOffsets() ([]uint64, error) {
-	if t.region.Size() == 1 {
+func (ck *checkpointer) gatherDropoutOffsets() ([]uint64, error) {
+	if ck.stepper.region.Size() == 1 {
 		return nil, nil
 	}
-	all := make([]int64, t.region.Size())
-	mine := []int64{int64(t.rankRNG.State().Offset)}
-	if err := t.par.TP.AllGather(t.cctx, comm.Int64s(all), comm.Int64s(mine), nil); err != nil {
+	all := make([]int64, ck.stepper.region.Size())
+	mine := []int64{int64(ck.stepper.rankRNG.State().Offset)}
+	if err := ck.par.TP.AllGather(ck.stepper.cctx, comm.Int64s(all), comm.Int64s(mine), nil); err != nil {
 		return nil, fmt.Errorf("train: gather dropout stream positions over the tensor-parallel group: %w", err)
 	}
 	out := make([]uint64, len(all))
@@ -62,41 +62,41 @@ func (t *Trainer) gatherDropoutOffsets() ([]uint64, error) {
 // checkpoint left it; a checkpoint from another TP size starts the streams
 // afresh (masks of sequence shards cannot be resharded), and says so when
 // they are used (hidden dropout with sequence parallelism).
-func (t *Trainer) restoreDropoutOffset(offsets []uint64) {
-	if len(offsets) != t.region.Size() {
-		if t.cfg.SequenceParallel && t.cfg.Model.HiddenDropout > 0 {
-			t.printf("WARNING: the checkpoint's per-rank dropout streams are for %d tensor-parallel ranks, not %d: they start afresh", len(offsets), t.region.Size())
+func (ck *checkpointer) restoreDropoutOffset(offsets []uint64) {
+	if len(offsets) != ck.stepper.region.Size() {
+		if ck.cfg.SequenceParallel && ck.cfg.Model.HiddenDropout > 0 {
+			ck.printf("WARNING: the checkpoint's per-rank dropout streams are for %d tensor-parallel ranks, not %d: they start afresh", len(offsets), ck.stepper.region.Size())
 		}
 		return
 	}
-	st := t.rankRNG.State()
-	st.Offset = offsets[t.region.Rank()]
-	t.rankRNG.SetState(st)
+	st := ck.stepper.rankRNG.State()
+	st.Offset = offsets[ck.stepper.region.Rank()]
+	ck.stepper.rankRNG.SetState(st)
 }
 
 // replicated reports whether parameter name is whole on every
 // tensor-parallel rank.
-func (t *Trainer) replicated(name string) bool {
-	return t.plan(name) == tp.Replicated
+func (st *stepper) replicated(name string) bool {
+	return st.plan(name) == tp.Replicated
 }
 
 // normParams are the optimizer parameters whose gradients this rank counts
 // in the global norm: all of them, except that parameters replicated across
 // tensor-parallel ranks count on TP rank 0 only (Megatron counts each
 // parameter once).
-func (t *Trainer) normParams(ps []*optim.Param) []*optim.Param {
+func (st *stepper) normParams(ps []*optim.Param) []*optim.Param {
 	copyName := ""
-	if e := t.embeddingCopy(); e != nil {
+	if e := st.embeddingCopy(); e != nil {
 		// The last stage's copy of the tied embedding: counted on the first.
 		copyName = e.Name
 	}
-	if t.region.Rank() == 0 && copyName == "" {
+	if st.region.Rank() == 0 && copyName == "" {
 		return ps
 	}
 	var out []*optim.Param
 	for _, p := range ps {
 		name, _, _ := strings.Cut(p.Name, "[") // distributed-optimizer pieces are "name[a:b]"
-		if name == copyName || (t.region.Rank() != 0 && t.replicated(name)) {
+		if name == copyName || (st.region.Rank() != 0 && st.replicated(name)) {
 			continue
 		}
 		out = append(out, p)
@@ -108,14 +108,14 @@ func (t *Trainer) normParams(ps []*optim.Param) []*optim.Param {
 // of replicated parameters that each rank computed from its sequence shard
 // only (norms, row-parallel biases): Megatron's
 // finalize_model_grads for --sequence-parallel.
-func (t *Trainer) reduceSequenceParallelGrads(ctx context.Context) error {
-	if !t.cfg.SequenceParallel { // (which needs TP > 1)
+func (st *stepper) reduceSequenceParallelGrads(ctx context.Context) error {
+	if !st.cfg.SequenceParallel { // (which needs TP > 1)
 		return nil
 	}
 	// The position table is added before the activations are split into
 	// sequence shards: its gradient is whole on every rank already.
-	views := t.reducer.GradViews(func(p *tensor.Tensor) bool {
-		return t.replicated(p.Name) && p.Name != "embedding.position_embeddings.weight"
+	views := st.reducer.GradViews(func(p *tensor.Tensor) bool {
+		return st.replicated(p.Name) && p.Name != "embedding.position_embeddings.weight"
 	})
 	n := 0
 	for _, v := range views {
@@ -127,8 +127,8 @@ func (t *Trainer) reduceSequenceParallelGrads(ctx context.Context) error {
 	for _, v := range views {
 		buf = append(buf, hostValues(v)...)
 	}
-	if err := t.par.TP.AllReduce(ctx, comm.Float32s(buf), comm.Sum); err != nil {
-		return fmt.Errorf("train: iteration %d: sequence-parallel gradient all-reduce: %w", t.Iteration+1, err)
+	if err := st.par.TP.AllReduce(ctx, comm.Float32s(buf), comm.Sum); err != nil {
+		return fmt.Errorf("train: iteration %d: sequence-parallel gradient all-reduce: %w", st.Iteration+1, err)
 	}
 	for _, v := range views {
 		setValues(v, buf[:v.Numel()])
@@ -138,13 +138,13 @@ func (t *Trainer) reduceSequenceParallelGrads(ctx context.Context) error {
 }
 
 // fullShape is the whole shape of a parameter whose TP slice has shape.
-func (t *Trainer) fullShape(name string, shape []int) []int {
+func (st *stepper) fullShape(name string, shape []int) []int {
 	out := append([]int(nil), shape...)
-	switch t.plan(name) {
+	switch st.plan(name) {
 	case tp.Column, tp.ColumnGLU:
-		out[0] *= t.region.Size()
+		out[0] *= st.region.Size()
 	case tp.Row:
-		out[len(out)-1] *= t.region.Size()
+		out[len(out)-1] *= st.region.Size()
 	}
 	return out
 }
@@ -159,12 +159,12 @@ func numel(shape []int) int {
 
 // tpCommSinceLog is the mean time per iteration, in ms, of the last iters
 // iterations' tensor-parallel collectives (nil with TP = 1, which has none).
-func (t *Trainer) tpCommSinceLog(iters int64) any {
-	if t.region.Size() == 1 {
+func (rp *reporter) tpCommSinceLog(iters int64) any {
+	if rp.stepper.region.Size() == 1 {
 		return nil
 	}
-	c := t.region.CommTime()
-	ms := float64(c-t.lastTPComm) / 1e6 / float64(iters)
-	t.lastTPComm = c
+	c := rp.stepper.region.CommTime()
+	ms := float64(c-rp.lastTPComm) / 1e6 / float64(iters)
+	rp.lastTPComm = c
 	return ms
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/gotron/gotron/comm"
 	"github.com/gotron/gotron/model/gpt"
 	"github.com/gotron/gotron/optim"
+	"github.com/gotron/gotron/parallel"
 	"github.com/gotron/gotron/tensor"
 )
 
@@ -44,6 +45,23 @@ type RunArgs struct {
 	LossScaler *optim.LossScalerState `json:"loss_scaler,omitempty"`
 }
 
+// checkpointer saves and resumes a run: the stepper's parameters and
+// optimizer state in the sharded format (shardckpt.go: which rank writes
+// and reads which blocks), the position, the RNG, scheduler and loss-scaler
+// state, and the asynchronous save in flight (--async-save).
+type checkpointer struct {
+	*position
+	cfg     *Config
+	par     *parallel.Groups
+	stepper *stepper // what is saved and restored
+	printf  func(format string, args ...any)
+
+	pending     *pendingSave // the --async-save in flight
+	snapshot    []float32    // its copy of this rank's shards, reused by the next
+	tpOffsets   []uint64     // every TP rank's rankRNG offset, for the checkpoint being written
+	rankOffsets [][2]uint64  // every rank's dropout stream offsets under pipelining, for the checkpoint
+}
+
 // save writes a sharded checkpoint of the current iteration under root:
 // every rank writes the shards it owns (see shardckpt.go) in parallel, then
 // world rank 0 merges their reports into checkpoint.json, renames the
@@ -51,60 +69,60 @@ type RunArgs struct {
 // learns whether it succeeded. With async (--async-save) the shards are
 // copied and written in the background; pollSave finalises the save at a
 // later iteration.
-func (t *Trainer) save(root string, async bool) error {
-	if err := t.waitSave(); err != nil { // at most one save in flight
+func (ck *checkpointer) save(root string, async bool) error {
+	if err := ck.waitSave(); err != nil { // at most one save in flight
 		return err
 	}
-	if err := t.syncParams(); err != nil {
+	if err := ck.stepper.syncParams(); err != nil {
 		return err
 	}
 	var err error
-	if t.tpOffsets, err = t.gatherDropoutOffsets(); err != nil {
+	if ck.tpOffsets, err = ck.gatherDropoutOffsets(); err != nil {
 		return err
 	}
-	if t.rankOffsets, err = t.pipelineDropoutOffsets(); err != nil {
+	if ck.rankOffsets, err = ck.pipelineDropoutOffsets(); err != nil {
 		return err
 	}
-	it := int(t.Iteration)
-	if t.isWriter() {
+	it := int(ck.Iteration)
+	if isWriter(ck.par) {
 		err = ckpt.BeginSharded(root, it)
 	}
-	if err = t.agreeSave(err, "prepare"); err != nil {
+	if err = ck.agreeSave(err, "prepare"); err != nil {
 		return err
 	}
 	var st *optim.State
 	var ost optim.State
-	if v, ok := t.opt.(optim.StateViewer); ok {
+	if v, ok := ck.stepper.opt.(optim.StateViewer); ok {
 		ost = v.StateView() // copied below when the save is asynchronous
 	} else {
-		ost = t.opt.State()
+		ost = ck.stepper.opt.State()
 	}
-	if !t.cfg.NoSaveOptim {
+	if !ck.cfg.NoSaveOptim {
 		st = &ost
 	}
-	meta, err := t.checkpointMeta(ost)
-	ps := &pendingSave{root: root, iteration: it, meta: meta, started: t.cfg.Now(), async: async}
+	meta, err := ck.checkpointMeta(ost)
+	ps := &pendingSave{root: root, iteration: it, meta: meta, started: ck.cfg.Now(), async: async}
 	if err == nil {
 		var pieces []ckpt.Piece
-		pieces, err = t.checkpointPieces(st)
+		pieces, err = ck.checkpointPieces(st)
 		for _, p := range pieces {
 			ps.bytes += 4 * int64(len(p.Data))
 		}
 		write := func() error {
 			var err error
 			if async {
-				err = ckpt.WriteShardsInBackground(context.Background(), root, it, t.worldRank(), pieces, t.cfg.AsyncSaveRate*1e6)
+				err = ckpt.WriteShardsInBackground(context.Background(), root, it, ck.worldRank(), pieces, ck.cfg.AsyncSaveRate*1e6)
 			} else {
-				err = ckpt.WriteShards(context.Background(), root, it, t.worldRank(), pieces)
+				err = ckpt.WriteShards(context.Background(), root, it, ck.worldRank(), pieces)
 			}
-			ps.wrote = t.cfg.Now().Sub(ps.started)
+			ps.wrote = ck.cfg.Now().Sub(ps.started)
 			return err
 		}
 		if err == nil && async {
 			// The parameters and optimizer state stay as they are until
 			// the next optimizer step: the copy overlaps the next forward
 			// and backward, and only that step waits for it (waitSnapshot).
-			ps.done, ps.snap = make(chan error, 1), t.newSnapshot(pieces)
+			ps.done, ps.snap = make(chan error, 1), ck.newSnapshot(pieces)
 			release := addWriterProc()
 			go func() {
 				// The copy and the write at the lowest priority, on a
@@ -116,45 +134,45 @@ func (t *Trainer) save(root string, async bool) error {
 				release()
 				ps.done <- err
 			}()
-			t.pending = ps
-			t.printf("saving checkpoint at iteration %7d to %s in the background (%.1f MB of this rank's shards copied during the next iteration)", it, root, float64(ps.bytes)/1e6)
+			ck.pending = ps
+			ck.printf("saving checkpoint at iteration %7d to %s in the background (%.1f MB of this rank's shards copied during the next iteration)", it, root, float64(ps.bytes)/1e6)
 			return nil
 		}
 		if err == nil {
 			err = write()
 		}
 	}
-	return t.finishSave(ps, err)
+	return ck.finishSave(ps, err)
 }
 
 // finishSave completes a save whose shards this rank wrote (or failed to
 // write, err): every rank agrees, then rank 0 finalises it.
-func (t *Trainer) finishSave(ps *pendingSave, err error) error {
-	if err = t.agreeSave(err, "write"); err != nil {
-		if t.isWriter() {
+func (ck *checkpointer) finishSave(ps *pendingSave, err error) error {
+	if err = ck.agreeSave(err, "write"); err != nil {
+		if isWriter(ck.par) {
 			ckpt.AbortSharded(ps.root, ps.iteration)
 		}
 		return err
 	}
-	if t.isWriter() {
-		err = ckpt.FinishSharded(ps.root, ps.iteration, ps.meta, t.checkpointLayout())
+	if isWriter(ck.par) {
+		err = ckpt.FinishSharded(ps.root, ps.iteration, ps.meta, ck.checkpointLayout())
 	}
-	if err = t.agreeSave(err, "finalise"); err != nil {
+	if err = ck.agreeSave(err, "finalise"); err != nil {
 		return err
 	}
 	mb := float64(ps.bytes) / 1e6
 	if ps.async {
-		t.printf("saved checkpoint at iteration %7d to %s (in the background: this rank's %.1f MB copied in %.3f s, written in %.3f s, %.0f MB/s; finalised after iteration %d; %.0f%% of the copy left to the optimizer step)",
-			ps.iteration, ps.root, mb, ps.snap.took.Seconds(), ps.wrote.Seconds(), mb/ps.wrote.Seconds(), t.Iteration, 100*ps.snap.stepShare())
+		ck.printf("saved checkpoint at iteration %7d to %s (in the background: this rank's %.1f MB copied in %.3f s, written in %.3f s, %.0f MB/s; finalised after iteration %d; %.0f%% of the copy left to the optimizer step)",
+			ps.iteration, ps.root, mb, ps.snap.took.Seconds(), ps.wrote.Seconds(), mb/ps.wrote.Seconds(), ck.Iteration, 100*ps.snap.stepShare())
 	} else {
-		took := t.cfg.Now().Sub(ps.started)
-		t.printf("saved checkpoint at iteration %7d to %s in %.3f s (this rank wrote %.1f MB, %.0f MB/s)", ps.iteration, ps.root, took.Seconds(), mb, mb/took.Seconds())
+		took := ck.cfg.Now().Sub(ps.started)
+		ck.printf("saved checkpoint at iteration %7d to %s in %.3f s (this rank wrote %.1f MB, %.0f MB/s)", ps.iteration, ps.root, took.Seconds(), mb, mb/took.Seconds())
 	}
 	return nil
 }
 
 // pendingSave is a save this rank is writing; an asynchronous one stays in
-// flight (Trainer.pending) until pollSave finalises it.
+// flight (checkpointer.pending) until pollSave finalises it.
 type pendingSave struct {
 	root      string
 	iteration int
@@ -169,17 +187,17 @@ type pendingSave struct {
 
 // waitSnapshot waits until the save in flight has copied this rank's
 // shards: the optimizer step is about to change them.
-func (t *Trainer) waitSnapshot() {
-	if t.pending != nil {
-		t.pending.snap.finish()
+func (ck *checkpointer) waitSnapshot() {
+	if ck.pending != nil {
+		ck.pending.snap.finish()
 	}
 }
 
 // pollSave finalises the save in flight once every rank has written its
 // shards; with wait it waits for them. Every rank calls it at the same
 // points (the start of every iteration, before a save, at the end).
-func (t *Trainer) pollSave(wait bool) error {
-	ps := t.pending
+func (ck *checkpointer) pollSave(wait bool) error {
+	ps := ck.pending
 	if ps == nil {
 		return nil
 	}
@@ -198,33 +216,33 @@ func (t *Trainer) pollSave(wait bool) error {
 		// Read once: keep the result for the next poll if others lag.
 		ps.done <- werr
 	}
-	if t.par.World.Size() > 1 {
+	if ck.par.World.Size() > 1 {
 		v := []float32{0}
 		if written {
 			v[0] = 1
 		}
-		if err := t.par.World.AllReduce(t.cctx, comm.Float32s(v), comm.Sum); err != nil {
+		if err := ck.par.World.AllReduce(ck.stepper.cctx, comm.Float32s(v), comm.Sum); err != nil {
 			return fmt.Errorf("train: asynchronous save of iteration %d: %w", ps.iteration, err)
 		}
-		written = int(v[0]) == t.par.World.Size()
+		written = int(v[0]) == ck.par.World.Size()
 	}
 	if !written {
 		return nil
 	}
 	werr = <-ps.done
-	t.pending = nil
-	return t.finishSave(ps, werr)
+	ck.pending = nil
+	return ck.finishSave(ps, werr)
 }
 
 // waitSave waits for the save in flight, if any, and finalises it.
-func (t *Trainer) waitSave() error { return t.pollSave(true) }
+func (ck *checkpointer) waitSave() error { return ck.pollSave(true) }
 
 // agreeSave tells every rank whether step of a save failed on any rank: it
 // returns this rank's error, or one naming the step if another rank failed.
-func (t *Trainer) agreeSave(err error, step string) error {
-	if t.par.World.Size() == 1 {
+func (ck *checkpointer) agreeSave(err error, step string) error {
+	if ck.par.World.Size() == 1 {
 		if err != nil {
-			return fmt.Errorf("train: --save at iteration %d: %w", t.Iteration, err)
+			return fmt.Errorf("train: --save at iteration %d: %w", ck.Iteration, err)
 		}
 		return nil
 	}
@@ -232,47 +250,47 @@ func (t *Trainer) agreeSave(err error, step string) error {
 	if err != nil {
 		failed[0] = 1
 	}
-	if cerr := t.par.World.AllReduce(t.cctx, comm.Float32s(failed), comm.Sum); cerr != nil {
-		return fmt.Errorf("train: --save at iteration %d: %w", t.Iteration, cerr)
+	if cerr := ck.par.World.AllReduce(ck.stepper.cctx, comm.Float32s(failed), comm.Sum); cerr != nil {
+		return fmt.Errorf("train: --save at iteration %d: %w", ck.Iteration, cerr)
 	}
 	switch {
 	case err != nil:
-		return fmt.Errorf("train: --save at iteration %d (rank %d): %w", t.Iteration, t.worldRank(), err)
+		return fmt.Errorf("train: --save at iteration %d (rank %d): %w", ck.Iteration, ck.worldRank(), err)
 	case failed[0] > 0:
-		return fmt.Errorf("train: --save at iteration %d failed to %s on %d rank(s): see their log", t.Iteration, step, int(failed[0]))
+		return fmt.Errorf("train: --save at iteration %d failed to %s on %d rank(s): see their log", ck.Iteration, step, int(failed[0]))
 	}
 	return nil
 }
 
-func (t *Trainer) worldRank() int { return t.par.World.Rank() }
+func (ck *checkpointer) worldRank() int { return ck.par.World.Rank() }
 
 // checkpointLayout is this run's parallel layout, recorded in the
 // checkpoint for inspection.
-func (t *Trainer) checkpointLayout() ckpt.Layout {
-	l := ckpt.Layout{WorldSize: t.par.World.Size(), TensorParallel: t.par.TP.Size(), PipelineParallel: t.par.PP.Size(),
-		DataParallel: t.par.DP.Size(), DistributedOptimizer: t.cfg.DDP.DistributedOptimizer}
-	if t.pipelined() {
-		l.VirtualStages = len(t.stages)
+func (ck *checkpointer) checkpointLayout() ckpt.Layout {
+	l := ckpt.Layout{WorldSize: ck.par.World.Size(), TensorParallel: ck.par.TP.Size(), PipelineParallel: ck.par.PP.Size(),
+		DataParallel: ck.par.DP.Size(), DistributedOptimizer: ck.cfg.DDP.DistributedOptimizer}
+	if ck.stepper.pipelined() {
+		l.VirtualStages = len(ck.stepper.stages)
 	}
 	return l
 }
 
 // checkpointMeta is the checkpoint's metadata beside the tensors: samples,
 // arguments, RNG and scheduler state, the optimizer's kind and steps (ost).
-func (t *Trainer) checkpointMeta(ost optim.State) (ckpt.Meta, error) {
-	ra := RunArgs{Model: t.cfg.Model, SeqLength: t.cfg.SeqLength, OptimizerKind: ost.Kind,
-		OptimizerSteps: ost.Steps, NaNIterations: t.NaNIterations, CLI: t.cfg.Args, TPDropoutOffsets: t.tpOffsets, LossScaler: t.scalerState()}
-	if t.pipelined() {
-		ra.RankDropoutOffsets, ra.PipelineSize, ra.TensorSize = t.rankOffsets, t.par.PP.Size(), t.par.TP.Size()
+func (ck *checkpointer) checkpointMeta(ost optim.State) (ckpt.Meta, error) {
+	ra := RunArgs{Model: ck.cfg.Model, SeqLength: ck.cfg.SeqLength, OptimizerKind: ost.Kind,
+		OptimizerSteps: ost.Steps, NaNIterations: ck.NaNIterations, CLI: ck.cfg.Args, TPDropoutOffsets: ck.tpOffsets, LossScaler: ck.scalerState()}
+	if ck.stepper.pipelined() {
+		ra.RankDropoutOffsets, ra.PipelineSize, ra.TensorSize = ck.rankOffsets, ck.par.PP.Size(), ck.par.TP.Size()
 	}
 	args, err := json.Marshal(ra)
 	if err != nil {
 		return ckpt.Meta{}, err
 	}
-	rng, _ := json.Marshal(t.rng.State())
-	sched, _ := json.Marshal(t.sched.State())
-	return ckpt.Meta{Iteration: int(t.Iteration), ConsumedTrainSamples: t.Consumed, SkippedTrainSamples: t.Skipped, ConsumedValidSamples: t.ConsumedValid,
-		FloatingPointOperationsSoFar: t.FLOPsSoFar, Args: args, RNGState: rng, Scheduler: sched}, nil
+	rng, _ := json.Marshal(ck.stepper.rng.State())
+	sched, _ := json.Marshal(ck.stepper.sched.State())
+	return ckpt.Meta{Iteration: int(ck.Iteration), ConsumedTrainSamples: ck.Consumed, SkippedTrainSamples: ck.Skipped, ConsumedValidSamples: ck.ConsumedValid,
+		FloatingPointOperationsSoFar: ck.FLOPsSoFar, Args: args, RNGState: rng, Scheduler: sched}, nil
 }
 
 // LoadModel opens the latest checkpoint under dir and returns its model and
@@ -320,14 +338,14 @@ func loadWeights(m Model, r *ckpt.Reader) error {
 // load resumes from the latest checkpoint under root, written by any
 // parallel layout (or by SaveModel, or format 1): each rank reads the
 // blocks of the parameters and optimizer buffers it holds.
-func (t *Trainer) load(root string) error {
-	start := t.cfg.Now()
+func (ck *checkpointer) load(root string) error {
+	start := ck.cfg.Now()
 	r, err := ckpt.Open(root, -1)
 	if errors.Is(err, ckpt.ErrNoCheckpoint) {
 		// Megatron's load_checkpoint: no tracker file, start from random
 		// (what a first run with --save DIR --load DIR, or a restarted job
 		// that never saved, sees).
-		t.printf("WARNING: --load %s holds no checkpoint (no %s): training starts from scratch", root, ckpt.TrackerFile)
+		ck.printf("WARNING: --load %s holds no checkpoint (no %s): training starts from scratch", root, ckpt.TrackerFile)
 		return nil
 	}
 	if err != nil {
@@ -337,16 +355,16 @@ func (t *Trainer) load(root string) error {
 		return fmt.Errorf("train: --load: %w", err)
 	}
 	defer r.Close()
-	if err := checkCheckpointArgs(root, t.cfg.Model, r.Meta.Args); err != nil {
+	if err := checkCheckpointArgs(root, ck.cfg.Model, r.Meta.Args); err != nil {
 		return err
 	}
 	weightsOnly := !r.Has(ckpt.GroupOptimizer) && len(r.Meta.Scheduler) == 0
-	loadOptim := !t.cfg.Finetune && !weightsOnly && !t.cfg.NoLoadOptim
+	loadOptim := !ck.cfg.Finetune && !weightsOnly && !ck.cfg.NoLoadOptim
 	var st optim.State
 	if loadOptim {
 		// The keys and lengths this rank's optimizer keeps (SGD without
 		// momentum keeps none, and its checkpoints have no optimizer group).
-		st = t.opt.State()
+		st = ck.stepper.opt.State()
 		if len(st.Buffers) > 0 && !r.Has(ckpt.GroupOptimizer) {
 			return fmt.Errorf("train: --load %s has no optimizer state (saved with --no-save-optim?): add --no-load-optim", root)
 		}
@@ -355,20 +373,20 @@ func (t *Trainer) load(root string) error {
 	if loadOptim {
 		want = &st
 	}
-	if err := t.expectTensors(r, want); err != nil {
+	if err := ck.expectTensors(r, want); err != nil {
 		return err
 	}
-	if err := t.readParams(r); err != nil {
+	if err := ck.readParams(r); err != nil {
 		return err
 	}
-	if t.cfg.Finetune {
-		t.printf("loaded weights from %s (--finetune: iteration, optimizer and scheduler start fresh)", root)
+	if ck.cfg.Finetune {
+		ck.printf("loaded weights from %s (--finetune: iteration, optimizer and scheduler start fresh)", root)
 		return nil
 	}
 	if weightsOnly {
 		// A weights-only checkpoint (gotron convert, SaveModel): nothing to
 		// resume but the weights.
-		t.printf("loaded weights-only checkpoint from %s: training starts at iteration 0", root)
+		ck.printf("loaded weights-only checkpoint from %s: training starts at iteration 0", root)
 		return nil
 	}
 	var ra RunArgs
@@ -383,39 +401,38 @@ func (t *Trainer) load(root string) error {
 	if err := json.Unmarshal(r.Meta.Scheduler, &sched); err != nil {
 		return fmt.Errorf("train: --load %s: scheduler state: %w", root, err)
 	}
-	t.Iteration, t.Consumed, t.ConsumedValid = int64(r.Meta.Iteration), r.Meta.ConsumedTrainSamples, r.Meta.ConsumedValidSamples
-	t.Skipped, t.NaNIterations, t.FLOPsSoFar = r.Meta.SkippedTrainSamples, ra.NaNIterations, r.Meta.FloatingPointOperationsSoFar
-	t.skippedAtLog, t.nanAtLog = t.Skipped, t.NaNIterations
-	if t.scaler != nil && ra.LossScaler != nil {
-		if err := t.scaler.LoadState(*ra.LossScaler); err != nil {
+	ck.Iteration, ck.Consumed, ck.ConsumedValid = int64(r.Meta.Iteration), r.Meta.ConsumedTrainSamples, r.Meta.ConsumedValidSamples
+	ck.Skipped, ck.NaNIterations, ck.FLOPsSoFar = r.Meta.SkippedTrainSamples, ra.NaNIterations, r.Meta.FloatingPointOperationsSoFar
+	if ck.stepper.scaler != nil && ra.LossScaler != nil {
+		if err := ck.stepper.scaler.LoadState(*ra.LossScaler); err != nil {
 			return fmt.Errorf("train: --load %s: %w", root, err)
 		}
 	}
-	if !t.cfg.NoLoadRNG {
-		if t.pipelined() {
+	if !ck.cfg.NoLoadRNG {
+		if ck.stepper.pipelined() {
 			// Each stage has its own streams (forked by pipeline rank).
-			t.restorePipelineDropout(ra)
+			ck.restorePipelineDropout(ra)
 		} else {
-			t.rng.SetState(rng)
-			t.restoreDropoutOffset(ra.TPDropoutOffsets)
+			ck.stepper.rng.SetState(rng)
+			ck.restoreDropoutOffset(ra.TPDropoutOffsets)
 		}
 	}
-	if err := t.sched.LoadState(sched); err != nil {
+	if err := ck.stepper.sched.LoadState(sched); err != nil {
 		return fmt.Errorf("train: --load %s: %w", root, err)
 	}
 	if loadOptim {
 		if ra.OptimizerKind != st.Kind {
 			return fmt.Errorf("train: --load %s: the checkpoint's optimizer state is %q, this run's optimizer is %q", root, ra.OptimizerKind, st.Kind)
 		}
-		if err := t.readOptimizerState(r, &st); err != nil {
+		if err := ck.readOptimizerState(r, &st); err != nil {
 			return err
 		}
 		st.Steps = ra.OptimizerSteps
-		if err := t.opt.LoadState(st); err != nil {
+		if err := ck.stepper.opt.LoadState(st); err != nil {
 			return fmt.Errorf("train: --load %s: %w", root, err)
 		}
 	}
-	t.printf("loaded checkpoint from %s at iteration %d (consumed samples %d) in %.3f s", root, t.Iteration, t.Consumed, t.cfg.Now().Sub(start).Seconds())
+	ck.printf("loaded checkpoint from %s at iteration %d (consumed samples %d) in %.3f s", root, ck.Iteration, ck.Consumed, ck.cfg.Now().Sub(start).Seconds())
 	return nil
 }
 
@@ -453,11 +470,11 @@ func ReadRunArgs(dir string) (RunArgs, error) {
 	return ra, nil
 }
 
-func (t *Trainer) scalerState() *optim.LossScalerState {
-	if t.scaler == nil {
+func (ck *checkpointer) scalerState() *optim.LossScalerState {
+	if ck.stepper.scaler == nil {
 		return nil
 	}
-	st := t.scaler.State()
+	st := ck.stepper.scaler.State()
 	return &st
 }
 

@@ -1,0 +1,297 @@
+package train
+
+import (
+	"bufio"
+	"encoding/json"
+	"fmt"
+	"io"
+	"math"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/gotron/gotron/parallel"
+	"github.com/gotron/gotron/tensor"
+)
+
+// reporter reports a run as Megatron does: the log line every
+// --log-interval iterations (with tokens/s and MFU), evaluation blocks,
+// the metrics file, TensorBoard (tblog.go) and a progress bar. Only the
+// logging rank writes (others discard their output).
+type reporter struct {
+	*position
+	cfg     *Config
+	par     *parallel.Groups
+	stepper *stepper // the step's outcome (learning rate, grad norm, loss scale) and communication times
+
+	metrics  *metricsWriter
+	progress *progressBar
+
+	// Since the last log line.
+	lastLog        time.Time
+	lastLogIter    int64
+	lossSinceLog   float64
+	itersSinceLog  int64
+	skippedAtLog   int64 // Skipped and NaNIterations at the last log line
+	nanAtLog       int64
+	lastLoggedLoss float64       // the lm loss of the last log line
+	lastSyncWait   time.Duration // the gradient reduction's wait at the last log line
+	lastTPComm     time.Duration // region.CommTime at the last log line
+	startIter      int64         // the iteration Run started at
+}
+
+// open starts reporting a Run at the current position: it opens the
+// metrics file, the progress bar and TensorBoard; close undoes it.
+func (rp *reporter) open() (close func(), err error) {
+	cfg := rp.cfg
+	rp.lastLog, rp.lastLogIter, rp.startIter = rp.stepper.startTime, rp.Iteration, rp.Iteration
+	rp.skippedAtLog, rp.nanAtLog = rp.Skipped, rp.NaNIterations
+	var closers []func()
+	close = func() {
+		for i := len(closers) - 1; i >= 0; i-- {
+			closers[i]()
+		}
+	}
+	if cfg.MetricsFile != "" {
+		mw, err := openMetrics(cfg.MetricsFile)
+		if err != nil {
+			return close, err
+		}
+		closers = append(closers, func() { mw.Close() })
+		rp.metrics = mw
+	}
+	if cfg.Progress != nil {
+		rp.progress = newProgressBar(cfg.Progress, rp.Iteration, rp.trainIters, cfg.Now)
+		closers = append(closers, rp.progress.finish)
+	}
+	if err := rp.openTensorBoard(); err != nil {
+		return close, err
+	}
+	closers = append(closers, func() { rp.closeTensorBoard() })
+	return close, nil
+}
+
+// logIteration accumulates the loss and, every --log-interval iterations,
+// prints Megatron's log line (training_log in megatron/training/training.py)
+// plus tokens/s and MFU, and appends a JSON object to the metrics file.
+//
+// It returns the iteration's metrics record (nil when nothing is logged or
+// there is no metrics file); the caller adds this iteration's evaluation and
+// writes it with writeMetrics.
+func (rp *reporter) logIteration(loss float64) map[string]any {
+	cfg := rp.cfg
+	// Megatron leaves skipped iterations out of the logged mean.
+	if !math.IsNaN(loss) && !math.IsInf(loss, 0) && !rp.stepper.overflow {
+		rp.lossSinceLog += loss
+		rp.itersSinceLog++
+	}
+	if rp.progress != nil {
+		rp.progress.update(rp.Iteration, loss)
+	}
+	if rp.Iteration%cfg.LogInterval != 0 && rp.Iteration != rp.trainIters {
+		return nil
+	}
+	now := cfg.Now()
+	iters := rp.Iteration - rp.lastLogIter
+	if iters <= 0 {
+		return nil
+	}
+	perIter := now.Sub(rp.lastLog).Seconds() / float64(iters)
+	gbs := rp.stepper.mb.CurrentGlobalBatchSize()
+	flops := FLOPsPerIteration(rp.cfg.Model, gbs, cfg.SeqLength)
+	// Megatron's "throughput per GPU" divides by the world size; MFU is
+	// against each process's peak.
+	world := float64(rp.par.World.Size())
+	tflops := flops / perIter / 1e12 / world
+	tokensPerSec := float64(gbs*cfg.SeqLength) / perIter
+	mfu := flops / perIter / world / cfg.PeakFLOPs
+	avg := math.NaN()
+	if rp.itersSinceLog > 0 {
+		avg = rp.lossSinceLog / float64(rp.itersSinceLog)
+	}
+	// Megatron counts skipped and NaN iterations per log interval.
+	skipped, nans := rp.Skipped-rp.skippedAtLog, rp.NaNIterations-rp.nanAtLog
+	var b strings.Builder
+	fmt.Fprintf(&b, "iteration %8d/%8d | consumed samples: %12d | elapsed time per iteration (ms): %.1f | throughput per GPU (TFLOP/s/GPU): %.3f | learning rate: %.6E | global batch size: %5d | lm loss: %.6E | loss scale: %.1f | grad norm: %.3f | number of skipped iterations: %3d | number of nan iterations: %3d | tokens/s: %.1f | MFU: %.1f%% |",
+		rp.Iteration, rp.trainIters, rp.Consumed, perIter*1e3, tflops, rp.stepper.lastLR, gbs, avg, rp.stepper.lossScale(), rp.stepper.lastGradNorm, skipped, nans, tokensPerSec, 100*mfu)
+	if rp.lastLogIter == rp.startIter && isLogger(rp.par) {
+		rp.printTheoreticalMemory()
+	}
+	if cfg.LogParamsNorm {
+		pn := rp.stepper.paramsNorm()
+		fmt.Fprintf(&b, " params norm: %.3f |", pn)
+		rp.tbScalar("params-norm", pn, true)
+	}
+	rp.printf("%s", b.String())
+	rp.tbLogLine(perIter, tflops)
+	var record map[string]any
+	if rp.metrics != nil {
+		// valid_loss is added by the caller when this iteration evaluates.
+		record = map[string]any{
+			"iteration": rp.Iteration, "timestamp": now.Format(time.RFC3339Nano), "consumed_samples": rp.Consumed,
+			"elapsed_ms_per_iteration": perIter * 1e3, "tflops": tflops, "learning_rate": rp.stepper.lastLR, "global_batch_size": gbs,
+			"lm_loss": jsonFloat(avg), "grad_norm": jsonFloat(rp.stepper.lastGradNorm), "skipped_iterations": skipped,
+			"nan_iterations": nans, "loss_scale": rp.stepper.lossScale(), "tokens_per_second": tokensPerSec, "mfu": mfu,
+			"grad_sync_wait_ms_per_iteration": rp.syncWaitSinceLog(iters),
+			"tp_comm_ms_per_iteration":        rp.tpCommSinceLog(iters),
+		}
+	}
+	rp.lastLog, rp.lastLogIter, rp.lastLoggedLoss = now, rp.Iteration, avg
+	rp.lossSinceLog, rp.itersSinceLog = 0, 0
+	rp.skippedAtLog, rp.nanAtLog = rp.Skipped, rp.NaNIterations
+	return record
+}
+
+// writeMetrics appends record to the metrics file (nothing for nil).
+func (rp *reporter) writeMetrics(record map[string]any) {
+	if rp.metrics != nil && record != nil {
+		rp.metrics.write(record)
+	}
+}
+
+// jsonFloat maps NaN/Inf (not representable in JSON) to nil.
+func jsonFloat(x float64) any {
+	if math.IsNaN(x) || math.IsInf(x, 0) {
+		return nil
+	}
+	return x
+}
+
+type metricsWriter struct {
+	f *os.File
+	w *bufio.Writer
+}
+
+func openMetrics(path string) (*metricsWriter, error) {
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return nil, fmt.Errorf("train: metrics file: %w", err)
+	}
+	return &metricsWriter{f: f, w: bufio.NewWriter(f)}, nil
+}
+
+func (m *metricsWriter) write(v map[string]any) {
+	b, _ := json.Marshal(v)
+	m.w.Write(append(b, '\n'))
+	m.w.Flush()
+}
+
+func (m *metricsWriter) Close() error {
+	m.w.Flush()
+	return m.f.Close()
+}
+
+// progressBar draws "[#####.....] 120/500 loss 3.21 ETA 1m20s" on a
+// terminal, redrawn in place.
+type progressBar struct {
+	w          io.Writer
+	start, end int64
+	t0         time.Time
+	now        func() time.Time
+	drawn      bool
+}
+
+func newProgressBar(w io.Writer, start, end int64, now func() time.Time) *progressBar {
+	return &progressBar{w: w, start: start, end: end, t0: now(), now: now}
+}
+
+func (p *progressBar) update(it int64, loss float64) {
+	const width = 30
+	done := float64(it-p.start) / float64(max(p.end-p.start, 1))
+	fill := int(done * width)
+	elapsed := p.now().Sub(p.t0)
+	eta := time.Duration(0)
+	if it > p.start {
+		eta = time.Duration(float64(elapsed) / float64(it-p.start) * float64(p.end-it))
+	}
+	fmt.Fprintf(p.w, "\r[%s%s] %d/%d loss %.4f ETA %s   ", strings.Repeat("#", fill), strings.Repeat(".", width-fill),
+		it, p.end, loss, eta.Round(time.Second))
+	p.drawn = true
+}
+
+func (p *progressBar) clear() {
+	if p.drawn {
+		fmt.Fprint(p.w, "\r\033[K")
+		p.drawn = false
+	}
+}
+
+func (p *progressBar) finish() {
+	if p.drawn {
+		fmt.Fprintln(p.w)
+	}
+}
+
+// printTheoreticalMemory prints Megatron's report_theoretical_memory lines
+// with the first log line (after the optimizer state exists).
+func (rp *reporter) printTheoreticalMemory() {
+	mc := rp.cfg.memoryConfig()
+	mc.NumMicrobatches = rp.stepper.mb.Num()
+	r, err := TheoreticalMemory(mc)
+	if err != nil {
+		return
+	}
+	if rp.progress != nil {
+		rp.progress.clear()
+	}
+	r.WriteTo(rp.cfg.Out)
+}
+
+// paramsNorm is the L2 norm of every parameter, each counted once across
+// tensor-parallel ranks (Megatron's calc_params_l2_norm for
+// --log-params-norm). Collective under tensor parallelism.
+func (st *stepper) paramsNorm() float64 {
+	var counted []*tensor.Tensor
+	cp := st.embeddingCopy()
+	for _, p := range st.localParams() {
+		if (st.region.Rank() != 0 && st.replicated(p.Name)) || p == cp {
+			continue
+		}
+		counted = append(counted, p)
+	}
+	l, err := tensor.NewTensorList(counted...)
+	if err != nil { // parameters are contiguous float32 tensors
+		panic(fmt.Sprintf("train: params norm: %v", err))
+	}
+	sq := tensor.SumSquares(l)
+	if err := sumOver(st.cctx, st.par.MP, &sq); err != nil {
+		return math.NaN()
+	}
+	return math.Sqrt(sq)
+}
+
+func (rp *reporter) printf(format string, args ...any) {
+	if rp.progress != nil {
+		rp.progress.clear()
+	}
+	fmt.Fprintf(rp.cfg.Out, "[%s] "+format+"\n", append([]any{rp.cfg.Now().Format("2006-01-02 15:04:05")}, args...)...)
+}
+
+// printEval prints Megatron's evaluation result block (evaluate_and_print_results).
+func (rp *reporter) printEval(prefix string, loss float64) {
+	s := fmt.Sprintf(" validation loss at %s | lm loss value: %.6E | lm loss PPL: %.6E | ", prefix, loss, math.Exp(math.Min(20, loss)))
+	dashes := strings.Repeat("-", len(s)+1)
+	rp.rawf("%s", dashes)
+	rp.rawf("%s", s)
+	rp.rawf("%s", dashes)
+}
+
+// rawf prints a line without the timestamp (Megatron's print_rank_last).
+func (rp *reporter) rawf(format string, args ...any) {
+	if rp.progress != nil {
+		rp.progress.clear()
+	}
+	fmt.Fprintf(rp.cfg.Out, format+"\n", args...)
+}
+
+// finalEvaluation reports an evaluation after training on set (the
+// validation or the test set): the result block, TensorBoard (under the
+// validation tags, unless training was skipped) and the metrics file
+// (under key).
+func (rp *reporter) finalEvaluation(set, key string, loss float64) {
+	rp.printEval(fmt.Sprintf("iteration %d on %s", rp.Iteration, set), loss)
+	if !rp.cfg.SkipTrain {
+		rp.tbValidation(loss)
+	}
+	rp.writeMetrics(map[string]any{"iteration": rp.Iteration, "timestamp": rp.cfg.Now().Format(time.RFC3339Nano), key: jsonFloat(loss)})
+}

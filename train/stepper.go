@@ -1,0 +1,461 @@
+package train
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"strings"
+	"time"
+
+	"github.com/gotron/gotron/comm"
+	datagpt "github.com/gotron/gotron/data/gpt"
+	"github.com/gotron/gotron/model/gpt"
+	"github.com/gotron/gotron/optim"
+	"github.com/gotron/gotron/parallel"
+	"github.com/gotron/gotron/parallel/pp"
+	"github.com/gotron/gotron/parallel/tp"
+	"github.com/gotron/gotron/tensor"
+)
+
+// position is where a run is in its data and schedule: advanced by the
+// stepper, saved and restored by the checkpointer, reported by the
+// reporter. The Trainer holds it; its parts share it.
+type position struct {
+	Iteration     int64
+	Consumed      int64 // consumed_train_samples
+	ConsumedValid int64 // consumed_valid_samples
+	Skipped       int64 // iterations skipped (NaN/Inf, fp16 overflow), over the run
+	NaNIterations int64
+	FLOPsSoFar    float64
+	trainIters    int64 // the iteration the run ends at
+}
+
+// stepper runs training steps: the model laid out over the parallel
+// groups (parallel.go, tensorpar.go, pipeline.go), the optimizer and its
+// schedule, and the gradient reduction. One step is one global batch.
+type stepper struct {
+	*position
+	cfg   *Config
+	train datagpt.Source
+
+	arch   Architecture // how model was built and is laid out
+	model  Model        // this rank's model (its tensor-parallel slices)
+	opt    optim.Optimizer
+	sched  *optim.Scheduler
+	mb     *optim.Microbatches
+	grads  *optim.Grads
+	normG  *optim.Grads      // the gradients this rank counts in the global norm
+	scaler *optim.LossScaler // --fp16's loss scaler; nil otherwise
+	rng    *tensor.RNG       // dropout stream (Megatron's default CUDA RNG)
+	tape   *tensor.Tape
+	// evalTape runs evaluation's forward passes: no gradients, but the
+	// step's context and the failures of tensor-parallel collectives.
+	evalTape *tensor.Tape
+
+	// Data, tensor and pipeline parallelism; a process alone has the
+	// groups of a world of one.
+	par     *parallel.Groups
+	cctx    context.Context       // collectives' context: not cancelled by a signal, so every rank stops at the same iteration
+	reducer gradReducer           // the step's gradients, reduced over the data-parallel group
+	region  *tp.Region            // tensor-parallel region (of size 1 with TP = 1)
+	plan    func(string) tp.Style // the architecture's tensor-parallel plan
+	rankRNG *tensor.RNG           // per-TP-rank dropout stream (unused with TP = 1)
+	stages  []Stage               // this pipeline rank's model chunks; nil without pipelining
+	runners []*stageRunner        // the stages as the executor runs them
+	execs   map[int]*pp.Executor  // pipeline executors by micro-batches per iteration
+
+	// The last step's outcome.
+	stop          agreement // the agreed stop requests
+	overflow      bool      // skipped for an fp16 gradient overflow
+	skippedInARow int
+	lastGradNorm  float64
+	lastLR        float64 // the next iteration's rate, as Megatron logs it
+
+	startTime time.Time // of Run: --exit-duration-in-mins counts from it
+	// printf prints a line of the run's log (the reporter's).
+	printf func(format string, args ...any)
+	// waitSnapshot waits, before the optimizer step changes the
+	// parameters, until a save in flight has copied them (the
+	// checkpointer's).
+	waitSnapshot func()
+}
+
+// newStepper builds the model (whole from the seed, then this rank's
+// slices and stages), moves it to the run's device, and builds the
+// gradient buffers, the optimizer, the micro-batch calculator and the
+// schedule. launched is whether the run was given its groups (else one
+// process, cfg.Parallel the groups of a world of one).
+func newStepper(cfg *Config, pos *position, train datagpt.Source, launched bool, printf func(string, ...any)) (*stepper, error) {
+	st := &stepper{position: pos, cfg: cfg, train: train, tape: tensor.NewTape(), par: cfg.Parallel, cctx: context.Background(),
+		printf: printf, waitSnapshot: func() {}}
+	if cfg.BF16 {
+		st.tape.SetMatmulPrecision(tensor.MatmulBF16)
+	}
+	if cfg.FP16 {
+		st.tape.SetMatmulPrecision(tensor.MatmulFP16)
+	}
+	// Megatron scales the loss with --fp16 (dynamically unless --loss-scale)
+	// and, with --bf16, only when --loss-scale asks for a constant scale.
+	if cfg.FP16 || (cfg.BF16 && cfg.LossScale.Constant > 0) {
+		var err error
+		if st.scaler, err = optim.NewLossScaler(cfg.LossScale); err != nil {
+			return nil, err
+		}
+	}
+	root := tensor.NewRNG(uint64(cfg.Seed))
+	st.arch = cfg.architecture()
+	m, err := st.arch.Build(root.Fork("init"))
+	if err != nil {
+		return nil, err
+	}
+	if m, err = st.shardModel(m, root); err != nil {
+		return nil, err
+	}
+	st.model = m
+	st.rng = root.Fork("dropout")
+	if st.pipelined() {
+		// Each pipeline stage draws its dropout masks from its own stream.
+		st.rng = root.Fork(fmt.Sprintf("dropout-pp-rank-%d", st.par.PP.Rank()))
+		if err := st.splitStages(m); err != nil {
+			return nil, err
+		}
+	}
+	st.moveToDevice()
+	ps, err := st.setupParallel(st.cctx, launched)
+	if err != nil {
+		return nil, err
+	}
+	st.tape.SetGradReadyHook(st.reducer.readyHook())
+	groups := decoupledGroups(optim.DefaultGroups(ps), cfg.DecoupledLR, cfg.DecoupledMinLR, cfg.Schedule.MinLR)
+	if cfg.Optimizer == SGD {
+		st.opt, err = optim.NewSGD(groups, optim.SGDConfig{Momentum: cfg.SGDMomentum})
+	} else {
+		st.opt, err = optim.NewAdamW(groups, cfg.Adam)
+	}
+	if err != nil {
+		return nil, err
+	}
+	if st.grads, err = optim.NewGrads(ps); err != nil {
+		return nil, err
+	}
+	if st.normG, err = optim.NewGrads(st.normParams(ps)); err != nil {
+		return nil, err
+	}
+	if st.mb, err = optim.NewMicrobatches(optim.MicrobatchConfig{GlobalBatchSize: cfg.GlobalBatchSize, RampupBatchSize: cfg.RampupBatchSize,
+		StepBatchSizeSchedule: cfg.StepBatchSizeSchedule, SeqLength: cfg.SeqLength,
+		MicroBatchSize: cfg.MicroBatchSize, DataParallelSize: st.dpSize()}); err != nil {
+		return nil, err
+	}
+	st.trainIters = cfg.TrainIters
+	if cfg.TrainSamples > 0 {
+		st.trainIters = st.mb.TrainIters(cfg.TrainSamples)
+	}
+	sf := cfg.Schedule
+	sf.TrainIters, sf.TrainSamples, sf.GlobalBatchSize = cfg.TrainIters, cfg.TrainSamples, int64(cfg.GlobalBatchSize)
+	sc, err := sf.Config()
+	if err != nil {
+		return nil, err
+	}
+	if st.sched, err = optim.NewScheduler(sc); err != nil {
+		return nil, err
+	}
+	return st, nil
+}
+
+// checkSchedule refuses, before any work, a micro-batch count the
+// pipeline schedule cannot run at the current position.
+func (st *stepper) checkSchedule() error {
+	if !st.pipelined() {
+		return nil
+	}
+	if err := st.mb.UpdateChecked(st.Consumed); err != nil {
+		return err
+	}
+	_, err := st.executor(st.mb.Num())
+	return err
+}
+
+// step runs one iteration: forward/backward over the microbatches of one
+// global batch, then clip, optimizer and scheduler steps (skipped on NaN/Inf
+// as Megatron's found_inf). It returns the iteration's lm loss.
+func (st *stepper) step(ctx context.Context) (float64, error) {
+	if err := st.mb.UpdateChecked(st.Consumed); err != nil {
+		return 0, err
+	}
+	n, mbs := st.mb.Num(), st.mb.MicroBatchSize()
+	dp, r := st.dpSize(), st.dpRank()
+	if err := st.reducer.WaitParams(st.cctx); err != nil {
+		return 0, fmt.Errorf("train: iteration %d: %w", st.Iteration+1, err)
+	}
+	st.reducer.ZeroGrad()
+	var lossSum float64
+	if st.pipelined() {
+		loss, err := st.pipelineStep(n, mbs, dp, r)
+		if err != nil {
+			return 0, err
+		}
+		lossSum = loss * float64(n)
+	}
+	for i := 0; i < n && !st.pipelined(); i++ {
+		if i == n-1 {
+			st.reducer.StartLastMicrobatch(st.cctx)
+		}
+		bt, err := st.trainBatch(i, mbs, dp, r)
+		if err != nil {
+			return 0, err
+		}
+		// The tape carries the collectives' context; Backward returns the
+		// first failure of those run in forward or backward.
+		st.tape.SetContext(st.cctx)
+		logits := st.model.Forward(st.tape, bt, st.rng, true)
+		loss := st.model.Loss(st.tape, logits, bt)
+		if err := st.tape.Err(); err != nil {
+			return 0, fmt.Errorf("train: iteration %d: %w", st.Iteration+1, err)
+		}
+		lossSum += scalar(loss)
+		// Each microbatch's mean loss counts 1/n of the iteration's loss
+		// (times the loss scale with --fp16).
+		if err := st.tape.Backward(st.tape.Scale(loss, st.lossScale()/float32(n))); err != nil {
+			return 0, fmt.Errorf("train: iteration %d: %w", st.Iteration+1, err)
+		}
+		st.tape.Reset()
+	}
+	timeUp := st.cfg.ExitDuration > 0 && st.cfg.Now().Sub(st.startTime) >= st.cfg.ExitDuration
+	g, err := st.reduceGrads(st.cctx, agreement{loss: lossSum / float64(n), stopped: ctx.Err() != nil, timeUp: timeUp})
+	if err != nil {
+		return 0, err
+	}
+	st.stop = g
+	loss := g.loss
+	gbs := int64(st.mb.CurrentRunningGlobalBatchSize())
+	st.FLOPsSoFar += FLOPsPerIteration(st.cfg.Model, int(gbs), st.cfg.SeqLength)
+	st.Iteration++
+	st.Consumed += gbs
+	st.lastLR = st.sched.LR()
+	if st.scaler != nil {
+		st.scaler.Update(g.nonFin)
+	}
+	if g.nonFin && st.scaler != nil && !math.IsNaN(loss) && !math.IsInf(loss, 0) {
+		// An fp16 gradient overflow: the loss scale backs off and the
+		// step is skipped, as Megatron's DynamicGradScaler; not a NaN
+		// iteration.
+		st.Skipped++
+		st.overflow = true
+		st.lastGradNorm = math.NaN()
+		return loss, nil
+	}
+	st.overflow = false
+	if g.nonFin || math.IsNaN(loss) || math.IsInf(loss, 0) {
+		st.Skipped++
+		st.NaNIterations++
+		st.skippedInARow++
+		if st.skippedInARow >= st.cfg.MaxSkipsInARow {
+			return loss, fmt.Errorf("train: %d iterations in a row (up to %d) had a NaN/Inf loss or gradient: the run diverged; lower --lr, raise --lr-warmup-iters, or set --clip-grad", st.skippedInARow, st.Iteration)
+		}
+		st.lastGradNorm = math.NaN()
+		return loss, nil
+	}
+	st.skippedInARow = 0
+	st.lastGradNorm = optim.L2Norm(g.sumSq)
+	if st.cfg.ClipGrad > 0 {
+		st.grads.ClipByNorm(st.cfg.ClipGrad, st.lastGradNorm)
+	}
+	st.sched.Apply(st.opt.Groups())
+	st.waitSnapshot()
+	st.opt.Step()
+	st.sched.Step(gbs)
+	// Megatron logs the rate after the scheduler step: the next iteration's.
+	st.lastLR = st.sched.LR()
+	if err := st.reducer.GatherParams(st.cctx); err != nil {
+		return loss, fmt.Errorf("train: iteration %d: %w", st.Iteration, err)
+	}
+	return loss, nil
+}
+
+// noGradTape returns the evaluation tape, carrying the collectives'
+// context: forward passes without gradients whose tensor-parallel
+// collectives' failures it records (Err).
+func (st *stepper) noGradTape() *tensor.Tape {
+	if st.evalTape == nil {
+		st.evalTape = tensor.NewNoGradTape(nil)
+	}
+	st.evalTape.SetContext(st.cctx)
+	return st.evalTape
+}
+
+// evaluate runs --eval-iters global batches of the validation set without
+// gradients, continuing where the last evaluation stopped (Megatron keeps one
+// validation iterator), and returns the mean loss. Data-parallel ranks each
+// evaluate their micro-batch of every mbs·DP samples; the mean is over all.
+func (st *stepper) evaluate(src datagpt.Source, consumed *int64) (float64, error) {
+	gbs, mbs := st.cfg.GlobalBatchSize, st.cfg.MicroBatchSize
+	dp, r := st.dpSize(), st.dpRank()
+	if err := st.syncParams(); err != nil {
+		return math.NaN(), err
+	}
+	var sum float64
+	var count int
+	failed := false
+	for range st.cfg.EvalIters {
+		for i := 0; i < gbs/(mbs*dp) && !failed; i++ {
+			start := (*consumed + int64(r*mbs)) % int64(max(src.Len(), 1))
+			bt, err := makeBatch(src, start, mbs, st.cfg.SeqLength, st.cfg.Model.VocabSize)
+			if err != nil {
+				st.printf("evaluation stopped: %v", err)
+				failed = true
+				break
+			}
+			var loss float64
+			if st.pipelined() {
+				if loss, err = st.pipelineEval(bt); err != nil {
+					return math.NaN(), err
+				}
+			} else {
+				dbt := batchTo(bt, st.cfg.Device)
+				tp := st.noGradTape()
+				loss = scalar(st.model.Loss(tp, st.model.Forward(tp, dbt, nil, false), dbt))
+				err := tp.Err()
+				tp.Reset()
+				if err != nil {
+					return math.NaN(), fmt.Errorf("train: evaluation at iteration %d: %w", st.Iteration, err)
+				}
+			}
+			sum += loss
+			count++
+			*consumed += int64(mbs * dp)
+		}
+	}
+	if st.par.World.Size() > 1 { // one rank's sums are exact as they are
+		v := []float32{float32(sum), float32(count), 0}
+		if failed {
+			v[2] = 1
+		}
+		if err := st.par.DP.AllReduce(st.cctx, comm.Float32s(v), comm.Sum); err != nil {
+			return math.NaN(), fmt.Errorf("train: evaluation at iteration %d: %w", st.Iteration, err)
+		}
+		if err := st.broadcastFromLastStage(v); err != nil {
+			return math.NaN(), err
+		}
+		sum, count, failed = float64(v[0]), int(v[1]), v[2] > 0
+	}
+	if failed || count == 0 {
+		return math.NaN(), nil
+	}
+	return sum / float64(count), nil
+}
+
+// trainBatch is micro-step i's batch of data-parallel rank r of dp, mbs
+// samples, on the run's device, in MegatronPretrainingSampler's order: each
+// micro-step takes mbs·DP consecutive samples from the consumed count, and
+// rank r reads the r-th mbs of them.
+func (st *stepper) trainBatch(i, mbs, dp, r int) (gpt.Batch, error) {
+	start := st.Consumed + int64((i*dp+r)*mbs)
+	bt, err := makeBatch(st.train, start, mbs, st.cfg.SeqLength, st.cfg.Model.VocabSize)
+	if err != nil {
+		return gpt.Batch{}, fmt.Errorf("train: iteration %d: %w", st.Iteration+1, err)
+	}
+	return batchTo(bt, st.cfg.Device), nil
+}
+
+// makeBatch stacks samples [start, start+mbs) of src (wrapping around its
+// length, as a multi-epoch index would) into a batch.
+func makeBatch(src datagpt.Source, start int64, mbs, seq, vocab int) (gpt.Batch, error) {
+	n := int64(src.Len())
+	if n == 0 {
+		return gpt.Batch{}, errors.New("dataset has no samples")
+	}
+	tokens := make([]int32, mbs*seq)
+	labels := make([]int32, mbs*seq)
+	mask := make([]float32, mbs*seq)
+	pos := make([]int32, mbs*seq)
+	var docs []int32
+	for i := range mbs {
+		idx := (start + int64(i)) % n
+		s, err := src.Sample(int(idx))
+		if err != nil {
+			return gpt.Batch{}, fmt.Errorf("sample %d: %w", idx, err)
+		}
+		if len(s.Tokens) != seq || len(s.Labels) != seq {
+			return gpt.Batch{}, fmt.Errorf("sample %d has %d tokens, want --seq-length=%d", idx, len(s.Tokens), seq)
+		}
+		for j, id := range s.Tokens {
+			if id < 0 || int(id) >= vocab {
+				return gpt.Batch{}, fmt.Errorf("sample %d token %d is id %d, outside the model's vocabulary of %d (check --vocab-size / the tokenizer used to preprocess)", idx, j, id, vocab)
+			}
+		}
+		copy(tokens[i*seq:], s.Tokens)
+		copy(labels[i*seq:], s.Labels)
+		copy(mask[i*seq:], s.LossMask)
+		copy(pos[i*seq:], s.PositionIDs)
+		if s.DocIDs != nil {
+			if docs == nil {
+				docs = make([]int32, mbs*seq)
+			}
+			copy(docs[i*seq:], s.DocIDs)
+		}
+	}
+	for i, l := range labels {
+		if l < 0 { // padding (data/gpt.PadID): no loss, any valid id
+			labels[i] = 0
+			mask[i] = 0
+		}
+	}
+	bt := gpt.Batch{Tokens: tensor.FromInt32(tokens, mbs, seq), Labels: tensor.FromInt32(labels, mbs, seq),
+		LossMask: tensor.FromFloat32(mask, mbs, seq), Positions: tensor.FromInt32(pos, mbs, seq)}
+	if docs != nil {
+		bt.DocIDs = tensor.FromInt32(docs, mbs, seq)
+	}
+	return bt, nil
+}
+
+// lossScale is the factor the loss is multiplied by before backward: the
+// --fp16 loss scaler's scale, else 1.
+func (st *stepper) lossScale() float32 {
+	if st.scaler == nil {
+		return 1
+	}
+	return st.scaler.Scale()
+}
+
+func optimParams(params []*tensor.Tensor) []*optim.Param {
+	var ps []*optim.Param
+	for _, p := range params {
+		if p.Grad == nil {
+			p.Grad = tensor.ZerosLike(p) // on the parameter's device
+		}
+		ps = append(ps, &optim.Param{Name: p.Name, Data: p, Grad: p.Grad,
+			NoWeightDecay: optim.DefaultNoWeightDecay(p.Name, p.Shape())})
+	}
+	return ps
+}
+
+// decoupledGroups moves the word embedding and the output layer (Megatron's
+// is_embedding_or_output_parameter) of every group into a group of their own
+// scheduled between lr and minLR (--decoupled-lr, --decoupled-min-lr; the
+// latter defaults to --min-lr). lr 0 leaves the groups as they are.
+func decoupledGroups(groups []optim.Group, lr, minLR, defaultMin float64) []optim.Group {
+	if lr <= 0 {
+		return groups
+	}
+	if minLR <= 0 {
+		minLR = defaultMin
+	}
+	var out, extra []optim.Group
+	for _, g := range groups {
+		dec := optim.Group{Name: g.Name + "_decoupled_lr", WDMult: g.WDMult, OverrideLR: true, MaxLR: lr, MinLR: minLR}
+		kept := g
+		kept.Params = nil
+		for _, p := range g.Params {
+			name, _, _ := strings.Cut(p.Name, "[") // distributed-optimizer pieces
+			if name == "embedding.word_embeddings.weight" || name == "output_layer.weight" {
+				dec.Params = append(dec.Params, p)
+			} else {
+				kept.Params = append(kept.Params, p)
+			}
+		}
+		out = append(out, kept)
+		extra = append(extra, dec)
+	}
+	return append(out, extra...)
+}
