@@ -62,7 +62,11 @@ func Open(ordinal int, opts Options) (*Device, error) {
 	}
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
-	if err := api.check("cuInit", api.cuInit(0)); err != nil {
+	if code := api.cuInit(0); code != 0 {
+		err := api.check("cuInit", code)
+		if code == errorNoDevice {
+			return nil, fmt.Errorf("cuda: the NVIDIA driver (%s) sees no GPU (check nvidia-smi and CUDA_VISIBLE_DEVICES): %w", api.path, err)
+		}
 		return nil, fmt.Errorf("%w (driver library %s)", err, api.path)
 	}
 	d := &Device{api: api, ordinal: ordinal}
@@ -294,7 +298,9 @@ func (d *Device) CopyHtoD(dst Ptr, src unsafe.Pointer, n int64) error {
 	if err != nil {
 		return err
 	}
-	return d.api.check("cuStreamSynchronize", call(d.api.cuStreamSynchronize, d.stream))
+	err = d.api.check("cuStreamSynchronize", call(d.api.cuStreamSynchronize, d.stream))
+	runtime.KeepAlive(src) // the driver may read src until the stream is synchronized
+	return err
 }
 
 // CopyDtoH copies n bytes from the device to host memory, after all work
@@ -316,7 +322,9 @@ func (d *Device) CopyDtoH(dst unsafe.Pointer, src Ptr, n int64) error {
 	if err != nil {
 		return err
 	}
-	return d.api.check("cuStreamSynchronize", call(d.api.cuStreamSynchronize, d.stream))
+	err = d.api.check("cuStreamSynchronize", call(d.api.cuStreamSynchronize, d.stream))
+	runtime.KeepAlive(dst) // the driver may write dst until the stream is synchronized
+	return err
 }
 
 // CopyDtoD queues a copy of n bytes between device blocks on the stream
