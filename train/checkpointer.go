@@ -77,10 +77,10 @@ func (ck *checkpointer) save(root string, async bool) error {
 		return err
 	}
 	var err error
-	if ck.tpOffsets, err = ck.gatherDropoutOffsets(); err != nil {
+	if ck.tpOffsets, err = ck.stepper.gatherDropoutOffsets(); err != nil {
 		return err
 	}
-	if ck.rankOffsets, err = ck.pipelineDropoutOffsets(); err != nil {
+	if ck.rankOffsets, err = ck.stepper.pipelineDropoutOffsets(); err != nil {
 		return err
 	}
 	it := int(ck.Iteration)
@@ -409,13 +409,7 @@ func (ck *checkpointer) load(root string) error {
 		}
 	}
 	if !ck.cfg.NoLoadRNG {
-		if ck.stepper.pipelined() {
-			// Each stage has its own streams (forked by pipeline rank).
-			ck.restorePipelineDropout(ra)
-		} else {
-			ck.stepper.rng.SetState(rng)
-			ck.restoreDropoutOffset(ra.TPDropoutOffsets)
-		}
+		ck.stepper.restoreDropout(ra, rng)
 	}
 	if err := ck.stepper.sched.LoadState(sched); err != nil {
 		return fmt.Errorf("train: --load %s: %w", root, err)

@@ -290,16 +290,16 @@ func ownedParams(stages []Stage) []*tensor.Tensor {
 // (the stage's shared stream and, with tensor parallelism, the per-rank
 // one) by world rank, for the checkpoint: under pipelining each stage draws
 // from its own streams.
-func (ck *checkpointer) pipelineDropoutOffsets() ([][2]uint64, error) {
-	if !ck.stepper.pipelined() {
+func (st *stepper) pipelineDropoutOffsets() ([][2]uint64, error) {
+	if !st.pipelined() {
 		return nil, nil
 	}
-	mine := []int64{int64(ck.stepper.rng.State().Offset), int64(ck.stepper.rankRNG.State().Offset)}
-	all := make([]int64, 2*ck.par.World.Size())
-	if err := ck.par.World.AllGather(ck.stepper.cctx, comm.Int64s(all), comm.Int64s(mine), nil); err != nil {
+	mine := []int64{int64(st.rng.State().Offset), int64(st.rankRNG.State().Offset)}
+	all := make([]int64, 2*st.par.World.Size())
+	if err := st.par.World.AllGather(st.cctx, comm.Int64s(all), comm.Int64s(mine), nil); err != nil {
 		return nil, fmt.Errorf("train: --save: gather the dropout stream positions: %w", err)
 	}
-	out := make([][2]uint64, ck.par.World.Size())
+	out := make([][2]uint64, st.par.World.Size())
 	for r := range out {
 		out[r] = [2]uint64{uint64(all[2*r]), uint64(all[2*r+1])}
 	}
@@ -310,25 +310,25 @@ func (ck *checkpointer) pipelineDropoutOffsets() ([][2]uint64, error) {
 // checkpoint written by the same layout (same world size and pipeline and
 // tensor-parallel sizes); otherwise they start afresh, and it says so when
 // dropout is on.
-func (ck *checkpointer) restorePipelineDropout(ra RunArgs) {
-	if !ck.stepper.pipelined() {
+func (st *stepper) restorePipelineDropout(ra RunArgs) {
+	if !st.pipelined() {
 		return
 	}
-	l := ck.par.Layout.Config
-	same := len(ra.RankDropoutOffsets) == ck.par.World.Size() && ra.PipelineSize == l.PP && ra.TensorSize == max(l.TP, 1)
+	l := st.par.Layout.Config
+	same := len(ra.RankDropoutOffsets) == st.par.World.Size() && ra.PipelineSize == l.PP && ra.TensorSize == max(l.TP, 1)
 	if !same {
-		if ck.cfg.Model.HiddenDropout > 0 || ck.cfg.Model.AttentionDropout > 0 {
-			ck.printf("WARNING: the checkpoint's dropout streams were saved by another parallel layout: they start afresh")
+		if st.cfg.Model.HiddenDropout > 0 || st.cfg.Model.AttentionDropout > 0 {
+			st.printf("WARNING: the checkpoint's dropout streams were saved by another parallel layout: they start afresh")
 		}
 		return
 	}
-	o := ra.RankDropoutOffsets[ck.par.World.Rank()]
-	st := ck.stepper.rng.State()
-	st.Offset = o[0]
-	ck.stepper.rng.SetState(st)
-	st = ck.stepper.rankRNG.State()
-	st.Offset = o[1]
-	ck.stepper.rankRNG.SetState(st)
+	o := ra.RankDropoutOffsets[st.par.World.Rank()]
+	state := st.rng.State()
+	state.Offset = o[0]
+	st.rng.SetState(state)
+	state = st.rankRNG.State()
+	state.Offset = o[1]
+	st.rankRNG.SetState(state)
 }
 
 // broadcastFromLastStage gives every pipeline rank the value the last

@@ -42,13 +42,13 @@ func (st *stepper) shardModel(full Model, root *tensor.RNG) (Model, error) {
 // gatherDropoutOffsets collects every TP rank's dropout stream position for
 // the checkpoint (nil with TP = 1, whose model draws from the shared
 // stream only).
-func (ck *checkpointer) gatherDropoutOffsets() ([]uint64, error) {
-	if ck.stepper.region.Size() == 1 {
+func (st *stepper) gatherDropoutOffsets() ([]uint64, error) {
+	if st.region.Size() == 1 {
 		return nil, nil
 	}
-	all := make([]int64, ck.stepper.region.Size())
-	mine := []int64{int64(ck.stepper.rankRNG.State().Offset)}
-	if err := ck.par.TP.AllGather(ck.stepper.cctx, comm.Int64s(all), comm.Int64s(mine), nil); err != nil {
+	all := make([]int64, st.region.Size())
+	mine := []int64{int64(st.rankRNG.State().Offset)}
+	if err := st.par.TP.AllGather(st.cctx, comm.Int64s(all), comm.Int64s(mine), nil); err != nil {
 		return nil, fmt.Errorf("train: gather dropout stream positions over the tensor-parallel group: %w", err)
 	}
 	out := make([]uint64, len(all))
@@ -58,20 +58,33 @@ func (ck *checkpointer) gatherDropoutOffsets() ([]uint64, error) {
 	return out, nil
 }
 
+// restoreDropout resumes the dropout streams where a checkpoint left
+// them: the shared stream from its state and the per-rank streams from
+// their offsets (by world rank under pipelining, where each stage has its
+// own streams, forked by pipeline rank).
+func (st *stepper) restoreDropout(ra RunArgs, shared tensor.RNGState) {
+	if st.pipelined() {
+		st.restorePipelineDropout(ra)
+		return
+	}
+	st.rng.SetState(shared)
+	st.restoreDropoutOffset(ra.TPDropoutOffsets)
+}
+
 // restoreDropoutOffset resumes this rank's dropout stream where the
 // checkpoint left it; a checkpoint from another TP size starts the streams
 // afresh (masks of sequence shards cannot be resharded), and says so when
 // they are used (hidden dropout with sequence parallelism).
-func (ck *checkpointer) restoreDropoutOffset(offsets []uint64) {
-	if len(offsets) != ck.stepper.region.Size() {
-		if ck.cfg.SequenceParallel && ck.cfg.Model.HiddenDropout > 0 {
-			ck.printf("WARNING: the checkpoint's per-rank dropout streams are for %d tensor-parallel ranks, not %d: they start afresh", len(offsets), ck.stepper.region.Size())
+func (st *stepper) restoreDropoutOffset(offsets []uint64) {
+	if len(offsets) != st.region.Size() {
+		if st.cfg.SequenceParallel && st.cfg.Model.HiddenDropout > 0 {
+			st.printf("WARNING: the checkpoint's per-rank dropout streams are for %d tensor-parallel ranks, not %d: they start afresh", len(offsets), st.region.Size())
 		}
 		return
 	}
-	st := ck.stepper.rankRNG.State()
-	st.Offset = offsets[ck.stepper.region.Rank()]
-	ck.stepper.rankRNG.SetState(st)
+	state := st.rankRNG.State()
+	state.Offset = offsets[st.region.Rank()]
+	st.rankRNG.SetState(state)
 }
 
 // replicated reports whether parameter name is whole on every
