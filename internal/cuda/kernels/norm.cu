@@ -6,7 +6,7 @@
 // multiply-add where Go computes a product and a sum apart).
 //
 // Row kernels run one block per row (rows grid-strided over the blocks);
-// blockDim.x is a multiple of 32, at most 1024, and every thread of a
+// blockDim.x is a multiple of 32, at most 256 (the launch bound), and every thread of a
 // block reaches each block reduction (no early return).
 //
 // The weight and bias gradients are reduced over rows without atomics, in
@@ -38,7 +38,7 @@ __device__ __forceinline__ double norm_block_sum(double v, double* shm) {
 // LayerNormForward: out[i,j] = (x[i,j]-mean[i])*rstd[i]*w[j] (+ b[j]) with
 // mean = float32(Σx/c), rstd = float32(1/sqrt(Σ float64(x-mean)²/c + eps));
 // b may be null.
-extern "C" __global__ void norm_layernorm_fwd_f32(float* out, float* mean, float* rstd, const float* x,
+extern "C" __global__ void __launch_bounds__(256) norm_layernorm_fwd_f32(float* out, float* mean, float* rstd, const float* x,
                                                   const float* w, const float* b, long long n, long long c, float eps) {
     __shared__ double shm[32];
     for (long long r = blockIdx.x; r < n; r += gridDim.x) {
@@ -70,7 +70,7 @@ extern "C" __global__ void norm_layernorm_fwd_f32(float* out, float* mean, float
 // LayerNormBackward, the input gradient:
 // dx += (w*g - dmean - xhat*dnormMean)*rstd, dmean = float32(Σ float64(w*g)/c),
 // dnormMean = float32(Σ float64(w*g*(x-mean))/c * rstd), xhat = (x-mean)*rstd.
-extern "C" __global__ void norm_layernorm_bwd_dx_f32(float* dx, const float* dout, const float* x, const float* w,
+extern "C" __global__ void __launch_bounds__(256) norm_layernorm_bwd_dx_f32(float* dx, const float* dout, const float* x, const float* w,
                                                      const float* mean, const float* rstd, long long n, long long c) {
     __shared__ double shm[32];
     for (long long r = blockIdx.x; r < n; r += gridDim.x) {
@@ -98,7 +98,7 @@ extern "C" __global__ void norm_layernorm_bwd_dx_f32(float* dx, const float* dou
 
 // RMSNormForward: out[i,j] = x[i,j]*rstd[i]*w[j],
 // rstd = float32(1/sqrt(Σ float64(x)²/c + eps)).
-extern "C" __global__ void norm_rmsnorm_fwd_f32(float* out, float* rstd, const float* x, const float* w,
+extern "C" __global__ void __launch_bounds__(256) norm_rmsnorm_fwd_f32(float* out, float* rstd, const float* x, const float* w,
                                                 long long n, long long c, float eps) {
     __shared__ double shm[32];
     for (long long r = blockIdx.x; r < n; r += gridDim.x) {
@@ -118,7 +118,7 @@ extern "C" __global__ void norm_rmsnorm_fwd_f32(float* out, float* rstd, const f
 
 // RMSNormBackward, the input gradient: dx += rstd*(w*g - x*k) with
 // k = float32(rstd·rstd·Σ float64(w*g*x)/c), products in float64 as the CPU.
-extern "C" __global__ void norm_rmsnorm_bwd_dx_f32(float* dx, const float* dout, const float* x, const float* w,
+extern "C" __global__ void __launch_bounds__(256) norm_rmsnorm_bwd_dx_f32(float* dx, const float* dout, const float* x, const float* w,
                                                    const float* rstd, long long n, long long c) {
     __shared__ double shm[32];
     for (long long r = blockIdx.x; r < n; r += gridDim.x) {
@@ -143,7 +143,7 @@ extern "C" __global__ void norm_rmsnorm_bwd_dx_f32(float* dx, const float* dout,
 //   pb[chunk, j] = Σ g[r,j]                             (pb null: no bias)
 // in float32. Blocks of 32×8 threads: x columns, y rows (strided by 8),
 // then the 8 row sums added in order.
-extern "C" __global__ void norm_paramgrad_partial_f32(float* pw, float* pb, const float* dout, const float* x,
+extern "C" __global__ void __launch_bounds__(256) norm_paramgrad_partial_f32(float* pw, float* pb, const float* dout, const float* x,
                                                       const float* mean, const float* rstd, long long n, long long c,
                                                       long long rowsPerChunk) {
     __shared__ float sw[8][33];
@@ -177,7 +177,7 @@ extern "C" __global__ void norm_paramgrad_partial_f32(float* pw, float* pb, cons
 
 // Parameter gradients, pass 2: out[j] += Σ_chunk partial[chunk, j], chunks
 // in order.
-extern "C" __global__ void norm_paramgrad_final_f32(float* out, const float* partial, long long chunks, long long c) {
+extern "C" __global__ void __launch_bounds__(256) norm_paramgrad_final_f32(float* out, const float* partial, long long chunks, long long c) {
     for (long long j = (long long)blockIdx.x * blockDim.x + threadIdx.x; j < c; j += (long long)gridDim.x * blockDim.x) {
         float t = 0.0f;
         for (long long k = 0; k < chunks; k++) t = __fadd_rn(t, partial[k * c + j]);

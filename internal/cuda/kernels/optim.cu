@@ -24,7 +24,7 @@
 // AdamW on every chunk: coeffs holds 9 float32 per tensor in
 // tensor.AdamWCoeffs's field order (Beta1, Beta2, OneMinusBeta1,
 // OneMinusBeta2, Eps, BC1, BC2, LR, WD).
-extern "C" __global__ void optim_adamw_f32(const long long* chunks, long long nchunks, const uint64_t* pp,
+extern "C" __global__ void __launch_bounds__(256) optim_adamw_f32(const long long* chunks, long long nchunks, const uint64_t* pp,
                                            const uint64_t* gp, const uint64_t* mp, const uint64_t* vp,
                                            const float* coeffs) {
     OPTIM_CHUNK_LOOP(ch, nchunks) {
@@ -53,7 +53,7 @@ extern "C" __global__ void optim_adamw_f32(const long long* chunks, long long nc
 // SGD on every chunk: coeffs holds 6 float32 per tensor (LR, WD, Momentum,
 // OneMinusDampening, FirstStep 0/1, Nesterov 0/1); bp (the momentum
 // buffers' table) is null without a buffer.
-extern "C" __global__ void optim_sgd_f32(const long long* chunks, long long nchunks, const uint64_t* pp,
+extern "C" __global__ void __launch_bounds__(256) optim_sgd_f32(const long long* chunks, long long nchunks, const uint64_t* pp,
                                          const uint64_t* gp, const uint64_t* bp, const float* coeffs) {
     OPTIM_CHUNK_LOOP(ch, nchunks) {
         const long long ti = chunks[3 * ch], off = chunks[3 * ch + 1], len = chunks[3 * ch + 2];
@@ -87,7 +87,7 @@ extern "C" __global__ void optim_sgd_f32(const long long* chunks, long long nchu
 }
 
 // x *= alpha on every chunk.
-extern "C" __global__ void optim_scale_f32(const long long* chunks, long long nchunks, const uint64_t* xp,
+extern "C" __global__ void __launch_bounds__(256) optim_scale_f32(const long long* chunks, long long nchunks, const uint64_t* xp,
                                            float alpha) {
     OPTIM_CHUNK_LOOP(ch, nchunks) {
         const long long ti = chunks[3 * ch], off = chunks[3 * ch + 1], len = chunks[3 * ch + 2];
@@ -99,7 +99,7 @@ extern "C" __global__ void optim_scale_f32(const long long* chunks, long long nc
 // out[0] = max |x| over every chunk as the bits of a non-negative float32:
 // for those, unsigned order is float order, and a NaN (sign cleared) is
 // above +Inf, so the maximum is NaN when any element is. out[0] starts 0.
-extern "C" __global__ void optim_maxabs_f32(unsigned int* out, const long long* chunks, long long nchunks,
+extern "C" __global__ void __launch_bounds__(256) optim_maxabs_f32(unsigned int* out, const long long* chunks, long long nchunks,
                                             const uint64_t* xp) {
     unsigned int mx = 0;
     OPTIM_CHUNK_LOOP(ch, nchunks) {
@@ -114,7 +114,7 @@ extern "C" __global__ void optim_maxabs_f32(unsigned int* out, const long long* 
 
 // out[0] = 1 when any element of any chunk is NaN or ±Inf (exponent all
 // ones). out[0] starts 0.
-extern "C" __global__ void optim_nonfinite_f32(unsigned int* out, const long long* chunks, long long nchunks,
+extern "C" __global__ void __launch_bounds__(256) optim_nonfinite_f32(unsigned int* out, const long long* chunks, long long nchunks,
                                                const uint64_t* xp) {
     unsigned int bad = 0;
     OPTIM_CHUNK_LOOP(ch, nchunks) {
@@ -133,7 +133,7 @@ extern "C" __global__ void optim_nonfinite_f32(unsigned int* out, const long lon
 // pieces added in order. Four lanes take one block, lane q holding s[q];
 // every lane of a group runs the same loop, so the group's shuffles see
 // all four. blockDim.x must be a multiple of 32.
-extern "C" __global__ void optim_sumsq_blocks_f32(double* partial, const uint64_t* xp, const long long* starts,
+extern "C" __global__ void __launch_bounds__(256) optim_sumsq_blocks_f32(double* partial, const uint64_t* xp, const long long* starts,
                                                   int ntensors, long long nblocks, long long normBlock) {
     const int lane = threadIdx.x & 31, q = lane & 3;
     const unsigned int group = 0xfu << (lane & ~3);

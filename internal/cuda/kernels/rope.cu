@@ -19,7 +19,7 @@
 
 // rope_apply_f32: sign +1 forward (overwrite), -1 backward (accumulate:
 // acc set). heads = b·t·h; h heads per row; t positions per sequence.
-extern "C" __global__ void rope_apply_f32(float* out, const float* x, const float* cosT, const float* sinT,
+extern "C" __global__ void __launch_bounds__(128) rope_apply_f32(float* out, const float* x, const float* cosT, const float* sinT,
                                           const int32_t* positions, long long heads, int h, int t, int d, int half,
                                           int interleaved, int maxPos, float sign, int acc) {
     const int rot = 2 * half;

@@ -4,7 +4,7 @@
 // vocab-parallel cross-entropy (partials, loss, gradient).
 //
 // Row kernels run one block per row (rows grid-strided over the blocks);
-// blockDim.x is a multiple of 32, at most 1024, and every thread of a
+// blockDim.x is a multiple of 32, at most 1024 (the launch bound), and every thread of a
 // block reaches each block reduction (no early return). Sums of
 // exponentials are float32 (the CPU's are) in a tree order, and expf is
 // CUDA's (within 2 ulp, as the CPU's vector exp), so they match the CPU
@@ -59,7 +59,7 @@ __device__ __forceinline__ float xent_block_max(float v, float* shm) {
 // float32, the rest in float64), losses[i] = float32((1-s)(l - x[t]) +
 // s(l - Σx/V)) with l the float64 log-sum-exp, or 0 for an ignored row
 // (ignore != 0 and t == ignore).
-extern "C" __global__ void xent_fwd_f32(float* losses, float* lse, const float* logits, const int32_t* targets,
+extern "C" __global__ void __launch_bounds__(1024) xent_fwd_f32(float* losses, float* lse, const float* logits, const int32_t* targets,
                                         long long n, long long v, float smoothing, int ignore) {
     __shared__ float shf[32];
     __shared__ double shd[32];
@@ -100,7 +100,7 @@ extern "C" __global__ void xent_fwd_f32(float* losses, float* lse, const float* 
 // dx[j] = g·(exp(x[j] - lse) - s/V), then dx[t] -= g·(1-s); zero rows for
 // ignored targets. One thread owns each element (reads x[j], then writes
 // dx[j]), so the in-place form is safe.
-extern "C" __global__ void xent_bwd_f32(float* dlogits, const float* logits, const float* lse, const int32_t* targets,
+extern "C" __global__ void __launch_bounds__(1024) xent_bwd_f32(float* dlogits, const float* logits, const float* lse, const int32_t* targets,
                                         const float* dlosses, long long n, long long v, float smoothing, int ignore) {
     const float u = __fdiv_rn(smoothing, (float)v);
     const float oneMinusS = __fsub_rn(1.0f, smoothing);
@@ -125,7 +125,7 @@ extern "C" __global__ void xent_bwd_f32(float* dlogits, const float* logits, con
 // VocabCrossEntropyPartials: partials[i] = Σ_j exp(x[i,j] - rowMax[i])
 // (float32), partials[n+i] = x[i, targets[i]-start] - rowMax[i] when the
 // target is in this rank's slice [start, start+v), else 0.
-extern "C" __global__ void xent_vocab_partials_f32(float* partials, const float* x, const float* rowMax,
+extern "C" __global__ void __launch_bounds__(1024) xent_vocab_partials_f32(float* partials, const float* x, const float* rowMax,
                                                    const int32_t* targets, long long n, long long v, long long start) {
     __shared__ float shf[32];
     for (long long r = blockIdx.x; r < n; r += gridDim.x) {
@@ -174,7 +174,7 @@ extern "C" __global__ void xent_vocab_loss_final_f32(float* loss, double* den, c
 // dx[i,j] = scale_i·exp(x[i,j] - lse[i]), minus scale_i at the target's
 // column when it is in this slice; scale_i = float32(dloss[0]·w_i)/den
 // (den the float32 of Σ w), or 0 for every row when positive is 0.
-extern "C" __global__ void xent_vocab_bwd_f32(float* dx, const float* x, const float* lse, const int32_t* targets,
+extern "C" __global__ void __launch_bounds__(1024) xent_vocab_bwd_f32(float* dx, const float* x, const float* lse, const int32_t* targets,
                                               const float* mask, const float* dloss, long long n, long long v,
                                               long long start, float den, int positive) {
     const float gl = dloss[0];
