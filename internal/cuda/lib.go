@@ -20,28 +20,27 @@ type libSearch struct {
 	dirs   []string // directories to try, in order
 }
 
-// open dlopens the first name found, trying the loader (when s.loader) and
-// then each directory. The error names the library and every place looked.
+// open dlopens the first name found (names are tried in order, each through
+// the loader when s.loader and then in each directory, so a newer version in
+// a toolkit directory wins over an older one on the loader's path). The
+// error names the library and every place looked.
 func (s libSearch) open() (handle uintptr, path string, err error) {
-	var looked []string
+	var dirs []string
+	seen := map[string]bool{}
+	for _, dir := range s.dirs {
+		if dir != "" && !seen[dir] {
+			seen[dir] = true
+			dirs = append(dirs, dir)
+		}
+	}
 	var failures []string // files that exist but did not load
-	if s.loader {
-		for _, name := range s.names {
-			h, err := purego.Dlopen(name, purego.RTLD_NOW|purego.RTLD_GLOBAL)
-			if err == nil {
+	for _, name := range s.names {
+		if s.loader {
+			if h, err := purego.Dlopen(name, purego.RTLD_NOW|purego.RTLD_GLOBAL); err == nil {
 				return h, name, nil
 			}
 		}
-		looked = append(looked, "the dynamic loader's search path (LD_LIBRARY_PATH, ld.so.cache)")
-	}
-	seen := map[string]bool{}
-	for _, dir := range s.dirs {
-		if dir == "" || seen[dir] {
-			continue
-		}
-		seen[dir] = true
-		looked = append(looked, dir)
-		for _, name := range s.names {
+		for _, dir := range dirs {
 			p := filepath.Join(dir, name)
 			if _, statErr := os.Stat(p); statErr != nil {
 				continue
@@ -52,6 +51,10 @@ func (s libSearch) open() (handle uintptr, path string, err error) {
 			}
 			failures = append(failures, fmt.Sprintf("%s: %v", p, err))
 		}
+	}
+	looked := dirs
+	if s.loader {
+		looked = append([]string{"the dynamic loader's search path (LD_LIBRARY_PATH, ld.so.cache)"}, dirs...)
 	}
 	msg := fmt.Sprintf("cuda: cannot load %s (%s): looked in %s", strings.Join(s.names, " or "), s.what, strings.Join(looked, ", "))
 	if len(failures) > 0 {
