@@ -1,6 +1,14 @@
 // Package train is gotron's training loop, Megatron's pretrain_gpt.py in Go:
 // the loop reads top to bottom like nanoGPT's train.py (setup, loop,
 // evaluation, logging, checkpoints) with no callbacks to chase.
+//
+// Trainer.Run (loop.go) is the loop. It composes three parts
+// (docs/design/trainer.md): the stepper runs one training step (the model
+// laid out over the parallel groups, the optimizer, the gradient
+// reduction), the checkpointer saves and resumes, the reporter logs. The
+// model is reached through small interfaces (Model, Stage, Architecture in
+// model.go), so a model family other than GPT plugs in through
+// Config.Architecture. A process started alone is a world of one rank.
 package train
 
 import (

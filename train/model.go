@@ -98,8 +98,8 @@ func (a GPT) Build(rng *tensor.RNG) (Model, error) {
 	return m, nil
 }
 
-// TPStyle implements Architecture: gpt.TPPlan.
-func (a GPT) TPStyle(name string) tp.Style { return gpt.TPPlan(a.Config)(name) }
+// TPStyle implements Architecture: GPT's tensor-parallel plan (gpt.TPPlan).
+func (a GPT) TPStyle(name string) tp.Style { return a.Config.TPStyle(name) }
 
 // Parallelize implements Architecture: gpt.Parallelize.
 func (a GPT) Parallelize(full Model, region *tp.Region, rankRNG *tensor.RNG) (Model, error) {

@@ -46,22 +46,26 @@ type Sharding interface {
 // of every parameter, by name. QKV rows are grouped per query group, so a
 // contiguous row slice is whole groups; SwiGLU's fc1 is [gate; up].
 func TPPlan(c Config) func(name string) tp.Style {
-	return func(name string) tp.Style {
-		switch {
-		case name == "embedding.word_embeddings.weight", name == "output_layer.weight":
-			return tp.Column // vocab-parallel rows
-		case strings.HasSuffix(name, "self_attention.linear_qkv.weight"), strings.HasSuffix(name, "self_attention.linear_qkv.bias"):
-			return tp.Column
-		case strings.HasSuffix(name, "mlp.linear_fc1.weight"), strings.HasSuffix(name, "mlp.linear_fc1.bias"):
-			if c.Activation == SwiGLU {
-				return tp.ColumnGLU
-			}
-			return tp.Column
-		case strings.HasSuffix(name, "self_attention.linear_proj.weight"), strings.HasSuffix(name, "mlp.linear_fc2.weight"):
-			return tp.Row
+	return c.TPStyle
+}
+
+// TPStyle is the style of parameter name in GPT's tensor-parallel plan
+// (TPPlan).
+func (c *Config) TPStyle(name string) tp.Style {
+	switch {
+	case name == "embedding.word_embeddings.weight", name == "output_layer.weight":
+		return tp.Column // vocab-parallel rows
+	case strings.HasSuffix(name, "self_attention.linear_qkv.weight"), strings.HasSuffix(name, "self_attention.linear_qkv.bias"):
+		return tp.Column
+	case strings.HasSuffix(name, "mlp.linear_fc1.weight"), strings.HasSuffix(name, "mlp.linear_fc1.bias"):
+		if c.Activation == SwiGLU {
+			return tp.ColumnGLU
 		}
-		return tp.Replicated // norms, row-parallel biases, position embeddings
+		return tp.Column
+	case strings.HasSuffix(name, "self_attention.linear_proj.weight"), strings.HasSuffix(name, "mlp.linear_fc2.weight"):
+		return tp.Row
 	}
+	return tp.Replicated // norms, row-parallel biases, position embeddings
 }
 
 // CheckTP reports a configuration that cannot be split over size
