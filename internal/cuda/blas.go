@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"strings"
+	"unsafe"
 )
 
 // DataType is a cudaDataType_t: the element type of a GEMM operand.
@@ -52,11 +53,9 @@ type blasAPI struct {
 	cublasSetStream    func(h uintptr, stream uintptr) int32
 	cublasGetVersion   func(h uintptr, v *int32) int32
 	cublasSetWorkspace func(h uintptr, ws uintptr, size uint64) int32 // nil before cuBLAS 11.4
-	cublasGemmSBEx     func(h uintptr, transa, transb int32, m, n, k int32,
-		alpha *float32, a uintptr, atype int32, lda int32, strideA int64,
-		b uintptr, btype int32, ldb int32, strideB int64,
-		beta *float32, c uintptr, ctype int32, ldc int32, strideC int64,
-		batch int32, compute int32, algo int32) int32
+	// cublasGemmStridedBatchedEx, called by address (23 arguments; no
+	// reflection on a per-op path).
+	cublasGemmSBEx uintptr
 }
 
 var blasLib lazy[blasAPI]
@@ -73,7 +72,7 @@ func loadBLAS() (*blasAPI, error) {
 		s.fn(&b.cublasDestroy, "cublasDestroy_v2")
 		s.fn(&b.cublasSetStream, "cublasSetStream_v2")
 		s.fn(&b.cublasGetVersion, "cublasGetVersion_v2")
-		s.fn(&b.cublasGemmSBEx, "cublasGemmStridedBatchedEx")
+		b.cublasGemmSBEx = s.addr("cublasGemmStridedBatchedEx")
 		if s.optional("cublasSetWorkspace_v2") != 0 {
 			s.fn(&b.cublasSetWorkspace, "cublasSetWorkspace_v2")
 		}
@@ -240,12 +239,15 @@ func (d *Device) GemmStridedBatched(p GemmParams) error {
 	defer d.leave()
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	alpha, beta := p.Alpha, p.Beta
-	r := d.blas.api.cublasGemmSBEx(d.blas.h, op(p.TransA), op(p.TransB), int32(p.M), int32(p.N), int32(p.K),
-		&alpha, uintptr(p.A), int32(p.AType), int32(p.LDA), p.StrideA,
-		uintptr(p.B), int32(p.BType), int32(p.LDB), p.StrideB,
-		&beta, uintptr(p.C), int32(p.CType), int32(p.LDC), p.StrideC,
-		int32(batch), int32(compute), cublasGemmDefault)
+	// Alpha and Beta are read from host memory during the call: the
+	// Device's pinned launch buffer holds them.
+	d.launch.alpha, d.launch.beta = p.Alpha, p.Beta
+	i32 := func(v int) uintptr { return uintptr(uint32(int32(v))) }
+	r := call(d.blas.api.cublasGemmSBEx, d.blas.h, uintptr(op(p.TransA)), uintptr(op(p.TransB)), i32(p.M), i32(p.N), i32(p.K),
+		uintptr(unsafe.Pointer(&d.launch.alpha)), uintptr(p.A), i32(int(p.AType)), i32(p.LDA), uintptr(p.StrideA),
+		uintptr(p.B), i32(int(p.BType)), i32(p.LDB), uintptr(p.StrideB),
+		uintptr(unsafe.Pointer(&d.launch.beta)), uintptr(p.C), i32(int(p.CType)), i32(p.LDC), uintptr(p.StrideC),
+		i32(batch), i32(int(compute)), i32(cublasGemmDefault))
 	if err := blasCheck("cublasGemmStridedBatchedEx", r); err != nil {
 		return fmt.Errorf("GEMM M=%d N=%d K=%d batch=%d %v·%v→%v compute %d: %w", p.M, p.N, p.K, batch, p.AType, p.BType, p.CType, compute, err)
 	}

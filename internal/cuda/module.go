@@ -110,8 +110,9 @@ const maxLaunchArgs = 64
 // pointers to them that cuLaunchKernel reads. One per Device, pinned for the
 // Device's life and reused under Device.mu, so Launch does not allocate.
 type launchBuffer struct {
-	vals [maxLaunchArgs]uint64
-	ptrs [maxLaunchArgs]unsafe.Pointer
+	vals        [maxLaunchArgs]uint64
+	ptrs        [maxLaunchArgs]unsafe.Pointer
+	alpha, beta float32 // GEMM scalars, read by cuBLAS from host memory
 }
 
 // marshalArgs stores each argument's bytes little-endian in vals (4-byte
