@@ -72,7 +72,7 @@ extern "C" __global__ void __launch_bounds__(1024) xent_fwd_f32(float* losses, f
         double sum = 0.0;
         for (long long j = threadIdx.x; j < v; j += blockDim.x) {
             se += expf(__fsub_rn(x[j], m));
-            sum += (double)x[j];
+            if (smoothing != 0.0f) sum += (double)x[j];
         }
         se = xent_block_sum(se, shf);
         if (smoothing != 0.0f) sum = xent_block_sum(sum, shd);
