@@ -113,8 +113,8 @@ type cachingAllocator struct {
 	onPressure func() // called, outside mu, before the cache is released for a retry
 
 	mu     sync.Mutex
-	cached map[int64][]Ptr // rounded size -> free blocks of that size
-	sizes  []int64         // sorted keys of cached with a non-empty list
+	cached map[int64][]Ptr // rounded size -> free blocks of that size (maybe none)
+	sizes  []int64         // sorted sizes whose list in cached is not empty
 	live   map[Ptr]int64   // block handed out -> its size
 	stats  MemStats
 }
@@ -184,11 +184,11 @@ func (a *cachingAllocator) takeCachedLocked(size int64) (Ptr, bool) {
 	got := a.sizes[i]
 	list := a.cached[got]
 	p := list[len(list)-1]
+	// An emptied list stays in the map (keeping its capacity for the next
+	// Free) but leaves sizes.
+	a.cached[got] = list[:len(list)-1]
 	if len(list) == 1 {
-		delete(a.cached, got)
 		a.sizes = append(a.sizes[:i], a.sizes[i+1:]...)
-	} else {
-		a.cached[got] = list[:len(list)-1]
 	}
 	a.live[p] = got
 	a.stats.InUse += got
@@ -234,8 +234,8 @@ func (a *cachingAllocator) Free(p Ptr) {
 	delete(a.live, p)
 	a.stats.InUse -= size
 	a.stats.Frees++
-	list, ok := a.cached[size]
-	if !ok {
+	list := a.cached[size]
+	if len(list) == 0 {
 		i := sort.Search(len(a.sizes), func(i int) bool { return a.sizes[i] >= size })
 		a.sizes = append(a.sizes, 0)
 		copy(a.sizes[i+1:], a.sizes[i:])
@@ -253,8 +253,8 @@ func (a *cachingAllocator) EmptyCache() error {
 
 func (a *cachingAllocator) releaseCachedLocked() error {
 	var errs []error
-	for _, size := range a.sizes {
-		for _, p := range a.cached[size] {
+	for size, list := range a.cached {
+		for _, p := range list {
 			if err := a.raw.free(p); err != nil {
 				errs = append(errs, err)
 			}

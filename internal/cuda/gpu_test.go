@@ -20,7 +20,7 @@ var testDevice struct {
 	skip string
 }
 
-func gpu(t *testing.T) *Device {
+func gpu(t testing.TB) *Device {
 	t.Helper()
 	testDevice.once.Do(func() {
 		if _, err := loadDriver(); err != nil {
