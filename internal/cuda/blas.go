@@ -239,6 +239,9 @@ func (d *Device) GemmStridedBatched(p GemmParams) error {
 	defer d.leave()
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	if d.closed {
+		return fmt.Errorf("cuda: GEMM: %v is closed", d)
+	}
 	// Alpha and Beta are read from host memory during the call: the
 	// Device's pinned launch buffer holds them.
 	d.launch.alpha, d.launch.beta = p.Alpha, p.Beta

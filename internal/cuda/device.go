@@ -45,8 +45,7 @@ type Device struct {
 	// mu serializes submissions to the stream and guards the launch buffer
 	// and the cuBLAS handle.
 	mu     sync.Mutex
-	launch *launchBuffer
-	pin    runtime.Pinner // keeps launch pinned while the Device is open
+	launch *launchBuffer // in page-locked host memory from cuMemAllocHost
 	blas   *blasHandle
 	closed bool
 }
@@ -118,11 +117,21 @@ func Open(ordinal int, opts Options) (*Device, error) {
 		fraction = 0.9
 	}
 	d.alloc = newCachingAllocator(deviceMemory{d}, int64(fraction*float64(d.total)), d.total, opts.OnPressure)
-	d.launch = new(launchBuffer)
-	for i := range d.launch.ptrs {
-		d.launch.ptrs[i] = unsafe.Pointer(&d.launch.vals[i])
+	// The launch buffer lives in C memory, so that the driver may hold
+	// pointers into it without any Go pinning rules (a runtime.Pinner held
+	// by the Device would panic at garbage collection if the Device were
+	// dropped without Close).
+	var host unsafe.Pointer
+	if err := api.check("cuMemAllocHost_v2", api.cuMemAllocHost(&host, uint64(unsafe.Sizeof(launchBuffer{})))); err != nil {
+		api.cuStreamDestroy(d.stream)
+		api.cuDevicePrimaryCtxRelease(d.dev)
+		return nil, err
 	}
-	d.pin.Pin(d.launch)
+	d.launch = (*launchBuffer)(host)
+	*d.launch = launchBuffer{}
+	for i := range d.launch.ptrs {
+		d.launch.ptrs[i] = uintptr(unsafe.Pointer(&d.launch.vals[i]))
+	}
 
 	workspace := opts.BLASWorkspace
 	if workspace == 0 {
@@ -171,7 +180,10 @@ func (d *Device) closeLocked() error {
 	if err := d.api.check("cuDevicePrimaryCtxRelease_v2", d.api.cuDevicePrimaryCtxRelease(d.dev)); err != nil {
 		errs = append(errs, err)
 	}
-	d.pin.Unpin()
+	if err := d.api.check("cuMemFreeHost", d.api.cuMemFreeHost(unsafe.Pointer(d.launch))); err != nil {
+		errs = append(errs, err)
+	}
+	d.launch = nil
 	if len(errs) > 0 {
 		return errs[0]
 	}

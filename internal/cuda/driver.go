@@ -56,6 +56,8 @@ type driverAPI struct {
 	cuMemAlloc                func(p *uintptr, n uint64) int32
 	cuMemFree                 func(p uintptr) int32
 	cuMemGetInfo              func(free, total *uint64) int32
+	cuMemAllocHost            func(p *unsafe.Pointer, n uint64) int32
+	cuMemFreeHost             func(p unsafe.Pointer) int32
 	cuMemcpyHtoDAsync         func(dst uintptr, src unsafe.Pointer, n uint64, s uintptr) int32
 	cuMemcpyDtoHAsync         func(dst unsafe.Pointer, src uintptr, n uint64, s uintptr) int32
 	cuModuleLoadDataEx        func(mod *uintptr, image *byte, n uint32, opts *int32, vals *uintptr) int32
@@ -101,6 +103,8 @@ func loadDriver() (*driverAPI, error) {
 		s.fn(&d.cuMemAlloc, "cuMemAlloc_v2")
 		s.fn(&d.cuMemFree, "cuMemFree_v2")
 		s.fn(&d.cuMemGetInfo, "cuMemGetInfo_v2")
+		s.fn(&d.cuMemAllocHost, "cuMemAllocHost_v2")
+		s.fn(&d.cuMemFreeHost, "cuMemFreeHost")
 		s.fn(&d.cuMemcpyHtoDAsync, "cuMemcpyHtoDAsync_v2")
 		s.fn(&d.cuMemcpyDtoHAsync, "cuMemcpyDtoHAsync_v2")
 		s.fn(&d.cuModuleLoadDataEx, "cuModuleLoadDataEx")

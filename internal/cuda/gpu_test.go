@@ -441,7 +441,6 @@ func TestGPUAllocatorOnDevice(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer d.Close()
 	limit := int64(0.01 * float64(d.TotalMemory()))
 	p, err := d.Alloc(limit / 2)
 	if err != nil {
@@ -464,5 +463,12 @@ func TestGPUAllocatorOnDevice(t *testing.T) {
 	s := d.MemStats()
 	if s.Reserved != s.InUse || s.InUse != roundSize(1<<20) {
 		t.Errorf("after EmptyCache: %+v (only the cuBLAS workspace should remain)", s)
+	}
+	if err := d.Close(); err != nil {
+		t.Fatal(err)
+	}
+	g := GemmParams{M: 1, N: 1, K: 1, A: 256, B: 256, C: 256, LDA: 1, LDB: 1, LDC: 1}
+	if err := d.GemmStridedBatched(g); err == nil || !strings.Contains(err.Error(), "closed") {
+		t.Errorf("GEMM on a closed device: %v", err)
 	}
 }

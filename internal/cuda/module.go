@@ -107,12 +107,13 @@ func (m *Module) Unload() error {
 const maxLaunchArgs = 64
 
 // launchBuffer holds the copies of a launch's arguments and the array of
-// pointers to them that cuLaunchKernel reads. One per Device, pinned for the
-// Device's life and reused under Device.mu, so Launch does not allocate.
+// pointers to them that cuLaunchKernel reads. One per Device, in C memory
+// for the Device's life and reused under Device.mu, so Launch does not
+// allocate. It holds no Go pointers.
 type launchBuffer struct {
 	vals        [maxLaunchArgs]uint64
-	ptrs        [maxLaunchArgs]unsafe.Pointer
-	alpha, beta float32 // GEMM scalars, read by cuBLAS from host memory
+	ptrs        [maxLaunchArgs]uintptr // &vals[i]
+	alpha, beta float32                // GEMM scalars, read by cuBLAS from host memory
 }
 
 // marshalArgs stores each argument's bytes little-endian in vals (4-byte
@@ -159,6 +160,9 @@ func (d *Device) Launch(f *Function, grid, block Dim3, shmem uint32, args ...any
 	defer d.leave()
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	if d.closed {
+		return fmt.Errorf("cuda: launching %s: %v is closed", f.name, d)
+	}
 	if err := marshalArgs(d.launch.vals[:], args); err != nil {
 		return fmt.Errorf("cuda: launching %s: %w", f.name, err)
 	}
