@@ -177,13 +177,14 @@ func (d *Device) closeLocked() error {
 	if err := d.api.check("cuStreamDestroy_v2", d.api.cuStreamDestroy(d.stream)); err != nil {
 		errs = append(errs, err)
 	}
-	if err := d.api.check("cuDevicePrimaryCtxRelease_v2", d.api.cuDevicePrimaryCtxRelease(d.dev)); err != nil {
-		errs = append(errs, err)
-	}
 	if err := d.api.check("cuMemFreeHost", d.api.cuMemFreeHost(unsafe.Pointer(d.launch))); err != nil {
 		errs = append(errs, err)
 	}
 	d.launch = nil
+	// Last: releasing the primary context's last reference destroys it.
+	if err := d.api.check("cuDevicePrimaryCtxRelease_v2", d.api.cuDevicePrimaryCtxRelease(d.dev)); err != nil {
+		errs = append(errs, err)
+	}
 	if len(errs) > 0 {
 		return errs[0]
 	}

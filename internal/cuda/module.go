@@ -59,7 +59,11 @@ func (d *Device) LoadModule(ptx []byte) (*Module, error) {
 	r := d.api.cuModuleLoadDataEx(&mod, &image[0], uint32(len(opts)), &opts[0], &vals[0])
 	runtime.KeepAlive(errLog)
 	if err := d.api.check("cuModuleLoadDataEx", r); err != nil {
-		msg := strings.TrimSpace(goString(&errLog[0]))
+		log := errLog
+		if i := bytes.IndexByte(log, 0); i >= 0 {
+			log = log[:i]
+		}
+		msg := strings.TrimSpace(string(log))
 		if msg == "" {
 			return nil, fmt.Errorf("%w (PTX %s)", err, ptxTarget(ptx))
 		}
@@ -154,6 +158,9 @@ func marshalArgs(vals []uint64, args []any) error {
 // errors of the kernel itself show at a later Synchronize or copy.
 func (d *Device) Launch(f *Function, grid, block Dim3, shmem uint32, args ...any) error {
 	grid, block = grid.norm(), block.norm()
+	if f.d != d {
+		return fmt.Errorf("cuda: kernel %s belongs to %v, not %v", f.name, f.d, d)
+	}
 	if err := d.enter(); err != nil {
 		return err
 	}
