@@ -38,3 +38,30 @@ func TestSoloGroups(t *testing.T) {
 		t.Fatalf("NewGroup([1]) in a world of one: %v, want ErrNotMember", err)
 	}
 }
+
+// TestLoneProcessReducesNothing: a process started alone keeps its
+// gradients in the parameters (no ddp buckets, no gradient-ready hook on
+// the tape), and its groups' collectives cost no allocation.
+func TestLoneProcessReducesNothing(t *testing.T) {
+	cfg := tinyConfig(t)
+	tr, err := New(cfg, MockSource{SeqLength: cfg.SeqLength, VocabSize: cfg.Model.VocabSize}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := tr.stepper.reducer.(localGrads); !ok {
+		t.Fatalf("a lone process reduces its gradients with a %T", tr.stepper.reducer)
+	}
+	if tr.stepper.reducer.readyHook() != nil {
+		t.Fatal("a lone process's tape has a gradient-ready hook")
+	}
+	v := []float32{1, 2, 3}
+	ctx := context.Background()
+	allocs := testing.AllocsPerRun(100, func() {
+		if err := tr.stepper.par.World.AllReduce(ctx, comm.Float32s(v), comm.Sum); err != nil {
+			t.Fatal(err)
+		}
+	})
+	if allocs != 0 {
+		t.Fatalf("an all-reduce over one rank allocates %v times", allocs)
+	}
+}
