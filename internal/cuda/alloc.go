@@ -15,6 +15,7 @@ const (
 	smallRound = 512
 	largeRound = 2 << 20
 	smallLimit = 1 << 20
+	maxAlloc   = 1 << 50 // far beyond any GPU; keeps the rounding from overflowing
 )
 
 // roundSize returns the size of the block that serves a request of n bytes.
@@ -129,8 +130,8 @@ func newCachingAllocator(raw rawAllocator, limit, total int64, onPressure func()
 
 // Alloc returns a block of at least n bytes.
 func (a *cachingAllocator) Alloc(n int64) (Ptr, error) {
-	if n < 0 {
-		return 0, fmt.Errorf("cuda: allocation of %d bytes: size must not be negative", n)
+	if n < 0 || n > maxAlloc {
+		return 0, fmt.Errorf("cuda: allocation of %d bytes: want a size from 0 to %d", n, int64(maxAlloc))
 	}
 	size := roundSize(n)
 	a.mu.Lock()

@@ -137,6 +137,9 @@ func TestAllocatorZeroSizeAndPeak(t *testing.T) {
 	if _, err := a.Alloc(-1); err == nil {
 		t.Errorf("negative size accepted")
 	}
+	if _, err := a.Alloc(1<<63 - 1); err == nil {
+		t.Errorf("absurd size accepted")
+	}
 	big, _ := a.Alloc(10 << 20)
 	a.Free(big)
 	if s := a.Stats(); s.Peak != 1024+10<<20 || s.InUse != 1024 {
