@@ -15,12 +15,17 @@
 //
 // Schedule: every kernel gives each warp a few rows of one side (queries or
 // keys) and the 32 lanes the 32 entries of the other side, so scores live
-// one per lane and no T×T buffer exists. Tiles of q, k, v, dout sit in
+// one per lane and no T×T buffer exists. The lanes' side sits transposed in
+// shared memory and each lane starts its dot product at its own column
+// (conflict-free when the padded head dimension is a multiple of 32); the
+// probabilities and dS pass through shared memory to the products with v,
+// k, q, dout, read as float4 broadcasts. Tiles sit in
 // static shared memory sized for the head dimension bound DMAX (64 or 128;
-// two instantiations), at most 48 KiB, so no launch attribute is needed.
-// The backward is two kernels with no atomics (deterministic): dq over query
-// tiles, dk and dv over key tiles, each recomputing the probabilities from
-// lse; delta_i = dout_i·out_i is a third, small kernel before them.
+// two instantiations, with fewer rows per warp at 128), at most 48 KiB, so
+// no launch attribute is needed. The backward is two kernels with no
+// atomics (deterministic): dq over query tiles, dk and dv over key tiles,
+// each recomputing the probabilities from lse; delta_i = dout_i·out_i is a
+// third, small kernel before them.
 //
 // Summation order differs from the CPU's (float32 rounding), so results agree
 // with the CPU backend within float tolerance, not bit for bit.
@@ -71,16 +76,12 @@ __device__ __forceinline__ bool attn_allowed(int causal, int i, int j, int docI,
     return !(causal && j > i) && docI == docJ;
 }
 
-// Tile shapes. Forward: 4 warps × 8 (D <= 64) or 6 (D <= 128) query rows
+// Tile shapes. Forward: 4 warps × 8 (D <= 64) or 4 (D <= 128) query rows
 // per block, 32 keys per tile (one per lane). Backward dq: 4 warps × 4
-// query rows = 16 queries, 32 keys per tile. Backward dk/dv: 4 warps × 4
-// keys = 16 keys, 32 queries per tile (one per lane).
+// (D <= 64) or 3 (D <= 128) query rows, 32 keys per tile. Backward dk/dv:
+// 4 warps × 4 or 3 keys, 32 queries per tile (one per lane).
 #define ATTN_THREADS 128
 #define ATTN_BK 32
-#define ATTN_DQ_ROWS 4
-#define ATTN_DQ_BQ 16
-#define ATTN_DKV_KEYS 4
-#define ATTN_DKV_BK 16
 #define ATTN_DKV_BQ 32
 
 // load_rows copies rows [r0, r0+n) (n <= cap) of a (rows of stride ld, D
@@ -93,17 +94,14 @@ __device__ __forceinline__ void attn_load_rows(float* s, const float* a, long lo
 }
 
 // attn_fwd: grid (ceil(T/(4·ROWS)), HQ, B), 128 threads; each warp owns
-// ROWS query rows, lane j key j0+j of the tile. The key tile is stored
-// transposed (Kt[d·33 + j]: conflict-free for the transposing store and for
-// the lanes' reads), so that the scores read q as float4 broadcasts; the
-// probabilities go through the warp's Ps rows, read back as float4
-// broadcasts for O += P·V. Q rows have stride DP = D rounded up to 4
-// (zero-padded) for the float4 reads.
+// ROWS query rows, lane j key j0+j of the tile. The probabilities go
+// through the warp's Ps rows, read back as float4 broadcasts for O += P·V.
+// Tiles have row stride DP = D rounded up to 4 (zero-padded).
 template <int DC, int ROWS>
 __device__ __forceinline__ void attn_fwd(float* out, float* lse, const float* q, const float* k, const float* v,
                                          const int32_t* docs, int T, int HQ, int HKV, int D, float scale, int causal,
                                          int dropout, uint32_t thr, float dscale, uint64_t seed, int firstHead,
-                                         float* Qs, float* Kt, float* Vs, float* Ps) {
+                                         float* Qs, float* Ks, float* Vs, float* Ps) {
     const int BQ = 4 * ROWS;
     const int qt = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -141,7 +139,7 @@ __device__ __forceinline__ void attn_fwd(float* out, float* lse, const float* q,
         __syncthreads(); // the previous tile is consumed (and Qs is loaded)
         for (int idx = threadIdx.x; idx < ATTN_BK * DP; idx += blockDim.x) {
             const int j = idx / DP, d = idx - j * DP;
-            Kt[d * 33 + j] = (j < nk && d < D) ? kb[(long long)(j0 + j) * kvs + d] : 0.0f;
+            Ks[j * DP + d] = (j < nk && d < D) ? kb[(long long)(j0 + j) * kvs + d] : 0.0f;
         }
         attn_load_rows(Vs, vb, kvs, j0, nk, ATTN_BK, D);
         __syncthreads();
@@ -151,17 +149,13 @@ __device__ __forceinline__ void attn_fwd(float* out, float* lse, const float* q,
         float s[ROWS];
 #pragma unroll
         for (int rr = 0; rr < ROWS; rr++) s[rr] = 0.0f;
-        for (int d = 0; d < DP; d += 4) {
-            const float k0 = Kt[d * 33 + lane], k1 = Kt[(d + 1) * 33 + lane];
-            const float k2 = Kt[(d + 2) * 33 + lane], k3 = Kt[(d + 3) * 33 + lane];
+        // each lane starts at its own column: conflict-free when DP % 32 == 0
+        int dd = lane % DP;
+        for (int t = 0; t < DP; t++) {
+            const float kv = Ks[lane * DP + dd];
 #pragma unroll
-            for (int rr = 0; rr < ROWS; rr++) {
-                const float4 qv = *reinterpret_cast<const float4*>(&Qs[(warp * ROWS + rr) * DP + d]);
-                s[rr] += qv.x * k0;
-                s[rr] += qv.y * k1;
-                s[rr] += qv.z * k2;
-                s[rr] += qv.w * k3;
-            }
+            for (int rr = 0; rr < ROWS; rr++) s[rr] += Qs[(warp * ROWS + rr) * DP + dd] * kv;
+            dd = dd + 1 == DP ? 0 : dd + 1;
         }
 #pragma unroll
         for (int rr = 0; rr < ROWS; rr++) {
@@ -222,23 +216,23 @@ __device__ __forceinline__ void attn_fwd(float* out, float* lse, const float* q,
     }
 }
 
-// Forward instantiations: 8 query rows per warp up to D = 64, 6 up to 128
+// Forward instantiations: 8 query rows per warp up to D = 64, 4 up to 128
 // (the tiles fill at most 48 KiB of shared memory).
 #define ATTN_FWD_KERNEL(NAME, DMAX, ROWS)                                                                            \
-    extern "C" __global__ void __launch_bounds__(ATTN_THREADS)                                                       \
+    extern "C" __global__ void __launch_bounds__(ATTN_THREADS, 1)                                                    \
         NAME(float* out, float* lse, const float* q, const float* k, const float* v, const int32_t* docs, int T,     \
              int HQ, int HKV, int D, float scale, int causal, int dropout, uint32_t thr, float dscale, uint64_t seed, \
              int firstHead) {                                                                                        \
         __shared__ __align__(16) float Qs[4 * ROWS * DMAX];                                                          \
-        __shared__ float Kt[DMAX * 33];                                                                              \
+        __shared__ float Ks[ATTN_BK * DMAX];                                                                         \
         __shared__ float Vs[ATTN_BK * DMAX];                                                                         \
         __shared__ __align__(16) float Ps[4 * ROWS * ATTN_BK];                                                       \
         attn_fwd<DMAX / 32, ROWS>(out, lse, q, k, v, docs, T, HQ, HKV, D, scale, causal, dropout, thr, dscale, seed, \
-                                  firstHead, Qs, Kt, Vs, Ps);                                                        \
+                                  firstHead, Qs, Ks, Vs, Ps);                                                        \
     }
 
 ATTN_FWD_KERNEL(attn_fwd_d64_f32, 64, 8)
-ATTN_FWD_KERNEL(attn_fwd_d128_f32, 128, 6)
+ATTN_FWD_KERNEL(attn_fwd_d128_f32, 128, 4)
 
 // attn_bwd_delta_f32 writes delta[b, h, i] = dout[b, i, h, :]·out[b, i, h, :]
 // (internal/cpu's D_i): one warp per (b, i, h) row, rows = B·T·HQ.
@@ -263,31 +257,46 @@ extern "C" __global__ void attn_bwd_delta_f32(float* delta, const float* dout, c
     }
 }
 
-// attn_bwd_dq: grid (ceil(T/16), HQ, B), 128 threads. dq += Σ_j dS_ij k_j.
-template <int DC>
+// attn_load_p stores rows [r0, r0+n) of a (stride ld) into the compact
+// (cap, DP) tile s, zero past n rows and past D columns (float4-readable).
+__device__ __forceinline__ void attn_load_p(float* s, const float* a, long long ld, int r0, int n, int cap, int D,
+                                            int DP) {
+    for (int idx = threadIdx.x; idx < cap * DP; idx += blockDim.x) {
+        const int r = idx / DP, d = idx - r * DP;
+        s[idx] = (r < n && d < D) ? a[(long long)(r0 + r) * ld + d] : 0.0f;
+    }
+}
+
+// attn_bwd_dq: grid (ceil(T/(4·ROWS)), HQ, B), 128 threads; each warp owns
+// ROWS query rows, lane j key j0+j. dq += Σ_j dS_ij k_j; dS goes through
+// the warp's Ss rows, read as float4 broadcasts for the product with k.
+template <int DC, int ROWS>
 __device__ __forceinline__ void attn_bwd_dq(float* dq, const float* dout, const float* q, const float* k, const float* v,
                                             const float* lse, const float* delta, const int32_t* docs, int T, int HQ,
                                             int HKV, int D, float scale, int causal, int dropout, uint32_t thr,
                                             float dscale, uint64_t seed, int firstHead, float* Qs, float* Os, float* Ks,
-                                            float* Vs) {
+                                            float* Vs, float* Ss) {
+    const int BQ = 4 * ROWS;
     const int qt = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int i0 = qt * ATTN_DQ_BQ;
+    const int i0 = qt * BQ;
     const int g = h / (HQ / HKV);
+    const int DP = (D + 3) & ~3;
     const long long qs = (long long)HQ * D, kvs = (long long)HKV * D;
     const long long qOff = (long long)b * T * qs + (long long)h * D;
     const float* kb = k + (long long)b * T * kvs + (long long)g * D;
     const float* vb = v + (long long)b * T * kvs + (long long)g * D;
+    float* ss = Ss + warp * ROWS * ATTN_BK;
 
-    attn_load_rows(Qs, q + qOff, qs, i0, min(ATTN_DQ_BQ, T - i0), ATTN_DQ_BQ, D);
-    attn_load_rows(Os, dout + qOff, qs, i0, min(ATTN_DQ_BQ, T - i0), ATTN_DQ_BQ, D);
+    attn_load_p(Qs, q + qOff, qs, i0, min(BQ, T - i0), BQ, D, DP);
+    attn_load_p(Os, dout + qOff, qs, i0, min(BQ, T - i0), BQ, D, DP);
 
-    float acc[ATTN_DQ_ROWS][DC], li[ATTN_DQ_ROWS], di[ATTN_DQ_ROWS];
-    int docI[ATTN_DQ_ROWS];
-    uint64_t key[ATTN_DQ_ROWS];
+    float acc[ROWS][DC], li[ROWS], di[ROWS];
+    int docI[ROWS];
+    uint64_t key[ROWS];
 #pragma unroll
-    for (int rr = 0; rr < ATTN_DQ_ROWS; rr++) {
-        const int i = i0 + warp * ATTN_DQ_ROWS + rr;
+    for (int rr = 0; rr < ROWS; rr++) {
+        const int i = i0 + warp * ROWS + rr;
 #pragma unroll
         for (int c = 0; c < DC; c++) acc[rr][c] = 0.0f;
         const long long at = ((long long)b * HQ + h) * T + i;
@@ -297,56 +306,70 @@ __device__ __forceinline__ void attn_bwd_dq(float* dq, const float* dout, const 
         key[rr] = dropout ? attn_row_key(seed, b, firstHead + h, i) : 0;
     }
 
-    const int jEnd = causal ? min(T, i0 + ATTN_DQ_BQ) : T;
+    const int jEnd = causal ? min(T, i0 + BQ) : T;
     for (int j0 = 0; j0 < jEnd; j0 += ATTN_BK) {
         const int nk = min(ATTN_BK, T - j0);
         __syncthreads();
-        attn_load_rows(Ks, kb, kvs, j0, nk, ATTN_BK, D);
-        attn_load_rows(Vs, vb, kvs, j0, nk, ATTN_BK, D);
+        attn_load_p(Ks, kb, kvs, j0, nk, ATTN_BK, D, DP);
+        attn_load_p(Vs, vb, kvs, j0, nk, ATTN_BK, D, DP);
         __syncthreads();
 
         const int j = j0 + lane;
         const int docJ = (docs != nullptr && j < T) ? docs[(long long)b * T + j] : 0;
-        float s[ATTN_DQ_ROWS], dp[ATTN_DQ_ROWS];
+        float s[ROWS], dp[ROWS];
 #pragma unroll
-        for (int rr = 0; rr < ATTN_DQ_ROWS; rr++) s[rr] = dp[rr] = 0.0f;
-        int dd = lane % D;
-        for (int t = 0; t < D; t++) {
-            const float kv = Ks[lane * D + dd], vv = Vs[lane * D + dd];
+        for (int rr = 0; rr < ROWS; rr++) s[rr] = dp[rr] = 0.0f;
+        int dd = lane % DP;
+        for (int t = 0; t < DP; t++) {
+            const float kv = Ks[lane * DP + dd], vv = Vs[lane * DP + dd];
 #pragma unroll
-            for (int rr = 0; rr < ATTN_DQ_ROWS; rr++) {
-                const int r = warp * ATTN_DQ_ROWS + rr;
-                s[rr] += Qs[r * D + dd] * kv;
-                dp[rr] += Os[r * D + dd] * vv;
+            for (int rr = 0; rr < ROWS; rr++) {
+                const int r = warp * ROWS + rr;
+                s[rr] += Qs[r * DP + dd] * kv;
+                dp[rr] += Os[r * DP + dd] * vv;
             }
-            dd = dd + 1 == D ? 0 : dd + 1;
+            dd = dd + 1 == DP ? 0 : dd + 1;
         }
         // dS = P*(Z*dP - D_i)*scale, P = exp(scale*s - lse) (0 where masked
         // or the row has no allowed key).
 #pragma unroll
-        for (int rr = 0; rr < ATTN_DQ_ROWS; rr++) {
-            const int i = i0 + warp * ATTN_DQ_ROWS + rr;
+        for (int rr = 0; rr < ROWS; rr++) {
+            const int i = i0 + warp * ROWS + rr;
             const bool ok = i < T && j < T && li[rr] != -INFINITY && attn_allowed(causal, i, j, docI[rr], docJ);
             const float p = ok ? expf(scale * s[rr] - li[rr]) : 0.0f;
-            float z = 1.0f;
-            if (dropout) z = attn_keep(key[rr], j, thr, dscale);
-            s[rr] = dropout ? p * (z * dp[rr] - di[rr]) * scale : p * (dp[rr] - di[rr]) * scale;
+            float ds;
+            if (dropout) {
+                const float z = attn_keep(key[rr], j, thr, dscale);
+                ds = p * (z * dp[rr] - di[rr]) * scale;
+            } else {
+                ds = p * (dp[rr] - di[rr]) * scale;
+            }
+            ss[rr * ATTN_BK + lane] = ds; // 0 for keys past T
         }
-        for (int jj = 0; jj < nk; jj++) {
-            float kv[DC];
+        __syncwarp();
+        for (int jj = 0; jj < nk; jj += 4) {
+            float kv[4][DC];
 #pragma unroll
-            for (int c = 0; c < DC; c++) kv[c] = c * 32 + lane < D ? Ks[jj * D + c * 32 + lane] : 0.0f;
+            for (int u = 0; u < 4; u++)
 #pragma unroll
-            for (int rr = 0; rr < ATTN_DQ_ROWS; rr++) {
-                const float ds = __shfl_sync(ATTN_FULL, s[rr], jj);
+                for (int c = 0; c < DC; c++) kv[u][c] = c * 32 + lane < D ? Ks[(jj + u) * DP + c * 32 + lane] : 0.0f;
 #pragma unroll
-                for (int c = 0; c < DC; c++) acc[rr][c] += ds * kv[c];
+            for (int rr = 0; rr < ROWS; rr++) {
+                const float4 d4 = *reinterpret_cast<const float4*>(&ss[rr * ATTN_BK + jj]);
+#pragma unroll
+                for (int c = 0; c < DC; c++) {
+                    acc[rr][c] += d4.x * kv[0][c];
+                    acc[rr][c] += d4.y * kv[1][c];
+                    acc[rr][c] += d4.z * kv[2][c];
+                    acc[rr][c] += d4.w * kv[3][c];
+                }
             }
         }
+        __syncwarp();
     }
 #pragma unroll
-    for (int rr = 0; rr < ATTN_DQ_ROWS; rr++) {
-        const int i = i0 + warp * ATTN_DQ_ROWS + rr;
+    for (int rr = 0; rr < ROWS; rr++) {
+        const int i = i0 + warp * ROWS + rr;
         if (i >= T) continue;
         float* row = dq + qOff + (long long)i * qs;
 #pragma unroll
@@ -355,46 +378,56 @@ __device__ __forceinline__ void attn_bwd_dq(float* dq, const float* dout, const 
     }
 }
 
-#define ATTN_DQ_KERNEL(NAME, DMAX)                                                                                   \
-    extern "C" __global__ void __launch_bounds__(ATTN_THREADS)                                                       \
+// dq instantiations: 4 query rows per warp up to D = 64, 3 up to 128.
+#define ATTN_DQ_KERNEL(NAME, DMAX, ROWS)                                                                             \
+    extern "C" __global__ void __launch_bounds__(ATTN_THREADS, 1)                                                    \
         NAME(float* dq, const float* dout, const float* q, const float* k, const float* v, const float* lse,         \
              const float* delta, const int32_t* docs, int T, int HQ, int HKV, int D, float scale, int causal,         \
              int dropout, uint32_t thr, float dscale, uint64_t seed, int firstHead) {                                \
-        __shared__ float Qs[ATTN_DQ_BQ * DMAX];                                                                      \
-        __shared__ float Os[ATTN_DQ_BQ * DMAX];                                                                      \
+        __shared__ __align__(16) float Qs[4 * ROWS * DMAX];                                                          \
+        __shared__ __align__(16) float Os[4 * ROWS * DMAX];                                                          \
         __shared__ float Ks[ATTN_BK * DMAX];                                                                         \
         __shared__ float Vs[ATTN_BK * DMAX];                                                                         \
-        attn_bwd_dq<DMAX / 32>(dq, dout, q, k, v, lse, delta, docs, T, HQ, HKV, D, scale, causal, dropout, thr,      \
-                               dscale, seed, firstHead, Qs, Os, Ks, Vs);                                             \
+        __shared__ __align__(16) float Ss[4 * ROWS * ATTN_BK];                                                       \
+        attn_bwd_dq<DMAX / 32, ROWS>(dq, dout, q, k, v, lse, delta, docs, T, HQ, HKV, D, scale, causal, dropout,     \
+                                     thr, dscale, seed, firstHead, Qs, Os, Ks, Vs, Ss);                              \
     }
 
-ATTN_DQ_KERNEL(attn_bwd_dq_d64_f32, 64)
-ATTN_DQ_KERNEL(attn_bwd_dq_d128_f32, 128)
+ATTN_DQ_KERNEL(attn_bwd_dq_d64_f32, 64, 4)
+ATTN_DQ_KERNEL(attn_bwd_dq_d128_f32, 128, 3)
 
-// attn_bwd_dkv: grid (ceil(T/16), HKV, B), 128 threads. For the block's 16
-// keys of KV head g: dv += Σ_{h in group, i} P̃_ij dout_i and
-// dk += Σ dS_ij q_i, query heads in order, query tiles in order.
-template <int DC>
+// attn_bwd_dkv: grid (ceil(T/(4·KEYS)), HKV, B), 128 threads; each warp
+// owns KEYS keys of KV head g, lane i query i0+i of a 32-query tile. For
+// the block's keys: dv += Σ_{h in group, i} P̃_ij dout_i and
+// dk += Σ dS_ij q_i, query heads in order, query tiles in order. P̃ and dS
+// go through the warp's Ps, Ss rows, read as float4 broadcasts for the
+// products with dout and q (tiles Qt, Ot: 32 query rows).
+template <int DC, int KEYS>
 __device__ __forceinline__ void attn_bwd_dkv(float* dk, float* dv, const float* dout, const float* q, const float* k,
                                              const float* v, const float* lse, const float* delta,
                                              const int32_t* docs, int T, int HQ, int HKV, int D, float scale,
                                              int causal, int dropout, uint32_t thr, float dscale, uint64_t seed,
-                                             int firstHead, float* Ks, float* Vs, float* Qs, float* Os) {
+                                             int firstHead, float* Ks, float* Vs, float* Qt, float* Ot, float* Ps,
+                                             float* Ss) {
+    const int BK = 4 * KEYS;
     const int kt = blockIdx.x, g = blockIdx.y, b = blockIdx.z;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int j0 = kt * ATTN_DKV_BK;
+    const int j0 = kt * BK;
     const int grp = HQ / HKV;
+    const int DP = (D + 3) & ~3;
     const long long qs = (long long)HQ * D, kvs = (long long)HKV * D;
     const long long kvOff = (long long)b * T * kvs + (long long)g * D;
+    float* ps = Ps + warp * KEYS * ATTN_BK;
+    float* ss = Ss + warp * KEYS * ATTN_BK;
 
-    attn_load_rows(Ks, k + kvOff, kvs, j0, min(ATTN_DKV_BK, T - j0), ATTN_DKV_BK, D);
-    attn_load_rows(Vs, v + kvOff, kvs, j0, min(ATTN_DKV_BK, T - j0), ATTN_DKV_BK, D);
+    attn_load_p(Ks, k + kvOff, kvs, j0, min(BK, T - j0), BK, D, DP);
+    attn_load_p(Vs, v + kvOff, kvs, j0, min(BK, T - j0), BK, D, DP);
 
-    float dkAcc[ATTN_DKV_KEYS][DC], dvAcc[ATTN_DKV_KEYS][DC];
-    int docJ[ATTN_DKV_KEYS];
+    float dkAcc[KEYS][DC], dvAcc[KEYS][DC];
+    int docJ[KEYS];
 #pragma unroll
-    for (int rk = 0; rk < ATTN_DKV_KEYS; rk++) {
-        const int j = j0 + warp * ATTN_DKV_KEYS + rk;
+    for (int rk = 0; rk < KEYS; rk++) {
+        const int j = j0 + warp * KEYS + rk;
 #pragma unroll
         for (int c = 0; c < DC; c++) dkAcc[rk][c] = dvAcc[rk][c] = 0.0f;
         docJ[rk] = (docs != nullptr && j < T) ? docs[(long long)b * T + j] : 0;
@@ -406,8 +439,8 @@ __device__ __forceinline__ void attn_bwd_dkv(float* dk, float* dv, const float* 
         for (int i0 = iStart; i0 < T; i0 += ATTN_DKV_BQ) {
             const int nq = min(ATTN_DKV_BQ, T - i0);
             __syncthreads(); // the previous tile is consumed (and Ks, Vs loaded)
-            attn_load_rows(Qs, q + qOff, qs, i0, nq, ATTN_DKV_BQ, D);
-            attn_load_rows(Os, dout + qOff, qs, i0, nq, ATTN_DKV_BQ, D);
+            attn_load_p(Qt, q + qOff, qs, i0, nq, ATTN_DKV_BQ, D, DP);
+            attn_load_p(Ot, dout + qOff, qs, i0, nq, ATTN_DKV_BQ, D, DP);
             __syncthreads();
 
             const int i = i0 + lane;
@@ -417,59 +450,68 @@ __device__ __forceinline__ void attn_bwd_dkv(float* dk, float* dv, const float* 
             const int docI = (docs != nullptr && i < T) ? docs[(long long)b * T + i] : 0;
             const uint64_t key = dropout ? attn_row_key(seed, b, firstHead + h, i) : 0;
 
-            float s[ATTN_DKV_KEYS], dp[ATTN_DKV_KEYS];
+            float s[KEYS], dp[KEYS];
 #pragma unroll
-            for (int rk = 0; rk < ATTN_DKV_KEYS; rk++) s[rk] = dp[rk] = 0.0f;
-            int dd = lane % D;
-            for (int t = 0; t < D; t++) {
-                const float qv = Qs[lane * D + dd], ov = Os[lane * D + dd];
+            for (int rk = 0; rk < KEYS; rk++) s[rk] = dp[rk] = 0.0f;
+            int dd = lane % DP;
+            for (int t = 0; t < DP; t++) {
+                const float qv = Qt[lane * DP + dd], ov = Ot[lane * DP + dd];
 #pragma unroll
-                for (int rk = 0; rk < ATTN_DKV_KEYS; rk++) {
-                    const int r = warp * ATTN_DKV_KEYS + rk;
-                    s[rk] += qv * Ks[r * D + dd];
-                    dp[rk] += ov * Vs[r * D + dd];
+                for (int rk = 0; rk < KEYS; rk++) {
+                    const int r = warp * KEYS + rk;
+                    s[rk] += qv * Ks[r * DP + dd];
+                    dp[rk] += ov * Vs[r * DP + dd];
                 }
-                dd = dd + 1 == D ? 0 : dd + 1;
+                dd = dd + 1 == DP ? 0 : dd + 1;
             }
-            // s becomes P̃ = P*Z, dp becomes dS.
 #pragma unroll
-            for (int rk = 0; rk < ATTN_DKV_KEYS; rk++) {
-                const int j = j0 + warp * ATTN_DKV_KEYS + rk;
+            for (int rk = 0; rk < KEYS; rk++) {
+                const int j = j0 + warp * KEYS + rk;
                 const bool ok = i < T && j < T && li != -INFINITY && attn_allowed(causal, i, j, docI, docJ[rk]);
                 const float p = ok ? expf(scale * s[rk] - li) : 0.0f;
                 if (dropout) {
                     const float z = attn_keep(key, j, thr, dscale);
-                    dp[rk] = p * (z * dp[rk] - di) * scale;
-                    s[rk] = p * z;
+                    ss[rk * ATTN_BK + lane] = p * (z * dp[rk] - di) * scale;
+                    ps[rk * ATTN_BK + lane] = p * z;
                 } else {
-                    dp[rk] = p * (dp[rk] - di) * scale;
-                    s[rk] = p;
+                    ss[rk * ATTN_BK + lane] = p * (dp[rk] - di) * scale;
+                    ps[rk * ATTN_BK + lane] = p;
                 }
             }
-            for (int ii = 0; ii < nq; ii++) {
-                float qv[DC], ov[DC];
+            __syncwarp();
+            for (int ii = 0; ii < nq; ii += 4) {
+                float qv[4][DC], ov[4][DC];
 #pragma unroll
-                for (int c = 0; c < DC; c++) {
-                    const bool in = c * 32 + lane < D;
-                    qv[c] = in ? Qs[ii * D + c * 32 + lane] : 0.0f;
-                    ov[c] = in ? Os[ii * D + c * 32 + lane] : 0.0f;
-                }
-#pragma unroll
-                for (int rk = 0; rk < ATTN_DKV_KEYS; rk++) {
-                    const float pj = __shfl_sync(ATTN_FULL, s[rk], ii);
-                    const float ds = __shfl_sync(ATTN_FULL, dp[rk], ii);
+                for (int u = 0; u < 4; u++)
 #pragma unroll
                     for (int c = 0; c < DC; c++) {
-                        dvAcc[rk][c] += pj * ov[c];
-                        dkAcc[rk][c] += ds * qv[c];
+                        const bool in = c * 32 + lane < D;
+                        qv[u][c] = in ? Qt[(ii + u) * DP + c * 32 + lane] : 0.0f;
+                        ov[u][c] = in ? Ot[(ii + u) * DP + c * 32 + lane] : 0.0f;
+                    }
+#pragma unroll
+                for (int rk = 0; rk < KEYS; rk++) {
+                    const float4 p4 = *reinterpret_cast<const float4*>(&ps[rk * ATTN_BK + ii]);
+                    const float4 d4 = *reinterpret_cast<const float4*>(&ss[rk * ATTN_BK + ii]);
+#pragma unroll
+                    for (int c = 0; c < DC; c++) {
+                        dvAcc[rk][c] += p4.x * ov[0][c];
+                        dvAcc[rk][c] += p4.y * ov[1][c];
+                        dvAcc[rk][c] += p4.z * ov[2][c];
+                        dvAcc[rk][c] += p4.w * ov[3][c];
+                        dkAcc[rk][c] += d4.x * qv[0][c];
+                        dkAcc[rk][c] += d4.y * qv[1][c];
+                        dkAcc[rk][c] += d4.z * qv[2][c];
+                        dkAcc[rk][c] += d4.w * qv[3][c];
                     }
                 }
             }
+            __syncwarp();
         }
     }
 #pragma unroll
-    for (int rk = 0; rk < ATTN_DKV_KEYS; rk++) {
-        const int j = j0 + warp * ATTN_DKV_KEYS + rk;
+    for (int rk = 0; rk < KEYS; rk++) {
+        const int j = j0 + warp * KEYS + rk;
         if (j >= T) continue;
         float* dkr = dk + kvOff + (long long)j * kvs;
         float* dvr = dv + kvOff + (long long)j * kvs;
@@ -483,18 +525,21 @@ __device__ __forceinline__ void attn_bwd_dkv(float* dk, float* dv, const float* 
     }
 }
 
-#define ATTN_DKV_KERNEL(NAME, DMAX)                                                                                  \
-    extern "C" __global__ void __launch_bounds__(ATTN_THREADS)                                                       \
+// dk/dv instantiations: 4 keys per warp up to D = 64, 3 up to 128.
+#define ATTN_DKV_KERNEL(NAME, DMAX, KEYS)                                                                            \
+    extern "C" __global__ void __launch_bounds__(ATTN_THREADS, 1)                                                    \
         NAME(float* dk, float* dv, const float* dout, const float* q, const float* k, const float* v,                \
              const float* lse, const float* delta, const int32_t* docs, int T, int HQ, int HKV, int D, float scale,  \
              int causal, int dropout, uint32_t thr, float dscale, uint64_t seed, int firstHead) {                    \
-        __shared__ float Ks[ATTN_DKV_BK * DMAX];                                                                     \
-        __shared__ float Vs[ATTN_DKV_BK * DMAX];                                                                     \
-        __shared__ float Qs[ATTN_DKV_BQ * DMAX];                                                                     \
-        __shared__ float Os[ATTN_DKV_BQ * DMAX];                                                                     \
-        attn_bwd_dkv<DMAX / 32>(dk, dv, dout, q, k, v, lse, delta, docs, T, HQ, HKV, D, scale, causal, dropout, thr, \
-                                dscale, seed, firstHead, Ks, Vs, Qs, Os);                                            \
+        __shared__ __align__(16) float Ks[4 * KEYS * DMAX];                                                          \
+        __shared__ __align__(16) float Vs[4 * KEYS * DMAX];                                                          \
+        __shared__ float Qt[ATTN_DKV_BQ * DMAX];                                                                     \
+        __shared__ float Ot[ATTN_DKV_BQ * DMAX];                                                                     \
+        __shared__ __align__(16) float Ps[4 * KEYS * ATTN_BK];                                                       \
+        __shared__ __align__(16) float Ss[4 * KEYS * ATTN_BK];                                                       \
+        attn_bwd_dkv<DMAX / 32, KEYS>(dk, dv, dout, q, k, v, lse, delta, docs, T, HQ, HKV, D, scale, causal,         \
+                                      dropout, thr, dscale, seed, firstHead, Ks, Vs, Qt, Ot, Ps, Ss);                \
     }
 
-ATTN_DKV_KERNEL(attn_bwd_dkv_d64_f32, 64)
-ATTN_DKV_KERNEL(attn_bwd_dkv_d128_f32, 128)
+ATTN_DKV_KERNEL(attn_bwd_dkv_d64_f32, 64, 4)
+ATTN_DKV_KERNEL(attn_bwd_dkv_d128_f32, 128, 3)
