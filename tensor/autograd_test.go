@@ -265,7 +265,7 @@ func TestCheckpointReleasesIntermediates(t *testing.T) {
 		}
 		n := 0
 		for _, b := range tp.live {
-			n += len(b)
+			n += b.floats()
 		}
 		if err := tp.Backward(tp.Sum(h[0])); err != nil {
 			t.Fatal(err)

@@ -235,6 +235,8 @@ func backendFor(ts ...*Tensor) Backend {
 	switch sameDevice("op", ts...) {
 	case Sim:
 		return simBackend{}
+	case CUDA:
+		return cudaBackend{rt: cudaRT()}
 	}
 	return cpuBackend{}
 }

@@ -21,6 +21,7 @@ func (t *Tensor) MoveInto(dst *Tensor) error {
 		return fmt.Errorf("tensor: MoveInto %s: destination of %d values for %v (%d)", t.Name, dst.Numel(), t.shape, t.Numel())
 	}
 	backendFor(dst, t).CopyStrided(dst, t)
-	t.f32, t.offset = dst.f32, dst.offset
+	t.shareStorage(dst)
+	t.offset = dst.offset
 	return nil
 }

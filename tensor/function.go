@@ -43,7 +43,7 @@ func (tp *Tape) Apply(f Function, in ...*Tensor) []*Tensor {
 		}
 		before := len(tp.live) // the child's buffers land in tp.live
 		gins := f.Backward(tp.nonRecording(), gouts)
-		fresh := append([][]float32(nil), tp.live[before:]...)
+		fresh := append([]liveBuf(nil), tp.live[before:]...)
 	inputs:
 		for i, x := range in {
 			if i >= len(gins) || gins[i] == nil {
@@ -57,7 +57,7 @@ func (tp *Tape) Apply(f Function, in ...*Tensor) []*Tensor {
 				}
 			}
 			if k := freshBuffer(fresh, g); k >= 0 && x.requiresGrad && !x.leaf && tp.grad(x) == nil {
-				fresh[k] = nil // adopted once
+				fresh[k] = liveBuf{} // adopted once
 				tp.addGrad(x, g)
 				continue
 			}
@@ -69,13 +69,21 @@ func (tp *Tape) Apply(f Function, in ...*Tensor) []*Tensor {
 
 // freshBuffer returns the index of the buffer in fresh that g (a float32
 // tensor) covers exactly and contiguously, or -1.
-func freshBuffer(fresh [][]float32, g *Tensor) int {
+func freshBuffer(fresh []liveBuf, g *Tensor) int {
 	if g.dtype != Float32 || !g.IsContiguous() || g.Numel() == 0 {
+		return -1
+	}
+	if g.dbuf != nil {
+		for k, b := range fresh {
+			if b.dev == g.dbuf && g.offset == 0 && b.floats() == g.Numel() {
+				return k
+			}
+		}
 		return -1
 	}
 	d := g.f32s()
 	for k, b := range fresh {
-		if len(b) == len(d) && &b[0] == &d[0] {
+		if len(b.host) == len(d) && &b.host[0] == &d[0] {
 			return k
 		}
 	}
@@ -125,7 +133,7 @@ func (tp *Tape) Checkpoint(fn func(tp *Tape, in []*Tensor) []*Tensor, in []*Tens
 		if backsAny(b, outs) {
 			owner.live = append(owner.live, b)
 		} else {
-			tp.arena.put(b)
+			b.release(tp.arena)
 		}
 	}
 	fwd.live = nil
@@ -178,7 +186,16 @@ func (tp *Tape) Checkpoint(fn func(tp *Tape, in []*Tensor) []*Tensor, in []*Tens
 func (tp *Tape) recordingParams() bool { return tp != nil && !tp.disabled }
 
 // backsAny reports whether buffer b holds the data of one of ts.
-func backsAny(b []float32, ts []*Tensor) bool {
+func backsAny(lb liveBuf, ts []*Tensor) bool {
+	if lb.dev != nil {
+		for _, t := range ts {
+			if t != nil && t.dbuf == lb.dev {
+				return true
+			}
+		}
+		return false
+	}
+	b := lb.host
 	if cap(b) == 0 {
 		return false
 	}

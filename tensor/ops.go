@@ -251,9 +251,14 @@ func (tp *Tape) MaxLast(x *Tensor) *Tensor {
 func (tp *Tape) Embedding(ids, table *Tensor) *Tensor {
 	ids = ids.Contiguous()
 	v := table.Dim(0)
-	for i, id := range ids.i32s() {
-		if id < 0 || int(id) >= v {
-			panic(fmt.Sprintf("tensor: embedding id %d at %d outside table of %d rows", id, i, v))
+	// Host storage is checked here; on a GPU, reading the ids back would
+	// stall every step, so the data loader's check (ids < vocab where they
+	// enter) is the guard there.
+	if ids.dbuf == nil {
+		for i, id := range ids.i32s() {
+			if id < 0 || int(id) >= v {
+				panic(fmt.Sprintf("tensor: embedding id %d at %d outside table of %d rows", id, i, v))
+			}
 		}
 	}
 	out := tp.empty(table.dev, append(append([]int(nil), ids.shape...), table.Dim(1))...)

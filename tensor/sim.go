@@ -2,7 +2,6 @@ package tensor
 
 import (
 	"fmt"
-	"strings"
 	"sync/atomic"
 )
 
@@ -24,6 +23,10 @@ const (
 	// the explicit copies, which it counts (SimTransfers); its arithmetic is
 	// the CPU kernels', so results are the CPU's bit for bit.
 	Sim
+	// CUDA is an NVIDIA GPU (tensor/cuda.go): device memory the host reads
+	// only through the explicit copies, computed on by internal/cuda's
+	// kernels and cuBLAS. A process opens one GPU (OpenCUDA, OpenDevice).
+	CUDA
 )
 
 // String returns "cpu" or "sim".
@@ -33,11 +36,14 @@ func (d Device) String() string {
 		return "cpu"
 	case Sim:
 		return "sim"
+	case CUDA:
+		return "cuda"
 	}
 	return fmt.Sprintf("device(%d)", uint8(d))
 }
 
-// ParseDevice parses a --device value: "cpu" or "sim".
+// ParseDevice parses a --device value: "cpu", "sim", or "cuda" / "cuda:N"
+// (the GPU must then be opened, OpenCUDA; OpenDevice parses and opens).
 func ParseDevice(s string) (Device, error) {
 	switch s {
 	case "", "cpu":
@@ -45,10 +51,13 @@ func ParseDevice(s string) (Device, error) {
 	case "sim":
 		return Sim, nil
 	}
-	if s == "cuda" || strings.HasPrefix(s, "cuda:") {
-		return CPU, fmt.Errorf("tensor: device %q: the CUDA backend is not built yet; want cpu or sim (sim: the simulated device, a development aid)", s)
+	if _, ok, err := parseCUDA(s); ok {
+		if err != nil {
+			return CPU, err
+		}
+		return CUDA, nil
 	}
-	return CPU, fmt.Errorf("tensor: device %q: want cpu or sim (sim: the simulated device, a development aid)", s)
+	return CPU, fmt.Errorf("tensor: device %q: want cpu, cuda, cuda:N or sim (sim: the simulated device, a development aid)", s)
 }
 
 // Transfers counts the copies between the host and the simulated device.
@@ -95,8 +104,20 @@ func (t *Tensor) ToDevice(dev Device) *Tensor {
 	if t.dev == dev {
 		return t
 	}
-	out := t.Clone()
-	out.dev = dev
+	var out *Tensor
+	switch {
+	case dev == CUDA:
+		src := t
+		if src.dev == CUDA {
+			src = fromCUDA(t, CPU)
+		}
+		out = toCUDA(src)
+	case t.dev == CUDA:
+		out = fromCUDA(t, dev)
+	default:
+		out = t.Clone()
+		out.dev = dev
+	}
 	out.Name = t.Name
 	countTransfer(t.dev, dev, t)
 	return out
@@ -119,6 +140,11 @@ func MoveParams(dev Device, params ...*Tensor) {
 			panic("tensor: MoveParams of a non-leaf tensor " + p.Name)
 		}
 		countTransfer(p.dev, dev, p)
+		if p.dev == CUDA || dev == CUDA {
+			moved := p.ToDevice(dev)
+			p.shareStorage(moved)
+			p.shape, p.strides, p.offset = moved.shape, moved.strides, moved.offset
+		}
 		p.dev = dev
 		if p.Grad != nil {
 			p.Grad = nil
@@ -127,25 +153,29 @@ func MoveParams(dev Device, params ...*Tensor) {
 }
 
 // ZerosLike returns a zeroed float32 tensor of t's shape on t's device.
-func ZerosLike(t *Tensor) *Tensor {
-	z := Zeros(t.shape...)
-	z.dev = t.dev
-	return z
-}
+func ZerosLike(t *Tensor) *Tensor { return NewOn(t.dev, Float32, t.shape...) }
 
 // NewOn returns a zeroed tensor of dtype and shape on dev.
 func NewOn(dev Device, dtype DType, shape ...int) *Tensor {
+	if dev == CUDA {
+		return newCUDA(dtype, shape, true)
+	}
 	t := New(dtype, shape...)
 	t.dev = dev
 	return t
 }
 
-// ZerosOn returns a zeroed float32 tensor on dev.
-func ZerosOn(dev Device, shape ...int) *Tensor {
-	z := Zeros(shape...)
-	z.dev = dev
-	return z
+// emptyOn returns a tensor of dtype and shape on dev whose values are about
+// to be overwritten (device memory is not cleared first).
+func emptyOn(dev Device, dtype DType, shape ...int) *Tensor {
+	if dev == CUDA {
+		return newCUDA(dtype, shape, false)
+	}
+	return NewOn(dev, dtype, shape...)
 }
+
+// ZerosOn returns a zeroed float32 tensor on dev.
+func ZerosOn(dev Device, shape ...int) *Tensor { return NewOn(dev, Float32, shape...) }
 
 // mustHost panics unless t's storage may be read by the host accessor op.
 func (t *Tensor) mustHost(op string) {

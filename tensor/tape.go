@@ -27,7 +27,7 @@ import (
 type Tape struct {
 	steps    []step
 	arena    *Arena
-	live     [][]float32 // buffers handed out since the last Reset
+	live     []liveBuf // buffers handed out since the last Reset
 	grads    map[*Tensor]gradRef
 	disabled bool  // computes through the arena without recording (recomputation)
 	parent   *Tape // for a non-recording child: the tape whose Reset frees its buffers
@@ -110,9 +110,54 @@ type step struct {
 // gradBuf is a gradient buffer, possibly shared (zero-copy) by a tensor and
 // its views or by the inputs of an add; refs counts the tensors sharing it.
 type gradBuf struct {
-	data  []float32
+	data  []float32 // host storage (CPU, sim), from data[0]
+	dev   *devBuf   // or device storage (CUDA), from element offset
+	off   int
 	refs  int
 	owned bool // taken from the arena by the tape: returned when refs drops to 0
+}
+
+// view returns a contiguous float32 tensor of shape on dev over b.
+func (b *gradBuf) view(dev Device, shape []int) *Tensor {
+	t := &Tensor{shape: append([]int(nil), shape...), strides: contiguousStrides(shape), dtype: Float32, dev: dev, leaf: true}
+	if b.dev != nil {
+		t.dbuf, t.offset = b.dev, b.off
+	} else {
+		t.f32 = b.data
+	}
+	return t
+}
+
+// gradBufOf returns an unowned gradBuf over contiguous float32 g's storage.
+func gradBufOf(g *Tensor) *gradBuf {
+	if g.dbuf != nil {
+		return &gradBuf{dev: g.dbuf, off: g.offset, refs: 1}
+	}
+	return &gradBuf{data: g.f32s(), refs: 1}
+}
+
+// liveBuf is a buffer the tape handed out: host memory from its arena, or
+// device memory (CUDA) from the device's caching allocator.
+type liveBuf struct {
+	host []float32
+	dev  *devBuf
+}
+
+// floats returns b's size in float32 elements.
+func (b liveBuf) floats() int {
+	if b.dev != nil {
+		return int(b.dev.bytes / 4)
+	}
+	return len(b.host)
+}
+
+// release gives b back: to the arena, or to the device's allocator.
+func (b liveBuf) release(a *Arena) {
+	if b.dev != nil {
+		b.dev.free()
+		return
+	}
+	a.put(b.host)
 }
 
 // gradRef is one tensor's gradient: a view of a shared buffer.
@@ -150,7 +195,7 @@ func (tp *Tape) Reset() {
 		tp.run.mu.Unlock()
 	}
 	for _, b := range tp.live {
-		tp.arena.put(b)
+		b.release(tp.arena)
 	}
 	clear(tp.live)
 	tp.live = tp.live[:0]
@@ -172,7 +217,7 @@ func (tp *Tape) LiveFloats() int {
 	}
 	n := 0
 	for _, b := range tp.live {
-		n += len(b)
+		n += b.floats()
 	}
 	return n
 }
@@ -210,6 +255,17 @@ func (tp *Tape) record(name string, backward func(tp *Tape), outs ...*Tensor) {
 // empty returns an uninitialised float32 tensor on dev from the tape's
 // arena (or the heap when tp is nil).
 func (tp *Tape) empty(dev Device, shape ...int) *Tensor {
+	if dev == CUDA {
+		t := newCUDA(Float32, shape, false)
+		if tp != nil {
+			owner := tp
+			if tp.parent != nil {
+				owner = tp.parent
+			}
+			owner.live = append(owner.live, liveBuf{dev: t.dbuf})
+		}
+		return t
+	}
 	n := numel(shape)
 	var buf []float32
 	if tp == nil {
@@ -220,7 +276,7 @@ func (tp *Tape) empty(dev Device, shape ...int) *Tensor {
 		if tp.parent != nil {
 			owner = tp.parent
 		}
-		owner.live = append(owner.live, buf)
+		owner.live = append(owner.live, liveBuf{host: buf})
 	}
 	return &Tensor{shape: append([]int(nil), shape...), strides: contiguousStrides(shape), dtype: Float32, dev: dev, f32: buf, leaf: true}
 }
@@ -252,6 +308,10 @@ func (tp *Tape) grad(t *Tensor) *Tensor {
 }
 
 func (tp *Tape) newGradBuf(t *Tensor) gradRef {
+	if t.dev == CUDA {
+		z := newCUDA(Float32, t.shape, true)
+		return gradRef{view: z, buf: &gradBuf{dev: z.dbuf, refs: 1, owned: true}}
+	}
 	buf := tp.arena.get(t.Numel())
 	view := onDevice(FromFloat32(buf, t.shape...), t.dev)
 	backendFor(view).Fill(view, 0)
@@ -293,7 +353,11 @@ func (tp *Tape) gradFor(t *Tensor) *Tensor {
 func (tp *Tape) dropRef(g gradRef) {
 	g.buf.refs--
 	if g.buf.refs == 0 && g.buf.owned {
-		tp.arena.put(g.buf.data)
+		if g.buf.dev != nil {
+			g.buf.dev.free()
+		} else {
+			tp.arena.put(g.buf.data)
+		}
 	}
 }
 
@@ -315,7 +379,7 @@ func (tp *Tape) passGrad(t, from *Tensor) {
 	}
 	if _, has := tp.grads[t]; !has && !t.leaf {
 		g.buf.refs++
-		tp.grads[t] = gradRef{view: onDevice(FromFloat32(g.buf.data, t.shape...), t.dev), buf: g.buf}
+		tp.grads[t] = gradRef{view: g.buf.view(t.dev, t.shape), buf: g.buf}
 		return
 	}
 	d := tp.gradFor(t)
@@ -328,7 +392,8 @@ func (tp *Tape) addGrad(t, g *Tensor) {
 		return
 	}
 	if _, has := tp.grads[t]; !has && !t.leaf {
-		tp.grads[t] = gradRef{view: onDevice(FromFloat32(g.f32s(), t.shape...), t.dev), buf: &gradBuf{data: g.f32s(), refs: 1}}
+		buf := gradBufOf(g)
+		tp.grads[t] = gradRef{view: buf.view(t.dev, t.shape), buf: buf}
 		return
 	}
 	d := tp.gradFor(t)

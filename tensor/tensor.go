@@ -36,6 +36,9 @@ type Tensor struct {
 	u16     []uint16
 	i32     []int32
 	i64     []int64
+	// dbuf is the storage of a tensor on the CUDA device (the host slices
+	// above are nil there).
+	dbuf *devBuf
 
 	// requiresGrad marks parameters and values computed from them on a tape.
 	requiresGrad bool
@@ -167,6 +170,7 @@ func (t *Tensor) Float32s() []float32 {
 // f32s is Float32s for package tensor's own code, on any device whose
 // storage is host memory (the CPU's and the simulated device's).
 func (t *Tensor) f32s() []float32 {
+	t.hostMemory("Float32s")
 	if t.dtype != Float32 {
 		panic(fmt.Sprintf("tensor: Float32s on %v tensor %s", t.dtype, t.Name))
 	}
@@ -184,6 +188,7 @@ func (t *Tensor) Int32s() []int32 {
 }
 
 func (t *Tensor) i32s() []int32 {
+	t.hostMemory("Int32s")
 	if t.dtype != Int32 || !t.IsContiguous() {
 		panic(fmt.Sprintf("tensor: Int32s on %v (contiguous=%v) tensor", t.dtype, t.IsContiguous()))
 	}
@@ -198,6 +203,7 @@ func (t *Tensor) Int64s() []int64 {
 }
 
 func (t *Tensor) i64s() []int64 {
+	t.hostMemory("Int64s")
 	if t.dtype != Int64 || !t.IsContiguous() {
 		panic(fmt.Sprintf("tensor: Int64s on %v (contiguous=%v) tensor", t.dtype, t.IsContiguous()))
 	}
@@ -212,10 +218,20 @@ func (t *Tensor) Uint16s() []uint16 {
 }
 
 func (t *Tensor) u16s() []uint16 {
+	t.hostMemory("Uint16s")
 	if (t.dtype != BFloat16 && t.dtype != Float16) || !t.IsContiguous() {
 		panic(fmt.Sprintf("tensor: Uint16s on %v tensor", t.dtype))
 	}
 	return t.u16[t.offset : t.offset+t.Numel()]
+}
+
+// hostMemory panics when t's storage is not host memory: package tensor's
+// own loops over storage (f32s, ...) run on the CPU and the simulated
+// device only; on the GPU the work belongs to the backend.
+func (t *Tensor) hostMemory(op string) {
+	if t.dbuf != nil {
+		panic(fmt.Sprintf("tensor: %s of %s: its storage is CUDA device memory (a host loop reached a GPU tensor; the work belongs to the backend)", op, t))
+	}
 }
 
 // At returns the element at the given index as float64 (any dtype). It is
@@ -275,8 +291,7 @@ func (t *Tensor) Contiguous() *Tensor {
 	if t.IsContiguous() {
 		return t
 	}
-	out := New(t.dtype, t.shape...)
-	out.dev = t.dev
+	out := emptyOn(t.dev, t.dtype, t.shape...)
 	backendFor(t).CopyStrided(out, t)
 	return out
 }
@@ -284,13 +299,19 @@ func (t *Tensor) Contiguous() *Tensor {
 // view returns a tensor sharing t's storage with a new geometry.
 func (t *Tensor) view(shape, strides []int, offset int) *Tensor {
 	return &Tensor{shape: shape, strides: strides, offset: offset, dtype: t.dtype, dev: t.dev,
-		f32: t.f32, u16: t.u16, i32: t.i32, i64: t.i64, leaf: true}
+		f32: t.f32, u16: t.u16, i32: t.i32, i64: t.i64, dbuf: t.dbuf, leaf: true}
+}
+
+// shareStorage makes src's storage (on any device) t's, leaving t's
+// geometry alone.
+func (t *Tensor) shareStorage(src *Tensor) {
+	t.f32, t.u16, t.i32, t.i64, t.dbuf = src.f32, src.u16, src.i32, src.i64, src.dbuf
 }
 
 // Clone returns a dense copy of t with no autograd history.
 func (t *Tensor) Clone() *Tensor {
-	out := New(t.dtype, t.shape...)
-	out.Name, out.dev = t.Name, t.dev
+	out := emptyOn(t.dev, t.dtype, t.shape...)
+	out.Name = t.Name
 	backendFor(t).CopyStrided(out, t)
 	return out
 }
@@ -302,8 +323,7 @@ func (t *Tensor) To(dtype DType) *Tensor {
 	if dtype == t.dtype {
 		return src.Clone()
 	}
-	out := New(dtype, t.shape...)
-	out.dev = t.dev
+	out := emptyOn(t.dev, dtype, t.shape...)
 	backendFor(src).Convert(out, src)
 	return out
 }

@@ -9,14 +9,15 @@ import (
 )
 
 // deviceUsage is --device's help line for generate, serve and score.
-const deviceUsage = "where the model computes: cpu, or sim — the simulated device, a development aid that proves the device seam (results identical to cpu; host copies counted and printed at the end)"
+const deviceUsage = "where the model computes: cpu; cuda or cuda:N — an NVIDIA GPU (experimental: the CUDA backend is being built, see docs/design/cuda.md); or sim — the simulated device, a development aid that proves the device seam (results identical to cpu; host copies counted and printed at the end)"
 
 // deviceFlag adds --device to fs.
 func deviceFlag(fs *flag.FlagSet) *string { return fs.String("device", "cpu", deviceUsage) }
 
-// parseDevice parses --device's value, naming the flag in its error.
+// parseDevice parses --device's value and opens the GPU it names, naming
+// the flag in its error.
 func parseDevice(s string) (tensor.Device, error) {
-	dev, err := tensor.ParseDevice(s)
+	dev, err := tensor.OpenDevice(s, tensor.CUDAOptions{})
 	if err != nil {
 		return tensor.CPU, fmt.Errorf("--device: %w", err)
 	}

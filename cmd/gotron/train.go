@@ -184,7 +184,7 @@ func newTrainFlags() (*flag.FlagSet, *trainFlags) {
 	fs.Int("tensorboard-queue-size", 1000, "accepted: gotron buffers events in memory and flushes them at every log line")
 	fs.Float64Var(&c.PeakFLOPs, "peak-flops", 0, "per-process peak FLOP/s for MFU (0: measure this CPU's fp32 FMA peak over the kernel threads at start, doubled with --bf16)")
 	fs.BoolVar(&f.noProgress, "no-progress", false, "no progress bar even on a terminal")
-	fs.StringVar(&f.device, "device", "cpu", "where the model computes: cpu, or sim — the simulated device, a development aid that proves the device seam (results identical to cpu, host copies counted and printed at the end; every parallel layout)")
+	fs.StringVar(&f.device, "device", "cpu", deviceUsage)
 	fs.StringVar(&f.cpuProfile, "cpu-profile", "", "write a Go CPU profile of the training loop to this file (go tool pprof); under launch --inproc rank 0's covers every rank, other processes' ranks r write FILE.rank<r>")
 
 	fs.StringVar(&c.Save, "save", "", "checkpoint directory to save to")
@@ -421,9 +421,9 @@ func cmdTrain(ctx context.Context, env *cli, args []string) error {
 // build turns the flags into a training config and data sources.
 func (f *trainFlags) build(ctx context.Context, given map[string]bool) (train.Config, *dataSources, error) {
 	cfg := f.cfg
-	dev, err := tensor.ParseDevice(f.device)
+	dev, err := parseDevice(f.device)
 	if err != nil {
-		return cfg, nil, fmt.Errorf("--device: %w", err)
+		return cfg, nil, err
 	}
 	cfg.Device = dev
 	m, err := f.modelConfig(given)

@@ -29,13 +29,14 @@ func (t DataType) String() string {
 }
 
 // ComputeType is a cublasComputeType_t: the precision of a GEMM's products
-// and sums. All three accumulate in fp32 and take fp32 Alpha and Beta.
+// and sums. All accumulate in fp32 and take fp32 Alpha and Beta.
 type ComputeType int32
 
 const (
 	Compute32F         ComputeType = 68 // CUBLAS_COMPUTE_32F: fp32 throughout (fp32 inputs stay fp32)
 	Compute32FFast16BF ComputeType = 75 // CUBLAS_COMPUTE_32F_FAST_16BF: fp32 inputs rounded to bf16 for tensor cores
 	Compute32FFastTF32 ComputeType = 77 // CUBLAS_COMPUTE_32F_FAST_TF32: fp32 inputs rounded to tf32 for tensor cores
+	Compute32FFast16F  ComputeType = 74 // CUBLAS_COMPUTE_32F_FAST_16F: fp32 inputs rounded to fp16 for tensor cores
 )
 
 const (

@@ -1,0 +1,417 @@
+package tensor
+
+import (
+	"fmt"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+	"unsafe"
+
+	"github.com/gotron/gotron/internal/cuda"
+	"github.com/gotron/gotron/internal/cuda/kernels"
+)
+
+// The CUDA device: an NVIDIA GPU driven through internal/cuda (the driver
+// API, cuBLAS and the kernels of internal/cuda/kernels, loaded at run time,
+// so a CGO_ENABLED=0 binary runs on machines without one). A process opens
+// one GPU (OpenCUDA), as a Megatron rank binds one with
+// torch.cuda.set_device(local_rank); its tensors' storage is device memory
+// from a caching allocator (devBuf), returned when the tape that handed it
+// out resets or, for other tensors, when the garbage collector finds them
+// unreachable.
+
+// CUDAOptions configures OpenCUDA.
+type CUDAOptions struct {
+	// MemoryFraction caps the device memory the caching allocator reserves,
+	// as a fraction of the GPU's total (0: internal/cuda's default).
+	MemoryFraction float64
+}
+
+// cudaRuntime is the process's open GPU: the device, its kernels, and the
+// device copies of host constants (RoPE tables).
+type cudaRuntime struct {
+	dev     *cuda.Device
+	ordinal int
+	modules []*cuda.Module
+	fns     sync.Map // kernel name → *cuda.Function
+
+	constMu sync.Mutex
+	consts  map[any]*Tensor
+}
+
+// cudaOpen is the process's CUDA device, once opened.
+var cudaOpen struct {
+	mu sync.Mutex
+	rt atomic.Pointer[cudaRuntime]
+}
+
+// OpenCUDA opens GPU ordinal as this process's CUDA device and loads the
+// kernels; tensors on CUDA live there. Opening the same ordinal again is a
+// no-op; another ordinal is an error (one GPU per process).
+func OpenCUDA(ordinal int, opts CUDAOptions) error {
+	cudaOpen.mu.Lock()
+	defer cudaOpen.mu.Unlock()
+	if rt := cudaOpen.rt.Load(); rt != nil {
+		if rt.ordinal != ordinal {
+			return fmt.Errorf("tensor: CUDA device %d is open in this process; cannot also open %d (one GPU per process: start one process per GPU)", rt.ordinal, ordinal)
+		}
+		return nil
+	}
+	rt := &cudaRuntime{ordinal: ordinal, consts: map[any]*Tensor{}}
+	dev, err := cuda.Open(ordinal, cuda.Options{MemoryFraction: opts.MemoryFraction, OnPressure: collectDeviceGarbage})
+	if err != nil {
+		return err
+	}
+	major, minor := dev.ComputeCapability()
+	ptx, err := kernels.PTX(major, minor)
+	if err != nil {
+		return fmt.Errorf("tensor: CUDA device %d (%s): %w", ordinal, dev.Name(), err)
+	}
+	for _, fam := range kernels.Families() {
+		m, err := dev.LoadModule(ptx[fam])
+		if err != nil {
+			return fmt.Errorf("tensor: CUDA device %d: loading the %s kernels: %w", ordinal, fam, err)
+		}
+		rt.modules = append(rt.modules, m)
+	}
+	rt.dev = dev
+	cudaOpen.rt.Store(rt)
+	return nil
+}
+
+// CUDADevice returns the open GPU's runtime device (memory statistics,
+// synchronization, timing events), or nil when none is open.
+func CUDADevice() *cuda.Device {
+	if rt := cudaOpen.rt.Load(); rt != nil {
+		return rt.dev
+	}
+	return nil
+}
+
+// collectDeviceGarbage is the allocator's response to memory pressure: run
+// the garbage collector so that unreachable tensors' cleanups return their
+// device buffers, and give the cleanup goroutine a moment to run them.
+func collectDeviceGarbage() {
+	runtime.GC()
+	runtime.GC()
+	time.Sleep(10 * time.Millisecond)
+}
+
+// cudaRT returns the open GPU, panicking when none is (a CUDA tensor cannot
+// exist before OpenCUDA, so this is a programming error).
+func cudaRT() *cudaRuntime {
+	rt := cudaOpen.rt.Load()
+	if rt == nil {
+		panic("tensor: no CUDA device is open in this process (tensor.OpenCUDA, or --device cuda)")
+	}
+	return rt
+}
+
+// parseCUDA parses "cuda" or "cuda:N" into the ordinal N (0 for "cuda").
+func parseCUDA(s string) (int, bool, error) {
+	if s == "cuda" {
+		return 0, true, nil
+	}
+	rest, ok := strings.CutPrefix(s, "cuda:")
+	if !ok {
+		return 0, false, nil
+	}
+	n, err := strconv.Atoi(rest)
+	if err != nil || n < 0 || n > 1023 {
+		return 0, true, fmt.Errorf("tensor: device %q: want cuda or cuda:N with N a GPU index", s)
+	}
+	return n, true, nil
+}
+
+// OpenDevice parses a --device value (cpu, sim, cuda, cuda:N) and, for a
+// GPU, opens it (OpenCUDA): the device a program's tensors then go to.
+func OpenDevice(s string, opts CUDAOptions) (Device, error) {
+	if ord, ok, err := parseCUDA(s); ok {
+		if err != nil {
+			return CPU, err
+		}
+		if err := OpenCUDA(ord, opts); err != nil {
+			return CPU, err
+		}
+		return CUDA, nil
+	}
+	return ParseDevice(s)
+}
+
+// devBuf is a block of device memory holding a tensor's storage (shared by
+// its views). It goes back to the caching allocator once: explicitly when
+// the tape that handed it out resets (free), or by the cleanup the garbage
+// collector runs when no tensor refers to it any more.
+type devBuf struct {
+	ptr     cuda.Ptr
+	bytes   int64
+	rt      *cudaRuntime
+	freed   atomic.Bool
+	cleanup runtime.Cleanup
+}
+
+// newBuf allocates bytes of device memory, panicking with the allocator's
+// error (which names the size, the peak and the fix) when it is out.
+func (rt *cudaRuntime) newBuf(bytes int64) *devBuf {
+	p, err := rt.dev.Alloc(bytes)
+	if err != nil {
+		panic(fmt.Sprintf("tensor: out of CUDA memory: %v", err))
+	}
+	b := &devBuf{ptr: p, bytes: bytes, rt: rt}
+	dev := rt.dev
+	b.cleanup = runtime.AddCleanup(b, func(p cuda.Ptr) { dev.Free(p) }, p)
+	return b
+}
+
+// free returns b to the allocator now (once). Kernels already queued on
+// the device's one stream finish before any later use of the memory.
+func (b *devBuf) free() {
+	if b.freed.CompareAndSwap(false, true) {
+		b.cleanup.Stop()
+		b.rt.dev.Free(b.ptr)
+	}
+}
+
+// newCUDA returns a contiguous tensor of dtype and shape on the GPU, zeroed
+// when zero is set.
+func newCUDA(dtype DType, shape []int, zero bool) *Tensor {
+	rt := cudaRT()
+	n := numel(shape)
+	bytes := int64(n) * int64(dtype.Size())
+	t := &Tensor{shape: append([]int(nil), shape...), strides: contiguousStrides(shape), dtype: dtype, dev: CUDA, leaf: true}
+	t.dbuf = rt.newBuf(bytes)
+	if zero && bytes > 0 {
+		if err := rt.dev.Memset(t.dbuf.ptr, bytes); err != nil {
+			panic(fmt.Sprintf("tensor: clearing %s on CUDA: %v", t, err))
+		}
+	}
+	return t
+}
+
+// hostData returns the address and byte size of contiguous host-readable
+// t's elements (on the CPU or the simulated device).
+func hostData(t *Tensor) (unsafe.Pointer, int64) {
+	n := t.Numel()
+	size := int64(n) * int64(t.dtype.Size())
+	if n == 0 {
+		return nil, 0
+	}
+	switch t.dtype {
+	case Float32:
+		return unsafe.Pointer(&t.f32[t.offset]), size
+	case BFloat16, Float16:
+		return unsafe.Pointer(&t.u16[t.offset]), size
+	case Int32:
+		return unsafe.Pointer(&t.i32[t.offset]), size
+	case Int64:
+		return unsafe.Pointer(&t.i64[t.offset]), size
+	}
+	panic(fmt.Sprintf("tensor: unknown dtype %v", t.dtype))
+}
+
+// devPtr returns the device address of CUDA tensor t's element 0.
+func devPtr(t *Tensor) cuda.Ptr {
+	if t.dev != CUDA || t.dbuf == nil {
+		panic(fmt.Sprintf("tensor: %s is not on the CUDA device (it is on %v)", t, t.dev))
+	}
+	return t.dbuf.ptr + cuda.Ptr(int64(t.offset)*int64(t.dtype.Size()))
+}
+
+// toCUDA returns a contiguous GPU copy of t (on the CPU or sim).
+func toCUDA(t *Tensor) *Tensor {
+	src := t
+	if !src.IsContiguous() {
+		src = src.Contiguous()
+	}
+	out := newCUDA(t.dtype, t.shape, false)
+	p, n := hostData(src)
+	if n > 0 {
+		if err := out.dbuf.rt.dev.CopyHtoD(out.dbuf.ptr, p, n); err != nil {
+			panic(fmt.Sprintf("tensor: copying %s to CUDA: %v", t, err))
+		}
+	}
+	runtime.KeepAlive(src)
+	return out
+}
+
+// fromCUDA returns a dense host copy of GPU tensor t on dev (CPU or sim).
+func fromCUDA(t *Tensor, dev Device) *Tensor {
+	src := t
+	if !src.IsContiguous() {
+		src = src.Contiguous() // on the GPU
+	}
+	out := New(t.dtype, t.shape...)
+	out.dev = dev
+	p, n := hostData(out)
+	if n > 0 {
+		if err := src.dbuf.rt.dev.CopyDtoH(p, devPtr(src), n); err != nil {
+			panic(fmt.Sprintf("tensor: copying %s from CUDA: %v", t, err))
+		}
+	}
+	runtime.KeepAlive(src)
+	return out
+}
+
+// cudaBackend is the CUDA device's Backend. The methods written so far live
+// in tensor/cuda_backend_*.go; the rest come from cudaMissing and panic
+// naming themselves.
+type cudaBackend struct {
+	cudaMissing
+	rt *cudaRuntime
+}
+
+var _ Backend = cudaBackend{}
+
+// CUDABackend returns the open GPU's backend (tensor/backendtest runs its
+// method-level checks on it), or nil when no GPU is open.
+func CUDABackend() Backend {
+	rt := cudaOpen.rt.Load()
+	if rt == nil {
+		return nil
+	}
+	return cudaBackend{rt: rt}
+}
+
+func (cudaBackend) Name() string { return "cuda" }
+
+func (cudaBackend) Device() Device { return CUDA }
+
+// cudaNotWritten is the panic of a Backend method the GPU lacks so far.
+func cudaNotWritten(method string) string {
+	return fmt.Sprintf("tensor: %s is not implemented on the cuda backend yet (run this on --device cpu)", method)
+}
+
+// ptr returns the device address of t's element 0 (its offset applied).
+func (b cudaBackend) ptr(t *Tensor) uintptr {
+	if t == nil {
+		return 0
+	}
+	return uintptr(devPtr(t))
+}
+
+// fn returns the kernel named name from the loaded modules.
+func (b cudaBackend) fn(name string) *cuda.Function {
+	if f, ok := b.rt.fns.Load(name); ok {
+		return f.(*cuda.Function)
+	}
+	for _, m := range b.rt.modules {
+		if f, err := m.Function(name); err == nil {
+			b.rt.fns.Store(name, f)
+			return f
+		}
+	}
+	panic(fmt.Sprintf("tensor: CUDA kernel %s is in none of the loaded modules (internal/cuda/kernels)", name))
+}
+
+// launch runs kernel on grid×block threads with shmem bytes of dynamic
+// shared memory, on the device's stream; it panics naming the kernel when
+// the launch fails.
+func (b cudaBackend) launch(kernel string, grid, block [3]int, shmem int, args ...any) {
+	for _, d := range [][3]int{grid, block} {
+		for _, v := range d {
+			if v <= 0 || v > 1<<31-1 {
+				panic(fmt.Sprintf("tensor: CUDA kernel %s: launch dimensions grid %v block %v", kernel, grid, block))
+			}
+		}
+	}
+	g := cuda.Dim3{X: uint32(grid[0]), Y: uint32(grid[1]), Z: uint32(grid[2])}
+	bl := cuda.Dim3{X: uint32(block[0]), Y: uint32(block[1]), Z: uint32(block[2])}
+	if err := b.rt.dev.Launch(b.fn(kernel), g, bl, uint32(shmem), args...); err != nil {
+		panic(fmt.Sprintf("tensor: CUDA kernel %s: %v", kernel, err))
+	}
+}
+
+// launch1D runs kernel on blocks of 256 threads covering n elements (at
+// most 65535·8 blocks: kernels loop grid-stride); nothing when n is 0.
+func (b cudaBackend) launch1D(kernel string, n int, args ...any) {
+	if n <= 0 {
+		return
+	}
+	blocks := min((n+255)/256, 65535*8)
+	b.launch(kernel, [3]int{blocks, 1, 1}, [3]int{256, 1, 1}, 0, args...)
+}
+
+// alloc returns a new zeroed contiguous tensor on the GPU.
+func (b cudaBackend) alloc(dtype DType, shape ...int) *Tensor { return newCUDA(dtype, shape, true) }
+
+// empty returns a new uninitialised contiguous tensor on the GPU.
+func (b cudaBackend) empty(dtype DType, shape ...int) *Tensor { return newCUDA(dtype, shape, false) }
+
+// readF32 copies float32 GPU tensor t's values to the host (it waits for
+// the kernels queued before).
+func (b cudaBackend) readF32(t *Tensor) []float32 { return fromCUDA(t, CPU).Float32s() }
+
+// readF64 reads t's float32 values as float64.
+func (b cudaBackend) readF64(t *Tensor) []float64 {
+	v := b.readF32(t)
+	out := make([]float64, len(v))
+	for i, x := range v {
+		out[i] = float64(x)
+	}
+	return out
+}
+
+// readI32 copies int32 GPU tensor t's values to the host.
+func (b cudaBackend) readI32(t *Tensor) []int32 { return fromCUDA(t, CPU).Int32s() }
+
+// constant returns the GPU copy of a host constant (RoPE's tables), made
+// by mk once per key and kept for the process's life.
+func (b cudaBackend) constant(key any, mk func() *Tensor) *Tensor {
+	b.rt.constMu.Lock()
+	defer b.rt.constMu.Unlock()
+	if t, ok := b.rt.consts[key]; ok {
+		return t
+	}
+	t := toCUDA(mk())
+	b.rt.consts[key] = t
+	return t
+}
+
+// Gemm runs on cuBLAS, which is column-major: the row-major product
+// C = op(A)·op(B) is, read column-major, Cᵀ = op(B)ᵀ·op(A)ᵀ, so B goes
+// first and the dimensions swap. A weight shared by every batch entry has
+// stride 0. BF16 and FP16 use cuBLAS's compute types that round the float32
+// operands to 16 bits and accumulate in float32 (MatmulBF16's contract);
+// FP32 is full float32 (no TF32, as PyTorch's default).
+func (b cudaBackend) Gemm(prec MatmulPrecision, tA, tB Transpose, alpha float32, a, bm *Tensor, beta float32, c *Tensor) {
+	m, n := c.Dim(-2), c.Dim(-1)
+	k := a.Dim(-1)
+	if tA == Trans {
+		k = a.Dim(-2)
+	}
+	if m == 0 || n == 0 {
+		return
+	}
+	batch := c.Numel() / (m * n)
+	lda, ldb := a.Dim(-1), bm.Dim(-1)
+	sa, sb := int64(a.Dim(-1)*a.Dim(-2)), int64(bm.Dim(-1)*bm.Dim(-2))
+	if int64(a.Numel()) == sa {
+		sa = 0
+	}
+	if int64(bm.Numel()) == sb {
+		sb = 0
+	}
+	compute := cuda.Compute32F
+	switch prec {
+	case MatmulBF16:
+		compute = cuda.Compute32FFast16BF
+	case MatmulFP16:
+		compute = cuda.Compute32FFast16F
+	}
+	err := b.rt.dev.GemmStridedBatched(cuda.GemmParams{
+		TransA: tB == Trans, TransB: tA == Trans,
+		M: n, N: m, K: k,
+		Alpha: alpha, Beta: beta,
+		A: devPtr(bm), AType: cuda.F32, LDA: ldb, StrideA: sb,
+		B: devPtr(a), BType: cuda.F32, LDB: lda, StrideB: sa,
+		C: devPtr(c), CType: cuda.F32, LDC: n, StrideC: int64(m * n),
+		Batch:   batch,
+		Compute: compute,
+	})
+	if err != nil {
+		panic(fmt.Sprintf("tensor: CUDA Gemm %dx%dx%d (batch %d): %v", m, n, k, batch, err))
+	}
+}

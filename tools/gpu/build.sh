@@ -1,0 +1,18 @@
+#!/bin/sh
+# Builds, on a machine without a GPU, everything tools/gpu/check.sh runs on
+# one: the gotron binary and the test binaries of the GPU tests, static
+# (CGO_ENABLED=0, stripped) into .gpu/, which the device tool carries.
+set -eu
+cd "$(dirname "$0")/../.."
+out=.gpu
+rm -rf "$out"
+mkdir -p "$out"
+export CGO_ENABLED=0
+flags='-ldflags=-s -w'
+go build "$flags" -o "$out/gotron" ./cmd/gotron
+for pkg in internal/cuda tensor/backendtest model/gpt train; do
+	name=$(echo "$pkg" | tr / _)
+	go test -c "$flags" -o "$out/$name.test" "./$pkg"
+done
+cp tools/gpu/check.sh "$out/"
+du -sh "$out"/*

@@ -1,0 +1,38 @@
+#!/bin/sh
+# The GPU suite, run on a GPU machine from binaries tools/gpu/build.sh made
+# elsewhere (no Go there): runtime tests, the backend conformance suite on
+# CUDA, the models against the CPU, training against the CPU, then the
+# benchmarks; every log lands in $OUT (default ./gpu-out). Each step has its
+# own time limit so one hang cannot eat the machine's time.
+#   .gpu/check.sh [steps...]   (steps: runtime conformance model train bench; default all)
+set -u
+bin=$(cd "$(dirname "$0")" && pwd)
+out=${OUT:-./gpu-out}
+mkdir -p "$out"
+steps=${*:-runtime conformance model train bench}
+export GOTRON_NUM_THREADS=${GOTRON_NUM_THREADS:-16}
+nvidia-smi > "$out/nvidia-smi.txt" 2>&1 || true
+run() { # name limit command...
+	name=$1 limit=$2
+	shift 2
+	start=$(date +%s)
+	timeout "$limit" "$@" > "$out/$name.log" 2>&1
+	rc=$?
+	echo "$name: rc=$rc $(( $(date +%s) - start ))s" | tee -a "$out/summary.txt"
+	grep -E "^(--- FAIL|FAIL|ok|PASS|panic)" "$out/$name.log" | head -40 >> "$out/summary.txt"
+}
+for s in $steps; do
+	case $s in
+	runtime) run runtime 120 "$bin/internal_cuda.test" -test.v ;;
+	conformance) run conformance 180 "$bin/tensor_backendtest.test" -test.v -test.run 'CUDA' ;;
+	model) run model 180 "$bin/model_gpt.test" -test.v -test.run 'CUDA' ;;
+	train) run train 240 "$bin/train.test" -test.v -test.run 'CUDA' ;;
+	bench)
+		run bench-gemm 120 "$bin/internal_cuda.test" -test.run '^$' -test.bench 'Gemm' -test.benchtime 20x
+		run train-124m 240 "$bin/gotron" train --device cuda --mock-data --num-layers 12 --hidden-size 768 \
+			--num-attention-heads 12 --seq-length 1024 --max-position-embeddings 1024 --micro-batch-size 8 \
+			--global-batch-size 8 --train-iters 6 --log-interval 1 --vocab-size 50304 --lr 1e-4 --bf16
+		;;
+	esac
+done
+cat "$out/summary.txt"

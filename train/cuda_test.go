@@ -1,0 +1,43 @@
+package train
+
+import (
+	"fmt"
+	"math"
+	"testing"
+
+	"github.com/gotron/gotron/tensor"
+)
+
+// TestCUDATrainingMatchesCPU: 50 iterations of single-process training on
+// a GPU — dropout, clipping, AdamW, evaluation — follow the CPU's losses
+// within float32 tolerance (bf16 tolerance with --bf16), and end with the
+// CPU's parameters as closely. It skips without a GPU.
+func TestCUDATrainingMatchesCPU(t *testing.T) {
+	if err := tensor.OpenCUDA(0, tensor.CUDAOptions{}); err != nil {
+		t.Skipf("no CUDA device: %v", err)
+	}
+	for _, bf16 := range []bool{false, true} {
+		t.Run(fmt.Sprintf("bf16=%v", bf16), func(t *testing.T) {
+			cfg := tinyConfig(t)
+			cfg.TrainIters, cfg.EvalInterval = 50, 25
+			cfg.BF16 = bf16
+			tol := 2e-3
+			if bf16 {
+				tol = 3e-2
+			}
+			want := runOn(t, cfg, tensor.CPU)
+			got := runOn(t, cfg, tensor.CUDA)
+			if len(got.res.Losses) != len(want.res.Losses) {
+				t.Fatalf("%d iterations, want %d", len(got.res.Losses), len(want.res.Losses))
+			}
+			for i, w := range want.res.Losses {
+				g := got.res.Losses[i]
+				if d := math.Abs(g-w) / math.Max(1, math.Abs(w)); !(d <= tol) {
+					t.Fatalf("iteration %d: loss %v on cuda, the CPU's %v (relative difference %.3g > %g)", i+1, g, w, d, tol)
+				}
+			}
+			t.Logf("final loss %v on cuda, %v on the CPU; validation %v, %v", got.res.Losses[len(got.res.Losses)-1],
+				want.res.Losses[len(want.res.Losses)-1], got.res.ValidLoss, want.res.ValidLoss)
+		})
+	}
+}
