@@ -1,6 +1,7 @@
 package backendtest
 
 import (
+	"fmt"
 	"testing"
 
 	"github.com/gotron/gotron/tensor"
@@ -27,4 +28,21 @@ type wrongAttn struct{ tensor.Backend }
 func (b wrongAttn) AttentionBackward(dq, dk, dv, dout, q, k, v, out, lse *tensor.Tensor, cfg tensor.AttentionConfig) {
 	b.Backend.AttentionBackward(dq, dk, dv, dout, q, k, v, out, lse, cfg)
 	nudge(dk)
+}
+
+// TestCUDAAttention runs CheckAttention on the GPU (skipped without one) at
+// the CUDA backend's float32 tolerance.
+func TestCUDAAttention(t *testing.T) {
+	be := cudaBackend(t)
+	err := func() (err error) {
+		defer func() {
+			if r := recover(); r != nil {
+				err = fmt.Errorf("panic: %v", r)
+			}
+		}()
+		return CheckAttention(strict{be}, cudaTol)
+	}()
+	if err != nil {
+		t.Error(err)
+	}
 }
