@@ -132,8 +132,8 @@ func (be cudaBackend) ScaleList(l *TensorList, alpha float32) {
 }
 
 // SumSquares sums each NormBlock on four threads into a scratch of
-// float64s, then the blocks in order on one thread, and reads the total
-// back.
+// float64s, then the blocks in order (one block stages them through shared
+// memory, one thread adds), and reads the total back.
 func (be cudaBackend) SumSquares(l *TensorList) float64 {
 	total := l.Numel()
 	if total == 0 {
@@ -145,7 +145,7 @@ func (be cudaBackend) SumSquares(l *TensorList) float64 {
 	out := be.empty(Int64, 1)           // float64 bits
 	be.launch("optim_sumsq_blocks_f32", [3]int{min((4*nblocks+255)/256, optimBlocks), 1, 1}, [3]int{256, 1, 1}, 0,
 		be.ptr(partial), be.ptr(c.ptrDev), be.ptr(c.starts), int32(len(l.ts)), int64(nblocks), int64(NormBlock))
-	be.launch("optim_sum_f64", [3]int{1, 1, 1}, [3]int{32, 1, 1}, 0, be.ptr(out), be.ptr(partial), int64(nblocks))
+	be.launch("optim_sum_f64", [3]int{1, 1, 1}, [3]int{256, 1, 1}, 0, be.ptr(out), be.ptr(partial), int64(nblocks))
 	s := math.Float64frombits(uint64(fromCUDA(out, CPU).Int64s()[0]))
 	runtime.KeepAlive(partial)
 	return s

@@ -178,10 +178,20 @@ extern "C" __global__ void __launch_bounds__(256) optim_sumsq_blocks_f32(double*
     }
 }
 
-// SumSquares, pass 2 (one thread): out[0] = Σ partial in order.
-extern "C" __global__ void optim_sum_f64(double* out, const double* partial, long long n) {
-    if (blockIdx.x != 0 || threadIdx.x != 0) return;
+// SumSquares, pass 2 (one block of 256 threads): out[0] = Σ partial in
+// order. The block stages tiles of the partials in shared memory (loads
+// coalesced and in flight together), and thread 0 adds each tile in order.
+extern "C" __global__ void __launch_bounds__(256) optim_sum_f64(double* out, const double* partial, long long n) {
+    __shared__ double tile[1024];
     double s = 0.0;
-    for (long long i = 0; i < n; i++) s = __dadd_rn(s, partial[i]);
-    out[0] = s;
+    for (long long base = 0; base < n; base += 1024) {
+        const int m = (int)min(1024LL, n - base);
+        for (int i = threadIdx.x; i < m; i += blockDim.x) tile[i] = partial[base + i];
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            for (int i = 0; i < m; i++) s = __dadd_rn(s, tile[i]);
+        }
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) out[0] = s;
 }

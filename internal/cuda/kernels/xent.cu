@@ -155,19 +155,34 @@ extern "C" __global__ void xent_vocab_loss_rows_f32(double* term, float* lse, co
     }
 }
 
-// VocabCrossEntropyLoss, pass 2 (one thread: float64 sums in row order, as
-// the CPU): loss[0] = float32(Σ term / Σ w), or 0 when Σ w is not
-// positive; den[0] = Σ w.
-extern "C" __global__ void xent_vocab_loss_final_f32(float* loss, double* den, const double* term, const float* mask,
-                                                     long long n) {
-    if (blockIdx.x != 0 || threadIdx.x != 0) return;
+// VocabCrossEntropyLoss, pass 2 (one block of 256 threads; float64 sums
+// in row order, as the CPU): loss[0] = float32(Σ term / Σ w), or 0 when
+// Σ w is not positive; den[0] = Σ w. The block stages tiles of the terms
+// and weights in shared memory, and thread 0 adds each tile in order.
+extern "C" __global__ void __launch_bounds__(256) xent_vocab_loss_final_f32(float* loss, double* den, const double* term,
+                                                                          const float* mask, long long n) {
+    __shared__ double tt[1024];
+    __shared__ float tw[1024];
     double num = 0.0, d = 0.0;
-    for (long long i = 0; i < n; i++) {
-        num = __dadd_rn(num, term[i]);
-        d = __dadd_rn(d, mask != nullptr ? (double)mask[i] : 1.0);
+    for (long long base = 0; base < n; base += 1024) {
+        const int m = (int)min(1024LL, n - base);
+        for (int i = threadIdx.x; i < m; i += blockDim.x) {
+            tt[i] = term[base + i];
+            tw[i] = mask != nullptr ? mask[base + i] : 1.0f;
+        }
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            for (int i = 0; i < m; i++) {
+                num = __dadd_rn(num, tt[i]);
+                d = __dadd_rn(d, (double)tw[i]);
+            }
+        }
+        __syncthreads();
     }
-    loss[0] = d > 0.0 ? (float)(num / d) : 0.0f;
-    den[0] = d;
+    if (threadIdx.x == 0) {
+        loss[0] = d > 0.0 ? (float)(num / d) : 0.0f;
+        den[0] = d;
+    }
 }
 
 // VocabCrossEntropyBackward overwrites dx (which may alias x):
