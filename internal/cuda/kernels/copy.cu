@@ -17,6 +17,17 @@
         long long n7, long long s0, long long s1, long long s2, long long s3, long long s4, long long s5, \
         long long s6, long long s7
 
+// div_fast returns i / n for i >= 0, n > 0, dividing in 32 bits when both
+// fit: GPUs emulate 64-bit division in several times the instructions,
+// which would bound index-heavy kernels (strided copies) well below
+// memory bandwidth.
+__host__ __device__ __forceinline__ long long div_fast(long long i, long long n) {
+    if (((unsigned long long)i | (unsigned long long)n) <= 0xFFFFFFFFull) {
+        return (long long)((unsigned int)i / (unsigned int)n);
+    }
+    return i / n;
+}
+
 // view_offset returns the storage offset (in elements, from the view's
 // element 0) of the view's element with row-major index i.
 __host__ __device__ __forceinline__ long long view_offset(long long i, const long long sh[8], const long long st[8]) {
@@ -24,7 +35,7 @@ __host__ __device__ __forceinline__ long long view_offset(long long i, const lon
 #pragma unroll
     for (int d = 7; d >= 0; d--) {
         if (sh[d] != 1) {
-            const long long q = i / sh[d];
+            const long long q = div_fast(i, sh[d]);
             off += (i - q * sh[d]) * st[d];
             i = q;
         }

@@ -10,6 +10,17 @@
 #define GRID_STRIDE(i, n) \
     for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < (n); i += (long long)gridDim.x * blockDim.x)
 
+// div_fast returns i / n for i >= 0, n > 0, dividing in 32 bits when both
+// fit: GPUs emulate 64-bit division in several times the instructions,
+// which would bound index-heavy kernels (strided copies) well below
+// memory bandwidth.
+__device__ __forceinline__ long long div_fast(long long i, long long n) {
+    if (((unsigned long long)i | (unsigned long long)n) <= 0xFFFFFFFFull) {
+        return (long long)((unsigned int)i / (unsigned int)n);
+    }
+    return i / n;
+}
+
 // The tensor.DType codes.
 #define DT_F32 0
 #define DT_BF16 1
@@ -22,7 +33,7 @@ extern "C" __global__ void elem_add_f32(float* out, const float* a, const float*
     if (nb == n) {
         GRID_STRIDE(i, n) { out[i] = a[i] + b[i]; }
     } else {
-        GRID_STRIDE(i, n) { out[i] = a[i] + b[i % nb]; }
+        GRID_STRIDE(i, n) { out[i] = a[i] + b[i - div_fast(i, nb) * nb]; }
     }
 }
 
@@ -31,7 +42,7 @@ extern "C" __global__ void elem_mul_f32(float* out, const float* a, const float*
     if (nb == n) {
         GRID_STRIDE(i, n) { out[i] = a[i] * b[i]; }
     } else {
-        GRID_STRIDE(i, n) { out[i] = a[i] * b[i % nb]; }
+        GRID_STRIDE(i, n) { out[i] = a[i] * b[i - div_fast(i, nb) * nb]; }
     }
 }
 
@@ -263,7 +274,7 @@ extern "C" __global__ void elem_silu_bwd_f32(float* dx, const float* dout, const
 // silu(gate)·up. n = rows·f.
 extern "C" __global__ void elem_swiglu_fwd_f32(float* out, const float* x, long long n, long long f) {
     GRID_STRIDE(i, n) {
-        long long r = i / f, j = i - r * f;
+        long long r = div_fast(i, f), j = i - r * f;
         float g = x[r * 2 * f + j], u = x[r * 2 * f + f + j];
         out[i] = g * sigmoid_f32(g) * u;
     }
@@ -272,7 +283,7 @@ extern "C" __global__ void elem_swiglu_fwd_f32(float* out, const float* x, long 
 // dgate += dout·up·silu'(gate), dup += dout·silu(gate), into dx (rows, 2f).
 extern "C" __global__ void elem_swiglu_bwd_f32(float* dx, const float* dout, const float* x, long long n, long long f) {
     GRID_STRIDE(i, n) {
-        long long r = i / f, j = i - r * f;
+        long long r = div_fast(i, f), j = i - r * f;
         long long gi = r * 2 * f + j, ui = gi + f;
         float g = x[gi], u = x[ui], d = dout[i];
         float s = sigmoid_f32(g);
@@ -283,7 +294,7 @@ extern "C" __global__ void elem_swiglu_bwd_f32(float* dx, const float* dout, con
 
 // dx (n, c) += g[r] on every element of row r.
 extern "C" __global__ void elem_add_row_broadcast_f32(float* dx, const float* g, long long total, long long c) {
-    GRID_STRIDE(i, total) { dx[i] += g[i / c]; }
+    GRID_STRIDE(i, total) { dx[i] += g[div_fast(i, c)]; }
 }
 
 // dx[r, arg[r]] += g[r] for the n rows of dx (n, c).
