@@ -224,7 +224,7 @@ extern "C" __global__ void reduce_softmax_bwd_f32(float* dx, const float* dout, 
 // LossMaskMean (one block): w[i] = mask[i] (1 when mask is null), and
 // out[0] = Σ w·losses / Σ w (0 when Σ w <= 0), both sums in float64;
 // den[0] = Σ w for the host.
-extern "C" __global__ void reduce_loss_mask_mean_f32(float* __restrict__ out, double* __restrict__ den, float* __restrict__ w, const float* __restrict__ losses, const float* __restrict__ mask, long long n) {
+extern "C" __global__ void __launch_bounds__(1024) reduce_loss_mask_mean_f32(float* __restrict__ out, double* __restrict__ den, float* __restrict__ w, const float* __restrict__ losses, const float* __restrict__ mask, long long n) {
     __shared__ double shm[32];
     double num = 0.0, d = 0.0;
     for (long long i = threadIdx.x; i < n; i += blockDim.x) {
