@@ -2,7 +2,9 @@ package tensor
 
 import (
 	"fmt"
+	"os"
 	"runtime"
+	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -40,6 +42,80 @@ type cudaRuntime struct {
 
 	constMu sync.Mutex
 	consts  map[any]*Tensor
+
+	// prof, when GOTRON_CUDA_PROFILE is set at OpenCUDA, times every
+	// kernel, GEMM and host copy (CUDAProfile).
+	prof *cudaProfile
+}
+
+// cudaProfile accumulates the wall time of each kernel from its launch to
+// the end of a stream synchronization right after it: with the launch cost
+// included, what a step spends where. Profiling serializes the host with
+// the GPU, so steps run slower; the shares are what it is for.
+type cudaProfile struct {
+	mu     sync.Mutex
+	byName map[string]*cudaProfEntry
+}
+
+type cudaProfEntry struct {
+	calls int
+	total time.Duration
+}
+
+// timed runs f, then waits for the stream, and adds the time to name.
+func (rt *cudaRuntime) timed(name string, f func()) {
+	if rt.prof == nil {
+		f()
+		return
+	}
+	start := time.Now()
+	f()
+	if err := rt.dev.Synchronize(); err != nil {
+		panic(fmt.Sprintf("tensor: CUDA after %s: %v", name, err))
+	}
+	d := time.Since(start)
+	rt.prof.mu.Lock()
+	e := rt.prof.byName[name]
+	if e == nil {
+		e = &cudaProfEntry{}
+		rt.prof.byName[name] = e
+	}
+	e.calls++
+	e.total += d
+	rt.prof.mu.Unlock()
+}
+
+// CUDAProfile returns the profile GOTRON_CUDA_PROFILE=1 collects — time
+// per kernel, GEMM and copy, the largest first — and the allocator's
+// statistics; "" when no GPU is open or profiling is off.
+func CUDAProfile() string {
+	rt := cudaOpen.rt.Load()
+	if rt == nil || rt.prof == nil {
+		return ""
+	}
+	rt.prof.mu.Lock()
+	defer rt.prof.mu.Unlock()
+	type row struct {
+		name string
+		e    cudaProfEntry
+	}
+	var rows []row
+	var sum time.Duration
+	for n, e := range rt.prof.byName {
+		rows = append(rows, row{n, *e})
+		sum += e.total
+	}
+	sort.Slice(rows, func(i, j int) bool { return rows[i].e.total > rows[j].e.total })
+	var b strings.Builder
+	fmt.Fprintf(&b, "CUDA profile (each call synchronized): %.1f ms in %d names\n", sum.Seconds()*1e3, len(rows))
+	for _, r := range rows {
+		fmt.Fprintf(&b, "  %-40s %8d calls %10.2f ms %9.1f us/call %5.1f%%\n", r.name, r.e.calls,
+			r.e.total.Seconds()*1e3, r.e.total.Seconds()*1e6/float64(r.e.calls), 100*r.e.total.Seconds()/sum.Seconds())
+	}
+	st := rt.dev.MemStats()
+	fmt.Fprintf(&b, "  allocator: in use %.2f GiB, peak %.2f GiB, reserved %.2f GiB, %d allocs (%d cache hits, %d from the driver)\n",
+		float64(st.InUse)/(1<<30), float64(st.Peak)/(1<<30), float64(st.Reserved)/(1<<30), st.Allocs, st.CacheHits, st.RawAllocs)
+	return b.String()
 }
 
 // cudaOpen is the process's CUDA device, once opened.
@@ -61,6 +137,9 @@ func OpenCUDA(ordinal int, opts CUDAOptions) error {
 		return nil
 	}
 	rt := &cudaRuntime{ordinal: ordinal, consts: map[any]*Tensor{}}
+	if os.Getenv("GOTRON_CUDA_PROFILE") != "" {
+		rt.prof = &cudaProfile{byName: map[string]*cudaProfEntry{}}
+	}
 	dev, err := cuda.Open(ordinal, cuda.Options{MemoryFraction: opts.MemoryFraction, OnPressure: collectDeviceGarbage})
 	if err != nil {
 		return err
@@ -89,6 +168,41 @@ func CUDADevice() *cuda.Device {
 		return rt.dev
 	}
 	return nil
+}
+
+// cudaPeaks are dense datasheet peaks, FLOP/s, by a substring of the
+// device name: 16-bit tensor-core products, and plain float32 (what
+// MatmulFP32 runs on: no TF32).
+var cudaPeaks = []struct {
+	name       string
+	half, fp32 float64
+}{
+	{"H100 PCIe", 756e12, 51.2e12},
+	{"H100", 989.4e12, 66.9e12}, // SXM, and the H100 NVL is close
+	{"H200", 989.4e12, 66.9e12},
+	{"H800", 989.4e12, 66.9e12},
+	{"A100", 312e12, 19.5e12},
+	{"L40S", 362e12, 91.6e12},
+}
+
+// CUDAPeakFLOPs returns the open GPU's datasheet peak for MFU — 16-bit
+// tensor-core products when half, else float32 — or 0 when no GPU is open
+// or the GPU is not in gotron's table (pass --peak-flops then).
+func CUDAPeakFLOPs(half bool) float64 {
+	rt := cudaOpen.rt.Load()
+	if rt == nil {
+		return 0
+	}
+	name := rt.dev.Name()
+	for _, p := range cudaPeaks {
+		if strings.Contains(name, p.name) {
+			if half {
+				return p.half
+			}
+			return p.fp32
+		}
+	}
+	return 0
 }
 
 // collectDeviceGarbage is the allocator's response to memory pressure: run
@@ -184,9 +298,11 @@ func newCUDA(dtype DType, shape []int, zero bool) *Tensor {
 	t := &Tensor{shape: append([]int(nil), shape...), strides: contiguousStrides(shape), dtype: dtype, dev: CUDA, leaf: true}
 	t.dbuf = rt.newBuf(bytes)
 	if zero && bytes > 0 {
-		if err := rt.dev.Memset(t.dbuf.ptr, bytes); err != nil {
-			panic(fmt.Sprintf("tensor: clearing %s on CUDA: %v", t, err))
-		}
+		rt.timed("memset of a zeroed allocation", func() {
+			if err := rt.dev.Memset(t.dbuf.ptr, bytes); err != nil {
+				panic(fmt.Sprintf("tensor: clearing %s on CUDA: %v", t, err))
+			}
+		})
 	}
 	return t
 }
@@ -229,9 +345,11 @@ func toCUDA(t *Tensor) *Tensor {
 	out := newCUDA(t.dtype, t.shape, false)
 	p, n := hostData(src)
 	if n > 0 {
-		if err := out.dbuf.rt.dev.CopyHtoD(out.dbuf.ptr, p, n); err != nil {
-			panic(fmt.Sprintf("tensor: copying %s to CUDA: %v", t, err))
-		}
+		out.dbuf.rt.timed("copy host to device", func() {
+			if err := out.dbuf.rt.dev.CopyHtoD(out.dbuf.ptr, p, n); err != nil {
+				panic(fmt.Sprintf("tensor: copying %s to CUDA: %v", t, err))
+			}
+		})
 	}
 	runtime.KeepAlive(src)
 	return out
@@ -247,19 +365,19 @@ func fromCUDA(t *Tensor, dev Device) *Tensor {
 	out.dev = dev
 	p, n := hostData(out)
 	if n > 0 {
-		if err := src.dbuf.rt.dev.CopyDtoH(p, devPtr(src), n); err != nil {
-			panic(fmt.Sprintf("tensor: copying %s from CUDA: %v", t, err))
-		}
+		src.dbuf.rt.timed("copy device to host", func() {
+			if err := src.dbuf.rt.dev.CopyDtoH(p, devPtr(src), n); err != nil {
+				panic(fmt.Sprintf("tensor: copying %s from CUDA: %v", t, err))
+			}
+		})
 	}
 	runtime.KeepAlive(src)
 	return out
 }
 
-// cudaBackend is the CUDA device's Backend. The methods written so far live
-// in tensor/cuda_backend_*.go; the rest come from cudaMissing and panic
-// naming themselves.
+// cudaBackend is the CUDA device's Backend: its methods live in
+// tensor/cuda_backend_*.go, over the kernels of internal/cuda/kernels.
 type cudaBackend struct {
-	cudaMissing
 	rt *cudaRuntime
 }
 
@@ -278,11 +396,6 @@ func CUDABackend() Backend {
 func (cudaBackend) Name() string { return "cuda" }
 
 func (cudaBackend) Device() Device { return CUDA }
-
-// cudaNotWritten is the panic of a Backend method the GPU lacks so far.
-func cudaNotWritten(method string) string {
-	return fmt.Sprintf("tensor: %s is not implemented on the cuda backend yet (run this on --device cpu)", method)
-}
 
 // ptr returns the device address of t's element 0 (its offset applied).
 func (b cudaBackend) ptr(t *Tensor) uintptr {
@@ -319,9 +432,12 @@ func (b cudaBackend) launch(kernel string, grid, block [3]int, shmem int, args .
 	}
 	g := cuda.Dim3{X: uint32(grid[0]), Y: uint32(grid[1]), Z: uint32(grid[2])}
 	bl := cuda.Dim3{X: uint32(block[0]), Y: uint32(block[1]), Z: uint32(block[2])}
-	if err := b.rt.dev.Launch(b.fn(kernel), g, bl, uint32(shmem), args...); err != nil {
-		panic(fmt.Sprintf("tensor: CUDA kernel %s: %v", kernel, err))
-	}
+	f := b.fn(kernel)
+	b.rt.timed(kernel, func() {
+		if err := b.rt.dev.Launch(f, g, bl, uint32(shmem), args...); err != nil {
+			panic(fmt.Sprintf("tensor: CUDA kernel %s: %v", kernel, err))
+		}
+	})
 }
 
 // launch1D runs kernel on blocks of 256 threads covering n elements (at
@@ -339,23 +455,6 @@ func (b cudaBackend) alloc(dtype DType, shape ...int) *Tensor { return newCUDA(d
 
 // empty returns a new uninitialised contiguous tensor on the GPU.
 func (b cudaBackend) empty(dtype DType, shape ...int) *Tensor { return newCUDA(dtype, shape, false) }
-
-// readF32 copies float32 GPU tensor t's values to the host (it waits for
-// the kernels queued before).
-func (b cudaBackend) readF32(t *Tensor) []float32 { return fromCUDA(t, CPU).Float32s() }
-
-// readF64 reads t's float32 values as float64.
-func (b cudaBackend) readF64(t *Tensor) []float64 {
-	v := b.readF32(t)
-	out := make([]float64, len(v))
-	for i, x := range v {
-		out[i] = float64(x)
-	}
-	return out
-}
-
-// readI32 copies int32 GPU tensor t's values to the host.
-func (b cudaBackend) readI32(t *Tensor) []int32 { return fromCUDA(t, CPU).Int32s() }
 
 // constant returns the GPU copy of a host constant (RoPE's tables), made
 // by mk once per key and kept for the process's life.
@@ -401,7 +500,7 @@ func (b cudaBackend) Gemm(prec MatmulPrecision, tA, tB Transpose, alpha float32,
 	case MatmulFP16:
 		compute = cuda.Compute32FFast16F
 	}
-	err := b.rt.dev.GemmStridedBatched(cuda.GemmParams{
+	p := cuda.GemmParams{
 		TransA: tB == Trans, TransB: tA == Trans,
 		M: n, N: m, K: k,
 		Alpha: alpha, Beta: beta,
@@ -410,8 +509,10 @@ func (b cudaBackend) Gemm(prec MatmulPrecision, tA, tB Transpose, alpha float32,
 		C: devPtr(c), CType: cuda.F32, LDC: n, StrideC: int64(m * n),
 		Batch:   batch,
 		Compute: compute,
-	})
-	if err != nil {
-		panic(fmt.Sprintf("tensor: CUDA Gemm %dx%dx%d (batch %d): %v", m, n, k, batch, err))
 	}
+	b.rt.timed("cublas gemm "+prec.String(), func() {
+		if err := b.rt.dev.GemmStridedBatched(p); err != nil {
+			panic(fmt.Sprintf("tensor: CUDA Gemm %dx%dx%d (batch %d): %v", m, n, k, batch, err))
+		}
+	})
 }

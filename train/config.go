@@ -83,7 +83,7 @@ type Config struct {
 	LogParamsNorm bool      // --log-params-norm: the L2 norm of the parameters on the log line
 	LogInterval   int64     // --log-interval; 0 means 100
 	MetricsFile   string    // JSONL metrics, one object per logged iteration
-	PeakFLOPs     float64   // per-process peak for MFU, FLOP/s (--peak-flops); 0 means measured (tensor.CPUPeakFLOPs over this process's threads, doubled with BF16)
+	PeakFLOPs     float64   // per-process peak for MFU, FLOP/s (--peak-flops); 0 means measured (tensor.CPUPeakFLOPs over this process's threads, doubled with BF16), or on a GPU its datasheet peak (tensor.CUDAPeakFLOPs)
 	Out           io.Writer // log lines; nil means io.Discard
 	Progress      io.Writer // progress bar target (a terminal); nil means none
 

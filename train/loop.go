@@ -116,6 +116,18 @@ func (t *Trainer) Run(ctx context.Context) (Result, error) {
 	if err != nil {
 		return res, err
 	}
+	if t.cfg.Device == tensor.CUDA {
+		defer func() {
+			if p := tensor.CUDAProfile(); p != "" {
+				t.reporter.printf("%s", p)
+			}
+		}()
+	}
+	if t.cfg.PeakFLOPs == 0 && t.cfg.Device == tensor.CUDA {
+		if t.cfg.PeakFLOPs = tensor.CUDAPeakFLOPs(t.cfg.BF16 || t.cfg.FP16); t.cfg.PeakFLOPs == 0 {
+			t.reporter.printf("this GPU is not in gotron's table of peaks: MFU is against this CPU's; give the GPU's with --peak-flops")
+		}
+	}
 	if t.cfg.PeakFLOPs == 0 {
 		t.cfg.PeakFLOPs = measuredPeak(t.cfg.BF16)
 	}

@@ -182,7 +182,7 @@ func newTrainFlags() (*flag.FlagSet, *trainFlags) {
 	fs.BoolVar(&tb.LogValidationPPL, "log-validation-ppl-to-tensorboard", false, "also write the validation perplexity to TensorBoard")
 	fs.BoolVar(&tb.LogMemory, "log-memory-to-tensorboard", false, "also write Go heap sizes (Megatron's mem-* scalars) to TensorBoard")
 	fs.Int("tensorboard-queue-size", 1000, "accepted: gotron buffers events in memory and flushes them at every log line")
-	fs.Float64Var(&c.PeakFLOPs, "peak-flops", 0, "per-process peak FLOP/s for MFU (0: measure this CPU's fp32 FMA peak over the kernel threads at start, doubled with --bf16)")
+	fs.Float64Var(&c.PeakFLOPs, "peak-flops", 0, "per-process peak FLOP/s for MFU (0: measure this CPU's fp32 FMA peak over the kernel threads at start, doubled with --bf16; with --device cuda, the GPU's datasheet peak)")
 	fs.BoolVar(&f.noProgress, "no-progress", false, "no progress bar even on a terminal")
 	fs.StringVar(&f.device, "device", "cpu", deviceUsage)
 	fs.StringVar(&f.cpuProfile, "cpu-profile", "", "write a Go CPU profile of the training loop to this file (go tool pprof); under launch --inproc rank 0's covers every rank, other processes' ranks r write FILE.rank<r>")

@@ -4,7 +4,7 @@
 # CUDA, the models against the CPU, training against the CPU, then the
 # benchmarks; every log lands in $OUT (default ./gpu-out). Each step has its
 # own time limit so one hang cannot eat the machine's time.
-#   .gpu/check.sh [steps...]   (steps: runtime conformance model train bench; default all)
+#   .gpu/check.sh [steps...]   (steps: runtime conformance model train bench profile; default all but profile)
 set -u
 bin=$(cd "$(dirname "$0")" && pwd)
 out=${OUT:-./gpu-out}
@@ -28,10 +28,28 @@ for s in $steps; do
 	model) run model 180 "$bin/model_gpt.test" -test.v -test.run 'CUDA' ;;
 	train) run train 240 "$bin/train.test" -test.v -test.run 'CUDA' ;;
 	bench)
-		run bench-gemm 120 "$bin/internal_cuda.test" -test.run '^$' -test.bench 'Gemm' -test.benchtime 20x
-		run train-124m 240 "$bin/gotron" train --device cuda --mock-data --num-layers 12 --hidden-size 768 \
-			--num-attention-heads 12 --seq-length 1024 --max-position-embeddings 1024 --micro-batch-size 8 \
-			--global-batch-size 8 --train-iters 6 --log-interval 1 --vocab-size 50304 --lr 1e-4 --bf16
+		run bench-gemm 120 "$bin/internal_cuda.test" -test.run '^$' -test.bench 'GPU' -test.benchtime 20x
+		for prec in fp32 bf16; do
+			p=""
+			[ "$prec" = bf16 ] && p=--bf16
+			run "gotron-124m-$prec" 240 "$bin/gotron" train --device cuda --mock-data --num-layers 12 --hidden-size 768 \
+				--num-attention-heads 12 --seq-length 1024 --max-position-embeddings 1024 --micro-batch-size 8 \
+				--global-batch-size 8 --train-iters 8 --log-interval 1 --vocab-size 50304 --lr 1e-4 $p
+			grep -o "elapsed time per iteration (ms): [0-9.]*\|tokens/s: [0-9.]*" "$out/gotron-124m-$prec.log" | tail -4 >> "$out/summary.txt"
+		done
+		if command -v python3 > /dev/null; then
+			run peer-124m 240 python3 "$bin/peer_gpt2.py" --B 8 --T 1024 --steps 8
+			grep pytorch "$out/peer-124m.log" >> "$out/summary.txt"
+		fi
+		;;
+	profile)
+		for prec in fp32 bf16; do
+			p=""
+			[ "$prec" = bf16 ] && p=--bf16
+			run "profile-124m-$prec" 240 env GOTRON_CUDA_PROFILE=1 "$bin/gotron" train --device cuda --mock-data --num-layers 12 \
+				--hidden-size 768 --num-attention-heads 12 --seq-length 1024 --max-position-embeddings 1024 \
+				--micro-batch-size 8 --global-batch-size 8 --train-iters 3 --log-interval 1 --vocab-size 50304 --lr 1e-4 $p
+		done
 		;;
 	esac
 done
