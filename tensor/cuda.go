@@ -267,12 +267,23 @@ type devBuf struct {
 	cleanup runtime.Cleanup
 }
 
-// newBuf allocates bytes of device memory, panicking with the allocator's
-// error (which names the size, the peak and the fix) when it is out.
+// DeviceError is what a tensor op panics with when the device fails it —
+// out of device memory above all (the error names the allocation, the
+// peak and the fix). Ops have no error results, as on the CPU, so the
+// program's top level (gotron's commands) recovers it into an error.
+type DeviceError struct{ Err error }
+
+func (e *DeviceError) Error() string { return "tensor: " + e.Err.Error() }
+
+func (e *DeviceError) Unwrap() error { return e.Err }
+
+// newBuf allocates bytes of device memory, panicking with a DeviceError
+// (the allocator's, which names the size, the peak and the fix) when it is
+// out.
 func (rt *cudaRuntime) newBuf(bytes int64) *devBuf {
 	p, err := rt.dev.Alloc(bytes)
 	if err != nil {
-		panic(fmt.Sprintf("tensor: out of CUDA memory: %v", err))
+		panic(&DeviceError{Err: err})
 	}
 	b := &devBuf{ptr: p, bytes: bytes, rt: rt}
 	dev := rt.dev

@@ -4,6 +4,7 @@ import (
 	"fmt"
 
 	"github.com/gotron/gotron/internal/meminfo"
+	"github.com/gotron/gotron/tensor"
 )
 
 // CheckMemory refuses a run that cannot fit in this machine's memory,
@@ -12,9 +13,16 @@ import (
 // is Megatron's theoretical memory footprint (TheoreticalMemory) of the
 // most loaded rank of the layout (cfg.Parallel); gotron keeps weights, gradients and activations in float32, so it
 // needs at least about that much. The machine's memory is MemAvailable of
-// /proc/meminfo; where that file is absent (not Linux) no check is made.
+// /proc/meminfo; where that file is absent (not Linux) no check is made, nor
+// for a run on a GPU.
 // A config that does not validate passes: New reports its error.
 func CheckMemory(cfg Config) error {
+	if cfg.Device == tensor.CUDA {
+		// The model lives in GPU memory, whose caching allocator refuses
+		// an allocation that does not fit with an error naming it, the
+		// peak and the fix: nothing to foresee in host memory.
+		return nil
+	}
 	mem, ok := meminfo.Read()
 	if !ok {
 		return nil

@@ -11,10 +11,11 @@ import (
 	"time"
 
 	"github.com/gotron/gotron/internal/cpu"
+	"github.com/gotron/gotron/tensor"
 )
 
 const benchGemmSynopsis = "bench gemm [--reps 5] [--threads N] [--isa auto|avx512|avx2|generic] [--peak-gflops 0 (measured)] " +
-	"[--shapes NN:1024x1024x1024,...] [--min-rep-seconds 0.5] [--precision fp32|bf16]"
+	"[--shapes NN:1024x1024x1024,...] [--min-rep-seconds 0.5] [--precision fp32|bf16] [--device cpu|cuda]"
 
 // defaultGemmShapes are the square shapes and the GPT-2 (d=768, 4d=3072)
 // MLP shapes: forward Y = X·W (NN), backward dX = dY·Wᵀ (NT) and
@@ -85,6 +86,7 @@ func benchGemm(ctx context.Context, env *cli, args []string) error {
 	precision := fs.String("precision", "fp32", "fp32 (cpu.Sgemm) or bf16 (cpu.SgemmBF16: inputs rounded to bfloat16, fp32 accumulation)")
 	shapeList := fs.String("shapes", defaultGemmShapes, "comma-separated OPS:MxKxN (op(A) M×K, op(B) K×N)")
 	minRep := fs.Float64("min-rep-seconds", 0.5, "each repetition repeats the GEMM until it lasts this long")
+	device := fs.String("device", "cpu", "cpu (the kernels above), or cuda / cuda:N: cuBLAS through the CUDA backend (--threads, --isa and --peak-gflops do not apply; the peak is the GPU's datasheet one)")
 	fs.String("config", "", "YAML file with flag values")
 	if err := parseFlags(fs, args, env.stdout, benchGemmSynopsis); err != nil {
 		return err
@@ -117,6 +119,16 @@ func benchGemm(ctx context.Context, env *cli, args []string) error {
 	shapes, err := parseGemmShapes(*shapeList)
 	if err != nil {
 		return err
+	}
+	dev, err := parseDevice(*device)
+	if err != nil {
+		return err
+	}
+	switch dev {
+	case tensor.CUDA:
+		return benchGemmCUDA(ctx, env.stdout, shapes, bf16, *reps, *minRep)
+	case tensor.Sim:
+		return fmt.Errorf("--device sim: the simulated device runs the CPU kernels; benchmark them with --device cpu")
 	}
 	prevISA := cpu.SetISA(isa)
 	defer cpu.SetISA(prevISA)

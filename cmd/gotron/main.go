@@ -20,6 +20,7 @@ import (
 	"syscall"
 
 	"github.com/gotron/gotron/comm"
+	"github.com/gotron/gotron/tensor"
 )
 
 // command is one gotron subcommand.
@@ -67,8 +68,19 @@ func main() {
 	os.Exit(run(ctx, env, os.Args[1:]))
 }
 
-// run dispatches to a subcommand and turns its error into an exit status.
-func run(ctx context.Context, env *cli, args []string) int {
+// run dispatches to a subcommand and turns its error into an exit status
+// (and a device failure, which tensor ops panic with, into an error).
+func run(ctx context.Context, env *cli, args []string) (code int) {
+	defer func() {
+		if p := recover(); p != nil {
+			de, ok := p.(*tensor.DeviceError)
+			if !ok {
+				panic(p)
+			}
+			fmt.Fprintf(env.stderr, "gotron %s: %v\n", args[0], de)
+			code = 1
+		}
+	}()
 	if len(args) == 0 || args[0] == "help" || args[0] == "-h" || args[0] == "--help" {
 		usage(env.stdout)
 		return 0

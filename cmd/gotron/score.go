@@ -23,6 +23,7 @@ const scoreSynopsis = "score --load DIR (--tokens-file F.json | --text \"...\") 
 // scoreFlags are gotron score's flags.
 type scoreFlags struct {
 	load, tokensFile, text, out string
+	device                      string
 	tok                         tokenizer.Config
 }
 
@@ -32,6 +33,7 @@ func newScoreFlags() (*flag.FlagSet, *scoreFlags) {
 	fs.StringVar(&f.load, "load", "", "a gotron checkpoint directory or a Hugging Face model directory")
 	fs.StringVar(&f.tokensFile, "tokens-file", "", "JSON list of token ids to score")
 	fs.StringVar(&f.text, "text", "", "text to tokenize and score (tokenizer: flags, or the files carried in --load)")
+	fs.StringVar(&f.device, "device", "cpu", deviceUsage)
 	fs.StringVar(&f.out, "out", "", "write logits [T, vocab] (float32, unpadded vocabulary) to this .npy file")
 	fs.StringVar(&f.tok.Type, "tokenizer-type", "", "GPT2BPETokenizer, HuggingFaceTokenizer, Llama2Tokenizer, ... (default: from --load)")
 	fs.StringVar(&f.tok.VocabFile, "vocab-file", "", "vocabulary file (GPT-2 vocab.json)")
@@ -50,6 +52,10 @@ func cmdScore(ctx context.Context, env *cli, args []string) error {
 	}
 	if (f.tokensFile == "") == (f.text == "") {
 		return errors.New("set exactly one of --tokens-file and --text")
+	}
+	dev, err := parseDevice(f.device)
+	if err != nil {
+		return err
 	}
 	m, info, tokDir, err := loadAny(f.load)
 	if err != nil {
@@ -86,6 +92,7 @@ func cmdScore(ctx context.Context, env *cli, args []string) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
+	m.ToDevice(dev)
 	logits := scoreLogits(m, ids, vocab)
 	if f.out != "" {
 		if err := writeNPY(f.out, logits, len(ids), vocab); err != nil {
@@ -143,7 +150,9 @@ func readTokensFile(path string, vocab int) ([]int32, error) {
 // vocab), the padded vocabulary columns dropped.
 func scoreLogits(m *gpt.Model, ids []int32, vocab int) []float32 {
 	T, Vp := len(ids), m.Config.VocabSize
-	full := m.Forward(tensor.NewTape(), gpt.Batch{Tokens: tensor.FromInt32(ids, 1, T)}, nil, false).Float32s() // (1, T, Vp)
+	dev := m.Params()[0].Device()
+	tokens := tensor.FromInt32(ids, 1, T).ToDevice(dev)
+	full := tensor.ToHost(m.Forward(tensor.NewTape(), gpt.Batch{Tokens: tokens}, nil, false)).Float32s() // (1, T, Vp)
 	out := make([]float32, T*vocab)
 	for t := range T {
 		copy(out[t*vocab:(t+1)*vocab], full[t*Vp:t*Vp+vocab])

@@ -152,6 +152,11 @@ func TestScoreText(t *testing.T) {
 	if _, rows, _ := readNPY(t, filepath.Join(tmp, "a.npy")); rows != 3 {
 		t.Fatalf("%d rows, want 3 tokens", rows)
 	}
+	// On the simulated device (whose storage host code cannot read) the
+	// scores are the CPU's, bit for bit.
+	if d := mustGotron(t, "score", "--load", src, "--text", "the the", "--device", "sim"); d != a {
+		t.Fatalf("--device sim:\n%s\ncpu:\n%s", d, a)
+	}
 }
 
 // TestScoreErrors: bad input is an error naming the flag or file.
@@ -169,6 +174,7 @@ func TestScoreErrors(t *testing.T) {
 		want string
 	}{
 		{[]string{"--tokens-file", "x"}, "--load is required"},
+		{[]string{"--load", llama, "--text", "y", "--device", "gpu"}, "--device: tensor: device \"gpu\": want cpu, cuda, cuda:N or sim"},
 		{[]string{"--load", llama}, "exactly one of --tokens-file and --text"},
 		{[]string{"--load", llama, "--tokens-file", "x", "--text", "y"}, "exactly one of --tokens-file and --text"},
 		{[]string{"--load", llama, "--tokens-file", write("range.json", "[1, 100]")}, "token 100 at index 1 is outside the vocabulary [0, 100)"},

@@ -26,9 +26,23 @@ for s in $steps; do
 	runtime) run runtime 120 "$bin/internal_cuda.test" -test.v ;;
 	conformance) run conformance 180 "$bin/tensor_backendtest.test" -test.v -test.run 'CUDA' ;;
 	model) run model 180 "$bin/model_gpt.test" -test.v -test.run 'CUDA' ;;
-	train) run train 240 "$bin/train.test" -test.v -test.run 'CUDA' ;;
+	train)
+		run train 240 "$bin/train.test" -test.v -test.run 'CUDA'
+		# Out of device memory: an error naming the allocation, the peak
+		# and the fix, exit status 1, no panic trace.
+		run oom 120 "$bin/gotron" train --device cuda --mock-data --num-layers 12 --hidden-size 2048 \
+			--num-attention-heads 16 --seq-length 2048 --max-position-embeddings 2048 --micro-batch-size 64 \
+			--global-batch-size 64 --train-iters 1 --vocab-size 50304
+		grep -h "out of device memory" "$out/oom.log" | head -2 >> "$out/summary.txt"
+		grep -c "goroutine " "$out/oom.log" | sed 's/^/goroutine lines in the oom log (want 0): /' >> "$out/summary.txt"
+		;;
 	bench)
 		run bench-gemm 120 "$bin/internal_cuda.test" -test.run '^$' -test.bench 'GPU' -test.benchtime 20x
+		for prec in fp32 bf16; do
+			run "gemm-$prec" 120 "$bin/gotron" bench gemm --device cuda --precision $prec --reps 3 --min-rep-seconds 0.2 \
+				--shapes NN:8192x768x2304,NT:8192x2304x768,TN:768x8192x2304,NN:8192x768x3072,NN:8192x768x50304,NN:8192x8192x8192
+			cat "$out/gemm-$prec.log" >> "$out/summary.txt"
+		done
 		for prec in fp32 bf16; do
 			p=""
 			[ "$prec" = bf16 ] && p=--bf16
