@@ -43,6 +43,7 @@ var notRun = []struct{ page, prefix, why string }{
 	{"README.md", "go test ./...", "the test suite this test is part of"},
 	{"docs/training.md", "go run ./cmd/gotron train", "the quickstart, as in README.md"},
 	{"docs/training.md", "gotron train --num-layers 12 --hidden-size 768", "GPT-2 124M for 10,000 iterations on a corpus the page does not build"},
+	{"docs/training.md", "gotron train --device cuda --bf16", "needs an NVIDIA GPU (tools/gpu/check.sh runs this model on one)"},
 	{"docs/data.md", "python3 - <<'EOF' > go.jsonl", "reads all of GOROOT/src (about 100 MB; tens of seconds of I/O); the test writes the first 50 documents it would write (dataSetup)"},
 	{"docs/distributed.md", "gotron launch --nproc-per-node 4 -- train --tensor-model-parallel-size 2 --use-distributed-optimizer --data-path ...", "a shape, not a command: the training flags are elided (...)"},
 	{"docs/distributed.md", "gotron launch --inproc --nproc-per-node 4 -- train ...", "the flags are elided (...): the command before it, run here, with ranks as goroutines"},

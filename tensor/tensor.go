@@ -8,16 +8,12 @@
 // same calls compute without recording. Each goroutine (each rank of an
 // in-process world) owns its tape, so there is no global grad mode.
 //
-// Every tensor lives on a Device (sim.go): CPU, or Sim, a simulated device
-// whose storage the host may not read, which proves the seam without a GPU. An op runs on its inputs' device (mixing devices
-// panics) and reaches the kernels through that device's Backend
+// Every tensor lives on a Device (sim.go): CPU; Sim, a simulated device
+// whose storage the host may not read, which proves the seam without a GPU;
+// or CUDA, an NVIDIA GPU (cuda.go). An op runs on its inputs' device (mixing
+// devices panics) and reaches the kernels through that device's Backend
 // (backend.go); outside this package only internal/... and cmd/gotron's
-// benchmarks import internal/cpu (TestCPUKernelImportBoundary). Not yet
-// behind Backend: a few loops of this package work on the storage directly
-// (the tape's gradient accumulation, strided copies, Concat, the dropout
-// mask draw, Sum/SumLast/MaxLast, CrossEntropy's loss-mask weighting),
-// which is right for CPU and Sim, both host memory, but not for a device
-// with memory of its own.
+// benchmarks import internal/cpu (TestCPUKernelImportBoundary).
 package tensor
 
 import (

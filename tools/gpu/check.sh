@@ -25,7 +25,10 @@ for s in $steps; do
 	case $s in
 	runtime) run runtime 120 "$bin/internal_cuda.test" -test.v ;;
 	conformance) run conformance 180 "$bin/tensor_backendtest.test" -test.v -test.run 'CUDA' ;;
-	model) run model 180 "$bin/model_gpt.test" -test.v -test.run 'CUDA' ;;
+	model)
+		run model 180 "$bin/model_gpt.test" -test.v -test.run 'CUDA'
+		run serve 180 "$bin/infer.test" -test.v -test.run 'CUDA'
+		;;
 	train)
 		run train 240 "$bin/train.test" -test.v -test.run 'CUDA'
 		# Out of device memory: an error naming the allocation, the peak
