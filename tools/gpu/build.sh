@@ -10,7 +10,7 @@ mkdir -p "$out"
 export CGO_ENABLED=0
 flags='-ldflags=-s -w'
 go build "$flags" -o "$out/gotron" ./cmd/gotron
-for pkg in internal/cuda tensor/backendtest model/gpt train infer; do
+for pkg in internal/cuda comm/nccl tensor/backendtest model/gpt train infer; do
 	name=$(echo "$pkg" | tr / _)
 	go test -c "$flags" -o "$out/$name.test" "./$pkg"
 done

@@ -4,12 +4,12 @@
 # CUDA, the models against the CPU, training against the CPU, then the
 # benchmarks; every log lands in $OUT (default ./gpu-out). Each step has its
 # own time limit so one hang cannot eat the machine's time.
-#   .gpu/check.sh [steps...]   (steps: runtime conformance model train bench profile; default all but profile)
+#   .gpu/check.sh [steps...]   (steps: runtime nccl conformance model train bench profile; default all but profile)
 set -u
 bin=$(cd "$(dirname "$0")" && pwd)
 out=${OUT:-./gpu-out}
 mkdir -p "$out"
-steps=${*:-runtime conformance model train bench}
+steps=${*:-runtime nccl conformance model train bench}
 export GOTRON_NUM_THREADS=${GOTRON_NUM_THREADS:-16}
 nvidia-smi > "$out/nvidia-smi.txt" 2>&1 || true
 run() { # name limit command...
@@ -24,6 +24,7 @@ run() { # name limit command...
 for s in $steps; do
 	case $s in
 	runtime) run runtime 120 "$bin/internal_cuda.test" -test.v ;;
+	nccl) run nccl 300 "$bin/comm_nccl.test" -test.v -test.run 'GPU' ;;
 	conformance) run conformance 180 "$bin/tensor_backendtest.test" -test.v -test.run 'CUDA' ;;
 	model)
 		run model 180 "$bin/model_gpt.test" -test.v -test.run 'CUDA'
