@@ -242,10 +242,21 @@ func parseCUDA(s string) (int, bool, error) {
 
 // OpenDevice parses a --device value (cpu, sim, cuda, cuda:N) and, for a
 // GPU, opens it (OpenCUDA): the device a program's tensors then go to.
-func OpenDevice(s string, opts CUDAOptions) (Device, error) {
+// Plain "cuda" in a process of a launched job (localRank >= 0, the
+// launcher's LOCAL_RANK) opens GPU localRank modulo the GPUs it sees, so
+// that the ranks of a node spread over its GPUs as Megatron's do; otherwise
+// GPU 0.
+func OpenDevice(s string, localRank int, opts CUDAOptions) (Device, error) {
 	if ord, ok, err := parseCUDA(s); ok {
 		if err != nil {
 			return CPU, err
+		}
+		if s == "cuda" && localRank > 0 {
+			n, err := cuda.DeviceCount()
+			if err != nil {
+				return CPU, err
+			}
+			ord = localRank % n
 		}
 		if err := OpenCUDA(ord, opts); err != nil {
 			return CPU, err

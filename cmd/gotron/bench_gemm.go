@@ -120,7 +120,7 @@ func benchGemm(ctx context.Context, env *cli, args []string) error {
 	if err != nil {
 		return err
 	}
-	dev, err := parseDevice(*device)
+	dev, err := parseDevice(*device, 0)
 	if err != nil {
 		return err
 	}

@@ -25,12 +25,13 @@ func cmdGenerate(ctx context.Context, env *cli, args []string) error {
 	seed := fs.Int64("seed", 1234, "sampling seed")
 	bf16 := fs.Bool("bf16", false, "decode with bfloat16 weights: every weight rounded to bf16 (to nearest even; exact for bf16 checkpoints), activations and sums in float32 (as gotron serve --bf16)")
 	device := deviceFlag(fs)
+	memFraction := memFractionFlag(fs)
 	var tc tokenizer.Config
 	addTokenizerFlags(fs, &tc)
 	if err := parseFlags(fs, args, env.stdout, generateSynopsis); err != nil {
 		return err
 	}
-	dev, err := parseDevice(*device)
+	dev, err := parseDevice(*device, *memFraction)
 	if err != nil {
 		return err
 	}

@@ -24,6 +24,7 @@ const scoreSynopsis = "score --load DIR (--tokens-file F.json | --text \"...\") 
 type scoreFlags struct {
 	load, tokensFile, text, out string
 	device                      string
+	memFraction                 float64
 	tok                         tokenizer.Config
 }
 
@@ -34,6 +35,7 @@ func newScoreFlags() (*flag.FlagSet, *scoreFlags) {
 	fs.StringVar(&f.tokensFile, "tokens-file", "", "JSON list of token ids to score")
 	fs.StringVar(&f.text, "text", "", "text to tokenize and score (tokenizer: flags, or the files carried in --load)")
 	fs.StringVar(&f.device, "device", "cpu", deviceUsage)
+	fs.Float64Var(&f.memFraction, "device-memory-fraction", 0, memFractionUsage)
 	fs.StringVar(&f.out, "out", "", "write logits [T, vocab] (float32, unpadded vocabulary) to this .npy file")
 	fs.StringVar(&f.tok.Type, "tokenizer-type", "", "GPT2BPETokenizer, HuggingFaceTokenizer, Llama2Tokenizer, ... (default: from --load)")
 	fs.StringVar(&f.tok.VocabFile, "vocab-file", "", "vocabulary file (GPT-2 vocab.json)")
@@ -53,7 +55,7 @@ func cmdScore(ctx context.Context, env *cli, args []string) error {
 	if (f.tokensFile == "") == (f.text == "") {
 		return errors.New("set exactly one of --tokens-file and --text")
 	}
-	dev, err := parseDevice(f.device)
+	dev, err := parseDevice(f.device, f.memFraction)
 	if err != nil {
 		return err
 	}

@@ -174,6 +174,7 @@ func TestScoreErrors(t *testing.T) {
 		want string
 	}{
 		{[]string{"--tokens-file", "x"}, "--load is required"},
+		{[]string{"--load", llama, "--text", "y", "--device-memory-fraction", "1.5"}, "--device-memory-fraction 1.5: want a fraction in (0, 1]"},
 		{[]string{"--load", llama, "--text", "y", "--device", "gpu"}, "--device: tensor: device \"gpu\": want cpu, cuda, cuda:N or sim"},
 		{[]string{"--load", llama}, "exactly one of --tokens-file and --text"},
 		{[]string{"--load", llama, "--tokens-file", "x", "--text", "y"}, "exactly one of --tokens-file and --text"},

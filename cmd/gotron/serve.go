@@ -30,6 +30,7 @@ const serveSynopsis = "serve --load DIR [--host 127.0.0.1] [--port 8000] [--kv-c
 type serveFlags struct {
 	load, host, modelName, chatTemplate string
 	decodeWeights, device               string
+	memFraction                         float64
 	bf16                                bool
 	port                                int
 	kvCacheBytes                        string
@@ -61,6 +62,7 @@ func addServeFlags(fs *flag.FlagSet, f *serveFlags) {
 	fs.IntVar(&f.maxN, "max-n", 16, "largest n (choices) per request")
 	fs.DurationVar(&f.grace, "shutdown-grace", 30*time.Second, "on SIGTERM, how long requests in flight may take before they are cancelled")
 	fs.StringVar(&f.device, "device", "cpu", deviceUsage)
+	fs.Float64Var(&f.memFraction, "device-memory-fraction", 0, memFractionUsage)
 	addTokenizerFlags(fs, &f.tok)
 }
 
@@ -79,7 +81,7 @@ func cmdServe(ctx context.Context, env *cli, args []string) error {
 	if err != nil {
 		return err
 	}
-	if dev, _ := parseDevice(f.device); dev == tensor.Sim {
+	if dev, _ := parseDevice(f.device, f.memFraction); dev == tensor.Sim {
 		defer reportTransfers(env.stderr, "serve", dev, since)
 	}
 	ln, err := net.Listen("tcp", net.JoinHostPort(f.host, strconv.Itoa(f.port)))
@@ -142,7 +144,7 @@ func buildServer(f *serveFlags, m *gpt.Model, tok tokenizer.Tokenizer, tpl *serv
 	if ec.Weights, err = infer.ParseWeightLayout(f.decodeWeights); err != nil {
 		return nil, nil, fmt.Errorf("--decode-weights: %w", err)
 	}
-	dev, err := parseDevice(f.device)
+	dev, err := parseDevice(f.device, f.memFraction)
 	if err != nil {
 		return nil, nil, err
 	}

@@ -52,6 +52,7 @@ type trainFlags struct {
 	noProgress     bool
 	cpuProfile     string
 	device         string
+	memFraction    float64
 	promptAfter    string
 	generateTokens int
 	// finish copies float64 flag values into the float32 config fields.
@@ -185,6 +186,7 @@ func newTrainFlags() (*flag.FlagSet, *trainFlags) {
 	fs.Float64Var(&c.PeakFLOPs, "peak-flops", 0, "per-process peak FLOP/s for MFU (0: measure this CPU's fp32 FMA peak over the kernel threads at start, doubled with --bf16; with --device cuda, the GPU's datasheet peak)")
 	fs.BoolVar(&f.noProgress, "no-progress", false, "no progress bar even on a terminal")
 	fs.StringVar(&f.device, "device", "cpu", deviceUsage)
+	fs.Float64Var(&f.memFraction, "device-memory-fraction", 0, memFractionUsage)
 	fs.StringVar(&f.cpuProfile, "cpu-profile", "", "write a Go CPU profile of the training loop to this file (go tool pprof); under launch --inproc rank 0's covers every rank, other processes' ranks r write FILE.rank<r>")
 
 	fs.StringVar(&c.Save, "save", "", "checkpoint directory to save to")
@@ -421,7 +423,7 @@ func cmdTrain(ctx context.Context, env *cli, args []string) error {
 // build turns the flags into a training config and data sources.
 func (f *trainFlags) build(ctx context.Context, given map[string]bool) (train.Config, *dataSources, error) {
 	cfg := f.cfg
-	dev, err := parseDevice(f.device)
+	dev, err := parseDevice(f.device, f.memFraction)
 	if err != nil {
 		return cfg, nil, err
 	}

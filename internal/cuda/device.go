@@ -50,6 +50,30 @@ type Device struct {
 	closed bool
 }
 
+// DeviceCount returns the number of GPUs the driver sees (after
+// CUDA_VISIBLE_DEVICES), or the error that says why there is no driver or
+// no GPU.
+func DeviceCount() (int, error) {
+	api, err := loadDriver()
+	if err != nil {
+		return 0, err
+	}
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	if code := api.cuInit(0); code != 0 {
+		err := api.check("cuInit", code)
+		if code == errorNoDevice {
+			return 0, fmt.Errorf("cuda: the NVIDIA driver (%s) sees no GPU (check nvidia-smi and CUDA_VISIBLE_DEVICES): %w", api.path, err)
+		}
+		return 0, fmt.Errorf("%w (driver library %s)", err, api.path)
+	}
+	var count int32
+	if err := api.check("cuDeviceGetCount", api.cuDeviceGetCount(&count)); err != nil {
+		return 0, err
+	}
+	return int(count), nil
+}
+
 // Open opens GPU number ordinal (0-based, as CUDA counts them).
 func Open(ordinal int, opts Options) (*Device, error) {
 	if opts.MemoryFraction < 0 || opts.MemoryFraction > 1 {
