@@ -29,7 +29,7 @@ const (
 	CUDA
 )
 
-// String returns "cpu" or "sim".
+// String returns "cpu", "sim" or "cuda".
 func (d Device) String() string {
 	switch d {
 	case CPU:
@@ -107,11 +107,7 @@ func (t *Tensor) ToDevice(dev Device) *Tensor {
 	var out *Tensor
 	switch {
 	case dev == CUDA:
-		src := t
-		if src.dev == CUDA {
-			src = fromCUDA(t, CPU)
-		}
-		out = toCUDA(src)
+		out = toCUDA(t)
 	case t.dev == CUDA:
 		out = fromCUDA(t, dev)
 	default:
