@@ -35,16 +35,20 @@ type Config struct {
 
 // DDP owns the flat gradient buffer of a model's parameters (and, with the
 // distributed optimizer, the flat parameter buffer) and reduces it over the
-// data-parallel group. The buffers live on the parameters' device; the
-// collectives read and write host memory, so on a device each bucket is
+// data-parallel group. The buffers live on the parameters' device. On the
+// CPU the collectives work on the buffers themselves. On a device, a group
+// that reduces device tensors in place (comm.DeviceCollectives: comm/nccl
+// on CUDA) gets the buckets themselves; with any other group each bucket is
 // staged through host buffers with the tensor package's explicit copies
-// (copy out, communicate, copy back), while on the CPU the collectives work
-// on the buffers themselves. Not safe for concurrent use: one training loop
-// drives it.
+// (copy out, communicate, copy back). Not safe for concurrent use: one
+// training loop drives it.
 type DDP struct {
-	cfg    Config
-	group  comm.ProcessGroup
-	async  comm.Async
+	cfg   Config
+	group comm.ProcessGroup
+	async comm.Async
+	// dc, when set, reduces and gathers the device buffers in place (no
+	// host staging): the group's DeviceCollectives, off the CPU only.
+	dc     comm.DeviceCollectives
 	params []*tensor.Tensor
 	Layout Layout
 
@@ -117,13 +121,18 @@ func New(params []*tensor.Tensor, group comm.ProcessGroup, cfg Config, tied *ten
 	if cfg.DistributedOptimizer {
 		d.param = tensor.ZerosOn(dev, l.Total)
 	}
+	if dev != tensor.CPU && group.Size() > 1 {
+		if dc, ok := comm.DeviceOf(group, d.grad); ok && (d.param == nil || dc.DeviceTensor(d.param)) {
+			d.dc = dc
+		}
+	}
 	for b, bk := range l.Buckets {
 		g := flatView(d.grad, bk.Start, bk.End-bk.Start)
 		sl, err := tensor.NewTensorList(g)
 		if err != nil {
 			return nil, fmt.Errorf("ddp: bucket %d: %w", b, err)
 		}
-		d.bucketGrad, d.bucketScale, d.hostGrad = append(d.bucketGrad, g), append(d.bucketScale, sl), append(d.hostGrad, staging(g))
+		d.bucketGrad, d.bucketScale, d.hostGrad = append(d.bucketGrad, g), append(d.bucketScale, sl), append(d.hostGrad, d.staging(g))
 		for _, i := range bk.Params {
 			p := params[i]
 			r := l.Range[i]
@@ -151,10 +160,11 @@ func flatView(flat *tensor.Tensor, off, n int) *tensor.Tensor {
 }
 
 // staging returns the host tensor a collective works on for x: x itself on
-// the CPU, else a host buffer of x's size, to and from which toHost and
-// fromHost copy (counted by the tensor package).
-func staging(x *tensor.Tensor) *tensor.Tensor {
-	if x.Device() == tensor.CPU {
+// the CPU or when the group works on device tensors in place, else a host
+// buffer of x's size, to and from which toHost and fromHost copy (counted
+// by the tensor package).
+func (d *DDP) staging(x *tensor.Tensor) *tensor.Tensor {
+	if x.Device() == tensor.CPU || d.dc != nil {
 		return x
 	}
 	return tensor.Zeros(x.Shape()...)
@@ -188,9 +198,13 @@ func (d *DDP) shard() {
 		lo, hi := bk.Shard(me, dp)
 		gs := tensor.ZerosOn(d.grad.Device(), hi-lo)
 		pb := flatView(d.param, bk.Start, bk.End-bk.Start)
-		d.gradShard, d.hostShard = append(d.gradShard, gs), append(d.hostShard, staging(gs))
+		d.gradShard, d.hostShard = append(d.gradShard, gs), append(d.hostShard, d.staging(gs))
 		d.paramShard, d.paramBucket = append(d.paramShard, flatView(d.param, lo, hi-lo)), append(d.paramBucket, pb)
-		d.hostParam, d.sendShard = append(d.hostParam, staging(pb)), append(d.sendShard, tensor.Zeros(hi-lo))
+		send := tensor.Zeros(hi - lo)
+		if d.dc != nil {
+			send = tensor.ZerosOn(d.param.Device(), hi-lo)
+		}
+		d.hostParam, d.sendShard = append(d.hostParam, d.staging(pb)), append(d.sendShard, send)
 		for _, i := range bk.Params {
 			r := d.Layout.Range[i]
 			a, z := max(lo, r[0]), min(hi, r[1])
@@ -231,8 +245,9 @@ func (d *DDP) StartLastMicrobatch(ctx context.Context) {
 }
 
 // issue scales bucket b (on its device: Megatron's
-// gradient_scaling_factor) and starts its reduction, staged through the host
-// off the CPU.
+// gradient_scaling_factor) and starts its reduction: in place on the device
+// with DeviceCollectives (queued on the device, so its handle is done),
+// else staged through the host off the CPU.
 func (d *DDP) issue(b int) {
 	op := comm.Sum
 	if d.cfg.AverageInCollective {
@@ -244,6 +259,16 @@ func (d *DDP) issue(b int) {
 		if d.cfg.DistributedOptimizer {
 			tensor.Copy(d.gradShard[b], d.bucketGrad[b])
 		}
+		return
+	}
+	if d.dc != nil {
+		var err error
+		if d.cfg.DistributedOptimizer {
+			err = d.dc.ReduceScatterTensor(d.ctx, d.gradShard[b], d.bucketGrad[b], op)
+		} else {
+			err = d.dc.AllReduceTensor(d.ctx, d.bucketGrad[b], op)
+		}
+		d.handles[b] = done{err}
 		return
 	}
 	toHost(d.hostGrad[b], d.bucketGrad[b])
@@ -329,6 +354,10 @@ func (d *DDP) GatherParams(ctx context.Context) error {
 	for b := range d.Layout.Buckets {
 		// The shard is sent from a copy: the all-gather writes the bucket it is in.
 		tensor.Copy(d.sendShard[b], d.paramShard[b])
+		if d.dc != nil {
+			d.gathers = append(d.gathers, done{d.dc.AllGatherTensor(ctx, d.paramBucket[b], d.sendShard[b])})
+			continue
+		}
 		d.gathers = append(d.gathers, d.async.AllGatherAsync(ctx, comm.Float32s(d.hostParam[b].Float32s()), comm.Float32s(d.sendShard[b].Float32s()), nil))
 	}
 	d.gatherPend = true
@@ -384,3 +413,9 @@ func (d *DDP) GradViews(want func(*tensor.Tensor) bool) []*tensor.Tensor {
 	}
 	return out
 }
+
+// done is the handle of a collective already queued on the device (or
+// refused): Wait returns its error.
+type done struct{ err error }
+
+func (h done) Wait(context.Context) error { return h.err }
