@@ -29,7 +29,8 @@ type Config struct {
 	Rank int
 	// WorldSize is the number of processes (1 or more), one per GPU.
 	WorldSize int
-	// LocalRank is the ordinal of this process's GPU on its node.
+	// LocalRank is the ordinal of the GPU Join opens when this process has
+	// none open yet (tensor.OpenCUDA).
 	LocalRank int
 	// MasterAddr and MasterPort are where rank 0 serves the rendezvous
 	// store; "" and 0 mean DefaultMasterAddr and DefaultMasterPort.
@@ -129,10 +130,12 @@ func exchangeID(ctx context.Context, st kv, key string, root bool, newID idFunc)
 }
 
 // groupKey is the store key of the k-th group made from the world ranks
-// listed.
-func groupKey(ranks []int, k int) string {
+// listed, in the gen-th world joined through the store.
+func groupKey(gen int, ranks []int, k int) string {
 	var sb strings.Builder
 	sb.WriteString("gotron/nccl/")
+	sb.WriteString(strconv.Itoa(gen))
+	sb.WriteString("/")
 	for _, r := range ranks {
 		sb.WriteString(strconv.Itoa(r))
 		sb.WriteByte(',')
@@ -150,6 +153,7 @@ type world struct {
 	dev   *cuda.Device
 	st    kv
 	stc   *store.Client // dialled by Join (closed by shutdown)
+	gen   int           // worlds joined through the store before this one
 	srv   *store.Server // rank 0 only
 	newID idFunc
 	// version is NCCL's version code (22803 for 2.28.3).
@@ -162,8 +166,10 @@ type world struct {
 	closed  bool
 }
 
-// Join opens GPU cfg.LocalRank as this process's CUDA device, rendezvouses
-// with the other ranks and returns the world group. It blocks until every
+// Join rendezvouses with the other ranks and returns the world group. Its
+// communicators work on this process's CUDA device: the one already open
+// (gotron's --device cuda opens the local rank's GPU, modulo the GPUs
+// visible), else GPU cfg.LocalRank, which Join opens. It blocks until every
 // rank has joined the world communicator.
 func Join(ctx context.Context, cfg Config) (*Group, error) {
 	if err := cfg.validate(); err != nil {
@@ -173,10 +179,13 @@ func Join(ctx context.Context, cfg Config) (*Group, error) {
 	fail := func(err error) error {
 		return fmt.Errorf("nccl: rank %d of %d (GPU %d): join via %s:%d: %w", cfg.Rank, cfg.WorldSize, cfg.LocalRank, cfg.MasterAddr, cfg.MasterPort, err)
 	}
-	if err := tensor.OpenCUDA(cfg.LocalRank, tensor.CUDAOptions{}); err != nil {
-		return nil, fail(err)
-	}
 	dev := tensor.CUDADevice()
+	if dev == nil {
+		if err := tensor.OpenCUDA(cfg.LocalRank, tensor.CUDAOptions{}); err != nil {
+			return nil, fail(err)
+		}
+		dev = tensor.CUDADevice()
+	}
 	if dev == nil {
 		return nil, fail(errors.New("no CUDA device open"))
 	}
@@ -210,12 +219,12 @@ func (w *world) dial(ctx context.Context) error {
 	if w.size == 1 {
 		return nil
 	}
-	if w.cfg.Store != nil {
-		w.st = w.cfg.Store
-		return nil
-	}
 	ctx, cancel := context.WithTimeout(ctx, w.cfg.Timeout)
 	defer cancel()
+	if w.cfg.Store != nil {
+		w.st = w.cfg.Store
+		return w.generation(ctx, w.cfg.Store)
+	}
 	master := net.JoinHostPort(w.cfg.MasterAddr, strconv.Itoa(w.cfg.MasterPort))
 	if w.rank == 0 {
 		srv, err := store.Listen(master)
@@ -229,6 +238,19 @@ func (w *world) dial(ctx context.Context) error {
 		return err
 	}
 	w.st, w.stc = st, st
+	return w.generation(ctx, st)
+}
+
+// generation numbers this world among those joined through one store (a
+// store a job keeps across several worlds, Config.Store), so that their
+// communicator ids do not share keys: every rank adds one to a counter,
+// and the k-th world's ranks see values k·size+1 to (k+1)·size.
+func (w *world) generation(ctx context.Context, st *store.Client) error {
+	v, err := st.Add(ctx, "gotron/nccl/joins", 1)
+	if err != nil {
+		return err
+	}
+	w.gen = int(v-1) / w.size
 	return nil
 }
 
@@ -237,8 +259,9 @@ func (w *world) dial(ctx context.Context) error {
 func (w *world) newGroup(ranks []int, rank int) *Group {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	name := groupKey(ranks, w.counts[groupKey(ranks, 0)])
-	w.counts[groupKey(ranks, 0)]++
+	list := groupKey(0, ranks, 0)
+	name := groupKey(w.gen, ranks, w.counts[list])
+	w.counts[list]++
 	g := &Group{w: w, ranks: append([]int(nil), ranks...), rank: rank, key: name}
 	w.groups = append(w.groups, g)
 	return g

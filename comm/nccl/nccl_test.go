@@ -3,6 +3,7 @@ package nccl
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"sync"
 	"testing"
@@ -43,7 +44,7 @@ func TestExchangeID(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			ids[r], errs[r] = exchangeID(ctx, st, groupKey([]int{0, 2, 4, 6}, 0), r == 0, fake)
+			ids[r], errs[r] = exchangeID(ctx, st, groupKey(0, []int{0, 2, 4, 6}, 0), r == 0, fake)
 		}()
 		time.Sleep(10 * time.Millisecond)
 	}
@@ -98,7 +99,7 @@ func fakeWorld(rank, size int) *Group {
 
 func TestNewGroupKeys(t *testing.T) {
 	g := fakeWorld(2, 8)
-	if g.key != "gotron/nccl/0,1,2,3,4,5,6,7,#0" {
+	if g.key != "gotron/nccl/0/0,1,2,3,4,5,6,7,#0" {
 		t.Errorf("world key %q", g.key)
 	}
 	a, err := g.NewGroup([]int{6, 2, 4})
@@ -117,7 +118,7 @@ func TestNewGroupKeys(t *testing.T) {
 		g          comm.ProcessGroup
 		key        string
 		rank, size int
-	}{{a, "gotron/nccl/6,2,4,#0", 1, 3}, {b, "gotron/nccl/6,2,4,#1", 1, 3}, {c, "gotron/nccl/2,4,6,#0", 0, 3}} {
+	}{{a, "gotron/nccl/0/6,2,4,#0", 1, 3}, {b, "gotron/nccl/0/6,2,4,#1", 1, 3}, {c, "gotron/nccl/0/2,4,6,#0", 0, 3}} {
 		gg := k.g.(*Group)
 		if gg.key != k.key || gg.Rank() != k.rank || gg.Size() != k.size {
 			t.Errorf("group %v: key %q rank %d size %d, want %q %d %d", gg.Ranks(), gg.key, gg.Rank(), gg.Size(), k.key, k.rank, k.size)
@@ -128,6 +129,44 @@ func TestNewGroupKeys(t *testing.T) {
 	}
 	if _, err := g.NewGroup([]int{2, 8}); err == nil {
 		t.Errorf("rank 8 of 8 accepted")
+	}
+}
+
+// Worlds joined one after another through one store number themselves
+// 0, 1, ... so their ids never share keys.
+func TestGenerations(t *testing.T) {
+	srv, err := store.Listen("127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Close()
+	ctx := t.Context()
+	for gen := range 3 {
+		var wg sync.WaitGroup
+		ws := make([]*world, 3)
+		errs := make([]error, 3)
+		for r := range ws {
+			st, err := store.Dial(ctx, srv.Addr())
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer st.Close()
+			ws[r] = &world{cfg: Config{Rank: r, WorldSize: 3, Store: st, Timeout: 10 * time.Second}, rank: r, size: 3, counts: map[string]int{}}
+			wg.Add(1)
+			go func() { defer wg.Done(); errs[r] = ws[r].dial(ctx) }()
+		}
+		wg.Wait()
+		for r, w := range ws {
+			if errs[r] != nil {
+				t.Fatalf("world %d rank %d: %v", gen, r, errs[r])
+			}
+			if w.gen != gen {
+				t.Errorf("world %d rank %d: generation %d", gen, r, w.gen)
+			}
+			if k := w.newGroup([]int{2, 0}, 1).key; k != fmt.Sprintf("gotron/nccl/%d/2,0,#0", gen) {
+				t.Errorf("world %d: key %q", gen, k)
+			}
+		}
 	}
 }
 
