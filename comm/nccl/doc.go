@@ -23,10 +23,10 @@
 // serves at MASTER_ADDR:MASTER_PORT (or one the caller already has,
 // Config.Store). Each communicator's 128-byte ncclUniqueId is made by the
 // communicator's rank 0 and published under a store key naming the
-// world's generation (worlds joined through one store count themselves),
-// the world ranks of the group and how many groups with that list came
-// before ("gotron/nccl/0/0,2,4,6,#0"); the other members read it and all
-// call ncclCommInitRank. The world communicator is made in Join. NewGroup (what
+// world's size and generation (worlds joined through one store count
+// themselves), the world ranks of the group and how many groups with that
+// list came before ("gotron/nccl/8-0/0,2,4,6,#0"); the other members read
+// it and all call ncclCommInitRank. The world communicator is made in Join. NewGroup (what
 // parallel.NewGroups calls for the TP, PP, DP... groups) neither
 // communicates nor blocks, as comm requires: a sub-group makes its
 // communicator on its first collective, which every member calls.

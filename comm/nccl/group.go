@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"runtime"
 	"slices"
 	"sync"
 	"unsafe"
@@ -25,7 +24,7 @@ type Group struct {
 	world bool // the group Join returned
 
 	mu        sync.Mutex // guards comm and destroyed
-	comm      *cuda.Comm
+	comm      communicator
 	destroyed bool
 }
 
@@ -95,7 +94,7 @@ func (g *Group) broke(op string, n int, dt tensor.DType, err error) error {
 
 // begin checks ctx and the world and returns the group's communicator,
 // made on first use.
-func (g *Group) begin(ctx context.Context, op string) (*cuda.Comm, error) {
+func (g *Group) begin(ctx context.Context, op string) (communicator, error) {
 	if err := g.w.failure(); err != nil {
 		return nil, &comm.RankError{Rank: g.w.rank, Op: op, Err: err}
 	}
@@ -108,7 +107,7 @@ func (g *Group) begin(ctx context.Context, op string) (*cuda.Comm, error) {
 // communicator returns the group's NCCL communicator, making it (the id
 // through the store, then ncclCommInitRank with every member) the first
 // time.
-func (g *Group) communicator(ctx context.Context, op string) (*cuda.Comm, error) {
+func (g *Group) communicator(ctx context.Context, op string) (communicator, error) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	if g.comm != nil {
@@ -135,7 +134,7 @@ func (g *Group) communicator(ctx context.Context, op string) (*cuda.Comm, error)
 	if err != nil {
 		return nil, fail(err)
 	}
-	c, err := g.w.dev.NewComm(id, len(g.ranks), g.rank)
+	c, err := g.w.dev.newComm(id, g.ranks, g.rank)
 	if err != nil {
 		return nil, fail(err)
 	}
@@ -222,21 +221,6 @@ func (g *Group) download(b comm.Buffer, p cuda.Ptr) error {
 		return g.w.dev.Synchronize()
 	}
 	return g.w.dev.CopyDtoH(unsafe.Pointer(&b.Data[0]), p, int64(len(b.Data)))
-}
-
-// grouped runs f between ncclGroupStart and ncclGroupEnd on one OS thread
-// (NCCL's group state is per thread).
-func grouped(f func() error) error {
-	runtime.LockOSThread()
-	defer runtime.UnlockOSThread()
-	if err := cuda.NCCLGroupStart(); err != nil {
-		return err
-	}
-	err := f()
-	if endErr := cuda.NCCLGroupEnd(); err == nil {
-		err = endErr
-	}
-	return err
 }
 
 // AllReduce reduces buf over the group (host memory, staged through the
@@ -503,7 +487,7 @@ func (g *Group) AllToAll(ctx context.Context, out, in comm.Buffer, sendCounts, r
 	}
 	defer g.w.dev.Free(q)
 	soff, roff := comm.Offsets(sc), comm.Offsets(rc)
-	err = grouped(func() error {
+	err = grouped(g.w.dev, func() error {
 		for j := range n {
 			if sc[j] > 0 {
 				if err := c.Send(p+cuda.Ptr(soff[j]*es), int64(sc[j]), t, j); err != nil {
@@ -616,7 +600,7 @@ func (g *Group) BatchSendRecv(ctx context.Context, ops []comm.P2POp) error {
 			return g.opError(name, total, dt, err)
 		}
 	}
-	err = grouped(func() error {
+	err = grouped(g.w.dev, func() error {
 		for i, o := range ops {
 			switch {
 			case o.Buf.Len() == 0:

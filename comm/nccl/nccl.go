@@ -99,13 +99,17 @@ func (c *Config) fill() {
 type kv interface {
 	Set(ctx context.Context, key string, value []byte) error
 	Get(ctx context.Context, key string) ([]byte, error)
+	Check(ctx context.Context, key string) (bool, error)
 }
 
 // idFunc makes a new communicator id (cuda.NewNCCLUniqueID; tests fake it).
 type idFunc func() (cuda.NCCLUniqueID, error)
 
 // exchangeID returns the id of the communicator published under key: the
-// root makes it with newID and sets it; the others wait for it.
+// root makes it with newID and sets it; the others wait for it. They poll
+// (Check) rather than block in Get, which would hold the rank's one store
+// connection: goroutines making different groups' communicators at once
+// would then wait on each other across ranks.
 func exchangeID(ctx context.Context, st kv, key string, root bool, newID idFunc) (cuda.NCCLUniqueID, error) {
 	var id cuda.NCCLUniqueID
 	if root {
@@ -117,6 +121,22 @@ func exchangeID(ctx context.Context, st kv, key string, root bool, newID idFunc)
 			return id, fmt.Errorf("publish the communicator id under %q: %w", key, err)
 		}
 		return id, nil
+	}
+	for wait := time.Millisecond; ; wait = min(2*wait, 50*time.Millisecond) {
+		ok, err := st.Check(ctx, key)
+		if err != nil {
+			return id, fmt.Errorf("wait for the communicator id under %q: %w", key, err)
+		}
+		if ok {
+			break
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return id, fmt.Errorf("wait for the communicator id under %q: %w", key, ctx.Err())
+		case <-t.C:
+		}
 	}
 	v, err := st.Get(ctx, key)
 	if err != nil {
@@ -130,12 +150,10 @@ func exchangeID(ctx context.Context, st kv, key string, root bool, newID idFunc)
 }
 
 // groupKey is the store key of the k-th group made from the world ranks
-// listed, in the gen-th world joined through the store.
-func groupKey(gen int, ranks []int, k int) string {
+// listed, in the gen-th world of size ranks joined through the store.
+func groupKey(size, gen int, ranks []int, k int) string {
 	var sb strings.Builder
-	sb.WriteString("gotron/nccl/")
-	sb.WriteString(strconv.Itoa(gen))
-	sb.WriteString("/")
+	fmt.Fprintf(&sb, "gotron/nccl/%d-%d/", size, gen)
 	for _, r := range ranks {
 		sb.WriteString(strconv.Itoa(r))
 		sb.WriteByte(',')
@@ -147,15 +165,18 @@ func groupKey(gen int, ranks []int, k int) string {
 
 // world is the per-process state every group of a job shares.
 type world struct {
-	cfg   Config
-	rank  int
-	size  int
-	dev   *cuda.Device
-	st    kv
-	stc   *store.Client // dialled by Join (closed by shutdown)
-	gen   int           // worlds joined through the store before this one
-	srv   *store.Server // rank 0 only
-	newID idFunc
+	cfg  Config
+	rank int
+	size int
+	dev  device
+	// cudaDev is the GPU whose tensors the group works on in place (nil
+	// for a fake device).
+	cudaDev *cuda.Device
+	st      kv
+	stc     *store.Client // dialled by Join (closed by shutdown)
+	gen     int           // worlds joined through the store before this one
+	srv     *store.Server // rank 0 only
+	newID   idFunc
 	// version is NCCL's version code (22803 for 2.28.3).
 	version int
 
@@ -193,10 +214,19 @@ func Join(ctx context.Context, cfg Config) (*Group, error) {
 	if err != nil {
 		return nil, fail(err)
 	}
-	w := &world{cfg: cfg, rank: cfg.Rank, size: cfg.WorldSize, dev: dev, newID: cuda.NewNCCLUniqueID, version: version, counts: map[string]int{}}
+	w := &world{cfg: cfg, rank: cfg.Rank, size: cfg.WorldSize, dev: cudaDevice{dev}, cudaDev: dev, newID: cuda.NewNCCLUniqueID, version: version, counts: map[string]int{}}
+	g, err := w.join(ctx)
+	if err != nil {
+		return nil, fail(err)
+	}
+	return g, nil
+}
+
+// join connects to the store and makes the world communicator.
+func (w *world) join(ctx context.Context) (*Group, error) {
 	if err := w.dial(ctx); err != nil {
 		w.shutdown()
-		return nil, fail(err)
+		return nil, err
 	}
 	members := make([]int, w.size)
 	for i := range members {
@@ -204,11 +234,11 @@ func Join(ctx context.Context, cfg Config) (*Group, error) {
 	}
 	g := w.newGroup(members, w.rank)
 	g.world = true
-	jctx, cancel := context.WithTimeout(ctx, cfg.Timeout)
+	jctx, cancel := context.WithTimeout(ctx, w.cfg.Timeout)
 	defer cancel()
 	if _, err := g.communicator(jctx, "join"); err != nil {
 		w.shutdown()
-		return nil, fail(err)
+		return nil, err
 	}
 	return g, nil
 }
@@ -241,12 +271,13 @@ func (w *world) dial(ctx context.Context) error {
 	return w.generation(ctx, st)
 }
 
-// generation numbers this world among those joined through one store (a
-// store a job keeps across several worlds, Config.Store), so that their
-// communicator ids do not share keys: every rank adds one to a counter,
-// and the k-th world's ranks see values k·size+1 to (k+1)·size.
+// generation numbers this world among those of its size joined through
+// one store (a store a job keeps across several worlds, Config.Store), so
+// that their communicator ids do not share keys: every rank adds one to
+// the size's counter, and the k-th world's ranks see values k·size+1 to
+// (k+1)·size.
 func (w *world) generation(ctx context.Context, st *store.Client) error {
-	v, err := st.Add(ctx, "gotron/nccl/joins", 1)
+	v, err := st.Add(ctx, "gotron/nccl/joins/"+strconv.Itoa(w.size), 1)
 	if err != nil {
 		return err
 	}
@@ -259,8 +290,8 @@ func (w *world) generation(ctx context.Context, st *store.Client) error {
 func (w *world) newGroup(ranks []int, rank int) *Group {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	list := groupKey(0, ranks, 0)
-	name := groupKey(w.gen, ranks, w.counts[list])
+	list := groupKey(0, 0, ranks, 0)
+	name := groupKey(w.size, w.gen, ranks, w.counts[list])
 	w.counts[list]++
 	g := &Group{w: w, ranks: append([]int(nil), ranks...), rank: rank, key: name}
 	w.groups = append(w.groups, g)

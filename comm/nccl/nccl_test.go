@@ -44,7 +44,7 @@ func TestExchangeID(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			ids[r], errs[r] = exchangeID(ctx, st, groupKey(0, []int{0, 2, 4, 6}, 0), r == 0, fake)
+			ids[r], errs[r] = exchangeID(ctx, st, groupKey(4, 0, []int{0, 2, 4, 6}, 0), r == 0, fake)
 		}()
 		time.Sleep(10 * time.Millisecond)
 	}
@@ -99,7 +99,7 @@ func fakeWorld(rank, size int) *Group {
 
 func TestNewGroupKeys(t *testing.T) {
 	g := fakeWorld(2, 8)
-	if g.key != "gotron/nccl/0/0,1,2,3,4,5,6,7,#0" {
+	if g.key != "gotron/nccl/8-0/0,1,2,3,4,5,6,7,#0" {
 		t.Errorf("world key %q", g.key)
 	}
 	a, err := g.NewGroup([]int{6, 2, 4})
@@ -118,7 +118,7 @@ func TestNewGroupKeys(t *testing.T) {
 		g          comm.ProcessGroup
 		key        string
 		rank, size int
-	}{{a, "gotron/nccl/0/6,2,4,#0", 1, 3}, {b, "gotron/nccl/0/6,2,4,#1", 1, 3}, {c, "gotron/nccl/0/2,4,6,#0", 0, 3}} {
+	}{{a, "gotron/nccl/8-0/6,2,4,#0", 1, 3}, {b, "gotron/nccl/8-0/6,2,4,#1", 1, 3}, {c, "gotron/nccl/8-0/2,4,6,#0", 0, 3}} {
 		gg := k.g.(*Group)
 		if gg.key != k.key || gg.Rank() != k.rank || gg.Size() != k.size {
 			t.Errorf("group %v: key %q rank %d size %d, want %q %d %d", gg.Ranks(), gg.key, gg.Rank(), gg.Size(), k.key, k.rank, k.size)
@@ -163,7 +163,7 @@ func TestGenerations(t *testing.T) {
 			if w.gen != gen {
 				t.Errorf("world %d rank %d: generation %d", gen, r, w.gen)
 			}
-			if k := w.newGroup([]int{2, 0}, 1).key; k != fmt.Sprintf("gotron/nccl/%d/2,0,#0", gen) {
+			if k := w.newGroup([]int{2, 0}, 1).key; k != fmt.Sprintf("gotron/nccl/3-%d/2,0,#0", gen) {
 				t.Errorf("world %d: key %q", gen, k)
 			}
 		}

@@ -13,7 +13,7 @@ import (
 // DeviceTensor reports whether t is a contiguous tensor on this process's
 // GPU of a dtype NCCL carries here (float32, bfloat16, int32, int64).
 func (g *Group) DeviceTensor(t *tensor.Tensor) bool {
-	if t == nil || t.Device() != tensor.CUDA || !t.IsContiguous() || tensor.CUDADevice() != g.w.dev {
+	if t == nil || t.Device() != tensor.CUDA || !t.IsContiguous() || g.w.cudaDev == nil || tensor.CUDADevice() != g.w.cudaDev {
 		return false
 	}
 	_, err := ncclType(t.DType())
@@ -169,7 +169,7 @@ func (g *Group) p2pTensor(ctx context.Context, name string, t *tensor.Tensor, pe
 	if err != nil || t.Numel() == 0 {
 		return err
 	}
-	err = grouped(func() error {
+	err = grouped(g.w.dev, func() error {
 		if name == comm.OpSend {
 			return c.Send(p[0], int64(t.Numel()), nt, peer)
 		}
