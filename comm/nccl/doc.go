@@ -34,13 +34,17 @@
 // # Semantics
 //
 // Dtypes float32, bfloat16, int32 and int64; ops sum, max and min map to
-// NCCL's. Avg on host Buffers is a NCCL sum then comm.DivideBy on the host,
-// so results match every other backend bit for bit; Avg on device tensors
-// is ncclAvg (NCCL ≥ 2.10, as torch uses it), which for floating types
-// multiplies by 1/n before summing and may differ from sum/n in the last
-// bit. Uneven counts pad every block to the largest count. Reduce is an
-// all-reduce of which only root keeps the result; all-to-all is grouped
-// sends and receives.
+// NCCL's. Avg on host Buffers is a NCCL sum, then comm.DivideBy on the
+// host, as the other backends divide. Avg on device tensors is ncclAvg
+// (NCCL ≥ 2.10, as torch uses it), which for floating types multiplies by
+// 1/n before summing and may differ from sum/n in the last bit (integer avg
+// rounds as NCCL does). Sums are NCCL's: float32 and bfloat16 are rounded
+// at each step of its algorithm (bfloat16 is not accumulated in float32
+// and rounded once, as comm's host backends do), so results can differ
+// from tcp's in the last bits (not on the conformance suite's small
+// integers, which every order sums exactly). Uneven counts pad every block
+// to the largest count. Reduce is an all-reduce of which only root keeps
+// the result; all-to-all is grouped sends and receives.
 //
 // Host-Buffer methods return when their result is in host memory; device
 // tensor methods queue the collective on the device's one stream and

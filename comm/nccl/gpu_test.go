@@ -8,6 +8,7 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -298,7 +299,7 @@ func TestGPUNCCLWorld(t *testing.T) {
 	}
 	for r, cmd := range cmds {
 		err := cmd.Wait()
-		if err != nil || !strings.Contains(outs[r].String(), "OK") {
+		if err != nil || !slices.Contains(strings.Split(outs[r].String(), "\n"), "OK") {
 			t.Errorf("rank %d of %d: %v\n%s", r, n, err, outs[r])
 		}
 	}
