@@ -13,6 +13,7 @@ import (
 	"github.com/gotron/gotron/comm"
 	"github.com/gotron/gotron/comm/store"
 	"github.com/gotron/gotron/internal/cuda"
+	"github.com/gotron/gotron/launch"
 	"github.com/gotron/gotron/tensor"
 )
 
@@ -65,6 +66,12 @@ func ConfigFromEnv(getenv func(string) string) (Config, error) {
 		*v.dst = n
 	}
 	return cfg, cfg.validate()
+}
+
+// ConfigFromLaunch is the Config of the rank launch.DetectEnv found (any
+// launcher: torchrun, gotron launch, Slurm, Open MPI, MPICH, Kubeflow).
+func ConfigFromLaunch(e launch.Env) Config {
+	return Config{Rank: e.Rank, WorldSize: e.WorldSize, LocalRank: e.LocalRank, MasterAddr: e.MasterAddr, MasterPort: e.MasterPort}
 }
 
 func (c *Config) validate() error {

@@ -12,6 +12,7 @@ import (
 	"github.com/gotron/gotron/comm"
 	"github.com/gotron/gotron/comm/store"
 	"github.com/gotron/gotron/internal/cuda"
+	"github.com/gotron/gotron/launch"
 	"github.com/gotron/gotron/tensor"
 )
 
@@ -217,6 +218,26 @@ func TestConfigFromEnv(t *testing.T) {
 		if _, err := ConfigFromEnv(func(k string) string { return bad[k] }); err == nil {
 			t.Errorf("%v accepted", bad)
 		}
+	}
+}
+
+func TestConfigFromLaunch(t *testing.T) {
+	e, err := launch.DetectEnv(func(k string) string {
+		return map[string]string{"SLURM_PROCID": "5", "SLURM_NTASKS": "8", "SLURM_LOCALID": "1", "SLURM_NNODES": "4", "SLURM_NODEID": "2",
+			"SLURM_NTASKS_PER_NODE": "2", "SLURM_TASKS_PER_NODE": "2(x4)", "MASTER_ADDR": "n0", "MASTER_PORT": "29700"}[k]
+	})
+	if err != nil {
+		t.Skip("this Slurm environment is not what launch reads: ", err)
+	}
+	cfg := ConfigFromLaunch(e)
+	if cfg.Rank != 5 || cfg.WorldSize != 8 || cfg.LocalRank != 1 {
+		t.Errorf("rank %d of %d, local rank %d; want 5 of 8, local 1 (launch found %+v)", cfg.Rank, cfg.WorldSize, cfg.LocalRank, e)
+	}
+	if cfg.Rank != e.Rank || cfg.WorldSize != e.WorldSize || cfg.LocalRank != e.LocalRank || cfg.MasterAddr != e.MasterAddr || cfg.MasterPort != e.MasterPort {
+		t.Errorf("config %+v from %+v", cfg, e)
+	}
+	if err := cfg.validate(); err != nil {
+		t.Error(err)
 	}
 }
 
