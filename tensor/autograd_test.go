@@ -423,3 +423,64 @@ func TestSizeClassArena(t *testing.T) {
 		t.Fatalf("steps of 30–32 rows allocated %d bytes after warm-up: buffers are not reused across lengths of a class", got)
 	}
 }
+
+// TestReleaseInBackward: a tape that releases its forward buffers during
+// backward (SetReleaseInBackward) computes the same gradients bit for bit,
+// with and without checkpointed blocks, and needs fewer buffers in all: the
+// backward's gradients reuse what the forward's later steps held.
+func TestReleaseInBackward(t *testing.T) {
+	init := NewRNG(7)
+	x := randParam(init, "x", 1, 4, 6)
+	w1 := randParam(init, "w1", 0.5, 8, 6)
+	w2 := randParam(init, "w2", 0.5, 6, 8)
+	run := func(recompute, release bool) (grads [][]float32, made int) {
+		for _, p := range []*Tensor{x, w1, w2} {
+			p.Grad = nil
+		}
+		rng := NewRNG(11)
+		tp := NewTape()
+		tp.SetReleaseInBackward(release)
+		f := func(tp *Tape, in []*Tensor) []*Tensor { return block(tp, in, w1, w2, rng) }
+		for range 2 { // the second iteration reuses the first's buffers
+			tp.Reset()
+			h := []*Tensor{x}
+			for range 4 {
+				if recompute {
+					h = tp.Checkpoint(f, h, rng)
+				} else {
+					h = f(tp, h)
+				}
+			}
+			if err := tp.Backward(tp.Sum(h[0])); err != nil {
+				t.Fatal(err)
+			}
+		}
+		for _, p := range []*Tensor{x, w1, w2} {
+			grads = append(grads, append([]float32(nil), p.Grad.Float32s()...))
+		}
+		tp.Reset()
+		for _, l := range tp.arena.free {
+			for _, b := range l {
+				made += cap(b)
+			}
+		}
+		return grads, made
+	}
+	for _, recompute := range []bool{false, true} {
+		want, keep := run(recompute, false)
+		got, rel := run(recompute, true)
+		for i := range want {
+			for j := range want[i] {
+				if math.Float32bits(got[i][j]) != math.Float32bits(want[i][j]) {
+					t.Fatalf("recompute=%v: gradient %d[%d] = %v with release, %v without", recompute, i, j, got[i][j], want[i][j])
+				}
+			}
+		}
+		// Checkpointed blocks' recomputations release either way; the
+		// plain blocks' forward buffers go back only with release.
+		if rel > keep || !recompute && rel >= keep {
+			t.Errorf("recompute=%v: %d floats of buffers with release, %d without: want fewer", recompute, rel, keep)
+		}
+		t.Logf("recompute=%v: %d floats of buffers with release, %d without", recompute, rel, keep)
+	}
+}

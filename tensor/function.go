@@ -146,7 +146,11 @@ func (tp *Tape) Checkpoint(fn func(tp *Tape, in []*Tensor) []*Tensor, in []*Tens
 			after[i] = r.State()
 			r.SetState(saved[i])
 		}
-		sub := &Tape{arena: tp.arena, grads: map[*Tensor]gradRef{}, matmul: tp.matmul, ready: tp.ready, nested: true, run: tp.run, child: true}
+		// The recomputed activations go back to the arena as the
+		// backward passes them (only the inputs' gradients are read
+		// after): one layer's recomputation holds about one layer's
+		// activations, not its forward's and its backward's at once.
+		sub := &Tape{arena: tp.arena, grads: map[*Tensor]gradRef{}, matmul: tp.matmul, ready: tp.ready, nested: true, run: tp.run, child: true, release: true}
 		det := make([]*Tensor, len(in))
 		for i, x := range in {
 			d := x.view(x.shape, x.strides, x.offset)

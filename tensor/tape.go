@@ -36,6 +36,9 @@ type Tape struct {
 	nested   bool          // a recomputation tape whose backward runs inside a step of its parent's
 	run      *tapeRun      // context and first failure; shared with child tapes
 	child    bool          // shares its parent's run: Reset leaves the failure to the parent
+	// release: Backward returns each forward buffer to the arena as soon
+	// as the steps that can read it have run (SetReleaseInBackward).
+	release bool
 }
 
 // tapeRun is what a tape and its child tapes (Apply's, Checkpoint's) share
@@ -101,6 +104,11 @@ func (tp *Tape) Err() error {
 
 type step struct {
 	name string
+	// live is len(tp.live) when the step was recorded: the buffers at or
+	// after the previous step's live were handed out for this step's
+	// forward computation (or later), so only this step and the later
+	// ones can read them.
+	live int
 	outs []*Tensor
 	// backward reads the outputs' gradients with tp.grad and adds into the
 	// inputs' gradients with tp.addGrad / tp.gradFor.
@@ -170,6 +178,30 @@ type gradRef struct {
 // Its context is context.Background() until SetContext.
 func NewTape() *Tape { return &Tape{arena: NewArena(), grads: map[*Tensor]gradRef{}, run: newRun()} }
 
+// SetReleaseInBackward makes Backward and BackwardFrom return the buffers
+// of the forward pass to the arena while they run, each as soon as no step
+// left to run can read it, instead of at Reset: a buffer handed out after
+// step i was recorded can only be read by the steps recorded after it, so
+// it goes back once the backward pass has run those. The peak of a tape's
+// memory is then the forward's activations or the backward's working set,
+// no longer both (the last layers' gradients and recomputations beside
+// the whole forward's buffers). Tensors the forward pass produced, the
+// loss included, must then not be read after Backward: the caller reads
+// them before (buffers handed out after the last recorded step, such as a
+// scaled loss made for the seed, stay until Reset). Checkpoint's
+// recomputation tapes always release so.
+func (tp *Tape) SetReleaseInBackward(on bool) { tp.release = on }
+
+// releaseLive returns live[lo:hi] to the arena (backward, SetReleaseInBackward).
+func (tp *Tape) releaseLive(lo, hi int) {
+	for j := lo; j < hi; j++ {
+		if b := tp.live[j]; b.host != nil || b.dev != nil {
+			b.release(tp.arena)
+			tp.live[j] = liveBuf{}
+		}
+	}
+}
+
 // SetMatmulPrecision sets the arithmetic of the matrix products (MatMul,
 // Linear, forward and backward) recorded from now on; the zero value is
 // MatmulFP32. Tapes made for recomputation inherit it.
@@ -195,7 +227,9 @@ func (tp *Tape) Reset() {
 		tp.run.mu.Unlock()
 	}
 	for _, b := range tp.live {
-		b.release(tp.arena)
+		if b.host != nil || b.dev != nil { // nil: released in backward
+			b.release(tp.arena)
+		}
 	}
 	clear(tp.live)
 	tp.live = tp.live[:0]
@@ -249,7 +283,7 @@ func (tp *Tape) record(name string, backward func(tp *Tape), outs ...*Tensor) {
 		o.requiresGrad = true
 		o.leaf = false
 	}
-	tp.steps = append(tp.steps, step{name: name, outs: outs, backward: backward})
+	tp.steps = append(tp.steps, step{name: name, live: len(tp.live), outs: outs, backward: backward})
 }
 
 // empty returns an uninitialised float32 tensor on dev from the tape's
@@ -447,6 +481,12 @@ func (tp *Tape) BackwardFrom(outs, grads []*Tensor) error {
 		rt.begin(tp.steps)
 	}
 	failed := false // a step recorded a failure: the rest are skipped
+	// With release, live[free:] below the last step's mark has been
+	// returned; buffers after the last recorded step stay until Reset.
+	free := 0
+	if n := len(tp.steps); tp.release && n > 0 {
+		free = tp.steps[n-1].live
+	}
 	for i := len(tp.steps) - 1; i >= 0; i-- {
 		s := &tp.steps[i]
 		if rt != nil {
@@ -469,6 +509,16 @@ func (tp *Tape) BackwardFrom(outs, grads []*Tensor) error {
 			tp.forget(o)
 		}
 		s.backward = nil
+		if tp.release {
+			// Every step from i on has run: what was handed out after
+			// step i-1 was recorded is no longer read.
+			lo := 0
+			if i > 0 {
+				lo = tp.steps[i-1].live
+			}
+			tp.releaseLive(lo, free)
+			free = min(free, lo)
+		}
 		if rt != nil {
 			rt.after(i)
 		}
@@ -519,6 +569,7 @@ func sizeClass(n int) int {
 }
 
 func (a *Arena) get(n int) []float32 {
+
 	key, c := n, n
 	if a.classes {
 		c = sizeClass(n)

@@ -266,10 +266,15 @@ func (e *Executor) tape(chunk int) *tensor.Tape {
 		return tp
 	}
 	e.tapes++
+	tp := tensor.NewTape()
 	if e.cfg.NewTape != nil {
-		return e.cfg.NewTape(chunk)
+		tp = e.cfg.NewTape(chunk)
 	}
-	return tensor.NewTape()
+	// Nothing of a micro-batch's forward pass is read after its backward
+	// (the loss is read in forward; the output was sent): its buffers go
+	// back to the arena as the backward pass leaves them behind.
+	tp.SetReleaseInBackward(true)
+	return tp
 }
 
 // forward runs a Forward action on a tape carrying ctx; on the model's last
