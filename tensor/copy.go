@@ -18,10 +18,17 @@ func Copy(dst, src *Tensor) {
 		panic("tensor: Copy into a strided view")
 	}
 	countTransfer(src.dev, dst.dev, src)
-	if src.dev != dst.dev {
+	switch {
+	case src.dev == dst.dev:
+	case dst.dev == CUDA:
+		copyToCUDA(dst, src)
+		return
+	case src.dev == CUDA:
+		copyFromCUDA(dst, src)
+		return
+	default:
 		// A transfer between the host and the simulated device: both are
-		// host memory, so the CPU's copy moves it (a CUDA backend's
-		// host-device copy goes here, as in ToDevice).
+		// host memory, so the CPU's copy moves it.
 		cpuBackend{}.CopyStrided(dst, src)
 		return
 	}

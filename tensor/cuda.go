@@ -377,6 +377,40 @@ func toCUDA(t *Tensor) *Tensor {
 	return out
 }
 
+// copyToCUDA copies host-readable src (any view) into contiguous GPU
+// tensor dst of the same dtype and element count.
+func copyToCUDA(dst, src *Tensor) {
+	if !src.IsContiguous() {
+		src = src.Contiguous()
+	}
+	p, n := hostData(src)
+	if n > 0 {
+		dst.dbuf.rt.timed("copy host to device", func() {
+			if err := dst.dbuf.rt.dev.CopyHtoD(devPtr(dst), p, n); err != nil {
+				panic(fmt.Sprintf("tensor: copying %s to CUDA: %v", src, err))
+			}
+		})
+	}
+	runtime.KeepAlive(src)
+}
+
+// copyFromCUDA copies GPU tensor src (any view) into contiguous
+// host-readable dst of the same dtype and element count.
+func copyFromCUDA(dst, src *Tensor) {
+	if !src.IsContiguous() {
+		src = src.Contiguous() // on the GPU
+	}
+	p, n := hostData(dst)
+	if n > 0 {
+		src.dbuf.rt.timed("copy device to host", func() {
+			if err := src.dbuf.rt.dev.CopyDtoH(p, devPtr(src), n); err != nil {
+				panic(fmt.Sprintf("tensor: copying %s from CUDA: %v", src, err))
+			}
+		})
+	}
+	runtime.KeepAlive(dst)
+}
+
 // fromCUDA returns a dense host copy of GPU tensor t on dev (CPU or sim).
 func fromCUDA(t *Tensor, dev Device) *Tensor {
 	src := t

@@ -81,3 +81,35 @@ func TestCUDAMethods(t *testing.T) {
 		})
 	}
 }
+
+// TestCUDACopy: tensor.Copy between the host and the GPU, both ways, from
+// contiguous tensors and from strided views (a checkpoint loaded into
+// device parameters, sampled ids read back).
+func TestCUDACopy(t *testing.T) {
+	cudaBackend(t)
+	x := make([]float32, 24)
+	for i := range x {
+		x[i] = float32(i) - 7.5
+	}
+	host := tensor.FromFloat32(x, 4, 6)
+	dev := tensor.NewOn(tensor.CUDA, tensor.Float32, 24)
+	tensor.Copy(dev, host)
+	back := tensor.Zeros(4, 6)
+	tensor.Copy(back, dev)
+	if err := sameBits("host → cuda → host", back.Float32s(), x); err != nil {
+		t.Fatal(err)
+	}
+	// A transposed view on each side (a nil tape: a view, no recording).
+	tr := func(x *tensor.Tensor) *tensor.Tensor { return (*tensor.Tape)(nil).Transpose(x, 0, 1) }
+	tensor.Copy(dev, tr(host))
+	want := tensor.ToHost(tr(host).Contiguous()).Float32s()
+	if err := sameBits("host view → cuda", tensor.ToHost(dev).Float32s(), want); err != nil {
+		t.Fatal(err)
+	}
+	d46 := host.ToDevice(tensor.CUDA)
+	got := tensor.Zeros(6, 4)
+	tensor.Copy(got, tr(d46))
+	if err := sameBits("cuda view → host", got.Float32s(), want); err != nil {
+		t.Fatal(err)
+	}
+}

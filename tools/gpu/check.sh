@@ -36,7 +36,7 @@ for s in $steps; do
 		# and the fix, exit status 1, no panic trace.
 		run oom 120 "$bin/gotron" train --device cuda --mock-data --num-layers 12 --hidden-size 2048 \
 			--num-attention-heads 16 --seq-length 2048 --max-position-embeddings 2048 --micro-batch-size 64 \
-			--global-batch-size 64 --train-iters 1 --vocab-size 50304
+			--global-batch-size 64 --train-iters 1 --vocab-size 50304 --lr 1e-4
 		grep -h "out of device memory" "$out/oom.log" | head -2 >> "$out/summary.txt"
 		grep -c "goroutine " "$out/oom.log" | sed 's/^/goroutine lines in the oom log (want 0): /' >> "$out/summary.txt"
 		;;
@@ -66,7 +66,7 @@ for s in $steps; do
 			[ "$prec" = bf16 ] && p=--bf16
 			run "profile-124m-$prec" 240 env GOTRON_CUDA_PROFILE=1 "$bin/gotron" train --device cuda --mock-data --num-layers 12 \
 				--hidden-size 768 --num-attention-heads 12 --seq-length 1024 --max-position-embeddings 1024 \
-				--micro-batch-size 8 --global-batch-size 8 --train-iters 3 --log-interval 1 --vocab-size 50304 --lr 1e-4 $p
+				--micro-batch-size 8 --global-batch-size 8 --train-iters 3 --log-interval 1 --vocab-size 50304 --lr 1e-4 --eval-iters 0 $p
 		done
 		;;
 	esac
