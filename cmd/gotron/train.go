@@ -35,6 +35,7 @@ type trainFlags struct {
 
 	tpSize, ppSize, cpSize int
 	timeoutMins            float64
+	distBackend            string
 	useCkptArgs            bool
 	recomputeGranularity   train.RecomputeGranularity
 	ckptFormat             string
@@ -129,6 +130,7 @@ func newTrainFlags() (*flag.FlagSet, *trainFlags) {
 	fs.BoolVar(&c.DDP.AverageInCollective, "ddp-average-in-collective", false, "average gradients in the collective instead of pre-scaling by 1/DP")
 	fs.Bool("accumulate-allreduce-grads-in-fp32", false, "accepted: gradients are accumulated and reduced in float32 already")
 	fs.Float64Var(&f.timeoutMins, "distributed-timeout-minutes", 0, "how long a rank waits for another inside a collective (default 1 minute)")
+	fs.StringVar(&f.distBackend, "distributed-backend", "", "collectives between processes: nccl (GPUs, --device cuda: comm/nccl) or gloo/tcp (gotron's TCP process group); default nccl with --device cuda, else tcp")
 
 	fs.IntVar(&c.SeqLength, "seq-length", 0, "tokens per sample")
 	fs.IntVar(&c.MicroBatchSize, "micro-batch-size", 0, "samples per forward/backward")
@@ -318,7 +320,16 @@ func cmdTrain(ctx context.Context, env *cli, args []string) error {
 	if f.timeoutMins > 0 {
 		timeout = time.Duration(f.timeoutMins * float64(time.Minute))
 	}
-	world, closeWorld, err := joinWorld(ctx, env, timeout)
+	backend, err := f.distributedBackend()
+	if err != nil {
+		return err
+	}
+	if backend == "nccl" { // the GPU first, so that NCCL joins on the one --device names
+		if _, err := parseDevice(f.device, f.memFraction); err != nil {
+			return err
+		}
+	}
+	world, closeWorld, err := joinWorld(ctx, env, timeout, backend)
 	if err != nil {
 		return err
 	}
@@ -418,6 +429,26 @@ func cmdTrain(ctx context.Context, env *cli, args []string) error {
 		return printSample(env, tr.Model, src.tok, f.promptAfter, f.generateTokens, cfg.Seed)
 	}
 	return nil
+}
+
+// distributedBackend resolves --distributed-backend: "nccl" or "tcp".
+func (f *trainFlags) distributedBackend() (string, error) {
+	onGPU := strings.HasPrefix(f.device, "cuda")
+	switch f.distBackend {
+	case "":
+		if onGPU {
+			return "nccl", nil
+		}
+		return "tcp", nil
+	case "nccl":
+		if !onGPU {
+			return "", fmt.Errorf("--distributed-backend nccl: NCCL moves GPU memory; it needs --device cuda (on the CPU use gloo or tcp, the default)")
+		}
+		return "nccl", nil
+	case "gloo", "tcp":
+		return "tcp", nil
+	}
+	return "", fmt.Errorf("--distributed-backend %q: want nccl, gloo or tcp", f.distBackend)
 }
 
 // build turns the flags into a training config and data sources.

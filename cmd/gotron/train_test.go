@@ -138,6 +138,8 @@ func TestTrainPrecisionFlags(t *testing.T) {
 		{[]string{"--hysteresis", "3"}, "--hysteresis: dynamic loss scaling runs only with --fp16"},
 		{[]string{"--loss-scale", "128"}, "--loss-scale: loss scaling runs only with --fp16 or --bf16"},
 		{[]string{"--fp16", "--min-loss-scale", "8", "--initial-loss-scale", "4"}, "--min-loss-scale 8"},
+		{[]string{"--distributed-backend", "nccl"}, "--distributed-backend nccl: NCCL moves GPU memory; it needs --device cuda"},
+		{[]string{"--distributed-backend", "mpi"}, `--distributed-backend "mpi": want nccl, gloo or tcp`},
 	} {
 		_, errs, code := runCLI(t, with(tinyTrain, append([]string{"--train-iters", "1"}, c.args...)...)...)
 		if code == 0 || !strings.Contains(errs, c.want) {

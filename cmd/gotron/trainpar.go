@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/gotron/gotron/comm"
+	"github.com/gotron/gotron/comm/nccl"
 	"github.com/gotron/gotron/comm/tcp"
 	"github.com/gotron/gotron/launch"
 )
@@ -19,7 +20,7 @@ const defaultCommTimeout = 60 * time.Second
 // for a single process: the inproc world "gotron launch --inproc" hands the
 // command, or a tcp world joined from the launcher's environment (gotron
 // launch, torchrun, Kubeflow, Slurm, Open MPI, MPICH). close releases it.
-func joinWorld(ctx context.Context, env *cli, timeout time.Duration) (world comm.ProcessGroup, close func(), err error) {
+func joinWorld(ctx context.Context, env *cli, timeout time.Duration, backend string) (world comm.ProcessGroup, close func(), err error) {
 	if env.world != nil {
 		return env.world, func() {}, nil
 	}
@@ -29,6 +30,15 @@ func joinWorld(ctx context.Context, env *cli, timeout time.Duration) (world comm
 	}
 	if e.WorldSize == 1 {
 		return nil, func() {}, nil
+	}
+	if backend == "nccl" {
+		ncfg := nccl.ConfigFromLaunch(e)
+		ncfg.Timeout = max(timeout, 5*time.Minute)
+		g, err := nccl.Join(ctx, ncfg)
+		if err != nil {
+			return nil, nil, fmt.Errorf("rank %d of %d (%s environment): %w", e.Rank, e.WorldSize, e.Source, err)
+		}
+		return g, func() { g.Close() }, nil
 	}
 	cfg, err := tcp.ConfigFromEnv(func(k string) string {
 		switch k { // the launcher's values, whatever variables carried them
