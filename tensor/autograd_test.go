@@ -484,3 +484,27 @@ func TestReleaseInBackward(t *testing.T) {
 		t.Logf("recompute=%v: %d floats of buffers with release, %d without", recompute, rel, keep)
 	}
 }
+
+// TestArenaBestFit: a length with no free buffer takes the shortest free
+// one up to twice as long, which goes back under its own length.
+func TestArenaBestFit(t *testing.T) {
+	a := NewArena()
+	b15, b18, b100 := a.get(15), a.get(18), a.get(100)
+	a.put(b15)
+	a.put(b18)
+	a.put(b100)
+	b := a.get(10)
+	if len(b) != 10 || cap(b) != 15 || &b[:1][0] != &b15[0] {
+		t.Fatalf("get(10) = len %d cap %d: want the free buffer of 15", len(b), cap(b))
+	}
+	a.put(b)
+	if l := a.free[15]; len(l) != 1 || len(l[0]) != 15 {
+		t.Fatalf("the buffer of 15 went back as %v", a.free)
+	}
+	if b := a.get(40); cap(b) != 40 {
+		t.Errorf("get(40) took a buffer of %d: want new memory (100 is over twice as long)", cap(b))
+	}
+	if b := a.get(18); &b[0] != &b18[0] {
+		t.Errorf("get(18) did not take its own length's buffer")
+	}
+}

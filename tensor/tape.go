@@ -541,6 +541,10 @@ func axpy(y, x []float32, a float32) { cpu.Axpy(y, x, a) }
 
 // Arena hands out float32 buffers by exact length and takes them back; a
 // training loop with fixed shapes reuses the same buffers every iteration.
+// A length with no free buffer takes the shortest free one up to twice as
+// long before new memory: buffers of one length (a last pipeline stage's
+// logits) then serve another (a recomputed layer's) while they are idle,
+// instead of the arena holding the most ever in use of each length.
 // An arena made by NewSizeClassArena rounds lengths up to size classes
 // instead, for shapes that change from call to call.
 type Arena struct {
@@ -595,13 +599,23 @@ func (a *Arena) get(n int) []float32 {
 		}
 		return make([]float32, n, sizeClass(n))
 	}
+	best := 0 // the shortest free buffer in (n, 2n]
+	for k, l := range a.free {
+		if len(l) > 0 && k > n && k <= 2*n && (best == 0 || k < best) {
+			best = k
+		}
+	}
+	if best > 0 {
+		l := a.free[best]
+		b := l[len(l)-1]
+		a.free[best] = l[:len(l)-1]
+		return b[:n]
+	}
 	return make([]float32, n, c)
 }
 
 func (a *Arena) put(b []float32) {
-	if a.classes {
-		b = b[:cap(b)]
-	}
+	b = b[:cap(b)]
 	a.free[len(b)] = append(a.free[len(b)], b)
 }
 
