@@ -8,7 +8,10 @@ import (
 )
 
 // The CUDA backend's fused attention: internal/cuda/kernels/attn.cu, a
-// flash-attention style float32 kernel on CUDA cores (no tensor cores yet).
+// flash-attention style float32 kernel on CUDA cores (no tensor cores yet),
+// for calls whose scores exceed attnMaterializedMaxBytes per batch row;
+// smaller calls take the materialized cuBLAS path of
+// cuda_backend_attnmat.go.
 // Semantics are internal/cpu's (masks, rows with no allowed key, lse before
 // dropout, the keyed dropout masks bit for bit); sums run in another order,
 // so values agree with the CPU within float32 rounding, not bit for bit.
@@ -50,6 +53,8 @@ func (be cudaBackend) cudaAttnArgs(op string, cfg AttentionConfig) cudaAttn {
 		a.suffix, a.fwdRows, a.bwdRows = "d64", 32, 16
 	case cfg.D <= attnMaxHeadDim:
 		a.suffix, a.fwdRows, a.bwdRows = "d128", 16, 12
+	case attnmatChunk(cfg) > 0:
+		// the materialized path (cuda_backend_attnmat.go) has no limit
 	default:
 		panic(fmt.Sprintf("tensor: %s on the cuda backend: head dimension %d is above the attention kernels' limit of %d", op, cfg.D, attnMaxHeadDim))
 	}
@@ -82,6 +87,10 @@ func (be cudaBackend) AttentionForward(out, lse, q, k, v *Tensor, cfg AttentionC
 	if cfg.B == 0 || cfg.T == 0 {
 		return
 	}
+	if bc := attnmatChunk(cfg); bc > 0 {
+		be.attnmatForward(out, lse, q, k, v, cfg, a, bc)
+		return
+	}
 	be.launch("attn_fwd_"+a.suffix+"_f32", [3]int{attnCeilDiv(cfg.T, a.fwdRows), cfg.HQ, cfg.B}, [3]int{attnThreads, 1, 1}, 0,
 		be.ptr(out), be.ptr(lse), be.ptr(q), be.ptr(k), be.ptr(v), a.docs,
 		int32(cfg.T), int32(cfg.HQ), int32(cfg.HKV), int32(cfg.D), a.scale, a.causal, a.dropout, a.thr, a.dscale, a.seed, a.firstHead)
@@ -90,6 +99,10 @@ func (be cudaBackend) AttentionForward(out, lse, q, k, v *Tensor, cfg AttentionC
 func (be cudaBackend) AttentionBackward(dq, dk, dv, dout, q, k, v, out, lse *Tensor, cfg AttentionConfig) {
 	a := be.cudaAttnArgs("AttentionBackward", cfg)
 	if cfg.B == 0 || cfg.T == 0 {
+		return
+	}
+	if bc := attnmatChunk(cfg); bc > 0 {
+		be.attnmatBackward(dq, dk, dv, dout, q, k, v, out, lse, cfg, a, bc)
 		return
 	}
 	// delta_i = dout_i·out_i, (B, HQ, T) like lse (every element written)
