@@ -16,16 +16,22 @@ import (
 // The GEMMs loop over query heads h (KV head h / (HQ/HKV)) and batch over
 // the chunk's batch rows; grouped-query heads accumulate into their KV
 // head's dk and dv with beta 1, one head after the other on the stream.
-// They compute in full float32 (cuda.Compute32F): AttentionConfig carries no
-// matmul precision. A bf16 variant would pass cuda.Compute32FFast16BF to
-// attnmatGemm (a field such as AttentionConfig.Precision MatmulPrecision,
-// set by the attention op from the tape's precision, would select it).
+// They compute in attnMaterializedCompute, full float32: AttentionConfig
+// carries no matmul precision. A bf16 variant is cuda.Compute32FFast16BF
+// there (a field such as AttentionConfig.Precision MatmulPrecision, set by
+// the attention op from the tape's precision, would select it per call).
 
 // attnMaterializedMaxBytes bounds the float32 score buffer of one chunk of
 // batch rows (the backward holds two of them); a call whose single batch row
 // needs more (HQ·T·T·4 bytes) runs the flash kernels. 0 disables the
 // materialized path.
 const attnMaterializedMaxBytes = 1 << 30
+
+// attnMaterializedCompute is the cuBLAS compute type of the materialized
+// path's products: cuda.Compute32F (float32, within the conformance tests'
+// tolerance of the CPU), cuda.Compute32FFastTF32 or
+// cuda.Compute32FFast16BF (tensor cores; the tests' 2e-4 would not hold).
+const attnMaterializedCompute = cuda.Compute32F
 
 // attnmatChunk returns how many batch rows one chunk of the materialized
 // path holds, 0 when it does not apply (use the flash kernels).
@@ -58,9 +64,9 @@ func (be cudaBackend) attnmatGemm(tA, tB bool, m, n, k int, alpha float32, a cud
 		B: a, BType: cuda.F32, LDB: lda, StrideB: sa,
 		C: c, CType: cuda.F32, LDC: ldc, StrideC: sc,
 		Batch:   batch,
-		Compute: cuda.Compute32F,
+		Compute: attnMaterializedCompute,
 	}
-	be.rt.timed("cublas attention gemm fp32", func() {
+	be.rt.timed("cublas attention gemm", func() {
 		if err := be.rt.dev.GemmStridedBatched(p); err != nil {
 			panic(fmt.Sprintf("tensor: CUDA attention Gemm %dx%dx%d (batch %d): %v", m, n, k, batch, err))
 		}
