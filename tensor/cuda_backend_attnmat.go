@@ -2,6 +2,7 @@ package tensor
 
 import (
 	"fmt"
+	"sync/atomic"
 
 	"github.com/gotron/gotron/internal/cuda"
 )
@@ -25,7 +26,16 @@ import (
 // batch rows (the backward holds two of them); a call whose single batch row
 // needs more (HQ·T·T·4 bytes) runs the flash kernels. 0 disables the
 // materialized path.
-const attnMaterializedMaxBytes = 1 << 30
+var attnMaterializedMaxBytes atomic.Int64
+
+func init() { attnMaterializedMaxBytes.Store(1 << 30) }
+
+// SetCUDAAttentionScoresLimit sets the bound on one chunk's float32 score
+// buffer under which the CUDA backend's attention materializes the scores
+// and multiplies with cuBLAS (0: always the flash kernels) and returns the
+// previous one. The default is 1 GiB; tests set 0 to check the flash
+// kernels too.
+func SetCUDAAttentionScoresLimit(bytes int64) int64 { return attnMaterializedMaxBytes.Swap(bytes) }
 
 // attnMaterializedCompute is the cuBLAS compute type of the materialized
 // path's products: cuda.Compute32F (float32, within the conformance tests'
@@ -37,10 +47,11 @@ const attnMaterializedCompute = cuda.Compute32F
 // path holds, 0 when it does not apply (use the flash kernels).
 func attnmatChunk(cfg AttentionConfig) int {
 	per := int64(cfg.HQ) * int64(cfg.T) * int64(cfg.T) * 4
-	if attnMaterializedMaxBytes <= 0 || per <= 0 || per > attnMaterializedMaxBytes {
+	limit := attnMaterializedMaxBytes.Load()
+	if limit <= 0 || per <= 0 || per > limit {
 		return 0
 	}
-	return int(min(int64(cfg.B), attnMaterializedMaxBytes/per))
+	return int(min(int64(cfg.B), limit/per))
 }
 
 // attnmatThreads is attnmat.cu's block size (one block per score row).

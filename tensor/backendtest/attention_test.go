@@ -34,15 +34,21 @@ func (b wrongAttn) AttentionBackward(dq, dk, dv, dout, q, k, v, out, lse *tensor
 // the CUDA backend's float32 tolerance.
 func TestCUDAAttention(t *testing.T) {
 	be := cudaBackend(t)
-	err := func() (err error) {
-		defer func() {
-			if r := recover(); r != nil {
-				err = fmt.Errorf("panic: %v", r)
-			}
+	// Both of the backend's attentions: scores materialized for cuBLAS
+	// (the default at these sizes) and the flash kernels (limit 0).
+	for _, limit := range []int64{1 << 30, 0} {
+		prev := tensor.SetCUDAAttentionScoresLimit(limit)
+		err := func() (err error) {
+			defer func() {
+				if r := recover(); r != nil {
+					err = fmt.Errorf("panic: %v", r)
+				}
+			}()
+			return CheckAttention(strict{be}, cudaTol)
 		}()
-		return CheckAttention(strict{be}, cudaTol)
-	}()
-	if err != nil {
-		t.Error(err)
+		tensor.SetCUDAAttentionScoresLimit(prev)
+		if err != nil {
+			t.Errorf("scores limit %d: %v", limit, err)
+		}
 	}
 }
