@@ -10,7 +10,7 @@ import (
 	"github.com/gotron/gotron/tensor"
 )
 
-// deviceUsage is --device's help line for generate, serve and score.
+// deviceUsage is --device's help line (train, generate, serve, score).
 const deviceUsage = "where the model computes: cpu; cuda or cuda:N — an NVIDIA GPU (experimental: the CUDA backend is being built, see docs/design/cuda.md); or sim — the simulated device, a development aid that proves the device seam (results identical to cpu; host copies counted and printed at the end)"
 
 // memFractionUsage is --device-memory-fraction's help line.
