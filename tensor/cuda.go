@@ -360,20 +360,8 @@ func devPtr(t *Tensor) cuda.Ptr {
 
 // toCUDA returns a contiguous GPU copy of t (on the CPU or sim).
 func toCUDA(t *Tensor) *Tensor {
-	src := t
-	if !src.IsContiguous() {
-		src = src.Contiguous()
-	}
 	out := newCUDA(t.dtype, t.shape, false)
-	p, n := hostData(src)
-	if n > 0 {
-		out.dbuf.rt.timed("copy host to device", func() {
-			if err := out.dbuf.rt.dev.CopyHtoD(out.dbuf.ptr, p, n); err != nil {
-				panic(fmt.Sprintf("tensor: copying %s to CUDA: %v", t, err))
-			}
-		})
-	}
-	runtime.KeepAlive(src)
+	copyToCUDA(out, t)
 	return out
 }
 
@@ -413,21 +401,9 @@ func copyFromCUDA(dst, src *Tensor) {
 
 // fromCUDA returns a dense host copy of GPU tensor t on dev (CPU or sim).
 func fromCUDA(t *Tensor, dev Device) *Tensor {
-	src := t
-	if !src.IsContiguous() {
-		src = src.Contiguous() // on the GPU
-	}
 	out := New(t.dtype, t.shape...)
 	out.dev = dev
-	p, n := hostData(out)
-	if n > 0 {
-		src.dbuf.rt.timed("copy device to host", func() {
-			if err := src.dbuf.rt.dev.CopyDtoH(p, devPtr(src), n); err != nil {
-				panic(fmt.Sprintf("tensor: copying %s from CUDA: %v", t, err))
-			}
-		})
-	}
-	runtime.KeepAlive(src)
+	copyFromCUDA(out, t)
 	return out
 }
 
