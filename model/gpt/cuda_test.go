@@ -36,57 +36,20 @@ func TestCUDAMatchesCPU(t *testing.T) {
 	}
 	const tol = 1e-3
 	for _, c := range []Config{gpt2Tiny(), llamaTiny()} {
-		c.HiddenDropout, c.AttentionDropout = 0.1, 0.1
-		bt := batches(c, 0, 1)[0]
-		docs := make([]int32, 16)
-		for i := range docs {
-			docs[i] = int32(i % 8 / 5)
-		}
-		bt.DocIDs = tensor.FromInt32(docs, 2, 8)
-		step := func(dev tensor.Device, rc Recompute) (float32, [][]float32) {
-			m := stageModel(t, c)
-			m.Recompute = rc
-			m.ToDevice(dev)
-			tp := tensor.NewTape()
-			b := onDevice(bt, dev)
-			loss := m.Loss(tp, m.Forward(tp, b, tensor.NewRNG(3), true), b)
-			if err := tp.Backward(loss); err != nil {
-				t.Fatal(err)
-			}
-			var grads [][]float32
-			for _, p := range m.Params() {
-				grads = append(grads, tensor.ToHost(p.Grad).Float32s())
-			}
-			return tensor.ToHost(loss).Float32s()[0], grads
-		}
-		for _, rc := range []Recompute{{}, {Selective: true}, {Full: true, Method: "uniform", NumLayers: 2}} {
-			name := c.Activation.String()
-			cl, cg := step(tensor.CPU, rc)
-			gl, gg := step(tensor.CUDA, rc)
+		c, bt := deviceCase(c)
+		name := c.Activation.String()
+		for _, rc := range deviceRecomputes {
+			cl, cg := deviceStep(t, c, bt, tensor.CPU, rc)
+			gl, gg := deviceStep(t, c, bt, tensor.CUDA, rc)
 			cudaClose(t, name+" loss", []float32{gl}, []float32{cl}, tol)
 			params := stageModel(t, c).Params()
 			for i := range cg {
 				cudaClose(t, name+" gradient of "+params[i].Name, gg[i], cg[i], tol)
 			}
 		}
-		decode := func(dev tensor.Device) [][]float32 {
-			m := stageModel(t, c)
-			m.ToDevice(dev)
-			kv := m.NewKVCache(8)
-			toks := bt.Tokens.Int32s()
-			var out [][]float32
-			for _, n := range []int{3, 1, 2} {
-				l, err := m.Decode(kv, toks[kv.Len:kv.Len+n])
-				if err != nil {
-					t.Fatal(err)
-				}
-				out = append(out, l)
-			}
-			return out
-		}
-		want, got := decode(tensor.CPU), decode(tensor.CUDA)
+		want, got := deviceDecode(t, c, bt, tensor.CPU, false), deviceDecode(t, c, bt, tensor.CUDA, false)
 		for i := range want {
-			cudaClose(t, c.Activation.String()+" decode logits", got[i], want[i], tol)
+			cudaClose(t, name+" decode logits", got[i], want[i], tol)
 		}
 	}
 }

@@ -31,6 +31,72 @@ func sameBits(t *testing.T, what string, got, want []float32) {
 	}
 }
 
+// deviceCase is the device tests' model config and batch: c with dropout,
+// and a batch of two sequences with document boundaries.
+func deviceCase(c Config) (Config, Batch) {
+	c.HiddenDropout, c.AttentionDropout = 0.1, 0.1
+	bt := batches(c, 0, 1)[0]
+	docs := make([]int32, 16)
+	for i := range docs {
+		docs[i] = int32(i % 8 / 5)
+	}
+	bt.DocIDs = tensor.FromInt32(docs, 2, 8)
+	return c, bt
+}
+
+// deviceRecomputes are the recomputation modes the device tests run.
+var deviceRecomputes = []Recompute{{}, {Selective: true}, {Full: true, Method: "uniform", NumLayers: 2}}
+
+// deviceStep runs one training step (forward with dropout, loss, backward)
+// of c's model on dev and returns the loss and every parameter's gradient,
+// read back to the host.
+func deviceStep(t *testing.T, c Config, bt Batch, dev tensor.Device, rc Recompute) (float32, [][]float32) {
+	t.Helper()
+	m := stageModel(t, c)
+	m.Recompute = rc
+	m.ToDevice(dev)
+	tp := tensor.NewTape()
+	b := onDevice(bt, dev)
+	loss := m.Loss(tp, m.Forward(tp, b, tensor.NewRNG(3), true), b)
+	if loss.Device() != dev {
+		t.Fatalf("loss on %v, want %v", loss.Device(), dev)
+	}
+	if err := tp.Backward(loss); err != nil {
+		t.Fatal(err)
+	}
+	var grads [][]float32
+	for _, p := range m.Params() {
+		grads = append(grads, tensor.ToHost(p.Grad).Float32s())
+	}
+	return tensor.ToHost(loss).Float32s()[0], grads
+}
+
+// deviceDecode decodes bt's first tokens in chunks of 3, 1 and 2 with c's
+// model on dev (its weights rounded to bf16 on the device when bf16) and
+// returns the logits of each chunk.
+func deviceDecode(t *testing.T, c Config, bt Batch, dev tensor.Device, bf16 bool) [][]float32 {
+	t.Helper()
+	m := stageModel(t, c)
+	m.ToDevice(dev)
+	if bf16 { // rounded on the device, through a host copy
+		m.RoundToBF16()
+		if err := m.CheckBF16(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	kv := m.NewKVCache(8)
+	toks := bt.Tokens.Int32s()
+	var out [][]float32
+	for _, n := range []int{3, 1, 2} {
+		l, err := m.Decode(kv, toks[kv.Len:kv.Len+n])
+		if err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, l)
+	}
+	return out
+}
+
 // TestSimDeviceMatchesCPU: the model's training step (forward with dropout
 // and document masks, loss, backward, recomputation) and decoding run on the
 // simulated device — whose storage the model code cannot read — and give
@@ -39,36 +105,11 @@ func sameBits(t *testing.T, what string, got, want []float32) {
 // the loss and logits out.
 func TestSimDeviceMatchesCPU(t *testing.T) {
 	for _, c := range []Config{gpt2Tiny(), llamaTiny()} {
-		c.HiddenDropout, c.AttentionDropout = 0.1, 0.1
-		bt := batches(c, 0, 1)[0]
-		docs := make([]int32, 16)
-		for i := range docs {
-			docs[i] = int32(i % 8 / 5)
-		}
-		bt.DocIDs = tensor.FromInt32(docs, 2, 8)
-		step := func(dev tensor.Device, rc Recompute) (float32, [][]float32) {
-			m := stageModel(t, c)
-			m.Recompute = rc
-			m.ToDevice(dev)
-			tp := tensor.NewTape()
-			b := onDevice(bt, dev)
-			loss := m.Loss(tp, m.Forward(tp, b, tensor.NewRNG(3), true), b)
-			if loss.Device() != dev {
-				t.Fatalf("loss on %v, want %v", loss.Device(), dev)
-			}
-			if err := tp.Backward(loss); err != nil {
-				t.Fatal(err)
-			}
-			var grads [][]float32
-			for _, p := range m.Params() {
-				grads = append(grads, tensor.ToHost(p.Grad).Float32s())
-			}
-			return tensor.ToHost(loss).Float32s()[0], grads
-		}
-		for _, rc := range []Recompute{{}, {Selective: true}, {Full: true, Method: "uniform", NumLayers: 2}} {
-			cl, cg := step(tensor.CPU, rc)
+		c, bt := deviceCase(c)
+		for _, rc := range deviceRecomputes {
+			cl, cg := deviceStep(t, c, bt, tensor.CPU, rc)
 			before := tensor.SimTransfers()
-			sl, sg := step(tensor.Sim, rc)
+			sl, sg := deviceStep(t, c, bt, tensor.Sim, rc)
 			sameBits(t, c.Activation.String()+" loss", []float32{sl}, []float32{cl})
 			for i := range cg {
 				sameBits(t, c.Activation.String()+" gradient", sg[i], cg[i])
@@ -77,30 +118,8 @@ func TestSimDeviceMatchesCPU(t *testing.T) {
 				t.Errorf("%v: no transfer counted", c.Activation)
 			}
 		}
-
-		decode := func(dev tensor.Device, bf16 bool) [][]float32 {
-			m := stageModel(t, c)
-			m.ToDevice(dev)
-			if bf16 { // rounded on the device, through a host copy
-				m.RoundToBF16()
-				if err := m.CheckBF16(); err != nil {
-					t.Fatal(err)
-				}
-			}
-			kv := m.NewKVCache(8)
-			toks := bt.Tokens.Int32s()
-			var out [][]float32
-			for _, n := range []int{3, 1, 2} {
-				l, err := m.Decode(kv, toks[kv.Len:kv.Len+n])
-				if err != nil {
-					t.Fatal(err)
-				}
-				out = append(out, l)
-			}
-			return out
-		}
 		for _, bf16 := range []bool{false, true} {
-			want, got := decode(tensor.CPU, bf16), decode(tensor.Sim, bf16)
+			want, got := deviceDecode(t, c, bt, tensor.CPU, bf16), deviceDecode(t, c, bt, tensor.Sim, bf16)
 			for i := range want {
 				sameBits(t, c.Activation.String()+" decode logits", got[i], want[i])
 			}
