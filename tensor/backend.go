@@ -31,6 +31,15 @@ type AttentionConfig struct {
 	DropoutSeed uint64
 	// FirstHead is the global index of q's head 0.
 	FirstHead int
+	// QPos and KPos are the sequence positions of q's and k's row 0 (0 for
+	// a whole sequence): the causal mask and the dropout keys use
+	// positions, so one block of a longer sequence attends exactly as the
+	// whole sequence does (context parallelism). Not with DocIDs.
+	QPos, KPos int
+	// Accumulate merges this call's keys into the partial result already in
+	// out and lse (normalised output and log-sum-exp over other keys; lse
+	// -Inf where there are none) instead of overwriting them.
+	Accumulate bool
 }
 
 // CrossEntropyConfig is one fused softmax cross-entropy call over logits

@@ -132,7 +132,8 @@ func (cpuBackend) RoPEBackward(r *RoPE, dx, dout *Tensor, positions *Tensor) {
 // cpuAttention is cfg in the kernel's terms.
 func cpuAttention(cfg AttentionConfig) cpu.AttentionConfig {
 	c := cpu.AttentionConfig{B: cfg.B, T: cfg.T, HQ: cfg.HQ, HKV: cfg.HKV, D: cfg.D, Scale: cfg.Scale, Causal: cfg.Causal,
-		Dropout: cfg.Dropout, DropoutSeed: cfg.DropoutSeed, FirstHead: cfg.FirstHead}
+		Dropout: cfg.Dropout, DropoutSeed: cfg.DropoutSeed, FirstHead: cfg.FirstHead,
+		QPos: cfg.QPos, KPos: cfg.KPos, Accumulate: cfg.Accumulate}
 	if cfg.DocIDs != nil {
 		c.DocIDs = cfg.DocIDs.i32s()
 	}

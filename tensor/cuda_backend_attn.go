@@ -47,6 +47,11 @@ func (be cudaBackend) cudaAttnArgs(op string, cfg AttentionConfig) cudaAttn {
 	if err := c.Validate(); err != nil {
 		panic(fmt.Sprintf("tensor: %s on the cuda backend: %v", op, err))
 	}
+	if cfg.QPos != 0 || cfg.KPos != 0 || cfg.Accumulate {
+		// train refuses --context-parallel-size > 1 with --device cuda
+		panic(fmt.Sprintf("tensor: %s on the cuda backend: block attention (QPos=%d KPos=%d Accumulate=%v, context parallelism) is not built for CUDA yet",
+			op, cfg.QPos, cfg.KPos, cfg.Accumulate))
+	}
 	a := cudaAttn{scale: cfg.Scale, seed: cfg.DropoutSeed, firstHead: int32(cfg.FirstHead)}
 	switch {
 	case cfg.D <= 64:

@@ -41,6 +41,21 @@ type AttentionConfig struct {
 	// FirstHead is the global index of query head 0 (a tensor-parallel
 	// rank's first head; 0 on one rank): the masks are keyed by global head.
 	FirstHead int
+	// QPos and KPos are the sequence positions of query row 0 and key row 0
+	// (0 for a whole sequence). The causal mask compares positions (query
+	// i sees key j iff j+KPos <= i+QPos) and the dropout masks are keyed by
+	// them, so attention over one block of a longer sequence (context
+	// parallelism's chunks) computes exactly what the whole sequence's
+	// attention computes for those rows and columns, dropout included. Not
+	// with DocIDs.
+	QPos, KPos int
+	// Accumulate merges this call's keys into a previous partial result
+	// instead of overwriting it: out and lse hold the normalised output and
+	// log-sum-exp of each query over other keys (lse -Inf: none yet), and
+	// the online softmax continues from them, so blocks of keys attended
+	// one call at a time give the attention over all of them (ring
+	// attention's merge through the log-sum-exp).
+	Accumulate bool
 }
 
 // Validate reports a config the attention kernels cannot run.
@@ -58,6 +73,10 @@ func (c AttentionConfig) Validate() error {
 		return fmt.Errorf("cpu: attention Dropout=%g: want 0 <= p < 1", c.Dropout)
 	case c.FirstHead < 0:
 		return fmt.Errorf("cpu: attention FirstHead=%d: want >= 0", c.FirstHead)
+	case c.QPos < 0 || c.KPos < 0:
+		return fmt.Errorf("cpu: attention QPos=%d KPos=%d: want >= 0", c.QPos, c.KPos)
+	case c.DocIDs != nil && (c.QPos != 0 || c.KPos != 0):
+		return fmt.Errorf("cpu: attention DocIDs with QPos=%d KPos=%d: document masks need whole sequences (offsets 0)", c.QPos, c.KPos)
 	}
 	return nil
 }
@@ -172,7 +191,7 @@ func AttentionForward(out, lse, q, k, v []float32, cfg AttentionConfig) {
 // document boundary have any.
 func attnMask(s []float32, cfg *AttentionConfig, b, i0, nq, j0, nk int) {
 	negInf := float32(math.Inf(-1))
-	causalCut := cfg.Causal && j0+nk-1 > i0
+	causalCut := cfg.Causal && j0+nk-1 > i0+cfg.QPos-cfg.KPos
 	if !causalCut && cfg.DocIDs == nil {
 		return
 	}
@@ -193,7 +212,7 @@ func attnMask(s []float32, cfg *AttentionConfig, b, i0, nq, j0, nk int) {
 // ranges (packed sequences give block-diagonal masks whose off-diagonal tiles
 // are skipped this way).
 func attnTileEmpty(cfg *AttentionConfig, b, i0, nq, j0, nk int) bool {
-	if cfg.Causal && j0 > i0+nq-1 {
+	if cfg.Causal && j0 > i0+nq-1+cfg.QPos-cfg.KPos {
 		return true
 	}
 	if cfg.DocIDs == nil {
@@ -217,11 +236,17 @@ func attnForwardBlock(out, lse, q, k, v []float32, cfg *AttentionConfig, b, h, i
 	oBlk := out[(b*T+i0)*qs+h*D:] // (nq, D), row stride qs
 	for r := range m {
 		m[r], l[r] = negInf, 0
+		// Accumulate: the partial result (normalised out, lse) is the online
+		// softmax's state m = lse, l = 1, O = out.
+		if li := lse[(b*cfg.HQ+h)*T+i0+r]; cfg.Accumulate && li != negInf {
+			m[r], l[r] = li, 1
+			continue
+		}
 		clear(oBlk[r*qs : r*qs+D])
 	}
 	jEnd := T
 	if cfg.Causal {
-		jEnd = i1
+		jEnd = min(T, i1+cfg.QPos-cfg.KPos)
 	}
 	for j0 := 0; j0 < jEnd; j0 += attnBlockK {
 		nk := min(attnBlockK, jEnd-j0)

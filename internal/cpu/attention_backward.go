@@ -72,7 +72,7 @@ func attentionBackwardSplit(dq, dk, dv, dout, q, k, v, out, lse []float32, cfg *
 			b, h, i0 := idx/(cfg.HQ*nqb), idx/nqb%cfg.HQ, zigzag(idx%nqb, nqb)*attnBlockQ
 			jEnd := cfg.T
 			if cfg.Causal {
-				jEnd = min(i0+attnBlockQ, cfg.T)
+				jEnd = min(i0+attnBlockQ+cfg.QPos-cfg.KPos, cfg.T)
 			}
 			for j0 := 0; j0 < jEnd; j0 += attnBlockK {
 				attnBackwardTile(dq, dk, dv, dout, q, k, v, out, lse, cfg, b, h, i0, j0, gradQ, ws)
@@ -98,7 +98,7 @@ func attentionBackwardSplit(dq, dk, dv, dout, q, k, v, out, lse []float32, cfg *
 // attnFirstQ is the first query block that can see key block j0.
 func attnFirstQ(cfg *AttentionConfig, j0 int) int {
 	if cfg.Causal {
-		return j0 / attnBlockQ * attnBlockQ
+		return max(0, j0-cfg.QPos+cfg.KPos) / attnBlockQ * attnBlockQ
 	}
 	return 0
 }

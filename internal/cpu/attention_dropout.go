@@ -48,8 +48,9 @@ func (c *AttentionConfig) dropScale() float32 {
 
 // attnDropTile fills keep (row stride attnBlockK) with the dropout
 // multipliers (0 or 1/(1-p)) of the tile rows [i0, i0+nq), columns
-// [j0, j0+nk) of head h in batch row b. j0 is a multiple of attnBlockK, so
-// hash pairs never straddle tiles.
+// [j0, j0+nk) of head h in batch row b, keyed by sequence position (QPos,
+// KPos added). A tile whose first key position is odd takes the high half
+// of its first pair's hash.
 func attnDropTile(keep []float32, cfg *AttentionConfig, b, h, i0, nq, j0, nk int) {
 	thr, scale := cfg.dropThreshold(), math.Float32bits(cfg.dropScale())
 	pick := func(bits uint32) float32 { // branch-free: the bits are random
@@ -59,11 +60,17 @@ func attnDropTile(keep []float32, cfg *AttentionConfig, b, h, i0, nq, j0, nk int
 		}
 		return math.Float32frombits(v)
 	}
+	pj := j0 + cfg.KPos // position of the tile's first key
 	for r := 0; r < nq; r++ {
-		key := attnRowKey(cfg.DropoutSeed, b, cfg.FirstHead+h, i0+r)
+		key := attnRowKey(cfg.DropoutSeed, b, cfg.FirstHead+h, cfg.QPos+i0+r)
 		row := keep[r*attnBlockK : r*attnBlockK+nk]
-		st := key + uint64(j0/2)*attnGolden // attnPairBits(key, m) is mix64(st) at pair m
+		st := key + uint64(pj/2)*attnGolden // attnPairBits(key, m) is mix64(st) at pair m
 		c := 0
+		if pj%2 == 1 && nk > 0 {
+			row[0] = pick(uint32(mix64(st) >> 32))
+			st += attnGolden
+			c = 1
+		}
 		for ; c+2 <= nk; c += 2 {
 			x := mix64(st)
 			st += attnGolden

@@ -4,7 +4,7 @@ import "math"
 
 // attnAllowed reports whether query i may attend to key j in batch b.
 func attnAllowed(cfg *AttentionConfig, b, i, j int) bool {
-	if cfg.Causal && j > i {
+	if cfg.Causal && j+cfg.KPos > i+cfg.QPos {
 		return false
 	}
 	return cfg.DocIDs == nil || cfg.DocIDs[b*cfg.T+i] == cfg.DocIDs[b*cfg.T+j]
@@ -15,6 +15,7 @@ func attnAllowed(cfg *AttentionConfig, b, i, j int) bool {
 // index is cfg.FirstHead+h. One hash per element; attnDropTile computes the
 // same function a tile at a time.
 func attnKeep(cfg *AttentionConfig, b, h, i, j int) bool {
+	i, j = i+cfg.QPos, j+cfg.KPos // keyed by sequence position
 	x := attnPairBits(attnRowKey(cfg.DropoutSeed, b, cfg.FirstHead+h, i), j/2)
 	if j%2 == 1 {
 		x >>= 32

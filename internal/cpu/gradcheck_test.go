@@ -234,6 +234,11 @@ func TestGradCheck(t *testing.T) {
 		{B: 2, T: 5, HQ: 4, HKV: 2, D: 3, Causal: true, Dropout: 0.3, DropoutSeed: 3, FirstHead: 2},
 		{B: 1, T: 6, HQ: 2, HKV: 1, D: 4, Causal: true, DocIDs: []int32{0, 0, 1, 1, 1, 2}, Dropout: 0.5, DropoutSeed: 4},
 		{B: 1, T: 5, HQ: 1, HKV: 1, D: 2, Scale: 0.7, Dropout: 0.2, DropoutSeed: 5},
+		// a block of a longer sequence (context parallelism): positions
+		// offset, the causal cut off the diagonal, dropout keyed by
+		// position from an odd key position
+		{B: 2, T: 5, HQ: 2, HKV: 1, D: 3, Causal: true, QPos: 7, KPos: 4},
+		{B: 1, T: 6, HQ: 2, HKV: 2, D: 3, Causal: true, QPos: 9, KPos: 3, Dropout: 0.3, DropoutSeed: 6, FirstHead: 1},
 	} {
 		if kept, dropped := allowedDrops(cfg); cfg.Dropout > 0 && (kept == 0 || dropped == 0) {
 			t.Fatalf("attention %+v: dropout keeps %d and drops %d probabilities: the check needs both", cfg, kept, dropped)

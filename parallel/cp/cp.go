@@ -1,0 +1,292 @@
+// Package cp is Megatron's context parallelism for gotron: the sequence of
+// every micro-batch is cut into 2·C chunks and context-parallel rank r of C
+// holds chunks r and 2C−1−r (Megatron's load balance for causal attention:
+// every rank gets one early and one late chunk, so the same share of the
+// causal triangle). Everything outside attention is per token and runs on
+// the local chunks unchanged; attention runs here, over the CP group, as
+// one of Megatron's (Transformer Engine's) --cp-comm-type schemes:
+//
+//   - P2P: ring attention. Key/value chunks travel the ring (send to r+1,
+//     receive from r−1) while the block at hand is computed; blocks the
+//     causal mask hides are skipped; partial outputs merge exactly through
+//     their log-sum-exp; the backward pass runs the ring again with the
+//     key/value gradients travelling beside the keys and values.
+//   - AllGather: keys and values are all-gathered, each local query chunk
+//     attends to the chunks before it; key/value gradients are
+//     reduce-scattered back to their owners.
+//   - A2A: Ulysses. An all-to-all trades the sequence split for a head
+//     split (heads and query groups divisible by C), ordinary attention
+//     runs over the whole sequence on H/C heads, and the inverse
+//     all-to-all restores the sequence split.
+//
+// The blocks are computed by the fused attention kernel with position
+// offsets (tensor.AttentionConfig QPos, KPos, Accumulate), whose causal
+// mask and dropout masks are keyed by sequence position: every scheme
+// computes the same softmax as one rank over the whole sequence, up to
+// float32 rounding of the association, and drops exactly the same
+// attention probabilities (dropout on CP matches CP=1 bit for bit in its
+// masks; Transformer Engine's CP draws its masks per rank and does not).
+package cp
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/gotron/gotron/comm"
+	"github.com/gotron/gotron/tensor"
+)
+
+// CommType is --cp-comm-type: how attention communicates over the CP group.
+type CommType int
+
+const (
+	// P2P is ring attention (Megatron's default, "p2p").
+	P2P CommType = iota
+	// AllGather gathers keys and values ("all_gather").
+	AllGather
+	// A2A is the Ulysses all-to-all over heads ("a2a").
+	A2A
+)
+
+// String returns the flag value of t.
+func (t CommType) String() string {
+	switch t {
+	case P2P:
+		return "p2p"
+	case AllGather:
+		return "all_gather"
+	case A2A:
+		return "a2a"
+	}
+	return fmt.Sprintf("CommType(%d)", int(t))
+}
+
+// ParseCommType parses a --cp-comm-type value. Megatron's hierarchical
+// "a2a+p2p" is recognised and refused: it is not built yet.
+func ParseCommType(s string) (CommType, error) {
+	switch s {
+	case "p2p", "":
+		return P2P, nil
+	case "all_gather":
+		return AllGather, nil
+	case "a2a":
+		return A2A, nil
+	case "a2a+p2p":
+		return 0, fmt.Errorf("cp: --cp-comm-type=a2a+p2p (hierarchical context parallelism) is not built yet: use p2p, all_gather or a2a")
+	}
+	return 0, fmt.Errorf("cp: --cp-comm-type=%q: want p2p, all_gather or a2a", s)
+}
+
+// Check reports a configuration context parallelism of size C cannot run,
+// naming the flags: the sequence must cut into 2·C equal chunks, and a2a
+// splits the attention heads and query groups (of one tensor-parallel
+// rank: heads/TP) over the C ranks.
+func Check(size int, t CommType, seqLength, heads, queryGroups, tpSize int) error {
+	switch {
+	case size < 1:
+		return fmt.Errorf("cp: --context-parallel-size=%d: want ≥ 1", size)
+	case size == 1:
+		return nil
+	case seqLength%(2*size) != 0:
+		return fmt.Errorf("cp: --seq-length=%d is not divisible by 2×--context-parallel-size=%d (each of the %d ranks holds 2 of %d equal chunks)",
+			seqLength, 2*size, size, 2*size)
+	case t == A2A && (heads/max(tpSize, 1))%size != 0:
+		return fmt.Errorf("cp: --cp-comm-type=a2a: --num-attention-heads=%d / --tensor-model-parallel-size=%d = %d heads per rank are not divisible by --context-parallel-size=%d",
+			heads, tpSize, heads/max(tpSize, 1), size)
+	case t == A2A && (queryGroups/max(tpSize, 1))%size != 0:
+		return fmt.Errorf("cp: --cp-comm-type=a2a: --num-query-groups=%d / --tensor-model-parallel-size=%d = %d query groups per rank are not divisible by --context-parallel-size=%d",
+			queryGroups, tpSize, queryGroups/max(tpSize, 1), size)
+	}
+	return nil
+}
+
+// CheckHierarchical checks --hierarchical-context-parallel-sizes against
+// --context-parallel-size (Megatron's rule: the sizes multiply to C).
+// Hierarchical CP (a2a+p2p) is not built yet, so sizes that pass are
+// still refused by ParseCommType's a2a+p2p; nil sizes are unset.
+func CheckHierarchical(sizes []int, size int) error {
+	if len(sizes) == 0 {
+		return nil
+	}
+	prod := 1
+	for _, s := range sizes {
+		if s < 1 {
+			return fmt.Errorf("cp: --hierarchical-context-parallel-sizes=%s: want sizes ≥ 1", joinInts(sizes))
+		}
+		prod *= s
+		if prod > 1<<20 {
+			return fmt.Errorf("cp: --hierarchical-context-parallel-sizes=%s: product too large", joinInts(sizes))
+		}
+	}
+	if prod != size {
+		return fmt.Errorf("cp: --hierarchical-context-parallel-sizes=%s multiply to %d, not --context-parallel-size=%d", joinInts(sizes), prod, size)
+	}
+	return fmt.Errorf("cp: --hierarchical-context-parallel-sizes=%s: hierarchical context parallelism (--cp-comm-type a2a+p2p) is not built yet", joinInts(sizes))
+}
+
+func joinInts(v []int) string {
+	s := make([]string, len(v))
+	for i, x := range v {
+		s[i] = fmt.Sprint(x)
+	}
+	return strings.Join(s, " ")
+}
+
+// Positions returns the sequence positions of the tokens CP rank rank of
+// size holds, in their local order: chunk rank, then chunk 2·size−1−rank,
+// each seqLen/(2·size) long (Megatron's get_batch_on_this_cp_rank; CP=4,
+// seqLen 16: rank 1 holds [2 3 12 13]).
+func Positions(seqLen, size, rank int) ([]int, error) {
+	if size < 1 || rank < 0 || rank >= size {
+		return nil, fmt.Errorf("cp: rank %d of %d", rank, size)
+	}
+	if seqLen <= 0 || seqLen%(2*size) != 0 {
+		return nil, fmt.Errorf("cp: sequence length %d is not a positive multiple of 2×%d", seqLen, size)
+	}
+	c := seqLen / (2 * size)
+	out := make([]int, 0, 2*c)
+	for _, id := range []int{rank, 2*size - 1 - rank} {
+		for i := range c {
+			out = append(out, id*c+i)
+		}
+	}
+	return out, nil
+}
+
+// Attention is attention over a context-parallel group: q, k, v hold this
+// rank's two chunks of the sequence (in Positions' order), and the result
+// is this rank's rows of the whole sequence's attention.
+type Attention struct {
+	Group comm.ProcessGroup
+	Comm  CommType
+
+	comm time.Duration // time spent waiting for communication
+}
+
+// CommWait is the time this rank has waited for context-parallel
+// communication (the part not hidden behind compute).
+func (a *Attention) CommWait() time.Duration { return a.comm }
+
+// Attention returns the attention of the local queries q (b, 2c, hq, d)
+// over the whole sequence's keys and values, of which k, v (b, 2c, hkv, d)
+// are the local chunks, as tensor.Tape.Attention would over the whole
+// sequence. o.Causal, Scale, Dropout, RNG and FirstHead are honoured;
+// o.DocIDs are not supported (context parallelism cuts the sequence, not
+// documents). Communication failures are recorded on tp.
+func (a *Attention) Attention(tp *tensor.Tape, q, k, v *tensor.Tensor, o tensor.AttentionOptions) *tensor.Tensor {
+	if a.Group.Size() == 1 {
+		return tp.Attention(q, k, v, o)
+	}
+	cfg := tensor.AttentionConfig{Scale: o.Scale, Causal: o.Causal, FirstHead: o.FirstHead}
+	if o.DocIDs != nil {
+		tp.Fail(fmt.Errorf("cp: attention with document masks (--reset-attention-mask) under context parallelism is not supported"))
+	}
+	if o.Dropout != 0 {
+		if o.RNG == nil {
+			panic("cp: Attention with Dropout needs an RNG")
+		}
+		// one draw per call, as Tape.Attention: the masks' key
+		cfg.Dropout, cfg.DropoutSeed = o.Dropout, o.RNG.Uint64()
+	}
+	if q.Dim(1)%2 != 0 {
+		panic(fmt.Sprintf("cp: local sequence of %d tokens is not two chunks", q.Dim(1)))
+	}
+	var f call
+	switch a.Comm {
+	case AllGather:
+		f = &gatherCall{a: a, cfg: cfg}
+	case A2A:
+		f = &a2aCall{a: a, cfg: cfg}
+	default:
+		f = &ringCall{a: a, cfg: cfg}
+	}
+	return tp.Apply(f, tp.Contiguous(q), tp.Contiguous(k), tp.Contiguous(v))[0]
+}
+
+type call interface{ tensor.Function }
+
+// wait runs f, a communication named op, under tp's context, adds its
+// duration to the wait time, and records its failure on tp. It runs
+// nothing once tp holds a failure, and reports whether f succeeded.
+func (a *Attention) wait(tp *tensor.Tape, op string, f func(ctx context.Context) error) bool {
+	if tp.Err() != nil {
+		return false
+	}
+	start := time.Now()
+	err := f(tp.Context())
+	a.comm += time.Since(start)
+	if err != nil {
+		tp.Fail(fmt.Errorf("cp: rank %d: %s over the context-parallel group: %w", a.Group.Rank(), op, err))
+		return false
+	}
+	return true
+}
+
+// Host staging, as parallel/tp's: collectives work on host memory.
+
+func stageOut(x *tensor.Tensor) []float32 {
+	if x.Device() == tensor.CPU {
+		return x.Float32s()
+	}
+	return tensor.ToHost(x).Float32s()
+}
+
+func hostBuffer(x *tensor.Tensor) []float32 {
+	if x.Device() == tensor.CPU {
+		return x.Float32s()
+	}
+	return make([]float32, x.Numel())
+}
+
+func stageIn(x *tensor.Tensor, buf []float32) {
+	if x.Device() != tensor.CPU {
+		tensor.Copy(x, tensor.FromFloat32(buf, len(buf)))
+	}
+}
+
+// geometry is one call's shapes: b rows, chunks of c tokens, hq query and
+// hkv key/value heads of d.
+type geometry struct{ b, c, hq, hkv, d int }
+
+func geometryOf(q, k *tensor.Tensor) geometry {
+	return geometry{b: q.Dim(0), c: q.Dim(1) / 2, hq: q.Dim(2), hkv: k.Dim(2), d: q.Dim(3)}
+}
+
+// chunk returns a contiguous copy of chunk i (c tokens) of x (b, 2c, h, d).
+func chunk(x *tensor.Tensor, i, c int) *tensor.Tensor {
+	var nt *tensor.Tape
+	out := tensor.NewOn(x.Device(), tensor.Float32, x.Dim(0), c, x.Dim(2), x.Dim(3))
+	tensor.Copy(out, nt.Narrow(x, 1, i*c, c))
+	return out
+}
+
+// join concatenates the two chunks along the sequence.
+func join(tp *tensor.Tape, a, b *tensor.Tensor) *tensor.Tensor {
+	out := tp.EmptyLike(a, a.Dim(0), a.Dim(1)+b.Dim(1), a.Dim(2), a.Dim(3))
+	var nt *tensor.Tape
+	tensor.Copy(out, nt.Concat(1, a, b))
+	return out
+}
+
+// packed is a flat buffer holding several (b, c, h, d) tensors back to back
+// (a rank's key and value chunks, or their gradients): one message.
+type packed struct {
+	flat  *tensor.Tensor
+	parts []*tensor.Tensor
+}
+
+// newPacked allocates n zeroed parts of shape on dev.
+func newPacked(dev tensor.Device, n int, shape ...int) *packed {
+	size := 1
+	for _, s := range shape {
+		size *= s
+	}
+	p := &packed{flat: tensor.ZerosOn(dev, n*size)}
+	var nt *tensor.Tape
+	for i := range n {
+		p.parts = append(p.parts, nt.Narrow(p.flat, 0, i*size, size).Reshape(shape...))
+	}
+	return p
+}
