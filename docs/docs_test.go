@@ -509,7 +509,7 @@ func tinyCheckpoint(t *testing.T, bin, dir string) {
 	cmd := exec.Command(bin, "train", "--mock-data", "--num-layers", "2", "--hidden-size", "32",
 		"--num-attention-heads", "4", "--seq-length", "16", "--max-position-embeddings", "256",
 		"--micro-batch-size", "2", "--global-batch-size", "2", "--lr", "1e-3", "--vocab-size", "50257",
-		"--train-iters", "1", "--eval-interval", "0", "--save", dir)
+		"--train-iters", "1", "--eval-iters", "0", "--save", dir)
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("a checkpoint for the page: %v\n%s", err, tail(string(out)))
 	}

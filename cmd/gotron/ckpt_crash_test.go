@@ -49,7 +49,7 @@ func TestKillDuringShardedSave(t *testing.T) {
 		args := []string{"launch", "--nproc-per-node", "2", "--master-port", freeTCPPort(t), "--",
 			"train", "--num-layers", "4", "--hidden-size", "128", "--num-attention-heads", "4", "--seq-length", "32",
 			"--micro-batch-size", "2", "--global-batch-size", "4", "--lr", "1e-3", "--mock-data", "--vocab-size", "4096",
-			"--train-iters", "100000", "--save", dir, "--save-interval", "1", "--eval-interval", "0", "--no-progress"}
+			"--train-iters", "100000", "--save", dir, "--save-interval", "1", "--eval-iters", "0", "--no-progress"}
 		if last >= 0 {
 			args = append(args, "--load", dir)
 		}

@@ -145,6 +145,12 @@ func applyConfigFile(fs *flag.FlagSet, path string) error {
 		case nil:
 			continue
 		case []any:
+			// Only a list flag (Megatron's nargs='*': --data-path) takes a
+			// YAML list; joining one into a scalar flag would make
+			// "save: [a, b]" the directory "a b".
+			if _, ok := f.Value.(*listFlag); !ok {
+				return fmt.Errorf("--config %s: key %q: value %s is a YAML list; flag --%s takes a single value", path, k, yamlText(v), name)
+			}
 			parts := make([]string, len(x))
 			for i, p := range x {
 				parts[i] = fmt.Sprint(p)

@@ -97,7 +97,7 @@ func TestConfigFileTypeErrors(t *testing.T) {
 		{"lr: fast\n", `key "lr": value "fast" (YAML string) is not a number (flag --lr)`},
 		{"num_layers: 2.5\n", `key "num_layers": value 2.5 (YAML float) is not an integer (flag --num-layers)`},
 		{"mock_data: 3\n", `key "mock_data": value 3 (YAML integer) is not a boolean (true or false) (flag --mock-data)`},
-		{"num_layers: [1, 2]\n", `key "num_layers": value [1 2] (YAML list) is not an integer (flag --num-layers)`},
+		{"num_layers: [1, 2]\n", `key "num_layers": value [1 2] is a YAML list; flag --num-layers takes a single value`},
 		{"num_layers: {a: 1}\n", `key "num_layers": a mapping, want a value for flag --num-layers`},
 	}
 	for _, c := range cases {

@@ -42,7 +42,7 @@ func serveCheckpointPositions(t *testing.T, positions int) string {
 	dir := filepath.Join(t.TempDir(), "tiny-gpt")
 	_, errs, code := runCLI(t, "train", "--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4",
 		"--seq-length", "16", "--max-position-embeddings", itoa(positions), "--micro-batch-size", "2", "--global-batch-size", "2",
-		"--lr", "1e-3", "--mock-data", "--vocab-size", "50257", "--train-iters", "1", "--eval-interval", "0",
+		"--lr", "1e-3", "--mock-data", "--vocab-size", "50257", "--train-iters", "1", "--eval-iters", "0",
 		"--init-method-std", "0.5", "--save", dir)
 	if code != 0 {
 		t.Fatalf("train: %s", errs)

@@ -181,7 +181,7 @@ func newTrainFlags() (*flag.FlagSet, *trainFlags) {
 	fs.StringVar(&tb.Dir, "tensorboard-dir", "", "write TensorBoard event files here (lm loss, learning-rate, grad-norm, batch-size, loss-scale, validation)")
 	fs.Int64Var(&tb.LogInterval, "tensorboard-log-interval", 1, "iterations between TensorBoard scalars")
 	fs.BoolVar(&tb.LogTimers, "log-timers-to-tensorboard", false, "also write iteration-time to TensorBoard")
-	fs.BoolVar(&tb.LogThroughput, "log-throughput", false, "also write throughput (TFLOP/s per rank) to TensorBoard (the log line always shows it)")
+	fs.BoolVar(&tb.LogThroughput, "log-throughput", false, "print the throughput (TFLOP/s per rank) on the log line (and to TensorBoard with --log-timers-to-tensorboard)")
 	fs.BoolVar(&tb.LogValidationPPL, "log-validation-ppl-to-tensorboard", false, "also write the validation perplexity to TensorBoard")
 	fs.BoolVar(&tb.LogMemory, "log-memory-to-tensorboard", false, "also write Go heap sizes (Megatron's mem-* scalars) to TensorBoard")
 	fs.Int("tensorboard-queue-size", 1000, "accepted: gotron buffers events in memory and flushes them at every log line")
@@ -298,6 +298,12 @@ func cmdTrain(ctx context.Context, env *cli, args []string) error {
 		if given[name] {
 			return fmt.Errorf("--%s: %s", name, why)
 		}
+	}
+	if err := checkNumbers(trainNumberRules, flagText(fs)); err != nil {
+		return err
+	}
+	if err := f.missingRequired(); err != nil {
+		return err
 	}
 	if !f.cfg.FP16 {
 		for _, name := range []string{"initial-loss-scale", "min-loss-scale", "loss-scale-window", "hysteresis"} {
@@ -612,12 +618,11 @@ func openData(ctx context.Context, d *dataArgs, cfg train.Config, divisor int, g
 	if cfg.TrainSamples > 0 {
 		iters = (cfg.TrainSamples + gbs - 1) / gbs
 	}
-	evals := int64(0)
-	if cfg.EvalInterval > 0 {
-		evals = (iters/cfg.EvalInterval + 1) * cfg.EvalIters
-	}
 	// get_train_valid_test_num_samples
-	num := [3]int64{iters * gbs, evals * gbs, cfg.EvalIters * gbs}
+	num, err := trainValidTestSamples(iters, gbs, cfg.EvalInterval, cfg.EvalIters)
+	if err != nil {
+		return nil, err
+	}
 	if cfg.TrainSamples > 0 {
 		num[0] = cfg.TrainSamples
 	}

@@ -259,7 +259,7 @@ func TestTrainRankKilled(t *testing.T) {
 		dir := t.TempDir()
 		tag := fmt.Sprintf("%d-%d", os.Getpid(), restarts)
 		args := []string{"launch", "--nproc-per-node", "2", "--master-port", freeTCPPort(t), "--max-restarts", strconv.Itoa(restarts), "--"}
-		args = append(args, with(dpTrain, "--train-iters", "600", "--log-interval", "100", "--eval-interval", "0",
+		args = append(args, with(dpTrain, "--train-iters", "600", "--log-interval", "100", "--eval-iters", "0",
 			"--save", dir, "--load", dir, "--save-interval", "50")...)
 		cmd := exec.Command(bin, args...)
 		cmd.Env = append(os.Environ(), "GOTRON_NUM_THREADS=1", "GOTRON_TEST_TAG="+tag)
@@ -328,7 +328,7 @@ func TestTrainRankHangs(t *testing.T) {
 	}
 	tag := fmt.Sprintf("%d-hang", os.Getpid())
 	args := []string{"launch", "--nproc-per-node", "2", "--master-port", freeTCPPort(t), "--grace-period", "2s", "--"}
-	args = append(args, with(dpTrain, "--train-iters", "100000", "--log-interval", "100", "--eval-interval", "0",
+	args = append(args, with(dpTrain, "--train-iters", "100000", "--log-interval", "100", "--eval-iters", "0",
 		"--distributed-timeout-minutes", "0.1")...)
 	cmd := exec.Command(bin, args...)
 	cmd.Env = append(os.Environ(), "GOTRON_NUM_THREADS=1", "GOTRON_TEST_TAG="+tag)

@@ -73,7 +73,7 @@ func TestTrainFlagErrors(t *testing.T) {
 func TestTrainYAMLConfig(t *testing.T) {
 	dir := t.TempDir()
 	cfg := filepath.Join(dir, "run.yaml")
-	os.WriteFile(cfg, []byte("num_layers: 2\nhidden_size: 32\nnum_attention_heads: 4\nseq_length: 16\nmicro_batch_size: 2\nlr: 0.001\nmock_data: true\nvocab_size: 100\ntrain_iters: 2\nlog_interval: 1\neval_interval: 0\n"), 0o644)
+	os.WriteFile(cfg, []byte("num_layers: 2\nhidden_size: 32\nnum_attention_heads: 4\nseq_length: 16\nmicro_batch_size: 2\nlr: 0.001\nmock_data: true\nvocab_size: 100\ntrain_iters: 2\nlog_interval: 1\neval_iters: 0\n"), 0o644)
 	out, errs, code := runCLI(t, "train", "--config", cfg, "--train-iters", "1")
 	if code != 0 {
 		t.Fatalf("exit %d: %s", code, errs)
@@ -90,7 +90,7 @@ func TestTrainYAMLConfig(t *testing.T) {
 func TestTrainAndGenerateFromHFDir(t *testing.T) {
 	hfDir := filepath.Join("..", "..", "ckpt", "hf", "testdata", "llama_gqa_untied_f32")
 	out, errs, code := runCLI(t, "train", "--load", hfDir, "--mock-data", "--vocab-size", "100", "--seq-length", "16",
-		"--micro-batch-size", "2", "--train-iters", "2", "--lr", "1e-3", "--log-interval", "1", "--eval-interval", "0")
+		"--micro-batch-size", "2", "--train-iters", "2", "--lr", "1e-3", "--log-interval", "1", "--eval-iters", "0")
 	if code != 0 {
 		t.Fatalf("train --load HF_DIR: exit %d: %s", code, errs)
 	}

@@ -30,7 +30,7 @@ go build -o "$bin" ./cmd/gotron
 trap 'rc=$?; kill $(jobs -p) 2>/dev/null || true; [ $rc -eq 0 ] && rm -rf "$base" || echo "logs kept in $base" >&2' EXIT
 model=(--mock-data --num-layers 12 --hidden-size 768 --num-attention-heads 12 --seq-length 128 --max-position-embeddings 1024
   --vocab-size 50257 --micro-batch-size 1 --global-batch-size 2 --lr 1e-4 --lr-decay-style constant --log-interval 1
-  --eval-interval 0 --eval-iters 0 --no-progress --attention-dropout 0 --hidden-dropout 0)
+  --eval-iters 0 --no-progress --attention-dropout 0 --hidden-dropout 0)
 
 # sampler: every 0.1 s, the time, the machine's steal jiffies and the jiffies of processes other
 # than $bin's, the sampler's and kernel threads.

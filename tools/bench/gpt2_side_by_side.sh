@@ -26,7 +26,7 @@ for shape in "${shapes[@]}"; do
       "$bench/prio.sh" /tmp/gotron-bench train --mock-data --num-layers "$L" --hidden-size "$D" --num-attention-heads "$H" \
         --seq-length "$T" --max-position-embeddings 1024 --micro-batch-size "$B" --train-iters $((steps + 2)) \
         --lr 1e-4 --lr-decay-style constant --openai-gelu --attention-dropout 0 --hidden-dropout 0 --vocab-size 50257 \
-        --make-vocab-size-divisible-by 1 --clip-grad 0 --log-interval 1 --eval-interval 0 --eval-iters 0 --no-progress "${extra[@]}" 2>/dev/null |
+        --make-vocab-size-divisible-by 1 --clip-grad 0 --log-interval 1 --eval-iters 0 --no-progress "${extra[@]}" 2>/dev/null |
         awk -F'|' '/iteration/ { split($1, it, " "); split(it[4], p, "/"); if (p[1] + 0 > 2) { match($3, /[0-9.]+/); print substr($3, RSTART, RLENGTH) } }' |
         sort -n | awk -v L="$L" -v D="$D" -v B="$B" -v T="$T" -v P="$prec" '{ ms[++k] = $1 } END {
             med = (k % 2) ? ms[(k + 1) / 2] : (ms[k / 2] + ms[k / 2 + 1]) / 2

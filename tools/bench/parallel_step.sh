@@ -27,7 +27,7 @@ tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 model=(--mock-data --num-layers 6 --hidden-size 384 --num-attention-heads 6 --seq-length 256 --max-position-embeddings 256
   --global-batch-size 8 --train-iters "$iters" --lr 1e-4 --lr-decay-style constant --openai-gelu --attention-dropout 0
-  --hidden-dropout 0 --vocab-size 50257 --make-vocab-size-divisible-by 1 --clip-grad 1 --log-interval 1 --eval-interval 0 --eval-iters 0
+  --hidden-dropout 0 --vocab-size 50257 --make-vocab-size-divisible-by 1 --clip-grad 1 --log-interval 1 --eval-iters 0
   --no-progress)
 summarise() { # file label
   python3 - "$1" "$2" <<'PY'

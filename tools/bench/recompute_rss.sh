@@ -31,7 +31,7 @@ for mode in none selective full; do
   out=$(/usr/bin/time -v "$bin" train --mock-data --num-layers 12 --hidden-size 768 --num-attention-heads 12 \
     --seq-length "$T" --max-position-embeddings "$T" --micro-batch-size "$B" --global-batch-size "$B" \
     --train-iters "$steps" --lr 1e-4 --lr-decay-style constant --openai-gelu --attention-dropout 0 --hidden-dropout 0 \
-    --vocab-size 50257 --make-vocab-size-divisible-by 1 --clip-grad 0 --log-interval 1 --eval-interval 0 --eval-iters 0 \
+    --vocab-size 50257 --make-vocab-size-divisible-by 1 --clip-grad 0 --log-interval 1 --eval-iters 0 \
     --no-progress ${flags[$mode]} 2>&1)
   kib=$(awk -F': ' '/Maximum resident set size/ { print $2 }' <<<"$out")
   ms=$(awk -F'|' '/ iteration / { split($3, f, ":"); t = f[2] } END { print t + 0 }' <<<"$out")

@@ -1,0 +1,262 @@
+package main
+
+import (
+	"flag"
+	"fmt"
+	"math"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/gotron/gotron/internal/checked"
+)
+
+// numberRule is what a numeric flag of gotron train may hold: a value in
+// [Min, Max] (MinOpen: above Min), with Meaning saying why in the error.
+type numberRule struct {
+	Integer    bool
+	IMin, IMax int64 // integers
+	Min, Max   float64
+	MinOpen    bool
+	Meaning    string
+}
+
+const (
+	maxMinutes = float64(math.MaxInt64) / float64(time.Minute) // the longest time.Duration, in minutes
+	maxRanks   = 1 << 24                                       // more ranks than any machine has
+	maxSize    = 1 << 40                                       // a bound on model and batch sizes that keeps their products in int64
+)
+
+func intAtLeast(min int64, meaning string) numberRule {
+	return numberRule{Integer: true, IMin: min, IMax: maxSize, Meaning: meaning}
+}
+
+func intIn(min, max int64, meaning string) numberRule {
+	return numberRule{Integer: true, IMin: min, IMax: max, Meaning: meaning}
+}
+
+func floatIn(min, max float64, meaning string) numberRule {
+	return numberRule{Min: min, Max: max, Meaning: meaning}
+}
+
+func floatAbove(min, max float64, meaning string) numberRule {
+	return numberRule{Min: min, Max: max, MinOpen: true, Meaning: meaning}
+}
+
+// trainNumberRules gives every integer and float flag of gotron train its
+// range, by Megatron's meaning of the flag (TestEveryNumericTrainFlagHasARule
+// keeps the list complete). Megatron checks few of these and trains on
+// with e.g. a negative --clip-grad (clipping silently off) or fails deep in
+// the run with a zero --log-interval (ZeroDivisionError); gotron refuses
+// them before any arithmetic.
+var trainNumberRules = map[string]numberRule{
+	// Model.
+	"num-layers":                   intAtLeast(0, "transformer layers; required unless --model or --use-checkpoint-args"),
+	"hidden-size":                  intAtLeast(0, "hidden size"),
+	"ffn-hidden-size":              intAtLeast(0, "MLP hidden size; 0: 4×--hidden-size"),
+	"num-attention-heads":          intAtLeast(0, "attention heads"),
+	"kv-channels":                  intAtLeast(0, "head dimension; 0: hidden/heads"),
+	"num-query-groups":             intAtLeast(0, "key/value heads"),
+	"max-position-embeddings":      intAtLeast(0, "position table size; 0: --seq-length"),
+	"rotary-base":                  floatAbove(0, math.MaxFloat64, "the RoPE base"),
+	"rotary-percent":               floatAbove(0, 1, "the fraction of head dimensions RoPE rotates"),
+	"norm-epsilon":                 floatAbove(0, 1, "the normalisation epsilon"),
+	"attention-dropout":            floatIn(0, 0.999999, "a dropout probability"),
+	"hidden-dropout":               floatIn(0, 0.999999, "a dropout probability"),
+	"init-method-std":              floatIn(0, 1e6, "a standard deviation"),
+	"make-vocab-size-divisible-by": intIn(1, 1<<20, "the vocabulary is padded to a multiple of this × TP"),
+	"vocab-size":                   intIn(0, math.MaxInt32, "token ids are int32"),
+	"vocab-extra-ids":              intIn(0, math.MaxInt32, "token ids are int32"),
+	"tiktoken-num-special-tokens":  intIn(0, math.MaxInt32, "token ids are int32"),
+
+	// Parallelism.
+	"tensor-model-parallel-size":                       intIn(1, maxRanks, "ranks"),
+	"pipeline-model-parallel-size":                     intIn(1, maxRanks, "ranks"),
+	"context-parallel-size":                            intIn(1, maxRanks, "ranks"),
+	"num-virtual-stages-per-pipeline-rank":             intIn(0, maxRanks, "model chunks per pipeline rank; 0: one"),
+	"virtual-pipeline-model-parallel-size":             intIn(0, maxRanks, "model chunks per pipeline rank; 0: one"),
+	"num-layers-per-virtual-pipeline-stage":            intAtLeast(0, "layers per model chunk; 0: not interleaved"),
+	"decoder-first-pipeline-num-layers":                intAtLeast(0, "layers; 0: an even split"),
+	"decoder-last-pipeline-num-layers":                 intAtLeast(0, "layers; 0: an even split"),
+	"microbatch-group-size-per-virtual-pipeline-stage": intAtLeast(0, "micro-batches; 0: the pipeline size"),
+	"ddp-bucket-size":                                  intAtLeast(0, "elements; 0: the default"),
+	"distributed-timeout-minutes":                      floatIn(0, maxMinutes, "minutes; 0: the default"),
+	"device-memory-fraction":                           floatIn(0, 1, "a fraction of the device's memory; 0: the default"),
+
+	// Batches and iterations.
+	"seq-length":        intAtLeast(0, "tokens per sample"),
+	"micro-batch-size":  intAtLeast(0, "samples per forward/backward"),
+	"global-batch-size": intAtLeast(0, "samples per optimizer step; 0: the micro batch × data-parallel size"),
+	"train-iters":       intAtLeast(0, "iterations"),
+	"train-samples":     intAtLeast(0, "samples"),
+	"seed":              intIn(0, math.MaxInt64, "a non-negative integer, as Megatron's (NumPy seeds are)"),
+
+	// Optimizer and schedules.
+	"lr":                   floatIn(0, 1e6, "a learning rate"),
+	"min-lr":               floatIn(0, 1e6, "a learning rate"),
+	"lr-warmup-init":       floatIn(0, 1e6, "a learning rate"),
+	"decoupled-lr":         floatIn(0, 1e6, "a learning rate; 0: --lr"),
+	"decoupled-min-lr":     floatIn(0, 1e6, "a learning rate; 0: --min-lr"),
+	"lr-decay-iters":       intAtLeast(0, "iterations; 0: --train-iters"),
+	"lr-decay-samples":     intAtLeast(0, "samples"),
+	"lr-wsd-decay-iters":   intAtLeast(0, "iterations"),
+	"lr-wsd-decay-samples": intAtLeast(0, "samples"),
+	"lr-warmup-iters":      intAtLeast(0, "iterations"),
+	"lr-warmup-samples":    intAtLeast(0, "samples"),
+	"lr-warmup-fraction":   floatIn(0, 1, "a fraction of the decay length"),
+	"weight-decay":         floatIn(0, 1e6, "a weight-decay coefficient"),
+	"start-weight-decay":   floatIn(0, 1e6, "a weight-decay coefficient"),
+	"end-weight-decay":     floatIn(0, 1e6, "a weight-decay coefficient"),
+	"clip-grad":            floatIn(0, math.MaxFloat64, "the global gradient L2 norm to clip to; 0 turns clipping off"),
+	"adam-beta1":           floatIn(0, 0.999999999, "Adam's β1, in [0, 1)"),
+	"adam-beta2":           floatIn(0, 0.999999999, "Adam's β2, in [0, 1)"),
+	"adam-eps":             floatAbove(0, 1, "Adam's ε"),
+	"sgd-momentum":         floatIn(0, 1, "a momentum"),
+	"loss-scale":           floatIn(0, math.MaxFloat32, "a constant loss scale; 0: dynamic scaling"),
+	"initial-loss-scale":   floatAbove(0, math.MaxFloat32, "a loss scale"),
+	"min-loss-scale":       floatAbove(0, math.MaxFloat32, "a loss scale"),
+	"loss-scale-window":    intIn(1, math.MaxInt32, "iterations"),
+	"hysteresis":           intIn(1, math.MaxInt32, "iterations"),
+	"max-nan-iterations":   intIn(0, math.MaxInt32, "iterations; 0: 10"),
+	"recompute-num-layers": intAtLeast(0, "layers"),
+
+	// Evaluation, logging, checkpoints.
+	"eval-interval":            intIn(1, math.MaxInt64, "iterations between evaluations; --eval-iters 0 turns evaluation off"),
+	"eval-iters":               intAtLeast(0, "global batches per evaluation; 0 turns evaluation off"),
+	"log-interval":             intIn(1, math.MaxInt64, "iterations between log lines"),
+	"tensorboard-log-interval": intIn(1, math.MaxInt64, "iterations between TensorBoard scalars"),
+	"tensorboard-queue-size":   intAtLeast(1, "events"),
+	"peak-flops":               floatIn(0, math.MaxFloat64, "FLOP/s; 0: measured"),
+	"save-interval":            intIn(0, math.MaxInt64, "iterations between checkpoints; 0: no periodic checkpoints"),
+	"exit-interval":            intIn(0, math.MaxInt64, "iterations; 0: none"),
+	"exit-duration-in-mins":    floatIn(0, maxMinutes, "minutes of training; 0: no limit"),
+	"async-save-rate":          floatIn(0, math.MaxFloat64, "MB/s per rank; 0: unpaced"),
+	"sample-tokens":            intIn(0, math.MaxInt32, "tokens"),
+}
+
+// checkNumbers checks every numeric flag's value (value returns a flag's
+// text by name) against trainNumberRules: one place, before the run does
+// arithmetic with any of them.
+func checkNumbers(rules map[string]numberRule, value func(name string) (string, bool)) error {
+	names := make([]string, 0, len(rules))
+	for name := range rules {
+		names = append(names, name)
+	}
+	sort.Strings(names) // report in a fixed order
+	for _, name := range names {
+		text, ok := value(name)
+		if !ok {
+			continue
+		}
+		if err := rules[name].check("--"+name, text); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (r numberRule) check(name, text string) error {
+	if r.Integer {
+		v, err := strconv.ParseInt(strings.TrimSpace(text), 10, 64)
+		if err != nil {
+			return fmt.Errorf("%s: %q is not an integer", name, text)
+		}
+		return checked.RangeWhy(name, v, r.IMin, r.IMax, r.Meaning)
+	}
+	v, err := strconv.ParseFloat(strings.TrimSpace(text), 64)
+	if err != nil || math.IsNaN(v) || math.IsInf(v, 0) {
+		return fmt.Errorf("%s: %q is not a finite number (%s)", name, text, r.Meaning)
+	}
+	low := v < r.Min || (r.MinOpen && v == r.Min)
+	if low || v > r.Max {
+		want := "at least"
+		if r.MinOpen {
+			want = "above"
+		}
+		bound := fmt.Sprintf("%s %g", want, r.Min)
+		if r.Max < math.MaxFloat64 {
+			bound += fmt.Sprintf(" and at most %g", r.Max)
+		}
+		return fmt.Errorf("%s: %s is out of range: must be %s (%s)", name, text, bound, r.Meaning)
+	}
+	return nil
+}
+
+// missingRequired lists, all at once, the flags a gotron train run needs
+// that are missing. Any flag makes gotron train a run of its own rather
+// than the quickstart, so the message says so.
+func (f *trainFlags) missingRequired() error {
+	var missing []string
+	if f.preset == "" && !f.useCkptArgs {
+		var model []string
+		for _, m := range []struct {
+			name string
+			v    int
+		}{{"--num-layers", f.model.NumLayers}, {"--hidden-size", f.model.HiddenSize}, {"--num-attention-heads", f.model.NumAttentionHeads}} {
+			if m.v == 0 {
+				model = append(model, m.name)
+			}
+		}
+		if len(model) > 0 {
+			missing = append(missing, strings.Join(model, ", ")+" (or --model PRESET)")
+		}
+	}
+	if f.cfg.SeqLength == 0 {
+		missing = append(missing, "--seq-length")
+	}
+	if f.cfg.MicroBatchSize == 0 {
+		missing = append(missing, "--micro-batch-size")
+	}
+	if f.schedule.LR == 0 {
+		missing = append(missing, "--lr")
+	}
+	if f.cfg.TrainIters == 0 && f.cfg.TrainSamples == 0 {
+		missing = append(missing, "--train-iters or --train-samples")
+	}
+	d := &f.data
+	if !d.mock && len(d.dataPath.values)+len(d.trainPath.values)+len(d.validPath.values)+len(d.testPath.values) == 0 {
+		missing = append(missing, "--data-path (or --train-data-path ...) or --mock-data")
+	}
+	if len(missing) == 0 {
+		return nil
+	}
+	return fmt.Errorf("flags were given, so this is a run of its own, not the quickstart (gotron train with no flags, or only --quickstart-dir, runs that); missing required flags: %s",
+		strings.Join(missing, "; "))
+}
+
+// flagText returns a flag's value as text by name, for checkNumbers.
+func flagText(fs *flag.FlagSet) func(name string) (string, bool) {
+	return func(name string) (string, bool) {
+		fl := fs.Lookup(name)
+		if fl == nil {
+			return "", false
+		}
+		return fl.Value.String(), true
+	}
+}
+
+// trainValidTestSamples is Megatron's get_train_valid_test_num_samples:
+// the samples each split must supply for iters iterations of gbs samples,
+// evaluating evalIters batches every evalInterval iterations (0: only
+// after training) and once on the test split. The products are checked:
+// flags within their ranges can still ask for more than 2^63 samples.
+func trainValidTestSamples(iters, gbs, evalInterval, evalIters int64) ([3]int64, error) {
+	var num [3]int64
+	evals := evalIters
+	if evalInterval > 0 {
+		n, ok := checked.Mul(iters/evalInterval+1, evalIters)
+		if !ok {
+			return num, fmt.Errorf("--train-iters=%d with --eval-interval=%d and --eval-iters=%d: too many evaluation batches", iters, evalInterval, evalIters)
+		}
+		evals = n
+	}
+	for i, batches := range []int64{iters, evals, evalIters} {
+		n, ok := checked.Mul(batches, gbs)
+		if !ok {
+			return num, fmt.Errorf("%d batches of %d samples (--train-iters, --eval-interval, --eval-iters, --global-batch-size): more than 2^63 samples", batches, gbs)
+		}
+		num[i] = n
+	}
+	return num, nil
+}
