@@ -60,7 +60,7 @@ func TestTrainFlagErrors(t *testing.T) {
 		{append(append([]string{}, tinyTrain...), "--train-iters", "1", "--global-batch-size", "3"), "--global-batch-size=3 is not a multiple of --micro-batch-size=2"},
 		{append(append([]string{}, tinyTrain...), "--train-iters", "1", "--tensor-model-parallel-size", "2"), "--tensor-model-parallel-size=2 needs 2 ranks"},
 		{append(append([]string{}, tinyTrain...), "--train-iters", "1", "--swiglu", "--openai-gelu"), "exclude each other"},
-		{[]string{"train", "--seq-length", "16", "--micro-batch-size", "1", "--lr", "1", "--train-iters", "1", "--num-layers", "1", "--hidden-size", "8", "--num-attention-heads", "2"}, "no data: set --data-path"},
+		{[]string{"train", "--seq-length", "16", "--micro-batch-size", "1", "--lr", "1", "--train-iters", "1", "--num-layers", "1", "--hidden-size", "8", "--num-attention-heads", "2"}, "missing required flags: --data-path (or --train-data-path ...) or --mock-data"},
 	}
 	for _, c := range cases {
 		_, errs, code := runCLI(t, c.args...)

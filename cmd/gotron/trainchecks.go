@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/gotron/gotron/ckpt/hf"
 	"github.com/gotron/gotron/internal/checked"
 )
 
@@ -188,7 +189,8 @@ func (r numberRule) check(name, text string) error {
 // than the quickstart, so the message says so.
 func (f *trainFlags) missingRequired() error {
 	var missing []string
-	if f.preset == "" && !f.useCkptArgs {
+	// --use-checkpoint-args and a Hugging Face --load give the architecture.
+	if f.preset == "" && !f.useCkptArgs && !(f.cfg.Load != "" && hf.IsHFDir(f.cfg.Load)) {
 		var model []string
 		for _, m := range []struct {
 			name string
