@@ -19,11 +19,11 @@ func TestTrainProbeFlagErrors(t *testing.T) {
 		extra []string
 		want  string
 	}{
-		{[]string{"--ffn-hidden-size", "-1"}, "--ffn-hidden-size=-1"},
-		{[]string{"--kv-channels", "-1"}, "--kv-channels=-1"},
-		{[]string{"--group-query-attention", "--num-query-groups", "-1"}, "--num-query-groups=-1"},
-		{[]string{"--norm-epsilon", "-1"}, "--norm-epsilon=-1"},
-		{[]string{"--max-nan-iterations", "-1"}, "--max-nan-iterations=-1"},
+		{[]string{"--ffn-hidden-size", "-1"}, "--ffn-hidden-size: -1 is out of range"},
+		{[]string{"--kv-channels", "-1"}, "--kv-channels: -1 is out of range"},
+		{[]string{"--group-query-attention", "--num-query-groups", "-1"}, "--num-query-groups: -1 is out of range"},
+		{[]string{"--norm-epsilon", "-1"}, "--norm-epsilon: -1 is out of range"},
+		{[]string{"--max-nan-iterations", "-1"}, "--max-nan-iterations: -1 is out of range"},
 	}
 	for _, c := range cases {
 		t.Run(strings.Join(c.extra, " "), func(t *testing.T) {
