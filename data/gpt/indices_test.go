@@ -2,6 +2,7 @@ package gpt
 
 import (
 	"fmt"
+	"strings"
 	"testing"
 )
 
@@ -118,10 +119,25 @@ func TestSplitParsing(t *testing.T) {
 			}
 		}
 	}
-	for _, bad := range []string{"", "0,0,0", "1,2,3,4"} {
-		if _, err := ParseSplit(bad); err == nil {
-			t.Errorf("ParseSplit(%q) succeeded", bad)
+	for _, bad := range []struct{ split, want string }{
+		{"", "sum to a positive"},
+		{"0,0,0", "sum to a positive"},
+		{"1,2,3,4", "at most 3 proportions (train,valid,test), got 4"},
+		// Megatron's [.0-9]+ took these as 1,2,3 and as four numbers.
+		{"-1,2,3", `"-1,2,3": -1 is negative`},
+		{"1e400,1,1", `"1e400,1,1": 1e400 is not finite`},
+		{"1,x,1", `"x" is not a proportion`},
+		{"NaN,1", `"NaN" is not a proportion`},
+		{"1e308,1e308", "sum to a positive finite number"},
+	} {
+		_, err := ParseSplit(bad.split)
+		if err == nil || !strings.Contains(err.Error(), bad.want) {
+			t.Errorf("ParseSplit(%q) = %v, want an error with %q", bad.split, err, bad.want)
 		}
+	}
+	// Exponents and spaces are numbers, not separators.
+	if v, err := ParseSplit("9e2 1e1, 0"); err != nil || v[0] != 900.0/910 {
+		t.Errorf("ParseSplit(\"9e2 1e1, 0\") = %v, %v", v, err)
 	}
 }
 

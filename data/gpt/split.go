@@ -1,10 +1,12 @@
 package gpt
 
 import (
+	"errors"
 	"fmt"
 	"math"
-	"regexp"
 	"strconv"
+	"strings"
+	"unicode"
 )
 
 // Split names one of the three dataset splits.
@@ -35,27 +37,33 @@ func (s Split) String() string {
 // matters for the cache description (see describe.go).
 type Bookend struct{ Start, End float64 }
 
-var splitNumber = regexp.MustCompile(`[.0-9]+`)
-
-// ParseSplit parses a --split string like "969,30,1" exactly as Megatron's
-// parse_and_normalize_split: every match of [.0-9]+ is a float, missing
-// entries are 0, and the vector is divided by its sum.
+// ParseSplit parses a --split string like "969,30,1" as Megatron's
+// parse_and_normalize_split: up to three proportions, missing entries 0,
+// the vector divided by its sum. Megatron takes every match of [.0-9]+ as
+// a number, so "-1,2,3" silently becomes 1,2,3 and "1e400,1,1" four
+// numbers; gotron reads the comma- (or space-) separated fields as numbers
+// and refuses a negative, non-finite or malformed one, naming it.
 func ParseSplit(s string) ([3]float64, error) {
 	var v [3]float64
-	nums := splitNumber.FindAllString(s, -1)
-	if len(nums) > 3 {
-		return v, fmt.Errorf("gpt: --split %q: want at most 3 numbers (train,valid,test), got %d", s, len(nums))
+	fields := strings.FieldsFunc(s, func(r rune) bool { return r == ',' || unicode.IsSpace(r) })
+	if len(fields) > 3 {
+		return v, fmt.Errorf("gpt: --split %q: want at most 3 proportions (train,valid,test), got %d", s, len(fields))
 	}
-	for i, n := range nums {
+	for i, n := range fields {
 		f, err := strconv.ParseFloat(n, 64)
-		if err != nil {
-			return v, fmt.Errorf("gpt: --split %q: %q is not a number", s, n)
+		switch {
+		case (err != nil && !errors.Is(err, strconv.ErrRange)) || math.IsNaN(f):
+			return v, fmt.Errorf("gpt: --split %q: %q is not a proportion (a non-negative number)", s, n)
+		case strings.HasPrefix(n, "-"):
+			return v, fmt.Errorf("gpt: --split %q: %s is negative: proportions are ≥ 0", s, n)
+		case math.IsInf(f, 0):
+			return v, fmt.Errorf("gpt: --split %q: %s is not finite (beyond float64's range)", s, n)
 		}
 		v[i] = f
 	}
 	sum := v[0] + v[1] + v[2]
 	if !(sum > 0) || math.IsInf(sum, 0) {
-		return v, fmt.Errorf("gpt: --split %q: the proportions must sum to a positive number", s)
+		return v, fmt.Errorf("gpt: --split %q: the proportions must sum to a positive finite number", s)
 	}
 	for i := range v {
 		v[i] /= sum
