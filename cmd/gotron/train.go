@@ -630,6 +630,7 @@ func openData(ctx context.Context, d *dataArgs, cfg train.Config, divisor int, g
 	if err != nil {
 		return nil, err
 	}
+	dc.VocabSize = vocab // ids beyond the tokenizer's vocabulary are refused, as serve refuses them
 	ds, err := datagpt.Build(ctx, dc)
 	if err != nil {
 		return nil, err

@@ -91,7 +91,7 @@ var trainNumberRules = map[string]numberRule{
 	"global-batch-size": intAtLeast(0, "samples per optimizer step; 0: the micro batch × data-parallel size"),
 	"train-iters":       intAtLeast(0, "iterations"),
 	"train-samples":     intAtLeast(0, "samples"),
-	"seed":              intIn(0, math.MaxInt64, "a non-negative integer, as Megatron's (NumPy seeds are)"),
+	"seed":              intIn(0, math.MaxUint32, "NumPy's seeds, which Megatron's datasets use, are below 2^32"),
 
 	// Optimizer and schedules.
 	"lr":                   floatIn(0, 1e6, "a learning rate"),

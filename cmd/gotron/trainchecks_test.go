@@ -119,3 +119,19 @@ func TestConfigFileListForScalarFlag(t *testing.T) {
 		t.Fatal(`a directory "a b" was made`)
 	}
 }
+
+// TestTrainRefusesIDsBeyondTheTokenizer: a dataset holding ids inside the
+// padded vocabulary (128) but beyond the tokenizer's (50) is refused,
+// naming the data file and the id, as serve refuses such ids (train used
+// to accept them).
+func TestTrainRefusesIDsBeyondTheTokenizer(t *testing.T) {
+	_, prefix := preprocessToy(t) // ids 0..99
+	out, errs, code := runCLI(t, "train", "--num-layers", "1", "--hidden-size", "16", "--num-attention-heads", "2",
+		"--seq-length", "4", "--micro-batch-size", "1", "--lr", "1e-3", "--train-iters", "3", "--eval-iters", "0",
+		"--data-path", prefix, "--split", "100,0,0", "--tokenizer-type", "NullTokenizer", "--vocab-size", "50",
+		"--make-vocab-size-divisible-by", "128", "--no-progress")
+	want := "toy_text_document.bin: sequence "
+	if code != 1 || !strings.Contains(errs, want) || !strings.Contains(errs, "is outside the tokenizer's vocabulary of 50 (0 to 49)") {
+		t.Fatalf("exit %d, stderr %q, want %q\n%s", code, errs, want, out)
+	}
+}

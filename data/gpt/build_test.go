@@ -344,3 +344,43 @@ func TestConcurrentCacheBuild(t *testing.T) {
 		t.Errorf("temporary files left: %v", tmp)
 	}
 }
+
+// TestTokenIDsOutsideVocabulary: with Config.VocabSize, a sample holding an
+// id the tokenizer cannot produce is an error naming the file, the
+// sequence, the position and the id (it used to train silently).
+func TestTokenIDsOutsideVocabulary(t *testing.T) {
+	prefix := writeDocs(t, filepath.Join(t.TempDir(), "ids"), indexed.UInt16, [][]int32{
+		{1, 2, 3, 4, 5, 6, 7, 9}, {1, 120, 3, 4, 5, 6, 7, 9}, {1, 2, 3, 4, 5, 6, 7, 9}})
+	cfg := Config{SeqLength: 4, Seed: 1, Split: "1", Blend: Blend{Prefixes: []string{prefix}}, EOD: 9,
+		NumSamples: [3]int64{AllSamples, AllSamples, AllSamples}, NoCache: true, TokenizerIdentifiers: specTok}
+	for _, vocab := range []int{0, 121} {
+		cfg.VocabSize = vocab
+		ds, err := Build(context.Background(), cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i := range ds.Train.Len() {
+			if _, err := ds.Train.Sample(i); err != nil {
+				t.Fatalf("vocabulary %d: sample %d: %v", vocab, i, err)
+			}
+		}
+		ds.Close()
+	}
+	cfg.VocabSize = 100
+	ds, err := Build(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ds.Close()
+	var bad error
+	for i := range ds.Train.Len() {
+		if _, err := ds.Train.Sample(i); err != nil {
+			bad = err
+			break
+		}
+	}
+	want := prefix + ".bin: sequence 1, token 1: id 120 is outside the tokenizer's vocabulary of 100 (0 to 99)"
+	if bad == nil || !strings.Contains(bad.Error(), want) {
+		t.Fatalf("err = %v, want %q", bad, want)
+	}
+}

@@ -121,6 +121,12 @@ type Config struct {
 	// description (Megatron: the tokenizer's unique_identifiers). Caches are
 	// shared with runs whose identifiers match exactly.
 	TokenizerIdentifiers []Field
+	// VocabSize is the tokenizer's vocabulary size: a sample holding a token
+	// id outside [0, VocabSize) is an error naming the data file, the
+	// sequence and the position (such an id would train an embedding row
+	// of the padded vocabulary that no text produces, and serve refuses it).
+	// 0 means unchecked.
+	VocabSize int
 }
 
 func (c *Config) extraToken() int {
@@ -149,6 +155,9 @@ func (c *Config) Validate() error {
 	}
 	if c.Seed < 0 || c.Seed > math.MaxUint32 {
 		return fmt.Errorf("gpt: --seed must be in [0, 2^32), got %d", c.Seed)
+	}
+	if c.VocabSize < 0 || c.VocabSize > math.MaxInt32 {
+		return fmt.Errorf("gpt: vocabulary size %d: want 0 (unchecked) to 2^31-1 (token ids are int32)", c.VocabSize)
 	}
 	if c.Surplus < 0 || math.IsNaN(c.Surplus) {
 		return fmt.Errorf("gpt: mid-level dataset surplus must be ≥ 0, got %v", c.Surplus)

@@ -25,6 +25,7 @@ type Dataset struct {
 	extra       int
 	eod         int32
 	masks       MaskOptions
+	vocab       int32 // ids must be below it; 0: unchecked
 }
 
 // Len returns the number of samples S.
@@ -44,7 +45,11 @@ func (d *Dataset) Sample(i int) (Sample, error) {
 	want := d.seqLength + d.extra
 	text := make([]int32, 0, want)
 	if d0 == d1 {
-		text = d.src.AppendTokens(text, int(x.DocumentIndex[d0]), o0, o1-o0+d.extra)
+		seq := int(x.DocumentIndex[d0])
+		text = d.src.AppendTokens(text, seq, o0, o1-o0+d.extra)
+		if err := d.checkIDs(text, seq, o0); err != nil {
+			return Sample{}, err
+		}
 	} else {
 		for k := d0; k <= d1; k++ {
 			seq := int(x.DocumentIndex[k])
@@ -57,7 +62,11 @@ func (d *Dataset) Sample(i int) (Sample, error) {
 			default:
 				n = o1 + d.extra
 			}
+			before := len(text)
 			text = d.src.AppendTokens(text, seq, off, n)
+			if err := d.checkIDs(text[before:], seq, off); err != nil {
+				return Sample{}, err
+			}
 		}
 	}
 	if len(text) > want {
@@ -67,6 +76,21 @@ func (d *Dataset) Sample(i int) (Sample, error) {
 		text = append(text, PadID)
 	}
 	return makeSample(text, d.seqLength, d.extra, d.eod, d.masks), nil
+}
+
+// checkIDs checks the token ids read from sequence seq from position off
+// against the tokenizer's vocabulary.
+func (d *Dataset) checkIDs(ids []int32, seq, off int) error {
+	if d.vocab <= 0 {
+		return nil
+	}
+	for i, id := range ids {
+		if id < 0 || id >= d.vocab {
+			return fmt.Errorf("gpt: %s.bin: sequence %d, token %d: id %d is outside the tokenizer's vocabulary of %d (0 to %d): was the data preprocessed with another tokenizer?",
+				d.Path, seq, off+i, id, d.vocab, d.vocab-1)
+		}
+	}
+	return nil
 }
 
 // datasetParams are the inputs of newDataset shared by every split.
@@ -81,7 +105,7 @@ type datasetParams struct {
 // cache when a matching, consistent cache exists and saving them otherwise.
 func newDataset(src *indexed.Dataset, sizes []int32, split Split, indices []int32, numSamples int64, p datasetParams) (*Dataset, error) {
 	c := p.cfg
-	d := &Dataset{Path: src.Prefix, Split: split, src: src, seqLength: c.SeqLength, extra: c.extraToken(), eod: c.EOD, masks: c.Masks}
+	d := &Dataset{Path: src.Prefix, Split: split, src: src, seqLength: c.SeqLength, extra: c.extraToken(), eod: c.EOD, masks: c.Masks, vocab: int32(c.VocabSize)}
 	var ns any
 	if numSamples != AllSamples {
 		ns = numSamples
