@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"runtime"
+	"strings"
 
 	"github.com/gotron/gotron/data/preprocess"
 	"github.com/gotron/gotron/tokenizer"
@@ -58,6 +59,9 @@ func cmdPreprocess(ctx context.Context, env *cli, args []string) error {
 	cfg.JSONKeys = keys.values
 	cfg.Progress, cfg.ProgressTerminal = env.stderr, isTerminal(env.stderr)
 	st, err := preprocess.Run(ctx, cfg)
+	if len(st.RemovedTemps) > 0 {
+		fmt.Fprintf(env.stderr, "gotron preprocess: removed %d temporary files that a killed run left: %s\n", len(st.RemovedTemps), strings.Join(st.RemovedTemps, ", "))
+	}
 	if err != nil {
 		return err
 	}

@@ -1,8 +1,13 @@
 package preprocess
 
 import (
+	"errors"
 	"fmt"
+	"io/fs"
 	"os"
+	"path/filepath"
+	"regexp"
+	"strconv"
 	"strings"
 	"time"
 
@@ -25,7 +30,7 @@ type outputs struct {
 
 func newOutputs(cfg Config) (*outputs, error) {
 	o := &outputs{cfg: cfg, level: "document", dtype: indexed.OptimalDType(cfg.Tokenizer.VocabSize()),
-		tmpSuffix: fmt.Sprintf(".tmp-%d", os.Getpid())}
+		tmpSuffix: fmt.Sprintf(".tmp-%s-%d", thisHost(), os.Getpid())}
 	if cfg.SplitSentences {
 		o.level = "sentence"
 	}
@@ -205,4 +210,59 @@ func bar(done, total int64) string {
 	frac := min(float64(done)/float64(total), 1)
 	full := int(frac * 30)
 	return fmt.Sprintf("[%s%s] %3.0f%% ", strings.Repeat("#", full), strings.Repeat("-", 30-full), 100*frac)
+}
+
+// staleTemp matches the temporary files of a run: the output name, then
+// ".tmp-HOST-PID" (".tmp-PID" before hosts were named), then ".bin" or
+// ".idx", with indexed.Builder's own ".tmp" while a builder is open.
+var staleTemp = regexp.MustCompile(`^.+\.tmp-(?:(.+)-)?([0-9]+)\.(?:bin|idx)(?:\.tmp)?$`)
+
+// removeStaleTemps removes the temporary files beside outputPrefix that a
+// run on this host left when it was killed (SIGKILL, a crash, power loss:
+// nothing ran to remove them): those whose process is gone. Files of a
+// live process, ours included, and of other hosts sharing the directory
+// are left alone. It returns the paths removed.
+func removeStaleTemps(outputPrefix string) ([]string, error) {
+	dir, base := filepath.Dir(outputPrefix), filepath.Base(outputPrefix)+"_"
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		if errors.Is(err, fs.ErrNotExist) {
+			return nil, nil // NewBuilder reports the missing directory
+		}
+		return nil, fmt.Errorf("preprocess: --output-prefix: %w", err)
+	}
+	host, self := thisHost(), os.Getpid()
+	var removed []string
+	for _, e := range ents {
+		name := e.Name()
+		m := staleTemp.FindStringSubmatch(name)
+		if m == nil || !strings.HasPrefix(name, base) || !e.Type().IsRegular() {
+			continue
+		}
+		pid, err := strconv.Atoi(m[2])
+		if err != nil || (m[1] != "" && m[1] != host) || pid == self || processAlive(pid) {
+			continue
+		}
+		path := filepath.Join(dir, name)
+		if err := os.Remove(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return removed, fmt.Errorf("preprocess: remove a temporary file of an interrupted run: %w", err)
+		}
+		removed = append(removed, path)
+	}
+	return removed, nil
+}
+
+// thisHost is the host name as it appears in temporary file names: letters,
+// digits, '.' and '-' kept, anything else '_'.
+func thisHost() string {
+	h, err := os.Hostname()
+	if err != nil || h == "" {
+		return "unknown"
+	}
+	return strings.Map(func(r rune) rune {
+		if r == '.' || r == '-' || (r >= '0' && r <= '9') || (r >= 'a' && r <= 'z') || (r >= 'A' && r <= 'Z') {
+			return r
+		}
+		return '_'
+	}, h)
 }

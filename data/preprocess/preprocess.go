@@ -72,6 +72,9 @@ type Stats struct {
 	Tokens map[string]int64
 	// Outputs are the written path prefixes, one per key.
 	Outputs []string
+	// RemovedTemps are temporary files of killed earlier runs that this
+	// run removed before starting.
+	RemovedTemps []string
 }
 
 // LineError reports an input line that could not be used.
@@ -152,11 +155,16 @@ func Run(ctx context.Context, cfg Config) (Stats, error) {
 	if err != nil {
 		return Stats{}, err
 	}
+	stale, err := removeStaleTemps(cfg.OutputPrefix)
+	if err != nil {
+		return Stats{RemovedTemps: stale}, err
+	}
 	out, err := newOutputs(cfg)
 	if err != nil {
-		return Stats{}, err
+		return Stats{RemovedTemps: stale}, err
 	}
 	st, err := pipeline(ctx, cfg, files, assign, out)
+	st.RemovedTemps = stale
 	if err != nil {
 		out.abort()
 		return st, err
