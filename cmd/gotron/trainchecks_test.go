@@ -55,7 +55,7 @@ func TestTrainRefusesNumbersOutsideTheirMeaning(t *testing.T) {
 		{"--clip-grad", "NaN", `--clip-grad: "NaN" is not a finite number`},
 		{"--tensorboard-log-interval", "0", "--tensorboard-log-interval: 0 is out of range"},
 		{"--train-iters", "-1", "--train-iters: -1 is out of range: must be between 0 and 1099511627776"},
-		{"--seed", "-7", "--seed: -7 is out of range: must be at least 0"},
+		{"--seed", "-7", "--seed: -7 is out of range: must be between 0 and 4294967295"},
 		{"--distributed-timeout-minutes", "-1", "--distributed-timeout-minutes: -1 is out of range"},
 		{"--attention-dropout", "1", "--attention-dropout: 1 is out of range: must be at least 0 and at most 0.999999"},
 	} {
