@@ -71,6 +71,9 @@ func cmdDataSamples(ctx context.Context, env *cli, args []string) error {
 	if d.mock {
 		return fmt.Errorf("--mock-data: data samples reads real datasets only")
 	}
+	if err := checkNumbers(dataSamplesNumberRules, flagText(fs)); err != nil {
+		return err
+	}
 	split, ok := map[string]datagpt.Split{"train": datagpt.Train, "valid": datagpt.Valid, "test": datagpt.Test}[*splitName]
 	if !ok {
 		return fmt.Errorf("--split-name %q: want train, valid or test", *splitName)

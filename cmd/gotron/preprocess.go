@@ -42,8 +42,8 @@ func cmdPreprocess(ctx context.Context, env *cli, args []string) error {
 	if *lang != "english" {
 		return fmt.Errorf("--lang %q: the sentence splitter only knows english", *lang)
 	}
-	if cfg.Workers < 1 {
-		return fmt.Errorf("--workers must be ≥ 1, got %d", cfg.Workers)
+	if err := checkNumbers(preprocessNumberRules, flagText(fs)); err != nil {
+		return err
 	}
 	if cfg.Input == "" || cfg.OutputPrefix == "" {
 		return fmt.Errorf("--input and --output-prefix are required (see --help)")

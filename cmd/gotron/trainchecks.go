@@ -51,7 +51,7 @@ func floatAbove(min, max float64, meaning string) numberRule {
 // with e.g. a negative --clip-grad (clipping silently off) or fails deep in
 // the run with a zero --log-interval (ZeroDivisionError); gotron refuses
 // them before any arithmetic.
-var trainNumberRules = map[string]numberRule{
+var trainNumberRules = withTokenizerRules(map[string]numberRule{
 	// Model.
 	"num-layers":                   intAtLeast(0, "transformer layers; required unless --model or --use-checkpoint-args"),
 	"hidden-size":                  intAtLeast(0, "hidden size"),
@@ -67,9 +67,6 @@ var trainNumberRules = map[string]numberRule{
 	"hidden-dropout":               floatIn(0, 0.999999, "a dropout probability"),
 	"init-method-std":              floatIn(0, 1e6, "a standard deviation"),
 	"make-vocab-size-divisible-by": intIn(1, 1<<20, "the vocabulary is padded to a multiple of this × TP"),
-	"vocab-size":                   intIn(0, math.MaxInt32, "token ids are int32"),
-	"vocab-extra-ids":              intIn(0, math.MaxInt32, "token ids are int32"),
-	"tiktoken-num-special-tokens":  intIn(0, math.MaxInt32, "token ids are int32"),
 
 	// Parallelism.
 	"tensor-model-parallel-size":                       intIn(1, maxRanks, "ranks"),
@@ -134,6 +131,36 @@ var trainNumberRules = map[string]numberRule{
 	"exit-duration-in-mins":    floatIn(0, maxMinutes, "minutes of training; 0: no limit"),
 	"async-save-rate":          floatIn(0, math.MaxFloat64, "MB/s per rank; 0: unpaced"),
 	"sample-tokens":            intIn(0, math.MaxInt32, "tokens"),
+})
+
+// tokenizerNumberRules are the numeric tokenizer flags every command with
+// a tokenizer shares.
+var tokenizerNumberRules = map[string]numberRule{
+	"vocab-size":                  intIn(0, math.MaxInt32, "token ids are int32"),
+	"vocab-extra-ids":             intIn(0, math.MaxInt32, "token ids are int32"),
+	"tiktoken-num-special-tokens": intIn(0, math.MaxInt32, "token ids are int32"),
+}
+
+// preprocessNumberRules are gotron preprocess's numeric flags.
+var preprocessNumberRules = withTokenizerRules(map[string]numberRule{
+	"workers":      intIn(1, 1<<16, "tokenizing goroutines"),
+	"partitions":   intIn(1, 1<<12, "partitions, each with open output files"),
+	"log-interval": intIn(1, math.MaxInt64, "documents between progress lines"),
+})
+
+// dataSamplesNumberRules are gotron data samples's numeric flags.
+var dataSamplesNumberRules = withTokenizerRules(map[string]numberRule{
+	"seq-length": intIn(0, maxSize, "tokens per sample"),
+	"seed":       intIn(0, math.MaxUint32, "NumPy's seeds, which Megatron's datasets use, are below 2^32"),
+	"first":      intIn(0, math.MaxInt64, "samples to print; 0: all"),
+	"eod-id":     intIn(-1, math.MaxInt32, "a token id; -1: none given"),
+})
+
+func withTokenizerRules(rules map[string]numberRule) map[string]numberRule {
+	for k, v := range tokenizerNumberRules {
+		rules[k] = v
+	}
+	return rules
 }
 
 // checkNumbers checks every numeric flag's value (value returns a flag's

@@ -135,3 +135,28 @@ func TestTrainRefusesIDsBeyondTheTokenizer(t *testing.T) {
 		t.Fatalf("exit %d, stderr %q, want %q\n%s", code, errs, want, out)
 	}
 }
+
+// TestDataCommandsRefuseNumbersOutsideTheirMeaning: gotron preprocess and
+// gotron data samples check their numeric flags with the same rules (a zero
+// --partitions or --log-interval used to become 1 or 1000 silently).
+func TestDataCommandsRefuseNumbersOutsideTheirMeaning(t *testing.T) {
+	dir := t.TempDir()
+	in := specJSONL(t, dir)
+	pre := []string{"preprocess", "--input", in, "--output-prefix", filepath.Join(dir, "x"), "--tokenizer-type", "NullTokenizer", "--vocab-size", "100"}
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{append(append([]string{}, pre...), "--partitions", "0"), "--partitions: 0 is out of range: must be between 1 and 4096"},
+		{append(append([]string{}, pre...), "--workers", "0"), "--workers: 0 is out of range: must be between 1 and 65536"},
+		{append(append([]string{}, pre...), "--log-interval", "0"), "--log-interval: 0 is out of range: must be at least 1"},
+		{append(append([]string{}, pre...), "--vocab-size", "-3"), "--vocab-size: -3 is out of range"},
+		{[]string{"data", "samples", "--data-path", "x", "--seq-length", "8", "--first", "-1"}, "--first: -1 is out of range"},
+		{[]string{"data", "samples", "--data-path", "x", "--seq-length", "8", "--seed", "-1"}, "--seed: -1 is out of range"},
+	} {
+		code, out, errs := runGotronLocal(t, c.args...)
+		if code != 1 || !strings.Contains(errs, c.want) {
+			t.Errorf("%v: exit %d, stderr %q, want %q\n%s", c.args, code, errs, c.want, out)
+		}
+	}
+}
