@@ -21,6 +21,7 @@ import (
 	"github.com/gotron/gotron/model/gpt"
 	"github.com/gotron/gotron/optim"
 	"github.com/gotron/gotron/parallel"
+	"github.com/gotron/gotron/parallel/cp"
 	"github.com/gotron/gotron/parallel/ddp"
 	"github.com/gotron/gotron/tensor"
 )
@@ -114,8 +115,8 @@ type Config struct {
 
 	// Parallel holds this rank's process groups (parallel.NewGroups); nil
 	// means one process, which New gives the groups of a world of one rank
-	// (every group of size 1). Data, tensor and pipeline parallelism run in
-	// this release (context and expert parallelism: CP = EP = 1).
+	// (every group of size 1). Data, tensor, pipeline and context
+	// parallelism run in this release (expert parallelism: EP = 1).
 	Parallel *parallel.Groups
 	// Pipeline is how the layers are cut into pipeline stages: virtual
 	// stages and an uneven first/last split (its PP is the layout's
@@ -125,6 +126,13 @@ type Config struct {
 	// --microbatch-group-size-per-virtual-pipeline-stage (0: the pipeline
 	// size, Megatron's default).
 	MicrobatchGroupSize int
+	// CPCommType is --cp-comm-type: how attention communicates over the
+	// context-parallel group (p2p ring attention, the zero value;
+	// all_gather; a2a). Used with --context-parallel-size > 1.
+	CPCommType cp.CommType
+	// HierarchicalCPSizes is --hierarchical-context-parallel-sizes (for
+	// a2a+p2p, which is not built yet: checked and refused).
+	HierarchicalCPSizes []int
 	// SequenceParallel (--sequence-parallel) shards the activations outside
 	// the tensor-parallel regions along the sequence (needs TP > 1).
 	SequenceParallel bool
@@ -230,11 +238,16 @@ func (c *Config) validate() error {
 	}
 	c.Parallel = c.groups()
 	l := c.Parallel.Layout.Config
-	if l.CP > 1 || l.EP > 1 {
-		return fmt.Errorf("train: --context-parallel-size=%d --expert-model-parallel-size=%d: "+
-			"this release trains with data, tensor and pipeline parallelism only (context and expert sizes 1)", l.CP, l.EP)
+	if l.EP > 1 {
+		return fmt.Errorf("train: --expert-model-parallel-size=%d: "+
+			"this release trains with data, tensor, pipeline and context parallelism (expert size 1)", l.EP)
 	}
-	if err := c.Model.CheckTP(l.TP, c.SequenceParallel, c.SeqLength); err != nil {
+	if err := c.checkContextParallel(max(l.CP, 1), max(l.TP, 1)); err != nil {
+		return err
+	}
+	// With CP each rank's sequence is SeqLength/CP tokens (what sequence
+	// parallelism splits over TP).
+	if err := c.Model.CheckTP(l.TP, c.SequenceParallel, c.SeqLength/max(l.CP, 1)); err != nil {
 		return err
 	}
 	dp := c.Parallel.DPSize()

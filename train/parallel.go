@@ -147,7 +147,9 @@ func (st *stepper) reduceGrads(ctx context.Context, a agreement) (agreement, err
 		a.nonFin = st.grads.FoundInf()
 	}
 	a.sumSq = 0
-	if st.cfg.DDP.DistributedOptimizer || st.par.DP.Rank() == 0 {
+	// (without the distributed optimizer the gradients are replicated over
+	// data × context parallelism: one rank of it counts them)
+	if st.cfg.DDP.DistributedOptimizer || st.par.DPCP.Rank() == 0 {
 		a.sumSq = st.normG.SumSquares()
 	}
 	if st.par.TP.Rank() != 0 {
@@ -157,7 +159,10 @@ func (st *stepper) reduceGrads(ctx context.Context, a agreement) (agreement, err
 	if err != nil {
 		return g, err
 	}
-	g.loss /= float64(st.dpSize())
+	// the mean over DP × CP of the ranks' mean losses (Megatron's objective
+	// with CP: equal to the token mean when the CP ranks count the same
+	// tokens, as without loss masking)
+	g.loss /= float64(st.dpSize() * st.cpSize())
 	return g, nil
 }
 

@@ -105,11 +105,12 @@ func optimizerKey(key string) (kind, param string, lo, hi int, sharded bool, err
 	return kind, param, 0, -1, false, nil
 }
 
-// dpWriters deals the tensors replicated across this rank's data-parallel
-// group to its ranks, largest first to the least loaded: every rank of the
-// group computes the same table, as they hold the same parameters.
+// dpWriters deals the tensors replicated across this rank's data (×
+// context) parallel group to its ranks, largest first to the least loaded:
+// every rank of the group computes the same table, as they hold the same
+// parameters.
 func (ck *checkpointer) dpWriters(params []*tensor.Tensor, withOptim int) map[string]int {
-	dp := ck.par.DP.Size()
+	dp := ck.par.DPCP.Size()
 	owner := map[string]int{}
 	if dp == 1 {
 		for _, p := range params {
@@ -144,7 +145,7 @@ func (ck *checkpointer) checkpointPieces(st *optim.State) ([]ckpt.Piece, error) 
 	if ck.stepper.pipelined() {
 		owned = ownedParams(ck.stepper.stages)
 	}
-	tpRank, dpRank := ck.stepper.region.Rank(), ck.par.DP.Rank()
+	tpRank, dpRank := ck.stepper.region.Rank(), ck.par.DPCP.Rank()
 	replicatedBuffers := 0 // per parameter, dealt with it
 	if st != nil && !ck.cfg.DDP.DistributedOptimizer {
 		replicatedBuffers = len(stateKinds(*st))

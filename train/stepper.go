@@ -113,6 +113,9 @@ func newStepper(cfg *Config, pos *position, train datagpt.Source, launched bool,
 		return nil, err
 	}
 	st.model = m
+	if err := st.setupContextParallel(m); err != nil {
+		return nil, err
+	}
 	st.rng = root.Fork("dropout")
 	if st.pipelined() {
 		// Each pipeline stage draws its dropout masks from its own stream.
@@ -304,6 +307,9 @@ func (st *stepper) evaluate(src datagpt.Source, consumed *int64) (float64, error
 		for i := 0; i < gbs/(mbs*dp) && !failed; i++ {
 			start := (*consumed + int64(r*mbs)) % int64(max(src.Len(), 1))
 			bt, err := makeBatch(src, start, mbs, st.cfg.SeqLength, st.cfg.Model.VocabSize)
+			if err == nil {
+				bt, err = st.localTokens(bt)
+			}
 			if err != nil {
 				st.printf("evaluation stopped: %v", err)
 				failed = true
@@ -334,7 +340,9 @@ func (st *stepper) evaluate(src datagpt.Source, consumed *int64) (float64, error
 		if failed {
 			v[2] = 1
 		}
-		if err := st.par.DP.AllReduce(st.cctx, comm.Float32s(v), comm.Sum); err != nil {
+		// over data × context parallelism: each CP rank's loss is the mean
+		// over its own tokens
+		if err := st.par.DPCP.AllReduce(st.cctx, comm.Float32s(v), comm.Sum); err != nil {
 			return math.NaN(), fmt.Errorf("train: evaluation at iteration %d: %w", st.Iteration, err)
 		}
 		if err := st.broadcastFromLastStage(v); err != nil {
@@ -355,6 +363,9 @@ func (st *stepper) evaluate(src datagpt.Source, consumed *int64) (float64, error
 func (st *stepper) trainBatch(i, mbs, dp, r int) (gpt.Batch, error) {
 	start := st.Consumed + int64((i*dp+r)*mbs)
 	bt, err := makeBatch(st.train, start, mbs, st.cfg.SeqLength, st.cfg.Model.VocabSize)
+	if err == nil {
+		bt, err = st.localTokens(bt) // this CP rank's chunks
+	}
 	if err != nil {
 		return gpt.Batch{}, fmt.Errorf("train: iteration %d: %w", st.Iteration+1, err)
 	}

@@ -34,6 +34,7 @@ type trainFlags struct {
 	divisibleBy        int
 
 	tpSize, ppSize, cpSize int
+	cp                     cpFlags
 	timeoutMins            float64
 	distBackend            string
 	useCkptArgs            bool
@@ -122,7 +123,8 @@ func newTrainFlags() (*flag.FlagSet, *trainFlags) {
 	fs.IntVar(&ps.FirstLayers, "decoder-first-pipeline-num-layers", 0, "layers of the first pipeline stage (uneven split; 0: even)")
 	fs.IntVar(&ps.LastLayers, "decoder-last-pipeline-num-layers", 0, "layers of the last pipeline stage (uneven split; 0: even)")
 	fs.IntVar(&c.MicrobatchGroupSize, "microbatch-group-size-per-virtual-pipeline-stage", 0, "micro-batches each model chunk runs in a row in the interleaved schedule (0: the pipeline size)")
-	fs.IntVar(&f.cpSize, "context-parallel-size", 1, "context-parallel size (only 1 in this release)")
+	fs.IntVar(&f.cpSize, "context-parallel-size", 1, "context-parallel size: each rank holds 2 of 2×N chunks of every sequence; attention runs over the group (--cp-comm-type)")
+	f.cp.add(fs, c)
 	fs.BoolVar(&c.DDP.DistributedOptimizer, "use-distributed-optimizer", false, "shard optimizer state over data-parallel ranks (ZeRO-1): reduce-scatter grads, all-gather params")
 	fs.BoolVar(&c.DDP.OverlapGradReduce, "overlap-grad-reduce", false, "start each gradient bucket's reduction during backward of the last micro-batch")
 	fs.BoolVar(&c.DDP.OverlapParamGather, "overlap-param-gather", false, "with --use-distributed-optimizer: leave parameter all-gathers in flight until the next forward")
@@ -315,8 +317,8 @@ func cmdTrain(ctx context.Context, env *cli, args []string) error {
 			return fmt.Errorf("--loss-scale: loss scaling runs only with --fp16 or --bf16")
 		}
 	}
-	if f.cpSize != 1 {
-		return fmt.Errorf("--context-parallel-size=%d: this release trains with data, tensor and pipeline parallelism (context size 1)", f.cpSize)
+	if f.cpSize < 1 {
+		return fmt.Errorf("--context-parallel-size=%d: want >= 1", f.cpSize)
 	}
 	if f.ppSize < 1 {
 		return fmt.Errorf("--pipeline-model-parallel-size=%d: want >= 1", f.ppSize)
@@ -408,6 +410,7 @@ func cmdTrain(ctx context.Context, env *cli, args []string) error {
 		}
 		fmt.Fprintf(env.stdout, "gotron train: data-parallel size %d; optimizer state per rank: %.2f MB (%s)\n",
 			groups.DPSize(), float64(tr.OptimizerStateBytes())/1e6, how)
+		printContextParallel(env.stdout, groups.CP.Size(), cfg)
 	}
 	logger := groups == nil || groups.World.Rank() == groups.World.Size()-1
 	if !logger {
@@ -483,6 +486,9 @@ func (f *trainFlags) build(ctx context.Context, given map[string]bool) (train.Co
 	}
 	if f.ckptFormat != ckpt.FormatName && f.ckptFormat != "torch_dist" {
 		return cfg, nil, fmt.Errorf("--ckpt-format=%s: gotron reads and writes %q checkpoints, sharded and reshardable like torch_dist (Megatron's legacy torch checkpoints convert with 'gotron convert --from megatron')", f.ckptFormat, ckpt.FormatName)
+	}
+	if err := f.cp.apply(&cfg); err != nil {
+		return cfg, nil, err
 	}
 	if len(f.rampup.values) > 0 {
 		for _, v := range f.rampup.values {

@@ -50,6 +50,10 @@ type Model struct {
 	Sharding Sharding
 	// Recompute is activation recomputation (recompute.go); zero keeps all.
 	Recompute Recompute
+	// ContextParallel, when set, computes training attention over a
+	// context-parallel group (the batch holds this rank's chunks of each
+	// sequence); nil is the whole sequence on this rank.
+	ContextParallel ContextParallel
 }
 
 // New builds a model with Megatron's initialisation drawn from rng: weights
@@ -347,7 +351,13 @@ func (m *Model) dropout(tp *tensor.Tape, x *tensor.Tensor, p *pass) *tensor.Tens
 		return x
 	}
 	sh := m.region()
-	return tp.Dropout(x, p.dropout, sh.DropoutRNG(p.rng, sh.SequenceParallel()))
+	rng := sh.DropoutRNG(p.rng, sh.SequenceParallel())
+	if cp := m.ContextParallel; cp != nil && !sh.SequenceParallel() {
+		// the whole sequence's mask, as one rank would draw it (sequence
+		// shards draw their own, per rank, with or without CP)
+		return cp.Dropout(tp, x, p.dropout, rng)
+	}
+	return tp.Dropout(x, p.dropout, rng)
 }
 
 // defaultPositions is 0..t-1 in every row, on dev.

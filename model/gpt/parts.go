@@ -5,8 +5,8 @@ import "github.com/gotron/gotron/tensor"
 // AttentionCore is the attention of one layer's queries over keys and
 // values, the part of the layer that differs most between runs: the fused
 // causal kernel in training (causalAttention), a KV cache in decoding
-// (attenderCore over an Attender); ring attention over a context-parallel
-// group would be another (context parallelism is not built yet). q is
+// (attenderCore over an Attender). Context parallelism keeps the training
+// core and swaps its kernel for Model.ContextParallel's. q is
 // (b, t, heads, d), k and v are (b, t, query groups, d), RoPE applied; it
 // returns (b, t, heads, d). layer is the global layer index.
 type AttentionCore interface {
@@ -39,4 +39,18 @@ func (c attenderCore) Attend(tp *tensor.Tape, layer int, q, k, v *tensor.Tensor)
 	tensor.Zero(o) // Attend's contract: out is zeroed
 	c.att.Attend(layer, tp.Reshape(q, n, heads, d), tp.Reshape(k, n, g, d), tp.Reshape(v, n, g, d), tp.Reshape(o, n, heads, d))
 	return o
+}
+
+// ContextParallel is attention over a context-parallel group (package
+// parallel/cp): the layer's q, k, v hold this rank's two chunks of the
+// sequence, and Attention returns this rank's rows of the whole sequence's
+// attention, with tensor.Tape.Attention's options. The rest of the layer is
+// per token and runs on the local chunks as it is; the batch carries the
+// tokens' sequence positions (for learned and rotary positions).
+type ContextParallel interface {
+	Attention(tp *tensor.Tape, q, k, v *tensor.Tensor, o tensor.AttentionOptions) *tensor.Tensor
+	// Dropout is tensor.Tape.Dropout of x (b, t, h), this rank's tokens,
+	// with the mask the whole sequence would draw from rng: this rank's
+	// rows of it, the stream advanced as for the whole sequence.
+	Dropout(tp *tensor.Tape, x *tensor.Tensor, p float32, rng *tensor.RNG) *tensor.Tensor
 }

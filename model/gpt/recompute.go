@@ -82,6 +82,9 @@ func (a *causalAttention) Attend(tp *tensor.Tape, _ int, q, k, v *tensor.Tensor)
 		opt.Dropout, opt.RNG = a.m.Config.AttentionDropout, a.rng
 	}
 	core := func(tp *tensor.Tape, in []*tensor.Tensor) []*tensor.Tensor {
+		if cp := a.m.ContextParallel; cp != nil {
+			return []*tensor.Tensor{cp.Attention(tp, in[0], in[1], in[2], opt)}
+		}
 		return []*tensor.Tensor{tp.Attention(in[0], in[1], in[2], opt)} // (b, t, a, d)
 	}
 	if !a.selective {

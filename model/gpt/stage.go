@@ -323,7 +323,7 @@ func (s *Stage) Loss(tp *tensor.Tape, logits *tensor.Tensor, bt Batch) *tensor.T
 func (s *Stage) view() *Model {
 	return &Model{Config: s.Config, WordEmb: s.WordEmb, PosEmb: s.PosEmb, Layers: s.Layers,
 		FinalNorm: s.FinalNorm, FinalNormB: s.FinalNormB, OutputLayer: s.OutputLayer,
-		rope: s.model.rope, Sharding: s.Sharding, Recompute: s.model.Recompute}
+		rope: s.model.rope, Sharding: s.Sharding, Recompute: s.model.Recompute, ContextParallel: s.model.ContextParallel}
 }
 
 // ActivationShape is the shape of the hidden states between stages for a

@@ -90,7 +90,7 @@ func Check(size int, t CommType, seqLength, heads, queryGroups, tpSize int) erro
 	case size == 1:
 		return nil
 	case seqLength%(2*size) != 0:
-		return fmt.Errorf("cp: --seq-length=%d is not divisible by 2×--context-parallel-size=%d (each of the %d ranks holds 2 of %d equal chunks)",
+		return fmt.Errorf("cp: --seq-length=%d is not divisible by 2×--context-parallel-size = %d (each of the %d ranks holds 2 of %d equal chunks)",
 			seqLength, 2*size, size, 2*size)
 	case t == A2A && (heads/max(tpSize, 1))%size != 0:
 		return fmt.Errorf("cp: --cp-comm-type=a2a: --num-attention-heads=%d / --tensor-model-parallel-size=%d = %d heads per rank are not divisible by --context-parallel-size=%d",
@@ -289,4 +289,24 @@ func newPacked(dev tensor.Device, n int, shape ...int) *packed {
 		p.parts = append(p.parts, nt.Narrow(p.flat, 0, i*size, size).Reshape(shape...))
 	}
 	return p
+}
+
+// Dropout is tensor.Tape.Dropout of x (b, 2c, h), this rank's tokens, with
+// this rank's rows of the mask the whole sequence (b, 2C·c, h) draws from
+// rng, which advances as for the whole sequence: dropout under context
+// parallelism drops what one rank drops (Megatron's CP ranks each draw
+// their local shape from the same stream instead).
+func (a *Attention) Dropout(tp *tensor.Tape, x *tensor.Tensor, p float32, rng *tensor.RNG) *tensor.Tensor {
+	size, rank := a.Group.Size(), a.Group.Rank()
+	if p == 0 || size == 1 {
+		return tp.Dropout(x, p, rng)
+	}
+	b, c, h := x.Dim(0), x.Dim(1)/2, x.Dim(2)
+	ones := make([]float32, b*2*size*c*h)
+	for i := range ones {
+		ones[i] = 1
+	}
+	mask := tp.Dropout(tensor.FromFloat32(ones, b, 2*size*c, h).ToDevice(x.Device()), p, rng) // 0 or 1/(1-p)
+	local := tp.Concat(1, tp.Narrow(mask, 1, rank*c, c), tp.Narrow(mask, 1, (2*size-1-rank)*c, c))
+	return tp.Mul(x, local)
 }

@@ -33,7 +33,7 @@ func TestCheckErrorsNameFlags(t *testing.T) {
 		err  error
 		want string
 	}{
-		{Check(2, P2P, 130, 4, 4, 1), "--seq-length=130 is not divisible by 2×--context-parallel-size=4"},
+		{Check(2, P2P, 130, 4, 4, 1), "--seq-length=130 is not divisible by 2×--context-parallel-size = 4"},
 		{Check(4, A2A, 128, 6, 6, 1), "--num-attention-heads=6"},
 		{Check(2, A2A, 128, 4, 1, 1), "--num-query-groups=1"},
 		{Check(2, A2A, 128, 4, 4, 4), "--tensor-model-parallel-size=4 = 1 heads per rank are not divisible by --context-parallel-size=2"},
