@@ -317,9 +317,6 @@ func cmdTrain(ctx context.Context, env *cli, args []string) error {
 			return fmt.Errorf("--loss-scale: loss scaling runs only with --fp16 or --bf16")
 		}
 	}
-	if f.cpSize < 1 {
-		return fmt.Errorf("--context-parallel-size=%d: want >= 1", f.cpSize)
-	}
 	if f.ppSize < 1 {
 		return fmt.Errorf("--pipeline-model-parallel-size=%d: want >= 1", f.ppSize)
 	}
