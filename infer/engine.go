@@ -6,6 +6,7 @@ import (
 	"slices"
 	"sort"
 
+	"github.com/gotron/gotron/internal/checked"
 	"github.com/gotron/gotron/model/gpt"
 	"github.com/gotron/gotron/tensor"
 )
@@ -316,7 +317,7 @@ func (e *Engine) Add(r Request) (SeqID, error) {
 	if err := e.Validate(r); err != nil {
 		return 0, err
 	}
-	s, err := newSequence(e.nextID, r, e.cfg.Decoder)
+	s, err := newSequence(e.nextID, r, e.cfg.Decoder, e.MaxTokens())
 	if err != nil {
 		return 0, err
 	}
@@ -341,8 +342,8 @@ func (e *Engine) Validate(r Request) error {
 		return bad("max tokens %d: want >= 0", r.MaxTokens)
 	case r.MaxTokens == 0 && !r.PromptLogprobs:
 		return bad("max tokens 0: want >= 1 (0 only to score the prompt's log-probabilities)")
-	case r.TopLogprobs < 0:
-		return bad("top logprobs %d: want >= 0", r.TopLogprobs)
+	case r.TopLogprobs < 0 || r.TopLogprobs > e.cfg.VocabSize:
+		return bad("top logprobs %d: want 0..%d (the vocabulary)", r.TopLogprobs, e.cfg.VocabSize)
 	case len(r.Stop) > 0 && e.cfg.Decoder == nil:
 		return bad("stop strings need a tokenizer")
 	}
@@ -359,7 +360,10 @@ func (e *Engine) Validate(r Request) error {
 	if err := r.Sampling.Validate(); err != nil {
 		return fmt.Errorf("%w: %w", ErrBadRequest, err)
 	}
-	if need, have := len(r.Prompt)+r.MaxTokens, e.MaxTokens(); need > have {
+	// The sum is checked: a MaxTokens near 2^63 must not wrap it negative
+	// and slip past the comparison.
+	if need, ok := checked.AddInt(len(r.Prompt), r.MaxTokens); !ok || need > e.MaxTokens() {
+		have := e.MaxTokens()
 		what := fmt.Sprintf("the model's %d positions", e.maxPos)
 		if have < e.maxPos {
 			what = fmt.Sprintf("the KV cache's %d positions (--kv-cache-bytes)", have)

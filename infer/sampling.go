@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 
 	"github.com/gotron/gotron/model/gpt"
 	"github.com/gotron/gotron/tensor"
@@ -14,7 +15,9 @@ import (
 // Sampling is a subset of Megatron's SamplingParams
 // (megatron/core/inference/sampling_params.py).
 type Sampling struct {
-	// Temperature divides the logits; 0 means 1.
+	// Temperature divides the logits; 0 means 1. A positive temperature
+	// that is 0 in float32 (below ~7e-46: the logits divided by it overflow)
+	// is greedy, the limit of ever smaller temperatures.
 	Temperature float64
 	// TopK keeps the k largest logits (0: off; 1: greedy argmax).
 	TopK int
@@ -35,11 +38,17 @@ func (s Sampling) Validate() error {
 		return fmt.Errorf("infer: --top-p=%g: want 0 <= p <= 1", s.TopP)
 	case s.TopK > 1 && s.TopP > 0:
 		return errors.New("infer: --top-k and --top-p cannot both be set (Megatron's rule)")
-	case s.Temperature < 0:
-		return fmt.Errorf("infer: --temperature=%g: want > 0", s.Temperature)
+	case s.Temperature < 0 || math.IsNaN(s.Temperature) || math.IsInf(s.Temperature, 0):
+		return fmt.Errorf("infer: --temperature=%g: want a finite number > 0", s.Temperature)
 	}
 	return nil
 }
+
+// IsGreedyTemperature reports whether t is a positive temperature that
+// rounds to 0 in float32: dividing float32-sized logits by it overflows, so
+// it is taken as its limit, greedy decoding (as temperature 0 is in the
+// OpenAI API).
+func IsGreedyTemperature(t float64) bool { return t > 0 && float32(t) == 0 }
 
 // Sampler draws token ids from logits with its own seeded stream of
 // uniform numbers (tensor.SampleTokens does the arithmetic).
@@ -58,6 +67,9 @@ func NewSampler(cfg Sampling) (*Sampler, error) {
 	}
 	if cfg.Temperature == 0 {
 		cfg.Temperature = 1
+	}
+	if IsGreedyTemperature(cfg.Temperature) {
+		cfg.Temperature, cfg.TopK, cfg.TopP = 1, 1, 0
 	}
 	return &Sampler{cfg: cfg, rng: tensor.NewRNG(cfg.Seed).Fork("sampling")}, nil
 }
@@ -101,10 +113,16 @@ func Generate(ctx context.Context, m *gpt.Model, prompt []int32, maxNew, vocab i
 	if len(prompt) == 0 {
 		return errors.New("infer: empty prompt")
 	}
+	if maxNew < 0 {
+		return fmt.Errorf("infer: %d new tokens: want >= 0", maxNew)
+	}
 	if vocab <= 0 || vocab > m.Config.VocabSize {
 		vocab = m.Config.VocabSize
 	}
-	kv := m.NewKVCache(len(prompt) + maxNew)
+	// Generation stops when the cache is full: more new tokens than the
+	// model has positions are never needed (and their sum with the
+	// prompt's could wrap).
+	kv := m.NewKVCache(len(prompt) + min(maxNew, max(m.Config.MaxPositionEmbeddings, 1)))
 	if len(prompt) > kv.MaxLen {
 		return fmt.Errorf("infer: prompt of %d tokens exceeds the model's %d positions", len(prompt), kv.MaxLen)
 	}

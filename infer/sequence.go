@@ -1,9 +1,11 @@
 package infer
 
 import (
+	"fmt"
 	"slices"
 	"strings"
 
+	"github.com/gotron/gotron/internal/checked"
 	"github.com/gotron/gotron/tensor"
 )
 
@@ -34,13 +36,21 @@ type sequence struct {
 	lpDone   int       // prompt positions whose logits were seen
 }
 
-func newSequence(id SeqID, r Request, dec Decoder) (*sequence, error) {
+// newSequence returns r's state; its tokens may not exceed limit (the
+// engine's context).
+func newSequence(id SeqID, r Request, dec Decoder, limit int) (*sequence, error) {
 	sm, err := NewSampler(r.Sampling)
 	if err != nil {
 		return nil, err
 	}
+	// Engine.Validate bounds the length by the context; checked again here,
+	// where a wrapped or huge sum would make the allocation below panic.
+	n, ok := checked.AddInt(len(r.Prompt), r.MaxTokens)
+	if !ok || r.MaxTokens < 0 || n > limit {
+		return nil, fmt.Errorf("%w: %d prompt tokens + %d new tokens: want at most %d in all", ErrContextLength, len(r.Prompt), r.MaxTokens, limit)
+	}
 	s := &sequence{id: id, req: r, nPrompt: len(r.Prompt), sampler: sm}
-	s.tokens = make([]int32, len(r.Prompt), len(r.Prompt)+r.MaxTokens)
+	s.tokens = make([]int32, len(r.Prompt), n)
 	copy(s.tokens, r.Prompt)
 	if dec != nil {
 		ids := make([]int, len(r.Prompt))

@@ -93,7 +93,7 @@ func benchServe(ctx context.Context, env *cli, args []string) error {
 	runCtx, stopRunner := context.WithCancel(context.Background())
 	runDone := make(chan struct{})
 	go func() { runner.Run(runCtx); close(runDone) }()
-	hs := &http.Server{Handler: srv.Handler()}
+	hs, ln := httpServer(&f.serve, srv, ln)
 	go hs.Serve(ln)
 	defer func() { hs.Close(); stopRunner(); <-runDone }()
 

@@ -7,6 +7,7 @@ import (
 
 	"github.com/gotron/gotron/infer"
 	"github.com/gotron/gotron/internal/assets/gpt2"
+	"github.com/gotron/gotron/internal/checked"
 	"github.com/gotron/gotron/tensor"
 	"github.com/gotron/gotron/tokenizer"
 )
@@ -40,6 +41,9 @@ func cmdGenerate(ctx context.Context, env *cli, args []string) error {
 	}
 	if *prompt == "" {
 		return fmt.Errorf("--prompt is required")
+	}
+	if err := checked.Positive("--max-new-tokens", int64(*maxNew)); err != nil {
+		return err
 	}
 	s.Seed = uint64(*seed)
 	sampler, err := infer.NewSampler(s)

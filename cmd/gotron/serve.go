@@ -5,6 +5,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"log"
 	"net"
 	"net/http"
 	"os"
@@ -18,6 +19,7 @@ import (
 	"github.com/gotron/gotron/infer"
 	"github.com/gotron/gotron/infer/server"
 	"github.com/gotron/gotron/internal/assets/gpt2"
+	"github.com/gotron/gotron/internal/checked"
 	"github.com/gotron/gotron/internal/meminfo"
 	"github.com/gotron/gotron/model/gpt"
 	"github.com/gotron/gotron/tensor"
@@ -41,6 +43,31 @@ type serveFlags struct {
 	maxPromptTokens, maxN               int
 	grace                               time.Duration
 	tok                                 tokenizer.Config
+	// Admission: what one client may hold (connections, time, bytes).
+	readTimeout, writeTimeout, idleTimeout time.Duration
+	maxConnections, maxWaitingSeqs         int
+	log                                    *log.Logger // access lines and warnings; nil: none
+}
+
+// checkAdmission checks the admission flags before anything is loaded.
+func (f *serveFlags) checkAdmission() error {
+	for _, d := range []struct {
+		name string
+		v    time.Duration
+	}{{"--read-timeout", f.readTimeout}, {"--write-timeout", f.writeTimeout}, {"--idle-timeout", f.idleTimeout}, {"--shutdown-grace", f.grace}} {
+		if d.v < 0 {
+			return fmt.Errorf("%s=%v: want a duration >= 0 (0: no limit)", d.name, d.v)
+		}
+	}
+	for _, c := range []struct {
+		name string
+		v    int
+	}{{"--max-connections", f.maxConnections}, {"--max-waiting-seqs", f.maxWaitingSeqs}, {"--max-n", f.maxN}, {"--max-prompt-tokens", f.maxPromptTokens}} {
+		if err := checked.NonNegative(c.name, int64(c.v)); err != nil {
+			return err
+		}
+	}
+	return checked.NonNegative("--max-request-bytes", f.maxRequestBytes)
 }
 
 func addServeFlags(fs *flag.FlagSet, f *serveFlags) {
@@ -61,6 +88,11 @@ func addServeFlags(fs *flag.FlagSet, f *serveFlags) {
 	fs.IntVar(&f.maxPromptTokens, "max-prompt-tokens", 0, "longest prompt in tokens, 413 beyond (default: the model's context)")
 	fs.IntVar(&f.maxN, "max-n", 16, "largest n (choices) per request")
 	fs.DurationVar(&f.grace, "shutdown-grace", 30*time.Second, "on SIGTERM, how long requests in flight may take before they are cancelled")
+	fs.DurationVar(&f.readTimeout, "read-timeout", 30*time.Second, "how long a client may take to send a request's headers, and again its body (408 and the connection closed beyond; 0: no limit)")
+	fs.DurationVar(&f.writeTimeout, "write-timeout", 30*time.Second, "how long each write of an answer (a JSON answer, one streamed event) may wait for the client to read: a client that stops reading is cut off and its request cancelled (0: no limit)")
+	fs.DurationVar(&f.idleTimeout, "idle-timeout", 60*time.Second, "how long an idle keep-alive connection is kept open (0: no limit)")
+	fs.IntVar(&f.maxConnections, "max-connections", 1024, "connections open at once; one more is answered 503 (too_many_connections) and closed (0: no limit)")
+	fs.IntVar(&f.maxWaitingSeqs, "max-waiting-seqs", 1024, "sequences that may wait beyond the --max-num-seqs running; a request that would queue more is answered 429 (queue_full) (0: no limit)")
 	fs.StringVar(&f.device, "device", "cpu", deviceUsage)
 	fs.Float64Var(&f.memFraction, "device-memory-fraction", 0, memFractionUsage)
 	addTokenizerFlags(fs, &f.tok)
@@ -70,11 +102,15 @@ func cmdServe(ctx context.Context, env *cli, args []string) error {
 	var f serveFlags
 	fs := newFlags("serve", serveSynopsis)
 	addServeFlags(fs, &f)
+	disableLog := fs.Bool("disable-log-requests", false, "write no access line per request (method, path, status, duration, tokens) and no warning about ignored request fields")
 	if err := parseFlags(fs, args, env.stdout, serveSynopsis); err != nil {
 		return err
 	}
 	if f.load == "" {
 		return fmt.Errorf("--load is required")
+	}
+	if !*disableLog {
+		f.log = log.New(env.stdout, "gotron serve: ", 0)
 	}
 	since := tensor.SimTransfers()
 	srv, runner, err := newServer(&f)
@@ -90,10 +126,23 @@ func cmdServe(ctx context.Context, env *cli, args []string) error {
 	}
 	cfg := runner.Engine().Config()
 	st := runner.Stats()
-	fmt.Fprintf(env.stdout, "gotron serve: %s: %d KV blocks of %d tokens (%d positions), up to %d sequences, %d tokens per step, decode weights: %s, GOGC %d\n",
-		f.load, st.KVBlocksTotal, cfg.BlockTokens, st.KVBlocksTotal*cfg.BlockTokens, cfg.MaxNumSeqs, cfg.MaxNumBatchedTokens, weightsDescription(runner.Engine()), gcPercent())
+	fmt.Fprintf(env.stdout, "gotron serve: model %q (--served-model-name) from %s: %d KV blocks of %d tokens (%d positions), up to %d sequences, %d tokens per step, decode weights: %s, GOGC %d\n",
+		srv.ModelName(), f.load, st.KVBlocksTotal, cfg.BlockTokens, st.KVBlocksTotal*cfg.BlockTokens, cfg.MaxNumSeqs, cfg.MaxNumBatchedTokens, weightsDescription(runner.Engine()), gcPercent())
 	fmt.Fprintf(env.stdout, "gotron serve: listening on http://%s\n", ln.Addr())
-	return serve(ctx, env, srv, runner, ln, f.grace)
+	hs, ln := httpServer(&f, srv, ln)
+	return serve(ctx, env, hs, srv, runner, ln, f.grace)
+}
+
+// httpServer returns the HTTP server of srv with f's timeouts, and ln
+// limited to f's connections. The body and write timeouts are srv's own
+// (server.Config): http.Server's ReadTimeout and WriteTimeout would also
+// bound a long streamed answer.
+func httpServer(f *serveFlags, srv *server.Server, ln net.Listener) (*http.Server, net.Listener) {
+	hs := &http.Server{Handler: srv.Handler(), ReadHeaderTimeout: f.readTimeout, IdleTimeout: f.idleTimeout}
+	if f.maxConnections > 0 {
+		ln = server.LimitConnections(ln, f.maxConnections)
+	}
+	return hs, ln
 }
 
 // newServer loads the model and tokenizer and builds the engine, its runner
@@ -138,6 +187,9 @@ func kvPoolFromFraction(frac float64, haveBytes bool, machine func() (meminfo.In
 
 // buildServer builds the engine for m, its runner and the HTTP server.
 func buildServer(f *serveFlags, m *gpt.Model, tok tokenizer.Tokenizer, tpl *server.ChatTemplate) (*server.Server, *infer.Runner, error) {
+	if err := f.checkAdmission(); err != nil {
+		return nil, nil, err
+	}
 	var err error
 	ec := f.engine
 	ec.DisablePrefixCaching = f.noPrefixCaching
@@ -182,7 +234,8 @@ func buildServer(f *serveFlags, m *gpt.Model, tok tokenizer.Tokenizer, tpl *serv
 		name = filepath.Base(filepath.Clean(f.load))
 	}
 	srv, err := server.New(server.Config{Runner: runner, Tokenizer: tok, ModelName: name, ChatTemplate: tpl,
-		MaxRequestBytes: f.maxRequestBytes, MaxPromptTokens: f.maxPromptTokens, MaxN: f.maxN})
+		MaxRequestBytes: f.maxRequestBytes, MaxPromptTokens: f.maxPromptTokens, MaxN: f.maxN,
+		MaxWaitingSeqs: f.maxWaitingSeqs, ReadTimeout: f.readTimeout, WriteTimeout: f.writeTimeout, Log: f.log})
 	return srv, runner, err
 }
 
@@ -292,11 +345,10 @@ const answerGrace = 5 * time.Second
 // SIGINT), then shuts down gracefully: /health turns 503, the listener
 // closes, requests in flight get up to grace to finish, and whatever is
 // left is cancelled.
-func serve(ctx context.Context, env *cli, srv *server.Server, runner *infer.Runner, ln net.Listener, grace time.Duration) error {
+func serve(ctx context.Context, env *cli, hs *http.Server, srv *server.Server, runner *infer.Runner, ln net.Listener, grace time.Duration) error {
 	runCtx, stopRunner := context.WithCancel(context.Background())
 	runDone := make(chan struct{})
 	go func() { runner.Run(runCtx); close(runDone) }()
-	hs := &http.Server{Handler: srv.Handler(), ReadHeaderTimeout: 30 * time.Second}
 	served := make(chan error, 1)
 	go func() { served <- hs.Serve(ln) }()
 	var err error

@@ -81,6 +81,13 @@ func (w *serveLog) String() string {
 // SIGTERM does) and checks that it shut down cleanly.
 func startServe(t *testing.T, args ...string) (base string, stop func()) {
 	t.Helper()
+	base, stop, _ = startServeLog(t, args...)
+	return base, stop
+}
+
+// startServeLog is startServe that also returns serve's stdout (its log).
+func startServeLog(t *testing.T, args ...string) (base string, stop func(), log *serveLog) {
+	t.Helper()
 	out := &serveLog{addr: make(chan string, 1)}
 	var errb bytes.Buffer
 	env := &cli{stdout: out, stderr: &errb, stdin: strings.NewReader(""), getenv: func(string) string { return "" }}
@@ -112,7 +119,7 @@ func startServe(t *testing.T, args ...string) (base string, stop func()) {
 		})
 	}
 	t.Cleanup(stop)
-	return base, stop
+	return base, stop, out
 }
 
 func postJSON(t *testing.T, url, body string) (int, []byte) {
@@ -395,7 +402,7 @@ func openaiNodeDir(t *testing.T) string {
 func TestServeOpenAINodeClient(t *testing.T) {
 	dir := openaiNodeDir(t)
 	ck := serveCheckpoint(t)
-	base, _ := startServe(t, "--load", ck)
+	base, _, log := startServeLog(t, "--load", ck)
 	prompt, chat := "The capital of France is", "Hello"
 	want, wantChat := generateText(t, ck, prompt, 10), generateText(t, ck, "User: "+chat+"\nAssistant:", 10)
 	cmd := exec.Command("node", filepath.Join(dir, "openai_client.mjs"))
@@ -429,6 +436,7 @@ func TestServeOpenAINodeClient(t *testing.T) {
 			Roles []string
 		}
 		ChatStreamUsage map[string]int
+		StoreMetadata   struct{ Text, Finish string }
 		Errors          map[string]apiErr
 	}
 	if err := json.Unmarshal(out, &rep); err != nil {
@@ -449,11 +457,21 @@ func TestServeOpenAINodeClient(t *testing.T) {
 	if rep.ChatStream.Text != rep.Chat.Text || len(rep.ChatStream.Roles) != 1 || rep.ChatStreamUsage["completion_tokens"] != 10 {
 		t.Errorf("streamed chat %+v (usage %v), non-streamed %q", rep.ChatStream, rep.ChatStreamUsage, rep.Chat.Text)
 	}
+	// store and metadata (which the client sends as OpenAI's API has them)
+	// are accepted and ignored, with a warning in the log.
+	if rep.StoreMetadata.Text != wantChat || rep.StoreMetadata.Finish != "length" {
+		t.Errorf("chat with store and metadata: %+v; gotron generate printed %q", rep.StoreMetadata, wantChat)
+	}
+	if !strings.Contains(log.String(), "warning: POST /v1/chat/completions: ignoring unknown fields metadata, store\n") {
+		t.Errorf("no warning about store and metadata in the log:\n%s", log)
+	}
 	for name, want := range map[string]apiErr{
 		"unknownModel":    {true, true, 404, "NotFoundError"},
-		"zeroMaxTokens":   {true, true, 422, "UnprocessableEntityError"},
+		"zeroMaxTokens":   {true, true, 400, "BadRequestError"},
 		"contextExceeded": {true, true, 400, "BadRequestError"},
-		"badTemperature":  {true, true, 422, "UnprocessableEntityError"},
+		"badTemperature":  {true, true, 400, "BadRequestError"},
+		"hugeMaxTokens":   {true, true, 400, "BadRequestError"},
+		"jsonObject":      {true, true, 400, "BadRequestError"},
 	} {
 		if got := rep.Errors[name]; got != want {
 			t.Errorf("%s: %+v, want %+v", name, got, want)
@@ -522,5 +540,24 @@ func TestTuneGCForServingKeepsUserGOGC(t *testing.T) {
 	tuneGCForServing()
 	if p := gcPercent(); p < 10 || p > 100 || p == 77 {
 		t.Errorf("GOGC unset: percent %d after tuning, want servingGCPercent of the live heap", p)
+	}
+}
+
+// TestGenerateHugeMaxNewTokens (issue 31, finding 1): --max-new-tokens
+// 9223372036854775807 wrapped the prompt's length plus it negative ("exceeds
+// the model's -9223372036854775808 positions", 0 tokens); now generation
+// runs until the context is full, as for any count beyond it, and counts
+// below 1 are refused naming the flag.
+func TestGenerateHugeMaxNewTokens(t *testing.T) {
+	ck := serveCheckpointPositions(t, 16)
+	out, errs, code := runCLI(t, "generate", "--load", ck, "--prompt", "Hello world", "--top-k", "1", "--max-new-tokens", "9223372036854775807")
+	if code != 0 || !strings.Contains(errs, "of --max-new-tokens 9223372036854775807: the model's context of 16 positions (--max-position-embeddings) is full") {
+		t.Fatalf("exit %d\n%s\n%s", code, out, errs)
+	}
+	for _, n := range []string{"0", "-9223372036854775808"} {
+		_, errs, code := runCLI(t, "generate", "--load", ck, "--prompt", "Hello world", "--max-new-tokens", n)
+		if code == 0 || !strings.Contains(errs, "--max-new-tokens: "+n+" is out of range: must be at least 1") {
+			t.Errorf("--max-new-tokens %s: exit %d, %s", n, code, errs)
+		}
 	}
 }

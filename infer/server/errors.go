@@ -1,15 +1,19 @@
 package server
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"reflect"
 	"strings"
+	"time"
 
 	"github.com/gotron/gotron/infer"
+	"github.com/gotron/gotron/internal/checked"
 )
 
 // apiError is an OpenAI-shaped error: {"error": {"message", "type",
@@ -35,42 +39,76 @@ func errorf(status int, typ, code, param, format string, args ...any) *apiError 
 	return e
 }
 
-// badRequest (400): malformed JSON, unknown fields, wrong types.
+// badRequest (400): malformed JSON, wrong types.
 func badRequest(param, format string, args ...any) *apiError {
 	return errorf(http.StatusBadRequest, "invalid_request_error", "", param, format, args...)
 }
 
-// invalidValue (422): well-formed JSON with a value out of range.
+// invalidValue (400, code invalid_value): well-formed JSON with a value
+// out of range or an option not supported (OpenAI and vLLM answer 400).
 func invalidValue(param, format string, args ...any) *apiError {
-	return errorf(http.StatusUnprocessableEntity, "invalid_request_error", "invalid_value", param, format, args...)
+	return errorf(http.StatusBadRequest, "invalid_request_error", "invalid_value", param, format, args...)
+}
+
+// checkRange is the check of every integer a request carries (counts,
+// lengths, token ids), before any arithmetic is done with it: a 400 that
+// names the field, the value and the range its meaning allows
+// (checked.RangeError's message), why in parentheses.
+func checkRange(param string, v, lo, hi int, why string) *apiError {
+	if err := checked.RangeWhy(param, int64(v), int64(lo), int64(hi), why); err != nil {
+		return invalidValue(param, "%v", err)
+	}
+	return nil
 }
 
 func writeError(w http.ResponseWriter, e *apiError) {
 	w.Header().Set("Content-Type", "application/json")
+	if e.Status == http.StatusTooManyRequests || e.Status == http.StatusServiceUnavailable {
+		w.Header().Set("Retry-After", "1")
+	}
 	w.WriteHeader(e.Status)
 	json.NewEncoder(w).Encode(struct {
 		Error *apiError `json:"error"`
 	}{e})
 }
 
-// decodeBody reads one JSON object into v, rejecting unknown fields,
-// trailing data and bodies beyond limit bytes.
-func decodeBody(w http.ResponseWriter, r *http.Request, limit int64, v any) *apiError {
-	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, limit))
-	dec.DisallowUnknownFields()
+// decodeBody reads the request's body (readBody) and decodes one JSON
+// object from it into v, rejecting trailing data. Fields that v does not
+// have are accepted and ignored, as vLLM does, with one warning line in
+// the log naming them — except the ones in unsupportedFields that would
+// change the output, which are refused unless they hold their neutral
+// value.
+func (s *Server) decodeBody(w http.ResponseWriter, r *http.Request, v any) *apiError {
+	body, e := s.readBody(w, r)
+	if e != nil {
+		return e
+	}
+	dec := json.NewDecoder(bytes.NewReader(body))
 	err := dec.Decode(v)
 	if err == nil {
 		if _, e := dec.Token(); e != io.EOF {
 			return badRequest("", "request body: data after the JSON object")
 		}
+		var unknown []string
+		unknownFields(body, reflect.TypeOf(v), "", &unknown)
+		var ignored []string
+		for _, f := range unknown {
+			if u, ok := unsupportedFields[f]; ok {
+				if e := u.check(f, topLevel(body, f)); e != nil {
+					return e
+				}
+				continue
+			}
+			ignored = append(ignored, f)
+		}
+		if len(ignored) > 0 {
+			s.logf("warning: %s %s: ignoring unknown fields %s", r.Method, r.URL.Path, strings.Join(ignored, ", "))
+		}
 		return nil
 	}
-	var maxErr *http.MaxBytesError
 	var syn *json.SyntaxError
 	var typ *json.UnmarshalTypeError
 	switch {
-	case errors.As(err, &maxErr):
-		return errorf(http.StatusRequestEntityTooLarge, "invalid_request_error", "request_too_large", "", "request body exceeds %d bytes (--max-request-bytes)", maxErr.Limit)
 	case errors.As(err, &syn):
 		return badRequest("", "request body is not valid JSON: %v (at byte %d)", syn, syn.Offset)
 	case errors.As(err, &typ):
@@ -83,15 +121,43 @@ func decodeBody(w http.ResponseWriter, r *http.Request, limit int64, v any) *api
 		return badRequest("", "empty request body: want a JSON object")
 	case errors.Is(err, io.ErrUnexpectedEOF):
 		return badRequest("", "request body is truncated JSON")
-	case strings.HasPrefix(err.Error(), "json: unknown field "):
-		f := strings.Trim(strings.TrimPrefix(err.Error(), "json: unknown field "), `"`)
-		return badRequest(f, "unknown field %q", f)
 	}
 	var api *apiError
 	if errors.As(err, &api) { // from a custom UnmarshalJSON
 		return api
 	}
 	return badRequest("", "request body: %v", err)
+}
+
+// readBody reads the whole request body, at most MaxRequestBytes (413
+// beyond: at once when Content-Length says so) within ReadTimeout (408
+// after it, and the connection is closed: a client that announces a body
+// and sends it a byte at a time does not hold a connection for longer).
+func (s *Server) readBody(w http.ResponseWriter, r *http.Request) ([]byte, *apiError) {
+	limit := s.cfg.MaxRequestBytes
+	tooLarge := func() *apiError {
+		w.Header().Set("Connection", "close")
+		return errorf(http.StatusRequestEntityTooLarge, "invalid_request_error", "request_too_large", "", "request body exceeds %d bytes (--max-request-bytes)", limit)
+	}
+	if r.ContentLength > limit {
+		return nil, tooLarge()
+	}
+	b, err := io.ReadAll(http.MaxBytesReader(w, r.Body, limit))
+	// The body is read: the read deadline set for it (serveHTTP) must not
+	// end the connection's background read of a long streamed answer.
+	http.NewResponseController(w).SetReadDeadline(time.Time{})
+	var maxErr *http.MaxBytesError
+	var netErr net.Error
+	switch {
+	case err == nil:
+		return b, nil
+	case errors.As(err, &maxErr):
+		return nil, tooLarge()
+	case errors.As(err, &netErr) && netErr.Timeout():
+		w.Header().Set("Connection", "close")
+		return nil, errorf(http.StatusRequestTimeout, "invalid_request_error", "request_timeout", "", "the request body took longer than %v to arrive (--read-timeout)", s.cfg.ReadTimeout)
+	}
+	return nil, badRequest("", "reading the request body: %v", err)
 }
 
 // jsonPath is a json.UnmarshalTypeError's field path as the client wrote

@@ -3,10 +3,12 @@ package server
 import (
 	"context"
 	"encoding/json"
+	"math"
 	"net/http"
 	"time"
 
 	"github.com/gotron/gotron/infer"
+	"github.com/gotron/gotron/internal/checked"
 	"github.com/gotron/gotron/tokenizer"
 )
 
@@ -59,22 +61,23 @@ func (s *Server) megatronParams(q *megatronRequest) (n int, samp infer.Sampling,
 	if q.TokensToGenerate != nil {
 		n = *q.TokensToGenerate
 	}
-	if n < 0 {
-		return 0, samp, bad("tokens_to_generate", "tokens_to_generate must be an integer greater than or equal to 0")
+	if e := checkRange("tokens_to_generate", n, 0, math.MaxInt, "Megatron's bound"); e != nil {
+		return 0, samp, e
 	}
 	if n == 0 && !q.Logprobs {
 		return 0, samp, bad("tokens_to_generate", "tokens_to_generate=0 implies logprobs should be True")
 	}
 	samp.Temperature = 1
 	if q.Temperature != nil {
-		if t := *q.Temperature; t <= 0 || t > 100 {
+		if t := *q.Temperature; !(t > 0 && t <= 100) {
 			return 0, samp, bad("temperature", "temperature must be a positive number less than or equal to 100.0")
 		}
+		// A temperature that is 0 in float32 samples greedily (infer).
 		samp.Temperature = *q.Temperature
 	}
 	if q.TopK != nil {
-		if k := *q.TopK; k < 0 || k > 1000 {
-			return 0, samp, bad("top_k", "top_k must be an integer between 0 and 1000")
+		if e := checkRange("top_k", *q.TopK, 0, 1000, "Megatron's bound"); e != nil {
+			return 0, samp, e
 		}
 		samp.TopK = *q.TopK
 	}
@@ -88,8 +91,8 @@ func (s *Server) megatronParams(q *megatronRequest) (n int, samp infer.Sampling,
 		return 0, samp, bad("top_p", "cannot set both top-k and top-p samplings.")
 	}
 	if q.RandomSeed != nil {
-		if *q.RandomSeed < 0 {
-			return 0, samp, bad("random_seed", "random_seed must be a positive integer")
+		if err := checked.NonNegative("random_seed", *q.RandomSeed); err != nil {
+			return 0, samp, bad("random_seed", "%v (Megatron's bound)", err)
 		}
 		samp.Seed = uint64(*q.RandomSeed)
 	} else {
@@ -104,12 +107,13 @@ func (s *Server) megatronAPI(w http.ResponseWriter, r *http.Request) {
 	start := s.cfg.Now()
 	status := s.megatronStatus(w, r, start)
 	s.metrics.request("api", status)
+	exchangeOf(r.Context()).status = status
 }
 
 func (s *Server) megatronStatus(w http.ResponseWriter, r *http.Request, start time.Time) int {
 	var q megatronRequest
 	fail := func(e *apiError) int { writeError(w, e); return e.Status }
-	if e := decodeBody(w, r, s.cfg.MaxRequestBytes, &q); e != nil {
+	if e := s.decodeBody(w, r, &q); e != nil {
 		return fail(e)
 	}
 	n, samp, e := s.megatronParams(&q)
@@ -118,6 +122,9 @@ func (s *Server) megatronStatus(w http.ResponseWriter, r *http.Request, start ti
 	}
 	stopTokens := s.eod
 	if q.StopToken != nil {
+		if e := checkRange("stop_token", *q.StopToken, 0, s.cfg.Tokenizer.VocabSize()-1, "the vocabulary"); e != nil {
+			return fail(e)
+		}
 		stopTokens = []int{*q.StopToken}
 	}
 	var stop []string
@@ -144,7 +151,11 @@ func (s *Server) megatronStatus(w http.ResponseWriter, r *http.Request, start ti
 		if len(p) == 0 {
 			return fail(badRequest("prompts", "prompt %d is empty (set add_BOS to start from BOS)", i))
 		}
-		if e := s.checkPrompt("prompts", len(p), n); e != nil {
+		least := 1
+		if q.Logprobs {
+			least = 0
+		}
+		if e := s.checkPrompt("prompts", len(p), "tokens_to_generate", n, least); e != nil {
 			return fail(e)
 		}
 		total += len(p)
@@ -153,6 +164,8 @@ func (s *Server) megatronStatus(w http.ResponseWriter, r *http.Request, start ti
 			Logprobs: q.Logprobs, PromptLogprobs: q.Logprobs}
 	}
 	s.metrics.promptTokens.Add(int64(total))
+	x := exchangeOf(r.Context())
+	x.promptTokens = total
 	ctx, cancel := context.WithCancel(r.Context())
 	defer cancel()
 	ch, e := s.submit(ctx, reqs)
@@ -167,6 +180,7 @@ func (s *Server) megatronStatus(w http.ResponseWriter, r *http.Request, start ti
 	texts, segments, tokens := make([]string, len(reqs)), make([][]string, len(reqs)), make([][]int, len(reqs))
 	var logprobs [][]float32
 	for i, st := range states {
+		x.completionTokens += st.completion
 		ids := append(toInts(prompts[i]), st.tokens...)
 		texts[i] = s.cfg.Tokenizer.Decode(toInts(prompts[i])) + st.text.String()
 		tokens[i] = ids

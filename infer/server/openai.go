@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"math"
 	"net/http"
 	"strings"
 	"time"
@@ -71,10 +72,10 @@ func (s *Server) checkPromptList(ps [][]int32) ([][]int32, *apiError) {
 		return nil, invalidValue("prompt", "%d prompts: want 1..%d", len(ps), s.cfg.MaxN)
 	}
 	vocab := s.cfg.Tokenizer.VocabSize()
-	for _, p := range ps {
-		for _, id := range p {
+	for i, p := range ps {
+		for j, id := range p {
 			if id < 0 || int(id) >= vocab {
-				return nil, invalidValue("prompt", "token id %d outside the vocabulary of %d", id, vocab)
+				return nil, checkRange(fmt.Sprintf("prompt[%d][%d]", i, j), int(id), 0, vocab-1, "a token id of the vocabulary")
 			}
 		}
 	}
@@ -85,12 +86,13 @@ func (s *Server) completions(w http.ResponseWriter, r *http.Request) {
 	start := s.cfg.Now()
 	status := s.completionsStatus(w, r, start)
 	s.metrics.request("completions", status)
+	exchangeOf(r.Context()).status = status
 }
 
 func (s *Server) completionsStatus(w http.ResponseWriter, r *http.Request, start time.Time) int {
 	var req completionRequest
 	fail := func(e *apiError) int { writeError(w, e); return e.Status }
-	if e := decodeBody(w, r, s.cfg.MaxRequestBytes, &req); e != nil {
+	if e := s.decodeBody(w, r, &req); e != nil {
 		return fail(e)
 	}
 	if e := s.checkModel(req.Model); e != nil {
@@ -99,8 +101,10 @@ func (s *Server) completionsStatus(w http.ResponseWriter, r *http.Request, start
 	if req.Suffix != nil && *req.Suffix != "" {
 		return fail(invalidValue("suffix", "suffix is not supported"))
 	}
-	if req.BestOf != nil && *req.BestOf > 1 {
-		return fail(invalidValue("best_of", "best_of > 1 is not supported"))
+	if req.BestOf != nil {
+		if e := checkRange("best_of", *req.BestOf, 1, 1, "one candidate per choice: best_of > 1 is not supported"); e != nil {
+			return fail(e)
+		}
 	}
 	prompts, e := s.parsePrompts(req.Prompt)
 	if e != nil {
@@ -117,18 +121,27 @@ func (s *Server) completionsStatus(w http.ResponseWriter, r *http.Request, start
 	if e != nil {
 		return fail(e)
 	}
+	stopIDs, e := s.stopTokens(req.IgnoreEOS, req.StopTokenIDs)
+	if e != nil {
+		return fail(e)
+	}
 	maxTokens := 16
 	if req.MaxTokens != nil {
 		maxTokens = *req.MaxTokens
 	}
 	topLP := -1
 	if req.Logprobs != nil {
-		if topLP = *req.Logprobs; topLP < 0 || topLP > 20 {
-			return fail(invalidValue("logprobs", "logprobs=%d: want 0..20", topLP))
+		topLP = *req.Logprobs
+		if e := checkRange("logprobs", topLP, 0, 20, "OpenAI's bound"); e != nil {
+			return fail(e)
 		}
 	}
-	if maxTokens < 0 || maxTokens == 0 && !(req.Echo && topLP >= 0) {
-		return fail(invalidValue("max_tokens", "max_tokens=%d: want >= 1 (0 only with echo and logprobs, to score the prompt)", maxTokens))
+	least := 1
+	if req.Echo && topLP >= 0 {
+		least = 0
+	}
+	if e := checkRange("max_tokens", maxTokens, least, math.MaxInt, "0 only with echo and logprobs, to score the prompt"); e != nil {
+		return fail(e)
 	}
 	var reqs []infer.Request
 	promptTokens := 0
@@ -136,15 +149,17 @@ func (s *Server) completionsStatus(w http.ResponseWriter, r *http.Request, start
 		if len(p) == 0 {
 			return fail(invalidValue("prompt", "prompt %d is empty", pi))
 		}
-		if e := s.checkPrompt("prompt", len(p), maxTokens); e != nil {
+		if e := s.checkPrompt("prompt", len(p), "max_tokens", maxTokens, least); e != nil {
 			return fail(e)
 		}
 		promptTokens += len(p)
 		for _, sm := range samp {
-			reqs = append(reqs, s.inferRequest(p, maxTokens, sm, stop, req.IgnoreEOS, topLP, req.Echo && topLP >= 0))
+			reqs = append(reqs, s.inferRequest(p, maxTokens, sm, stop, stopIDs, topLP, req.Echo && topLP >= 0))
 		}
 	}
 	s.metrics.promptTokens.Add(int64(promptTokens))
+	x := exchangeOf(r.Context())
+	x.promptTokens = promptTokens
 	ctx, cancel := context.WithCancel(r.Context())
 	defer cancel()
 	ch, e := s.submit(ctx, reqs)
@@ -153,7 +168,7 @@ func (s *Server) completionsStatus(w http.ResponseWriter, r *http.Request, start
 	}
 	c := &completion{s: s, req: &req, prompts: prompts, perPrompt: len(samp), id: s.newID("cmpl"), created: s.cfg.Now().Unix(), topLP: topLP}
 	if req.Stream {
-		return s.streamCompletion(ctx, w, ch, len(reqs), start, c)
+		return s.streamCompletion(ctx, w, ch, len(reqs), start, c, x)
 	}
 	states, e := s.gather(ctx, ch, len(reqs), start)
 	if e != nil {
@@ -168,19 +183,16 @@ func (s *Server) completionsStatus(w http.ResponseWriter, r *http.Request, start
 		u.CompletionTokens += st.completion
 	}
 	u.TotalTokens = u.PromptTokens + u.CompletionTokens
+	x.completionTokens = u.CompletionTokens
 	out["choices"], out["usage"] = choices, u
 	writeJSON(w, out)
 	return http.StatusOK
 }
 
 // inferRequest builds one engine request; topLP < 0 means no logprobs.
-func (s *Server) inferRequest(prompt []int32, maxTokens int, sm infer.Sampling, stop []string, ignoreEOS bool, topLP int, promptLP bool) infer.Request {
-	r := infer.Request{Prompt: prompt, MaxTokens: maxTokens, Sampling: sm, Stop: stop,
+func (s *Server) inferRequest(prompt []int32, maxTokens int, sm infer.Sampling, stop []string, stopIDs []int, topLP int, promptLP bool) infer.Request {
+	return infer.Request{Prompt: prompt, MaxTokens: maxTokens, Sampling: sm, Stop: stop, StopTokens: stopIDs,
 		Logprobs: topLP >= 0, TopLogprobs: max(topLP, 0), PromptLogprobs: promptLP}
-	if !ignoreEOS {
-		r.StopTokens = s.eod
-	}
-	return r
 }
 
 // gather reads every choice to its end (non-streamed responses).
@@ -331,7 +343,7 @@ func (e *sse) sseError(a *apiError) {
 	}{a})
 }
 
-func (s *Server) streamCompletion(ctx context.Context, w http.ResponseWriter, ch <-chan choiceEvent, n int, start time.Time, c *completion) int {
+func (s *Server) streamCompletion(ctx context.Context, w http.ResponseWriter, ch <-chan choiceEvent, n int, start time.Time, c *completion, x *exchange) int {
 	out := startSSE(w)
 	states := make([]*choiceState, n)
 	for i := range states {
@@ -339,6 +351,7 @@ func (s *Server) streamCompletion(ctx context.Context, w http.ResponseWriter, ch
 	}
 	first, sent := false, make([]bool, n)
 	var u usage
+	defer func() { x.completionTokens = u.CompletionTokens }()
 	for _, p := range c.prompts {
 		u.PromptTokens += len(p)
 	}
@@ -443,12 +456,13 @@ func (s *Server) chatCompletions(w http.ResponseWriter, r *http.Request) {
 	start := s.cfg.Now()
 	status := s.chatStatus(w, r, start)
 	s.metrics.request("chat_completions", status)
+	exchangeOf(r.Context()).status = status
 }
 
 func (s *Server) chatStatus(w http.ResponseWriter, r *http.Request, start time.Time) int {
 	var req chatRequest
 	fail := func(e *apiError) int { writeError(w, e); return e.Status }
-	if e := decodeBody(w, r, s.cfg.MaxRequestBytes, &req); e != nil {
+	if e := s.decodeBody(w, r, &req); e != nil {
 		return fail(e)
 	}
 	if e := s.checkModel(req.Model); e != nil {
@@ -486,33 +500,41 @@ func (s *Server) chatStatus(w http.ResponseWriter, r *http.Request, start time.T
 	if e != nil {
 		return fail(e)
 	}
-	maxTokens := s.maxCtx - len(prompt) // OpenAI's default: what the context leaves
-	for _, v := range []*int{req.MaxTokens, req.MaxCompletionTokens} {
-		if v != nil {
-			maxTokens = *v
-			if maxTokens <= 0 {
-				return fail(invalidValue("max_tokens", "max_tokens=%d: want >= 1", maxTokens))
-			}
-		}
+	stopIDs, e := s.stopTokens(req.IgnoreEOS, req.StopTokenIDs)
+	if e != nil {
+		return fail(e)
 	}
-	if e := s.checkPrompt("messages", len(prompt), max(maxTokens, 1)); e != nil {
+	// OpenAI's default is what the context leaves; max_completion_tokens
+	// replaces the older max_tokens.
+	param, maxTokens := "max_tokens", max(s.maxCtx-len(prompt), 1)
+	if req.MaxTokens != nil {
+		maxTokens = *req.MaxTokens
+	}
+	if req.MaxCompletionTokens != nil {
+		param, maxTokens = "max_completion_tokens", *req.MaxCompletionTokens
+	}
+	if e := s.checkPrompt("messages", len(prompt), param, maxTokens, 1); e != nil {
 		return fail(e)
 	}
 	topLP := -1
-	if req.Logprobs {
-		topLP = 0
-		if req.TopLogprobs != nil {
-			topLP = *req.TopLogprobs
+	if req.TopLogprobs != nil {
+		if !req.Logprobs {
+			return fail(invalidValue("top_logprobs", "top_logprobs needs logprobs: true"))
 		}
-	}
-	if topLP > 20 || req.TopLogprobs != nil && (*req.TopLogprobs < 0 || !req.Logprobs) {
-		return fail(invalidValue("top_logprobs", "top_logprobs: want 0..20, with logprobs true"))
+		if e := checkRange("top_logprobs", *req.TopLogprobs, 0, 20, "OpenAI's bound"); e != nil {
+			return fail(e)
+		}
+		topLP = *req.TopLogprobs
+	} else if req.Logprobs {
+		topLP = 0
 	}
 	reqs := make([]infer.Request, len(samp))
 	for i, sm := range samp {
-		reqs[i] = s.inferRequest(prompt, maxTokens, sm, stop, req.IgnoreEOS, topLP, false)
+		reqs[i] = s.inferRequest(prompt, maxTokens, sm, stop, stopIDs, topLP, false)
 	}
 	s.metrics.promptTokens.Add(int64(len(prompt)))
+	x := exchangeOf(r.Context())
+	x.promptTokens = len(prompt)
 	ctx, cancel := context.WithCancel(r.Context())
 	defer cancel()
 	ch, e := s.submit(ctx, reqs)
@@ -521,7 +543,7 @@ func (s *Server) chatStatus(w http.ResponseWriter, r *http.Request, start time.T
 	}
 	c := &chat{s: s, req: &req, id: s.newID("chatcmpl"), created: s.cfg.Now().Unix(), topLP: topLP}
 	if req.Stream {
-		return s.streamChat(ctx, w, ch, len(reqs), start, c, len(prompt))
+		return s.streamChat(ctx, w, ch, len(reqs), start, c, len(prompt), x)
 	}
 	states, e := s.gather(ctx, ch, len(reqs), start)
 	if e != nil {
@@ -535,6 +557,7 @@ func (s *Server) chatStatus(w http.ResponseWriter, r *http.Request, start time.T
 		u.CompletionTokens += st.completion
 	}
 	u.TotalTokens = u.PromptTokens + u.CompletionTokens
+	x.completionTokens = u.CompletionTokens
 	writeJSON(w, map[string]any{"id": c.id, "object": "chat.completion", "created": c.created, "model": s.cfg.ModelName, "choices": choices, "usage": u})
 	return http.StatusOK
 }
@@ -580,7 +603,7 @@ func (c *chat) logprobs(st *choiceState, from, to int) any {
 	return map[string]any{"content": content}
 }
 
-func (s *Server) streamChat(ctx context.Context, w http.ResponseWriter, ch <-chan choiceEvent, n int, start time.Time, c *chat, promptTokens int) int {
+func (s *Server) streamChat(ctx context.Context, w http.ResponseWriter, ch <-chan choiceEvent, n int, start time.Time, c *chat, promptTokens int, x *exchange) int {
 	out := startSSE(w)
 	chunk := func(choices []any) map[string]any {
 		return map[string]any{"id": c.id, "object": "chat.completion.chunk", "created": c.created, "model": s.cfg.ModelName, "choices": choices}
@@ -597,6 +620,7 @@ func (s *Server) streamChat(ctx context.Context, w http.ResponseWriter, ch <-cha
 	}
 	first := false
 	u := usage{PromptTokens: promptTokens}
+	defer func() { x.completionTokens = u.CompletionTokens }()
 	for left := n; left > 0; {
 		var ce choiceEvent
 		select {

@@ -15,6 +15,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"log"
+	"math"
 	"math/rand/v2"
 	"net/http"
 	"strings"
@@ -46,6 +48,26 @@ type Config struct {
 	MaxPromptTokens int
 	// MaxN bounds "n" and the prompts of one request; 0 means 16.
 	MaxN int
+	// MaxWaitingSeqs bounds the sequences submitted beyond what the
+	// engine runs at once (EngineConfig.MaxNumSeqs): a request that would
+	// queue more gets 429 (code queue_full, Retry-After: 1). 0: no bound.
+	MaxWaitingSeqs int
+	// ReadTimeout bounds the arrival of a request's body, from the end of
+	// its headers (which the http.Server's ReadHeaderTimeout bounds): a
+	// client still sending after it gets 408 and its connection is closed.
+	// 0: no bound. (http.Server.ReadTimeout would do it too, but its
+	// deadline also ends the connection's background read, which cancels a
+	// long streamed answer.)
+	ReadTimeout time.Duration
+	// WriteTimeout bounds each write of an answer (a whole JSON answer, one
+	// streamed event): a client that stops reading is cut off and its
+	// sequences cancelled. 0: no bound. (http.Server.WriteTimeout would
+	// bound the whole answer, a long stream's too.)
+	WriteTimeout time.Duration
+	// Log receives one access line per request (client, method and path,
+	// status, duration, prompt and completion tokens) and warnings (fields
+	// ignored); nil: no log.
+	Log *log.Logger
 	// Now is the clock for "created" and the latency metrics; nil means
 	// time.Now.
 	Now func() time.Time
@@ -56,6 +78,8 @@ type Server struct {
 	cfg      Config
 	eod      []int // stop tokens
 	maxCtx   int   // engine context: prompt + new tokens
+	maxSeqs  int64 // sequences admitted at once: MaxNumSeqs + MaxWaitingSeqs (0: no bound)
+	inflight atomic.Int64
 	metrics  *metrics
 	draining atomic.Bool
 
@@ -71,7 +95,7 @@ func New(cfg Config) (*Server, error) {
 		return nil, fmt.Errorf("server: Config.Runner is nil")
 	case cfg.Tokenizer == nil:
 		return nil, fmt.Errorf("server: Config.Tokenizer is nil")
-	case cfg.MaxRequestBytes < 0, cfg.MaxPromptTokens < 0, cfg.MaxN < 0:
+	case cfg.MaxRequestBytes < 0, cfg.MaxPromptTokens < 0, cfg.MaxN < 0, cfg.MaxWaitingSeqs < 0, cfg.ReadTimeout < 0, cfg.WriteTimeout < 0:
 		return nil, fmt.Errorf("server: negative limit in %+v", cfg)
 	}
 	if cfg.ModelName == "" {
@@ -91,6 +115,9 @@ func New(cfg Config) (*Server, error) {
 		cfg.Now = time.Now
 	}
 	s := &Server{cfg: cfg, maxCtx: maxCtx, metrics: newMetrics(), rng: rand.New(rand.NewPCG(uint64(cfg.Now().UnixNano()), 0x9e3779b97f4a7c15))}
+	if cfg.MaxWaitingSeqs > 0 {
+		s.maxSeqs = int64(cfg.Runner.Engine().Config().MaxNumSeqs + cfg.MaxWaitingSeqs)
+	}
 	s.eod = []int{cfg.Tokenizer.EOD()}
 	if sp, ok := cfg.Tokenizer.(tokenizer.Specials); ok {
 		if id, ok := sp.EOS(); ok && id != s.eod[0] {
@@ -124,8 +151,11 @@ func (s *Server) Handler() http.Handler {
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, errorf(http.StatusNotFound, "invalid_request_error", "not_found", "", "no route %s %s", r.Method, r.URL.Path))
 	})
-	return mux
+	return s.serveHTTP(mux)
 }
+
+// ModelName is the model id the API serves.
+func (s *Server) ModelName() string { return s.cfg.ModelName }
 
 // Drain marks the server as shutting down: /health answers 503 so load
 // balancers stop sending; requests in flight go on.
@@ -180,20 +210,23 @@ type samplingParams struct {
 	PresencePenalty  *float64           `json:"presence_penalty"`
 	FrequencyPenalty *float64           `json:"frequency_penalty"`
 	LogitBias        map[string]float64 `json:"logit_bias"`
-	User             string             `json:"user"`
-	IgnoreEOS        bool               `json:"ignore_eos"` // vLLM's extension
+	IgnoreEOS        bool               `json:"ignore_eos"`     // vLLM's extension
+	StopTokenIDs     []int              `json:"stop_token_ids"` // vLLM's extension
 }
 
 // sampling maps the OpenAI fields to Megatron's rules: temperature 0 is
-// greedy (top-k 1); top_p 1 is off; top_k with top_p < 1 is an error, as
-// in Megatron. Choice i of n gets seed+i (a random seed when none is set).
+// greedy (top-k 1), and so is a positive temperature that is 0 in float32
+// (infer.IsGreedyTemperature); top_p 1 is off; top_k with top_p < 1 is an
+// error, as in Megatron. Every field is checked whether or not greedy
+// decoding makes it moot. Choice i of n gets seed+i (a random seed when
+// none is set).
 func (s *Server) sampling(p *samplingParams) ([]infer.Sampling, *apiError) {
 	n := 1
 	if p.N != nil {
 		n = *p.N
 	}
-	if n < 1 || n > s.cfg.MaxN {
-		return nil, invalidValue("n", "n=%d: want 1..%d", n, s.cfg.MaxN)
+	if e := checkRange("n", n, 1, s.cfg.MaxN, "--max-n"); e != nil {
+		return nil, e
 	}
 	for name, v := range map[string]*float64{"presence_penalty": p.PresencePenalty, "frequency_penalty": p.FrequencyPenalty} {
 		if v != nil && *v != 0 {
@@ -203,34 +236,41 @@ func (s *Server) sampling(p *samplingParams) ([]infer.Sampling, *apiError) {
 	if len(p.LogitBias) > 0 {
 		return nil, invalidValue("logit_bias", "logit_bias is not supported")
 	}
-	var base infer.Sampling
 	temp := 1.0
 	if p.Temperature != nil {
 		temp = *p.Temperature
 	}
-	if temp < 0 || temp > 2 {
-		return nil, invalidValue("temperature", "temperature=%g: want 0..2", temp)
+	if !(temp >= 0 && temp <= 2) {
+		return nil, invalidValue("temperature", "temperature: %g is out of range: must be between 0 and 2", temp)
 	}
-	if temp == 0 {
-		base.TopK = 1
-	} else {
-		base.Temperature = temp
-	}
+	topP := 1.0
 	if p.TopP != nil {
-		if tp := *p.TopP; tp <= 0 || tp > 1 {
-			return nil, invalidValue("top_p", "top_p=%g: want 0 < top_p <= 1", tp)
-		} else if tp < 1 && base.TopK != 1 {
-			base.TopP = tp
-		}
+		topP = *p.TopP
 	}
-	if p.TopK != nil && *p.TopK != 0 && *p.TopK != -1 && base.TopK != 1 {
-		if *p.TopK < 0 {
-			return nil, invalidValue("top_k", "top_k=%d: want -1 (off) or >= 1", *p.TopK)
+	if !(topP > 0 && topP <= 1) {
+		return nil, invalidValue("top_p", "top_p: %g is out of range: must be > 0 and <= 1", topP)
+	}
+	topK := -1
+	if p.TopK != nil {
+		topK = *p.TopK
+	}
+	if e := checkRange("top_k", topK, -1, math.MaxInt, "-1 or 0: off, 1: greedy"); e != nil {
+		return nil, e
+	}
+	var base infer.Sampling
+	switch {
+	case temp == 0 || infer.IsGreedyTemperature(temp):
+		base.TopK = 1
+	case topK > 1 && topP < 1:
+		return nil, invalidValue("top_k", "top_k and top_p < 1 cannot both be set (Megatron's rule)")
+	default:
+		base.Temperature = temp
+		if topP < 1 {
+			base.TopP = topP
 		}
-		if base.TopP > 0 && *p.TopK > 1 {
-			return nil, invalidValue("top_k", "top_k and top_p < 1 cannot both be set (Megatron's rule)")
+		if topK > 0 {
+			base.TopK = topK
 		}
-		base.TopK = *p.TopK
 	}
 	var seed uint64
 	if p.Seed != nil {
@@ -244,6 +284,27 @@ func (s *Server) sampling(p *samplingParams) ([]infer.Sampling, *apiError) {
 	for i := range out {
 		out[i] = base
 		out[i].Seed = seed + uint64(i)
+	}
+	return out, nil
+}
+
+// stopTokens returns the ids that end generation: the tokenizer's end of
+// document (and EOS) unless ignoreEOS, and extra (stop_token_ids), each
+// checked against the vocabulary.
+func (s *Server) stopTokens(ignoreEOS bool, extra []int) ([]int, *apiError) {
+	if e := checkRange("stop_token_ids", len(extra), 0, 16, "its length"); e != nil {
+		return nil, e
+	}
+	var out []int
+	if !ignoreEOS {
+		out = append(out, s.eod...)
+	}
+	vocab := s.cfg.Tokenizer.VocabSize()
+	for i, id := range extra {
+		if e := checkRange(fmt.Sprintf("stop_token_ids[%d]", i), id, 0, vocab-1, "the vocabulary"); e != nil {
+			return nil, e
+		}
+		out = append(out, id)
 	}
 	return out, nil
 }
@@ -283,17 +344,29 @@ func (s *Server) encode(text string) []int32 {
 }
 
 // checkPrompt bounds a prompt's length (413 beyond --max-prompt-tokens) and
-// its room for maxTokens new tokens (400 context_length_exceeded).
-func (s *Server) checkPrompt(param string, n, maxTokens int) *apiError {
+// the new tokens asked for, param's maxTokens: at least least and at most
+// what the context leaves after the prompt (400, context_length_exceeded
+// beyond). Both are checked before their sum is made.
+func (s *Server) checkPrompt(promptParam string, n int, param string, maxTokens, least int) *apiError {
 	if n > s.cfg.MaxPromptTokens {
-		return errorf(http.StatusRequestEntityTooLarge, "invalid_request_error", "prompt_too_long", param, "prompt of %d tokens exceeds the limit of %d (--max-prompt-tokens)", n, s.cfg.MaxPromptTokens)
+		return errorf(http.StatusRequestEntityTooLarge, "invalid_request_error", "prompt_too_long", promptParam, "prompt of %d tokens exceeds the limit of %d (--max-prompt-tokens)", n, s.cfg.MaxPromptTokens)
 	}
-	if n+maxTokens > s.maxCtx {
-		return errorf(http.StatusBadRequest, "invalid_request_error", "context_length_exceeded", param,
-			"this model's maximum context length is %d tokens; the request asks for %d (%d in the prompt, %d to generate)", s.maxCtx, n+maxTokens, n, maxTokens)
+	if maxTokens < least {
+		return checkRange(param, maxTokens, least, math.MaxInt, "")
+	}
+	room := s.maxCtx - n // both within the context: no overflow
+	why := fmt.Sprintf("this model's maximum context length is %d tokens and the prompt has %d", s.maxCtx, n)
+	if room < least {
+		return errorf(http.StatusBadRequest, "invalid_request_error", "context_length_exceeded", promptParam, "%s: no room for %d new tokens", why, least)
+	}
+	if e := checkRange(param, maxTokens, least, room, why); e != nil {
+		e.Code = ptr("context_length_exceeded")
+		return e
 	}
 	return nil
 }
+
+func ptr[T any](v T) *T { return &v }
 
 // choiceEvent is one event of choice i.
 type choiceEvent struct {
@@ -306,7 +379,16 @@ type choiceEvent struct {
 // submit starts one sequence per request and merges their events into one
 // channel (one forwarding goroutine per sequence, ending with it or ctx).
 // On error every sequence already started is cancelled.
+//
+// With MaxWaitingSeqs set, a request whose sequences would exceed the
+// engine's batch and that queue gets 429.
 func (s *Server) submit(ctx context.Context, reqs []infer.Request) (<-chan choiceEvent, *apiError) {
+	n := int64(len(reqs))
+	if now := s.inflight.Add(n); s.maxSeqs > 0 && now > s.maxSeqs {
+		s.inflight.Add(-n)
+		return nil, errorf(http.StatusTooManyRequests, "rate_limit_error", "queue_full", "",
+			"the server's queue is full: %d sequences running or waiting (--max-num-seqs + --max-waiting-seqs); retry later", s.maxSeqs)
+	}
 	streams := make([]*infer.Stream, len(reqs))
 	for i, r := range reqs {
 		st, err := s.cfg.Runner.Submit(ctx, r)
@@ -314,6 +396,7 @@ func (s *Server) submit(ctx context.Context, reqs []infer.Request) (<-chan choic
 			for _, prev := range streams[:i] {
 				prev.Cancel()
 			}
+			s.inflight.Add(-n)
 			return nil, engineError(err, "")
 		}
 		streams[i] = st
@@ -321,6 +404,7 @@ func (s *Server) submit(ctx context.Context, reqs []infer.Request) (<-chan choic
 	ch := make(chan choiceEvent, 4*len(reqs))
 	for i, st := range streams {
 		go func() {
+			defer s.inflight.Add(-1)
 			for {
 				ev, err := st.Next(ctx)
 				if err != nil && ctx.Err() != nil {

@@ -36,6 +36,11 @@ for await (const chunk of await client.chat.completions.create({ model, messages
 }
 report.chatStream = { text: chatStreamed, roles };
 
+// Fields gotron does not implement but that only concern bookkeeping are
+// accepted (and ignored), as vLLM does.
+const stored = await client.chat.completions.create({ model, messages, max_tokens: maxTokens, temperature: 0, store: false, metadata: { run: "serve_test" } });
+report.storeMetadata = { text: stored.choices[0].message.content, finish: stored.choices[0].finish_reason };
+
 // Errors arrive as the client's typed API errors.
 async function expectError(name, f) {
   try {
@@ -49,5 +54,7 @@ await expectError("unknownModel", () => client.completions.create({ model: "no-s
 await expectError("zeroMaxTokens", () => client.completions.create({ model, prompt: process.env.PROMPT, max_tokens: 0 }));
 await expectError("contextExceeded", () => client.chat.completions.create({ model, messages, max_tokens: 100000 }));
 await expectError("badTemperature", () => client.chat.completions.create({ model, messages, temperature: 5 }));
+await expectError("hugeMaxTokens", () => client.completions.create({ model, prompt: process.env.PROMPT, max_tokens: Number.MAX_SAFE_INTEGER }));
+await expectError("jsonObject", () => client.chat.completions.create({ model, messages, response_format: { type: "json_object" } }));
 
 console.log(JSON.stringify(report));

@@ -1,0 +1,179 @@
+package server
+
+import (
+	"bytes"
+	"encoding/json"
+	"log"
+	"regexp"
+	"strings"
+	"sync"
+	"testing"
+)
+
+// syncBuffer is a goroutine-safe log sink.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+type errorBody struct {
+	Error struct {
+		Message string
+		Type    string
+		Param   *string
+		Code    *string
+	}
+}
+
+// checkError asserts a 400-class answer naming param, with want in its message.
+func checkError(t *testing.T, what string, code int, body []byte, wantCode int, param, want string) {
+	t.Helper()
+	var e errorBody
+	if code != wantCode || json.Unmarshal(body, &e) != nil || e.Error.Param == nil || *e.Error.Param != param || !strings.Contains(e.Error.Message, want) {
+		t.Errorf("%s: %d %s; want %d naming %s with %q", what, code, body, wantCode, param, want)
+	}
+}
+
+// TestHugeTokenCounts (issue 31, finding 1): a max_tokens near 2^63 on any
+// endpoint wrapped prompt_len + max_tokens negative, passed the context
+// check and panicked in the engine's goroutine (infer.newSequence:
+// makeslice), killing the server. Each is now a 400 naming the field and
+// its range, and the server goes on serving.
+func TestHugeTokenCounts(t *testing.T) {
+	h := newHarness(t, Config{})
+	const huge = "9223372036854775807"
+	for _, c := range []struct {
+		method, path, body, param, want string
+	}{
+		{"POST", "/v1/completions", `{"prompt": "Hello world", "max_tokens": ` + huge + `}`, "max_tokens", "max_tokens: 9223372036854775807 is out of range: must be between 1 and 85 (this model's maximum context length is 96 tokens and the prompt has 11)"},
+		{"POST", "/v1/completions", `{"prompt": "Hello world", "max_tokens": ` + huge + `, "stream": true}`, "max_tokens", "must be between 1 and 85"},
+		{"POST", "/v1/completions", `{"prompt": "Hello world", "max_tokens": ` + huge + `, "echo": true, "logprobs": 1}`, "max_tokens", "must be between 0 and 85"},
+		{"POST", "/v1/completions", `{"prompt": ["A", "Hello world"], "max_tokens": 90}`, "max_tokens", "must be between 1 and 85"},
+		{"POST", "/v1/chat/completions", `{"messages": [{"role": "user", "content": "Hi"}], "max_tokens": ` + huge + `}`, "max_tokens", "max_tokens: 9223372036854775807 is out of range: must be between 1 and 77"},
+		{"POST", "/v1/chat/completions", `{"messages": [{"role": "user", "content": "Hi"}], "max_completion_tokens": ` + huge + `, "stream": true}`, "max_completion_tokens", "max_completion_tokens: 9223372036854775807 is out of range: must be between 1 and 77"},
+		{"PUT", "/api", `{"prompts": ["Hello world"], "tokens_to_generate": ` + huge + `}`, "tokens_to_generate", "tokens_to_generate: 9223372036854775807 is out of range: must be between 1 and 85"},
+		{"PUT", "/api", `{"prompts": ["Hello world"], "tokens_to_generate": ` + huge + `, "logprobs": true}`, "tokens_to_generate", "must be between 0 and 85"},
+		{"PUT", "/api", `{"prompts": ["A"], "tokens_to_generate": -9223372036854775808}`, "tokens_to_generate", "must be at least 0"},
+		{"POST", "/v1/completions", `{"prompt": "A", "n": ` + huge + `}`, "n", "n: 9223372036854775807 is out of range: must be between 1 and 16"},
+		{"POST", "/v1/completions", `{"prompt": "A", "logprobs": ` + huge + `}`, "logprobs", "must be between 0 and 20"},
+		{"POST", "/v1/completions", `{"prompt": "A", "best_of": -1}`, "best_of", "must be exactly 1"},
+		{"POST", "/v1/chat/completions", `{"messages": [{"role": "user", "content": "Hi"}], "logprobs": true, "top_logprobs": ` + huge + `}`, "top_logprobs", "must be between 0 and 20"},
+		{"POST", "/v1/completions", `{"prompt": [[1, -9223372036854775808]]}`, "prompt", "want a string"}, // not an int32: a type error
+		{"POST", "/v1/completions", `{"prompt": "A", "stop_token_ids": [64]}`, "stop_token_ids[0]", "stop_token_ids[0]: 64 is out of range: must be between 0 and 63"},
+		{"PUT", "/api", `{"prompts": ["A"], "stop_token": ` + huge + `}`, "stop_token", "must be between 0 and 63"},
+	} {
+		code, body := h.do(t, c.method, c.path, c.body)
+		checkError(t, c.body, code, body, 400, c.param, c.want)
+	}
+	// The server is alive and its engine idle.
+	if code, body := h.do(t, "POST", "/v1/completions", `{"prompt": "Hello world", "max_tokens": 85, "temperature": 0, "ignore_eos": true}`); code != 200 {
+		t.Fatalf("after: %d %s", code, body)
+	}
+	if st := h.runner.Stats(); st.KVBlocksUsed != 0 || st.Running+st.Waiting != 0 {
+		t.Fatalf("after: %+v", st)
+	}
+}
+
+// TestSamplingFields (issue 31, finding 8): a temperature that is positive
+// in float64 but 0 in float32 decoded garbage (an empty completion with
+// finish_reason stop); now it is greedy. top_k -5 was accepted whenever
+// temperature 0 made it moot; every sampling field is now checked.
+func TestSamplingFields(t *testing.T) {
+	h := newHarness(t, Config{})
+	want := h.greedy(t, "HELLO", 12)
+	for _, temp := range []string{"0", "5e-324", "1e-50", "7e-46"} {
+		code, body := h.do(t, "POST", "/v1/completions", `{"prompt": "HELLO", "max_tokens": 12, "temperature": `+temp+`}`)
+		var r struct{ Choices []struct{ Text string } }
+		if code != 200 || json.Unmarshal(body, &r) != nil || len(r.Choices) != 1 || r.Choices[0].Text != want {
+			t.Errorf("temperature %s: %d %s; want greedy %q", temp, code, body, want)
+		}
+	}
+	code, body := h.do(t, "PUT", "/api", `{"prompts": ["HELLO"], "tokens_to_generate": 12, "temperature": 5e-324}`)
+	var api struct{ Text []string }
+	if code != 200 || json.Unmarshal(body, &api) != nil || len(api.Text) != 1 || api.Text[0] != "HELLO"+want {
+		t.Errorf("/api temperature 5e-324: %d %s; want greedy %q", code, body, want)
+	}
+	for _, c := range []struct{ body, param, want string }{
+		{`{"prompt": "A", "top_k": -5, "temperature": 0}`, "top_k", "top_k: -5 is out of range: must be at least -1 (-1 or 0: off, 1: greedy)"},
+		{`{"prompt": "A", "top_k": -5}`, "top_k", "top_k: -5 is out of range"},
+		{`{"prompt": "A", "top_p": 0, "temperature": 0}`, "top_p", "top_p: 0 is out of range"},
+		{`{"prompt": "A", "top_p": 1.5}`, "top_p", "top_p: 1.5 is out of range"},
+		{`{"prompt": "A", "temperature": -1e-300}`, "temperature", "temperature: -1e-300 is out of range"},
+		{`{"prompt": "A", "seed": 1e30}`, "seed", "seed: want an integer"},
+		{`{"prompt": "A", "n": 0, "temperature": 0}`, "n", "n: 0 is out of range"},
+	} {
+		code, body := h.do(t, "POST", "/v1/completions", c.body)
+		checkError(t, c.body, code, body, 400, c.param, c.want)
+	}
+	code, body = h.do(t, "PUT", "/api", `{"prompts": ["A"], "top_k": -5}`)
+	checkError(t, "/api top_k -5", code, body, 400, "top_k", "top_k: -5 is out of range: must be between 0 and 1000")
+	// A negative seed is a seed (vLLM's too): accepted.
+	if code, body := h.do(t, "POST", "/v1/completions", `{"prompt": "A", "max_tokens": 2, "seed": -9223372036854775808}`); code != 200 {
+		t.Errorf("seed -2^63: %d %s", code, body)
+	}
+}
+
+// TestUnknownFieldsAndAccessLog (issue 30, item 8): fields the server does
+// not know (store, metadata, user, service_tier, ...) are accepted and
+// ignored with one warning line, as vLLM does; fields that would change the
+// output (response_format json_object or json_schema, tools) are refused
+// naming the field; every request gets one access line.
+func TestUnknownFieldsAndAccessLog(t *testing.T) {
+	var logBuf syncBuffer
+	h := newHarness(t, Config{Log: log.New(&logBuf, "", 0)})
+	code, body := h.do(t, "POST", "/v1/chat/completions", `{"messages": [{"role": "user", "content": "Hi", "refusal": null}], "max_tokens": 3,
+		"store": false, "metadata": {"k": "v"}, "user": "u1", "service_tier": "auto", "parallel_tool_calls": false, "response_format": {"type": "text"}}`)
+	if code != 200 {
+		t.Fatalf("unknown fields: %d %s", code, body)
+	}
+	code, body = h.do(t, "POST", "/v1/completions", `{"prompt": "A", "max_tokens": 2, "stream_options": {"include_usage": true, "x": 1}, "stream": true}`)
+	if code != 200 {
+		t.Fatalf("unknown nested field: %d %s", code, body)
+	}
+	for _, c := range []struct{ path, body, param string }{
+		{"/v1/chat/completions", `{"messages": [{"role": "user", "content": "Hi"}], "response_format": {"type": "json_object"}}`, "response_format"},
+		{"/v1/chat/completions", `{"messages": [{"role": "user", "content": "Hi"}], "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}}`, "response_format"},
+		{"/v1/completions", `{"prompt": "A", "response_format": {"type": "json_object"}}`, "response_format"},
+		{"/v1/chat/completions", `{"messages": [{"role": "user", "content": "Hi"}], "tools": [{"type": "function", "function": {"name": "f"}}]}`, "tools"},
+		{"/v1/completions", `{"prompt": "A", "guided_json": {}}`, "guided_json"},
+		{"/v1/completions", `{"prompt": "A", "repetition_penalty": 1.2}`, "repetition_penalty"},
+	} {
+		code, body := h.do(t, "POST", c.path, c.body)
+		checkError(t, c.body, code, body, 400, c.param, "is not supported")
+	}
+	h.do(t, "GET", "/nowhere", "")
+	out := logBuf.String()
+	for _, want := range []string{
+		"warning: POST /v1/chat/completions: ignoring unknown fields messages[0].refusal, metadata, parallel_tool_calls, service_tier, store, user\n",
+		"warning: POST /v1/completions: ignoring unknown fields stream_options.x\n",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("log lacks %q:\n%s", want, out)
+		}
+	}
+	access := regexp.MustCompile(`(?m)^127\.0\.0\.1:\d+ "(\S+ \S+)" (\d+) \d+\.\d{3}s prompt_tokens=(\d+) completion_tokens=(\d+)$`).FindAllStringSubmatch(out, -1)
+	if len(access) != 9 {
+		t.Fatalf("%d access lines, want 9:\n%s", len(access), out)
+	}
+	if a := access[0]; a[1] != "POST /v1/chat/completions" || a[2] != "200" || a[3] == "0" || a[4] != "3" {
+		t.Errorf("access line %q", a[0])
+	}
+	if a := access[1]; a[1] != "POST /v1/completions" || a[2] != "200" || a[3] != "1" || a[4] != "2" {
+		t.Errorf("access line %q", a[0])
+	}
+	if a := access[8]; a[1] != "GET /nowhere" || a[2] != "404" {
+		t.Errorf("access line %q", a[0])
+	}
+}
