@@ -5,13 +5,16 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
 	"runtime/debug"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -559,5 +562,131 @@ func TestGenerateHugeMaxNewTokens(t *testing.T) {
 		if code == 0 || !strings.Contains(errs, "--max-new-tokens: "+n+" is out of range: must be at least 1") {
 			t.Errorf("--max-new-tokens %s: exit %d, %s", n, code, errs)
 		}
+	}
+}
+
+// TestServeSlowClients (issue 31, finding 7): connections that announce a
+// 100 kB body and send it a byte at a time stayed open indefinitely (only
+// ReadHeaderTimeout was set). Now each is answered 408 and closed once
+// --read-timeout has passed, while ordinary requests sent meanwhile keep
+// their latency. The default run holds 50 connections sending a byte every
+// 200 ms against a 1 s timeout; GOTRON_SLOW_CLIENTS_FULL=1 holds 300 sending
+// a byte every 5 s against the default 30 s (issue 31's probe).
+func TestServeSlowClients(t *testing.T) {
+	clients, every, timeout := 50, 200*time.Millisecond, time.Second
+	args := []string{"--read-timeout", "1s"}
+	if os.Getenv("GOTRON_SLOW_CLIENTS_FULL") != "" {
+		clients, every, timeout, args = 300, 5*time.Second, 30*time.Second, nil
+	}
+	ck := serveCheckpoint(t)
+	base, _ := startServe(t, append([]string{"--load", ck, "--disable-log-requests"}, args...)...)
+	addr := strings.TrimPrefix(base, "http://")
+	ordinary := func() time.Duration {
+		start := time.Now()
+		if code, body := postJSON(t, base+"/v1/completions", `{"prompt": "Hello", "max_tokens": 4, "temperature": 0}`); code != 200 {
+			t.Fatalf("ordinary request: %d %s", code, body)
+		}
+		return time.Since(start)
+	}
+	median := func(d []time.Duration) time.Duration {
+		slices.Sort(d)
+		return d[len(d)/2]
+	}
+	var before []time.Duration
+	for range 5 {
+		before = append(before, ordinary())
+	}
+
+	type result struct {
+		status string
+		held   time.Duration
+		err    error
+	}
+	results := make(chan result, clients)
+	start := time.Now()
+	for range clients {
+		go func() {
+			c, err := net.Dial("tcp", addr)
+			if err != nil {
+				results <- result{err: err}
+				return
+			}
+			defer c.Close()
+			opened := time.Now()
+			fmt.Fprintf(c, "POST /v1/completions HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\nContent-Length: 100000\r\n\r\n{", addr)
+			go func() { // dribble until the server closes
+				for {
+					time.Sleep(every)
+					if _, err := c.Write([]byte(" ")); err != nil {
+						return
+					}
+				}
+			}()
+			c.SetReadDeadline(time.Now().Add(timeout + 30*time.Second))
+			resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+			if err != nil {
+				results <- result{err: err, held: time.Since(opened)}
+				return
+			}
+			io.ReadAll(resp.Body) // to EOF: the server closes the connection
+			results <- result{status: resp.Status, held: time.Since(opened)}
+		}()
+	}
+	// Ordinary requests while the slow ones hold their connections.
+	var during []time.Duration
+	for time.Since(start) < timeout*8/10 {
+		during = append(during, ordinary())
+	}
+	for range clients {
+		r := <-results
+		if r.err != nil || r.status != "408 Request Timeout" || r.held > timeout+time.Second+every {
+			t.Fatalf("slow client: %q after %v (%v); want 408 within %v", r.status, r.held, r.err, timeout+time.Second+every)
+		}
+	}
+	b, d := median(before), median(during)
+	t.Logf("%d slow clients cut off; ordinary request median %v before, %v during (%d requests)", clients, b, d, len(during))
+	if d > 3*b+200*time.Millisecond {
+		t.Errorf("ordinary requests took %v (median) with %d slow clients, %v before", d, clients, b)
+	}
+}
+
+// TestServeConnectionLimit: beyond --max-connections a connection is
+// answered 503 too_many_connections (an OpenAI-shaped error) and closed;
+// once connections close, requests are served again.
+func TestServeConnectionLimit(t *testing.T) {
+	ck := serveCheckpoint(t)
+	base, _ := startServe(t, "--load", ck, "--max-connections", "3")
+	addr := strings.TrimPrefix(base, "http://")
+	var idle []net.Conn
+	for range 3 {
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		idle = append(idle, c)
+	}
+	time.Sleep(100 * time.Millisecond) // accepted
+	resp, err := http.Post(base+"/v1/completions", "application/json", strings.NewReader(`{"prompt": "Hello", "max_tokens": 2}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 503 || resp.Header.Get("Retry-After") != "1" || !strings.Contains(string(body), `"code":"too_many_connections"`) {
+		t.Fatalf("4th connection: %d %v %s", resp.StatusCode, resp.Header, body)
+	}
+	for _, c := range idle {
+		c.Close()
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		code, body := postJSON(t, base+"/v1/completions", `{"prompt": "Hello", "max_tokens": 2}`)
+		if code == 200 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("after closing: %d %s", code, body)
+		}
+		time.Sleep(50 * time.Millisecond)
 	}
 }

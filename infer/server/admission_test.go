@@ -1,13 +1,21 @@
 package server
 
 import (
+	"bufio"
 	"bytes"
 	"encoding/json"
+	"fmt"
+	"io"
 	"log"
+	"net"
+	"net/http"
 	"regexp"
 	"strings"
 	"sync"
 	"testing"
+	"time"
+
+	"github.com/gotron/gotron/infer"
 )
 
 // syncBuffer is a goroutine-safe log sink.
@@ -176,4 +184,72 @@ func TestUnknownFieldsAndAccessLog(t *testing.T) {
 	if a := access[8]; a[1] != "GET /nowhere" || a[2] != "404" {
 		t.Errorf("access line %q", a[0])
 	}
+}
+
+// TestQueueFull: beyond MaxNumSeqs running and MaxWaitingSeqs waiting a
+// request is answered 429 queue_full at once; when the sequences end,
+// requests are admitted again.
+func TestQueueFull(t *testing.T) {
+	h := newHarnessWith(t, Config{MaxWaitingSeqs: 1}, 96, infer.EngineConfig{MaxNumSeqs: 1}, nil)
+	code, body := h.do(t, "POST", "/v1/completions", `{"prompt": "A", "max_tokens": 2, "n": 3}`)
+	if code != 429 || !strings.Contains(string(body), `"code":"queue_full"`) {
+		t.Fatalf("n=3 over a queue of 2: %d %s", code, body)
+	}
+	// A stream of two long sequences holds the queue while it runs.
+	resp, err := http.Post(h.url+"/v1/completions", "application/json", strings.NewReader(`{"prompt": "A", "max_tokens": 90, "n": 2, "ignore_eos": true, "stream": true}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	br := bufio.NewReader(resp.Body)
+	if _, err := br.ReadString('\n'); err != nil { // the first event: both submitted
+		t.Fatal(err)
+	}
+	code, body = h.do(t, "POST", "/v1/completions", `{"prompt": "A", "max_tokens": 2}`)
+	if code != 429 {
+		t.Errorf("while the queue is full: %d %s", code, body)
+	}
+	io.Copy(io.Discard, br)
+	resp.Body.Close()
+	waitFor(t, func() bool { code, _ := h.do(t, "POST", "/v1/completions", `{"prompt": "A", "max_tokens": 2}`); return code == 200 },
+		func() string { return "no request admitted after the stream ended" })
+}
+
+// smallSendBuffer makes the server's socket buffers small, so that a client
+// that stops reading blocks the server's writes after a few kilobytes.
+type smallSendBuffer struct{ net.Listener }
+
+func (l smallSendBuffer) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if tc, ok := c.(*net.TCPConn); ok {
+		tc.SetWriteBuffer(4096)
+	}
+	return c, err
+}
+
+// TestWriteTimeoutCutsOffNonReader: a streaming client that stops reading
+// held its handler, blocked in a write, for as long as it kept the
+// connection open. With WriteTimeout the blocked write fails and the
+// connection is closed: what the client reads afterwards ends without
+// [DONE].
+func TestWriteTimeoutCutsOffNonReader(t *testing.T) {
+	h := newHarnessWith(t, Config{WriteTimeout: 300 * time.Millisecond}, 96, infer.EngineConfig{},
+		func(ln net.Listener) net.Listener { return smallSendBuffer{ln} })
+	c, err := net.Dial("tcp", strings.TrimPrefix(h.url, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.(*net.TCPConn).SetReadBuffer(4096)
+	body := `{"prompt": "A", "max_tokens": 90, "n": 16, "logprobs": 5, "ignore_eos": true, "stream": true}`
+	fmt.Fprintf(c, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
+	time.Sleep(1500 * time.Millisecond) // the client reads nothing
+	c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	got, err := io.ReadAll(c)
+	if bytes.Contains(got, []byte("data: [DONE]")) {
+		t.Fatalf("the stream to a client that stopped reading for 1.5 s went on to its end (%d bytes)", len(got))
+	}
+	if ne, ok := err.(net.Error); ok && ne.Timeout() {
+		t.Fatalf("the server kept the connection open: %v", err)
+	}
+	t.Logf("read %d bytes, then %v", len(got), err)
 }

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -64,6 +65,14 @@ func newHarness(t *testing.T, cfg Config) *harness {
 // newHarnessContext is newHarness with a context of positions tokens.
 func newHarnessContext(t *testing.T, cfg Config, positions int) *harness {
 	t.Helper()
+	return newHarnessWith(t, cfg, positions, infer.EngineConfig{}, nil)
+}
+
+// newHarnessWith is newHarnessContext with the engine's configuration
+// (block size 8 and the test tokenizer set here) and, unless nil, wrap
+// around the test server's listener.
+func newHarnessWith(t *testing.T, cfg Config, positions int, ec infer.EngineConfig, wrap func(net.Listener) net.Listener) *harness {
+	t.Helper()
 	mc := gpt.Config{NumLayers: 2, HiddenSize: 32, NumAttentionHeads: 4, NumQueryGroups: 2, FFNHiddenSize: 48,
 		VocabSize: 64, MaxPositionEmbeddings: positions, PositionEmbeddingType: gpt.RoPE, Normalization: gpt.RMSNorm,
 		Activation: gpt.SwiGLU, DisableBiasLinear: true, UntieEmbeddingsAndOutputWeights: true, InitMethodStd: 0.3}
@@ -71,7 +80,8 @@ func newHarnessContext(t *testing.T, cfg Config, positions int) *harness {
 	if err != nil {
 		t.Fatal(err)
 	}
-	e, err := infer.NewEngine(m, infer.EngineConfig{BlockTokens: 8, Decoder: charTok{}})
+	ec.BlockTokens, ec.Decoder = 8, charTok{}
+	e, err := infer.NewEngine(m, ec)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -87,7 +97,11 @@ func newHarnessContext(t *testing.T, cfg Config, positions int) *harness {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ts := httptest.NewServer(s.Handler())
+	ts := httptest.NewUnstartedServer(s.Handler())
+	if wrap != nil {
+		ts.Listener = wrap(ts.Listener)
+	}
+	ts.Start()
 	t.Cleanup(func() { ts.Close(); cancel(); <-done })
 	return &harness{url: ts.URL, srv: s, runner: r, model: m}
 }
