@@ -210,7 +210,10 @@ func TestQueueFull(t *testing.T) {
 	}
 	io.Copy(io.Discard, br)
 	resp.Body.Close()
-	waitFor(t, func() bool { code, _ := h.do(t, "POST", "/v1/completions", `{"prompt": "A", "max_tokens": 2}`); return code == 200 },
+	waitFor(t, func() bool {
+		code, _ := h.do(t, "POST", "/v1/completions", `{"prompt": "A", "max_tokens": 2}`)
+		return code == 200
+	},
 		func() string { return "no request admitted after the stream ended" })
 }
 
