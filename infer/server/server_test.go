@@ -57,13 +57,13 @@ type harness struct {
 
 // newHarness serves a small random Llama-style model (context 96) through
 // httptest; cleanup stops the runner.
-func newHarness(t *testing.T, cfg Config) *harness {
+func newHarness(t testing.TB, cfg Config) *harness {
 	t.Helper()
 	return newHarnessContext(t, cfg, 96)
 }
 
 // newHarnessContext is newHarness with a context of positions tokens.
-func newHarnessContext(t *testing.T, cfg Config, positions int) *harness {
+func newHarnessContext(t testing.TB, cfg Config, positions int) *harness {
 	t.Helper()
 	return newHarnessWith(t, cfg, positions, infer.EngineConfig{}, nil)
 }
@@ -71,7 +71,7 @@ func newHarnessContext(t *testing.T, cfg Config, positions int) *harness {
 // newHarnessWith is newHarnessContext with the engine's configuration
 // (block size 8 and the test tokenizer set here) and, unless nil, wrap
 // around the test server's listener.
-func newHarnessWith(t *testing.T, cfg Config, positions int, ec infer.EngineConfig, wrap func(net.Listener) net.Listener) *harness {
+func newHarnessWith(t testing.TB, cfg Config, positions int, ec infer.EngineConfig, wrap func(net.Listener) net.Listener) *harness {
 	t.Helper()
 	mc := gpt.Config{NumLayers: 2, HiddenSize: 32, NumAttentionHeads: 4, NumQueryGroups: 2, FFNHiddenSize: 48,
 		VocabSize: 64, MaxPositionEmbeddings: positions, PositionEmbeddingType: gpt.RoPE, Normalization: gpt.RMSNorm,
