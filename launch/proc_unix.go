@@ -45,3 +45,6 @@ func exitSignal(ee *exec.ExitError) string {
 	}
 	return ""
 }
+
+// closeOnExec keeps fd from the worker's own child processes.
+func closeOnExec(fd int) { syscall.CloseOnExec(fd) }

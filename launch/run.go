@@ -47,19 +47,40 @@ type Config struct {
 	// (SIGINT, SIGTERM), so that they can save before exiting. A group stopped
 	// by a signal is not restarted.
 	Signals <-chan os.Signal
+	// HeartbeatTimeout is how long a worker that sends heartbeats (see
+	// StartReporter) may fall silent before the launcher declares it dead,
+	// SIGKILLs it and stops the group; 0 means DefaultHeartbeatTimeout,
+	// negative means no heartbeats (Run only).
+	HeartbeatTimeout time.Duration
 }
 
-// WorkerError reports the first worker that failed (the root cause, as
-// torchrun calls it).
+// WorkerError reports the worker whose failure stopped the group: the root
+// cause, as torchrun calls it. It is the first worker whose end was not
+// caused by the launcher or by another rank's failure, in this order: a
+// worker the launcher declared dead for missing heartbeats; one killed by a
+// signal the launcher did not send (kill -9, the OOM killer); one the other
+// workers blamed when they failed; one that exited with an error of its
+// own. Workers that failed because of another rank (they said so through
+// the heartbeat pipe) or that the launcher stopped come after it, in
+// Others.
 type WorkerError struct {
 	Rank, LocalRank int
 	PID             int    // 0 for an in-process worker
 	ExitCode        int    // -1 when killed by a signal
 	Signal          string // the signal that killed it, if any
 	Err             error  // the underlying error (in-process: the worker's error)
+	// Silent, when not zero, is how long the worker had sent no heartbeat
+	// when the launcher declared it dead and killed it.
+	Silent time.Duration
+	// Blaming reports that the worker said it failed because world rank
+	// Blamed failed.
+	Blaming bool
+	Blamed  int
+	// Stopped reports that the launcher had signalled the worker (to stop
+	// the group) before it ended.
+	Stopped bool
 	// Others are the workers that failed afterwards (at most maxOthers are
-	// listed in Error); workers killed by a signal the launcher sent them are
-	// not counted.
+	// listed in Error).
 	Others []*WorkerError
 }
 
@@ -90,11 +111,61 @@ func (e *WorkerError) how() string {
 	switch {
 	case e.PID == 0:
 		return fmt.Sprintf("failed: %v", e.Err)
+	case e.Silent > 0:
+		return fmt.Sprintf("sent no heartbeat for %v (stopped or frozen) and was killed by the launcher", e.Silent.Round(100*time.Millisecond))
+	case e.Blaming:
+		if e.Signal != "" {
+			return fmt.Sprintf("was killed by signal %s after rank %d failed", e.Signal, e.Blamed)
+		}
+		return fmt.Sprintf("exited with status %d after rank %d failed", e.ExitCode, e.Blamed)
+	case e.Signal != "" && e.Stopped:
+		return "was stopped by the launcher (signal " + e.Signal + ")"
 	case e.Signal != "":
 		return "was killed by signal " + e.Signal
+	case e.Stopped:
+		return fmt.Sprintf("exited with status %d after the launcher stopped it", e.ExitCode)
 	default:
 		return fmt.Sprintf("exited with status %d", e.ExitCode)
 	}
+}
+
+// rootCause orders failures (in the order the launcher saw them) by how
+// likely each is to be the cause of the others, and returns the first with
+// the rest as its Others. blamedBy counts, per world rank, the workers that
+// said they failed because of it.
+func rootCause(failures []*WorkerError, blamedBy map[int]int) *WorkerError {
+	if len(failures) == 0 {
+		return nil
+	}
+	class := func(e *WorkerError) int {
+		switch {
+		case e.Silent > 0:
+			return 0 // declared dead by the launcher
+		case e.Signal != "" && !e.Stopped:
+			return 1 // killed from outside
+		case blamedBy[e.Rank] > 0:
+			return 2 // the other ranks name it
+		case !e.Blaming && !e.Stopped:
+			return 3 // failed by itself
+		case e.Blaming:
+			return 4 // failed because of another rank
+		default:
+			return 5 // stopped by the launcher
+		}
+	}
+	order := slices.Clone(failures)
+	slices.SortStableFunc(order, func(a, b *WorkerError) int {
+		if ca, cb := class(a), class(b); ca != cb {
+			return ca - cb
+		}
+		if class(a) == 2 {
+			return blamedBy[b.Rank] - blamedBy[a.Rank]
+		}
+		return 0
+	})
+	root := order[0]
+	root.Others = append(root.Others[:0], order[1:]...)
+	return root
 }
 
 // Unwrap returns the underlying error.
@@ -120,6 +191,9 @@ func (c Config) validate() (Config, error) {
 	}
 	if c.GracePeriod == 0 {
 		c.GracePeriod = DefaultGracePeriod
+	}
+	if c.HeartbeatTimeout == 0 {
+		c.HeartbeatTimeout = DefaultHeartbeatTimeout
 	}
 	if c.RunID == "" {
 		c.RunID = "none"
@@ -196,9 +270,13 @@ type proc struct {
 	cmd  *exec.Cmd
 	out  *PrefixWriter
 	errw *PrefixWriter
+	hb   *watcher // nil without heartbeats
 	done bool
 	// sent names the signals the launcher sent the worker.
 	sent []string
+	// silent is how long the worker had been silent when the launcher
+	// declared it dead (0: it was not).
+	silent time.Duration
 }
 
 type exit struct {
@@ -222,7 +300,25 @@ func (c Config) runGroup(ctx context.Context, restart int) (retry bool, err erro
 		p.cmd.Stdout, p.cmd.Stderr = p.out, p.errw
 		p.cmd.WaitDelay = c.GracePeriod
 		ownProcessGroup(p.cmd)
-		if err := p.cmd.Start(); err != nil {
+		var hbw *os.File
+		if c.HeartbeatTimeout > 0 {
+			r, w, err := os.Pipe()
+			if err != nil {
+				c.stop(procs[:i], exits, i)
+				return false, fmt.Errorf("launch: heartbeat pipe for worker rank %d: %w", e.Rank, err)
+			}
+			hbw = w
+			p.cmd.ExtraFiles = []*os.File{w} // descriptor 3
+			p.cmd.Env = append(p.cmd.Env, HeartbeatFDEnv+"=3",
+				HeartbeatIntervalEnv+"="+heartbeatInterval(c.HeartbeatTimeout).String(),
+				HeartbeatTimeoutEnv+"="+c.HeartbeatTimeout.String())
+			p.hb = watch(r)
+		}
+		err := p.cmd.Start()
+		if hbw != nil {
+			hbw.Close() // the worker holds the write end now; EOF when it exits
+		}
+		if err != nil {
 			c.stop(procs[:i], exits, i)
 			return false, fmt.Errorf("launch: start worker rank %d: %w", e.Rank, err)
 		}
@@ -233,9 +329,9 @@ func (c Config) runGroup(ctx context.Context, restart int) (retry bool, err erro
 }
 
 // wait collects the workers' exits, stopping the group on the first failure,
-// a signal or ctx.
+// a signal or ctx, and returns the root cause of a failure.
 func (c Config) wait(ctx context.Context, procs []*proc, exits chan exit) (retry bool, err error) {
-	var first *WorkerError
+	var failures []*WorkerError
 	var stopped error // set when a signal or ctx stopped the group
 	var kill <-chan time.Time
 	done := ctx.Done()
@@ -250,6 +346,13 @@ func (c Config) wait(ctx context.Context, procs []*proc, exits chan exit) (retry
 			kill = time.After(c.GracePeriod)
 		}
 	}
+	var tick <-chan time.Time
+	if c.HeartbeatTimeout > 0 {
+		t := time.NewTicker(min(c.HeartbeatTimeout/4, 250*time.Millisecond))
+		defer t.Stop()
+		tick = t.C
+	}
+	frozen := 2 * heartbeatInterval(c.HeartbeatTimeout)
 	for left := len(procs); left > 0; {
 		select {
 		case x := <-exits:
@@ -261,17 +364,40 @@ func (c Config) wait(ctx context.Context, procs []*proc, exits chan exit) (retry
 			p.done = true
 			p.out.Flush()
 			p.errw.Flush()
-			if x.err == nil {
+			if p.hb != nil {
+				select { // the blame report, written just before the exit
+				case <-p.hb.drained:
+				case <-time.After(100 * time.Millisecond):
+				}
+			}
+			if x.err == nil && p.silent == 0 {
 				break
 			}
-			we := workerError(p, x.err)
-			switch {
-			case stopped != nil:
-			case first == nil:
-				first = we
+			if x.err == nil {
+				x.err = errors.New("exited after the launcher declared it dead")
+			}
+			failures = append(failures, workerError(p, x.err))
+			if stopped == nil && kill == nil {
 				startStop(sigTerm)
-			case we.Signal == "" || !slices.Contains(p.sent, we.Signal):
-				first.Others = append(first.Others, we)
+			}
+		case now := <-tick:
+			for _, p := range procs {
+				if p.done || p.hb == nil || p.silent > 0 {
+					continue
+				}
+				// Silent past the timeout: dead. Silent for a few beats
+				// while the group stops: frozen, and a SIGTERM would only
+				// wait for the grace period.
+				if s := p.hb.silentFor(now); s > c.HeartbeatTimeout || (kill != nil && s > frozen) {
+					p.silent = s
+					killProcess(p.cmd)
+					p.sent = append(p.sent, sigKill.String())
+					fmt.Fprintf(c.Stderr, "gotron launch: worker rank %d (pid %d) sent no heartbeat for %v; killed it\n",
+						p.env.Rank, p.cmd.Process.Pid, s.Round(100*time.Millisecond))
+					if stopped == nil && kill == nil {
+						startStop(sigTerm)
+					}
+				}
 			}
 		case sig := <-c.Signals:
 			if stopped == nil {
@@ -302,8 +428,14 @@ func (c Config) wait(ctx context.Context, procs []*proc, exits chan exit) (retry
 	if stopped != nil {
 		return false, stopped
 	}
-	if first != nil {
-		return true, first
+	blamedBy := map[int]int{}
+	for _, f := range failures {
+		if f.Blaming && f.Blamed != f.Rank {
+			blamedBy[f.Blamed]++
+		}
+	}
+	if root := rootCause(failures, blamedBy); root != nil {
+		return true, root
 	}
 	return false, nil
 }
@@ -320,7 +452,12 @@ func (c Config) stop(procs []*proc, exits chan exit, n int) {
 }
 
 func workerError(p *proc, err error) *WorkerError {
-	we := &WorkerError{Rank: p.env.Rank, LocalRank: p.env.LocalRank, ExitCode: -1, Err: err}
+	we := &WorkerError{Rank: p.env.Rank, LocalRank: p.env.LocalRank, ExitCode: -1, Err: err, Silent: p.silent}
+	if p.hb != nil {
+		if b := p.hb.blame(); b >= 0 && b != p.env.Rank {
+			we.Blaming, we.Blamed = true, b
+		}
+	}
 	if p.cmd.Process != nil {
 		we.PID = p.cmd.Process.Pid
 	}
@@ -328,6 +465,14 @@ func workerError(p *proc, err error) *WorkerError {
 	if errors.As(err, &ee) {
 		we.ExitCode = ee.ExitCode()
 		we.Signal = exitSignal(ee)
+	}
+	// A signal the launcher sent, or an exit after one, was the launcher's
+	// doing; a signal it did not send (kill -9 from outside) was not, even
+	// if the launcher had meanwhile asked the worker to stop.
+	if we.Signal != "" {
+		we.Stopped = slices.Contains(p.sent, we.Signal)
+	} else {
+		we.Stopped = len(p.sent) > 0
 	}
 	return we
 }

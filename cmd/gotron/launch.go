@@ -15,6 +15,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/gotron/gotron/comm"
 	"github.com/gotron/gotron/comm/inproc"
 	"github.com/gotron/gotron/launch"
 	"github.com/gotron/gotron/tensor"
@@ -30,7 +31,7 @@ type launchFlags struct {
 	masterAddr, rdzvEndpoint, rdzvBackend, runID     string
 	nnodesSpec, nprocSpec                            string
 	standalone, noPython, inproc                     bool
-	grace                                            time.Duration
+	grace, heartbeat                                 time.Duration
 }
 
 // cmdLaunch starts the ranks of one node, torchrun-compatible: N copies of
@@ -46,6 +47,10 @@ func cmdLaunch(ctx context.Context, env *cli, args []string) error {
 		NProcPerNode: lf.nproc, NNodes: lf.nnodes, NodeRank: lf.nodeRank,
 		MasterAddr: lf.masterAddr, MasterPort: lf.masterPort, MaxRestarts: lf.maxRestarts,
 		GracePeriod: lf.grace, RunID: lf.runID, Stdout: env.stdout, Stderr: env.stderr,
+		HeartbeatTimeout: lf.heartbeat,
+	}
+	if lf.heartbeat == 0 {
+		cfg.HeartbeatTimeout = -1 // none
 	}
 	sigs := make(chan os.Signal, 2)
 	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)
@@ -164,6 +169,46 @@ func inprocTimeout(env *cli) time.Duration {
 	return defaultCommTimeout
 }
 
+// workerReport is a worker's heartbeat pipe to gotron launch, when it has
+// one.
+type workerReport struct {
+	r    *launch.Reporter
+	rank string
+}
+
+// startReporter starts heartbeats to the launcher that started this process
+// (see launch.StartReporter), from a goroutine of their own so that they
+// say the process is alive whatever its command is doing. In-process ranks
+// (env.world set) share the launcher's process and send none.
+func startReporter(env *cli) *workerReport {
+	if env.world != nil {
+		return nil
+	}
+	r, err := launch.StartReporter(env.getenv)
+	if err != nil {
+		fmt.Fprintf(env.stderr, "gotron: %v; sending no heartbeats to the launcher\n", err)
+		return nil
+	}
+	if r == nil {
+		return nil
+	}
+	return &workerReport{r: r, rank: env.getenv("RANK")}
+}
+
+// finish tells the launcher, when err blames another rank, which one (so
+// that the launcher reports that rank as the root cause, not this one),
+// and stops the heartbeats.
+func (w *workerReport) finish(err error) {
+	if w == nil {
+		return
+	}
+	var re *comm.RankError
+	if errors.As(err, &re) && strconv.Itoa(re.Rank) != w.rank {
+		w.r.Blame(re.Rank)
+	}
+	w.r.Close()
+}
+
 // trimmed drops the "launch: " prefix, which "gotron launch: " replaces.
 type trimmed struct{ err error }
 
@@ -204,6 +249,8 @@ func parseLaunchFlags(env *cli, args []string) (launchFlags, []string, error) {
 	fs.BoolVar(&lf.noPython, "no-python", false, "the command is any program, not a gotron subcommand")
 	fs.BoolVar(&lf.inproc, "inproc", false, "run the ranks as goroutines of this process instead of processes")
 	fs.DurationVar(&lf.grace, "grace-period", launch.DefaultGracePeriod, "time between SIGTERM and SIGKILL when stopping workers")
+	fs.DurationVar(&lf.heartbeat, "heartbeat-timeout", launch.DefaultHeartbeatTimeout, "a worker silent this long (stopped, frozen) is declared dead, killed at once and the group stopped (0: no heartbeats); "+
+		"also the default of train's --heartbeat-timeout")
 	for _, p := range [][2]string{{"nproc-per-node", "NPROC_PER_NODE"}, {"nnodes", "NNODES"}, {"node-rank", "NODE_RANK"},
 		{"master-addr", "MASTER_ADDR"}, {"rdzv-endpoint", "RDZV_ENDPOINT"}, {"rdzv-backend", "RDZV_BACKEND"},
 		{"rdzv-id", "RDZV_ID"}, {"max-restarts", "MAX_RESTARTS"}, {"standalone", "STANDALONE"}} {
@@ -280,6 +327,9 @@ func (lf *launchFlags) resolve(nnodes string) error {
 	if lf.nproc < 1 {
 		return fmt.Errorf("--nproc-per-node %d: want at least 1 worker", lf.nproc)
 	}
+	if lf.heartbeat < 0 {
+		return fmt.Errorf("--heartbeat-timeout %v: want a positive duration such as 20s, or 0 for no heartbeats", lf.heartbeat)
+	}
 	return nil
 }
 
@@ -318,7 +368,7 @@ func underscoresToHyphens(args []string) []string {
 	out := append([]string(nil), args...)
 	takesValue := map[string]bool{"nproc-per-node": true, "nnodes": true, "node-rank": true, "master-addr": true,
 		"master-port": true, "rdzv-endpoint": true, "rdzv-backend": true, "rdzv-id": true, "max-restarts": true,
-		"grace-period": true}
+		"grace-period": true, "heartbeat-timeout": true}
 	for i := 0; i < len(out); i++ {
 		a := out[i]
 		if a == "--" || !strings.HasPrefix(a, "-") {

@@ -89,7 +89,9 @@ func run(ctx context.Context, env *cli, args []string) (code int) {
 		if c.name != args[0] {
 			continue
 		}
+		rep := startReporter(env)
 		err := c.run(ctx, env, args[1:])
+		rep.finish(err)
 		switch {
 		case err == nil:
 			return 0

@@ -36,6 +36,7 @@ type trainFlags struct {
 	tpSize, ppSize, cpSize int
 	cp                     cpFlags
 	timeoutMins            float64
+	heartbeat              heartbeatFlags
 	distBackend            string
 	useCkptArgs            bool
 	recomputeGranularity   train.RecomputeGranularity
@@ -131,7 +132,8 @@ func newTrainFlags() (*flag.FlagSet, *trainFlags) {
 	fs.IntVar(&c.DDP.BucketSize, "ddp-bucket-size", 0, "gradient bucket size in elements (default: max(40M, 1M×DP) with --overlap-grad-reduce, else one bucket)")
 	fs.BoolVar(&c.DDP.AverageInCollective, "ddp-average-in-collective", false, "average gradients in the collective instead of pre-scaling by 1/DP")
 	fs.Bool("accumulate-allreduce-grads-in-fp32", false, "accepted: gradients are accumulated and reduced in float32 already")
-	fs.Float64Var(&f.timeoutMins, "distributed-timeout-minutes", 0, "how long a rank waits for another inside a collective (default 1 minute)")
+	fs.Float64Var(&f.timeoutMins, "distributed-timeout-minutes", 0, "how long a rank waits for another inside a collective (default 10 minutes, as Megatron)")
+	f.heartbeat.register(fs)
 	fs.StringVar(&f.distBackend, "distributed-backend", "", "collectives between processes: nccl (GPUs, --device cuda: comm/nccl) or gloo/tcp (gotron's TCP process group); default nccl with --device cuda, else tcp")
 
 	fs.IntVar(&c.SeqLength, "seq-length", 0, "tokens per sample")
@@ -321,9 +323,13 @@ func cmdTrain(ctx context.Context, env *cli, args []string) error {
 		return fmt.Errorf("--pipeline-model-parallel-size=%d: want >= 1", f.ppSize)
 	}
 	f.cfg.Pipeline.PP = f.ppSize // the layer split is checked with the model's --num-layers in train.New
-	timeout := defaultCommTimeout
+	timeout := defaultDistributedTimeout
 	if f.timeoutMins > 0 {
 		timeout = time.Duration(f.timeoutMins * float64(time.Minute))
+	}
+	jo, err := f.heartbeat.resolve(env, given, args)
+	if err != nil {
+		return err
 	}
 	backend, err := f.distributedBackend()
 	if err != nil {
@@ -334,7 +340,7 @@ func cmdTrain(ctx context.Context, env *cli, args []string) error {
 			return err
 		}
 	}
-	world, closeWorld, err := joinWorld(ctx, env, timeout, backend)
+	world, closeWorld, err := joinWorld(ctx, env, timeout, backend, jo)
 	if err != nil {
 		return err
 	}

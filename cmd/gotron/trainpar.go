@@ -11,16 +11,22 @@ import (
 	"github.com/gotron/gotron/launch"
 )
 
-// defaultCommTimeout bounds every wait for another rank in gotron train
-// (--distributed-timeout-minutes overrides it): a rank that hangs stops the
-// job within a minute, every survivor naming it.
+// defaultCommTimeout bounds every wait for another rank of gotron launch
+// --inproc's world (GOTRON_COMM_TIMEOUT overrides it).
 const defaultCommTimeout = 60 * time.Second
+
+// defaultDistributedTimeout bounds every wait for another rank in a
+// collective of gotron train across processes (--distributed-timeout-minutes
+// overrides it): 10 minutes as Megatron's, since checkpoint saves and first
+// iterations are long. A rank that hangs is found sooner by its missing
+// heartbeats (--heartbeat-timeout, trainheartbeat.go).
+const defaultDistributedTimeout = 10 * time.Minute
 
 // joinWorld returns this rank's world group for a distributed run, or nil
 // for a single process: the inproc world "gotron launch --inproc" hands the
 // command, or a tcp world joined from the launcher's environment (gotron
 // launch, torchrun, Kubeflow, Slurm, Open MPI, MPICH). close releases it.
-func joinWorld(ctx context.Context, env *cli, timeout time.Duration, backend string) (world comm.ProcessGroup, close func(), err error) {
+func joinWorld(ctx context.Context, env *cli, timeout time.Duration, backend string, jo joinOptions) (world comm.ProcessGroup, close func(), err error) {
 	if env.world != nil {
 		return env.world, func() {}, nil
 	}
@@ -52,6 +58,7 @@ func joinWorld(ctx context.Context, env *cli, timeout time.Duration, backend str
 	}
 	cfg.Rank, cfg.WorldSize, cfg.MasterAddr, cfg.MasterPort = e.Rank, e.WorldSize, e.MasterAddr, e.MasterPort
 	cfg.Timeout, cfg.JoinTimeout = timeout, max(timeout, 5*time.Minute)
+	cfg.HeartbeatTimeout, cfg.HeartbeatInterval, cfg.FlagsHash = jo.heartbeatTimeout, jo.heartbeatInterval, jo.flagsHash
 	g, err := tcp.Join(ctx, cfg)
 	if err != nil {
 		return nil, nil, fmt.Errorf("rank %d of %d (%s environment): join the job at %s:%d: %w", e.Rank, e.WorldSize, e.Source, e.MasterAddr, e.MasterPort, err)

@@ -7,6 +7,13 @@
 // Wire format (all integers big-endian): a request is op (1 byte), key
 // length (u32), key, value length (u32), value; a reply is status (1 byte:
 // 0 ok, 1 error) , value length (u32), value. Add's value is an int64.
+//
+// Heartbeats: a client that calls Heartbeat(id, timeout) promises to call it
+// again within timeout. The server keeps the last time it heard from each id
+// on its own clock (so clocks of other hosts do not matter); the first id
+// silent for longer than its timeout is declared dead: the server sets
+// DeadKey to "id timeout" and every later heartbeat reply carries it, so
+// every live client learns within one heartbeat interval.
 package store
 
 import (
@@ -17,6 +24,7 @@ import (
 	"io"
 	"net"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 )
@@ -26,7 +34,12 @@ const (
 	opGet
 	opAdd
 	opCheck
+	opHeartbeat
 )
+
+// DeadKey is the key the server sets, to "<id> <timeout>", when it declares
+// the first heartbeating client dead.
+const DeadKey = "store/heartbeat/dead"
 
 const maxField = 64 << 20 // largest key or value accepted
 
@@ -41,6 +54,15 @@ type Server struct {
 	closed  bool
 	done    chan struct{}
 	wg      sync.WaitGroup
+	beats   map[string]beat // last heartbeat by id
+	dead    string          // DeadKey's value once an id was declared dead
+	watch   bool            // the heartbeat monitor is running
+}
+
+// beat is what the server knows of one heartbeating id.
+type beat struct {
+	last    time.Time
+	timeout time.Duration
 }
 
 // Listen starts a store server on addr ("host:port"; port 0 picks one).
@@ -49,7 +71,8 @@ func Listen(addr string) (*Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("store: listen on %s: %w", addr, err)
 	}
-	s := &Server{ln: ln, data: map[string][]byte{}, changed: make(chan struct{}), conns: map[net.Conn]bool{}, done: make(chan struct{})}
+	s := &Server{ln: ln, data: map[string][]byte{}, changed: make(chan struct{}), conns: map[net.Conn]bool{},
+		done: make(chan struct{}), beats: map[string]beat{}}
 	s.wg.Add(1)
 	go s.serve()
 	return s, nil
@@ -183,6 +206,24 @@ func (s *Server) apply(op byte, key string, val []byte, c net.Conn) (byte, []byt
 			return 0, []byte{1}
 		}
 		return 0, []byte{0}
+	case opHeartbeat:
+		if len(val) != 8 {
+			return 1, []byte("heartbeat: value must be 8 bytes")
+		}
+		timeout := time.Duration(binary.BigEndian.Uint64(val))
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		if timeout <= 0 {
+			delete(s.beats, key) // the client leaves: silence is no longer death
+		} else {
+			s.beats[key] = beat{last: time.Now(), timeout: timeout}
+			if !s.watch && !s.closed {
+				s.watch = true
+				s.wg.Add(1)
+				go s.monitor()
+			}
+		}
+		return 0, []byte(s.dead)
 	case opGet:
 		for {
 			s.mu.Lock()
@@ -200,6 +241,49 @@ func (s *Server) apply(op byte, key string, val []byte, c net.Conn) (byte, []byt
 		}
 	}
 	return 1, []byte(fmt.Sprintf("unknown op %d", op))
+}
+
+// monitorTick is how often the server looks for silent heartbeaters.
+const monitorTick = 100 * time.Millisecond
+
+// monitor declares the first id whose heartbeat is overdue dead.
+func (s *Server) monitor() {
+	defer s.wg.Done()
+	t := time.NewTicker(monitorTick)
+	defer t.Stop()
+	for {
+		select {
+		case <-s.done:
+			return
+		case now := <-t.C:
+			s.mu.Lock()
+			if s.dead == "" {
+				s.declareLocked(now)
+			}
+			done := s.dead != ""
+			s.mu.Unlock()
+			if done {
+				return
+			}
+		}
+	}
+}
+
+// declareLocked sets DeadKey for the most overdue silent id, if any.
+func (s *Server) declareLocked(now time.Time) {
+	var worst string
+	var over time.Duration
+	for id, b := range s.beats {
+		if late := now.Sub(b.last) - b.timeout; late > 0 && (worst == "" || late > over) {
+			worst, over = id, late
+		}
+	}
+	if worst == "" {
+		return
+	}
+	s.dead = worst + " " + s.beats[worst].timeout.String()
+	s.data[DeadKey] = []byte(s.dead)
+	s.notifyLocked()
 }
 
 func (s *Server) notifyLocked() {
@@ -228,13 +312,13 @@ func Dial(ctx context.Context, addr string) (*Client, error) {
 			return &Client{addr: addr, c: c}, nil
 		}
 		if ctx.Err() != nil {
-			return nil, fmt.Errorf("store: connect to %s: %w (last error: %v)", addr, ctx.Err(), err)
+			return nil, fmt.Errorf("store: connect to %s: %w (last error: %v)", addr, context.Cause(ctx), err)
 		}
 		t := time.NewTimer(backoff)
 		select {
 		case <-ctx.Done():
 			t.Stop()
-			return nil, fmt.Errorf("store: connect to %s: %w (last error: %v)", addr, ctx.Err(), err)
+			return nil, fmt.Errorf("store: connect to %s: %w (last error: %v)", addr, context.Cause(ctx), err)
 		case <-t.C:
 		}
 		backoff = min(2*backoff, 500*time.Millisecond)
@@ -272,7 +356,7 @@ func (c *Client) do(ctx context.Context, op byte, key string, val []byte) ([]byt
 		_, hasDeadline := ctx.Deadline()
 		switch {
 		case ctx.Err() != nil:
-			err = ctx.Err()
+			err = context.Cause(ctx)
 		case hasDeadline && errors.As(err, &ne) && ne.Timeout():
 			err = context.DeadlineExceeded
 		}
@@ -324,6 +408,32 @@ func (c *Client) Add(ctx context.Context, key string, delta int64) (int64, error
 func (c *Client) Check(ctx context.Context, key string) (bool, error) {
 	r, err := c.do(ctx, opCheck, key, nil)
 	return err == nil && len(r) == 1 && r[0] == 1, err
+}
+
+// Heartbeat tells the server that id is alive and will call again within
+// timeout (zero: id leaves and is no longer watched). It returns the id
+// the server has declared dead and its timeout, or "" and 0 while none is.
+func (c *Client) Heartbeat(ctx context.Context, id string, timeout time.Duration) (deadID string, deadAfter time.Duration, err error) {
+	var b [8]byte
+	binary.BigEndian.PutUint64(b[:], uint64(max(timeout, 0)))
+	r, err := c.do(ctx, opHeartbeat, id, b[:])
+	if err != nil || len(r) == 0 {
+		return "", 0, err
+	}
+	return ParseDead(string(r))
+}
+
+// ParseDead splits DeadKey's value into the dead id and its timeout.
+func ParseDead(v string) (id string, timeout time.Duration, err error) {
+	i := strings.LastIndexByte(v, ' ')
+	if i < 0 {
+		return "", 0, fmt.Errorf("store: dead-heartbeat record %q: want \"<id> <timeout>\"", v)
+	}
+	d, err := time.ParseDuration(v[i+1:])
+	if err != nil {
+		return "", 0, fmt.Errorf("store: dead-heartbeat record %q: %v", v, err)
+	}
+	return v[:i], d, nil
 }
 
 // Wait returns when every key is set, or ctx ends.

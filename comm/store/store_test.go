@@ -110,3 +110,51 @@ func TestDialRetriesUntilServerUp(t *testing.T) {
 		t.Errorf("dial with no server: %v", err)
 	}
 }
+
+// A client that stops heartbeating is declared dead after its timeout, by
+// the server's clock; the others learn it from their next heartbeat and from
+// DeadKey; a client that leaves (timeout 0) is never declared.
+func TestHeartbeat(t *testing.T) {
+	s, err := store.Listen("127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	ctx := t.Context()
+	var cs [3]*store.Client
+	for i := range cs {
+		if cs[i], err = store.Dial(ctx, s.Addr()); err != nil {
+			t.Fatal(err)
+		}
+		defer cs[i].Close()
+	}
+	const timeout = 300 * time.Millisecond
+	for i, id := range []string{"0", "1", "2"} {
+		if dead, _, err := cs[i].Heartbeat(ctx, id, timeout); err != nil || dead != "" {
+			t.Fatalf("first heartbeat of %s: dead %q, %v", id, dead, err)
+		}
+	}
+	if _, _, err := cs[2].Heartbeat(ctx, "2", 0); err != nil { // 2 leaves cleanly
+		t.Fatal(err)
+	}
+	// 0 keeps beating; 1 falls silent.
+	start := time.Now()
+	var dead string
+	var after time.Duration
+	for dead == "" && time.Since(start) < 5*time.Second {
+		time.Sleep(50 * time.Millisecond)
+		if dead, after, err = cs[0].Heartbeat(ctx, "0", timeout); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if took := time.Since(start); dead != "1" || after != timeout || took < timeout || took > timeout+time.Second {
+		t.Fatalf("declared %q (timeout %v) after %v; want 1 (%v) after about %v", dead, after, took, timeout, timeout)
+	}
+	v, err := cs[2].Get(ctx, store.DeadKey)
+	if err != nil || string(v) != "1 300ms" {
+		t.Fatalf("%s = %q, %v", store.DeadKey, v, err)
+	}
+	if _, _, err := store.ParseDead("no-timeout"); err == nil {
+		t.Error("ParseDead accepted a record without a timeout")
+	}
+}

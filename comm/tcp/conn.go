@@ -33,6 +33,9 @@ const (
 	smallWrite  = 64 << 10   // frames up to this are copied into one write
 	maxFrame    = 1 << 36    // larger frame lengths mean a corrupt stream
 	waitNotice  = 2          // control frame kind: not a failure, see world.wait
+	// heartbeatNotice is the control frame kind of a failure found by
+	// missed heartbeats (rendezvous.go).
+	heartbeatNotice = 3
 )
 
 func writeHello(c net.Conn, size, rank int) error {
@@ -200,7 +203,12 @@ func (pc *peerConn) readLoop() {
 			if b[4] == 1 {
 				cause = comm.ErrTimeout
 			}
-			pc.w.fail(blame, fmt.Errorf("%w (reported by rank %d)", cause, pc.peer), true)
+			if b[4] == heartbeatNotice {
+				pc.w.fail(blame, fmt.Errorf("%w: %s: %w for %v (reported by rank %d)", cause, pc.w.who(blame), errNoHeartbeat,
+					pc.w.cfg.HeartbeatTimeout, pc.peer), true)
+			} else {
+				pc.w.fail(blame, fmt.Errorf("%w (reported by rank %d)", cause, pc.peer), true)
+			}
 			if orphan != nil {
 				orphan.done <- fmt.Errorf("%w: rank %d abandoned a message", cause, pc.peer)
 				orphan = nil

@@ -50,6 +50,9 @@ const (
 	DefaultTimeout    = 5 * time.Minute
 	DefaultChunkBytes = 1 << 20
 	DefaultSmallBytes = 64 << 10
+	// DefaultHeartbeatTimeout is how long a rank may be silent before the
+	// others declare it dead.
+	DefaultHeartbeatTimeout = 20 * time.Second
 )
 
 // Config says how to join a job.
@@ -67,8 +70,25 @@ type Config struct {
 	// restarts whenever data arrives); zero means DefaultTimeout.
 	Timeout time.Duration
 	// JoinTimeout bounds the rendezvous (ranks of a job may start minutes
-	// apart); zero means Timeout.
+	// apart); zero means Timeout. A rank that disagrees with rank 0 (world
+	// size, FlagsHash), claims a rank id another rank holds, or has a rank
+	// id outside the world ends the rendezvous for every rank at once.
 	JoinTimeout time.Duration
+	// HeartbeatTimeout is how long a rank may stay silent before the others
+	// declare it dead: every rank tells rank 0's store it is alive every
+	// HeartbeatInterval from a goroutine of its own, whatever its
+	// collectives are doing, so a stopped or frozen rank is found in
+	// HeartbeatTimeout while a slow collective (a checkpoint save, a first
+	// iteration) may take the whole Timeout. Zero means
+	// DefaultHeartbeatTimeout; negative means no heartbeats.
+	HeartbeatTimeout time.Duration
+	// HeartbeatInterval is the time between heartbeats; zero means
+	// HeartbeatTimeout/8 (at most 5 s).
+	HeartbeatInterval time.Duration
+	// FlagsHash, when not empty, must be the same on every rank (for
+	// example a hash of the command's flags); the rendezvous fails at once
+	// naming the ranks that differ.
+	FlagsHash string
 	// ListenHost is the host this rank's data listener binds and advertises;
 	// "" means the local address this process uses to reach the store.
 	ListenHost string
@@ -141,6 +161,10 @@ func (c *Config) validate() error {
 		return fmt.Errorf("tcp: master port %d out of range", c.MasterPort)
 	case c.Timeout < 0 || c.JoinTimeout < 0:
 		return fmt.Errorf("tcp: negative timeout %v / join timeout %v", c.Timeout, c.JoinTimeout)
+	case c.HeartbeatInterval < 0:
+		return fmt.Errorf("tcp: negative heartbeat interval %v", c.HeartbeatInterval)
+	case c.HeartbeatTimeout > 0 && c.HeartbeatInterval >= c.HeartbeatTimeout:
+		return fmt.Errorf("tcp: heartbeat interval %v must be shorter than the heartbeat timeout %v", c.HeartbeatInterval, c.HeartbeatTimeout)
 	case c.ChunkBytes < 0:
 		return fmt.Errorf("tcp: negative chunk size %d", c.ChunkBytes)
 	case c.ShmSlotBytes > 1<<28:
@@ -173,6 +197,12 @@ func (c *Config) fill() {
 	if c.ShmBytes == 0 {
 		c.ShmBytes = DefaultShmBytes
 	}
+	if c.HeartbeatTimeout == 0 {
+		c.HeartbeatTimeout = DefaultHeartbeatTimeout
+	}
+	if c.HeartbeatInterval == 0 && c.HeartbeatTimeout > 0 {
+		c.HeartbeatInterval = min(c.HeartbeatTimeout/8, 5*time.Second)
+	}
 }
 
 // world is the per-process state every group of a job shares.
@@ -198,21 +228,35 @@ type world struct {
 	regions  []*region // groups' shared regions, unmapped at shutdown
 
 	telling sync.WaitGroup // failure notices being sent
+
+	me    rankRecord   // this rank, as published at the rendezvous
+	peers []rankRecord // every rank's record, by world rank (after join)
+	// hbStop ends the heartbeat goroutine, which closes hbDone.
+	hbStop context.CancelFunc
+	hbDone chan struct{}
 }
 
 // Join rendezvouses with the other ranks and returns the world group. It
 // blocks until every rank has joined, ctx ends or cfg.Timeout passes.
 func Join(ctx context.Context, cfg Config) (*Group, error) {
 	if err := cfg.validate(); err != nil {
+		if cfg.WorldSize > 1 && (cfg.Rank < 0 || cfg.Rank >= cfg.WorldSize) {
+			// Tell the ranks that wait for a complete world, so that they
+			// stop now rather than at their join timeout.
+			cfg.fill()
+			err = reportBadRank(ctx, cfg, err)
+		}
 		return nil, err
 	}
 	cfg.fill()
 	w := &world{cfg: cfg, rank: cfg.Rank, size: cfg.WorldSize, conns: make([]*peerConn, cfg.WorldSize),
-		broken: make(chan struct{}), counts: map[string]int{}, tags: map[uint32]string{0: "world"}}
+		broken: make(chan struct{}), counts: map[string]int{}, tags: map[uint32]string{0: "world"},
+		me: thisRank(cfg)}
 	if err := w.join(ctx); err != nil {
 		w.shutdown()
 		return nil, fmt.Errorf("tcp: rank %d of %d: join via %s:%d: %w", cfg.Rank, cfg.WorldSize, cfg.MasterAddr, cfg.MasterPort, err)
 	}
+	w.startHeartbeat()
 	members := make([]int, w.size)
 	for i := range members {
 		members[i] = i
@@ -220,25 +264,60 @@ func Join(ctx context.Context, cfg Config) (*Group, error) {
 	return newGroup(w, 0, members, w.rank), nil
 }
 
-func (w *world) join(ctx context.Context) error {
+func (w *world) join(ctx context.Context) (err error) {
 	ctx, cancel := context.WithTimeout(ctx, w.cfg.JoinTimeout)
 	defer cancel()
 	if w.size == 1 {
 		return nil
 	}
 	master := net.JoinHostPort(w.cfg.MasterAddr, strconv.Itoa(w.cfg.MasterPort))
+	var listenErr error
 	if w.rank == 0 {
-		srv, err := store.Listen(master)
-		if err != nil {
-			return err
+		if w.srv, listenErr = store.Listen(master); listenErr != nil {
+			// Perhaps another rank 0 serves it: say so to its job.
+			dctx, dcancel := context.WithTimeout(ctx, reportWait)
+			defer dcancel()
+			ctx = dctx
 		}
-		w.srv = srv
 	}
 	st, err := store.Dial(ctx, master)
 	if err != nil {
+		if listenErr != nil {
+			return listenErr
+		}
 		return err
 	}
 	w.st = st
+	// A problem any rank finds ends every rank's rendezvous: a watcher on
+	// a second connection cancels ours with the problem as the cause.
+	ctx, abort := context.WithCancelCause(ctx)
+	defer abort(nil)
+	watch, err := store.Dial(ctx, master)
+	if err != nil {
+		return err
+	}
+	watchCtx, stopWatch := context.WithCancel(ctx)
+	watched := make(chan struct{})
+	go func() {
+		defer close(watched)
+		if v, err := watch.Get(watchCtx, joinErrorKey); err == nil {
+			abort(errors.New(string(v)))
+		}
+	}()
+	defer func() {
+		stopWatch()
+		<-watched
+		watch.Close()
+		if cause := context.Cause(ctx); err != nil && cause != nil && !errors.Is(cause, context.Canceled) && !errors.Is(cause, context.DeadlineExceeded) {
+			err = cause // the problem another rank found explains ours
+		}
+		if err != nil {
+			w.acknowledgeJoinError(master)
+		}
+	}()
+	if err := w.checkIn(ctx, st, master, listenErr); err != nil {
+		return err
+	}
 	if !w.cfg.NoShm {
 		w.hostKey = hostKey()
 	}
@@ -285,6 +364,12 @@ func (w *world) join(ctx context.Context) error {
 	if err := <-acceptErr; err != nil {
 		return err
 	}
+	w.peers = make([]rankRecord, w.size) // before the readers, which name ranks with it
+	for r := range w.size {
+		if w.peers[r], err = getRecord(ctx, st, r); err != nil {
+			return err
+		}
+	}
 	for _, pc := range w.conns {
 		if pc != nil {
 			pc.started = true
@@ -302,7 +387,7 @@ func (w *world) acceptPeers(ctx context.Context) error {
 		c, err := w.ln.Accept()
 		if err != nil {
 			if ctx.Err() != nil {
-				return fmt.Errorf("waiting for %d higher ranks to connect: %w", want, ctx.Err())
+				return fmt.Errorf("waiting for %d higher ranks to connect: %w", want, context.Cause(ctx))
 			}
 			return fmt.Errorf("accept peers: %w", err)
 		}
@@ -356,8 +441,11 @@ func (w *world) fail(blame int, err error, tell bool) {
 		return
 	}
 	kind := byte(0)
-	if errors.Is(err, comm.ErrTimeout) {
+	switch {
+	case errors.Is(err, comm.ErrTimeout):
 		kind = 1
+	case errors.Is(err, errNoHeartbeat):
+		kind = heartbeatNotice
 	}
 	go func() {
 		defer w.telling.Done()
@@ -402,6 +490,7 @@ func (w *world) shutdown() {
 	w.mu.Lock()
 	w.closed = true
 	w.mu.Unlock()
+	w.stopHeartbeat()
 	w.fail(w.rank, comm.ErrClosed, false)
 	w.telling.Wait()
 	for _, pc := range w.conns {

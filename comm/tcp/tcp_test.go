@@ -43,6 +43,9 @@ func worker(scenario string) int {
 	if v := os.Getenv("TIMEOUT"); v != "" { // slow runs (-race on a busy machine)
 		cfg.Timeout, _ = time.ParseDuration(v)
 	}
+	if v := os.Getenv("HEARTBEAT"); v != "" {
+		cfg.HeartbeatTimeout, _ = time.ParseDuration(v)
+	}
 	if v := os.Getenv("SMALL_BYTES"); v != "" {
 		cfg.SmallBytes, _ = strconv.Atoi(v)
 		cfg.ChunkBytes = 2048
