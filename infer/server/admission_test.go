@@ -146,7 +146,7 @@ func TestUnknownFieldsAndAccessLog(t *testing.T) {
 	if code != 200 {
 		t.Fatalf("unknown fields: %d %s", code, body)
 	}
-	code, body = h.do(t, "POST", "/v1/completions", `{"prompt": "A", "max_tokens": 2, "stream_options": {"include_usage": true, "x": 1}, "stream": true}`)
+	code, body = h.do(t, "POST", "/v1/completions", `{"prompt": "A", "max_tokens": 2, "stream_options": {"include_usage": true, "x": 1}, "stream": true, "y\nPOST /forged": 1}`)
 	if code != 200 {
 		t.Fatalf("unknown nested field: %d %s", code, body)
 	}
@@ -156,6 +156,7 @@ func TestUnknownFieldsAndAccessLog(t *testing.T) {
 		{"/v1/completions", `{"prompt": "A", "response_format": {"type": "json_object"}}`, "response_format"},
 		{"/v1/chat/completions", `{"messages": [{"role": "user", "content": "Hi"}], "tools": [{"type": "function", "function": {"name": "f"}}]}`, "tools"},
 		{"/v1/completions", `{"prompt": "A", "guided_json": {}}`, "guided_json"},
+		{"/v1/completions", `{"prompt": "A", "Response_Format": {"type": "json_object"}}`, "Response_Format"},
 		{"/v1/completions", `{"prompt": "A", "repetition_penalty": 1.2}`, "repetition_penalty"},
 	} {
 		code, body := h.do(t, "POST", c.path, c.body)
@@ -164,16 +165,16 @@ func TestUnknownFieldsAndAccessLog(t *testing.T) {
 	h.do(t, "GET", "/nowhere", "")
 	out := logBuf.String()
 	for _, want := range []string{
-		"warning: POST /v1/chat/completions: ignoring unknown fields messages[0].refusal, metadata, parallel_tool_calls, service_tier, store, user\n",
-		"warning: POST /v1/completions: ignoring unknown fields stream_options.x\n",
+		"warning: POST \"/v1/chat/completions\": ignoring unknown fields messages[0].refusal, metadata, parallel_tool_calls, service_tier, store, user\n",
+		"warning: POST \"/v1/completions\": ignoring unknown fields stream_options.x, \"y\\nPOST /forged\"\n",
 	} {
 		if !strings.Contains(out, want) {
 			t.Errorf("log lacks %q:\n%s", want, out)
 		}
 	}
 	access := regexp.MustCompile(`(?m)^127\.0\.0\.1:\d+ "(\S+ \S+)" (\d+) \d+\.\d{3}s prompt_tokens=(\d+) completion_tokens=(\d+)$`).FindAllStringSubmatch(out, -1)
-	if len(access) != 9 {
-		t.Fatalf("%d access lines, want 9:\n%s", len(access), out)
+	if len(access) != 10 {
+		t.Fatalf("%d access lines, want 10:\n%s", len(access), out)
 	}
 	if a := access[0]; a[1] != "POST /v1/chat/completions" || a[2] != "200" || a[3] == "0" || a[4] != "3" {
 		t.Errorf("access line %q", a[0])
@@ -181,7 +182,7 @@ func TestUnknownFieldsAndAccessLog(t *testing.T) {
 	if a := access[1]; a[1] != "POST /v1/completions" || a[2] != "200" || a[3] != "1" || a[4] != "2" {
 		t.Errorf("access line %q", a[0])
 	}
-	if a := access[8]; a[1] != "GET /nowhere" || a[2] != "404" {
+	if a := access[9]; a[1] != "GET /nowhere" || a[2] != "404" {
 		t.Errorf("access line %q", a[0])
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"reflect"
+	"strconv"
 	"strings"
 	"time"
 
@@ -93,16 +94,21 @@ func (s *Server) decodeBody(w http.ResponseWriter, r *http.Request, v any) *apiE
 		unknownFields(body, reflect.TypeOf(v), "", &unknown)
 		var ignored []string
 		for _, f := range unknown {
-			if u, ok := unsupportedFields[f]; ok {
+			// encoding/json matches keys case-insensitively: so does this.
+			if u, ok := unsupportedFields[strings.ToLower(f)]; ok {
 				if e := u.check(f, topLevel(body, f)); e != nil {
 					return e
 				}
 				continue
 			}
-			ignored = append(ignored, f)
+			ignored = append(ignored, logName(f))
 		}
 		if len(ignored) > 0 {
-			s.logf("warning: %s %s: ignoring unknown fields %s", r.Method, r.URL.Path, strings.Join(ignored, ", "))
+			more := ""
+			if len(ignored) > 20 {
+				ignored, more = ignored[:20], fmt.Sprintf(" and %d more", len(ignored)-20)
+			}
+			s.logf("warning: %s %q: ignoring unknown fields %s%s", r.Method, r.URL.Path, strings.Join(ignored, ", "), more)
 		}
 		return nil
 	}
@@ -127,6 +133,20 @@ func (s *Server) decodeBody(w http.ResponseWriter, r *http.Request, v any) *apiE
 		return api
 	}
 	return badRequest("", "request body: %v", err)
+}
+
+// logName is a field name as the log shows it: quoted (Go syntax, ASCII)
+// unless it is plain, so that a client's key cannot forge log lines.
+func logName(f string) string {
+	for _, c := range f {
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || strings.ContainsRune("_-.[]", c)) {
+			return strconv.QuoteToASCII(f)
+		}
+	}
+	if len(f) > 64 {
+		return strconv.QuoteToASCII(f[:64]) + "..."
+	}
+	return f
 }
 
 // readBody reads the whole request body, at most MaxRequestBytes (413
