@@ -581,7 +581,7 @@ func TestServeSlowClients(t *testing.T) {
 		clients, every, timeout, args = 300, 5*time.Second, 30*time.Second, nil
 	}
 	ck := serveCheckpoint(t)
-	base, _ := startServe(t, append([]string{"--load", ck, "--disable-log-requests"}, args...)...)
+	base, _, log := startServeLog(t, append([]string{"--load", ck, "--disable-log-requests"}, args...)...)
 	addr := strings.TrimPrefix(base, "http://")
 	ordinary := func() time.Duration {
 		start := time.Now()
@@ -670,14 +670,18 @@ func TestServeSlowClients(t *testing.T) {
 	if d > 3*b+200*time.Millisecond {
 		t.Errorf("ordinary requests took %v (median) with %d slow clients, %v before", d, clients, b)
 	}
+	if strings.Contains(log.String(), `"POST /v1/completions"`) {
+		t.Errorf("access lines despite --disable-log-requests:\n%.500s", log)
+	}
 }
 
 // TestServeConnectionLimit: beyond --max-connections a connection is
 // answered 503 too_many_connections (an OpenAI-shaped error) and closed;
-// once connections close, requests are served again.
+// once connections close, requests are served again. The served model's
+// name is printed at start, and each request gets an access line.
 func TestServeConnectionLimit(t *testing.T) {
 	ck := serveCheckpoint(t)
-	base, _ := startServe(t, "--load", ck, "--max-connections", "3")
+	base, stop, log := startServeLog(t, "--load", ck, "--max-connections", "3", "--served-model-name", "org/tiny")
 	addr := strings.TrimPrefix(base, "http://")
 	var idle []net.Conn
 	for range 3 {
@@ -710,5 +714,17 @@ func TestServeConnectionLimit(t *testing.T) {
 			t.Fatalf("after closing: %d %s", code, body)
 		}
 		time.Sleep(50 * time.Millisecond)
+	}
+	if code, body := getBody(t, base+"/v1/models"); code != 200 || !strings.Contains(body, `"id":"org/tiny"`) {
+		t.Errorf("/v1/models: %d %s", code, body)
+	}
+	stop()
+	out := log.String()
+	if !strings.Contains(out, `gotron serve: model "org/tiny" (--served-model-name) from `+ck+": ") {
+		t.Errorf("no model name at start:\n%s", out)
+	}
+	if !regexp.MustCompile(`(?m)^gotron serve: 127\.0\.0\.1:\d+ "POST /v1/completions" 200 \d+\.\d{3}s prompt_tokens=1 completion_tokens=2$`).MatchString(out) ||
+		!regexp.MustCompile(`(?m)^gotron serve: 127\.0\.0\.1:\d+ "GET /v1/models" 200 `).MatchString(out) {
+		t.Errorf("no access lines:\n%s", out)
 	}
 }
