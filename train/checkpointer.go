@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"time"
 
 	"github.com/gotron/gotron/ckpt"
@@ -55,6 +56,7 @@ type checkpointer struct {
 	par     *parallel.Groups
 	stepper *stepper // what is saved and restored
 	printf  func(format string, args ...any)
+	rawf    func(format string, args ...any) // a line without the reporter's timestamp (Megatron's print_rank_0)
 
 	pending     *pendingSave // the --async-save in flight
 	snapshot    []float32    // its copy of this rank's shards, reused by the next
@@ -84,6 +86,7 @@ func (ck *checkpointer) save(root string, async bool) error {
 		return err
 	}
 	it := int(ck.Iteration)
+	ck.rawf("[%s] saving checkpoint at iteration %7d to %s in %s format", ck.timestamp(), it, root, ckpt.FormatName)
 	if isWriter(ck.par) {
 		err = ckpt.BeginSharded(root, it)
 	}
@@ -135,7 +138,7 @@ func (ck *checkpointer) save(root string, async bool) error {
 				ps.done <- err
 			}()
 			ck.pending = ps
-			ck.printf("saving checkpoint at iteration %7d to %s in the background (%.1f MB of this rank's shards copied during the next iteration)", it, root, float64(ps.bytes)/1e6)
+			ck.printf("--async-save: iteration %d's checkpoint is written in the background (%.1f MB of this rank's shards copied during the next iteration)", it, float64(ps.bytes)/1e6)
 			return nil
 		}
 		if err == nil {
@@ -160,15 +163,33 @@ func (ck *checkpointer) finishSave(ps *pendingSave, err error) error {
 	if err = ck.agreeSave(err, "finalise"); err != nil {
 		return err
 	}
+	// Megatron's line, then gotron's numbers.
 	mb := float64(ps.bytes) / 1e6
+	saved := fmt.Sprintf("  [%s] successfully saved checkpoint from iteration %7d to %s %s", ck.timestamp(), ps.iteration, ps.root, ck.rankTag())
 	if ps.async {
-		ck.printf("saved checkpoint at iteration %7d to %s (in the background: this rank's %.1f MB copied in %.3f s, written in %.3f s, %.0f MB/s; finalised after iteration %d; %.0f%% of the copy left to the optimizer step)",
-			ps.iteration, ps.root, mb, ps.snap.took.Seconds(), ps.wrote.Seconds(), mb/ps.wrote.Seconds(), ck.Iteration, 100*ps.snap.stepShare())
+		ck.rawf("%s (in the background: this rank's %.1f MB copied in %.3f s, written in %.3f s, %.0f MB/s; finalised after iteration %d; %.0f%% of the copy left to the optimizer step)",
+			saved, mb, ps.snap.took.Seconds(), ps.wrote.Seconds(), mb/ps.wrote.Seconds(), ck.Iteration, 100*ps.snap.stepShare())
 	} else {
 		took := ck.cfg.Now().Sub(ps.started)
-		ck.printf("saved checkpoint at iteration %7d to %s in %.3f s (this rank wrote %.1f MB, %.0f MB/s)", ps.iteration, ps.root, took.Seconds(), mb, mb/took.Seconds())
+		ck.rawf("%s (in %.3f s: this rank wrote %.1f MB, %.0f MB/s)", saved, took.Seconds(), mb, mb/took.Seconds())
 	}
 	return nil
+}
+
+// timestamp is the time as Megatron's checkpoint messages print it.
+func (ck *checkpointer) timestamp() string {
+	return ck.cfg.Now().Format("2006-01-02 15:04:05.000000")
+}
+
+// rankTag is the "[ t 1/TP, gtp_remat 1/1, p 1/PP ]" of Megatron's save and
+// load messages: the coordinates of rank 0, which prints them (1-based),
+// and the layout's sizes; gotron has no GTP weight rematerialisation.
+func (ck *checkpointer) rankTag() string {
+	tp, pp := 1, 1
+	if ck.par != nil && ck.par.Layout != nil {
+		tp, pp = ck.par.Layout.Config.TP, ck.par.Layout.Config.PP
+	}
+	return fmt.Sprintf("[ t 1/%d, gtp_remat 1/1, p 1/%d ]", tp, pp)
 }
 
 // pendingSave is a save this rank is writing; an asynchronous one stays in
@@ -345,7 +366,8 @@ func (ck *checkpointer) load(root string) error {
 		// Megatron's load_checkpoint: no tracker file, start from random
 		// (what a first run with --save DIR --load DIR, or a restarted job
 		// that never saved, sees).
-		ck.printf("WARNING: --load %s holds no checkpoint (no %s): training starts from scratch", root, ckpt.TrackerFile)
+		ck.rawf("WARNING: could not find the metadata file %s", filepath.Join(root, ckpt.TrackerFile))
+		ck.rawf("    will not load any checkpoints and will start from random")
 		return nil
 	}
 	if err != nil {
@@ -355,6 +377,7 @@ func (ck *checkpointer) load(root string) error {
 		return fmt.Errorf("train: --load: %w", err)
 	}
 	defer r.Close()
+	ck.rawf(" loading distributed checkpoint from %s at iteration %d", root, r.Meta.Iteration)
 	if err := checkCheckpointArgs(root, ck.cfg.Model, r.Meta.Args); err != nil {
 		return err
 	}
@@ -380,13 +403,13 @@ func (ck *checkpointer) load(root string) error {
 		return err
 	}
 	if ck.cfg.Finetune {
-		ck.printf("loaded weights from %s (--finetune: iteration, optimizer and scheduler start fresh)", root)
+		ck.rawf("  successfully loaded checkpoint from %s %s at iteration 0 (--finetune: weights only; iteration, optimizer and scheduler start fresh)", root, ck.rankTag())
 		return nil
 	}
 	if weightsOnly {
 		// A weights-only checkpoint (gotron convert, SaveModel): nothing to
 		// resume but the weights.
-		ck.printf("loaded weights-only checkpoint from %s: training starts at iteration 0", root)
+		ck.rawf("  successfully loaded checkpoint from %s %s at iteration 0 (a weights-only checkpoint: training starts at iteration 0)", root, ck.rankTag())
 		return nil
 	}
 	var ra RunArgs
@@ -426,7 +449,7 @@ func (ck *checkpointer) load(root string) error {
 			return fmt.Errorf("train: --load %s: %w", root, err)
 		}
 	}
-	ck.printf("loaded checkpoint from %s at iteration %d (consumed samples %d) in %.3f s", root, ck.Iteration, ck.Consumed, ck.cfg.Now().Sub(start).Seconds())
+	ck.rawf("  successfully loaded checkpoint from %s %s at iteration %d (consumed samples %d, in %.3f s)", root, ck.rankTag(), ck.Iteration, ck.Consumed, ck.cfg.Now().Sub(start).Seconds())
 	return nil
 }
 

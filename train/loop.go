@@ -78,7 +78,7 @@ func New(cfg Config, train, valid datagpt.Source) (*Trainer, error) {
 	}
 	t.stepper, t.reporter.stepper = s, s
 	t.Model, _ = s.model.(*gpt.Model)
-	t.checkpointer = &checkpointer{position: &t.position, cfg: &t.cfg, par: cfg.Parallel, stepper: s, printf: t.reporter.printf}
+	t.checkpointer = &checkpointer{position: &t.position, cfg: &t.cfg, par: cfg.Parallel, stepper: s, printf: t.reporter.printf, rawf: t.reporter.rawf}
 	s.waitSnapshot = t.checkpointer.waitSnapshot
 	if cfg.Load != "" {
 		if err := t.checkpointer.load(cfg.Load); err != nil {

@@ -7,6 +7,7 @@ import (
 	"io"
 	"math"
 	"os"
+	"strconv"
 	"strings"
 	"time"
 
@@ -111,18 +112,19 @@ func (rp *reporter) logIteration(loss float64) map[string]any {
 	}
 	// Megatron counts skipped and NaN iterations per log interval.
 	skipped, nans := rp.Skipped-rp.skippedAtLog, rp.NaNIterations-rp.nanAtLog
-	var b strings.Builder
-	fmt.Fprintf(&b, "iteration %8d/%8d | consumed samples: %12d | elapsed time per iteration (ms): %.1f | throughput per GPU (TFLOP/s/GPU): %.3f | learning rate: %.6E | global batch size: %5d | lm loss: %.6E | loss scale: %.1f | grad norm: %.3f | number of skipped iterations: %3d | number of nan iterations: %3d | tokens/s: %.1f | MFU: %.1f%% |",
-		rp.Iteration, rp.trainIters, rp.Consumed, perIter*1e3, tflops, rp.stepper.lastLR, gbs, avg, rp.stepper.lossScale(), rp.stepper.lastGradNorm, skipped, nans, tokensPerSec, 100*mfu)
-	if rp.lastLogIter == rp.startIter && isLogger(rp.par) {
-		rp.printTheoreticalMemory()
-	}
+	line := logLine{Time: now, Iteration: rp.Iteration, TrainIters: rp.trainIters, ConsumedSamples: rp.Consumed,
+		ElapsedMS: perIter * 1e3, LogThroughput: cfg.TensorBoard.LogThroughput, Throughput: tflops,
+		LearningRate: rp.stepper.lastLR, GlobalBatchSize: gbs, LMLoss: avg, LossScale: float64(rp.stepper.lossScale()),
+		GradNorm: rp.stepper.lastGradNorm, ParamsNorm: math.NaN(), SkippedIterations: skipped, NaNIterations: nans,
+		TokensPerSecond: tokensPerSec, MFU: mfu}
 	if cfg.LogParamsNorm {
-		pn := rp.stepper.paramsNorm()
-		fmt.Fprintf(&b, " params norm: %.3f |", pn)
-		rp.tbScalar("params-norm", pn, true)
+		line.ParamsNorm = rp.stepper.paramsNorm()
+		rp.tbScalar("params-norm", line.ParamsNorm, true)
 	}
-	rp.printf("%s", b.String())
+	rp.rawf("%s", line.String())
+	if rp.lastLogIter == rp.startIter && isLogger(rp.par) {
+		rp.printTheoreticalMemory() // after the line, as Megatron's report_memory_flag
+	}
 	rp.tbLogLine(perIter, tflops)
 	var record map[string]any
 	if rp.metrics != nil {
@@ -294,4 +296,106 @@ func (rp *reporter) finalEvaluation(set, key string, loss float64) {
 		rp.tbValidation(loss)
 	}
 	rp.writeMetrics(map[string]any{"iteration": rp.Iteration, "timestamp": rp.cfg.Now().Format(time.RFC3339Nano), key: jsonFloat(loss)})
+}
+
+// logLine is one of Megatron's training_log lines (megatron/training/
+// training.py, NVIDIA/Megatron-LM d98e8a6), with gotron's tokens/s and MFU
+// after Megatron's fields.
+type logLine struct {
+	Time                  time.Time
+	Iteration, TrainIters int64
+	ConsumedSamples       int64
+	ElapsedMS             float64 // per iteration
+	LogThroughput         bool    // --log-throughput: print Throughput
+	Throughput            float64 // TFLOP/s per rank
+	LearningRate          float64
+	GlobalBatchSize       int
+	// LMLoss is the interval's mean loss over the iterations that were not
+	// skipped; NaN (none) leaves it out, as Megatron prints a loss only
+	// when its average is >= 0.
+	LMLoss    float64
+	LossScale float64
+	// GradNorm is the logged iteration's gradient norm; NaN (the iteration
+	// was skipped: Megatron's optimizer returns None) leaves it out.
+	GradNorm float64
+	// ParamsNorm is printed unless NaN (--log-params-norm off).
+	ParamsNorm                       float64
+	SkippedIterations, NaNIterations int64
+	TokensPerSecond, MFU             float64
+}
+
+// String formats the line as training_log's log_string, field for field:
+//
+//	log_string = f" [{datetime.now().strftime('%Y-%m-%d %H:%M:%S.%f')}]"
+//	log_string += ' iteration {:8d}/{:8d} |'.format(iteration, args.train_iters)
+//	log_string += ' consumed samples: {:12d} |'.format(args.consumed_train_samples)
+//	log_string += ' elapsed time per iteration (ms): {:.1f} |'.format(...)
+//	if args.log_throughput: log_string += f' throughput per GPU (TFLOP/s/GPU): {throughput:.1f} |'
+//	log_string += f' learning rate: {learning_rate:.6E} |'
+//	log_string += f' global batch size: {batch_size:5d} |'
+//	... if avg >= 0.0: log_string += ' {}: {:.6E} |'.format(key, avg)
+//	log_string += f' loss scale: {loss_scale:.1f} |'
+//	if grad_norm is not None: log_string += f' grad norm: {grad_norm:.3f} |'
+//	if params_norm is not None: log_string += f' params norm: {params_norm:.3f} |'
+//	log_string += ' number of skipped iterations: {:3d} |'.format(...)
+//	log_string += ' number of nan iterations: {:3d} |'.format(...)
+//
+// Megatron's lm loss after an interval of only skipped iterations is 0
+// (the reset accumulator over max(1, 0) iterations) once a loss was ever
+// added, and absent before; gotron leaves it out in both cases.
+func (l logLine) String() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, " [%s]", l.Time.Format("2006-01-02 15:04:05.000000"))
+	fmt.Fprintf(&b, " iteration %8d/%8d |", l.Iteration, l.TrainIters)
+	fmt.Fprintf(&b, " consumed samples: %12d |", l.ConsumedSamples)
+	fmt.Fprintf(&b, " elapsed time per iteration (ms): %s |", pyFixed(l.ElapsedMS, 1))
+	if l.LogThroughput {
+		fmt.Fprintf(&b, " throughput per GPU (TFLOP/s/GPU): %s |", pyFixed(l.Throughput, 1))
+	}
+	fmt.Fprintf(&b, " learning rate: %s |", pyExp(l.LearningRate))
+	fmt.Fprintf(&b, " global batch size: %5d |", l.GlobalBatchSize)
+	if l.LMLoss >= 0 {
+		fmt.Fprintf(&b, " lm loss: %s |", pyExp(l.LMLoss))
+	}
+	fmt.Fprintf(&b, " loss scale: %s |", pyFixed(l.LossScale, 1))
+	if !math.IsNaN(l.GradNorm) {
+		fmt.Fprintf(&b, " grad norm: %s |", pyFixed(l.GradNorm, 3))
+	}
+	if !math.IsNaN(l.ParamsNorm) {
+		fmt.Fprintf(&b, " params norm: %s |", pyFixed(l.ParamsNorm, 3))
+	}
+	fmt.Fprintf(&b, " number of skipped iterations: %3d |", l.SkippedIterations)
+	fmt.Fprintf(&b, " number of nan iterations: %3d |", l.NaNIterations)
+	fmt.Fprintf(&b, " tokens/s: %s | MFU: %s%% |", pyFixed(l.TokensPerSecond, 1), pyFixed(100*l.MFU, 1))
+	return b.String()
+}
+
+// pyFixed is Python's format(x, '.Nf'): Go's %.Nf but for the infinities
+// and NaN, which Python spells inf, -inf and nan.
+func pyFixed(x float64, prec int) string {
+	if s, ok := pyNonFinite(x); ok {
+		return s
+	}
+	return strconv.FormatFloat(x, 'f', prec, 64)
+}
+
+// pyExp is Python's format(x, '.6E'): Go's %.6E (both write at least two
+// exponent digits) but for inf and nan, which Python writes in upper case.
+func pyExp(x float64) string {
+	if s, ok := pyNonFinite(x); ok {
+		return strings.ToUpper(s)
+	}
+	return fmt.Sprintf("%.6E", x)
+}
+
+func pyNonFinite(x float64) (string, bool) {
+	switch {
+	case math.IsNaN(x):
+		return "nan", true
+	case math.IsInf(x, 1):
+		return "inf", true
+	case math.IsInf(x, -1):
+		return "-inf", true
+	}
+	return "", false
 }

@@ -12,7 +12,7 @@ import (
 // every --tensorboard-log-interval iterations, the learning rate, batch size,
 // lm loss, loss scale and grad norm (each also "vs samples"); at
 // --log-interval, with --log-timers-to-tensorboard, the iteration time and,
-// with --log-throughput, the throughput; at evaluations the validation loss
+// with --log-throughput too, the throughput; at evaluations the validation loss
 // (and its perplexity with --log-validation-ppl-to-tensorboard); with
 // --log-memory-to-tensorboard the Go heap's counterparts of Megatron's CUDA
 // memory scalars.
@@ -22,7 +22,7 @@ type TensorBoard struct {
 	Dir                string // --tensorboard-dir; "" writes nothing
 	LogInterval        int64  // --tensorboard-log-interval; 0 means 1
 	LogTimers          bool   // --log-timers-to-tensorboard
-	LogThroughput      bool   // --log-throughput
+	LogThroughput      bool   // --log-throughput: the throughput on the log line (and here with LogTimers)
 	LogValidationPPL   bool   // --log-validation-ppl-to-tensorboard
 	LogMemory          bool   // --log-memory-to-tensorboard
 	maxHeapAllocBytes  uint64
@@ -107,7 +107,7 @@ func (rp *reporter) tbLogLine(secondsPerIteration, tflopsPerRank float64) {
 	if tb.LogTimers {
 		rp.tbScalar(tensorboard.TagIterationTime, secondsPerIteration, false)
 	}
-	if tb.LogThroughput {
+	if tb.LogTimers && tb.LogThroughput { // Megatron writes it only with both
 		rp.tbScalar(tensorboard.TagThroughput, tflopsPerRank, false)
 	}
 	if err := tb.writer.Flush(); err != nil && !tb.writeErrorReported {

@@ -143,7 +143,7 @@ func TestQuickstartCarriesItsTokenizer(t *testing.T) {
 		t.Fatalf("quickstart: exit %d: %s\n%s", code, errs, out)
 	}
 	for _, want := range []string{"building a corpus from " + plan.SourceRoot, "a 300-token BPE vocabulary",
-		"vocabulary 300) for 4 iterations of 2×32 tokens", "saved checkpoint at iteration       4", "lm loss"} {
+		"vocabulary 300) for 4 iterations of 2×32 tokens", "saved checkpoint from iteration       4", "lm loss"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("quickstart output lacks %q:\n%s", want, out)
 		}

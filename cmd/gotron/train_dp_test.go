@@ -263,7 +263,7 @@ func TestTrainRankKilled(t *testing.T) {
 			"--save", dir, "--load", dir, "--save-interval", "50")...)
 		cmd := exec.Command(bin, args...)
 		cmd.Env = append(os.Environ(), "GOTRON_NUM_THREADS=1", "GOTRON_TEST_TAG="+tag)
-		out := newLineWaiter("saved checkpoint at iteration     100")
+		out := newLineWaiter("saved checkpoint from iteration     100")
 		cmd.Stdout, cmd.Stderr = out, out
 		if err := cmd.Start(); err != nil {
 			t.Fatal(err)

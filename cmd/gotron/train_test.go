@@ -30,7 +30,7 @@ func TestTrainThenGenerate(t *testing.T) {
 	if code != 0 {
 		t.Fatalf("train exit %d: %s", code, errs)
 	}
-	for _, want := range []string{"iteration        3/       3", "validation loss at iteration 2", "saved checkpoint at iteration       3"} {
+	for _, want := range []string{"iteration        3/       3", "validation loss at iteration 2", "saved checkpoint from iteration       3"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("train output lacks %q:\n%s", want, out)
 		}

@@ -98,17 +98,17 @@ def busy(k):  # steal and others' CPU (in CPUs) during iteration k
         return "?"
     return "steal %.2f, others %.2f" % ((b[1] - a[1]) / hz / (b[0] - a[0]), max(0, b[2] - a[2]) / hz / (b[0] - a[0]))
 out = "RESULT %-18s checkpoint %.0f MB" % (label, total / 1e6)
-save = re.search(r"saved checkpoint at iteration +%d to \S+ in ([0-9.]+) s" % interval, log)
+save = re.search(r"successfully saved checkpoint from iteration +%d to \S+ \[[^]]*\] \(in ([0-9.]+) s" % interval, log)
 if save:
     s = float(save.group(1)); out += " | save %.2f s, %.0f MB/s" % (s, total / 1e6 / s)
-load = re.search(r"loaded checkpoint from \S+ at iteration \d+ .* in ([0-9.]+) s", log)
+load = re.search(r"successfully loaded checkpoint from \S+ \[[^]]*\] at iteration \d+ .* in ([0-9.]+) s\)", log)
 if load:
     l = float(load.group(1)); out += " | load %.2f s, %.0f MB/s" % (l, total / 1e6 / l)
 print(out)
 print("    every step (ms): " + " ".join("%.0f" % (it[k][1] * 1e3) for k in sorted(it)))
 for sv in range(interval, iters, interval):
     normal = statistics.median(it[k][1] for k in range(max(2, sv - 2), sv + 1))
-    bg = re.search(r"saved checkpoint at iteration +%d to \S+ \(in the background: this rank's ([0-9.]+) MB copied in ([0-9.]+) s, written in ([0-9.]+) s.*?(\d+)%% of the copy left" % sv, log)
+    bg = re.search(r"successfully saved checkpoint from iteration +%d to \S+ \[[^]]*\] \(in the background: this rank's ([0-9.]+) MB copied in ([0-9.]+) s, written in ([0-9.]+) s.*?(\d+)%% of the copy left" % sv, log)
     line = "    save at %2d: steps before it %.0f ms; the step with the save %.2fx (%s)" % (sv, normal * 1e3, it[sv + 1][1] / normal, busy(sv + 1))
     line += "; the next two %.2fx (%s), %.2fx (%s)" % (it[sv + 2][1] / normal, busy(sv + 2), it[sv + 3][1] / normal, busy(sv + 3))
     if bg:
