@@ -141,13 +141,13 @@ func TestMegatronScriptPorts(t *testing.T) {
 		t.Errorf("stderr should be the one warning %q, got:\n%s", want, errs)
 	}
 	for _, want := range []string{
-		"iteration        6/       6",           // --train-iters
-		"global batch size:     4",              // --global-batch-size
-		"loss scale: ",                          // --fp16: Megatron's dynamic scaler
-		"validation loss at iteration 3",        // --eval-interval
+		"iteration        6/       6",             // --train-iters
+		"global batch size:     4",                // --global-batch-size
+		"loss scale: ",                            // --fp16: Megatron's dynamic scaler
+		"validation loss at iteration 3",          // --eval-interval
 		"saved checkpoint from iteration       3", // --save-interval
-		"on test set",                           // --split 949,50,1
-		"vocab 50304",                           // GPT-2 vocabulary padded by 128
+		"on test set",                             // --split 949,50,1
+		"vocab 50304",                             // GPT-2 vocabulary padded by 128
 	} {
 		if !strings.Contains(out, want) {
 			t.Errorf("output lacks %q:\n%s", want, out)
