@@ -128,10 +128,11 @@ type Config struct {
 	MicrobatchGroupSize int
 	// CPCommType is --cp-comm-type: how attention communicates over the
 	// context-parallel group (p2p ring attention, the zero value;
-	// all_gather; a2a). Used with --context-parallel-size > 1.
+	// all_gather; a2a; a2a+p2p). Used with --context-parallel-size > 1.
 	CPCommType cp.CommType
-	// HierarchicalCPSizes is --hierarchical-context-parallel-sizes (for
-	// a2a+p2p, which is not built yet: checked and refused).
+	// HierarchicalCPSizes is --hierarchical-context-parallel-sizes A P:
+	// with CPCommType a2a+p2p, a2a within groups of A consecutive CP ranks,
+	// then the ring over P (A·P = CP).
 	HierarchicalCPSizes []int
 	// SequenceParallel (--sequence-parallel) shards the activations outside
 	// the tensor-parallel regions along the sequence (needs TP > 1).

@@ -4,6 +4,7 @@ import (
 	"fmt"
 
 	"github.com/gotron/gotron/model/gpt"
+	"github.com/gotron/gotron/parallel"
 	"github.com/gotron/gotron/parallel/cp"
 	"github.com/gotron/gotron/tensor"
 )
@@ -21,7 +22,7 @@ import (
 
 // checkContextParallel checks the CP flags against the run.
 func (c *Config) checkContextParallel(size, tpSize int) error {
-	if err := cp.CheckHierarchical(c.HierarchicalCPSizes, size); err != nil {
+	if err := cp.CheckHierarchical(c.HierarchicalCPSizes, size, c.CPCommType, c.Model.NumAttentionHeads, c.Model.NumQueryGroups, tpSize); err != nil {
 		return fmt.Errorf("train: %w", err)
 	}
 	if size == 1 {
@@ -46,7 +47,22 @@ func (st *stepper) setupContextParallel(m Model) error {
 	if !ok {
 		return fmt.Errorf("train: --context-parallel-size=%d: the %T model has no context-parallel attention", st.par.CP.Size(), m)
 	}
-	gm.ContextParallel = &cp.Attention{Group: st.par.CP, Comm: st.cfg.CPCommType}
+	a := &cp.Attention{Group: st.par.CP, Comm: st.cfg.CPCommType}
+	if a.Comm == cp.A2AP2P {
+		// the two levels, as sub-groups of the world
+		sizes, world := st.cfg.HierarchicalCPSizes, st.par.World
+		inner, ring, err := cp.HierarchicalRanks(st.par.Layout.GroupOf(parallel.CP, world.Rank()), st.par.CP.Rank(), sizes[0], sizes[1])
+		if err != nil {
+			return fmt.Errorf("train: %w", err)
+		}
+		if a.A2AGroup, err = world.NewGroup(inner); err != nil {
+			return fmt.Errorf("train: a2a+p2p: a2a group %v: %w", inner, err)
+		}
+		if a.RingGroup, err = world.NewGroup(ring); err != nil {
+			return fmt.Errorf("train: a2a+p2p: p2p group %v: %w", ring, err)
+		}
+	}
+	gm.ContextParallel = a
 	return nil
 }
 

@@ -20,12 +20,13 @@ import (
 type cpLayout struct {
 	tp, pp, cp, dp int
 	comm           cp.CommType
+	hier           []int // --hierarchical-context-parallel-sizes
 	sp             bool
 	dc             ddp.Config
 }
 
 func (l cpLayout) String() string {
-	return fmt.Sprintf("CP=%d %v TP=%d SP=%v PP=%d DP=%d %+v", l.cp, l.comm, l.tp, l.sp, l.pp, l.dp, l.dc)
+	return fmt.Sprintf("CP=%d %v %v TP=%d SP=%v PP=%d DP=%d %+v", l.cp, l.comm, l.hier, l.tp, l.sp, l.pp, l.dp, l.dc)
 }
 
 // runCPLayout trains cfg on TP·PP·CP·DP inproc ranks; every rank's result
@@ -40,7 +41,7 @@ func runCPLayout(t *testing.T, cfg Config, l cpLayout, train, valid datagpt.Sour
 			return err
 		}
 		c := cfg
-		c.Parallel, c.DDP, c.SequenceParallel, c.CPCommType = g, l.dc, l.sp, l.comm
+		c.Parallel, c.DDP, c.SequenceParallel, c.CPCommType, c.HierarchicalCPSizes = g, l.dc, l.sp, l.comm, l.hier
 		c.Pipeline = gpt.PipelineSplit{PP: l.pp}
 		tr, err := New(c, train, valid)
 		if err != nil {
@@ -122,6 +123,8 @@ func TestContextParallelMatchesSingleProcess(t *testing.T) {
 			{tp: 1, pp: 1, cp: 2, dp: 1, comm: cp.A2A},
 			{tp: 2, pp: 1, cp: 2, dp: 1, comm: cp.P2P, sp: true},
 			{tp: 1, pp: 2, cp: 2, dp: 2, comm: cp.P2P, dc: ddp.Config{DistributedOptimizer: true, OverlapGradReduce: true, BucketSize: 500}},
+			{tp: 1, pp: 1, cp: 4, dp: 1, comm: cp.A2AP2P, hier: []int{2, 2}},
+			{tp: 1, pp: 1, cp: 4, dp: 1, comm: cp.A2AP2P, hier: []int{2, 2}},
 		} {
 			if !full && li%2 != mi {
 				continue
@@ -173,7 +176,8 @@ func TestContextParallelBadFlags(t *testing.T) {
 	}{
 		{seq: 14, cp: 2, want: "--seq-length=14 is not divisible by 2×--context-parallel-size = 4"},
 		{seq: 16, cp: 2, comm: cp.A2A, heads: 3, want: "--num-attention-heads=3"},
-		{seq: 16, cp: 2, hier: []int{3, 1}, want: "multiply to 3, not --context-parallel-size=2"},
+		{seq: 16, cp: 2, comm: cp.A2AP2P, hier: []int{3, 1}, want: "multiply to 3, not --context-parallel-size=2"},
+		{seq: 16, cp: 2, comm: cp.A2AP2P, want: "needs --hierarchical-context-parallel-sizes"},
 	} {
 		err := inproc.Run(context.Background(), tc.cp, func(ctx context.Context, pg comm.ProcessGroup) error {
 			g, err := parallel.NewGroups(pg, parallel.Config{CP: tc.cp})

@@ -39,8 +39,8 @@ type cpFlags struct {
 
 // add registers the flags on fs, into c.
 func (f *cpFlags) add(fs *flag.FlagSet, c *train.Config) {
-	fs.Var(cpCommFlag{&c.CPCommType}, "cp-comm-type", "with --context-parallel-size > 1, attention's communication: p2p (ring attention, key/value exchange overlapped with compute), all_gather or a2a (heads and query groups divisible by the CP size); a2a+p2p is not built yet")
-	fs.Var(&f.hierarchical, "hierarchical-context-parallel-sizes", "A P: the a2a and p2p sizes of hierarchical context parallelism (--cp-comm-type a2a+p2p, not built yet); their product must be --context-parallel-size")
+	fs.Var(cpCommFlag{&c.CPCommType}, "cp-comm-type", "with --context-parallel-size > 1, attention's communication: p2p (ring attention, key/value exchange overlapped with compute), all_gather, a2a (heads and query groups divisible by the CP size) or a2a+p2p (hierarchical, with --hierarchical-context-parallel-sizes)")
+	fs.Var(&f.hierarchical, "hierarchical-context-parallel-sizes", "A P: with --cp-comm-type a2a+p2p, a2a within groups of A consecutive CP ranks, then ring attention over P; A·P must be --context-parallel-size")
 }
 
 // apply parses the list flag into c.

@@ -71,8 +71,9 @@ func TestTrainContextParallelBadInput(t *testing.T) {
 	}{
 		{2, []string{"--context-parallel-size", "2", "--seq-length", "126"}, "--seq-length=126 is not divisible by 2×--context-parallel-size = 4"},
 		{2, []string{"--context-parallel-size", "2", "--cp-comm-type", "a2a", "--num-attention-heads", "3", "--hidden-size", "36"}, "--num-attention-heads=3"},
-		{2, []string{"--context-parallel-size", "2", "--hierarchical-context-parallel-sizes", "2", "2"}, "multiply to 4, not --context-parallel-size=2"},
-		{2, []string{"--context-parallel-size", "2", "--cp-comm-type", "a2a+p2p"}, "a2a+p2p (hierarchical context parallelism) is not built yet"},
+		{2, []string{"--context-parallel-size", "2", "--cp-comm-type", "a2a+p2p", "--hierarchical-context-parallel-sizes", "2", "2"}, "multiply to 4, not --context-parallel-size=2"},
+		{2, []string{"--context-parallel-size", "2", "--cp-comm-type", "a2a+p2p"}, "needs --hierarchical-context-parallel-sizes"},
+		{2, []string{"--context-parallel-size", "2", "--hierarchical-context-parallel-sizes", "2", "1"}, "needs --cp-comm-type a2a+p2p"},
 		{2, []string{"--context-parallel-size", "2", "--cp-comm-type", "ring"}, "--cp-comm-type"},
 	} {
 		args := append([]string{"launch", "--inproc", "--nproc-per-node", fmt.Sprint(tc.n), "--"}, with(base, tc.extra...)...)
@@ -80,5 +81,31 @@ func TestTrainContextParallelBadInput(t *testing.T) {
 		if code == 0 || !strings.Contains(errs, tc.want) {
 			t.Errorf("%v: exit %d, stderr %q; want an error mentioning %q", tc.extra, code, errs, tc.want)
 		}
+	}
+}
+
+// TestTrainContextParallelHierarchical: launch --inproc, 4 ranks at
+// --context-parallel-size 4 --cp-comm-type a2a+p2p
+// --hierarchical-context-parallel-sizes 2 2 (the Llama-style model: 2 query
+// groups split by the a2a level) logs the single-process losses.
+func TestTrainContextParallelHierarchical(t *testing.T) {
+	dir, prefix := preprocessToy(t)
+	base := append(cpTrain(prefix, filepath.Join(dir, "cache")), llamaFlags...)
+	ref := filepath.Join(dir, "one.jsonl")
+	if _, errs, code := runCLI(t, with(base, "--metrics-file", ref)...); code != 0 {
+		t.Fatalf("single process: exit %d: %s", code, errs)
+	}
+	want, _ := metricsLosses(t, ref)
+	got := filepath.Join(dir, "cp4.jsonl")
+	out, errs, code := runCLI(t, append([]string{"launch", "--inproc", "--nproc-per-node", "4", "--"},
+		with(base, "--metrics-file", got, "--context-parallel-size", "4", "--cp-comm-type", "a2a+p2p",
+			"--hierarchical-context-parallel-sizes", "2", "2")...)...)
+	if code != 0 {
+		t.Fatalf("a2a+p2p: exit %d: %s", code, errs)
+	}
+	losses, _ := metricsLosses(t, got)
+	sameLosses(t, "inproc CP=4 a2a+p2p 2×2", losses, want)
+	if !strings.Contains(out, "context-parallel size 4 (--cp-comm-type a2a+p2p)") {
+		t.Fatalf("no context-parallel layout in the output:\n%s", out)
 	}
 }

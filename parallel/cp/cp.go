@@ -18,6 +18,11 @@
 //     split (heads and query groups divisible by C), ordinary attention
 //     runs over the whole sequence on H/C heads, and the inverse
 //     all-to-all restores the sequence split.
+//   - A2AP2P: hierarchical, C = A·P (--hierarchical-context-parallel-sizes
+//     A P). An all-to-all within groups of A consecutive CP ranks splits
+//     the heads A ways; the A ranks of group p then jointly hold the
+//     coarse chunks p and 2P−1−p of a 2·P zigzag, and ring attention runs
+//     over the P ranks that hold the same heads.
 //
 // The blocks are computed by the fused attention kernel with position
 // offsets (tensor.AttentionConfig QPos, KPos, Accumulate), whose causal
@@ -48,6 +53,9 @@ const (
 	AllGather
 	// A2A is the Ulysses all-to-all over heads ("a2a").
 	A2A
+	// A2AP2P is hierarchical: a2a within groups of A ranks, then the ring
+	// over P ("a2a+p2p", with --hierarchical-context-parallel-sizes A P).
+	A2AP2P
 )
 
 // String returns the flag value of t.
@@ -59,12 +67,13 @@ func (t CommType) String() string {
 		return "all_gather"
 	case A2A:
 		return "a2a"
+	case A2AP2P:
+		return "a2a+p2p"
 	}
 	return fmt.Sprintf("CommType(%d)", int(t))
 }
 
-// ParseCommType parses a --cp-comm-type value. Megatron's hierarchical
-// "a2a+p2p" is recognised and refused: it is not built yet.
+// ParseCommType parses a --cp-comm-type value.
 func ParseCommType(s string) (CommType, error) {
 	switch s {
 	case "p2p", "":
@@ -74,9 +83,9 @@ func ParseCommType(s string) (CommType, error) {
 	case "a2a":
 		return A2A, nil
 	case "a2a+p2p":
-		return 0, fmt.Errorf("cp: --cp-comm-type=a2a+p2p (hierarchical context parallelism) is not built yet: use p2p, all_gather or a2a")
+		return A2AP2P, nil
 	}
-	return 0, fmt.Errorf("cp: --cp-comm-type=%q: want p2p, all_gather or a2a", s)
+	return 0, fmt.Errorf("cp: --cp-comm-type=%q: want p2p, all_gather, a2a or a2a+p2p", s)
 }
 
 // Check reports a configuration context parallelism of size C cannot run,
@@ -102,28 +111,57 @@ func Check(size int, t CommType, seqLength, heads, queryGroups, tpSize int) erro
 	return nil
 }
 
-// CheckHierarchical checks --hierarchical-context-parallel-sizes against
-// --context-parallel-size (Megatron's rule: the sizes multiply to C).
-// Hierarchical CP (a2a+p2p) is not built yet, so sizes that pass are
-// still refused by ParseCommType's a2a+p2p; nil sizes are unset.
-func CheckHierarchical(sizes []int, size int) error {
+// CheckHierarchical checks --hierarchical-context-parallel-sizes A P
+// against --context-parallel-size and --cp-comm-type: a2a+p2p needs them,
+// A·P must be C (Megatron's rule), and the a2a level splits the heads and
+// query groups of a tensor-parallel rank A ways. nil sizes are unset.
+func CheckHierarchical(sizes []int, size int, t CommType, heads, queryGroups, tpSize int) error {
 	if len(sizes) == 0 {
+		if t == A2AP2P && size > 1 {
+			return fmt.Errorf("cp: --cp-comm-type=a2a+p2p needs --hierarchical-context-parallel-sizes A P (A·P = --context-parallel-size=%d)", size)
+		}
 		return nil
+	}
+	if len(sizes) != 2 {
+		return fmt.Errorf("cp: --hierarchical-context-parallel-sizes=%s: want two sizes, A (a2a) and P (p2p)", joinInts(sizes))
 	}
 	prod := 1
 	for _, s := range sizes {
-		if s < 1 {
-			return fmt.Errorf("cp: --hierarchical-context-parallel-sizes=%s: want sizes ≥ 1", joinInts(sizes))
+		if s < 1 || s > 1<<20 {
+			return fmt.Errorf("cp: --hierarchical-context-parallel-sizes=%s: want sizes from 1 to 2^20", joinInts(sizes))
 		}
 		prod *= s
-		if prod > 1<<20 {
-			return fmt.Errorf("cp: --hierarchical-context-parallel-sizes=%s: product too large", joinInts(sizes))
-		}
 	}
-	if prod != size {
+	a, tpHeads, tpGroups := sizes[0], heads/max(tpSize, 1), queryGroups/max(tpSize, 1)
+	switch {
+	case prod != size:
 		return fmt.Errorf("cp: --hierarchical-context-parallel-sizes=%s multiply to %d, not --context-parallel-size=%d", joinInts(sizes), prod, size)
+	case t != A2AP2P:
+		return fmt.Errorf("cp: --hierarchical-context-parallel-sizes=%s needs --cp-comm-type a2a+p2p (got %v)", joinInts(sizes), t)
+	case tpHeads%a != 0:
+		return fmt.Errorf("cp: --cp-comm-type=a2a+p2p: %d heads per tensor-parallel rank (--num-attention-heads=%d) are not divisible by the a2a size %d (--hierarchical-context-parallel-sizes=%s)",
+			tpHeads, heads, a, joinInts(sizes))
+	case tpGroups%a != 0:
+		return fmt.Errorf("cp: --cp-comm-type=a2a+p2p: %d query groups per tensor-parallel rank (--num-query-groups=%d) are not divisible by the a2a size %d (--hierarchical-context-parallel-sizes=%s)",
+			tpGroups, queryGroups, a, joinInts(sizes))
 	}
-	return fmt.Errorf("cp: --hierarchical-context-parallel-sizes=%s: hierarchical context parallelism (--cp-comm-type a2a+p2p) is not built yet", joinInts(sizes))
+	return nil
+}
+
+// HierarchicalRanks returns, for CP rank rank of a group whose members
+// have world ranks cpRanks (in CP-rank order), the world ranks of its a2a
+// group (A consecutive CP ranks) and of its p2p ring (the P ranks at the
+// same place in their a2a groups), for sizes A P.
+func HierarchicalRanks(cpRanks []int, rank, a, p int) (a2a, ring []int, err error) {
+	if a < 1 || p < 1 || a*p != len(cpRanks) || rank < 0 || rank >= len(cpRanks) {
+		return nil, nil, fmt.Errorf("cp: hierarchical sizes %d×%d for CP rank %d of %d", a, p, rank, len(cpRanks))
+	}
+	grp, at := rank/a, rank%a
+	a2a = append(a2a, cpRanks[grp*a:(grp+1)*a]...)
+	for q := range p {
+		ring = append(ring, cpRanks[q*a+at])
+	}
+	return a2a, ring, nil
 }
 
 func joinInts(v []int) string {
@@ -161,6 +199,9 @@ func Positions(seqLen, size, rank int) ([]int, error) {
 type Attention struct {
 	Group comm.ProcessGroup
 	Comm  CommType
+	// A2AGroup and RingGroup are the two levels of A2AP2P
+	// (HierarchicalRanks): a2a within A2AGroup, the ring over RingGroup.
+	A2AGroup, RingGroup comm.ProcessGroup
 
 	comm time.Duration // time spent waiting for communication
 }
@@ -199,6 +240,11 @@ func (a *Attention) Attention(tp *tensor.Tape, q, k, v *tensor.Tensor, o tensor.
 		f = &gatherCall{a: a, cfg: cfg}
 	case A2A:
 		f = &a2aCall{a: a, cfg: cfg}
+	case A2AP2P:
+		if a.A2AGroup == nil || a.RingGroup == nil || a.A2AGroup.Size()*a.RingGroup.Size() != a.Group.Size() {
+			panic("cp: a2a+p2p attention needs A2AGroup and RingGroup whose sizes multiply to the CP size")
+		}
+		f = &hierCall{a: a, cfg: cfg}
 	default:
 		f = &ringCall{a: a, cfg: cfg}
 	}

@@ -37,15 +37,21 @@ func TestCheckErrorsNameFlags(t *testing.T) {
 		{Check(4, A2A, 128, 6, 6, 1), "--num-attention-heads=6"},
 		{Check(2, A2A, 128, 4, 1, 1), "--num-query-groups=1"},
 		{Check(2, A2A, 128, 4, 4, 4), "--tensor-model-parallel-size=4 = 1 heads per rank are not divisible by --context-parallel-size=2"},
-		{CheckHierarchical([]int{2, 3}, 4), "multiply to 6, not --context-parallel-size=4"},
-		{CheckHierarchical([]int{2, 2}, 4), "not built yet"},
+		{CheckHierarchical([]int{2, 3}, 4, A2AP2P, 4, 4, 1), "multiply to 6, not --context-parallel-size=4"},
+		{CheckHierarchical([]int{2, 2}, 4, P2P, 4, 4, 1), "needs --cp-comm-type a2a+p2p"},
+		{CheckHierarchical(nil, 4, A2AP2P, 4, 4, 1), "needs --hierarchical-context-parallel-sizes"},
+		{CheckHierarchical([]int{4, 1}, 4, A2AP2P, 4, 2, 1), "2 query groups per tensor-parallel rank"},
+		{CheckHierarchical([]int{2, 2, 1}, 4, A2AP2P, 4, 4, 1), "want two sizes"},
 	} {
 		if tc.err == nil || !strings.Contains(tc.err.Error(), tc.want) {
 			t.Errorf("got %v, want it to mention %q", tc.err, tc.want)
 		}
 	}
-	if _, err := ParseCommType("a2a+p2p"); err == nil || !strings.Contains(err.Error(), "not built yet") {
-		t.Errorf("ParseCommType(a2a+p2p) = %v, want a not-built-yet error", err)
+	if ct, err := ParseCommType("a2a+p2p"); err != nil || ct != A2AP2P {
+		t.Errorf("ParseCommType(a2a+p2p) = %v, %v", ct, err)
+	}
+	if err := CheckHierarchical([]int{2, 2}, 4, A2AP2P, 4, 2, 1); err != nil {
+		t.Errorf("CheckHierarchical(2 2, CP=4, 4 heads, 2 groups) = %v", err)
 	}
 	if _, err := ParseCommType("ring"); err == nil || !strings.Contains(err.Error(), "--cp-comm-type") {
 		t.Errorf("ParseCommType(ring) = %v, want an error naming the flag", err)
@@ -137,6 +143,7 @@ type cpCase struct {
 	b, s, hq, hkv, d int
 	causal           bool
 	dropout          float32
+	a2a              int // the a2a size of A2AP2P
 }
 
 // runCP runs context-parallel attention of the whole-sequence inputs over
@@ -160,6 +167,22 @@ func runCP(t *testing.T, ct CommType, size int, tc cpCase, q, k, v, g []float32)
 		tp := tensor.NewTape()
 		tp.SetContext(ctx)
 		a := &Attention{Group: pg, Comm: ct}
+		if ct == A2AP2P {
+			world := make([]int, size)
+			for i := range world {
+				world[i] = i
+			}
+			inner, ring, err := HierarchicalRanks(world, r, tc.a2a, size/tc.a2a)
+			if err != nil {
+				return err
+			}
+			if a.A2AGroup, err = pg.NewGroup(inner); err != nil {
+				return err
+			}
+			if a.RingGroup, err = pg.NewGroup(ring); err != nil {
+				return err
+			}
+		}
 		o := tensor.AttentionOptions{Causal: tc.causal}
 		if tc.dropout > 0 {
 			o.Dropout, o.RNG = tc.dropout, tensor.NewRNG(5)
@@ -264,7 +287,7 @@ func TestContextParallelAttentionMatchesOneRank(t *testing.T) {
 		{A2A, 2, cpCase{b: 1, s: 28, hq: 4, hkv: 2, d: 4, causal: true, dropout: 0.2}},       //
 		{A2A, 4, cpCase{b: 1, s: 40, hq: 4, hkv: 4, d: 4, causal: true}},                     //
 	} {
-		t.Run(fmt.Sprintf("%v-C%d-s%d-hq%d-hkv%d-causal%v-drop%g", tc.ct, tc.size, tc.s, tc.hq, tc.hkv, tc.causal, tc.dropout), func(t *testing.T) {
+		t.Run(fmt.Sprintf("%v-C%d-A%d-s%d-hq%d-hkv%d-causal%v-drop%g", tc.ct, tc.size, tc.a2a, tc.s, tc.hq, tc.hkv, tc.causal, tc.dropout), func(t *testing.T) {
 			nq, nkv := tc.b*tc.s*tc.hq*tc.d, tc.b*tc.s*tc.hkv*tc.d
 			q, k, v, g := rnd(nq), rnd(nkv), rnd(nkv), rnd(nq)
 			out, dq, dk, dv := runCP(t, tc.ct, tc.size, tc.cpCase, q, k, v, g)

@@ -169,6 +169,9 @@ func (f *ringCall) Backward(tp *tensor.Tape, gout []*tensor.Tensor) []*tensor.Te
 		if wait != nil && !wait() {
 			break
 		}
+		if size == 1 {
+			break // a ring of one: the gradients are home
+		}
 		// the key/value gradients of rank j go on to the next rank (after
 		// the last step, rank r+1's reach it complete)
 		send, recv := stageOut(dkv.flat), hostBuffer(dspare.flat)
