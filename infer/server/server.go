@@ -3,11 +3,13 @@
 // server-sent events; GET /v1/models), Megatron's text-generation API (PUT
 // /api), GET /health and Prometheus GET /metrics. Requests are validated
 // into infer.Requests, so bad input gets an OpenAI-shaped JSON error (400,
-// 404, 413, 422) and never reaches the engine; a client that disconnects
-// cancels its sequences.
+// 404, 405, 408, 413, 429) and never reaches the engine; a client that
+// disconnects, or stops reading, cancels its sequences. Every integer of a
+// request is range-checked (internal/checked) before arithmetic.
 //
 // The package owns no goroutine: the caller runs the Runner and an
-// http.Server with Handler (gotron serve does both).
+// http.Server with Handler, over a listener that LimitConnections may
+// bound (gotron serve does all three).
 package server
 
 import (
