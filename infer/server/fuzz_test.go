@@ -20,11 +20,15 @@ var fuzzRoutes = []struct{ method, path string }{
 	{"GET", "/v1/models"},
 }
 
+const fuzzTemplate = `{{ bos_token }}{% for message in messages %}{% if message['role'] == 'system' %}{{ 'SYSTEM: ' + message['content'] | trim + '\n' }}` +
+	`{% elif message['role'] == 'user' %}{{ 'USER: ' + message['content'] + '\n' }}{% else %}{{ message['role'] | upper + ': ' + message['content'] + eos_token + '\n' }}{% endif %}` +
+	`{% endfor %}{% if add_generation_prompt %}{{ 'ASSISTANT:' }}{% endif %}`
+
 // FuzzHandler sends arbitrary bodies to every endpoint through the real
 // handler (Server.Handler: body reading, decoding, validation, admission,
-// the engine's Runner over a tiny model, streaming) and checks that no
-// input crashes the server, gets a 5xx, leaves a malformed answer or
-// leaves sequences or KV blocks behind.
+// the engine's Runner over a tiny model, a Jinja chat template, streaming)
+// and checks that no input crashes the server, gets a 5xx, leaves a
+// malformed answer or leaves sequences or KV blocks behind.
 //
 // The default go test runs the seed corpus (below, and testdata/fuzz/
 // FuzzHandler: inputs that once failed). Longer, outside go test's default
@@ -46,6 +50,7 @@ func FuzzHandler(f *testing.F) {
 		{1, `{"messages": [{"role": "system", "content": [{"type": "text", "text": "S"}]}, {"role": "user", "content": "U"}], "stream": true, "max_completion_tokens": 4}`},
 		{1, `{"messages": [{"role": "user", "content": "Hi"}], "response_format": {"type": "json_object"}}`},
 		{1, `{"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 9223372036854775807, "n": 3}`},
+		{1, `{"messages": [{"role": "system", "content": " S "}, {"role": "assistant", "content": null}, {"role": "tool", "content": "{{ x }}"}], "max_tokens": 2}`},
 		{2, `{"prompts": ["Hello"], "tokens_to_generate": 4, "logprobs": true, "top_k": 2, "random_seed": 3}`},
 		{2, `{"prompts": ["A", "B"], "tokens_to_generate": 0, "logprobs": true, "add_BOS": true, "stop_on_eol": true}`},
 		{2, `{"prompts": ["A"], "tokens_to_generate": 9223372036854775807, "temperature": 5e-324}`},
@@ -55,7 +60,13 @@ func FuzzHandler(f *testing.F) {
 	} {
 		f.Add(s.route, []byte(s.body))
 	}
-	h := newHarnessWith(f, Config{MaxN: 4, MaxRequestBytes: 1 << 16, MaxWaitingSeqs: 64}, 96, infer.EngineConfig{}, nil)
+	// A chat template with what templates use (loops, conditions, string
+	// concatenation, filters, special tokens) renders the fuzzed messages.
+	tpl, err := ParseChatTemplate(fuzzTemplate, "<s>", "</s>")
+	if err != nil {
+		f.Fatal(err)
+	}
+	h := newHarnessWith(f, Config{MaxN: 4, MaxRequestBytes: 1 << 16, MaxWaitingSeqs: 64, ChatTemplate: tpl}, 96, infer.EngineConfig{}, nil)
 	handler := h.srv.Handler()
 	f.Fuzz(func(t *testing.T, route uint8, body []byte) {
 		r := fuzzRoutes[int(route)%len(fuzzRoutes)]
