@@ -15,6 +15,7 @@ import (
 	"strings"
 
 	"github.com/gotron/gotron/ckpt/safetensors"
+	"github.com/gotron/gotron/internal/checked"
 )
 
 // Format version 2: sharded checkpoints, written by every rank in parallel.
@@ -70,16 +71,36 @@ func numel(shape []int) int {
 	return n
 }
 
-// check validates b against a tensor of global shape.
+// checkShape validates a tensor's global shape as read from a file: at
+// most two dimensions, none negative, and an element count that fits an
+// int (numel must not wrap).
+func checkShape(shape []int) error {
+	if len(shape) > 2 {
+		return fmt.Errorf("tensor of shape %v: at most 2 dimensions are supported", shape)
+	}
+	n := 1
+	for _, d := range shape {
+		var ok bool
+		if n, ok = checked.MulInt(n, d); !ok || d < 0 {
+			return fmt.Errorf("tensor of shape %v: dimensions must be non-negative and their product fit in an int", shape)
+		}
+	}
+	return nil
+}
+
+// check validates b against a tensor of global shape (itself valid by
+// checkShape).
 func (b Block) check(shape []int) error {
 	if len(b.Offset) != len(shape) || len(b.Shape) != len(shape) {
 		return fmt.Errorf("block %v+%v has not the %d dimensions of %v", b.Offset, b.Shape, len(shape), shape)
 	}
-	if len(shape) > 2 {
-		return fmt.Errorf("tensor of shape %v: at most 2 dimensions are supported", shape)
+	if err := checkShape(shape); err != nil {
+		return err
 	}
 	for i := range shape {
-		if b.Offset[i] < 0 || b.Shape[i] < 0 || b.Offset[i]+b.Shape[i] > shape[i] {
+		// Offset and Shape are each within [0, shape[i]] before they are
+		// added, so the sum cannot wrap.
+		if b.Offset[i] < 0 || b.Shape[i] < 0 || b.Offset[i] > shape[i] || b.Shape[i] > shape[i] || b.Offset[i]+b.Shape[i] > shape[i] {
 			return fmt.Errorf("block %v+%v is outside the tensor's shape %v", b.Offset, b.Shape, shape)
 		}
 	}
@@ -414,12 +435,26 @@ func checkCoverage(name string, tensors map[string]map[string]TensorRecord) erro
 	for _, g := range slices.Sorted(maps.Keys(tensors)) {
 		for _, n := range slices.Sorted(maps.Keys(tensors[g])) {
 			tr := tensors[g][n]
-			stored := 0
+			if err := checkShape(tr.Shape); err != nil {
+				errs = append(errs, fmt.Errorf("ckpt: %s: tensor %s/%s: %v", name, g, n, err))
+				continue
+			}
+			stored, bad := 0, false
 			for _, s := range tr.Shards {
 				if err := s.Block.check(tr.Shape); err != nil {
 					errs = append(errs, fmt.Errorf("ckpt: %s: tensor %s/%s: %v", name, g, n, err))
+					bad = true
+					continue
 				}
-				stored += s.Len()
+				var ok bool
+				if stored, ok = checked.AddInt(stored, s.Len()); !ok {
+					errs = append(errs, fmt.Errorf("ckpt: %s: tensor %s/%s: its shards' element counts overflow", name, g, n))
+					bad = true
+					break
+				}
+			}
+			if bad {
+				continue
 			}
 			if err := disjoint(tr.Shards); err != nil {
 				errs = append(errs, fmt.Errorf("ckpt: %s: tensor %s/%s: %v", name, g, n, err))
@@ -447,6 +482,27 @@ func disjoint(shards []ShardRecord) error {
 	return nil
 }
 
+// checkShardKeys refuses metadata in which two shard records name the same
+// stored tensor (file and key): a save gives every shard a key of its own,
+// so such a checkpoint.json points one tensor at another's bytes, and the
+// CRC-32C it copied with them would let it pass.
+func checkShardKeys(name string, tensors map[string]map[string]TensorRecord) error {
+	owner := map[[2]string]string{}
+	for _, g := range slices.Sorted(maps.Keys(tensors)) {
+		for _, n := range slices.Sorted(maps.Keys(tensors[g])) {
+			for _, s := range tensors[g][n].Shards {
+				k := [2]string{s.File, s.Key}
+				if prev, ok := owner[k]; ok {
+					return fmt.Errorf("ckpt: %s/%s: tensors %s and %s/%s both name shard %s:%s (each shard is stored once)",
+						name, MetaFile, prev, g, n, s.File, s.Key)
+				}
+				owner[k] = g + "/" + n
+			}
+		}
+	}
+	return nil
+}
+
 // Reader reads tensors, or blocks of them, from a checkpoint of either
 // format version. It is not safe for concurrent use.
 type Reader struct {
@@ -462,7 +518,11 @@ type Reader struct {
 	tensors map[string]map[string]TensorRecord
 	files   map[string]fileRecord
 	open    map[string]*safetensors.File
-	checked map[string]bool // "file key" whose CRC-32C has been verified
+	// checked holds the shard records ("file key crc") whose bytes have
+	// been checked against their CRC-32C. The recorded CRC is part of the
+	// key: a record is verified against its own checksum, never on the
+	// strength of another record that names the same bytes.
+	checked map[string]bool
 }
 
 // Open opens the checkpoint of iteration in dir (the latest when iteration
@@ -489,7 +549,7 @@ func Open(dir string, iteration int) (*Reader, error) {
 			for n, t := range ts {
 				r.tensors[g][n] = TensorRecord{DType: t.DType.String(), Shape: t.Shape,
 					Shards: []ShardRecord{{File: file, Key: n, Block: Whole(t.Shape)}}}
-				r.checked[file+" "+n] = true
+				r.checked[file+" "+n+" "] = true
 			}
 		}
 		for _, f := range c.files {
@@ -520,14 +580,23 @@ func Open(dir string, iteration int) (*Reader, error) {
 	if err := checkCoverage(name, sm.Tensors); err != nil {
 		return nil, err
 	}
+	if err := checkShardKeys(name, sm.Tensors); err != nil {
+		return nil, err
+	}
 	for g, ts := range sm.Tensors {
 		for n, tr := range ts {
 			if tr.DType != safetensors.F32.String() {
 				return nil, fmt.Errorf("ckpt: %s: tensor %s/%s has dtype %s: only F32 shards are read", name, g, n, tr.DType)
 			}
 			for _, s := range tr.Shards {
-				if _, ok := sm.Files[s.File]; !ok {
+				fr, ok := sm.Files[s.File]
+				if !ok {
 					return nil, fmt.Errorf("ckpt: %s: tensor %s/%s has a shard in %s, which %s does not list", name, g, n, s.File, MetaFile)
+				}
+				// Readers allocate a tensor's elements before reading its
+				// shards: each must fit in its (size-checked) file.
+				if int64(s.Len()) > fr.Bytes/4 {
+					return nil, fmt.Errorf("ckpt: %s: tensor %s/%s: shard %s:%s of %d F32 values does not fit in the file's %d bytes", name, g, n, s.File, s.Key, s.Len(), fr.Bytes)
 				}
 			}
 		}
@@ -648,7 +717,7 @@ func (r *Reader) shardData(s ShardRecord) ([]float32, error) {
 	if t.DType != safetensors.F32 || t.NumElements() != s.Len() {
 		return nil, fmt.Errorf("%s: %s is %v%v, %s records a shard of %d F32 values", s.File, s.Key, t.DType, t.Shape, MetaFile, s.Len())
 	}
-	id := s.File + " " + s.Key
+	id := s.File + " " + s.Key + " " + s.CRC32C
 	if !r.checked[id] {
 		if got := fmt.Sprintf("%08x", crc32.Checksum(t.Data, castagnoli)); got != s.CRC32C {
 			return nil, fmt.Errorf("%s: %s: CRC-32C %s, %s records %s (corrupted)", s.File, s.Key, got, MetaFile, s.CRC32C)

@@ -397,3 +397,78 @@ func directSupported(t *testing.T, dir string) bool {
 	defer f.Close()
 	return setDirect(f, true) == nil
 }
+
+// TestShardedAliasedKeyRefused: a checkpoint.json whose record for tensor b
+// names tensor a's stored bytes (file and key) must not load, whether the
+// record keeps b's own CRC-32C or copies a's. The Reader used to remember
+// checked bytes by file and key alone, so once a was read, b's record
+// (with b's CRC) was never compared and b silently got a's values.
+func TestShardedAliasedKeyRefused(t *testing.T) {
+	for _, copyCRC := range []bool{false, true} {
+		dir := t.TempDir()
+		a := Piece{Group: "model", Name: "a", GlobalShape: []int{2, 3}, Block: Whole([]int{2, 3}), Data: []float32{1, 2, 3, 4, 5, 6}}
+		b := Piece{Group: "model", Name: "b", GlobalShape: []int{2, 3}, Block: Whole([]int{2, 3}), Data: []float32{-1, -2, -3, -4, -5, -6}}
+		saveSharded(t, dir, 5, [][]Piece{{a, b}})
+		path := filepath.Join(dir, IterDirName(5), MetaFile)
+		raw, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var m shardedMeta
+		if err := json.Unmarshal(raw, &m); err != nil {
+			t.Fatal(err)
+		}
+		rb := m.Tensors["model"]["b"]
+		rb.Shards[0].Key = m.Tensors["model"]["a"].Shards[0].Key
+		if copyCRC {
+			rb.Shards[0].CRC32C = m.Tensors["model"]["a"].Shards[0].CRC32C
+		}
+		m.Tensors["model"]["b"] = rb
+		raw, _ = json.Marshal(m)
+		if err := os.WriteFile(path, raw, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		r, err := Open(dir, -1)
+		if err == nil {
+			// Every load path reads a, then b, through one Reader.
+			_, _, err = r.ReadWhole("model", "a")
+			if err == nil {
+				var got []float32
+				got, _, err = r.ReadWhole("model", "b")
+				if err == nil {
+					t.Fatalf("copyCRC=%v: b loaded as %v (a's bytes)", copyCRC, got)
+				}
+			}
+			r.Close()
+		}
+		if !strings.Contains(err.Error(), "model/a#0") {
+			t.Errorf("copyCRC=%v: error %q does not name the shard", copyCRC, err)
+		}
+		if _, err := Load(dir, -1); err == nil {
+			t.Errorf("copyCRC=%v: Load accepted the aliased shard", copyCRC)
+		}
+	}
+}
+
+// TestShardDataChecksEachRecord: two records naming the same stored bytes
+// are each compared with their own CRC-32C (the Reader's cache is by
+// record, not by file and key), even where Open's duplicate check is not
+// in the way (a Reader built by hand).
+func TestShardDataChecksEachRecord(t *testing.T) {
+	dir := t.TempDir()
+	a := Piece{Group: "model", Name: "a", GlobalShape: []int{4}, Block: Whole([]int{4}), Data: []float32{1, 2, 3, 4}}
+	saveSharded(t, dir, 1, [][]Piece{{a}})
+	r, err := Open(dir, -1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	s := r.tensors["model"]["a"].Shards[0]
+	if _, err := r.shardData(s); err != nil {
+		t.Fatal(err)
+	}
+	s.CRC32C = "00000000"
+	if _, err := r.shardData(s); err == nil || !strings.Contains(err.Error(), "CRC-32C") {
+		t.Fatalf("second record with another CRC: %v", err)
+	}
+}
