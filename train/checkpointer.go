@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"os"
 	"path/filepath"
 	"time"
@@ -13,6 +14,7 @@ import (
 	"github.com/gotron/gotron/ckpt/megatron"
 	"github.com/gotron/gotron/ckpt/safetensors"
 	"github.com/gotron/gotron/comm"
+	"github.com/gotron/gotron/internal/checked"
 	"github.com/gotron/gotron/model/gpt"
 	"github.com/gotron/gotron/optim"
 	"github.com/gotron/gotron/parallel"
@@ -88,7 +90,10 @@ func (ck *checkpointer) save(root string, async bool) error {
 	it := int(ck.Iteration)
 	ck.rawf("[%s] saving checkpoint at iteration %7d to %s in %s format", ck.timestamp(), it, root, ckpt.FormatName)
 	if isWriter(ck.par) {
-		err = ckpt.BeginSharded(root, it)
+		err = checkTrackerForward(root, ck.Iteration)
+		if err == nil {
+			err = ckpt.BeginSharded(root, it)
+		}
 	}
 	if err = ck.agreeSave(err, "prepare"); err != nil {
 		return err
@@ -379,7 +384,12 @@ func (ck *checkpointer) load(root string) error {
 	defer r.Close()
 	ck.rawf(" loading distributed checkpoint from %s at iteration %d", root, r.Meta.Iteration)
 	if err := checkCheckpointArgs(root, ck.cfg.Model, r.Meta.Args); err != nil {
-		return err
+		if !ck.cfg.Finetune {
+			return err
+		}
+		// Megatron's load_checkpoint skips check_checkpoint_args under
+		// --finetune; the shapes are still checked below.
+		ck.printf("WARNING: --finetune loads the weights anyway: %v", err)
 	}
 	weightsOnly := !r.Has(ckpt.GroupOptimizer) && len(r.Meta.Scheduler) == 0
 	loadOptim := !ck.cfg.Finetune && !weightsOnly && !ck.cfg.NoLoadOptim
@@ -423,6 +433,9 @@ func (ck *checkpointer) load(root string) error {
 	}
 	if err := json.Unmarshal(r.Meta.Scheduler, &sched); err != nil {
 		return fmt.Errorf("train: --load %s: scheduler state: %w", root, err)
+	}
+	if err := checkResumePosition(root, r.Meta, ra, ck.cfg, ck.trainIters); err != nil {
+		return err
 	}
 	ck.Iteration, ck.Consumed, ck.ConsumedValid = int64(r.Meta.Iteration), r.Meta.ConsumedTrainSamples, r.Meta.ConsumedValidSamples
 	ck.Skipped, ck.NaNIterations, ck.FLOPsSoFar = r.Meta.SkippedTrainSamples, ra.NaNIterations, r.Meta.FloatingPointOperationsSoFar
@@ -509,4 +522,65 @@ func checkSaveDir(dir string) error {
 	name := f.Name()
 	f.Close()
 	return os.Remove(name)
+}
+
+// checkTrackerForward refuses to save iteration it (or later) into dir when
+// dir's tracker names a later iteration: the save would replace that job's
+// checkpoints of the same iterations and move the tracker backwards, so
+// that a later --load resumes from the wrong run. A run that resumed from
+// dir starts at its tracker's iteration and never meets this; a run that
+// starts over (from scratch, --finetune, another --load) needs a directory
+// of its own, as it would with Megatron's --save.
+func checkTrackerForward(dir string, it int64) error {
+	latest, err := ckpt.Latest(dir)
+	switch {
+	case errors.Is(err, ckpt.ErrNoCheckpoint):
+		return nil
+	case err != nil:
+		return fmt.Errorf("train: --save %s: %w", dir, err)
+	case int64(latest) > it:
+		return fmt.Errorf("train: --save %s holds checkpoints up to iteration %d (%s) and this run is at iteration %d: "+
+			"its saves would replace them and move %s backwards; resume from it with --load %s, or choose another --save directory",
+			dir, latest, ckpt.TrackerFile, it, ckpt.TrackerFile, dir)
+	}
+	return nil
+}
+
+// checkResumePosition checks the counters a checkpoint resumes from before
+// the run does arithmetic with them: none negative, and the consumed
+// samples no more than this run trains in all (--train-samples, or
+// --train-iters global batches at the largest batch size): more means the
+// file is corrupt or belongs to a longer run.
+func checkResumePosition(root string, m ckpt.Meta, ra RunArgs, cfg *Config, trainIters int64) error {
+	where := fmt.Sprintf("train: --load %s: %s", root, ckpt.MetaFile)
+	total, why := cfg.TrainSamples, fmt.Sprintf("this run trains --train-samples %d; a checkpoint past that belongs to a longer run", cfg.TrainSamples)
+	if total <= 0 {
+		batch := cfg.GlobalBatchSize
+		if cfg.StepBatchSizeSchedule != "" {
+			steps, err := optim.ParseBatchSchedule(cfg.StepBatchSizeSchedule, cfg.SeqLength)
+			if err != nil {
+				return err
+			}
+			for _, s := range steps {
+				batch = max(batch, s.Size)
+			}
+		}
+		var ok bool
+		if total, ok = checked.Mul(trainIters, int64(max(batch, cfg.MicroBatchSize))); !ok {
+			total = math.MaxInt64
+		}
+		why = fmt.Sprintf("this run trains %d iterations of at most %d samples; a checkpoint past that belongs to a longer run", trainIters, max(batch, cfg.MicroBatchSize))
+	}
+	errs := []error{
+		checked.NonNegative(where+": iteration", int64(m.Iteration)),
+		checked.RangeWhy(where+": consumed_train_samples", m.ConsumedTrainSamples, 0, total, why),
+		checked.RangeWhy(where+": skipped_train_samples", m.SkippedTrainSamples, 0, max(m.ConsumedTrainSamples, 0), "at most the consumed samples"),
+		checked.NonNegative(where+": consumed_valid_samples", m.ConsumedValidSamples),
+		checked.NonNegative(where+": args.optimizer_steps", ra.OptimizerSteps),
+		checked.NonNegative(where+": args.nan_iterations", ra.NaNIterations),
+	}
+	if f := m.FloatingPointOperationsSoFar; f < 0 || math.IsNaN(f) || math.IsInf(f, 0) {
+		errs = append(errs, fmt.Errorf("%s: num_floating_point_operations_so_far: %v, want a finite number >= 0", where, f))
+	}
+	return errors.Join(errs...)
 }

@@ -5,8 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"os"
+	"strings"
 	"time"
 
+	"github.com/gotron/gotron/ckpt"
 	datagpt "github.com/gotron/gotron/data/gpt"
 	"github.com/gotron/gotron/model/gpt"
 	"github.com/gotron/gotron/tensor"
@@ -31,6 +34,7 @@ type Trainer struct {
 	checkpointer *checkpointer
 	reporter     *reporter
 	valid, test  datagpt.Source // evaluated every --eval-interval and at the end; the test split at the end only (SetTest)
+	saveLock     *ckpt.DirLock  // --save's lock, held by world rank 0 from New until Run returns (or Close)
 }
 
 // Result summarises a run for callers and tests.
@@ -57,7 +61,11 @@ type Result struct {
 
 // New builds the model (or loads it with cfg.Load), the optimizer, the
 // schedule and the data position.
-func New(cfg Config, train, valid datagpt.Source) (*Trainer, error) {
+//
+// With --save, world rank 0 takes the directory's lock (ckpt.LockDir: one
+// job per checkpoint directory) here and releases it when Run returns;
+// a Trainer that is never run must be closed.
+func New(cfg Config, train, valid datagpt.Source) (_ *Trainer, err error) {
 	launched := cfg.Parallel != nil // else one process: validate gives it the groups of a world of one
 	if err := cfg.validate(); err != nil {
 		return nil, err
@@ -65,13 +73,21 @@ func New(cfg Config, train, valid datagpt.Source) (*Trainer, error) {
 	if train == nil {
 		return nil, errors.New("train: no training data (set --data-path or --mock-data)")
 	}
+	t := &Trainer{cfg: cfg, valid: valid}
+	t.reporter = &reporter{position: &t.position, cfg: &t.cfg, par: cfg.Parallel}
 	if cfg.Save != "" && isWriter(cfg.Parallel) {
 		if err := checkSaveDir(cfg.Save); err != nil {
 			return nil, err
 		}
+		if t.saveLock, err = ckpt.LockDir(cfg.Save, strings.Join(os.Args, " "), t.reporter.printf); err != nil {
+			return nil, fmt.Errorf("train: --save: %w", err)
+		}
+		defer func() {
+			if err != nil {
+				t.Close()
+			}
+		}()
 	}
-	t := &Trainer{cfg: cfg, valid: valid}
-	t.reporter = &reporter{position: &t.position, cfg: &t.cfg, par: cfg.Parallel}
 	s, err := newStepper(&t.cfg, &t.position, train, launched, t.reporter.printf)
 	if err != nil {
 		return nil, err
@@ -82,6 +98,11 @@ func New(cfg Config, train, valid datagpt.Source) (*Trainer, error) {
 	s.waitSnapshot = t.checkpointer.waitSnapshot
 	if cfg.Load != "" {
 		if err := t.checkpointer.load(cfg.Load); err != nil {
+			return nil, err
+		}
+	}
+	if cfg.Save != "" && isWriter(cfg.Parallel) {
+		if err := checkTrackerForward(cfg.Save, t.Iteration); err != nil {
 			return nil, err
 		}
 	}
@@ -96,13 +117,30 @@ func New(cfg Config, train, valid datagpt.Source) (*Trainer, error) {
 	return t, nil
 }
 
+// Close releases what New took and Run did not release: the --save
+// directory's lock. Run closes the Trainer when it returns; Close may be
+// called more than once.
+func (t *Trainer) Close() error {
+	err := t.saveLock.Release()
+	t.saveLock = nil
+	if err != nil {
+		return fmt.Errorf("train: --save: %w", err)
+	}
+	return nil
+}
+
 // TrainIters is the number of iterations the run ends at.
 func (t *Trainer) TrainIters() int64 { return t.trainIters }
 
 // Run trains until the last iteration, an exit condition, or ctx is done (a
 // signal): then it finishes the iteration in flight, saves (with --save) and
 // returns with Result.Interrupted set and a nil error.
-func (t *Trainer) Run(ctx context.Context) (Result, error) {
+func (t *Trainer) Run(ctx context.Context) (_ Result, err error) {
+	defer func() {
+		if cerr := t.Close(); err == nil {
+			err = cerr
+		}
+	}()
 	res := Result{ValidLoss: math.NaN(), TestLoss: math.NaN(), LoggedLoss: math.NaN()}
 	t.stepper.cctx = context.WithoutCancel(ctx)
 	t.stepper.startTime = t.cfg.Now()

@@ -42,6 +42,7 @@ func Reshard(ctx context.Context, src, dst string, l ReshardLayout) (int, error)
 	var ra RunArgs
 	err = json.Unmarshal(r.Meta.Args, &ra)
 	it, hasOptim, hasSched := r.Meta.Iteration, r.Has(ckpt.GroupOptimizer), len(r.Meta.Scheduler) > 0
+	consumed := r.Meta.ConsumedTrainSamples
 	r.Close()
 	if err != nil {
 		return 0, fmt.Errorf("train: reshard %s: args: %w", src, err)
@@ -50,7 +51,7 @@ func Reshard(ctx context.Context, src, dst string, l ReshardLayout) (int, error)
 	sf := optim.DefaultSchedulerFlags()
 	sf.LR, sf.UseCheckpointOptParamScheduler = 1, true // the checkpoint's schedule
 	cfg := Config{Model: ra.Model, SeqLength: ra.SeqLength, MicroBatchSize: 1, GlobalBatchSize: l.DP * l.PP,
-		TrainIters: max(int64(it), 1), Schedule: sf, Load: src, Args: ra.CLI, FP16: ra.LossScaler != nil,
+		TrainSamples: max(consumed, 1), Schedule: sf, Load: src, Args: ra.CLI, FP16: ra.LossScaler != nil,
 		NoLoadOptim: !hasOptim, NoSaveOptim: !hasOptim, EvalIters: 0}
 	if ra.OptimizerKind == "sgd" {
 		cfg.Optimizer = SGD

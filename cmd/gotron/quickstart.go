@@ -117,6 +117,7 @@ func runQuickstart(ctx context.Context, env *cli, dir string, plan quickstartPla
 		}
 		return err
 	}
+	defer tr.Close() // the --save lock, if Run is not reached
 	if latest > 0 {
 		fmt.Fprintf(env.stdout, "gotron quickstart: resuming from iteration %d of %d in %s\n", latest, plan.Iters, save)
 	}

@@ -398,6 +398,7 @@ func cmdTrain(ctx context.Context, env *cli, args []string) error {
 	if err != nil {
 		return err
 	}
+	defer tr.Close() // the --save lock, if Run is not reached
 	tr.SetTest(src.test)
 	if groups == nil || groups.DP.Rank() == 0 {
 		tp, pp := 0, 0
