@@ -3,12 +3,14 @@ package hf
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"math"
 	"reflect"
 	"sort"
 	"strconv"
 
+	"github.com/gotron/gotron/internal/checked"
 	"github.com/gotron/gotron/model/gpt"
 	"github.com/gotron/gotron/tokenizer"
 )
@@ -70,24 +72,89 @@ func boolOr(p *bool, def bool) bool {
 	return *p
 }
 
-// archOf names the table for a config.json: by model_type, else by the first
-// architecture.
+// supportedArchs is what archOf accepts, for its errors.
+const supportedArchs = "gpt2 (GPT2LMHeadModel), llama (LlamaForCausalLM) or mistral (MistralForCausalLM)"
+
+// archOf names the table for a config.json: by model_type, which
+// transformers itself dispatches on, else (no model_type) by the first
+// architecture. A model_type gotron does not know is refused even when
+// architectures names a known class: the weights would be read by the
+// wrong table, or another model's as this one's.
 func archOf(c *hfConfig) (string, error) {
-	switch c.ModelType {
-	case "gpt2":
-		return ArchGPT2, nil
-	case "llama", "mistral":
-		return ArchLlama, nil
-	}
+	byClass := ""
 	for _, a := range c.Architectures {
 		switch a {
 		case "GPT2LMHeadModel":
-			return ArchGPT2, nil
+			byClass = ArchGPT2
 		case "LlamaForCausalLM", "MistralForCausalLM":
-			return ArchLlama, nil
+			byClass = ArchLlama
+		default:
+			continue
+		}
+		break
+	}
+	var arch string
+	switch c.ModelType {
+	case "gpt2":
+		arch = ArchGPT2
+	case "llama", "mistral":
+		arch = ArchLlama
+	case "":
+		if byClass == "" {
+			return "", fmt.Errorf("model_type absent, architectures %q: want %s", c.Architectures, supportedArchs)
+		}
+		return byClass, nil
+	default:
+		return "", fmt.Errorf("model_type %q is not supported: want %s", c.ModelType, supportedArchs)
+	}
+	if byClass != "" && byClass != arch {
+		return "", fmt.Errorf("model_type %q contradicts architectures %q", c.ModelType, c.Architectures)
+	}
+	return arch, nil
+}
+
+// maxDim bounds config.json's sizes and counts, so that the arithmetic
+// done with them (4 × n_embd, heads × head_dim, ...) cannot overflow.
+const maxDim = math.MaxInt32
+
+// checkFields validates the numeric fields config.json sets: a size or
+// count of zero or less, or a base or epsilon that is not a positive
+// finite number, would otherwise be taken for "unset" (gotron's defaults)
+// or fail later without naming the field.
+func checkFields(c *hfConfig) error {
+	var errs []error
+	for _, f := range []struct {
+		name string
+		v    *int
+	}{
+		{"vocab_size", c.VocabSize}, {"n_embd", c.NEmbd}, {"n_layer", c.NLayer}, {"n_head", c.NHead}, {"n_inner", c.NInner},
+		{"n_positions", c.NPositions}, {"hidden_size", c.HiddenSize}, {"intermediate_size", c.IntermediateSize},
+		{"num_hidden_layers", c.NumHiddenLayers}, {"num_attention_heads", c.NumAttentionHeads},
+		{"num_key_value_heads", c.NumKeyValueHeads}, {"head_dim", c.HeadDim}, {"max_position_embeddings", c.MaxPositionEmbeddings},
+		{"sliding_window", c.SlidingWindow},
+	} {
+		if f.v != nil {
+			if err := checked.Range(f.name, int64(*f.v), 1, maxDim); err != nil {
+				errs = append(errs, err)
+			}
 		}
 	}
-	return "", fmt.Errorf("model_type %q, architectures %q: want gpt2 (GPT2LMHeadModel), llama (LlamaForCausalLM) or mistral (MistralForCausalLM)", c.ModelType, c.Architectures)
+	for _, f := range []struct {
+		name    string
+		v       *float64
+		float32 bool // stored as float32: must stay positive there
+	}{
+		{"rope_theta", c.RopeTheta, false}, {"layer_norm_epsilon", c.LayerNormEpsilon, true}, {"rms_norm_eps", c.RMSNormEps, true},
+	} {
+		if f.v == nil {
+			continue
+		}
+		v := *f.v
+		if !(v > 0) || math.IsInf(v, 0) || (f.float32 && !(float32(v) > 0)) {
+			errs = append(errs, fmt.Errorf("%s: %v: want a positive finite number%s", f.name, v, map[bool]string{true: " (as float32)", false: ""}[f.float32]))
+		}
+	}
+	return errors.Join(errs...)
 }
 
 // gpt2Activation maps an HF activation_function to gotron's Activation
@@ -112,6 +179,9 @@ func parseConfig(raw []byte, divisibleBy int) (arch string, cfg gpt.Config, voca
 		return "", gpt.Config{}, 0, nil, err
 	}
 	if arch, err = archOf(&c); err != nil {
+		return "", gpt.Config{}, 0, nil, err
+	}
+	if err := checkFields(&c); err != nil {
 		return "", gpt.Config{}, 0, nil, err
 	}
 	switch arch {

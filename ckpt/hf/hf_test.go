@@ -332,6 +332,17 @@ func TestImportErrors(t *testing.T) {
 			editConfig(`"model_type": "gpt2"`, `"model_type": "bert"`)(t, dir)
 			editConfig(`"GPT2LMHeadModel"`, `"BertModel"`)(t, dir)
 		}, "model_type"},
+		// model_type wins over architectures: a BERT config beside GPT-2
+		// tensors is not imported as GPT-2.
+		{"model type bert, gpt2 tensors", "gpt2_tied_f32", editConfig(`"model_type": "gpt2"`, `"model_type": "bert"`),
+			`config.json: model_type "bert" is not supported: want gpt2 (GPT2LMHeadModel), llama`},
+		{"model type contradicts class", "gpt2_tied_f32", editConfig(`"model_type": "gpt2"`, `"model_type": "llama"`), `model_type "llama" contradicts architectures`},
+		{"rope theta 0", "llama_gqa_untied_f32", editConfig(`"rope_theta": 10000.0`, `"rope_theta": 0`), "config.json: rope_theta: 0: want a positive finite number"},
+		{"rope theta negative", "llama_gqa_untied_f32", editConfig(`"rope_theta": 10000.0`, `"rope_theta": -5`), "rope_theta: -5"},
+		{"rms eps 0 in float32", "llama_gqa_untied_f32", editConfig(`"rms_norm_eps": 1e-06`, `"rms_norm_eps": 1e-50`), "rms_norm_eps: 1e-50: want a positive finite number (as float32)"},
+		{"zero layers", "llama_gqa_untied_f32", editConfig(`"num_hidden_layers": 2`, `"num_hidden_layers": 0`), "num_hidden_layers: 0 is out of range: must be between 1 and"},
+		{"huge hidden", "gpt2_tied_f32", editConfig(`"n_layer": 2`, `"n_layer": 2, "n_embd": 4611686018427387904`), "n_embd: 4611686018427387904 is out of range"},
+		{"negative vocab", "gpt2_tied_f32", editConfig(`"vocab_size": 260`, `"vocab_size": -3`), "vocab_size: -3"},
 		{"bad json", "gpt2_tied_f32", editConfig(`{`, `[`), "config.json"},
 		{"layers", "gpt2_tied_f32", editConfig(`"n_layer": 2`, `"n_layer": 3`), "missing tensor transformer.h.2."},
 		{"shape", "gpt2_tied_f32", editConfig(`"n_inner": null`, `"n_inner": 64`), "mlp.c_fc.weight has shape [32 128], config.json implies [32 64]"},
