@@ -38,7 +38,7 @@ func TestOneJobPerSaveDir(t *testing.T) {
 	trainArgs := func(iters string) []string {
 		return []string{"train", "--num-layers", "1", "--hidden-size", "32", "--num-attention-heads", "2", "--seq-length", "16",
 			"--micro-batch-size", "1", "--global-batch-size", "1", "--lr", "1e-3", "--mock-data", "--vocab-size", "128",
-			"--train-iters", iters, "--lr-decay-iters", "1000", "--save", dir, "--save-interval", "1000000", "--eval-interval", "0", "--log-interval", "1000", "--no-progress"}
+			"--train-iters", iters, "--lr-decay-iters", "1000", "--save", dir, "--save-interval", "1000000", "--eval-iters", "0", "--log-interval", "1000", "--no-progress"}
 	}
 	// start starts a long job and returns once it holds the lock, with a
 	// channel that yields its exit.
