@@ -1,0 +1,571 @@
+package cpu
+
+import (
+	"fmt"
+	"math"
+	"sort"
+)
+
+// The Mixture-of-Experts router of Megatron core (TopKRouter, moe_utils.py):
+// top-k selection under a score function, group-limited top-k, the expert
+// bias of aux-loss-free balancing, capacity dropping, and the load-balancing
+// and z losses with their gradients. The arrays are small (tokens × experts)
+// and the arithmetic runs in float64 (results rounded to float32 once), so
+// the float32 of Megatron's fp32 router and the float64 of its fp64 router
+// both compare to this within their own rounding.
+//
+// Token order: rows are gotron's (batch b, position s) order, row b·S+s;
+// Megatron routes [S, B] sequence-major, token s·B+b. The order matters only
+// where Megatron breaks ties by token index (the "position" drop policy, and
+// equal probabilities under "probs"): Route ranks ties by Megatron's index,
+// lowest first, as torch.topk does on the GPU (the CPU keeps the highest;
+// Megatron's own tests and docs assume the GPU rule).
+
+// ScoreFunction is --moe-router-score-function.
+type ScoreFunction int
+
+// The score functions.
+const (
+	ScoreSoftmax ScoreFunction = iota
+	ScoreSigmoid
+	ScoreSqrtSoftplus
+)
+
+// LoadBalancing is one --moe-router-load-balancing-type with its coefficient.
+type LoadBalancing struct {
+	Seq, Global bool    // seq_aux_loss, global_aux_loss; neither: aux_loss
+	Coeff       float64 // --moe-aux-loss-coeff
+}
+
+// RouterConfig is one TopKRouter.
+type RouterConfig struct {
+	Experts, TopK int
+	Score         ScoreFunction
+	PreSoftmax    bool    // --moe-router-pre-softmax (softmax only)
+	NumGroups     int     // --moe-router-num-groups (0: no group limit)
+	GroupTopK     int     // --moe-router-group-topk
+	ScalingFactor float64 // --moe-router-topk-scaling-factor (0: none)
+	// ExpertBias (E), nil without --moe-router-enable-expert-bias: added to
+	// the scores for the selection only.
+	ExpertBias []float32
+	// CapacityFactor > 0 drops tokens beyond each expert's capacity
+	// ceil(T·k/E·cf) by DropByPosition (else by probability); PadToCapacity
+	// fills every expert to exactly its capacity.
+	CapacityFactor float64
+	DropByPosition bool
+	PadToCapacity  bool
+	// Losses: the load-balancing types with their coefficients, and the
+	// z-loss coefficient (0: none). Computed only when Losses is true
+	// (training with gradients, as Megatron).
+	Losses        bool
+	Balancing     []LoadBalancing
+	ZLossCoeff    float64
+	Batch, SeqLen int // B sequences of S tokens: the rows are B·S
+}
+
+// RouteResult is the routing of one micro-batch.
+type RouteResult struct {
+	Probs []float32 // (T, E), zero outside the routed experts
+	Map   []bool    // (T, E) routing map after dropping
+	// Aux holds each Balancing entry's loss (coefficient included) and Z the
+	// z-loss (coefficient included), for logging and the backward.
+	Aux []float64
+	Z   float64
+	// TokensPerExpert counts Map's columns (the expert-bias counts).
+	TokensPerExpert []float64
+	// saved for the backward
+	logits    []float64
+	sel       [][]int // per token, the selected experts (before dropping)
+	auxScores []float64
+	auxCoef   [][]float64 // per Balancing entry, dL/dscore (T, E)
+}
+
+// Capacity is Megatron's get_capacity: ceil(tokens/experts·factor).
+func Capacity(tokens, experts int, factor float64) int {
+	return int(math.Ceil(float64(tokens) / float64(experts) * factor))
+}
+
+// megatronIndex is row's token index in Megatron's [S, B] order.
+func (c *RouterConfig) megatronIndex(row int) int {
+	if c.SeqLen <= 0 || c.Batch <= 0 {
+		return row
+	}
+	b, s := row/c.SeqLen, row%c.SeqLen
+	return s*c.Batch + b
+}
+
+// topK returns the indices of the k largest of v (ties: lowest index
+// first), in descending order.
+func topK(v []float64, k int) []int {
+	idx := make([]int, len(v))
+	for i := range idx {
+		idx[i] = i
+	}
+	sort.SliceStable(idx, func(a, b int) bool { return v[idx[a]] > v[idx[b]] })
+	return idx[:k]
+}
+
+// selectExperts is _compute_topk: plain or group-limited top-k of scores.
+func (c *RouterConfig) selectExperts(scores []float64) []int {
+	if c.GroupTopK <= 0 {
+		return topK(scores, c.TopK)
+	}
+	g, per := c.NumGroups, c.Experts/c.NumGroups
+	gs := make([]float64, g)
+	for j := range g {
+		for _, i := range topK(scores[j*per:(j+1)*per], c.TopK/c.GroupTopK) {
+			gs[j] += scores[j*per+i]
+		}
+	}
+	masked := make([]float64, len(scores))
+	for i := range masked {
+		masked[i] = math.Inf(-1)
+	}
+	for _, j := range topK(gs, c.GroupTopK) {
+		copy(masked[j*per:(j+1)*per], scores[j*per:(j+1)*per])
+	}
+	return topK(masked, c.TopK)
+}
+
+func softmax64(dst, x []float64) {
+	m := math.Inf(-1)
+	for _, v := range x {
+		m = math.Max(m, v)
+	}
+	var s float64
+	for i, v := range x {
+		dst[i] = math.Exp(v - m)
+		s += dst[i]
+	}
+	for i := range dst {
+		dst[i] /= s
+	}
+}
+
+func score64(f ScoreFunction, x float64) float64 {
+	if f == ScoreSigmoid {
+		return 1 / (1 + math.Exp(-x))
+	}
+	return math.Sqrt(softplus64(x))
+}
+
+// softplus64 is torch's softplus (beta 1, threshold 20).
+func softplus64(x float64) float64 {
+	if x > 20 {
+		return x
+	}
+	return math.Log1p(math.Exp(x))
+}
+
+// dscore64 is d score/dx.
+func dscore64(f ScoreFunction, x float64) float64 {
+	sg := 1 / (1 + math.Exp(-x))
+	if f == ScoreSigmoid {
+		return sg * (1 - sg)
+	}
+	if x > 20 {
+		return 1 / (2 * math.Sqrt(x))
+	}
+	return sg / (2 * math.Sqrt(softplus64(x)))
+}
+
+// Validate checks the settings Route relies on.
+func (c *RouterConfig) Validate() error {
+	switch {
+	case c.Experts <= 0:
+		return fmt.Errorf("num experts %d: want > 0", c.Experts)
+	case c.TopK <= 0 || c.TopK > c.Experts:
+		return fmt.Errorf("top-k %d: want 1..%d (the number of experts)", c.TopK, c.Experts)
+	case c.GroupTopK > 0 && (c.NumGroups <= 0 || c.Experts%c.NumGroups != 0 || c.GroupTopK > c.NumGroups || c.TopK%c.GroupTopK != 0 || c.TopK/c.GroupTopK > c.Experts/c.NumGroups):
+		return fmt.Errorf("group-limited top-k: %d groups of %d experts, %d groups chosen, top-%d: want groups dividing the experts, group top-k <= groups, dividing top-k", c.NumGroups, c.Experts, c.GroupTopK, c.TopK)
+	case c.ExpertBias != nil && (len(c.ExpertBias) != c.Experts || c.Score == ScoreSoftmax):
+		return fmt.Errorf("expert bias of %d entries with score function %d: want %d entries and sigmoid or sqrtsoftplus", len(c.ExpertBias), c.Score, c.Experts)
+	}
+	return nil
+}
+
+// Route is TopKRouter.routing on logits (T, E): the probabilities and map
+// after dropping, each loss's value, and what RouteBackward needs.
+func Route(c *RouterConfig, logits []float32) *RouteResult {
+	E, k := c.Experts, c.TopK
+	T := len(logits) / E
+	r := &RouteResult{Probs: make([]float32, T*E), Map: make([]bool, T*E), logits: make([]float64, T*E), sel: make([][]int, T)}
+	for i, v := range logits {
+		r.logits[i] = float64(v)
+	}
+	probs := make([]float64, T*E)
+	scores := make([]float64, E)
+	for t := range T {
+		l := r.logits[t*E : (t+1)*E]
+		var sel []int
+		var p []float64
+		switch {
+		case c.Score == ScoreSoftmax && c.PreSoftmax:
+			softmax64(scores, l)
+			sel = c.selectExperts(scores)
+			p = make([]float64, k)
+			for j, e := range sel {
+				p[j] = scores[e]
+			}
+		case c.Score == ScoreSoftmax:
+			sel = c.selectExperts(l)
+			sl := make([]float64, k)
+			for j, e := range sel {
+				sl[j] = l[e]
+			}
+			p = make([]float64, k)
+			softmax64(p, sl)
+		default:
+			for e := range E {
+				scores[e] = score64(c.Score, l[e])
+			}
+			routing := scores
+			if c.ExpertBias != nil {
+				routing = make([]float64, E)
+				for e := range E {
+					routing[e] = scores[e] + float64(c.ExpertBias[e])
+				}
+			}
+			sel = c.selectExperts(routing)
+			p = make([]float64, k)
+			var s float64
+			for j, e := range sel {
+				p[j] = scores[e]
+				s += p[j]
+			}
+			if k > 1 {
+				for j := range p {
+					p[j] /= s + 1e-20
+				}
+			}
+		}
+		if c.ScalingFactor != 0 {
+			for j := range p {
+				p[j] *= c.ScalingFactor
+			}
+		}
+		r.sel[t] = sel
+		for j, e := range sel {
+			probs[t*E+e] = p[j]
+			r.Map[t*E+e] = true
+		}
+	}
+	if c.CapacityFactor > 0 {
+		c.drop(T, probs, r.Map)
+	}
+	r.TokensPerExpert = make([]float64, E)
+	for i, on := range r.Map {
+		if on {
+			r.TokensPerExpert[i%E]++
+		} else {
+			probs[i] = 0
+		}
+		r.Probs[i] = float32(probs[i])
+	}
+	if c.Losses {
+		c.losses(T, r)
+	}
+	return r
+}
+
+// drop is apply_router_token_dropping: per expert, keep the capacity's
+// highest probabilities (or the earliest routed tokens), ties by Megatron's
+// token index; with PadToCapacity the kept set is the map.
+func (c *RouterConfig) drop(T int, probs []float64, m []bool) {
+	E := c.Experts
+	capa := Capacity(T*c.TopK, E, c.CapacityFactor)
+	if capa > T {
+		return
+	}
+	order := make([]int, T)
+	keep := make([]bool, T)
+	for e := range E {
+		for i := range order {
+			order[i] = i
+		}
+		val := func(t int) float64 {
+			if c.DropByPosition {
+				if m[t*E+e] {
+					return 1
+				}
+				return 0
+			}
+			return probs[t*E+e]
+		}
+		sort.Slice(order, func(a, b int) bool {
+			va, vb := val(order[a]), val(order[b])
+			if va != vb {
+				return va > vb
+			}
+			return c.megatronIndex(order[a]) < c.megatronIndex(order[b])
+		})
+		clear(keep)
+		for _, t := range order[:capa] {
+			keep[t] = true
+		}
+		for t := range T {
+			if c.PadToCapacity {
+				m[t*E+e] = keep[t]
+			} else {
+				m[t*E+e] = m[t*E+e] && keep[t]
+			}
+		}
+	}
+}
+
+// losses computes the load-balancing losses on the all-expert scores
+// (compute_routing_scores_for_aux_loss: no bias, no group limit, no
+// dropping) and the z-loss, for one rank whose reduction groups are itself.
+func (c *RouterConfig) losses(T int, r *RouteResult) {
+	E, k := c.Experts, c.TopK
+	sc := make([]float64, T*E)
+	amap := make([]bool, T*E)
+	for t := range T {
+		row := sc[t*E : (t+1)*E]
+		l := r.logits[t*E : (t+1)*E]
+		if c.Score == ScoreSoftmax {
+			softmax64(row, l)
+		} else {
+			var s float64
+			for e := range E {
+				row[e] = score64(c.Score, l[e])
+				s += row[e]
+			}
+			for e := range E {
+				row[e] /= s + 1e-20
+			}
+		}
+		for _, e := range topK(row, k) {
+			amap[t*E+e] = true
+		}
+	}
+	r.auxScores = sc
+	r.Aux = make([]float64, len(c.Balancing))
+	r.auxCoef = make([][]float64, len(c.Balancing))
+	for i, lb := range c.Balancing {
+		coef := make([]float64, T*E)
+		switch {
+		case lb.Seq:
+			B, S := c.Batch, c.SeqLen
+			for b := range B {
+				n := make([]float64, E)
+				for s := range S {
+					for e := range E {
+						if amap[(b*S+s)*E+e] {
+							n[e]++
+						}
+					}
+				}
+				f := float64(E) * lb.Coeff / (float64(k) * float64(S) * float64(S)) / float64(B)
+				for s := range S {
+					for e := range E {
+						coef[(b*S+s)*E+e] = f * n[e]
+					}
+				}
+			}
+		default: // aux_loss; global_aux_loss on one rank and the first micro-batch alike
+			n := make([]float64, E)
+			for j, on := range amap {
+				if on {
+					n[j%E]++
+				}
+			}
+			f := float64(E) * lb.Coeff / (float64(k) * float64(T) * float64(T))
+			for j := range coef {
+				coef[j] = f * n[j%E]
+			}
+		}
+		var loss float64
+		for j, v := range coef {
+			loss += v * sc[j]
+		}
+		r.Aux[i], r.auxCoef[i] = loss, coef
+	}
+	if c.ZLossCoeff != 0 {
+		var z float64
+		for t := range T {
+			lse := logSumExp(r.logits[t*E : (t+1)*E])
+			z += lse * lse
+		}
+		r.Z = z / float64(T) * c.ZLossCoeff
+	}
+}
+
+// SetGlobalCounts replaces the counts of global_aux_loss entry i by the
+// running mean over micro-batches (Megatron's global_tokens_per_expert /
+// ga_steps) with T_tot tokens, recomputing its loss.
+func (r *RouteResult) SetGlobalCounts(c *RouterConfig, i int, mean []float64, tTot float64) {
+	E := c.Experts
+	f := float64(E) * c.Balancing[i].Coeff / (float64(c.TopK) * tTot * tTot)
+	var loss float64
+	for j := range r.auxCoef[i] {
+		r.auxCoef[i][j] = f * mean[j%E]
+		loss += r.auxCoef[i][j] * r.auxScores[j]
+	}
+	r.Aux[i] = loss
+}
+
+// AuxCounts returns the aux-loss map's per-expert counts (the top-k of the
+// all-expert scores), for global_aux_loss's running counts.
+func (r *RouteResult) AuxCounts(c *RouterConfig) []float64 {
+	E := c.Experts
+	T := len(r.auxScores) / E
+	n := make([]float64, E)
+	for t := range T {
+		for _, e := range topK(r.auxScores[t*E:(t+1)*E], c.TopK) {
+			n[e]++
+		}
+	}
+	return n
+}
+
+func logSumExp(x []float64) float64 {
+	m := math.Inf(-1)
+	for _, v := range x {
+		m = math.Max(m, v)
+	}
+	var s float64
+	for _, v := range x {
+		s += math.Exp(v - m)
+	}
+	return m + math.Log(s)
+}
+
+// RouteBackward writes dlogits (T, E) for the probabilities' gradient
+// dprobs (T, E), plus auxScale times the gradients of the losses (Megatron's
+// MoEAuxLossAutoScaler: each attached loss's gradient is the class-wide
+// scale).
+func RouteBackward(c *RouterConfig, r *RouteResult, dprobs []float32, auxScale float64, dlogits []float32) {
+	E, k := c.Experts, c.TopK
+	T := len(r.logits) / E
+	sf := c.ScalingFactor
+	if sf == 0 {
+		sf = 1
+	}
+	d := make([]float64, E)
+	tmp := make([]float64, E)
+	for t := range T {
+		l := r.logits[t*E : (t+1)*E]
+		clear(d)
+		sel := r.sel[t]
+		dp := make([]float64, k) // gradient of the selected (scaled) probs
+		for j, e := range sel {
+			if r.Map[t*E+e] { // dropped entries were zeroed
+				dp[j] = float64(dprobs[t*E+e]) * sf
+			}
+		}
+		switch {
+		case c.Score == ScoreSoftmax && c.PreSoftmax:
+			softmax64(tmp, l)
+			full := make([]float64, E)
+			for j, e := range sel {
+				full[e] = dp[j]
+			}
+			softmaxBack(d, tmp, full)
+		case c.Score == ScoreSoftmax:
+			sl := make([]float64, k)
+			for j, e := range sel {
+				sl[j] = l[e]
+			}
+			p := make([]float64, k)
+			softmax64(p, sl)
+			dl := make([]float64, k)
+			softmaxBack(dl, p, dp)
+			for j, e := range sel {
+				d[e] += dl[j]
+			}
+		default:
+			s := make([]float64, k)
+			var sum float64
+			for j, e := range sel {
+				s[j] = score64(c.Score, l[e])
+				sum += s[j]
+			}
+			ds := make([]float64, k)
+			if k > 1 {
+				den := sum + 1e-20
+				var dot float64
+				for j := range s {
+					dot += dp[j] * s[j]
+				}
+				for j := range s {
+					ds[j] = dp[j]/den - dot/(den*den)
+				}
+			} else {
+				copy(ds, dp)
+			}
+			for j, e := range sel {
+				d[e] += ds[j] * dscore64(c.Score, l[e])
+			}
+		}
+		if c.Losses && auxScale != 0 {
+			dsc := make([]float64, E)
+			for i := range r.auxCoef {
+				for e := range E {
+					dsc[e] += auxScale * r.auxCoef[i][t*E+e]
+				}
+			}
+			row := r.auxScores[t*E : (t+1)*E]
+			if c.Score == ScoreSoftmax {
+				softmaxBack(tmp, row, dsc)
+				for e := range E {
+					d[e] += tmp[e]
+				}
+			} else {
+				// q = s/(Σs+ε) over all E
+				var sum, dot float64
+				for e := range E {
+					tmp[e] = score64(c.Score, l[e])
+					sum += tmp[e]
+				}
+				den := sum + 1e-20
+				for e := range E {
+					dot += dsc[e] * tmp[e]
+				}
+				for e := range E {
+					d[e] += (dsc[e]/den - dot/(den*den)) * dscore64(c.Score, l[e])
+				}
+			}
+			if c.ZLossCoeff != 0 {
+				lse := logSumExp(l)
+				softmax64(tmp, l)
+				f := auxScale * c.ZLossCoeff * 2 * lse / float64(T)
+				for e := range E {
+					d[e] += f * tmp[e]
+				}
+			}
+		}
+		for e := range E {
+			dlogits[t*E+e] = float32(d[e])
+		}
+	}
+}
+
+// softmaxBack writes dx = p ⊙ (dp − Σ p·dp).
+func softmaxBack(dx, p, dp []float64) {
+	var dot float64
+	for i := range p {
+		dot += p[i] * dp[i]
+	}
+	for i := range p {
+		dx[i] = p[i] * (dp[i] - dot)
+	}
+}
+
+// UpdateExpertBias is get_updated_expert_bias on counts already summed over
+// the TP×DP×CP group: b_i += rate·sign(mean(c) − c_i).
+func UpdateExpertBias(bias []float32, counts []float64, rate float64) {
+	var mean float64
+	for _, c := range counts {
+		mean += c
+	}
+	mean /= float64(len(counts))
+	for i, c := range counts {
+		switch off := mean - c; {
+		case off > 0:
+			bias[i] += float32(rate) // fp32, as the fp32 bias buffer
+		case off < 0:
+			bias[i] -= float32(rate)
+		}
+	}
+}

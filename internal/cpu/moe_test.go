@@ -1,0 +1,264 @@
+package cpu
+
+import (
+	"encoding/json"
+	"math"
+	"math/rand"
+	"os"
+	"testing"
+)
+
+// moeGolden is testdata/moe_router.json, written by tools/golden/moe.py from
+// Megatron-LM's own moe_utils.py functions.
+type moeGolden struct {
+	S, B, E int
+	Logits  []float64
+	DProbs  []float64
+	Routes  []struct {
+		Name, Score         string
+		TopK                int
+		PreSoftmax          bool      `json:"pre_softmax"`
+		NumGroups           int       `json:"num_groups"`
+		GroupTopK           int       `json:"group_topk"`
+		Scaling             float64   `json:"scaling"`
+		ExpertBias          []float32 `json:"expert_bias"`
+		CapacityFactor      float64   `json:"capacity_factor"`
+		DropPolicy          string    `json:"drop_policy"`
+		Pad                 bool
+		Probs, Map, DLogits []float64
+	}
+	Losses []struct {
+		Name, Score, Type    string
+		TopK                 int
+		Coeff, ZCoeff, Scale float64
+		Aux, Z               float64
+		DLogits              []float64
+	}
+	GlobalAux struct {
+		TopK         int
+		Coeff        float64
+		Microbatches []struct {
+			Logits, DLogits []float64
+			Loss            float64
+		}
+	} `json:"global_aux"`
+	ExpertBias struct {
+		Counts  []float64
+		Bias    []float32
+		Rate    float64
+		Updated []float32
+	} `json:"expert_bias"`
+	Capacity [][4]float64
+}
+
+func loadMoEGolden(t *testing.T) *moeGolden {
+	t.Helper()
+	b, err := os.ReadFile("testdata/moe_router.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var g moeGolden
+	if err := json.Unmarshal(b, &g); err != nil {
+		t.Fatal(err)
+	}
+	// field names that differ from Go's case-insensitive match
+	var raw struct {
+		Losses []struct {
+			ZCoeff float64 `json:"z_coeff"`
+		}
+	}
+	if err := json.Unmarshal(b, &raw); err != nil {
+		t.Fatal(err)
+	}
+	for i := range g.Losses {
+		g.Losses[i].ZCoeff = raw.Losses[i].ZCoeff
+	}
+	return &g
+}
+
+func f32s(x []float64) []float32 {
+	out := make([]float32, len(x))
+	for i, v := range x {
+		out[i] = float32(v)
+	}
+	return out
+}
+
+func scoreFn(t *testing.T, s string) ScoreFunction {
+	switch s {
+	case "softmax":
+		return ScoreSoftmax
+	case "sigmoid":
+		return ScoreSigmoid
+	case "sqrtsoftplus":
+		return ScoreSqrtSoftplus
+	}
+	t.Fatalf("score function %q", s)
+	return 0
+}
+
+func closeTo(got, want, tol float64) bool {
+	return math.Abs(got-want) <= tol*math.Max(1, math.Abs(want))
+}
+
+// TestRouteGolden compares the router's probabilities, routing map and
+// logits gradient with Megatron's topk_routing_with_score_function and
+// apply_router_token_dropping on the same logits.
+func TestRouteGolden(t *testing.T) {
+	g := loadMoEGolden(t)
+	logits, dprobs := f32s(g.Logits), f32s(g.DProbs)
+	for _, rc := range g.Routes {
+		c := &RouterConfig{Experts: g.E, TopK: rc.TopK, Score: scoreFn(t, rc.Score), PreSoftmax: rc.PreSoftmax,
+			NumGroups: rc.NumGroups, GroupTopK: rc.GroupTopK, ScalingFactor: rc.Scaling, ExpertBias: rc.ExpertBias,
+			CapacityFactor: rc.CapacityFactor, DropByPosition: rc.DropPolicy == "position", PadToCapacity: rc.Pad,
+			Batch: g.B, SeqLen: g.S}
+		if err := c.Validate(); err != nil {
+			t.Fatalf("%s: %v", rc.Name, err)
+		}
+		r := Route(c, logits)
+		dl := make([]float32, len(logits))
+		RouteBackward(c, r, dprobs, 0, dl)
+		for i := range rc.Probs {
+			if r.Map[i] != (rc.Map[i] != 0) {
+				t.Fatalf("%s: map[%d,%d] = %v, Megatron %v", rc.Name, i/g.E, i%g.E, r.Map[i], rc.Map[i])
+			}
+			if !closeTo(float64(r.Probs[i]), rc.Probs[i], 1e-6) {
+				t.Fatalf("%s: probs[%d,%d] = %g, Megatron %g", rc.Name, i/g.E, i%g.E, r.Probs[i], rc.Probs[i])
+			}
+			if !closeTo(float64(dl[i]), rc.DLogits[i], 1e-5) {
+				t.Fatalf("%s: dlogits[%d,%d] = %g, Megatron %g", rc.Name, i/g.E, i%g.E, dl[i], rc.DLogits[i])
+			}
+		}
+	}
+}
+
+// TestRouterLossesGolden compares aux_loss, seq_aux_loss and the z-loss, and
+// the logits gradient with MoEAuxLossAutoScaler's scale, with Megatron's.
+func TestRouterLossesGolden(t *testing.T) {
+	g := loadMoEGolden(t)
+	logits, dprobs := f32s(g.Logits), f32s(g.DProbs)
+	for _, lc := range g.Losses {
+		c := &RouterConfig{Experts: g.E, TopK: lc.TopK, Score: scoreFn(t, lc.Score), Losses: true,
+			ZLossCoeff: lc.ZCoeff, Batch: g.B, SeqLen: g.S}
+		switch lc.Type {
+		case "aux_loss":
+			c.Balancing = []LoadBalancing{{Coeff: lc.Coeff}}
+		case "seq_aux_loss":
+			c.Balancing = []LoadBalancing{{Seq: true, Coeff: lc.Coeff}}
+		}
+		r := Route(c, logits)
+		var aux float64
+		for _, a := range r.Aux {
+			aux += a
+		}
+		if !closeTo(aux, lc.Aux, 1e-6) || !closeTo(r.Z, lc.Z, 1e-6) {
+			t.Fatalf("%s: aux %.9g z %.9g, Megatron %.9g %.9g", lc.Name, aux, r.Z, lc.Aux, lc.Z)
+		}
+		dl := make([]float32, len(logits))
+		RouteBackward(c, r, dprobs, lc.Scale, dl)
+		for i := range dl {
+			if !closeTo(float64(dl[i]), lc.DLogits[i], 1e-5) {
+				t.Fatalf("%s: dlogits[%d,%d] = %g, Megatron %g", lc.Name, i/g.E, i%g.E, dl[i], lc.DLogits[i])
+			}
+		}
+	}
+}
+
+// TestGlobalAuxLossGolden: global_aux_loss's running mean of the counts over
+// three micro-batches.
+func TestGlobalAuxLossGolden(t *testing.T) {
+	g := loadMoEGolden(t)
+	ga := g.GlobalAux
+	c := &RouterConfig{Experts: g.E, TopK: ga.TopK, Losses: true, Batch: g.B, SeqLen: g.S,
+		Balancing: []LoadBalancing{{Global: true, Coeff: ga.Coeff}}}
+	total := make([]float64, g.E)
+	for i, mb := range ga.Microbatches {
+		r := Route(c, f32s(mb.Logits))
+		mean := make([]float64, g.E)
+		for e, n := range r.AuxCounts(c) {
+			total[e] += n
+			mean[e] = total[e] / float64(i+1)
+		}
+		T := len(mb.Logits) / g.E
+		r.SetGlobalCounts(c, 0, mean, float64(T))
+		if !closeTo(r.Aux[0], mb.Loss, 1e-6) {
+			t.Fatalf("micro-batch %d: global aux loss %.9g, Megatron %.9g", i, r.Aux[0], mb.Loss)
+		}
+		dl := make([]float32, len(mb.Logits))
+		RouteBackward(c, r, make([]float32, len(mb.Logits)), 1, dl)
+		for j := range dl {
+			if !closeTo(float64(dl[j]), mb.DLogits[j], 1e-5) {
+				t.Fatalf("micro-batch %d: dlogits[%d] = %g, Megatron %g", i, j, dl[j], mb.DLogits[j])
+			}
+		}
+	}
+}
+
+func TestExpertBiasAndCapacityGolden(t *testing.T) {
+	g := loadMoEGolden(t)
+	eb := g.ExpertBias
+	b := append([]float32(nil), eb.Bias...)
+	UpdateExpertBias(b, eb.Counts, eb.Rate)
+	for i := range b {
+		if b[i] != eb.Updated[i] {
+			t.Fatalf("expert bias %d: %g, Megatron %g", i, b[i], eb.Updated[i])
+		}
+	}
+	for _, c := range g.Capacity {
+		if got := Capacity(int(c[0]), int(c[1]), c[2]); got != int(c[3]) {
+			t.Errorf("get_capacity(%v, %v, %v) = %d, Megatron %v", c[0], c[1], c[2], got, c[3])
+		}
+	}
+}
+
+// TestRouteBackwardFiniteDifference checks RouteBackward (probabilities and
+// every loss) against central differences of Route in float64 arithmetic.
+func TestRouteBackwardFiniteDifference(t *testing.T) {
+	rng := rand.New(rand.NewSource(3))
+	const E, B, S = 6, 2, 3
+	T := B * S
+	for _, c := range []RouterConfig{
+		{Experts: E, TopK: 2},
+		{Experts: E, TopK: 3, PreSoftmax: true, ScalingFactor: 1.5},
+		{Experts: E, TopK: 2, Score: ScoreSigmoid, ExpertBias: []float32{0.1, 0, -0.1, 0.2, 0, 0}},
+		{Experts: E, TopK: 3, Score: ScoreSqrtSoftplus},
+		{Experts: E, TopK: 1, Score: ScoreSigmoid},
+		{Experts: E, TopK: 2, Losses: true, ZLossCoeff: 0.1, Balancing: []LoadBalancing{{Coeff: 0.3}, {Seq: true, Coeff: 0.2}}},
+		{Experts: E, TopK: 2, Score: ScoreSigmoid, Losses: true, ZLossCoeff: 0.05, Balancing: []LoadBalancing{{Coeff: 0.3}}},
+	} {
+		c.Batch, c.SeqLen = B, S
+		logits := make([]float32, T*E)
+		dp := make([]float32, T*E)
+		for i := range logits {
+			logits[i] = float32(rng.NormFloat64())
+			dp[i] = float32(rng.NormFloat64())
+		}
+		const scale = 0.7
+		obj := func(l []float32) float64 {
+			r := Route(&c, l)
+			var s float64
+			for i, p := range r.Probs {
+				s += float64(p) * float64(dp[i])
+			}
+			for _, a := range r.Aux {
+				s += scale * a
+			}
+			return s + scale*r.Z
+		}
+		r := Route(&c, logits)
+		dl := make([]float32, T*E)
+		RouteBackward(&c, r, dp, scale, dl)
+		for i := range logits {
+			const h = 1e-3
+			lp := append([]float32(nil), logits...)
+			lm := append([]float32(nil), logits...)
+			lp[i] += h
+			lm[i] -= h
+			// the selection is fixed for small steps; float32 inputs limit accuracy
+			fd := (obj(lp) - obj(lm)) / float64(lp[i]-lm[i])
+			if math.Abs(fd-float64(dl[i])) > 2e-3*math.Max(1, math.Abs(fd)) {
+				t.Fatalf("%+v: dlogits[%d] = %g, finite difference %g", c, i, dl[i], fd)
+			}
+		}
+	}
+}
