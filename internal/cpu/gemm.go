@@ -90,11 +90,12 @@ func Sgemm(tA, tB Transpose, m, n, k int, alpha float32, a []float32, lda int, b
 // (stride 0). Small problems are spread over threads by batch item, large
 // ones split each item.
 func SgemmStrided(tA, tB Transpose, m, n, k int, alpha float32, a []float32, lda, strideA int, b []float32, ldb, strideB int, beta float32, c []float32, ldc, strideC int, batch int) {
-	sgemmStrided(false, tA, tB, m, n, k, alpha, a, lda, strideA, b, ldb, strideB, beta, c, ldc, strideC, batch)
+	sgemmStrided(false, Threads(), tA, tB, m, n, k, alpha, a, lda, strideA, b, ldb, strideB, beta, c, ldc, strideC, batch)
 }
 
-// sgemmStrided is SgemmStrided, or SgemmStridedBF16 when bf16 is set.
-func sgemmStrided(bf16 bool, tA, tB Transpose, m, n, k int, alpha float32, a []float32, lda, strideA int, b []float32, ldb, strideB int, beta float32, c []float32, ldc, strideC int, batch int) {
+// sgemmStrided is SgemmStrided, or SgemmStridedBF16 when bf16 is set, over
+// at most threads goroutines.
+func sgemmStrided(bf16 bool, threads int, tA, tB Transpose, m, n, k int, alpha float32, a []float32, lda, strideA int, b []float32, ldb, strideB int, beta float32, c []float32, ldc, strideC int, batch int) {
 	if batch < 0 || strideA < 0 || strideB < 0 || strideC < 0 {
 		panic(fmt.Sprintf("cpu: SgemmStrided: negative batch %d or stride (A %d, B %d, C %d)", batch, strideA, strideB, strideC))
 	}
@@ -127,7 +128,7 @@ func sgemmStrided(bf16 bool, tA, tB Transpose, m, n, k int, alpha float32, a []f
 	} else {
 		j.ks = kernelsFor(ActiveISA())
 	}
-	j.plan(Threads())
+	j.plan(threads)
 	runJob(j)
 	putJob(j)
 }

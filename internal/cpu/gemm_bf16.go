@@ -45,12 +45,12 @@ const (
 // denormal partial results are flushed to zero. Results whose terms are in
 // the normal range agree with the portable path up to summation order.
 func SgemmBF16(tA, tB Transpose, m, n, k int, alpha float32, a []float32, lda int, b []float32, ldb int, beta float32, c []float32, ldc int) {
-	sgemmStrided(true, tA, tB, m, n, k, alpha, a, lda, 0, b, ldb, 0, beta, c, ldc, 0, 1)
+	sgemmStrided(true, Threads(), tA, tB, m, n, k, alpha, a, lda, 0, b, ldb, 0, beta, c, ldc, 0, 1)
 }
 
 // SgemmStridedBF16 is SgemmStrided with bfloat16 inputs, as SgemmBF16.
 func SgemmStridedBF16(tA, tB Transpose, m, n, k int, alpha float32, a []float32, lda, strideA int, b []float32, ldb, strideB int, beta float32, c []float32, ldc, strideC int, batch int) {
-	sgemmStrided(true, tA, tB, m, n, k, alpha, a, lda, strideA, b, ldb, strideB, beta, c, ldc, strideC, batch)
+	sgemmStrided(true, Threads(), tA, tB, m, n, k, alpha, a, lda, strideA, b, ldb, strideB, beta, c, ldc, strideC, batch)
 }
 
 // HasBF16GEMM reports whether SgemmBF16 uses the AVX512_BF16 kernels now:

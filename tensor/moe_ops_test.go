@@ -1,0 +1,65 @@
+package tensor
+
+import (
+	"math"
+	"testing"
+)
+
+// TestMoEOpGradients checks the MoE ops' backward against finite
+// differences: the un-permutation, the probability scale, the grouped and
+// the per-expert linear layers over uneven groups (one empty), and the
+// router with its losses (AuxScale 0.5).
+func TestMoEOpGradients(t *testing.T) {
+	rng := NewRNG(5)
+	x := randParam(rng, "x", 1, 7, 5)
+	p := randParam(rng, "p", 1, 7, 1)
+	w0 := randParam(rng, "w0", 1, 3, 5)
+	w1 := randParam(rng, "w1", 1, 3, 5)
+	w2 := randParam(rng, "w2", 1, 3, 5)
+	idx := FromInt32([]int32{2, 0, 2, 1, 3, 0, 1}, 7)
+	counts := []int{3, 0, 4}
+	gradCheck(t, "IndexAddRows", []*Tensor{x}, func(tp *Tape, in []*Tensor) *Tensor { return tp.IndexAddRows(4, idx, in[0]) })
+	gradCheck(t, "ScaleRows", []*Tensor{x, p}, func(tp *Tape, in []*Tensor) *Tensor { return tp.ScaleRows(in[0], in[1]) })
+	for _, grouped := range []bool{true, false} {
+		gradCheck(t, "GroupedLinear", []*Tensor{x, w0, w1, w2}, func(tp *Tape, in []*Tensor) *Tensor {
+			return tp.GroupedLinear(in[0], in[1:], counts, grouped)
+		})
+	}
+	// The probabilities' path (internal/cpu checks the losses' gradients in
+	// float64, TestRouteBackwardFiniteDifference).
+	logits := randParam(rng, "logits", 2, 6, 4)
+	for _, cfg := range []*RouterConfig{{Experts: 4, TopK: 2}, {Experts: 4, TopK: 2, Score: ScoreSigmoid}} {
+		gradCheck(t, "Route", []*Tensor{logits}, func(tp *Tape, in []*Tensor) *Tensor {
+			probs, _ := tp.Route(in[0], cfg)
+			return probs
+		})
+	}
+}
+
+// TestGroupedLinearMatchesLoop: the grouped GEMM and the per-expert loop
+// give the same products (within float32 rounding of different blockings).
+func TestGroupedLinearMatchesLoop(t *testing.T) {
+	rng := NewRNG(6)
+	x := randParam(rng, "x", 1, 300, 32)
+	ws := []*Tensor{randParam(rng, "w0", 1, 48, 32), randParam(rng, "w1", 1, 48, 32), randParam(rng, "w2", 1, 48, 32)}
+	counts := []int{170, 1, 129}
+	var outs [2][]float32
+	var grads [2][]float32
+	for i, grouped := range []bool{true, false} {
+		x.Grad, ws[0].Grad = nil, nil
+		tp := NewTape()
+		y := tp.GroupedLinear(x, ws, counts, grouped)
+		if err := tp.Backward(tp.Sum(tp.Mul(y, y))); err != nil {
+			t.Fatal(err)
+		}
+		outs[i] = append([]float32(nil), y.Float32s()...)
+		grads[i] = append(append([]float32(nil), x.Grad.Float32s()...), ws[0].Grad.Float32s()...)
+	}
+	for k, pair := range [][2][]float32{{outs[0], outs[1]}, {grads[0], grads[1]}} {
+		for i := range pair[0] {
+			if d := math.Abs(float64(pair[0][i] - pair[1][i])); d > 1e-4*math.Max(1, math.Abs(float64(pair[1][i]))) {
+				t.Fatalf("%d[%d]: grouped %g, loop %g", k, i, pair[0][i], pair[1][i])
+			}
+		}
+	}
+}
