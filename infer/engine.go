@@ -230,6 +230,9 @@ type scheduled struct {
 // NewEngine allocates the KV pool for m and the buffers of its largest
 // step, and returns an idle engine.
 func NewEngine(m *gpt.Model, cfg EngineConfig) (*Engine, error) {
+	if m.Config.MoE.Enabled() {
+		return nil, fmt.Errorf("infer: MoE models (--num-experts %d) are not built yet for generate and serve: training is", m.Config.MoE.NumExperts)
+	}
 	if err := cfg.validate(m); err != nil {
 		return nil, err
 	}

@@ -302,3 +302,10 @@ func (tp *Tape) GroupedLinear(x *Tensor, ws []*Tensor, counts []int, grouped boo
 	}
 	return y
 }
+
+// Recording reports whether tp records for backward: false for a nil or
+// no-grad tape and for the first, discarded pass of a checkpointed block
+// (whose recomputation records). MoE routers count tokens and losses only
+// then, as Megatron's under torch.is_grad_enabled(), so that each
+// micro-batch counts once.
+func (tp *Tape) Recording() bool { return tp.recordingParams() }

@@ -205,6 +205,11 @@ func (c *Config) validate() error {
 	if err := c.Model.Validate(); err != nil {
 		return err
 	}
+	if c.Model.MoE.Enabled() {
+		if w := c.groups().World.Size(); w > 1 {
+			return fmt.Errorf("train: --num-experts=%d on %d ranks: MoE trains in one process in this release (expert, tensor, pipeline and data parallelism with MoE are not built yet)", c.Model.MoE.NumExperts, w)
+		}
+	}
 	switch {
 	case c.SeqLength <= 0:
 		return fmt.Errorf("train: --seq-length=%d: want > 0", c.SeqLength)

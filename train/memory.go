@@ -82,6 +82,11 @@ type MemoryConfig struct {
 	// --num-virtual-stages-per-pipeline-rank). 0 and 1 mean no interleaving
 	// (Megatron turns 1 into None); more needs PipelineParallel > 1.
 	VirtualPipeline int
+	// ExpertParallel (--expert-model-parallel-size, 0 means 1) and
+	// ExpertTensorParallel (--expert-tensor-parallel-size, 0 means
+	// TensorParallel, Megatron's default) shard an MoE model's routed
+	// experts.
+	ExpertParallel, ExpertTensorParallel int
 
 	// SequenceParallel is --sequence-parallel. As Megatron, it is switched
 	// off when TensorParallel is 1.
@@ -251,6 +256,21 @@ func weightAndOptimizerMemory(c MemoryConfig) MemoryReport {
 	layerNorms := 2 * h * norm
 	finalNorm := norm * h
 	embedding := h * float64(m.VocabSize)
+	// MoE layers (Megatron's routed, shared, router and gate terms; no
+	// latent projections or MTP here). Routed experts are sharded over
+	// ETP·EP and their optimizer over the expert-data-parallel ranks.
+	nDense, nMoE := L, 0.0
+	var shared, routed, router, gate float64
+	if moe := m.MoE; moe.Enabled() {
+		nMoE = float64(moe.NumMoELayers(m.NumLayers))
+		nDense = L - nMoE
+		shared = 2 * h * float64(moe.SharedExpertFFN) * gated
+		routed = 2 * h * float64(moe.FFNHiddenSize) * float64(moe.NumExperts) * gated
+		router = h * float64(moe.NumExperts)
+		if moe.SharedExpertGate && moe.SharedExpertFFN > 0 {
+			gate = h
+		}
+	}
 
 	var r MemoryReport
 	r.PipelineParallel = c.PipelineParallel
@@ -258,26 +278,36 @@ func weightAndOptimizerMemory(c MemoryConfig) MemoryReport {
 	if m.UntieEmbeddingsAndOutputWeights {
 		r.EmbeddingParams = 2 * embedding
 	}
-	r.TransformerBlockParams = (attention+mlp+layerNorms)*L + finalNorm
+	r.TransformerBlockParams = (attention+mlp+layerNorms)*nDense + (attention+shared+routed+layerNorms+router+gate)*nMoE + finalNorm
 	r.TotalParams = r.TransformerBlockParams + r.EmbeddingParams
 
-	tpSharded := (attention + mlp) * L
-	replicated := layerNorms*L + finalNorm
+	tpSharded := (attention+mlp)*nDense + (attention+shared)*nMoE
+	replicated := layerNorms*nDense + (layerNorms+router+gate)*nMoE + finalNorm
+	etp, ep := c.ExpertTensorParallel, max(c.ExpertParallel, 1)
+	if etp == 0 {
+		etp = c.TensorParallel
+	}
+	etpEP := float64(etp * ep)
+	shardExpert := routed * nMoE / pp / etpEP
 	shardTP := (tpSharded/pp + embedding) / tp
 	shardReplicated := replicated / pp
-	r.MostLoadedShardParams = shardTP + shardReplicated
+	r.MostLoadedShardParams = shardTP + shardReplicated + shardExpert
 	if m.UntieEmbeddingsAndOutputWeights && c.PipelineParallel == 1 {
 		shardTP += embedding / tp
 		r.MostLoadedShardParams += embedding / tp
 	}
 	if c.PipelineParallel > 1 {
-		r.OtherShardParams = tpSharded/(pp*tp) + replicated/pp
+		r.OtherShardParams = tpSharded/(pp*tp) + replicated/pp + routed*nMoE/(pp*etpEP)
 	}
-	r.BytesPerParam = 18
-	if c.DistributedOptimizer {
-		r.BytesPerParam = 6 + 12/float64(c.DataParallel())
+	bytes := func(dp int) float64 {
+		if c.DistributedOptimizer {
+			return 6 + 12/float64(dp)
+		}
+		return 18
 	}
-	r.WeightAndOptimizerBytes = (shardTP + shardReplicated) * r.BytesPerParam
+	r.BytesPerParam = bytes(c.DataParallel())
+	edp := c.WorldSize / (etp * ep * c.PipelineParallel)
+	r.WeightAndOptimizerBytes = (shardTP+shardReplicated)*r.BytesPerParam + shardExpert*bytes(max(edp, 1))
 	return r
 }
 

@@ -30,6 +30,16 @@ type Model interface {
 	Loss(tp *tensor.Tape, logits *tensor.Tensor, bt gpt.Batch) *tensor.Tensor
 }
 
+// moeModel is a Model with Mixture-of-Experts layers (*gpt.Model with
+// --num-experts): the trainer sets the scale of the routers' losses before
+// an iteration's micro-batches, and after their gradients are reduced takes
+// the logged losses and lets the routers update their expert biases.
+type moeModel interface {
+	SetAuxLossScale(s float64)
+	MoEMetrics(microBatches int) map[string]float64
+	FinishMoEIteration()
+}
+
 // Stage is one of a pipeline rank's model chunks (a virtual stage):
 // Model's parts from the activation the previous stage sent. *gpt.Stage
 // implements it.

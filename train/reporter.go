@@ -35,10 +35,11 @@ type reporter struct {
 	itersSinceLog  int64
 	skippedAtLog   int64 // Skipped and NaNIterations at the last log line
 	nanAtLog       int64
-	lastLoggedLoss float64       // the lm loss of the last log line
-	lastSyncWait   time.Duration // the gradient reduction's wait at the last log line
-	lastTPComm     time.Duration // region.CommTime at the last log line
-	startIter      int64         // the iteration Run started at
+	lastLoggedLoss float64            // the lm loss of the last log line
+	moeSinceLog    map[string]float64 // MoE losses summed since the last log line (skipped iterations too, as Megatron)
+	lastSyncWait   time.Duration      // the gradient reduction's wait at the last log line
+	lastTPComm     time.Duration      // region.CommTime at the last log line
+	startIter      int64              // the iteration Run started at
 }
 
 // open starts reporting a Run at the current position: it opens the
@@ -86,6 +87,12 @@ func (rp *reporter) logIteration(loss float64) map[string]any {
 		rp.lossSinceLog += loss
 		rp.itersSinceLog++
 	}
+	for name, v := range rp.stepper.moeMetrics {
+		if rp.moeSinceLog == nil {
+			rp.moeSinceLog = map[string]float64{}
+		}
+		rp.moeSinceLog[name] += v
+	}
 	if rp.progress != nil {
 		rp.progress.update(rp.Iteration, loss)
 	}
@@ -117,6 +124,16 @@ func (rp *reporter) logIteration(loss float64) map[string]any {
 		LearningRate: rp.stepper.lastLR, GlobalBatchSize: gbs, LMLoss: avg, LossScale: float64(rp.stepper.lossScale()),
 		GradNorm: rp.stepper.lastGradNorm, ParamsNorm: math.NaN(), SkippedIterations: skipped, NaNIterations: nans,
 		TokensPerSecond: tokensPerSec, MFU: mfu}
+	// The MoE losses follow the lm loss, as in Megatron's total_loss_dict,
+	// averaged over the advanced iterations since the last log line.
+	moe := map[string]float64{}
+	for _, name := range moeMetricNames {
+		if v, ok := rp.moeSinceLog[name]; ok {
+			moe[name] = v / float64(max(rp.itersSinceLog, 1))
+			line.MoELosses = append(line.MoELosses, namedValue{name, moe[name]})
+		}
+	}
+	clear(rp.moeSinceLog)
 	if cfg.LogParamsNorm {
 		line.ParamsNorm = rp.stepper.paramsNorm()
 		rp.tbScalar("params-norm", line.ParamsNorm, true)
@@ -137,12 +154,24 @@ func (rp *reporter) logIteration(loss float64) map[string]any {
 			"grad_sync_wait_ms_per_iteration": rp.syncWaitSinceLog(iters),
 			"tp_comm_ms_per_iteration":        rp.tpCommSinceLog(iters),
 		}
+		for name, v := range moe {
+			record[name] = jsonFloat(v)
+		}
 	}
 	rp.lastLog, rp.lastLogIter, rp.lastLoggedLoss = now, rp.Iteration, avg
 	rp.lossSinceLog, rp.itersSinceLog = 0, 0
 	rp.skippedAtLog, rp.nanAtLog = rp.Skipped, rp.NaNIterations
 	return record
 }
+
+// namedValue is one of the log line's named losses.
+type namedValue struct {
+	name  string
+	value float64
+}
+
+// moeMetricNames are the MoE losses Megatron logs, in its order.
+var moeMetricNames = []string{"load_balancing_loss", "seq_load_balancing_loss", "global_load_balancing_loss", "z_loss"}
 
 // writeMetrics appends record to the metrics file (nothing for nil).
 func (rp *reporter) writeMetrics(record map[string]any) {
@@ -313,7 +342,10 @@ type logLine struct {
 	// LMLoss is the interval's mean loss over the iterations that were not
 	// skipped; NaN (none) leaves it out, as Megatron prints a loss only
 	// when its average is >= 0.
-	LMLoss    float64
+	LMLoss float64
+	// MoELosses are an MoE model's losses (Megatron's load_balancing_loss,
+	// ..., z_loss), printed after the lm loss when >= 0.
+	MoELosses []namedValue
 	LossScale float64
 	// GradNorm is the logged iteration's gradient norm; NaN (the iteration
 	// was skipped: Megatron's optimizer returns None) leaves it out.
@@ -356,6 +388,11 @@ func (l logLine) String() string {
 	fmt.Fprintf(&b, " global batch size: %5d |", l.GlobalBatchSize)
 	if l.LMLoss >= 0 {
 		fmt.Fprintf(&b, " lm loss: %s |", pyExp(l.LMLoss))
+	}
+	for _, v := range l.MoELosses {
+		if v.value >= 0 {
+			fmt.Fprintf(&b, " %s: %s |", v.name, pyExp(v.value))
+		}
 	}
 	fmt.Fprintf(&b, " loss scale: %s |", pyFixed(l.LossScale, 1))
 	if !math.IsNaN(l.GradNorm) {

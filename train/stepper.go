@@ -70,7 +70,8 @@ type stepper struct {
 	overflow      bool      // skipped for an fp16 gradient overflow
 	skippedInARow int
 	lastGradNorm  float64
-	lastLR        float64 // the next iteration's rate, as Megatron logs it
+	moeMetrics    map[string]float64 // the last iteration's logged MoE losses; nil for a dense model
+	lastLR        float64            // the next iteration's rate, as Megatron logs it
 
 	startTime time.Time // of Run: --exit-duration-in-mins counts from it
 	// printf prints a line of the run's log (the reporter's).
@@ -195,6 +196,12 @@ func (st *stepper) step(ctx context.Context) (float64, error) {
 		return 0, fmt.Errorf("train: iteration %d: %w", st.Iteration+1, err)
 	}
 	st.reducer.ZeroGrad()
+	moe, _ := st.model.(moeModel)
+	if moe != nil {
+		// Megatron's MoEAuxLossAutoScaler scale: the loss scale over the
+		// micro-batches, as each micro-batch's lm loss below.
+		moe.SetAuxLossScale(float64(st.lossScale()) / float64(n))
+	}
 	var lossSum float64
 	if st.pipelined() {
 		loss, err := st.pipelineStep(n, mbs, dp, r)
@@ -234,6 +241,12 @@ func (st *stepper) step(ctx context.Context) (float64, error) {
 	}
 	st.stop = g
 	loss := g.loss
+	if moe != nil {
+		// finalize_model_grads: the logged MoE losses, then the expert-bias
+		// update (before the optimizer step, also when it is skipped).
+		st.moeMetrics = moe.MoEMetrics(n)
+		moe.FinishMoEIteration()
+	}
 	gbs := int64(st.mb.CurrentRunningGlobalBatchSize())
 	st.FLOPsSoFar += FLOPsPerIteration(st.cfg.Model, int(gbs), st.cfg.SeqLength)
 	st.Iteration++

@@ -87,6 +87,11 @@ func (rp *reporter) tbIteration(loss float64) {
 	rp.tbScalar(tensorboard.TagLMLoss, loss, true)
 	rp.tbScalar(tensorboard.TagLossScale, float64(rp.stepper.lossScale()), true)
 	rp.tbScalar(tensorboard.TagGradNorm, rp.stepper.lastGradNorm, true)
+	for _, name := range moeMetricNames { // Megatron's MoEMetricsTracker: add_scalar(name, value, iteration)
+		if v, ok := rp.stepper.moeMetrics[name]; ok {
+			rp.tbScalar(name, v, false)
+		}
+	}
 	if tb.LogMemory {
 		var ms runtime.MemStats
 		runtime.ReadMemStats(&ms)

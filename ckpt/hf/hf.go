@@ -265,6 +265,9 @@ func ArchOf(c gpt.Config) (string, error) {
 	if err := c.Validate(); err != nil {
 		return "", err
 	}
+	if c.MoE.Enabled() {
+		return "", fmt.Errorf("hf: MoE models (--num-experts %d): Hugging Face Mixtral/Qwen-MoE conversion is not built yet", c.MoE.NumExperts)
+	}
 	gpt2 := c.PositionEmbeddingType == gpt.LearnedAbsolute && c.Normalization == gpt.LayerNorm &&
 		(c.Activation == gpt.GELU || c.Activation == gpt.GELUTanh) && !c.DisableBiasLinear &&
 		c.NumQueryGroups == c.NumAttentionHeads && c.KVChannels*c.NumAttentionHeads == c.HiddenSize

@@ -32,5 +32,8 @@ func (f *trainFlags) modelConfig(given map[string]bool) (gpt.Config, error) {
 	case f.openaiGELU:
 		m.Activation = gpt.GELUTanh
 	}
+	if err := f.moe.apply(&m, given); err != nil {
+		return gpt.Config{}, err
+	}
 	return m, nil
 }

@@ -58,6 +58,7 @@ type trainFlags struct {
 	memFraction    float64
 	promptAfter    string
 	generateTokens int
+	moe            moeFlags // moeflags.go
 	// finish copies float64 flag values into the float32 config fields.
 	finish func()
 }
@@ -221,6 +222,7 @@ func newTrainFlags() (*flag.FlagSet, *trainFlags) {
 	fs.Var(&f.rampup, "rampup-batch-size", "START INCR RAMP_SAMPLES: ramp the global batch up (needs --train-samples)")
 	fs.BoolVar(&c.Finetune, "finetune", false, "load weights only; start at iteration 0")
 	addDataArgs(fs, &f.data)
+	addMoEFlags(fs, &f.moe)
 	fs.StringVar(&f.quickstartDir, "quickstart-dir", "gotron-quickstart", "where the quickstart keeps its corpus and checkpoint")
 	fs.StringVar(&f.promptAfter, "sample-prompt", "", "after training, print a sample continuing this prompt")
 	fs.IntVar(&f.generateTokens, "sample-tokens", 100, "tokens in the sample printed after training")

@@ -54,6 +54,9 @@ type Config struct {
 	// InitMethodStd (--init-method-std); 0 means 0.02. Output projections use
 	// std/sqrt(2·NumLayers), as Megatron's scaled_init_method_normal.
 	InitMethodStd float32
+	// MoE makes the layers it marks Mixture-of-Experts layers (moe.go);
+	// the zero value is a dense model.
+	MoE MoEConfig
 }
 
 // Validate fills defaults and rejects impossible shapes, naming the flags.
@@ -127,7 +130,7 @@ func (c *Config) Validate() error {
 			return fmt.Errorf("gpt: %s=%g: want 0 <= p < 1", name, p)
 		}
 	}
-	return nil
+	return c.MoE.validate(c)
 }
 
 // RotaryDim is the number of rotated dimensions per head.
@@ -179,6 +182,20 @@ func (c *Config) ParamCount() float64 {
 		layer += qkvRows
 	}
 	n := v*h + float64(c.NumLayers)*layer + norm
+	if c.MoE.Enabled() {
+		// an MoE layer's MLP: router, experts, shared expert and gate
+		moe := c.MoE
+		e, f, glu := float64(moe.NumExperts), float64(moe.FFNHiddenSize), 1.0
+		if c.Activation == SwiGLU {
+			glu = 2
+		}
+		dense := fc1Rows*h + h*ffn + bias*(fc1Rows+h)
+		sparse := e*h + e*(glu*f*h+h*f) + glu*float64(moe.SharedExpertFFN)*h + h*float64(moe.SharedExpertFFN)
+		if moe.SharedExpertGate {
+			sparse += h
+		}
+		n += float64(moe.NumMoELayers(c.NumLayers)) * (sparse - dense)
+	}
 	if c.PositionEmbeddingType == LearnedAbsolute {
 		n += float64(c.MaxPositionEmbeddings) * h
 	}

@@ -31,6 +31,8 @@ type Layer struct {
 	MLPNorm, MLPNormBias     *tensor.Tensor // pre_mlp_layernorm
 	FC1, FC1Bias             *tensor.Tensor // mlp.linear_fc1: (ffn or 2·ffn, h)
 	FC2, FC2Bias             *tensor.Tensor // mlp.linear_fc2: (h, ffn)
+	// MoE replaces the dense MLP (FC1, FC2 nil) in an MoE layer (moe.go).
+	MoE *MoELayer
 }
 
 // Model is a GPT-family language model.
@@ -54,6 +56,9 @@ type Model struct {
 	// context-parallel group (the batch holds this rank's chunks of each
 	// sequence); nil is the whole sequence on this rank.
 	ContextParallel ContextParallel
+	// MoE holds the MoE layers' state between micro-batches (moe.go); nil
+	// for a dense model.
+	MoE *MoEState
 }
 
 // New builds a model with Megatron's initialisation drawn from rng: weights
@@ -98,6 +103,20 @@ func New(cfg Config, rng *tensor.RNG) (*Model, error) {
 	}
 	for i := range cfg.NumLayers {
 		p := fmt.Sprintf("decoder.layers.%d.", i)
+		if cfg.MoE.IsMoELayer(i, cfg.NumLayers) {
+			m.Layers = append(m.Layers, Layer{
+				InputNorm:     ones(p+"input_layernorm.weight", h),
+				InputNormBias: bias(p+"input_layernorm.bias", h, ln),
+				QKV:           normal(p+"self_attention.linear_qkv.weight", std, g*(a/g+2)*d, h),
+				QKVBias:       bias(p+"self_attention.linear_qkv.bias", g*(a/g+2)*d, hasBias || cfg.AddQKVBias),
+				Proj:          normal(p+"self_attention.linear_proj.weight", outStd, h, a*d),
+				ProjBias:      bias(p+"self_attention.linear_proj.bias", h, hasBias),
+				MLPNorm:       ones(p+"pre_mlp_layernorm.weight", h),
+				MLPNormBias:   bias(p+"pre_mlp_layernorm.bias", h, ln),
+				MoE:           newMoELayer(&cfg, p, normal, std, outStd),
+			})
+			continue
+		}
 		m.Layers = append(m.Layers, Layer{
 			InputNorm:     ones(p+"input_layernorm.weight", h),
 			InputNormBias: bias(p+"input_layernorm.bias", h, ln),
@@ -112,6 +131,9 @@ func New(cfg Config, rng *tensor.RNG) (*Model, error) {
 			FC2:           normal(p+"mlp.linear_fc2.weight", outStd, h, cfg.FFNHiddenSize),
 			FC2Bias:       bias(p+"mlp.linear_fc2.bias", h, hasBias),
 		})
+	}
+	if cfg.MoE.Enabled() {
+		m.MoE = newMoEState()
 	}
 	m.FinalNorm = ones("decoder.final_layernorm.weight", h)
 	m.FinalNormB = bias("decoder.final_layernorm.bias", h, ln)
@@ -139,6 +161,9 @@ func (m *Model) Params() []*tensor.Tensor {
 		l := &m.Layers[i]
 		ps = append(ps, l.InputNorm, l.InputNormBias, l.QKV, l.QKVBias, l.Proj, l.ProjBias,
 			l.MLPNorm, l.MLPNormBias, l.FC1, l.FC1Bias, l.FC2, l.FC2Bias)
+		if l.MoE != nil {
+			ps = append(ps, l.MoE.params()...)
+		}
 	}
 	ps = append(ps, m.FinalNorm, m.FinalNormB, m.OutputLayer)
 	out := ps[:0]
@@ -277,7 +302,7 @@ func (m *Model) layerOn(tp *tensor.Tape, x *tensor.Tensor, l *Layer, index int, 
 func (m *Model) layer(tp *tensor.Tape, x *tensor.Tensor, l *Layer, index int, p *pass) *tensor.Tensor {
 	a := m.attention(tp, l, index, m.norm(tp, x, l.InputNorm, l.InputNormBias), p)
 	x = tp.Add(x, m.dropout(tp, a, p))
-	f := m.mlp(tp, l, m.norm(tp, x, l.MLPNorm, l.MLPNormBias), p)
+	f := m.mlp(tp, l, index, m.norm(tp, x, l.MLPNorm, l.MLPNormBias), p)
 	return tp.Add(x, m.dropout(tp, f, p))
 }
 
@@ -304,19 +329,14 @@ func (m *Model) attention(tp *tensor.Tape, l *Layer, index int, x *tensor.Tensor
 	return sh.RowLinear(tp, p.lin, tp.Reshape(o, b, t, g*r*d), l.Proj, l.ProjBias)
 }
 
-// mlp is fc2(act(fc1(x))). An MoE layer's router and experts plug in here.
-func (m *Model) mlp(tp *tensor.Tape, l *Layer, x *tensor.Tensor, p *pass) *tensor.Tensor {
+// mlp is fc2(act(fc1(x))), or an MoE layer's router and experts (moe.go).
+func (m *Model) mlp(tp *tensor.Tape, l *Layer, index int, x *tensor.Tensor, p *pass) *tensor.Tensor {
+	if l.MoE != nil {
+		return m.moe(tp, l.MoE, index, x, p)
+	}
 	sh := m.region()
 	h := sh.ColumnLinear(tp, p.lin, x, l.FC1, l.FC1Bias)
-	switch m.Config.Activation {
-	case SwiGLU:
-		h = tp.SwiGLU(h)
-	case GELUTanh:
-		h = tp.GELU(h, tensor.GELUTanh)
-	default:
-		h = tp.GELU(h, tensor.GELUErf)
-	}
-	return sh.RowLinear(tp, p.lin, h, l.FC2, l.FC2Bias)
+	return sh.RowLinear(tp, p.lin, m.activate(tp, h), l.FC2, l.FC2Bias)
 }
 
 // head is the final norm and the output layer: logits (b, t, V), or this

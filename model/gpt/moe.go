@@ -1,0 +1,547 @@
+package gpt
+
+import (
+	"fmt"
+	"math"
+	"strconv"
+	"strings"
+
+	"github.com/gotron/gotron/tensor"
+)
+
+// Mixture of Experts: Megatron core's MoELayer (router, token permutation,
+// experts, shared experts) in place of the dense MLP of the layers
+// MoEConfig.LayerPattern marks. The layer loop (layer in model.go) is the
+// same; only mlp branches to moe.
+
+// RouterScore is --moe-router-score-function.
+type RouterScore uint8
+
+const (
+	ScoreSoftmax      RouterScore = iota // Megatron's default
+	ScoreSigmoid                         // DeepSeek-V3's
+	ScoreSqrtSoftplus                    // sqrt(softplus(x))
+)
+
+var routerScoreNames = []string{ScoreSoftmax: "softmax", ScoreSigmoid: "sigmoid", ScoreSqrtSoftplus: "sqrtsoftplus"}
+
+// ParseRouterScore parses "softmax", "sigmoid" or "sqrtsoftplus".
+func ParseRouterScore(s string) (RouterScore, error) {
+	i, err := parseEnum(routerScoreNames, s)
+	if err != nil {
+		return 0, fmt.Errorf("--moe-router-score-function=%q: %v", s, err)
+	}
+	return RouterScore(i), nil
+}
+
+func (s RouterScore) String() string { return enumString("RouterScore", routerScoreNames, s) }
+func (s RouterScore) MarshalText() ([]byte, error) {
+	return marshalEnum("--moe-router-score-function", routerScoreNames, s)
+}
+func (s *RouterScore) UnmarshalText(b []byte) error { return unmarshalEnum(s, b, ParseRouterScore) }
+
+// LoadBalancingType is one --moe-router-load-balancing-type.
+type LoadBalancingType uint8
+
+const (
+	AuxLoss       LoadBalancingType = iota // aux_loss, Megatron's default
+	SeqAuxLoss                             // seq_aux_loss
+	GlobalAuxLoss                          // global_aux_loss
+	NoBalancing                            // none
+)
+
+var loadBalancingNames = []string{AuxLoss: "aux_loss", SeqAuxLoss: "seq_aux_loss", GlobalAuxLoss: "global_aux_loss", NoBalancing: "none"}
+
+// ParseLoadBalancingType parses aux_loss, seq_aux_loss, global_aux_loss or
+// none (sinkhorn and quantile_balancing are not built).
+func ParseLoadBalancingType(s string) (LoadBalancingType, error) {
+	if s == "sinkhorn" || s == "quantile_balancing" {
+		return 0, fmt.Errorf("--moe-router-load-balancing-type=%s: not built yet (aux_loss, seq_aux_loss, global_aux_loss and none are)", s)
+	}
+	i, err := parseEnum(loadBalancingNames, s)
+	if err != nil {
+		return 0, fmt.Errorf("--moe-router-load-balancing-type=%q: %v", s, err)
+	}
+	return LoadBalancingType(i), nil
+}
+
+func (t LoadBalancingType) String() string {
+	return enumString("LoadBalancingType", loadBalancingNames, t)
+}
+
+// metricName is the name Megatron logs a load-balancing loss under.
+func metricName(lb tensor.LoadBalancing) string {
+	switch {
+	case lb.Seq:
+		return "seq_load_balancing_loss"
+	case lb.Global:
+		return "global_load_balancing_loss"
+	}
+	return "load_balancing_loss"
+}
+
+// MoEConfig is the Mixture-of-Experts part of Config; NumExperts 0 is a
+// dense model. Every field names its flag; zero values are Megatron's
+// defaults where it has one. (Config stays comparable: no slices here.)
+type MoEConfig struct {
+	NumExperts    int // --num-experts
+	FFNHiddenSize int // --moe-ffn-hidden-size; 0 means Config.FFNHiddenSize
+	TopK          int // --moe-router-topk; 0 means 2
+	// LayerFreq (--moe-layer-freq) marks the MoE layers in Megatron's
+	// spelling: an integer N (layer i is MoE iff i%N == 0) or a list of 0/1
+	// per layer such as "[1,0,1,0]" or "([0]*3+[1]*9)"; "" means every layer.
+	LayerFreq  string
+	Score      RouterScore // --moe-router-score-function
+	PreSoftmax bool        // --moe-router-pre-softmax
+	NumGroups  int         // --moe-router-num-groups
+	GroupTopK  int         // --moe-router-group-topk
+	// TopKScalingFactor (--moe-router-topk-scaling-factor); 0 means none.
+	TopKScalingFactor float64
+	// ExpertBias (--moe-router-enable-expert-bias) and its update rate
+	// (--moe-router-bias-update-rate; 0 means 1e-3).
+	ExpertBias           bool
+	ExpertBiasUpdateRate float64
+	// InputJitterEps (--moe-input-jitter-eps): the router's input is
+	// multiplied by Uniform(1−eps, 1+eps) noise; 0 means none.
+	InputJitterEps float64
+	// The coefficient of each load-balancing loss
+	// (--moe-router-load-balancing-type with --moe-aux-loss-coeff; Megatron
+	// takes lists of equal length): aux_loss, seq_aux_loss and
+	// global_aux_loss. 0 turns a loss off (Megatron's "none").
+	AuxLossCoeff, SeqAuxLossCoeff, GlobalAuxLossCoeff float64
+	ZLossCoeff                                        float64 // --moe-z-loss-coeff; 0 means none
+	// CapacityFactor (--moe-expert-capacity-factor); 0 means dropless.
+	CapacityFactor float64
+	DropByPosition bool // --moe-token-drop-policy position (default probs)
+	PadToCapacity  bool // --moe-pad-expert-input-to-capacity
+	GroupedGEMM    bool // --moe-grouped-gemm
+	// SharedExpertFFN (--moe-shared-expert-intermediate-size) adds a dense
+	// shared expert of that size; SharedExpertGate (--moe-shared-expert-gate)
+	// gates it per token.
+	SharedExpertFFN  int
+	SharedExpertGate bool
+}
+
+// balancing lists the load-balancing losses that are on, with their
+// coefficients.
+func (c *MoEConfig) balancing() []tensor.LoadBalancing {
+	var out []tensor.LoadBalancing
+	if c.AuxLossCoeff > 0 {
+		out = append(out, tensor.LoadBalancing{Coeff: c.AuxLossCoeff})
+	}
+	if c.SeqAuxLossCoeff > 0 {
+		out = append(out, tensor.LoadBalancing{Seq: true, Coeff: c.SeqAuxLossCoeff})
+	}
+	if c.GlobalAuxLossCoeff > 0 {
+		out = append(out, tensor.LoadBalancing{Global: true, Coeff: c.GlobalAuxLossCoeff})
+	}
+	return out
+}
+
+// Enabled reports whether the model has MoE layers.
+func (c *MoEConfig) Enabled() bool { return c.NumExperts > 0 }
+
+// IsMoELayer reports whether layer i (0-based) of numLayers is an MoE
+// layer (for a validated config).
+func (c *MoEConfig) IsMoELayer(i, numLayers int) bool {
+	if !c.Enabled() {
+		return false
+	}
+	p, err := ParseMoELayerFreq(c.LayerFreq, numLayers)
+	return err == nil && (p == nil || p[i])
+}
+
+// NumMoELayers counts the MoE layers of numLayers.
+func (c *MoEConfig) NumMoELayers(numLayers int) int {
+	p, err := ParseMoELayerFreq(c.LayerFreq, numLayers)
+	switch {
+	case !c.Enabled() || err != nil:
+		return 0
+	case p == nil:
+		return numLayers
+	}
+	n := 0
+	for _, on := range p {
+		if on {
+			n++
+		}
+	}
+	return n
+}
+
+// ParseMoELayerFreq parses --moe-layer-freq for numLayers layers: an integer
+// N (layer i is MoE iff i%N == 0) or a list such as "[1,0,1,0]" or
+// "([0]*3+[1]*9)". nil is every layer.
+func ParseMoELayerFreq(s string, numLayers int) ([]bool, error) {
+	s = strings.TrimSpace(s)
+	if s == "" || s == "1" {
+		return nil, nil
+	}
+	if n, err := strconv.Atoi(s); err == nil {
+		if n <= 0 {
+			return nil, fmt.Errorf("--moe-layer-freq=%s: want a positive integer or a list of 0/1 per layer", s)
+		}
+		p := make([]bool, numLayers)
+		for i := range p {
+			p[i] = i%n == 0
+		}
+		return p, nil
+	}
+	var p []bool
+	// a Python list expression: sums of [a,b,...] and [x]*n terms
+	expr := strings.TrimSuffix(strings.TrimPrefix(strings.ReplaceAll(s, " ", ""), "("), ")")
+	for _, term := range strings.Split(expr, "+") {
+		rep := 1
+		if i := strings.LastIndex(term, "]*"); i >= 0 {
+			n, err := strconv.Atoi(term[i+2:])
+			if err != nil || n < 0 {
+				return nil, fmt.Errorf("--moe-layer-freq=%s: bad repeat in %q", s, term)
+			}
+			rep, term = n, term[:i+1]
+		}
+		if !strings.HasPrefix(term, "[") || !strings.HasSuffix(term, "]") {
+			return nil, fmt.Errorf("--moe-layer-freq=%s: want an integer or a list like [1,0,1,0] or ([0]*3+[1]*9)", s)
+		}
+		var items []bool
+		for _, v := range strings.Split(term[1:len(term)-1], ",") {
+			switch v {
+			case "0":
+				items = append(items, false)
+			case "1":
+				items = append(items, true)
+			default:
+				return nil, fmt.Errorf("--moe-layer-freq=%s: entry %q: want 0 or 1", s, v)
+			}
+		}
+		for range rep {
+			p = append(p, items...)
+		}
+	}
+	if len(p) != numLayers {
+		return nil, fmt.Errorf("--moe-layer-freq=%s: %d entries for --num-layers=%d", s, len(p), numLayers)
+	}
+	return p, nil
+}
+
+// validate fills defaults and checks c for a model of cfg's shape, naming
+// the flags (Megatron's checks, before anything is built).
+func (c *MoEConfig) validate(cfg *Config) error {
+	if c.NumExperts < 0 {
+		return fmt.Errorf("gpt: --num-experts=%d: want > 0 (or 0 for a dense model)", c.NumExperts)
+	}
+	if !c.Enabled() {
+		return nil
+	}
+	if c.TopK == 0 {
+		c.TopK = 2
+	}
+	if c.FFNHiddenSize == 0 {
+		c.FFNHiddenSize = cfg.FFNHiddenSize
+	}
+	if c.ExpertBiasUpdateRate == 0 {
+		c.ExpertBiasUpdateRate = 1e-3
+	}
+	if _, err := ParseMoELayerFreq(c.LayerFreq, cfg.NumLayers); err != nil {
+		return fmt.Errorf("gpt: %w", err)
+	}
+	finite := func(v float64) bool { return !math.IsNaN(v) && !math.IsInf(v, 0) }
+	switch {
+	case c.TopK < 0 || c.TopK > c.NumExperts:
+		return fmt.Errorf("gpt: --moe-router-topk=%d: want 1..%d (--num-experts)", c.TopK, c.NumExperts)
+	case c.FFNHiddenSize < 0:
+		return fmt.Errorf("gpt: --moe-ffn-hidden-size=%d: want > 0", c.FFNHiddenSize)
+	case c.CapacityFactor < 0 || !finite(c.CapacityFactor):
+		return fmt.Errorf("gpt: --moe-expert-capacity-factor=%g: want > 0 (unset for dropless)", c.CapacityFactor)
+	case (c.DropByPosition || c.PadToCapacity) && c.CapacityFactor == 0:
+		return fmt.Errorf("gpt: --moe-token-drop-policy/--moe-pad-expert-input-to-capacity need --moe-expert-capacity-factor")
+	case !(c.ZLossCoeff >= 0) || !finite(c.ZLossCoeff):
+		return fmt.Errorf("gpt: --moe-z-loss-coeff=%g: want >= 0", c.ZLossCoeff)
+	case !(c.InputJitterEps >= 0 && c.InputJitterEps < 1):
+		return fmt.Errorf("gpt: --moe-input-jitter-eps=%g: want in [0, 1)", c.InputJitterEps)
+	case !(c.TopKScalingFactor >= 0) || !finite(c.TopKScalingFactor):
+		return fmt.Errorf("gpt: --moe-router-topk-scaling-factor=%g: want > 0", c.TopKScalingFactor)
+	case c.ExpertBias && c.Score == ScoreSoftmax:
+		return fmt.Errorf("gpt: --moe-router-enable-expert-bias needs --moe-router-score-function sigmoid or sqrtsoftplus (Megatron's rule)")
+	case !(c.ExpertBiasUpdateRate > 0) || !finite(c.ExpertBiasUpdateRate):
+		return fmt.Errorf("gpt: --moe-router-bias-update-rate=%g: want > 0", c.ExpertBiasUpdateRate)
+	case c.SharedExpertFFN < 0:
+		return fmt.Errorf("gpt: --moe-shared-expert-intermediate-size=%d: want > 0", c.SharedExpertFFN)
+	case c.SharedExpertGate && c.SharedExpertFFN == 0:
+		return fmt.Errorf("gpt: --moe-shared-expert-gate needs --moe-shared-expert-intermediate-size")
+	case !cfg.DisableBiasLinear:
+		return fmt.Errorf("gpt: MoE layers with linear biases are not built yet: set --disable-bias-linear (Mixtral, Qwen-MoE and DeepSeek have none)")
+	}
+	if c.GroupTopK > 0 || c.NumGroups > 0 {
+		if c.NumGroups <= 0 || c.GroupTopK <= 0 || c.NumExperts%c.NumGroups != 0 || c.GroupTopK > c.NumGroups || c.TopK%c.GroupTopK != 0 || c.TopK/c.GroupTopK > c.NumExperts/c.NumGroups {
+			return fmt.Errorf("gpt: --moe-router-num-groups=%d --moe-router-group-topk=%d with %d experts and top-%d: want groups dividing the experts, group top-k <= groups and dividing top-k", c.NumGroups, c.GroupTopK, c.NumExperts, c.TopK)
+		}
+	}
+	for _, a := range []float64{c.AuxLossCoeff, c.SeqAuxLossCoeff, c.GlobalAuxLossCoeff} {
+		if !(a >= 0) || !finite(a) {
+			return fmt.Errorf("gpt: --moe-aux-loss-coeff=%g: want >= 0", a)
+		}
+	}
+	if c.NumMoELayers(cfg.NumLayers) == 0 {
+		return fmt.Errorf("gpt: --moe-layer-freq marks no layer as MoE")
+	}
+	return nil
+}
+
+// MoELayer is the MLP of an MoE layer: router, experts, optional shared
+// expert. Parameter names are Megatron core's.
+type MoELayer struct {
+	Router *tensor.Tensor   // mlp.router.weight (E, h)
+	FC1    []*tensor.Tensor // each expert's linear_fc1 (F or 2F, h)
+	FC2    []*tensor.Tensor // each expert's linear_fc2 (h, F)
+	// ExpertBias (E) is the aux-loss-free balancing bias (mlp.router.expert_bias,
+	// a buffer: no gradient); nil without --moe-router-enable-expert-bias.
+	ExpertBias                 []float32
+	SharedFC1, SharedFC2, Gate *tensor.Tensor // mlp.shared_experts.*
+}
+
+func (l *MoELayer) params() []*tensor.Tensor {
+	ps := append([]*tensor.Tensor{l.Router}, l.FC1...)
+	return append(append(ps, l.FC2...), l.SharedFC1, l.SharedFC2, l.Gate)
+}
+
+// newMoELayer creates layer i's MoE MLP. Expert weight names follow the
+// experts' implementation (--moe-grouped-gemm: TEGroupedMLP's
+// experts.linear_fc1.weight{l}; otherwise SequentialMLP's
+// experts.local_experts.{l}.linear_fc1.weight).
+func newMoELayer(cfg *Config, prefix string, normal func(name string, s float32, shape ...int) *tensor.Tensor, std, outStd float32) *MoELayer {
+	c := &cfg.MoE
+	h, f := cfg.HiddenSize, c.FFNHiddenSize
+	glu := 1
+	if cfg.Activation == SwiGLU {
+		glu = 2
+	}
+	l := &MoELayer{Router: normal(prefix+"mlp.router.weight", std, c.NumExperts, h)}
+	for e := range c.NumExperts {
+		fc1, fc2 := fmt.Sprintf("%smlp.experts.local_experts.%d.linear_fc1.weight", prefix, e), fmt.Sprintf("%smlp.experts.local_experts.%d.linear_fc2.weight", prefix, e)
+		if c.GroupedGEMM {
+			fc1, fc2 = fmt.Sprintf("%smlp.experts.linear_fc1.weight%d", prefix, e), fmt.Sprintf("%smlp.experts.linear_fc2.weight%d", prefix, e)
+		}
+		l.FC1 = append(l.FC1, normal(fc1, std, glu*f, h))
+		l.FC2 = append(l.FC2, normal(fc2, outStd, h, f))
+	}
+	if c.ExpertBias {
+		l.ExpertBias = make([]float32, c.NumExperts)
+	}
+	if s := c.SharedExpertFFN; s > 0 {
+		l.SharedFC1 = normal(prefix+"mlp.shared_experts.linear_fc1.weight", std, glu*s, h)
+		l.SharedFC2 = normal(prefix+"mlp.shared_experts.linear_fc2.weight", outStd, h, s)
+		if c.SharedExpertGate {
+			l.Gate = normal(prefix+"mlp.shared_experts.gate_weight", std, 1, h)
+		}
+	}
+	return l
+}
+
+// MoEState is what the MoE layers keep between micro-batches of an
+// iteration: the losses' logged values, the expert-bias counts and
+// global_aux_loss's running counts (Megatron's MoEMetricsTracker and router
+// buffers). Training sets AuxLossScale before each micro-batch.
+type MoEState struct {
+	// AuxLossScale is the gradient every attached loss receives (Megatron's
+	// MoEAuxLossAutoScaler.main_loss_backward_scale, loss_scale/M): the
+	// losses count like the micro-batch's lm loss.
+	AuxLossScale float64
+	metrics      map[string][]float64 // name → per layer, summed over micro-batches
+	biasCounts   map[int][]float64    // layer → tokens per expert this iteration
+	globalCounts map[int][]float64    // layer → global_aux_loss's running counts
+	globalSteps  map[int]int
+}
+
+func newMoEState() *MoEState {
+	return &MoEState{AuxLossScale: 1, metrics: map[string][]float64{}, biasCounts: map[int][]float64{},
+		globalCounts: map[int][]float64{}, globalSteps: map[int]int{}}
+}
+
+// record adds a layer's logged value (Megatron's tracker.record).
+func (s *MoEState) record(name string, layer, numLayers int, v float64) {
+	vs := s.metrics[name]
+	if vs == nil {
+		vs = make([]float64, numLayers)
+		s.metrics[name] = vs
+	}
+	vs[layer] += v
+}
+
+// SetAuxLossScale sets the gradient each MoE loss receives in the coming
+// micro-batches' backward (MoEState.AuxLossScale); nothing for a dense
+// model.
+func (m *Model) SetAuxLossScale(s float64) {
+	if m.MoE != nil {
+		m.MoE.AuxLossScale = s
+	}
+}
+
+// MoEMetrics returns the iteration's logged MoE losses as Megatron's
+// MoEMetricsTracker.report computes them (per name, the sum over layers of
+// value/microBatches, divided by the number of MoE layers) and resets them.
+// Names are Megatron's: load_balancing_loss (always present, as Megatron's
+// substring test forces it), seq_load_balancing_loss,
+// global_load_balancing_loss, z_loss.
+func (m *Model) MoEMetrics(microBatches int) map[string]float64 {
+	if m.MoE == nil {
+		return nil
+	}
+	c := &m.Config.MoE
+	n := float64(c.NumMoELayers(m.Config.NumLayers))
+	out := map[string]float64{"load_balancing_loss": 0}
+	for name, vs := range m.MoE.metrics {
+		var s float64
+		for i, v := range vs {
+			s += v / float64(microBatches)
+			vs[i] = 0
+		}
+		out[name] = s / n
+	}
+	for _, lb := range c.balancing() {
+		if _, ok := out[metricName(lb)]; !ok {
+			out[metricName(lb)] = 0 // logged even when not recorded yet
+		}
+	}
+	return out
+}
+
+// FinishMoEIteration is finalize_model_grads' MoE part, once per iteration
+// after the gradients are reduced and before the optimizer step (also when
+// that step is skipped): each router's expert bias moves by the update rate
+// against its load (counts summed over this process's micro-batches; one
+// process is the whole TP×DP×CP group), and global_aux_loss's running
+// counts restart.
+func (m *Model) FinishMoEIteration() {
+	if m.MoE == nil {
+		return
+	}
+	c := &m.Config.MoE
+	for i := range m.Layers {
+		l := m.Layers[i].MoE
+		if l == nil {
+			continue
+		}
+		if counts := m.MoE.biasCounts[i]; l.ExpertBias != nil && counts != nil {
+			tensor.UpdateExpertBias(l.ExpertBias, counts, c.ExpertBiasUpdateRate)
+			clear(counts)
+		}
+	}
+	clear(m.MoE.globalCounts)
+	clear(m.MoE.globalSteps)
+}
+
+// routerConfig is layer's TopKRouter for tokens (b, t).
+func (m *Model) routerConfig(l *MoELayer, b, t int, losses bool) *tensor.RouterConfig {
+	c := &m.Config.MoE
+	rc := &tensor.RouterConfig{Experts: c.NumExperts, TopK: c.TopK, Score: tensor.ScoreFunction(c.Score),
+		PreSoftmax: c.PreSoftmax, NumGroups: c.NumGroups, GroupTopK: c.GroupTopK, ScalingFactor: c.TopKScalingFactor,
+		ExpertBias: l.ExpertBias, CapacityFactor: c.CapacityFactor, DropByPosition: c.DropByPosition,
+		PadToCapacity: c.PadToCapacity, Batch: b, SeqLen: t}
+	if !losses {
+		return rc
+	}
+	rc.Balancing = c.balancing()
+	rc.ZLossCoeff = c.ZLossCoeff
+	rc.Losses = len(rc.Balancing) > 0 || rc.ZLossCoeff > 0
+	return rc
+}
+
+// moe is MoELayer.forward for x (b, t, h): route, permute the tokens by
+// expert, run the experts (the probability multiplies the activation before
+// fc2, as Megatron's experts do), sum each token's outputs back, and add the
+// shared expert.
+func (m *Model) moe(tp *tensor.Tape, l *MoELayer, index int, x *tensor.Tensor, p *pass) *tensor.Tensor {
+	c := &m.Config.MoE
+	b, t, h := x.Dim(0), x.Dim(1), x.Dim(2)
+	T := b * t
+	xs := tp.Reshape(x, T, h)
+	rin := xs
+	if c.InputJitterEps > 0 && p.rng != nil {
+		// Megatron draws the noise from the device RNG; here from the
+		// dropout stream, so recomputation repeats it.
+		u := make([]float32, T*h)
+		p.rng.Uniform(u, float32(1-c.InputJitterEps), float32(1+c.InputJitterEps))
+		rin = tp.Mul(xs, tensor.FromFloat32(u, T, h).ToDevice(x.Device()))
+	}
+	logits := p.lin.Linear(tp, rin, l.Router, nil) // (T, E)
+	// Losses and counts only where Megatron computes them: training with
+	// gradients (a checkpointed block's recomputation, not its first pass).
+	recording := tp.Recording() && p.rng != nil // p.rng is set in training only
+	rc := m.routerConfig(l, b, t, recording)
+	probs, r := tp.Route(logits, rc)
+	if recording && m.MoE != nil {
+		m.recordRouting(r, rc, index, T)
+	}
+	rows, flat, counts := r.Permutation()
+	dev := x.Device()
+	rowsT := tensor.FromInt32(rows, len(rows)).ToDevice(dev)
+	xp := tp.Embedding(rowsT, xs) // (N, h), expert-major
+	pp := tp.Embedding(tensor.FromInt32(flat, len(flat)).ToDevice(dev), tp.Reshape(probs, T*c.NumExperts, 1))
+	a := m.activate(tp, tp.GroupedLinear(xp, l.FC1, counts, c.GroupedGEMM))
+	a = tp.ScaleRows(a, pp)
+	y := tp.GroupedLinear(a, l.FC2, counts, c.GroupedGEMM) // (N, h)
+	out := tp.IndexAddRows(T, rowsT, y)
+	if l.SharedFC1 != nil {
+		s := p.lin.Linear(tp, m.activate(tp, p.lin.Linear(tp, xs, l.SharedFC1, nil)), l.SharedFC2, nil)
+		if l.Gate != nil {
+			// sigmoid(g) as the first column of softmax([g, 0])
+			g := p.lin.Linear(tp, xs, l.Gate, nil) // (T, 1)
+			sg := tp.Narrow(tp.Softmax(tp.Concat(1, g, tensor.ZerosOn(dev, T, 1))), 1, 0, 1)
+			s = tp.ScaleRows(s, sg)
+		}
+		out = tp.Add(out, s)
+	}
+	return tp.Reshape(out, b, t, h)
+}
+
+// activate is the MLP's activation.
+func (m *Model) activate(tp *tensor.Tape, h *tensor.Tensor) *tensor.Tensor {
+	switch m.Config.Activation {
+	case SwiGLU:
+		return tp.SwiGLU(h)
+	case GELUTanh:
+		return tp.GELU(h, tensor.GELUTanh)
+	}
+	return tp.GELU(h, tensor.GELUErf)
+}
+
+// recordRouting keeps a training micro-batch's routing statistics: the
+// logged losses (Megatron records loss/coeff per layer), global_aux_loss's
+// running counts, the expert-bias counts; and sets the backward's scale.
+func (m *Model) recordRouting(r *tensor.Routing, rc *tensor.RouterConfig, layer, T int) {
+	s, c := m.MoE, &m.Config.MoE
+	r.AuxScale = s.AuxLossScale
+	aux, z := r.Aux()
+	for i, lb := range rc.Balancing {
+		name := metricName(lb)
+		if lb.Global {
+			counts := s.globalCounts[layer]
+			if counts == nil {
+				counts = make([]float64, c.NumExperts)
+				s.globalCounts[layer] = counts
+			}
+			s.globalSteps[layer]++
+			mean := make([]float64, c.NumExperts)
+			for e, n := range r.AuxCounts() {
+				counts[e] += n
+				mean[e] = counts[e] / float64(s.globalSteps[layer])
+			}
+			r.SetGlobalCounts(i, mean, float64(T))
+			aux, _ = r.Aux()
+		}
+		s.record(name, layer, m.Config.NumLayers, aux[i]/lb.Coeff)
+	}
+	if rc.ZLossCoeff > 0 {
+		s.record("z_loss", layer, m.Config.NumLayers, z/rc.ZLossCoeff)
+	}
+	if c.ExpertBias {
+		counts := s.biasCounts[layer]
+		if counts == nil {
+			counts = make([]float64, c.NumExperts)
+			s.biasCounts[layer] = counts
+		}
+		for e, n := range r.TokensPerExpert() {
+			counts[e] += n
+		}
+	}
+}
