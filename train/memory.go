@@ -178,6 +178,9 @@ type MemoryReport struct {
 	TransformerBlockParams float64 // all layers plus the final norm
 	EmbeddingParams        float64 // h·V, twice when untied
 	TotalParams            float64 // block + embedding
+	// ActiveBlockParams is TransformerBlockParams with each MoE layer's
+	// top-k experts instead of all (the block, for a dense model).
+	ActiveBlockParams float64
 	MostLoadedShardParams  float64 // first pipeline stage: 1/PP of the block plus the embedding, over TP
 	// OtherShardParams is the count on the other pipeline stages; 0 when
 	// PipelineParallel is 1 (Megatron prints it only for PP > 1).
@@ -280,6 +283,10 @@ func weightAndOptimizerMemory(c MemoryConfig) MemoryReport {
 	}
 	r.TransformerBlockParams = (attention+mlp+layerNorms)*nDense + (attention+shared+routed+layerNorms+router+gate)*nMoE + finalNorm
 	r.TotalParams = r.TransformerBlockParams + r.EmbeddingParams
+	r.ActiveBlockParams = r.TransformerBlockParams
+	if moe := m.MoE; moe.Enabled() {
+		r.ActiveBlockParams = (attention+mlp+layerNorms)*nDense + (attention+shared+routed/float64(moe.NumExperts)*float64(moe.TopK)+layerNorms+router+gate)*nMoE + finalNorm
+	}
 
 	tpSharded := (attention+mlp)*nDense + (attention+shared)*nMoE
 	replicated := layerNorms*nDense + (layerNorms+router+gate)*nMoE + finalNorm
@@ -380,10 +387,10 @@ func (r MemoryReport) WriteTo(w io.Writer) (int64, error) {
 	var b strings.Builder
 	line := func(format string, args ...any) { fmt.Fprintf(&b, format+"\n", args...) }
 	line("Number of parameters in transformer block in billions: % .2f", r.TransformerBlockParams/1e9)
-	line("Number of active parameters in transformer block in billions: % .2f", r.TransformerBlockParams/1e9)
+	line("Number of active parameters in transformer block in billions: % .2f", r.ActiveBlockParams/1e9)
 	line("Number of parameters in embedding layers in billions: %.2f", r.EmbeddingParams/1e9)
 	line("Total number of parameters in billions: %.2f", r.TotalParams/1e9)
-	line("Total number of active parameters in billions: %.2f", r.TotalParams/1e9)
+	line("Total number of active parameters in billions: %.2f", (r.ActiveBlockParams+r.EmbeddingParams)/1e9)
 	line("Number of parameters in most loaded shard in billions: %.4f", r.MostLoadedShardParams/1e9)
 	if r.PipelineParallel > 1 {
 		line("Number of parameters in other shards in billions: %.4f", r.OtherShardParams/1e9)

@@ -38,6 +38,9 @@ func TestMoEFLOPsAndMemoryMegatronValues(t *testing.T) {
 	if math.Abs(r.TotalParams/1e9-46.70) > 0.005 || math.Abs(r.MostLoadedShardParams/1e9-6.4406) > 5e-5 {
 		t.Errorf("params %.4f B, most loaded shard %.4f B; Megatron 46.70 B, 6.4406 B", r.TotalParams/1e9, r.MostLoadedShardParams/1e9)
 	}
+	if active := (r.ActiveBlockParams + r.EmbeddingParams) / 1e9; math.Abs(active-12.88) > 0.005 {
+		t.Errorf("active params %.4f B, Megatron 12.88 B", active)
+	}
 	if want := 4.740074e10; math.Abs(r.WeightAndOptimizerBytes-want) > 5e-7*want {
 		t.Errorf("weight and optimizer %.6e bytes, Megatron %.6e", r.WeightAndOptimizerBytes, want)
 	}
