@@ -180,8 +180,8 @@ type MemoryReport struct {
 	TotalParams            float64 // block + embedding
 	// ActiveBlockParams is TransformerBlockParams with each MoE layer's
 	// top-k experts instead of all (the block, for a dense model).
-	ActiveBlockParams float64
-	MostLoadedShardParams  float64 // first pipeline stage: 1/PP of the block plus the embedding, over TP
+	ActiveBlockParams     float64
+	MostLoadedShardParams float64 // first pipeline stage: 1/PP of the block plus the embedding, over TP
 	// OtherShardParams is the count on the other pipeline stages; 0 when
 	// PipelineParallel is 1 (Megatron prints it only for PP > 1).
 	OtherShardParams float64
