@@ -8,6 +8,7 @@ import (
 	"hash/fnv"
 	"io"
 	"io/fs"
+	"math"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -128,9 +129,8 @@ func runQuickstart(ctx context.Context, env *cli, dir string, plan quickstartPla
 	if err != nil {
 		return err
 	}
-	if len(res.Losses) > 0 {
-		fmt.Fprintf(env.stdout, "gotron quickstart: lm loss %.3f at iteration %d → %.3f in the last log line, validation %.3f, in %s; checkpoint in %s\n",
-			res.Losses[0], latest+1, res.LoggedLoss, res.ValidLoss, time.Since(start).Round(time.Second), save)
+	if s := quickstartSummary(res, int64(latest), plan.Iters, time.Since(start), save); s != "" {
+		fmt.Fprintln(env.stdout, s)
 	}
 	if res.Interrupted {
 		return nil
@@ -415,4 +415,33 @@ func isGenerated(src []byte) bool {
 		src = src[:i]
 	}
 	return generatedRE.Match(src)
+}
+
+// quickstartSummary is the line after training: the loss at the first
+// iteration of this run and in the last log line, the last validation loss
+// and where the checkpoint is. Only numbers the run produced are printed:
+// a run stopped by Ctrl-C before a log line or an evaluation has none
+// (it used to print "validation NaN"), and it says how to resume.
+func quickstartSummary(res train.Result, resumedFrom, iters int64, took time.Duration, save string) string {
+	if len(res.Losses) == 0 {
+		return ""
+	}
+	finite := func(x float64) bool { return !math.IsNaN(x) && !math.IsInf(x, 0) }
+	var b strings.Builder
+	b.WriteString("gotron quickstart: ")
+	if res.Interrupted {
+		fmt.Fprintf(&b, "stopped at iteration %d of %d; ", resumedFrom+int64(len(res.Losses)), iters)
+	}
+	fmt.Fprintf(&b, "lm loss %.3f at iteration %d", res.Losses[0], resumedFrom+1)
+	if finite(res.LoggedLoss) {
+		fmt.Fprintf(&b, " → %.3f in the last log line", res.LoggedLoss)
+	}
+	if finite(res.ValidLoss) {
+		fmt.Fprintf(&b, ", validation %.3f", res.ValidLoss)
+	}
+	fmt.Fprintf(&b, ", in %s; checkpoint in %s", took.Round(time.Second), save)
+	if res.Interrupted {
+		b.WriteString(" (run the same command to resume)")
+	}
+	return b.String()
 }

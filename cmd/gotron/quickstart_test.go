@@ -4,11 +4,16 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"math"
 	"os"
+	"os/signal"
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
+	"syscall"
 	"testing"
+	"time"
 
 	"github.com/gotron/gotron/ckpt"
 	"github.com/gotron/gotron/data/indexed"
@@ -272,5 +277,83 @@ func TestQuickstartDefaultPlan(t *testing.T) {
 	}
 	if plan.SourceRoot != "" || plan.VocabSize < 257 || plan.TokenizerBytes > plan.CorpusBytes {
 		t.Errorf("plan %+v", plan)
+	}
+}
+
+// signalAfter sends this process a real SIGINT once the text written to it
+// contains marker, as Ctrl-C in a terminal does.
+type signalAfter struct {
+	mu     sync.Mutex
+	buf    strings.Builder
+	marker string
+	sent   bool
+}
+
+func (w *signalAfter) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.buf.Write(p)
+	if !w.sent && strings.Contains(w.buf.String(), w.marker) {
+		w.sent = true
+		syscall.Kill(os.Getpid(), syscall.SIGINT)
+	}
+	return len(p), nil
+}
+
+// TestQuickstartCtrlCSummary: the quickstart stopped by a real SIGINT
+// (delivered to the signal context gotron's main uses) saves, says where it
+// stopped and how to resume, and prints no NaN: no validation had run (it
+// used to print "validation NaN").
+func TestQuickstartCtrlCSummary(t *testing.T) {
+	tinyQuickstart(t, 6)
+	quickstartDefault.EvalInterval = 5 // the stop comes before the first evaluation
+	dir := t.TempDir()
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT)
+	defer stop()
+	w := &signalAfter{marker: "iteration        1/       6"}
+	env := &cli{stdout: w, stderr: io.Discard, stdin: strings.NewReader(""), getenv: func(string) string { return "" }}
+	code := run(ctx, env, []string{"train", "--quickstart-dir", dir})
+	select {
+	case <-ctx.Done():
+	case <-time.After(10 * time.Second):
+		t.Fatal("the SIGINT never arrived")
+	}
+	out := w.buf.String()
+	if code != 0 {
+		t.Fatalf("exit %d:\n%s", code, out)
+	}
+	var summary string
+	for _, l := range strings.Split(out, "\n") {
+		if strings.HasPrefix(l, "gotron quickstart: stopped at iteration ") {
+			summary = l
+		}
+	}
+	if summary == "" || strings.Contains(strings.ToLower(summary), "nan") || strings.Contains(summary, "validation") ||
+		!strings.Contains(summary, "(run the same command to resume)") {
+		t.Fatalf("summary %q; output:\n%s", summary, out)
+	}
+	latest, err := ckpt.Latest(filepath.Join(dir, "checkpoints"))
+	if err != nil || !strings.Contains(summary, fmt.Sprintf("stopped at iteration %d of 6;", latest)) {
+		t.Fatalf("latest %d, %v; summary %q", latest, err, summary)
+	}
+}
+
+// TestQuickstartSummary: the summary line prints only the numbers a run
+// produced.
+func TestQuickstartSummary(t *testing.T) {
+	nan := math.NaN()
+	for _, c := range []struct {
+		res  train.Result
+		want string
+	}{
+		{train.Result{Losses: []float64{8.1, 7}, LoggedLoss: 7.5, ValidLoss: 7.2},
+			"gotron quickstart: lm loss 8.100 at iteration 1 → 7.500 in the last log line, validation 7.200, in 3s; checkpoint in ck"},
+		{train.Result{Losses: []float64{8.1}, LoggedLoss: nan, ValidLoss: nan, Interrupted: true},
+			"gotron quickstart: stopped at iteration 1 of 6; lm loss 8.100 at iteration 1, in 3s; checkpoint in ck (run the same command to resume)"},
+		{train.Result{}, ""},
+	} {
+		if got := quickstartSummary(c.res, 0, 6, 3*time.Second, "ck"); got != c.want {
+			t.Errorf("got  %q\nwant %q", got, c.want)
+		}
 	}
 }
