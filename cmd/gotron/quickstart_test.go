@@ -281,12 +281,14 @@ func TestQuickstartDefaultPlan(t *testing.T) {
 }
 
 // signalAfter sends this process a real SIGINT once the text written to it
-// contains marker, as Ctrl-C in a terminal does.
+// contains marker, as Ctrl-C in a terminal does, and holds the writer until
+// the signal context sees it (delivery is asynchronous).
 type signalAfter struct {
-	mu     sync.Mutex
-	buf    strings.Builder
-	marker string
-	sent   bool
+	mu       sync.Mutex
+	buf      strings.Builder
+	marker   string
+	sent     bool
+	received context.Context
 }
 
 func (w *signalAfter) Write(p []byte) (int, error) {
@@ -296,6 +298,10 @@ func (w *signalAfter) Write(p []byte) (int, error) {
 	if !w.sent && strings.Contains(w.buf.String(), w.marker) {
 		w.sent = true
 		syscall.Kill(os.Getpid(), syscall.SIGINT)
+		select {
+		case <-w.received.Done():
+		case <-time.After(10 * time.Second):
+		}
 	}
 	return len(p), nil
 }
@@ -310,7 +316,7 @@ func TestQuickstartCtrlCSummary(t *testing.T) {
 	dir := t.TempDir()
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT)
 	defer stop()
-	w := &signalAfter{marker: "iteration        1/       6"}
+	w := &signalAfter{marker: "iteration        1/       6", received: ctx}
 	env := &cli{stdout: w, stderr: io.Discard, stdin: strings.NewReader(""), getenv: func(string) string { return "" }}
 	code := run(ctx, env, []string{"train", "--quickstart-dir", dir})
 	select {
