@@ -728,3 +728,30 @@ func TestServeConnectionLimit(t *testing.T) {
 		t.Errorf("no access lines:\n%s", out)
 	}
 }
+
+// TestServeIdleTimeout: a keep-alive connection left idle is closed after
+// --idle-timeout.
+func TestServeIdleTimeout(t *testing.T) {
+	ck := serveCheckpoint(t)
+	base, _ := startServe(t, "--load", ck, "--idle-timeout", "300ms")
+	c, err := net.Dial("tcp", strings.TrimPrefix(base, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	fmt.Fprintf(c, "GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+	br := bufio.NewReader(c)
+	resp, err := http.ReadResponse(br, nil)
+	if err != nil || resp.StatusCode != 200 {
+		t.Fatalf("health: %v %v", resp, err)
+	}
+	io.ReadAll(resp.Body)
+	idle := time.Now()
+	c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	if _, err := br.ReadByte(); err != io.EOF {
+		t.Fatalf("idle connection: %v, want EOF", err)
+	}
+	if d := time.Since(idle); d < 250*time.Millisecond || d > 2*time.Second {
+		t.Errorf("idle connection closed after %v, want about 300ms", d)
+	}
+}
