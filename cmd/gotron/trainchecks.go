@@ -82,6 +82,28 @@ var trainNumberRules = withTokenizerRules(map[string]numberRule{
 	"distributed-timeout-minutes":                      floatIn(0, maxMinutes, "minutes; 0: the default"),
 	"device-memory-fraction":                           floatIn(0, 1, "a fraction of the device's memory; 0: the default"),
 
+	"expert-model-parallel-size":  intIn(1, maxRanks, "ranks"),
+	"expert-tensor-parallel-size": intIn(0, maxRanks, "ranks; 0: the tensor-parallel size"),
+
+	// Heartbeats (Megatron's --inprocess-heartbeat-* names too); 0: the default.
+	"heartbeat-timeout":            floatIn(0, 86400, "seconds"),
+	"inprocess-heartbeat-timeout":  floatIn(0, 86400, "seconds"),
+	"heartbeat-interval":           floatIn(0, 86400, "seconds"),
+	"inprocess-heartbeat-interval": floatIn(0, 86400, "seconds"),
+
+	// Mixture of experts.
+	"num-experts":                         intIn(0, 1<<20, "experts per MoE layer; 0: a dense model"),
+	"moe-ffn-hidden-size":                 intAtLeast(0, "each expert's MLP hidden size; 0: --ffn-hidden-size"),
+	"moe-router-topk":                     intIn(1, 1<<20, "experts per token"),
+	"moe-router-num-groups":               intIn(0, 1<<20, "expert groups; 0: none"),
+	"moe-router-group-topk":               intIn(0, 1<<20, "groups per token; 0: none"),
+	"moe-router-topk-scaling-factor":      floatIn(0, math.MaxFloat64, "a factor; 0: none"),
+	"moe-router-bias-update-rate":         floatIn(0, math.MaxFloat64, "an update rate"),
+	"moe-input-jitter-eps":                floatIn(0, 0.999999, "the jitter's half-width: noise in (1-eps, 1+eps); 0: none"),
+	"moe-z-loss-coeff":                    floatIn(0, math.MaxFloat64, "a loss coefficient; 0: none"),
+	"moe-expert-capacity-factor":          floatIn(-math.MaxFloat64, math.MaxFloat64, "a capacity factor; negative: dropless"),
+	"moe-shared-expert-intermediate-size": intAtLeast(0, "the shared expert's hidden size; 0: none"),
+
 	// Batches and iterations.
 	"seq-length":        intAtLeast(0, "tokens per sample"),
 	"micro-batch-size":  intAtLeast(0, "samples per forward/backward"),
