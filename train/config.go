@@ -209,6 +209,9 @@ func (c *Config) validate() error {
 		if w := c.groups().World.Size(); w > 1 {
 			return fmt.Errorf("train: --num-experts=%d on %d ranks: MoE trains in one process in this release (expert, tensor, pipeline and data parallelism with MoE are not built yet)", c.Model.MoE.NumExperts, w)
 		}
+		if c.Model.MoE.ExpertBias && (c.Save != "" || c.Load != "") {
+			return fmt.Errorf("train: --moe-router-enable-expert-bias with --save or --load: the expert bias in checkpoints is not built yet")
+		}
 	}
 	switch {
 	case c.SeqLength <= 0:

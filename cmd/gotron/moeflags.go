@@ -64,6 +64,18 @@ func addMoEFlags(fs *flag.FlagSet, f *moeFlags) {
 	fs.BoolVar(&f.permuteFusion, "moe-permute-fusion", false, "accepted: a GPU fusion; no effect on CPU")
 }
 
+// noOps names the given MoE flags that change no number here: GPU fusions
+// and overlap, and the dispatcher choice in one process.
+func (f *moeFlags) noOps(given map[string]bool) []string {
+	var out []string
+	for _, name := range []string{"moe-router-fusion", "moe-permute-fusion", "moe-shared-expert-overlap", "moe-token-dispatcher-type"} {
+		if given[name] {
+			out = append(out, "--"+name)
+		}
+	}
+	return out
+}
+
 // apply sets m.MoE from the flags (given: the flags on the command line).
 func (f *moeFlags) apply(m *gpt.Config, given map[string]bool) error {
 	if f.numExperts == 0 {

@@ -291,6 +291,7 @@ func cmdTrain(ctx context.Context, env *cli, args []string) error {
 	if given["step-batch-size-schedule"] && given["global-batch-size"] {
 		return fmt.Errorf("--step-batch-size-schedule and --global-batch-size exclude each other (as Megatron: the schedule sets the global batch)")
 	}
+	noOps = append(noOps, f.moe.noOps(given)...)
 	if len(noOps) > 0 {
 		fmt.Fprintf(env.stderr, "gotron train: %s: no effect on the CPU backend (GPU kernel and fusion choices)\n", strings.Join(noOps, ", "))
 	}

@@ -1,0 +1,110 @@
+package main
+
+import (
+	"bufio"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// TestTrainMoEOnIndexedDataset trains a tiny Mixtral-style model (8
+// experts, top-2, aux and z losses, grouped GEMM) on a .bin/.idx dataset
+// made by gotron preprocess, and finds the MoE losses on every log line and
+// in every metrics record, as Megatron names them.
+func TestTrainMoEOnIndexedDataset(t *testing.T) {
+	dir := t.TempDir()
+	var docs strings.Builder
+	for i := range 40 {
+		b, _ := json.Marshal(map[string]string{"text": strings.Repeat("the quick brown fox jumps over the lazy dog number "+string(rune('a'+i%26))+". ", 20)})
+		docs.Write(append(b, '\n'))
+	}
+	if err := os.WriteFile(filepath.Join(dir, "docs.jsonl"), []byte(docs.String()), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, errs, code := runCLI(t, "tokenizer", "export-gpt2", dir); code != 0 {
+		t.Fatal(errs)
+	}
+	vocab, merges := filepath.Join(dir, "vocab.json"), filepath.Join(dir, "merges.txt")
+	if _, errs, code := runCLI(t, "preprocess", "--input", filepath.Join(dir, "docs.jsonl"), "--output-prefix", filepath.Join(dir, "corpus"),
+		"--tokenizer-type", "GPT2BPETokenizer", "--vocab-file", vocab, "--merge-file", merges, "--append-eod", "--workers", "1"); code != 0 {
+		t.Fatal(errs)
+	}
+	metrics := filepath.Join(dir, "m.jsonl")
+	out, errs, code := runCLI(t, "train", "--data-path", filepath.Join(dir, "corpus_text_document"), "--split", "100,0,0",
+		"--tokenizer-type", "GPT2BPETokenizer", "--vocab-file", vocab, "--merge-file", merges,
+		"--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4", "--ffn-hidden-size", "48",
+		"--seq-length", "32", "--micro-batch-size", "2", "--global-batch-size", "4", "--train-iters", "3",
+		"--lr", "1e-3", "--log-interval", "1", "--eval-iters", "0", "--no-progress", "--metrics-file", metrics,
+		"--position-embedding-type", "rope", "--normalization", "RMSNorm", "--swiglu", "--disable-bias-linear",
+		"--num-experts", "8", "--moe-router-topk", "2", "--moe-router-load-balancing-type", "aux_loss",
+		"--moe-aux-loss-coeff", "1e-2", "--moe-z-loss-coeff", "1e-3", "--moe-grouped-gemm", "--moe-token-dispatcher-type", "alltoall")
+	if code != 0 {
+		t.Fatalf("train exit %d: %s", code, errs)
+	}
+	if !strings.Contains(errs, "--moe-token-dispatcher-type: no effect") {
+		t.Errorf("stderr %q: want the dispatcher named as having no effect in one process", errs)
+	}
+	lines := 0
+	for _, l := range strings.Split(out, "\n") {
+		if strings.Contains(l, " iteration ") {
+			lines++
+			if !strings.Contains(l, "| lm loss: ") || !strings.Contains(l, "| load_balancing_loss: ") || !strings.Contains(l, "| z_loss: ") {
+				t.Errorf("log line without the MoE losses: %s", l)
+			}
+		}
+	}
+	if lines != 3 {
+		t.Fatalf("%d log lines, want 3:\n%s", lines, out)
+	}
+	f, err := os.Open(metrics)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	records := 0
+	for sc.Scan() {
+		var rec map[string]any
+		if err := json.Unmarshal(sc.Bytes(), &rec); err != nil {
+			t.Fatal(err)
+		}
+		lb, ok1 := rec["load_balancing_loss"].(float64)
+		z, ok2 := rec["z_loss"].(float64)
+		if !ok1 || !ok2 || lb < 0.5 || lb > 2 || z <= 0 {
+			t.Errorf("metrics record %v: want load_balancing_loss near 1 and a positive z_loss", rec)
+		}
+		records++
+	}
+	if records != 3 {
+		t.Fatalf("%d metrics records, want 3", records)
+	}
+}
+
+// TestTrainMoEBadInput: each a clear error before training.
+func TestTrainMoEBadInput(t *testing.T) {
+	moe := with(tinyTrain, "--train-iters", "1", "--swiglu", "--disable-bias-linear", "--num-experts", "8")
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{with(moe, "--moe-router-topk", "9"), "--moe-router-topk=9: want 1..8"},
+		{with(moe, "--expert-model-parallel-size", "3"), "--num-experts=8 is not divisible by --expert-model-parallel-size=3"},
+		{with(moe, "--expert-model-parallel-size", "2"), "expert parallelism is not built yet"},
+		{with(moe, "--expert-tensor-parallel-size", "2"), "expert tensor parallelism is not built yet"},
+		{with(moe, "--moe-expert-capacity-factor", "0"), "--moe-expert-capacity-factor=0: want > 0"},
+		{with(moe, "--moe-router-dtype", "fp64"), "fp64: not built yet"},
+		{with(moe, "--moe-token-dispatcher-type", "flex"), "flex: not built yet"},
+		{with(moe, "--moe-router-load-balancing-type", "sinkhorn"), "sinkhorn: not built yet"},
+		{with(moe, "--moe-router-load-balancing-type", "aux_loss", "seq_aux_loss", "--moe-aux-loss-coeff", "0.1"), "2 --moe-router-load-balancing-type values"},
+		{with(moe, "--moe-router-enable-expert-bias"), "needs --moe-router-score-function sigmoid"},
+		{with(tinyTrain, "--train-iters", "1", "--num-experts", "4"), "--disable-bias-linear"},
+		{with(tinyTrain, "--train-iters", "1", "--moe-router-topk", "1"), "--moe-router-topk needs --num-experts"},
+	} {
+		_, errs, code := runCLI(t, c.args...)
+		if code == 0 || !strings.Contains(errs, c.want) {
+			t.Errorf("want %q: exit %d, stderr %q", c.want, code, errs)
+		}
+	}
+}
