@@ -203,12 +203,21 @@ type Attention struct {
 	// (HierarchicalRanks): a2a within A2AGroup, the ring over RingGroup.
 	A2AGroup, RingGroup comm.ProcessGroup
 
-	comm time.Duration // time spent waiting for communication
+	comm      time.Duration // time spent waiting for communication
+	exchanged time.Duration // duration of the overlapped ring exchanges
+	// exchangeWait is the part of comm spent waiting for them
+	exchangeWait time.Duration
 }
 
 // CommWait is the time this rank has waited for context-parallel
 // communication (the part not hidden behind compute).
 func (a *Attention) CommWait() time.Duration { return a.comm }
+
+// Overlap reports the ring's overlapped key/value exchanges (p2p and
+// a2a+p2p) on this rank: their total duration, start to finish, and the
+// time this rank waited for them after its compute; the share of the
+// exchange hidden behind compute is 1 − waited/exchanged.
+func (a *Attention) Overlap() (exchanged, waited time.Duration) { return a.exchanged, a.exchangeWait }
 
 // Attention returns the attention of the local queries q (b, 2c, hq, d)
 // over the whole sequence's keys and values, of which k, v (b, 2c, hkv, d)

@@ -23,7 +23,11 @@ func (f *hierCall) Forward(tp *tensor.Tape, in []*tensor.Tensor) []*tensor.Tenso
 	q, k, v := in[0], in[1], in[2]
 	level1 := &Attention{Group: f.a.A2AGroup}
 	level2 := &Attention{Group: f.a.RingGroup}
-	defer func() { f.a.comm += level1.comm + level2.comm }()
+	defer func() {
+		f.a.comm += level1.comm + level2.comm
+		f.a.exchanged += level2.exchanged
+		f.a.exchangeWait += level2.exchangeWait
+	}()
 	f.inner = &a2aCall{a: level1}
 	cfg := f.cfg
 	cfg.FirstHead += f.a.A2AGroup.Rank() * q.Dim(2) / f.a.A2AGroup.Size()
@@ -36,8 +40,12 @@ func (f *hierCall) Forward(tp *tensor.Tape, in []*tensor.Tensor) []*tensor.Tenso
 }
 
 func (f *hierCall) Backward(tp *tensor.Tape, gout []*tensor.Tensor) []*tensor.Tensor {
-	l1, l2 := f.inner.a.comm, f.ring.a.comm
-	defer func() { f.a.comm += f.inner.a.comm - l1 + f.ring.a.comm - l2 }()
+	l1, l2, x2, w2 := f.inner.a.comm, f.ring.a.comm, f.ring.a.exchanged, f.ring.a.exchangeWait
+	defer func() {
+		f.a.comm += f.inner.a.comm - l1 + f.ring.a.comm - l2
+		f.a.exchanged += f.ring.a.exchanged - x2
+		f.a.exchangeWait += f.ring.a.exchangeWait - w2
+	}()
 	dout := f.inner.toHeads(tp, "a2a of the output gradient (a2a+p2p)", gout[0])
 	g := f.ring.Backward(tp, []*tensor.Tensor{dout})
 	return []*tensor.Tensor{

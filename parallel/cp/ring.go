@@ -2,6 +2,7 @@ package cp
 
 import (
 	"context"
+	"time"
 
 	"github.com/gotron/gotron/comm"
 	"github.com/gotron/gotron/tensor"
@@ -52,14 +53,27 @@ func (a *Attention) exchange(ctx context.Context, send, recv []float32) error {
 
 // startExchange starts exchange of cur into next in the background (the
 // transfer the current block's compute hides); the returned wait finishes
-// it and copies the received values into next.
+// it and copies the received values into next. The transfer's own
+// duration adds to Exchanged, the time wait blocks to CommWait.
 func (a *Attention) startExchange(tp *tensor.Tape, op string, cur, next *tensor.Tensor) (wait func() bool) {
 	send, recv := stageOut(cur), hostBuffer(next)
-	done := make(chan error, 1)
+	type result struct {
+		err error
+		d   time.Duration
+	}
+	done := make(chan result, 1)
 	ctx := tp.Context()
-	go func() { done <- a.exchange(ctx, send, recv) }()
+	go func() {
+		start := time.Now()
+		err := a.exchange(ctx, send, recv)
+		done <- result{err, time.Since(start)}
+	}()
 	return func() bool {
-		ok := a.wait(tp, op, func(context.Context) error { return <-done })
+		var r result
+		start := time.Now()
+		ok := a.wait(tp, op, func(context.Context) error { r = <-done; return r.err })
+		a.exchanged += r.d
+		a.exchangeWait += time.Since(start)
 		if ok {
 			stageIn(next, recv)
 		}
