@@ -44,6 +44,9 @@ func cmdMemory(_ context.Context, env *cli, args []string) error {
 	if fs.NArg() > 0 {
 		return fmt.Errorf("unexpected argument %q (flags start with --)", fs.Arg(0))
 	}
+	if err := checkNumbers(trainNumberRules, flagText(fs)); err != nil {
+		return err
+	}
 	f.finish()
 	given := map[string]bool{}
 	fs.Visit(func(fl *flag.Flag) { given[fl.Name] = true })

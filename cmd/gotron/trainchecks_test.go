@@ -160,3 +160,13 @@ func TestDataCommandsRefuseNumbersOutsideTheirMeaning(t *testing.T) {
 		}
 	}
 }
+
+// TestMemoryChecksTrainNumbers: gotron memory takes train's flags and
+// checks them with train's rules.
+func TestMemoryChecksTrainNumbers(t *testing.T) {
+	code, out, errs := runGotronLocal(t, "memory", "--world-size", "1", "--model", "tiny", "--seq-length", "16",
+		"--micro-batch-size", "1", "--tensor-model-parallel-size", "-2")
+	if want := "--tensor-model-parallel-size: -2 is out of range: must be between 1 and 16777216"; code != 1 || !strings.Contains(errs, want) {
+		t.Fatalf("exit %d, stderr %q, want %q\n%s", code, errs, want, out)
+	}
+}
