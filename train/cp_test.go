@@ -21,12 +21,13 @@ type cpLayout struct {
 	tp, pp, cp, dp int
 	comm           cp.CommType
 	hier           []int // --hierarchical-context-parallel-sizes
+	vpp            int   // virtual stages per pipeline rank
 	sp             bool
 	dc             ddp.Config
 }
 
 func (l cpLayout) String() string {
-	return fmt.Sprintf("CP=%d %v %v TP=%d SP=%v PP=%d DP=%d %+v", l.cp, l.comm, l.hier, l.tp, l.sp, l.pp, l.dp, l.dc)
+	return fmt.Sprintf("CP=%d %v %v TP=%d SP=%v PP=%d VPP=%d DP=%d %+v", l.cp, l.comm, l.hier, l.tp, l.sp, l.pp, l.vpp, l.dp, l.dc)
 }
 
 // runCPLayout trains cfg on TP·PP·CP·DP inproc ranks; every rank's result
@@ -42,7 +43,7 @@ func runCPLayout(t *testing.T, cfg Config, l cpLayout, train, valid datagpt.Sour
 		}
 		c := cfg
 		c.Parallel, c.DDP, c.SequenceParallel, c.CPCommType, c.HierarchicalCPSizes = g, l.dc, l.sp, l.comm, l.hier
-		c.Pipeline = gpt.PipelineSplit{PP: l.pp}
+		c.Pipeline = gpt.PipelineSplit{PP: l.pp, VPP: l.vpp}
 		tr, err := New(c, train, valid)
 		if err != nil {
 			return fmt.Errorf("rank %d: %w", pg.Rank(), err)
@@ -216,4 +217,19 @@ func TestContextParallelDropoutMatchesSingleProcess(t *testing.T) {
 	} {
 		checkSameRun(t, "dropout "+l.String(), ref, runCPLayout(t, cfg, l, train, valid))
 	}
+}
+
+// TestContextParallelInterleavedPipeline: CP = 2 with the interleaved
+// pipeline schedule (PP = 2, 2 virtual stages per rank, 4 layers; the
+// stages share the model's context-parallel attention) reproduces the
+// single-process run.
+func TestContextParallelInterleavedPipeline(t *testing.T) {
+	train, valid := dpDataset(t, 128)
+	m := cpModels()["llama"]
+	m.NumLayers = 4
+	cfg := dpConfig(m)
+	cfg.SeqLength, cfg.MicroBatchSize = 128, 2
+	ref := runDP(t, cfg, 0, ddp.Config{}, train, valid)[0]
+	l := cpLayout{tp: 1, pp: 2, vpp: 2, cp: 2, dp: 1, comm: cp.P2P}
+	checkSameRun(t, l.String(), ref, runCPLayout(t, cfg, l, train, valid))
 }
