@@ -1,7 +1,11 @@
 package gpt
 
 import (
+	"encoding/json"
+	"fmt"
 	"math"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -231,5 +235,101 @@ func TestParseMoELayerFreq(t *testing.T) {
 		if got.String() != want {
 			t.Errorf("%s: %s, want %s", s, got.String(), want)
 		}
+	}
+}
+
+// TestMoELayerGolden runs one MoE MLP (SwiGLU experts, a gated shared
+// expert, capacity dropping, aux and z losses) against a float64 PyTorch run
+// of Megatron's routing, permute and unpermute with SequentialMLP's experts
+// (tools/golden/moe.py): the output and the gradients of every weight and
+// of the input, the losses' gradients included (scale 1).
+func TestMoELayerGolden(t *testing.T) {
+	raw, err := os.ReadFile(filepath.Join("testdata", "moe_layer.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var g struct {
+		S, B, H, E, K, F, Shared               int
+		AuxCoeff                               float64 `json:"aux_coeff"`
+		ZCoeff                                 float64 `json:"z_coeff"`
+		CapacityFactor                         float64 `json:"capacity_factor"`
+		Dropped                                int
+		X, Dout, Out, DX                       []float32
+		Aux, Z                                 float64
+		Router, SharedFC1, SharedFC2, Gate     []float32
+		FC1, FC2                               [][]float32
+		DRouter, DSharedFC1, DSharedFC2, DGate []float32
+		DFC1, DFC2                             [][]float32
+	}
+	if err := json.Unmarshal(raw, &g); err != nil {
+		t.Fatal(err)
+	}
+	var names struct {
+		SharedFC1  []float32   `json:"shared_fc1"`
+		SharedFC2  []float32   `json:"shared_fc2"`
+		DRouter    []float32   `json:"d_router"`
+		DSharedFC1 []float32   `json:"d_shared_fc1"`
+		DSharedFC2 []float32   `json:"d_shared_fc2"`
+		DGate      []float32   `json:"d_gate"`
+		DFC1       [][]float32 `json:"d_fc1"`
+		DFC2       [][]float32 `json:"d_fc2"`
+	}
+	if err := json.Unmarshal(raw, &names); err != nil {
+		t.Fatal(err)
+	}
+	if g.Dropped == 0 {
+		t.Fatal("the fixture drops no token: regenerate it with dropping")
+	}
+	cfg := Config{NumLayers: 1, HiddenSize: g.H, NumAttentionHeads: 2, VocabSize: 16, MaxPositionEmbeddings: g.S,
+		Activation: SwiGLU, DisableBiasLinear: true,
+		MoE: MoEConfig{NumExperts: g.E, TopK: g.K, FFNHiddenSize: g.F, SharedExpertFFN: g.Shared, SharedExpertGate: true,
+			CapacityFactor: g.CapacityFactor, AuxLossCoeff: g.AuxCoeff, ZLossCoeff: g.ZCoeff}}
+	m, err := New(cfg, tensor.NewRNG(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := m.Layers[0].MoE
+	set := func(p *tensor.Tensor, v []float32) { copy(p.Float32s(), v) }
+	set(l.Router, g.Router)
+	set(l.SharedFC1, names.SharedFC1)
+	set(l.SharedFC2, names.SharedFC2)
+	set(l.Gate, g.Gate)
+	for e := range g.E {
+		set(l.FC1[e], g.FC1[e])
+		set(l.FC2[e], g.FC2[e])
+	}
+	x := tensor.Param("x", g.B, g.S, g.H)
+	set(x, g.X)
+	m.SetAuxLossScale(1)
+	tp := tensor.NewTape()
+	out := m.moe(tp, l, 0, x, &pass{lin: tapeLinear{}, rng: tensor.NewRNG(2)})
+	loss := tp.Sum(tp.Mul(out, tensor.FromFloat32(g.Dout, g.B, g.S, g.H)))
+	if err := tp.Backward(loss); err != nil {
+		t.Fatal(err)
+	}
+	check := func(name string, got, want []float32) {
+		t.Helper()
+		if len(got) != len(want) {
+			t.Fatalf("%s: %d values, want %d", name, len(got), len(want))
+		}
+		for i := range want {
+			if d := math.Abs(float64(got[i] - want[i])); d > 2e-5*math.Max(1, math.Abs(float64(want[i]))) {
+				t.Fatalf("%s[%d] = %g, PyTorch float64 %g", name, i, got[i], want[i])
+			}
+		}
+	}
+	check("out", out.Float32s(), g.Out)
+	check("dx", x.Grad.Float32s(), g.DX)
+	check("router grad", l.Router.Grad.Float32s(), names.DRouter)
+	check("shared fc1 grad", l.SharedFC1.Grad.Float32s(), names.DSharedFC1)
+	check("shared fc2 grad", l.SharedFC2.Grad.Float32s(), names.DSharedFC2)
+	check("gate grad", l.Gate.Grad.Float32s(), names.DGate)
+	for e := range g.E {
+		check(fmt.Sprintf("expert %d fc1 grad", e), l.FC1[e].Grad.Float32s(), names.DFC1[e])
+		check(fmt.Sprintf("expert %d fc2 grad", e), l.FC2[e].Grad.Float32s(), names.DFC2[e])
+	}
+	met := m.MoEMetrics(1)
+	if math.Abs(met["load_balancing_loss"]-g.Aux/g.AuxCoeff) > 1e-5 || math.Abs(met["z_loss"]-g.Z/g.ZCoeff) > 1e-5 {
+		t.Fatalf("logged losses %v; PyTorch aux/coeff %g, z/coeff %g", met, g.Aux/g.AuxCoeff, g.Z/g.ZCoeff)
 	}
 }

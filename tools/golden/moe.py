@@ -260,3 +260,74 @@ out = {"megatron": "NVIDIA/Megatron-LM d98e8a6, megatron/core/transformer/moe/mo
 with open(OUT, "w") as f:
     json.dump(out, f, indent=0)
 print("wrote", OUT)
+
+# ---------------------------------------------------------------------------
+# A whole MoE MLP (MoELayer with SequentialMLP SwiGLU experts, a gated shared
+# expert, dropping, aux and z losses at MoEAuxLossAutoScaler scale 1), in
+# float64: Megatron's routing, permute and unpermute; the experts as
+# SequentialMLP computes them (the probability multiplies the activation
+# before fc2); out = routed + shared. The gradients are those of
+# sum(out * dout). model/gpt's TestMoELayerGolden reads it.
+LAYER_OUT = sys.argv[3] if len(sys.argv) > 3 else "model/gpt/testdata/moe_layer.json"
+torch.set_default_dtype(torch.float64)
+g2 = torch.Generator().manual_seed(99)
+Sl, Bl, H, EL, K, F, SH = 5, 2, 8, 4, 2, 6, 4
+TL = Sl * Bl
+x = torch.randn(Sl, Bl, H, generator=g2, dtype=torch.float64).requires_grad_(True)
+Wr = (torch.randn(EL, H, generator=g2, dtype=torch.float64) * 0.5).requires_grad_(True)
+W1 = [(torch.randn(2 * F, H, generator=g2, dtype=torch.float64) * 0.3).requires_grad_(True) for _ in range(EL)]
+W2 = [(torch.randn(H, F, generator=g2, dtype=torch.float64) * 0.3).requires_grad_(True) for _ in range(EL)]
+S1 = (torch.randn(2 * SH, H, generator=g2, dtype=torch.float64) * 0.3).requires_grad_(True)
+S2 = (torch.randn(H, SH, generator=g2, dtype=torch.float64) * 0.3).requires_grad_(True)
+Gw = (torch.randn(1, H, generator=g2, dtype=torch.float64) * 0.3).requires_grad_(True)
+dout = torch.randn(Sl, Bl, H, generator=g2, dtype=torch.float64)
+AUX, ZC, CF = 0.1, 0.01, 1.0
+mu.MoEAuxLossAutoScaler.main_loss_backward_scale = torch.tensor(1.0, dtype=torch.float64)
+
+xs = x.reshape(TL, H)
+logits = xs @ Wr.T
+z = mu.z_loss_func(logits, ZC)
+logits = mu.MoEAuxLossAutoScaler.apply(logits, z)
+probs, rmap = mu.topk_routing_with_score_function(logits, K)
+probs, rmap = mu.apply_router_token_dropping(probs, rmap, router_topk=K, capacity_factor=CF, drop_policy="probs")
+amap, ascores = mu.compute_routing_scores_for_aux_loss(logits, K, "softmax")
+gtpe, _, tot = mu.get_tokens_per_expert_and_token_count(amap, ONE, K)
+aux = mu.switch_load_balancing_loss_func(ascores, gtpe, tot, K, EL, AUX)
+probs = mu.MoEAuxLossAutoScaler.apply(probs, aux)
+tokens_per_expert = rmap.sum(dim=0)
+num_out = int(tokens_per_expert.sum())
+pin, pprobs, sorted_idx, _, _ = mu.permute(xs, rmap, probs=probs, num_out_tokens=num_out)
+outs = []
+for e, chunk, pc in zip(range(EL), torch.split(pin, tokens_per_expert.tolist()), torch.split(pprobs, tokens_per_expert.tolist())):
+    hdn = chunk @ W1[e].T
+    gate, up = hdn[:, :F], hdn[:, F:]
+    act = torch.nn.functional.silu(gate) * up * pc.unsqueeze(-1)
+    outs.append(act @ W2[e].T)
+routed = mu.unpermute(torch.cat(outs), sorted_idx, torch.Size([TL, H]))
+sh = xs @ S1.T
+shared = (torch.nn.functional.silu(sh[:, :SH]) * sh[:, SH:]) @ S2.T
+shared = shared * torch.sigmoid(xs @ Gw.T)
+out = (routed + shared).reshape(Sl, Bl, H)
+(out * dout).sum().backward()
+
+
+def bs(t):
+    """[S, B, ...] -> gotron's [B, S, ...], flattened."""
+    return [float(v) for v in t.detach().transpose(0, 1).reshape(-1).tolist()]
+
+
+def flat(t):
+    return [float(v) for v in t.detach().reshape(-1).tolist()]
+
+
+layer = {"S": Sl, "B": Bl, "H": H, "E": EL, "K": K, "F": F, "shared": SH, "aux_coeff": AUX, "z_coeff": ZC,
+         "capacity_factor": CF, "dropped": int(TL * K - num_out),
+         "x": bs(x), "dout": bs(dout), "out": bs(out), "dx": bs(x.grad),
+         "aux": float(aux), "z": float(z),
+         "router": flat(Wr), "fc1": [flat(w) for w in W1], "fc2": [flat(w) for w in W2],
+         "shared_fc1": flat(S1), "shared_fc2": flat(S2), "gate": flat(Gw),
+         "d_router": flat(Wr.grad), "d_fc1": [flat(w.grad) for w in W1], "d_fc2": [flat(w.grad) for w in W2],
+         "d_shared_fc1": flat(S1.grad), "d_shared_fc2": flat(S2.grad), "d_gate": flat(Gw.grad)}
+with open(LAYER_OUT, "w") as f:
+    json.dump(layer, f, indent=0)
+print("wrote", LAYER_OUT, "dropped", layer["dropped"])
