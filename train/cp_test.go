@@ -3,6 +3,7 @@ package train
 import (
 	"context"
 	"fmt"
+	"math"
 	"os"
 	"strings"
 	"testing"
@@ -14,6 +15,7 @@ import (
 	"github.com/gotron/gotron/parallel"
 	"github.com/gotron/gotron/parallel/cp"
 	"github.com/gotron/gotron/parallel/ddp"
+	"github.com/gotron/gotron/tensor"
 )
 
 // cpLayout is one parallel layout of a context-parallel test.
@@ -232,4 +234,34 @@ func TestContextParallelInterleavedPipeline(t *testing.T) {
 	ref := runDP(t, cfg, 0, ddp.Config{}, train, valid)[0]
 	l := cpLayout{tp: 1, pp: 2, vpp: 2, cp: 2, dp: 1, comm: cp.P2P}
 	checkSameRun(t, l.String(), ref, runCPLayout(t, cfg, l, train, valid))
+}
+
+// TestContextParallelSimMatchesCPU: context parallelism on the simulated
+// device (host access only through the counted copies: comm staging, the
+// a2a packing) gives the CPU's losses and parameters bit for bit, with
+// dropout on, for p2p and a2a.
+func TestContextParallelSimMatchesCPU(t *testing.T) {
+	train, valid := dpDataset(t, 128)
+	cfg := dpConfig(cpModels()["llama"])
+	cfg.SeqLength, cfg.MicroBatchSize, cfg.TrainIters = 128, 2, 4
+	cfg.Model.HiddenDropout, cfg.Model.AttentionDropout = 0.1, 0.1
+	for _, ct := range []cp.CommType{cp.P2P, cp.A2A} {
+		l := cpLayout{tp: 1, pp: 1, cp: 2, dp: 1, comm: ct}
+		cpu := runCPLayout(t, cfg, l, train, valid)[0]
+		sim := cfg
+		sim.Device = tensor.Sim
+		got := runCPLayout(t, sim, l, train, valid)[0]
+		for i, want := range cpu.res.Losses {
+			if got.res.Losses[i] != want {
+				t.Fatalf("%v on sim: iteration %d loss %.9g, CPU %.9g", ct, i+1, got.res.Losses[i], want)
+			}
+		}
+		for name, want := range cpu.params {
+			for i := range want {
+				if math.Float32bits(got.params[name][i]) != math.Float32bits(want[i]) {
+					t.Fatalf("%v on sim: %s[%d] = %g, CPU %g", ct, name, i, got.params[name][i], want[i])
+				}
+			}
+		}
+	}
 }
