@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"math/rand/v2"
 	"net"
 	"net/http"
@@ -236,7 +237,7 @@ func benchServeModel(f *benchServeFlags) (*gpt.Model, tokenizer.Tokenizer, error
 		if err != nil {
 			return nil, nil, err
 		}
-		tok, err := serveTokenizer(f.serve.tok, tokDir, m.Config.VocabSize, f.serve.load)
+		tok, err := checkpointTokenizer(f.serve.tok, tokDir, m.Config.VocabSize, f.serve.load, io.Discard)
 		if err != nil {
 			tok, err = tokenizer.New(tokenizer.Config{Type: tokenizer.TypeNull, VocabSize: m.Config.VocabSize})
 		}
@@ -251,7 +252,7 @@ func benchServeModel(f *benchServeFlags) (*gpt.Model, tokenizer.Tokenizer, error
 	if err != nil {
 		return nil, nil, err
 	}
-	tok, err := serveTokenizer(f.serve.tok, "", cfg.VocabSize, "--preset "+f.preset)
+	tok, err := checkpointTokenizer(f.serve.tok, "", cfg.VocabSize, "--preset "+f.preset, io.Discard)
 	if err != nil {
 		tok, err = tokenizer.New(tokenizer.Config{Type: tokenizer.TypeNull, VocabSize: cfg.VocabSize})
 	}

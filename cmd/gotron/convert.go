@@ -313,7 +313,7 @@ func convertToHF(ctx context.Context, env *cli, f *convertFlags) error {
 	}
 	// The checkpoint's tokenizer, found as generate finds it: the files
 	// carried in the checkpoint, else GPT-2's for a GPT-2-sized vocabulary.
-	tok, tokErr := generateTokenizer(tokenizer.Config{}, tokDir, m.Config.VocabSize, f.load)
+	tok, tokErr := checkpointTokenizer(tokenizer.Config{}, tokDir, m.Config.VocabSize, f.load, env.stderr)
 	if info.VocabSize == 0 && tokErr == nil && tok.VocabSize() <= m.Config.VocabSize {
 		info.VocabSize = tok.VocabSize() // the unpadded vocabulary: padding rows are not exported
 	}
@@ -348,7 +348,7 @@ func exportTokenizer(dir, tokDir string, m *gpt.Model, tok tokenizer.Tokenizer, 
 		has[n] = true
 	}
 	carried := has["tokenizer.json"] || has["vocab.json"] || has["tokenizer.model"]
-	if !carried && tokErr == nil { // generateTokenizer fell back to the embedded GPT-2 BPE
+	if !carried && tokErr == nil { // checkpointTokenizer fell back to the embedded GPT-2 BPE
 		names, err := gpt2.WriteFiles(dir, m.Config.MaxPositionEmbeddings)
 		if err != nil {
 			return copied, err

@@ -6,7 +6,6 @@ import (
 	"time"
 
 	"github.com/gotron/gotron/infer"
-	"github.com/gotron/gotron/internal/assets/gpt2"
 	"github.com/gotron/gotron/internal/checked"
 	"github.com/gotron/gotron/tensor"
 	"github.com/gotron/gotron/tokenizer"
@@ -54,7 +53,7 @@ func cmdGenerate(ctx context.Context, env *cli, args []string) error {
 	if err != nil {
 		return err
 	}
-	tok, err := generateTokenizer(tc, tokDir, m.Config.VocabSize, *load)
+	tok, err := checkpointTokenizer(tc, tokDir, m.Config.VocabSize, *load, env.stderr)
 	if err != nil {
 		return err
 	}
@@ -92,19 +91,3 @@ func cmdGenerate(ctx context.Context, env *cli, args []string) error {
 	return err
 }
 
-// generateTokenizer opens the tokenizer the flags name, else the one carried
-// in the checkpoint, else (for GPT-2-sized vocabularies, like the
-// quickstart's) the embedded GPT-2 BPE. generate, score --text and serve
-// use it.
-func generateTokenizer(cfg tokenizer.Config, tokDir string, vocab int, load string) (tokenizer.Tokenizer, error) {
-	if cfg.Type != "" {
-		return tokenizer.New(cfg)
-	}
-	if tok, err := scoreTokenizer(cfg, tokDir); err == nil {
-		return tok, nil
-	}
-	if vocab != tokenizer.PaddedVocabSize(50257, 128, 1) && vocab != 50257 {
-		return nil, fmt.Errorf("--load %s carries no tokenizer and has a vocabulary of %d: name its tokenizer with --tokenizer-type and its files", load, vocab)
-	}
-	return gpt2.Tokenizer()
-}

@@ -231,7 +231,7 @@ func sampleCheckpoint(env *cli, save string, plan quickstartPlan) error {
 	if err != nil {
 		return err
 	}
-	tok, err := generateTokenizer(tokenizer.Config{}, tokDir, m.Config.VocabSize, save)
+	tok, err := checkpointTokenizer(tokenizer.Config{}, tokDir, m.Config.VocabSize, save, env.stderr)
 	if err != nil {
 		return err
 	}

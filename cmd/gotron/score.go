@@ -66,7 +66,7 @@ func cmdScore(ctx context.Context, env *cli, args []string) error {
 	warnNonFinite(env.stderr, f.load, m)
 	var tok tokenizer.Tokenizer
 	if f.text != "" || f.tok.Type != "" {
-		if tok, err = generateTokenizer(f.tok, tokDir, m.Config.VocabSize, f.load); err != nil {
+		if tok, err = checkpointTokenizer(f.tok, tokDir, m.Config.VocabSize, f.load, env.stderr); err != nil {
 			return err
 		}
 	}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"log"
 	"net"
 	"net/http"
@@ -18,7 +19,6 @@ import (
 
 	"github.com/gotron/gotron/infer"
 	"github.com/gotron/gotron/infer/server"
-	"github.com/gotron/gotron/internal/assets/gpt2"
 	"github.com/gotron/gotron/internal/checked"
 	"github.com/gotron/gotron/internal/meminfo"
 	"github.com/gotron/gotron/model/gpt"
@@ -113,7 +113,7 @@ func cmdServe(ctx context.Context, env *cli, args []string) error {
 		f.log = log.New(env.stdout, "gotron serve: ", 0)
 	}
 	since := tensor.SimTransfers()
-	srv, runner, err := newServer(&f)
+	srv, runner, err := newServer(&f, env.stderr)
 	if err != nil {
 		return err
 	}
@@ -147,12 +147,12 @@ func httpServer(f *serveFlags, srv *server.Server, ln net.Listener) (*http.Serve
 
 // newServer loads the model and tokenizer and builds the engine, its runner
 // and the HTTP server (the runner is not started).
-func newServer(f *serveFlags) (*server.Server, *infer.Runner, error) {
+func newServer(f *serveFlags, stderr io.Writer) (*server.Server, *infer.Runner, error) {
 	m, _, tokDir, err := loadAny(f.load)
 	if err != nil {
 		return nil, nil, err
 	}
-	tok, err := serveTokenizer(f.tok, tokDir, m.Config.VocabSize, f.load)
+	tok, err := checkpointTokenizer(f.tok, tokDir, m.Config.VocabSize, f.load, stderr)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -295,32 +295,6 @@ func weightsDescription(e *infer.Engine) string {
 		return "the model's (" + dtype + " values)"
 	}
 	return fmt.Sprintf("packed %s (%d MB)", dtype, e.PackedWeightBytes()>>20)
-}
-
-// serveTokenizer picks the tokenizer as gotron generate does: the one the
-// flags name, else the one carried in the checkpoint's tokenizer directory
-// (tokenizer.json, vocab.json and merges.txt, or tokenizer.model), else, for
-// GPT-2-sized vocabularies, the embedded GPT-2 BPE.
-func serveTokenizer(cfg tokenizer.Config, tokDir string, vocab int, load string) (tokenizer.Tokenizer, error) {
-	exists := func(n string) bool { _, err := os.Stat(filepath.Join(tokDir, n)); return tokDir != "" && err == nil }
-	switch {
-	case cfg.Type != "":
-	case exists("tokenizer.json"):
-		cfg = tokenizer.Config{Type: tokenizer.TypeHuggingFace, Model: filepath.Join(tokDir, "tokenizer.json")}
-	case exists("vocab.json") && exists("merges.txt"):
-		cfg = tokenizer.Config{Type: tokenizer.TypeGPT2BPE, VocabFile: filepath.Join(tokDir, "vocab.json"), MergeFile: filepath.Join(tokDir, "merges.txt")}
-	case exists("tokenizer.model"):
-		cfg = tokenizer.Config{Type: tokenizer.TypeLlama2, Model: filepath.Join(tokDir, "tokenizer.model")}
-	case vocab == tokenizer.PaddedVocabSize(50257, 128, 1) || vocab == 50257:
-		return gpt2.Tokenizer()
-	default:
-		return nil, fmt.Errorf("--load %s carries no tokenizer and has a vocabulary of %d: name its tokenizer with --tokenizer-type and its files", load, vocab)
-	}
-	tok, err := tokenizer.New(cfg)
-	if err != nil {
-		return nil, fmt.Errorf("tokenizer: %w", err)
-	}
-	return tok, nil
 }
 
 // loadTemplateFile reads a --chat-template file, with the special tokens of

@@ -402,6 +402,13 @@ func cmdTrain(ctx context.Context, env *cli, args []string) error {
 		return err
 	}
 	defer tr.Close() // the --save lock, if Run is not reached
+	if cfg.Save != "" && src.tok != nil && (groups == nil || groups.World.Rank() == 0) {
+		// Before training, so that even an interrupted run's checkpoints
+		// carry it: generate, serve and score then need no tokenizer flags.
+		if err := carryRunTokenizer(cfg.Save, f.data.tok); err != nil {
+			return err
+		}
+	}
 	tr.SetTest(src.test)
 	if groups == nil || groups.DP.Rank() == 0 {
 		tp, pp := 0, 0
