@@ -90,4 +90,3 @@ func cmdGenerate(ctx context.Context, env *cli, args []string) error {
 	}
 	return err
 }
-
