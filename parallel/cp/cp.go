@@ -243,7 +243,7 @@ func (a *Attention) Attention(tp *tensor.Tape, q, k, v *tensor.Tensor, o tensor.
 	if q.Dim(1)%2 != 0 {
 		panic(fmt.Sprintf("cp: local sequence of %d tokens is not two chunks", q.Dim(1)))
 	}
-	var f call
+	var f tensor.Function
 	switch a.Comm {
 	case AllGather:
 		f = &gatherCall{a: a, cfg: cfg}
@@ -259,8 +259,6 @@ func (a *Attention) Attention(tp *tensor.Tape, q, k, v *tensor.Tensor, o tensor.
 	}
 	return tp.Apply(f, tp.Contiguous(q), tp.Contiguous(k), tp.Contiguous(v))[0]
 }
-
-type call interface{ tensor.Function }
 
 // wait runs f, a communication named op, under tp's context, adds its
 // duration to the wait time, and records its failure on tp. It runs
@@ -314,14 +312,6 @@ func chunk(x *tensor.Tensor, i, c int) *tensor.Tensor {
 	var nt *tensor.Tape
 	out := tensor.NewOn(x.Device(), tensor.Float32, x.Dim(0), c, x.Dim(2), x.Dim(3))
 	tensor.Copy(out, nt.Narrow(x, 1, i*c, c))
-	return out
-}
-
-// join concatenates the two chunks along the sequence.
-func join(tp *tensor.Tape, a, b *tensor.Tensor) *tensor.Tensor {
-	out := tp.EmptyLike(a, a.Dim(0), a.Dim(1)+b.Dim(1), a.Dim(2), a.Dim(3))
-	var nt *tensor.Tape
-	tensor.Copy(out, nt.Concat(1, a, b))
 	return out
 }
 
