@@ -6,6 +6,7 @@ require (
 	github.com/dlclark/regexp2/v2 v2.5.1
 	github.com/ebitengine/purego v0.11.3
 	github.com/nikolalohinski/gonja/v2 v2.9.1
+	github.com/spf13/pflag v1.1.0
 	github.com/tiktoken-go/tokenizer v0.10.0
 	go.yaml.in/yaml/v3 v3.0.6
 	golang.org/x/sys v0.49.0

@@ -11,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/spf13/pflag"
 	"go.yaml.in/yaml/v3"
 )
 
@@ -27,11 +28,12 @@ func newFlags(name, synopsis string) *flag.FlagSet {
 	return fs
 }
 
-// parseFlags parses Megatron-style flags (--name value, --name=value, --bool).
-// Unknown flags are rejected with the nearest valid name. --help prints the
-// flags to w and returns errHelp. If the flag set defines "config" and it is
-// set, the YAML file it names supplies values for every flag not given on the
-// command line (command-line flags override the file).
+// parseFlags parses Megatron-style flags (--name value, --name=value, --bool)
+// anywhere among the positional arguments. Unknown flags are rejected with the
+// nearest valid name. --help prints the flags to w and returns errHelp. If the
+// flag set defines "config" and it is set, the YAML file it names supplies
+// values for every flag not given on the command line (command-line flags
+// override the file).
 func parseFlags(fs *flag.FlagSet, args []string, w io.Writer, synopsis string) error {
 	return parseFlagsHelp(fs, args, w, helpText{synopsis: synopsis})
 }
@@ -42,23 +44,46 @@ type helpText struct {
 	synopsis string
 	show     func(name string) bool
 	note     string
+	// command makes the first positional argument end the flags: the rest
+	// is a command line of its own (gotron launch ... train --lr 1e-4).
+	command bool
 }
 
 // parseFlagsHelp is parseFlags with a --help that lists only some flags:
 // for commands that accept flags of another command (gotron memory takes
 // every gotron train flag) or keep a shared flag they refuse.
+//
+// The flags are defined on a standard library flag.FlagSet (typed values,
+// Visit for "given on the command line") and parsed by spf13/pflag, which
+// gives GNU-style parsing: flags after positional arguments, --name=value,
+// "--" to end the flags. Every pflag value sets its flag through fs.Set, so
+// fs.Visit still reports the flags the command line gave; the positional
+// arguments are handed back to fs, so fs.Args works as before.
 func parseFlagsHelp(fs *flag.FlagSet, args []string, w io.Writer, help helpText) error {
-	for _, a := range args {
-		if a == "--" {
-			break
+	if !help.command {
+		for _, a := range args {
+			if a == "--" {
+				break
+			}
+			if a == "-h" || a == "--help" || a == "-help" {
+				printFlags(fs, w, help)
+				return errHelp
+			}
 		}
-		if a == "-h" || a == "--help" || a == "-help" {
+	}
+	pf := pflagSet(fs)
+	pf.SetInterspersed(!help.command)
+	if err := pf.Parse(joinListArgs(fs, args)); err != nil {
+		if errors.Is(err, pflag.ErrHelp) {
 			printFlags(fs, w, help)
 			return errHelp
 		}
-	}
-	if err := fs.Parse(joinListArgs(fs, args)); err != nil {
 		return explainFlagError(fs, err)
+	}
+	// "--" first: the standard parser takes every positional argument as
+	// one, even one that starts with a dash.
+	if err := fs.Parse(append([]string{"--"}, pf.Args()...)); err != nil {
+		return err
 	}
 	if cf := fs.Lookup("config"); cf != nil && cf.Value.String() != "" {
 		if err := applyConfigFile(fs, cf.Value.String()); err != nil {
@@ -68,41 +93,146 @@ func parseFlagsHelp(fs *flag.FlagSet, args []string, w io.Writer, help helpText)
 	return nil
 }
 
+// pflagSet returns a pflag set with one flag for each of fs's, whose value
+// sets fs's flag.
+func pflagSet(fs *flag.FlagSet) *pflag.FlagSet {
+	pf := pflag.NewFlagSet(fs.Name(), pflag.ContinueOnError)
+	pf.SetOutput(io.Discard)
+	pf.Usage = func() {}
+	pf.SortFlags = false
+	fs.VisitAll(func(f *flag.Flag) {
+		pfl := &pflag.Flag{Name: f.Name, Usage: f.Usage, DefValue: f.DefValue,
+			Value: stdFlagValue{fs: fs, f: f}}
+		if b, ok := f.Value.(interface{ IsBoolFlag() bool }); ok && b.IsBoolFlag() {
+			pfl.NoOptDefVal = "true"
+		}
+		pf.AddFlag(pfl)
+	})
+	return pf
+}
+
+// stdFlagValue is a pflag.Value that sets a standard library flag through
+// its FlagSet, so the set records it as given.
+type stdFlagValue struct {
+	fs *flag.FlagSet
+	f  *flag.Flag
+}
+
+func (v stdFlagValue) String() string     { return v.f.Value.String() }
+func (v stdFlagValue) Set(s string) error { return v.fs.Set(v.f.Name, s) }
+func (v stdFlagValue) Type() string       { return flagTypeName(v.f) }
+
+// flagTypeName is the short type name --help shows after a flag.
+func flagTypeName(f *flag.Flag) string {
+	if _, ok := f.Value.(*listFlag); ok {
+		return "list"
+	}
+	if g, ok := f.Value.(flag.Getter); ok {
+		switch g.Get().(type) {
+		case bool:
+			return "bool"
+		case int, int64:
+			return "int"
+		case uint, uint64:
+			return "uint"
+		case float64:
+			return "float"
+		case time.Duration:
+			return "duration"
+		}
+	}
+	return "string"
+}
+
 func explainFlagError(fs *flag.FlagSet, err error) error {
-	msg := err.Error()
-	const undef = "flag provided but not defined: "
-	if strings.HasPrefix(msg, undef) {
-		name := strings.TrimLeft(strings.TrimPrefix(msg, undef), "-")
-		var names []string
-		fs.VisitAll(func(f *flag.Flag) { names = append(names, f.Name) })
+	var names []string
+	fs.VisitAll(func(f *flag.Flag) { names = append(names, f.Name) })
+	var notExist *pflag.NotExistError
+	var needsValue *pflag.ValueRequiredError
+	var invalid *pflag.InvalidValueError
+	switch {
+	case errors.As(err, &notExist):
+		if short := notExist.GetSpecifiedShortnames(); short != "" {
+			// "-lr": one dash makes pflag read single-letter flags.
+			name, _, _ := strings.Cut(short, "=")
+			if fs.Lookup(name) != nil {
+				return fmt.Errorf("-%s: flags take two dashes: --%s", short, name)
+			}
+			return fmt.Errorf("unknown flag -%s (flags take two dashes; see --help)", short)
+		}
+		name := notExist.GetSpecifiedName()
+		if msg := megatronOnlyFlag(fs.Name(), name); msg != "" {
+			return errors.New(msg)
+		}
 		out := fmt.Sprintf("unknown flag --%s", name)
 		if s := nearest(name, names); s != "" {
 			out += fmt.Sprintf(" (did you mean --%s?)", s)
 		}
 		return errors.New(out)
+	case errors.As(err, &needsValue):
+		name := needsValue.GetSpecifiedName()
+		return fmt.Errorf("flag --%s needs a value (a %s; see --help)", name, flagTypeName(fs.Lookup(name)))
+	case errors.As(err, &invalid):
+		name := invalid.GetFlag().Name
+		why := invalid.Unwrap().Error()
+		if want := flagType(fs.Lookup(name)); want != "" && strings.Contains(why, "parse error") {
+			why = "want " + want // the flag package's own words are "parse error"
+		}
+		return fmt.Errorf("invalid value %q for flag --%s: %s (see --help)", invalid.GetValue(), name, why)
 	}
-	// The flag package names a flag with one dash; gotron's messages use two.
-	if rest, ok := strings.CutPrefix(msg, "invalid value "); ok {
-		msg = "invalid value " + strings.Replace(rest, " for flag -", " for flag --", 1)
-	}
-	return fmt.Errorf("%s (see --help)", msg)
+	return fmt.Errorf("%v (see --help)", err)
 }
 
+// printFlags writes --help: the synopsis, then the flags in Megatron's
+// argument groups (in the order of Megatron's arguments.py), each with its
+// type and default, then gotron's own flags.
 func printFlags(fs *flag.FlagSet, w io.Writer, help helpText) {
-	fmt.Fprintf(w, "Usage: gotron %s\n\nFlags:\n", help.synopsis)
+	fmt.Fprintf(w, "Usage: gotron %s\n", help.synopsis)
+	groups := map[string][]*flag.Flag{}
 	fs.VisitAll(func(f *flag.Flag) {
 		if help.show != nil && !help.show(f.Name) {
 			return
 		}
-		def := ""
-		if f.DefValue != "" && f.DefValue != "false" && f.DefValue != "0" {
-			def = fmt.Sprintf(" (default %s)", f.DefValue)
+		g := gotronGroup
+		if a, ok := megatronArgs()[f.Name]; ok {
+			g = a.group
 		}
-		fmt.Fprintf(w, "  --%s\n        %s%s\n", f.Name, f.Usage, def)
+		groups[g] = append(groups[g], f)
 	})
+	for _, g := range append(megatronGroupOrder(), gotronGroup) {
+		flags := groups[g]
+		if len(flags) == 0 {
+			continue
+		}
+		title := g
+		if g != gotronGroup {
+			title = "Megatron: " + g
+		}
+		fmt.Fprintf(w, "\n%s:\n", title)
+		for _, f := range flags {
+			fmt.Fprintf(w, "  --%s %s\n        %s%s\n", f.Name, flagTypeName(f), f.Usage, defaultText(f))
+		}
+	}
 	if help.note != "" {
 		fmt.Fprintf(w, "\n%s\n", help.note)
 	}
+}
+
+// gotronGroup is the --help group of flags Megatron-LM does not have.
+const gotronGroup = "gotron (no Megatron-LM equivalent)"
+
+// defaultText is " (default V)" for a flag, or "" where the default is
+// nothing (an empty string or list, a false boolean).
+func defaultText(f *flag.Flag) string {
+	switch {
+	case f.DefValue == "" || strings.Contains(f.Usage, "(default"):
+		return "" // empty, or the usage says it in words
+	case flagTypeName(f) == "bool" && f.DefValue == "false":
+		return ""
+	case flagTypeName(f) == "string":
+		return fmt.Sprintf(" (default %q)", f.DefValue)
+	}
+	return fmt.Sprintf(" (default %s)", f.DefValue)
 }
 
 // applyConfigFile sets every flag named by a key of the YAML mapping in path,

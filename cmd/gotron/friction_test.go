@@ -72,7 +72,7 @@ func TestHelpListsOwnFlags(t *testing.T) {
 	}{
 		{[]string{"generate"}, []string{"--prompt", "--top-p", "--tokenizer-type"}, []string{"--data-path", "--mock-data", "--split", "--eod-mask-loss"}},
 		{[]string{"memory"}, []string{"--world-size", "--num-layers", "--seq-length", "Every other 'gotron train' flag is accepted"},
-			[]string{"--lr\n", "--cpu-profile", "--save\n", "--sample-prompt"}},
+			[]string{"--lr ", "--cpu-profile ", "--save ", "--sample-prompt "}},
 		{[]string{"data", "samples"}, []string{"--data-path", "--seq-length"}, []string{"--mock-data"}},
 		{[]string{"score"}, []string{"--tokens-file", "--text"}, []string{"--data-path"}},
 	}

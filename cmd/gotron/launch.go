@@ -263,7 +263,7 @@ func parseLaunchFlags(env *cli, args []string) (launchFlags, []string, error) {
 	if err := fs.Set("master-port", pet("MASTER_PORT", defPort)); err != nil {
 		return lf, nil, fmt.Errorf("MASTER_PORT/PET_MASTER_PORT=%q: want a port number", pet("MASTER_PORT", defPort))
 	}
-	if err := parseFlags(fs, underscoresToHyphens(args), env.stdout, launchSynopsis); err != nil {
+	if err := parseFlagsHelp(fs, underscoresToHyphens(args), env.stdout, helpText{synopsis: launchSynopsis, command: true}); err != nil {
 		return lf, nil, err
 	}
 	command := fs.Args()

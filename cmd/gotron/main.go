@@ -58,6 +58,7 @@ func commands() []command {
 		{"memory", "Megatron's theoretical memory report for train flags and --world-size", cmdMemory},
 		{"launch", "start N worker processes, torchrun-compatible", cmdLaunch},
 		{"bench", "benchmarks: 'bench gemm', 'bench attention', 'bench comm', 'bench serve'", cmdBench},
+		{"version", "print gotron's version: module version, VCS revision and Go version", cmdVersion},
 	}
 }
 
@@ -81,9 +82,15 @@ func run(ctx context.Context, env *cli, args []string) (code int) {
 			code = 1
 		}
 	}()
-	if len(args) == 0 || args[0] == "help" || args[0] == "-h" || args[0] == "--help" {
+	switch {
+	case len(args) == 0 || args[0] == "-h" || args[0] == "--help" || (args[0] == "help" && len(args) == 1):
 		usage(env.stdout)
 		return 0
+	case args[0] == "help":
+		// gotron help <command> [subcommand]: the command's --help.
+		return run(ctx, env, append(args[1:], "--help"))
+	case args[0] == "--version":
+		args = []string{"version"}
 	}
 	for _, c := range commands() {
 		if c.name != args[0] {
@@ -121,5 +128,6 @@ func usage(w io.Writer) {
 	for _, c := range commands() {
 		fmt.Fprintf(w, "  %-11s %s\n", c.name, c.summary)
 	}
-	fmt.Fprintln(w, "\nRun 'gotron <command> --help' for the flags of a command.")
+	fmt.Fprintln(w, "\nRun 'gotron help <command>' or 'gotron <command> --help' for the flags of a command.")
+	fmt.Fprintln(w, "Flags may come before or after a command's arguments: --name value, --name=value, --bool.")
 }

@@ -1,0 +1,210 @@
+package main
+
+import (
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"testing"
+)
+
+// everySubcommand is each runnable command line's prefix: the commands and,
+// for those that dispatch, each of their subcommands.
+var everySubcommand = [][]string{
+	{"train"}, {"generate"}, {"serve"}, {"score"}, {"convert"},
+	{"ckpt", "inspect"}, {"ckpt", "reshard"}, {"preprocess"}, {"tokenizer", "export-gpt2"},
+	{"data", "samples"}, {"data", "inspect"}, {"parallel", "groups"}, {"parallel", "schedule"},
+	{"memory"}, {"launch"}, {"bench", "gemm"}, {"bench", "attention"}, {"bench", "comm"},
+	{"bench", "serve"}, {"version"},
+}
+
+// TestFlagsAfterArguments: on every subcommand a flag after a positional
+// argument is parsed as a flag (the standard flag package stopped at the
+// first positional argument and left "--bogus-flag" as an argument).
+func TestFlagsAfterArguments(t *testing.T) {
+	for _, sub := range everySubcommand {
+		args := append(append([]string{}, sub...), "positional", "--bogus-flagg")
+		if sub[0] == "launch" {
+			// launch's positional arguments are the worker's command line:
+			// flags after it are the worker's, so check the flag before it.
+			args = []string{"launch", "--bogus-flagg", "positional"}
+		}
+		_, errs, code := runCLI(t, args...)
+		if code == 0 || !strings.Contains(errs, "unknown flag --bogus-flagg") {
+			t.Errorf("%v: exit %d, stderr %q; want the flag after the argument parsed (unknown flag --bogus-flagg)", args, code, errs)
+		}
+	}
+}
+
+// TestCkptInspectJSONAfterDir: the order docs/checkpoints.md documents,
+// 'gotron ckpt inspect DIR --json', prints JSON; --flag=value works too.
+func TestCkptInspectJSONAfterDir(t *testing.T) {
+	dir := gpt2SizedCheckpoint(t, 16)
+	for _, args := range [][]string{
+		{"ckpt", "inspect", dir, "--json"},
+		{"ckpt", "inspect", "--json=true", dir},
+		{"ckpt", "inspect", dir, "--iteration=0", "--json"},
+	} {
+		out, errs, code := runCLI(t, args...)
+		if code != 0 {
+			t.Fatalf("%v: exit %d: %s", args, code, errs)
+		}
+		var r map[string]any
+		if err := json.Unmarshal([]byte(out), &r); err != nil {
+			t.Errorf("%v: not JSON (%v): %.200s", args, err, out)
+		}
+	}
+}
+
+// TestTokenizerExportFlagAfterDir: a flag after the directory takes effect.
+func TestTokenizerExportFlagAfterDir(t *testing.T) {
+	dir := t.TempDir()
+	if _, errs, code := runCLI(t, "tokenizer", "export-gpt2", dir, "--model-max-length", "77"); code != 0 {
+		t.Fatalf("exit %d: %s", code, errs)
+	}
+	raw, err := os.ReadFile(filepath.Join(dir, "tokenizer_config.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(raw), "77") {
+		t.Errorf("--model-max-length 77 after the directory not applied: %s", raw)
+	}
+}
+
+// TestLaunchLeavesWorkerFlags: launch's flags end at the worker command;
+// the worker's flags are not the launcher's.
+func TestLaunchLeavesWorkerFlags(t *testing.T) {
+	env := &cli{getenv: func(string) string { return "" }}
+	lf, command, err := parseLaunchFlags(env, []string{"--nproc-per-node", "2", "train", "--nproc-per-node", "3", "--lr=1e-4"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if lf.nproc != 2 || strings.Join(command, " ") != "train --nproc-per-node 3 --lr=1e-4" {
+		t.Errorf("nproc %d, command %q; want 2 and the worker's flags untouched", lf.nproc, command)
+	}
+}
+
+// TestFlagErrorsNameTwoDashes: every flag error names the flag as it is
+// typed, with two dashes.
+func TestFlagErrorsNameTwoDashes(t *testing.T) {
+	cases := []struct {
+		args []string
+		want string
+	}{
+		{[]string{"train", "-lr", "1e-4"}, "-lr: flags take two dashes: --lr"},
+		{[]string{"train", "-load", "x"}, "-load: flags take two dashes: --load"},
+		{[]string{"train", "--lr", "fast"}, `invalid value "fast" for flag --lr: want a number`},
+		{[]string{"train", "--lr=fast"}, `invalid value "fast" for flag --lr: want a number`},
+		{[]string{"train", "--num-layers"}, "flag --num-layers needs a value (a int"},
+		{[]string{"ckpt", "inspect", "d", "--iteration", "x"}, `invalid value "x" for flag --iteration: want an integer`},
+		{[]string{"train", "--num-layer", "2"}, "unknown flag --num-layer (did you mean --num-layers?)"},
+		{[]string{"serve", "--num-layers", "2"}, `--num-layers is a Megatron-LM argument (group "transformer configuration") that gotron serve does not take`},
+	}
+	for _, c := range cases {
+		_, errs, code := runCLI(t, c.args...)
+		if code == 0 || !strings.Contains(errs, c.want) {
+			t.Errorf("%v: exit %d, stderr %q; want %q", c.args, code, errs, c.want)
+		}
+	}
+}
+
+// TestHelpGroupedLikeMegatron: train --help lists its flags under
+// Megatron's argument groups, in arguments.py's order, each flag with its
+// type and its default, and gotron's own flags last.
+func TestHelpGroupedLikeMegatron(t *testing.T) {
+	out, errs, code := runCLI(t, "train", "--help")
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errs)
+	}
+	groupOf := map[string]string{}
+	var order []string
+	group := ""
+	for _, line := range strings.Split(out, "\n") {
+		switch {
+		case strings.HasSuffix(line, ":") && !strings.HasPrefix(line, " "):
+			group = strings.TrimSuffix(line, ":")
+			order = append(order, group)
+		case strings.HasPrefix(line, "  --"):
+			fields := strings.Fields(line)
+			if len(fields) != 2 {
+				t.Errorf("flag line %q: want --name TYPE", line)
+				continue
+			}
+			groupOf[fields[0]] = group + " " + fields[1]
+		}
+	}
+	for flag, want := range map[string]string{
+		"--num-layers":                 "Megatron: transformer configuration int",
+		"--max-position-embeddings":    "Megatron: network size int",
+		"--lr":                         "Megatron: learning rate and weight decay float",
+		"--save":                       "Megatron: checkpointing string",
+		"--data-path":                  "Megatron: data and dataloader list",
+		"--tensor-model-parallel-size": "Megatron: transformer configuration int",
+		"--use-distributed-optimizer":  "Megatron: distributed init bool",
+		"--device":                     gotronGroup + " string",
+	} {
+		if groupOf[flag] != want {
+			t.Errorf("%s: in group/type %q, want %q", flag, groupOf[flag], want)
+		}
+	}
+	if len(order) < 5 || order[len(order)-1] != gotronGroup {
+		t.Errorf("groups %q: want several, gotron's own last", order)
+	}
+	// Megatron's order: network size comes before learning rate, which
+	// comes before checkpointing (arguments.py adds them so).
+	pos := map[string]int{}
+	for i, g := range order {
+		pos[g] = i
+	}
+	if !(pos["Megatron: network size"] < pos["Megatron: learning rate and weight decay"] &&
+		pos["Megatron: learning rate and weight decay"] < pos["Megatron: checkpointing"]) {
+		t.Errorf("groups out of Megatron's order: %q", order)
+	}
+	for _, want := range []string{"(default 0.01)", `(default "linear")`, "(default 1234)"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("train --help lacks default %s", want)
+		}
+	}
+}
+
+// TestHelpCommand: 'gotron help CMD [SUB]' prints the command's --help;
+// 'gotron help' the command list.
+func TestHelpCommand(t *testing.T) {
+	for _, sub := range [][]string{{"train"}, {"ckpt", "inspect"}, {"data", "samples"}} {
+		want, _, _ := runCLI(t, append(append([]string{}, sub...), "--help")...)
+		got, errs, code := runCLI(t, append([]string{"help"}, sub...)...)
+		if code != 0 || got != want || !strings.HasPrefix(got, "Usage: gotron "+strings.Join(sub, " ")) {
+			t.Errorf("help %v: exit %d (%s), output %.80q; want the --help text %.80q", sub, code, errs, got, want)
+		}
+	}
+	out, _, code := runCLI(t, "help")
+	if code != 0 || !strings.Contains(out, "version ") || !strings.Contains(out, "gotron help <command>") {
+		t.Errorf("help: exit %d: %s", code, out)
+	}
+}
+
+// TestVersion: 'gotron version' and 'gotron --version' print the module
+// version and the Go toolchain.
+func TestVersion(t *testing.T) {
+	for _, args := range [][]string{{"version"}, {"--version"}} {
+		out, errs, code := runCLI(t, args...)
+		if code != 0 || !strings.HasPrefix(out, "gotron ") || !strings.Contains(out, runtime.Version()) {
+			t.Errorf("%v: exit %d (%s): %q", args, code, errs, out)
+		}
+	}
+}
+
+// TestMegatronArgumentTable: the embedded table is Megatron's whole list.
+func TestMegatronArgumentTable(t *testing.T) {
+	tab := loadMegatronTable()
+	if tab.count != 838 {
+		t.Errorf("%d Megatron arguments, want 838 (arguments.py at d98e8a6)", tab.count)
+	}
+	for name, group := range map[string]string{"lr": "learning rate and weight decay", "transformer-impl": "transformer configuration",
+		"eval-interval": "validation", "log-num-zeros-in-grad": "logging"} {
+		if a := megatronArgs()[name]; a.group != group {
+			t.Errorf("--%s: group %q, want %q", name, a.group, group)
+		}
+	}
+}
