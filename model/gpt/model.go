@@ -59,6 +59,9 @@ type Model struct {
 	// MoE holds the MoE layers' state between micro-batches (moe.go); nil
 	// for a dense model.
 	MoE *MoEState
+	// Experts is the expert-parallel group (SliceExperts); nil holds every
+	// expert here.
+	Experts ExpertParallel
 }
 
 // New builds a model with Megatron's initialisation drawn from rng: weights

@@ -287,12 +287,39 @@ func (c *MoEConfig) validate(cfg *Config) error {
 	return nil
 }
 
+// ExpertParallel is the expert-parallel group of a model whose MoE layers
+// hold E/Size() experts each (Megatron's EP; parallel/ep implements it over
+// a process group). nil is one rank holding every expert. The row
+// exchanges are autograd ops: their backward is the reverse exchange.
+type ExpertParallel interface {
+	Size() int
+	Rank() int
+	// AllToAllDispatch (Megatron's alltoall dispatcher) reports whether
+	// tokens are exchanged by all-to-all; else by all-gather and
+	// reduce-scatter (the allgather dispatcher).
+	AllToAllDispatch() bool
+	// GatherInts returns every rank's v (equal lengths), rank-major.
+	GatherInts(tp *tensor.Tape, v []int32) []int32
+	// AllToAll sends send[j] consecutive rows of x (n, c) to rank j and
+	// returns the rows received, recv[j] from rank j, in rank order.
+	AllToAll(tp *tensor.Tape, x *tensor.Tensor, send, recv []int) *tensor.Tensor
+	// AllGatherRows concatenates every rank's x (n, c) along the rows;
+	// its backward sums the gradients and keeps this rank's rows.
+	AllGatherRows(tp *tensor.Tape, x *tensor.Tensor) *tensor.Tensor
+	// ReduceScatterRows sums every rank's x (Size()·n, c) and keeps this
+	// rank's n rows; its backward all-gathers.
+	ReduceScatterRows(tp *tensor.Tape, x *tensor.Tensor) *tensor.Tensor
+}
+
 // MoELayer is the MLP of an MoE layer: router, experts, optional shared
 // expert. Parameter names are Megatron core's.
 type MoELayer struct {
 	Router *tensor.Tensor   // mlp.router.weight (E, h)
-	FC1    []*tensor.Tensor // each expert's linear_fc1 (F or 2F, h)
-	FC2    []*tensor.Tensor // each expert's linear_fc2 (h, F)
+	FC1    []*tensor.Tensor // each local expert's linear_fc1 (F or 2F, h)
+	FC2    []*tensor.Tensor // each local expert's linear_fc2 (h, F)
+	// FirstExpert is the global index of FC1[0]: the experts of
+	// expert-parallel rank r are [r·L, (r+1)·L) (SliceExperts).
+	FirstExpert int
 	// ExpertBias (E) is the aux-loss-free balancing bias (mlp.router.expert_bias,
 	// a buffer: no gradient); nil without --moe-router-enable-expert-bias.
 	ExpertBias                 []float32
@@ -472,15 +499,20 @@ func (m *Model) moe(tp *tensor.Tape, l *MoELayer, index int, x *tensor.Tensor, p
 	if recording && m.MoE != nil {
 		m.recordRouting(r, rc, index, T)
 	}
-	rows, flat, counts := r.Permutation()
+	var out *tensor.Tensor
+	switch ep := m.Experts; {
+	case ep == nil || ep.Size() == 1:
+		rows, flat, counts := r.Permutation()
+		rowsT := tensor.FromInt32(rows, len(rows)).ToDevice(x.Device())
+		xp := tp.Embedding(rowsT, xs) // (N, h), expert-major
+		pp := tp.Embedding(tensor.FromInt32(flat, len(flat)).ToDevice(x.Device()), tp.Reshape(probs, T*c.NumExperts, 1))
+		out = tp.IndexAddRows(T, rowsT, m.experts(tp, l, xp, pp, counts))
+	case ep.AllToAllDispatch():
+		out = m.dispatchAllToAll(tp, ep, l, xs, probs, r)
+	default:
+		out = m.dispatchAllGather(tp, ep, l, xs, probs, r)
+	}
 	dev := x.Device()
-	rowsT := tensor.FromInt32(rows, len(rows)).ToDevice(dev)
-	xp := tp.Embedding(rowsT, xs) // (N, h), expert-major
-	pp := tp.Embedding(tensor.FromInt32(flat, len(flat)).ToDevice(dev), tp.Reshape(probs, T*c.NumExperts, 1))
-	a := m.activate(tp, tp.GroupedLinear(xp, l.FC1, counts, c.GroupedGEMM))
-	a = tp.ScaleRows(a, pp)
-	y := tp.GroupedLinear(a, l.FC2, counts, c.GroupedGEMM) // (N, h)
-	out := tp.IndexAddRows(T, rowsT, y)
 	if l.SharedFC1 != nil {
 		s := p.lin.Linear(tp, m.activate(tp, p.lin.Linear(tp, xs, l.SharedFC1, nil)), l.SharedFC2, nil)
 		if l.Gate != nil {
@@ -492,6 +524,147 @@ func (m *Model) moe(tp *tensor.Tape, l *MoELayer, index int, x *tensor.Tensor, p
 		out = tp.Add(out, s)
 	}
 	return tp.Reshape(out, b, t, h)
+}
+
+// experts runs the local experts on their consecutive row groups of xp
+// (counts rows each), the probabilities pp (rows, 1) multiplying the
+// activation before fc2 as in Megatron's experts.
+func (m *Model) experts(tp *tensor.Tape, l *MoELayer, xp, pp *tensor.Tensor, counts []int) *tensor.Tensor {
+	grouped := m.Config.MoE.GroupedGEMM
+	a := m.activate(tp, tp.GroupedLinear(xp, l.FC1, counts, grouped))
+	return tp.GroupedLinear(tp.ScaleRows(a, pp), l.FC2, counts, grouped)
+}
+
+// dispatchAllToAll is Megatron's alltoall dispatcher (ETP 1): the tokens,
+// permuted by global expert, go to the experts' ranks by all-to-all; each
+// rank sorts what it received by local expert (source rank inner), runs its
+// experts, and the outputs travel back the same way and are summed per
+// token.
+func (m *Model) dispatchAllToAll(tp *tensor.Tape, ep ExpertParallel, l *MoELayer, xs, probs *tensor.Tensor, r *tensor.Routing) *tensor.Tensor {
+	E, T := m.Config.MoE.NumExperts, xs.Dim(0)
+	P, me := ep.Size(), ep.Rank()
+	L := E / P
+	dev := xs.Device()
+	rows, flat, counts := r.Permutation()
+	c32 := make([]int32, E)
+	for e, n := range counts {
+		c32[e] = int32(n)
+	}
+	all := ep.GatherInts(tp, c32) // (P, E)
+	send, recv := make([]int, P), make([]int, P)
+	for j := range P {
+		for e := j * L; e < (j+1)*L; e++ {
+			send[j] += counts[e]
+		}
+		for k := range L {
+			recv[j] += int(all[j*E+me*L+k])
+		}
+	}
+	rowsT := tensor.FromInt32(rows, len(rows)).ToDevice(dev)
+	xp := tp.Embedding(rowsT, xs)
+	pp := tp.Embedding(tensor.FromInt32(flat, len(flat)).ToDevice(dev), tp.Reshape(probs, T*E, 1))
+	xr := ep.AllToAll(tp, xp, send, recv)
+	pr := ep.AllToAll(tp, pp, send, recv)
+	// sort_chunks_by_idxs: chunks (source j, local expert k) into k-major
+	var sortIdx []int32
+	local := make([]int, L)
+	for k := range L {
+		for j := range P {
+			start := 0
+			for jj := range j {
+				start += recv[jj]
+			}
+			for kk := range k {
+				start += int(all[j*E+me*L+kk])
+			}
+			n := int(all[j*E+me*L+k])
+			for i := range n {
+				sortIdx = append(sortIdx, int32(start+i))
+			}
+			local[k] += n
+		}
+	}
+	n := len(sortIdx)
+	sortT := tensor.FromInt32(sortIdx, n).ToDevice(dev)
+	y := m.experts(tp, l, tp.Embedding(sortT, xr), tp.Embedding(sortT, pr), local)
+	back := ep.AllToAll(tp, tp.IndexAddRows(n, sortT, y), recv, send)
+	return tp.IndexAddRows(T, rowsT, back)
+}
+
+// dispatchAllGather is Megatron's allgather dispatcher (ETP 1): every rank
+// gathers all ranks' tokens, probabilities and routing maps, runs its local
+// experts on the rows routed to them, and a reduce-scatter sums each
+// token's outputs from every rank's experts back to the token's rank.
+func (m *Model) dispatchAllGather(tp *tensor.Tape, ep ExpertParallel, l *MoELayer, xs, probs *tensor.Tensor, r *tensor.Routing) *tensor.Tensor {
+	E, T := m.Config.MoE.NumExperts, xs.Dim(0)
+	P, me := ep.Size(), ep.Rank()
+	L := E / P
+	dev := xs.Device()
+	mine := make([]int32, T*E)
+	for t := range T {
+		for e := range E {
+			if r.Map(t, e) {
+				mine[t*E+e] = 1
+			}
+		}
+	}
+	gmap := ep.GatherInts(tp, mine) // (P·T, E)
+	xg := ep.AllGatherRows(tp, xs)
+	pg := ep.AllGatherRows(tp, probs)
+	var rows, flat []int32
+	counts := make([]int, L)
+	for k := range L {
+		e := me*L + k
+		for t := range P * T {
+			if gmap[t*E+e] != 0 {
+				rows = append(rows, int32(t))
+				flat = append(flat, int32(t*E+e))
+				counts[k]++
+			}
+		}
+	}
+	rowsT := tensor.FromInt32(rows, len(rows)).ToDevice(dev)
+	xp := tp.Embedding(rowsT, xg)
+	pp := tp.Embedding(tensor.FromInt32(flat, len(flat)).ToDevice(dev), tp.Reshape(pg, P*T*E, 1))
+	y := tp.IndexAddRows(P*T, rowsT, m.experts(tp, l, xp, pp, counts))
+	return ep.ReduceScatterRows(tp, y)
+}
+
+// SliceExperts keeps expert-parallel rank rank's experts of every MoE
+// layer (of size): [rank·L, (rank+1)·L), L = E/size; the model is whole
+// (New), as the trainer builds it on every rank from the seed.
+func (m *Model) SliceExperts(ep ExpertParallel) error {
+	E, P := m.Config.MoE.NumExperts, ep.Size()
+	if E%P != 0 {
+		return fmt.Errorf("gpt: --num-experts=%d is not divisible by --expert-model-parallel-size=%d", E, P)
+	}
+	L := E / P
+	for i := range m.Layers {
+		if l := m.Layers[i].MoE; l != nil {
+			if len(l.FC1) != E {
+				return fmt.Errorf("gpt: layer %d holds %d experts, not all %d: sliced already", i, len(l.FC1), E)
+			}
+			r := ep.Rank()
+			l.FC1, l.FC2, l.FirstExpert = l.FC1[r*L:(r+1)*L], l.FC2[r*L:(r+1)*L], r*L
+		}
+	}
+	m.Experts = ep
+	return nil
+}
+
+// IsExpertParam reports whether p is one of the routed experts' weights
+// (Megatron's allreduce=False parameters: reduced over expert-DP).
+func (m *Model) IsExpertParam(p *tensor.Tensor) bool {
+	for i := range m.Layers {
+		if l := m.Layers[i].MoE; l != nil {
+			for k := range l.FC1 {
+				if p == l.FC1[k] || p == l.FC2[k] {
+					return true
+				}
+			}
+		}
+	}
+	return false
 }
 
 // activate is the MLP's activation.
