@@ -40,6 +40,7 @@ type reporter struct {
 	lastSyncWait   time.Duration      // the gradient reduction's wait at the last log line
 	lastTPComm     time.Duration      // region.CommTime at the last log line
 	startIter      int64              // the iteration Run started at
+	memoryReported bool               // the theoretical memory report was printed
 }
 
 // open starts reporting a Run at the current position: it opens the
@@ -47,6 +48,7 @@ type reporter struct {
 func (rp *reporter) open() (close func(), err error) {
 	cfg := rp.cfg
 	rp.lastLog, rp.lastLogIter, rp.startIter = rp.stepper.startTime, rp.Iteration, rp.Iteration
+	rp.memoryReported = false
 	rp.skippedAtLog, rp.nanAtLog = rp.Skipped, rp.NaNIterations
 	var closers []func()
 	close = func() {
@@ -73,8 +75,8 @@ func (rp *reporter) open() (close func(), err error) {
 	return close, nil
 }
 
-// logIteration accumulates the loss and, every --log-interval iterations,
-// prints Megatron's log line (training_log in megatron/training/training.py)
+// logIteration accumulates the loss and, every --log-interval iterations
+// and after a run's first, prints Megatron's log line (training_log in megatron/training/training.py)
 // plus tokens/s and MFU, and appends a JSON object to the metrics file.
 //
 // It returns the iteration's metrics record (nil when nothing is logged or
@@ -96,7 +98,12 @@ func (rp *reporter) logIteration(loss float64) map[string]any {
 	if rp.progress != nil {
 		rp.progress.update(rp.Iteration, loss)
 	}
-	if rp.Iteration%cfg.LogInterval != 0 && rp.Iteration != rp.trainIters {
+	// Megatron (d98e8a6) also logs the first iteration of every run, to
+	// show the start-up cost, without resetting the interval: the next
+	// line's loss, time and counts still cover that iteration.
+	regular := rp.Iteration%cfg.LogInterval == 0 || rp.Iteration == rp.trainIters
+	first := rp.Iteration == rp.startIter+1
+	if !regular && !first {
 		return nil
 	}
 	now := cfg.Now()
@@ -133,14 +140,21 @@ func (rp *reporter) logIteration(loss float64) map[string]any {
 			line.MoELosses = append(line.MoELosses, namedValue{name, moe[name]})
 		}
 	}
-	clear(rp.moeSinceLog)
+	if regular {
+		clear(rp.moeSinceLog)
+	}
 	if cfg.LogParamsNorm {
 		line.ParamsNorm = rp.stepper.paramsNorm()
 		rp.tbScalar("params-norm", line.ParamsNorm, true)
 	}
 	rp.rawf("%s", line.String())
-	if rp.lastLogIter == rp.startIter && isLogger(rp.par) {
-		rp.printTheoreticalMemory() // after the line, as Megatron's report_memory_flag
+	if !rp.memoryReported && isLogger(rp.par) {
+		rp.memoryReported = true
+		rp.printTheoreticalMemory() // after the first line, as Megatron's report_memory_flag
+	}
+	rp.lastLoggedLoss = avg
+	if !regular {
+		return nil // TensorBoard and the metrics file keep --log-interval
 	}
 	rp.tbLogLine(perIter, tflops)
 	var record map[string]any
@@ -158,7 +172,7 @@ func (rp *reporter) logIteration(loss float64) map[string]any {
 			record[name] = jsonFloat(v)
 		}
 	}
-	rp.lastLog, rp.lastLogIter, rp.lastLoggedLoss = now, rp.Iteration, avg
+	rp.lastLog, rp.lastLogIter = now, rp.Iteration
 	rp.lossSinceLog, rp.itersSinceLog = 0, 0
 	rp.skippedAtLog, rp.nanAtLog = rp.Skipped, rp.NaNIterations
 	return record
