@@ -14,6 +14,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"debug/elf"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -24,6 +25,7 @@ import (
 	"path/filepath"
 	"reflect"
 	"regexp"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -292,15 +294,46 @@ func isLoose(c example) bool {
 	return false
 }
 
-// buildGotron builds ./cmd/gotron into the test's temporary directory.
+// buildGotron builds ./cmd/gotron into the test's temporary directory, as
+// README.md says to: with CGO_ENABLED=0.
 func buildGotron(t *testing.T) string {
 	t.Helper()
 	dir := t.TempDir()
 	bin := filepath.Join(dir, "gotron")
-	if out, err := exec.Command("go", "build", "-o", bin, "../cmd/gotron").CombinedOutput(); err != nil {
-		t.Fatalf("go build ./cmd/gotron: %v\n%s", err, out)
+	cmd := exec.Command("go", "build", "-o", bin, "../cmd/gotron")
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("CGO_ENABLED=0 go build ./cmd/gotron: %v\n%s", err, out)
 	}
 	return bin
+}
+
+// TestBinaryLinksOnlyLibc: README.md's claim about the binary. Built with
+// CGO_ENABLED=0 it links no shared library but the C library's (purego
+// needs dlopen to open the CUDA libraries at run time).
+func TestBinaryLinksOnlyLibc(t *testing.T) {
+	if runtime.GOOS != "linux" {
+		t.Skip("the claim is about Linux ELF binaries")
+	}
+	bin := buildGotron(t)
+	f, err := elf.Open(bin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	libs, err := f.ImportedLibraries()
+	if err != nil {
+		t.Fatal(err)
+	}
+	allowed := map[string]bool{"libc.so.6": true, "libdl.so.2": true, "libpthread.so.0": true}
+	for _, l := range libs {
+		if !allowed[l] {
+			t.Errorf("the binary links %s; README.md says it needs only the C library (%v)", l, libs)
+		}
+	}
+	if out, err := exec.Command(bin, "version").CombinedOutput(); err != nil || !strings.HasPrefix(string(out), "gotron ") {
+		t.Errorf("gotron version: %v: %s", err, out)
+	}
 }
 
 // rewrite maps a command as written to what the test runs: `go run
