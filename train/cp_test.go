@@ -138,7 +138,7 @@ func TestContextParallelMatchesSingleProcess(t *testing.T) {
 }
 
 // TestContextParallelCheckpointReshards: a CP=2 checkpoint (whole tensors,
-// CP-independent) resumes at CP=1, 2 and 4 with the losses of the
+// CP-independent) resumes at CP=1 and 4 with the losses of the
 // uninterrupted run within 1e-5.
 func TestContextParallelCheckpointReshards(t *testing.T) {
 	train, valid := dpDataset(t, 128)
@@ -150,7 +150,7 @@ func TestContextParallelCheckpointReshards(t *testing.T) {
 	first := cfg
 	first.Save, first.ExitInterval = dir, 5
 	a := runCPLayout(t, first, two, train, valid)[0]
-	for _, size := range []int{1, 2, 4} {
+	for _, size := range []int{1, 4} {
 		second := cfg
 		second.Load = dir
 		b := runCPLayout(t, second, cpLayout{tp: 1, pp: 1, cp: size, dp: 1}, train, valid)[0]
@@ -206,17 +206,21 @@ func TestContextParallelBadFlags(t *testing.T) {
 // dropout on, context parallelism drops what one process drops (hidden
 // dropout takes this rank's rows of the whole sequence's mask; attention
 // dropout is keyed by sequence position and global head), so the losses
-// and parameters match the single-process run within 1e-5.
+// and parameters match the single-process run within 1e-5: CP = 2 p2p,
+// and with GOTRON_CP_FULL=1 CP = 2 a2a × TP = 2 (heads split twice).
 func TestContextParallelDropoutMatchesSingleProcess(t *testing.T) {
 	train, valid := dpDataset(t, 128)
 	cfg := dpConfig(cpModels()["gpt2"])
 	cfg.SeqLength, cfg.MicroBatchSize = 128, 2
 	cfg.Model.HiddenDropout, cfg.Model.AttentionDropout = 0.1, 0.1
 	ref := runDP(t, cfg, 0, ddp.Config{}, train, valid)[0]
-	for _, l := range []cpLayout{
+	for i, l := range []cpLayout{
 		{tp: 1, pp: 1, cp: 2, dp: 1, comm: cp.P2P},
 		{tp: 2, pp: 1, cp: 2, dp: 1, comm: cp.A2A},
 	} {
+		if i > 0 && os.Getenv("GOTRON_CP_FULL") != "1" {
+			continue
+		}
 		checkSameRun(t, "dropout "+l.String(), ref, runCPLayout(t, cfg, l, train, valid))
 	}
 }
