@@ -81,6 +81,10 @@ type faultRound struct {
 	survivors  time.Duration // fault to the last survivor's exit
 	blame      string        // the launcher's root-cause line
 	blameOK    bool
+	// named counts the survivors whose error names the victim's rank;
+	// messages holds each survivor's error.
+	named    int
+	messages []string
 }
 
 func (r *faultRound) kind() string {
@@ -130,7 +134,9 @@ func TestFaultInjection(t *testing.T) {
 		phases := []string{"train", "save", "eval"}
 		for i := range n {
 			l := faultLayouts[i%len(faultLayouts)]
-			rounds = append(rounds, &faultRound{layout: l, kill: (i/len(faultLayouts))%2 == i%2, phase: phases[rng.IntN(3)],
+			// Kill and stop alternate, and swap on every pass over the
+			// layouts, so each layout gets both.
+			rounds = append(rounds, &faultRound{layout: l, kill: (i+i/len(faultLayouts))%2 == 0, phase: phases[rng.IntN(3)],
 				victim: rng.IntN(l.nproc), delay: time.Duration(rng.IntN(30)) * time.Millisecond})
 		}
 	} else {
@@ -152,8 +158,8 @@ func TestFaultInjection(t *testing.T) {
 			t.Errorf("round %d (%s, %s of rank %d during %s): %v", i, r.layout.name, r.kind(), r.victim, r.phase, err)
 			continue
 		}
-		t.Logf("round %2d %-8s %-7s rank %d during %-5s after iteration %3d (resumed from %3d): launcher exited after %6.2fs, survivors %6.2fs; %s",
-			i, r.layout.name, r.kind(), r.victim, r.phase, r.at, r.loadedFrom, r.launcher.Seconds(), r.survivors.Seconds(), r.blame)
+		t.Logf("round %2d %-8s %-7s rank %d during %-5s after iteration %3d (resumed from %3d): launcher exited after %6.2fs, survivors %6.2fs; %s; a survivor: %s",
+			i, r.layout.name, r.kind(), r.victim, r.phase, r.at, r.loadedFrom, r.launcher.Seconds(), r.survivors.Seconds(), r.blame, r.messages[len(r.messages)-1])
 	}
 	// The last checkpoint of every layout must load too.
 	for name, dir := range dirs {
@@ -245,6 +251,8 @@ func processGone(pid int) bool {
 	i := bytes.LastIndexByte(b, ')')
 	return i < 0 || i+2 >= len(b) || b[i+2] == 'Z' || b[i+2] == 'X'
 }
+
+var survivorError = regexp.MustCompile(`(?m)^\[rank(\d+)\]: gotron train: (.*)$`)
 
 var rootCauseLine = regexp.MustCompile(`(?m)^gotron launch: worker rank (\d+) \(local rank \d+, pid (\d+)\) (.*?)(;|$)`)
 
@@ -354,7 +362,24 @@ func runFaultRound(t *testing.T, bin string, i int, r *faultRound, dir string, h
 		r.blame = strings.TrimSuffix(m[0], ";")
 		r.blameOK = m[1] == strconv.Itoa(r.victim) && m[2] == strconv.Itoa(pids[r.victim])
 	}
+	last := map[string][]string{} // a survivor's error is its last "gotron train:" line
+	for _, m := range survivorError.FindAllStringSubmatch(text, -1) {
+		if m[1] != strconv.Itoa(r.victim) {
+			last[m[1]] = m
+		}
+	}
+	for rank := range r.layout.nproc {
+		if m := last[strconv.Itoa(rank)]; m != nil {
+			r.messages = append(r.messages, m[0])
+			if strings.Contains(m[2], fmt.Sprintf("rank %d", r.victim)) {
+				r.named++
+			}
+		}
+	}
 	var problems []string
+	if r.named != r.layout.nproc-1 {
+		problems = append(problems, fmt.Sprintf("%d of %d survivors named rank %d: %q", r.named, r.layout.nproc-1, r.victim, r.messages))
+	}
 	if !r.blameOK {
 		problems = append(problems, fmt.Sprintf("the launcher's root cause is %q, want rank %d (pid %d)", r.blame, r.victim, pids[r.victim]))
 	}
@@ -390,7 +415,7 @@ func faultIteration(phase string, first int) int {
 
 func summarizeFaultRounds(t *testing.T, rounds []*faultRound) {
 	type row struct {
-		n, blamed          int
+		n, blamed, named   int
 		maxLaunch, maxSurv time.Duration
 	}
 	rows := map[string]*row{}
@@ -411,14 +436,17 @@ func summarizeFaultRounds(t *testing.T, rounds []*faultRound) {
 		if r.blameOK {
 			w.blamed++
 		}
+		if r.named == r.layout.nproc-1 {
+			w.named++
+		}
 		w.maxLaunch, w.maxSurv = max(w.maxLaunch, r.launcher), max(w.maxSurv, r.survivors)
 	}
 	var sb strings.Builder
 	fmt.Fprintf(&sb, "%d rounds over %d layouts and phases %v\n", len(rounds), len(layouts), keys(phases))
-	fmt.Fprintf(&sb, "| fault | rounds | max launcher exit | max survivor exit | root cause right |\n|---|---|---|---|---|\n")
+	fmt.Fprintf(&sb, "| fault | rounds | max launcher exit | max survivor exit | root cause right | every survivor named the victim |\n|---|---|---|---|---|---|\n")
 	for _, k := range []string{"kill-9", "SIGSTOP"} {
 		if w := rows[k]; w != nil {
-			fmt.Fprintf(&sb, "| %s | %d | %.2f s | %.2f s | %d/%d |\n", k, w.n, w.maxLaunch.Seconds(), w.maxSurv.Seconds(), w.blamed, w.n)
+			fmt.Fprintf(&sb, "| %s | %d | %.2f s | %.2f s | %d/%d | %d/%d |\n", k, w.n, w.maxLaunch.Seconds(), w.maxSurv.Seconds(), w.blamed, w.n, w.named, w.n)
 		}
 	}
 	t.Log("\n" + sb.String())
