@@ -28,7 +28,7 @@ func (h *heartbeatFlags) register(fs *flag.FlagSet) {
 		"(default 20, or gotron launch's --heartbeat-timeout); independent of --distributed-timeout-minutes"
 	fs.Float64Var(&h.timeoutSecs, "heartbeat-timeout", 0, timeoutUsage)
 	fs.Float64Var(&h.timeoutSecs, "inprocess-heartbeat-timeout", 0, "= --heartbeat-timeout (Megatron's name)")
-	fs.Float64Var(&h.intervalSecs, "heartbeat-interval", 0, "seconds between a rank's heartbeats (default a eighth of the timeout, at most 5)")
+	fs.Float64Var(&h.intervalSecs, "heartbeat-interval", 0, "seconds between a rank's heartbeats (default an eighth of the timeout, at most 5)")
 	fs.Float64Var(&h.intervalSecs, "inprocess-heartbeat-interval", 0, "= --heartbeat-interval (Megatron's name)")
 	fs.BoolVar(&h.enableFT, "enable-ft-package", false, "accepted: gotron's heartbeats (--heartbeat-timeout) are always on in multi-process runs")
 }
