@@ -78,3 +78,30 @@ func TestCheckCheckpointArgsOlderCheckpoints(t *testing.T) {
 		t.Errorf("malformed args: %v", err)
 	}
 }
+
+// TestFinetuneWarnsOnDifferentArchitecture: --finetune skips the
+// architecture check, as Megatron's load_checkpoint skips
+// check_checkpoint_args under args.finetune, but prints every difference.
+func TestFinetuneWarnsOnDifferentArchitecture(t *testing.T) {
+	base := tinyConfig(t)
+	m, err := gpt.New(base.Model, tensor.NewRNG(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	if err := SaveModel(context.Background(), dir, 0, m, base.SeqLength, nil); err != nil {
+		t.Fatal(err)
+	}
+	cfg := tinyConfig(t)
+	cfg.Model.NumAttentionHeads = 8 // same shapes, another meaning
+	cfg.Load, cfg.Finetune = dir, true
+	var out strings.Builder
+	cfg.Out = &out
+	src := MockSource{SeqLength: cfg.SeqLength, VocabSize: cfg.Model.VocabSize}
+	if _, err := New(cfg, src, src); err != nil {
+		t.Fatalf("--finetune refused: %v", err)
+	}
+	if !strings.Contains(out.String(), "WARNING: --finetune loads the weights anyway") || !strings.Contains(out.String(), "--num-attention-heads: checkpoint 4, this run 8") {
+		t.Fatalf("no warning naming the difference:\n%s", out.String())
+	}
+}

@@ -1,6 +1,8 @@
 package train
 
 import (
+	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -81,5 +83,32 @@ func TestLoadRefusesImpossiblePosition(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), tt.want) || !strings.Contains(err.Error(), ckpt.MetaFile) {
 			t.Errorf("%s %s: %v, want %q", tt.field, tt.value, err, tt.want)
 		}
+	}
+}
+
+// TestTrainerHoldsSaveLock: New takes --save's lock, naming this process;
+// Run releases it when it returns (as Close does for a Trainer never run).
+func TestTrainerHoldsSaveLock(t *testing.T) {
+	cfg := tinyConfig(t)
+	cfg.EvalInterval, cfg.TrainIters = 0, 4
+	cfg.Save, cfg.SaveInterval = t.TempDir(), 2
+	lock := filepath.Join(cfg.Save, ckpt.LockFile)
+	src := MockSource{SeqLength: cfg.SeqLength, VocabSize: cfg.Model.VocabSize}
+	tr, err := New(cfg, src, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw, err := os.ReadFile(lock)
+	if err != nil || !strings.Contains(string(raw), fmt.Sprintf(`"pid":%d`, os.Getpid())) {
+		t.Fatalf("lock while the Trainer lives: %s, %v", raw, err)
+	}
+	if _, err := tr.Run(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(lock); !os.IsNotExist(err) {
+		t.Fatalf("lock after Run: %v", err)
+	}
+	if err := tr.Close(); err != nil {
+		t.Fatalf("Close after Run: %v", err)
 	}
 }
