@@ -3,8 +3,10 @@ package infer
 import (
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"sort"
+	"sync"
 
 	"github.com/gotron/gotron/internal/checked"
 	"github.com/gotron/gotron/model/gpt"
@@ -118,6 +120,15 @@ type Request struct {
 	// after the first, given those before it (Megatron's logprobs). Such a
 	// request does not reuse cached prefix blocks.
 	PromptLogprobs bool
+	// JSONObject constrains the generated text to one JSON object (OpenAI's
+	// response_format json_object): before each draw, every token whose
+	// text (EngineConfig.Decoder's, token by token) would not continue a
+	// JSON object is masked out of the logits, stop tokens included, and
+	// the sequence finishes with FinishStop once the object is closed (or
+	// FinishLength first, its text then a prefix of one). Log-probabilities
+	// are over the tokens the constraint allows. Needs a Decoder whose
+	// tokens' texts concatenate (byte-level BPE) and the CPU.
+	JSONObject bool
 }
 
 // SeqID identifies a request inside an Engine.
@@ -213,9 +224,16 @@ type Engine struct {
 	topLPs    []float32
 	tokens    []int32
 	positions []int32
-	spans     []span
-	rows      []int
-	events    []Event
+	// tokenBytes is each id's text (the Decoder's), for JSON output,
+	// computed once (jsonVocab) at the first JSON request, whose
+	// Validate may run on another goroutine.
+	jsonOnce   sync.Once
+	tokenBytes [][]byte
+	jsonErr    error
+	jsonMasks  map[jsonObject][]bool // by state, at most jsonMaskCache
+	spans      []span
+	rows       []int
+	events     []Event
 }
 
 // scheduled is one sequence's share of a step: n tokens from its computed
@@ -349,6 +367,8 @@ func (e *Engine) Validate(r Request) error {
 		return bad("top logprobs %d: want 0..%d (the vocabulary)", r.TopLogprobs, e.cfg.VocabSize)
 	case len(r.Stop) > 0 && e.cfg.Decoder == nil:
 		return bad("stop strings need a tokenizer")
+	case r.JSONObject && e.CheckJSONOutput() != nil:
+		return bad("%v", e.CheckJSONOutput())
 	}
 	for _, st := range r.Stop {
 		if st == "" {
@@ -467,6 +487,11 @@ func (e *Engine) Step() ([]Event, error) {
 			e.finish(s)
 			continue
 		}
+		if s.json != nil {
+			for _, b := range e.tokenBytes[e.draws[i].Token] {
+				s.json.feed(b)
+			}
+		}
 		ev := s.take(e.draws[i])
 		e.stats.GeneratedTokens++
 		e.emit(s, ev)
@@ -509,6 +534,7 @@ func (e *Engine) drawTokens(logits *tensor.Tensor, V int) {
 		e.topLPs = slices.Grow(e.topLPs[:0], n*k)[:n*k]
 		out.TopIDs, out.TopLogprobs = tensor.FromInt32(e.topIDs, n, k), tensor.FromFloat32(e.topLPs, n, k)
 	}
+	e.maskJSON(logits)
 	// The draws are made where the logits are; the drawn tokens and their
 	// log-probabilities, the step's output, are read back here.
 	sampleOn(logits.Device(), out, logits, e.cfg.VocabSize, e.drawSpec)
@@ -705,4 +731,99 @@ func sampleOn(dev tensor.Device, out tensor.SampledTokens, logits *tensor.Tensor
 			tensor.Copy(c[0], c[1])
 		}
 	}
+}
+
+// maskJSON sets to -Inf, in the logits rows of this step's JSON draws, every
+// token that would not continue the sequence's JSON object (the CPU's
+// logits, in place: Validate refuses JSON requests elsewhere). Validate
+// also checked that the vocabulary has a token for every printable ASCII
+// character, so some token always continues the object.
+func (e *Engine) maskJSON(logits *tensor.Tensor) {
+	V := logits.Dim(1)
+	for j, i := range e.drawIdx {
+		s := e.plan[i].s
+		if s.json == nil {
+			continue
+		}
+		r := e.drawSpec[j].Row
+		row := logits.Float32s()[r*V : (r+1)*V]
+		for id, ok := range e.jsonMask(*s.json) {
+			if !ok {
+				row[id] = float32(math.Inf(-1))
+			}
+		}
+		for _, id := range s.req.StopTokens { // they would end it unclosed
+			if id >= 0 && id < V {
+				row[id] = float32(math.Inf(-1))
+			}
+		}
+	}
+}
+
+// jsonMaskCache bounds the masks kept (a vocabulary's worth of bools each).
+const jsonMaskCache = 64
+
+// jsonMask returns which tokens may follow state st. Masks are cached by
+// state: inside a string, where a sequence spends most tokens, the state
+// repeats step after step, and computing a mask tries every token.
+func (e *Engine) jsonMask(st jsonObject) []bool {
+	if m, ok := e.jsonMasks[st]; ok {
+		return m
+	}
+	if e.jsonMasks == nil || len(e.jsonMasks) >= jsonMaskCache {
+		e.jsonMasks = map[jsonObject][]bool{}
+	}
+	m := make([]bool, len(e.tokenBytes))
+	for id, text := range e.tokenBytes {
+		m[id] = st.accepts(text)
+	}
+	e.jsonMasks[st] = m
+	return m
+}
+
+// CheckJSONOutput returns why this engine cannot constrain output to a
+// JSON object (Request.JSONObject), or nil. Safe from any goroutine.
+func (e *Engine) CheckJSONOutput() error {
+	switch {
+	case e.cfg.Decoder == nil:
+		return errors.New("JSON output needs a tokenizer")
+	case e.m.Device() != tensor.CPU:
+		return errors.New("JSON output is constrained on the CPU only (--device cpu)")
+	}
+	return e.jsonVocab()
+}
+
+// jsonVocab returns why JSON output cannot be constrained with this
+// engine's tokenizer (nil: it can), computing each token's text once.
+// Constraining needs each token's text to be what it adds to any text
+// before it (true of byte-level BPE vocabularies; checked on a few
+// pairs) and a token for every printable ASCII character, so that every
+// prefix of an object can be continued.
+func (e *Engine) jsonVocab() error {
+	e.jsonOnce.Do(func() {
+		e.tokenBytes = make([][]byte, e.cfg.VocabSize)
+		single := map[byte]int{}
+		for id := range e.tokenBytes {
+			t := []byte(e.cfg.Decoder.Decode([]int{id}))
+			e.tokenBytes[id] = t
+			if len(t) == 1 {
+				if _, ok := single[t[0]]; !ok {
+					single[t[0]] = id
+				}
+			}
+		}
+		for c := byte(0x20); c < 0x7f; c++ {
+			if _, ok := single[c]; !ok {
+				e.jsonErr = fmt.Errorf("JSON output needs a token for every printable ASCII character; the tokenizer has none for %q", c)
+				return
+			}
+		}
+		for _, pair := range []string{" 1", "1 ", "{\"", "\"a", "a\"", ": "} {
+			if got := e.cfg.Decoder.Decode([]int{single[pair[0]], single[pair[1]]}); got != pair {
+				e.jsonErr = fmt.Errorf("JSON output needs tokens whose texts concatenate; this tokenizer decodes %q and %q together as %q", pair[:1], pair[1:], got)
+				return
+			}
+		}
+	})
+	return e.jsonErr
 }

@@ -32,8 +32,9 @@ type sequence struct {
 	stream   *TextStream
 	text     string
 	sent     int
-	promptLP []float32 // PromptLogprobs: entry i is for prompt token i+1
-	lpDone   int       // prompt positions whose logits were seen
+	promptLP []float32   // PromptLogprobs: entry i is for prompt token i+1
+	json     *jsonObject // JSONObject: the object generated so far
+	lpDone   int         // prompt positions whose logits were seen
 }
 
 // newSequence returns r's state; its tokens may not exceed limit (the
@@ -61,6 +62,9 @@ func newSequence(id SeqID, r Request, dec Decoder, limit int) (*sequence, error)
 	}
 	if r.PromptLogprobs {
 		s.promptLP = make([]float32, len(r.Prompt)-1)
+	}
+	if r.JSONObject {
+		s.json = &jsonObject{}
 	}
 	return s, nil
 }
@@ -119,6 +123,11 @@ func (s *sequence) take(ev Event) Event {
 			ev.Finish = FinishStop
 			return ev
 		}
+	}
+	if s.json != nil && s.json.done {
+		ev.Text += s.flush()
+		ev.Finish = FinishStop
+		return ev
 	}
 	if s.generated >= s.req.MaxTokens {
 		ev.Text += s.flush()

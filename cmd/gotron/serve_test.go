@@ -441,6 +441,10 @@ func TestServeOpenAINodeClient(t *testing.T) {
 		}
 		ChatStreamUsage map[string]int
 		StoreMetadata   struct{ Text, Finish string }
+		JSONObject      []struct {
+			Text, Finish string
+			Parsed       bool
+		}
 		Errors          map[string]apiErr
 	}
 	if err := json.Unmarshal(out, &rep); err != nil {
@@ -461,6 +465,14 @@ func TestServeOpenAINodeClient(t *testing.T) {
 	if rep.ChatStream.Text != rep.Chat.Text || len(rep.ChatStream.Roles) != 1 || rep.ChatStreamUsage["completion_tokens"] != 10 {
 		t.Errorf("streamed chat %+v (usage %v), non-streamed %q", rep.ChatStream, rep.ChatStreamUsage, rep.Chat.Text)
 	}
+	if len(rep.JSONObject) != 3 {
+		t.Errorf("json_object: %+v", rep.JSONObject)
+	}
+	for i, c := range rep.JSONObject {
+		if c.Finish == "stop" && !c.Parsed || c.Finish != "stop" && c.Finish != "length" || c.Finish == "length" && !strings.HasPrefix(strings.TrimSpace(c.Text), "{") {
+			t.Errorf("json_object choice %d: %+v", i, c)
+		}
+	}
 	// store and metadata (which the client sends as OpenAI's API has them)
 	// are accepted and ignored, with a warning in the log.
 	if rep.StoreMetadata.Text != wantChat || rep.StoreMetadata.Finish != "length" {
@@ -475,7 +487,7 @@ func TestServeOpenAINodeClient(t *testing.T) {
 		"contextExceeded": {true, true, 400, "BadRequestError"},
 		"badTemperature":  {true, true, 400, "BadRequestError"},
 		"hugeMaxTokens":   {true, true, 400, "BadRequestError"},
-		"jsonObject":      {true, true, 400, "BadRequestError"},
+		"jsonSchema":      {true, true, 400, "BadRequestError"},
 	} {
 		if got := rep.Errors[name]; got != want {
 			t.Errorf("%s: %+v, want %+v", name, got, want)
@@ -753,5 +765,48 @@ func TestServeIdleTimeout(t *testing.T) {
 	}
 	if d := time.Since(idle); d < 250*time.Millisecond || d > 2*time.Second {
 		t.Errorf("idle connection closed after %v, want about 300ms", d)
+	}
+}
+
+// TestServeJSONObject (issue 30, item 8): response_format json_object is
+// honoured by constrained decoding over GPT-2's tokenizer: a choice that
+// finishes with "stop" is one JSON object, one cut by max_tokens is a
+// prefix of one; json_schema is refused naming the field.
+func TestServeJSONObject(t *testing.T) {
+	ck := serveCheckpoint(t)
+	base, _ := startServe(t, "--load", ck)
+	code, body := postJSON(t, base+"/v1/chat/completions", `{"messages": [{"role": "user", "content": "Give me JSON"}], "max_tokens": 64,
+		"n": 4, "temperature": 2, "seed": 7, "response_format": {"type": "json_object"}}`)
+	var r struct {
+		Choices []struct {
+			Message      struct{ Content string }
+			FinishReason string `json:"finish_reason"`
+		}
+	}
+	if code != 200 || json.Unmarshal(body, &r) != nil || len(r.Choices) != 4 {
+		t.Fatalf("%d %s", code, body)
+	}
+	stopped := 0
+	for i, c := range r.Choices {
+		var v map[string]any
+		err := json.NewDecoder(strings.NewReader(c.Message.Content)).Decode(&v)
+		switch c.FinishReason {
+		case "stop":
+			stopped++
+			if err != nil || !json.Valid([]byte(c.Message.Content)) {
+				t.Errorf("choice %d finished %q: not a JSON object (%v)", i, c.Message.Content, err)
+			}
+		case "length":
+			if !errors.Is(err, io.ErrUnexpectedEOF) && err != io.EOF {
+				t.Errorf("choice %d cut at max_tokens %q: not a JSON object's prefix (%v)", i, c.Message.Content, err)
+			}
+		default:
+			t.Errorf("choice %d: finish %q", i, c.FinishReason)
+		}
+	}
+	t.Logf("%d of 4 choices closed their object within 64 tokens; e.g. %q", stopped, r.Choices[0].Message.Content)
+	code, body = postJSON(t, base+"/v1/chat/completions", `{"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_schema", "json_schema": {"name": "n", "schema": {"type": "object"}}}}`)
+	if code != 400 || !strings.Contains(string(body), `"param":"response_format"`) {
+		t.Errorf("json_schema: %d %s", code, body)
 	}
 }

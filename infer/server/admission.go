@@ -138,14 +138,13 @@ func truncate(s string, n int) string {
 	return s[:n] + "..."
 }
 
-const noGrammar = "gotron serve has no grammar-constrained decoding, and ignoring it would return text that does not follow it"
+const noGrammar = "gotron serve constrains output only to a JSON object (response_format json_object), and ignoring it would return text that does not follow it"
 
 // unsupportedFields are the top-level fields refused unless neutral
 // (OpenAI's and vLLM's names). Other unknown fields (store, metadata,
 // user, service_tier, ...) only concern bookkeeping and are ignored with a
 // warning.
 var unsupportedFields = map[string]unsupported{
-	"response_format":    {[]string{`{"type":"text"}`}, noGrammar + " (only {\"type\": \"text\"})"},
 	"guided_json":        {nil, noGrammar},
 	"guided_regex":       {nil, noGrammar},
 	"guided_choice":      {nil, noGrammar},

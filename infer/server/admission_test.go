@@ -136,8 +136,10 @@ func TestSamplingFields(t *testing.T) {
 // TestUnknownFieldsAndAccessLog (issue 30, item 8): fields the server does
 // not know (store, metadata, user, service_tier, ...) are accepted and
 // ignored with one warning line, as vLLM does; fields that would change the
-// output (response_format json_object or json_schema, tools) are refused
-// naming the field; every request gets one access line.
+// output and are not implemented (response_format json_schema, tools,
+// guided decoding) are refused naming the field, and so is json_object
+// where the tokenizer cannot spell JSON; every request gets one access
+// line.
 func TestUnknownFieldsAndAccessLog(t *testing.T) {
 	var logBuf syncBuffer
 	h := newHarness(t, Config{Log: log.New(&logBuf, "", 0)})
@@ -150,17 +152,19 @@ func TestUnknownFieldsAndAccessLog(t *testing.T) {
 	if code != 200 {
 		t.Fatalf("unknown nested field: %d %s", code, body)
 	}
-	for _, c := range []struct{ path, body, param string }{
-		{"/v1/chat/completions", `{"messages": [{"role": "user", "content": "Hi"}], "response_format": {"type": "json_object"}}`, "response_format"},
-		{"/v1/chat/completions", `{"messages": [{"role": "user", "content": "Hi"}], "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}}`, "response_format"},
-		{"/v1/completions", `{"prompt": "A", "response_format": {"type": "json_object"}}`, "response_format"},
-		{"/v1/chat/completions", `{"messages": [{"role": "user", "content": "Hi"}], "tools": [{"type": "function", "function": {"name": "f"}}]}`, "tools"},
-		{"/v1/completions", `{"prompt": "A", "guided_json": {}}`, "guided_json"},
-		{"/v1/completions", `{"prompt": "A", "Response_Format": {"type": "json_object"}}`, "Response_Format"},
-		{"/v1/completions", `{"prompt": "A", "repetition_penalty": 1.2}`, "repetition_penalty"},
+	for _, c := range []struct{ path, body, param, want string }{
+		// The test tokenizer (' '..'^') cannot spell every JSON object.
+		{"/v1/chat/completions", `{"messages": [{"role": "user", "content": "Hi"}], "response_format": {"type": "json_object"}}`, "response_format", "response_format: json_object: JSON output needs a token for every printable ASCII character; the tokenizer has none for '_'"},
+		{"/v1/completions", `{"prompt": "A", "Response_Format": {"type": "json_object"}}`, "response_format", "needs a token for every printable ASCII character"},
+		{"/v1/chat/completions", `{"messages": [{"role": "user", "content": "Hi"}], "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}}`, "response_format", "json_schema is not supported"},
+		{"/v1/chat/completions", `{"messages": [{"role": "user", "content": "Hi"}], "response_format": {"type": "yaml"}}`, "response_format", `type "yaml"`},
+		{"/v1/chat/completions", `{"messages": [{"role": "user", "content": "Hi"}], "tools": [{"type": "function", "function": {"name": "f"}}]}`, "tools", "is not supported"},
+		{"/v1/completions", `{"prompt": "A", "guided_json": {}}`, "guided_json", "is not supported"},
+		{"/v1/completions", `{"prompt": "A", "Guided_Regex": "a+"}`, "Guided_Regex", "is not supported"},
+		{"/v1/completions", `{"prompt": "A", "repetition_penalty": 1.2}`, "repetition_penalty", "is not supported"},
 	} {
 		code, body := h.do(t, "POST", c.path, c.body)
-		checkError(t, c.body, code, body, 400, c.param, "is not supported")
+		checkError(t, c.body, code, body, 400, c.param, c.want)
 	}
 	h.do(t, "GET", "/nowhere", "")
 	out := logBuf.String()
@@ -173,8 +177,8 @@ func TestUnknownFieldsAndAccessLog(t *testing.T) {
 		}
 	}
 	access := regexp.MustCompile(`(?m)^127\.0\.0\.1:\d+ "(\S+ \S+)" (\d+) \d+\.\d{3}s prompt_tokens=(\d+) completion_tokens=(\d+)$`).FindAllStringSubmatch(out, -1)
-	if len(access) != 10 {
-		t.Fatalf("%d access lines, want 10:\n%s", len(access), out)
+	if len(access) != 11 {
+		t.Fatalf("%d access lines, want 11:\n%s", len(access), out)
 	}
 	if a := access[0]; a[1] != "POST /v1/chat/completions" || a[2] != "200" || a[3] == "0" || a[4] != "3" {
 		t.Errorf("access line %q", a[0])
@@ -182,7 +186,7 @@ func TestUnknownFieldsAndAccessLog(t *testing.T) {
 	if a := access[1]; a[1] != "POST /v1/completions" || a[2] != "200" || a[3] != "1" || a[4] != "2" {
 		t.Errorf("access line %q", a[0])
 	}
-	if a := access[9]; a[1] != "GET /nowhere" || a[2] != "404" {
+	if a := access[10]; a[1] != "GET /nowhere" || a[2] != "404" {
 		t.Errorf("access line %q", a[0])
 	}
 }

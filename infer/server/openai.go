@@ -125,6 +125,10 @@ func (s *Server) completionsStatus(w http.ResponseWriter, r *http.Request, start
 	if e != nil {
 		return fail(e)
 	}
+	jsonObj, e := s.jsonObject(&req.samplingParams)
+	if e != nil {
+		return fail(e)
+	}
 	maxTokens := 16
 	if req.MaxTokens != nil {
 		maxTokens = *req.MaxTokens
@@ -154,7 +158,7 @@ func (s *Server) completionsStatus(w http.ResponseWriter, r *http.Request, start
 		}
 		promptTokens += len(p)
 		for _, sm := range samp {
-			reqs = append(reqs, s.inferRequest(p, maxTokens, sm, stop, stopIDs, topLP, req.Echo && topLP >= 0))
+			reqs = append(reqs, s.inferRequest(p, maxTokens, sm, stop, stopIDs, topLP, req.Echo && topLP >= 0, jsonObj))
 		}
 	}
 	s.metrics.promptTokens.Add(int64(promptTokens))
@@ -190,9 +194,9 @@ func (s *Server) completionsStatus(w http.ResponseWriter, r *http.Request, start
 }
 
 // inferRequest builds one engine request; topLP < 0 means no logprobs.
-func (s *Server) inferRequest(prompt []int32, maxTokens int, sm infer.Sampling, stop []string, stopIDs []int, topLP int, promptLP bool) infer.Request {
+func (s *Server) inferRequest(prompt []int32, maxTokens int, sm infer.Sampling, stop []string, stopIDs []int, topLP int, promptLP, jsonObject bool) infer.Request {
 	return infer.Request{Prompt: prompt, MaxTokens: maxTokens, Sampling: sm, Stop: stop, StopTokens: stopIDs,
-		Logprobs: topLP >= 0, TopLogprobs: max(topLP, 0), PromptLogprobs: promptLP}
+		Logprobs: topLP >= 0, TopLogprobs: max(topLP, 0), PromptLogprobs: promptLP, JSONObject: jsonObject}
 }
 
 // gather reads every choice to its end (non-streamed responses).
@@ -504,6 +508,10 @@ func (s *Server) chatStatus(w http.ResponseWriter, r *http.Request, start time.T
 	if e != nil {
 		return fail(e)
 	}
+	jsonObj, e := s.jsonObject(&req.samplingParams)
+	if e != nil {
+		return fail(e)
+	}
 	// OpenAI's default is what the context leaves; max_completion_tokens
 	// replaces the older max_tokens.
 	param, maxTokens := "max_tokens", max(s.maxCtx-len(prompt), 1)
@@ -530,7 +538,7 @@ func (s *Server) chatStatus(w http.ResponseWriter, r *http.Request, start time.T
 	}
 	reqs := make([]infer.Request, len(samp))
 	for i, sm := range samp {
-		reqs[i] = s.inferRequest(prompt, maxTokens, sm, stop, stopIDs, topLP, false)
+		reqs[i] = s.inferRequest(prompt, maxTokens, sm, stop, stopIDs, topLP, false, jsonObj)
 	}
 	s.metrics.promptTokens.Add(int64(len(prompt)))
 	x := exchangeOf(r.Context())

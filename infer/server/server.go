@@ -214,6 +214,35 @@ type samplingParams struct {
 	LogitBias        map[string]float64 `json:"logit_bias"`
 	IgnoreEOS        bool               `json:"ignore_eos"`     // vLLM's extension
 	StopTokenIDs     []int              `json:"stop_token_ids"` // vLLM's extension
+	ResponseFormat   json.RawMessage    `json:"response_format"`
+}
+
+// jsonObject reads response_format: absent, null or {"type": "text"} is
+// free text; {"type": "json_object"} is one JSON object, which the engine
+// enforces token by token (infer.Request.JSONObject); json_schema is
+// refused, as its schema would not be enforced.
+func (s *Server) jsonObject(p *samplingParams) (bool, *apiError) {
+	if len(p.ResponseFormat) == 0 || string(p.ResponseFormat) == "null" {
+		return false, nil
+	}
+	var rf struct {
+		Type string `json:"type"`
+	}
+	if err := json.Unmarshal(p.ResponseFormat, &rf); err != nil {
+		return false, badRequest("response_format", "response_format: want an object with a \"type\"")
+	}
+	switch rf.Type {
+	case "text":
+		return false, nil
+	case "json_object":
+		if err := s.cfg.Runner.Engine().CheckJSONOutput(); err != nil {
+			return false, invalidValue("response_format", "response_format: json_object: %v", err)
+		}
+		return true, nil
+	case "json_schema":
+		return false, invalidValue("response_format", "response_format: json_schema is not supported: gotron serve constrains output to a JSON object (json_object) but does not enforce a schema, and ignoring it would return JSON that does not follow it")
+	}
+	return false, invalidValue("response_format", "response_format: type %q: want text, json_object (or json_schema, not supported)", rf.Type)
 }
 
 // sampling maps the OpenAI fields to Megatron's rules: temperature 0 is

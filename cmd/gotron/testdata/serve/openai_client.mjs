@@ -41,6 +41,15 @@ report.chatStream = { text: chatStreamed, roles };
 const stored = await client.chat.completions.create({ model, messages, max_tokens: maxTokens, temperature: 0, store: false, metadata: { run: "serve_test" } });
 report.storeMetadata = { text: stored.choices[0].message.content, finish: stored.choices[0].finish_reason };
 
+// response_format json_object: the text is a JSON object, or (cut by
+// max_tokens) the beginning of one.
+const js = await client.chat.completions.create({ model, messages, max_tokens: 48, temperature: 2, seed: 3, n: 3, response_format: { type: "json_object" } });
+report.jsonObject = js.choices.map((c) => {
+  let parsed = false;
+  try { parsed = typeof JSON.parse(c.message.content) === "object"; } catch {}
+  return { text: c.message.content, finish: c.finish_reason, parsed };
+});
+
 // Errors arrive as the client's typed API errors.
 async function expectError(name, f) {
   try {
@@ -55,6 +64,6 @@ await expectError("zeroMaxTokens", () => client.completions.create({ model, prom
 await expectError("contextExceeded", () => client.chat.completions.create({ model, messages, max_tokens: 100000 }));
 await expectError("badTemperature", () => client.chat.completions.create({ model, messages, temperature: 5 }));
 await expectError("hugeMaxTokens", () => client.completions.create({ model, prompt: process.env.PROMPT, max_tokens: Number.MAX_SAFE_INTEGER }));
-await expectError("jsonObject", () => client.chat.completions.create({ model, messages, response_format: { type: "json_object" } }));
+await expectError("jsonSchema", () => client.chat.completions.create({ model, messages, response_format: { type: "json_schema", json_schema: { name: "x", schema: { type: "object" } } } }));
 
 console.log(JSON.stringify(report));
