@@ -13,6 +13,7 @@ import (
 	"strings"
 
 	"github.com/gotron/gotron/ckpt/safetensors"
+	"github.com/gotron/gotron/internal/checked"
 	"github.com/gotron/gotron/internal/meminfo"
 	"github.com/gotron/gotron/model/gpt"
 	"github.com/gotron/gotron/tensor"
@@ -337,8 +338,8 @@ func Export(ctx context.Context, dir string, m *gpt.Model, info Info, opts Expor
 	if vocab == 0 {
 		vocab = c.VocabSize
 	}
-	if vocab > c.VocabSize {
-		return fmt.Errorf("hf: vocab_size %d exceeds the model's %d embedding rows", vocab, c.VocabSize)
+	if err := checked.RangeWhy("hf: vocab_size", int64(vocab), 1, int64(c.VocabSize), "the model's embedding rows"); err != nil {
+		return err
 	}
 	tab, err := table(arch, c, vocab)
 	if err != nil {
@@ -476,6 +477,12 @@ func ReadInfo(dir string) (info Info, ok bool, err error) {
 	}
 	if f.Format != infoFormat || f.Version != infoVersion {
 		return Info{}, false, fmt.Errorf("hf: %s: format %q version %d, want %q version %d", path, f.Format, f.Version, infoFormat, infoVersion)
+	}
+	if err := checked.Range("vocab_size", int64(f.VocabSize), 0, maxDim); err != nil {
+		return Info{}, false, fmt.Errorf("hf: %s: %w", path, err)
+	}
+	if f.Arch != "" && f.Arch != ArchGPT2 && f.Arch != ArchLlama {
+		return Info{}, false, fmt.Errorf("hf: %s: arch %q: want %q or %q", path, f.Arch, ArchGPT2, ArchLlama)
 	}
 	return f.Info, true, nil
 }

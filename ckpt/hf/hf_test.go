@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"reflect"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -464,6 +465,14 @@ func TestInfoFile(t *testing.T) {
 	os.WriteFile(filepath.Join(dir, InfoFile), []byte(`{"format":"other","version":1}`), 0o644)
 	if _, _, err := ReadInfo(dir); err == nil || !strings.Contains(err.Error(), InfoFile) {
 		t.Fatalf("foreign file: err %v", err)
+	}
+	// Fields are checked before anything uses them (a negative vocab_size
+	// used to reach score's slicing).
+	for field, want := range map[string]string{`"vocab_size":-5`: "vocab_size: -5 is out of range", `"arch":"bert"`: `arch "bert"`} {
+		os.WriteFile(filepath.Join(dir, InfoFile), []byte(`{"format":"`+infoFormat+`","version":`+strconv.Itoa(infoVersion)+`,`+field+`}`), 0o644)
+		if _, _, err := ReadInfo(dir); err == nil || !strings.Contains(err.Error(), want) || !strings.Contains(err.Error(), InfoFile) {
+			t.Errorf("%s: err %v, want %q", field, err, want)
+		}
 	}
 }
 
