@@ -7,7 +7,6 @@ import (
 	"sort"
 	"strconv"
 	"strings"
-	"time"
 
 	"github.com/gotron/gotron/ckpt/hf"
 	"github.com/gotron/gotron/internal/checked"
@@ -24,9 +23,9 @@ type numberRule struct {
 }
 
 const (
-	maxMinutes = float64(math.MaxInt64) / float64(time.Minute) // the longest time.Duration, in minutes
-	maxRanks   = 1 << 24                                       // more ranks than any machine has
-	maxSize    = 1 << 40                                       // a bound on model and batch sizes that keeps their products in int64
+	maxMinutes = 1e8     // 190 years: minutes × time.Minute stays well inside time.Duration (292 years)
+	maxRanks   = 1 << 24 // more ranks than any machine has
+	maxSize    = 1 << 40 // a bound on model and batch sizes that keeps their products in int64
 )
 
 func intAtLeast(min int64, meaning string) numberRule {
@@ -151,7 +150,7 @@ var trainNumberRules = withTokenizerRules(map[string]numberRule{
 	"save-interval":            intIn(0, math.MaxInt64, "iterations between checkpoints; 0: no periodic checkpoints"),
 	"exit-interval":            intIn(0, math.MaxInt64, "iterations; 0: none"),
 	"exit-duration-in-mins":    floatIn(0, maxMinutes, "minutes of training; 0: no limit"),
-	"async-save-rate":          floatIn(0, math.MaxFloat64, "MB/s per rank; 0: unpaced"),
+	"async-save-rate":          floatIn(0, 1e9, "MB/s per rank; 0: unpaced"),
 	"sample-tokens":            intIn(0, math.MaxInt32, "tokens"),
 })
 
