@@ -20,6 +20,17 @@ var fuzzRoutes = []struct{ method, path string }{
 	{"GET", "/v1/models"},
 }
 
+// askedJSONObject reports whether a chat request body asks for
+// response_format json_object (as the server reads it: keys match
+// case-insensitively) and no stop strings (which may end an object early).
+func askedJSONObject(body []byte) bool {
+	var req struct {
+		ResponseFormat struct{ Type string } `json:"response_format"`
+		Stop           json.RawMessage
+	}
+	return json.Unmarshal(body, &req) == nil && req.ResponseFormat.Type == "json_object" && (len(req.Stop) == 0 || string(req.Stop) == "null")
+}
+
 const fuzzTemplate = `{{ bos_token }}{% for message in messages %}{% if message['role'] == 'system' %}{{ 'SYSTEM: ' + message['content'] | trim + '\n' }}` +
 	`{% elif message['role'] == 'user' %}{{ 'USER: ' + message['content'] + '\n' }}{% else %}{{ message['role'] | upper + ': ' + message['content'] + eos_token + '\n' }}{% endif %}` +
 	`{% endfor %}{% if add_generation_prompt %}{{ 'ASSISTANT:' }}{% endif %}`
@@ -48,7 +59,8 @@ func FuzzHandler(f *testing.F) {
 		{0, `{"prompt": "A", "top_p": 0.5, "logprobs": 20, "stream": true, "max_tokens": 3, "store": false, "metadata": {"a": 1}}`},
 		{1, `{"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 3, "logprobs": true, "top_logprobs": 2}`},
 		{1, `{"messages": [{"role": "system", "content": [{"type": "text", "text": "S"}]}, {"role": "user", "content": "U"}], "stream": true, "max_completion_tokens": 4}`},
-		{1, `{"messages": [{"role": "user", "content": "Hi"}], "response_format": {"type": "json_object"}}`},
+		{1, `{"messages": [{"role": "user", "content": "Hi"}], "response_format": {"type": "json_object"}, "max_tokens": 60, "n": 2, "temperature": 2, "seed": 5}`},
+		{0, `{"prompt": "{", "response_format": {"type": "json_object"}, "max_tokens": 40, "stream": true, "stop": ["}"]}`},
 		{1, `{"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 9223372036854775807, "n": 3}`},
 		{1, `{"messages": [{"role": "system", "content": " S "}, {"role": "assistant", "content": null}, {"role": "tool", "content": "{{ x }}"}], "max_tokens": 2}`},
 		{2, `{"prompts": ["Hello"], "tokens_to_generate": 4, "logprobs": true, "top_k": 2, "random_seed": 3}`},
@@ -66,7 +78,8 @@ func FuzzHandler(f *testing.F) {
 	if err != nil {
 		f.Fatal(err)
 	}
-	h := newHarnessWith(f, Config{MaxN: 4, MaxRequestBytes: 1 << 16, MaxWaitingSeqs: 64, ChatTemplate: tpl}, 96, infer.EngineConfig{}, nil)
+	// A byte tokenizer, which can spell JSON: json_object requests run.
+	h := newHarnessWith(f, Config{MaxN: 4, MaxRequestBytes: 1 << 16, MaxWaitingSeqs: 64, ChatTemplate: tpl, Tokenizer: byteTok{}}, 96, infer.EngineConfig{}, nil)
 	handler := h.srv.Handler()
 	f.Fuzz(func(t *testing.T, route uint8, body []byte) {
 		r := fuzzRoutes[int(route)%len(fuzzRoutes)]
@@ -103,6 +116,20 @@ func FuzzHandler(f *testing.F) {
 				var e errorBody
 				if json.Unmarshal(out, &e) != nil || e.Error.Message == "" || e.Error.Type == "" {
 					t.Fatalf("%s %q: status %d without an OpenAI-shaped error: %s", r.path, body, res.StatusCode, out)
+				}
+			} else if r.path == "/v1/chat/completions" && askedJSONObject(body) {
+				var c struct {
+					Choices []struct {
+						Message      struct{ Content string }
+						FinishReason string `json:"finish_reason"`
+					}
+				}
+				json.Unmarshal(out, &c)
+				for _, ch := range c.Choices {
+					var v map[string]any
+					if ch.FinishReason == "stop" && json.Unmarshal([]byte(ch.Message.Content), &v) != nil {
+						t.Fatalf("%q: json_object choice %q is not a JSON object", body, ch.Message.Content)
+					}
 				}
 			}
 		}

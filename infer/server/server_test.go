@@ -48,6 +48,33 @@ func (charTok) Decode(ids []int) string {
 func (charTok) VocabSize() int { return 64 }
 func (charTok) EOD() int       { return 63 }
 
+// byteTok is a test tokenizer that can spell JSON: ids 0..126 are the
+// ASCII bytes (others encode as '?'), 127 is the end of document.
+type byteTok struct{}
+
+func (byteTok) Encode(text string) []int {
+	ids := make([]int, len(text))
+	for i := range len(text) {
+		if ids[i] = int(text[i]); text[i] >= 127 {
+			ids[i] = '?'
+		}
+	}
+	return ids
+}
+
+func (byteTok) Decode(ids []int) string {
+	b := make([]byte, 0, len(ids))
+	for _, id := range ids {
+		if id < 127 {
+			b = append(b, byte(id))
+		}
+	}
+	return string(b)
+}
+
+func (byteTok) VocabSize() int { return 128 }
+func (byteTok) EOD() int       { return 127 }
+
 type harness struct {
 	url    string
 	srv    *Server
@@ -69,18 +96,22 @@ func newHarnessContext(t testing.TB, cfg Config, positions int) *harness {
 }
 
 // newHarnessWith is newHarnessContext with the engine's configuration
-// (block size 8 and the test tokenizer set here) and, unless nil, wrap
-// around the test server's listener.
+// (block size 8 and the tokenizer set here), cfg.Tokenizer (nil: charTok;
+// the model's vocabulary is its) and, unless nil, wrap around the test
+// server's listener.
 func newHarnessWith(t testing.TB, cfg Config, positions int, ec infer.EngineConfig, wrap func(net.Listener) net.Listener) *harness {
 	t.Helper()
+	if cfg.Tokenizer == nil {
+		cfg.Tokenizer = charTok{}
+	}
 	mc := gpt.Config{NumLayers: 2, HiddenSize: 32, NumAttentionHeads: 4, NumQueryGroups: 2, FFNHiddenSize: 48,
-		VocabSize: 64, MaxPositionEmbeddings: positions, PositionEmbeddingType: gpt.RoPE, Normalization: gpt.RMSNorm,
+		VocabSize: cfg.Tokenizer.VocabSize(), MaxPositionEmbeddings: positions, PositionEmbeddingType: gpt.RoPE, Normalization: gpt.RMSNorm,
 		Activation: gpt.SwiGLU, DisableBiasLinear: true, UntieEmbeddingsAndOutputWeights: true, InitMethodStd: 0.3}
 	m, err := gpt.New(mc, tensor.NewRNG(11))
 	if err != nil {
 		t.Fatal(err)
 	}
-	ec.BlockTokens, ec.Decoder = 8, charTok{}
+	ec.BlockTokens, ec.Decoder = 8, cfg.Tokenizer
 	e, err := infer.NewEngine(m, ec)
 	if err != nil {
 		t.Fatal(err)
@@ -89,7 +120,7 @@ func newHarnessWith(t testing.TB, cfg Config, positions int, ec infer.EngineConf
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { r.Run(ctx); close(done) }()
-	cfg.Runner, cfg.Tokenizer = r, charTok{}
+	cfg.Runner = r
 	if cfg.ModelName == "" {
 		cfg.ModelName = "tiny"
 	}
