@@ -12,7 +12,7 @@ import (
 	"github.com/gotron/gotron/internal/checked"
 )
 
-// numberRule is what a numeric flag of gotron train may hold: a value in
+// numberRule is what a numeric flag may hold: a value in
 // [Min, Max] (MinOpen: above Min), with Meaning saying why in the error.
 type numberRule struct {
 	Integer    bool
@@ -25,11 +25,18 @@ type numberRule struct {
 const (
 	maxMinutes = 1e8     // 190 years: minutes × time.Minute stays well inside time.Duration (292 years)
 	maxRanks   = 1 << 24 // more ranks than any machine has
-	maxSize    = 1 << 40 // a bound on model and batch sizes that keeps their products in int64
+	maxSize    = 1 << 40 // a bound on counts (iterations, samples, elements) that keeps their products with a size in int64
 )
 
 func intAtLeast(min int64, meaning string) numberRule {
 	return numberRule{Integer: true, IMin: min, IMax: maxSize, Meaning: meaning}
+}
+
+// intDim is a size: a model dimension, a layer or batch count, a sequence
+// length. Sizes are at most 2^31-1 (as tensor dimensions are in practice),
+// so that a product of two stays in int64.
+func intDim(min int64, meaning string) numberRule {
+	return numberRule{Integer: true, IMin: min, IMax: math.MaxInt32, Meaning: meaning}
 }
 
 func intIn(min, max int64, meaning string) numberRule {
@@ -52,13 +59,13 @@ func floatAbove(min, max float64, meaning string) numberRule {
 // them before any arithmetic.
 var trainNumberRules = withTokenizerRules(map[string]numberRule{
 	// Model.
-	"num-layers":                   intAtLeast(0, "transformer layers; required unless --model or --use-checkpoint-args"),
-	"hidden-size":                  intAtLeast(0, "hidden size"),
-	"ffn-hidden-size":              intAtLeast(0, "MLP hidden size; 0: 4×--hidden-size"),
-	"num-attention-heads":          intAtLeast(0, "attention heads"),
-	"kv-channels":                  intAtLeast(0, "head dimension; 0: hidden/heads"),
-	"num-query-groups":             intAtLeast(0, "key/value heads"),
-	"max-position-embeddings":      intAtLeast(0, "position table size; 0: --seq-length"),
+	"num-layers":                   intDim(0, "transformer layers; required unless --model or --use-checkpoint-args"),
+	"hidden-size":                  intDim(0, "hidden size"),
+	"ffn-hidden-size":              intDim(0, "MLP hidden size; 0: 4×--hidden-size"),
+	"num-attention-heads":          intDim(0, "attention heads"),
+	"kv-channels":                  intDim(0, "head dimension; 0: hidden/heads"),
+	"num-query-groups":             intDim(0, "key/value heads"),
+	"max-position-embeddings":      intDim(0, "position table size; 0: --seq-length"),
 	"rotary-base":                  floatAbove(0, math.MaxFloat64, "the RoPE base"),
 	"rotary-percent":               floatAbove(0, 1, "the fraction of head dimensions RoPE rotates"),
 	"norm-epsilon":                 floatAbove(0, 1, "the normalisation epsilon"),
@@ -73,10 +80,10 @@ var trainNumberRules = withTokenizerRules(map[string]numberRule{
 	"context-parallel-size":                            intIn(1, maxRanks, "ranks"),
 	"num-virtual-stages-per-pipeline-rank":             intIn(0, maxRanks, "model chunks per pipeline rank; 0: one"),
 	"virtual-pipeline-model-parallel-size":             intIn(0, maxRanks, "model chunks per pipeline rank; 0: one"),
-	"num-layers-per-virtual-pipeline-stage":            intAtLeast(0, "layers per model chunk; 0: not interleaved"),
-	"decoder-first-pipeline-num-layers":                intAtLeast(0, "layers; 0: an even split"),
-	"decoder-last-pipeline-num-layers":                 intAtLeast(0, "layers; 0: an even split"),
-	"microbatch-group-size-per-virtual-pipeline-stage": intAtLeast(0, "micro-batches; 0: the pipeline size"),
+	"num-layers-per-virtual-pipeline-stage":            intDim(0, "layers per model chunk; 0: not interleaved"),
+	"decoder-first-pipeline-num-layers":                intDim(0, "layers; 0: an even split"),
+	"decoder-last-pipeline-num-layers":                 intDim(0, "layers; 0: an even split"),
+	"microbatch-group-size-per-virtual-pipeline-stage": intDim(0, "micro-batches; 0: the pipeline size"),
 	"ddp-bucket-size":                                  intAtLeast(0, "elements; 0: the default"),
 	"distributed-timeout-minutes":                      floatIn(0, maxMinutes, "minutes; 0: the default"),
 	"device-memory-fraction":                           floatIn(0, 1, "a fraction of the device's memory; 0: the default"),
@@ -92,7 +99,7 @@ var trainNumberRules = withTokenizerRules(map[string]numberRule{
 
 	// Mixture of experts.
 	"num-experts":                         intIn(0, 1<<20, "experts per MoE layer; 0: a dense model"),
-	"moe-ffn-hidden-size":                 intAtLeast(0, "each expert's MLP hidden size; 0: --ffn-hidden-size"),
+	"moe-ffn-hidden-size":                 intDim(0, "each expert's MLP hidden size; 0: --ffn-hidden-size"),
 	"moe-router-topk":                     intIn(1, 1<<20, "experts per token"),
 	"moe-router-num-groups":               intIn(0, 1<<20, "expert groups; 0: none"),
 	"moe-router-group-topk":               intIn(0, 1<<20, "groups per token; 0: none"),
@@ -101,12 +108,12 @@ var trainNumberRules = withTokenizerRules(map[string]numberRule{
 	"moe-input-jitter-eps":                floatIn(0, 0.999999, "the jitter's half-width: noise in (1-eps, 1+eps); 0: none"),
 	"moe-z-loss-coeff":                    floatIn(0, math.MaxFloat64, "a loss coefficient; 0: none"),
 	"moe-expert-capacity-factor":          floatIn(-math.MaxFloat64, math.MaxFloat64, "a capacity factor; negative: dropless"),
-	"moe-shared-expert-intermediate-size": intAtLeast(0, "the shared expert's hidden size; 0: none"),
+	"moe-shared-expert-intermediate-size": intDim(0, "the shared expert's hidden size; 0: none"),
 
 	// Batches and iterations.
-	"seq-length":        intAtLeast(0, "tokens per sample"),
-	"micro-batch-size":  intAtLeast(0, "samples per forward/backward"),
-	"global-batch-size": intAtLeast(0, "samples per optimizer step; 0: the micro batch × data-parallel size"),
+	"seq-length":        intDim(0, "tokens per sample"),
+	"micro-batch-size":  intDim(0, "samples per forward/backward"),
+	"global-batch-size": intDim(0, "samples per optimizer step; 0: the micro batch × data-parallel size"),
 	"train-iters":       intAtLeast(0, "iterations"),
 	"train-samples":     intAtLeast(0, "samples"),
 	"seed":              intIn(0, math.MaxUint32, "NumPy's seeds, which Megatron's datasets use, are below 2^32"),
@@ -138,7 +145,7 @@ var trainNumberRules = withTokenizerRules(map[string]numberRule{
 	"loss-scale-window":    intIn(1, math.MaxInt32, "iterations"),
 	"hysteresis":           intIn(1, math.MaxInt32, "iterations"),
 	"max-nan-iterations":   intIn(0, math.MaxInt32, "iterations; 0: 10"),
-	"recompute-num-layers": intAtLeast(0, "layers"),
+	"recompute-num-layers": intDim(0, "layers"),
 
 	// Evaluation, logging, checkpoints.
 	"eval-interval":            intIn(1, math.MaxInt64, "iterations between evaluations; --eval-iters 0 turns evaluation off"),
@@ -185,7 +192,7 @@ func withTokenizerRules(rules map[string]numberRule) map[string]numberRule {
 }
 
 // checkNumbers checks every numeric flag's value (value returns a flag's
-// text by name) against trainNumberRules: one place, before the run does
+// text by name) against its rule: one place, before the run does
 // arithmetic with any of them.
 func checkNumbers(rules map[string]numberRule, value func(name string) (string, bool)) error {
 	names := make([]string, 0, len(rules))

@@ -57,6 +57,7 @@ func TestTrainRefusesNumbersOutsideTheirMeaning(t *testing.T) {
 		{"--train-iters", "-1", "--train-iters: -1 is out of range: must be between 0 and 1099511627776"},
 		{"--seed", "-7", "--seed: -7 is out of range: must be between 0 and 4294967295"},
 		{"--distributed-timeout-minutes", "-1", "--distributed-timeout-minutes: -1 is out of range"},
+		{"--seq-length", "4294967296", "--seq-length: 4294967296 is out of range: must be between 0 and 2147483647"},
 		{"--attention-dropout", "1", "--attention-dropout: 1 is out of range: must be at least 0 and at most 0.999999"},
 	} {
 		t.Run(c.flag+"="+c.value, func(t *testing.T) {
