@@ -92,7 +92,8 @@ func startServe(t *testing.T, args ...string) (base string, stop func()) {
 // startServeLog is startServe that also returns serve's stdout (its log).
 func startServeLog(t *testing.T, args ...string) (base string, stop func(), log *serveLog) {
 	t.Helper()
-	out := &serveLog{addr: make(chan string, 1)}
+	addr := make(chan string, 1) // read here, not through out.addr, which Write clears under its lock
+	out := &serveLog{addr: addr}
 	var errb bytes.Buffer
 	env := &cli{stdout: out, stderr: &errb, stdin: strings.NewReader(""), getenv: func(string) string { return "" }}
 	ctx, cancel := context.WithCancel(context.Background())
@@ -105,7 +106,7 @@ func startServeLog(t *testing.T, args ...string) (base string, stop func(), log 
 		timeout = time.After(time.Until(d) - 10*time.Second)
 	}
 	select {
-	case base = <-out.addr:
+	case base = <-addr:
 	case code := <-done:
 		cancel()
 		t.Fatalf("serve exited %d: %s%s", code, out, errb.String())
