@@ -446,7 +446,7 @@ func TestServeOpenAINodeClient(t *testing.T) {
 			Text, Finish string
 			Parsed       bool
 		}
-		Errors          map[string]apiErr
+		Errors map[string]apiErr
 	}
 	if err := json.Unmarshal(out, &rep); err != nil {
 		t.Fatalf("node printed %s: %v", out, err)
