@@ -119,10 +119,33 @@ func TestPreprocessCleansAfterAKilledRun(t *testing.T) {
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	w, err := os.OpenFile(fifo, os.O_WRONLY, 0)
-	if err != nil {
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	// Opening the FIFO for writing waits for preprocess to open it for
+	// reading; should preprocess fail first, a reader of our own ends the wait.
+	opened := make(chan *os.File, 1)
+	go func() {
+		w, err := os.OpenFile(fifo, os.O_WRONLY, 0)
+		if err != nil {
+			w = nil
+		}
+		opened <- w
+	}()
+	var w *os.File
+	select {
+	case w = <-opened:
+	case err := <-exited:
+		if r, rerr := os.OpenFile(fifo, os.O_RDONLY|syscall.O_NONBLOCK, 0); rerr == nil {
+			defer r.Close()
+		}
+		t.Fatalf("preprocess exited before reading its input: %v\n%s", err, out.String())
+	case <-time.After(30 * time.Second):
 		cmd.Process.Kill()
-		t.Fatal(err)
+		t.Fatalf("preprocess never opened its input:\n%s", out.String())
+	}
+	if w == nil {
+		cmd.Process.Kill()
+		t.Fatal("open the FIFO for writing failed")
 	}
 	defer w.Close()
 	fmt.Fprintln(w, `{"text": "1 2 3 4"}`)
@@ -137,7 +160,7 @@ func TestPreprocessCleansAfterAKilledRun(t *testing.T) {
 	if err := cmd.Process.Signal(syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
-	cmd.Wait()
+	<-exited
 	left := temps()
 	if len(left) == 0 {
 		t.Fatalf("the killed run left no temporary files to clean (test broken?):\n%s", out.String())
