@@ -261,3 +261,38 @@ func TestWriteTimeoutCutsOffNonReader(t *testing.T) {
 	}
 	t.Logf("read %d bytes, then %v", len(got), err)
 }
+
+// TestBodyLimits: a body announced beyond MaxRequestBytes is answered 413
+// at once, without reading it; a body that does not arrive within
+// ReadTimeout is answered 408; both close the connection.
+func TestBodyLimits(t *testing.T) {
+	h := newHarnessWith(t, Config{MaxRequestBytes: 4096, ReadTimeout: 300 * time.Millisecond}, 96, infer.EngineConfig{}, nil)
+	for _, c := range []struct {
+		contentLength int
+		send          string
+		status        int
+		code          string
+		within        time.Duration
+	}{
+		{10 << 20, `{"prompt": "A"`, 413, "request_too_large", 200 * time.Millisecond},
+		{100, `{"prompt": "A"`, 408, "request_timeout", 1200 * time.Millisecond},
+	} {
+		conn, err := net.Dial("tcp", strings.TrimPrefix(h.url, "http://"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		start := time.Now()
+		fmt.Fprintf(conn, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", c.contentLength, c.send)
+		conn.SetReadDeadline(time.Now().Add(10 * time.Second))
+		resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+		if err != nil {
+			t.Fatalf("Content-Length %d: %v", c.contentLength, err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		took := time.Since(start)
+		conn.Close()
+		if resp.StatusCode != c.status || !strings.Contains(string(body), `"code":"`+c.code+`"`) || !resp.Close || took > c.within {
+			t.Errorf("Content-Length %d: %d %s (close %v) after %v; want %d %s within %v", c.contentLength, resp.StatusCode, body, resp.Close, took, c.status, c.code, c.within)
+		}
+	}
+}
