@@ -28,6 +28,11 @@ type Groups struct {
 	// Embedding is the first and last stage of this rank's pipeline (tied
 	// word-embedding gradients); nil on middle stages.
 	Embedding comm.ProcessGroup
+	// EP is the expert-model-parallel group (the ranks holding disjoint
+	// experts of the MoE layers) and ExpertDP the expert-data-parallel
+	// group (the ranks holding the same experts), from the expert
+	// generator.
+	EP, ExpertDP comm.ProcessGroup
 }
 
 // NewGroups builds this rank's groups of the layout cfg (cfg.WorldSize 0
@@ -53,7 +58,7 @@ func NewGroups(world comm.ProcessGroup, cfg Config) (*Groups, error) {
 	for _, k := range []struct {
 		kind Kind
 		dst  *comm.ProcessGroup
-	}{{TP, &g.TP}, {PP, &g.PP}, {DP, &g.DP}, {CP, &g.CP}, {DPCP, &g.DPCP}, {TPPP, &g.MP}, {Embedding, &g.Embedding}} {
+	}{{TP, &g.TP}, {PP, &g.PP}, {DP, &g.DP}, {CP, &g.CP}, {DPCP, &g.DPCP}, {TPPP, &g.MP}, {Embedding, &g.Embedding}, {EP, &g.EP}, {ExpertDP, &g.ExpertDP}} {
 		ranks := l.GroupOf(k.kind, rank)
 		if ranks == nil {
 			continue // middle pipeline stages have no embedding group

@@ -140,6 +140,10 @@ type Config struct {
 	// DDP configures the data-parallel gradient reduction and the
 	// distributed optimizer (used when Parallel is set).
 	DDP ddp.Config
+	// MoEAllToAll (--moe-token-dispatcher-type alltoall) exchanges an
+	// expert-parallel run's tokens by all-to-all; false, by all-gather and
+	// reduce-scatter (Megatron's allgather dispatcher, its default).
+	MoEAllToAll bool
 
 	// Device is --device: where the parameters, gradients and optimizer
 	// state live and compute. tensor.CPU is the zero value; tensor.Sim, the
@@ -206,8 +210,22 @@ func (c *Config) validate() error {
 		return err
 	}
 	if c.Model.MoE.Enabled() {
-		if w := c.groups().World.Size(); w > 1 {
-			return fmt.Errorf("train: --num-experts=%d on %d ranks: MoE trains in one process in this release (expert, tensor, pipeline and data parallelism with MoE are not built yet)", c.Model.MoE.NumExperts, w)
+		g := c.groups()
+		l := g.Layout.Config
+		moe := &c.Model.MoE
+		switch {
+		case l.TP > 1 || l.PP > 1 || l.CP > 1:
+			return fmt.Errorf("train: --num-experts=%d with tensor, pipeline or context parallelism (TP=%d, PP=%d, CP=%d): not built yet (MoE runs with data and expert parallelism)", moe.NumExperts, l.TP, l.PP, l.CP)
+		case g.World.Size() > 1 && c.DDP.DistributedOptimizer:
+			return fmt.Errorf("train: --num-experts with --use-distributed-optimizer on %d ranks: not built yet", g.World.Size())
+		case g.World.Size() > 1 && moe.ExpertBias:
+			return fmt.Errorf("train: --moe-router-enable-expert-bias on %d ranks: the counts' all-reduce is not built yet", g.World.Size())
+		case g.DP.Size() > 1 && moe.GlobalAuxLossCoeff > 0:
+			return fmt.Errorf("train: global_aux_loss with data parallelism (DP=%d): the counts' all-reduce in the router is not built yet", g.DP.Size())
+		case moe.NumExperts%g.EP.Size() != 0:
+			return fmt.Errorf("train: --num-experts=%d is not divisible by --expert-model-parallel-size=%d", moe.NumExperts, g.EP.Size())
+		case g.EP.Size() > 1 && (c.Save != "" || c.Load != ""):
+			return fmt.Errorf("train: --save/--load with --expert-model-parallel-size=%d: expert-parallel checkpoints are not built yet", g.EP.Size())
 		}
 		if c.Model.MoE.ExpertBias && (c.Save != "" || c.Load != "") {
 			return fmt.Errorf("train: --moe-router-enable-expert-bias with --save or --load: the expert bias in checkpoints is not built yet")
@@ -247,9 +265,8 @@ func (c *Config) validate() error {
 	}
 	c.Parallel = c.groups()
 	l := c.Parallel.Layout.Config
-	if l.EP > 1 {
-		return fmt.Errorf("train: --expert-model-parallel-size=%d: "+
-			"this release trains with data, tensor, pipeline and context parallelism (expert size 1)", l.EP)
+	if l.EP > 1 && !c.Model.MoE.Enabled() {
+		return fmt.Errorf("train: --expert-model-parallel-size=%d needs an MoE model (--num-experts)", l.EP)
 	}
 	if err := c.checkContextParallel(max(l.CP, 1), max(l.TP, 1)); err != nil {
 		return err

@@ -45,6 +45,13 @@ type Result struct {
 	// LossScales is the loss scale after every iteration run (1 without
 	// --fp16), as the log line prints it.
 	LossScales []float64
+	// GradNorms is the gradient norm of every iteration (NaN for skipped
+	// ones), as the log line prints it.
+	GradNorms []float64
+	// MoELosses is an MoE model's logged losses of every iteration
+	// (load_balancing_loss, ..., z_loss: averaged over micro-batches, MoE
+	// layers and data-parallel ranks, as Megatron logs them).
+	MoELosses []map[string]float64
 	// Skipped counts the iterations whose update was skipped (NaN/Inf
 	// loss or gradients, or an fp16 overflow), over the whole run.
 	Skipped int64
@@ -207,6 +214,10 @@ func (t *Trainer) iterate(ctx context.Context, res *Result, copies *tensor.Trans
 	}
 	*copies = add(*copies, sub(tensor.SimTransfers(), before))
 	res.Losses = append(res.Losses, loss)
+	res.GradNorms = append(res.GradNorms, t.stepper.lastGradNorm)
+	if m := t.stepper.moeMetrics; m != nil {
+		res.MoELosses = append(res.MoELosses, m)
+	}
 	res.LossScales = append(res.LossScales, float64(t.stepper.lossScale()))
 	t.reporter.tbIteration(loss)
 	record := t.reporter.logIteration(loss)

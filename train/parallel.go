@@ -12,6 +12,7 @@ import (
 	"github.com/gotron/gotron/optim"
 	"github.com/gotron/gotron/parallel"
 	"github.com/gotron/gotron/parallel/ddp"
+	"github.com/gotron/gotron/tensor"
 )
 
 // This file wires data parallelism into the stepper (docs/design/parallel.md):
@@ -52,14 +53,30 @@ func (st *stepper) setupParallel(ctx context.Context, launched bool) ([]*optim.P
 		st.reducer = localGrads{params: st.localParams()}
 		return ps, nil
 	}
-	d, err := ddp.New(st.localParams(), p.DPCP, st.cfg.DDP, st.sharedEmbedding())
+	// The routed experts of an MoE model are reduced and broadcast over
+	// the expert-data-parallel group instead (moe.go).
+	dense, experts := st.splitExperts(st.localParams())
+	d, err := ddp.New(dense, p.DPCP, st.cfg.DDP, st.sharedEmbedding())
 	if err != nil {
 		return nil, err
 	}
 	st.reducer = ddpGrads{d}
-	for _, w := range st.localParams() {
+	if len(experts) > 0 {
+		for _, w := range experts {
+			if w.Grad == nil {
+				w.Grad = tensor.ZerosLike(w)
+			}
+		}
+		st.reducer = &expertGrads{gradReducer: ddpGrads{d}, experts: experts, edp: p.ExpertDP, scale: 1 / float32(p.DPCP.Size())}
+	}
+	for _, w := range dense {
 		if err := staged(w, func(v []float32) error { return p.DP.Broadcast(ctx, comm.Float32s(v), 0) }); err != nil {
 			return nil, fmt.Errorf("train: broadcast parameter %s from data-parallel rank 0: %w", w.Name, err)
+		}
+	}
+	for _, w := range experts {
+		if err := staged(w, func(v []float32) error { return p.ExpertDP.Broadcast(ctx, comm.Float32s(v), 0) }); err != nil {
+			return nil, fmt.Errorf("train: broadcast expert %s from expert-data-parallel rank 0: %w", w.Name, err)
 		}
 	}
 	if st.cfg.DDP.DistributedOptimizer {
@@ -151,6 +168,10 @@ func (st *stepper) reduceGrads(ctx context.Context, a agreement) (agreement, err
 	// data × context parallelism: one rank of it counts them)
 	if st.cfg.DDP.DistributedOptimizer || st.par.DPCP.Rank() == 0 {
 		a.sumSq = st.normG.SumSquares()
+	}
+	if st.normExperts != nil && st.par.ExpertDP.Rank() == 0 {
+		// each set of experts once: on expert-data-parallel rank 0
+		a.sumSq += st.normExperts.SumSquares()
 	}
 	if st.par.TP.Rank() != 0 {
 		a.loss = 0

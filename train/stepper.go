@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/gotron/gotron/parallel/ep"
 	"math"
 	"strings"
 	"time"
@@ -39,16 +40,21 @@ type stepper struct {
 	cfg   *Config
 	train datagpt.Source
 
-	arch   Architecture // how model was built and is laid out
-	model  Model        // this rank's model (its tensor-parallel slices)
-	opt    optim.Optimizer
-	sched  *optim.Scheduler
-	mb     *optim.Microbatches
-	grads  *optim.Grads
-	normG  *optim.Grads      // the gradients this rank counts in the global norm
-	scaler *optim.LossScaler // --fp16's loss scaler; nil otherwise
-	rng    *tensor.RNG       // dropout stream (Megatron's default CUDA RNG)
-	tape   *tensor.Tape
+	arch  Architecture // how model was built and is laid out
+	model Model        // this rank's model (its tensor-parallel slices)
+	opt   optim.Optimizer
+	sched *optim.Scheduler
+	mb    *optim.Microbatches
+	grads *optim.Grads
+	normG *optim.Grads // the gradients this rank counts in the global norm
+	// normExperts is the routed experts' part of the norm (counted on
+	// expert-data-parallel rank 0; nil without experts), expertGroup the
+	// expert-parallel group of an expert-parallel run.
+	normExperts *optim.Grads
+	expertGroup *ep.Group
+	scaler      *optim.LossScaler // --fp16's loss scaler; nil otherwise
+	rng         *tensor.RNG       // dropout stream (Megatron's default CUDA RNG)
+	tape        *tensor.Tape
 	// evalTape runs evaluation's forward passes: no gradients, but the
 	// step's context and the failures of tensor-parallel collectives.
 	evalTape *tensor.Tape
@@ -113,6 +119,9 @@ func newStepper(cfg *Config, pos *position, train datagpt.Source, launched bool,
 	if m, err = st.shardModel(m, root); err != nil {
 		return nil, err
 	}
+	if err := st.sliceExperts(m); err != nil {
+		return nil, err
+	}
 	st.model = m
 	if err := st.setupContextParallel(m); err != nil {
 		return nil, err
@@ -146,8 +155,14 @@ func newStepper(cfg *Config, pos *position, train datagpt.Source, launched bool,
 	if st.grads, err = optim.NewGrads(ps); err != nil {
 		return nil, err
 	}
-	if st.normG, err = optim.NewGrads(st.normParams(ps)); err != nil {
+	normDense, normExperts := st.splitNormParams(st.normParams(ps))
+	if st.normG, err = optim.NewGrads(normDense); err != nil {
 		return nil, err
+	}
+	if len(normExperts) > 0 {
+		if st.normExperts, err = optim.NewGrads(normExperts); err != nil {
+			return nil, err
+		}
 	}
 	if st.mb, err = optim.NewMicrobatches(optim.MicrobatchConfig{GlobalBatchSize: cfg.GlobalBatchSize, RampupBatchSize: cfg.RampupBatchSize,
 		StepBatchSizeSchedule: cfg.StepBatchSizeSchedule, SeqLength: cfg.SeqLength,
@@ -245,6 +260,9 @@ func (st *stepper) step(ctx context.Context) (float64, error) {
 		// finalize_model_grads: the logged MoE losses, then the expert-bias
 		// update (before the optimizer step, also when it is skipped).
 		st.moeMetrics = moe.MoEMetrics(n)
+		if err := st.averageMoEMetrics(st.cctx, st.moeMetrics); err != nil {
+			return 0, err
+		}
 		moe.FinishMoEIteration()
 	}
 	gbs := int64(st.mb.CurrentRunningGlobalBatchSize())

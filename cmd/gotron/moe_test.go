@@ -3,7 +3,9 @@ package main
 import (
 	"bufio"
 	"encoding/json"
+	"math"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -43,7 +45,7 @@ func TestTrainMoEOnIndexedDataset(t *testing.T) {
 	if code != 0 {
 		t.Fatalf("train exit %d: %s", code, errs)
 	}
-	if !strings.Contains(errs, "--moe-token-dispatcher-type: no effect") {
+	if !strings.Contains(errs, "--moe-token-dispatcher-type (one expert-parallel rank): no effect") {
 		t.Errorf("stderr %q: want the dispatcher named as having no effect in one process", errs)
 	}
 	lines := 0
@@ -91,7 +93,7 @@ func TestTrainMoEBadInput(t *testing.T) {
 	}{
 		{with(moe, "--moe-router-topk", "9"), "--moe-router-topk=9: want 1..8"},
 		{with(moe, "--expert-model-parallel-size", "3"), "--num-experts=8 is not divisible by --expert-model-parallel-size=3"},
-		{with(moe, "--expert-model-parallel-size", "2"), "expert parallelism is not built yet"},
+		{with(moe, "--expert-model-parallel-size", "2"), "--expert-model-parallel-size=2 needs 2 ranks"},
 		{with(moe, "--expert-tensor-parallel-size", "2"), "expert tensor parallelism is not built yet"},
 		{with(moe, "--moe-expert-capacity-factor", "0"), "--moe-expert-capacity-factor=0: want > 0"},
 		{with(moe, "--moe-router-dtype", "fp64"), "fp64: not built yet"},
@@ -106,5 +108,81 @@ func TestTrainMoEBadInput(t *testing.T) {
 		if code == 0 || !strings.Contains(errs, c.want) {
 			t.Errorf("want %q: exit %d, stderr %q", c.want, code, errs)
 		}
+	}
+}
+
+// moeTrain is a tiny Mixtral-style run (8 experts, top-2, aux and z losses,
+// no dropping) of 10 iterations of 8 samples.
+var moeTrain = []string{"train", "--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4",
+	"--ffn-hidden-size", "48", "--seq-length", "16", "--micro-batch-size", "2", "--global-batch-size", "8",
+	"--train-iters", "10", "--lr", "1e-2", "--mock-data", "--vocab-size", "100", "--make-vocab-size-divisible-by", "64",
+	"--log-interval", "1", "--eval-iters", "0", "--hidden-dropout", "0", "--attention-dropout", "0", "--no-progress",
+	"--position-embedding-type", "rope", "--normalization", "RMSNorm", "--swiglu", "--disable-bias-linear",
+	"--num-experts", "8", "--moe-router-topk", "2", "--moe-aux-loss-coeff", "1e-2", "--moe-z-loss-coeff", "1e-3",
+	"--moe-grouped-gemm"}
+
+// moeMetrics reads every record's lm loss and load_balancing_loss.
+func moeMetrics(t *testing.T, path string) (lm, aux []float64) {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range strings.Split(strings.TrimSpace(string(b)), "\n") {
+		var m struct {
+			LM  float64 `json:"lm_loss"`
+			Aux float64 `json:"load_balancing_loss"`
+		}
+		if err := json.Unmarshal([]byte(l), &m); err != nil {
+			t.Fatal(err)
+		}
+		lm, aux = append(lm, m.LM), append(aux, m.Aux)
+	}
+	return lm, aux
+}
+
+// TestLaunchExpertParallel: EP=2 over tcp processes with the alltoall
+// dispatcher and EP=4 over inproc ranks with the allgather dispatcher log
+// the lm loss and aux loss of one process at each of 10 iterations within
+// 1e-5 (the ranks are data-parallel for the dense weights).
+func TestLaunchExpertParallel(t *testing.T) {
+	bin, err := buildGotron()
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	ref := filepath.Join(dir, "one.jsonl")
+	if _, errs, code := runCLI(t, with(moeTrain, "--metrics-file", ref)...); code != 0 {
+		t.Fatalf("single process: exit %d: %s", code, errs)
+	}
+	wantLM, wantAux := moeMetrics(t, ref)
+	check := func(what, path string) {
+		t.Helper()
+		lm, aux := moeMetrics(t, path)
+		sameLosses(t, what, lm, wantLM)
+		for i := range wantAux {
+			if math.Abs(aux[i]-wantAux[i]) > 1e-5*math.Abs(wantAux[i]) {
+				t.Fatalf("%s: iteration %d load_balancing_loss %.9g, single process %.9g", what, i+1, aux[i], wantAux[i])
+			}
+		}
+	}
+	got := filepath.Join(dir, "ep2.jsonl")
+	cmd := exec.Command(bin, append([]string{"launch", "--nproc-per-node", "2", "--master-port", freeTCPPort(t), "--"},
+		with(moeTrain, "--metrics-file", got, "--expert-model-parallel-size", "2", "--moe-token-dispatcher-type", "alltoall")...)...)
+	cmd.Env = append(os.Environ(), "GOTRON_NUM_THREADS=1")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("gotron launch --nproc-per-node 2 -- train --expert-model-parallel-size 2: %v\n%s", err, out)
+	}
+	check("tcp EP=2 alltoall", got)
+	got = filepath.Join(dir, "ep4.jsonl")
+	if _, errs, code := runCLI(t, append([]string{"launch", "--inproc", "--nproc-per-node", "4", "--"},
+		with(moeTrain, "--metrics-file", got, "--expert-model-parallel-size", "4", "--moe-token-dispatcher-type", "allgather")...)...); code != 0 {
+		t.Fatalf("launch --inproc 4 EP=4: exit %d: %s", code, errs)
+	}
+	check("inproc EP=4 allgather", got)
+	// EP×ETP must fit the world: 3 ranks cannot hold EP=2.
+	if _, errs, code := runCLI(t, append([]string{"launch", "--inproc", "--nproc-per-node", "3", "--"},
+		with(moeTrain, "--expert-model-parallel-size", "2")...)...); code == 0 || !strings.Contains(errs, "expert") {
+		t.Fatalf("EP=2 on 3 ranks: exit %d, stderr %q", code, errs)
 	}
 }

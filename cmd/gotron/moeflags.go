@@ -57,21 +57,24 @@ func addMoEFlags(fs *flag.FlagSet, f *moeFlags) {
 	fs.BoolVar(&f.sharedGate, "moe-shared-expert-gate", false, "MoE: gate the shared expert's output with sigmoid(x·g) per token")
 	fs.BoolVar(&f.sharedOverlap, "moe-shared-expert-overlap", false, "MoE: overlap the shared expert with the dispatch (the same results; no effect in one process)")
 	fs.StringVar(&f.routerDType, "moe-router-dtype", "", "MoE: router logits' precision: fp32 (gotron's router always computes in fp32; fp64 is not built yet)")
-	fs.StringVar(&f.dispatcher, "moe-token-dispatcher-type", "allgather", "MoE: allgather or alltoall (the same results in one process; flex is not built)")
-	fs.IntVar(&f.ep, "expert-model-parallel-size", 1, "MoE: expert-parallel size (only 1 in this release)")
+	fs.StringVar(&f.dispatcher, "moe-token-dispatcher-type", "allgather", "MoE: how expert-parallel ranks exchange tokens: allgather or alltoall (flex is not built)")
+	fs.IntVar(&f.ep, "expert-model-parallel-size", 1, "MoE: expert-parallel size: each rank holds num-experts/EP experts (with data parallelism over the same ranks; gotron launch)")
 	fs.IntVar(&f.etp, "expert-tensor-parallel-size", 0, "MoE: expert tensor-parallel size (only 1 in this release)")
 	fs.BoolVar(&f.routerFusion, "moe-router-fusion", false, "accepted: a GPU fusion; no effect on CPU")
 	fs.BoolVar(&f.permuteFusion, "moe-permute-fusion", false, "accepted: a GPU fusion; no effect on CPU")
 }
 
-// noOps names the given MoE flags that change no number here: GPU fusions
-// and overlap, and the dispatcher choice in one process.
+// noOps names the given MoE flags that change nothing here: GPU fusions
+// and overlap, and the dispatcher without expert parallelism.
 func (f *moeFlags) noOps(given map[string]bool) []string {
 	var out []string
-	for _, name := range []string{"moe-router-fusion", "moe-permute-fusion", "moe-shared-expert-overlap", "moe-token-dispatcher-type"} {
+	for _, name := range []string{"moe-router-fusion", "moe-permute-fusion", "moe-shared-expert-overlap"} {
 		if given[name] {
 			out = append(out, "--"+name)
 		}
+	}
+	if given["moe-token-dispatcher-type"] && f.ep <= 1 {
+		out = append(out, "--moe-token-dispatcher-type (one expert-parallel rank)")
 	}
 	return out
 }
@@ -99,8 +102,6 @@ func (f *moeFlags) apply(m *gpt.Config, given map[string]bool) error {
 		return fmt.Errorf("--expert-model-parallel-size=%d: want >= 1", f.ep)
 	case f.numExperts%f.ep != 0:
 		return fmt.Errorf("--num-experts=%d is not divisible by --expert-model-parallel-size=%d", f.numExperts, f.ep)
-	case f.ep > 1:
-		return fmt.Errorf("--expert-model-parallel-size=%d: expert parallelism is not built yet (MoE trains in one process)", f.ep)
 	case f.etp > 1:
 		return fmt.Errorf("--expert-tensor-parallel-size=%d: expert tensor parallelism is not built yet", f.etp)
 	case f.etp < 0:

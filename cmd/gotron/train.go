@@ -348,6 +348,12 @@ func cmdTrain(ctx context.Context, env *cli, args []string) error {
 		return err
 	}
 	defer closeWorld()
+	if f.moe.ep > 1 && f.moe.numExperts%f.moe.ep != 0 {
+		return fmt.Errorf("--num-experts=%d is not divisible by --expert-model-parallel-size=%d", f.moe.numExperts, f.moe.ep)
+	}
+	if world == nil && f.moe.ep > 1 {
+		return fmt.Errorf("--expert-model-parallel-size=%d needs %d ranks or a multiple: start them with gotron launch (or torchrun, srun, mpirun)", f.moe.ep, f.moe.ep)
+	}
 	if world == nil && f.tpSize*f.ppSize > 1 {
 		var sizes []string
 		if f.tpSize > 1 {
@@ -361,7 +367,7 @@ func cmdTrain(ctx context.Context, env *cli, args []string) error {
 	}
 	var groups *parallel.Groups
 	if world != nil {
-		if groups, err = parallel.NewGroups(world, parallel.Config{TP: f.tpSize, PP: f.ppSize, CP: f.cpSize}); err != nil {
+		if groups, err = parallel.NewGroups(world, parallel.Config{TP: f.tpSize, PP: f.ppSize, CP: f.cpSize, EP: max(f.moe.ep, 1)}); err != nil {
 			return err
 		}
 		// Rank 0 builds the dataset index caches first; the others then read them.
@@ -551,6 +557,7 @@ func (f *trainFlags) build(ctx context.Context, given map[string]bool) (train.Co
 	}
 	m.VocabSize = src.paddedVocab
 	cfg.Model = m
+	cfg.MoEAllToAll = f.moe.dispatcher == "alltoall"
 	return cfg, src, nil
 }
 

@@ -1,0 +1,152 @@
+package train
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"time"
+
+	"github.com/gotron/gotron/comm"
+	"github.com/gotron/gotron/model/gpt"
+	"github.com/gotron/gotron/optim"
+	"github.com/gotron/gotron/parallel/ep"
+	"github.com/gotron/gotron/tensor"
+)
+
+// Mixture of Experts in training: the expert-parallel layout (a rank keeps
+// E/EP experts of every MoE layer), the experts' gradient reduction over
+// the expert-data-parallel group, and the MoE losses' data-parallel mean.
+
+// expertModel is a model that knows its routed experts' weights.
+type expertModel interface {
+	SliceExperts(ep gpt.ExpertParallel) error
+	IsExpertParam(p *tensor.Tensor) bool
+}
+
+// sliceExperts keeps this rank's experts when the layout is expert
+// parallel.
+func (st *stepper) sliceExperts(m Model) error {
+	em, ok := m.(expertModel)
+	if !ok || st.par.EP.Size() == 1 {
+		return nil
+	}
+	st.expertGroup = &ep.Group{PG: st.par.EP, UseAllToAll: st.cfg.MoEAllToAll}
+	return em.SliceExperts(st.expertGroup)
+}
+
+// splitExperts separates the routed experts' weights from the others.
+func (st *stepper) splitExperts(ps []*tensor.Tensor) (dense, experts []*tensor.Tensor) {
+	em, ok := st.model.(expertModel)
+	for _, p := range ps {
+		if ok && em.IsExpertParam(p) {
+			experts = append(experts, p)
+		} else {
+			dense = append(dense, p)
+		}
+	}
+	return dense, experts
+}
+
+// expertGrads is the gradient reduction of an MoE run: the dense
+// parameters through the data-parallel reducer, the routed experts' over
+// the expert-data-parallel group, pre-scaled by 1/(DP·CP) of the dense
+// groups (Megatron's expert_parallel_buffers: an expert's gradient already
+// holds the tokens of every expert-parallel peer).
+type expertGrads struct {
+	gradReducer
+	experts []*tensor.Tensor
+	edp     comm.ProcessGroup
+	scale   float32
+	waited  time.Duration
+}
+
+func (e *expertGrads) ZeroGrad() {
+	e.gradReducer.ZeroGrad()
+	tensor.ZeroGrad(e.experts)
+}
+
+func (e *expertGrads) Finish(ctx context.Context) error {
+	if err := e.gradReducer.Finish(ctx); err != nil {
+		return err
+	}
+	start := time.Now()
+	defer func() { e.waited += time.Since(start) }()
+	if e.scale != 1 {
+		gs := make([]*tensor.Tensor, len(e.experts))
+		for i, p := range e.experts {
+			gs[i] = p.Grad
+		}
+		l, err := tensor.NewTensorList(gs...)
+		if err != nil {
+			return fmt.Errorf("train: expert gradients: %w", err)
+		}
+		tensor.ScaleList(l, e.scale)
+	}
+	for _, p := range e.experts {
+		if e.edp.Size() == 1 {
+			continue
+		}
+		if err := staged(p.Grad, func(v []float32) error { return e.edp.AllReduce(ctx, comm.Float32s(v), comm.Sum) }); err != nil {
+			return fmt.Errorf("train: all-reduce of expert gradient %s over the expert-data-parallel group: %w", p.Name, err)
+		}
+	}
+	return nil
+}
+
+func (e *expertGrads) GradViews(want func(*tensor.Tensor) bool) []*tensor.Tensor {
+	out := e.gradReducer.GradViews(want)
+	for _, p := range e.experts {
+		if want(p) {
+			out = append(out, p.Grad)
+		}
+	}
+	return out
+}
+
+func (e *expertGrads) syncWait() (time.Duration, bool) {
+	d, ok := e.gradReducer.syncWait()
+	return d + e.waited, ok
+}
+
+// averageMoEMetrics averages the iteration's logged MoE losses over the
+// data-parallel group (Megatron's tracker: each rank's value is its own
+// micro-batches'; needs_dp_avg).
+func (st *stepper) averageMoEMetrics(ctx context.Context, m map[string]float64) error {
+	if len(m) == 0 || st.par.DP.Size() == 1 {
+		return nil
+	}
+	names := make([]string, 0, len(m))
+	for name := range m {
+		names = append(names, name)
+	}
+	sort.Strings(names)
+	v := make([]float64, len(names))
+	for i, name := range names {
+		v[i] = m[name]
+	}
+	f := make([]float32, len(v)) // float32, as the lm loss's agreement
+	for i, x := range v {
+		f[i] = float32(x)
+	}
+	if err := st.par.DP.AllReduce(ctx, comm.Float32s(f), comm.Sum); err != nil {
+		return fmt.Errorf("train: average the MoE losses over the data-parallel group: %w", err)
+	}
+	for i, name := range names {
+		m[name] = float64(f[i]) / float64(st.par.DP.Size())
+	}
+	return nil
+}
+
+// splitNormParams separates the routed experts from the other parameters
+// the global norm counts.
+func (st *stepper) splitNormParams(ps []*optim.Param) (dense, experts []*optim.Param) {
+	em, ok := st.model.(expertModel)
+	for _, p := range ps {
+		if ok && em.IsExpertParam(p.Data) {
+			experts = append(experts, p)
+		} else {
+			dense = append(dense, p)
+		}
+	}
+	return dense, experts
+}
