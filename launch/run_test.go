@@ -420,3 +420,36 @@ func TestRunInProcessInterrupted(t *testing.T) {
 		t.Errorf("cancel: got %v, want ErrInterrupted", err)
 	}
 }
+
+// TestRootCause: the root cause is chosen by how each worker ended, not by
+// the order the launcher saw the ends in.
+func TestRootCause(t *testing.T) {
+	survivor := func(rank, blamed int) *WorkerError {
+		return &WorkerError{Rank: rank, PID: 100 + rank, ExitCode: 1, Blaming: true, Blamed: blamed}
+	}
+	for _, c := range []struct {
+		name     string
+		failures []*WorkerError
+		want     int
+	}{
+		{"kill -9 reaped last", []*WorkerError{survivor(0, 2), survivor(1, 2),
+			{Rank: 2, PID: 102, ExitCode: -1, Signal: "killed"}}, 2},
+		{"stopped rank blamed, then killed by the launcher", []*WorkerError{survivor(0, 3), survivor(1, 3),
+			{Rank: 2, PID: 102, ExitCode: 1, Stopped: true}, {Rank: 3, PID: 103, ExitCode: -1, Signal: "killed", Stopped: true}}, 3},
+		{"declared dead by the launcher", []*WorkerError{{Rank: 0, PID: 100, ExitCode: 1},
+			{Rank: 1, PID: 101, ExitCode: -1, Signal: "killed", Stopped: true, Silent: 20 * time.Second}}, 1},
+		{"own failure before those it caused", []*WorkerError{survivor(1, 0), {Rank: 0, PID: 100, ExitCode: 7},
+			{Rank: 2, PID: 102, ExitCode: -1, Signal: "terminated", Stopped: true}}, 0},
+	} {
+		blamedBy := map[int]int{}
+		for _, f := range c.failures {
+			if f.Blaming {
+				blamedBy[f.Blamed]++
+			}
+		}
+		root := rootCause(c.failures, blamedBy)
+		if root.Rank != c.want || len(root.Others) != len(c.failures)-1 {
+			t.Errorf("%s: %v; want rank %d first and the %d others after it", c.name, root, c.want, len(c.failures)-1)
+		}
+	}
+}

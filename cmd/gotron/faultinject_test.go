@@ -136,7 +136,7 @@ func TestFaultInjection(t *testing.T) {
 			l := faultLayouts[i%len(faultLayouts)]
 			// Kill and stop alternate, and swap on every pass over the
 			// layouts, so each layout gets both.
-			rounds = append(rounds, &faultRound{layout: l, kill: (i+i/len(faultLayouts))%2 == 0, phase: phases[rng.IntN(3)],
+			rounds = append(rounds, &faultRound{layout: l, kill: (i%len(faultLayouts)+i/len(faultLayouts))%2 == 0, phase: phases[rng.IntN(3)],
 				victim: rng.IntN(l.nproc), delay: time.Duration(rng.IntN(30)) * time.Millisecond})
 		}
 	} else {

@@ -25,7 +25,11 @@
 // answer within Config.Timeout, or a closed group ends the operation on
 // every rank with a *comm.RankError naming the rank at fault; the rank that
 // notices first tells every peer, so all ranks blame the same rank. The
-// group is then broken for good, like an aborted NCCL communicator.
+// group is then broken for good, like an aborted NCCL communicator. A
+// stopped or frozen process keeps its connections open, so every rank also
+// sends heartbeats to rank 0's store (rendezvous.go): a rank silent for
+// Config.HeartbeatTimeout is declared dead and every other rank's world
+// breaks naming it, long before the collective timeout.
 package tcp
 
 import (
