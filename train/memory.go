@@ -133,6 +133,22 @@ func (c *MemoryConfig) Validate() error {
 	case c.NumMicrobatches < 0:
 		return fmt.Errorf("train: memory: %d microbatches: want >= 0", c.NumMicrobatches)
 	}
+	if ep := max(c.ExpertParallel, 1); ep > 1 {
+		etp := c.ExpertTensorParallel
+		if etp == 0 {
+			etp = max(c.TensorParallel, 1)
+		}
+		switch m := etp * ep * max(c.PipelineParallel, 1); {
+		case c.ExpertParallel < 0 || c.ExpertTensorParallel < 0:
+			return fmt.Errorf("train: memory: --expert-model-parallel-size=%d --expert-tensor-parallel-size=%d: want >= 1", c.ExpertParallel, c.ExpertTensorParallel)
+		case !c.Model.MoE.Enabled():
+			return fmt.Errorf("train: memory: --expert-model-parallel-size=%d needs --num-experts", ep)
+		case c.Model.MoE.NumExperts%ep != 0:
+			return fmt.Errorf("train: memory: --num-experts=%d is not divisible by --expert-model-parallel-size=%d", c.Model.MoE.NumExperts, ep)
+		case c.WorldSize%m != 0:
+			return fmt.Errorf("train: memory: --world-size=%d is not divisible by ETP·EP·PP = %d", c.WorldSize, m)
+		}
+	}
 	if m := c.TensorParallel * c.PipelineParallel * c.ContextParallel; c.WorldSize%m != 0 {
 		return fmt.Errorf("train: memory: --world-size=%d is not divisible by --tensor-model-parallel-size × --pipeline-model-parallel-size × --context-parallel-size = %d×%d×%d = %d",
 			c.WorldSize, c.TensorParallel, c.PipelineParallel, c.ContextParallel, m)

@@ -94,7 +94,8 @@ func memoryConfig(f *trainFlags, world int, given map[string]bool) (train.Memory
 	}
 	m.VocabSize = tokenizer.PaddedVocabSize(vocab, f.divisibleBy*f.tpSize, 1)
 	c = train.MemoryConfig{Model: m, SeqLength: f.cfg.SeqLength, MicroBatchSize: f.cfg.MicroBatchSize, WorldSize: world,
-		TensorParallel: f.tpSize, PipelineParallel: f.ppSize, ContextParallel: f.cpSize, GlobalBatchSize: f.cfg.GlobalBatchSize}
+		TensorParallel: f.tpSize, PipelineParallel: f.ppSize, ContextParallel: f.cpSize, GlobalBatchSize: f.cfg.GlobalBatchSize,
+		ExpertParallel: max(f.moe.ep, 1), ExpertTensorParallel: f.moe.etp}
 	c.SequenceParallel, c.DistributedOptimizer = f.cfg.SequenceParallel, f.cfg.DDP.DistributedOptimizer
 	c.RecomputeGranularity = f.recomputeGranularity
 	if f.cfg.Recompute.Selective { // --recompute-activations, as Megatron's arguments.py

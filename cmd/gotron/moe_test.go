@@ -186,3 +186,29 @@ func TestLaunchExpertParallel(t *testing.T) {
 		t.Fatalf("EP=2 on 3 ranks: exit %d, stderr %q", code, errs)
 	}
 }
+
+// TestMemoryMoE: gotron memory with the MoE flags prints Megatron's numbers
+// for a Mixtral-like layout (TP 2, EP 8, ETP 1, 64 ranks, distributed
+// optimizer: compute_weight_and_optimizer_memory gives 4.740074e10 bytes)
+// and refuses an expert layout the world cannot hold.
+func TestMemoryMoE(t *testing.T) {
+	mixtral := []string{"memory", "--world-size", "64", "--tensor-model-parallel-size", "2", "--expert-model-parallel-size", "8",
+		"--expert-tensor-parallel-size", "1", "--use-distributed-optimizer", "--num-layers", "32", "--hidden-size", "4096",
+		"--num-attention-heads", "32", "--group-query-attention", "--num-query-groups", "8", "--ffn-hidden-size", "14336",
+		"--swiglu", "--normalization", "RMSNorm", "--disable-bias-linear", "--untie-embeddings-and-output-weights",
+		"--vocab-size", "32000", "--seq-length", "4096", "--micro-batch-size", "1", "--num-experts", "8", "--moe-router-topk", "2"}
+	out, errs, code := runCLI(t, mixtral...)
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errs)
+	}
+	for _, want := range []string{"Total number of parameters in billions: 46.70", "Total number of active parameters in billions: 12.88",
+		"most loaded shard in billions: 6.4406", "weight and optimizer=45204.87 MB"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("output lacks %q:\n%s", want, out)
+		}
+	}
+	_, errs, code = runCLI(t, with(mixtral[:len(mixtral)-4], "--num-experts", "8", "--world-size", "60")...)
+	if code == 0 || !strings.Contains(errs, "not divisible by ETP·EP·PP") {
+		t.Errorf("EP 8 on 60 ranks: exit %d, stderr %q", code, errs)
+	}
+}
