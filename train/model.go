@@ -37,6 +37,7 @@ type Model interface {
 type moeModel interface {
 	SetAuxLossScale(s float64)
 	MoEMetrics(microBatches int) map[string]float64
+	ExpertBiasCounts() [][]float64
 	FinishMoEIteration()
 }
 

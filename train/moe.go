@@ -150,3 +150,29 @@ func (st *stepper) splitNormParams(ps []*optim.Param) (dense, experts []*optim.P
 	}
 	return dense, experts
 }
+
+// sumExpertBiasCounts sums the routers' token counts over the
+// data-parallel group (every rank of this pipeline stage: Megatron's
+// TP×DP×CP with TP = CP = 1), in place, as integers.
+func (st *stepper) sumExpertBiasCounts(ctx context.Context, counts [][]float64) error {
+	if len(counts) == 0 || st.par.DP.Size() == 1 {
+		return nil
+	}
+	var flat []int64
+	for _, c := range counts {
+		for _, v := range c {
+			flat = append(flat, int64(v))
+		}
+	}
+	if err := st.par.DP.AllReduce(ctx, comm.Int64s(flat), comm.Sum); err != nil {
+		return fmt.Errorf("train: sum the expert-bias token counts over the data-parallel group: %w", err)
+	}
+	i := 0
+	for _, c := range counts {
+		for j := range c {
+			c[j] = float64(flat[i])
+			i++
+		}
+	}
+	return nil
+}

@@ -97,6 +97,11 @@ func runEP(t *testing.T, cfg Config, world, ep int) []dpRun {
 		for _, p := range tr.Model.Params() {
 			ps[p.Name] = slices.Clone(tensor.ToHost(p).Float32s())
 		}
+		for i, l := range tr.Model.Layers { // the expert biases, compared as parameters
+			if l.MoE != nil && l.MoE.ExpertBias != nil {
+				ps[fmt.Sprintf("decoder.layers.%d.mlp.router.expert_bias", i)] = slices.Clone(l.MoE.ExpertBias)
+			}
+		}
 		runs[rank] = dpRun{res: res, params: ps}
 		return nil
 	}
@@ -124,9 +129,15 @@ func TestExpertParallelMatchesOneProcess(t *testing.T) {
 	for _, c := range []struct {
 		world, ep int
 		alltoall  bool
-	}{{2, 2, true}, {4, 4, false}, {4, 2, true}} { // the last: expert DP 2
+		bias      bool
+	}{{2, 2, true, false}, {4, 4, false, false}, {4, 2, true, false}, {2, 2, true, true}} { // EP=2 on 4 ranks: expert DP 2; the last: sigmoid with expert bias
 		c2 := cfg
 		c2.MoEAllToAll = c.alltoall
+		ref := ref
+		if c.bias {
+			c2.Model.MoE.Score, c2.Model.MoE.ExpertBias, c2.Model.MoE.ExpertBiasUpdateRate = gpt.ScoreSigmoid, true, 0.05
+			ref = runEP(t, c2, 0, 1)[0]
+		}
 		got := runEP(t, c2, c.world, c.ep)
 		for r, run := range got {
 			if len(run.res.Losses) != 10 || len(run.res.MoELosses) != 10 {

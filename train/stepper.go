@@ -263,6 +263,9 @@ func (st *stepper) step(ctx context.Context) (float64, error) {
 		if err := st.averageMoEMetrics(st.cctx, st.moeMetrics); err != nil {
 			return 0, err
 		}
+		if err := st.sumExpertBiasCounts(st.cctx, moe.ExpertBiasCounts()); err != nil {
+			return 0, err
+		}
 		moe.FinishMoEIteration()
 	}
 	gbs := int64(st.mb.CurrentRunningGlobalBatchSize())

@@ -432,11 +432,34 @@ func (m *Model) MoEMetrics(microBatches int) map[string]float64 {
 	return out
 }
 
+// ExpertBiasCounts returns the iteration's tokens per expert of every
+// router with an expert bias, in layer order, for the trainer to sum over
+// the data-parallel ranks in place before FinishMoEIteration (Megatron's
+// all-reduce over TP×DP×CP); nil without expert bias.
+func (m *Model) ExpertBiasCounts() [][]float64 {
+	if m.MoE == nil || !m.Config.MoE.ExpertBias {
+		return nil
+	}
+	var out [][]float64
+	for i := range m.Layers {
+		if m.Layers[i].MoE == nil {
+			continue
+		}
+		c := m.MoE.biasCounts[i]
+		if c == nil {
+			c = make([]float64, m.Config.MoE.NumExperts)
+			m.MoE.biasCounts[i] = c
+		}
+		out = append(out, c)
+	}
+	return out
+}
+
 // FinishMoEIteration is finalize_model_grads' MoE part, once per iteration
 // after the gradients are reduced and before the optimizer step (also when
 // that step is skipped): each router's expert bias moves by the update rate
-// against its load (counts summed over this process's micro-batches; one
-// process is the whole TP×DP×CP group), and global_aux_loss's running
+// against its load (the counts of ExpertBiasCounts, which the trainer has
+// summed over the data-parallel ranks), and global_aux_loss's running
 // counts restart.
 func (m *Model) FinishMoEIteration() {
 	if m.MoE == nil {
