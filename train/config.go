@@ -222,8 +222,6 @@ func (c *Config) validate() error {
 			return fmt.Errorf("train: global_aux_loss with data parallelism (DP=%d): the counts' all-reduce in the router is not built yet", g.DP.Size())
 		case moe.NumExperts%g.EP.Size() != 0:
 			return fmt.Errorf("train: --num-experts=%d is not divisible by --expert-model-parallel-size=%d", moe.NumExperts, g.EP.Size())
-		case g.EP.Size() > 1 && (c.Save != "" || c.Load != ""):
-			return fmt.Errorf("train: --save/--load with --expert-model-parallel-size=%d: expert-parallel checkpoints are not built yet", g.EP.Size())
 		}
 		if c.Model.MoE.ExpertBias && (c.Save != "" || c.Load != "") {
 			return fmt.Errorf("train: --moe-router-enable-expert-bias with --save or --load: the expert bias in checkpoints is not built yet")

@@ -34,6 +34,15 @@ func (st *stepper) sliceExperts(m Model) error {
 	return em.SliceExperts(st.expertGroup)
 }
 
+// otherExperts returns the experts other expert-parallel ranks hold
+// (names and shapes), which a checkpoint has beyond this rank's parameters.
+func (st *stepper) otherExperts() map[string][]int {
+	if m, ok := st.model.(interface{ OtherExperts() map[string][]int }); ok {
+		return m.OtherExperts()
+	}
+	return nil
+}
+
 // splitExperts separates the routed experts' weights from the others.
 func (st *stepper) splitExperts(ps []*tensor.Tensor) (dense, experts []*tensor.Tensor) {
 	em, ok := st.model.(expertModel)

@@ -167,3 +167,35 @@ func TestExpertParallelMatchesOneProcess(t *testing.T) {
 		}
 	}
 }
+
+// TestExpertParallelCheckpointResumes: an EP=2 checkpoint (each expert
+// written once, by its expert-data-parallel rank 0, under its global name)
+// resumes at EP=1, EP=2 and EP=4 with the losses of an uninterrupted run
+// within 1e-5.
+func TestExpertParallelCheckpointResumes(t *testing.T) {
+	cfg := moeTrainConfig()
+	cfg.MoEAllToAll = true
+	straight := runEP(t, cfg, 0, 1)[0]
+	dir := t.TempDir()
+	first := cfg
+	first.Save, first.ExitInterval = dir, 5
+	a := runEP(t, first, 2, 2)[0]
+	if a.res.Iteration != 5 {
+		t.Fatalf("first half stopped at iteration %d", a.res.Iteration)
+	}
+	for _, c := range []struct{ world, ep int }{{0, 1}, {2, 2}, {4, 4}} {
+		second := cfg
+		second.Load = dir
+		for r, run := range runEP(t, second, c.world, c.ep) {
+			got := append(slices.Clone(a.res.Losses), run.res.Losses...)
+			if len(got) != len(straight.res.Losses) {
+				t.Fatalf("EP=%d: %d iterations in all, want %d", c.ep, len(got), len(straight.res.Losses))
+			}
+			for i := range got {
+				if !relClose(got[i], straight.res.Losses[i], 1e-5) {
+					t.Fatalf("resume at EP=%d: rank %d iteration %d loss %.9g, straight %.9g", c.ep, r, i+1, got[i], straight.res.Losses[i])
+				}
+			}
+		}
+	}
+}

@@ -150,8 +150,19 @@ func (ck *checkpointer) checkpointPieces(st *optim.State) ([]ckpt.Piece, error) 
 	if st != nil && !ck.cfg.DDP.DistributedOptimizer {
 		replicatedBuffers = len(stateKinds(*st))
 	}
-	writer := ck.dpWriters(owned, replicatedBuffers)
+	// The routed experts of an MoE model differ between expert-parallel
+	// ranks: each is written by expert-data-parallel rank 0 (Megatron's
+	// expert replica id); the rest are dealt over the data-parallel group.
+	dense, experts := ck.stepper.splitExperts(owned)
+	writer := ck.dpWriters(dense, replicatedBuffers)
+	expert := map[string]bool{}
+	for _, p := range experts {
+		expert[p.Name] = true
+	}
 	writes := func(name string, dpSharded bool) bool {
+		if expert[name] {
+			return ck.par.ExpertDP.Rank() == 0
+		}
 		if tpRank != 0 && ck.stepper.replicated(name) {
 			return false
 		}
@@ -416,6 +427,10 @@ func (ck *checkpointer) expectTensors(r *ckpt.Reader, optimizer *optim.State) er
 	for _, p := range ck.stepper.model.Params() {
 		want[p.Name] = ckpt.Spec{DType: safetensors.F32, Shape: ck.stepper.fullShape(p.Name, p.Shape())}
 	}
+	others := ck.stepper.otherExperts()
+	for name, shape := range others {
+		want[name] = ckpt.Spec{DType: safetensors.F32, Shape: shape}
+	}
 	err := r.Expect(ckpt.GroupModel, want, unexpectedOK)
 	if optimizer != nil && len(optimizer.Buffers) > 0 && err == nil {
 		wantOpt := map[string]ckpt.Spec{}
@@ -426,6 +441,12 @@ func (ck *checkpointer) expectTensors(r *ckpt.Reader, optimizer *optim.State) er
 					shape = []int{numel(shape)} // format 1 stores optimizer buffers flat
 				}
 				wantOpt[kind+"/"+p.Name] = ckpt.Spec{DType: safetensors.F32, Shape: shape}
+			}
+			for name, shape := range others {
+				if r.Version < 2 {
+					shape = []int{numel(shape)}
+				}
+				wantOpt[kind+"/"+name] = ckpt.Spec{DType: safetensors.F32, Shape: shape}
 			}
 		}
 		err = r.Expect(ckpt.GroupOptimizer, wantOpt, unexpectedOK)

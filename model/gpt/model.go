@@ -61,7 +61,8 @@ type Model struct {
 	MoE *MoEState
 	// Experts is the expert-parallel group (SliceExperts); nil holds every
 	// expert here.
-	Experts ExpertParallel
+	Experts      ExpertParallel
+	otherExperts map[string][]int // the experts other EP ranks hold
 }
 
 // New builds a model with Megatron's initialisation drawn from rng: weights

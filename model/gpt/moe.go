@@ -662,18 +662,31 @@ func (m *Model) SliceExperts(ep ExpertParallel) error {
 		return fmt.Errorf("gpt: --num-experts=%d is not divisible by --expert-model-parallel-size=%d", E, P)
 	}
 	L := E / P
+	m.otherExperts = map[string][]int{}
 	for i := range m.Layers {
 		if l := m.Layers[i].MoE; l != nil {
 			if len(l.FC1) != E {
 				return fmt.Errorf("gpt: layer %d holds %d experts, not all %d: sliced already", i, len(l.FC1), E)
 			}
 			r := ep.Rank()
+			for e := range E {
+				if e/L != r {
+					m.otherExperts[l.FC1[e].Name] = l.FC1[e].Shape()
+					m.otherExperts[l.FC2[e].Name] = l.FC2[e].Shape()
+				}
+			}
 			l.FC1, l.FC2, l.FirstExpert = l.FC1[r*L:(r+1)*L], l.FC2[r*L:(r+1)*L], r*L
 		}
 	}
 	m.Experts = ep
 	return nil
 }
+
+// OtherExperts returns the names and shapes of the experts other
+// expert-parallel ranks hold (nil when this rank holds all): what a
+// checkpoint of the whole model has beyond this rank's parameters. Names
+// carry the global expert index, so a checkpoint loads at any EP size.
+func (m *Model) OtherExperts() map[string][]int { return m.otherExperts }
 
 // IsExpertParam reports whether p is one of the routed experts' weights
 // (Megatron's allreduce=False parameters: reduced over expert-DP).
