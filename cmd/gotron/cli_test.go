@@ -2,6 +2,7 @@ package main
 
 import (
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -205,6 +206,77 @@ func TestMegatronArgumentTable(t *testing.T) {
 		"eval-interval": "validation", "log-num-zeros-in-grad": "logging"} {
 		if a := megatronArgs()[name]; a.group != group {
 			t.Errorf("--%s: group %q, want %q", name, a.group, group)
+		}
+	}
+}
+
+// TestMegatronCompatSameNumbers: the arguments accepted because gotron
+// already does what they ask train exactly as without them (same losses,
+// bit for bit), each named in one line; --sequence-parallel at TP=1 is
+// switched off with a warning, as Megatron does.
+func TestMegatronCompatSameNumbers(t *testing.T) {
+	dir := t.TempDir()
+	base := append(append([]string{}, tinyTrain...), "--train-iters", "3")
+	want := filepath.Join(dir, "plain.jsonl")
+	if _, errs, code := runCLI(t, append(append([]string{}, base...), "--metrics-file", want)...); code != 0 {
+		t.Fatalf("plain run: %s", errs)
+	}
+	extra := []string{"--deterministic-mode", "--attention-softmax-in-fp32", "--apply-query-key-layer-scaling",
+		"--transformer-impl", "transformer_engine", "--use-persistent-ckpt-worker", "--no-create-attention-mask-in-dataloader",
+		"--rerun-mode", "disabled", "--sequence-parallel", "--num-workers", "8", "--num-distributed-optimizer-instances", "1",
+		"--timing-log-level", "0"}
+	got := filepath.Join(dir, "compat.jsonl")
+	_, errs, code := runCLI(t, append(append(append([]string{}, base...), extra...), "--metrics-file", got)...)
+	if code != 0 {
+		t.Fatalf("with Megatron's arguments: exit %d: %s", code, errs)
+	}
+	wantLosses, _ := metricsLosses(t, want)
+	gotLosses, _ := metricsLosses(t, got)
+	if len(gotLosses) != 3 || fmt.Sprint(gotLosses) != fmt.Sprint(wantLosses) {
+		t.Errorf("losses %v with the arguments, %v without: want the same numbers", gotLosses, wantLosses)
+	}
+	for _, line := range []string{
+		"gotron train: --deterministic-mode: accepted: gotron's CPU kernels are deterministic",
+		"gotron train: --attention-softmax-in-fp32: accepted: gotron computes attention scores and softmax in float32",
+		"gotron train: --apply-query-key-layer-scaling: accepted:",
+		"gotron train: --transformer-impl transformer_engine: no effect in gotron:",
+		"gotron train: --use-persistent-ckpt-worker: no effect in gotron:",
+		"gotron train: --rerun-mode disabled: accepted:",
+		"gotron train: --num-workers 8: no effect in gotron:",
+		"gotron train: --num-distributed-optimizer-instances 1: Megatron's default, nothing to do",
+		"gotron train: --timing-log-level 0: Megatron's default, nothing to do",
+		"gotron train: --sequence-parallel: disabled, as Megatron does, because --tensor-model-parallel-size is 1",
+	} {
+		if strings.Count(errs, line) != 1 {
+			t.Errorf("stderr should have the line %q once:\n%s", line, errs)
+		}
+	}
+}
+
+// TestMegatronCompatRefusals: an argument for a feature gotron does not
+// have is refused naming the feature, before any work.
+func TestMegatronCompatRefusals(t *testing.T) {
+	cases := []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--log-num-zeros-in-grad"}, "--log-num-zeros-in-grad: needs logging the number of zeros in the gradients, not built"},
+		{[]string{"--timing-log-level", "1"}, "--timing-log-level 1: needs Megatron's timers, not built"},
+		{[]string{"--qk-layernorm"}, "--qk-layernorm: needs query/key layer normalisation"},
+		{[]string{"--apply-layernorm-1p"}, "--apply-layernorm-1p: needs layer norms with zero-centred gamma"},
+		{[]string{"--multi-latent-attention"}, "needs multi-latent attention (MLA)"},
+		{[]string{"--fp8-format", "hybrid"}, "--fp8-format hybrid: needs FP8 training"},
+		{[]string{"--use-megatron-fsdp"}, "needs fully sharded data parallelism (FSDP)"},
+		{[]string{"--rerun-mode", "validate_results"}, "--rerun-mode validate_results: needs Megatron's rerun state machine"},
+		{[]string{"--inference-max-seq-length", "64"}, "needs Megatron's inference scripts"},
+		{[]string{"--num-distributed-optimizer-instances", "2"}, "--num-distributed-optimizer-instances 2: needs several distributed-optimizer instances"},
+		{[]string{"--deterministic-mode", "--device", "sim"}, "--deterministic-mode: checked on --device cpu only"},
+	}
+	for _, c := range cases {
+		args := append(append(append([]string{}, tinyTrain...), "--train-iters", "1"), c.args...)
+		out, errs, code := runCLI(t, args...)
+		if code == 0 || !strings.Contains(errs, c.want) || strings.Contains(out, "iteration ") {
+			t.Errorf("%v: exit %d, stderr %q; want refused before training with %q", c.args, code, errs, c.want)
 		}
 	}
 }

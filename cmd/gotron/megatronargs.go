@@ -2,7 +2,9 @@ package main
 
 import (
 	_ "embed"
+	"flag"
 	"fmt"
+	"sort"
 	"strings"
 	"sync"
 )
@@ -21,6 +23,7 @@ type megatronArg struct {
 	name  string // first option string without the dashes
 	typ   string // argparse type (int, float, str, bool for store_true/false)
 	def   string // default, as Python's repr
+	nargs string // argparse nargs ("", "*", "+", ...)
 }
 
 // megatronTable is Megatron's arguments by every option string (without
@@ -41,6 +44,9 @@ var loadMegatronTable = sync.OnceValue(func() megatronTable {
 		}
 		opts := strings.Split(cells[1], ",")
 		a := megatronArg{group: cells[0], name: strings.TrimLeft(opts[0], "-"), typ: cells[3], def: cells[4]}
+		if len(cells) > 5 {
+			a.nargs = cells[5]
+		}
 		for _, o := range opts {
 			t.byName[strings.TrimLeft(o, "-")] = a
 		}
@@ -68,4 +74,318 @@ func megatronOnlyFlag(command, name string) string {
 		return ""
 	}
 	return fmt.Sprintf("--%s is a Megatron-LM argument (group %q) that gotron %s does not take", name, a.group, command)
+}
+
+// compatKind is what gotron train does with a Megatron-LM argument it takes
+// only so that Megatron's launch scripts and configs run unchanged.
+type compatKind int
+
+const (
+	// compatSame: gotron already does what the argument asks; one line
+	// says so.
+	compatSame compatKind = iota
+	// compatDetail: the argument picks a GPU, Python or I/O implementation
+	// detail with no meaning in gotron (same numbers either way); one line
+	// says so.
+	compatDetail
+	// compatNeeds: the argument asks for a feature gotron does not have;
+	// it is refused, naming the feature (a value equal to Megatron's
+	// default asks for nothing and is accepted).
+	compatNeeds
+)
+
+// compatArg is gotron's answer to one Megatron argument.
+type compatArg struct {
+	kind compatKind
+	why  string
+	// refuse maps values of a value argument that need a feature gotron
+	// does not have to that feature (e.g. --rerun-mode validate_results).
+	refuse map[string]string
+}
+
+// Features not built in gotron, as refusals name them.
+const (
+	needMLA       = "multi-latent attention (MLA), not built in gotron"
+	needFP8       = "FP8 training (Transformer Engine), not built in gotron"
+	needFSDP      = "fully sharded data parallelism (FSDP), not built in gotron (--use-distributed-optimizer shards the optimizer state)"
+	needRL        = "Megatron's RL/GRPO training loop, not built in gotron"
+	needInference = "Megatron's inference scripts (gotron generate and gotron serve take their own flags)"
+	needLinear    = "experimental attention variants (gated delta net / linear attention, DSA), not built in gotron"
+	needMuP       = "muP parametrisation, not built in gotron"
+	needFIM       = "fill-in-the-middle (FIM) data, not built in gotron"
+	needExport    = "ModelOpt export and distillation, not built in gotron"
+	needRerun     = "Megatron's rerun state machine (result validation, fault injection), not built in gotron"
+	needWandB     = "Weights & Biases logging, which cannot be reached from here; use --tensorboard-dir"
+	needProfile   = "the PyTorch/Nsight profiler; gotron's --cpu-profile writes a Go CPU profile"
+	needCUDAGraph = "CUDA graphs, not built in gotron"
+	needNotBuilt  = "a Megatron feature not built in gotron yet"
+)
+
+// compatArgs are the Megatron arguments used by Megatron's GPT example
+// scripts and GPT functional-test configs (cmd/gotron/testdata/megatron)
+// that gotron train takes without a flag of its own. A flag gotron defines
+// itself (in newTrainFlags, addMoEFlags, ...) is not looked up here.
+var compatArgs = map[string]compatArg{
+	// Kernel, fusion and memory choices of the GPU build.
+	"transformer-impl":                       {kind: compatDetail, why: "picks Megatron's layer implementation (Transformer Engine or local PyTorch); gotron has one"},
+	"use-persistent-ckpt-worker":             {kind: compatDetail, why: "keeps Megatron's async checkpoint process alive; gotron's --async-save writes from a goroutine"},
+	"attention-softmax-in-fp32":              {kind: compatSame, why: "gotron computes attention scores and softmax in float32 always"},
+	"apply-query-key-layer-scaling":          {kind: compatSame, why: "divides QK^T by the layer number and multiplies it back inside an fp32 softmax, which changes fp16 rounding only; gotron's attention scores and softmax are float32, so the numbers are the same"},
+	"no-create-attention-mask-in-dataloader": {kind: compatSame, why: "gotron's attention applies the causal mask inside its kernel; no mask tensor is built for plain causal batches"},
+	"no-mmap-bin-files":                      {kind: compatDetail, why: "picks how Megatron reads .bin files; gotron maps them, the tokens are the same"},
+	"manual-gc":                              {kind: compatDetail, why: "controls Python's garbage collector"},
+	"manual-gc-interval":                     {kind: compatDetail, why: "controls Python's garbage collector"},
+	"empty-unused-memory-level":              {kind: compatDetail, why: "empties PyTorch's CUDA caching allocator"},
+	"cross-entropy-loss-fusion":              {kind: compatDetail, why: "picks a fused CUDA cross-entropy kernel"},
+	"cross-entropy-fusion-impl":              {kind: compatDetail, why: "picks a fused CUDA cross-entropy kernel"},
+	"use-flashinfer-fused-rope":              {kind: compatDetail, why: "picks a FlashInfer RoPE kernel"},
+	"tp-comm-overlap-cfg":                    {kind: compatDetail, why: "configures Transformer Engine's tensor-parallel communication overlap"},
+	"tp-comm-overlap":                        {kind: compatDetail, why: "overlaps Transformer Engine's tensor-parallel GEMMs with NCCL userbuffers"},
+	"wgrad-deferral-limit":                   {kind: compatDetail, why: "defers weight-gradient GEMMs to overlap pipeline communication on GPUs"},
+	"defer-embedding-wgrad-compute":          {kind: compatDetail, why: "defers the embedding weight-gradient GEMM to overlap pipeline communication on GPUs"},
+	"overlap-p2p-communication-warmup-flush": {kind: compatDetail, why: "overlaps pipeline sends with compute in the warm-up and flush on GPUs"},
+	"disable-gloo-process-groups":            {kind: compatDetail, why: "skips creating PyTorch's gloo side groups"},
+	"te-rng-tracker":                         {kind: compatDetail, why: "picks Transformer Engine's CUDA RNG tracker"},
+	"inference-rng-tracker":                  {kind: compatDetail, why: "picks Megatron's CUDA RNG tracker for inference"},
+	"async-strategy":                         {kind: compatDetail, why: "picks Megatron's async checkpoint writer; gotron's --async-save has one"},
+	"async-ckpt-use-cpu-shm":                 {kind: compatDetail, why: "stages Megatron's async checkpoint in shared memory; gotron copies the shards in its own process"},
+	"num-workers":                            {kind: compatDetail, why: "sets PyTorch DataLoader worker processes; gotron reads samples from the mapped .bin in the training process (the same samples)"},
+	"deterministic-mode":                     {kind: compatSame, why: "gotron's CPU kernels are deterministic already: a fixed reduction order and no atomics give the same numbers run to run"},
+	// Checkpoint options whose meaning gotron's format already has.
+	"ckpt-fully-parallel-save":                    {kind: compatSame, why: "every rank writes its own shards in gotron's format"},
+	"ckpt-fully-parallel-load":                    {kind: compatSame, why: "every rank reads only the shards it needs in gotron's format"},
+	"no-ckpt-fully-parallel-save":                 {kind: compatDetail, why: "picks Megatron's save strategy; every rank writes its own shards in gotron's format"},
+	"ckpt-assume-constant-structure":              {kind: compatDetail, why: "caches Megatron's save plan between saves"},
+	"dist-ckpt-optim-fully-reshardable":           {kind: compatSame, why: "gotron's checkpoints, optimizer state included, load at any parallel layout"},
+	"auto-detect-ckpt-format":                     {kind: compatSame, why: "gotron train loads gotron's format (a Megatron torch checkpoint goes through gotron convert --from megatron)"},
+	"no-use-tokenizer-model-from-checkpoint-args": {kind: compatSame, why: "gotron train takes the tokenizer from its flags, not from the checkpoint"},
+	"rerun-mode": {kind: compatSame, why: "gotron has no rerun state machine: each iteration runs once, as --rerun-mode disabled",
+		refuse: map[string]string{"validate_results": needRerun, "report_stats": needRerun}},
+	"use-rotary-position-embeddings": {kind: compatNeeds, why: needNotBuilt + " (the deprecated spelling: use --position-embedding-type rope)"},
+	// Features gotron does not have.
+	"log-num-zeros-in-grad":    {kind: compatNeeds, why: "logging the number of zeros in the gradients, not built in gotron yet"},
+	"timing-log-level":         {kind: compatNeeds, why: "Megatron's timers, not built in gotron yet (the log line's elapsed time per iteration is Megatron's interval-time)"},
+	"timing-log-option":        {kind: compatNeeds, why: "Megatron's timers, not built in gotron yet"},
+	"qk-layernorm":             {kind: compatNeeds, why: "query/key layer normalisation, not built in gotron yet"},
+	"apply-wd-to-qk-layernorm": {kind: compatNeeds, why: "query/key layer normalisation, not built in gotron yet"},
+	"apply-layernorm-1p":       {kind: compatNeeds, why: "layer norms with zero-centred gamma (1 + γ), not built in gotron yet"},
+	"squared-relu":             {kind: compatNeeds, why: "the squared-ReLU MLP activation, not built in gotron yet"},
+	"log-progress":             {kind: compatNeeds, why: "Megatron's progress.txt job log, not built in gotron yet"},
+	"straggler-minmax-count":   {kind: compatNeeds, why: "Megatron's straggler detector, not built in gotron"},
+	"check-weight-hash-across-dp-replicas-interval": {kind: compatNeeds, why: "the weight-hash check across data-parallel replicas, not built in gotron yet"},
+	"save-retain-interval":                          {kind: compatNeeds, why: "deleting older checkpoints, not built in gotron yet"},
+	"eval-global-batch-size":                        {kind: compatNeeds, why: "a separate evaluation batch size, not built in gotron yet"},
+	"use-tp-pp-dp-mapping":                          {kind: compatNeeds, why: "Megatron's tp-pp-dp rank order, not built in gotron (it orders ranks tp-cp-ep-dp-pp)"},
+	"account-for-embedding-in-pipeline-split":       {kind: compatNeeds, why: "counting the embedding as a layer in the pipeline split, not built in gotron yet"},
+	"account-for-loss-in-pipeline-split":            {kind: compatNeeds, why: "counting the loss as a layer in the pipeline split, not built in gotron yet"},
+	"num-distributed-optimizer-instances":           {kind: compatNeeds, why: "several distributed-optimizer instances, not built in gotron"},
+	"overlap-param-gather-with-optimizer-step":      {kind: compatNeeds, why: "overlapping the parameter gather with the optimizer step, not built in gotron"},
+	"verify-integrity":                              {kind: compatNeeds, why: needNotBuilt},
+	"test-mode":                                     {kind: compatNeeds, why: needNotBuilt},
+	"enable-cuda-graph":                             {kind: compatNeeds, why: needCUDAGraph},
+	"cuda-graph-impl":                               {kind: compatNeeds, why: needCUDAGraph},
+	"profile":                                       {kind: compatNeeds, why: needProfile},
+	"profile-step-start":                            {kind: compatNeeds, why: needProfile},
+	"profile-step-end":                              {kind: compatNeeds, why: needProfile},
+	"wandb-save-dir":                                {kind: compatNeeds, why: needWandB},
+	"wandb-exp-name":                                {kind: compatNeeds, why: needWandB},
+	"wandb-entity":                                  {kind: compatNeeds, why: needWandB},
+	"error-injection-type":                          {kind: compatNeeds, why: needRerun},
+	"error-injection-rate":                          {kind: compatNeeds, why: needRerun},
+	"use-mup":                                       {kind: compatNeeds, why: needMuP},
+	"mup-base-hidden-size":                          {kind: compatNeeds, why: needMuP},
+	"fim-data":                                      {kind: compatNeeds, why: needFIM},
+	"fim-rate":                                      {kind: compatNeeds, why: needFIM},
+	"fim-spm-rate":                                  {kind: compatNeeds, why: needFIM},
+	"multi-latent-attention":                        {kind: compatNeeds, why: needMLA},
+	"q-lora-rank":                                   {kind: compatNeeds, why: needMLA},
+	"kv-lora-rank":                                  {kind: compatNeeds, why: needMLA},
+	"qk-head-dim":                                   {kind: compatNeeds, why: needMLA},
+	"qk-pos-emb-head-dim":                           {kind: compatNeeds, why: needMLA},
+	"v-head-dim":                                    {kind: compatNeeds, why: needMLA},
+	"fp8-format":                                    {kind: compatNeeds, why: needFP8},
+	"fp8-recipe":                                    {kind: compatNeeds, why: needFP8},
+	"fp8-param-gather":                              {kind: compatNeeds, why: needFP8},
+	"first-last-layers-bf16":                        {kind: compatNeeds, why: needFP8},
+	"use-torch-fsdp2":                               {kind: compatNeeds, why: needFSDP},
+	"use-megatron-fsdp":                             {kind: compatNeeds, why: needFSDP},
+	"megatron-fsdp-main-params-dtype":               {kind: compatNeeds, why: needFSDP},
+	"megatron-fsdp-main-grads-dtype":                {kind: compatNeeds, why: needFSDP},
+	"megatron-fsdp-grad-comm-dtype":                 {kind: compatNeeds, why: needFSDP},
+	"data-parallel-sharding-strategy":               {kind: compatNeeds, why: needFSDP},
+	"experimental-attention-variant":                {kind: compatNeeds, why: needLinear},
+	"linear-attention-freq":                         {kind: compatNeeds, why: needLinear},
+	"linear-conv-kernel-dim":                        {kind: compatNeeds, why: needLinear},
+	"linear-key-head-dim":                           {kind: compatNeeds, why: needLinear},
+	"linear-value-head-dim":                         {kind: compatNeeds, why: needLinear},
+	"linear-num-key-heads":                          {kind: compatNeeds, why: needLinear},
+	"linear-num-value-heads":                        {kind: compatNeeds, why: needLinear},
+	"attention-output-gate":                         {kind: compatNeeds, why: needLinear},
+	"dsa-indexer-topk":                              {kind: compatNeeds, why: needLinear},
+	"dsa-indexer-n-heads":                           {kind: compatNeeds, why: needLinear},
+	"dsa-indexer-head-dim":                          {kind: compatNeeds, why: needLinear},
+	"dsa-indexer-loss-coeff":                        {kind: compatNeeds, why: needLinear},
+	"export-te-mcore-model":                         {kind: compatNeeds, why: needExport},
+	"export-kd-teacher-load":                        {kind: compatNeeds, why: needExport},
+	"export-kd-cfg":                                 {kind: compatNeeds, why: needExport},
+}
+
+// compatSwitches are the switches of compatArgs that Megatron's training
+// argument table does not list (ModelOpt's arguments).
+var compatSwitches = map[string]bool{"export-te-mcore-model": true}
+
+// compatPrefixes give the feature for whole families of Megatron arguments.
+var compatPrefixes = []struct{ prefix, why string }{
+	{"inference-", needInference}, {"rl-", needRL}, {"grpo-", needRL}, {"fp8-", needFP8}, {"megatron-fsdp-", needFSDP},
+}
+
+// compatInferenceArgs are the arguments of Megatron's inference scripts
+// (examples/inference, tools/run_text_generation_server.py) that its GPT
+// inference configs pass.
+var compatInferenceArgs = []string{"prompts", "prompt-file", "prompt-file-num-truncate", "num-tokens-to-generate", "temperature",
+	"top_k", "top_p", "top-n-logprobs", "return-log-probs", "output-path", "output-every-n-results", "max-tokens-to-oom",
+	"incoming-requests-per-sec", "incoming-requests-per-step", "termination-id", "stop-words", "use-coordinator",
+	"use-legacy-static-engine", "enable-chunked-prefill", "flash-decode", "decode-only-cuda-graphs", "async-mode"}
+
+// compatRLArgs are the arguments of Megatron's RL configs.
+var compatRLArgs = []string{"perform-rl-step", "langrl-env-config", "refit-method"}
+
+// lookupCompat returns gotron's answer to Megatron argument name.
+func lookupCompat(name string) (compatArg, bool) {
+	if a, ok := compatArgs[name]; ok {
+		return a, true
+	}
+	for _, n := range compatInferenceArgs {
+		if n == name {
+			return compatArg{kind: compatNeeds, why: needInference}, true
+		}
+	}
+	for _, n := range compatRLArgs {
+		if n == name {
+			return compatArg{kind: compatNeeds, why: needRL}, true
+		}
+	}
+	for _, p := range compatPrefixes {
+		if strings.HasPrefix(name, p.prefix) {
+			if _, megatron := megatronArgs()[name]; megatron {
+				return compatArg{kind: compatNeeds, why: p.why}, true
+			}
+		}
+	}
+	return compatArg{}, false
+}
+
+// addCompatFlags defines on fs every Megatron argument of compatArgs and the
+// families of lookupCompat that fs does not define itself: a boolean where
+// Megatron's argument is a switch, else a string. Only names Megatron's
+// argument table has are defined. It returns the names it defined.
+func addCompatFlags(fs *flag.FlagSet) map[string]bool {
+	defined := map[string]bool{}
+	names := make([]string, 0, len(megatronArgs()))
+	for name := range megatronArgs() {
+		names = append(names, name)
+	}
+	for name := range compatArgs {
+		if _, ok := megatronArgs()[name]; !ok {
+			names = append(names, name) // an argument of another Megatron entry point (ModelOpt's)
+		}
+	}
+	sort.Strings(names)
+	for _, name := range names {
+		if fs.Lookup(name) != nil {
+			continue
+		}
+		c, ok := lookupCompat(name)
+		if !ok {
+			continue
+		}
+		usage := "Megatron compatibility: " + c.why
+		switch c.kind {
+		case compatNeeds:
+			usage = "refused: needs " + c.why
+		case compatDetail:
+			usage = "accepted, no effect: " + c.why
+		case compatSame:
+			usage = "accepted: " + c.why
+		}
+		if megatronArgs()[name].typ == "bool" || compatSwitches[name] {
+			fs.Bool(name, false, usage)
+		} else {
+			fs.String(name, "", usage)
+		}
+		defined[name] = true
+	}
+	return defined
+}
+
+// checkCompatFlags returns one line for each compatibility argument given
+// (of those addCompatFlags defined) that gotron accepts, or an error naming
+// the feature a given argument needs.
+func checkCompatFlags(fs *flag.FlagSet, given, defined map[string]bool) ([]string, error) {
+	var lines []string
+	var names []string
+	for name := range given {
+		names = append(names, name)
+	}
+	sort.Strings(names)
+	for _, name := range names {
+		c, ok := lookupCompat(name)
+		if !ok || !defined[name] {
+			continue
+		}
+		v := fs.Lookup(name).Value.String()
+		isBool := megatronArgs()[name].typ == "bool" || compatSwitches[name]
+		shown := "--" + name
+		if !isBool {
+			shown += " " + v
+		}
+		if isBool && v == "false" {
+			continue // --flag=false asks for nothing
+		}
+		if why, refused := c.refuse[v]; refused {
+			return nil, fmt.Errorf("%s: needs %s", shown, why)
+		}
+		switch c.kind {
+		case compatNeeds:
+			if !isBool && v == pythonDefault(megatronArgs()[name].def) {
+				lines = append(lines, fmt.Sprintf("%s: Megatron's default, nothing to do", shown))
+				continue
+			}
+			return nil, fmt.Errorf("%s: needs %s", shown, c.why)
+		case compatDetail:
+			lines = append(lines, fmt.Sprintf("%s: no effect in gotron: it %s", shown, c.why))
+		case compatSame:
+			lines = append(lines, fmt.Sprintf("%s: accepted: %s", shown, c.why))
+		}
+	}
+	return lines, nil
+}
+
+// pythonDefault turns a default as Python's repr writes it ('x', 1, None)
+// into the text a flag would carry.
+func pythonDefault(repr string) string {
+	return strings.Trim(repr, "'")
+}
+
+// megatronCompat applies the compatibility arguments and Megatron's rules
+// for combinations gotron would otherwise refuse, printing one line for each
+// to stderr.
+func (f *trainFlags) megatronCompat(env *cli, fs *flag.FlagSet, given map[string]bool) error {
+	lines, err := checkCompatFlags(fs, given, f.compat)
+	if err != nil {
+		return err
+	}
+	if given["deterministic-mode"] && f.device != "cpu" {
+		return fmt.Errorf("--deterministic-mode: checked on --device cpu only (gotron's CPU kernels give the same numbers run to run); --device %s is not checked", f.device)
+	}
+	// Megatron (validate_args): sequence parallelism needs tensor
+	// parallelism; with TP=1 it warns and switches it off.
+	if f.cfg.SequenceParallel && f.tpSize == 1 {
+		f.cfg.SequenceParallel = false
+		lines = append(lines, "--sequence-parallel: disabled, as Megatron does, because --tensor-model-parallel-size is 1")
+	}
+	for _, l := range lines {
+		fmt.Fprintf(env.stderr, "gotron train: %s\n", l)
+	}
+	return nil
 }

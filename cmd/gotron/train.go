@@ -58,7 +58,10 @@ type trainFlags struct {
 	memFraction    float64
 	promptAfter    string
 	generateTokens int
-	moe            moeFlags // moeflags.go
+	// compat are the Megatron arguments taken only for compatibility
+	// (cmd/gotron/megatronargs.go).
+	compat map[string]bool
+	moe    moeFlags // moeflags.go
 	// finish copies float64 flag values into the float32 config fields.
 	finish func()
 }
@@ -236,6 +239,7 @@ func newTrainFlags() (*flag.FlagSet, *trainFlags) {
 			fs.Bool(name, false, "refused: "+why)
 		}
 	}
+	f.compat = addCompatFlags(fs)
 	f.finish = func() {
 		m.NormEpsilon, m.AttentionDropout, m.HiddenDropout = float32(*normEps), float32(*attnDrop), float32(*hidDrop)
 		m.InitMethodStd = float32(*initStd)
@@ -292,6 +296,9 @@ func cmdTrain(ctx context.Context, env *cli, args []string) error {
 		return fmt.Errorf("--step-batch-size-schedule and --global-batch-size exclude each other (as Megatron: the schedule sets the global batch)")
 	}
 	noOps = append(noOps, f.moe.noOps(given)...)
+	if err := f.megatronCompat(env, fs, given); err != nil {
+		return err
+	}
 	if len(noOps) > 0 {
 		fmt.Fprintf(env.stderr, "gotron train: %s: no effect on the CPU backend (GPU kernel and fusion choices)\n", strings.Join(noOps, ", "))
 	}

@@ -1,0 +1,440 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
+	"sort"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+// The harness for Megatron-LM's own GPT configs (issue 30): every argument
+// list of Megatron's GPT example scripts and GPT functional-test configs
+// (testdata/megatron/configs, collected by tools/megatroncompat/
+// collect_configs.py), scaled down to a tiny model by scaleDown, runs
+// through 'gotron launch --inproc' for 2 iterations on a real .bin/.idx
+// dataset, and each gets one of three outcomes:
+//
+//	runs unchanged   every argument accepted, 2 iterations trained
+//	needs FEATURE    an argument asks for a feature gotron does not have
+//	fails: REASON    anything else (a bug to fix)
+//
+// docs/megatron-compat.md holds the table. TestMegatronConfigsTable (every
+// go test run) checks its counts and each config's parse-level outcome;
+// TestMegatronConfigsRun (GOTRON_MEGATRON_COMPAT=1, minutes) runs them all
+// and checks every row; GOTRON_MEGATRON_COMPAT=update rewrites the table.
+
+const compatDoc = "../../docs/megatron-compat.md"
+
+// megatronConfig is one collected argument list.
+type megatronConfig struct {
+	name, source, mode string
+	args               [][]string // each: --name [values...]
+}
+
+func loadMegatronConfigs(t *testing.T) []megatronConfig {
+	t.Helper()
+	files, err := filepath.Glob("testdata/megatron/configs/*.args")
+	if err != nil || len(files) == 0 {
+		t.Fatalf("no configs in testdata/megatron/configs: %v", err)
+	}
+	var out []megatronConfig
+	header := regexp.MustCompile(`^# (\S+) \(MODE (\w+)\)$`)
+	for _, f := range files {
+		c := megatronConfig{name: strings.TrimSuffix(filepath.Base(f), ".args")}
+		fh, err := os.Open(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		sc := bufio.NewScanner(fh)
+		for sc.Scan() {
+			line := sc.Text()
+			if m := header.FindStringSubmatch(line); m != nil {
+				c.source, c.mode = m[1], m[2]
+				continue
+			}
+			line = strings.TrimSpace(line)
+			if line == "" {
+				continue
+			}
+			// A value with spaces is several values only for an argument
+			// Megatron declares with nargs (--data-path 30 a 70 b); else
+			// one ("--step-batch-size-schedule '0:16 2.4B:320'").
+			name, value, ok := strings.Cut(line, " ")
+			switch {
+			case !ok:
+				c.args = append(c.args, []string{name})
+			case megatronArgs()[strings.TrimPrefix(name, "--")].nargs != "":
+				c.args = append(c.args, append([]string{name}, strings.Fields(value)...))
+			default:
+				c.args = append(c.args, []string{name, value})
+			}
+		}
+		fh.Close()
+		if c.source == "" {
+			t.Fatalf("%s: no '# SOURCE (MODE m)' header", f)
+		}
+		out = append(out, c)
+	}
+	return out
+}
+
+// compatPaths are the harness's files that stand in for a config's paths.
+type compatPaths struct {
+	dir, data, vocab, merges string
+}
+
+// scaleDown returns the config's arguments for a tiny run, and the world
+// size to launch. The transformation (documented in docs/megatron-compat.md):
+// parallel sizes are kept; the model becomes 1 layer per pipeline stage and
+// virtual stage, 4×TP heads of 8 channels (GQA: 2×TP groups), FFN 2×hidden,
+// MoE expert FFNs of the hidden size; 64-token sequences, micro-batch 1,
+// global batch 2 micro-batches per pipeline stage and data-parallel rank;
+// 2 iterations, at most 1 evaluation batch, a log line each iteration; every
+// path points at the harness's GPT-2-tokenized dataset, tokenizer files and
+// temporary directories. Every other argument is Megatron's, unchanged.
+func scaleDown(c megatronConfig, p compatPaths) ([]string, int) {
+	val := func(name string) int {
+		for _, a := range c.args {
+			if a[0] == "--"+name && len(a) == 2 {
+				if n, err := strconv.Atoi(a[1]); err == nil {
+					return n
+				}
+			}
+		}
+		return 0
+	}
+	has := func(name string) bool {
+		for _, a := range c.args {
+			if a[0] == "--"+name {
+				return true
+			}
+		}
+		return false
+	}
+	tp, pp, cp, ep := max(val("tensor-model-parallel-size"), 1), max(val("pipeline-model-parallel-size"), 1), max(val("context-parallel-size"), 1), max(val("expert-model-parallel-size"), 1)
+	v := max(val("virtual-pipeline-model-parallel-size"), val("num-virtual-stages-per-pipeline-rank"), 1)
+	if has("num-layers-per-virtual-pipeline-stage") {
+		v = 2
+	}
+	dp := ep
+	world := tp * pp * cp * dp
+	heads := 4 * tp
+	hidden := 8 * heads
+	layers := pp * v
+	gbs := 2 * pp * dp
+	set := map[string]string{
+		"num-layers": strconv.Itoa(layers), "hidden-size": strconv.Itoa(hidden), "num-attention-heads": strconv.Itoa(heads),
+		"num-query-groups": strconv.Itoa(2 * tp), "kv-channels": "8", "ffn-hidden-size": strconv.Itoa(2 * hidden),
+		"moe-ffn-hidden-size": strconv.Itoa(hidden), "moe-shared-expert-intermediate-size": strconv.Itoa(hidden),
+		"seq-length": "64", "max-position-embeddings": "64", "micro-batch-size": "1", "global-batch-size": strconv.Itoa(gbs),
+		"train-iters": "2", "train-samples": strconv.Itoa(2 * gbs), "log-interval": "1",
+		"num-layers-per-virtual-pipeline-stage": "1", "decoder-first-pipeline-num-layers": strconv.Itoa(v),
+		"decoder-last-pipeline-num-layers": strconv.Itoa(v),
+		"data-path":                        p.data, "vocab-file": p.vocab, "merge-file": p.merges,
+		"save": filepath.Join(p.dir, "ck"), "load": filepath.Join(p.dir, "ck"),
+		"data-cache-path": filepath.Join(p.dir, "cache"), "tensorboard-dir": filepath.Join(p.dir, "tb"),
+	}
+	if val("eval-iters") > 1 {
+		set["eval-iters"] = "1"
+	}
+	var out []string
+	for _, a := range c.args {
+		name := strings.TrimPrefix(a[0], "--")
+		if s, ok := set[name]; ok && len(a) > 1 {
+			out = append(out, a[0], s)
+			continue
+		}
+		for _, tok := range a {
+			if strings.Contains(tok, "$") {
+				// A value from the CI's environment: Megatron's default
+				// where the argument has one (--seed ${REPEAT}), else a
+				// path, for which a fresh directory stands in.
+				if d := megatronArgs()[name].def; d != "" && d != "None" {
+					tok = pythonDefault(d)
+				} else {
+					tok = filepath.Join(p.dir, "path-"+name)
+				}
+			}
+			out = append(out, tok)
+		}
+	}
+	return out, world
+}
+
+// compatOutcome classifies a run's error.
+func compatOutcome(c megatronConfig, err string) string {
+	switch {
+	case c.mode == "inference":
+		return "needs " + needInference
+	case c.mode == "rl":
+		return "needs " + needRL
+	case err == "":
+		return "runs unchanged"
+	}
+	if _, after, ok := strings.Cut(err, ": needs "); ok {
+		return "needs " + firstLine(after)
+	}
+	return "fails: " + firstLine(err)
+}
+
+func firstLine(s string) string {
+	s, _, _ = strings.Cut(strings.TrimSpace(s), "\n")
+	return strings.TrimPrefix(s, "gotron launch: ")
+}
+
+// parseOutcome is the outcome the flags alone decide: a refused argument,
+// or "" when gotron train accepts every argument.
+func parseOutcome(c megatronConfig, args []string) string {
+	if c.mode != "pretraining" {
+		return compatOutcome(c, "")
+	}
+	fs, f := newTrainFlags()
+	if err := parseFlags(fs, args, discard{}, trainSynopsis); err != nil {
+		return compatOutcome(c, "train: "+err.Error())
+	}
+	f.finish()
+	given := map[string]bool{}
+	fs.Visit(func(fl *flag.Flag) { given[fl.Name] = true })
+	if err := f.megatronCompat(&cli{stderr: discard{}}, fs, given); err != nil {
+		return compatOutcome(c, "train: "+err.Error())
+	}
+	return ""
+}
+
+type discard struct{}
+
+func (discard) Write(p []byte) (int, error) { return len(p), nil }
+
+// compatTable reads the per-config rows of docs/megatron-compat.md.
+func compatTable(t *testing.T) map[string]string {
+	t.Helper()
+	raw, err := os.ReadFile(compatDoc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rows := map[string]string{}
+	re := regexp.MustCompile("^\\| `([A-Za-z0-9_.-]+)` \\| [^|]+ \\| (.+) \\|$")
+	for _, line := range strings.Split(string(raw), "\n") {
+		if m := re.FindStringSubmatch(line); m != nil {
+			rows[m[1]] = strings.ReplaceAll(m[2], `\|`, "|")
+		}
+	}
+	return rows
+}
+
+// TestMegatronConfigsTable: every collected config has a row in
+// docs/megatron-compat.md; a config whose flags gotron refuses has the
+// refusal as its outcome; one whose flags it accepts says it runs or why it
+// fails (the run itself is TestMegatronConfigsRun's); the counts and the
+// number of Megatron arguments accepted are the doc's.
+func TestMegatronConfigsTable(t *testing.T) {
+	rows := compatTable(t)
+	configs := loadMegatronConfigs(t)
+	if len(rows) != len(configs) {
+		t.Errorf("docs/megatron-compat.md has %d config rows, testdata has %d configs", len(rows), len(configs))
+	}
+	p := compatPaths{dir: "/nonexistent", data: "/nonexistent/d", vocab: "/nonexistent/v", merges: "/nonexistent/m"}
+	for _, c := range configs {
+		args, _ := scaleDown(c, p)
+		got, row := parseOutcome(c, args), rows[c.name]
+		switch {
+		case got != "" && got != row:
+			t.Errorf("%s: the flags give %q, the doc says %q", c.name, got, row)
+		case got == "" && row != "runs unchanged" && !strings.HasPrefix(row, "fails: ") && !strings.HasPrefix(row, "needs "):
+			t.Errorf("%s: the flags are accepted, the doc says %q", c.name, row)
+		}
+	}
+	raw, _ := os.ReadFile(compatDoc)
+	summary := compatSummary(rows)
+	if !strings.Contains(string(raw), summary) {
+		t.Errorf("docs/megatron-compat.md lacks the summary of its own rows:\n%s", summary)
+	}
+	if want := fmt.Sprintf("gotron train accepts %d of Megatron-LM's %d training arguments", acceptedMegatronArgs(), loadMegatronTable().count); !strings.Contains(string(raw), want) {
+		t.Errorf("docs/megatron-compat.md lacks %q", want)
+	}
+}
+
+// acceptedMegatronArgs counts Megatron's arguments that gotron train takes
+// (with an effect, accepted with a line, or at its default), not those it
+// refuses.
+func acceptedMegatronArgs() int {
+	fs, _ := newTrainFlags()
+	seen := map[megatronArg]bool{}
+	n := 0
+	for name, a := range megatronArgs() {
+		f := fs.Lookup(name)
+		if f == nil || seen[a] || strings.HasPrefix(f.Usage, "refused") {
+			continue
+		}
+		seen[a] = true
+		n++
+	}
+	return n
+}
+
+// compatSummary is the doc's count lines for rows.
+func compatSummary(rows map[string]string) string {
+	runs, fails := 0, 0
+	needs := map[string]int{}
+	for _, r := range rows {
+		switch {
+		case r == "runs unchanged":
+			runs++
+		case strings.HasPrefix(r, "needs "):
+			needs[strings.TrimPrefix(r, "needs ")]++
+		default:
+			fails++
+		}
+	}
+	total := 0
+	for _, n := range needs {
+		total += n
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "| runs unchanged | %d |\n| needs a feature gotron does not have | %d |\n| fails | %d |\n| all | %d |\n", runs, total, fails, len(rows))
+	type kv struct {
+		k string
+		n int
+	}
+	var list []kv
+	for k, n := range needs {
+		list = append(list, kv{k, n})
+	}
+	sort.Slice(list, func(i, j int) bool { return list[i].n > list[j].n || list[i].n == list[j].n && list[i].k < list[j].k })
+	b.WriteString("\n| configs | need |\n| ---: | --- |\n")
+	for _, e := range list {
+		fmt.Fprintf(&b, "| %d | %s |\n", e.n, strings.ReplaceAll(e.k, "|", `\|`))
+	}
+	return b.String()
+}
+
+// TestMegatronConfigsRun runs every config (GOTRON_MEGATRON_COMPAT=1; with
+// =update it rewrites docs/megatron-compat.md's table instead of checking it).
+func TestMegatronConfigsRun(t *testing.T) {
+	mode := os.Getenv("GOTRON_MEGATRON_COMPAT")
+	if mode == "" {
+		t.Skip("set GOTRON_MEGATRON_COMPAT=1 to run Megatron's configs (minutes)")
+	}
+	dir := t.TempDir()
+	tok := filepath.Join(dir, "gpt2")
+	if _, errs, code := runCLI(t, "tokenizer", "export-gpt2", tok); code != 0 {
+		t.Fatalf("tokenizer export-gpt2: %s", errs)
+	}
+	var corpus strings.Builder
+	for i := range 3000 {
+		line, _ := json.Marshal(map[string]string{"text": fmt.Sprintf("Document %d: the quick brown fox jumps over the lazy dog %d times, and func main() { return %d }.", i, i%7, i*i)})
+		corpus.Write(line)
+		corpus.WriteByte('\n')
+	}
+	in := filepath.Join(dir, "corpus.jsonl")
+	if err := os.WriteFile(in, []byte(corpus.String()), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	vocab, merges := filepath.Join(tok, "vocab.json"), filepath.Join(tok, "merges.txt")
+	if _, errs, code := runCLI(t, "preprocess", "--input", in, "--output-prefix", filepath.Join(dir, "corpus"),
+		"--tokenizer-type", "GPT2BPETokenizer", "--vocab-file", vocab, "--merge-file", merges, "--append-eod"); code != 0 {
+		t.Fatalf("preprocess: %s", errs)
+	}
+	rows := map[string]string{}
+	sources := map[string]string{}
+	for _, c := range loadMegatronConfigs(t) {
+		sources[c.name] = c.source
+		p := compatPaths{dir: filepath.Join(dir, c.name), data: filepath.Join(dir, "corpus_text_document"), vocab: vocab, merges: merges}
+		args, world := scaleDown(c, p)
+		if c.mode != "pretraining" {
+			rows[c.name] = compatOutcome(c, "")
+			continue
+		}
+		if got := parseOutcome(c, args); got != "" {
+			rows[c.name] = got
+			continue
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		launch := append([]string{"launch", "--inproc", "--nproc-per-node", strconv.Itoa(world), "--"}, append([]string{"train"}, args...)...)
+		_, errs, code := runCLIContext(ctx, launch...)
+		cancel()
+		e := ""
+		if code != 0 {
+			e = lastErrorLine(errs)
+		}
+		rows[c.name] = compatOutcome(c, e)
+		t.Logf("%s (world %d): %s", c.name, world, rows[c.name])
+	}
+	if mode == "update" {
+		writeCompatTable(t, rows, sources)
+		return
+	}
+	doc := compatTable(t)
+	for name, got := range rows {
+		if doc[name] != got {
+			t.Errorf("%s: runs as %q, the doc says %q", name, got, doc[name])
+		}
+	}
+}
+
+// lastErrorLine is the error a failed run printed: the last "gotron
+// train:" line on stderr (a rank's error; launch's own summary only names
+// the rank) that is not one of the one-line notes on accepted arguments.
+func lastErrorLine(errs string) string {
+	lines := strings.Split(strings.TrimSpace(errs), "\n")
+	for i := len(lines) - 1; i >= 0; i-- {
+		l := lines[i]
+		_, after, ok := strings.Cut(l, "gotron train: ")
+		if !ok || strings.Contains(after, ": accepted") || strings.Contains(after, ": no effect") ||
+			strings.Contains(after, "Megatron's default") || strings.Contains(after, "as Megatron does") {
+			continue
+		}
+		return "train: " + after
+	}
+	return firstLine(lines[len(lines)-1])
+}
+
+func runCLIContext(ctx context.Context, args ...string) (string, string, int) {
+	var out, errb strings.Builder
+	env := &cli{stdout: &out, stderr: &errb, stdin: strings.NewReader(""), getenv: func(string) string { return "" }}
+	code := run(ctx, env, args)
+	return out.String(), errb.String(), code
+}
+
+// writeCompatTable rewrites the generated part of docs/megatron-compat.md.
+func writeCompatTable(t *testing.T, rows, sources map[string]string) {
+	raw, err := os.ReadFile(compatDoc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const begin, end = "<!-- begin generated table -->\n", "<!-- end generated table -->\n"
+	s := string(raw)
+	i, j := strings.Index(s, begin), strings.Index(s, end)
+	if i < 0 || j < i {
+		t.Fatalf("%s: no generated-table markers", compatDoc)
+	}
+	names := make([]string, 0, len(rows))
+	for n := range rows {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	var b strings.Builder
+	b.WriteString(begin)
+	fmt.Fprintf(&b, "gotron train accepts %d of Megatron-LM's %d training arguments (with their effect, with one line saying\nwhy there is none, or at Megatron's default); the others are refused naming what they need.\n\n",
+		acceptedMegatronArgs(), loadMegatronTable().count)
+	b.WriteString("| outcome | configs |\n| --- | ---: |\n")
+	b.WriteString(compatSummary(rows))
+	b.WriteString("\n| config | source | outcome |\n| --- | --- | --- |\n")
+	for _, n := range names {
+		fmt.Fprintf(&b, "| `%s` | %s | %s |\n", n, sources[n], strings.ReplaceAll(rows[n], "|", `\|`))
+	}
+	b.WriteString(end)
+	s = s[:i] + b.String() + s[j+len(end):]
+	if err := os.WriteFile(compatDoc, []byte(s), 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
