@@ -254,7 +254,7 @@ var acceptedNoOps = []string{"use-flash-attn", "no-masked-softmax-fusion", "no-b
 	"no-persist-layer-norm", "no-rope-fusion"}
 
 // refusedTakesValue marks the refused flags that take a value.
-var refusedTakesValue = map[string]bool{"wandb-project": true}
+var refusedTakesValue = map[string]bool{"wandb-project": true, "ft-num-warmup-iters": true}
 
 // refusedFlags are Megatron flags for features this release does not run
 // yet: accepting them silently would train something else than asked.
@@ -262,7 +262,13 @@ var refusedFlags = map[string]string{
 	"grad-reduce-in-bf16":      "gradients are reduced in float32 in this release",
 	"calculate-per-token-loss": "this release averages the loss per micro-batch (Megatron's default); per-token loss is not built yet",
 	"wandb-project":            "Weights & Biases cannot be reached from here (no network but the package registries); use --tensorboard-dir",
+	"calc-ft-timeouts":         ftRefused,
+	"ft-num-warmup-iters":      ftRefused,
 }
+
+// ftRefused is why the section-timeout flags of NVIDIA's fault-tolerance
+// package are refused (trainheartbeat.go has the heartbeats that are built).
+const ftRefused = "the fault-tolerance package's section timeouts are not built; rank liveness is checked by --heartbeat-timeout, hangs by --distributed-timeout-minutes"
 
 func cmdTrain(ctx context.Context, env *cli, args []string) error {
 	fs, f := newTrainFlags()

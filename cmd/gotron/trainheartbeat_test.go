@@ -66,3 +66,18 @@ func TestHeartbeatFlags(t *testing.T) {
 		t.Errorf("flags hashes %q and %q", a.flagsHash, b.flagsHash)
 	}
 }
+
+// TestFTFlags: Megatron's fault-tolerance flags are accepted with a note
+// (--enable-ft-package) or refused with the reason (its section timeouts).
+func TestFTFlags(t *testing.T) {
+	_, errs, code := runCLI(t, with(tinyTrain, "--train-iters", "1", "--enable-ft-package")...)
+	if code != 0 || !strings.Contains(errs, "--enable-ft-package: gotron's own heartbeats stand in") {
+		t.Errorf("--enable-ft-package: exit %d, stderr %q", code, errs)
+	}
+	for _, flag := range []string{"--calc-ft-timeouts", "--ft-num-warmup-iters=5"} {
+		_, errs, code := runCLI(t, with(tinyTrain, "--train-iters", "1", flag)...)
+		if code == 0 || !strings.Contains(errs, "section timeouts are not built") {
+			t.Errorf("%s: exit %d, stderr %q; want a refusal", flag, code, errs)
+		}
+	}
+}
