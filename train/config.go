@@ -223,9 +223,6 @@ func (c *Config) validate() error {
 		case moe.NumExperts%g.EP.Size() != 0:
 			return fmt.Errorf("train: --num-experts=%d is not divisible by --expert-model-parallel-size=%d", moe.NumExperts, g.EP.Size())
 		}
-		if c.Model.MoE.ExpertBias && (c.Save != "" || c.Load != "") {
-			return fmt.Errorf("train: --moe-router-enable-expert-bias with --save or --load: the expert bias in checkpoints is not built yet")
-		}
 	}
 	switch {
 	case c.SeqLength <= 0:

@@ -43,6 +43,15 @@ func (st *stepper) otherExperts() map[string][]int {
 	return nil
 }
 
+// buffers returns the model's checkpointed state outside its parameters
+// (an MoE router's expert bias), replicated on every rank.
+func (st *stepper) buffers() []*tensor.Tensor {
+	if m, ok := st.model.(interface{ Buffers() []*tensor.Tensor }); ok {
+		return m.Buffers()
+	}
+	return nil
+}
+
 // splitExperts separates the routed experts' weights from the others.
 func (st *stepper) splitExperts(ps []*tensor.Tensor) (dense, experts []*tensor.Tensor) {
 	em, ok := st.model.(expertModel)

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/gotron/gotron/comm"
@@ -194,6 +195,38 @@ func TestExpertParallelCheckpointResumes(t *testing.T) {
 			for i := range got {
 				if !relClose(got[i], straight.res.Losses[i], 1e-5) {
 					t.Fatalf("resume at EP=%d: rank %d iteration %d loss %.9g, straight %.9g", c.ep, r, i+1, got[i], straight.res.Losses[i])
+				}
+			}
+		}
+	}
+}
+
+// TestExpertBiasCheckpoint: the routers' expert biases are saved
+// (decoder.layers.N.mlp.router.expert_bias) and restored, so a resumed run
+// (one process, and at EP=2) repeats the uninterrupted one: bit for bit in
+// one process.
+func TestExpertBiasCheckpoint(t *testing.T) {
+	cfg := moeTrainConfig()
+	cfg.Model.MoE.Score, cfg.Model.MoE.ExpertBias, cfg.Model.MoE.ExpertBiasUpdateRate = gpt.ScoreSigmoid, true, 0.05
+	cfg.MoEAllToAll = true
+	straight := runEP(t, cfg, 0, 1)[0]
+	dir := t.TempDir()
+	first := cfg
+	first.Save, first.ExitInterval = dir, 5
+	a := runEP(t, first, 0, 1)[0]
+	for _, c := range []struct{ world, ep int }{{0, 1}, {2, 2}} {
+		second := cfg
+		second.Load = dir
+		for r, run := range runEP(t, second, c.world, c.ep) {
+			got := append(slices.Clone(a.res.Losses), run.res.Losses...)
+			for i := range got {
+				if (c.world == 0 && got[i] != straight.res.Losses[i]) || !relClose(got[i], straight.res.Losses[i], 1e-5) {
+					t.Fatalf("resume at EP=%d: rank %d iteration %d loss %.9g, straight %.9g", c.ep, r, i+1, got[i], straight.res.Losses[i])
+				}
+			}
+			for name, v := range straight.params {
+				if strings.HasSuffix(name, "expert_bias") && !slices.Equal(run.params[name], v) {
+					t.Fatalf("resume at EP=%d: %s %v, straight %v", c.ep, name, run.params[name], v)
 				}
 			}
 		}

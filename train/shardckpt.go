@@ -184,6 +184,12 @@ func (ck *checkpointer) checkpointPieces(st *optim.State) ([]ckpt.Piece, error) 
 			add(ckpt.GroupModel, p.Name, full, blocks, hostValues(p))
 		}
 	}
+	if dpRank == 0 && tpRank == 0 { // buffers (the expert bias): replicated everywhere
+		for _, b := range ck.stepper.buffers() {
+			full, blocks := ck.paramBlocks(b.Name, b.Shape())
+			add(ckpt.GroupModel, b.Name, full, blocks, b.Float32s())
+		}
+	}
 	if st == nil {
 		return out, nil
 	}
@@ -370,8 +376,11 @@ func stateKinds(st optim.State) []string {
 // readParams fills this rank's parameters (its stages' under pipelining,
 // the tied embedding's copy included) from the checkpoint, reading only the
 // blocks it holds.
+//
+// The model's buffers (an MoE router's expert bias) are read as
+// parameters are.
 func (ck *checkpointer) readParams(r *ckpt.Reader) error {
-	for _, p := range ck.stepper.localParams() {
+	for _, p := range append(ck.stepper.localParams(), ck.stepper.buffers()...) {
 		full, blocks := ck.paramBlocks(p.Name, p.Shape())
 		if err := staged(p, func(v []float32) error {
 			for _, b := range blocks {
@@ -430,6 +439,9 @@ func (ck *checkpointer) expectTensors(r *ckpt.Reader, optimizer *optim.State) er
 	others := ck.stepper.otherExperts()
 	for name, shape := range others {
 		want[name] = ckpt.Spec{DType: safetensors.F32, Shape: shape}
+	}
+	for _, b := range ck.stepper.buffers() {
+		want[b.Name] = ckpt.Spec{DType: safetensors.F32, Shape: b.Shape()}
 	}
 	err := r.Expect(ckpt.GroupModel, want, unexpectedOK)
 	if optimizer != nil && len(optimizer.Buffers) > 0 && err == nil {

@@ -266,6 +266,9 @@ func (st *stepper) step(ctx context.Context) (float64, error) {
 		if err := st.sumExpertBiasCounts(st.cctx, moe.ExpertBiasCounts()); err != nil {
 			return 0, err
 		}
+		if len(st.buffers()) > 0 {
+			st.waitSnapshot() // an --async-save copies the expert bias before it moves
+		}
 		moe.FinishMoEIteration()
 	}
 	gbs := int64(st.mb.CurrentRunningGlobalBatchSize())

@@ -432,6 +432,22 @@ func (m *Model) MoEMetrics(microBatches int) map[string]float64 {
 	return out
 }
 
+// Buffers returns the model's state that is not trained by gradients but
+// belongs in checkpoints: every router's expert bias, as
+// decoder.layers.N.mlp.router.expert_bias (Megatron's persistent buffer),
+// host tensors aliasing the biases.
+func (m *Model) Buffers() []*tensor.Tensor {
+	var out []*tensor.Tensor
+	for i := range m.Layers {
+		if l := m.Layers[i].MoE; l != nil && l.ExpertBias != nil {
+			b := tensor.FromFloat32(l.ExpertBias, len(l.ExpertBias))
+			b.Name = fmt.Sprintf("decoder.layers.%d.mlp.router.expert_bias", i)
+			out = append(out, b)
+		}
+	}
+	return out
+}
+
 // ExpertBiasCounts returns the iteration's tokens per expert of every
 // router with an expert bias, in layer order, for the trainer to sum over
 // the data-parallel ranks in place before FinishMoEIteration (Megatron's
