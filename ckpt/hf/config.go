@@ -49,6 +49,21 @@ type hfConfig struct {
 	AttentionBias         *bool           `json:"attention_bias"`
 	MLPBias               *bool           `json:"mlp_bias"`
 	SlidingWindow         *int            `json:"sliding_window"`
+
+	// MixtralConfig
+	NumLocalExperts   *int     `json:"num_local_experts"`
+	NumExpertsPerTok  *int     `json:"num_experts_per_tok"`
+	RouterJitterNoise *float64 `json:"router_jitter_noise"`
+
+	// Qwen2MoeConfig
+	NumExperts                   *int  `json:"num_experts"`
+	MoEIntermediateSize          *int  `json:"moe_intermediate_size"`
+	SharedExpertIntermediateSize *int  `json:"shared_expert_intermediate_size"`
+	NormTopKProb                 *bool `json:"norm_topk_prob"`
+	DecoderSparseStep            *int  `json:"decoder_sparse_step"`
+	MLPOnlyLayers                []int `json:"mlp_only_layers"`
+	QKVBias                      *bool `json:"qkv_bias"`
+	UseSlidingWindow             *bool `json:"use_sliding_window"`
 }
 
 func intOr(p *int, def int) int {
@@ -73,7 +88,7 @@ func boolOr(p *bool, def bool) bool {
 }
 
 // supportedArchs is what archOf accepts, for its errors.
-const supportedArchs = "gpt2 (GPT2LMHeadModel), llama (LlamaForCausalLM) or mistral (MistralForCausalLM)"
+const supportedArchs = "gpt2 (GPT2LMHeadModel), llama (LlamaForCausalLM), mistral (MistralForCausalLM), mixtral (MixtralForCausalLM) or qwen2_moe (Qwen2MoeForCausalLM)"
 
 // archOf names the table for a config.json: by model_type, which
 // transformers itself dispatches on, else (no model_type) by the first
@@ -88,6 +103,12 @@ func archOf(c *hfConfig) (string, error) {
 			byClass = ArchGPT2
 		case "LlamaForCausalLM", "MistralForCausalLM":
 			byClass = ArchLlama
+		case "MixtralForCausalLM":
+			byClass = ArchMixtral
+		case "Qwen2MoeForCausalLM":
+			byClass = ArchQwen2MoE
+		case "Qwen3MoeForCausalLM":
+			byClass = "qwen3_moe"
 		default:
 			continue
 		}
@@ -99,7 +120,16 @@ func archOf(c *hfConfig) (string, error) {
 		arch = ArchGPT2
 	case "llama", "mistral":
 		arch = ArchLlama
+	case "mixtral":
+		arch = ArchMixtral
+	case "qwen2_moe":
+		arch = ArchQwen2MoE
+	case "qwen3_moe":
+		arch = "qwen3_moe"
 	case "":
+		if byClass == "qwen3_moe" {
+			return "", errQwen3MoE
+		}
 		if byClass == "" {
 			return "", fmt.Errorf("model_type absent, architectures %q: want %s", c.Architectures, supportedArchs)
 		}
@@ -107,11 +137,19 @@ func archOf(c *hfConfig) (string, error) {
 	default:
 		return "", fmt.Errorf("model_type %q is not supported: want %s", c.ModelType, supportedArchs)
 	}
+	if arch == "qwen3_moe" || byClass == "qwen3_moe" {
+		return "", errQwen3MoE
+	}
 	if byClass != "" && byClass != arch {
 		return "", fmt.Errorf("model_type %q contradicts architectures %q", c.ModelType, c.Architectures)
 	}
 	return arch, nil
 }
+
+// errQwen3MoE refuses Qwen3-MoE: its attention normalises each head's
+// queries and keys (q_norm, k_norm: RMSNorm over the head dimension before
+// RoPE), which gotron's attention does not have.
+var errQwen3MoE = errors.New("model_type qwen3_moe (Qwen3MoeForCausalLM): its attention's q_norm/k_norm (QK-norm per head) is not built in gotron: want mixtral or qwen2_moe")
 
 // maxDim bounds config.json's sizes and counts, so that the arithmetic
 // done with them (4 × n_embd, heads × head_dim, ...) cannot overflow.
@@ -131,7 +169,9 @@ func checkFields(c *hfConfig) error {
 		{"n_positions", c.NPositions}, {"hidden_size", c.HiddenSize}, {"intermediate_size", c.IntermediateSize},
 		{"num_hidden_layers", c.NumHiddenLayers}, {"num_attention_heads", c.NumAttentionHeads},
 		{"num_key_value_heads", c.NumKeyValueHeads}, {"head_dim", c.HeadDim}, {"max_position_embeddings", c.MaxPositionEmbeddings},
-		{"sliding_window", c.SlidingWindow},
+		{"sliding_window", c.SlidingWindow}, {"num_local_experts", c.NumLocalExperts}, {"num_experts_per_tok", c.NumExpertsPerTok},
+		{"num_experts", c.NumExperts}, {"moe_intermediate_size", c.MoEIntermediateSize},
+		{"shared_expert_intermediate_size", c.SharedExpertIntermediateSize}, {"decoder_sparse_step", c.DecoderSparseStep},
 	} {
 		if f.v != nil {
 			if err := checked.Range(f.name, int64(*f.v), 1, maxDim); err != nil {
@@ -204,8 +244,9 @@ func parseConfig(raw []byte, divisibleBy int) (arch string, cfg gpt.Config, voca
 			PositionEmbeddingType: gpt.LearnedAbsolute, Normalization: gpt.LayerNorm,
 			NormEpsilon: float32(floatOr(c.LayerNormEpsilon, 1e-5)), Activation: gact,
 			UntieEmbeddingsAndOutputWeights: !boolOr(c.TieWordEmb, true)}
-	case ArchLlama:
-		vocab = intOr(c.VocabSize, 32000)
+	case ArchLlama, ArchMixtral, ArchQwen2MoE:
+		d := llamaDefaults[arch]
+		vocab = intOr(c.VocabSize, d.vocab)
 		if act := c.HiddenAct; act != nil && *act != "silu" {
 			return "", gpt.Config{}, 0, nil, fmt.Errorf("hidden_act %q: want silu (SwiGLU)", *act)
 		}
@@ -215,15 +256,31 @@ func parseConfig(raw []byte, divisibleBy int) (arch string, cfg gpt.Config, voca
 		if boolOr(c.AttentionBias, false) || boolOr(c.MLPBias, false) {
 			return "", gpt.Config{}, 0, nil, fmt.Errorf("attention_bias or mlp_bias true: not supported (gotron's Llama layout has no biases)")
 		}
-		heads := intOr(c.NumAttentionHeads, 32)
-		cfg = gpt.Config{NumLayers: intOr(c.NumHiddenLayers, 32), HiddenSize: intOr(c.HiddenSize, 4096),
-			NumAttentionHeads: heads, NumQueryGroups: intOr(c.NumKeyValueHeads, heads), KVChannels: intOr(c.HeadDim, 0),
-			FFNHiddenSize: intOr(c.IntermediateSize, 11008), MaxPositionEmbeddings: intOr(c.MaxPositionEmbeddings, 2048),
-			PositionEmbeddingType: gpt.RoPE, RotaryBase: floatOr(c.RopeTheta, 10000), Normalization: gpt.RMSNorm,
-			NormEpsilon: float32(floatOr(c.RMSNormEps, 1e-6)), Activation: gpt.SwiGLU, DisableBiasLinear: true,
+		heads := intOr(c.NumAttentionHeads, d.heads)
+		kv := d.kvHeads
+		if kv == 0 {
+			kv = heads
+		}
+		cfg = gpt.Config{NumLayers: intOr(c.NumHiddenLayers, d.layers), HiddenSize: intOr(c.HiddenSize, d.hidden),
+			NumAttentionHeads: heads, NumQueryGroups: intOr(c.NumKeyValueHeads, kv), KVChannels: intOr(c.HeadDim, 0),
+			FFNHiddenSize: intOr(c.IntermediateSize, d.ffn), MaxPositionEmbeddings: intOr(c.MaxPositionEmbeddings, d.positions),
+			PositionEmbeddingType: gpt.RoPE, RotaryBase: floatOr(c.RopeTheta, d.theta), Normalization: gpt.RMSNorm,
+			NormEpsilon: float32(floatOr(c.RMSNormEps, d.eps)), Activation: gpt.SwiGLU, DisableBiasLinear: true,
 			UntieEmbeddingsAndOutputWeights: !boolOr(c.TieWordEmb, false)}
-		if sw := c.SlidingWindow; sw != nil && *sw < cfg.MaxPositionEmbeddings {
+		if sw := c.SlidingWindow; sw != nil && *sw < cfg.MaxPositionEmbeddings && (arch != ArchQwen2MoE || boolOr(c.UseSlidingWindow, false)) {
 			warns = append(warns, fmt.Sprintf("sliding_window=%d is ignored: gotron attends to the whole sequence (identical for sequences up to %d tokens)", *sw, *sw))
+		}
+		switch arch {
+		case ArchMixtral:
+			w, err := mixtralMoE(&c, &cfg)
+			if err != nil {
+				return "", gpt.Config{}, 0, nil, err
+			}
+			warns = append(warns, w...)
+		case ArchQwen2MoE:
+			if err := qwen2MoE(&c, &cfg); err != nil {
+				return "", gpt.Config{}, 0, nil, err
+			}
 		}
 	}
 	if vocab <= 0 {
@@ -268,7 +325,7 @@ func exportConfig(arch string, c gpt.Config, vocab int, dtype string) (owned, te
 			"initializer_range": decimal32(c.InitMethodStd), "scale_attn_weights": true, "scale_attn_by_inverse_layer_idx": false,
 			"reorder_and_upcast_attn": false, "use_cache": true}
 		nullMeans = map[string]any{"n_inner": 4 * c.HiddenSize}
-	case ArchLlama:
+	case ArchLlama, ArchMixtral, ArchQwen2MoE:
 		owned = map[string]any{"model_type": "llama", "vocab_size": vocab, "hidden_size": c.HiddenSize,
 			"intermediate_size": c.FFNHiddenSize, "num_hidden_layers": c.NumLayers, "num_attention_heads": c.NumAttentionHeads,
 			"num_key_value_heads": c.NumQueryGroups, "max_position_embeddings": c.MaxPositionEmbeddings,
@@ -281,6 +338,9 @@ func exportConfig(arch string, c gpt.Config, vocab int, dtype string) (owned, te
 			"initializer_range": decimal32(c.InitMethodStd), "pretraining_tp": 1, "use_cache": true,
 			"attention_bias": false, "mlp_bias": false, "rope_scaling": nil}
 		nullMeans = map[string]any{"num_key_value_heads": c.NumAttentionHeads, "head_dim": c.HiddenSize / c.NumAttentionHeads}
+		if arch != ArchLlama {
+			moeExportConfig(arch, c, owned, template)
+		}
 	default:
 		return nil, nil, nil, fmt.Errorf("hf: unknown architecture %q", arch)
 	}
@@ -366,6 +426,9 @@ func sameValue(key string, a, b any) bool {
 	}
 	return reflect.DeepEqual(a, b)
 }
+
+// decodeInto unmarshals config.json into v.
+func decodeInto(raw []byte, v any) error { return json.Unmarshal(raw, v) }
 
 // decodeJSONObject reads a JSON object keeping numbers as written.
 func decodeJSONObject(raw []byte) (map[string]any, error) {

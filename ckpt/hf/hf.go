@@ -23,6 +23,7 @@ import (
 const (
 	ArchGPT2  = "gpt2"  // GPT2LMHeadModel
 	ArchLlama = "llama" // LlamaForCausalLM, MistralForCausalLM
+	// ArchMixtral and ArchQwen2MoE: moe.go.
 )
 
 // Files in a gotron checkpoint directory made by an import.
@@ -51,7 +52,8 @@ func TokenizerFileNames() []string {
 // The zero value means "unknown": Export then infers the architecture from
 // the model, writes float32 and keeps the padded vocabulary.
 type Info struct {
-	// Arch is ArchGPT2 or ArchLlama: which name map applies.
+	// Arch is ArchGPT2, ArchLlama, ArchMixtral or ArchQwen2MoE: which name
+	// map applies.
 	Arch string `json:"arch"`
 	// DType is the safetensors dtype of the weights ("F32", "BF16", "F16";
 	// that of the word embeddings when files mix them).
@@ -91,7 +93,7 @@ func LoadModel(dir string) (*gpt.Model, Info, error) {
 	return Import(dir, ImportOptions{})
 }
 
-// Import reads a Hugging Face GPT-2 or Llama/Mistral checkpoint (config.json
+// Import reads a Hugging Face GPT-2, Llama/Mistral, Mixtral or Qwen2-MoE checkpoint (config.json
 // plus model.safetensors or a sharded index) into a float32 gotron model.
 // Errors name the directory and the tensor or config key at fault.
 func Import(dir string, opts ImportOptions) (*gpt.Model, Info, error) {
@@ -256,8 +258,15 @@ func describe(arch string, c gpt.Config, vocab int) string {
 	if c.UntieEmbeddingsAndOutputWeights {
 		tie = "untied"
 	}
-	return fmt.Sprintf("%d layers, hidden %d, %d heads, %d kv heads, ffn %d, vocab %d, %s embeddings",
-		c.NumLayers, c.HiddenSize, c.NumAttentionHeads, c.NumQueryGroups, c.FFNHiddenSize, vocab, tie)
+	moe := ""
+	if m := c.MoE; m.Enabled() {
+		moe = fmt.Sprintf(", %d experts (top-%d, ffn %d) in %d of %d layers", m.NumExperts, m.TopK, m.FFNHiddenSize, m.NumMoELayers(c.NumLayers), c.NumLayers)
+		if m.SharedExpertFFN > 0 {
+			moe += fmt.Sprintf(", shared expert %d", m.SharedExpertFFN)
+		}
+	}
+	return fmt.Sprintf("%d layers, hidden %d, %d heads, %d kv heads, ffn %d, vocab %d, %s embeddings%s",
+		c.NumLayers, c.HiddenSize, c.NumAttentionHeads, c.NumQueryGroups, c.FFNHiddenSize, vocab, tie, moe)
 }
 
 // ArchOf infers the Hugging Face architecture a gotron model config can be
@@ -267,7 +276,7 @@ func ArchOf(c gpt.Config) (string, error) {
 		return "", err
 	}
 	if c.MoE.Enabled() {
-		return "", fmt.Errorf("hf: MoE models (--num-experts %d): Hugging Face Mixtral/Qwen-MoE conversion is not built yet", c.MoE.NumExperts)
+		return moeArchOf(c)
 	}
 	gpt2 := c.PositionEmbeddingType == gpt.LearnedAbsolute && c.Normalization == gpt.LayerNorm &&
 		(c.Activation == gpt.GELU || c.Activation == gpt.GELUTanh) && !c.DisableBiasLinear &&
@@ -413,6 +422,9 @@ func exportConfigJSON(arch string, c gpt.Config, vocab int, dtype string, origRa
 		}
 	}
 	merged := mergeConfig(orig, owned, template, nullMeans)
+	if arch == ArchQwen2MoE {
+		keepQwenPattern(orig, merged, origRaw, c)
+	}
 	b, err := json.MarshalIndent(merged, "", "  ")
 	if err != nil {
 		return nil, err
@@ -434,7 +446,8 @@ func exportConfigJSON(arch string, c gpt.Config, vocab int, dtype string, origRa
 // sameArch compares the fields config.json carries.
 func sameArch(a, b gpt.Config) bool {
 	return a.NumLayers == b.NumLayers && a.HiddenSize == b.HiddenSize && a.NumAttentionHeads == b.NumAttentionHeads &&
-		a.NumQueryGroups == b.NumQueryGroups && a.KVChannels == b.KVChannels && a.FFNHiddenSize == b.FFNHiddenSize &&
+		a.NumQueryGroups == b.NumQueryGroups && a.KVChannels == b.KVChannels && denseFFN(a) == denseFFN(b) &&
+		a.AddQKVBias == b.AddQKVBias && sameMoE(a, b) &&
 		a.VocabSize == b.VocabSize && a.MaxPositionEmbeddings == b.MaxPositionEmbeddings &&
 		a.PositionEmbeddingType == b.PositionEmbeddingType && a.Normalization == b.Normalization &&
 		a.NormEpsilon == b.NormEpsilon && a.Activation == b.Activation && a.RotaryBase == b.RotaryBase &&

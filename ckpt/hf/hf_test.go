@@ -19,7 +19,8 @@ import (
 	"github.com/gotron/gotron/tensor"
 )
 
-// fixtures are written by tools/golden/hf.py: name → logits tolerance.
+// fixtures are written by tools/golden/hf.py and hf_moe.py: name → logits
+// tolerance.
 var fixtures = []struct {
 	name string
 	tol  float64
@@ -29,6 +30,10 @@ var fixtures = []struct {
 	{"llama_gqa_untied_f32", 1e-4},
 	{"llama_gqa_tied_bf16", 2e-2},
 	{"llama_mha_untied_f16_sharded", 2e-2},
+	// tools/golden/hf_moe.py: Mixture of Experts
+	{"mixtral_gqa_untied_f32", 1e-4},
+	{"qwen2_moe_untied_f32", 1e-4},
+	{"qwen2_moe_step2_tied_f32", 1e-4},
 }
 
 func fixtureDir(name string) string { return filepath.Join("testdata", name) }

@@ -29,6 +29,9 @@ const (
 	// are already in rotate-half order (its conversion script permuted Meta's
 	// interleaved layout), and gotron rotates halves too: no permutation.
 	opLlamaQKV
+	// opLlamaQKVBias: HF q_proj.bias (a·d), k_proj.bias (g·d), v_proj.bias
+	// (g·d) (Qwen's)  ↔  gotron linear_qkv.bias, per group j [q of j; k_j; v_j].
+	opLlamaQKVBias
 	// opSwiGLU: HF gate_proj (f, h), up_proj (f, h)  ↔  gotron linear_fc1
 	// (2·f, h) rows [gate; up].
 	opSwiGLU
@@ -62,6 +65,8 @@ func (o op) toGotron(dm dims, dst []float32, src [][]float32, shapes [][]int) {
 		fuseQKV(dst, b[:a*d], b[a*d:2*a*d], b[2*a*d:], a, 1, d, 1)
 	case opLlamaQKV:
 		fuseQKV(dst, src[0], src[1], src[2], dm.g, dm.a/dm.g, dm.d, dm.h)
+	case opLlamaQKVBias:
+		fuseQKV(dst, src[0], src[1], src[2], dm.g, dm.a/dm.g, dm.d, 1)
 	case opSwiGLU:
 		n := copy(dst, src[0])
 		copy(dst[n:], src[1])
@@ -91,6 +96,8 @@ func (o op) toHF(dm dims, dst [][]float32, src []float32, shapes [][]int) {
 		splitQKV(src, b[:a*d], b[a*d:2*a*d], b[2*a*d:], a, 1, d, 1)
 	case opLlamaQKV:
 		splitQKV(src, dst[0], dst[1], dst[2], dm.g, dm.a/dm.g, dm.d, dm.h)
+	case opLlamaQKVBias:
+		splitQKV(src, dst[0], dst[1], dst[2], dm.g, dm.a/dm.g, dm.d, 1)
 	case opSwiGLU:
 		n := copy(dst[0], src)
 		copy(dst[1], src[n:])

@@ -27,8 +27,10 @@ func table(arch string, c gpt.Config, vocab int) ([]entry, error) {
 		return gpt2Table(c, vocab), nil
 	case ArchLlama:
 		return llamaTable(c, vocab), nil
+	case ArchMixtral, ArchQwen2MoE:
+		return moeTable(arch, c, vocab), nil
 	}
-	return nil, fmt.Errorf("hf: unknown architecture %q (want %s or %s)", arch, ArchGPT2, ArchLlama)
+	return nil, fmt.Errorf("hf: unknown architecture %q (want %s, %s, %s or %s)", arch, ArchGPT2, ArchLlama, ArchMixtral, ArchQwen2MoE)
 }
 
 func one(gotron string, o op, name string, shape ...int) entry {
@@ -102,27 +104,53 @@ func gpt2Table(c gpt.Config, vocab int) []entry {
 //	model.norm.weight                                decoder.final_layernorm.weight
 //	lm_head.weight (V, h), untied only               output_layer.weight (Vp, h)                pad rows
 func llamaTable(c gpt.Config, vocab int) []entry {
-	h, f, d, a, g := c.HiddenSize, c.FFNHiddenSize, c.KVChannels, c.NumAttentionHeads, c.NumQueryGroups
+	h, f := c.HiddenSize, c.FFNHiddenSize
 	t := []entry{one("embedding.word_embeddings.weight", opPadVocab, "model.embed_tokens.weight", vocab, h)}
 	for i := range c.NumLayers {
 		gn, p := fmt.Sprintf("decoder.layers.%d.", i), fmt.Sprintf("model.layers.%d.", i)
-		t = append(t,
-			one(gn+"input_layernorm.weight", opCopy, p+"input_layernorm.weight", h),
-			entry{Gotron: gn + "self_attention.linear_qkv.weight", Op: opLlamaQKV, HF: []hfTensor{
-				{p + "self_attn.q_proj.weight", []int{a * d, h}},
-				{p + "self_attn.k_proj.weight", []int{g * d, h}},
-				{p + "self_attn.v_proj.weight", []int{g * d, h}},
-			}},
-			one(gn+"self_attention.linear_proj.weight", opCopy, p+"self_attn.o_proj.weight", h, a*d),
-			one(gn+"pre_mlp_layernorm.weight", opCopy, p+"post_attention_layernorm.weight", h),
-			entry{Gotron: gn + "mlp.linear_fc1.weight", Op: opSwiGLU, HF: []hfTensor{
-				{p + "mlp.gate_proj.weight", []int{f, h}},
-				{p + "mlp.up_proj.weight", []int{f, h}},
-			}},
-			one(gn+"mlp.linear_fc2.weight", opCopy, p+"mlp.down_proj.weight", h, f),
-		)
+		t = append(t, llamaAttention(c, gn, p)...)
+		t = append(t, swiGLU(gn+"mlp.linear_fc1.weight", gn+"mlp.linear_fc2.weight", p+"mlp.", f, h)...)
 	}
-	t = append(t, one("decoder.final_layernorm.weight", opCopy, "model.norm.weight", h))
+	return append(t, llamaHead(c, vocab)...)
+}
+
+// llamaAttention is one Llama-style layer's norms and attention (gotron
+// prefix gn, HF prefix p), with Qwen's q/k/v biases when c.AddQKVBias.
+func llamaAttention(c gpt.Config, gn, p string) []entry {
+	h, d, a, g := c.HiddenSize, c.KVChannels, c.NumAttentionHeads, c.NumQueryGroups
+	t := []entry{
+		one(gn+"input_layernorm.weight", opCopy, p+"input_layernorm.weight", h),
+		{Gotron: gn + "self_attention.linear_qkv.weight", Op: opLlamaQKV, HF: []hfTensor{
+			{p + "self_attn.q_proj.weight", []int{a * d, h}},
+			{p + "self_attn.k_proj.weight", []int{g * d, h}},
+			{p + "self_attn.v_proj.weight", []int{g * d, h}},
+		}},
+	}
+	if c.AddQKVBias {
+		t = append(t, entry{Gotron: gn + "self_attention.linear_qkv.bias", Op: opLlamaQKVBias, HF: []hfTensor{
+			{p + "self_attn.q_proj.bias", []int{a * d}},
+			{p + "self_attn.k_proj.bias", []int{g * d}},
+			{p + "self_attn.v_proj.bias", []int{g * d}},
+		}})
+	}
+	return append(t,
+		one(gn+"self_attention.linear_proj.weight", opCopy, p+"self_attn.o_proj.weight", h, a*d),
+		one(gn+"pre_mlp_layernorm.weight", opCopy, p+"post_attention_layernorm.weight", h))
+}
+
+// swiGLU maps an HF MLP (p+"gate_proj", "up_proj", "down_proj", hidden f)
+// to gotron's fc1 [gate; up] and fc2.
+func swiGLU(fc1, fc2, p string, f, h int) []entry {
+	return []entry{
+		{Gotron: fc1, Op: opSwiGLU, HF: []hfTensor{{p + "gate_proj.weight", []int{f, h}}, {p + "up_proj.weight", []int{f, h}}}},
+		one(fc2, opCopy, p+"down_proj.weight", h, f),
+	}
+}
+
+// llamaHead is the final norm and an untied lm_head.
+func llamaHead(c gpt.Config, vocab int) []entry {
+	h := c.HiddenSize
+	t := []entry{one("decoder.final_layernorm.weight", opCopy, "model.norm.weight", h)}
 	if c.UntieEmbeddingsAndOutputWeights {
 		t = append(t, one("output_layer.weight", opPadVocab, "lm_head.weight", vocab, h))
 	}
@@ -139,7 +167,7 @@ func ignored(arch, name string, tied bool) bool {
 		return true
 	case arch == ArchGPT2 && (hasSuffix(name, ".attn.bias") || hasSuffix(name, ".attn.masked_bias")):
 		return true
-	case arch == ArchLlama && hasSuffix(name, ".rotary_emb.inv_freq"):
+	case arch != ArchGPT2 && hasSuffix(name, ".rotary_emb.inv_freq"):
 		return true
 	}
 	return false

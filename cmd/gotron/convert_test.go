@@ -17,7 +17,7 @@ import (
 	"github.com/gotron/gotron/train"
 )
 
-// hfFixtures are tools/golden/hf.py's models: name → logits tolerance
+// hfFixtures are tools/golden/hf.py's and hf_moe.py's models: name → logits tolerance
 // (relative, 1e-4 for fp32 weights, 2e-2 for 16-bit ones).
 var hfFixtures = []struct {
 	name string
@@ -28,6 +28,10 @@ var hfFixtures = []struct {
 	{"llama_gqa_untied_f32", 1e-4},
 	{"llama_gqa_tied_bf16", 2e-2},
 	{"llama_mha_untied_f16_sharded", 2e-2},
+	// tools/golden/hf_moe.py's Mixtral and Qwen2-MoE models
+	{"mixtral_gqa_untied_f32", 1e-4},
+	{"qwen2_moe_untied_f32", 1e-4},
+	{"qwen2_moe_step2_tied_f32", 1e-4},
 }
 
 func hfFixture(name string) string { return filepath.Join("..", "..", "ckpt", "hf", "testdata", name) }

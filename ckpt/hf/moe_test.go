@@ -1,0 +1,121 @@
+package hf
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/gotron/gotron/model/gpt"
+	"github.com/gotron/gotron/tensor"
+)
+
+// TestMoEImportErrors: MoE configs gotron cannot represent are refused
+// with the config.json field named.
+func TestMoEImportErrors(t *testing.T) {
+	edit := func(t *testing.T, dir, old, new string) {
+		p := filepath.Join(dir, "config.json")
+		b, _ := os.ReadFile(p)
+		if !bytes.Contains(b, []byte(old)) {
+			t.Fatalf("config.json lacks %q", old)
+		}
+		os.WriteFile(p, bytes.Replace(b, []byte(old), []byte(new), 1), 0o644)
+	}
+	cases := []struct {
+		name, fixture, old, new, want string
+	}{
+		{"qwen3 qk-norm", "qwen2_moe_untied_f32", `"model_type": "qwen2_moe"`, `"model_type": "qwen3_moe"`, "q_norm/k_norm"},
+		{"top-k above experts", "mixtral_gqa_untied_f32", `"num_experts_per_tok": 2`, `"num_experts_per_tok": 5`, "num_experts_per_tok=5: want at most num_local_experts=4"},
+		{"qwen3 class", "qwen2_moe_untied_f32", `"Qwen2MoeForCausalLM"`, `"Qwen3MoeForCausalLM"`, "QK-norm"},
+		{"zero experts", "qwen2_moe_untied_f32", `"num_experts": 6`, `"num_experts": 0`, "num_experts: 0 is out of range"},
+		{"mlp_only_layers out of range", "qwen2_moe_untied_f32", "\"mlp_only_layers\": [\n    1\n  ]", `"mlp_only_layers": [7]`, "mlp_only_layers: layer 7 outside 0..2"},
+		{"no sparse layer", "qwen2_moe_untied_f32", `"decoder_sparse_step": 1`, `"decoder_sparse_step": 4`, "leaves no sparse layer"},
+		{"sliding window", "qwen2_moe_untied_f32", `"use_sliding_window": false`, `"use_sliding_window": true`, "use_sliding_window=true"},
+		{"experts' tensors", "mixtral_gqa_untied_f32", `"num_local_experts": 4`, `"num_local_experts": 5`, "block_sparse_moe.gate.weight has shape [4 32], config.json implies [5 32]"},
+		{"router shape", "qwen2_moe_untied_f32", `"moe_intermediate_size": 16`, `"moe_intermediate_size": 8`, "mlp.experts.0.gate_proj.weight has shape [16 32], config.json implies [8 32]"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			dir := copyFixture(t, c.fixture)
+			edit(t, dir, c.old, c.new)
+			_, _, err := LoadModel(dir)
+			if err == nil || !strings.Contains(err.Error(), c.want) {
+				t.Fatalf("err = %v, want it to mention %q", err, c.want)
+			}
+		})
+	}
+}
+
+// TestMoEExportWithoutInfo: MoE models never imported export as Mixtral
+// or Qwen2-MoE (inferred from the config) and import back to the same
+// config and weights; settings neither has are refused by name.
+func TestMoEExportWithoutInfo(t *testing.T) {
+	base := gpt.Config{NumLayers: 3, HiddenSize: 16, NumAttentionHeads: 4, NumQueryGroups: 2, FFNHiddenSize: 24, VocabSize: 128,
+		MaxPositionEmbeddings: 8, PositionEmbeddingType: gpt.RoPE, Normalization: gpt.RMSNorm, Activation: gpt.SwiGLU,
+		DisableBiasLinear: true, UntieEmbeddingsAndOutputWeights: true, RotaryBase: 1e6}
+	mixtral := base
+	mixtral.MoE = gpt.MoEConfig{NumExperts: 4, TopK: 2, FFNHiddenSize: 12}
+	qwen := base
+	qwen.AddQKVBias = true
+	qwen.MoE = gpt.MoEConfig{NumExperts: 5, TopK: 2, FFNHiddenSize: 8, PreSoftmax: true, LayerFreq: "[0,1,1]",
+		SharedExpertFFN: 20, SharedExpertGate: true, GroupedGEMM: true}
+	for _, tc := range []struct {
+		c    gpt.Config
+		arch string
+	}{{mixtral, ArchMixtral}, {qwen, ArchQwen2MoE}} {
+		m, err := gpt.New(tc.c, tensor.NewRNG(3))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if a, err := ArchOf(m.Config); err != nil || a != tc.arch {
+			t.Fatalf("ArchOf = %q, %v; want %s", a, err, tc.arch)
+		}
+		dir := t.TempDir()
+		if err := Export(context.Background(), dir, m, Info{}, ExportOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		back, info, err := LoadModel(dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if info.Arch != tc.arch || !sameArch(back.Config, m.Config) {
+			t.Fatalf("%s: back %s %+v, want %+v", tc.arch, info.Arch, back.Config, m.Config)
+		}
+		// names differ where the experts' naming does (grouped or not): compare in order
+		for i, p := range m.Params() {
+			q := back.Params()[i]
+			if q.Numel() != p.Numel() {
+				t.Fatalf("%s: param %d %s vs %s", tc.arch, i, p.Name, q.Name)
+			}
+			for j, x := range p.Float32s() {
+				if q.Float32s()[j] != x {
+					t.Fatalf("%s: %s[%d] = %g, want %g", tc.arch, p.Name, j, q.Float32s()[j], x)
+				}
+			}
+		}
+		// a second export of the import is byte-identical to the first
+		again := t.TempDir()
+		if err := Export(context.Background(), again, back, info, ExportOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		CompareHFDirs(t, dir, again)
+	}
+	for _, bad := range []struct {
+		edit func(c *gpt.Config)
+		want string
+	}{
+		{func(c *gpt.Config) { c.MoE.Score = gpt.ScoreSigmoid }, "--moe-router-score-function sigmoid"},
+		{func(c *gpt.Config) { c.MoE.CapacityFactor = 1 }, "--moe-expert-capacity-factor 1"},
+		{func(c *gpt.Config) { c.MoE.LayerFreq = "[1,0,1]" }, "Mixtral's layers are all MoE"},
+		{func(c *gpt.Config) { c.MoE.PreSoftmax = true }, "--moe-router-pre-softmax without a shared expert"},
+		{func(c *gpt.Config) { c.MoE.SharedExpertFFN = 8 }, "without --moe-shared-expert-gate"},
+	} {
+		c := mixtral
+		bad.edit(&c)
+		if _, err := ArchOf(c); err == nil || !strings.Contains(err.Error(), bad.want) {
+			t.Errorf("ArchOf: err = %v, want it to mention %q", err, bad.want)
+		}
+	}
+}
