@@ -494,8 +494,10 @@ func ReadInfo(dir string) (info Info, ok bool, err error) {
 	if err := checked.Range("vocab_size", int64(f.VocabSize), 0, maxDim); err != nil {
 		return Info{}, false, fmt.Errorf("hf: %s: %w", path, err)
 	}
-	if f.Arch != "" && f.Arch != ArchGPT2 && f.Arch != ArchLlama {
-		return Info{}, false, fmt.Errorf("hf: %s: arch %q: want %q or %q", path, f.Arch, ArchGPT2, ArchLlama)
+	switch f.Arch {
+	case "", ArchGPT2, ArchLlama, ArchMixtral, ArchQwen2MoE:
+	default:
+		return Info{}, false, fmt.Errorf("hf: %s: arch %q: want %q, %q, %q or %q", path, f.Arch, ArchGPT2, ArchLlama, ArchMixtral, ArchQwen2MoE)
 	}
 	return f.Info, true, nil
 }
