@@ -248,8 +248,10 @@ type scheduled struct {
 // NewEngine allocates the KV pool for m and the buffers of its largest
 // step, and returns an idle engine.
 func NewEngine(m *gpt.Model, cfg EngineConfig) (*Engine, error) {
-	if m.Config.MoE.Enabled() {
-		return nil, fmt.Errorf("infer: MoE models (--num-experts %d) are not built yet for generate and serve: training is", m.Config.MoE.NumExperts)
+	if cf := m.Config.MoE.CapacityFactor; m.Config.MoE.Enabled() && cf > 0 {
+		// Capacity is counted over the tokens routed together: a token's
+		// output would depend on which other requests share its step.
+		return nil, fmt.Errorf("infer: MoE model with --moe-expert-capacity-factor %g: a serving step would drop tokens depending on the other requests in it; serve a dropless model (no capacity factor)", cf)
 	}
 	if err := cfg.validate(m); err != nil {
 		return nil, err

@@ -75,6 +75,16 @@ func PackLinears(m *gpt.Model, dtype tensor.DType) *PackedLinears {
 		add(l.Proj)
 		add(l.FC1)
 		add(l.FC2)
+		if moe := l.MoE; moe != nil {
+			// the router and shared expert are linear layers of every
+			// token; the routed experts run as one grouped GEMM over the
+			// step's tokens (tensor.Tape.GroupedLinear) on the model's
+			// weights
+			add(moe.Router)
+			add(moe.SharedFC1)
+			add(moe.SharedFC2)
+			add(moe.Gate)
+		}
 	}
 	if m.OutputLayer != nil {
 		add(m.OutputLayer)
@@ -94,7 +104,18 @@ func PackedBytes(m *gpt.Model, cfg EngineConfig) int64 {
 	var n int64
 	for i := range m.Layers {
 		l := &m.Layers[i]
-		n += int64(l.QKV.Numel() + l.Proj.Numel() + l.FC1.Numel() + l.FC2.Numel())
+		for _, w := range []*tensor.Tensor{l.QKV, l.Proj, l.FC1, l.FC2} {
+			if w != nil {
+				n += int64(w.Numel())
+			}
+		}
+		if moe := l.MoE; moe != nil {
+			for _, w := range []*tensor.Tensor{moe.Router, moe.SharedFC1, moe.SharedFC2, moe.Gate} {
+				if w != nil {
+					n += int64(w.Numel())
+				}
+			}
+		}
 	}
 	if m.OutputLayer != nil {
 		n += int64(m.OutputLayer.Numel())
