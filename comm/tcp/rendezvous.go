@@ -29,6 +29,10 @@ const (
 // others why (the store may not be up yet, or not be gotron's).
 const reportWait = 10 * time.Second
 
+// foreignWait bounds how long a rank 0 that could not listen on the store's
+// port talks to whatever holds it, which may not be a gotron store.
+const foreignWait = 2 * time.Second
+
 // rankRecord is what a rank tells the others about itself at the rendezvous.
 type rankRecord struct {
 	Rank      int    `json:"rank"`
@@ -80,6 +84,9 @@ func (w *world) checkIn(ctx context.Context, st *store.Client, master string, li
 	me := w.me
 	n, err := st.Add(ctx, claimPrefix+strconv.Itoa(w.rank), 1)
 	if err != nil {
+		if listenErr != nil {
+			return listenErr // what holds the port is no gotron store
+		}
 		return err
 	}
 	if n > 1 {
@@ -97,6 +104,9 @@ func (w *world) checkIn(ctx context.Context, st *store.Client, master string, li
 		return err
 	}
 	if err := st.Set(ctx, recordPrefix+strconv.Itoa(w.rank), rec); err != nil {
+		if listenErr != nil {
+			return listenErr
+		}
 		return err
 	}
 	if listenErr != nil {
@@ -159,8 +169,11 @@ func (w *world) acknowledgeJoinError(master string) {
 		return
 	}
 	defer st.Close()
-	if ok, _ := st.Check(ctx, joinErrorKey); !ok {
-		return // not a problem every rank shares (a timeout, a network error)
+	cctx, ccancel := context.WithTimeout(ctx, foreignWait) // a store answers at once
+	ok, _ := st.Check(cctx, joinErrorKey)
+	ccancel()
+	if !ok {
+		return // not a problem every rank shares (a timeout, a network error), or no gotron store
 	}
 	n, err := st.Add(ctx, seenKey, 1)
 	for err == nil && n < int64(w.size) && w.srv != nil {

@@ -278,8 +278,9 @@ func (w *world) join(ctx context.Context) (err error) {
 	var listenErr error
 	if w.rank == 0 {
 		if w.srv, listenErr = store.Listen(master); listenErr != nil {
-			// Perhaps another rank 0 serves it: say so to its job.
-			dctx, dcancel := context.WithTimeout(ctx, reportWait)
+			// Perhaps another rank 0 serves it: say so to its job. A store
+			// answers at once; anything else holding the port does not.
+			dctx, dcancel := context.WithTimeout(ctx, foreignWait)
 			defer dcancel()
 			ctx = dctx
 		}
