@@ -333,3 +333,59 @@ func TestMoELayerGolden(t *testing.T) {
 		t.Fatalf("logged losses %v; PyTorch aux/coeff %g, z/coeff %g", met, g.Aux/g.AuxCoeff, g.Z/g.ZCoeff)
 	}
 }
+
+// TestMoEInputJitter: --moe-input-jitter-eps changes the router's input
+// (the loss moves) in training only, and full recomputation draws the same
+// noise again (the same loss and gradients as without recomputation).
+func TestMoEInputJitter(t *testing.T) {
+	cfg := moeTestConfig()
+	bt := moeBatch(2, 8, cfg.VocabSize)
+	plain, err := New(cfg, tensor.NewRNG(8))
+	if err != nil {
+		t.Fatal(err)
+	}
+	l0, _ := lossAndGrads(t, plain, bt)
+	cfg.MoE.InputJitterEps = 0.3
+	var losses [2]float64
+	var grads [2]map[string][]float32
+	for i, full := range []bool{false, true} {
+		m, err := New(cfg, tensor.NewRNG(8))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if full {
+			m.Recompute = Recompute{Full: true, Method: "uniform", NumLayers: 1}
+		}
+		losses[i], grads[i] = lossAndGrads(t, m, bt)
+	}
+	if losses[0] == l0 {
+		t.Fatalf("jitter left the loss at %v", l0)
+	}
+	if losses[0] != losses[1] {
+		t.Fatalf("loss %v without recomputation, %v with", losses[0], losses[1])
+	}
+	for name, g := range grads[0] {
+		if !slicesEqual(g, grads[1][name]) {
+			t.Fatalf("%s: gradients differ under recomputation", name)
+		}
+	}
+	// evaluation (no RNG) does not jitter
+	m, _ := New(cfg, tensor.NewRNG(8))
+	e1 := m.Loss(nil, m.Forward(nil, bt, nil, false), bt).Float32s()[0]
+	e0 := plain.Loss(nil, plain.Forward(nil, bt, nil, false), bt).Float32s()[0]
+	if e1 != e0 {
+		t.Fatalf("evaluation loss %v with jitter, %v without", e1, e0)
+	}
+}
+
+func slicesEqual(a, b []float32) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i] != b[i] {
+			return false
+		}
+	}
+	return true
+}
