@@ -126,6 +126,81 @@ func (tp *Tape) Route(logits *Tensor, cfg *RouterConfig) (*Tensor, *Routing) {
 	return tp.Apply(f, logits)[0], r
 }
 
+type gatedRoute64 struct {
+	r       *Routing
+	x, w    []float32
+	T, E, H int
+	dev     Device
+}
+
+func (f *gatedRoute64) Forward(tp *Tape, in []*Tensor) []*Tensor {
+	f.x, f.w = ToHost(in[0].Contiguous()).f32s(), ToHost(in[1].Contiguous()).f32s()
+	logits := make([]float64, f.T*f.E)
+	cpu.Parallel(f.T, 16, func(lo, hi int) {
+		for t := lo; t < hi; t++ {
+			xr := f.x[t*f.H : (t+1)*f.H]
+			for e := range f.E {
+				wr := f.w[e*f.H : (e+1)*f.H]
+				var s float64
+				for j, v := range xr {
+					s += float64(v) * float64(wr[j])
+				}
+				logits[t*f.E+e] = s
+			}
+		}
+	})
+	f.r.res = cpu.Route64(f.r.cfg, logits)
+	return []*Tensor{FromFloat32(f.r.res.Probs, f.T, f.E).ToDevice(f.dev)}
+}
+
+func (f *gatedRoute64) Backward(tp *Tape, g []*Tensor) []*Tensor {
+	dp := ToHost(g[0].Contiguous())
+	dl := make([]float64, f.T*f.E)
+	cpu.RouteBackward64(f.r.cfg, f.r.res, dp.f32s(), f.r.AuxScale, dl)
+	// RouterGatingLinearFunction's fp64 backward: dx = dl·W, dW = dlᵀ·x in
+	// float64, cast to the inputs' float32.
+	dx := make([]float32, f.T*f.H)
+	cpu.Parallel(f.T, 16, func(lo, hi int) {
+		for t := lo; t < hi; t++ {
+			for j := range f.H {
+				var s float64
+				for e := range f.E {
+					s += dl[t*f.E+e] * float64(f.w[e*f.H+j])
+				}
+				dx[t*f.H+j] = float32(s)
+			}
+		}
+	})
+	dw := make([]float32, f.E*f.H)
+	cpu.Parallel(f.E*f.H, 64, func(lo, hi int) {
+		for i := lo; i < hi; i++ {
+			e, j := i/f.H, i%f.H
+			var s float64
+			for t := range f.T {
+				s += dl[t*f.E+e] * float64(f.x[t*f.H+j])
+			}
+			dw[i] = float32(s)
+		}
+	})
+	return []*Tensor{FromFloat32(dx, f.T, f.H).ToDevice(f.dev), FromFloat32(dw, f.E, f.H).ToDevice(f.dev)}
+}
+
+// RouteFP64 is the router's gating and routing with float64 logits
+// (Megatron's --moe-router-dtype fp64: x·Wᵀ of the float32 x (T, h) and
+// W (E, h) in float64, the routing on those, the gating's backward in
+// float64), computed on the host. The probabilities are float32.
+func (tp *Tape) RouteFP64(x, w *Tensor, cfg *RouterConfig) (*Tensor, *Routing) {
+	if len(x.shape) != 2 || len(w.shape) != 2 || w.Dim(0) != cfg.Experts || w.Dim(1) != x.Dim(1) {
+		panic(fmt.Sprintf("tensor: RouteFP64 x %v w %v with %d experts: want (tokens, h) and (experts, h)", x.shape, w.shape, cfg.Experts))
+	}
+	if err := cfg.Validate(); err != nil {
+		panic("tensor: RouteFP64: " + err.Error())
+	}
+	r := &Routing{cfg: cfg}
+	f := &gatedRoute64{r: r, T: x.Dim(0), E: cfg.Experts, H: x.Dim(1), dev: x.dev}
+	return tp.Apply(f, x, w)[0], r
+}
+
 // IndexAddRows returns out (n, h) with out[idx[i]] += src[i] (src (m, h),
 // idx int32 (m)): the un-permutation that sums each token's expert outputs.
 // Its backward gathers the rows.

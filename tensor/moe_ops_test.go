@@ -1,7 +1,9 @@
 package tensor
 
 import (
+	"encoding/json"
 	"math"
+	"os"
 	"testing"
 )
 
@@ -62,4 +64,66 @@ func TestGroupedLinearMatchesLoop(t *testing.T) {
 			}
 		}
 	}
+}
+
+// TestRouteFP64Golden: --moe-router-dtype fp64 against Megatron's
+// RouterGatingLinearFunction and topk_routing_with_score_function in
+// float64 (tools/golden/moe.py), on inputs where float32 gating moves the
+// probabilities by more than the tolerance.
+func TestRouteFP64Golden(t *testing.T) {
+	raw, err := os.ReadFile("testdata/moe_router_fp64.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var g struct {
+		T, H, E, K               int
+		X, W, DProbs, Probs, Map []float64
+		DX, DW                   []float64
+		ProbsFP32Gating          []float64 `json:"probs_fp32_gating"`
+	}
+	if err := json.Unmarshal(raw, &g); err != nil {
+		t.Fatal(err)
+	}
+	f32 := func(v []float64) []float32 {
+		out := make([]float32, len(v))
+		for i, x := range v {
+			out[i] = float32(x)
+		}
+		return out
+	}
+	var worst float64
+	for i := range g.Probs {
+		worst = math.Max(worst, math.Abs(g.Probs[i]-g.ProbsFP32Gating[i]))
+	}
+	if worst < 1e-5 {
+		t.Fatalf("the fixture does not need fp64 (fp32 gating within %g)", worst)
+	}
+	x := Param("x", g.T, g.H)
+	copy(x.Float32s(), f32(g.X))
+	w := Param("w", g.E, g.H)
+	copy(w.Float32s(), f32(g.W))
+	cfg := &RouterConfig{Experts: g.E, TopK: g.K}
+	tp := NewTape()
+	probs, r := tp.RouteFP64(x, w, cfg)
+	if err := tp.Backward(tp.Sum(tp.Mul(probs, FromFloat32(f32(g.DProbs), g.T, g.E)))); err != nil {
+		t.Fatal(err)
+	}
+	check := func(name string, got []float32, want []float64, tol float64) {
+		t.Helper()
+		for i := range want {
+			if math.Abs(float64(got[i])-want[i]) > tol*math.Max(1, math.Abs(want[i])) {
+				t.Fatalf("%s[%d] = %g, Megatron fp64 %g", name, i, got[i], want[i])
+			}
+		}
+	}
+	check("probs", probs.Float32s(), g.Probs, 1e-6)
+	for i := range g.Map {
+		if r.Map(i/g.E, i%g.E) != (g.Map[i] != 0) {
+			t.Fatalf("map[%d,%d] differs from Megatron's", i/g.E, i%g.E)
+		}
+	}
+	// Megatron's softmax backward runs in float32 (its softmax has
+	// dtype=float32), gotron's in float64: the gradients agree to its noise.
+	check("dx", x.Grad.Float32s(), g.DX, 1e-4)
+	check("dw", w.Grad.Float32s(), g.DW, 1e-4)
 }

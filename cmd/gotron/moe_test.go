@@ -96,7 +96,7 @@ func TestTrainMoEBadInput(t *testing.T) {
 		{with(moe, "--expert-model-parallel-size", "2"), "--expert-model-parallel-size=2 needs 2 ranks"},
 		{with(moe, "--expert-tensor-parallel-size", "2"), "expert tensor parallelism is not built yet"},
 		{with(moe, "--moe-expert-capacity-factor", "0"), "--moe-expert-capacity-factor=0: want > 0"},
-		{with(moe, "--moe-router-dtype", "fp64"), "fp64: not built yet"},
+		{with(moe, "--moe-router-dtype", "bf16"), `--moe-router-dtype "bf16": want fp32 or fp64`},
 		{with(moe, "--moe-token-dispatcher-type", "flex"), "flex: not built yet"},
 		{with(moe, "--moe-router-load-balancing-type", "sinkhorn"), "sinkhorn: not built yet"},
 		{with(moe, "--moe-router-load-balancing-type", "aux_loss", "seq_aux_loss", "--moe-aux-loss-coeff", "0.1"), "2 --moe-router-load-balancing-type values"},

@@ -56,7 +56,7 @@ func addMoEFlags(fs *flag.FlagSet, f *moeFlags) {
 	fs.IntVar(&f.sharedFFN, "moe-shared-expert-intermediate-size", 0, "MoE: hidden size of the shared expert (0: none)")
 	fs.BoolVar(&f.sharedGate, "moe-shared-expert-gate", false, "MoE: gate the shared expert's output with sigmoid(x·g) per token")
 	fs.BoolVar(&f.sharedOverlap, "moe-shared-expert-overlap", false, "MoE: overlap the shared expert with the dispatch (the same results; no effect in one process)")
-	fs.StringVar(&f.routerDType, "moe-router-dtype", "", "MoE: router logits' precision: fp32 (gotron's router always computes in fp32; fp64 is not built yet)")
+	fs.StringVar(&f.routerDType, "moe-router-dtype", "", "MoE: router logits' precision: fp32 (gotron's default) or fp64 (the gating GEMM and top-k in float64)")
 	fs.StringVar(&f.dispatcher, "moe-token-dispatcher-type", "allgather", "MoE: how expert-parallel ranks exchange tokens: allgather or alltoall (flex is not built)")
 	fs.IntVar(&f.ep, "expert-model-parallel-size", 1, "MoE: expert-parallel size: each rank holds num-experts/EP experts (with data parallelism over the same ranks; gotron launch)")
 	fs.IntVar(&f.etp, "expert-tensor-parallel-size", 0, "MoE: expert tensor-parallel size (only 1 in this release)")
@@ -106,8 +106,6 @@ func (f *moeFlags) apply(m *gpt.Config, given map[string]bool) error {
 		return fmt.Errorf("--expert-tensor-parallel-size=%d: expert tensor parallelism is not built yet", f.etp)
 	case f.etp < 0:
 		return fmt.Errorf("--expert-tensor-parallel-size=%d: want >= 1", f.etp)
-	case f.routerDType == "fp64":
-		return fmt.Errorf("--moe-router-dtype fp64: not built yet (fp32 is gotron's router precision)")
 	case f.routerDType != "" && f.routerDType != "fp32":
 		return fmt.Errorf("--moe-router-dtype %q: want fp32 or fp64", f.routerDType)
 	case f.dispatcher == "flex":
@@ -123,7 +121,7 @@ func (f *moeFlags) apply(m *gpt.Config, given map[string]bool) error {
 		NumGroups: f.numGroups, GroupTopK: f.groupTopK, TopKScalingFactor: f.scaling, ExpertBias: f.expertBias,
 		ExpertBiasUpdateRate: f.biasRate, InputJitterEps: f.jitter, ZLossCoeff: f.zCoeff,
 		DropByPosition: f.dropPolicy == "position", PadToCapacity: f.pad, GroupedGEMM: f.grouped,
-		SharedExpertFFN: f.sharedFFN, SharedExpertGate: f.sharedGate}
+		SharedExpertFFN: f.sharedFFN, SharedExpertGate: f.sharedGate, RouterFP64: f.routerDType == "fp64"}
 	if f.topk == 0 {
 		return fmt.Errorf("--moe-router-topk=0: want 1..%d", f.numExperts)
 	}

@@ -74,8 +74,9 @@ type RouteResult struct {
 	// TokensPerExpert counts Map's columns (the expert-bias counts).
 	TokensPerExpert []float64
 	// saved for the backward
-	logits    []float64
-	sel       [][]int // per token, the selected experts (before dropping)
+	logits    []float64 // in the router dtype (float64 with Route64)
+	rlogits   []float64 // rounded to float32: what the score functions see
+	sel       [][]int   // per token, the selected experts (before dropping)
 	auxScores []float64
 	auxCoef   [][]float64 // per Balancing entry, dL/dscore (T, E)
 }
@@ -187,16 +188,28 @@ func (c *RouterConfig) Validate() error {
 // Route is TopKRouter.routing on logits (T, E): the probabilities and map
 // after dropping, each loss's value, and what RouteBackward needs.
 func Route(c *RouterConfig, logits []float32) *RouteResult {
+	l64 := make([]float64, len(logits))
+	for i, v := range logits {
+		l64[i] = float64(v)
+	}
+	return Route64(c, l64)
+}
+
+// Route64 is Route on float64 logits (Megatron's --moe-router-dtype fp64):
+// as Megatron, the post-softmax top-k and the z-loss see them in float64,
+// the score functions (which Megatron runs in float32) see them rounded to
+// float32.
+func Route64(c *RouterConfig, logits []float64) *RouteResult {
 	E, k := c.Experts, c.TopK
 	T := len(logits) / E
-	r := &RouteResult{Probs: make([]float32, T*E), Map: make([]bool, T*E), logits: make([]float64, T*E), sel: make([][]int, T)}
+	r := &RouteResult{Probs: make([]float32, T*E), Map: make([]bool, T*E), logits: logits, rlogits: make([]float64, T*E), sel: make([][]int, T)}
 	for i, v := range logits {
-		r.logits[i] = float64(v)
+		r.rlogits[i] = float64(float32(v))
 	}
 	probs := make([]float64, T*E)
 	scores := make([]float64, E)
 	for t := range T {
-		l := r.logits[t*E : (t+1)*E]
+		raw, l := r.logits[t*E:(t+1)*E], r.rlogits[t*E:(t+1)*E]
 		var sel []int
 		var p []float64
 		switch {
@@ -208,7 +221,7 @@ func Route(c *RouterConfig, logits []float32) *RouteResult {
 				p[j] = scores[e]
 			}
 		case c.Score == ScoreSoftmax:
-			sel = c.selectExperts(l)
+			sel = c.selectExperts(raw) // top-k on the router-dtype logits
 			sl := make([]float64, k)
 			for j, e := range sel {
 				sl[j] = l[e]
@@ -322,7 +335,7 @@ func (c *RouterConfig) losses(T int, r *RouteResult) {
 	amap := make([]bool, T*E)
 	for t := range T {
 		row := sc[t*E : (t+1)*E]
-		l := r.logits[t*E : (t+1)*E]
+		l := r.rlogits[t*E : (t+1)*E]
 		if c.Score == ScoreSoftmax {
 			softmax64(row, l)
 		} else {
@@ -436,6 +449,15 @@ func logSumExp(x []float64) float64 {
 // MoEAuxLossAutoScaler: each attached loss's gradient is the class-wide
 // scale).
 func RouteBackward(c *RouterConfig, r *RouteResult, dprobs []float32, auxScale float64, dlogits []float32) {
+	d := make([]float64, len(dlogits))
+	RouteBackward64(c, r, dprobs, auxScale, d)
+	for i, v := range d {
+		dlogits[i] = float32(v)
+	}
+}
+
+// RouteBackward64 is RouteBackward with float64 logits gradients.
+func RouteBackward64(c *RouterConfig, r *RouteResult, dprobs []float32, auxScale float64, dlogits []float64) {
 	E, k := c.Experts, c.TopK
 	T := len(r.logits) / E
 	sf := c.ScalingFactor
@@ -445,7 +467,7 @@ func RouteBackward(c *RouterConfig, r *RouteResult, dprobs []float32, auxScale f
 	d := make([]float64, E)
 	tmp := make([]float64, E)
 	for t := range T {
-		l := r.logits[t*E : (t+1)*E]
+		raw, l := r.logits[t*E:(t+1)*E], r.rlogits[t*E:(t+1)*E]
 		clear(d)
 		sel := r.sel[t]
 		dp := make([]float64, k) // gradient of the selected (scaled) probs
@@ -527,17 +549,15 @@ func RouteBackward(c *RouterConfig, r *RouteResult, dprobs []float32, auxScale f
 				}
 			}
 			if c.ZLossCoeff != 0 {
-				lse := logSumExp(l)
-				softmax64(tmp, l)
+				lse := logSumExp(raw) // the z-loss is on the router-dtype logits
+				softmax64(tmp, raw)
 				f := auxScale * c.ZLossCoeff * 2 * lse / float64(T)
 				for e := range E {
 					d[e] += f * tmp[e]
 				}
 			}
 		}
-		for e := range E {
-			dlogits[t*E+e] = float32(d[e])
-		}
+		copy(dlogits[t*E:(t+1)*E], d)
 	}
 }
 

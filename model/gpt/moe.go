@@ -115,6 +115,9 @@ type MoEConfig struct {
 	DropByPosition bool // --moe-token-drop-policy position (default probs)
 	PadToCapacity  bool // --moe-pad-expert-input-to-capacity
 	GroupedGEMM    bool // --moe-grouped-gemm
+	// RouterFP64 (--moe-router-dtype fp64) computes the router's logits in
+	// float64 (on the host); otherwise they are float32.
+	RouterFP64 bool
 	// SharedExpertFFN (--moe-shared-expert-intermediate-size) adds a dense
 	// shared expert of that size; SharedExpertGate (--moe-shared-expert-gate)
 	// gates it per token.
@@ -529,12 +532,17 @@ func (m *Model) moe(tp *tensor.Tape, l *MoELayer, index int, x *tensor.Tensor, p
 		p.rng.Uniform(u, float32(1-c.InputJitterEps), float32(1+c.InputJitterEps))
 		rin = tp.Mul(xs, tensor.FromFloat32(u, T, h).ToDevice(x.Device()))
 	}
-	logits := p.lin.Linear(tp, rin, l.Router, nil) // (T, E)
 	// Losses and counts only where Megatron computes them: training with
 	// gradients (a checkpointed block's recomputation, not its first pass).
 	recording := tp.Recording() && p.rng != nil // p.rng is set in training only
 	rc := m.routerConfig(l, b, t, recording)
-	probs, r := tp.Route(logits, rc)
+	var probs *tensor.Tensor
+	var r *tensor.Routing
+	if c.RouterFP64 {
+		probs, r = tp.RouteFP64(rin, l.Router, rc)
+	} else {
+		probs, r = tp.Route(p.lin.Linear(tp, rin, l.Router, nil), rc) // logits (T, E)
+	}
 	if recording && m.MoE != nil {
 		m.recordRouting(r, rc, index, T)
 	}

@@ -389,3 +389,28 @@ func slicesEqual(a, b []float32) bool {
 	}
 	return true
 }
+
+// TestMoERouterFP64: --moe-router-dtype fp64 trains (its router gets a
+// gradient) and stays within float32 noise of the fp32 router on ordinary
+// inputs (tensor's TestRouteFP64Golden checks it against Megatron).
+func TestMoERouterFP64(t *testing.T) {
+	cfg := moeTestConfig()
+	bt := moeBatch(2, 8, cfg.VocabSize)
+	m32, _ := New(cfg, tensor.NewRNG(9))
+	l32, g32 := lossAndGrads(t, m32, bt)
+	cfg.MoE.RouterFP64 = true
+	m64, err := New(cfg, tensor.NewRNG(9))
+	if err != nil {
+		t.Fatal(err)
+	}
+	l64, g64 := lossAndGrads(t, m64, bt)
+	if math.Abs(l64-l32) > 1e-5 {
+		t.Fatalf("loss fp64 router %v, fp32 %v", l64, l32)
+	}
+	r64, r32 := g64["decoder.layers.0.mlp.router.weight"], g32["decoder.layers.0.mlp.router.weight"]
+	for i := range r32 {
+		if math.Abs(float64(r64[i]-r32[i])) > 1e-4*math.Max(1e-2, math.Abs(float64(r32[i]))) {
+			t.Fatalf("router grad[%d]: fp64 %g, fp32 %g", i, r64[i], r32[i])
+		}
+	}
+}

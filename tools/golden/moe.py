@@ -331,3 +331,29 @@ layer = {"S": Sl, "B": Bl, "H": H, "E": EL, "K": K, "F": F, "shared": SH, "aux_c
 with open(LAYER_OUT, "w") as f:
     json.dump(layer, f, indent=0)
 print("wrote", LAYER_OUT, "dropped", layer["dropped"])
+
+# ---------------------------------------------------------------------------
+# --moe-router-dtype fp64: RouterGatingLinearFunction (the fp64 path:
+# x.double() @ W.double().T, backward in float64 cast to the inputs' float32)
+# and the routing on float64 logits. The inputs make fp32 gating fail: large
+# activations and nearly equal router rows, so the logits are small
+# differences of large numbers. tensor's TestRouteFP64Golden reads it.
+FP64_OUT = sys.argv[4] if len(sys.argv) > 4 else "tensor/testdata/moe_router_fp64.json"
+g3 = torch.Generator().manual_seed(2024)
+T6, H6, E6, K6 = 12, 64, 8, 2
+x6 = (torch.randn(T6, H6, generator=g3, dtype=torch.float64) * 300).float().requires_grad_(True)
+base = torch.randn(1, H6, generator=g3, dtype=torch.float64)
+W6 = (base + 1e-4 * torch.randn(E6, H6, generator=g3, dtype=torch.float64)).float().requires_grad_(True)
+dp6 = torch.randn(T6, E6, generator=g3, dtype=torch.float64)
+mu.MoEAuxLossAutoScaler.main_loss_backward_scale = torch.tensor(1.0, dtype=torch.float64)
+lg6 = mu.RouterGatingLinearFunction.apply(x6, W6, None, torch.float64)
+pr6, mp6 = mu.topk_routing_with_score_function(lg6, K6)
+(pr6 * dp6).sum().backward()
+with torch.no_grad():  # what fp32 gating gives, to show the case needs fp64
+    pr32, _ = mu.topk_routing_with_score_function(x6.detach() @ W6.detach().T, K6)
+fp64 = {"T": T6, "H": H6, "E": E6, "K": K6, "x": flat(x6), "w": flat(W6), "dprobs": flat(dp6.float()),
+        "probs": flat(pr6), "map": flat(mp6.double()), "dx": flat(x6.grad), "dw": flat(W6.grad),
+        "probs_fp32_gating": flat(pr32)}
+with open(FP64_OUT, "w") as f:
+    json.dump(fp64, f, indent=0)
+print("wrote", FP64_OUT, "max |fp32 - fp64| probs", float((pr32.double() - pr6.detach()).abs().max()))
