@@ -65,6 +65,7 @@ type Config struct {
 // Others.
 type WorkerError struct {
 	Rank, LocalRank int
+	Host            string // the launcher's host, when known
 	PID             int    // 0 for an in-process worker
 	ExitCode        int    // -1 when killed by a signal
 	Signal          string // the signal that killed it, if any
@@ -87,6 +88,9 @@ type WorkerError struct {
 // Error names the worker and how it ended.
 func (e *WorkerError) Error() string {
 	who := fmt.Sprintf("worker rank %d (local rank %d", e.Rank, e.LocalRank)
+	if e.Host != "" {
+		who += ", host " + e.Host
+	}
 	if e.PID != 0 {
 		who += fmt.Sprintf(", pid %d", e.PID)
 	}
@@ -392,8 +396,9 @@ func (c Config) wait(ctx context.Context, procs []*proc, exits chan exit) (retry
 					p.silent = s
 					killProcess(p.cmd)
 					p.sent = append(p.sent, sigKill.String())
-					fmt.Fprintf(c.Stderr, "gotron launch: worker rank %d (pid %d) sent no heartbeat for %v; killed it\n",
-						p.env.Rank, p.cmd.Process.Pid, s.Round(100*time.Millisecond))
+					host, _ := os.Hostname()
+					fmt.Fprintf(c.Stderr, "gotron launch: worker rank %d (host %s, pid %d) sent no heartbeat for %v; killed it\n",
+						p.env.Rank, host, p.cmd.Process.Pid, s.Round(100*time.Millisecond))
 					if stopped == nil && kill == nil {
 						startStop(sigTerm)
 					}
@@ -453,6 +458,9 @@ func (c Config) stop(procs []*proc, exits chan exit, n int) {
 
 func workerError(p *proc, err error) *WorkerError {
 	we := &WorkerError{Rank: p.env.Rank, LocalRank: p.env.LocalRank, ExitCode: -1, Err: err, Silent: p.silent}
+	if host, herr := os.Hostname(); herr == nil {
+		we.Host = host
+	}
 	if p.hb != nil {
 		if b := p.hb.blame(); b >= 0 && b != p.env.Rank {
 			we.Blaming, we.Blamed = true, b

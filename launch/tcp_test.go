@@ -188,7 +188,7 @@ func TestKillWorkerMidAllReduce(t *testing.T) {
 			}
 			after := "exited with status 1 after rank 2 failed"
 			want := map[int]string{0: after, 1: after, 2: "was killed by signal killed", 3: after}
-			if we.Rank != 2 || !reflect.DeepEqual(how, want) || !strings.HasPrefix(err.Error(), fmt.Sprintf("launch: worker rank 2 (local rank 2, pid %d) was killed by signal killed; then", pids[2])) {
+			if we.Rank != 2 || !reflect.DeepEqual(how, want) || !strings.HasPrefix(err.Error(), fmt.Sprintf("launch: worker rank 2 (local rank 2, host %s, pid %d) was killed by signal killed; then", hostname(t), pids[2])) {
 				t.Errorf("Run: %v\nwant rank 2 killed first and the others exiting with status 1 after it", err)
 			}
 			for _, r := range []int{0, 1, 3} {
@@ -238,4 +238,12 @@ func TestStoppedWorkerKilledAtOnce(t *testing.T) {
 			t.Errorf("later failure %s, want an exit with status 1 after rank 1 failed", o.how())
 		}
 	}
+}
+
+func hostname(t *testing.T) string {
+	h, err := os.Hostname()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return h
 }

@@ -257,7 +257,7 @@ var loadedLine = regexp.MustCompile(`loaded checkpoint from \S+ (?:\[[^]]*\] )?a
 
 var survivorError = regexp.MustCompile(`(?m)^\[rank(\d+)\]: gotron train: (.*)$`)
 
-var rootCauseLine = regexp.MustCompile(`(?m)^gotron launch: worker rank (\d+) \(local rank \d+, pid (\d+)\) (.*?)(;|$)`)
+var rootCauseLine = regexp.MustCompile(`(?m)^gotron launch: worker rank (\d+) \(local rank \d+, (?:host \S+, )?pid (\d+)\) (.*?)(;|$)`)
 
 // runFaultRound runs one round in the checkpoint directory dir.
 func runFaultRound(t *testing.T, bin string, i int, r *faultRound, dir string, heartbeat time.Duration) error {

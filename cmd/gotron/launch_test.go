@@ -116,7 +116,7 @@ func TestLaunchWorkerFails(t *testing.T) {
 	t.Setenv("GOTRON_LAUNCH_HELPER", "exit:1:4")
 	code, out, errs := launchCLI(t, nil, "launch", "--nproc-per-node", "3", "--no-python", "--",
 		os.Args[0], "-test.run=^TestLaunchHelperWorker$")
-	if code == 0 || !strings.Contains(errs, "gotron launch: worker rank 1 (local rank 1, pid ") ||
+	if code == 0 || !strings.Contains(errs, "gotron launch: worker rank 1 (local rank 1, host ") ||
 		!strings.Contains(errs, "exited with status 4") {
 		t.Fatalf("exit %d, stderr:\n%s", code, errs)
 	}
@@ -322,7 +322,8 @@ func TestLaunchBinary(t *testing.T) {
 		t.Fatal(err)
 	}
 	cmd.Wait()
-	want := fmt.Sprintf("gotron launch: worker rank 1 (local rank 1, pid %d) was killed by signal killed\n", pid)
+	host, _ := os.Hostname()
+	want := fmt.Sprintf("gotron launch: worker rank 1 (local rank 1, host %s, pid %d) was killed by signal killed\n", host, pid)
 	if code := cmd.ProcessState.ExitCode(); code != 1 || errb.String() != want {
 		t.Errorf("launcher: exit %d, stderr %q; want 1, %q", code, errb.String(), want)
 	}
