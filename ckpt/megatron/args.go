@@ -112,7 +112,6 @@ type derived struct {
 // unsupported lists arguments whose non-default values change the model
 // in ways gotron cannot represent: name, what it is.
 var unsupported = []struct{ name, what string }{
-	{"num_experts", "mixture of experts"},
 	{"multi_latent_attention", "multi-latent attention (MLA)"},
 	{"mtp_num_layers", "multi-token prediction layers"},
 	{"qk_layernorm", "QK layer norm"},
@@ -181,9 +180,6 @@ func (a argset) config() (gpt.Config, derived, error) {
 	}
 	if v, ok := a.get("glu_linear_offset"); ok && v != 0.0 && v != int64(0) {
 		return fail("glu_linear_offset", v, "an offset GLU is not supported")
-	}
-	if v, ok := a.get("expert_model_parallel_size"); ok && v != int64(1) {
-		return fail("expert_model_parallel_size", v, "mixture of experts is not supported by gotron")
 	}
 
 	ints := map[string]*int{
@@ -354,6 +350,9 @@ func (a argset) config() (gpt.Config, derived, error) {
 	dv.MergeFile, _ = a.strOr("merge_file", "")
 	dv.TokenizerModel, _ = a.strOr("tokenizer_model", "")
 
+	if err := a.moeConfig(&cfg); err != nil {
+		return gpt.Config{}, derived{}, err
+	}
 	if err := cfg.Validate(); err != nil {
 		return gpt.Config{}, derived{}, fmt.Errorf("%s: args describe a model gotron rejects: %w", a.file, err)
 	}

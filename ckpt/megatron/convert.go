@@ -286,6 +286,9 @@ func (c *Checkpoint) plan(cfg gpt.Config, dv derived) ([]*source, *source, error
 			case m != nil:
 				local, _ := strconv.Atoi(m[1])
 				ln, ok := layerNames[m[2]]
+				if name, how, moe := moeLayerName(m[2], cfg.Activation == gpt.SwiGLU); moe {
+					ln.name, ln.how, ok = name, how, true
+				}
 				if !ok {
 					return nil, nil, fmt.Errorf("%s: %s: parameter %s is not supported by gotron (%s)", f0.Path, ch.key, k, unsupportedHint(m[2]))
 				}
@@ -332,13 +335,22 @@ func (c *Checkpoint) plan(cfg gpt.Config, dv derived) ([]*source, *source, error
 	return plan, tied, nil
 }
 
-func isExtraState(k string) bool { return k == "_extra_state" || strings.HasSuffix(k, "._extra_state") }
+func isExtraState(k string) bool {
+	return k == "_extra_state" || strings.HasSuffix(k, "._extra_state") || extraStateNRE.MatchString(k)
+}
+
+// extraStateNRE matches TEGroupedMLP's per-expert _extra_state{l}.
+var extraStateNRE = regexp.MustCompile(`\._extra_state\d+$`)
 
 // unsupportedHint names what an unknown parameter usually belongs to.
 func unsupportedHint(k string) string {
 	switch {
+	case strings.Contains(k, "experts.weight1") || strings.Contains(k, "experts.weight2"):
+		return "the GroupedMLP expert layout Megatron removed in core_v0.17: re-save with --moe-grouped-gemm (TEGroupedMLP) or without (SequentialMLP)"
+	case strings.Contains(k, "expert_bias"):
+		return "the router's expert bias is not imported yet"
 	case strings.Contains(k, "experts") || strings.Contains(k, "router"):
-		return "mixture of experts"
+		return "a mixture-of-experts parameter gotron does not have"
 	case strings.Contains(k, "q_layernorm") || strings.Contains(k, "k_layernorm"):
 		return "QK layer norm"
 	case strings.Contains(k, "linear_q_") || strings.Contains(k, "linear_kv_"):
@@ -381,7 +393,14 @@ func checkPlan(plan []*source, params map[string]*tensor.Tensor, cfg gpt.Config,
 }
 
 func describe(c gpt.Config) string {
-	return fmt.Sprintf("%s, %s, %s positions, biases %v, tied output %v", c.Normalization, c.Activation, c.PositionEmbeddingType, !c.DisableBiasLinear, !c.UntieEmbeddingsAndOutputWeights)
+	moe := "no experts"
+	if m := c.MoE; m.Enabled() {
+		moe = fmt.Sprintf("%d experts in %d of %d layers", m.NumExperts, m.NumMoELayers(c.NumLayers), c.NumLayers)
+		if m.SharedExpertFFN > 0 {
+			moe += ", a shared expert"
+		}
+	}
+	return fmt.Sprintf("%s, %s, %s positions, biases %v, tied output %v, %s", c.Normalization, c.Activation, c.PositionEmbeddingType, !c.DisableBiasLinear, !c.UntieEmbeddingsAndOutputWeights, moe)
 }
 
 // check verifies that the slices merge into a tensor of shape want.

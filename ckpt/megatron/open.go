@@ -157,7 +157,7 @@ func open(iterDir string) (*Checkpoint, error) {
 	sort.Strings(names)
 	for _, n := range names {
 		if m := rankDirRE.FindStringSubmatch(n); m[3] != "" {
-			return nil, fmt.Errorf("%s: %s is an expert-parallel rank: mixture-of-experts checkpoints are not supported", iterDir, n)
+			return nil, fmt.Errorf("%s: %s is an expert-parallel rank: expert-parallel rank files (mp_rank_*_EEE) are not read yet (re-save at --expert-model-parallel-size 1)", iterDir, n)
 		}
 	}
 	first := names[0]

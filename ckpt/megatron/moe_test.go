@@ -1,0 +1,76 @@
+package megatron
+
+import (
+	"path/filepath"
+	"testing"
+
+	"github.com/gotron/gotron/ckpt/safetensors"
+	"github.com/gotron/gotron/model/gpt"
+	"github.com/gotron/gotron/tensor"
+)
+
+// TestImportMoE: Megatron legacy MoE checkpoints (tools/golden/
+// megatron_moe_ckpt.py: TP=2 with TEGroupedMLP experts, a gated shared
+// expert and a dense first layer; PP=2 with SequentialMLP experts) import
+// to a model whose every parameter equals the script's whole tensor, and
+// whose MoE settings are the args'.
+func TestImportMoE(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		want gpt.MoEConfig
+	}{
+		{"moe_tp2_grouped", gpt.MoEConfig{NumExperts: 4, TopK: 2, FFNHiddenSize: 8, LayerFreq: "[0,1]", GroupedGEMM: true,
+			SharedExpertFFN: 12, SharedExpertGate: true, AuxLossCoeff: 0.01}},
+		{"moe_pp2_sequential", gpt.MoEConfig{NumExperts: 3, TopK: 1, FFNHiddenSize: 8, LayerFreq: "1", AuxLossCoeff: 0.01}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := filepath.Join("testdata", tc.name)
+			m, _, err := Load(dir, Options{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			got := m.Config.MoE
+			got.ExpertBiasUpdateRate = 0 // a default Validate fills
+			if got != tc.want {
+				t.Fatalf("MoE config %+v, want %+v", got, tc.want)
+			}
+			f, err := safetensors.ReadFile(filepath.Join(dir, "expected.safetensors"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			want := f.Tensors()
+			params := m.Params()
+			n := 0
+			for _, p := range params {
+				if p == nil {
+					continue
+				}
+				n++
+				w, ok := want[p.Name]
+				if !ok {
+					t.Fatalf("model parameter %s is not in expected.safetensors", p.Name)
+				}
+				v := make([]float32, w.NumElements())
+				if err := w.DecodeFloat32(v); err != nil {
+					t.Fatal(err)
+				}
+				if len(v) != p.Numel() {
+					t.Fatalf("%s: %d values, want %d", p.Name, p.Numel(), len(v))
+				}
+				for i, x := range p.Float32s() {
+					if x != v[i] {
+						t.Fatalf("%s[%d] = %g, want %g", p.Name, i, x, v[i])
+					}
+				}
+			}
+			if n != len(want) {
+				t.Fatalf("model has %d parameters, expected.safetensors %d", n, len(want))
+			}
+			// and it runs
+			logits := m.Forward(nil, gpt.Batch{Tokens: tensor.FromInt32([]int32{1, 2, 3, 4}, 1, 4)}, nil, false)
+			if logits.Dim(2) != m.Config.VocabSize {
+				t.Fatalf("logits %v", logits.Shape())
+			}
+		})
+	}
+}
