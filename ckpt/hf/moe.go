@@ -72,7 +72,10 @@ func qwen2MoE(c *hfConfig, cfg *gpt.Config) error {
 	if err != nil {
 		return err
 	}
-	cfg.AddQKVBias = boolOr(c.QKVBias, true)
+	if !boolOr(c.QKVBias, true) {
+		return fmt.Errorf("qkv_bias=false: Qwen2-MoE's q/k/v projections have biases in gotron's import")
+	}
+	cfg.AddQKVBias = true
 	cfg.MoE = gpt.MoEConfig{NumExperts: e, TopK: k, FFNHiddenSize: intOr(c.MoEIntermediateSize, 1408),
 		PreSoftmax: !boolOr(c.NormTopKProb, false), LayerFreq: layerFreq(pattern), GroupedGEMM: true,
 		SharedExpertFFN: intOr(c.SharedExpertIntermediateSize, 5632), SharedExpertGate: true}
@@ -194,6 +197,8 @@ func moeArchOf(c gpt.Config) (string, error) {
 		return "", fmt.Errorf("hf: --moe-expert-capacity-factor %g: Mixtral and Qwen2-MoE drop no tokens", m.CapacityFactor)
 	case m.SharedExpertFFN > 0 && !m.SharedExpertGate:
 		return "", fmt.Errorf("hf: a shared expert without --moe-shared-expert-gate: Qwen2-MoE gates its shared expert, Mixtral has none")
+	case m.SharedExpertFFN > 0 && !c.AddQKVBias:
+		return "", fmt.Errorf("hf: a gated shared expert without --add-qkv-bias: Qwen2-MoE's attention has q/k/v biases (and Mixtral no shared expert)")
 	case m.SharedExpertFFN > 0:
 		return ArchQwen2MoE, nil
 	case m.PreSoftmax:
@@ -237,9 +242,6 @@ func moeExportConfig(arch string, c gpt.Config, owned, template map[string]any) 
 		}
 	}
 	owned["mlp_only_layers"] = append([]any{}, dense...)
-	if !c.AddQKVBias {
-		owned["qkv_bias"] = false
-	}
 	template["architectures"] = []any{"Qwen2MoeForCausalLM"}
 	template["router_aux_loss_coef"] = m.AuxLossCoeff
 	template["output_router_logits"] = false

@@ -111,6 +111,7 @@ func TestMoEExportWithoutInfo(t *testing.T) {
 		{func(c *gpt.Config) { c.MoE.LayerFreq = "[1,0,1]" }, "Mixtral's layers are all MoE"},
 		{func(c *gpt.Config) { c.MoE.PreSoftmax = true }, "--moe-router-pre-softmax without a shared expert"},
 		{func(c *gpt.Config) { c.MoE.SharedExpertFFN = 8 }, "without --moe-shared-expert-gate"},
+		{func(c *gpt.Config) { c.MoE.SharedExpertFFN, c.MoE.SharedExpertGate = 8, true }, "without --add-qkv-bias"},
 	} {
 		c := mixtral
 		bad.edit(&c)
