@@ -127,3 +127,26 @@ func TestEngineMoECapacityRefused(t *testing.T) {
 		t.Fatalf("err = %v, want the capacity factor named", err)
 	}
 }
+
+// TestPackedBytesMoE: the packed-weight estimate of an MoE model counts
+// the weights PackLinears packs (attention, dense MLPs, routers, shared
+// experts and gates, the output layer), not the experts' (used in place).
+func TestPackedBytesMoE(t *testing.T) {
+	m := moeTestModel(t, "qwen-moe")
+	var n int
+	for _, l := range m.Layers {
+		n += l.QKV.Numel() + l.Proj.Numel()
+		if l.MoE == nil {
+			n += l.FC1.Numel() + l.FC2.Numel()
+			continue
+		}
+		n += l.MoE.Router.Numel() + l.MoE.SharedFC1.Numel() + l.MoE.SharedFC2.Numel() + l.MoE.Gate.Numel()
+	}
+	n += m.OutputLayer.Numel()
+	if got := PackedBytes(m, EngineConfig{}); got != int64(4*n) {
+		t.Fatalf("PackedBytes = %d, want %d", got, 4*n)
+	}
+	if got := PackedBytes(m, EngineConfig{BF16: true}); got != int64(2*n) {
+		t.Fatalf("PackedBytes bf16 = %d, want %d", got, 2*n)
+	}
+}
