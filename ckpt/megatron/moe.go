@@ -112,6 +112,14 @@ func (a argset) moeConfig(cfg *gpt.Config) error {
 	if m.Score, err = gpt.ParseRouterScore(score); err != nil {
 		return fmt.Errorf("%s: args.moe_router_score_function: %w", a.file, err)
 	}
+	switch rd, err := a.strOr("moe_router_dtype", ""); {
+	case err != nil:
+		return err
+	case rd == "fp64":
+		m.RouterFP64 = true
+	case rd != "" && rd != "fp32":
+		return fmt.Errorf("%s: args.moe_router_dtype=%s: want fp32 or fp64", a.file, rd)
+	}
 	if p, err := a.strOr("moe_token_drop_policy", "probs"); err != nil {
 		return err
 	} else {

@@ -2,6 +2,7 @@ package megatron
 
 import (
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/gotron/gotron/ckpt/safetensors"
@@ -15,6 +16,24 @@ import (
 // to a model whose every parameter equals the script's whole tensor, and
 // whose MoE settings are the args'.
 func TestImportMoE(t *testing.T) {
+	t.Run("router dtype fp64", func(t *testing.T) {
+		c, err := Open(filepath.Join("testdata", "moe_pp2_sequential"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		if err := c.args.d.Set("moe_router_dtype", "fp64"); err != nil {
+			t.Fatal(err)
+		}
+		m, _, err := c.Model(Options{})
+		if err != nil || !m.Config.MoE.RouterFP64 {
+			t.Fatalf("err %v, RouterFP64 %v", err, err == nil && m.Config.MoE.RouterFP64)
+		}
+		c.args.d.Set("moe_router_dtype", "bf16")
+		if _, _, err := c.Model(Options{}); err == nil || !strings.Contains(err.Error(), "args.moe_router_dtype=bf16") {
+			t.Fatalf("err = %v", err)
+		}
+	})
 	for _, tc := range []struct {
 		name string
 		want gpt.MoEConfig
