@@ -83,6 +83,10 @@ type chunk struct {
 	key   string // "model" or "model<v>"
 	files []*torchpt.File
 	dicts []*torchpt.Dict
+	// experts are the expert-parallel ranks' files and dicts, [ep][tp],
+	// when EP > 1 (ep 0 is files, dicts).
+	expertFiles [][]*torchpt.File
+	expertDicts [][]*torchpt.Dict
 }
 
 var layerRE = regexp.MustCompile(`^decoder\.layers\.(\d+)\.(.+)$`)
@@ -191,8 +195,7 @@ func (c *Checkpoint) chunks() ([]chunk, error) {
 				key = "model" + strconv.Itoa(v)
 			}
 			ch := chunk{key: key}
-			for t := range c.TP {
-				f := c.files[t][p]
+			modelDict := func(f *torchpt.File) (*torchpt.Dict, error) {
 				sd, _ := stateDict(f)
 				x, ok := sd.Get(key)
 				if !ok && c.VP == 1 {
@@ -207,8 +210,32 @@ func (c *Checkpoint) chunks() ([]chunk, error) {
 				if !ok {
 					return nil, fmt.Errorf("%s: %s is a %T, not a state dict", f.Path, key, x)
 				}
+				return d, nil
+			}
+			for t := range c.TP {
+				f := c.files[t][p]
+				d, err := modelDict(f)
+				if err != nil {
+					return nil, err
+				}
 				ch.files = append(ch.files, f)
 				ch.dicts = append(ch.dicts, d)
+			}
+			for e := range c.EP {
+				if c.EP == 1 {
+					break
+				}
+				var fs []*torchpt.File
+				var ds []*torchpt.Dict
+				for t := range c.TP {
+					f := c.experts[t][p][e]
+					d, err := modelDict(f)
+					if err != nil {
+						return nil, err
+					}
+					fs, ds = append(fs, f), append(ds, d)
+				}
+				ch.expertFiles, ch.expertDicts = append(ch.expertFiles, fs), append(ch.expertDicts, ds)
 			}
 			out = append(out, ch)
 		}
@@ -282,6 +309,21 @@ func (c *Checkpoint) plan(cfg gpt.Config, dv derived) ([]*source, *source, error
 				slices[t] = tt
 			}
 			s := &source{from: ch.key + "." + k, file: f0.Path, slices: slices, chunk: ci, key: k}
+			if m := layerRE.FindStringSubmatch(k); m != nil && c.EP > 1 && expertKeyRE.MatchString(m[2]) {
+				// one source per expert-parallel rank, named by global expert
+				srcs, err := c.expertSources(ch, ci, k, layerBase, cfg)
+				if err != nil {
+					return nil, nil, err
+				}
+				for _, s := range srcs {
+					if prev, dup := seen[s.name]; dup {
+						return nil, nil, fmt.Errorf("%s: %s: %s gives %s, which %s already gave", s.file, ch.key, k, s.name, prev)
+					}
+					seen[s.name] = s.file + " " + s.from
+					plan = append(plan, s)
+				}
+				continue
+			}
 			switch m := layerRE.FindStringSubmatch(k); {
 			case m != nil:
 				local, _ := strconv.Atoi(m[1])

@@ -12,7 +12,7 @@
 //
 // The model configuration comes from args (Megatron's flag names; both the
 // older and the current names of renamed flags), and arguments gotron cannot
-// represent (expert parallelism, MLA, QK norm, sliding windows, RoPE scaling,
+// represent (MLA, QK norm, sliding windows, RoPE scaling,
 // other activations, ...) are refused by name. Parameters keep Megatron
 // core's names, which are gotron's; layer numbers, local to each pipeline
 // stage and virtual chunk, are renumbered in Megatron's layer order (virtual

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"regexp"
+	"strconv"
 	"strings"
 
 	"github.com/gotron/gotron/ckpt/torchpt"
@@ -19,7 +20,8 @@ import (
 // experts are tensor-parallel over expert TP, which defaults to TP: fc1
 // split by rows (GLU halves per rank, as the dense fc1), fc2 by columns.
 // Expert-parallel rank files (mp_rank_TT[_PPP]_EEE) hold each rank's local
-// experts and are not read yet.
+// experts, numbered from 0 on every rank: expert l of rank e is global
+// expert e·E/EP + l.
 
 // moeKeyRE matches a layer's MoE parameter names (after decoder.layers.N.).
 var moeKeyRE = regexp.MustCompile(`^mlp\.(router\.weight|experts\.linear_fc[12]\.weight\d+|experts\.local_experts\.\d+\.linear_fc[12]\.weight|shared_experts\.(linear_fc[12]\.weight|gate_weight))$`)
@@ -45,17 +47,22 @@ func moeLayerName(rest string, swiglu bool) (name string, how merge, ok bool) {
 // moeConfig reads the MoE arguments into cfg.MoE, refusing those gotron
 // cannot represent (named).
 func (a argset) moeConfig(cfg *gpt.Config) error {
-	if ep, err := a.intOr("expert_model_parallel_size", 1); err != nil {
+	ep, err := a.intOr("expert_model_parallel_size", 1)
+	if err != nil {
 		return err
-	} else if ep != 1 {
-		return fmt.Errorf("%s: args.expert_model_parallel_size=%d: expert-parallel rank files (mp_rank_*_EEE) are not read yet (re-save at --expert-model-parallel-size 1)", a.file, ep)
 	}
 	n, err := a.intOr("num_experts", 0)
-	if err != nil || n == 0 {
+	switch {
+	case err != nil:
 		return err
-	}
-	if n < 0 || n > 1<<16 {
+	case n == 0 && ep != 1:
+		return fmt.Errorf("%s: args.expert_model_parallel_size=%d without num_experts", a.file, ep)
+	case n == 0:
+		return nil
+	case n < 0 || n > 1<<16:
 		return fmt.Errorf("%s: args.num_experts=%d: want 1..65536", a.file, n)
+	case ep < 1 || n%ep != 0:
+		return fmt.Errorf("%s: args.num_experts=%d over expert_model_parallel_size=%d: want a multiple", a.file, n, ep)
 	}
 	if etp, ok := a.get("expert_tensor_parallel_size"); ok {
 		tp, _ := a.intOr("tensor_model_parallel_size", 1)
@@ -213,4 +220,43 @@ func (a argset) moeLayerFreq(m *gpt.MoEConfig, layers int) error {
 		return nil
 	}
 	return a.typeErr("moe_layer_freq", v, "an int or a list")
+}
+
+// expertKeyRE matches an expert's parameter (local index in group 1 or 2).
+var expertKeyRE = regexp.MustCompile(`^mlp\.experts\.(?:linear_fc[12]\.weight(\d+)|local_experts\.(\d+)\.linear_fc[12]\.weight)$`)
+
+// expertSources plans an expert parameter key k of chunk ch from every
+// expert-parallel rank: rank e's local expert l becomes global expert
+// e·E/EP + l.
+func (c *Checkpoint) expertSources(ch chunk, ci int, k string, layerBase int, cfg gpt.Config) ([]*source, error) {
+	m := layerRE.FindStringSubmatch(k)
+	em := expertKeyRE.FindStringSubmatch(m[2])
+	ls := em[1] + em[2]
+	l, err := strconv.Atoi(ls)
+	per := cfg.MoE.NumExperts / c.EP
+	if err != nil || l >= per {
+		return nil, fmt.Errorf("%s: %s: %s: local expert %s of %d per expert-parallel rank", ch.files[0].Path, ch.key, k, ls, per)
+	}
+	local, _ := strconv.Atoi(m[1])
+	name, how, _ := moeLayerName(m[2], cfg.Activation == gpt.SwiGLU)
+	var out []*source
+	for e := range c.EP {
+		slices := make([]*torchpt.Tensor, c.TP)
+		for t, d := range ch.expertDicts[e] {
+			v, ok := d.Get(k)
+			tt, isT := v.(*torchpt.Tensor)
+			if !ok || !isT {
+				return nil, fmt.Errorf("%s: %s has no tensor %s (expert-parallel rank %d of %d)", ch.expertFiles[e][t].Path, ch.key, k, e, c.EP)
+			}
+			slices[t] = tt
+		}
+		g := strconv.Itoa(e*per + l)
+		global := name[:len(name)-len(ls)] + g // linear_fcN.weight{l}
+		if em[2] != "" {
+			global = strings.Replace(name, "local_experts."+ls+".", "local_experts."+g+".", 1)
+		}
+		out = append(out, &source{from: ch.key + "." + k, file: ch.expertFiles[e][0].Path, slices: slices, chunk: ci, key: k,
+			name: fmt.Sprintf("decoder.layers.%d.%s", layerBase+local, global), how: how})
+	}
+	return out, nil
 }

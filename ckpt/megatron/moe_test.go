@@ -1,6 +1,7 @@
 package megatron
 
 import (
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -12,10 +13,23 @@ import (
 
 // TestImportMoE: Megatron legacy MoE checkpoints (tools/golden/
 // megatron_moe_ckpt.py: TP=2 with TEGroupedMLP experts, a gated shared
-// expert and a dense first layer; PP=2 with SequentialMLP experts) import
+// expert and a dense first layer; EP=2 × TP=2, each expert-parallel rank's
+// file holding its local experts numbered from 0; PP=2 with SequentialMLP
+// experts) import
 // to a model whose every parameter equals the script's whole tensor, and
 // whose MoE settings are the args'.
 func TestImportMoE(t *testing.T) {
+	t.Run("missing expert-parallel rank", func(t *testing.T) {
+		dir := t.TempDir()
+		if err := os.CopyFS(dir, os.DirFS(filepath.Join("testdata", "moe_ep2_tp2"))); err != nil {
+			t.Fatal(err)
+		}
+		os.RemoveAll(filepath.Join(dir, "iter_0000009", "mp_rank_01_001"))
+		_, _, err := Load(dir, Options{})
+		if err == nil || !strings.Contains(err.Error(), "mp_rank_01_001/model_optim_rng.pt is missing (args: tensor_model_parallel_size=2, pipeline_model_parallel_size=1, expert_model_parallel_size=2, so 4 rank files are expected)") {
+			t.Fatalf("err = %v", err)
+		}
+	})
 	t.Run("router dtype fp64", func(t *testing.T) {
 		c, err := Open(filepath.Join("testdata", "moe_pp2_sequential"))
 		if err != nil {
@@ -40,6 +54,7 @@ func TestImportMoE(t *testing.T) {
 	}{
 		{"moe_tp2_grouped", gpt.MoEConfig{NumExperts: 4, TopK: 2, FFNHiddenSize: 8, LayerFreq: "[0,1]", GroupedGEMM: true,
 			SharedExpertFFN: 12, SharedExpertGate: true, AuxLossCoeff: 0.01}},
+		{"moe_ep2_tp2", gpt.MoEConfig{NumExperts: 6, TopK: 2, FFNHiddenSize: 8, LayerFreq: "1", GroupedGEMM: true, AuxLossCoeff: 0.01}},
 		{"moe_pp2_sequential", gpt.MoEConfig{NumExperts: 3, TopK: 1, FFNHiddenSize: 8, LayerFreq: "1", AuxLossCoeff: 0.01}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -38,8 +38,15 @@ type Checkpoint struct {
 	// import does not convert).
 	Optimizer bool
 
+	// EP is the expert-parallel size: each (tp, pp) rank's experts are
+	// spread over EP files (mp_rank_TT[_PPP]_EEE), the rest replicated.
+	EP int
+
 	args  argset
-	files [][]*torchpt.File // [tp][pp]
+	files [][]*torchpt.File // [tp][pp]: expert-parallel rank 0's
+	// experts holds every expert-parallel rank's file when EP > 1:
+	// [tp][pp][ep] (ep 0 is files[tp][pp]).
+	experts [][][]*torchpt.File
 }
 
 // Close closes every file.
@@ -50,6 +57,17 @@ func (c *Checkpoint) Close() error {
 			if f != nil {
 				if err := f.Close(); err != nil && first == nil {
 					first = err
+				}
+			}
+		}
+	}
+	for _, row := range c.experts {
+		for _, fs := range row {
+			for _, f := range fs[min(1, len(fs)):] { // fs[0] is in c.files
+				if f != nil {
+					if err := f.Close(); err != nil && first == nil {
+						first = err
+					}
 				}
 			}
 		}
@@ -155,13 +173,8 @@ func open(iterDir string) (*Checkpoint, error) {
 		return nil, fmt.Errorf("%s holds no mp_rank_* directories", iterDir)
 	}
 	sort.Strings(names)
-	for _, n := range names {
-		if m := rankDirRE.FindStringSubmatch(n); m[3] != "" {
-			return nil, fmt.Errorf("%s: %s is an expert-parallel rank: expert-parallel rank files (mp_rank_*_EEE) are not read yet (re-save at --expert-model-parallel-size 1)", iterDir, n)
-		}
-	}
 	first := names[0]
-	if first != "mp_rank_00" && first != "mp_rank_00_000" {
+	if first != "mp_rank_00" && first != "mp_rank_00_000" && first != "mp_rank_00_000_000" {
 		return nil, fmt.Errorf("%s has no mp_rank_00 or mp_rank_00_000 (first rank directory is %s)", iterDir, first)
 	}
 	f0, err := torchpt.Open(filepath.Join(iterDir, first, FileName))
@@ -198,36 +211,59 @@ func open(iterDir string) (*Checkpoint, error) {
 	if tp < 1 || pp < 1 || vp < 1 || tp*pp > 1<<16 {
 		return nil, fmt.Errorf("%s: args.tensor_model_parallel_size=%d, pipeline_model_parallel_size=%d, virtual_pipeline_model_parallel_size=%d: want sizes >= 1", f0.Path, tp, pp, vp)
 	}
-	c.TP, c.PP, c.VP = int(tp), int(pp), int(vp)
+	ep, err := c.args.intOr("expert_model_parallel_size", 1)
+	if err != nil {
+		return nil, err
+	}
+	if ep < 1 || tp*pp*ep > 1<<16 {
+		return nil, fmt.Errorf("%s: args.expert_model_parallel_size=%d: want a size >= 1", f0.Path, ep)
+	}
+	c.TP, c.PP, c.VP, c.EP = int(tp), int(pp), int(vp), int(ep)
 	if c.Iteration, c.Version, err = header(f0, sd); err != nil {
 		return nil, err
 	}
 	layout := fmt.Sprintf("args: tensor_model_parallel_size=%d, pipeline_model_parallel_size=%d", c.TP, c.PP)
+	if c.EP > 1 {
+		layout += fmt.Sprintf(", expert_model_parallel_size=%d", c.EP)
+		c.experts = make([][][]*torchpt.File, c.TP)
+	}
 	want := map[string]bool{}
 	c.files = make([][]*torchpt.File, c.TP)
 	for t := range c.TP {
 		c.files[t] = make([]*torchpt.File, c.PP)
+		if c.EP > 1 {
+			c.experts[t] = make([][]*torchpt.File, c.PP)
+		}
 		for p := range c.PP {
-			name := rankDir(t, p, c.PP)
-			if !ranks[name] && c.PP == 1 && ranks[rankDir(t, 0, 2)] {
-				name = rankDir(t, 0, 2) // mp_rank_TT_000 without pipeline parallelism
-			}
-			want[name] = true
-			path := filepath.Join(iterDir, name, FileName)
-			if !ranks[name] {
-				return nil, fmt.Errorf("%s is missing (%s, so %d rank files are expected)", path, layout, c.TP*c.PP)
-			}
-			if name == first {
-				c.files[t][p] = f0
-				continue
-			}
-			f, err := torchpt.Open(path)
-			if err != nil {
-				return nil, err
-			}
-			c.files[t][p] = f
-			if err := c.checkSame(f); err != nil {
-				return nil, err
+			for e := range c.EP {
+				name := rankDir(t, p, c.PP)
+				if c.EP > 1 {
+					name += fmt.Sprintf("_%03d", e) // Megatron's get_checkpoint_name
+				} else if !ranks[name] && c.PP == 1 && ranks[rankDir(t, 0, 2)] {
+					name = rankDir(t, 0, 2) // mp_rank_TT_000 without pipeline parallelism
+				}
+				want[name] = true
+				path := filepath.Join(iterDir, name, FileName)
+				if !ranks[name] {
+					return nil, fmt.Errorf("%s is missing (%s, so %d rank files are expected)", path, layout, c.TP*c.PP*c.EP)
+				}
+				f := f0
+				if name != first {
+					if f, err = torchpt.Open(path); err != nil {
+						return nil, err
+					}
+				}
+				if e == 0 {
+					c.files[t][p] = f
+				}
+				if c.EP > 1 {
+					c.experts[t][p] = append(c.experts[t][p], f)
+				}
+				if name != first {
+					if err := c.checkSame(f); err != nil {
+						return nil, err
+					}
+				}
 			}
 		}
 	}

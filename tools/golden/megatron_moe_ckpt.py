@@ -35,6 +35,11 @@ CASES = {
                             vocab=100, divisible=32, positions=64, seq=32, eps=1e-5, base=10000, dtype=torch.bfloat16,
                             te=True, iteration=50, optimizer="adam", experts=4, topk=2, moe_ffn=8, shared=12,
                             freq=[0, 1], grouped=True),
+    # EP=2 × TP=2: rank files mp_rank_TT_EEE, each with its 3 local experts numbered from 0
+    "moe_ep2_tp2": dict(arch="llama", tp=2, pp=1, vp=1, ep=2, layers=2, hidden=16, heads=4, groups=2, kv=4, ffn=32,
+                        vocab=100, divisible=32, positions=64, seq=32, eps=1e-5, base=10000, dtype=torch.float32,
+                        te=True, iteration=9, optimizer="adam", experts=6, topk=2, moe_ffn=8, shared=0, freq=1,
+                        grouped=True),
     # PP=2, SequentialMLP experts, every layer MoE, top-1, no shared expert, float32
     "moe_pp2_sequential": dict(arch="llama", tp=1, pp=2, vp=1, layers=2, hidden=16, heads=4, groups=4, kv=4, ffn=32,
                                vocab=100, divisible=32, positions=64, seq=32, eps=1e-5, base=10000,
@@ -106,9 +111,12 @@ def fc2_cols(m, t, tp):
     return m["fc2"][:, t * per:(t + 1) * per]
 
 
-def moe_layer_state(c, L, t):
-    """Rank t's entries of an MoE layer (relative to decoder.layers.N.)."""
+def moe_layer_state(c, L, t, ep_rank=0):
+    """Rank (t, ep_rank)'s entries of an MoE layer (relative to decoder.layers.N.): its local
+    experts, numbered from 0."""
     tp, dt = c["tp"], c["dtype"]
+    per = c["experts"] // c.get("ep", 1)
+    L = dict(L, experts=L["experts"][ep_rank * per:(ep_rank + 1) * per])
     s = DENSE_LAYER_STATE(c, dict(L, gate=L["router"][:0], up=L["router"][:0], fc2=L["router"][:, :0]), t, c["te"])
     for k in [k for k in s if k.startswith("mlp.")]:
         del s[k]
@@ -161,26 +169,26 @@ def build(name, c):
     d = os.path.join(mc.OUT, name)
     it = c["iteration"]
     a = args(c)
-    per = c["layers"] // c["pp"]
+    ep = c.get("ep", 1)
+    a.expert_model_parallel_size = ep
     for t in range(c["tp"]):
         for p in range(c["pp"]):
-            orig = mc.layer_state
-            first = p * per
-
-            def layer_state(cc, L, tt, te, dt=None):
-                return moe_layer_state(c, L, tt) if "router" in L else orig(cc, L, tt, te, dt)
-            mc.layer_state = layer_state
-            try:
-                st = mc.chunk_state(c, W, t, p, 0)
-            finally:
-                mc.layer_state = orig
-            sd = {"args": a, "checkpoint_version": 3.0, "iteration": it, "model": st,
-                  "rng_state": mc.rng_state(full=False), "num_floating_point_operations_so_far": 1.0}
-            rank = f"mp_rank_{t:02d}" if c["pp"] == 1 else f"mp_rank_{t:02d}_{p:03d}"
-            path = os.path.join(d, f"iter_{it:07d}", rank, "model_optim_rng.pt")
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            torch.save(sd, path)
-            assert first >= 0
+            for e in range(ep):
+                def layer_state(cc, L, tt, te, dt=None):
+                    return moe_layer_state(c, L, tt, e) if "router" in L else DENSE_LAYER_STATE(cc, L, tt, te, dt)
+                mc.layer_state = layer_state
+                try:
+                    st = mc.chunk_state(c, W, t, p, 0)
+                finally:
+                    mc.layer_state = DENSE_LAYER_STATE
+                sd = {"args": a, "checkpoint_version": 3.0, "iteration": it, "model": st,
+                      "rng_state": mc.rng_state(full=False), "num_floating_point_operations_so_far": 1.0}
+                rank = f"mp_rank_{t:02d}" if c["pp"] == 1 else f"mp_rank_{t:02d}_{p:03d}"
+                if ep > 1:
+                    rank += f"_{e:03d}"  # Megatron's get_checkpoint_name
+                path = os.path.join(d, f"iter_{it:07d}", rank, "model_optim_rng.pt")
+                os.makedirs(os.path.dirname(path), exist_ok=True)
+                torch.save(sd, path)
     with open(os.path.join(d, "latest_checkpointed_iteration.txt"), "w") as f:
         f.write(str(it))
     mc.write_safetensors(os.path.join(d, "expected.safetensors"), expected(c, W), {"case": name})
