@@ -216,8 +216,6 @@ func (c *Config) validate() error {
 		switch {
 		case l.TP > 1 || l.PP > 1 || l.CP > 1:
 			return fmt.Errorf("train: --num-experts=%d with tensor, pipeline or context parallelism (TP=%d, PP=%d, CP=%d): not built yet (MoE runs with data and expert parallelism)", moe.NumExperts, l.TP, l.PP, l.CP)
-		case g.World.Size() > 1 && c.DDP.DistributedOptimizer:
-			return fmt.Errorf("train: --num-experts with --use-distributed-optimizer on %d ranks: not built yet", g.World.Size())
 		case g.DP.Size() > 1 && moe.GlobalAuxLossCoeff > 0:
 			return fmt.Errorf("train: global_aux_loss with data parallelism (DP=%d): the counts' all-reduce in the router is not built yet", g.DP.Size())
 		case moe.NumExperts%g.EP.Size() != 0:

@@ -4,11 +4,13 @@ import (
 	"context"
 	"fmt"
 	"sort"
+	"strings"
 	"time"
 
 	"github.com/gotron/gotron/comm"
 	"github.com/gotron/gotron/model/gpt"
 	"github.com/gotron/gotron/optim"
+	"github.com/gotron/gotron/parallel/ddp"
 	"github.com/gotron/gotron/parallel/ep"
 	"github.com/gotron/gotron/tensor"
 )
@@ -65,65 +67,48 @@ func (st *stepper) splitExperts(ps []*tensor.Tensor) (dense, experts []*tensor.T
 	return dense, experts
 }
 
-// expertGrads is the gradient reduction of an MoE run: the dense
-// parameters through the data-parallel reducer, the routed experts' over
-// the expert-data-parallel group, pre-scaled by 1/(DP·CP) of the dense
-// groups (Megatron's expert_parallel_buffers: an expert's gradient already
-// holds the tokens of every expert-parallel peer).
-type expertGrads struct {
-	gradReducer
-	experts []*tensor.Tensor
-	edp     comm.ProcessGroup
-	scale   float32
-	waited  time.Duration
-}
+// moeGrads is the gradient reduction of an MoE run: the dense parameters
+// over the data-parallel group, the routed experts in buffers of their own
+// over the expert-data-parallel group, pre-scaled by 1/(DP·CP) of the
+// dense groups (Megatron's expert_parallel_buffers: an expert's gradient
+// already holds the tokens of every expert-parallel peer). With the
+// distributed optimizer each is sharded over its own group.
+type moeGrads struct{ dense, experts *ddp.DDP }
 
-func (e *expertGrads) ZeroGrad() {
-	e.gradReducer.ZeroGrad()
-	tensor.ZeroGrad(e.experts)
+func (m moeGrads) ZeroGrad() { m.dense.ZeroGrad(); m.experts.ZeroGrad() }
+func (m moeGrads) readyHook() func([]*tensor.Tensor) {
+	return func(ready []*tensor.Tensor) { m.dense.Hook(ready); m.experts.Hook(ready) }
 }
-
-func (e *expertGrads) Finish(ctx context.Context) error {
-	if err := e.gradReducer.Finish(ctx); err != nil {
+func (m moeGrads) StartLastMicrobatch(ctx context.Context) {
+	m.dense.StartLastMicrobatch(ctx)
+	m.experts.StartLastMicrobatch(ctx)
+}
+func (m moeGrads) Finish(ctx context.Context) error {
+	if err := m.dense.Finish(ctx); err != nil {
 		return err
 	}
-	start := time.Now()
-	defer func() { e.waited += time.Since(start) }()
-	if e.scale != 1 {
-		gs := make([]*tensor.Tensor, len(e.experts))
-		for i, p := range e.experts {
-			gs[i] = p.Grad
-		}
-		l, err := tensor.NewTensorList(gs...)
-		if err != nil {
-			return fmt.Errorf("train: expert gradients: %w", err)
-		}
-		tensor.ScaleList(l, e.scale)
-	}
-	for _, p := range e.experts {
-		if e.edp.Size() == 1 {
-			continue
-		}
-		if err := staged(p.Grad, func(v []float32) error { return e.edp.AllReduce(ctx, comm.Float32s(v), comm.Sum) }); err != nil {
-			return fmt.Errorf("train: all-reduce of expert gradient %s over the expert-data-parallel group: %w", p.Name, err)
-		}
+	if err := m.experts.Finish(ctx); err != nil {
+		return fmt.Errorf("expert gradients over the expert-data-parallel group: %w", err)
 	}
 	return nil
 }
-
-func (e *expertGrads) GradViews(want func(*tensor.Tensor) bool) []*tensor.Tensor {
-	out := e.gradReducer.GradViews(want)
-	for _, p := range e.experts {
-		if want(p) {
-			out = append(out, p.Grad)
-		}
+func (m moeGrads) GatherParams(ctx context.Context) error {
+	if err := m.dense.GatherParams(ctx); err != nil {
+		return err
 	}
-	return out
+	return m.experts.GatherParams(ctx)
 }
-
-func (e *expertGrads) syncWait() (time.Duration, bool) {
-	d, ok := e.gradReducer.syncWait()
-	return d + e.waited, ok
+func (m moeGrads) WaitParams(ctx context.Context) error {
+	if err := m.dense.WaitParams(ctx); err != nil {
+		return err
+	}
+	return m.experts.WaitParams(ctx)
+}
+func (m moeGrads) GradViews(want func(*tensor.Tensor) bool) []*tensor.Tensor {
+	return append(m.dense.GradViews(want), m.experts.GradViews(want)...)
+}
+func (m moeGrads) syncWait() (time.Duration, bool) {
+	return m.dense.SyncWait() + m.experts.SyncWait(), true
 }
 
 // averageMoEMetrics averages the iteration's logged MoE losses over the
@@ -156,11 +141,17 @@ func (st *stepper) averageMoEMetrics(ctx context.Context, m map[string]float64) 
 }
 
 // splitNormParams separates the routed experts from the other parameters
-// the global norm counts.
+// the global norm counts (whole parameters, or the distributed optimizer's
+// pieces "name[lo:hi]").
 func (st *stepper) splitNormParams(ps []*optim.Param) (dense, experts []*optim.Param) {
-	em, ok := st.model.(expertModel)
+	_, ex := st.splitExperts(st.localParams())
+	isExpert := map[string]bool{}
+	for _, p := range ex {
+		isExpert[p.Name] = true
+	}
 	for _, p := range ps {
-		if ok && em.IsExpertParam(p.Data) {
+		name, _, _ := strings.Cut(p.Name, "[")
+		if isExpert[name] {
 			experts = append(experts, p)
 		} else {
 			dense = append(dense, p)

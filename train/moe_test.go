@@ -12,6 +12,7 @@ import (
 	"github.com/gotron/gotron/comm/inproc"
 	"github.com/gotron/gotron/model/gpt"
 	"github.com/gotron/gotron/parallel"
+	"github.com/gotron/gotron/parallel/ddp"
 	"github.com/gotron/gotron/tensor"
 )
 
@@ -131,9 +132,17 @@ func TestExpertParallelMatchesOneProcess(t *testing.T) {
 		world, ep int
 		alltoall  bool
 		bias      bool
-	}{{2, 2, true, false}, {4, 4, false, false}, {4, 2, true, false}, {2, 2, true, true}} { // EP=2 on 4 ranks: expert DP 2; the last: sigmoid with expert bias
+		dist      bool
+	}{{2, 2, true, false, false}, {4, 4, false, false, false}, {4, 2, true, false, false}, {2, 2, true, true, false},
+		{4, 2, true, false, true}, {4, 4, false, false, true}} {
+		// EP=2 on 4 ranks: expert DP 2; then sigmoid with expert bias; then
+		// the distributed optimizer with overlapped reductions (dense shards
+		// over DP, expert shards over expert DP)
 		c2 := cfg
 		c2.MoEAllToAll = c.alltoall
+		if c.dist {
+			c2.DDP = ddp.Config{DistributedOptimizer: true, OverlapGradReduce: true, OverlapParamGather: true, BucketSize: 1000}
+		}
 		ref := ref
 		if c.bias {
 			c2.Model.MoE.Score, c2.Model.MoE.ExpertBias, c2.Model.MoE.ExpertBiasUpdateRate = gpt.ScoreSigmoid, true, 0.05
@@ -142,14 +151,14 @@ func TestExpertParallelMatchesOneProcess(t *testing.T) {
 		got := runEP(t, c2, c.world, c.ep)
 		for r, run := range got {
 			if len(run.res.Losses) != 10 || len(run.res.MoELosses) != 10 {
-				t.Fatalf("EP=%d rank %d: %d losses, %d MoE loss records", c.ep, r, len(run.res.Losses), len(run.res.MoELosses))
+				t.Fatalf("%+v rank %d: %d losses, %d MoE loss records", c, r, len(run.res.Losses), len(run.res.MoELosses))
 			}
 			for i := range 10 {
 				if !relClose(run.res.GradNorms[i], ref.res.GradNorms[i], 1e-5) {
-					t.Fatalf("EP=%d rank %d iteration %d: grad norm %.8g, one process %.8g", c.ep, r, i+1, run.res.GradNorms[i], ref.res.GradNorms[i])
+					t.Fatalf("%+v rank %d iteration %d: grad norm %.8g, one process %.8g", c, r, i+1, run.res.GradNorms[i], ref.res.GradNorms[i])
 				}
 				if !relClose(run.res.Losses[i], ref.res.Losses[i], 1e-5) {
-					t.Fatalf("EP=%d rank %d iteration %d: lm loss %.8g, one process %.8g", c.ep, r, i+1, run.res.Losses[i], ref.res.Losses[i])
+					t.Fatalf("%+v rank %d iteration %d: lm loss %.8g, one process %.8g", c, r, i+1, run.res.Losses[i], ref.res.Losses[i])
 				}
 				for _, name := range []string{"load_balancing_loss", "z_loss"} {
 					if g, w := run.res.MoELosses[i][name], ref.res.MoELosses[i][name]; !relClose(g, w, 1e-5) {
@@ -161,7 +170,7 @@ func TestExpertParallelMatchesOneProcess(t *testing.T) {
 				w := ref.params[name]
 				for i := range v {
 					if !relClose(float64(v[i]), float64(w[i]), 1e-4) {
-						t.Fatalf("EP=%d rank %d: %s[%d] = %g, one process %g", c.ep, r, name, i, v[i], w[i])
+						t.Fatalf("%+v rank %d: %s[%d] = %g, one process %g", c, r, name, i, v[i], w[i])
 					}
 				}
 			}
@@ -170,31 +179,47 @@ func TestExpertParallelMatchesOneProcess(t *testing.T) {
 }
 
 // TestExpertParallelCheckpointResumes: an EP=2 checkpoint (each expert
-// written once, by its expert-data-parallel rank 0, under its global name)
-// resumes at EP=1, EP=2 and EP=4 with the losses of an uninterrupted run
-// within 1e-5.
+// written once, by its expert-data-parallel rank 0, under its global name;
+// with the distributed optimizer, its state's shards by every expert-DP
+// rank) resumes at EP=1, EP=2 and EP=4 (the last with the distributed
+// optimizer) with the losses of an uninterrupted run within 1e-5.
 func TestExpertParallelCheckpointResumes(t *testing.T) {
 	cfg := moeTrainConfig()
 	cfg.MoEAllToAll = true
 	straight := runEP(t, cfg, 0, 1)[0]
-	dir := t.TempDir()
-	first := cfg
-	first.Save, first.ExitInterval = dir, 5
-	a := runEP(t, first, 2, 2)[0]
-	if a.res.Iteration != 5 {
-		t.Fatalf("first half stopped at iteration %d", a.res.Iteration)
-	}
-	for _, c := range []struct{ world, ep int }{{0, 1}, {2, 2}, {4, 4}} {
-		second := cfg
-		second.Load = dir
-		for r, run := range runEP(t, second, c.world, c.ep) {
-			got := append(slices.Clone(a.res.Losses), run.res.Losses...)
-			if len(got) != len(straight.res.Losses) {
-				t.Fatalf("EP=%d: %d iterations in all, want %d", c.ep, len(got), len(straight.res.Losses))
+	dist := ddp.Config{DistributedOptimizer: true}
+	for _, save := range []struct {
+		world, ep int
+		dist      bool
+	}{{2, 2, false}, {4, 2, true}} { // the second: expert shards of the optimizer state over expert DP 2
+		dir := t.TempDir()
+		first := cfg
+		first.Save, first.ExitInterval = dir, 5
+		if save.dist {
+			first.DDP = dist
+		}
+		a := runEP(t, first, save.world, save.ep)[0]
+		if a.res.Iteration != 5 {
+			t.Fatalf("first half stopped at iteration %d", a.res.Iteration)
+		}
+		for _, c := range []struct {
+			world, ep int
+			dist      bool
+		}{{0, 1, false}, {2, 2, false}, {4, 4, true}} {
+			second := cfg
+			second.Load = dir
+			if c.dist {
+				second.DDP = dist
 			}
-			for i := range got {
-				if !relClose(got[i], straight.res.Losses[i], 1e-5) {
-					t.Fatalf("resume at EP=%d: rank %d iteration %d loss %.9g, straight %.9g", c.ep, r, i+1, got[i], straight.res.Losses[i])
+			for r, run := range runEP(t, second, c.world, c.ep) {
+				got := append(slices.Clone(a.res.Losses), run.res.Losses...)
+				if len(got) != len(straight.res.Losses) {
+					t.Fatalf("EP=%d: %d iterations in all, want %d", c.ep, len(got), len(straight.res.Losses))
+				}
+				for i := range got {
+					if !relClose(got[i], straight.res.Losses[i], 1e-5) {
+						t.Fatalf("saved %+v, resumed %+v: rank %d iteration %d loss %.9g, straight %.9g", save, c, r, i+1, got[i], straight.res.Losses[i])
+					}
 				}
 			}
 		}

@@ -12,7 +12,6 @@ import (
 	"github.com/gotron/gotron/optim"
 	"github.com/gotron/gotron/parallel"
 	"github.com/gotron/gotron/parallel/ddp"
-	"github.com/gotron/gotron/tensor"
 )
 
 // This file wires data parallelism into the stepper (docs/design/parallel.md):
@@ -61,13 +60,14 @@ func (st *stepper) setupParallel(ctx context.Context, launched bool) ([]*optim.P
 		return nil, err
 	}
 	st.reducer = ddpGrads{d}
+	var de *ddp.DDP
 	if len(experts) > 0 {
-		for _, w := range experts {
-			if w.Grad == nil {
-				w.Grad = tensor.ZerosLike(w)
-			}
+		ec := st.cfg.DDP
+		ec.GradientScale, ec.AverageInCollective = 1/float32(p.DPCP.Size()), false
+		if de, err = ddp.New(experts, p.ExpertDP, ec, nil); err != nil {
+			return nil, err
 		}
-		st.reducer = &expertGrads{gradReducer: ddpGrads{d}, experts: experts, edp: p.ExpertDP, scale: 1 / float32(p.DPCP.Size())}
+		st.reducer = moeGrads{dense: d, experts: de}
 	}
 	for _, w := range dense {
 		if err := staged(w, func(v []float32) error { return p.DP.Broadcast(ctx, comm.Float32s(v), 0) }); err != nil {
@@ -80,6 +80,9 @@ func (st *stepper) setupParallel(ctx context.Context, launched bool) ([]*optim.P
 		}
 	}
 	if st.cfg.DDP.DistributedOptimizer {
+		if de != nil {
+			return append(d.ShardParams(), de.ShardParams()...), nil
+		}
 		return d.ShardParams(), nil
 	}
 	return optimParams(st.localParams()), nil
@@ -169,8 +172,8 @@ func (st *stepper) reduceGrads(ctx context.Context, a agreement) (agreement, err
 	if st.cfg.DDP.DistributedOptimizer || st.par.DPCP.Rank() == 0 {
 		a.sumSq = st.normG.SumSquares()
 	}
-	if st.normExperts != nil && st.par.ExpertDP.Rank() == 0 {
-		// each set of experts once: on expert-data-parallel rank 0
+	if st.normExperts != nil && (st.cfg.DDP.DistributedOptimizer || st.par.ExpertDP.Rank() == 0) {
+		// each expert once: its shards, or on expert-data-parallel rank 0
 		a.sumSq += st.normExperts.SumSquares()
 	}
 	if st.par.TP.Rank() != 0 {

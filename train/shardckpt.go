@@ -161,7 +161,7 @@ func (ck *checkpointer) checkpointPieces(st *optim.State) ([]ckpt.Piece, error) 
 	}
 	writes := func(name string, dpSharded bool) bool {
 		if expert[name] {
-			return ck.par.ExpertDP.Rank() == 0
+			return dpSharded || ck.par.ExpertDP.Rank() == 0
 		}
 		if tpRank != 0 && ck.stepper.replicated(name) {
 			return false

@@ -31,6 +31,11 @@ type Config struct {
 	// AverageInCollective (--ddp-average-in-collective) reduces with Avg
 	// instead of pre-scaling by 1/DP and summing.
 	AverageInCollective bool
+	// GradientScale, when not 0, replaces the pre-scale 1/DP (Megatron's
+	// gradient_scaling_factor): an MoE model's expert buffers are reduced
+	// over the expert-data-parallel group but scaled by 1/(DP·CP) of the
+	// dense groups. It excludes AverageInCollective.
+	GradientScale float32
 }
 
 // DDP owns the flat gradient buffer of a model's parameters (and, with the
@@ -94,6 +99,9 @@ type piece struct {
 func New(params []*tensor.Tensor, group comm.ProcessGroup, cfg Config, tied *tensor.Tensor) (*DDP, error) {
 	if cfg.OverlapParamGather && !cfg.DistributedOptimizer {
 		return nil, errors.New("ddp: --overlap-param-gather needs --use-distributed-optimizer")
+	}
+	if cfg.GradientScale != 0 && cfg.AverageInCollective {
+		return nil, errors.New("ddp: a gradient scale excludes --ddp-average-in-collective")
 	}
 	bucket := cfg.BucketSize
 	if bucket == 0 && cfg.OverlapGradReduce {
@@ -250,9 +258,14 @@ func (d *DDP) StartLastMicrobatch(ctx context.Context) {
 // else staged through the host off the CPU.
 func (d *DDP) issue(b int) {
 	op := comm.Sum
-	if d.cfg.AverageInCollective {
+	switch n := d.group.Size(); {
+	case d.cfg.GradientScale != 0:
+		if d.cfg.GradientScale != 1 {
+			tensor.ScaleList(d.bucketScale[b], d.cfg.GradientScale)
+		}
+	case d.cfg.AverageInCollective:
 		op = comm.Avg
-	} else if n := d.group.Size(); n > 1 {
+	case n > 1:
 		tensor.ScaleList(d.bucketScale[b], 1/float32(n))
 	}
 	if d.group.Size() == 1 {
