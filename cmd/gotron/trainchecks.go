@@ -91,7 +91,9 @@ var trainNumberRules = withTokenizerRules(map[string]numberRule{
 	"expert-model-parallel-size":  intIn(1, maxRanks, "ranks"),
 	"expert-tensor-parallel-size": intIn(0, maxRanks, "ranks; 0: the tensor-parallel size"),
 
-	// Heartbeats (Megatron's --inprocess-heartbeat-* names too); 0: the default.
+	// Heartbeats (Megatron's --inprocess-heartbeat-* names too): the flag
+	// default 0 stands for "not given"; a value given must be above 0, which
+	// heartbeatFlags.resolve checks (with the interval below the timeout).
 	"heartbeat-timeout":            floatIn(0, 86400, "seconds"),
 	"inprocess-heartbeat-timeout":  floatIn(0, 86400, "seconds"),
 	"heartbeat-interval":           floatIn(0, 86400, "seconds"),
