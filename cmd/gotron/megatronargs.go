@@ -126,6 +126,9 @@ const (
 // that gotron train takes without a flag of its own. A flag gotron defines
 // itself (in newTrainFlags, addMoEFlags, ...) is not looked up here.
 var compatArgs = map[string]compatArg{
+	// Deprecated, and passed by examples/mixtral: with rope Megatron core
+	// ignores it; without rope Megatron refuses it (checked in modelConfig).
+	"no-position-embedding": {kind: compatSame, why: "with --position-embedding-type rope there is no position table to drop, as in Megatron core (which refuses the flag otherwise)"},
 	// Kernel, fusion and memory choices of the GPU build.
 	"transformer-impl":                       {kind: compatDetail, why: "picks Megatron's layer implementation (Transformer Engine or local PyTorch); gotron has one"},
 	"use-persistent-ckpt-worker":             {kind: compatDetail, why: "keeps Megatron's async checkpoint process alive; gotron's --async-save writes from a goroutine"},

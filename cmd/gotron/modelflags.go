@@ -32,6 +32,9 @@ func (f *trainFlags) modelConfig(given map[string]bool) (gpt.Config, error) {
 	case f.openaiGELU:
 		m.Activation = gpt.GELUTanh
 	}
+	if given["no-position-embedding"] && m.PositionEmbeddingType != gpt.RoPE {
+		return gpt.Config{}, fmt.Errorf("--no-position-embedding is deprecated, use --position-embedding-type (Megatron accepts it only with rope)")
+	}
 	if err := f.moe.apply(&m, given); err != nil {
 		return gpt.Config{}, err
 	}

@@ -212,3 +212,185 @@ func TestMemoryMoE(t *testing.T) {
 		t.Errorf("EP 8 on 60 ranks: exit %d, stderr %q", code, errs)
 	}
 }
+
+// mixtralScript is Megatron's examples/mixtral/train_mixtral_8x7b_distributed.sh
+// scaled down to two processes on a CPU, with the one change a user makes:
+// "torchrun ${DISTRIBUTED_ARGS[@]} pretrain_gpt.py" becomes "gotron launch
+// ${DISTRIBUTED_ARGS[@]} -- train" (torchrun's own flags unchanged). Every
+// array keeps every flag of the original, with smaller values (2 ranks,
+// expert parallelism 2, pipeline size 1, a d64 model, 6 iterations).
+const mixtralScript = `#!/bin/bash
+
+# Runs Mixtral 8x7B model
+
+export CUDA_DEVICE_MAX_CONNECTIONS=1
+
+GPUS_PER_NODE=2
+MASTER_ADDR=${MASTER_ADDR:-"localhost"}
+MASTER_PORT=${MASTER_PORT:-"29500"}
+NNODES=${SLURM_NNODES:-"1"}
+NODE_RANK=${RANK:-"0"}
+WORLD_SIZE=$(($GPUS_PER_NODE*$NNODES))
+CHECKPOINT_PATH=$1
+TOKENIZER_MODEL=$2
+DATA_PATH=$3
+DISTRIBUTED_ARGS=(
+    --nproc_per_node $GPUS_PER_NODE
+    --nnodes $NNODES
+    --node_rank $NODE_RANK
+    --master_addr $MASTER_ADDR
+    --master_port $MASTER_PORT
+)
+MODEL_ARGS=(
+    --use-mcore-models
+    --disable-bias-linear
+    --seq-length 64
+    --max-position-embeddings 256
+    --num-layers 2
+    --hidden-size 64
+    --ffn-hidden-size 112
+    --num-attention-heads 4
+    --init-method-std 0.01
+    --attention-dropout 0.0
+    --hidden-dropout 0.0
+    --normalization RMSNorm
+    --position-embedding-type rope
+    --swiglu
+    --untie-embeddings-and-output-weights
+    --group-query-attention
+    --num-query-groups 2
+    --no-masked-softmax-fusion
+    --no-position-embedding
+    --rotary-base 1000000
+)
+MOE_ARGS=(
+    --num-experts 8
+    --moe-router-topk 2
+    --moe-router-load-balancing-type aux_loss
+    --moe-aux-loss-coeff 1e-2
+    --moe-grouped-gemm
+    --moe-token-dispatcher-type alltoall
+    --overlap-param-gather
+    --overlap-grad-reduce
+)
+DATA_ARGS=(
+    --tokenizer-type Llama2Tokenizer
+    --tokenizer-model ${TOKENIZER_MODEL}
+    --data-path $DATA_PATH
+    --split 99990,8,2
+)
+TRAINING_ARGS=(
+    --micro-batch-size 1
+    --global-batch-size 4
+    --lr 1e-4
+    --train-iters 6
+    --lr-decay-iters 5
+    --lr-decay-style cosine
+    --min-lr 1.0e-5
+    --weight-decay 0.1
+    --lr-warmup-iters 1
+    --clip-grad 1.0
+    --bf16
+)
+MODEL_PARALLEL_ARGS=(
+    --tensor-model-parallel-size 1
+    --pipeline-model-parallel-size 1
+    --expert-model-parallel-size 2
+    --use-distributed-optimizer
+    --sequence-parallel
+)
+LOGGING_ARGS=(
+    --log-interval 1 \
+    --save-interval 3 \
+    --eval-interval 3 \
+    --eval-iters 1 \
+    --save $CHECKPOINT_PATH \
+    --load $CHECKPOINT_PATH \
+    --tensorboard-dir "${CHECKPOINT_PATH}/tensorboard" \
+    --no-load-optim \
+    --no-load-rng
+)
+if [ -n "${WANDB_API_KEY}" ]; then
+    LOGGING_ARGS+=(
+        --wandb-project ${WANDB_PROJECT:-"Mixtral"}
+        --wandb-exp-name ${WANDB_NAME:-"Mixtral_8x7B"}
+    )
+fi
+
+
+gotron launch ${DISTRIBUTED_ARGS[@]} -- train \
+    ${MODEL_ARGS[@]} \
+    ${MOE_ARGS[@]} \
+    ${DATA_ARGS[@]} \
+    ${TRAINING_ARGS[@]} \
+    ${MODEL_PARALLEL_ARGS[@]} \
+    ${LOGGING_ARGS[@]}
+`
+
+// TestMegatronMixtralScriptPorts: the scaled-down examples/mixtral script
+// trains an 8-expert top-2 model over two tcp processes with expert
+// parallelism, the alltoall dispatcher, grouped GEMM, the distributed
+// optimizer with overlapped reductions, bf16, Llama-2's tokenizer on a
+// .bin/.idx dataset, evaluation, TensorBoard and a checkpoint.
+func TestMegatronMixtralScriptPorts(t *testing.T) {
+	if _, err := exec.LookPath("bash"); err != nil {
+		t.Fatalf("bash not found: %v", err)
+	}
+	bin, err := buildGotron()
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	binDir := filepath.Join(dir, "bin")
+	if err := os.MkdirAll(binDir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(bin, filepath.Join(binDir, "gotron")); err != nil {
+		t.Fatal(err)
+	}
+	// --split 99990,8,2 needs 50000 documents for a non-empty test split.
+	var corpus strings.Builder
+	words := strings.Fields("the quick brown fox jumps over the lazy dog while experts route tokens to gates")
+	for i := range 50000 {
+		line, _ := json.Marshal(map[string]string{"text": strings.Join(words[i%len(words):], " ")})
+		corpus.Write(line)
+		corpus.WriteByte('\n')
+	}
+	in := filepath.Join(dir, "corpus.jsonl")
+	if err := os.WriteFile(in, []byte(corpus.String()), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	model, err := filepath.Abs("../../tokenizer/testdata/spm/llama2_bpe.model")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, errs, code := runCLI(t, "preprocess", "--input", in, "--output-prefix", filepath.Join(dir, "corpus"),
+		"--tokenizer-type", "Llama2Tokenizer", "--tokenizer-model", model, "--append-eod"); code != 0 {
+		t.Fatalf("preprocess: %s", errs)
+	}
+	script := filepath.Join(dir, "train_mixtral.sh")
+	if err := os.WriteFile(script, []byte(mixtralScript), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	ck := filepath.Join(dir, "ck")
+	cmd := exec.Command("bash", script, ck, model, filepath.Join(dir, "corpus_text_document"))
+	cmd.Env = append(os.Environ(), "PATH="+binDir+string(os.PathListSeparator)+os.Getenv("PATH"), "MASTER_PORT="+freeTCPPort(t), "WANDB_API_KEY=")
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("the ported script: %v\n%s", err, out)
+	}
+	for _, want := range []string{
+		"iteration        6/       6",
+		"| load_balancing_loss: ",
+		"validation loss at iteration 3",
+		"successfully saved checkpoint from iteration       6",
+		"on test set",
+	} {
+		if !strings.Contains(string(out), want) {
+			t.Errorf("output lacks %q:\n%s", want, out)
+		}
+	}
+	if ents, err := os.ReadDir(filepath.Join(ck, "tensorboard")); err != nil || len(ents) == 0 {
+		t.Errorf("no TensorBoard events under %s: %v", filepath.Join(ck, "tensorboard"), err)
+	}
+}
