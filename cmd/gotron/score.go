@@ -11,7 +11,6 @@ import (
 	"io"
 	"math"
 	"os"
-	"path/filepath"
 
 	"github.com/gotron/gotron/model/gpt"
 	"github.com/gotron/gotron/tensor"
@@ -103,29 +102,6 @@ func cmdScore(ctx context.Context, env *cli, args []string) error {
 	}
 	printScores(env.stdout, ids, logits, vocab, tok)
 	return nil
-}
-
-// scoreTokenizer opens the tokenizer the flags name, else the one carried in
-// dir: tokenizer.json, then vocab.json + merges.txt, then tokenizer.model.
-func scoreTokenizer(cfg tokenizer.Config, dir string) (tokenizer.Tokenizer, error) {
-	if cfg.Type == "" {
-		exists := func(n string) bool { _, err := os.Stat(filepath.Join(dir, n)); return err == nil }
-		switch {
-		case exists("tokenizer.json"):
-			cfg = tokenizer.Config{Type: tokenizer.TypeHuggingFace, Model: filepath.Join(dir, "tokenizer.json")}
-		case exists("vocab.json") && exists("merges.txt"):
-			cfg = tokenizer.Config{Type: tokenizer.TypeGPT2BPE, VocabFile: filepath.Join(dir, "vocab.json"), MergeFile: filepath.Join(dir, "merges.txt")}
-		case exists("tokenizer.model"):
-			cfg = tokenizer.Config{Type: tokenizer.TypeLlama2, Model: filepath.Join(dir, "tokenizer.model")}
-		default:
-			return nil, fmt.Errorf("--text needs a tokenizer: %s has no tokenizer.json, vocab.json+merges.txt or tokenizer.model (set --tokenizer-type and its files)", dir)
-		}
-	}
-	tok, err := tokenizer.New(cfg)
-	if err != nil {
-		return nil, fmt.Errorf("tokenizer: %w", err)
-	}
-	return tok, nil
 }
 
 // readTokensFile reads a JSON list of token ids, each in [0, vocab).
