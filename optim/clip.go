@@ -47,6 +47,22 @@ func NewGrads(params []*Param) (*Grads, error) {
 // tensor.SumSquares, whose blocks make it bit-identical for any thread count.
 func (g *Grads) SumSquares() float64 { return tensor.SumSquares(g.grads) }
 
+// CountZeros returns how many of this rank's gradient elements are zero
+// (-0 included), the quantity Megatron's count_zeros_fp32 all-reduces (SUM)
+// for --log-num-zeros-in-grad. It reads the gradients on the host: CPU
+// tensors only.
+func (g *Grads) CountZeros() int64 {
+	n := int64(0)
+	for i := range g.grads.Len() {
+		for _, v := range g.grads.At(i).Float32s() {
+			if v == 0 {
+				n++
+			}
+		}
+	}
+	return n
+}
+
 // MaxAbs returns this rank's max |g|, the quantity Megatron all-reduces (MAX)
 // for the infinity norm (norm_type inf). NaN if any gradient is NaN.
 func (g *Grads) MaxAbs() float64 { return tensor.MaxAbs(g.grads) }

@@ -88,6 +88,10 @@ type Config struct {
 	Out           io.Writer // log lines; nil means io.Discard
 	Progress      io.Writer // progress bar target (a terminal); nil means none
 
+	// LogNumZerosInGrad (--log-num-zeros-in-grad) counts the zero gradient
+	// elements each iteration and prints "num zeros: N" after the grad norm.
+	LogNumZerosInGrad bool
+
 	// TensorBoard event files (--tensorboard-dir and friends).
 	TensorBoard TensorBoard
 

@@ -183,11 +183,38 @@ func (st *stepper) reduceGrads(ctx context.Context, a agreement) (agreement, err
 	if err != nil {
 		return g, err
 	}
+	if err := st.countZeros(ctx); err != nil {
+		return g, err
+	}
 	// the mean over DP × CP of the ranks' mean losses (Megatron's objective
 	// with CP: equal to the token mean when the CP ranks count the same
 	// tokens, as without loss masking)
 	g.loss /= float64(st.dpSize() * st.cpSize())
 	return g, nil
+}
+
+// countZeros sets lastNumZeros for --log-num-zeros-in-grad: the zero
+// gradient elements over the ranks that count gradients in the norm (the
+// same parameters, so each gradient element is counted once), summed over
+// the world in int64 as Megatron's count_zeros_fp32.
+func (st *stepper) countZeros(ctx context.Context) error {
+	st.lastNumZeros = -1
+	if !st.cfg.LogNumZerosInGrad {
+		return nil
+	}
+	n := int64(0)
+	if st.cfg.DDP.DistributedOptimizer || st.par.DPCP.Rank() == 0 {
+		n = st.normG.CountZeros()
+	}
+	if st.par.World.Size() > 1 {
+		v := []int64{n}
+		if err := st.par.World.AllReduce(ctx, comm.Int64s(v), comm.Sum); err != nil {
+			return fmt.Errorf("train: iteration %d: counting zero gradients: %w", st.Iteration+1, err)
+		}
+		n = v[0]
+	}
+	st.lastNumZeros = n
+	return nil
 }
 
 // OptimizerStateBytes is the optimizer state this rank holds (Adam's two

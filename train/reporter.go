@@ -129,7 +129,7 @@ func (rp *reporter) logIteration(loss float64) map[string]any {
 	line := logLine{Time: now, Iteration: rp.Iteration, TrainIters: rp.trainIters, ConsumedSamples: rp.Consumed,
 		ElapsedMS: perIter * 1e3, LogThroughput: cfg.TensorBoard.LogThroughput, Throughput: tflops,
 		LearningRate: rp.stepper.lastLR, GlobalBatchSize: gbs, LMLoss: avg, LossScale: float64(rp.stepper.lossScale()),
-		GradNorm: rp.stepper.lastGradNorm, ParamsNorm: math.NaN(), SkippedIterations: skipped, NaNIterations: nans,
+		GradNorm: rp.stepper.lastGradNorm, NumZeros: rp.stepper.lastNumZeros, ParamsNorm: math.NaN(), SkippedIterations: skipped, NaNIterations: nans,
 		TokensPerSecond: tokensPerSec, MFU: mfu}
 	// The MoE losses follow the lm loss, as in Megatron's total_loss_dict,
 	// averaged over the advanced iterations since the last log line.
@@ -170,6 +170,9 @@ func (rp *reporter) logIteration(loss float64) map[string]any {
 		}
 		for name, v := range moe {
 			record[name] = jsonFloat(v)
+		}
+		if rp.stepper.lastNumZeros >= 0 {
+			record["num_zeros"] = rp.stepper.lastNumZeros
 		}
 	}
 	rp.lastLog, rp.lastLogIter = now, rp.Iteration
@@ -364,6 +367,9 @@ type logLine struct {
 	// GradNorm is the logged iteration's gradient norm; NaN (the iteration
 	// was skipped: Megatron's optimizer returns None) leaves it out.
 	GradNorm float64
+	// NumZeros is the logged iteration's count of zero gradient elements
+	// (--log-num-zeros-in-grad); negative leaves it out.
+	NumZeros int64
 	// ParamsNorm is printed unless NaN (--log-params-norm off).
 	ParamsNorm                       float64
 	SkippedIterations, NaNIterations int64
@@ -382,6 +388,7 @@ type logLine struct {
 //	... if avg >= 0.0: log_string += ' {}: {:.6E} |'.format(key, avg)
 //	log_string += f' loss scale: {loss_scale:.1f} |'
 //	if grad_norm is not None: log_string += f' grad norm: {grad_norm:.3f} |'
+//	if num_zeros_in_grad is not None: log_string += f' num zeros: {num_zeros_in_grad} |'
 //	if params_norm is not None: log_string += f' params norm: {params_norm:.3f} |'
 //	log_string += ' number of skipped iterations: {:3d} |'.format(...)
 //	log_string += ' number of nan iterations: {:3d} |'.format(...)
@@ -411,6 +418,9 @@ func (l logLine) String() string {
 	fmt.Fprintf(&b, " loss scale: %s |", pyFixed(l.LossScale, 1))
 	if !math.IsNaN(l.GradNorm) {
 		fmt.Fprintf(&b, " grad norm: %s |", pyFixed(l.GradNorm, 3))
+	}
+	if l.NumZeros >= 0 {
+		fmt.Fprintf(&b, " num zeros: %d |", l.NumZeros)
 	}
 	if !math.IsNaN(l.ParamsNorm) {
 		fmt.Fprintf(&b, " params norm: %s |", pyFixed(l.ParamsNorm, 3))

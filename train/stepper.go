@@ -76,8 +76,12 @@ type stepper struct {
 	overflow      bool      // skipped for an fp16 gradient overflow
 	skippedInARow int
 	lastGradNorm  float64
-	moeMetrics    map[string]float64 // the last iteration's logged MoE losses; nil for a dense model
-	lastLR        float64            // the next iteration's rate, as Megatron logs it
+	// lastNumZeros is the logged iteration's count of zero gradient
+	// elements with Config.LogNumZerosInGrad; -1 (off, or the iteration
+	// was skipped: Megatron's optimizer returns None) leaves it out.
+	lastNumZeros int64
+	moeMetrics   map[string]float64 // the last iteration's logged MoE losses; nil for a dense model
+	lastLR       float64            // the next iteration's rate, as Megatron logs it
 
 	startTime time.Time // of Run: --exit-duration-in-mins counts from it
 	// printf prints a line of the run's log (the reporter's).
@@ -286,6 +290,7 @@ func (st *stepper) step(ctx context.Context) (float64, error) {
 		st.Skipped++
 		st.overflow = true
 		st.lastGradNorm = math.NaN()
+		st.lastNumZeros = -1
 		return loss, nil
 	}
 	st.overflow = false
@@ -297,6 +302,7 @@ func (st *stepper) step(ctx context.Context) (float64, error) {
 			return loss, fmt.Errorf("train: %d iterations in a row (up to %d) had a NaN/Inf loss or gradient: the run diverged; lower --lr, raise --lr-warmup-iters, or set --clip-grad", st.skippedInARow, st.Iteration)
 		}
 		st.lastGradNorm = math.NaN()
+		st.lastNumZeros = -1
 		return loss, nil
 	}
 	st.skippedInARow = 0

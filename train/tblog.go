@@ -87,6 +87,9 @@ func (rp *reporter) tbIteration(loss float64) {
 	rp.tbScalar(tensorboard.TagLMLoss, loss, true)
 	rp.tbScalar(tensorboard.TagLossScale, float64(rp.stepper.lossScale()), true)
 	rp.tbScalar(tensorboard.TagGradNorm, rp.stepper.lastGradNorm, true)
+	if rp.stepper.lastNumZeros >= 0 {
+		rp.tbScalar("num-zeros", float64(rp.stepper.lastNumZeros), true)
+	}
 	for _, name := range moeMetricNames { // Megatron's MoEMetricsTracker: add_scalar(name, value, iteration)
 		if v, ok := rp.stepper.moeMetrics[name]; ok {
 			rp.tbScalar(name, v, false)

@@ -224,7 +224,7 @@ func TestMegatronCompatSameNumbers(t *testing.T) {
 	extra := []string{"--deterministic-mode", "--attention-softmax-in-fp32", "--apply-query-key-layer-scaling",
 		"--transformer-impl", "transformer_engine", "--use-persistent-ckpt-worker", "--no-create-attention-mask-in-dataloader",
 		"--rerun-mode", "disabled", "--sequence-parallel", "--num-workers", "8", "--num-distributed-optimizer-instances", "1",
-		"--timing-log-level", "0"}
+		"--timing-log-level", "0", "--distributed-backend", "nccl"}
 	got := filepath.Join(dir, "compat.jsonl")
 	_, errs, code := runCLI(t, append(append(append([]string{}, base...), extra...), "--metrics-file", got)...)
 	if code != 0 {
@@ -245,6 +245,7 @@ func TestMegatronCompatSameNumbers(t *testing.T) {
 		"gotron train: --num-workers 8: no effect in gotron:",
 		"gotron train: --num-distributed-optimizer-instances 1: Megatron's default, nothing to do",
 		"gotron train: --timing-log-level 0: Megatron's default, nothing to do",
+		"gotron train: --distributed-backend nccl: NCCL moves GPU memory, and this run is on --device cpu: the collectives run over gotron's CPU process group",
 		"gotron train: --sequence-parallel: disabled, as Megatron does, because --tensor-model-parallel-size is 1",
 	} {
 		if strings.Count(errs, line) != 1 {
@@ -260,7 +261,7 @@ func TestMegatronCompatRefusals(t *testing.T) {
 		args []string
 		want string
 	}{
-		{[]string{"--log-num-zeros-in-grad"}, "--log-num-zeros-in-grad: needs logging the number of zeros in the gradients, not built"},
+		{[]string{"--log-num-zeros-in-grad", "--device", "sim"}, "--log-num-zeros-in-grad: counts the gradients on the host: --device cpu only"},
 		{[]string{"--timing-log-level", "1"}, "--timing-log-level 1: needs Megatron's timers, not built"},
 		{[]string{"--qk-layernorm"}, "--qk-layernorm: needs query/key layer normalisation"},
 		{[]string{"--apply-layernorm-1p"}, "--apply-layernorm-1p: needs layer norms with zero-centred gamma"},

@@ -166,7 +166,6 @@ var compatArgs = map[string]compatArg{
 		refuse: map[string]string{"validate_results": needRerun, "report_stats": needRerun}},
 	"use-rotary-position-embeddings": {kind: compatNeeds, why: needNotBuilt + " (the deprecated spelling: use --position-embedding-type rope)"},
 	// Features gotron does not have.
-	"log-num-zeros-in-grad":    {kind: compatNeeds, why: "logging the number of zeros in the gradients, not built in gotron yet"},
 	"timing-log-level":         {kind: compatNeeds, why: "Megatron's timers, not built in gotron yet (the log line's elapsed time per iteration is Megatron's interval-time)"},
 	"timing-log-option":        {kind: compatNeeds, why: "Megatron's timers, not built in gotron yet"},
 	"qk-layernorm":             {kind: compatNeeds, why: "query/key layer normalisation, not built in gotron yet"},
@@ -378,8 +377,18 @@ func (f *trainFlags) megatronCompat(env *cli, fs *flag.FlagSet, given map[string
 	if err != nil {
 		return err
 	}
+	if f.cfg.LogNumZerosInGrad && f.device != "cpu" {
+		return fmt.Errorf("--log-num-zeros-in-grad: counts the gradients on the host: --device cpu only, not --device %s", f.device)
+	}
 	if given["deterministic-mode"] && f.device != "cpu" {
 		return fmt.Errorf("--deterministic-mode: checked on --device cpu only (gotron's CPU kernels give the same numbers run to run); --device %s is not checked", f.device)
+	}
+	// Megatron's GPU configs pass --distributed-backend nccl; on the CPU
+	// the collectives are gotron's tcp process group (Megatron's gloo),
+	// as under launch --inproc they are goroutines.
+	if f.distBackend == "nccl" && !strings.HasPrefix(f.device, "cuda") {
+		f.distBackend = "tcp"
+		lines = append(lines, fmt.Sprintf("--distributed-backend nccl: NCCL moves GPU memory, and this run is on --device %s: the collectives run over gotron's CPU process group (tcp between processes, as Megatron's gloo)", f.device))
 	}
 	// Megatron (validate_args): sequence parallelism needs tensor
 	// parallelism; with TP=1 it warns and switches it off.

@@ -138,7 +138,7 @@ func newTrainFlags() (*flag.FlagSet, *trainFlags) {
 	fs.Bool("accumulate-allreduce-grads-in-fp32", false, "accepted: gradients are accumulated and reduced in float32 already")
 	fs.Float64Var(&f.timeoutMins, "distributed-timeout-minutes", 0, "how long a rank waits for another inside a collective (default 10 minutes, as Megatron)")
 	f.heartbeat.register(fs)
-	fs.StringVar(&f.distBackend, "distributed-backend", "", "collectives between processes: nccl (GPUs, --device cuda: comm/nccl) or gloo/tcp (gotron's TCP process group); default nccl with --device cuda, else tcp")
+	fs.StringVar(&f.distBackend, "distributed-backend", "", "collectives between processes: nccl (GPUs, --device cuda: comm/nccl) or gloo/tcp (gotron's TCP process group); default nccl with --device cuda, else tcp; nccl on the CPU (Megatron's GPU configs) runs over tcp, with one line saying so")
 
 	fs.IntVar(&c.SeqLength, "seq-length", 0, "tokens per sample")
 	fs.IntVar(&c.MicroBatchSize, "micro-batch-size", 0, "samples per forward/backward")
@@ -220,6 +220,7 @@ func newTrainFlags() (*flag.FlagSet, *trainFlags) {
 	fs.StringVar(&c.DistCkptStrictness, "dist-ckpt-strictness", "assume_ok_unexpected", "checkpoint tensors the model does not use: "+strings.Join(train.StrictnessValues, ", ")+" (missing tensors and shape mismatches are always errors)")
 	fs.Bool("use-cpu-initialization", false, "accepted: gotron always initialises on the CPU from the seed, whole (any parallel layout starts from the same model)")
 	fs.BoolVar(&c.LogParamsNorm, "log-params-norm", false, "print the parameters' L2 norm on the log line")
+	fs.BoolVar(&c.LogNumZerosInGrad, "log-num-zeros-in-grad", false, "count the zero gradient elements each iteration: 'num zeros: N' after the grad norm, TensorBoard num-zeros, metrics num_zeros")
 	fs.StringVar(&c.StepBatchSizeSchedule, "step-batch-size-schedule", "", "\"THRESHOLD:BS ...\": global batch BS from THRESHOLD tokens on (K/M/B/T suffixes; first threshold 0); excludes --global-batch-size")
 	fs.StringVar(&f.attentionBackend, "attention-backend", "auto", "auto, flash, fused, unfused or local: a GPU kernel choice; the CPU runs its one fused attention kernel")
 	fs.Var(&f.rampup, "rampup-batch-size", "START INCR RAMP_SAMPLES: ramp the global batch up (needs --train-samples)")
@@ -259,8 +260,8 @@ var refusedTakesValue = map[string]bool{"wandb-project": true, "ft-num-warmup-it
 // refusedFlags are Megatron flags for features this release does not run
 // yet: accepting them silently would train something else than asked.
 var refusedFlags = map[string]string{
-	"grad-reduce-in-bf16":      "gradients are reduced in float32 in this release",
-	"calculate-per-token-loss": "this release averages the loss per micro-batch (Megatron's default); per-token loss is not built yet",
+	"grad-reduce-in-bf16":      "needs bf16 gradient reduction, not built in gotron: gradients are reduced in float32 in this release",
+	"calculate-per-token-loss": "needs per-token loss normalisation, not built in gotron: this release averages the loss per micro-batch (Megatron's default); per-token loss is not built yet",
 	"wandb-project":            "Weights & Biases cannot be reached from here (no network but the package registries); use --tensorboard-dir",
 	"calc-ft-timeouts":         ftRefused,
 	"ft-num-warmup-iters":      ftRefused,
@@ -518,7 +519,7 @@ func (f *trainFlags) build(ctx context.Context, given map[string]bool) (train.Co
 		return cfg, nil, fmt.Errorf("--lr is required")
 	}
 	if f.ckptFormat != ckpt.FormatName && f.ckptFormat != "torch_dist" {
-		return cfg, nil, fmt.Errorf("--ckpt-format=%s: gotron reads and writes %q checkpoints, sharded and reshardable like torch_dist (Megatron's legacy torch checkpoints convert with 'gotron convert --from megatron')", f.ckptFormat, ckpt.FormatName)
+		return cfg, nil, fmt.Errorf("--ckpt-format=%s: needs Megatron's legacy torch checkpoint format, not built in gotron: gotron reads and writes %q checkpoints, sharded and reshardable like torch_dist (Megatron's legacy torch checkpoints convert with 'gotron convert --from megatron')", f.ckptFormat, ckpt.FormatName)
 	}
 	if err := f.cp.apply(&cfg); err != nil {
 		return cfg, nil, err

@@ -33,6 +33,8 @@ def from_model_config(path):
             lines.append(k)
         elif v is False or v is None:
             continue
+        elif isinstance(v, list):  # nargs: the launcher passes the items as words
+            lines.append(f"{k} " + " ".join(str(x) for x in v))
         else:
             lines.append(f"{k} {v}")
     return lines
