@@ -129,7 +129,7 @@ func (rp *reporter) logIteration(loss float64) map[string]any {
 	line := logLine{Time: now, Iteration: rp.Iteration, TrainIters: rp.trainIters, ConsumedSamples: rp.Consumed,
 		ElapsedMS: perIter * 1e3, LogThroughput: cfg.TensorBoard.LogThroughput, Throughput: tflops,
 		LearningRate: rp.stepper.lastLR, GlobalBatchSize: gbs, LMLoss: avg, LossScale: float64(rp.stepper.lossScale()),
-		GradNorm: rp.stepper.lastGradNorm, NumZeros: rp.stepper.lastNumZeros, ParamsNorm: math.NaN(), SkippedIterations: skipped, NaNIterations: nans,
+		GradNorm: rp.stepper.lastGradNorm, NumZeros: rp.stepper.lastNumZeros, HasNumZeros: rp.stepper.lastNumZeros >= 0, ParamsNorm: math.NaN(), SkippedIterations: skipped, NaNIterations: nans,
 		TokensPerSecond: tokensPerSec, MFU: mfu}
 	// The MoE losses follow the lm loss, as in Megatron's total_loss_dict,
 	// averaged over the advanced iterations since the last log line.
@@ -367,9 +367,11 @@ type logLine struct {
 	// GradNorm is the logged iteration's gradient norm; NaN (the iteration
 	// was skipped: Megatron's optimizer returns None) leaves it out.
 	GradNorm float64
-	// NumZeros is the logged iteration's count of zero gradient elements
-	// (--log-num-zeros-in-grad); negative leaves it out.
-	NumZeros int64
+	// NumZeros is the logged iteration's count of zero gradient elements,
+	// printed when HasNumZeros (--log-num-zeros-in-grad, and the iteration
+	// was not skipped).
+	NumZeros    int64
+	HasNumZeros bool
 	// ParamsNorm is printed unless NaN (--log-params-norm off).
 	ParamsNorm                       float64
 	SkippedIterations, NaNIterations int64
@@ -419,7 +421,7 @@ func (l logLine) String() string {
 	if !math.IsNaN(l.GradNorm) {
 		fmt.Fprintf(&b, " grad norm: %s |", pyFixed(l.GradNorm, 3))
 	}
-	if l.NumZeros >= 0 {
+	if l.HasNumZeros {
 		fmt.Fprintf(&b, " num zeros: %d |", l.NumZeros)
 	}
 	if !math.IsNaN(l.ParamsNorm) {
