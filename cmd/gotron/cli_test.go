@@ -24,6 +24,15 @@ var everySubcommand = [][]string{
 // argument is parsed as a flag (the standard flag package stopped at the
 // first positional argument and left "--bogus-flag" as an argument).
 func TestFlagsAfterArguments(t *testing.T) {
+	listed := map[string]bool{}
+	for _, sub := range everySubcommand {
+		listed[sub[0]] = true
+	}
+	for _, c := range commands() {
+		if !listed[c.name] {
+			t.Errorf("command %q is not in everySubcommand: add it (and its subcommands)", c.name)
+		}
+	}
 	for _, sub := range everySubcommand {
 		args := append(append([]string{}, sub...), "positional", "--bogus-flagg")
 		if sub[0] == "launch" {
