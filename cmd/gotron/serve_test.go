@@ -289,9 +289,13 @@ func TestServeSIGTERM(t *testing.T) {
 // event (which the openai clients raise), a non-streamed request gets a
 // 503; then the process exits 0.
 func TestServeShutdownPastGrace(t *testing.T) {
-	ck := serveCheckpointPositions(t, 4096)
+	// 32k positions: the first request must still be generating when the
+	// second joins it, even on a loaded machine where starting the second
+	// takes a while (with 4k a tiny model finished first and the wait below
+	// never ended).
+	ck := serveCheckpointPositions(t, 32768)
 	base, stop := startServe(t, "--load", ck, "--shutdown-grace", "0s")
-	long := `{"prompt":"Once upon a time","max_tokens":4000,"ignore_eos":true`
+	long := `{"prompt":"Once upon a time","max_tokens":32000,"ignore_eos":true`
 	resp, err := http.Post(base+"/v1/completions", "application/json", strings.NewReader(long+`,"stream":true}`))
 	if err != nil {
 		t.Fatal(err)
@@ -317,11 +321,15 @@ func TestServeShutdownPastGrace(t *testing.T) {
 		plain <- answer{resp.StatusCode, b}
 	}()
 	// Both requests are in the running batch before the shutdown begins.
-	for {
+	for deadline := time.Now().Add(time.Minute); ; {
 		_, m := getBody(t, base+"/metrics")
 		if strings.Contains(m, "\ngotron_running_sequences 2\n") {
 			break
 		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the two requests were never running together; metrics:\n%s", m)
+		}
+		time.Sleep(5 * time.Millisecond)
 	}
 	rest := make(chan []byte, 1)
 	go func() { b, _ := io.ReadAll(r); rest <- b }()
