@@ -218,8 +218,10 @@ func (c *Config) validate() error {
 		l := g.Layout.Config
 		moe := &c.Model.MoE
 		switch {
-		case l.TP > 1 || l.PP > 1 || l.CP > 1:
-			return fmt.Errorf("train: --num-experts=%d with tensor, pipeline or context parallelism (TP=%d, PP=%d, CP=%d): not built yet (MoE runs with data and expert parallelism)", moe.NumExperts, l.TP, l.PP, l.CP)
+		case l.TP > 1 || l.CP > 1:
+			return fmt.Errorf("train: --num-experts=%d with tensor or context parallelism (TP=%d, CP=%d): not built yet (MoE runs with data, expert and pipeline parallelism)", moe.NumExperts, l.TP, l.CP)
+		case l.PP > 1 && moe.ExpertBias:
+			return fmt.Errorf("train: --moe-router-enable-expert-bias with pipeline parallelism (PP=%d): not built yet (each stage's expert biases are not gathered for checkpoints)", l.PP)
 		case g.DP.Size() > 1 && moe.GlobalAuxLossCoeff > 0:
 			return fmt.Errorf("train: global_aux_loss with data parallelism (DP=%d): the counts' all-reduce in the router is not built yet", g.DP.Size())
 		case moe.NumExperts%g.EP.Size() != 0:

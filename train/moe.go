@@ -111,6 +111,33 @@ func (m moeGrads) syncWait() (time.Duration, bool) {
 	return m.dense.SyncWait() + m.experts.SyncWait(), true
 }
 
+// sumMoEMetricsOverStages sums the iteration's logged MoE losses over the
+// pipeline ranks: each stage records only its own layers' losses, each
+// already divided by the model's number of MoE layers (Megatron's tracker
+// all-reduces the per-layer values over the pipeline group before its
+// mean over layers).
+func (st *stepper) sumMoEMetricsOverStages(ctx context.Context, m map[string]float64) error {
+	if len(m) == 0 || !st.pipelined() {
+		return nil
+	}
+	names := make([]string, 0, len(m))
+	for name := range m {
+		names = append(names, name)
+	}
+	sort.Strings(names)
+	v := make([]float32, len(names)) // float32, as the data-parallel mean's
+	for i, name := range names {
+		v[i] = float32(m[name])
+	}
+	if err := st.par.PP.AllReduce(ctx, comm.Float32s(v), comm.Sum); err != nil {
+		return fmt.Errorf("train: sum the MoE losses over the pipeline stages: %w", err)
+	}
+	for i, name := range names {
+		m[name] = float64(v[i])
+	}
+	return nil
+}
+
 // averageMoEMetrics averages the iteration's logged MoE losses over the
 // data-parallel group (Megatron's tracker: each rank's value is its own
 // micro-batches'; needs_dp_avg).

@@ -75,13 +75,21 @@ func moeTrainConfig() Config {
 // 0: one process).
 func runEP(t *testing.T, cfg Config, world, ep int) []dpRun {
 	t.Helper()
+	return runMoE(t, cfg, world, parallel.Config{EP: ep})
+}
+
+// runMoE trains cfg on world inproc ranks laid out as pc (world 0: one
+// process). Each rank's result holds the parameters it trains (its
+// stages' under pipelining) by their whole-model names.
+func runMoE(t *testing.T, cfg Config, world int, pc parallel.Config) []dpRun {
+	t.Helper()
 	src := MockSource{SeqLength: cfg.SeqLength, VocabSize: cfg.Model.VocabSize}
 	runs := make([]dpRun, max(world, 1))
 	body := func(ctx context.Context, pg comm.ProcessGroup) error {
 		c := cfg
 		rank := 0
 		if pg != nil {
-			g, err := parallel.NewGroups(pg, parallel.Config{EP: ep})
+			g, err := parallel.NewGroups(pg, pc)
 			if err != nil {
 				return err
 			}
@@ -96,7 +104,7 @@ func runEP(t *testing.T, cfg Config, world, ep int) []dpRun {
 			return fmt.Errorf("rank %d: %w", rank, err)
 		}
 		ps := map[string][]float32{}
-		for _, p := range tr.Model.Params() {
+		for _, p := range tr.stepper.localParams() {
 			ps[p.Name] = slices.Clone(tensor.ToHost(p).Float32s())
 		}
 		for i, l := range tr.Model.Layers { // the expert biases, compared as parameters
@@ -171,6 +179,63 @@ func TestExpertParallelMatchesOneProcess(t *testing.T) {
 				for i := range v {
 					if !relClose(float64(v[i]), float64(w[i]), 1e-4) {
 						t.Fatalf("%+v rank %d: %s[%d] = %g, one process %g", c, r, name, i, v[i], w[i])
+					}
+				}
+			}
+		}
+	}
+}
+
+// TestMoEPipelineParallelMatchesOneProcess: MoE with pipeline
+// parallelism, PP=2 alone, EP=2×PP=2 (dense DP 2, the expert ranks
+// within it) and EP=2×PP=2 interleaved (two chunks per rank, the first
+// layer dense), gives the lm loss and the aux and z losses of one process at
+// each of 10 iterations within 1e-5 (each stage's routers' losses summed
+// over the pipeline ranks, as Megatron's tracker), and the same parameters
+// at the end on every stage.
+func TestMoEPipelineParallelMatchesOneProcess(t *testing.T) {
+	cfg := moeTrainConfig()
+	ref := runEP(t, cfg, 0, 1)[0]
+	deep := cfg // four layers, the first dense: interleaved stages
+	deep.Model.NumLayers, deep.Model.MoE.LayerFreq = 4, "[0,1,1,1]"
+	deepRef := runEP(t, deep, 0, 1)[0]
+	for _, c := range []struct {
+		world int
+		pc    parallel.Config
+		vpp   int
+	}{{2, parallel.Config{PP: 2}, 0}, {4, parallel.Config{PP: 2, EP: 2}, 0}, {4, parallel.Config{PP: 2, EP: 2}, 2}} {
+		c2, ref := cfg, ref
+		if c.vpp > 0 {
+			c2, ref = deep, deepRef
+			c2.Pipeline.VPP = c.vpp
+		}
+		c2.MoEAllToAll = true
+		got := runMoE(t, c2, c.world, c.pc)
+		for r, run := range got {
+			if len(run.res.Losses) != 10 || len(run.res.MoELosses) != 10 {
+				t.Fatalf("%+v rank %d: %d losses, %d MoE loss records", c.pc, r, len(run.res.Losses), len(run.res.MoELosses))
+			}
+			for i := range 10 {
+				if !relClose(run.res.Losses[i], ref.res.Losses[i], 1e-5) {
+					t.Fatalf("%+v rank %d iteration %d: lm loss %.8g, one process %.8g", c.pc, r, i+1, run.res.Losses[i], ref.res.Losses[i])
+				}
+				for _, name := range []string{"load_balancing_loss", "z_loss"} {
+					if g, w := run.res.MoELosses[i][name], ref.res.MoELosses[i][name]; !relClose(g, w, 1e-5) {
+						t.Fatalf("%+v rank %d iteration %d: %s %.8g, one process %.8g", c.pc, r, i+1, name, g, w)
+					}
+				}
+			}
+			if len(run.params) == 0 {
+				t.Fatalf("%+v rank %d: no parameters", c.pc, r)
+			}
+			for name, v := range run.params {
+				w, ok := ref.params[name]
+				if !ok || len(w) != len(v) {
+					t.Fatalf("%+v rank %d: %s (%d values) is not one process's parameter (%d)", c.pc, r, name, len(v), len(w))
+				}
+				for i := range v {
+					if !relClose(float64(v[i]), float64(w[i]), 1e-4) {
+						t.Fatalf("%+v rank %d: %s[%d] = %g, one process %g", c.pc, r, name, i, v[i], w[i])
 					}
 				}
 			}

@@ -264,6 +264,9 @@ func (st *stepper) step(ctx context.Context) (float64, error) {
 		// finalize_model_grads: the logged MoE losses, then the expert-bias
 		// update (before the optimizer step, also when it is skipped).
 		st.moeMetrics = moe.MoEMetrics(n)
+		if err := st.sumMoEMetricsOverStages(st.cctx, st.moeMetrics); err != nil {
+			return 0, err
+		}
 		if err := st.averageMoEMetrics(st.cctx, st.moeMetrics); err != nil {
 			return 0, err
 		}

@@ -252,6 +252,9 @@ func (s *Stage) Params() []*tensor.Tensor {
 		l := &s.Layers[i]
 		ps = append(ps, l.InputNorm, l.InputNormBias, l.QKV, l.QKVBias, l.Proj, l.ProjBias,
 			l.MLPNorm, l.MLPNormBias, l.FC1, l.FC1Bias, l.FC2, l.FC2Bias)
+		if l.MoE != nil {
+			ps = append(ps, l.MoE.params()...)
+		}
 	}
 	ps = append(ps, s.FinalNorm, s.FinalNormB)
 	if s.OutputLayer != s.WordEmb {
@@ -319,11 +322,14 @@ func (s *Stage) Loss(tp *tensor.Tape, logits *tensor.Tensor, bt Batch) *tensor.T
 
 // view is a Model holding the stage's parameters, so the stage runs the
 // model file's own layer code (with the full model's recompute setting,
-// applied per stage as Megatron's --recompute-num-layers is).
+// applied per stage as Megatron's --recompute-num-layers is, and its MoE
+// state and expert-parallel group: the stage's routers record their losses
+// in the full model's per-layer tracker).
 func (s *Stage) view() *Model {
 	return &Model{Config: s.Config, WordEmb: s.WordEmb, PosEmb: s.PosEmb, Layers: s.Layers,
 		FinalNorm: s.FinalNorm, FinalNormB: s.FinalNormB, OutputLayer: s.OutputLayer,
-		rope: s.model.rope, Sharding: s.Sharding, Recompute: s.model.Recompute, ContextParallel: s.model.ContextParallel}
+		rope: s.model.rope, Sharding: s.Sharding, Recompute: s.model.Recompute, ContextParallel: s.model.ContextParallel,
+		MoE: s.model.MoE, Experts: s.model.Experts}
 }
 
 // ActivationShape is the shape of the hidden states between stages for a
