@@ -246,40 +246,46 @@ func TestMoEPipelineParallelMatchesOneProcess(t *testing.T) {
 // TestExpertParallelCheckpointResumes: an EP=2 checkpoint (each expert
 // written once, by its expert-data-parallel rank 0, under its global name;
 // with the distributed optimizer, its state's shards by every expert-DP
-// rank) resumes at EP=1, EP=2 and EP=4 (the last with the distributed
-// optimizer) with the losses of an uninterrupted run within 1e-5.
+// rank), and an EP=2×PP=2 one (each stage writing its layers' experts),
+// resume at EP=1, EP=2, EP=4 (with the distributed optimizer) and
+// EP=2×PP=2 with the losses of an uninterrupted run within 1e-5.
 func TestExpertParallelCheckpointResumes(t *testing.T) {
 	cfg := moeTrainConfig()
 	cfg.MoEAllToAll = true
 	straight := runEP(t, cfg, 0, 1)[0]
 	dist := ddp.Config{DistributedOptimizer: true}
 	for _, save := range []struct {
-		world, ep int
-		dist      bool
-	}{{2, 2, false}, {4, 2, true}} { // the second: expert shards of the optimizer state over expert DP 2
+		world int
+		pc    parallel.Config
+		dist  bool
+	}{{2, parallel.Config{EP: 2}, false}, {4, parallel.Config{EP: 2}, true}, {4, parallel.Config{EP: 2, PP: 2}, false}} {
+		// the second: expert shards of the optimizer state over expert DP
+		// 2; the third: each pipeline stage writes its own layers' experts
 		dir := t.TempDir()
 		first := cfg
 		first.Save, first.ExitInterval = dir, 5
 		if save.dist {
 			first.DDP = dist
 		}
-		a := runEP(t, first, save.world, save.ep)[0]
+		a := runMoE(t, first, save.world, save.pc)[0]
 		if a.res.Iteration != 5 {
 			t.Fatalf("first half stopped at iteration %d", a.res.Iteration)
 		}
 		for _, c := range []struct {
-			world, ep int
-			dist      bool
-		}{{0, 1, false}, {2, 2, false}, {4, 4, true}} {
+			world int
+			pc    parallel.Config
+			dist  bool
+		}{{0, parallel.Config{}, false}, {2, parallel.Config{EP: 2}, false}, {4, parallel.Config{EP: 4}, true},
+			{4, parallel.Config{EP: 2, PP: 2}, false}} {
 			second := cfg
 			second.Load = dir
 			if c.dist {
 				second.DDP = dist
 			}
-			for r, run := range runEP(t, second, c.world, c.ep) {
+			for r, run := range runMoE(t, second, c.world, c.pc) {
 				got := append(slices.Clone(a.res.Losses), run.res.Losses...)
 				if len(got) != len(straight.res.Losses) {
-					t.Fatalf("EP=%d: %d iterations in all, want %d", c.ep, len(got), len(straight.res.Losses))
+					t.Fatalf("%+v: %d iterations in all, want %d", c.pc, len(got), len(straight.res.Losses))
 				}
 				for i := range got {
 					if !relClose(got[i], straight.res.Losses[i], 1e-5) {
