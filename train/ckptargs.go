@@ -35,6 +35,7 @@ func archFields() []archField {
 		{"RotaryInterleaved", "--rotary-interleaved", func(c *gpt.Config) any { return c.RotaryInterleaved }},
 		{"Normalization", "--normalization", func(c *gpt.Config) any { return c.Normalization }},
 		{"NormEpsilon", "--norm-epsilon", func(c *gpt.Config) any { return c.NormEpsilon }},
+		{"LayerNorm1P", "--apply-layernorm-1p", func(c *gpt.Config) any { return c.LayerNorm1P }},
 		{"Activation", "--swiglu/--openai-gelu", func(c *gpt.Config) any { return c.Activation }},
 		{"DisableBiasLinear", "--disable-bias-linear", func(c *gpt.Config) any { return c.DisableBiasLinear }},
 		{"AddQKVBias", "--add-qkv-bias", func(c *gpt.Config) any { return c.AddQKVBias }},

@@ -275,6 +275,11 @@ func ArchOf(c gpt.Config) (string, error) {
 	if err := c.Validate(); err != nil {
 		return "", err
 	}
+	if c.LayerNorm1P {
+		// Hugging Face's GPT-2 and Llama norms scale by their weight, not by
+		// 1 + weight; exporting γ as it is would silently change the model.
+		return "", fmt.Errorf("hf: the model's norms use --apply-layernorm-1p (weight 1 + γ), which neither GPT-2 nor Llama has in Hugging Face's format; export is not built for it")
+	}
 	if c.MoE.Enabled() {
 		return moeArchOf(c)
 	}
@@ -325,7 +330,7 @@ func ParseDType(s string) (string, error) {
 func Export(ctx context.Context, dir string, m *gpt.Model, info Info, opts ExportOptions) error {
 	c := m.Config
 	arch := info.Arch
-	if arch == "" {
+	if arch == "" || c.LayerNorm1P {
 		a, err := ArchOf(c)
 		if err != nil {
 			return err

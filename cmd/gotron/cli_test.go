@@ -273,7 +273,6 @@ func TestMegatronCompatRefusals(t *testing.T) {
 		{[]string{"--log-num-zeros-in-grad", "--device", "sim"}, "--log-num-zeros-in-grad: counts the gradients on the host: --device cpu only"},
 		{[]string{"--timing-log-level", "1"}, "--timing-log-level 1: needs Megatron's timers, not built"},
 		{[]string{"--qk-layernorm"}, "--qk-layernorm: needs query/key layer normalisation"},
-		{[]string{"--apply-layernorm-1p"}, "--apply-layernorm-1p: needs layer norms with zero-centred gamma"},
 		{[]string{"--multi-latent-attention"}, "needs multi-latent attention (MLA)"},
 		{[]string{"--fp8-format", "hybrid"}, "--fp8-format hybrid: needs FP8 training"},
 		{[]string{"--use-megatron-fsdp"}, "needs fully sharded data parallelism (FSDP)"},

@@ -170,7 +170,6 @@ var compatArgs = map[string]compatArg{
 	"timing-log-option":        {kind: compatNeeds, why: "Megatron's timers, not built in gotron yet"},
 	"qk-layernorm":             {kind: compatNeeds, why: "query/key layer normalisation, not built in gotron yet"},
 	"apply-wd-to-qk-layernorm": {kind: compatNeeds, why: "query/key layer normalisation, not built in gotron yet"},
-	"apply-layernorm-1p":       {kind: compatNeeds, why: "layer norms with zero-centred gamma (1 + γ), not built in gotron yet"},
 	"squared-relu":             {kind: compatNeeds, why: "the squared-ReLU MLP activation, not built in gotron yet"},
 	"log-progress":             {kind: compatNeeds, why: "Megatron's progress.txt job log, not built in gotron yet"},
 	"straggler-minmax-count":   {kind: compatNeeds, why: "Megatron's straggler detector, not built in gotron"},

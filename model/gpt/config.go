@@ -34,6 +34,13 @@ type Config struct {
 	// Normalization (--normalization): LayerNorm (the zero value) or RMSNorm.
 	Normalization Normalization
 	NormEpsilon   float32 // --norm-epsilon; 0 means 1e-5
+	// LayerNorm1P (--apply-layernorm-1p, Megatron's
+	// layernorm_zero_centered_gamma): every norm scales by 1 + γ, and the
+	// stored weight γ starts at zero. The function is the same as a plain
+	// norm with weight 1 + γ; what differs is the parameter the optimizer
+	// sees (weight decay, when applied to norms, pulls γ to 0, so the scale
+	// to 1) and the checkpoint's values, which are Megatron's.
+	LayerNorm1P bool
 	// Activation of the MLP: GELU (exact erf GELU, Megatron's default; the
 	// zero value), GELUTanh (--openai-gelu, GPT-2's) or SwiGLU (--swiglu:
 	// fc1 outputs [gate; up], 2·FFNHiddenSize rows).

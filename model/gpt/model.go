@@ -84,6 +84,9 @@ func New(cfg Config, rng *tensor.RNG) (*Model, error) {
 	}
 	ones := func(name string, n int) *tensor.Tensor {
 		p := tensor.Param(name, n)
+		if cfg.LayerNorm1P {
+			return p // γ = 0: the scale 1 + γ starts at one
+		}
 		for i := range p.Float32s() {
 			p.Float32s()[i] = 1
 		}
@@ -360,10 +363,22 @@ func (m *Model) outputWeight() *tensor.Tensor {
 }
 
 func (m *Model) norm(tp *tensor.Tape, x, w, b *tensor.Tensor) *tensor.Tensor {
+	if m.Config.LayerNorm1P {
+		w = tp.Add(w, onesLike(w)) // Megatron's zero-centred gamma: scale by 1 + γ
+	}
 	if m.Config.Normalization == RMSNorm {
 		return tp.RMSNorm(x, w, m.Config.NormEpsilon)
 	}
 	return tp.LayerNorm(x, w, b, m.Config.NormEpsilon)
+}
+
+// onesLike is a constant tensor of ones with w's shape on w's device.
+func onesLike(w *tensor.Tensor) *tensor.Tensor {
+	one := tensor.New(tensor.Float32, w.Shape()...)
+	for i := range one.Float32s() {
+		one.Float32s()[i] = 1
+	}
+	return one.ToDevice(w.Device())
 }
 
 // dropout is the hidden dropout of replicated activations, drawn from
