@@ -220,8 +220,6 @@ func (c *Config) validate() error {
 		switch {
 		case l.TP > 1 || l.CP > 1:
 			return fmt.Errorf("train: --num-experts=%d with tensor or context parallelism (TP=%d, CP=%d): not built yet (MoE runs with data, expert and pipeline parallelism)", moe.NumExperts, l.TP, l.CP)
-		case l.PP > 1 && moe.ExpertBias:
-			return fmt.Errorf("train: --moe-router-enable-expert-bias with pipeline parallelism (PP=%d): not built yet (each stage's expert biases are not gathered for checkpoints)", l.PP)
 		case g.DP.Size() > 1 && moe.GlobalAuxLossCoeff > 0:
 			return fmt.Errorf("train: global_aux_loss with data parallelism (DP=%d): the counts' all-reduce in the router is not built yet", g.DP.Size())
 		case moe.NumExperts%g.EP.Size() != 0:

@@ -46,8 +46,19 @@ func (st *stepper) otherExperts() map[string][]int {
 }
 
 // buffers returns the model's checkpointed state outside its parameters
-// (an MoE router's expert bias), replicated on every rank.
+// (an MoE router's expert bias), replicated on every rank of a pipeline
+// stage; under pipelining only this rank's stages' (the others' are never
+// updated here).
 func (st *stepper) buffers() []*tensor.Tensor {
+	if st.pipelined() {
+		var out []*tensor.Tensor
+		for _, s := range st.stages {
+			if b, ok := s.(interface{ Buffers() []*tensor.Tensor }); ok {
+				out = append(out, b.Buffers()...)
+			}
+		}
+		return out
+	}
 	if m, ok := st.model.(interface{ Buffers() []*tensor.Tensor }); ok {
 		return m.Buffers()
 	}

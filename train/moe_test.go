@@ -107,10 +107,8 @@ func runMoE(t *testing.T, cfg Config, world int, pc parallel.Config) []dpRun {
 		for _, p := range tr.stepper.localParams() {
 			ps[p.Name] = slices.Clone(tensor.ToHost(p).Float32s())
 		}
-		for i, l := range tr.Model.Layers { // the expert biases, compared as parameters
-			if l.MoE != nil && l.MoE.ExpertBias != nil {
-				ps[fmt.Sprintf("decoder.layers.%d.mlp.router.expert_bias", i)] = slices.Clone(l.MoE.ExpertBias)
-			}
+		for _, b := range tr.stepper.buffers() { // the expert biases, compared as parameters
+			ps[b.Name] = slices.Clone(b.Float32s())
 		}
 		runs[rank] = dpRun{res: res, params: ps}
 		return nil
@@ -203,11 +201,17 @@ func TestMoEPipelineParallelMatchesOneProcess(t *testing.T) {
 		world int
 		pc    parallel.Config
 		vpp   int
-	}{{2, parallel.Config{PP: 2}, 0}, {4, parallel.Config{PP: 2, EP: 2}, 0}, {4, parallel.Config{PP: 2, EP: 2}, 2}} {
+		bias  bool
+	}{{2, parallel.Config{PP: 2}, 0, false}, {4, parallel.Config{PP: 2, EP: 2}, 0, false}, {4, parallel.Config{PP: 2, EP: 2}, 2, false},
+		{4, parallel.Config{PP: 2, EP: 2}, 0, true}} {
 		c2, ref := cfg, ref
 		if c.vpp > 0 {
 			c2, ref = deep, deepRef
 			c2.Pipeline.VPP = c.vpp
+		}
+		if c.bias { // each stage's routers' expert biases, their counts summed over DP
+			c2.Model.MoE.Score, c2.Model.MoE.ExpertBias, c2.Model.MoE.ExpertBiasUpdateRate = gpt.ScoreSigmoid, true, 0.05
+			ref = runEP(t, c2, 0, 1)[0]
 		}
 		c2.MoEAllToAll = true
 		got := runMoE(t, c2, c.world, c.pc)
@@ -299,30 +303,51 @@ func TestExpertParallelCheckpointResumes(t *testing.T) {
 
 // TestExpertBiasCheckpoint: the routers' expert biases are saved
 // (decoder.layers.N.mlp.router.expert_bias) and restored, so a resumed run
-// (one process, and at EP=2) repeats the uninterrupted one: bit for bit in
-// one process.
+// (one process, at EP=2 and at EP=2×PP=2, each stage holding its layers'
+// biases) repeats the uninterrupted one: bit for bit in one process. A
+// checkpoint saved at EP=2×PP=2 (each stage writing its own layers'
+// biases) resumes in one process.
 func TestExpertBiasCheckpoint(t *testing.T) {
 	cfg := moeTrainConfig()
 	cfg.Model.MoE.Score, cfg.Model.MoE.ExpertBias, cfg.Model.MoE.ExpertBiasUpdateRate = gpt.ScoreSigmoid, true, 0.05
 	cfg.MoEAllToAll = true
 	straight := runEP(t, cfg, 0, 1)[0]
-	dir := t.TempDir()
-	first := cfg
-	first.Save, first.ExitInterval = dir, 5
-	a := runEP(t, first, 0, 1)[0]
-	for _, c := range []struct{ world, ep int }{{0, 1}, {2, 2}} {
-		second := cfg
-		second.Load = dir
-		for r, run := range runEP(t, second, c.world, c.ep) {
-			got := append(slices.Clone(a.res.Losses), run.res.Losses...)
-			for i := range got {
-				if (c.world == 0 && got[i] != straight.res.Losses[i]) || !relClose(got[i], straight.res.Losses[i], 1e-5) {
-					t.Fatalf("resume at EP=%d: rank %d iteration %d loss %.9g, straight %.9g", c.ep, r, i+1, got[i], straight.res.Losses[i])
+	type layout struct {
+		world int
+		pc    parallel.Config
+	}
+	for _, save := range []struct {
+		at      layout
+		resumes []layout
+	}{{layout{0, parallel.Config{}}, []layout{{0, parallel.Config{}}, {2, parallel.Config{EP: 2}}, {4, parallel.Config{EP: 2, PP: 2}}}},
+		{layout{4, parallel.Config{EP: 2, PP: 2}}, []layout{{0, parallel.Config{}}}}} {
+		dir := t.TempDir()
+		first := cfg
+		first.Save, first.ExitInterval = dir, 5
+		a := runMoE(t, first, save.at.world, save.at.pc)[0]
+		for _, c := range save.resumes {
+			second := cfg
+			second.Load = dir
+			for r, run := range runMoE(t, second, c.world, c.pc) {
+				got := append(slices.Clone(a.res.Losses), run.res.Losses...)
+				bitwise := c.world == 0 && save.at.world == 0
+				for i := range got {
+					if (bitwise && got[i] != straight.res.Losses[i]) || !relClose(got[i], straight.res.Losses[i], 1e-5) {
+						t.Fatalf("saved at %+v, resumed at %+v: rank %d iteration %d loss %.9g, straight %.9g", save.at.pc, c.pc, r, i+1, got[i], straight.res.Losses[i])
+					}
 				}
-			}
-			for name, v := range straight.params {
-				if strings.HasSuffix(name, "expert_bias") && !slices.Equal(run.params[name], v) {
-					t.Fatalf("resume at EP=%d: %s %v, straight %v", c.ep, name, run.params[name], v)
+				biases := 0
+				for name, v := range run.params {
+					if !strings.HasSuffix(name, "expert_bias") {
+						continue
+					}
+					biases++
+					if !slices.Equal(v, straight.params[name]) {
+						t.Fatalf("saved at %+v, resumed at %+v: rank %d %s %v, straight %v", save.at.pc, c.pc, r, name, v, straight.params[name])
+					}
+				}
+				if biases == 0 {
+					t.Fatalf("saved at %+v, resumed at %+v: rank %d holds no expert bias", save.at.pc, c.pc, r)
 				}
 			}
 		}

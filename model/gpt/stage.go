@@ -269,6 +269,21 @@ func (s *Stage) Params() []*tensor.Tensor {
 	return out
 }
 
+// Buffers returns the checkpointed state of the stage's layers outside
+// their parameters (Model.Buffers for the stage's layers only): each MoE
+// router's expert bias under its whole-model name, sharing its values.
+func (s *Stage) Buffers() []*tensor.Tensor {
+	var out []*tensor.Tensor
+	for i := range s.Layers {
+		if l := s.Layers[i].MoE; l != nil && l.ExpertBias != nil {
+			b := tensor.FromFloat32(l.ExpertBias, len(l.ExpertBias))
+			b.Name = fmt.Sprintf("decoder.layers.%d.mlp.router.expert_bias", s.FirstLayer+i)
+			out = append(out, b)
+		}
+	}
+	return out
+}
+
 // SharedEmbedding returns the tensor whose gradient is summed over the
 // embedding group with tied embeddings: the first stage's word embedding or
 // the last stage's copy. It is nil on other stages, on untied models, and on
