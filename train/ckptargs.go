@@ -36,6 +36,7 @@ func archFields() []archField {
 		{"Normalization", "--normalization", func(c *gpt.Config) any { return c.Normalization }},
 		{"NormEpsilon", "--norm-epsilon", func(c *gpt.Config) any { return c.NormEpsilon }},
 		{"LayerNorm1P", "--apply-layernorm-1p", func(c *gpt.Config) any { return c.LayerNorm1P }},
+		{"QKLayerNorm", "--qk-layernorm", func(c *gpt.Config) any { return c.QKLayerNorm }},
 		{"Activation", "--swiglu/--openai-gelu", func(c *gpt.Config) any { return c.Activation }},
 		{"DisableBiasLinear", "--disable-bias-linear", func(c *gpt.Config) any { return c.DisableBiasLinear }},
 		{"AddQKVBias", "--add-qkv-bias", func(c *gpt.Config) any { return c.AddQKVBias }},

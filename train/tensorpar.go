@@ -119,16 +119,26 @@ func (st *stepper) normParams(ps []*optim.Param) []*optim.Param {
 
 // reduceSequenceParallelGrads all-reduces over the TP group the gradients
 // of replicated parameters that each rank computed from its sequence shard
-// only (norms, row-parallel biases): Megatron's
-// finalize_model_grads for --sequence-parallel.
+// only (norms, row-parallel biases), or from its heads only (--qk-layernorm):
+// Megatron's finalize_model_grads for --sequence-parallel and qk_layernorm.
 func (st *stepper) reduceSequenceParallelGrads(ctx context.Context) error {
-	if !st.cfg.SequenceParallel { // (which needs TP > 1)
+	sp, qk := st.cfg.SequenceParallel, st.cfg.Model.QKLayerNorm && st.region != nil && st.region.Size() > 1
+	if !sp && !qk { // (SP needs TP > 1)
 		return nil
 	}
 	// The position table is added before the activations are split into
-	// sequence shards: its gradient is whole on every rank already.
+	// sequence shards: its gradient is whole on every rank already. The
+	// query/key norms see this rank's heads only: their gradients are
+	// partial sums with or without SP (Megatron's finalize_model_grads
+	// all-reduces q_layernorm and k_layernorm too).
 	views := st.reducer.GradViews(func(p *tensor.Tensor) bool {
-		return st.replicated(p.Name) && p.Name != "embedding.position_embeddings.weight"
+		if !st.replicated(p.Name) {
+			return false
+		}
+		if sp {
+			return p.Name != "embedding.position_embeddings.weight"
+		}
+		return strings.Contains(p.Name, "self_attention.q_layernorm.") || strings.Contains(p.Name, "self_attention.k_layernorm.")
 	})
 	n := 0
 	for _, v := range views {

@@ -280,6 +280,9 @@ func ArchOf(c gpt.Config) (string, error) {
 		// 1 + weight; exporting γ as it is would silently change the model.
 		return "", fmt.Errorf("hf: the model's norms use --apply-layernorm-1p (weight 1 + γ), which neither GPT-2 nor Llama has in Hugging Face's format; export is not built for it")
 	}
+	if c.QKLayerNorm {
+		return "", fmt.Errorf("hf: the model uses --qk-layernorm, which neither GPT-2 nor Llama has in Hugging Face's format; export is not built for it")
+	}
 	if c.MoE.Enabled() {
 		return moeArchOf(c)
 	}
@@ -330,7 +333,7 @@ func ParseDType(s string) (string, error) {
 func Export(ctx context.Context, dir string, m *gpt.Model, info Info, opts ExportOptions) error {
 	c := m.Config
 	arch := info.Arch
-	if arch == "" || c.LayerNorm1P {
+	if arch == "" || c.LayerNorm1P || c.QKLayerNorm {
 		a, err := ArchOf(c)
 		if err != nil {
 			return err

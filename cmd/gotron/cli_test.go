@@ -272,7 +272,6 @@ func TestMegatronCompatRefusals(t *testing.T) {
 	}{
 		{[]string{"--log-num-zeros-in-grad", "--device", "sim"}, "--log-num-zeros-in-grad: counts the gradients on the host: --device cpu only"},
 		{[]string{"--timing-log-level", "1"}, "--timing-log-level 1: needs Megatron's timers, not built"},
-		{[]string{"--qk-layernorm"}, "--qk-layernorm: needs query/key layer normalisation"},
 		{[]string{"--multi-latent-attention"}, "needs multi-latent attention (MLA)"},
 		{[]string{"--fp8-format", "hybrid"}, "--fp8-format hybrid: needs FP8 training"},
 		{[]string{"--use-megatron-fsdp"}, "needs fully sharded data parallelism (FSDP)"},

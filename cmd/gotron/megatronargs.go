@@ -168,8 +168,7 @@ var compatArgs = map[string]compatArg{
 	// Features gotron does not have.
 	"timing-log-level":         {kind: compatNeeds, why: "Megatron's timers, not built in gotron yet (the log line's elapsed time per iteration is Megatron's interval-time)"},
 	"timing-log-option":        {kind: compatNeeds, why: "Megatron's timers, not built in gotron yet"},
-	"qk-layernorm":             {kind: compatNeeds, why: "query/key layer normalisation, not built in gotron yet"},
-	"apply-wd-to-qk-layernorm": {kind: compatNeeds, why: "query/key layer normalisation, not built in gotron yet"},
+	"apply-wd-to-qk-layernorm": {kind: compatNeeds, why: "weight decay on the query/key layer norms, not built in gotron yet"},
 	"squared-relu":             {kind: compatNeeds, why: "the squared-ReLU MLP activation, not built in gotron yet"},
 	"log-progress":             {kind: compatNeeds, why: "Megatron's progress.txt job log, not built in gotron yet"},
 	"straggler-minmax-count":   {kind: compatNeeds, why: "Megatron's straggler detector, not built in gotron"},

@@ -109,6 +109,7 @@ func newTrainFlags() (*flag.FlagSet, *trainFlags) {
 	fs.BoolVar(&m.RotaryInterleaved, "rotary-interleaved", false, "RoPE on (2i, 2i+1) pairs instead of halves")
 	fs.Var(&m.Normalization, "normalization", "LayerNorm or RMSNorm")
 	normEps := fs.Float64("norm-epsilon", 1e-5, "normalisation epsilon")
+	fs.BoolVar(&m.QKLayerNorm, "qk-layernorm", false, "normalise each query and key head before RoPE (Megatron's q_layernorm, k_layernorm)")
 	fs.BoolVar(&m.LayerNorm1P, "apply-layernorm-1p", false, "norms scale by 1 + γ with γ initialised to 0 (Megatron's zero-centred gamma)")
 	fs.BoolVar(&f.swiglu, "swiglu", false, "SwiGLU MLP (fc1 rows [gate; up])")
 	fs.BoolVar(&f.openaiGELU, "openai-gelu", false, "tanh-approximated GELU (GPT-2's)")
@@ -595,6 +596,7 @@ func overlayModelFlags(p, flags *gpt.Config, given map[string]bool) {
 	set("normalization", func() { p.Normalization = flags.Normalization })
 	set("disable-bias-linear", func() { p.DisableBiasLinear = flags.DisableBiasLinear })
 	set("apply-layernorm-1p", func() { p.LayerNorm1P = flags.LayerNorm1P })
+	set("qk-layernorm", func() { p.QKLayerNorm = flags.QKLayerNorm })
 	set("untie-embeddings-and-output-weights", func() { p.UntieEmbeddingsAndOutputWeights = flags.UntieEmbeddingsAndOutputWeights })
 	p.RotaryBase, p.RotaryPercent, p.RotaryInterleaved = flags.RotaryBase, flags.RotaryPercent, flags.RotaryInterleaved
 	p.NormEpsilon, p.InitMethodStd = flags.NormEpsilon, flags.InitMethodStd

@@ -41,6 +41,10 @@ type Config struct {
 	// sees (weight decay, when applied to norms, pulls γ to 0, so the scale
 	// to 1) and the checkpoint's values, which are Megatron's.
 	LayerNorm1P bool
+	// QKLayerNorm (--qk-layernorm) normalises each query and key head
+	// before RoPE with the model's normalisation (Megatron's q_layernorm and
+	// k_layernorm; 1 + γ with LayerNorm1P).
+	QKLayerNorm bool
 	// Activation of the MLP: GELU (exact erf GELU, Megatron's default; the
 	// zero value), GELUTanh (--openai-gelu, GPT-2's) or SwiGLU (--swiglu:
 	// fc1 outputs [gate; up], 2·FFNHiddenSize rows).
@@ -187,6 +191,9 @@ func (c *Config) ParamCount() float64 {
 	layer := 2*norm + qkvRows*h + h*a*d + fc1Rows*h + h*ffn + bias*(h+fc1Rows+h)
 	if !c.DisableBiasLinear || c.AddQKVBias {
 		layer += qkvRows
+	}
+	if c.QKLayerNorm { // q_layernorm and k_layernorm, (d) each, and their LayerNorm biases
+		layer += 2 * norm / h * d
 	}
 	n := v*h + float64(c.NumLayers)*layer + norm
 	if c.MoE.Enabled() {

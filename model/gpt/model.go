@@ -27,10 +27,14 @@ import (
 type Layer struct {
 	InputNorm, InputNormBias *tensor.Tensor // input_layernorm (bias nil for RMSNorm)
 	QKV, QKVBias             *tensor.Tensor // self_attention.linear_qkv: (G·(r+2)·d, h)
-	Proj, ProjBias           *tensor.Tensor // self_attention.linear_proj: (h, a·d)
-	MLPNorm, MLPNormBias     *tensor.Tensor // pre_mlp_layernorm
-	FC1, FC1Bias             *tensor.Tensor // mlp.linear_fc1: (ffn or 2·ffn, h)
-	FC2, FC2Bias             *tensor.Tensor // mlp.linear_fc2: (h, ffn)
+	// QNorm and KNorm (--qk-layernorm) normalise each query and key head
+	// over its d channels before RoPE: self_attention.q_layernorm and
+	// k_layernorm, (d), the model's normalisation (biases for LayerNorm).
+	QNorm, QNormBias, KNorm, KNormBias *tensor.Tensor
+	Proj, ProjBias                     *tensor.Tensor // self_attention.linear_proj: (h, a·d)
+	MLPNorm, MLPNormBias               *tensor.Tensor // pre_mlp_layernorm
+	FC1, FC1Bias                       *tensor.Tensor // mlp.linear_fc1: (ffn or 2·ffn, h)
+	FC2, FC2Bias                       *tensor.Tensor // mlp.linear_fc2: (h, ffn)
 	// MoE replaces the dense MLP (FC1, FC2 nil) in an MoE layer (moe.go).
 	MoE *MoELayer
 }
@@ -99,6 +103,12 @@ func New(cfg Config, rng *tensor.RNG) (*Model, error) {
 		return tensor.Param(name, n)
 	}
 	ln := cfg.Normalization == LayerNorm
+	qkNorm := func(name string) *tensor.Tensor {
+		if !cfg.QKLayerNorm {
+			return nil
+		}
+		return ones(name, d)
+	}
 	hasBias := !cfg.DisableBiasLinear
 	fc1Rows := cfg.FFNHiddenSize
 	if cfg.Activation == SwiGLU {
@@ -116,6 +126,10 @@ func New(cfg Config, rng *tensor.RNG) (*Model, error) {
 				InputNormBias: bias(p+"input_layernorm.bias", h, ln),
 				QKV:           normal(p+"self_attention.linear_qkv.weight", std, g*(a/g+2)*d, h),
 				QKVBias:       bias(p+"self_attention.linear_qkv.bias", g*(a/g+2)*d, hasBias || cfg.AddQKVBias),
+				QNorm:         qkNorm(p + "self_attention.q_layernorm.weight"),
+				QNormBias:     bias(p+"self_attention.q_layernorm.bias", d, ln && cfg.QKLayerNorm),
+				KNorm:         qkNorm(p + "self_attention.k_layernorm.weight"),
+				KNormBias:     bias(p+"self_attention.k_layernorm.bias", d, ln && cfg.QKLayerNorm),
 				Proj:          normal(p+"self_attention.linear_proj.weight", outStd, h, a*d),
 				ProjBias:      bias(p+"self_attention.linear_proj.bias", h, hasBias),
 				MLPNorm:       ones(p+"pre_mlp_layernorm.weight", h),
@@ -129,6 +143,10 @@ func New(cfg Config, rng *tensor.RNG) (*Model, error) {
 			InputNormBias: bias(p+"input_layernorm.bias", h, ln),
 			QKV:           normal(p+"self_attention.linear_qkv.weight", std, g*(a/g+2)*d, h),
 			QKVBias:       bias(p+"self_attention.linear_qkv.bias", g*(a/g+2)*d, hasBias || cfg.AddQKVBias),
+			QNorm:         qkNorm(p + "self_attention.q_layernorm.weight"),
+			QNormBias:     bias(p+"self_attention.q_layernorm.bias", d, ln && cfg.QKLayerNorm),
+			KNorm:         qkNorm(p + "self_attention.k_layernorm.weight"),
+			KNormBias:     bias(p+"self_attention.k_layernorm.bias", d, ln && cfg.QKLayerNorm),
 			Proj:          normal(p+"self_attention.linear_proj.weight", outStd, h, a*d),
 			ProjBias:      bias(p+"self_attention.linear_proj.bias", h, hasBias),
 			MLPNorm:       ones(p+"pre_mlp_layernorm.weight", h),
@@ -166,7 +184,7 @@ func (m *Model) Params() []*tensor.Tensor {
 	ps := []*tensor.Tensor{m.WordEmb, m.PosEmb}
 	for i := range m.Layers {
 		l := &m.Layers[i]
-		ps = append(ps, l.InputNorm, l.InputNormBias, l.QKV, l.QKVBias, l.Proj, l.ProjBias,
+		ps = append(ps, l.InputNorm, l.InputNormBias, l.QKV, l.QKVBias, l.QNorm, l.QNormBias, l.KNorm, l.KNormBias, l.Proj, l.ProjBias,
 			l.MLPNorm, l.MLPNormBias, l.FC1, l.FC1Bias, l.FC2, l.FC2Bias)
 		if l.MoE != nil {
 			ps = append(ps, l.MoE.params()...)
@@ -328,6 +346,10 @@ func (m *Model) attention(tp *tensor.Tape, l *Layer, index int, x *tensor.Tensor
 	q := tp.Reshape(parts[0], b, t, g*r, d) // head h = j·r + i uses kv head j
 	k := tp.Reshape(parts[1], b, t, g, d)
 	v := tp.Reshape(parts[2], b, t, g, d)
+	if l.QNorm != nil { // --qk-layernorm: per head, before RoPE, as Megatron's get_query_key_value_tensors
+		q = m.norm(tp, q, l.QNorm, l.QNormBias)
+		k = m.norm(tp, k, l.KNorm, l.KNormBias)
+	}
 	if m.rope != nil {
 		q = tp.RoPE(q, m.rope, p.positions)
 		k = tp.RoPE(k, m.rope, p.positions)

@@ -1,6 +1,7 @@
 package gpt
 
 import (
+	"math"
 	"strings"
 	"testing"
 
@@ -97,5 +98,83 @@ func TestLayerNorm1P(t *testing.T) {
 				t.Fatalf("loss %g with and without --apply-layernorm-1p: the flag has no effect", other)
 			}
 		})
+	}
+}
+
+// TestQKLayerNorm checks --qk-layernorm: Megatron's parameters exist
+// (self_attention.q_layernorm.weight, k_layernorm.weight, (d) each, counted
+// by ParamCount); RMSNorm per head makes attention invariant to scaling the
+// query and key projections (an exact identity, up to the epsilon), which
+// the model without the norms is not; and the norm weights' gradient matches
+// central finite differences.
+func TestQKLayerNorm(t *testing.T) {
+	cfg := Config{NumLayers: 2, HiddenSize: 16, NumAttentionHeads: 4, NumQueryGroups: 2, FFNHiddenSize: 24, VocabSize: 40,
+		MaxPositionEmbeddings: 8, PositionEmbeddingType: RoPE, Normalization: RMSNorm, Activation: SwiGLU,
+		DisableBiasLinear: true, NormEpsilon: 1e-12, QKLayerNorm: true}
+	build := func(c Config) *Model {
+		m, err := New(c, tensor.NewRNG(7))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return m
+	}
+	m := build(cfg)
+	if m.Layers[1].QNorm == nil || m.Layers[1].QNorm.Name != "decoder.layers.1.self_attention.q_layernorm.weight" ||
+		m.Layers[1].KNorm.Name != "decoder.layers.1.self_attention.k_layernorm.weight" || m.Layers[1].KNorm.Numel() != 4 {
+		t.Fatalf("q/k norms %v %v: want Megatron's names, (kv-channels) each", m.Layers[1].QNorm, m.Layers[1].KNorm)
+	}
+	if got, want := float64(m.NumParams()), m.Config.ParamCount(); got != want {
+		t.Fatalf("NumParams %g, ParamCount %g", got, want)
+	}
+	// scaleQK multiplies the query and key rows of every fused QKV by s: per
+	// group j the rows are [r·d queries; d keys; d values].
+	scaleQK := func(m *Model, s float32) {
+		d, r := m.Config.KVChannels, m.Config.NumAttentionHeads/m.Config.NumQueryGroups
+		for _, l := range m.Layers {
+			w, h := l.QKV.Float32s(), m.Config.HiddenSize
+			for row := range l.QKV.Dim(0) {
+				if row%((r+2)*d) < (r+1)*d {
+					for i := range h {
+						w[row*h+i] *= s
+					}
+				}
+			}
+		}
+	}
+	rng := tensor.NewRNG(11)
+	for _, l := range m.Layers { // norm weights off one so their gradient path is exercised
+		rng.Fork(l.QNorm.Name).Normal(l.QNorm.Float32s(), 1, 0.2)
+		rng.Fork(l.KNorm.Name).Normal(l.KNorm.Float32s(), 1, 0.2)
+	}
+	base, grads := norm1pLossGrads(t, m)
+	scaleQK(m, 30)
+	if scaled, _ := norm1pLossGrads(t, m); math.Abs(float64(scaled-base)) > 1e-5 {
+		t.Fatalf("loss %.7g, with q and k scaled by 30 %.7g: per-head norms should cancel the scale", base, scaled)
+	}
+	scaleQK(m, 1.0/30)
+	plainCfg := cfg
+	plainCfg.QKLayerNorm = false
+	plain := build(plainCfg)
+	p0, _ := norm1pLossGrads(t, plain)
+	scaleQK(plain, 30)
+	if p1, _ := norm1pLossGrads(t, plain); math.Abs(float64(p1-p0)) < 1e-4 {
+		t.Fatalf("without --qk-layernorm the loss %g barely moves with q, k scaled (%g): the identity tests nothing", p0, p1)
+	}
+	// Central differences in float32 on the loss (≈3.7): step 1e-2 leaves
+	// rounding errors ≈ 1e-5 in the quotient.
+	for _, w := range []*tensor.Tensor{m.Layers[0].QNorm, m.Layers[1].KNorm} {
+		for i := range w.Float32s() {
+			v := w.Float32s()[i]
+			const h = 1e-2
+			w.Float32s()[i] = v + h
+			up, _ := norm1pLossGrads(t, m)
+			w.Float32s()[i] = v - h
+			down, _ := norm1pLossGrads(t, m)
+			w.Float32s()[i] = v
+			fd, g := float64(up-down)/(2*h), float64(grads[w.Name][i])
+			if math.Abs(fd-g) > 2e-4+1e-2*math.Abs(g) {
+				t.Errorf("∂L/∂%s[%d] = %.6g, finite differences %.6g", w.Name, i, g, fd)
+			}
+		}
 	}
 }

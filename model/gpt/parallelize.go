@@ -117,7 +117,9 @@ func Parallelize(full *Model, region *tp.Region, rankRNG *tensor.RNG) (*Model, e
 		l := &full.Layers[i]
 		m.Layers = append(m.Layers, Layer{
 			InputNorm: shard(l.InputNorm), InputNormBias: shard(l.InputNormBias),
-			QKV: shard(l.QKV), QKVBias: shard(l.QKVBias), Proj: shard(l.Proj), ProjBias: shard(l.ProjBias),
+			QKV: shard(l.QKV), QKVBias: shard(l.QKVBias),
+			QNorm: shard(l.QNorm), QNormBias: shard(l.QNormBias), KNorm: shard(l.KNorm), KNormBias: shard(l.KNormBias),
+			Proj: shard(l.Proj), ProjBias: shard(l.ProjBias),
 			MLPNorm: shard(l.MLPNorm), MLPNormBias: shard(l.MLPNormBias),
 			FC1: shard(l.FC1), FC1Bias: shard(l.FC1Bias), FC2: shard(l.FC2), FC2Bias: shard(l.FC2Bias),
 		})
