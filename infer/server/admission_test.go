@@ -193,15 +193,17 @@ func TestUnknownFieldsAndAccessLog(t *testing.T) {
 
 // TestQueueFull: beyond MaxNumSeqs running and MaxWaitingSeqs waiting a
 // request is answered 429 queue_full at once; when the sequences end,
-// requests are admitted again.
+// requests are admitted again (here they end by cancellation).
 func TestQueueFull(t *testing.T) {
-	h := newHarnessWith(t, Config{MaxWaitingSeqs: 1}, 96, infer.EngineConfig{MaxNumSeqs: 1}, nil)
+	h := newHarnessWith(t, Config{MaxWaitingSeqs: 1}, 32768, infer.EngineConfig{MaxNumSeqs: 1}, nil)
 	code, body := h.do(t, "POST", "/v1/completions", `{"prompt": "A", "max_tokens": 2, "n": 3}`)
 	if code != 429 || !strings.Contains(string(body), `"code":"queue_full"`) {
 		t.Fatalf("n=3 over a queue of 2: %d %s", code, body)
 	}
-	// A stream of two long sequences holds the queue while it runs.
-	resp, err := http.Post(h.url+"/v1/completions", "application/json", strings.NewReader(`{"prompt": "A", "max_tokens": 90, "n": 2, "ignore_eos": true, "stream": true}`))
+	// A stream of two long sequences holds the queue while it runs: long
+	// enough that the first cannot finish (freeing the queue) before the
+	// next request arrives, even on a loaded machine (90 tokens could).
+	resp, err := http.Post(h.url+"/v1/completions", "application/json", strings.NewReader(`{"prompt": "A", "max_tokens": 32000, "n": 2, "ignore_eos": true, "stream": true}`))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -213,8 +215,7 @@ func TestQueueFull(t *testing.T) {
 	if code != 429 {
 		t.Errorf("while the queue is full: %d %s", code, body)
 	}
-	io.Copy(io.Discard, br)
-	resp.Body.Close()
+	resp.Body.Close() // cancels both sequences
 	waitFor(t, func() bool {
 		code, _ := h.do(t, "POST", "/v1/completions", `{"prompt": "A", "max_tokens": 2}`)
 		return code == 200
