@@ -17,12 +17,7 @@ import (
 type gatherCall struct {
 	a   *Attention
 	cfg tensor.AttentionConfig
-	g   geometry
-
-	ids      [2]int
-	q        [2]*tensor.Tensor
-	kv       *packed // own chunks: k0, k1, v0, v1
-	out, lse [2]*tensor.Tensor
+	localChunks
 }
 
 // gather all-gathers every rank's packed key/value chunks: rank p's four
@@ -58,21 +53,7 @@ func (f *gatherCall) visible(qa int, fn func(k, v int, pos int)) {
 }
 
 func (f *gatherCall) Forward(tp *tensor.Tape, in []*tensor.Tensor) []*tensor.Tensor {
-	q, k, v := in[0], in[1], in[2]
-	f.g = geometryOf(q, k)
-	g := f.g
-	size, rank := f.a.Group.Size(), f.a.Group.Rank()
-	f.ids = [2]int{rank, 2*size - 1 - rank}
-	dev := q.Device()
-	f.q = [2]*tensor.Tensor{chunk(q, 0, g.c), chunk(q, 1, g.c)}
-	f.kv = newPacked(dev, 4, g.b, g.c, g.hkv, g.d)
-	for i, x := range []*tensor.Tensor{chunk(k, 0, g.c), chunk(k, 1, g.c), chunk(v, 0, g.c), chunk(v, 1, g.c)} {
-		tensor.Copy(f.kv.parts[i], x)
-	}
-	for i := range 2 {
-		f.out[i] = tensor.NewOn(dev, tensor.Float32, g.b, g.c, g.hq, g.d)
-		f.lse[i] = tensor.NewOn(dev, tensor.Float32, g.b, g.hq, g.c)
-	}
+	f.split(in[0], in[1], in[2], f.a.Group.Rank(), f.a.Group.Size())
 	all, ok := f.gather(tp)
 	for qa := range 2 {
 		first := true
@@ -81,7 +62,7 @@ func (f *gatherCall) Forward(tp *tensor.Tape, in []*tensor.Tensor) []*tensor.Ten
 				return
 			}
 			cfg := f.cfg
-			cfg.QPos, cfg.KPos, cfg.Accumulate = f.ids[qa]*g.c, pos, !first
+			cfg.QPos, cfg.KPos, cfg.Accumulate = f.ids[qa]*f.g.c, pos, !first
 			tensor.AttentionBlockForward(f.out[qa], f.lse[qa], f.q[qa], all.parts[kp], all.parts[vp], cfg)
 			first = false
 		})

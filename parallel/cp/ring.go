@@ -20,12 +20,37 @@ import (
 type ringCall struct {
 	a   *Attention
 	cfg tensor.AttentionConfig
-	g   geometry
+	localChunks
+}
 
+// localChunks is what a rank's block attention keeps between forward and
+// backward: its two sequence chunks (rank and 2C-1-rank, the load-balanced
+// split) of the queries, its own keys and values packed for the exchange,
+// and the two chunks' outputs and log-sum-exps.
+type localChunks struct {
+	g        geometry
 	ids      [2]int // the sequence chunk index of each local chunk
 	q        [2]*tensor.Tensor
 	kv       *packed // own chunks: k0, k1, v0, v1
 	out, lse [2]*tensor.Tensor
+}
+
+// split fills l from this rank's q, k, v (rank of size ranks): the chunks
+// are copied into the packed buffer, the outputs and statistics allocated.
+func (l *localChunks) split(q, k, v *tensor.Tensor, rank, size int) {
+	l.g = geometryOf(q, k)
+	g := l.g
+	l.ids = [2]int{rank, 2*size - 1 - rank}
+	dev := q.Device()
+	l.q = [2]*tensor.Tensor{chunk(q, 0, g.c), chunk(q, 1, g.c)}
+	l.kv = newPacked(dev, 4, g.b, g.c, g.hkv, g.d)
+	for i, x := range []*tensor.Tensor{chunk(k, 0, g.c), chunk(k, 1, g.c), chunk(v, 0, g.c), chunk(v, 1, g.c)} {
+		tensor.Copy(l.kv.parts[i], x)
+	}
+	for i := range 2 {
+		l.out[i] = tensor.NewOn(dev, tensor.Float32, g.b, g.c, g.hq, g.d)
+		l.lse[i] = tensor.NewOn(dev, tensor.Float32, g.b, g.hq, g.c)
+	}
 }
 
 // ring returns the group's size, this rank, and its ring neighbours.
@@ -110,21 +135,9 @@ func (f *ringCall) blockConfig(j, qa, kb int) tensor.AttentionConfig {
 }
 
 func (f *ringCall) Forward(tp *tensor.Tape, in []*tensor.Tensor) []*tensor.Tensor {
-	q, k, v := in[0], in[1], in[2]
-	f.g = geometryOf(q, k)
-	g := f.g
 	size, rank, _, _ := f.a.ring()
-	f.ids = [2]int{rank, 2*size - 1 - rank}
-	dev := q.Device()
-	f.q = [2]*tensor.Tensor{chunk(q, 0, g.c), chunk(q, 1, g.c)}
-	f.kv = newPacked(dev, 4, g.b, g.c, g.hkv, g.d)
-	for i, x := range []*tensor.Tensor{chunk(k, 0, g.c), chunk(k, 1, g.c), chunk(v, 0, g.c), chunk(v, 1, g.c)} {
-		tensor.Copy(f.kv.parts[i], x)
-	}
-	for i := range 2 {
-		f.out[i] = tensor.NewOn(dev, tensor.Float32, g.b, g.c, g.hq, g.d)
-		f.lse[i] = tensor.NewOn(dev, tensor.Float32, g.b, g.hq, g.c)
-	}
+	f.split(in[0], in[1], in[2], rank, size)
+	g, dev := f.g, in[0].Device()
 	started := [2]bool{}
 	cur := f.kv
 	spare := newPacked(dev, 4, g.b, g.c, g.hkv, g.d) // double buffer
