@@ -341,6 +341,27 @@ func (e *sse) done() error {
 
 // sseError sends an error event (the openai clients raise it as an API
 // error) instead of [DONE].
+// next is the stream's next engine event, or the status the stream ends
+// with: 499 when the client went away, the engine's error (sent to the
+// client as the stream's last event) when it failed or aborted.
+func (e *sse) next(ctx context.Context, ch <-chan choiceEvent) (choiceEvent, int) {
+	var ce choiceEvent
+	select {
+	case ce = <-ch:
+	case <-ctx.Done():
+		return ce, 499
+	}
+	if ce.err != nil || ce.ev.Finish == infer.FinishAbort {
+		a := engineError(infer.ErrClosed, "")
+		if ce.err != nil {
+			a = engineError(ce.err, "")
+		}
+		e.sseError(a)
+		return ce, a.Status
+	}
+	return ce, 0
+}
+
 func (e *sse) sseError(a *apiError) {
 	e.send(struct {
 		Error *apiError `json:"error"`
@@ -360,19 +381,9 @@ func (s *Server) streamCompletion(ctx context.Context, w http.ResponseWriter, ch
 		u.PromptTokens += len(p)
 	}
 	for left := n; left > 0; {
-		var ce choiceEvent
-		select {
-		case ce = <-ch:
-		case <-ctx.Done():
-			return 499
-		}
-		if ce.err != nil || ce.ev.Finish == infer.FinishAbort {
-			e := engineError(infer.ErrClosed, "")
-			if ce.err != nil {
-				e = engineError(ce.err, "")
-			}
-			out.sseError(e)
-			return e.Status
+		ce, status := out.next(ctx, ch)
+		if status != 0 {
+			return status
 		}
 		st := states[ce.i]
 		s.observe(start, &first, st, ce)
@@ -630,19 +641,9 @@ func (s *Server) streamChat(ctx context.Context, w http.ResponseWriter, ch <-cha
 	u := usage{PromptTokens: promptTokens}
 	defer func() { x.completionTokens = u.CompletionTokens }()
 	for left := n; left > 0; {
-		var ce choiceEvent
-		select {
-		case ce = <-ch:
-		case <-ctx.Done():
-			return 499
-		}
-		if ce.err != nil || ce.ev.Finish == infer.FinishAbort {
-			e := engineError(infer.ErrClosed, "")
-			if ce.err != nil {
-				e = engineError(ce.err, "")
-			}
-			out.sseError(e)
-			return e.Status
+		ce, status := out.next(ctx, ch)
+		if status != 0 {
+			return status
 		}
 		st := states[ce.i]
 		s.observe(start, &first, st, ce)
