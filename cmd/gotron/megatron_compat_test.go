@@ -3,7 +3,6 @@ package main
 import (
 	"bufio"
 	"context"
-	"encoding/json"
 	"flag"
 	"fmt"
 	"os"
@@ -336,25 +335,7 @@ func TestMegatronConfigsRun(t *testing.T) {
 		t.Skip("set GOTRON_MEGATRON_COMPAT=1 to run Megatron's configs (minutes)")
 	}
 	dir := t.TempDir()
-	tok := filepath.Join(dir, "gpt2")
-	if _, errs, code := runCLI(t, "tokenizer", "export-gpt2", tok); code != 0 {
-		t.Fatalf("tokenizer export-gpt2: %s", errs)
-	}
-	var corpus strings.Builder
-	for i := range 3000 {
-		line, _ := json.Marshal(map[string]string{"text": fmt.Sprintf("Document %d: the quick brown fox jumps over the lazy dog %d times, and func main() { return %d }.", i, i%7, i*i)})
-		corpus.Write(line)
-		corpus.WriteByte('\n')
-	}
-	in := filepath.Join(dir, "corpus.jsonl")
-	if err := os.WriteFile(in, []byte(corpus.String()), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	vocab, merges := filepath.Join(tok, "vocab.json"), filepath.Join(tok, "merges.txt")
-	if _, errs, code := runCLI(t, "preprocess", "--input", in, "--output-prefix", filepath.Join(dir, "corpus"),
-		"--tokenizer-type", "GPT2BPETokenizer", "--vocab-file", vocab, "--merge-file", merges, "--append-eod"); code != 0 {
-		t.Fatalf("preprocess: %s", errs)
-	}
+	data, vocab, merges := gpt2Corpus(t, dir, 3000)
 	rows := map[string]string{}
 	sources := map[string]string{}
 	var only *regexp.Regexp
@@ -373,7 +354,7 @@ func TestMegatronConfigsRun(t *testing.T) {
 			rows[c.name] = docRows[c.name]
 			continue
 		}
-		p := compatPaths{dir: filepath.Join(dir, c.name), data: filepath.Join(dir, "corpus_text_document"), vocab: vocab, merges: merges}
+		p := compatPaths{dir: filepath.Join(dir, c.name), data: data, vocab: vocab, merges: merges}
 		args, world := scaleDown(c, p)
 		if c.mode != "pretraining" {
 			rows[c.name] = compatOutcome(c, "")

@@ -1,8 +1,6 @@
 package main
 
 import (
-	"encoding/json"
-	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -90,47 +88,16 @@ gotron train \
 // effect) or is named in the one warning (--attention-backend, a GPU
 // kernel choice).
 func TestMegatronScriptPorts(t *testing.T) {
-	if _, err := exec.LookPath("bash"); err != nil {
-		t.Fatalf("bash not found: %v", err)
-	}
-	bin, err := buildGotron()
-	if err != nil {
-		t.Fatal(err)
-	}
 	dir := t.TempDir()
-	binDir := filepath.Join(dir, "bin")
-	if err := os.MkdirAll(binDir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Symlink(bin, filepath.Join(binDir, "gotron")); err != nil {
-		t.Fatal(err)
-	}
-	tok := filepath.Join(dir, "gpt2")
-	if _, errs, code := runCLI(t, "tokenizer", "export-gpt2", tok); code != 0 {
-		t.Fatalf("tokenizer export-gpt2: %s", errs)
-	}
-	var corpus strings.Builder
-	for i := range 2000 {
-		line, _ := json.Marshal(map[string]string{"text": fmt.Sprintf("Document %d: the quick brown fox jumps over the lazy dog %d times, and func main() { return %d }.", i, i%7, i*i)})
-		corpus.Write(line)
-		corpus.WriteByte('\n')
-	}
-	in := filepath.Join(dir, "corpus.jsonl")
-	if err := os.WriteFile(in, []byte(corpus.String()), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	vocab, merges := filepath.Join(tok, "vocab.json"), filepath.Join(tok, "merges.txt")
-	if _, errs, code := runCLI(t, "preprocess", "--input", in, "--output-prefix", filepath.Join(dir, "corpus"),
-		"--tokenizer-type", "GPT2BPETokenizer", "--vocab-file", vocab, "--merge-file", merges, "--append-eod"); code != 0 {
-		t.Fatalf("preprocess: %s", errs)
-	}
+	path := gotronOnPath(t, dir)
+	data, vocab, merges := gpt2Corpus(t, dir, 2000)
 	script := filepath.Join(dir, "train_gpt3.sh")
 	if err := os.WriteFile(script, []byte(megatronScript), 0o755); err != nil {
 		t.Fatal(err)
 	}
 	ck, tb := filepath.Join(dir, "ck"), filepath.Join(dir, "tb")
-	cmd := exec.Command("bash", script, ck, tb, vocab, merges, filepath.Join(dir, "corpus_text_document"))
-	cmd.Env = append(os.Environ(), "PATH="+binDir+string(os.PathListSeparator)+os.Getenv("PATH"))
+	cmd := exec.Command("bash", script, ck, tb, vocab, merges, data)
+	cmd.Env = append(os.Environ(), path)
 	var stdout, stderr strings.Builder
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	if err := cmd.Run(); err != nil {
@@ -166,8 +133,8 @@ func TestMegatronScriptPorts(t *testing.T) {
 		t.Errorf("--save: latest iteration %q (%v), want 6", b, err)
 	}
 	// Run again: --load resumes at iteration 6, which is the end.
-	cmd = exec.Command("bash", script, ck, tb, vocab, merges, filepath.Join(dir, "corpus_text_document"))
-	cmd.Env = append(os.Environ(), "PATH="+binDir+string(os.PathListSeparator)+os.Getenv("PATH"))
+	cmd = exec.Command("bash", script, ck, tb, vocab, merges, data)
+	cmd.Env = append(os.Environ(), path)
 	b, err := cmd.CombinedOutput()
 	if err != nil || !strings.Contains(string(b), "successfully loaded checkpoint from "+ck+" [ t 1/1, gtp_remat 1/1, p 1/1 ] at iteration 6") {
 		t.Errorf("second run (--load): %v\n%s", err, b)

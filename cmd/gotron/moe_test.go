@@ -333,21 +333,8 @@ gotron launch ${DISTRIBUTED_ARGS[@]} -- train \
 // optimizer with overlapped reductions, bf16, Llama-2's tokenizer on a
 // .bin/.idx dataset, evaluation, TensorBoard and a checkpoint.
 func TestMegatronMixtralScriptPorts(t *testing.T) {
-	if _, err := exec.LookPath("bash"); err != nil {
-		t.Fatalf("bash not found: %v", err)
-	}
-	bin, err := buildGotron()
-	if err != nil {
-		t.Fatal(err)
-	}
 	dir := t.TempDir()
-	binDir := filepath.Join(dir, "bin")
-	if err := os.MkdirAll(binDir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Symlink(bin, filepath.Join(binDir, "gotron")); err != nil {
-		t.Fatal(err)
-	}
+	path := gotronOnPath(t, dir)
 	// --split 99990,8,2 needs 50000 documents for a non-empty test split.
 	var corpus strings.Builder
 	words := strings.Fields("the quick brown fox jumps over the lazy dog while experts route tokens to gates")
@@ -374,7 +361,7 @@ func TestMegatronMixtralScriptPorts(t *testing.T) {
 	}
 	ck := filepath.Join(dir, "ck")
 	cmd := exec.Command("bash", script, ck, model, filepath.Join(dir, "corpus_text_document"))
-	cmd.Env = append(os.Environ(), "PATH="+binDir+string(os.PathListSeparator)+os.Getenv("PATH"), "MASTER_PORT="+freeTCPPort(t), "WANDB_API_KEY=")
+	cmd.Env = append(os.Environ(), path, "MASTER_PORT="+freeTCPPort(t), "WANDB_API_KEY=")
 	out, err := cmd.CombinedOutput()
 	if err != nil {
 		t.Fatalf("the ported script: %v\n%s", err, out)
