@@ -61,6 +61,7 @@ type checkpointer struct {
 	rawf    func(format string, args ...any) // a line without the reporter's timestamp (Megatron's print_rank_0)
 
 	pending     *pendingSave // the --async-save in flight
+	progress    *progressLog // --log-progress's job log (world rank 0 with --save); nil otherwise
 	snapshot    []float32    // its copy of this rank's shards, reused by the next
 	tpOffsets   []uint64     // every TP rank's rankRNG offset, for the checkpoint being written
 	rankOffsets [][2]uint64  // every rank's dropout stream offsets under pipelining, for the checkpoint
@@ -143,6 +144,9 @@ func (ck *checkpointer) save(root string, async bool) error {
 				ps.done <- err
 			}()
 			ck.pending = ps
+			if err := ck.progress.saved("Saving async checkpoint", ck.Iteration, ck.FLOPsSoFar, ck.Consumed, ck.cfg.SeqLength); err != nil {
+				return err
+			}
 			ck.printf("--async-save: iteration %d's checkpoint is written in the background (%.1f MB of this rank's shards copied during the next iteration)", it, float64(ps.bytes)/1e6)
 			return nil
 		}
@@ -162,11 +166,34 @@ func (ck *checkpointer) finishSave(ps *pendingSave, err error) error {
 		}
 		return err
 	}
+	var prev int
 	if isWriter(ck.par) {
+		// The latest checkpoint before this one: --save-retain-interval's
+		// candidate for deletion once this one is in place.
+		prev, _ = ckpt.Latest(ps.root)
 		err = ckpt.FinishSharded(ps.root, ps.iteration, ps.meta, ck.checkpointLayout())
 	}
 	if err = ck.agreeSave(err, "finalise"); err != nil {
 		return err
+	}
+	if isWriter(ck.par) {
+		if ps.async {
+			err = ck.progress.append(fmt.Sprintf("Saved async checkpoint\tIteration: %d", ps.iteration))
+		} else {
+			err = ck.progress.saved("Saved checkpoint", int64(ps.iteration), ck.FLOPsSoFar, ck.Consumed, ck.cfg.SeqLength)
+		}
+		if err != nil {
+			return err
+		}
+		deleted, err := retainCheckpoints(ps.root, int64(prev), int64(ps.iteration), ck.cfg.SaveRetainInterval, ck.rawf)
+		if err != nil {
+			return err
+		}
+		if deleted > 0 {
+			if err := ck.progress.append(fmt.Sprintf("Deleted checkpoint\tIteration: %d", deleted)); err != nil {
+				return err
+			}
+		}
 	}
 	// Megatron's line, then gotron's numbers.
 	mb := float64(ps.bytes) / 1e6

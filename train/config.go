@@ -114,8 +114,17 @@ type Config struct {
 	// DistCkptStrictness is --dist-ckpt-strictness (StrictnessValues):
 	// whether checkpoint tensors the model does not use are accepted.
 	DistCkptStrictness string
-	Finetune           bool           // --finetune: load weights only, start at iteration 0
-	Args               map[string]any // the command line, stored in checkpoints
+	Finetune           bool // --finetune: load weights only, start at iteration 0
+	// SaveRetainInterval is --save-retain-interval: when a save becomes
+	// the latest, the previous latest checkpoint is deleted unless its
+	// iteration is a multiple of this (0 keeps every checkpoint).
+	SaveRetainInterval int64
+	// LogProgress is --log-progress: world rank 0 appends Megatron's job
+	// log lines (start, saves, deletions) to --save's progress.txt.
+	LogProgress bool
+	// JobID is the job's id in the progress log (SLURM_JOB_ID; may be empty).
+	JobID string
+	Args  map[string]any // the command line, stored in checkpoints
 
 	// Parallel holds this rank's process groups (parallel.NewGroups); nil
 	// means one process, which New gives the groups of a world of one rank
@@ -245,6 +254,14 @@ func (c *Config) validate() error {
 		return fmt.Errorf("train: --dist-ckpt-strictness=%s: want one of %v", c.DistCkptStrictness, StrictnessValues)
 	case c.AsyncSaveRate < 0:
 		return fmt.Errorf("train: --async-save-rate=%g: want ≥ 0 MB/s (0: unpaced)", c.AsyncSaveRate)
+	case c.SaveRetainInterval < 0:
+		return fmt.Errorf("train: --save-retain-interval=%d: want > 0 (or 0 to keep every checkpoint)", c.SaveRetainInterval)
+	case c.SaveRetainInterval > 0 && (c.Save == "" || c.SaveInterval <= 0):
+		return fmt.Errorf("train: --save-retain-interval=%d needs --save and --save-interval", c.SaveRetainInterval)
+	case c.SaveRetainInterval > 0 && c.SaveRetainInterval%c.SaveInterval != 0:
+		return fmt.Errorf("train: --save-retain-interval=%d: want a multiple of --save-interval=%d (as Megatron asserts)", c.SaveRetainInterval, c.SaveInterval)
+	case c.LogProgress && c.Save == "":
+		return fmt.Errorf("train: --log-progress writes progress.txt in --save: it needs --save")
 	case c.AsyncSave && c.Save == "":
 		return fmt.Errorf("train: --async-save needs --save")
 	case c.Optimizer > SGD:

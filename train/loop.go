@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"os"
+	"path/filepath"
 	"strings"
 	"time"
 
@@ -105,6 +106,14 @@ func New(cfg Config, train, valid datagpt.Source) (_ *Trainer, err error) {
 	s.waitSnapshot = t.checkpointer.waitSnapshot
 	if cfg.Load != "" {
 		if err := t.checkpointer.load(cfg.Load); err != nil {
+			return nil, err
+		}
+	}
+	if cfg.LogProgress && cfg.Save != "" && isWriter(t.cfg.Parallel) {
+		now := t.cfg.Now
+		t.checkpointer.progress = &progressLog{path: filepath.Join(cfg.Save, ProgressFile), jobID: cfg.JobID,
+			world: t.cfg.Parallel.World.Size(), now: now, started: now(), startFLOPs: t.FLOPsSoFar}
+		if err := t.checkpointer.progress.append("Starting job"); err != nil {
 			return nil, err
 		}
 	}

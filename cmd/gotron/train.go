@@ -204,6 +204,8 @@ func newTrainFlags() (*flag.FlagSet, *trainFlags) {
 	fs.StringVar(&c.Save, "save", "", "checkpoint directory to save to")
 	fs.StringVar(&c.Load, "load", "", "checkpoint directory to resume from")
 	fs.Int64Var(&c.SaveInterval, "save-interval", 0, "iterations between checkpoints")
+	fs.Int64Var(&c.SaveRetainInterval, "save-retain-interval", 0, "when a checkpoint becomes the latest, delete the previous latest unless its iteration is a multiple of this (Megatron's rule; a multiple of --save-interval; 0: keep all)")
+	fs.BoolVar(&c.LogProgress, "log-progress", false, "append Megatron's job log to SAVE/progress.txt: job start, each save with its throughput, FLOPs and tokens, deletions (Job ID from SLURM_JOB_ID)")
 	fs.Int64Var(&c.ExitInterval, "exit-interval", 0, "save and exit at iterations divisible by this")
 	fs.Float64Var(&f.exitMins, "exit-duration-in-mins", 0, "save and exit after this many minutes")
 	fs.BoolVar(&c.NoSaveOptim, "no-save-optim", false, "do not save optimizer state")
@@ -408,6 +410,7 @@ func cmdTrain(ctx context.Context, env *cli, args []string) error {
 		cfg.Progress = env.stdout
 	}
 	cfg.Out = env.stdout
+	cfg.JobID = env.getenv("SLURM_JOB_ID") // Megatron's progress.txt names the Slurm job
 	cfg.Args = map[string]any{"argv": args}
 	if cfg.Load != "" && hf.IsHFDir(cfg.Load) {
 		tmp, err := importHFForTraining(ctx, env, &cfg)
