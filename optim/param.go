@@ -35,6 +35,23 @@ func DefaultNoWeightDecay(name string, shape []int) bool {
 	return len(shape) == 1 || strings.HasSuffix(name, ".bias")
 }
 
+// ApplyWDToQKLayerNorm is Megatron's --apply-wd-to-qk-layernorm rule
+// (get_standard_config_overrides' "s1_not_qkln" predicate: 1-D or ".bias"
+// parameters skip weight decay unless their name contains "q_layernorm."
+// or "k_layernorm."): it puts the query and key layer norms' weights (and
+// LayerNorm biases) back into the decay group. Every other parameter keeps
+// its NoWeightDecay. It returns how many parameters it moved.
+func ApplyWDToQKLayerNorm(params []*Param) int {
+	moved := 0
+	for _, p := range params {
+		if p.NoWeightDecay && (strings.Contains(p.Name, "q_layernorm.") || strings.Contains(p.Name, "k_layernorm.")) {
+			p.NoWeightDecay = false
+			moved++
+		}
+	}
+	return moved
+}
+
 // Group mirrors one Megatron optimizer param group: parameters that share a
 // learning rate and weight decay. Scheduler.Apply writes LR and WD before each
 // optimizer step, as Megatron's OptimizerParamScheduler.step does.

@@ -61,6 +61,10 @@ type Config struct {
 	DecoupledLR    float64 // --decoupled-lr: peak rate of the embedding and output layer; 0 means --lr
 	DecoupledMinLR float64 // --decoupled-min-lr; 0 means --min-lr
 	MaxSkipsInARow int     // consecutive NaN/Inf iterations before stopping; 0 means 10
+	// ApplyWDToQKLayerNorm (--apply-wd-to-qk-layernorm) applies weight
+	// decay to the query and key layer norms (optim.ApplyWDToQKLayerNorm),
+	// which Megatron's default rule exempts as 1-D parameters.
+	ApplyWDToQKLayerNorm bool
 
 	// BF16 (--bf16) runs the training step's matrix products on
 	// bfloat16-rounded operands with float32 accumulation

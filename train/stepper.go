@@ -147,6 +147,9 @@ func newStepper(cfg *Config, pos *position, train datagpt.Source, launched bool,
 	// The loss is read before Backward, nothing of the forward after: the
 	// forward's buffers go back to the arena as the backward leaves them.
 	st.tape.SetReleaseInBackward(true)
+	if cfg.ApplyWDToQKLayerNorm {
+		optim.ApplyWDToQKLayerNorm(ps)
+	}
 	groups := decoupledGroups(optim.DefaultGroups(ps), cfg.DecoupledLR, cfg.DecoupledMinLR, cfg.Schedule.MinLR)
 	if cfg.Optimizer == SGD {
 		st.opt, err = optim.NewSGD(groups, optim.SGDConfig{Momentum: cfg.SGDMomentum})

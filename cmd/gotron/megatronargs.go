@@ -376,6 +376,9 @@ func (f *trainFlags) megatronCompat(env *cli, fs *flag.FlagSet, given map[string
 	if f.cfg.LogNumZerosInGrad && f.device != "cpu" {
 		return fmt.Errorf("--log-num-zeros-in-grad: counts the gradients on the host: --device cpu only, not --device %s", f.device)
 	}
+	if f.cfg.ApplyWDToQKLayerNorm && !f.model.QKLayerNorm {
+		lines = append(lines, "--apply-wd-to-qk-layernorm: no effect without --qk-layernorm (there are no query/key layer norms to decay), as in Megatron")
+	}
 	if given["deterministic-mode"] && f.device != "cpu" {
 		return fmt.Errorf("--deterministic-mode: checked on --device cpu only (gotron's CPU kernels give the same numbers run to run); --device %s is not checked", f.device)
 	}

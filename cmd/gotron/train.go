@@ -162,6 +162,7 @@ func newTrainFlags() (*flag.FlagSet, *trainFlags) {
 	fs.Int64Var(&s.LRWarmupSamples, "lr-warmup-samples", 0, "warmup length in samples")
 	fs.Float64Var(&s.LRWarmupFraction, "lr-warmup-fraction", 0, "warmup as a fraction of the decay length")
 	fs.Float64Var(&s.WeightDecay, "weight-decay", 0.01, "weight decay (not on biases and 1-D parameters)")
+	fs.BoolVar(&c.ApplyWDToQKLayerNorm, "apply-wd-to-qk-layernorm", false, "apply weight decay to the --qk-layernorm query/key norms too (Megatron exempts 1-D parameters and biases otherwise)")
 	fs.Float64Var(&s.StartWeightDecay, "start-weight-decay", 0, "initial weight decay for linear/cosine increments")
 	fs.Float64Var(&s.EndWeightDecay, "end-weight-decay", 0, "final weight decay for linear/cosine increments")
 	fs.StringVar(&f.wdIncrStyle, "weight-decay-incr-style", "constant", "constant, linear or cosine")
