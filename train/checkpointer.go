@@ -75,6 +75,23 @@ type checkpointer struct {
 // copied and written in the background; pollSave finalises the save at a
 // later iteration.
 func (ck *checkpointer) save(root string, async bool) error {
+	// Megatron's save_checkpoint_and_time: the save-checkpoint timer (the
+	// blocking part of an asynchronous save), logged after it.
+	tm := ck.stepper.tm
+	tm.start(timerSaveCheckpoint, 0)
+	if err := ck.saveUntimed(root, async); err != nil {
+		tm.stop(timerSaveCheckpoint)
+		return err
+	}
+	tm.stop(timerSaveCheckpoint)
+	block, err := tm.log(ck.stepper.cctx, ck.par, []string{timerSaveCheckpoint}, 1, true)
+	if err == nil && block != "" {
+		ck.rawf("%s", block)
+	}
+	return err
+}
+
+func (ck *checkpointer) saveUntimed(root string, async bool) error {
 	if err := ck.waitSave(); err != nil { // at most one save in flight
 		return err
 	}

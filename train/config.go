@@ -92,6 +92,20 @@ type Config struct {
 	Out           io.Writer // log lines; nil means io.Discard
 	Progress      io.Writer // progress bar target (a terminal); nil means none
 
+	// TimingLogLevel is --timing-log-level: Megatron's timers printed after
+	// the log line, 1 (forward-backward, the gradient reductions, the
+	// optimizer's phases) or 2 (also the batch generator and the forward
+	// and backward compute); at 0, Megatron's default, only the level-0
+	// timers (set-up, checkpoint load and save, evaluation) print. -1
+	// prints no timers at all (gotron's quickstart).
+	TimingLogLevel int
+	// TimingLogOption is --timing-log-option: TimingMinMax (the zero
+	// value), TimingMax or TimingAll.
+	TimingLogOption string
+	// DataSetupTime is how long opening the datasets took (Megatron's
+	// train/valid/test-data-iterators-setup timer), measured by the caller.
+	DataSetupTime time.Duration
+
 	// LogNumZerosInGrad (--log-num-zeros-in-grad) counts the zero gradient
 	// elements each iteration and prints "num zeros: N" after the grad norm.
 	LogNumZerosInGrad bool
@@ -264,6 +278,10 @@ func (c *Config) validate() error {
 		return fmt.Errorf("train: --save-retain-interval=%d needs --save and --save-interval", c.SaveRetainInterval)
 	case c.SaveRetainInterval > 0 && c.SaveRetainInterval%c.SaveInterval != 0:
 		return fmt.Errorf("train: --save-retain-interval=%d: want a multiple of --save-interval=%d (as Megatron asserts)", c.SaveRetainInterval, c.SaveInterval)
+	case c.TimingLogLevel < -1 || c.TimingLogLevel > 2:
+		return fmt.Errorf("train: --timing-log-level=%d: want 0, 1 or 2", c.TimingLogLevel)
+	case c.TimingLogOption != "" && c.TimingLogOption != TimingMax && c.TimingLogOption != TimingMinMax && c.TimingLogOption != TimingAll:
+		return fmt.Errorf("train: --timing-log-option=%s: want max, minmax or all", c.TimingLogOption)
 	case c.LogProgress && c.Save == "":
 		return fmt.Errorf("train: --log-progress writes progress.txt in --save: it needs --save")
 	case c.AsyncSave && c.Save == "":

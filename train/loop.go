@@ -83,6 +83,11 @@ func New(cfg Config, train, valid datagpt.Source) (_ *Trainer, err error) {
 	}
 	t := &Trainer{cfg: cfg, valid: valid}
 	t.reporter = &reporter{position: &t.position, cfg: &t.cfg, par: cfg.Parallel}
+	var tm *timers
+	if cfg.TimingLogLevel >= 0 {
+		tm = newTimers(cfg.TimingLogLevel, cfg.TimingLogOption, t.cfg.Now)
+	}
+	tm.start(timerModelSetup, 0)
 	if cfg.Save != "" && isWriter(cfg.Parallel) {
 		if err := checkSaveDir(cfg.Save); err != nil {
 			return nil, err
@@ -101,11 +106,17 @@ func New(cfg Config, train, valid datagpt.Source) (_ *Trainer, err error) {
 		return nil, err
 	}
 	t.stepper, t.reporter.stepper = s, s
+	s.tm = tm
 	t.Model, _ = s.model.(*gpt.Model)
 	t.checkpointer = &checkpointer{position: &t.position, cfg: &t.cfg, par: cfg.Parallel, stepper: s, printf: t.reporter.printf, rawf: t.reporter.rawf}
 	s.waitSnapshot = t.checkpointer.waitSnapshot
 	if cfg.Load != "" {
+		tm.start(timerLoadCheckpoint, 0)
 		if err := t.checkpointer.load(cfg.Load); err != nil {
+			return nil, err
+		}
+		tm.stop(timerLoadCheckpoint)
+		if err := t.logTimers(timerLoadCheckpoint); err != nil {
 			return nil, err
 		}
 	}
@@ -130,7 +141,35 @@ func New(cfg Config, train, valid datagpt.Source) (_ *Trainer, err error) {
 			return nil, err
 		}
 	}
+	tm.stop(timerModelSetup)
+	tm.set(timerDataSetup, 0, cfg.DataSetupTime)
+	if err := t.logTimers(timerModelSetup, timerDataSetup); err != nil {
+		return nil, err
+	}
 	return t, nil
+}
+
+// logTimers is Megatron's timers.log(names) for the level-0 timers (set-up,
+// checkpoint load and save, evaluation): every rank gathers, the logging
+// rank prints the block.
+func (t *Trainer) logTimers(names ...string) error {
+	block, err := t.stepper.tm.log(t.stepper.cctx, t.cfg.Parallel, names, 1, true)
+	if err == nil && block != "" {
+		t.reporter.rawf("%s", block)
+	}
+	return err
+}
+
+// evaluate runs an evaluation on src under Megatron's evaluate timer,
+// printed after it.
+func (t *Trainer) evaluate(src datagpt.Source, consumed *int64) (float64, error) {
+	t.stepper.tm.start(timerEvaluate, 0)
+	loss, err := t.stepper.evaluate(src, consumed)
+	t.stepper.tm.stop(timerEvaluate)
+	if err != nil {
+		return loss, err
+	}
+	return loss, t.logTimers(timerEvaluate)
 }
 
 // Close releases what New took and Run did not release: the --save
@@ -234,7 +273,7 @@ func (t *Trainer) iterate(ctx context.Context, res *Result, copies *tensor.Trans
 		res.LoggedLoss = t.reporter.lastLoggedLoss
 	}
 	if cfg.EvalInterval > 0 && t.doValid() && t.Iteration%cfg.EvalInterval == 0 {
-		valid, err := t.stepper.evaluate(t.valid, &t.ConsumedValid)
+		valid, err := t.evaluate(t.valid, &t.ConsumedValid)
 		if err != nil {
 			return false, err
 		}
@@ -294,7 +333,7 @@ func (t *Trainer) finish(res *Result) error {
 // set (its iterator continues) and on the test set (from its start).
 func (t *Trainer) evaluateAtEnd(res *Result) error {
 	if t.doValid() {
-		loss, err := t.stepper.evaluate(t.valid, &t.ConsumedValid)
+		loss, err := t.evaluate(t.valid, &t.ConsumedValid)
 		if err != nil {
 			return err
 		}
@@ -303,7 +342,7 @@ func (t *Trainer) evaluateAtEnd(res *Result) error {
 	}
 	if t.test != nil && t.cfg.EvalIters > 0 {
 		var consumed int64
-		loss, err := t.stepper.evaluate(t.test, &consumed)
+		loss, err := t.evaluate(t.test, &consumed)
 		if err != nil {
 			return err
 		}

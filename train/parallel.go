@@ -146,15 +146,31 @@ func (st *stepper) agree(ctx context.Context, a agreement) (agreement, error) {
 // gradient is NaN/Inf, the squared global norm (computed where the shard
 // lives), and the all-reduced loss and stop request.
 func (st *stepper) reduceGrads(ctx context.Context, a agreement) (agreement, error) {
-	if err := st.reducer.Finish(ctx); err != nil {
+	st.tm.start(timerAllGradsSync, 1)
+	err := st.reducer.Finish(ctx)
+	st.tm.stop(timerAllGradsSync)
+	if err != nil {
 		return a, fmt.Errorf("train: iteration %d: %w", st.Iteration+1, err)
 	}
-	if err := st.reduceSequenceParallelGrads(ctx); err != nil {
+	// Megatron HEAD times this reduction as
+	// non-tensor-parallel-grads-all-reduce, a name training_log does not
+	// list (it lists the older layernorm-grads-all-reduce): never printed.
+	st.tm.start(timerNonTPGrads, 1)
+	err = st.reduceSequenceParallelGrads(ctx)
+	st.tm.stop(timerNonTPGrads)
+	if err != nil {
 		return a, err
 	}
-	if err := st.reduceEmbeddingGrads(ctx); err != nil {
+	if st.pipelined() {
+		st.tm.start(timerEmbeddingGrads, 1)
+	}
+	err = st.reduceEmbeddingGrads(ctx)
+	st.tm.stop(timerEmbeddingGrads)
+	if err != nil {
 		return a, err
 	}
+	st.tm.stop(timerForwardBackward)
+	st.tm.start(timerOptimizer, 1)
 	// Every rank adds what it alone contributes, so one sum over the world
 	// gives the global values: the loss from tensor-parallel rank 0 of each
 	// replica, Σg² from the gradients this rank counts (normParams: its
@@ -162,10 +178,15 @@ func (st *stepper) reduceGrads(ctx context.Context, a agreement) (agreement, err
 	// distinct gradients (every rank with the distributed optimizer, DP rank
 	// 0 otherwise).
 	if st.scaler != nil {
+		st.tm.start(timerUnscale, 1)
 		a.nonFin = st.grads.Unscale(st.scaler.InvScale()) // Megatron: unscale, then check for overflow
 	} else {
 		a.nonFin = st.grads.FoundInf()
 	}
+	// The norm (Megatron's get_grad_norm inside optimizer-clip-main-grad)
+	// and the found-inf check share one all-reduce here: the clip timer
+	// covers both, and the unscale timer (fp16) ends with it.
+	st.tm.start(timerClipMainGrad, 1)
 	a.sumSq = 0
 	// (without the distributed optimizer the gradients are replicated over
 	// data × context parallelism: one rank of it counts them)
@@ -180,10 +201,17 @@ func (st *stepper) reduceGrads(ctx context.Context, a agreement) (agreement, err
 		a.loss = 0
 	}
 	g, err := st.agree(ctx, a)
+	st.tm.stop(timerClipMainGrad)
+	st.tm.stop(timerUnscale)
 	if err != nil {
 		return g, err
 	}
-	if err := st.countZeros(ctx); err != nil {
+	if st.cfg.LogNumZerosInGrad {
+		st.tm.start(timerCountZeros, 1)
+	}
+	err = st.countZeros(ctx)
+	st.tm.stop(timerCountZeros)
+	if err != nil {
 		return g, err
 	}
 	// the mean over DP × CP of the ranks' mean losses (Megatron's objective

@@ -152,6 +152,9 @@ func (rp *reporter) logIteration(loss float64) map[string]any {
 		rp.memoryReported = true
 		rp.printTheoreticalMemory() // after the first line, as Megatron's report_memory_flag
 	}
+	if err := rp.logTimers(first); err != nil {
+		rp.printf("WARNING: %v", err)
+	}
 	rp.lastLoggedLoss = avg
 	if !regular {
 		return nil // TensorBoard and the metrics file keep --log-interval
@@ -461,4 +464,33 @@ func pyNonFinite(x float64) (string, bool) {
 		return "-inf", true
 	}
 	return "", false
+}
+
+// logTimers is the end of Megatron's training_log: with
+// --log-timers-to-tensorboard each timer's max over the ranks (seconds per
+// iteration of the interval) goes to TensorBoard as NAME-time, then
+// timers.log prints the --timing-log-level timers, normalised by
+// --log-interval, reset unless this is the run's first iteration
+// (Megatron's should_reset). Every rank takes part.
+func (rp *reporter) logTimers(first bool) error {
+	tm := rp.stepper.tm
+	names := logNames(rp.cfg.TimingLogLevel)
+	if tm == nil || len(names) == 0 {
+		return nil
+	}
+	times, err := tm.allRanks(rp.stepper.cctx, rp.par.World, names, !first)
+	if err != nil {
+		return err
+	}
+	norm := float64(rp.cfg.LogInterval)
+	if rp.cfg.TensorBoard.LogTimers {
+		kept, _, maxs := minMax(names, times, norm)
+		for i, name := range kept {
+			rp.tbScalar(name+"-time", maxs[i], false)
+		}
+	}
+	if block := tm.format(names, times, norm); block != "" {
+		rp.rawf("%s", timersLogPrefix+block)
+	}
+	return nil
 }

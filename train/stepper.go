@@ -84,6 +84,8 @@ type stepper struct {
 	lastLR       float64            // the next iteration's rate, as Megatron logs it
 
 	startTime time.Time // of Run: --exit-duration-in-mins counts from it
+	// tm are Megatron's timers (timers.go); nil with TimingLogLevel -1.
+	tm *timers
 	// printf prints a line of the run's log (the reporter's).
 	printf func(format string, args ...any)
 	// waitSnapshot waits, before the optimizer step changes the
@@ -224,6 +226,12 @@ func (st *stepper) step(ctx context.Context) (float64, error) {
 		// micro-batches, as each micro-batch's lm loss below.
 		moe.SetAuxLossScale(float64(st.lossScale()) / float64(n))
 	}
+	// Megatron's forward-backward includes finalize_model_grads (the
+	// gradient reductions, stopped in reduceGrads); the optimizer timer
+	// starts there and ends with the parameter gather.
+	st.tm.start(timerForwardBackward, 1)
+	defer st.tm.stop(timerForwardBackward)
+	defer st.tm.stop(timerOptimizer)
 	var lossSum float64
 	if st.pipelined() {
 		loss, err := st.pipelineStep(n, mbs, dp, r)
@@ -243,15 +251,20 @@ func (st *stepper) step(ctx context.Context) (float64, error) {
 		// The tape carries the collectives' context; Backward returns the
 		// first failure of those run in forward or backward.
 		st.tape.SetContext(st.cctx)
+		st.tm.start(timerForwardCompute, 2)
 		logits := st.model.Forward(st.tape, bt, st.rng, true)
 		loss := st.model.Loss(st.tape, logits, bt)
+		st.tm.stop(timerForwardCompute)
 		if err := st.tape.Err(); err != nil {
 			return 0, fmt.Errorf("train: iteration %d: %w", st.Iteration+1, err)
 		}
 		lossSum += scalar(loss)
 		// Each microbatch's mean loss counts 1/n of the iteration's loss
 		// (times the loss scale with --fp16).
-		if err := st.tape.Backward(st.tape.Scale(loss, st.lossScale()/float32(n))); err != nil {
+		st.tm.start(timerBackwardCompute, 2)
+		err = st.tape.Backward(st.tape.Scale(loss, st.lossScale()/float32(n)))
+		st.tm.stop(timerBackwardCompute)
+		if err != nil {
 			return 0, fmt.Errorf("train: iteration %d: %w", st.Iteration+1, err)
 		}
 		st.tape.Reset()
@@ -314,14 +327,22 @@ func (st *stepper) step(ctx context.Context) (float64, error) {
 	st.skippedInARow = 0
 	st.lastGradNorm = optim.L2Norm(g.sumSq)
 	if st.cfg.ClipGrad > 0 {
+		st.tm.start(timerClipMainGrad, 1)
 		st.grads.ClipByNorm(st.cfg.ClipGrad, st.lastGradNorm)
+		st.tm.stop(timerClipMainGrad)
 	}
 	st.sched.Apply(st.opt.Groups())
 	st.waitSnapshot()
+	st.tm.start(timerInnerStep, 1)
 	st.opt.Step()
+	st.tm.stop(timerInnerStep)
 	st.sched.Step(gbs)
 	// Megatron logs the rate after the scheduler step: the next iteration's.
 	st.lastLR = st.sched.LR()
+	if st.cfg.DDP.DistributedOptimizer && st.dpSize() > 1 {
+		st.tm.start(timerParamsGather, 1)
+		defer st.tm.stop(timerParamsGather)
+	}
 	if err := st.reducer.GatherParams(st.cctx); err != nil {
 		return loss, fmt.Errorf("train: iteration %d: %w", st.Iteration, err)
 	}
@@ -410,6 +431,8 @@ func (st *stepper) evaluate(src datagpt.Source, consumed *int64) (float64, error
 // micro-step takes mbs·DP consecutive samples from the consumed count, and
 // rank r reads the r-th mbs of them.
 func (st *stepper) trainBatch(i, mbs, dp, r int) (gpt.Batch, error) {
+	st.tm.start(timerBatchGenerator, 2)
+	defer st.tm.stop(timerBatchGenerator)
 	start := st.Consumed + int64((i*dp+r)*mbs)
 	bt, err := makeBatch(st.train, start, mbs, st.cfg.SeqLength, st.cfg.Model.VocabSize)
 	if err == nil {

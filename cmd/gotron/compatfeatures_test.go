@@ -1,7 +1,11 @@
 package main
 
 import (
+	"os"
+	"os/exec"
 	"path/filepath"
+	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -62,5 +66,59 @@ func TestTrainApplyWDToQKLayerNorm(t *testing.T) {
 	_, errs := trainCLI(t, "--train-iters", "1", "--eval-iters", "0", "--apply-wd-to-qk-layernorm")
 	if !strings.Contains(errs, "--apply-wd-to-qk-layernorm: no effect without --qk-layernorm") {
 		t.Fatalf("stderr without --qk-layernorm: %q", errs)
+	}
+}
+
+// TestTrainTimersLaunch: Megatron's timers over a real two-process launch
+// (data parallelism with the distributed optimizer, collectives over tcp):
+// with --timing-log-option all the last rank prints every rank's time of
+// each phase, rank 0's gathered from the other process; with minmax each
+// line is (min, max) over both, min <= max; params-all-gather (the
+// distributed optimizer's) is among them at level 1.
+func TestTrainTimersLaunch(t *testing.T) {
+	bin, err := buildGotron()
+	if err != nil {
+		t.Fatal(err)
+	}
+	launch := func(option string) string {
+		args := append([]string{"launch", "--nproc-per-node", "2", "--master-port", freeTCPPort(t), "--"}, tinyTrain...)
+		args = append(args, "--train-iters", "2", "--log-interval", "2", "--eval-iters", "0", "--no-progress",
+			"--use-distributed-optimizer", "--timing-log-level", "1", "--timing-log-option", option)
+		cmd := exec.Command(bin, args...)
+		cmd.Env = append(os.Environ(), "GOTRON_NUM_THREADS=1")
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			t.Fatalf("launch with --timing-log-option %s: %v\n%s", option, err, out)
+		}
+		// launch prefixes each rank's lines with "[rankN]: "; only the
+		// last rank prints the log.
+		return regexp.MustCompile(`(?m)^\[rank\d+\]: `).ReplaceAllString(string(out), "")
+	}
+	out := launch("all")
+	all := regexp.MustCompile(`times across ranks \(ms\):\n  forward-backward:\n     rank  0: \d+\.\d\d\n     rank  1: \d+\.\d\d\n`)
+	if n := len(all.FindAllString(out, -1)); n != 2 { // iterations 1 (the first) and 2
+		t.Fatalf("--timing-log-option all: %d blocks with both ranks' forward-backward, want 2:\n%s", n, out)
+	}
+	if !strings.Contains(out, "  params-all-gather:\n     rank  0: ") {
+		t.Fatalf("no params-all-gather of both ranks:\n%s", out)
+	}
+	out = launch("minmax")
+	line := regexp.MustCompile(`(?m)^    ([a-z/-]+) \.*: \((\d+\.\d\d), (\d+\.\d\d)\)$`)
+	seen := map[string]bool{}
+	for _, m := range line.FindAllStringSubmatch(out, -1) {
+		lo, _ := strconv.ParseFloat(m[2], 64)
+		hi, _ := strconv.ParseFloat(m[3], 64)
+		if lo > hi {
+			t.Errorf("%s: min %g > max %g", m[1], lo, hi)
+		}
+		seen[m[1]] = true
+	}
+	for _, name := range []string{"model-and-optimizer-setup", "train/valid/test-data-iterators-setup", "forward-backward", "all-grads-sync", "params-all-gather", "optimizer-inner-step", "optimizer"} {
+		if !seen[name] {
+			t.Errorf("--timing-log-option minmax: no %s line in\n%s", name, out)
+		}
+	}
+	if strings.Contains(out, "batch-generator") {
+		t.Errorf("level 1 printed the level-2 batch-generator timer:\n%s", out)
 	}
 }

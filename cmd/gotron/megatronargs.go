@@ -166,8 +166,6 @@ var compatArgs = map[string]compatArg{
 		refuse: map[string]string{"validate_results": needRerun, "report_stats": needRerun}},
 	"use-rotary-position-embeddings": {kind: compatNeeds, why: needNotBuilt + " (the deprecated spelling: use --position-embedding-type rope)"},
 	// Features gotron does not have.
-	"timing-log-level":                              {kind: compatNeeds, why: "Megatron's timers, not built in gotron yet (the log line's elapsed time per iteration is Megatron's interval-time)"},
-	"timing-log-option":                             {kind: compatNeeds, why: "Megatron's timers, not built in gotron yet"},
 	"apply-wd-to-qk-layernorm":                      {kind: compatNeeds, why: "weight decay on the query/key layer norms, not built in gotron yet"},
 	"squared-relu":                                  {kind: compatNeeds, why: "the squared-ReLU MLP activation, not built in gotron yet"},
 	"straggler-minmax-count":                        {kind: compatNeeds, why: "Megatron's straggler detector, not built in gotron"},

@@ -149,7 +149,7 @@ func (plan quickstartPlan) trainConfig(vocab int, save string, out io.Writer) tr
 	return train.Config{Model: model, SeqLength: plan.Seq, MicroBatchSize: plan.Batch, GlobalBatchSize: plan.Batch,
 		TrainIters: plan.Iters, Seed: 1234, Schedule: sf, ClipGrad: 1.0, Adam: optim.AdamWConfig{Beta1: 0.9, Beta2: 0.95},
 		EvalInterval: plan.EvalInterval, EvalIters: plan.EvalIters, LogInterval: plan.LogInterval, Save: save, Out: out,
-		Args: map[string]any{"quickstart": true}}
+		Args: map[string]any{"quickstart": true}, TimingLogLevel: -1} // the quickstart prints no Megatron timers
 }
 
 // dataConfig is the plan's dataset: a 98/2 train/validation split of the

@@ -191,7 +191,9 @@ func newTrainFlags() (*flag.FlagSet, *trainFlags) {
 	tb := &c.TensorBoard
 	fs.StringVar(&tb.Dir, "tensorboard-dir", "", "write TensorBoard event files here (lm loss, learning-rate, grad-norm, batch-size, loss-scale, validation)")
 	fs.Int64Var(&tb.LogInterval, "tensorboard-log-interval", 1, "iterations between TensorBoard scalars")
-	fs.BoolVar(&tb.LogTimers, "log-timers-to-tensorboard", false, "also write iteration-time to TensorBoard")
+	fs.BoolVar(&tb.LogTimers, "log-timers-to-tensorboard", false, "also write iteration-time and each --timing-log-level timer's max over the ranks (NAME-time, seconds per iteration) to TensorBoard")
+	fs.IntVar(&c.TimingLogLevel, "timing-log-level", 0, "Megatron's timers after each log line: 0 only set-up, checkpoint and evaluation times; 1 also forward-backward, gradient reductions and optimizer phases; 2 also batch generator and forward/backward compute")
+	fs.StringVar(&c.TimingLogOption, "timing-log-option", train.TimingMinMax, "how the timers are reported over the ranks: max, minmax or all (every rank's)")
 	fs.BoolVar(&tb.LogThroughput, "log-throughput", false, "print the throughput (TFLOP/s per rank) on the log line (and to TensorBoard with --log-timers-to-tensorboard)")
 	fs.BoolVar(&tb.LogValidationPPL, "log-validation-ppl-to-tensorboard", false, "also write the validation perplexity to TensorBoard")
 	fs.BoolVar(&tb.LogMemory, "log-memory-to-tensorboard", false, "also write Go heap sizes (Megatron's mem-* scalars) to TensorBoard")
@@ -567,10 +569,12 @@ func (f *trainFlags) build(ctx context.Context, given map[string]bool) (train.Co
 	s.WeightDecayIncrStyle = optim.WDIncrStyle(f.wdIncrStyle)
 	cfg.Schedule = s
 	cfg.ExitDuration = time.Duration(f.exitMins * float64(time.Minute))
+	dataStart := time.Now()
 	src, err := openData(ctx, &f.data, cfg, f.divisibleBy*f.tpSize, given)
 	if err != nil {
 		return cfg, nil, err
 	}
+	cfg.DataSetupTime = time.Since(dataStart) // Megatron's train/valid/test-data-iterators-setup timer
 	if f.useCkptArgs && m.VocabSize != src.paddedVocab {
 		src.close()
 		return cfg, nil, fmt.Errorf("--use-checkpoint-args: the checkpoint's padded vocabulary is %d, the tokenizer's %d", m.VocabSize, src.paddedVocab)

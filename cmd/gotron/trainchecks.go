@@ -158,6 +158,7 @@ var trainNumberRules = withTokenizerRules(map[string]numberRule{
 	"peak-flops":               floatIn(0, math.MaxFloat64, "FLOP/s; 0: measured"),
 	"save-interval":            intIn(0, math.MaxInt64, "iterations between checkpoints; 0: no periodic checkpoints"),
 	"exit-interval":            intIn(0, math.MaxInt64, "iterations; 0: none"),
+	"timing-log-level":         intIn(0, 2, "Megatron's timer level: 0, 1 or 2"),
 	"save-retain-interval":     intIn(0, math.MaxInt64, "iterations whose checkpoints are kept; 0: keep all"),
 	"exit-duration-in-mins":    floatIn(0, maxMinutes, "minutes of training; 0: no limit"),
 	"async-save-rate":          floatIn(0, 1e9, "MB/s per rank; 0: unpaced"),
