@@ -19,6 +19,11 @@ import (
 // adjacent, pipeline stages are farthest apart.
 const DefaultOrder = "tp-cp-ep-dp-pp"
 
+// TPPPDPOrder is the order Megatron's --use-tp-pp-dp-mapping selects
+// (megatron/training/initialize.py): data-parallel replicas farthest apart,
+// the pipeline stages of one replica adjacent.
+const TPPPDPOrder = "tp-cp-ep-pp-dp"
+
 // Kind names one family of rank groups. The values are the keys printed by
 // "gotron parallel groups".
 type Kind string

@@ -127,7 +127,7 @@ func cmdParallelGroups(env *cli, args []string) error {
 		if cfg.Order != parallel.DefaultOrder {
 			return fmt.Errorf("--use-tp-pp-dp-mapping sets the order tp-cp-ep-pp-dp; it conflicts with --order %s", cfg.Order)
 		}
-		cfg.Order = "tp-cp-ep-pp-dp" // as megatron/training/initialize.py
+		cfg.Order = parallel.TPPPDPOrder
 	}
 	l, err := parallel.NewLayout(cfg)
 	if err != nil {

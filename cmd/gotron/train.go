@@ -34,6 +34,7 @@ type trainFlags struct {
 	divisibleBy        int
 
 	tpSize, ppSize, cpSize int
+	tpPPDPMapping          bool // --use-tp-pp-dp-mapping: rank order parallel.TPPPDPOrder
 	cp                     cpFlags
 	timeoutMins            float64
 	heartbeat              heartbeatFlags
@@ -130,6 +131,7 @@ func newTrainFlags() (*flag.FlagSet, *trainFlags) {
 	fs.IntVar(&ps.FirstLayers, "decoder-first-pipeline-num-layers", 0, "layers of the first pipeline stage (uneven split; 0: even)")
 	fs.IntVar(&ps.LastLayers, "decoder-last-pipeline-num-layers", 0, "layers of the last pipeline stage (uneven split; 0: even)")
 	fs.IntVar(&c.MicrobatchGroupSize, "microbatch-group-size-per-virtual-pipeline-stage", 0, "micro-batches each model chunk runs in a row in the interleaved schedule (0: the pipeline size)")
+	fs.BoolVar(&f.tpPPDPMapping, "use-tp-pp-dp-mapping", false, "order the ranks "+parallel.TPPPDPOrder+" (data-parallel replicas farthest apart) instead of "+parallel.DefaultOrder+", as Megatron")
 	fs.IntVar(&f.cpSize, "context-parallel-size", 1, "context-parallel size: each rank holds 2 of 2×N chunks of every sequence; attention runs over the group (--cp-comm-type)")
 	f.cp.add(fs, c)
 	fs.BoolVar(&c.DDP.DistributedOptimizer, "use-distributed-optimizer", false, "shard optimizer state over data-parallel ranks (ZeRO-1): reduce-scatter grads, all-gather params")
@@ -388,7 +390,7 @@ func cmdTrain(ctx context.Context, env *cli, args []string) error {
 	}
 	var groups *parallel.Groups
 	if world != nil {
-		if groups, err = parallel.NewGroups(world, parallel.Config{TP: f.tpSize, PP: f.ppSize, CP: f.cpSize, EP: max(f.moe.ep, 1)}); err != nil {
+		if groups, err = parallel.NewGroups(world, f.parallelConfig()); err != nil {
 			return err
 		}
 		// Rank 0 builds the dataset index caches first; the others then read them.

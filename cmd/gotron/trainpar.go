@@ -9,6 +9,7 @@ import (
 	"github.com/gotron/gotron/comm/nccl"
 	"github.com/gotron/gotron/comm/tcp"
 	"github.com/gotron/gotron/launch"
+	"github.com/gotron/gotron/parallel"
 )
 
 // defaultCommTimeout bounds every wait for another rank of gotron launch
@@ -64,4 +65,14 @@ func joinWorld(ctx context.Context, env *cli, timeout time.Duration, backend str
 		return nil, nil, fmt.Errorf("rank %d of %d (%s environment): join the job at %s:%d: %w", e.Rank, e.WorldSize, e.Source, e.MasterAddr, e.MasterPort, err)
 	}
 	return g, func() { g.Close() }, nil
+}
+
+// parallelConfig is the rank layout the parallel flags ask for (the world
+// size is the launched world's).
+func (f *trainFlags) parallelConfig() parallel.Config {
+	c := parallel.Config{TP: f.tpSize, PP: f.ppSize, CP: f.cpSize, EP: max(f.moe.ep, 1)}
+	if f.tpPPDPMapping {
+		c.Order = parallel.TPPPDPOrder
+	}
+	return c
 }
