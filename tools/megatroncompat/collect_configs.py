@@ -35,6 +35,11 @@ def from_model_config(path):
             continue
         elif isinstance(v, list):  # nargs: the launcher passes the items as words
             lines.append(f"{k} " + " ".join(str(x) for x in v))
+        elif isinstance(v, str) and re.fullmatch(r"\[[^]]+\]", v.strip()):
+            # A string in brackets ("[2 2]"): the launcher
+            # (tests/functional_tests/shell_test_utils/_run_training.sh) strips
+            # the brackets and passes the words unquoted, as nargs values.
+            lines.append(f"{k} " + v.strip()[1:-1])
         else:
             lines.append(f"{k} {v}")
     return lines
