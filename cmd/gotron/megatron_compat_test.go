@@ -94,8 +94,10 @@ type compatPaths struct {
 // scaleDown returns the config's arguments for a tiny run, and the world
 // size to launch. The transformation (documented in docs/megatron-compat.md):
 // parallel sizes are kept; the model becomes 1 layer per pipeline stage and
-// virtual stage, 4×TP heads of 8 channels (GQA: 2×TP groups), FFN 2×hidden,
-// MoE expert FFNs of the hidden size; 64-token sequences, micro-batch 1,
+// virtual stage (the embedding and the loss taking one each where the config
+// counts them in the pipeline split), 4×TP heads of 8 channels (GQA: 2×TP
+// groups), FFN 2×hidden, MoE expert FFNs of the hidden size; 64-token
+// sequences, micro-batch 1,
 // global batch 2 micro-batches per pipeline stage and data-parallel rank
 // (rounded up to a multiple of the interleaved schedule's micro-batch group);
 // 2 iterations, at most 1 evaluation batch, a log line each iteration; every
@@ -130,6 +132,13 @@ func scaleDown(c megatronConfig, p compatPaths) ([]string, int) {
 	heads := 4 * tp
 	hidden := 8 * heads
 	layers := pp * v
+	// The embedding and the loss, where the config counts them as layers
+	// of the pipeline split, take one layer's place each.
+	for _, name := range []string{"account-for-embedding-in-pipeline-split", "account-for-loss-in-pipeline-split"} {
+		if has(name) {
+			layers--
+		}
+	}
 	// Two micro-batches per pipeline stage, or a multiple of the
 	// interleaved schedule's micro-batch group where the config sets one.
 	micro := 2 * pp

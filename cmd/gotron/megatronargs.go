@@ -171,8 +171,6 @@ var compatArgs = map[string]compatArg{
 	"straggler-minmax-count":                        {kind: compatNeeds, why: "Megatron's straggler detector, not built in gotron"},
 	"check-weight-hash-across-dp-replicas-interval": {kind: compatNeeds, why: "the weight-hash check across data-parallel replicas, not built in gotron yet"},
 	"eval-global-batch-size":                        {kind: compatNeeds, why: "a separate evaluation batch size, not built in gotron yet"},
-	"account-for-embedding-in-pipeline-split":       {kind: compatNeeds, why: "counting the embedding as a layer in the pipeline split, not built in gotron yet"},
-	"account-for-loss-in-pipeline-split":            {kind: compatNeeds, why: "counting the loss as a layer in the pipeline split, not built in gotron yet"},
 	"num-distributed-optimizer-instances":           {kind: compatNeeds, why: "several distributed-optimizer instances, not built in gotron"},
 	"overlap-param-gather-with-optimizer-step":      {kind: compatNeeds, why: "overlapping the parameter gather with the optimizer step, not built in gotron"},
 	"verify-integrity":                              {kind: compatNeeds, why: needNotBuilt},

@@ -130,6 +130,8 @@ func newTrainFlags() (*flag.FlagSet, *trainFlags) {
 	fs.IntVar(&ps.LayersPerVirtualStage, "num-layers-per-virtual-pipeline-stage", 0, "layers per model chunk: the other way to ask for the interleaved schedule")
 	fs.IntVar(&ps.FirstLayers, "decoder-first-pipeline-num-layers", 0, "layers of the first pipeline stage (uneven split; 0: even)")
 	fs.IntVar(&ps.LastLayers, "decoder-last-pipeline-num-layers", 0, "layers of the last pipeline stage (uneven split; 0: even)")
+	fs.BoolVar(&ps.AccountForEmbedding, "account-for-embedding-in-pipeline-split", false, "count the embedding as a layer in the even pipeline split: the first stage builds one transformer layer fewer (Megatron's rule)")
+	fs.BoolVar(&ps.AccountForLoss, "account-for-loss-in-pipeline-split", false, "count the loss as a layer in the even pipeline split: the last stage builds one transformer layer fewer (Megatron's rule)")
 	fs.IntVar(&c.MicrobatchGroupSize, "microbatch-group-size-per-virtual-pipeline-stage", 0, "micro-batches each model chunk runs in a row in the interleaved schedule (0: the pipeline size)")
 	fs.BoolVar(&f.tpPPDPMapping, "use-tp-pp-dp-mapping", false, "order the ranks "+parallel.TPPPDPOrder+" (data-parallel replicas farthest apart) instead of "+parallel.DefaultOrder+", as Megatron")
 	fs.IntVar(&f.cpSize, "context-parallel-size", 1, "context-parallel size: each rank holds 2 of 2×N chunks of every sequence; attention runs over the group (--cp-comm-type)")

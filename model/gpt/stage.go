@@ -13,6 +13,8 @@ const (
 	flagVPLayers    = "--num-layers-per-virtual-pipeline-stage"
 	flagFirstLayers = "--decoder-first-pipeline-num-layers"
 	flagLastLayers  = "--decoder-last-pipeline-num-layers"
+	flagAccountEmb  = "--account-for-embedding-in-pipeline-split"
+	flagAccountLoss = "--account-for-loss-in-pipeline-split"
 )
 
 // PipelineSplit is how --num-layers is cut into pipeline stages (Megatron's
@@ -39,6 +41,38 @@ type PipelineSplit struct {
 	// last pipeline rank. 0 means unset. The layers neither takes are split
 	// evenly over the middle ranks.
 	LastLayers int
+	// AccountForEmbedding (--account-for-embedding-in-pipeline-split) and
+	// AccountForLoss (--account-for-loss-in-pipeline-split) count the
+	// embedding and the loss as one layer each when the layers are split
+	// evenly: --num-layers plus those is cut into PP·VPP equal virtual
+	// stages, and the first (last) virtual stage builds one transformer
+	// layer fewer, as Megatron's get_num_layers_to_build. Not with an
+	// uneven split (Megatron refuses the combination).
+	AccountForEmbedding, AccountForLoss bool
+}
+
+// accounted is the number of layers the even split divides: numLayers plus
+// one for each of the embedding and the loss counted as a layer.
+func (s PipelineSplit) accounted(numLayers int) int {
+	n := numLayers
+	if s.AccountForEmbedding {
+		n++
+	}
+	if s.AccountForLoss {
+		n++
+	}
+	return n
+}
+
+// accountFlags names the account-for flags set, for errors.
+func (s PipelineSplit) accountFlags() string {
+	switch {
+	case s.AccountForEmbedding && s.AccountForLoss:
+		return flagAccountEmb + " and " + flagAccountLoss
+	case s.AccountForEmbedding:
+		return flagAccountEmb
+	}
+	return flagAccountLoss
 }
 
 // Chunks returns the number of model chunks per pipeline rank (VPP, with
@@ -66,6 +100,9 @@ func (s PipelineSplit) resolve(numLayers int) (pp, vpp int, err error) {
 	}
 	pp, vpp = max(s.PP, 1), max(s.VPP, 1)
 	uneven := s.FirstLayers > 0 || s.LastLayers > 0
+	if s.AccountForEmbedding || s.AccountForLoss {
+		return s.resolveAccounted(numLayers, pp, vpp)
+	}
 	if s.LayersPerVirtualStage > 0 {
 		switch {
 		case s.VPP > 0:
@@ -126,6 +163,38 @@ func (s PipelineSplit) resolve(numLayers int) (pp, vpp int, err error) {
 	return pp, vpp, nil
 }
 
+// resolveAccounted is resolve with the embedding and/or the loss counted as
+// a layer: Megatron's validate_args and TransformerConfig checks, with the
+// flags named.
+func (s PipelineSplit) resolveAccounted(numLayers, pp, vpp int) (int, int, error) {
+	if s.FirstLayers > 0 || s.LastLayers > 0 {
+		return 0, 0, fmt.Errorf("gpt: %s cannot be combined with %s or %s (as Megatron)", s.accountFlags(), flagFirstLayers, flagLastLayers)
+	}
+	n := s.accounted(numLayers)
+	if n%pp != 0 {
+		return 0, 0, fmt.Errorf("gpt: --num-layers=%d plus the layer(s) %s counts (%d) is not divisible by %s=%d",
+			numLayers, s.accountFlags(), n, flagPPSize, pp)
+	}
+	if s.LayersPerVirtualStage > 0 {
+		if s.VPP > 0 {
+			return 0, 0, fmt.Errorf("gpt: %s and %s both set: give only one of them", flagVPLayers, flagVPStages)
+		}
+		if (n/pp)%s.LayersPerVirtualStage != 0 {
+			return 0, 0, fmt.Errorf("gpt: %d layers per pipeline rank (--num-layers=%d with %s, / %s=%d) are not divisible by %s=%d",
+				n/pp, numLayers, s.accountFlags(), flagPPSize, pp, flagVPLayers, s.LayersPerVirtualStage)
+		}
+		vpp = n / pp / s.LayersPerVirtualStage
+	}
+	if vpp > 1 && pp == 1 {
+		return 0, 0, fmt.Errorf("gpt: %d virtual stages per pipeline rank need %s > 1 (got 1)", vpp, flagPPSize)
+	}
+	if (n/pp)%vpp != 0 {
+		return 0, 0, fmt.Errorf("gpt: %d layers per pipeline rank (--num-layers=%d with %s, / %s=%d) are not divisible by %d virtual stages per rank (%s)",
+			n/pp, numLayers, s.accountFlags(), flagPPSize, pp, vpp, flagVPStages)
+	}
+	return pp, vpp, nil
+}
+
 // rankLayers is the number of layers pipeline rank r holds over all its
 // chunks, for a resolved split.
 func (s PipelineSplit) rankLayers(numLayers, pp, r int) int {
@@ -158,6 +227,23 @@ func (s PipelineSplit) LayerRanges(numLayers, rank int) ([][2]int, error) {
 		return nil, fmt.Errorf("gpt: pipeline rank %d: want 0..%d (%s=%d)", rank, pp-1, flagPPSize, pp)
 	}
 	out := make([][2]int, vpp)
+	if s.AccountForEmbedding || s.AccountForLoss {
+		// Megatron's get_transformer_layer_offset and
+		// get_num_layers_to_build: virtual stage v = c·PP + rank holds
+		// slots [v·per, (v+1)·per) of the accounted layers, the embedding
+		// being slot 0 and the loss the last slot.
+		per := s.accounted(numLayers) / (pp * vpp)
+		for c := range vpp {
+			v := c*pp + rank
+			lo, hi := v*per, (v+1)*per
+			if s.AccountForEmbedding {
+				lo, hi = max(lo-1, 0), hi-1
+			}
+			hi = min(hi, numLayers)
+			out[c] = [2]int{lo, hi}
+		}
+		return out, nil
+	}
 	for c := range vpp {
 		lo := c * numLayers / vpp
 		for r := range rank {
