@@ -115,6 +115,10 @@ type Backend interface {
 	GELUBackward(dx, dout, x *Tensor, tanh bool)
 	SiLUForward(out, x *Tensor)
 	SiLUBackward(dx, dout, x *Tensor)
+	// SquaredReLUForward is relu(x)² (Megatron's --squared-relu);
+	// SquaredReLUBackward adds dout·2·relu(x) into dx.
+	SquaredReLUForward(out, x *Tensor)
+	SquaredReLUBackward(dx, dout, x *Tensor)
 	SwiGLUForward(out, x *Tensor)
 	SwiGLUBackward(dx, dout, x *Tensor)
 	SoftmaxForward(out, x *Tensor)

@@ -91,8 +91,12 @@ func (cpuBackend) GELUBackward(dx, dout, x *Tensor, tanh bool) {
 	}
 }
 
-func (cpuBackend) SiLUForward(out, x *Tensor)       { cpu.SiLUForward(f(out), f(x)) }
-func (cpuBackend) SiLUBackward(dx, dout, x *Tensor) { cpu.SiLUBackward(f(dx), f(dout), f(x)) }
+func (cpuBackend) SiLUForward(out, x *Tensor)        { cpu.SiLUForward(f(out), f(x)) }
+func (cpuBackend) SiLUBackward(dx, dout, x *Tensor)  { cpu.SiLUBackward(f(dx), f(dout), f(x)) }
+func (cpuBackend) SquaredReLUForward(out, x *Tensor) { cpu.SquaredReLUForward(f(out), f(x)) }
+func (cpuBackend) SquaredReLUBackward(dx, dout, x *Tensor) {
+	cpu.SquaredReLUBackward(f(dx), f(dout), f(x))
+}
 
 func (cpuBackend) SwiGLUForward(out, x *Tensor) {
 	n, c := rowsCols(x)

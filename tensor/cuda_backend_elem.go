@@ -94,6 +94,16 @@ func (be cudaBackend) SiLUBackward(dx, dout, x *Tensor) {
 	be.launch1D("elem_silu_bwd_f32", n, be.ptr(dx), be.ptr(dout), be.ptr(x), int64(n))
 }
 
+// SquaredReLUForward has no CUDA kernel yet: callers refuse --squared-relu
+// with --device cuda before building a model (gpt.Config.CheckDevice).
+func (be cudaBackend) SquaredReLUForward(out, x *Tensor) {
+	panic("tensor: SquaredReLU on the cuda backend: no CUDA kernel in this release (--squared-relu runs on --device cpu and sim)")
+}
+
+func (be cudaBackend) SquaredReLUBackward(dx, dout, x *Tensor) {
+	panic("tensor: SquaredReLU on the cuda backend: no CUDA kernel in this release (--squared-relu runs on --device cpu and sim)")
+}
+
 // SwiGLUForward: x (n, 2f) rows [gate | up], out (n, f).
 func (be cudaBackend) SwiGLUForward(out, x *Tensor) {
 	n, c := rowsCols(x)

@@ -105,6 +105,7 @@ func TestGradients(t *testing.T) {
 		{"gelu_tanh", []*Tensor{randParam(rng, "x", 1, 10)}, func(tp *Tape, in []*Tensor) *Tensor { return tp.GELU(in[0], GELUTanh) }},
 		{"gelu_erf", []*Tensor{randParam(rng, "x", 1, 10)}, func(tp *Tape, in []*Tensor) *Tensor { return tp.GELU(in[0], GELUErf) }},
 		{"silu", []*Tensor{randParam(rng, "x", 1, 10)}, func(tp *Tape, in []*Tensor) *Tensor { return tp.SiLU(in[0]) }},
+		{"squared_relu", []*Tensor{randParam(rng, "x", 1, 10)}, func(tp *Tape, in []*Tensor) *Tensor { return tp.SquaredReLU(in[0]) }},
 		{"swiglu", []*Tensor{randParam(rng, "x", 1, 3, 8)}, func(tp *Tape, in []*Tensor) *Tensor { return tp.SwiGLU(in[0]) }},
 		{"softmax", []*Tensor{randParam(rng, "x", 1, 3, 7)}, func(tp *Tape, in []*Tensor) *Tensor { return tp.Softmax(in[0]) }},
 		{"rope_half", []*Tensor{randParam(rng, "x", 1, 2, 3, 2, 6)}, func(tp *Tape, in []*Tensor) *Tensor { return tp.RoPE(in[0], rope, nil) }},

@@ -343,6 +343,18 @@ func (tp *Tape) SiLU(x *Tensor) *Tensor {
 	return out
 }
 
+// SquaredReLU applies relu(x)² elementwise (Megatron's squared_relu).
+func (tp *Tape) SquaredReLU(x *Tensor) *Tensor {
+	x = tp.Contiguous(x)
+	out := tp.empty(x.dev, x.shape...)
+	be := backendFor(x)
+	be.SquaredReLUForward(out, x)
+	if tp.recording(x) {
+		tp.record("squared_relu", func(tp *Tape) { be.SquaredReLUBackward(tp.gradFor(x), tp.grad(out), x) }, out)
+	}
+	return out
+}
+
 // SwiGLU maps (..., 2f) laid out [gate | up] to silu(gate)·up (..., f).
 func (tp *Tape) SwiGLU(x *Tensor) *Tensor {
 	x = tp.Contiguous(x)

@@ -291,6 +291,9 @@ func (c *Config) validate() error {
 	case c.MaxSkipsInARow < 0:
 		return fmt.Errorf("train: --max-nan-iterations=%d: want > 0 (or 0 for 10)", c.MaxSkipsInARow)
 	}
+	if err := c.Model.CheckDevice(c.Device); err != nil {
+		return fmt.Errorf("train: %w", err)
+	}
 	if c.BF16 && c.FP16 {
 		return fmt.Errorf("train: --bf16 and --fp16 exclude each other")
 	}

@@ -2,6 +2,7 @@ package train
 
 import (
 	"math"
+	"strings"
 	"testing"
 
 	"github.com/gotron/gotron/model/gpt"
@@ -60,5 +61,20 @@ func TestArchitecturePlugsIn(t *testing.T) {
 	}
 	if m.NumParams() == 0 {
 		t.Fatal("the saved checkpoint holds no parameters")
+	}
+}
+
+// TestSquaredReLURefusedOnCUDA: the squared ReLU has no CUDA kernel; a
+// run asking for both is refused before any device work, naming the flags.
+func TestSquaredReLURefusedOnCUDA(t *testing.T) {
+	cfg := tinyConfig(t)
+	cfg.Model.Activation, cfg.Device = gpt.SquaredReLU, tensor.CUDA
+	src := MockSource{SeqLength: cfg.SeqLength, VocabSize: cfg.Model.VocabSize}
+	if _, err := New(cfg, src, nil); err == nil || !strings.Contains(err.Error(), "--squared-relu with --device cuda") {
+		t.Fatalf("squared ReLU on CUDA: %v", err)
+	}
+	cfg.Device = tensor.Sim
+	if res := runTrainer(t, cfg); len(res.Losses) != int(cfg.TrainIters) {
+		t.Fatalf("squared ReLU on the simulated device: %d losses", len(res.Losses))
 	}
 }

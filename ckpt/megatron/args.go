@@ -122,7 +122,6 @@ var unsupported = []struct{ name, what string }{
 	{"heterogeneous_layers_config_encoded_json", "heterogeneous layers"},
 	{"hybrid_layer_pattern", "hybrid (Mamba) layers"},
 	{"hybrid_override_pattern", "hybrid (Mamba) layers"},
-	{"squared_relu", "the squared-ReLU activation"},
 	{"quick_geglu", "the quick-GeGLU activation"},
 	{"use_rope_scaling", "Llama 3.1 RoPE frequency scaling"},
 	{"rotary_seq_len_interpolation_factor", "RoPE position interpolation"},
@@ -303,7 +302,15 @@ func (a argset) config() (gpt.Config, derived, error) {
 	if err != nil {
 		return gpt.Config{}, derived{}, err
 	}
+	squared, err := a.boolOr("squared_relu", false)
+	if err != nil {
+		return gpt.Config{}, derived{}, err
+	}
 	switch {
+	case squared && swiglu:
+		return gpt.Config{}, derived{}, fmt.Errorf("%s: args.squared_relu=true with args.swiglu=true: Megatron asserts not both", a.file)
+	case squared: // Megatron's argument_utils sets squared_relu last
+		cfg.Activation = gpt.SquaredReLU
 	case swiglu:
 		cfg.Activation = gpt.SwiGLU
 	case openai:

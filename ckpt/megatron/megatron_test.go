@@ -350,7 +350,7 @@ func TestArgs(t *testing.T) {
 		{"use_rope_scaling", true, "args.use_rope_scaling=true"},
 		{"rotary_seq_len_interpolation_factor", int64(4), "args.rotary_seq_len_interpolation_factor=4"},
 		{"window_size", nil, ""}, // None: fine
-		{"squared_relu", true, "args.squared_relu=true"},
+		{"squared_relu", true, "args.squared_relu=true with args.swiglu=true"},
 		{"normalization", "LayerNorm1P", `args.normalization=LayerNorm1P: want LayerNorm or RMSNorm`},
 		{"position_embedding_type", "yarn", "args.position_embedding_type=yarn"},
 		{"apply_residual_connection_post_layernorm", true, "post-norm"},
@@ -409,6 +409,20 @@ func TestArgs(t *testing.T) {
 		c.args.d.Set("untie_embeddings_and_output_weights", true)
 		if _, _, err := c.Model(Options{}); err == nil || !strings.Contains(err.Error(), "needs output_layer.weight") || !strings.Contains(err.Error(), "mp_rank_00/model_optim_rng.pt") {
 			t.Errorf("untied without an output layer: %v", err)
+		}
+	})
+
+	// --squared-relu: the MLP's weights are a GELU MLP's; only the
+	// activation changes.
+	t.Run("squared_relu", func(t *testing.T) {
+		c := open(t, "gpt_tp2")
+		c.args.d.Set("squared_relu", true)
+		m, _, err := c.Model(Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if m.Config.Activation != gpt.SquaredReLU {
+			t.Fatalf("activation %v, want squared_relu", m.Config.Activation)
 		}
 	})
 

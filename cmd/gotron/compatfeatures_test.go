@@ -9,6 +9,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/gotron/gotron/model/gpt"
 	"github.com/gotron/gotron/train"
 )
 
@@ -120,5 +121,40 @@ func TestTrainTimersLaunch(t *testing.T) {
 	}
 	if strings.Contains(out, "batch-generator") {
 		t.Errorf("level 1 printed the level-2 batch-generator timer:\n%s", out)
+	}
+}
+
+// TestTrainSquaredReLU: --squared-relu trains (the checkpoint records the
+// activation), gives other losses than the default GELU from the same
+// seed, and is refused with --swiglu, naming the flags (--device cuda:
+// train.TestSquaredReLURefusedOnCUDA).
+func TestTrainSquaredReLU(t *testing.T) {
+	dir := t.TempDir()
+	ck := filepath.Join(dir, "ck")
+	args := []string{"--train-iters", "2", "--eval-iters", "0", "--log-interval", "1"}
+	sq, _ := trainCLI(t, append(args, "--squared-relu", "--save", ck)...)
+	gelu, _ := trainCLI(t, args...)
+	m, ra, err := train.LoadModel(ck)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m.Config.Activation != gpt.SquaredReLU || ra.Model.Activation != gpt.SquaredReLU {
+		t.Fatalf("checkpoint's activation %v (args %v), want squared_relu", m.Config.Activation, ra.Model.Activation)
+	}
+	loss := regexp.MustCompile(`lm loss: (\S+)`)
+	a, b := loss.FindAllStringSubmatch(sq, -1), loss.FindAllStringSubmatch(gelu, -1)
+	if len(a) != 2 || len(b) != 2 || a[1][1] == b[1][1] {
+		t.Fatalf("iteration 2's loss with --squared-relu %v, with GELU %v: want two different losses", a, b)
+	}
+	for _, c := range []struct {
+		extra []string
+		want  string
+	}{
+		{[]string{"--squared-relu", "--swiglu"}, "--squared-relu excludes --swiglu"},
+	} {
+		_, errs, code := runCLI(t, append(append(append([]string{}, tinyTrain...), args...), c.extra...)...)
+		if code == 0 || !strings.Contains(errs, c.want) {
+			t.Errorf("%v: exit %d, stderr %q; want %q", c.extra, code, errs, c.want)
+		}
 	}
 }

@@ -60,6 +60,9 @@ func cmdGenerate(ctx context.Context, env *cli, args []string) error {
 	if *bf16 {
 		m.RoundToBF16()
 	}
+	if err := m.Config.CheckDevice(dev); err != nil {
+		return err
+	}
 	since := tensor.SimTransfers()
 	m.ToDevice(dev)
 	ids := tok.Encode(*prompt)

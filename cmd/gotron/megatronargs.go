@@ -167,7 +167,6 @@ var compatArgs = map[string]compatArg{
 	"use-rotary-position-embeddings": {kind: compatNeeds, why: needNotBuilt + " (the deprecated spelling: use --position-embedding-type rope)"},
 	// Features gotron does not have.
 	"apply-wd-to-qk-layernorm":                      {kind: compatNeeds, why: "weight decay on the query/key layer norms, not built in gotron yet"},
-	"squared-relu":                                  {kind: compatNeeds, why: "the squared-ReLU MLP activation, not built in gotron yet"},
 	"straggler-minmax-count":                        {kind: compatNeeds, why: "Megatron's straggler detector, not built in gotron"},
 	"check-weight-hash-across-dp-replicas-interval": {kind: compatNeeds, why: "the weight-hash check across data-parallel replicas, not built in gotron yet"},
 	"eval-global-batch-size":                        {kind: compatNeeds, why: "a separate evaluation batch size, not built in gotron yet"},

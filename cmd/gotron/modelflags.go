@@ -27,6 +27,10 @@ func (f *trainFlags) modelConfig(given map[string]bool) (gpt.Config, error) {
 		return gpt.Config{}, fmt.Errorf("--num-query-groups needs --group-query-attention")
 	case f.swiglu && f.openaiGELU:
 		return gpt.Config{}, fmt.Errorf("--swiglu and --openai-gelu exclude each other")
+	case f.squaredReLU && (f.swiglu || f.openaiGELU):
+		return gpt.Config{}, fmt.Errorf("--squared-relu excludes --swiglu and --openai-gelu (Megatron asserts not swiglu)")
+	case f.squaredReLU:
+		m.Activation = gpt.SquaredReLU
 	case f.swiglu:
 		m.Activation = gpt.SwiGLU
 	case f.openaiGELU:

@@ -93,6 +93,9 @@ func cmdScore(ctx context.Context, env *cli, args []string) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
+	if err := m.Config.CheckDevice(dev); err != nil {
+		return err
+	}
 	m.ToDevice(dev)
 	logits := scoreLogits(m, ids, vocab)
 	if f.out != "" {

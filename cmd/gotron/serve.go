@@ -204,6 +204,9 @@ func buildServer(f *serveFlags, m *gpt.Model, tok tokenizer.Tokenizer, tpl *serv
 		m.RoundToBF16()
 		ec.BF16 = true
 	}
+	if err := m.Config.CheckDevice(dev); err != nil {
+		return nil, nil, err
+	}
 	m.ToDevice(dev) // the engine's KV pool and packed weights follow the model
 	ec.VocabSize, ec.Decoder = tok.VocabSize(), tok
 	if ec.VocabSize > m.Config.VocabSize {

@@ -27,11 +27,11 @@ const trainSynopsis = "train [flags]   (Megatron's pretrain_gpt.py flags; no fla
 
 // trainFlags are gotron train's flags, by Megatron's names.
 type trainFlags struct {
-	preset             string
-	model              gpt.Config
-	gqa                bool
-	swiglu, openaiGELU bool
-	divisibleBy        int
+	preset                          string
+	model                           gpt.Config
+	gqa                             bool
+	swiglu, openaiGELU, squaredReLU bool
+	divisibleBy                     int
 
 	tpSize, ppSize, cpSize int
 	tpPPDPMapping          bool // --use-tp-pp-dp-mapping: rank order parallel.TPPPDPOrder
@@ -114,6 +114,7 @@ func newTrainFlags() (*flag.FlagSet, *trainFlags) {
 	fs.BoolVar(&m.LayerNorm1P, "apply-layernorm-1p", false, "norms scale by 1 + γ with γ initialised to 0 (Megatron's zero-centred gamma)")
 	fs.BoolVar(&f.swiglu, "swiglu", false, "SwiGLU MLP (fc1 rows [gate; up])")
 	fs.BoolVar(&f.openaiGELU, "openai-gelu", false, "tanh-approximated GELU (GPT-2's)")
+	fs.BoolVar(&f.squaredReLU, "squared-relu", false, "squared-ReLU MLP activation, relu(x)² (Megatron's squared_relu; --device cpu and sim)")
 	fs.BoolVar(&m.DisableBiasLinear, "disable-bias-linear", false, "no biases in linear layers")
 	fs.BoolVar(&m.AddQKVBias, "add-qkv-bias", false, "keep the QKV bias with --disable-bias-linear")
 	attnDrop := fs.Float64("attention-dropout", 0.1, "dropout on the attention probabilities")

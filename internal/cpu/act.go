@@ -170,6 +170,29 @@ func siluBackwardGo(dinp, dout, inp []float32) {
 	}
 }
 
+// SquaredReLUForward computes out = relu(x)², Megatron's squared_relu
+// (--squared-relu: torch.pow(F.relu(x), 2)). inp, out: (any).
+func SquaredReLUForward(out, inp []float32) {
+	parallel16(len(inp), actGrain, func(lo, hi int) {
+		o, x := out[lo:hi], inp[lo:hi]
+		for i, v := range x {
+			r := max(v, 0)
+			o[i] = r * r
+		}
+	})
+}
+
+// SquaredReLUBackward accumulates dinp += dout · 2·relu(x), the derivative
+// autograd gives torch.pow(F.relu(x), 2) (0 at x = 0, as relu's).
+func SquaredReLUBackward(dinp, dout, inp []float32) {
+	parallel16(len(inp), actGrain, func(lo, hi int) {
+		dx, g, x := dinp[lo:hi], dout[lo:hi], inp[lo:hi]
+		for i, v := range x {
+			dx[i] += g[i] * (2 * max(v, 0))
+		}
+	})
+}
+
 // SwiGLUForward computes the gated linear unit of Megatron's --swiglu.
 //
 //	inp: (n, 2f), each row [gate(f) | up(f)] (Megatron's linear_fc1 layout)

@@ -45,6 +45,21 @@ func siluBackwardRef(dinp, dout, inp []float64) {
 	}
 }
 
+// squaredReLUForwardRef is the reference for SquaredReLUForward.
+func squaredReLUForwardRef(out, inp []float64) {
+	for i, x := range inp {
+		r := math.Max(x, 0)
+		out[i] = r * r
+	}
+}
+
+// squaredReLUBackwardRef is the reference for SquaredReLUBackward.
+func squaredReLUBackwardRef(dinp, dout, inp []float64) {
+	for i, x := range inp {
+		dinp[i] += dout[i] * 2 * math.Max(x, 0)
+	}
+}
+
 // swigluForwardRef is the reference for SwiGLUForward.
 func swigluForwardRef(out, inp []float64, n, f int) {
 	for i := 0; i < n; i++ {

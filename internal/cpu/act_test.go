@@ -18,6 +18,7 @@ func TestActFastVsRef(t *testing.T) {
 		{"gelu-tanh", GELUTanhForward, GELUTanhBackward, geluTanhForwardRef, geluTanhBackwardRef},
 		{"gelu-erf", GELUErfForward, GELUErfBackward, geluErfForwardRef, geluErfBackwardRef},
 		{"silu", SiLUForward, SiLUBackward, siluForwardRef, siluBackwardRef},
+		{"squared-relu", SquaredReLUForward, SquaredReLUBackward, squaredReLUForwardRef, squaredReLUBackwardRef},
 	} {
 		for _, n := range []int{1, 17, 40001} {
 			x, g := round32(randF64(rng, n, 8)), round32(randF64(rng, n, 1))
@@ -54,6 +55,7 @@ func TestActGolden(t *testing.T) {
 		{"gelu_tanh", GELUTanhForward, GELUTanhBackward},
 		{"gelu_erf", GELUErfForward, GELUErfBackward},
 		{"silu", SiLUForward, SiLUBackward},
+		{"squared_relu", SquaredReLUForward, SquaredReLUBackward},
 	} {
 		g := loadGolden(t, tc.name)
 		x := g.f(t, "inp")

@@ -178,6 +178,7 @@ func TestGradCheck(t *testing.T) {
 		{"gelu-tanh", geluTanhForwardRef, geluTanhBackwardRef},
 		{"gelu-erf", geluErfForwardRef, geluErfBackwardRef},
 		{"silu", siluForwardRef, siluBackwardRef},
+		{"squared-relu", squaredReLUForwardRef, squaredReLUBackwardRef},
 	} {
 		x := randF64(rng, 40, 4)
 		out := make([]float64, len(x))

@@ -119,7 +119,7 @@ func (c *Config) Validate() error {
 	case !c.Normalization.valid():
 		return fmt.Errorf("gpt: --normalization=%v: want LayerNorm or RMSNorm", c.Normalization)
 	case !c.Activation.valid():
-		return fmt.Errorf("gpt: activation %v: want gelu, gelu_tanh (--openai-gelu) or swiglu (--swiglu)", c.Activation)
+		return fmt.Errorf("gpt: activation %v: want gelu, gelu_tanh (--openai-gelu), swiglu (--swiglu) or squared_relu (--squared-relu)", c.Activation)
 	}
 	if c.RotaryBase == 0 {
 		c.RotaryBase = 10000

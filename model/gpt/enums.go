@@ -14,18 +14,19 @@ import (
 type Activation uint8
 
 const (
-	GELU     Activation = iota // exact (erf) GELU, Megatron's default
-	GELUTanh                   // tanh-approximated GELU (--openai-gelu, GPT-2's)
-	SwiGLU                     // --swiglu: fc1 outputs [gate; up], 2·FFNHiddenSize rows
+	GELU        Activation = iota // exact (erf) GELU, Megatron's default
+	GELUTanh                      // tanh-approximated GELU (--openai-gelu, GPT-2's)
+	SwiGLU                        // --swiglu: fc1 outputs [gate; up], 2·FFNHiddenSize rows
+	SquaredReLU                   // --squared-relu: relu(x)² (Megatron's squared_relu)
 )
 
-var activationNames = []string{GELU: "gelu", GELUTanh: "gelu_tanh", SwiGLU: "swiglu"}
+var activationNames = []string{GELU: "gelu", GELUTanh: "gelu_tanh", SwiGLU: "swiglu", SquaredReLU: "squared_relu"}
 
-// ParseActivation parses "gelu", "gelu_tanh" or "swiglu".
+// ParseActivation parses "gelu", "gelu_tanh", "swiglu" or "squared_relu".
 func ParseActivation(s string) (Activation, error) {
 	i, err := parseEnum(activationNames, s)
 	if err != nil {
-		return 0, fmt.Errorf("activation %q: %v (set by --swiglu or --openai-gelu)", s, err)
+		return 0, fmt.Errorf("activation %q: %v (set by --swiglu, --openai-gelu or --squared-relu)", s, err)
 	}
 	return Activation(i), nil
 }

@@ -207,6 +207,15 @@ func (m *Model) Device() tensor.Device { return m.WordEmb.Device() }
 // CPU, from the seed or a checkpoint, then moved): tensor.MoveParams.
 func (m *Model) ToDevice(dev tensor.Device) { tensor.MoveParams(dev, m.Params()...) }
 
+// CheckDevice refuses a model the device has no kernels for: the squared
+// ReLU (--squared-relu) has no CUDA kernel in this release.
+func (c *Config) CheckDevice(dev tensor.Device) error {
+	if c.Activation == SquaredReLU && dev == tensor.CUDA {
+		return fmt.Errorf("gpt: --squared-relu with --device cuda: the squared-ReLU activation has no CUDA kernel in this release (it runs on --device cpu and sim)")
+	}
+	return nil
+}
+
 // NumParams counts parameters (tied weights once).
 func (m *Model) NumParams() int {
 	n := 0

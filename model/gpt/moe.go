@@ -734,6 +734,8 @@ func (m *Model) activate(tp *tensor.Tape, h *tensor.Tensor) *tensor.Tensor {
 		return tp.SwiGLU(h)
 	case GELUTanh:
 		return tp.GELU(h, tensor.GELUTanh)
+	case SquaredReLU:
+		return tp.SquaredReLU(h)
 	}
 	return tp.GELU(h, tensor.GELUErf)
 }

@@ -34,6 +34,9 @@ func TestCUDAOps(t *testing.T) {
 	cudaBackend(t)
 	for _, c := range OpCases() {
 		t.Run(c.Name, func(t *testing.T) {
+			if c.NoCUDA != "" {
+				t.Skip(c.NoCUDA)
+			}
 			want, err := runOp(c, tensor.CPU)
 			if err != nil {
 				t.Fatalf("cpu: %v", err)

@@ -221,11 +221,20 @@ def attention(outdir, gen):
                    {"b": b, "t": t, "hq": hq, "hkv": hkv, "d": d, "causal": causal}, tensors)
 
 
+def squared_relu(outdir, gen):
+    # Megatron's squared_relu (megatron/core/activations.py), --squared-relu;
+    # written last so that the earlier cases' random draws are unchanged.
+    x = rand(gen, 64, scale=5)
+    out = torch.pow(F.relu(x), 2)
+    dout, (dx,) = grads(out, (x,), gen)
+    write_case(outdir, "squared_relu", "squared_relu", {}, [("inp", x), ("dout", dout), ("out", out), ("dinp", dx)])
+
+
 def main():
     outdir = sys.argv[1] if len(sys.argv) > 1 else "internal/cpu/testdata/golden"
     os.makedirs(outdir, exist_ok=True)
     gen = torch.Generator().manual_seed(1234)
-    for fn in (layernorm, rmsnorm, activations, cross_entropy, rope, attention):
+    for fn in (layernorm, rmsnorm, activations, cross_entropy, rope, attention, squared_relu):
         fn(outdir, gen)
 
 
