@@ -33,6 +33,12 @@ type Groups struct {
 	// group (the ranks holding the same experts), from the expert
 	// generator.
 	EP, ExpertDP comm.ProcessGroup
+	// ExpertTP is the expert-tensor-parallel group (the ranks holding
+	// slices of the same experts) and ExpertTPEP the expert tensor × model
+	// parallel group (Megatron's tp_ep, expert-TP ranks fastest): the
+	// MoE dispatchers' groups. TPCP is tensor × context parallel: the ranks
+	// sharing a sequence's tokens (the routers' load-balancing counts).
+	ExpertTP, ExpertTPEP, TPCP comm.ProcessGroup
 }
 
 // NewGroups builds this rank's groups of the layout cfg (cfg.WorldSize 0
@@ -58,7 +64,8 @@ func NewGroups(world comm.ProcessGroup, cfg Config) (*Groups, error) {
 	for _, k := range []struct {
 		kind Kind
 		dst  *comm.ProcessGroup
-	}{{TP, &g.TP}, {PP, &g.PP}, {DP, &g.DP}, {CP, &g.CP}, {DPCP, &g.DPCP}, {TPPP, &g.MP}, {Embedding, &g.Embedding}, {EP, &g.EP}, {ExpertDP, &g.ExpertDP}} {
+	}{{TP, &g.TP}, {PP, &g.PP}, {DP, &g.DP}, {CP, &g.CP}, {DPCP, &g.DPCP}, {TPPP, &g.MP}, {Embedding, &g.Embedding}, {EP, &g.EP}, {ExpertDP, &g.ExpertDP},
+		{ExpertTP, &g.ExpertTP}, {TPEP, &g.ExpertTPEP}, {TPCP, &g.TPCP}} {
 		ranks := l.GroupOf(k.kind, rank)
 		if ranks == nil {
 			continue // middle pipeline stages have no embedding group

@@ -66,10 +66,22 @@ func (r *Routing) Aux() ([]float64, float64) { return r.res.Aux, r.res.Z }
 // the all-expert scores).
 func (r *Routing) AuxCounts() []float64 { return r.res.AuxCounts(r.cfg) }
 
-// SetGlobalCounts sets Balancing entry i (a global_aux_loss) to use the
-// running mean counts over tTot tokens, before Backward.
+// SetGlobalCounts sets Balancing entry i (a global_aux_loss, or an
+// aux_loss) to use the counts (the running mean, or the sum over the ranks
+// sharing the sequences) over tTot tokens, before Backward.
 func (r *Routing) SetGlobalCounts(i int, mean []float64, tTot float64) {
 	r.res.SetGlobalCounts(r.cfg, i, mean, tTot)
+}
+
+// SeqAuxCounts returns the aux-loss map's counts per sequence and expert
+// (Batch, E), for seq_aux_loss.
+func (r *Routing) SeqAuxCounts() []float64 { return r.res.SeqAuxCounts(r.cfg) }
+
+// SetSeqCounts sets Balancing entry i (a seq_aux_loss) to use counts
+// (Batch, E) of sequences of seqLen tokens (summed over the ranks holding
+// the sequences' other tokens), before Backward.
+func (r *Routing) SetSeqCounts(i int, counts []float64, seqLen int) {
+	r.res.SetSeqCounts(r.cfg, i, counts, seqLen)
 }
 
 // Permutation returns the rows of the permuted tokens, expert-major and

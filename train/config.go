@@ -245,8 +245,18 @@ func (c *Config) validate() error {
 		l := g.Layout.Config
 		moe := &c.Model.MoE
 		switch {
-		case l.TP > 1 || l.CP > 1:
-			return fmt.Errorf("train: --num-experts=%d with tensor or context parallelism (TP=%d, CP=%d): not built yet (MoE runs with data, expert and pipeline parallelism)", moe.NumExperts, l.TP, l.CP)
+		case l.CP > 1:
+			return fmt.Errorf("train: --num-experts=%d with context parallelism (CP=%d): not built yet (MoE runs with data, tensor, sequence, expert and pipeline parallelism)", moe.NumExperts, l.CP)
+		case l.TP > 1 && !c.SequenceParallel:
+			return fmt.Errorf("train: --num-experts=%d with --tensor-model-parallel-size=%d needs --sequence-parallel (Megatron's MoE layer refuses tensor parallelism without it in training)", moe.NumExperts, l.TP)
+		case l.ETP != 1 && l.ETP != l.TP:
+			return fmt.Errorf("train: --expert-tensor-parallel-size=%d with --tensor-model-parallel-size=%d: not built yet (1, or the tensor-parallel size, is)", l.ETP, l.TP)
+		case l.ETP > 1 && !slices.Equal(g.Layout.GroupOf(parallel.ExpertTP, g.World.Rank()), g.Layout.GroupOf(parallel.TP, g.World.Rank())):
+			return fmt.Errorf("train: --expert-tensor-parallel-size=%d: rank order %q gives expert-tensor-parallel groups other than the tensor-parallel ones: not built yet", l.ETP, l.Order)
+		case moe.FFNHiddenSize%l.ETP != 0:
+			return fmt.Errorf("train: --moe-ffn-hidden-size=%d is not divisible by --expert-tensor-parallel-size=%d", moe.FFNHiddenSize, l.ETP)
+		case l.TP > 1 && moe.GlobalAuxLossCoeff > 0:
+			return fmt.Errorf("train: global_aux_loss with tensor parallelism (TP=%d): the counts' all-reduce in the router is not built yet", l.TP)
 		case g.DP.Size() > 1 && moe.GlobalAuxLossCoeff > 0:
 			return fmt.Errorf("train: global_aux_loss with data parallelism (DP=%d): the counts' all-reduce in the router is not built yet", g.DP.Size())
 		case moe.NumExperts%g.EP.Size() != 0:

@@ -12,6 +12,7 @@ import (
 	"github.com/gotron/gotron/optim"
 	"github.com/gotron/gotron/parallel/ddp"
 	"github.com/gotron/gotron/parallel/ep"
+	"github.com/gotron/gotron/parallel/tp"
 	"github.com/gotron/gotron/tensor"
 )
 
@@ -25,15 +26,69 @@ type expertModel interface {
 	IsExpertParam(p *tensor.Tensor) bool
 }
 
-// sliceExperts keeps this rank's experts when the layout is expert
-// parallel.
+// sliceExperts keeps this rank's experts (and their expert-tensor slices)
+// when the layout is expert (tensor) parallel, and gives the routers the
+// ranks sharing this rank's sequences (sequence parallelism) to sum their
+// load-balancing counts over.
 func (st *stepper) sliceExperts(m Model) error {
 	em, ok := m.(expertModel)
-	if !ok || st.par.EP.Size() == 1 {
+	if !ok {
 		return nil
 	}
-	st.expertGroup = &ep.Group{PG: st.par.EP, UseAllToAll: st.cfg.MoEAllToAll}
+	if gm, ok := m.(*gpt.Model); ok && st.par.TPCP != nil && st.par.TPCP.Size() > 1 {
+		gm.TokenGroup = tokenGroup{st.par.TPCP}
+	}
+	if st.par.EP.Size() == 1 && st.par.ExpertTP.Size() == 1 {
+		return nil
+	}
+	st.expertGroup = &ep.Group{PG: st.par.EP, TPEP: st.par.ExpertTPEP, UseAllToAll: st.cfg.MoEAllToAll}
+	if st.par.ExpertTP.Size() > 1 {
+		st.expertGroup.TP = st.par.ExpertTP
+	}
 	return em.SliceExperts(st.expertGroup)
+}
+
+// tokenGroup is gpt.TokenGroup over a process group: the routers' counts,
+// summed in float64 (they are integers).
+type tokenGroup struct{ pg comm.ProcessGroup }
+
+func (g tokenGroup) Size() int { return g.pg.Size() }
+
+func (g tokenGroup) SumFloat64s(tp *tensor.Tape, v []float64) {
+	if tp.Err() != nil {
+		return
+	}
+	n := make([]int64, len(v))
+	for i, x := range v {
+		n[i] = int64(x)
+	}
+	if err := g.pg.AllReduce(tp.Context(), comm.Int64s(n), comm.Sum); err != nil {
+		tp.Fail(fmt.Errorf("train: sum the routers' load-balancing counts over the tensor-parallel group: %w", err))
+		return
+	}
+	for i, x := range n {
+		v[i] = float64(x)
+	}
+}
+
+// expertPlan is the tensor-parallel style of parameter name with the routed
+// experts' split over expert tensor parallelism (etp ranks, the
+// tensor-parallel group's when > 1): as the dense MLP's, or whole.
+func expertPlan(plan func(string) tp.Style, swiglu bool, etp int) func(string) tp.Style {
+	return func(name string) tp.Style {
+		if !gpt.IsRoutedExpert(name) {
+			return plan(name)
+		}
+		switch {
+		case etp == 1:
+			return tp.Replicated
+		case strings.Contains(name, "linear_fc2."):
+			return tp.Row
+		case swiglu:
+			return tp.ColumnGLU
+		}
+		return tp.Column
+	}
 }
 
 // otherExperts returns the experts other expert-parallel ranks hold
@@ -149,11 +204,13 @@ func (st *stepper) sumMoEMetricsOverStages(ctx context.Context, m map[string]flo
 	return nil
 }
 
-// averageMoEMetrics averages the iteration's logged MoE losses over the
-// data-parallel group (Megatron's tracker: each rank's value is its own
-// micro-batches'; needs_dp_avg).
+// averageMoEMetrics sums the iteration's logged MoE losses over the
+// tensor-parallel ranks (with sequence parallelism each routed its shard of
+// the sequences: Megatron's tracker sums over tp_cp) and averages them over
+// the data-parallel group (each rank's value is its own micro-batches';
+// needs_dp_avg).
 func (st *stepper) averageMoEMetrics(ctx context.Context, m map[string]float64) error {
-	if len(m) == 0 || st.par.DP.Size() == 1 {
+	if len(m) == 0 || (st.par.DP.Size() == 1 && st.par.TP.Size() == 1) {
 		return nil
 	}
 	names := make([]string, 0, len(m))
@@ -168,6 +225,11 @@ func (st *stepper) averageMoEMetrics(ctx context.Context, m map[string]float64) 
 	f := make([]float32, len(v)) // float32, as the lm loss's agreement
 	for i, x := range v {
 		f[i] = float32(x)
+	}
+	if st.par.TP.Size() > 1 {
+		if err := st.par.TP.AllReduce(ctx, comm.Float32s(f), comm.Sum); err != nil {
+			return fmt.Errorf("train: sum the MoE losses over the tensor-parallel group: %w", err)
+		}
 	}
 	if err := st.par.DP.AllReduce(ctx, comm.Float32s(f), comm.Sum); err != nil {
 		return fmt.Errorf("train: average the MoE losses over the data-parallel group: %w", err)
@@ -199,16 +261,21 @@ func (st *stepper) splitNormParams(ps []*optim.Param) (dense, experts []*optim.P
 }
 
 // sumExpertBiasCounts sums the routers' token counts over the
-// data-parallel group (every rank of this pipeline stage: Megatron's
-// TP×DP×CP with TP = CP = 1), in place, as integers.
+// tensor- and data-parallel groups (every rank of this pipeline stage:
+// Megatron's TP×DP×CP with CP = 1), in place, as integers.
 func (st *stepper) sumExpertBiasCounts(ctx context.Context, counts [][]float64) error {
-	if len(counts) == 0 || st.par.DP.Size() == 1 {
+	if len(counts) == 0 || (st.par.DP.Size() == 1 && st.par.TP.Size() == 1) {
 		return nil
 	}
 	var flat []int64
 	for _, c := range counts {
 		for _, v := range c {
 			flat = append(flat, int64(v))
+		}
+	}
+	if st.par.TP.Size() > 1 {
+		if err := st.par.TP.AllReduce(ctx, comm.Int64s(flat), comm.Sum); err != nil {
+			return fmt.Errorf("train: sum the expert-bias token counts over the tensor-parallel group: %w", err)
 		}
 	}
 	if err := st.par.DP.AllReduce(ctx, comm.Int64s(flat), comm.Sum); err != nil {

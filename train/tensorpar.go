@@ -6,6 +6,7 @@ import (
 	"strings"
 
 	"github.com/gotron/gotron/comm"
+	"github.com/gotron/gotron/model/gpt"
 	"github.com/gotron/gotron/optim"
 	"github.com/gotron/gotron/parallel/tp"
 	"github.com/gotron/gotron/tensor"
@@ -24,6 +25,10 @@ func (st *stepper) shardModel(full Model, root *tensor.RNG) (Model, error) {
 	p := st.par
 	st.region = &tp.Region{Group: p.TP, SequenceParallel: st.cfg.SequenceParallel}
 	st.plan = st.arch.TPStyle
+	if moe := st.cfg.Model.MoE; moe.Enabled() {
+		// the routed experts: whole, or split over expert TP (= TP)
+		st.plan = expertPlan(st.plan, st.cfg.Model.Activation == gpt.SwiGLU, p.Layout.Config.ETP)
+	}
 	// Megatron's model-parallel RNG: a stream per tensor-parallel rank, for
 	// dropout on sequence shards. Attention dropout draws from the shared
 	// stream and keys its masks by global head (gpt.Model.coreAttention),
@@ -109,7 +114,9 @@ func (st *stepper) normParams(ps []*optim.Param) []*optim.Param {
 	var out []*optim.Param
 	for _, p := range ps {
 		name, _, _ := strings.Cut(p.Name, "[") // distributed-optimizer pieces are "name[a:b]"
-		if name == copyName || (st.region.Rank() != 0 && st.replicated(name)) {
+		// (routed experts differ between the TP ranks, or are split: each
+		// expert-DP group counts its own, moe.go's splitNormParams)
+		if name == copyName || (st.region.Rank() != 0 && st.replicated(name) && !gpt.IsRoutedExpert(name)) {
 			continue
 		}
 		out = append(out, p)
@@ -132,7 +139,7 @@ func (st *stepper) reduceSequenceParallelGrads(ctx context.Context) error {
 	// partial sums with or without SP (Megatron's finalize_model_grads
 	// all-reduces q_layernorm and k_layernorm too).
 	views := st.reducer.GradViews(func(p *tensor.Tensor) bool {
-		if !st.replicated(p.Name) {
+		if !st.replicated(p.Name) || gpt.IsRoutedExpert(p.Name) { // experts: reduced over expert DP
 			return false
 		}
 		if sp {

@@ -59,7 +59,7 @@ func addMoEFlags(fs *flag.FlagSet, f *moeFlags) {
 	fs.StringVar(&f.routerDType, "moe-router-dtype", "", "MoE: router logits' precision: fp32 (gotron's default) or fp64 (the gating GEMM and top-k in float64)")
 	fs.StringVar(&f.dispatcher, "moe-token-dispatcher-type", "allgather", "MoE: how expert-parallel ranks exchange tokens: allgather or alltoall (flex is not built)")
 	fs.IntVar(&f.ep, "expert-model-parallel-size", 1, "MoE: expert-parallel size: each rank holds num-experts/EP experts (with data parallelism over the same ranks; gotron launch)")
-	fs.IntVar(&f.etp, "expert-tensor-parallel-size", 0, "MoE: expert tensor-parallel size (only 1 in this release)")
+	fs.IntVar(&f.etp, "expert-tensor-parallel-size", 0, "MoE: expert tensor-parallel size: each expert's fc1 rows and fc2 columns split over this many ranks (1, or the tensor-parallel size; 0: the tensor-parallel size)")
 	fs.BoolVar(&f.routerFusion, "moe-router-fusion", false, "accepted: a GPU fusion; no effect on CPU")
 	fs.BoolVar(&f.permuteFusion, "moe-permute-fusion", false, "accepted: a GPU fusion; no effect on CPU")
 }
@@ -92,6 +92,9 @@ func (f *moeFlags) apply(m *gpt.Config, given map[string]bool) error {
 		if f.ep > 1 {
 			return fmt.Errorf("--expert-model-parallel-size=%d needs --num-experts", f.ep)
 		}
+		if f.etp > 1 {
+			return fmt.Errorf("--expert-tensor-parallel-size=%d needs --num-experts", f.etp)
+		}
 		return nil
 	}
 	if f.numExperts < 0 {
@@ -102,8 +105,6 @@ func (f *moeFlags) apply(m *gpt.Config, given map[string]bool) error {
 		return fmt.Errorf("--expert-model-parallel-size=%d: want >= 1", f.ep)
 	case f.numExperts%f.ep != 0:
 		return fmt.Errorf("--num-experts=%d is not divisible by --expert-model-parallel-size=%d", f.numExperts, f.ep)
-	case f.etp > 1:
-		return fmt.Errorf("--expert-tensor-parallel-size=%d: expert tensor parallelism is not built yet", f.etp)
 	case f.etp < 0:
 		return fmt.Errorf("--expert-tensor-parallel-size=%d: want >= 1", f.etp)
 	case f.routerDType != "" && f.routerDType != "fp32":

@@ -380,6 +380,9 @@ func cmdTrain(ctx context.Context, env *cli, args []string) error {
 	if world == nil && f.moe.ep > 1 {
 		return fmt.Errorf("--expert-model-parallel-size=%d needs %d ranks or a multiple: start them with gotron launch (or torchrun, srun, mpirun)", f.moe.ep, f.moe.ep)
 	}
+	if world == nil && f.moe.etp > 1 {
+		return fmt.Errorf("--expert-tensor-parallel-size=%d needs %d ranks or a multiple: start them with gotron launch (or torchrun, srun, mpirun)", f.moe.etp, f.moe.etp)
+	}
 	if world == nil && f.tpSize*f.ppSize > 1 {
 		var sizes []string
 		if f.tpSize > 1 {
@@ -394,7 +397,7 @@ func cmdTrain(ctx context.Context, env *cli, args []string) error {
 	var groups *parallel.Groups
 	if world != nil {
 		if groups, err = parallel.NewGroups(world, f.parallelConfig()); err != nil {
-			return err
+			return fmt.Errorf("%w (--tensor-model-parallel-size, --expert-model-parallel-size and --expert-tensor-parallel-size against the %d ranks)", err, world.Size())
 		}
 		// Rank 0 builds the dataset index caches first; the others then read them.
 		if world.Rank() != 0 {

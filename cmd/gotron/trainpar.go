@@ -70,14 +70,10 @@ func joinWorld(ctx context.Context, env *cli, timeout time.Duration, backend str
 // parallelConfig is the rank layout the parallel flags ask for (the world
 // size is the launched world's).
 func (f *trainFlags) parallelConfig() parallel.Config {
-	c := parallel.Config{TP: f.tpSize, PP: f.ppSize, CP: f.cpSize, EP: max(f.moe.ep, 1)}
-	if f.moe.numExperts == 0 {
-		// A dense model has no expert layers, but Megatron still builds
-		// (and checks) its expert rank generator with
-		// --expert-tensor-parallel-size: an order not ending in pp needs
-		// the same data-parallel size for both.
-		c.ETP = f.moe.etp
-	}
+	// (a dense model has no expert layers, but Megatron still builds and
+	// checks its expert rank generator with --expert-tensor-parallel-size:
+	// an order not ending in pp needs the same data-parallel size for both)
+	c := parallel.Config{TP: f.tpSize, PP: f.ppSize, CP: f.cpSize, EP: max(f.moe.ep, 1), ETP: f.moe.etp}
 	if f.tpPPDPMapping {
 		c.Order = parallel.TPPPDPOrder
 	}

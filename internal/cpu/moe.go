@@ -418,6 +418,42 @@ func (r *RouteResult) SetGlobalCounts(c *RouterConfig, i int, mean []float64, tT
 	r.Aux[i] = loss
 }
 
+// SeqAuxCounts returns the aux-loss map's counts per sequence and expert
+// (B, E): seq_aux_loss's counts, for their sum over the ranks holding other
+// parts of the same sequences.
+func (r *RouteResult) SeqAuxCounts(c *RouterConfig) []float64 {
+	E, B, S := c.Experts, c.Batch, c.SeqLen
+	n := make([]float64, B*E)
+	for b := range B {
+		for s := range S {
+			t := b*S + s
+			for _, e := range topK(r.auxScores[t*E:(t+1)*E], c.TopK) {
+				n[b*E+e]++
+			}
+		}
+	}
+	return n
+}
+
+// SetSeqCounts replaces the counts of seq_aux_loss entry i by counts (B, E)
+// per sequence of seqLen tokens (summed over the ranks that hold parts of
+// the sequences), recomputing its loss on this rank's rows.
+func (r *RouteResult) SetSeqCounts(c *RouterConfig, i int, counts []float64, seqLen int) {
+	E, B, S := c.Experts, c.Batch, c.SeqLen
+	f := float64(E) * c.Balancing[i].Coeff / (float64(c.TopK) * float64(seqLen) * float64(seqLen)) / float64(B)
+	var loss float64
+	for b := range B {
+		for s := range S {
+			for e := range E {
+				j := (b*S+s)*E + e
+				r.auxCoef[i][j] = f * counts[b*E+e]
+				loss += r.auxCoef[i][j] * r.auxScores[j]
+			}
+		}
+	}
+	r.Aux[i] = loss
+}
+
 // AuxCounts returns the aux-loss map's per-expert counts (the top-k of the
 // all-expert scores), for global_aux_loss's running counts.
 func (r *RouteResult) AuxCounts(c *RouterConfig) []float64 {

@@ -63,9 +63,13 @@ type Model struct {
 	// MoE holds the MoE layers' state between micro-batches (moe.go); nil
 	// for a dense model.
 	MoE *MoEState
-	// Experts is the expert-parallel group (SliceExperts); nil holds every
-	// expert here.
-	Experts      ExpertParallel
+	// Experts is the expert-parallel layout (SliceExperts); nil holds every
+	// expert here, whole.
+	Experts ExpertParallel
+	// TokenGroup is the group of ranks sharing this rank's sequences (with
+	// sequence parallelism): the routers sum their load-balancing counts
+	// over it; nil is this rank alone.
+	TokenGroup   TokenGroup
 	otherExperts map[string][]int // the experts other EP ranks hold
 }
 
@@ -120,25 +124,8 @@ func New(cfg Config, rng *tensor.RNG) (*Model, error) {
 	}
 	for i := range cfg.NumLayers {
 		p := fmt.Sprintf("decoder.layers.%d.", i)
-		if cfg.MoE.IsMoELayer(i, cfg.NumLayers) {
-			m.Layers = append(m.Layers, Layer{
-				InputNorm:     ones(p+"input_layernorm.weight", h),
-				InputNormBias: bias(p+"input_layernorm.bias", h, ln),
-				QKV:           normal(p+"self_attention.linear_qkv.weight", std, g*(a/g+2)*d, h),
-				QKVBias:       bias(p+"self_attention.linear_qkv.bias", g*(a/g+2)*d, hasBias || cfg.AddQKVBias),
-				QNorm:         qkNorm(p + "self_attention.q_layernorm.weight"),
-				QNormBias:     bias(p+"self_attention.q_layernorm.bias", d, ln && cfg.QKLayerNorm),
-				KNorm:         qkNorm(p + "self_attention.k_layernorm.weight"),
-				KNormBias:     bias(p+"self_attention.k_layernorm.bias", d, ln && cfg.QKLayerNorm),
-				Proj:          normal(p+"self_attention.linear_proj.weight", outStd, h, a*d),
-				ProjBias:      bias(p+"self_attention.linear_proj.bias", h, hasBias),
-				MLPNorm:       ones(p+"pre_mlp_layernorm.weight", h),
-				MLPNormBias:   bias(p+"pre_mlp_layernorm.bias", h, ln),
-				MoE:           newMoELayer(&cfg, p, normal, std, outStd),
-			})
-			continue
-		}
-		m.Layers = append(m.Layers, Layer{
+		// the parts every layer has; then a dense MLP or an MoE one
+		l := Layer{
 			InputNorm:     ones(p+"input_layernorm.weight", h),
 			InputNormBias: bias(p+"input_layernorm.bias", h, ln),
 			QKV:           normal(p+"self_attention.linear_qkv.weight", std, g*(a/g+2)*d, h),
@@ -151,11 +138,16 @@ func New(cfg Config, rng *tensor.RNG) (*Model, error) {
 			ProjBias:      bias(p+"self_attention.linear_proj.bias", h, hasBias),
 			MLPNorm:       ones(p+"pre_mlp_layernorm.weight", h),
 			MLPNormBias:   bias(p+"pre_mlp_layernorm.bias", h, ln),
-			FC1:           normal(p+"mlp.linear_fc1.weight", std, fc1Rows, h),
-			FC1Bias:       bias(p+"mlp.linear_fc1.bias", fc1Rows, hasBias),
-			FC2:           normal(p+"mlp.linear_fc2.weight", outStd, h, cfg.FFNHiddenSize),
-			FC2Bias:       bias(p+"mlp.linear_fc2.bias", h, hasBias),
-		})
+		}
+		if cfg.MoE.IsMoELayer(i, cfg.NumLayers) {
+			l.MoE = newMoELayer(&cfg, p, normal, std, outStd)
+		} else {
+			l.FC1 = normal(p+"mlp.linear_fc1.weight", std, fc1Rows, h)
+			l.FC1Bias = bias(p+"mlp.linear_fc1.bias", fc1Rows, hasBias)
+			l.FC2 = normal(p+"mlp.linear_fc2.weight", outStd, h, cfg.FFNHiddenSize)
+			l.FC2Bias = bias(p+"mlp.linear_fc2.bias", h, hasBias)
+		}
+		m.Layers = append(m.Layers, l)
 	}
 	if cfg.MoE.Enabled() {
 		m.MoE = newMoEState()

@@ -3,9 +3,11 @@ package gpt
 import (
 	"fmt"
 	"math"
+	"slices"
 	"strconv"
 	"strings"
 
+	"github.com/gotron/gotron/parallel/tp"
 	"github.com/gotron/gotron/tensor"
 )
 
@@ -290,28 +292,52 @@ func (c *MoEConfig) validate(cfg *Config) error {
 	return nil
 }
 
-// ExpertParallel is the expert-parallel group of a model whose MoE layers
-// hold E/Size() experts each (Megatron's EP; parallel/ep implements it over
-// a process group). nil is one rank holding every expert. The row
-// exchanges are autograd ops: their backward is the reverse exchange.
+// ExpertParallel is the expert-parallel layout of a model whose MoE layers
+// hold E/Size() experts each (Megatron's EP), each expert's fc1 rows and
+// fc2 columns split over TensorSize() ranks (expert tensor parallelism,
+// ETP); parallel/ep implements it over process groups. nil is one rank
+// holding every expert whole. The row exchanges are autograd ops: their
+// backward is the reverse exchange.
 type ExpertParallel interface {
-	Size() int
+	Size() int // EP
 	Rank() int
+	TensorSize() int // ETP
+	TensorRank() int
 	// AllToAllDispatch (Megatron's alltoall dispatcher) reports whether
 	// tokens are exchanged by all-to-all; else by all-gather and
 	// reduce-scatter (the allgather dispatcher).
 	AllToAllDispatch() bool
-	// GatherInts returns every rank's v (equal lengths), rank-major.
+	// GatherInts returns every rank's v (equal lengths) of the expert
+	// tensor × model parallel group (ETP·EP ranks), in its rank order
+	// ep·ETP + etp.
 	GatherInts(tp *tensor.Tape, v []int32) []int32
-	// AllToAll sends send[j] consecutive rows of x (n, c) to rank j and
-	// returns the rows received, recv[j] from rank j, in rank order.
+	// AllToAll sends send[j] consecutive rows of x (n, c) to expert-parallel
+	// rank j and returns the rows received, recv[j] from rank j, in rank
+	// order.
 	AllToAll(tp *tensor.Tape, x *tensor.Tensor, send, recv []int) *tensor.Tensor
-	// AllGatherRows concatenates every rank's x (n, c) along the rows;
-	// its backward sums the gradients and keeps this rank's rows.
+	// AllGatherRows concatenates every expert tensor × model parallel
+	// rank's x (n, c) along the rows; its backward sums the gradients and
+	// keeps this rank's rows.
 	AllGatherRows(tp *tensor.Tape, x *tensor.Tensor) *tensor.Tensor
-	// ReduceScatterRows sums every rank's x (Size()·n, c) and keeps this
-	// rank's n rows; its backward all-gathers.
+	// ReduceScatterRows sums every expert tensor × model parallel rank's x
+	// (ETP·EP·n, c) and keeps this rank's n rows; its backward all-gathers.
 	ReduceScatterRows(tp *tensor.Tape, x *tensor.Tensor) *tensor.Tensor
+	// GatherTensorRows concatenates the expert-tensor-parallel ranks' x,
+	// rows[r] rows from rank r; ReduceScatterTensorRows sums them and keeps
+	// rows[rank]. Each is the other's backward (identities with ETP 1).
+	GatherTensorRows(tp *tensor.Tape, x *tensor.Tensor, rows []int) *tensor.Tensor
+	ReduceScatterTensorRows(tp *tensor.Tape, x *tensor.Tensor, rows []int) *tensor.Tensor
+}
+
+// TokenGroup is the group of ranks that hold parts of the same sequences
+// (Megatron's tp_cp group: with sequence parallelism each tensor-parallel
+// rank routes its shard of the tokens): the routers' load-balancing counts
+// are summed over it. nil is this rank alone.
+type TokenGroup interface {
+	Size() int
+	// SumFloat64s sums v over the group in place (a failure is recorded
+	// on the tape).
+	SumFloat64s(tp *tensor.Tape, v []float64)
 }
 
 // MoELayer is the MLP of an MoE layer: router, experts, optional shared
@@ -510,15 +536,27 @@ func (m *Model) routerConfig(l *MoELayer, b, t int, losses bool) *tensor.RouterC
 		return rc
 	}
 	rc.Balancing = c.balancing()
-	rc.ZLossCoeff = c.ZLossCoeff
+	// z = (c_z/n(TP×CP))·mean over this rank's tokens: summed over the
+	// token group, the mean over all of them (Megatron's z_loss_func)
+	rc.ZLossCoeff = c.ZLossCoeff / float64(m.tokenGroupSize())
 	rc.Losses = len(rc.Balancing) > 0 || rc.ZLossCoeff > 0
 	return rc
 }
 
-// moe is MoELayer.forward for x (b, t, h): route, permute the tokens by
-// expert, run the experts (the probability multiplies the activation before
-// fc2, as Megatron's experts do), sum each token's outputs back, and add the
-// shared expert.
+// tokenGroupSize is the number of ranks sharing this rank's sequences.
+func (m *Model) tokenGroupSize() int {
+	if m.TokenGroup == nil {
+		return 1
+	}
+	return m.TokenGroup.Size()
+}
+
+// moe is MoELayer.forward for x (b, t, h), this rank's sequence shard with
+// sequence parallelism: route this rank's tokens, permute them by expert,
+// run the experts (the probability multiplies the activation before fc2,
+// as Megatron's experts do; over expert-parallel ranks through the
+// dispatcher), sum each token's outputs back, and add the shared expert (a
+// dense MLP, tensor-parallel as the dense one).
 func (m *Model) moe(tp *tensor.Tape, l *MoELayer, index int, x *tensor.Tensor, p *pass) *tensor.Tensor {
 	c := &m.Config.MoE
 	b, t, h := x.Dim(0), x.Dim(1), x.Dim(2)
@@ -544,11 +582,11 @@ func (m *Model) moe(tp *tensor.Tape, l *MoELayer, index int, x *tensor.Tensor, p
 		probs, r = tp.Route(p.lin.Linear(tp, rin, l.Router, nil), rc) // logits (T, E)
 	}
 	if recording && m.MoE != nil {
-		m.recordRouting(r, rc, index, T)
+		m.recordRouting(tp, r, rc, index, T)
 	}
 	var out *tensor.Tensor
 	switch ep := m.Experts; {
-	case ep == nil || ep.Size() == 1:
+	case ep == nil || (ep.Size() == 1 && ep.TensorSize() == 1):
 		rows, flat, counts := r.Permutation()
 		rowsT := tensor.FromInt32(rows, len(rows)).ToDevice(x.Device())
 		xp := tp.Embedding(rowsT, xs) // (N, h), expert-major
@@ -561,9 +599,14 @@ func (m *Model) moe(tp *tensor.Tape, l *MoELayer, index int, x *tensor.Tensor, p
 	}
 	dev := x.Device()
 	if l.SharedFC1 != nil {
-		s := p.lin.Linear(tp, m.activate(tp, p.lin.Linear(tp, xs, l.SharedFC1, nil)), l.SharedFC2, nil)
+		// with SP the shared expert gathers the sequence and
+		// reduce-scatters its output, as the dense MLP
+		sh := m.region()
+		s := sh.RowLinear(tp, p.lin, m.activate(tp, sh.ColumnLinear(tp, p.lin, x, l.SharedFC1, nil)), l.SharedFC2, nil)
+		s = tp.Reshape(s, T, h)
 		if l.Gate != nil {
-			// sigmoid(g) as the first column of softmax([g, 0])
+			// sigmoid(g) as the first column of softmax([g, 0]), per
+			// token of this rank
 			g := p.lin.Linear(tp, xs, l.Gate, nil) // (T, 1)
 			sg := tp.Narrow(tp.Softmax(tp.Concat(1, g, tensor.ZerosOn(dev, T, 1))), 1, 0, 1)
 			s = tp.ScaleRows(s, sg)
@@ -575,21 +618,27 @@ func (m *Model) moe(tp *tensor.Tape, l *MoELayer, index int, x *tensor.Tensor, p
 
 // experts runs the local experts on their consecutive row groups of xp
 // (counts rows each), the probabilities pp (rows, 1) multiplying the
-// activation before fc2 as in Megatron's experts.
+// activation before fc2 as in Megatron's experts. With expert tensor
+// parallelism the output is this rank's partial sum (fc2 is row-parallel
+// and does not reduce: the dispatcher's reduce-scatter does).
 func (m *Model) experts(tp *tensor.Tape, l *MoELayer, xp, pp *tensor.Tensor, counts []int) *tensor.Tensor {
 	grouped := m.Config.MoE.GroupedGEMM
 	a := m.activate(tp, tp.GroupedLinear(xp, l.FC1, counts, grouped))
 	return tp.GroupedLinear(tp.ScaleRows(a, pp), l.FC2, counts, grouped)
 }
 
-// dispatchAllToAll is Megatron's alltoall dispatcher (ETP 1): the tokens,
-// permuted by global expert, go to the experts' ranks by all-to-all; each
-// rank sorts what it received by local expert (source rank inner), runs its
-// experts, and the outputs travel back the same way and are summed per
-// token.
+// dispatchAllToAll is Megatron's alltoall dispatcher: the tokens, permuted
+// by global expert, go to the experts' expert-parallel ranks by
+// all-to-all; with expert tensor parallelism the expert-tensor ranks then
+// all-gather what each received; each rank sorts the rows by local expert
+// (then expert-tensor source, then expert-parallel source), runs its
+// experts (slices), and the outputs go back the same way: unsort,
+// reduce-scatter over expert TP (summing the slices' partial outputs),
+// all-to-all, summed per token.
 func (m *Model) dispatchAllToAll(tp *tensor.Tape, ep ExpertParallel, l *MoELayer, xs, probs *tensor.Tensor, r *tensor.Routing) *tensor.Tensor {
 	E, T := m.Config.MoE.NumExperts, xs.Dim(0)
 	P, me := ep.Size(), ep.Rank()
+	Q, myT := ep.TensorSize(), ep.TensorRank()
 	L := E / P
 	dev := xs.Device()
 	rows, flat, counts := r.Permutation()
@@ -597,54 +646,71 @@ func (m *Model) dispatchAllToAll(tp *tensor.Tape, ep ExpertParallel, l *MoELayer
 	for e, n := range counts {
 		c32[e] = int32(n)
 	}
-	all := ep.GatherInts(tp, c32) // (P, E)
+	all := ep.GatherInts(tp, c32) // (P·Q, E), row j·Q + t
+	// n(t, j, k): rows expert-tensor rank t of expert-parallel rank j
+	// routes to this rank's local expert k
+	n := func(t, j, k int) int { return int(all[(j*Q+t)*E+me*L+k]) }
 	send, recv := make([]int, P), make([]int, P)
+	tpRows := make([]int, Q) // rows each expert-tensor rank received
 	for j := range P {
 		for e := j * L; e < (j+1)*L; e++ {
 			send[j] += counts[e]
 		}
 		for k := range L {
-			recv[j] += int(all[j*E+me*L+k])
+			recv[j] += n(myT, j, k)
+			for t := range Q {
+				tpRows[t] += n(t, j, k)
+			}
 		}
 	}
 	rowsT := tensor.FromInt32(rows, len(rows)).ToDevice(dev)
 	xp := tp.Embedding(rowsT, xs)
 	pp := tp.Embedding(tensor.FromInt32(flat, len(flat)).ToDevice(dev), tp.Reshape(probs, T*E, 1))
-	xr := ep.AllToAll(tp, xp, send, recv)
-	pr := ep.AllToAll(tp, pp, send, recv)
-	// sort_chunks_by_idxs: chunks (source j, local expert k) into k-major
+	xr := ep.GatherTensorRows(tp, ep.AllToAll(tp, xp, send, recv), tpRows)
+	pr := ep.GatherTensorRows(tp, ep.AllToAll(tp, pp, send, recv), tpRows)
+	// sort_chunks_by_idxs: chunks [t][j][k] into k-major, then t, then j
 	var sortIdx []int32
 	local := make([]int, L)
 	for k := range L {
-		for j := range P {
-			start := 0
-			for jj := range j {
-				start += recv[jj]
+		for t := range Q {
+			for j := range P {
+				start := 0
+				for tt := range t {
+					start += tpRows[tt]
+				}
+				for jj := range j {
+					for kk := range L {
+						start += n(t, jj, kk)
+					}
+				}
+				for kk := range k {
+					start += n(t, j, kk)
+				}
+				for i := range n(t, j, k) {
+					sortIdx = append(sortIdx, int32(start+i))
+				}
+				local[k] += n(t, j, k)
 			}
-			for kk := range k {
-				start += int(all[j*E+me*L+kk])
-			}
-			n := int(all[j*E+me*L+k])
-			for i := range n {
-				sortIdx = append(sortIdx, int32(start+i))
-			}
-			local[k] += n
 		}
 	}
-	n := len(sortIdx)
-	sortT := tensor.FromInt32(sortIdx, n).ToDevice(dev)
+	total := len(sortIdx)
+	sortT := tensor.FromInt32(sortIdx, total).ToDevice(dev)
 	y := m.experts(tp, l, tp.Embedding(sortT, xr), tp.Embedding(sortT, pr), local)
-	back := ep.AllToAll(tp, tp.IndexAddRows(n, sortT, y), recv, send)
+	y = ep.ReduceScatterTensorRows(tp, tp.IndexAddRows(total, sortT, y), tpRows)
+	back := ep.AllToAll(tp, y, recv, send)
 	return tp.IndexAddRows(T, rowsT, back)
 }
 
-// dispatchAllGather is Megatron's allgather dispatcher (ETP 1): every rank
-// gathers all ranks' tokens, probabilities and routing maps, runs its local
-// experts on the rows routed to them, and a reduce-scatter sums each
-// token's outputs from every rank's experts back to the token's rank.
+// dispatchAllGather is Megatron's allgather dispatcher: every rank of the
+// expert tensor × model parallel group gathers all its ranks' tokens,
+// probabilities and routing maps, runs its local experts (slices) on the
+// rows routed to them, and a reduce-scatter sums each token's outputs from
+// every rank's experts (and the expert-tensor slices' partial outputs) back
+// to the token's rank.
 func (m *Model) dispatchAllGather(tp *tensor.Tape, ep ExpertParallel, l *MoELayer, xs, probs *tensor.Tensor, r *tensor.Routing) *tensor.Tensor {
 	E, T := m.Config.MoE.NumExperts, xs.Dim(0)
 	P, me := ep.Size(), ep.Rank()
+	G := P * ep.TensorSize() // ranks gathered
 	L := E / P
 	dev := xs.Device()
 	mine := make([]int32, T*E)
@@ -655,14 +721,14 @@ func (m *Model) dispatchAllGather(tp *tensor.Tape, ep ExpertParallel, l *MoELaye
 			}
 		}
 	}
-	gmap := ep.GatherInts(tp, mine) // (P·T, E)
+	gmap := ep.GatherInts(tp, mine) // (G·T, E)
 	xg := ep.AllGatherRows(tp, xs)
 	pg := ep.AllGatherRows(tp, probs)
 	var rows, flat []int32
 	counts := make([]int, L)
 	for k := range L {
 		e := me*L + k
-		for t := range P * T {
+		for t := range G * T {
 			if gmap[t*E+e] != 0 {
 				rows = append(rows, int32(t))
 				flat = append(flat, int32(t*E+e))
@@ -672,25 +738,36 @@ func (m *Model) dispatchAllGather(tp *tensor.Tape, ep ExpertParallel, l *MoELaye
 	}
 	rowsT := tensor.FromInt32(rows, len(rows)).ToDevice(dev)
 	xp := tp.Embedding(rowsT, xg)
-	pp := tp.Embedding(tensor.FromInt32(flat, len(flat)).ToDevice(dev), tp.Reshape(pg, P*T*E, 1))
-	y := tp.IndexAddRows(P*T, rowsT, m.experts(tp, l, xp, pp, counts))
+	pp := tp.Embedding(tensor.FromInt32(flat, len(flat)).ToDevice(dev), tp.Reshape(pg, G*T*E, 1))
+	y := tp.IndexAddRows(G*T, rowsT, m.experts(tp, l, xp, pp, counts))
 	return ep.ReduceScatterRows(tp, y)
 }
 
-// SliceExperts keeps expert-parallel rank rank's experts of every MoE
-// layer (of size): [rank·L, (rank+1)·L), L = E/size; the model is whole
-// (New), as the trainer builds it on every rank from the seed.
+// SliceExperts keeps this rank's experts of every MoE layer: those of
+// expert-parallel rank ep.Rank(), [rank·L, (rank+1)·L) with L = E/EP, and
+// with expert tensor parallelism this expert-tensor rank's slice of each:
+// rows of fc1 (of each of SwiGLU's halves) and columns of fc2, as the dense
+// MLP's tensor-parallel split. The model's experts are whole (New, or
+// Parallelize, which leaves them to this), as the trainer builds the model
+// on every rank from the seed.
 func (m *Model) SliceExperts(ep ExpertParallel) error {
-	E, P := m.Config.MoE.NumExperts, ep.Size()
+	E, P, Q := m.Config.MoE.NumExperts, ep.Size(), ep.TensorSize()
 	if E%P != 0 {
 		return fmt.Errorf("gpt: --num-experts=%d is not divisible by --expert-model-parallel-size=%d", E, P)
+	}
+	if f := m.Config.MoE.FFNHiddenSize; f%Q != 0 {
+		return fmt.Errorf("gpt: --moe-ffn-hidden-size=%d is not divisible by --expert-tensor-parallel-size=%d", f, Q)
+	}
+	fc1Style := tp.Column
+	if m.Config.Activation == SwiGLU {
+		fc1Style = tp.ColumnGLU
 	}
 	L := E / P
 	m.otherExperts = map[string][]int{}
 	for i := range m.Layers {
 		if l := m.Layers[i].MoE; l != nil {
-			if len(l.FC1) != E {
-				return fmt.Errorf("gpt: layer %d holds %d experts, not all %d: sliced already", i, len(l.FC1), E)
+			if len(l.FC1) != E || l.FC2[0].Dim(1) != m.Config.MoE.FFNHiddenSize {
+				return fmt.Errorf("gpt: layer %d holds %d experts of %d, not all %d whole: sliced already", i, len(l.FC1), l.FC2[0].Dim(1), E)
 			}
 			r := ep.Rank()
 			for e := range E {
@@ -699,7 +776,19 @@ func (m *Model) SliceExperts(ep ExpertParallel) error {
 					m.otherExperts[l.FC2[e].Name] = l.FC2[e].Shape()
 				}
 			}
-			l.FC1, l.FC2, l.FirstExpert = l.FC1[r*L:(r+1)*L], l.FC2[r*L:(r+1)*L], r*L
+			fc1, fc2 := slices.Clone(l.FC1[r*L:(r+1)*L]), slices.Clone(l.FC2[r*L:(r+1)*L])
+			if Q > 1 {
+				for k := range fc1 {
+					var err error
+					if fc1[k], err = tp.Shard(fc1[k], fc1Style, ep.TensorRank(), Q); err != nil {
+						return fmt.Errorf("gpt: expert tensor parallelism: %w", err)
+					}
+					if fc2[k], err = tp.Shard(fc2[k], tp.Row, ep.TensorRank(), Q); err != nil {
+						return fmt.Errorf("gpt: expert tensor parallelism: %w", err)
+					}
+				}
+			}
+			l.FC1, l.FC2, l.FirstExpert = fc1, fc2, r*L
 		}
 	}
 	m.Experts = ep
@@ -743,9 +832,29 @@ func (m *Model) activate(tp *tensor.Tape, h *tensor.Tensor) *tensor.Tensor {
 // recordRouting keeps a training micro-batch's routing statistics: the
 // logged losses (Megatron records loss/coeff per layer), global_aux_loss's
 // running counts, the expert-bias counts; and sets the backward's scale.
-func (m *Model) recordRouting(r *tensor.Routing, rc *tensor.RouterConfig, layer, T int) {
+// With a token group (sequence parallelism) the aux losses' counts are
+// summed over it first, so that each rank's loss is its tokens' part of the
+// loss of the whole sequences (Megatron's tp_cp reduction); the logged
+// values are what the trainer's sum over the token group makes the
+// sequences' loss (aux) and mean (z).
+func (m *Model) recordRouting(tp *tensor.Tape, r *tensor.Routing, rc *tensor.RouterConfig, layer, T int) {
 	s, c := m.MoE, &m.Config.MoE
 	r.AuxScale = s.AuxLossScale
+	n := m.tokenGroupSize()
+	if n > 1 {
+		for i, lb := range rc.Balancing {
+			switch {
+			case lb.Seq:
+				counts := r.SeqAuxCounts()
+				m.TokenGroup.SumFloat64s(tp, counts)
+				r.SetSeqCounts(i, counts, rc.SeqLen*n)
+			case !lb.Global: // global_aux_loss with a token group is refused (train)
+				counts := r.AuxCounts()
+				m.TokenGroup.SumFloat64s(tp, counts)
+				r.SetGlobalCounts(i, counts, float64(T*n))
+			}
+		}
+	}
 	aux, z := r.Aux()
 	for i, lb := range rc.Balancing {
 		name := metricName(lb)
@@ -767,7 +876,8 @@ func (m *Model) recordRouting(r *tensor.Routing, rc *tensor.RouterConfig, layer,
 		s.record(name, layer, m.Config.NumLayers, aux[i]/lb.Coeff)
 	}
 	if rc.ZLossCoeff > 0 {
-		s.record("z_loss", layer, m.Config.NumLayers, z/rc.ZLossCoeff)
+		// this rank's mean, over n: summed over the group, the mean
+		s.record("z_loss", layer, m.Config.NumLayers, z/rc.ZLossCoeff/float64(n))
 	}
 	if c.ExpertBias {
 		counts := s.biasCounts[layer]

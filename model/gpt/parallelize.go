@@ -2,6 +2,7 @@ package gpt
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 
 	"github.com/gotron/gotron/parallel/tp"
@@ -62,11 +63,25 @@ func (c *Config) TPStyle(name string) tp.Style {
 			return tp.ColumnGLU
 		}
 		return tp.Column
-	case strings.HasSuffix(name, "self_attention.linear_proj.weight"), strings.HasSuffix(name, "mlp.linear_fc2.weight"):
+	case strings.HasSuffix(name, "mlp.shared_experts.linear_fc1.weight"): // the shared expert is a dense MLP
+		if c.Activation == SwiGLU {
+			return tp.ColumnGLU
+		}
+		return tp.Column
+	case strings.HasSuffix(name, "self_attention.linear_proj.weight"), strings.HasSuffix(name, "mlp.linear_fc2.weight"),
+		strings.HasSuffix(name, "mlp.shared_experts.linear_fc2.weight"):
 		return tp.Row
 	}
-	return tp.Replicated // norms, row-parallel biases, position embeddings
+	// norms, row-parallel biases, position embeddings, the router and the
+	// shared expert's gate; and the routed experts, which tensor
+	// parallelism leaves whole (their split is expert tensor parallelism's:
+	// gpt.Model.SliceExperts)
+	return tp.Replicated
 }
+
+// IsRoutedExpert reports whether parameter name is a routed expert's
+// weight (mlp.experts.*).
+func IsRoutedExpert(name string) bool { return strings.Contains(name, "mlp.experts.") }
 
 // CheckTP reports a configuration that cannot be split over size
 // tensor-parallel ranks, naming the flags.
@@ -84,6 +99,8 @@ func (c *Config) CheckTP(size int, sequenceParallel bool, seqLength int) error {
 		return fmt.Errorf("gpt: --ffn-hidden-size=%d is not divisible by --tensor-model-parallel-size=%d", c.FFNHiddenSize, size)
 	case c.VocabSize%size != 0:
 		return fmt.Errorf("gpt: padded vocabulary %d is not divisible by --tensor-model-parallel-size=%d (pad with --make-vocab-size-divisible-by)", c.VocabSize, size)
+	case c.MoE.SharedExpertFFN%size != 0:
+		return fmt.Errorf("gpt: --moe-shared-expert-intermediate-size=%d is not divisible by --tensor-model-parallel-size=%d", c.MoE.SharedExpertFFN, size)
 	case sequenceParallel && seqLength%size != 0:
 		return fmt.Errorf("gpt: --seq-length=%d is not divisible by --tensor-model-parallel-size=%d (needed by --sequence-parallel)", seqLength, size)
 	}
@@ -102,7 +119,7 @@ func Parallelize(full *Model, region *tp.Region, rankRNG *tensor.RNG) (*Model, e
 		return nil, err
 	}
 	plan := TPPlan(c)
-	m := &Model{Config: c, rope: full.rope}
+	m := &Model{Config: c, rope: full.rope, MoE: full.MoE}
 	var err error
 	shard := func(x *tensor.Tensor) *tensor.Tensor {
 		if x == nil || err != nil {
@@ -122,6 +139,7 @@ func Parallelize(full *Model, region *tp.Region, rankRNG *tensor.RNG) (*Model, e
 			Proj: shard(l.Proj), ProjBias: shard(l.ProjBias),
 			MLPNorm: shard(l.MLPNorm), MLPNormBias: shard(l.MLPNormBias),
 			FC1: shard(l.FC1), FC1Bias: shard(l.FC1Bias), FC2: shard(l.FC2), FC2Bias: shard(l.FC2Bias),
+			MoE: shardMoE(l.MoE, shard),
 		})
 	}
 	m.FinalNorm, m.FinalNormB, m.OutputLayer = shard(full.FinalNorm), shard(full.FinalNormB), shard(full.OutputLayer)
@@ -130,6 +148,17 @@ func Parallelize(full *Model, region *tp.Region, rankRNG *tensor.RNG) (*Model, e
 	}
 	m.Sharding = &tpSharding{r: region, vocabStart: rank * (c.VocabSize / size), headStart: rank * (c.NumAttentionHeads / size), rankRNG: rankRNG}
 	return m, nil
+}
+
+// shardMoE is an MoE layer's tensor-parallel part: the shared expert split
+// as the dense MLP, the router and gate replicated, and the routed experts
+// whole (the same tensors: SliceExperts splits them over expert TP).
+func shardMoE(l *MoELayer, shard func(*tensor.Tensor) *tensor.Tensor) *MoELayer {
+	if l == nil {
+		return nil
+	}
+	return &MoELayer{Router: shard(l.Router), FC1: l.FC1, FC2: l.FC2, FirstExpert: l.FirstExpert,
+		ExpertBias: slices.Clone(l.ExpertBias), SharedFC1: shard(l.SharedFC1), SharedFC2: shard(l.SharedFC2), Gate: shard(l.Gate)}
 }
 
 // tpSharding is Sharding over one tp.Region.

@@ -18,10 +18,15 @@ import (
 	"github.com/gotron/gotron/tensor"
 )
 
-// Group is one rank's expert-parallel group (ETP 1): the ranks holding
-// disjoint sets of experts of every MoE layer.
+// Group is one rank's expert-parallel groups: PG, the ranks holding
+// disjoint sets of experts of every MoE layer (Megatron's ep group), and,
+// with expert tensor parallelism, TP (the ranks holding slices of the same
+// experts: expert_tensor_parallel_group) and TPEP (both: the
+// expert_tensor_and_model_parallel_group, ETP ranks fastest). nil TP is one
+// expert-tensor rank, and then TPEP is PG.
 type Group struct {
-	PG comm.ProcessGroup
+	PG       comm.ProcessGroup
+	TP, TPEP comm.ProcessGroup
 	// UseAllToAll selects Megatron's alltoall dispatcher; false, the
 	// allgather dispatcher.
 	UseAllToAll bool
@@ -33,6 +38,31 @@ func (g *Group) Size() int { return g.PG.Size() }
 
 // Rank is this rank's index in the group.
 func (g *Group) Rank() int { return g.PG.Rank() }
+
+// TensorSize is the expert-tensor-parallel size (ETP).
+func (g *Group) TensorSize() int {
+	if g.TP == nil {
+		return 1
+	}
+	return g.TP.Size()
+}
+
+// TensorRank is this rank's index in the expert-tensor-parallel group.
+func (g *Group) TensorRank() int {
+	if g.TP == nil {
+		return 0
+	}
+	return g.TP.Rank()
+}
+
+// tpep is the expert tensor × model parallel group (PG without expert
+// tensor parallelism).
+func (g *Group) tpep() comm.ProcessGroup {
+	if g.TPEP == nil {
+		return g.PG
+	}
+	return g.TPEP
+}
 
 // AllToAllDispatch reports whether tokens go by all-to-all.
 func (g *Group) AllToAllDispatch() bool { return g.UseAllToAll }
@@ -48,15 +78,17 @@ func (g *Group) collective(tp *tensor.Tape, op string, f func(ctx context.Contex
 	err := f(tp.Context())
 	g.comm += time.Since(start)
 	if err != nil {
-		tp.Fail(fmt.Errorf("ep: rank %d: %s over the expert-parallel group: %w", g.Rank(), op, err))
+		tp.Fail(fmt.Errorf("ep: rank %d: %s: %w", g.Rank(), op, err))
 	}
 }
 
-// GatherInts returns every rank's v (equal lengths), rank-major.
+// GatherInts returns every rank's v (equal lengths) of the expert tensor ×
+// model parallel group, in its rank order (ep·ETP + etp).
 func (g *Group) GatherInts(tp *tensor.Tape, v []int32) []int32 {
-	out := make([]int32, len(v)*g.Size())
-	g.collective(tp, "all_gather of routing counts", func(ctx context.Context) error {
-		return g.PG.AllGather(ctx, comm.Int32s(out), comm.Int32s(v), nil)
+	pg := g.tpep()
+	out := make([]int32, len(v)*pg.Size())
+	g.collective(tp, "all_gather of routing counts over the expert tensor×model-parallel group", func(ctx context.Context) error {
+		return pg.AllGather(ctx, comm.Int32s(out), comm.Int32s(v), nil)
 	})
 	return out
 }
@@ -89,7 +121,7 @@ func (g *Group) exchange(tp *tensor.Tape, x *tensor.Tensor, send, recv []int, op
 	}
 	out := make([]float32, n*c)
 	in := host(x)
-	g.collective(tp, op, func(ctx context.Context) error {
+	g.collective(tp, op+" over the expert-parallel group", func(ctx context.Context) error {
 		return g.PG.AllToAll(ctx, comm.Float32s(out), comm.Float32s(in), sc, rc)
 	})
 	return onDevice(out, x, n, c)
@@ -112,52 +144,109 @@ func (g *Group) AllToAll(tp *tensor.Tape, x *tensor.Tensor, send, recv []int) *t
 	}, x)[0]
 }
 
-func (g *Group) gather(tp *tensor.Tape, x *tensor.Tensor, op string) *tensor.Tensor {
+// gather all-gathers rows over pg: rows[r] rows from rank r (nil: x's
+// rows from every rank).
+func (g *Group) gather(tp *tensor.Tape, pg comm.ProcessGroup, x *tensor.Tensor, rows []int, op string) *tensor.Tensor {
 	n, c := x.Dim(0), x.Dim(1)
-	out := make([]float32, g.Size()*n*c)
+	total := pg.Size() * n
+	var counts []int
+	if rows != nil {
+		counts, total = make([]int, len(rows)), 0
+		for r, k := range rows {
+			counts[r] = k * c
+			total += k
+		}
+	}
+	out := make([]float32, total*c)
 	in := host(x)
 	g.collective(tp, op, func(ctx context.Context) error {
-		return g.PG.AllGather(ctx, comm.Float32s(out), comm.Float32s(in), nil)
+		return pg.AllGather(ctx, comm.Float32s(out), comm.Float32s(in), counts)
 	})
-	return onDevice(out, x, g.Size()*n, c)
+	return onDevice(out, x, total, c)
 }
 
-func (g *Group) reduceScatter(tp *tensor.Tape, x *tensor.Tensor, op string) *tensor.Tensor {
-	rows, c := x.Dim(0), x.Dim(1)
-	if rows%g.Size() != 0 {
-		panic(fmt.Sprintf("ep: reduce-scatter of %d rows over %d ranks", rows, g.Size()))
+// reduceScatter sums x over pg and keeps this rank's block of rows: rows[r]
+// rows for rank r (nil: equal blocks).
+func (g *Group) reduceScatter(tp *tensor.Tape, pg comm.ProcessGroup, x *tensor.Tensor, rows []int, op string) *tensor.Tensor {
+	total, c := x.Dim(0), x.Dim(1)
+	var counts []int
+	n := total / pg.Size()
+	if rows != nil {
+		counts, n = make([]int, len(rows)), rows[pg.Rank()]
+		for r, k := range rows {
+			counts[r] = k * c
+		}
+	} else if total%pg.Size() != 0 {
+		panic(fmt.Sprintf("ep: reduce-scatter of %d rows over %d ranks", total, pg.Size()))
 	}
-	n := rows / g.Size()
 	out := make([]float32, n*c)
 	in := host(x)
 	g.collective(tp, op, func(ctx context.Context) error {
-		return g.PG.ReduceScatter(ctx, comm.Float32s(out), comm.Float32s(in), comm.Sum, nil)
+		return pg.ReduceScatter(ctx, comm.Float32s(out), comm.Float32s(in), comm.Sum, counts)
 	})
 	return onDevice(out, x, n, c)
 }
 
-// AllGatherRows concatenates every rank's x (n, c) along the rows (equal n
-// on every rank); its backward reduce-scatters the gradients.
+// AllGatherRows concatenates every rank's x (n, c) of the expert tensor ×
+// model parallel group along the rows (equal n on every rank); its backward
+// reduce-scatters the gradients.
 func (g *Group) AllGatherRows(tp *tensor.Tape, x *tensor.Tensor) *tensor.Tensor {
 	return tp.Apply(fn{
 		fwd: func(tp *tensor.Tape, in []*tensor.Tensor) []*tensor.Tensor {
-			return []*tensor.Tensor{g.gather(tp, in[0], "all_gather of tokens")}
+			return []*tensor.Tensor{g.gather(tp, g.tpep(), in[0], nil, "all_gather of tokens over the expert tensor×model-parallel group")}
 		},
 		bwd: func(tp *tensor.Tape, gr []*tensor.Tensor) []*tensor.Tensor {
-			return []*tensor.Tensor{g.reduceScatter(tp, gr[0], "all_gather backward reduce_scatter")}
+			return []*tensor.Tensor{g.reduceScatter(tp, g.tpep(), gr[0], nil, "all_gather backward reduce_scatter over the expert tensor×model-parallel group")}
 		},
 	}, x)[0]
 }
 
-// ReduceScatterRows sums every rank's x (Size()·n, c) and keeps this rank's
-// n rows; its backward all-gathers the gradients.
+// ReduceScatterRows sums every rank's x (n·ETP·EP, c) of the expert tensor
+// × model parallel group and keeps this rank's n rows; its backward
+// all-gathers the gradients.
 func (g *Group) ReduceScatterRows(tp *tensor.Tape, x *tensor.Tensor) *tensor.Tensor {
 	return tp.Apply(fn{
 		fwd: func(tp *tensor.Tape, in []*tensor.Tensor) []*tensor.Tensor {
-			return []*tensor.Tensor{g.reduceScatter(tp, in[0], "reduce_scatter of expert outputs")}
+			return []*tensor.Tensor{g.reduceScatter(tp, g.tpep(), in[0], nil, "reduce_scatter of expert outputs over the expert tensor×model-parallel group")}
 		},
 		bwd: func(tp *tensor.Tape, gr []*tensor.Tensor) []*tensor.Tensor {
-			return []*tensor.Tensor{g.gather(tp, gr[0], "reduce_scatter backward all_gather")}
+			return []*tensor.Tensor{g.gather(tp, g.tpep(), gr[0], nil, "reduce_scatter backward all_gather over the expert tensor×model-parallel group")}
+		},
+	}, x)[0]
+}
+
+// GatherTensorRows concatenates the expert-tensor-parallel ranks' x along
+// the rows, rows[r] from rank r (the alltoall dispatcher's all-gather over
+// expert TP); its backward reduce-scatters the gradients.
+func (g *Group) GatherTensorRows(tp *tensor.Tape, x *tensor.Tensor, rows []int) *tensor.Tensor {
+	if g.TensorSize() == 1 {
+		return x
+	}
+	rows = append([]int(nil), rows...)
+	return tp.Apply(fn{
+		fwd: func(tp *tensor.Tape, in []*tensor.Tensor) []*tensor.Tensor {
+			return []*tensor.Tensor{g.gather(tp, g.TP, in[0], rows, "all_gather of tokens over the expert-tensor-parallel group")}
+		},
+		bwd: func(tp *tensor.Tape, gr []*tensor.Tensor) []*tensor.Tensor {
+			return []*tensor.Tensor{g.reduceScatter(tp, g.TP, gr[0], rows, "all_gather backward reduce_scatter over the expert-tensor-parallel group")}
+		},
+	}, x)[0]
+}
+
+// ReduceScatterTensorRows sums the expert-tensor-parallel ranks' x (the
+// experts' partial outputs) and keeps this rank's rows[rank] rows of it;
+// its backward all-gathers the gradients.
+func (g *Group) ReduceScatterTensorRows(tp *tensor.Tape, x *tensor.Tensor, rows []int) *tensor.Tensor {
+	if g.TensorSize() == 1 {
+		return x
+	}
+	rows = append([]int(nil), rows...)
+	return tp.Apply(fn{
+		fwd: func(tp *tensor.Tape, in []*tensor.Tensor) []*tensor.Tensor {
+			return []*tensor.Tensor{g.reduceScatter(tp, g.TP, in[0], rows, "reduce_scatter of expert outputs over the expert-tensor-parallel group")}
+		},
+		bwd: func(tp *tensor.Tape, gr []*tensor.Tensor) []*tensor.Tensor {
+			return []*tensor.Tensor{g.gather(tp, g.TP, gr[0], rows, "reduce_scatter backward all_gather over the expert-tensor-parallel group")}
 		},
 	}, x)[0]
 }
