@@ -94,7 +94,7 @@ func TestTrainMoEBadInput(t *testing.T) {
 		{with(moe, "--moe-router-topk", "9"), "--moe-router-topk=9: want 1..8"},
 		{with(moe, "--expert-model-parallel-size", "3"), "--num-experts=8 is not divisible by --expert-model-parallel-size=3"},
 		{with(moe, "--expert-model-parallel-size", "2"), "--expert-model-parallel-size=2 needs 2 ranks"},
-		{with(moe, "--expert-tensor-parallel-size", "2"), "expert tensor parallelism is not built yet"},
+		{with(moe, "--expert-tensor-parallel-size", "2"), "--expert-tensor-parallel-size=2 needs 2 ranks"},
 		{with(moe, "--moe-expert-capacity-factor", "0"), "--moe-expert-capacity-factor=0: want > 0"},
 		{with(moe, "--moe-router-dtype", "bf16"), `--moe-router-dtype "bf16": want fp32 or fp64`},
 		{with(moe, "--moe-token-dispatcher-type", "flex"), "flex: not built yet"},
@@ -142,9 +142,11 @@ func moeMetrics(t *testing.T, path string) (lm, aux []float64) {
 }
 
 // TestLaunchExpertParallel: EP=2 over tcp processes with the alltoall
-// dispatcher and EP=4 over inproc ranks with the allgather dispatcher log
-// the lm loss and aux loss of one process at each of 10 iterations within
-// 1e-5 (the ranks are data-parallel for the dense weights).
+// dispatcher, EP=4 over inproc ranks with the allgather dispatcher, and
+// EP=2×TP=2×ETP=2 with sequence parallelism over inproc ranks log the lm
+// loss and aux loss of one process at each of 10 iterations within 1e-5
+// (the ranks are data-parallel for the dense weights); EP×ETP that does not
+// divide the world is refused before training.
 func TestLaunchExpertParallel(t *testing.T) {
 	bin, err := buildGotron()
 	if err != nil {
@@ -180,10 +182,25 @@ func TestLaunchExpertParallel(t *testing.T) {
 		t.Fatalf("launch --inproc 4 EP=4: exit %d: %s", code, errs)
 	}
 	check("inproc EP=4 allgather", got)
-	// EP×ETP must fit the world: 3 ranks cannot hold EP=2.
+	// EP×TP×ETP: tensor and sequence parallel attention, expert-parallel
+	// experts split over expert TP
+	got = filepath.Join(dir, "ep2tp2etp2.jsonl")
+	if _, errs, code := runCLI(t, append([]string{"launch", "--inproc", "--nproc-per-node", "4", "--"},
+		with(moeTrain, "--metrics-file", got, "--expert-model-parallel-size", "2", "--tensor-model-parallel-size", "2",
+			"--expert-tensor-parallel-size", "2", "--sequence-parallel", "--moe-token-dispatcher-type", "alltoall")...)...); code != 0 {
+		t.Fatalf("launch --inproc 4 EP=2 TP=2 ETP=2: exit %d: %s", code, errs)
+	}
+	check("inproc EP=2×TP=2×ETP=2 SP alltoall", got)
+	// EP×ETP must fit the world: 3 ranks cannot hold EP=2, 2 ranks not
+	// EP=2×ETP=2.
 	if _, errs, code := runCLI(t, append([]string{"launch", "--inproc", "--nproc-per-node", "3", "--"},
 		with(moeTrain, "--expert-model-parallel-size", "2")...)...); code == 0 || !strings.Contains(errs, "expert") {
 		t.Fatalf("EP=2 on 3 ranks: exit %d, stderr %q", code, errs)
+	}
+	if _, errs, code := runCLI(t, append([]string{"launch", "--inproc", "--nproc-per-node", "2", "--"},
+		with(moeTrain, "--expert-model-parallel-size", "2", "--tensor-model-parallel-size", "2", "--expert-tensor-parallel-size", "2",
+			"--sequence-parallel")...)...); code == 0 || !strings.Contains(errs, "ETP·EP·PP") || !strings.Contains(errs, "--expert-tensor-parallel-size") {
+		t.Fatalf("EP=2×ETP=2 on 2 ranks: exit %d, stderr %q", code, errs)
 	}
 }
 
