@@ -102,6 +102,9 @@ type Config struct {
 	// TimingLogOption is --timing-log-option: TimingMinMax (the zero
 	// value), TimingMax or TimingAll.
 	TimingLogOption string
+	// Profile is --profile: a Go CPU profile of iterations
+	// --profile-step-start+1 to --profile-step-end.
+	Profile Profile
 	// DataSetupTime is how long opening the datasets took (Megatron's
 	// train/valid/test-data-iterators-setup timer), measured by the caller.
 	DataSetupTime time.Duration
@@ -292,6 +295,8 @@ func (c *Config) validate() error {
 		return fmt.Errorf("train: --timing-log-level=%d: want 0, 1 or 2", c.TimingLogLevel)
 	case c.TimingLogOption != "" && c.TimingLogOption != TimingMax && c.TimingLogOption != TimingMinMax && c.TimingLogOption != TimingAll:
 		return fmt.Errorf("train: --timing-log-option=%s: want max, minmax or all", c.TimingLogOption)
+	case c.Profile.Path != "" && (c.Profile.StepStart < 0 || c.Profile.StepEnd <= c.Profile.StepStart):
+		return fmt.Errorf("train: --profile-step-start=%d --profile-step-end=%d: want 0 <= start < end (iterations start+1 to end are profiled)", c.Profile.StepStart, c.Profile.StepEnd)
 	case c.LogProgress && c.Save == "":
 		return fmt.Errorf("train: --log-progress writes progress.txt in --save: it needs --save")
 	case c.AsyncSave && c.Save == "":

@@ -227,11 +227,25 @@ func (t *Trainer) Run(ctx context.Context) (_ Result, err error) {
 	if t.cfg.SkipTrain {
 		t.reporter.rawf("skipping training (--skip-train is on) ...")
 	}
+	prof := &stepProfiler{cfg: t.cfg.Profile, printf: t.reporter.printf}
+	if w := t.cfg.Profile.Log; w != nil {
+		prof.printf = func(format string, args ...any) { fmt.Fprintf(w, "gotron train: "+format+"\n", args...) }
+	}
+	defer func() { prof.stop(t.Iteration) }() // a run that fails before --profile-step-end
 	exited := false
 	for !exited && t.Iteration < t.trainIters && !t.cfg.SkipTrain {
+		if err := prof.beforeIteration(t.Iteration); err != nil {
+			return res, err
+		}
 		if exited, err = t.iterate(ctx, &res, &stepCopies); err != nil {
 			return res, err
 		}
+		if err := prof.afterIteration(t.Iteration); err != nil {
+			return res, err
+		}
+	}
+	if err := prof.stop(t.Iteration); err != nil {
+		return res, err
 	}
 	if err := t.finish(&res); err != nil {
 		return res, err

@@ -1,6 +1,8 @@
 package main
 
 import (
+	"compress/gzip"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -11,6 +13,7 @@ import (
 
 	"github.com/gotron/gotron/model/gpt"
 	"github.com/gotron/gotron/train"
+	"google.golang.org/protobuf/encoding/protowire"
 )
 
 // trainCLI runs gotron train with tinyTrain and extra, failing the test on
@@ -156,5 +159,98 @@ func TestTrainSquaredReLU(t *testing.T) {
 		if code == 0 || !strings.Contains(errs, c.want) {
 			t.Errorf("%v: exit %d, stderr %q; want %q", c.extra, code, errs, c.want)
 		}
+	}
+}
+
+// TestTrainProfile: --profile --profile-step-start 1 --profile-step-end 3
+// writes a Go CPU profile of iterations 2 to 3 into the TensorBoard
+// directory (or --cpu-profile's file) and says where in one line; the file
+// is runtime/pprof's gzipped profile.proto (its sample types, cpu and
+// nanoseconds, read back with protowire). Without a destination, or
+// --profile-step-* without --profile, or the PyTorch profiler, the run is
+// refused, naming the flag.
+func TestTrainProfile(t *testing.T) {
+	dir := t.TempDir()
+	tb := filepath.Join(dir, "tb")
+	_, errs := trainCLI(t, "--train-iters", "4", "--eval-iters", "0", "--profile", "--profile-step-start", "1", "--profile-step-end", "3", "--tensorboard-dir", tb)
+	path := filepath.Join(tb, "cpu-profile.pb.gz")
+	if want := "--profile: Go CPU profile of iterations 2 to 3 written to " + path + " (go tool pprof " + path + ")"; !strings.Contains(errs, want) {
+		t.Fatalf("stderr %q: want %q", errs, want)
+	}
+	checkPprof(t, path)
+
+	file := filepath.Join(dir, "steps.pprof")
+	_, errs = trainCLI(t, "--train-iters", "3", "--eval-iters", "0", "--profile", "--profile-step-start", "0", "--profile-step-end", "5", "--cpu-profile", file)
+	if !strings.Contains(errs, "Go CPU profile of iterations 1 to 3 (the run ended before --profile-step-end 5) written to "+file) {
+		t.Fatalf("stderr %q", errs)
+	}
+	checkPprof(t, file)
+
+	for _, c := range []struct {
+		extra []string
+		want  string
+	}{
+		{[]string{"--profile"}, "--profile writes a Go CPU profile of iterations 11 to 12: give --cpu-profile FILE or --tensorboard-dir DIR"},
+		{[]string{"--profile-step-start", "3"}, "--profile-step-start needs --profile"},
+		{[]string{"--profile", "--cpu-profile", file, "--profile-step-start", "3", "--profile-step-end", "3"}, "want 0 <= start < end"},
+		{[]string{"--use-pytorch-profiler"}, "--use-pytorch-profiler: needs the PyTorch profiler"},
+	} {
+		_, errs, code := runCLI(t, append(append(append([]string{}, tinyTrain...), "--train-iters", "2"), c.extra...)...)
+		if code == 0 || !strings.Contains(errs, c.want) {
+			t.Errorf("%v: exit %d, stderr %q; want %q", c.extra, code, errs, c.want)
+		}
+	}
+}
+
+// checkPprof reads path as runtime/pprof writes a profile: gzip around a
+// profile.proto message whose string table (field 6) holds the CPU
+// profile's sample types "samples", "count", "cpu" and "nanoseconds", and
+// whose duration (field 10) is positive.
+func checkPprof(t *testing.T, path string) {
+	t.Helper()
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	zr, err := gzip.NewReader(f)
+	if err != nil {
+		t.Fatalf("%s: not gzip: %v", path, err)
+	}
+	raw, err := io.ReadAll(zr)
+	if err != nil {
+		t.Fatalf("%s: %v", path, err)
+	}
+	strs := map[string]bool{}
+	var duration uint64
+	for b := raw; len(b) > 0; {
+		num, typ, n := protowire.ConsumeTag(b)
+		if n < 0 {
+			t.Fatalf("%s: bad protobuf tag at byte %d", path, len(raw)-len(b))
+		}
+		b = b[n:]
+		if num == 6 && typ == protowire.BytesType {
+			s, m := protowire.ConsumeBytes(b)
+			if m < 0 {
+				t.Fatalf("%s: bad string", path)
+			}
+			strs[string(s)] = true
+		}
+		if num == 10 && typ == protowire.VarintType {
+			duration, _ = protowire.ConsumeVarint(b)
+		}
+		m := protowire.ConsumeFieldValue(num, typ, b)
+		if m < 0 {
+			t.Fatalf("%s: bad protobuf field %d", path, num)
+		}
+		b = b[m:]
+	}
+	for _, s := range []string{"samples", "count", "cpu", "nanoseconds"} {
+		if !strs[s] {
+			t.Errorf("%s: string table lacks %q (has %d strings)", path, s, len(strs))
+		}
+	}
+	if duration == 0 {
+		t.Errorf("%s: duration 0", path)
 	}
 }

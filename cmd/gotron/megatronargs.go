@@ -116,7 +116,7 @@ const (
 	needExport    = "ModelOpt export and distillation, not built in gotron"
 	needRerun     = "Megatron's rerun state machine (result validation, fault injection), not built in gotron"
 	needWandB     = "Weights & Biases logging, which cannot be reached from here; use --tensorboard-dir"
-	needProfile   = "the PyTorch/Nsight profiler; gotron's --cpu-profile writes a Go CPU profile"
+	needProfile   = "the PyTorch profiler; gotron's --profile writes a Go CPU profile of the same iterations"
 	needCUDAGraph = "CUDA graphs, not built in gotron"
 	needNotBuilt  = "a Megatron feature not built in gotron yet"
 )
@@ -176,9 +176,7 @@ var compatArgs = map[string]compatArg{
 	"test-mode":                                     {kind: compatNeeds, why: needNotBuilt},
 	"enable-cuda-graph":                             {kind: compatNeeds, why: needCUDAGraph},
 	"cuda-graph-impl":                               {kind: compatNeeds, why: needCUDAGraph},
-	"profile":                                       {kind: compatNeeds, why: needProfile},
-	"profile-step-start":                            {kind: compatNeeds, why: needProfile},
-	"profile-step-end":                              {kind: compatNeeds, why: needProfile},
+	"use-pytorch-profiler":                          {kind: compatNeeds, why: needProfile},
 	"wandb-save-dir":                                {kind: compatNeeds, why: needWandB},
 	"wandb-exp-name":                                {kind: compatNeeds, why: needWandB},
 	"wandb-entity":                                  {kind: compatNeeds, why: needWandB},

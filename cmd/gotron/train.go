@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 	"runtime/pprof"
 	"strconv"
 	"strings"
@@ -55,6 +56,9 @@ type trainFlags struct {
 	quickstartDir  string
 	noProgress     bool
 	cpuProfile     string
+	profile        bool  // --profile: a CPU profile of iterations profStart+1..profEnd
+	profStart      int64 // --profile-step-start
+	profEnd        int64 // --profile-step-end
 	device         string
 	memFraction    float64
 	promptAfter    string
@@ -208,6 +212,9 @@ func newTrainFlags() (*flag.FlagSet, *trainFlags) {
 	fs.StringVar(&f.device, "device", "cpu", deviceUsage)
 	fs.Float64Var(&f.memFraction, "device-memory-fraction", 0, memFractionUsage)
 	fs.StringVar(&f.cpuProfile, "cpu-profile", "", "write a Go CPU profile of the training loop to this file (go tool pprof); under launch --inproc rank 0's covers every rank, other processes' ranks r write FILE.rank<r>")
+	fs.BoolVar(&f.profile, "profile", false, "Megatron's --profile as a Go CPU profile of iterations --profile-step-start+1 to --profile-step-end, written to --cpu-profile FILE, else TENSORBOARD_DIR/cpu-profile.pb.gz (go tool pprof; one line says where)")
+	fs.Int64Var(&f.profStart, "profile-step-start", 10, "with --profile: profiling starts after this many iterations")
+	fs.Int64Var(&f.profEnd, "profile-step-end", 12, "with --profile: profiling stops after this many iterations")
 
 	fs.StringVar(&c.Save, "save", "", "checkpoint directory to save to")
 	fs.StringVar(&c.Load, "load", "", "checkpoint directory to resume from")
@@ -433,6 +440,9 @@ func cmdTrain(ctx context.Context, env *cli, args []string) error {
 	if err := train.CheckMemory(cfg); err != nil {
 		return err
 	}
+	if cfg.Profile, err = f.stepProfile(given, cfg.TensorBoard.Dir, env.world != nil, worldRank(world), env.stderr); err != nil {
+		return err
+	}
 	tr, err := train.New(cfg, src.train, src.valid)
 	if err != nil {
 		return err
@@ -468,7 +478,11 @@ func cmdTrain(ctx context.Context, env *cli, args []string) error {
 	}
 	fmt.Fprintf(env.stdout, "gotron train: %d parameters, %d layers, hidden %d, vocab %d (padded), %d iterations of %d samples × %d tokens\n",
 		tr.Model.NumParams(), cfg.Model.NumLayers, cfg.Model.HiddenSize, cfg.Model.VocabSize, tr.TrainIters(), max(cfg.GlobalBatchSize, cfg.MicroBatchSize), cfg.SeqLength)
-	stopProfile, err := startCPUProfile(cpuProfilePath(f.cpuProfile, env.world != nil, worldRank(world)))
+	wholeLoop := f.cpuProfile
+	if f.profile {
+		wholeLoop = "" // --profile takes --cpu-profile's file for its iterations
+	}
+	stopProfile, err := startCPUProfile(cpuProfilePath(wholeLoop, env.world != nil, worldRank(world)))
 	if err != nil {
 		return err
 	}
@@ -756,6 +770,30 @@ func cpuProfilePath(path string, inproc bool, rank int) string {
 		return ""
 	}
 	return fmt.Sprintf("%s.rank%d", path, rank)
+}
+
+// stepProfile resolves --profile (Megatron's nsys or PyTorch profiler
+// range) into a Go CPU profile of the same iterations: to --cpu-profile's
+// file, else to the TensorBoard directory (where Megatron's PyTorch
+// profiler writes its traces); each process its own, as cpuProfilePath
+// names them.
+func (f *trainFlags) stepProfile(given map[string]bool, tensorboardDir string, inproc bool, rank int, log io.Writer) (train.Profile, error) {
+	if !f.profile {
+		for _, name := range []string{"profile-step-start", "profile-step-end"} {
+			if given[name] {
+				return train.Profile{}, fmt.Errorf("--%s needs --profile", name)
+			}
+		}
+		return train.Profile{}, nil
+	}
+	path := f.cpuProfile
+	if path == "" {
+		if tensorboardDir == "" {
+			return train.Profile{}, fmt.Errorf("--profile writes a Go CPU profile of iterations %d to %d: give --cpu-profile FILE or --tensorboard-dir DIR for it (gotron has no nsys or PyTorch profiler)", f.profStart+1, f.profEnd)
+		}
+		path = filepath.Join(tensorboardDir, "cpu-profile.pb.gz")
+	}
+	return train.Profile{Path: cpuProfilePath(path, inproc, rank), StepStart: f.profStart, StepEnd: f.profEnd, Log: log}, nil
 }
 
 // worldRank is world's rank, 0 without one.

@@ -159,6 +159,8 @@ var trainNumberRules = withTokenizerRules(map[string]numberRule{
 	"save-interval":            intIn(0, math.MaxInt64, "iterations between checkpoints; 0: no periodic checkpoints"),
 	"exit-interval":            intIn(0, math.MaxInt64, "iterations; 0: none"),
 	"timing-log-level":         intIn(0, 2, "Megatron's timer level: 0, 1 or 2"),
+	"profile-step-start":       intIn(0, math.MaxInt64, "iterations before profiling starts"),
+	"profile-step-end":         intIn(1, math.MaxInt64, "iterations after which profiling stops"),
 	"save-retain-interval":     intIn(0, math.MaxInt64, "iterations whose checkpoints are kept; 0: keep all"),
 	"exit-duration-in-mins":    floatIn(0, maxMinutes, "minutes of training; 0: no limit"),
 	"async-save-rate":          floatIn(0, 1e9, "MB/s per rank; 0: unpaced"),
