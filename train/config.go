@@ -35,11 +35,16 @@ type Config struct {
 	// GPT{Config: Model, Recompute: Recompute}.
 	Architecture Architecture
 
-	SeqLength       int   // --seq-length
-	MicroBatchSize  int   // --micro-batch-size
-	GlobalBatchSize int   // --global-batch-size; 0 means MicroBatchSize (× data-parallel size)
-	TrainIters      int64 // --train-iters (or TrainSamples)
-	TrainSamples    int64 // --train-samples
+	SeqLength       int // --seq-length
+	MicroBatchSize  int // --micro-batch-size
+	GlobalBatchSize int // --global-batch-size; 0 means MicroBatchSize (× data-parallel size)
+	// EvalGlobalBatchSize (--eval-global-batch-size) and
+	// EvalMicroBatchSize (--eval-micro-batch-size) are the samples of one
+	// evaluation batch and of one evaluation forward; 0 means
+	// GlobalBatchSize and MicroBatchSize, as Megatron's defaults.
+	EvalGlobalBatchSize, EvalMicroBatchSize int
+	TrainIters                              int64 // --train-iters (or TrainSamples)
+	TrainSamples                            int64 // --train-samples
 	// RampupBatchSize is --rampup-batch-size START INCR RAMP_SAMPLES
 	// (Megatron's ramp-up of the global batch; needs --train-samples).
 	RampupBatchSize []int
@@ -343,6 +348,19 @@ func (c *Config) validate() error {
 	}
 	if err := checkGlobalBatch(c.GlobalBatchSize, c.MicroBatchSize, dp); err != nil {
 		return fmt.Errorf("train: %w", err)
+	}
+	if c.EvalGlobalBatchSize < 0 || c.EvalMicroBatchSize < 0 {
+		return fmt.Errorf("train: --eval-global-batch-size=%d, --eval-micro-batch-size=%d: want > 0 (or 0 for the training batch sizes)", c.EvalGlobalBatchSize, c.EvalMicroBatchSize)
+	}
+	if c.EvalGlobalBatchSize == 0 {
+		c.EvalGlobalBatchSize = c.GlobalBatchSize
+	}
+	if c.EvalMicroBatchSize == 0 {
+		c.EvalMicroBatchSize = c.MicroBatchSize
+	}
+	if c.EvalGlobalBatchSize%(c.EvalMicroBatchSize*dp) != 0 { // Megatron's validate_args
+		return fmt.Errorf("train: --eval-global-batch-size=%d is not a multiple of --eval-micro-batch-size=%d × data-parallel size %d (they default to --global-batch-size and --micro-batch-size)",
+			c.EvalGlobalBatchSize, c.EvalMicroBatchSize, dp)
 	}
 	if c.LogInterval <= 0 {
 		c.LogInterval = 100

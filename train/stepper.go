@@ -362,10 +362,15 @@ func (st *stepper) noGradTape() *tensor.Tape {
 
 // evaluate runs --eval-iters global batches of the validation set without
 // gradients, continuing where the last evaluation stopped (Megatron keeps one
-// validation iterator), and returns the mean loss. Data-parallel ranks each
+// validation iterator), and returns the mean loss. A batch is
+// --eval-global-batch-size samples in forwards of --eval-micro-batch-size
+// (Megatron's evaluate: eval_num_microbatches); data-parallel ranks each
 // evaluate their micro-batch of every mbs·DP samples; the mean is over all.
 func (st *stepper) evaluate(src datagpt.Source, consumed *int64) (float64, error) {
-	gbs, mbs := st.cfg.GlobalBatchSize, st.cfg.MicroBatchSize
+	gbs, mbs := st.cfg.EvalGlobalBatchSize, st.cfg.EvalMicroBatchSize
+	if gbs == 0 || mbs == 0 { // a config that did not go through New's defaults
+		gbs, mbs = st.cfg.GlobalBatchSize, st.cfg.MicroBatchSize
+	}
 	dp, r := st.dpSize(), st.dpRank()
 	if err := st.syncParams(); err != nil {
 		return math.NaN(), err

@@ -97,8 +97,8 @@ type compatPaths struct {
 // virtual stage (the embedding and the loss taking one each where the config
 // counts them in the pipeline split), 4×TP heads of 8 channels (GQA: 2×TP
 // groups), FFN 2×hidden, MoE expert FFNs of the hidden size; 64-token
-// sequences, micro-batch 1,
-// global batch 2 micro-batches per pipeline stage and data-parallel rank
+// sequences, micro-batch 1, global (and evaluation) batch 2 micro-batches
+// per pipeline stage and data-parallel rank
 // (rounded up to a multiple of the interleaved schedule's micro-batch group);
 // 2 iterations, at most 1 evaluation batch, a log line each iteration; every
 // path points at the harness's GPT-2-tokenized dataset, tokenizer files and
@@ -153,6 +153,7 @@ func scaleDown(c megatronConfig, p compatPaths) ([]string, int) {
 		"num-query-groups": strconv.Itoa(2 * tp), "kv-channels": "8", "ffn-hidden-size": strconv.Itoa(2 * hidden),
 		"moe-ffn-hidden-size": strconv.Itoa(hidden), "moe-shared-expert-intermediate-size": strconv.Itoa(hidden),
 		"seq-length": "64", "max-position-embeddings": "64", "micro-batch-size": "1", "global-batch-size": strconv.Itoa(gbs),
+		"eval-micro-batch-size": "1", "eval-global-batch-size": strconv.Itoa(gbs),
 		"train-iters": "2", "train-samples": strconv.Itoa(2 * gbs), "log-interval": "1",
 		"num-layers-per-virtual-pipeline-stage": "1", "decoder-first-pipeline-num-layers": strconv.Itoa(v),
 		"decoder-last-pipeline-num-layers": strconv.Itoa(v),

@@ -169,7 +169,6 @@ var compatArgs = map[string]compatArg{
 	"apply-wd-to-qk-layernorm":                      {kind: compatNeeds, why: "weight decay on the query/key layer norms, not built in gotron yet"},
 	"straggler-minmax-count":                        {kind: compatNeeds, why: "Megatron's straggler detector, not built in gotron"},
 	"check-weight-hash-across-dp-replicas-interval": {kind: compatNeeds, why: "the weight-hash check across data-parallel replicas, not built in gotron yet"},
-	"eval-global-batch-size":                        {kind: compatNeeds, why: "a separate evaluation batch size, not built in gotron yet"},
 	"num-distributed-optimizer-instances":           {kind: compatNeeds, why: "several distributed-optimizer instances, not built in gotron"},
 	"overlap-param-gather-with-optimizer-step":      {kind: compatNeeds, why: "overlapping the parameter gather with the optimizer step, not built in gotron"},
 	"verify-integrity":                              {kind: compatNeeds, why: needNotBuilt},

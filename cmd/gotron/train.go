@@ -154,6 +154,8 @@ func newTrainFlags() (*flag.FlagSet, *trainFlags) {
 	fs.IntVar(&c.SeqLength, "seq-length", 0, "tokens per sample")
 	fs.IntVar(&c.MicroBatchSize, "micro-batch-size", 0, "samples per forward/backward")
 	fs.IntVar(&c.GlobalBatchSize, "global-batch-size", 0, "samples per optimizer step (default micro batch)")
+	fs.IntVar(&c.EvalGlobalBatchSize, "eval-global-batch-size", 0, "samples per evaluation batch (0: --global-batch-size), as Megatron")
+	fs.IntVar(&c.EvalMicroBatchSize, "eval-micro-batch-size", 0, "samples per evaluation forward (0: --micro-batch-size), as Megatron")
 	fs.Int64Var(&c.TrainIters, "train-iters", 0, "iterations to train")
 	fs.Int64Var(&c.TrainSamples, "train-samples", 0, "samples to train (instead of --train-iters)")
 	fs.Int64Var(&c.Seed, "seed", 1234, "random seed")
@@ -694,7 +696,11 @@ func openData(ctx context.Context, d *dataArgs, cfg train.Config, divisor int, g
 		iters = (cfg.TrainSamples + gbs - 1) / gbs
 	}
 	// get_train_valid_test_num_samples
-	num, err := trainValidTestSamples(iters, gbs, cfg.EvalInterval, cfg.EvalIters)
+	evalGBS := gbs
+	if cfg.EvalGlobalBatchSize > 0 {
+		evalGBS = int64(cfg.EvalGlobalBatchSize)
+	}
+	num, err := trainValidTestSamples(iters, gbs, evalGBS, cfg.EvalInterval, cfg.EvalIters)
 	if err != nil {
 		return nil, err
 	}

@@ -113,12 +113,14 @@ var trainNumberRules = withTokenizerRules(map[string]numberRule{
 	"moe-shared-expert-intermediate-size": intDim(0, "the shared expert's hidden size; 0: none"),
 
 	// Batches and iterations.
-	"seq-length":        intDim(0, "tokens per sample"),
-	"micro-batch-size":  intDim(0, "samples per forward/backward"),
-	"global-batch-size": intDim(0, "samples per optimizer step; 0: the micro batch × data-parallel size"),
-	"train-iters":       intAtLeast(0, "iterations"),
-	"train-samples":     intAtLeast(0, "samples"),
-	"seed":              intIn(0, math.MaxUint32, "NumPy's seeds, which Megatron's datasets use, are below 2^32"),
+	"seq-length":             intDim(0, "tokens per sample"),
+	"micro-batch-size":       intDim(0, "samples per forward/backward"),
+	"global-batch-size":      intDim(0, "samples per optimizer step; 0: the micro batch × data-parallel size"),
+	"eval-global-batch-size": intDim(0, "samples per evaluation batch; 0: --global-batch-size"),
+	"eval-micro-batch-size":  intDim(0, "samples per evaluation forward; 0: --micro-batch-size"),
+	"train-iters":            intAtLeast(0, "iterations"),
+	"train-samples":          intAtLeast(0, "samples"),
+	"seed":                   intIn(0, math.MaxUint32, "NumPy's seeds, which Megatron's datasets use, are below 2^32"),
 
 	// Optimizer and schedules.
 	"lr":                   floatIn(0, 1e6, "a learning rate"),
@@ -301,10 +303,11 @@ func flagText(fs *flag.FlagSet) func(name string) (string, bool) {
 
 // trainValidTestSamples is Megatron's get_train_valid_test_num_samples:
 // the samples each split must supply for iters iterations of gbs samples,
-// evaluating evalIters batches every evalInterval iterations (0: only
-// after training) and once on the test split. The products are checked:
-// flags within their ranges can still ask for more than 2^63 samples.
-func trainValidTestSamples(iters, gbs, evalInterval, evalIters int64) ([3]int64, error) {
+// evaluating evalIters batches of evalGBS samples every evalInterval
+// iterations (0: only after training) and once on the test split. The
+// products are checked: flags within their ranges can still ask for more
+// than 2^63 samples.
+func trainValidTestSamples(iters, gbs, evalGBS, evalInterval, evalIters int64) ([3]int64, error) {
 	var num [3]int64
 	evals := evalIters
 	if evalInterval > 0 {
@@ -315,9 +318,13 @@ func trainValidTestSamples(iters, gbs, evalInterval, evalIters int64) ([3]int64,
 		evals = n
 	}
 	for i, batches := range []int64{iters, evals, evalIters} {
-		n, ok := checked.Mul(batches, gbs)
+		size := gbs
+		if i > 0 {
+			size = evalGBS
+		}
+		n, ok := checked.Mul(batches, size)
 		if !ok {
-			return num, fmt.Errorf("%d batches of %d samples (--train-iters, --eval-interval, --eval-iters, --global-batch-size): more than 2^63 samples", batches, gbs)
+			return num, fmt.Errorf("%d batches of %d samples (--train-iters, --eval-interval, --eval-iters, --global-batch-size, --eval-global-batch-size): more than 2^63 samples", batches, size)
 		}
 		num[i] = n
 	}

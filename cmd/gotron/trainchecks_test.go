@@ -76,12 +76,18 @@ func TestTrainRefusesNumbersOutsideTheirMeaning(t *testing.T) {
 // TestTrainSampleCountsDoNotWrap: iterations × global batch beyond 2^63
 // is refused (it used to wrap negative).
 func TestTrainSampleCountsDoNotWrap(t *testing.T) {
-	if _, err := trainValidTestSamples(1<<40, 1<<30, 1, 1); err == nil || !strings.Contains(err.Error(), "more than 2^63 samples") {
+	if _, err := trainValidTestSamples(1<<40, 1<<30, 1<<30, 1, 1); err == nil || !strings.Contains(err.Error(), "more than 2^63 samples") {
 		t.Fatalf("err = %v", err)
 	}
-	num, err := trainValidTestSamples(10, 4, 5, 2)
+	num, err := trainValidTestSamples(10, 4, 4, 5, 2)
 	if err != nil || num != [3]int64{40, (10/5 + 1) * 2 * 4, 8} {
 		t.Fatalf("num = %v, %v", num, err)
+	}
+	// --eval-global-batch-size sizes the validation and test splits, as
+	// Megatron's get_train_valid_test_num_samples.
+	num, err = trainValidTestSamples(10, 4, 6, 5, 2)
+	if err != nil || num != [3]int64{40, (10/5 + 1) * 2 * 6, 12} {
+		t.Fatalf("num with an evaluation batch of 6 = %v, %v", num, err)
 	}
 }
 
