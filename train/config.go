@@ -394,7 +394,11 @@ func (c *Config) groups() *parallel.Groups {
 func (c *Config) memoryConfig() MemoryConfig {
 	p := c.groups()
 	l := p.Layout.Config
-	return MemoryConfig{Model: c.Model, SeqLength: c.SeqLength, MicroBatchSize: c.MicroBatchSize,
+	mc := MemoryConfig{Model: c.Model, SeqLength: c.SeqLength, MicroBatchSize: c.MicroBatchSize,
 		WorldSize: p.World.Size(), TensorParallel: l.TP, PipelineParallel: l.PP, ContextParallel: l.CP,
 		VirtualPipeline: l.VPP, SequenceParallel: c.SequenceParallel, DistributedOptimizer: c.DDP.DistributedOptimizer}
+	if c.Model.MoE.Enabled() { // the routed experts sharded over EP and expert TP
+		mc.ExpertParallel, mc.ExpertTensorParallel = l.EP, l.ETP
+	}
+	return mc
 }

@@ -1,6 +1,6 @@
 // Package ep is expert parallelism's communication: the token exchanges of
-// Megatron's MoE dispatchers (alltoall, allgather) over an expert-parallel
-// process group, as autograd ops. It implements gpt.ExpertParallel; the
+// Megatron's MoE dispatchers (alltoall, allgather) over the expert-parallel
+// process groups (EP, expert TP, and both), as autograd ops. It implements gpt.ExpertParallel; the
 // dispatchers' token orders are model/gpt's (moe.go).
 //
 // As parallel/tp, the collectives run on host memory: tensors off the CPU

@@ -10,6 +10,7 @@ import (
 	"github.com/gotron/gotron/comm"
 	"github.com/gotron/gotron/comm/inproc"
 	"github.com/gotron/gotron/model/gpt"
+	"github.com/gotron/gotron/parallel/tp"
 	"github.com/gotron/gotron/tensor"
 )
 
@@ -130,6 +131,126 @@ func TestDispatchersMatchOneRank(t *testing.T) {
 						}
 						if !close(float64(g[i]), ref) {
 							t.Fatalf("rank %d: %s[%d] = %g, want %g", r, name, i, g[i], ref)
+						}
+					}
+				}
+			}
+		})
+	}
+}
+
+// TestExpertTensorParallelMatchesOneRank: with expert tensor parallelism
+// (EP×ETP ranks, ETP fastest, each expert's fc1 rows and fc2 columns split
+// over the expert-TP ranks) both dispatchers give every rank the loss, the
+// logged aux losses and the dense and router gradients that one process
+// gets on that rank's batch, and each expert slice's gradient is that slice
+// of the sum over every rank's batch.
+func TestExpertTensorParallelMatchesOneRank(t *testing.T) {
+	for _, c := range []struct {
+		ep, etp  int
+		alltoall bool
+	}{{2, 2, true}, {2, 2, false}, {1, 2, true}} {
+		t.Run(fmt.Sprintf("EP=%d/ETP=%d/alltoall=%v", c.ep, c.etp, c.alltoall), func(t *testing.T) {
+			n := c.ep * c.etp
+			want := make([]result, n)
+			full := map[string][]int{} // whole expert shapes
+			for r := range n {
+				m, err := gpt.New(epConfig(), tensor.NewRNG(7))
+				if err != nil {
+					t.Fatal(err)
+				}
+				for _, p := range m.Params() {
+					full[p.Name] = p.Shape()
+				}
+				want[r] = step(t, m, batchOf(r))
+			}
+			pgs, err := inproc.NewWorld(n)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got := make([]result, n)
+			var wg sync.WaitGroup
+			for r := range n {
+				wg.Add(1)
+				go func(r int, pg comm.ProcessGroup) {
+					defer wg.Done()
+					e, q := r/c.etp, r%c.etp
+					var epRanks, tpRanks, all []int
+					for j := range c.ep {
+						epRanks = append(epRanks, j*c.etp+q)
+					}
+					for k := range c.etp {
+						tpRanks = append(tpRanks, e*c.etp+k)
+					}
+					for k := range n {
+						all = append(all, k)
+					}
+					g := &Group{UseAllToAll: c.alltoall}
+					for _, s := range []struct {
+						dst   *comm.ProcessGroup
+						ranks []int
+					}{{&g.PG, epRanks}, {&g.TP, tpRanks}, {&g.TPEP, all}} {
+						sub, err := pg.NewGroup(s.ranks)
+						if err != nil {
+							t.Error(err)
+							return
+						}
+						*s.dst = sub
+					}
+					m, err := gpt.New(epConfig(), tensor.NewRNG(7))
+					if err != nil {
+						t.Error(err)
+						return
+					}
+					if err := m.SliceExperts(g); err != nil {
+						t.Error(err)
+						return
+					}
+					got[r] = step(t, m, batchOf(r))
+				}(r, pgs[r])
+			}
+			wg.Wait()
+			if t.Failed() {
+				return
+			}
+			close := func(a, b float64) bool { return math.Abs(a-b) <= 1e-5*math.Max(1, math.Abs(b)) }
+			for r := range n {
+				if !close(got[r].loss, want[r].loss) {
+					t.Fatalf("rank %d: loss %v, one process %v", r, got[r].loss, want[r].loss)
+				}
+				for name, v := range want[r].aux {
+					if !close(got[r].aux[name], v) {
+						t.Fatalf("rank %d: %s %v, one process %v", r, name, got[r].aux[name], v)
+					}
+				}
+				for name, g := range got[r].grads {
+					if !strings.Contains(name, "local_experts") {
+						w := want[r].grads[name]
+						for i := range g {
+							if !close(float64(g[i]), float64(w[i])) {
+								t.Fatalf("rank %d: %s[%d] = %g, one process %g", r, name, i, g[i], w[i])
+							}
+						}
+						continue
+					}
+					// the sum over every rank's batch, then this rank's slice
+					sum := make([]float32, len(g)*c.etp)
+					for q := range n {
+						for i, v := range want[q].grads[name] {
+							sum[i] += v
+						}
+					}
+					style := tp.ColumnGLU
+					if strings.Contains(name, "linear_fc2") {
+						style = tp.Row
+					}
+					s, err := tp.Shard(tensor.FromFloat32(sum, full[name]...), style, r%c.etp, c.etp)
+					if err != nil {
+						t.Fatal(err)
+					}
+					for i, w := range s.Float32s() {
+						if !close(float64(g[i]), float64(w)) {
+							t.Fatalf("rank %d: %s[%d] = %g, want %g", r, name, i, g[i], w)
 						}
 					}
 				}
