@@ -253,7 +253,6 @@ func TestMegatronCompatSameNumbers(t *testing.T) {
 		"gotron train: --rerun-mode disabled: accepted:",
 		"gotron train: --num-workers 8: no effect in gotron:",
 		"gotron train: --num-distributed-optimizer-instances 1: Megatron's default, nothing to do",
-		"gotron train: --timing-log-level 0: Megatron's default, nothing to do",
 		"gotron train: --distributed-backend nccl: NCCL moves GPU memory, and this run is on --device cpu: the collectives run over gotron's CPU process group",
 		"gotron train: --sequence-parallel: disabled, as Megatron does, because --tensor-model-parallel-size is 1",
 	} {
@@ -271,7 +270,7 @@ func TestMegatronCompatRefusals(t *testing.T) {
 		want string
 	}{
 		{[]string{"--log-num-zeros-in-grad", "--device", "sim"}, "--log-num-zeros-in-grad: counts the gradients on the host: --device cpu only"},
-		{[]string{"--timing-log-level", "1"}, "--timing-log-level 1: needs Megatron's timers, not built"},
+		{[]string{"--use-pytorch-profiler"}, "--use-pytorch-profiler: needs the PyTorch profiler"},
 		{[]string{"--multi-latent-attention"}, "needs multi-latent attention (MLA)"},
 		{[]string{"--fp8-format", "hybrid"}, "--fp8-format hybrid: needs FP8 training"},
 		{[]string{"--use-megatron-fsdp"}, "needs fully sharded data parallelism (FSDP)"},
