@@ -11,7 +11,9 @@ import (
 	"github.com/gotron/gotron/comm"
 	"github.com/gotron/gotron/comm/inproc"
 	datagpt "github.com/gotron/gotron/data/gpt"
+	"github.com/gotron/gotron/model/gpt"
 	"github.com/gotron/gotron/parallel"
+	"github.com/gotron/gotron/parallel/ddp"
 )
 
 // moeTPLayout is one MoE layout with tensor parallelism.
@@ -21,6 +23,9 @@ type moeTPLayout struct {
 	alltoall bool
 	shared   bool // a gated shared expert (split as the dense MLP)
 	seqAux   bool // seq_aux_loss instead of aux_loss
+	bias     bool // a sigmoid router with expert bias (counts summed over TP and DP)
+	dist     bool // the distributed optimizer with overlapped reductions
+	pp       int  // pipeline stages
 }
 
 func (l moeTPLayout) String() string {
@@ -34,6 +39,15 @@ func (l moeTPLayout) String() string {
 	}
 	if l.seqAux {
 		s += " seq_aux_loss"
+	}
+	if l.bias {
+		s += " expert bias"
+	}
+	if l.dist {
+		s += " distributed optimizer"
+	}
+	if l.pp > 1 {
+		s += fmt.Sprintf(" PP=%d", l.pp)
 	}
 	return s
 }
@@ -54,6 +68,12 @@ func runMoETP(t *testing.T, cfg Config, l moeTPLayout, src datagpt.Source) []dpR
 			}
 			c.Parallel, rank = g, pg.Rank()
 			c.SequenceParallel = g.TP.Size() > 1
+			if l.dist {
+				c.DDP = ddp.Config{DistributedOptimizer: true, OverlapGradReduce: true, OverlapParamGather: true, BucketSize: 1000}
+			}
+			if l.pp > 1 {
+				c.Pipeline = gpt.PipelineSplit{PP: l.pp}
+			}
 		}
 		c.MoEAllToAll = l.alltoall
 		tr, err := New(c, src, nil)
@@ -66,6 +86,15 @@ func runMoETP(t *testing.T, cfg Config, l moeTPLayout, src datagpt.Source) []dpR
 		}
 		if err := tr.stepper.syncParams(); err != nil {
 			return err
+		}
+		if tr.stepper.pipelined() {
+			if err := tr.gatherPipeline(); err != nil {
+				return err
+			}
+			if tr.stepper.par.PP.Rank() != 0 {
+				runs[rank] = dpRun{res: res, params: nil}
+				return nil
+			}
 		}
 		whole, err := tr.wholeParams()
 		if err != nil {
@@ -120,6 +149,9 @@ func checkSameMoERun(t *testing.T, what string, ref dpRun, got []dpRun, lbName s
 				}
 			}
 		}
+		if run.params == nil {
+			continue // a later pipeline stage: its parameters are checked on the first
+		}
 		if len(run.params) == 0 {
 			t.Fatalf("%s rank %d: no parameters", what, r)
 		}
@@ -146,13 +178,15 @@ func checkSameMoERun(t *testing.T, what string, ref dpRun, got []dpRun, lbName s
 // process's lm, aux and z losses and grad norm at each of 10 iterations
 // within 1e-5, and its parameters at the end (gathered over TP). The
 // default run takes two layouts; GOTRON_MOE_TP_FULL=1 runs all of them
-// (both dispatchers, TP without EP, a gated shared expert, seq_aux_loss).
+// (both dispatchers, TP without EP, a gated shared expert, seq_aux_loss,
+// a sigmoid router's expert bias, the distributed optimizer with overlapped
+// reductions, and PP=2 on 8 ranks).
 func TestMoETensorParallelMatchesOneProcess(t *testing.T) {
 	full := os.Getenv("GOTRON_MOE_TP_FULL") == "1"
 	cfg := moeTrainConfig()
 	cfg.SeqLength = 16
 	src, _ := dpDataset(t, cfg.SeqLength)
-	refs := map[[2]bool]dpRun{}
+	refs := map[[3]bool]dpRun{}
 	for i, l := range []moeTPLayout{
 		{world: 4, pc: parallel.Config{TP: 2, EP: 2, ETP: 1}, alltoall: true},
 		{world: 4, pc: parallel.Config{TP: 2, EP: 2, ETP: 2}, alltoall: true},
@@ -162,6 +196,9 @@ func TestMoETensorParallelMatchesOneProcess(t *testing.T) {
 		{world: 2, pc: parallel.Config{TP: 2, ETP: 2}},
 		{world: 4, pc: parallel.Config{TP: 2, EP: 2, ETP: 2}, alltoall: true, shared: true},
 		{world: 4, pc: parallel.Config{TP: 2, EP: 2, ETP: 1}, seqAux: true},
+		{world: 4, pc: parallel.Config{TP: 2, EP: 2, ETP: 1}, alltoall: true, bias: true},
+		{world: 4, pc: parallel.Config{TP: 2, EP: 2, ETP: 2}, alltoall: true, dist: true},
+		{world: 8, pc: parallel.Config{TP: 2, EP: 2, ETP: 2, PP: 2}, alltoall: true, pp: 2},
 	} {
 		if !full && i >= 2 {
 			continue
@@ -175,7 +212,10 @@ func TestMoETensorParallelMatchesOneProcess(t *testing.T) {
 			c.Model.MoE.AuxLossCoeff, c.Model.MoE.SeqAuxLossCoeff = 0, 1e-2
 			lb = "seq_load_balancing_loss"
 		}
-		key := [2]bool{l.shared, l.seqAux}
+		if l.bias {
+			c.Model.MoE.Score, c.Model.MoE.ExpertBias, c.Model.MoE.ExpertBiasUpdateRate = gpt.ScoreSigmoid, true, 0.05
+		}
+		key := [3]bool{l.shared, l.seqAux, l.bias}
 		ref, ok := refs[key]
 		if !ok {
 			ref = runMoETP(t, c, moeTPLayout{}, src)[0]
