@@ -88,10 +88,10 @@ func TestEngineMoEMatchesGenerate(t *testing.T) {
 	}
 }
 
-// TestEngineMoEConvertedCheckpoints: imported Mixtral and Qwen2-MoE
-// checkpoints decode in the engine as Generate does.
+// TestEngineMoEConvertedCheckpoints: imported Mixtral, Qwen2-MoE and
+// Qwen3-MoE checkpoints decode in the engine as Generate does.
 func TestEngineMoEConvertedCheckpoints(t *testing.T) {
-	for _, dir := range []string{"mixtral_gqa_untied_f32", "qwen2_moe_untied_f32"} {
+	for _, dir := range []string{"mixtral_gqa_untied_f32", "qwen2_moe_untied_f32", "qwen3_moe_untied_f32"} {
 		t.Run(dir, func(t *testing.T) {
 			m, _, err := hf.LoadModel(filepath.Join("..", "ckpt", "hf", "testdata", dir))
 			if err != nil {

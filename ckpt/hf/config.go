@@ -46,9 +46,12 @@ type hfConfig struct {
 	RMSNormEps            *float64        `json:"rms_norm_eps"`
 	RopeTheta             *float64        `json:"rope_theta"`
 	RopeScaling           json.RawMessage `json:"rope_scaling"`
-	AttentionBias         *bool           `json:"attention_bias"`
-	MLPBias               *bool           `json:"mlp_bias"`
-	SlidingWindow         *int            `json:"sliding_window"`
+	// RopeParameters is transformers 5's form of rope_theta and
+	// rope_scaling: {"rope_type": "default", "rope_theta": θ}.
+	RopeParameters json.RawMessage `json:"rope_parameters"`
+	AttentionBias  *bool           `json:"attention_bias"`
+	MLPBias        *bool           `json:"mlp_bias"`
+	SlidingWindow  *int            `json:"sliding_window"`
 
 	// MixtralConfig
 	NumLocalExperts   *int     `json:"num_local_experts"`
@@ -64,6 +67,50 @@ type hfConfig struct {
 	MLPOnlyLayers                []int `json:"mlp_only_layers"`
 	QKVBias                      *bool `json:"qkv_bias"`
 	UseSlidingWindow             *bool `json:"use_sliding_window"`
+}
+
+// ropeParameters is rope_parameters with the keys gotron reads; ropeTheta
+// returns the RoPE base it sets, refusing settings plain RoPE does not have.
+type ropeParameters struct {
+	RopeType  *string  `json:"rope_type"`
+	RopeTheta *float64 `json:"rope_theta"`
+}
+
+// ropeTheta is the RoPE base of c: rope_theta, else rope_parameters'
+// rope_theta, else def. rope_parameters with another rope_type, with keys
+// other than rope_type and rope_theta, or a rope_theta contradicting the
+// top-level one is refused by name.
+func ropeTheta(c *hfConfig, def float64) (float64, error) {
+	raw := bytes.TrimSpace(c.RopeParameters)
+	if len(raw) == 0 || bytes.Equal(raw, []byte("null")) {
+		return floatOr(c.RopeTheta, def), nil
+	}
+	var keys map[string]json.RawMessage
+	if err := json.Unmarshal(raw, &keys); err != nil {
+		return 0, fmt.Errorf("rope_parameters %s: want an object: %w", raw, err)
+	}
+	for k := range keys {
+		if k != "rope_type" && k != "rope_theta" {
+			return 0, fmt.Errorf("rope_parameters.%s: not supported (gotron implements plain RoPE: rope_type and rope_theta only)", k)
+		}
+	}
+	var rp ropeParameters
+	if err := json.Unmarshal(raw, &rp); err != nil {
+		return 0, fmt.Errorf("rope_parameters %s: %w", raw, err)
+	}
+	if rp.RopeType != nil && *rp.RopeType != "default" {
+		return 0, fmt.Errorf("rope_parameters.rope_type %q: not supported (gotron implements plain RoPE, rope_type \"default\")", *rp.RopeType)
+	}
+	if rp.RopeTheta == nil {
+		return floatOr(c.RopeTheta, def), nil
+	}
+	if t := *rp.RopeTheta; !(t > 0) || math.IsInf(t, 0) {
+		return 0, fmt.Errorf("rope_parameters.rope_theta: %v: want a positive finite number", t)
+	}
+	if c.RopeTheta != nil && *c.RopeTheta != *rp.RopeTheta {
+		return 0, fmt.Errorf("rope_theta %v contradicts rope_parameters.rope_theta %v", *c.RopeTheta, *rp.RopeTheta)
+	}
+	return *rp.RopeTheta, nil
 }
 
 func intOr(p *int, def int) int {
@@ -88,7 +135,7 @@ func boolOr(p *bool, def bool) bool {
 }
 
 // supportedArchs is what archOf accepts, for its errors.
-const supportedArchs = "gpt2 (GPT2LMHeadModel), llama (LlamaForCausalLM), mistral (MistralForCausalLM), mixtral (MixtralForCausalLM) or qwen2_moe (Qwen2MoeForCausalLM)"
+const supportedArchs = "gpt2 (GPT2LMHeadModel), llama (LlamaForCausalLM), mistral (MistralForCausalLM), mixtral (MixtralForCausalLM), qwen2_moe (Qwen2MoeForCausalLM) or qwen3_moe (Qwen3MoeForCausalLM)"
 
 // archOf names the table for a config.json: by model_type, which
 // transformers itself dispatches on, else (no model_type) by the first
@@ -108,7 +155,7 @@ func archOf(c *hfConfig) (string, error) {
 		case "Qwen2MoeForCausalLM":
 			byClass = ArchQwen2MoE
 		case "Qwen3MoeForCausalLM":
-			byClass = "qwen3_moe"
+			byClass = ArchQwen3MoE
 		default:
 			continue
 		}
@@ -125,11 +172,8 @@ func archOf(c *hfConfig) (string, error) {
 	case "qwen2_moe":
 		arch = ArchQwen2MoE
 	case "qwen3_moe":
-		arch = "qwen3_moe"
+		arch = ArchQwen3MoE
 	case "":
-		if byClass == "qwen3_moe" {
-			return "", errQwen3MoE
-		}
 		if byClass == "" {
 			return "", fmt.Errorf("model_type absent, architectures %q: want %s", c.Architectures, supportedArchs)
 		}
@@ -137,19 +181,11 @@ func archOf(c *hfConfig) (string, error) {
 	default:
 		return "", fmt.Errorf("model_type %q is not supported: want %s", c.ModelType, supportedArchs)
 	}
-	if arch == "qwen3_moe" || byClass == "qwen3_moe" {
-		return "", errQwen3MoE
-	}
 	if byClass != "" && byClass != arch {
 		return "", fmt.Errorf("model_type %q contradicts architectures %q", c.ModelType, c.Architectures)
 	}
 	return arch, nil
 }
-
-// errQwen3MoE refuses Qwen3-MoE: its attention normalises each head's
-// queries and keys (q_norm, k_norm: RMSNorm over the head dimension before
-// RoPE), which gotron's attention does not have.
-var errQwen3MoE = errors.New("model_type qwen3_moe (Qwen3MoeForCausalLM): its attention's q_norm/k_norm (QK-norm per head) is not built in gotron: want mixtral or qwen2_moe")
 
 // maxDim bounds config.json's sizes and counts, so that the arithmetic
 // done with them (4 × n_embd, heads × head_dim, ...) cannot overflow.
@@ -244,7 +280,7 @@ func parseConfig(raw []byte, divisibleBy int) (arch string, cfg gpt.Config, voca
 			PositionEmbeddingType: gpt.LearnedAbsolute, Normalization: gpt.LayerNorm,
 			NormEpsilon: float32(floatOr(c.LayerNormEpsilon, 1e-5)), Activation: gact,
 			UntieEmbeddingsAndOutputWeights: !boolOr(c.TieWordEmb, true)}
-	case ArchLlama, ArchMixtral, ArchQwen2MoE:
+	case ArchLlama, ArchMixtral, ArchQwen2MoE, ArchQwen3MoE:
 		d := llamaDefaults[arch]
 		vocab = intOr(c.VocabSize, d.vocab)
 		if act := c.HiddenAct; act != nil && *act != "silu" {
@@ -256,6 +292,10 @@ func parseConfig(raw []byte, divisibleBy int) (arch string, cfg gpt.Config, voca
 		if boolOr(c.AttentionBias, false) || boolOr(c.MLPBias, false) {
 			return "", gpt.Config{}, 0, nil, fmt.Errorf("attention_bias or mlp_bias true: not supported (gotron's Llama layout has no biases)")
 		}
+		theta, err := ropeTheta(&c, d.theta)
+		if err != nil {
+			return "", gpt.Config{}, 0, nil, err
+		}
 		heads := intOr(c.NumAttentionHeads, d.heads)
 		kv := d.kvHeads
 		if kv == 0 {
@@ -264,10 +304,10 @@ func parseConfig(raw []byte, divisibleBy int) (arch string, cfg gpt.Config, voca
 		cfg = gpt.Config{NumLayers: intOr(c.NumHiddenLayers, d.layers), HiddenSize: intOr(c.HiddenSize, d.hidden),
 			NumAttentionHeads: heads, NumQueryGroups: intOr(c.NumKeyValueHeads, kv), KVChannels: intOr(c.HeadDim, 0),
 			FFNHiddenSize: intOr(c.IntermediateSize, d.ffn), MaxPositionEmbeddings: intOr(c.MaxPositionEmbeddings, d.positions),
-			PositionEmbeddingType: gpt.RoPE, RotaryBase: floatOr(c.RopeTheta, d.theta), Normalization: gpt.RMSNorm,
+			PositionEmbeddingType: gpt.RoPE, RotaryBase: theta, Normalization: gpt.RMSNorm,
 			NormEpsilon: float32(floatOr(c.RMSNormEps, d.eps)), Activation: gpt.SwiGLU, DisableBiasLinear: true,
 			UntieEmbeddingsAndOutputWeights: !boolOr(c.TieWordEmb, false)}
-		if sw := c.SlidingWindow; sw != nil && *sw < cfg.MaxPositionEmbeddings && (arch != ArchQwen2MoE || boolOr(c.UseSlidingWindow, false)) {
+		if sw := c.SlidingWindow; sw != nil && *sw < cfg.MaxPositionEmbeddings && (arch != ArchQwen2MoE && arch != ArchQwen3MoE || boolOr(c.UseSlidingWindow, false)) {
 			warns = append(warns, fmt.Sprintf("sliding_window=%d is ignored: gotron attends to the whole sequence (identical for sequences up to %d tokens)", *sw, *sw))
 		}
 		switch arch {
@@ -279,6 +319,10 @@ func parseConfig(raw []byte, divisibleBy int) (arch string, cfg gpt.Config, voca
 			warns = append(warns, w...)
 		case ArchQwen2MoE:
 			if err := qwen2MoE(&c, &cfg); err != nil {
+				return "", gpt.Config{}, 0, nil, err
+			}
+		case ArchQwen3MoE:
+			if err := qwen3MoE(&c, &cfg); err != nil {
 				return "", gpt.Config{}, 0, nil, err
 			}
 		}
@@ -325,7 +369,7 @@ func exportConfig(arch string, c gpt.Config, vocab int, dtype string) (owned, te
 			"initializer_range": decimal32(c.InitMethodStd), "scale_attn_weights": true, "scale_attn_by_inverse_layer_idx": false,
 			"reorder_and_upcast_attn": false, "use_cache": true}
 		nullMeans = map[string]any{"n_inner": 4 * c.HiddenSize}
-	case ArchLlama, ArchMixtral, ArchQwen2MoE:
+	case ArchLlama, ArchMixtral, ArchQwen2MoE, ArchQwen3MoE:
 		owned = map[string]any{"model_type": "llama", "vocab_size": vocab, "hidden_size": c.HiddenSize,
 			"intermediate_size": c.FFNHiddenSize, "num_hidden_layers": c.NumLayers, "num_attention_heads": c.NumAttentionHeads,
 			"num_key_value_heads": c.NumQueryGroups, "max_position_embeddings": c.MaxPositionEmbeddings,
@@ -442,4 +486,23 @@ func decodeJSONObject(raw []byte) (map[string]any, error) {
 		return nil, fmt.Errorf("want a JSON object, got null")
 	}
 	return m, nil
+}
+
+// keepRopeParameters writes the RoPE base where the imported config.json
+// had it: a transformers 5 config (rope_parameters, no rope_theta) keeps
+// its form instead of gaining a rope_theta key.
+func keepRopeParameters(orig, merged map[string]any, c gpt.Config) {
+	rp, ok := orig["rope_parameters"].(map[string]any)
+	if _, top := orig["rope_theta"]; !ok || top {
+		return
+	}
+	delete(merged, "rope_theta")
+	if !sameValue("rope_theta", rp["rope_theta"], c.RotaryBase) {
+		out := map[string]any{}
+		for k, v := range rp {
+			out[k] = v
+		}
+		out["rope_theta"] = c.RotaryBase
+		merged["rope_parameters"] = out
+	}
 }

@@ -1,8 +1,8 @@
 // Package hf converts between Hugging Face checkpoints (config.json plus
 // safetensors, single or sharded) and gotron's GPT model, for GPT-2
 // (GPT2LMHeadModel), Llama/Mistral (LlamaForCausalLM, MistralForCausalLM)
-// and the Mixture-of-Experts Mixtral (MixtralForCausalLM) and Qwen2-MoE
-// (Qwen2MoeForCausalLM; moe.go).
+// and the Mixture-of-Experts Mixtral (MixtralForCausalLM), Qwen2-MoE
+// (Qwen2MoeForCausalLM) and Qwen3-MoE (Qwen3MoeForCausalLM; moe.go).
 //
 // Each architecture is one name-map table (tables.go) from gotron's Megatron
 // parameter names to Hugging Face tensors, with the layout change spelled out

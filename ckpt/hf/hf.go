@@ -23,7 +23,7 @@ import (
 const (
 	ArchGPT2  = "gpt2"  // GPT2LMHeadModel
 	ArchLlama = "llama" // LlamaForCausalLM, MistralForCausalLM
-	// ArchMixtral and ArchQwen2MoE: moe.go.
+	// ArchMixtral, ArchQwen2MoE and ArchQwen3MoE: moe.go.
 )
 
 // Files in a gotron checkpoint directory made by an import.
@@ -52,8 +52,8 @@ func TokenizerFileNames() []string {
 // The zero value means "unknown": Export then infers the architecture from
 // the model, writes float32 and keeps the padded vocabulary.
 type Info struct {
-	// Arch is ArchGPT2, ArchLlama, ArchMixtral or ArchQwen2MoE: which name
-	// map applies.
+	// Arch is ArchGPT2, ArchLlama, ArchMixtral, ArchQwen2MoE or
+	// ArchQwen3MoE: which name map applies.
 	Arch string `json:"arch"`
 	// DType is the safetensors dtype of the weights ("F32", "BF16", "F16";
 	// that of the word embeddings when files mix them).
@@ -93,7 +93,7 @@ func LoadModel(dir string) (*gpt.Model, Info, error) {
 	return Import(dir, ImportOptions{})
 }
 
-// Import reads a Hugging Face GPT-2, Llama/Mistral, Mixtral or Qwen2-MoE checkpoint (config.json
+// Import reads a Hugging Face GPT-2, Llama/Mistral, Mixtral, Qwen2-MoE or Qwen3-MoE checkpoint (config.json
 // plus model.safetensors or a sharded index) into a float32 gotron model.
 // Errors name the directory and the tensor or config key at fault.
 func Import(dir string, opts ImportOptions) (*gpt.Model, Info, error) {
@@ -280,11 +280,11 @@ func ArchOf(c gpt.Config) (string, error) {
 		// 1 + weight; exporting γ as it is would silently change the model.
 		return "", fmt.Errorf("hf: the model's norms use --apply-layernorm-1p (weight 1 + γ), which neither GPT-2 nor Llama has in Hugging Face's format; export is not built for it")
 	}
-	if c.QKLayerNorm {
-		return "", fmt.Errorf("hf: the model uses --qk-layernorm, which neither GPT-2 nor Llama has in Hugging Face's format; export is not built for it")
-	}
 	if c.MoE.Enabled() {
 		return moeArchOf(c)
+	}
+	if c.QKLayerNorm {
+		return "", fmt.Errorf("hf: the model uses --qk-layernorm, which neither GPT-2 nor Llama has in Hugging Face's format (of the MoE models, Qwen3-MoE has it); export is not built for a dense model with it")
 	}
 	gpt2 := c.PositionEmbeddingType == gpt.LearnedAbsolute && c.Normalization == gpt.LayerNorm &&
 		(c.Activation == gpt.GELU || c.Activation == gpt.GELUTanh) && !c.DisableBiasLinear &&
@@ -430,9 +430,10 @@ func exportConfigJSON(arch string, c gpt.Config, vocab int, dtype string, origRa
 		}
 	}
 	merged := mergeConfig(orig, owned, template, nullMeans)
-	if arch == ArchQwen2MoE {
+	if arch == ArchQwen2MoE || arch == ArchQwen3MoE {
 		keepQwenPattern(orig, merged, origRaw, c)
 	}
+	keepRopeParameters(orig, merged, c)
 	b, err := json.MarshalIndent(merged, "", "  ")
 	if err != nil {
 		return nil, err
@@ -455,7 +456,7 @@ func exportConfigJSON(arch string, c gpt.Config, vocab int, dtype string, origRa
 func sameArch(a, b gpt.Config) bool {
 	return a.NumLayers == b.NumLayers && a.HiddenSize == b.HiddenSize && a.NumAttentionHeads == b.NumAttentionHeads &&
 		a.NumQueryGroups == b.NumQueryGroups && a.KVChannels == b.KVChannels && denseFFN(a) == denseFFN(b) &&
-		a.AddQKVBias == b.AddQKVBias && sameMoE(a, b) &&
+		a.AddQKVBias == b.AddQKVBias && a.QKLayerNorm == b.QKLayerNorm && sameMoE(a, b) &&
 		a.VocabSize == b.VocabSize && a.MaxPositionEmbeddings == b.MaxPositionEmbeddings &&
 		a.PositionEmbeddingType == b.PositionEmbeddingType && a.Normalization == b.Normalization &&
 		a.NormEpsilon == b.NormEpsilon && a.Activation == b.Activation && a.RotaryBase == b.RotaryBase &&
@@ -503,9 +504,9 @@ func ReadInfo(dir string) (info Info, ok bool, err error) {
 		return Info{}, false, fmt.Errorf("hf: %s: %w", path, err)
 	}
 	switch f.Arch {
-	case "", ArchGPT2, ArchLlama, ArchMixtral, ArchQwen2MoE:
+	case "", ArchGPT2, ArchLlama, ArchMixtral, ArchQwen2MoE, ArchQwen3MoE:
 	default:
-		return Info{}, false, fmt.Errorf("hf: %s: arch %q: want %q, %q, %q or %q", path, f.Arch, ArchGPT2, ArchLlama, ArchMixtral, ArchQwen2MoE)
+		return Info{}, false, fmt.Errorf("hf: %s: arch %q: want %q, %q, %q, %q or %q", path, f.Arch, ArchGPT2, ArchLlama, ArchMixtral, ArchQwen2MoE, ArchQwen3MoE)
 	}
 	return f.Info, true, nil
 }

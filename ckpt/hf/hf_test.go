@@ -34,6 +34,8 @@ var fixtures = []struct {
 	{"mixtral_gqa_untied_f32", 1e-4},
 	{"qwen2_moe_untied_f32", 1e-4},
 	{"qwen2_moe_step2_tied_f32", 1e-4},
+	{"qwen3_moe_untied_f32", 1e-4},
+	{"qwen3_moe_step2_tied_f32", 1e-4},
 }
 
 func fixtureDir(name string) string { return filepath.Join("testdata", name) }

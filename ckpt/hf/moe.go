@@ -8,29 +8,32 @@ import (
 	"github.com/gotron/gotron/model/gpt"
 )
 
-// Mixture-of-Experts architectures: Mixtral and Qwen2-MoE. Both route with
-// a softmax over the experts' logits and keep the top k; gotron's router
-// (Megatron's TopKRouter) computes the same probabilities:
+// Mixture-of-Experts architectures: Mixtral, Qwen2-MoE and Qwen3-MoE. All
+// route with a softmax over the experts' logits and keep the top k;
+// gotron's router (Megatron's TopKRouter) computes the same probabilities:
 //
-//   - Mixtral (and Qwen2-MoE with norm_topk_prob=true) renormalises the k
+//   - Mixtral (and Qwen-MoE with norm_topk_prob=true) renormalises the k
 //     kept probabilities: softmax over the k largest logits, Megatron's
 //     default (post-softmax).
-//   - Qwen2-MoE with norm_topk_prob=false keeps softmax(all logits)'s k
+//   - Qwen-MoE with norm_topk_prob=false keeps softmax(all logits)'s k
 //     largest as they are: --moe-router-pre-softmax.
 //
 // Qwen2-MoE adds a shared expert gated by sigmoid(x·g) (gotron's
-// --moe-shared-expert-gate) and dense layers (mlp_only_layers,
+// --moe-shared-expert-gate); both Qwens have dense layers (mlp_only_layers,
 // decoder_sparse_step: layer i is sparse iff i is not in mlp_only_layers
 // and (i+1) % decoder_sparse_step == 0), kept as --moe-layer-freq's list.
+// Qwen3-MoE has no shared expert and no attention biases, and normalises
+// each query and key head before RoPE (q_norm, k_norm: --qk-layernorm).
 // Imported experts are named for --moe-grouped-gemm (TEGroupedMLP's
 // experts.linear_fc1.weightE), Megatron's Mixtral recipe.
 const (
 	ArchMixtral  = "mixtral"   // MixtralForCausalLM
 	ArchQwen2MoE = "qwen2_moe" // Qwen2MoeForCausalLM
+	ArchQwen3MoE = "qwen3_moe" // Qwen3MoeForCausalLM
 )
 
 // llamaDefault holds a Llama-family config class's defaults
-// (transformers' LlamaConfig, MixtralConfig, Qwen2MoeConfig).
+// (transformers' LlamaConfig, MixtralConfig, Qwen2MoeConfig, Qwen3MoeConfig).
 type llamaDefault struct {
 	vocab, hidden, ffn, layers, heads, kvHeads, positions int // kvHeads 0: = heads
 	theta, eps                                            float64
@@ -40,6 +43,7 @@ var llamaDefaults = map[string]llamaDefault{
 	ArchLlama:    {vocab: 32000, hidden: 4096, ffn: 11008, layers: 32, heads: 32, positions: 2048, theta: 10000, eps: 1e-6},
 	ArchMixtral:  {vocab: 32000, hidden: 4096, ffn: 14336, layers: 32, heads: 32, kvHeads: 8, positions: 4096 * 32, theta: 1e6, eps: 1e-5},
 	ArchQwen2MoE: {vocab: 151936, hidden: 2048, ffn: 5632, layers: 24, heads: 16, positions: 32768, theta: 10000, eps: 1e-6},
+	ArchQwen3MoE: {vocab: 151936, hidden: 2048, ffn: 6144, layers: 24, heads: 32, kvHeads: 4, positions: 32768, theta: 10000, eps: 1e-6},
 }
 
 // mixtralMoE sets cfg's MoE part from a MixtralConfig: every layer sparse,
@@ -82,7 +86,40 @@ func qwen2MoE(c *hfConfig, cfg *gpt.Config) error {
 	return nil
 }
 
-// qwenPattern is Qwen2MoeDecoderLayer's choice of sparse layers.
+// qwen3MoE sets cfg's MoE part from a Qwen3MoeConfig: Qwen2-MoE's routing
+// and layer pattern, no shared expert, q/k norms. transformers 5 names the
+// expert count num_local_experts as well (an attribute alias): either key
+// is read, and two that differ are refused.
+func qwen3MoE(c *hfConfig, cfg *gpt.Config) error {
+	e := intOr(c.NumExperts, 128)
+	if c.NumExperts != nil && c.NumLocalExperts != nil && *c.NumExperts != *c.NumLocalExperts {
+		return fmt.Errorf("num_experts=%d contradicts num_local_experts=%d", *c.NumExperts, *c.NumLocalExperts)
+	}
+	if c.NumExperts == nil && c.NumLocalExperts != nil {
+		e = *c.NumLocalExperts
+	}
+	k := intOr(c.NumExpertsPerTok, 8)
+	if k > e {
+		return fmt.Errorf("num_experts_per_tok=%d: want at most num_experts=%d", k, e)
+	}
+	if boolOr(c.UseSlidingWindow, false) {
+		return fmt.Errorf("use_sliding_window=true: not supported (gotron attends to the whole sequence)")
+	}
+	if c.SharedExpertIntermediateSize != nil {
+		return fmt.Errorf("shared_expert_intermediate_size=%d: Qwen3-MoE has no shared expert (Qwen2-MoE's model_type is qwen2_moe)", *c.SharedExpertIntermediateSize)
+	}
+	pattern, err := qwenPattern(intOr(c.DecoderSparseStep, 1), c.MLPOnlyLayers, cfg.NumLayers)
+	if err != nil {
+		return err
+	}
+	cfg.QKLayerNorm = true
+	cfg.MoE = gpt.MoEConfig{NumExperts: e, TopK: k, FFNHiddenSize: intOr(c.MoEIntermediateSize, 768),
+		PreSoftmax: !boolOr(c.NormTopKProb, false), LayerFreq: layerFreq(pattern), GroupedGEMM: true}
+	return nil
+}
+
+// qwenPattern is Qwen2MoeDecoderLayer's (and Qwen3MoeDecoderLayer's)
+// choice of sparse layers.
 func qwenPattern(step int, mlpOnly []int, layers int) ([]bool, error) {
 	p := make([]bool, layers)
 	for i := range p {
@@ -95,7 +132,7 @@ func qwenPattern(step int, mlpOnly []int, layers int) ([]bool, error) {
 		p[i] = false
 	}
 	if !slices.Contains(p, true) {
-		return nil, fmt.Errorf("decoder_sparse_step=%d with mlp_only_layers=%v leaves no sparse layer of %d: gotron represents such a model as dense Qwen2, which it does not import", step, mlpOnly, layers)
+		return nil, fmt.Errorf("decoder_sparse_step=%d with mlp_only_layers=%v leaves no sparse layer of %d: such a model is a dense Qwen, which gotron does not import", step, mlpOnly, layers)
 	}
 	return p, nil
 }
@@ -131,8 +168,9 @@ func expertNames(c gpt.Config, i, e int) (fc1, fc2 string) {
 	return fmt.Sprintf("decoder.layers.%d.mlp.experts.local_experts.%d.linear_fc1.weight", i, e), fmt.Sprintf("decoder.layers.%d.mlp.experts.local_experts.%d.linear_fc2.weight", i, e)
 }
 
-// moeTable is MixtralForCausalLM or Qwen2MoeForCausalLM ↔ gotron; the
-// attention is Llama's (plus Qwen's q/k/v biases).
+// moeTable is MixtralForCausalLM, Qwen2MoeForCausalLM or
+// Qwen3MoeForCausalLM ↔ gotron; the attention is Llama's (plus Qwen2's
+// q/k/v biases, Qwen3's q/k norms: llamaAttention).
 //
 //	Mixtral  model.layers.N.block_sparse_moe.gate.weight (E, h)   decoder.layers.N.mlp.router.weight
 //	         …block_sparse_moe.experts.E.w1 (f, h), w3 (f, h)    …mlp.experts.linear_fc1.weightE (2f, h) [w1; w3]
@@ -143,6 +181,7 @@ func expertNames(c gpt.Config, i, e int) (fc1, fc2 string) {
 //	         …mlp.shared_expert.{gate,up,down}_proj             …mlp.shared_experts.linear_fc1/fc2.weight
 //	         …mlp.shared_expert_gate.weight (1, h)               …mlp.shared_experts.gate_weight
 //	         dense layers: …mlp.{gate,up,down}_proj              …mlp.linear_fc1/fc2.weight
+//	Qwen3    as Qwen2 without the shared expert and its gate
 func moeTable(arch string, c gpt.Config, vocab int) []entry {
 	h, moe := c.HiddenSize, c.MoE
 	t := []entry{one("embedding.word_embeddings.weight", opPadVocab, "model.embed_tokens.weight", vocab, h)}
@@ -169,32 +208,41 @@ func moeTable(arch string, c gpt.Config, vocab int) []entry {
 			fc1, fc2 := expertNames(c, i, e)
 			t = append(t, swiGLU(fc1, fc2, fmt.Sprintf("%smlp.experts.%d.", p, e), f, h)...)
 		}
+		if arch == ArchQwen3MoE {
+			continue
+		}
 		t = append(t, swiGLU(gn+"mlp.shared_experts.linear_fc1.weight", gn+"mlp.shared_experts.linear_fc2.weight", p+"mlp.shared_expert.", moe.SharedExpertFFN, h)...)
 		t = append(t, one(gn+"mlp.shared_experts.gate_weight", opCopy, p+"mlp.shared_expert_gate.weight", 1, h))
 	}
 	return append(t, llamaHead(c, vocab)...)
 }
 
-// moeArchOf is ArchOf for an MoE model: Mixtral or Qwen2-MoE, or an error
-// naming the first setting neither represents.
+// moeArchOf is ArchOf for an MoE model: Mixtral, Qwen2-MoE or Qwen3-MoE
+// (--qk-layernorm), or an error naming the first setting none represents.
 func moeArchOf(c gpt.Config) (string, error) {
 	m := c.MoE
 	llama := c.PositionEmbeddingType == gpt.RoPE && c.Normalization == gpt.RMSNorm && c.Activation == gpt.SwiGLU &&
 		c.DisableBiasLinear && c.RotaryPercent == 1 && !c.RotaryInterleaved
 	switch {
 	case !llama:
-		return "", fmt.Errorf("hf: MoE model (position embedding %s, %s, activation %s, rotary percent %g, interleaved %v): Mixtral and Qwen2-MoE want rope, RMSNorm, swiglu, no biases, full rotate-half RoPE",
+		return "", fmt.Errorf("hf: MoE model (position embedding %s, %s, activation %s, rotary percent %g, interleaved %v): Mixtral and Qwen-MoE want rope, RMSNorm, swiglu, no biases, full rotate-half RoPE",
 			c.PositionEmbeddingType, c.Normalization, c.Activation, c.RotaryPercent, c.RotaryInterleaved)
 	case m.Score != gpt.ScoreSoftmax:
-		return "", fmt.Errorf("hf: --moe-router-score-function %s: Mixtral and Qwen2-MoE route by softmax", m.Score)
+		return "", fmt.Errorf("hf: --moe-router-score-function %s: Mixtral and Qwen-MoE route by softmax", m.Score)
 	case m.NumGroups > 0:
-		return "", fmt.Errorf("hf: --moe-router-num-groups %d: Mixtral and Qwen2-MoE have no group-limited routing", m.NumGroups)
+		return "", fmt.Errorf("hf: --moe-router-num-groups %d: Mixtral and Qwen-MoE have no group-limited routing", m.NumGroups)
 	case m.TopKScalingFactor != 0 && m.TopKScalingFactor != 1:
-		return "", fmt.Errorf("hf: --moe-router-topk-scaling-factor %g: Mixtral and Qwen2-MoE do not scale the routing weights", m.TopKScalingFactor)
+		return "", fmt.Errorf("hf: --moe-router-topk-scaling-factor %g: Mixtral and Qwen-MoE do not scale the routing weights", m.TopKScalingFactor)
 	case m.ExpertBias:
-		return "", fmt.Errorf("hf: --moe-router-enable-expert-bias: Mixtral and Qwen2-MoE have no expert bias")
+		return "", fmt.Errorf("hf: --moe-router-enable-expert-bias: Mixtral and Qwen-MoE have no expert bias")
 	case m.CapacityFactor != 0:
-		return "", fmt.Errorf("hf: --moe-expert-capacity-factor %g: Mixtral and Qwen2-MoE drop no tokens", m.CapacityFactor)
+		return "", fmt.Errorf("hf: --moe-expert-capacity-factor %g: Mixtral and Qwen-MoE drop no tokens", m.CapacityFactor)
+	case c.QKLayerNorm && m.SharedExpertFFN > 0:
+		return "", fmt.Errorf("hf: --qk-layernorm with a shared expert: Qwen3-MoE (the MoE model with q/k norms) has no shared expert")
+	case c.QKLayerNorm && c.AddQKVBias:
+		return "", fmt.Errorf("hf: --qk-layernorm with --add-qkv-bias: Qwen3-MoE's attention has no biases")
+	case c.QKLayerNorm:
+		return ArchQwen3MoE, nil
 	case m.SharedExpertFFN > 0 && !m.SharedExpertGate:
 		return "", fmt.Errorf("hf: a shared expert without --moe-shared-expert-gate: Qwen2-MoE gates its shared expert, Mixtral has none")
 	case m.SharedExpertFFN > 0 && !c.AddQKVBias:
@@ -202,11 +250,11 @@ func moeArchOf(c gpt.Config) (string, error) {
 	case m.SharedExpertFFN > 0:
 		return ArchQwen2MoE, nil
 	case m.PreSoftmax:
-		return "", fmt.Errorf("hf: --moe-router-pre-softmax without a shared expert: Mixtral renormalises the top-k probabilities (Qwen2-MoE with norm_topk_prob=false needs its gated shared expert)")
+		return "", fmt.Errorf("hf: --moe-router-pre-softmax without a shared expert or --qk-layernorm: Mixtral renormalises the top-k probabilities (Qwen2-MoE with norm_topk_prob=false needs its gated shared expert, Qwen3-MoE its q/k norms)")
 	case c.AddQKVBias:
 		return "", fmt.Errorf("hf: --add-qkv-bias without a shared expert: Mixtral has no attention biases")
 	case slices.Contains(moePattern(c), false):
-		return "", fmt.Errorf("hf: --moe-layer-freq %q: Mixtral's layers are all MoE", m.LayerFreq)
+		return "", fmt.Errorf("hf: --moe-layer-freq %q without a shared expert or --qk-layernorm: Mixtral's layers are all MoE", m.LayerFreq)
 	}
 	return ArchMixtral, nil
 }
@@ -229,10 +277,12 @@ func moeExportConfig(arch string, c gpt.Config, owned, template map[string]any) 
 		delete(template, "attention_bias")
 		return
 	}
-	owned["model_type"] = "qwen2_moe"
+	owned["model_type"] = arch
 	owned["num_experts"] = m.NumExperts
 	owned["moe_intermediate_size"] = m.FFNHiddenSize
-	owned["shared_expert_intermediate_size"] = m.SharedExpertFFN
+	if arch == ArchQwen2MoE {
+		owned["shared_expert_intermediate_size"] = m.SharedExpertFFN
+	}
 	owned["norm_topk_prob"] = !m.PreSoftmax
 	owned["decoder_sparse_step"] = 1
 	var dense []any
@@ -251,9 +301,14 @@ func moeExportConfig(arch string, c gpt.Config, owned, template map[string]any) 
 	delete(template, "pretraining_tp")
 	delete(template, "mlp_bias")
 	delete(template, "attention_bias")
+	if arch == ArchQwen3MoE {
+		template["architectures"] = []any{"Qwen3MoeForCausalLM"}
+		template["attention_bias"] = false
+		template["head_dim"] = c.KVChannels // Qwen3's configs always carry it
+	}
 }
 
-// keepQwenPattern keeps the imported config's decoder_sparse_step and
+// keepQwenPattern (Qwen2-MoE and Qwen3-MoE) keeps the imported config's decoder_sparse_step and
 // mlp_only_layers where they describe the model's layers (a step of 2
 // stays a step of 2 rather than becoming the list of dense layers).
 func keepQwenPattern(orig, merged map[string]any, origRaw []byte, c gpt.Config) {

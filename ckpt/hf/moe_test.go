@@ -26,9 +26,17 @@ func TestMoEImportErrors(t *testing.T) {
 	cases := []struct {
 		name, fixture, old, new, want string
 	}{
-		{"qwen3 qk-norm", "qwen2_moe_untied_f32", `"model_type": "qwen2_moe"`, `"model_type": "qwen3_moe"`, "q_norm/k_norm"},
 		{"top-k above experts", "mixtral_gqa_untied_f32", `"num_experts_per_tok": 2`, `"num_experts_per_tok": 5`, "num_experts_per_tok=5: want at most num_local_experts=4"},
-		{"qwen3 class", "qwen2_moe_untied_f32", `"Qwen2MoeForCausalLM"`, `"Qwen3MoeForCausalLM"`, "QK-norm"},
+		{"qwen3 class for qwen2_moe", "qwen2_moe_untied_f32", `"Qwen2MoeForCausalLM"`, `"Qwen3MoeForCausalLM"`, `model_type "qwen2_moe" contradicts architectures ["Qwen3MoeForCausalLM"]`},
+		{"qwen3 attention bias", "qwen3_moe_untied_f32", `"attention_bias": false`, `"attention_bias": true`, "attention_bias or mlp_bias true"},
+		{"qwen3 sliding window", "qwen3_moe_untied_f32", `"use_sliding_window": false`, `"use_sliding_window": true`, "use_sliding_window=true"},
+		{"qwen3 shared expert", "qwen3_moe_untied_f32", `"num_experts": 6`, `"num_experts": 6, "shared_expert_intermediate_size": 8`, "shared_expert_intermediate_size=8: Qwen3-MoE has no shared expert"},
+		{"qwen3 expert count alias", "qwen3_moe_untied_f32", `"num_experts": 6`, `"num_experts": 6, "num_local_experts": 4`, "num_experts=6 contradicts num_local_experts=4"},
+		{"qwen3 top-k", "qwen3_moe_untied_f32", `"num_experts_per_tok": 2`, `"num_experts_per_tok": 7`, "num_experts_per_tok=7: want at most num_experts=6"},
+		{"qwen3 head_dim", "qwen3_moe_untied_f32", `"head_dim": 16`, `"head_dim": 8`, "self_attn.q_proj.weight has shape [64 32], config.json implies [32 32]"},
+		{"rope_parameters type", "qwen3_moe_step2_tied_f32", `"rope_type": "default"`, `"rope_type": "yarn"`, `rope_parameters.rope_type "yarn": not supported`},
+		{"rope_parameters key", "qwen3_moe_step2_tied_f32", `"rope_type": "default"`, `"rope_type": "default", "factor": 4`, "rope_parameters.factor: not supported"},
+		{"rope_parameters contradiction", "qwen3_moe_step2_tied_f32", `"rope_parameters": {`, `"rope_theta": 10000, "rope_parameters": {`, "rope_theta 10000 contradicts rope_parameters.rope_theta 500000"},
 		{"zero experts", "qwen2_moe_untied_f32", `"num_experts": 6`, `"num_experts": 0`, "num_experts: 0 is out of range"},
 		{"mlp_only_layers out of range", "qwen2_moe_untied_f32", "\"mlp_only_layers\": [\n    1\n  ]", `"mlp_only_layers": [7]`, "mlp_only_layers: layer 7 outside 0..2"},
 		{"no sparse layer", "qwen2_moe_untied_f32", `"decoder_sparse_step": 1`, `"decoder_sparse_step": 4`, "leaves no sparse layer"},
@@ -48,8 +56,8 @@ func TestMoEImportErrors(t *testing.T) {
 	}
 }
 
-// TestMoEExportWithoutInfo: MoE models never imported export as Mixtral
-// or Qwen2-MoE (inferred from the config) and import back to the same
+// TestMoEExportWithoutInfo: MoE models never imported export as Mixtral,
+// Qwen2-MoE or Qwen3-MoE (inferred from the config) and import back to the same
 // config and weights; settings neither has are refused by name.
 func TestMoEExportWithoutInfo(t *testing.T) {
 	base := gpt.Config{NumLayers: 3, HiddenSize: 16, NumAttentionHeads: 4, NumQueryGroups: 2, FFNHiddenSize: 24, VocabSize: 128,
@@ -61,10 +69,13 @@ func TestMoEExportWithoutInfo(t *testing.T) {
 	qwen.AddQKVBias = true
 	qwen.MoE = gpt.MoEConfig{NumExperts: 5, TopK: 2, FFNHiddenSize: 8, PreSoftmax: true, LayerFreq: "[0,1,1]",
 		SharedExpertFFN: 20, SharedExpertGate: true, GroupedGEMM: true}
+	qwen3 := base
+	qwen3.QKLayerNorm, qwen3.KVChannels = true, 8
+	qwen3.MoE = gpt.MoEConfig{NumExperts: 5, TopK: 3, FFNHiddenSize: 8, LayerFreq: "[1,0,1]"}
 	for _, tc := range []struct {
 		c    gpt.Config
 		arch string
-	}{{mixtral, ArchMixtral}, {qwen, ArchQwen2MoE}} {
+	}{{mixtral, ArchMixtral}, {qwen, ArchQwen2MoE}, {qwen3, ArchQwen3MoE}} {
 		m, err := gpt.New(tc.c, tensor.NewRNG(3))
 		if err != nil {
 			t.Fatal(err)
@@ -109,6 +120,9 @@ func TestMoEExportWithoutInfo(t *testing.T) {
 		{func(c *gpt.Config) { c.MoE.Score = gpt.ScoreSigmoid }, "--moe-router-score-function sigmoid"},
 		{func(c *gpt.Config) { c.MoE.CapacityFactor = 1 }, "--moe-expert-capacity-factor 1"},
 		{func(c *gpt.Config) { c.MoE.LayerFreq = "[1,0,1]" }, "Mixtral's layers are all MoE"},
+		{func(c *gpt.Config) { c.QKLayerNorm, c.MoE.SharedExpertFFN, c.MoE.SharedExpertGate = true, 8, true }, "Qwen3-MoE (the MoE model with q/k norms) has no shared expert"},
+		{func(c *gpt.Config) { c.QKLayerNorm, c.AddQKVBias = true, true }, "--qk-layernorm with --add-qkv-bias"},
+		{func(c *gpt.Config) { c.QKLayerNorm, c.LayerNorm1P = true, true }, "--apply-layernorm-1p"},
 		{func(c *gpt.Config) { c.MoE.PreSoftmax = true }, "--moe-router-pre-softmax without a shared expert"},
 		{func(c *gpt.Config) { c.MoE.SharedExpertFFN = 8 }, "without --moe-shared-expert-gate"},
 		{func(c *gpt.Config) { c.MoE.SharedExpertFFN, c.MoE.SharedExpertGate = 8, true }, "without --add-qkv-bias"},

@@ -27,10 +27,10 @@ func table(arch string, c gpt.Config, vocab int) ([]entry, error) {
 		return gpt2Table(c, vocab), nil
 	case ArchLlama:
 		return llamaTable(c, vocab), nil
-	case ArchMixtral, ArchQwen2MoE:
+	case ArchMixtral, ArchQwen2MoE, ArchQwen3MoE:
 		return moeTable(arch, c, vocab), nil
 	}
-	return nil, fmt.Errorf("hf: unknown architecture %q (want %s, %s, %s or %s)", arch, ArchGPT2, ArchLlama, ArchMixtral, ArchQwen2MoE)
+	return nil, fmt.Errorf("hf: unknown architecture %q (want %s, %s, %s, %s or %s)", arch, ArchGPT2, ArchLlama, ArchMixtral, ArchQwen2MoE, ArchQwen3MoE)
 }
 
 func one(gotron string, o op, name string, shape ...int) entry {
@@ -115,7 +115,9 @@ func llamaTable(c gpt.Config, vocab int) []entry {
 }
 
 // llamaAttention is one Llama-style layer's norms and attention (gotron
-// prefix gn, HF prefix p), with Qwen's q/k/v biases when c.AddQKVBias.
+// prefix gn, HF prefix p), with Qwen2's q/k/v biases when c.AddQKVBias and
+// Qwen3's per-head q/k norms (self_attn.q_norm, k_norm, (d)) when
+// c.QKLayerNorm.
 func llamaAttention(c gpt.Config, gn, p string) []entry {
 	h, d, a, g := c.HiddenSize, c.KVChannels, c.NumAttentionHeads, c.NumQueryGroups
 	t := []entry{
@@ -132,6 +134,10 @@ func llamaAttention(c gpt.Config, gn, p string) []entry {
 			{p + "self_attn.k_proj.bias", []int{g * d}},
 			{p + "self_attn.v_proj.bias", []int{g * d}},
 		}})
+	}
+	if c.QKLayerNorm {
+		t = append(t, one(gn+"self_attention.q_layernorm.weight", opCopy, p+"self_attn.q_norm.weight", d),
+			one(gn+"self_attention.k_layernorm.weight", opCopy, p+"self_attn.k_norm.weight", d))
 	}
 	return append(t,
 		one(gn+"self_attention.linear_proj.weight", opCopy, p+"self_attn.o_proj.weight", h, a*d),

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -34,5 +35,42 @@ func TestConvertMegatronMoEToHF(t *testing.T) {
 		if !slices.Equal(got, want) {
 			t.Fatalf("%s: logits differ from the Megatron checkpoint's", load)
 		}
+	}
+}
+
+// TestGenerateImportedQwen3MoE: gotron generate runs the Qwen3-MoE
+// fixtures, straight from the HF directory and from their gotron
+// conversion: each greedy token after a prefix of the reference tokens is
+// the argmax of the PyTorch reference's logits at that position.
+func TestGenerateImportedQwen3MoE(t *testing.T) {
+	for _, name := range []string{"qwen3_moe_untied_f32", "qwen3_moe_step2_tied_f32"} {
+		t.Run(name, func(t *testing.T) {
+			src := hfFixture(name)
+			g := filepath.Join(t.TempDir(), "gotron")
+			mustGotron(t, "convert", "--from", "hf", "--load", src, "--save", g)
+			ids, logits := golden(t, src)
+			V := len(logits) / len(ids)
+			for _, load := range []string{src, g} {
+				for _, n := range []int{1, 5, len(ids)} {
+					prompt := make([]string, n)
+					for i, id := range ids[:n] {
+						prompt[i] = fmt.Sprint(id)
+					}
+					row := logits[(n-1)*V : n*V]
+					want := 0
+					for v, x := range row {
+						if x > row[want] {
+							want = v
+						}
+					}
+					out := mustGotron(t, "generate", "--load", load, "--tokenizer-type", "NullTokenizer", "--vocab-size", fmt.Sprint(V),
+						"--prompt", strings.Join(prompt, " "), "--top-k", "1", "--max-new-tokens", "1")
+					f := strings.Fields(out)
+					if len(f) != n+1 || f[n] != fmt.Sprint(want) {
+						t.Fatalf("%s, %d-token prompt: generate printed %q, want the prompt then %d (the reference's argmax)", load, n, out, want)
+					}
+				}
+			}
+		})
 	}
 }

@@ -28,10 +28,12 @@ var hfFixtures = []struct {
 	{"llama_gqa_untied_f32", 1e-4},
 	{"llama_gqa_tied_bf16", 2e-2},
 	{"llama_mha_untied_f16_sharded", 2e-2},
-	// tools/golden/hf_moe.py's Mixtral and Qwen2-MoE models
+	// tools/golden/hf_moe.py's Mixtral, Qwen2-MoE and Qwen3-MoE models
 	{"mixtral_gqa_untied_f32", 1e-4},
 	{"qwen2_moe_untied_f32", 1e-4},
 	{"qwen2_moe_step2_tied_f32", 1e-4},
+	{"qwen3_moe_untied_f32", 1e-4},
+	{"qwen3_moe_step2_tied_f32", 1e-4},
 }
 
 func hfFixture(name string) string { return filepath.Join("..", "..", "ckpt", "hf", "testdata", name) }

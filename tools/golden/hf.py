@@ -192,19 +192,29 @@ def repeat_kv(x, n_rep):  # (B, kv, T, d) -> (B, kv*n_rep, T, d)
 
 
 class LlamaAttention(torch.nn.Module):
-    def __init__(self, c):
+    """Llama's attention. c["head_dim"] (default hidden/heads) may differ from hidden/heads; bias gives q/k/v_proj
+    biases (Qwen2's); qk_norm an RMSNorm over each query and key head before RoPE (Qwen3's q_norm, k_norm)."""
+
+    def __init__(self, c, bias=False, qk_norm=False):
         super().__init__()
         h, self.nh, self.nkv = c["hidden"], c["heads"], c["kv_heads"]
-        self.d, self.theta = h // self.nh, c["theta"]
-        self.q_proj = torch.nn.Linear(h, self.nh * self.d, bias=False)
-        self.k_proj = torch.nn.Linear(h, self.nkv * self.d, bias=False)
-        self.v_proj = torch.nn.Linear(h, self.nkv * self.d, bias=False)
+        self.d, self.theta = c.get("head_dim") or h // self.nh, c["theta"]
+        self.q_proj = torch.nn.Linear(h, self.nh * self.d, bias=bias)
+        self.k_proj = torch.nn.Linear(h, self.nkv * self.d, bias=bias)
+        self.v_proj = torch.nn.Linear(h, self.nkv * self.d, bias=bias)
         self.o_proj = torch.nn.Linear(self.nh * self.d, h, bias=False)
+        if qk_norm:
+            self.q_norm = LlamaRMSNorm(self.d, c["eps"])
+            self.k_norm = LlamaRMSNorm(self.d, c["eps"])
+        self.qk_norm = qk_norm
 
     def forward(self, x):
         B, T, _ = x.shape
-        q = self.q_proj(x).view(B, T, self.nh, self.d).transpose(1, 2)  # (B, nh, T, d)
-        k = self.k_proj(x).view(B, T, self.nkv, self.d).transpose(1, 2)
+        q = self.q_proj(x).view(B, T, self.nh, self.d)
+        k = self.k_proj(x).view(B, T, self.nkv, self.d)
+        if self.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = q.transpose(1, 2), k.transpose(1, 2)  # (B, nh, T, d)
         v = self.v_proj(x).view(B, T, self.nkv, self.d).transpose(1, 2)
         cos, sin = rope_cos_sin(self.d, T, self.theta)
         q = q * cos + rotate_half(q) * sin
@@ -217,23 +227,30 @@ class LlamaAttention(torch.nn.Module):
 
 
 class LlamaMLP(torch.nn.Module):
-    def __init__(self, c):
+    """The SwiGLU MLP; Qwen2-MoE's and Qwen3-MoE's experts and dense MLPs are the same (Qwen2MoeMLP, Qwen3MoeMLP)."""
+
+    def __init__(self, h, f):
         super().__init__()
-        self.gate_proj = torch.nn.Linear(c["hidden"], c["inner"], bias=False)
-        self.up_proj = torch.nn.Linear(c["hidden"], c["inner"], bias=False)
-        self.down_proj = torch.nn.Linear(c["inner"], c["hidden"], bias=False)
+        self.gate_proj = torch.nn.Linear(h, f, bias=False)
+        self.up_proj = torch.nn.Linear(h, f, bias=False)
+        self.down_proj = torch.nn.Linear(f, h, bias=False)
 
     def forward(self, x):
         return self.down_proj(torch.nn.functional.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
 class LlamaDecoderLayer(torch.nn.Module):
-    def __init__(self, c):
+    """A pre-norm layer: attention, then mlp (an MLP or an MoE block, built by the subclass's make_mlp)."""
+
+    def __init__(self, c, i=0, attention=None):
         super().__init__()
         self.input_layernorm = LlamaRMSNorm(c["hidden"], c["eps"])
-        self.self_attn = LlamaAttention(c)
+        self.self_attn = attention or LlamaAttention(c)
         self.post_attention_layernorm = LlamaRMSNorm(c["hidden"], c["eps"])
-        self.mlp = LlamaMLP(c)
+        self.make_mlp(c, i)
+
+    def make_mlp(self, c, i):
+        self.mlp = LlamaMLP(c["hidden"], c["inner"])
 
     def forward(self, x):
         x = x + self.self_attn(self.input_layernorm(x))
@@ -241,10 +258,10 @@ class LlamaDecoderLayer(torch.nn.Module):
 
 
 class LlamaModel(torch.nn.Module):
-    def __init__(self, c):
+    def __init__(self, c, layer):
         super().__init__()
         self.embed_tokens = torch.nn.Embedding(c["vocab"], c["hidden"])
-        self.layers = torch.nn.ModuleList([LlamaDecoderLayer(c) for _ in range(c["layers"])])
+        self.layers = torch.nn.ModuleList([layer(c, i) for i in range(c["layers"])])
         self.norm = LlamaRMSNorm(c["hidden"], c["eps"])
 
     def forward(self, ids):
@@ -255,10 +272,12 @@ class LlamaModel(torch.nn.Module):
 
 
 class LlamaForCausalLM(torch.nn.Module):
-    def __init__(self, c):
+    """LlamaForCausalLM's layout; layer (default LlamaDecoderLayer) builds layer i of the MoE variants."""
+
+    def __init__(self, c, layer=LlamaDecoderLayer):
         super().__init__()
         self.tied = c["tied"]
-        self.model = LlamaModel(c)
+        self.model = LlamaModel(c, layer)
         self.lm_head = torch.nn.Linear(c["hidden"], c["vocab"], bias=False)
 
     def forward(self, ids):
@@ -342,32 +361,41 @@ def write_tokenizer(out):
         json.dump({"bos_token_id": 259, "eos_token_id": 259, "transformers_version": "4.44.0"}, f, indent=2)
 
 
-def build(name, c, out):
+def init_weights(name, model, c, special=lambda pname, gen: None):
+    """Seeded random weights rounded to c["dtype"] (default F32), copied into model; returns the stored tensors.
+    special(pname, gen) may return a parameter's float32 values instead of the default draw."""
     gen = torch.Generator().manual_seed(sum(map(ord, name)))
-    model = GPT2LMHeadModel(c) if c["arch"] == "gpt2" else LlamaForCausalLM(c)
+    dtype = TORCH_DTYPE[c.get("dtype", "F32")]
     state = {}
     for pname, p in model.named_parameters():
         if c["tied"] and pname == "lm_head.weight":
             continue
-        if pname.endswith("layernorm.weight") or pname.endswith("norm.weight") or ".ln_" in pname:
+        v = special(pname, gen)
+        if v is not None:
+            pass
+        elif pname.endswith("layernorm.weight") or pname.endswith("norm.weight") or ".ln_" in pname:
             v = (1 + 0.1 * torch.randn(p.shape, generator=gen, dtype=torch.float32)) if pname.endswith("weight") \
                 else 0.1 * torch.randn(p.shape, generator=gen, dtype=torch.float32)
         else:
             v = 0.2 * torch.randn(p.shape, generator=gen, dtype=torch.float32)
-        v = v.to(TORCH_DTYPE[c["dtype"]])  # the stored values
+        v = v.to(dtype)  # the stored values
         with torch.no_grad():
             p.copy_(v.double())
         state[pname] = v
     if c["tied"]:
         with torch.no_grad():
             model.lm_head.weight.copy_(model.transformer.wte.weight if c["arch"] == "gpt2" else model.model.embed_tokens.weight)
+    return state
 
+
+def write_case(name, c, out, model, state, cfg):
+    """config.json, the weights (one file or c["shards"] shards with an index), the tokenizer if asked and
+    golden.safetensors (the float64 logits of TOKENS) in out/name."""
     d = os.path.join(out, name)
     os.makedirs(d, exist_ok=True)
-    cfg = gpt2_config(c) if c["arch"] == "gpt2" else llama_config(c)
     with open(os.path.join(d, "config.json"), "w") as f:
         json.dump(cfg, f, indent=2, sort_keys=True)
-    dtypes = {n: c["dtype"] for n in state}
+    dtypes = {n: c.get("dtype", "F32") for n in state}
     if c.get("shards", 1) == 1:
         write_safetensors(os.path.join(d, "model.safetensors"), state, dtypes, {"format": "pt"})
     else:
@@ -393,6 +421,12 @@ def build(name, c, out):
                       {"logits": logits.float(), "tokens": torch.tensor(TOKENS, dtype=torch.int32)},
                       {"logits": "F32", "tokens": "I32"})
     print(f"{name}: {sum(v.numel() for v in state.values())} params, logits {tuple(logits.shape)}")
+
+
+def build(name, c, out):
+    model = GPT2LMHeadModel(c) if c["arch"] == "gpt2" else LlamaForCausalLM(c)
+    state = init_weights(name, model, c)
+    write_case(name, c, out, model, state, gpt2_config(c) if c["arch"] == "gpt2" else llama_config(c))
 
 
 def main():

@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""Hugging Face MoE goldens for gotron's HF conversion (ckpt/hf): Mixtral and Qwen2-MoE.
+"""Hugging Face MoE goldens for gotron's HF conversion (ckpt/hf): Mixtral, Qwen2-MoE and Qwen3-MoE.
 
 Usage (repository root, Debian's python3-torch 1.13, CPU; no `transformers`):
 
@@ -7,8 +7,9 @@ Usage (repository root, Debian's python3-torch 1.13, CPU; no `transformers`):
 
 Each case is a tiny model built from plain PyTorch modules that carry Hugging
 Face's parameter names and reproduce the math of transformers'
-modeling_mixtral.py and modeling_qwen2_moe.py (the attention, RoPE, RMSNorm
-and SwiGLU MLP are Llama's, from tools/golden/hf.py):
+modeling_mixtral.py, modeling_qwen2_moe.py and modeling_qwen3_moe.py (the
+attention, RoPE, RMSNorm, SwiGLU MLP, decoder layer, weight draws and file
+writers are Llama's, from tools/golden/hf.py):
 
   * MixtralForCausalLM: model.layers.N.block_sparse_moe.gate (router, no
     bias); routing_weights = softmax(router_logits); top-k; divided by their
@@ -20,6 +21,10 @@ and SwiGLU MLP are Llama's, from tools/golden/hf.py):
     shared_expert_intermediate_size) times sigmoid(shared_expert_gate(x));
     layer i is sparse iff i is not in mlp_only_layers and
     (i+1) % decoder_sparse_step == 0, else a dense MLP of intermediate_size.
+  * Qwen3MoeForCausalLM: Qwen2-MoE's routing and layer pattern without the
+    shared expert and without attention biases; q_norm and k_norm, RMSNorms
+    of head_dim (rms_norm_eps) over each query and key head before RoPE;
+    head_dim may differ from hidden_size/num_attention_heads.
 
 Weights are seeded random values rounded to float32, saved as safetensors
 next to config.json; the forward pass runs in float64 on them and the logits
@@ -33,11 +38,9 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import hf  # noqa: E402  (tools/golden/hf.py: Llama parts and the safetensors writer)
+import hf  # noqa: E402  (tools/golden/hf.py: Llama parts, weights, the safetensors writer, TOKENS)
 
 torch.set_default_dtype(torch.float64)
-
-TOKENS = [3, 17, 42, 99, 5, 5, 64, 1, 77, 23]
 
 CASES = {
     "mixtral_gqa_untied_f32": dict(arch="mixtral", vocab=100, hidden=32, layers=2, heads=4, kv_heads=2, inner=24,
@@ -51,40 +54,16 @@ CASES = {
     "qwen2_moe_step2_tied_f32": dict(arch="qwen2_moe", vocab=100, hidden=32, layers=2, heads=4, kv_heads=4, inner=36,
                                      moe_inner=12, shared=20, experts=5, topk=3, norm_topk_prob=True, sparse_step=2,
                                      mlp_only=[], positions=32, eps=1e-6, theta=1e6, tied=True),
+    # Qwen3-30B-A3B's shape in small: head_dim 16 != hidden/heads (8), norm_topk_prob true, layer 1 dense
+    "qwen3_moe_untied_f32": dict(arch="qwen3_moe", vocab=100, hidden=32, layers=3, heads=4, kv_heads=2, head_dim=16,
+                                 inner=40, moe_inner=16, experts=6, topk=2, norm_topk_prob=True, sparse_step=1,
+                                 mlp_only=[1], positions=32, eps=1e-6, theta=1e6, tied=False),
+    # norm_topk_prob false, decoder_sparse_step 2 (layer 0 dense), tied, top-3, no head_dim key (hidden/heads),
+    # transformers 5's config keys: rope_parameters instead of rope_theta, dtype instead of torch_dtype
+    "qwen3_moe_step2_tied_f32": dict(arch="qwen3_moe", vocab=100, hidden=32, layers=2, heads=4, kv_heads=4,
+                                     inner=36, moe_inner=12, experts=5, topk=3, norm_topk_prob=False, sparse_step=2,
+                                     mlp_only=[], positions=32, eps=1e-6, theta=500000.0, tied=True, v5=True),
 }
-
-
-class Attention(hf.LlamaAttention):
-    """Llama's attention; Qwen2's q/k/v_proj carry biases."""
-
-    def __init__(self, c, bias):
-        super().__init__(c)
-        h = c["hidden"]
-        self.q_proj = torch.nn.Linear(h, self.nh * self.d, bias=bias)
-        self.k_proj = torch.nn.Linear(h, self.nkv * self.d, bias=bias)
-        self.v_proj = torch.nn.Linear(h, self.nkv * self.d, bias=bias)
-
-
-class MLP(torch.nn.Module):  # Qwen2MoeMLP
-    def __init__(self, h, f):
-        super().__init__()
-        self.gate_proj = torch.nn.Linear(h, f, bias=False)
-        self.up_proj = torch.nn.Linear(h, f, bias=False)
-        self.down_proj = torch.nn.Linear(f, h, bias=False)
-
-    def forward(self, x):
-        return self.down_proj(torch.nn.functional.silu(self.gate_proj(x)) * self.up_proj(x))
-
-
-class MixtralExpert(torch.nn.Module):  # MixtralBlockSparseTop2MLP
-    def __init__(self, h, f):
-        super().__init__()
-        self.w1 = torch.nn.Linear(h, f, bias=False)
-        self.w2 = torch.nn.Linear(f, h, bias=False)
-        self.w3 = torch.nn.Linear(h, f, bias=False)
-
-    def forward(self, x):
-        return self.w2(torch.nn.functional.silu(self.w1(x)) * self.w3(x))
 
 
 def route(gate, x, k, normalize):
@@ -104,36 +83,40 @@ def combine(experts, x, w, sel):
     return out
 
 
-class MixtralSparseMoeBlock(torch.nn.Module):
-    def __init__(self, c):
+class MixtralExpert(torch.nn.Module):  # MixtralBlockSparseTop2MLP
+    def __init__(self, h, f):
         super().__init__()
-        self.k = c["topk"]
-        self.gate = torch.nn.Linear(c["hidden"], c["experts"], bias=False)
-        self.experts = torch.nn.ModuleList([MixtralExpert(c["hidden"], c["inner"]) for _ in range(c["experts"])])
+        self.w1 = torch.nn.Linear(h, f, bias=False)
+        self.w2 = torch.nn.Linear(f, h, bias=False)
+        self.w3 = torch.nn.Linear(h, f, bias=False)
 
     def forward(self, x):
-        B, T, h = x.shape
-        x = x.reshape(-1, h)
-        w, sel = route(self.gate, x, self.k, True)
-        return combine(self.experts, x, w, sel).reshape(B, T, h)
+        return self.w2(torch.nn.functional.silu(self.w1(x)) * self.w3(x))
 
 
-class Qwen2MoeSparseMoeBlock(torch.nn.Module):
+class SparseMoeBlock(torch.nn.Module):
+    """MixtralSparseMoeBlock (experts of MixtralExpert, always renormalised), Qwen2MoeSparseMoeBlock (with the
+    gated shared expert) and Qwen3MoeSparseMoeBlock (without)."""
+
     def __init__(self, c):
         super().__init__()
-        h = c["hidden"]
-        self.k, self.norm = c["topk"], c["norm_topk_prob"]
+        h, mixtral = c["hidden"], c["arch"] == "mixtral"
+        self.k, self.norm = c["topk"], mixtral or c["norm_topk_prob"]
         self.gate = torch.nn.Linear(h, c["experts"], bias=False)
-        self.experts = torch.nn.ModuleList([MLP(h, c["moe_inner"]) for _ in range(c["experts"])])
-        self.shared_expert = MLP(h, c["shared"])
-        self.shared_expert_gate = torch.nn.Linear(h, 1, bias=False)
+        self.experts = torch.nn.ModuleList([MixtralExpert(h, c["inner"]) if mixtral else hf.LlamaMLP(h, c["moe_inner"])
+                                            for _ in range(c["experts"])])
+        self.shared = c["arch"] == "qwen2_moe"
+        if self.shared:
+            self.shared_expert = hf.LlamaMLP(h, c["shared"])
+            self.shared_expert_gate = torch.nn.Linear(h, 1, bias=False)
 
     def forward(self, x):
         B, T, h = x.shape
         x = x.reshape(-1, h)
         w, sel = route(self.gate, x, self.k, self.norm)
         out = combine(self.experts, x, w, sel)
-        out = out + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
+        if self.shared:
+            out = out + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
         return out.reshape(B, T, h)
 
 
@@ -143,51 +126,25 @@ def sparse(c, i):
     return i not in c["mlp_only"] and (i + 1) % c["sparse_step"] == 0
 
 
-class DecoderLayer(torch.nn.Module):
+class DecoderLayer(hf.LlamaDecoderLayer):
+    """Llama's layer with Qwen2's q/k/v biases, Qwen3's q/k norms, and an MoE block in the sparse layers
+    (Mixtral's named block_sparse_moe)."""
+
     def __init__(self, c, i):
-        super().__init__()
-        self.input_layernorm = hf.LlamaRMSNorm(c["hidden"], c["eps"])
-        self.self_attn = Attention(c, c["arch"] == "qwen2_moe")
-        self.post_attention_layernorm = hf.LlamaRMSNorm(c["hidden"], c["eps"])
+        super().__init__(c, i, hf.LlamaAttention(c, bias=c["arch"] == "qwen2_moe", qk_norm=c["arch"] == "qwen3_moe"))
+
+    def make_mlp(self, c, i):
         if c["arch"] == "mixtral":
-            self.block_sparse_moe = MixtralSparseMoeBlock(c)
-            self.ffn = self.block_sparse_moe
+            self.block_sparse_moe = SparseMoeBlock(c)
         elif sparse(c, i):
-            self.mlp = Qwen2MoeSparseMoeBlock(c)
-            self.ffn = self.mlp
+            self.mlp = SparseMoeBlock(c)
         else:
-            self.mlp = MLP(c["hidden"], c["inner"])
-            self.ffn = self.mlp
+            self.mlp = hf.LlamaMLP(c["hidden"], c["inner"])
 
     def forward(self, x):
         x = x + self.self_attn(self.input_layernorm(x))
-        return x + self.ffn(self.post_attention_layernorm(x))
-
-
-class Model(torch.nn.Module):
-    def __init__(self, c):
-        super().__init__()
-        self.embed_tokens = torch.nn.Embedding(c["vocab"], c["hidden"])
-        self.layers = torch.nn.ModuleList([DecoderLayer(c, i) for i in range(c["layers"])])
-        self.norm = hf.LlamaRMSNorm(c["hidden"], c["eps"])
-
-    def forward(self, ids):
-        x = self.embed_tokens(ids)
-        for layer in self.layers:
-            x = layer(x)
-        return self.norm(x)
-
-
-class ForCausalLM(torch.nn.Module):
-    def __init__(self, c):
-        super().__init__()
-        self.tied = c["tied"]
-        self.model = Model(c)
-        self.lm_head = torch.nn.Linear(c["hidden"], c["vocab"], bias=False)
-
-    def forward(self, ids):
-        w = self.model.embed_tokens.weight if self.tied else self.lm_head.weight
-        return self.model(ids) @ w.T
+        ffn = self.block_sparse_moe if hasattr(self, "block_sparse_moe") else self.mlp
+        return x + ffn(self.post_attention_layernorm(x))
 
 
 def config(c):
@@ -203,44 +160,32 @@ def config(c):
     if c["arch"] == "mixtral":
         return dict(common, architectures=["MixtralForCausalLM"], model_type="mixtral",
                     num_local_experts=c["experts"], router_jitter_noise=0.0, sliding_window=None)
-    return dict(common, architectures=["Qwen2MoeForCausalLM"], model_type="qwen2_moe", num_experts=c["experts"],
-                moe_intermediate_size=c["moe_inner"], shared_expert_intermediate_size=c["shared"],
+    qwen = dict(common, num_experts=c["experts"], moe_intermediate_size=c["moe_inner"],
                 norm_topk_prob=c["norm_topk_prob"], decoder_sparse_step=c["sparse_step"], mlp_only_layers=c["mlp_only"],
-                use_sliding_window=False, sliding_window=c["positions"], max_window_layers=c["layers"])
+                use_sliding_window=False, max_window_layers=c["layers"])
+    if c["arch"] == "qwen2_moe":
+        return dict(qwen, architectures=["Qwen2MoeForCausalLM"], model_type="qwen2_moe",
+                    shared_expert_intermediate_size=c["shared"], sliding_window=c["positions"])
+    qwen = dict(qwen, architectures=["Qwen3MoeForCausalLM"], model_type="qwen3_moe", attention_bias=False,
+                sliding_window=None, transformers_version="4.51.0")
+    if "head_dim" in c:
+        qwen["head_dim"] = c["head_dim"]
+    if c.get("v5"):  # transformers 5 writes the RoPE settings as rope_parameters and the dtype as dtype
+        del qwen["rope_theta"], qwen["torch_dtype"]
+        qwen.update(rope_parameters={"rope_type": "default", "rope_theta": c["theta"]}, dtype="float32",
+                    transformers_version="5.0.0")
+    return qwen
 
 
 def build(name, c, out):
-    gen = torch.Generator().manual_seed(sum(map(ord, name)))
-    model = ForCausalLM(c)
-    state = {}
-    for pname, p in model.named_parameters():
-        if (c["tied"] and pname == "lm_head.weight") or ".ffn." in pname:
-            continue
-        if pname.endswith("norm.weight"):
-            v = 1 + 0.1 * torch.randn(p.shape, generator=gen, dtype=torch.float32)
-        elif pname.endswith(".gate.weight"):
-            v = torch.randn(p.shape, generator=gen, dtype=torch.float32)  # routers: well-separated logits
-        else:
-            v = 0.2 * torch.randn(p.shape, generator=gen, dtype=torch.float32)
-        with torch.no_grad():
-            p.copy_(v.double())
-        state[pname] = v
-    if c["tied"]:
-        with torch.no_grad():
-            model.lm_head.weight.copy_(model.model.embed_tokens.weight)
+    model = hf.LlamaForCausalLM(c, DecoderLayer)
 
-    d = os.path.join(out, name)
-    os.makedirs(d, exist_ok=True)
-    with open(os.path.join(d, "config.json"), "w") as f:
-        json.dump(config(c), f, indent=2, sort_keys=True)
-    hf.write_safetensors(os.path.join(d, "model.safetensors"), state, {n: "F32" for n in state}, {"format": "pt"})
-    with torch.no_grad():
-        ids = torch.tensor([TOKENS])
-        logits = model(ids)[0]
-    hf.write_safetensors(os.path.join(d, "golden.safetensors"),
-                         {"logits": logits.float(), "tokens": torch.tensor(TOKENS, dtype=torch.int32)},
-                         {"logits": "F32", "tokens": "I32"})
-    print(f"{name}: {sum(v.numel() for v in state.values())} params, logits {tuple(logits.shape)}")
+    def router(pname, gen):  # routers: well-separated logits
+        if pname.endswith(".gate.weight"):
+            return torch.randn(model.get_parameter(pname).shape, generator=gen, dtype=torch.float32)
+        return None
+
+    hf.write_case(name, c, out, model, hf.init_weights(name, model, c, router), config(c))
 
 
 def main():
