@@ -301,10 +301,13 @@ func TestBF16TracksFP32(t *testing.T) {
 }
 
 // TestTensorBoardScalars: --tensorboard-dir writes one event file with
-// Megatron's scalars (training, timers, throughput, validation, memory).
+// Megatron's scalars (training, timers, throughput, validation, memory);
+// with --log-timers-to-tensorboard each --timing-log-level timer gotron
+// measures as NAME-time (Megatron's timers.write), not the ones it does
+// not have.
 func TestTensorBoardScalars(t *testing.T) {
 	cfg := tinyConfig(t)
-	cfg.TrainIters, cfg.EvalInterval = 4, 2
+	cfg.TrainIters, cfg.EvalInterval, cfg.TimingLogLevel = 4, 2, 2
 	cfg.TensorBoard = TensorBoard{Dir: t.TempDir(), LogTimers: true, LogThroughput: true, LogValidationPPL: true, LogMemory: true}
 	runTrainer(t, cfg)
 	files, err := filepath.Glob(filepath.Join(cfg.TensorBoard.Dir, "events.out.tfevents.*"))
@@ -316,9 +319,16 @@ func TestTensorBoardScalars(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, tag := range []string{"lm loss", "lm loss vs samples", "learning-rate", "grad-norm", "batch-size", "loss-scale",
-		"iteration-time", "throughput", "lm loss validation", "lm loss validation ppl", "mem-allocated-bytes"} {
+		"iteration-time", "throughput", "lm loss validation", "lm loss validation ppl", "mem-allocated-bytes",
+		"forward-backward-time", "all-grads-sync-time", "optimizer-inner-step-time", "optimizer-time", "batch-generator-time",
+		"forward-compute-time", "backward-compute-time"} {
 		if !bytes.Contains(b, []byte(tag)) {
 			t.Errorf("no %q scalar in %s", tag, files[0])
+		}
+	}
+	for _, tag := range []string{"embedding-grads-all-reduce-time", "params-all-gather-time", "forward-recv-time", "evaluate-time"} {
+		if bytes.Contains(b, []byte(tag)) {
+			t.Errorf("%q scalar in %s: gotron's single-process run has no such phase (or Megatron writes none)", tag, files[0])
 		}
 	}
 }
