@@ -172,3 +172,48 @@ func TestLogProgress(t *testing.T) {
 		t.Fatalf("8 ranks: %v", err)
 	}
 }
+
+// TestLogProgressAsyncSave: with --async-save a save appends Megatron's
+// "Saving async checkpoint" line (with the throughputs) when it starts and
+// "Saved async checkpoint" when it is finalised; --save-retain-interval
+// deletes the previous latest only then, once the new one is in place.
+func TestLogProgressAsyncSave(t *testing.T) {
+	cfg := tinyConfig(t)
+	cfg.EvalInterval, cfg.TrainIters = 0, 4
+	dir := t.TempDir()
+	run := cfg
+	run.Save, run.SaveInterval, run.SaveRetainInterval, run.LogProgress, run.AsyncSave = dir, 1, 4, true, true
+	runTrainer(t, run)
+	raw, err := os.ReadFile(filepath.Join(dir, ProgressFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var events []string
+	for _, l := range strings.Split(strings.TrimSuffix(string(raw), "\n"), "\n") {
+		f := strings.Split(l, "\t")
+		if len(f) < 4 {
+			t.Fatalf("line %q", l)
+		}
+		ev := f[3]
+		if len(f) > 4 {
+			ev += " " + f[4]
+		}
+		if f[3] == "Saving async checkpoint" && (len(f) != 9 || !strings.HasPrefix(f[5], "Job throughput: ")) {
+			t.Errorf("line %q: want Megatron's 9 fields with the throughputs", l)
+		}
+		events = append(events, ev)
+	}
+	// Iterations 1 to 3 are saved in the background (each finalised before
+	// the next starts, at most one in flight); 4, the last, synchronously.
+	want := []string{"Starting job",
+		"Saving async checkpoint Iteration: 1", "Saved async checkpoint Iteration: 1",
+		"Saving async checkpoint Iteration: 2", "Saved async checkpoint Iteration: 2", "Deleted checkpoint Iteration: 1",
+		"Saving async checkpoint Iteration: 3", "Saved async checkpoint Iteration: 3", "Deleted checkpoint Iteration: 2",
+		"Saved checkpoint Iteration: 4", "Deleted checkpoint Iteration: 3"}
+	if strings.Join(events, " | ") != strings.Join(want, " | ") {
+		t.Fatalf("events\n%q\nwant\n%q", events, want)
+	}
+	if its, _ := ckpt.List(dir); !slices.Equal(its, []int{4}) {
+		t.Fatalf("checkpoints %v, want [4]", its)
+	}
+}
