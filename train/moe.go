@@ -35,8 +35,8 @@ func (st *stepper) sliceExperts(m Model) error {
 	if !ok {
 		return nil
 	}
-	if gm, ok := m.(*gpt.Model); ok && st.par.TPCP != nil && st.par.TPCP.Size() > 1 {
-		gm.TokenGroup = tokenGroup{st.par.TPCP}
+	if gm, ok := m.(*gpt.Model); ok && st.tokenPG().Size() > 1 {
+		gm.TokenGroup = tokenGroup{st.tokenPG()}
 	}
 	if st.par.EP.Size() == 1 && st.par.ExpertTP.Size() == 1 {
 		return nil
@@ -46,6 +46,16 @@ func (st *stepper) sliceExperts(m Model) error {
 		st.expertGroup.TP = st.par.ExpertTP
 	}
 	return em.SliceExperts(st.expertGroup)
+}
+
+// tokenPG is the group of ranks sharing this rank's sequences: tensor ×
+// context parallel (Megatron's tp_cp), over which the routers' counts and
+// logged losses are summed.
+func (st *stepper) tokenPG() comm.ProcessGroup {
+	if st.par.TPCP != nil {
+		return st.par.TPCP
+	}
+	return st.par.TP
 }
 
 // tokenGroup is gpt.TokenGroup over a process group: the routers' counts,
@@ -63,7 +73,7 @@ func (g tokenGroup) SumFloat64s(tp *tensor.Tape, v []float64) {
 		n[i] = int64(x)
 	}
 	if err := g.pg.AllReduce(tp.Context(), comm.Int64s(n), comm.Sum); err != nil {
-		tp.Fail(fmt.Errorf("train: sum the routers' load-balancing counts over the tensor-parallel group: %w", err))
+		tp.Fail(fmt.Errorf("train: sum the routers' load-balancing counts over the tensor×context-parallel group: %w", err))
 		return
 	}
 	for i, x := range n {
@@ -205,12 +215,13 @@ func (st *stepper) sumMoEMetricsOverStages(ctx context.Context, m map[string]flo
 }
 
 // averageMoEMetrics sums the iteration's logged MoE losses over the
-// tensor-parallel ranks (with sequence parallelism each routed its shard of
-// the sequences: Megatron's tracker sums over tp_cp) and averages them over
+// tensor(×context)-parallel ranks (with sequence parallelism each routed its
+// shard of the sequences: Megatron's tracker sums over tp_cp) and averages them over
 // the data-parallel group (each rank's value is its own micro-batches';
 // needs_dp_avg).
 func (st *stepper) averageMoEMetrics(ctx context.Context, m map[string]float64) error {
-	if len(m) == 0 || (st.par.DP.Size() == 1 && st.par.TP.Size() == 1) {
+	tg := st.tokenPG()
+	if len(m) == 0 || (st.par.DP.Size() == 1 && tg.Size() == 1) {
 		return nil
 	}
 	names := make([]string, 0, len(m))
@@ -226,9 +237,9 @@ func (st *stepper) averageMoEMetrics(ctx context.Context, m map[string]float64) 
 	for i, x := range v {
 		f[i] = float32(x)
 	}
-	if st.par.TP.Size() > 1 {
-		if err := st.par.TP.AllReduce(ctx, comm.Float32s(f), comm.Sum); err != nil {
-			return fmt.Errorf("train: sum the MoE losses over the tensor-parallel group: %w", err)
+	if tg.Size() > 1 {
+		if err := tg.AllReduce(ctx, comm.Float32s(f), comm.Sum); err != nil {
+			return fmt.Errorf("train: sum the MoE losses over the tensor×context-parallel group: %w", err)
 		}
 	}
 	if err := st.par.DP.AllReduce(ctx, comm.Float32s(f), comm.Sum); err != nil {
@@ -261,10 +272,11 @@ func (st *stepper) splitNormParams(ps []*optim.Param) (dense, experts []*optim.P
 }
 
 // sumExpertBiasCounts sums the routers' token counts over the
-// tensor- and data-parallel groups (every rank of this pipeline stage:
-// Megatron's TP×DP×CP with CP = 1), in place, as integers.
+// tensor(×context)- and data-parallel groups (every rank of this pipeline
+// stage: Megatron's TP×DP×CP), in place, as integers.
 func (st *stepper) sumExpertBiasCounts(ctx context.Context, counts [][]float64) error {
-	if len(counts) == 0 || (st.par.DP.Size() == 1 && st.par.TP.Size() == 1) {
+	tg := st.tokenPG()
+	if len(counts) == 0 || (st.par.DP.Size() == 1 && tg.Size() == 1) {
 		return nil
 	}
 	var flat []int64
@@ -273,9 +285,9 @@ func (st *stepper) sumExpertBiasCounts(ctx context.Context, counts [][]float64) 
 			flat = append(flat, int64(v))
 		}
 	}
-	if st.par.TP.Size() > 1 {
-		if err := st.par.TP.AllReduce(ctx, comm.Int64s(flat), comm.Sum); err != nil {
-			return fmt.Errorf("train: sum the expert-bias token counts over the tensor-parallel group: %w", err)
+	if tg.Size() > 1 {
+		if err := tg.AllReduce(ctx, comm.Int64s(flat), comm.Sum); err != nil {
+			return fmt.Errorf("train: sum the expert-bias token counts over the tensor×context-parallel group: %w", err)
 		}
 	}
 	if err := st.par.DP.AllReduce(ctx, comm.Int64s(flat), comm.Sum); err != nil {

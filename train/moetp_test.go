@@ -194,6 +194,7 @@ func TestMoETensorParallelMatchesOneProcess(t *testing.T) {
 		{world: 4, pc: parallel.Config{TP: 2, EP: 2, ETP: 2}},
 		{world: 2, pc: parallel.Config{TP: 2, ETP: 1}, alltoall: true},
 		{world: 2, pc: parallel.Config{TP: 2, ETP: 2}},
+		{world: 2, pc: parallel.Config{TP: 2, ETP: 2}, alltoall: true},
 		{world: 4, pc: parallel.Config{TP: 2, EP: 2, ETP: 2}, alltoall: true, shared: true},
 		{world: 4, pc: parallel.Config{TP: 2, EP: 2, ETP: 1}, seqAux: true},
 		{world: 4, pc: parallel.Config{TP: 2, EP: 2, ETP: 1}, alltoall: true, bias: true},
