@@ -207,6 +207,14 @@ func (st *stepper) pipelineStep(n, mbs, dp, r int) (float64, error) {
 	if err != nil {
 		return 0, fmt.Errorf("train: iteration %d: %w", st.Iteration+1, err)
 	}
+	// Megatron's level-2 timers of the pipeline schedule, from the
+	// executor's own measurements of this step.
+	s := e.Stats()
+	st.tm.add(timerForwardCompute, 2, s.Forward)
+	st.tm.add(timerBackwardCompute, 2, s.Backward)
+	for name, d := range s.P2P {
+		st.tm.add(name, 2, d)
+	}
 	return loss, nil
 }
 

@@ -121,6 +121,20 @@ func (ts *timers) stop(name string) {
 	}
 }
 
+// add adds d to timer name of the given level (a phase measured by its
+// own code, e.g. the pipeline executor's passes and exchanges).
+func (ts *timers) add(name string, level int, d time.Duration) {
+	if ts == nil || level > ts.level {
+		return
+	}
+	t := ts.on[name]
+	if t == nil {
+		t = &timer{}
+		ts.on[name] = t
+	}
+	t.elapsed += d
+}
+
 // set records d as timer name's time (Megatron's set_elapsed: a phase
 // measured outside the timers).
 func (ts *timers) set(name string, level int, d time.Duration) {

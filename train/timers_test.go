@@ -13,6 +13,7 @@ import (
 
 	"github.com/gotron/gotron/comm"
 	"github.com/gotron/gotron/comm/inproc"
+	"github.com/gotron/gotron/parallel"
 )
 
 // The inputs of tools/golden/megatron_timers.py: timer names and each
@@ -193,6 +194,58 @@ func TestTimersInTrainingLog(t *testing.T) {
 		got := run(level)
 		if strings.Join(got, " | ") != strings.Join(want, " | ") {
 			t.Errorf("level %d: timer blocks\n%q\nwant\n%q", level, got, want)
+		}
+	}
+}
+
+// TestTimersPipeline: under pipeline parallelism (1F1B over 2 stages, 4
+// micro-batches) level 2 reports the executor's forward and backward
+// compute and its exchanges under Megatron's p2p timer names, each on the
+// ranks that make that call in Megatron's schedule: the first stage sends
+// forward, sends forward while receiving backward, and receives backward;
+// the last receives forward, sends backward while receiving forward, and
+// sends backward.
+func TestTimersPipeline(t *testing.T) {
+	cfg := tinyConfig(t)
+	cfg.TrainIters, cfg.EvalInterval, cfg.LogInterval, cfg.Schedule.LRWarmupIters = 2, 0, 2, 0
+	cfg.MicroBatchSize, cfg.GlobalBatchSize = 1, 4
+	cfg.TimingLogLevel, cfg.TimingLogOption = 2, TimingAll
+	var last bytes.Buffer
+	err := inproc.Run(context.Background(), 2, func(ctx context.Context, pg comm.ProcessGroup) error {
+		g, err := parallel.NewGroups(pg, parallel.Config{TP: 1, PP: 2})
+		if err != nil {
+			return err
+		}
+		c := cfg
+		c.Parallel = g
+		if pg.Rank() == 1 {
+			c.Out = &last
+		}
+		tr, err := New(c, MockSource{SeqLength: c.SeqLength, VocabSize: c.Model.VocabSize}, nil)
+		if err != nil {
+			return err
+		}
+		_, err = tr.Run(ctx)
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := last.String()
+	_, block, _ := strings.Cut(out, "iteration        2/")
+	for _, want := range []string{
+		"  forward-compute:\n     rank  0: ", "  backward-compute:\n     rank  0: ",
+		"  forward-recv:\n     rank  1: ", "  forward-send:\n     rank  0: ", "  backward-recv:\n     rank  0: ",
+		"  backward-send:\n     rank  1: ", "  forward-send-backward-recv:\n     rank  0: ", "  backward-send-forward-recv:\n     rank  1: ",
+		"  embedding-grads-all-reduce:\n     rank  0: ",
+	} {
+		if !strings.Contains(block, want) {
+			t.Errorf("no %q after iteration 2's line:\n%s", want, block)
+		}
+	}
+	for _, absent := range []string{"forward-recv:\n     rank  0", "forward-send-forward-recv", "backward-send-backward-recv"} {
+		if strings.Contains(block, absent) {
+			t.Errorf("%q: the 1F1B schedule over 2 stages makes no such call", absent)
 		}
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/gotron/gotron/comm"
@@ -81,6 +82,9 @@ type Stats struct {
 	// Forward and Backward are the time spent in the passes; Comm the time
 	// spent in sends and receives (waiting for neighbours included).
 	Forward, Backward, Comm time.Duration
+	// P2P splits Comm by the kind of exchange, under the names of
+	// Megatron's p2p_communication timers (P2PTimerName).
+	P2P map[string]time.Duration
 	// PeakInFlight is the most (chunk, micro-batch) pairs held at once with
 	// the forward done and the backward not: live tapes, each holding one
 	// micro-batch's activations.
@@ -90,6 +94,50 @@ type Stats struct {
 	// so this is, summed over chunks, the most micro-batches each chunk had
 	// in flight at once.
 	Tapes int
+}
+
+// P2PTimerName names an exchange (a run of send and receive actions done
+// together) as Megatron's p2p_communication times the call that does the
+// same: "forward-recv" (recv_forward), "forward-send", "backward-recv",
+// "backward-send", "forward-send-backward-recv"
+// (send_forward_recv_backward), "backward-send-forward-recv",
+// "forward-send-forward-recv", "backward-send-backward-recv" and
+// "forward-backward-send-forward-backward-recv". A combination Megatron
+// has no call for gets a name in the same pattern (e.g.
+// "forward-backward-send"), which its training_log does not list.
+func P2PTimerName(run []Action) string {
+	var sendF, sendB, recvF, recvB bool
+	for _, a := range run {
+		switch a.Op {
+		case SendActivation:
+			sendF = true
+		case SendGrad:
+			sendB = true
+		case RecvActivation:
+			recvF = true
+		case RecvGrad:
+			recvB = true
+		}
+	}
+	dirs := func(f, b bool) string {
+		switch {
+		case f && b:
+			return "forward-backward"
+		case f:
+			return "forward"
+		case b:
+			return "backward"
+		}
+		return ""
+	}
+	var parts []string
+	if s := dirs(sendF, sendB); s != "" {
+		parts = append(parts, s+"-send")
+	}
+	if r := dirs(recvF, recvB); r != "" {
+		parts = append(parts, r+"-recv")
+	}
+	return strings.Join(parts, "-")
 }
 
 // Executor runs one pipeline rank's action list for a training step: the
@@ -210,7 +258,12 @@ func (e *Executor) Step(ctx context.Context) (float64, error) {
 			}
 			t := e.now()
 			err := e.exchange(ctx, e.actions[i:j])
-			e.stats.Comm += e.now().Sub(t)
+			d := e.now().Sub(t)
+			e.stats.Comm += d
+			if e.stats.P2P == nil {
+				e.stats.P2P = map[string]time.Duration{}
+			}
+			e.stats.P2P[P2PTimerName(e.actions[i:j])] += d
 			if err != nil {
 				return 0, err
 			}

@@ -552,3 +552,31 @@ func freeTCPPort(t *testing.T) int {
 	defer ln.Close()
 	return ln.Addr().(*net.TCPAddr).Port
 }
+
+// TestP2PTimerName: an exchange is named as Megatron's p2p_communication
+// times the call that does it.
+func TestP2PTimerName(t *testing.T) {
+	for _, c := range []struct {
+		ops  []Op
+		want string
+	}{
+		{[]Op{RecvActivation}, "forward-recv"},
+		{[]Op{SendActivation}, "forward-send"},
+		{[]Op{RecvGrad}, "backward-recv"},
+		{[]Op{SendGrad}, "backward-send"},
+		{[]Op{SendActivation, RecvGrad}, "forward-send-backward-recv"},
+		{[]Op{RecvActivation, SendGrad}, "backward-send-forward-recv"},
+		{[]Op{SendActivation, RecvActivation}, "forward-send-forward-recv"},
+		{[]Op{SendGrad, RecvGrad}, "backward-send-backward-recv"},
+		{[]Op{RecvGrad, SendGrad, RecvActivation, SendActivation}, "forward-backward-send-forward-backward-recv"},
+		{[]Op{SendActivation, SendGrad}, "forward-backward-send"},
+	} {
+		var run []Action
+		for _, op := range c.ops {
+			run = append(run, Action{Op: op})
+		}
+		if got := P2PTimerName(run); got != c.want {
+			t.Errorf("%v: %q, want %q", c.ops, got, c.want)
+		}
+	}
+}
