@@ -263,10 +263,6 @@ func (c *Config) validate() error {
 			return fmt.Errorf("train: --expert-tensor-parallel-size=%d: rank order %q gives expert-tensor-parallel groups other than the tensor-parallel ones: not built yet", l.ETP, l.Order)
 		case moe.FFNHiddenSize%l.ETP != 0:
 			return fmt.Errorf("train: --moe-ffn-hidden-size=%d is not divisible by --expert-tensor-parallel-size=%d", moe.FFNHiddenSize, l.ETP)
-		case l.TP > 1 && moe.GlobalAuxLossCoeff > 0:
-			return fmt.Errorf("train: global_aux_loss with tensor parallelism (TP=%d): the counts' all-reduce in the router is not built yet", l.TP)
-		case g.DP.Size() > 1 && moe.GlobalAuxLossCoeff > 0:
-			return fmt.Errorf("train: global_aux_loss with data parallelism (DP=%d): the counts' all-reduce in the router is not built yet", g.DP.Size())
 		case moe.NumExperts%g.EP.Size() != 0:
 			return fmt.Errorf("train: --num-experts=%d is not divisible by --expert-model-parallel-size=%d", moe.NumExperts, g.EP.Size())
 		}

@@ -29,14 +29,18 @@ type expertModel interface {
 // sliceExperts keeps this rank's experts (and their expert-tensor slices)
 // when the layout is expert (tensor) parallel, and gives the routers the
 // ranks sharing this rank's sequences (sequence parallelism) to sum their
-// load-balancing counts over.
+// load-balancing counts over, and those whose tokens make up the global
+// batch (global_aux_loss's counts: moeglobal.go).
 func (st *stepper) sliceExperts(m Model) error {
 	em, ok := m.(expertModel)
 	if !ok {
 		return nil
 	}
-	if gm, ok := m.(*gpt.Model); ok && st.tokenPG().Size() > 1 {
-		gm.TokenGroup = tokenGroup{st.tokenPG()}
+	if gm, ok := m.(*gpt.Model); ok {
+		if st.tokenPG().Size() > 1 {
+			gm.TokenGroup = tokenGroup{st.tokenPG()}
+		}
+		gm.BatchGroup = st.batchGroupOf(gm)
 	}
 	if st.par.EP.Size() == 1 && st.par.ExpertTP.Size() == 1 {
 		return nil
@@ -218,7 +222,8 @@ func (st *stepper) sumMoEMetricsOverStages(ctx context.Context, m map[string]flo
 // tensor(×context)-parallel ranks (with sequence parallelism each routed its
 // shard of the sequences: Megatron's tracker sums over tp_cp) and averages them over
 // the data-parallel group (each rank's value is its own micro-batches';
-// needs_dp_avg).
+// needs_dp_avg), except global_load_balancing_loss, summed over it (each
+// rank's value is its part of the global batch's loss).
 func (st *stepper) averageMoEMetrics(ctx context.Context, m map[string]float64) error {
 	tg := st.tokenPG()
 	if len(m) == 0 || (st.par.DP.Size() == 1 && tg.Size() == 1) {
@@ -247,6 +252,9 @@ func (st *stepper) averageMoEMetrics(ctx context.Context, m map[string]float64) 
 	}
 	for i, name := range names {
 		m[name] = float64(f[i]) / float64(st.par.DP.Size())
+		if name == globalLoadBalancingName {
+			m[name] = float64(f[i])
+		}
 	}
 	return nil
 }

@@ -42,6 +42,14 @@ type moeGolden struct {
 			Loss            float64
 		}
 	} `json:"global_aux"`
+	GlobalAuxDP struct {
+		TopK, Ranks  int
+		Coeff, Scale float64
+		Microbatches [][]struct { // [micro-batch][rank]
+			Logits, DLogits []float64
+			Loss            float64
+		}
+	} `json:"global_aux_dp"`
 	ExpertBias struct {
 		Counts  []float64
 		Bias    []float32
@@ -189,6 +197,49 @@ func TestGlobalAuxLossGolden(t *testing.T) {
 		for j := range dl {
 			if !closeTo(float64(dl[j]), mb.DLogits[j], 1e-5) {
 				t.Fatalf("micro-batch %d: dlogits[%d] = %g, Megatron %g", i, j, dl[j], mb.DLogits[j])
+			}
+		}
+	}
+}
+
+// TestGlobalAuxLossDataParallelGolden: global_aux_loss over a reduce group
+// of two ranks (Megatron's TP×DP×CP), three micro-batches: the counts summed
+// over the ranks, their running mean, T·2 tokens; each rank's loss and
+// logits gradient (at MoEAuxLossAutoScaler scale 0.5) against Megatron's
+// get_tokens_per_expert_and_token_count and switch_load_balancing_loss_func.
+func TestGlobalAuxLossDataParallelGolden(t *testing.T) {
+	g := loadMoEGolden(t)
+	ga := g.GlobalAuxDP
+	if ga.Ranks != 2 || len(ga.Microbatches) != 3 {
+		t.Fatalf("fixture: %d ranks, %d micro-batches", ga.Ranks, len(ga.Microbatches))
+	}
+	c := &RouterConfig{Experts: g.E, TopK: ga.TopK, Losses: true, Batch: g.B, SeqLen: g.S,
+		Balancing: []LoadBalancing{{Global: true, Coeff: ga.Coeff}}}
+	running := make([]float64, g.E)
+	for i, mb := range ga.Microbatches {
+		rs := make([]*RouteResult, ga.Ranks)
+		for r, rank := range mb {
+			rs[r] = Route(c, f32s(rank.Logits))
+			for e, n := range rs[r].AuxCounts(c) {
+				running[e] += n
+			}
+		}
+		mean := make([]float64, g.E)
+		for e := range mean {
+			mean[e] = running[e] / float64(i+1)
+		}
+		for r, rank := range mb {
+			T := len(rank.Logits) / g.E
+			rs[r].SetGlobalCounts(c, 0, mean, float64(T*ga.Ranks))
+			if !closeTo(rs[r].Aux[0], rank.Loss, 1e-6) {
+				t.Fatalf("micro-batch %d rank %d: global aux loss %.9g, Megatron %.9g", i, r, rs[r].Aux[0], rank.Loss)
+			}
+			dl := make([]float32, len(rank.Logits))
+			RouteBackward(c, rs[r], make([]float32, len(rank.Logits)), ga.Scale, dl)
+			for j := range dl {
+				if !closeTo(float64(dl[j]), rank.DLogits[j], 1e-5) {
+					t.Fatalf("micro-batch %d rank %d: dlogits[%d] = %g, Megatron %g", i, r, j, dl[j], rank.DLogits[j])
+				}
 			}
 		}
 	}

@@ -69,7 +69,12 @@ type Model struct {
 	// TokenGroup is the group of ranks sharing this rank's sequences (with
 	// sequence parallelism): the routers sum their load-balancing counts
 	// over it; nil is this rank alone.
-	TokenGroup   TokenGroup
+	TokenGroup TokenGroup
+	// BatchGroup is the group of ranks whose tokens make up the global
+	// batch at this rank's layers (Megatron's tp_dp_cp group: the tensor-,
+	// data- and context-parallel ranks of its pipeline stage):
+	// global_aux_loss sums its counts over it; nil is this rank alone.
+	BatchGroup   TokenGroup
 	otherExperts map[string][]int // the experts other EP ranks hold
 }
 

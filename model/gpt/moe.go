@@ -831,7 +831,9 @@ func (m *Model) activate(tp *tensor.Tape, h *tensor.Tensor) *tensor.Tensor {
 
 // recordRouting keeps a training micro-batch's routing statistics: the
 // logged losses (Megatron records loss/coeff per layer), global_aux_loss's
-// running counts, the expert-bias counts; and sets the backward's scale.
+// running counts (summed over the batch group first, over T·n(batch group)
+// tokens: each rank's loss is its tokens' part of the global batch's), the
+// expert-bias counts; and sets the backward's scale.
 // With a token group (sequence parallelism) the aux losses' counts are
 // summed over it first, so that each rank's loss is its tokens' part of the
 // loss of the whole sequences (Megatron's tp_cp reduction); the logged
@@ -848,7 +850,7 @@ func (m *Model) recordRouting(tp *tensor.Tape, r *tensor.Routing, rc *tensor.Rou
 				counts := r.SeqAuxCounts()
 				m.TokenGroup.SumFloat64s(tp, counts)
 				r.SetSeqCounts(i, counts, rc.SeqLen*n)
-			case !lb.Global: // global_aux_loss with a token group is refused (train)
+			case !lb.Global: // global_aux_loss sums over the batch group below
 				counts := r.AuxCounts()
 				m.TokenGroup.SumFloat64s(tp, counts)
 				r.SetGlobalCounts(i, counts, float64(T*n))
@@ -865,12 +867,17 @@ func (m *Model) recordRouting(tp *tensor.Tape, r *tensor.Routing, rc *tensor.Rou
 				s.globalCounts[layer] = counts
 			}
 			s.globalSteps[layer]++
+			local, ranks := r.AuxCounts(), 1
+			if m.BatchGroup != nil {
+				m.BatchGroup.SumFloat64s(tp, local)
+				ranks = m.BatchGroup.Size()
+			}
 			mean := make([]float64, c.NumExperts)
-			for e, n := range r.AuxCounts() {
+			for e, n := range local {
 				counts[e] += n
 				mean[e] = counts[e] / float64(s.globalSteps[layer])
 			}
-			r.SetGlobalCounts(i, mean, float64(T))
+			r.SetGlobalCounts(i, mean, float64(T*ranks))
 			aux, _ = r.Aux()
 		}
 		s.record(name, layer, m.Config.NumLayers, aux[i]/lb.Coeff)

@@ -244,6 +244,39 @@ for mb in range(3):
     loss.backward()
     glob.append({"logits": to_gotron(lg.detach()), "loss": float(loss), "dlogits": to_gotron(lg.grad)})
 
+# global_aux_loss over a reduce group of two ranks (TP×DP×CP = DP = 2, say),
+# three micro-batches each: get_tokens_per_expert_and_token_count sums the
+# ranks' counts (its all-reduce, reduce_from_tensor_model_parallel_region,
+# emulated by adding the other rank's counts) and counts T·2 tokens; each
+# rank's loss is its own probabilities' part of the global batch's loss, and
+# its backward runs at MoEAuxLossAutoScaler scale 0.5 (loss_scale·CP/M).
+
+
+class Group2:
+    def size(self):
+        return 2
+
+
+TWO = Group2()
+glob_dp = []
+gtotal_dp = [torch.zeros(E), torch.zeros(E)]  # each rank's global_tokens_per_expert buffer
+for mb in range(3):
+    lgs = [(torch.randn(S, B, E, generator=g) * 1.5).reshape(T, E).requires_grad_(True) for _ in range(2)]
+    aux = [mu.compute_routing_scores_for_aux_loss(lg, 2, "softmax") for lg in lgs]
+    local = [amap.sum(dim=0) for amap, _ in aux]
+    mu.reduce_from_tensor_model_parallel_region = lambda x, group=None: local[0] + local[1]
+    ranks = []
+    for r in range(2):
+        gtpe, _, tot = mu.get_tokens_per_expert_and_token_count(aux[r][0], TWO, 2)
+        gtotal_dp[r] += gtpe
+        loss = mu.switch_load_balancing_loss_func(aux[r][1], gtotal_dp[r] / (mb + 1), tot, 2, E, 0.02)
+        mu.MoEAuxLossAutoScaler.main_loss_backward_scale = torch.tensor(0.5)
+        # attached to an activation of its own: the logits' gradient is the loss's alone
+        mu.MoEAuxLossAutoScaler.apply(torch.zeros(T, E, requires_grad=True), loss).sum().backward()
+        ranks.append({"logits": to_gotron(lgs[r].detach()), "loss": float(loss), "dlogits": to_gotron(lgs[r].grad)})
+    glob_dp.append(ranks)
+mu.reduce_from_tensor_model_parallel_region = lambda x, group=None: x
+
 # expert-bias update
 counts = torch.tensor([5.0, 1.0, 3.0, 3.0, 0.0, 7.0, 2.0, 3.0])
 eb = torch.tensor([0.01, -0.02, 0.0, 0.5, 0.0, 0.0, -0.1, 0.2])
@@ -255,6 +288,7 @@ out = {"megatron": "NVIDIA/Megatron-LM d98e8a6, megatron/core/transformer/moe/mo
        "S": S, "B": B, "E": E, "logits": to_gotron(logits_sbe.reshape(T, E)),
        "dprobs": to_gotron(dprobs_sbe.reshape(T, E)), "routes": cases, "losses": losses,
        "global_aux": {"topk": 2, "coeff": 0.02, "microbatches": glob},
+       "global_aux_dp": {"topk": 2, "coeff": 0.02, "scale": 0.5, "ranks": 2, "microbatches": glob_dp},
        "expert_bias": {"counts": f32(counts), "bias": f32(eb), "rate": 1e-3, "updated": f32(upd)},
        "capacity": capacities}
 with open(OUT, "w") as f:

@@ -1,0 +1,47 @@
+package train
+
+import (
+	"testing"
+
+	"github.com/gotron/gotron/parallel"
+)
+
+// TestGlobalAuxLossAcrossRanks: global_aux_loss with its counts summed over
+// the tensor × data-parallel ranks (Megatron's tp_dp_cp group) gives one
+// process's run of the same global batch at each of 10 iterations within
+// 1e-5 — lm loss, global_load_balancing_loss (the global batch's loss),
+// z-loss, grad norm — and its parameters at the end:
+//
+//   - TP=2 with sequence parallelism: each rank routes its half of the
+//     tokens, a micro-batch's counts and tokens are the whole one's, and the
+//     router's gradient is summed over TP: one process as it is.
+//   - DP=2, and EP=2×DP=2 (alltoall): a micro-batch's counts are both
+//     ranks' micro-batches' — one process's micro-batch of twice the size,
+//     which holds the same sequences (Megatron's sampler gives rank r the
+//     r-th slice of each step's samples). Each rank's loss is its part of
+//     that micro-batch's, and the data-parallel mean of the gradients
+//     divides it by DP, as Megatron's does: the one process's coefficient
+//     is the DP ranks' divided by DP.
+func TestGlobalAuxLossAcrossRanks(t *testing.T) {
+	cfg := moeTrainConfig()
+	cfg.Model.MoE.AuxLossCoeff, cfg.Model.MoE.GlobalAuxLossCoeff = 0, 2e-2
+	src, _ := dpDataset(t, cfg.SeqLength)
+	const lb = "global_load_balancing_loss"
+
+	tp := moeTPLayout{world: 2, pc: parallel.Config{TP: 2, ETP: 1}, alltoall: true}
+	checkSameMoERun(t, "global_aux_loss "+tp.String(), runMoETP(t, cfg, moeTPLayout{}, src)[0], runMoETP(t, cfg, tp, src), lb)
+
+	one := cfg
+	one.MicroBatchSize *= 2
+	one.Model.MoE.GlobalAuxLossCoeff /= 2
+	ref := runMoETP(t, one, moeTPLayout{}, src)[0]
+	for _, c := range []struct {
+		name string
+		l    moeTPLayout
+	}{
+		{"DP=2", moeTPLayout{world: 2, pc: parallel.Config{}}},
+		{"EP=2×DP=2 alltoall", moeTPLayout{world: 2, pc: parallel.Config{EP: 2}, alltoall: true}},
+	} {
+		checkSameMoERun(t, "global_aux_loss "+c.name, ref, runMoETP(t, cfg, c.l, src), lb)
+	}
+}
