@@ -39,6 +39,12 @@ type Groups struct {
 	// MoE dispatchers' groups. TPCP is tensor × context parallel: the ranks
 	// sharing a sequence's tokens (the routers' load-balancing counts).
 	ExpertTP, ExpertTPEP, TPCP comm.ProcessGroup
+	// IntraDistOpt and InterDistOpt are this rank's
+	// distributed-optimizer instance and the group of the same shard
+	// across instances (Layout.DistOptInstanceGroups), with
+	// Config.DistOptInstances > 1; with one instance IntraDistOpt is DPCP
+	// and InterDistOpt is nil.
+	IntraDistOpt, InterDistOpt comm.ProcessGroup
 }
 
 // NewGroups builds this rank's groups of the layout cfg (cfg.WorldSize 0
@@ -75,6 +81,16 @@ func NewGroups(world comm.ProcessGroup, cfg Config) (*Groups, error) {
 			return nil, fmt.Errorf("parallel: rank %d: %s group %v: %w", rank, k.kind, ranks, err)
 		}
 		*k.dst = pg
+	}
+	g.IntraDistOpt = g.DPCP
+	if l.Config.DistOptInstances > 1 {
+		intra, inter := l.DistOptInstanceGroups(rank)
+		if g.IntraDistOpt, err = world.NewGroup(intra); err != nil {
+			return nil, fmt.Errorf("parallel: rank %d: distributed-optimizer instance %v: %w", rank, intra, err)
+		}
+		if g.InterDistOpt, err = world.NewGroup(inter); err != nil {
+			return nil, fmt.Errorf("parallel: rank %d: distributed-optimizer group across instances %v: %w", rank, inter, err)
+		}
 	}
 	return g, nil
 }

@@ -79,6 +79,11 @@ type Config struct {
 	// ("" means DefaultOrder). Axes are tp, cp, ep, dp, pp; an axis of size 1
 	// may be left out.
 	Order string
+	// DistOptInstances is --num-distributed-optimizer-instances (0 means
+	// 1): the data × context parallel group is cut into this many
+	// instances of consecutive ranks, each sharding the optimizer state
+	// over its own ranks (DistOptInstanceGroups). DP·CP must divide by it.
+	DistOptInstances int
 }
 
 // Coords are one rank's coordinates: its index in each of its groups.
@@ -137,8 +142,66 @@ func NewLayout(cfg Config) (*Layout, error) {
 		return nil, fmt.Errorf("parallel: order %q gives different pipeline groups for the decoder (TP=%d, CP=%d, DP=%d, PP=%d) "+
 			"and the experts (ETP=%d, EP=%d, expert DP=%d, PP=%d)", c.Order, c.TP, c.CP, l.DP, c.PP, c.ETP, c.EP, l.ExpertDP, c.PP)
 	}
+	if dpcp := l.DP * c.CP; dpcp%c.DistOptInstances != 0 || l.ExpertDP%c.DistOptInstances != 0 { // Megatron's initialize_model_parallel
+		return nil, fmt.Errorf("parallel: the data × context parallel size %d (DP=%d, CP=%d) and the expert-data-parallel size %d must divide by %d distributed-optimizer instances",
+			dpcp, l.DP, c.CP, l.ExpertDP, c.DistOptInstances)
+	}
 	l.build(pp)
+	if c.DistOptInstances > 1 {
+		for r := range c.WorldSize {
+			if intra, inter := l.DistOptInstanceGroups(r); !sameShardPosition(l.GroupOf(DPCP, r), intra, inter) {
+				return nil, fmt.Errorf("parallel: order %q with %d distributed-optimizer instances: rank %d's instance %v and its group across instances %v "+
+					"(from the expert-data-parallel group, as Megatron) do not tile its data × context parallel group %v (TP=%d, CP=%d, PP=%d, EP=%d, ETP=%d)",
+					c.Order, c.DistOptInstances, r, intra, inter, l.GroupOf(DPCP, r), c.TP, c.CP, c.PP, c.EP, c.ETP)
+			}
+		}
+	}
 	return l, nil
+}
+
+// sameShardPosition reports whether inter holds, for each instance of
+// dpcp's consecutive runs of len(intra) ranks, the rank at intra's position:
+// then a reduce-scatter over intra followed by an all-reduce over inter sums
+// over the whole of dpcp.
+func sameShardPosition(dpcp, intra, inter []int) bool {
+	size := len(intra)
+	if size == 0 || len(dpcp) != size*len(inter) {
+		return false
+	}
+	at := slices.Index(dpcp, inter[0])
+	for i, r := range inter {
+		if at < 0 || at >= size || dpcp[i*size+at] != r {
+			return false
+		}
+	}
+	return true
+}
+
+// DistOptInstanceGroups returns rank's groups of Config.DistOptInstances
+// distributed-optimizer instances, as Megatron's initialize_model_parallel
+// builds them: intra, the ranks of rank's instance (a run of consecutive
+// ranks of its data × context parallel group), over which the optimizer
+// state is sharded; and inter, the ranks holding the same shard in every
+// instance (Megatron's inter-instance group, the second level of its
+// hierarchical expert-data-parallel groups: every (expert DP / instances)-th
+// rank of the expert-data-parallel group), over which the reduced shards
+// are summed. With one instance intra is the DPCP group and inter is rank
+// alone.
+func (l *Layout) DistOptInstanceGroups(rank int) (intra, inter []int) {
+	dpcp, edp := l.GroupOf(DPCP, rank), l.GroupOf(ExpertDP, rank)
+	if dpcp == nil || edp == nil {
+		return nil, nil
+	}
+	n := l.Config.DistOptInstances
+	size := len(dpcp) / n
+	at := slices.Index(dpcp, rank)
+	first := at / size * size
+	intra = slices.Clone(dpcp[first : first+size])
+	esize := len(edp) / n
+	for i := slices.Index(edp, rank) % esize; i < len(edp); i += esize {
+		inter = append(inter, edp[i])
+	}
+	return intra, inter
 }
 
 func (l *Layout) build(pp [][]int) {
@@ -180,7 +243,8 @@ func normalise(c Config) (Config, error) {
 	for _, f := range []struct {
 		name string
 		v    int
-	}{{"WorldSize", c.WorldSize}, {"TP", c.TP}, {"PP", c.PP}, {"VPP", c.VPP}, {"CP", c.CP}, {"EP", c.EP}, {"ETP", c.ETP}} {
+	}{{"WorldSize", c.WorldSize}, {"TP", c.TP}, {"PP", c.PP}, {"VPP", c.VPP}, {"CP", c.CP}, {"EP", c.EP}, {"ETP", c.ETP},
+		{"DistOptInstances", c.DistOptInstances}} {
 		if f.v < 0 {
 			return c, fmt.Errorf("parallel: %s=%d: must not be negative", f.name, f.v)
 		}
@@ -197,6 +261,7 @@ func normalise(c Config) (Config, error) {
 	one(&c.PP)
 	one(&c.CP)
 	one(&c.EP)
+	one(&c.DistOptInstances)
 	if c.ETP == 0 {
 		c.ETP = c.TP
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/binary"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"hash/fnv"
 	"io"
@@ -55,7 +56,14 @@ func (st *stepper) setupParallel(ctx context.Context, launched bool) ([]*optim.P
 	// The routed experts of an MoE model are reduced and broadcast over
 	// the expert-data-parallel group instead (moe.go).
 	dense, experts := st.splitExperts(st.localParams())
-	d, err := ddp.New(dense, p.DPCP, st.cfg.DDP, st.sharedEmbedding())
+	dc := st.cfg.DDP
+	if p.InterDistOpt != nil { // --num-distributed-optimizer-instances: shard over this rank's instance
+		if len(experts) > 0 {
+			return nil, errors.New("train: --num-distributed-optimizer-instances with an MoE model: the expert-data-parallel instances are not built yet")
+		}
+		dc.Instances = p.InterDistOpt
+	}
+	d, err := ddp.New(dense, p.IntraDistOpt, dc, st.sharedEmbedding())
 	if err != nil {
 		return nil, err
 	}
@@ -190,7 +198,7 @@ func (st *stepper) reduceGrads(ctx context.Context, a agreement) (agreement, err
 	a.sumSq = 0
 	// (without the distributed optimizer the gradients are replicated over
 	// data × context parallelism: one rank of it counts them)
-	if st.cfg.DDP.DistributedOptimizer || st.par.DPCP.Rank() == 0 {
+	if st.countsGrads() {
 		a.sumSq = st.normG.SumSquares()
 	}
 	if st.normExperts != nil && (st.cfg.DDP.DistributedOptimizer || st.par.ExpertDP.Rank() == 0) {
@@ -221,6 +229,18 @@ func (st *stepper) reduceGrads(ctx context.Context, a agreement) (agreement, err
 	return g, nil
 }
 
+// countsGrads reports whether this rank counts its (dense) gradients in the
+// global norm and zero count: every rank's shard with the distributed
+// optimizer (those of the first instance with several: the other instances
+// hold the same shards, as Megatron computes the norm within an instance),
+// else data × context parallel rank 0 (the gradients are replicated).
+func (st *stepper) countsGrads() bool {
+	if st.cfg.DDP.DistributedOptimizer {
+		return st.par.InterDistOpt == nil || st.par.InterDistOpt.Rank() == 0
+	}
+	return st.par.DPCP.Rank() == 0
+}
+
 // countZeros sets lastNumZeros for --log-num-zeros-in-grad: the zero
 // gradient elements over the ranks that count gradients in the norm (the
 // same parameters, so each gradient element is counted once), summed over
@@ -231,7 +251,7 @@ func (st *stepper) countZeros(ctx context.Context) error {
 		return nil
 	}
 	n := int64(0)
-	if st.cfg.DDP.DistributedOptimizer || st.par.DPCP.Rank() == 0 {
+	if st.countsGrads() {
 		n = st.normG.CountZeros()
 	}
 	if st.par.World.Size() > 1 {

@@ -167,7 +167,11 @@ func (ck *checkpointer) checkpointPieces(st *optim.State) ([]ckpt.Piece, error) 
 			return false
 		}
 		w, ok := writer[name]
-		return ok && (dpSharded || w == dpRank)
+		if dpSharded {
+			// the other distributed-optimizer instances hold the same shards
+			return ok && (ck.par.InterDistOpt == nil || ck.par.InterDistOpt.Rank() == 0)
+		}
+		return ok && w == dpRank
 	}
 	var out []ckpt.Piece
 	add := func(group, name string, shape []int, blocks []localBlock, v []float32) {

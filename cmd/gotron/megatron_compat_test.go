@@ -98,8 +98,9 @@ type compatPaths struct {
 // counts them in the pipeline split), 4×TP heads of 8 channels (GQA: 2×TP
 // groups), FFN 2×hidden, MoE expert FFNs of the hidden size; 64-token
 // sequences, micro-batch 1, global (and evaluation) batch 2 micro-batches
-// per pipeline stage and data-parallel rank
-// (rounded up to a multiple of the interleaved schedule's micro-batch group);
+// per pipeline stage and data-parallel rank (rounded up to a multiple of
+// the interleaved schedule's micro-batch group; data-parallel size = EP,
+// raised to a multiple of the distributed-optimizer instances);
 // 2 iterations, at most 1 evaluation batch, a log line each iteration; every
 // path points at the harness's GPT-2-tokenized dataset, tokenizer files and
 // temporary directories. Every other argument is Megatron's, unchanged.
@@ -128,6 +129,9 @@ func scaleDown(c megatronConfig, p compatPaths) ([]string, int) {
 		v = 2
 	}
 	dp := ep
+	for n := max(val("num-distributed-optimizer-instances"), 1); dp%n != 0; {
+		dp += ep // each distributed-optimizer instance gets data-parallel ranks
+	}
 	world := tp * pp * cp * dp
 	heads := 4 * tp
 	hidden := 8 * heads

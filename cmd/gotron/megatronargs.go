@@ -2,6 +2,7 @@ package main
 
 import (
 	_ "embed"
+	"errors"
 	"flag"
 	"fmt"
 	"sort"
@@ -153,7 +154,12 @@ var compatArgs = map[string]compatArg{
 	"async-strategy":                         {kind: compatDetail, why: "picks Megatron's async checkpoint writer; gotron's --async-save has one"},
 	"async-ckpt-use-cpu-shm":                 {kind: compatDetail, why: "stages Megatron's async checkpoint in shared memory; gotron copies the shards in its own process"},
 	"num-workers":                            {kind: compatDetail, why: "sets PyTorch DataLoader worker processes; gotron reads samples from the mapped .bin in the training process (the same samples)"},
-	"deterministic-mode":                     {kind: compatSame, why: "gotron's CPU kernels are deterministic already: a fixed reduction order and no atomics give the same numbers run to run"},
+	// Megatron starts the first model chunk's parameter all-gather inside
+	// the optimizer step (a separate optimizer for that chunk, whose
+	// per-element Adam update and the joint grad norm are the same):
+	// a schedule, checked against Megatron's preconditions in megatronCompat.
+	"overlap-param-gather-with-optimizer-step": {kind: compatSame, why: "starts the first model chunk's parameter all-gather right after the optimizer step; gotron's --overlap-param-gather starts every bucket's all-gather right after the optimizer step already (the same numbers: only when the gather runs changes)"},
+	"deterministic-mode":                       {kind: compatSame, why: "gotron's CPU kernels are deterministic already: a fixed reduction order and no atomics give the same numbers run to run"},
 	// Checkpoint options whose meaning gotron's format already has.
 	"ckpt-fully-parallel-save":                    {kind: compatSame, why: "every rank writes its own shards in gotron's format"},
 	"ckpt-fully-parallel-load":                    {kind: compatSame, why: "every rank reads only the shards it needs in gotron's format"},
@@ -169,8 +175,6 @@ var compatArgs = map[string]compatArg{
 	"apply-wd-to-qk-layernorm":                      {kind: compatNeeds, why: "weight decay on the query/key layer norms, not built in gotron yet"},
 	"straggler-minmax-count":                        {kind: compatNeeds, why: "Megatron's straggler detector, not built in gotron"},
 	"check-weight-hash-across-dp-replicas-interval": {kind: compatNeeds, why: "the weight-hash check across data-parallel replicas, not built in gotron yet"},
-	"num-distributed-optimizer-instances":           {kind: compatNeeds, why: "several distributed-optimizer instances, not built in gotron"},
-	"overlap-param-gather-with-optimizer-step":      {kind: compatNeeds, why: "overlapping the parameter gather with the optimizer step, not built in gotron"},
 	"verify-integrity":                              {kind: compatNeeds, why: needNotBuilt},
 	"test-mode":                                     {kind: compatNeeds, why: needNotBuilt},
 	"enable-cuda-graph":                             {kind: compatNeeds, why: needCUDAGraph},
@@ -350,6 +354,12 @@ func checkCompatFlags(fs *flag.FlagSet, given, defined map[string]bool) ([]strin
 	return lines, nil
 }
 
+// compatBool is the value of compatibility switch name.
+func (f *trainFlags) compatBool(fs *flag.FlagSet, name string) bool {
+	fl := fs.Lookup(name)
+	return fl != nil && fl.Value.String() == "true"
+}
+
 // pythonDefault turns a default as Python's repr writes it ('x', 1, None)
 // into the text a flag would carry.
 func pythonDefault(repr string) string {
@@ -369,6 +379,20 @@ func (f *trainFlags) megatronCompat(env *cli, fs *flag.FlagSet, given map[string
 	}
 	if f.cfg.ApplyWDToQKLayerNorm && !f.model.QKLayerNorm {
 		lines = append(lines, "--apply-wd-to-qk-layernorm: no effect without --qk-layernorm (there are no query/key layer norms to decay), as in Megatron")
+	}
+	if given["overlap-param-gather-with-optimizer-step"] && f.compatBool(fs, "overlap-param-gather-with-optimizer-step") {
+		// Megatron's validate_args
+		split := f.cfg.Pipeline
+		split.PP = f.ppSize
+		vpp, err := split.Chunks(f.model.NumLayers)
+		switch {
+		case !f.cfg.DDP.DistributedOptimizer:
+			return errors.New("--overlap-param-gather-with-optimizer-step needs --use-distributed-optimizer (as Megatron)")
+		case !f.cfg.DDP.OverlapParamGather:
+			return errors.New("--overlap-param-gather-with-optimizer-step needs --overlap-param-gather (as Megatron)")
+		case err == nil && vpp <= 1:
+			return errors.New("--overlap-param-gather-with-optimizer-step needs the interleaved pipeline schedule (--num-virtual-stages-per-pipeline-rank or --num-layers-per-virtual-pipeline-stage giving more than one chunk), as Megatron")
+		}
 	}
 	if given["deterministic-mode"] && f.device != "cpu" {
 		return fmt.Errorf("--deterministic-mode: checked on --device cpu only (gotron's CPU kernels give the same numbers run to run); --device %s is not checked", f.device)

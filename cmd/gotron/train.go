@@ -36,6 +36,7 @@ type trainFlags struct {
 
 	tpSize, ppSize, cpSize int
 	tpPPDPMapping          bool // --use-tp-pp-dp-mapping: rank order parallel.TPPPDPOrder
+	distOptInstances       int  // --num-distributed-optimizer-instances
 	cp                     cpFlags
 	timeoutMins            float64
 	heartbeat              heartbeatFlags
@@ -142,6 +143,7 @@ func newTrainFlags() (*flag.FlagSet, *trainFlags) {
 	fs.IntVar(&f.cpSize, "context-parallel-size", 1, "context-parallel size: each rank holds 2 of 2×N chunks of every sequence; attention runs over the group (--cp-comm-type)")
 	f.cp.add(fs, c)
 	fs.BoolVar(&c.DDP.DistributedOptimizer, "use-distributed-optimizer", false, "shard optimizer state over data-parallel ranks (ZeRO-1): reduce-scatter grads, all-gather params")
+	fs.IntVar(&f.distOptInstances, "num-distributed-optimizer-instances", 1, "with --use-distributed-optimizer: cut the data-parallel ranks into this many instances, each sharding the optimizer state over its own ranks; gradients are reduce-scattered within an instance and all-reduced across instances (Megatron's partial distributed optimizer)")
 	fs.BoolVar(&c.DDP.OverlapGradReduce, "overlap-grad-reduce", false, "start each gradient bucket's reduction during backward of the last micro-batch")
 	fs.BoolVar(&c.DDP.OverlapParamGather, "overlap-param-gather", false, "with --use-distributed-optimizer: leave parameter all-gathers in flight until the next forward")
 	fs.IntVar(&c.DDP.BucketSize, "ddp-bucket-size", 0, "gradient bucket size in elements (default: max(40M, 1M×DP) with --overlap-grad-reduce, else one bucket)")
@@ -357,6 +359,9 @@ func cmdTrain(ctx context.Context, env *cli, args []string) error {
 			return fmt.Errorf("--loss-scale: loss scaling runs only with --fp16 or --bf16")
 		}
 	}
+	if f.distOptInstances > 1 && !f.cfg.DDP.DistributedOptimizer {
+		return fmt.Errorf("--num-distributed-optimizer-instances=%d needs --use-distributed-optimizer (as Megatron)", f.distOptInstances)
+	}
 	if f.ppSize < 1 {
 		return fmt.Errorf("--pipeline-model-parallel-size=%d: want >= 1", f.ppSize)
 	}
@@ -391,6 +396,9 @@ func cmdTrain(ctx context.Context, env *cli, args []string) error {
 	}
 	if world == nil && f.moe.etp > 1 {
 		return fmt.Errorf("--expert-tensor-parallel-size=%d needs %d ranks or a multiple: start them with gotron launch (or torchrun, srun, mpirun)", f.moe.etp, f.moe.etp)
+	}
+	if world == nil && f.distOptInstances > 1 {
+		return fmt.Errorf("--num-distributed-optimizer-instances=%d needs %d data-parallel ranks or a multiple: start them with gotron launch (or torchrun, srun, mpirun)", f.distOptInstances, f.distOptInstances)
 	}
 	if world == nil && f.tpSize*f.ppSize > 1 {
 		var sizes []string

@@ -77,6 +77,7 @@ var trainNumberRules = withTokenizerRules(map[string]numberRule{
 	// Parallelism.
 	"tensor-model-parallel-size":                       intIn(1, maxRanks, "ranks"),
 	"pipeline-model-parallel-size":                     intIn(1, maxRanks, "ranks"),
+	"num-distributed-optimizer-instances":              intIn(1, maxRanks, "distributed-optimizer instances; the data × context parallel size must divide by it"),
 	"context-parallel-size":                            intIn(1, maxRanks, "ranks"),
 	"num-virtual-stages-per-pipeline-rank":             intIn(0, maxRanks, "model chunks per pipeline rank; 0: one"),
 	"virtual-pipeline-model-parallel-size":             intIn(0, maxRanks, "model chunks per pipeline rank; 0: one"),

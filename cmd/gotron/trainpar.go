@@ -74,6 +74,9 @@ func (f *trainFlags) parallelConfig() parallel.Config {
 	// checks its expert rank generator with --expert-tensor-parallel-size:
 	// an order not ending in pp needs the same data-parallel size for both)
 	c := parallel.Config{TP: f.tpSize, PP: f.ppSize, CP: f.cpSize, EP: max(f.moe.ep, 1), ETP: f.moe.etp}
+	if f.distOptInstances > 1 {
+		c.DistOptInstances = f.distOptInstances
+	}
 	if f.tpPPDPMapping {
 		c.Order = parallel.TPPPDPOrder
 	}

@@ -36,6 +36,15 @@ type Config struct {
 	// over the expert-data-parallel group but scaled by 1/(DP·CP) of the
 	// dense groups. It excludes AverageInCollective.
 	GradientScale float32
+	// Instances (--num-distributed-optimizer-instances > 1, distributed
+	// optimizer only) is the group of the ranks holding this rank's shard
+	// in the other distributed-optimizer instances (parallel.Groups'
+	// InterDistOpt); the group New is given is then this rank's instance.
+	// Each bucket is reduce-scattered over the instance and its shard
+	// all-reduced over Instances, as Megatron's start_grad_sync: the sum
+	// over every data-parallel rank, pre-scaled by 1/(both sizes). nil
+	// means one instance.
+	Instances comm.ProcessGroup
 }
 
 // DDP owns the flat gradient buffer of a model's parameters (and, with the
@@ -53,9 +62,11 @@ type DDP struct {
 	async comm.Async
 	// dc, when set, reduces and gathers the device buffers in place (no
 	// host staging): the group's DeviceCollectives, off the CPU only.
-	dc     comm.DeviceCollectives
-	params []*tensor.Tensor
-	Layout Layout
+	dc comm.DeviceCollectives
+	// interDC is dc for cfg.Instances (set when dc is).
+	interDC comm.DeviceCollectives
+	params  []*tensor.Tensor
+	Layout  Layout
 
 	grad  *tensor.Tensor // flat gradients on the params' device (model Grad tensors are views)
 	param *tensor.Tensor // flat parameters (distributed optimizer only)
@@ -103,9 +114,16 @@ func New(params []*tensor.Tensor, group comm.ProcessGroup, cfg Config, tied *ten
 	if cfg.GradientScale != 0 && cfg.AverageInCollective {
 		return nil, errors.New("ddp: a gradient scale excludes --ddp-average-in-collective")
 	}
+	if cfg.Instances != nil && !cfg.DistributedOptimizer {
+		return nil, errors.New("ddp: several distributed-optimizer instances need --use-distributed-optimizer")
+	}
+	instances := 1
+	if cfg.Instances != nil {
+		instances = cfg.Instances.Size()
+	}
 	bucket := cfg.BucketSize
 	if bucket == 0 && cfg.OverlapGradReduce {
-		bucket = DefaultBucketSize(group.Size())
+		bucket = DefaultBucketSize(group.Size() * instances)
 	}
 	infos := make([]ParamInfo, len(params))
 	for i, p := range params {
@@ -132,6 +150,12 @@ func New(params []*tensor.Tensor, group comm.ProcessGroup, cfg Config, tied *ten
 	if dev != tensor.CPU && group.Size() > 1 {
 		if dc, ok := comm.DeviceOf(group, d.grad); ok && (d.param == nil || dc.DeviceTensor(d.param)) {
 			d.dc = dc
+		}
+		if d.dc != nil && cfg.Instances != nil {
+			// both levels on the device, or both staged through the host
+			if d.interDC, _ = comm.DeviceOf(cfg.Instances, d.grad); d.interDC == nil {
+				d.dc = nil
+			}
 		}
 	}
 	for b, bk := range l.Buckets {
@@ -258,7 +282,7 @@ func (d *DDP) StartLastMicrobatch(ctx context.Context) {
 // else staged through the host off the CPU.
 func (d *DDP) issue(b int) {
 	op := comm.Sum
-	switch n := d.group.Size(); {
+	switch n := d.group.Size() * d.instances(); {
 	case d.cfg.GradientScale != 0:
 		if d.cfg.GradientScale != 1 {
 			tensor.ScaleList(d.bucketScale[b], d.cfg.GradientScale)
@@ -293,6 +317,32 @@ func (d *DDP) issue(b int) {
 	}
 }
 
+// instances is the number of distributed-optimizer instances.
+func (d *DDP) instances() int {
+	if d.cfg.Instances == nil {
+		return 1
+	}
+	return d.cfg.Instances.Size()
+}
+
+// reduceInstances all-reduces bucket b's reduced shard over the other
+// distributed-optimizer instances (Megatron's inter-instance all-reduce).
+func (d *DDP) reduceInstances(ctx context.Context, b int) error {
+	op := comm.Sum
+	if d.cfg.AverageInCollective {
+		op = comm.Avg
+	}
+	if d.interDC != nil {
+		return d.interDC.AllReduceTensor(ctx, d.gradShard[b], op)
+	}
+	toHost(d.hostShard[b], d.gradShard[b])
+	if err := d.cfg.Instances.AllReduce(ctx, comm.Float32s(d.hostShard[b].Float32s()), op); err != nil {
+		return err
+	}
+	fromHost(d.gradShard[b], d.hostShard[b])
+	return nil
+}
+
 // Finish issues the buckets the hook did not and waits for every reduction:
 // after it, each rank holds the data-parallel mean gradient (all of it, or
 // its shard under the distributed optimizer). Errors name the bucket.
@@ -308,19 +358,25 @@ func (d *DDP) Finish(ctx context.Context) error {
 	d.armed = false
 	var first error
 	for b, h := range d.handles {
-		if h == nil {
-			continue
-		}
-		if err := h.Wait(ctx); err != nil {
-			if first == nil {
-				first = fmt.Errorf("ddp: gradient reduction of bucket %d (%d elements): %w", b, d.Layout.Buckets[b].End-d.Layout.Buckets[b].Start, err)
-			}
-		} else if d.cfg.DistributedOptimizer {
-			fromHost(d.gradShard[b], d.hostShard[b])
-		} else {
-			fromHost(d.bucketGrad[b], d.hostGrad[b])
-		}
 		d.handles[b] = nil
+		if h != nil {
+			if err := h.Wait(ctx); err != nil {
+				if first == nil {
+					first = fmt.Errorf("ddp: gradient reduction of bucket %d (%d elements): %w", b, d.Layout.Buckets[b].End-d.Layout.Buckets[b].Start, err)
+				}
+				continue
+			}
+			if d.cfg.DistributedOptimizer {
+				fromHost(d.gradShard[b], d.hostShard[b])
+			} else {
+				fromHost(d.bucketGrad[b], d.hostGrad[b])
+			}
+		}
+		if d.instances() > 1 && first == nil {
+			if err := d.reduceInstances(ctx, b); err != nil {
+				first = fmt.Errorf("ddp: gradient all-reduce of bucket %d across %d distributed-optimizer instances: %w", b, d.instances(), err)
+			}
+		}
 	}
 	return first
 }
