@@ -253,8 +253,6 @@ func (c *Config) validate() error {
 		l := g.Layout.Config
 		moe := &c.Model.MoE
 		switch {
-		case l.CP > 1:
-			return fmt.Errorf("train: --num-experts=%d with context parallelism (CP=%d): not built yet (MoE runs with data, tensor, sequence, expert and pipeline parallelism)", moe.NumExperts, l.CP)
 		case l.TP > 1 && !c.SequenceParallel:
 			return fmt.Errorf("train: --num-experts=%d with --tensor-model-parallel-size=%d needs --sequence-parallel (Megatron's MoE layer refuses tensor parallelism without it in training)", moe.NumExperts, l.TP)
 		case l.ETP != 1 && l.ETP != l.TP:

@@ -223,8 +223,11 @@ func (st *stepper) step(ctx context.Context) (float64, error) {
 	moe, _ := st.model.(moeModel)
 	if moe != nil {
 		// Megatron's MoEAuxLossAutoScaler scale: the loss scale over the
-		// micro-batches, as each micro-batch's lm loss below.
-		moe.SetAuxLossScale(float64(st.lossScale()) / float64(n))
+		// micro-batches, as each micro-batch's lm loss below, times CP
+		// (loss_scale·CP/M, core ≥ 0.16): each context-parallel rank's
+		// losses are its part of the whole sequences' (summed over tp_cp),
+		// and the gradients' mean over DP×CP would divide them by CP.
+		moe.SetAuxLossScale(float64(st.lossScale()) * float64(st.cpSize()) / float64(n))
 	}
 	// Megatron's forward-backward includes finalize_model_grads (the
 	// gradient reductions, stopped in reduceGrads); the optimizer timer
