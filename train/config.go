@@ -394,5 +394,6 @@ func (c *Config) memoryConfig() MemoryConfig {
 	if c.Model.MoE.Enabled() { // the routed experts sharded over EP and expert TP
 		mc.ExpertParallel, mc.ExpertTensorParallel = l.EP, l.ETP
 	}
+	mc.AccountForEmbedding, mc.AccountForLoss = c.Pipeline.AccountForEmbedding, c.Pipeline.AccountForLoss
 	return mc
 }

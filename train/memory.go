@@ -82,6 +82,11 @@ type MemoryConfig struct {
 	// --num-virtual-stages-per-pipeline-rank). 0 and 1 mean no interleaving
 	// (Megatron turns 1 into None); more needs PipelineParallel > 1.
 	VirtualPipeline int
+	// AccountForEmbedding and AccountForLoss are
+	// --account-for-embedding-in-pipeline-split and
+	// --account-for-loss-in-pipeline-split: checked with the layer split
+	// (Megatron's report divides the layers by PP either way).
+	AccountForEmbedding, AccountForLoss bool
 	// ExpertParallel (--expert-model-parallel-size, 0 means 1) and
 	// ExpertTensorParallel (--expert-tensor-parallel-size, 0 means
 	// TensorParallel, Megatron's default) shard an MoE model's routed
@@ -168,7 +173,8 @@ func (c *MemoryConfig) Validate() error {
 	if err := c.Model.Validate(); err != nil {
 		return fmt.Errorf("train: memory: %w", err)
 	}
-	split := gpt.PipelineSplit{PP: c.PipelineParallel, VPP: c.VirtualPipeline}
+	split := gpt.PipelineSplit{PP: c.PipelineParallel, VPP: c.VirtualPipeline,
+		AccountForEmbedding: c.AccountForEmbedding, AccountForLoss: c.AccountForLoss}
 	if _, err := split.Chunks(c.Model.NumLayers); err != nil {
 		return fmt.Errorf("train: memory: %w", err)
 	}

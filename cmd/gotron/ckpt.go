@@ -169,6 +169,8 @@ func cmdCkptReshard(ctx context.Context, env *cli, args []string) error {
 	fs.IntVar(&l.Pipeline.VPP, "num-virtual-stages-per-pipeline-rank", 0, "virtual pipeline stages per rank of the new layout")
 	fs.IntVar(&l.Pipeline.FirstLayers, "decoder-first-pipeline-num-layers", 0, "layers of the first pipeline stage (uneven split)")
 	fs.IntVar(&l.Pipeline.LastLayers, "decoder-last-pipeline-num-layers", 0, "layers of the last pipeline stage (uneven split)")
+	fs.BoolVar(&l.Pipeline.AccountForEmbedding, "account-for-embedding-in-pipeline-split", false, "count the embedding as a layer of the even pipeline split (as train)")
+	fs.BoolVar(&l.Pipeline.AccountForLoss, "account-for-loss-in-pipeline-split", false, "count the loss as a layer of the even pipeline split (as train)")
 	fs.IntVar(&l.DP, "data-parallel-size", 1, "data-parallel size of the new layout (who writes which shard)")
 	fs.BoolVar(&l.DistributedOptimizer, "use-distributed-optimizer", false, "shard the optimizer state over the data-parallel ranks, as --use-distributed-optimizer saves it")
 	var dirs []string

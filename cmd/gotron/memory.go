@@ -23,6 +23,7 @@ func memoryHelp() helpText {
 		"normalization", "swiglu", "openai-gelu", "disable-bias-linear", "add-qkv-bias", "untie-embeddings-and-output-weights",
 		"make-vocab-size-divisible-by", "tensor-model-parallel-size", "pipeline-model-parallel-size", "context-parallel-size",
 		"num-layers-per-virtual-pipeline-stage", "num-virtual-stages-per-pipeline-rank",
+		"account-for-embedding-in-pipeline-split", "account-for-loss-in-pipeline-split",
 		"seq-length", "micro-batch-size", "global-batch-size", "tokenizer-type", "vocab-file", "merge-file", "tokenizer-model",
 		"vocab-size", "vocab-extra-ids", "tiktoken-pattern", "tiktoken-num-special-tokens",
 		"world-size", "recompute-activations", "recompute-granularity", "sequence-parallel", "use-distributed-optimizer"} {
@@ -103,6 +104,7 @@ func memoryConfig(f *trainFlags, world int, given map[string]bool) (train.Memory
 	}
 	split := f.cfg.Pipeline // --num-virtual-stages-per-pipeline-rank or --num-layers-per-virtual-pipeline-stage
 	split.PP = f.ppSize
+	c.AccountForEmbedding, c.AccountForLoss = split.AccountForEmbedding, split.AccountForLoss
 	if c.VirtualPipeline, err = split.Chunks(m.NumLayers); err != nil {
 		return c, errors.New(strings.TrimPrefix(err.Error(), "gpt: "))
 	}

@@ -53,6 +53,13 @@ func TestTrainPipelineAccountForEmbeddingLoss(t *testing.T) {
 		t.Fatalf("parameters per pipeline rank %v: want rank 3 = 1 layer (%d) + final norm + output layer", params, layer)
 	}
 
+	// gotron memory checks the same split.
+	if _, errs, code := runCLI(t, "memory", "--num-layers", "6", "--hidden-size", "32", "--num-attention-heads", "4", "--seq-length", "16",
+		"--micro-batch-size", "1", "--vocab-size", "100", "--world-size", "4", "--pipeline-model-parallel-size", "4",
+		"--num-virtual-stages-per-pipeline-rank", "2", "--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split"); code != 0 {
+		t.Fatalf("gotron memory with both accounted: exit %d: %s", code, errs)
+	}
+
 	// Megatron's divisibility rule counts the accounted layers.
 	_, errs, code = runCLI(t, append([]string{"launch", "--inproc", "--nproc-per-node", "4", "--"},
 		with(ppTrain, "--pipeline-model-parallel-size", "4", "--account-for-embedding-in-pipeline-split")...)...)
