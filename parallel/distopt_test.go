@@ -19,19 +19,27 @@ func TestDistOptInstanceGroupsGolden(t *testing.T) {
 	}
 	var cases []struct {
 		Config struct {
-			World, TP, PP, CP, N int
-			Order                string
+			World, TP, PP, CP, EP, N int
+			ETP                      *int
+			Order                    string
 		}
-		Groups struct{ Intra, Inter [][]int }
+		Groups struct {
+			Intra, Inter [][]int
+			IntraExpert  [][]int `json:"intra_expert"`
+		}
 	}
 	if err := json.Unmarshal(raw, &cases); err != nil {
 		t.Fatal(err)
 	}
-	if len(cases) != 7 {
-		t.Fatalf("%d golden cases, want the script's 7", len(cases))
+	if len(cases) != 9 {
+		t.Fatalf("%d golden cases, want the script's 9", len(cases))
 	}
 	for _, c := range cases {
-		cfg := Config{WorldSize: c.Config.World, TP: c.Config.TP, PP: c.Config.PP, CP: c.Config.CP, DistOptInstances: c.Config.N, Order: c.Config.Order}
+		cfg := Config{WorldSize: c.Config.World, TP: c.Config.TP, PP: c.Config.PP, CP: c.Config.CP, EP: c.Config.EP,
+			DistOptInstances: c.Config.N, Order: c.Config.Order}
+		if c.Config.ETP != nil {
+			cfg.ETP = *c.Config.ETP
+		}
 		l, err := NewLayout(cfg)
 		if err != nil {
 			t.Fatalf("%+v: %v", cfg, err)
@@ -40,6 +48,9 @@ func TestDistOptInstanceGroupsGolden(t *testing.T) {
 			intra, inter := l.DistOptInstanceGroups(r)
 			if !slices.Equal(intra, c.Groups.Intra[r]) || !slices.Equal(inter, c.Groups.Inter[r]) {
 				t.Errorf("%+v rank %d: instance %v, across instances %v; Megatron %v, %v", cfg, r, intra, inter, c.Groups.Intra[r], c.Groups.Inter[r])
+			}
+			if e := l.DistOptExpertInstance(r); !slices.Equal(e, c.Groups.IntraExpert[r]) {
+				t.Errorf("%+v rank %d: experts' instance %v; Megatron %v", cfg, r, e, c.Groups.IntraExpert[r])
 			}
 		}
 	}

@@ -43,8 +43,9 @@ type Groups struct {
 	// distributed-optimizer instance and the group of the same shard
 	// across instances (Layout.DistOptInstanceGroups), with
 	// Config.DistOptInstances > 1; with one instance IntraDistOpt is DPCP
-	// and InterDistOpt is nil.
-	IntraDistOpt, InterDistOpt comm.ProcessGroup
+	// and InterDistOpt is nil. IntraExpertDistOpt is the routed experts'
+	// instance (Layout.DistOptExpertInstance; ExpertDP with one instance).
+	IntraDistOpt, InterDistOpt, IntraExpertDistOpt comm.ProcessGroup
 }
 
 // NewGroups builds this rank's groups of the layout cfg (cfg.WorldSize 0
@@ -82,8 +83,12 @@ func NewGroups(world comm.ProcessGroup, cfg Config) (*Groups, error) {
 		}
 		*k.dst = pg
 	}
-	g.IntraDistOpt = g.DPCP
+	g.IntraDistOpt, g.IntraExpertDistOpt = g.DPCP, g.ExpertDP
 	if l.Config.DistOptInstances > 1 {
+		experts := l.DistOptExpertInstance(rank)
+		if g.IntraExpertDistOpt, err = world.NewGroup(experts); err != nil {
+			return nil, fmt.Errorf("parallel: rank %d: experts' distributed-optimizer instance %v: %w", rank, experts, err)
+		}
 		intra, inter := l.DistOptInstanceGroups(rank)
 		if g.IntraDistOpt, err = world.NewGroup(intra); err != nil {
 			return nil, fmt.Errorf("parallel: rank %d: distributed-optimizer instance %v: %w", rank, intra, err)

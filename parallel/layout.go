@@ -204,6 +204,21 @@ func (l *Layout) DistOptInstanceGroups(rank int) (intra, inter []int) {
 	return intra, inter
 }
 
+// DistOptExpertInstance returns rank's distributed-optimizer instance for
+// an MoE model's routed experts: a run of consecutive ranks of its
+// expert-data-parallel group (Megatron's intra-partial expert-data-parallel
+// group, the first level of the hierarchical groups whose second level is
+// DistOptInstanceGroups' inter).
+func (l *Layout) DistOptExpertInstance(rank int) []int {
+	edp := l.GroupOf(ExpertDP, rank)
+	if edp == nil {
+		return nil
+	}
+	size := len(edp) / l.Config.DistOptInstances
+	first := slices.Index(edp, rank) / size * size
+	return slices.Clone(edp[first : first+size])
+}
+
 func (l *Layout) build(pp [][]int) {
 	l.groups = map[Kind][][]int{
 		TP: l.dec.ranks("tp"), PP: pp, DP: l.dec.ranks("dp"), CP: l.dec.ranks("cp"),

@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/binary"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"hash/fnv"
 	"io"
@@ -58,9 +57,6 @@ func (st *stepper) setupParallel(ctx context.Context, launched bool) ([]*optim.P
 	dense, experts := st.splitExperts(st.localParams())
 	dc := st.cfg.DDP
 	if p.InterDistOpt != nil { // --num-distributed-optimizer-instances: shard over this rank's instance
-		if len(experts) > 0 {
-			return nil, errors.New("train: --num-distributed-optimizer-instances with an MoE model: the expert-data-parallel instances are not built yet")
-		}
 		dc.Instances = p.InterDistOpt
 	}
 	d, err := ddp.New(dense, p.IntraDistOpt, dc, st.sharedEmbedding())
@@ -70,9 +66,9 @@ func (st *stepper) setupParallel(ctx context.Context, launched bool) ([]*optim.P
 	st.reducer = ddpGrads{d}
 	var de *ddp.DDP
 	if len(experts) > 0 {
-		ec := st.cfg.DDP
+		ec := dc // with instances, the same group across them (Megatron's shared inter-instance group)
 		ec.GradientScale, ec.AverageInCollective = 1/float32(p.DPCP.Size()), false
-		if de, err = ddp.New(experts, p.ExpertDP, ec, nil); err != nil {
+		if de, err = ddp.New(experts, p.IntraExpertDistOpt, ec, nil); err != nil {
 			return nil, err
 		}
 		st.reducer = moeGrads{dense: d, experts: de}
@@ -201,7 +197,7 @@ func (st *stepper) reduceGrads(ctx context.Context, a agreement) (agreement, err
 	if st.countsGrads() {
 		a.sumSq = st.normG.SumSquares()
 	}
-	if st.normExperts != nil && (st.cfg.DDP.DistributedOptimizer || st.par.ExpertDP.Rank() == 0) {
+	if st.normExperts != nil && st.countsExpertGrads() {
 		// each expert once: its shards, or on expert-data-parallel rank 0
 		a.sumSq += st.normExperts.SumSquares()
 	}
@@ -239,6 +235,15 @@ func (st *stepper) countsGrads() bool {
 		return st.par.InterDistOpt == nil || st.par.InterDistOpt.Rank() == 0
 	}
 	return st.par.DPCP.Rank() == 0
+}
+
+// countsExpertGrads is countsGrads for the routed experts, replicated over
+// the expert-data-parallel group.
+func (st *stepper) countsExpertGrads() bool {
+	if st.cfg.DDP.DistributedOptimizer {
+		return st.par.InterDistOpt == nil || st.par.InterDistOpt.Rank() == 0
+	}
+	return st.par.ExpertDP.Rank() == 0
 }
 
 // countZeros sets lastNumZeros for --log-num-zeros-in-grad: the zero

@@ -160,16 +160,19 @@ func (ck *checkpointer) checkpointPieces(st *optim.State) ([]ckpt.Piece, error) 
 		expert[p.Name] = true
 	}
 	writes := func(name string, dpSharded bool) bool {
+		firstInstance := ck.par.InterDistOpt == nil || ck.par.InterDistOpt.Rank() == 0
 		if expert[name] {
-			return dpSharded || ck.par.ExpertDP.Rank() == 0
+			if dpSharded {
+				return firstInstance // the other instances hold the same shards
+			}
+			return ck.par.ExpertDP.Rank() == 0
 		}
 		if tpRank != 0 && ck.stepper.replicated(name) {
 			return false
 		}
 		w, ok := writer[name]
 		if dpSharded {
-			// the other distributed-optimizer instances hold the same shards
-			return ok && (ck.par.InterDistOpt == nil || ck.par.InterDistOpt.Rank() == 0)
+			return ok && firstInstance
 		}
 		return ok && w == dpRank
 	}

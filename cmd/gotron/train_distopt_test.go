@@ -13,7 +13,8 @@ import (
 // instance (twice the state per rank of 4-way sharding) and trains the same
 // losses as one instance; a checkpoint it saves (the first instance writes
 // the optimizer shards) resumes with 4 instances of one rank each, again
-// with the same losses. Without --use-distributed-optimizer it is refused.
+// with the same losses; an MoE model with expert parallelism trains one
+// process's losses too. Without --use-distributed-optimizer it is refused.
 func TestTrainDistOptInstances(t *testing.T) {
 	dir := t.TempDir()
 	run := func(name string, extra ...string) (string, []float64) {
@@ -51,6 +52,23 @@ func TestTrainDistOptInstances(t *testing.T) {
 	sameLosses(t, "2 instances, saving", got, want[:6])
 	_, got = run("resume", "--num-distributed-optimizer-instances", "4", "--load", ck)
 	sameLosses(t, "resumed with 4 instances", got, want[6:])
+
+	// An MoE model: the routed experts' state is sharded within the
+	// experts' instance (expert DP 2 → 1 rank each), the dense weights'
+	// within theirs (DP 4 → 2), both summed across the 2 instances.
+	ref := filepath.Join(dir, "moe-one.jsonl")
+	if _, errs, code := runCLI(t, with(moeTrain, "--metrics-file", ref)...); code != 0 {
+		t.Fatalf("MoE single process: exit %d: %s", code, errs)
+	}
+	wantLM, _ := moeMetrics(t, ref)
+	moe := filepath.Join(dir, "moe.jsonl")
+	if _, errs, code := runCLI(t, append([]string{"launch", "--inproc", "--nproc-per-node", "4", "--"},
+		with(moeTrain, "--metrics-file", moe, "--expert-model-parallel-size", "2", "--use-distributed-optimizer",
+			"--num-distributed-optimizer-instances", "2")...)...); code != 0 {
+		t.Fatalf("MoE EP=2 with 2 instances: exit %d: %s", code, errs)
+	}
+	lm, _ := moeMetrics(t, moe)
+	sameLosses(t, "MoE EP=2, 2 distributed-optimizer instances", lm, wantLM)
 
 	_, errs, code := runCLI(t, append([]string{"launch", "--inproc", "--nproc-per-node", "4", "--"},
 		with(dpTrain, "--num-distributed-optimizer-instances", "2")...)...)

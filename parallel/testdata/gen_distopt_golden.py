@@ -12,7 +12,8 @@ given by a numpy stand-in for the one pattern Megatron uses
 the first two). Then, as initialize_model_parallel: the intra-instance group
 is ranks_with_cp[i*size:(i+1)*size] of each dp-cp group, and the
 inter-instance group is level 1 of create_hierarchical_groups over each
-expert-data-parallel group with sizes [expert DP / instances, instances].
+expert-data-parallel group with sizes [expert DP / instances, instances], and
+level 0 the experts' intra-instance group.
 Goldens were generated from Megatron-LM main at commit d98e8a6.
 """
 import ast
@@ -50,7 +51,7 @@ def groups(ns, world, tp=1, pp=1, cp=1, ep=1, etp=None, n=1, order="tp-cp-ep-dp-
     exp = RG(tp=etp, ep=ep, dp=edp, pp=pp, cp=1, order=order)
     assert (dp * cp) % n == 0 and edp % n == 0
     size = dp * cp // n
-    intra, inter = {}, {}
+    intra, inter, intra_expert = {}, {}, {}
     for ranks_with_cp in dec.get_ranks("dp-cp"):
         for i in range(n):
             g = ranks_with_cp[i * size:(i + 1) * size]
@@ -59,8 +60,9 @@ def groups(ns, world, tp=1, pp=1, cp=1, ep=1, etp=None, n=1, order="tp-cp-ep-dp-
     for ranks in exp.get_ranks("dp"):
         for r in ranks:
             hg, _ = ns["create_hierarchical_groups"](r, ranks, [edp // n, n])
-            inter[r] = hg[1]
-    return {"intra": [intra[r] for r in range(world)], "inter": [inter[r] for r in range(world)]}
+            intra_expert[r], inter[r] = hg[0], hg[1]
+    return {"intra": [intra[r] for r in range(world)], "inter": [inter[r] for r in range(world)],
+            "intra_expert": [intra_expert[r] for r in range(world)]}
 
 
 CASES = [
@@ -71,6 +73,8 @@ CASES = [
     dict(world=16, tp=2, cp=2, pp=2, n=2),
     dict(world=12, n=3),
     dict(world=16, pp=2, n=2, order="tp-cp-ep-pp-dp"),
+    dict(world=8, ep=2, n=2),                  # MoE: expert instances
+    dict(world=16, tp=2, ep=2, etp=1, n=2),
 ]
 
 if __name__ == "__main__":
