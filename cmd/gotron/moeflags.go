@@ -92,9 +92,10 @@ func (f *moeFlags) apply(m *gpt.Config, given map[string]bool) error {
 		if f.ep > 1 {
 			return fmt.Errorf("--expert-model-parallel-size=%d needs --num-experts", f.ep)
 		}
-		if f.etp > 1 {
-			return fmt.Errorf("--expert-tensor-parallel-size=%d needs --num-experts", f.etp)
-		}
+		// --expert-tensor-parallel-size without experts is not refused:
+		// Megatron still builds (and checks against the world size) its
+		// expert rank generator, and so does parallelConfig; a Megatron
+		// functional test (tp2_pp2_cp2_etp4_dp_last) relies on it.
 		return nil
 	}
 	if f.numExperts < 0 {
