@@ -14,7 +14,7 @@ import (
 const parallelGroupsSynopsis = "parallel groups --world-size N [--tensor-model-parallel-size N] " +
 	"[--pipeline-model-parallel-size N] [--context-parallel-size N] [--expert-model-parallel-size N] " +
 	"[--expert-tensor-parallel-size N] [--virtual-pipeline-model-parallel-size N] " +
-	"[--order tp-cp-ep-dp-pp | --use-tp-pp-dp-mapping] [--rank R]"
+	"[--order tp-cp-ep-dp-pp | --use-tp-pp-dp-mapping] [--num-distributed-optimizer-instances N] [--rank R]"
 
 const parallelScheduleSynopsis = "parallel schedule [--pipeline-model-parallel-size P] " +
 	"[--virtual-pipeline-model-parallel-size V] --num-microbatches M " +
@@ -112,6 +112,7 @@ func cmdParallelGroups(env *cli, args []string) error {
 	fs.IntVar(&cfg.VPP, "virtual-pipeline-model-parallel-size", 0, "virtual pipeline stages per rank (0: no interleaving)")
 	fs.StringVar(&cfg.Order, "order", parallel.DefaultOrder, "rank order, leftmost axis varies fastest")
 	tppp := fs.Bool("use-tp-pp-dp-mapping", false, "Megatron's switch to the order tp-cp-ep-pp-dp")
+	fs.IntVar(&cfg.DistOptInstances, "num-distributed-optimizer-instances", 1, "distributed-optimizer instances: with more than 1, also print each instance (dist-opt-instance, expert-dist-opt-instance) and the groups across them (dist-opt-inter)")
 	rank := fs.Int("rank", -1, "print only this rank's coordinates and groups")
 	fs.String("config", "", "YAML file with flag values")
 	if err := parseFlags(fs, args, env.stdout, parallelGroupsSynopsis); err != nil {
@@ -152,6 +153,13 @@ func cmdParallelGroups(env *cli, args []string) error {
 		b.WriteString(":")
 		b.Write(val)
 	}
+	for _, d := range distOptGroups(l) {
+		val, err := json.Marshal(d.groups)
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(&b, ",%q:%s", d.key, val)
+	}
 	b.WriteString("}\n")
 	_, err = fmt.Fprint(env.stdout, b.String())
 	return err
@@ -183,7 +191,44 @@ func printRankGroups(env *cli, l *parallel.Layout, rank int) error {
 		}
 		fmt.Fprintf(&b, "%q:%s", k, val)
 	}
+	for _, d := range distOptGroups(l) {
+		val, err := json.Marshal(d.of(rank))
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(&b, ",%q:%s", d.key, val)
+	}
 	b.WriteString("}}\n")
 	_, err = fmt.Fprint(env.stdout, b.String())
 	return err
+}
+
+// distOptGroup is one kind of distributed-optimizer instance group, printed
+// by parallel groups with --num-distributed-optimizer-instances > 1.
+type distOptGroup struct {
+	key    string
+	of     func(rank int) []int
+	groups [][]int // every distinct group, in order of their lowest rank
+}
+
+// distOptGroups returns the instance groups of l (none with one instance).
+func distOptGroups(l *parallel.Layout) []distOptGroup {
+	if l.Config.DistOptInstances <= 1 {
+		return nil
+	}
+	out := []distOptGroup{
+		{key: "dist-opt-instance", of: func(r int) []int { g, _ := l.DistOptInstanceGroups(r); return g }},
+		{key: "dist-opt-inter", of: func(r int) []int { _, g := l.DistOptInstanceGroups(r); return g }},
+		{key: "expert-dist-opt-instance", of: l.DistOptExpertInstance},
+	}
+	for i := range out {
+		seen := map[int]bool{}
+		for r := range l.Config.WorldSize {
+			if g := out[i].of(r); g != nil && !seen[g[0]] {
+				seen[g[0]] = true
+				out[i].groups = append(out[i].groups, g)
+			}
+		}
+	}
+	return out
 }

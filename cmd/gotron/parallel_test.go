@@ -126,11 +126,22 @@ func TestParallelGroupsRankAndMapping(t *testing.T) {
 	if a != b || !strings.Contains(a, `"pp":[[0,1],[2,3],[4,5],[6,7]]`) {
 		t.Errorf("--use-tp-pp-dp-mapping:\n%s\nwant\n%s", a, b)
 	}
+	// --num-distributed-optimizer-instances adds Megatron's instance groups
+	// (parallel/testdata/distopt_instance_groups.json, its first case).
+	_, a, _ = runGotronLocal(t, "parallel", "groups", "--world-size", "8", "--tensor-model-parallel-size", "2", "--num-distributed-optimizer-instances", "2")
+	if !strings.HasSuffix(a, `,"dist-opt-instance":[[0,2],[1,3],[4,6],[5,7]],"dist-opt-inter":[[0,4],[1,5],[2,6],[3,7]],"expert-dist-opt-instance":[[0,2],[1,3],[4,6],[5,7]]}`+"\n") {
+		t.Errorf("--num-distributed-optimizer-instances 2:\n%s", a)
+	}
+	_, a, _ = runGotronLocal(t, "parallel", "groups", "--world-size", "8", "--tensor-model-parallel-size", "2", "--num-distributed-optimizer-instances", "2", "--rank", "5")
+	if !strings.Contains(a, `"dist-opt-instance":[5,7],"dist-opt-inter":[1,5],"expert-dist-opt-instance":[5,7]}`) {
+		t.Errorf("--num-distributed-optimizer-instances 2 --rank 5:\n%s", a)
+	}
 	for _, c := range []struct {
 		args []string
 		want string
 	}{
 		{[]string{"--world-size", "8", "--rank", "8"}, "--rank 8: want 0..7"},
+		{[]string{"--world-size", "8", "--num-distributed-optimizer-instances", "3"}, "must divide by 3 distributed-optimizer instances"},
 		{[]string{"--world-size", "8", "--use-tp-pp-dp-mapping", "--order", "pp-dp"}, "conflicts with --order pp-dp"},
 	} {
 		code, _, errs := runGotronLocal(t, append([]string{"parallel", "groups"}, c.args...)...)

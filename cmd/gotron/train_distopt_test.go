@@ -46,6 +46,8 @@ func TestTrainDistOptInstances(t *testing.T) {
 
 	_, got = run("overlap", "--num-distributed-optimizer-instances", "2", "--overlap-grad-reduce", "--overlap-param-gather", "--ddp-bucket-size", "2000")
 	sameLosses(t, "2 instances, buckets reduced during backward", got, want)
+	_, got = run("avg", "--num-distributed-optimizer-instances", "2", "--ddp-average-in-collective")
+	sameLosses(t, "2 instances, averaging in the collectives", got, want)
 
 	ck := filepath.Join(dir, "ck")
 	_, got = run("save", "--num-distributed-optimizer-instances", "2", "--save", ck, "--exit-interval", "6")
