@@ -56,6 +56,7 @@ var notRun = []struct{ page, prefix, why string }{
 	{"docs/distributed.md", "gotron bench comm --backend tcp --nproc 4 --ops all_reduce,all_gather --min-bytes 8 --max-bytes 256M", "a benchmark sweep to 256 MiB per rank over 4 processes (GiBs of memory, minutes); cmd/gotron's TestBenchComm* run it small"},
 	{"docs/distributed.md", "gotron bench comm --backend tcp --nproc N", "a synopsis: N and [...] are placeholders"},
 	{"docs/distributed.md", "gotron bench comm --backend inproc --nproc N", "a synopsis: N is a placeholder"},
+	{"docs/moe.md", "gotron bench moe", "the MoE step-time benchmark: three rounds of three training runs, minutes on 2 cores; cmd/gotron's TestBenchMoE runs it small"},
 	{"docs/serving.md", "gotron bench serve --clients 200", "the load test: 200 clients and 200 alone decodings, over a minute on two cores; cmd/gotron's TestBenchServe runs it with 20 clients"},
 	{"docs/serving.md", "gotron bench serve --preset llama-tiny --clients 200", "the load test on the Llama-style preset, as above"},
 	{"docs/design/gemm.md", "cd internal/cpu && go generate", "rewrites the repository's assembly (a developer's step, checked by the internal/cpu tests)"},

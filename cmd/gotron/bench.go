@@ -12,14 +12,15 @@ func cmdBench(ctx context.Context, env *cli, args []string) error {
 		"attention": benchAttention,
 		"comm":      benchComm,
 		"serve":     benchServe,
+		"moe":       benchMoE,
 	}
 	if len(args) == 0 || args[0] == "--help" || args[0] == "-h" {
-		fmt.Fprintln(env.stdout, "Usage: gotron bench gemm|attention|comm|serve [flags]")
+		fmt.Fprintln(env.stdout, "Usage: gotron bench gemm|attention|comm|serve|moe [flags]")
 		return errHelp
 	}
 	f, ok := subs[args[0]]
 	if !ok {
-		return fmt.Errorf("unknown benchmark %q (want gemm, attention, comm or serve)", args[0])
+		return fmt.Errorf("unknown benchmark %q (want gemm, attention, comm, serve or moe)", args[0])
 	}
 	return f(ctx, env, args[1:])
 }

@@ -57,7 +57,7 @@ func commands() []command {
 		{"parallel", "Megatron's rank groups and pipeline schedules: 'parallel groups', 'parallel schedule'", cmdParallel},
 		{"memory", "Megatron's theoretical memory report for train flags and --world-size", cmdMemory},
 		{"launch", "start N worker processes, torchrun-compatible", cmdLaunch},
-		{"bench", "benchmarks: 'bench gemm', 'bench attention', 'bench comm', 'bench serve'", cmdBench},
+		{"bench", "benchmarks: 'bench gemm', 'bench attention', 'bench comm', 'bench serve', 'bench moe'", cmdBench},
 		{"version", "print gotron's version: module version, VCS revision and Go version", cmdVersion},
 	}
 }
