@@ -100,6 +100,11 @@ func (g *Grads) ClipGradNorm(maxNorm float64) float64 {
 	return norm
 }
 
+// Scale multiplies every gradient by s (Megatron's scale_gradients, as
+// --calculate-per-token-loss divides the reduced gradients by the global
+// batch's token count).
+func (g *Grads) Scale(s float32) { tensor.ScaleList(g.grads, s) }
+
 // FoundInf reports whether any gradient is NaN or ±Inf on this rank
 // (Megatron's found_inf; callers all-reduce it with MAX over the
 // model-parallel group and skip the optimizer and scheduler step if set).

@@ -46,6 +46,9 @@ type RunArgs struct {
 	TensorSize         int         `json:"tensor_model_parallel_size,omitempty"`
 	// LossScaler is --fp16's dynamic loss scaler state.
 	LossScaler *optim.LossScalerState `json:"loss_scaler,omitempty"`
+	// CalculatePerTokenLoss is --calculate-per-token-loss, as Megatron's
+	// args record it (absent: off, as every checkpoint before the flag).
+	CalculatePerTokenLoss bool `json:"calculate_per_token_loss,omitempty"`
 }
 
 // checkpointer saves and resumes a run: the stepper's parameters and
@@ -349,7 +352,8 @@ func (ck *checkpointer) checkpointLayout() ckpt.Layout {
 // arguments, RNG and scheduler state, the optimizer's kind and steps (ost).
 func (ck *checkpointer) checkpointMeta(ost optim.State) (ckpt.Meta, error) {
 	ra := RunArgs{Model: ck.cfg.Model, SeqLength: ck.cfg.SeqLength, OptimizerKind: ost.Kind,
-		OptimizerSteps: ost.Steps, NaNIterations: ck.NaNIterations, CLI: ck.cfg.Args, TPDropoutOffsets: ck.tpOffsets, LossScaler: ck.scalerState()}
+		OptimizerSteps: ost.Steps, NaNIterations: ck.NaNIterations, CLI: ck.cfg.Args, TPDropoutOffsets: ck.tpOffsets, LossScaler: ck.scalerState(),
+		CalculatePerTokenLoss: ck.cfg.CalculatePerTokenLoss}
 	if ck.stepper.pipelined() {
 		ra.RankDropoutOffsets, ra.PipelineSize, ra.TensorSize = ck.rankOffsets, ck.par.PP.Size(), ck.par.TP.Size()
 	}
@@ -480,6 +484,13 @@ func (ck *checkpointer) load(root string) error {
 	}
 	if err := checkResumePosition(root, r.Meta, ra, ck.cfg, ck.trainIters); err != nil {
 		return err
+	}
+	if ra.CalculatePerTokenLoss != ck.cfg.CalculatePerTokenLoss {
+		// Not refused (Megatron does not compare it either): both objectives
+		// are token means of the same scale, so the optimizer state carries
+		// over; only the weighting of micro-batches changes.
+		ck.printf("the checkpoint %s was trained %s --calculate-per-token-loss, this run %s it (the loss was and is a token mean; only how micro-batches with different token counts weigh changes)",
+			root, withOrWithout(ra.CalculatePerTokenLoss), withOrWithout(ck.cfg.CalculatePerTokenLoss))
 	}
 	ck.Iteration, ck.Consumed, ck.ConsumedValid = int64(r.Meta.Iteration), r.Meta.ConsumedTrainSamples, r.Meta.ConsumedValidSamples
 	ck.Skipped, ck.NaNIterations, ck.FLOPsSoFar = r.Meta.SkippedTrainSamples, ra.NaNIterations, r.Meta.FloatingPointOperationsSoFar
@@ -627,4 +638,12 @@ func checkResumePosition(root string, m ckpt.Meta, ra RunArgs, cfg *Config, trai
 		errs = append(errs, fmt.Errorf("%s: num_floating_point_operations_so_far: %v, want a finite number >= 0", where, f))
 	}
 	return errors.Join(errs...)
+}
+
+// withOrWithout names a flag's state in a sentence.
+func withOrWithout(on bool) string {
+	if on {
+		return "with"
+	}
+	return "without"
 }

@@ -70,6 +70,16 @@ type Config struct {
 	// decay to the query and key layer norms (optim.ApplyWDToQKLayerNorm),
 	// which Megatron's default rule exempts as 1-D parameters.
 	ApplyWDToQKLayerNorm bool
+	// CalculatePerTokenLoss is --calculate-per-token-loss: the step's
+	// objective is the sum of the global batch's token losses over its
+	// number of unmasked tokens, instead of Megatron's default, the mean
+	// over micro-batches (and data × context-parallel ranks) of each one's
+	// token mean. As Megatron: each micro-batch's loss is a sum, the
+	// gradients are summed over the data-parallel ranks (no 1/DP) and
+	// divided by the global token count after the reduction
+	// (finalize_model_grads), before the norm and clipping; MoE losses are
+	// pre-multiplied by the router's tokens × TP·CP.
+	CalculatePerTokenLoss bool
 
 	// BF16 (--bf16) runs the training step's matrix products on
 	// bfloat16-rounded operands with float32 accumulation
@@ -302,6 +312,8 @@ func (c *Config) validate() error {
 		return fmt.Errorf("train: --async-save needs --save")
 	case c.Optimizer > SGD:
 		return fmt.Errorf("train: --optimizer=%v: want adam or sgd", c.Optimizer)
+	case c.CalculatePerTokenLoss && c.DDP.AverageInCollective:
+		return fmt.Errorf("train: --calculate-per-token-loss with --ddp-average-in-collective: the gradients must be summed over the data-parallel ranks, not averaged (Megatron asserts the same)")
 	case c.MaxSkipsInARow < 0:
 		return fmt.Errorf("train: --max-nan-iterations=%d: want > 0 (or 0 for 10)", c.MaxSkipsInARow)
 	}

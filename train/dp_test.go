@@ -25,6 +25,13 @@ import (
 // patterns, EOD 63) and builds Megatron's GPT train and valid datasets.
 func dpDataset(t testing.TB, seq int) (train, valid datagpt.Source) {
 	t.Helper()
+	return dpDatasetMasks(t, seq, datagpt.MaskOptions{})
+}
+
+// dpDatasetMasks is dpDataset with the sample masks of masks (e.g.
+// --eod-mask-loss).
+func dpDatasetMasks(t testing.TB, seq int, masks datagpt.MaskOptions) (train, valid datagpt.Source) {
+	t.Helper()
 	dir := t.TempDir()
 	prefix := filepath.Join(dir, "dp")
 	b, err := indexed.NewBuilder(prefix, indexed.BuilderConfig{DType: indexed.OptimalDType(64)})
@@ -46,7 +53,7 @@ func dpDataset(t testing.TB, seq int) (train, valid datagpt.Source) {
 		t.Fatal(err)
 	}
 	ds, err := datagpt.Build(context.Background(), datagpt.Config{SeqLength: seq, Seed: 1234, Split: "90,10,0",
-		Blend: datagpt.Blend{Prefixes: []string{prefix}}, NumSamples: [3]int64{400, 64, 0}, EOD: 63, NoCache: true})
+		Blend: datagpt.Blend{Prefixes: []string{prefix}}, NumSamples: [3]int64{400, 64, 0}, EOD: 63, NoCache: true, Masks: masks})
 	if err != nil {
 		t.Fatal(err)
 	}

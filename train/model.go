@@ -36,6 +36,7 @@ type Model interface {
 // the logged losses and lets the routers update their expert biases.
 type moeModel interface {
 	SetAuxLossScale(s float64)
+	SetPerTokenLoss(on bool)
 	MoEMetrics(microBatches int) map[string]float64
 	ExpertBiasCounts() [][]float64
 	FinishMoEIteration()

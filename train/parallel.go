@@ -59,6 +59,11 @@ func (st *stepper) setupParallel(ctx context.Context, launched bool) ([]*optim.P
 	if p.InterDistOpt != nil { // --num-distributed-optimizer-instances: shard over this rank's instance
 		dc.Instances = p.InterDistOpt
 	}
+	if st.cfg.CalculatePerTokenLoss {
+		// Megatron's gradient_scaling_factor 1: plain sums over DP × CP,
+		// divided by the global token count in reduceGrads.
+		dc.GradientScale = 1
+	}
 	d, err := ddp.New(dense, p.IntraDistOpt, dc, st.sharedEmbedding())
 	if err != nil {
 		return nil, err
@@ -68,6 +73,9 @@ func (st *stepper) setupParallel(ctx context.Context, launched bool) ([]*optim.P
 	if len(experts) > 0 {
 		ec := dc // with instances, the same group across them (Megatron's shared inter-instance group)
 		ec.GradientScale, ec.AverageInCollective = 1/float32(p.DPCP.Size()), false
+		if st.cfg.CalculatePerTokenLoss {
+			ec.GradientScale = 1 // expert_gradient_scaling_factor 1
+		}
 		if de, err = ddp.New(experts, p.IntraExpertDistOpt, ec, nil); err != nil {
 			return nil, err
 		}
@@ -120,7 +128,8 @@ func checkSameArgs(ctx context.Context, world comm.ProcessGroup, args map[string
 
 // agreement is what the ranks settle each iteration in one all-reduce.
 type agreement struct {
-	loss    float64 // Σ over data-parallel ranks of the local mean loss
+	loss    float64 // Σ of the token losses over the global batch
+	tokens  float64 // Σ of the unmasked tokens over the global batch
 	nonFin  bool    // some rank's gradient shard holds NaN/Inf
 	sumSq   float64 // Σ g² over every shard (distributed optimizer)
 	stopped bool    // some rank was asked to stop (a signal)
@@ -139,17 +148,19 @@ func (st *stepper) agree(ctx context.Context, a agreement) (agreement, error) {
 		}
 		return 0
 	}
-	v := []float32{float32(a.loss), b2f(a.nonFin), float32(a.sumSq), b2f(a.stopped), b2f(a.timeUp)}
+	v := []float32{float32(a.loss), b2f(a.nonFin), float32(a.sumSq), b2f(a.stopped), b2f(a.timeUp), float32(a.tokens)}
 	if err := st.par.World.AllReduce(ctx, comm.Float32s(v), comm.Sum); err != nil {
 		return a, fmt.Errorf("train: iteration %d: %w", st.Iteration+1, err)
 	}
-	return agreement{loss: float64(v[0]), nonFin: v[1] > 0, sumSq: float64(v[2]), stopped: v[3] > 0, timeUp: v[4] > 0}, nil
+	return agreement{loss: float64(v[0]), nonFin: v[1] > 0, sumSq: float64(v[2]), stopped: v[3] > 0, timeUp: v[4] > 0, tokens: float64(v[5])}, nil
 }
 
-// reduceGrads finishes this step's gradient reduction and returns whether a
-// gradient is NaN/Inf, the squared global norm (computed where the shard
-// lives), and the all-reduced loss and stop request.
-func (st *stepper) reduceGrads(ctx context.Context, a agreement) (agreement, error) {
+// reduceGrads finishes this step's gradient reduction (with per-token
+// loss, the division by the global batch's unmasked tokens, of which this
+// rank's micro-batches hold tokens) and returns whether a gradient is
+// NaN/Inf, the squared global norm (computed where the shard lives), and
+// the all-reduced loss and stop request.
+func (st *stepper) reduceGrads(ctx context.Context, a agreement, tokens int64) (agreement, error) {
 	st.tm.start(timerAllGradsSync, 1)
 	err := st.reducer.Finish(ctx)
 	st.tm.stop(timerAllGradsSync)
@@ -172,6 +183,11 @@ func (st *stepper) reduceGrads(ctx context.Context, a agreement) (agreement, err
 	st.tm.stop(timerEmbeddingGrads)
 	if err != nil {
 		return a, err
+	}
+	if st.cfg.CalculatePerTokenLoss {
+		if err := st.divideByTokens(ctx, tokens); err != nil {
+			return a, err
+		}
 	}
 	st.tm.stop(timerForwardBackward)
 	st.tm.start(timerOptimizer, 1)
@@ -201,8 +217,10 @@ func (st *stepper) reduceGrads(ctx context.Context, a agreement) (agreement, err
 		// each expert once: its shards, or on expert-data-parallel rank 0
 		a.sumSq += st.normExperts.SumSquares()
 	}
-	if st.par.TP.Rank() != 0 {
-		a.loss = 0
+	if st.par.TP.Rank() != 0 || (st.pipelined() && st.par.PP.Rank() != st.par.PP.Size()-1) {
+		// the loss and its tokens once per replica: from tensor-parallel
+		// rank 0 of the last stage (the others' loss sums are 0 or copies)
+		a.loss, a.tokens = 0, 0
 	}
 	g, err := st.agree(ctx, a)
 	st.tm.stop(timerClipMainGrad)
@@ -218,10 +236,10 @@ func (st *stepper) reduceGrads(ctx context.Context, a agreement) (agreement, err
 	if err != nil {
 		return g, err
 	}
-	// the mean over DP × CP of the ranks' mean losses (Megatron's objective
-	// with CP: equal to the token mean when the CP ranks count the same
-	// tokens, as without loss masking)
-	g.loss /= float64(st.dpSize() * st.cpSize())
+	// Megatron's train_step logs Σ token losses / Σ unmasked tokens over
+	// the global batch, with or without per-token loss (0/0, NaN, when
+	// every token is masked)
+	g.loss /= g.tokens
 	return g, nil
 }
 
@@ -244,6 +262,27 @@ func (st *stepper) countsExpertGrads() bool {
 		return st.par.InterDistOpt == nil || st.par.InterDistOpt.Rank() == 0
 	}
 	return st.par.ExpertDP.Rank() == 0
+}
+
+// divideByTokens is finalize_model_grads' per-token normalisation: the
+// unmasked tokens of the global batch, N (this rank's micro-batches'
+// tokens summed over data × context parallelism, in integers), divide
+// every gradient this rank keeps, summed over the data-parallel ranks, so
+// they become the gradient of Σ token losses / N. N = 0 divides by 1, as
+// Megatron's clamp. Every pipeline and tensor-parallel rank counts the
+// same tokens (each reads the micro-batches), so no broadcast from the last
+// stage is needed.
+func (st *stepper) divideByTokens(ctx context.Context, tokens int64) error {
+	v := []int64{tokens}
+	if st.par.DPCP.Size() > 1 {
+		if err := st.par.DPCP.AllReduce(ctx, comm.Int64s(v), comm.Sum); err != nil {
+			return fmt.Errorf("train: iteration %d: all-reduce of the unmasked tokens (--calculate-per-token-loss) over the data × context-parallel group: %w", st.Iteration+1, err)
+		}
+	}
+	n := max(v[0], 1)
+	// 1/N in float32, as Megatron's 1.0 / num_tokens tensor
+	st.grads.Scale(1 / float32(n))
+	return nil
 }
 
 // countZeros sets lastNumZeros for --log-num-zeros-in-grad: the zero

@@ -159,7 +159,7 @@ func (st *stepper) executor(m int) (*pp.Executor, error) {
 	for i, r := range st.runners {
 		stages[i] = r
 	}
-	e, err := pp.NewExecutor(pp.ExecConfig{
+	ec := pp.ExecConfig{
 		Schedule: sc, Group: st.par.PP, Stages: stages, Actions: acts,
 		NewTape: func(int) *tensor.Tape {
 			tp := tensor.NewTape()
@@ -174,7 +174,13 @@ func (st *stepper) executor(m int) (*pp.Executor, error) {
 		},
 		LossScale: st.lossScale,
 		Device:    st.cfg.Device,
-	})
+	}
+	if st.cfg.CalculatePerTokenLoss {
+		// each micro-batch's mean loss times its unmasked tokens: the sum
+		// of its token losses (not divided by M)
+		ec.LossWeight = func(mb int) float32 { return float32(st.mbTokens[mb]) }
+	}
+	e, err := pp.NewExecutor(ec)
 	if err != nil {
 		return nil, fmt.Errorf("train: %w", err)
 	}
@@ -186,26 +192,32 @@ func (st *stepper) executor(m int) (*pp.Executor, error) {
 }
 
 // pipelineStep runs one iteration's forward and backward passes through
-// the pipeline and returns the mean micro-batch loss (0 off the last stage).
-func (st *stepper) pipelineStep(n, mbs, dp, r int) (float64, error) {
+// the pipeline and returns the sum of the micro-batches' token losses (0
+// off the last stage) and their unmasked tokens (counted on every stage:
+// each reads the batches, so none waits for Megatron's broadcast of the
+// count from the last stage).
+func (st *stepper) pipelineStep(n, mbs, dp, r int) (lossSum float64, tokens int64, err error) {
 	e, err := st.executor(n)
 	if err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 	bts := make([]gpt.Batch, n)
+	st.mbTokens = st.mbTokens[:0]
 	for i := range n {
 		// Every stage reads the micro-batches (tokens on the first, labels
 		// on the last, positions on all), from the same sample stream.
-		if bts[i], err = st.trainBatch(i, mbs, dp, r); err != nil {
-			return 0, err
+		var nt int64
+		if bts[i], nt, err = st.trainBatch(i, mbs, dp, r); err != nil {
+			return 0, 0, err
 		}
+		st.mbTokens = append(st.mbTokens, nt)
+		tokens += nt
 	}
 	for _, rn := range st.runners {
 		rn.batches = bts
 	}
-	loss, err := e.Step(st.cctx)
-	if err != nil {
-		return 0, fmt.Errorf("train: iteration %d: %w", st.Iteration+1, err)
+	if _, err := e.Step(st.cctx); err != nil {
+		return 0, 0, fmt.Errorf("train: iteration %d: %w", st.Iteration+1, err)
 	}
 	// Megatron's level-2 timers of the pipeline schedule, from the
 	// executor's own measurements of this step.
@@ -215,7 +227,10 @@ func (st *stepper) pipelineStep(n, mbs, dp, r int) (float64, error) {
 	for name, d := range s.P2P {
 		st.tm.add(name, 2, d)
 	}
-	return loss, nil
+	for i, loss := range e.MicrobatchLosses() { // the last stage's
+		lossSum += loss * float64(st.mbTokens[i])
+	}
+	return lossSum, tokens, nil
 }
 
 // pipelineEval runs micro-batch bt forward through the pipeline without

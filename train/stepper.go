@@ -70,6 +70,9 @@ type stepper struct {
 	stages  []Stage               // this pipeline rank's model chunks; nil without pipelining
 	runners []*stageRunner        // the stages as the executor runs them
 	execs   map[int]*pp.Executor  // pipeline executors by micro-batches per iteration
+	// mbTokens are the unmasked tokens of this step's micro-batches under
+	// pipelining (the executors' per-token loss weights).
+	mbTokens []int64
 
 	// The last step's outcome.
 	stop          agreement // the agreed stop requests
@@ -221,13 +224,22 @@ func (st *stepper) step(ctx context.Context) (float64, error) {
 	}
 	st.reducer.ZeroGrad()
 	moe, _ := st.model.(moeModel)
+	perToken := st.cfg.CalculatePerTokenLoss
 	if moe != nil {
 		// Megatron's MoEAuxLossAutoScaler scale: the loss scale over the
 		// micro-batches, as each micro-batch's lm loss below, times CP
 		// (loss_scale·CP/M, core ≥ 0.16): each context-parallel rank's
 		// losses are its part of the whole sequences' (summed over tp_cp),
-		// and the gradients' mean over DP×CP would divide them by CP.
-		moe.SetAuxLossScale(float64(st.lossScale()) * float64(st.cpSize()) / float64(n))
+		// and the gradients' mean over DP×CP would divide them by CP. With
+		// per-token loss the loss scale alone: the routers multiply each
+		// loss by their tokens × TP·CP (SetPerTokenLoss), and the division
+		// by the global batch's tokens leaves it the same weight.
+		moe.SetPerTokenLoss(perToken)
+		if perToken {
+			moe.SetAuxLossScale(float64(st.lossScale()))
+		} else {
+			moe.SetAuxLossScale(float64(st.lossScale()) * float64(st.cpSize()) / float64(n))
+		}
 	}
 	// Megatron's forward-backward includes finalize_model_grads (the
 	// gradient reductions, stopped in reduceGrads); the optimizer timer
@@ -235,19 +247,23 @@ func (st *stepper) step(ctx context.Context) (float64, error) {
 	st.tm.start(timerForwardBackward, 1)
 	defer st.tm.stop(timerForwardBackward)
 	defer st.tm.stop(timerOptimizer)
+	// The rank's sum of token losses (each micro-batch's token mean times
+	// its unmasked tokens, pretrain_gpt.loss_func's loss sum) and its
+	// unmasked tokens: the logged lm loss is their ratio over the global
+	// batch, as Megatron's train_step reports it.
 	var lossSum float64
+	var tokens int64
 	if st.pipelined() {
-		loss, err := st.pipelineStep(n, mbs, dp, r)
-		if err != nil {
+		var err error
+		if lossSum, tokens, err = st.pipelineStep(n, mbs, dp, r); err != nil {
 			return 0, err
 		}
-		lossSum = loss * float64(n)
 	}
 	for i := 0; i < n && !st.pipelined(); i++ {
 		if i == n-1 {
 			st.reducer.StartLastMicrobatch(st.cctx)
 		}
-		bt, err := st.trainBatch(i, mbs, dp, r)
+		bt, nt, err := st.trainBatch(i, mbs, dp, r)
 		if err != nil {
 			return 0, err
 		}
@@ -261,11 +277,10 @@ func (st *stepper) step(ctx context.Context) (float64, error) {
 		if err := st.tape.Err(); err != nil {
 			return 0, fmt.Errorf("train: iteration %d: %w", st.Iteration+1, err)
 		}
-		lossSum += scalar(loss)
-		// Each microbatch's mean loss counts 1/n of the iteration's loss
-		// (times the loss scale with --fp16).
+		lossSum += scalar(loss) * float64(nt)
+		tokens += nt
 		st.tm.start(timerBackwardCompute, 2)
-		err = st.tape.Backward(st.tape.Scale(loss, st.lossScale()/float32(n)))
+		err = st.tape.Backward(st.tape.Scale(loss, backwardScale(st.lossScale(), perToken, n, nt)))
 		st.tm.stop(timerBackwardCompute)
 		if err != nil {
 			return 0, fmt.Errorf("train: iteration %d: %w", st.Iteration+1, err)
@@ -273,7 +288,7 @@ func (st *stepper) step(ctx context.Context) (float64, error) {
 		st.tape.Reset()
 	}
 	timeUp := st.cfg.ExitDuration > 0 && st.cfg.Now().Sub(st.startTime) >= st.cfg.ExitDuration
-	g, err := st.reduceGrads(st.cctx, agreement{loss: lossSum / float64(n), stopped: ctx.Err() != nil, timeUp: timeUp})
+	g, err := st.reduceGrads(st.cctx, agreement{loss: lossSum, tokens: float64(tokens), stopped: ctx.Err() != nil, timeUp: timeUp}, tokens)
 	if err != nil {
 		return 0, err
 	}
@@ -352,6 +367,20 @@ func (st *stepper) step(ctx context.Context) (float64, error) {
 	return loss, nil
 }
 
+// backwardScale is the factor a micro-batch's mean token loss is
+// multiplied by before backward: its weight in the step's objective times
+// the loss scale (--fp16). The weight is 1/n of n micro-batches (Megatron's
+// default) or, with --calculate-per-token-loss, its tokens unmasked
+// tokens, which makes it the micro-batch's sum of token losses (the
+// gradients are divided by the global batch's tokens after the
+// data-parallel reduction).
+func backwardScale(lossScale float32, perToken bool, n int, tokens int64) float32 {
+	if perToken {
+		return lossScale * float32(tokens)
+	}
+	return lossScale / float32(n)
+}
+
 // noGradTape returns the evaluation tape, carrying the collectives'
 // context: forward passes without gradients whose tensor-parallel
 // collectives' failures it records (Err).
@@ -378,8 +407,10 @@ func (st *stepper) evaluate(src datagpt.Source, consumed *int64) (float64, error
 	if err := st.syncParams(); err != nil {
 		return math.NaN(), err
 	}
-	var sum float64
-	var count int
+	// Σ of the token losses and of the unmasked tokens: the loss is their
+	// ratio over the evaluated batches and the data × context-parallel
+	// ranks, as Megatron's evaluate (with or without per-token loss).
+	var sum, count float64
 	failed := false
 	for range st.cfg.EvalIters {
 		for i := 0; i < gbs/(mbs*dp) && !failed; i++ {
@@ -394,6 +425,7 @@ func (st *stepper) evaluate(src datagpt.Source, consumed *int64) (float64, error
 				break
 			}
 			var loss float64
+			tokens := lossTokens(bt)
 			if st.pipelined() {
 				if loss, err = st.pipelineEval(bt); err != nil {
 					return math.NaN(), err
@@ -408,8 +440,8 @@ func (st *stepper) evaluate(src datagpt.Source, consumed *int64) (float64, error
 					return math.NaN(), fmt.Errorf("train: evaluation at iteration %d: %w", st.Iteration, err)
 				}
 			}
-			sum += loss
-			count++
+			sum += loss * float64(tokens)
+			count += float64(tokens)
 			*consumed += int64(mbs * dp)
 		}
 	}
@@ -418,38 +450,54 @@ func (st *stepper) evaluate(src datagpt.Source, consumed *int64) (float64, error
 		if failed {
 			v[2] = 1
 		}
-		// over data × context parallelism: each CP rank's loss is the mean
-		// over its own tokens
+		// over data × context parallelism: each CP rank sums its own tokens
 		if err := st.par.DPCP.AllReduce(st.cctx, comm.Float32s(v), comm.Sum); err != nil {
 			return math.NaN(), fmt.Errorf("train: evaluation at iteration %d: %w", st.Iteration, err)
 		}
 		if err := st.broadcastFromLastStage(v); err != nil {
 			return math.NaN(), err
 		}
-		sum, count, failed = float64(v[0]), int(v[1]), v[2] > 0
+		sum, count, failed = float64(v[0]), float64(v[1]), v[2] > 0
 	}
 	if failed || count == 0 {
 		return math.NaN(), nil
 	}
-	return sum / float64(count), nil
+	return sum / count, nil
 }
 
 // trainBatch is micro-step i's batch of data-parallel rank r of dp, mbs
 // samples, on the run's device, in MegatronPretrainingSampler's order: each
 // micro-step takes mbs·DP consecutive samples from the consumed count, and
-// rank r reads the r-th mbs of them.
-func (st *stepper) trainBatch(i, mbs, dp, r int) (gpt.Batch, error) {
+// rank r reads the r-th mbs of them. tokens is the number of its tokens
+// this rank computes a loss for (lossTokens).
+func (st *stepper) trainBatch(i, mbs, dp, r int) (bt gpt.Batch, tokens int64, err error) {
 	st.tm.start(timerBatchGenerator, 2)
 	defer st.tm.stop(timerBatchGenerator)
 	start := st.Consumed + int64((i*dp+r)*mbs)
-	bt, err := makeBatch(st.train, start, mbs, st.cfg.SeqLength, st.cfg.Model.VocabSize)
+	bt, err = makeBatch(st.train, start, mbs, st.cfg.SeqLength, st.cfg.Model.VocabSize)
 	if err == nil {
 		bt, err = st.localTokens(bt) // this CP rank's chunks
 	}
 	if err != nil {
-		return gpt.Batch{}, fmt.Errorf("train: iteration %d: %w", st.Iteration+1, err)
+		return gpt.Batch{}, 0, fmt.Errorf("train: iteration %d: %w", st.Iteration+1, err)
 	}
-	return batchTo(bt, st.cfg.Device), nil
+	return batchTo(bt, st.cfg.Device), lossTokens(bt), nil
+}
+
+// lossTokens is the number of tokens of host batch bt that count in the
+// loss: Σ of its loss mask (pretrain_gpt.loss_func's num_tokens, the
+// mask's sum truncated to an integer), every token without one. With
+// context parallelism bt holds this rank's chunks, so each CP rank counts
+// its own, as Megatron's.
+func lossTokens(bt gpt.Batch) int64 {
+	if bt.LossMask == nil {
+		return int64(bt.Labels.Numel())
+	}
+	var n float64
+	for _, m := range bt.LossMask.Float32s() {
+		n += float64(m)
+	}
+	return int64(n)
 }
 
 // makeBatch stacks samples [start, start+mbs) of src (wrapping around its

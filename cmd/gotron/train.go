@@ -195,6 +195,7 @@ func newTrainFlags() (*flag.FlagSet, *trainFlags) {
 	fs.IntVar(&ls.Window, "loss-scale-window", 1000, "with --fp16: clean iterations before the dynamic loss scale doubles")
 	fs.IntVar(&ls.Hysteresis, "hysteresis", 2, "with --fp16: overflowing iterations before the dynamic loss scale halves")
 	fs.IntVar(&c.MaxSkipsInARow, "max-nan-iterations", 10, "stop after this many NaN/Inf iterations in a row")
+	fs.BoolVar(&c.CalculatePerTokenLoss, "calculate-per-token-loss", false, "normalise the loss by the global batch's unmasked tokens (Σ token losses / Σ tokens), not per micro-batch: micro-batches weigh by their tokens (e.g. with --eod-mask-loss); gradients are summed over data-parallel ranks and divided by the token count")
 
 	fs.Int64Var(&c.EvalInterval, "eval-interval", 1000, "iterations between evaluations")
 	fs.Int64Var(&c.EvalIters, "eval-iters", 100, "global batches per evaluation (0: no validation or test evaluation)")
@@ -283,11 +284,10 @@ var refusedTakesValue = map[string]bool{"wandb-project": true, "ft-num-warmup-it
 // refusedFlags are Megatron flags for features this release does not run
 // yet: accepting them silently would train something else than asked.
 var refusedFlags = map[string]string{
-	"grad-reduce-in-bf16":      "needs bf16 gradient reduction, not built in gotron: gradients are reduced in float32 in this release",
-	"calculate-per-token-loss": "needs per-token loss normalisation, not built in gotron: this release averages the loss per micro-batch (Megatron's default); per-token loss is not built yet",
-	"wandb-project":            "Weights & Biases cannot be reached from here (no network but the package registries); use --tensorboard-dir",
-	"calc-ft-timeouts":         ftRefused,
-	"ft-num-warmup-iters":      ftRefused,
+	"grad-reduce-in-bf16": "needs bf16 gradient reduction, not built in gotron: gradients are reduced in float32 in this release",
+	"wandb-project":       "Weights & Biases cannot be reached from here (no network but the package registries); use --tensorboard-dir",
+	"calc-ft-timeouts":    ftRefused,
+	"ft-num-warmup-iters": ftRefused,
 }
 
 // ftRefused is why the section-timeout flags of NVIDIA's fault-tolerance

@@ -157,7 +157,6 @@ func TestTrainNoSilentFlags(t *testing.T) {
 	for flag, want := range map[string]string{
 		"--wandb-project=x":           "Weights & Biases cannot be reached",
 		"--grad-reduce-in-bf16":       "reduced in float32",
-		"--calculate-per-token-loss":  "per-token loss is not built yet",
 		"--tokenizer-model=/nonexist": "need --tokenizer-type",
 	} {
 		_, errs, code := runCLI(t, with(tinyTrain, "--train-iters", "1", flag)...)

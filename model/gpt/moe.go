@@ -402,6 +402,12 @@ type MoEState struct {
 	// MoEAuxLossAutoScaler.main_loss_backward_scale, loss_scale/M): the
 	// losses count like the micro-batch's lm loss.
 	AuxLossScale float64
+	// PerTokenLoss is --calculate-per-token-loss: every attached loss is
+	// pre-multiplied by the router's tokens times the token group's size
+	// (TP×CP), as Megatron's router does, so that the trainer's division
+	// of the gradients by the global batch's tokens leaves it the weight
+	// 1/(M·DP) of the default; AuxLossScale is then the loss scale alone.
+	PerTokenLoss bool
 	metrics      map[string][]float64 // name → per layer, summed over micro-batches
 	biasCounts   map[int][]float64    // layer → tokens per expert this iteration
 	globalCounts map[int][]float64    // layer → global_aux_loss's running counts
@@ -429,6 +435,14 @@ func (s *MoEState) record(name string, layer, numLayers int, v float64) {
 func (m *Model) SetAuxLossScale(s float64) {
 	if m.MoE != nil {
 		m.MoE.AuxLossScale = s
+	}
+}
+
+// SetPerTokenLoss sets MoEState.PerTokenLoss (--calculate-per-token-loss);
+// nothing for a dense model.
+func (m *Model) SetPerTokenLoss(on bool) {
+	if m.MoE != nil {
+		m.MoE.PerTokenLoss = on
 	}
 }
 
@@ -841,8 +855,14 @@ func (m *Model) activate(tp *tensor.Tape, h *tensor.Tensor) *tensor.Tensor {
 // sequences' loss (aux) and mean (z).
 func (m *Model) recordRouting(tp *tensor.Tape, r *tensor.Routing, rc *tensor.RouterConfig, layer, T int) {
 	s, c := m.MoE, &m.Config.MoE
-	r.AuxScale = s.AuxLossScale
 	n := m.tokenGroupSize()
+	r.AuxScale = s.AuxLossScale
+	if s.PerTokenLoss {
+		// Megatron's attach_and_log_load_balancing_loss and apply_z_loss:
+		// loss · num_local_tokens · tp_cp_group.size() (no padding mask
+		// here: every routed row is a valid token)
+		r.AuxScale *= float64(T) * float64(n)
+	}
 	if n > 1 {
 		for i, lb := range rc.Balancing {
 			switch {

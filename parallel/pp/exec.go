@@ -61,9 +61,16 @@ type ExecConfig struct {
 	// unbatched.
 	Unbatched bool
 	// LossScale, if set, is read at every forward of the model's last stage:
-	// backward is seeded by loss·LossScale()/M (fp16 loss scaling), while
-	// Step still returns the unscaled mean loss.
+	// backward is seeded by loss·LossScale()·w (fp16 loss scaling), while
+	// Step still returns the unscaled objective.
 	LossScale func() float32
+	// LossWeight, if set, is micro-batch mb's weight w in the step's
+	// objective Σ w·loss; nil means 1/M, the mean over the micro-batches
+	// (Megatron divides each loss by num_microbatches in forward_step).
+	// Megatron's --calculate-per-token-loss weighs each micro-batch's mean
+	// loss by its number of unmasked tokens instead, making the objective
+	// the sum of the token losses.
+	LossWeight func(mb int) float32
 	// Now is the clock of Stats; nil means time.Now.
 	Now func() time.Time
 	// Device is where the stages compute: their inputs, outputs and
@@ -157,6 +164,7 @@ type Executor struct {
 	slots   map[Slot]*slot
 	headers map[link]bool // channels whose first message carried a shape header
 	stats   Stats
+	losses  []float64 // the last step's loss of each micro-batch (last stage)
 }
 
 // slot is the state of one (chunk, micro-batch) during a step.
@@ -234,19 +242,35 @@ func (e *Executor) Stats() Stats { return e.stats }
 // last stage), so that Step's loss means something.
 func (e *Executor) HasLoss() bool { return e.rank == e.c.PP-1 }
 
+// MicrobatchLosses returns the last Step's loss of each micro-batch, as the
+// model's last stage returned it, on the rank that holds it (HasLoss); nil
+// elsewhere. The slice is reused by the next Step.
+func (e *Executor) MicrobatchLosses() []float64 {
+	if !e.HasLoss() {
+		return nil
+	}
+	return e.losses
+}
+
 // Step runs the rank's list once: every forward and backward of the step's
 // micro-batches, with the sends and receives between them. Parameter
 // gradients accumulate (+=) into the stages' parameters; the caller zeroes
 // them before and reduces them after (data parallelism, the tied
-// embedding). On the last pipeline rank it returns the step's loss, the
-// mean of the micro-batches' losses (each backward is seeded by loss/M);
-// elsewhere 0. Errors from stages, shapes and collectives are returned
-// naming the action; after one, the step is abandoned (the peers' pending
-// exchanges fail when their wait times out or ctx ends).
+// embedding). On the last pipeline rank it returns the step's objective
+// Σ w·loss over the micro-batches (each backward is seeded by w·loss): the
+// mean of their losses with the default weight 1/M; elsewhere 0. Errors
+// from stages, shapes and collectives are returned naming the action;
+// after one, the step is abandoned (the peers' pending exchanges fail when
+// their wait times out or ctx ends).
 func (e *Executor) Step(ctx context.Context) (float64, error) {
 	start := e.now()
 	e.stats = Stats{Tapes: e.tapes}
-	var lossSum float64
+	if cap(e.losses) < e.c.Microbatches {
+		e.losses = make([]float64, e.c.Microbatches)
+	}
+	e.losses = e.losses[:e.c.Microbatches]
+	clear(e.losses)
+	var objective float64
 	inFlight := 0
 	defer e.cleanup()
 	for i := 0; i < len(e.actions); {
@@ -275,7 +299,14 @@ func (e *Executor) Step(ctx context.Context) (float64, error) {
 		if a.Op == Forward {
 			var loss float64
 			loss, err = e.forward(ctx, a)
-			lossSum += loss
+			if e.lastStage(a.Chunk) {
+				e.losses[a.Microbatch] = loss
+				if e.cfg.LossWeight != nil {
+					objective += float64(e.cfg.LossWeight(a.Microbatch)) * loss
+				} else {
+					objective += loss // divided by M below
+				}
+			}
 			e.stats.Forward += e.now().Sub(t)
 			inFlight++
 			e.stats.PeakInFlight = max(e.stats.PeakInFlight, inFlight)
@@ -297,7 +328,10 @@ func (e *Executor) Step(ctx context.Context) (float64, error) {
 	if !e.HasLoss() {
 		return 0, nil
 	}
-	return lossSum / float64(e.c.Microbatches), nil
+	if e.cfg.LossWeight == nil {
+		objective /= float64(e.c.Microbatches)
+	}
+	return objective, nil
 }
 
 // slot returns the state of (chunk, mb), creating it.
@@ -363,13 +397,17 @@ func (e *Executor) forward(ctx context.Context, a Action) (float64, error) {
 		return 0, fmt.Errorf("the model's last stage returned shape %v, want the loss (one element)", out.Shape())
 	}
 	loss := float64(tensor.ToHost(out).Float32s()[0]) // the step's one readback on this rank
-	// Each micro-batch's loss counts 1/M of the step's (Megatron divides it
-	// by num_microbatches in forward_step).
+	// Each micro-batch's loss counts w of the step's: 1/M by default
+	// (Megatron divides it by num_microbatches in forward_step).
 	scale := float32(1)
 	if e.cfg.LossScale != nil {
 		scale = e.cfg.LossScale()
 	}
-	s.out = s.tape.Scale(out, scale/float32(e.c.Microbatches))
+	if e.cfg.LossWeight != nil {
+		s.out = s.tape.Scale(out, scale*e.cfg.LossWeight(a.Microbatch))
+	} else {
+		s.out = s.tape.Scale(out, scale/float32(e.c.Microbatches))
+	}
 	return loss, nil
 }
 

@@ -1,0 +1,346 @@
+package train
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"slices"
+	"testing"
+
+	"github.com/gotron/gotron/comm"
+	"github.com/gotron/gotron/comm/inproc"
+	"github.com/gotron/gotron/parallel"
+
+	datagpt "github.com/gotron/gotron/data/gpt"
+	"github.com/gotron/gotron/parallel/cp"
+	"github.com/gotron/gotron/parallel/ddp"
+	"github.com/gotron/gotron/tensor"
+)
+
+// perTokenReference is the float64 reference of one training step's loss
+// and gradients on the stepper's current parameters, computed from the
+// model's logits without the trainer's loss code: each token's
+// cross-entropy log Σ exp(z) − z_label in float64, weighted by the loss
+// mask. With perToken the objective is Σ_mb Σ_t mask·ce / N over the
+// global batch's N unmasked tokens (Megatron's --calculate-per-token-loss);
+// otherwise the mean over the M micro-batches of each one's token mean
+// (Megatron's default). The gradient of the objective with respect to the
+// logits, (softmax − onehot)·mask·weight, is pulled back through the model
+// by its backward pass and summed over the micro-batches in float64.
+// tokens are the micro-batches' unmasked tokens; loss is Σ mask·ce / N in
+// both modes (what Megatron logs).
+func perTokenReference(t *testing.T, st *stepper, perToken bool) (loss float64, grads map[string][]float64, tokens []int64) {
+	t.Helper()
+	n, mbs := st.mb.Num(), st.mb.MicroBatchSize()
+	type mb struct {
+		logits []float64 // (rows, V)
+		labels []int32
+		mask   []float32
+	}
+	var N float64
+	var sum float64
+	bts := make([]mb, n)
+	for i := range n {
+		bt, nt, err := st.trainBatch(i, mbs, 1, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var count float64
+		for _, m := range bt.LossMask.Float32s() {
+			count += float64(m)
+		}
+		tokens = append(tokens, nt)
+		if int64(count) != nt {
+			t.Fatalf("micro-batch %d: the trainer counts %d unmasked tokens, the mask sums to %g", i, nt, count)
+		}
+		N += count
+		bts[i] = mb{labels: bt.Labels.Int32s(), mask: bt.LossMask.Float32s()}
+	}
+	grads = map[string][]float64{}
+	params := st.model.Params()
+	for i := range n {
+		bt, _, err := st.trainBatch(i, mbs, 1, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		tp := tensor.NewTape()
+		logits := st.model.Forward(tp, bt, nil, false)
+		z := logits.Float32s()
+		V := logits.Dim(-1)
+		rows := len(z) / V
+		var count float64
+		for _, m := range bts[i].mask {
+			count += float64(m)
+		}
+		dz := make([]float32, len(z))
+		for r := range rows {
+			row := z[r*V : (r+1)*V]
+			mx := math.Inf(-1)
+			for _, v := range row {
+				mx = math.Max(mx, float64(v))
+			}
+			var se float64
+			for _, v := range row {
+				se += math.Exp(float64(v) - mx)
+			}
+			lse := mx + math.Log(se)
+			label := int(bts[i].labels[r])
+			m := float64(bts[i].mask[r])
+			sum += m * (lse - float64(row[label]))
+			w := m / N // per-token: every token weighs 1/N
+			if !perToken {
+				w = m / count / float64(n) // the micro-batch's token mean, over n
+			}
+			for v := range V {
+				g := math.Exp(float64(row[v]) - lse)
+				if v == label {
+					g--
+				}
+				dz[r*V+v] = float32(g * w)
+			}
+		}
+		tensor.ZeroGrad(params)
+		if err := tp.BackwardFrom([]*tensor.Tensor{logits}, []*tensor.Tensor{tensor.FromFloat32(dz, logits.Shape()...)}); err != nil {
+			t.Fatal(err)
+		}
+		for _, p := range params {
+			acc := grads[p.Name]
+			if acc == nil {
+				acc = make([]float64, p.Numel())
+				grads[p.Name] = acc
+			}
+			for j, g := range p.Grad.Float32s() {
+				acc[j] += float64(g)
+			}
+		}
+		tp.Reset()
+	}
+	tensor.ZeroGrad(params)
+	return sum / N, grads, tokens
+}
+
+// gradDistance is max |got − want| over every gradient element, relative
+// to the largest |want|.
+func gradDistance(t *testing.T, st *stepper, want map[string][]float64) float64 {
+	t.Helper()
+	var diff, scale float64
+	for _, p := range st.model.Params() {
+		w := want[p.Name]
+		for j, g := range p.Grad.Float32s() {
+			diff = math.Max(diff, math.Abs(float64(g)-w[j]))
+			scale = math.Max(scale, math.Abs(w[j]))
+		}
+	}
+	return diff / scale
+}
+
+// TestPerTokenLossGolden: --calculate-per-token-loss on a real .bin/.idx
+// dataset with --eod-mask-loss, where the iteration's four micro-batches
+// hold different numbers of unmasked tokens. One step's gradients (clipping
+// off, read after the step) equal the float64 reference of Σ token losses
+// / Σ unmasked tokens, and differ from the reference of Megatron's default
+// (the mean over micro-batches of each one's token mean), which the
+// default run's gradients equal; both runs log Σ token losses / Σ tokens,
+// as Megatron's train_step.
+func TestPerTokenLossGolden(t *testing.T) {
+	train, valid := dpDatasetMasks(t, 16, datagpt.MaskOptions{EODMaskLoss: true})
+	cfg := dpConfig(dpModels()["gpt2"])
+	cfg.MicroBatchSize, cfg.GlobalBatchSize, cfg.TrainIters, cfg.EvalIters, cfg.ClipGrad = 2, 8, 4, 0, 0
+	refs := map[bool]map[string][]float64{}
+	for _, perToken := range []bool{true, false} {
+		c := cfg
+		c.CalculatePerTokenLoss = perToken
+		tr, err := New(c, train, valid)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer tr.Close()
+		st := tr.stepper
+		if err := st.mb.UpdateChecked(0); err != nil {
+			t.Fatal(err)
+		}
+		var refLoss float64
+		var tokens []int64
+		for _, mode := range []bool{true, false} {
+			l, g, tk := perTokenReference(t, st, mode)
+			refs[mode], refLoss, tokens = g, l, tk
+		}
+		if perToken {
+			distinct := map[int64]bool{}
+			for _, n := range tokens {
+				distinct[n] = true
+			}
+			if len(tokens) != 4 || len(distinct) < 2 {
+				t.Fatalf("micro-batches' unmasked tokens %v: the test needs 4 micro-batches with different counts", tokens)
+			}
+			t.Logf("unmasked tokens per micro-batch: %v", tokens)
+		}
+		loss, err := st.step(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !relClose(loss, refLoss, 1e-6) {
+			t.Errorf("per-token %v: logged lm loss %.9g, reference Σ losses / Σ tokens %.9g", perToken, loss, refLoss)
+		}
+		own, other := gradDistance(t, st, refs[perToken]), gradDistance(t, st, refs[!perToken])
+		t.Logf("per-token %v: gradients within %.2g of their reference, %.2g from the other mode's", perToken, own, other)
+		if own > 1e-5 {
+			t.Errorf("per-token %v: gradients differ from the float64 reference by %.3g (relative to the largest), want ≤ 1e-5", perToken, own)
+		}
+		if other < 1e-3 {
+			t.Errorf("per-token %v: gradients within %.3g of the other mode's reference: the modes should differ on these micro-batches", perToken, other)
+		}
+	}
+}
+
+// TestPerTokenLossParallelMatchesSingleProcess: with --eod-mask-loss (so
+// micro-batches and ranks count different tokens) and
+// --calculate-per-token-loss, data parallelism (with and without the
+// distributed optimizer), tensor parallelism with sequence parallelism,
+// pipeline parallelism (1F1B and interleaved), context parallelism and
+// Megatron's TP=2 PP=2 CP=2 functional-test layout reproduce the single
+// process: the same lm loss at each iteration, validation loss and final
+// parameters within 1e-5; and the per-token run differs from the default
+// one, so the comparison is of the per-token objective.
+func TestPerTokenLossParallelMatchesSingleProcess(t *testing.T) {
+	train, valid := dpDatasetMasks(t, 16, datagpt.MaskOptions{EODMaskLoss: true})
+	m := dpModels()["llama"]
+	m.NumLayers = 4 // two virtual stages on each of two pipeline ranks
+	cfg := dpConfig(m)
+	cfg.MicroBatchSize, cfg.GlobalBatchSize, cfg.TrainIters, cfg.EvalInterval, cfg.EvalIters = 1, 8, 4, 2, 1
+	def := runDP(t, cfg, 0, ddp.Config{}, train, valid)[0]
+	cfg.CalculatePerTokenLoss = true
+	ref := runDP(t, cfg, 0, ddp.Config{}, train, valid)[0]
+	differ := false
+	for i := range ref.res.Losses {
+		differ = differ || !relClose(ref.res.Losses[i], def.res.Losses[i], 1e-5)
+	}
+	if !differ {
+		t.Fatalf("per-token losses %v equal the default run's %v: the test data does not tell the modes apart", ref.res.Losses, def.res.Losses)
+	}
+	for _, l := range []cpLayout{
+		{tp: 1, pp: 1, cp: 1, dp: 2},
+		{tp: 1, pp: 1, cp: 1, dp: 2, dc: ddp.Config{DistributedOptimizer: true, OverlapGradReduce: true, BucketSize: 500}},
+		{tp: 2, pp: 1, cp: 1, dp: 1, sp: true},
+		{tp: 1, pp: 2, cp: 1, dp: 1},
+		{tp: 1, pp: 2, cp: 1, dp: 2, vpp: 2, dc: ddp.Config{DistributedOptimizer: true}},
+		{tp: 1, pp: 1, cp: 2, dp: 1, comm: cp.P2P},
+		{tp: 2, pp: 2, cp: 2, dp: 1, comm: cp.P2P},
+	} {
+		checkSameRun(t, "per-token "+l.String(), ref, runCPLayout(t, cfg, l, train, valid))
+	}
+}
+
+// runMoEOn is runMoE on the samples of src (cfg.SequenceParallel as set).
+// Each rank's result holds the parameters it trains.
+func runMoEOn(t *testing.T, cfg Config, src datagpt.Source, world int, pc parallel.Config) []dpRun {
+	t.Helper()
+	runs := make([]dpRun, max(world, 1))
+	body := func(ctx context.Context, pg comm.ProcessGroup) error {
+		c := cfg
+		rank := 0
+		if pg != nil {
+			g, err := parallel.NewGroups(pg, pc)
+			if err != nil {
+				return err
+			}
+			c.Parallel, rank = g, pg.Rank()
+		}
+		tr, err := New(c, src, nil)
+		if err != nil {
+			return fmt.Errorf("rank %d: %w", rank, err)
+		}
+		res, err := tr.Run(ctx)
+		if err != nil {
+			return fmt.Errorf("rank %d: %w", rank, err)
+		}
+		ps := map[string][]float32{}
+		for _, p := range tr.stepper.localParams() {
+			ps[p.Name] = slices.Clone(tensor.ToHost(p).Float32s())
+		}
+		runs[rank] = dpRun{res: res, params: ps}
+		return nil
+	}
+	var err error
+	if world == 0 {
+		err = body(context.Background(), nil)
+	} else {
+		err = inproc.Run(context.Background(), world, body)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return runs
+}
+
+// sameMoECurve checks got's lm loss, grad norm and MoE losses at every
+// iteration, and the parameters it compares (all with sameParams), against
+// ref within 1e-5 (parameters 1e-4, as TestExpertParallelMatchesOneProcess).
+func sameMoECurve(t *testing.T, name string, ref dpRun, got []dpRun, sameParams bool) {
+	t.Helper()
+	for r, run := range got {
+		if len(run.res.Losses) != len(ref.res.Losses) {
+			t.Fatalf("%s rank %d: %d iterations, want %d", name, r, len(run.res.Losses), len(ref.res.Losses))
+		}
+		for i := range ref.res.Losses {
+			if !relClose(run.res.Losses[i], ref.res.Losses[i], 1e-5) || !relClose(run.res.GradNorms[i], ref.res.GradNorms[i], 1e-5) {
+				t.Fatalf("%s rank %d iteration %d: lm loss %.8g grad norm %.8g, reference %.8g and %.8g", name, r, i+1,
+					run.res.Losses[i], run.res.GradNorms[i], ref.res.Losses[i], ref.res.GradNorms[i])
+			}
+			for _, m := range []string{"load_balancing_loss", "z_loss"} {
+				if g, w := run.res.MoELosses[i][m], ref.res.MoELosses[i][m]; !relClose(g, w, 1e-5) {
+					t.Fatalf("%s rank %d iteration %d: %s %.8g, reference %.8g", name, r, i+1, m, g, w)
+				}
+			}
+		}
+		if !sameParams {
+			continue
+		}
+		for pn, v := range run.params {
+			w := ref.params[pn]
+			for i := range v {
+				if !relClose(float64(v[i]), float64(w[i]), 1e-4) {
+					t.Fatalf("%s rank %d: %s[%d] = %g, reference %g", name, r, pn, i, v[i], w[i])
+				}
+			}
+		}
+	}
+}
+
+// TestPerTokenLossMoE: the routers' aux and z losses under
+// --calculate-per-token-loss are pre-multiplied by their tokens × TP·CP,
+// as Megatron's router, so that the division of the gradients by the
+// global batch's tokens leaves them their default weight: on data where
+// every micro-batch counts the same tokens, the per-token run of an MoE
+// model (aux and z losses, SGD, whose update shows any gradient scale)
+// follows the default run within 1e-5. On --eod-mask-loss data, the
+// per-token run over EP=2, EP=2 with expert-data-parallel size 2 and the
+// distributed optimizer, and TP=2 with sequence parallelism (the routers on
+// sequence shards) follows the single process.
+func TestPerTokenLossMoE(t *testing.T) {
+	cfg := moeTrainConfig()
+	cfg.TrainIters = 6
+	pt := cfg
+	pt.CalculatePerTokenLoss = true
+	sameMoECurve(t, "per-token vs default, equal token counts", runEP(t, cfg, 0, 1)[0], runEP(t, pt, 0, 1), true)
+
+	train, _ := dpDatasetMasks(t, 16, datagpt.MaskOptions{EODMaskLoss: true})
+	ref := runMoEOn(t, pt, train, 0, parallel.Config{})[0]
+	dist := pt
+	dist.DDP = ddp.Config{DistributedOptimizer: true, OverlapGradReduce: true, BucketSize: 1000}
+	sp := pt
+	sp.SequenceParallel = true
+	for _, c := range []struct {
+		name  string
+		cfg   Config
+		world int
+		pc    parallel.Config
+	}{
+		{"EP=2", pt, 2, parallel.Config{EP: 2}},
+		{"EP=2 on 4 ranks, distributed optimizer", dist, 4, parallel.Config{EP: 2}},
+		{"TP=2 SP", sp, 2, parallel.Config{TP: 2}},
+	} {
+		// tensor-parallel ranks hold slices: compared by their losses
+		sameMoECurve(t, "per-token "+c.name, ref, runMoEOn(t, c.cfg, train, c.world, c.pc), c.pc.TP < 2)
+	}
+}
