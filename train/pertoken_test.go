@@ -315,8 +315,9 @@ func sameMoECurve(t *testing.T, name string, ref dpRun, got []dpRun, sameParams 
 // model (aux and z losses, SGD, whose update shows any gradient scale)
 // follows the default run within 1e-5. On --eod-mask-loss data, the
 // per-token run over EP=2, EP=2 with expert-data-parallel size 2 and the
-// distributed optimizer, and TP=2 with sequence parallelism (the routers on
-// sequence shards) follows the single process.
+// distributed optimizer, TP=2 with sequence parallelism (the routers on
+// sequence shards) and CP=2 (the routers on each rank's two chunks) follows
+// the single process.
 func TestPerTokenLossMoE(t *testing.T) {
 	cfg := moeTrainConfig()
 	cfg.TrainIters = 6
@@ -339,8 +340,10 @@ func TestPerTokenLossMoE(t *testing.T) {
 		{"EP=2", pt, 2, parallel.Config{EP: 2}},
 		{"EP=2 on 4 ranks, distributed optimizer", dist, 4, parallel.Config{EP: 2}},
 		{"TP=2 SP", sp, 2, parallel.Config{TP: 2}},
+		{"CP=2", pt, 2, parallel.Config{CP: 2}},
 	} {
-		// tensor-parallel ranks hold slices: compared by their losses
-		sameMoECurve(t, "per-token "+c.name, ref, runMoEOn(t, c.cfg, train, c.world, c.pc), c.pc.TP < 2)
+		// tensor- and context-parallel runs: compared by their losses (the
+		// ranks hold slices, or experts folded over CP)
+		sameMoECurve(t, "per-token "+c.name, ref, runMoEOn(t, c.cfg, train, c.world, c.pc), c.pc.TP < 2 && c.pc.CP < 2)
 	}
 }
