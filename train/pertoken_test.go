@@ -12,6 +12,7 @@ import (
 	"github.com/gotron/gotron/parallel"
 
 	datagpt "github.com/gotron/gotron/data/gpt"
+	"github.com/gotron/gotron/model/gpt"
 	"github.com/gotron/gotron/parallel/cp"
 	"github.com/gotron/gotron/parallel/ddp"
 	"github.com/gotron/gotron/tensor"
@@ -119,6 +120,32 @@ func perTokenReference(t *testing.T, st *stepper, perToken bool) (loss float64, 
 	return sum / N, grads, tokens
 }
 
+// tokenLosses returns Σ mask·ce and Σ mask of bt under the stepper's
+// model, in float64 from its logits.
+func tokenLosses(t *testing.T, st *stepper, bt gpt.Batch) (sum, count float64) {
+	t.Helper()
+	tp := tensor.NewNoGradTape(nil)
+	defer tp.Reset()
+	z := st.model.Forward(tp, bt, nil, false)
+	logits := z.Float32s()
+	V := z.Dim(-1)
+	labels, mask := bt.Labels.Int32s(), bt.LossMask.Float32s()
+	for r := range len(logits) / V {
+		row := logits[r*V : (r+1)*V]
+		mx := math.Inf(-1)
+		for _, v := range row {
+			mx = math.Max(mx, float64(v))
+		}
+		var se float64
+		for _, v := range row {
+			se += math.Exp(float64(v) - mx)
+		}
+		sum += float64(mask[r]) * (mx + math.Log(se) - float64(row[labels[r]]))
+		count += float64(mask[r])
+	}
+	return sum, count
+}
+
 // gradDistance is max |got − want| over every gradient element, relative
 // to the largest |want|.
 func gradDistance(t *testing.T, st *stepper, want map[string][]float64) float64 {
@@ -145,7 +172,7 @@ func gradDistance(t *testing.T, st *stepper, want map[string][]float64) float64 
 func TestPerTokenLossGolden(t *testing.T) {
 	train, valid := dpDatasetMasks(t, 16, datagpt.MaskOptions{EODMaskLoss: true})
 	cfg := dpConfig(dpModels()["gpt2"])
-	cfg.MicroBatchSize, cfg.GlobalBatchSize, cfg.TrainIters, cfg.EvalIters, cfg.ClipGrad = 2, 8, 4, 0, 0
+	cfg.MicroBatchSize, cfg.GlobalBatchSize, cfg.TrainIters, cfg.EvalIters, cfg.ClipGrad = 2, 8, 4, 1, 0
 	refs := map[bool]map[string][]float64{}
 	for _, perToken := range []bool{true, false} {
 		c := cfg
@@ -175,6 +202,30 @@ func TestPerTokenLossGolden(t *testing.T) {
 			}
 			t.Logf("unmasked tokens per micro-batch: %v", tokens)
 		}
+		if perToken {
+			// Evaluation (either mode): Σ token losses / Σ tokens over the
+			// evaluated micro-batches, not the mean of their token means.
+			var sum, count, meanOfMeans float64
+			mbs := c.MicroBatchSize
+			n := c.GlobalBatchSize / mbs
+			for i := range n {
+				bt, err := makeBatch(valid, int64(i*mbs)%int64(valid.Len()), mbs, c.SeqLength, c.Model.VocabSize)
+				if err != nil {
+					t.Fatal(err)
+				}
+				s, k := tokenLosses(t, st, bt)
+				sum, count, meanOfMeans = sum+s, count+k, meanOfMeans+s/k/float64(n)
+			}
+			var consumed int64
+			got, err := st.evaluate(valid, &consumed)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Logf("validation loss %.9g: Σ/Σ %.9g, mean of means %.9g", got, sum/count, meanOfMeans)
+			if !relClose(got, sum/count, 1e-6) || relClose(got, meanOfMeans, 1e-6) {
+				t.Errorf("validation loss %.9g: want Σ losses / Σ tokens %.9g (not the mean of the micro-batches' means %.9g)", got, sum/count, meanOfMeans)
+			}
+		}
 		loss, err := st.step(context.Background())
 		if err != nil {
 			t.Fatal(err)
@@ -199,7 +250,8 @@ func TestPerTokenLossGolden(t *testing.T) {
 // distributed optimizer), tensor parallelism with sequence parallelism,
 // pipeline parallelism (1F1B and interleaved), context parallelism and
 // Megatron's TP=2 PP=2 CP=2 functional-test layout reproduce the single
-// process: the same lm loss at each iteration, validation loss and final
+// process (two distributed-optimizer instances of DP=2: its loss and
+// grad-norm curve): the same lm loss at each iteration, validation loss and final
 // parameters within 1e-5; and the per-token run differs from the default
 // one, so the comparison is of the per-token objective.
 func TestPerTokenLossParallelMatchesSingleProcess(t *testing.T) {
@@ -228,6 +280,20 @@ func TestPerTokenLossParallelMatchesSingleProcess(t *testing.T) {
 		{tp: 2, pp: 2, cp: 2, dp: 1, comm: cp.P2P},
 	} {
 		checkSameRun(t, "per-token "+l.String(), ref, runCPLayout(t, cfg, l, train, valid))
+	}
+	// two distributed-optimizer instances of DP=2 (the gradients summed
+	// within and across them)
+	inst := cfg
+	inst.EvalIters = 0
+	inst.DDP = ddp.Config{DistributedOptimizer: true}
+	one := runMoEOn(t, cfg, train, 0, parallel.Config{})[0]
+	for r, g := range runMoEOn(t, inst, train, 4, parallel.Config{DistOptInstances: 2}) {
+		for i := range one.res.Losses {
+			if !relClose(g.res.Losses[i], one.res.Losses[i], 1e-5) || !relClose(g.res.GradNorms[i], one.res.GradNorms[i], 1e-5) {
+				t.Fatalf("per-token, 2 distributed-optimizer instances, rank %d iteration %d: lm loss %.9g grad norm %.9g, single process %.9g and %.9g",
+					r, i+1, g.res.Losses[i], g.res.GradNorms[i], one.res.Losses[i], one.res.GradNorms[i])
+			}
+		}
 	}
 }
 
@@ -345,5 +411,34 @@ func TestPerTokenLossMoE(t *testing.T) {
 		// tensor- and context-parallel runs: compared by their losses (the
 		// ranks hold slices, or experts folded over CP)
 		sameMoECurve(t, "per-token "+c.name, ref, runMoEOn(t, c.cfg, train, c.world, c.pc), c.pc.TP < 2 && c.pc.CP < 2)
+	}
+}
+
+// TestPerTokenLossWithLossScale: the loss scale and the per-token weights
+// compose as Megatron's (backward seeded by loss_scale × tokens, the
+// gradients divided by the tokens, then unscaled): a constant loss scale of
+// 1024 with --bf16, a power of two, changes no number of a per-token run,
+// in one process and through the pipeline executor (PP=2).
+func TestPerTokenLossWithLossScale(t *testing.T) {
+	train, valid := dpDatasetMasks(t, 16, datagpt.MaskOptions{EODMaskLoss: true})
+	m := dpModels()["gpt2"]
+	cfg := dpConfig(m)
+	cfg.MicroBatchSize, cfg.GlobalBatchSize, cfg.TrainIters, cfg.EvalInterval, cfg.EvalIters = 1, 4, 3, 0, 0
+	cfg.CalculatePerTokenLoss, cfg.BF16 = true, true
+	scaled := cfg
+	scaled.LossScale.Constant = 1024
+	for _, l := range []cpLayout{{tp: 1, pp: 1, cp: 1, dp: 1}, {tp: 1, pp: 2, cp: 1, dp: 1}} {
+		ref := runCPLayout(t, cfg, l, train, valid)[0]
+		got := runCPLayout(t, scaled, l, train, valid)
+		for r, g := range got {
+			if !slices.Equal(g.res.Losses, ref.res.Losses) || !slices.Equal(g.res.GradNorms, ref.res.GradNorms) {
+				t.Fatalf("%v rank %d: losses %v grad norms %v with loss scale 1024, %v and %v without", l, r, g.res.Losses, g.res.GradNorms, ref.res.Losses, ref.res.GradNorms)
+			}
+			for pn, w := range ref.params {
+				if !slices.Equal(g.params[pn], w) {
+					t.Fatalf("%v rank %d: %s differs with loss scale 1024", l, r, pn)
+				}
+			}
+		}
 	}
 }

@@ -580,3 +580,59 @@ func TestP2PTimerName(t *testing.T) {
 		}
 	}
 }
+
+// With ExecConfig.LossWeight (Megatron's --calculate-per-token-loss: each
+// micro-batch weighs its token count, not 1/M) every schedule seeds each
+// micro-batch's backward with its weight and returns Σ w·loss: the
+// gradients equal one process's Σ_mb w_mb·∇loss_mb, bit for bit, and
+// MicrobatchLosses holds each micro-batch's loss on the last rank.
+func TestExecutorLossWeight(t *testing.T) {
+	weight := func(mb int) float32 { return float32(3 + 2*mb) }
+	for _, cfg := range []Config{{PP: 2, Microbatches: 4}, {PP: 2, VPP: 2, Microbatches: 4}, {PP: 4, Microbatches: 5}} {
+		c := cfg.withDefaults()
+		tm := newToy(c.PP*c.VPP, c.Microbatches)
+		ref := tm.weights()
+		tp := tensor.NewTape()
+		var want float64
+		wantLosses := make([]float64, c.Microbatches)
+		for mb := range c.Microbatches {
+			var x *tensor.Tensor
+			for s, w := range ref {
+				x = tm.stage(tp, s, w, x, mb)
+			}
+			wantLosses[mb] = float64(x.Float32s()[0])
+			want += float64(weight(mb)) * wantLosses[mb]
+			if err := tp.Backward(tp.Scale(x, weight(mb))); err != nil {
+				t.Fatal(err)
+			}
+			tp.Reset()
+		}
+		ws := tm.weights()
+		var loss float64
+		var losses []float64
+		errs := runRanks(t, c.PP, func(ctx context.Context, pg comm.ProcessGroup) error {
+			stages, _ := rankStages(tm, cfg, pg.Rank(), ws)
+			e, err := NewExecutor(ExecConfig{Schedule: cfg, Group: pg, Stages: stages, LossWeight: weight})
+			if err != nil {
+				return err
+			}
+			l, err := e.Step(ctx)
+			if err != nil {
+				return err
+			}
+			if e.HasLoss() {
+				loss, losses = l, slices.Clone(e.MicrobatchLosses())
+			} else if e.MicrobatchLosses() != nil {
+				return fmt.Errorf("rank %d holds no loss but returns micro-batch losses", pg.Rank())
+			}
+			return nil
+		})
+		if err := errors.Join(errs...); err != nil {
+			t.Fatalf("%+v: %v", cfg, err)
+		}
+		if loss != want || !slices.Equal(losses, wantLosses) {
+			t.Errorf("%+v: objective %v and losses %v, one process %v and %v", cfg, loss, losses, want, wantLosses)
+		}
+		sameGrads(t, fmt.Sprintf("%+v weighted", cfg), ws, ref)
+	}
+}
