@@ -168,7 +168,9 @@ func gradDistance(t *testing.T, st *stepper, want map[string][]float64) float64 
 // / Σ unmasked tokens, and differ from the reference of Megatron's default
 // (the mean over micro-batches of each one's token mean), which the
 // default run's gradients equal; both runs log Σ token losses / Σ tokens,
-// as Megatron's train_step.
+// as Megatron's train_step, and the reference's grad norm; the validation
+// loss is Σ token losses / Σ tokens too; --clip-grad clips the divided
+// gradients.
 func TestPerTokenLossGolden(t *testing.T) {
 	train, valid := dpDatasetMasks(t, 16, datagpt.MaskOptions{EODMaskLoss: true})
 	cfg := dpConfig(dpModels()["gpt2"])
@@ -241,7 +243,50 @@ func TestPerTokenLossGolden(t *testing.T) {
 		if other < 1e-3 {
 			t.Errorf("per-token %v: gradients within %.3g of the other mode's reference: the modes should differ on these micro-batches", perToken, other)
 		}
+		if norm := refNorm(refs[perToken]); !relClose(st.lastGradNorm, norm, 1e-5) {
+			t.Errorf("per-token %v: grad norm %.9g, reference %.9g", perToken, st.lastGradNorm, norm)
+		}
 	}
+
+	// --clip-grad clips the divided gradients: at half the reference norm
+	// they come out as the reference times clip/(norm+1e-6).
+	c := cfg
+	c.CalculatePerTokenLoss = true
+	tr, err := New(c, train, valid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tr.Close()
+	st := tr.stepper
+	if err := st.mb.UpdateChecked(0); err != nil {
+		t.Fatal(err)
+	}
+	_, ref, _ := perTokenReference(t, st, true)
+	norm := refNorm(ref)
+	st.cfg.ClipGrad = norm / 2
+	if _, err := st.step(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	coef := (norm / 2) / (norm + 1e-6)
+	for _, g := range ref {
+		for j := range g {
+			g[j] *= coef
+		}
+	}
+	if d := gradDistance(t, st, ref); d > 1e-5 || !relClose(st.lastGradNorm, norm, 1e-5) {
+		t.Errorf("clipped at %.6g: grad norm %.9g (reference %.9g), gradients %.3g from the clipped reference", norm/2, st.lastGradNorm, norm, d)
+	}
+}
+
+// refNorm is the L2 norm of reference gradients.
+func refNorm(grads map[string][]float64) float64 {
+	var s float64
+	for _, g := range grads {
+		for _, v := range g {
+			s += v * v
+		}
+	}
+	return math.Sqrt(s)
 }
 
 // TestPerTokenLossParallelMatchesSingleProcess: with --eod-mask-loss (so
