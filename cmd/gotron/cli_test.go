@@ -252,7 +252,6 @@ func TestMegatronCompatSameNumbers(t *testing.T) {
 		"gotron train: --use-persistent-ckpt-worker: no effect in gotron:",
 		"gotron train: --rerun-mode disabled: accepted:",
 		"gotron train: --num-workers 8: no effect in gotron:",
-		"gotron train: --num-distributed-optimizer-instances 1: Megatron's default, nothing to do",
 		"gotron train: --distributed-backend nccl: NCCL moves GPU memory, and this run is on --device cpu: the collectives run over gotron's CPU process group",
 		"gotron train: --sequence-parallel: disabled, as Megatron does, because --tensor-model-parallel-size is 1",
 	} {
@@ -276,7 +275,7 @@ func TestMegatronCompatRefusals(t *testing.T) {
 		{[]string{"--use-megatron-fsdp"}, "needs fully sharded data parallelism (FSDP)"},
 		{[]string{"--rerun-mode", "validate_results"}, "--rerun-mode validate_results: needs Megatron's rerun state machine"},
 		{[]string{"--inference-max-seq-length", "64"}, "needs Megatron's inference scripts"},
-		{[]string{"--num-distributed-optimizer-instances", "2"}, "--num-distributed-optimizer-instances 2: needs several distributed-optimizer instances"},
+		{[]string{"--num-distributed-optimizer-instances", "2"}, "--num-distributed-optimizer-instances=2 needs --use-distributed-optimizer (as Megatron)"},
 		{[]string{"--deterministic-mode", "--device", "sim"}, "--deterministic-mode: checked on --device cpu only"},
 	}
 	for _, c := range cases {

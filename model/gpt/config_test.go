@@ -122,14 +122,14 @@ func TestEnumsText(t *testing.T) {
 	bad := map[string]string{
 		`{"Normalization":"LayerNorm1P"}`:  `--normalization="LayerNorm1P": want LayerNorm or RMSNorm`,
 		`{"PositionEmbeddingType":"yarn"}`: `--position-embedding-type="yarn": want learned_absolute, rope or none`,
-		`{"Activation":"relu"}`:            `activation "relu": want gelu, gelu_tanh or swiglu`,
+		`{"Activation":"relu"}`:            `activation "relu": want gelu, gelu_tanh, swiglu or squared_relu`,
 	}
 	for in, want := range bad {
 		if err := json.Unmarshal([]byte(in), &back); err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("%s: error %v, want %q", in, err, want)
 		}
 	}
-	for _, v := range []fmt.Stringer{GELU, GELUTanh, SwiGLU, LayerNorm, RMSNorm, LearnedAbsolute, RoPE, NoPositionEmbedding} {
+	for _, v := range []fmt.Stringer{GELU, GELUTanh, SwiGLU, SquaredReLU, LayerNorm, RMSNorm, LearnedAbsolute, RoPE, NoPositionEmbedding} {
 		var err error
 		switch v := v.(type) {
 		case Activation:
@@ -173,13 +173,13 @@ func TestEnumFlags(t *testing.T) {
 		t.Errorf("error %v does not name the flag and the choices", err)
 	}
 	for _, mutate := range []func(*Config){
-		func(c *Config) { c.Activation = 3 },
+		func(c *Config) { c.Activation = 4 }, // one past SquaredReLU
 		func(c *Config) { c.Normalization = 2 },
 		func(c *Config) { c.PositionEmbeddingType = 3 },
 	} {
 		c := Config{NumLayers: 1, HiddenSize: 8, NumAttentionHeads: 2, VocabSize: 8, MaxPositionEmbeddings: 4}
 		mutate(&c)
-		if err := c.Validate(); err == nil || !strings.Contains(err.Error(), "(3)") && !strings.Contains(err.Error(), "(2)") {
+		if err := c.Validate(); err == nil || !strings.Contains(err.Error(), "(4)") && !strings.Contains(err.Error(), "(3)") && !strings.Contains(err.Error(), "(2)") {
 			t.Errorf("Validate of %+v: %v", c, err)
 		}
 	}
