@@ -15,8 +15,8 @@ import (
 //   - TP=2 with sequence parallelism: each rank routes its half of the
 //     tokens, a micro-batch's counts and tokens are the whole one's, and the
 //     router's gradient is summed over TP: one process as it is.
-//   - DP=2, and EP=2×DP=2 (alltoall): a micro-batch's counts are both
-//     ranks' micro-batches' — one process's micro-batch of twice the size,
+//   - DP=2, EP=2×DP=2 (alltoall) and EP=2×DP=4: a micro-batch's counts are all
+//     ranks' micro-batches' — one process's micro-batch of DP times the size,
 //     which holds the same sequences (Megatron's sampler gives rank r the
 //     r-th slice of each step's samples). Each rank's loss is its part of
 //     that micro-batch's, and the data-parallel mean of the gradients
@@ -44,4 +44,10 @@ func TestGlobalAuxLossAcrossRanks(t *testing.T) {
 	} {
 		checkSameMoERun(t, "global_aux_loss "+c.name, ref, runMoETP(t, cfg, c.l, src), lb)
 	}
+
+	// DP=4 with EP=2 (expert DP 2): one micro-batch of 2 on each rank, one
+	// of 8 in one process, the coefficient divided by 4
+	one.MicroBatchSize, one.Model.MoE.GlobalAuxLossCoeff = 4*cfg.MicroBatchSize, cfg.Model.MoE.GlobalAuxLossCoeff/4
+	checkSameMoERun(t, "global_aux_loss EP=2×DP=4 alltoall", runMoETP(t, one, moeTPLayout{}, src)[0],
+		runMoETP(t, cfg, moeTPLayout{world: 4, pc: parallel.Config{EP: 2}, alltoall: true}, src), lb)
 }
