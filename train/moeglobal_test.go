@@ -15,7 +15,8 @@ import (
 //   - TP=2 with sequence parallelism: each rank routes its half of the
 //     tokens, a micro-batch's counts and tokens are the whole one's, and the
 //     router's gradient is summed over TP: one process as it is.
-//   - DP=2, EP=2×DP=2 (alltoall) and EP=2×DP=4: a micro-batch's counts are all
+//   - DP=2, EP=2×DP=2 (alltoall, also with PP=2: each stage's ranks sum
+//     their layers' counts) and EP=2×DP=4: a micro-batch's counts are all
 //     ranks' micro-batches' — one process's micro-batch of DP times the size,
 //     which holds the same sequences (Megatron's sampler gives rank r the
 //     r-th slice of each step's samples). Each rank's loss is its part of
@@ -41,6 +42,7 @@ func TestGlobalAuxLossAcrossRanks(t *testing.T) {
 	}{
 		{"DP=2", moeTPLayout{world: 2, pc: parallel.Config{}}},
 		{"EP=2×DP=2 alltoall", moeTPLayout{world: 2, pc: parallel.Config{EP: 2}, alltoall: true}},
+		{"EP=2×DP=2×PP=2 alltoall", moeTPLayout{world: 4, pc: parallel.Config{EP: 2, PP: 2}, alltoall: true, pp: 2}},
 	} {
 		checkSameMoERun(t, "global_aux_loss "+c.name, ref, runMoETP(t, cfg, c.l, src), lb)
 	}
