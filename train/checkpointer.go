@@ -457,8 +457,16 @@ func (ck *checkpointer) load(root string) error {
 	if err := ck.expectTensors(r, want); err != nil {
 		return err
 	}
+	if err := ck.stepper.syncParams(); err != nil { // FSDP: whole parameters to read into
+		return err
+	}
 	if err := ck.readParams(r); err != nil {
 		return err
+	}
+	if f := ck.stepper.fsdp; f != nil {
+		if err := f.TakeShards(); err != nil {
+			return fmt.Errorf("train: --load: %w", err)
+		}
 	}
 	if ck.cfg.Finetune {
 		ck.rawf("  successfully loaded checkpoint from %s %s at iteration 0 (--finetune: weights only; iteration, optimizer and scheduler start fresh)", root, ck.rankTag())

@@ -189,6 +189,10 @@ type Config struct {
 	// DDP configures the data-parallel gradient reduction and the
 	// distributed optimizer (used when Parallel is set).
 	DDP ddp.Config
+	// FSDP is fully sharded data parallelism (fsdp.go): NoFSDP, or what
+	// it shards over the data × context parallel group (it switches
+	// DDP.DistributedOptimizer on).
+	FSDP Sharding
 	// MoEAllToAll (--moe-token-dispatcher-type alltoall) exchanges an
 	// expert-parallel run's tokens by all-to-all; false, by all-gather and
 	// reduce-scatter (Megatron's allgather dispatcher, its default).
@@ -328,6 +332,9 @@ func (c *Config) validate() error {
 	}
 	c.Parallel = c.groups()
 	l := c.Parallel.Layout.Config
+	if err := c.checkFSDP(); err != nil {
+		return err
+	}
 	if l.EP > 1 && !c.Model.MoE.Enabled() {
 		return fmt.Errorf("train: --expert-model-parallel-size=%d needs an MoE model (--num-experts)", l.EP)
 	}

@@ -47,6 +47,9 @@ func (st *stepper) setupParallel(ctx context.Context, launched bool) ([]*optim.P
 	if !isLogger(st.par) {
 		st.cfg.Out, st.cfg.Progress, st.cfg.MetricsFile = io.Discard, nil, ""
 	}
+	if st.cfg.FSDP != NoFSDP {
+		return st.setupFSDP(ctx)
+	}
 	if !launched {
 		ps := optimParams(st.localParams())
 		st.reducer = localGrads{params: st.localParams()}
@@ -331,6 +334,11 @@ func (t *Trainer) OptimizerStateBytes() int64 {
 func (st *stepper) syncParams() error {
 	if err := st.reducer.WaitParams(st.cctx); err != nil {
 		return fmt.Errorf("train: iteration %d: %w", st.Iteration, err)
+	}
+	if st.fsdp != nil { // until the next step begins
+		if err := st.fsdp.GatherAll(st.cctx); err != nil {
+			return fmt.Errorf("train: iteration %d: %w", st.Iteration, err)
+		}
 	}
 	return nil
 }

@@ -294,8 +294,22 @@ func (rp *reporter) printTheoreticalMemory() {
 func (st *stepper) paramsNorm() float64 {
 	var counted []*tensor.Tensor
 	cp := st.embeddingCopy()
+	group := st.par.MP
+	if st.fsdp != nil {
+		// the shards: each element on one rank of the data × context
+		// parallel group, so the sum is over the world
+		group = st.par.World
+		for _, g := range st.opt.Groups() {
+			for _, p := range g.Params {
+				name, _, _ := strings.Cut(p.Name, "[")
+				if st.region.Rank() == 0 || !st.replicated(name) {
+					counted = append(counted, p.Data)
+				}
+			}
+		}
+	}
 	for _, p := range st.localParams() {
-		if (st.region.Rank() != 0 && st.replicated(p.Name)) || p == cp {
+		if st.fsdp != nil || (st.region.Rank() != 0 && st.replicated(p.Name)) || p == cp {
 			continue
 		}
 		counted = append(counted, p)
@@ -305,7 +319,7 @@ func (st *stepper) paramsNorm() float64 {
 		panic(fmt.Sprintf("train: params norm: %v", err))
 	}
 	sq := tensor.SumSquares(l)
-	if err := sumOver(st.cctx, st.par.MP, &sq); err != nil {
+	if err := sumOver(st.cctx, group, &sq); err != nil {
 		return math.NaN()
 	}
 	return math.Sqrt(sq)

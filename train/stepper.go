@@ -14,6 +14,7 @@ import (
 	"github.com/gotron/gotron/model/gpt"
 	"github.com/gotron/gotron/optim"
 	"github.com/gotron/gotron/parallel"
+	"github.com/gotron/gotron/parallel/fsdp"
 	"github.com/gotron/gotron/parallel/pp"
 	"github.com/gotron/gotron/parallel/tp"
 	"github.com/gotron/gotron/tensor"
@@ -64,6 +65,7 @@ type stepper struct {
 	par     *parallel.Groups
 	cctx    context.Context       // collectives' context: not cancelled by a signal, so every rank stops at the same iteration
 	reducer gradReducer           // the step's gradients, reduced over the data-parallel group
+	fsdp    *fsdp.FSDP            // fully sharded data parallelism's shards; nil without it
 	region  *tp.Region            // tensor-parallel region (of size 1 with TP = 1)
 	plan    func(string) tp.Style // the architecture's tensor-parallel plan
 	rankRNG *tensor.RNG           // per-TP-rank dropout stream (unused with TP = 1)
@@ -270,6 +272,9 @@ func (st *stepper) step(ctx context.Context) (float64, error) {
 		// The tape carries the collectives' context; Backward returns the
 		// first failure of those run in forward or backward.
 		st.tape.SetContext(st.cctx)
+		if err := st.beginMicrobatch(true); err != nil {
+			return 0, err
+		}
 		st.tm.start(timerForwardCompute, 2)
 		logits := st.model.Forward(st.tape, bt, st.rng, true)
 		loss := st.model.Loss(st.tape, logits, bt)
@@ -284,6 +289,9 @@ func (st *stepper) step(ctx context.Context) (float64, error) {
 		st.tm.stop(timerBackwardCompute)
 		if err != nil {
 			return 0, fmt.Errorf("train: iteration %d: %w", st.Iteration+1, err)
+		}
+		if err := st.endMicrobatch(); err != nil {
+			return 0, err
 		}
 		st.tape.Reset()
 	}
@@ -433,8 +441,11 @@ func (st *stepper) evaluate(src datagpt.Source, consumed *int64) (float64, error
 			} else {
 				dbt := batchTo(bt, st.cfg.Device)
 				tp := st.noGradTape()
+				if err := st.beginMicrobatch(false); err != nil {
+					return math.NaN(), err
+				}
 				loss = scalar(st.model.Loss(tp, st.model.Forward(tp, dbt, nil, false), dbt))
-				err := tp.Err()
+				err := errors.Join(tp.Err(), st.endMicrobatch())
 				tp.Reset()
 				if err != nil {
 					return math.NaN(), fmt.Errorf("train: evaluation at iteration %d: %w", st.Iteration, err)

@@ -56,6 +56,11 @@ type Model struct {
 	Sharding Sharding
 	// Recompute is activation recomputation (recompute.go); zero keeps all.
 	Recompute Recompute
+	// ParamGather, when set, gathers each unit of layers' parameters
+	// before the unit runs in a training or evaluation forward and releases
+	// them after (a recomputed chunk is one unit); nil: the parameters are
+	// whole.
+	ParamGather ParamGather
 	// ContextParallel, when set, computes training attention over a
 	// context-parallel group (the batch holds this rank's chunks of each
 	// sequence); nil is the whole sequence on this rank.
@@ -178,23 +183,44 @@ func New(cfg Config, rng *tensor.RNG) (*Model, error) {
 
 // Params returns every parameter in a fixed order (the checkpoint order).
 func (m *Model) Params() []*tensor.Tensor {
-	ps := []*tensor.Tensor{m.WordEmb, m.PosEmb}
+	ps := nonNil(m.WordEmb, m.PosEmb)
 	for i := range m.Layers {
-		l := &m.Layers[i]
-		ps = append(ps, l.InputNorm, l.InputNormBias, l.QKV, l.QKVBias, l.QNorm, l.QNormBias, l.KNorm, l.KNormBias, l.Proj, l.ProjBias,
-			l.MLPNorm, l.MLPNormBias, l.FC1, l.FC1Bias, l.FC2, l.FC2Bias)
-		if l.MoE != nil {
-			ps = append(ps, l.MoE.params()...)
-		}
+		ps = append(ps, m.Layers[i].Params()...)
 	}
-	ps = append(ps, m.FinalNorm, m.FinalNormB, m.OutputLayer)
-	out := ps[:0]
+	return append(ps, nonNil(m.FinalNorm, m.FinalNormB, m.OutputLayer)...)
+}
+
+// Params returns the layer's parameters in the checkpoint order.
+func (l *Layer) Params() []*tensor.Tensor {
+	ps := nonNil(l.InputNorm, l.InputNormBias, l.QKV, l.QKVBias, l.QNorm, l.QNormBias, l.KNorm, l.KNormBias, l.Proj, l.ProjBias,
+		l.MLPNorm, l.MLPNormBias, l.FC1, l.FC1Bias, l.FC2, l.FC2Bias)
+	if l.MoE != nil {
+		ps = append(ps, nonNil(l.MoE.params()...)...)
+	}
+	return ps
+}
+
+func nonNil(ps ...*tensor.Tensor) []*tensor.Tensor {
+	out := make([]*tensor.Tensor, 0, len(ps))
 	for _, p := range ps {
 		if p != nil {
 			out = append(out, p)
 		}
 	}
 	return out
+}
+
+// ParamGather makes the parameters of a unit of layers whole around their
+// use in a training or evaluation forward pass (fully sharded data
+// parallelism, parallel/fsdp): Gather runs before layers [first,
+// first+n) and Release after them. Both return x unchanged; recorded on a
+// tape as identity ops, their backward runs in the other order (Release's
+// before the layers' backward, Gather's after it), so the backward pass
+// gathers the parameters again and releases them, reducing their
+// gradients, when the layers' backward is done.
+type ParamGather interface {
+	Gather(tp *tensor.Tape, x *tensor.Tensor, first, n int) *tensor.Tensor
+	Release(tp *tensor.Tape, x *tensor.Tensor, first, n int) *tensor.Tensor
 }
 
 // Device returns the device holding the model's parameters.
@@ -295,14 +321,27 @@ func (m *Model) embed(tp *tensor.Tape, tokens, positions *tensor.Tensor, p *pass
 // p.recomp says: Megatron's --recompute-num-layers counts the layers of
 // each pipeline stage, so the units start at layers[0].
 func (m *Model) block(tp *tensor.Tape, x *tensor.Tensor, layers []Layer, first int, p *pass) *tensor.Tensor {
+	g := m.ParamGather
+	if p.layerTape != nil {
+		g = nil // decoding: a server's model is whole
+	}
 	for i := 0; i < len(layers); {
 		n := p.recomp.chunk(i, len(layers))
 		if n == 0 {
+			if g != nil {
+				x = g.Gather(tp, x, first+i, 1)
+			}
 			x = m.layerOn(tp, x, &layers[i], first+i, p)
+			if g != nil {
+				x = g.Release(tp, x, first+i, 1)
+			}
 			i++
 			continue
 		}
 		lo := i
+		if g != nil {
+			x = g.Gather(tp, x, first+i, n)
+		}
 		x = tp.Checkpoint(func(tp *tensor.Tape, in []*tensor.Tensor) []*tensor.Tensor {
 			h := in[0]
 			for j := lo; j < lo+n; j++ {
@@ -310,6 +349,9 @@ func (m *Model) block(tp *tensor.Tape, x *tensor.Tensor, layers []Layer, first i
 			}
 			return []*tensor.Tensor{h}
 		}, []*tensor.Tensor{x}, m.dropoutStreams(p.rng)...)[0]
+		if g != nil {
+			x = g.Release(tp, x, first+i, n)
+		}
 		i += n
 	}
 	return x
