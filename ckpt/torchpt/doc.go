@@ -1,4 +1,4 @@
-// Package torchpt reads files written by PyTorch's torch.save without
+// Package torchpt reads (and writes) files of PyTorch's torch.save without
 // Python: the zip archive of PyTorch 1.6 and later (<name>/data.pkl, a
 // pickle of the object, and <name>/data/<key>, one raw little-endian record
 // per storage) and the older stream format (a magic number, protocol and
@@ -31,4 +31,9 @@
 // anything is allocated: corrupt or truncated files give errors naming the
 // file (and, for the pickle, the byte offset and opcode), never a panic.
 // FuzzUnpickle checks this.
+//
+// Save and Write are the inverse (write.go): they write the zip archive
+// torch.save writes (pickle protocol 2, storages by persistent id, records
+// aligned to 64 bytes) for the same values, tensors made with NewTensor or
+// read from another file; torch.load reads it (TestWriteLoadsInPyTorch).
 package torchpt
