@@ -217,7 +217,7 @@ print(json.dumps(out))
 		"tuple":      "(1, 'two', 3.5, (), (True,))", "bytes": `b'\x00\x01\xffa'`, "unicode": "héllo ✓",
 		"int_key": "int key", "long_list": []any{2500.0, 2499.0},
 		"version": 3.0, "iteration": 1234567.0,
-		"w":       []any{"1.0", "-2.5", "3.25", "inf", "0.0", "1.0000000031710769e-30"}, "w_shape": []any{2.0, 3.0}, "w_dtype": "torch.float32",
+		"w": []any{"1.0", "-2.5", "3.25", "inf", "0.0", "1.0000000031710769e-30"}, "w_shape": []any{2.0, 3.0}, "w_dtype": "torch.float32",
 		"col": []any{-2.5, 0.0}, "col_stride": []any{3.0}, "shared": true,
 		"step": 7.0, "step_dim": 0.0,
 	}
