@@ -272,7 +272,7 @@ func TestMegatronCompatRefusals(t *testing.T) {
 		{[]string{"--use-pytorch-profiler"}, "--use-pytorch-profiler: needs the PyTorch profiler"},
 		{[]string{"--multi-latent-attention"}, "needs multi-latent attention (MLA)"},
 		{[]string{"--fp8-format", "hybrid"}, "--fp8-format hybrid: needs FP8 training"},
-		{[]string{"--use-megatron-fsdp"}, "needs fully sharded data parallelism (FSDP)"},
+		{[]string{"--megatron-fsdp-version", "2"}, "needs this part of Megatron-FSDP"},
 		{[]string{"--rerun-mode", "validate_results"}, "--rerun-mode validate_results: needs Megatron's rerun state machine"},
 		{[]string{"--inference-max-seq-length", "64"}, "needs Megatron's inference scripts"},
 		{[]string{"--num-distributed-optimizer-instances", "2"}, "--num-distributed-optimizer-instances=2 needs --use-distributed-optimizer (as Megatron)"},

@@ -108,7 +108,7 @@ type compatArg struct {
 const (
 	needMLA       = "multi-latent attention (MLA), not built in gotron"
 	needFP8       = "FP8 training (Transformer Engine), not built in gotron"
-	needFSDP      = "fully sharded data parallelism (FSDP), not built in gotron (--use-distributed-optimizer shards the optimizer state)"
+	needFSDP      = "this part of Megatron-FSDP, not built in gotron (--use-megatron-fsdp with --data-parallel-sharding-strategy is)"
 	needRL        = "Megatron's RL/GRPO training loop, not built in gotron"
 	needInference = "Megatron's inference scripts (gotron generate and gotron serve take their own flags)"
 	needLinear    = "experimental attention variants (gated delta net / linear attention, DSA), not built in gotron"
@@ -200,12 +200,6 @@ var compatArgs = map[string]compatArg{
 	"fp8-recipe":                                    {kind: compatNeeds, why: needFP8},
 	"fp8-param-gather":                              {kind: compatNeeds, why: needFP8},
 	"first-last-layers-bf16":                        {kind: compatNeeds, why: needFP8},
-	"use-torch-fsdp2":                               {kind: compatNeeds, why: needFSDP},
-	"use-megatron-fsdp":                             {kind: compatNeeds, why: needFSDP},
-	"megatron-fsdp-main-params-dtype":               {kind: compatNeeds, why: needFSDP},
-	"megatron-fsdp-main-grads-dtype":                {kind: compatNeeds, why: needFSDP},
-	"megatron-fsdp-grad-comm-dtype":                 {kind: compatNeeds, why: needFSDP},
-	"data-parallel-sharding-strategy":               {kind: compatNeeds, why: needFSDP},
 	"experimental-attention-variant":                {kind: compatNeeds, why: needLinear},
 	"linear-attention-freq":                         {kind: compatNeeds, why: needLinear},
 	"linear-conv-kernel-dim":                        {kind: compatNeeds, why: needLinear},

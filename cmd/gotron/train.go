@@ -38,6 +38,7 @@ type trainFlags struct {
 	tpPPDPMapping          bool // --use-tp-pp-dp-mapping: rank order parallel.TPPPDPOrder
 	distOptInstances       int  // --num-distributed-optimizer-instances
 	cp                     cpFlags
+	fsdp                   fsdpFlags
 	timeoutMins            float64
 	heartbeat              heartbeatFlags
 	distBackend            string
@@ -142,6 +143,7 @@ func newTrainFlags() (*flag.FlagSet, *trainFlags) {
 	fs.BoolVar(&f.tpPPDPMapping, "use-tp-pp-dp-mapping", false, "order the ranks "+parallel.TPPPDPOrder+" (data-parallel replicas farthest apart) instead of "+parallel.DefaultOrder+", as Megatron")
 	fs.IntVar(&f.cpSize, "context-parallel-size", 1, "context-parallel size: each rank holds 2 of 2×N chunks of every sequence; attention runs over the group (--cp-comm-type)")
 	f.cp.add(fs, c)
+	f.fsdp.add(fs)
 	fs.BoolVar(&c.DDP.DistributedOptimizer, "use-distributed-optimizer", false, "shard optimizer state over data-parallel ranks (ZeRO-1): reduce-scatter grads, all-gather params")
 	fs.IntVar(&f.distOptInstances, "num-distributed-optimizer-instances", 1, "with --use-distributed-optimizer: cut the data-parallel ranks into this many instances, each sharding the optimizer state over its own ranks; gradients are reduce-scattered within an instance and all-reduced across instances (Megatron's partial distributed optimizer)")
 	fs.BoolVar(&c.DDP.OverlapGradReduce, "overlap-grad-reduce", false, "start each gradient bucket's reduction during backward of the last micro-batch")
@@ -238,7 +240,7 @@ func newTrainFlags() (*flag.FlagSet, *trainFlags) {
 	fs.Float64Var(&c.DecoupledLR, "decoupled-lr", 0, "separate peak learning rate for the word embedding and output layer")
 	fs.Float64Var(&c.DecoupledMinLR, "decoupled-min-lr", 0, "final learning rate with --decoupled-lr (default --min-lr)")
 	fs.BoolVar(&f.useCkptArgs, "use-checkpoint-args", false, "take the model architecture from the --load checkpoint")
-	fs.StringVar(&f.ckptFormat, "ckpt-format", ckpt.FormatName, "checkpoint format: "+ckpt.FormatName+" (gotron's sharded safetensors + checkpoint.json: every rank writes its shards, any layout loads them); torch_dist means the same")
+	fs.StringVar(&f.ckptFormat, "ckpt-format", ckpt.FormatName, "checkpoint format: "+ckpt.FormatName+" (gotron's sharded safetensors + checkpoint.json: every rank writes its shards, any layout loads them); torch_dist, and fsdp_dtensor with --use-megatron-fsdp, mean the same")
 	fs.BoolVar(&c.AsyncSave, "async-save", false, "save checkpoints in the background: the saving iteration copies this rank's shards and training goes on while they are written")
 	fs.Float64Var(&c.AsyncSaveRate, "async-save-rate", 0, "with --async-save, write at most this many MB/s per rank, spreading the disk I/O's CPU cost over more steps (0: as fast as the disk goes)")
 	fs.StringVar(&c.DistCkptStrictness, "dist-ckpt-strictness", "assume_ok_unexpected", "checkpoint tensors the model does not use: "+strings.Join(train.StrictnessValues, ", ")+" (missing tensors and shape mismatches are always errors)")
@@ -478,8 +480,12 @@ func cmdTrain(ctx context.Context, env *cli, args []string) error {
 		if cfg.DDP.DistributedOptimizer {
 			how = "this rank's shard (--use-distributed-optimizer)"
 		}
+		if cfg.FSDP != train.NoFSDP {
+			how = "this rank's shard (fully sharded data parallelism)"
+		}
 		fmt.Fprintf(env.stdout, "gotron train: data-parallel size %d; optimizer state per rank: %.2f MB (%s)\n",
 			groups.DPSize(), float64(tr.OptimizerStateBytes())/1e6, how)
+		printFSDP(env.stdout, tr)
 		printContextParallel(env.stdout, groups.CP.Size(), cfg)
 	}
 	logger := groups == nil || groups.World.Rank() == groups.World.Size()-1
@@ -558,10 +564,13 @@ func (f *trainFlags) build(ctx context.Context, given map[string]bool) (train.Co
 	if f.schedule.LR == 0 {
 		return cfg, nil, fmt.Errorf("--lr is required")
 	}
-	if f.ckptFormat != ckpt.FormatName && f.ckptFormat != "torch_dist" {
+	if f.ckptFormat != ckpt.FormatName && f.ckptFormat != "torch_dist" && f.ckptFormat != "fsdp_dtensor" {
 		return cfg, nil, fmt.Errorf("--ckpt-format=%s: needs Megatron's legacy torch checkpoint format, not built in gotron: gotron reads and writes %q checkpoints, sharded and reshardable like torch_dist (Megatron's legacy torch checkpoints convert with 'gotron convert --from megatron')", f.ckptFormat, ckpt.FormatName)
 	}
 	if err := f.cp.apply(&cfg); err != nil {
+		return cfg, nil, err
+	}
+	if err := f.fsdp.apply(&cfg, given, f.ckptFormat, m.UntieEmbeddingsAndOutputWeights); err != nil {
 		return cfg, nil, err
 	}
 	if len(f.rampup.values) > 0 {
