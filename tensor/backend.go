@@ -40,6 +40,13 @@ type AttentionConfig struct {
 	// out and lse (normalised output and log-sum-exp over other keys; lse
 	// -Inf where there are none) instead of overwriting them.
 	Accumulate bool
+	// Precision is the arithmetic of the products of the CUDA backend's
+	// materialized attention (the tape's MatmulPrecision: bf16 or fp16
+	// operands, float32 accumulation), used there only while
+	// SetCUDAAttentionReducedPrecision is on (GOTRON_CUDA_UNVERIFIED=1 at
+	// OpenCUDA): it has not run on a GPU yet. The CPU backend and the CUDA
+	// flash kernels compute attention in float32 whatever it says.
+	Precision MatmulPrecision
 }
 
 // CrossEntropyConfig is one fused softmax cross-entropy call over logits

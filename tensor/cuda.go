@@ -137,6 +137,10 @@ func OpenCUDA(ordinal int, opts CUDAOptions) error {
 		return nil
 	}
 	rt := &cudaRuntime{ordinal: ordinal, consts: map[any]*Tensor{}}
+	if os.Getenv("GOTRON_CUDA_UNVERIFIED") == "1" {
+		// features built but not yet run on a GPU (docs/design/cuda.md)
+		SetCUDAAttentionReducedPrecision(true)
+	}
 	if os.Getenv("GOTRON_CUDA_PROFILE") != "" {
 		rt.prof = &cudaProfile{byName: map[string]*cudaProfEntry{}}
 	}

@@ -5,6 +5,7 @@ import (
 	"math"
 
 	"github.com/gotron/gotron/internal/cpu"
+	"github.com/gotron/gotron/internal/cuda"
 )
 
 // The CUDA backend's fused attention: internal/cuda/kernels/attn.cu, a
@@ -35,6 +36,10 @@ type cudaAttn struct {
 	dscale    float32
 	seed      uint64
 	firstHead int32
+	qpos      int32 // block attention: the positions of q's and k's row 0
+	kpos      int32
+	accum     int32            // 1: merge into out and lse (AttentionConfig.Accumulate)
+	compute   cuda.ComputeType // the materialized path's cuBLAS products
 }
 
 // cudaAttnArgs checks cfg as the CPU kernels do and converts it. op names the
@@ -43,16 +48,29 @@ func (be cudaBackend) cudaAttnArgs(op string, cfg AttentionConfig) cudaAttn {
 	// The CPU's checks, without DocIDs (their storage is on the device; the
 	// op checked their shape).
 	c := cpu.AttentionConfig{B: cfg.B, T: cfg.T, HQ: cfg.HQ, HKV: cfg.HKV, D: cfg.D, Scale: cfg.Scale, Causal: cfg.Causal,
-		Dropout: cfg.Dropout, DropoutSeed: cfg.DropoutSeed, FirstHead: cfg.FirstHead}
+		Dropout: cfg.Dropout, DropoutSeed: cfg.DropoutSeed, FirstHead: cfg.FirstHead, QPos: cfg.QPos, KPos: cfg.KPos}
 	if err := c.Validate(); err != nil {
 		panic(fmt.Sprintf("tensor: %s on the cuda backend: %v", op, err))
 	}
-	if cfg.QPos != 0 || cfg.KPos != 0 || cfg.Accumulate {
-		// train refuses --context-parallel-size > 1 with --device cuda
-		panic(fmt.Sprintf("tensor: %s on the cuda backend: block attention (QPos=%d KPos=%d Accumulate=%v, context parallelism) is not built for CUDA yet",
-			op, cfg.QPos, cfg.KPos, cfg.Accumulate))
+	if cfg.DocIDs != nil && (cfg.QPos != 0 || cfg.KPos != 0) {
+		panic(fmt.Sprintf("tensor: %s on the cuda backend: DocIDs with QPos=%d KPos=%d: document masks need whole sequences (offsets 0)", op, cfg.QPos, cfg.KPos))
 	}
-	a := cudaAttn{scale: cfg.Scale, seed: cfg.DropoutSeed, firstHead: int32(cfg.FirstHead)}
+	block := cfg.QPos != 0 || cfg.KPos != 0 || cfg.Accumulate
+	if block && attnmatChunk(cfg) == 0 {
+		// Block attention (context parallelism) is built on the materialized
+		// path only; train refuses --context-parallel-size > 1 with --device
+		// cuda unless GOTRON_CUDA_UNVERIFIED=1 until a GPU run checks it.
+		panic(fmt.Sprintf("tensor: %s on the cuda backend: block attention (QPos=%d KPos=%d Accumulate=%v, context parallelism) runs on the materialized path only, and one batch row's scores (%d heads × %d² float32) exceed its limit of %d bytes (tensor.SetCUDAAttentionScoresLimit); the flash kernels have no query/key offsets yet",
+			op, cfg.QPos, cfg.KPos, cfg.Accumulate, cfg.HQ, cfg.T, attnMaterializedMaxBytes.Load()))
+	}
+	if cfg.QPos > math.MaxInt32-cfg.T || cfg.KPos > math.MaxInt32-cfg.T {
+		panic(fmt.Sprintf("tensor: %s on the cuda backend: QPos=%d KPos=%d T=%d: positions beyond int32", op, cfg.QPos, cfg.KPos, cfg.T))
+	}
+	a := cudaAttn{scale: cfg.Scale, seed: cfg.DropoutSeed, firstHead: int32(cfg.FirstHead),
+		qpos: int32(cfg.QPos), kpos: int32(cfg.KPos), compute: attnmatComputeFor(cfg)}
+	if cfg.Accumulate {
+		a.accum = 1
+	}
 	switch {
 	case cfg.D <= 64:
 		a.suffix, a.fwdRows, a.bwdRows = "d64", 32, 16

@@ -17,10 +17,12 @@ import (
 // The GEMMs loop over query heads h (KV head h / (HQ/HKV)) and batch over
 // the chunk's batch rows; grouped-query heads accumulate into their KV
 // head's dk and dv with beta 1, one head after the other on the stream.
-// They compute in attnMaterializedCompute, full float32: AttentionConfig
-// carries no matmul precision. A bf16 variant is cuda.Compute32FFast16BF
-// there (a field such as AttentionConfig.Precision MatmulPrecision, set by
-// the attention op from the tape's precision, would select it per call).
+// They compute in attnMaterializedCompute, full float32, unless
+// SetCUDAAttentionReducedPrecision is on and AttentionConfig.Precision (the
+// tape's matmul precision) asks for bf16 or fp16 operands: then
+// cuda.Compute32FFast16BF or Compute32FFast16F (tensor cores, float32
+// accumulation; the row kernels stay float32). Built, not yet run on a GPU:
+// off by default until TestCUDAAttentionReducedPrecision passes on one.
 
 // attnMaterializedMaxBytes bounds the float32 score buffer of one chunk of
 // batch rows (the backward holds two of them); a call whose single batch row
@@ -30,6 +32,30 @@ var attnMaterializedMaxBytes atomic.Int64
 
 func init() { attnMaterializedMaxBytes.Store(1 << 30) }
 
+// attnReducedPrecision lets the materialized path honour
+// AttentionConfig.Precision (see SetCUDAAttentionReducedPrecision).
+var attnReducedPrecision atomic.Bool
+
+// SetCUDAAttentionReducedPrecision turns on (or off) bf16/fp16 products in
+// the CUDA backend's materialized attention for calls whose
+// AttentionConfig.Precision asks for them (--bf16, --fp16), and returns the
+// previous setting. It is off by default, and OpenCUDA turns it on when
+// GOTRON_CUDA_UNVERIFIED=1: it is built but has not yet run on a GPU.
+func SetCUDAAttentionReducedPrecision(on bool) bool { return attnReducedPrecision.Swap(on) }
+
+// attnmatComputeFor is the cuBLAS compute type of cfg's products.
+func attnmatComputeFor(cfg AttentionConfig) cuda.ComputeType {
+	if attnReducedPrecision.Load() {
+		switch cfg.Precision {
+		case MatmulBF16:
+			return cuda.Compute32FFast16BF
+		case MatmulFP16:
+			return cuda.Compute32FFast16F
+		}
+	}
+	return attnMaterializedCompute
+}
+
 // SetCUDAAttentionScoresLimit sets the bound on one chunk's float32 score
 // buffer under which the CUDA backend's attention materializes the scores
 // and multiplies with cuBLAS (0: always the flash kernels) and returns the
@@ -38,9 +64,8 @@ func init() { attnMaterializedMaxBytes.Store(1 << 30) }
 func SetCUDAAttentionScoresLimit(bytes int64) int64 { return attnMaterializedMaxBytes.Swap(bytes) }
 
 // attnMaterializedCompute is the cuBLAS compute type of the materialized
-// path's products: cuda.Compute32F (float32, within the conformance tests'
-// tolerance of the CPU), cuda.Compute32FFastTF32 or
-// cuda.Compute32FFast16BF (tensor cores; the tests' 2e-4 would not hold).
+// path's products in float32: cuda.Compute32F (within the conformance
+// tests' tolerance of the CPU; TF32 would not hold their 2e-4).
 const attnMaterializedCompute = cuda.Compute32F
 
 // attnmatChunk returns how many batch rows one chunk of the materialized
@@ -65,7 +90,7 @@ func attnmatRowBlocks(rows int) [3]int { return [3]int{min(rows, 1<<30), 1, 1} }
 // its row stride (ld, elements) and its batch stride (elements), as
 // cudaBackend.Gemm maps row-major onto cuBLAS's column-major: B goes first
 // and the dimensions swap.
-func (be cudaBackend) attnmatGemm(tA, tB bool, m, n, k int, alpha float32, a cuda.Ptr, lda int, sa int64,
+func (be cudaBackend) attnmatGemm(compute cuda.ComputeType, tA, tB bool, m, n, k int, alpha float32, a cuda.Ptr, lda int, sa int64,
 	bm cuda.Ptr, ldb int, sb int64, beta float32, c cuda.Ptr, ldc int, sc int64, batch int) {
 	p := cuda.GemmParams{
 		TransA: tB, TransB: tA,
@@ -75,7 +100,7 @@ func (be cudaBackend) attnmatGemm(tA, tB bool, m, n, k int, alpha float32, a cud
 		B: a, BType: cuda.F32, LDB: lda, StrideB: sa,
 		C: c, CType: cuda.F32, LDC: ldc, StrideC: sc,
 		Batch:   batch,
-		Compute: attnMaterializedCompute,
+		Compute: compute,
 	}
 	be.rt.timed("cublas attention gemm", func() {
 		if err := be.rt.dev.GemmStridedBatched(p); err != nil {
@@ -115,16 +140,18 @@ func (be cudaBackend) attnmatForward(out, lse, q, k, v *Tensor, cfg AttentionCon
 		n := min(bc, cfg.B-b0)
 		for h := 0; h < HQ; h++ { // S[., h] = scale·Q·Kᵀ
 			g := h / rep
-			be.attnmatGemm(false, true, T, T, D, a.scale, qv.at(b0, h), qv.ld(), qv.stride(),
+			be.attnmatGemm(a.compute, false, true, T, T, D, a.scale, qv.at(b0, h), qv.ld(), qv.stride(),
 				kv.at(b0, g), kv.ld(), kv.stride(), 0, sp+cuda.Ptr(int64(h)*tt*4), T, int64(HQ)*tt, n)
 		}
 		rows := n * HQ * T
 		be.launch("attnmat_fwd_f32", attnmatRowBlocks(rows), [3]int{attnmatThreads, 1, 1}, 0,
-			sp, be.ptr(lse), a.docs, int64(rows), int32(T), int32(HQ), int32(b0), a.causal, a.dropout, a.thr, a.dscale, a.seed, a.firstHead)
-		for h := 0; h < HQ; h++ { // O[., h] = P̃·V
+			attnmatFwdArgs(uintptr(sp), be.ptr(lse), be.ptr(out), a, rows, T, HQ, D, b0)...)
+		// Accumulate: the row kernel rescaled out's rows to the merged lse
+		beta := float32(a.accum)
+		for h := 0; h < HQ; h++ { // O[., h] = P̃·V (+ the rescaled partial result)
 			g := h / rep
-			be.attnmatGemm(false, false, T, D, T, 1, sp+cuda.Ptr(int64(h)*tt*4), T, int64(HQ)*tt,
-				vv.at(b0, g), vv.ld(), vv.stride(), 0, ov.at(b0, h), ov.ld(), ov.stride(), n)
+			be.attnmatGemm(a.compute, false, false, T, D, T, 1, sp+cuda.Ptr(int64(h)*tt*4), T, int64(HQ)*tt,
+				vv.at(b0, g), vv.ld(), vv.stride(), beta, ov.at(b0, h), ov.ld(), ov.stride(), n)
 		}
 	}
 }
@@ -148,27 +175,39 @@ func (be cudaBackend) attnmatBackward(dq, dk, dv, dout, q, k, v, out, lse *Tenso
 			g := h / rep
 			sh, dph := sp+cuda.Ptr(int64(h)*tt*4), dpp+cuda.Ptr(int64(h)*tt*4)
 			// S = scale·Q·Kᵀ, dP̃ = dO·Vᵀ
-			be.attnmatGemm(false, true, T, T, D, a.scale, qv.at(b0, h), qv.ld(), qv.stride(),
+			be.attnmatGemm(a.compute, false, true, T, T, D, a.scale, qv.at(b0, h), qv.ld(), qv.stride(),
 				kv.at(b0, g), kv.ld(), kv.stride(), 0, sh, T, sb, n)
-			be.attnmatGemm(false, true, T, T, D, 1, dov.at(b0, h), dov.ld(), dov.stride(),
+			be.attnmatGemm(a.compute, false, true, T, T, D, 1, dov.at(b0, h), dov.ld(), dov.stride(),
 				vv.at(b0, g), vv.ld(), vv.stride(), 0, dph, T, sb, n)
 		}
 		rows := n * HQ * T
 		be.launch("attnmat_bwd_f32", attnmatRowBlocks(rows), [3]int{attnmatThreads, 1, 1}, 0,
-			sp, dpp, be.ptr(lse), be.ptr(dout), be.ptr(out), a.docs, int64(rows), int32(T), int32(HQ), int32(D), int32(b0),
-			a.scale, a.causal, a.dropout, a.thr, a.dscale, a.seed, a.firstHead)
+			attnmatBwdArgs(uintptr(sp), uintptr(dpp), be.ptr(lse), be.ptr(dout), be.ptr(out), a, rows, T, HQ, D, b0)...)
 		for h := 0; h < HQ; h++ {
 			g := h / rep
 			sh, dsh := sp+cuda.Ptr(int64(h)*tt*4), dpp+cuda.Ptr(int64(h)*tt*4)
 			// dV += P̃ᵀ·dO (T keys × D, over T queries)
-			be.attnmatGemm(true, false, T, D, T, 1, sh, T, sb,
+			be.attnmatGemm(a.compute, true, false, T, D, T, 1, sh, T, sb,
 				dov.at(b0, h), dov.ld(), dov.stride(), 1, dvv.at(b0, g), dvv.ld(), dvv.stride(), n)
 			// dQ += dS·K
-			be.attnmatGemm(false, false, T, D, T, 1, dsh, T, sb,
+			be.attnmatGemm(a.compute, false, false, T, D, T, 1, dsh, T, sb,
 				kv.at(b0, g), kv.ld(), kv.stride(), 1, dqv.at(b0, h), dqv.ld(), dqv.stride(), n)
 			// dK += dSᵀ·Q
-			be.attnmatGemm(true, false, T, D, T, 1, dsh, T, sb,
+			be.attnmatGemm(a.compute, true, false, T, D, T, 1, dsh, T, sb,
 				qv.at(b0, h), qv.ld(), qv.stride(), 1, dkv.at(b0, g), dkv.ld(), dkv.stride(), n)
 		}
 	}
+}
+
+// attnmatFwdArgs and attnmatBwdArgs are the argument lists of attnmat.cu's
+// row kernels (TestAttnmatArgsMatchPTX checks them against the embedded
+// PTX's parameters, which the driver does not).
+func attnmatFwdArgs(s, lse, out uintptr, a cudaAttn, rows, T, HQ, D, b0 int) []any {
+	return []any{s, lse, out, a.docs, int64(rows), int32(T), int32(HQ), int32(D), int32(b0), a.causal, a.dropout,
+		a.thr, a.dscale, a.seed, a.firstHead, a.qpos, a.kpos, a.accum}
+}
+
+func attnmatBwdArgs(s, dp, lse, dout, out uintptr, a cudaAttn, rows, T, HQ, D, b0 int) []any {
+	return []any{s, dp, lse, dout, out, a.docs, int64(rows), int32(T), int32(HQ), int32(D), int32(b0),
+		a.scale, a.causal, a.dropout, a.thr, a.dscale, a.seed, a.firstHead, a.qpos, a.kpos}
 }

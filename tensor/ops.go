@@ -452,7 +452,8 @@ type AttentionOptions struct {
 func (tp *Tape) Attention(q, k, v *Tensor, o AttentionOptions) *Tensor {
 	q, k, v = tp.Contiguous(q), tp.Contiguous(k), tp.Contiguous(v)
 	b, t, hq, d := q.Dim(0), q.Dim(1), q.Dim(2), q.Dim(3)
-	cfg := AttentionConfig{B: b, T: t, HQ: hq, HKV: k.Dim(2), D: d, Scale: o.Scale, Causal: o.Causal, FirstHead: o.FirstHead}
+	cfg := AttentionConfig{B: b, T: t, HQ: hq, HKV: k.Dim(2), D: d, Scale: o.Scale, Causal: o.Causal, FirstHead: o.FirstHead,
+		Precision: tp.MatmulPrecision()}
 	if o.DocIDs != nil {
 		cfg.DocIDs = o.DocIDs.Contiguous()
 	}

@@ -205,6 +205,12 @@ type Config struct {
 	// boundaries) with results identical to the CPU's bit for bit.
 	Device tensor.Device
 
+	// CUDAUnverified (GOTRON_CUDA_UNVERIFIED=1) lets --device cuda run
+	// features built for the GPU but not yet run on one (docs/design/cuda.md
+	// lists them): context parallelism's block attention. Off, they are
+	// refused naming the variable.
+	CUDAUnverified bool
+
 	// Now is the clock (tests replace it); nil means time.Now.
 	Now func() time.Time
 }

@@ -269,3 +269,19 @@ func TestContextParallelSimMatchesCPU(t *testing.T) {
 		}
 	}
 }
+
+// TestContextParallelCUDAGate: --context-parallel-size > 1 with --device
+// cuda is refused, naming GOTRON_CUDA_UNVERIFIED, until a GPU run verifies
+// the CUDA block attention; with the variable set the flags pass.
+func TestContextParallelCUDAGate(t *testing.T) {
+	cfg := dpConfig(dpModels()["gpt2"])
+	cfg.SeqLength, cfg.Device = 16, tensor.CUDA
+	err := cfg.checkContextParallel(2, 1)
+	if err == nil || !strings.Contains(err.Error(), "GOTRON_CUDA_UNVERIFIED=1") {
+		t.Errorf("CP 2 on cuda: %v, want a refusal naming GOTRON_CUDA_UNVERIFIED=1", err)
+	}
+	cfg.CUDAUnverified = true
+	if err := cfg.checkContextParallel(2, 1); err != nil {
+		t.Errorf("CP 2 on cuda with GOTRON_CUDA_UNVERIFIED=1: %v", err)
+	}
+}

@@ -229,7 +229,7 @@ func (a *Attention) Attention(tp *tensor.Tape, q, k, v *tensor.Tensor, o tensor.
 	if a.Group.Size() == 1 {
 		return tp.Attention(q, k, v, o)
 	}
-	cfg := tensor.AttentionConfig{Scale: o.Scale, Causal: o.Causal, FirstHead: o.FirstHead}
+	cfg := tensor.AttentionConfig{Scale: o.Scale, Causal: o.Causal, FirstHead: o.FirstHead, Precision: tp.MatmulPrecision()}
 	if o.DocIDs != nil {
 		tp.Fail(fmt.Errorf("cp: attention with document masks (--reset-attention-mask) under context parallelism is not supported"))
 	}

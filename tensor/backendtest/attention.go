@@ -37,6 +37,14 @@ var attnCases = []attnCase{
 // tol·max(1, |cpu|) per element (tol 0: bit for bit). A device backend
 // states its tolerance beside its call, as for CheckOps.
 func CheckAttention(be tensor.Backend, tol float64) error {
+	return CheckAttentionPrecision(be, tensor.MatmulFP32, tol)
+}
+
+// CheckAttentionPrecision is CheckAttention with AttentionConfig.Precision
+// set to prec on both backends: the CPU computes in float32 whatever it
+// says, so for bf16 or fp16 tol states how far a backend's reduced
+// products may be from float32.
+func CheckAttentionPrecision(be tensor.Backend, prec tensor.MatmulPrecision, tol float64) error {
 	cpuBe := tensor.CPUBackend()
 	dev := be.Device()
 	for ci, c := range attnCases {
@@ -50,7 +58,7 @@ func CheckAttention(be tensor.Backend, tol float64) error {
 		q, k, v, dout := fill(nq), fill(nkv), fill(nkv), fill(nq)
 		dq0, dk0, dv0 := fill(nq), fill(nkv), fill(nkv)
 		cfg := tensor.AttentionConfig{B: c.B, T: c.T, HQ: c.HQ, HKV: c.HKV, D: c.D, Scale: c.Scale, Causal: c.Causal,
-			Dropout: c.Dropout, DropoutSeed: c.DropoutSeed, FirstHead: c.FirstHead}
+			Dropout: c.Dropout, DropoutSeed: c.DropoutSeed, FirstHead: c.FirstHead, Precision: prec}
 		var docs []int32
 		if c.Docs {
 			docs = make([]int32, c.B*c.T)

@@ -2,6 +2,7 @@ package backendtest
 
 import (
 	"fmt"
+	"strings"
 	"testing"
 
 	"github.com/gotron/gotron/tensor"
@@ -49,6 +50,71 @@ func TestCUDAAttention(t *testing.T) {
 		tensor.SetCUDAAttentionScoresLimit(prev)
 		if err != nil {
 			t.Errorf("scores limit %d: %v", limit, err)
+		}
+	}
+}
+
+// TestBlockAttentionConformance runs CheckBlockAttention on the simulated
+// device: bit for bit.
+func TestBlockAttentionConformance(t *testing.T) {
+	if err := CheckBlockAttention(strict{tensor.SimBackend()}, 0); err != nil {
+		t.Error(err)
+	}
+	if err := CheckBlockAttention(wrongAttn{tensor.SimBackend()}, 0); err == nil {
+		t.Error("CheckBlockAttention passed a backend with a wrong dk")
+	}
+}
+
+// TestCUDABlockAttention runs CheckBlockAttention on the GPU (skipped
+// without one) at the CUDA backend's float32 tolerance, on the materialized
+// path, the one that has block attention; the flash kernels (scores limit
+// 0) must refuse it naming the limit.
+func TestCUDABlockAttention(t *testing.T) {
+	be := cudaBackend(t)
+	check := func(limit int64) (err error) {
+		prev := tensor.SetCUDAAttentionScoresLimit(limit)
+		defer tensor.SetCUDAAttentionScoresLimit(prev)
+		defer func() {
+			if r := recover(); r != nil {
+				err = fmt.Errorf("panic: %v", r)
+			}
+		}()
+		return CheckBlockAttention(strict{be}, cudaTol)
+	}
+	if err := check(1 << 30); err != nil {
+		t.Error(err)
+	}
+	if err := check(0); err == nil || !strings.Contains(err.Error(), "materialized path only") {
+		t.Errorf("block attention on the flash kernels: %v, want a refusal naming the materialized path", err)
+	}
+}
+
+// TestCUDAAttentionReducedPrecision runs CheckAttention on the GPU
+// (skipped without one) with the materialized attention's products in bf16
+// and in fp16 (SetCUDAAttentionReducedPrecision on), against the CPU's
+// float32, within cudaTolAttnBF16 and cudaTolAttnFP16.
+func TestCUDAAttentionReducedPrecision(t *testing.T) {
+	be := cudaBackend(t)
+	prevLimit := tensor.SetCUDAAttentionScoresLimit(1 << 30)
+	prevOn := tensor.SetCUDAAttentionReducedPrecision(true)
+	defer func() {
+		tensor.SetCUDAAttentionScoresLimit(prevLimit)
+		tensor.SetCUDAAttentionReducedPrecision(prevOn)
+	}()
+	for _, c := range []struct {
+		prec tensor.MatmulPrecision
+		tol  float64
+	}{{tensor.MatmulBF16, cudaTolAttnBF16}, {tensor.MatmulFP16, cudaTolAttnFP16}} {
+		err := func() (err error) {
+			defer func() {
+				if r := recover(); r != nil {
+					err = fmt.Errorf("panic: %v", r)
+				}
+			}()
+			return CheckAttentionPrecision(strict{be}, c.prec, c.tol)
+		}()
+		if err != nil {
+			t.Errorf("precision %v: %v", c.prec, err)
 		}
 	}
 }

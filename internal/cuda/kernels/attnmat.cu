@@ -5,6 +5,15 @@
 // on S laid out (bc, HQ, T, T) for batch rows b0 .. b0+bc-1 of the call
 // (row r = (bl·HQ + h)·T + i, bl = b - b0).
 //
+// Block attention (context parallelism): qpos and kpos are the sequence
+// positions of query row 0 and key row 0, so the causal mask is
+// j + kpos > i + qpos and the dropout masks are keyed by positions; with
+// accumulate the forward merges this call's keys into the partial result
+// (normalised out, lse over other keys, -Inf where none) already in out and
+// lse, as internal/cpu's online softmax does: lse' = log(e^lse + e^lse_new),
+// the old out row scaled by e^(lse - lse') here and the probabilities
+// exp(s - lse') multiplied onto V by the caller with beta 1.
+//
 // Semantics are internal/cpu's and attn.cu's: masked scores (causal j > i,
 // another document) are excluded; a row with no allowed key gets lse -Inf
 // and probabilities 0; lse is the log-sum-exp before dropout; dropout
@@ -67,7 +76,8 @@ __device__ __forceinline__ float attnmat_block_sum(float x, float* red) {
     return x;
 }
 
-// attnmat_allowed is internal/cpu.attnAllowed for in-range i, j.
+// attnmat_allowed is internal/cpu.attnAllowed for in-range i, j, with i
+// shifted by qpos - kpos under block attention.
 __device__ __forceinline__ bool attnmat_allowed(int causal, int i, int j, int docI, int docJ) {
     return !(causal && j > i) && docI == docJ;
 }
@@ -75,11 +85,14 @@ __device__ __forceinline__ bool attnmat_allowed(int causal, int i, int j, int do
 // attnmat_fwd_f32: one block per row r of s (rows = bc·HQ·T, grid-stride):
 // s holds the scaled scores; writes lse[(b·HQ + h)·T + i] and overwrites the
 // row with the probabilities exp(s - lse) (0 where masked), times the
-// dropout multiplier when dropout is set.
-extern "C" __global__ void attnmat_fwd_f32(float* s, float* lse, const int32_t* docs, long long rows, int T, int HQ,
-                                           int b0, int causal, int dropout, uint32_t thr, float dscale, uint64_t seed,
-                                           int firstHead) {
+// dropout multiplier when dropout is set. With accumulate it merges into
+// lse and rescales (or, where lse was -Inf, zeroes) the row's D values of
+// out, (B, T, HQ, D), for the caller's P̃·V product with beta 1.
+extern "C" __global__ void attnmat_fwd_f32(float* s, float* lse, float* out, const int32_t* docs, long long rows, int T,
+                                           int HQ, int D, int b0, int causal, int dropout, uint32_t thr, float dscale,
+                                           uint64_t seed, int firstHead, int qpos, int kpos, int accumulate) {
     __shared__ float red[32];
+    const int off = qpos - kpos; // key j is at or before query i iff j <= i + off
     for (long long r = blockIdx.x; r < rows; r += gridDim.x) {
         const int i = (int)(r % T);
         const long long bh = r / T;
@@ -88,7 +101,9 @@ extern "C" __global__ void attnmat_fwd_f32(float* s, float* lse, const int32_t* 
         float* row = s + r * T;
         const int32_t* db = docs != nullptr ? docs + (long long)b * T : nullptr;
         const int docI = db != nullptr ? db[i] : 0;
-        const int jEnd = causal ? i + 1 : T;
+        const int jEnd = causal ? max(0, min(T, i + off + 1)) : T;
+        float* lp = lse + ((long long)b * HQ + h) * T + i;
+        const float old = accumulate ? *lp : -INFINITY; // read before thread 0 writes (the reductions sync)
 
         float m = -INFINITY;
         for (int j = threadIdx.x; j < jEnd; j += blockDim.x)
@@ -99,14 +114,28 @@ extern "C" __global__ void attnmat_fwd_f32(float* s, float* lse, const int32_t* 
             for (int j = threadIdx.x; j < jEnd; j += blockDim.x)
                 if (db == nullptr || db[j] == docI) l += expf(row[j] - m);
         l = attnmat_block_sum(l, red);
-        const float ls = m == -INFINITY ? -INFINITY : m + logf(l);
-        if (threadIdx.x == 0) lse[((long long)b * HQ + h) * T + i] = ls;
-        const uint64_t key = dropout ? attnmat_row_key(seed, b, firstHead + h, i) : 0;
+        float ls = m == -INFINITY ? -INFINITY : m + logf(l);
+        if (accumulate) {
+            float alpha = 0.0f; // the old row's weight; 0: the row had no keys (overwrite, as the CPU clears it)
+            if (old != -INFINITY) {
+                if (ls != -INFINITY) {
+                    const float mx = fmaxf(old, ls);
+                    ls = mx + logf(expf(old - mx) + expf(ls - mx));
+                } else {
+                    ls = old;
+                }
+                alpha = expf(old - ls);
+            }
+            float* orow = out + (((long long)b * T + i) * HQ + h) * D;
+            for (int d = threadIdx.x; d < D; d += blockDim.x) orow[d] = alpha == 0.0f ? 0.0f : orow[d] * alpha;
+        }
+        if (threadIdx.x == 0) *lp = ls;
+        const uint64_t key = dropout ? attnmat_row_key(seed, b, firstHead + h, i + qpos) : 0;
         for (int j = threadIdx.x; j < T; j += blockDim.x) {
             float p = 0.0f;
-            if (ls != -INFINITY && attnmat_allowed(causal, i, j, docI, db != nullptr ? db[j] : 0)) {
+            if (ls != -INFINITY && attnmat_allowed(causal, i + off, j, docI, db != nullptr ? db[j] : 0)) {
                 p = expf(row[j] - ls);
-                if (dropout) p *= attnmat_keep(key, j, thr, dscale);
+                if (dropout) p *= attnmat_keep(key, j + kpos, thr, dscale);
             }
             row[j] = p;
         }
@@ -118,12 +147,14 @@ extern "C" __global__ void attnmat_fwd_f32(float* s, float* lse, const int32_t* 
 // With P = exp(s - lse) (0 where masked or lse is -Inf), Z the dropout
 // multiplier (1 without dropout) and delta = dout_i·out_i, it overwrites dp
 // with dS = P·(Z·dP - delta)·scale and s with P·Z (internal/cpu's
-// attnBackwardTile).
+// attnBackwardTile). qpos and kpos are the forward's block positions; lse
+// and out are the merged results, so the backward needs no accumulate.
 extern "C" __global__ void attnmat_bwd_f32(float* s, float* dp, const float* lse, const float* dout, const float* out,
                                            const int32_t* docs, long long rows, int T, int HQ, int D, int b0,
                                            float scale, int causal, int dropout, uint32_t thr, float dscale,
-                                           uint64_t seed, int firstHead) {
+                                           uint64_t seed, int firstHead, int qpos, int kpos) {
     __shared__ float red[32];
+    const int off = qpos - kpos;
     for (long long r = blockIdx.x; r < rows; r += gridDim.x) {
         const int i = (int)(r % T);
         const long long bh = r / T;
@@ -138,12 +169,12 @@ extern "C" __global__ void attnmat_bwd_f32(float* s, float* dp, const float* lse
         for (int d = threadIdx.x; d < D; d += blockDim.x) delta += dout[o + d] * out[o + d];
         delta = attnmat_block_sum(delta, red);
         const float li = lse[((long long)b * HQ + h) * T + i];
-        const uint64_t key = dropout ? attnmat_row_key(seed, b, firstHead + h, i) : 0;
+        const uint64_t key = dropout ? attnmat_row_key(seed, b, firstHead + h, i + qpos) : 0;
         for (int j = threadIdx.x; j < T; j += blockDim.x) {
             float p = 0.0f, ds = 0.0f;
-            if (li != -INFINITY && attnmat_allowed(causal, i, j, docI, db != nullptr ? db[j] : 0)) {
+            if (li != -INFINITY && attnmat_allowed(causal, i + off, j, docI, db != nullptr ? db[j] : 0)) {
                 p = expf(srow[j] - li);
-                const float z = dropout ? attnmat_keep(key, j, thr, dscale) : 1.0f;
+                const float z = dropout ? attnmat_keep(key, j + kpos, thr, dscale) : 1.0f;
                 ds = p * (z * dprow[j] - delta) * scale;
                 p *= z;
             }

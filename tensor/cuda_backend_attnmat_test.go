@@ -1,0 +1,68 @@
+package tensor
+
+import (
+	"regexp"
+	"testing"
+
+	"github.com/gotron/gotron/internal/cuda/kernels"
+)
+
+// TestAttnmatArgsMatchPTX checks, without a GPU, that the materialized
+// attention's launch arguments match its kernels' parameters in the
+// embedded PTX one for one in size: cuLaunchKernel cannot, and a missing or
+// misplaced argument would read garbage on the device.
+func TestAttnmatArgsMatchPTX(t *testing.T) {
+	for _, arch := range [][2]int{{8, 0}, {9, 0}} {
+		mods, err := kernels.PTX(arch[0], arch[1])
+		if err != nil {
+			t.Fatal(err)
+		}
+		ptx := string(mods["attnmat"])
+		a := cudaAttn{}
+		for name, args := range map[string][]any{
+			"attnmat_fwd_f32": attnmatFwdArgs(0, 0, 0, a, 1, 1, 1, 1, 0),
+			"attnmat_bwd_f32": attnmatBwdArgs(0, 0, 0, 0, 0, a, 1, 1, 1, 1, 0),
+		} {
+			want := ptxParamBytes(t, ptx, name)
+			if len(want) != len(args) {
+				t.Fatalf("sm_%d%d %s: %d arguments, the PTX has %d parameters", arch[0], arch[1], name, len(args), len(want))
+			}
+			for i, x := range args {
+				if got := argBytes(x); got != want[i] {
+					t.Errorf("sm_%d%d %s argument %d: %T is %d bytes, the PTX parameter %d", arch[0], arch[1], name, i, x, got, want[i])
+				}
+			}
+		}
+	}
+}
+
+// ptxParamBytes returns the sizes of entry's .param list in ptx.
+func ptxParamBytes(t *testing.T, ptx, entry string) []int {
+	t.Helper()
+	sig := regexp.MustCompile(`(?s)\.entry ` + entry + `\((.*?)\)`).FindStringSubmatch(ptx)
+	if sig == nil {
+		t.Fatalf("no .entry %s in the PTX", entry)
+	}
+	var sizes []int
+	for _, m := range regexp.MustCompile(`\.param \.[a-z]+(\d+) `).FindAllStringSubmatch(sig[1], -1) {
+		switch m[1] {
+		case "64":
+			sizes = append(sizes, 8)
+		case "32":
+			sizes = append(sizes, 4)
+		default:
+			t.Fatalf("%s: parameter width %s bits", entry, m[1])
+		}
+	}
+	return sizes
+}
+
+func argBytes(x any) int {
+	switch x.(type) {
+	case uintptr, int64, uint64, float64:
+		return 8
+	case int32, uint32, float32:
+		return 4
+	}
+	return -1
+}
