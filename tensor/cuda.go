@@ -46,6 +46,52 @@ type cudaRuntime struct {
 	// prof, when GOTRON_CUDA_PROFILE is set at OpenCUDA, times every
 	// kernel, GEMM and host copy (CUDAProfile).
 	prof *cudaProfile
+
+	// copies counts the host copies (CUDATransfers): each one waits for
+	// the stream, so inside a training step each is a stall.
+	copies struct{ toHost, fromHost, toHostBytes, fromHostBytes atomic.Int64 }
+}
+
+// CUDATransfers returns the number and bytes of host copies to and from the
+// open GPU so far (zero when none is open): every one, the backend's own
+// (optimizer coefficients, list tables, read-back scalars) included, each
+// of which synchronizes the stream (internal/cuda's CopyHtoD and CopyDtoH).
+func CUDATransfers() Transfers {
+	rt := cudaOpen.rt.Load()
+	if rt == nil {
+		return Transfers{}
+	}
+	t := Transfers{ToHost: rt.copies.toHost.Load(), FromHost: rt.copies.fromHost.Load(),
+		ToHostBytes: rt.copies.toHostBytes.Load(), FromHostBytes: rt.copies.fromHostBytes.Load()}
+	t.Bytes = t.ToHostBytes + t.FromHostBytes
+	return t
+}
+
+// copyName is the profile's name of a host copy: what, and under
+// GOTRON_CUDA_PROFILE the function that asked for it (the first caller
+// outside the copy helpers), so the profile says where a step's copies
+// come from.
+func (rt *cudaRuntime) copyName(what string) string {
+	if rt.prof == nil {
+		return what
+	}
+	pcs := make([]uintptr, 16)
+	frames := runtime.CallersFrames(pcs[:runtime.Callers(3, pcs)])
+	for {
+		f, more := frames.Next()
+		name := f.Function[strings.LastIndex(f.Function, "/")+1:]
+		switch name {
+		case "tensor.copyToCUDA", "tensor.copyFromCUDA", "tensor.toCUDA", "tensor.fromCUDA", "tensor.(*Tensor).ToDevice",
+			"tensor.ToHost", "tensor.Copy", "tensor.(*cudaRuntime).timed":
+		default:
+			if name != "" {
+				return what + " from " + name
+			}
+		}
+		if !more {
+			return what
+		}
+	}
 }
 
 // cudaProfile accumulates the wall time of each kernel from its launch to
@@ -377,7 +423,10 @@ func copyToCUDA(dst, src *Tensor) {
 	}
 	p, n := hostData(src)
 	if n > 0 {
-		dst.dbuf.rt.timed("copy host to device", func() {
+		rt := dst.dbuf.rt
+		rt.copies.fromHost.Add(1)
+		rt.copies.fromHostBytes.Add(n)
+		rt.timed(rt.copyName("copy host to device"), func() {
 			if err := dst.dbuf.rt.dev.CopyHtoD(devPtr(dst), p, n); err != nil {
 				panic(fmt.Sprintf("tensor: copying %s to CUDA: %v", src, err))
 			}
@@ -394,7 +443,10 @@ func copyFromCUDA(dst, src *Tensor) {
 	}
 	p, n := hostData(dst)
 	if n > 0 {
-		src.dbuf.rt.timed("copy device to host", func() {
+		rt := src.dbuf.rt
+		rt.copies.toHost.Add(1)
+		rt.copies.toHostBytes.Add(n)
+		rt.timed(rt.copyName("copy device to host"), func() {
 			if err := src.dbuf.rt.dev.CopyDtoH(p, devPtr(src), n); err != nil {
 				panic(fmt.Sprintf("tensor: copying %s from CUDA: %v", src, err))
 			}

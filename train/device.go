@@ -75,19 +75,32 @@ func staged(p *tensor.Tensor, fn func([]float32) error) error {
 	return nil
 }
 
-// transfers is the line a run on the simulated device ends with: how many
-// host copies it made (the seam's cost, which a real device pays over its
-// bus) since the run began, and how many each training iteration made on
-// average (steps: the copies made inside training steps, over iters of
-// them; evaluation and checkpoints excluded).
-func transfers(since, steps tensor.Transfers, iters int64) string {
-	d := sub(tensor.SimTransfers(), since)
+// transferCounter returns the host-copy counter of dev: the simulated
+// device's (the seam's explicit copies) or the GPU's (every copy, the
+// backend's own included: each synchronizes the stream); nil on the CPU.
+func transferCounter(dev tensor.Device) func() tensor.Transfers {
+	switch dev {
+	case tensor.Sim:
+		return tensor.SimTransfers
+	case tensor.CUDA:
+		return tensor.CUDATransfers
+	}
+	return nil
+}
+
+// transfers is the line a run on the simulated device or the GPU ends
+// with: how many host copies it made (the seam's cost, which a real device
+// pays over its bus) from since to now, and how many each training
+// iteration made on average (steps: the copies made inside training steps,
+// over iters of them; evaluation and checkpoints excluded).
+func transfers(dev tensor.Device, now, since, steps tensor.Transfers, iters int64) string {
+	d := sub(now, since)
 	per := ""
 	if iters > 0 {
 		per = fmt.Sprintf("; per training iteration %.1f in, %.1f out, %.3f MB",
 			float64(steps.FromHost)/float64(iters), float64(steps.ToHost)/float64(iters), float64(steps.Bytes)/1e6/float64(iters))
 	}
-	return fmt.Sprintf("sim device: %d host-to-device and %d device-to-host copies, %.3f MB%s", d.FromHost, d.ToHost, float64(d.Bytes)/1e6, per)
+	return fmt.Sprintf("%v device: %d host-to-device and %d device-to-host copies, %.3f MB%s", dev, d.FromHost, d.ToHost, float64(d.Bytes)/1e6, per)
 }
 
 // sub returns a − b, field by field.

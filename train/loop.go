@@ -199,10 +199,12 @@ func (t *Trainer) Run(ctx context.Context) (_ Result, err error) {
 	res := Result{ValidLoss: math.NaN(), TestLoss: math.NaN(), LoggedLoss: math.NaN()}
 	t.stepper.cctx = context.WithoutCancel(ctx)
 	t.stepper.startTime = t.cfg.Now()
-	var stepCopies tensor.Transfers // host copies made by training steps (--device sim)
-	if t.cfg.Device == tensor.Sim {
-		since := tensor.SimTransfers()
-		defer func() { t.reporter.printf("%s", transfers(since, stepCopies, t.Iteration-t.reporter.startIter)) }()
+	var stepCopies tensor.Transfers // host copies made by training steps (--device sim or cuda)
+	if count := transferCounter(t.cfg.Device); count != nil {
+		since := count()
+		defer func() {
+			t.reporter.printf("%s", transfers(t.cfg.Device, count(), since, stepCopies, t.Iteration-t.reporter.startIter))
+		}()
 	}
 	closeReports, err := t.reporter.open()
 	defer closeReports()
@@ -269,12 +271,18 @@ func (t *Trainer) iterate(ctx context.Context, res *Result, copies *tensor.Trans
 	if err := t.checkpointer.pollSave(false); err != nil {
 		return false, err
 	}
-	before := tensor.SimTransfers()
+	count := transferCounter(cfg.Device)
+	var before tensor.Transfers
+	if count != nil {
+		before = count()
+	}
 	loss, err := t.stepper.step(ctx)
 	if err != nil {
 		return false, err
 	}
-	*copies = add(*copies, sub(tensor.SimTransfers(), before))
+	if count != nil {
+		*copies = add(*copies, sub(count(), before))
+	}
 	res.Losses = append(res.Losses, loss)
 	res.GradNorms = append(res.GradNorms, t.stepper.lastGradNorm)
 	if m := t.stepper.moeMetrics; m != nil {

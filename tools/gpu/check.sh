@@ -4,12 +4,15 @@
 # CUDA, the models against the CPU, training against the CPU, then the
 # benchmarks; every log lands in $OUT (default ./gpu-out). Each step has its
 # own time limit so one hang cannot eat the machine's time.
-#   .gpu/check.sh [steps...]   (steps: runtime nccl conformance model train bench profile; default all but profile)
+#   .gpu/check.sh [steps...]   (steps: runtime nccl conformance model train unverified bench profile; default all but profile)
+# `unverified` runs what is built but has not yet run on a GPU
+# (docs/design/cuda.md, "Built, not yet run on a GPU"): its tests by name,
+# and context-parallel training on the GPU against the CPU.
 set -u
 bin=$(cd "$(dirname "$0")" && pwd)
 out=${OUT:-./gpu-out}
 mkdir -p "$out"
-steps=${*:-runtime nccl conformance model train bench}
+steps=${*:-runtime nccl conformance model train unverified bench}
 export GOTRON_NUM_THREADS=${GOTRON_NUM_THREADS:-16}
 nvidia-smi > "$out/nvidia-smi.txt" 2>&1 || true
 run() { # name limit command...
@@ -40,6 +43,24 @@ for s in $steps; do
 		grep -h "out of device memory" "$out/oom.log" | head -2 >> "$out/summary.txt"
 		grep -c "goroutine " "$out/oom.log" | sed 's/^/goroutine lines in the oom log (want 0): /' >> "$out/summary.txt"
 		;;
+	unverified)
+		# Block attention (CP) and bf16/fp16 attention products against the
+		# CPU; the MoE model step against the CPU.
+		run unverified-attn 180 "$bin/tensor_backendtest.test" -test.v \
+			-test.run 'TestCUDABlockAttention|TestCUDAAttentionReducedPrecision'
+		run unverified-moe 180 "$bin/model_gpt.test" -test.v -test.run 'TestCUDAMoEMatchesCPU'
+		# --context-parallel-size 2 (two processes on the one GPU, host
+		# collectives) against the same run on the CPU: the losses of the
+		# last iterations must agree within float32 rounding.
+		for dev in cpu cuda; do
+			run "unverified-cp-$dev" 240 env GOTRON_CUDA_UNVERIFIED=1 "$bin/gotron" launch --nproc-per-node 2 -- train \
+				--device $dev --device-memory-fraction 0.4 --distributed-backend gloo --context-parallel-size 2 --mock-data --num-layers 2 \
+				--hidden-size 128 --num-attention-heads 4 --seq-length 256 --max-position-embeddings 256 \
+				--micro-batch-size 2 --global-batch-size 2 --train-iters 10 --log-interval 1 --vocab-size 512 \
+				--lr 1e-3 --eval-iters 0 --seed 5
+			grep -o "lm loss: [0-9.E+-]*" "$out/unverified-cp-$dev.log" | tail -2 | sed "s/^/cp $dev: /" >> "$out/summary.txt"
+		done
+		;;
 	bench)
 		run bench-gemm 120 "$bin/internal_cuda.test" -test.run '^$' -test.bench 'GPU' -test.benchtime 20x
 		for prec in fp32 bf16; do
@@ -54,6 +75,8 @@ for s in $steps; do
 				--num-attention-heads 12 --seq-length 1024 --max-position-embeddings 1024 --micro-batch-size 8 \
 				--global-batch-size 8 --train-iters 8 --log-interval 1 --vocab-size 50304 --lr 1e-4 $p
 			grep -o "elapsed time per iteration (ms): [0-9.]*\|tokens/s: [0-9.]*" "$out/gotron-124m-$prec.log" | tail -4 >> "$out/summary.txt"
+			# host copies per training iteration (each one synchronizes the stream)
+			grep -o "cuda device: .*" "$out/gotron-124m-$prec.log" | tail -1 >> "$out/summary.txt"
 		done
 		if command -v python3 > /dev/null; then
 			run peer-124m 240 python3 "$bin/peer_gpt2.py" --B 8 --T 1024 --steps 8
@@ -67,6 +90,8 @@ for s in $steps; do
 			run "profile-124m-$prec" 240 env GOTRON_CUDA_PROFILE=1 "$bin/gotron" train --device cuda --mock-data --num-layers 12 \
 				--hidden-size 768 --num-attention-heads 12 --seq-length 1024 --max-position-embeddings 1024 \
 				--micro-batch-size 8 --global-batch-size 8 --train-iters 3 --log-interval 1 --vocab-size 50304 --lr 1e-4 --eval-iters 0 $p
+			# which functions make the host copies inside a step
+			grep "copy host to device\|copy device to host\|cuda device: " "$out/profile-124m-$prec.log" >> "$out/summary.txt"
 		done
 		;;
 	esac
