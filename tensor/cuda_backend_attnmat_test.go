@@ -66,3 +66,20 @@ func argBytes(x any) int {
 	}
 	return -1
 }
+
+// TestCUDACopyName: under GOTRON_CUDA_PROFILE a host copy's profile entry
+// names the function that asked for it, past the copy helpers; without
+// profiling the name is the bare kind.
+func TestCUDACopyName(t *testing.T) {
+	rt := &cudaRuntime{}
+	if got := rt.copyName("copy host to device"); got != "copy host to device" {
+		t.Errorf("without profiling: %q", got)
+	}
+	rt.prof = &cudaProfile{byName: map[string]*cudaProfEntry{}}
+	// as copyToCUDA calls it: one frame (this closure) between the caller
+	// and copyName
+	copyToCUDALike := func() string { return rt.copyName("copy host to device") }
+	if got, want := copyToCUDALike(), "copy host to device from tensor.TestCUDACopyName"; got != want {
+		t.Errorf("profiling: %q, want %q", got, want)
+	}
+}
