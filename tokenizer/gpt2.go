@@ -17,9 +17,10 @@ const GPT2EndOfText = "<|endoftext|>"
 // Hugging Face GPT2Tokenizer Megatron wraps, the literal text
 // "<|endoftext|>" encodes to its special id.
 type GPT2 struct {
-	bpe *byteBPE
-	eod int
-	n   int
+	bpe   *byteBPE
+	vocab map[string]int // token string → id, for TokenID
+	eod   int
+	n     int
 }
 
 var _ Tokenizer = (*GPT2)(nil)
@@ -57,7 +58,7 @@ func ParseGPT2(vocabJSON, mergesTxt []byte, vocabName, mergesName string) (*GPT2
 	}
 	m := newByteBPE(vocab, merges, byRule(splitGPT2), eod) // GPT-2's unk_token is <|endoftext|>
 	m.added = newAddedTokens([]addedToken{{text: GPT2EndOfText, id: eod}})
-	return &GPT2{bpe: m, eod: eod, n: len(vocab)}, nil
+	return &GPT2{bpe: m, vocab: vocab, eod: eod, n: len(vocab)}, nil
 }
 
 // checkDenseVocab requires ids 0..len-1, each once.

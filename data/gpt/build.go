@@ -64,6 +64,13 @@ func Build(ctx context.Context, cfg Config) (*Datasets, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
+	var fim *fimParams
+	if cfg.FIM != nil {
+		var err error
+		if fim, err = cfg.FIM.resolve(); err != nil {
+			return nil, err
+		}
+	}
 	b := &builder{cfg: &cfg, out: &Datasets{}, files: map[string]*indexed.Dataset{}, sizes: map[string][]int32{}}
 	var srcs [3]Source
 	var err error
@@ -77,7 +84,7 @@ func Build(ctx context.Context, cfg Config) (*Datasets, error) {
 			var sizes [3]int64
 			sizes[i] = cfg.NumSamples[i]
 			var got [3]Source
-			got, err = b.blend(ctx, bl, matrix, sizes, datasetParams{cfg: &cfg}, Split(i))
+			got, err = b.blend(ctx, bl, matrix, sizes, datasetParams{cfg: &cfg, fim: fim}, Split(i))
 			if err != nil {
 				break
 			}
@@ -86,7 +93,7 @@ func Build(ctx context.Context, cfg Config) (*Datasets, error) {
 	} else {
 		v, _ := ParseSplit(cfg.split())
 		m := SplitMatrix(v)
-		srcs, err = b.blend(ctx, cfg.Blend, m, cfg.NumSamples, datasetParams{cfg: &cfg, splitString: cfg.split(), splitMatrix: &m}, -1)
+		srcs, err = b.blend(ctx, cfg.Blend, m, cfg.NumSamples, datasetParams{cfg: &cfg, splitString: cfg.split(), splitMatrix: &m, fim: fim}, -1)
 	}
 	if err != nil {
 		b.out.Close()

@@ -127,6 +127,10 @@ type Config struct {
 	// of the padded vocabulary that no text produces, and serve refuses it).
 	// 0 means unchecked.
 	VocabSize int
+	// FIM, when set, makes every dataset Megatron's GPTFIMDataset
+	// (--fim-data): fill-in-the-middle samples drawn from one random stream
+	// per dataset, seeded with Seed, in the order samples are read.
+	FIM *FIMConfig
 }
 
 func (c *Config) extraToken() int {

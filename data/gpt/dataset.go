@@ -26,6 +26,7 @@ type Dataset struct {
 	eod         int32
 	masks       MaskOptions
 	vocab       int32 // ids must be below it; 0: unchecked
+	fim         *fimStream
 }
 
 // Len returns the number of samples S.
@@ -34,6 +35,11 @@ func (d *Dataset) Len() int { return d.Indices.NumSamples() }
 // Sample returns sample i (__getitem__): the shuffled sample's L+x tokens,
 // padded with PadID if it is the last partial validation sample, split into
 // tokens and labels, with masks and position ids.
+//
+// With Config.FIM the tokens are first transformed by the dataset's one
+// random stream, so a sample depends on the samples read before it (as in
+// Megatron's GPTFIMDataset); concurrent calls are safe but their order then
+// decides the samples.
 func (d *Dataset) Sample(i int) (Sample, error) {
 	if i < 0 || i >= d.Len() {
 		return Sample{}, fmt.Errorf("gpt: %s %s sample %d out of range [0, %d)", d.Path, d.Split, i, d.Len())
@@ -72,6 +78,9 @@ func (d *Dataset) Sample(i int) (Sample, error) {
 	if len(text) > want {
 		return Sample{}, fmt.Errorf("gpt: %s %s sample %d has %d tokens, want %d (corrupt index cache?)", d.Path, d.Split, i, len(text), want)
 	}
+	if d.fim != nil {
+		text = d.fim.apply(text)
+	}
 	for len(text) < want {
 		text = append(text, PadID)
 	}
@@ -98,6 +107,7 @@ type datasetParams struct {
 	cfg         *Config
 	splitString any // the --split string, or nil with per-split paths
 	splitMatrix *[3]*Bookend
+	fim         *fimParams // nil without --fim-data
 }
 
 // newDataset builds one mid-level GPTDataset (sizes are src's sequence
@@ -114,8 +124,13 @@ func newDataset(src *indexed.Dataset, sizes []int32, split Split, indices []int3
 	if tok == nil {
 		tok = []Field{}
 	}
+	class := "GPTDataset"
+	if p.fim != nil {
+		class = "GPTFIMDataset" // type(self).__name__
+		d.fim = newFIMStream(p.fim, uint32(c.Seed))
+	}
 	d.identifiers = []Field{
-		{"class", "GPTDataset"}, {"dataset_path", src.Prefix}, {"num_samples", ns},
+		{"class", class}, {"dataset_path", src.Prefix}, {"num_samples", ns},
 		{"index_split", split.String()}, {"random_seed", int64(c.Seed)}, {"sequence_length", c.SeqLength},
 		{"split", p.splitString}, {"split_matrix", splitMatrixJSON(p.splitMatrix)}, {"tokenizer", tok},
 	}

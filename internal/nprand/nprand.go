@@ -8,6 +8,8 @@
 // math/rand is a different generator and cannot be used.
 package nprand
 
+import "math"
+
 const (
 	n         = 624
 	m         = 397
@@ -106,4 +108,55 @@ func Shuffle[T any](r *MT19937, x []T) {
 		j := r.Interval(uint64(i))
 		x[i], x[j] = x[j], x[i]
 	}
+}
+
+// Float64 returns a uniform double in [0, 1) from two 32-bit draws, numpy's
+// random_sample (genrand_res53): (a>>5)·2²⁶ + (b>>6), over 2⁵³.
+func (r *MT19937) Float64() float64 {
+	a, b := r.Uint32()>>5, r.Uint32()>>6
+	return (float64(a)*67108864.0 + float64(b)) / 9007199254740992.0
+}
+
+// Binomial returns RandomState.binomial(n, p) for n·min(p, 1−p) ≤ 30, numpy's
+// inversion algorithm (legacy_random_binomial → random_binomial_inversion),
+// which every draw of Megatron's FIM data uses (n = 1). It draws at least one
+// double even when p is 0 or 1, as numpy does. n must be ≥ 0 and p in
+// [0, 1]; BTPE (larger n·p) is not implemented and reports ok=false.
+func (r *MT19937) Binomial(n int64, p float64) (x int64, ok bool) {
+	if n < 0 || !(p >= 0 && p <= 1) {
+		return 0, false
+	}
+	if p <= 0.5 {
+		if p*float64(n) > 30 {
+			return 0, false
+		}
+		return r.binomialInversion(n, p), true
+	}
+	q := 1 - p
+	if q*float64(n) > 30 {
+		return 0, false
+	}
+	return n - r.binomialInversion(n, q), true
+}
+
+func (r *MT19937) binomialInversion(n int64, p float64) int64 {
+	q := 1 - p
+	qn := math.Exp(float64(n) * math.Log(q))
+	np := float64(n) * p
+	bound := int64(math.Min(float64(n), np+10*math.Sqrt(np*q+1)))
+	x := int64(0)
+	px := qn
+	u := r.Float64()
+	for u > px {
+		x++
+		if x > bound {
+			x = 0
+			px = qn
+			u = r.Float64()
+		} else {
+			u -= px
+			px = (float64(n-x+1) * p * px) / (float64(x) * q)
+		}
+	}
+	return x
 }

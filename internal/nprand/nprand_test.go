@@ -100,3 +100,36 @@ func BenchmarkShuffle1M(b *testing.B) {
 		Shuffle(r, x)
 	}
 }
+
+// TestBinomialAndRandintMatchNumpy checks Binomial(1, p) and Interval (as
+// randint(0, high, size=2)[1]) interleaved on one stream against numpy 1.24:
+//
+//	r = np.random.RandomState(5); ps = [0.5, 0.0, 1.0, 0.9, 0.1, 0.999999, 1e-9, 0.3, 0.7, 0.5]
+//	for i in range(40): out += [r.binomial(1, ps[i%10]), r.randint(low=0, high=(i*37)%50+1, size=2)[1]]
+//
+// p = 0 and p = 1 still draw, so a miscount shifts every later value.
+func TestBinomialAndRandintMatchNumpy(t *testing.T) {
+	want := []int64{0, 0, 0, 9, 1, 16, 1, 1, 0, 27, 1, 1, 0, 22, 0, 9, 1, 1, 0, 14, 0, 16, 0, 1, 1, 2, 1, 19, 0, 7, 1, 3, 0, 3, 0, 29, 1, 16, 0, 3, 1, 5, 0, 24, 1, 8, 0, 0, 0, 18, 1, 22, 0, 8, 1, 30, 0, 5, 0, 15, 0, 1, 0, 18, 1, 17, 0, 20, 0, 1, 1, 41, 0, 31, 0, 9, 0, 2, 0, 0}
+	ps := []float64{0.5, 0.0, 1.0, 0.9, 0.1, 0.999999, 1e-9, 0.3, 0.7, 0.5}
+	r := New(5)
+	var got []int64
+	for i := range 40 {
+		b, ok := r.Binomial(1, ps[i%len(ps)])
+		if !ok {
+			t.Fatalf("Binomial(1, %v) not ok", ps[i%len(ps)])
+		}
+		high := uint64((i*37)%50 + 1)
+		r.Interval(high - 1)
+		got = append(got, b, int64(r.Interval(high-1)))
+	}
+	if !slices.Equal(got, want) {
+		t.Fatalf("got  %v\nwant %v", got, want)
+	}
+	r = New(5)
+	if a, b := r.Float64(), r.Float64(); a != 0.22199317108973948 || b != 0.8707323061773764 {
+		t.Fatalf("Float64 = %v, %v; numpy random_sample gives 0.22199317108973948, 0.8707323061773764", a, b)
+	}
+	if _, ok := New(1).Binomial(100, 0.5); ok {
+		t.Fatal("Binomial(100, 0.5) needs BTPE, want ok=false")
+	}
+}
