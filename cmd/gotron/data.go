@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"flag"
 	"fmt"
 	"math/bits"
 
@@ -83,9 +84,9 @@ func cmdDataSamples(ctx context.Context, env *cli, args []string) error {
 		return err
 	}
 	eod := int32(*eodID)
+	var tok tokenizer.Tokenizer
 	if d.tok.Type != "" {
-		tok, err := tokenizer.New(d.tok)
-		if err != nil {
+		if tok, err = tokenizer.New(d.tok); err != nil {
 			return err
 		}
 		eod = int32(tok.EOD())
@@ -94,6 +95,11 @@ func cmdDataSamples(ctx context.Context, env *cli, args []string) error {
 	}
 	cfg, err := d.gptConfig(*seqLength, *seed, ns, eod)
 	if err != nil {
+		return err
+	}
+	given := map[string]bool{}
+	fs.Visit(func(fl *flag.Flag) { given[fl.Name] = true })
+	if cfg.FIM, err = d.fim.fimConfig(tok, given, false); err != nil {
 		return err
 	}
 	ds, err := datagpt.Build(ctx, cfg)

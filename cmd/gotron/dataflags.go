@@ -102,3 +102,62 @@ func parseNumSamples(s string) ([3]int64, error) {
 	}
 	return out, nil
 }
+
+// fimArgs are Megatron's fill-in-the-middle data flags (GPTFIMDataset).
+type fimArgs struct {
+	data                             bool
+	rate, spmRate, fragmentRate      float64
+	splitSample, noPrefix            string
+	prefix, middle, suffix, pad, eod string
+}
+
+// fimFlagNames are the FIM flags other than --fim-data.
+var fimFlagNames = []string{"fim-rate", "fim-spm-rate", "fim-split-sample", "fim-fragment-rate", "fim-no-prefix",
+	"fim-prefix-token", "fim-middle-token", "fim-suffix-token", "fim-pad-token", "fim-eod-token"}
+
+func addFIMFlags(fs *flag.FlagSet, f *fimArgs) {
+	fs.BoolVar(&f.data, "fim-data", false, "fill-in-the-middle samples (Megatron's GPTFIMDataset): needs a tokenizer holding the FIM tokens")
+	fs.Float64Var(&f.rate, "fim-rate", 0.5, "probability that a sample's segment becomes a FIM one")
+	fs.Float64Var(&f.spmRate, "fim-spm-rate", 0.5, "probability that a FIM segment is in SPM rather than PSM order")
+	fs.StringVar(&f.splitSample, "fim-split-sample", "", "vocabulary token on which segments are split into fragments, each FIM'd with --fim-fragment-rate")
+	fs.Float64Var(&f.fragmentRate, "fim-fragment-rate", 0, "probability of FIM per fragment (required with --fim-split-sample)")
+	fs.StringVar(&f.noPrefix, "fim-no-prefix", "", "leave segments and fragments whose text starts with this string alone")
+	fs.StringVar(&f.prefix, "fim-prefix-token", datagpt.DefaultFIMPrefix, "FIM prefix sentinel token")
+	fs.StringVar(&f.middle, "fim-middle-token", datagpt.DefaultFIMMiddle, "FIM middle sentinel token")
+	fs.StringVar(&f.suffix, "fim-suffix-token", datagpt.DefaultFIMSuffix, "FIM suffix sentinel token")
+	fs.StringVar(&f.pad, "fim-pad-token", datagpt.DefaultFIMPad, "FIM pad token (pads samples that FIM shortened)")
+	fs.StringVar(&f.eod, "fim-eod-token", datagpt.DefaultFIMEOD, "token separating the segments FIM permutes")
+}
+
+// fimConfig is the data/gpt FIM configuration of the flags, nil without
+// --fim-data. given are the flags set on the command line: a FIM flag
+// without --fim-data would be ignored, so it is an error, and so is
+// --fim-split-sample without --fim-fragment-rate (Megatron fails on it
+// at the first sample).
+func (f *fimArgs) fimConfig(tok tokenizer.Tokenizer, given map[string]bool, mock bool) (*datagpt.FIMConfig, error) {
+	if !f.data {
+		for _, n := range fimFlagNames {
+			if given[n] {
+				return nil, fmt.Errorf("--%s has no effect without --fim-data", n)
+			}
+		}
+		return nil, nil
+	}
+	switch {
+	case mock:
+		return nil, fmt.Errorf("--fim-data: mock data is not supported with FIM data (as Megatron asserts); give --data-path")
+	case tok == nil:
+		return nil, fmt.Errorf("--fim-data needs --tokenizer-type (and its files): FIM decodes and re-encodes text")
+	case f.splitSample != "" && !given["fim-fragment-rate"]:
+		return nil, fmt.Errorf("--fim-split-sample %q needs --fim-fragment-rate", f.splitSample)
+	case f.splitSample == "" && given["fim-fragment-rate"]:
+		return nil, fmt.Errorf("--fim-fragment-rate has no effect without --fim-split-sample")
+	}
+	c := &datagpt.FIMConfig{Rate: f.rate, SPMRate: f.spmRate, SplitSample: f.splitSample, FragmentRate: f.fragmentRate,
+		Prefix: f.prefix, Middle: f.middle, Suffix: f.suffix, Pad: f.pad, EOD: f.eod, Tokenizer: tok}
+	if given["fim-no-prefix"] {
+		np := f.noPrefix
+		c.NoPrefix = &np
+	}
+	return c, nil
+}

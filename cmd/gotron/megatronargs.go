@@ -113,7 +113,6 @@ const (
 	needInference = "Megatron's inference scripts (gotron generate and gotron serve take their own flags)"
 	needLinear    = "experimental attention variants (gated delta net / linear attention, DSA), not built in gotron"
 	needMuP       = "muP parametrisation, not built in gotron"
-	needFIM       = "fill-in-the-middle (FIM) data, not built in gotron"
 	needExport    = "ModelOpt export and distillation, not built in gotron"
 	needRerun     = "Megatron's rerun state machine (result validation, fault injection), not built in gotron"
 	needWandB     = "Weights & Biases logging, which cannot be reached from here; use --tensorboard-dir"
@@ -153,7 +152,7 @@ var compatArgs = map[string]compatArg{
 	"inference-rng-tracker":                  {kind: compatDetail, why: "picks Megatron's CUDA RNG tracker for inference"},
 	"async-strategy":                         {kind: compatDetail, why: "picks Megatron's async checkpoint writer; gotron's --async-save has one"},
 	"async-ckpt-use-cpu-shm":                 {kind: compatDetail, why: "stages Megatron's async checkpoint in shared memory; gotron copies the shards in its own process"},
-	"num-workers":                            {kind: compatDetail, why: "sets PyTorch DataLoader worker processes; gotron reads samples from the mapped .bin in the training process (the same samples)"},
+	"num-workers":                            {kind: compatDetail, why: "sets PyTorch DataLoader worker processes; gotron reads samples from the mapped .bin in the training process (the same samples; with --fim-data, Megatron's with --num-workers 0, see docs/data.md)"},
 	// Megatron starts the first model chunk's parameter all-gather inside
 	// the optimizer step (a separate optimizer for that chunk, whose
 	// per-element Adam update and the joint grad norm are the same):
@@ -187,9 +186,6 @@ var compatArgs = map[string]compatArg{
 	"error-injection-rate":                          {kind: compatNeeds, why: needRerun},
 	"use-mup":                                       {kind: compatNeeds, why: needMuP},
 	"mup-base-hidden-size":                          {kind: compatNeeds, why: needMuP},
-	"fim-data":                                      {kind: compatNeeds, why: needFIM},
-	"fim-rate":                                      {kind: compatNeeds, why: needFIM},
-	"fim-spm-rate":                                  {kind: compatNeeds, why: needFIM},
 	"multi-latent-attention":                        {kind: compatNeeds, why: needMLA},
 	"q-lora-rank":                                   {kind: compatNeeds, why: needMLA},
 	"kv-lora-rank":                                  {kind: compatNeeds, why: needMLA},

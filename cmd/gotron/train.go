@@ -80,6 +80,7 @@ type dataArgs struct {
 	mock                                     bool
 	masks                                    datagpt.MaskOptions
 	tok                                      tokenizer.Config
+	fim                                      fimArgs // dataflags.go
 }
 
 func addDataArgs(fs *flag.FlagSet, d *dataArgs) {
@@ -93,6 +94,7 @@ func addDataArgs(fs *flag.FlagSet, d *dataArgs) {
 	fs.BoolVar(&d.masks.ResetPositionIDs, "reset-position-ids", false, "restart position ids after each end-of-document token")
 	fs.BoolVar(&d.masks.ResetAttentionMask, "reset-attention-mask", false, "mask attention across documents of a packed sequence")
 	fs.BoolVar(&d.masks.EODMaskLoss, "eod-mask-loss", false, "no loss on end-of-document tokens")
+	addFIMFlags(fs, &d.fim)
 	addTokenizerFlags(fs, &d.tok)
 }
 
@@ -686,6 +688,10 @@ func openData(ctx context.Context, d *dataArgs, cfg train.Config, divisor int, g
 	} else if d.tok.VocabSize > 0 {
 		vocab = d.tok.VocabSize
 	}
+	fim, err := d.fim.fimConfig(src.tok, given, d.mock)
+	if err != nil {
+		return nil, err
+	}
 	hasPaths := len(d.dataPath.values)+len(d.trainPath.values)+len(d.validPath.values)+len(d.testPath.values) > 0
 	switch {
 	case d.mock && hasPaths:
@@ -730,6 +736,7 @@ func openData(ctx context.Context, d *dataArgs, cfg train.Config, divisor int, g
 		return nil, err
 	}
 	dc.VocabSize = vocab // ids beyond the tokenizer's vocabulary are refused, as serve refuses them
+	dc.FIM = fim
 	ds, err := datagpt.Build(ctx, dc)
 	if err != nil {
 		return nil, err

@@ -57,7 +57,7 @@ func floatAbove(min, max float64, meaning string) numberRule {
 // with e.g. a negative --clip-grad (clipping silently off) or fails deep in
 // the run with a zero --log-interval (ZeroDivisionError); gotron refuses
 // them before any arithmetic.
-var trainNumberRules = withTokenizerRules(map[string]numberRule{
+var trainNumberRules = withFIMRules(withTokenizerRules(map[string]numberRule{
 	// Model.
 	"num-layers":                   intDim(0, "transformer layers; required unless --model or --use-checkpoint-args"),
 	"hidden-size":                  intDim(0, "hidden size"),
@@ -168,7 +168,16 @@ var trainNumberRules = withTokenizerRules(map[string]numberRule{
 	"exit-duration-in-mins":    floatIn(0, maxMinutes, "minutes of training; 0: no limit"),
 	"async-save-rate":          floatIn(0, 1e9, "MB/s per rank; 0: unpaced"),
 	"sample-tokens":            intIn(0, math.MaxInt32, "tokens"),
-})
+}))
+
+// fimNumberRules are the FIM data flags' (train and data samples); the
+// rates' lower bounds (non-zero --fim-rate and --fim-spm-rate, as Megatron
+// asserts) are checked by data/gpt.
+var fimNumberRules = map[string]numberRule{
+	"fim-rate":          floatIn(0, 1, "a probability"),
+	"fim-spm-rate":      floatIn(0, 1, "a probability"),
+	"fim-fragment-rate": floatIn(0, 1, "a probability"),
+}
 
 // tokenizerNumberRules are the numeric tokenizer flags every command with
 // a tokenizer shares.
@@ -186,17 +195,25 @@ var preprocessNumberRules = withTokenizerRules(map[string]numberRule{
 })
 
 // dataSamplesNumberRules are gotron data samples's numeric flags.
-var dataSamplesNumberRules = withTokenizerRules(map[string]numberRule{
+var dataSamplesNumberRules = withFIMRules(withTokenizerRules(map[string]numberRule{
 	"seq-length": intIn(0, maxSize, "tokens per sample"),
 	"seed":       intIn(0, math.MaxUint32, "NumPy's seeds, which Megatron's datasets use, are below 2^32"),
 	"first":      intIn(0, math.MaxInt64, "samples to print; 0: all"),
 	"eod-id":     intIn(-1, math.MaxInt32, "a token id; -1: none given"),
-})
+}))
+
+func withFIMRules(rules map[string]numberRule) map[string]numberRule {
+	for k, v := range fimNumberRules {
+		rules[k] = v
+	}
+	return rules
+}
 
 func withTokenizerRules(rules map[string]numberRule) map[string]numberRule {
 	for k, v := range tokenizerNumberRules {
 		rules[k] = v
 	}
+
 	return rules
 }
 

@@ -92,7 +92,7 @@ func (c *FIMConfig) resolve() (*fimParams, error) {
 		{"--fim-eod-token", c.EOD, DefaultFIMEOD, &p.eod},
 		{"--fim-split-sample", c.SplitSample, "", &p.split},
 	}
-	var missing []string
+	var missing, names []string
 	for _, t := range toks {
 		s := t.tok
 		if s == "" {
@@ -104,13 +104,17 @@ func (c *FIMConfig) resolve() (*fimParams, error) {
 		id, ok := lk.TokenID(s)
 		if !ok || id < 0 || id > math.MaxInt32 {
 			missing = append(missing, fmt.Sprintf("%s %q", t.flag, s))
+			names = append(names, s)
 			continue
 		}
 		*t.dst = int32(id)
 	}
 	if len(missing) > 0 {
-		return nil, fmt.Errorf("gpt: --fim-data: needs a tokenizer whose vocabulary holds the FIM tokens; it has no %s (Megatron's Hugging Face lookup would map each to the unknown token, for GPT-2 <|endoftext|>, making every sentinel the EOD); use a tokenizer with these tokens or name existing ones with the --fim-*-token flags",
-			strings.Join(missing, ", "))
+		// The first line is the refusal (docs/megatron-compat.md shows it).
+		return nil, fmt.Errorf("gpt: --fim-data: needs a tokenizer holding the FIM tokens %s\n"+
+			"the tokenizer's vocabulary has no %s; Megatron's Hugging Face lookup would map each to the unknown token "+
+			"(GPT-2's is <|endoftext|>, so every sentinel would be the EOD): give a tokenizer with these tokens, or name tokens it has with the --fim-*-token flags",
+			strings.Join(names, ", "), strings.Join(missing, ", "))
 	}
 	return p, nil
 }
