@@ -49,6 +49,9 @@ type RunArgs struct {
 	// CalculatePerTokenLoss is --calculate-per-token-loss, as Megatron's
 	// args record it (absent: off, as every checkpoint before the flag).
 	CalculatePerTokenLoss bool `json:"calculate_per_token_loss,omitempty"`
+	// Rerun is the rerun state machine's state (with --rerun-mode other
+	// than disabled), as Megatron's checkpoint "rerun_state_machine".
+	Rerun *RerunCheckpoint `json:"rerun_state_machine,omitempty"`
 }
 
 // checkpointer saves and resumes a run: the stepper's parameters and
@@ -63,11 +66,12 @@ type checkpointer struct {
 	printf  func(format string, args ...any)
 	rawf    func(format string, args ...any) // a line without the reporter's timestamp (Megatron's print_rank_0)
 
-	pending     *pendingSave // the --async-save in flight
-	progress    *progressLog // --log-progress's job log (world rank 0 with --save); nil otherwise
-	snapshot    []float32    // its copy of this rank's shards, reused by the next
-	tpOffsets   []uint64     // every TP rank's rankRNG offset, for the checkpoint being written
-	rankOffsets [][2]uint64  // every rank's dropout stream offsets under pipelining, for the checkpoint
+	pending     *pendingSave     // the --async-save in flight
+	progress    *progressLog     // --log-progress's job log (world rank 0 with --save); nil otherwise
+	snapshot    []float32        // its copy of this rank's shards, reused by the next
+	tpOffsets   []uint64         // every TP rank's rankRNG offset, for the checkpoint being written
+	rankOffsets [][2]uint64      // every rank's dropout stream offsets under pipelining, for the checkpoint
+	rerun       *RerunCheckpoint // the rerun state machine's state, all ranks', for the checkpoint
 }
 
 // save writes a sharded checkpoint of the current iteration under root:
@@ -106,6 +110,9 @@ func (ck *checkpointer) saveUntimed(root string, async bool) error {
 		return err
 	}
 	if ck.rankOffsets, err = ck.stepper.pipelineDropoutOffsets(); err != nil {
+		return err
+	}
+	if ck.rerun, err = ck.stepper.rerunCheckpointState(); err != nil {
 		return err
 	}
 	it := int(ck.Iteration)
@@ -353,7 +360,7 @@ func (ck *checkpointer) checkpointLayout() ckpt.Layout {
 func (ck *checkpointer) checkpointMeta(ost optim.State) (ckpt.Meta, error) {
 	ra := RunArgs{Model: ck.cfg.Model, SeqLength: ck.cfg.SeqLength, OptimizerKind: ost.Kind,
 		OptimizerSteps: ost.Steps, NaNIterations: ck.NaNIterations, CLI: ck.cfg.Args, TPDropoutOffsets: ck.tpOffsets, LossScaler: ck.scalerState(),
-		CalculatePerTokenLoss: ck.cfg.CalculatePerTokenLoss}
+		CalculatePerTokenLoss: ck.cfg.CalculatePerTokenLoss, Rerun: ck.rerun}
 	if ck.stepper.pipelined() {
 		ra.RankDropoutOffsets, ra.PipelineSize, ra.TensorSize = ck.rankOffsets, ck.par.PP.Size(), ck.par.TP.Size()
 	}
@@ -509,6 +516,10 @@ func (ck *checkpointer) load(root string) error {
 	}
 	if !ck.cfg.NoLoadRNG {
 		ck.stepper.restoreDropout(ra, rng)
+	}
+	ck.stepper.rerun.iter = ck.Iteration - 1
+	if err := ck.stepper.loadRerunState(root, ra.Rerun); err != nil {
+		return err
 	}
 	if err := ck.stepper.sched.LoadState(sched); err != nil {
 		return fmt.Errorf("train: --load %s: %w", root, err)

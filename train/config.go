@@ -65,7 +65,10 @@ type Config struct {
 	Recompute      gpt.Recompute
 	DecoupledLR    float64 // --decoupled-lr: peak rate of the embedding and output layer; 0 means --lr
 	DecoupledMinLR float64 // --decoupled-min-lr; 0 means --min-lr
-	MaxSkipsInARow int     // consecutive NaN/Inf iterations before stopping; 0 means 10
+	// Rerun is Megatron's rerun state machine (--rerun-mode,
+	// --error-injection-rate/-type, --check-for-spiky-loss); off by default.
+	Rerun          RerunConfig
+	MaxSkipsInARow int // consecutive NaN/Inf iterations before stopping; 0 means 10
 	// ApplyWDToQKLayerNorm (--apply-wd-to-qk-layernorm) applies weight
 	// decay to the query and key layer norms (optim.ApplyWDToQKLayerNorm),
 	// which Megatron's default rule exempts as 1-D parameters.
@@ -105,7 +108,11 @@ type Config struct {
 	MetricsFile   string    // JSONL metrics, one object per logged iteration
 	PeakFLOPs     float64   // per-process peak for MFU, FLOP/s (--peak-flops); 0 means measured (tensor.CPUPeakFLOPs over this process's threads, doubled with BF16), or on a GPU its datasheet peak (tensor.CUDAPeakFLOPs)
 	Out           io.Writer // log lines; nil means io.Discard
-	Progress      io.Writer // progress bar target (a terminal); nil means none
+	// Diag takes every rank's own diagnostics (the rerun state machine's
+	// warnings and errors, which Megatron logs on every rank); nil means
+	// Out (which only the logging rank writes to).
+	Diag     io.Writer
+	Progress io.Writer // progress bar target (a terminal); nil means none
 
 	// TimingLogLevel is --timing-log-level: Megatron's timers printed after
 	// the log line, 1 (forward-backward, the gradient reductions, the

@@ -277,6 +277,21 @@ func (t *Trainer) iterate(ctx context.Context, res *Result, copies *tensor.Trans
 		before = count()
 	}
 	loss, err := t.stepper.step(ctx)
+	var rx *RerunExit
+	if errors.As(err, &rx) {
+		// Megatron's train loop: the checkpoint the rerun state machine
+		// asks for, then sys.exit(exit_code).
+		if rx.Checkpoint {
+			if cfg.Save == "" {
+				return true, fmt.Errorf("%w; no --save: no checkpoint to resume the rerun from", err)
+			}
+			if serr := t.checkpointer.save(cfg.Save, false); serr != nil {
+				return true, serr
+			}
+			res.SavedAt = append(res.SavedAt, t.Iteration)
+		}
+		return true, err
+	}
 	if err != nil {
 		return false, err
 	}

@@ -76,6 +76,9 @@ type stepper struct {
 	// pipelining (the executors' per-token loss weights).
 	mbTokens []int64
 
+	// rerun is Megatron's rerun state machine (rerun.go).
+	rerun *rerunMachine
+
 	// The last step's outcome.
 	stop          agreement // the agreed stop requests
 	overflow      bool      // skipped for an fp16 gradient overflow
@@ -148,6 +151,9 @@ func newStepper(cfg *Config, pos *position, train datagpt.Source, launched bool,
 	st.moveToDevice()
 	ps, err := st.setupParallel(st.cctx, launched)
 	if err != nil {
+		return nil, err
+	}
+	if err := st.setupRerun(); err != nil {
 		return nil, err
 	}
 	st.tape.SetGradReadyHook(st.reducer.readyHook())
@@ -224,7 +230,6 @@ func (st *stepper) step(ctx context.Context) (float64, error) {
 	if err := st.reducer.WaitParams(st.cctx); err != nil {
 		return 0, fmt.Errorf("train: iteration %d: %w", st.Iteration+1, err)
 	}
-	st.reducer.ZeroGrad()
 	moe, _ := st.model.(moeModel)
 	perToken := st.cfg.CalculatePerTokenLoss
 	if moe != nil {
@@ -249,56 +254,25 @@ func (st *stepper) step(ctx context.Context) (float64, error) {
 	st.tm.start(timerForwardBackward, 1)
 	defer st.tm.stop(timerForwardBackward)
 	defer st.tm.stop(timerOptimizer)
-	// The rank's sum of token losses (each micro-batch's token mean times
-	// its unmasked tokens, pretrain_gpt.loss_func's loss sum) and its
-	// unmasked tokens: the logged lm loss is their ratio over the global
-	// batch, as Megatron's train_step reports it.
-	var lossSum float64
-	var tokens int64
-	if st.pipelined() {
-		var err error
-		if lossSum, tokens, err = st.pipelineStep(n, mbs, dp, r); err != nil {
-			return 0, err
-		}
-	}
-	for i := 0; i < n && !st.pipelined(); i++ {
-		if i == n-1 {
-			st.reducer.StartLastMicrobatch(st.cctx)
-		}
-		bt, nt, err := st.trainBatch(i, mbs, dp, r)
+	// Megatron's train_step: the forward and backward passes run again
+	// while the rerun state machine asks (rerun.go); the optimizer has not
+	// stepped and the data position has not moved, so a rerun sees the
+	// same batches, and the machine restores the dropout streams.
+	var g agreement
+	for {
+		again, err := st.rerun.shouldRunForwardBackward()
 		if err != nil {
 			return 0, err
 		}
-		// The tape carries the collectives' context; Backward returns the
-		// first failure of those run in forward or backward.
-		st.tape.SetContext(st.cctx)
-		if err := st.beginMicrobatch(true); err != nil {
+		if !again {
+			break
+		}
+		if g, err = st.forwardBackward(ctx, n, mbs, dp, r, perToken); err != nil {
 			return 0, err
 		}
-		st.tm.start(timerForwardCompute, 2)
-		logits := st.model.Forward(st.tape, bt, st.rng, true)
-		loss := st.model.Loss(st.tape, logits, bt)
-		st.tm.stop(timerForwardCompute)
-		if err := st.tape.Err(); err != nil {
-			return 0, fmt.Errorf("train: iteration %d: %w", st.Iteration+1, err)
-		}
-		lossSum += scalar(loss) * float64(nt)
-		tokens += nt
-		st.tm.start(timerBackwardCompute, 2)
-		err = st.tape.Backward(st.tape.Scale(loss, backwardScale(st.lossScale(), perToken, n, nt)))
-		st.tm.stop(timerBackwardCompute)
-		if err != nil {
-			return 0, fmt.Errorf("train: iteration %d: %w", st.Iteration+1, err)
-		}
-		if err := st.endMicrobatch(); err != nil {
-			return 0, err
-		}
-		st.tape.Reset()
 	}
-	timeUp := st.cfg.ExitDuration > 0 && st.cfg.Now().Sub(st.startTime) >= st.cfg.ExitDuration
-	g, err := st.reduceGrads(st.cctx, agreement{loss: lossSum, tokens: float64(tokens), stopped: ctx.Err() != nil, timeUp: timeUp}, tokens)
-	if err != nil {
-		return 0, err
+	if save, exit, code := st.rerun.checkpointAndExit(); exit {
+		return math.NaN(), &RerunExit{Code: code, Checkpoint: save, Iteration: st.Iteration}
 	}
 	st.stop = g
 	loss := g.loss
@@ -373,6 +347,79 @@ func (st *stepper) step(ctx context.Context) (float64, error) {
 		return loss, fmt.Errorf("train: iteration %d: %w", st.Iteration, err)
 	}
 	return loss, nil
+}
+
+// forwardBackward runs one iteration's forward and backward passes over
+// its n micro-batches and reduces the gradients (Megatron's
+// forward_backward_func with finalize_model_grads), checking each
+// micro-batch's loss with the rerun state machine.
+func (st *stepper) forwardBackward(ctx context.Context, n, mbs, dp, r int, perToken bool) (agreement, error) {
+	st.reducer.ZeroGrad()
+	// The rank's sum of token losses (each micro-batch's token mean times
+	// its unmasked tokens, pretrain_gpt.loss_func's loss sum) and its
+	// unmasked tokens: the logged lm loss is their ratio over the global
+	// batch, as Megatron's train_step reports it.
+	var lossSum float64
+	var tokens int64
+	if st.pipelined() {
+		var err error
+		if lossSum, tokens, err = st.pipelineStep(n, mbs, dp, r); err != nil {
+			return agreement{}, err
+		}
+		if st.isLastStage() {
+			// gotron's pipeline executor gives the micro-batches' sum.
+			st.rerun.validateLoss(lossSum)
+		}
+	}
+	for i := 0; i < n && !st.pipelined(); i++ {
+		if i == n-1 {
+			st.reducer.StartLastMicrobatch(st.cctx)
+		}
+		bt, nt, err := st.trainBatch(i, mbs, dp, r)
+		if err != nil {
+			return agreement{}, err
+		}
+		// The tape carries the collectives' context; Backward returns the
+		// first failure of those run in forward or backward.
+		st.tape.SetContext(st.cctx)
+		if err := st.beginMicrobatch(true); err != nil {
+			return agreement{}, err
+		}
+		st.tm.start(timerForwardCompute, 2)
+		logits := st.model.Forward(st.tape, bt, st.rng, true)
+		loss := st.model.Loss(st.tape, logits, bt)
+		st.tm.stop(timerForwardCompute)
+		if err := st.tape.Err(); err != nil {
+			return agreement{}, fmt.Errorf("train: iteration %d: %w", st.Iteration+1, err)
+		}
+		// pretrain_gpt.loss_func validates the micro-batch's loss sum.
+		st.rerun.validateLoss(scalar(loss) * float64(nt))
+		lossSum += scalar(loss) * float64(nt)
+		tokens += nt
+		st.tm.start(timerBackwardCompute, 2)
+		err = st.tape.Backward(st.tape.Scale(loss, backwardScale(st.lossScale(), perToken, n, nt)))
+		st.tm.stop(timerBackwardCompute)
+		if err != nil {
+			return agreement{}, fmt.Errorf("train: iteration %d: %w", st.Iteration+1, err)
+		}
+		if err := st.endMicrobatch(); err != nil {
+			return agreement{}, err
+		}
+		st.tape.Reset()
+	}
+	timeUp := st.cfg.ExitDuration > 0 && st.cfg.Now().Sub(st.startTime) >= st.cfg.ExitDuration
+	return st.reduceGrads(st.cctx, agreement{loss: lossSum, tokens: float64(tokens), stopped: ctx.Err() != nil, timeUp: timeUp}, tokens)
+}
+
+// isLastStage reports whether this rank runs the pipeline's last stage
+// (where the loss is).
+func (st *stepper) isLastStage() bool {
+	for _, s := range st.stages {
+		if s.IsLast() {
+			return true
+		}
+	}
+	return false
 }
 
 // backwardScale is the factor a micro-batch's mean token loss is

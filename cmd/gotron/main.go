@@ -98,12 +98,17 @@ func run(ctx context.Context, env *cli, args []string) (code int) {
 		}
 		rep := startReporter(env)
 		err := c.run(ctx, env, args[1:])
+		var coded interface{ ExitCode() int }
 		rep.finish(err)
 		switch {
 		case err == nil:
 			return 0
 		case errors.Is(err, errHelp):
 			return 0
+		case errors.As(err, &coded):
+			// the rerun state machine's exit statuses (16, 17), as Megatron's
+			fmt.Fprintf(env.stderr, "gotron %s: %v\n", c.name, err)
+			return coded.ExitCode()
 		default:
 			fmt.Fprintf(env.stderr, "gotron %s: %v\n", c.name, err)
 			return 1

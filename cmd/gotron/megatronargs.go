@@ -114,7 +114,6 @@ const (
 	needLinear    = "experimental attention variants (gated delta net / linear attention, DSA), not built in gotron"
 	needMuP       = "muP parametrisation, not built in gotron"
 	needExport    = "ModelOpt export and distillation, not built in gotron"
-	needRerun     = "Megatron's rerun state machine (result validation, fault injection), not built in gotron"
 	needWandB     = "Weights & Biases logging, which cannot be reached from here; use --tensorboard-dir"
 	needProfile   = "the PyTorch profiler; gotron's --profile writes a Go CPU profile of the same iterations"
 	needCUDAGraph = "CUDA graphs, not built in gotron"
@@ -167,9 +166,7 @@ var compatArgs = map[string]compatArg{
 	"dist-ckpt-optim-fully-reshardable":           {kind: compatSame, why: "gotron's checkpoints, optimizer state included, load at any parallel layout"},
 	"auto-detect-ckpt-format":                     {kind: compatSame, why: "gotron train loads gotron's format (a Megatron torch checkpoint goes through gotron convert --from megatron)"},
 	"no-use-tokenizer-model-from-checkpoint-args": {kind: compatSame, why: "gotron train takes the tokenizer from its flags, not from the checkpoint"},
-	"rerun-mode": {kind: compatSame, why: "gotron has no rerun state machine: each iteration runs once, as --rerun-mode disabled",
-		refuse: map[string]string{"validate_results": needRerun, "report_stats": needRerun}},
-	"use-rotary-position-embeddings": {kind: compatNeeds, why: needNotBuilt + " (the deprecated spelling: use --position-embedding-type rope)"},
+	"use-rotary-position-embeddings":              {kind: compatNeeds, why: needNotBuilt + " (the deprecated spelling: use --position-embedding-type rope)"},
 	// Features gotron does not have.
 	"apply-wd-to-qk-layernorm":                      {kind: compatNeeds, why: "weight decay on the query/key layer norms, not built in gotron yet"},
 	"straggler-minmax-count":                        {kind: compatNeeds, why: "Megatron's straggler detector, not built in gotron"},
@@ -182,8 +179,6 @@ var compatArgs = map[string]compatArg{
 	"wandb-save-dir":                                {kind: compatNeeds, why: needWandB},
 	"wandb-exp-name":                                {kind: compatNeeds, why: needWandB},
 	"wandb-entity":                                  {kind: compatNeeds, why: needWandB},
-	"error-injection-type":                          {kind: compatNeeds, why: needRerun},
-	"error-injection-rate":                          {kind: compatNeeds, why: needRerun},
 	"use-mup":                                       {kind: compatNeeds, why: needMuP},
 	"mup-base-hidden-size":                          {kind: compatNeeds, why: needMuP},
 	"multi-latent-attention":                        {kind: compatNeeds, why: needMLA},

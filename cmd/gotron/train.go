@@ -200,6 +200,11 @@ func newTrainFlags() (*flag.FlagSet, *trainFlags) {
 	fs.IntVar(&ls.Hysteresis, "hysteresis", 2, "with --fp16: overflowing iterations before the dynamic loss scale halves")
 	fs.IntVar(&c.MaxSkipsInARow, "max-nan-iterations", 10, "stop after this many NaN/Inf iterations in a row")
 	fs.BoolVar(&c.CalculatePerTokenLoss, "calculate-per-token-loss", false, "normalise the loss by the global batch's unmasked tokens (Σ token losses / Σ tokens), not per micro-batch: micro-batches weigh by their tokens (e.g. with --eod-mask-loss); gradients are summed over data-parallel ranks and divided by the token count")
+	rr := &c.Rerun
+	fs.StringVar(&rr.Mode, "rerun-mode", "disabled", "Megatron's rerun state machine: disabled (gotron's default: a NaN/Inf iteration is skipped, see --max-nan-iterations), validate_results (a NaN/Inf loss reruns the iteration in place: a different result exits 17 as transient, the same saves a checkpoint and exits 16 to be rerun from it on another device) or report_stats (reruns every iteration and reports the relative differences)")
+	fs.IntVar(&rr.ErrorInjectionRate, "error-injection-rate", 0, "with --rerun-mode validate_results: reject one loss validation in this many, to test the machine (0: never)")
+	fs.StringVar(&rr.ErrorInjectionType, "error-injection-type", "transient_error", "the kind of error --error-injection-rate injects: correct_result, transient_error or persistent_error")
+	fs.BoolVar(&rr.CheckForSpikyLoss, "check-for-spiky-loss", false, "with --rerun-mode validate_results: also reject a loss 10 times the largest of the first 100 (not fatal)")
 
 	fs.Int64Var(&c.EvalInterval, "eval-interval", 1000, "iterations between evaluations")
 	fs.Int64Var(&c.EvalIters, "eval-iters", 100, "global batches per evaluation (0: no validation or test evaluation)")
@@ -442,6 +447,7 @@ func cmdTrain(ctx context.Context, env *cli, args []string) error {
 		cfg.Progress = env.stdout
 	}
 	cfg.Out = env.stdout
+	cfg.Diag = env.stderr                  // every rank's rerun state machine messages
 	cfg.JobID = env.getenv("SLURM_JOB_ID") // Megatron's progress.txt names the Slurm job
 	cfg.CUDAUnverified = env.getenv("GOTRON_CUDA_UNVERIFIED") == "1"
 	cfg.Args = map[string]any{"argv": args}

@@ -150,6 +150,7 @@ var trainNumberRules = withFIMRules(withTokenizerRules(map[string]numberRule{
 	"loss-scale-window":    intIn(1, math.MaxInt32, "iterations"),
 	"hysteresis":           intIn(1, math.MaxInt32, "iterations"),
 	"max-nan-iterations":   intIn(0, math.MaxInt32, "iterations; 0: 10"),
+	"error-injection-rate": intIn(0, math.MaxInt32, "one validation in this many; 0: no injection"),
 	"recompute-num-layers": intDim(0, "layers"),
 
 	// Evaluation, logging, checkpoints.
