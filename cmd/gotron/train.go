@@ -341,6 +341,13 @@ func cmdTrain(ctx context.Context, env *cli, args []string) error {
 	if len(noOps) > 0 {
 		fmt.Fprintf(env.stderr, "gotron train: %s: no effect on the CPU backend (GPU kernel and fusion choices)\n", strings.Join(noOps, ", "))
 	}
+	if r := &f.cfg.Recompute; f.recomputeGranularity == train.RecomputeNone && !r.Selective && (r.Method != "" || r.NumLayers != 0) {
+		// Megatron checks --recompute-method and --recompute-num-layers
+		// only under a granularity; without one they do nothing
+		// (gpt3_mcore_reruns_resume_check_grads passes the number alone).
+		fmt.Fprintln(env.stderr, "gotron train: --recompute-method/--recompute-num-layers without --recompute-granularity: nothing is recomputed, as in Megatron")
+		r.Method, r.NumLayers = "", 0
+	}
 	if f.cfg.BF16 && !tensor.HasBF16Matmul() {
 		fmt.Fprintf(env.stderr, "gotron train: --bf16: this CPU has no AVX512_BF16: bf16-rounded matrix products run at float32 speed\n")
 	}
