@@ -479,10 +479,12 @@ func compareFloats(a, b float64) float64 {
 }
 
 func (m *rerunMachine) maybeReportStats() {
-	if m.iter%reportStatsInterval != 0 || m.rank != 0 {
+	// Megatron gathers the ranks' samples to rank 0; here each rank that
+	// validated (the last pipeline stage's) prints its own.
+	if m.iter%reportStatsInterval != 0 || len(m.stats) == 0 {
 		return
 	}
-	m.logf("Stats on computation determinism in validation calls")
+	m.logf("Stats on computation determinism in validation calls (rank %d)", m.rank)
 	names := make([]string, 0, len(m.stats))
 	for k := range m.stats {
 		names = append(names, k)

@@ -110,13 +110,32 @@ func TestRerunReportStatsIsBitIdentical(t *testing.T) {
 		!strings.Contains(errs, "6 samples, all identical") {
 		t.Errorf("report_stats log:\n%s", errs)
 	}
-	a, b := readLosses(t, plain), readLosses(t, stats)
+	sameLossesBits(t, "one process", readLosses(t, plain), readLosses(t, stats))
+
+	// Pipelined × data-parallel with the distributed optimizer and the
+	// overlapped reductions, as Megatron's reruns configs run.
+	layout := []string{"launch", "--inproc", "--nproc-per-node", "4", "--"}
+	par := []string{"--pipeline-model-parallel-size", "2", "--global-batch-size", "8", "--micro-batch-size", "1",
+		"--use-distributed-optimizer", "--overlap-grad-reduce", "--overlap-param-gather"}
+	plain, stats = filepath.Join(dir, "pplain.jsonl"), filepath.Join(dir, "pstats.jsonl")
+	if _, errs, code := runCLI(t, append(layout, rerunTrain(append(par, "--train-iters", "4", "--metrics-file", plain)...)...)...); code != 0 {
+		t.Fatalf("PP=2 DP=2: exit %d: %s", code, errs)
+	}
+	_, errs, code = runCLI(t, append(layout, rerunTrain(append(par, "--train-iters", "4", "--metrics-file", stats, "--rerun-mode", "report_stats")...)...)...)
+	if code != 0 || !strings.Contains(errs, "samples, all identical") {
+		t.Fatalf("PP=2 DP=2 report_stats: exit %d: %s", code, errs)
+	}
+	sameLossesBits(t, "PP=2 DP=2", readLosses(t, plain), readLosses(t, stats))
+}
+
+func sameLossesBits(t *testing.T, what string, a, b []float64) {
+	t.Helper()
 	if len(a) != 4 || len(a) != len(b) {
-		t.Fatalf("losses %v and %v", a, b)
+		t.Fatalf("%s: losses %v and %v", what, a, b)
 	}
 	for i := range a {
 		if a[i] != b[i] {
-			t.Errorf("iteration %d: loss %v with reruns, %v without", i+1, b[i], a[i])
+			t.Errorf("%s: iteration %d: loss %v with reruns, %v without", what, i+1, b[i], a[i])
 		}
 	}
 }
