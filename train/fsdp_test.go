@@ -168,7 +168,8 @@ func TestFSDPShardsMemory(t *testing.T) {
 	}
 }
 
-// TestFSDPCheckpointResumes: a run saved under FSDP at DP=2 resumes
+// TestFSDPCheckpointResumes: a run saved under FSDP at DP=2 (with
+// --async-save) resumes
 // without FSDP in one process, with plain data parallelism at DP=4 and
 // with FSDP at DP=4 and at TP=2 × DP=2, each with the uninterrupted run's
 // losses within 1e-5 (checkpoints hold whole tensors and the optimizer
@@ -180,7 +181,9 @@ func TestFSDPCheckpointResumes(t *testing.T) {
 	straight := runFSDP(t, cfg, 1, 2, ShardOptimGradsParams, train, valid)[0]
 	dir := t.TempDir()
 	first := cfg
-	first.Save, first.ExitInterval = dir, 5
+	// saved every 2 iterations in the background (the copy overlapping
+	// the next iteration), and at the exit
+	first.Save, first.ExitInterval, first.SaveInterval, first.AsyncSave = dir, 5, 2, true
 	a := runFSDP(t, first, 1, 2, ShardOptimGradsParams, train, valid)[0]
 	second := cfg
 	second.Load = dir

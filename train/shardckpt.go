@@ -344,6 +344,9 @@ func (s *snapshot) finish() {
 // then costs a copy, not a copy plus the page faults of a fresh gigabyte.
 // It is the memory overhead of asynchronous saving, reported here.
 func (ck *checkpointer) allocateSnapshot() error {
+	if err := ck.stepper.syncParams(); err != nil { // FSDP: the pieces are of whole parameters
+		return err
+	}
 	st := ck.stepper.opt.State()
 	var ps *optim.State
 	if !ck.cfg.NoSaveOptim {

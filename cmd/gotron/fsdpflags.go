@@ -97,6 +97,6 @@ func printFSDP(w io.Writer, tr *train.Trainer) {
 	if !ok {
 		return
 	}
-	fmt.Fprintf(w, "gotron train: fully sharded data parallelism: this rank keeps %d of the model's %d parameters and their gradients (%.2f MB, shards); the largest unit gathered for a layer is %d values\n",
+	fmt.Fprintf(w, "gotron train: fully sharded data parallelism: this rank keeps %d of the %d parameters it would hold unsharded, and their gradients (%.2f MB of shards); the largest unit gathered at once has %d values\n",
 		s.ParamShards, s.Unsharded, float64(4*(s.ParamShards+s.GradShards))/1e6, s.LargestUnit)
 }
