@@ -43,7 +43,7 @@ type AttentionConfig struct {
 	// Precision is the arithmetic of the products of the CUDA backend's
 	// materialized attention (the tape's MatmulPrecision: bf16 or fp16
 	// operands, float32 accumulation), used there only while
-	// SetCUDAAttentionReducedPrecision is on (GOTRON_CUDA_UNVERIFIED=1 at
+	// SetCUDAAttentionReducedPrecision is on (GOTRON_CUDA_UNVERIFIED=1 or attn-bf16 at
 	// OpenCUDA): it has not run on a GPU yet. The CPU backend and the CUDA
 	// flash kernels compute attention in float32 whatever it says.
 	Precision MatmulPrecision

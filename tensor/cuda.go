@@ -50,6 +50,31 @@ type cudaRuntime struct {
 	// copies counts the host copies (CUDATransfers): each one waits for
 	// the stream, so inside a training step each is a stall.
 	copies struct{ toHost, fromHost, toHostBytes, fromHostBytes atomic.Int64 }
+
+	// stagedCopies sends host-to-device copies of up to
+	// cuda.StagingSlotBytes through internal/cuda's staging ring, which
+	// does not wait for the stream: GOTRON_CUDA_UNVERIFIED (1, or a list naming staged-copies) at OpenCUDA
+	// (built, not yet run on a GPU).
+	stagedCopies bool
+}
+
+// CUDAUnverified reports whether GOTRON_CUDA_UNVERIFIED (read through
+// getenv) turns on feature, one of the CUDA features built but not yet run
+// on a GPU: "cp" (context parallelism's block attention), "attn-bf16"
+// (bf16/fp16 products in the materialized attention), "staged-copies"
+// (host-to-device copies that do not wait for the stream). The variable is
+// "1" or "all" for every one, or a comma-separated list of names.
+func CUDAUnverified(getenv func(string) string, feature string) bool {
+	v := getenv("GOTRON_CUDA_UNVERIFIED")
+	if v == "1" || v == "all" {
+		return true
+	}
+	for _, f := range strings.Split(v, ",") {
+		if strings.TrimSpace(f) == feature {
+			return true
+		}
+	}
+	return false
 }
 
 // CUDATransfers returns the number and bytes of host copies to and from the
@@ -183,10 +208,11 @@ func OpenCUDA(ordinal int, opts CUDAOptions) error {
 		return nil
 	}
 	rt := &cudaRuntime{ordinal: ordinal, consts: map[any]*Tensor{}}
-	if os.Getenv("GOTRON_CUDA_UNVERIFIED") == "1" {
-		// features built but not yet run on a GPU (docs/design/cuda.md)
+	// features built but not yet run on a GPU (docs/design/cuda.md)
+	if CUDAUnverified(os.Getenv, "attn-bf16") {
 		SetCUDAAttentionReducedPrecision(true)
 	}
+	rt.stagedCopies = CUDAUnverified(os.Getenv, "staged-copies")
 	if os.Getenv("GOTRON_CUDA_PROFILE") != "" {
 		rt.prof = &cudaProfile{byName: map[string]*cudaProfEntry{}}
 	}
@@ -426,8 +452,13 @@ func copyToCUDA(dst, src *Tensor) {
 		rt := dst.dbuf.rt
 		rt.copies.fromHost.Add(1)
 		rt.copies.fromHostBytes.Add(n)
-		rt.timed(rt.copyName("copy host to device"), func() {
-			if err := dst.dbuf.rt.dev.CopyHtoD(devPtr(dst), p, n); err != nil {
+		copyFn, what := rt.dev.CopyHtoD, "copy host to device"
+		if rt.stagedCopies && n <= cuda.StagingSlotBytes {
+			// through page-locked staging, without waiting for the stream
+			copyFn, what = rt.dev.CopyHtoDStaged, "copy host to device (staged)"
+		}
+		rt.timed(rt.copyName(what), func() {
+			if err := copyFn(devPtr(dst), p, n); err != nil {
 				panic(fmt.Sprintf("tensor: copying %s to CUDA: %v", src, err))
 			}
 		})

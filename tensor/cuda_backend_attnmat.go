@@ -40,7 +40,7 @@ var attnReducedPrecision atomic.Bool
 // the CUDA backend's materialized attention for calls whose
 // AttentionConfig.Precision asks for them (--bf16, --fp16), and returns the
 // previous setting. It is off by default, and OpenCUDA turns it on when
-// GOTRON_CUDA_UNVERIFIED=1: it is built but has not yet run on a GPU.
+// GOTRON_CUDA_UNVERIFIED is 1 or names attn-bf16 (CUDAUnverified): it is built but has not yet run on a GPU.
 func SetCUDAAttentionReducedPrecision(on bool) bool { return attnReducedPrecision.Swap(on) }
 
 // attnmatComputeFor is the cuBLAS compute type of cfg's products.

@@ -83,3 +83,25 @@ func TestCUDACopyName(t *testing.T) {
 		t.Errorf("profiling: %q, want %q", got, want)
 	}
 }
+
+// TestCUDAUnverified: GOTRON_CUDA_UNVERIFIED turns on every unverified
+// feature with 1 or all, only the named ones with a list, none unset.
+func TestCUDAUnverified(t *testing.T) {
+	for _, c := range []struct {
+		env, feature string
+		want         bool
+	}{
+		{"", "cp", false}, {"1", "cp", true}, {"all", "staged-copies", true}, {"0", "cp", false},
+		{"cp, staged-copies", "staged-copies", true}, {"cp,staged-copies", "attn-bf16", false},
+	} {
+		getenv := func(k string) string {
+			if k == "GOTRON_CUDA_UNVERIFIED" {
+				return c.env
+			}
+			return ""
+		}
+		if got := CUDAUnverified(getenv, c.feature); got != c.want {
+			t.Errorf("GOTRON_CUDA_UNVERIFIED=%q, %s: %v, want %v", c.env, c.feature, got, c.want)
+		}
+	}
+}

@@ -212,9 +212,9 @@ type Config struct {
 	// boundaries) with results identical to the CPU's bit for bit.
 	Device tensor.Device
 
-	// CUDAUnverified (GOTRON_CUDA_UNVERIFIED=1) lets --device cuda run
-	// features built for the GPU but not yet run on one (docs/design/cuda.md
-	// lists them): context parallelism's block attention. Off, they are
+	// CUDAUnverified (GOTRON_CUDA_UNVERIFIED=1, or a list naming cp) lets
+	// --device cuda run context parallelism, whose block attention is built
+	// for the GPU but not yet run on one (docs/design/cuda.md). Off, it is
 	// refused naming the variable.
 	CUDAUnverified bool
 

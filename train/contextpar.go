@@ -35,7 +35,7 @@ func (c *Config) checkContextParallel(size, tpSize int) error {
 		// The CUDA backend's block attention (QPos, KPos, Accumulate) is
 		// built and checked against the CPU by TestCUDABlockAttention, which
 		// has not run on a GPU yet.
-		return fmt.Errorf("train: --context-parallel-size=%d with --device cuda: the GPU's block attention is built but not yet verified on a GPU (tools/gpu/check.sh conformance); set GOTRON_CUDA_UNVERIFIED=1 to run it anyway, or train context-parallel on the CPU", size)
+		return fmt.Errorf("train: --context-parallel-size=%d with --device cuda: the GPU's block attention is built but not yet verified on a GPU (tools/gpu/check.sh conformance); set GOTRON_CUDA_UNVERIFIED=1 (or cp) to run it anyway, or train context-parallel on the CPU", size)
 	}
 	return nil
 }

@@ -456,7 +456,7 @@ func cmdTrain(ctx context.Context, env *cli, args []string) error {
 	cfg.Out = env.stdout
 	cfg.Diag = env.stderr                  // every rank's rerun state machine messages
 	cfg.JobID = env.getenv("SLURM_JOB_ID") // Megatron's progress.txt names the Slurm job
-	cfg.CUDAUnverified = env.getenv("GOTRON_CUDA_UNVERIFIED") == "1"
+	cfg.CUDAUnverified = tensor.CUDAUnverified(env.getenv, "cp")
 	cfg.Args = map[string]any{"argv": args}
 	if cfg.Load != "" && hf.IsHFDir(cfg.Load) {
 		tmp, err := importHFForTraining(ctx, env, &cfg)

@@ -46,8 +46,10 @@ type Device struct {
 	// and the cuBLAS handle.
 	mu     sync.Mutex
 	launch *launchBuffer // in page-locked host memory from cuMemAllocHost
-	blas   *blasHandle
-	closed bool
+	// staging is CopyHtoDStaged's ring, made on its first use.
+	staging *stagingRing
+	blas    *blasHandle
+	closed  bool
 }
 
 // DeviceCount returns the number of GPUs the driver sees (after
@@ -205,6 +207,12 @@ func (d *Device) closeLocked() error {
 		errs = append(errs, err)
 	}
 	d.launch = nil
+	if d.staging != nil {
+		if err := d.freeStaging(d.staging); err != nil {
+			errs = append(errs, err)
+		}
+		d.staging = nil
+	}
 	// Last: releasing the primary context's last reference destroys it.
 	if err := d.api.check("cuDevicePrimaryCtxRelease_v2", d.api.cuDevicePrimaryCtxRelease(d.dev)); err != nil {
 		errs = append(errs, err)

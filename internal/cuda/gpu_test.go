@@ -472,3 +472,47 @@ func TestGPUAllocatorOnDevice(t *testing.T) {
 		t.Errorf("GEMM on a closed device: %v", err)
 	}
 }
+
+// TestGPUCopyHtoDStaged: staged copies (more than the ring has slots, so
+// slots are reused, and one above the slot size, which takes CopyHtoD) land
+// where they should, ordered after a memset queued before them, although
+// the host buffer is overwritten right after each call.
+func TestGPUCopyHtoDStaged(t *testing.T) {
+	d := gpu(t)
+	const region = 1000 // float32s per copy
+	copies := 3*stagingSlots + 1
+	total := copies*region + StagingSlotBytes/4 + 7
+	p, err := d.Alloc(int64(4 * total))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Free(p)
+	if err := d.Memset(p, int64(4*total)); err != nil {
+		t.Fatal(err)
+	}
+	want := make([]float32, total)
+	buf := make([]float32, StagingSlotBytes/4+7)
+	for c := range copies {
+		for i := range region {
+			buf[i] = float32(c*region + i + 1)
+			want[c*region+i] = buf[i]
+		}
+		if err := d.CopyHtoDStaged(p+Ptr(4*c*region), unsafe.Pointer(&buf[0]), 4*region); err != nil {
+			t.Fatal(err)
+		}
+		clear(buf) // the staged copy must not read buf any more
+	}
+	for i := range buf { // above a slot: CopyHtoD
+		buf[i] = -float32(i + 1)
+		want[copies*region+i] = buf[i]
+	}
+	if err := d.CopyHtoDStaged(p+Ptr(4*copies*region), unsafe.Pointer(&buf[0]), int64(4*len(buf))); err != nil {
+		t.Fatal(err)
+	}
+	got := download(t, d, p, total)
+	for i := range want {
+		if got[i] != want[i] {
+			t.Fatalf("element %d: %g, want %g", i, got[i], want[i])
+		}
+	}
+}

@@ -50,11 +50,24 @@ for s in $steps; do
 		run unverified-attn 180 "$bin/tensor_backendtest.test" -test.v \
 			-test.run 'TestCUDABlockAttention|TestCUDAAttentionReducedPrecision'
 		run unverified-moe 180 "$bin/model_gpt.test" -test.v -test.run 'TestCUDAMoEMatchesCPU'
+		# Staged host-to-device copies: the runtime test, then training
+		# against the CPU (50 iterations, fp32 and --bf16) with them on.
+		run unverified-staged 120 "$bin/internal_cuda.test" -test.v -test.run 'TestGPUCopyHtoDStaged'
+		run unverified-train-staged 240 env GOTRON_CUDA_UNVERIFIED=staged-copies "$bin/train.test" -test.v -test.run 'CUDA'
+		# GPT-2 124M bf16 with each feature alone: speed and host copies
+		for feat in staged-copies attn-bf16; do
+			run "unverified-124m-bf16-$feat" 240 env GOTRON_CUDA_UNVERIFIED=$feat "$bin/gotron" train --device cuda --mock-data \
+				--num-layers 12 --hidden-size 768 --num-attention-heads 12 --seq-length 1024 --max-position-embeddings 1024 \
+				--micro-batch-size 8 --global-batch-size 8 --train-iters 8 --log-interval 1 --vocab-size 50304 --lr 1e-4 --bf16
+			grep -o "lm loss: [0-9.E+-]*\|elapsed time per iteration (ms): [0-9.]*\|tokens/s: [0-9.]*" \
+				"$out/unverified-124m-bf16-$feat.log" | tail -3 | sed "s/^/$feat: /" >> "$out/summary.txt"
+			grep -o "cuda device: .*" "$out/unverified-124m-bf16-$feat.log" | sed "s/^/$feat: /" >> "$out/summary.txt"
+		done
 		# --context-parallel-size 2 (two processes on the one GPU, host
 		# collectives) against the same run on the CPU: the losses of the
 		# last iterations must agree within float32 rounding.
 		for dev in cpu cuda; do
-			run "unverified-cp-$dev" 240 env GOTRON_CUDA_UNVERIFIED=1 "$bin/gotron" launch --nproc-per-node 2 -- train \
+			run "unverified-cp-$dev" 240 env GOTRON_CUDA_UNVERIFIED=cp "$bin/gotron" launch --nproc-per-node 2 -- train \
 				--device $dev --device-memory-fraction 0.4 --distributed-backend gloo --context-parallel-size 2 --mock-data --num-layers 2 \
 				--hidden-size 128 --num-attention-heads 4 --seq-length 256 --max-position-embeddings 256 \
 				--micro-batch-size 2 --global-batch-size 2 --train-iters 10 --log-interval 1 --vocab-size 512 \
