@@ -18,6 +18,7 @@ import (
 	"slices"
 	"time"
 
+	datagpt "github.com/gotron/gotron/data/gpt"
 	"github.com/gotron/gotron/model/gpt"
 	"github.com/gotron/gotron/optim"
 	"github.com/gotron/gotron/parallel"
@@ -127,6 +128,13 @@ type Config struct {
 	// Profile is --profile: a Go CPU profile of iterations
 	// --profile-step-start+1 to --profile-step-end.
 	Profile Profile
+	// NumWorkers is --num-workers, Megatron's data-loader worker processes.
+	// gotron reads samples in the training process, but a sample of FIM
+	// data depends on the worker that reads it (each holds its own copy of
+	// the random stream), so micro-batch k this run reads from a split is
+	// read as worker k mod NumWorkers, as PyTorch's DataLoader deals them.
+	// 0 and 1 mean one stream.
+	NumWorkers int
 	// DataSetupTime is how long opening the datasets took (Megatron's
 	// train/valid/test-data-iterators-setup timer), measured by the caller.
 	DataSetupTime time.Duration
@@ -305,6 +313,8 @@ func (c *Config) validate() error {
 		return fmt.Errorf("train: set --train-iters or --train-samples")
 	case c.EvalIters < 0:
 		return fmt.Errorf("train: --eval-iters=%d: want ≥ 0 (0 turns evaluation off)", c.EvalIters)
+	case c.NumWorkers < 0 || c.NumWorkers > datagpt.MaxWorkers:
+		return fmt.Errorf("train: --num-workers=%d: want 0 to %d", c.NumWorkers, datagpt.MaxWorkers)
 	case c.SaveInterval > 0 && c.Save == "":
 		return fmt.Errorf("train: --save-interval=%d needs --save", c.SaveInterval)
 	case c.DistCkptStrictness != "" && !slices.Contains(StrictnessValues, c.DistCkptStrictness):

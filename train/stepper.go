@@ -40,6 +40,9 @@ type stepper struct {
 	*position
 	cfg   *Config
 	train datagpt.Source
+	// loaderBatches counts the micro-batches this run has read from each
+	// split: their data-loader worker (Config.NumWorkers).
+	loaderBatches map[datagpt.Source]int64
 
 	arch  Architecture // how model was built and is laid out
 	model Model        // this rank's model (its tensor-parallel slices)
@@ -470,7 +473,7 @@ func (st *stepper) evaluate(src datagpt.Source, consumed *int64) (float64, error
 	for range st.cfg.EvalIters {
 		for i := 0; i < gbs/(mbs*dp) && !failed; i++ {
 			start := (*consumed + int64(r*mbs)) % int64(max(src.Len(), 1))
-			bt, err := makeBatch(src, start, mbs, st.cfg.SeqLength, st.cfg.Model.VocabSize)
+			bt, err := makeWorkerBatch(src, start, mbs, st.cfg.SeqLength, st.cfg.Model.VocabSize, st.loaderWorker(src))
 			if err == nil {
 				bt, err = st.localTokens(bt)
 			}
@@ -532,7 +535,7 @@ func (st *stepper) trainBatch(i, mbs, dp, r int) (bt gpt.Batch, tokens int64, er
 	st.tm.start(timerBatchGenerator, 2)
 	defer st.tm.stop(timerBatchGenerator)
 	start := st.Consumed + int64((i*dp+r)*mbs)
-	bt, err = makeBatch(st.train, start, mbs, st.cfg.SeqLength, st.cfg.Model.VocabSize)
+	bt, err = makeWorkerBatch(st.train, start, mbs, st.cfg.SeqLength, st.cfg.Model.VocabSize, st.loaderWorker(st.train))
 	if err == nil {
 		bt, err = st.localTokens(bt) // this CP rank's chunks
 	}
@@ -561,6 +564,26 @@ func lossTokens(bt gpt.Batch) int64 {
 // makeBatch stacks samples [start, start+mbs) of src (wrapping around its
 // length, as a multi-epoch index would) into a batch.
 func makeBatch(src datagpt.Source, start int64, mbs, seq, vocab int) (gpt.Batch, error) {
+	return makeWorkerBatch(src, start, mbs, seq, vocab, 0)
+}
+
+// loaderWorker is the data-loader worker of the next micro-batch read from
+// src: PyTorch's DataLoader deals batches to its workers in turn.
+func (st *stepper) loaderWorker(src datagpt.Source) int {
+	if st.cfg.NumWorkers <= 1 {
+		return 0
+	}
+	if st.loaderBatches == nil {
+		st.loaderBatches = map[datagpt.Source]int64{}
+	}
+	k := st.loaderBatches[src]
+	st.loaderBatches[src] = k + 1
+	return int(k % int64(st.cfg.NumWorkers))
+}
+
+// makeWorkerBatch is makeBatch read by data-loader worker worker
+// (datagpt.WorkerSource; other sources do not depend on it).
+func makeWorkerBatch(src datagpt.Source, start int64, mbs, seq, vocab, worker int) (gpt.Batch, error) {
 	n := int64(src.Len())
 	if n == 0 {
 		return gpt.Batch{}, errors.New("dataset has no samples")
@@ -572,7 +595,13 @@ func makeBatch(src datagpt.Source, start int64, mbs, seq, vocab int) (gpt.Batch,
 	var docs []int32
 	for i := range mbs {
 		idx := (start + int64(i)) % n
-		s, err := src.Sample(int(idx))
+		var s datagpt.Sample
+		var err error
+		if ws, ok := src.(datagpt.WorkerSource); ok && worker > 0 {
+			s, err = ws.SampleForWorker(int(idx), worker)
+		} else {
+			s, err = src.Sample(int(idx))
+		}
 		if err != nil {
 			return gpt.Batch{}, fmt.Errorf("sample %d: %w", idx, err)
 		}

@@ -251,7 +251,7 @@ func TestMegatronCompatSameNumbers(t *testing.T) {
 		"gotron train: --transformer-impl transformer_engine: no effect in gotron:",
 		"gotron train: --use-persistent-ckpt-worker: no effect in gotron:",
 		"gotron train: --rerun-mode disabled: accepted:",
-		"gotron train: --num-workers 8: no effect in gotron:",
+		"gotron train: --num-workers 8: no effect without --fim-data:",
 		"gotron train: --distributed-backend nccl: NCCL moves GPU memory, and this run is on --device cpu: the collectives run over gotron's CPU process group",
 		"gotron train: --sequence-parallel: disabled, as Megatron does, because --tensor-model-parallel-size is 1",
 	} {

@@ -76,6 +76,34 @@ func TestFIMDataCommands(t *testing.T) {
 		t.Errorf("want 2 log lines with a loss:\n%s", out)
 	}
 
+	// --num-workers: micro-batch k is read as worker k mod N, each worker
+	// with its own FIM stream. One micro-batch per iteration: iteration 1
+	// is worker 0's first batch for any N; later ones differ between N = 2
+	// and one stream, and N = 1 is one stream.
+	losses := func(workers string) []float64 {
+		t.Helper()
+		m := filepath.Join(dir, "m"+workers+".jsonl")
+		_, errs, code := runCLI(t, append(append([]string{"train", "--data-path", data, "--split", "100,0,0",
+			"--num-layers", "1", "--hidden-size", "16", "--num-attention-heads", "2", "--seq-length", "32",
+			"--micro-batch-size", "2", "--train-iters", "3", "--lr", "1e-3", "--log-interval", "1", "--eval-iters", "0", "--no-progress",
+			"--num-workers", workers, "--metrics-file", m}, tokFlags...), fim...)...)
+		if code != 0 {
+			t.Fatalf("train --num-workers %s: exit %d: %s", workers, code, errs)
+		}
+		l, _ := metricsLosses(t, m)
+		if len(l) != 3 {
+			t.Fatalf("--num-workers %s: %d losses", workers, len(l))
+		}
+		return l
+	}
+	l0, l1, l2 := losses("0"), losses("1"), losses("2")
+	if !slices.Equal(l0, l1) {
+		t.Errorf("--num-workers 1 losses %v, 0 %v: want one stream both", l1, l0)
+	}
+	if l2[0] != l0[0] || slices.Equal(l2, l0) {
+		t.Errorf("--num-workers 2 losses %v, 0 %v: want the first equal, a later one different", l2, l0)
+	}
+
 	base := append([]string{"data", "samples", "--data-path", data, "--split", "100,0,0", "--seq-length", "32", "--num-samples", "8,0,0"}, tokFlags...)
 	for _, c := range []struct {
 		args []string

@@ -151,7 +151,6 @@ var compatArgs = map[string]compatArg{
 	"inference-rng-tracker":                  {kind: compatDetail, why: "picks Megatron's CUDA RNG tracker for inference"},
 	"async-strategy":                         {kind: compatDetail, why: "picks Megatron's async checkpoint writer; gotron's --async-save has one"},
 	"async-ckpt-use-cpu-shm":                 {kind: compatDetail, why: "stages Megatron's async checkpoint in shared memory; gotron copies the shards in its own process"},
-	"num-workers":                            {kind: compatDetail, why: "sets PyTorch DataLoader worker processes; gotron reads samples from the mapped .bin in the training process (the same samples; with --fim-data, Megatron's with --num-workers 0, see docs/data.md)"},
 	// Megatron starts the first model chunk's parameter all-gather inside
 	// the optimizer step (a separate optimizer for that chunk, whose
 	// per-element Adam update and the joint grad norm are the same):

@@ -208,6 +208,7 @@ func newTrainFlags() (*flag.FlagSet, *trainFlags) {
 
 	fs.Int64Var(&c.EvalInterval, "eval-interval", 1000, "iterations between evaluations")
 	fs.Int64Var(&c.EvalIters, "eval-iters", 100, "global batches per evaluation (0: no validation or test evaluation)")
+	fs.IntVar(&c.NumWorkers, "num-workers", 2, "Megatron's data-loader workers: gotron reads in the training process, and with --fim-data micro-batch k is read as worker k mod N (each has its own FIM random stream)")
 	fs.BoolVar(&c.SkipTrain, "skip-train", false, "no training: only the validation and test evaluation (with --load)")
 	fs.Int64Var(&c.LogInterval, "log-interval", 100, "iterations between log lines")
 	fs.StringVar(&c.MetricsFile, "metrics-file", "", "append one JSON object per log line to this file")
@@ -314,6 +315,9 @@ func cmdTrain(ctx context.Context, env *cli, args []string) error {
 	f.finish()
 	given := map[string]bool{}
 	fs.Visit(func(fl *flag.Flag) { given[fl.Name] = true })
+	if given["num-workers"] && !f.data.fim.data {
+		fmt.Fprintf(env.stderr, "gotron train: --num-workers %d: no effect without --fim-data: gotron reads samples in the training process (the same samples)\n", f.cfg.NumWorkers)
+	}
 	if given["tensorboard-queue-size"] {
 		fmt.Fprintf(env.stderr, "gotron train: --tensorboard-queue-size has no effect: events are buffered in memory and flushed at every log line\n")
 	}

@@ -156,6 +156,7 @@ var trainNumberRules = withFIMRules(withTokenizerRules(map[string]numberRule{
 	// Evaluation, logging, checkpoints.
 	"eval-interval":            intIn(1, math.MaxInt64, "iterations between evaluations; --eval-iters 0 turns evaluation off"),
 	"eval-iters":               intAtLeast(0, "global batches per evaluation; 0 turns evaluation off"),
+	"num-workers":              intIn(0, 1024, "data-loader workers (data/gpt.MaxWorkers)"),
 	"log-interval":             intIn(1, math.MaxInt64, "iterations between log lines"),
 	"tensorboard-log-interval": intIn(1, math.MaxInt64, "iterations between TensorBoard scalars"),
 	"tensorboard-queue-size":   intAtLeast(1, "events"),

@@ -87,12 +87,16 @@ type Blended struct {
 func (b *Blended) Len() int { return len(b.DatasetIndex) }
 
 // Sample returns sample i with its DatasetID set.
-func (b *Blended) Sample(i int) (Sample, error) {
+func (b *Blended) Sample(i int) (Sample, error) { return b.SampleForWorker(i, 0) }
+
+// SampleForWorker is Sample as read by data-loader worker worker (see
+// Dataset.SampleForWorker).
+func (b *Blended) SampleForWorker(i, worker int) (Sample, error) {
 	if i < 0 || i >= len(b.DatasetIndex) {
 		return Sample{}, fmt.Errorf("gpt: blended sample %d out of range [0, %d)", i, len(b.DatasetIndex))
 	}
 	j := int(b.DatasetIndex[i])
-	s, err := b.Datasets[j].Sample(int(b.DatasetSampleIndex[i]))
+	s, err := b.Datasets[j].SampleForWorker(int(b.DatasetSampleIndex[i]), worker)
 	s.DatasetID = j
 	return s, err
 }

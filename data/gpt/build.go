@@ -18,9 +18,22 @@ type Source interface {
 	Sample(i int) (Sample, error)
 }
 
+// WorkerSource is a Source whose samples may depend on the data-loader
+// worker process that reads them in Megatron (FIM data: each worker draws
+// from its own copy of the random stream).
+type WorkerSource interface {
+	Source
+	// SampleForWorker is Sample(i) as worker worker, 0 ≤ worker < MaxWorkers, reads it.
+	SampleForWorker(i, worker int) (Sample, error)
+}
+
+// MaxWorkers bounds the data-loader workers (--num-workers) a sample may be
+// read by.
+const MaxWorkers = 1024
+
 var (
-	_ Source = (*Dataset)(nil)
-	_ Source = (*Blended)(nil)
+	_ WorkerSource = (*Dataset)(nil)
+	_ WorkerSource = (*Blended)(nil)
 )
 
 // Datasets are the built splits; a split Megatron would not build (an empty

@@ -40,7 +40,16 @@ func (d *Dataset) Len() int { return d.Indices.NumSamples() }
 // random stream, so a sample depends on the samples read before it (as in
 // Megatron's GPTFIMDataset); concurrent calls are safe but their order then
 // decides the samples.
-func (d *Dataset) Sample(i int) (Sample, error) {
+func (d *Dataset) Sample(i int) (Sample, error) { return d.SampleForWorker(i, 0) }
+
+// SampleForWorker is Sample as read by Megatron's data-loader worker
+// process worker (0 ≤ worker < MaxWorkers), which holds its own copy of the
+// dataset: with FIM, its own copy of the random stream. Without FIM the
+// worker does not matter.
+func (d *Dataset) SampleForWorker(i, worker int) (Sample, error) {
+	if worker < 0 || worker >= MaxWorkers {
+		return Sample{}, fmt.Errorf("gpt: data-loader worker %d out of range [0, %d)", worker, MaxWorkers)
+	}
 	if i < 0 || i >= d.Len() {
 		return Sample{}, fmt.Errorf("gpt: %s %s sample %d out of range [0, %d)", d.Path, d.Split, i, d.Len())
 	}
@@ -79,7 +88,7 @@ func (d *Dataset) Sample(i int) (Sample, error) {
 		return Sample{}, fmt.Errorf("gpt: %s %s sample %d has %d tokens, want %d (corrupt index cache?)", d.Path, d.Split, i, len(text), want)
 	}
 	if d.fim != nil {
-		text = d.fim.apply(text)
+		text = d.fim.apply(text, worker)
 	}
 	for len(text) < want {
 		text = append(text, PadID)

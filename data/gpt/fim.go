@@ -119,16 +119,21 @@ func (c *FIMConfig) resolve() (*fimParams, error) {
 	return p, nil
 }
 
-// fimStream is the one random stream of a GPTFIMDataset:
-// numpy.random.RandomState(seed), drawn in the order samples are read.
+// fimStream is the random stream of a GPTFIMDataset:
+// numpy.random.RandomState(seed), drawn in the order samples are read. Each
+// of Megatron's data-loader worker processes holds its own copy of the
+// dataset, so each worker draws its own stream from the seed; rngs[w] is
+// worker w's, created when first used.
 type fimStream struct {
-	p   *fimParams
-	mu  sync.Mutex
-	rng *nprand.MT19937
+	p    *fimParams
+	seed uint32
+	mu   sync.Mutex
+	rngs []*nprand.MT19937
+	rng  *nprand.MT19937 // the worker's stream apply is drawing from
 }
 
 func newFIMStream(p *fimParams, seed uint32) *fimStream {
-	return &fimStream{p: p, rng: nprand.New(seed)}
+	return &fimStream{p: p, seed: seed}
 }
 
 // bernoulli is np_rng.binomial(1, rate) (rates are validated).
@@ -138,11 +143,19 @@ func (f *fimStream) bernoulli(rate float64) bool {
 }
 
 // apply is GPTFIMDataset._query_document_sample_shuffle_indices after the
-// sample's tokens are read: permute every EOD-separated segment, then cut or
-// pad (with the FIM pad token) to the sample's length.
-func (f *fimStream) apply(sample []int32) []int32 {
+// sample's tokens are read, in data-loader worker worker's copy of the
+// dataset (0 ≤ worker < MaxWorkers): permute every EOD-separated segment,
+// then cut or pad (with the FIM pad token) to the sample's length.
+func (f *fimStream) apply(sample []int32, worker int) []int32 {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	for len(f.rngs) <= worker {
+		f.rngs = append(f.rngs, nil)
+	}
+	if f.rngs[worker] == nil {
+		f.rngs[worker] = nprand.New(f.seed)
+	}
+	f.rng = f.rngs[worker]
 	p := f.p
 	n := len(sample)
 	var out []int32

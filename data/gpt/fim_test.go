@@ -62,7 +62,7 @@ func TestFIMMatchesMegatron(t *testing.T) {
 			f := newFIMStream(p, c.Seed)
 			changed := 0
 			for i, s := range g.Samples {
-				got := f.apply(slices.Clone(s))
+				got := f.apply(slices.Clone(s), 0)
 				if !slices.Equal(got, c.Want[i]) {
 					t.Fatalf("sample %d:\n got  %v\n want %v", i, got, c.Want[i])
 				}
@@ -174,7 +174,7 @@ func TestFIMDataset(t *testing.T) {
 			t.Fatal(err)
 		}
 		text := append(slices.Clone(a.Tokens), a.Labels[len(a.Labels)-1])
-		want := ref.apply(text)
+		want := ref.apply(text, 0)
 		b, err := fimDS.Train.Sample(i)
 		if err != nil {
 			t.Fatal(err)
@@ -188,5 +188,59 @@ func TestFIMDataset(t *testing.T) {
 	}
 	if changed == 0 {
 		t.Fatal("FIM changed no sample")
+	}
+}
+
+// TestFIMWorkers: Megatron's DataLoader forks --num-workers processes, each
+// with a copy of the dataset (and of its FIM stream, at the seed), and hands
+// micro-batch k to worker k mod W. So each worker's samples are those a
+// fresh stream gives reading only that worker's micro-batches.
+func TestFIMWorkers(t *testing.T) {
+	raw, err := os.ReadFile("testdata/fim_golden.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var g fimGolden
+	if err := json.Unmarshal(raw, &g); err != nil {
+		t.Fatal(err)
+	}
+	tok, err := gpt2.Tokenizer()
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := g.Cases[0]
+	cfg := FIMConfig{Rate: c.Rate, SPMRate: c.SPMRate, Prefix: c.Tokens["prefix"], Middle: c.Tokens["middle"],
+		Suffix: c.Tokens["suffix"], Pad: c.Tokens["pad"], EOD: c.Tokens["eod"], Tokenizer: tok}
+	p, err := cfg.resolve()
+	if err != nil {
+		t.Fatal(err)
+	}
+	const W, mbs = 2, 3
+	shared := newFIMStream(p, c.Seed)
+	var got [W][][]int32
+	for i, s := range g.Samples {
+		w := (i / mbs) % W
+		got[w] = append(got[w], shared.apply(slices.Clone(s), w))
+	}
+	differs := false
+	for w := range W {
+		alone := newFIMStream(p, c.Seed)
+		n := 0
+		for i, s := range g.Samples {
+			if (i/mbs)%W != w {
+				continue
+			}
+			want := alone.apply(slices.Clone(s), 0)
+			if !slices.Equal(got[w][n], want) {
+				t.Fatalf("worker %d, sample %d: %v, want %v", w, i, got[w][n], want)
+			}
+			if !slices.Equal(want, c.Want[i]) {
+				differs = true
+			}
+			n++
+		}
+	}
+	if !differs {
+		t.Fatal("two workers gave the one-stream samples: the test checks nothing")
 	}
 }
