@@ -47,6 +47,7 @@ func commands() []command {
 	return []command{
 		{"train", "train a GPT/Llama model (Megatron's pretrain_gpt.py flags)", cmdTrain},
 		{"generate", "generate text from a checkpoint with a KV cache", cmdGenerate},
+		{"inference", "run Megatron's inference scripts' arguments (gpt_dynamic_inference.py, gpt_static_inference.py, offline_inference.py): prompts, output JSON", cmdInference},
 		{"serve", "serve a model over HTTP: OpenAI-compatible API, continuous batching, paged KV cache", cmdServe},
 		{"score", "write per-position logits and print log-probabilities and perplexity", cmdScore},
 		{"convert", "convert checkpoints: Hugging Face in and out, Megatron-LM (legacy torch format) in", cmdConvert},

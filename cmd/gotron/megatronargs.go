@@ -110,7 +110,7 @@ const (
 	needFP8       = "FP8 training (Transformer Engine), not built in gotron"
 	needFSDP      = "this part of Megatron-FSDP, not built in gotron (--use-megatron-fsdp with --data-parallel-sharding-strategy is)"
 	needRL        = "Megatron's RL/GRPO training loop, not built in gotron"
-	needInference = "Megatron's inference scripts (gotron generate and gotron serve take their own flags)"
+	needInference = "Megatron's inference scripts: run this argument list with gotron inference, not gotron train"
 	needLinear    = "experimental attention variants (gated delta net / linear attention, DSA), not built in gotron"
 	needMuP       = "muP parametrisation, not built in gotron"
 	needExport    = "ModelOpt export and distillation, not built in gotron"

@@ -98,8 +98,14 @@ func addDataArgs(fs *flag.FlagSet, d *dataArgs) {
 	addTokenizerFlags(fs, &d.tok)
 }
 
-func newTrainFlags() (*flag.FlagSet, *trainFlags) {
-	fs := newFlags("train", trainSynopsis)
+func newTrainFlags() (*flag.FlagSet, *trainFlags) { return newTrainFlagsWith("train", nil) }
+
+// newTrainFlagsWith is newTrainFlags for command name, with extra defining
+// that command's own flags before the Megatron compatibility flags, which
+// skip any name already defined (gotron inference takes train's parser plus
+// Megatron's inference arguments, as Megatron's inference scripts do).
+func newTrainFlagsWith(name string, extra func(*flag.FlagSet)) (*flag.FlagSet, *trainFlags) {
+	fs := newFlags(name, trainSynopsis)
 	f := &trainFlags{schedule: optim.DefaultSchedulerFlags()}
 	m, c, s := &f.model, &f.cfg, &f.schedule
 	fs.String("config", "", "YAML file of flag values (keys with - or _); command-line flags override it")
@@ -273,6 +279,9 @@ func newTrainFlags() (*flag.FlagSet, *trainFlags) {
 		} else {
 			fs.Bool(name, false, "refused: "+why)
 		}
+	}
+	if extra != nil {
+		extra(fs)
 	}
 	f.compat = addCompatFlags(fs)
 	f.finish = func() {
