@@ -233,14 +233,24 @@ var inferenceUsed = map[string]bool{
 var inferenceRefusedNeeds = []string{needMLA, needFP8, needLinear, needMuP}
 
 func cmdInference(ctx context.Context, env *cli, args []string) error {
-	var a inferenceArgs
-	fs, f := newTrainFlagsWith("inference", func(fs *flag.FlagSet) { defineInferenceArgs(fs, &a) })
-	rest, nargs, err := splitNargs(args)
+	a, f, given, err := parseInference(env, args)
 	if err != nil {
 		return err
 	}
+	return runMegatronInference(ctx, env, a, f, given)
+}
+
+// parseInference parses and checks gotron inference's arguments, printing
+// one line for each accepted without an effect; it reads no file.
+func parseInference(env *cli, args []string) (*inferenceArgs, *trainFlags, map[string]bool, error) {
+	a := &inferenceArgs{}
+	fs, f := newTrainFlagsWith("inference", func(fs *flag.FlagSet) { defineInferenceArgs(fs, a) })
+	rest, nargs, err := splitNargs(args)
+	if err != nil {
+		return nil, nil, nil, err
+	}
 	if err := parseFlagsHelp(fs, rest, env.stdout, helpText{synopsis: inferenceSynopsis}); err != nil {
-		return err
+		return nil, nil, nil, err
 	}
 	f.finish()
 	a.prompts, a.stopWords = nargs["prompts"], nargs["stop-words"]
@@ -249,12 +259,12 @@ func cmdInference(ctx context.Context, env *cli, args []string) error {
 	fs.Visit(func(fl *flag.Flag) { given[fl.Name] = true })
 	lines, err := a.check(fs, given, f)
 	if err != nil {
-		return err
+		return nil, nil, nil, err
 	}
 	for _, l := range lines {
 		fmt.Fprintf(env.stderr, "gotron inference: %s\n", l)
 	}
-	return runMegatronInference(ctx, env, &a, f, given)
+	return a, f, given, nil
 }
 
 // check refuses what gotron inference cannot do, naming the feature, and
@@ -285,6 +295,8 @@ func (a *inferenceArgs) check(fs *flag.FlagSet, given map[string]bool, f *trainF
 			c, compat := lookupCompat(name)
 			switch {
 			case atDefault:
+			case why == needFP8:
+				return nil, fmt.Errorf("--%s: needs FP8 inference (Transformer Engine), not built in gotron", name)
 			case contains(inferenceRefusedNeeds, why):
 				return nil, fmt.Errorf("--%s: needs %s", name, why)
 			case compat && c.why == needInference:

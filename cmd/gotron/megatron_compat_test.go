@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"flag"
 	"fmt"
 	"os"
@@ -89,6 +90,7 @@ func loadMegatronConfigs(t *testing.T) []megatronConfig {
 // compatPaths are the harness's files that stand in for a config's paths.
 type compatPaths struct {
 	dir, data, vocab, merges string
+	prompts                  string // a JSONL prompt file for inference configs
 }
 
 // scaleDown returns the config's arguments for a tiny run, and the world
@@ -168,14 +170,34 @@ func scaleDown(c megatronConfig, p compatPaths) ([]string, int) {
 	if val("eval-iters") > 1 {
 		set["eval-iters"] = "1"
 	}
+	// Inference configs: the checkpoint is the harness's (trainInferenceCheckpoint),
+	// the prompt file its own; GPT-2's tokenizer files stand in for the
+	// configs' TikTokenizer vocabulary (Nemotron's, not available here).
+	drop := map[string]bool{}
+	if c.mode == "inference" {
+		set["prompt-file"], set["output-path"] = p.prompts, filepath.Join(p.dir, "out.json")
+		set["tokenizer-type"] = "GPT2BPETokenizer"
+		drop["tokenizer-model"], drop["tiktoken-pattern"] = true, true
+	}
 	var out []string
+	if c.mode == "inference" && has("tokenizer-model") {
+		out = append(out, "--vocab-file", p.vocab, "--merge-file", p.merges)
+	}
 	for _, a := range c.args {
 		name := strings.TrimPrefix(a[0], "--")
+		if drop[name] {
+			continue
+		}
 		if s, ok := set[name]; ok && len(a) > 1 {
 			out = append(out, a[0], s)
 			continue
 		}
 		for _, tok := range a {
+			if c.mode == "inference" && len(tok) >= 2 && (tok[0] == '"' || tok[0] == '\'') && tok[len(tok)-1] == tok[0] {
+				// Megatron's launcher evals the argument list: a
+				// YAML value '"the"' reaches the script as the.
+				tok = tok[1 : len(tok)-1]
+			}
 			if strings.Contains(tok, "$") {
 				// A value from the CI's environment: Megatron's default
 				// where the argument has one (--seed ${REPEAT}), else a
@@ -195,8 +217,6 @@ func scaleDown(c megatronConfig, p compatPaths) ([]string, int) {
 // compatOutcome classifies a run's error.
 func compatOutcome(c megatronConfig, err string) string {
 	switch {
-	case c.mode == "inference":
-		return "needs " + needInference
 	case c.mode == "rl":
 		return "needs " + needRL
 	case err == "":
@@ -216,6 +236,12 @@ func firstLine(s string) string {
 // parseOutcome is the outcome the flags alone decide: a refused argument,
 // or "" when gotron train accepts every argument.
 func parseOutcome(c megatronConfig, args []string) string {
+	if c.mode == "inference" {
+		if _, _, _, err := parseInference(&cli{stdout: discard{}, stderr: discard{}}, args); err != nil {
+			return compatOutcome(c, "inference: "+err.Error())
+		}
+		return ""
+	}
 	if c.mode != "pretraining" {
 		return compatOutcome(c, "")
 	}
@@ -264,7 +290,7 @@ func TestMegatronConfigsTable(t *testing.T) {
 	if len(rows) != len(configs) {
 		t.Errorf("docs/megatron-compat.md has %d config rows, testdata has %d configs", len(rows), len(configs))
 	}
-	p := compatPaths{dir: "/nonexistent", data: "/nonexistent/d", vocab: "/nonexistent/v", merges: "/nonexistent/m"}
+	p := compatPaths{dir: "/nonexistent", data: "/nonexistent/d", vocab: "/nonexistent/v", merges: "/nonexistent/m", prompts: "/nonexistent/p.jsonl"}
 	for _, c := range configs {
 		args, _ := scaleDown(c, p)
 		got, row := parseOutcome(c, args), rows[c.name]
@@ -350,6 +376,8 @@ func TestMegatronConfigsRun(t *testing.T) {
 	}
 	dir := t.TempDir()
 	data, vocab, merges := gpt2Corpus(t, dir, 3000)
+	prompts := compatPrompts(t, dir)
+	ckpts := map[string]string{} // inference checkpoints by model shape
 	rows := map[string]string{}
 	sources := map[string]string{}
 	var only *regexp.Regexp
@@ -368,8 +396,13 @@ func TestMegatronConfigsRun(t *testing.T) {
 			rows[c.name] = docRows[c.name]
 			continue
 		}
-		p := compatPaths{dir: filepath.Join(dir, c.name), data: data, vocab: vocab, merges: merges}
+		p := compatPaths{dir: filepath.Join(dir, c.name), data: data, vocab: vocab, merges: merges, prompts: prompts}
 		args, world := scaleDown(c, p)
+		if c.mode == "inference" {
+			rows[c.name] = runInferenceConfig(t, c, p, args, ckpts)
+			t.Logf("%s: %s", c.name, rows[c.name])
+			continue
+		}
 		if c.mode != "pretraining" {
 			rows[c.name] = compatOutcome(c, "")
 			continue
@@ -462,4 +495,92 @@ func writeCompatTable(t *testing.T, rows, sources map[string]string) {
 	if err := os.WriteFile(compatDoc, []byte(s), 0o644); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// compatPrompts writes the harness's prompt file for inference configs
+// (--prompt-file; Megatron's sharegpt file is not available here).
+func compatPrompts(t *testing.T, dir string) string {
+	t.Helper()
+	var b strings.Builder
+	for i := range 40 {
+		line, _ := json.Marshal(map[string]any{"text": fmt.Sprintf("Question %d: why is the sky blue on day %d?", i, i*7), "chatgpt_output_token_length": 8})
+		b.Write(line)
+		b.WriteByte('\n')
+	}
+	path := filepath.Join(dir, "prompts.jsonl")
+	if err := os.WriteFile(path, []byte(b.String()), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+// inferenceShapeArgs are the model arguments of an inference config that
+// its checkpoint's shape takes (Megatron's --use-checkpoint-args set).
+var inferenceShapeArgs = map[string]bool{
+	"num-layers": true, "hidden-size": true, "ffn-hidden-size": true, "num-attention-heads": true, "kv-channels": true,
+	"num-query-groups": true, "group-query-attention": true, "position-embedding-type": true, "rotary-base": true,
+	"rotary-percent": true, "normalization": true, "swiglu": true, "squared-relu": true, "disable-bias-linear": true,
+	"untie-embeddings-and-output-weights": true, "init-method-std": true, "qk-layernorm": true, "apply-layernorm-1p": true,
+	"num-experts": true, "moe-router-topk": true, "moe-ffn-hidden-size": true, "moe-shared-expert-intermediate-size": true,
+	"moe-router-score-function": true, "moe-router-load-balancing-type": true, "moe-aux-loss-coeff": true, "moe-grouped-gemm": true,
+	"moe-token-dispatcher-type": true, "moe-z-loss-coeff": true,
+}
+
+// runInferenceConfig runs an inference config's scaled-down arguments with
+// gotron inference against a tiny checkpoint of the config's model shape
+// (trained once per shape: 1 iteration on the harness's corpus, 512
+// positions) and checks the output JSON it writes.
+func runInferenceConfig(t *testing.T, c megatronConfig, p compatPaths, args []string, ckpts map[string]string) string {
+	if got := parseOutcome(c, args); got != "" {
+		return got
+	}
+	var shape []string
+	for i := 0; i < len(args); i++ {
+		name := strings.TrimPrefix(args[i], "--")
+		if !strings.HasPrefix(args[i], "--") || !inferenceShapeArgs[name] {
+			continue
+		}
+		shape = append(shape, args[i])
+		for i+1 < len(args) && !strings.HasPrefix(args[i+1], "--") {
+			i++
+			shape = append(shape, args[i])
+		}
+	}
+	key := strings.Join(shape, " ")
+	ck, ok := ckpts[key]
+	if !ok {
+		ck = filepath.Join(filepath.Dir(p.dir), fmt.Sprintf("inference-ckpt-%d", len(ckpts)))
+		trainArgs := append([]string{"train", "--data-path", p.data, "--vocab-file", p.vocab, "--merge-file", p.merges,
+			"--tokenizer-type", "GPT2BPETokenizer", "--seq-length", "64", "--max-position-embeddings", "512",
+			"--micro-batch-size", "1", "--global-batch-size", "1", "--train-iters", "1", "--lr", "1e-4", "--eval-iters", "0",
+			"--save", ck, "--save-interval", "1", "--log-interval", "1"}, shape...)
+		if _, errs, code := runCLIContext(context.Background(), trainArgs...); code != 0 {
+			return "fails: training the checkpoint: " + lastErrorLine(errs)
+		}
+		ckpts[key] = ck
+	}
+	for i := range args {
+		if args[i] == "--load" && i+1 < len(args) {
+			args[i+1] = ck
+		}
+	}
+	if err := os.MkdirAll(p.dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	_, errs, code := runCLIContext(ctx, append([]string{"inference"}, args...)...)
+	if code != 0 {
+		lines := strings.Split(strings.TrimSpace(errs), "\n")
+		return compatOutcome(c, firstLine(strings.TrimPrefix(lines[len(lines)-1], "gotron ")))
+	}
+	raw, err := os.ReadFile(filepath.Join(p.dir, "out.json"))
+	var doc map[string]json.RawMessage
+	if err == nil {
+		err = json.Unmarshal(raw, &doc)
+	}
+	if err != nil || doc["0"] == nil {
+		return fmt.Sprintf("fails: no output JSON with request 0 (%v)", err)
+	}
+	return compatOutcome(c, "")
 }
