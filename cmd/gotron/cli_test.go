@@ -17,7 +17,7 @@ var everySubcommand = [][]string{
 	{"ckpt", "inspect"}, {"ckpt", "reshard"}, {"preprocess"}, {"tokenizer", "export-gpt2"},
 	{"data", "samples"}, {"data", "inspect"}, {"parallel", "groups"}, {"parallel", "schedule"},
 	{"memory"}, {"launch"}, {"bench", "gemm"}, {"bench", "attention"}, {"bench", "comm"},
-	{"bench", "serve"}, {"bench", "moe"}, {"version"},
+	{"bench", "serve"}, {"bench", "moe"}, {"version"}, {"inference"},
 }
 
 // TestFlagsAfterArguments: on every subcommand a flag after a positional

@@ -252,6 +252,9 @@ func parseInference(env *cli, args []string) (*inferenceArgs, *trainFlags, map[s
 	if err := parseFlagsHelp(fs, rest, env.stdout, helpText{synopsis: inferenceSynopsis}); err != nil {
 		return nil, nil, nil, err
 	}
+	if fs.NArg() > 0 {
+		return nil, nil, nil, fmt.Errorf("unexpected argument %q: prompts are given with --prompts or --prompt-file", fs.Arg(0))
+	}
 	f.finish()
 	a.prompts, a.stopWords = nargs["prompts"], nargs["stop-words"]
 	a.legacyStatic = fs.Lookup("use-legacy-static-engine").Value.String() == "true"
