@@ -10,6 +10,7 @@ import (
 	"github.com/gotron/gotron/comm"
 	"github.com/gotron/gotron/comm/inproc"
 	datagpt "github.com/gotron/gotron/data/gpt"
+	"github.com/gotron/gotron/model/gpt"
 	"github.com/gotron/gotron/parallel"
 	"github.com/gotron/gotron/parallel/ddp"
 	"github.com/gotron/gotron/parallel/fsdp"
@@ -28,14 +29,20 @@ type fsdpRun struct {
 // every rank's outcome, the whole parameters gathered over TP.
 func runFSDP(t *testing.T, cfg Config, tpSize, dp int, sharding Sharding, train, valid datagpt.Source) []fsdpRun {
 	t.Helper()
-	runs := make([]fsdpRun, tpSize*dp)
-	err := inproc.Run(context.Background(), tpSize*dp, func(ctx context.Context, pg comm.ProcessGroup) error {
-		g, err := parallel.NewGroups(pg, parallel.Config{TP: tpSize})
+	return runFSDPLayout(t, cfg, parallel.Config{TP: tpSize}, tpSize*dp, sharding, train, valid)
+}
+
+// runFSDPLayout is runFSDP on world ranks laid out as pc.
+func runFSDPLayout(t *testing.T, cfg Config, pc parallel.Config, world int, sharding Sharding, train, valid datagpt.Source) []fsdpRun {
+	t.Helper()
+	runs := make([]fsdpRun, world)
+	err := inproc.Run(context.Background(), world, func(ctx context.Context, pg comm.ProcessGroup) error {
+		g, err := parallel.NewGroups(pg, pc)
 		if err != nil {
 			return err
 		}
 		c := cfg
-		c.Parallel, c.FSDP, c.SequenceParallel = g, sharding, tpSize > 1
+		c.Parallel, c.FSDP, c.SequenceParallel = g, sharding, pc.TP > 1
 		tr, err := New(c, train, valid)
 		if err != nil {
 			return err
@@ -121,6 +128,22 @@ func TestFSDPMatchesDataParallel(t *testing.T) {
 			}
 		}
 	}
+}
+
+// TestFSDPComposes: FSDP with context parallelism (CP=2 × DP=2: the
+// shards are over the data × context parallel group) and with full
+// activation recomputation (a recomputed chunk of two layers is one
+// gathered unit, its forward run again in backward while it is whole)
+// gives the losses and parameters of the same run without FSDP.
+func TestFSDPComposes(t *testing.T) {
+	train, valid := dpDataset(t, 16)
+	cfg := dpConfig(dpModels()["llama"])
+	cfg.MicroBatchSize = 1
+	ref := runDP(t, cfg, 0, ddp.Config{}, train, valid)[0]
+	checkSameRun(t, "FSDP CP=2 DP=2", ref, dpRuns(runFSDPLayout(t, cfg, parallel.Config{CP: 2}, 4, ShardOptimGradsParams, train, valid)))
+	rc := cfg
+	rc.Recompute = gpt.Recompute{Full: true, Method: "uniform", NumLayers: 2}
+	checkSameRun(t, "FSDP DP=2 with full recomputation", ref, dpRuns(runFSDP(t, rc, 1, 2, ShardOptimGradsParams, train, valid)))
 }
 
 // TestFSDPShardsMemory: what a rank keeps between steps — parameter and
@@ -230,5 +253,31 @@ func TestFSDPRefusesWhatIsNotBuilt(t *testing.T) {
 	c.FSDP, c.Device = ShardOptimGradsParams, tensor.Sim
 	if _, err := New(c, train, valid); err == nil || !strings.Contains(err.Error(), "--device") {
 		t.Fatalf("FSDP on the simulated device: %v, want a refusal naming --device", err)
+	}
+}
+
+// TestFSDPMemoryReportMatchesMeasured: gotron memory's FSDP line (16/DP
+// bytes per parameter of Megatron's parameter count) agrees within 2% with
+// what a rank of a real FSDP run holds, measured on its buffers: parameter
+// and gradient shards and the optimizer state (a Llama-style model: no
+// biases, which Megatron's formula counts only roughly; and padding).
+func TestFSDPMemoryReportMatchesMeasured(t *testing.T) {
+	train, valid := dpDataset(t, 16)
+	m := dpModels()["llama"]
+	m.NumLayers = 4
+	cfg := dpConfig(m)
+	cfg.MicroBatchSize, cfg.TrainIters, cfg.EvalInterval = 1, 1, 0
+	cfg.Schedule.LRWarmupIters = 0
+	for _, dp := range []int{2, 4} {
+		run := runFSDP(t, cfg, 1, dp, ShardOptimGradsParams, train, valid)[0]
+		measured := float64(4*(run.sizes.ParamShards+run.sizes.GradShards) + run.optB)
+		r, err := TheoreticalMemory(MemoryConfig{Model: m, SeqLength: 16, MicroBatchSize: 1, WorldSize: dp, FSDP: ShardOptimGradsParams})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !relClose(r.FSDPWeightAndOptimizerBytes, measured, 0.02) {
+			t.Fatalf("dp=%d: the report's FSDP weight and optimizer bytes %.0f, a rank measured %.0f (parameter and gradient shards %d+%d values, optimizer %d bytes)",
+				dp, r.FSDPWeightAndOptimizerBytes, measured, run.sizes.ParamShards, run.sizes.GradShards, run.optB)
+		}
 	}
 }

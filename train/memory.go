@@ -101,8 +101,13 @@ type MemoryConfig struct {
 	// RecomputeFull.
 	RecomputeGranularity RecomputeGranularity
 	// DistributedOptimizer is --use-distributed-optimizer: 6 + 12/DP bytes
-	// per parameter instead of 18.
+	// per parameter instead of 18. Megatron-FSDP switches it on, so
+	// Megatron's formula counts --use-megatron-fsdp as the distributed
+	// optimizer; it has no term of its own for FSDP.
 	DistributedOptimizer bool
+	// FSDP is gotron's fully sharded data parallelism (NoFSDP: off): the
+	// report adds FSDPWeightAndOptimizerBytes, what gotron keeps.
+	FSDP Sharding
 	// NumMicrobatches is the number of microbatches per iteration,
 	// --global-batch-size / (--micro-batch-size × DP). Zero means unknown, as
 	// tools/report_theoretical_memory.py passes it: the pipeline is then
@@ -230,6 +235,14 @@ type MemoryReport struct {
 
 	WeightAndOptimizerBytes float64
 	ActivationBytes         float64
+	// FSDPWeightAndOptimizerBytes is what gotron's fully sharded data
+	// parallelism keeps per rank between steps for the most loaded
+	// shard's parameters (MemoryConfig.FSDP set, else 0): float32
+	// parameters and gradients and Adam's two float32 moments, 16 bytes a
+	// parameter, of which optim_grads_params shards all over DP and
+	// optim_grads all but the parameters. Layers gathered during a step
+	// come on top.
+	FSDPWeightAndOptimizerBytes float64
 }
 
 // WeightAndOptimizerMB is the weight and optimizer footprint in MiB.
@@ -337,6 +350,12 @@ func weightAndOptimizerMemory(c MemoryConfig) MemoryReport {
 	r.BytesPerParam = bytes(c.DataParallel())
 	edp := c.WorldSize / (etp * ep * c.PipelineParallel)
 	r.WeightAndOptimizerBytes = (shardTP+shardReplicated)*r.BytesPerParam + shardExpert*bytes(max(edp, 1))
+	switch dp := float64(c.DataParallel()); c.FSDP {
+	case ShardOptimGradsParams:
+		r.FSDPWeightAndOptimizerBytes = (shardTP + shardReplicated) * 16 / dp
+	case ShardOptimGrads:
+		r.FSDPWeightAndOptimizerBytes = (shardTP + shardReplicated) * (4 + 12/dp)
+	}
 	return r
 }
 

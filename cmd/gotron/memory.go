@@ -26,7 +26,8 @@ func memoryHelp() helpText {
 		"account-for-embedding-in-pipeline-split", "account-for-loss-in-pipeline-split",
 		"seq-length", "micro-batch-size", "global-batch-size", "tokenizer-type", "vocab-file", "merge-file", "tokenizer-model",
 		"vocab-size", "vocab-extra-ids", "tiktoken-pattern", "tiktoken-num-special-tokens",
-		"world-size", "recompute-activations", "recompute-granularity", "sequence-parallel", "use-distributed-optimizer"} {
+		"world-size", "recompute-activations", "recompute-granularity", "sequence-parallel", "use-distributed-optimizer",
+		"use-megatron-fsdp", "data-parallel-sharding-strategy", "use-torch-fsdp2"} {
 		read[n] = true
 	}
 	return helpText{synopsis: memorySynopsis, show: func(name string) bool { return read[name] },
@@ -71,8 +72,14 @@ func cmdMemory(_ context.Context, env *cli, args []string) error {
 	fmt.Fprintf(env.stdout, "gotron memory: %d layers, hidden %d, padded vocab %d, seq %d × micro batch %d on %d ranks: TP %d, PP %d, CP %d, DP %d; %s\n",
 		cfg.Model.NumLayers, cfg.Model.HiddenSize, cfg.Model.VocabSize, cfg.SeqLength, cfg.MicroBatchSize,
 		cfg.WorldSize, cfg.TensorParallel, cfg.PipelineParallel, cfg.ContextParallel, cfg.DataParallel(), micro)
-	_, err = r.WriteTo(env.stdout)
-	return err
+	if _, err = r.WriteTo(env.stdout); err != nil {
+		return err
+	}
+	if cfg.FSDP != train.NoFSDP {
+		fmt.Fprintf(env.stdout, "gotron's fully sharded data parallelism (%s) keeps weight and optimizer=%.2f MB per rank (float32 parameters, gradients and Adam moments, sharded over DP %d; Megatron's formula above has no FSDP term)\n",
+			cfg.FSDP, r.FSDPWeightAndOptimizerBytes/(1<<20), cfg.DataParallel())
+	}
+	return nil
 }
 
 // memoryConfig turns the parsed flags into the report's input: the model as
@@ -98,6 +105,14 @@ func memoryConfig(f *trainFlags, world int, given map[string]bool) (train.Memory
 		TensorParallel: f.tpSize, PipelineParallel: f.ppSize, ContextParallel: f.cpSize, GlobalBatchSize: f.cfg.GlobalBatchSize,
 		ExpertParallel: max(f.moe.ep, 1), ExpertTensorParallel: f.moe.etp}
 	c.SequenceParallel, c.DistributedOptimizer = f.cfg.SequenceParallel, f.cfg.DDP.DistributedOptimizer
+	fc := train.Config{DDP: f.cfg.DDP}
+	if err := f.fsdp.apply(&fc, given, "", true); err != nil { // (the tied-embedding rule of FSDP2 is not the report's)
+		return c, err
+	}
+	if f.fsdp.megatron {
+		c.DistributedOptimizer = true // Megatron-FSDP v1 switches it on (arguments.py)
+	}
+	c.FSDP = fc.FSDP
 	c.RecomputeGranularity = f.recomputeGranularity
 	if f.cfg.Recompute.Selective { // --recompute-activations, as Megatron's arguments.py
 		c.RecomputeGranularity = train.RecomputeSelective

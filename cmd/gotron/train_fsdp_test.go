@@ -1,6 +1,8 @@
 package main
 
 import (
+	"fmt"
+	"math"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -64,6 +66,49 @@ func TestTrainFSDPBadInput(t *testing.T) {
 		_, errs, code := runCLI(t, with(base, tc.extra...)...)
 		if code == 0 || !strings.Contains(errs, tc.want) {
 			t.Fatalf("%v: exit %d, stderr %q; want a refusal containing %q", tc.extra, code, errs, tc.want)
+		}
+	}
+}
+
+// TestMemoryFSDP: gotron memory counts --use-megatron-fsdp as Megatron's
+// formula does (the distributed optimizer: 6 + 12/DP bytes a parameter)
+// and adds what gotron's FSDP keeps: 16/DP bytes a parameter with
+// optim_grads_params, 4 + 12/DP with optim_grads.
+func TestMemoryFSDP(t *testing.T) {
+	base := []string{"memory", "--num-layers", "12", "--hidden-size", "512", "--num-attention-heads", "8", "--seq-length", "1024",
+		"--micro-batch-size", "4", "--global-batch-size", "32", "--vocab-size", "50257", "--world-size", "8", "--tensor-model-parallel-size", "2"}
+	plain, errs, code := runCLI(t, base...)
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errs)
+	}
+	dist, _, _ := runCLI(t, append(base, "--use-distributed-optimizer")...)
+	z3, errs, code := runCLI(t, append(base, "--use-megatron-fsdp")...)
+	if code != 0 {
+		t.Fatalf("--use-megatron-fsdp: exit %d: %s", code, errs)
+	}
+	z2, _, _ := runCLI(t, append(base, "--use-megatron-fsdp", "--data-parallel-sharding-strategy", "optim_grads")...)
+	mb := func(out, prefix string) float64 {
+		i := strings.Index(out, prefix)
+		if i < 0 {
+			t.Fatalf("no %q in:\n%s", prefix, out)
+		}
+		var v float64
+		if _, err := fmt.Sscanf(out[i+len(prefix):], "%f", &v); err != nil {
+			t.Fatalf("%q: %v", out[i:], err)
+		}
+		return v
+	}
+	const megatron, gotron = "weight and optimizer=", "keeps weight and optimizer="
+	whole := mb(plain, megatron) // 18 bytes a parameter
+	if got, want := mb(z3, megatron), mb(dist, megatron); got != want {
+		t.Fatalf("Megatron's line under --use-megatron-fsdp: %.2f MB, want the distributed optimizer's %.2f", got, want)
+	}
+	for _, c := range []struct {
+		out   string
+		bytes float64
+	}{{z3, 16.0 / 4}, {z2, 4 + 12.0/4}} {
+		if got, want := mb(c.out, gotron), whole*c.bytes/18; math.Abs(got-want) > 0.01 {
+			t.Fatalf("FSDP line: %.2f MB, want %.2f (%.2f bytes a parameter)", got, want, c.bytes)
 		}
 	}
 }
