@@ -72,6 +72,11 @@ type checkpointer struct {
 	tpOffsets   []uint64         // every TP rank's rankRNG offset, for the checkpoint being written
 	rankOffsets [][2]uint64      // every rank's dropout stream offsets under pipelining, for the checkpoint
 	rerun       *RerunCheckpoint // the rerun state machine's state, all ranks', for the checkpoint
+
+	// shownRoot and shownFormat, when set, are what the save and load
+	// messages name instead of the directory and format written or read:
+	// --ckpt-format torch's staging (torchckpt.go).
+	shownRoot, shownFormat string
 }
 
 // save writes a sharded checkpoint of the current iteration under root:
@@ -86,7 +91,11 @@ func (ck *checkpointer) save(root string, async bool) error {
 	// blocking part of an asynchronous save), logged after it.
 	tm := ck.stepper.tm
 	tm.start(timerSaveCheckpoint, 0)
-	if err := ck.saveUntimed(root, async); err != nil {
+	save := ck.saveUntimed
+	if ck.cfg.CkptFormat == CkptFormatTorch {
+		save = func(root string, _ bool) error { return ck.saveTorch(root) }
+	}
+	if err := save(root, async); err != nil {
 		tm.stop(timerSaveCheckpoint)
 		return err
 	}
@@ -116,7 +125,7 @@ func (ck *checkpointer) saveUntimed(root string, async bool) error {
 		return err
 	}
 	it := int(ck.Iteration)
-	ck.rawf("[%s] saving checkpoint at iteration %7d to %s in %s format", ck.timestamp(), it, root, ckpt.FormatName)
+	ck.rawf("[%s] saving checkpoint at iteration %7d to %s in %s format", ck.timestamp(), it, ck.shown(root), ck.shownFmt())
 	if isWriter(ck.par) {
 		err = checkTrackerForward(root, ck.Iteration)
 		if err == nil {
@@ -224,7 +233,7 @@ func (ck *checkpointer) finishSave(ps *pendingSave, err error) error {
 	}
 	// Megatron's line, then gotron's numbers.
 	mb := float64(ps.bytes) / 1e6
-	saved := fmt.Sprintf("  [%s] successfully saved checkpoint from iteration %7d to %s %s", ck.timestamp(), ps.iteration, ps.root, ck.rankTag())
+	saved := fmt.Sprintf("  [%s] successfully saved checkpoint from iteration %7d to %s %s", ck.timestamp(), ps.iteration, ck.shown(ps.root), ck.rankTag())
 	if ps.async {
 		ck.rawf("%s (in the background: this rank's %.1f MB copied in %.3f s, written in %.3f s, %.0f MB/s; finalised after iteration %d; %.0f%% of the copy left to the optimizer step)",
 			saved, mb, ps.snap.took.Seconds(), ps.wrote.Seconds(), mb/ps.wrote.Seconds(), ck.Iteration, 100*ps.snap.stepShare())
@@ -233,6 +242,22 @@ func (ck *checkpointer) finishSave(ps *pendingSave, err error) error {
 		ck.rawf("%s (in %.3f s: this rank wrote %.1f MB, %.0f MB/s)", saved, took.Seconds(), mb, mb/took.Seconds())
 	}
 	return nil
+}
+
+// shown is the directory the save and load messages name.
+func (ck *checkpointer) shown(root string) string {
+	if ck.shownRoot != "" {
+		return ck.shownRoot
+	}
+	return root
+}
+
+// shownFmt is the format the save message names.
+func (ck *checkpointer) shownFmt() string {
+	if ck.shownFormat != "" {
+		return ck.shownFormat
+	}
+	return ckpt.FormatName
 }
 
 // timestamp is the time as Megatron's checkpoint messages print it.
@@ -416,10 +441,19 @@ func loadWeights(m Model, r *ckpt.Reader) error {
 	return nil
 }
 
-// load resumes from the latest checkpoint under root, written by any
+// load resumes from the latest checkpoint under root: gotron's format,
+// or Megatron's legacy one with --ckpt-format torch (torchckpt.go).
+func (ck *checkpointer) load(root string) error {
+	if ck.cfg.CkptFormat == CkptFormatTorch {
+		return ck.loadTorch(root)
+	}
+	return ck.loadGotron(root)
+}
+
+// loadGotron resumes from the latest checkpoint under root, written by any
 // parallel layout (or by SaveModel, or format 1): each rank reads the
 // blocks of the parameters and optimizer buffers it holds.
-func (ck *checkpointer) load(root string) error {
+func (ck *checkpointer) loadGotron(root string) error {
 	start := ck.cfg.Now()
 	r, err := ckpt.Open(root, -1)
 	if errors.Is(err, ckpt.ErrNoCheckpoint) {
@@ -432,12 +466,16 @@ func (ck *checkpointer) load(root string) error {
 	}
 	if err != nil {
 		if megatron.IsMegatronDir(root) {
-			return fmt.Errorf("train: --load %s is a Megatron-LM (torch format) checkpoint: convert it first with 'gotron convert --from megatron --load %s --save DIR', then --load DIR", root, root)
+			return fmt.Errorf("train: --load %s is a Megatron-LM (torch format) checkpoint: resume from it with --ckpt-format torch (in the TP/PP layout that saved it), or convert it first with 'gotron convert --from megatron --load %s --save DIR', then --load DIR", root, root)
 		}
 		return fmt.Errorf("train: --load: %w", err)
 	}
 	defer r.Close()
-	ck.rawf(" loading distributed checkpoint from %s at iteration %d", root, r.Meta.Iteration)
+	if ck.shownFormat == CkptFormatTorch {
+		ck.rawf(" loading checkpoint from %s at iteration %d", ck.shown(root), r.Meta.Iteration) // Megatron's words for the torch format
+	} else {
+		ck.rawf(" loading distributed checkpoint from %s at iteration %d", root, r.Meta.Iteration)
+	}
 	if err := checkCheckpointArgs(root, ck.cfg.Model, r.Meta.Args); err != nil {
 		if !ck.cfg.Finetune {
 			return err
@@ -476,13 +514,13 @@ func (ck *checkpointer) load(root string) error {
 		}
 	}
 	if ck.cfg.Finetune {
-		ck.rawf("  successfully loaded checkpoint from %s %s at iteration 0 (--finetune: weights only; iteration, optimizer and scheduler start fresh)", root, ck.rankTag())
+		ck.rawf("  successfully loaded checkpoint from %s %s at iteration 0 (--finetune: weights only; iteration, optimizer and scheduler start fresh)", ck.shown(root), ck.rankTag())
 		return nil
 	}
 	if weightsOnly {
 		// A weights-only checkpoint (gotron convert, SaveModel): nothing to
 		// resume but the weights.
-		ck.rawf("  successfully loaded checkpoint from %s %s at iteration 0 (a weights-only checkpoint: training starts at iteration 0)", root, ck.rankTag())
+		ck.rawf("  successfully loaded checkpoint from %s %s at iteration 0 (a weights-only checkpoint: training starts at iteration 0)", ck.shown(root), ck.rankTag())
 		return nil
 	}
 	var ra RunArgs
@@ -536,7 +574,7 @@ func (ck *checkpointer) load(root string) error {
 			return fmt.Errorf("train: --load %s: %w", root, err)
 		}
 	}
-	ck.rawf("  successfully loaded checkpoint from %s %s at iteration %d (consumed samples %d, in %.3f s)", root, ck.rankTag(), ck.Iteration, ck.Consumed, ck.cfg.Now().Sub(start).Seconds())
+	ck.rawf("  successfully loaded checkpoint from %s %s at iteration %d (consumed samples %d, in %.3f s)", ck.shown(root), ck.rankTag(), ck.Iteration, ck.Consumed, ck.cfg.Now().Sub(start).Seconds())
 	return nil
 }
 
@@ -560,9 +598,23 @@ func SaveModel(ctx context.Context, dir string, iteration int, m *gpt.Model, seq
 }
 
 // ReadRunArgs returns the arguments recorded in the latest checkpoint under
-// dir (the architecture for --use-checkpoint-args).
+// dir (the architecture for --use-checkpoint-args): gotron's, or the model
+// of a Megatron legacy checkpoint's args.
 func ReadRunArgs(dir string) (RunArgs, error) {
 	c, err := ckpt.Open(dir, -1)
+	if err != nil && megatron.IsMegatronDir(dir) {
+		// Megatron's legacy layout (--ckpt-format torch): its args.
+		mc, merr := megatron.Open(dir)
+		if merr != nil {
+			return RunArgs{}, merr
+		}
+		defer mc.Close()
+		m, info, merr := mc.Model(megatron.Options{})
+		if merr != nil {
+			return RunArgs{}, merr
+		}
+		return RunArgs{Model: m.Config, SeqLength: info.SeqLength}, nil
+	}
 	if err != nil {
 		return RunArgs{}, err
 	}

@@ -18,6 +18,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/gotron/gotron/ckpt"
 	datagpt "github.com/gotron/gotron/data/gpt"
 	"github.com/gotron/gotron/model/gpt"
 	"github.com/gotron/gotron/optim"
@@ -162,6 +163,10 @@ type Config struct {
 	// AsyncSaveRate is --async-save-rate: at most this many MB per second
 	// per rank written in the background (0: as fast as the disk goes).
 	AsyncSaveRate float64
+	// CkptFormat is --ckpt-format: "" (or gotron's) for gotron's sharded
+	// format, CkptFormatTorch for Megatron's legacy per-rank files
+	// (torchckpt.go).
+	CkptFormat string
 	// DistCkptStrictness is --dist-ckpt-strictness (StrictnessValues):
 	// whether checkpoint tensors the model does not use are accepted.
 	DistCkptStrictness string
@@ -335,6 +340,10 @@ func (c *Config) validate() error {
 		return fmt.Errorf("train: --profile-step-start=%d --profile-step-end=%d: want 0 <= start < end (iterations start+1 to end are profiled)", c.Profile.StepStart, c.Profile.StepEnd)
 	case c.LogProgress && c.Save == "":
 		return fmt.Errorf("train: --log-progress writes progress.txt in --save: it needs --save")
+	case c.CkptFormat != "" && c.CkptFormat != CkptFormatTorch && c.CkptFormat != ckpt.FormatName:
+		return fmt.Errorf("train: --ckpt-format=%s: want %s or %s", c.CkptFormat, ckpt.FormatName, CkptFormatTorch)
+	case c.CkptFormat == CkptFormatTorch && c.AsyncSave:
+		return fmt.Errorf("train: --async-save with --ckpt-format torch: the legacy torch format is written synchronously (Megatron saves asynchronously only in torch_dist); use --ckpt-format %s", ckpt.FormatName)
 	case c.AsyncSave && c.Save == "":
 		return fmt.Errorf("train: --async-save needs --save")
 	case c.Optimizer > SGD:

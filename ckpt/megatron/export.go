@@ -479,3 +479,23 @@ func (e *Export) args() (*torchpt.Object, error) {
 	}
 	return &torchpt.Object{Class: &torchpt.Global{Module: "argparse", Name: "Namespace"}, Args: torchpt.Tuple{}, State: ns}, nil
 }
+
+// Resume returns the gotron metadata a checkpoint written by Save carries
+// (ResumeKey in the first rank's file), or nil when it has none (a
+// checkpoint Megatron wrote).
+func (c *Checkpoint) Resume() ([]byte, error) {
+	f := c.files[0][0]
+	sd, err := stateDict(f)
+	if err != nil {
+		return nil, err
+	}
+	v, ok := sd.Get(ResumeKey)
+	if !ok || v == nil {
+		return nil, nil
+	}
+	s, ok := v.(string)
+	if !ok {
+		return nil, fmt.Errorf("%s: %s is a %T, not a string", f.Path, ResumeKey, v)
+	}
+	return []byte(s), nil
+}

@@ -254,7 +254,7 @@ func newTrainFlagsWith(name string, extra func(*flag.FlagSet)) (*flag.FlagSet, *
 	fs.Float64Var(&c.DecoupledLR, "decoupled-lr", 0, "separate peak learning rate for the word embedding and output layer")
 	fs.Float64Var(&c.DecoupledMinLR, "decoupled-min-lr", 0, "final learning rate with --decoupled-lr (default --min-lr)")
 	fs.BoolVar(&f.useCkptArgs, "use-checkpoint-args", false, "take the model architecture from the --load checkpoint")
-	fs.StringVar(&f.ckptFormat, "ckpt-format", ckpt.FormatName, "checkpoint format: "+ckpt.FormatName+" (gotron's sharded safetensors + checkpoint.json: every rank writes its shards, any layout loads them); torch_dist, and fsdp_dtensor with --use-megatron-fsdp, mean the same")
+	fs.StringVar(&f.ckptFormat, "ckpt-format", ckpt.FormatName, "checkpoint format: "+ckpt.FormatName+" (gotron's sharded safetensors + checkpoint.json: every rank writes its shards, any layout loads them); torch_dist, and fsdp_dtensor with --use-megatron-fsdp, mean the same; torch: Megatron's legacy per-rank model_optim_rng.pt files (saved and loaded by one TP/PP layout, as Megatron; a Megatron torch checkpoint resumes directly)")
 	fs.BoolVar(&c.AsyncSave, "async-save", false, "save checkpoints in the background: the saving iteration copies this rank's shards and training goes on while they are written")
 	fs.Float64Var(&c.AsyncSaveRate, "async-save-rate", 0, "with --async-save, write at most this many MB/s per rank, spreading the disk I/O's CPU cost over more steps (0: as fast as the disk goes)")
 	fs.StringVar(&c.DistCkptStrictness, "dist-ckpt-strictness", "assume_ok_unexpected", "checkpoint tensors the model does not use: "+strings.Join(train.StrictnessValues, ", ")+" (missing tensors and shape mismatches are always errors)")
@@ -593,8 +593,12 @@ func (f *trainFlags) build(ctx context.Context, given map[string]bool) (train.Co
 	if f.schedule.LR == 0 {
 		return cfg, nil, fmt.Errorf("--lr is required")
 	}
-	if f.ckptFormat != ckpt.FormatName && f.ckptFormat != "torch_dist" && f.ckptFormat != "fsdp_dtensor" {
-		return cfg, nil, fmt.Errorf("--ckpt-format=%s: needs Megatron's legacy torch checkpoint format, not built in gotron: gotron reads and writes %q checkpoints, sharded and reshardable like torch_dist (Megatron's legacy torch checkpoints convert with 'gotron convert --from megatron')", f.ckptFormat, ckpt.FormatName)
+	switch f.ckptFormat {
+	case ckpt.FormatName, "torch_dist", "fsdp_dtensor":
+	case train.CkptFormatTorch:
+		cfg.CkptFormat = train.CkptFormatTorch
+	default:
+		return cfg, nil, fmt.Errorf("--ckpt-format=%s: want %s (also accepted as torch_dist, or fsdp_dtensor with --use-megatron-fsdp) or torch (Megatron's legacy per-rank files)", f.ckptFormat, ckpt.FormatName)
 	}
 	if err := f.cp.apply(&cfg); err != nil {
 		return cfg, nil, err

@@ -181,9 +181,9 @@ func TestTrainMegatronFlagsThatAct(t *testing.T) {
 	if code != 0 || !strings.Contains(out, "hidden 32") || !strings.Contains(out, "params norm: ") || !strings.Contains(out, "iteration        3/       3") {
 		t.Fatalf("--use-checkpoint-args: exit %d:\n%s%s", code, out, errs)
 	}
-	_, errs, code = runCLI(t, with(tinyTrain, "--train-iters", "1", "--ckpt-format", "torch")...)
-	if code == 0 || !strings.Contains(errs, `--ckpt-format=torch: needs Megatron's legacy torch checkpoint format, not built in gotron: gotron reads and writes "gotron-checkpoint"`) {
-		t.Fatalf("--ckpt-format torch: exit %d: %s", code, errs)
+	_, errs, code = runCLI(t, with(tinyTrain, "--train-iters", "1", "--ckpt-format", "zarr")...)
+	if code == 0 || !strings.Contains(errs, `--ckpt-format=zarr: want gotron-checkpoint`) {
+		t.Fatalf("--ckpt-format zarr: exit %d: %s", code, errs)
 	}
 	// Megatron's ramp-up: 2 → 4 samples over the first 8 samples.
 	args := []string{"train", "--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4", "--seq-length", "16",

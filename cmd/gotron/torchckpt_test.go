@@ -1,0 +1,150 @@
+package main
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/gotron/gotron/ckpt/megatron"
+)
+
+// importBoth imports two Megatron-layout checkpoints and requires every
+// weight and optimizer buffer to be equal bit for bit.
+func requireSameMegatron(t *testing.T, a, b string) {
+	t.Helper()
+	ma, sa, _, err := megatron.Import(a, megatron.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	mb, sb, _, err := megatron.Import(b, megatron.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sa == nil || sb == nil {
+		t.Fatalf("no optimizer state: %v %v", sa, sb)
+	}
+	for i, p := range ma.Params() {
+		if !slices.Equal(p.Float32s(), mb.Params()[i].Float32s()) {
+			t.Errorf("%s differs between %s and %s", p.Name, a, b)
+		}
+	}
+	for k, v := range sa.Buffers {
+		if !slices.Equal(v, sb.Buffers[k]) {
+			t.Errorf("optimizer %s differs between %s and %s", k, a, b)
+		}
+	}
+	if sa.Steps != sb.Steps || sa.Scheduler != sb.Scheduler || sa.ConsumedTrainSamples != sb.ConsumedTrainSamples {
+		t.Errorf("state differs: %+v\n%+v", sa, sb)
+	}
+}
+
+// TestTrainCkptFormatTorch: --ckpt-format torch saves Megatron's legacy
+// layout (one file per TP/PP rank, model0/model1 with virtual stages) and
+// a run resumed from it is bit for bit the run that never stopped (losses
+// and the final checkpoint's weights and Adam state), in one process and
+// at TP=2 × PP=2 × 2 virtual stages; another layout is refused naming
+// both.
+func TestTrainCkptFormatTorch(t *testing.T) {
+	base := []string{"train", "--num-layers", "4", "--hidden-size", "32", "--num-attention-heads", "4",
+		"--seq-length", "16", "--micro-batch-size", "2", "--global-batch-size", "4", "--lr", "1e-3", "--mock-data",
+		"--vocab-size", "100", "--make-vocab-size-divisible-by", "64", "--log-interval", "1", "--eval-iters", "0",
+		"--hidden-dropout", "0.1", "--lr-decay-iters", "16", "--ckpt-format", "torch"}
+	for _, c := range []struct {
+		name   string
+		launch []string
+		rank   string
+	}{
+		{"one_process", nil, "mp_rank_00"},
+		{"tp2_pp2_vp2", []string{"launch", "--inproc", "--nproc-per-node", "4", "--"}, "mp_rank_01_001"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			dir := t.TempDir()
+			args := func(extra ...string) []string {
+				a := append(append([]string{}, c.launch...), base...)
+				if c.launch != nil {
+					a = append(a, "--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2", "--num-layers-per-virtual-pipeline-stage", "1")
+				}
+				return append(a, extra...)
+			}
+			whole, resumed := filepath.Join(dir, "whole"), filepath.Join(dir, "resumed")
+			mA, mB := filepath.Join(dir, "a.jsonl"), filepath.Join(dir, "b.jsonl")
+			if out, errs, code := runCLI(t, args("--train-iters", "4", "--save", whole, "--save-interval", "2", "--metrics-file", mA)...); code != 0 {
+				t.Fatalf("exit %d\n%s%s", code, out, errs)
+			} else if !strings.Contains(out, "saving checkpoint at iteration       4 to "+whole+" in torch format") {
+				t.Errorf("no save message:\n%s", out)
+			}
+			for _, f := range []string{"latest_checkpointed_iteration.txt", "iter_0000002/" + c.rank + "/model_optim_rng.pt", "iter_0000004/" + c.rank + "/model_optim_rng.pt"} {
+				if _, err := os.Stat(filepath.Join(whole, f)); err != nil {
+					t.Error(err)
+				}
+			}
+			if _, err := os.Stat(filepath.Join(whole, ".gotron-torch-staging")); !os.IsNotExist(err) {
+				t.Errorf("staging left behind: %v", err)
+			}
+			if _, errs, code := runCLI(t, args("--train-iters", "4", "--exit-interval", "2", "--save", resumed)...); code != 0 {
+				t.Fatalf("exit %d: %s", code, errs)
+			}
+			out, errs, code := runCLI(t, args("--train-iters", "4", "--load", resumed, "--save", resumed, "--metrics-file", mB)...)
+			if code != 0 || !strings.Contains(out, "loading checkpoint from "+resumed+" at iteration 2") || !strings.Contains(out, "successfully loaded checkpoint from "+resumed) {
+				t.Fatalf("resume: exit %d\n%s%s", code, out, errs)
+			}
+			la, _ := metricsLosses(t, mA)
+			lb, cb := metricsLosses(t, mB)
+			if len(la) != 4 || len(lb) != 2 || la[2] != lb[0] || la[3] != lb[1] || cb[0] != 12 {
+				t.Errorf("losses of iterations 3, 4: uninterrupted %v, resumed %v (consumed %v)", la, lb, cb)
+			}
+			requireSameMegatron(t, whole, resumed)
+
+			other := []string{"--tensor-model-parallel-size", "1"}
+			if c.launch == nil {
+				other = []string{"--tensor-model-parallel-size", "2"}
+			}
+			a := args("--train-iters", "5", "--load", whole)
+			if c.launch != nil {
+				a = append(append([]string{"launch", "--inproc", "--nproc-per-node", "2", "--"}, base...), "--train-iters", "5", "--load", whole, "--pipeline-model-parallel-size", "2", "--num-layers-per-virtual-pipeline-stage", "1")
+			} else {
+				a = append([]string{"launch", "--inproc", "--nproc-per-node", "2", "--"}, append(a, other...)...)
+			}
+			_, errs, code = runCLI(t, a...)
+			if code == 0 || !strings.Contains(errs, "loads only with the layout that saved it") || !strings.Contains(errs, "gotron convert --from megatron") {
+				t.Errorf("another layout: exit %d: %s", code, errs)
+			}
+		})
+	}
+}
+
+// TestTrainResumesMegatronTorchCheckpoint: a Megatron-LM checkpoint
+// (ckpt/megatron's llama_tp2_pp2 fixture, saved by Megatron at TP=2 × PP=2,
+// iteration 1200, with Adam) resumes with --load DIR --ckpt-format torch and trains on exactly
+// as the same run resumed through 'gotron convert --from megatron'.
+func TestTrainResumesMegatronTorchCheckpoint(t *testing.T) {
+	fixture := megatronFixture("llama_tp2_pp2")
+	dir := t.TempDir()
+	common := []string{"--use-checkpoint-args", "--seq-length", "32", "--micro-batch-size", "2", "--global-batch-size", "8",
+		"--lr", "3e-4", "--min-lr", "3e-5", "--weight-decay", "0.1", "--adam-beta2", "0.95", "--use-checkpoint-opt_param-scheduler",
+		"--train-iters", "1202", "--mock-data", "--vocab-size", "100", "--make-vocab-size-divisible-by", "64", "--log-interval", "1", "--eval-iters", "0",
+		"--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2"}
+	direct, viaConvert := filepath.Join(dir, "direct.jsonl"), filepath.Join(dir, "convert.jsonl")
+	out, errs, code := runCLI(t, append([]string{"launch", "--inproc", "--nproc-per-node", "4", "--", "train", "--load", fixture, "--ckpt-format", "torch", "--metrics-file", direct,
+		"--save", filepath.Join(dir, "saved"), "--save-interval", "1202"}, common...)...)
+	if code != 0 || !strings.Contains(out, fmt.Sprintf("successfully loaded checkpoint from %s [ t 1/2, gtp_remat 1/1, p 1/2 ] at iteration 1200 (consumed samples 9600,", fixture)) {
+		t.Fatalf("--load %s --ckpt-format torch: exit %d\n%s%s", fixture, code, out, errs)
+	}
+	g := filepath.Join(dir, "converted")
+	mustGotron(t, "convert", "--from", "megatron", "--load", fixture, "--save", g)
+	if out, errs, code := runCLI(t, append([]string{"launch", "--inproc", "--nproc-per-node", "4", "--", "train", "--load", g, "--metrics-file", viaConvert}, common...)...); code != 0 {
+		t.Fatalf("--load converted: exit %d\n%s%s", code, out, errs)
+	}
+	la, ca := metricsLosses(t, direct)
+	lb, _ := metricsLosses(t, viaConvert)
+	if len(la) != 2 || !slices.Equal(la, lb) || ca[0] != 9608 {
+		t.Errorf("losses of iterations 1201, 1202: direct %v (consumed %v), through convert %v", la, ca, lb)
+	}
+	// What it saved is Megatron's layout again, at TP=2 × PP=2.
+	if _, err := os.Stat(filepath.Join(dir, "saved", "iter_0001202", "mp_rank_01_001", "model_optim_rng.pt")); err != nil {
+		t.Error(err)
+	}
+}
