@@ -305,11 +305,12 @@ func TestConvertFromMegatronErrors(t *testing.T) {
 }
 
 // TestTrainLoadMegatronDirSaysConvert: --load pointed at a Megatron
-// checkpoint says how to convert it instead of a bare format error.
+// checkpoint without --ckpt-format torch says how to load or convert it
+// instead of a bare format error.
 func TestTrainLoadMegatronDirSaysConvert(t *testing.T) {
 	dir := filepath.Join("..", "..", "ckpt", "megatron", "testdata", "llama_tp2_pp2")
 	_, errs, code := runCLI(t, with(tinyTrain, "--train-iters", "1", "--load", dir)...)
-	if code == 0 || !strings.Contains(errs, "is a Megatron-LM (torch format) checkpoint: convert it first with 'gotron convert --from megatron") {
+	if code == 0 || !strings.Contains(errs, "is a Megatron-LM (torch format) checkpoint: resume from it with --ckpt-format torch") || !strings.Contains(errs, "or convert it first with 'gotron convert --from megatron") {
 		t.Fatalf("train --load MEGATRON_DIR: exit %d: %s", code, errs)
 	}
 }
