@@ -87,8 +87,11 @@ func (st *stepper) setupFSDP(ctx context.Context) ([]*optim.Param, error) {
 			units.Outer = append(units.Outer, w)
 		}
 	}
-	f, err := fsdp.New(units, p.IntraDistOpt, fsdp.Config{KeepParams: st.cfg.FSDP == ShardOptimGrads,
-		AverageInCollective: st.cfg.DDP.AverageInCollective})
+	fc := fsdp.Config{KeepParams: st.cfg.FSDP == ShardOptimGrads, AverageInCollective: st.cfg.DDP.AverageInCollective}
+	if st.cfg.CalculatePerTokenLoss {
+		fc.GradientScale = 1 // plain sums over DP × CP, divided by the global token count in reduceGrads
+	}
+	f, err := fsdp.New(units, p.IntraDistOpt, fc)
 	if err != nil {
 		return nil, fmt.Errorf("train: %w", err)
 	}

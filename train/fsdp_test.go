@@ -134,7 +134,8 @@ func TestFSDPMatchesDataParallel(t *testing.T) {
 // shards are over the data × context parallel group) and with full
 // activation recomputation (a recomputed chunk of two layers is one
 // gathered unit, its forward run again in backward while it is whole)
-// gives the losses and parameters of the same run without FSDP.
+// gives the losses and parameters of the same run without FSDP; so does
+// --calculate-per-token-loss (gradients summed, not pre-scaled by 1/DP).
 func TestFSDPComposes(t *testing.T) {
 	train, valid := dpDataset(t, 16)
 	cfg := dpConfig(dpModels()["llama"])
@@ -144,6 +145,10 @@ func TestFSDPComposes(t *testing.T) {
 	rc := cfg
 	rc.Recompute = gpt.Recompute{Full: true, Method: "uniform", NumLayers: 2}
 	checkSameRun(t, "FSDP DP=2 with full recomputation", ref, dpRuns(runFSDP(t, rc, 1, 2, ShardOptimGradsParams, train, valid)))
+	pt := cfg
+	pt.CalculatePerTokenLoss = true
+	checkSameRun(t, "FSDP DP=2 with --calculate-per-token-loss", runDP(t, pt, 0, ddp.Config{}, train, valid)[0],
+		dpRuns(runFSDP(t, pt, 1, 2, ShardOptimGradsParams, train, valid)))
 }
 
 // TestFSDPShardsMemory: what a rank keeps between steps — parameter and

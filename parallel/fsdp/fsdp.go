@@ -44,6 +44,11 @@ type Config struct {
 	// AverageInCollective (--ddp-average-in-collective) reduces with Avg
 	// instead of pre-scaling by 1/D and summing.
 	AverageInCollective bool
+	// GradientScale, when not 0, replaces the pre-scale 1/D (Megatron's
+	// gradient_scaling_factor: 1 with --calculate-per-token-loss, whose
+	// sums the trainer divides by the global token count). It excludes
+	// AverageInCollective.
+	GradientScale float32
 }
 
 // Units groups parameters: Layers[i] are the parameters of the model's
@@ -94,6 +99,9 @@ type unit struct {
 func New(units Units, group comm.ProcessGroup, cfg Config) (*FSDP, error) {
 	if group == nil || group.Size() < 1 {
 		return nil, errors.New("fsdp: no data-parallel group")
+	}
+	if cfg.GradientScale != 0 && cfg.AverageInCollective {
+		return nil, errors.New("fsdp: a gradient scale excludes --ddp-average-in-collective")
 	}
 	f := &FSDP{cfg: cfg, group: group, layer: map[int]*unit{}}
 	seen := map[*tensor.Tensor]string{}
@@ -223,12 +231,15 @@ func (f *FSDP) reduceGrad(ctx context.Context, u *unit) error {
 	}
 	d := f.group.Size()
 	op := comm.Sum
+	scale := f.cfg.GradientScale // Megatron's gradient_scaling_factor
+	if scale == 0 && d > 1 {
+		scale = 1 / float32(d)
+	}
 	if f.cfg.AverageInCollective {
 		op = comm.Avg
-	} else if d > 1 {
-		inv := 1 / float32(d) // Megatron's gradient_scaling_factor
+	} else if scale != 0 && scale != 1 {
 		for i, v := range g.Float32s() {
-			g.Float32s()[i] = v * inv
+			g.Float32s()[i] = v * scale
 		}
 	}
 	part := g.Float32s()[u.lo:u.hi]
