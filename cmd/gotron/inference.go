@@ -128,7 +128,7 @@ func defineInferenceArgs(fs *flag.FlagSet, a *inferenceArgs) {
 	fs.String("batch-boundaries", "", "refused: Megatron's batch-drain mode is not built in gotron inference")
 	fs.String("coordinator-schedule-output-path", "", "refused: needs Megatron's inference coordinator")
 	fs.String("moe-routing-trace-max-inference-steps", "", "refused: MoE routing traces are not built in gotron")
-	fs.Bool("use-coordinator", false, "refused: needs Megatron's inference coordinator (data-parallel engine replicas over ZMQ)")
+	fs.Bool("use-coordinator", false, "route the requests through Megatron's inference coordinator: with gotron's one engine replica it routes every request to that engine (the same results); more replicas (a launcher's WORLD_SIZE > 1) are refused")
 	fs.StringVar(&a.coordinatorPolicy, "inference-dynamic-batching-prefix-caching-coordinator-policy", "load_balanced", "with --use-coordinator: how the coordinator routes requests")
 	fs.IntVar(&a.maxSeqLen, "inference-max-seq-length", 2560, "the longest prompt + generated tokens of a request (checked when given; the model's --max-position-embeddings bounds it always)")
 	fs.IntVar(&a.maxRequests, "inference-max-requests", 8, "requests running at once with --use-legacy-static-engine (the static engine's batch)")
@@ -264,6 +264,14 @@ func parseInference(env *cli, args []string) (*inferenceArgs, *trainFlags, map[s
 	if err != nil {
 		return nil, nil, nil, err
 	}
+	// One process is one engine replica: under a launcher several would
+	// each run every request and write the same file.
+	if ws := env.getenv; ws != nil && ws("WORLD_SIZE") != "" && ws("WORLD_SIZE") != "1" || env.world != nil && env.world.Size() > 1 {
+		return nil, nil, nil, errors.New("a world of several ranks: needs data-parallel inference replicas (Megatron's coordinator over ZMQ), not built in gotron: run gotron inference as one process")
+	}
+	if fs.Lookup("use-coordinator").Value.String() == "true" {
+		lines = append(lines, "--use-coordinator: one engine replica (this process): the coordinator's every request goes to it, the same results as Megatron's coordinator over one data-parallel rank")
+	}
 	for _, l := range lines {
 		fmt.Fprintf(env.stderr, "gotron inference: %s\n", l)
 	}
@@ -311,6 +319,7 @@ func (a *inferenceArgs) check(fs *flag.FlagSet, given map[string]bool, f *trainF
 			unused = append(unused, "--"+name)
 		case inferenceDetails[name] != "" && v != "false":
 			lines = append(lines, fmt.Sprintf("--%s: no effect in gotron: it %s", name, inferenceDetails[name]))
+		case name == "use-coordinator":
 		case name == "inference-ckpt-non-strict" || name == "no-inference-dynamic-batching-prefix-caching" || name == "inference-dynamic-batching-prefix-caching-coordinator-policy":
 		case isInferenceFlag(name) || inferenceUsed[name]:
 		default:

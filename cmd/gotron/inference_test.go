@@ -262,7 +262,6 @@ func TestInferenceRefusals(t *testing.T) {
 	}{
 		{[]string{"--tensor-model-parallel-size", "2"}, "--tensor-model-parallel-size 2: needs tensor-parallel inference"},
 		{[]string{"--pipeline-model-parallel-size", "8"}, "needs pipeline-parallel inference"},
-		{[]string{"--use-coordinator"}, "--use-coordinator: needs Megatron's inference coordinator"},
 		{[]string{"--fp8-format", "hybrid"}, "--fp8-format: needs FP8"},
 		{[]string{"--top_k", "2", "--top_p", "0.5"}, "cannot both be greater than zero"},
 		{[]string{"--top-n-logprobs", "5"}, "needs the prompt's top-n log-probabilities"},
@@ -275,6 +274,28 @@ func TestInferenceRefusals(t *testing.T) {
 		if code == 0 || !strings.Contains(errs, c.want) {
 			t.Errorf("%v: exit %d, stderr %q; want %q", c.args, code, errs, c.want)
 		}
+	}
+}
+
+// TestInferenceCoordinatorOneReplica: --use-coordinator with one process
+// runs (one line says every request goes to its one engine); a launcher's
+// world of several ranks is refused, naming data-parallel replicas.
+func TestInferenceCoordinatorOneReplica(t *testing.T) {
+	dir, tokFlags := inferenceCheckpoint(t)
+	args := append([]string{"inference", "--load", dir, "--prompts", "hi", "--num-tokens-to-generate", "2", "--use-coordinator"}, tokFlags...)
+	_, errs, code := runCLI(t, args...)
+	if code != 0 || !strings.Contains(errs, "--use-coordinator: one engine replica") {
+		t.Errorf("exit %d: %s", code, errs)
+	}
+	var out, eb strings.Builder
+	env := &cli{stdout: &out, stderr: &eb, stdin: strings.NewReader(""), getenv: func(k string) string {
+		if k == "WORLD_SIZE" {
+			return "8"
+		}
+		return ""
+	}}
+	if code := run(context.Background(), env, args); code == 0 || !strings.Contains(eb.String(), "needs data-parallel inference replicas") {
+		t.Errorf("WORLD_SIZE=8: exit %d, stderr %q", code, eb.String())
 	}
 }
 
