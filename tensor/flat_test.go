@@ -46,3 +46,31 @@ func mustList(t *testing.T, ts ...*Tensor) *TensorList {
 	}
 	return l
 }
+
+// TestAdoptAndRelease: Adopt points a parameter at new storage without
+// copying (writes through either are seen by the other), Release drops it,
+// and mismatched storage is refused naming the tensor.
+func TestAdoptAndRelease(t *testing.T) {
+	p := Param("w", 2, 3)
+	p.Float32s()[0] = 7
+	buf := Zeros(8)
+	var noGrad *Tape
+	view := noGrad.Narrow(buf, 0, 2, 6)
+	if err := p.Adopt(view); err != nil {
+		t.Fatal(err)
+	}
+	if p.Float32s()[0] != 0 {
+		t.Fatalf("Adopt copied the old value %v", p.Float32s()[0])
+	}
+	buf.Float32s()[2] = 5
+	if p.Float32s()[0] != 5 || p.Released() {
+		t.Fatalf("after Adopt, w[0] = %v (want the storage's 5), released %v", p.Float32s()[0], p.Released())
+	}
+	p.Release()
+	if !p.Released() {
+		t.Fatal("Release left storage")
+	}
+	if err := p.Adopt(Zeros(5)); err == nil || !strings.Contains(err.Error(), "Adopt w") {
+		t.Fatalf("Adopt of 5 values for (2, 3): %v, want a refusal naming w", err)
+	}
+}
