@@ -163,7 +163,7 @@ var compatArgs = map[string]compatArg{
 	"no-ckpt-fully-parallel-save":                 {kind: compatDetail, why: "picks Megatron's save strategy; every rank writes its own shards in gotron's format"},
 	"ckpt-assume-constant-structure":              {kind: compatDetail, why: "caches Megatron's save plan between saves"},
 	"dist-ckpt-optim-fully-reshardable":           {kind: compatSame, why: "gotron's checkpoints, optimizer state included, load at any parallel layout"},
-	"auto-detect-ckpt-format":                     {kind: compatSame, why: "gotron train loads gotron's format (a Megatron torch checkpoint goes through gotron convert --from megatron)"},
+	"auto-detect-ckpt-format":                     {kind: compatSame, why: "gotron train loads the format --ckpt-format names: gotron's sharded one, or Megatron's legacy torch files with --ckpt-format torch; --load pointed at the other says which flag loads it"},
 	"no-use-tokenizer-model-from-checkpoint-args": {kind: compatSame, why: "gotron train takes the tokenizer from its flags, not from the checkpoint"},
 	"use-rotary-position-embeddings":              {kind: compatNeeds, why: needNotBuilt + " (the deprecated spelling: use --position-embedding-type rope)"},
 	// Features gotron does not have.

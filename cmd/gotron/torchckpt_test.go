@@ -148,3 +148,20 @@ func TestTrainResumesMegatronTorchCheckpoint(t *testing.T) {
 		t.Error(err)
 	}
 }
+
+// TestTrainCkptFormatTorchRefusals: a gotron checkpoint under --ckpt-format
+// torch, and --async-save with it, are refused saying what to use.
+func TestTrainCkptFormatTorchRefusals(t *testing.T) {
+	ck := filepath.Join(t.TempDir(), "ck")
+	if _, errs, code := runCLI(t, with(tinyTrain, "--train-iters", "1", "--save", ck)...); code != 0 {
+		t.Fatalf("exit %d: %s", code, errs)
+	}
+	_, errs, code := runCLI(t, with(tinyTrain, "--train-iters", "2", "--load", ck, "--ckpt-format", "torch")...)
+	if code == 0 || !strings.Contains(errs, "not a Megatron legacy (torch format) checkpoint directory; a gotron checkpoint loads with --ckpt-format gotron-checkpoint") {
+		t.Errorf("gotron checkpoint as torch: exit %d: %s", code, errs)
+	}
+	_, errs, code = runCLI(t, with(tinyTrain, "--train-iters", "2", "--save", ck+"2", "--async-save", "--ckpt-format", "torch")...)
+	if code == 0 || !strings.Contains(errs, "--async-save with --ckpt-format torch") {
+		t.Errorf("--async-save: exit %d: %s", code, errs)
+	}
+}
