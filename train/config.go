@@ -67,6 +67,10 @@ type Config struct {
 	Recompute      gpt.Recompute
 	DecoupledLR    float64 // --decoupled-lr: peak rate of the embedding and output layer; 0 means --lr
 	DecoupledMinLR float64 // --decoupled-min-lr; 0 means --min-lr
+	// CheckWeightHashInterval (--check-weight-hash-across-dp-replicas-interval)
+	// compares the parameters' hashes across the data-parallel replicas
+	// before training and every this many iterations; 0: never.
+	CheckWeightHashInterval int64
 	// Rerun is Megatron's rerun state machine (--rerun-mode,
 	// --error-injection-rate/-type, --check-for-spiky-loss); off by default.
 	Rerun          RerunConfig

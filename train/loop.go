@@ -234,6 +234,12 @@ func (t *Trainer) Run(ctx context.Context) (_ Result, err error) {
 		prof.printf = func(format string, args ...any) { fmt.Fprintf(w, "gotron train: "+format+"\n", args...) }
 	}
 	defer func() { prof.stop(t.Iteration) }() // a run that fails before --profile-step-end
+	if t.cfg.CheckWeightHashInterval > 0 && !t.cfg.SkipTrain {
+		// Megatron checks once before training too.
+		if err := t.checkWeightHashes(); err != nil {
+			return res, err
+		}
+	}
 	exited := false
 	for !exited && t.Iteration < t.trainIters && !t.cfg.SkipTrain {
 		if err := prof.beforeIteration(t.Iteration); err != nil {
@@ -322,6 +328,13 @@ func (t *Trainer) iterate(ctx context.Context, res *Result, copies *tensor.Trans
 		}
 	}
 	t.reporter.writeMetrics(record)
+	// Megatron's post_training_step_callbacks: after the log and the
+	// evaluation, before the checkpoint.
+	if n := cfg.CheckWeightHashInterval; n > 0 && t.Iteration%n == 0 {
+		if err := t.checkWeightHashes(); err != nil {
+			return false, err
+		}
+	}
 	save := cfg.SaveInterval > 0 && t.Iteration%cfg.SaveInterval == 0
 	exit = cfg.ExitInterval > 0 && t.Iteration%cfg.ExitInterval == 0
 	if t.stepper.stop.timeUp {
@@ -405,4 +418,14 @@ func measuredPeak(bf16 bool) float64 {
 		p *= 2
 	}
 	return p
+}
+
+// checkWeightHashes is Megatron's weight-hash check across the
+// data-parallel replicas with its message.
+func (t *Trainer) checkWeightHashes() error {
+	if err := t.stepper.checkWeightHashes(); err != nil {
+		return err
+	}
+	t.reporter.rawf(">>> Weight hashes match after %d iterations...", t.Iteration)
+	return nil
 }

@@ -81,6 +81,9 @@ type stepper struct {
 
 	// rerun is Megatron's rerun state machine (rerun.go).
 	rerun *rerunMachine
+	// corruptReplica, set by tests only, changes a replica's parameters
+	// before the weight-hash check (weighthash.go) hashes them.
+	corruptReplica func(iteration int64, worldRank int, params []*tensor.Tensor)
 
 	// The last step's outcome.
 	stop          agreement // the agreed stop requests

@@ -188,3 +188,19 @@ func TestRerunInjectionLaunch(t *testing.T) {
 		}
 	}
 }
+
+// TestTrainWeightHashLaunch: --check-weight-hash-across-dp-replicas-interval
+// in a two-rank data-parallel launch checks before training and every 2
+// iterations (train/weighthash_test.go corrupts a replica).
+func TestTrainWeightHashLaunch(t *testing.T) {
+	out, errs, code := runCLI(t, append([]string{"launch", "--inproc", "--nproc-per-node", "2", "--"},
+		rerunTrain("--train-iters", "4", "--check-weight-hash-across-dp-replicas-interval", "2")...)...)
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errs)
+	}
+	for _, w := range []string{">>> Weight hashes match after 0 iterations...", ">>> Weight hashes match after 2 iterations...", ">>> Weight hashes match after 4 iterations..."} {
+		if !strings.Contains(out, w) {
+			t.Errorf("log lacks %q:\n%s", w, out)
+		}
+	}
+}

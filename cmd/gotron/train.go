@@ -206,6 +206,7 @@ func newTrainFlagsWith(name string, extra func(*flag.FlagSet)) (*flag.FlagSet, *
 	fs.IntVar(&ls.Hysteresis, "hysteresis", 2, "with --fp16: overflowing iterations before the dynamic loss scale halves")
 	fs.IntVar(&c.MaxSkipsInARow, "max-nan-iterations", 10, "stop after this many NaN/Inf iterations in a row")
 	fs.BoolVar(&c.CalculatePerTokenLoss, "calculate-per-token-loss", false, "normalise the loss by the global batch's unmasked tokens (Σ token losses / Σ tokens), not per micro-batch: micro-batches weigh by their tokens (e.g. with --eod-mask-loss); gradients are summed over data-parallel ranks and divided by the token count")
+	fs.Int64Var(&c.CheckWeightHashInterval, "check-weight-hash-across-dp-replicas-interval", 0, "compare the SHA-1 hashes of every parameter across the data-parallel replicas before training and every this many iterations; a mismatch stops the run naming the ranks (0: never)")
 	rr := &c.Rerun
 	fs.StringVar(&rr.Mode, "rerun-mode", "disabled", "Megatron's rerun state machine: disabled (gotron's default: a NaN/Inf iteration is skipped, see --max-nan-iterations), validate_results (a NaN/Inf loss reruns the iteration in place: a different result exits 17 as transient, the same saves a checkpoint and exits 16 to be rerun from it on another device) or report_stats (reruns every iteration and reports the relative differences)")
 	fs.IntVar(&rr.ErrorInjectionRate, "error-injection-rate", 0, "with --rerun-mode validate_results: reject one loss validation in this many, to test the machine (0: never)")

@@ -151,7 +151,8 @@ var trainNumberRules = withFIMRules(withTokenizerRules(map[string]numberRule{
 	"hysteresis":           intIn(1, math.MaxInt32, "iterations"),
 	"max-nan-iterations":   intIn(0, math.MaxInt32, "iterations; 0: 10"),
 	"error-injection-rate": intIn(0, math.MaxInt32, "one validation in this many; 0: no injection"),
-	"recompute-num-layers": intDim(0, "layers"),
+	"check-weight-hash-across-dp-replicas-interval": intAtLeast(0, "iterations; 0: never"),
+	"recompute-num-layers":                          intDim(0, "layers"),
 
 	// Evaluation, logging, checkpoints.
 	"eval-interval":            intIn(1, math.MaxInt64, "iterations between evaluations; --eval-iters 0 turns evaluation off"),
