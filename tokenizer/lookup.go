@@ -26,6 +26,10 @@ func (t *GPT2) TokenID(token string) (int, bool) {
 	return id, ok
 }
 
+// UnknownID is the id convert_tokens_to_ids gives a token the vocabulary
+// lacks: GPT-2's unk_token, "<|endoftext|>".
+func (t *GPT2) UnknownID() (int, bool) { return t.eod, true }
+
 // DecodeSkippingSpecials decodes ids without "<|endoftext|>", GPT-2's only
 // special token.
 func (t *GPT2) DecodeSkippingSpecials(ids []int) string {

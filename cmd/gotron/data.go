@@ -102,6 +102,11 @@ func cmdDataSamples(ctx context.Context, env *cli, args []string) error {
 	if cfg.FIM, err = d.fim.fimConfig(tok, given, false); err != nil {
 		return err
 	}
+	if cfg.FIM != nil {
+		if w := fimMissingWarning(cfg.FIM); w != "" {
+			fmt.Fprintf(env.stderr, "gotron data samples: %s\n", w)
+		}
+	}
 	ds, err := datagpt.Build(ctx, cfg)
 	if err != nil {
 		return err

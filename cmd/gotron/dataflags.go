@@ -129,6 +129,22 @@ func addFIMFlags(fs *flag.FlagSet, f *fimArgs) {
 	fs.StringVar(&f.eod, "fim-eod-token", datagpt.DefaultFIMEOD, "token separating the segments FIM permutes")
 }
 
+// fimMissingWarning is the line saying which sentinels the tokenizer lacks
+// and that they are its unknown token, as in Megatron ("" when none is
+// missing).
+func fimMissingWarning(c *datagpt.FIMConfig) string {
+	if c == nil {
+		return ""
+	}
+	m := c.MissingTokens()
+	if len(m) == 0 {
+		return ""
+	}
+	return fmt.Sprintf("--fim-data: the tokenizer's vocabulary has no %s: each is its unknown token (GPT-2's <|endoftext|>, the EOD), "+
+		"as Megatron's convert_tokens_to_ids makes it, so those sentinels are indistinguishable from the EOD; "+
+		"give a tokenizer with the FIM tokens, or name tokens it has with the --fim-*-token flags", strings.Join(m, ", "))
+}
+
 // fimConfig is the data/gpt FIM configuration of the flags, nil without
 // --fim-data. given are the flags set on the command line: a FIM flag
 // without --fim-data would be ignored, so it is an error, and so is
@@ -154,7 +170,7 @@ func (f *fimArgs) fimConfig(tok tokenizer.Tokenizer, given map[string]bool, mock
 		return nil, fmt.Errorf("--fim-fragment-rate has no effect without --fim-split-sample")
 	}
 	c := &datagpt.FIMConfig{Rate: f.rate, SPMRate: f.spmRate, SplitSample: f.splitSample, FragmentRate: f.fragmentRate,
-		Prefix: f.prefix, Middle: f.middle, Suffix: f.suffix, Pad: f.pad, EOD: f.eod, Tokenizer: tok}
+		Prefix: f.prefix, Middle: f.middle, Suffix: f.suffix, Pad: f.pad, EOD: f.eod, Tokenizer: tok, MissingAsUnknown: true}
 	if given["fim-no-prefix"] {
 		np := f.noPrefix
 		c.NoPrefix = &np

@@ -109,17 +109,29 @@ func TestFIMDataCommands(t *testing.T) {
 		args []string
 		want string
 	}{
-		{[]string{"--fim-data"}, `needs a tokenizer holding the FIM tokens <fim_prefix>, <fim_middle>, <fim_suffix>, <fim_pad>`},
 		{[]string{"--fim-rate", "0.3"}, "--fim-rate has no effect without --fim-data"},
 		{append(slices.Clone(fim), "--fim-rate", "0"), "--fim-rate 0: want a probability in (0, 1]"},
 		{append(slices.Clone(fim), "--fim-spm-rate", "1.5"), "--fim-spm-rate"},
 		{append(slices.Clone(fim), "--fim-split-sample", "ĊĊ"), `--fim-split-sample "ĊĊ" needs --fim-fragment-rate`},
-		{append(slices.Clone(fim), "--fim-split-sample", "no-such-token", "--fim-fragment-rate", "0.5"), `--fim-split-sample "no-such-token"`},
 		{append(slices.Clone(fim), "--fim-fragment-rate", "0.5"), "--fim-fragment-rate has no effect without --fim-split-sample"},
 	} {
 		_, errs, code := runCLI(t, append(slices.Clone(base), c.args...)...)
 		if code == 0 || !strings.Contains(errs, c.want) {
 			t.Errorf("%v: exit %d, stderr %q; want an error with %q", c.args, code, errs, c.want)
+		}
+	}
+	// GPT-2's vocabulary has no FIM sentinels: as Megatron, each is the
+	// unknown token (GPT-2's <|endoftext|>), with one line saying so.
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--fim-data"}, `has no --fim-prefix-token "<fim_prefix>", --fim-middle-token "<fim_middle>", --fim-suffix-token "<fim_suffix>", --fim-pad-token "<fim_pad>": each is its unknown token`},
+		{append(slices.Clone(fim), "--fim-split-sample", "no-such-token", "--fim-fragment-rate", "0.5"), `has no --fim-split-sample "no-such-token": each is its unknown token`},
+	} {
+		_, errs, code := runCLI(t, append(slices.Clone(base), c.args...)...)
+		if code != 0 || !strings.Contains(errs, c.want) {
+			t.Errorf("%v: exit %d, stderr %q; want a run with the line %q", c.args, code, errs, c.want)
 		}
 	}
 	_, errs, code = runCLI(t, "train", "--model", "tiny", "--mock-data", "--seq-length", "16", "--micro-batch-size", "1", "--train-iters", "1", "--lr", "1e-3", "--fim-data")

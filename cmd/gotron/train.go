@@ -463,6 +463,11 @@ func cmdTrain(ctx context.Context, env *cli, args []string) error {
 		return err
 	}
 	defer src.close()
+	if world == nil || world.Rank() == 0 {
+		for _, w := range src.warnings {
+			fmt.Fprintf(env.stderr, "gotron train: %s\n", w)
+		}
+	}
 	cfg.Parallel = groups
 	if !f.noProgress && isTerminal(env.stdout) {
 		cfg.Progress = env.stdout
@@ -692,6 +697,7 @@ type dataSources struct {
 	tok                tokenizer.Tokenizer
 	paddedVocab        int
 	closer             func() error
+	warnings           []string // printed by train, one line each
 }
 
 func (d *dataSources) close() {
@@ -722,6 +728,11 @@ func openData(ctx context.Context, d *dataArgs, cfg train.Config, divisor int, g
 	fim, err := d.fim.fimConfig(src.tok, given, d.mock)
 	if err != nil {
 		return nil, err
+	}
+	if fim != nil {
+		if w := fimMissingWarning(fim); w != "" {
+			src.warnings = append(src.warnings, w)
+		}
 	}
 	hasPaths := len(d.dataPath.values)+len(d.trainPath.values)+len(d.validPath.values)+len(d.testPath.values) > 0
 	switch {

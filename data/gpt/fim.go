@@ -47,6 +47,55 @@ type FIMConfig struct {
 	// Tokenizer decodes a segment to text and re-encodes the pieces; it must
 	// implement tokenizer.TokenLookup (GPT2BPETokenizer, HuggingFaceTokenizer).
 	Tokenizer tokenizer.Tokenizer
+	// MissingAsUnknown gives a sentinel token the vocabulary lacks the
+	// tokenizer's unknown-token id, as Megatron's lookup
+	// (convert_tokens_to_ids) does: GPT-2's unknown token is
+	// "<|endoftext|>", so each missing sentinel becomes the EOD — Megatron's
+	// FIM configs with GPT-2's tokenizer train on exactly that. False: a
+	// missing sentinel is refused. MissingTokens lists them, for a warning.
+	MissingAsUnknown bool
+}
+
+// unknownIDer is a tokenizer with an unknown token (GPT-2's).
+type unknownIDer interface{ UnknownID() (int, bool) }
+
+// MissingTokens lists the sentinel tokens (with their flags) that c's
+// tokenizer's vocabulary lacks.
+func (c *FIMConfig) MissingTokens() []string {
+	lk, ok := c.Tokenizer.(tokenizer.TokenLookup)
+	if !ok {
+		return nil
+	}
+	var out []string
+	for _, t := range c.sentinels() {
+		if id, ok := lk.TokenID(t.tok); !ok || id < 0 || id > math.MaxInt32 {
+			out = append(out, fmt.Sprintf("%s %q", t.flag, t.tok))
+		}
+	}
+	return out
+}
+
+// sentinels are the configured sentinel tokens (defaults filled in), in
+// Megatron's order, with their flags.
+func (c *FIMConfig) sentinels() []struct{ flag, tok string } {
+	var out []struct{ flag, tok string }
+	for _, t := range []struct{ flag, tok, def string }{
+		{"--fim-prefix-token", c.Prefix, DefaultFIMPrefix},
+		{"--fim-middle-token", c.Middle, DefaultFIMMiddle},
+		{"--fim-suffix-token", c.Suffix, DefaultFIMSuffix},
+		{"--fim-pad-token", c.Pad, DefaultFIMPad},
+		{"--fim-eod-token", c.EOD, DefaultFIMEOD},
+		{"--fim-split-sample", c.SplitSample, ""},
+	} {
+		s := t.tok
+		if s == "" {
+			s = t.def
+		}
+		if s != "" {
+			out = append(out, struct{ flag, tok string }{t.flag, s})
+		}
+	}
+	return out
 }
 
 // fimParams are FIMConfig's resolved ids, shared by the datasets of a build.
@@ -81,33 +130,21 @@ func (c *FIMConfig) resolve() (*fimParams, error) {
 		return nil, fmt.Errorf("gpt: --fim-data needs GPT2BPETokenizer or HuggingFaceTokenizer: this tokenizer (%T) cannot look up the FIM tokens", c.Tokenizer)
 	}
 	p := &fimParams{rate: c.Rate, spmRate: c.SPMRate, fragmentRate: c.FragmentRate, split: -1, noPrefix: c.NoPrefix, lookup: lk, tok: c.Tokenizer}
-	toks := []struct {
-		flag, tok, def string
-		dst            *int32
-	}{
-		{"--fim-prefix-token", c.Prefix, DefaultFIMPrefix, &p.prefix},
-		{"--fim-middle-token", c.Middle, DefaultFIMMiddle, &p.middle},
-		{"--fim-suffix-token", c.Suffix, DefaultFIMSuffix, &p.suffix},
-		{"--fim-pad-token", c.Pad, DefaultFIMPad, &p.pad},
-		{"--fim-eod-token", c.EOD, DefaultFIMEOD, &p.eod},
-		{"--fim-split-sample", c.SplitSample, "", &p.split},
-	}
+	dst := map[string]*int32{"--fim-prefix-token": &p.prefix, "--fim-middle-token": &p.middle, "--fim-suffix-token": &p.suffix,
+		"--fim-pad-token": &p.pad, "--fim-eod-token": &p.eod, "--fim-split-sample": &p.split}
 	var missing, names []string
-	for _, t := range toks {
+	for _, t := range c.sentinels() {
 		s := t.tok
-		if s == "" {
-			s = t.def
-		}
-		if s == "" {
-			continue
-		}
 		id, ok := lk.TokenID(s)
+		if u, can := c.Tokenizer.(unknownIDer); !ok && c.MissingAsUnknown && can {
+			id, ok = u.UnknownID()
+		}
 		if !ok || id < 0 || id > math.MaxInt32 {
 			missing = append(missing, fmt.Sprintf("%s %q", t.flag, s))
 			names = append(names, s)
 			continue
 		}
-		*t.dst = int32(id)
+		*dst[t.flag] = int32(id)
 	}
 	if len(missing) > 0 {
 		// The first line is the refusal (docs/megatron-compat.md shows it).

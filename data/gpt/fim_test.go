@@ -95,6 +95,20 @@ func TestFIMRefusesMissingTokens(t *testing.T) {
 	if strings.Contains(err.Error(), "--fim-eod-token") {
 		t.Errorf("error %q names <|endoftext|>, which GPT-2 has", err)
 	}
+	// With MissingAsUnknown (Megatron's convert_tokens_to_ids), each
+	// missing sentinel is GPT-2's unknown token, <|endoftext|>.
+	cfg.MissingAsUnknown = true
+	p, err := cfg.resolve()
+	if err != nil {
+		t.Fatal(err)
+	}
+	eod := int32(tok.EOD())
+	if p.prefix != eod || p.middle != eod || p.suffix != eod || p.pad != eod || p.eod != eod {
+		t.Errorf("sentinels %d %d %d %d, eod %d: want each the EOD %d", p.prefix, p.middle, p.suffix, p.pad, p.eod, eod)
+	}
+	if m := cfg.MissingTokens(); len(m) != 4 {
+		t.Errorf("MissingTokens %q: want the four FIM sentinels", m)
+	}
 	for _, bad := range []FIMConfig{
 		{Rate: 0, SPMRate: 0.5, Tokenizer: tok},
 		{Rate: 0.5, SPMRate: 1.5, Tokenizer: tok},
