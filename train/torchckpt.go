@@ -91,8 +91,19 @@ func (ck *checkpointer) exportTorch(stage, root string) error {
 	if e.Beta1 == 0 {
 		e.Beta1, e.Beta2, e.Eps = 0.9, 0.999, 1e-8
 	}
-	if ck.stepper.pipelined() && ck.par.PP.Size() > 0 {
+	if ck.stepper.pipelined() {
 		e.VP = len(ck.stepper.stages)
+		// gotron's split (even, uneven or accounting for the embedding and
+		// loss) is the files' split, and args say how Megatron makes it.
+		split := ck.cfg.pipelineSplit()
+		e.LayerRanges = func(p int) ([][2]int, error) { return split.LayerRanges(ra.Model.NumLayers, p) }
+		for k, v := range map[string]any{"decoder_first_pipeline_num_layers": split.FirstLayers, "decoder_last_pipeline_num_layers": split.LastLayers} {
+			if v != 0 {
+				e.Args[k] = int64(v.(int))
+			}
+		}
+		e.Args["account_for_embedding_in_pipeline_split"] = split.AccountForEmbedding
+		e.Args["account_for_loss_in_pipeline_split"] = split.AccountForLoss
 	}
 	e.Param = func(name string, shape []int) ([]float32, error) {
 		v, got, err := r.ReadWhole(ckpt.GroupModel, name)

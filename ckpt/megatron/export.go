@@ -26,6 +26,10 @@ type Export struct {
 	SeqLength int
 	// TP, PP, VP are the parallel layout the files are split for (0 means 1).
 	TP, PP, VP int
+	// LayerRanges, when set, gives pipeline rank p's chunks' global layer
+	// ranges [lo, hi) (an uneven split: gpt.PipelineSplit.LayerRanges);
+	// nil splits the layers evenly over the PP·VP virtual stages.
+	LayerRanges func(p int) ([][2]int, error)
 	// Param returns a parameter's whole value, row-major in its shape.
 	Param func(name string, shape []int) ([]float32, error)
 	// Optimizer is the optimizer state; nil writes no optimizer section
@@ -43,11 +47,49 @@ type Export struct {
 	Resume []byte
 }
 
-// chunkLayers is the layers of model chunk (virtual stage v, pipeline rank
-// p): Megatron's even split, chunk by chunk in (v, p) order.
-func (e *Export) chunkLayers(v, p int) (first, n int) {
-	per := e.Model.NumLayers / (e.PP * e.VP)
-	return (v*e.PP + p) * per, per
+// chunkLayers returns pipeline rank p's chunks' layers [lo, hi):
+// LayerRanges, or Megatron's even split in (v, p) order, checked to cover
+// the model's layers in that order.
+func (e *Export) chunkLayers(p int) ([][2]int, error) {
+	if e.LayerRanges == nil {
+		per := e.Model.NumLayers / (e.PP * e.VP)
+		out := make([][2]int, e.VP)
+		for v := range e.VP {
+			lo := (v*e.PP + p) * per
+			out[v] = [2]int{lo, lo + per}
+		}
+		return out, nil
+	}
+	r, err := e.LayerRanges(p)
+	if err != nil {
+		return nil, err
+	}
+	if len(r) != e.VP {
+		return nil, fmt.Errorf("pipeline rank %d has %d chunks, want %d virtual stages", p, len(r), e.VP)
+	}
+	return r, nil
+}
+
+// checkLayerRanges checks that the chunks hold every layer once, in
+// Megatron's order (virtual stage v·PP + p).
+func (e *Export) checkLayerRanges() error {
+	next := 0
+	for v := range e.VP {
+		for p := range e.PP {
+			r, err := e.chunkLayers(p)
+			if err != nil {
+				return err
+			}
+			if r[v][0] != next || r[v][1] < r[v][0] {
+				return fmt.Errorf("pipeline rank %d chunk %d holds layers [%d, %d), want them to start at %d", p, v, r[v][0], r[v][1], next)
+			}
+			next = r[v][1]
+		}
+	}
+	if next != e.Model.NumLayers {
+		return fmt.Errorf("the pipeline chunks hold %d layers, the model %d", next, e.Model.NumLayers)
+	}
+	return nil
 }
 
 // Save writes e under dir as Megatron's save_checkpoint does for the torch
@@ -112,7 +154,7 @@ func (e *Export) check(cfg gpt.Config) error {
 		return errors.New("--apply-layernorm-1p models are not written in the torch format yet (use --ckpt-format gotron-checkpoint)")
 	case cfg.QKLayerNorm:
 		return errors.New("--qk-layernorm models are not written in the torch format yet (use --ckpt-format gotron-checkpoint)")
-	case cfg.NumLayers%(e.PP*e.VP) != 0:
+	case e.LayerRanges == nil && cfg.NumLayers%(e.PP*e.VP) != 0:
 		return fmt.Errorf("--num-layers %d is not a multiple of pipeline × virtual stages (%d×%d): Megatron's legacy layout splits layers evenly", cfg.NumLayers, e.PP, e.VP)
 	case cfg.VocabSize%e.TP != 0:
 		return fmt.Errorf("the padded vocabulary (%d) is not a multiple of the tensor-parallel size %d", cfg.VocabSize, e.TP)
@@ -121,7 +163,7 @@ func (e *Export) check(cfg gpt.Config) error {
 	case cfg.FFNHiddenSize%e.TP != 0:
 		return fmt.Errorf("--ffn-hidden-size %d is not a multiple of the tensor-parallel size %d", cfg.FFNHiddenSize, e.TP)
 	}
-	return nil
+	return e.checkLayerRanges()
 }
 
 type paramSpec struct {
@@ -233,16 +275,18 @@ type rankParam struct {
 	spec      paramSpec
 }
 
-// rankParams lists pipeline rank p's parameters chunk by chunk.
+// rankParams lists pipeline rank p's parameters chunk by chunk (the layer
+// ranges were checked by check).
 func (e *Export) rankParams(p int) [][]rankParam {
 	cfg := e.Model
 	byName := map[string]paramSpec{}
 	for _, s := range gptParams(cfg) {
 		byName[s.name] = s
 	}
+	ranges, _ := e.chunkLayers(p)
 	out := make([][]rankParam, e.VP)
 	for v := range e.VP {
-		first, n := e.chunkLayers(v, p)
+		first, n := ranges[v][0], ranges[v][1]-ranges[v][0]
 		firstStage, lastStage := v == 0 && p == 0, v == e.VP-1 && p == e.PP-1
 		add := func(key, name string) {
 			out[v] = append(out[v], rankParam{chunk: v, key: key, name: name, spec: byName[name]})

@@ -21,13 +21,22 @@ type exportCase struct {
 	cfg        gpt.Config
 	tp, pp, vp int
 	decoupled  float64
+	ranges     [][][2]int // by pipeline rank: an uneven split
 }
 
 var exportCases = []exportCase{
-	{"gpt_tp2_pp2_vp2_tied", gpt.Config{NumLayers: 4, HiddenSize: 16, NumAttentionHeads: 4, VocabSize: 64, MaxPositionEmbeddings: 32}, 2, 2, 2, 0},
+	{"gpt_tp2_pp2_vp2_tied", gpt.Config{NumLayers: 4, HiddenSize: 16, NumAttentionHeads: 4, VocabSize: 64, MaxPositionEmbeddings: 32}, 2, 2, 2, 0, nil},
 	{"llama_tp2_pp1_untied_decoupled", gpt.Config{NumLayers: 2, HiddenSize: 16, NumAttentionHeads: 4, NumQueryGroups: 2, FFNHiddenSize: 24, VocabSize: 64, MaxPositionEmbeddings: 32,
-		PositionEmbeddingType: gpt.RoPE, Normalization: gpt.RMSNorm, Activation: gpt.SwiGLU, DisableBiasLinear: true, UntieEmbeddingsAndOutputWeights: true}, 2, 1, 1, 1e-3},
-	{"gpt_tp1_pp4_vp1", gpt.Config{NumLayers: 4, HiddenSize: 8, NumAttentionHeads: 2, VocabSize: 32, MaxPositionEmbeddings: 16}, 1, 4, 1, 5e-4},
+		PositionEmbeddingType: gpt.RoPE, Normalization: gpt.RMSNorm, Activation: gpt.SwiGLU, DisableBiasLinear: true, UntieEmbeddingsAndOutputWeights: true}, 2, 1, 1, 1e-3, nil},
+	{"gpt_tp1_pp4_vp1", gpt.Config{NumLayers: 4, HiddenSize: 8, NumAttentionHeads: 2, VocabSize: 32, MaxPositionEmbeddings: 16}, 1, 4, 1, 5e-4, nil},
+	{"gpt_pp2_uneven", gpt.Config{NumLayers: 5, HiddenSize: 8, NumAttentionHeads: 2, VocabSize: 32, MaxPositionEmbeddings: 16}, 1, 2, 1, 0, [][][2]int{{{0, 3}}, {{3, 5}}}},
+}
+
+func (c exportCase) layerRanges() func(int) ([][2]int, error) {
+	if c.ranges == nil {
+		return nil
+	}
+	return func(p int) ([][2]int, error) { return c.ranges[p], nil }
 }
 
 // exportFixture builds a random model and Adam state and saves them in
@@ -57,7 +66,7 @@ func exportFixture(t *testing.T, dir string, c exportCase) (*gpt.Model, *Optimiz
 			st.Buffers[k+"/"+p.Name] = b
 		}
 	}
-	err = Save(dir, Export{Model: m.Config, SeqLength: 16, TP: c.tp, PP: c.pp, VP: c.vp, Optimizer: st, Iteration: 20,
+	err = Save(dir, Export{Model: m.Config, SeqLength: 16, TP: c.tp, PP: c.pp, VP: c.vp, LayerRanges: c.layerRanges(), Optimizer: st, Iteration: 20,
 		LR: 3e-4, DecoupledLR: c.decoupled, WeightDecay: 0.1, Beta1: 0.9, Beta2: 0.95, Eps: 1e-8,
 		Args: map[string]any{"micro_batch_size": int64(2)}, Resume: []byte(`{"x":1}`),
 		Param: func(name string, shape []int) ([]float32, error) {
@@ -127,15 +136,18 @@ func TestExportRefusals(t *testing.T) {
 	for _, tc := range []struct {
 		edit       func(*gpt.Config)
 		tp, pp, vp int
+		ranges     func(int) ([][2]int, error)
 		want       string
 	}{
-		{func(*gpt.Config) {}, 1, 3, 1, "not a multiple of pipeline"},
-		{func(*gpt.Config) {}, 3, 1, 1, "not a multiple of the tensor-parallel size"},
-		{func(c *gpt.Config) { c.QKLayerNorm = true }, 1, 1, 1, "--qk-layernorm"},
+		{func(*gpt.Config) {}, 1, 3, 1, nil, "not a multiple of pipeline"},
+		{func(*gpt.Config) {}, 3, 1, 1, nil, "not a multiple of the tensor-parallel size"},
+		{func(c *gpt.Config) { c.QKLayerNorm = true }, 1, 1, 1, nil, "--qk-layernorm"},
+		{func(*gpt.Config) {}, 1, 2, 1, func(p int) ([][2]int, error) { return [][][2]int{{{0, 1}}, {{2, 4}}}[p], nil }, "pipeline rank 1 chunk 0 holds layers [2, 4), want them to start at 1"},
+		{func(*gpt.Config) {}, 1, 2, 1, func(p int) ([][2]int, error) { return [][][2]int{{{0, 1}}, {{1, 3}}}[p], nil }, "the pipeline chunks hold 3 layers, the model 4"},
 	} {
 		cfg := base
 		tc.edit(&cfg)
-		err := Save(t.TempDir(), Export{Model: cfg, TP: tc.tp, PP: tc.pp, VP: tc.vp, Param: func(string, []int) ([]float32, error) { return nil, nil }})
+		err := Save(t.TempDir(), Export{Model: cfg, TP: tc.tp, PP: tc.pp, VP: tc.vp, LayerRanges: tc.ranges, Param: func(string, []int) ([]float32, error) { return nil, nil }})
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("TP=%d PP=%d: %v, want %q", tc.tp, tc.pp, err, tc.want)
 		}

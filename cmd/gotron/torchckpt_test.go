@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/gotron/gotron/ckpt/megatron"
+	"github.com/gotron/gotron/ckpt/torchpt"
 )
 
 // importBoth imports two Megatron-layout checkpoints and requires every
@@ -44,9 +45,9 @@ func requireSameMegatron(t *testing.T, a, b string) {
 // TestTrainCkptFormatTorch: --ckpt-format torch saves Megatron's legacy
 // layout (one file per TP/PP rank, model0/model1 with virtual stages) and
 // a run resumed from it is bit for bit the run that never stopped (losses
-// and the final checkpoint's weights and Adam state), in one process and
-// at TP=2 × PP=2 × 2 virtual stages; another layout is refused naming
-// both.
+// and the final checkpoint's weights and Adam state), in one process, at
+// TP=2 × PP=2 × 2 virtual stages and with an uneven pipeline split;
+// another layout is refused naming both.
 func TestTrainCkptFormatTorch(t *testing.T) {
 	base := []string{"train", "--num-layers", "4", "--hidden-size", "32", "--num-attention-heads", "4",
 		"--seq-length", "16", "--micro-batch-size", "2", "--global-batch-size", "4", "--lr", "1e-3", "--mock-data",
@@ -55,18 +56,19 @@ func TestTrainCkptFormatTorch(t *testing.T) {
 	for _, c := range []struct {
 		name   string
 		launch []string
+		par    []string
 		rank   string
 	}{
-		{"one_process", nil, "mp_rank_00"},
-		{"tp2_pp2_vp2", []string{"launch", "--inproc", "--nproc-per-node", "4", "--"}, "mp_rank_01_001"},
+		{"one_process", nil, nil, "mp_rank_00"},
+		{"tp2_pp2_vp2", []string{"launch", "--inproc", "--nproc-per-node", "4", "--"},
+			[]string{"--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2", "--num-layers-per-virtual-pipeline-stage", "1"}, "mp_rank_01_001"},
+		{"pp2_uneven", []string{"launch", "--inproc", "--nproc-per-node", "2", "--"},
+			[]string{"--pipeline-model-parallel-size", "2", "--decoder-first-pipeline-num-layers", "3"}, "mp_rank_00_001"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			dir := t.TempDir()
 			args := func(extra ...string) []string {
-				a := append(append([]string{}, c.launch...), base...)
-				if c.launch != nil {
-					a = append(a, "--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2", "--num-layers-per-virtual-pipeline-stage", "1")
-				}
+				a := append(append(append([]string{}, c.launch...), base...), c.par...)
 				return append(a, extra...)
 			}
 			whole, resumed := filepath.Join(dir, "whole"), filepath.Join(dir, "resumed")
@@ -79,6 +81,25 @@ func TestTrainCkptFormatTorch(t *testing.T) {
 			for _, f := range []string{"latest_checkpointed_iteration.txt", "iter_0000002/" + c.rank + "/model_optim_rng.pt", "iter_0000004/" + c.rank + "/model_optim_rng.pt"} {
 				if _, err := os.Stat(filepath.Join(whole, f)); err != nil {
 					t.Error(err)
+				}
+			}
+			if c.name == "pp2_uneven" { // 3 layers on the first stage, 1 on the second
+				for p, want := range []int{3, 1} {
+					f, err := torchpt.Open(filepath.Join(whole, "iter_0000004", fmt.Sprintf("mp_rank_00_%03d", p), "model_optim_rng.pt"))
+					if err != nil {
+						t.Fatal(err)
+					}
+					md, _ := f.Root.(*torchpt.Dict).Get("model")
+					n := 0
+					for _, k := range md.(*torchpt.Dict).StringKeys() {
+						if strings.HasSuffix(k, ".mlp.linear_fc2.weight") {
+							n++
+						}
+					}
+					f.Close()
+					if n != want {
+						t.Errorf("pipeline rank %d holds %d layers, want %d", p, n, want)
+					}
 				}
 			}
 			if _, err := os.Stat(filepath.Join(whole, ".gotron-torch-staging")); !os.IsNotExist(err) {
@@ -98,15 +119,11 @@ func TestTrainCkptFormatTorch(t *testing.T) {
 			}
 			requireSameMegatron(t, whole, resumed)
 
-			other := []string{"--tensor-model-parallel-size", "1"}
+			// Another layout: TP=2 for the one-process run, the others in
+			// one process.
+			a := append(append([]string{}, base...), "--train-iters", "5", "--load", whole)
 			if c.launch == nil {
-				other = []string{"--tensor-model-parallel-size", "2"}
-			}
-			a := args("--train-iters", "5", "--load", whole)
-			if c.launch != nil {
-				a = append(append([]string{"launch", "--inproc", "--nproc-per-node", "2", "--"}, base...), "--train-iters", "5", "--load", whole, "--pipeline-model-parallel-size", "2", "--num-layers-per-virtual-pipeline-stage", "1")
-			} else {
-				a = append([]string{"launch", "--inproc", "--nproc-per-node", "2", "--"}, append(a, other...)...)
+				a = append(append([]string{"launch", "--inproc", "--nproc-per-node", "2", "--"}, a...), "--tensor-model-parallel-size", "2")
 			}
 			_, errs, code = runCLI(t, a...)
 			if code == 0 || !strings.Contains(errs, "loads only with the layout that saved it") || !strings.Contains(errs, "gotron convert --from megatron") {
