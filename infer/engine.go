@@ -120,6 +120,10 @@ type Request struct {
 	// after the first, given those before it (Megatron's logprobs). Such a
 	// request does not reuse cached prefix blocks.
 	PromptLogprobs bool
+	// PromptTopLogprobs, with PromptLogprobs and TopLogprobs, also reports
+	// the TopLogprobs most likely tokens of each prompt position followed by
+	// a prompt token (Megatron's prompt_top_n_logprobs).
+	PromptTopLogprobs bool
 	// JSONObject constrains the generated text to one JSON object (OpenAI's
 	// response_format json_object): before each draw, every token whose
 	// text (EngineConfig.Decoder's, token by token) would not continue a
@@ -164,6 +168,9 @@ type Event struct {
 	// PromptLogprobs is set on a sequence's first event when the request
 	// asked for it: entry i is the log-probability of prompt token i+1.
 	PromptLogprobs []float32
+	// PromptTopLogprobs is set with PromptLogprobs when the request asked
+	// for it: entry i is the most likely tokens where prompt token i+1 is.
+	PromptTopLogprobs [][]TokenLogprob
 	// Finish is non-empty on a sequence's last event.
 	Finish FinishReason
 	// PromptTokens and CompletionTokens count the sequence's tokens so far.
@@ -569,6 +576,7 @@ func (e *Engine) emit(s *sequence, ev Event) {
 	if !s.emitted {
 		s.emitted = true
 		ev.PromptLogprobs = s.promptLP
+		ev.PromptTopLogprobs = s.promptTop
 	}
 	e.events = append(e.events, ev)
 }

@@ -32,9 +32,11 @@ type sequence struct {
 	stream   *TextStream
 	text     string
 	sent     int
-	promptLP []float32   // PromptLogprobs: entry i is for prompt token i+1
-	json     *jsonObject // JSONObject: the object generated so far
-	lpDone   int         // prompt positions whose logits were seen
+	promptLP []float32 // PromptLogprobs: entry i is for prompt token i+1
+	// promptTop: PromptTopLogprobs, entry i for prompt token i+1.
+	promptTop [][]TokenLogprob
+	json      *jsonObject // JSONObject: the object generated so far
+	lpDone    int         // prompt positions whose logits were seen
 }
 
 // newSequence returns r's state; its tokens may not exceed limit (the
@@ -62,6 +64,9 @@ func newSequence(id SeqID, r Request, dec Decoder, limit int) (*sequence, error)
 	}
 	if r.PromptLogprobs {
 		s.promptLP = make([]float32, len(r.Prompt)-1)
+		if r.PromptTopLogprobs && r.TopLogprobs > 0 {
+			s.promptTop = make([][]TokenLogprob, len(r.Prompt)-1)
+		}
 	}
 	if r.JSONObject {
 		s.json = &jsonObject{}
@@ -103,7 +108,32 @@ func (s *sequence) addPromptLogprobs(pos0 int, rows *tensor.Tensor, vocab int) {
 		tensor.TokenLogprobs(d, rows, targets, vocab)
 		tensor.Copy(out, d)
 	}
+	if s.promptTop != nil {
+		s.addPromptTop(pos0, rows, vocab)
+	}
 	s.lpDone = max(s.lpDone, pos0+m)
+}
+
+// addPromptTop records the most likely tokens of rows (the prompt
+// positions from pos0) with the arithmetic of the generated tokens' top
+// log-probabilities: one greedy tensor.SampleTokens draw per row.
+func (s *sequence) addPromptTop(pos0 int, rows *tensor.Tensor, vocab int) {
+	m, k := rows.Dim(0), min(s.req.TopLogprobs, vocab)
+	draws := make([]tensor.TokenSampling, m)
+	for j := range draws {
+		draws[j] = tensor.TokenSampling{Row: j, Temperature: 1, TopK: 1, TopLogprobs: k}
+	}
+	out := tensor.SampledTokens{IDs: tensor.FromInt32(make([]int32, m), m), Logprobs: tensor.FromFloat32(make([]float32, m), m),
+		TopIDs: tensor.FromInt32(make([]int32, m*k), m, k), TopLogprobs: tensor.FromFloat32(make([]float32, m*k), m, k)}
+	sampleOn(rows.Device(), out, rows, vocab, draws)
+	ids, lps := out.TopIDs.Int32s(), out.TopLogprobs.Float32s()
+	for j := range m {
+		top := make([]TokenLogprob, k)
+		for t := range top {
+			top[t] = TokenLogprob{Token: int(ids[j*k+t]), Logprob: lps[j*k+t]}
+		}
+		s.promptTop[pos0+j] = top
+	}
 }
 
 // take appends the token ev drew and returns ev, finished when a stop

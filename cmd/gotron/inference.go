@@ -333,8 +333,6 @@ func (a *inferenceArgs) check(fs *flag.FlagSet, given map[string]bool, f *trainF
 		return nil, fmt.Errorf("--inference-dynamic-batching-logprobs-mode %s: needs processed log-probabilities (after temperature and top-k/p), not built in gotron; raw_logprobs is", a.logprobsMode)
 	case a.topK > 0 && a.topP > 0:
 		return nil, fmt.Errorf("--top_k %d and --top_p %g: cannot both be greater than zero (Megatron's rule)", a.topK, a.topP)
-	case a.topN > 0 && !a.skipPrompt:
-		return nil, errors.New("--top-n-logprobs without --skip-prompt-log-probs: needs the prompt's top-n log-probabilities (Megatron's prompt_top_n_logprobs), not built in gotron's engine (add --skip-prompt-log-probs for the generated tokens' only)")
 	case len(a.prompts) > 0 && a.promptFile != "":
 		return nil, errors.New("--prompts and --prompt-file: give one (Megatron's rule)")
 	case len(a.prompts) == 0 && a.promptFile == "":
@@ -390,12 +388,15 @@ type megRequest struct {
 	logprobs []float32
 	top      [][]infer.TokenLogprob
 	promptLP []float32
-	start    time.Time
-	ttft     float64
-	latency  float64
-	tpot     []float64
-	last     time.Time
-	done     bool
+	// promptTop: the prompt's top-n (--top-n-logprobs without
+	// --skip-prompt-log-probs), one entry per prompt token after the first.
+	promptTop [][]infer.TokenLogprob
+	start     time.Time
+	ttft      float64
+	latency   float64
+	tpot      []float64
+	last      time.Time
+	done      bool
 }
 
 func runMegatronInference(ctx context.Context, env *cli, a *inferenceArgs, f *trainFlags, given map[string]bool) error {
@@ -679,8 +680,11 @@ func (a *inferenceArgs) runOnce(ctx context.Context, env *cli, eng *infer.Engine
 		r := reqs[added]
 		*r = megRequest{prompt: r.prompt, tokens: r.tokens, maxNew: r.maxNew, arrival: r.arrival}
 		s := infer.Sampling{Temperature: a.temperature, TopK: a.topK, TopP: a.topP, Seed: uint64(seed) + uint64(added)}
+		// The prompt's top-n come with its log-probabilities: Megatron
+		// computes both unless --skip-prompt-log-probs.
+		prompt := (a.returnLogProbs || a.topN > 0) && !a.skipPrompt && len(r.tokens) > 1
 		req := infer.Request{Prompt: r.tokens, MaxTokens: r.maxNew, Sampling: s, StopTokens: stop,
-			Logprobs: a.returnLogProbs, TopLogprobs: a.topN, PromptLogprobs: a.returnLogProbs && !a.skipPrompt && len(r.tokens) > 1}
+			Logprobs: a.returnLogProbs, TopLogprobs: a.topN, PromptLogprobs: prompt, PromptTopLogprobs: prompt && a.topN > 0}
 		if r.maxNew == 0 && !req.PromptLogprobs {
 			r.done, r.start = true, time.Now()
 			added++
@@ -732,6 +736,7 @@ func (a *inferenceArgs) runOnce(ctx context.Context, env *cli, eng *infer.Engine
 			}
 			if ev.PromptLogprobs != nil {
 				r.promptLP = append([]float32(nil), ev.PromptLogprobs...)
+				r.promptTop = ev.PromptTopLogprobs
 			}
 			if ev.Token >= 0 {
 				if len(r.out) == 0 {
@@ -812,17 +817,24 @@ func (a *inferenceArgs) resultJSON(r *megRequest, tok tokenizer.Tokenizer, term 
 		gen[i] = int64(id)
 	}
 	text := tok.Decode(textIDs(r.out, term))
-	var top any
-	if a.topN > 0 {
-		list := make([]any, len(r.top))
-		for i, step := range r.top {
+	// Megatron's top-n: one {token text: logprob} dict per position.
+	topDicts := func(steps [][]infer.TokenLogprob) []any {
+		list := make([]any, len(steps))
+		for i, step := range steps {
 			var o pyObj
 			for _, t := range step {
 				o = o.set(tok.Decode([]int{t.Token}), float64(t.Logprob))
 			}
 			list[i] = o
 		}
-		top = list
+		return list
+	}
+	var top, promptTop any
+	if a.topN > 0 {
+		top = topDicts(r.top)
+		if r.promptTop != nil {
+			promptTop = topDicts(r.promptTop)
+		}
 	}
 	prompt := []float32{}
 	if r.promptLP != nil {
@@ -843,7 +855,7 @@ func (a *inferenceArgs) resultJSON(r *megRequest, tok tokenizer.Tokenizer, term 
 	// gpt_dynamic_inference.py (offline_inference.py writes the same keys).
 	o := pyObj{{"input_prompt", r.prompt}, {"generated_text", text}, {"generated_tokens", gen},
 		{"latency", r.latency}, {"ttft", r.ttft}, {"cuda_graph_request_count_map", nil},
-		{"step_count", st.Steps}, {"top_n_logprobs", top}, {"prompt_top_n_logprobs", nil}}
+		{"step_count", st.Steps}, {"top_n_logprobs", top}, {"prompt_top_n_logprobs", promptTop}}
 	if a.returnLogProbs {
 		o = append(o, pyField{"prompt_logprobs", float32s(prompt)}, pyField{"generated_logprobs", float32s(r.logprobs)},
 			pyField{"logprobs", float32s(append(append([]float32{}, prompt...), r.logprobs...))})

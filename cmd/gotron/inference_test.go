@@ -264,7 +264,6 @@ func TestInferenceRefusals(t *testing.T) {
 		{[]string{"--pipeline-model-parallel-size", "8"}, "needs pipeline-parallel inference"},
 		{[]string{"--fp8-format", "hybrid"}, "--fp8-format: needs FP8"},
 		{[]string{"--top_k", "2", "--top_p", "0.5"}, "cannot both be greater than zero"},
-		{[]string{"--top-n-logprobs", "5"}, "needs the prompt's top-n log-probabilities"},
 		{[]string{"--num-tokens-to-generate", "-1"}, "--num-tokens-to-generate"},
 		{[]string{"--prompt-file", "x.jsonl"}, "--prompts and --prompt-file"},
 		{[]string{"--num-layers", "3"}, "--num-layers 3: the checkpoint"},
@@ -274,6 +273,52 @@ func TestInferenceRefusals(t *testing.T) {
 		if code == 0 || !strings.Contains(errs, c.want) {
 			t.Errorf("%v: exit %d, stderr %q; want %q", c.args, code, errs, c.want)
 		}
+	}
+}
+
+// TestInferenceTopNLogprobs: --top-n-logprobs writes one {token text:
+// logprob} dict per generated token (greedy: the first is the generated
+// token with its log-probability) and, without --skip-prompt-log-probs, one
+// per prompt token after the first (Megatron's prompt_top_n_logprobs).
+func TestInferenceTopNLogprobs(t *testing.T) {
+	dir, tokFlags := inferenceCheckpoint(t)
+	out := filepath.Join(t.TempDir(), "o.json")
+	prompt := "Time travel to 2008"
+	run := func(extra ...string) (r struct {
+		Tokens    []int                `json:"generated_tokens"`
+		GenLP     []float64            `json:"generated_logprobs"`
+		Top       []map[string]float64 `json:"top_n_logprobs"`
+		PromptTop []map[string]float64 `json:"prompt_top_n_logprobs"`
+	}) {
+		t.Helper()
+		args := append(append([]string{"inference", "--load", dir, "--prompts", prompt, "--num-tokens-to-generate", "5", "--termination-id", "-1",
+			"--return-log-probs", "--top-n-logprobs", "3", "--output-path", out}, tokFlags...), extra...)
+		if _, errs, code := runCLI(t, args...); code != 0 {
+			t.Fatalf("inference: %s", errs)
+		}
+		raw, _ := os.ReadFile(out)
+		var doc map[string]json.RawMessage
+		if err := json.Unmarshal(raw, &doc); err != nil {
+			t.Fatal(err)
+		}
+		if err := json.Unmarshal(doc["0"], &r); err != nil {
+			t.Fatal(err)
+		}
+		return r
+	}
+	r := run()
+	tok, _ := tokenizer.New(tokenizer.Config{Type: tokenizer.TypeGPT2BPE, VocabFile: tokFlags[3], MergeFile: tokFlags[5]})
+	if len(r.Top) != 5 || len(r.PromptTop) != len(tok.Encode(prompt))-1 {
+		t.Fatalf("%d generated and %d prompt top-n entries: want 5 and %d", len(r.Top), len(r.PromptTop), len(tok.Encode(prompt))-1)
+	}
+	for i, d := range r.Top {
+		lp, ok := d[tok.Decode(r.Tokens[i:i+1])]
+		if len(d) == 0 || len(d) > 3 || !ok || float32(lp) != float32(r.GenLP[i]) {
+			t.Errorf("step %d: top-n %v lacks the greedy token %d with its logprob %v", i, d, r.Tokens[i], r.GenLP[i])
+		}
+	}
+	if s := run("--skip-prompt-log-probs"); s.PromptTop != nil || len(s.Top) != 5 {
+		t.Errorf("--skip-prompt-log-probs: prompt top-n %v, want null", s.PromptTop)
 	}
 }
 
