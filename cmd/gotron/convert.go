@@ -8,16 +8,13 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"sort"
 	"strconv"
 	"strings"
 
-	"github.com/gotron/gotron/ckpt"
 	"github.com/gotron/gotron/ckpt/hf"
 	"github.com/gotron/gotron/ckpt/megatron"
 	"github.com/gotron/gotron/internal/assets/gpt2"
 	"github.com/gotron/gotron/model/gpt"
-	"github.com/gotron/gotron/tensor"
 	"github.com/gotron/gotron/tokenizer"
 	"github.com/gotron/gotron/train"
 )
@@ -121,7 +118,7 @@ func convertFromMegatron(ctx context.Context, env *cli, f *convertFlags) error {
 		cliArgs["tokenizer_type"] = info.TokenizerType
 	}
 	if st != nil {
-		err = saveMegatronResume(ctx, f.save, int(info.Iteration), m, st, seq, cliArgs)
+		err = train.SaveMegatronImport(ctx, f.save, int(info.Iteration), m, st, seq, cliArgs)
 	} else {
 		err = train.SaveModel(ctx, f.save, 0, m, seq, cliArgs)
 	}
@@ -161,66 +158,6 @@ func convertFromMegatron(ctx context.Context, env *cli, f *convertFlags) error {
 		fmt.Fprintf(env.stdout, "tokenizer files: %s\n", strings.Join(copied, ", "))
 	case len(missing) > 0:
 		fmt.Fprintf(env.stdout, "tokenizer (%s) not carried: %s not found on this machine; pass --tokenizer-type and its files to generate/score --text\n", info.TokenizerType, strings.Join(missing, ", "))
-	}
-	return nil
-}
-
-// saveMegatronResume writes an imported Megatron model and optimizer state
-// as the checkpoint gotron train would have saved at that iteration with
-// one rank (package ckpt's sharded format): the model group, the optimizer
-// group ("<kind>/<param>"), the optimizer's kind and steps, the scheduler
-// and sample counts. Megatron's RNG states (torch's, CUDA's) have no gotron
-// counterpart: the dropout stream is the one a fresh gotron run with
-// Megatron's --seed starts with (train's root RNG forked "dropout").
-func saveMegatronResume(ctx context.Context, dir string, iteration int, m *gpt.Model, st *megatron.OptimizerState, seq int, cli map[string]any) error {
-	args, err := json.Marshal(train.RunArgs{Model: m.Config, SeqLength: seq, OptimizerKind: st.Kind, OptimizerSteps: st.Steps,
-		CLI: cli, LossScaler: st.LossScaler})
-	if err != nil {
-		return err
-	}
-	rng, err := json.Marshal(tensor.NewRNG(uint64(st.Seed)).Fork("dropout").State())
-	if err != nil {
-		return err
-	}
-	sched, err := json.Marshal(st.Scheduler)
-	if err != nil {
-		return err
-	}
-	meta := ckpt.Meta{Iteration: iteration, ConsumedTrainSamples: st.ConsumedTrainSamples, SkippedTrainSamples: st.SkippedTrainSamples,
-		ConsumedValidSamples: st.ConsumedValidSamples, FloatingPointOperationsSoFar: st.FLOPs, Args: args, RNGState: rng, Scheduler: sched}
-	shapes := map[string][]int{}
-	var pieces []ckpt.Piece
-	for _, p := range m.Params() {
-		shapes[p.Name] = p.Shape()
-		pieces = append(pieces, ckpt.Piece{Group: ckpt.GroupModel, Name: p.Name, GlobalShape: p.Shape(), Block: ckpt.Whole(p.Shape()), Data: p.Float32s()})
-	}
-	keys := make([]string, 0, len(st.Buffers))
-	for k := range st.Buffers {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	for _, k := range keys {
-		_, name, _ := strings.Cut(k, "/")
-		shape, ok := shapes[name]
-		n := 1
-		for _, d := range shape {
-			n *= d
-		}
-		if !ok || len(st.Buffers[k]) != n {
-			return fmt.Errorf("convert: optimizer buffer %s matches no parameter of the model", k)
-		}
-		pieces = append(pieces, ckpt.Piece{Group: ckpt.GroupOptimizer, Name: k, GlobalShape: shape, Block: ckpt.Whole(shape), Data: st.Buffers[k]})
-	}
-	if err := ckpt.BeginSharded(dir, iteration); err != nil {
-		return err
-	}
-	err = ckpt.WriteShards(ctx, dir, iteration, 0, pieces)
-	if err == nil {
-		err = ckpt.FinishSharded(dir, iteration, meta, ckpt.Layout{WorldSize: 1, TensorParallel: 1, PipelineParallel: 1, DataParallel: 1})
-	}
-	if err != nil {
-		ckpt.AbortSharded(dir, iteration)
-		return fmt.Errorf("convert: save %s: %w", dir, err)
 	}
 	return nil
 }
