@@ -47,6 +47,17 @@ type helpText struct {
 	// command makes the first positional argument end the flags: the rest
 	// is a command line of its own (gotron launch ... train --lr 1e-4).
 	command bool
+	// group, if set, lists first under its own title the flags it holds
+	// that Megatron's training-argument table lacks (gotron inference:
+	// the arguments of Megatron's inference scripts).
+	group *helpGroup
+}
+
+// helpGroup is a --help group of Megatron arguments outside Megatron's
+// training-argument table.
+type helpGroup struct {
+	title string
+	has   func(name string) bool
 }
 
 // parseFlagsHelp is parseFlags with a --help that lists only some flags:
@@ -196,10 +207,16 @@ func printFlags(fs *flag.FlagSet, w io.Writer, help helpText) {
 		g := gotronGroup
 		if a, ok := megatronArgs()[f.Name]; ok {
 			g = a.group
+		} else if help.group != nil && help.group.has(f.Name) {
+			g = help.group.title
 		}
 		groups[g] = append(groups[g], f)
 	})
-	for _, g := range append(megatronGroupOrder(), gotronGroup) {
+	order := append(megatronGroupOrder(), gotronGroup)
+	if help.group != nil {
+		order = append([]string{help.group.title}, order...)
+	}
+	for _, g := range order {
 		flags := groups[g]
 		if len(flags) == 0 {
 			continue

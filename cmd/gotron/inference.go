@@ -249,7 +249,8 @@ func parseInference(env *cli, args []string) (*inferenceArgs, *trainFlags, map[s
 	if err != nil {
 		return nil, nil, nil, err
 	}
-	if err := parseFlagsHelp(fs, rest, env.stdout, helpText{synopsis: inferenceSynopsis}); err != nil {
+	if err := parseFlagsHelp(fs, rest, env.stdout, helpText{synopsis: inferenceSynopsis,
+		group: &helpGroup{title: "inference scripts (add_inference_args and the scripts' own)", has: isInferenceFlag}}); err != nil {
 		return nil, nil, nil, err
 	}
 	if fs.NArg() > 0 {

@@ -344,6 +344,18 @@ func TestInferenceCoordinatorOneReplica(t *testing.T) {
 	}
 }
 
+// TestInferenceHelp: --help lists the inference scripts' arguments first,
+// under Megatron's group for them, then train's groups.
+func TestInferenceHelp(t *testing.T) {
+	out, _, code := runCLI(t, "inference", "--help")
+	i := strings.Index(out, "Megatron: inference scripts (add_inference_args and the scripts' own):\n")
+	j := strings.Index(out, "\n  --top_k int\n")
+	k := strings.Index(out, "Megatron: transformer configuration:")
+	if code != 0 || i < 0 || j < i || k < j {
+		t.Errorf("--help: the inference group first, --top_k in it, then train's groups:\n%.600s", out)
+	}
+}
+
 // TestPyFloat: floats as Python's repr writes them.
 func TestPyFloat(t *testing.T) {
 	for f, want := range map[float64]string{1: "1.0", -0.5: "-0.5", 1e-5: "1e-05", 0.0001: "0.0001", 1e16: "1e+16", 123456789.125: "123456789.125",
