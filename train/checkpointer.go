@@ -456,6 +456,9 @@ func (ck *checkpointer) load(root string) error {
 func (ck *checkpointer) loadGotron(root string) error {
 	start := ck.cfg.Now()
 	r, err := ckpt.Open(root, -1)
+	if errors.Is(err, ckpt.ErrNoCheckpoint) && ck.cfg.CkptConvertFormat != "" {
+		return fmt.Errorf("train: --ckpt-convert-format: --load %s holds no checkpoint (%s)", root, ckpt.TrackerFile) // Megatron's exit_on_missing_checkpoint
+	}
 	if errors.Is(err, ckpt.ErrNoCheckpoint) {
 		// Megatron's load_checkpoint: no tracker file, start from random
 		// (what a first run with --save DIR --load DIR, or a restarted job

@@ -171,6 +171,12 @@ type Config struct {
 	// format, CkptFormatTorch for Megatron's legacy per-rank files
 	// (torchckpt.go).
 	CkptFormat string
+	// CkptConvertFormat and CkptConvertSave are Megatron's
+	// --ckpt-convert-format and --ckpt-convert-save: Run loads --load, saves
+	// it at its iteration in that format ("torch", or "torch_dist":
+	// gotron's) under CkptConvertSave/<format>, and returns without
+	// training (Megatron's setup_model_and_optimizer, then exit).
+	CkptConvertFormat, CkptConvertSave string
 	// DistCkptStrictness is --dist-ckpt-strictness (StrictnessValues):
 	// whether checkpoint tensors the model does not use are accepted.
 	DistCkptStrictness string
@@ -346,6 +352,12 @@ func (c *Config) validate() error {
 		return fmt.Errorf("train: --log-progress writes progress.txt in --save: it needs --save")
 	case c.CkptFormat != "" && c.CkptFormat != CkptFormatTorch && c.CkptFormat != ckpt.FormatName:
 		return fmt.Errorf("train: --ckpt-format=%s: want %s or %s", c.CkptFormat, ckpt.FormatName, CkptFormatTorch)
+	case c.CkptConvertFormat != "" && c.CkptConvertFormat != CkptFormatTorch && c.CkptConvertFormat != "torch_dist":
+		return fmt.Errorf("train: --ckpt-convert-format=%s: want torch or torch_dist (gotron's sharded format)", c.CkptConvertFormat)
+	case c.CkptConvertFormat != "" && (c.CkptConvertSave == "" || c.Load == ""):
+		return fmt.Errorf("train: --ckpt-convert-format needs --ckpt-convert-save and --load (as Megatron asserts)")
+	case c.CkptConvertFormat == "" && c.CkptConvertSave != "":
+		return fmt.Errorf("train: --ckpt-convert-save needs --ckpt-convert-format")
 	case c.CkptFormat == CkptFormatTorch && c.AsyncSave:
 		return fmt.Errorf("train: --async-save with --ckpt-format torch: the legacy torch format is written synchronously (Megatron saves asynchronously only in torch_dist); use --ckpt-format %s", ckpt.FormatName)
 	case c.AsyncSave && c.Save == "":

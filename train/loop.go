@@ -211,6 +211,10 @@ func (t *Trainer) Run(ctx context.Context) (_ Result, err error) {
 	if err != nil {
 		return res, err
 	}
+	if t.cfg.CkptConvertFormat != "" {
+		res.Iteration = t.Iteration
+		return res, t.convertCheckpoint()
+	}
 	if t.cfg.Device == tensor.CUDA {
 		defer func() {
 			if p := tensor.CUDAProfile(); p != "" {

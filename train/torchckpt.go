@@ -134,6 +134,9 @@ func (ck *checkpointer) exportTorch(stage, root string) error {
 // saved with.
 func (ck *checkpointer) loadTorch(root string) error {
 	if _, err := os.Stat(filepath.Join(root, ckpt.TrackerFile)); errors.Is(err, os.ErrNotExist) {
+		if ck.cfg.CkptConvertFormat != "" {
+			return fmt.Errorf("train: --ckpt-convert-format: --load %s holds no checkpoint (%s)", root, ckpt.TrackerFile) // Megatron's exit_on_missing_checkpoint
+		}
 		ck.rawf("WARNING: could not find the metadata file %s", filepath.Join(root, ckpt.TrackerFile))
 		ck.rawf("    will not load any checkpoints and will start from random")
 		return nil
@@ -261,5 +264,30 @@ func SaveMegatronImport(ctx context.Context, dir string, iteration int, m *gpt.M
 	if err := saveImported(ctx, dir, iteration, m, st, seq, nil, cli); err != nil {
 		return fmt.Errorf("convert: save %s: %w", dir, err)
 	}
+	return nil
+}
+
+// convertCheckpoint is --ckpt-convert-format: the loaded state saved at its
+// iteration in that format under --ckpt-convert-save/<format>, as
+// Megatron's setup_model_and_optimizer does before it exits.
+func (t *Trainer) convertCheckpoint() error {
+	from := t.cfg.CkptFormat
+	if from == "" {
+		from = ckpt.FormatName
+	}
+	dir := filepath.Join(t.cfg.CkptConvertSave, t.cfg.CkptConvertFormat)
+	if isWriter(t.cfg.Parallel) {
+		if err := checkSaveDir(dir); err != nil {
+			return err
+		}
+	}
+	t.cfg.CkptFormat = t.cfg.CkptConvertFormat
+	if t.cfg.CkptFormat == "torch_dist" {
+		t.cfg.CkptFormat = ""
+	}
+	if err := t.checkpointer.save(dir, false); err != nil {
+		return err
+	}
+	t.reporter.rawf("> converted checkpoint: %s -> %s.", from, t.cfg.CkptConvertFormat)
 	return nil
 }

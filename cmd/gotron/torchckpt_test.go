@@ -182,3 +182,47 @@ func TestTrainCkptFormatTorchRefusals(t *testing.T) {
 		t.Errorf("--async-save: exit %d: %s", code, errs)
 	}
 }
+
+// TestTrainCkptConvertFormat: Megatron's --ckpt-convert-format and
+// --ckpt-convert-save load --load, save it in the other format under
+// <save>/<format> and exit; resuming from the gotron checkpoint, its
+// torch conversion and that converted back gives the same losses, bit for
+// bit. Without --load it is refused.
+func TestTrainCkptConvertFormat(t *testing.T) {
+	dir := t.TempDir()
+	base := with(tinyTrain, "--num-layers", "2", "--hidden-dropout", "0.1", "--eval-iters", "0", "--train-iters", "4")
+	g, conv, back := filepath.Join(dir, "g"), filepath.Join(dir, "conv"), filepath.Join(dir, "back")
+	if _, errs, code := runCLI(t, with(base, "--exit-interval", "2", "--save", g)...); code != 0 {
+		t.Fatalf("exit %d: %s", code, errs)
+	}
+	out, errs, code := runCLI(t, with(base, "--load", g, "--ckpt-convert-format", "torch", "--ckpt-convert-save", conv)...)
+	if code != 0 || !strings.Contains(out, "> converted checkpoint: gotron-checkpoint -> torch.") || strings.Contains(out, "iteration        3/") {
+		t.Fatalf("convert to torch: exit %d\n%s%s", code, out, errs)
+	}
+	if _, err := os.Stat(filepath.Join(conv, "torch", "iter_0000002", "mp_rank_00", "model_optim_rng.pt")); err != nil {
+		t.Fatal(err)
+	}
+	if out, errs, code := runCLI(t, with(base, "--load", filepath.Join(conv, "torch"), "--ckpt-format", "torch", "--ckpt-convert-format", "torch_dist", "--ckpt-convert-save", back)...); code != 0 || !strings.Contains(out, "> converted checkpoint: torch -> torch_dist.") {
+		t.Fatalf("convert back: exit %d\n%s%s", code, out, errs)
+	}
+	var losses [][]float64
+	for i, load := range [][]string{{"--load", g}, {"--load", filepath.Join(conv, "torch"), "--ckpt-format", "torch"}, {"--load", filepath.Join(back, "torch_dist")}} {
+		m := filepath.Join(dir, fmt.Sprintf("m%d.jsonl", i))
+		if out, errs, code := runCLI(t, with(with(base, load...), "--metrics-file", m)...); code != 0 {
+			t.Fatalf("%v: exit %d\n%s%s", load, code, out, errs)
+		}
+		l, _ := metricsLosses(t, m)
+		losses = append(losses, l)
+	}
+	if len(losses[0]) != 2 || !slices.Equal(losses[0], losses[1]) || !slices.Equal(losses[0], losses[2]) {
+		t.Errorf("losses of iterations 3, 4 resumed from gotron's, torch and back: %v", losses)
+	}
+	_, errs, code = runCLI(t, with(base, "--ckpt-convert-format", "torch", "--ckpt-convert-save", conv)...)
+	if code == 0 || !strings.Contains(errs, "--ckpt-convert-format needs --ckpt-convert-save and --load") {
+		t.Errorf("without --load: exit %d: %s", code, errs)
+	}
+	_, errs, code = runCLI(t, with(base, "--load", filepath.Join(dir, "none"), "--ckpt-convert-format", "torch", "--ckpt-convert-save", conv)...)
+	if code == 0 || !strings.Contains(errs, "holds no checkpoint") {
+		t.Errorf("--load without a checkpoint: exit %d: %s", code, errs)
+	}
+}

@@ -256,6 +256,8 @@ func newTrainFlagsWith(name string, extra func(*flag.FlagSet)) (*flag.FlagSet, *
 	fs.Float64Var(&c.DecoupledMinLR, "decoupled-min-lr", 0, "final learning rate with --decoupled-lr (default --min-lr)")
 	fs.BoolVar(&f.useCkptArgs, "use-checkpoint-args", false, "take the model architecture from the --load checkpoint")
 	fs.StringVar(&f.ckptFormat, "ckpt-format", ckpt.FormatName, "checkpoint format: "+ckpt.FormatName+" (gotron's sharded safetensors + checkpoint.json: every rank writes its shards, any layout loads them); torch_dist, and fsdp_dtensor with --use-megatron-fsdp, mean the same; torch: Megatron's legacy per-rank model_optim_rng.pt files (saved and loaded by one TP/PP layout, as Megatron; a Megatron torch checkpoint resumes directly)")
+	fs.StringVar(&c.CkptConvertFormat, "ckpt-convert-format", "", "convert --load's checkpoint: save it at its iteration in this format (torch, or torch_dist: gotron's sharded one) under --ckpt-convert-save/<format>, then exit without training")
+	fs.StringVar(&c.CkptConvertSave, "ckpt-convert-save", "", "directory for --ckpt-convert-format's converted checkpoint")
 	fs.BoolVar(&c.AsyncSave, "async-save", false, "save checkpoints in the background: the saving iteration copies this rank's shards and training goes on while they are written")
 	fs.Float64Var(&c.AsyncSaveRate, "async-save-rate", 0, "with --async-save, write at most this many MB/s per rank, spreading the disk I/O's CPU cost over more steps (0: as fast as the disk goes)")
 	fs.StringVar(&c.DistCkptStrictness, "dist-ckpt-strictness", "assume_ok_unexpected", "checkpoint tensors the model does not use: "+strings.Join(train.StrictnessValues, ", ")+" (missing tensors and shape mismatches are always errors)")
