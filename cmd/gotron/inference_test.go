@@ -220,6 +220,14 @@ func TestInferenceStaticLayoutStopWordsPromptFile(t *testing.T) {
 	if len(static) != 5 || static["3"] == nil || !strings.Contains(string(static["0"]), `"tpot": [`) {
 		t.Errorf("static: want requests 0..3 with tpot: %s", static["raw"])
 	}
+	var l0, l3 struct {
+		Latency float64 `json:"latency"`
+	}
+	_ = json.Unmarshal(static["0"], &l0)
+	_ = json.Unmarshal(static["3"], &l3)
+	if l0.Latency <= 0 || l0.Latency != l3.Latency {
+		t.Errorf("static latency %v and %v: want the one run's time in every request, as the script", l0.Latency, l3.Latency)
+	}
 	every := run("--output-every-n-results", "3")
 	if every["0"] == nil || every["3"] == nil || every["1"] != nil || every["2"] != nil {
 		t.Errorf("--output-every-n-results 3 of 4: want 0 and 3 (the last): %s", every["raw"])
