@@ -474,6 +474,11 @@ func (ck *checkpointer) loadGotron(root string) error {
 		return fmt.Errorf("train: --load: %w", err)
 	}
 	defer r.Close()
+	if ck.cfg.VerifyIntegrity {
+		if err := ck.verifyIntegrity(root, r); err != nil {
+			return err
+		}
+	}
 	if ck.shownFormat == CkptFormatTorch {
 		ck.rawf(" loading checkpoint from %s at iteration %d", ck.shown(root), r.Meta.Iteration) // Megatron's words for the torch format
 	} else {

@@ -67,6 +67,9 @@ type Config struct {
 	Recompute      gpt.Recompute
 	DecoupledLR    float64 // --decoupled-lr: peak rate of the embedding and output layer; 0 means --lr
 	DecoupledMinLR float64 // --decoupled-min-lr; 0 means --min-lr
+	// VerifyIntegrity (--verify-integrity) checks every shard of the
+	// checkpoint loaded against its recorded CRC-32C before resuming.
+	VerifyIntegrity bool
 	// CheckWeightHashInterval (--check-weight-hash-across-dp-replicas-interval)
 	// compares the parameters' hashes across the data-parallel replicas
 	// before training and every this many iterations; 0: never.

@@ -207,6 +207,7 @@ func newTrainFlagsWith(name string, extra func(*flag.FlagSet)) (*flag.FlagSet, *
 	fs.IntVar(&c.MaxSkipsInARow, "max-nan-iterations", 10, "stop after this many NaN/Inf iterations in a row")
 	fs.BoolVar(&c.CalculatePerTokenLoss, "calculate-per-token-loss", false, "normalise the loss by the global batch's unmasked tokens (Σ token losses / Σ tokens), not per micro-batch: micro-batches weigh by their tokens (e.g. with --eod-mask-loss); gradients are summed over data-parallel ranks and divided by the token count")
 	fs.Int64Var(&c.CheckWeightHashInterval, "check-weight-hash-across-dp-replicas-interval", 0, "compare the SHA-1 hashes of every parameter across the data-parallel replicas before training and every this many iterations; a mismatch stops the run naming the ranks (0: never)")
+	fs.BoolVar(&c.VerifyIntegrity, "verify-integrity", false, "on --load, read every shard of the checkpoint and check it against the CRC-32C its save recorded (every save records them) before resuming")
 	rr := &c.Rerun
 	fs.StringVar(&rr.Mode, "rerun-mode", "disabled", "Megatron's rerun state machine: disabled (gotron's default: a NaN/Inf iteration is skipped, see --max-nan-iterations), validate_results (a NaN/Inf loss reruns the iteration in place: a different result exits 17 as transient, the same saves a checkpoint and exits 16 to be rerun from it on another device) or report_stats (reruns every iteration and reports the relative differences)")
 	fs.IntVar(&rr.ErrorInjectionRate, "error-injection-rate", 0, "with --rerun-mode validate_results: reject one loss validation in this many, to test the machine (0: never)")
@@ -356,6 +357,9 @@ func cmdTrain(ctx context.Context, env *cli, args []string) error {
 	}
 	if len(noOps) > 0 {
 		fmt.Fprintf(env.stderr, "gotron train: %s: no effect on the CPU backend (GPU kernel and fusion choices)\n", strings.Join(noOps, ", "))
+	}
+	if f.cfg.VerifyIntegrity && f.ckptFormat == train.CkptFormatTorch {
+		return fmt.Errorf("--verify-integrity is only supported with the torch_dist checkpoint format (gotron's own), as Megatron asserts; not with --ckpt-format torch")
 	}
 	if r := &f.cfg.Recompute; f.recomputeGranularity == train.RecomputeNone && !r.Selective && (r.Method != "" || r.NumLayers != 0) {
 		// Megatron checks --recompute-method and --recompute-num-layers
