@@ -67,6 +67,10 @@ type Config struct {
 	Recompute      gpt.Recompute
 	DecoupledLR    float64 // --decoupled-lr: peak rate of the embedding and output layer; 0 means --lr
 	DecoupledMinLR float64 // --decoupled-min-lr; 0 means --min-lr
+	// TestMode (--test-mode) runs Megatron's real-time tests: with
+	// --qk-layernorm, the query/key layer norms must match across the
+	// data- and tensor-parallel ranks before every iteration and evaluation.
+	TestMode bool
 	// VerifyIntegrity (--verify-integrity) checks every shard of the
 	// checkpoint loaded against its recorded CRC-32C before resuming.
 	VerifyIntegrity bool

@@ -264,6 +264,9 @@ func (st *stepper) step(ctx context.Context) (float64, error) {
 	// while the rerun state machine asks (rerun.go); the optimizer has not
 	// stepped and the data position has not moved, so a rerun sees the
 	// same batches, and the machine restores the dropout streams.
+	if err := st.runRealtimeTests(); err != nil {
+		return 0, err
+	}
 	var g agreement
 	for {
 		again, err := st.rerun.shouldRunForwardBackward()
@@ -466,6 +469,9 @@ func (st *stepper) evaluate(src datagpt.Source, consumed *int64) (float64, error
 	}
 	dp, r := st.dpSize(), st.dpRank()
 	if err := st.syncParams(); err != nil {
+		return math.NaN(), err
+	}
+	if err := st.runRealtimeTests(); err != nil {
 		return math.NaN(), err
 	}
 	// Σ of the token losses and of the unmasked tokens: the loss is their

@@ -169,7 +169,6 @@ var compatArgs = map[string]compatArg{
 	// Features gotron does not have.
 	"apply-wd-to-qk-layernorm":       {kind: compatNeeds, why: "weight decay on the query/key layer norms, not built in gotron yet"},
 	"straggler-minmax-count":         {kind: compatNeeds, why: "Megatron's straggler detector, not built in gotron"},
-	"test-mode":                      {kind: compatNeeds, why: needNotBuilt},
 	"enable-cuda-graph":              {kind: compatNeeds, why: needCUDAGraph},
 	"cuda-graph-impl":                {kind: compatNeeds, why: needCUDAGraph},
 	"use-pytorch-profiler":           {kind: compatNeeds, why: needProfile},

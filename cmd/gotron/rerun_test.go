@@ -246,3 +246,15 @@ func TestTrainVerifyIntegrity(t *testing.T) {
 		t.Fatalf("corrupted shard: exit %d: %s", code, errs)
 	}
 }
+
+// TestTrainTestModeLaunch: --test-mode with --qk-layernorm under TP=2 × DP=2
+// (Megatron's qk_layernorm_test_mode configs at tiny size) runs: the
+// query/key layer norms agree across both groups (train/weighthash_test.go
+// changes one replica's to see the check fail).
+func TestTrainTestModeLaunch(t *testing.T) {
+	out, errs, code := runCLI(t, append([]string{"launch", "--inproc", "--nproc-per-node", "4", "--"},
+		rerunTrain("--train-iters", "2", "--qk-layernorm", "--test-mode", "--tensor-model-parallel-size", "2")...)...)
+	if code != 0 || !strings.Contains(out, "iteration        2/       2") {
+		t.Fatalf("exit %d: %s\n%s", code, errs, out)
+	}
+}
