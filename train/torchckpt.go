@@ -7,10 +7,12 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 
 	"github.com/gotron/gotron/ckpt"
 	"github.com/gotron/gotron/ckpt/megatron"
+	"github.com/gotron/gotron/ckpt/torchpt"
 	"github.com/gotron/gotron/model/gpt"
 	"github.com/gotron/gotron/optim"
 	"github.com/gotron/gotron/tensor"
@@ -88,6 +90,22 @@ func (ck *checkpointer) exportTorch(stage, root string) error {
 		Beta1: ck.cfg.Adam.Beta1, Beta2: ck.cfg.Adam.Beta2, Eps: ck.cfg.Adam.Eps, Resume: resume,
 		Args: map[string]any{"micro_batch_size": int64(ck.cfg.MicroBatchSize), "global_batch_size": int64(ck.cfg.GlobalBatchSize),
 			"data_parallel_size": int64(ck.par.DP.Size()), "lr": sched.MaxLR, "min_lr": sched.MinLR}}
+	// What Megatron's check_checkpoint_args compares, from the command line
+	// where gotron keeps no field for it (Megatron's defaults otherwise).
+	argv, _ := ck.cfg.Args["argv"].([]string)
+	e.Args["make_vocab_size_divisible_by"] = int64(128)
+	if v, ok := flagValue(argv, "make-vocab-size-divisible-by"); ok {
+		if n, err := strconv.ParseInt(v, 10, 64); err == nil {
+			e.Args["make_vocab_size_divisible_by"] = n
+		}
+	}
+	e.Args["tokenizer_type"] = nil
+	if v, ok := flagValue(argv, "tokenizer-type"); ok {
+		e.Args["tokenizer_type"] = v
+	}
+	e.Args["data_parallel_random_init"] = false
+	e.Args["add_position_embedding"] = ra.Model.PositionEmbeddingType != gpt.NoPositionEmbedding
+	e.Args["gotron_argv"] = argvList(argv)
 	if e.Beta1 == 0 {
 		e.Beta1, e.Beta2, e.Eps = 0.9, 0.999, 1e-8
 	}
@@ -290,4 +308,28 @@ func (t *Trainer) convertCheckpoint() error {
 	}
 	t.reporter.rawf("> converted checkpoint: %s -> %s.", from, t.cfg.CkptConvertFormat)
 	return nil
+}
+
+// flagValue is the last value of --name in argv ("--name value" or
+// "--name=value").
+func flagValue(argv []string, name string) (string, bool) {
+	v, found := "", false
+	for i, a := range argv {
+		switch {
+		case a == "--"+name && i+1 < len(argv):
+			v, found = argv[i+1], true
+		case strings.HasPrefix(a, "--"+name+"="):
+			v, found = strings.TrimPrefix(a, "--"+name+"="), true
+		}
+	}
+	return v, found
+}
+
+// argvList is argv as a Python list of str.
+func argvList(argv []string) *torchpt.List {
+	l := &torchpt.List{}
+	for _, a := range argv {
+		l.Items = append(l.Items, strings.ToValidUTF8(a, "\uFFFD")) // pickled as str
+	}
+	return l
 }

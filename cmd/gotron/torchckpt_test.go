@@ -83,6 +83,20 @@ func TestTrainCkptFormatTorch(t *testing.T) {
 					t.Error(err)
 				}
 			}
+			if c.name == "one_process" { // what Megatron's check_checkpoint_args compares
+				f, err := torchpt.Open(filepath.Join(whole, "iter_0000004", "mp_rank_00", "model_optim_rng.pt"))
+				if err != nil {
+					t.Fatal(err)
+				}
+				a, _ := f.Root.(*torchpt.Dict).Get("args")
+				for k, want := range map[string]any{"make_vocab_size_divisible_by": int64(64), "padded_vocab_size": int64(128), "num_layers": int64(4),
+					"add_position_embedding": true, "tensor_model_parallel_size": int64(1), "consumed_train_samples": int64(16)} {
+					if v, _ := a.(*torchpt.Object).Attr(k); v != want {
+						t.Errorf("args.%s = %v, want %v", k, v, want)
+					}
+				}
+				f.Close()
+			}
 			if c.name == "pp2_uneven" { // 3 layers on the first stage, 1 on the second
 				for p, want := range []int{3, 1} {
 					f, err := torchpt.Open(filepath.Join(whole, "iter_0000004", fmt.Sprintf("mp_rank_00_%03d", p), "model_optim_rng.pt"))
