@@ -167,8 +167,11 @@ var compatArgs = map[string]compatArg{
 	"no-use-tokenizer-model-from-checkpoint-args": {kind: compatSame, why: "gotron train takes the tokenizer from its flags, not from the checkpoint"},
 	"use-rotary-position-embeddings":              {kind: compatNeeds, why: needNotBuilt + " (the deprecated spelling: use --position-embedding-type rope)"},
 	// Features gotron does not have.
-	"apply-wd-to-qk-layernorm":       {kind: compatNeeds, why: "weight decay on the query/key layer norms, not built in gotron yet"},
-	"straggler-minmax-count":         {kind: compatNeeds, why: "Megatron's straggler detector, not built in gotron"},
+	"apply-wd-to-qk-layernorm": {kind: compatNeeds, why: "weight decay on the query/key layer norms, not built in gotron yet"},
+	// Megatron configures its StragglerDetector only with --log-straggler
+	// (training.py); the count alone changes nothing.
+	"log-straggler":                  {kind: compatNeeds, why: "Megatron's straggler detector (per-rank step times and throughput with the slowest and fastest ranks), not built in gotron"},
+	"straggler-minmax-count":         {kind: compatSame, why: "how many slowest and fastest ranks Megatron's straggler detector lists; the detector runs only with --log-straggler (not built in gotron), so without it the count does nothing, as in Megatron"},
 	"enable-cuda-graph":              {kind: compatNeeds, why: needCUDAGraph},
 	"cuda-graph-impl":                {kind: compatNeeds, why: needCUDAGraph},
 	"use-pytorch-profiler":           {kind: compatNeeds, why: needProfile},
