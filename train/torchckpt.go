@@ -104,6 +104,11 @@ func (ck *checkpointer) exportTorch(stage, root string) error {
 		e.Args["tokenizer_type"] = v
 	}
 	e.Args["data_parallel_random_init"] = false
+	// Megatron keeps the sample counters in args, with or without the
+	// optimizer state (--no-save-optim).
+	e.Args["consumed_train_samples"] = r.Meta.ConsumedTrainSamples
+	e.Args["skipped_train_samples"] = r.Meta.SkippedTrainSamples
+	e.Args["consumed_valid_samples"] = r.Meta.ConsumedValidSamples
 	e.Args["add_position_embedding"] = ra.Model.PositionEmbeddingType != gpt.NoPositionEmbedding
 	e.Args["gotron_argv"] = argvList(argv)
 	if e.Beta1 == 0 {
@@ -213,11 +218,11 @@ func (ck *checkpointer) loadTorch(root string) error {
 // (megatron.ResumeKey) and is taken whole; otherwise the metadata is
 // rebuilt from st. Without st (weights only) it is SaveModel's checkpoint.
 func saveImported(ctx context.Context, dir string, iteration int, m *gpt.Model, st *megatron.OptimizerState, seq int, resume []byte, cli map[string]any) error {
-	if st == nil {
+	if st == nil && resume == nil {
 		return SaveModel(ctx, dir, 0, m, seq, cli)
 	}
 	var meta ckpt.Meta
-	if resume != nil {
+	if resume != nil { // st is nil for a checkpoint saved with --no-save-optim
 		if err := json.Unmarshal(resume, &meta); err != nil {
 			return fmt.Errorf("%s: %w", megatron.ResumeKey, err)
 		}
@@ -247,7 +252,11 @@ func saveImported(ctx context.Context, dir string, iteration int, m *gpt.Model, 
 		shapes[p.Name] = p.Shape()
 		pieces = append(pieces, ckpt.Piece{Group: ckpt.GroupModel, Name: p.Name, GlobalShape: p.Shape(), Block: ckpt.Whole(p.Shape()), Data: p.Float32s()})
 	}
-	for k, v := range st.Buffers {
+	var buffers map[string][]float32
+	if st != nil {
+		buffers = st.Buffers
+	}
+	for k, v := range buffers {
 		_, name, _ := strings.Cut(k, "/")
 		shape, ok := shapes[name]
 		n := 1

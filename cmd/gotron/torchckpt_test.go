@@ -240,3 +240,26 @@ func TestTrainCkptConvertFormat(t *testing.T) {
 		t.Errorf("--load without a checkpoint: exit %d: %s", code, errs)
 	}
 }
+
+// TestTrainCkptFormatTorchNoSaveOptim: a --no-save-optim torch checkpoint
+// has no optimizer section, and --no-load-optim resumes its iteration and
+// consumed samples (as Megatron's, which keeps them outside the optimizer).
+func TestTrainCkptFormatTorchNoSaveOptim(t *testing.T) {
+	ck := filepath.Join(t.TempDir(), "ck")
+	base := with(tinyTrain, "--eval-iters", "0", "--train-iters", "4", "--lr-decay-iters", "16", "--ckpt-format", "torch")
+	if _, errs, code := runCLI(t, with(base, "--exit-interval", "2", "--save", ck, "--no-save-optim")...); code != 0 {
+		t.Fatalf("exit %d: %s", code, errs)
+	}
+	f, err := torchpt.Open(filepath.Join(ck, "iter_0000002", "mp_rank_00", "model_optim_rng.pt"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v, ok := f.Root.(*torchpt.Dict).Get("optimizer"); ok {
+		t.Errorf("--no-save-optim wrote an optimizer section: %v", v)
+	}
+	f.Close()
+	out, errs, code := runCLI(t, with(base, "--load", ck, "--no-load-optim")...)
+	if code != 0 || !strings.Contains(out, "at iteration 2 (consumed samples 8,") || !strings.Contains(out, "iteration        4/       4") {
+		t.Fatalf("--no-load-optim: exit %d\n%s%s", code, out, errs)
+	}
+}
