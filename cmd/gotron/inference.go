@@ -71,7 +71,7 @@ type inferenceArgs struct {
 
 // inferenceNargs are the arguments Megatron declares with nargs='+': every
 // following word up to the next --flag is one value (a prompt, a stop word).
-var inferenceNargs = []string{"prompts", "stop-words"}
+var inferenceNargs = []string{"prompts", "stop-words", "num-tokens-to-prompt"}
 
 // inferenceDetails are inference arguments that pick a GPU kernel, a CUDA
 // graph or an engine loop: the same tokens either way. Each is accepted
@@ -105,7 +105,7 @@ func defineInferenceArgs(fs *flag.FlagSet, a *inferenceArgs) {
 	fs.BoolVar(&a.returnLogProbs, "return-log-probs", false, "write the prompt's and the generated tokens' log-probabilities (log-softmax of the raw logits)")
 	fs.BoolVar(&a.skipPrompt, "skip-prompt-log-probs", false, "with --return-log-probs: no prompt log-probabilities")
 	fs.String("prompts", "", "prompts, one word each (Megatron's nargs='+': quote each prompt)")
-	fs.String("num-tokens-to-prompt", "", "refused: Megatron's synthetic prompts are not built in gotron inference; give --prompts or --prompt-file")
+	fs.String("num-tokens-to-prompt", "", "the prompt lengths of Megatron's synthetic requests, which are not built in gotron inference: with --prompts or --prompt-file it has no effect, as in Megatron")
 	fs.IntVar(&a.numTokensToGenerate, "num-tokens-to-generate", 30, "tokens to generate per prompt")
 	fs.BoolVar(&a.numTokensFromFile, "num-tokens-from-file", false, "with --prompt-file: each line's chatgpt_output_token_length is its number of tokens to generate")
 	fs.IntVar(&a.topN, "top-n-logprobs", 0, "also write the n most likely tokens of each generated position with their log-probabilities")
@@ -321,8 +321,15 @@ func (a *inferenceArgs) check(fs *flag.FlagSet, given map[string]bool, f *trainF
 			unused = append(unused, "--"+name)
 		case inferenceDetails[name] != "" && v != "false":
 			lines = append(lines, fmt.Sprintf("--%s: no effect in gotron: it %s", name, inferenceDetails[name]))
-		case name == "use-coordinator":
-		case name == "inference-ckpt-non-strict" || name == "no-inference-dynamic-batching-prefix-caching" || name == "inference-dynamic-batching-prefix-caching-coordinator-policy":
+		case name == "use-coordinator" || name == "no-inference-dynamic-batching-prefix-caching":
+		case name == "inference-ckpt-non-strict":
+			lines = append(lines, "--inference-ckpt-non-strict: accepted: gotron loads the model's tensors; checkpoint tensors it does not use are handled by --dist-ckpt-strictness")
+		case name == "inference-dynamic-batching-prefix-caching-coordinator-policy":
+			lines = append(lines, fmt.Sprintf("--%s %s: no effect in gotron: it picks the replica the coordinator routes a request to, and there is one", name, v))
+		case name == "num-tokens-to-prompt" || name == "incoming-requests-duration":
+			lines = append(lines, fmt.Sprintf("--%s: no effect with --prompts or --prompt-file: it sizes Megatron's synthetic requests, as in Megatron", name))
+		case name == "inference-max-requests" && fs.Lookup("use-legacy-static-engine").Value.String() != "true":
+			lines = append(lines, "--inference-max-requests: no effect without --use-legacy-static-engine: it is the static engine's batch (the dynamic engine's is --inference-dynamic-batching-max-requests), as in Megatron")
 		case isInferenceFlag(name) || inferenceUsed[name]:
 		default:
 			unused = append(unused, "--"+name)

@@ -6,6 +6,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -349,6 +350,31 @@ func TestInferenceCoordinatorOneReplica(t *testing.T) {
 	}}
 	if code := run(context.Background(), env, args); code == 0 || !strings.Contains(eb.String(), "needs data-parallel inference replicas") {
 		t.Errorf("WORLD_SIZE=8: exit %d, stderr %q", code, eb.String())
+	}
+}
+
+// TestInferenceArrivalRate: requests arriving at --incoming-requests-per-sec
+// (Megatron's Poisson arrivals) all finish, each with its own result; the
+// synthetic-request arguments say they have no effect with --prompts.
+func TestInferenceArrivalRate(t *testing.T) {
+	dir, tokFlags := inferenceCheckpoint(t)
+	out := filepath.Join(t.TempDir(), "o.json")
+	args := append([]string{"inference", "--load", dir, "--prompts", "one", "two three", "four", "--num-tokens-to-generate", "3",
+		"--incoming-requests-per-sec", "20", "--num-tokens-to-prompt", "8", "16", "--output-path", out}, tokFlags...)
+	_, errs, code := runCLI(t, args...)
+	if code != 0 || !strings.Contains(errs, "--num-tokens-to-prompt: no effect with --prompts") {
+		t.Fatalf("exit %d: %s", code, errs)
+	}
+	raw, _ := os.ReadFile(out)
+	var doc map[string]struct {
+		Prompt string `json:"input_prompt"`
+		Tokens []int  `json:"generated_tokens"`
+	}
+	_ = json.Unmarshal(raw, &doc)
+	for i, p := range []string{"one", "two three", "four"} {
+		if r := doc[strconv.Itoa(i)]; r.Prompt != p || len(r.Tokens) == 0 {
+			t.Errorf("request %d: %+v, want prompt %q with tokens", i, r, p)
+		}
 	}
 }
 
