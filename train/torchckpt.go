@@ -194,6 +194,12 @@ func (ck *checkpointer) loadTorch(root string) error {
 		}
 		ck.printf("WARNING: --load %s: %s", root, w)
 	}
+	if st == nil && c.Optimizer && !ck.cfg.Finetune && !ck.cfg.NoLoadOptim {
+		// The files hold optimizer state gotron cannot take (the warnings
+		// say why): resuming without it must be asked for.
+		return fmt.Errorf("train: --load %s: the checkpoint's optimizer state cannot be imported (%s): add --no-load-optim to start from its weights with a fresh optimizer at iteration 0, or --finetune",
+			root, strings.Join(info.Warnings, "; "))
+	}
 	tmp, err := os.MkdirTemp("", "gotron-torch-load-*")
 	if err != nil {
 		return fmt.Errorf("train: --load %s: %w", root, err)

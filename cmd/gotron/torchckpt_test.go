@@ -263,3 +263,23 @@ func TestTrainCkptFormatTorchNoSaveOptim(t *testing.T) {
 		t.Fatalf("--no-load-optim: exit %d\n%s%s", code, out, errs)
 	}
 }
+
+// TestTrainMegatronTorchOptimizerNotImportable: a Megatron checkpoint whose
+// optimizer state gotron cannot take (here a stray distrib_optim.pt the
+// args do not explain) is refused with --ckpt-format torch, naming why
+// and the flags that load its weights alone.
+func TestTrainMegatronTorchOptimizerNotImportable(t *testing.T) {
+	dir := copyMegatronFixture(t, "llama_tp2_pp2")
+	os.WriteFile(filepath.Join(dir, "iter_0001200", "mp_rank_00_001", "distrib_optim.pt"), nil, 0o644)
+	args := []string{"launch", "--inproc", "--nproc-per-node", "4", "--", "train", "--load", dir, "--ckpt-format", "torch", "--use-checkpoint-args",
+		"--seq-length", "32", "--micro-batch-size", "2", "--global-batch-size", "8", "--lr", "3e-4", "--train-iters", "2", "--mock-data",
+		"--vocab-size", "100", "--make-vocab-size-divisible-by", "64", "--eval-iters", "0", "--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2"}
+	_, errs, code := runCLI(t, args...)
+	if code == 0 || !strings.Contains(errs, "the checkpoint's optimizer state cannot be imported (optimizer state not imported: ") || !strings.Contains(errs, "has a distrib_optim.pt beside it") || !strings.Contains(errs, "add --no-load-optim") {
+		t.Fatalf("exit %d: %s", code, errs)
+	}
+	out, errs, code := runCLI(t, append(args, "--no-load-optim")...)
+	if code != 0 || !strings.Contains(out, "iteration        2/       2") {
+		t.Fatalf("--no-load-optim: exit %d\n%s%s", code, out, errs)
+	}
+}
