@@ -21,6 +21,7 @@ import (
 
 	"github.com/gotron/gotron/comm"
 	"github.com/gotron/gotron/tensor"
+	"github.com/gotron/gotron/train"
 )
 
 // command is one gotron subcommand.
@@ -99,17 +100,17 @@ func run(ctx context.Context, env *cli, args []string) (code int) {
 		}
 		rep := startReporter(env)
 		err := c.run(ctx, env, args[1:])
-		var coded interface{ ExitCode() int }
+		var rerunExit *train.RerunExit
 		rep.finish(err)
 		switch {
 		case err == nil:
 			return 0
 		case errors.Is(err, errHelp):
 			return 0
-		case errors.As(err, &coded):
+		case errors.As(err, &rerunExit):
 			// the rerun state machine's exit statuses (16, 17), as Megatron's
 			fmt.Fprintf(env.stderr, "gotron %s: %v\n", c.name, err)
-			return coded.ExitCode()
+			return rerunExit.ExitCode()
 		default:
 			fmt.Fprintf(env.stderr, "gotron %s: %v\n", c.name, err)
 			return 1
