@@ -34,7 +34,6 @@ func perTokenReference(t *testing.T, st *stepper, perToken bool) (loss float64, 
 	t.Helper()
 	n, mbs := st.mb.Num(), st.mb.MicroBatchSize()
 	type mb struct {
-		logits []float64 // (rows, V)
 		labels []int32
 		mask   []float32
 	}

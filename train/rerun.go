@@ -164,20 +164,18 @@ type rerunMachine struct {
 	continueRequested      bool
 	loggedEnabled          bool
 
-	counts          map[string]int
-	failedCall      validationCall
-	initialResult   float64
-	suspiciousNode  string
-	suspiciousDev   int
-	largeCounts     map[string]int
-	maxValues       map[string]float64
-	savedResults    map[validationCall]float64
-	stats           map[string]*quickStats
-	reduceAny       func(flags []bool) ([]bool, error)
-	saveState       func() // saves what a rerun restores (the dropout streams)
-	restoreState    func()
-	exitCode        int
-	shouldCheckpint bool
+	counts         map[string]int
+	failedCall     validationCall
+	initialResult  float64
+	suspiciousNode string
+	suspiciousDev  int
+	largeCounts    map[string]int
+	maxValues      map[string]float64
+	savedResults   map[validationCall]float64
+	stats          map[string]*quickStats
+	reduceAny      func(flags []bool) ([]bool, error)
+	saveState      func() // saves what a rerun restores (the dropout streams)
+	restoreState   func()
 }
 
 func newRerunMachine(cfg RerunConfig, rank int, node string, device int, seed uint64, logf func(string, ...any)) *rerunMachine {

@@ -18,6 +18,7 @@ import (
 
 	"github.com/gotron/gotron/infer"
 	"github.com/gotron/gotron/internal/checked"
+	"github.com/gotron/gotron/internal/pyjson"
 	"github.com/gotron/gotron/model/gpt"
 	"github.com/gotron/gotron/tokenizer"
 )
@@ -932,9 +933,9 @@ func writePyJSON(b *strings.Builder, v any, indent, level int) {
 	case int64:
 		b.WriteString(strconv.FormatInt(x, 10))
 	case float64:
-		b.WriteString(pyFloat(x))
+		b.WriteString(pyjson.Float(x))
 	case string:
-		writePyString(b, x)
+		pyjson.WriteString(b, x)
 	case []any:
 		if len(x) == 0 {
 			b.WriteString("[]")
@@ -961,7 +962,7 @@ func writePyJSON(b *strings.Builder, v any, indent, level int) {
 				b.WriteString(sep)
 			}
 			nl(level + 1)
-			writePyString(b, f.key)
+			pyjson.WriteString(b, f.key)
 			b.WriteString(": ")
 			writePyJSON(b, f.val, indent, level+1)
 		}
@@ -970,65 +971,4 @@ func writePyJSON(b *strings.Builder, v any, indent, level int) {
 	default:
 		panic(fmt.Sprintf("writePyJSON: %T", v)) // a programming error: every caller passes the types above
 	}
-}
-
-// pyFloat is Python's repr of a float.
-func pyFloat(f float64) string {
-	switch {
-	case math.IsNaN(f):
-		return "NaN"
-	case math.IsInf(f, 1):
-		return "Infinity"
-	case math.IsInf(f, -1):
-		return "-Infinity"
-	}
-	e := strconv.FormatFloat(f, 'e', -1, 64) // d.ddde±XX
-	mant, exps, _ := strings.Cut(e, "e")
-	exp, _ := strconv.Atoi(exps)
-	if exp >= -4 && exp < 16 {
-		s := strconv.FormatFloat(f, 'f', -1, 64)
-		if !strings.ContainsAny(s, ".") {
-			s += ".0"
-		}
-		return s
-	}
-	sign := "+"
-	if exp < 0 {
-		sign, exp = "-", -exp
-	}
-	return fmt.Sprintf("%se%s%02d", mant, sign, exp)
-}
-
-func writePyString(b *strings.Builder, s string) {
-	b.WriteByte('"')
-	for _, r := range s {
-		switch {
-		case r == '"':
-			b.WriteString(`\"`)
-		case r == '\\':
-			b.WriteString(`\\`)
-		case r == '\n':
-			b.WriteString(`\n`)
-		case r == '\r':
-			b.WriteString(`\r`)
-		case r == '\t':
-			b.WriteString(`\t`)
-		case r == '\b':
-			b.WriteString(`\b`)
-		case r == '\f':
-			b.WriteString(`\f`)
-		case r < 0x20 || (r >= 0x7f && r < 0x10000):
-			if r == 0x7f {
-				b.WriteRune(r)
-				continue
-			}
-			fmt.Fprintf(b, `\u%04x`, r)
-		case r >= 0x10000:
-			r -= 0x10000
-			fmt.Fprintf(b, `\u%04x\u%04x`, 0xd800+(r>>10), 0xdc00+(r&0x3ff))
-		default:
-			b.WriteRune(r)
-		}
-	}
-	b.WriteByte('"')
 }

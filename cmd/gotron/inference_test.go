@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"math"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -387,15 +386,5 @@ func TestInferenceHelp(t *testing.T) {
 	k := strings.Index(out, "Megatron: transformer configuration:")
 	if code != 0 || i < 0 || j < i || k < j {
 		t.Errorf("--help: the inference group first, --top_k in it, then train's groups:\n%.600s", out)
-	}
-}
-
-// TestPyFloat: floats as Python's repr writes them.
-func TestPyFloat(t *testing.T) {
-	for f, want := range map[float64]string{1: "1.0", -0.5: "-0.5", 1e-5: "1e-05", 0.0001: "0.0001", 1e16: "1e+16", 123456789.125: "123456789.125",
-		-2.3025850929940455: "-2.3025850929940455", math.Inf(-1): "-Infinity", 1.5e-7: "1.5e-07"} {
-		if got := pyFloat(f); got != want {
-			t.Errorf("pyFloat(%v) = %q, Python's repr %q", f, got, want)
-		}
 	}
 }

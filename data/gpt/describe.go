@@ -4,10 +4,10 @@ import (
 	"crypto/md5"
 	"encoding/hex"
 	"fmt"
-	"math"
 	"strconv"
 	"strings"
-	"unicode/utf16"
+
+	"github.com/gotron/gotron/internal/pyjson"
 )
 
 // Field is one key of an ordered JSON object, as Megatron's OrderedDict
@@ -48,9 +48,9 @@ func writePy(b *strings.Builder, v any, depth int) {
 	case pyInt:
 		b.WriteString(strconv.FormatInt(int64(x), 10))
 	case float64:
-		b.WriteString(pyFloat(x))
+		b.WriteString(pyjson.Float(x))
 	case string:
-		writePyString(b, x)
+		pyjson.WriteString(b, x)
 	case []any:
 		if len(x) == 0 {
 			b.WriteString("[]")
@@ -77,7 +77,7 @@ func writePy(b *strings.Builder, v any, depth int) {
 				b.WriteByte(',')
 			}
 			nl(depth + 1)
-			writePyString(b, f.Key)
+			pyjson.WriteString(b, f.Key)
 			b.WriteString(": ")
 			writePy(b, f.Value, depth+1)
 		}
@@ -86,63 +86,6 @@ func writePy(b *strings.Builder, v any, depth int) {
 	default:
 		panic(fmt.Sprintf("gpt: pyJSON: unsupported type %T", v))
 	}
-}
-
-// pyFloat is Python's float repr: shortest round-trip digits, positional
-// notation for 1e-4 ≤ |f| < 1e16 (always with a ".0" if integral), else
-// exponent notation like 1e-05 or 1e+16.
-func pyFloat(f float64) string {
-	switch {
-	case math.IsNaN(f):
-		return "NaN"
-	case math.IsInf(f, 1):
-		return "Infinity"
-	case math.IsInf(f, -1):
-		return "-Infinity"
-	}
-	a := math.Abs(f)
-	if a == 0 || (a >= 1e-4 && a < 1e16) {
-		s := strconv.FormatFloat(f, 'f', -1, 64)
-		if !strings.ContainsAny(s, ".") {
-			s += ".0"
-		}
-		return s
-	}
-	s := strconv.FormatFloat(f, 'e', -1, 64) // e.g. 1e-05, 1.5e+16
-	return s
-}
-
-func writePyString(b *strings.Builder, s string) {
-	b.WriteByte('"')
-	for _, r := range s {
-		switch r {
-		case '"':
-			b.WriteString(`\"`)
-		case '\\':
-			b.WriteString(`\\`)
-		case '\n':
-			b.WriteString(`\n`)
-		case '\r':
-			b.WriteString(`\r`)
-		case '\t':
-			b.WriteString(`\t`)
-		case '\b':
-			b.WriteString(`\b`)
-		case '\f':
-			b.WriteString(`\f`)
-		default:
-			switch {
-			case r < 0x20 || (r >= 0x7f && r <= 0xffff):
-				fmt.Fprintf(b, `\u%04x`, r)
-			case r > 0xffff:
-				r1, r2 := utf16.EncodeRune(r)
-				fmt.Fprintf(b, `\u%04x\u%04x`, r1, r2)
-			default:
-				b.WriteRune(r)
-			}
-		}
-	}
-	b.WriteByte('"')
 }
 
 // md5Hex is the hex MD5 of a description, the cache file name prefix.
