@@ -43,8 +43,16 @@ func serveCheckpoint(t *testing.T) string {
 // serveCheckpointPositions is serveCheckpoint with a context of positions.
 func serveCheckpointPositions(t *testing.T, positions int) string {
 	t.Helper()
+	return serveCheckpointSized(t, positions, 2, 32)
+}
+
+// serveCheckpointSized is serveCheckpointPositions with layers and hidden
+// size: a larger model decodes slower, for a test that needs a request
+// still running after others start on a loaded machine.
+func serveCheckpointSized(t *testing.T, positions, layers, hidden int) string {
+	t.Helper()
 	dir := filepath.Join(t.TempDir(), "tiny-gpt")
-	_, errs, code := runCLI(t, "train", "--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4",
+	_, errs, code := runCLI(t, "train", "--num-layers", itoa(layers), "--hidden-size", itoa(hidden), "--num-attention-heads", "4",
 		"--seq-length", "16", "--max-position-embeddings", itoa(positions), "--micro-batch-size", "2", "--global-batch-size", "2",
 		"--lr", "1e-3", "--mock-data", "--vocab-size", "50257", "--train-iters", "1", "--eval-iters", "0",
 		"--init-method-std", "0.5", "--save", dir)
@@ -289,11 +297,13 @@ func TestServeSIGTERM(t *testing.T) {
 // event (which the openai clients raise), a non-streamed request gets a
 // 503; then the process exits 0.
 func TestServeShutdownPastGrace(t *testing.T) {
-	// 32k positions: the first request must still be generating when the
-	// second joins it, even on a loaded machine where starting the second
-	// takes a while (with 4k a tiny model finished first and the wait below
-	// never ended).
-	ck := serveCheckpointPositions(t, 32768)
+	// 32k positions and a model large enough to decode slowly (4 layers,
+	// hidden 128: ~16× the tiny one's work a token): the first request must
+	// still be generating when the second joins it, even on a loaded CI
+	// machine where starting the second takes a while (with 4k positions,
+	// and later with the 2-layer hidden-32 model under .ci/run's load, the
+	// first finished before the second was running).
+	ck := serveCheckpointSized(t, 32768, 4, 128)
 	base, stop := startServe(t, "--load", ck, "--shutdown-grace", "0s")
 	long := `{"prompt":"Once upon a time","max_tokens":32000,"ignore_eos":true`
 	resp, err := http.Post(base+"/v1/completions", "application/json", strings.NewReader(long+`,"stream":true}`))
@@ -321,7 +331,7 @@ func TestServeShutdownPastGrace(t *testing.T) {
 		plain <- answer{resp.StatusCode, b}
 	}()
 	// Both requests are in the running batch before the shutdown begins.
-	for deadline := time.Now().Add(time.Minute); ; {
+	for deadline := time.Now().Add(3 * time.Minute); ; {
 		_, m := getBody(t, base+"/metrics")
 		if strings.Contains(m, "\ngotron_running_sequences 2\n") {
 			break
