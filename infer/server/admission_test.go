@@ -143,12 +143,12 @@ func TestSamplingFields(t *testing.T) {
 func TestUnknownFieldsAndAccessLog(t *testing.T) {
 	var logBuf syncBuffer
 	h := newHarness(t, Config{Log: log.New(&logBuf, "", 0)})
-	code, body := h.do(t, "POST", "/v1/chat/completions", `{"messages": [{"role": "user", "content": "Hi", "refusal": null}], "max_tokens": 3,
+	code, body := h.do(t, "POST", "/v1/chat/completions", `{"messages": [{"role": "user", "content": "Hi", "refusal": null}], "max_tokens": 3, "ignore_eos": true,
 		"store": false, "metadata": {"k": "v"}, "user": "u1", "service_tier": "auto", "parallel_tool_calls": false, "response_format": {"type": "text"}}`)
 	if code != 200 {
 		t.Fatalf("unknown fields: %d %s", code, body)
 	}
-	code, body = h.do(t, "POST", "/v1/completions", `{"prompt": "A", "max_tokens": 2, "stream_options": {"include_usage": true, "x": 1}, "stream": true, "y\nPOST /forged": 1}`)
+	code, body = h.do(t, "POST", "/v1/completions", `{"prompt": "A", "max_tokens": 2, "ignore_eos": true, "stream_options": {"include_usage": true, "x": 1}, "stream": true, "y\nPOST /forged": 1}`)
 	if code != 200 {
 		t.Fatalf("unknown nested field: %d %s", code, body)
 	}
