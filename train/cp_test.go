@@ -64,18 +64,11 @@ func runCPLayout(t *testing.T, cfg Config, l cpLayout, train, valid datagpt.Sour
 		}
 		run := dpRun{res: res}
 		if !tr.stepper.pipelined() || g.PP.Rank() == 0 {
-			whole, err := tr.wholeParams()
+			ps, err := wholeFloat32s(tr)
 			if err != nil {
 				return err
 			}
-			run.params = map[string][]float32{}
-			for name, st := range whole {
-				buf := make([]float32, st.NumElements())
-				if err := st.DecodeFloat32(buf); err != nil {
-					return err
-				}
-				run.params[name] = buf
-			}
+			run.params = ps
 		}
 		runs[pg.Rank()] = run
 		return nil

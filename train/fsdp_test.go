@@ -51,17 +51,9 @@ func runFSDPLayout(t *testing.T, cfg Config, pc parallel.Config, world int, shar
 		if err != nil {
 			return fmt.Errorf("rank %d: %w", pg.Rank(), err)
 		}
-		whole, err := tr.wholeParams()
+		ps, err := wholeFloat32s(tr)
 		if err != nil {
 			return err
-		}
-		ps := map[string][]float32{}
-		for name, st := range whole {
-			buf := make([]float32, st.NumElements())
-			if err := st.DecodeFloat32(buf); err != nil {
-				return err
-			}
-			ps[name] = buf
 		}
 		sizes, ok := tr.FSDPSizes()
 		if !ok {

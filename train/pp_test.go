@@ -60,18 +60,11 @@ func runPP(t *testing.T, cfg Config, l ppLayout, train, valid datagpt.Source) []
 			run.early = d.EarlyBuckets()
 		}
 		if !tr.stepper.pipelined() || g.PP.Rank() == 0 {
-			whole, err := tr.wholeParams()
+			ps, err := wholeFloat32s(tr)
 			if err != nil {
 				return err
 			}
-			run.params = map[string][]float32{}
-			for name, st := range whole {
-				buf := make([]float32, st.NumElements())
-				if err := st.DecodeFloat32(buf); err != nil {
-					return err
-				}
-				run.params[name] = buf
-			}
+			run.params = ps
 		}
 		runs[pg.Rank()] = run
 		return nil

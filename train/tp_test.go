@@ -32,17 +32,9 @@ func runTP(t *testing.T, cfg Config, tpSize, dp int, sp bool, dc ddp.Config, tra
 		if err != nil {
 			return fmt.Errorf("rank %d: %w", pg.Rank(), err)
 		}
-		whole, err := tr.wholeParams()
+		ps, err := wholeFloat32s(tr)
 		if err != nil {
 			return err
-		}
-		ps := map[string][]float32{}
-		for name, st := range whole {
-			buf := make([]float32, st.NumElements())
-			if err := st.DecodeFloat32(buf); err != nil {
-				return err
-			}
-			ps[name] = buf
 		}
 		runs[pg.Rank()] = dpRun{res: res, params: ps, device: tr.Model.Device()}
 		return nil
@@ -187,4 +179,22 @@ func TestTensorParallelDropoutReshards(t *testing.T) {
 			}
 		}
 	}
+}
+
+// wholeFloat32s is tr's whole parameters (gathered as a checkpoint sees
+// them) decoded to float32, by name.
+func wholeFloat32s(tr *Trainer) (map[string][]float32, error) {
+	whole, err := tr.wholeParams()
+	if err != nil {
+		return nil, err
+	}
+	ps := map[string][]float32{}
+	for name, st := range whole {
+		buf := make([]float32, st.NumElements())
+		if err := st.DecodeFloat32(buf); err != nil {
+			return nil, err
+		}
+		ps[name] = buf
+	}
+	return ps, nil
 }
