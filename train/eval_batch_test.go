@@ -94,3 +94,38 @@ func TestEvalBatchSizes(t *testing.T) {
 		}
 	}
 }
+
+// TestEvalRunsInTrainingPrecision: under --bf16 the validation loss is the
+// loss of bf16-rounded products (Megatron evaluates its bf16 model), not of
+// float32 ones: it equals a forward on a MatmulBF16 tape and differs from a
+// float32 one.
+func TestEvalRunsInTrainingPrecision(t *testing.T) {
+	train, valid := dpDataset(t, 16)
+	cfg := dpConfig(dpModels()["gpt2"])
+	cfg.TrainIters, cfg.EvalInterval, cfg.EvalIters = 3, 100, 1
+	cfg.BF16 = true
+	tr, err := New(cfg, train, valid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := tr.Run(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	bt, err := makeBatch(valid, 0, cfg.GlobalBatchSize, cfg.SeqLength, cfg.Model.VocabSize)
+	if err != nil {
+		t.Fatal(err)
+	}
+	loss := func(p tensor.MatmulPrecision) float64 {
+		tp := tensor.NewNoGradTape(nil)
+		tp.SetMatmulPrecision(p)
+		return float64(tensor.ToHost(tr.Model.Loss(tp, tr.Model.Forward(tp, bt, nil, false), bt)).Float32s()[0])
+	}
+	bf16, fp32 := loss(tensor.MatmulBF16), loss(tensor.MatmulFP32)
+	if relClose(bf16, fp32, 1e-6) {
+		t.Fatalf("bf16 and float32 products give the same loss %.9g: the test cannot tell them apart", bf16)
+	}
+	if !relClose(res.ValidLoss, bf16, 1e-6) {
+		t.Fatalf("--bf16 validation loss %.9g; with bf16 products %.9g, float32 products %.9g", res.ValidLoss, bf16, fp32)
+	}
+}

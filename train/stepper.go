@@ -447,10 +447,13 @@ func backwardScale(lossScale float32, perToken bool, n int, tokens int64) float3
 
 // noGradTape returns the evaluation tape, carrying the collectives'
 // context: forward passes without gradients whose tensor-parallel
-// collectives' failures it records (Err).
+// collectives' failures it records (Err). Its products run in the
+// training's precision (--bf16, --fp16), as Megatron evaluates its bf16 or
+// fp16 model.
 func (st *stepper) noGradTape() *tensor.Tape {
 	if st.evalTape == nil {
 		st.evalTape = tensor.NewNoGradTape(nil)
+		st.evalTape.SetMatmulPrecision(st.tape.MatmulPrecision())
 	}
 	st.evalTape.SetContext(st.cctx)
 	return st.evalTape
