@@ -21,10 +21,10 @@ func Copy(dst, src *Tensor) {
 	switch {
 	case src.dev == dst.dev:
 	case dst.dev == CUDA:
-		copyToCUDA(dst, src)
+		copyToCUDA(dst, src, "")
 		return
 	case src.dev == CUDA:
-		copyFromCUDA(dst, src)
+		copyFromCUDA(dst, src, "")
 		return
 	default:
 		// A transfer between the host and the simulated device: both are

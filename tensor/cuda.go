@@ -48,8 +48,9 @@ type cudaRuntime struct {
 	prof *cudaProfile
 
 	// copies counts the host copies (CUDATransfers): each one waits for
-	// the stream, so inside a training step each is a stall.
-	copies struct{ toHost, fromHost, toHostBytes, fromHostBytes atomic.Int64 }
+	// the stream (staged ones excepted), so inside a training step each is
+	// a stall.
+	copies copyCounter
 
 	// stagedCopies sends host-to-device copies of up to
 	// cuda.StagingSlotBytes through internal/cuda's staging ring, which
@@ -80,43 +81,25 @@ func CUDAUnverified(getenv func(string) string, feature string) bool {
 // CUDATransfers returns the number and bytes of host copies to and from the
 // open GPU so far (zero when none is open): every one, the backend's own
 // (optimizer coefficients, list tables, read-back scalars) included, each
-// of which synchronizes the stream (internal/cuda's CopyHtoD and CopyDtoH).
+// of which synchronizes the stream (internal/cuda's CopyHtoD and CopyDtoH),
+// by site (Transfers.Sites).
 func CUDATransfers() Transfers {
 	rt := cudaOpen.rt.Load()
 	if rt == nil {
 		return Transfers{}
 	}
-	t := Transfers{ToHost: rt.copies.toHost.Load(), FromHost: rt.copies.fromHost.Load(),
-		ToHostBytes: rt.copies.toHostBytes.Load(), FromHostBytes: rt.copies.fromHostBytes.Load()}
-	t.Bytes = t.ToHostBytes + t.FromHostBytes
-	return t
+	return rt.copies.snapshot()
 }
 
 // copyName is the profile's name of a host copy: what, and under
-// GOTRON_CUDA_PROFILE the function that asked for it (the first caller
-// outside the copy helpers), so the profile says where a step's copies
-// come from.
-func (rt *cudaRuntime) copyName(what string) string {
+// GOTRON_CUDA_PROFILE the site that asked for it (copySite's function, or
+// the backend's name for its own copies), so the profile says where a
+// step's copies come from.
+func (rt *cudaRuntime) copyName(what, site string) string {
 	if rt.prof == nil {
 		return what
 	}
-	pcs := make([]uintptr, 16)
-	frames := runtime.CallersFrames(pcs[:runtime.Callers(3, pcs)])
-	for {
-		f, more := frames.Next()
-		name := f.Function[strings.LastIndex(f.Function, "/")+1:]
-		switch name {
-		case "tensor.copyToCUDA", "tensor.copyFromCUDA", "tensor.toCUDA", "tensor.fromCUDA", "tensor.(*Tensor).ToDevice",
-			"tensor.ToHost", "tensor.Copy", "tensor.(*cudaRuntime).timed":
-		default:
-			if name != "" {
-				return what + " from " + name
-			}
-		}
-		if !more {
-			return what
-		}
-	}
+	return what + " from " + site
 }
 
 // cudaProfile accumulates the wall time of each kernel from its launch to
@@ -434,30 +417,33 @@ func devPtr(t *Tensor) cuda.Ptr {
 	return t.dbuf.ptr + cuda.Ptr(int64(t.offset)*int64(t.dtype.Size()))
 }
 
-// toCUDA returns a contiguous GPU copy of t (on the CPU or sim).
-func toCUDA(t *Tensor) *Tensor {
+// toCUDA returns a contiguous GPU copy of t (on the CPU or sim), counted
+// under site ("": the caller's function, copySite).
+func toCUDA(t *Tensor, site string) *Tensor {
 	out := newCUDA(t.dtype, t.shape, false)
-	copyToCUDA(out, t)
+	copyToCUDA(out, t, site)
 	return out
 }
 
 // copyToCUDA copies host-readable src (any view) into contiguous GPU
-// tensor dst of the same dtype and element count.
-func copyToCUDA(dst, src *Tensor) {
+// tensor dst of the same dtype and element count, counted under site.
+func copyToCUDA(dst, src *Tensor, site string) {
 	if !src.IsContiguous() {
 		src = src.Contiguous()
 	}
 	p, n := hostData(src)
 	if n > 0 {
 		rt := dst.dbuf.rt
-		rt.copies.fromHost.Add(1)
-		rt.copies.fromHostBytes.Add(n)
+		if site == "" {
+			site = copySite()
+		}
+		rt.copies.count(site, false, n)
 		copyFn, what := rt.dev.CopyHtoD, "copy host to device"
 		if rt.stagedCopies && n <= cuda.StagingSlotBytes {
 			// through page-locked staging, without waiting for the stream
 			copyFn, what = rt.dev.CopyHtoDStaged, "copy host to device (staged)"
 		}
-		rt.timed(rt.copyName(what), func() {
+		rt.timed(rt.copyName(what, site), func() {
 			if err := copyFn(devPtr(dst), p, n); err != nil {
 				panic(fmt.Sprintf("tensor: copying %s to CUDA: %v", src, err))
 			}
@@ -467,17 +453,20 @@ func copyToCUDA(dst, src *Tensor) {
 }
 
 // copyFromCUDA copies GPU tensor src (any view) into contiguous
-// host-readable dst of the same dtype and element count.
-func copyFromCUDA(dst, src *Tensor) {
+// host-readable dst of the same dtype and element count, counted under
+// site.
+func copyFromCUDA(dst, src *Tensor, site string) {
 	if !src.IsContiguous() {
 		src = src.Contiguous() // on the GPU
 	}
 	p, n := hostData(dst)
 	if n > 0 {
 		rt := src.dbuf.rt
-		rt.copies.toHost.Add(1)
-		rt.copies.toHostBytes.Add(n)
-		rt.timed(rt.copyName("copy device to host"), func() {
+		if site == "" {
+			site = copySite()
+		}
+		rt.copies.count(site, true, n)
+		rt.timed(rt.copyName("copy device to host", site), func() {
 			if err := src.dbuf.rt.dev.CopyDtoH(p, devPtr(src), n); err != nil {
 				panic(fmt.Sprintf("tensor: copying %s from CUDA: %v", src, err))
 			}
@@ -486,11 +475,12 @@ func copyFromCUDA(dst, src *Tensor) {
 	runtime.KeepAlive(dst)
 }
 
-// fromCUDA returns a dense host copy of GPU tensor t on dev (CPU or sim).
-func fromCUDA(t *Tensor, dev Device) *Tensor {
+// fromCUDA returns a dense host copy of GPU tensor t on dev (CPU or sim),
+// counted under site.
+func fromCUDA(t *Tensor, dev Device, site string) *Tensor {
 	out := New(t.dtype, t.shape...)
 	out.dev = dev
-	copyFromCUDA(out, t)
+	copyFromCUDA(out, t, site)
 	return out
 }
 
@@ -583,7 +573,7 @@ func (b cudaBackend) constant(key any, mk func() *Tensor) *Tensor {
 	if t, ok := b.rt.consts[key]; ok {
 		return t
 	}
-	t := toCUDA(mk())
+	t := toCUDA(mk(), "device constants (RoPE tables)")
 	b.rt.consts[key] = t
 	return t
 }

@@ -68,19 +68,22 @@ func argBytes(x any) int {
 }
 
 // TestCUDACopyName: under GOTRON_CUDA_PROFILE a host copy's profile entry
-// names the function that asked for it, past the copy helpers; without
-// profiling the name is the bare kind.
+// names the site that asked for it; without profiling the name is the bare
+// kind. copySite names the first function past the copy helpers.
 func TestCUDACopyName(t *testing.T) {
 	rt := &cudaRuntime{}
-	if got := rt.copyName("copy host to device"); got != "copy host to device" {
+	if got := rt.copyName("copy host to device", "train.batchTo"); got != "copy host to device" {
 		t.Errorf("without profiling: %q", got)
 	}
 	rt.prof = &cudaProfile{byName: map[string]*cudaProfEntry{}}
-	// as copyToCUDA calls it: one frame (this closure) between the caller
-	// and copyName
-	copyToCUDALike := func() string { return rt.copyName("copy host to device") }
-	if got, want := copyToCUDALike(), "copy host to device from tensor.TestCUDACopyName"; got != want {
+	if got, want := rt.copyName("copy host to device", "train.batchTo"), "copy host to device from train.batchTo"; got != want {
 		t.Errorf("profiling: %q, want %q", got, want)
+	}
+	// as copyToCUDA calls it: one frame (this closure) between the caller
+	// and copySite
+	copyToCUDALike := func() string { return copySite() }
+	if got, want := copyToCUDALike(), "tensor.TestCUDACopyName"; got != want {
+		t.Errorf("copySite: %q, want %q", got, want)
 	}
 }
 

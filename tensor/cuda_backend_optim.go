@@ -69,7 +69,7 @@ func (be cudaBackend) listOf(l *TensorList) *cudaList {
 	}
 	ch := New(Int64, len(chunks)/3, 3)
 	copy(ch.i64, chunks)
-	c.ptrDev, c.starts, c.chunks = toCUDA(ptrs), toCUDA(starts), toCUDA(ch)
+	c.ptrDev, c.starts, c.chunks = toCUDA(ptrs, siteListTables), toCUDA(starts, siteListTables), toCUDA(ch, siteListTables)
 	l.cache = c
 	return c
 }
@@ -91,7 +91,7 @@ func (be cudaBackend) AdamW(params, grads, expAvg, expAvgSq *TensorList, coeffs 
 	for i, c := range coeffs {
 		copy(k.f32[9*i:], []float32{c.Beta1, c.Beta2, c.OneMinusBeta1, c.OneMinusBeta2, c.Eps, c.BC1, c.BC2, c.LR, c.WD})
 	}
-	kd := toCUDA(k)
+	kd := toCUDA(k, siteAdamWCoeffs)
 	be.launchChunks("optim_adamw_f32", p, be.ptr(p.chunks), int64(p.nchunks), be.ptr(p.ptrDev), be.ptr(g.ptrDev),
 		be.ptr(m.ptrDev), be.ptr(v.ptrDev), be.ptr(kd))
 	runtime.KeepAlive(kd)
@@ -117,7 +117,7 @@ func (be cudaBackend) SGD(params, grads, momentum *TensorList, coeffs []SGDCoeff
 		}
 		copy(k.f32[6*i:], []float32{c.LR, c.WD, c.Momentum, c.OneMinusDampening, first, nesterov})
 	}
-	kd := toCUDA(k)
+	kd := toCUDA(k, siteSGDCoeffs)
 	be.launchChunks("optim_sgd_f32", p, be.ptr(p.chunks), int64(p.nchunks), be.ptr(p.ptrDev), be.ptr(g.ptrDev),
 		bufs, be.ptr(kd))
 	runtime.KeepAlive(kd)
@@ -146,7 +146,7 @@ func (be cudaBackend) SumSquares(l *TensorList) float64 {
 	be.launch("optim_sumsq_blocks_f32", [3]int{min((4*nblocks+255)/256, optimBlocks), 1, 1}, [3]int{256, 1, 1}, 0,
 		be.ptr(partial), be.ptr(c.ptrDev), be.ptr(c.starts), int32(len(l.ts)), int64(nblocks), int64(NormBlock))
 	be.launch("optim_sum_f64", [3]int{1, 1, 1}, [3]int{256, 1, 1}, 0, be.ptr(out), be.ptr(partial), int64(nblocks))
-	s := math.Float64frombits(uint64(fromCUDA(out, CPU).Int64s()[0]))
+	s := math.Float64frombits(uint64(fromCUDA(out, CPU, siteSumSquares).Int64s()[0]))
 	runtime.KeepAlive(partial)
 	return s
 }
@@ -160,7 +160,7 @@ func (be cudaBackend) MaxAbs(l *TensorList) float64 {
 	c := be.listOf(l)
 	out := be.alloc(Int32, 1)
 	be.launchChunks("optim_maxabs_f32", c, be.ptr(out), be.ptr(c.chunks), int64(c.nchunks), be.ptr(c.ptrDev))
-	return float64(math.Float32frombits(uint32(fromCUDA(out, CPU).Int32s()[0])))
+	return float64(math.Float32frombits(uint32(fromCUDA(out, CPU, siteMaxAbs).Int32s()[0])))
 }
 
 func (be cudaBackend) NonFinite(l *TensorList) bool {
@@ -170,5 +170,5 @@ func (be cudaBackend) NonFinite(l *TensorList) bool {
 	c := be.listOf(l)
 	out := be.alloc(Int32, 1)
 	be.launchChunks("optim_nonfinite_f32", c, be.ptr(out), be.ptr(c.chunks), int64(c.nchunks), be.ptr(c.ptrDev))
-	return fromCUDA(out, CPU).Int32s()[0] != 0
+	return fromCUDA(out, CPU, siteNonFinite).Int32s()[0] != 0
 }

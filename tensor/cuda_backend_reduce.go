@@ -106,7 +106,7 @@ func (be cudaBackend) LossMaskMean(out, w, losses, mask *Tensor) float64 {
 	den := be.empty(Int64, 1) // float64 bits
 	be.launch("reduce_loss_mask_mean_f32", [3]int{1, 1, 1}, [3]int{1024, 1, 1}, 0,
 		be.ptr(out), be.ptr(den), be.ptr(w), be.ptr(losses), be.ptr(mask), int64(n))
-	return math.Float64frombits(uint64(fromCUDA(den, CPU).Int64s()[0]))
+	return math.Float64frombits(uint64(fromCUDA(den, CPU, siteLossMaskDen).Int64s()[0]))
 }
 
 // LossMaskScale reads dout[0] on the device; den comes as the float32 the

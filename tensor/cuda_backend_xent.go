@@ -55,7 +55,7 @@ func (be cudaBackend) VocabCrossEntropyLoss(loss, lse, partials, rowMax, mask *T
 	be.launch1D("xent_vocab_loss_rows_f32", n, be.ptr(term), be.ptr(lse), be.ptr(partials), be.ptr(rowMax), be.ptr(mask), int64(n))
 	be.launch("xent_vocab_loss_final_f32", [3]int{1, 1, 1}, [3]int{256, 1, 1}, 0,
 		be.ptr(loss), be.ptr(den), be.ptr(term), be.ptr(mask), int64(n))
-	d := math.Float64frombits(uint64(fromCUDA(den, CPU).Int64s()[0]))
+	d := math.Float64frombits(uint64(fromCUDA(den, CPU, siteVocabCEDen).Int64s()[0]))
 	runtime.KeepAlive(term)
 	return d
 }

@@ -23,6 +23,9 @@ type TensorList struct {
 	ts    []*Tensor
 	start []int // start[i] is ts[i]'s first flat index; start[len(ts)] = Numel()
 	cache any   // the backend's per-list state (cpuList for the CPU)
+	// devPtrs are the addresses the simulated device counted device tables
+	// for (sim_copies.go: it counts the copies the CUDA backend makes).
+	devPtrs []uintptr
 }
 
 // NewTensorList returns the list of ts (the slice is copied, the tensors

@@ -2,6 +2,9 @@ package tensor
 
 import (
 	"fmt"
+	"runtime"
+	"strings"
+	"sync"
 	"sync/atomic"
 )
 
@@ -60,25 +63,152 @@ func ParseDevice(s string) (Device, error) {
 	return CPU, fmt.Errorf("tensor: device %q: want cpu, cuda, cuda:N or sim (sim: the simulated device, a development aid)", s)
 }
 
-// Transfers counts the copies between the host and the simulated device.
+// Transfers counts the copies between the host and a device (the
+// simulated one, SimTransfers, or the GPU, CUDATransfers).
 type Transfers struct {
-	// ToHost and FromHost count copies out of and into sim storage;
+	// ToHost and FromHost count copies out of and into device storage;
 	// ToHostBytes and FromHostBytes their sizes, Bytes the two together.
 	ToHost, FromHost, Bytes    int64
 	ToHostBytes, FromHostBytes int64
+	// Sites counts them by what made them: the function outside package
+	// tensor that asked for the copy ("train.batchTo"), or the backend's
+	// own copies by name ("tensor list tables", "SumSquares read-back").
+	// Nil when there were none.
+	Sites map[string]SiteTransfers
+}
+
+// SiteTransfers counts one site's copies: in (host to device), out.
+type SiteTransfers struct{ In, Out int64 }
+
+// Sub returns t − u, field by field and site by site (sites left with no
+// copies are dropped).
+func (t Transfers) Sub(u Transfers) Transfers {
+	d := Transfers{ToHost: t.ToHost - u.ToHost, FromHost: t.FromHost - u.FromHost, Bytes: t.Bytes - u.Bytes,
+		ToHostBytes: t.ToHostBytes - u.ToHostBytes, FromHostBytes: t.FromHostBytes - u.FromHostBytes}
+	for k, v := range t.Sites {
+		w := u.Sites[k]
+		if v.In != w.In || v.Out != w.Out {
+			if d.Sites == nil {
+				d.Sites = map[string]SiteTransfers{}
+			}
+			d.Sites[k] = SiteTransfers{In: v.In - w.In, Out: v.Out - w.Out}
+		}
+	}
+	return d
+}
+
+// Add returns t + u, field by field and site by site.
+func (t Transfers) Add(u Transfers) Transfers {
+	s := Transfers{ToHost: t.ToHost + u.ToHost, FromHost: t.FromHost + u.FromHost, Bytes: t.Bytes + u.Bytes,
+		ToHostBytes: t.ToHostBytes + u.ToHostBytes, FromHostBytes: t.FromHostBytes + u.FromHostBytes}
+	for _, m := range []map[string]SiteTransfers{t.Sites, u.Sites} {
+		for k, v := range m {
+			if s.Sites == nil {
+				s.Sites = map[string]SiteTransfers{}
+			}
+			w := s.Sites[k]
+			s.Sites[k] = SiteTransfers{In: w.In + v.In, Out: w.Out + v.Out}
+		}
+	}
+	return s
+}
+
+// copyCounter counts one device's host copies, in all and by site.
+type copyCounter struct {
+	toHost, fromHost, toHostBytes, fromHostBytes atomic.Int64
+
+	mu    sync.Mutex
+	sites map[string]SiteTransfers
+}
+
+// count records one copy of n bytes, out of the device when out is set,
+// made by site ("" names the caller outside the copy helpers).
+func (c *copyCounter) count(site string, out bool, n int64) {
+	if site == "" {
+		site = copySite()
+	}
+	if out {
+		c.toHost.Add(1)
+		c.toHostBytes.Add(n)
+	} else {
+		c.fromHost.Add(1)
+		c.fromHostBytes.Add(n)
+	}
+	c.mu.Lock()
+	if c.sites == nil {
+		c.sites = map[string]SiteTransfers{}
+	}
+	s := c.sites[site]
+	if out {
+		s.Out++
+	} else {
+		s.In++
+	}
+	c.sites[site] = s
+	c.mu.Unlock()
+}
+
+// snapshot returns the counts so far.
+func (c *copyCounter) snapshot() Transfers {
+	t := Transfers{ToHost: c.toHost.Load(), FromHost: c.fromHost.Load(),
+		ToHostBytes: c.toHostBytes.Load(), FromHostBytes: c.fromHostBytes.Load()}
+	t.Bytes = t.ToHostBytes + t.FromHostBytes
+	c.mu.Lock()
+	if len(c.sites) > 0 {
+		t.Sites = make(map[string]SiteTransfers, len(c.sites))
+		for k, v := range c.sites {
+			t.Sites[k] = v
+		}
+	}
+	c.mu.Unlock()
+	return t
+}
+
+// copySite names the function that asked for a copy: the first caller
+// outside package tensor's copy helpers ("train.batchTo"), or "tensor" when
+// every frame is one.
+func copySite() string {
+	pcs := make([]uintptr, 16)
+	frames := runtime.CallersFrames(pcs[:runtime.Callers(3, pcs)])
+	for {
+		f, more := frames.Next()
+		name := f.Function[strings.LastIndex(f.Function, "/")+1:]
+		switch name {
+		case "tensor.copyToCUDA", "tensor.copyFromCUDA", "tensor.toCUDA", "tensor.fromCUDA", "tensor.(*Tensor).ToDevice",
+			"tensor.ToHost", "tensor.Copy", "tensor.(*cudaRuntime).timed", "tensor.countTransfer", "tensor.MoveParams",
+			"tensor.(*copyCounter).count", "tensor.ReadBack":
+		default:
+			if name != "" {
+				return trimClosure(name)
+			}
+		}
+		if !more {
+			return "tensor"
+		}
+	}
+}
+
+// trimClosure names a closure by its function: "train.batchTo.func1" is
+// "train.batchTo".
+func trimClosure(name string) string {
+	for {
+		i := strings.LastIndex(name, ".func")
+		if i < 0 || strings.Trim(name[i+len(".func"):], "0123456789.") != "" {
+			return name
+		}
+		name = name[:i]
+	}
 }
 
 // simTransfers is the process's count (the simulated device is one per
 // process, as a GPU is).
-var simTransfers struct{ toHost, fromHost, toHostBytes, fromHostBytes atomic.Int64 }
+var simTransfers copyCounter
 
-// SimTransfers returns the number of host copies of sim tensors so far.
-func SimTransfers() Transfers {
-	t := Transfers{ToHost: simTransfers.toHost.Load(), FromHost: simTransfers.fromHost.Load(),
-		ToHostBytes: simTransfers.toHostBytes.Load(), FromHostBytes: simTransfers.fromHostBytes.Load()}
-	t.Bytes = t.ToHostBytes + t.FromHostBytes
-	return t
-}
+// SimTransfers returns the number of host copies of sim tensors so far:
+// the explicit copies and the ones the simulated backend counts where the
+// CUDA backend makes its own (list tables, optimizer coefficients,
+// read-back statistics), so that a run on it counts a GPU's copies.
+func SimTransfers() Transfers { return simTransfers.snapshot() }
 
 // countTransfer records a copy of t's elements from device from to device
 // to (nothing when neither is sim).
@@ -87,11 +217,9 @@ func countTransfer(from, to Device, t *Tensor) {
 	switch {
 	case from == to:
 	case from == Sim:
-		simTransfers.toHost.Add(1)
-		simTransfers.toHostBytes.Add(n)
+		simTransfers.count("", true, n)
 	case to == Sim:
-		simTransfers.fromHost.Add(1)
-		simTransfers.fromHostBytes.Add(n)
+		simTransfers.count("", false, n)
 	}
 }
 
@@ -107,9 +235,9 @@ func (t *Tensor) ToDevice(dev Device) *Tensor {
 	var out *Tensor
 	switch {
 	case dev == CUDA:
-		out = toCUDA(t)
+		out = toCUDA(t, "")
 	case t.dev == CUDA:
-		out = fromCUDA(t, dev)
+		out = fromCUDA(t, dev, "")
 	default:
 		out = t.Clone()
 		out.dev = dev

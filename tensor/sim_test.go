@@ -120,3 +120,57 @@ func TestSimMatchesCPU(t *testing.T) {
 		}
 	}
 }
+
+// TestSimCountsBackendCopies: the simulated backend counts, by site, the
+// copies the CUDA backend makes on its own — a list's device tables once
+// (again after a tensor's storage moved), the optimizer's coefficients on
+// every update, each statistic read back — and the explicit copies under
+// the function that asked for them.
+func TestSimCountsBackendCopies(t *testing.T) {
+	mk := func() *Tensor { return FromFloat32([]float32{1, -2, 3}, 3).ToDevice(Sim) }
+	p, g, m, v := mk(), mk(), mk(), mk()
+	list := func(ts ...*Tensor) *TensorList {
+		l, err := NewTensorList(ts...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return l
+	}
+	lp, lg, lm, lv := list(p), list(g), list(m), list(v)
+	c := []AdamWCoeffs{{Beta1: 0.9, Beta2: 0.999, OneMinusBeta1: 0.1, OneMinusBeta2: 0.001, Eps: 1e-8, BC1: 1, BC2: 1, LR: 1e-3}}
+	before := SimTransfers()
+	AdamW(lp, lg, lm, lv, c)
+	AdamW(lp, lg, lm, lv, c)
+	if s := SumSquares(lg); s != 14 {
+		t.Errorf("SumSquares = %v, want 14", s)
+	}
+	NonFinite(lg)
+	ToHost(p)
+	d := SimTransfers().Sub(before)
+	want := map[string]SiteTransfers{
+		siteListTables:                      {In: 4 * 3}, // four lists, three tables each, once
+		siteAdamWCoeffs:                     {In: 2},
+		siteSumSquares:                      {Out: 1},
+		siteNonFinite:                       {Out: 1},
+		"tensor.TestSimCountsBackendCopies": {Out: 1},
+	}
+	if len(d.Sites) != len(want) {
+		t.Errorf("sites %v, want %v", d.Sites, want)
+	}
+	for k, w := range want {
+		if d.Sites[k] != w {
+			t.Errorf("%s: %+v, want %+v (all: %v)", k, d.Sites[k], w, d.Sites)
+		}
+	}
+	if d.FromHost != 14 || d.ToHost != 3 {
+		t.Errorf("%d in, %d out; want 14 and 3", d.FromHost, d.ToHost)
+	}
+	// the gradient's storage moves: its list's tables are copied again
+	lg2 := list(mk())
+	before = SimTransfers()
+	SumSquares(lg2)
+	SumSquares(lg2)
+	if got := SimTransfers().Sub(before).Sites[siteListTables]; got.In != 3 {
+		t.Errorf("a new list's tables: %+v, want 3 copies in once", got)
+	}
+}

@@ -2,6 +2,8 @@ package train
 
 import (
 	"fmt"
+	"sort"
+	"strings"
 
 	"github.com/gotron/gotron/model/gpt"
 	"github.com/gotron/gotron/tensor"
@@ -92,25 +94,55 @@ func transferCounter(dev tensor.Device) func() tensor.Transfers {
 // with: how many host copies it made (the seam's cost, which a real device
 // pays over its bus) from since to now, and how many each training
 // iteration made on average (steps: the copies made inside training steps,
-// over iters of them; evaluation and checkpoints excluded).
+// over iters of them; evaluation and checkpoints excluded), by site.
 func transfers(dev tensor.Device, now, since, steps tensor.Transfers, iters int64) string {
-	d := sub(now, since)
+	d := now.Sub(since)
 	per := ""
 	if iters > 0 {
-		per = fmt.Sprintf("; per training iteration %.1f in, %.1f out, %.3f MB",
-			float64(steps.FromHost)/float64(iters), float64(steps.ToHost)/float64(iters), float64(steps.Bytes)/1e6/float64(iters))
+		per = fmt.Sprintf("; per training iteration %.1f in, %.1f out, %.3f MB%s",
+			float64(steps.FromHost)/float64(iters), float64(steps.ToHost)/float64(iters), float64(steps.Bytes)/1e6/float64(iters),
+			copySites(steps.Sites, iters))
 	}
 	return fmt.Sprintf("%v device: %d host-to-device and %d device-to-host copies, %.3f MB%s", dev, d.FromHost, d.ToHost, float64(d.Bytes)/1e6, per)
 }
 
-// sub returns a − b, field by field.
-func sub(a, b tensor.Transfers) tensor.Transfers {
-	return tensor.Transfers{ToHost: a.ToHost - b.ToHost, FromHost: a.FromHost - b.FromHost, Bytes: a.Bytes - b.Bytes,
-		ToHostBytes: a.ToHostBytes - b.ToHostBytes, FromHostBytes: a.FromHostBytes - b.FromHostBytes}
-}
-
-// add returns a + b, field by field.
-func add(a, b tensor.Transfers) tensor.Transfers {
-	return tensor.Transfers{ToHost: a.ToHost + b.ToHost, FromHost: a.FromHost + b.FromHost, Bytes: a.Bytes + b.Bytes,
-		ToHostBytes: a.ToHostBytes + b.ToHostBytes, FromHostBytes: a.FromHostBytes + b.FromHostBytes}
+// copySites formats the copies of iters iterations by site, per iteration,
+// the most frequent first: " (in: train.batchTo 4.0, AdamW coefficients
+// 1.0; out: ...)"; "" without copies.
+func copySites(sites map[string]tensor.SiteTransfers, iters int64) string {
+	var parts []string
+	for _, dir := range []string{"in", "out"} {
+		type row struct {
+			site string
+			n    int64
+		}
+		var rows []row
+		for k, v := range sites {
+			n := v.In
+			if dir == "out" {
+				n = v.Out
+			}
+			if n != 0 {
+				rows = append(rows, row{k, n})
+			}
+		}
+		if len(rows) == 0 {
+			continue
+		}
+		sort.Slice(rows, func(i, j int) bool {
+			if rows[i].n != rows[j].n {
+				return rows[i].n > rows[j].n
+			}
+			return rows[i].site < rows[j].site
+		})
+		items := make([]string, len(rows))
+		for i, r := range rows {
+			items[i] = fmt.Sprintf("%s %.1f", r.site, float64(r.n)/float64(iters))
+		}
+		parts = append(parts, dir+": "+strings.Join(items, ", "))
+	}
+	if len(parts) == 0 {
+		return ""
+	}
+	return " (" + strings.Join(parts, "; ") + ")"
 }

@@ -306,7 +306,7 @@ func (t *Trainer) iterate(ctx context.Context, res *Result, copies *tensor.Trans
 		return false, err
 	}
 	if count != nil {
-		*copies = add(*copies, sub(count(), before))
+		*copies = copies.Add(count().Sub(before))
 	}
 	res.Losses = append(res.Losses, loss)
 	res.GradNorms = append(res.GradNorms, t.stepper.lastGradNorm)
