@@ -34,7 +34,21 @@ type RoPEConfig struct {
 	// Llama3, if non-nil, rescales the frequencies as Llama 3.1+ does
 	// (Megatron --use-rope-scaling, Hugging Face rope_type "llama3").
 	Llama3 *Llama3Scaling
+	// Yarn, if non-nil, builds the tables as Megatron's YarnRotaryEmbedding
+	// (multi-latent attention's rope_type "yarn"): blended frequencies, and
+	// cos and sin multiplied by the concentration factor, so the rotation
+	// also scales. At most one of Llama3 and Yarn.
+	Yarn *YarnScaling
 }
+
+// YarnScaling holds YaRN's parameters (Megatron's MLATransformerConfig
+// rotary_scaling_factor, original_max_position_embeddings, beta_fast,
+// beta_slow, mscale, mscale_all_dim). Every field is used as given.
+type YarnScaling = cpu.YarnScaling
+
+// YarnMscale is Megatron's _yarn_get_mscale(scale, mscale): 1 for
+// scale ≤ 1, else 0.1·mscale·ln(scale) + 1.
+func YarnMscale(scale, mscale float64) float64 { return cpu.YarnMscale(scale, mscale) }
 
 // Llama3Scaling holds the Llama-3.x frequency scaling; each zero field takes
 // the Llama 3.1 default (Factor 8, LowFreqFactor 1, HighFreqFactor 4,
@@ -64,6 +78,10 @@ func NewRoPE(cfg RoPEConfig) (*RoPE, error) {
 	if l := cfg.Llama3; l != nil {
 		c.Llama3 = &cpu.Llama3Scaling{Factor: l.Factor, LowFreqFactor: l.LowFreqFactor,
 			HighFreqFactor: l.HighFreqFactor, OriginalMaxPositions: l.OriginalMaxPositions}
+	}
+	if cfg.Yarn != nil {
+		y := *cfg.Yarn
+		c.Yarn = &y
 	}
 	r, err := cpu.NewRoPE(c)
 	if err != nil {

@@ -216,13 +216,14 @@ func TestGradCheck(t *testing.T) {
 				crossEntropyBackwardRef(gr[0], x, lse, targets, g, cfg)
 			}})
 	}
-	for _, style := range []RoPEStyle{RotateHalf, Interleaved} {
+	yarn := &YarnScaling{Factor: 40, OriginalMaxPositions: 8, BetaFast: 32, BetaSlow: 1, Mscale: 0.707, MscaleAllDim: 0.3}
+	for _, cfg := range []RoPEConfig{{Dim: 4, MaxPositions: 16}, {Dim: 4, MaxPositions: 16, Style: Interleaved},
+		{Dim: 4, MaxPositions: 16, Style: Interleaved, Yarn: yarn}} { // YaRN: scaled tables (MLA)
 		b, tt, h, d := 2, 3, 2, 6
-		cfg := RoPEConfig{Dim: 4, MaxPositions: 16, Style: style}
 		pos := []int32{0, 5, 9, 1, 2, 15}
 		x := randF64(rng, b*tt*h*d, 1)
 		out := make([]float64, len(x))
-		ops = append(ops, op{name: fmt.Sprintf("rope-style%d", style), ins: []gcInput{{"x", x}},
+		ops = append(ops, op{name: fmt.Sprintf("rope-style%d-yarn%v", cfg.Style, cfg.Yarn != nil), ins: []gcInput{{"x", x}},
 			fwd: func() []float64 { ropeForwardRef(out, x, pos, b, tt, h, d, cfg, 1); return out },
 			bwd: func(g []float64, gr [][]float64) { ropeBackwardRef(gr[0], g, pos, b, tt, h, d, cfg) }})
 	}

@@ -36,6 +36,68 @@ type RoPEConfig struct {
 	// Llama3, if non-nil, rescales the frequencies as Llama 3.1+ does
 	// (Megatron --use-rope-scaling, Hugging Face rope_type "llama3").
 	Llama3 *Llama3Scaling
+	// Yarn, if non-nil, builds the tables as Megatron's YarnRotaryEmbedding
+	// (multi-latent attention's rope_type "yarn"): frequencies blended
+	// between interpolated and extrapolated ones, and cos/sin multiplied by
+	// the concentration factor. At most one of Llama3 and Yarn.
+	Yarn *YarnScaling
+}
+
+// YarnScaling holds YaRN's parameters, Megatron's MLATransformerConfig
+// fields: Factor (rotary_scaling_factor), OriginalMaxPositions
+// (original_max_position_embeddings), BetaFast, BetaSlow, Mscale and
+// MscaleAllDim. There are no defaults: every field is used as given
+// (Megatron's are 40, 4096, 32, 1, 1, 0; its command line gives Factor 1).
+type YarnScaling struct {
+	Factor               float64
+	OriginalMaxPositions int
+	BetaFast, BetaSlow   float64
+	Mscale, MscaleAllDim float64
+}
+
+// YarnMscale is Megatron's _yarn_get_mscale: 1 for scale ≤ 1, else
+// 0.1·mscale·ln(scale) + 1.
+func YarnMscale(scale, mscale float64) float64 {
+	if scale <= 1 {
+		return 1
+	}
+	return 0.1*mscale*math.Log(scale) + 1
+}
+
+// Concentration is the factor YaRN multiplies cos and sin by (Megatron's
+// _yarn_get_concentration_factor with both mscales given).
+func (y YarnScaling) Concentration() float64 {
+	return YarnMscale(y.Factor, y.Mscale) / YarnMscale(y.Factor, y.MscaleAllDim)
+}
+
+// yarnCorrectionDim is Megatron's _yarn_find_correction_dim.
+func yarnCorrectionDim(rotations float64, dim int, base float64, maxPos int) float64 {
+	return float64(dim) * math.Log(float64(maxPos)/(rotations*2*math.Pi)) / (2 * math.Log(base))
+}
+
+// yarnInvFreqs is YarnRotaryEmbedding.get_emb's inv_freq, op by op in
+// float32 as torch evaluates it (the correction range in float64, as
+// Python does, rounded to integers: correction_range_round_to_int).
+func yarnInvFreqs(cfg *RoPEConfig) []float32 {
+	y, dim := cfg.Yarn, cfg.Dim
+	low := math.Floor(yarnCorrectionDim(y.BetaFast, dim, cfg.Base, y.OriginalMaxPositions))
+	high := math.Ceil(yarnCorrectionDim(y.BetaSlow, dim, cfg.Base, y.OriginalMaxPositions))
+	low, high = max(low, 0), min(high, float64(dim-1))
+	if low == high {
+		high += 0.001 // Megatron's guard against a zero-width ramp
+	}
+	f := make([]float32, dim/2)
+	for i := range f {
+		e := float32(2*i) / float32(dim)
+		pow := float32(math.Pow(cfg.Base, float64(e)))
+		extra := 1 / pow
+		inter := 1 / (float32(y.Factor) * pow)
+		ramp := (float32(i) - float32(low)) / float32(high-low)
+		ramp = min(max(ramp, 0), 1)
+		mask := 1 - ramp
+		f[i] = inter*(1-mask) + extra*mask
+	}
+	return f
 }
 
 // Llama3Scaling holds the Llama-3.x frequency-scaling parameters; each zero
@@ -100,13 +162,35 @@ func NewRoPE(cfg RoPEConfig) (*RoPE, error) {
 	case cfg.Style != RotateHalf && cfg.Style != Interleaved:
 		return nil, fmt.Errorf("cpu: RoPE Style=%d: want RotateHalf or Interleaved", cfg.Style)
 	}
+	if y := cfg.Yarn; y != nil {
+		switch {
+		case cfg.Llama3 != nil:
+			return nil, fmt.Errorf("cpu: RoPE with both Llama3 and Yarn scaling: want at most one")
+		case !(y.Factor > 0) || math.IsInf(y.Factor, 0):
+			return nil, fmt.Errorf("cpu: RoPE Yarn Factor=%g: want a finite value > 0", y.Factor)
+		case y.OriginalMaxPositions <= 0:
+			return nil, fmt.Errorf("cpu: RoPE Yarn OriginalMaxPositions=%d: want > 0", y.OriginalMaxPositions)
+		case !(y.BetaFast > 0) || !(y.BetaSlow > 0) || math.IsInf(y.BetaFast, 0) || math.IsInf(y.BetaSlow, 0):
+			return nil, fmt.Errorf("cpu: RoPE Yarn BetaFast=%g BetaSlow=%g: want finite values > 0", y.BetaFast, y.BetaSlow)
+		case math.IsNaN(y.Mscale) || math.IsInf(y.Mscale, 0) || math.IsNaN(y.MscaleAllDim) || math.IsInf(y.MscaleAllDim, 0):
+			return nil, fmt.Errorf("cpu: RoPE Yarn Mscale=%g MscaleAllDim=%g: want finite values", y.Mscale, y.MscaleAllDim)
+		case !(y.Concentration() > 0) || math.IsInf(y.Concentration(), 0):
+			return nil, fmt.Errorf("cpu: RoPE Yarn Mscale=%g MscaleAllDim=%g with Factor=%g give concentration %g: want a finite value > 0", y.Mscale, y.MscaleAllDim, y.Factor, y.Concentration())
+		}
+	}
 	half := cfg.Dim / 2
 	r := &RoPE{cfg: cfg, cos: make([]float32, cfg.MaxPositions*half), sin: make([]float32, cfg.MaxPositions*half)}
+	// YaRN's concentration multiplies the float32 cos and sin (torch's
+	// cos(freqs) * mscale in float32); 1 leaves them as they are.
+	scale := float32(1)
+	if cfg.Yarn != nil {
+		scale = float32(cfg.Yarn.Concentration())
+	}
 	for i, invFreq := range ropeInvFreqs(&cfg) {
 		for p := 0; p < cfg.MaxPositions; p++ {
 			angle := float64(ropePosition(&cfg, p) * invFreq)
-			r.cos[p*half+i] = float32(math.Cos(angle))
-			r.sin[p*half+i] = float32(math.Sin(angle))
+			r.cos[p*half+i] = float32(math.Cos(angle)) * scale
+			r.sin[p*half+i] = float32(math.Sin(angle)) * scale
 		}
 	}
 	return r, nil
@@ -115,6 +199,9 @@ func NewRoPE(cfg RoPEConfig) (*RoPE, error) {
 // ropeInvFreqs returns the Dim/2 float32 inverse frequencies, Llama-3 scaled
 // if configured (cfg has defaults filled in).
 func ropeInvFreqs(cfg *RoPEConfig) []float32 {
+	if cfg.Yarn != nil {
+		return yarnInvFreqs(cfg)
+	}
 	f := make([]float32, cfg.Dim/2)
 	for i := range f {
 		f[i] = ropeInvFreq(cfg.Base, i, cfg.Dim)
@@ -253,6 +340,10 @@ func ropeForwardRef(out, x []float64, positions []int32, b, t, h, d int, cfg RoP
 	}
 	invFreqs := ropeInvFreqs(&cfg)
 	half := cfg.Dim / 2
+	scale := 1.0
+	if cfg.Yarn != nil {
+		scale = cfg.Yarn.Concentration()
+	}
 	for row := 0; row < b*t; row++ {
 		p := row % t
 		if positions != nil {
@@ -268,8 +359,8 @@ func ropeForwardRef(out, x []float64, positions []int32, b, t, h, d int, cfg RoP
 					a, c = 2*i, 2*i+1
 				}
 				x1, x2 := x[base+a], x[base+c]
-				out[base+a] = x1*math.Cos(angle) - x2*math.Sin(angle)
-				out[base+c] = x2*math.Cos(angle) + x1*math.Sin(angle)
+				out[base+a] = scale * (x1*math.Cos(angle) - x2*math.Sin(angle))
+				out[base+c] = scale * (x2*math.Cos(angle) + x1*math.Sin(angle))
 			}
 		}
 	}

@@ -1,8 +1,11 @@
 package cpu
 
 import (
+	"encoding/json"
 	"fmt"
+	"math"
 	"math/rand/v2"
+	"os"
 	"strings"
 	"testing"
 )
@@ -13,9 +16,10 @@ func TestRoPEFastVsRef(t *testing.T) {
 		{Style: RotateHalf}, {Style: Interleaved},
 		{Style: RotateHalf, Base: 500000, Llama3: &Llama3Scaling{OriginalMaxPositions: 64}},
 		{Style: Interleaved, InterpolationFactor: 2.5},
+		{Style: Interleaved, Yarn: &YarnScaling{Factor: 40, OriginalMaxPositions: 32, BetaFast: 32, BetaSlow: 1, Mscale: 0.707, MscaleAllDim: 0.2}},
 	} {
 		for _, sh := range []struct{ b, t, h, d, rot int }{{1, 1, 1, 2, 2}, {2, 5, 3, 10, 6}, {2, 37, 4, 64, 64}} {
-			// variants: 0 rotate-half, 1 interleaved, 2 Llama-3 scaled, 3 interpolated
+			// variants: 0 rotate-half, 1 interleaved, 2 Llama-3 scaled, 3 interpolated, 4 YaRN
 			t.Run(fmt.Sprintf("variant%d-%v", vi, sh), func(t *testing.T) {
 				cfg := variant
 				cfg.Dim, cfg.MaxPositions = sh.rot, 64
@@ -123,5 +127,77 @@ func TestRoPEBadPositionPanics(t *testing.T) {
 			x := make([]float32, tc.t*2)
 			r.Forward(x, x, tc.pos, 1, tc.t, 1, 2)
 		}()
+	}
+}
+
+// TestYarnMatchesMegatron checks YaRN's frequencies, concentration factor
+// and softmax mscale, and multi-latent attention's rotation, against
+// Megatron's own functions (yarn_rotary_pos_embedding.py, rope_utils.py),
+// run out of tree: testdata/yarn_megatron.json. MLA rotates the
+// de-interleaved halves (mla_rotary_interleaved): the pairs (2i, 2i+1) of
+// the Interleaved style, its output permuted to [evens; odds]; queries and
+// keys are permuted alike, so their products are the same.
+func TestYarnMatchesMegatron(t *testing.T) {
+	raw, err := os.ReadFile("testdata/yarn_megatron.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var fix struct {
+		Cases []struct {
+			Dim                  int
+			Base, Factor         float64
+			OriginalMaxPositions int     `json:"original_max_positions"`
+			BetaFast             float64 `json:"beta_fast"`
+			BetaSlow             float64 `json:"beta_slow"`
+			Mscale               float64
+			MscaleAllDim         float64 `json:"mscale_all_dim"`
+			T                    int
+			InvFreq              []float64 `json:"inv_freq"`
+			Concentration        float64
+			SoftmaxMscale        float64 `json:"softmax_mscale"`
+			X, Y                 []float64
+		}
+	}
+	if err := json.Unmarshal(raw, &fix); err != nil {
+		t.Fatal(err)
+	}
+	if len(fix.Cases) == 0 {
+		t.Fatal("no cases in testdata/yarn_megatron.json")
+	}
+	for _, c := range fix.Cases {
+		y := &YarnScaling{Factor: c.Factor, OriginalMaxPositions: c.OriginalMaxPositions, BetaFast: c.BetaFast,
+			BetaSlow: c.BetaSlow, Mscale: c.Mscale, MscaleAllDim: c.MscaleAllDim}
+		cfg := RoPEConfig{Dim: c.Dim, Base: c.Base, MaxPositions: c.T, Style: Interleaved, Yarn: y}
+		name := fmt.Sprintf("dim%d-factor%g", c.Dim, c.Factor)
+		for i, f := range yarnInvFreqs(&cfg) {
+			if math.Abs(float64(f)-c.InvFreq[i]) > 2e-7*math.Abs(c.InvFreq[i]) {
+				t.Errorf("%s: inv_freq[%d] = %g, Megatron %g", name, i, f, c.InvFreq[i])
+			}
+		}
+		if math.Abs(y.Concentration()-c.Concentration) > 1e-15 {
+			t.Errorf("%s: concentration %g, Megatron %g", name, y.Concentration(), c.Concentration)
+		}
+		if m := YarnMscale(c.Factor, c.MscaleAllDim); math.Abs(m-c.SoftmaxMscale) > 1e-15 {
+			t.Errorf("%s: softmax mscale %g, Megatron %g", name, m, c.SoftmaxMscale)
+		}
+		r, err := NewRoPE(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out := make([]float32, len(c.X))
+		r.Forward(out, to32(c.X), nil, 1, c.T, 1, c.Dim)
+		half := c.Dim / 2
+		for row := 0; row < c.T; row++ {
+			for i := 0; i < c.Dim; i++ {
+				src := 2 * i // Megatron's [evens; odds] order
+				if i >= half {
+					src = 2*(i-half) + 1
+				}
+				got, want := float64(out[row*c.Dim+src]), c.Y[row*c.Dim+i]
+				if math.Abs(got-want) > 2e-6*(1+math.Abs(want)) {
+					t.Errorf("%s: position %d dim %d: %g, Megatron %g", name, row, i, got, want)
+				}
+			}
+		}
 	}
 }
