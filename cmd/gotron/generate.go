@@ -63,6 +63,9 @@ func cmdGenerate(ctx context.Context, env *cli, args []string) error {
 	if err := m.Config.CheckDevice(dev); err != nil {
 		return err
 	}
+	if err := m.Config.CheckDecode(); err != nil {
+		return err
+	}
 	since := tensor.SimTransfers()
 	m.ToDevice(dev)
 	ids := tok.Encode(*prompt)

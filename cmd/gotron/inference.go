@@ -455,6 +455,9 @@ func runMegatronInference(ctx context.Context, env *cli, a *inferenceArgs, f *tr
 	if err := m.Config.CheckDevice(dev); err != nil {
 		return err
 	}
+	if err := m.Config.CheckDecode(); err != nil {
+		return err
+	}
 	m.ToDevice(dev)
 
 	reqs, err := a.buildRequests(tok)

@@ -207,6 +207,9 @@ func buildServer(f *serveFlags, m *gpt.Model, tok tokenizer.Tokenizer, tpl *serv
 	if err := m.Config.CheckDevice(dev); err != nil {
 		return nil, nil, err
 	}
+	if err := m.Config.CheckDecode(); err != nil {
+		return nil, nil, err
+	}
 	m.ToDevice(dev) // the engine's KV pool and packed weights follow the model
 	ec.VocabSize, ec.Decoder = tok.VocabSize(), tok
 	if ec.VocabSize > m.Config.VocabSize {

@@ -68,6 +68,9 @@ type Config struct {
 	// MoE makes the layers it marks Mixture-of-Experts layers (moe.go);
 	// the zero value is a dense model.
 	MoE MoEConfig
+	// MLA replaces the fused-QKV attention with multi-latent attention
+	// (mla.go); the zero value is off.
+	MLA MLAConfig
 }
 
 // Validate fills defaults and rejects impossible shapes, naming the flags.
@@ -127,7 +130,7 @@ func (c *Config) Validate() error {
 	if c.RotaryPercent == 0 {
 		c.RotaryPercent = 1
 	}
-	if rd := c.RotaryDim(); c.PositionEmbeddingType == RoPE && (rd <= 0 || rd%2 != 0 || c.RotaryPercent > 1) {
+	if rd := c.RotaryDim(); c.PositionEmbeddingType == RoPE && !c.MLA.Enabled && (rd <= 0 || rd%2 != 0 || c.RotaryPercent > 1) {
 		return fmt.Errorf("gpt: --rotary-percent=%g with --kv-channels=%d gives rotary dim %d: want an even number in (0, kv-channels]", c.RotaryPercent, c.KVChannels, rd)
 	}
 	if c.NormEpsilon == 0 {
@@ -140,6 +143,9 @@ func (c *Config) Validate() error {
 		if !(p >= 0 && p < 1) {
 			return fmt.Errorf("gpt: %s=%g: want 0 <= p < 1", name, p)
 		}
+	}
+	if err := c.MLA.validate(c); err != nil {
+		return err
 	}
 	return c.MoE.validate(c)
 }
@@ -191,6 +197,12 @@ func (c *Config) ParamCount() float64 {
 	layer := 2*norm + qkvRows*h + h*a*d + fc1Rows*h + h*ffn + bias*(h+fc1Rows+h)
 	if !c.DisableBiasLinear || c.AddQKVBias {
 		layer += qkvRows
+	}
+	if c.MLA.Enabled { // MLA's projections and norms in place of QKV; linear_proj is (h, a·v)
+		layer += c.mlaParamCount(norm) - qkvRows*h - h*a*d + h*a*float64(c.MLA.VHeadDim)
+		if !c.DisableBiasLinear {
+			layer -= qkvRows
+		}
 	}
 	if c.QKLayerNorm { // q_layernorm and k_layernorm, (d) each, and their LayerNorm biases
 		layer += 2 * norm / h * d

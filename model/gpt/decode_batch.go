@@ -62,6 +62,9 @@ func (b *DecodeBuffers) tapes() (step, layer *tensor.Tape) {
 // logits are valid until the next call with the same buf.
 func (m *Model) DecodeBatch(buf *DecodeBuffers, tokens, positions []int32, att Attender, rows []int, lin Linears) (*tensor.Tensor, error) {
 	c := &m.Config
+	if err := c.CheckDecode(); err != nil {
+		return nil, err
+	}
 	n := len(tokens)
 	switch {
 	case n == 0:

@@ -138,6 +138,40 @@ func (p *PositionEmbeddingType) Set(s string) error {
 	return err
 }
 
+// RopeType is multi-latent attention's --rope-type.
+type RopeType uint8
+
+const (
+	Yarn      RopeType = iota // YaRN rotary embeddings, MLA's default
+	PlainRoPE                 // "rope": rotary embeddings without YaRN
+)
+
+var ropeTypeNames = []string{Yarn: "yarn", PlainRoPE: "rope"}
+
+// ParseRopeType parses --rope-type: "yarn" or "rope".
+func ParseRopeType(s string) (RopeType, error) {
+	i, err := parseEnum(ropeTypeNames, s)
+	if err != nil {
+		return 0, fmt.Errorf("--rope-type=%q: %v", s, err)
+	}
+	return RopeType(i), nil
+}
+
+// String returns Megatron's spelling.
+func (r RopeType) String() string { return enumString("RopeType", ropeTypeNames, r) }
+func (r RopeType) valid() bool    { return int(r) < len(ropeTypeNames) }
+
+// MarshalText writes String's spelling; a value outside the enum is an error.
+func (r RopeType) MarshalText() ([]byte, error) {
+	return marshalEnum("--rope-type", ropeTypeNames, r)
+}
+
+// UnmarshalText parses ParseRopeType's spellings; empty text is the zero
+// value.
+func (r *RopeType) UnmarshalText(b []byte) error {
+	return unmarshalEnum(r, b, ParseRopeType)
+}
+
 // parseEnum finds s among names; the error lists the names, for the
 // caller to prefix with the flag and s.
 func parseEnum(names []string, s string) (int, error) {

@@ -31,10 +31,18 @@ type Layer struct {
 	// over its d channels before RoPE: self_attention.q_layernorm and
 	// k_layernorm, (d), the model's normalisation (biases for LayerNorm).
 	QNorm, QNormBias, KNorm, KNormBias *tensor.Tensor
-	Proj, ProjBias                     *tensor.Tensor // self_attention.linear_proj: (h, a·d)
-	MLPNorm, MLPNormBias               *tensor.Tensor // pre_mlp_layernorm
-	FC1, FC1Bias                       *tensor.Tensor // mlp.linear_fc1: (ffn or 2·ffn, h)
-	FC2, FC2Bias                       *tensor.Tensor // mlp.linear_fc2: (h, ffn)
+	Proj, ProjBias                     *tensor.Tensor // self_attention.linear_proj: (h, a·d), (h, a·v) with MLA
+	// Multi-latent attention (Config.MLA; QKV nil): linear_q_proj
+	// (a·(nope+rope), h) without --q-lora-rank, else linear_q_down_proj
+	// (q_lora_rank, h), q_layernorm (QNorm, QNormBias: q_lora_rank) and
+	// linear_q_up_proj (a·(nope+rope), q_lora_rank); linear_kv_down_proj
+	// (kv_lora_rank+rope, h), kv_layernorm (kv_lora_rank) and
+	// linear_kv_up_proj (a·(nope+v), kv_lora_rank). Rows are per head.
+	QProj, QDown, QUp, KVDown, KVUp *tensor.Tensor
+	KVNorm, KVNormBias              *tensor.Tensor
+	MLPNorm, MLPNormBias            *tensor.Tensor // pre_mlp_layernorm
+	FC1, FC1Bias                    *tensor.Tensor // mlp.linear_fc1: (ffn or 2·ffn, h)
+	FC2, FC2Bias                    *tensor.Tensor // mlp.linear_fc2: (h, ffn)
 	// MoE replaces the dense MLP (FC1, FC2 nil) in an MoE layer (moe.go).
 	MoE *MoELayer
 }
@@ -138,17 +146,23 @@ func New(cfg Config, rng *tensor.RNG) (*Model, error) {
 		l := Layer{
 			InputNorm:     ones(p+"input_layernorm.weight", h),
 			InputNormBias: bias(p+"input_layernorm.bias", h, ln),
-			QKV:           normal(p+"self_attention.linear_qkv.weight", std, g*(a/g+2)*d, h),
-			QKVBias:       bias(p+"self_attention.linear_qkv.bias", g*(a/g+2)*d, hasBias || cfg.AddQKVBias),
-			QNorm:         qkNorm(p + "self_attention.q_layernorm.weight"),
-			QNormBias:     bias(p+"self_attention.q_layernorm.bias", d, ln && cfg.QKLayerNorm),
-			KNorm:         qkNorm(p + "self_attention.k_layernorm.weight"),
-			KNormBias:     bias(p+"self_attention.k_layernorm.bias", d, ln && cfg.QKLayerNorm),
-			Proj:          normal(p+"self_attention.linear_proj.weight", outStd, h, a*d),
-			ProjBias:      bias(p+"self_attention.linear_proj.bias", h, hasBias),
-			MLPNorm:       ones(p+"pre_mlp_layernorm.weight", h),
-			MLPNormBias:   bias(p+"pre_mlp_layernorm.bias", h, ln),
 		}
+		projIn := a * d
+		if cfg.MLA.Enabled {
+			newMLA(&cfg, &l, p, normal, ones, bias)
+			projIn = a * cfg.MLA.VHeadDim
+		} else {
+			l.QKV = normal(p+"self_attention.linear_qkv.weight", std, g*(a/g+2)*d, h)
+			l.QKVBias = bias(p+"self_attention.linear_qkv.bias", g*(a/g+2)*d, hasBias || cfg.AddQKVBias)
+			l.QNorm = qkNorm(p + "self_attention.q_layernorm.weight")
+			l.QNormBias = bias(p+"self_attention.q_layernorm.bias", d, ln && cfg.QKLayerNorm)
+			l.KNorm = qkNorm(p + "self_attention.k_layernorm.weight")
+			l.KNormBias = bias(p+"self_attention.k_layernorm.bias", d, ln && cfg.QKLayerNorm)
+		}
+		l.Proj = normal(p+"self_attention.linear_proj.weight", outStd, h, projIn)
+		l.ProjBias = bias(p+"self_attention.linear_proj.bias", h, hasBias)
+		l.MLPNorm = ones(p+"pre_mlp_layernorm.weight", h)
+		l.MLPNormBias = bias(p+"pre_mlp_layernorm.bias", h, ln)
 		if cfg.MoE.IsMoELayer(i, cfg.NumLayers) {
 			l.MoE = newMoELayer(&cfg, p, normal, std, outStd)
 		} else {
@@ -167,7 +181,13 @@ func New(cfg Config, rng *tensor.RNG) (*Model, error) {
 	if cfg.UntieEmbeddingsAndOutputWeights {
 		m.OutputLayer = normal("output_layer.weight", std, cfg.VocabSize, h)
 	}
-	if cfg.PositionEmbeddingType == RoPE {
+	if cfg.MLA.Enabled { // MLA's own rotary embedding, whatever the position embedding type
+		r, err := cfg.mlaRoPE()
+		if err != nil {
+			return nil, err
+		}
+		m.rope = r
+	} else if cfg.PositionEmbeddingType == RoPE {
 		style := tensor.RotateHalf
 		if cfg.RotaryInterleaved {
 			style = tensor.Interleaved
@@ -192,7 +212,8 @@ func (m *Model) Params() []*tensor.Tensor {
 
 // Params returns the layer's parameters in the checkpoint order.
 func (l *Layer) Params() []*tensor.Tensor {
-	ps := nonNil(l.InputNorm, l.InputNormBias, l.QKV, l.QKVBias, l.QNorm, l.QNormBias, l.KNorm, l.KNormBias, l.Proj, l.ProjBias,
+	ps := nonNil(l.InputNorm, l.InputNormBias, l.QKV, l.QKVBias, l.QNorm, l.QNormBias, l.KNorm, l.KNormBias,
+		l.QProj, l.QDown, l.QUp, l.KVDown, l.KVUp, l.KVNorm, l.KVNormBias, l.Proj, l.ProjBias,
 		l.MLPNorm, l.MLPNormBias, l.FC1, l.FC1Bias, l.FC2, l.FC2Bias)
 	if l.MoE != nil {
 		ps = append(ps, nonNil(l.MoE.params()...)...)
@@ -231,10 +252,25 @@ func (m *Model) Device() tensor.Device { return m.WordEmb.Device() }
 func (m *Model) ToDevice(dev tensor.Device) { tensor.MoveParams(dev, m.Params()...) }
 
 // CheckDevice refuses a model the device has no kernels for: the squared
-// ReLU (--squared-relu) has no CUDA kernel in this release.
+// ReLU (--squared-relu) has no CUDA kernel in this release, and
+// multi-latent attention, built from existing ops, has not run on a GPU.
 func (c *Config) CheckDevice(dev tensor.Device) error {
+	if c.MLA.Enabled && dev == tensor.CUDA {
+		return fmt.Errorf("gpt: --multi-latent-attention with --device cuda: MLA has not run on a GPU in this release (it runs on --device cpu and sim)")
+	}
 	if c.Activation == SquaredReLU && dev == tensor.CUDA {
 		return fmt.Errorf("gpt: --squared-relu with --device cuda: the squared-ReLU activation has no CUDA kernel in this release (it runs on --device cpu and sim)")
+	}
+	return nil
+}
+
+// CheckDecode refuses a model that incremental decoding (KV caches:
+// generate, serve, inference) cannot run: multi-latent attention has no
+// KV cache in this release (Megatron caches its per-head keys and values,
+// or with --cache-mla-latents the latents).
+func (c *Config) CheckDecode() error {
+	if c.MLA.Enabled {
+		return fmt.Errorf("gpt: decoding a --multi-latent-attention model (generate, serve, inference) is not built: MLA has no KV cache in this release; train, evaluate and score it instead")
 	}
 	return nil
 }
@@ -383,6 +419,9 @@ func (m *Model) layer(tp *tensor.Tape, x *tensor.Tensor, l *Layer, index int, p 
 // pass's attention core, output projection.
 func (m *Model) attention(tp *tensor.Tape, l *Layer, index int, x *tensor.Tensor, p *pass) *tensor.Tensor {
 	c := &m.Config
+	if c.MLA.Enabled {
+		return m.mlaAttention(tp, l, index, x, p)
+	}
 	sh := m.region()
 	qkv := sh.ColumnLinear(tp, p.lin, x, l.QKV, l.QKVBias) // (b, t, G·(r+2)·d), this rank's groups
 	b, t := qkv.Dim(0), qkv.Dim(1)

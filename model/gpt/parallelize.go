@@ -19,6 +19,10 @@ type Sharding interface {
 	// ranks; scatter reduce-scatters it straight to sequence shards (SP with
 	// no position table).
 	WordEmbedding(tp *tensor.Tape, tokens, table *tensor.Tensor, scatter bool) *tensor.Tensor
+	// EnterRegion is a column-parallel linear's input side alone: x is
+	// all-gathered from sequence shards with SP, else copied to the ranks
+	// (its gradient all-reduced). MLA's shared rotary key enters so.
+	EnterRegion(tp *tensor.Tape, x *tensor.Tensor) *tensor.Tensor
 	// ScatterSequence keeps this rank's sequence shard (identity without SP).
 	ScatterSequence(tp *tensor.Tape, x *tensor.Tensor) *tensor.Tensor
 	// ColumnLinear is a column-parallel linear (QKV, fc1, the output
@@ -58,6 +62,9 @@ func (c *Config) TPStyle(name string) tp.Style {
 		return tp.Column // vocab-parallel rows
 	case strings.HasSuffix(name, "self_attention.linear_qkv.weight"), strings.HasSuffix(name, "self_attention.linear_qkv.bias"):
 		return tp.Column
+	case strings.HasSuffix(name, "self_attention.linear_q_proj.weight"), strings.HasSuffix(name, "self_attention.linear_q_up_proj.weight"),
+		strings.HasSuffix(name, "self_attention.linear_kv_up_proj.weight"):
+		return tp.Column // MLA's up-projections: rows per head (its down-projections are replicated)
 	case strings.HasSuffix(name, "mlp.linear_fc1.weight"), strings.HasSuffix(name, "mlp.linear_fc1.bias"):
 		if c.Activation == SwiGLU {
 			return tp.ColumnGLU
@@ -137,6 +144,8 @@ func Parallelize(full *Model, region *tp.Region, rankRNG *tensor.RNG) (*Model, e
 			QKV: shard(l.QKV), QKVBias: shard(l.QKVBias),
 			QNorm: shard(l.QNorm), QNormBias: shard(l.QNormBias), KNorm: shard(l.KNorm), KNormBias: shard(l.KNormBias),
 			Proj: shard(l.Proj), ProjBias: shard(l.ProjBias),
+			QProj: shard(l.QProj), QDown: shard(l.QDown), QUp: shard(l.QUp), KVDown: shard(l.KVDown), KVUp: shard(l.KVUp),
+			KVNorm: shard(l.KVNorm), KVNormBias: shard(l.KVNormBias),
 			MLPNorm: shard(l.MLPNorm), MLPNormBias: shard(l.MLPNormBias),
 			FC1: shard(l.FC1), FC1Bias: shard(l.FC1Bias), FC2: shard(l.FC2), FC2Bias: shard(l.FC2Bias),
 			MoE: shardMoE(l.MoE, shard),
@@ -175,6 +184,13 @@ func (s *tpSharding) WordEmbedding(t *tensor.Tape, tokens, table *tensor.Tensor,
 		return s.r.ReduceScatterSeq(t, x)
 	}
 	return s.r.ReduceFrom(t, x)
+}
+
+func (s *tpSharding) EnterRegion(t *tensor.Tape, x *tensor.Tensor) *tensor.Tensor {
+	if s.r.SequenceParallel {
+		return s.r.GatherSeq(t, x)
+	}
+	return s.r.CopyTo(t, x)
 }
 
 func (s *tpSharding) ScatterSequence(t *tensor.Tape, x *tensor.Tensor) *tensor.Tensor {
@@ -227,6 +243,8 @@ type unsharded struct{}
 func (unsharded) WordEmbedding(t *tensor.Tape, tokens, table *tensor.Tensor, _ bool) *tensor.Tensor {
 	return t.Embedding(tokens, table)
 }
+
+func (unsharded) EnterRegion(_ *tensor.Tape, x *tensor.Tensor) *tensor.Tensor { return x }
 
 func (unsharded) ScatterSequence(_ *tensor.Tape, x *tensor.Tensor) *tensor.Tensor { return x }
 

@@ -78,6 +78,9 @@ type causalAttention struct {
 
 func (a *causalAttention) Attend(tp *tensor.Tape, _ int, q, k, v *tensor.Tensor) *tensor.Tensor {
 	opt := tensor.AttentionOptions{Causal: true, DocIDs: a.docIDs, FirstHead: a.m.region().FirstHead()}
+	if mla := &a.m.Config.MLA; mla.Enabled {
+		opt.Scale = mla.SoftmaxScale() // its heads are padded: the scale is MLA's, not the width's
+	}
 	if a.rng != nil {
 		opt.Dropout, opt.RNG = a.m.Config.AttentionDropout, a.rng
 	}

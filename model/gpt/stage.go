@@ -336,11 +336,7 @@ func (s *Stage) Params() []*tensor.Tensor {
 	ps := []*tensor.Tensor{s.WordEmb, s.PosEmb}
 	for i := range s.Layers {
 		l := &s.Layers[i]
-		ps = append(ps, l.InputNorm, l.InputNormBias, l.QKV, l.QKVBias, l.QNorm, l.QNormBias, l.KNorm, l.KNormBias, l.Proj, l.ProjBias,
-			l.MLPNorm, l.MLPNormBias, l.FC1, l.FC1Bias, l.FC2, l.FC2Bias)
-		if l.MoE != nil {
-			ps = append(ps, l.MoE.params()...)
-		}
+		ps = append(ps, l.Params()...)
 	}
 	ps = append(ps, s.FinalNorm, s.FinalNormB)
 	if s.OutputLayer != s.WordEmb {

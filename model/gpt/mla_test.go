@@ -1,0 +1,154 @@
+package gpt
+
+import (
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/gotron/gotron/tensor"
+)
+
+// mlaGoldenConfig mirrors tools/golden/mla.py's CONFIGS entries.
+type mlaGoldenConfig struct {
+	Layers, Hidden, Heads, FFN, Vocab, Seq, Batch int
+	Pos                                           string
+	Norm                                          Normalization
+	Act                                           Activation
+	Bias, Tied                                    bool
+	Eps                                           float32
+	QLoraRank                                     *int    `json:"q_lora_rank"`
+	KVLoraRank                                    int     `json:"kv_lora_rank"`
+	QKHeadDim                                     int     `json:"qk_head_dim"`
+	QKPosEmbHeadDim                               int     `json:"qk_pos_emb_head_dim"`
+	VHeadDim                                      int     `json:"v_head_dim"`
+	RotaryBase                                    float64 `json:"rotary_base"`
+	ScalingFactor                                 float64 `json:"rotary_scaling_factor"`
+	OriginalMaxPositions                          int     `json:"original_max_position_embeddings"`
+	BetaFast                                      float64 `json:"beta_fast"`
+	BetaSlow                                      float64 `json:"beta_slow"`
+	Mscale                                        float64
+	MscaleAllDim                                  float64 `json:"mscale_all_dim"`
+}
+
+func (c mlaGoldenConfig) model(t *testing.T) Config {
+	t.Helper()
+	pos := NoPositionEmbedding
+	if c.Pos == "learned_absolute" {
+		pos = LearnedAbsolute
+	}
+	mla := MLAConfig{Enabled: true, KVLoraRank: c.KVLoraRank, QKHeadDim: c.QKHeadDim, QKPosEmbHeadDim: c.QKPosEmbHeadDim,
+		VHeadDim: c.VHeadDim, ScalingFactor: c.ScalingFactor, Mscale: c.Mscale, MscaleAllDim: c.MscaleAllDim,
+		OriginalMaxPositions: c.OriginalMaxPositions, BetaFast: c.BetaFast, BetaSlow: c.BetaSlow}
+	if c.QLoraRank != nil {
+		mla.QLoraRank = *c.QLoraRank
+	}
+	return Config{NumLayers: c.Layers, HiddenSize: c.Hidden, NumAttentionHeads: c.Heads, FFNHiddenSize: c.FFN,
+		VocabSize: c.Vocab, MaxPositionEmbeddings: c.Seq, PositionEmbeddingType: pos, Normalization: c.Norm,
+		NormEpsilon: c.Eps, Activation: c.Act, DisableBiasLinear: !c.Bias, UntieEmbeddingsAndOutputWeights: !c.Tied,
+		RotaryBase: c.RotaryBase, MLA: mla}
+}
+
+// newMLAGoldenModel builds tools/golden/mla.py's model name with the
+// golden's initial values and its batch.
+func newMLAGoldenModel(t *testing.T, name string) (*Model, Batch, golden) {
+	t.Helper()
+	raw, err := os.ReadFile(filepath.Join("testdata", name+".json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var fix struct{ Config mlaGoldenConfig }
+	if err := json.Unmarshal(raw, &fix); err != nil {
+		t.Fatalf("%s.json: %v", name, err)
+	}
+	g := loadGolden(t, name)
+	cfg := fix.Config.model(t)
+	m, err := New(cfg, tensor.NewRNG(0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := len(m.Params()), countPrefix(g.f, "grad/"); got != want {
+		t.Fatalf("model has %d parameters, golden has %d", got, want)
+	}
+	for _, p := range m.Params() {
+		copy(p.Float32s(), g.f32(t, "init/"+p.Name))
+	}
+	if got, want := float64(m.NumParams()), m.Config.ParamCount(); got != want {
+		t.Errorf("NumParams %v, Config.ParamCount %v", got, want)
+	}
+	b, T := fix.Config.Batch, fix.Config.Seq
+	bt := Batch{Tokens: g.i32(t, "tokens", b, T), Labels: g.i32(t, "labels", b, T),
+		LossMask: tensor.FromFloat32(g.f32(t, "loss_mask"), b, T)}
+	return m, bt, g
+}
+
+// TestMLAGoldenForwardBackward checks multi-latent attention against
+// tools/golden/mla.py's PyTorch model written after Megatron's
+// MLASelfAttention: logits, loss and every parameter's gradient, with and
+// without --q-lora-rank, YaRN on, v narrower and wider than the q/k heads.
+func TestMLAGoldenForwardBackward(t *testing.T) {
+	for _, name := range []string{"mla_qlora", "mla_plain_q"} {
+		t.Run(name, func(t *testing.T) {
+			m, bt, g := newMLAGoldenModel(t, name)
+			tp := tensor.NewTape()
+			logits := m.Forward(tp, bt, nil, true)
+			loss := m.Loss(tp, logits, bt)
+			closeTo(t, "logits", logits.Float32s(), g.f32(t, "logits"), 1e-4)
+			closeTo(t, "loss", loss.Float32s(), g.f32(t, "loss"), 1e-5)
+			if err := tp.Backward(loss); err != nil {
+				t.Fatal(err)
+			}
+			for _, p := range m.Params() {
+				closeTo(t, "grad of "+p.Name, p.Grad.Float32s(), g.f32(t, "grad/"+p.Name), 1e-4)
+			}
+		})
+	}
+}
+
+func TestMLAConfigErrors(t *testing.T) {
+	base := func() Config {
+		c := Config{NumLayers: 1, HiddenSize: 16, NumAttentionHeads: 2, VocabSize: 8, MaxPositionEmbeddings: 8, MLA: DefaultMLA()}
+		c.MLA.QKHeadDim, c.MLA.QKPosEmbHeadDim, c.MLA.VHeadDim, c.MLA.KVLoraRank = 4, 2, 4, 4
+		return c
+	}
+	for _, tc := range []struct {
+		edit func(*Config)
+		want string
+	}{
+		{func(c *Config) { c.MLA.QLoraRank = -1 }, "--q-lora-rank=-1"},
+		{func(c *Config) { c.MLA.KVLoraRank = 0 }, "--kv-lora-rank=0"},
+		{func(c *Config) { c.MLA.QKPosEmbHeadDim = 3 }, "--qk-pos-emb-head-dim=3"},
+		{func(c *Config) { c.MLA.VHeadDim = 0 }, "--v-head-dim=0"},
+		{func(c *Config) { c.MLA.ScalingFactor = 0 }, "--rotary-scaling-factor=0"},
+		{func(c *Config) { c.MLA.Rope = 9 }, "--rope-type"},
+		{func(c *Config) { c.NumQueryGroups = 1 }, "--group-query-attention"},
+		{func(c *Config) { c.QKLayerNorm = true }, "--qk-layernorm"},
+		{func(c *Config) { c.RotaryInterleaved = true }, "--rotary-interleaved"},
+		{func(c *Config) { c.RotaryPercent = 0.5 }, "--rotary-percent=0.5"},
+		{func(c *Config) { c.MLA.Enabled = false }, "without --multi-latent-attention"},
+	} {
+		c := base()
+		tc.edit(&c)
+		if err := c.Validate(); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("Validate: %v, want an error naming %q", err, tc.want)
+		}
+	}
+	c := base()
+	if err := c.Validate(); err != nil {
+		t.Fatalf("valid MLA config: %v", err)
+	}
+}
+
+// TestMLADecodeRefused: decoding has no MLA KV cache; it says so instead
+// of caching the wrong keys.
+func TestMLADecodeRefused(t *testing.T) {
+	m, _, _ := newMLAGoldenModel(t, "mla_qlora")
+	_, err := m.Decode(m.NewKVCache(8), []int32{1, 2})
+	if err == nil || !strings.Contains(err.Error(), "multi-latent-attention") {
+		t.Fatalf("Decode of an MLA model: %v, want a refusal naming --multi-latent-attention", err)
+	}
+	if err := m.Config.CheckDevice(tensor.CUDA); err == nil || !strings.Contains(err.Error(), "not run on a GPU") {
+		t.Fatalf("CheckDevice(cuda): %v, want a refusal", err)
+	}
+}
