@@ -65,12 +65,20 @@ type Config struct {
 	// InitMethodStd (--init-method-std); 0 means 0.02. Output projections use
 	// std/sqrt(2·NumLayers), as Megatron's scaled_init_method_normal.
 	InitMethodStd float32
+	// AttentionOutputGate (--attention-output-gate) gates each attention
+	// head's output by sigmoid of a projection of the layer's input, before
+	// the output projection (Megatron's Attention._apply_output_gate): QKV
+	// rows per query group become [q (r·d); gate (r·d); k (d); v (d)].
+	AttentionOutputGate bool
 	// MoE makes the layers it marks Mixture-of-Experts layers (moe.go);
 	// the zero value is a dense model.
 	MoE MoEConfig
 	// MLA replaces the fused-QKV attention with multi-latent attention
 	// (mla.go); the zero value is off.
 	MLA MLAConfig
+	// GDN makes the layers it marks gated delta nets (gdn.go); the zero
+	// value is attention in every layer.
+	GDN GDNConfig
 }
 
 // Validate fills defaults and rejects impossible shapes, naming the flags.
@@ -147,6 +155,9 @@ func (c *Config) Validate() error {
 	if err := c.MLA.validate(c); err != nil {
 		return err
 	}
+	if err := c.GDN.validate(c); err != nil {
+		return err
+	}
 	return c.MoE.validate(c)
 }
 
@@ -190,6 +201,9 @@ func (c *Config) ParamCount() float64 {
 		bias = 1
 	}
 	qkvRows := (a + 2*g) * d
+	if c.AttentionOutputGate {
+		qkvRows += a * d
+	}
 	fc1Rows := ffn
 	if c.Activation == SwiGLU {
 		fc1Rows = 2 * ffn
@@ -221,6 +235,25 @@ func (c *Config) ParamCount() float64 {
 			sparse += h
 		}
 		n += float64(moe.NumMoELayers(c.NumLayers)) * (sparse - dense)
+	}
+	if c.GDN.Enabled {
+		// a gated delta net layer's attention part in place of QKV, the
+		// q/k norms and the output projection
+		attn := qkvRows*h + h*a*d
+		if !c.DisableBiasLinear || c.AddQKVBias {
+			attn += qkvRows
+		}
+		if !c.DisableBiasLinear {
+			attn += h
+		}
+		if c.QKLayerNorm {
+			attn += 2 * norm / h * d
+		}
+		gd := &c.GDN
+		_, vi, convi, ini := gd.dims()
+		v, conv, in := float64(vi), float64(convi), float64(ini)
+		gdn := in*h + conv*float64(gd.ConvKernel) + 2*float64(gd.NumValueHeads) + norm/h*float64(gd.ValueHeadDim) + h*v
+		n += float64(gd.NumGDNLayers(c.NumLayers)) * (gdn - attn)
 	}
 	if c.PositionEmbeddingType == LearnedAbsolute {
 		n += float64(c.MaxPositionEmbeddings) * h

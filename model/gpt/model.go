@@ -45,6 +45,9 @@ type Layer struct {
 	FC2, FC2Bias                    *tensor.Tensor // mlp.linear_fc2: (h, ffn)
 	// MoE replaces the dense MLP (FC1, FC2 nil) in an MoE layer (moe.go).
 	MoE *MoELayer
+	// GDN replaces self-attention (QKV, QNorm, KNorm, Proj and their
+	// biases nil) in a gated delta net layer (gdn.go).
+	GDN *GDNLayer
 }
 
 // Model is a GPT-family language model.
@@ -136,6 +139,10 @@ func New(cfg Config, rng *tensor.RNG) (*Model, error) {
 	if cfg.Activation == SwiGLU {
 		fc1Rows *= 2
 	}
+	qkvRows := g * (a/g + 2) * d // per query group: [q (r·d); k (d); v (d)]
+	if cfg.AttentionOutputGate {
+		qkvRows = g * (2*(a/g) + 2) * d // [q (r·d); gate (r·d); k (d); v (d)]
+	}
 	m.WordEmb = normal("embedding.word_embeddings.weight", std, cfg.VocabSize, h)
 	if cfg.PositionEmbeddingType == LearnedAbsolute {
 		m.PosEmb = normal("embedding.position_embeddings.weight", std, cfg.MaxPositionEmbeddings, h)
@@ -148,19 +155,24 @@ func New(cfg Config, rng *tensor.RNG) (*Model, error) {
 			InputNormBias: bias(p+"input_layernorm.bias", h, ln),
 		}
 		projIn := a * d
-		if cfg.MLA.Enabled {
+		switch {
+		case cfg.MLA.Enabled:
 			newMLA(&cfg, &l, p, normal, ones, bias)
 			projIn = a * cfg.MLA.VHeadDim
-		} else {
-			l.QKV = normal(p+"self_attention.linear_qkv.weight", std, g*(a/g+2)*d, h)
-			l.QKVBias = bias(p+"self_attention.linear_qkv.bias", g*(a/g+2)*d, hasBias || cfg.AddQKVBias)
+		case cfg.IsGDNLayer(i):
+			l.GDN = newGDNLayer(&cfg, p, rng, normal, ones, std, outStd)
+		default:
+			l.QKV = normal(p+"self_attention.linear_qkv.weight", std, qkvRows, h)
+			l.QKVBias = bias(p+"self_attention.linear_qkv.bias", qkvRows, hasBias || cfg.AddQKVBias)
 			l.QNorm = qkNorm(p + "self_attention.q_layernorm.weight")
 			l.QNormBias = bias(p+"self_attention.q_layernorm.bias", d, ln && cfg.QKLayerNorm)
 			l.KNorm = qkNorm(p + "self_attention.k_layernorm.weight")
 			l.KNormBias = bias(p+"self_attention.k_layernorm.bias", d, ln && cfg.QKLayerNorm)
 		}
-		l.Proj = normal(p+"self_attention.linear_proj.weight", outStd, h, projIn)
-		l.ProjBias = bias(p+"self_attention.linear_proj.bias", h, hasBias)
+		if l.GDN == nil {
+			l.Proj = normal(p+"self_attention.linear_proj.weight", outStd, h, projIn)
+			l.ProjBias = bias(p+"self_attention.linear_proj.bias", h, hasBias)
+		}
 		l.MLPNorm = ones(p+"pre_mlp_layernorm.weight", h)
 		l.MLPNormBias = bias(p+"pre_mlp_layernorm.bias", h, ln)
 		if cfg.MoE.IsMoELayer(i, cfg.NumLayers) {
@@ -213,8 +225,11 @@ func (m *Model) Params() []*tensor.Tensor {
 // Params returns the layer's parameters in the checkpoint order.
 func (l *Layer) Params() []*tensor.Tensor {
 	ps := nonNil(l.InputNorm, l.InputNormBias, l.QKV, l.QKVBias, l.QNorm, l.QNormBias, l.KNorm, l.KNormBias,
-		l.QProj, l.QDown, l.QUp, l.KVDown, l.KVUp, l.KVNorm, l.KVNormBias, l.Proj, l.ProjBias,
-		l.MLPNorm, l.MLPNormBias, l.FC1, l.FC1Bias, l.FC2, l.FC2Bias)
+		l.QProj, l.QDown, l.QUp, l.KVDown, l.KVUp, l.KVNorm, l.KVNormBias, l.Proj, l.ProjBias)
+	if l.GDN != nil {
+		ps = append(ps, nonNil(l.GDN.params()...)...)
+	}
+	ps = append(ps, nonNil(l.MLPNorm, l.MLPNormBias, l.FC1, l.FC1Bias, l.FC2, l.FC2Bias)...)
 	if l.MoE != nil {
 		ps = append(ps, nonNil(l.MoE.params()...)...)
 	}
@@ -252,14 +267,21 @@ func (m *Model) Device() tensor.Device { return m.WordEmb.Device() }
 func (m *Model) ToDevice(dev tensor.Device) { tensor.MoveParams(dev, m.Params()...) }
 
 // CheckDevice refuses a model the device has no kernels for: the squared
-// ReLU (--squared-relu) has no CUDA kernel in this release, and
-// multi-latent attention, built from existing ops, has not run on a GPU.
+// ReLU (--squared-relu), the gated delta net and the attention output gate
+// have no CUDA kernels in this release, and multi-latent attention, built
+// from existing ops, has not run on a GPU.
 func (c *Config) CheckDevice(dev tensor.Device) error {
 	if c.MLA.Enabled && dev == tensor.CUDA {
 		return fmt.Errorf("gpt: --multi-latent-attention with --device cuda: MLA has not run on a GPU in this release (it runs on --device cpu and sim)")
 	}
 	if c.Activation == SquaredReLU && dev == tensor.CUDA {
 		return fmt.Errorf("gpt: --squared-relu with --device cuda: the squared-ReLU activation has no CUDA kernel in this release (it runs on --device cpu and sim)")
+	}
+	if c.GDN.Enabled && dev == tensor.CUDA {
+		return fmt.Errorf("gpt: --experimental-attention-variant gated_delta_net with --device cuda: the gated delta net's convolution and delta rule have no CUDA kernel in this release (they run on --device cpu and sim)")
+	}
+	if c.AttentionOutputGate && dev == tensor.CUDA {
+		return fmt.Errorf("gpt: --attention-output-gate with --device cuda: the output gate has no CUDA kernel in this release (it runs on --device cpu and sim)")
 	}
 	return nil
 }
@@ -409,7 +431,12 @@ func (m *Model) layerOn(tp *tensor.Tape, x *tensor.Tensor, l *Layer, index int, 
 
 // layer is x + drop(attn(norm1(x))), then + drop(mlp(norm2(x))).
 func (m *Model) layer(tp *tensor.Tape, x *tensor.Tensor, l *Layer, index int, p *pass) *tensor.Tensor {
-	a := m.attention(tp, l, index, m.norm(tp, x, l.InputNorm, l.InputNormBias), p)
+	var a *tensor.Tensor
+	if l.GDN != nil {
+		a = m.gatedDeltaNet(tp, l.GDN, m.norm(tp, x, l.InputNorm, l.InputNormBias), p)
+	} else {
+		a = m.attention(tp, l, index, m.norm(tp, x, l.InputNorm, l.InputNormBias), p)
+	}
 	x = tp.Add(x, m.dropout(tp, a, p))
 	f := m.mlp(tp, l, index, m.norm(tp, x, l.MLPNorm, l.MLPNormBias), p)
 	return tp.Add(x, m.dropout(tp, f, p))
@@ -428,11 +455,21 @@ func (m *Model) attention(tp *tensor.Tape, l *Layer, index int, x *tensor.Tensor
 	// Query groups held here (all of them, or this TP rank's): from the
 	// weight, so a tensor-parallel slice needs no other config.
 	r, d := c.NumAttentionHeads/c.NumQueryGroups, c.KVChannels
-	g := l.QKV.Dim(0) / ((r + 2) * d)
-	parts := tp.Split(tp.Reshape(qkv, b, t, g, (r+2)*d), 3, r*d, d, d)
-	q := tp.Reshape(parts[0], b, t, g*r, d) // head h = j·r + i uses kv head j
-	k := tp.Reshape(parts[1], b, t, g, d)
-	v := tp.Reshape(parts[2], b, t, g, d)
+	var gate *tensor.Tensor
+	var q, k, v *tensor.Tensor
+	if c.AttentionOutputGate { // per group [q; gate; k; v], as get_query_key_value_tensors(output_gate=True)
+		g := l.QKV.Dim(0) / ((2*r + 2) * d)
+		parts := tp.Split(tp.Reshape(qkv, b, t, g, (2*r+2)*d), 3, r*d, r*d, d, d)
+		q, gate = tp.Reshape(parts[0], b, t, g*r, d), parts[1]
+		k, v = tp.Reshape(parts[2], b, t, g, d), tp.Reshape(parts[3], b, t, g, d)
+	} else {
+		g := l.QKV.Dim(0) / ((r + 2) * d)
+		parts := tp.Split(tp.Reshape(qkv, b, t, g, (r+2)*d), 3, r*d, d, d)
+		q = tp.Reshape(parts[0], b, t, g*r, d) // head h = j·r + i uses kv head j
+		k = tp.Reshape(parts[1], b, t, g, d)
+		v = tp.Reshape(parts[2], b, t, g, d)
+	}
+	heads := q.Dim(2)
 	if l.QNorm != nil { // --qk-layernorm: per head, before RoPE, as Megatron's get_query_key_value_tensors
 		q = m.norm(tp, q, l.QNorm, l.QNormBias)
 		k = m.norm(tp, k, l.KNorm, l.KNormBias)
@@ -442,7 +479,11 @@ func (m *Model) attention(tp *tensor.Tape, l *Layer, index int, x *tensor.Tensor
 		k = tp.RoPE(k, m.rope, p.positions)
 	}
 	o := p.core.Attend(tp, index, q, k, v) // (b, t, a, d)
-	return sh.RowLinear(tp, p.lin, tp.Reshape(o, b, t, g*r*d), l.Proj, l.ProjBias)
+	if gate != nil {
+		// before the output projection, computed in float32 as Megatron's gate.float()
+		o = tp.SigmoidGate(o, tp.Reshape(tp.Contiguous(gate), b, t, heads, d))
+	}
+	return sh.RowLinear(tp, p.lin, tp.Reshape(o, b, t, heads*d), l.Proj, l.ProjBias)
 }
 
 // mlp is fc2(act(fc1(x))), or an MoE layer's router and experts (moe.go).

@@ -192,6 +192,13 @@ func ParseMoELayerFreq(s string, numLayers int) ([]bool, error) {
 		}
 		return p, nil
 	}
+	return parseLayerList("--moe-layer-freq", s, numLayers)
+}
+
+// parseLayerList parses a per-layer 0/1 list given to flag (Megatron
+// evaluates it as Python): sums of [a,b,...] and [x]*n terms, optionally
+// in parentheses, numLayers entries in all.
+func parseLayerList(flag, s string, numLayers int) ([]bool, error) {
 	var p []bool
 	// a Python list expression: sums of [a,b,...] and [x]*n terms
 	expr := strings.TrimSuffix(strings.TrimPrefix(strings.ReplaceAll(s, " ", ""), "("), ")")
@@ -200,12 +207,12 @@ func ParseMoELayerFreq(s string, numLayers int) ([]bool, error) {
 		if i := strings.LastIndex(term, "]*"); i >= 0 {
 			n, err := strconv.Atoi(term[i+2:])
 			if err != nil || n < 0 {
-				return nil, fmt.Errorf("--moe-layer-freq=%s: bad repeat in %q", s, term)
+				return nil, fmt.Errorf("%s=%s: bad repeat in %q", flag, s, term)
 			}
 			rep, term = n, term[:i+1]
 		}
 		if !strings.HasPrefix(term, "[") || !strings.HasSuffix(term, "]") {
-			return nil, fmt.Errorf("--moe-layer-freq=%s: want an integer or a list like [1,0,1,0] or ([0]*3+[1]*9)", s)
+			return nil, fmt.Errorf("%s=%s: want an integer or a list like [1,0,1,0] or ([0]*3+[1]*9)", flag, s)
 		}
 		var items []bool
 		for _, v := range strings.Split(term[1:len(term)-1], ",") {
@@ -215,7 +222,7 @@ func ParseMoELayerFreq(s string, numLayers int) ([]bool, error) {
 			case "1":
 				items = append(items, true)
 			default:
-				return nil, fmt.Errorf("--moe-layer-freq=%s: entry %q: want 0 or 1", s, v)
+				return nil, fmt.Errorf("%s=%s: entry %q: want 0 or 1", flag, s, v)
 			}
 		}
 		for range rep {
@@ -223,7 +230,7 @@ func ParseMoELayerFreq(s string, numLayers int) ([]bool, error) {
 		}
 	}
 	if len(p) != numLayers {
-		return nil, fmt.Errorf("--moe-layer-freq=%s: %d entries for --num-layers=%d", s, len(p), numLayers)
+		return nil, fmt.Errorf("%s=%s: %d entries for --num-layers=%d", flag, s, len(p), numLayers)
 	}
 	return p, nil
 }

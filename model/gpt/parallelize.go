@@ -98,6 +98,8 @@ func (c *Config) CheckTP(size int, sequenceParallel bool, seqLength int) error {
 		return fmt.Errorf("gpt: --tensor-model-parallel-size=%d: want ≥ 1", size)
 	case sequenceParallel && size == 1:
 		return fmt.Errorf("gpt: --sequence-parallel needs --tensor-model-parallel-size > 1")
+	case c.GDN.Enabled && size > 1:
+		return fmt.Errorf("gpt: --experimental-attention-variant gated_delta_net with --tensor-model-parallel-size=%d: the gated delta net layers are not built for tensor parallelism in this release (use --tensor-model-parallel-size 1)", size)
 	case c.NumAttentionHeads%size != 0:
 		return fmt.Errorf("gpt: --num-attention-heads=%d is not divisible by --tensor-model-parallel-size=%d", c.NumAttentionHeads, size)
 	case c.NumQueryGroups%size != 0:
@@ -148,7 +150,7 @@ func Parallelize(full *Model, region *tp.Region, rankRNG *tensor.RNG) (*Model, e
 			KVNorm: shard(l.KVNorm), KVNormBias: shard(l.KVNormBias),
 			MLPNorm: shard(l.MLPNorm), MLPNormBias: shard(l.MLPNormBias),
 			FC1: shard(l.FC1), FC1Bias: shard(l.FC1Bias), FC2: shard(l.FC2), FC2Bias: shard(l.FC2Bias),
-			MoE: shardMoE(l.MoE, shard),
+			MoE: shardMoE(l.MoE, shard), GDN: shardGDN(l.GDN, shard),
 		})
 	}
 	m.FinalNorm, m.FinalNormB, m.OutputLayer = shard(full.FinalNorm), shard(full.FinalNormB), shard(full.OutputLayer)
@@ -168,6 +170,16 @@ func shardMoE(l *MoELayer, shard func(*tensor.Tensor) *tensor.Tensor) *MoELayer 
 	}
 	return &MoELayer{Router: shard(l.Router), FC1: l.FC1, FC2: l.FC2, FirstExpert: l.FirstExpert,
 		ExpertBias: slices.Clone(l.ExpertBias), SharedFC1: shard(l.SharedFC1), SharedFC2: shard(l.SharedFC2), Gate: shard(l.Gate)}
+}
+
+// shardGDN is a gated delta net layer's tensor-parallel part (CheckTP
+// allows one rank only: every parameter is replicated).
+func shardGDN(l *GDNLayer, shard func(*tensor.Tensor) *tensor.Tensor) *GDNLayer {
+	if l == nil {
+		return nil
+	}
+	return &GDNLayer{InProj: shard(l.InProj), Conv: shard(l.Conv), DtBias: shard(l.DtBias), ALog: shard(l.ALog),
+		OutNorm: shard(l.OutNorm), OutNormBias: shard(l.OutNormBias), OutProj: shard(l.OutProj)}
 }
 
 // tpSharding is Sharding over one tp.Region.

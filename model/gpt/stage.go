@@ -335,8 +335,7 @@ func SplitStages(full *Model, split PipelineSplit, rank int) ([]*Stage, error) {
 func (s *Stage) Params() []*tensor.Tensor {
 	ps := []*tensor.Tensor{s.WordEmb, s.PosEmb}
 	for i := range s.Layers {
-		l := &s.Layers[i]
-		ps = append(ps, l.Params()...)
+		ps = append(ps, s.Layers[i].Params()...)
 	}
 	ps = append(ps, s.FinalNorm, s.FinalNormB)
 	if s.OutputLayer != s.WordEmb {
