@@ -269,7 +269,11 @@ func TestMegatronCompatRefusals(t *testing.T) {
 	}{
 		{[]string{"--log-num-zeros-in-grad", "--device", "sim"}, "--log-num-zeros-in-grad: counts the gradients on the host: --device cpu only"},
 		{[]string{"--use-pytorch-profiler"}, "--use-pytorch-profiler: needs the PyTorch profiler"},
-		{[]string{"--multi-latent-attention"}, "needs multi-latent attention (MLA)"},
+		{[]string{"--cache-mla-latents"}, "--cache-mla-latents: needs caching MLA's latents in Megatron's dynamic inference"},
+		{[]string{"--q-lora-rank", "8"}, "--q-lora-rank needs --multi-latent-attention"},
+		{[]string{"--rope-type", "yarn"}, "--rope-type needs --multi-latent-attention"},
+		{[]string{"--multi-latent-attention", "--rope-type", "ntk"}, "--rope-type=\"ntk\": want yarn or rope"},
+		{[]string{"--multi-latent-attention", "--group-query-attention", "--num-query-groups", "2"}, "mutually exclusive"},
 		{[]string{"--fp8-format", "hybrid"}, "--fp8-format hybrid: needs FP8 training"},
 		{[]string{"--megatron-fsdp-version", "2"}, "needs this part of Megatron-FSDP"},
 		{[]string{"--log-straggler"}, "--log-straggler: needs Megatron's straggler detector"},

@@ -106,7 +106,6 @@ type compatArg struct {
 
 // Features not built in gotron, as refusals name them.
 const (
-	needMLA       = "multi-latent attention (MLA), not built in gotron"
 	needFP8       = "FP8 training (Transformer Engine), not built in gotron"
 	needFSDP      = "this part of Megatron-FSDP, not built in gotron (--use-megatron-fsdp with --data-parallel-sharding-strategy is)"
 	needRL        = "Megatron's RL/GRPO training loop, not built in gotron"
@@ -178,14 +177,9 @@ var compatArgs = map[string]compatArg{
 	"wandb-save-dir":                 {kind: compatNeeds, why: needWandB},
 	"wandb-exp-name":                 {kind: compatNeeds, why: needWandB},
 	"wandb-entity":                   {kind: compatNeeds, why: needWandB},
+	"cache-mla-latents":              {kind: compatNeeds, why: "caching MLA's latents in Megatron's dynamic inference (Flash MLA), not built in gotron: gotron does not decode MLA models"},
 	"use-mup":                        {kind: compatNeeds, why: needMuP},
 	"mup-base-hidden-size":           {kind: compatNeeds, why: needMuP},
-	"multi-latent-attention":         {kind: compatNeeds, why: needMLA},
-	"q-lora-rank":                    {kind: compatNeeds, why: needMLA},
-	"kv-lora-rank":                   {kind: compatNeeds, why: needMLA},
-	"qk-head-dim":                    {kind: compatNeeds, why: needMLA},
-	"qk-pos-emb-head-dim":            {kind: compatNeeds, why: needMLA},
-	"v-head-dim":                     {kind: compatNeeds, why: needMLA},
 	"fp8-format":                     {kind: compatNeeds, why: needFP8},
 	"fp8-recipe":                     {kind: compatNeeds, why: needFP8},
 	"fp8-param-gather":               {kind: compatNeeds, why: needFP8},

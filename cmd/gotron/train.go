@@ -69,6 +69,7 @@ type trainFlags struct {
 	// (cmd/gotron/megatronargs.go).
 	compat map[string]bool
 	moe    moeFlags // moeflags.go
+	mla    mlaFlags // mlaflags.go
 	// finish copies float64 flag values into the float32 config fields.
 	finish func()
 }
@@ -272,6 +273,7 @@ func newTrainFlagsWith(name string, extra func(*flag.FlagSet)) (*flag.FlagSet, *
 	fs.BoolVar(&c.Finetune, "finetune", false, "load weights only; start at iteration 0")
 	addDataArgs(fs, &f.data)
 	addMoEFlags(fs, &f.moe)
+	addMLAFlags(fs, &f.mla)
 	fs.StringVar(&f.quickstartDir, "quickstart-dir", "gotron-quickstart", "where the quickstart keeps its corpus and checkpoint")
 	fs.StringVar(&f.promptAfter, "sample-prompt", "", "after training, print a sample continuing this prompt")
 	fs.IntVar(&f.generateTokens, "sample-tokens", 100, "tokens in the sample printed after training")

@@ -100,6 +100,16 @@ var trainNumberRules = withFIMRules(withTokenizerRules(map[string]numberRule{
 	"heartbeat-interval":           floatIn(0, 86400, "seconds"),
 	"inprocess-heartbeat-interval": floatIn(0, 86400, "seconds"),
 
+	// Multi-latent attention.
+	"q-lora-rank":           intDim(0, "the query latent's rank; 0: a plain query projection"),
+	"kv-lora-rank":          intDim(1, "the key-value latent's rank"),
+	"qk-head-dim":           intDim(1, "per-head query/key channels"),
+	"qk-pos-emb-head-dim":   intDim(2, "rotary channels per head (even)"),
+	"v-head-dim":            intDim(1, "per-head value channels"),
+	"rotary-scaling-factor": floatAbove(0, math.MaxFloat64, "YaRN's scaling factor"),
+	"mscale":                floatIn(-math.MaxFloat64, math.MaxFloat64, "YaRN's mscale, a finite number"),
+	"mscale-all-dim":        floatIn(-math.MaxFloat64, math.MaxFloat64, "YaRN's mscale_all_dim, a finite number"),
+
 	// Mixture of experts.
 	"num-experts":                         intIn(0, 1<<20, "experts per MoE layer; 0: a dense model"),
 	"moe-ffn-hidden-size":                 intDim(0, "each expert's MLP hidden size; 0: --ffn-hidden-size"),
