@@ -106,6 +106,27 @@ func TestCustomFunction(t *testing.T) {
 	}
 }
 
+// TestCustomFunctionOfAView: a strided view (a Split piece) given to
+// Apply takes its gradient back into the viewed tensor; before Apply made
+// such inputs contiguous the gradient was lost (a view records no step of
+// its own: ops route its gradient through their Contiguous).
+func TestCustomFunctionOfAView(t *testing.T) {
+	x := Param("x", 2, 3)
+	copy(x.Float32s(), []float32{1, 2, 3, 4, 5, 6})
+	tp := NewTape()
+	parts := tp.Split(x, 1, 1, 2) // columns [0] and [1, 2]: strided
+	y := tp.Apply(double{}, parts[1])[0]
+	if err := tp.Backward(tp.Sum(tp.Mul(y, y))); err != nil {
+		t.Fatal(err)
+	}
+	want := []float32{0, 16, 24, 0, 40, 48} // 8x on the piece, 0 elsewhere
+	for i, v := range x.Grad.Float32s() {
+		if v != want[i] {
+			t.Fatalf("grad = %v, want %v", x.Grad.Float32s(), want)
+		}
+	}
+}
+
 func TestNoGradTapeRecordsNothing(t *testing.T) {
 	w := Param("w", 2, 2)
 	var tp *Tape

@@ -28,6 +28,10 @@ type Function interface {
 // after returning it. Anything else (a communication buffer, a heap tensor)
 // is added into the input's gradient.
 func (tp *Tape) Apply(f Function, in ...*Tensor) []*Tensor {
+	// A strided view records no step of its own (ops route its gradient
+	// through their Contiguous): give f dense inputs, so the gradients f
+	// returns reach the viewed tensors.
+	in = denseInputs(tp, in)
 	outs := f.Forward(tp.nonRecording(), in)
 	if !tp.recording(in...) {
 		return outs
@@ -65,6 +69,22 @@ func (tp *Tape) Apply(f Function, in ...*Tensor) []*Tensor {
 		}
 	}, outs...)
 	return outs
+}
+
+// denseInputs is in with every strided view replaced by tp.Contiguous of
+// it (in itself when all are dense: the caller's slice is not written).
+func denseInputs(tp *Tape, in []*Tensor) []*Tensor {
+	out := in
+	for i, x := range in {
+		if x == nil || x.IsContiguous() {
+			continue
+		}
+		if len(out) > 0 && &out[0] == &in[0] {
+			out = append([]*Tensor(nil), in...)
+		}
+		out[i] = tp.Contiguous(x)
+	}
+	return out
 }
 
 // freshBuffer returns the index of the buffer in fresh that g (a float32
