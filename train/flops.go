@@ -7,7 +7,9 @@ import "github.com/gotron/gotron/model/gpt"
 // one iteration over globalBatch samples of seqLen tokens, counting
 // forward, dgrad and wgrad GEMMs and the causal half of attention scores.
 // An MoE layer counts its top-k routed experts and its shared expert (not
-// the router, as Megatron).
+// the router, as Megatron). Multi-latent attention counts its
+// projections (norms as one FLOP per latent channel) and cores as
+// Megatron's MLA branch.
 func FLOPsPerIteration(c gpt.Config, globalBatch, seqLen int) float64 {
 	h, f, L := float64(c.HiddenSize), float64(c.FFNHiddenSize), float64(c.NumLayers)
 	d := float64(c.KVChannels)
@@ -24,5 +26,18 @@ func FLOPsPerIteration(c gpt.Config, globalBatch, seqLen int) float64 {
 		nMoE := float64(moe.NumMoELayers(c.NumLayers))
 		mlp = f*e*(L-nMoE) + float64(moe.FFNHiddenSize)*float64(moe.TopK)*e*nMoE + float64(moe.SharedExpertFFN)*e*nMoE
 	}
-	return T*(6*h*mlp+6*(h*(q+2*k)+q*h)*L+6*h*V) + S2*6*q*L
+	// self-attention: its token-linear GEMMs and its core (the causal half
+	// of QKᵀ and of softmax·V, each over seqLen² per sample)
+	attnLinear, attnCore := h*(q+2*k)+q*h, q
+	if mla := c.MLA; mla.Enabled {
+		n := float64(c.NumAttentionHeads)
+		qk, pe, v := float64(mla.QKHeadDim), float64(mla.QKPosEmbHeadDim), float64(mla.VHeadDim)
+		qTerm := h * n * (qk + pe)
+		if mla.QLoraRank > 0 {
+			qTerm = float64(mla.QLoraRank) * (h + n*(qk+pe) + 1)
+		}
+		attnLinear = qTerm + float64(mla.KVLoraRank)*(h+n*(qk+v)+1) + h*pe + n*v*h
+		attnCore = n*(qk+pe)/2 + n*v/2
+	}
+	return T*(6*h*mlp+6*attnLinear*L+6*h*V) + S2*6*attnCore*L
 }

@@ -22,6 +22,12 @@ func TestFLOPsMatchesMegatronReferenceValues(t *testing.T) {
 		{"llama2-7B", gpt.Config{NumLayers: 32, HiddenSize: 4096, NumAttentionHeads: 32, FFNHiddenSize: 11008, Activation: gpt.SwiGLU, VocabSize: 32000, MaxPositionEmbeddings: 4096}, 1, 4096, 1.755697e14},
 		{"llama3-8B", gpt.Config{NumLayers: 32, HiddenSize: 4096, NumAttentionHeads: 32, NumQueryGroups: 8, FFNHiddenSize: 14336, Activation: gpt.SwiGLU, VocabSize: 128256, MaxPositionEmbeddings: 8192}, 1, 8192, 4.216455e14},
 		{"readme-177B", gpt.Config{NumLayers: 96, HiddenSize: 12288, NumAttentionHeads: 96, VocabSize: 131072, MaxPositionEmbeddings: 4096}, 1152, 4096, 5.107082e18},
+		// multi-latent attention: the MLA configs' model (test_gpt3_mcore_te_tp2_pp2_mla) and one
+		// without --q-lora-rank, Megatron's values from its function run out of tree
+		{"mla-config", gpt.Config{NumLayers: 4, HiddenSize: 512, NumAttentionHeads: 8, VocabSize: 50304, MaxPositionEmbeddings: 1024,
+			MLA: mlaDims(192, 64, 16, 8, 16)}, 32, 1024, 7041800208384},
+		{"mla-plain-q-swiglu", gpt.Config{NumLayers: 2, HiddenSize: 256, NumAttentionHeads: 4, FFNHiddenSize: 512, Activation: gpt.SwiGLU,
+			VocabSize: 1024, MaxPositionEmbeddings: 128, MLA: mlaDims(0, 32, 32, 16, 48)}, 4, 128, 4114808832},
 	}
 	for _, c := range cases {
 		if err := c.cfg.Validate(); err != nil {
@@ -32,4 +38,11 @@ func TestFLOPsMatchesMegatronReferenceValues(t *testing.T) {
 			t.Errorf("%s: %.7g FLOPs, want %.7g", c.name, got, c.want)
 		}
 	}
+}
+
+// mlaDims is Megatron's command-line MLA with the given dimensions.
+func mlaDims(qLora, kvLora, qk, pe, v int) gpt.MLAConfig {
+	m := gpt.DefaultMLA()
+	m.QLoraRank, m.KVLoraRank, m.QKHeadDim, m.QKPosEmbHeadDim, m.VHeadDim = qLora, kvLora, qk, pe, v
+	return m
 }

@@ -254,8 +254,8 @@ func (r MemoryReport) ActivationMB() float64 { return r.ActivationBytes / bytesP
 // TotalMB is Megatron's total: the sum of the two MiB figures.
 func (r MemoryReport) TotalMB() float64 { return r.WeightAndOptimizerMB() + r.ActivationMB() }
 
-// TheoreticalMemory is Megatron's report_theoretical_memory for a dense GPT
-// (gpt.Config has no MoE, MTP or MLA fields, so their terms are zero). It
+// TheoreticalMemory is Megatron's report_theoretical_memory for a GPT
+// (no MTP terms; MoE and multi-latent attention as Megatron counts them). It
 // follows Megatron's formula and its order of floating-point operations,
 // quirks included: only the first pipeline stage is counted; context
 // parallelism changes only the data-parallel size (the sequence is not
@@ -290,6 +290,15 @@ func weightAndOptimizerMemory(c MemoryConfig) MemoryReport {
 		norm = 1
 	}
 	attention := 2 * h * h * ((1 + float64(m.NumQueryGroups)/float64(m.NumAttentionHeads)) * qRatio)
+	if mla := m.MLA; mla.Enabled { // Megatron's multi_latent_attention self_attn_term
+		n := float64(m.NumAttentionHeads)
+		qk, pe, v := float64(mla.QKHeadDim), float64(mla.QKPosEmbHeadDim), float64(mla.VHeadDim)
+		qTerm := h * n * (qk + pe)
+		if mla.QLoraRank > 0 {
+			qTerm = float64(mla.QLoraRank) * (h + n*(qk+pe) + norm)
+		}
+		attention = qTerm + float64(mla.KVLoraRank)*(h+n*(qk+v)+norm) + h*pe + n*v*h
+	}
 	mlp := 2 * h * float64(m.FFNHiddenSize) * gated
 	layerNorms := 2 * h * norm
 	finalNorm := norm * h

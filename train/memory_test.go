@@ -154,6 +154,48 @@ Theoretical memory footprints: weight and optimizer=14460.79 MB, activation=1727
 `,
 	},
 	{
+		// The MLA configs' model (test_gpt3_mcore_te_tp2_pp2_mla: GPT-2's vocabulary padded to
+		// 50432 at TP 2, untied, LayerNorm) at TP2 PP2 SP without selective recompute, and a
+		// plain-query RMSNorm one: Megatron's multi_latent_attention self_attn_term, from its
+		// report_theoretical_memory run out of tree on the same args.
+		name: "mla config TP2 PP2 SP",
+		cfg: MemoryConfig{Model: gpt.Config{NumLayers: 4, HiddenSize: 512, NumAttentionHeads: 8, VocabSize: 50432,
+			UntieEmbeddingsAndOutputWeights: true, MLA: mlaDims(192, 64, 16, 8, 16)},
+			SeqLength: 1024, MicroBatchSize: 4, WorldSize: 8, TensorParallel: 2, PipelineParallel: 2, SequenceParallel: true, NumMicrobatches: 4},
+		weightBytes: 274802688, activationBytes: 198249676.8,
+		report: `Number of parameters in transformer block in billions:  0.01
+Number of active parameters in transformer block in billions:  0.01
+Number of parameters in embedding layers in billions: 0.05
+Total number of parameters in billions: 0.06
+Total number of active parameters in billions: 0.06
+Number of parameters in most loaded shard in billions: 0.0153
+Number of parameters in other shards in billions: 0.0024
+compute_activation_memory_without_sp
+Activation memory footprint per transformer layer (precise, without SP): 44.0 MB
+Number of in-flight microbatches: 2
+Theoretical memory footprints: weight and optimizer=262.07 MB, activation=189.07 MB, total=451.14 MB
+
+`,
+	},
+	{
+		name: "mla plain q RMSNorm",
+		cfg: MemoryConfig{Model: gpt.Config{NumLayers: 2, HiddenSize: 256, NumAttentionHeads: 4, VocabSize: 1024,
+			Normalization: gpt.RMSNorm, MLA: mlaDims(0, 32, 32, 16, 48)},
+			SeqLength: 128, MicroBatchSize: 2, WorldSize: 1, NumMicrobatches: 1},
+		weightBytes: 27967104, activationBytes: 5438361.600000001,
+		report: `Number of parameters in transformer block in billions:  0.00
+Number of active parameters in transformer block in billions:  0.00
+Number of parameters in embedding layers in billions: 0.00
+Total number of parameters in billions: 0.00
+Total number of active parameters in billions: 0.00
+Number of parameters in most loaded shard in billions: 0.0016
+compute_activation_memory_without_sp
+Activation memory footprint per transformer layer (precise, without SP): 2.1 MB
+Theoretical memory footprints: weight and optimizer=26.67 MB, activation=5.19 MB, total=31.86 MB
+
+`,
+	},
+	{
 		// The tiny preset on 4 data-parallel ranks asking for SP + selective: SP is off at TP=1 (Megatron
 		// disables it), so the without-SP formula applies. Shard 4·(12h² + 4h) + 2h + hV = 16028160;
 		// ·(6 + 12/4) = 144253440 B = 137.57 MB. Activations: 256·8·256·34 = 17825792 per layer;

@@ -97,6 +97,10 @@ func (c *MLAConfig) validate(cfg *Config) error {
 		return fmt.Errorf("gpt: --rotary-interleaved with --multi-latent-attention: Megatron refuses it (MLA de-interleaves its rotary channels itself)")
 	case cfg.RotaryPercent != 1:
 		return fmt.Errorf("gpt: --rotary-percent=%g with --multi-latent-attention is not built (MLA rotates all --qk-pos-emb-head-dim channels)", cfg.RotaryPercent)
+	case cfg.AttentionOutputGate:
+		return fmt.Errorf("gpt: --attention-output-gate with --multi-latent-attention: Megatron does not support it (\"Output gate is not supported for MLA yet\")")
+	case cfg.GDN.Enabled:
+		return fmt.Errorf("gpt: --experimental-attention-variant with --multi-latent-attention is not built (gated delta net layers with MLA layers)")
 	case cfg.AddQKVBias:
 		return fmt.Errorf("gpt: --add-qkv-bias with --multi-latent-attention: MLA's projections have no bias")
 	}

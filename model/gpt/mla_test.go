@@ -127,6 +127,7 @@ func TestMLAConfigErrors(t *testing.T) {
 		{func(c *Config) { c.RotaryInterleaved = true }, "--rotary-interleaved"},
 		{func(c *Config) { c.RotaryPercent = 0.5 }, "--rotary-percent=0.5"},
 		{func(c *Config) { c.MLA.Enabled = false }, "without --multi-latent-attention"},
+		{func(c *Config) { c.AttentionOutputGate = true }, "--attention-output-gate"},
 	} {
 		c := base()
 		tc.edit(&c)
