@@ -34,7 +34,7 @@ func zeroGrad(tp *Tape, x *Tensor) *Tensor {
 }
 
 // CausalConvSiLU is silu of a causal depthwise convolution over time: x
-// (b, t, c), w (c, 1, k) or (c, k), where w[ch][k-1] weighs the current
+// (b, t, c), w (c, k) (or PyTorch's (c, 1, k)), where w[ch][k-1] weighs the current
 // step and earlier steps before 0 are zero (PyTorch's F.conv1d with
 // groups=c, padding k-1, the first t outputs; cpu.CausalConvSiLUForward).
 func (tp *Tape) CausalConvSiLU(x, w *Tensor) *Tensor {

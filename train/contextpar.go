@@ -28,6 +28,12 @@ func (c *Config) checkContextParallel(size, tpSize int) error {
 	if size == 1 {
 		return nil
 	}
+	if c.Model.GDN.Enabled {
+		// Megatron's gated delta net exchanges heads for sequence chunks
+		// (its own all-to-alls); gotron's CP splits attention only, and a
+		// gated delta net over a chunk would miss the earlier chunks' state
+		return fmt.Errorf("train: --context-parallel-size=%d with --experimental-attention-variant gated_delta_net: the gated delta net layers are not built for context parallelism in this release", size)
+	}
 	if err := cp.Check(size, c.CPCommType, c.SeqLength, c.Model.NumAttentionHeads, c.Model.NumQueryGroups, tpSize); err != nil {
 		return fmt.Errorf("train: %w", err)
 	}

@@ -278,6 +278,9 @@ func ArchOf(c gpt.Config) (string, error) {
 	if c.MLA.Enabled {
 		return "", fmt.Errorf("hf: the model uses --multi-latent-attention; Hugging Face DeepSeek-V2/V3 export and import are not built")
 	}
+	if c.GDN.Enabled || c.AttentionOutputGate {
+		return "", fmt.Errorf("hf: the model uses --experimental-attention-variant gated_delta_net or --attention-output-gate; Hugging Face Qwen3-Next export and import are not built")
+	}
 	if c.LayerNorm1P {
 		// Hugging Face's GPT-2 and Llama norms scale by their weight, not by
 		// 1 + weight; exporting γ as it is would silently change the model.
@@ -336,7 +339,7 @@ func ParseDType(s string) (string, error) {
 func Export(ctx context.Context, dir string, m *gpt.Model, info Info, opts ExportOptions) error {
 	c := m.Config
 	arch := info.Arch
-	if arch == "" || c.LayerNorm1P || c.QKLayerNorm || c.MLA.Enabled {
+	if arch == "" || c.LayerNorm1P || c.QKLayerNorm || c.MLA.Enabled || c.GDN.Enabled || c.AttentionOutputGate {
 		a, err := ArchOf(c)
 		if err != nil {
 			return err

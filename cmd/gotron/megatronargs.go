@@ -110,7 +110,8 @@ const (
 	needFSDP      = "this part of Megatron-FSDP, not built in gotron (--use-megatron-fsdp with --data-parallel-sharding-strategy is)"
 	needRL        = "Megatron's RL/GRPO training loop, not built in gotron"
 	needInference = "Megatron's inference scripts: run this argument list with gotron inference, not gotron train"
-	needLinear    = "experimental attention variants (gated delta net / linear attention, DSA), not built in gotron"
+	needGDNTP     = "tensor-parallel gated delta net layers, not built in gotron (the hybrid model trains with --tensor-model-parallel-size 1)"
+	needLinear    = "the DSA experimental attention variant (DeepSeek sparse attention), not built in gotron (gated_delta_net is)"
 	needMuP       = "muP parametrisation, not built in gotron"
 	needExport    = "ModelOpt export and distillation, not built in gotron"
 	needWandB     = "Weights & Biases logging, which cannot be reached from here; use --tensorboard-dir"
@@ -169,36 +170,28 @@ var compatArgs = map[string]compatArg{
 	"apply-wd-to-qk-layernorm": {kind: compatNeeds, why: "weight decay on the query/key layer norms, not built in gotron yet"},
 	// Megatron configures its StragglerDetector only with --log-straggler
 	// (training.py); the count alone changes nothing.
-	"log-straggler":                  {kind: compatNeeds, why: "Megatron's straggler detector (per-rank step times and throughput with the slowest and fastest ranks), not built in gotron"},
-	"straggler-minmax-count":         {kind: compatSame, why: "how many slowest and fastest ranks Megatron's straggler detector lists; the detector runs only with --log-straggler (not built in gotron), so without it the count does nothing, as in Megatron"},
-	"enable-cuda-graph":              {kind: compatNeeds, why: needCUDAGraph},
-	"cuda-graph-impl":                {kind: compatNeeds, why: needCUDAGraph},
-	"use-pytorch-profiler":           {kind: compatNeeds, why: needProfile},
-	"wandb-save-dir":                 {kind: compatNeeds, why: needWandB},
-	"wandb-exp-name":                 {kind: compatNeeds, why: needWandB},
-	"wandb-entity":                   {kind: compatNeeds, why: needWandB},
-	"cache-mla-latents":              {kind: compatNeeds, why: "caching MLA's latents in Megatron's dynamic inference (Flash MLA), not built in gotron: gotron does not decode MLA models"},
-	"use-mup":                        {kind: compatNeeds, why: needMuP},
-	"mup-base-hidden-size":           {kind: compatNeeds, why: needMuP},
-	"fp8-format":                     {kind: compatNeeds, why: needFP8},
-	"fp8-recipe":                     {kind: compatNeeds, why: needFP8},
-	"fp8-param-gather":               {kind: compatNeeds, why: needFP8},
-	"first-last-layers-bf16":         {kind: compatNeeds, why: needFP8},
-	"experimental-attention-variant": {kind: compatNeeds, why: needLinear},
-	"linear-attention-freq":          {kind: compatNeeds, why: needLinear},
-	"linear-conv-kernel-dim":         {kind: compatNeeds, why: needLinear},
-	"linear-key-head-dim":            {kind: compatNeeds, why: needLinear},
-	"linear-value-head-dim":          {kind: compatNeeds, why: needLinear},
-	"linear-num-key-heads":           {kind: compatNeeds, why: needLinear},
-	"linear-num-value-heads":         {kind: compatNeeds, why: needLinear},
-	"attention-output-gate":          {kind: compatNeeds, why: needLinear},
-	"dsa-indexer-topk":               {kind: compatNeeds, why: needLinear},
-	"dsa-indexer-n-heads":            {kind: compatNeeds, why: needLinear},
-	"dsa-indexer-head-dim":           {kind: compatNeeds, why: needLinear},
-	"dsa-indexer-loss-coeff":         {kind: compatNeeds, why: needLinear},
-	"export-te-mcore-model":          {kind: compatNeeds, why: needExport},
-	"export-kd-teacher-load":         {kind: compatNeeds, why: needExport},
-	"export-kd-cfg":                  {kind: compatNeeds, why: needExport},
+	"log-straggler":          {kind: compatNeeds, why: "Megatron's straggler detector (per-rank step times and throughput with the slowest and fastest ranks), not built in gotron"},
+	"straggler-minmax-count": {kind: compatSame, why: "how many slowest and fastest ranks Megatron's straggler detector lists; the detector runs only with --log-straggler (not built in gotron), so without it the count does nothing, as in Megatron"},
+	"enable-cuda-graph":      {kind: compatNeeds, why: needCUDAGraph},
+	"cuda-graph-impl":        {kind: compatNeeds, why: needCUDAGraph},
+	"use-pytorch-profiler":   {kind: compatNeeds, why: needProfile},
+	"wandb-save-dir":         {kind: compatNeeds, why: needWandB},
+	"wandb-exp-name":         {kind: compatNeeds, why: needWandB},
+	"wandb-entity":           {kind: compatNeeds, why: needWandB},
+	"cache-mla-latents":      {kind: compatNeeds, why: "caching MLA's latents in Megatron's dynamic inference (Flash MLA), not built in gotron: gotron does not decode MLA models"},
+	"use-mup":                {kind: compatNeeds, why: needMuP},
+	"mup-base-hidden-size":   {kind: compatNeeds, why: needMuP},
+	"fp8-format":             {kind: compatNeeds, why: needFP8},
+	"fp8-recipe":             {kind: compatNeeds, why: needFP8},
+	"fp8-param-gather":       {kind: compatNeeds, why: needFP8},
+	"first-last-layers-bf16": {kind: compatNeeds, why: needFP8},
+	"dsa-indexer-topk":       {kind: compatNeeds, why: needLinear},
+	"dsa-indexer-n-heads":    {kind: compatNeeds, why: needLinear},
+	"dsa-indexer-head-dim":   {kind: compatNeeds, why: needLinear},
+	"dsa-indexer-loss-coeff": {kind: compatNeeds, why: needLinear},
+	"export-te-mcore-model":  {kind: compatNeeds, why: needExport},
+	"export-kd-teacher-load": {kind: compatNeeds, why: needExport},
+	"export-kd-cfg":          {kind: compatNeeds, why: needExport},
 }
 
 // compatSwitches are the switches of compatArgs that Megatron's training
@@ -354,6 +347,9 @@ func (f *trainFlags) megatronCompat(env *cli, fs *flag.FlagSet, given map[string
 	}
 	if f.cfg.LogNumZerosInGrad && f.device != "cpu" {
 		return fmt.Errorf("--log-num-zeros-in-grad: counts the gradients on the host: --device cpu only, not --device %s", f.device)
+	}
+	if f.gdn.variant != "" && f.tpSize > 1 {
+		return fmt.Errorf("--experimental-attention-variant %s with --tensor-model-parallel-size=%d: needs %s", f.gdn.variant, f.tpSize, needGDNTP)
 	}
 	if f.cfg.ApplyWDToQKLayerNorm && !f.model.QKLayerNorm {
 		lines = append(lines, "--apply-wd-to-qk-layernorm: no effect without --qk-layernorm (there are no query/key layer norms to decay), as in Megatron")

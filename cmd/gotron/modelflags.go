@@ -45,5 +45,8 @@ func (f *trainFlags) modelConfig(given map[string]bool) (gpt.Config, error) {
 	if err := f.mla.apply(&m, given); err != nil {
 		return gpt.Config{}, err
 	}
+	if err := f.gdn.apply(&m, given); err != nil {
+		return gpt.Config{}, err
+	}
 	return m, nil
 }

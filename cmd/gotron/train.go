@@ -70,6 +70,7 @@ type trainFlags struct {
 	compat map[string]bool
 	moe    moeFlags // moeflags.go
 	mla    mlaFlags // mlaflags.go
+	gdn    gdnFlags // gdnflags.go
 	// finish copies float64 flag values into the float32 config fields.
 	finish func()
 }
@@ -274,6 +275,7 @@ func newTrainFlagsWith(name string, extra func(*flag.FlagSet)) (*flag.FlagSet, *
 	addDataArgs(fs, &f.data)
 	addMoEFlags(fs, &f.moe)
 	addMLAFlags(fs, &f.mla)
+	addGDNFlags(fs, &f.gdn)
 	fs.StringVar(&f.quickstartDir, "quickstart-dir", "gotron-quickstart", "where the quickstart keeps its corpus and checkpoint")
 	fs.StringVar(&f.promptAfter, "sample-prompt", "", "after training, print a sample continuing this prompt")
 	fs.IntVar(&f.generateTokens, "sample-tokens", 100, "tokens in the sample printed after training")

@@ -112,6 +112,11 @@ var trainNumberRules = withFIMRules(withTokenizerRules(map[string]numberRule{
 
 	// Mixture of experts.
 	"num-experts":                         intIn(0, 1<<20, "experts per MoE layer; 0: a dense model"),
+	"linear-conv-kernel-dim":              intDim(1, "gated delta net: the causal convolution's kernel size"),
+	"linear-key-head-dim":                 intDim(1, "gated delta net: query/key head dimension"),
+	"linear-value-head-dim":               intDim(1, "gated delta net: value head dimension"),
+	"linear-num-key-heads":                intDim(1, "gated delta net: query/key heads"),
+	"linear-num-value-heads":              intDim(1, "gated delta net: value heads"),
 	"moe-ffn-hidden-size":                 intDim(0, "each expert's MLP hidden size; 0: --ffn-hidden-size"),
 	"moe-router-topk":                     intIn(1, 1<<20, "experts per token"),
 	"moe-router-num-groups":               intIn(0, 1<<20, "expert groups; 0: none"),

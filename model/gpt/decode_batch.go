@@ -73,8 +73,6 @@ func (m *Model) DecodeBatch(buf *DecodeBuffers, tokens, positions []int32, att A
 		return nil, fmt.Errorf("gpt: %d positions for %d tokens", len(positions), n)
 	case len(rows) == 0:
 		return nil, fmt.Errorf("gpt: decode asks for no logits")
-	case c.GDN.Enabled:
-		return nil, ErrGDNDecode
 	}
 	for i, t := range tokens {
 		if t < 0 || int(t) >= c.VocabSize {

@@ -161,7 +161,7 @@ func (c *GDNConfig) dims() (qk, v, conv, in int) {
 // decoder.layers.N.self_attention.).
 type GDNLayer struct {
 	InProj               *tensor.Tensor // in_proj.weight (2·nk·dk + 2·nv·dv + 2·nv, h): q, k, v, z, b, a rows
-	Conv                 *tensor.Tensor // conv1d.weight (2·nk·dk + nv·dv, 1, K)
+	Conv                 *tensor.Tensor // conv1d.weight (2·nk·dk + nv·dv, K): Megatron's (…, 1, K) without the group axis
 	DtBias               *tensor.Tensor // dt_bias (nv)
 	ALog                 *tensor.Tensor // A_log (nv)
 	OutNorm, OutNormBias *tensor.Tensor // out_norm.weight, .bias (dv; the bias for LayerNorm)
@@ -185,7 +185,7 @@ func newGDNLayer(cfg *Config, prefix string, rng *tensor.RNG, normal func(string
 	p := prefix + "self_attention."
 	g := &GDNLayer{
 		InProj:  normal(p+"in_proj.weight", std, in, h),
-		Conv:    tensor.Param(p+"conv1d.weight", conv, 1, c.ConvKernel),
+		Conv:    tensor.Param(p+"conv1d.weight", conv, c.ConvKernel),
 		DtBias:  tensor.Param(p+"dt_bias", nv),
 		ALog:    tensor.Param(p+"A_log", nv),
 		OutNorm: ones(p+"out_norm.weight", c.ValueHeadDim),

@@ -152,3 +152,28 @@ func TestGDNInit(t *testing.T) {
 		t.Fatalf("in_proj %v", got)
 	}
 }
+
+// TestOutputGateDecode: an output-gated attention model (the golden's
+// attention layers, no gated delta nets) decodes with its KV cache to the
+// logits of the full forward.
+func TestOutputGateDecode(t *testing.T) {
+	c := gdnGoldenConfig()
+	c.GDN = GDNConfig{}
+	m, err := New(c, tensor.NewRNG(5))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tokens := []int32{3, 9, 27, 1, 50, 7, 7, 12}
+	kv := m.NewKVCache(8)
+	got, err := m.Decode(kv, tokens[:5])
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 5; i < 8; i++ {
+		if got, err = m.Decode(kv, tokens[i:i+1]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	full := m.Forward(nil, Batch{Tokens: tensor.FromInt32(append([]int32(nil), tokens...), 1, 8)}, nil, false)
+	closeTo(t, "last token's logits", got, full.Float32s()[7*c.VocabSize:], 1e-4)
+}

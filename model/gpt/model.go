@@ -294,6 +294,9 @@ func (c *Config) CheckDecode() error {
 	if c.MLA.Enabled {
 		return fmt.Errorf("gpt: decoding a --multi-latent-attention model (generate, serve, inference) is not built: MLA has no KV cache in this release; train, evaluate and score it instead")
 	}
+	if c.GDN.Enabled {
+		return ErrGDNDecode
+	}
 	return nil
 }
 

@@ -70,7 +70,8 @@ def params_for(c, gen):
         if lin:
             a = p + "self_attention."
             normal(a + "in_proj.weight", 2 * qk + 2 * v + 2 * nv, h)
-            normal(a + "conv1d.weight", 2 * qk + v, 1, c["conv_kernel"], std=0.4)
+            # gotron keeps conv1d.weight as (channels, K): Megatron's (channels, 1, K) without the group axis
+            normal(a + "conv1d.weight", 2 * qk + v, c["conv_kernel"], std=0.4)
             normal(a + "dt_bias", nv, std=0.5)
             P[a + "A_log"] = torch.log(torch.rand(nv, generator=gen, dtype=torch.float32).double() * 15 + 1)
             gamma(a + "out_norm.weight", c["value_head_dim"])
@@ -206,7 +207,7 @@ def gated_delta_net(c, P, p, y):
     qkv, gate, beta, alpha = torch.split(qkvzba, [2 * qk + v_dim, v_dim, nv, nv], dim=-1)
     gate = gate.reshape(B, T, -1, dv)
     # deterministic path: torch-native depthwise conv1d, padding K-1, first T outputs, then act_fn (silu)
-    w = P[a + "conv1d.weight"]
+    w = P[a + "conv1d.weight"].unsqueeze(1)
     conv = F.conv1d(qkv.transpose(1, 2), w, None, padding=c["conv_kernel"] - 1, groups=2 * qk + v_dim)
     qkv = F.silu(conv[..., :T]).transpose(1, 2)
     query_key, value = torch.split(qkv, [2 * qk, v_dim], dim=-1)
