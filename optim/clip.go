@@ -47,6 +47,11 @@ func NewGrads(params []*Param) (*Grads, error) {
 // tensor.SumSquares, whose blocks make it bit-identical for any thread count.
 func (g *Grads) SumSquares() float64 { return tensor.SumSquares(g.grads) }
 
+// SumSquaresTo writes SumSquares's float64 bits into out, an Int64 (1)
+// tensor on the gradients' device, without reading it back: a training
+// step reads its statistics back together (tensor.ReadBack).
+func (g *Grads) SumSquaresTo(out *tensor.Tensor) { tensor.SumSquaresTo(out, g.grads) }
+
 // CountZeros returns how many of this rank's gradient elements are zero
 // (-0 included), the quantity Megatron's count_zeros_fp32 all-reduces (SUM)
 // for --log-num-zeros-in-grad. It reads the gradients on the host: CPU
@@ -109,3 +114,7 @@ func (g *Grads) Scale(s float32) { tensor.ScaleList(g.grads, s) }
 // (Megatron's found_inf; callers all-reduce it with MAX over the
 // model-parallel group and skip the optimizer and scheduler step if set).
 func (g *Grads) FoundInf() bool { return tensor.NonFinite(g.grads) }
+
+// FoundInfTo writes FoundInf into out, an Int32 (1) tensor on the
+// gradients' device (1 for true), without reading it back.
+func (g *Grads) FoundInfTo(out *tensor.Tensor) { tensor.NonFiniteTo(out, g.grads) }

@@ -142,3 +142,9 @@ func (g *Grads) Unscale(inv float32) bool {
 	tensor.ScaleList(g.grads, inv)
 	return g.FoundInf()
 }
+
+// UnscaleTo is Unscale leaving the found-inf flag in out (FoundInfTo).
+func (g *Grads) UnscaleTo(inv float32, out *tensor.Tensor) {
+	tensor.ScaleList(g.grads, inv)
+	g.FoundInfTo(out)
+}

@@ -186,15 +186,21 @@ type Backend interface {
 
 	// Optimizer and gradient-statistics ops on tensor lists (optim_ops.go:
 	// the exported functions check that the lists match, then call these;
-	// cpu_backend_optim.go is the CPU's). They update in place; the
-	// statistics come back as host scalars.
+	// cpu_backend_optim.go is the CPU's). They update in place; SumSquares
+	// and NonFinite write their result into a one-element tensor on the
+	// device (a step reads several back in one copy, ReadBack), MaxAbs
+	// returns it as a host scalar.
 	AdamW(params, grads, expAvg, expAvgSq *TensorList, coeffs []AdamWCoeffs)
 	// SGD: momentum is nil without a momentum buffer.
 	SGD(params, grads, momentum *TensorList, coeffs []SGDCoeffs)
 	ScaleList(l *TensorList, alpha float32)
-	SumSquares(l *TensorList) float64
+	// SumSquares writes SumSquares(l)'s float64 bits into out, an Int64
+	// (1) tensor.
+	SumSquares(out *Tensor, l *TensorList)
 	MaxAbs(l *TensorList) float64
-	NonFinite(l *TensorList) bool
+	// NonFinite writes 1 into the Int32 (1) out when an element of l is
+	// NaN or ±Inf, else 0.
+	NonFinite(out *Tensor, l *TensorList)
 	// Vocab-parallel embedding and cross-entropy, one rank's share
 	// (vocab_ops.go, cpu_backend_vocab.go).
 	VocabEmbeddingForward(out, table, ids *Tensor, start int)
@@ -237,12 +243,13 @@ type Backend interface {
 	// elements; the caller advances its RNG).
 	DropoutMask(mask *Tensor, p float32, rng RNGState)
 	// LossMaskMean writes the per-row weights w (n) (mask's, or 1 when mask
-	// is nil) and out (1) = Σ w·losses / Σ w (0 when Σ w <= 0), both sums
-	// in float64 in row order; it returns Σ w, read back to the host.
-	LossMaskMean(out, w, losses, mask *Tensor) float64
+	// is nil), out (1) = Σ w·losses / Σ w (0 when Σ w <= 0), both sums
+	// in float64 in row order, and Σ w's float64 bits into den, an Int64
+	// (1) tensor on the device (not read back).
+	LossMaskMean(out, w, den, losses, mask *Tensor)
 	// LossMaskScale scales w by dout[0]/float32(den) (zeroes it when den
-	// <= 0): the per-row loss gradients of LossMaskMean.
-	LossMaskScale(w, dout *Tensor, den float64)
+	// <= 0), den LossMaskMean's: the per-row loss gradients of LossMaskMean.
+	LossMaskScale(w, dout, den *Tensor)
 	// Convert writes src's values into dst (contiguous, same element
 	// count, another dtype) as Tensor.To converts: float32 ↔ bfloat16 /
 	// float16 rounding to nearest even, ints ↔ float32 by value.

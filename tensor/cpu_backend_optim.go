@@ -139,14 +139,16 @@ func (c *cpuList) blockRange(blk int) (int, int) {
 	return blk * NormBlock, min((blk+1)*NormBlock, c.l.Numel())
 }
 
-func (cpuBackend) SumSquares(l *TensorList) float64 {
-	c := cpuListOf(l)
-	cpu.Parallel(len(c.partial), 1, c.sumK)
+func (cpuBackend) SumSquares(out *Tensor, l *TensorList) {
 	s := 0.0
-	for _, p := range c.partial {
-		s += p
+	if l.Numel() > 0 {
+		c := cpuListOf(l)
+		cpu.Parallel(len(c.partial), 1, c.sumK)
+		for _, p := range c.partial {
+			s += p
+		}
 	}
-	return s
+	out.i64[out.offset] = int64(math.Float64bits(s))
 }
 
 // sumBlock stores Σ x² over block blk, accumulated in float64.
@@ -214,15 +216,19 @@ func maxAbs(x []float32) float64 {
 	return float64(m)
 }
 
-func (cpuBackend) NonFinite(l *TensorList) bool {
+func (cpuBackend) NonFinite(out *Tensor, l *TensorList) {
+	out.i32[out.offset] = 0
+	if l.Numel() == 0 {
+		return
+	}
 	c := cpuListOf(l)
 	cpu.Parallel(len(c.found), 1, c.infK)
 	for _, b := range c.found {
 		if b {
-			return true
+			out.i32[out.offset] = 1
+			return
 		}
 	}
-	return false
 }
 
 // infBlock records whether block blk holds a NaN or ±Inf.

@@ -1,6 +1,10 @@
 package tensor
 
-import "github.com/gotron/gotron/internal/half"
+import (
+	"math"
+
+	"github.com/gotron/gotron/internal/half"
+)
 
 // The CPU's memory, reduction and autograd-bookkeeping methods (the
 // Backend's last block): the loops package tensor ran on host storage
@@ -134,7 +138,7 @@ func (cpuBackend) DropoutMask(mask *Tensor, p float32, rng RNGState) {
 	r.DropoutMask(f(mask), p)
 }
 
-func (cpuBackend) LossMaskMean(out, w, losses, mask *Tensor) float64 {
+func (cpuBackend) LossMaskMean(out, w, denT, losses, mask *Tensor) {
 	ws, ls := f(w), f(losses)
 	var ms []float32
 	if mask != nil {
@@ -158,10 +162,11 @@ func (cpuBackend) LossMaskMean(out, w, losses, mask *Tensor) float64 {
 	if den > 0 {
 		o[0] = float32(num / den)
 	}
-	return den
+	denT.i64[denT.offset] = int64(math.Float64bits(den))
 }
 
-func (cpuBackend) LossMaskScale(w, dout *Tensor, den float64) {
+func (cpuBackend) LossMaskScale(w, dout, denT *Tensor) {
+	den := math.Float64frombits(uint64(denT.i64[denT.offset]))
 	ws, g := f(w), f(dout)[0]
 	for i := range ws {
 		if den > 0 {

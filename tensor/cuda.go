@@ -57,13 +57,21 @@ type cudaRuntime struct {
 	// does not wait for the stream: GOTRON_CUDA_UNVERIFIED (1, or a list naming staged-copies) at OpenCUDA
 	// (built, not yet run on a GPU).
 	stagedCopies bool
+
+	// fewerSyncs keeps a training step's scalars on the device until the
+	// one read-back that needs them: LossMaskScale reads Σ mask there, and
+	// ReadBack packs several tensors into one device-to-host copy.
+	// GOTRON_CUDA_UNVERIFIED naming fewer-syncs at OpenCUDA (built, not yet
+	// run on a GPU); without it each is its own synchronizing copy.
+	fewerSyncs bool
 }
 
 // CUDAUnverified reports whether GOTRON_CUDA_UNVERIFIED (read through
 // getenv) turns on feature, one of the CUDA features built but not yet run
 // on a GPU: "cp" (context parallelism's block attention), "attn-bf16"
 // (bf16/fp16 products in the materialized attention), "staged-copies"
-// (host-to-device copies that do not wait for the stream). The variable is
+// (host-to-device copies that do not wait for the stream), "fewer-syncs"
+// (a step's scalars read back together, once). The variable is
 // "1" or "all" for every one, or a comma-separated list of names.
 func CUDAUnverified(getenv func(string) string, feature string) bool {
 	v := getenv("GOTRON_CUDA_UNVERIFIED")
@@ -196,6 +204,7 @@ func OpenCUDA(ordinal int, opts CUDAOptions) error {
 		SetCUDAAttentionReducedPrecision(true)
 	}
 	rt.stagedCopies = CUDAUnverified(os.Getenv, "staged-copies")
+	rt.fewerSyncs = CUDAUnverified(os.Getenv, "fewer-syncs")
 	if os.Getenv("GOTRON_CUDA_PROFILE") != "" {
 		rt.prof = &cudaProfile{byName: map[string]*cudaProfEntry{}}
 	}

@@ -1,6 +1,7 @@
 package tensor
 
 import (
+	"fmt"
 	"math"
 	"runtime"
 )
@@ -133,22 +134,20 @@ func (be cudaBackend) ScaleList(l *TensorList, alpha float32) {
 
 // SumSquares sums each NormBlock on four threads into a scratch of
 // float64s, then the blocks in order (one block stages them through shared
-// memory, one thread adds), and reads the total back.
-func (be cudaBackend) SumSquares(l *TensorList) float64 {
+// memory, one thread adds) into out, on the device.
+func (be cudaBackend) SumSquares(out *Tensor, l *TensorList) {
 	total := l.Numel()
 	if total == 0 {
-		return 0
+		be.Fill(out, 0)
+		return
 	}
 	c := be.listOf(l)
 	nblocks := (total + NormBlock - 1) / NormBlock
 	partial := be.empty(Int64, nblocks) // float64 bits
-	out := be.empty(Int64, 1)           // float64 bits
 	be.launch("optim_sumsq_blocks_f32", [3]int{min((4*nblocks+255)/256, optimBlocks), 1, 1}, [3]int{256, 1, 1}, 0,
 		be.ptr(partial), be.ptr(c.ptrDev), be.ptr(c.starts), int32(len(l.ts)), int64(nblocks), int64(NormBlock))
 	be.launch("optim_sum_f64", [3]int{1, 1, 1}, [3]int{256, 1, 1}, 0, be.ptr(out), be.ptr(partial), int64(nblocks))
-	s := math.Float64frombits(uint64(fromCUDA(out, CPU, siteSumSquares).Int64s()[0]))
 	runtime.KeepAlive(partial)
-	return s
 }
 
 // MaxAbs reduces |x|'s float32 bits with an unsigned maximum (NaN above
@@ -163,12 +162,17 @@ func (be cudaBackend) MaxAbs(l *TensorList) float64 {
 	return float64(math.Float32frombits(uint32(fromCUDA(out, CPU, siteMaxAbs).Int32s()[0])))
 }
 
-func (be cudaBackend) NonFinite(l *TensorList) bool {
+// NonFinite clears out, then the kernel sets it where it finds a NaN or
+// ±Inf (on the device).
+func (be cudaBackend) NonFinite(out *Tensor, l *TensorList) {
+	be.rt.timed("memset of a zeroed allocation", func() {
+		if err := be.rt.dev.Memset(devPtr(out), 4); err != nil {
+			panic(fmt.Sprintf("tensor: clearing NonFinite's result on CUDA: %v", err))
+		}
+	})
 	if l.Numel() == 0 {
-		return false
+		return
 	}
 	c := be.listOf(l)
-	out := be.alloc(Int32, 1)
 	be.launchChunks("optim_nonfinite_f32", c, be.ptr(out), be.ptr(c.chunks), int64(c.nchunks), be.ptr(c.ptrDev))
-	return fromCUDA(out, CPU, siteNonFinite).Int32s()[0] != 0
 }

@@ -100,22 +100,34 @@ func (be cudaBackend) DropoutMask(mask *Tensor, p float32, rng RNGState) {
 }
 
 // LossMaskMean runs in one block (a few thousand to a million rows:
-// bandwidth-trivial) and reads Σ w back through an 8-byte scratch.
-func (be cudaBackend) LossMaskMean(out, w, losses, mask *Tensor) float64 {
+// bandwidth-trivial) and leaves Σ w in den (float64 bits) on the device.
+func (be cudaBackend) LossMaskMean(out, w, den, losses, mask *Tensor) {
 	n := w.Numel()
-	den := be.empty(Int64, 1) // float64 bits
 	be.launch("reduce_loss_mask_mean_f32", [3]int{1, 1, 1}, [3]int{1024, 1, 1}, 0,
 		be.ptr(out), be.ptr(den), be.ptr(w), be.ptr(losses), be.ptr(mask), int64(n))
-	return math.Float64frombits(uint64(fromCUDA(den, CPU, siteLossMaskDen).Int64s()[0]))
 }
 
-// LossMaskScale reads dout[0] on the device; den comes as the float32 the
-// CPU divides by.
-func (be cudaBackend) LossMaskScale(w, dout *Tensor, den float64) {
+// lossMaskScaleDevArgs are reduce_loss_mask_scale_dev_f32's arguments
+// (TestLossMaskScaleDevArgsMatchPTX checks them against the PTX).
+func lossMaskScaleDevArgs(w, dout, den uintptr, n int) []any {
+	return []any{w, dout, den, int64(n)}
+}
+
+// LossMaskScale reads dout[0] on the device. den is read there too under
+// GOTRON_CUDA_UNVERIFIED=fewer-syncs (reduce_loss_mask_scale_dev_f32,
+// built, not yet run on a GPU); otherwise it comes back to the host (a
+// synchronizing read per micro-batch) and goes in as the float32 the CPU
+// divides by.
+func (be cudaBackend) LossMaskScale(w, dout, den *Tensor) {
 	n := w.Numel()
+	if be.rt.fewerSyncs {
+		be.launch1D("reduce_loss_mask_scale_dev_f32", n, lossMaskScaleDevArgs(be.ptr(w), be.ptr(dout), be.ptr(den), n)...)
+		return
+	}
+	dh := math.Float64frombits(uint64(fromCUDA(den, CPU, siteLossMaskDen).Int64s()[0]))
 	positive, d := int32(0), float32(1)
-	if den > 0 {
-		positive, d = 1, float32(den)
+	if dh > 0 {
+		positive, d = 1, float32(dh)
 	}
 	be.launch1D("reduce_loss_mask_scale_f32", n, be.ptr(w), be.ptr(dout), d, positive, int64(n))
 }

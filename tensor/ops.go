@@ -496,9 +496,10 @@ func (tp *Tape) CrossEntropy(logits, targets *Tensor, o CrossEntropyOptions) *Te
 	be.CrossEntropyForward(losses, lse, logits, targets, cfg)
 	w := tp.empty(logits.dev, n)
 	out := tp.empty(logits.dev, 1)
-	// den (Σ mask) comes back to the host, a readback of one value: the
-	// backward's scale needs it.
-	den := be.LossMaskMean(out, w, losses, o.LossMask)
+	// den (Σ mask, float64 bits) stays on the device for the backward's
+	// scale: the forward reads nothing back.
+	den := emptyOn(logits.dev, Int64, 1)
+	be.LossMaskMean(out, w, den, losses, o.LossMask)
 	if tp.recording(logits) {
 		tp.record("cross_entropy", func(tp *Tape) {
 			be.LossMaskScale(w, tp.grad(out), den)

@@ -2,6 +2,7 @@ package tensor
 
 import (
 	"fmt"
+	"math"
 	"sort"
 )
 
@@ -26,6 +27,8 @@ type TensorList struct {
 	// devPtrs are the addresses the simulated device counted device tables
 	// for (sim_copies.go: it counts the copies the CUDA backend makes).
 	devPtrs []uintptr
+	// res64 and res32 hold SumSquares's and NonFinite's results (result).
+	res64, res32 *Tensor
 }
 
 // NewTensorList returns the list of ts (the slice is copied, the tensors
@@ -190,12 +193,88 @@ func ScaleList(l *TensorList, alpha float32) { backendForList(l).ScaleList(l, al
 const NormBlock = 1 << 13
 
 // SumSquares returns Σ x² over every element of l, each square exact in
-// float64 and summed in float64 in the fixed order NormBlock describes.
-func SumSquares(l *TensorList) float64 { return backendForList(l).SumSquares(l) }
+// float64 and summed in float64 in the fixed order NormBlock describes
+// (SumSquaresTo, read back: one copy off the CPU).
+func SumSquares(l *TensorList) float64 {
+	out := l.result(Int64)
+	SumSquaresTo(out, l)
+	return Float64Bits(ToHost(out))
+}
+
+// SumSquaresTo writes SumSquares(l)'s float64 bits into out, an Int64 (1)
+// tensor on l's device, without reading it back (Float64Bits reads a host
+// copy): a step reads its statistics back together (ReadBack).
+func SumSquaresTo(out *Tensor, l *TensorList) {
+	mustScalarOut("SumSquaresTo", out, Int64, l)
+	if len(l.ts) == 0 {
+		backendFor(out).Fill(out, 0) // +0's bits
+		return
+	}
+	backendForList(l).SumSquares(out, l)
+}
+
+// Float64Bits returns the float64 whose bits the host-readable Int64
+// tensor t holds at element 0 (SumSquaresTo's result, read back).
+func Float64Bits(t *Tensor) float64 {
+	t.mustHost("Float64Bits")
+	if t.dtype != Int64 || t.Numel() < 1 {
+		panic(fmt.Sprintf("tensor: Float64Bits of %v, want an Int64 tensor", t))
+	}
+	return math.Float64frombits(uint64(t.i64[t.offset]))
+}
+
+// result returns l's one-element result tensor of dtype (Int64 or Int32)
+// on l's device, made on first use, so that SumSquares and NonFinite
+// allocate nothing on the CPU.
+func (l *TensorList) result(dtype DType) *Tensor {
+	p := &l.res32
+	if dtype == Int64 {
+		p = &l.res64
+	}
+	if *p == nil {
+		*p = NewOn(listDevice(l), dtype, 1)
+	}
+	return *p
+}
+
+// listDevice is the device of l's tensors (the CPU for an empty list).
+func listDevice(l *TensorList) Device {
+	if len(l.ts) == 0 {
+		return CPU
+	}
+	return l.ts[0].dev
+}
+
+// mustScalarOut panics unless out is a one-element tensor of dtype on
+// l's device (an empty list's result may be anywhere).
+func mustScalarOut(op string, out *Tensor, dtype DType, l *TensorList) {
+	switch {
+	case out == nil || out.dtype != dtype || out.Numel() != 1 || !out.IsContiguous():
+		panic(fmt.Sprintf("tensor: %s: result %v, want a one-element %v tensor", op, out, dtype))
+	case len(l.ts) > 0 && out.dev != l.ts[0].dev:
+		panic(fmt.Sprintf("tensor: %s: result on the %v device, the list on %v", op, out.dev, l.ts[0].dev))
+	}
+}
 
 // MaxAbs returns max |x| over every element of l (0 for an empty list), NaN
 // if any element is NaN.
 func MaxAbs(l *TensorList) float64 { return backendForList(l).MaxAbs(l) }
 
-// NonFinite reports whether any element of l is NaN or ±Inf.
-func NonFinite(l *TensorList) bool { return backendForList(l).NonFinite(l) }
+// NonFinite reports whether any element of l is NaN or ±Inf (NonFiniteTo,
+// read back: one copy off the CPU).
+func NonFinite(l *TensorList) bool {
+	out := l.result(Int32)
+	NonFiniteTo(out, l)
+	return ToHost(out).Int32s()[0] != 0
+}
+
+// NonFiniteTo writes 1 into out, an Int32 (1) tensor on l's device, when
+// an element of l is NaN or ±Inf, else 0, without reading it back.
+func NonFiniteTo(out *Tensor, l *TensorList) {
+	mustScalarOut("NonFiniteTo", out, Int32, l)
+	if len(l.ts) == 0 {
+		backendFor(out).Fill(out, 0)
+		return
+	}
+	backendForList(l).NonFinite(out, l)
+}

@@ -176,7 +176,7 @@ func copySite() string {
 		switch name {
 		case "tensor.copyToCUDA", "tensor.copyFromCUDA", "tensor.toCUDA", "tensor.fromCUDA", "tensor.(*Tensor).ToDevice",
 			"tensor.ToHost", "tensor.Copy", "tensor.(*cudaRuntime).timed", "tensor.countTransfer", "tensor.MoveParams",
-			"tensor.(*copyCounter).count", "tensor.ReadBack":
+			"tensor.(*copyCounter).count", "tensor.ReadBack", "tensor.readBackPacked", "tensor.SumSquares", "tensor.NonFinite":
 		default:
 			if name != "" {
 				return trimClosure(name)

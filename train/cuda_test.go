@@ -1,8 +1,11 @@
 package train
 
 import (
+	"context"
 	"fmt"
+	"io"
 	"math"
+	"os"
 	"testing"
 
 	"github.com/gotron/gotron/tensor"
@@ -39,5 +42,39 @@ func TestCUDATrainingMatchesCPU(t *testing.T) {
 			t.Logf("final loss %v on cuda, %v on the CPU; validation %v, %v", got.res.Losses[len(got.res.Losses)-1],
 				want.res.Losses[len(want.res.Losses)-1], got.res.ValidLoss, want.res.ValidLoss)
 		})
+	}
+}
+
+// TestCUDAStepReadsBack counts a GPU training step's device-to-host
+// copies: under GOTRON_CUDA_UNVERIFIED=fewer-syncs one (the found-inf flag,
+// Σg² and the micro-batches' losses packed on the device), as
+// TestSimStepReadsBackOnce counts on the simulated device; without it one
+// per tensor read back (3) and each micro-batch's loss-mask sum. It skips
+// without a GPU.
+func TestCUDAStepReadsBack(t *testing.T) {
+	if err := tensor.OpenCUDA(0, tensor.CUDAOptions{}); err != nil {
+		t.Skipf("no CUDA device: %v", err)
+	}
+	const n = 3
+	cfg := tinyConfig(t)
+	cfg.GlobalBatchSize, cfg.Device, cfg.Out = n*cfg.MicroBatchSize, tensor.CUDA, io.Discard
+	tr, err := New(cfg, MockSource{SeqLength: cfg.SeqLength, VocabSize: cfg.Model.VocabSize}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := int64(3 + n)
+	if tensor.CUDAUnverified(os.Getenv, "fewer-syncs") {
+		want = 1
+	}
+	for i := range 3 {
+		before := tensor.CUDATransfers()
+		if _, err := tr.stepper.step(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		d := tensor.CUDATransfers().Sub(before)
+		t.Logf("iteration %d: %d in, %d out: %v", i+1, d.FromHost, d.ToHost, d.Sites)
+		if d.ToHost != want {
+			t.Errorf("iteration %d: %d device-to-host copies, want %d (GOTRON_CUDA_UNVERIFIED=%q)", i+1, d.ToHost, want, os.Getenv("GOTRON_CUDA_UNVERIFIED"))
+		}
 	}
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/gotron/gotron/optim"
 	"github.com/gotron/gotron/parallel"
 	"github.com/gotron/gotron/parallel/ddp"
+	"github.com/gotron/gotron/tensor"
 )
 
 // This file wires data parallelism into the stepper (docs/design/parallel.md):
@@ -163,7 +164,7 @@ func (st *stepper) agree(ctx context.Context, a agreement) (agreement, error) {
 // rank's micro-batches hold tokens) and returns whether a gradient is
 // NaN/Inf, the squared global norm (computed where the shard lives), and
 // the all-reduced loss and stop request.
-func (st *stepper) reduceGrads(ctx context.Context, a agreement, tokens int64) (agreement, error) {
+func (st *stepper) reduceGrads(ctx context.Context, a agreement, tokens int64, pending pendingLosses) (agreement, error) {
 	st.tm.start(timerAllGradsSync, 1)
 	err := st.reducer.Finish(ctx)
 	st.tm.stop(timerAllGradsSync)
@@ -200,26 +201,44 @@ func (st *stepper) reduceGrads(ctx context.Context, a agreement, tokens int64) (
 	// shard, replicated parameters on TP rank 0 only) on the ranks that hold
 	// distinct gradients (every rank with the distributed optimizer, DP rank
 	// 0 otherwise).
+	//
+	// The found-inf flag, Σg² and the micro-batches' losses stay on the
+	// device until one read-back here: the step's one synchronization
+	// with the host (Megatron's is the gradient norm's .item()).
+	dev := st.cfg.Device
+	nonFin := tensor.NewOn(dev, tensor.Int32, 1)
 	if st.scaler != nil {
 		st.tm.start(timerUnscale, 1)
-		a.nonFin = st.grads.Unscale(st.scaler.InvScale()) // Megatron: unscale, then check for overflow
+		st.grads.UnscaleTo(st.scaler.InvScale(), nonFin) // Megatron: unscale, then check for overflow
 	} else {
-		a.nonFin = st.grads.FoundInf()
+		st.grads.FoundInfTo(nonFin)
 	}
 	// The norm (Megatron's get_grad_norm inside optimizer-clip-main-grad)
 	// and the found-inf check share one all-reduce here: the clip timer
 	// covers both, and the unscale timer (fp16) ends with it.
 	st.tm.start(timerClipMainGrad, 1)
-	a.sumSq = 0
+	var sumSq, sumSqExperts *tensor.Tensor
 	// (without the distributed optimizer the gradients are replicated over
 	// data × context parallelism: one rank of it counts them)
 	if st.countsGrads() {
-		a.sumSq = st.normG.SumSquares()
+		sumSq = tensor.NewOn(dev, tensor.Int64, 1)
+		st.normG.SumSquaresTo(sumSq)
 	}
 	if st.normExperts != nil && st.countsExpertGrads() {
 		// each expert once: its shards, or on expert-data-parallel rank 0
-		a.sumSq += st.normExperts.SumSquares()
+		sumSqExperts = tensor.NewOn(dev, tensor.Int64, 1)
+		st.normExperts.SumSquaresTo(sumSqExperts)
 	}
+	host := tensor.ReadBack(nonFin, sumSq, sumSqExperts, pending.values)
+	a.nonFin = host[0].Int32s()[0] != 0
+	a.sumSq = 0
+	if sumSq != nil {
+		a.sumSq = tensor.Float64Bits(host[1])
+	}
+	if sumSqExperts != nil {
+		a.sumSq += tensor.Float64Bits(host[2])
+	}
+	a.loss += pending.sum(host[3])
 	if st.par.TP.Rank() != 0 || (st.pipelined() && st.par.PP.Rank() != st.par.PP.Size()-1) {
 		// the loss and its tokens once per replica: from tensor-parallel
 		// rank 0 of the last stage (the others' loss sums are 0 or copies)

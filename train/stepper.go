@@ -370,6 +370,11 @@ func (st *stepper) forwardBackward(ctx context.Context, n, mbs, dp, r int, perTo
 	// batch, as Megatron's train_step reports it.
 	var lossSum float64
 	var tokens int64
+	// Without pipelining each micro-batch's mean token loss stays on the
+	// device until reduceGrads reads it back with the gradient statistics,
+	// once per iteration (Megatron reads its losses at the log interval
+	// and the gradient norm once, clip_grad_norm's .item()).
+	var pending pendingLosses
 	if st.pipelined() {
 		var err error
 		if lossSum, tokens, err = st.pipelineStep(n, mbs, dp, r); err != nil {
@@ -379,6 +384,9 @@ func (st *stepper) forwardBackward(ctx context.Context, n, mbs, dp, r int, perTo
 			// gotron's pipeline executor gives the micro-batches' sum.
 			st.rerun.validateLoss(lossSum)
 		}
+	}
+	if !st.pipelined() {
+		pending = pendingLosses{values: tensor.NewOn(st.cfg.Device, tensor.Float32, n), tokens: make([]int64, 0, n)}
 	}
 	for i := 0; i < n && !st.pipelined(); i++ {
 		if i == n-1 {
@@ -401,9 +409,14 @@ func (st *stepper) forwardBackward(ctx context.Context, n, mbs, dp, r int, perTo
 		if err := st.tape.Err(); err != nil {
 			return agreement{}, fmt.Errorf("train: iteration %d: %w", st.Iteration+1, err)
 		}
-		// pretrain_gpt.loss_func validates the micro-batch's loss sum.
-		st.rerun.validateLoss(scalar(loss) * float64(nt))
-		lossSum += scalar(loss) * float64(nt)
+		if st.rerun.cfg.enabled() {
+			// pretrain_gpt.loss_func validates the micro-batch's loss sum
+			// (Megatron's validate_result reads it back too).
+			st.rerun.validateLoss(scalar(loss) * float64(nt))
+		}
+		// The loss is the tape's, released in backward: keep a copy.
+		tensor.Copy((*tensor.Tape)(nil).Narrow(pending.values, 0, i, 1), loss)
+		pending.tokens = append(pending.tokens, nt)
 		tokens += nt
 		st.tm.start(timerBackwardCompute, 2)
 		err = st.tape.Backward(st.tape.Scale(loss, backwardScale(st.lossScale(), perToken, n, nt)))
@@ -417,7 +430,31 @@ func (st *stepper) forwardBackward(ctx context.Context, n, mbs, dp, r int, perTo
 		st.tape.Reset()
 	}
 	timeUp := st.cfg.ExitDuration > 0 && st.cfg.Now().Sub(st.startTime) >= st.cfg.ExitDuration
-	return st.reduceGrads(st.cctx, agreement{loss: lossSum, tokens: float64(tokens), stopped: ctx.Err() != nil, timeUp: timeUp}, tokens)
+	return st.reduceGrads(st.cctx, agreement{loss: lossSum, tokens: float64(tokens), stopped: ctx.Err() != nil, timeUp: timeUp}, tokens, pending)
+}
+
+// pendingLosses are an iteration's micro-batch losses not yet read back:
+// values (n) on the run's device, each micro-batch's mean token loss, and
+// tokens, its unmasked tokens. values is nil under pipelining (the
+// executor returns the loss sum).
+type pendingLosses struct {
+	values *tensor.Tensor
+	tokens []int64
+}
+
+// sum is Σ loss·tokens over the micro-batches, in their order, from the
+// values read back (host): the rank's sum of token losses, as
+// pretrain_gpt.loss_func's loss sums add up.
+func (p pendingLosses) sum(host *tensor.Tensor) float64 {
+	if host == nil {
+		return 0
+	}
+	var s float64
+	v := host.Float32s()
+	for i, nt := range p.tokens {
+		s += float64(v[i]) * float64(nt)
+	}
+	return s
 }
 
 // isLastStage reports whether this rank runs the pipeline's last stage

@@ -2,6 +2,8 @@ package backendtest
 
 import (
 	"fmt"
+	"math"
+	"os"
 	"sort"
 	"testing"
 
@@ -123,5 +125,36 @@ func TestCUDACopy(t *testing.T) {
 	tensor.Copy(got, tr(d46))
 	if err := sameBits("cuda view → host", got.Float32s(), want); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestCUDAReadBack: tensors of several dtypes (a nil entry, a strided
+// view) read back together from the GPU hold the values they were given:
+// one device-to-host copy under GOTRON_CUDA_UNVERIFIED=fewer-syncs (packed
+// on the device), one each without it.
+func TestCUDAReadBack(t *testing.T) {
+	cudaBackend(t)
+	l := tensor.New(tensor.Int64, 1)
+	l.Int64s()[0] = int64(math.Float64bits(math.Pi))
+	m := tensor.FromFloat32([]float32{1, 2, 3, 4, 5, 6}, 2, 3).ToDevice(tensor.CUDA)
+	ts := []*tensor.Tensor{tensor.FromFloat32([]float32{1.5, -2, float32(math.NaN())}, 3).ToDevice(tensor.CUDA), nil,
+		tensor.FromInt32([]int32{7}, 1).ToDevice(tensor.CUDA), l.ToDevice(tensor.CUDA), (*tensor.Tape)(nil).Transpose(m, 0, 1)}
+	before := tensor.CUDATransfers()
+	got := tensor.ReadBack(ts...)
+	d := tensor.CUDATransfers().Sub(before)
+	f := got[0].Float32s()
+	if got[1] != nil || f[0] != 1.5 || f[1] != -2 || !math.IsNaN(float64(f[2])) || got[2].Int32s()[0] != 7 ||
+		tensor.Float64Bits(got[3]) != math.Pi {
+		t.Errorf("read back %v %v %v %v", f, got[1], got[2].Int32s(), tensor.Float64Bits(got[3]))
+	}
+	if v := got[4].Contiguous().Float32s(); len(v) != 6 || v[0] != 1 || v[1] != 4 || v[5] != 6 {
+		t.Errorf("transposed view %v, want [1 4 2 5 3 6]", v)
+	}
+	want := int64(4)
+	if tensor.CUDAUnverified(os.Getenv, "fewer-syncs") {
+		want = 1
+	}
+	if d.ToHost != want {
+		t.Errorf("GOTRON_CUDA_UNVERIFIED=%q: %d device-to-host copies, want %d", os.Getenv("GOTRON_CUDA_UNVERIFIED"), d.ToHost, want)
 	}
 }

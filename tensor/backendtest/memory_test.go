@@ -66,13 +66,12 @@ func (b wrongMem) DropoutMask(mask *tensor.Tensor, p float32, rng tensor.RNGStat
 	b.nudgeIf("DropoutMask", mask)
 }
 
-func (b wrongMem) LossMaskMean(out, w, losses, mask *tensor.Tensor) float64 {
-	den := b.Backend.LossMaskMean(out, w, losses, mask)
+func (b wrongMem) LossMaskMean(out, w, den, losses, mask *tensor.Tensor) {
+	b.Backend.LossMaskMean(out, w, den, losses, mask)
 	b.nudgeIf("LossMaskMean", out)
-	return den
 }
 
-func (b wrongMem) LossMaskScale(w, dout *tensor.Tensor, den float64) {
+func (b wrongMem) LossMaskScale(w, dout, den *tensor.Tensor) {
 	b.Backend.LossMaskScale(w, dout, den)
 	b.nudgeIf("LossMaskScale", w)
 }

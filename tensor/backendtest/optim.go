@@ -236,11 +236,16 @@ func SumSquaresRef(x [][]float32) float64 {
 // on the list and on an empty list.
 func CheckSumSquares(be tensor.Backend) error {
 	x, dev := listValues(9, false), be.Device()
-	if got, want := be.SumSquares(newList(dev, x)), SumSquaresRef(x); math.Float64bits(got) != math.Float64bits(want) {
+	sum := func(l *tensor.TensorList) float64 {
+		out := tensor.NewOn(dev, tensor.Int64, 1)
+		be.SumSquares(out, l)
+		return tensor.Float64Bits(tensor.ToHost(out))
+	}
+	if got, want := sum(newList(dev, x)), SumSquaresRef(x); math.Float64bits(got) != math.Float64bits(want) {
 		return fmt.Errorf("SumSquares = %.17g, want %.17g (bit for bit)", got, want)
 	}
-	if got := be.SumSquares(newList(dev, nil)); got != 0 {
-		return fmt.Errorf("SumSquares of an empty list = %v, want 0", got)
+	if got := sum(newList(dev, nil)); math.Float64bits(got) != 0 {
+		return fmt.Errorf("SumSquares of an empty list = %v, want +0", got)
 	}
 	return nil
 }
@@ -275,8 +280,22 @@ func CheckMaxAbs(be tensor.Backend) error {
 // at the last element.
 func CheckNonFinite(be tensor.Backend) error {
 	x, dev := listValues(11, false), be.Device()
-	if be.NonFinite(newList(dev, x)) {
-		return fmt.Errorf("NonFinite on finite values")
+	// the result starts at 7: NonFinite writes 0 or 1 over whatever is there
+	nonFinite := func(l *tensor.TensorList) (bool, error) {
+		out := tensor.FromInt32([]int32{7}, 1).ToDevice(dev)
+		be.NonFinite(out, l)
+		switch v := tensor.ToHost(out).Int32s()[0]; v {
+		case 0, 1:
+			return v == 1, nil
+		default:
+			return false, fmt.Errorf("NonFinite wrote %d, want 0 or 1", v)
+		}
+	}
+	if bad, err := nonFinite(newList(dev, x)); err != nil || bad {
+		return fmt.Errorf("NonFinite on finite values: %v %v", bad, err)
+	}
+	if bad, err := nonFinite(newList(dev, nil)); err != nil || bad {
+		return fmt.Errorf("NonFinite of an empty list: %v %v", bad, err)
 	}
 	last := x[len(x)-1]
 	for _, c := range []struct {
@@ -286,8 +305,8 @@ func CheckNonFinite(be tensor.Backend) error {
 	}{{x[0], 0, math.NaN()}, {last, tensor.NormBlock + 3, math.Inf(1)}, {last, len(last) - 1, math.Inf(-1)}} {
 		old := c.x[c.i]
 		c.x[c.i] = float32(c.v)
-		if !be.NonFinite(newList(dev, x)) {
-			return fmt.Errorf("NonFinite missed %v at element %d of a tensor of %d", c.v, c.i, len(c.x))
+		if bad, err := nonFinite(newList(dev, x)); err != nil || !bad {
+			return fmt.Errorf("NonFinite missed %v at element %d of a tensor of %d (%v)", c.v, c.i, len(c.x), err)
 		}
 		c.x[c.i] = old
 	}

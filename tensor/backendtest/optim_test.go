@@ -91,12 +91,14 @@ func (b wrongList) ScaleList(l *tensor.TensorList, alpha float32) {
 	}
 }
 
-func (b wrongList) SumSquares(l *tensor.TensorList) float64 {
-	s := b.Backend.SumSquares(l)
+func (b wrongList) SumSquares(out *tensor.Tensor, l *tensor.TensorList) {
+	b.Backend.SumSquares(out, l)
 	if b.method == "SumSquares" {
-		s = math.Nextafter(s, math.Inf(1))
+		s := math.Nextafter(tensor.Float64Bits(tensor.ToHost(out)), math.Inf(1))
+		h := tensor.New(tensor.Int64, 1)
+		h.Int64s()[0] = int64(math.Float64bits(s))
+		tensor.Copy(out, h)
 	}
-	return s
 }
 
 func (b wrongList) MaxAbs(l *tensor.TensorList) float64 {
@@ -107,8 +109,11 @@ func (b wrongList) MaxAbs(l *tensor.TensorList) float64 {
 	return m
 }
 
-func (b wrongList) NonFinite(l *tensor.TensorList) bool {
-	return b.Backend.NonFinite(l) != (b.method == "NonFinite")
+func (b wrongList) NonFinite(out *tensor.Tensor, l *tensor.TensorList) {
+	b.Backend.NonFinite(out, l)
+	if b.method == "NonFinite" {
+		tensor.Copy(out, tensor.FromInt32([]int32{1 - tensor.ToHost(out).Int32s()[0]}, 1))
+	}
 }
 
 func (b wrongList) VocabEmbeddingForward(out, table, ids *tensor.Tensor, start int) {

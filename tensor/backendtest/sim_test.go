@@ -129,9 +129,10 @@ func (b strict) ScaleList(l *tensor.TensorList, alpha float32) {
 	b.Backend.ScaleList(l, alpha)
 }
 
-func (b strict) SumSquares(l *tensor.TensorList) float64 {
+func (b strict) SumSquares(out *tensor.Tensor, l *tensor.TensorList) {
+	b.on("SumSquares", out)
 	b.onList("SumSquares", l)
-	return b.Backend.SumSquares(l)
+	b.Backend.SumSquares(out, l)
 }
 
 func (b strict) MaxAbs(l *tensor.TensorList) float64 {
@@ -139,9 +140,10 @@ func (b strict) MaxAbs(l *tensor.TensorList) float64 {
 	return b.Backend.MaxAbs(l)
 }
 
-func (b strict) NonFinite(l *tensor.TensorList) bool {
+func (b strict) NonFinite(out *tensor.Tensor, l *tensor.TensorList) {
+	b.on("NonFinite", out)
 	b.onList("NonFinite", l)
-	return b.Backend.NonFinite(l)
+	b.Backend.NonFinite(out, l)
 }
 
 func (b strict) VocabEmbeddingForward(out, table, ids *tensor.Tensor, start int) {
@@ -219,13 +221,13 @@ func (b strict) DropoutMask(mask *tensor.Tensor, p float32, rng tensor.RNGState)
 	b.Backend.DropoutMask(mask, p, rng)
 }
 
-func (b strict) LossMaskMean(out, w, losses, mask *tensor.Tensor) float64 {
-	b.on("LossMaskMean", out, w, losses, mask)
-	return b.Backend.LossMaskMean(out, w, losses, mask)
+func (b strict) LossMaskMean(out, w, den, losses, mask *tensor.Tensor) {
+	b.on("LossMaskMean", out, w, den, losses, mask)
+	b.Backend.LossMaskMean(out, w, den, losses, mask)
 }
 
-func (b strict) LossMaskScale(w, dout *tensor.Tensor, den float64) {
-	b.on("LossMaskScale", w, dout)
+func (b strict) LossMaskScale(w, dout, den *tensor.Tensor) {
+	b.on("LossMaskScale", w, dout, den)
 	b.Backend.LossMaskScale(w, dout, den)
 }
 

@@ -54,8 +54,17 @@ for s in $steps; do
 		# against the CPU (50 iterations, fp32 and --bf16) with them on.
 		run unverified-staged 120 "$bin/internal_cuda.test" -test.v -test.run 'TestGPUCopyHtoDStaged'
 		run unverified-train-staged 240 env GOTRON_CUDA_UNVERIFIED=staged-copies "$bin/train.test" -test.v -test.run 'CUDA'
-		# GPT-2 124M bf16 with each feature alone: speed and host copies
-		for feat in staged-copies attn-bf16; do
+		# A step's scalars read back once (fewer-syncs): the loss mask's
+		# scale reading Σ mask on the device (bit for bit), ReadBack's
+		# packed copy, one read-back per training step, then training
+		# against the CPU.
+		run unverified-fewer-syncs 180 env GOTRON_CUDA_UNVERIFIED=fewer-syncs "$bin/tensor_backendtest.test" -test.v \
+			-test.run 'TestCUDAMethods|TestCUDAReadBack|TestCUDAOps'
+		run unverified-train-fewer-syncs 240 env GOTRON_CUDA_UNVERIFIED=fewer-syncs "$bin/train.test" -test.v -test.run 'CUDA'
+		grep -h "device-to-host copies\|^--- \|^ok\|^FAIL" "$out/unverified-train-fewer-syncs.log" | head -20 >> "$out/summary.txt"
+		# GPT-2 124M bf16 with each feature alone, and the two copy features
+		# together: speed and host copies
+		for feat in staged-copies attn-bf16 fewer-syncs staged-copies,fewer-syncs; do
 			run "unverified-124m-bf16-$feat" 240 env GOTRON_CUDA_UNVERIFIED=$feat "$bin/gotron" train --device cuda --mock-data \
 				--num-layers 12 --hidden-size 768 --num-attention-heads 12 --seq-length 1024 --max-position-embeddings 1024 \
 				--micro-batch-size 8 --global-batch-size 8 --train-iters 8 --log-interval 1 --vocab-size 50304 --lr 1e-4 --bf16

@@ -247,3 +247,13 @@ extern "C" __global__ void reduce_loss_mask_scale_f32(float* __restrict__ w, con
     const float q = dout[0] / den;
     GRID_STRIDE(i, n) { w[i] = positive ? w[i] * q : 0.0f; }
 }
+
+// LossMaskScale with den read on the device (reduce_loss_mask_mean_f32's
+// double), so that the forward reads nothing back: w *= dout[0] /
+// (float)den, or w = 0 when den <= 0 — the host path's arithmetic.
+extern "C" __global__ void reduce_loss_mask_scale_dev_f32(float* __restrict__ w, const float* __restrict__ dout, const double* __restrict__ den, long long n) {
+    const double d = den[0];
+    const int positive = d > 0.0;
+    const float q = dout[0] / (positive ? (float)d : 1.0f);
+    GRID_STRIDE(i, n) { w[i] = positive ? w[i] * q : 0.0f; }
+}
