@@ -273,6 +273,7 @@ func TestMegatronCompatRefusals(t *testing.T) {
 		{[]string{"--q-lora-rank", "8"}, "--q-lora-rank needs --multi-latent-attention"},
 		{[]string{"--rope-type", "yarn"}, "--rope-type needs --multi-latent-attention"},
 		{[]string{"--multi-latent-attention", "--rope-type", "ntk"}, "--rope-type=\"ntk\": want yarn or rope"},
+		{[]string{"--multi-latent-attention", "--sample-prompt", "x"}, "--sample-prompt: gpt: decoding a --multi-latent-attention model"},
 		{[]string{"--multi-latent-attention", "--group-query-attention", "--num-query-groups", "2"}, "mutually exclusive"},
 		{[]string{"--fp8-format", "hybrid"}, "--fp8-format hybrid: needs FP8 training"},
 		{[]string{"--megatron-fsdp-version", "2"}, "needs this part of Megatron-FSDP"},

@@ -671,6 +671,12 @@ func (f *trainFlags) build(ctx context.Context, given map[string]bool) (train.Co
 		return cfg, nil, fmt.Errorf("--use-checkpoint-args: the checkpoint's padded vocabulary is %d, the tokenizer's %d", m.VocabSize, src.paddedVocab)
 	}
 	m.VocabSize = src.paddedVocab
+	if f.promptAfter != "" {
+		if err := m.CheckDecode(); err != nil { // before training, not after it
+			src.close()
+			return cfg, nil, fmt.Errorf("--sample-prompt: %w", err)
+		}
+	}
 	cfg.Model = m
 	cfg.MoEAllToAll = f.moe.dispatcher == "alltoall"
 	return cfg, src, nil

@@ -2,6 +2,7 @@ package gpt
 
 import (
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -103,6 +104,25 @@ func TestMLAGoldenForwardBackward(t *testing.T) {
 				closeTo(t, "grad of "+p.Name, p.Grad.Float32s(), g.f32(t, "grad/"+p.Name), 1e-4)
 			}
 		})
+	}
+}
+
+// TestMLARecompute: selective recomputation (the attention core) and full
+// recomputation (whole layers) of MLA layers give the golden's loss and
+// gradients.
+func TestMLARecompute(t *testing.T) {
+	for _, r := range []Recompute{{Selective: true}, {Full: true, Method: "uniform", NumLayers: 2}} {
+		m, bt, g := newMLAGoldenModel(t, "mla_qlora")
+		m.Recompute = r
+		tp := tensor.NewTape()
+		loss := m.Loss(tp, m.Forward(tp, bt, nil, true), bt)
+		closeTo(t, fmt.Sprintf("%+v loss", r), loss.Float32s(), g.f32(t, "loss"), 1e-5)
+		if err := tp.Backward(loss); err != nil {
+			t.Fatal(err)
+		}
+		for _, p := range m.Params() {
+			closeTo(t, fmt.Sprintf("%+v grad of %s", r, p.Name), p.Grad.Float32s(), g.f32(t, "grad/"+p.Name), 1e-4)
+		}
 	}
 }
 
