@@ -173,3 +173,23 @@ func TestMLADecodeRefused(t *testing.T) {
 		t.Fatalf("CheckDevice(cuda): %v, want a refusal", err)
 	}
 }
+
+// TestMLASimDeviceMatchesCPU: an MLA model's training step (dropout,
+// document masks, recomputation) on the simulated device gives the CPU's
+// loss and gradients bit for bit: its padded heads, shared rotary key and
+// YaRN tables run on device storage the model code cannot read.
+func TestMLASimDeviceMatchesCPU(t *testing.T) {
+	c := gpt2Tiny()
+	c.MLA = DefaultMLA()
+	c.MLA.QLoraRank, c.MLA.KVLoraRank, c.MLA.QKHeadDim, c.MLA.QKPosEmbHeadDim, c.MLA.VHeadDim = 12, 10, 6, 4, 5
+	c.MLA.ScalingFactor, c.MLA.Mscale, c.MLA.MscaleAllDim = 40, 0.707, 0.3
+	c, bt := deviceCase(c)
+	for _, rc := range deviceRecomputes {
+		cl, cg := deviceStep(t, c, bt, tensor.CPU, rc)
+		sl, sg := deviceStep(t, c, bt, tensor.Sim, rc)
+		sameBits(t, fmt.Sprintf("%+v loss", rc), []float32{sl}, []float32{cl})
+		for i := range cg {
+			sameBits(t, fmt.Sprintf("%+v gradient %d", rc, i), sg[i], cg[i])
+		}
+	}
+}
