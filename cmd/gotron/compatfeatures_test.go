@@ -7,6 +7,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -70,6 +71,29 @@ func TestTrainApplyWDToQKLayerNorm(t *testing.T) {
 	_, errs := trainCLI(t, "--train-iters", "1", "--eval-iters", "0", "--apply-wd-to-qk-layernorm")
 	if !strings.Contains(errs, "--apply-wd-to-qk-layernorm: no effect without --qk-layernorm") {
 		t.Fatalf("stderr without --qk-layernorm: %q", errs)
+	}
+	// multi-latent attention's q_layernorm matches Megatron's name rule:
+	// decayed, and the line says so (kv_layernorm does not match)
+	mla := []string{"--train-iters", "1", "--eval-iters", "0", "--weight-decay", "0.5", "--attention-dropout", "0", "--hidden-dropout", "0",
+		"--multi-latent-attention", "--q-lora-rank", "8", "--kv-lora-rank", "8", "--qk-head-dim", "4", "--qk-pos-emb-head-dim", "4", "--v-head-dim", "4"}
+	trainCLI(t, append(mla, "--save", filepath.Join(dir, "mla"))...)
+	_, errs = trainCLI(t, append(mla, "--save", filepath.Join(dir, "mla-wd"), "--apply-wd-to-qk-layernorm")...)
+	if !strings.Contains(errs, "--apply-wd-to-qk-layernorm: decays multi-latent attention's q_layernorm") {
+		t.Fatalf("stderr with MLA: %q", errs)
+	}
+	plain, _, err = train.LoadModel(filepath.Join(dir, "mla"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	wd, _, err = train.LoadModel(filepath.Join(dir, "mla-wd"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, p := range plain.Params() {
+		changed := !slices.Equal(p.Float32s(), wd.Params()[i].Float32s())
+		if want := strings.HasSuffix(p.Name, "self_attention.q_layernorm.weight"); changed != want {
+			t.Errorf("MLA %s: changed by --apply-wd-to-qk-layernorm = %v, want %v", p.Name, changed, want)
+		}
 	}
 }
 

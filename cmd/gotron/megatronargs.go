@@ -351,7 +351,11 @@ func (f *trainFlags) megatronCompat(env *cli, fs *flag.FlagSet, given map[string
 	if f.gdn.variant != "" && f.tpSize > 1 {
 		return fmt.Errorf("--experimental-attention-variant %s with --tensor-model-parallel-size=%d: needs %s", f.gdn.variant, f.tpSize, needGDNTP)
 	}
-	if f.cfg.ApplyWDToQKLayerNorm && !f.model.QKLayerNorm {
+	switch mlaQNorm := f.mla.on && f.mla.qLoraRank > 0; {
+	case f.cfg.ApplyWDToQKLayerNorm && mlaQNorm && !f.model.QKLayerNorm:
+		// Megatron's predicate is the name: MLA's q_layernorm matches it (its kv_layernorm does not)
+		lines = append(lines, "--apply-wd-to-qk-layernorm: decays multi-latent attention's q_layernorm (not its kv_layernorm), as Megatron's name rule does")
+	case f.cfg.ApplyWDToQKLayerNorm && !f.model.QKLayerNorm:
 		lines = append(lines, "--apply-wd-to-qk-layernorm: no effect without --qk-layernorm (there are no query/key layer norms to decay), as in Megatron")
 	}
 	if given["overlap-param-gather-with-optimizer-step"] && f.compatBool(fs, "overlap-param-gather-with-optimizer-step") {
