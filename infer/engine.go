@@ -86,10 +86,11 @@ func (c *EngineConfig) validate(m *gpt.Model) error {
 }
 
 // bytesPerToken is the KV cache size of one position: keys and values of
-// every layer, float32.
+// every layer, float32, of the query groups this rank holds (a
+// tensor-parallel rank caches its own heads).
 func (c *EngineConfig) bytesPerToken(m *gpt.Model) int64 {
 	mc := &m.Config
-	return int64(2 * mc.NumLayers * mc.NumQueryGroups * mc.KVChannels * 4)
+	return int64(2 * mc.NumLayers * m.QueryGroupsHere() * mc.KVChannels * 4)
 }
 
 func (c *EngineConfig) blockBytes(m *gpt.Model) int64 {
@@ -260,13 +261,16 @@ func NewEngine(m *gpt.Model, cfg EngineConfig) (*Engine, error) {
 		// output would depend on which other requests share its step.
 		return nil, fmt.Errorf("infer: MoE model with --moe-expert-capacity-factor %g: a serving step would drop tokens depending on the other requests in it; serve a dropless model (no capacity factor)", cf)
 	}
+	if m.Sharding != nil && m.Config.MoE.Enabled() {
+		return nil, errors.New("infer: an MoE model split over tensor-parallel ranks: needs expert-parallel inference, not built in gotron (serve it with --tensor-model-parallel-size 1)")
+	}
 	if err := cfg.validate(m); err != nil {
 		return nil, err
 	}
 	mc := &m.Config
 	blocks := int(cfg.KVCacheBytes / cfg.blockBytes(m))
 	e := &Engine{m: m, cfg: cfg, maxPos: mc.MaxPositionEmbeddings, byID: map[SeqID]*sequence{}}
-	e.pool = newKVPool(m.Device(), mc.NumLayers, mc.NumQueryGroups, mc.KVChannels, cfg.BlockTokens, blocks)
+	e.pool = newKVPool(m.Device(), mc.NumLayers, m.QueryGroupsHere(), mc.KVChannels, cfg.BlockTokens, blocks)
 	e.att = newPagedAttention(e.pool)
 	if cfg.BF16 {
 		if err := m.CheckBF16(); err != nil {
@@ -279,6 +283,11 @@ func NewEngine(m *gpt.Model, cfg EngineConfig) (*Engine, error) {
 			dtype = tensor.BFloat16
 		}
 		e.packed = PackLinears(m, dtype)
+	}
+	if m.Sharding != nil {
+		// The warm-up communicates: the ranks first check that their
+		// engines agree (NewLockstep, Follow), then warm up together.
+		return e, nil
 	}
 	if err := e.warmUp(); err != nil {
 		return nil, fmt.Errorf("infer: warm-up step: %w", err)

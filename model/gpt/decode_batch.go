@@ -87,6 +87,11 @@ func (m *Model) DecodeBatch(buf *DecodeBuffers, tokens, positions []int32, att A
 			return nil, fmt.Errorf("gpt: logits of row %d asked of %d tokens", r, n)
 		}
 	}
+	if buf == nil && m.Sharding != nil {
+		// The tensor-parallel collectives record a failure on the tape
+		// (a nil tape would panic with it): one call's buffers.
+		buf = &DecodeBuffers{}
+	}
 	tp, lt := buf.tapes() // no gradients: the call's buffers, a layer's
 	if lin == nil {
 		lin = tapeLinear{}
@@ -105,5 +110,26 @@ func (m *Model) DecodeBatch(buf *DecodeBuffers, tokens, positions []int32, att A
 			tensor.Copy(tp.Narrow(last, 1, i, 1), tp.Narrow(x, 1, r, 1))
 		}
 	}
-	return tp.Reshape(m.head(tp, last, m.outputWeight(), p), len(rows), c.VocabSize), nil
+	logits := m.head(tp, last, m.outputWeight(), p) // (1, rows, V), or this TP rank's V/TP
+	if m.Sharding != nil {
+		// every rank samples from the whole vocabulary, the same bytes
+		logits = m.Sharding.GatherVocab(tp, logits)
+		if err := tp.Err(); err != nil {
+			return nil, fmt.Errorf("gpt: decode: %w", err)
+		}
+	}
+	return tp.Reshape(logits, len(rows), c.VocabSize), nil
+}
+
+// QueryGroupsHere is the number of query groups (key/value heads) whose
+// attention this rank computes: all of them, or a tensor-parallel rank's
+// share (read from the QKV weight, as the attention does). A KV cache
+// holds these.
+func (m *Model) QueryGroupsHere() int {
+	c := &m.Config
+	if m.Sharding == nil || len(m.Layers) == 0 {
+		return c.NumQueryGroups
+	}
+	r := c.NumAttentionHeads / c.NumQueryGroups
+	return m.Layers[0].QKV.Dim(0) / ((r + 2) * c.KVChannels)
 }

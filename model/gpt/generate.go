@@ -25,9 +25,10 @@ func (m *Model) NewKVCache(maxLen int) *KVCache {
 		maxLen = c.MaxPositionEmbeddings
 	}
 	kv := &KVCache{MaxLen: maxLen}
+	g := m.QueryGroupsHere() // a tensor-parallel rank caches its heads
 	for range c.NumLayers {
-		kv.k = append(kv.k, tensor.ZerosOn(m.Device(), 1, c.NumQueryGroups, maxLen, c.KVChannels))
-		kv.v = append(kv.v, tensor.ZerosOn(m.Device(), 1, c.NumQueryGroups, maxLen, c.KVChannels))
+		kv.k = append(kv.k, tensor.ZerosOn(m.Device(), 1, g, maxLen, c.KVChannels))
+		kv.v = append(kv.v, tensor.ZerosOn(m.Device(), 1, g, maxLen, c.KVChannels))
 	}
 	return kv
 }

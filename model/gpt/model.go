@@ -387,6 +387,9 @@ func (m *Model) block(tp *tensor.Tape, x *tensor.Tensor, layers []Layer, first i
 		g = nil // decoding: a server's model is whole
 	}
 	for i := 0; i < len(layers); {
+		if p.layerTape != nil && m.Sharding != nil && tp.Err() != nil {
+			return x // decoding: a collective failed, the step is abandoned
+		}
 		n := p.recomp.chunk(i, len(layers))
 		if n == 0 {
 			if g != nil {
@@ -428,6 +431,10 @@ func (m *Model) layerOn(tp *tensor.Tape, x *tensor.Tensor, l *Layer, index int, 
 	}
 	y := m.layer(lt, x, l, index, p)
 	tensor.Copy(x, y)
+	if m.Sharding != nil {
+		// a collective's failure outlives the layer tape's reset
+		tp.Fail(lt.Err())
+	}
 	lt.Reset()
 	return x
 }

@@ -45,6 +45,10 @@ type Sharding interface {
 	// ranks hold contiguous query groups): attention dropout is keyed by
 	// global head, so every TP size drops the same probabilities.
 	FirstHead() int
+	// GatherVocab all-gathers the output layer's vocab-parallel logits
+	// (…, V/TP) into the whole vocabulary (…, V) on every rank: decoding
+	// samples from them (training's loss stays vocab-parallel).
+	GatherVocab(tp *tensor.Tape, logits *tensor.Tensor) *tensor.Tensor
 }
 
 // TPPlan is GPT's tensor-parallel plan (Megatron's layer specs): the style
@@ -249,6 +253,10 @@ func (s *tpSharding) DropoutRNG(shared *tensor.RNG, perRank bool) *tensor.RNG {
 
 func (s *tpSharding) FirstHead() int { return s.headStart }
 
+func (s *tpSharding) GatherVocab(t *tensor.Tape, logits *tensor.Tensor) *tensor.Tensor {
+	return s.r.GatherLast(t, logits)
+}
+
 // unsharded is one rank's Sharding: no region to enter or leave.
 type unsharded struct{}
 
@@ -277,6 +285,8 @@ func (unsharded) SequenceParallel() bool { return false }
 func (unsharded) DropoutRNG(shared *tensor.RNG, _ bool) *tensor.RNG { return shared }
 
 func (unsharded) FirstHead() int { return 0 }
+
+func (unsharded) GatherVocab(_ *tensor.Tape, logits *tensor.Tensor) *tensor.Tensor { return logits }
 
 // region is the model's Sharding: its plan's, or one rank's identity.
 func (m *Model) region() Sharding {
