@@ -97,6 +97,7 @@ var inferenceDetails = map[string]string{
 	"attention-backend":                                         "picks a GPU attention kernel; the CPU runs its one fused attention kernel",
 	"inference-rng-tracker":                                     "picks Megatron's CUDA RNG tracker for inference",
 	"stream":                                                    "streams gpt_static_inference.py's results as they come; the results are the same",
+	"sequence-parallel":                                         "shards the activations between the tensor-parallel regions along the sequence; gotron's decoding steps keep them whole on each tensor-parallel rank, the same tokens",
 }
 
 func defineInferenceArgs(fs *flag.FlagSet, a *inferenceArgs) {
@@ -239,7 +240,7 @@ func cmdInference(ctx context.Context, env *cli, args []string) error {
 	if err != nil {
 		return err
 	}
-	return runMegatronInference(ctx, env, a, f, given)
+	return runMegatronInference(ctx, env, a, f, given, args)
 }
 
 // parseInference parses and checks gotron inference's arguments, printing
@@ -267,10 +268,18 @@ func parseInference(env *cli, args []string) (*inferenceArgs, *trainFlags, map[s
 	if err != nil {
 		return nil, nil, nil, err
 	}
-	// One process is one engine replica: under a launcher several would
-	// each run every request and write the same file.
-	if ws := env.getenv; ws != nil && ws("WORLD_SIZE") != "" && ws("WORLD_SIZE") != "1" || env.world != nil && env.world.Size() > 1 {
-		return nil, nil, nil, errors.New("a world of several ranks: needs data-parallel inference replicas (Megatron's coordinator over ZMQ), not built in gotron: run gotron inference as one process")
+	// The ranks of one tensor-parallel group are one engine replica;
+	// more ranks would be replicas, each running every request.
+	world := 1
+	if env.world != nil {
+		world = env.world.Size()
+	} else if env.getenv != nil && env.getenv("WORLD_SIZE") != "" {
+		if n, err := strconv.Atoi(env.getenv("WORLD_SIZE")); err == nil {
+			world = n
+		}
+	}
+	if world > 1 && world != f.tpSize {
+		return nil, nil, nil, fmt.Errorf("a world of %d ranks with --tensor-model-parallel-size %d: needs data-parallel inference replicas (Megatron's coordinator over ZMQ), not built in gotron: launch as many ranks as --tensor-model-parallel-size", world, f.tpSize)
 	}
 	if fs.Lookup("use-coordinator").Value.String() == "true" {
 		lines = append(lines, "--use-coordinator: one engine replica (this process): the coordinator's every request goes to it, the same results as Megatron's coordinator over one data-parallel rank")
@@ -290,11 +299,14 @@ func (a *inferenceArgs) check(fs *flag.FlagSet, given map[string]bool, f *trainF
 		names = append(names, n)
 	}
 	sort.Strings(names)
-	for _, name := range []string{"tensor-model-parallel-size", "pipeline-model-parallel-size", "context-parallel-size", "expert-model-parallel-size"} {
+	if err := checked.Range("--tensor-model-parallel-size", int64(f.tpSize), 1, math.MaxInt32); err != nil {
+		return nil, err
+	}
+	for _, name := range []string{"pipeline-model-parallel-size", "context-parallel-size", "expert-model-parallel-size"} {
 		if fl := fs.Lookup(name); fl != nil && given[name] && fl.Value.String() != "1" {
-			what := map[string]string{"tensor-model-parallel-size": "tensor-parallel", "pipeline-model-parallel-size": "pipeline-parallel",
+			what := map[string]string{"pipeline-model-parallel-size": "pipeline-parallel",
 				"context-parallel-size": "context-parallel", "expert-model-parallel-size": "expert-parallel"}[name]
-			return nil, fmt.Errorf("--%s %s: needs %s inference, not built in gotron (gotron inference runs the model in one process)", name, fl.Value, what)
+			return nil, fmt.Errorf("--%s %s: needs %s inference, not built in gotron (gotron inference splits the model over tensor-parallel ranks only)", name, fl.Value, what)
 		}
 	}
 	for _, name := range names {
@@ -411,7 +423,7 @@ type megRequest struct {
 	done      bool
 }
 
-func runMegatronInference(ctx context.Context, env *cli, a *inferenceArgs, f *trainFlags, given map[string]bool) error {
+func runMegatronInference(ctx context.Context, env *cli, a *inferenceArgs, f *trainFlags, given map[string]bool, args []string) error {
 	dev, err := parseDevice(f.device, f.memFraction)
 	if err != nil {
 		return err
@@ -419,6 +431,11 @@ func runMegatronInference(ctx context.Context, env *cli, a *inferenceArgs, f *tr
 	if f.cfg.Load == "" {
 		return errors.New("--load is required")
 	}
+	group, closeGroup, err := joinDecodeGroup(ctx, env, f.tpSize, time.Duration(f.timeoutMins*float64(time.Minute)), args)
+	if err != nil {
+		return err
+	}
+	defer closeGroup()
 	m, _, tokDir, err := loadAny(f.cfg.Load)
 	if err != nil {
 		return err
@@ -460,11 +477,19 @@ func runMegatronInference(ctx context.Context, env *cli, a *inferenceArgs, f *tr
 	if err := m.Config.CheckDecode(); err != nil {
 		return err
 	}
-	m.ToDevice(dev)
-
-	reqs, err := a.buildRequests(tok)
-	if err != nil {
+	if m, err = shardForDecoding(m, group); err != nil {
 		return err
+	}
+	m.ToDevice(dev)
+	leader := group == nil || group.Rank() == 0
+
+	// Only rank 0 reads the requests: the others get them from its
+	// broadcasts, so no two ranks can run different prompts.
+	var reqs []*megRequest
+	if leader {
+		if reqs, err = a.buildRequests(tok); err != nil {
+			return err
+		}
 	}
 	term := tok.EOD()
 	if a.terminationID != math.MinInt {
@@ -492,7 +517,7 @@ func runMegatronInference(ctx context.Context, env *cli, a *inferenceArgs, f *tr
 	}
 	// The pool is the smaller of the buffer and what the running requests
 	// can use (float64: no integer overflow for any flag values).
-	perToken := 2 * float64(m.Config.NumLayers) * float64(m.Config.NumQueryGroups) * float64(m.Config.KVChannels) * 4
+	perToken := 2 * float64(m.Config.NumLayers) * float64(m.QueryGroupsHere()) * float64(m.Config.KVChannels) * 4
 	need := float64(seqs) * float64(m.Config.MaxPositionEmbeddings+ec.BlockTokens) * perToken
 	ec.KVCacheBytes = int64(min(need, a.bufferGB*(1<<30)))
 	for i, r := range reqs {
@@ -512,9 +537,16 @@ func runMegatronInference(ctx context.Context, env *cli, a *inferenceArgs, f *tr
 			return err
 		}
 		t0 := time.Now()
-		total, err := a.runOnce(ctx, env, eng, reqs, term, stopIDs, f.cfg.Seed)
+		var total int
+		led, err := leadOrFollow(ctx, group, eng, func(eng decodeEngine) (err error) {
+			total, err = a.runOnce(ctx, env, eng, reqs, term, stopIDs, f.cfg.Seed)
+			return err
+		})
 		if err != nil {
 			return err
+		}
+		if !led {
+			continue
 		}
 		secs := time.Since(t0).Seconds()
 		a.runSecs = secs
@@ -526,6 +558,10 @@ func runMegatronInference(ctx context.Context, env *cli, a *inferenceArgs, f *tr
 		peak = max(peak, ms.HeapAlloc)
 		fmt.Fprintf(env.stderr, "gotron inference: run %d/%d: %d requests, %d tokens generated in %.2f s (%.1f tokens/s), %d engine steps\n",
 			rep+1, a.repeatN, len(reqs), total, secs, throughputs[rep], stats.Steps)
+	}
+	if !leader {
+		fmt.Fprintf(env.stderr, "gotron inference: tensor-parallel rank %d of %d: followed rank 0, which prints the results\n", group.Rank(), group.Size())
+		return nil
 	}
 	for i, r := range reqs {
 		text := tok.Decode(textIDs(r.out, term))
@@ -683,7 +719,7 @@ func (a *inferenceArgs) arrivals(reqs []*megRequest, seed int64) {
 // runOnce is run_inference: requests are added by the arrival schedule,
 // the engine steps until every request has finished; it returns the tokens
 // generated.
-func (a *inferenceArgs) runOnce(ctx context.Context, env *cli, eng *infer.Engine, reqs []*megRequest, term int, stopIDs [][]int, seed int64) (int, error) {
+func (a *inferenceArgs) runOnce(ctx context.Context, env *cli, eng decodeEngine, reqs []*megRequest, term int, stopIDs [][]int, seed int64) (int, error) {
 	a.arrivals(reqs, seed)
 	byID := map[infer.SeqID]*megRequest{}
 	var stop []int

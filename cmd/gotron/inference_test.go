@@ -268,7 +268,6 @@ func TestInferenceRefusals(t *testing.T) {
 		args []string
 		want string
 	}{
-		{[]string{"--tensor-model-parallel-size", "2"}, "--tensor-model-parallel-size 2: needs tensor-parallel inference"},
 		{[]string{"--pipeline-model-parallel-size", "8"}, "needs pipeline-parallel inference"},
 		{[]string{"--fp8-format", "hybrid"}, "--fp8-format: needs FP8"},
 		{[]string{"--top_k", "2", "--top_p", "0.5"}, "cannot both be greater than zero"},
