@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"io"
 	"time"
 
 	"github.com/gotron/gotron/infer"
@@ -11,7 +12,7 @@ import (
 	"github.com/gotron/gotron/tokenizer"
 )
 
-const generateSynopsis = "generate --load DIR --prompt TEXT [--max-new-tokens N --temperature T --top-k K | --top-p P --seed S --bf16 --device cpu|sim]"
+const generateSynopsis = "generate --load DIR --prompt TEXT [--max-new-tokens N --temperature T --top-k K | --top-p P --seed S --bf16 --device cpu|sim --tensor-model-parallel-size N]"
 
 func cmdGenerate(ctx context.Context, env *cli, args []string) error {
 	fs := newFlags("generate", generateSynopsis)
@@ -24,6 +25,7 @@ func cmdGenerate(ctx context.Context, env *cli, args []string) error {
 	fs.Float64Var(&s.TopP, "top-p", 0, "nucleus sampling mass (excludes --top-k > 1)")
 	seed := fs.Int64("seed", 1234, "sampling seed")
 	bf16 := fs.Bool("bf16", false, "decode with bfloat16 weights: every weight rounded to bf16 (to nearest even; exact for bf16 checkpoints), activations and sums in float32 (as gotron serve --bf16)")
+	tpSize := fs.Int("tensor-model-parallel-size", 1, "split the model over this many ranks started by gotron launch (or torchrun, srun, mpirun), as training splits it; rank 0 reads the prompt and prints")
 	device := deviceFlag(fs)
 	memFraction := memFractionFlag(fs)
 	var tc tokenizer.Config
@@ -49,6 +51,11 @@ func cmdGenerate(ctx context.Context, env *cli, args []string) error {
 	if err != nil {
 		return err
 	}
+	group, closeGroup, err := joinDecodeGroup(ctx, env, *tpSize, 0, args)
+	if err != nil {
+		return err
+	}
+	defer closeGroup()
 	m, _, tokDir, err := loadAny(*load) // a gotron checkpoint or a Hugging Face directory
 	if err != nil {
 		return err
@@ -66,12 +73,25 @@ func cmdGenerate(ctx context.Context, env *cli, args []string) error {
 	if err := m.Config.CheckDecode(); err != nil {
 		return err
 	}
+	if m, err = shardForDecoding(m, group); err != nil {
+		return err
+	}
 	since := tensor.SimTransfers()
 	m.ToDevice(dev)
 	ids := tok.Encode(*prompt)
 	p := make([]int32, len(ids))
 	for i, id := range ids {
 		p[i] = int32(id)
+	}
+	if group != nil {
+		// Every rank decodes rank 0's prompt; the ranks then draw the same
+		// tokens from the same gathered logits, and rank 0 prints them.
+		if p, err = broadcastPrompt(ctx, group, p); err != nil {
+			return err
+		}
+		if group.Rank() != 0 {
+			env.stdout = io.Discard
+		}
 	}
 	fmt.Fprint(env.stdout, *prompt)
 	stream := infer.NewTextStream(tok, ids)

@@ -399,7 +399,7 @@ func TestMegatronConfigsRun(t *testing.T) {
 		p := compatPaths{dir: filepath.Join(dir, c.name), data: data, vocab: vocab, merges: merges, prompts: prompts}
 		args, world := scaleDown(c, p)
 		if c.mode == "inference" {
-			rows[c.name] = runInferenceConfig(t, c, p, args, ckpts)
+			rows[c.name] = runInferenceConfig(t, c, p, args, ckpts, world)
 			t.Logf("%s: %s", c.name, rows[c.name])
 			continue
 		}
@@ -527,10 +527,11 @@ var inferenceShapeArgs = map[string]bool{
 }
 
 // runInferenceConfig runs an inference config's scaled-down arguments with
-// gotron inference against a tiny checkpoint of the config's model shape
+// gotron inference (under gotron launch --inproc on its world's ranks when
+// it is tensor-parallel) against a tiny checkpoint of the config's model shape
 // (trained once per shape: 1 iteration on the harness's corpus, 512
 // positions) and checks the output JSON it writes.
-func runInferenceConfig(t *testing.T, c megatronConfig, p compatPaths, args []string, ckpts map[string]string) string {
+func runInferenceConfig(t *testing.T, c megatronConfig, p compatPaths, args []string, ckpts map[string]string, world int) string {
 	if got := parseOutcome(c, args); got != "" {
 		return got
 	}
@@ -569,7 +570,11 @@ func runInferenceConfig(t *testing.T, c megatronConfig, p compatPaths, args []st
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	_, errs, code := runCLIContext(ctx, append([]string{"inference"}, args...)...)
+	cmd := append([]string{"inference"}, args...)
+	if world > 1 { // tensor-parallel inference: its ranks, as torchrun starts them
+		cmd = append([]string{"launch", "--inproc", "--nproc-per-node", strconv.Itoa(world), "--"}, cmd...)
+	}
+	_, errs, code := runCLIContext(ctx, cmd...)
 	if code != 0 {
 		lines := strings.Split(strings.TrimSpace(errs), "\n")
 		return compatOutcome(c, firstLine(strings.TrimPrefix(lines[len(lines)-1], "gotron ")))

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"time"
 
 	"github.com/gotron/gotron/comm"
@@ -97,4 +98,22 @@ func leadOrFollow(ctx context.Context, group comm.ProcessGroup, eng *infer.Engin
 	// failed on its own (a bad request): they end instead of waiting for
 	// it. After a failed step it sends nothing.
 	return true, errors.Join(err, ls.Close())
+}
+
+// broadcastPrompt returns rank 0's prompt on every rank of group.
+func broadcastPrompt(ctx context.Context, group comm.ProcessGroup, p []int32) ([]int32, error) {
+	n := []int64{int64(len(p))}
+	if err := group.Broadcast(ctx, comm.Int64s(n), 0); err != nil {
+		return nil, fmt.Errorf("tensor-parallel rank %d: rank 0's prompt: %w", group.Rank(), err)
+	}
+	if n[0] < 1 || n[0] > math.MaxInt32 {
+		return nil, fmt.Errorf("tensor-parallel rank %d: rank 0's prompt of %d tokens: want 1..%d", group.Rank(), n[0], math.MaxInt32)
+	}
+	if group.Rank() != 0 {
+		p = make([]int32, n[0])
+	}
+	if err := group.Broadcast(ctx, comm.Int32s(p), 0); err != nil {
+		return nil, fmt.Errorf("tensor-parallel rank %d: rank 0's prompt: %w", group.Rank(), err)
+	}
+	return p, nil
 }

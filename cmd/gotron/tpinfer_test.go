@@ -155,6 +155,24 @@ func TestInferenceTensorParallel(t *testing.T) {
 			t.Fatalf("gotron launch --nproc-per-node 2 -- inference: %v\n%s", err, b)
 		}
 		compareTPResults(t, "llama (trained at TP=2) at TP=2, processes over tcp", readTPResults(t, out), want, 1e-5)
+
+		// gotron generate: rank 0 prints what one process prints, sampled
+		// tokens included (the ranks draw from the same gathered logits).
+		for _, sampling := range [][]string{{"--top-k", "1"}, {"--temperature", "0.7", "--seed", "9"}} {
+			gen := append([]string{"generate", "--load", ck, "--tokenizer-type", "GPT2BPETokenizer", "--vocab-file", vocab, "--merge-file", merges,
+				"--prompt", "the quick brown", "--max-new-tokens", "12"}, sampling...)
+			one, errs, code := runCLI(t, gen...)
+			if code != 0 {
+				t.Fatalf("generate: %s", errs)
+			}
+			got, errs, code := runCLI(t, append([]string{"launch", "--inproc", "--nproc-per-node", "2", "--"}, append(gen, "--tensor-model-parallel-size", "2")...)...)
+			if code != 0 {
+				t.Fatalf("generate at TP=2: %s", errs)
+			}
+			if got != "[rank0]: "+one {
+				t.Errorf("generate %v at TP=2 printed %q, one process %q", sampling, got, one)
+			}
+		}
 	}
 }
 
