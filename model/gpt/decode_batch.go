@@ -127,7 +127,7 @@ func (m *Model) DecodeBatch(buf *DecodeBuffers, tokens, positions []int32, att A
 // holds these.
 func (m *Model) QueryGroupsHere() int {
 	c := &m.Config
-	if m.Sharding == nil || len(m.Layers) == 0 {
+	if m.Sharding == nil || len(m.Layers) == 0 || m.Layers[0].QKV == nil {
 		return c.NumQueryGroups
 	}
 	r := c.NumAttentionHeads / c.NumQueryGroups
