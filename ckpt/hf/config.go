@@ -178,6 +178,10 @@ func archOf(c *hfConfig) (string, error) {
 			return "", fmt.Errorf("model_type absent, architectures %q: want %s", c.Architectures, supportedArchs)
 		}
 		return byClass, nil
+	case "deepseek_v2", "deepseek_v3":
+		// gotron trains multi-latent attention (--multi-latent-attention) but has no table for
+		// DeepSeek's Hugging Face layout (its MLA projections, YaRN rope_scaling, MoE naming)
+		return "", fmt.Errorf("model_type %q (DeepSeek's multi-latent attention) is not supported: Hugging Face DeepSeek-V2/V3 import is not built (gotron train --multi-latent-attention trains MLA models from scratch); want %s", c.ModelType, supportedArchs)
 	default:
 		return "", fmt.Errorf("model_type %q is not supported: want %s", c.ModelType, supportedArchs)
 	}
