@@ -69,7 +69,8 @@ type cudaRuntime struct {
 // CUDAUnverified reports whether GOTRON_CUDA_UNVERIFIED (read through
 // getenv) turns on feature, one of the CUDA features built but not yet run
 // on a GPU: "cp" (context parallelism's block attention), "attn-bf16"
-// (bf16/fp16 products in the materialized attention), "staged-copies"
+// (bf16/fp16 products in the materialized attention), "flash-tc" (the
+// tensor-core flash attention under --bf16), "staged-copies"
 // (host-to-device copies that do not wait for the stream), "fewer-syncs"
 // (a step's scalars read back together, once). The variable is
 // "1" or "all" for every one, or a comma-separated list of names.
@@ -202,6 +203,9 @@ func OpenCUDA(ordinal int, opts CUDAOptions) error {
 	// features built but not yet run on a GPU (docs/design/cuda.md)
 	if CUDAUnverified(os.Getenv, "attn-bf16") {
 		SetCUDAAttentionReducedPrecision(true)
+	}
+	if CUDAUnverified(os.Getenv, "flash-tc") {
+		SetCUDAAttentionTensorCores(true)
 	}
 	rt.stagedCopies = CUDAUnverified(os.Getenv, "staged-copies")
 	rt.fewerSyncs = CUDAUnverified(os.Getenv, "fewer-syncs")

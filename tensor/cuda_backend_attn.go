@@ -12,7 +12,8 @@ import (
 // flash-attention style float32 kernel on CUDA cores (no tensor cores yet),
 // for calls whose scores exceed attnMaterializedMaxBytes per batch row;
 // smaller calls take the materialized cuBLAS path of
-// cuda_backend_attnmat.go.
+// cuda_backend_attnmat.go, and bf16 calls at head dimension 64 or 128 the
+// tensor-core kernels of cuda_backend_attntc.go while those are on.
 // Semantics are internal/cpu's (masks, rows with no allowed key, lse before
 // dropout, the keyed dropout masks bit for bit); sums run in another order,
 // so values agree with the CPU within float32 rounding, not bit for bit.
@@ -56,9 +57,9 @@ func (be cudaBackend) cudaAttnArgs(op string, cfg AttentionConfig) cudaAttn {
 		panic(fmt.Sprintf("tensor: %s on the cuda backend: DocIDs with QPos=%d KPos=%d: document masks need whole sequences (offsets 0)", op, cfg.QPos, cfg.KPos))
 	}
 	block := cfg.QPos != 0 || cfg.KPos != 0 || cfg.Accumulate
-	if block && attnmatChunk(cfg) == 0 {
+	if block && attnmatChunk(cfg) == 0 && !attntcApplies(cfg) {
 		// Block attention (context parallelism) is built on the materialized
-		// path only; train refuses --context-parallel-size > 1 with --device
+		// and the tensor-core paths only; train refuses --context-parallel-size > 1 with --device
 		// cuda unless GOTRON_CUDA_UNVERIFIED=1 until a GPU run checks it.
 		panic(fmt.Sprintf("tensor: %s on the cuda backend: block attention (QPos=%d KPos=%d Accumulate=%v, context parallelism) runs on the materialized path only, and one batch row's scores (%d heads × %d² float32) exceed its limit of %d bytes (tensor.SetCUDAAttentionScoresLimit); the flash kernels have no query/key offsets yet",
 			op, cfg.QPos, cfg.KPos, cfg.Accumulate, cfg.HQ, cfg.T, attnMaterializedMaxBytes.Load()))
@@ -110,6 +111,10 @@ func (be cudaBackend) AttentionForward(out, lse, q, k, v *Tensor, cfg AttentionC
 	if cfg.B == 0 || cfg.T == 0 {
 		return
 	}
+	if attntcApplies(cfg) {
+		be.attntcForward(out, lse, q, k, v, cfg, a)
+		return
+	}
 	if bc := attnmatChunk(cfg); bc > 0 {
 		be.attnmatForward(out, lse, q, k, v, cfg, a, bc)
 		return
@@ -122,6 +127,10 @@ func (be cudaBackend) AttentionForward(out, lse, q, k, v *Tensor, cfg AttentionC
 func (be cudaBackend) AttentionBackward(dq, dk, dv, dout, q, k, v, out, lse *Tensor, cfg AttentionConfig) {
 	a := be.cudaAttnArgs("AttentionBackward", cfg)
 	if cfg.B == 0 || cfg.T == 0 {
+		return
+	}
+	if attntcApplies(cfg) {
+		be.attntcBackward(dq, dk, dv, dout, q, k, v, out, lse, cfg, a)
 		return
 	}
 	if bc := attnmatChunk(cfg); bc > 0 {

@@ -190,3 +190,28 @@ func TestPTXNoSpills(t *testing.T) {
 		t.Logf("%s registers: %s", filepath.Base(p), strings.Join(summary, " "))
 	}
 }
+
+// TestAttntcTensorCores: every kernel of the tensor-core attention
+// (attntc.cu) multiplies with mma.sync m16n8k16 on bf16 operands into
+// float32 accumulators and checks its dynamic shared memory; their
+// registers and spills are TestPTXNoSpills' (no spills allowed).
+func TestAttntcTensorCores(t *testing.T) {
+	for _, arch := range []string{"sm_80", "sm_90"} {
+		b, err := os.ReadFile(filepath.Join("ptx", arch, "attntc.ptx"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		entries := regexp.MustCompile(`(?s)\.entry (attntc_\w+)\(.*?\n}\n`).FindAllSubmatch(b, -1)
+		if len(entries) != 6 {
+			t.Fatalf("%s attntc.ptx: %d kernels, want 6 (fwd, dq, dkv at d 64 and 128)", arch, len(entries))
+		}
+		for _, e := range entries {
+			if !bytes.Contains(e[0], []byte("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32")) {
+				t.Errorf("%s %s: no bf16 m16n8k16 mma.sync", arch, e[1])
+			}
+			if !bytes.Contains(e[0], []byte("%dynamic_smem_size")) {
+				t.Errorf("%s %s: no dynamic shared memory check", arch, e[1])
+			}
+		}
+	}
+}

@@ -130,6 +130,13 @@ func compile(nvcc, cu, arch, ptx string) error {
 	tmp := ptx + ".tmp"
 	args := append(append([]string(nil), Flags...), "-arch="+arch, "-o", tmp, cu)
 	cmd := exec.Command(nvcc, args...)
+	// nvcc 11.8's PTX for attntc.cu (large unrolled mma loops) depends on
+	// the address-space layout: two runs can order a few instructions
+	// differently. Without randomization (setarch -R, util-linux) it is
+	// the same on every run, so the committed PTX is reproducible.
+	if setarch, err := exec.LookPath("setarch"); err == nil {
+		cmd = exec.Command(setarch, append([]string{"-R", nvcc}, args...)...)
+	}
 	msg, err := cmd.CombinedOutput()
 	if err != nil {
 		os.Remove(tmp)
