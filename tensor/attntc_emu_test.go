@@ -47,22 +47,49 @@ func (e *atcEmu) scale() float32 {
 // mma16 is one m16n8k16 product's contribution to one accumulator entry:
 // acc + Σ_{u<16} a[u]·b[u], the 16 products (exact for bf16) summed exactly
 // and rounded once.
-func mma16(acc float32, a, b func(u int) float32) float32 {
+func mma16(acc float32, a, b []float32) float32 {
 	s := float64(acc)
 	for u := range 16 {
-		s += float64(a(u)) * float64(b(u))
+		s += float64(a[u]) * float64(b[u])
 	}
 	return float32(s)
 }
 
-// dot is an accumulator entry over a whole k range of n (a multiple of
-// 16) in k-steps of 16, as attntc_mma_tile runs them.
-func dot(n int, a, b func(u int) float32) float32 {
+// dot is an accumulator entry over a whole k range (a multiple of 16) in
+// k-steps of 16, as attntc_mma_tile runs them.
+func dot(a, b []float32) float32 {
 	var acc float32
-	for k0 := 0; k0 < n; k0 += 16 {
-		acc = mma16(acc, func(u int) float32 { return a(k0 + u) }, func(u int) float32 { return b(k0 + u) })
+	for k0 := 0; k0 < len(a); k0 += 16 {
+		acc = mma16(acc, a[k0:k0+16], b[k0:k0+16])
 	}
 	return acc
+}
+
+// rounded returns x rounded to bf16 (the kernels' tile loads).
+func (e *atcEmu) rounded(x []float32) []float32 {
+	r := make([]float32, len(x))
+	for i, v := range x {
+		r[i] = e.bf(v)
+	}
+	return r
+}
+
+// row is the D values of (b, i, head hd) of a (B, T, heads, D) tensor.
+func (e *atcEmu) row(x []float32, heads, b, i, hd int) []float32 {
+	c := e.cfg
+	return x[((b*c.T+i)*heads+hd)*c.D:][:c.D]
+}
+
+// col gathers column d of 16 rows i0.. of a (B, T, heads, D) tensor into
+// buf, 0 past T (the zero-filled tile rows).
+func (e *atcEmu) col(buf, x []float32, heads, b, i0, hd, d int) []float32 {
+	for u := range 16 {
+		buf[u] = 0
+		if i := i0 + u; i < e.cfg.T {
+			buf[u] = x[((b*e.cfg.T+i)*heads+hd)*e.cfg.D+d]
+		}
+	}
+	return buf
 }
 
 // allowed is attntc_allowed for in-range i, j.
@@ -105,16 +132,12 @@ func (e *atcEmu) keep(b, h, i, j int) float32 {
 func expf(x float32) float32 { return float32(math.Exp(float64(x))) }
 func logf(x float32) float32 { return float32(math.Log(float64(x))) }
 
-// at returns element (b, i, head, d) of a (B, T, heads, D) tensor, bf16-rounded.
-func (e *atcEmu) at(x []float32, heads, b, i, hd, d int) float32 {
-	c := e.cfg
-	return e.bf(x[((b*c.T+i)*heads+hd)*c.D+d])
-}
-
 // forward is attntc_fwd: out and lse (B, HQ, T), merged into with Accumulate.
 func (e *atcEmu) forward(out, lse, q, k, v []float32) {
 	c := e.cfg
 	sc, off := e.scale(), c.QPos-c.KPos
+	q, k, v = e.rounded(q), e.rounded(k), e.rounded(v)
+	pr, vcol := make([]float32, attntcBK), make([]float32, 16)
 	for b := range c.B {
 		for h := range c.HQ {
 			kvh := h / (c.HQ / c.HKV)
@@ -135,8 +158,7 @@ func (e *atcEmu) forward(out, lse, q, k, v []float32) {
 								s[jj] = float32(math.Inf(-1))
 								continue
 							}
-							s[jj] = sc * dot(c.D, func(d int) float32 { return e.at(q, c.HQ, b, i, h, d) },
-								func(d int) float32 { return e.at(k, c.HKV, b, j, kvh, d) })
+							s[jj] = sc * dot(e.row(q, c.HQ, b, i, h), e.row(k, c.HKV, b, j, kvh))
 							bmax = max(bmax, s[jj])
 						}
 						mNew := max(m, bmax)
@@ -167,14 +189,12 @@ func (e *atcEmu) forward(out, lse, q, k, v []float32) {
 						for d := range c.D {
 							o[d] *= alpha
 						}
+						for jj := range pr {
+							pr[jj] = e.bf(s[jj])
+						}
 						for d := range c.D { // O += bf16(P·Z)·V, k-steps of 16 keys
 							for k0 := 0; k0 < attntcBK; k0 += 16 {
-								o[d] = mma16(o[d], func(u int) float32 { return e.bf(s[k0+u]) }, func(u int) float32 {
-									if j := j0 + k0 + u; j < c.T {
-										return e.at(v, c.HKV, b, j, kvh, d)
-									}
-									return 0
-								})
+								o[d] = mma16(o[d], pr[k0:k0+16], e.col(vcol, v, c.HKV, b, j0+k0, kvh, d))
 							}
 						}
 					}
@@ -229,26 +249,41 @@ func (e *atcEmu) backward(dq, dk, dv, dout, q, k, v, out, lse []float32) {
 			}
 		}
 	}
-	// dS and P·Z of (b, h, i, j), as both kernels compute them
-	probs := func(b, h, i, j int) (ds, pz float32) {
+	q, k, v, dout = e.rounded(q), e.rounded(k), e.rounded(v), e.rounded(dout)
+	// dS and P·Z of (b, h, i, j), both bf16-rounded, as both kernels
+	// compute them (the same S and dP products in the same order): once
+	// per (b, h) into T×T tables instead of once per kernel.
+	var dsT, pzT []float32
+	tables := func(b, h int) {
 		kvh := h / (c.HQ / c.HKV)
+		dsT, pzT = make([]float32, c.T*c.T), make([]float32, c.T*c.T)
+		for i := range c.T {
+			li := lse[(b*c.HQ+h)*c.T+i]
+			for j := range c.T {
+				if math.IsInf(float64(li), -1) || !e.allowed(b, i, j) {
+					continue
+				}
+				s := dot(e.row(q, c.HQ, b, i, h), e.row(k, c.HKV, b, j, kvh))
+				dp := dot(e.row(dout, c.HQ, b, i, h), e.row(v, c.HKV, b, j, kvh))
+				p := expf(sc*s - li)
+				z := e.keep(b, h, i, j)
+				dsT[i*c.T+j], pzT[i*c.T+j] = e.bf(p*(z*dp-delta[(b*c.HQ+h)*c.T+i])*sc), e.bf(p*z)
+			}
+		}
+	}
+	// probs is (dS, P·Z) of (i, j) from the tables, 0 past T
+	probs := func(i, j int) (ds, pz float32) {
 		if i >= c.T || j >= c.T {
 			return 0, 0
 		}
-		li := lse[(b*c.HQ+h)*c.T+i]
-		if math.IsInf(float64(li), -1) || !e.allowed(b, i, j) {
-			return 0, 0
-		}
-		s := dot(c.D, func(d int) float32 { return e.at(q, c.HQ, b, i, h, d) }, func(d int) float32 { return e.at(k, c.HKV, b, j, kvh, d) })
-		dp := dot(c.D, func(d int) float32 { return e.at(dout, c.HQ, b, i, h, d) }, func(d int) float32 { return e.at(v, c.HKV, b, j, kvh, d) })
-		p := expf(sc*s - li)
-		z := e.keep(b, h, i, j)
-		return p * (z*dp - delta[(b*c.HQ+h)*c.T+i]) * sc, p * z
+		return dsT[i*c.T+j], pzT[i*c.T+j]
 	}
+	buf := make([]float32, 16)
 	for b := range c.B {
 		// attntc_bwd_dq: per query, key blocks of 64 in order
 		for h := range c.HQ {
 			kvh := h / (c.HQ / c.HKV)
+			tables(b, h)
 			for i0 := 0; i0 < c.T; i0 += attntcBQ {
 				jEnd := c.T
 				if c.Causal {
@@ -259,16 +294,11 @@ func (e *atcEmu) backward(dq, dk, dv, dout, q, k, v, out, lse []float32) {
 					for j0 := 0; j0 < jEnd; j0 += attntcBK {
 						ds := make([]float32, attntcBK)
 						for jj := range ds {
-							ds[jj], _ = probs(b, h, i, j0+jj)
+							ds[jj], _ = probs(i, j0+jj)
 						}
 						for d := range c.D {
 							for k0 := 0; k0 < attntcBK; k0 += 16 {
-								acc[d] = mma16(acc[d], func(u int) float32 { return e.bf(ds[k0+u]) }, func(u int) float32 {
-									if j := j0 + k0 + u; j < c.T {
-										return e.at(k, c.HKV, b, j, kvh, d)
-									}
-									return 0
-								})
+								acc[d] = mma16(acc[d], ds[k0:k0+16], e.col(buf, k, c.HKV, b, j0+k0, kvh, d))
 							}
 						}
 					}
@@ -280,6 +310,11 @@ func (e *atcEmu) backward(dq, dk, dv, dout, q, k, v, out, lse []float32) {
 		}
 		// attntc_bwd_dkv: per key, the group's heads in order, query blocks of BQ in order
 		bq := attntcDkvBQ(c.D)
+		dsH, pzH := make([][]float32, c.HQ), make([][]float32, c.HQ)
+		for h := range c.HQ {
+			tables(b, h)
+			dsH[h], pzH[h] = dsT, pzT
+		}
 		for kvh := range c.HKV {
 			grp := c.HQ / c.HKV
 			for j0 := 0; j0 < c.T; j0 += attntcBK {
@@ -290,23 +325,16 @@ func (e *atcEmu) backward(dq, dk, dv, dout, q, k, v, out, lse []float32) {
 				for j := j0; j < min(j0+attntcBK, c.T); j++ {
 					dkAcc, dvAcc := make([]float32, c.D), make([]float32, c.D)
 					for h := kvh * grp; h < (kvh+1)*grp; h++ {
+						dsT, pzT = dsH[h], pzH[h]
 						for i0 := iStart; i0 < c.T; i0 += bq {
 							ds, pz := make([]float32, bq), make([]float32, bq)
 							for ii := range bq {
-								ds[ii], pz[ii] = probs(b, h, i0+ii, j)
+								ds[ii], pz[ii] = probs(i0+ii, j)
 							}
 							for d := range c.D {
 								for k0 := 0; k0 < bq; k0 += 16 {
-									rowOf := func(x []float32) func(u int) float32 {
-										return func(u int) float32 {
-											if i := i0 + k0 + u; i < c.T {
-												return e.at(x, c.HQ, b, i, h, d)
-											}
-											return 0
-										}
-									}
-									dvAcc[d] = mma16(dvAcc[d], func(u int) float32 { return e.bf(pz[k0+u]) }, rowOf(dout))
-									dkAcc[d] = mma16(dkAcc[d], func(u int) float32 { return e.bf(ds[k0+u]) }, rowOf(q))
+									dvAcc[d] = mma16(dvAcc[d], pz[k0:k0+16], e.col(buf, dout, c.HQ, b, i0+k0, h, d))
+									dkAcc[d] = mma16(dkAcc[d], ds[k0:k0+16], e.col(buf, q, c.HQ, b, i0+k0, h, d))
 								}
 							}
 						}

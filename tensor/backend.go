@@ -44,8 +44,11 @@ type AttentionConfig struct {
 	// materialized attention (the tape's MatmulPrecision: bf16 or fp16
 	// operands, float32 accumulation), used there only while
 	// SetCUDAAttentionReducedPrecision is on (GOTRON_CUDA_UNVERIFIED=1 or attn-bf16 at
-	// OpenCUDA): it has not run on a GPU yet. The CPU backend and the CUDA
-	// flash kernels compute attention in float32 whatever it says.
+	// OpenCUDA): it has not run on a GPU yet. MatmulBF16 also selects the
+	// CUDA backend's tensor-core flash attention while
+	// SetCUDAAttentionTensorCores is on (flash-tc; not run on a GPU yet
+	// either). The CPU backend and the CUDA float32 flash kernels compute
+	// attention in float32 whatever it says.
 	Precision MatmulPrecision
 }
 

@@ -45,9 +45,30 @@ func CheckAttention(be tensor.Backend, tol float64) error {
 // says, so for bf16 or fp16 tol states how far a backend's reduced
 // products may be from float32.
 func CheckAttentionPrecision(be tensor.Backend, prec tensor.MatmulPrecision, tol float64) error {
+	return checkAttentionCases(be, prec, tol, attnCases)
+}
+
+// attntcCases are CheckAttentionTensorCores' shapes: the tensor-core
+// kernels' head dimensions (64, 128), T not a multiple of their 64-row
+// blocks, causal and full, GQA and MQA, dropout, documents.
+var attntcCases = []attnCase{
+	{Name: "gqa-causal-d64", B: 2, T: 150, HQ: 4, HKV: 2, D: 64, Causal: true},
+	{Name: "mha-full-dropout-d64", B: 1, T: 100, HQ: 2, HKV: 2, D: 64, Dropout: 0.1, FirstHead: 3, DropoutSeed: 17},
+	{Name: "mqa-causal-docs-dropout-d128", B: 1, T: 130, HQ: 3, HKV: 1, D: 128, Causal: true, Docs: true, docLen: 40, Dropout: 0.2, DropoutSeed: 5},
+	{Name: "gqa-full-d128", B: 2, T: 70, HQ: 4, HKV: 1, D: 128, Scale: 0.1},
+	{Name: "mha-causal-d64-long", B: 1, T: 300, HQ: 2, HKV: 2, D: 64, Causal: true},
+}
+
+// CheckAttentionTensorCores is CheckAttentionPrecision at bf16 on
+// attntcCases, for the CUDA backend's tensor-core attention.
+func CheckAttentionTensorCores(be tensor.Backend, tol float64) error {
+	return checkAttentionCases(be, tensor.MatmulBF16, tol, attntcCases)
+}
+
+func checkAttentionCases(be tensor.Backend, prec tensor.MatmulPrecision, tol float64, cases []attnCase) error {
 	cpuBe := tensor.CPUBackend()
 	dev := be.Device()
-	for ci, c := range attnCases {
+	for ci, c := range cases {
 		rng := tensor.NewRNG(uint64(ci) + 40)
 		fill := func(n int) []float32 {
 			x := make([]float32, n)

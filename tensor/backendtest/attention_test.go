@@ -118,3 +118,40 @@ func TestCUDAAttentionReducedPrecision(t *testing.T) {
 		}
 	}
 }
+
+// TestCUDAAttentionTensorCores runs the CUDA backend's tensor-core flash
+// attention (SetCUDAAttentionTensorCores on, bf16) on the GPU (skipped
+// without one) against the CPU's float32 attention, whole sequences and
+// blocks, within cudaTolAttnTC.
+func TestCUDAAttentionTensorCores(t *testing.T) {
+	be := cudaBackend(t)
+	prev := tensor.SetCUDAAttentionTensorCores(true)
+	defer tensor.SetCUDAAttentionTensorCores(prev)
+	for name, check := range map[string]func(tensor.Backend, float64) error{
+		"whole sequences": CheckAttentionTensorCores, "blocks": CheckBlockAttentionTensorCores,
+	} {
+		err := func() (err error) {
+			defer func() {
+				if r := recover(); r != nil {
+					err = fmt.Errorf("panic: %v", r)
+				}
+			}()
+			return check(strict{be}, cudaTolAttnTC)
+		}()
+		if err != nil {
+			t.Errorf("%s: %v", name, err)
+		}
+	}
+}
+
+// TestAttentionTensorCoresCasesConformance runs the tensor-core cases on
+// the simulated device (the CPU's kernels, whatever the precision): bit for
+// bit, so the cases themselves are valid calls.
+func TestAttentionTensorCoresCasesConformance(t *testing.T) {
+	if err := CheckAttentionTensorCores(strict{tensor.SimBackend()}, 0); err != nil {
+		t.Error(err)
+	}
+	if err := CheckBlockAttentionTensorCores(strict{tensor.SimBackend()}, 0); err != nil {
+		t.Error(err)
+	}
+}

@@ -38,9 +38,27 @@ var blockAttnCases = []blockAttnCase{
 // lse, dq and every block's dk and dv with the CPU backend's, within
 // tol·max(1, |cpu|) per element (tol 0: bit for bit).
 func CheckBlockAttention(be tensor.Backend, tol float64) error {
+	return checkBlockAttentionCases(be, tensor.MatmulFP32, tol, blockAttnCases)
+}
+
+// attntcBlockCases are block attention shapes at the tensor-core kernels'
+// head dimensions (CheckBlockAttentionTensorCores).
+var attntcBlockCases = []blockAttnCase{
+	{Name: "causal-diagonal-then-earlier-d64", B: 1, T: 70, HQ: 4, HKV: 2, D: 64, QPos: 140, KPos: []int{140, 0, 70}, Causal: true},
+	{Name: "causal-masked-block-first-dropout-d128", B: 1, T: 65, HQ: 2, HKV: 1, D: 128, QPos: 65, KPos: []int{130, 65, 0},
+		Causal: true, Dropout: 0.2, DropoutSeed: 9, FirstHead: 3},
+}
+
+// CheckBlockAttentionTensorCores is CheckBlockAttention at bf16 on
+// attntcBlockCases, for the CUDA backend's tensor-core attention.
+func CheckBlockAttentionTensorCores(be tensor.Backend, tol float64) error {
+	return checkBlockAttentionCases(be, tensor.MatmulBF16, tol, attntcBlockCases)
+}
+
+func checkBlockAttentionCases(be tensor.Backend, prec tensor.MatmulPrecision, tol float64, cases []blockAttnCase) error {
 	cpuBe := tensor.CPUBackend()
 	dev := be.Device()
-	for ci, c := range blockAttnCases {
+	for ci, c := range cases {
 		rng := tensor.NewRNG(uint64(ci) + 70)
 		fill := func(n int) []float32 {
 			x := make([]float32, n)
@@ -56,7 +74,7 @@ func CheckBlockAttention(be tensor.Backend, tol float64) error {
 		cfgAt := func(blk int) tensor.AttentionConfig {
 			return tensor.AttentionConfig{B: c.B, T: c.T, HQ: c.HQ, HKV: c.HKV, D: c.D, Causal: c.Causal,
 				Dropout: c.Dropout, DropoutSeed: c.DropoutSeed, FirstHead: c.FirstHead,
-				QPos: c.QPos, KPos: c.KPos[blk], Accumulate: blk > 0}
+				QPos: c.QPos, KPos: c.KPos[blk], Accumulate: blk > 0, Precision: prec}
 		}
 		// run returns out, lse, dq, then dk and dv of each block.
 		run := func(be tensor.Backend, dev tensor.Device) [][]float32 {

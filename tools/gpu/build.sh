@@ -14,5 +14,5 @@ for pkg in internal/cuda comm/nccl tensor/backendtest model/gpt train infer; do
 	name=$(echo "$pkg" | tr / _)
 	go test -c "$flags" -o "$out/$name.test" "./$pkg"
 done
-cp tools/gpu/check.sh tools/gpu/peer_gpt2.py "$out/"
+cp tools/gpu/check.sh tools/gpu/peer_gpt2.py tools/gpu/peer_attn.py "$out/"
 du -sh "$out"/*

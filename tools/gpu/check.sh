@@ -45,10 +45,14 @@ for s in $steps; do
 		grep -c "goroutine " "$out/oom.log" | sed 's/^/goroutine lines in the oom log (want 0): /' >> "$out/summary.txt"
 		;;
 	unverified)
-		# Block attention (CP) and bf16/fp16 attention products against the
-		# CPU; the MoE model step against the CPU.
+		# Block attention (CP), bf16/fp16 attention products and the
+		# tensor-core flash attention against the CPU; the MoE model step
+		# against the CPU.
 		run unverified-attn 180 "$bin/tensor_backendtest.test" -test.v \
 			-test.run 'TestCUDABlockAttention|TestCUDAAttentionReducedPrecision'
+		# the tensor-core flash attention (flash-tc) in a process of its
+		# own: a fault in a new kernel ends the CUDA context
+		run unverified-attn-tc 180 "$bin/tensor_backendtest.test" -test.v -test.run 'TestCUDAAttentionTensorCores'
 		run unverified-moe 180 "$bin/model_gpt.test" -test.v -test.run 'TestCUDAMoEMatchesCPU'
 		# Staged host-to-device copies: the runtime test, then training
 		# against the CPU (50 iterations, fp32 and --bf16) with them on.
@@ -64,7 +68,7 @@ for s in $steps; do
 		grep -h "device-to-host copies\|^--- \|^ok\|^FAIL" "$out/unverified-train-fewer-syncs.log" | head -20 >> "$out/summary.txt"
 		# GPT-2 124M bf16 with each feature alone, and the two copy features
 		# together: speed and host copies
-		for feat in staged-copies attn-bf16 fewer-syncs staged-copies,fewer-syncs; do
+		for feat in staged-copies attn-bf16 fewer-syncs staged-copies,fewer-syncs flash-tc; do
 			run "unverified-124m-bf16-$feat" 240 env GOTRON_CUDA_UNVERIFIED=$feat "$bin/gotron" train --device cuda --mock-data \
 				--num-layers 12 --hidden-size 768 --num-attention-heads 12 --seq-length 1024 --max-position-embeddings 1024 \
 				--micro-batch-size 8 --global-batch-size 8 --train-iters 8 --log-interval 1 --vocab-size 50304 --lr 1e-4 --bf16
@@ -104,6 +108,15 @@ for s in $steps; do
 		if command -v python3 > /dev/null; then
 			run peer-124m 240 python3 "$bin/peer_gpt2.py" --B 8 --T 1024 --steps 8
 			grep pytorch "$out/peer-124m.log" >> "$out/summary.txt"
+		fi
+		# attention fwd+bwd TFLOP/s per path (the tensor-core kernels are
+		# unverified: check unverified-attn's log before trusting them)
+		# at T 1024 and 4096, and PyTorch's SDPA at the same shapes
+		run bench-attn 240 "$bin/tensor_backendtest.test" -test.run '^$' -test.bench 'CUDAAttention' -test.benchtime 10x
+		grep "TFLOP/s" "$out/bench-attn.log" >> "$out/summary.txt"
+		if command -v python3 > /dev/null; then
+			run peer-attn 120 python3 "$bin/peer_attn.py"
+			grep pytorch "$out/peer-attn.log" >> "$out/summary.txt"
 		fi
 		;;
 	profile)
