@@ -124,23 +124,41 @@ func run(src, out string) error {
 	return nil
 }
 
-// compile runs nvcc on cu for arch, writing ptx through a temporary file
-// so that a failed compile leaves the old PTX in place.
+// compile runs nvcc on cu for arch and writes ptx (a failed compile
+// leaves the old PTX in place).
+//
+// nvcc 11.8's PTX for attntc.cu (large unrolled mma loops) depends on its
+// process's memory layout: runs differing only in address randomization,
+// or in the length of an argument or of the environment, order a few
+// instructions and number registers differently. So nvcc runs without
+// randomization (setarch -R, util-linux, where present), in the .cu's
+// folder with relative paths of fixed length (output .gen-<family>-<arch>,
+// copied to ptx afterwards) and an environment of only a fixed PATH
+// (nvcc's folder, then the system's): go generate and TestPTXUpToDate then
+// get the same bytes on one machine.
 func compile(nvcc, cu, arch, ptx string) error {
-	tmp := ptx + ".tmp"
-	args := append(append([]string(nil), Flags...), "-arch="+arch, "-o", tmp, cu)
+	fam := strings.TrimSuffix(filepath.Base(cu), ".cu")
+	tmp := ".gen-" + fam + "-" + arch
+	args := append(append([]string(nil), Flags...), "-arch="+arch, "-o", tmp, fam+".cu")
 	cmd := exec.Command(nvcc, args...)
-	// nvcc 11.8's PTX for attntc.cu (large unrolled mma loops) depends on
-	// the address-space layout: two runs can order a few instructions
-	// differently. Without randomization (setarch -R, util-linux) it is
-	// the same on every run, so the committed PTX is reproducible.
 	if setarch, err := exec.LookPath("setarch"); err == nil {
 		cmd = exec.Command(setarch, append([]string{"-R", nvcc}, args...)...)
 	}
+	cmd.Dir = filepath.Dir(cu)
+	cmd.Env = []string{"PATH=" + filepath.Dir(nvcc) + ":/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}
+	tmpPath := filepath.Join(cmd.Dir, tmp)
+	defer os.Remove(tmpPath)
 	msg, err := cmd.CombinedOutput()
 	if err != nil {
-		os.Remove(tmp)
-		return fmt.Errorf("nvcc %s: %v\n%s", strings.Join(args, " "), err, msg)
+		return fmt.Errorf("nvcc %s (in %s): %v\n%s", strings.Join(args, " "), cmd.Dir, err, msg)
 	}
-	return os.Rename(tmp, ptx)
+	b, err := os.ReadFile(tmpPath)
+	if err != nil {
+		return err
+	}
+	// through a temporary file beside ptx, so that readers never see half of it
+	if err := os.WriteFile(ptx+".tmp", b, 0o644); err != nil {
+		return err
+	}
+	return os.Rename(ptx+".tmp", ptx)
 }
