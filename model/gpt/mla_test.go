@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -191,5 +192,33 @@ func TestMLASimDeviceMatchesCPU(t *testing.T) {
 		for i := range cg {
 			sameBits(t, fmt.Sprintf("%+v gradient %d", rc, i), sg[i], cg[i])
 		}
+	}
+}
+
+// TestMLAPlainRope: --rope-type rope is Megatron's RotaryEmbedding over the
+// rope channels (no YaRN blend, no concentration), while the softmax scale
+// still takes mscale(--rotary-scaling-factor, --mscale-all-dim) as
+// Megatron's MLA does for both rope types. With --mscale-all-dim 0 that
+// scale is 1/sqrt(q head dim), and plain rope at factor 40 equals YaRN at
+// factor 1 (where YaRN is the plain rotation).
+func TestMLAPlainRope(t *testing.T) {
+	logits := func(rope RopeType, factor, mscale, mscaleAll float64) []float32 {
+		c := gpt2Tiny()
+		c.MLA = DefaultMLA()
+		c.MLA.QLoraRank, c.MLA.KVLoraRank, c.MLA.QKHeadDim, c.MLA.QKPosEmbHeadDim, c.MLA.VHeadDim = 12, 10, 6, 4, 5
+		c.MLA.Rope, c.MLA.ScalingFactor, c.MLA.Mscale, c.MLA.MscaleAllDim = rope, factor, mscale, mscaleAll
+		m := stageModel(t, c)
+		bt := batches(c, 0, 1)[0]
+		return m.Forward(nil, bt, nil, false).Float32s()
+	}
+	plain := logits(PlainRoPE, 40, 0.707, 0)
+	sameBits(t, "plain rope at factor 40 vs YaRN at factor 1", plain, logits(Yarn, 1, 0.707, 0))
+	yarn := logits(Yarn, 40, 0.707, 0)
+	if slices.Equal(plain, yarn) {
+		t.Fatal("YaRN at factor 40 gives plain rope's logits: the blend and concentration did nothing")
+	}
+	// mscale_all_dim enters the softmax scale for plain rope too
+	if slices.Equal(plain, logits(PlainRoPE, 40, 0.707, 0.707)) {
+		t.Fatal("--mscale-all-dim did not change plain rope's softmax scale")
 	}
 }
