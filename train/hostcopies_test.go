@@ -123,6 +123,29 @@ func TestSimStepReadsBackOnce(t *testing.T) {
 			}
 		})
 	}
+	// Evaluation: 3 iterations of 3 forwards, one read-back, the CPU's loss.
+	evalLoss := func(dev tensor.Device) (float64, tensor.Transfers) {
+		cfg := tinyConfig(t)
+		cfg.GlobalBatchSize, cfg.EvalIters, cfg.Device, cfg.Out = n*cfg.MicroBatchSize, 3, dev, &strings.Builder{}
+		valid := MockSource{SeqLength: cfg.SeqLength, VocabSize: cfg.Model.VocabSize, Samples: 64}
+		tr, err := New(cfg, MockSource{SeqLength: cfg.SeqLength, VocabSize: cfg.Model.VocabSize}, valid)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var consumed int64
+		before := tensor.SimTransfers()
+		loss, err := tr.stepper.evaluate(valid, &consumed)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return loss, tensor.SimTransfers().Sub(before)
+	}
+	want, _ := evalLoss(tensor.CPU)
+	got, d := evalLoss(tensor.Sim)
+	if math.Float64bits(got) != math.Float64bits(want) || d.ToHost != 1 || d.FromHost != 4*3*n {
+		t.Errorf("evaluation: loss %v on sim, the CPU's %v; %d read-backs (want 1), %d copies in (want %d): %v", got, want, d.ToHost, d.FromHost, 4*3*n, d.Sites)
+	}
+
 	// A whole run logging every iteration (and evaluating): still one
 	// read-back per training iteration.
 	cfg := tinyConfig(t)

@@ -229,7 +229,7 @@ func (st *stepper) reduceGrads(ctx context.Context, a agreement, tokens int64, p
 		sumSqExperts = tensor.NewOn(dev, tensor.Int64, 1)
 		st.normExperts.SumSquaresTo(sumSqExperts)
 	}
-	host := tensor.ReadBack(nonFin, sumSq, sumSqExperts, pending.values)
+	host := tensor.ReadBack(append([]*tensor.Tensor{nonFin, sumSq, sumSqExperts}, pending.chunks...)...)
 	a.nonFin = host[0].Int32s()[0] != 0
 	a.sumSq = 0
 	if sumSq != nil {
@@ -238,7 +238,7 @@ func (st *stepper) reduceGrads(ctx context.Context, a agreement, tokens int64, p
 	if sumSqExperts != nil {
 		a.sumSq += tensor.Float64Bits(host[2])
 	}
-	a.loss += pending.sum(host[3])
+	a.loss += pending.sum(host[3:])
 	if st.par.TP.Rank() != 0 || (st.pipelined() && st.par.PP.Rank() != st.par.PP.Size()-1) {
 		// the loss and its tokens once per replica: from tensor-parallel
 		// rank 0 of the last stage (the others' loss sums are 0 or copies)

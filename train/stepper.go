@@ -374,7 +374,7 @@ func (st *stepper) forwardBackward(ctx context.Context, n, mbs, dp, r int, perTo
 	// device until reduceGrads reads it back with the gradient statistics,
 	// once per iteration (Megatron reads its losses at the log interval
 	// and the gradient norm once, clip_grad_norm's .item()).
-	var pending pendingLosses
+	pending := pendingLosses{dev: st.cfg.Device}
 	if st.pipelined() {
 		var err error
 		if lossSum, tokens, err = st.pipelineStep(n, mbs, dp, r); err != nil {
@@ -384,9 +384,6 @@ func (st *stepper) forwardBackward(ctx context.Context, n, mbs, dp, r int, perTo
 			// gotron's pipeline executor gives the micro-batches' sum.
 			st.rerun.validateLoss(lossSum)
 		}
-	}
-	if !st.pipelined() {
-		pending = pendingLosses{values: tensor.NewOn(st.cfg.Device, tensor.Float32, n), tokens: make([]int64, 0, n)}
 	}
 	for i := 0; i < n && !st.pipelined(); i++ {
 		if i == n-1 {
@@ -414,9 +411,7 @@ func (st *stepper) forwardBackward(ctx context.Context, n, mbs, dp, r int, perTo
 			// (Megatron's validate_result reads it back too).
 			st.rerun.validateLoss(scalar(loss) * float64(nt))
 		}
-		// The loss is the tape's, released in backward: keep a copy.
-		tensor.Copy((*tensor.Tape)(nil).Narrow(pending.values, 0, i, 1), loss)
-		pending.tokens = append(pending.tokens, nt)
+		pending.add(loss, nt) // the tape's loss is released in backward: a copy
 		tokens += nt
 		st.tm.start(timerBackwardCompute, 2)
 		err = st.tape.Backward(st.tape.Scale(loss, backwardScale(st.lossScale(), perToken, n, nt)))
@@ -433,26 +428,38 @@ func (st *stepper) forwardBackward(ctx context.Context, n, mbs, dp, r int, perTo
 	return st.reduceGrads(st.cctx, agreement{loss: lossSum, tokens: float64(tokens), stopped: ctx.Err() != nil, timeUp: timeUp}, tokens, pending)
 }
 
-// pendingLosses are an iteration's micro-batch losses not yet read back:
-// values (n) on the run's device, each micro-batch's mean token loss, and
-// tokens, its unmasked tokens. values is nil under pipelining (the
+// pendingLosses are forward passes' mean token losses not yet read back:
+// copies on the run's device, in chunks of pendingChunk, and each one's
+// unmasked tokens. Under pipelining a training step has none (the
 // executor returns the loss sum).
 type pendingLosses struct {
-	values *tensor.Tensor
+	dev    tensor.Device
+	chunks []*tensor.Tensor
 	tokens []int64
 }
 
-// sum is Σ loss·tokens over the micro-batches, in their order, from the
-// values read back (host): the rank's sum of token losses, as
-// pretrain_gpt.loss_func's loss sums add up.
-func (p pendingLosses) sum(host *tensor.Tensor) float64 {
-	if host == nil {
-		return 0
+// pendingChunk is the number of losses one device chunk holds: a step's
+// micro-batches, an evaluation's forwards, usually fit one.
+const pendingChunk = 1024
+
+// add keeps a device copy of loss (a one-element tensor, the tape's, which
+// it may release) with its tokens.
+func (p *pendingLosses) add(loss *tensor.Tensor, tokens int64) {
+	k := len(p.tokens)
+	if k%pendingChunk == 0 {
+		p.chunks = append(p.chunks, tensor.NewOn(p.dev, tensor.Float32, pendingChunk))
 	}
+	tensor.Copy((*tensor.Tape)(nil).Narrow(p.chunks[k/pendingChunk], 0, k%pendingChunk, 1), loss)
+	p.tokens = append(p.tokens, tokens)
+}
+
+// sum is Σ loss·tokens over the losses in the order they were added, from
+// the chunks read back (host): the rank's sum of token losses, as
+// pretrain_gpt.loss_func's loss sums add up.
+func (p *pendingLosses) sum(host []*tensor.Tensor) float64 {
 	var s float64
-	v := host.Float32s()
 	for i, nt := range p.tokens {
-		s += float64(v[i]) * float64(nt)
+		s += float64(host[i/pendingChunk].Float32s()[i%pendingChunk]) * float64(nt)
 	}
 	return s
 }
@@ -519,6 +526,10 @@ func (st *stepper) evaluate(src datagpt.Source, consumed *int64) (float64, error
 	// ranks, as Megatron's evaluate (with or without per-token loss).
 	var sum, count float64
 	failed := false
+	// Without pipelining each forward's mean token loss stays on the device
+	// until one read-back after the loop (Megatron's evaluate reads its
+	// accumulated losses once too); the sums are then taken in order.
+	pending := pendingLosses{dev: st.cfg.Device}
 	for range st.cfg.EvalIters {
 		for i := 0; i < gbs/(mbs*dp) && !failed; i++ {
 			start := (*consumed + int64(r*mbs)) % int64(max(src.Len(), 1))
@@ -543,17 +554,23 @@ func (st *stepper) evaluate(src datagpt.Source, consumed *int64) (float64, error
 				if err := st.beginMicrobatch(false); err != nil {
 					return math.NaN(), err
 				}
-				loss = scalar(st.model.Loss(tp, st.model.Forward(tp, dbt, nil, false), dbt))
+				// the loss is the tape's, released at its Reset: keep a copy
+				pending.add(st.model.Loss(tp, st.model.Forward(tp, dbt, nil, false), dbt), tokens)
 				err := errors.Join(tp.Err(), st.endMicrobatch())
 				tp.Reset()
 				if err != nil {
 					return math.NaN(), fmt.Errorf("train: evaluation at iteration %d: %w", st.Iteration, err)
 				}
 			}
-			sum += loss * float64(tokens)
+			if st.pipelined() {
+				sum += loss * float64(tokens)
+			}
 			count += float64(tokens)
 			*consumed += int64(mbs * dp)
 		}
+	}
+	if len(pending.tokens) > 0 {
+		sum = pending.sum(tensor.ReadBack(pending.chunks...))
 	}
 	if st.par.World.Size() > 1 { // one rank's sums are exact as they are
 		v := []float32{float32(sum), float32(count), 0}
