@@ -64,14 +64,8 @@ const deltaRuleChunk = 64
 // validate fills Megatron's defaults and checks c (TransformerConfig's
 // checks for the variant).
 func (c *GDNConfig) validate(cfg *Config) error {
-	if cfg.AttentionOutputGate && cfg.MLA.Enabled {
-		return fmt.Errorf("gpt: --attention-output-gate with --multi-latent-attention: Megatron gates the fused-QKV attention only")
-	}
 	if !c.Enabled {
 		return nil
-	}
-	if cfg.MLA.Enabled {
-		return fmt.Errorf("gpt: --experimental-attention-variant gated_delta_net with --multi-latent-attention: the hybrid model's full attention layers are Megatron's standard attention (not built with MLA)")
 	}
 	for _, f := range []struct {
 		name string
