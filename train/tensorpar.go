@@ -129,7 +129,9 @@ func (st *stepper) normParams(ps []*optim.Param) []*optim.Param {
 // only (norms, row-parallel biases), or from its heads only (--qk-layernorm):
 // Megatron's finalize_model_grads for --sequence-parallel and qk_layernorm.
 func (st *stepper) reduceSequenceParallelGrads(ctx context.Context) error {
-	sp, qk := st.cfg.SequenceParallel, st.cfg.Model.QKLayerNorm && st.region != nil && st.region.Size() > 1
+	// (a gated delta net's out_norm normalises this rank's value heads: a
+	// partial sum too)
+	sp, qk := st.cfg.SequenceParallel, (st.cfg.Model.QKLayerNorm || st.cfg.Model.GDN.Enabled) && st.region != nil && st.region.Size() > 1
 	if !sp && !qk { // (SP needs TP > 1)
 		return nil
 	}
@@ -145,7 +147,8 @@ func (st *stepper) reduceSequenceParallelGrads(ctx context.Context) error {
 		if sp {
 			return p.Name != "embedding.position_embeddings.weight"
 		}
-		return strings.Contains(p.Name, "self_attention.q_layernorm.") || strings.Contains(p.Name, "self_attention.k_layernorm.")
+		return strings.Contains(p.Name, "self_attention.q_layernorm.") || strings.Contains(p.Name, "self_attention.k_layernorm.") ||
+			strings.Contains(p.Name, "self_attention.out_norm.")
 	})
 	n := 0
 	for _, v := range views {

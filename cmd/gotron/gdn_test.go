@@ -62,8 +62,8 @@ func TestTrainGDNResume(t *testing.T) {
 			}
 		}
 	}
-	if seen != 6 {
-		t.Fatalf("%d gated delta net conv/A_log/dt_bias parameters in the checkpoint, want 6", seen)
+	if seen != 10 { // 2 layers × (conv1d query, key, value; A_log; dt_bias)
+		t.Fatalf("%d gated delta net conv/A_log/dt_bias parameters in the checkpoint, want 10", seen)
 	}
 }
 

@@ -110,7 +110,6 @@ const (
 	needFSDP      = "this part of Megatron-FSDP, not built in gotron (--use-megatron-fsdp with --data-parallel-sharding-strategy is)"
 	needRL        = "Megatron's RL/GRPO training loop, not built in gotron"
 	needInference = "Megatron's inference scripts: run this argument list with gotron inference, not gotron train"
-	needGDNTP     = "tensor-parallel gated delta net layers, not built in gotron (the hybrid model trains with --tensor-model-parallel-size 1)"
 	needLinear    = "the DSA experimental attention variant (DeepSeek sparse attention), not built in gotron (gated_delta_net is)"
 	needMuP       = "muP parametrisation, not built in gotron"
 	needExport    = "ModelOpt export and distillation, not built in gotron"
@@ -347,9 +346,6 @@ func (f *trainFlags) megatronCompat(env *cli, fs *flag.FlagSet, given map[string
 	}
 	if f.cfg.LogNumZerosInGrad && f.device != "cpu" {
 		return fmt.Errorf("--log-num-zeros-in-grad: counts the gradients on the host: --device cpu only, not --device %s", f.device)
-	}
-	if f.gdn.variant != "" && f.tpSize > 1 {
-		return fmt.Errorf("--experimental-attention-variant %s with --tensor-model-parallel-size=%d: needs %s", f.gdn.variant, f.tpSize, needGDNTP)
 	}
 	switch mlaQNorm := f.mla.on && f.mla.qLoraRank > 0; {
 	case f.cfg.ApplyWDToQKLayerNorm && mlaQNorm && !f.model.QKLayerNorm:

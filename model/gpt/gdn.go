@@ -151,11 +151,19 @@ func (c *GDNConfig) dims() (qk, v, conv, in int) {
 	return qk, v, 2*qk + v, 2*qk + 2*v + 2*c.NumValueHeads
 }
 
-// GDNLayer is a gated delta net's parameters (Megatron's names under
-// decoder.layers.N.self_attention.).
+// GDNLayer is a gated delta net's parameters, named as Megatron's
+// distributed checkpoint stores them under decoder.layers.N.self_attention.:
+// in_proj.weight and conv1d.weight are split into their sections
+// (GatedDeltaNet.sharded_state_dict's _split_tensor_factory), so each is a
+// plain column-parallel slice under tensor parallelism and the layer
+// concatenates them back into Megatron's fused weights.
 type GDNLayer struct {
-	InProj               *tensor.Tensor // in_proj.weight (2·nk·dk + 2·nv·dv + 2·nv, h): q, k, v, z, b, a rows
-	Conv                 *tensor.Tensor // conv1d.weight (2·nk·dk + nv·dv, K): Megatron's (…, 1, K) without the group axis
+	// in_proj.weight.query, .key (nk·dk, h), .value, .z (nv·dv, h), .beta,
+	// .alpha (nv, h)
+	InQ, InK, InV, InZ, InBeta, InAlpha *tensor.Tensor
+	// conv1d.weight.query, .key (nk·dk, K), .value (nv·dv, K): Megatron's
+	// (…, 1, K) without the group axis
+	ConvQ, ConvK, ConvV  *tensor.Tensor
 	DtBias               *tensor.Tensor // dt_bias (nv)
 	ALog                 *tensor.Tensor // A_log (nv)
 	OutNorm, OutNormBias *tensor.Tensor // out_norm.weight, .bias (dv; the bias for LayerNorm)
@@ -163,7 +171,8 @@ type GDNLayer struct {
 }
 
 func (g *GDNLayer) params() []*tensor.Tensor {
-	return []*tensor.Tensor{g.InProj, g.Conv, g.DtBias, g.ALog, g.OutNorm, g.OutNormBias, g.OutProj}
+	return []*tensor.Tensor{g.InQ, g.InK, g.InV, g.InZ, g.InBeta, g.InAlpha, g.ConvQ, g.ConvK, g.ConvV,
+		g.DtBias, g.ALog, g.OutNorm, g.OutNormBias, g.OutProj}
 }
 
 // newGDNLayer draws a layer as GatedDeltaNet.reset_parameters and its
@@ -174,12 +183,20 @@ func (g *GDNLayer) params() []*tensor.Tensor {
 func newGDNLayer(cfg *Config, prefix string, rng *tensor.RNG, normal func(string, float32, ...int) *tensor.Tensor,
 	ones func(string, int) *tensor.Tensor, std, outStd float32) *GDNLayer {
 	c := &cfg.GDN
-	_, v, conv, in := c.dims()
-	h, nv := cfg.HiddenSize, c.NumValueHeads
+	qk, v, _, _ := c.dims()
+	h, nv, k := cfg.HiddenSize, c.NumValueHeads, c.ConvKernel
 	p := prefix + "self_attention."
+	bound := float32(1 / math.Sqrt(float64(k)))
+	conv := func(name string, rows int) *tensor.Tensor {
+		w := tensor.Param(name, rows, k)
+		rng.Fork(name).Uniform(w.Float32s(), -bound, bound)
+		return w
+	}
 	g := &GDNLayer{
-		InProj:  normal(p+"in_proj.weight", std, in, h),
-		Conv:    tensor.Param(p+"conv1d.weight", conv, c.ConvKernel),
+		InQ: normal(p+"in_proj.weight.query", std, qk, h), InK: normal(p+"in_proj.weight.key", std, qk, h),
+		InV: normal(p+"in_proj.weight.value", std, v, h), InZ: normal(p+"in_proj.weight.z", std, v, h),
+		InBeta: normal(p+"in_proj.weight.beta", std, nv, h), InAlpha: normal(p+"in_proj.weight.alpha", std, nv, h),
+		ConvQ: conv(p+"conv1d.weight.query", qk), ConvK: conv(p+"conv1d.weight.key", qk), ConvV: conv(p+"conv1d.weight.value", v),
 		DtBias:  tensor.Param(p+"dt_bias", nv),
 		ALog:    tensor.Param(p+"A_log", nv),
 		OutNorm: ones(p+"out_norm.weight", c.ValueHeadDim),
@@ -188,8 +205,6 @@ func newGDNLayer(cfg *Config, prefix string, rng *tensor.RNG, normal func(string
 	if cfg.Normalization == LayerNorm {
 		g.OutNormBias = tensor.Param(p+"out_norm.bias", c.ValueHeadDim)
 	}
-	bound := float32(1 / math.Sqrt(float64(c.ConvKernel)))
-	rng.Fork(g.Conv.Name).Uniform(g.Conv.Float32s(), -bound, bound)
 	for i := range g.DtBias.Float32s() {
 		g.DtBias.Float32s()[i] = 1
 	}
@@ -202,16 +217,20 @@ func newGDNLayer(cfg *Config, prefix string, rng *tensor.RNG, normal func(string
 }
 
 // gatedDeltaNet is the attention part of a gated delta net layer on the
-// normalised x (b, t, h).
+// normalised x (b, t, h). Its widths come from the weights, so a
+// tensor-parallel rank runs its heads (Megatron splits every section of
+// in_proj and conv1d, dt_bias and A_log by heads, out_proj by its input).
 func (m *Model) gatedDeltaNet(tp *tensor.Tape, l *GDNLayer, x *tensor.Tensor, p *pass) *tensor.Tensor {
 	c := &m.Config.GDN
 	sh := m.region()
-	proj := sh.ColumnLinear(tp, p.lin, x, l.InProj, nil) // (b, t, in)
+	dk, dv := c.KeyHeadDim, c.ValueHeadDim
+	qk, v, nv := l.InQ.Dim(0), l.InV.Dim(0), l.InBeta.Dim(0) // this rank's
+	nk, conv := qk/dk, 2*qk+l.InV.Dim(0)
+	in := tp.Concat(0, l.InQ, l.InK, l.InV, l.InZ, l.InBeta, l.InAlpha) // Megatron's fused in_proj
+	proj := sh.ColumnLinear(tp, p.lin, x, in, nil)                      // (b, t, 2qk+2v+2nv)
 	b, t := proj.Dim(0), proj.Dim(1)
-	qk, v, conv, _ := c.dims()
-	nk, nv, dk, dv := c.NumKeyHeads, c.NumValueHeads, c.KeyHeadDim, c.ValueHeadDim
 	parts := tp.Split(proj, 2, conv, v, nv, nv)
-	qkv := tp.CausalConvSiLU(parts[0], l.Conv) // (b, t, conv)
+	qkv := tp.CausalConvSiLU(parts[0], tp.Concat(0, l.ConvQ, l.ConvK, l.ConvV)) // (b, t, conv)
 	qkvParts := tp.Split(qkv, 2, 2*qk, v)
 	qkn := tp.L2Norm(tp.Reshape(tp.Contiguous(qkvParts[0]), b, t, 2*nk, dk), l2NormEps)
 	heads := tp.Split(qkn, 2, nk, nk)

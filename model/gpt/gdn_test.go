@@ -103,8 +103,16 @@ func TestGDNConfig(t *testing.T) {
 	if err := c.Validate(); err != nil {
 		t.Fatal(err)
 	}
-	if err := c.CheckTP(2, false, 0); err == nil || !strings.Contains(err.Error(), "gated delta net") {
+	if err := c.CheckTP(2, true, 10); err != nil {
 		t.Fatalf("CheckTP(2): %v", err)
+	}
+	one := gdnGoldenConfig()
+	one.GDN.NumKeyHeads = 1
+	if err := one.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	if err := one.CheckTP(2, false, 0); err == nil || !strings.Contains(err.Error(), "--linear-num-key-heads=1 is not divisible by --tensor-model-parallel-size=2") {
+		t.Fatalf("CheckTP(2) with one key head: %v", err)
 	}
 	if err := c.CheckDevice(tensor.CUDA); err == nil || !strings.Contains(err.Error(), "no CUDA kernel") {
 		t.Fatalf("CheckDevice(cuda): %v", err)
@@ -138,7 +146,7 @@ func TestGDNInit(t *testing.T) {
 			t.Fatalf("A_log %v, want log of [1, 16)", l.ALog.Float32s())
 		}
 	}
-	for _, v := range l.Conv.Float32s() {
+	for _, v := range append(append(l.ConvQ.Float32s(), l.ConvK.Float32s()...), l.ConvV.Float32s()...) {
 		if !(v >= -0.5 && v < 0.5) { // PyTorch's Conv1d default, ±1/sqrt(K) with K = 4
 			t.Fatalf("conv1d weight %v, want uniform(±0.5)", v)
 		}
@@ -148,8 +156,13 @@ func TestGDNInit(t *testing.T) {
 			t.Fatalf("out_norm weight %v, want ones", l.OutNorm.Float32s())
 		}
 	}
-	if got := l.InProj.Shape(); got[0] != 2*8+2*24+2*4 || got[1] != 32 {
-		t.Fatalf("in_proj %v", got)
+	for _, w := range []struct {
+		p    *tensor.Tensor
+		rows int
+	}{{l.InQ, 8}, {l.InK, 8}, {l.InV, 24}, {l.InZ, 24}, {l.InBeta, 4}, {l.InAlpha, 4}} {
+		if got := w.p.Shape(); got[0] != w.rows || got[1] != 32 {
+			t.Fatalf("%s: %v, want (%d, 32)", w.p.Name, got, w.rows)
+		}
 	}
 }
 

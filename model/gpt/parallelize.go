@@ -79,6 +79,11 @@ func (c *Config) TPStyle(name string) tp.Style {
 			return tp.ColumnGLU
 		}
 		return tp.Column
+	case strings.Contains(name, "self_attention.in_proj.weight."), strings.Contains(name, "self_attention.conv1d.weight."),
+		strings.HasSuffix(name, "self_attention.dt_bias"), strings.HasSuffix(name, "self_attention.A_log"):
+		return tp.Column // a gated delta net's heads (its out_norm is replicated)
+	case strings.HasSuffix(name, "self_attention.out_proj.weight"):
+		return tp.Row
 	case strings.HasSuffix(name, "self_attention.linear_proj.weight"), strings.HasSuffix(name, "mlp.linear_fc2.weight"),
 		strings.HasSuffix(name, "mlp.shared_experts.linear_fc2.weight"):
 		return tp.Row
@@ -102,8 +107,10 @@ func (c *Config) CheckTP(size int, sequenceParallel bool, seqLength int) error {
 		return fmt.Errorf("gpt: --tensor-model-parallel-size=%d: want ≥ 1", size)
 	case sequenceParallel && size == 1:
 		return fmt.Errorf("gpt: --sequence-parallel needs --tensor-model-parallel-size > 1")
-	case c.GDN.Enabled && size > 1:
-		return fmt.Errorf("gpt: --experimental-attention-variant gated_delta_net with --tensor-model-parallel-size=%d: the gated delta net layers are not built for tensor parallelism in this release (use --tensor-model-parallel-size 1)", size)
+	case c.GDN.Enabled && c.GDN.NumKeyHeads%size != 0:
+		return fmt.Errorf("gpt: --linear-num-key-heads=%d is not divisible by --tensor-model-parallel-size=%d", c.GDN.NumKeyHeads, size)
+	case c.GDN.Enabled && c.GDN.NumValueHeads%size != 0:
+		return fmt.Errorf("gpt: --linear-num-value-heads=%d is not divisible by --tensor-model-parallel-size=%d", c.GDN.NumValueHeads, size)
 	case c.NumAttentionHeads%size != 0:
 		return fmt.Errorf("gpt: --num-attention-heads=%d is not divisible by --tensor-model-parallel-size=%d", c.NumAttentionHeads, size)
 	case c.NumQueryGroups%size != 0:
@@ -176,14 +183,17 @@ func shardMoE(l *MoELayer, shard func(*tensor.Tensor) *tensor.Tensor) *MoELayer 
 		ExpertBias: slices.Clone(l.ExpertBias), SharedFC1: shard(l.SharedFC1), SharedFC2: shard(l.SharedFC2), Gate: shard(l.Gate)}
 }
 
-// shardGDN is a gated delta net layer's tensor-parallel part (CheckTP
-// allows one rank only: every parameter is replicated).
+// shardGDN is a gated delta net layer's tensor-parallel part: every
+// section of in_proj and conv1d, dt_bias and A_log split by heads, out_proj
+// by its input, out_norm replicated (TPStyle).
 func shardGDN(l *GDNLayer, shard func(*tensor.Tensor) *tensor.Tensor) *GDNLayer {
 	if l == nil {
 		return nil
 	}
-	return &GDNLayer{InProj: shard(l.InProj), Conv: shard(l.Conv), DtBias: shard(l.DtBias), ALog: shard(l.ALog),
-		OutNorm: shard(l.OutNorm), OutNormBias: shard(l.OutNormBias), OutProj: shard(l.OutProj)}
+	return &GDNLayer{InQ: shard(l.InQ), InK: shard(l.InK), InV: shard(l.InV), InZ: shard(l.InZ),
+		InBeta: shard(l.InBeta), InAlpha: shard(l.InAlpha), ConvQ: shard(l.ConvQ), ConvK: shard(l.ConvK), ConvV: shard(l.ConvV),
+		DtBias: shard(l.DtBias), ALog: shard(l.ALog), OutNorm: shard(l.OutNorm), OutNormBias: shard(l.OutNormBias),
+		OutProj: shard(l.OutProj)}
 }
 
 // tpSharding is Sharding over one tp.Region.

@@ -69,9 +69,12 @@ def params_for(c, gen):
         normal(p + "input_layernorm.bias", h, std=0.1)
         if lin:
             a = p + "self_attention."
-            normal(a + "in_proj.weight", 2 * qk + 2 * v + 2 * nv, h)
-            # gotron keeps conv1d.weight as (channels, K): Megatron's (channels, 1, K) without the group axis
-            normal(a + "conv1d.weight", 2 * qk + v, c["conv_kernel"], std=0.4)
+            # in_proj.weight and conv1d.weight by section, as Megatron's distributed checkpoint
+            # stores them (_split_tensor_factory); conv1d without its group axis (channels, K)
+            for sec, n in (("query", qk), ("key", qk), ("value", v), ("z", v), ("beta", nv), ("alpha", nv)):
+                normal(a + "in_proj.weight." + sec, n, h)
+            for sec, n in (("query", qk), ("key", qk), ("value", v)):
+                normal(a + "conv1d.weight." + sec, n, c["conv_kernel"], std=0.4)
             normal(a + "dt_bias", nv, std=0.5)
             P[a + "A_log"] = torch.log(torch.rand(nv, generator=gen, dtype=torch.float32).double() * 15 + 1)
             gamma(a + "out_norm.weight", c["value_head_dim"])
@@ -203,11 +206,12 @@ def gated_delta_net(c, P, p, y):
     a = p + "self_attention."
     nk, nv, dk, dv = c["num_key_heads"], c["num_value_heads"], c["key_head_dim"], c["value_head_dim"]
     qk, v_dim = nk * dk, nv * dv
-    qkvzba = F.linear(y, P[a + "in_proj.weight"])
+    w_in = torch.cat([P[a + "in_proj.weight." + s] for s in ("query", "key", "value", "z", "beta", "alpha")])
+    qkvzba = F.linear(y, w_in)
     qkv, gate, beta, alpha = torch.split(qkvzba, [2 * qk + v_dim, v_dim, nv, nv], dim=-1)
     gate = gate.reshape(B, T, -1, dv)
     # deterministic path: torch-native depthwise conv1d, padding K-1, first T outputs, then act_fn (silu)
-    w = P[a + "conv1d.weight"].unsqueeze(1)
+    w = torch.cat([P[a + "conv1d.weight." + s] for s in ("query", "key", "value")]).unsqueeze(1)
     conv = F.conv1d(qkv.transpose(1, 2), w, None, padding=c["conv_kernel"] - 1, groups=2 * qk + v_dim)
     qkv = F.silu(conv[..., :T]).transpose(1, 2)
     query_key, value = torch.split(qkv, [2 * qk, v_dim], dim=-1)
