@@ -56,6 +56,13 @@
 // (attntcSharedBytes in tensor/cuda_backend_attntc.go, the ATC_*_SMEM
 // formulas here), and each kernel traps if it got fewer.
 
+// testdata/attntc_host.cc compiles this file for the host with
+// ATTNTC_HOST defined: it runs every thread of a block as a host thread and
+// supplies attntc_host_mma (mma.sync from the PTX ISA's fragment layouts)
+// and attntc_host_dynamic_smem, the two instructions below written in PTX,
+// so TestAttntcHostKernels runs these kernels' own index math against the
+// CPU backend without a GPU.
+
 #include <stdint.h>
 
 #define ATC_THREADS 128
@@ -101,10 +108,14 @@ __device__ __forceinline__ uint32_t attntc_pack(float lo, float hi) {
 // attntc_mma: c += a·b, m16n8k16, bf16 operands, float32 accumulators.
 __device__ __forceinline__ void attntc_mma(float* c, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
                                            uint32_t b1) {
+#ifdef ATTNTC_HOST
+    attntc_host_mma(c, a0, a1, a2, a3, b0, b1);
+#else
     asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
         "{%0,%1,%2,%3};\n"
         : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
         : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+#endif
 }
 
 // attntc_ld32 reads the bf16 pair at s[idx], s[idx+1] (idx even).
@@ -169,7 +180,11 @@ __device__ __forceinline__ void attntc_load(uint16_t* s, const float* x, long lo
 // than the kernel's layout needs (the host's attntcSharedBytes is wrong).
 __device__ __forceinline__ void attntc_check_smem(uint32_t need) {
     uint32_t have;
+#ifdef ATTNTC_HOST
+    have = attntc_host_dynamic_smem();
+#else
     asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(have));
+#endif
     if (have < need) __trap();
 }
 

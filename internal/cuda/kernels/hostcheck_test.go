@@ -206,5 +206,8 @@ func TestMain(m *testing.M) {
 	if hostcheck.dir != "" {
 		os.RemoveAll(hostcheck.dir)
 	}
+	if attntcHost.dir != "" {
+		os.RemoveAll(attntcHost.dir)
+	}
 	os.Exit(code)
 }
