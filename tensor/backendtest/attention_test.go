@@ -97,9 +97,13 @@ func TestCUDAAttentionReducedPrecision(t *testing.T) {
 	be := cudaBackend(t)
 	prevLimit := tensor.SetCUDAAttentionScoresLimit(1 << 30)
 	prevOn := tensor.SetCUDAAttentionReducedPrecision(true)
+	// bf16 calls take the tensor-core kernels while those are on
+	// (GOTRON_CUDA_UNVERIFIED=1 at OpenCUDA): this test is the materialized path's
+	prevTC := tensor.SetCUDAAttentionTensorCores(false)
 	defer func() {
 		tensor.SetCUDAAttentionScoresLimit(prevLimit)
 		tensor.SetCUDAAttentionReducedPrecision(prevOn)
+		tensor.SetCUDAAttentionTensorCores(prevTC)
 	}()
 	for _, c := range []struct {
 		prec tensor.MatmulPrecision
