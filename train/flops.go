@@ -9,7 +9,10 @@ import "github.com/gotron/gotron/model/gpt"
 // An MoE layer counts its top-k routed experts and its shared expert (not
 // the router, as Megatron). Multi-latent attention counts its
 // projections (norms as one FLOP per latent channel) and cores as
-// Megatron's MLA branch.
+// Megatron's MLA branch. The attention output gate counts its projection
+// (--attention-output-gate), and a gated delta net layer counts its
+// projections, convolution and delta rule as Megatron's
+// linear-attention branch, with no core (seqLen²) term.
 func FLOPsPerIteration(c gpt.Config, globalBatch, seqLen int) float64 {
 	h, f, L := float64(c.HiddenSize), float64(c.FFNHiddenSize), float64(c.NumLayers)
 	d := float64(c.KVChannels)
@@ -39,5 +42,19 @@ func FLOPsPerIteration(c gpt.Config, globalBatch, seqLen int) float64 {
 		attnLinear = qTerm + float64(mla.KVLoraRank)*(h+n*(qk+v)+1) + h*pe + n*v*h
 		attnCore = n*(qk+pe)/2 + n*v/2
 	}
-	return T*(6*h*mlp+6*attnLinear*L+6*h*V) + S2*6*attnCore*L
+	if c.AttentionOutputGate {
+		attnLinear += h * q // the gate's rows of linear_qkv
+	}
+	std, linear := L, 0.0 // standard attention layers; gated delta nets' token-linear FLOPs
+	if g := c.GDN; g.Enabled {
+		n := float64(g.NumGDNLayers(c.NumLayers))
+		qk, v := float64(g.KeyHeadDim*g.NumKeyHeads), float64(g.ValueHeadDim*g.NumValueHeads)
+		nv, dv := float64(g.NumValueHeads), float64(g.ValueHeadDim)
+		in := 2*qk + 2*v + 2*nv
+		// in_proj, conv1d, the delta rule (Megatron's 4·nv·dv²: KKᵀ, VKᵀ,
+		// S(a(I−bKKᵀ)) and SQ) and out_proj
+		linear = n * (h*in + float64(g.ConvKernel)*(2*qk+v) + nv*dv*dv*4 + h*v)
+		std = L - n
+	}
+	return T*(6*h*mlp+6*(attnLinear*std+linear)+6*h*V) + S2*6*attnCore*std
 }

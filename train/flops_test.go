@@ -28,6 +28,18 @@ func TestFLOPsMatchesMegatronReferenceValues(t *testing.T) {
 			MLA: mlaDims(192, 64, 16, 8, 16)}, 32, 1024, 7041800208384},
 		{"mla-plain-q-swiglu", gpt.Config{NumLayers: 2, HiddenSize: 256, NumAttentionHeads: 4, FFNHiddenSize: 512, Activation: gpt.SwiGLU,
 			VocabSize: 1024, MaxPositionEmbeddings: 128, MLA: mlaDims(0, 32, 32, 16, 48)}, 4, 128, 4114808832},
+		// the hybrid gated delta net model: the gdn configs' (test_gpt3_mcore_te_tp2_pp1_gdn), a tiny
+		// dense one, and output-gated attention alone; Megatron's values from its
+		// num_floating_point_operations run out of tree (tools/golden/megatron_flops_gdn.py)
+		{"gdn-config", gpt.Config{NumLayers: 6, HiddenSize: 512, NumAttentionHeads: 8, NumQueryGroups: 2, Activation: gpt.SwiGLU, DisableBiasLinear: true,
+			VocabSize: 50304, MaxPositionEmbeddings: 1024, AttentionOutputGate: true,
+			GDN: gpt.GDNConfig{Enabled: true, LinearAttentionFreq: "3", ConvKernel: 4, KeyHeadDim: 64, ValueHeadDim: 64, NumKeyHeads: 4, NumValueHeads: 8},
+			MoE: gpt.MoEConfig{NumExperts: 32, TopK: 8, FFNHiddenSize: 64, SharedExpertFFN: 64, SharedExpertGate: true}}, 32, 1024, 7611755790336},
+		{"gdn-tiny-dense", gpt.Config{NumLayers: 4, HiddenSize: 32, NumAttentionHeads: 4, NumQueryGroups: 2, KVChannels: 8, FFNHiddenSize: 48,
+			Activation: gpt.SwiGLU, VocabSize: 64, MaxPositionEmbeddings: 16, AttentionOutputGate: true,
+			GDN: gpt.GDNConfig{Enabled: true, LinearAttentionFreq: "2", ConvKernel: 4, KeyHeadDim: 4, ValueHeadDim: 6, NumKeyHeads: 2, NumValueHeads: 4}}, 8, 16, 28655616},
+		{"gated-attention", gpt.Config{NumLayers: 2, HiddenSize: 64, NumAttentionHeads: 4, FFNHiddenSize: 256, VocabSize: 128,
+			MaxPositionEmbeddings: 32, AttentionOutputGate: true}, 4, 32, 91226112},
 	}
 	for _, c := range cases {
 		if err := c.cfg.Validate(); err != nil {
