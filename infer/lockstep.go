@@ -33,6 +33,7 @@ const (
 	msgHello int64 = iota // the leader's engine configuration
 	msgStep               // ops to apply, then one step
 	msgClose              // the leader is done: Follow returns
+	msgIdle               // the leader is alive with nothing to run
 )
 
 // lockstepOp is one call the leader made on its engine: an Add or a Cancel.
@@ -143,6 +144,24 @@ func (l *Lockstep) Step() ([]Event, error) {
 	return evs, nil
 }
 
+// KeepAlive tells the followers that the idle leader is alive, so that
+// their wait for its next step does not time out (NewLockstepRunner sends
+// one every LockstepKeepAlive while idle). Calls since the last step are
+// held for the next.
+func (l *Lockstep) KeepAlive() error {
+	if l.err != nil {
+		return l.err
+	}
+	if l.closed {
+		return errors.New("infer: lockstep keep-alive after Close")
+	}
+	if err := l.send(msgIdle, nil); err != nil {
+		l.err = err
+		return err
+	}
+	return nil
+}
+
 // Close tells the followers that the leader is done (Follow returns nil).
 // After a failed step it sends nothing: the followers end with the
 // failure of their own step or find the leader gone.
@@ -209,6 +228,7 @@ func Follow(ctx context.Context, e *Engine, pg comm.ProcessGroup) error {
 			}
 		case msgClose:
 			return nil
+		case msgIdle:
 		case msgStep:
 			var ops []lockstepOp
 			if len(payload) > 0 {
@@ -232,7 +252,7 @@ func Follow(ctx context.Context, e *Engine, pg comm.ProcessGroup) error {
 			digest = eventsDigest(evs)
 			step++
 		default:
-			return fmt.Errorf("infer: tensor-parallel rank %d: message kind %d from rank 0: want %d..%d", me, kind, msgHello, msgClose)
+			return fmt.Errorf("infer: tensor-parallel rank %d: message kind %d from rank 0: want %d..%d", me, kind, msgHello, msgIdle)
 		}
 	}
 }

@@ -383,3 +383,91 @@ func TestTensorParallelEnginesMustAgree(t *testing.T) {
 		t.Errorf("rank 1: %v, want its configuration against rank 0's", errs[1])
 	}
 }
+
+// TestTensorParallelRunner: a Runner over rank 0's Lockstep serves
+// concurrent requests with one process's tokens, stays in step through an
+// idle spell longer than the group's timeout (keep-alives), and its end
+// lets the followers return.
+func TestTensorParallelRunner(t *testing.T) {
+	m := tpTestModel(t, "llama")
+	cfg := EngineConfig{MaxNumBatchedTokens: 24, BlockTokens: 4}
+	eng, err := NewEngine(m, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want, err := runRequests(t, eng, tpRequests())
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, err := inproc.New(inproc.Config{Size: 2, Timeout: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	followed := make(chan error, 1)
+	go func() {
+		pg := w.Group(1)
+		sliced, err := gpt.Parallelize(m, &tp.Region{Group: pg}, nil)
+		if err == nil {
+			var e *Engine
+			if e, err = NewEngine(sliced, cfg); err == nil {
+				err = Follow(context.Background(), e, pg)
+			}
+		}
+		followed <- err
+	}()
+	pg := w.Group(0)
+	sliced, err := gpt.Parallelize(m, &tp.Region{Group: pg}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e, err := NewEngine(sliced, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ls, err := NewLockstep(context.Background(), e, pg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := NewLockstepRunner(ls, 200*time.Millisecond)
+	ctx, stop := context.WithCancel(context.Background())
+	ran := make(chan error, 1)
+	go func() { ran <- r.Run(ctx) }()
+	submitAll := func() tpRun {
+		got := tpRun{}
+		var mu sync.Mutex
+		var wg sync.WaitGroup
+		for i, req := range tpRequests() {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				s, err := r.Submit(context.Background(), req)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				for {
+					ev, err := s.Next(context.Background())
+					if err != nil {
+						return
+					}
+					mu.Lock()
+					got[i] = append(got[i], ev)
+					mu.Unlock()
+				}
+			}()
+		}
+		wg.Wait()
+		return got
+	}
+	compareRuns(t, submitAll(), want, 1e-5)
+	time.Sleep(1500 * time.Millisecond) // idle past the group's 1 s timeout
+	compareRuns(t, submitAll(), want, 1e-5)
+	stop()
+	if err := <-ran; !errors.Is(err, context.Canceled) {
+		t.Errorf("Run: %v, want context.Canceled", err)
+	}
+	if err := <-followed; err != nil {
+		t.Errorf("follower: %v, want nil after the leader's runner ended", err)
+	}
+}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"sync"
+	"time"
 )
 
 // ErrClosed is returned by Submit after the runner stopped, and by a
@@ -18,8 +19,18 @@ var ErrClosed = errors.New("infer: runner closed")
 // every event to its request's Stream. Submit, Stats and the streams are
 // safe for concurrent use; nothing they do waits for a step.
 type Runner struct {
-	eng  *Engine
-	wake chan struct{} // capacity 1: work arrived
+	eng *Engine
+	// drive is what Run adds, cancels and steps through: eng, or the
+	// Lockstep over the tensor-parallel group's engines (ls).
+	drive interface {
+		Add(Request) (SeqID, error)
+		Cancel(SeqID) bool
+		Step() ([]Event, error)
+		HasWork() bool
+	}
+	ls        *Lockstep
+	keepAlive time.Duration // with ls: the idle leader's keep-alive period
+	wake      chan struct{} // capacity 1: work arrived
 
 	mu      sync.Mutex // protects the fields below
 	inbox   []*Stream  // submitted, not yet added to the engine
@@ -30,8 +41,29 @@ type Runner struct {
 
 // NewRunner wraps e, which only the runner's Run may touch from now on.
 func NewRunner(e *Engine) *Runner {
-	return &Runner{eng: e, wake: make(chan struct{}, 1), stats: e.Stats()}
+	return &Runner{eng: e, drive: e, wake: make(chan struct{}, 1), stats: e.Stats()}
 }
+
+// NewLockstepRunner is NewRunner for rank 0 of a tensor-parallel group:
+// its steps go through ls, so every rank's engine runs them (the others
+// run Follow). While idle it sends a keep-alive every keepAlive (0:
+// LockstepKeepAlive), since the followers wait inside a collective, which
+// times out; a failed step or keep-alive ends Run with the error, every
+// request aborted with it (the group can no longer step), and Run's end
+// closes ls.
+func NewLockstepRunner(ls *Lockstep, keepAlive time.Duration) *Runner {
+	r := NewRunner(ls.eng)
+	r.drive, r.ls, r.keepAlive = ls, ls, keepAlive
+	if r.keepAlive <= 0 {
+		r.keepAlive = LockstepKeepAlive
+	}
+	return r
+}
+
+// LockstepKeepAlive is how often an idle NewLockstepRunner tells the
+// followers it is alive: well inside any collective timeout (gotron
+// launch --inproc's 60 s, tcp's minutes).
+const LockstepKeepAlive = 5 * time.Second
 
 // Engine returns the wrapped engine, for its configuration (Config,
 // MaxTokens and Validate are safe while Run runs; nothing else is).
@@ -55,7 +87,7 @@ type Stream struct {
 // Submit validates req (Engine.Validate's errors) and queues it. Its events
 // arrive on the returned stream; Cancel, or ctx ending, cancels it.
 func (r *Runner) Submit(ctx context.Context, req Request) (*Stream, error) {
-	if err := r.eng.Validate(req); err != nil {
+	if err := r.eng.Validate(req); err != nil { // reads only the fixed configuration
 		return nil, err
 	}
 	if err := ctx.Err(); err != nil {
@@ -168,11 +200,22 @@ func (r *Runner) Stats() Stats {
 func (r *Runner) Run(ctx context.Context) error {
 	live := map[SeqID]*Stream{}
 	defer r.shutdown(live)
+	var keepAlive <-chan time.Time
+	if r.ls != nil {
+		t := time.NewTicker(r.keepAlive)
+		defer t.Stop()
+		keepAlive = t.C
+	}
 	for {
 		r.admit(live)
-		if !r.eng.HasWork() {
+		if !r.drive.HasWork() {
 			select {
 			case <-r.wake:
+				continue
+			case <-keepAlive:
+				if err := r.ls.KeepAlive(); err != nil {
+					return r.fail(live, err)
+				}
 				continue
 			case <-ctx.Done():
 				return ctx.Err()
@@ -182,6 +225,9 @@ func (r *Runner) Run(ctx context.Context) error {
 			return err
 		}
 		evs, err := r.step()
+		if err != nil && r.ls != nil {
+			return r.fail(live, err) // the group is out of step: nothing more can run
+		}
 		var failed []*Stream
 		if err != nil && evs == nil { // a panic: abort everything in flight
 			for id, s := range live {
@@ -222,7 +268,18 @@ func (r *Runner) step() (evs []Event, err error) {
 			evs, err = nil, fmt.Errorf("infer: step panicked: %v", p)
 		}
 	}()
-	return r.eng.Step()
+	return r.drive.Step()
+}
+
+// fail ends every live request with err and returns err (a tensor-parallel
+// group that failed: Run ends).
+func (r *Runner) fail(live map[SeqID]*Stream, err error) error {
+	for id, s := range live {
+		r.drive.Cancel(id)
+		s.end(err)
+		delete(live, id)
+	}
+	return err
 }
 
 // admit applies cancellations and adds submitted requests to the engine.
@@ -231,7 +288,7 @@ func (r *Runner) admit(live map[SeqID]*Stream) {
 	defer r.mu.Unlock()
 	for _, s := range r.cancels {
 		if s.added {
-			if r.eng.Cancel(s.id) {
+			if r.drive.Cancel(s.id) {
 				delete(live, s.id)
 			}
 		}
@@ -242,7 +299,7 @@ func (r *Runner) admit(live map[SeqID]*Stream) {
 		if s.cancelled {
 			continue
 		}
-		id, err := r.eng.Add(s.req)
+		id, err := r.drive.Add(s.req)
 		if err != nil { // Validate passed, so this is not expected
 			s.end(err)
 			continue
@@ -262,7 +319,10 @@ func (r *Runner) shutdown(live map[SeqID]*Stream) {
 	r.inbox, r.cancels = nil, nil
 	r.mu.Unlock()
 	for id := range live {
-		r.eng.Cancel(id)
+		r.drive.Cancel(id)
+	}
+	if r.ls != nil {
+		r.ls.Close() // the followers end (after a failure it sends nothing)
 	}
 	r.mu.Lock()
 	r.stats = r.eng.Stats()

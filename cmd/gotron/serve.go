@@ -17,6 +17,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/gotron/gotron/comm"
 	"github.com/gotron/gotron/infer"
 	"github.com/gotron/gotron/infer/server"
 	"github.com/gotron/gotron/internal/checked"
@@ -47,6 +48,9 @@ type serveFlags struct {
 	readTimeout, writeTimeout, idleTimeout time.Duration
 	maxConnections, maxWaitingSeqs         int
 	log                                    *log.Logger // access lines and warnings; nil: none
+	// group is the tensor-parallel group (gotron serve
+	// --tensor-model-parallel-size); nil: one process.
+	group comm.ProcessGroup
 }
 
 // checkAdmission checks the admission flags before anything is loaded.
@@ -103,12 +107,19 @@ func cmdServe(ctx context.Context, env *cli, args []string) error {
 	fs := newFlags("serve", serveSynopsis)
 	addServeFlags(fs, &f)
 	disableLog := fs.Bool("disable-log-requests", false, "write no access line per request (method, path, status, duration, tokens) and no warning about ignored request fields")
+	tpSize := fs.Int("tensor-model-parallel-size", 1, "split the model over this many ranks started by gotron launch (or torchrun, srun, mpirun), as training splits it; rank 0 serves HTTP, the others step with it")
 	if err := parseFlags(fs, args, env.stdout, serveSynopsis); err != nil {
 		return err
 	}
 	if f.load == "" {
 		return fmt.Errorf("--load is required")
 	}
+	group, closeGroup, err := joinDecodeGroup(ctx, env, *tpSize, 0, args)
+	if err != nil {
+		return err
+	}
+	defer closeGroup()
+	f.group = group
 	if !*disableLog {
 		f.log = log.New(env.stdout, "gotron serve: ", 0)
 	}
@@ -116,6 +127,17 @@ func cmdServe(ctx context.Context, env *cli, args []string) error {
 	srv, runner, err := newServer(&f, env.stderr)
 	if err != nil {
 		return err
+	}
+	if group != nil && group.Rank() != 0 {
+		// A follower steps with rank 0 until rank 0 closes (its shutdown
+		// included: the launcher's SIGTERM does not stop a follower, whose
+		// leader may still be draining requests) or is lost.
+		fmt.Fprintf(env.stderr, "gotron serve: tensor-parallel rank %d of %d: stepping with rank 0, which serves HTTP\n", group.Rank(), group.Size())
+		if err := infer.Follow(context.WithoutCancel(ctx), runner.Engine(), group); err != nil {
+			return err
+		}
+		fmt.Fprintf(env.stderr, "gotron serve: tensor-parallel rank %d: rank 0 stopped\n", group.Rank())
+		return nil
 	}
 	if dev, _ := parseDevice(f.device, f.memFraction); dev == tensor.Sim {
 		defer reportTransfers(env.stderr, "serve", dev, since)
@@ -210,6 +232,9 @@ func buildServer(f *serveFlags, m *gpt.Model, tok tokenizer.Tokenizer, tpl *serv
 	if err := m.Config.CheckDecode(); err != nil {
 		return nil, nil, err
 	}
+	if m, err = shardForDecoding(m, f.group); err != nil {
+		return nil, nil, err
+	}
 	m.ToDevice(dev) // the engine's KV pool and packed weights follow the model
 	ec.VocabSize, ec.Decoder = tok.VocabSize(), tok
 	if ec.VocabSize > m.Config.VocabSize {
@@ -235,6 +260,13 @@ func buildServer(f *serveFlags, m *gpt.Model, tok tokenizer.Tokenizer, tpl *serv
 	}
 	tuneGCForServing()
 	runner := infer.NewRunner(e)
+	if f.group != nil && f.group.Rank() == 0 {
+		ls, err := infer.NewLockstep(context.Background(), e, f.group)
+		if err != nil {
+			return nil, nil, err
+		}
+		runner = infer.NewLockstepRunner(ls, 0)
+	}
 	name := f.modelName
 	if name == "" {
 		name = filepath.Base(filepath.Clean(f.load))
@@ -328,13 +360,19 @@ const answerGrace = 5 * time.Second
 func serve(ctx context.Context, env *cli, hs *http.Server, srv *server.Server, runner *infer.Runner, ln net.Listener, grace time.Duration) error {
 	runCtx, stopRunner := context.WithCancel(context.Background())
 	runDone := make(chan struct{})
-	go func() { runner.Run(runCtx); close(runDone) }()
+	var runErr error
+	go func() { runErr = runner.Run(runCtx); close(runDone) }()
 	served := make(chan error, 1)
 	go func() { served <- hs.Serve(ln) }()
 	var err error
 	select {
 	case <-ctx.Done():
 	case err = <-served:
+	case <-runDone:
+		// Only a tensor-parallel group's failure ends the runner first
+		// (a rank lost): no request can run any more.
+		err = fmt.Errorf("the tensor-parallel group failed: %w", runErr)
+		fmt.Fprintf(env.stdout, "gotron serve: %v\n", err)
 	}
 	srv.Drain()
 	fmt.Fprintf(env.stdout, "gotron serve: shutting down (grace %v, %d requests running, %d waiting)\n", grace, runner.Stats().Running, runner.Stats().Waiting)

@@ -1,6 +1,8 @@
 package main
 
 import (
+	"bytes"
+	"context"
 	"encoding/json"
 	"fmt"
 	"math"
@@ -8,6 +10,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -253,4 +256,62 @@ func TestInferenceTensorParallelRankKilled(t *testing.T) {
 		t.Errorf("rank 0's error does not name rank 1 (peer lost):\n%s", out)
 	}
 	t.Logf("%s", out[max(0, len(out)-1500):])
+}
+
+// TestServeTensorParallel: gotron serve --tensor-model-parallel-size 2 on
+// two ranks (gotron launch --inproc): rank 0 serves HTTP and answers what
+// one process's generate prints, concurrent requests included, through an
+// idle spell; on shutdown the follower ends with rank 0.
+func TestServeTensorParallel(t *testing.T) {
+	ck := serveCheckpoint(t)
+	prompts := []string{"The capital of France is", "Once upon a time"}
+	var want []string
+	for _, p := range prompts {
+		want = append(want, generateText(t, ck, p, 10))
+	}
+	addr := make(chan string, 1)
+	out := &serveLog{addr: addr}
+	var errb bytes.Buffer
+	env := &cli{stdout: out, stderr: &errb, stdin: strings.NewReader(""), getenv: func(string) string { return "" }}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan int, 1)
+	go func() {
+		done <- run(ctx, env, []string{"launch", "--inproc", "--nproc-per-node", "2", "--",
+			"serve", "--load", ck, "--host", "127.0.0.1", "--port", "0", "--tensor-model-parallel-size", "2"})
+	}()
+	var base string
+	select {
+	case base = <-addr:
+	case code := <-done:
+		t.Fatalf("serve exited %d: %s%s", code, out, errb.String())
+	case <-time.After(2 * time.Minute):
+		t.Fatalf("serve did not start: %s%s", out, errb.String())
+	}
+	ask := func() {
+		var wg sync.WaitGroup
+		for i, p := range prompts {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				code, body := postJSON(t, base+"/v1/completions", `{"prompt":"`+p+`","max_tokens":10,"temperature":0}`)
+				var c struct{ Choices []struct{ Text string } }
+				if code != 200 || json.Unmarshal(body, &c) != nil || len(c.Choices) != 1 || c.Choices[0].Text != want[i] {
+					t.Errorf("completion of %q at TP=2: %d %s; one process's generate: %q", p, code, body, want[i])
+				}
+			}()
+		}
+		wg.Wait()
+	}
+	ask()
+	time.Sleep(6 * time.Second) // idle: the leader's keep-alives hold the follower
+	ask()
+	cancel() // as SIGTERM to the launcher: it reports the interruption (exit 1), its ranks shut down
+	<-done
+	if !strings.Contains(out.String(), "[rank0]: gotron serve: stopped") || strings.Contains(out.String(), "group failed") {
+		t.Errorf("rank 0 did not stop cleanly:\n%s%s", out, errb.String())
+	}
+	if !strings.Contains(errb.String(), "tensor-parallel rank 1: rank 0 stopped") {
+		t.Errorf("the follower did not end with rank 0:\n%s", errb.String())
+	}
 }
