@@ -142,6 +142,7 @@ func TestExportRefusals(t *testing.T) {
 		{func(*gpt.Config) {}, 1, 3, 1, nil, "not a multiple of pipeline"},
 		{func(*gpt.Config) {}, 3, 1, 1, nil, "not a multiple of the tensor-parallel size"},
 		{func(c *gpt.Config) { c.QKLayerNorm = true }, 1, 1, 1, nil, "--qk-layernorm"},
+		{func(c *gpt.Config) { c.AttentionOutputGate = true }, 1, 1, 1, nil, "--attention-output-gate models are not written"},
 		{func(*gpt.Config) {}, 1, 2, 1, func(p int) ([][2]int, error) { return [][][2]int{{{0, 1}}, {{2, 4}}}[p], nil }, "pipeline rank 1 chunk 0 holds layers [2, 4), want them to start at 1"},
 		{func(*gpt.Config) {}, 1, 2, 1, func(p int) ([][2]int, error) { return [][][2]int{{{0, 1}}, {{1, 3}}}[p], nil }, "the pipeline chunks hold 3 layers, the model 4"},
 	} {
