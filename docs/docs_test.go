@@ -57,6 +57,7 @@ var notRun = []struct{ page, prefix, why string }{
 	{"docs/distributed.md", "gotron bench comm --backend tcp --nproc N", "a synopsis: N and [...] are placeholders"},
 	{"docs/distributed.md", "gotron bench comm --backend inproc --nproc N", "a synopsis: N is a placeholder"},
 	{"docs/moe.md", "gotron bench moe", "the MoE step-time benchmark: three rounds of three training runs, minutes on 2 cores; cmd/gotron's TestBenchMoE runs it small"},
+	{"docs/moe.md", "go test ./internal/cpu -run XXX -bench GroupedMoE", "a benchmark: about a minute on 2 cores (go test -bench runs it)"},
 	{"docs/serving.md", "gotron bench serve --clients 200", "the load test: 200 clients and 200 alone decodings, over a minute on two cores; cmd/gotron's TestBenchServe runs it with 20 clients"},
 	{"docs/serving.md", "gotron bench serve --preset llama-tiny --clients 200", "the load test on the Llama-style preset, as above"},
 	{"docs/design/gemm.md", "cd internal/cpu && go generate", "rewrites the repository's assembly (a developer's step, checked by the internal/cpu tests)"},
