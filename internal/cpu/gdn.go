@@ -221,18 +221,16 @@ func GatedDeltaRuleForward[F Float](out, saved, q, k, v, g, beta []F, s DeltaRul
 }
 
 // deltaStep advances S by step t of sequence i, head h, and writes the
-// step's output (when out is not nil).
+// step's output (when out is not nil), in two passes over S: u = Sᵀk·exp(g)
+// then, row by row, S ← exp(g)·S + k·δᵀ and out += S·(scale·q).
 func deltaStep[F Float](S, u, out, q, k, v, g, beta []F, s *DeltaRuleShape, i, t, h int) {
 	dk, dv := s.DK, s.DV
 	row := (i*s.T+t)*s.Heads + h
 	kt, vt := k[row*dk:(row+1)*dk], v[row*dv:(row+1)*dv]
 	decay := F(math.Exp(float64(g[row])))
-	for j := range S {
-		S[j] *= decay
-	}
 	clear(u)
 	for a := range dk {
-		ka := kt[a]
+		ka := kt[a] * decay
 		for c, x := range S[a*dv : (a+1)*dv] {
 			u[c] += x * ka
 		}
@@ -241,23 +239,26 @@ func deltaStep[F Float](S, u, out, q, k, v, g, beta []F, s *DeltaRuleShape, i, t
 	for c := range u {
 		u[c] = bt * (vt[c] - u[c]) // δ
 	}
+	var o, qt []F
+	if out != nil {
+		qt = q[row*dk : (row+1)*dk]
+		o = out[row*dv : (row+1)*dv]
+		clear(o)
+	}
+	sc := F(s.Scale)
 	for a := range dk {
 		ka := kt[a]
 		sr := S[a*dv : (a+1)*dv]
-		for c := range sr {
-			sr[c] += ka * u[c]
+		if o == nil {
+			for c := range sr {
+				sr[c] = sr[c]*decay + ka*u[c]
+			}
+			continue
 		}
-	}
-	if out == nil {
-		return
-	}
-	qt := q[row*dk : (row+1)*dk]
-	o := out[row*dv : (row+1)*dv]
-	clear(o)
-	sc := F(s.Scale)
-	for a := range dk {
 		qa := qt[a] * sc
-		for c, x := range S[a*dv : (a+1)*dv] {
+		for c := range sr {
+			x := sr[c]*decay + ka*u[c]
+			sr[c] = x
 			o[c] += x * qa
 		}
 	}
@@ -298,34 +299,31 @@ func GatedDeltaRuleBackward[F Float](dq, dk, dv, dg, dbeta, dout, saved, q, k, v
 					do := dout[row*DV : (row+1)*DV]
 					decay := F(math.Exp(float64(g[row])))
 					bt := beta[row]
-					// out = curᵀ(sc·q): dS += sc·q·doᵀ, dq = sc·cur·do
+					// out = curᵀ(sc·q): dS += sc·q·doᵀ, dq = sc·cur·do;
+					// and u = Aᵀk with A = decay·prev
+					clear(u)
 					for a := range DK {
 						var acc F
-						sr, dr := cur[a*DV:(a+1)*DV], dS[a*DV:(a+1)*DV]
+						sr, dr, pr := cur[a*DV:(a+1)*DV], dS[a*DV:(a+1)*DV], prev[a*DV:(a+1)*DV]
+						qa, ka := sc*qt[a], decay*kt[a]
 						for c2 := range sr {
 							acc += sr[c2] * do[c2]
-							dr[c2] += sc * qt[a] * do[c2]
+							dr[c2] += qa * do[c2]
+							u[c2] += pr[c2] * ka
 						}
 						dq[row*DK+a] += sc * acc
 					}
-					// u = Aᵀk with A = decay·prev; δ = β(v − u)
-					clear(u)
-					for a := range DK {
-						for c2, x := range prev[a*DV : (a+1)*DV] {
-							u[c2] += decay * x * kt[a]
-						}
-					}
 					for c2 := range u {
-						delta[c2] = bt * (vt[c2] - u[c2])
+						delta[c2] = bt * (vt[c2] - u[c2]) // δ = β(v − u)
 					}
 					// cur = A + k·δᵀ: dA = dS; dk += dS·δ; dδ = dSᵀk
 					clear(ddelta)
 					for a := range DK {
 						var acc F
-						dr := dS[a*DV : (a+1)*DV]
+						dr, ka := dS[a*DV:(a+1)*DV], kt[a]
 						for c2 := range dr {
 							acc += dr[c2] * delta[c2]
-							ddelta[c2] += dr[c2] * kt[a]
+							ddelta[c2] += dr[c2] * ka
 						}
 						dk[row*DK+a] += acc
 					}
@@ -336,21 +334,20 @@ func GatedDeltaRuleBackward[F Float](dq, dk, dv, dg, dbeta, dout, saved, q, k, v
 						ddelta[c2] *= -bt // now du
 					}
 					dbeta[row] += dbt
-					// u = Aᵀk: dA += k·duᵀ; dk += A·du
+					// u = Aᵀk: dA += k·duᵀ, dk += A·du; A = decay·prev:
+					// dg = Σ A⊙dA, dprev = decay·dA
+					var dgt F
 					for a := range DK {
 						var acc F
-						dr, pr := dS[a*DV:(a+1)*DV], prev[a*DV:(a+1)*DV]
+						dr, pr, ka := dS[a*DV:(a+1)*DV], prev[a*DV:(a+1)*DV], kt[a]
 						for c2 := range dr {
-							dr[c2] += kt[a] * ddelta[c2]
-							acc += decay * pr[c2] * ddelta[c2]
+							x := dr[c2] + ka*ddelta[c2] // dA
+							ap := decay * pr[c2]
+							acc += ap * ddelta[c2]
+							dgt += ap * x
+							dr[c2] = decay * x
 						}
 						dk[row*DK+a] += acc
-					}
-					// A = decay·prev: dg = Σ A⊙dA; dprev = decay·dA
-					var dgt F
-					for x := range dS {
-						dgt += decay * prev[x] * dS[x]
-						dS[x] *= decay
 					}
 					dg[row] += dgt
 				}
