@@ -1,6 +1,7 @@
 package train
 
 import (
+	"strings"
 	"testing"
 
 	"github.com/gotron/gotron/model/gpt"
@@ -74,5 +75,22 @@ func TestGDNCheckpointResume(t *testing.T) {
 				t.Fatalf("gated delta net TP=2 SP checkpoint resumed at TP=%d: iteration %d loss %.9g, straight %.9g", size, i+1, got[i], straight.res.Losses[i])
 			}
 		}
+	}
+}
+
+// TestGDNRefusesContextParallel: gated delta nets over context-parallel
+// chunks would miss the earlier chunks' state; the run is refused naming
+// both flags.
+func TestGDNRefusesContextParallel(t *testing.T) {
+	cfg := dpConfig(gdnModel())
+	if err := cfg.Model.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	err := cfg.checkContextParallel(2, 1)
+	if err == nil || !strings.Contains(err.Error(), "--context-parallel-size=2 with --experimental-attention-variant gated_delta_net") {
+		t.Fatalf("checkContextParallel(2): %v", err)
+	}
+	if err := cfg.checkContextParallel(1, 1); err != nil {
+		t.Fatalf("checkContextParallel(1): %v", err)
 	}
 }
