@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"math"
 	"strings"
 	"sync"
@@ -469,5 +470,76 @@ func TestTensorParallelRunner(t *testing.T) {
 	}
 	if err := <-followed; err != nil {
 		t.Errorf("follower: %v, want nil after the leader's runner ended", err)
+	}
+}
+
+// TestTensorParallelRunnerRankLost: when a follower dies mid-stream, the
+// request in flight ends with an error naming it, Run returns it, and later
+// submissions are refused: the group cannot step any more.
+func TestTensorParallelRunnerRankLost(t *testing.T) {
+	m := tpTestModel(t, "gpt2")
+	w, err := inproc.New(inproc.Config{Size: 2, Timeout: 20 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	cfg := EngineConfig{MaxNumBatchedTokens: 16}
+	go func() {
+		pg := w.Group(1)
+		sliced, err := gpt.Parallelize(m, &tp.Region{Group: pg}, nil)
+		if err != nil {
+			return
+		}
+		if e, err := NewEngine(sliced, cfg); err == nil {
+			Follow(context.Background(), e, pg)
+		}
+	}()
+	pg := w.Group(0)
+	sliced, err := gpt.Parallelize(m, &tp.Region{Group: pg}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e, err := NewEngine(sliced, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ls, err := NewLockstep(context.Background(), e, pg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := NewLockstepRunner(ls, 0)
+	ran := make(chan error, 1)
+	go func() { ran <- r.Run(context.Background()) }()
+	s, err := r.Submit(context.Background(), Request{Prompt: testPrompt(5, 1, 64), MaxTokens: 50, Sampling: Sampling{TopK: 1}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var streamErr error
+	for n := 0; ; n++ {
+		if n == 3 {
+			w.Kill(1)
+		}
+		_, err := s.Next(context.Background())
+		if err == io.EOF {
+			t.Fatal("the request finished although rank 1 died")
+		}
+		if err != nil {
+			streamErr = err
+			break
+		}
+	}
+	select {
+	case err := <-ran:
+		if err == nil || !strings.Contains(err.Error(), "rank 1") || !errors.Is(err, comm.ErrPeerLost) {
+			t.Errorf("Run: %v, want an error naming rank 1 (peer lost)", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("Run still running 30 s after rank 1 died")
+	}
+	if !strings.Contains(streamErr.Error(), "rank 1") {
+		t.Errorf("stream: %v, want an error naming rank 1", streamErr)
+	}
+	if _, err := r.Submit(context.Background(), Request{Prompt: testPrompt(5, 1, 64), MaxTokens: 5}); !errors.Is(err, ErrClosed) {
+		t.Errorf("Submit after the group failed: %v, want ErrClosed", err)
 	}
 }
