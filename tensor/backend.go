@@ -210,8 +210,10 @@ type Backend interface {
 	VocabEmbeddingBackward(dtable, dout, ids *Tensor, start int)
 	RowMax(m, x *Tensor)
 	VocabCrossEntropyPartials(partials, x, rowMax, targets *Tensor, start int)
-	VocabCrossEntropyLoss(loss, lse, partials, rowMax, mask *Tensor) float64
-	VocabCrossEntropyBackward(dx, x, lse, targets, mask, dloss *Tensor, den float64, start int)
+	// VocabCrossEntropyLoss leaves Σ mask's float64 bits in den, an Int64
+	// (1) tensor on the device, which VocabCrossEntropyBackward reads.
+	VocabCrossEntropyLoss(loss, lse, den, partials, rowMax, mask *Tensor)
+	VocabCrossEntropyBackward(dx, x, lse, targets, mask, dloss, den *Tensor, start int)
 
 	// Memory, reductions and the tape's bookkeeping (cpu_backend_tape.go):
 	// the copies, clears, gradient accumulation and small reductions the

@@ -50,7 +50,7 @@ func (cpuBackend) VocabCrossEntropyPartials(partials, x, rowMax, targets *Tensor
 	}
 }
 
-func (cpuBackend) VocabCrossEntropyLoss(loss, lse, partials, rowMax, mask *Tensor) float64 {
+func (cpuBackend) VocabCrossEntropyLoss(loss, lse, denT, partials, rowMax, mask *Tensor) {
 	n := rowMax.Numel()
 	both, m, l, mk := f(partials), f(rowMax), f(lse), f(mask)
 	var num, den float64
@@ -69,10 +69,11 @@ func (cpuBackend) VocabCrossEntropyLoss(loss, lse, partials, rowMax, mask *Tenso
 	if den > 0 {
 		out[0] = float32(num / den)
 	}
-	return den
+	denT.i64[denT.offset] = int64(math.Float64bits(den))
 }
 
-func (cpuBackend) VocabCrossEntropyBackward(dx, x, lse, targets, mask, dloss *Tensor, den float64, start int) {
+func (cpuBackend) VocabCrossEntropyBackward(dx, x, lse, targets, mask, dloss, denT *Tensor, start int) {
+	den := math.Float64frombits(uint64(denT.i64[denT.offset]))
 	n, vl := x.Dim(0), x.Dim(-1)
 	gl, mk := f(dloss)[0], f(mask)
 	scale := make([]float32, n)

@@ -48,25 +48,36 @@ func (be cudaBackend) VocabCrossEntropyPartials(partials, x, rowMax, targets *Te
 // VocabCrossEntropyLoss computes each row's log-sum-exp and weighted loss
 // term in parallel, then sums the terms and weights in row order on one
 // thread and reads Σ w back (8 bytes).
-func (be cudaBackend) VocabCrossEntropyLoss(loss, lse, partials, rowMax, mask *Tensor) float64 {
+func (be cudaBackend) VocabCrossEntropyLoss(loss, lse, den, partials, rowMax, mask *Tensor) {
 	n := rowMax.Numel()
 	term := be.empty(Int64, max(n, 1)) // float64 bits
-	den := be.empty(Int64, 1)          // float64 bits
 	be.launch1D("xent_vocab_loss_rows_f32", n, be.ptr(term), be.ptr(lse), be.ptr(partials), be.ptr(rowMax), be.ptr(mask), int64(n))
 	be.launch("xent_vocab_loss_final_f32", [3]int{1, 1, 1}, [3]int{256, 1, 1}, 0,
 		be.ptr(loss), be.ptr(den), be.ptr(term), be.ptr(mask), int64(n))
-	d := math.Float64frombits(uint64(fromCUDA(den, CPU, siteVocabCEDen).Int64s()[0]))
 	runtime.KeepAlive(term)
-	return d
 }
 
-// VocabCrossEntropyBackward reads dloss on the device; den comes as the
-// float32 the CPU divides by.
-func (be cudaBackend) VocabCrossEntropyBackward(dx, x, lse, targets, mask, dloss *Tensor, den float64, start int) {
+// xentVocabBwdDevArgs are xent_vocab_bwd_dev_f32's arguments
+// (TestXentVocabBwdDevArgsMatchPTX checks them against the PTX).
+func xentVocabBwdDevArgs(dx, x, lse, targets, mask, dloss, den uintptr, n, vl, start int) []any {
+	return []any{dx, x, lse, targets, mask, dloss, int64(n), int64(vl), int64(start), den}
+}
+
+// VocabCrossEntropyBackward reads dloss on the device. den is read there
+// too under GOTRON_CUDA_UNVERIFIED=fewer-syncs (xent_vocab_bwd_dev_f32,
+// built, not yet run on a GPU); otherwise it comes back to the host (a
+// synchronizing read per micro-batch) as the float32 the CPU divides by.
+func (be cudaBackend) VocabCrossEntropyBackward(dx, x, lse, targets, mask, dloss, den *Tensor, start int) {
 	n, vl := x.Dim(0), x.Dim(-1)
+	if be.rt.fewerSyncs {
+		be.launchXentRows("xent_vocab_bwd_dev_f32", n, vl, xentVocabBwdDevArgs(be.ptr(dx), be.ptr(x), be.ptr(lse), be.ptr(targets),
+			be.ptr(mask), be.ptr(dloss), be.ptr(den), n, vl, start)...)
+		return
+	}
+	dh := math.Float64frombits(uint64(fromCUDA(den, CPU, siteVocabCEDen).Int64s()[0]))
 	positive, d := int32(0), float32(1)
-	if den > 0 {
-		positive, d = 1, float32(den)
+	if dh > 0 {
+		positive, d = 1, float32(dh)
 	}
 	be.launchXentRows("xent_vocab_bwd_f32", n, vl, be.ptr(dx), be.ptr(x), be.ptr(lse), be.ptr(targets), be.ptr(mask),
 		be.ptr(dloss), int64(n), int64(vl), int64(start), d, positive)

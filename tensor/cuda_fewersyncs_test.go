@@ -30,6 +30,28 @@ func TestLossMaskScaleDevArgsMatchPTX(t *testing.T) {
 	}
 }
 
+// TestXentVocabBwdDevArgsMatchPTX checks xent_vocab_bwd_dev_f32's launch
+// arguments (fewer-syncs) against its PTX parameters.
+func TestXentVocabBwdDevArgsMatchPTX(t *testing.T) {
+	for _, arch := range [][2]int{{8, 0}, {9, 0}} {
+		mods, err := kernels.PTX(arch[0], arch[1])
+		if err != nil {
+			t.Fatal(err)
+		}
+		const name = "xent_vocab_bwd_dev_f32"
+		want := ptxParamBytes(t, string(mods["xent"]), name)
+		args := xentVocabBwdDevArgs(0, 0, 0, 0, 0, 0, 0, 1, 1, 0)
+		if len(want) != len(args) {
+			t.Fatalf("sm_%d%d %s: %d arguments, the PTX has %d parameters", arch[0], arch[1], name, len(args), len(want))
+		}
+		for i, x := range args {
+			if got := argBytes(x); got != want[i] {
+				t.Errorf("sm_%d%d %s argument %d: %T is %d bytes, the PTX parameter %d", arch[0], arch[1], name, i, x, got, want[i])
+			}
+		}
+	}
+}
+
 // TestReadBack: host copies of tensors of several dtypes (a nil entry, a
 // strided view) read back together: the CPU's are the tensors themselves,
 // the simulated device's one counted copy (backendtest.TestCUDAReadBack

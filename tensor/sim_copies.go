@@ -22,9 +22,10 @@ const (
 	// NonFinite leave theirs on the device, for ReadBack).
 	siteMaxAbs = "MaxAbs read-back"
 	// siteLossMaskDen, siteVocabCEDen: the loss's Σ mask, read back for
-	// the backward's scale (the CUDA backend's LossMaskScale reads it on
-	// the device under GOTRON_CUDA_UNVERIFIED=fewer-syncs, which the
-	// simulated device counts as: no copy).
+	// the backward's scale by the CUDA backend's LossMaskScale and
+	// VocabCrossEntropyBackward unless GOTRON_CUDA_UNVERIFIED names
+	// fewer-syncs (they read it on the device then, which the simulated
+	// device counts as it is meant to be: no copy).
 	siteLossMaskDen = "loss mask sum read-back"
 	siteVocabCEDen  = "vocab-parallel loss mask sum read-back"
 	// siteConstants: a constant's device copy (RoPE's tables), once.
@@ -131,10 +132,6 @@ func (s simBackend) NonFinite(out *Tensor, l *TensorList) {
 	s.cpuBackend.NonFinite(out, l)
 }
 
-func (s simBackend) VocabCrossEntropyLoss(loss, lse, partials, rowMax, mask *Tensor) float64 {
-	simTransfers.count(siteVocabCEDen, true, 8)
-	return s.cpuBackend.VocabCrossEntropyLoss(loss, lse, partials, rowMax, mask)
-}
 
 func (s simBackend) RoPEForward(r *RoPE, out, x *Tensor, positions *Tensor) {
 	s.countRoPE(r, x)

@@ -82,26 +82,27 @@ func VocabCrossEntropyPartials(partials, x, rowMax, targets *Tensor, start int) 
 // (2, n) and the row maxima (n): it sets lse[i] = rowMax[i] + log(s_i)
 // (computed in float64, rounded) for the backward pass, writes the weighted
 // mean loss Σ w_i·(log s_i − t_i) / Σ w_i (float64 sums in row order; 0 when
-// Σ w_i is not positive) into loss (1), and returns Σ w_i, which the
-// backward pass divides by. The weights w are mask (n), or 1 when mask is
-// nil.
-func VocabCrossEntropyLoss(loss, lse, partials, rowMax, mask *Tensor) (den float64) {
+// Σ w_i is not positive) into loss (1), and Σ w_i's float64 bits into den,
+// an Int64 (1) tensor on the same device (not read back: the backward pass
+// divides by it). The weights w are mask (n), or 1 when mask is nil.
+func VocabCrossEntropyLoss(loss, lse, den, partials, rowMax, mask *Tensor) {
 	n := rowMax.Numel()
+	mustVocab("VocabCrossEntropyLoss", "den", den, false, Int64, 1)
 	mustVocab("VocabCrossEntropyLoss", "rowMax", rowMax, false, Float32, n)
 	mustVocab("VocabCrossEntropyLoss", "partials", partials, false, Float32, 2, n)
 	mustVocab("VocabCrossEntropyLoss", "lse", lse, false, Float32, n)
 	mustVocab("VocabCrossEntropyLoss", "mask", mask, true, Float32, n)
 	mustVocab("VocabCrossEntropyLoss", "loss", loss, false, Float32, 1)
-	return backendFor(loss, lse, partials, rowMax, mask).VocabCrossEntropyLoss(loss, lse, partials, rowMax, mask)
+	backendFor(loss, lse, den, partials, rowMax, mask).VocabCrossEntropyLoss(loss, lse, den, partials, rowMax, mask)
 }
 
 // VocabCrossEntropyBackward overwrites dx (n, v), which may be x itself,
 // with the gradient of the weighted mean loss with respect to this rank's
 // logits x (n, v): scale_i·(exp(x[i,j] − lse[i]) − [j = targets[i]−start]),
 // scale_i = dloss·w_i/den rounded in float32 (0 for every row when den is
-// not positive), with lse from VocabCrossEntropyLoss, dloss (1) the loss's
-// gradient and w mask (n) or 1 when mask is nil.
-func VocabCrossEntropyBackward(dx, x, lse, targets, mask, dloss *Tensor, den float64, start int) {
+// not positive), with lse and den from VocabCrossEntropyLoss, dloss (1) the
+// loss's gradient and w mask (n) or 1 when mask is nil.
+func VocabCrossEntropyBackward(dx, x, lse, targets, mask, dloss, den *Tensor, start int) {
 	n, v := x.Dim(0), x.Dim(-1)
 	mustVocab("VocabCrossEntropyBackward", "x", x, false, Float32, n, v)
 	mustVocab("VocabCrossEntropyBackward", "dx", dx, false, Float32, n, v)
@@ -109,5 +110,6 @@ func VocabCrossEntropyBackward(dx, x, lse, targets, mask, dloss *Tensor, den flo
 	mustVocab("VocabCrossEntropyBackward", "targets", targets, false, Int32, n)
 	mustVocab("VocabCrossEntropyBackward", "mask", mask, true, Float32, n)
 	mustVocab("VocabCrossEntropyBackward", "dloss", dloss, false, Float32, 1)
-	backendFor(dx, x, lse, targets, mask, dloss).VocabCrossEntropyBackward(dx, x, lse, targets, mask, dloss, den, start)
+	mustVocab("VocabCrossEntropyBackward", "den", den, false, Int64, 1)
+	backendFor(dx, x, lse, targets, mask, dloss, den).VocabCrossEntropyBackward(dx, x, lse, targets, mask, dloss, den, start)
 }

@@ -44,7 +44,7 @@ func (r *Region) VocabCrossEntropy(tp *tensor.Tape, logits, targets, mask *tenso
 	}
 	// Saved for backward: each row's global log-sum-exp and Σ mask.
 	lse := tensor.ZerosOn(logits.Device(), n)
-	var den float64
+	den := tensor.NewOn(logits.Device(), tensor.Int64, 1) // float64 bits, left on the device
 	return tp.Apply(fn{
 		fwd: func(tp *tensor.Tape, in []*tensor.Tensor) []*tensor.Tensor {
 			x := in[0].Contiguous()
@@ -57,7 +57,7 @@ func (r *Region) VocabCrossEntropy(tp *tensor.Tape, logits, targets, mask *tenso
 			tensor.VocabCrossEntropyPartials(partials, x, rowMax, tg, start)
 			r.allReduce(tp, "vocab cross-entropy sum all_reduce", partials, comm.Sum)
 			out := tp.EmptyLike(x, 1)
-			den = tensor.VocabCrossEntropyLoss(out, lse, partials, rowMax, mk)
+			tensor.VocabCrossEntropyLoss(out, lse, den, partials, rowMax, mk)
 			return []*tensor.Tensor{out}
 		},
 		bwd: func(tp *tensor.Tape, g []*tensor.Tensor) []*tensor.Tensor {

@@ -166,13 +166,13 @@ func (b strict) VocabCrossEntropyPartials(partials, x, rowMax, targets *tensor.T
 	b.Backend.VocabCrossEntropyPartials(partials, x, rowMax, targets, start)
 }
 
-func (b strict) VocabCrossEntropyLoss(loss, lse, partials, rowMax, mask *tensor.Tensor) float64 {
-	b.on("VocabCrossEntropyLoss", loss, lse, partials, rowMax, mask)
-	return b.Backend.VocabCrossEntropyLoss(loss, lse, partials, rowMax, mask)
+func (b strict) VocabCrossEntropyLoss(loss, lse, den, partials, rowMax, mask *tensor.Tensor) {
+	b.on("VocabCrossEntropyLoss", loss, lse, den, partials, rowMax, mask)
+	b.Backend.VocabCrossEntropyLoss(loss, lse, den, partials, rowMax, mask)
 }
 
-func (b strict) VocabCrossEntropyBackward(dx, x, lse, targets, mask, dloss *tensor.Tensor, den float64, start int) {
-	b.on("VocabCrossEntropyBackward", dx, x, lse, targets, mask, dloss)
+func (b strict) VocabCrossEntropyBackward(dx, x, lse, targets, mask, dloss, den *tensor.Tensor, start int) {
+	b.on("VocabCrossEntropyBackward", dx, x, lse, targets, mask, dloss, den)
 	b.Backend.VocabCrossEntropyBackward(dx, x, lse, targets, mask, dloss, den, start)
 }
 

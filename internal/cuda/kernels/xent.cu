@@ -207,3 +207,35 @@ extern "C" __global__ void __launch_bounds__(1024) xent_vocab_bwd_f32(float* dx,
         }
     }
 }
+
+// xent_vocab_bwd_f32's rows, for xent_vocab_bwd_dev_f32 (the verified
+// kernel above keeps its own body).
+__device__ __forceinline__ void xent_vocab_bwd_rows(float* dx, const float* x, const float* lse, const int32_t* targets,
+                                                    const float* mask, const float* dloss, long long n, long long v,
+                                                    long long start, float den, int positive) {
+    const float gl = dloss[0];
+    for (long long r = blockIdx.x; r < n; r += gridDim.x) {
+        const float* xr = x + r * v;
+        float* d = dx + r * v;
+        float scale = 0.0f;
+        if (positive) scale = __fdiv_rn(__fmul_rn(gl, mask != nullptr ? mask[r] : 1.0f), den);
+        const float l = lse[r];
+        const long long t = (long long)targets[r] - start;
+        for (long long j = threadIdx.x; j < v; j += blockDim.x) {
+            float y = __fmul_rn(expf(__fsub_rn(xr[j], l)), scale);
+            if (j == t) y = __fsub_rn(y, scale);
+            d[j] = y;
+        }
+    }
+}
+
+// xent_vocab_bwd_f32 with Σ mask read on the device (xent_vocab_loss_final_f32's
+// double), so that the forward reads nothing back: the same arithmetic as the
+// host path's float32 den and positive flag.
+extern "C" __global__ void __launch_bounds__(1024) xent_vocab_bwd_dev_f32(float* dx, const float* x, const float* lse,
+                                                  const int32_t* targets, const float* mask, const float* dloss,
+                                                  long long n, long long v, long long start, const double* den) {
+    const double dd = den[0];
+    const int positive = dd > 0.0;
+    xent_vocab_bwd_rows(dx, x, lse, targets, mask, dloss, n, v, start, positive ? (float)dd : 1.0f, positive);
+}
