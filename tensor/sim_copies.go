@@ -132,7 +132,6 @@ func (s simBackend) NonFinite(out *Tensor, l *TensorList) {
 	s.cpuBackend.NonFinite(out, l)
 }
 
-
 func (s simBackend) RoPEForward(r *RoPE, out, x *Tensor, positions *Tensor) {
 	s.countRoPE(r, x)
 	s.cpuBackend.RoPEForward(r, out, x, positions)
