@@ -44,6 +44,20 @@ type DeviceCollectives interface {
 	SendTensor(ctx context.Context, t *tensor.Tensor, peer int) error
 	// RecvTensor receives the next message from rank peer into t.
 	RecvTensor(ctx context.Context, t *tensor.Tensor, peer int) error
+	// BatchSendRecvTensors runs a list of sends and receives together, as
+	// BatchSendRecv does host buffers (NCCL: between ncclGroupStart and
+	// ncclGroupEnd): any batch whose sends match the peers' receives
+	// completes whatever the order of the list, and messages to one peer
+	// keep their order. Pipeline stages exchange activations and gradients
+	// with it, and expert parallelism's all-to-all is one batch.
+	BatchSendRecvTensors(ctx context.Context, ops []TensorP2P) error
+}
+
+// TensorP2P is one send or receive of BatchSendRecvTensors.
+type TensorP2P struct {
+	Kind P2PKind        // SendOp or RecvOp
+	Peer int            // rank in the group
+	T    *tensor.Tensor // data to send, or where to receive (contiguous, accepted by DeviceTensor)
 }
 
 // DeviceOf returns pg's DeviceCollectives if pg has them and accepts every

@@ -26,6 +26,9 @@ type cpLayout struct {
 	vpp            int   // virtual stages per pipeline rank
 	sp             bool
 	dc             ddp.Config
+	// simCollectives, if set, wraps each rank's world before its groups
+	// are made (comm.NewSimDevice: --device sim's device collectives)
+	simCollectives func(comm.ProcessGroup) comm.ProcessGroup
 }
 
 func (l cpLayout) String() string {
@@ -39,6 +42,9 @@ func runCPLayout(t *testing.T, cfg Config, l cpLayout, train, valid datagpt.Sour
 	n := l.tp * l.pp * l.cp * l.dp
 	runs := make([]dpRun, n)
 	err := inproc.Run(context.Background(), n, func(ctx context.Context, pg comm.ProcessGroup) error {
+		if l.simCollectives != nil {
+			pg = l.simCollectives(pg)
+		}
 		g, err := parallel.NewGroups(pg, parallel.Config{TP: l.tp, PP: l.pp, CP: l.cp})
 		if err != nil {
 			return err

@@ -3,9 +3,13 @@ package train
 import (
 	"fmt"
 	"math"
+	"strings"
+	"sync"
 	"testing"
 
+	"github.com/gotron/gotron/comm"
 	"github.com/gotron/gotron/model/gpt"
+	"github.com/gotron/gotron/parallel/cp"
 	"github.com/gotron/gotron/parallel/ddp"
 	"github.com/gotron/gotron/tensor"
 )
@@ -144,4 +148,133 @@ func TestSimDevicePipelineMatchesCPU(t *testing.T) {
 			sameRunBits(t, label, want, got)
 		}
 	}
+}
+
+// TestSimDeviceCollectivesInPlace: with comm.SimDevice (what gotron train
+// --device sim joins its ranks with) every parallel plan moves its tensors
+// in place on the simulated device — tensor parallelism's mappings and
+// vocab-parallel cross-entropy (with sequence parallelism), the pipeline's
+// activations and gradients (1F1B and interleaved), context parallelism's
+// exchanges (p2p ring, all-gather, a2a), and a TP×PP×CP layout — giving
+// bit for bit the losses and parameters of the same run staging through
+// the host, and those of one process within the equivalence tests' 1e-5;
+// the device collectives are called, and the host copies drop. A group
+// whose DeviceTensor refuses the tensors gets the staged run's copies and
+// bits.
+func TestSimDeviceCollectivesInPlace(t *testing.T) {
+	const seq = 32
+	train, valid := dpDataset(t, seq)
+	cfg := dpConfig(cpModels()["gpt2"])
+	cfg.Model.NumLayers = 4
+	cfg.SeqLength, cfg.MicroBatchSize, cfg.TrainIters, cfg.EvalInterval = seq, 2, 3, 3
+	ref := runDP(t, cfg, 0, ddp.Config{}, train, valid)[0]
+	cfg.Device = tensor.Sim
+	for _, l := range []cpLayout{
+		{tp: 2, pp: 1, cp: 1, dp: 1, sp: true},
+		{tp: 1, pp: 2, cp: 1, dp: 1},
+		{tp: 1, pp: 2, cp: 1, dp: 1, vpp: 2},
+		{tp: 1, pp: 1, cp: 2, dp: 1, comm: cp.P2P},
+		{tp: 1, pp: 1, cp: 2, dp: 1, comm: cp.AllGather},
+		{tp: 1, pp: 1, cp: 2, dp: 1, comm: cp.A2A},
+		{tp: 2, pp: 2, cp: 2, dp: 1, sp: true, comm: cp.P2P},
+	} {
+		label := fmt.Sprintf("TP=%d SP=%v PP=%d VPP=%d CP=%d (%v)", l.tp, l.sp, l.pp, l.vpp, l.cp, l.comm)
+		refuse := l.tp*l.pp*l.cp == 8
+		before := tensor.SimTransfers()
+		staged := runCPLayout(t, cfg, l, train, valid)
+		mid := tensor.SimTransfers()
+		var mu sync.Mutex
+		var groups []*comm.SimDevice
+		l.simCollectives = func(pg comm.ProcessGroup) comm.ProcessGroup {
+			g := comm.NewSimDevice(pg)
+			mu.Lock()
+			groups = append(groups, g)
+			mu.Unlock()
+			return g
+		}
+		inPlace := runCPLayout(t, cfg, l, train, valid)
+		after := tensor.SimTransfers()
+		var calls int64
+		for _, g := range groups {
+			calls += g.Calls()
+		}
+		sc, ic := mid.Sub(before), after.Sub(mid)
+		t.Logf("%s: host copies in %d iterations and the evaluation, all ranks: staged %d in + %d out, in place %d in + %d out; %d device collectives",
+			label, cfg.TrainIters, sc.FromHost, sc.ToHost, ic.FromHost, ic.ToHost, calls)
+		if calls == 0 {
+			t.Errorf("%s: the device collectives were never called", label)
+		}
+		// no plan stages a collective through the host any more
+		for site := range ic.Sites {
+			for _, staging := range []string{"tp.stage", "cp.stage", "pp.hostValues", "pp.(*Executor).finish", "ddp.", "train.setValues"} {
+				if strings.HasPrefix(site, staging) {
+					t.Errorf("%s: host copies at %s in place (%+v)", label, site, ic.Sites[site])
+				}
+			}
+		}
+		if ic.FromHost+ic.ToHost >= sc.FromHost+sc.ToHost {
+			t.Errorf("%s: %d host copies in place, %d staged", label, ic.FromHost+ic.ToHost, sc.FromHost+sc.ToHost)
+		}
+		for r := range staged {
+			s, g := staged[r], inPlace[r]
+			for i := range s.res.Losses {
+				if math.Float64bits(g.res.Losses[i]) != math.Float64bits(s.res.Losses[i]) {
+					t.Fatalf("%s rank %d iteration %d: lm loss %v in place, %v staged", label, r, i+1, g.res.Losses[i], s.res.Losses[i])
+				}
+			}
+			for pn, sv := range s.params {
+				for i := range sv {
+					if math.Float32bits(g.params[pn][i]) != math.Float32bits(sv[i]) {
+						t.Fatalf("%s rank %d: final %s[%d] = %v in place, %v staged", label, r, pn, i, g.params[pn][i], sv[i])
+					}
+				}
+			}
+		}
+		checkSameRun(t, label+" in place", ref, inPlace)
+		if !refuse {
+			continue
+		}
+		// a group whose DeviceTensor refuses every tensor: every plan
+		// stages through the host, with the staged run's copies and bits
+		var refusers []*comm.SimDevice
+		l.simCollectives = func(pg comm.ProcessGroup) comm.ProcessGroup {
+			g := comm.NewSimDevice(pg)
+			mu.Lock()
+			refusers = append(refusers, g)
+			mu.Unlock()
+			return refusingGroup{g}
+		}
+		before = tensor.SimTransfers()
+		refused := runCPLayout(t, cfg, l, train, valid)
+		rc := tensor.SimTransfers().Sub(before)
+		for _, g := range refusers {
+			if g.Calls() != 0 {
+				t.Errorf("%s: %d device collectives on a refusing group", label, g.Calls())
+			}
+		}
+		if rc.FromHost+rc.ToHost != sc.FromHost+sc.ToHost {
+			t.Errorf("%s: %d host copies with a refusing group, %d staged", label, rc.FromHost+rc.ToHost, sc.FromHost+sc.ToHost)
+		}
+		for r := range staged {
+			for i, want := range staged[r].res.Losses {
+				if got := refused[r].res.Losses[i]; math.Float64bits(got) != math.Float64bits(want) {
+					t.Fatalf("%s rank %d iteration %d: lm loss %v with a refusing group, %v staged", label, r, i+1, got, want)
+				}
+			}
+		}
+	}
+}
+
+// refusingGroup has DeviceCollectives that accept no tensor (and makes
+// sub-groups like itself): the plans must fall back to host staging.
+type refusingGroup struct{ *comm.SimDevice }
+
+func (refusingGroup) DeviceTensor(*tensor.Tensor) bool { return false }
+
+func (g refusingGroup) NewGroup(ranks []int) (comm.ProcessGroup, error) {
+	sub, err := g.SimDevice.NewGroup(ranks)
+	if err != nil {
+		return nil, err
+	}
+	return refusingGroup{sub.(*comm.SimDevice)}, nil
 }

@@ -285,6 +285,13 @@ func (st *stepper) reduceEmbeddingGrads(ctx context.Context) error {
 		return nil
 	}
 	views := st.reducer.GradViews(func(p *tensor.Tensor) bool { return p == e })
+	if packed, dc, ok := packOnDevice(st.par.Embedding, views); ok { // in place on the device
+		if err := dc.AllReduceTensor(ctx, packed, comm.Sum); err != nil {
+			return fmt.Errorf("train: iteration %d: all-reduce of the tied word embedding's gradient over the embedding group: %w", st.Iteration+1, err)
+		}
+		unpack(views, packed)
+		return nil
+	}
 	for _, v := range views {
 		if err := staged(v, func(h []float32) error {
 			return st.par.Embedding.AllReduce(ctx, comm.Float32s(h), comm.Sum)

@@ -154,8 +154,17 @@ func (st *stepper) reduceSequenceParallelGrads(ctx context.Context) error {
 	for _, v := range views {
 		n += v.Numel()
 	}
-	// One all-reduce of the views packed in a host buffer (device views are
+	// One all-reduce of the views packed in one buffer: on the device, in
+	// place, when the group has DeviceCollectives for them (comm/nccl on
+	// CUDA, comm.SimDevice on sim); else in host memory (device views are
 	// copied out and back).
+	if packed, dc, ok := packOnDevice(st.par.TP, views); ok {
+		if err := dc.AllReduceTensor(ctx, packed, comm.Sum); err != nil {
+			return fmt.Errorf("train: iteration %d: sequence-parallel gradient all-reduce: %w", st.Iteration+1, err)
+		}
+		unpack(views, packed)
+		return nil
+	}
 	buf := make([]float32, 0, n)
 	for _, v := range views {
 		buf = append(buf, hostValues(v)...)
@@ -200,4 +209,40 @@ func (rp *reporter) tpCommSinceLog(iters int64) any {
 	ms := float64(c-rp.lastTPComm) / 1e6 / float64(iters)
 	rp.lastTPComm = c
 	return ms
+}
+
+// packOnDevice concatenates the contiguous device tensors views into one
+// device tensor (a device copy) for an in-place collective over pg, and
+// returns pg's DeviceCollectives; ok is false (stage through the host) on
+// the CPU, for a strided view, or when pg has no DeviceCollectives for
+// them.
+func packOnDevice(pg comm.ProcessGroup, views []*tensor.Tensor) (*tensor.Tensor, comm.DeviceCollectives, bool) {
+	if len(views) == 0 || views[0].Device() == tensor.CPU {
+		return nil, nil, false
+	}
+	if _, ok := comm.DeviceOf(pg, views...); !ok {
+		return nil, nil, false
+	}
+	var nt *tensor.Tape
+	flat := make([]*tensor.Tensor, len(views))
+	for i, v := range views {
+		flat[i] = v.Reshape(-1)
+	}
+	packed := flat[0].Contiguous()
+	if len(flat) > 1 {
+		packed = nt.Concat(0, flat...)
+	}
+	dc, ok := comm.DeviceOf(pg, packed)
+	return packed, dc, ok
+}
+
+// unpack copies packed's consecutive blocks back into views (on the
+// device).
+func unpack(views []*tensor.Tensor, packed *tensor.Tensor) {
+	var nt *tensor.Tape
+	off := 0
+	for _, v := range views {
+		tensor.Copy(v, nt.Narrow(packed, 0, off, v.Numel()))
+		off += v.Numel()
+	}
 }

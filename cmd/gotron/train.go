@@ -429,6 +429,7 @@ func cmdTrain(ctx context.Context, env *cli, args []string) error {
 		return err
 	}
 	defer closeWorld()
+	world = simDeviceWorld(env, f.device, world)
 	if f.moe.ep > 1 && f.moe.numExperts%f.moe.ep != 0 {
 		return fmt.Errorf("--num-experts=%d is not divisible by --expert-model-parallel-size=%d", f.moe.numExperts, f.moe.ep)
 	}

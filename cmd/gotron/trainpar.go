@@ -67,6 +67,20 @@ func joinWorld(ctx context.Context, env *cli, timeout time.Duration, backend str
 	return g, func() { g.Close() }, nil
 }
 
+// simDeviceWorld gives a --device sim run's world comm.DeviceCollectives
+// (comm.SimDevice), as comm/nccl's groups have them on --device cuda, so
+// that every parallel plan moves its tensors in place on the simulated
+// device, the path it takes on GPUs, and the run's host-copy count is a
+// GPU run's. GOTRON_SIM_DEVICE_COLLECTIVES=0 leaves the host group bare:
+// the plans then stage their collectives through host copies (to measure
+// what the in-place path saves).
+func simDeviceWorld(env *cli, device string, world comm.ProcessGroup) comm.ProcessGroup {
+	if world == nil || device != "sim" || env.getenv("GOTRON_SIM_DEVICE_COLLECTIVES") == "0" {
+		return world
+	}
+	return comm.NewSimDevice(world)
+}
+
 // parallelConfig is the rank layout the parallel flags ask for (the world
 // size is the launched world's).
 func (f *trainFlags) parallelConfig() parallel.Config {

@@ -271,6 +271,8 @@ func TestArgumentErrors(t *testing.T) {
 		{"no store", g.Barrier(ctx), "barrier: rank 1 of 4 (world rank 1): make the communicator of world ranks [0 1 2 3]: no rendezvous store"},
 		{"tensor on cpu", g.AllReduceTensor(ctx, tensor.New(tensor.Float32, 4), comm.Sum), "all_reduce of 4 float32 elements: rank 1 of 4 (world rank 1): float32[4] on cpu is not a contiguous tensor"},
 		{"nil tensor", g.BroadcastTensor(ctx, nil, 0), "broadcast: rank 1 of 4 (world rank 1): nil tensor"},
+		{"batch tensor on cpu", g.BatchSendRecvTensors(ctx, []comm.TensorP2P{{Kind: comm.SendOp, Peer: 0, T: tensor.New(tensor.Float32, 4)}}), "send of 4 float32 elements: rank 1 of 4 (world rank 1): float32[4] on cpu is not a contiguous tensor"},
+		{"batch nil tensor", g.BatchSendRecvTensors(ctx, []comm.TensorP2P{{Kind: comm.RecvOp, Peer: 0}, {Kind: comm.SendOp, Peer: 2}}), "batch_isend_irecv: rank 1 of 4 (world rank 1): nil tensor"},
 	} {
 		if c.err == nil || !strings.Contains(c.err.Error(), c.want) {
 			t.Errorf("%s: error %v, want one containing %q", c.name, c.err, c.want)

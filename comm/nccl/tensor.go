@@ -181,3 +181,65 @@ func (g *Group) p2pTensor(ctx context.Context, name string, t *tensor.Tensor, pe
 	}
 	return nil
 }
+
+// BatchSendRecvTensors queues ops as one NCCL group of sends and receives
+// on device tensors (ncclGroupStart, ncclSend/ncclRecv, ncclGroupEnd), so a
+// pair of ranks may list their sends and receives in any order.
+func (g *Group) BatchSendRecvTensors(ctx context.Context, ops []comm.TensorP2P) error {
+	name := "batch_isend_irecv"
+	if len(ops) == 1 {
+		name = comm.OpSend
+		if ops[0].Kind == comm.RecvOp {
+			name = comm.OpRecv
+		}
+	}
+	types := make([]cuda.NCCLType, len(ops))
+	ptrs := make([]cuda.Ptr, len(ops))
+	total := 0
+	for i, o := range ops {
+		nt, p, err := g.tensorArgs(name, o.T)
+		if err != nil {
+			return err
+		}
+		if err := g.checkPeer(name, "peer", o.Peer); err != nil {
+			return err
+		}
+		if o.Kind != comm.SendOp && o.Kind != comm.RecvOp {
+			return g.opError(name, o.T.Numel(), o.T.DType(), fmt.Errorf("op %d has kind %d, want SendOp or RecvOp", i, o.Kind))
+		}
+		types[i], ptrs[i] = nt, p[0]
+		total += o.T.Numel()
+	}
+	c, err := g.begin(ctx, name)
+	if err != nil || total == 0 {
+		return err
+	}
+	err = grouped(g.w.dev, func() error {
+		for i, o := range ops {
+			n := int64(o.T.Numel())
+			switch {
+			case n == 0:
+			case o.Kind == comm.SendOp:
+				if err := c.Send(ptrs[i], n, types[i], o.Peer); err != nil {
+					return err
+				}
+			default:
+				if err := c.Recv(ptrs[i], n, types[i], o.Peer); err != nil {
+					return err
+				}
+			}
+		}
+		return nil
+	})
+	for _, o := range ops {
+		runtime.KeepAlive(o.T)
+	}
+	if err != nil {
+		dt := tensor.Float32
+		if len(ops) > 0 {
+			dt = ops[0].T.DType()
+		}
+		return g.broke(name, total, dt, err)
+	}
+	return nil
+}

@@ -29,6 +29,9 @@ func (f *a2aCall) toHeads(tp *tensor.Tape, op string, x *tensor.Tensor) *tensor.
 	size := f.a.Group.Size()
 	b, c, h, d := x.Dim(0), x.Dim(1)/2, x.Dim(2), x.Dim(3)
 	hs := h / size
+	if out, ok := f.toHeadsDevice(tp, op, x); ok {
+		return out
+	}
 	src := stageOut(x)
 	send := make([]float32, len(src))
 	row := hs * d // one token's elements of one rank's heads
@@ -70,6 +73,9 @@ func (f *a2aCall) toSequence(tp *tensor.Tape, op string, y *tensor.Tensor) *tens
 	b, hs, d := y.Dim(0), y.Dim(2), y.Dim(3)
 	c := y.Dim(1) / (2 * size)
 	h := hs * size
+	if out, ok := f.toSequenceDevice(tp, op, y); ok {
+		return out
+	}
 	src := stageOut(y)
 	row := hs * d
 	send := make([]float32, len(src))
@@ -131,4 +137,79 @@ func (f *a2aCall) Backward(tp *tensor.Tape, gout []*tensor.Tensor) []*tensor.Ten
 		f.toSequence(tp, "a2a of the key gradient", dk),
 		f.toSequence(tp, "a2a of the value gradient", dv),
 	}
+}
+
+// allToAllDevice exchanges send[p] for recv[p] with every other rank p in
+// one batch of device sends and receives (recv[me] is send[me]).
+func (f *a2aCall) allToAllDevice(tp *tensor.Tape, op string, dc comm.DeviceCollectives, send, recv []*tensor.Tensor) bool {
+	me := f.a.Group.Rank()
+	var ops []comm.TensorP2P
+	for p := range send {
+		if p != me {
+			ops = append(ops, comm.TensorP2P{Kind: comm.SendOp, Peer: p, T: send[p]}, comm.TensorP2P{Kind: comm.RecvOp, Peer: p, T: recv[p]})
+		}
+	}
+	return f.a.wait(tp, op, func(ctx context.Context) error { return dc.BatchSendRecvTensors(ctx, ops) })
+}
+
+// toHeadsDevice is toHeads in place on the device, when the group has
+// DeviceCollectives for x: rank p gets this rank's heads [p·h/C, (p+1)·h/C)
+// of both chunks, and the received blocks are concatenated in sequence
+// order, all by device copies. ok is false when the group refuses x.
+func (f *a2aCall) toHeadsDevice(tp *tensor.Tape, op string, x *tensor.Tensor) (*tensor.Tensor, bool) {
+	dc, ok := f.a.device(x)
+	if !ok {
+		return nil, false
+	}
+	var nt *tensor.Tape
+	size := f.a.Group.Size()
+	b, c, h, d := x.Dim(0), x.Dim(1)/2, x.Dim(2), x.Dim(3)
+	hs := h / size
+	send, recv := make([]*tensor.Tensor, size), make([]*tensor.Tensor, size)
+	for p := range size {
+		send[p] = nt.Narrow(x, 2, p*hs, hs).Contiguous()
+		recv[p] = send[p]
+		if p != f.a.Group.Rank() {
+			recv[p] = tensor.NewOn(x.Device(), tensor.Float32, b, 2*c, hs, d)
+		}
+	}
+	if !f.allToAllDevice(tp, op, dc, send, recv) {
+		return tensor.ZerosOn(x.Device(), b, 2*size*c, hs, d), true
+	}
+	// sequence chunk i is chunk 0 of rank i, or chunk 1 of rank 2C−1−i
+	parts := make([]*tensor.Tensor, 2*size)
+	for i := range parts {
+		owner, half := i, 0
+		if i >= size {
+			owner, half = 2*size-1-i, 1
+		}
+		parts[i] = nt.Narrow(recv[owner], 1, half*c, c)
+	}
+	return nt.Concat(1, parts...), true
+}
+
+// toSequenceDevice is toSequence in place on the device: rank p gets the
+// sequence chunks p and 2C−1−p of this rank's heads, and the received head
+// blocks are concatenated in rank order.
+func (f *a2aCall) toSequenceDevice(tp *tensor.Tape, op string, y *tensor.Tensor) (*tensor.Tensor, bool) {
+	dc, ok := f.a.device(y)
+	if !ok {
+		return nil, false
+	}
+	var nt *tensor.Tape
+	size := f.a.Group.Size()
+	b, hs, d := y.Dim(0), y.Dim(2), y.Dim(3)
+	c := y.Dim(1) / (2 * size)
+	send, recv := make([]*tensor.Tensor, size), make([]*tensor.Tensor, size)
+	for p := range size {
+		send[p] = nt.Concat(1, nt.Narrow(y, 1, p*c, c), nt.Narrow(y, 1, (2*size-1-p)*c, c))
+		recv[p] = send[p]
+		if p != f.a.Group.Rank() {
+			recv[p] = tensor.NewOn(y.Device(), tensor.Float32, b, 2*c, hs, d)
+		}
+	}
+	if !f.allToAllDevice(tp, op, dc, send, recv) {
+		return tensor.ZerosOn(y.Device(), b, 2*c, hs*size, d), true
+	}
+	return nt.Concat(2, recv...), true
 }

@@ -277,7 +277,18 @@ func (a *Attention) wait(tp *tensor.Tape, op string, f func(ctx context.Context)
 	return true
 }
 
-// Host staging, as parallel/tp's: collectives work on host memory.
+// device returns the group's DeviceCollectives when it works on every
+// tensor of ts in place (comm/nccl on CUDA, comm.SimDevice on sim; never on
+// the CPU, where the host collectives use the tensors' own storage).
+func (a *Attention) device(ts ...*tensor.Tensor) (comm.DeviceCollectives, bool) {
+	if ts[0].Device() == tensor.CPU {
+		return nil, false
+	}
+	return comm.DeviceOf(a.Group, ts...)
+}
+
+// Host staging, as parallel/tp's: collectives work on host memory, when
+// the group has no DeviceCollectives for the tensors.
 
 func stageOut(x *tensor.Tensor) []float32 {
 	if x.Device() == tensor.CPU {

@@ -25,6 +25,11 @@ type gatherCall struct {
 func (f *gatherCall) gather(tp *tensor.Tape) (*packed, bool) {
 	g, size := f.g, f.a.Group.Size()
 	all := newPacked(f.kv.flat.Device(), 4*size, g.b, g.c, g.hkv, g.d)
+	if dc, ok := f.a.device(f.kv.flat, all.flat); ok {
+		return all, f.a.wait(tp, "all_gather of keys and values", func(ctx context.Context) error {
+			return dc.AllGatherTensor(ctx, all.flat, f.kv.flat)
+		})
+	}
 	in, out := stageOut(f.kv.flat), hostBuffer(all.flat)
 	ok := f.a.wait(tp, "all_gather of keys and values", func(ctx context.Context) error {
 		return f.a.Group.AllGather(ctx, comm.Float32s(out), comm.Float32s(in), nil)
@@ -92,8 +97,11 @@ func (f *gatherCall) Backward(tp *tensor.Tape, gout []*tensor.Tensor) []*tensor.
 		})
 	}
 	mine := newPacked(dev, 4, g.b, g.c, g.hkv, g.d)
-	in, out := stageOut(dall.flat), hostBuffer(mine.flat)
-	if f.a.wait(tp, "reduce_scatter of key/value gradients", func(ctx context.Context) error {
+	if dc, ok := f.a.device(dall.flat, mine.flat); ok {
+		f.a.wait(tp, "reduce_scatter of key/value gradients", func(ctx context.Context) error {
+			return dc.ReduceScatterTensor(ctx, mine.flat, dall.flat, comm.Sum)
+		})
+	} else if in, out := stageOut(dall.flat), hostBuffer(mine.flat); f.a.wait(tp, "reduce_scatter of key/value gradients", func(ctx context.Context) error {
 		return f.a.Group.ReduceScatter(ctx, comm.Float32s(out), comm.Float32s(in), comm.Sum, nil)
 	}) {
 		stageIn(mine.flat, out)

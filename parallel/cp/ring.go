@@ -80,7 +80,21 @@ func (a *Attention) exchange(ctx context.Context, send, recv []float32) error {
 // transfer the current block's compute hides); the returned wait finishes
 // it and copies the received values into next. The transfer's own
 // duration adds to Exchanged, the time wait blocks to CommWait.
+//
+// With device collectives for cur and next the exchange is one batched
+// send and receive in place, queued at once (on a GPU it is ordered on the
+// device's stream before the next block's kernels, which is where it
+// overlaps them if at all); wait then only reports it.
 func (a *Attention) startExchange(tp *tensor.Tape, op string, cur, next *tensor.Tensor) (wait func() bool) {
+	if dc, ok := a.device(cur, next); ok {
+		_, _, to, from := a.ring()
+		start := time.Now()
+		ok := a.wait(tp, op, func(ctx context.Context) error {
+			return dc.BatchSendRecvTensors(ctx, []comm.TensorP2P{{Kind: comm.SendOp, Peer: to, T: cur}, {Kind: comm.RecvOp, Peer: from, T: next}})
+		})
+		a.exchanged += time.Since(start)
+		return func() bool { return ok }
+	}
 	send, recv := stageOut(cur), hostBuffer(next)
 	type result struct {
 		err error
@@ -104,6 +118,24 @@ func (a *Attention) startExchange(tp *tensor.Tape, op string, cur, next *tensor.
 		}
 		return ok
 	}
+}
+
+// exchangeNow sends cur to the next rank and receives the previous rank's
+// into next: in place with device collectives, else staged through host
+// buffers.
+func (a *Attention) exchangeNow(tp *tensor.Tape, op string, cur, next *tensor.Tensor) bool {
+	if dc, ok := a.device(cur, next); ok {
+		_, _, to, from := a.ring()
+		return a.wait(tp, op, func(ctx context.Context) error {
+			return dc.BatchSendRecvTensors(ctx, []comm.TensorP2P{{Kind: comm.SendOp, Peer: to, T: cur}, {Kind: comm.RecvOp, Peer: from, T: next}})
+		})
+	}
+	send, recv := stageOut(cur), hostBuffer(next)
+	if !a.wait(tp, op, func(ctx context.Context) error { return a.exchange(ctx, send, recv) }) {
+		return false
+	}
+	stageIn(next, recv)
+	return true
 }
 
 // pairs calls f for each (local query chunk, key chunk) pair the mask
@@ -201,11 +233,9 @@ func (f *ringCall) Backward(tp *tensor.Tape, gout []*tensor.Tensor) []*tensor.Te
 		}
 		// the key/value gradients of rank j go on to the next rank (after
 		// the last step, rank r+1's reach it complete)
-		send, recv := stageOut(dkv.flat), hostBuffer(dspare.flat)
-		if !f.a.wait(tp, "ring attention key/value gradient exchange", func(ctx context.Context) error { return f.a.exchange(ctx, send, recv) }) {
+		if !f.a.exchangeNow(tp, "ring attention key/value gradient exchange", dkv.flat, dspare.flat) {
 			break
 		}
-		stageIn(dspare.flat, recv)
 		dkv, dspare = dspare, dkv
 		if cur == f.kv {
 			cur, spare = spare, newPacked(dev, 4, g.b, g.c, g.hkv, g.d)

@@ -3,70 +3,12 @@ package ddp
 import (
 	"context"
 	"fmt"
-	"sync/atomic"
 	"testing"
 
 	"github.com/gotron/gotron/comm"
 	"github.com/gotron/gotron/comm/inproc"
 	"github.com/gotron/gotron/tensor"
 )
-
-// simCollectives gives an inproc group comm.DeviceCollectives on the
-// simulated device, through host copies, so the in-place device path of
-// DDP (what comm/nccl serves on CUDA) runs without a GPU.
-type simCollectives struct {
-	comm.ProcessGroup
-	calls *atomic.Int64
-}
-
-func (s simCollectives) DeviceTensor(t *tensor.Tensor) bool {
-	return t.Device() == tensor.Sim && t.IsContiguous() && t.DType() == tensor.Float32
-}
-
-// through runs f on host copies of ts and copies them back.
-func (s simCollectives) through(f func(hs []comm.Buffer) error, ts ...*tensor.Tensor) error {
-	s.calls.Add(1)
-	hs := make([]*tensor.Tensor, len(ts))
-	bs := make([]comm.Buffer, len(ts))
-	for i, t := range ts {
-		if !s.DeviceTensor(t) {
-			return fmt.Errorf("not a device tensor: %v on %v", t, t.Device())
-		}
-		hs[i] = t.ToDevice(tensor.CPU)
-		bs[i] = comm.Float32s(hs[i].Float32s())
-	}
-	if err := f(bs); err != nil {
-		return err
-	}
-	for i, t := range ts {
-		tensor.Copy(t, hs[i])
-	}
-	return nil
-}
-
-func (s simCollectives) AllReduceTensor(ctx context.Context, t *tensor.Tensor, op comm.ReduceOp) error {
-	return s.through(func(b []comm.Buffer) error { return s.AllReduce(ctx, b[0], op) }, t)
-}
-
-func (s simCollectives) ReduceScatterTensor(ctx context.Context, out, in *tensor.Tensor, op comm.ReduceOp) error {
-	return s.through(func(b []comm.Buffer) error { return s.ReduceScatter(ctx, b[0], b[1], op, nil) }, out, in)
-}
-
-func (s simCollectives) AllGatherTensor(ctx context.Context, out, in *tensor.Tensor) error {
-	return s.through(func(b []comm.Buffer) error { return s.AllGather(ctx, b[0], b[1], nil) }, out, in)
-}
-
-func (s simCollectives) BroadcastTensor(ctx context.Context, t *tensor.Tensor, root int) error {
-	return s.through(func(b []comm.Buffer) error { return s.Broadcast(ctx, b[0], root) }, t)
-}
-
-func (s simCollectives) SendTensor(ctx context.Context, t *tensor.Tensor, peer int) error {
-	return s.through(func(b []comm.Buffer) error { return s.Send(ctx, b[0], peer) }, t)
-}
-
-func (s simCollectives) RecvTensor(ctx context.Context, t *tensor.Tensor, peer int) error {
-	return s.through(func(b []comm.Buffer) error { return s.Recv(ctx, b[0], peer) }, t)
-}
 
 // reduceOnce runs one step's reduction on the simulated device: gradients
 // and (with the distributed optimizer) the parameter gather, and returns
@@ -120,7 +62,7 @@ func reduceOnce(ctx context.Context, pg comm.ProcessGroup, cfg Config) ([]float3
 	return grads, flat, nil
 }
 
-func isSim(pg comm.ProcessGroup) bool { _, ok := pg.(simCollectives); return ok }
+func isSim(pg comm.ProcessGroup) bool { _, ok := pg.(*comm.SimDevice); return ok }
 
 func mustList(t *tensor.Tensor) *tensor.TensorList {
 	l, err := tensor.NewTensorList(t)
@@ -130,29 +72,31 @@ func mustList(t *tensor.Tensor) *tensor.TensorList {
 	return l
 }
 
-// The in-place device path gives the same bits as staging through the
-// host, for every reduction mode.
+// The in-place device path (comm.SimDevice on the simulated device, as
+// comm/nccl on CUDA) gives the same bits as staging through the host, for
+// every reduction mode.
 func TestDeviceCollectivesMatchStaging(t *testing.T) {
 	for _, cfg := range []Config{{}, {AverageInCollective: true}, {DistributedOptimizer: true}, {DistributedOptimizer: true, AverageInCollective: true, BucketSize: 16}} {
 		t.Run(fmt.Sprintf("%+v", cfg), func(t *testing.T) {
 			const n = 2
 			got := make([][2][]float32, n)
 			want := make([][2][]float32, n)
-			var calls atomic.Int64
+			sims := make([]*comm.SimDevice, n)
 			err := inproc.Run(t.Context(), n, func(ctx context.Context, pg comm.ProcessGroup) error {
 				g, f, err := reduceOnce(ctx, pg, cfg)
 				if err != nil {
 					return err
 				}
 				want[pg.Rank()] = [2][]float32{g, f}
-				g, f, err = reduceOnce(ctx, simCollectives{pg, &calls}, cfg)
+				sims[pg.Rank()] = comm.NewSimDevice(pg)
+				g, f, err = reduceOnce(ctx, sims[pg.Rank()], cfg)
 				got[pg.Rank()] = [2][]float32{g, f}
 				return err
 			})
 			if err != nil {
 				t.Fatal(err)
 			}
-			if calls.Load() == 0 {
+			if sims[0].Calls() == 0 || sims[1].Calls() == 0 {
 				t.Fatal("the device collectives were never called")
 			}
 			for r := range n {

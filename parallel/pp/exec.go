@@ -75,7 +75,9 @@ type ExecConfig struct {
 	Now func() time.Time
 	// Device is where the stages compute: their inputs, outputs and
 	// gradients live there. The zero value is the CPU, where sends and
-	// receives use the tensors' own storage; on another device they are
+	// receives use the tensors' own storage. On another device they move
+	// in place when Group offers comm.DeviceCollectives for them
+	// (comm/nccl on CUDA, comm.SimDevice on sim); otherwise they are
 	// staged through host buffers with the tensor package's explicit
 	// copies (copy out and send; receive and copy in).
 	Device tensor.Device

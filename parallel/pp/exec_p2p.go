@@ -52,6 +52,9 @@ type transfer struct {
 	data   comm.Buffer
 	header []int64 // nil when the channel's header was exchanged already
 	want   []int   // receives: the expected shape
+	// t is the device tensor sent or received in place when the group has
+	// comm.DeviceCollectives (data is then unset until staging needs it).
+	t *tensor.Tensor
 }
 
 // exchange runs one maximal run of consecutive sends and receives: all of
@@ -61,15 +64,21 @@ func (e *Executor) exchange(ctx context.Context, run []Action) error {
 	if e.cfg.Group == nil {
 		return fmt.Errorf(errPrefix+"rank %d: %v without a pipeline group", e.rank, run[0])
 	}
+	dc, device := e.cfg.Group.(comm.DeviceCollectives)
+	device = device && e.cfg.Device != tensor.CPU
 	xs := make([]transfer, len(run))
 	for i, a := range run {
-		x, err := e.prepare(a)
+		x, err := e.prepare(a, device)
 		if err != nil {
 			return fmt.Errorf(errPrefix+"rank %d: %v: %w", e.rank, a, err)
 		}
 		xs[i] = x
 	}
-	if err := e.run(ctx, xs); err != nil {
+	post := e.run
+	if device {
+		post = func(ctx context.Context, xs []transfer) error { return e.runDevice(ctx, dc, xs) }
+	}
+	if err := post(ctx, xs); err != nil {
 		return err
 	}
 	for _, x := range xs {
@@ -79,8 +88,9 @@ func (e *Executor) exchange(ctx context.Context, run []Action) error {
 }
 
 // prepare finds a send's data or allocates a receive's buffer, and decides
-// whether the channel's header goes first.
-func (e *Executor) prepare(a Action) (transfer, error) {
+// whether the channel's header goes first. With device collectives
+// (device) it leaves the data in x.t, on the device, for runDevice.
+func (e *Executor) prepare(a Action, device bool) (transfer, error) {
 	x := transfer{a: a}
 	l := link{peer: a.Peer, grad: a.Op == SendGrad || a.Op == RecvGrad, send: a.Op == SendActivation || a.Op == SendGrad}
 	s := e.slot(a.Chunk, a.Microbatch)
@@ -91,17 +101,33 @@ func (e *Executor) prepare(a Action) (transfer, error) {
 			return x, errors.New("no forward output to send")
 		}
 		out := s.out.Contiguous()
-		shape, x.data = out.Shape(), comm.Float32s(hostValues(out))
+		if shape = out.Shape(); device {
+			x.t = out
+		} else {
+			x.data = comm.Float32s(hostValues(out))
+		}
 	case SendGrad:
 		if s.in == nil || s.tape != nil {
 			return x, errors.New("no input gradient to send (backward not run)")
 		}
-		shape, x.data = s.in.Shape(), comm.Float32s(hostValues(s.in.Grad))
+		if shape = s.in.Shape(); device {
+			x.t = s.in.Grad.Contiguous()
+		} else {
+			x.data = comm.Float32s(hostValues(s.in.Grad))
+		}
 	case RecvActivation:
 		if s.in != nil {
 			return x, errors.New("activation received twice")
 		}
 		shape = slices.Clone(e.cfg.Stages[a.Chunk].InputShape(a.Microbatch))
+		x.want = shape
+		if device {
+			s.in = tensor.ZerosOn(e.cfg.Device, shape...)
+			s.in.SetRequiresGrad(true)
+			s.in.Grad = tensor.ZerosOn(e.cfg.Device, shape...)
+			x.t = s.in
+			break
+		}
 		var buf []float32
 		s.in, buf = e.recvTensor(shape)
 		s.in.SetRequiresGrad(true)
@@ -110,7 +136,7 @@ func (e *Executor) prepare(a Action) (transfer, error) {
 		} else {
 			s.in.Grad, s.inHost = tensor.ZerosOn(e.cfg.Device, shape...), buf
 		}
-		x.data, x.want = comm.Float32s(buf), shape
+		x.data = comm.Float32s(buf)
 	case RecvGrad:
 		if s.out == nil {
 			return x, errors.New("gradient for an output this rank has not computed")
@@ -119,12 +145,18 @@ func (e *Executor) prepare(a Action) (transfer, error) {
 			return x, errors.New("gradient received twice")
 		}
 		shape = s.out.Shape()
+		x.want = shape
+		if device {
+			s.grad = tensor.ZerosOn(e.cfg.Device, shape...)
+			x.t = s.grad
+			break
+		}
 		var buf []float32
 		s.grad, buf = e.recvTensor(shape)
 		if e.cfg.Device != tensor.CPU {
 			s.gradHost = buf
 		}
-		x.data, x.want = comm.Float32s(buf), shape
+		x.data = comm.Float32s(buf)
 	}
 	if !e.headers[l] {
 		e.headers[l] = true
@@ -196,6 +228,101 @@ func (e *Executor) run(ctx context.Context, xs []transfer) error {
 	}
 	if err != nil {
 		return fmt.Errorf(errPrefix+"rank %d: %v: %w", e.rank, xs[failed].a, err)
+	}
+	return nil
+}
+
+// runDevice posts the transfers of a run whose data live on a device
+// with the group's DeviceCollectives: in place, the shape headers as small
+// int64 device tensors in the same batch (or, unbatched, one message at a
+// time in list order, as run). When the group refuses a tensor, the data
+// are staged through host buffers and run posts them.
+func (e *Executor) runDevice(ctx context.Context, dc comm.DeviceCollectives, xs []transfer) error {
+	ts := make([]*tensor.Tensor, len(xs))
+	for i := range xs {
+		ts[i] = xs[i].t
+	}
+	var ops []comm.TensorP2P
+	var owner []int // ops[i] belongs to xs[owner[i]]
+	headers := map[int]*tensor.Tensor{}
+	accepted := false
+	if _, accepted = comm.DeviceOf(e.cfg.Group, ts...); accepted {
+		for i := range xs {
+			x := &xs[i]
+			kind := comm.SendOp
+			if x.want != nil {
+				kind = comm.RecvOp
+			}
+			if x.header != nil {
+				h := tensor.New(tensor.Int64, headerLen)
+				copy(h.Int64s(), x.header)
+				if headers[i] = h.ToDevice(e.cfg.Device); !dc.DeviceTensor(headers[i]) {
+					accepted = false
+					break
+				}
+				ops = append(ops, comm.TensorP2P{Kind: kind, Peer: x.a.Peer, T: headers[i]})
+				owner = append(owner, i)
+			}
+			ops = append(ops, comm.TensorP2P{Kind: kind, Peer: x.a.Peer, T: x.t})
+			owner = append(owner, i)
+		}
+	}
+	if !accepted {
+		return e.runStaged(ctx, xs)
+	}
+	var err error
+	failed := 0
+	if e.cfg.Unbatched {
+		for i, op := range ops {
+			if op.Kind == comm.SendOp {
+				err = dc.SendTensor(ctx, op.T, op.Peer)
+			} else {
+				err = dc.RecvTensor(ctx, op.T, op.Peer)
+			}
+			if err != nil {
+				failed = owner[i]
+				break
+			}
+		}
+	} else {
+		err = dc.BatchSendRecvTensors(ctx, ops)
+	}
+	if err == nil {
+		for i, h := range headers {
+			if xs[i].want != nil {
+				copy(xs[i].header, tensor.ToHost(h).Int64s())
+			}
+		}
+		for i := range xs {
+			if herr := e.checkHeader(&xs[i]); herr != nil {
+				return herr
+			}
+		}
+	}
+	if err != nil {
+		return fmt.Errorf(errPrefix+"rank %d: %v: %w", e.rank, xs[failed].a, err)
+	}
+	return nil
+}
+
+// runStaged runs device transfers through host buffers (a group that
+// refuses the tensors): sends copy out, receives copy in after run.
+func (e *Executor) runStaged(ctx context.Context, xs []transfer) error {
+	for i := range xs {
+		x := &xs[i]
+		if x.want == nil {
+			x.data = comm.Float32s(tensor.ToHost(x.t).Float32s())
+		} else {
+			x.data = comm.Float32s(make([]float32, x.t.Numel()))
+		}
+	}
+	if err := e.run(ctx, xs); err != nil {
+		return err
+	}
+	for _, x := range xs {
+		if x.want != nil {
+			tensor.Copy(x.t, tensor.FromFloat32(x.data.Float32(), x.t.Shape()...))
+		}
 	}
 	return nil
 }

@@ -63,16 +63,32 @@ func (r *Region) Size() int { return r.Group.Size() }
 func (r *Region) Rank() int { return r.Group.Rank() }
 
 // allReduce reduces the contiguous tensor x in place over the group with
-// red. The collective works on host memory: x's own storage on the CPU, else
-// a host copy (comm staging) copied back into x. A failure is recorded on tp.
+// red: on the device when the group offers comm.DeviceCollectives for x
+// (comm/nccl on CUDA, comm.SimDevice on sim), else on host memory: x's own
+// storage on the CPU, or a host copy (comm staging) copied back into x. A
+// failure is recorded on tp.
 func (r *Region) allReduce(tp *tensor.Tape, op string, x *tensor.Tensor, red comm.ReduceOp) {
 	if r.Size() == 1 {
+		return
+	}
+	if dc, ok := r.device(x); ok {
+		r.collective(tp, op, func(ctx context.Context) error { return dc.AllReduceTensor(ctx, x, red) })
 		return
 	}
 	buf := stageOut(x)
 	if r.collective(tp, op, func(ctx context.Context) error { return r.Group.AllReduce(ctx, comm.Float32s(buf), red) }) {
 		stageIn(x, buf)
 	}
+}
+
+// device returns the group's DeviceCollectives when it works on every
+// tensor of ts in place (off the CPU only: on the CPU the host collectives
+// already work on the tensors' own storage).
+func (r *Region) device(ts ...*tensor.Tensor) (comm.DeviceCollectives, bool) {
+	if ts[0].Device() == tensor.CPU {
+		return nil, false
+	}
+	return comm.DeviceOf(r.Group, ts...)
 }
 
 // Comm staging: collectives read and write host memory, so a tensor on a
@@ -274,12 +290,15 @@ func (r *Region) gatherDim(tp *tensor.Tape, x *tensor.Tensor, d int, op string) 
 	shape := x.Shape()
 	outer, k, inner := split3(shape, d)
 	p := r.Size()
+	oshape := append([]int(nil), shape...)
+	oshape[d] = k * p
+	if out, ok := r.gatherDimDevice(tp, x, oshape, outer, k*inner, op); ok {
+		return out
+	}
 	buf := make([]float32, p*x.Numel()) // (p, outer, k, inner)
 	r.collective(tp, op, func(ctx context.Context) error {
 		return r.Group.AllGather(ctx, comm.Float32s(buf), comm.Float32s(stageOut(x.Contiguous())), nil)
 	})
-	oshape := append([]int(nil), shape...)
-	oshape[d] = k * p
 	out := tp.EmptyLike(x, oshape...)
 	dst := hostBuffer(out)
 	defer stageIn(out, dst)
@@ -302,6 +321,11 @@ func (r *Region) reduceScatterDim(tp *tensor.Tape, x *tensor.Tensor, d int, op s
 		panic(fmt.Sprintf("tp: dimension %d of %v does not divide by the tensor-parallel size %d", d, shape, p))
 	}
 	k := n / p
+	oshape := append([]int(nil), shape...)
+	oshape[d] = k
+	if out, ok := r.reduceScatterDimDevice(tp, x, oshape, outer, k*inner, op); ok {
+		return out
+	}
 	src := stageOut(x.Contiguous())
 	packed := make([]float32, len(src)) // (p, outer, k, inner)
 	for q := range p {
@@ -309,8 +333,6 @@ func (r *Region) reduceScatterDim(tp *tensor.Tape, x *tensor.Tensor, d int, op s
 			copy(packed[(q*outer+o)*k*inner:(q*outer+o+1)*k*inner], src[(o*n+q*k)*inner:(o*n+(q+1)*k)*inner])
 		}
 	}
-	oshape := append([]int(nil), shape...)
-	oshape[d] = k
 	out := tp.EmptyLike(x, oshape...)
 	dst := hostBuffer(out)
 	r.collective(tp, op, func(ctx context.Context) error {
@@ -318,4 +340,61 @@ func (r *Region) reduceScatterDim(tp *tensor.Tape, x *tensor.Tensor, d int, op s
 	})
 	stageIn(out, dst)
 	return out
+}
+
+// gatherDimDevice is gatherDim in place on the device, when the group
+// offers DeviceCollectives for x: the ranks' x land rank-major in a
+// (p, outer, block) tensor, which one device copy transposes into out's
+// (outer, p, block) order (none when outer is 1). ok is false when the
+// group refuses the tensors: stage through the host.
+func (r *Region) gatherDimDevice(tp *tensor.Tape, x *tensor.Tensor, oshape []int, outer, block int, op string) (*tensor.Tensor, bool) {
+	xc := x.Contiguous()
+	if _, ok := r.device(xc); !ok {
+		return nil, false
+	}
+	out := tp.EmptyLike(x, oshape...)
+	p := r.Size()
+	gathered := out
+	if outer > 1 {
+		gathered = tp.EmptyLike(x, p, outer, block)
+	}
+	dc, ok := r.device(xc, out, gathered)
+	if !ok {
+		return nil, false
+	}
+	if !r.collective(tp, op, func(ctx context.Context) error { return dc.AllGatherTensor(ctx, gathered.Reshape(-1), xc.Reshape(-1)) }) {
+		return out, true
+	}
+	if outer > 1 {
+		tensor.Copy(out.Reshape(outer, p, block), (*tensor.Tape)(nil).Transpose(gathered, 0, 1))
+	}
+	return out, true
+}
+
+// reduceScatterDimDevice is reduceScatterDim in place on the device: one
+// device copy packs x's (outer, p, block) rank-major as (p, outer, block)
+// (none when outer is 1) for the reduce-scatter into out.
+func (r *Region) reduceScatterDimDevice(tp *tensor.Tape, x *tensor.Tensor, oshape []int, outer, block int, op string) (*tensor.Tensor, bool) {
+	if _, ok := r.device(x.Contiguous()); !ok {
+		return nil, false
+	}
+	p := r.Size()
+	out := tp.EmptyLike(x, oshape...)
+	var packed *tensor.Tensor
+	if outer > 1 {
+		packed = tp.EmptyLike(x, p, outer, block)
+	} else {
+		packed = x.Contiguous()
+	}
+	dc, ok := r.device(packed, out)
+	if !ok {
+		return nil, false
+	}
+	if outer > 1 {
+		tensor.Copy(packed, (*tensor.Tape)(nil).Transpose(x.Contiguous().Reshape(outer, p, block), 0, 1))
+	}
+	r.collective(tp, op, func(ctx context.Context) error {
+		return dc.ReduceScatterTensor(ctx, out.Reshape(-1), packed.Reshape(-1), comm.Sum)
+	})
+	return out, true
 }

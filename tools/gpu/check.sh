@@ -54,6 +54,9 @@ for s in $steps; do
 		# own: a fault in a new kernel ends the CUDA context
 		run unverified-attn-tc 180 "$bin/tensor_backendtest.test" -test.v -test.run 'TestCUDAAttentionTensorCores'
 		run unverified-moe 180 "$bin/model_gpt.test" -test.v -test.run 'TestCUDAMoEMatchesCPU'
+		# NCCL's grouped sends and receives of device tensors (pipeline,
+		# context- and expert-parallel exchanges in place), world of one
+		run unverified-nccl-batch 120 "$bin/comm_nccl.test" -test.v -test.run 'TestCUDABatchSendRecvTensors'
 		# Staged host-to-device copies: the runtime test, then training
 		# against the CPU (50 iterations, fp32 and --bf16) with them on.
 		run unverified-staged 120 "$bin/internal_cuda.test" -test.v -test.run 'TestGPUCopyHtoDStaged'
