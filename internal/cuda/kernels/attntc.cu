@@ -91,6 +91,22 @@ __device__ __forceinline__ float attntc_keep(uint64_t rowKey, int j, uint32_t th
     return bits >= thr ? dscale : 0.0f;
 }
 
+// attntc_keep2 sets z0, z1 to the multipliers of keys jk and jk + 1 (jk a
+// sequence position) of the row keyed rowKey: one hash for both when jk is
+// even (they are one pair), two when it is odd (block attention with an
+// odd kpos).
+__device__ __forceinline__ void attntc_keep2(uint64_t rowKey, int jk, uint32_t thr, float dscale, float& z0,
+                                             float& z1) {
+    const uint64_t x = attntc_mix64(rowKey + (uint64_t)(jk >> 1) * ATC_GOLDEN);
+    if ((jk & 1) == 0) {
+        z0 = (uint32_t)x >= thr ? dscale : 0.0f;
+        z1 = (uint32_t)(x >> 32) >= thr ? dscale : 0.0f;
+    } else {
+        z0 = (uint32_t)(x >> 32) >= thr ? dscale : 0.0f;
+        z1 = attntc_keep(rowKey, jk + 1, thr, dscale);
+    }
+}
+
 // attntc_bf16 rounds f to bfloat16, nearest even (elem.cu's bf16_from_f32
 // without its NaN case: internal/half.BFloat16From for every non-NaN).
 __device__ __forceinline__ uint32_t attntc_bf16(float f) {
@@ -280,15 +296,21 @@ __device__ __forceinline__ void attntc_fwd(float* out, float* lse, const float* 
         }
         float bsum[2] = {0.0f, 0.0f};
 #pragma unroll
-        for (int nt = 0; nt < ATC_BK / 8; nt++)
+        for (int nt = 0; nt < ATC_BK / 8; nt++) {
+            float z[4]; // keys j0 + 8nt + 2t and + 1 of rows g and g + 8
+            if (dropout) {
+                attntc_keep2(key[0], j0 + 8 * nt + 2 * t + kpos, thr, dscale, z[0], z[1]);
+                attntc_keep2(key[1], j0 + 8 * nt + 2 * t + kpos, thr, dscale, z[2], z[3]);
+            }
 #pragma unroll
             for (int e = 0; e < 4; e++) {
-                const int hf = e >> 1, j = j0 + 8 * nt + 2 * t + (e & 1);
+                const int hf = e >> 1;
                 float p = s[nt][e] == -INFINITY ? 0.0f : expf(s[nt][e] - mNew[hf]);
                 bsum[hf] += p;
-                if (dropout && p != 0.0f) p *= attntc_keep(key[hf], j + kpos, thr, dscale);
+                if (dropout) p *= z[e];
                 s[nt][e] = p; // P·Z, rounded to bf16 by attntc_mma_regs
             }
+        }
 #pragma unroll
         for (int hf = 0; hf < 2; hf++) {
             l[hf] = l[hf] * alpha[hf] + attntc_row_sum(bsum[hf]);
@@ -410,7 +432,12 @@ __device__ __forceinline__ void attntc_bwd_dq(float* dq, const float* dout, cons
         attntc_mma_tile<D / 16, ATC_BK / 8>(s, Qs, LD, 16 * warp, Ks, LD, 0);  // S = Q·Kᵀ
         attntc_mma_tile<D / 16, ATC_BK / 8>(dp, Os, LD, 16 * warp, Vs, LD, 0); // dP = dO·Vᵀ
 #pragma unroll
-        for (int nt = 0; nt < ATC_BK / 8; nt++)
+        for (int nt = 0; nt < ATC_BK / 8; nt++) {
+            float z[4] = {1.0f, 1.0f, 1.0f, 1.0f}; // keys j0 + 8nt + 2t and + 1 of rows g and g + 8
+            if (dropout) {
+                attntc_keep2(key[0], j0 + 8 * nt + 2 * t + kpos, thr, dscale, z[0], z[1]);
+                attntc_keep2(key[1], j0 + 8 * nt + 2 * t + kpos, thr, dscale, z[2], z[3]);
+            }
 #pragma unroll
             for (int e = 0; e < 4; e++) {
                 const int hf = e >> 1, j = j0 + 8 * nt + 2 * t + (e & 1);
@@ -418,9 +445,9 @@ __device__ __forceinline__ void attntc_bwd_dq(float* dq, const float* dout, cons
                 const bool ok = iRow[hf] < T && j < T && li[hf] != -INFINITY &&
                                 attntc_allowed(causal, iRow[hf] + off, j, docI[hf], docJ);
                 const float p = ok ? expf(scale * s[nt][e] - li[hf]) : 0.0f;
-                const float z = dropout ? attntc_keep(key[hf], j + kpos, thr, dscale) : 1.0f;
-                s[nt][e] = p * (z * dp[nt][e] - di[hf]) * scale; // dS, rounded by attntc_mma_regs
+                s[nt][e] = p * (z[e] * dp[nt][e] - di[hf]) * scale; // dS, rounded by attntc_mma_regs
             }
+        }
         attntc_mma_regs<ATC_BK / 16, D / 8>(acc, s, Kt, LDT); // dQ += dS·K
     }
 #pragma unroll

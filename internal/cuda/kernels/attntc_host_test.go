@@ -36,10 +36,10 @@ func TestAttntcHostKernels(t *testing.T) {
 		dropout           float32
 		firstHead, blocks int
 	}{
-		{name: "gqa-causal-d64", B: 1, T: 100, HQ: 4, HKV: 2, D: 64, causal: true},
-		{name: "mha-full-dropout-docs-d64", B: 2, T: 70, HQ: 2, HKV: 2, D: 64, dropout: 0.1, docs: true, firstHead: 3},
+		{name: "gqa-causal-d64", B: 1, T: 80, HQ: 4, HKV: 2, D: 64, causal: true},
+		{name: "mha-full-dropout-docs-d64", B: 1, T: 70, HQ: 2, HKV: 2, D: 64, dropout: 0.1, docs: true, firstHead: 3},
 		{name: "mqa-causal-dropout-d128", B: 1, T: 90, HQ: 2, HKV: 1, D: 128, causal: true, dropout: 0.2},
-		{name: "blocks-causal-d64", B: 1, T: 70, HQ: 2, HKV: 1, D: 64, causal: true, dropout: 0.1, blocks: 2},
+		{name: "blocks-odd-kpos-causal-dropout-d64", B: 1, T: 65, HQ: 2, HKV: 1, D: 64, causal: true, dropout: 0.1, blocks: 2},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
