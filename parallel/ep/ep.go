@@ -119,12 +119,54 @@ func (g *Group) exchange(tp *tensor.Tape, x *tensor.Tensor, send, recv []int, op
 		sc[j], rc[j] = send[j]*c, recv[j]*c
 		n += recv[j]
 	}
+	if out, ok := g.exchangeDevice(tp, x, send, recv, n, op); ok {
+		return out
+	}
 	out := make([]float32, n*c)
 	in := host(x)
 	g.collective(tp, op+" over the expert-parallel group", func(ctx context.Context) error {
 		return g.PG.AllToAll(ctx, comm.Float32s(out), comm.Float32s(in), sc, rc)
 	})
 	return onDevice(out, x, n, c)
+}
+
+// exchangeDevice is exchange in place on the device, when the group has
+// comm.DeviceCollectives for x (comm/nccl on CUDA, comm.SimDevice on sim):
+// one batch of sends and receives of row blocks (NCCL's all-to-all is
+// grouped sends and receives too), this rank's own block copied on the
+// device. ok is false when the group refuses x: stage through the host.
+func (g *Group) exchangeDevice(tp *tensor.Tape, x *tensor.Tensor, send, recv []int, n int, op string) (*tensor.Tensor, bool) {
+	if x.Device() == tensor.CPU {
+		return nil, false
+	}
+	xc := x.Contiguous()
+	dc, ok := comm.DeviceOf(g.PG, xc)
+	if !ok {
+		return nil, false
+	}
+	var nt *tensor.Tape
+	out := tensor.NewOn(x.Device(), tensor.Float32, n, x.Dim(1))
+	me := g.PG.Rank()
+	var ops []comm.TensorP2P
+	so, ro := 0, 0
+	for j := range send {
+		if j == me {
+			if send[j] > 0 {
+				tensor.Copy(nt.Narrow(out, 0, ro, recv[j]), nt.Narrow(xc, 0, so, send[j]))
+			}
+		} else {
+			if send[j] > 0 {
+				ops = append(ops, comm.TensorP2P{Kind: comm.SendOp, Peer: j, T: nt.Narrow(xc, 0, so, send[j])})
+			}
+			if recv[j] > 0 {
+				ops = append(ops, comm.TensorP2P{Kind: comm.RecvOp, Peer: j, T: nt.Narrow(out, 0, ro, recv[j])})
+			}
+		}
+		so += send[j]
+		ro += recv[j]
+	}
+	g.collective(tp, op+" over the expert-parallel group", func(ctx context.Context) error { return dc.BatchSendRecvTensors(ctx, ops) })
+	return out, true
 }
 
 // AllToAll sends send[j] consecutive rows of x (n, c) to rank j and returns
@@ -157,6 +199,14 @@ func (g *Group) gather(tp *tensor.Tape, pg comm.ProcessGroup, x *tensor.Tensor, 
 			total += k
 		}
 	}
+	if rows == nil && x.Device() != tensor.CPU { // even blocks: in place on the device when the group can
+		xc := x.Contiguous()
+		if dc, ok := comm.DeviceOf(pg, xc); ok {
+			out := tensor.NewOn(x.Device(), tensor.Float32, total, c)
+			g.collective(tp, op, func(ctx context.Context) error { return dc.AllGatherTensor(ctx, out, xc) })
+			return out
+		}
+	}
 	out := make([]float32, total*c)
 	in := host(x)
 	g.collective(tp, op, func(ctx context.Context) error {
@@ -178,6 +228,14 @@ func (g *Group) reduceScatter(tp *tensor.Tape, pg comm.ProcessGroup, x *tensor.T
 		}
 	} else if total%pg.Size() != 0 {
 		panic(fmt.Sprintf("ep: reduce-scatter of %d rows over %d ranks", total, pg.Size()))
+	}
+	if rows == nil && x.Device() != tensor.CPU { // even blocks: in place on the device when the group can
+		xc := x.Contiguous()
+		if dc, ok := comm.DeviceOf(pg, xc); ok {
+			out := tensor.NewOn(x.Device(), tensor.Float32, n, c)
+			g.collective(tp, op, func(ctx context.Context) error { return dc.ReduceScatterTensor(ctx, out, xc, comm.Sum) })
+			return out
+		}
 	}
 	out := make([]float32, n*c)
 	in := host(x)

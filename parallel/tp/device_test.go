@@ -3,6 +3,7 @@ package tp
 import (
 	"context"
 	"math"
+	"sync"
 	"testing"
 
 	"github.com/gotron/gotron/comm"
@@ -75,6 +76,7 @@ func mapRun(t *testing.T, dev tensor.Device, wrap func(comm.ProcessGroup) comm.P
 // stages through the host and gives the same bits.
 func TestMappingsDeviceCollectives(t *testing.T) {
 	want := mapRun(t, tensor.CPU, func(pg comm.ProcessGroup) comm.ProcessGroup { return pg })
+	var mu sync.Mutex
 	var groups []*comm.SimDevice
 	run := func(what string, wrap func(comm.ProcessGroup) comm.ProcessGroup) tensor.Transfers {
 		before := tensor.SimTransfers()
@@ -95,12 +97,16 @@ func TestMappingsDeviceCollectives(t *testing.T) {
 	staged := run("staged", func(pg comm.ProcessGroup) comm.ProcessGroup { return pg })
 	inPlace := run("in place", func(pg comm.ProcessGroup) comm.ProcessGroup {
 		g := comm.NewSimDevice(pg)
+		mu.Lock()
 		groups = append(groups, g)
+		mu.Unlock()
 		return g
 	})
 	refused := run("refused", func(pg comm.ProcessGroup) comm.ProcessGroup {
 		g := comm.NewSimDevice(pg)
+		mu.Lock()
 		groups = append(groups, g)
+		mu.Unlock()
 		return refusing{g}
 	})
 	var calls [2]int64
