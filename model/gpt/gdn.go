@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/gotron/gotron/internal/checked"
 	"github.com/gotron/gotron/tensor"
 )
 
@@ -25,11 +26,11 @@ import (
 //	q|k|v ← silu(causal depthwise conv1d over time, kernel K, no bias)
 //	q, k ← l2norm per head (eps 1e-6), repeated to the nv value heads
 //	g = −exp(A_log)·softplus(a + dt_bias);  beta = sigmoid(b)
-//	o = gated delta rule(q/sqrt(dk), k, v, g, beta)   (cpu.GatedDeltaRuleForward)
+//	o = gated delta rule(q/sqrt(dk), k, v, g, beta)   (tensor.Tape.GatedDeltaRule)
 //	out_proj(norm(o) · silu(z))   (norm: the model's normalisation over dv)
 //
-// The kernels are internal/cpu's (float64-checked); they run on the CPU
-// only, the recurrence step by step: O(b·t·nv·dk·dv) time, and the
+// The kernels are internal/cpu's (float64-checked); they run on host
+// memory (--device cpu and sim), the recurrence step by step: O(b·t·nv·dk·dv) time, and the
 // backward keeps the state every deltaRuleChunk steps (b·nv·dk·dv·t/64
 // floats) and recomputes the states in between.
 
@@ -80,6 +81,13 @@ func (c *GDNConfig) validate(cfg *Config) error {
 		if *f.v == 0 {
 			*f.v = f.def
 		}
+	}
+	qk, ok1 := checked.MulInt(c.KeyHeadDim, c.NumKeyHeads)
+	v, ok2 := checked.MulInt(c.ValueHeadDim, c.NumValueHeads)
+	if !ok1 || !ok2 || qk > math.MaxInt32/4 || v > math.MaxInt32/4 {
+		// in_proj's rows, 2·qk + 2·v + 2·nv, are a tensor dimension
+		return fmt.Errorf("gpt: --linear-key-head-dim=%d × --linear-num-key-heads=%d or --linear-value-head-dim=%d × --linear-num-value-heads=%d: want each product at most %d",
+			c.KeyHeadDim, c.NumKeyHeads, c.ValueHeadDim, c.NumValueHeads, math.MaxInt32/4)
 	}
 	if c.NumValueHeads%c.NumKeyHeads != 0 {
 		return fmt.Errorf("gpt: --linear-num-value-heads=%d must be a multiple of --linear-num-key-heads=%d", c.NumValueHeads, c.NumKeyHeads)

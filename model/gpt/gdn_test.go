@@ -91,6 +91,7 @@ func TestGDNConfig(t *testing.T) {
 		{func(c *Config) { c.GDN.LinearAttentionFreq = "[1,0]" }, "2 entries for --num-layers=4"},
 		{func(c *Config) { c.GDN.NumKeyHeads, c.GDN.NumValueHeads = 3, 4 }, "multiple of --linear-num-key-heads=3"},
 		{func(c *Config) { c.GDN.KeyHeadDim = -1 }, "--linear-key-head-dim=-1"},
+		{func(c *Config) { c.GDN.KeyHeadDim, c.GDN.NumKeyHeads = 1<<30, 1<<30 }, "want each product at most"},
 		{func(c *Config) { c.Activation = GELU }, "needs --swiglu"},
 	} {
 		c := gdnGoldenConfig()
