@@ -227,7 +227,7 @@ var inferenceUsed = map[string]bool{
 	"tokenizer-type": true, "vocab-file": true, "merge-file": true, "tokenizer-model": true, "vocab-size": true,
 	"vocab-extra-ids": true, "tiktoken-pattern": true, "tiktoken-num-special-tokens": true,
 	"tensor-model-parallel-size": true, "pipeline-model-parallel-size": true, "context-parallel-size": true,
-	"expert-model-parallel-size": true, "dist-ckpt-strictness": true,
+	"expert-model-parallel-size": true, "dist-ckpt-strictness": true, "distributed-timeout-minutes": true,
 }
 
 // inferenceRefusedNeeds are the features of Megatron's compatibility
@@ -301,6 +301,9 @@ func (a *inferenceArgs) check(fs *flag.FlagSet, given map[string]bool, f *trainF
 	sort.Strings(names)
 	if err := checked.Range("--tensor-model-parallel-size", int64(f.tpSize), 1, math.MaxInt32); err != nil {
 		return nil, err
+	}
+	if math.IsNaN(f.timeoutMins) || f.timeoutMins < 0 || f.timeoutMins > 1e6 {
+		return nil, fmt.Errorf("--distributed-timeout-minutes %g: want minutes >= 0 (0: 10 minutes, as Megatron)", f.timeoutMins)
 	}
 	for _, name := range []string{"pipeline-model-parallel-size", "context-parallel-size", "expert-model-parallel-size"} {
 		if fl := fs.Lookup(name); fl != nil && given[name] && fl.Value.String() != "1" {

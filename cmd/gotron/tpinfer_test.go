@@ -194,6 +194,7 @@ func TestInferenceTensorParallelRefusals(t *testing.T) {
 		{2, nil, "a world of 2 ranks with --tensor-model-parallel-size 1: needs data-parallel inference replicas"},
 		{1, []string{"--tensor-model-parallel-size", "0"}, "--tensor-model-parallel-size"},
 		{1, []string{"--pipeline-model-parallel-size", "2"}, "needs pipeline-parallel inference"},
+		{1, []string{"--distributed-timeout-minutes", "-1"}, "--distributed-timeout-minutes -1: want minutes >= 0"},
 	} {
 		args := append(append([]string{}, base...), c.args...)
 		if c.launch > 1 {
