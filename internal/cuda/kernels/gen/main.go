@@ -136,21 +136,38 @@ func run(src, out string) error {
 // copied to ptx afterwards) and an environment of only a fixed PATH
 // (nvcc's folder, then the system's): go generate and TestPTXUpToDate then
 // get the same bytes on one machine.
+// setarchR returns setarch's path when `setarch -R true` runs here, else "".
+var setarchR = sync.OnceValue(func() string {
+	p, err := exec.LookPath("setarch")
+	if err != nil || exec.Command(p, "-R", "true").Run() != nil {
+		return ""
+	}
+	return p
+})
+
 func compile(nvcc, cu, arch, ptx string) error {
 	fam := strings.TrimSuffix(filepath.Base(cu), ".cu")
 	tmp := ".gen-" + fam + "-" + arch
 	args := append(append([]string(nil), Flags...), "-arch="+arch, "-o", tmp, fam+".cu")
-	cmd := exec.Command(nvcc, args...)
-	if setarch, err := exec.LookPath("setarch"); err == nil {
-		cmd = exec.Command(setarch, append([]string{"-R", nvcc}, args...)...)
+	run := func(name string, args ...string) ([]byte, error) {
+		cmd := exec.Command(name, args...)
+		cmd.Dir = filepath.Dir(cu)
+		cmd.Env = []string{"PATH=" + filepath.Dir(nvcc) + ":/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}
+		return cmd.CombinedOutput()
 	}
-	cmd.Dir = filepath.Dir(cu)
-	cmd.Env = []string{"PATH=" + filepath.Dir(nvcc) + ":/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}
-	tmpPath := filepath.Join(cmd.Dir, tmp)
+	tmpPath := filepath.Join(filepath.Dir(cu), tmp)
 	defer os.Remove(tmpPath)
-	msg, err := cmd.CombinedOutput()
+	var msg []byte
+	var err error
+	if setarch := setarchR(); setarch != "" {
+		msg, err = run(setarch, append([]string{"-R", nvcc}, args...)...)
+	} else {
+		// no setarch, or one the sandbox refuses (personality(2)): plain
+		// nvcc, whose attntc PTX may then differ from run to run
+		msg, err = run(nvcc, args...)
+	}
 	if err != nil {
-		return fmt.Errorf("nvcc %s (in %s): %v\n%s", strings.Join(args, " "), cmd.Dir, err, msg)
+		return fmt.Errorf("nvcc %s (in %s): %v\n%s", strings.Join(args, " "), filepath.Dir(cu), err, msg)
 	}
 	b, err := os.ReadFile(tmpPath)
 	if err != nil {
