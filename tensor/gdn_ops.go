@@ -38,11 +38,11 @@ func zeroGrad(tp *Tape, x *Tensor) *Tensor {
 // step and earlier steps before 0 are zero (PyTorch's F.conv1d with
 // groups=c, padding k-1, the first t outputs; cpu.CausalConvSiLUForward).
 func (tp *Tape) CausalConvSiLU(x, w *Tensor) *Tensor {
-	b, t, c := x.Dim(0), x.Dim(1), x.Dim(2)
-	k := w.Numel() / max(1, c)
-	if x.NDim() != 3 || w.Dim(0) != c || k*c != w.Numel() {
-		panic(fmt.Sprintf("tensor: CausalConvSiLU of x %v with weight %v: want (b, t, c) and (c, 1, k)", x.shape, w.shape))
+	if x.NDim() != 3 || w.NDim() < 2 || w.Dim(0) != x.Dim(2) || x.Dim(2) == 0 {
+		panic(fmt.Sprintf("tensor: CausalConvSiLU of x %v with weight %v: want (b, t, c) and (c, k) or (c, 1, k)", x.shape, w.shape))
 	}
+	b, t, c := x.Dim(0), x.Dim(1), x.Dim(2)
+	k := w.Numel() / c
 	f := &convSiLU{b: b, t: t, c: c, k: k}
 	return tp.Apply(f, tp.Contiguous(x), w)[0]
 }
@@ -145,6 +145,9 @@ func (f *gdnGates) Backward(tp *Tape, g []*Tensor) []*Tensor {
 // repeat_interleave; scale multiplies the queries. It returns (b, t, heads,
 // dv). The backward recomputes the states from one saved every chunk steps.
 func (tp *Tape) GatedDeltaRule(q, k, v, g, beta *Tensor, scale float64, chunk int) *Tensor {
+	if q.NDim() != 4 || v.NDim() != 4 {
+		panic(fmt.Sprintf("tensor: GatedDeltaRule of q %v and v %v: want (b, t, heads, d)", q.shape, v.shape))
+	}
 	b, t, kh, dk := q.Dim(0), q.Dim(1), q.Dim(2), q.Dim(3)
 	heads, dv := v.Dim(2), v.Dim(3)
 	if !sameShape(q.shape, k.shape) || v.Dim(0) != b || v.Dim(1) != t || kh <= 0 || heads%kh != 0 ||
