@@ -155,7 +155,7 @@ func TestSimDevicePipelineMatchesCPU(t *testing.T) {
 // in place on the simulated device — tensor parallelism's mappings and
 // vocab-parallel cross-entropy (with sequence parallelism), the pipeline's
 // activations and gradients (1F1B and interleaved), context parallelism's
-// exchanges (p2p ring, all-gather, a2a), and a TP×PP×CP layout — giving
+// exchanges (p2p ring, all-gather, a2a, a2a+p2p), and a TP×PP×CP layout — giving
 // bit for bit the losses and parameters of the same run staging through
 // the host, and those of one process within the equivalence tests' 1e-5;
 // the device collectives are called, and the host copies drop. A group
@@ -176,6 +176,7 @@ func TestSimDeviceCollectivesInPlace(t *testing.T) {
 		{tp: 1, pp: 1, cp: 2, dp: 1, comm: cp.P2P},
 		{tp: 1, pp: 1, cp: 2, dp: 1, comm: cp.AllGather},
 		{tp: 1, pp: 1, cp: 2, dp: 1, comm: cp.A2A},
+		{tp: 1, pp: 1, cp: 4, dp: 1, comm: cp.A2AP2P, hier: []int{2, 2}},
 		{tp: 2, pp: 2, cp: 2, dp: 1, sp: true, comm: cp.P2P},
 	} {
 		label := fmt.Sprintf("TP=%d SP=%v PP=%d VPP=%d CP=%d (%v)", l.tp, l.sp, l.pp, l.vpp, l.cp, l.comm)

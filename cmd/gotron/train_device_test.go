@@ -1,6 +1,8 @@
 package main
 
 import (
+	"bytes"
+	"context"
 	"fmt"
 	"path/filepath"
 	"regexp"
@@ -49,29 +51,44 @@ func TestTrainDeviceSim(t *testing.T) {
 
 // TestLaunchInprocTrainDeviceSim: gotron launch --inproc trains TP=2 × DP=2
 // (sequence parallel, distributed optimizer) and PP=2 × DP=2 on --device sim
-// and logs the losses the same layout logs on the CPU, exactly.
+// and logs the losses the same layout logs on the CPU, exactly: with the
+// ranks' device collectives (comm.SimDevice, the default: no collective is
+// staged through host copies) and without (GOTRON_SIM_DEVICE_COLLECTIVES=0:
+// staged, and the copies say so by site).
 func TestLaunchInprocTrainDeviceSim(t *testing.T) {
 	dir := t.TempDir()
-	for i, layout := range [][]string{
-		{"--tensor-model-parallel-size", "2", "--sequence-parallel", "--use-distributed-optimizer"},
-		{"--pipeline-model-parallel-size", "2", "--overlap-grad-reduce"},
+	for i, l := range []struct {
+		flags   []string
+		staging string // the copy site of this layout's staged collectives
+	}{
+		{[]string{"--tensor-model-parallel-size", "2", "--sequence-parallel", "--use-distributed-optimizer"}, "tp.stageIn"},
+		{[]string{"--pipeline-model-parallel-size", "2", "--overlap-grad-reduce"}, "pp.hostValues"},
 	} {
-		var losses [2][]float64
-		for j, dev := range []string{"cpu", "sim"} {
+		var losses [3][]float64
+		for j, dev := range []string{"cpu", "sim", "sim-staged"} {
 			m := filepath.Join(dir, fmt.Sprintf("%d-%s.jsonl", i, dev))
 			args := append([]string{"launch", "--inproc", "--nproc-per-node", "4", "--"},
-				with(dpTrain, append(layout, "--train-iters", "3", "--device", dev, "--metrics-file", m)...)...)
-			out, errs, code := runCLI(t, args...)
-			if code != 0 {
-				t.Fatalf("%v --device %s: exit %d: %s", layout, dev, code, errs)
+				with(dpTrain, append(l.flags, "--train-iters", "3", "--device", strings.TrimSuffix(dev, "-staged"), "--metrics-file", m)...)...)
+			var out, errb bytes.Buffer
+			env := &cli{stdout: &out, stderr: &errb, stdin: strings.NewReader(""), getenv: func(k string) string {
+				if k == "GOTRON_SIM_DEVICE_COLLECTIVES" && dev == "sim-staged" {
+					return "0"
+				}
+				return ""
+			}}
+			if code := run(context.Background(), env, args); code != 0 {
+				t.Fatalf("%v --device %s: exit %d: %s", l.flags, dev, code, errb.String())
 			}
-			if strings.Contains(out, "sim device: ") != (dev == "sim") {
-				t.Errorf("%v --device %s: transfer line present: %v:\n%s", layout, dev, dev != "sim", out)
+			if strings.Contains(out.String(), "sim device: ") != (dev != "cpu") {
+				t.Errorf("%v --device %s: transfer line present: %v:\n%s", l.flags, dev, dev == "cpu", out.String())
+			}
+			if staged := strings.Contains(out.String(), l.staging+" "); dev != "cpu" && staged != (dev == "sim-staged") {
+				t.Errorf("%v %s: copies at %s: %v:\n%s", l.flags, dev, l.staging, staged, out.String())
 			}
 			losses[j], _ = metricsLosses(t, m)
 		}
-		if len(losses[0]) != 3 || !slices.Equal(losses[1], losses[0]) {
-			t.Errorf("%v: losses on sim %v, on the CPU %v (must be identical)", layout, losses[1], losses[0])
+		if len(losses[0]) != 3 || !slices.Equal(losses[1], losses[0]) || !slices.Equal(losses[2], losses[0]) {
+			t.Errorf("%v: losses on sim %v, staged %v, on the CPU %v (must be identical)", l.flags, losses[1], losses[2], losses[0])
 		}
 	}
 }
