@@ -58,6 +58,9 @@ type cudaRuntime struct {
 	// (built, not yet run on a GPU).
 	stagedCopies bool
 
+	// groupedGemms counts the grouped GEMM calls (CUDAGroupedGemms).
+	groupedGemms atomic.Int64
+
 	// fewerSyncs keeps a training step's scalars on the device until the
 	// one read-back that needs them: LossMaskScale reads Σ mask there, and
 	// ReadBack packs several tensors into one device-to-host copy.
@@ -72,7 +75,8 @@ type cudaRuntime struct {
 // (bf16/fp16 products in the materialized attention), "flash-tc" (the
 // tensor-core flash attention under --bf16), "staged-copies"
 // (host-to-device copies that do not wait for the stream), "fewer-syncs"
-// (a step's scalars read back together, once). The variable is
+// (a step's scalars read back together, once), "moe-grouped" (the MoE
+// experts' products as one cuBLAS grouped GEMM each). The variable is
 // "1" or "all" for every one, or a comma-separated list of names.
 func CUDAUnverified(getenv func(string) string, feature string) bool {
 	v := getenv("GOTRON_CUDA_UNVERIFIED")
@@ -208,6 +212,9 @@ func OpenCUDA(ordinal int, opts CUDAOptions) error {
 		SetCUDAAttentionTensorCores(true)
 	}
 	rt.stagedCopies = CUDAUnverified(os.Getenv, "staged-copies")
+	if CUDAUnverified(os.Getenv, "moe-grouped") {
+		SetCUDAGroupedGemm(true)
+	}
 	rt.fewerSyncs = CUDAUnverified(os.Getenv, "fewer-syncs")
 	if os.Getenv("GOTRON_CUDA_PROFILE") != "" {
 		rt.prof = &cudaProfile{byName: map[string]*cudaProfEntry{}}

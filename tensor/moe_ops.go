@@ -272,14 +272,20 @@ func (tp *Tape) ScaleRows(x, p *Tensor) *Tensor {
 	return out
 }
 
-// groupedGemmer is a backend with a grouped GEMM kernel (the CPU's, and
-// the simulated device's, which embeds it); others run GroupedLinear as a loop of Gemm calls.
+// groupedGemmer is a backend with a grouped GEMM kernel (the CPU's, the
+// simulated device's, which embeds it, and the GPU's cuBLAS call); others
+// run GroupedLinear as a loop of Gemm calls. groupedGemm computes c_i +=
+// op(a_i)·op(b_i) for every i and reports true, or does nothing and
+// reports false when it cannot take these products (the GPU's without
+// cublasGemmGroupedBatchedEx, with --bf16, or not turned on): the caller
+// then runs the loop.
 type groupedGemmer interface {
-	groupedGemm(prec MatmulPrecision, tA, tB Transpose, a []*Tensor, b []*Tensor, c []*Tensor)
+	groupedGemm(prec MatmulPrecision, tA, tB Transpose, a []*Tensor, b []*Tensor, c []*Tensor) bool
 }
 
-func (cpuBackend) groupedGemm(prec MatmulPrecision, tA, tB Transpose, a, b, c []*Tensor) {
+func (cpuBackend) groupedGemm(prec MatmulPrecision, tA, tB Transpose, a, b, c []*Tensor) bool {
 	hostGroupedGemm(prec, tA, tB, a, b, c)
+	return true
 }
 
 // hostGroupedGemm is c_i += op(a_i)·op(b_i) for every i in one
@@ -358,8 +364,7 @@ func (tp *Tape) GroupedLinear(x *Tensor, ws []*Tensor, counts []int, grouped boo
 		return bs
 	}
 	run := func(tA, tB Transpose, a, b, c []*Tensor) {
-		if gg, ok := be.(groupedGemmer); ok {
-			gg.groupedGemm(prec, tA, tB, a, b, c)
+		if gg, ok := be.(groupedGemmer); ok && gg.groupedGemm(prec, tA, tB, a, b, c) {
 			return
 		}
 		for i := range c {

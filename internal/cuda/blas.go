@@ -57,6 +57,9 @@ type blasAPI struct {
 	// cublasGemmStridedBatchedEx, called by address (23 arguments; no
 	// reflection on a per-op path).
 	cublasGemmSBEx uintptr
+	// cublasGemmGroupedBatchedEx (20 arguments, blas_grouped.go): 0 when
+	// the loaded cuBLAS predates 12.5.
+	cublasGemmGroupedEx uintptr
 }
 
 var blasLib lazy[blasAPI]
@@ -74,6 +77,7 @@ func loadBLAS() (*blasAPI, error) {
 		s.fn(&b.cublasSetStream, "cublasSetStream_v2")
 		s.fn(&b.cublasGetVersion, "cublasGetVersion_v2")
 		b.cublasGemmSBEx = s.addr("cublasGemmStridedBatchedEx")
+		b.cublasGemmGroupedEx = s.optional("cublasGemmGroupedBatchedEx")
 		if s.optional("cublasSetWorkspace_v2") != 0 {
 			s.fn(&b.cublasSetWorkspace, "cublasSetWorkspace_v2")
 		}

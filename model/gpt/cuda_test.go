@@ -74,3 +74,35 @@ func TestCUDAMoEMatchesCPU(t *testing.T) {
 		cudaClose(t, "moe gradient of "+params[i].Name, gg[i], cg[i], tol)
 	}
 }
+
+// TestCUDAMoEGroupedMatchesCPU is TestCUDAMoEMatchesCPU with
+// --moe-grouped-gemm and the GPU's grouped GEMM on (GOTRON_CUDA_UNVERIFIED
+// naming moe-grouped): every expert product one cublasGemmGroupedBatchedEx
+// call. It needs cuBLAS 12.5 or later; built, not yet run on a GPU
+// (tools/gpu/check.sh unverified).
+func TestCUDAMoEGroupedMatchesCPU(t *testing.T) {
+	if err := tensor.OpenCUDA(0, tensor.CUDAOptions{}); err != nil {
+		t.Skipf("no CUDA device: %v", err)
+	}
+	if !tensor.CUDADevice().HasGroupedGemm() {
+		v, path := tensor.CUDADevice().BLASVersion()
+		t.Skipf("cuBLAS %d (%s) has no cublasGemmGroupedBatchedEx", v, path)
+	}
+	defer tensor.SetCUDAGroupedGemm(tensor.SetCUDAGroupedGemm(true))
+	const tol = 1e-3
+	cfg := moeTestConfig()
+	cfg.MoE.GroupedGEMM = true
+	c, bt := deviceCase(cfg)
+	cl, cg := deviceStep(t, c, bt, tensor.CPU, Recompute{})
+	before := tensor.CUDAGroupedGemms()
+	gl, gg := deviceStep(t, c, bt, tensor.CUDA, Recompute{})
+	// two MoE layers, fc1 and fc2 each: forward, data and weight gradients
+	if n := tensor.CUDAGroupedGemms() - before; n != 12 {
+		t.Errorf("%d grouped GEMM calls in a step, want 12", n)
+	}
+	cudaClose(t, "moe loss", []float32{gl}, []float32{cl}, tol)
+	params := stageModel(t, c).Params()
+	for i := range cg {
+		cudaClose(t, "moe gradient of "+params[i].Name, gg[i], cg[i], tol)
+	}
+}

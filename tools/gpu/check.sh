@@ -47,7 +47,7 @@ for s in $steps; do
 	unverified)
 		# Block attention (CP), bf16/fp16 attention products and the
 		# tensor-core flash attention against the CPU; the MoE model step
-		# against the CPU.
+		# against the CPU, with the loop and with the grouped GEMM.
 		run unverified-attn 180 "$bin/tensor_backendtest.test" -test.v \
 			-test.run 'TestCUDABlockAttention|TestCUDAAttentionReducedPrecision'
 		# the tensor-core flash attention (flash-tc) in a process of its
@@ -57,6 +57,12 @@ for s in $steps; do
 		# NCCL's grouped sends and receives of device tensors (pipeline,
 		# context- and expert-parallel exchanges in place), world of one
 		run unverified-nccl-batch 120 "$bin/comm_nccl.test" -test.v -test.run 'TestCUDABatchSendRecvTensors'
+		# The MoE experts' grouped GEMM (moe-grouped: one
+		# cublasGemmGroupedBatchedEx per product, cuBLAS 12.5+): the call
+		# against the host, GroupedLinear and a model step against the CPU.
+		run unverified-moe-grouped-blas 120 "$bin/internal_cuda.test" -test.v -test.run 'TestGPUGemmGrouped'
+		run unverified-moe-grouped-op 120 "$bin/tensor_backendtest.test" -test.v -test.run 'TestCUDAGroupedLinearMatchesCPU'
+		run unverified-moe-grouped 180 env GOTRON_CUDA_UNVERIFIED=moe-grouped "$bin/model_gpt.test" -test.v -test.run 'TestCUDAMoEGroupedMatchesCPU'
 		# Staged host-to-device copies: the runtime test, then training
 		# against the CPU (50 iterations, fp32 and --bf16) with them on.
 		run unverified-staged 120 "$bin/internal_cuda.test" -test.v -test.run 'TestGPUCopyHtoDStaged'
