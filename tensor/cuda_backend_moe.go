@@ -35,16 +35,23 @@ func CUDAGroupedGemms() int64 {
 // groupedGemm runs c_i += op(a_i)·op(b_i) as one cuBLAS grouped call, each
 // row-major product swapped to column-major as Gemm does (Cᵀ =
 // op(B)ᵀ·op(A)ᵀ). It reports false, doing nothing, when the grouped GEMM is
-// off or the loaded cuBLAS lacks it, and for bf16/fp16 products: their
+// off or the loaded cuBLAS lacks it, for operands that are not float32,
+// and for bf16/fp16 products: their
 // compute types (CUBLAS_COMPUTE_32F_FAST_16BF/_16F) are not among those
 // cublasGemmGroupedBatchedEx takes.
 func (b cudaBackend) groupedGemm(prec MatmulPrecision, tA, tB Transpose, a, bm, c []*Tensor) bool {
 	if !cudaGroupedGemm.Load() || !b.rt.dev.HasGroupedGemm() || prec != MatmulFP32 {
 		return false
 	}
+	for i := range c {
+		for _, t := range []*Tensor{a[i], bm[i], c[i]} {
+			if t.dtype != Float32 {
+				return false // the loop's Gemm decides what to do with it
+			}
+		}
+	}
 	groups := make([]cuda.GemmGroup, 0, len(c))
 	for i := range c {
-		mustF32("GroupedLinear", a[i], bm[i], c[i])
 		m, n := c[i].Dim(0), c[i].Dim(1)
 		k := a[i].Dim(1)
 		if tA == Trans {
