@@ -3,7 +3,6 @@ package comm
 import (
 	"context"
 	"fmt"
-	"sync"
 	"sync/atomic"
 	"unsafe"
 
@@ -53,47 +52,19 @@ func (s *SimDevice) NewGroup(ranks []int) (ProcessGroup, error) {
 }
 
 // BatchSendRecv runs the wrapped group's BatchSendRecv, or, when it has
-// none, the ops concurrently, one goroutine per (direction, peer) so that
-// messages to one peer keep their order.
+// none, the ops one at a time in list order (as the pipeline executor's
+// unbatched mode: a group's calls must not overlap).
 func (s *SimDevice) BatchSendRecv(ctx context.Context, ops []P2POp) error {
 	if b, ok := s.ProcessGroup.(BatchSendRecv); ok {
 		return b.BatchSendRecv(ctx, ops)
 	}
-	type channel struct {
-		kind P2PKind
-		peer int
-	}
-	byChannel := map[channel][]P2POp{}
-	var order []channel
 	for _, op := range ops {
-		c := channel{op.Kind, op.Peer}
-		if _, ok := byChannel[c]; !ok {
-			order = append(order, c)
+		var err error
+		if op.Kind == SendOp {
+			err = s.Send(ctx, op.Buf, op.Peer)
+		} else {
+			err = s.Recv(ctx, op.Buf, op.Peer)
 		}
-		byChannel[c] = append(byChannel[c], op)
-	}
-	errs := make([]error, len(order))
-	var wg sync.WaitGroup
-	for i, c := range order {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for _, op := range byChannel[c] {
-				var err error
-				if op.Kind == SendOp {
-					err = s.Send(ctx, op.Buf, op.Peer)
-				} else {
-					err = s.Recv(ctx, op.Buf, op.Peer)
-				}
-				if err != nil {
-					errs[i] = err
-					return
-				}
-			}
-		}()
-	}
-	wg.Wait()
-	for _, err := range errs {
 		if err != nil {
 			return err
 		}
@@ -102,8 +73,13 @@ func (s *SimDevice) BatchSendRecv(ctx context.Context, ops []P2POp) error {
 }
 
 // DeviceTensor reports whether t is a contiguous sim tensor of a dtype a
-// Buffer carries (float32, bfloat16, int32, int64).
+// Buffer carries (float32, bfloat16, int32, int64). Over a group without
+// BatchSendRecv it accepts none: BatchSendRecvTensors could not run its
+// ops together there, so callers stage through the host.
 func (s *SimDevice) DeviceTensor(t *tensor.Tensor) bool {
+	if _, ok := s.ProcessGroup.(BatchSendRecv); !ok {
+		return false
+	}
 	return t != nil && t.Device() == tensor.Sim && t.IsContiguous() && elemSize(t.DType()) > 0
 }
 
