@@ -121,7 +121,10 @@ func (o *AdamW) Step() {
 		BC2: float32(1 - math.Pow(float64(b2), float64(o.steps)))}
 	for i, gi := range o.f.group {
 		g := &o.groups[gi]
-		c.LR, c.WD = float32(g.LR), float32(g.WD)
+		c.LR, c.WD, c.Eps = float32(g.LR), float32(g.WD), float32(o.cfg.Eps)
+		if g.Eps > 0 {
+			c.Eps = float32(g.Eps)
+		}
 		o.coef[i] = c
 	}
 	// The Apex arithmetic above in float32 with each product rounded (no

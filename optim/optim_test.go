@@ -390,3 +390,29 @@ func TestDefaultNoWeightDecay(t *testing.T) {
 		t.Errorf("DefaultGroups = %+v", gs)
 	}
 }
+
+// TestAdamWGroupEps: a group's Eps (muP's per-group ε) replaces --adam-eps
+// for its parameters only: Adam's first update is lr·g/(|g|+ε).
+func TestAdamWGroupEps(t *testing.T) {
+	mk := func(name string) *Param {
+		return &Param{Name: name, Data: tensor.Zeros(2), Grad: tensor.FromFloat32([]float32{0.5, -0.25}, 2)}
+	}
+	a, b := mk("a"), mk("b")
+	opt, err := NewAdamW([]Group{{Name: "own_eps", Params: []*Param{a}, Eps: 0.5, LR: 1}, {Name: "default", Params: []*Param{b}, LR: 1}},
+		AdamWConfig{Eps: 0.25})
+	if err != nil {
+		t.Fatal(err)
+	}
+	opt.Step()
+	for _, c := range []struct {
+		p   *Param
+		eps float64
+	}{{a, 0.5}, {b, 0.25}} {
+		for i, g := range []float64{0.5, -0.25} {
+			want := -g / (math.Abs(g) + c.eps)
+			if got := float64(c.p.Data.Float32s()[i]); math.Abs(got-want) > 1e-6 {
+				t.Errorf("%s[%d]: %v after one step, want %v (eps %v)", c.p.Name, i, got, want, c.eps)
+			}
+		}
+	}
+}

@@ -25,6 +25,9 @@ type Param struct {
 	// NoWeightDecay puts the param in the no-decay group (Megatron wd_mult 0).
 	// Set it with DefaultNoWeightDecay(Name, Data.Shape()) to follow Megatron.
 	NoWeightDecay bool
+	// Dims is the whole parameter's number of dimensions (Data may be a
+	// flat piece of it): muP's grouping tells matrices from vectors by it.
+	Dims int
 }
 
 // DefaultNoWeightDecay reports whether Megatron's classic rule
@@ -70,6 +73,9 @@ type Group struct {
 	// MaxLR and MinLR are the group's peak and floor learning rates when
 	// OverrideLR is set.
 	MaxLR, MinLR float64
+	// Eps, when > 0, replaces AdamW's --adam-eps for this group (muP's
+	// per-group eps); SGD has none.
+	Eps float64
 	// LR and WD are the learning rate and (already multiplied) weight decay the
 	// next optimizer step uses. Scheduler.Apply sets them; callers not using a
 	// Scheduler may set them directly.

@@ -41,6 +41,9 @@ func archFields() []archField {
 		{"DisableBiasLinear", "--disable-bias-linear", func(c *gpt.Config) any { return c.DisableBiasLinear }},
 		{"AddQKVBias", "--add-qkv-bias", func(c *gpt.Config) any { return c.AddQKVBias }},
 		{"UntieEmbeddingsAndOutputWeights", "--untie-embeddings-and-output-weights", func(c *gpt.Config) any { return c.UntieEmbeddingsAndOutputWeights }},
+		// muP changes what the weights mean (attention and logit scales)
+		// and the optimizer's groups: a resume keeps them.
+		{"MuP", "--use-mup/--mup-*", func(c *gpt.Config) any { return c.MuP }},
 	}
 }
 

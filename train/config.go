@@ -365,6 +365,8 @@ func (c *Config) validate() error {
 		return fmt.Errorf("train: --ckpt-convert-format needs --ckpt-convert-save and --load (as Megatron asserts)")
 	case c.CkptConvertFormat == "" && c.CkptConvertSave != "":
 		return fmt.Errorf("train: --ckpt-convert-save needs --ckpt-convert-format")
+	case (c.CkptFormat == CkptFormatTorch || c.CkptConvertFormat == CkptFormatTorch) && c.Model.MuP.Enabled:
+		return fmt.Errorf("train: --use-mup with the torch checkpoint format: not written yet (its args would not record muP); use --ckpt-format %s", ckpt.FormatName)
 	case c.CkptFormat == CkptFormatTorch && c.AsyncSave:
 		return fmt.Errorf("train: --async-save with --ckpt-format torch: the legacy torch format is written synchronously (Megatron saves asynchronously only in torch_dist); use --ckpt-format %s", ckpt.FormatName)
 	case c.AsyncSave && c.Save == "":

@@ -170,6 +170,7 @@ func newStepper(cfg *Config, pos *position, train datagpt.Source, launched bool,
 		optim.ApplyWDToQKLayerNorm(ps)
 	}
 	groups := decoupledGroups(optim.DefaultGroups(ps), cfg.DecoupledLR, cfg.DecoupledMinLR, cfg.Schedule.MinLR)
+	groups = muPGroups(groups, cfg.Model.WidthMult(), cfg.Optimizer, cfg.Schedule.LR, cfg.Schedule.MinLR, cfg.Adam.Eps)
 	if cfg.Optimizer == SGD {
 		st.opt, err = optim.NewSGD(groups, optim.SGDConfig{Momentum: cfg.SGDMomentum})
 	} else {
@@ -720,7 +721,7 @@ func optimParams(params []*tensor.Tensor) []*optim.Param {
 			p.Grad = tensor.ZerosLike(p) // on the parameter's device
 		}
 		ps = append(ps, &optim.Param{Name: p.Name, Data: p, Grad: p.Grad,
-			NoWeightDecay: optim.DefaultNoWeightDecay(p.Name, p.Shape())})
+			NoWeightDecay: optim.DefaultNoWeightDecay(p.Name, p.Shape()), Dims: len(p.Shape())})
 	}
 	return ps
 }
@@ -751,6 +752,53 @@ func decoupledGroups(groups []optim.Group, lr, minLR, defaultMin float64) []opti
 		}
 		out = append(out, kept)
 		extra = append(extra, dec)
+	}
+	return append(out, extra...)
+}
+
+// muPGroups is Megatron's get_mup_config_overrides for width multiplier m
+// (1: the groups as they are). Adam: every hidden matrix (two or more
+// dimensions, not an embedding table nor the output layer, muP's
+// "embedding-class") moves into a group of its own with peak lr·(1/m),
+// floor minLR·(1/m) and ε eps·(1/m). SGD: every vector-like parameter (one
+// dimension, or embedding-class) moves into one with lr·m and minLR·m.
+// Parameters of --decoupled-lr groups keep their rates, as Megatron's.
+func muPGroups(groups []optim.Group, m float64, opt Optimizer, lr, minLR, eps float64) []optim.Group {
+	if m == 1 {
+		return groups
+	}
+	if eps == 0 {
+		eps = 1e-8 // AdamWConfig's default
+	}
+	embeddingClass := func(p *optim.Param) bool {
+		name, _, _ := strings.Cut(p.Name, "[") // distributed-optimizer pieces
+		return strings.HasPrefix(name, "embedding.") || name == "output_layer.weight"
+	}
+	var out, extra []optim.Group
+	for _, g := range groups {
+		if g.OverrideLR { // --decoupled-lr: MuP leaves those rates alone
+			out = append(out, g)
+			continue
+		}
+		var moved optim.Group
+		if opt == SGD {
+			moved = optim.Group{Name: g.Name + "_mup_vector_like", WDMult: g.WDMult, OverrideLR: true, MaxLR: lr * m, MinLR: minLR * m}
+		} else {
+			h := 1.0 / m // Megatron's hidden_lr_mult
+			moved = optim.Group{Name: g.Name + "_mup_hidden", WDMult: g.WDMult, OverrideLR: true, MaxLR: lr * h, MinLR: minLR * h, Eps: eps * h}
+		}
+		kept := g
+		kept.Params = nil
+		for _, p := range g.Params {
+			vectorLike := embeddingClass(p) || p.Dims <= 1
+			if vectorLike == (opt == SGD) {
+				moved.Params = append(moved.Params, p)
+			} else {
+				kept.Params = append(kept.Params, p)
+			}
+		}
+		out = append(out, kept)
+		extra = append(extra, moved)
 	}
 	return append(out, extra...)
 }

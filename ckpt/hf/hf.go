@@ -281,6 +281,10 @@ func ArchOf(c gpt.Config) (string, error) {
 	if c.GDN.Enabled || c.AttentionOutputGate {
 		return "", fmt.Errorf("hf: the model uses --experimental-attention-variant gated_delta_net or --attention-output-gate; Hugging Face Qwen3-Next export and import are not built")
 	}
+	if c.MuP.Enabled {
+		// Hugging Face's GPT-2 and Llama have no muP attention or logit scale
+		return "", fmt.Errorf("hf: the model uses --use-mup, whose attention and logit scales neither GPT-2 nor Llama has in Hugging Face's format; export is not built for it")
+	}
 	if c.LayerNorm1P {
 		// Hugging Face's GPT-2 and Llama norms scale by their weight, not by
 		// 1 + weight; exporting γ as it is would silently change the model.
@@ -339,7 +343,7 @@ func ParseDType(s string) (string, error) {
 func Export(ctx context.Context, dir string, m *gpt.Model, info Info, opts ExportOptions) error {
 	c := m.Config
 	arch := info.Arch
-	if arch == "" || c.LayerNorm1P || c.QKLayerNorm || c.MLA.Enabled || c.GDN.Enabled || c.AttentionOutputGate {
+	if arch == "" || c.LayerNorm1P || c.QKLayerNorm || c.MLA.Enabled || c.GDN.Enabled || c.AttentionOutputGate || c.MuP.Enabled {
 		a, err := ArchOf(c)
 		if err != nil {
 			return err

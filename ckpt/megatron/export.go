@@ -156,6 +156,8 @@ func (e *Export) check(cfg gpt.Config) error {
 		return errors.New("--qk-layernorm models are not written in the torch format yet (use --ckpt-format gotron-checkpoint)")
 	case cfg.MLA.Enabled:
 		return errors.New("--multi-latent-attention models are not written in the torch format yet (use --ckpt-format gotron-checkpoint)")
+	case cfg.MuP.Enabled:
+		return errors.New("--use-mup models are not written in the torch format yet: its args would not record muP (use --ckpt-format gotron-checkpoint)")
 	case cfg.GDN.Enabled || cfg.AttentionOutputGate:
 		return errors.New("gated delta net (--experimental-attention-variant) and --attention-output-gate models are not written in the torch format yet (use --ckpt-format gotron-checkpoint)")
 	case e.LayerRanges == nil && cfg.NumLayers%(e.PP*e.VP) != 0:

@@ -287,6 +287,12 @@ func TestMegatronCompatRefusals(t *testing.T) {
 		{[]string{"--inference-max-seq-length", "64"}, "needs Megatron's inference scripts"},
 		{[]string{"--num-distributed-optimizer-instances", "2"}, "--num-distributed-optimizer-instances=2 needs --use-distributed-optimizer (as Megatron)"},
 		{[]string{"--deterministic-mode", "--device", "sim"}, "--deterministic-mode: checked on --device cpu only"},
+		{[]string{"--mup-output-mult", "0.5"}, "--mup-output-mult=0.5 without --use-mup"},
+		{[]string{"--use-mup", "--mup-attn-scale-power", "0"}, "--mup-attn-scale-power: 0 is out of range"},
+		{[]string{"--use-mup", "--mup-base-hidden-size", "-8"}, "--mup-base-hidden-size: -8 is out of range"},
+		{[]string{"--use-mup", "--num-experts", "2"}, "--use-mup with MoE, MLA or gated delta net layers is not built"},
+		{[]string{"--use-mup", "--sample-prompt", "x"}, "gpt: decoding a --use-mup model"},
+		{[]string{"--use-mup", "--ckpt-format", "torch"}, "--use-mup with the torch checkpoint format"},
 	}
 	for _, c := range cases {
 		args := append(append(append([]string{}, tinyTrain...), "--train-iters", "1"), c.args...)
@@ -294,5 +300,36 @@ func TestMegatronCompatRefusals(t *testing.T) {
 		if code == 0 || !strings.Contains(errs, c.want) || strings.Contains(out, "iteration ") {
 			t.Errorf("%v: exit %d, stderr %q; want refused before training with %q", c.args, code, errs, c.want)
 		}
+	}
+}
+
+// TestMuPFlagsTakeEffect: --use-mup --mup-base-hidden-size changes the
+// losses (init, attention and logit scales, per-group learning rates);
+// --mup-width-mult, which Megatron recomputes, is accepted with a line
+// and changes nothing.
+func TestMuPFlagsTakeEffect(t *testing.T) {
+	dir := t.TempDir()
+	run := func(name string, extra ...string) ([]float64, string) {
+		t.Helper()
+		path := filepath.Join(dir, name+".jsonl")
+		args := append(append(append([]string{}, tinyTrain...), "--train-iters", "2", "--metrics-file", path), extra...)
+		_, errs, code := runCLI(t, args...)
+		if code != 0 {
+			t.Fatalf("%s: exit %d: %s", name, code, errs)
+		}
+		losses, _ := metricsLosses(t, path)
+		return losses, errs
+	}
+	plain, _ := run("plain")
+	mup, _ := run("mup", "--use-mup", "--mup-base-hidden-size", "8")
+	if fmt.Sprint(plain) == fmt.Sprint(mup) {
+		t.Fatalf("losses %v with --use-mup, the same without", mup)
+	}
+	again, errs := run("mup-width", "--use-mup", "--mup-base-hidden-size", "8", "--mup-width-mult", "3")
+	if fmt.Sprint(again) != fmt.Sprint(mup) {
+		t.Errorf("losses %v with --mup-width-mult 3, %v without: Megatron recomputes it", again, mup)
+	}
+	if !strings.Contains(errs, "--mup-width-mult 3: no effect in gotron:") {
+		t.Errorf("no line for --mup-width-mult:\n%s", errs)
 	}
 }

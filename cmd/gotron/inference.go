@@ -233,7 +233,7 @@ var inferenceUsed = map[string]bool{
 // inferenceRefusedNeeds are the features of Megatron's compatibility
 // refusals that change what inference computes; the others (wandb,
 // profilers, FSDP, ...) are training-only and unused here.
-var inferenceRefusedNeeds = []string{needFP8, needLinear, needMuP}
+var inferenceRefusedNeeds = []string{needFP8, needLinear}
 
 func cmdInference(ctx context.Context, env *cli, args []string) error {
 	a, f, given, err := parseInference(env, args)
@@ -317,6 +317,8 @@ func (a *inferenceArgs) check(fs *flag.FlagSet, given map[string]bool, f *trainF
 		v := fl.Value.String()
 		atDefault := v == "false" || v == pythonDefault(megatronArgs()[name].def)
 		switch {
+		case name == "use-mup" && v != "false":
+			return nil, fmt.Errorf("--use-mup: needs decoding with muP's attention scale, not built in gotron; gotron trains and scores muP models")
 		case name == "multi-latent-attention" && v != "false":
 			return nil, fmt.Errorf("--multi-latent-attention: needs decoding with multi-latent attention (an MLA KV cache), not built in gotron; gotron trains and scores MLA models")
 		case isInferenceFlag(name) && strings.HasPrefix(fl.Usage, "refused: ") && v != "false":

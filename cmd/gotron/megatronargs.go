@@ -111,7 +111,6 @@ const (
 	needRL        = "Megatron's RL/GRPO training loop, not built in gotron"
 	needInference = "Megatron's inference scripts: run this argument list with gotron inference, not gotron train"
 	needLinear    = "the DSA experimental attention variant (DeepSeek sparse attention), not built in gotron (gated_delta_net is)"
-	needMuP       = "muP parametrisation, not built in gotron"
 	needExport    = "ModelOpt export and distillation, not built in gotron"
 	needWandB     = "Weights & Biases logging, which cannot be reached from here; use --tensorboard-dir"
 	needProfile   = "the PyTorch profiler; gotron's --profile writes a Go CPU profile of the same iterations"
@@ -178,8 +177,7 @@ var compatArgs = map[string]compatArg{
 	"wandb-exp-name":         {kind: compatNeeds, why: needWandB},
 	"wandb-entity":           {kind: compatNeeds, why: needWandB},
 	"cache-mla-latents":      {kind: compatNeeds, why: "caching MLA's latents in Megatron's dynamic inference (Flash MLA), not built in gotron: gotron does not decode MLA models"},
-	"use-mup":                {kind: compatNeeds, why: needMuP},
-	"mup-base-hidden-size":   {kind: compatNeeds, why: needMuP},
+	"mup-width-mult":         {kind: compatDetail, why: "is recomputed by Megatron as --hidden-size / --mup-base-hidden-size under --use-mup and read nowhere else; gotron computes it the same way"},
 	"fp8-format":             {kind: compatNeeds, why: needFP8},
 	"fp8-recipe":             {kind: compatNeeds, why: needFP8},
 	"fp8-param-gather":       {kind: compatNeeds, why: needFP8},

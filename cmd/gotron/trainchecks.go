@@ -72,6 +72,11 @@ var trainNumberRules = withFIMRules(withTokenizerRules(map[string]numberRule{
 	"attention-dropout":            floatIn(0, 0.999999, "a dropout probability"),
 	"hidden-dropout":               floatIn(0, 0.999999, "a dropout probability"),
 	"init-method-std":              floatIn(0, 1e6, "a standard deviation"),
+	"mup-base-hidden-size":         intDim(0, "muP's base hidden size; 0: --hidden-size"),
+	"mup-embedding-mult":           floatAbove(0, 1e6, "a multiplier on the embeddings"),
+	"mup-output-mult":              floatAbove(0, 1e6, "a multiplier on the logits"),
+	"mup-base-head-dim":            floatIn(0, 1e6, "muP's base head dimension; 0: none"),
+	"mup-attn-scale-power":         floatAbove(0, 16, "the power of the head dimension in the attention scale"),
 	"make-vocab-size-divisible-by": intIn(1, 1<<20, "the vocabulary is padded to a multiple of this × TP"),
 
 	// Parallelism.

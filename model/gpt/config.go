@@ -79,6 +79,9 @@ type Config struct {
 	// GDN makes the layers it marks gated delta nets (gdn.go); the zero
 	// value is attention in every layer.
 	GDN GDNConfig
+	// MuP is Megatron's maximal update parametrisation (mup.go); the zero
+	// value is off.
+	MuP MuPConfig
 }
 
 // Validate fills defaults and rejects impossible shapes, naming the flags.
@@ -151,6 +154,9 @@ func (c *Config) Validate() error {
 		if !(p >= 0 && p < 1) {
 			return fmt.Errorf("gpt: %s=%g: want 0 <= p < 1", name, p)
 		}
+	}
+	if err := c.MuP.validate(c); err != nil {
+		return err
 	}
 	if err := c.MLA.validate(c); err != nil {
 		return err

@@ -106,6 +106,11 @@ func New(cfg Config, rng *tensor.RNG) (*Model, error) {
 	h, d, a, g := cfg.HiddenSize, cfg.KVChannels, cfg.NumAttentionHeads, cfg.NumQueryGroups
 	std := cfg.InitMethodStd
 	outStd := std / float32(math.Sqrt(2*float64(cfg.NumLayers)))
+	embStd, outLayerStd := std, std
+	if cfg.MuP.Enabled { // width-scaled hidden matrices; embeddings keep std
+		s := cfg.InitStds()
+		std, outStd, embStd, outLayerStd = float32(s.Hidden), float32(s.Output), float32(s.Embedding), float32(s.OutputLayer)
+	}
 	normal := func(name string, s float32, shape ...int) *tensor.Tensor {
 		p := tensor.Param(name, shape...)
 		rng.Fork(name).Normal(p.Float32s(), 0, s)
@@ -143,9 +148,9 @@ func New(cfg Config, rng *tensor.RNG) (*Model, error) {
 	if cfg.AttentionOutputGate {
 		qkvRows = g * (2*(a/g) + 2) * d // [q (r·d); gate (r·d); k (d); v (d)]
 	}
-	m.WordEmb = normal("embedding.word_embeddings.weight", std, cfg.VocabSize, h)
+	m.WordEmb = normal("embedding.word_embeddings.weight", embStd, cfg.VocabSize, h)
 	if cfg.PositionEmbeddingType == LearnedAbsolute {
-		m.PosEmb = normal("embedding.position_embeddings.weight", std, cfg.MaxPositionEmbeddings, h)
+		m.PosEmb = normal("embedding.position_embeddings.weight", embStd, cfg.MaxPositionEmbeddings, h)
 	}
 	for i := range cfg.NumLayers {
 		p := fmt.Sprintf("decoder.layers.%d.", i)
@@ -191,7 +196,7 @@ func New(cfg Config, rng *tensor.RNG) (*Model, error) {
 	m.FinalNorm = ones("decoder.final_layernorm.weight", h)
 	m.FinalNormB = bias("decoder.final_layernorm.bias", h, ln)
 	if cfg.UntieEmbeddingsAndOutputWeights {
-		m.OutputLayer = normal("output_layer.weight", std, cfg.VocabSize, h)
+		m.OutputLayer = normal("output_layer.weight", outLayerStd, cfg.VocabSize, h)
 	}
 	if cfg.MLA.Enabled { // MLA's own rotary embedding, whatever the position embedding type
 		r, err := cfg.mlaRoPE()
@@ -297,6 +302,10 @@ func (c *Config) CheckDecode() error {
 	if c.GDN.Enabled {
 		return ErrGDNDecode
 	}
+	if c.MuP.Enabled {
+		// the paged decode kernels scale by 1/sqrt(head dim), not muP's
+		return fmt.Errorf("gpt: decoding a --use-mup model (generate, serve, inference) is not built: the decode attention has no muP softmax scale; train, evaluate and score it instead")
+	}
 	return nil
 }
 
@@ -374,6 +383,9 @@ func (m *Model) embed(tp *tensor.Tape, tokens, positions *tensor.Tensor, p *pass
 			positions = defaultPositions(m.Device(), b, t)
 		}
 		x = sh.ScatterSequence(tp, tp.Add(x, tp.Embedding(positions, m.PosEmb))) // identity without SP
+	}
+	if e := m.Config.EmbeddingMult(); e != 1 { // muP's mup_embedding_mult, before dropout
+		x = tp.Scale(x, float32(e))
 	}
 	return m.dropout(tp, x, p)
 }
@@ -510,7 +522,11 @@ func (m *Model) mlp(tp *tensor.Tape, l *Layer, index int, x *tensor.Tensor, p *p
 // TP rank's V/TP.
 func (m *Model) head(tp *tensor.Tape, x, out *tensor.Tensor, p *pass) *tensor.Tensor {
 	x = m.norm(tp, x, m.FinalNorm, m.FinalNormB)
-	return m.region().ColumnLinear(tp, p.lin, x, out, nil)
+	logits := m.region().ColumnLinear(tp, p.lin, x, out, nil)
+	if s := m.Config.LogitMult(); s != 1 { // muP's mup_output_mult, as GPTModel._scale_logits
+		logits = tp.Scale(logits, float32(s))
+	}
+	return logits
 }
 
 // outputWeight is the output layer's weight: its own, or the word

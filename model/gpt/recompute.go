@@ -80,6 +80,8 @@ func (a *causalAttention) Attend(tp *tensor.Tape, _ int, q, k, v *tensor.Tensor)
 	opt := tensor.AttentionOptions{Causal: true, DocIDs: a.docIDs, FirstHead: a.m.region().FirstHead()}
 	if mla := &a.m.Config.MLA; mla.Enabled {
 		opt.Scale = mla.SoftmaxScale() // its heads are padded: the scale is MLA's, not the width's
+	} else {
+		opt.Scale = a.m.Config.SoftmaxScale() // muP's; 0 otherwise: 1/sqrt(head dim)
 	}
 	if a.rng != nil {
 		opt.Dropout, opt.RNG = a.m.Config.AttentionDropout, a.rng

@@ -407,7 +407,7 @@ func (d *DDP) ShardParams() []*optim.Param {
 		lo, _ := d.Layout.Buckets[pc.Bucket].Shard(d.group.Rank(), d.group.Size())
 		out = append(out, &optim.Param{Name: fmt.Sprintf("%s[%d:%d]", p.Name, pc.Lo, pc.Hi),
 			Data: flatView(d.param, r[0]+pc.Lo, pc.Hi-pc.Lo), Grad: flatView(d.gradShard[pc.Bucket], r[0]+pc.Lo-lo, pc.Hi-pc.Lo),
-			NoWeightDecay: optim.DefaultNoWeightDecay(p.Name, p.Shape())})
+			NoWeightDecay: optim.DefaultNoWeightDecay(p.Name, p.Shape()), Dims: len(p.Shape())})
 	}
 	return out
 }

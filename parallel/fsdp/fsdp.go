@@ -450,7 +450,7 @@ func (f *FSDP) ShardParams() []*optim.Param {
 		n := pc.hi - pc.lo
 		out = append(out, &optim.Param{Name: fmt.Sprintf("%s[%d:%d]", p.Name, pc.lo, pc.hi),
 			Data: noGrad.Narrow(pc.u.shard, 0, pc.shardStart, n), Grad: noGrad.Narrow(pc.u.gshard, 0, pc.shardStart, n),
-			NoWeightDecay: optim.DefaultNoWeightDecay(p.Name, p.Shape())})
+			NoWeightDecay: optim.DefaultNoWeightDecay(p.Name, p.Shape()), Dims: len(p.Shape())})
 	}
 	return out
 }
