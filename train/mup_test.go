@@ -11,6 +11,7 @@ import (
 
 	"github.com/gotron/gotron/model/gpt"
 	"github.com/gotron/gotron/optim"
+	"github.com/gotron/gotron/parallel/ddp"
 	"github.com/gotron/gotron/tensor"
 )
 
@@ -173,6 +174,14 @@ func TestMuPTrainingStep(t *testing.T) {
 			t.Errorf("without muP: %s moved by %v (90th percentile), want ≈ %v", name, p, lr)
 		}
 	}
+	// The distributed optimizer's pieces ("name[lo:hi]", over 2 data-
+	// parallel ranks) are grouped as their whole parameters.
+	two := mup
+	two.TrainIters, two.Model.HiddenDropout, two.Model.AttentionDropout = 2, 0, 0 // the masks depend on the layout
+	src0 := MockSource{SeqLength: cfg.SeqLength, VocabSize: cfg.Model.VocabSize}
+	valid := MockSource{SeqLength: cfg.SeqLength, VocabSize: cfg.Model.VocabSize, Samples: 64}
+	ref := runDP(t, two, 0, ddp.Config{}, src0, valid)[0]
+	checkSameRun(t, "muP, distributed optimizer", ref, runDP(t, two, 2, ddp.Config{DistributedOptimizer: true}, src0, valid))
 	if mupLoss[0] == plainLoss[0] {
 		t.Errorf("the first loss is %v with and without muP", mupLoss[0])
 	}
