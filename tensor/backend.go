@@ -159,6 +159,24 @@ type Backend interface {
 	// SumRows adds the rows of x (n, c) into out (c).
 	SumRows(out, x *Tensor)
 
+	// Fused elementwise ops (ops_fused.go), each the chain it replaces in
+	// one pass, with the same float32 rounding. b is a bias (c) over the
+	// rows of y (n, c).
+	//
+	// BiasGELUForward: out = GELU(y + b) (tanh: the approximation);
+	// BiasGELUBackward adds dout·GELU'(y + b) into dy.
+	BiasGELUForward(out, y, b *Tensor, tanh bool)
+	BiasGELUBackward(dy, dout, y, b *Tensor, tanh bool)
+	// BiasSwiGLUForward: out (n, f) = SwiGLU(y + b) for y (n, 2f);
+	// BiasSwiGLUBackward adds its gradient for y into dy.
+	BiasSwiGLUForward(out, y, b *Tensor)
+	BiasSwiGLUBackward(dy, dout, y, b *Tensor)
+	// BiasDropoutAddForward: out = residual + (y + b)·mask (b may be nil),
+	// the mask DropoutMask's at rng, not stored; no mask when p is 0.
+	// DropoutBackward adds dout·mask into dy, the same mask drawn again.
+	BiasDropoutAddForward(out, residual, y, b *Tensor, p float32, rng RNGState)
+	DropoutBackward(dy, dout *Tensor, p float32, rng RNGState)
+
 	// Decoding (decode_ops.go: the exported ops check shapes, then call
 	// these). Inference only: nothing here records or computes gradients.
 	//

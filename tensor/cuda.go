@@ -76,7 +76,8 @@ type cudaRuntime struct {
 // tensor-core flash attention under --bf16), "staged-copies"
 // (host-to-device copies that do not wait for the stream), "fewer-syncs"
 // (a step's scalars read back together, once), "moe-grouped" (the MoE
-// experts' products as one cuBLAS grouped GEMM each). The variable is
+// experts' products as one cuBLAS grouped GEMM each), "fusion" (the fused
+// bias-activation and bias-dropout-add kernels). The variable is
 // "1" or "all" for every one, or a comma-separated list of names.
 func CUDAUnverified(getenv func(string) string, feature string) bool {
 	v := getenv("GOTRON_CUDA_UNVERIFIED")
@@ -216,6 +217,9 @@ func OpenCUDA(ordinal int, opts CUDAOptions) error {
 		SetCUDAGroupedGemm(true)
 	}
 	rt.fewerSyncs = CUDAUnverified(os.Getenv, "fewer-syncs")
+	if CUDAUnverified(os.Getenv, "fusion") {
+		SetCUDAFusedKernels(true)
+	}
 	if os.Getenv("GOTRON_CUDA_PROFILE") != "" {
 		rt.prof = &cudaProfile{byName: map[string]*cudaProfEntry{}}
 	}

@@ -109,3 +109,36 @@ func TestCUDAUnverified(t *testing.T) {
 		}
 	}
 }
+
+// TestFusedArgsMatchPTX checks, without a GPU, that the fused kernels'
+// launch arguments (cuda_backend_fused.go) match fused.cu's PTX parameters.
+func TestFusedArgsMatchPTX(t *testing.T) {
+	for _, arch := range [][2]int{{8, 0}, {9, 0}} {
+		mods, err := kernels.PTX(arch[0], arch[1])
+		if err != nil {
+			t.Fatal(err)
+		}
+		ptx := string(mods["fused"])
+		rng := RNGState{}
+		for name, args := range map[string][]any{
+			biasGELUKernel(true, "fwd"):  biasGELUArgs(1, 0, 1, 1, 1, 1),
+			biasGELUKernel(true, "bwd"):  biasGELUArgs(1, 1, 1, 1, 1, 1),
+			biasGELUKernel(false, "fwd"): biasGELUArgs(1, 0, 1, 1, 1, 1),
+			biasGELUKernel(false, "bwd"): biasGELUArgs(1, 1, 1, 1, 1, 1),
+			"fused_bias_swiglu_fwd_f32":  biasGELUArgs(1, 0, 1, 1, 1, 1),
+			"fused_bias_swiglu_bwd_f32":  biasGELUArgs(1, 1, 1, 1, 1, 1),
+			"fused_bias_dropout_add_f32": biasDropoutAddArgs(1, 1, 1, 1, 1, 1, 0.1, rng),
+			"fused_dropout_bwd_f32":      dropoutBackwardArgs(1, 1, 1, 0.1, rng),
+		} {
+			want := ptxParamBytes(t, ptx, name)
+			if len(want) != len(args) {
+				t.Fatalf("sm_%d%d %s: %d arguments, the PTX has %d parameters", arch[0], arch[1], name, len(args), len(want))
+			}
+			for i, x := range args {
+				if got := argBytes(x); got != want[i] {
+					t.Errorf("sm_%d%d %s argument %d: %T is %d bytes, the PTX parameter %d", arch[0], arch[1], name, i, x, got, want[i])
+				}
+			}
+		}
+	}
+}

@@ -81,20 +81,32 @@ func geluTanhGrad(x float64) float64 {
 // loop, which runs on other ISAs and on the last few elements).
 func GELUErfForward(out, inp []float32) {
 	parallel16(len(inp), actGrain, func(lo, hi int) {
-		for i := lo + geluErfForwardVec(out[lo:hi], inp[lo:hi]); i < hi; i++ {
-			x := float64(inp[i])
-			out[i] = float32(0.5 * x * (1 + math.Erf(x/math.Sqrt2)))
-		}
+		n := geluErfForwardVec(out[lo:hi], inp[lo:hi])
+		geluErfForwardGo(out[lo+n:hi], inp[lo+n:hi])
 	})
+}
+
+// geluErfForwardGo is GELUErfForward's float64 loop (other ISAs, tails).
+func geluErfForwardGo(out, inp []float32) {
+	for i, v := range inp {
+		x := float64(v)
+		out[i] = float32(0.5 * x * (1 + math.Erf(x/math.Sqrt2)))
+	}
 }
 
 // GELUErfBackward accumulates dinp += dout * (Φ(x) + x·φ(x)).
 func GELUErfBackward(dinp, dout, inp []float32) {
 	parallel16(len(inp), actGrain, func(lo, hi int) {
-		for i := lo + geluErfBackwardVec(dinp[lo:hi], dout[lo:hi], inp[lo:hi]); i < hi; i++ {
-			dinp[i] += dout[i] * float32(geluErfGrad(float64(inp[i])))
-		}
+		n := geluErfBackwardVec(dinp[lo:hi], dout[lo:hi], inp[lo:hi])
+		geluErfBackwardGo(dinp[lo+n:hi], dout[lo+n:hi], inp[lo+n:hi])
 	})
+}
+
+// geluErfBackwardGo is GELUErfBackward's float64 loop (other ISAs, tails).
+func geluErfBackwardGo(dinp, dout, inp []float32) {
+	for i, x := range inp {
+		dinp[i] += dout[i] * float32(geluErfGrad(float64(x)))
+	}
 }
 
 func geluErfGrad(x float64) float64 {

@@ -77,6 +77,37 @@ func TestCUDAOps(t *testing.T) {
 	}
 }
 
+// TestCUDAFusedOps runs the fused op cases on the GPU with fused.cu's
+// kernels on (GOTRON_CUDA_UNVERIFIED's fusion: TestCUDAOps runs them
+// through the unfused kernels unless that is set) against the CPU.
+func TestCUDAFusedOps(t *testing.T) {
+	cudaBackend(t)
+	defer tensor.SetCUDAFusedKernels(tensor.SetCUDAFusedKernels(true))
+	for _, c := range OpCases() {
+		switch c.Name {
+		case "bias-gelu", "bias-swiglu", "bias-dropout-add":
+		default:
+			continue
+		}
+		t.Run(c.Name, func(t *testing.T) {
+			want, err := runOp(c, tensor.CPU)
+			if err != nil {
+				t.Fatalf("cpu: %v", err)
+			}
+			got, err := runOp(c, tensor.CUDA)
+			if err != nil {
+				t.Fatalf("cuda: %v", err)
+			}
+			if err := closeAll("output", got.out, want.out, cudaTol); err != nil {
+				t.Error(err)
+			}
+			if err := closeAll("gradient", got.grads, want.grads, cudaTol); err != nil {
+				t.Error(err)
+			}
+		})
+	}
+}
+
 // TestCUDAMethods runs every method-level check on the GPU's backend.
 func TestCUDAMethods(t *testing.T) {
 	be := cudaBackend(t)

@@ -40,7 +40,8 @@ func ids(vals []int32, shape ...int) *tensor.Tensor { return tensor.FromInt32(va
 // OpCases covers every core Backend method through the ops that reach it:
 // Gemm (both transpositions, batched, bf16), the bias add and its row sum,
 // broadcast Add and Mul, Scale and Axpy, LayerNorm, RMSNorm, both GELUs,
-// SiLU, the squared ReLU, SwiGLU, Softmax, RoPE with positions, attention (causal,
+// SiLU, the squared ReLU, SwiGLU, the fused bias-GELU, bias-SwiGLU and
+// bias-dropout-add, Softmax, RoPE with positions, attention (causal,
 // grouped-query, document masks, dropout), cross-entropy (mask, label
 // smoothing), embedding, dropout and the shape ops.
 func OpCases() []OpCase {
@@ -83,6 +84,19 @@ func OpCases() []OpCase {
 			NoCUDA: "the squared ReLU has no CUDA kernel yet (gpt.Config.CheckDevice refuses --squared-relu with --device cuda)"},
 		{Name: "swiglu-softmax", Inputs: func() []*tensor.Tensor { return []*tensor.Tensor{normal("x", 2, 3, 2*21)} },
 			Run: func(tp *tensor.Tape, in []*tensor.Tensor) *tensor.Tensor { return tp.Softmax(tp.SwiGLU(in[0])) }},
+		{Name: "bias-gelu", Inputs: func() []*tensor.Tensor { return []*tensor.Tensor{normal("y", 2, 3, 5, 37), normal("b", 1, 37)} },
+			Run: func(tp *tensor.Tape, in []*tensor.Tensor) *tensor.Tensor {
+				return tp.Add(tp.BiasGELU(in[0], in[1], tensor.GELUTanh), tp.BiasGELU(in[0], in[1], tensor.GELUErf))
+			}},
+		{Name: "bias-swiglu", Inputs: func() []*tensor.Tensor { return []*tensor.Tensor{normal("y", 2, 4, 2*19), normal("b", 1, 2*19)} },
+			Run: func(tp *tensor.Tape, in []*tensor.Tensor) *tensor.Tensor { return tp.BiasSwiGLU(in[0], in[1]) }},
+		{Name: "bias-dropout-add", Inputs: func() []*tensor.Tensor {
+			return []*tensor.Tensor{normal("residual", 1, 3, 7, 33), normal("y", 1, 3, 7, 33), normal("b", 1, 33)}
+		}, Run: func(tp *tensor.Tape, in []*tensor.Tensor) *tensor.Tensor {
+			x := tp.BiasDropoutAdd(in[0], in[1], in[2], 0.3, tensor.NewRNG(8))
+			x = tp.BiasDropoutAdd(x, in[1], nil, 0.5, tensor.NewRNG(9)) // no bias
+			return tp.BiasDropoutAdd(x, in[1], in[2], 0, nil)           // no dropout
+		}},
 		{Name: "rope", Inputs: func() []*tensor.Tensor {
 			return []*tensor.Tensor{normal("x", 1, 2, 4, 3, 8), ids([]int32{0, 1, 2, 3, 7, 9, 11, 15}, 2, 4)}
 		}, Run: func(tp *tensor.Tape, in []*tensor.Tensor) *tensor.Tensor { return tp.RoPE(in[0], rope, in[1]) }},

@@ -1,0 +1,142 @@
+package tensor
+
+import "fmt"
+
+// Fused elementwise ops, as Megatron's bias-GELU, bias-SwiGLU and
+// bias-dropout-add fusions: a linear layer leaves its bias to the op that
+// follows it (Megatron's skip_bias_add), which adds it in the same pass as
+// its own arithmetic. Each gives the numbers of the chain it replaces bit
+// for bit (the same float32 operations in the same order); what changes is
+// the passes over memory and, for bias-dropout-add, the tape's memory: the
+// dropout mask is drawn again in backward instead of kept.
+
+// checkBias panics unless b is a bias (c) for y (..., c).
+func checkBias(op string, y, b *Tensor) {
+	mustF32(op, y, b)
+	if len(b.shape) != 1 || b.shape[0] != y.Dim(-1) {
+		panic(fmt.Sprintf("tensor: %s bias %v does not match input %v (want (%d))", op, b.shape, y.shape, y.Dim(-1)))
+	}
+}
+
+// ownGrad returns a zeroed buffer for an op's gradient of t alone: t's
+// gradient buffer itself when t has none yet, else a scratch the caller
+// adds with addGrad (fresh false). Fused backwards sum the bias gradient
+// from it, so it must not hold other ops' contributions.
+func (tp *Tape) ownGrad(t *Tensor) (g *Tensor, fresh bool) {
+	if _, has := tp.grads[t]; !has && !t.leaf && t.requiresGrad {
+		return tp.gradFor(t), true
+	}
+	return tp.zeros(t.dev, t.shape...), false
+}
+
+// sumBiasGrad adds the rows of dy (..., c) into b's gradient, if b needs one.
+func (tp *Tape) sumBiasGrad(be Backend, b, dy *Tensor) {
+	if db := tp.gradFor(b); db != nil {
+		c := b.Numel()
+		be.SumRows(db, dy.view([]int{dy.Numel() / c, c}, []int{c, 1}, dy.offset))
+	}
+}
+
+// BiasGELU returns GELU(y + b) for y (..., c) and a bias b (c): Add then
+// GELU in one pass (Megatron's bias_gelu_impl). Megatron's fused kernel
+// always computes the tanh approximation; this one computes kind, so
+// turning the fusion off or on never changes a model's numbers. A nil b is
+// GELU.
+func (tp *Tape) BiasGELU(y, b *Tensor, kind GELUKind) *Tensor {
+	if b == nil {
+		return tp.GELU(y, kind)
+	}
+	checkBias("BiasGELU", y, b)
+	y = tp.Contiguous(y)
+	out := tp.empty(y.dev, y.shape...)
+	be, tanh := backendFor(y, b), kind == GELUTanh
+	be.BiasGELUForward(out, y, b, tanh)
+	if tp.recording(y, b) {
+		tp.record("bias_gelu", func(tp *Tape) {
+			dy, fresh := tp.ownGrad(y)
+			be.BiasGELUBackward(dy, tp.grad(out), y, b, tanh)
+			tp.sumBiasGrad(be, b, dy)
+			if !fresh {
+				tp.addGrad(y, dy)
+			}
+		}, out)
+	}
+	return out
+}
+
+// BiasSwiGLU returns SwiGLU(y + b) for y (..., 2f) laid out [gate | up] and
+// a bias b (2f): Add then SwiGLU in one pass (Megatron's bias_swiglu_impl).
+// A nil b is SwiGLU.
+func (tp *Tape) BiasSwiGLU(y, b *Tensor) *Tensor {
+	if b == nil {
+		return tp.SwiGLU(y)
+	}
+	checkBias("BiasSwiGLU", y, b)
+	y = tp.Contiguous(y)
+	shape := append([]int(nil), y.shape...)
+	shape[len(shape)-1] /= 2
+	out := tp.empty(y.dev, shape...)
+	be := backendFor(y, b)
+	be.BiasSwiGLUForward(out, y, b)
+	if tp.recording(y, b) {
+		tp.record("bias_swiglu", func(tp *Tape) {
+			dy, fresh := tp.ownGrad(y)
+			be.BiasSwiGLUBackward(dy, tp.grad(out), y, b)
+			tp.sumBiasGrad(be, b, dy)
+			if !fresh {
+				tp.addGrad(y, dy)
+			}
+		}, out)
+	}
+	return out
+}
+
+// BiasDropoutAdd returns residual + Dropout(y + b, p) for residual and y
+// (..., c) and a bias b (c) or nil: Megatron's bias_dropout_add, the end of
+// each half of a transformer layer. The mask is the one Dropout draws from
+// rng (and rng advances as Dropout advances it), but it is not kept: the
+// backward draws it again from the saved stream position, so the op holds
+// only its output where Add, Dropout and Linear's bias add hold the mask,
+// the dropped values and the sum. p == 0 adds without dropout (rng may be
+// nil).
+func (tp *Tape) BiasDropoutAdd(residual, y, b *Tensor, p float32, rng *RNG) *Tensor {
+	mustF32("BiasDropoutAdd", residual, y)
+	if !SameShape(residual.shape, y.shape) {
+		panic(fmt.Sprintf("tensor: BiasDropoutAdd residual %v and input %v differ", residual.shape, y.shape))
+	}
+	if b != nil {
+		checkBias("BiasDropoutAdd", y, b)
+	}
+	var state RNGState
+	if p != 0 {
+		if rng == nil {
+			panic("tensor: BiasDropoutAdd with dropout needs an RNG")
+		}
+		state = rng.State()
+		if p < 1 { // as Dropout: one block per four elements
+			rng.offset += uint64((y.Numel() + 3) / 4)
+		}
+	}
+	residual, y = tp.Contiguous(residual), tp.Contiguous(y)
+	out := tp.empty(y.dev, y.shape...)
+	be := backendFor(residual, y, b)
+	be.BiasDropoutAddForward(out, residual, y, b, p, state)
+	if tp.recording(residual, y, b) {
+		tp.record("bias_dropout_add", func(tp *Tape) {
+			g := tp.grad(out)
+			tp.passGrad(residual, out)
+			if p == 0 {
+				tp.passGrad(y, out)
+				tp.sumBiasGrad(be, b, g)
+				return
+			}
+			dy, fresh := tp.ownGrad(y)
+			be.DropoutBackward(dy, g, p, state)
+			tp.sumBiasGrad(be, b, dy)
+			if !fresh {
+				tp.addGrad(y, dy)
+			}
+		}, out)
+	}
+	return out
+}

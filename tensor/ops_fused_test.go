@@ -1,0 +1,137 @@
+package tensor
+
+import (
+	"math"
+	"testing"
+)
+
+// TestFusedOpsGradCheck: the fused ops' gradients for every input (y, the
+// bias, the residual) against finite differences through the tape (the
+// float64 checks of the formulas are internal/cpu's TestFusedGradCheck).
+// Dropout draws from a fresh stream on every evaluation, so the mask is
+// the same one each time.
+func TestFusedOpsGradCheck(t *testing.T) {
+	rng := NewRNG(5)
+	y, b := randParam(rng, "y", 1, 3, 2, 10), randParam(rng, "b", 0.5, 10)
+	r := randParam(rng, "residual", 1, 3, 2, 10)
+	gradCheck(t, "bias_gelu_tanh", []*Tensor{y, b}, func(tp *Tape, in []*Tensor) *Tensor { return tp.BiasGELU(in[0], in[1], GELUTanh) })
+	gradCheck(t, "bias_gelu_erf", []*Tensor{y, b}, func(tp *Tape, in []*Tensor) *Tensor { return tp.BiasGELU(in[0], in[1], GELUErf) })
+	gradCheck(t, "bias_swiglu", []*Tensor{y, b}, func(tp *Tape, in []*Tensor) *Tensor { return tp.BiasSwiGLU(in[0], in[1]) })
+	for _, p := range []float32{0, 0.3} {
+		gradCheck(t, "bias_dropout_add", []*Tensor{r, y, b}, func(tp *Tape, in []*Tensor) *Tensor {
+			return tp.BiasDropoutAdd(in[0], in[1], in[2], p, NewRNG(11))
+		})
+	}
+	gradCheck(t, "dropout_add", []*Tensor{r, y}, func(tp *Tape, in []*Tensor) *Tensor {
+		return tp.BiasDropoutAdd(in[0], in[1], nil, 0.5, NewRNG(12))
+	})
+}
+
+// fusedPair is a fused op and the chain of ops it replaces.
+type fusedPair struct {
+	name           string
+	fused, unfused func(tp *Tape, rng *RNG, r, y, b *Tensor) *Tensor
+	swiglu         bool // y's rows are [gate | up]
+}
+
+func fusedPairs() []fusedPair {
+	pairs := []fusedPair{
+		{name: "bias_swiglu", swiglu: true,
+			fused:   func(tp *Tape, _ *RNG, _, y, b *Tensor) *Tensor { return tp.BiasSwiGLU(y, b) },
+			unfused: func(tp *Tape, _ *RNG, _, y, b *Tensor) *Tensor { return tp.SwiGLU(tp.Add(y, b)) }},
+	}
+	for _, kind := range []GELUKind{GELUTanh, GELUErf} {
+		pairs = append(pairs, fusedPair{name: "bias_gelu",
+			fused:   func(tp *Tape, _ *RNG, _, y, b *Tensor) *Tensor { return tp.BiasGELU(y, b, kind) },
+			unfused: func(tp *Tape, _ *RNG, _, y, b *Tensor) *Tensor { return tp.GELU(tp.Add(y, b), kind) }})
+	}
+	for _, p := range []float32{0, 0.1, 1} {
+		pairs = append(pairs, fusedPair{name: "bias_dropout_add",
+			fused: func(tp *Tape, rng *RNG, r, y, b *Tensor) *Tensor { return tp.BiasDropoutAdd(r, y, b, p, rng) },
+			unfused: func(tp *Tape, rng *RNG, r, y, b *Tensor) *Tensor {
+				return tp.Add(r, tp.Dropout(tp.Add(y, b), p, rng))
+			}},
+			fusedPair{name: "dropout_add",
+				fused:   func(tp *Tape, rng *RNG, r, y, _ *Tensor) *Tensor { return tp.BiasDropoutAdd(r, y, nil, p, rng) },
+				unfused: func(tp *Tape, rng *RNG, r, y, _ *Tensor) *Tensor { return tp.Add(r, tp.Dropout(y, p, rng)) }})
+	}
+	return pairs
+}
+
+// TestFusedOpsMatchUnfused: each fused op gives the output and the
+// gradients of every input of the chain it replaces bit for bit, on the
+// CPU and the simulated device, and moves the dropout stream as far; the
+// rows are wider than the kernels' chunks and not a multiple of the
+// vector width. y reaches the op through a Scale, so its gradient is an
+// intermediate's (the ownGrad path), and r and y also feed the loss
+// directly (gradients that accumulate).
+func TestFusedOpsMatchUnfused(t *testing.T) {
+	for _, dev := range []Device{CPU, Sim} {
+		for _, pair := range fusedPairs() {
+			run := func(op func(tp *Tape, rng *RNG, r, y, b *Tensor) *Tensor) (out []float32, grads [][]float32, offset uint64) {
+				rng := NewRNG(3)
+				c := 1030
+				r, y, b := randParam(rng, "r", 1, 5, c), randParam(rng, "y", 2, 5, c), randParam(rng, "b", 1, c)
+				ps := []*Tensor{r, y, b}
+				MoveParams(dev, ps...)
+				tp := NewTape()
+				drop := NewRNG(9)
+				o := op(tp, drop, r, tp.Scale(y, 1.5), b)
+				w := FromFloat32(make([]float32, o.Numel()), o.Shape()...)
+				NewRNG(4).Normal(w.Float32s(), 0, 1)
+				loss := tp.Add(tp.Sum(tp.Mul(o, w.ToDevice(dev))), tp.Sum(tp.Mul(r, y)))
+				if err := tp.Backward(loss); err != nil {
+					t.Fatal(err)
+				}
+				out = ToHost(o).Float32s()
+				for _, p := range ps {
+					if p.Grad == nil {
+						grads = append(grads, nil)
+						continue
+					}
+					grads = append(grads, ToHost(p.Grad).Float32s())
+				}
+				return out, grads, drop.State().Offset
+			}
+			fo, fg, foff := run(pair.fused)
+			uo, ug, uoff := run(pair.unfused)
+			name := dev.String() + " " + pair.name
+			sameFloats(t, name+" output", fo, uo)
+			for i := range fg {
+				sameFloats(t, name+" gradient "+[]string{"r", "y", "b"}[i], fg[i], ug[i])
+			}
+			if foff != uoff {
+				t.Errorf("%s: the dropout stream moved to %d, the unfused chain's to %d", name, foff, uoff)
+			}
+		}
+	}
+}
+
+func sameFloats(t *testing.T, what string, got, want []float32) {
+	t.Helper()
+	if len(got) != len(want) {
+		t.Fatalf("%s: %d values, want %d", what, len(got), len(want))
+	}
+	for i := range want {
+		if math.Float32bits(got[i]) != math.Float32bits(want[i]) {
+			t.Fatalf("%s[%d] = %v, the unfused chain's is %v", what, i, got[i], want[i])
+		}
+	}
+}
+
+// TestBiasDropoutAddKeepsNoMask: the fused op holds its output on the
+// tape where the chain holds the biased sum, the mask, the dropped values
+// and the output.
+func TestBiasDropoutAddKeepsNoMask(t *testing.T) {
+	rng := NewRNG(1)
+	r, y, b := randParam(rng, "r", 1, 8, 64), randParam(rng, "y", 1, 8, 64), randParam(rng, "b", 1, 64)
+	fused, unfused := NewTape(), NewTape()
+	fused.BiasDropoutAdd(r, y, b, 0.1, NewRNG(2))
+	unfused.Add(r, unfused.Dropout(unfused.Add(y, b), 0.1, NewRNG(2)))
+	if got, want := fused.LiveFloats(), 8*64; got != want {
+		t.Errorf("fused tape holds %d floats, want %d", got, want)
+	}
+	if got, want := unfused.LiveFloats(), 4*8*64; got != want {
+		t.Errorf("unfused tape holds %d floats, want %d", got, want)
+	}
+}
