@@ -51,11 +51,18 @@ func (cpuBackend) BiasDropoutAddForward(out, residual, y, b *Tensor, p float32, 
 			if p > 0 {
 				dropoutMaskAt(m, p, rng, i0)
 			}
+			j := 0 // the bias column of element i0
+			if bb != nil {
+				j = i0 % len(bb)
+			}
 			for k := range m {
 				i := i0 + k
 				v := yy[i]
 				if bb != nil {
-					v += bb[i%len(bb)]
+					v += bb[j]
+					if j++; j == len(bb) {
+						j = 0
+					}
 				}
 				if p > 0 {
 					v = float32(v * m[k])

@@ -256,6 +256,19 @@ func (tp *Tape) LiveFloats() int {
 	return n
 }
 
+// StepNames returns the names of the recorded steps in order ("linear",
+// "bias_gelu", ...): which ops a forward pass ran (tests, profiles).
+func (tp *Tape) StepNames() []string {
+	if tp == nil {
+		return nil
+	}
+	names := make([]string, len(tp.steps))
+	for i, s := range tp.steps {
+		names[i] = s.name
+	}
+	return names
+}
+
 // Len returns the number of recorded steps.
 func (tp *Tape) Len() int {
 	if tp == nil {

@@ -34,7 +34,7 @@ type Config struct {
 	// and recorded in checkpoints.
 	Model gpt.Config
 	// Architecture builds and lays out the model (train/model.go); nil is
-	// GPT{Config: Model, Recompute: Recompute}.
+	// GPT{Config: Model, Recompute: Recompute, Fusions: Fusions}.
 	Architecture Architecture
 
 	SeqLength       int // --seq-length
@@ -64,7 +64,11 @@ type Config struct {
 	ClipGrad    float64 // --clip-grad; 0 disables clipping
 	// Recompute is activation recomputation (--recompute-activations,
 	// --recompute-granularity, --recompute-method, --recompute-num-layers).
-	Recompute      gpt.Recompute
+	Recompute gpt.Recompute
+	// Fusions turns off the layer's fused elementwise ops
+	// (--no-bias-gelu-fusion, --no-bias-swiglu-fusion,
+	// --no-bias-dropout-fusion); the zero value fuses, as Megatron.
+	Fusions        gpt.Fusions
 	DecoupledLR    float64 // --decoupled-lr: peak rate of the embedding and output layer; 0 means --lr
 	DecoupledMinLR float64 // --decoupled-min-lr; 0 means --min-lr
 	// TestMode (--test-mode) runs Megatron's real-time tests: with

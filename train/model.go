@@ -98,6 +98,7 @@ type Architecture interface {
 type GPT struct {
 	Config    gpt.Config
 	Recompute gpt.Recompute // activation recomputation of every model built
+	Fusions   gpt.Fusions   // the fused ops every model built leaves off
 }
 
 // Build implements Architecture.
@@ -106,7 +107,7 @@ func (a GPT) Build(rng *tensor.RNG) (Model, error) {
 	if err != nil {
 		return nil, err
 	}
-	m.Recompute = a.Recompute
+	m.Recompute, m.Fusions = a.Recompute, a.Fusions
 	return m, nil
 }
 
@@ -166,5 +167,5 @@ func (c *Config) architecture() Architecture {
 	if c.Architecture != nil {
 		return c.Architecture
 	}
-	return GPT{Config: c.Model, Recompute: c.Recompute}
+	return GPT{Config: c.Model, Recompute: c.Recompute, Fusions: c.Fusions}
 }

@@ -8,6 +8,8 @@ import (
 	"runtime"
 	"strings"
 	"testing"
+
+	"github.com/gotron/gotron/model/gpt"
 )
 
 // everySubcommand is each runnable command line's prefix: the commands and,
@@ -222,7 +224,9 @@ func TestMegatronArgumentTable(t *testing.T) {
 // TestMegatronCompatSameNumbers: the arguments accepted because gotron
 // already does what they ask train exactly as without them (same losses,
 // bit for bit), each named in one line; --sequence-parallel at TP=1 is
-// switched off with a warning, as Megatron does.
+// switched off with a warning, as Megatron does. The --no-bias-*-fusion
+// flags run the unfused ops (TestFusionFlags), which give the fused ones'
+// numbers bit for bit.
 func TestMegatronCompatSameNumbers(t *testing.T) {
 	dir := t.TempDir()
 	base := append(append([]string{}, tinyTrain...), "--train-iters", "3")
@@ -233,7 +237,8 @@ func TestMegatronCompatSameNumbers(t *testing.T) {
 	extra := []string{"--deterministic-mode", "--attention-softmax-in-fp32", "--apply-query-key-layer-scaling",
 		"--transformer-impl", "transformer_engine", "--use-persistent-ckpt-worker", "--no-create-attention-mask-in-dataloader",
 		"--rerun-mode", "disabled", "--sequence-parallel", "--num-workers", "8", "--num-distributed-optimizer-instances", "1",
-		"--timing-log-level", "0", "--distributed-backend", "nccl"}
+		"--timing-log-level", "0", "--distributed-backend", "nccl",
+		"--no-bias-gelu-fusion", "--no-bias-dropout-fusion", "--no-bias-swiglu-fusion"}
 	got := filepath.Join(dir, "compat.jsonl")
 	_, errs, code := runCLI(t, append(append(append([]string{}, base...), extra...), "--metrics-file", got)...)
 	if code != 0 {
@@ -253,6 +258,7 @@ func TestMegatronCompatSameNumbers(t *testing.T) {
 		"gotron train: --num-workers 8: no effect without --fim-data:",
 		"gotron train: --distributed-backend nccl: NCCL moves GPU memory, and this run is on --device cpu: the collectives run over gotron's CPU process group",
 		"gotron train: --sequence-parallel: disabled, as Megatron does, because --tensor-model-parallel-size is 1",
+		"gotron train: --no-bias-swiglu-fusion: no effect on a gelu model (it applies to --swiglu models, as Megatron's)",
 	} {
 		if strings.Count(errs, line) != 1 {
 			t.Errorf("stderr should have the line %q once:\n%s", line, errs)
@@ -331,5 +337,34 @@ func TestMuPFlagsTakeEffect(t *testing.T) {
 	}
 	if !strings.Contains(errs, "--mup-width-mult 3: no effect in gotron:") {
 		t.Errorf("no line for --mup-width-mult:\n%s", errs)
+	}
+}
+
+// TestFusionFlags: Megatron's --no-bias-gelu-fusion, --no-bias-swiglu-fusion
+// and --no-bias-dropout-fusion set the run's gpt.Fusions (the model then
+// runs the unfused ops: gpt.TestFusionsSameNumbers); a flag for another
+// activation than the model's is named as doing nothing.
+func TestFusionFlags(t *testing.T) {
+	for _, c := range []struct {
+		args []string
+		want gpt.Fusions
+	}{
+		{nil, gpt.Fusions{}},
+		{[]string{"--no-bias-gelu-fusion"}, gpt.Fusions{NoBiasGELU: true}},
+		{[]string{"--no-bias-swiglu-fusion", "--no-bias-dropout-fusion"}, gpt.Fusions{NoBiasSwiGLU: true, NoBiasDropout: true}},
+	} {
+		fs, f := newTrainFlags()
+		if err := fs.Parse(c.args); err != nil {
+			t.Fatal(err)
+		}
+		if f.cfg.Fusions != c.want {
+			t.Errorf("%v: fusions %+v, want %+v", c.args, f.cfg.Fusions, c.want)
+		}
+	}
+	if n := fusionNote(gpt.SwiGLU, gpt.Fusions{NoBiasGELU: true}); !strings.Contains(n, "--no-bias-gelu-fusion: no effect on a swiglu model") {
+		t.Errorf("note %q", n)
+	}
+	if n := fusionNote(gpt.GELUTanh, gpt.Fusions{NoBiasGELU: true, NoBiasDropout: true}); n != "" {
+		t.Errorf("note %q for flags that act", n)
 	}
 }

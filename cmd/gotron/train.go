@@ -262,6 +262,9 @@ func newTrainFlagsWith(name string, extra func(*flag.FlagSet)) (*flag.FlagSet, *
 	fs.Var(&f.recomputeGranularity, "recompute-granularity", "activation recomputation: full or selective")
 	fs.StringVar(&c.Recompute.Method, "recompute-method", "", "with --recompute-granularity full: uniform (chunks of --recompute-num-layers layers) or block (the first --recompute-num-layers layers)")
 	fs.IntVar(&c.Recompute.NumLayers, "recompute-num-layers", 0, "layers per recomputed chunk (uniform) or recomputed layers (block)")
+	fs.BoolVar(&c.Fusions.NoBiasGELU, "no-bias-gelu-fusion", false, "add fc1's bias and apply the GELU as two ops, not the fused bias-GELU (the same numbers, one more pass over memory)")
+	fs.BoolVar(&c.Fusions.NoBiasSwiGLU, "no-bias-swiglu-fusion", false, "add fc1's bias and apply the SwiGLU as two ops, not the fused bias-SwiGLU (the same numbers, one more pass over memory)")
+	fs.BoolVar(&c.Fusions.NoBiasDropout, "no-bias-dropout-fusion", false, "add the output projections' biases, drop out and add the residual as separate ops, not the fused bias-dropout-add (the same numbers; the tape then keeps the dropout mask and the dropped values)")
 	fs.Float64Var(&c.DecoupledLR, "decoupled-lr", 0, "separate peak learning rate for the word embedding and output layer")
 	fs.Float64Var(&c.DecoupledMinLR, "decoupled-min-lr", 0, "final learning rate with --decoupled-lr (default --min-lr)")
 	fs.BoolVar(&f.useCkptArgs, "use-checkpoint-args", false, "take the model architecture from the --load checkpoint")
@@ -308,9 +311,8 @@ func newTrainFlagsWith(name string, extra func(*flag.FlagSet)) (*flag.FlagSet, *
 
 // acceptedNoOps are Megatron flags that select GPU fusions or kernels; gotron
 // accepts them so launch scripts port unchanged.
-var acceptedNoOps = []string{"use-flash-attn", "no-masked-softmax-fusion", "no-bias-gelu-fusion", "no-bias-swiglu-fusion",
-	"no-bias-dropout-fusion", "no-gradient-accumulation-fusion", "use-mcore-models", "no-async-tensor-model-parallel-allreduce",
-	"no-persist-layer-norm", "no-rope-fusion"}
+var acceptedNoOps = []string{"use-flash-attn", "no-masked-softmax-fusion", "no-gradient-accumulation-fusion", "use-mcore-models",
+	"no-async-tensor-model-parallel-allreduce", "no-persist-layer-norm", "no-rope-fusion"}
 
 // refusedTakesValue marks the refused flags that take a value.
 var refusedTakesValue = map[string]bool{"wandb-project": true, "ft-num-warmup-iters": true}
@@ -484,6 +486,11 @@ func cmdTrain(ctx context.Context, env *cli, args []string) error {
 	if world == nil || world.Rank() == 0 {
 		for _, w := range src.warnings {
 			fmt.Fprintf(env.stderr, "gotron train: %s\n", w)
+		}
+	}
+	if world == nil || world.Rank() == 0 {
+		if note := fusionNote(cfg.Model.Activation, cfg.Fusions); note != "" {
+			fmt.Fprintf(env.stderr, "gotron train: %s\n", note)
 		}
 	}
 	cfg.Parallel = groups
@@ -920,4 +927,17 @@ func startCPUProfile(path string) (stop func() error, err error) {
 		}
 		return nil
 	}, nil
+}
+
+// fusionNote says when a bias-activation fusion flag names another
+// activation than the model's: it changes nothing then (as in Megatron,
+// whose bias_activation_fusion takes the flag of the model's activation).
+func fusionNote(act gpt.Activation, f gpt.Fusions) string {
+	switch {
+	case f.NoBiasGELU && act != gpt.GELU && act != gpt.GELUTanh:
+		return fmt.Sprintf("--no-bias-gelu-fusion: no effect on a %s model (it applies to GELU models, as Megatron's)", act)
+	case f.NoBiasSwiGLU && act != gpt.SwiGLU:
+		return fmt.Sprintf("--no-bias-swiglu-fusion: no effect on a %s model (it applies to --swiglu models, as Megatron's)", act)
+	}
+	return ""
 }

@@ -150,8 +150,8 @@ func TestTrainPrecisionFlags(t *testing.T) {
 // TestTrainNoSilentFlags: every accepted Megatron flag acts, or is named in
 // one warning, or is refused with the reason.
 func TestTrainNoSilentFlags(t *testing.T) {
-	_, errs, code := runCLI(t, with(tinyTrain, "--train-iters", "1", "--use-flash-attn", "--no-bias-gelu-fusion", "--no-rope-fusion")...)
-	if code != 0 || !strings.Contains(errs, "--use-flash-attn, --no-bias-gelu-fusion, --no-rope-fusion: no effect on the CPU backend") {
+	_, errs, code := runCLI(t, with(tinyTrain, "--train-iters", "1", "--use-flash-attn", "--no-masked-softmax-fusion", "--no-rope-fusion")...)
+	if code != 0 || !strings.Contains(errs, "--use-flash-attn, --no-masked-softmax-fusion, --no-rope-fusion: no effect on the CPU backend") {
 		t.Errorf("GPU fusion flags: exit %d, stderr %q; want one warning naming them", code, errs)
 	}
 	for flag, want := range map[string]string{

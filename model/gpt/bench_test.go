@@ -1,7 +1,9 @@
 package gpt_test
 
 import (
+	"slices"
 	"testing"
+	"time"
 
 	"github.com/gotron/gotron/model/gpt"
 	"github.com/gotron/gotron/tensor"
@@ -56,6 +58,72 @@ func BenchmarkTrainStep(b *testing.B) {
 			flops := float64(n) * (6*float64(m.NumParams()) + 6*float64(c.layers*c.seqLen*c.hidden))
 			b.ReportMetric(float64(n)/s, "tokens/s")
 			b.ReportMetric(flops/s/1e9, "GFLOP/s")
+		})
+	}
+}
+
+// BenchmarkFusions times training steps (forward with hidden dropout 0.1,
+// loss, backward) with Megatron's elementwise fusions on (the default) and
+// off (--no-bias-gelu-fusion --no-bias-dropout-fusion), alternating step by
+// step so that both see the same machine load, and reports each one's
+// median step time and the activations its tape holds after the forward
+// pass (docs/design/compute.md, "Fusions"). Run it with -benchtime Nx for
+// N steps of each.
+func BenchmarkFusions(b *testing.B) {
+	for _, c := range []struct {
+		name                                 string
+		layers, hidden, heads, batch, seqLen int
+	}{
+		{"4L-d256-B8-T256", 4, 256, 4, 8, 256},
+		{"gpt2-124M-B1-T256", 12, 768, 12, 1, 256},
+	} {
+		b.Run(c.name, func(b *testing.B) {
+			cfg, err := gpt.Preset("gpt2-small")
+			if err != nil {
+				b.Fatal(err)
+			}
+			cfg.NumLayers, cfg.HiddenSize, cfg.NumAttentionHeads = c.layers, c.hidden, c.heads
+			cfg.HiddenDropout = 0.1
+			m, err := gpt.New(cfg, tensor.NewRNG(1).Fork("init"))
+			if err != nil {
+				b.Fatal(err)
+			}
+			n := c.batch * c.seqLen
+			u := make([]float32, 2*n)
+			tensor.NewRNG(2).Uniform(u, 0, float32(cfg.VocabSize))
+			tok, lab := make([]int32, n), make([]int32, n)
+			for i := range tok {
+				tok[i], lab[i] = int32(u[i])%int32(cfg.VocabSize), int32(u[n+i])%int32(cfg.VocabSize)
+			}
+			bt := gpt.Batch{Tokens: tensor.FromInt32(tok, c.batch, c.seqLen), Labels: tensor.FromInt32(lab, c.batch, c.seqLen)}
+			modes := []gpt.Fusions{{}, {NoBiasGELU: true, NoBiasDropout: true}}
+			tapes := []*tensor.Tape{tensor.NewTape(), tensor.NewTape()}
+			times := [2][]float64{}
+			live := [2]int{}
+			step := func(k int) time.Duration {
+				m.Fusions = modes[k]
+				tp, start := tapes[k], time.Now()
+				loss := m.Loss(tp, m.Forward(tp, bt, tensor.NewRNG(3), true), bt)
+				live[k] = tp.LiveFloats()
+				if err := tp.Backward(loss); err != nil {
+					b.Fatal(err)
+				}
+				tp.Reset()
+				return time.Since(start)
+			}
+			step(0) // the arenas' buffers, the kernels' workspaces
+			step(1)
+			b.ResetTimer()
+			for i := range b.N {
+				for _, k := range []int{i % 2, 1 - i%2} { // each goes first every other time
+					times[k] = append(times[k], step(k).Seconds()*1e3)
+				}
+			}
+			for k, name := range []string{"fused", "unfused"} {
+				slices.Sort(times[k])
+				b.ReportMetric(times[k][len(times[k])/2], name+"-ms/step")
+				b.ReportMetric(float64(live[k])*4/(1<<20), name+"-activation-MiB")
+			}
 		})
 	}
 }

@@ -67,6 +67,8 @@ type Model struct {
 	Sharding Sharding
 	// Recompute is activation recomputation (recompute.go); zero keeps all.
 	Recompute Recompute
+	// Fusions turns off fused elementwise ops (fusion.go); zero fuses all.
+	Fusions Fusions
 	// ParamGather, when set, gathers each unit of layers' parameters
 	// before the unit runs in a training or evaluation forward and releases
 	// them after (a recomputed chunk is one unit); nil: the parameters are
@@ -451,25 +453,28 @@ func (m *Model) layerOn(tp *tensor.Tape, x *tensor.Tensor, l *Layer, index int, 
 	return x
 }
 
-// layer is x + drop(attn(norm1(x))), then + drop(mlp(norm2(x))).
+// layer is x + drop(attn(norm1(x))), then + drop(mlp(norm2(x))); each
+// half ends in bias-dropout-add, which takes the output projection's bias
+// when fused (fusion.go).
 func (m *Model) layer(tp *tensor.Tape, x *tensor.Tensor, l *Layer, index int, p *pass) *tensor.Tensor {
-	var a *tensor.Tensor
+	var a, ab *tensor.Tensor
 	if l.GDN != nil {
 		a = m.gatedDeltaNet(tp, l.GDN, m.norm(tp, x, l.InputNorm, l.InputNormBias), p)
 	} else {
-		a = m.attention(tp, l, index, m.norm(tp, x, l.InputNorm, l.InputNormBias), p)
+		a, ab = m.attention(tp, l, index, m.norm(tp, x, l.InputNorm, l.InputNormBias), p)
 	}
-	x = tp.Add(x, m.dropout(tp, a, p))
-	f := m.mlp(tp, l, index, m.norm(tp, x, l.MLPNorm, l.MLPNormBias), p)
-	return tp.Add(x, m.dropout(tp, f, p))
+	x = m.biasDropoutAdd(tp, x, a, ab, p)
+	f, fb := m.mlp(tp, l, index, m.norm(tp, x, l.MLPNorm, l.MLPNormBias), p)
+	return m.biasDropoutAdd(tp, x, f, fb, p)
 }
 
 // attention: fused QKV in Megatron's per-query-group layout, RoPE, the
-// pass's attention core, output projection.
-func (m *Model) attention(tp *tensor.Tape, l *Layer, index int, x *tensor.Tensor, p *pass) *tensor.Tensor {
+// pass's attention core, output projection; it returns the projection's
+// bias apart when bias-dropout-add takes it (else nil).
+func (m *Model) attention(tp *tensor.Tape, l *Layer, index int, x *tensor.Tensor, p *pass) (out, bias *tensor.Tensor) {
 	c := &m.Config
 	if c.MLA.Enabled {
-		return m.mlaAttention(tp, l, index, x, p)
+		return m.mlaAttention(tp, l, index, x, p), nil // its projection adds its bias
 	}
 	sh := m.region()
 	qkv := sh.ColumnLinear(tp, p.lin, x, l.QKV, l.QKVBias) // (b, t, G·(r+2)·d), this rank's groups
@@ -505,17 +510,22 @@ func (m *Model) attention(tp *tensor.Tape, l *Layer, index int, x *tensor.Tensor
 		// before the output projection, computed in float32 as Megatron's gate.float()
 		o = tp.SigmoidGate(o, tp.Reshape(tp.Contiguous(gate), b, t, heads, d))
 	}
-	return sh.RowLinear(tp, p.lin, tp.Reshape(o, b, t, heads*d), l.Proj, l.ProjBias)
+	projBias, bias := skipBias(l.ProjBias, m.fuseBiasDropout(p))
+	return sh.RowLinear(tp, p.lin, tp.Reshape(o, b, t, heads*d), l.Proj, projBias), bias
 }
 
-// mlp is fc2(act(fc1(x))), or an MoE layer's router and experts (moe.go).
-func (m *Model) mlp(tp *tensor.Tape, l *Layer, index int, x *tensor.Tensor, p *pass) *tensor.Tensor {
+// mlp is fc2(act(fc1(x))), or an MoE layer's router and experts (moe.go);
+// the fused activation takes fc1's bias, and fc2's comes back apart when
+// bias-dropout-add takes it (else nil).
+func (m *Model) mlp(tp *tensor.Tape, l *Layer, index int, x *tensor.Tensor, p *pass) (out, bias *tensor.Tensor) {
 	if l.MoE != nil {
-		return m.moe(tp, l.MoE, index, x, p)
+		return m.moe(tp, l.MoE, index, x, p), nil
 	}
 	sh := m.region()
-	h := sh.ColumnLinear(tp, p.lin, x, l.FC1, l.FC1Bias)
-	return sh.RowLinear(tp, p.lin, m.activate(tp, h), l.FC2, l.FC2Bias)
+	fc1Bias, actBias := skipBias(l.FC1Bias, m.fuseBiasActivation())
+	h := sh.ColumnLinear(tp, p.lin, x, l.FC1, fc1Bias)
+	fc2Bias, bias := skipBias(l.FC2Bias, m.fuseBiasDropout(p))
+	return sh.RowLinear(tp, p.lin, m.activate(tp, h, actBias), l.FC2, fc2Bias), bias
 }
 
 // head is the final norm and the output layer: logits (b, t, V), or this

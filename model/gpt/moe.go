@@ -623,7 +623,7 @@ func (m *Model) moe(tp *tensor.Tape, l *MoELayer, index int, x *tensor.Tensor, p
 		// with SP the shared expert gathers the sequence and
 		// reduce-scatters its output, as the dense MLP
 		sh := m.region()
-		s := sh.RowLinear(tp, p.lin, m.activate(tp, sh.ColumnLinear(tp, p.lin, x, l.SharedFC1, nil)), l.SharedFC2, nil)
+		s := sh.RowLinear(tp, p.lin, m.activate(tp, sh.ColumnLinear(tp, p.lin, x, l.SharedFC1, nil), nil), l.SharedFC2, nil)
 		s = tp.Reshape(s, T, h)
 		if l.Gate != nil {
 			// sigmoid(g) as the first column of softmax([g, 0]), per
@@ -644,7 +644,7 @@ func (m *Model) moe(tp *tensor.Tape, l *MoELayer, index int, x *tensor.Tensor, p
 // and does not reduce: the dispatcher's reduce-scatter does).
 func (m *Model) experts(tp *tensor.Tape, l *MoELayer, xp, pp *tensor.Tensor, counts []int) *tensor.Tensor {
 	grouped := m.Config.MoE.GroupedGEMM
-	a := m.activate(tp, tp.GroupedLinear(xp, l.FC1, counts, grouped))
+	a := m.activate(tp, tp.GroupedLinear(xp, l.FC1, counts, grouped), nil)
 	return tp.GroupedLinear(tp.ScaleRows(a, pp), l.FC2, counts, grouped)
 }
 
@@ -837,17 +837,18 @@ func (m *Model) IsExpertParam(p *tensor.Tensor) bool {
 	return false
 }
 
-// activate is the MLP's activation.
-func (m *Model) activate(tp *tensor.Tape, h *tensor.Tensor) *tensor.Tensor {
+// activate is the MLP's activation of h + bias: bias nil when h has it
+// already, else the fused bias-activation op adds it (fusion.go).
+func (m *Model) activate(tp *tensor.Tape, h, bias *tensor.Tensor) *tensor.Tensor {
 	switch m.Config.Activation {
 	case SwiGLU:
-		return tp.SwiGLU(h)
+		return tp.BiasSwiGLU(h, bias)
 	case GELUTanh:
-		return tp.GELU(h, tensor.GELUTanh)
+		return tp.BiasGELU(h, bias, tensor.GELUTanh)
 	case SquaredReLU:
-		return tp.SquaredReLU(h)
+		return tp.SquaredReLU(h) // no fused form: fc1 added its bias (fuseBiasActivation)
 	}
-	return tp.GELU(h, tensor.GELUErf)
+	return tp.BiasGELU(h, bias, tensor.GELUErf)
 }
 
 // recordRouting keeps a training micro-batch's routing statistics: the

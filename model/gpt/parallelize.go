@@ -139,7 +139,7 @@ func Parallelize(full *Model, region *tp.Region, rankRNG *tensor.RNG) (*Model, e
 		return nil, err
 	}
 	plan := TPPlan(c)
-	m := &Model{Config: c, rope: full.rope, MoE: full.MoE}
+	m := &Model{Config: c, rope: full.rope, MoE: full.MoE, Fusions: full.Fusions}
 	var err error
 	shard := func(x *tensor.Tensor) *tensor.Tensor {
 		if x == nil || err != nil {
