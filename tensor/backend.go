@@ -172,10 +172,13 @@ type Backend interface {
 	BiasSwiGLUForward(out, y, b *Tensor)
 	BiasSwiGLUBackward(dy, dout, y, b *Tensor)
 	// BiasDropoutAddForward: out = residual + (y + b)·mask (b may be nil),
-	// the mask DropoutMask's at rng, not stored; no mask when p is 0.
-	// DropoutBackward adds dout·mask into dy, the same mask drawn again.
-	BiasDropoutAddForward(out, residual, y, b *Tensor, p float32, rng RNGState)
-	DropoutBackward(dy, dout *Tensor, p float32, rng RNGState)
+	// the mask DropoutMask's at rng (none when p is 0), kept as one bit
+	// per element in keep ((n+31)/32 float32 slots; nil when p is 0) or
+	// not at all: DropoutBackward adds dout·mask into dy from those bits,
+	// or from the mask drawn again (the CUDA kernels: drawing is cheaper
+	// there than memory).
+	BiasDropoutAddForward(out, keep, residual, y, b *Tensor, p float32, rng RNGState)
+	DropoutBackward(dy, dout, keep *Tensor, p float32, rng RNGState)
 
 	// Decoding (decode_ops.go: the exported ops check shapes, then call
 	// these). Inference only: nothing here records or computes gradients.

@@ -1,6 +1,11 @@
 package tensor
 
-import "github.com/gotron/gotron/internal/cpu"
+import (
+	"math"
+	"unsafe"
+
+	"github.com/gotron/gotron/internal/cpu"
+)
 
 // The fused elementwise ops (ops_fused.go) on the CPU: the bias-activation
 // kernels are internal/cpu's; bias-dropout-add draws its mask here, from
@@ -24,68 +29,97 @@ func (cpuBackend) BiasSwiGLUBackward(dy, dout, y, b *Tensor) {
 	cpu.BiasSwiGLUBackward(f(dy), f(dout), f(y), f(b), n, c/2)
 }
 
-// dropoutChunk is how many elements of a dropout mask the fused kernels
-// draw at a time, into a stack buffer: a multiple of four, so each chunk
-// starts at a Philox block.
+// dropoutChunk is how many elements bias-dropout-add takes at a time: a
+// multiple of 32, so each chunk starts at a Philox block and owns whole
+// words of the kept bits.
 const dropoutChunk = 1024
 
 // dropoutMaskAt fills mask with elements [start, start+len(mask)) of the
-// mask DropoutMask draws at rng (start a multiple of four): the stream is
-// counter-based, so any chunk can be drawn alone.
+// mask DropoutMask draws at rng (start a multiple of four).
 func dropoutMaskAt(mask []float32, p float32, rng RNGState, start int) {
 	r := RNG{key: rng.Key, offset: rng.Offset + uint64(start/4)}
 	r.DropoutMask(mask, p)
 }
 
+// maskWords views the float32 slots of keep as the uint32 words of a bit
+// mask (the slots hold bits, not numbers: never read them as floats).
+func maskWords(keep *Tensor) []uint32 {
+	f := keep.f32s()
+	if len(f) == 0 {
+		return nil
+	}
+	return unsafe.Slice((*uint32)(unsafe.Pointer(&f[0])), len(f))
+}
+
 // BiasDropoutAddForward sets out = residual + (y + b)·mask, b (c) or nil,
-// the mask DropoutMask's at rng (none when p is 0), chunk by chunk from a
-// stack buffer: the mask is never stored. float32(...) keeps the product
-// rounded before the add, as the unfused Mul then Add round it.
-func (cpuBackend) BiasDropoutAddForward(out, residual, y, b *Tensor, p float32, rng RNGState) {
+// the mask DropoutMask's at rng (none when p is 0), drawn chunk by chunk
+// (the stream is counter-based, so chunks run in parallel) into a stack
+// buffer and kept as bits: drawing takes most of the op's time here, so the
+// backward reads the bits rather than draw again. float32(...) keeps the
+// product rounded before the add, as the unfused Mul then Add round it.
+func (cpuBackend) BiasDropoutAddForward(out, kept, residual, y, b *Tensor, p float32, rng RNGState) {
 	o, r, yy, bb := f(out), f(residual), f(y), f(b)
+	var words []uint32
+	if p != 0 {
+		words = maskWords(kept)
+	}
 	cpu.Parallel((len(o)+dropoutChunk-1)/dropoutChunk, 16, func(lo, hi int) {
 		var mask [dropoutChunk]float32
 		for c := lo; c < hi; c++ {
 			i0, i1 := c*dropoutChunk, min((c+1)*dropoutChunk, len(o))
-			m := mask[:i1-i0]
-			if p > 0 {
-				dropoutMaskAt(m, p, rng, i0)
-			}
-			j := 0 // the bias column of element i0
+			v, rr := o[i0:i1], r[i0:i1]
 			if bb != nil {
-				j = i0 % len(bb)
+				addBias(v, yy[i0:i1], bb, i0)
+			} else {
+				copy(v, yy[i0:i1])
 			}
-			for k := range m {
-				i := i0 + k
-				v := yy[i]
-				if bb != nil {
-					v += bb[j]
-					if j++; j == len(bb) {
-						j = 0
-					}
+			if p == 0 {
+				cpu.Add(v, v, rr)
+				continue
+			}
+			m := mask[:len(v)]
+			dropoutMaskAt(m, p, rng, i0)
+			for k := range v {
+				v[k] = rr[k] + float32(v[k]*m[k])
+			}
+			for w := 0; w < len(m); w += 32 {
+				var bits uint32
+				for k, x := range m[w:min(w+32, len(m))] {
+					u := math.Float32bits(x) // +0 or a positive scale
+					bits |= (u | -u) >> 31 << k
 				}
-				if p > 0 {
-					v = float32(v * m[k])
-				}
-				o[i] = r[i] + v
+				words[(i0+w)/32] = bits
 			}
 		}
 	})
 }
 
-// DropoutBackward accumulates dy += dout·mask, the mask DropoutMask's at
-// rng, drawn again chunk by chunk.
-func (cpuBackend) DropoutBackward(dy, dout *Tensor, p float32, rng RNGState) {
-	d, g := f(dy), f(dout)
+// addBias sets t[k] = y[k] + b[(start+k) mod len(b)], a row segment at a
+// time through cpu.Add.
+func addBias(t, y, b []float32, start int) {
+	c := len(b)
+	j := start % c
+	for k := 0; k < len(y); {
+		n := min(c-j, len(y)-k)
+		cpu.Add(t[k:k+n], y[k:k+n], b[j:j+n])
+		k += n
+		j = 0
+	}
+}
+
+// DropoutBackward accumulates dy += dout·mask from the kept bits: a kept
+// element's mask is 1/(1-p) computed as RNG.DropoutMask computes it, a
+// dropped one's 0 (multiplied, not selected, as the unfused Mul does).
+func (cpuBackend) DropoutBackward(dy, dout, keep *Tensor, p float32, _ RNGState) {
+	d, g, words := f(dy), f(dout), maskWords(keep)
+	scale := 1 / (1 - p)
+	if p >= 1 {
+		scale = 0 // every bit is clear: the mask is all zeros
+	}
 	cpu.Parallel((len(d)+dropoutChunk-1)/dropoutChunk, 16, func(lo, hi int) {
-		var mask [dropoutChunk]float32
-		for c := lo; c < hi; c++ {
-			i0, i1 := c*dropoutChunk, min((c+1)*dropoutChunk, len(d))
-			m := mask[:i1-i0]
-			dropoutMaskAt(m, p, rng, i0)
-			for k, v := range m {
-				d[i0+k] += float32(g[i0+k] * v)
-			}
+		for i := lo * dropoutChunk; i < min(hi*dropoutChunk, len(d)); i++ {
+			m := scale * float32(words[i/32]>>(i%32)&1) // the mask: scale or 0
+			d[i] += float32(g[i] * m)
 		}
 	})
 }

@@ -100,7 +100,8 @@ func dropoutParams(p float32) (thr uint32, keep float32) {
 	return uint32(float64(p) * (1 << 32)), 1 / (1 - p)
 }
 
-func (be cudaBackend) BiasDropoutAddForward(out, residual, y, b *Tensor, p float32, rng RNGState) {
+// BiasDropoutAddForward keeps no bits: DropoutBackward draws the mask again.
+func (be cudaBackend) BiasDropoutAddForward(out, _, residual, y, b *Tensor, p float32, rng RNGState) {
 	n := y.Numel()
 	if !cudaFusedKernels.Load() || p >= 1 {
 		t := be.empty(Float32, y.shape...)
@@ -124,7 +125,7 @@ func (be cudaBackend) BiasDropoutAddForward(out, residual, y, b *Tensor, p float
 	be.launch1D("fused_bias_dropout_add_f32", (n+3)/4, biasDropoutAddArgs(be.ptr(out), be.ptr(residual), be.ptr(y), be.ptr(b), n, c, p, rng)...)
 }
 
-func (be cudaBackend) DropoutBackward(dy, dout *Tensor, p float32, rng RNGState) {
+func (be cudaBackend) DropoutBackward(dy, dout, _ *Tensor, p float32, rng RNGState) {
 	n := dy.Numel()
 	if !cudaFusedKernels.Load() || p >= 1 {
 		mask := be.empty(Float32, dy.shape...)

@@ -8,7 +8,7 @@ import "fmt"
 // its own arithmetic. Each gives the numbers of the chain it replaces bit
 // for bit (the same float32 operations in the same order); what changes is
 // the passes over memory and, for bias-dropout-add, the tape's memory: the
-// dropout mask is drawn again in backward instead of kept.
+// dropout mask is kept as bits, not float32 values.
 
 // checkBias panics unless b is a bias (c) for y (..., c).
 func checkBias(op string, y, b *Tensor) {
@@ -94,11 +94,11 @@ func (tp *Tape) BiasSwiGLU(y, b *Tensor) *Tensor {
 // BiasDropoutAdd returns residual + Dropout(y + b, p) for residual and y
 // (..., c) and a bias b (c) or nil: Megatron's bias_dropout_add, the end of
 // each half of a transformer layer. The mask is the one Dropout draws from
-// rng (and rng advances as Dropout advances it), but it is not kept: the
-// backward draws it again from the saved stream position, so the op holds
-// only its output where Add, Dropout and Linear's bias add hold the mask,
-// the dropped values and the sum. p == 0 adds without dropout (rng may be
-// nil).
+// rng (and rng advances as Dropout advances it), but it is kept as one bit
+// per element (the CPU) or not at all (the CUDA kernels draw it again), so
+// the op holds its output and n/32 floats where Dropout and Add hold the
+// float32 mask, the dropped values and the sum. p == 0 adds without
+// dropout (rng may be nil).
 func (tp *Tape) BiasDropoutAdd(residual, y, b *Tensor, p float32, rng *RNG) *Tensor {
 	mustF32("BiasDropoutAdd", residual, y)
 	if !SameShape(residual.shape, y.shape) {
@@ -119,8 +119,12 @@ func (tp *Tape) BiasDropoutAdd(residual, y, b *Tensor, p float32, rng *RNG) *Ten
 	}
 	residual, y = tp.Contiguous(residual), tp.Contiguous(y)
 	out := tp.empty(y.dev, y.shape...)
+	var keep *Tensor // the mask's bits
+	if p != 0 {
+		keep = tp.empty(y.dev, (y.Numel()+31)/32)
+	}
 	be := backendFor(residual, y, b)
-	be.BiasDropoutAddForward(out, residual, y, b, p, state)
+	be.BiasDropoutAddForward(out, keep, residual, y, b, p, state)
 	if tp.recording(residual, y, b) {
 		tp.record("bias_dropout_add", func(tp *Tape) {
 			g := tp.grad(out)
@@ -131,7 +135,7 @@ func (tp *Tape) BiasDropoutAdd(residual, y, b *Tensor, p float32, rng *RNG) *Ten
 				return
 			}
 			dy, fresh := tp.ownGrad(y)
-			be.DropoutBackward(dy, g, p, state)
+			be.DropoutBackward(dy, g, keep, p, state)
 			tp.sumBiasGrad(be, b, dy)
 			if !fresh {
 				tp.addGrad(y, dy)
