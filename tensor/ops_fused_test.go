@@ -153,7 +153,9 @@ func BenchmarkFusedOps(b *testing.B) {
 			func(tp *Tape, _, y, bias *Tensor) *Tensor { return tp.GELU(tp.Add(y, bias), GELUTanh) }},
 		{"bias_dropout_add", 768,
 			func(tp *Tape, r, y, bias *Tensor) *Tensor { return tp.BiasDropoutAdd(r, y, bias, 0.1, NewRNG(1)) },
-			func(tp *Tape, r, y, bias *Tensor) *Tensor { return tp.Add(r, tp.Dropout(tp.Add(y, bias), 0.1, NewRNG(1))) }},
+			func(tp *Tape, r, y, bias *Tensor) *Tensor {
+				return tp.Add(r, tp.Dropout(tp.Add(y, bias), 0.1, NewRNG(1)))
+			}},
 	} {
 		b.Run(c.name, func(b *testing.B) {
 			rng := NewRNG(2)
