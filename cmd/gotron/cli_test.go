@@ -1,7 +1,9 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
+	"flag"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -366,5 +368,26 @@ func TestFusionFlags(t *testing.T) {
 	}
 	if n := fusionNote(gpt.GELUTanh, gpt.Fusions{NoBiasGELU: true, NoBiasDropout: true}); n != "" {
 		t.Errorf("note %q for flags that act", n)
+	}
+}
+
+// TestMuPFlagsOverAPreset: --model's presets take the muP flags as well
+// (they set no muP of their own).
+func TestMuPFlagsOverAPreset(t *testing.T) {
+	fs, f := newTrainFlags()
+	if err := fs.Parse([]string{"--model", "tiny", "--use-mup", "--mup-base-hidden-size", "64", "--mock-data", "--vocab-size", "100",
+		"--seq-length", "16", "--micro-batch-size", "1", "--global-batch-size", "1", "--train-iters", "1", "--lr", "1e-3"}); err != nil {
+		t.Fatal(err)
+	}
+	f.finish()
+	given := map[string]bool{}
+	fs.Visit(func(fl *flag.Flag) { given[fl.Name] = true })
+	cfg, src, err := f.build(context.Background(), given)
+	if err != nil {
+		t.Fatal(err)
+	}
+	src.close()
+	if !cfg.Model.MuP.Enabled || cfg.Model.MuP.BaseHiddenSize != 64 {
+		t.Fatalf("--model tiny --use-mup --mup-base-hidden-size 64: muP %+v", cfg.Model.MuP)
 	}
 }

@@ -657,6 +657,9 @@ func (f *trainFlags) build(ctx context.Context, given map[string]bool) (train.Co
 		// The architecture from the checkpoint; dropout and init from the flags.
 		arch := ra.Model
 		arch.AttentionDropout, arch.HiddenDropout, arch.InitMethodStd = m.AttentionDropout, m.HiddenDropout, m.InitMethodStd
+		// muP from the flags, as Megatron's use_checkpoint_args (which does
+		// not load use_mup); a checkpoint saved otherwise refuses the load
+		arch.MuP = m.MuP
 		m = arch
 		if !given["seq-length"] && ra.SeqLength > 0 {
 			cfg.SeqLength = ra.SeqLength
@@ -720,6 +723,7 @@ func overlayModelFlags(p, flags *gpt.Config, given map[string]bool) {
 	p.RotaryBase, p.RotaryPercent, p.RotaryInterleaved = flags.RotaryBase, flags.RotaryPercent, flags.RotaryInterleaved
 	p.NormEpsilon, p.InitMethodStd = flags.NormEpsilon, flags.InitMethodStd
 	p.AttentionDropout, p.HiddenDropout, p.AddQKVBias = flags.AttentionDropout, flags.HiddenDropout, flags.AddQKVBias
+	p.MuP = flags.MuP // no preset sets muP
 }
 
 // dataSources are the opened datasets of a run.
@@ -833,6 +837,7 @@ func importHFForTraining(ctx context.Context, env *cli, cfg *train.Config) (stri
 	}
 	mc := m.Config
 	mc.AttentionDropout, mc.HiddenDropout, mc.InitMethodStd = cfg.Model.AttentionDropout, cfg.Model.HiddenDropout, cfg.Model.InitMethodStd
+	mc.MuP = cfg.Model.MuP // training settings from the flags (Hugging Face configs have no muP)
 	m.Config = mc
 	cfg.Model = mc
 	tmp, err := os.MkdirTemp("", "gotron-hf-import-")
