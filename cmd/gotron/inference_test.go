@@ -275,6 +275,7 @@ func TestInferenceRefusals(t *testing.T) {
 		{[]string{"--prompt-file", "x.jsonl"}, "--prompts and --prompt-file"},
 		{[]string{"--num-layers", "3"}, "--num-layers 3: the checkpoint"},
 		{[]string{"--inference-max-seq-length", "2"}, "exceed --inference-max-seq-length 2"},
+		{[]string{"--use-mup"}, "--use-mup: needs decoding with muP's attention scale"},
 	} {
 		_, errs, code := runCLI(t, append(append([]string{}, base...), c.args...)...)
 		if code == 0 || !strings.Contains(errs, c.want) {
