@@ -75,8 +75,13 @@ func post(ctx context.Context, st *store.Client, msg string) error {
 	if ok, _ := st.Check(ctx, joinErrorKey); !ok { // the first report stands
 		st.Set(ctx, joinErrorKey, []byte(msg))
 	}
-	return errors.New(msg)
+	return postedError(msg)
 }
+
+// postedError is a problem this rank found and posted for every rank.
+type postedError string
+
+func (e postedError) Error() string { return string(e) }
 
 // checkIn claims this rank's id, publishes its record and compares it with
 // rank 0's. listenErr is rank 0's failure to serve the store, if any.
@@ -160,30 +165,37 @@ const lingerWait = 5 * time.Second
 // rendezvous failed. Rank 0, whose exit takes the store away, keeps
 // serving it until every rank knows or lingerWait passes: a rank that
 // connects late still learns the reason instead of waiting for its join
-// timeout on a refused connection.
-func (w *world) acknowledgeJoinError(master string) {
+// timeout on a refused connection. It returns the posted problem ("" when
+// none was posted or the store cannot be reached).
+func (w *world) acknowledgeJoinError(master string) (posted string) {
 	ctx, cancel := context.WithTimeout(context.Background(), lingerWait)
 	defer cancel()
 	st, err := store.Dial(ctx, master) // ours may be out of step after an aborted request
 	if err != nil {
-		return
+		return ""
 	}
 	defer st.Close()
 	cctx, ccancel := context.WithTimeout(ctx, foreignWait) // a store answers at once
 	ok, _ := st.Check(cctx, joinErrorKey)
+	var v []byte
+	if ok {
+		v, _ = st.Get(cctx, joinErrorKey)
+	}
 	ccancel()
 	if !ok {
-		return // not a problem every rank shares (a timeout, a network error), or no gotron store
+		return "" // not a problem every rank shares (a timeout, a network error), or no gotron store
 	}
+	posted = string(v)
 	n, err := st.Add(ctx, seenKey, 1)
 	for err == nil && n < int64(w.size) && w.srv != nil {
 		select {
 		case <-ctx.Done():
-			return
+			return posted
 		case <-time.After(50 * time.Millisecond):
 		}
 		n, err = st.Add(ctx, seenKey, 0)
 	}
+	return posted
 }
 
 // errNoHeartbeat marks a failure found by missed heartbeats.

@@ -313,11 +313,18 @@ func (w *world) join(ctx context.Context) (err error) {
 		stopWatch()
 		<-watched
 		watch.Close()
+		explained := false
 		if cause := context.Cause(ctx); err != nil && cause != nil && !errors.Is(cause, context.Canceled) && !errors.Is(cause, context.DeadlineExceeded) {
-			err = cause // the problem another rank found explains ours
+			err, explained = cause, true // the problem another rank found explains ours
 		}
 		if err != nil {
-			w.acknowledgeJoinError(master)
+			// The watcher may not yet have seen a problem another rank
+			// posted when ours surfaced (a peer that stopped because of it
+			// refuses our connection): the posted problem explains ours.
+			var own postedError
+			if posted := w.acknowledgeJoinError(master); posted != "" && !explained && !errors.As(err, &own) {
+				err = errors.New(posted)
+			}
 		}
 	}()
 	if err := w.checkIn(ctx, st, master, listenErr); err != nil {

@@ -128,10 +128,32 @@ func TestPTXUpToDate(t *testing.T) {
 				t.Logf("%s was made by nvcc %s, the installed one is %s: not compared", name, made, installed)
 				continue
 			}
-			t.Errorf("%s differs from what nvcc makes of %s.cu now: run go generate ./internal/cuda/kernels and commit the PTX", name, strings.TrimSuffix(filepath.Base(p), ".ptx"))
+			fam := strings.TrimSuffix(filepath.Base(p), ".ptx")
+			if layoutSensitive[fam] {
+				// its sources' hash is compared below
+				t.Logf("%s differs from this build's (nvcc's %s PTX depends on its process's memory layout): its source's hash is compared instead", name, fam)
+				continue
+			}
+			t.Errorf("%s differs from what nvcc makes of %s.cu now: run go generate ./internal/cuda/kernels and commit the PTX", name, fam)
 		}
 	}
+	fresh, err := os.ReadFile(filepath.Join(out, "sources.sha256"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	committed, err := os.ReadFile(filepath.Join("ptx", "sources.sha256"))
+	if err != nil || !bytes.Equal(fresh, committed) {
+		t.Errorf("ptx/sources.sha256 does not record the .cu files as they are (%v): run go generate ./internal/cuda/kernels and commit the PTX\ncommitted:\n%s\nnow:\n%s", err, committed, fresh)
+	}
 }
+
+// layoutSensitive names the families whose PTX nvcc 11.8 makes differently
+// from one checkout to another (attntc's large unrolled mma loops: the
+// checkout's path alone reorders a few instructions and renumbers
+// registers, see gen's compile). TestPTXUpToDate checks them through
+// ptx/sources.sha256 (the PTX was made from these very sources) instead of
+// byte for byte; TestPTXNoSpills still runs ptxas on the committed files.
+var layoutSensitive = map[string]bool{"attntc": true}
 
 // TestPTXNoSpills assembles each sm_90 file with ptxas and fails on
 // register spills (local-memory traffic in a hot loop); it logs each

@@ -11,6 +11,7 @@
 package main
 
 import (
+	"crypto/sha256"
 	"errors"
 	"flag"
 	"fmt"
@@ -107,6 +108,9 @@ func run(src, out string) error {
 	if err := errors.Join(errs...); err != nil {
 		return err
 	}
+	if err := writeSources(files, filepath.Join(out, SourcesFile)); err != nil {
+		return err
+	}
 	// Remove PTX of families whose .cu is gone.
 	for _, arch := range Archs {
 		old, err := filepath.Glob(filepath.Join(out, arch, "*.ptx"))
@@ -124,6 +128,24 @@ func run(src, out string) error {
 	return nil
 }
 
+// SourcesFile, beside the architectures' folders, records the SHA-256 of
+// every .cu the PTX was made from: TestPTXUpToDate compares it where it
+// cannot compare a family's PTX bytes (see compile).
+const SourcesFile = "sources.sha256"
+
+// writeSources writes "<sha256>  <file>" for each .cu, sorted by name.
+func writeSources(files []string, path string) error {
+	var b strings.Builder
+	for _, cu := range files {
+		src, err := os.ReadFile(cu)
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(&b, "%x  %s\n", sha256.Sum256(src), filepath.Base(cu))
+	}
+	return os.WriteFile(path, []byte(b.String()), 0o644)
+}
+
 // compile runs nvcc on cu for arch and writes ptx (a failed compile
 // leaves the old PTX in place).
 //
@@ -134,8 +156,11 @@ func run(src, out string) error {
 // randomization (setarch -R, util-linux, where present), in the .cu's
 // folder with relative paths of fixed length (output .gen-<family>-<arch>,
 // copied to ptx afterwards) and an environment of only a fixed PATH
-// (nvcc's folder, then the system's): go generate and TestPTXUpToDate then
-// get the same bytes on one machine.
+// (nvcc's folder, then the system's). That still does not make attntc's
+// PTX the same bytes everywhere: the path of the checkout alone changes it
+// (seen with two clones on one machine). TestPTXUpToDate therefore
+// compares such families through SourcesFile, and the others byte for
+// byte.
 // setarchR returns setarch's path when `setarch -R true` runs here, else "".
 var setarchR = sync.OnceValue(func() string {
 	p, err := exec.LookPath("setarch")
