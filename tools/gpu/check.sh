@@ -4,10 +4,13 @@
 # CUDA, the models against the CPU, training against the CPU, then the
 # benchmarks; every log lands in $OUT (default ./gpu-out). Each step has its
 # own time limit so one hang cannot eat the machine's time.
-#   .gpu/check.sh [steps...]   (steps: runtime nccl conformance model train unverified bench profile; default all but profile)
+#   .gpu/check.sh [steps...]   (steps: runtime nccl conformance model train unverified bench profile, or unverified's parts unverified-tests unverified-124m unverified-cp; default all but profile)
 # `unverified` runs what is built but has not yet run on a GPU
-# (docs/design/cuda.md, "Built, not yet run on a GPU"): its tests by name,
-# and context-parallel training on the GPU against the CPU.
+# (docs/design/cuda.md, "Built, not yet run on a GPU"): its tests by name
+# (`unverified-tests`), GPT-2 124M in bf16 with each unverified feature
+# (`unverified-124m`), and context-parallel training on the GPU against the
+# CPU (`unverified-cp`); each part is a step of its own too, for a short
+# GPU window.
 set -u
 bin=$(cd "$(dirname "$0")" && pwd)
 out=${OUT:-./gpu-out}
@@ -23,6 +26,68 @@ run() { # name limit command...
 	rc=$?
 	echo "$name: rc=$rc $(( $(date +%s) - start ))s" | tee -a "$out/summary.txt"
 	grep -E "^(--- FAIL|FAIL|ok|PASS|panic)" "$out/$name.log" | head -40 >> "$out/summary.txt"
+}
+unverified_tests() {
+	# Block attention (CP), bf16/fp16 attention products and the
+	# tensor-core flash attention against the CPU; the MoE model step
+	# against the CPU, with the loop and with the grouped GEMM.
+	run unverified-attn 180 "$bin/tensor_backendtest.test" -test.v \
+		-test.run 'TestCUDABlockAttention|TestCUDAAttentionReducedPrecision'
+	# the tensor-core flash attention (flash-tc) in a process of its
+	# own: a fault in a new kernel ends the CUDA context
+	run unverified-attn-tc 180 "$bin/tensor_backendtest.test" -test.v -test.run 'TestCUDAAttentionTensorCores'
+	run unverified-moe 180 "$bin/model_gpt.test" -test.v -test.run 'TestCUDAMoEMatchesCPU'
+	# NCCL's grouped sends and receives of device tensors (pipeline,
+	# context- and expert-parallel exchanges in place), world of one
+	run unverified-nccl-batch 120 "$bin/comm_nccl.test" -test.v -test.run 'TestCUDABatchSendRecvTensors'
+	# The MoE experts' grouped GEMM (moe-grouped: one
+	# cublasGemmGroupedBatchedEx per product, cuBLAS 12.5+): the call
+	# against the host, GroupedLinear and a model step against the CPU.
+	run unverified-moe-grouped-blas 120 "$bin/internal_cuda.test" -test.v -test.run 'TestGPUGemmGrouped'
+	run unverified-moe-grouped-op 120 "$bin/tensor_backendtest.test" -test.v -test.run 'TestCUDAGroupedLinearMatchesCPU'
+	run unverified-moe-grouped 180 env GOTRON_CUDA_UNVERIFIED=moe-grouped "$bin/model_gpt.test" -test.v -test.run 'TestCUDAMoEGroupedMatchesCPU'
+	# The fused bias-GELU, bias-SwiGLU and bias-dropout-add kernels
+	# (fused.cu) against the CPU, then the model's training step with
+	# them on (the layer fuses by default).
+	run unverified-fusion 180 "$bin/tensor_backendtest.test" -test.v -test.run 'TestCUDAFusedOps'
+	run unverified-model-fusion 180 env GOTRON_CUDA_UNVERIFIED=fusion "$bin/model_gpt.test" -test.v -test.run '^TestCUDAMatchesCPU$'
+	# Staged host-to-device copies: the runtime test, then training
+	# against the CPU (50 iterations, fp32 and --bf16) with them on.
+	run unverified-staged 120 "$bin/internal_cuda.test" -test.v -test.run 'TestGPUCopyHtoDStaged'
+	run unverified-train-staged 240 env GOTRON_CUDA_UNVERIFIED=staged-copies "$bin/train.test" -test.v -test.run 'CUDA'
+	# A step's scalars read back once (fewer-syncs): the loss mask's
+	# scale reading Σ mask on the device (bit for bit), ReadBack's
+	# packed copy, one read-back per training step, then training
+	# against the CPU.
+	run unverified-fewer-syncs 180 env GOTRON_CUDA_UNVERIFIED=fewer-syncs "$bin/tensor_backendtest.test" -test.v \
+		-test.run 'TestCUDAMethods|TestCUDAReadBack|TestCUDAOps'
+	run unverified-train-fewer-syncs 240 env GOTRON_CUDA_UNVERIFIED=fewer-syncs "$bin/train.test" -test.v -test.run 'CUDA'
+	grep -h "device-to-host copies\|^--- \|^ok\|^FAIL" "$out/unverified-train-fewer-syncs.log" | head -20 >> "$out/summary.txt"
+}
+unverified_124m() {
+	# GPT-2 124M bf16 with each feature alone, and the two copy features
+	# together: speed and host copies
+	for feat in staged-copies attn-bf16 fewer-syncs staged-copies,fewer-syncs flash-tc; do
+		run "unverified-124m-bf16-$feat" 240 env GOTRON_CUDA_UNVERIFIED=$feat "$bin/gotron" train --device cuda --mock-data \
+			--num-layers 12 --hidden-size 768 --num-attention-heads 12 --seq-length 1024 --max-position-embeddings 1024 \
+			--micro-batch-size 8 --global-batch-size 8 --train-iters 8 --log-interval 1 --vocab-size 50304 --lr 1e-4 --bf16
+		grep -o "lm loss: [0-9.E+-]*\|elapsed time per iteration (ms): [0-9.]*\|tokens/s: [0-9.]*" \
+			"$out/unverified-124m-bf16-$feat.log" | tail -3 | sed "s/^/$feat: /" >> "$out/summary.txt"
+		grep -o "cuda device: .*" "$out/unverified-124m-bf16-$feat.log" | sed "s/^/$feat: /" >> "$out/summary.txt"
+	done
+}
+unverified_cp() {
+	# --context-parallel-size 2 (two processes on the one GPU, host
+	# collectives) against the same run on the CPU: the losses of the
+	# last iterations must agree within float32 rounding.
+	for dev in cpu cuda; do
+		run "unverified-cp-$dev" 240 env GOTRON_CUDA_UNVERIFIED=cp "$bin/gotron" launch --nproc-per-node 2 -- train \
+			--device $dev --device-memory-fraction 0.4 --distributed-backend gloo --context-parallel-size 2 --mock-data --num-layers 2 \
+			--hidden-size 128 --num-attention-heads 4 --seq-length 256 --max-position-embeddings 256 \
+			--micro-batch-size 2 --global-batch-size 2 --train-iters 10 --log-interval 1 --vocab-size 512 \
+			--lr 1e-3 --eval-iters 0 --seed 5
+		grep -o "lm loss: [0-9.E+-]*" "$out/unverified-cp-$dev.log" | tail -2 | sed "s/^/cp $dev: /" >> "$out/summary.txt"
+	done
 }
 for s in $steps; do
 	case $s in
@@ -44,64 +109,10 @@ for s in $steps; do
 		grep -h "out of device memory" "$out/oom.log" | head -2 >> "$out/summary.txt"
 		grep -c "goroutine " "$out/oom.log" | sed 's/^/goroutine lines in the oom log (want 0): /' >> "$out/summary.txt"
 		;;
-	unverified)
-		# Block attention (CP), bf16/fp16 attention products and the
-		# tensor-core flash attention against the CPU; the MoE model step
-		# against the CPU, with the loop and with the grouped GEMM.
-		run unverified-attn 180 "$bin/tensor_backendtest.test" -test.v \
-			-test.run 'TestCUDABlockAttention|TestCUDAAttentionReducedPrecision'
-		# the tensor-core flash attention (flash-tc) in a process of its
-		# own: a fault in a new kernel ends the CUDA context
-		run unverified-attn-tc 180 "$bin/tensor_backendtest.test" -test.v -test.run 'TestCUDAAttentionTensorCores'
-		run unverified-moe 180 "$bin/model_gpt.test" -test.v -test.run 'TestCUDAMoEMatchesCPU'
-		# NCCL's grouped sends and receives of device tensors (pipeline,
-		# context- and expert-parallel exchanges in place), world of one
-		run unverified-nccl-batch 120 "$bin/comm_nccl.test" -test.v -test.run 'TestCUDABatchSendRecvTensors'
-		# The MoE experts' grouped GEMM (moe-grouped: one
-		# cublasGemmGroupedBatchedEx per product, cuBLAS 12.5+): the call
-		# against the host, GroupedLinear and a model step against the CPU.
-		run unverified-moe-grouped-blas 120 "$bin/internal_cuda.test" -test.v -test.run 'TestGPUGemmGrouped'
-		run unverified-moe-grouped-op 120 "$bin/tensor_backendtest.test" -test.v -test.run 'TestCUDAGroupedLinearMatchesCPU'
-		run unverified-moe-grouped 180 env GOTRON_CUDA_UNVERIFIED=moe-grouped "$bin/model_gpt.test" -test.v -test.run 'TestCUDAMoEGroupedMatchesCPU'
-		# The fused bias-GELU, bias-SwiGLU and bias-dropout-add kernels
-		# (fused.cu) against the CPU, then the model's training step with
-		# them on (the layer fuses by default).
-		run unverified-fusion 180 "$bin/tensor_backendtest.test" -test.v -test.run 'TestCUDAFusedOps'
-		run unverified-model-fusion 180 env GOTRON_CUDA_UNVERIFIED=fusion "$bin/model_gpt.test" -test.v -test.run '^TestCUDAMatchesCPU$'
-		# Staged host-to-device copies: the runtime test, then training
-		# against the CPU (50 iterations, fp32 and --bf16) with them on.
-		run unverified-staged 120 "$bin/internal_cuda.test" -test.v -test.run 'TestGPUCopyHtoDStaged'
-		run unverified-train-staged 240 env GOTRON_CUDA_UNVERIFIED=staged-copies "$bin/train.test" -test.v -test.run 'CUDA'
-		# A step's scalars read back once (fewer-syncs): the loss mask's
-		# scale reading Σ mask on the device (bit for bit), ReadBack's
-		# packed copy, one read-back per training step, then training
-		# against the CPU.
-		run unverified-fewer-syncs 180 env GOTRON_CUDA_UNVERIFIED=fewer-syncs "$bin/tensor_backendtest.test" -test.v \
-			-test.run 'TestCUDAMethods|TestCUDAReadBack|TestCUDAOps'
-		run unverified-train-fewer-syncs 240 env GOTRON_CUDA_UNVERIFIED=fewer-syncs "$bin/train.test" -test.v -test.run 'CUDA'
-		grep -h "device-to-host copies\|^--- \|^ok\|^FAIL" "$out/unverified-train-fewer-syncs.log" | head -20 >> "$out/summary.txt"
-		# GPT-2 124M bf16 with each feature alone, and the two copy features
-		# together: speed and host copies
-		for feat in staged-copies attn-bf16 fewer-syncs staged-copies,fewer-syncs flash-tc; do
-			run "unverified-124m-bf16-$feat" 240 env GOTRON_CUDA_UNVERIFIED=$feat "$bin/gotron" train --device cuda --mock-data \
-				--num-layers 12 --hidden-size 768 --num-attention-heads 12 --seq-length 1024 --max-position-embeddings 1024 \
-				--micro-batch-size 8 --global-batch-size 8 --train-iters 8 --log-interval 1 --vocab-size 50304 --lr 1e-4 --bf16
-			grep -o "lm loss: [0-9.E+-]*\|elapsed time per iteration (ms): [0-9.]*\|tokens/s: [0-9.]*" \
-				"$out/unverified-124m-bf16-$feat.log" | tail -3 | sed "s/^/$feat: /" >> "$out/summary.txt"
-			grep -o "cuda device: .*" "$out/unverified-124m-bf16-$feat.log" | sed "s/^/$feat: /" >> "$out/summary.txt"
-		done
-		# --context-parallel-size 2 (two processes on the one GPU, host
-		# collectives) against the same run on the CPU: the losses of the
-		# last iterations must agree within float32 rounding.
-		for dev in cpu cuda; do
-			run "unverified-cp-$dev" 240 env GOTRON_CUDA_UNVERIFIED=cp "$bin/gotron" launch --nproc-per-node 2 -- train \
-				--device $dev --device-memory-fraction 0.4 --distributed-backend gloo --context-parallel-size 2 --mock-data --num-layers 2 \
-				--hidden-size 128 --num-attention-heads 4 --seq-length 256 --max-position-embeddings 256 \
-				--micro-batch-size 2 --global-batch-size 2 --train-iters 10 --log-interval 1 --vocab-size 512 \
-				--lr 1e-3 --eval-iters 0 --seed 5
-			grep -o "lm loss: [0-9.E+-]*" "$out/unverified-cp-$dev.log" | tail -2 | sed "s/^/cp $dev: /" >> "$out/summary.txt"
-		done
-		;;
+	unverified) unverified_tests; unverified_124m; unverified_cp ;;
+	unverified-tests) unverified_tests ;;
+	unverified-124m) unverified_124m ;;
+	unverified-cp) unverified_cp ;;
 	bench)
 		run bench-gemm 120 "$bin/internal_cuda.test" -test.run '^$' -test.bench 'GPU' -test.benchtime 20x
 		for prec in fp32 bf16; do
