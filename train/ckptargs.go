@@ -43,7 +43,14 @@ func archFields() []archField {
 		{"UntieEmbeddingsAndOutputWeights", "--untie-embeddings-and-output-weights", func(c *gpt.Config) any { return c.UntieEmbeddingsAndOutputWeights }},
 		// muP changes what the weights mean (attention and logit scales)
 		// and the optimizer's groups: a resume keeps them.
-		{"MuP", "--use-mup/--mup-*", func(c *gpt.Config) any { return c.MuP }},
+		{"MuP", "--use-mup/--mup-*", func(c *gpt.Config) any {
+			if !c.MuP.Enabled {
+				// unset fields and Megatron's defaults (1) mean the same
+				// without muP (a --load HF_DIR import records the flags')
+				return gpt.MuPConfig{}
+			}
+			return c.MuP
+		}},
 	}
 }
 
