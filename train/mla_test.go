@@ -68,33 +68,9 @@ func TestMLAParallelMatchesSingleProcess(t *testing.T) {
 // SP resumes at TP=2 with SP and at one process with the losses of the
 // uninterrupted run.
 func TestMLACheckpointResume(t *testing.T) {
-	train, valid := dpDataset(t, 16)
 	cfg := dpConfig(mlaModels()["mla-qlora"])
 	cfg.MicroBatchSize = 2
-	straight := runTP(t, cfg, 2, 1, true, ddp.Config{}, train, valid)[0]
-	dir := t.TempDir()
-	first := cfg
-	first.Save, first.ExitInterval = dir, 5
-	a := runTP(t, first, 2, 1, true, ddp.Config{}, train, valid)[0]
-	for _, size := range []int{2, 1} {
-		second := cfg
-		second.Load = dir
-		var b dpRun
-		if size == 1 {
-			b = runDP(t, second, 0, ddp.Config{}, train, valid)[0]
-		} else {
-			b = runTP(t, second, size, 1, true, ddp.Config{}, train, valid)[0]
-		}
-		got := append(append([]float64(nil), a.res.Losses...), b.res.Losses...)
-		if len(got) != len(straight.res.Losses) {
-			t.Fatalf("resumed at TP=%d: %d iterations in all, want %d", size, len(got), len(straight.res.Losses))
-		}
-		for i := range straight.res.Losses {
-			if !relClose(got[i], straight.res.Losses[i], 1e-5) {
-				t.Fatalf("MLA TP=2 SP checkpoint resumed at TP=%d: iteration %d loss %.9g, straight %.9g", size, i+1, got[i], straight.res.Losses[i])
-			}
-		}
-	}
+	checkTPSPResume(t, "MLA", cfg)
 }
 
 // TestMLAContextParallelMatchesSingleProcess: MLA's attention over a
@@ -114,5 +90,37 @@ func TestMLAContextParallelMatchesSingleProcess(t *testing.T) {
 			continue
 		}
 		checkSameRun(t, "mla "+l.String(), ref, runCPLayout(t, cfg, l, train, valid))
+	}
+}
+
+// checkTPSPResume saves cfg's run at iteration 5 under TP=2 with SP and
+// resumes it at TP=2 with SP and in one process: both must continue with
+// the losses of the uninterrupted TP=2 run.
+func checkTPSPResume(t *testing.T, label string, cfg Config) {
+	t.Helper()
+	train, valid := dpDataset(t, 16)
+	straight := runTP(t, cfg, 2, 1, true, ddp.Config{}, train, valid)[0]
+	dir := t.TempDir()
+	first := cfg
+	first.Save, first.ExitInterval = dir, 5
+	a := runTP(t, first, 2, 1, true, ddp.Config{}, train, valid)[0]
+	for _, size := range []int{2, 1} {
+		second := cfg
+		second.Load = dir
+		var b dpRun
+		if size == 1 {
+			b = runDP(t, second, 0, ddp.Config{}, train, valid)[0]
+		} else {
+			b = runTP(t, second, size, 1, true, ddp.Config{}, train, valid)[0]
+		}
+		got := append(append([]float64(nil), a.res.Losses...), b.res.Losses...)
+		if len(got) != len(straight.res.Losses) {
+			t.Fatalf("%s: resumed at TP=%d: %d iterations in all, want %d", label, size, len(got), len(straight.res.Losses))
+		}
+		for i := range straight.res.Losses {
+			if !relClose(got[i], straight.res.Losses[i], 1e-5) {
+				t.Fatalf("%s TP=2 SP checkpoint resumed at TP=%d: iteration %d loss %.9g, straight %.9g", label, size, i+1, got[i], straight.res.Losses[i])
+			}
+		}
 	}
 }
