@@ -130,6 +130,10 @@ func TestGradients(t *testing.T) {
 			func(tp *Tape, in []*Tensor) *Tensor {
 				return tp.CrossEntropy(in[0], targets, CrossEntropyOptions{LossMask: mask, LabelSmoothing: 0.1})
 			}},
+		{"token_logprobs", []*Tensor{randParam(rng, "logits", 1.5, 6, 5)},
+			func(tp *Tape, in []*Tensor) *Tensor {
+				return tp.TokenLogProbs(in[0], FromInt32([]int32{1, 0, 4, 3, 2, 2}, 6))
+			}},
 		{"views_transpose_narrow_concat_split", []*Tensor{randParam(rng, "a", 1, 3, 4), randParam(rng, "b", 1, 4, 2)},
 			func(tp *Tape, in []*Tensor) *Tensor {
 				at := tp.Transpose(in[0], 0, 1)   // (4, 3) strided view
