@@ -89,8 +89,7 @@ func (c *EngineConfig) validate(m *gpt.Model) error {
 // every layer, float32, of the query groups this rank holds (a
 // tensor-parallel rank caches its own heads).
 func (c *EngineConfig) bytesPerToken(m *gpt.Model) int64 {
-	mc := &m.Config
-	return int64(2 * mc.NumLayers * m.QueryGroupsHere() * mc.KVChannels * 4)
+	return m.KVBytesPerToken()
 }
 
 func (c *EngineConfig) blockBytes(m *gpt.Model) int64 {
@@ -270,7 +269,7 @@ func NewEngine(m *gpt.Model, cfg EngineConfig) (*Engine, error) {
 	mc := &m.Config
 	blocks := int(cfg.KVCacheBytes / cfg.blockBytes(m))
 	e := &Engine{m: m, cfg: cfg, maxPos: mc.MaxPositionEmbeddings, byID: map[SeqID]*sequence{}}
-	e.pool = newKVPool(m.Device(), mc.NumLayers, m.QueryGroupsHere(), mc.KVChannels, cfg.BlockTokens, blocks)
+	e.pool = newKVPool(m.Device(), mc.NumLayers, m.QueryGroupsHere(), m.KVHeadDim(), cfg.BlockTokens, blocks)
 	e.att = newPagedAttention(e.pool)
 	if cfg.BF16 {
 		if err := m.CheckBF16(); err != nil {

@@ -70,20 +70,8 @@ func PackLinears(m *gpt.Model, dtype tensor.DType) *PackedLinears {
 		pl.bytes += pw.Bytes()
 	}
 	for i := range m.Layers {
-		l := &m.Layers[i]
-		add(l.QKV)
-		add(l.Proj)
-		add(l.FC1)
-		add(l.FC2)
-		if moe := l.MoE; moe != nil {
-			// the router and shared expert are linear layers of every
-			// token; the routed experts run as one grouped GEMM over the
-			// step's tokens (tensor.Tape.GroupedLinear) on the model's
-			// weights
-			add(moe.Router)
-			add(moe.SharedFC1)
-			add(moe.SharedFC2)
-			add(moe.Gate)
+		for _, w := range packedWeights(&m.Layers[i]) {
+			add(w)
 		}
 	}
 	if m.OutputLayer != nil {
@@ -92,6 +80,20 @@ func PackLinears(m *gpt.Model, dtype tensor.DType) *PackedLinears {
 		add(m.WordEmb)
 	}
 	return pl
+}
+
+// packedWeights are the layer's weights PackLinears packs (nil where the
+// layer has none): attention's projections (fused QKV, or multi-latent
+// attention's down- and up-projections), the MLP's, and an MoE layer's
+// router and shared expert, linear layers of every token. The routed
+// experts run as one grouped GEMM over the step's tokens
+// (tensor.Tape.GroupedLinear) on the model's weights.
+func packedWeights(l *gpt.Layer) []*tensor.Tensor {
+	ws := []*tensor.Tensor{l.QKV, l.QProj, l.QDown, l.QUp, l.KVDown, l.KVUp, l.Proj, l.FC1, l.FC2}
+	if moe := l.MoE; moe != nil {
+		ws = append(ws, moe.Router, moe.SharedFC1, moe.SharedFC2, moe.Gate)
+	}
+	return ws
 }
 
 // PackedBytes estimates the memory NewEngine(m, cfg) allocates for packed
@@ -103,17 +105,9 @@ func PackedBytes(m *gpt.Model, cfg EngineConfig) int64 {
 	}
 	var n int64
 	for i := range m.Layers {
-		l := &m.Layers[i]
-		for _, w := range []*tensor.Tensor{l.QKV, l.Proj, l.FC1, l.FC2} {
+		for _, w := range packedWeights(&m.Layers[i]) {
 			if w != nil {
 				n += int64(w.Numel())
-			}
-		}
-		if moe := l.MoE; moe != nil {
-			for _, w := range []*tensor.Tensor{moe.Router, moe.SharedFC1, moe.SharedFC2, moe.Gate} {
-				if w != nil {
-					n += int64(w.Numel())
-				}
 			}
 		}
 	}

@@ -281,7 +281,6 @@ func TestMegatronCompatRefusals(t *testing.T) {
 		{[]string{"--q-lora-rank", "8"}, "--q-lora-rank needs --multi-latent-attention"},
 		{[]string{"--rope-type", "yarn"}, "--rope-type needs --multi-latent-attention"},
 		{[]string{"--multi-latent-attention", "--rope-type", "ntk"}, "--rope-type=\"ntk\": want yarn or rope"},
-		{[]string{"--multi-latent-attention", "--sample-prompt", "x"}, "--sample-prompt: gpt: decoding a --multi-latent-attention model"},
 		{[]string{"--multi-latent-attention", "--group-query-attention", "--num-query-groups", "2"}, "mutually exclusive"},
 		{[]string{"--dsa-indexer-topk", "8"}, "--dsa-indexer-topk 8: needs the DSA experimental attention variant"},
 		{[]string{"--experimental-attention-variant", "gdn2"}, "--experimental-attention-variant gdn2: not built in gotron (gated_delta_net is)"},

@@ -217,6 +217,14 @@ var inferenceModelArgs = []struct {
 	{"kv-channels", func(c *gpt.Config) string { return strconv.Itoa(c.KVChannels) }},
 	{"num-query-groups", func(c *gpt.Config) string { return strconv.Itoa(c.NumQueryGroups) }},
 	{"max-position-embeddings", func(c *gpt.Config) string { return strconv.Itoa(c.MaxPositionEmbeddings) }},
+	// Megatron does not take MLA's from the checkpoint; a model built with
+	// other ones would not load it: they must match
+	{"multi-latent-attention", func(c *gpt.Config) string { return strconv.FormatBool(c.MLA.Enabled) }},
+	{"q-lora-rank", func(c *gpt.Config) string { return strconv.Itoa(c.MLA.QLoraRank) }},
+	{"kv-lora-rank", func(c *gpt.Config) string { return strconv.Itoa(c.MLA.KVLoraRank) }},
+	{"qk-head-dim", func(c *gpt.Config) string { return strconv.Itoa(c.MLA.QKHeadDim) }},
+	{"qk-pos-emb-head-dim", func(c *gpt.Config) string { return strconv.Itoa(c.MLA.QKPosEmbHeadDim) }},
+	{"v-head-dim", func(c *gpt.Config) string { return strconv.Itoa(c.MLA.VHeadDim) }},
 }
 
 // inferenceUsed are gotron train's flags that gotron inference uses; every
@@ -319,8 +327,6 @@ func (a *inferenceArgs) check(fs *flag.FlagSet, given map[string]bool, f *trainF
 		switch {
 		case name == "use-mup" && v != "false":
 			return nil, fmt.Errorf("--use-mup: needs decoding with muP's attention scale, not built in gotron; gotron trains and scores muP models")
-		case name == "multi-latent-attention" && v != "false":
-			return nil, fmt.Errorf("--multi-latent-attention: needs decoding with multi-latent attention (an MLA KV cache), not built in gotron; gotron trains and scores MLA models")
 		case isInferenceFlag(name) && strings.HasPrefix(fl.Usage, "refused: ") && v != "false":
 			return nil, fmt.Errorf("--%s: %s", name, strings.TrimPrefix(fl.Usage, "refused: "))
 		case strings.HasPrefix(fl.Usage, "refused: needs "):
@@ -522,7 +528,7 @@ func runMegatronInference(ctx context.Context, env *cli, a *inferenceArgs, f *tr
 	}
 	// The pool is the smaller of the buffer and what the running requests
 	// can use (float64: no integer overflow for any flag values).
-	perToken := 2 * float64(m.Config.NumLayers) * float64(m.QueryGroupsHere()) * float64(m.Config.KVChannels) * 4
+	perToken := float64(m.KVBytesPerToken())
 	need := float64(seqs) * float64(m.Config.MaxPositionEmbeddings+ec.BlockTokens) * perToken
 	ec.KVCacheBytes = int64(min(need, a.bufferGB*(1<<30)))
 	for i, r := range reqs {
@@ -622,6 +628,18 @@ func fsValue(f *trainFlags, name string) string {
 		return strconv.Itoa(m.NumQueryGroups)
 	case "max-position-embeddings":
 		return strconv.Itoa(m.MaxPositionEmbeddings)
+	case "multi-latent-attention":
+		return strconv.FormatBool(f.mla.on)
+	case "q-lora-rank":
+		return strconv.Itoa(f.mla.qLoraRank)
+	case "kv-lora-rank":
+		return strconv.Itoa(f.mla.kvLoraRank)
+	case "qk-head-dim":
+		return strconv.Itoa(f.mla.qkHeadDim)
+	case "qk-pos-emb-head-dim":
+		return strconv.Itoa(f.mla.qkPosEmbHeadDim)
+	case "v-head-dim":
+		return strconv.Itoa(f.mla.vHeadDim)
 	}
 	return ""
 }

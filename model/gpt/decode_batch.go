@@ -2,6 +2,7 @@ package gpt
 
 import (
 	"fmt"
+	"math"
 
 	"github.com/gotron/gotron/tensor"
 )
@@ -98,7 +99,13 @@ func (m *Model) DecodeBatch(buf *DecodeBuffers, tokens, positions []int32, att A
 	}
 	dev := m.Device() // tokens and positions are the step's input: copied to the model's device
 	posT := tensor.FromInt32(append([]int32(nil), positions...), 1, n).ToDevice(dev)
-	p := &pass{positions: posT, core: attenderCore{att}, lin: lin, layerTape: lt}
+	core := attenderCore{att: att}
+	if c.MLA.Enabled {
+		// The paged kernels scale the scores by 1/√(head dim); MLA's heads
+		// are padded to KVHeadDim and its scale is its own (YaRN's mscale²).
+		core.qScale = c.MLA.SoftmaxScale() * float32(math.Sqrt(float64(m.KVHeadDim())))
+	}
+	p := &pass{positions: posT, core: core, lin: lin, layerTape: lt}
 	x := m.embed(tp, tensor.FromInt32(append([]int32(nil), tokens...), 1, n).ToDevice(dev), posT, p) // (1, n, h)
 	x = m.block(tp, x, m.Layers, 0, p)
 	var last *tensor.Tensor // (1, len(rows), h)
@@ -123,13 +130,38 @@ func (m *Model) DecodeBatch(buf *DecodeBuffers, tokens, positions []int32, att A
 
 // QueryGroupsHere is the number of query groups (key/value heads) whose
 // attention this rank computes: all of them, or a tensor-parallel rank's
-// share (read from the QKV weight, as the attention does). A KV cache
-// holds these.
+// share (read from the QKV weight, or MLA's key-value up-projection, as the
+// attention does). A KV cache holds these.
 func (m *Model) QueryGroupsHere() int {
 	c := &m.Config
-	if m.Sharding == nil || len(m.Layers) == 0 || m.Layers[0].QKV == nil {
+	if m.Sharding == nil || len(m.Layers) == 0 {
+		return c.NumQueryGroups
+	}
+	if l := m.Layers[0]; c.MLA.Enabled && l.KVUp != nil {
+		return l.KVUp.Dim(0) / (c.MLA.QKHeadDim + c.MLA.VHeadDim) // MLA: one key-value head per query head
+	}
+	if m.Layers[0].QKV == nil {
 		return c.NumQueryGroups
 	}
 	r := c.NumAttentionHeads / c.NumQueryGroups
 	return m.Layers[0].QKV.Dim(0) / ((r + 2) * c.KVChannels)
+}
+
+// KVHeadDim is the width of each cached key and value head: --kv-channels,
+// or with multi-latent attention the wider of the [nope; rope] query-key
+// head and the value head (mlaAttention pads the narrower with zeros, and
+// the cache keeps the padded heads: per head the rotary key shared by the
+// heads is stored with each head's own key).
+func (m *Model) KVHeadDim() int {
+	c := &m.Config
+	if c.MLA.Enabled {
+		return max(c.MLA.QHeadDim(), c.MLA.VHeadDim)
+	}
+	return c.KVChannels
+}
+
+// KVBytesPerToken is the KV cache's size of one position on this rank:
+// keys and values of every layer, float32, of the heads this rank holds.
+func (m *Model) KVBytesPerToken() int64 {
+	return 2 * int64(m.Config.NumLayers) * int64(m.QueryGroupsHere()) * int64(m.KVHeadDim()) * 4
 }

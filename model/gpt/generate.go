@@ -26,9 +26,10 @@ func (m *Model) NewKVCache(maxLen int) *KVCache {
 	}
 	kv := &KVCache{MaxLen: maxLen}
 	g := m.QueryGroupsHere() // a tensor-parallel rank caches its heads
+	d := m.KVHeadDim()
 	for range c.NumLayers {
-		kv.k = append(kv.k, tensor.ZerosOn(m.Device(), 1, g, maxLen, c.KVChannels))
-		kv.v = append(kv.v, tensor.ZerosOn(m.Device(), 1, g, maxLen, c.KVChannels))
+		kv.k = append(kv.k, tensor.ZerosOn(m.Device(), 1, g, maxLen, d))
+		kv.v = append(kv.v, tensor.ZerosOn(m.Device(), 1, g, maxLen, d))
 	}
 	return kv
 }

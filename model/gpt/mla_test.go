@@ -3,6 +3,7 @@ package gpt
 import (
 	"encoding/json"
 	"fmt"
+	"math"
 	"os"
 	"path/filepath"
 	"slices"
@@ -162,14 +163,66 @@ func TestMLAConfigErrors(t *testing.T) {
 	}
 }
 
-// TestMLADecodeRefused: decoding has no MLA KV cache; it says so instead
-// of caching the wrong keys.
-func TestMLADecodeRefused(t *testing.T) {
-	m, _, _ := newMLAGoldenModel(t, "mla_qlora")
-	_, err := m.Decode(m.NewKVCache(8), []int32{1, 2})
-	if err == nil || !strings.Contains(err.Error(), "multi-latent-attention") {
-		t.Fatalf("Decode of an MLA model: %v, want a refusal naming --multi-latent-attention", err)
+// TestMLADecodeMatchesFullForward: an MLA model decodes with its per-head
+// keys (the shared rotary key in each) and values in the KV cache: the
+// logits of every step — a prefill of 3 tokens, then one token at a time,
+// and DecodeBatch's chunks of several rows — equal the full forward's at
+// the same positions within float32 rounding, with --q-lora-rank (v
+// narrower than the heads, YaRN factor 40, mscale_all_dim in the scale) and
+// without (v wider, padded q and k).
+func TestMLADecodeMatchesFullForward(t *testing.T) {
+	for _, name := range []string{"mla_qlora", "mla_plain_q"} {
+		t.Run(name, func(t *testing.T) {
+			m, bt, _ := newMLAGoldenModel(t, name)
+			V, T := m.Config.VocabSize, bt.Tokens.Dim(1)
+			tokens := bt.Tokens.Int32s()[:T]
+			full := m.Forward(nil, Batch{Tokens: tensor.FromInt32(slices.Clone(tokens), 1, T)}, nil, false).Float32s()
+			close := func(what string, pos int, got []float32) {
+				t.Helper()
+				want := full[pos*V : (pos+1)*V]
+				for i := range want {
+					if math.Abs(float64(got[i]-want[i])) > 1e-4*math.Max(1, math.Abs(float64(want[i]))) {
+						t.Fatalf("%s: position %d logit %d: decode %v, full forward %v", what, pos, i, got[i], want[i])
+					}
+				}
+			}
+			kv := m.NewKVCache(T)
+			got, err := m.Decode(kv, tokens[:3])
+			if err != nil {
+				t.Fatal(err)
+			}
+			close("prefill", 2, got)
+			for p := 3; p < T; p++ {
+				if got, err = m.Decode(kv, tokens[p:p+1]); err != nil {
+					t.Fatal(err)
+				}
+				close("decode", p, got)
+			}
+			// DecodeBatch: chunks asking for every row's logits
+			batched := m.NewKVCache(T)
+			var buf DecodeBuffers
+			p := 0
+			for _, n := range []int{2, 1, 3, 2} {
+				pos, rows := make([]int32, n), make([]int, n)
+				for i := range n {
+					pos[i], rows[i] = int32(p+i), i
+				}
+				lg, err := m.DecodeBatch(&buf, tokens[p:p+n], pos, &cacheAttender{kv: batched, p0: p}, rows, nil)
+				if err != nil {
+					t.Fatal(err)
+				}
+				batched.Len += n
+				for i := range n {
+					close(fmt.Sprintf("chunk of %d row %d", n, i), p+i, lg.Float32s()[i*V:(i+1)*V])
+				}
+				p += n
+			}
+			if _, err := m.Decode(kv, tokens[:1]); err == nil {
+				t.Fatal("decode past the cache size did not fail")
+			}
+		})
 	}
+	m, _, _ := newMLAGoldenModel(t, "mla_qlora")
 	if err := m.Config.CheckDevice(tensor.CUDA); err == nil || !strings.Contains(err.Error(), "not run on a GPU") {
 		t.Fatalf("CheckDevice(cuda): %v, want a refusal", err)
 	}

@@ -294,13 +294,8 @@ func (c *Config) CheckDevice(dev tensor.Device) error {
 }
 
 // CheckDecode refuses a model that incremental decoding (KV caches:
-// generate, serve, inference) cannot run: multi-latent attention has no
-// KV cache in this release (Megatron caches its per-head keys and values,
-// or with --cache-mla-latents the latents).
+// generate, serve, inference) cannot run.
 func (c *Config) CheckDecode() error {
-	if c.MLA.Enabled {
-		return fmt.Errorf("gpt: decoding a --multi-latent-attention model (generate, serve, inference) is not built: MLA has no KV cache in this release; train, evaluate and score it instead")
-	}
 	if c.GDN.Enabled {
 		return ErrGDNDecode
 	}

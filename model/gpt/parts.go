@@ -30,10 +30,18 @@ func (tapeLinear) Linear(tp *tensor.Tape, x, w, b *tensor.Tensor) *tensor.Tensor
 
 // attenderCore is the AttentionCore of decoding: the Attender stores the
 // new keys and values and attends each query over its sequence's cache.
-type attenderCore struct{ att Attender }
+// qScale (0: none) multiplies the queries first, for a model whose softmax
+// scale is not the Attender's 1/√(head dim): qScale·(1/√d) is its scale.
+type attenderCore struct {
+	att    Attender
+	qScale float32
+}
 
 func (c attenderCore) Attend(tp *tensor.Tape, layer int, q, k, v *tensor.Tensor) *tensor.Tensor {
 	b, t, heads, d := q.Dim(0), q.Dim(1), q.Dim(2), q.Dim(3)
+	if c.qScale != 0 {
+		q = tp.Scale(q, c.qScale)
+	}
 	n, g := b*t, k.Dim(2)
 	o := tp.EmptyLike(q, b, t, heads, d)
 	tensor.Zero(o) // Attend's contract: out is zeroed
