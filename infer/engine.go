@@ -17,7 +17,10 @@ import (
 type EngineConfig struct {
 	// KVCacheBytes sizes the paged KV pool, allocated once (--kv-cache-bytes).
 	// 0 means the smaller of 1 GiB and what MaxNumSeqs sequences of the
-	// model's full context need.
+	// model's full context need. A model with gated delta net layers also
+	// keeps MaxNumSeqs sequences' recurrent states (gpt.GDNState), a fixed
+	// size per sequence, allocated at start: they come out of KVCacheBytes
+	// first, and the default adds them to the pool's.
 	KVCacheBytes int64
 	// BlockTokens is the number of positions per KV block (--block-size);
 	// 0 means 16.
@@ -29,7 +32,9 @@ type EngineConfig struct {
 	// means 256.
 	MaxNumSeqs int
 	// DisablePrefixCaching turns off the reuse of full prompt blocks
-	// (prefix caching is on by default).
+	// (prefix caching is on by default). NewEngine sets it for a model with
+	// gated delta net layers: their state after a prefix is not cached, so
+	// every prompt is computed whole.
 	DisablePrefixCaching bool
 	// VocabSize is the tokenizer's vocabulary: sampling never draws from
 	// the padded tail of the model's. 0 means the model's vocabulary.
@@ -75,21 +80,36 @@ func (c *EngineConfig) validate(m *gpt.Model) error {
 	if c.VocabSize == 0 {
 		c.VocabSize = mc.VocabSize
 	}
+	states, ok := c.stateBytes(m)
+	if !ok {
+		return fmt.Errorf("infer: --max-num-seqs=%d sequences' gated delta net states (%d bytes each) overflow", c.MaxNumSeqs, m.GDNStateBytes())
+	}
 	if c.KVCacheBytes == 0 {
 		full := int64(c.MaxNumSeqs) * int64(mc.MaxPositionEmbeddings+c.BlockTokens) * c.bytesPerToken(m)
-		c.KVCacheBytes = min(full, 1<<30)
+		c.KVCacheBytes = min(full, 1<<30) + states
 	}
-	if c.KVCacheBytes < c.blockBytes(m) {
+	if c.KVCacheBytes-states < c.blockBytes(m) {
+		if states > 0 {
+			return fmt.Errorf("infer: --kv-cache-bytes=%d holds the gated delta net states of --max-num-seqs=%d sequences (%d bytes) and no block of %d tokens (%d bytes): raise it or lower --max-num-seqs",
+				c.KVCacheBytes, c.MaxNumSeqs, states, c.BlockTokens, c.blockBytes(m))
+		}
 		return fmt.Errorf("infer: --kv-cache-bytes=%d holds no block of %d tokens (%d bytes)", c.KVCacheBytes, c.BlockTokens, c.blockBytes(m))
 	}
 	return nil
 }
 
 // bytesPerToken is the KV cache size of one position: keys and values of
-// every layer, float32, of the query groups this rank holds (a
-// tensor-parallel rank caches its own heads).
+// every attention layer (not the gated delta net layers), float32, of the
+// query groups this rank holds (a tensor-parallel rank caches its own
+// heads).
 func (c *EngineConfig) bytesPerToken(m *gpt.Model) int64 {
 	return m.KVBytesPerToken()
+}
+
+// stateBytes is the memory of MaxNumSeqs sequences' gated delta net
+// states (0 without such layers); ok is false on overflow.
+func (c *EngineConfig) stateBytes(m *gpt.Model) (int64, bool) {
+	return checked.Mul(int64(c.MaxNumSeqs), m.GDNStateBytes())
 }
 
 func (c *EngineConfig) blockBytes(m *gpt.Model) int64 {
@@ -218,6 +238,9 @@ type Engine struct {
 	running []*sequence // by arrival (id)
 	byID    map[SeqID]*sequence
 	stats   Stats
+	// freeStates are the gated delta net state slots no running sequence
+	// holds (MaxNumSeqs in all; none without such layers).
+	freeStates []*gpt.GDNState
 
 	// step scratch
 	bufs      gpt.DecodeBuffers
@@ -267,9 +290,24 @@ func NewEngine(m *gpt.Model, cfg EngineConfig) (*Engine, error) {
 		return nil, err
 	}
 	mc := &m.Config
-	blocks := int(cfg.KVCacheBytes / cfg.blockBytes(m))
+	if mc.GDN.Enabled {
+		cfg.DisablePrefixCaching = true // see EngineConfig.DisablePrefixCaching
+	}
+	states, _ := cfg.stateBytes(m) // validate checked it
+	blocks := int((cfg.KVCacheBytes - states) / cfg.blockBytes(m))
 	e := &Engine{m: m, cfg: cfg, maxPos: mc.MaxPositionEmbeddings, byID: map[SeqID]*sequence{}}
-	e.pool = newKVPool(m.Device(), mc.NumLayers, m.QueryGroupsHere(), m.KVHeadDim(), cfg.BlockTokens, blocks)
+	cached := make([]bool, mc.NumLayers)
+	for i := range cached {
+		cached[i] = !mc.IsGDNLayer(i)
+	}
+	e.pool = newKVPool(m.Device(), cached, m.QueryGroupsHere(), m.KVHeadDim(), cfg.BlockTokens, blocks)
+	if states > 0 {
+		// one slot per sequence that can run; the slices are the
+		// sequences' state while they hold them
+		for range cfg.MaxNumSeqs {
+			e.freeStates = append(e.freeStates, m.NewGDNState())
+		}
+	}
 	e.att = newPagedAttention(e.pool)
 	if cfg.BF16 {
 		if err := m.CheckBF16(); err != nil {
@@ -315,15 +353,31 @@ func (e *Engine) warmUp() error {
 	}
 	first := *e.m // shares the weights
 	first.Layers = first.Layers[:min(1, len(first.Layers))]
-	_, err := first.DecodeBatch(&e.bufs, tokens, positions, discardAttention{}, rows, e.linears())
+	var att discardAttention
+	for i := 0; i < n && first.GDNStateBytes() > 0; i += e.maxPos { // a sequence per wrap of the positions
+		att.runs = append(att.runs, gpt.GDNRun{Tokens: min(e.maxPos, n-i)})
+		att.states = append(att.states, first.NewGDNState())
+	}
+	_, err := first.DecodeBatch(&e.bufs, tokens, positions, att, rows, e.linears())
 	return err
 }
 
 // discardAttention is the warm-up's gpt.Attender: it stores nothing and
-// leaves the output zero.
-type discardAttention struct{}
+// leaves the output zero; the gated delta net layers run the tokens as
+// sequences (runs) with scratch states.
+type discardAttention struct {
+	runs   []gpt.GDNRun
+	states []*gpt.GDNState
+}
 
 func (discardAttention) Attend(layer int, q, k, v, out *tensor.Tensor) {}
+
+func (a discardAttention) GDNRuns(layer int) []gpt.GDNRun {
+	for i := range a.runs {
+		a.runs[i].Conv, a.runs[i].Rule = a.states[i].Conv[layer], a.states[i].Rule[layer]
+	}
+	return a.runs
+}
 
 // PackedWeightBytes returns the memory of the packed weight copies (0
 // with WeightsModel).
@@ -450,7 +504,7 @@ func (e *Engine) Step() ([]Event, error) {
 	for i := range e.plan {
 		p := &e.plan[i]
 		s := p.s
-		e.spans = append(e.spans, span{row: len(e.tokens), n: p.n, pos: s.computed, table: s.table})
+		e.spans = append(e.spans, span{row: len(e.tokens), n: p.n, pos: s.computed, table: s.table, state: s.state})
 		e.tokens = append(e.tokens, s.tokens[s.computed:s.computed+p.n]...)
 		for j := range p.n {
 			e.positions = append(e.positions, int32(s.computed+j))
@@ -633,6 +687,9 @@ func (e *Engine) schedule() {
 		}
 		e.waiting = e.waiting[1:]
 		e.running = append(e.running, s)
+		if len(e.freeStates) > 0 { // running sequences are at most MaxNumSeqs, the slots
+			s.state, e.freeStates = e.freeStates[len(e.freeStates)-1], e.freeStates[:len(e.freeStates)-1]
+		}
 		e.plan = append(e.plan, scheduled{s: s, n: n})
 		budget -= n
 	}
@@ -678,6 +735,13 @@ func (e *Engine) finish(s *sequence) {
 func (e *Engine) releaseBlocks(s *sequence) {
 	for _, id := range s.table {
 		e.pool.release(id)
+	}
+	if s.state != nil {
+		// its recurrent state goes with its keys and values: a preempted
+		// sequence is recomputed from position 0, which zeroes the state
+		// it gets then
+		e.freeStates = append(e.freeStates, s.state)
+		s.state = nil
 	}
 	s.table, s.keys, s.computed = s.table[:0], s.keys[:0], 0
 }

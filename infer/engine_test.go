@@ -108,6 +108,9 @@ func checkNoLeak(t testing.TB, e *Engine) {
 	if got := len(e.pool.free) + e.pool.lruLen; got != e.pool.numBlocks {
 		t.Fatalf("free %d + cached %d blocks != pool %d", len(e.pool.free), e.pool.lruLen, e.pool.numBlocks)
 	}
+	if e.m.GDNStateBytes() > 0 && len(e.freeStates) != e.cfg.MaxNumSeqs {
+		t.Fatalf("%d gated delta net state slots free after all requests, want all %d", len(e.freeStates), e.cfg.MaxNumSeqs)
+	}
 }
 
 // weightCases are the ways an engine reads its weights: the model's, packed

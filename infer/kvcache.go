@@ -23,7 +23,8 @@ type kvPool struct {
 	blockTokens int // positions per block
 	numBlocks   int
 	dev         tensor.Device // where the keys and values are
-	// k[layer], v[layer]: (numBlocks, groups, blockTokens, head dim), as
+	// k[layer], v[layer] (nil at a gated delta net layer):
+	// (numBlocks, groups, blockTokens, head dim), as
 	// vLLM's blocks: a block's keys of one head are contiguous, so
 	// attention streams them in order (tensor.PagedAttention's layout).
 	k, v []*tensor.Tensor
@@ -51,9 +52,10 @@ type blockMeta struct {
 	tokens []int32
 }
 
-// newKVPool allocates on dev numBlocks blocks for layers layers of groups
-// KV heads of dim floats per position.
-func newKVPool(dev tensor.Device, layers, groups, dim, blockTokens, numBlocks int) *kvPool {
+// newKVPool allocates on dev numBlocks blocks, for each layer whose cached
+// entry is true (attention; a gated delta net layer keeps no keys and
+// values), of groups KV heads of dim floats per position.
+func newKVPool(dev tensor.Device, cached []bool, groups, dim, blockTokens, numBlocks int) *kvPool {
 	p := &kvPool{blockTokens: blockTokens, numBlocks: numBlocks, dev: dev,
 		refs: make([]int32, numBlocks), meta: make([]blockMeta, numBlocks), inLRU: make([]bool, numBlocks),
 		index: map[uint64]int32{}, lruHead: -1, lruTail: -1,
@@ -63,7 +65,11 @@ func newKVPool(dev tensor.Device, layers, groups, dim, blockTokens, numBlocks in
 	// step that writes a new block's keys does not fault its pages in one
 	// by one (a third of a 32-sequence step of GPT-2 124M when the blocks
 	// were fresh).
-	for range layers {
+	for _, on := range cached {
+		if !on {
+			p.k, p.v = append(p.k, nil), append(p.v, nil)
+			continue
+		}
 		p.k = append(p.k, tensor.NewCommitted(dev, numBlocks, groups, blockTokens, dim))
 		p.v = append(p.v, tensor.NewCommitted(dev, numBlocks, groups, blockTokens, dim))
 	}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -211,7 +212,7 @@ func TestTensorParallelLogitsMatchOneRank(t *testing.T) {
 			rows[i] = i
 		}
 		logitsOf := func(m *gpt.Model) ([]float32, error) {
-			pool := newKVPool(tensor.CPU, m.Config.NumLayers, m.QueryGroupsHere(), m.KVHeadDim(), 16, 2)
+			pool := newKVPool(tensor.CPU, slices.Repeat([]bool{true}, m.Config.NumLayers), m.QueryGroupsHere(), m.KVHeadDim(), 16, 2)
 			att := newPagedAttention(pool)
 			att.reset([]span{{row: 0, n: 9, pos: 0, table: []int32{0}}, {row: 9, n: 6, pos: 0, table: []int32{1}}})
 			l, err := m.DecodeBatch(nil, tokens, positions, att, rows, nil)

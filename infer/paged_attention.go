@@ -11,6 +11,7 @@ import (
 type span struct {
 	row, n, pos int
 	table       []int32
+	state       *gpt.GDNState // gated delta net layers' (nil: none)
 }
 
 // pagedAttention implements gpt.Attender over the paged pool for one step:
@@ -27,6 +28,8 @@ type pagedAttention struct {
 	tables, spans, slots []int32
 	cfg                  tensor.PagedAttentionConfig
 	slotsT               *tensor.Tensor
+	states               []*gpt.GDNState // by span
+	runs                 []gpt.GDNRun
 }
 
 var _ gpt.Attender = (*pagedAttention)(nil)
@@ -45,7 +48,9 @@ func (a *pagedAttention) reset(spans []span) {
 	a.tables = a.tables[:0]
 	a.spans = a.spans[:0]
 	a.slots = a.slots[:0]
+	a.states = a.states[:0]
 	for _, s := range spans {
+		a.states = append(a.states, s.state)
 		used := (s.pos + s.n + bt - 1) / bt
 		a.tables = append(a.tables, s.table[:used]...)
 		for range maxBlocks - used {
@@ -71,4 +76,18 @@ func (a *pagedAttention) Attend(layer int, q, k, v, out *tensor.Tensor) {
 	kp, vp := a.pool.k[layer], a.pool.v[layer]
 	tensor.PagedKVWrite(kp, vp, k, v, a.slotsT)
 	tensor.PagedAttention(out, q, kp, vp, a.cfg)
+}
+
+// GDNRuns gives a gated delta net layer each span's tokens and the
+// sequence's state (the slice is reused by the next call).
+func (a *pagedAttention) GDNRuns(layer int) []gpt.GDNRun {
+	a.runs = a.runs[:0]
+	for i, st := range a.states {
+		r := gpt.GDNRun{Tokens: int(a.spans[3*i+1])}
+		if st != nil {
+			r.Conv, r.Rule = st.Conv[layer], st.Rule[layer]
+		}
+		a.runs = append(a.runs, r)
+	}
+	return a.runs
 }

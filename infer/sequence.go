@@ -6,6 +6,7 @@ import (
 	"strings"
 
 	"github.com/gotron/gotron/internal/checked"
+	"github.com/gotron/gotron/model/gpt"
 	"github.com/gotron/gotron/tensor"
 )
 
@@ -19,8 +20,9 @@ type sequence struct {
 	req      Request
 	tokens   []int32 // prompt, then generated tokens
 	nPrompt  int
-	computed int     // positions whose keys and values are in the pool
-	table    []int32 // block table: block ids in position order
+	computed int           // positions whose keys and values are in the pool
+	table    []int32       // block table: block ids in position order
+	state    *gpt.GDNState // gated delta net layers' state while running (nil: none)
 	keys     []uint64
 	sampler  *Sampler
 	// generated counts sampled tokens; admitted is set at the first

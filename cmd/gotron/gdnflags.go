@@ -24,7 +24,7 @@ var gdnSizeFlags = []string{"linear-attention-freq", "linear-conv-kernel-dim", "
 	"linear-value-head-dim", "linear-num-key-heads", "linear-num-value-heads"}
 
 func addGDNFlags(fs *flag.FlagSet, f *gdnFlags) {
-	fs.StringVar(&f.variant, "experimental-attention-variant", "", "gated_delta_net (or gdn): a hybrid model whose --linear-attention-freq layers are gated delta nets (linear attention with a recurrent state; --device cpu and sim, training and evaluation)")
+	fs.StringVar(&f.variant, "experimental-attention-variant", "", "gated_delta_net (or gdn): a hybrid model whose --linear-attention-freq layers are gated delta nets (linear attention with a recurrent state; --device cpu and sim: training, evaluation and decoding)")
 	fs.StringVar(&f.freq, "linear-attention-freq", "", "gated delta net: N (every Nth layer, from layer N-1, is full attention; the others gated delta nets) or a 0/1 list per layer like \"([1]*3+[0]*1)\" (1: gated delta net)")
 	fs.IntVar(&f.conv, "linear-conv-kernel-dim", 4, "gated delta net: the short causal convolution's kernel size")
 	fs.IntVar(&f.keyDim, "linear-key-head-dim", 128, "gated delta net: query/key head dimension")

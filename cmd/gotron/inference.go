@@ -530,6 +530,7 @@ func runMegatronInference(ctx context.Context, env *cli, a *inferenceArgs, f *tr
 	// can use (float64: no integer overflow for any flag values).
 	perToken := float64(m.KVBytesPerToken())
 	need := float64(seqs) * float64(m.Config.MaxPositionEmbeddings+ec.BlockTokens) * perToken
+	need += float64(seqs) * float64(m.GDNStateBytes()) // gated delta net layers' states, out of the same budget
 	ec.KVCacheBytes = int64(min(need, a.bufferGB*(1<<30)))
 	for i, r := range reqs {
 		n := len(r.tokens) + r.maxNew

@@ -80,7 +80,7 @@ func addServeFlags(fs *flag.FlagSet, f *serveFlags) {
 	fs.IntVar(&f.port, "port", 8000, "port to listen on (0: any free port)")
 	fs.StringVar(&f.modelName, "served-model-name", "", "model id in the API (default: the --load directory's name)")
 	fs.StringVar(&f.chatTemplate, "chat-template", "", "Jinja chat template file (default: the tokenizer_config.json's, else the plain template)")
-	fs.StringVar(&f.kvCacheBytes, "kv-cache-bytes", "", "KV cache pool, allocated at start, e.g. 2GiB (default: min(1GiB, --max-num-seqs full-context sequences))")
+	fs.StringVar(&f.kvCacheBytes, "kv-cache-bytes", "", "KV cache pool, allocated at start, e.g. 2GiB (default: min(1GiB, --max-num-seqs full-context sequences); with gated delta net layers it also holds --max-num-seqs recurrent states, which the default adds)")
 	fs.Float64Var(&f.kvCacheFraction, "kv-cache-memory-fraction", 0, "KV cache pool as this fraction (0 < F ≤ 0.95) of the memory available after loading the weights (MemAvailable in /proc/meminfo); excludes --kv-cache-bytes")
 	fs.IntVar(&f.engine.BlockTokens, "block-size", 16, "tokens per KV cache block")
 	fs.IntVar(&f.engine.MaxNumBatchedTokens, "max-num-batched-tokens", 512, "tokens per forward step: decode tokens plus prefill chunks")

@@ -355,3 +355,57 @@ func GatedDeltaRuleBackward[F Float](dq, dk, dv, dg, dbeta, dout, saved, q, k, v
 		}
 	})
 }
+
+// CausalConvSiLUStateForward is CausalConvSiLUForward of one sequence's
+// next t steps x (t, c) continuing from state (k-1, c), the k-1 inputs
+// before them, oldest first (zeros before the sequence's start): decoding,
+// which keeps the state between calls. It writes out (t, c) and leaves in
+// state the last k-1 inputs. The sum runs in CausalConvSiLUForward's
+// order, so a sequence convolved in pieces gets the bits of one call.
+func CausalConvSiLUStateForward[F Float](out, x, w, state []F, t, c, k int) {
+	h := k - 1
+	at := func(s, ch int) F { // input s of the window: state before step 0
+		if s < 0 {
+			return state[(h+s)*c+ch]
+		}
+		return x[s*c+ch]
+	}
+	for s := range t {
+		o := out[s*c : (s+1)*c]
+		for ch := range o {
+			var acc F
+			for j := range k {
+				acc += w[ch*k+j] * at(s-h+j, ch)
+			}
+			o[ch] = acc / (1 + F(math.Exp(-float64(acc))))
+		}
+	}
+	if h == 0 {
+		return
+	}
+	// the new window: the last h of state followed by x
+	if t >= h {
+		copy(state, x[(t-h)*c:t*c])
+		return
+	}
+	copy(state, state[t*c:])
+	copy(state[(h-t)*c:], x[:t*c])
+}
+
+// GatedDeltaRuleStateForward runs GatedDeltaRuleForward's recurrence over
+// one sequence's next steps (s.B must be 1; q, k already repeated to
+// s.Heads) from the states S (heads, dk, dv), which it leaves at the last
+// step's: decoding, which keeps the state between calls. Each step is
+// GatedDeltaRuleForward's arithmetic, so a sequence run in pieces gets the
+// bits of one call.
+func GatedDeltaRuleStateForward[F Float](out, S, q, k, v, g, beta []F, s DeltaRuleShape) {
+	n := s.DK * s.DV
+	Parallel(s.Heads, 1, func(lo, hi int) {
+		u := make([]F, s.DV)
+		for h := lo; h < hi; h++ {
+			for t := range s.T {
+				deltaStep(S[h*n:(h+1)*n], u, out, q, k, v, g, beta, &s, 0, t, h)
+			}
+		}
+	})
+}

@@ -59,7 +59,8 @@ func (b *DecodeBuffers) tapes() (step, layer *tensor.Tape) {
 //
 // lin (nil: tp.Linear on the model's weights) computes the linear layers.
 // For one sequence (att attending to it alone) and lin nil the arithmetic
-// is Decode's, op for op. With buf (nil: every buffer from the heap) the
+// is Decode's, op for op. For a model with gated delta net layers att also
+// keeps their recurrent state (GDNStates). With buf (nil: every buffer from the heap) the
 // logits are valid until the next call with the same buf.
 func (m *Model) DecodeBatch(buf *DecodeBuffers, tokens, positions []int32, att Attender, rows []int, lin Linears) (*tensor.Tensor, error) {
 	c := &m.Config
@@ -106,6 +107,17 @@ func (m *Model) DecodeBatch(buf *DecodeBuffers, tokens, positions []int32, att A
 		core.qScale = c.MLA.SoftmaxScale() * float32(math.Sqrt(float64(m.KVHeadDim())))
 	}
 	p := &pass{positions: posT, core: core, lin: lin, layerTape: lt}
+	if c.GDN.Enabled {
+		gs, ok := att.(GDNStates)
+		if !ok {
+			return nil, fmt.Errorf("gpt: decoding a model with gated delta net layers needs an Attender that keeps their state (GDNStates); %T does not", att)
+		}
+		start, err := m.checkGDNRuns(gs, positions)
+		if err != nil {
+			return nil, err
+		}
+		p.gdn, p.gdnStart = gs, start
+	}
 	x := m.embed(tp, tensor.FromInt32(append([]int32(nil), tokens...), 1, n).ToDevice(dev), posT, p) // (1, n, h)
 	x = m.block(tp, x, m.Layers, 0, p)
 	var last *tensor.Tensor // (1, len(rows), h)
@@ -140,11 +152,17 @@ func (m *Model) QueryGroupsHere() int {
 	if l := m.Layers[0]; c.MLA.Enabled && l.KVUp != nil {
 		return l.KVUp.Dim(0) / (c.MLA.QKHeadDim + c.MLA.VHeadDim) // MLA: one key-value head per query head
 	}
-	if m.Layers[0].QKV == nil {
-		return c.NumQueryGroups
-	}
 	r := c.NumAttentionHeads / c.NumQueryGroups
-	return m.Layers[0].QKV.Dim(0) / ((r + 2) * c.KVChannels)
+	per := (r + 2) * c.KVChannels
+	if c.AttentionOutputGate {
+		per = (2*r + 2) * c.KVChannels // a gate per query head
+	}
+	for _, l := range m.Layers { // the first attention layer's (a gated delta net has no QKV)
+		if l.QKV != nil {
+			return l.QKV.Dim(0) / per
+		}
+	}
+	return c.NumQueryGroups
 }
 
 // KVHeadDim is the width of each cached key and value head: --kv-channels,
@@ -161,7 +179,10 @@ func (m *Model) KVHeadDim() int {
 }
 
 // KVBytesPerToken is the KV cache's size of one position on this rank:
-// keys and values of every layer, float32, of the heads this rank holds.
+// keys and values of every attention layer (a gated delta net layer keeps
+// a recurrent state instead, GDNStateBytes), float32, of the heads this
+// rank holds.
 func (m *Model) KVBytesPerToken() int64 {
-	return 2 * int64(m.Config.NumLayers) * int64(m.QueryGroupsHere()) * int64(m.KVHeadDim()) * 4
+	c := &m.Config
+	return 2 * int64(c.NumLayers-c.GDN.NumGDNLayers(c.NumLayers)) * int64(m.QueryGroupsHere()) * int64(m.KVHeadDim()) * 4
 }

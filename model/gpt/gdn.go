@@ -1,7 +1,6 @@
 package gpt
 
 import (
-	"errors"
 	"fmt"
 	"math"
 	"strconv"
@@ -51,12 +50,6 @@ type GDNConfig struct {
 	NumKeyHeads         int // --linear-num-key-heads; 0 means 16
 	NumValueHeads       int // --linear-num-value-heads; 0 means 32
 }
-
-// ErrGDNDecode is the refusal of decoding (generate, serve) with gated
-// delta net layers: their recurrent state (the convolution's last K-1
-// inputs and the dk×dv delta-rule state per head) has no cache in this
-// release, only the key/value cache of attention layers.
-var ErrGDNDecode = errors.New("gpt: decoding a model with gated delta net layers (--experimental-attention-variant gated_delta_net) is not supported in this release: their recurrent state has no inference cache (training, evaluation and scoring run)")
 
 // deltaRuleChunk is how many steps the delta rule's backward recomputes
 // from one saved state.
@@ -228,23 +221,42 @@ func newGDNLayer(cfg *Config, prefix string, rng *tensor.RNG, normal func(string
 // normalised x (b, t, h). Its widths come from the weights, so a
 // tensor-parallel rank runs its heads (Megatron splits every section of
 // in_proj and conv1d, dt_bias and A_log by heads, out_proj by its input).
-func (m *Model) gatedDeltaNet(tp *tensor.Tape, l *GDNLayer, x *tensor.Tensor, p *pass) *tensor.Tensor {
+//
+// Decoding (p.gdn set) runs the convolution and the delta rule over each
+// sequence's tokens from the state its GDNStates keeps, which they advance:
+// the same arithmetic, step for step, as the whole sequence in one call.
+func (m *Model) gatedDeltaNet(tp *tensor.Tape, l *GDNLayer, index int, x *tensor.Tensor, p *pass) *tensor.Tensor {
 	c := &m.Config.GDN
 	sh := m.region()
 	dk, dv := c.KeyHeadDim, c.ValueHeadDim
 	qk, v, nv := l.InQ.Dim(0), l.InV.Dim(0), l.InBeta.Dim(0) // this rank's
-	nk, conv := qk/dk, 2*qk+l.InV.Dim(0)
+	nk, convC := qk/dk, 2*qk+l.InV.Dim(0)
 	in := tp.Concat(0, l.InQ, l.InK, l.InV, l.InZ, l.InBeta, l.InAlpha) // Megatron's fused in_proj
 	proj := sh.ColumnLinear(tp, p.lin, x, in, nil)                      // (b, t, 2qk+2v+2nv)
 	b, t := proj.Dim(0), proj.Dim(1)
-	parts := tp.Split(proj, 2, conv, v, nv, nv)
-	qkv := tp.CausalConvSiLU(parts[0], tp.Concat(0, l.ConvQ, l.ConvK, l.ConvV)) // (b, t, conv)
+	parts := tp.Split(proj, 2, convC, v, nv, nv)
+	var conv, rule []tensor.RecurrentRun
+	if p.gdn != nil {
+		conv, rule = p.gdnRuns(index)
+	}
+	convW := tp.Concat(0, l.ConvQ, l.ConvK, l.ConvV)
+	var qkv *tensor.Tensor // (b, t, conv)
+	if conv != nil {
+		qkv = tp.CausalConvSiLURuns(parts[0], convW, conv)
+	} else {
+		qkv = tp.CausalConvSiLU(parts[0], convW)
+	}
 	qkvParts := tp.Split(qkv, 2, 2*qk, v)
 	qkn := tp.L2Norm(tp.Reshape(tp.Contiguous(qkvParts[0]), b, t, 2*nk, dk), l2NormEps)
 	heads := tp.Split(qkn, 2, nk, nk)
 	vh := tp.Reshape(tp.Contiguous(qkvParts[1]), b, t, nv, dv)
 	g, beta := tp.GDNGates(parts[3], parts[2], l.ALog, l.DtBias)
-	o := tp.GatedDeltaRule(heads[0], heads[1], vh, g, beta, 1/math.Sqrt(float64(dk)), deltaRuleChunk)
+	var o *tensor.Tensor
+	if rule != nil {
+		o = tp.GatedDeltaRuleRuns(heads[0], heads[1], vh, g, beta, 1/math.Sqrt(float64(dk)), rule)
+	} else {
+		o = tp.GatedDeltaRule(heads[0], heads[1], vh, g, beta, 1/math.Sqrt(float64(dk)), deltaRuleChunk)
+	}
 	z := tp.Reshape(tp.Contiguous(parts[1]), b, t, nv, dv)
 	y := tp.Mul(m.norm(tp, o, l.OutNorm, l.OutNormBias), tp.SiLU(z))
 	return sh.RowLinear(tp, p.lin, tp.Reshape(y, b, t, v), l.OutProj, nil)

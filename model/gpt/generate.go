@@ -8,13 +8,15 @@ import (
 	"github.com/gotron/gotron/tensor"
 )
 
-// KVCache holds each layer's keys and values for incremental decoding of one
-// sequence: per layer one block of a paged pool, (1, groups, MaxLen, head
-// dim), so a server's paged attention (tensor.PagedAttention) computes it,
-// and a sequence decodes alone exactly as it does served.
+// KVCache holds each attention layer's keys and values, and each gated
+// delta net layer's recurrent state, for incremental decoding of one
+// sequence: per attention layer one block of a paged pool, (1, groups,
+// MaxLen, head dim), so a server's paged attention (tensor.PagedAttention)
+// computes it, and a sequence decodes alone exactly as it does served.
 type KVCache struct {
-	k, v   []*tensor.Tensor
-	Len    int // positions filled
+	k, v   []*tensor.Tensor // nil at gated delta net layers
+	gdn    *GDNState        // the gated delta net layers' state (nil: none)
+	Len    int              // positions filled
 	MaxLen int
 }
 
@@ -27,7 +29,12 @@ func (m *Model) NewKVCache(maxLen int) *KVCache {
 	kv := &KVCache{MaxLen: maxLen}
 	g := m.QueryGroupsHere() // a tensor-parallel rank caches its heads
 	d := m.KVHeadDim()
-	for range c.NumLayers {
+	kv.gdn = m.NewGDNState()
+	for _, l := range m.Layers {
+		if l.GDN != nil {
+			kv.k, kv.v = append(kv.k, nil), append(kv.v, nil)
+			continue
+		}
 		kv.k = append(kv.k, tensor.ZerosOn(m.Device(), 1, g, maxLen, d))
 		kv.v = append(kv.v, tensor.ZerosOn(m.Device(), 1, g, maxLen, d))
 	}
@@ -61,7 +68,7 @@ func (m *Model) DecodeLogits(kv *KVCache, tokens []int32) (*tensor.Tensor, error
 	for i := range pos {
 		pos[i] = int32(p0 + i)
 	}
-	logits, err := m.DecodeBatch(nil, tokens, pos, &cacheAttender{kv: kv, p0: p0}, []int{n - 1}, nil)
+	logits, err := m.DecodeBatch(nil, tokens, pos, &cacheAttender{kv: kv, p0: p0, n: n}, []int{n - 1}, nil)
 	if err != nil {
 		return nil, err
 	}
@@ -73,8 +80,8 @@ func (m *Model) DecodeLogits(kv *KVCache, tokens []int32) (*tensor.Tensor, error
 // run of new tokens from position p0: the paged ops' case of one sequence
 // whose block table is the cache's single block.
 type cacheAttender struct {
-	kv *KVCache
-	p0 int
+	kv    *KVCache
+	p0, n int
 }
 
 func (a *cacheAttender) Attend(layer int, q, k, v, out *tensor.Tensor) {
@@ -90,6 +97,11 @@ func (a *cacheAttender) Attend(layer int, q, k, v, out *tensor.Tensor) {
 		BlockTables: tensor.FromInt32([]int32{0}, 1, 1).ToDevice(dev),
 		Spans:       tensor.FromInt32([]int32{0, int32(n), int32(a.p0)}, 1, 3).ToDevice(dev),
 	})
+}
+
+// GDNRuns is the one sequence's run of new tokens and its state.
+func (a *cacheAttender) GDNRuns(layer int) []GDNRun {
+	return []GDNRun{{Tokens: a.n, Conv: a.kv.gdn.Conv[layer], Rule: a.kv.gdn.Rule[layer]}}
 }
 
 // RoundToBF16 rounds every parameter of m to bfloat16 (to nearest even),

@@ -296,9 +296,6 @@ func (c *Config) CheckDevice(dev tensor.Device) error {
 // CheckDecode refuses a model that incremental decoding (KV caches:
 // generate, serve, inference) cannot run.
 func (c *Config) CheckDecode() error {
-	if c.GDN.Enabled {
-		return ErrGDNDecode
-	}
 	if c.MuP.Enabled {
 		// the paged decode kernels scale by 1/sqrt(head dim), not muP's
 		return fmt.Errorf("gpt: decoding a --use-mup model (generate, serve, inference) is not built: the decode attention has no muP softmax scale; train, evaluate and score it instead")
@@ -354,6 +351,12 @@ type pass struct {
 	// on it and its output is copied into a buffer of the run's tape before
 	// the layer tape is reset (decoding: a step keeps one layer's buffers).
 	layerTape *tensor.Tape
+	// gdn, when set (decoding a model with gated delta net layers), keeps
+	// each sequence's recurrent state; gdnStart[i] is true when run i of
+	// the step starts its sequence (position 0), whose state is zeroed at
+	// each layer before use.
+	gdn      GDNStates
+	gdnStart []bool
 }
 
 // trainingPass is the pass of Forward and Stage.Forward: the fused causal
@@ -454,7 +457,7 @@ func (m *Model) layerOn(tp *tensor.Tape, x *tensor.Tensor, l *Layer, index int, 
 func (m *Model) layer(tp *tensor.Tape, x *tensor.Tensor, l *Layer, index int, p *pass) *tensor.Tensor {
 	var a, ab *tensor.Tensor
 	if l.GDN != nil {
-		a = m.gatedDeltaNet(tp, l.GDN, m.norm(tp, x, l.InputNorm, l.InputNormBias), p)
+		a = m.gatedDeltaNet(tp, l.GDN, index, m.norm(tp, x, l.InputNorm, l.InputNormBias), p)
 	} else {
 		a, ab = m.attention(tp, l, index, m.norm(tp, x, l.InputNorm, l.InputNormBias), p)
 	}
