@@ -79,6 +79,9 @@ type Config struct {
 	// GDN makes the layers it marks gated delta nets (gdn.go); the zero
 	// value is attention in every layer.
 	GDN GDNConfig
+	// DSA makes every MLA layer's attention DeepSeek sparse attention
+	// (dsa.go); the zero value is off.
+	DSA DSAConfig
 	// MuP is Megatron's maximal update parametrisation (mup.go); the zero
 	// value is off.
 	MuP MuPConfig
@@ -164,6 +167,9 @@ func (c *Config) Validate() error {
 	if err := c.GDN.validate(c); err != nil {
 		return err
 	}
+	if err := c.DSA.validate(c); err != nil {
+		return err
+	}
 	return c.MoE.validate(c)
 }
 
@@ -219,7 +225,7 @@ func (c *Config) ParamCount() float64 {
 		layer += qkvRows
 	}
 	if c.MLA.Enabled { // MLA's projections and norms in place of QKV; linear_proj is (h, a·v)
-		layer += c.mlaParamCount(norm) - qkvRows*h - h*a*d + h*a*float64(c.MLA.VHeadDim)
+		layer += c.mlaParamCount(norm) + c.dsaParamCount() - qkvRows*h - h*a*d + h*a*float64(c.MLA.VHeadDim)
 		if !c.DisableBiasLinear {
 			layer -= qkvRows
 		}

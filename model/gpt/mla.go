@@ -161,10 +161,11 @@ func (m *Model) mlaAttention(tp *tensor.Tape, l *Layer, index int, x *tensor.Ten
 	qd, pe, nope, vd := mla.QHeadDim(), mla.QKPosEmbHeadDim, mla.QKHeadDim, mla.VHeadDim
 
 	var q *tensor.Tensor
+	qc := x // the query latent (DSA's indexer reads it)
 	if l.QProj != nil {
 		q = sh.ColumnLinear(tp, p.lin, x, l.QProj, nil)
 	} else {
-		qc := p.lin.Linear(tp, x, l.QDown, nil) // (b, t[/TP], q_lora_rank)
+		qc = p.lin.Linear(tp, x, l.QDown, nil) // (b, t[/TP], q_lora_rank)
 		qc = m.norm(tp, qc, l.QNorm, l.QNormBias)
 		q = sh.ColumnLinear(tp, p.lin, qc, l.QUp, nil)
 	}
@@ -189,6 +190,10 @@ func (m *Model) mlaAttention(tp *tensor.Tape, l *Layer, index int, x *tensor.Ten
 	}
 	k := tp.Concat(3, kvs[0], tp.Concat(2, shared...))
 	v := kvs[1]
+	if l.DSA != nil { // DeepSeek sparse attention's core in place of the fused one (dsa.go)
+		o := m.dsaAttention(tp, l, index, x, qc, q, k, v, p)
+		return sh.RowLinear(tp, p.lin, tp.Reshape(o, b, t, n*vd), l.Proj, l.ProjBias)
+	}
 
 	// The fused attention takes one head width: pad the narrower of
 	// (q, k) and v with zero channels (as Megatron's THD path pads v);

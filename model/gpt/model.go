@@ -48,6 +48,9 @@ type Layer struct {
 	// GDN replaces self-attention (QKV, QNorm, KNorm, Proj and their
 	// biases nil) in a gated delta net layer (gdn.go).
 	GDN *GDNLayer
+	// DSA is an MLA layer's lightning indexer under DeepSeek sparse
+	// attention (dsa.go); nil otherwise.
+	DSA *DSAIndexer
 }
 
 // Model is a GPT-family language model.
@@ -60,6 +63,8 @@ type Model struct {
 	FinalNormB  *tensor.Tensor // decoder.final_layernorm.bias (LayerNorm only)
 	OutputLayer *tensor.Tensor // output_layer.weight (V, h); nil when tied
 	rope        *tensor.RoPE
+	dsaRope     *tensor.RoPE // the DSA indexer's rotary embedding (dsa.go)
+	dsa         *DSAState    // DSA's loss scale and logged losses; nil without DSA
 
 	// Sharding is set by a parallelism plan (Parallelize) on a model whose
 	// parameters are one tensor-parallel rank's slices; nil is one rank
@@ -166,6 +171,9 @@ func New(cfg Config, rng *tensor.RNG) (*Model, error) {
 		case cfg.MLA.Enabled:
 			newMLA(&cfg, &l, p, normal, ones, bias)
 			projIn = a * cfg.MLA.VHeadDim
+			if cfg.DSA.Enabled {
+				l.DSA = newDSAIndexer(&cfg, p, normal, ones)
+			}
 		case cfg.IsGDNLayer(i):
 			l.GDN = newGDNLayer(&cfg, p, rng, normal, ones, std, outStd)
 		default:
@@ -206,6 +214,12 @@ func New(cfg Config, rng *tensor.RNG) (*Model, error) {
 			return nil, err
 		}
 		m.rope = r
+		if cfg.DSA.Enabled {
+			if m.dsaRope, err = cfg.dsaRoPE(); err != nil {
+				return nil, err
+			}
+			m.dsa = &DSAState{LossScale: 1}
+		}
 	} else if cfg.PositionEmbeddingType == RoPE {
 		style := tensor.RotateHalf
 		if cfg.RotaryInterleaved {
@@ -232,7 +246,9 @@ func (m *Model) Params() []*tensor.Tensor {
 // Params returns the layer's parameters in the checkpoint order.
 func (l *Layer) Params() []*tensor.Tensor {
 	ps := nonNil(l.InputNorm, l.InputNormBias, l.QKV, l.QKVBias, l.QNorm, l.QNormBias, l.KNorm, l.KNormBias,
-		l.QProj, l.QDown, l.QUp, l.KVDown, l.KVUp, l.KVNorm, l.KVNormBias, l.Proj, l.ProjBias)
+		l.QProj, l.QDown, l.QUp, l.KVDown, l.KVUp, l.KVNorm, l.KVNormBias)
+	ps = append(ps, nonNil(l.DSA.params()...)...)
+	ps = append(ps, nonNil(l.Proj, l.ProjBias)...)
 	if l.GDN != nil {
 		ps = append(ps, nonNil(l.GDN.params()...)...)
 	}
@@ -278,6 +294,9 @@ func (m *Model) ToDevice(dev tensor.Device) { tensor.MoveParams(dev, m.Params().
 // have no CUDA kernels in this release, and multi-latent attention, built
 // from existing ops, has not run on a GPU.
 func (c *Config) CheckDevice(dev tensor.Device) error {
+	if c.DSA.Enabled && dev == tensor.CUDA {
+		return fmt.Errorf("gpt: --experimental-attention-variant dsa with --device cuda: DSA's indexer and sparse attention have no CUDA kernel in this release (they run on --device cpu and sim)")
+	}
 	if c.MLA.Enabled && dev == tensor.CUDA {
 		return fmt.Errorf("gpt: --multi-latent-attention with --device cuda: MLA has not run on a GPU in this release (it runs on --device cpu and sim)")
 	}
@@ -296,6 +315,9 @@ func (c *Config) CheckDevice(dev tensor.Device) error {
 // CheckDecode refuses a model that incremental decoding (KV caches:
 // generate, serve, inference) cannot run.
 func (c *Config) CheckDecode() error {
+	if c.DSA.Enabled {
+		return fmt.Errorf("gpt: decoding a --experimental-attention-variant dsa model (generate, serve, inference) is not built: DSA has no indexer key cache in this release; train, evaluate and score it instead")
+	}
 	if c.MuP.Enabled {
 		// the paged decode kernels scale by 1/sqrt(head dim), not muP's
 		return fmt.Errorf("gpt: decoding a --use-mup model (generate, serve, inference) is not built: the decode attention has no muP softmax scale; train, evaluate and score it instead")

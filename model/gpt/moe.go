@@ -443,6 +443,9 @@ func (m *Model) SetAuxLossScale(s float64) {
 	if m.MoE != nil {
 		m.MoE.AuxLossScale = s
 	}
+	if m.dsa != nil { // DSA's indexer loss takes the same scale (schedules.py)
+		m.dsa.LossScale = s
+	}
 }
 
 // SetPerTokenLoss sets MoEState.PerTokenLoss (--calculate-per-token-loss);

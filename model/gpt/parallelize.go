@@ -45,6 +45,10 @@ type Sharding interface {
 	// ranks hold contiguous query groups): attention dropout is keyed by
 	// global head, so every TP size drops the same probabilities.
 	FirstHead() int
+	// SumOverRanks all-reduces x over the TP ranks, forward only: x must
+	// carry no gradient (the DSA indexer loss's target sums each rank's
+	// heads' probabilities).
+	SumOverRanks(tp *tensor.Tape, x *tensor.Tensor) *tensor.Tensor
 	// GatherVocab all-gathers the output layer's vocab-parallel logits
 	// (…, V/TP) into the whole vocabulary (…, V) on every rank: decoding
 	// samples from them (training's loss stays vocab-parallel).
@@ -139,7 +143,7 @@ func Parallelize(full *Model, region *tp.Region, rankRNG *tensor.RNG) (*Model, e
 		return nil, err
 	}
 	plan := TPPlan(c)
-	m := &Model{Config: c, rope: full.rope, MoE: full.MoE, Fusions: full.Fusions}
+	m := &Model{Config: c, rope: full.rope, dsaRope: full.dsaRope, dsa: full.dsa, MoE: full.MoE, Fusions: full.Fusions}
 	var err error
 	shard := func(x *tensor.Tensor) *tensor.Tensor {
 		if x == nil || err != nil {
@@ -161,7 +165,7 @@ func Parallelize(full *Model, region *tp.Region, rankRNG *tensor.RNG) (*Model, e
 			KVNorm: shard(l.KVNorm), KVNormBias: shard(l.KVNormBias),
 			MLPNorm: shard(l.MLPNorm), MLPNormBias: shard(l.MLPNormBias),
 			FC1: shard(l.FC1), FC1Bias: shard(l.FC1Bias), FC2: shard(l.FC2), FC2Bias: shard(l.FC2Bias),
-			MoE: shardMoE(l.MoE, shard), GDN: shardGDN(l.GDN, shard),
+			MoE: shardMoE(l.MoE, shard), GDN: shardGDN(l.GDN, shard), DSA: shardDSA(l.DSA, shard),
 		})
 	}
 	m.FinalNorm, m.FinalNormB, m.OutputLayer = shard(full.FinalNorm), shard(full.FinalNormB), shard(full.OutputLayer)
@@ -194,6 +198,15 @@ func shardGDN(l *GDNLayer, shard func(*tensor.Tensor) *tensor.Tensor) *GDNLayer 
 		InBeta: shard(l.InBeta), InAlpha: shard(l.InAlpha), ConvQ: shard(l.ConvQ), ConvK: shard(l.ConvK), ConvV: shard(l.ConvV),
 		DtBias: shard(l.DtBias), ALog: shard(l.ALog), OutNorm: shard(l.OutNorm), OutNormBias: shard(l.OutNormBias),
 		OutProj: shard(l.OutProj)}
+}
+
+// shardDSA is a DSA indexer's tensor-parallel part: all of it, on every
+// rank (Megatron's "duplicated" linears; TPStyle replicates them).
+func shardDSA(l *DSAIndexer, shard func(*tensor.Tensor) *tensor.Tensor) *DSAIndexer {
+	if l == nil {
+		return nil
+	}
+	return &DSAIndexer{WqB: shard(l.WqB), Wk: shard(l.Wk), KNorm: shard(l.KNorm), KNormBias: shard(l.KNormBias), WeightsProj: shard(l.WeightsProj)}
 }
 
 // tpSharding is Sharding over one tp.Region.
@@ -263,6 +276,10 @@ func (s *tpSharding) DropoutRNG(shared *tensor.RNG, perRank bool) *tensor.RNG {
 
 func (s *tpSharding) FirstHead() int { return s.headStart }
 
+func (s *tpSharding) SumOverRanks(t *tensor.Tape, x *tensor.Tensor) *tensor.Tensor {
+	return s.r.ReduceFrom(t, x)
+}
+
 func (s *tpSharding) GatherVocab(t *tensor.Tape, logits *tensor.Tensor) *tensor.Tensor {
 	return s.r.GatherLast(t, logits)
 }
@@ -295,6 +312,8 @@ func (unsharded) SequenceParallel() bool { return false }
 func (unsharded) DropoutRNG(shared *tensor.RNG, _ bool) *tensor.RNG { return shared }
 
 func (unsharded) FirstHead() int { return 0 }
+
+func (unsharded) SumOverRanks(_ *tensor.Tape, x *tensor.Tensor) *tensor.Tensor { return x }
 
 func (unsharded) GatherVocab(_ *tensor.Tape, logits *tensor.Tensor) *tensor.Tensor { return logits }
 
