@@ -33,6 +33,10 @@ type Config struct {
 	// Model is the model's configuration: its hyperparameters, checked
 	// and recorded in checkpoints.
 	Model gpt.Config
+	// RL, when set, makes every iteration Megatron's RL step
+	// (--perform-rl-step, train_rl.py): it is also the training data
+	// (New's train is ignored), and its Loss replaces the model's.
+	RL RLStep
 	// Architecture builds and lays out the model (train/model.go); nil is
 	// GPT{Config: Model, Recompute: Recompute, Fusions: Fusions}.
 	Architecture Architecture
@@ -308,6 +312,11 @@ func checkGlobalBatch(global, micro, dp int) error {
 func (c *Config) validate() error {
 	if err := c.Model.Validate(); err != nil {
 		return err
+	}
+	if c.RL != nil {
+		if err := c.validateRL(); err != nil {
+			return err
+		}
 	}
 	if c.Model.MoE.Enabled() {
 		g := c.groups()

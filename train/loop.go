@@ -78,6 +78,9 @@ func New(cfg Config, train, valid datagpt.Source) (_ *Trainer, err error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
+	if cfg.RL != nil {
+		train = cfg.RL // the RL step's rollouts are the training data
+	}
 	if train == nil {
 		return nil, errors.New("train: no training data (set --data-path or --mock-data)")
 	}

@@ -232,6 +232,14 @@ func (st *stepper) step(ctx context.Context) (float64, error) {
 	if err := st.mb.UpdateChecked(st.Consumed); err != nil {
 		return 0, err
 	}
+	if rl := st.cfg.RL; rl != nil {
+		// get_grpo_data_iterator: the rollouts of a new collection, from the
+		// current weights, before train_step.
+		err := rl.Prepare(ctx, st.model, st.noGradTape(), st.Iteration, st.Consumed)
+		if err != nil {
+			return 0, fmt.Errorf("train: iteration %d: %w", st.Iteration+1, err)
+		}
+	}
 	n, mbs := st.mb.Num(), st.mb.MicroBatchSize()
 	dp, r := st.dpSize(), st.dpRank()
 	if err := st.reducer.WaitParams(st.cctx); err != nil {
@@ -402,7 +410,13 @@ func (st *stepper) forwardBackward(ctx context.Context, n, mbs, dp, r int, perTo
 		}
 		st.tm.start(timerForwardCompute, 2)
 		logits := st.model.Forward(st.tape, bt, st.rng, true)
-		loss := st.model.Loss(st.tape, logits, bt)
+		var loss *tensor.Tensor
+		if st.cfg.RL != nil {
+			loss = st.cfg.RL.Loss(st.tape, logits, bt, st.Consumed+int64((i*dp+r)*mbs))
+			nt = max(nt, 1) // train_rl.loss_func counts an empty micro-batch as one token
+		} else {
+			loss = st.model.Loss(st.tape, logits, bt)
+		}
 		st.tm.stop(timerForwardCompute)
 		if err := st.tape.Err(); err != nil {
 			return agreement{}, fmt.Errorf("train: iteration %d: %w", st.Iteration+1, err)

@@ -108,7 +108,7 @@ type compatArg struct {
 const (
 	needFP8       = "FP8 training (Transformer Engine), not built in gotron"
 	needFSDP      = "this part of Megatron-FSDP, not built in gotron (--use-megatron-fsdp with --data-parallel-sharding-strategy is)"
-	needRL        = "Megatron's RL/GRPO training loop, not built in gotron"
+	needRL        = "this part of Megatron's RL step, not built in gotron (--perform-rl-step's one-process GRPO is: docs/training.md)"
 	needInference = "Megatron's inference scripts: run this argument list with gotron inference, not gotron train"
 	needLinear    = "the DSA experimental attention variant (DeepSeek sparse attention), not built in gotron (gated_delta_net is)"
 	needExport    = "ModelOpt export and distillation, not built in gotron"
@@ -208,8 +208,9 @@ var compatInferenceArgs = []string{"prompts", "prompt-file", "prompt-file-num-tr
 	"incoming-requests-per-sec", "incoming-requests-per-step", "termination-id", "stop-words", "use-coordinator",
 	"use-legacy-static-engine", "enable-chunked-prefill", "flash-decode", "decode-only-cuda-graphs", "async-mode"}
 
-// compatRLArgs are the arguments of Megatron's RL configs.
-var compatRLArgs = []string{"perform-rl-step", "langrl-env-config", "refit-method"}
+// compatRLArgs are the arguments of Megatron's RL configs gotron does not
+// define (rlflags.go defines --perform-rl-step and those it runs).
+var compatRLArgs = []string{}
 
 // lookupCompat returns gotron's answer to Megatron argument name.
 func lookupCompat(name string) (compatArg, bool) {

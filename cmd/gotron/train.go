@@ -71,6 +71,7 @@ type trainFlags struct {
 	moe    moeFlags // moeflags.go
 	mla    mlaFlags // mlaflags.go
 	gdn    gdnFlags // gdnflags.go
+	rl     rlFlags  // rlflags.go
 	// finish copies float64 flag values into the float32 config fields.
 	finish func()
 }
@@ -285,6 +286,7 @@ func newTrainFlagsWith(name string, extra func(*flag.FlagSet)) (*flag.FlagSet, *
 	addMoEFlags(fs, &f.moe)
 	addMLAFlags(fs, &f.mla)
 	addGDNFlags(fs, &f.gdn)
+	addRLFlags(fs, &f.rl)
 	fs.StringVar(&f.quickstartDir, "quickstart-dir", "gotron-quickstart", "where the quickstart keeps its corpus and checkpoint")
 	fs.StringVar(&f.promptAfter, "sample-prompt", "", "after training, print a sample continuing this prompt")
 	fs.IntVar(&f.generateTokens, "sample-tokens", 100, "tokens in the sample printed after training")
@@ -365,6 +367,11 @@ func cmdTrain(ctx context.Context, env *cli, args []string) error {
 		return fmt.Errorf("--step-batch-size-schedule and --global-batch-size exclude each other (as Megatron: the schedule sets the global batch)")
 	}
 	noOps = append(noOps, f.moe.noOps(given)...)
+	rlNoOps, err := f.rl.check(given)
+	if err != nil {
+		return err
+	}
+	noOps = append(noOps, rlNoOps...)
 	if err := f.megatronCompat(env, fs, given); err != nil {
 		return err
 	}
@@ -494,6 +501,13 @@ func cmdTrain(ctx context.Context, env *cli, args []string) error {
 		}
 	}
 	cfg.Parallel = groups
+	if f.rl.perform {
+		c, err := f.rl.collector(&cfg, src.tok, f.data.tok, func(format string, a ...any) { fmt.Fprintf(env.stdout, format+"\n", a...) })
+		if err != nil {
+			return err
+		}
+		cfg.RL = c
+	}
 	if !f.noProgress && isTerminal(env.stdout) {
 		cfg.Progress = env.stdout
 	}
@@ -678,7 +692,12 @@ func (f *trainFlags) build(ctx context.Context, given map[string]bool) (train.Co
 	cfg.Schedule = s
 	cfg.ExitDuration = time.Duration(f.exitMins * float64(time.Minute))
 	dataStart := time.Now()
-	src, err := openData(ctx, &f.data, cfg, f.divisibleBy*f.tpSize, given)
+	var src *dataSources
+	if f.rl.perform {
+		src, err = openRLTokenizer(&f.data, f.divisibleBy*f.tpSize)
+	} else {
+		src, err = openData(ctx, &f.data, cfg, f.divisibleBy*f.tpSize, given)
+	}
 	if err != nil {
 		return cfg, nil, err
 	}

@@ -1,0 +1,207 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"math"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/gotron/gotron/rl"
+	"github.com/gotron/gotron/tokenizer"
+	"github.com/gotron/gotron/train"
+)
+
+// rlFixture writes a tiny countdown environment: a JSON Lines task file, its
+// --langrl-env-config, and a byte-level BPE tokenizer learnt from the
+// prompts (a small vocabulary keeps the model tiny).
+func rlFixture(t *testing.T, dir string) (envConfig string, tokArgs []string) {
+	t.Helper()
+	tasks := []rl.Countdown{{Target: 24, Nums: []int64{3, 8, 1}}, {Target: 98, Nums: []int64{44, 19, 35}},
+		{Target: 10, Nums: []int64{2, 5}}, {Target: 7, Nums: []int64{3, 4}}, {Target: 12, Nums: []int64{6, 2}}}
+	var lines, texts []string
+	for _, task := range tasks {
+		nums := make([]string, len(task.Nums))
+		for i, n := range task.Nums {
+			nums[i] = strconv.FormatInt(n, 10)
+		}
+		lines = append(lines, `{"target": `+strconv.FormatInt(task.Target, 10)+`, "nums": [`+strings.Join(nums, ", ")+`]}`)
+		texts = append(texts, "User: "+task.Prompt()+"\nAssistant: <answer> (1 + 2) * 3 </answer>")
+	}
+	data := filepath.Join(dir, "countdown.jsonl")
+	if err := os.WriteFile(data, []byte(strings.Join(lines, "\n")+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	envConfig = filepath.Join(dir, "env_config.yaml")
+	if err := os.WriteFile(envConfig, []byte("- agent_type: CountdownAgent\n  agent_args:\n    dataset_file: \""+data+"\"\n    split: \"train\"\n  weight: 1.0\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	files, err := tokenizer.TrainGPT2BPE(context.Background(), texts, 400)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tokDir := filepath.Join(dir, "tok")
+	if err := files.Write(tokDir); err != nil {
+		t.Fatal(err)
+	}
+	return envConfig, []string{"--tokenizer-type", "GPT2BPETokenizer", "--vocab-file", filepath.Join(tokDir, "vocab.json"), "--merge-file", filepath.Join(tokDir, "merges.txt")}
+}
+
+// tinyGRPO is a GRPO run of a tiny model (the flags of Megatron's
+// gpt_grpo_* tests that apply to one process).
+func tinyGRPO(env string, tok []string) []string {
+	return append([]string{"train", "--perform-rl-step", "--langrl-env-config", env,
+		"--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4", "--seq-length", "128",
+		"--max-position-embeddings", "128", "--position-embedding-type", "rope", "--normalization", "RMSNorm", "--swiglu",
+		"--disable-bias-linear", "--micro-batch-size", "2", "--global-batch-size", "4",
+		"--grpo-prompts-per-step", "2", "--grpo-group-size", "2", "--grpo-iterations", "1",
+		"--grpo-clamp-eps-lower", "0.2", "--grpo-clamp-eps-upper", "0.2", "--grpo-kl-beta", "0", "--grpo-entropy-term-weight", "0.01",
+		"--calculate-per-token-loss", "--lr", "1e-3", "--lr-decay-style", "constant", "--lr-decay-iters", "100", "--adam-beta2", "0.999", "--clip-grad", "1.0", "--weight-decay", "0.01",
+		"--log-interval", "1", "--seed", "42", "--rl-default-temperature", "1.0"}, tok...)
+}
+
+// rlMetrics reads a --metrics-file's lm losses and gradient norms (the log
+// line leaves a negative loss out, as Megatron's: GRPO's often is).
+func rlMetrics(t *testing.T, path string) (losses, norms []float64) {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(strings.TrimSpace(string(b)), "\n") {
+		var r struct {
+			LMLoss   *float64 `json:"lm_loss"`
+			GradNorm *float64 `json:"grad_norm"`
+		}
+		if err := json.Unmarshal([]byte(line), &r); err != nil {
+			t.Fatal(err)
+		}
+		if r.LMLoss == nil || r.GradNorm == nil {
+			t.Fatalf("metrics line without a finite lm_loss and grad_norm: %s", line)
+		}
+		losses, norms = append(losses, *r.LMLoss), append(norms, *r.GradNorm)
+	}
+	return losses, norms
+}
+
+// TestGRPOTrainEndToEnd runs gotron train --perform-rl-step on a tiny model
+// and a tiny countdown JSON Lines file: rollouts are generated and scored,
+// the loss is finite, the weights change, and a checkpoint saved after the
+// first collection resumes to the same second iteration as the run that
+// did not stop.
+func TestGRPOTrainEndToEnd(t *testing.T) {
+	dir := t.TempDir()
+	env, tok := rlFixture(t, dir)
+	whole := filepath.Join(dir, "whole")
+	out, errs, code := runCLI(t, append(tinyGRPO(env, tok), "--train-iters", "2", "--save", whole, "--save-interval", "1",
+		"--metrics-file", filepath.Join(dir, "whole.jsonl"))...)
+	if code != 0 {
+		t.Fatalf("train exit %d: %s\n%s", code, errs, out)
+	}
+	for _, want := range []string{"rl: 5 countdown tasks from", "rl: collection 0: 2 prompts × 2 rollouts, reward mean", "rl: collection 1:", "iteration        2/       2"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("output lacks %q:\n%s", want, out)
+		}
+	}
+	ls, norms := rlMetrics(t, filepath.Join(dir, "whole.jsonl"))
+	if len(ls) != 2 {
+		t.Fatalf("%d lm losses logged, want 2:\n%s", len(ls), out)
+	}
+	for i, l := range ls {
+		if math.IsNaN(l) || math.IsInf(l, 0) || l == 0 || norms[i] == 0 {
+			t.Errorf("iteration %d: lm loss %g, grad norm %g: want finite and non-zero (the entropy term alone makes them so)", i+1, l, norms[i])
+		}
+	}
+	t.Logf("lm losses %v, grad norms %v", ls, norms)
+
+	// Resume: one iteration, then a second from its checkpoint.
+	first := filepath.Join(dir, "first")
+	if out, errs, code := runCLI(t, append(tinyGRPO(env, tok), "--train-iters", "1", "--save", first)...); code != 0 {
+		t.Fatalf("first run exit %d: %s\n%s", code, errs, out)
+	}
+	resumed := filepath.Join(dir, "resumed")
+	out2, errs, code := runCLI(t, append(tinyGRPO(env, tok), "--train-iters", "2", "--load", first, "--save", resumed, "--use-checkpoint-opt_param-scheduler",
+		"--metrics-file", filepath.Join(dir, "resumed.jsonl"))...)
+	if code != 0 {
+		t.Fatalf("resumed run exit %d: %s\n%s", code, errs, out2)
+	}
+	if !strings.Contains(out2, "rl: collection 1:") || strings.Contains(out2, "rl: collection 0:") {
+		t.Errorf("the resumed run should collect collection 1 only:\n%s", out2)
+	}
+	if l2, _ := rlMetrics(t, filepath.Join(dir, "resumed.jsonl")); len(l2) != 1 || l2[0] != ls[1] {
+		t.Errorf("resumed iteration 2 lm loss %v, the uninterrupted run's %g", l2, ls[1])
+	}
+
+	m1, _, err := train.LoadModel(first)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m2, _, err := train.LoadModel(whole)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m3, _, err := train.LoadModel(resumed)
+	if err != nil {
+		t.Fatal(err)
+	}
+	changed := 0
+	for i, p := range m1.Params() {
+		a, b, c := p.Float32s(), m2.Params()[i].Float32s(), m3.Params()[i].Float32s()
+		for j := range a {
+			if a[j] != b[j] {
+				changed++
+			}
+			if b[j] != c[j] {
+				t.Fatalf("parameter %s element %d: %g uninterrupted, %g resumed", p.Name, j, b[j], c[j])
+			}
+		}
+	}
+	if changed == 0 {
+		t.Error("iteration 2 changed no weight")
+	}
+}
+
+func TestGRPOTrainErrors(t *testing.T) {
+	dir := t.TempDir()
+	env, tok := rlFixture(t, dir)
+	unknown := filepath.Join(dir, "unknown.yaml")
+	if err := os.WriteFile(unknown, []byte("- agent_type: ChessAgent\n  agent_args:\n    dataset_file: x.jsonl\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	empty := filepath.Join(dir, "empty.jsonl")
+	if err := os.WriteFile(empty, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	emptyEnv := filepath.Join(dir, "empty.yaml")
+	if err := os.WriteFile(emptyEnv, []byte("- agent_type: CountdownAgent\n  agent_args:\n    dataset_file: "+empty+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	base := append(tinyGRPO(env, tok), "--train-iters", "1")
+	with := func(extra ...string) []string { return append(append([]string{}, base...), extra...) }
+	for _, c := range []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"missing env config", with("--langrl-env-config", filepath.Join(dir, "nope.yaml")), "--langrl-env-config: open"},
+		{"unknown agent", with("--langrl-env-config", unknown), `unknown agent_type "ChessAgent"`},
+		{"empty dataset", with("--langrl-env-config", emptyEnv), "has no tasks"},
+		{"group of one", with("--grpo-group-size", "1", "--global-batch-size", "2"), "--grpo-group-size=1: want >= 2"},
+		{"batch not dividing", with("--grpo-prompts-per-step", "3"), "--global-batch-size=4 must divide --grpo-prompts-per-step × --grpo-group-size = 6"},
+		{"save interval", with("--grpo-iterations", "2", "--save", filepath.Join(dir, "s"), "--save-interval", "1"), "--save-interval=1 must be a multiple of the 2 iterations"},
+		{"no tokenizer", append(tinyGRPO(env, nil), "--train-iters", "1"), "--perform-rl-step needs --tokenizer-type"},
+		{"data path", with("--mock-data"), "--data-path and --mock-data have no use"},
+		{"flag without the step", []string{"train", "--grpo-group-size", "4"}, "--grpo-group-size needs --perform-rl-step"},
+		{"truncation without correction", with("--rl-importance-sampling-truncation-coef", "2"), "needs --rl-inference-logprobs-is-correction"},
+		{"bad clamp", with("--grpo-clamp-eps-lower", "-0.1"), "--grpo-clamp-eps-lower"},
+		{"packing", with("--rl-use-sequence-packing"), "--rl-use-sequence-packing"},
+	} {
+		_, errs, code := runCLI(t, c.args...)
+		if code == 0 || !strings.Contains(errs, c.want) {
+			t.Errorf("%s: exit %d, stderr %q; want an error containing %q", c.name, code, errs, c.want)
+		}
+	}
+}

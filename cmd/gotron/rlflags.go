@@ -1,0 +1,160 @@
+package main
+
+import (
+	"flag"
+	"fmt"
+	"path/filepath"
+
+	"github.com/gotron/gotron/infer/server"
+	"github.com/gotron/gotron/rl"
+	"github.com/gotron/gotron/tokenizer"
+	"github.com/gotron/gotron/train"
+)
+
+// rlFlags are Megatron's RL step flags (--perform-rl-step, train_rl.py's
+// GRPO) that gotron train runs; Megatron's other --rl-* flags stay refused
+// (megatronargs.go). Defaults are Megatron's.
+type rlFlags struct {
+	perform                    bool
+	envConfig                  string
+	promptsPerStep, groupSize  int
+	iterations                 int
+	epsLower, epsUpper, klBeta float64
+	entropyWeight              float64
+	temperature, topP          float64
+	topK                       int
+	isCorrection               bool
+	isTruncation               float64
+	skipBOS                    bool
+	offloadOptimizer           bool
+	refitMethod                string
+}
+
+// rlOnlyFlags need --perform-rl-step.
+var rlOnlyFlags = []string{"langrl-env-config", "grpo-prompts-per-step", "grpo-group-size", "grpo-iterations",
+	"grpo-clamp-eps-lower", "grpo-clamp-eps-upper", "grpo-kl-beta", "grpo-entropy-term-weight",
+	"rl-default-temperature", "rl-default-top-p", "rl-default-top-k", "rl-inference-logprobs-is-correction",
+	"rl-importance-sampling-truncation-coef", "rl-skip-bos-token", "rl-offload-optimizer-during-inference", "refit-method"}
+
+func addRLFlags(fs *flag.FlagSet, f *rlFlags) {
+	fs.BoolVar(&f.perform, "perform-rl-step", false, "Megatron's RL step (train_rl.py): GRPO on rollouts gotron generates with the current weights from --langrl-env-config's environment (one process, the CPU; docs/training.md)")
+	fs.StringVar(&f.envConfig, "langrl-env-config", "", "RL: a YAML list with one environment, {agent_type: CountdownAgent, agent_args: {dataset_file: TASKS.jsonl}}")
+	fs.IntVar(&f.promptsPerStep, "grpo-prompts-per-step", 32, "RL: prompts drawn per rollout collection")
+	fs.IntVar(&f.groupSize, "grpo-group-size", 2, "RL: rollouts per prompt (a GRPO group; at least 2)")
+	fs.IntVar(&f.iterations, "grpo-iterations", 2, "RL: passes over each collection's rollouts before the next collection")
+	fs.Float64Var(&f.epsLower, "grpo-clamp-eps-lower", 0.01, "RL: the policy ratio is clipped below at 1 - eps")
+	fs.Float64Var(&f.epsUpper, "grpo-clamp-eps-upper", 0.01, "RL: the policy ratio is clipped above at 1 + eps")
+	fs.Float64Var(&f.klBeta, "grpo-kl-beta", 0.001, "RL: weight of the KL term against the reference model (the weights the run starts from)")
+	fs.Float64Var(&f.entropyWeight, "grpo-entropy-term-weight", 0, "RL: weight of the entropy bonus")
+	fs.Float64Var(&f.temperature, "rl-default-temperature", 1, "RL: sampling temperature of the rollouts")
+	fs.Float64Var(&f.topP, "rl-default-top-p", 0, "RL: top-p of the rollouts (0: off)")
+	fs.IntVar(&f.topK, "rl-default-top-k", -1, "RL: top-k of the rollouts (-1: off)")
+	fs.BoolVar(&f.isCorrection, "rl-inference-logprobs-is-correction", false, "RL: weigh each token's loss by exp(old - inference log-probability)")
+	fs.Float64Var(&f.isTruncation, "rl-importance-sampling-truncation-coef", 0, "RL: upper bound of that weight (with --rl-inference-logprobs-is-correction; unset: none)")
+	fs.BoolVar(&f.skipBOS, "rl-skip-bos-token", false, "RL: no BOS token before the prompt")
+	fs.BoolVar(&f.offloadOptimizer, "rl-offload-optimizer-during-inference", false, "RL: accepted; no effect on the CPU (the optimizer state stays in host memory while gotron generates)")
+	fs.StringVar(&f.refitMethod, "refit-method", "gloo", "RL: nccl, gloo or nvshmem: accepted; gotron generates in the training process from a copy of its weights")
+}
+
+// check refuses RL flags without --perform-rl-step and values gotron does
+// not run, and lists the accepted no-ops for the caller's note.
+func (f *rlFlags) check(given map[string]bool) (noOps []string, err error) {
+	if !f.perform {
+		for _, name := range rlOnlyFlags {
+			if given[name] {
+				return nil, fmt.Errorf("--%s needs --perform-rl-step", name)
+			}
+		}
+		return nil, nil
+	}
+	switch f.refitMethod {
+	case "nccl", "gloo", "nvshmem":
+	default:
+		return nil, fmt.Errorf("--refit-method %q: want nccl, gloo or nvshmem", f.refitMethod)
+	}
+	if given["rl-importance-sampling-truncation-coef"] && !f.isCorrection {
+		return nil, fmt.Errorf("--rl-importance-sampling-truncation-coef needs --rl-inference-logprobs-is-correction (Megatron applies it only then)")
+	}
+	if given["rl-offload-optimizer-during-inference"] {
+		noOps = append(noOps, "--rl-offload-optimizer-during-inference")
+	}
+	if given["refit-method"] {
+		noOps = append(noOps, "--refit-method "+f.refitMethod)
+	}
+	return noOps, nil
+}
+
+// collector builds the RL step for cfg with tokenizer tok (whose files
+// d names: a Hugging Face tokenizer directory's chat template renders the
+// prompts, as Megatron's chat completions do; without one the plain
+// "User: …\nAssistant:" format of gotron serve).
+func (f *rlFlags) collector(cfg *train.Config, tok tokenizer.Tokenizer, d tokenizer.Config, printf func(string, ...any)) (*rl.Collector, error) {
+	env, err := rl.LoadEnv(f.envConfig)
+	if err != nil {
+		return nil, err
+	}
+	if printf != nil {
+		printf("rl: %d countdown tasks from %s", len(env.Tasks), env.Source)
+		if env.Note != "" {
+			printf("rl: %s", env.Note)
+		}
+	}
+	var tmpl *server.ChatTemplate
+	if d.Type == tokenizer.TypeHuggingFace && d.Model != "" {
+		dir := d.Model
+		if tmpl, err = server.LoadChatTemplate(dir); err != nil {
+			return nil, fmt.Errorf("--tokenizer-model %s: chat template: %w", filepath.Clean(dir), err)
+		}
+	}
+	render := func(prompt string) (string, error) {
+		msgs := []server.Message{{Role: "user", Content: prompt}}
+		if tmpl != nil {
+			return tmpl.Render(msgs, true)
+		}
+		return server.PlainTemplate(msgs, true), nil
+	}
+	gbs := cfg.GlobalBatchSize
+	if gbs == 0 {
+		gbs = cfg.MicroBatchSize
+	}
+	c, err := rl.NewCollector(rl.Config{Env: env, Tokenizer: tok, Render: render,
+		PromptsPerStep: f.promptsPerStep, GroupSize: f.groupSize, Iterations: f.iterations,
+		GlobalBatchSize: gbs, MicroBatchSize: cfg.MicroBatchSize, SeqLength: cfg.SeqLength,
+		Loss: rl.LossConfig{ClampEpsLower: f.epsLower, ClampEpsUpper: f.epsUpper, KLBeta: f.klBeta, EntropyWeight: f.entropyWeight,
+			ISCorrection: f.isCorrection, ISTruncation: f.isTruncation},
+		Temperature: f.temperature, TopP: f.topP, TopK: f.topK, SkipBOS: f.skipBOS, Seed: cfg.Seed, BF16: cfg.BF16, Printf: printf})
+	if err != nil {
+		return nil, err
+	}
+	// The rollouts are not checkpointed: Megatron asserts saves and exits
+	// fall where a collection starts.
+	n := c.IterationsPerCollection()
+	for _, iv := range []struct {
+		name string
+		v    int64
+	}{{"--save-interval", cfg.SaveInterval}, {"--exit-interval", cfg.ExitInterval}} {
+		if iv.v > 0 && iv.v%n != 0 {
+			return nil, fmt.Errorf("%s=%d must be a multiple of the %d iterations each rollout collection trains (--grpo-iterations × --grpo-prompts-per-step × --grpo-group-size / --global-batch-size), as Megatron asserts: the rollouts are not checkpointed", iv.name, iv.v, n)
+		}
+	}
+	return c, nil
+}
+
+// openRLTokenizer opens the tokenizer of an RL run, whose data are its
+// rollouts: no --data-path or --mock-data.
+func openRLTokenizer(d *dataArgs, divisor int) (*dataSources, error) {
+	if d.mock || len(d.dataPath.values)+len(d.trainPath.values)+len(d.validPath.values)+len(d.testPath.values) > 0 {
+		return nil, fmt.Errorf("--perform-rl-step trains on the rollouts it generates: --data-path and --mock-data have no use (remove them)")
+	}
+	if d.tok.Type == "" && d.tok.VocabFile != "" && d.tok.MergeFile != "" {
+		d.tok.Type = tokenizer.TypeGPT2BPE
+	}
+	if d.tok.Type == "" {
+		return nil, fmt.Errorf("--perform-rl-step needs --tokenizer-type (and its files): the prompts are text and the rewards read the generated text")
+	}
+	tok, err := tokenizer.New(d.tok)
+	if err != nil {
+		return nil, err
+	}
+	return &dataSources{tok: tok, paddedVocab: tokenizer.PaddedVocabSize(tok.VocabSize(), divisor, 1)}, nil
+}

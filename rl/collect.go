@@ -1,0 +1,486 @@
+package rl
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"math"
+	"math/rand/v2"
+
+	datagpt "github.com/gotron/gotron/data/gpt"
+	"github.com/gotron/gotron/infer"
+	"github.com/gotron/gotron/internal/checked"
+	"github.com/gotron/gotron/internal/cpu"
+	"github.com/gotron/gotron/model/gpt"
+	"github.com/gotron/gotron/tensor"
+	"github.com/gotron/gotron/tokenizer"
+	"github.com/gotron/gotron/train"
+)
+
+// Config configures a Collector: Megatron's --grpo-* and --rl-* options
+// and what the run gives it.
+type Config struct {
+	Env       *Env
+	Tokenizer tokenizer.Tokenizer
+	// Render turns a task's prompt into the text the model continues:
+	// Megatron sends it as one user message of a chat completion (the
+	// tokenizer's chat template). Nil uses the prompt as it is.
+	Render func(prompt string) (string, error)
+
+	PromptsPerStep int // --grpo-prompts-per-step
+	GroupSize      int // --grpo-group-size
+	Iterations     int // --grpo-iterations
+	// GlobalBatchSize, MicroBatchSize and SeqLength are the run's.
+	GlobalBatchSize, MicroBatchSize, SeqLength int
+	Loss                                       LossConfig
+	// Temperature, TopP and TopK are --rl-default-temperature, -top-p and
+	// -top-k (TopK <= 0 and TopP 0 are off).
+	Temperature, TopP float64
+	TopK              int
+	// SkipBOS is --rl-skip-bos-token: no BOS before the prompt.
+	SkipBOS bool
+	// Seed seeds the prompt draws and the sampling (--seed).
+	Seed int64
+	// BF16 rounds the old and reference log-probabilities to bfloat16, as
+	// Megatron's bf16 model returns them (--bf16).
+	BF16 bool
+	// Reference are the reference model's weights (--pretrained-checkpoint's,
+	// in the model's Params order); nil takes the weights the run starts
+	// from, as Megatron does without --pretrained-checkpoint.
+	Reference []*tensor.Tensor
+	// Printf logs a line (the run's log).
+	Printf func(format string, args ...any)
+}
+
+// Collection summarises one rollout collection.
+type Collection struct {
+	Index     int64     // collections since the run began (iteration / iterations per collection)
+	Rewards   []float64 // per rollout, group-major
+	Responses []string  // the generated texts, group-major
+	Tokens    int       // loss tokens over all rollouts
+}
+
+// Collector is Megatron's RL data path for one process (train.RLStep):
+// every --grpo-iterations × (P·G / global batch) iterations it draws
+// --grpo-prompts-per-step tasks, generates --grpo-group-size rollouts of
+// each with gotron's inference engine on the current weights (an engine
+// built from them: the refit is a copy), scores them with the countdown
+// reward, computes the group advantages and the old (and, with a KL term,
+// the reference) log-probabilities, and serves the rollouts as training
+// samples; Loss is the GRPO loss over them.
+type Collector struct {
+	cfg         Config
+	pad, eod    int32
+	bos         int
+	itersPerCol int64
+	rows        []row // the current collection's, group-major
+	current     int64 // its index; -1 before the first
+	ref         []*tensor.Tensor
+	// Collections are the collections this process ran, in order.
+	Collections []Collection
+}
+
+// row is one rollout as a training sample: Megatron's trajectory padded to
+// the sequence length, with its per-position data (position t predicts
+// token t+1; the last position predicts nothing).
+type row struct {
+	tokens              []int32
+	mask                []float32 // 1 where token t+1 was generated and is not padding
+	old, ref, inference []float64
+	advantage           float64
+}
+
+var _ train.RLStep = (*Collector)(nil)
+
+// NewCollector checks cfg against Megatron's rules and gotron's limits.
+func NewCollector(cfg Config) (*Collector, error) {
+	if cfg.Env == nil || len(cfg.Env.Tasks) == 0 {
+		return nil, errors.New("rl: no environment tasks")
+	}
+	if cfg.Tokenizer == nil {
+		return nil, errors.New("rl: --perform-rl-step needs a tokenizer (--tokenizer-type and its files): prompts are text")
+	}
+	for _, c := range []struct {
+		name string
+		v    int
+	}{{"--grpo-prompts-per-step", cfg.PromptsPerStep}, {"--grpo-iterations", cfg.Iterations},
+		{"--global-batch-size", cfg.GlobalBatchSize}, {"--micro-batch-size", cfg.MicroBatchSize}, {"--seq-length", cfg.SeqLength}} {
+		if err := checked.Positive(c.name, int64(c.v)); err != nil {
+			return nil, fmt.Errorf("rl: %w", err)
+		}
+	}
+	if cfg.GroupSize < 2 {
+		return nil, fmt.Errorf("rl: --grpo-group-size=%d: want >= 2 (GRPO's advantage is a rollout's reward against its group's: a group of one has advantage 0, and nothing would be learnt from the reward)", cfg.GroupSize)
+	}
+	perCol, ok := checked.MulInt(cfg.PromptsPerStep, cfg.GroupSize)
+	if !ok || perCol > 1<<20 {
+		return nil, fmt.Errorf("rl: --grpo-prompts-per-step=%d × --grpo-group-size=%d rollouts per collection: want at most %d", cfg.PromptsPerStep, cfg.GroupSize, 1<<20)
+	}
+	if perCol%cfg.GlobalBatchSize != 0 {
+		return nil, fmt.Errorf("rl: --global-batch-size=%d must divide --grpo-prompts-per-step × --grpo-group-size = %d (Megatron's RL step trains on global batches of one collection's rollouts; it asserts the product with --grpo-iterations is divisible and counts whole batches per collection)", cfg.GlobalBatchSize, perCol)
+	}
+	if perCol%cfg.MicroBatchSize != 0 {
+		return nil, fmt.Errorf("rl: --micro-batch-size=%d must divide the %d rollouts per collection (Megatron pads them with empty rows otherwise, not built in gotron)", cfg.MicroBatchSize, perCol)
+	}
+	if err := cfg.Loss.Validate(); err != nil {
+		return nil, err
+	}
+	s := infer.Sampling{Temperature: cfg.Temperature, TopP: cfg.TopP, TopK: max(cfg.TopK, 0)}
+	if err := s.Validate(); err != nil {
+		return nil, fmt.Errorf("rl: --rl-default-temperature/--rl-default-top-p/--rl-default-top-k: %w", err)
+	}
+	c := &Collector{cfg: cfg, current: -1, bos: -1, ref: cfg.Reference}
+	c.itersPerCol = int64(cfg.Iterations) * int64(perCol/cfg.GlobalBatchSize)
+	c.eod = int32(cfg.Tokenizer.EOD())
+	c.pad = c.eod
+	if sp, ok := cfg.Tokenizer.(tokenizer.Specials); ok {
+		if id, ok := sp.Pad(); ok {
+			c.pad = int32(id)
+		}
+		if id, ok := sp.BOS(); ok && !cfg.SkipBOS {
+			c.bos = id
+		}
+	}
+	return c, nil
+}
+
+// IterationsPerCollection is how many iterations train on one collection:
+// --grpo-iterations passes over its P·G rollouts in global batches. Saves
+// and exits must fall on its multiples (Megatron's assertion: the rollouts
+// are not checkpointed).
+func (c *Collector) IterationsPerCollection() int64 { return c.itersPerCol }
+
+// samplesPerCollection is the samples the iterations of one collection read.
+func (c *Collector) samplesPerCollection() int64 {
+	return c.itersPerCol * int64(c.cfg.GlobalBatchSize)
+}
+
+// Len is the run's samples: unbounded (each collection's are its own).
+func (c *Collector) Len() int { return 1 << 62 }
+
+// Sample is the run's sample i: a rollout of the current collection, the
+// collection's P·G rollouts read in order and again for each GRPO iteration
+// (Megatron's cycled loader).
+func (c *Collector) Sample(i int) (datagpt.Sample, error) {
+	r, err := c.rowOf(int64(i))
+	if err != nil {
+		return datagpt.Sample{}, err
+	}
+	seq := c.cfg.SeqLength
+	s := datagpt.Sample{Tokens: r.tokens, Labels: make([]int32, seq), LossMask: r.mask, PositionIDs: make([]int32, seq)}
+	copy(s.Labels, r.tokens[1:])
+	s.Labels[seq-1] = c.pad
+	for t := range s.PositionIDs {
+		s.PositionIDs[t] = int32(t)
+	}
+	return s, nil
+}
+
+func (c *Collector) rowOf(i int64) (*row, error) {
+	base := c.current * c.samplesPerCollection()
+	if c.current < 0 || i < base || i >= base+c.samplesPerCollection() {
+		return nil, fmt.Errorf("rl: sample %d is not in collection %d's samples [%d, %d)", i, c.current, base, base+c.samplesPerCollection())
+	}
+	return &c.rows[(i-base)%int64(len(c.rows))], nil
+}
+
+// Prepare collects the rollouts of iteration+1's collection unless they
+// are the current ones (a resumed run collects at its first iteration, as
+// Megatron's, whose rollouts are not in the checkpoint).
+func (c *Collector) Prepare(ctx context.Context, m train.Model, eval *tensor.Tape, iteration, consumed int64) error {
+	k := iteration / c.itersPerCol
+	if k == c.current {
+		return nil
+	}
+	if consumed != k*c.samplesPerCollection() || iteration%c.itersPerCol != 0 {
+		return fmt.Errorf("rl: iteration %d (%d samples consumed) is not the start of a collection of %d iterations of %d samples: resume from a checkpoint saved at a multiple of %d iterations with the same --global-batch-size and --grpo-* flags",
+			iteration+1, consumed, c.itersPerCol, c.cfg.GlobalBatchSize, c.itersPerCol)
+	}
+	gm, ok := m.(*gpt.Model)
+	if !ok {
+		return fmt.Errorf("rl: the RL step generates with a GPT model, not %T", m)
+	}
+	if c.ref == nil && c.cfg.Loss.KLBeta != 0 {
+		// The weights the run starts from (Megatron: load_checkpoint with
+		// --load unset loads nothing, and the state dict is the model's).
+		for _, p := range gm.Params() {
+			c.ref = append(c.ref, p.Clone())
+		}
+	}
+	if c.ref != nil && len(c.ref) != len(gm.Params()) {
+		return fmt.Errorf("rl: the reference model has %d parameters, the model %d", len(c.ref), len(gm.Params()))
+	}
+	col, rows, err := c.collect(ctx, gm, k)
+	if err != nil {
+		return err
+	}
+	if err := c.logprobs(gm, eval, rows, false); err != nil {
+		return err
+	}
+	if c.cfg.Loss.KLBeta != 0 {
+		if err := c.logprobs(gm, eval, rows, true); err != nil {
+			return err
+		}
+	} else {
+		// β = 0: the KL term is multiplied by 0 whatever the reference
+		// says; Megatron computes it anyway, gotron skips the forwards.
+		for i := range rows {
+			rows[i].ref = rows[i].old
+		}
+	}
+	c.rows, c.current = rows, k
+	c.Collections = append(c.Collections, col)
+	if c.cfg.Printf != nil {
+		var mean, lo, hi float64 = 0, math.Inf(1), math.Inf(-1)
+		for _, r := range col.Rewards {
+			mean += r
+			lo, hi = math.Min(lo, r), math.Max(hi, r)
+		}
+		mean /= float64(len(col.Rewards))
+		c.cfg.Printf("rl: collection %d: %d prompts × %d rollouts, reward mean %.4f (min %.4g, max %.4g), %d generated loss tokens",
+			k, c.cfg.PromptsPerStep, c.cfg.GroupSize, mean, lo, hi, col.Tokens)
+	}
+	return nil
+}
+
+// seedOf derives a stream's seed from the run's seed, the collection and a
+// salt: a resumed run draws what an uninterrupted one would.
+func (c *Collector) seedOf(k int64, salt string) uint64 {
+	h := fnv.New64a()
+	fmt.Fprintf(h, "%d/%d/%s", c.cfg.Seed, k, salt)
+	return h.Sum64()
+}
+
+// collect draws the prompts of collection k and generates their rollouts.
+func (c *Collector) collect(ctx context.Context, m *gpt.Model, k int64) (Collection, []row, error) {
+	P, G, seq := c.cfg.PromptsPerStep, c.cfg.GroupSize, c.cfg.SeqLength
+	rng := rand.New(rand.NewPCG(c.seedOf(k, "prompts"), 0))
+	tok := c.cfg.Tokenizer
+	eng, err := infer.NewEngine(m, infer.EngineConfig{MaxNumSeqs: P * G, VocabSize: tok.VocabSize()})
+	if err != nil {
+		return Collection{}, nil, fmt.Errorf("rl: inference engine: %w", err)
+	}
+	type rollout struct {
+		task     Countdown
+		prompt   []int32
+		gen      []int32
+		logprobs []float64
+		done     bool
+	}
+	outs := make([]rollout, P*G)
+	byID := map[infer.SeqID]int{}
+	for p := range P {
+		task := c.cfg.Env.Tasks[rng.IntN(len(c.cfg.Env.Tasks))]
+		text := task.Prompt()
+		if c.cfg.Render != nil {
+			if text, err = c.cfg.Render(text); err != nil {
+				return Collection{}, nil, fmt.Errorf("rl: chat template: %w", err)
+			}
+		}
+		var ids []int32
+		if c.bos >= 0 {
+			ids = append(ids, int32(c.bos))
+		}
+		for _, id := range tok.Encode(text) {
+			ids = append(ids, int32(id))
+		}
+		if len(ids) >= seq {
+			return Collection{}, nil, fmt.Errorf("rl: a prompt of %d tokens leaves no room to generate within --seq-length=%d", len(ids), seq)
+		}
+		for g := range G {
+			j := p*G + g
+			outs[j] = rollout{task: task, prompt: ids}
+			id, err := eng.Add(infer.Request{Prompt: ids, MaxTokens: seq - len(ids), StopTokens: []int{int(c.eod)}, Logprobs: true,
+				Sampling: infer.Sampling{Temperature: c.cfg.Temperature, TopP: c.cfg.TopP, TopK: max(c.cfg.TopK, 0), Seed: c.seedOf(k, fmt.Sprint("rollout/", j))}})
+			if err != nil {
+				return Collection{}, nil, fmt.Errorf("rl: rollout %d: %w", j, err)
+			}
+			byID[id] = j
+		}
+	}
+	for eng.HasWork() {
+		if err := ctx.Err(); err != nil {
+			return Collection{}, nil, fmt.Errorf("rl: generation: %w", err)
+		}
+		evs, err := eng.Step()
+		if err != nil {
+			return Collection{}, nil, fmt.Errorf("rl: generation: %w", err)
+		}
+		for _, ev := range evs {
+			o := &outs[byID[ev.Seq]]
+			if ev.Token >= 0 {
+				o.gen = append(o.gen, int32(ev.Token))
+				o.logprobs = append(o.logprobs, float64(ev.Logprob))
+			}
+			if ev.Finish != "" {
+				if ev.Finish == infer.FinishAbort {
+					return Collection{}, nil, fmt.Errorf("rl: rollout %d was aborted by the inference engine", byID[ev.Seq])
+				}
+				o.done = true
+			}
+		}
+	}
+	col := Collection{Index: k}
+	rewards := make([][]float64, P)
+	turns := make([][]int, P)
+	for j, o := range outs {
+		if !o.done {
+			return Collection{}, nil, fmt.Errorf("rl: rollout %d did not finish", j)
+		}
+		text := o.gen
+		if len(text) > 0 && text[len(text)-1] == c.eod {
+			text = text[:len(text)-1] // the response's content: without its end
+		}
+		ids := make([]int, len(text))
+		for i, id := range text {
+			ids[i] = int(id)
+		}
+		resp := tok.Decode(ids)
+		reward := o.task.Score(resp)
+		col.Rewards = append(col.Rewards, reward)
+		col.Responses = append(col.Responses, resp)
+		rewards[j/G] = append(rewards[j/G], reward)
+		turns[j/G] = append(turns[j/G], 1)
+	}
+	adv, err := Advantages(rewards, turns)
+	if err != nil {
+		return Collection{}, nil, err
+	}
+	rows := make([]row, len(outs))
+	for j, o := range outs {
+		r := row{tokens: make([]int32, seq), mask: make([]float32, seq), inference: make([]float64, seq), advantage: adv[j]}
+		n := copy(r.tokens, o.prompt)
+		n += copy(r.tokens[n:], o.gen)
+		for t := n; t < seq; t++ {
+			r.tokens[t] = c.pad
+		}
+		// prepare_data_for_update: the loss mask is the generation mask less
+		// padding tokens (pad_mask_loss), shifted to the predicting position.
+		for t := len(o.prompt) - 1; t < n-1; t++ {
+			if r.tokens[t+1] != c.pad {
+				r.mask[t] = 1
+				col.Tokens++
+			}
+			r.inference[t] = o.logprobs[t+1-len(o.prompt)]
+		}
+		rows[j] = r
+	}
+	return col, rows, nil
+}
+
+// logprobs fills the rows' old (or, with ref, reference) log-probabilities:
+// forwards of --micro-batch-size rollouts without gradients (Megatron's
+// compute_logprobs_batch in eval mode), with the reference weights swapped
+// in for ref (as Megatron loads the reference state dict and back).
+func (c *Collector) logprobs(m *gpt.Model, tp *tensor.Tape, rows []row, ref bool) (err error) {
+	if ref {
+		params := m.Params()
+		saved := make([]*tensor.Tensor, len(params))
+		for i, p := range params {
+			saved[i] = p.Clone()
+			tensor.Copy(p, c.ref[i])
+		}
+		defer func() {
+			for i, p := range params {
+				tensor.Copy(p, saved[i])
+			}
+		}()
+	}
+	mbs, seq := c.cfg.MicroBatchSize, c.cfg.SeqLength
+	for lo := 0; lo < len(rows); lo += mbs {
+		toks := make([]int32, 0, mbs*seq)
+		labels := make([]int32, 0, mbs*seq)
+		for _, r := range rows[lo : lo+mbs] {
+			toks = append(toks, r.tokens...)
+			labels = append(labels, r.tokens[1:]...)
+			labels = append(labels, c.pad)
+		}
+		bt := gpt.Batch{Tokens: tensor.FromInt32(toks, mbs, seq)}
+		logits := m.Forward(tp, bt, nil, false)
+		lp := tp.TokenLogProbs(tp.Reshape(logits, mbs*seq, logits.Dim(-1)), tensor.FromInt32(labels, mbs*seq))
+		if err := tp.Err(); err != nil {
+			tp.Reset()
+			return fmt.Errorf("rl: log-probabilities: %w", err)
+		}
+		vals := lp.Float32s()
+		for b := range mbs {
+			out := make([]float64, seq)
+			for t := range seq {
+				v := vals[b*seq+t]
+				if c.cfg.BF16 {
+					v = cpu.RoundBF16(v)
+				}
+				out[t] = float64(v)
+			}
+			if ref {
+				rows[lo+b].ref = out
+			} else {
+				rows[lo+b].old = out
+			}
+		}
+		tp.Reset()
+	}
+	return nil
+}
+
+// Loss is the GRPO loss of logits (b, t, V) over samples first…first+b−1:
+// the mean over their loss tokens of calculate_grpo_loss, as
+// train_rl.loss_func reduces it (Σ mask·loss over max(Σ mask, 1)).
+func (c *Collector) Loss(tp *tensor.Tape, logits *tensor.Tensor, bt gpt.Batch, first int64) *tensor.Tensor {
+	b, seq := bt.Tokens.Dim(0), bt.Tokens.Dim(1)
+	rows := make([]*row, b)
+	for i := range rows {
+		r, err := c.rowOf(first + int64(i))
+		if err != nil {
+			tp.Fail(err)
+			return tp.Scale(tp.Sum(logits), 0)
+		}
+		rows[i] = r
+	}
+	lp := tp.TokenLogProbs(tp.Reshape(logits, b*seq, logits.Dim(-1)), tp.Reshape(bt.Labels, b*seq))
+	return tp.Apply(&grpoLoss{cfg: c.cfg.Loss, rows: rows, seq: seq}, lp)[0]
+}
+
+// grpoLoss is the GRPO loss of a micro-batch's current log-probabilities
+// (n) as a tape function: the loss and its gradient are computed on the
+// host in float64 (MicroBatchLoss).
+type grpoLoss struct {
+	cfg    LossConfig
+	rows   []*row
+	seq    int
+	grads  []float64
+	tokens float64
+}
+
+func (f *grpoLoss) Forward(tp *tensor.Tape, in []*tensor.Tensor) []*tensor.Tensor {
+	lp := in[0].Float32s()
+	toks := make([]Token, len(lp))
+	mask := make([]float64, len(lp))
+	for i, v := range lp {
+		r := f.rows[i/f.seq]
+		t := i % f.seq
+		toks[i] = Token{Current: float64(v), Old: r.old[t], Ref: r.ref[t], Inference: r.inference[t], Advantage: r.advantage}
+		mask[i] = float64(r.mask[t])
+	}
+	f.grads = make([]float64, len(lp))
+	s, err := f.cfg.MicroBatchLoss(toks, mask, f.grads)
+	out := tp.Empty(1)
+	if err != nil {
+		tp.Fail(err)
+		return []*tensor.Tensor{out}
+	}
+	f.tokens = s.Tokens
+	out.Float32s()[0] = float32(s.Loss / s.Tokens)
+	return []*tensor.Tensor{out}
+}
+
+func (f *grpoLoss) Backward(tp *tensor.Tape, gradOut []*tensor.Tensor) []*tensor.Tensor {
+	g := float64(gradOut[0].Float32s()[0]) / f.tokens
+	d := tp.Empty(len(f.grads))
+	dv := d.Float32s()
+	for i, v := range f.grads {
+		dv[i] = float32(g * v)
+	}
+	return []*tensor.Tensor{d}
+}

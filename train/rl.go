@@ -1,0 +1,45 @@
+package train
+
+import (
+	"context"
+	"fmt"
+
+	datagpt "github.com/gotron/gotron/data/gpt"
+	"github.com/gotron/gotron/model/gpt"
+	"github.com/gotron/gotron/tensor"
+)
+
+// RLStep is Megatron's RL training step (--perform-rl-step; package rl's
+// Collector). Before every iteration the stepper calls Prepare, which
+// collects new rollouts with the current weights when the iteration starts
+// a collection; the iteration's micro-batches are then read from it as a
+// Source (sample i of the run: the consumed count's frame), and Loss
+// replaces the model's language-model loss.
+type RLStep interface {
+	datagpt.Source
+	// Prepare readies the rollouts iteration+1 trains on. m is the model
+	// (its current weights); eval is a tape without gradients in the
+	// run's matmul precision, which Prepare resets after each forward.
+	Prepare(ctx context.Context, m Model, eval *tensor.Tape, iteration, consumed int64) error
+	// Loss is the mean over bt's loss tokens of the RL loss of logits (b,
+	// t, V), bt holding samples first … first+b−1. With no loss tokens the
+	// mean is over one (train_rl.loss_func's guard): lossTokens counts 1.
+	Loss(tp *tensor.Tape, logits *tensor.Tensor, bt gpt.Batch, first int64) *tensor.Tensor
+}
+
+// validateRL refuses what the RL step is not built for.
+func (c *Config) validateRL() error {
+	if c.Parallel != nil && c.Parallel.World.Size() > 1 {
+		return fmt.Errorf("train: --perform-rl-step on %d ranks: needs Megatron's data/tensor/pipeline-parallel RL step, not built in gotron (GRPO runs in one process)", c.Parallel.World.Size())
+	}
+	if len(c.RampupBatchSize) > 0 || c.StepBatchSizeSchedule != "" {
+		return fmt.Errorf("train: --perform-rl-step with a batch-size ramp or schedule: Megatron's RL step sets the global batch itself; give --global-batch-size")
+	}
+	if c.Model.MoE.Enabled() {
+		return fmt.Errorf("train: --perform-rl-step with --num-experts: needs an MoE RL step, not built in gotron (a dense model is)")
+	}
+	if c.Device != tensor.CPU {
+		return fmt.Errorf("train: --perform-rl-step on %v: the GRPO loss reads the log-probabilities on the host; not built for a GPU yet (run it on the CPU)", c.Device)
+	}
+	return nil
+}
