@@ -115,7 +115,9 @@ type Backend interface {
 	Device() Device
 	// Gemm: c = alpha*op(a)*op(b) + beta*c on the last two dims, batched
 	// over the leading dims (equal for a, b and c), in the arithmetic prec
-	// names. All contiguous.
+	// names. All contiguous; a and b float32, or both bfloat16 under
+	// MatmulBF16 (operands already rounded: the same numbers as their
+	// float32 sources; bf16_operands.go), c float32.
 	Gemm(prec MatmulPrecision, tA, tB Transpose, alpha float32, a, b *Tensor, beta float32, c *Tensor)
 	LayerNormForward(out, mean, rstd, x, w, b *Tensor, eps float32)
 	LayerNormBackward(dx, dw, db, dout, x, w, mean, rstd *Tensor)

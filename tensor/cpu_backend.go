@@ -37,7 +37,15 @@ func (cpuBackend) Gemm(prec MatmulPrecision, tA, tB Transpose, alpha float32, a,
 		sb = 0
 	}
 	gemm := cpu.SgemmStrided
-	av, bv := f(a), f(b)
+	var av, bv []float32
+	if a.dtype == BFloat16 && b.dtype == BFloat16 && prec == MatmulBF16 {
+		// bfloat16 operands (the simulated device's, bf16_operands.go):
+		// widened exactly, SgemmStridedBF16's rounding leaves them as they
+		// are, so the product is MatmulBF16's on their float32 sources.
+		av, bv = widenBF16(a), widenBF16(b)
+	} else {
+		av, bv = f(a), f(b)
+	}
 	switch prec {
 	case MatmulBF16:
 		gemm = cpu.SgemmStridedBF16

@@ -77,7 +77,9 @@ type cudaRuntime struct {
 // (host-to-device copies that do not wait for the stream), "fewer-syncs"
 // (a step's scalars read back together, once), "moe-grouped" (the MoE
 // experts' products as one cuBLAS grouped GEMM each), "fusion" (the fused
-// bias-activation and bias-dropout-add kernels). The variable is
+// bias-activation and bias-dropout-add kernels), "gemm-bf16" (bfloat16
+// GEMM operands under --bf16: weights' bfloat16 copies, activations cast
+// once, cuBLAS on CUDA_R_16BF operands). The variable is
 // "1" or "all" for every one, or a comma-separated list of names.
 func CUDAUnverified(getenv func(string) string, feature string) bool {
 	v := getenv("GOTRON_CUDA_UNVERIFIED")
@@ -219,6 +221,9 @@ func OpenCUDA(ordinal int, opts CUDAOptions) error {
 	rt.fewerSyncs = CUDAUnverified(os.Getenv, "fewer-syncs")
 	if CUDAUnverified(os.Getenv, "fusion") {
 		SetCUDAFusedKernels(true)
+	}
+	if CUDAUnverified(os.Getenv, "gemm-bf16") {
+		SetCUDABF16GemmOperands(true)
 	}
 	if os.Getenv("GOTRON_CUDA_PROFILE") != "" {
 		rt.prof = &cudaProfile{byName: map[string]*cudaProfEntry{}}
@@ -626,24 +631,37 @@ func (b cudaBackend) Gemm(prec MatmulPrecision, tA, tB Transpose, alpha float32,
 	if int64(bm.Numel()) == sb {
 		sb = 0
 	}
-	compute := cuda.Compute32F
-	switch prec {
-	case MatmulBF16:
+	compute, operands := cuda.Compute32F, cuda.F32
+	switch {
+	case prec == MatmulBF16 && a.dtype == BFloat16 && bm.dtype == BFloat16:
+		// bfloat16 operands (gemm-bf16, bf16_operands.go): CUDA_R_16BF A
+		// and B, CUDA_R_32F C, CUBLAS_COMPUTE_32F — a combination
+		// cublasGemmStridedBatchedEx accepts (cuBLAS's GemmEx table:
+		// compute 32F, scale 32F, A/B 16BF, C 16BF or 32F), which
+		// internal/cuda's TestGPUGemmBF16 ran on the H100.
+		operands = cuda.BF16
+	case a.dtype != Float32 || bm.dtype != Float32:
+		panic(fmt.Sprintf("tensor: CUDA Gemm of %v by %v under %v: want float32 operands, or bfloat16 ones under bf16", a.dtype, bm.dtype, prec))
+	case prec == MatmulBF16:
 		compute = cuda.Compute32FFast16BF
-	case MatmulFP16:
+	case prec == MatmulFP16:
 		compute = cuda.Compute32FFast16F
 	}
 	p := cuda.GemmParams{
 		TransA: tB == Trans, TransB: tA == Trans,
 		M: n, N: m, K: k,
 		Alpha: alpha, Beta: beta,
-		A: devPtr(bm), AType: cuda.F32, LDA: ldb, StrideA: sb,
-		B: devPtr(a), BType: cuda.F32, LDB: lda, StrideB: sa,
+		A: devPtr(bm), AType: operands, LDA: ldb, StrideA: sb,
+		B: devPtr(a), BType: operands, LDB: lda, StrideB: sa,
 		C: devPtr(c), CType: cuda.F32, LDC: n, StrideC: int64(m * n),
 		Batch:   batch,
 		Compute: compute,
 	}
-	b.rt.timed("cublas gemm "+prec.String(), func() {
+	name := "cublas gemm " + prec.String()
+	if operands == cuda.BF16 {
+		name += " (bf16 operands)"
+	}
+	b.rt.timed(name, func() {
 		if err := b.rt.dev.GemmStridedBatched(p); err != nil {
 			panic(fmt.Sprintf("tensor: CUDA Gemm %dx%dx%d (batch %d): %v", m, n, k, batch, err))
 		}

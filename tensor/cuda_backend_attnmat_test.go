@@ -97,6 +97,7 @@ func TestCUDAUnverified(t *testing.T) {
 		{"", "cp", false}, {"1", "cp", true}, {"all", "staged-copies", true}, {"0", "cp", false},
 		{"cp, staged-copies", "staged-copies", true}, {"cp,staged-copies", "attn-bf16", false},
 		{"attn-bf16,flash-tc", "flash-tc", true}, {"flash-tc", "attn-bf16", false},
+		{"fusion,gemm-bf16", "gemm-bf16", true}, {"attn-bf16", "gemm-bf16", false},
 	} {
 		getenv := func(k string) string {
 			if k == "GOTRON_CUDA_UNVERIFIED" {

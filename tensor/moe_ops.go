@@ -369,7 +369,7 @@ func (tp *Tape) GroupedLinear(x *Tensor, ws []*Tensor, counts []int, grouped boo
 		}
 		for i := range c {
 			if c[i].Numel() > 0 && a[i].Numel() > 0 {
-				be.Gemm(prec, tA, tB, 1, a[i], b[i], 1, c[i])
+				gemm(be, prec, tA, tB, 1, a[i], b[i], 1, c[i])
 			}
 		}
 	}

@@ -37,7 +37,7 @@ func (tp *Tape) MatMul(a, b *Tensor, tA, tB Transpose) *Tensor {
 	shape := append(append([]int(nil), lead...), m, n)
 	out := tp.empty(a.dev, shape...)
 	be, prec := backendFor(a, b), tp.MatmulPrecision()
-	be.Gemm(prec, tA, tB, 1, a, b, 0, out)
+	gemm(be, prec, tA, tB, 1, a, b, 0, out)
 	if tp.recording(a, b) {
 		tp.record("matmul", func(tp *Tape) {
 			g := tp.grad(out)
@@ -67,7 +67,7 @@ func (tp *Tape) gemmAcc(be Backend, prec MatmulPrecision, tX, tY Transpose, x, y
 	bx, by := x.Numel()/(x.Dim(-1)*x.Dim(-2)), y.Numel()/(y.Dim(-1)*y.Dim(-2))
 	bc := c.Numel() / (c.Dim(-1) * c.Dim(-2))
 	if bc == max(bx, by) {
-		be.Gemm(prec, tX, tY, 1, x, y, 1, c)
+		gemm(be, prec, tX, tY, 1, x, y, 1, c)
 		return
 	}
 	// c is shared over the batch: fold the batch into the reduction dim when
@@ -76,12 +76,12 @@ func (tp *Tape) gemmAcc(be Backend, prec MatmulPrecision, tX, tY Transpose, x, y
 		// c (p×q) += Σ_b x_bᵀ y_b = Xᵀ Y with X, Y stacked along rows.
 		xs := x.view([]int{bx * x.Dim(-2), x.Dim(-1)}, contiguousStrides([]int{bx * x.Dim(-2), x.Dim(-1)}), x.offset)
 		ys := y.view([]int{by * y.Dim(-2), y.Dim(-1)}, contiguousStrides([]int{by * y.Dim(-2), y.Dim(-1)}), y.offset)
-		be.Gemm(prec, Trans, NoTrans, 1, xs, ys, 1, c)
+		gemm(be, prec, Trans, NoTrans, 1, xs, ys, 1, c)
 		return
 	}
 	for i := range max(bx, by) {
 		xi, yi := batchEntry(x, i, bx), batchEntry(y, i, by)
-		be.Gemm(prec, tX, tY, 1, xi, yi, 1, c)
+		gemm(be, prec, tX, tY, 1, xi, yi, 1, c)
 	}
 }
 
@@ -94,7 +94,10 @@ func batchEntry(t *Tensor, i, batch int) *Tensor {
 }
 
 // Linear returns x·wᵀ + b for x (..., in), w (out, in), b (out) or nil:
-// PyTorch's and Megatron's weight layout.
+// PyTorch's and Megatron's weight layout. Under MatmulBF16 on a device
+// whose products read bfloat16 operands (bf16_operands.go) the products
+// read w's bfloat16 copy and x and the output gradient cast once each, and
+// the backward keeps the bfloat16 x instead of the float32 one.
 func (tp *Tape) Linear(x, w, b *Tensor) *Tensor {
 	in := x.Dim(-1)
 	if w.Dim(1) != in {
@@ -107,7 +110,14 @@ func (tp *Tape) Linear(x, w, b *Tensor) *Tensor {
 	out := tp.empty(x.dev, shape...)
 	out2 := out.view([]int{rows, w.Dim(0)}, []int{w.Dim(0), 1}, 0)
 	be, prec := backendFor(x, w, b), tp.MatmulPrecision()
-	be.Gemm(prec, NoTrans, Trans, 1, x2, w, 0, out2)
+	// xa, wa are the products' operands: x2 and w, or their bfloat16
+	// roundings (the same numbers under MatmulBF16).
+	xa, wa := x2, w
+	bf16 := prec == MatmulBF16 && x.dtype == Float32 && w.dtype == Float32 && bf16OperandsOn(be)
+	if bf16 {
+		xa, wa = tp.castBF16(be, x2), tp.bf16Weight(be, w)
+	}
+	gemm(be, prec, NoTrans, Trans, 1, xa, wa, 0, out2)
 	if b != nil {
 		be.Add(out, out, b)
 	}
@@ -115,11 +125,24 @@ func (tp *Tape) Linear(x, w, b *Tensor) *Tensor {
 		tp.record("linear", func(tp *Tape) {
 			g := tp.grad(out)
 			g2 := g.view([]int{rows, w.Dim(0)}, []int{w.Dim(0), 1}, g.offset)
+			ga, wb := g2, wa
+			if bf16 && (x.requiresGrad || w.requiresGrad) {
+				// the output gradient cast once for both products; the
+				// weight's copy again (the forward's unless the parameters
+				// changed in between, which a step does not do)
+				ga = tp.castBF16(be, g2)
+				if x.requiresGrad {
+					wb = tp.bf16Weight(be, w)
+				}
+			}
 			if dx := tp.gradFor(x); dx != nil {
-				be.Gemm(prec, NoTrans, NoTrans, 1, g2, w, 1, dx.view([]int{rows, in}, []int{in, 1}, dx.offset))
+				gemm(be, prec, NoTrans, NoTrans, 1, ga, wb, 1, dx.view([]int{rows, in}, []int{in, 1}, dx.offset))
 			}
 			if dw := tp.gradFor(w); dw != nil {
-				be.Gemm(prec, Trans, NoTrans, 1, g2, x2, 1, dw)
+				gemm(be, prec, Trans, NoTrans, 1, ga, xa, 1, dw)
+			}
+			if ga != g2 {
+				tp.releaseBF16(ga)
 			}
 			if db := tp.gradFor(b); db != nil {
 				be.SumRows(db, g2)

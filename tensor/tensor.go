@@ -48,6 +48,9 @@ type Tensor struct {
 	// base is the tensor a strided view (Transpose, Narrow) looks into; its
 	// gradient flows there.
 	base *Tensor
+	// bf16 is a parameter's bfloat16 copy for products under MatmulBF16
+	// (NewBF16Weights; nil when not registered).
+	bf16 *bf16Copy
 }
 
 // New returns a zeroed contiguous tensor of the given dtype and shape.

@@ -516,6 +516,10 @@ func (ck *checkpointer) loadGotron(root string) error {
 	if err := ck.readParams(r); err != nil {
 		return err
 	}
+	// the bfloat16 copies are rebuilt from the loaded float32 parameters
+	// (a checkpoint holds no copy of its own, as Megatron's holds its
+	// model parameters once)
+	ck.stepper.bf16w.Invalidate()
 	if f := ck.stepper.fsdp; f != nil {
 		if err := f.TakeShards(); err != nil {
 			return fmt.Errorf("train: --load: %w", err)

@@ -6,6 +6,7 @@ import (
 	"io"
 	"math"
 	"os"
+	"strings"
 	"testing"
 
 	"github.com/gotron/gotron/tensor"
@@ -29,7 +30,19 @@ func TestCUDATrainingMatchesCPU(t *testing.T) {
 				tol = 3e-2
 			}
 			want := runOn(t, cfg, tensor.CPU)
+			before := tensor.BF16GemmOperandCounts()
 			got := runOn(t, cfg, tensor.CUDA)
+			if d := tensor.BF16GemmOperandCounts().Sub(before); bf16 {
+				// gemm-bf16: every product reads bfloat16 operands (the
+				// weights' copies, activations cast once); else none does
+				on := tensor.CUDAUnverified(os.Getenv, "gemm-bf16")
+				if on && (d.BF16OperandProducts == 0 || d.FP32OperandProducts != 0) || !on && d.BF16OperandProducts != 0 {
+					t.Errorf("GOTRON_CUDA_UNVERIFIED=%q: %v", os.Getenv("GOTRON_CUDA_UNVERIFIED"), d)
+				}
+				if i := strings.Index(got.log, "bf16 GEMM operands: "); i >= 0 {
+					t.Logf("%s", strings.TrimSpace(got.log[i:]))
+				}
+			}
 			if len(got.res.Losses) != len(want.res.Losses) {
 				t.Fatalf("%d iterations, want %d", len(got.res.Losses), len(want.res.Losses))
 			}

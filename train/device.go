@@ -106,6 +106,31 @@ func transfers(dev tensor.Device, now, since, steps tensor.Transfers, iters int6
 	return fmt.Sprintf("%v device: %d host-to-device and %d device-to-host copies, %.3f MB%s", dev, d.FromHost, d.ToHost, float64(d.Bytes)/1e6, per)
 }
 
+// bf16OperandsLine is the line a --bf16 run on the simulated device or the
+// GPU ends with: per training iteration, the products under --bf16 and
+// the conversions to bfloat16 they cost (counted in this process, every
+// rank it runs included). With bfloat16 operands (--device sim; cuda under
+// GOTRON_CUDA_UNVERIFIED=gemm-bf16) the line also gives what the same
+// products on float32 operands would cost: two conversions each, inside
+// the product, and 4 bytes an operand element read.
+func bf16OperandsLine(dev tensor.Device, c tensor.BF16OperandCounts, iters int64) string {
+	if iters <= 0 {
+		return fmt.Sprintf("%v device, bf16 GEMM operands: no training iteration", dev)
+	}
+	per := func(n int64) float64 { return float64(n) / float64(iters) }
+	cost := func(c tensor.BF16OperandCounts) string {
+		return fmt.Sprintf("%.1f conversions of %.3f M elements, %.3f MB of operands read by the products",
+			per(c.Conversions()), per(c.ConvertedElems())/1e6, per(c.ProductReadBytes())/1e6)
+	}
+	if c.BF16OperandProducts == 0 {
+		return fmt.Sprintf("%v device, bf16 GEMM operands: per training iteration %.1f products on float32 operands (converted inside each): %s",
+			dev, per(c.FP32OperandProducts), cost(c))
+	}
+	return fmt.Sprintf("%v device, bf16 GEMM operands: per training iteration %.1f products on bfloat16 operands and %.1f on float32, %.1f weight casts (%.3f M elements) and %.1f activation casts (%.3f M elements): %s; on float32 operands: %s",
+		dev, per(c.BF16OperandProducts), per(c.FP32OperandProducts), per(c.WeightCasts), per(c.WeightCastElems)/1e6, per(c.ActCasts), per(c.ActCastElems)/1e6,
+		cost(c), cost(c.AsFP32Operands()))
+}
+
 // copySites formats the copies of iters iterations by site, per iteration,
 // the most frequent first: " (in: train.batchTo 4.0, AdamW coefficients
 // 1.0; out: ...)"; "" without copies.

@@ -207,6 +207,9 @@ func (t *Trainer) Run(ctx context.Context) (_ Result, err error) {
 		since := count()
 		defer func() {
 			t.reporter.printf("%s", transfers(t.cfg.Device, count(), since, stepCopies, t.Iteration-t.reporter.startIter))
+			if t.cfg.BF16 {
+				t.reporter.printf("%s", bf16OperandsLine(t.cfg.Device, t.stepper.bf16Steps, t.Iteration-t.reporter.startIter))
+			}
 		}()
 	}
 	closeReports, err := t.reporter.open()

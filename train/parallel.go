@@ -359,6 +359,8 @@ func (st *stepper) syncParams() error {
 			return fmt.Errorf("train: iteration %d: %w", st.Iteration, err)
 		}
 	}
+	// an evaluation after a step, or a load, reads new values
+	st.bf16w.Invalidate()
 	return nil
 }
 

@@ -106,6 +106,14 @@ type stepper struct {
 	// parameters, until a save in flight has copied them (the
 	// checkpointer's).
 	waitSnapshot func()
+	// bf16w are the parameters' bfloat16 copies under --bf16 (nil
+	// otherwise; tensor.NewBF16Weights): invalidated whenever the
+	// parameters may have changed.
+	bf16w *tensor.BF16Weights
+	// bf16Steps are the bfloat16 conversions and operand elements of the
+	// products under --bf16 made inside training steps (the run's last
+	// line on a device: bf16OperandsLine).
+	bf16Steps tensor.BF16OperandCounts
 }
 
 // newStepper builds the model (whole from the seed, then this rank's
@@ -161,6 +169,14 @@ func newStepper(cfg *Config, pos *position, train datagpt.Source, launched bool,
 	}
 	if err := st.setupRerun(); err != nil {
 		return nil, err
+	}
+	if cfg.BF16 {
+		// Megatron's bf16 model parameters: on a device whose products read
+		// bfloat16 operands (--device sim; cuda under gemm-bf16) each
+		// weight a product reads gets a bfloat16 copy, cast once a step
+		// (invalidated when a step starts and when the parameters are
+		// synchronized for evaluation, a checkpoint or a load).
+		st.bf16w = tensor.NewBF16Weights(append(st.model.Params(), st.localParams()...))
 	}
 	st.tape.SetGradReadyHook(st.reducer.readyHook())
 	// The loss is read before Backward, nothing of the forward after: the
@@ -244,6 +260,11 @@ func (st *stepper) step(ctx context.Context) (float64, error) {
 	dp, r := st.dpSize(), st.dpRank()
 	if err := st.reducer.WaitParams(st.cctx); err != nil {
 		return 0, fmt.Errorf("train: iteration %d: %w", st.Iteration+1, err)
+	}
+	st.bf16w.Invalidate() // the last step (or a load) changed the parameters
+	if st.cfg.BF16 {
+		before := tensor.BF16GemmOperandCounts()
+		defer func() { st.bf16Steps = st.bf16Steps.Add(tensor.BF16GemmOperandCounts().Sub(before)) }()
 	}
 	moe, _ := st.model.(moeModel)
 	perToken := st.cfg.CalculatePerTokenLoss

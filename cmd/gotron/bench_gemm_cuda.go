@@ -20,8 +20,13 @@ func benchGemmCUDA(ctx context.Context, w io.Writer, shapes []gemmShape, bf16 bo
 	dev := tensor.CUDADevice()
 	be := tensor.CUDABackend()
 	prec, name := tensor.MatmulFP32, "cuBLAS fp32 (no TF32)"
+	operands := tensor.Float32
 	if bf16 {
 		prec, name = tensor.MatmulBF16, "cuBLAS bf16 products, fp32 in and out"
+		if tensor.CUDABF16GemmOperands() {
+			// gemm-bf16: the operands training's products read then
+			operands, name = tensor.BFloat16, "cuBLAS bf16 products on bf16 operands (gemm-bf16), fp32 out"
+		}
 	}
 	peak := tensor.CUDAPeakFLOPs(bf16) / 1e9
 	fmt.Fprintf(w, "%s on %v: datasheet peak %.0f GFLOP/s, %d reps of ≥ %.2gs each\n", name, dev, peak, reps, minRep)
@@ -38,8 +43,8 @@ func benchGemmCUDA(ctx context.Context, w io.Writer, shapes []gemmShape, bf16 bo
 		if s.tB == cpu.Trans {
 			tb, bshape = tensor.Trans, []int{s.n, s.k}
 		}
-		a := tensor.NewOn(tensor.CUDA, tensor.Float32, ashape...)
-		b := tensor.NewOn(tensor.CUDA, tensor.Float32, bshape...)
+		a := tensor.NewOn(tensor.CUDA, operands, ashape...)
+		b := tensor.NewOn(tensor.CUDA, operands, bshape...)
 		c := tensor.NewOn(tensor.CUDA, tensor.Float32, s.m, s.n)
 		call := func() { be.Gemm(prec, ta, tb, 1, a, b, 0, c) }
 		sync := func() error { return dev.Synchronize() }

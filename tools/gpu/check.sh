@@ -63,11 +63,19 @@ unverified_tests() {
 		-test.run 'TestCUDAMethods|TestCUDAReadBack|TestCUDAOps'
 	run unverified-train-fewer-syncs 240 env GOTRON_CUDA_UNVERIFIED=fewer-syncs "$bin/train.test" -test.v -test.run 'CUDA'
 	grep -h "device-to-host copies\|^--- \|^ok\|^FAIL" "$out/unverified-train-fewer-syncs.log" | head -20 >> "$out/summary.txt"
+	# bfloat16 GEMM operands under --bf16 (gemm-bf16): Linear's products
+	# on the weights' bfloat16 copies and on activations and gradients
+	# cast once (cuBLAS: CUDA_R_16BF A and B, float32 C,
+	# CUBLAS_COMPUTE_32F) against the CPU, then training against the CPU
+	# (50 iterations) with them on.
+	run unverified-gemm-bf16 120 "$bin/tensor_backendtest.test" -test.v -test.run 'TestCUDABF16GemmOperandsMatchCPU'
+	run unverified-train-gemm-bf16 240 env GOTRON_CUDA_UNVERIFIED=gemm-bf16 "$bin/train.test" -test.v -test.run 'TestCUDATrainingMatchesCPU'
+	grep -h "bf16 GEMM operands\|final loss" "$out/unverified-train-gemm-bf16.log" | head -4 >> "$out/summary.txt"
 }
 unverified_124m() {
 	# GPT-2 124M bf16 with each feature alone, and the two copy features
 	# together: speed and host copies
-	for feat in staged-copies attn-bf16 fewer-syncs staged-copies,fewer-syncs flash-tc; do
+	for feat in staged-copies attn-bf16 fewer-syncs staged-copies,fewer-syncs flash-tc gemm-bf16; do
 		run "unverified-124m-bf16-$feat" 240 env GOTRON_CUDA_UNVERIFIED=$feat "$bin/gotron" train --device cuda --mock-data \
 			--num-layers 12 --hidden-size 768 --num-attention-heads 12 --seq-length 1024 --max-position-embeddings 1024 \
 			--micro-batch-size 8 --global-batch-size 8 --train-iters 8 --log-interval 1 --vocab-size 50304 --lr 1e-4 --bf16
@@ -75,6 +83,12 @@ unverified_124m() {
 			"$out/unverified-124m-bf16-$feat.log" | tail -3 | sed "s/^/$feat: /" >> "$out/summary.txt"
 		grep -o "cuda device: .*" "$out/unverified-124m-bf16-$feat.log" | sed "s/^/$feat: /" >> "$out/summary.txt"
 	done
+	# gemm-bf16's products at GPT-2's shapes, beside the bench step's
+	# bf16 products on float32 operands
+	run unverified-gemm-bf16-bench 120 env GOTRON_CUDA_UNVERIFIED=gemm-bf16 "$bin/gotron" bench gemm --device cuda \
+		--precision bf16 --reps 3 --min-rep-seconds 0.2 \
+		--shapes NN:8192x768x2304,NT:8192x2304x768,TN:768x8192x2304,NN:8192x768x3072,NN:8192x768x50304,NN:8192x8192x8192
+	cat "$out/unverified-gemm-bf16-bench.log" >> "$out/summary.txt"
 }
 unverified_cp() {
 	# --context-parallel-size 2 (two processes on the one GPU, host

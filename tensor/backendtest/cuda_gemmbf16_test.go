@@ -1,0 +1,151 @@
+package backendtest
+
+import (
+	"fmt"
+	"math"
+	"testing"
+
+	"github.com/gotron/gotron/tensor"
+)
+
+// cudaTolGemmBF16 bounds the products on bfloat16 operands (gemm-bf16)
+// against the CPU's MatmulBF16 in the first step, per element relative to
+// max(1, |cpu|): both multiply the same bfloat16 operands (cast with
+// round to nearest even, as the CPU rounds them) exactly, so only the
+// order of the float32 sums (cuBLAS's tiles, the tensor cores'
+// accumulation) differs — the float32 tolerance cudaTol's order, five
+// times it for the tensor cores' accumulation, which need not round each
+// addition to nearest. Once an update has moved the parameters by those
+// differences, an operand can round to the other neighbouring bfloat16,
+// so the later steps are held to cudaTolBF16.
+const cudaTolGemmBF16 = 1e-3
+
+// gemmBF16Run trains a small graph (embedding, two linear layers, the
+// tied output layer, cross-entropy) under MatmulBF16 on dev for steps
+// steps, its parameters registered for bfloat16 copies and each step
+// followed by an update made on the host and Invalidate; it returns each
+// step's loss and every step's gradients.
+func gemmBF16Run(dev tensor.Device, steps int) (losses []float32, grads [][][]float32, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("%v", r)
+		}
+	}()
+	rng := tensor.NewRNG(11)
+	const b, tt, h, vocab = 2, 24, 64, 50
+	emb, w1, b1, w2 := tensor.Param("emb", vocab, h), tensor.Param("w1", 4*h, h), tensor.Param("b1", 4*h), tensor.Param("w2", h, 4*h)
+	rng.Fork("emb").Normal(emb.Float32s(), 0, 1)
+	rng.Fork("w1").Normal(w1.Float32s(), 0, 0.2)
+	rng.Fork("b1").Normal(b1.Float32s(), 0, 0.1)
+	rng.Fork("w2").Normal(w2.Float32s(), 0, 0.2)
+	params := []*tensor.Tensor{emb, w1, b1, w2}
+	tensor.MoveParams(dev, params...)
+	bw := tensor.NewBF16Weights(params)
+	ids, labels := make([]int32, b*tt), make([]int32, b*tt)
+	for i := range ids {
+		ids[i], labels[i] = int32((7*i+3)%vocab), int32((5*i+1)%vocab)
+	}
+	tokens := tensor.FromInt32(ids, b, tt).ToDevice(dev)
+	targets := tensor.FromInt32(labels, b*tt).ToDevice(dev)
+	tp := tensor.NewTape()
+	tp.SetMatmulPrecision(tensor.MatmulBF16)
+	for range steps {
+		for _, p := range params {
+			p.Grad = nil
+		}
+		x := tp.Embedding(tokens, emb)
+		y := tp.GELU(tp.Linear(x, w1, b1), tensor.GELUTanh)
+		x = tp.Add(x, tp.Linear(y, w2, nil))
+		logits := tp.Linear(x, emb, nil)
+		l := tp.CrossEntropy(tp.Reshape(logits, b*tt, vocab), targets, tensor.CrossEntropyOptions{})
+		losses = append(losses, tensor.ToHost(l).Float32s()[0])
+		if err := tp.Backward(l); err != nil {
+			return nil, nil, err
+		}
+		var gs [][]float32
+		for _, p := range params {
+			g := append([]float32(nil), tensor.ToHost(p.Grad).Float32s()...)
+			gs = append(gs, g)
+			v := tensor.ToHost(p).Float32s()
+			for i := range v {
+				v[i] -= 0.1 * g[i]
+			}
+			tensor.Copy(p, tensor.FromFloat32(v, p.Shape()...).ToDevice(dev))
+		}
+		grads = append(grads, gs)
+		tp.Reset()
+		bw.Invalidate()
+	}
+	return losses, grads, nil
+}
+
+// TestCUDABF16GemmOperandsMatchCPU runs products on bfloat16 operands on
+// the GPU (gemm-bf16: the weights' bfloat16 copies, activations and
+// output gradients cast by elem_convert, cuBLAS with CUDA_R_16BF A and B,
+// float32 C, CUBLAS_COMPUTE_32F) against the CPU's MatmulBF16 over three
+// steps: the first step's loss and gradients within cudaTolGemmBF16, the
+// later losses and gradients within cudaTolBF16; every product read
+// bfloat16 operands and each weight was cast once a step.
+func TestCUDABF16GemmOperandsMatchCPU(t *testing.T) {
+	cudaBackend(t)
+	defer tensor.SetCUDABF16GemmOperands(tensor.SetCUDABF16GemmOperands(true))
+	const steps = 3
+	wantLoss, wantGrads, err := gemmBF16Run(tensor.CPU, steps)
+	if err != nil {
+		t.Fatalf("cpu: %v", err)
+	}
+	before := tensor.BF16GemmOperandCounts()
+	gotLoss, gotGrads, err := gemmBF16Run(tensor.CUDA, steps)
+	if err != nil {
+		t.Fatalf("cuda: %v", err)
+	}
+	d := tensor.BF16GemmOperandCounts().Sub(before)
+	for s := range steps {
+		tol := cudaTolGemmBF16
+		if s > 0 {
+			tol = cudaTolBF16
+		}
+		if err := closeAll(fmt.Sprintf("step %d loss", s+1), [][]float32{{gotLoss[s]}}, [][]float32{{wantLoss[s]}}, tol); err != nil {
+			t.Error(err)
+		}
+		if err := closeAll(fmt.Sprintf("step %d gradient", s+1), gotGrads[s], wantGrads[s], tol); err != nil {
+			t.Error(err)
+		}
+	}
+	t.Logf("losses: cuda %v, cpu %v; %v", gotLoss, wantLoss, d)
+	if d.FP32OperandProducts != 0 || d.BF16OperandProducts != 9*steps || d.WeightCasts != 3*steps {
+		t.Errorf("counts %v: want %d products on bfloat16 operands, none on float32, %d weight casts", d, 9*steps, 3*steps)
+	}
+	if math.IsNaN(float64(gotLoss[steps-1])) {
+		t.Error("the last loss is NaN")
+	}
+}
+
+// TestSimGemmBF16RunMatchesCPU runs TestCUDABF16GemmOperandsMatchCPU's
+// graph on the simulated device, whose products read bfloat16 operands
+// the same way: every step's loss and gradients are the CPU's bit for bit
+// (so the GPU test's harness is checked without a GPU).
+func TestSimGemmBF16RunMatchesCPU(t *testing.T) {
+	const steps = 3
+	wantLoss, wantGrads, err := gemmBF16Run(tensor.CPU, steps)
+	if err != nil {
+		t.Fatalf("cpu: %v", err)
+	}
+	before := tensor.BF16GemmOperandCounts()
+	gotLoss, gotGrads, err := gemmBF16Run(tensor.Sim, steps)
+	if err != nil {
+		t.Fatalf("sim: %v", err)
+	}
+	d := tensor.BF16GemmOperandCounts().Sub(before)
+	for s := range steps {
+		if err := closeAll(fmt.Sprintf("step %d loss", s+1), [][]float32{{gotLoss[s]}}, [][]float32{{wantLoss[s]}}, 0); err != nil {
+			t.Error(err)
+		}
+		if err := closeAll(fmt.Sprintf("step %d gradient", s+1), gotGrads[s], wantGrads[s], 0); err != nil {
+			t.Error(err)
+		}
+	}
+	if d.FP32OperandProducts != 0 || d.BF16OperandProducts != 9*steps || d.WeightCasts != 3*steps {
+		t.Errorf("counts %v: want %d products on bfloat16 operands, none on float32, %d weight casts", d, 9*steps, 3*steps)
+	}
+}

@@ -1,0 +1,374 @@
+package tensor
+
+import (
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"unsafe"
+)
+
+// bfloat16 GEMM operands under --bf16 (MatmulBF16). The contract of
+// MatmulBF16 is: both operands rounded to bfloat16 (round to nearest even),
+// products and sums in float32. The CPU rounds while packing
+// (internal/cpu.SgemmBF16), and the GPU's default path has cuBLAS round
+// float32 operands on every call (CUBLAS_COMPUTE_32F_FAST_16BF), which on
+// the H100 ran at 31–35% of bf16 peak. A device whose products read
+// bfloat16 operands instead (the CUDA backend under
+// GOTRON_CUDA_UNVERIFIED=gemm-bf16, and the simulated device, which
+// emulates it) gets them, as Megatron's bf16 model parameters beside its
+// float32 main parameters:
+//
+//   - weights: a bfloat16 copy of each registered parameter
+//     (NewBF16Weights), cast once after every change of the parameters
+//     (BF16Weights.Invalidate: the trainer calls it when an optimizer step
+//     or a load may have changed them) — at the first product that reads
+//     it, so a parameter that no product reads is never copied and fully
+//     sharded parameters are cast while they are gathered;
+//   - activations and output gradients: cast once where Linear reads them
+//     (one conversion, Backend.Convert: tensor's round to nearest even),
+//     the cast output gradient read by both the dX and the dW products;
+//   - Linear saves the bfloat16 input for its dW product instead of the
+//     float32 one.
+//
+// Rounding to bfloat16 is idempotent and the products widen bfloat16
+// exactly, so the numbers are MatmulBF16's bit for bit: the simulated
+// device's products widen the bfloat16 operands and run the CPU's kernel
+// (TestSimBF16OperandsBitIdentical, train's TestSimBF16GemmOperands*).
+
+// simBF16Operands turns the simulated device's bfloat16 operands on (the
+// default) or off (SetSimBF16GemmOperands).
+var simBF16Operands atomic.Bool
+
+func init() { simBF16Operands.Store(true) }
+
+// SetSimBF16GemmOperands turns the simulated device's bfloat16 GEMM
+// operands under MatmulBF16 on or off (on by default, as the CUDA backend
+// does them under gemm-bf16) and returns the previous setting: tests
+// compare the two paths' numbers and counts.
+func SetSimBF16GemmOperands(on bool) bool { return simBF16Operands.Swap(on) }
+
+// cudaBF16Operands turns the CUDA backend's bfloat16 GEMM operands on
+// (GOTRON_CUDA_UNVERIFIED naming gemm-bf16 at OpenCUDA, or
+// SetCUDABF16GemmOperands): built, not yet run on a GPU.
+var cudaBF16Operands atomic.Bool
+
+// SetCUDABF16GemmOperands turns on (or off) the CUDA backend's bfloat16
+// GEMM operands under MatmulBF16 — weights' bfloat16 copies, activations
+// cast once, cuBLAS with CUDA_R_16BF A and B, float32 C and
+// CUBLAS_COMPUTE_32F — and returns the previous setting. Off (the
+// default), the products are CUBLAS_COMPUTE_32F_FAST_16BF on float32
+// operands. OpenCUDA turns it on when GOTRON_CUDA_UNVERIFIED is 1 or names
+// gemm-bf16 (CUDAUnverified): it has not run on a GPU yet.
+func SetCUDABF16GemmOperands(on bool) bool { return cudaBF16Operands.Swap(on) }
+
+// CUDABF16GemmOperands reports whether the CUDA backend's products under
+// MatmulBF16 read bfloat16 operands now (SetCUDABF16GemmOperands).
+func CUDABF16GemmOperands() bool { return cudaBF16Operands.Load() }
+
+// bf16OperandsOn reports whether products on be's device read bfloat16
+// operands now under MatmulBF16. The CPU never does: it rounds while
+// packing, and its numbers stay as they are.
+func bf16OperandsOn(be Backend) bool {
+	switch be.(type) {
+	case simBackend:
+		return simBF16Operands.Load()
+	case cudaBackend:
+		return cudaBF16Operands.Load()
+	}
+	return false
+}
+
+// BF16OperandCounts counts the conversions to bfloat16 that products under
+// MatmulBF16 cause, on every device, since the process started: what
+// bfloat16 operands save (Sub gives a span's).
+type BF16OperandCounts struct {
+	// Products under MatmulBF16 on float32 operands: each converts both
+	// operands inside the product (cuBLAS's _FAST_16BF, the CPU's packing)
+	// and reads 4 bytes an operand element.
+	FP32OperandProducts, FP32OperandElems int64
+	// Products on bfloat16 operands: 2 bytes an operand element, nothing
+	// converted inside.
+	BF16OperandProducts, BF16OperandElems int64
+	// Conversions (one kernel each) of weights into their bfloat16 copies,
+	// and of activations and output gradients, and their elements (each
+	// read as 4 bytes and written as 2).
+	WeightCasts, WeightCastElems int64
+	ActCasts, ActCastElems       int64
+}
+
+// Sub returns c - d, field by field.
+func (c BF16OperandCounts) Sub(d BF16OperandCounts) BF16OperandCounts {
+	return BF16OperandCounts{
+		FP32OperandProducts: c.FP32OperandProducts - d.FP32OperandProducts, FP32OperandElems: c.FP32OperandElems - d.FP32OperandElems,
+		BF16OperandProducts: c.BF16OperandProducts - d.BF16OperandProducts, BF16OperandElems: c.BF16OperandElems - d.BF16OperandElems,
+		WeightCasts: c.WeightCasts - d.WeightCasts, WeightCastElems: c.WeightCastElems - d.WeightCastElems,
+		ActCasts: c.ActCasts - d.ActCasts, ActCastElems: c.ActCastElems - d.ActCastElems,
+	}
+}
+
+// Add returns c + d, field by field.
+func (c BF16OperandCounts) Add(d BF16OperandCounts) BF16OperandCounts {
+	return BF16OperandCounts{
+		FP32OperandProducts: c.FP32OperandProducts + d.FP32OperandProducts, FP32OperandElems: c.FP32OperandElems + d.FP32OperandElems,
+		BF16OperandProducts: c.BF16OperandProducts + d.BF16OperandProducts, BF16OperandElems: c.BF16OperandElems + d.BF16OperandElems,
+		WeightCasts: c.WeightCasts + d.WeightCasts, WeightCastElems: c.WeightCastElems + d.WeightCastElems,
+		ActCasts: c.ActCasts + d.ActCasts, ActCastElems: c.ActCastElems + d.ActCastElems,
+	}
+}
+
+// Conversions is the number of float32-to-bfloat16 conversion passes: two
+// per product on float32 operands (inside it), one per cast.
+func (c BF16OperandCounts) Conversions() int64 {
+	return 2*c.FP32OperandProducts + c.WeightCasts + c.ActCasts
+}
+
+// ConvertedElems is the number of elements those passes convert: every
+// operand element of a product on float32 operands, every element cast.
+func (c BF16OperandCounts) ConvertedElems() int64 {
+	return c.FP32OperandElems + c.WeightCastElems + c.ActCastElems
+}
+
+// ProductReadBytes is the bytes of operands the products read: 4 an
+// element of a float32 operand, 2 of a bfloat16 one (once each; a GEMM's
+// tiling reads them more often, in the same ratio).
+func (c BF16OperandCounts) ProductReadBytes() int64 {
+	return 4*c.FP32OperandElems + 2*c.BF16OperandElems
+}
+
+// AsFP32Operands returns the counts of the same products on float32
+// operands (what MatmulBF16 costs without bfloat16 operands): no casts,
+// every operand element converted inside its product.
+func (c BF16OperandCounts) AsFP32Operands() BF16OperandCounts {
+	return BF16OperandCounts{FP32OperandProducts: c.FP32OperandProducts + c.BF16OperandProducts, FP32OperandElems: c.FP32OperandElems + c.BF16OperandElems}
+}
+
+func (c BF16OperandCounts) String() string {
+	return fmt.Sprintf("%d products on float32 operands (%d elements), %d on bfloat16 operands (%d elements); casts: %d of weights (%d elements), %d of activations (%d elements); %d conversions of %d elements, %d bytes read by the products",
+		c.FP32OperandProducts, c.FP32OperandElems, c.BF16OperandProducts, c.BF16OperandElems,
+		c.WeightCasts, c.WeightCastElems, c.ActCasts, c.ActCastElems, c.Conversions(), c.ConvertedElems(), c.ProductReadBytes())
+}
+
+var bf16Counts struct {
+	fp32Products, fp32Elems atomic.Int64
+	bf16Products, bf16Elems atomic.Int64
+	weightCasts, weightElem atomic.Int64
+	actCasts, actElems      atomic.Int64
+}
+
+// BF16GemmOperandCounts returns the process's counts so far.
+func BF16GemmOperandCounts() BF16OperandCounts {
+	return BF16OperandCounts{
+		FP32OperandProducts: bf16Counts.fp32Products.Load(), FP32OperandElems: bf16Counts.fp32Elems.Load(),
+		BF16OperandProducts: bf16Counts.bf16Products.Load(), BF16OperandElems: bf16Counts.bf16Elems.Load(),
+		WeightCasts: bf16Counts.weightCasts.Load(), WeightCastElems: bf16Counts.weightElem.Load(),
+		ActCasts: bf16Counts.actCasts.Load(), ActCastElems: bf16Counts.actElems.Load(),
+	}
+}
+
+// gemm runs be.Gemm and counts it when it is a MatmulBF16 product.
+func gemm(be Backend, prec MatmulPrecision, tA, tB Transpose, alpha float32, a, b *Tensor, beta float32, c *Tensor) {
+	if prec == MatmulBF16 {
+		n := int64(a.Numel() + b.Numel())
+		if a.dtype == BFloat16 {
+			bf16Counts.bf16Products.Add(1)
+			bf16Counts.bf16Elems.Add(n)
+		} else {
+			bf16Counts.fp32Products.Add(1)
+			bf16Counts.fp32Elems.Add(n)
+		}
+	}
+	be.Gemm(prec, tA, tB, alpha, a, b, beta, c)
+}
+
+// BF16Weights are the bfloat16 copies of a model's parameters that
+// products under MatmulBF16 read on a device with bfloat16 operands
+// (Megatron's bf16 model parameters beside the float32 main parameters).
+// Only registered parameters get a copy; a product reading any other
+// float32 tensor casts it for that product. A copy is made from the
+// parameter at the first product that reads it after NewBF16Weights or
+// Invalidate, and kept while the parameter's storage stays where it was.
+// Copies are never saved: a checkpoint holds the float32 parameters, and a
+// load is followed by Invalidate.
+type BF16Weights struct {
+	params []*Tensor
+}
+
+// bf16Copy is one parameter's bfloat16 copy.
+type bf16Copy struct {
+	mu    sync.Mutex
+	t     *Tensor // BFloat16, the parameter's shape, on its device; nil until first cast
+	valid bool
+	// src is where the parameter's values were when t was cast (its
+	// storage and offset): storage moved (fully sharded parameters
+	// gathered anew, MoveInto) means the copy is stale.
+	src storageRef
+}
+
+// storageRef identifies a tensor's element 0.
+type storageRef struct {
+	base   unsafe.Pointer
+	offset int
+}
+
+func storageOf(t *Tensor) storageRef {
+	switch {
+	case t.dbuf != nil:
+		return storageRef{unsafe.Pointer(t.dbuf), t.offset}
+	case len(t.f32) > 0:
+		return storageRef{unsafe.Pointer(&t.f32[0]), t.offset}
+	}
+	return storageRef{}
+}
+
+// NewBF16Weights registers params (float32 parameters; others are
+// skipped) for bfloat16 copies. A parameter registered twice keeps one
+// copy. Registering costs nothing on a device whose products do not read
+// bfloat16 operands (the CPU): no copy is ever made there.
+func NewBF16Weights(params []*Tensor) *BF16Weights {
+	w := &BF16Weights{}
+	for _, p := range params {
+		if p == nil || p.dtype != Float32 {
+			continue
+		}
+		if p.bf16 == nil {
+			p.bf16 = &bf16Copy{}
+		}
+		w.params = append(w.params, p)
+	}
+	return w
+}
+
+// Invalidate marks every copy stale: the parameters may have changed (an
+// optimizer step, a load). Each is cast again, once, by the first product
+// that reads it. A nil *BF16Weights does nothing.
+func (w *BF16Weights) Invalidate() {
+	if w == nil {
+		return
+	}
+	for _, p := range w.params {
+		if c := p.bf16; c != nil {
+			c.mu.Lock()
+			c.valid = false
+			c.mu.Unlock()
+		}
+	}
+}
+
+// Bytes returns the device bytes the copies hold now (2 a parameter
+// element once cast).
+func (w *BF16Weights) Bytes() int64 {
+	if w == nil {
+		return 0
+	}
+	var n int64
+	for _, p := range w.params {
+		if c := p.bf16; c != nil {
+			c.mu.Lock()
+			if c.t != nil {
+				n += int64(c.t.Numel()) * 2
+			}
+			c.mu.Unlock()
+		}
+	}
+	return n
+}
+
+// bf16Weight returns w's bfloat16 operand for a product on be: its copy
+// (cast now if stale) when w is registered, else a cast into a tape buffer.
+func (tp *Tape) bf16Weight(be Backend, w *Tensor) *Tensor {
+	c := w.bf16
+	if c == nil || !w.IsContiguous() {
+		return tp.castBF16(be, w)
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	src := storageOf(w)
+	if c.valid && c.src == src && c.t != nil && SameShape(c.t.shape, w.shape) && c.t.dev == w.dev {
+		return c.t
+	}
+	if c.t == nil || c.t.Numel() != w.Numel() || c.t.dev != w.dev {
+		c.t = emptyOn(w.dev, BFloat16, w.shape...)
+	} else if !SameShape(c.t.shape, w.shape) {
+		c.t = c.t.view(append([]int(nil), w.shape...), contiguousStrides(w.shape), c.t.offset)
+	}
+	be.Convert(c.t, w)
+	bf16Counts.weightCasts.Add(1)
+	bf16Counts.weightElem.Add(int64(w.Numel()))
+	c.valid, c.src = true, src
+	return c.t
+}
+
+// castBF16 returns contiguous float32 x rounded to bfloat16 in a buffer of
+// the tape (or the heap for a nil tape): one conversion.
+func (tp *Tape) castBF16(be Backend, x *Tensor) *Tensor {
+	x = tp.Contiguous(x)
+	out := tp.emptyBF16(x.dev, x.shape...)
+	be.Convert(out, x)
+	bf16Counts.actCasts.Add(1)
+	bf16Counts.actElems.Add(int64(x.Numel()))
+	return out
+}
+
+// emptyBF16 is empty for a bfloat16 tensor: on the host, a float32 arena
+// buffer of half the elements (rounded up) holds it, so the tape returns
+// it at Reset as any other.
+func (tp *Tape) emptyBF16(dev Device, shape ...int) *Tensor {
+	if dev == CUDA || tp == nil {
+		t := emptyOn(dev, BFloat16, shape...)
+		if dev == CUDA && tp != nil {
+			owner := tp
+			if tp.parent != nil {
+				owner = tp.parent
+			}
+			owner.live = append(owner.live, liveBuf{dev: t.dbuf})
+		}
+		return t
+	}
+	n := numel(shape)
+	buf := tp.arena.get((n + 1) / 2)
+	owner := tp
+	if tp.parent != nil {
+		owner = tp.parent
+	}
+	owner.live = append(owner.live, liveBuf{host: buf})
+	var u16 []uint16
+	if n > 0 {
+		u16 = unsafe.Slice((*uint16)(unsafe.Pointer(&buf[0])), n)
+	}
+	return &Tensor{shape: append([]int(nil), shape...), strides: contiguousStrides(shape), dtype: BFloat16, dev: dev, u16: u16, leaf: true}
+}
+
+// releaseBF16 gives t, a buffer emptyBF16 handed out for this backward
+// step only (a cast output gradient), back at once instead of at Reset:
+// the products that read it are queued (the GPU's stream orders a reuse
+// after them) or done (the host).
+func (tp *Tape) releaseBF16(t *Tensor) {
+	if tp == nil {
+		return
+	}
+	owner := tp
+	if tp.parent != nil {
+		owner = tp.parent
+	}
+	for j := len(owner.live) - 1; j >= 0; j-- {
+		b := owner.live[j]
+		if (t.dbuf != nil && b.dev == t.dbuf) || (b.host != nil && len(t.u16) > 0 && unsafe.Pointer(&b.host[0]) == unsafe.Pointer(&t.u16[0])) {
+			b.release(owner.arena)
+			owner.live[j] = liveBuf{}
+			return
+		}
+	}
+}
+
+// widenBF16 returns the float32 values of contiguous bfloat16 host tensor
+// t (exact): the simulated device's products on bfloat16 operands run the
+// CPU's float32-operand kernel on them, whose rounding to bfloat16 then
+// changes nothing.
+func widenBF16(t *Tensor) []float32 {
+	s := t.u16s()
+	out := make([]float32, len(s))
+	for i, h := range s {
+		out[i] = BFloat16ToFloat32(h)
+	}
+	return out
+}
