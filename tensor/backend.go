@@ -181,6 +181,11 @@ type Backend interface {
 	// there than memory).
 	BiasDropoutAddForward(out, keep, residual, y, b *Tensor, p float32, rng RNGState)
 	DropoutBackward(dy, dout, keep *Tensor, p float32, rng RNGState)
+	// BiasDropoutAddNormForward: sum as BiasDropoutAddForward's out, and
+	// out the norm of sum's rows — LayerNormForward's with weight w and
+	// bias nb (nil: none) and its mean and rstd, or RMSNormForward's when
+	// mean is nil. The backward is the norm's and DropoutBackward.
+	BiasDropoutAddNormForward(sum, out, keep, mean, rstd, residual, y, b, w, nb *Tensor, p float32, rng RNGState, eps float32)
 
 	// Decoding (decode_ops.go: the exported ops check shapes, then call
 	// these). Inference only: nothing here records or computes gradients.

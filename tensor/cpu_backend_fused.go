@@ -64,31 +64,86 @@ func (cpuBackend) BiasDropoutAddForward(out, kept, residual, y, b *Tensor, p flo
 		words = maskWords(kept)
 	}
 	cpu.Parallel((len(o)+dropoutChunk-1)/dropoutChunk, 16, func(lo, hi int) {
-		var mask [dropoutChunk]float32
-		for c := lo; c < hi; c++ {
-			i0, i1 := c*dropoutChunk, min((c+1)*dropoutChunk, len(o))
-			v, rr := o[i0:i1], r[i0:i1]
-			if bb != nil {
-				addBias(v, yy[i0:i1], bb, i0)
-			} else {
-				copy(v, yy[i0:i1])
+		biasDropoutAddRange(o, words, r, yy, bb, p, rng, lo*dropoutChunk, min(hi*dropoutChunk, len(o)))
+	})
+}
+
+// biasDropoutAddRange is BiasDropoutAddForward on elements [i0, i1), i0 a
+// multiple of 32 (a Philox block and a word of bits start there), a chunk
+// at a time; the words it writes are its own unless i1 is not a multiple
+// of 32 and is not the end.
+func biasDropoutAddRange(o []float32, words []uint32, r, yy, bb []float32, p float32, rng RNGState, i0, i1 int) {
+	var mask [dropoutChunk]float32
+	for ; i0 < i1; i0 += dropoutChunk {
+		i1 := min(i0+dropoutChunk, i1)
+		v, rr := o[i0:i1], r[i0:i1]
+		if bb != nil {
+			addBias(v, yy[i0:i1], bb, i0)
+		} else {
+			copy(v, yy[i0:i1])
+		}
+		if p == 0 {
+			cpu.Add(v, v, rr)
+			continue
+		}
+		m := mask[:len(v)]
+		dropoutMaskAt(m, p, rng, i0)
+		for k := range v {
+			v[k] = rr[k] + float32(v[k]*m[k])
+		}
+		for w := 0; w < len(m); w += 32 {
+			var bits uint32
+			for k, x := range m[w:min(w+32, len(m))] {
+				u := math.Float32bits(x) // +0 or a positive scale
+				bits |= (u | -u) >> 31 << k
 			}
-			if p == 0 {
-				cpu.Add(v, v, rr)
-				continue
-			}
-			m := mask[:len(v)]
-			dropoutMaskAt(m, p, rng, i0)
-			for k := range v {
-				v[k] = rr[k] + float32(v[k]*m[k])
-			}
-			for w := 0; w < len(m); w += 32 {
-				var bits uint32
-				for k, x := range m[w:min(w+32, len(m))] {
-					u := math.Float32bits(x) // +0 or a positive scale
-					bits |= (u | -u) >> 31 << k
+			words[(i0+w)/32] = bits
+		}
+	}
+}
+
+// addNormRows is how many rows BiasDropoutAddNormForward takes at a time
+// for rows of c elements: 16 (LayerNormForward's grain: it normalizes
+// four rows at a time), or 32 when c is odd, so that each group starts at
+// a word of the mask's bits (a multiple of 32/gcd(c, 32) rows).
+func addNormRows(c int) int {
+	g := 32
+	for d := c; g > 1 && d%2 == 0; d /= 2 {
+		g /= 2
+	}
+	return max(g, 16)
+}
+
+// BiasDropoutAddNormForward is BiasDropoutAddForward into sum, then
+// LayerNormForward (RMSNormForward when mean is nil) of sum into out, a
+// group of rows at a time while they are in cache: each element and each
+// row's statistics are computed by the same code as the two ops', so the
+// numbers are theirs bit for bit.
+func (cpuBackend) BiasDropoutAddNormForward(sum, out, keep, mean, rstd, residual, y, b, w, nb *Tensor, p float32, rng RNGState, eps float32) {
+	n, c := rowsCols(y)
+	s, o, r, yy, bb, ww, nbb, rs := f(sum), f(out), f(residual), f(y), f(b), f(w), f(nb), f(rstd)
+	var mm []float32
+	if mean != nil {
+		mm = f(mean)
+	}
+	var words []uint32
+	if p != 0 {
+		words = maskWords(keep)
+	}
+	g := addNormRows(c)
+	cpu.Parallel((n+g-1)/g, 1, func(lo, hi int) {
+		for u := lo; u < hi; u++ {
+			r0, r1 := u*g, min((u+1)*g, n)
+			biasDropoutAddRange(s, words, r, yy, bb, p, rng, r0*c, r1*c)
+			// at most 16 rows a call: the norm kernels then run them on
+			// this goroutine (their grain), not as a nested parallel loop
+			for a := r0; a < r1; a += 16 {
+				z := min(a+16, r1)
+				if mm == nil {
+					cpu.RMSNormForward(o[a*c:z*c], rs[a:z], s[a*c:z*c], ww, z-a, c, eps)
+				} else {
+					cpu.LayerNormForward(o[a*c:z*c], mm[a:z], rs[a:z], s[a*c:z*c], ww, nbb, z-a, c, eps)
 				}
-				words[(i0+w)/32] = bits
 			}
 		}
 	})

@@ -77,10 +77,11 @@ type cudaRuntime struct {
 // (host-to-device copies that do not wait for the stream), "fewer-syncs"
 // (a step's scalars read back together, once), "moe-grouped" (the MoE
 // experts' products as one cuBLAS grouped GEMM each), "fusion" (the fused
-// bias-activation and bias-dropout-add kernels), "gemm-bf16" (bfloat16
-// GEMM operands under --bf16: weights' bfloat16 copies, activations cast
-// once, cuBLAS on CUDA_R_16BF operands). The variable is
-// "1" or "all" for every one, or a comma-separated list of names.
+// bias-activation, bias-dropout-add and residual add + norm kernels),
+// "gemm-bf16" (bfloat16 GEMM operands under --bf16: weights' bfloat16
+// copies, activations cast once, cuBLAS on CUDA_R_16BF operands). The
+// variable is "1" or "all" for every one, or a comma-separated list of
+// names.
 func CUDAUnverified(getenv func(string) string, feature string) bool {
 	v := getenv("GOTRON_CUDA_UNVERIFIED")
 	if v == "1" || v == "all" {

@@ -122,14 +122,15 @@ func TestFusedArgsMatchPTX(t *testing.T) {
 		ptx := string(mods["fused"])
 		rng := RNGState{}
 		for name, args := range map[string][]any{
-			biasGELUKernel(true, "fwd"):  biasGELUArgs(1, 0, 1, 1, 1, 1),
-			biasGELUKernel(true, "bwd"):  biasGELUArgs(1, 1, 1, 1, 1, 1),
-			biasGELUKernel(false, "fwd"): biasGELUArgs(1, 0, 1, 1, 1, 1),
-			biasGELUKernel(false, "bwd"): biasGELUArgs(1, 1, 1, 1, 1, 1),
-			"fused_bias_swiglu_fwd_f32":  biasGELUArgs(1, 0, 1, 1, 1, 1),
-			"fused_bias_swiglu_bwd_f32":  biasGELUArgs(1, 1, 1, 1, 1, 1),
-			"fused_bias_dropout_add_f32": biasDropoutAddArgs(1, 1, 1, 1, 1, 1, 0.1, rng),
-			"fused_dropout_bwd_f32":      dropoutBackwardArgs(1, 1, 1, 0.1, rng),
+			biasGELUKernel(true, "fwd"):       biasGELUArgs(1, 0, 1, 1, 1, 1),
+			biasGELUKernel(true, "bwd"):       biasGELUArgs(1, 1, 1, 1, 1, 1),
+			biasGELUKernel(false, "fwd"):      biasGELUArgs(1, 0, 1, 1, 1, 1),
+			biasGELUKernel(false, "bwd"):      biasGELUArgs(1, 1, 1, 1, 1, 1),
+			"fused_bias_swiglu_fwd_f32":       biasGELUArgs(1, 0, 1, 1, 1, 1),
+			"fused_bias_swiglu_bwd_f32":       biasGELUArgs(1, 1, 1, 1, 1, 1),
+			"fused_bias_dropout_add_f32":      biasDropoutAddArgs(1, 1, 1, 1, 1, 1, 0.1, rng),
+			"fused_dropout_bwd_f32":           dropoutBackwardArgs(1, 1, 1, 0.1, rng),
+			"fused_bias_dropout_add_norm_f32": biasDropoutAddNormArgs(1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0.1, rng, 1e-5),
 		} {
 			want := ptxParamBytes(t, ptx, name)
 			if len(want) != len(args) {

@@ -12,7 +12,7 @@ import "sync/atomic"
 var cudaFusedKernels atomic.Bool
 
 // SetCUDAFusedKernels turns on (or off) the CUDA backend's fused
-// bias-activation and bias-dropout-add kernels, and returns the previous
+// bias-activation, bias-dropout-add and bias-dropout-add + norm kernels, and returns the previous
 // setting. Off by default: OpenCUDA turns it on when
 // GOTRON_CUDA_UNVERIFIED is 1 or names fusion (CUDAUnverified), as they
 // have not yet run on a GPU; off, the fused ops run the unfused kernels.
@@ -136,4 +136,42 @@ func (be cudaBackend) DropoutBackward(dy, dout, _ *Tensor, p float32, rng RNGSta
 		return
 	}
 	be.launch1D("fused_dropout_bwd_f32", (n+3)/4, dropoutBackwardArgs(be.ptr(dy), be.ptr(dout), n, p, rng)...)
+}
+
+// addNormMaxCols is the widest row fused_bias_dropout_add_norm_f32 keeps in
+// shared memory without raising the kernel's limit (48 KiB, less its 32
+// float64 reduction slots); wider rows run the two ops' kernels.
+const addNormMaxCols = (48<<10 - 32*8) / 4
+
+// BiasDropoutAddNormForward runs fused.cu's kernel under
+// SetCUDAFusedKernels, else (or for p >= 1, or rows wider than
+// addNormMaxCols) BiasDropoutAddForward then the norm's kernel.
+func (be cudaBackend) BiasDropoutAddNormForward(sum, out, keep, mean, rstd, residual, y, b, w, nb *Tensor, p float32, rng RNGState, eps float32) {
+	n, c := rowsCols(y)
+	if !cudaFusedKernels.Load() || p >= 1 || c > addNormMaxCols {
+		be.BiasDropoutAddForward(sum, keep, residual, y, b, p, rng)
+		if mean == nil {
+			be.RMSNormForward(out, rstd, sum, w, eps)
+		} else {
+			be.LayerNormForward(out, mean, rstd, sum, w, nb, eps)
+		}
+		return
+	}
+	if n <= 0 || c <= 0 {
+		return
+	}
+	be.launch("fused_bias_dropout_add_norm_f32", [3]int{min(n, normRowBlocks), 1, 1}, [3]int{normRowThreads(c), 1, 1}, c*4,
+		biasDropoutAddNormArgs(be.ptr(sum), be.ptr(out), be.ptr(mean), be.ptr(rstd), be.ptr(residual), be.ptr(y), be.ptr(b),
+			be.ptr(w), be.ptr(nb), n, c, p, rng, eps)...)
+}
+
+// biasDropoutAddNormArgs are fused_bias_dropout_add_norm_f32's arguments
+// (mean 0: RMSNorm; b, nb 0: none).
+func biasDropoutAddNormArgs(sum, out, mean, rstd, residual, y, b, w, nb uintptr, n, c int, p float32, rng RNGState, eps float32) []any {
+	thr, keep := dropoutParams(p)
+	dropout := int32(0)
+	if p != 0 {
+		dropout = 1
+	}
+	return []any{sum, out, mean, rstd, residual, y, b, w, nb, int64(n), int64(c), dropout, rng.Key[0], rng.Key[1], rng.Offset, thr, keep, eps}
 }

@@ -148,3 +148,95 @@ func (tp *Tape) BiasDropoutAdd(residual, y, b *Tensor, p float32, rng *RNG) *Ten
 	}
 	return out
 }
+
+// Norm is the normalization that follows a residual add in
+// BiasDropoutAddNorm: LayerNorm with Weight and Bias (nil: none), or, with
+// RMS, RMSNorm with Weight; Eps as LayerNorm's and RMSNorm's. A norm that
+// scales by 1 + γ (--apply-layernorm-1p) passes that sum as Weight.
+type Norm struct {
+	RMS          bool
+	Weight, Bias *Tensor
+	Eps          float32
+}
+
+// BiasDropoutAddNorm returns sum = BiasDropoutAdd(residual, y, b, p, rng)
+// and out = the norm n of sum's rows in one op: the residual add that
+// feeds a pre-LN layer's next norm (the attention half's end and the MLP's
+// norm), as Apex's and Transformer Engine's fused add-norms. On the CPU and
+// the simulated device each row is normalized while the sum is in cache,
+// with the numbers of BiasDropoutAdd then LayerNorm (or RMSNorm) bit for
+// bit and the same buffers kept for backward (sum, the mask's bits, out and
+// the row statistics); the backward is theirs, in their order. On the GPU
+// fused.cu's kernel reads residual and y once and writes sum and out once
+// (SetCUDAFusedKernels), its statistics float64 sums as norm.cu's.
+func (tp *Tape) BiasDropoutAddNorm(residual, y, b *Tensor, p float32, rng *RNG, n Norm) (sum, out *Tensor) {
+	mustF32("BiasDropoutAddNorm", residual, y, n.Weight)
+	if !SameShape(residual.shape, y.shape) {
+		panic(fmt.Sprintf("tensor: BiasDropoutAddNorm residual %v and input %v differ", residual.shape, y.shape))
+	}
+	if b != nil {
+		checkBias("BiasDropoutAddNorm", y, b)
+	}
+	checkBias("BiasDropoutAddNorm norm weight", y, n.Weight)
+	if n.RMS && n.Bias != nil {
+		panic("tensor: BiasDropoutAddNorm: RMSNorm takes no bias")
+	}
+	if n.Bias != nil {
+		checkBias("BiasDropoutAddNorm norm bias", y, n.Bias)
+	}
+	var state RNGState
+	if p != 0 {
+		if rng == nil {
+			panic("tensor: BiasDropoutAddNorm with dropout needs an RNG")
+		}
+		state = rng.State()
+		if p < 1 { // as Dropout: one block per four elements
+			rng.offset += uint64((y.Numel() + 3) / 4)
+		}
+	}
+	residual, y = tp.Contiguous(residual), tp.Contiguous(y)
+	rows, _ := rowsCols(y)
+	sum, out = tp.empty(y.dev, y.shape...), tp.empty(y.dev, y.shape...)
+	var keep, mean *Tensor
+	if p != 0 {
+		keep = tp.empty(y.dev, (y.Numel()+31)/32)
+	}
+	if !n.RMS {
+		mean = tp.empty(y.dev, rows)
+	}
+	rstd := tp.empty(y.dev, rows)
+	w, nb := n.Weight, n.Bias
+	be := backendFor(residual, y, b, w, nb)
+	be.BiasDropoutAddNormForward(sum, out, keep, mean, rstd, residual, y, b, w, nb, p, state, n.Eps)
+	if tp.recording(residual, y, b, w, nb) {
+		tp.record("bias_dropout_add_norm", func(tp *Tape) {
+			// the norm's backward, as the LayerNorm or RMSNorm step (which
+			// runs right after sum's later consumers) would add it into
+			// sum's gradient, then bias-dropout-add's
+			if g := tp.grad(out); g != nil {
+				if n.RMS {
+					be.RMSNormBackward(tp.gradForOrScratch(sum), tp.gradForOrScratch(w), g, sum, w, rstd)
+				} else {
+					be.LayerNormBackward(tp.gradForOrScratch(sum), tp.gradForOrScratch(w), tp.gradFor(nb), g, sum, w, mean, rstd)
+				}
+			}
+			g := tp.grad(sum)
+			if g == nil {
+				return
+			}
+			tp.passGrad(residual, sum)
+			if p == 0 {
+				tp.passGrad(y, sum)
+				tp.sumBiasGrad(be, b, g)
+				return
+			}
+			dy, fresh := tp.ownGrad(y)
+			be.DropoutBackward(dy, g, keep, p, state)
+			tp.sumBiasGrad(be, b, dy)
+			if !fresh {
+				tp.addGrad(y, dy)
+			}
+		}, sum, out)
+	}
+	return sum, out
+}

@@ -1,6 +1,7 @@
 package tensor
 
 import (
+	"fmt"
 	"math"
 	"testing"
 	"time"
@@ -186,5 +187,127 @@ func BenchmarkFusedOps(b *testing.B) {
 			b.ReportMetric(float64(spent[0].Microseconds())/float64(b.N), "fused-µs")
 			b.ReportMetric(float64(spent[1].Microseconds())/float64(b.N), "unfused-µs")
 		})
+	}
+}
+
+// TestBiasDropoutAddNormGradCheck: BiasDropoutAddNorm's gradients for the
+// residual, y, the bias and the norm's weight and bias, through both of its
+// outputs, against finite differences (the float64 check of the formula is
+// internal/cpu's TestAddNormGradCheck).
+func TestBiasDropoutAddNormGradCheck(t *testing.T) {
+	rng := NewRNG(6)
+	r, y, b := randParam(rng, "residual", 1, 3, 10), randParam(rng, "y", 1, 3, 10), randParam(rng, "b", 0.5, 10)
+	w, nb := randParam(rng, "w", 1, 10), randParam(rng, "nb", 1, 10)
+	for _, p := range []float32{0, 0.3} {
+		gradCheck(t, "bias_dropout_add_layernorm", []*Tensor{r, y, b, w, nb}, func(tp *Tape, in []*Tensor) *Tensor {
+			s, o := tp.BiasDropoutAddNorm(in[0], in[1], in[2], p, NewRNG(11), Norm{Weight: in[3], Bias: in[4], Eps: 1e-5})
+			return tp.Add(tp.Scale(s, 0.5), o)
+		})
+		gradCheck(t, "bias_dropout_add_rmsnorm", []*Tensor{r, y, b, w}, func(tp *Tape, in []*Tensor) *Tensor {
+			s, o := tp.BiasDropoutAddNorm(in[0], in[1], in[2], p, NewRNG(11), Norm{RMS: true, Weight: in[3], Eps: 1e-6})
+			return tp.Add(tp.Scale(s, 0.5), o)
+		})
+	}
+}
+
+// TestBiasDropoutAddNormMatchesUnfused: BiasDropoutAddNorm gives sum, the
+// norm's output and the gradients of every input of BiasDropoutAdd then
+// LayerNorm (or RMSNorm) bit for bit, on the CPU and the simulated device,
+// moves the dropout stream as far and keeps as many floats on the tape:
+// LayerNorm with and without its bias, RMSNorm, a 1 + γ weight computed on
+// the tape, with and without the bias and dropout (p 0, 0.1, 1): 37 rows
+// of 1030 (groups of 16 rows and a last of 5), 9 of 768 (one short group)
+// and 70 of 5 (odd: groups of 32 rows, Philox blocks and mask words
+// straddling rows). Both outputs feed the loss, and sum also a later op, as a layer's
+// residual stream does.
+func TestBiasDropoutAddNormMatchesUnfused(t *testing.T) {
+	type variant struct {
+		name       string
+		rms, nb    bool
+		onePlus    bool
+		bias       bool
+		p          float32
+		rows, cols int
+	}
+	var vs []variant
+	for _, p := range []float32{0, 0.1, 1} {
+		vs = append(vs, variant{"layernorm", false, true, false, true, p, 37, 1030},
+			variant{"layernorm-no-bias", false, false, false, false, p, 9, 768},
+			variant{"rmsnorm", true, false, false, true, p, 70, 5},
+			variant{"layernorm-1p", false, true, true, true, p, 33, 5})
+	}
+	for _, dev := range []Device{CPU, Sim} {
+		for _, v := range vs {
+			run := func(fused bool) (outs, grads [][]float32, offset uint64, live int) {
+				rng := NewRNG(3)
+				r, y := randParam(rng, "r", 1, v.rows, v.cols), randParam(rng, "y", 2, v.rows, v.cols)
+				b, w, nb := randParam(rng, "b", 1, v.cols), randParam(rng, "w", 1, v.cols), randParam(rng, "nb", 1, v.cols)
+				ps := []*Tensor{r, y, b, w, nb}
+				MoveParams(dev, ps...)
+				tp := NewTape()
+				drop := NewRNG(9)
+				bias := b
+				if !v.bias {
+					bias = nil
+				}
+				n := Norm{RMS: v.rms, Weight: w, Eps: 1e-5}
+				if v.onePlus {
+					one := FromFloat32(make([]float32, v.cols), v.cols)
+					for i := range one.Float32s() {
+						one.Float32s()[i] = 1
+					}
+					n.Weight = tp.Add(w, one.ToDevice(dev))
+				}
+				if v.nb {
+					n.Bias = nb
+				}
+				yy := tp.Scale(y, 1.5)
+				var s, o *Tensor
+				if fused {
+					s, o = tp.BiasDropoutAddNorm(r, yy, bias, v.p, drop, n)
+				} else {
+					s = tp.BiasDropoutAdd(r, yy, bias, v.p, drop)
+					if v.rms {
+						o = tp.RMSNorm(s, n.Weight, n.Eps)
+					} else {
+						o = tp.LayerNorm(s, n.Weight, n.Bias, n.Eps)
+					}
+				}
+				live = tp.LiveFloats()
+				g := FromFloat32(make([]float32, o.Numel()), o.Shape()...)
+				NewRNG(4).Normal(g.Float32s(), 0, 1)
+				later := tp.Mul(tp.Add(s, yy), g.ToDevice(dev)) // the residual stream's later use
+				loss := tp.Add(tp.Add(tp.Sum(tp.Mul(o, g.ToDevice(dev))), tp.Sum(later)), tp.Sum(tp.Mul(r, y)))
+				if err := tp.Backward(loss); err != nil {
+					t.Fatal(err)
+				}
+				outs = [][]float32{ToHost(s).Float32s(), ToHost(o).Float32s()}
+				for _, p := range ps {
+					if p.Grad == nil {
+						grads = append(grads, nil)
+						continue
+					}
+					grads = append(grads, ToHost(p.Grad).Float32s())
+				}
+				return outs, grads, drop.State().Offset, live
+			}
+			fo, fg, foff, flive := run(true)
+			uo, ug, uoff, ulive := run(false)
+			name := fmt.Sprintf("%v %s p=%v bias=%v %dx%d", dev, v.name, v.p, v.bias, v.rows, v.cols)
+			sameFloats(t, name+" sum", fo[0], uo[0])
+			sameFloats(t, name+" norm", fo[1], uo[1])
+			for i := range fg {
+				if (fg[i] == nil) != (ug[i] == nil) {
+					t.Fatalf("%s: gradient %d present %v, the chain's %v", name, i, fg[i] != nil, ug[i] != nil)
+				}
+				sameFloats(t, name+" gradient "+[]string{"r", "y", "b", "w", "nb"}[i], fg[i], ug[i])
+			}
+			if foff != uoff {
+				t.Errorf("%s: the dropout stream moved to %d, the chain's to %d", name, foff, uoff)
+			}
+			if flive != ulive {
+				t.Errorf("%s: the fused tape holds %d floats, the chain's %d", name, flive, ulive)
+			}
+		}
 	}
 }

@@ -131,3 +131,71 @@ func sameSlices(t *testing.T, what string, got, want []float32) {
 		}
 	}
 }
+
+// TestAddNormGradCheck checks in float64 the backward of the fused residual
+// add + norm (tensor's BiasDropoutAddNorm): sum = r + (y + b)·mask and
+// out = norm(sum), both outputs, the norm's gradient added into sum's
+// before the bias-dropout-add's backward passes it on (r's gradient is
+// sum's, y's sum's times the mask, b's the row sum of y's), against
+// central finite differences for r, y, b and the norm's weight and bias,
+// LayerNorm and RMSNorm.
+func TestAddNormGradCheck(t *testing.T) {
+	rng := rand.New(rand.NewPCG(8, 9))
+	n, c := 3, 7
+	mask := make([]float64, n*c)
+	for i := range mask {
+		if rng.Float64() > 0.3 {
+			mask[i] = 1 / 0.7
+		}
+	}
+	for _, rms := range []bool{false, true} {
+		name := "layernorm"
+		if rms {
+			name = "rmsnorm"
+		}
+		t.Run(name, func(t *testing.T) {
+			r, y, b := randF64(rng, n*c, 1), randF64(rng, n*c, 1), randF64(rng, c, 1)
+			w, nb := randF64(rng, c, 1), randF64(rng, c, 1)
+			mean, rstd := make([]float64, n), make([]float64, n)
+			sum := func() []float64 {
+				s := biasRef(y, b)
+				for i := range s {
+					s[i] = r[i] + s[i]*mask[i]
+				}
+				return s
+			}
+			fwd := func() []float64 {
+				s := sum()
+				out := make([]float64, 2*n*c)
+				copy(out, s)
+				if rms {
+					rmsNormForwardRef(out[n*c:], rstd, s, w, n, c, 1e-5)
+				} else {
+					layerNormForwardRef(out[n*c:], mean, rstd, s, w, nb, n, c, 1e-5)
+				}
+				return out
+			}
+			ins := []gcInput{{"r", r}, {"y", y}, {"b", b}, {"w", w}}
+			if !rms {
+				ins = append(ins, gcInput{"nb", nb})
+			}
+			gradCheck(t, ins, fwd, func(g []float64, gr [][]float64) {
+				fwd() // mean and rstd at the current inputs
+				s := sum()
+				ds := append([]float64(nil), g[:n*c]...)
+				if rms {
+					rmsNormBackwardRef(ds, gr[3], g[n*c:], s, w, rstd, n, c)
+				} else {
+					layerNormBackwardRef(ds, gr[3], gr[4], g[n*c:], s, w, mean, rstd, n, c)
+				}
+				dy := make([]float64, n*c)
+				for i, v := range ds {
+					gr[0][i] += v
+					dy[i] = v * mask[i]
+					gr[1][i] += dy[i]
+				}
+				sumRowsRef(gr[2], dy)
+			}, false)
+		})
+	}
+}

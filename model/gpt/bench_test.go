@@ -63,12 +63,13 @@ func BenchmarkTrainStep(b *testing.B) {
 }
 
 // BenchmarkFusions times training steps (forward with hidden dropout 0.1,
-// loss, backward) with Megatron's elementwise fusions on (the default) and
-// off (--no-bias-gelu-fusion --no-bias-dropout-fusion), alternating step by
-// step so that both see the same machine load, and reports each one's
-// median step time and the activations its tape holds after the forward
-// pass (docs/design/compute.md, "Fusions"). Run it with -benchtime Nx for
-// N steps of each.
+// loss, backward) with every fusion on (the default), with only the
+// residual add + norm apart (Fusions.NoAddNorm: "addnorm-off") and with
+// all off (--no-bias-gelu-fusion --no-bias-dropout-fusion and NoAddNorm),
+// rotating step by step so that all see the same machine load, and reports
+// each one's median step time and the activations its tape holds after the
+// forward pass (docs/design/compute.md, "Fusions"). Run it with
+// -benchtime Nx for N steps of each.
 func BenchmarkFusions(b *testing.B) {
 	for _, c := range []struct {
 		name                                 string
@@ -96,10 +97,10 @@ func BenchmarkFusions(b *testing.B) {
 				tok[i], lab[i] = int32(u[i])%int32(cfg.VocabSize), int32(u[n+i])%int32(cfg.VocabSize)
 			}
 			bt := gpt.Batch{Tokens: tensor.FromInt32(tok, c.batch, c.seqLen), Labels: tensor.FromInt32(lab, c.batch, c.seqLen)}
-			modes := []gpt.Fusions{{}, {NoBiasGELU: true, NoBiasDropout: true}}
-			tapes := []*tensor.Tape{tensor.NewTape(), tensor.NewTape()}
-			times := [2][]float64{}
-			live := [2]int{}
+			modes := []gpt.Fusions{{}, {NoAddNorm: true}, {NoBiasGELU: true, NoBiasDropout: true, NoAddNorm: true}}
+			tapes := []*tensor.Tape{tensor.NewTape(), tensor.NewTape(), tensor.NewTape()}
+			times := [3][]float64{}
+			live := [3]int{}
 			step := func(k int) time.Duration {
 				m.Fusions = modes[k]
 				tp, start := tapes[k], time.Now()
@@ -111,15 +112,17 @@ func BenchmarkFusions(b *testing.B) {
 				tp.Reset()
 				return time.Since(start)
 			}
-			step(0) // the arenas' buffers, the kernels' workspaces
-			step(1)
+			for k := range modes { // the arenas' buffers, the kernels' workspaces
+				step(k)
+			}
 			b.ResetTimer()
 			for i := range b.N {
-				for _, k := range []int{i % 2, 1 - i%2} { // each goes first every other time
+				for j := range modes { // each goes first every third time
+					k := (i + j) % len(modes)
 					times[k] = append(times[k], step(k).Seconds()*1e3)
 				}
 			}
-			for k, name := range []string{"fused", "unfused"} {
+			for k, name := range []string{"fused", "addnorm-off", "unfused"} {
 				slices.Sort(times[k])
 				b.ReportMetric(times[k][len(times[k])/2], name+"-ms/step")
 				b.ReportMetric(float64(live[k])*4/(1<<20), name+"-activation-MiB")

@@ -17,6 +17,13 @@ type Fusions struct {
 	// layers, then drops out and adds the residual as two ops
 	// (--no-bias-dropout-fusion).
 	NoBiasDropout bool
+	// NoAddNorm runs the residual add that feeds the MLP's norm and the
+	// norm as two ops (bias-dropout-add or Add, then LayerNorm or RMSNorm)
+	// instead of tensor's BiasDropoutAddNorm. Megatron has no flag for it
+	// (its norms are Transformer Engine's or Apex's modules); the two give
+	// the same numbers bit for bit on the CPU, so only tests and
+	// BenchmarkFusions set it.
+	NoAddNorm bool
 }
 
 // skipBias is Megatron's skip_bias_add: when a fused op follows the linear
@@ -64,4 +71,25 @@ func (m *Model) biasDropoutAdd(tp *tensor.Tape, residual, y, b *tensor.Tensor, p
 	}
 	sh := m.region()
 	return tp.BiasDropoutAdd(residual, y, b, p.dropout, sh.DropoutRNG(p.rng, sh.SequenceParallel()))
+}
+
+// biasDropoutAddNorm is biasDropoutAdd's residual + drop(y + b) and its
+// norm with weight w and bias nb (m.norm's) in one op, tensor's
+// BiasDropoutAddNorm: the dropout drawn there when bias-dropout-add is
+// fused, else first (and b is nil: the linear layer added it).
+func (m *Model) biasDropoutAddNorm(tp *tensor.Tape, residual, y, b *tensor.Tensor, p *pass, w, nb *tensor.Tensor) (sum, normed *tensor.Tensor) {
+	if m.Fusions.NoAddNorm {
+		sum = m.biasDropoutAdd(tp, residual, y, b, p)
+		return sum, m.norm(tp, sum, w, nb)
+	}
+	var drop float32
+	var rng *tensor.RNG
+	switch {
+	case !m.fuseBiasDropout(p):
+		y = m.dropout(tp, y, p)
+	case p.rng != nil && p.dropout != 0:
+		sh := m.region()
+		drop, rng = p.dropout, sh.DropoutRNG(p.rng, sh.SequenceParallel())
+	}
+	return tp.BiasDropoutAddNorm(residual, y, b, drop, rng, m.normOf(tp, w, nb))
 }

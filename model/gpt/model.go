@@ -475,7 +475,10 @@ func (m *Model) layerOn(tp *tensor.Tape, x *tensor.Tensor, l *Layer, index int, 
 
 // layer is x + drop(attn(norm1(x))), then + drop(mlp(norm2(x))); each
 // half ends in bias-dropout-add, which takes the output projection's bias
-// when fused (fusion.go).
+// when fused, and the first half's also computes norm2 (fusion.go). The
+// next layer's norm1 stays apart: a layer's boundary carries the residual
+// stream alone (recompute checkpoints, the layer tape, parameter gathers,
+// pipeline stages).
 func (m *Model) layer(tp *tensor.Tape, x *tensor.Tensor, l *Layer, index int, p *pass) *tensor.Tensor {
 	var a, ab *tensor.Tensor
 	if l.GDN != nil {
@@ -483,8 +486,8 @@ func (m *Model) layer(tp *tensor.Tape, x *tensor.Tensor, l *Layer, index int, p 
 	} else {
 		a, ab = m.attention(tp, l, index, m.norm(tp, x, l.InputNorm, l.InputNormBias), p)
 	}
-	x = m.biasDropoutAdd(tp, x, a, ab, p)
-	f, fb := m.mlp(tp, l, index, m.norm(tp, x, l.MLPNorm, l.MLPNormBias), p)
+	x, h := m.biasDropoutAddNorm(tp, x, a, ab, p, l.MLPNorm, l.MLPNormBias)
+	f, fb := m.mlp(tp, l, index, h, p)
 	return m.biasDropoutAdd(tp, x, f, fb, p)
 }
 
@@ -569,13 +572,23 @@ func (m *Model) outputWeight() *tensor.Tensor {
 }
 
 func (m *Model) norm(tp *tensor.Tape, x, w, b *tensor.Tensor) *tensor.Tensor {
+	n := m.normOf(tp, w, b)
+	if n.RMS {
+		return tp.RMSNorm(x, n.Weight, n.Eps)
+	}
+	return tp.LayerNorm(x, n.Weight, n.Bias, n.Eps)
+}
+
+// normOf is the model's normalization with weight w and bias b (RMSNorm
+// has none).
+func (m *Model) normOf(tp *tensor.Tape, w, b *tensor.Tensor) tensor.Norm {
 	if m.Config.LayerNorm1P {
 		w = tp.Add(w, onesLike(w)) // Megatron's zero-centred gamma: scale by 1 + γ
 	}
 	if m.Config.Normalization == RMSNorm {
-		return tp.RMSNorm(x, w, m.Config.NormEpsilon)
+		return tensor.Norm{RMS: true, Weight: w, Eps: m.Config.NormEpsilon}
 	}
-	return tp.LayerNorm(x, w, b, m.Config.NormEpsilon)
+	return tensor.Norm{Weight: w, Bias: b, Eps: m.Config.NormEpsilon}
 }
 
 // onesLike is a constant tensor of ones with w's shape on w's device.

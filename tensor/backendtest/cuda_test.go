@@ -85,7 +85,7 @@ func TestCUDAFusedOps(t *testing.T) {
 	defer tensor.SetCUDAFusedKernels(tensor.SetCUDAFusedKernels(true))
 	for _, c := range OpCases() {
 		switch c.Name {
-		case "bias-gelu", "bias-swiglu", "bias-dropout-add":
+		case "bias-gelu", "bias-swiglu", "bias-dropout-add", "bias-dropout-add-layernorm", "bias-dropout-add-rmsnorm":
 		default:
 			continue
 		}

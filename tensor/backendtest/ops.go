@@ -41,7 +41,7 @@ func ids(vals []int32, shape ...int) *tensor.Tensor { return tensor.FromInt32(va
 // Gemm (both transpositions, batched, bf16), the bias add and its row sum,
 // broadcast Add and Mul, Scale and Axpy, LayerNorm, RMSNorm, both GELUs,
 // SiLU, the squared ReLU, SwiGLU, the fused bias-GELU, bias-SwiGLU and
-// bias-dropout-add, Softmax, RoPE with positions, attention (causal,
+// bias-dropout-add, bias-dropout-add with LayerNorm and RMSNorm, Softmax, RoPE with positions, attention (causal,
 // grouped-query, document masks, dropout), cross-entropy (mask, label
 // smoothing), embedding, dropout and the shape ops.
 func OpCases() []OpCase {
@@ -96,6 +96,21 @@ func OpCases() []OpCase {
 			x := tp.BiasDropoutAdd(in[0], in[1], in[2], 0.3, tensor.NewRNG(8))
 			x = tp.BiasDropoutAdd(x, in[1], nil, 0.5, tensor.NewRNG(9)) // no bias
 			return tp.BiasDropoutAdd(x, in[1], in[2], 0, nil)           // no dropout
+		}},
+		{Name: "bias-dropout-add-layernorm", Inputs: func() []*tensor.Tensor {
+			return []*tensor.Tensor{normal("residual", 1, 3, 7, 33), normal("y", 1, 3, 7, 33), normal("b", 1, 33), normal("w", 1, 33), normal("nb", 1, 33)}
+		}, Run: func(tp *tensor.Tape, in []*tensor.Tensor) *tensor.Tensor {
+			n := tensor.Norm{Weight: in[3], Bias: in[4], Eps: 1e-5}
+			s, o := tp.BiasDropoutAddNorm(in[0], in[1], in[2], 0.3, tensor.NewRNG(8), n)
+			n.Bias = nil
+			s2, o2 := tp.BiasDropoutAddNorm(s, in[1], nil, 0, nil, n) // no bias, no dropout, no norm bias
+			return tp.Add(tp.Add(o, tp.Scale(s2, 0.5)), o2)
+		}},
+		{Name: "bias-dropout-add-rmsnorm", Inputs: func() []*tensor.Tensor {
+			return []*tensor.Tensor{normal("residual", 1, 3, 7, 33), normal("y", 1, 3, 7, 33), normal("b", 1, 33), normal("w", 1, 33)}
+		}, Run: func(tp *tensor.Tape, in []*tensor.Tensor) *tensor.Tensor {
+			s, o := tp.BiasDropoutAddNorm(in[0], in[1], in[2], 0.5, tensor.NewRNG(9), tensor.Norm{RMS: true, Weight: in[3], Eps: 1e-6})
+			return tp.Add(o, tp.Scale(s, 0.5))
 		}},
 		{Name: "rope", Inputs: func() []*tensor.Tensor {
 			return []*tensor.Tensor{normal("x", 1, 2, 4, 3, 8), ids([]int32{0, 1, 2, 3, 7, 9, 11, 15}, 2, 4)}

@@ -46,9 +46,10 @@ unverified_tests() {
 	run unverified-moe-grouped-blas 120 "$bin/internal_cuda.test" -test.v -test.run 'TestGPUGemmGrouped'
 	run unverified-moe-grouped-op 120 "$bin/tensor_backendtest.test" -test.v -test.run 'TestCUDAGroupedLinearMatchesCPU'
 	run unverified-moe-grouped 180 env GOTRON_CUDA_UNVERIFIED=moe-grouped "$bin/model_gpt.test" -test.v -test.run 'TestCUDAMoEGroupedMatchesCPU'
-	# The fused bias-GELU, bias-SwiGLU and bias-dropout-add kernels
-	# (fused.cu) against the CPU, then the model's training step with
-	# them on (the layer fuses by default).
+	# The fused bias-GELU, bias-SwiGLU, bias-dropout-add and
+	# bias-dropout-add + LayerNorm/RMSNorm kernels (fused.cu) against the
+	# CPU, then the model's training step with them on (the layer fuses by
+	# default).
 	run unverified-fusion 180 "$bin/tensor_backendtest.test" -test.v -test.run 'TestCUDAFusedOps'
 	run unverified-model-fusion 180 env GOTRON_CUDA_UNVERIFIED=fusion "$bin/model_gpt.test" -test.v -test.run '^TestCUDAMatchesCPU$'
 	# Staged host-to-device copies: the runtime test, then training

@@ -141,3 +141,96 @@ extern "C" __global__ void fused_dropout_bwd_f32(float* dy, const float* dout, l
         }
     }
 }
+
+// fused_block_sum is norm.cu's norm_block_sum: the block-wide sum of v,
+// returned to every thread; shm holds 32 values, the leading barrier lets a
+// loop reuse it (and publishes what the block wrote to shared memory before
+// the call).
+__device__ __forceinline__ double fused_block_sum(double v, double* shm) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    __syncthreads();
+    if (lane == 0) shm[warp] = v;
+    __syncthreads();
+    if (warp == 0) {
+        v = lane < nwarps ? shm[lane] : 0.0;
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+        if (lane == 0) shm[0] = v;
+    }
+    __syncthreads();
+    return shm[0];
+}
+
+// sum = residual + (y + b)·mask as fused_bias_dropout_add_f32, then out =
+// the norm of sum's rows as norm.cu's norm_layernorm_fwd_f32 (w, nb; nb may
+// be null) or, when mean is null, norm_rmsnorm_fwd_f32 (w): one block per
+// row (rows grid-strided over the blocks), residual and y read once, sum and
+// out written once, the row kept in dynamic shared memory (c floats) for
+// the statistics (float64 block sums, as norm.cu) and the output. Threads
+// take the row's Philox blocks (4 elements each; a block that straddles two
+// rows is drawn by both). blockDim.x is a multiple of 32, at most 256, and
+// every thread reaches each block reduction.
+extern "C" __global__ void __launch_bounds__(256) fused_bias_dropout_add_norm_f32(
+    float* sum, float* out, float* mean, float* rstd, const float* residual, const float* y, const float* b, const float* w,
+    const float* nb, long long n, long long c, int dropout, unsigned int k0, unsigned int k1, unsigned long long offset,
+    unsigned int thr, float keep, float eps) {
+    extern __shared__ float row[];
+    __shared__ double shm[32];
+    const bool rms = mean == nullptr;
+    for (long long r = blockIdx.x; r < n; r += gridDim.x) {
+        const long long i0 = r * c, i1 = i0 + c;
+        double s = 0.0;
+        for (long long q = i0 / 4 + threadIdx.x; 4 * q < i1; q += blockDim.x) {
+            uint32_t words[4] = {0u, 0u, 0u, 0u};
+            if (dropout) {
+                const unsigned long long k = offset + (unsigned long long)q;
+                const uint4 wd = philox4x32_10(make_uint4((uint32_t)k, (uint32_t)(k >> 32), 0u, 0u), k0, k1);
+                words[0] = wd.x, words[1] = wd.y, words[2] = wd.z, words[3] = wd.w;
+            }
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                const long long i = 4 * q + j;
+                if (i >= i0 && i < i1) {
+                    float v = b ? __fadd_rn(y[i], b[i - i0]) : y[i];
+                    if (dropout) v = __fmul_rn(v, words[j] < thr ? 0.0f : keep);
+                    const float t = __fadd_rn(residual[i], v);
+                    sum[i] = t;
+                    row[i - i0] = t;
+                    s += rms ? (double)t * (double)t : (double)t;
+                }
+            }
+        }
+        s = fused_block_sum(s, shm);
+        float m = 0.0f, rs;
+        if (rms) {
+            rs = (float)(1.0 / sqrt(s / (double)c + (double)eps));
+        } else {
+            m = (float)(s / (double)c);
+            double v2 = 0.0;
+            for (long long j = threadIdx.x; j < c; j += blockDim.x) {
+                const double d = (double)__fsub_rn(row[j], m);
+                v2 += d * d;
+            }
+            v2 = fused_block_sum(v2, shm);
+            rs = (float)(1.0 / sqrt(v2 / (double)c + (double)eps));
+        }
+        float* o = out + i0;
+        for (long long j = threadIdx.x; j < c; j += blockDim.x) {
+            float v;
+            if (rms) {
+                v = __fmul_rn(__fmul_rn(row[j], rs), w[j]);
+            } else {
+                v = __fmul_rn(__fmul_rn(__fsub_rn(row[j], m), rs), w[j]);
+                if (nb != nullptr) v = __fadd_rn(v, nb[j]);
+            }
+            o[j] = v;
+        }
+        if (threadIdx.x == 0) {
+            if (!rms) mean[r] = m;
+            rstd[r] = rs;
+        }
+        __syncthreads(); // the next row overwrites row[]
+    }
+}
