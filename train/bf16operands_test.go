@@ -33,7 +33,8 @@ func simBF16Counts(t *testing.T, what string, fn func()) tensor.BF16OperandCount
 // process with a save and a resume (the copies rebuilt from the loaded
 // float32 parameters, on sim and on the CPU), DP=2 with the distributed
 // optimizer and overlapped parameter gathers, TP=2 with sequence
-// parallelism, PP=2 (1F1B with tied embeddings, and interleaved).
+// parallelism, PP=2 (1F1B with tied embeddings, and interleaved), and an
+// MoE model.
 func TestSimBF16GemmOperandsMatchCPU(t *testing.T) {
 	cfg := tinyConfig(t)
 	cfg.BF16, cfg.TrainIters = true, 6
@@ -65,6 +66,17 @@ func TestSimBF16GemmOperandsMatchCPU(t *testing.T) {
 		b.res.Losses = append(append([]float64(nil), a.res.Losses...), b.res.Losses...)
 		sameDeviceRun(t, "bf16 operands resumed on "+dev.String(), b, want)
 	}
+
+	// MoE: the router's and every expert's products (tensor.GroupedLinear's
+	// loop of Linears, each expert's weight its own copy); the grouped
+	// GEMM (--moe-grouped-gemm) keeps float32 operands
+	moe := moeTrainConfig()
+	moe.BF16, moe.TrainIters = true, 3
+	moe.Model.MoE.GroupedGEMM = false
+	wantMoE := runOn(t, moe, tensor.CPU)
+	var gotMoE deviceRun
+	simBF16Counts(t, "MoE", func() { gotMoE = runOn(t, moe, tensor.Sim) })
+	sameDeviceRun(t, "MoE with bf16 operands on sim", gotMoE, wantMoE)
 
 	train, valid := dpDataset(t, 16)
 	models := dpModels()

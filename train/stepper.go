@@ -248,6 +248,10 @@ func (st *stepper) step(ctx context.Context) (float64, error) {
 	if err := st.mb.UpdateChecked(st.Consumed); err != nil {
 		return 0, err
 	}
+	// the bfloat16 copies are cast again from the parameters the last
+	// step (or a load) changed, by the first product reading each: the
+	// rollouts' here, and again after the parameter gather below
+	st.bf16w.Invalidate()
 	if rl := st.cfg.RL; rl != nil {
 		// get_grpo_data_iterator: the rollouts of a new collection, from the
 		// current weights, before train_step.
@@ -261,7 +265,7 @@ func (st *stepper) step(ctx context.Context) (float64, error) {
 	if err := st.reducer.WaitParams(st.cctx); err != nil {
 		return 0, fmt.Errorf("train: iteration %d: %w", st.Iteration+1, err)
 	}
-	st.bf16w.Invalidate() // the last step (or a load) changed the parameters
+	st.bf16w.Invalidate() // an overlapped parameter gather changed them now
 	if st.cfg.BF16 {
 		before := tensor.BF16GemmOperandCounts()
 		defer func() { st.bf16Steps = st.bf16Steps.Add(tensor.BF16GemmOperandCounts().Sub(before)) }()
