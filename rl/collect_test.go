@@ -1,0 +1,182 @@
+package rl
+
+import (
+	"context"
+	"math"
+	"strings"
+	"testing"
+
+	"github.com/gotron/gotron/model/gpt"
+	"github.com/gotron/gotron/tensor"
+	"github.com/gotron/gotron/tokenizer"
+)
+
+// testCollector is a Collector over two countdown tasks with a byte-level
+// BPE tokenizer learnt from their prompts, and a tiny model.
+func testCollector(t *testing.T, loss LossConfig) (*Collector, *gpt.Model) {
+	t.Helper()
+	tasks := []Countdown{{Target: 24, Nums: []int64{3, 8, 1}}, {Target: 10, Nums: []int64{2, 5}}}
+	var texts []string
+	for _, task := range tasks {
+		texts = append(texts, task.Prompt()+" <answer> (1 + 2) * 3 </answer>")
+	}
+	files, err := tokenizer.TrainGPT2BPE(context.Background(), texts, 400)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tok, err := files.Tokenizer()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The model's vocabulary is the tokenizer's (no padding): the engine's
+	// log-probabilities are over the tokenizer's vocabulary.
+	m, err := gpt.New(gpt.Config{NumLayers: 2, HiddenSize: 32, NumAttentionHeads: 4, VocabSize: tok.VocabSize(), MaxPositionEmbeddings: 128,
+		PositionEmbeddingType: gpt.RoPE, Normalization: gpt.RMSNorm, Activation: gpt.SwiGLU, FFNHiddenSize: 64,
+		DisableBiasLinear: true, InitMethodStd: 0.3}, tensor.NewRNG(3))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := NewCollector(Config{Env: &Env{Tasks: tasks}, Tokenizer: tok, PromptsPerStep: 2, GroupSize: 3, Iterations: 2,
+		GlobalBatchSize: 3, MicroBatchSize: 3, SeqLength: 128, Loss: loss, Temperature: 1, Seed: 5})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c, m
+}
+
+// TestCollectorRollouts checks a collection against what it must hold: the
+// rewards are the countdown scores of the decoded responses, the
+// advantages Advantages of them, the loss mask the generated tokens, the
+// training forward's log-probabilities of the generated tokens those the
+// inference engine sampled them with, the reference model the starting
+// weights (swapped in and out), and the samples the collection's rollouts
+// for --grpo-iterations passes.
+func TestCollectorRollouts(t *testing.T) {
+	c, m := testCollector(t, LossConfig{ClampEpsLower: 0.2, ClampEpsUpper: 0.2, KLBeta: 0.1})
+	if c.IterationsPerCollection() != 4 {
+		t.Fatalf("iterations per collection %d, want 2 passes × 6 rollouts / 3", c.IterationsPerCollection())
+	}
+	eval := tensor.NewNoGradTape(nil)
+	if err := c.Prepare(context.Background(), m, eval, 0, 0); err != nil {
+		t.Fatal(err)
+	}
+	col := c.Collections[0]
+	if len(col.Rewards) != 6 || len(c.rows) != 6 {
+		t.Fatalf("%d rewards, %d rows; want 6", len(col.Rewards), len(c.rows))
+	}
+	var rewards [][]float64
+	var turns [][]int
+	tokens := 0
+	for j, r := range c.rows {
+		if j%3 == 0 {
+			rewards, turns = append(rewards, nil), append(turns, nil)
+		}
+		rewards[j/3] = append(rewards[j/3], col.Rewards[j])
+		turns[j/3] = append(turns[j/3], 1)
+		for _, task := range c.cfg.Env.Tasks {
+			if strings.Contains(c.cfg.Tokenizer.Decode(toInts(r.tokens)), task.Prompt()) {
+				if got := task.Score(col.Responses[j]); got != col.Rewards[j] {
+					t.Errorf("rollout %d: reward %g, Score of its response %g", j, col.Rewards[j], got)
+				}
+			}
+		}
+		for pos, mk := range r.mask {
+			if mk == 0 {
+				continue
+			}
+			tokens++
+			if d := math.Abs(r.old[pos] - r.inference[pos]); d > 1e-4 {
+				t.Errorf("rollout %d position %d: training forward log-probability %g, the engine's %g", j, pos, r.old[pos], r.inference[pos])
+			}
+			if r.ref[pos] != r.old[pos] {
+				t.Fatalf("rollout %d position %d: reference %g, old %g: the reference is the starting weights", j, pos, r.ref[pos], r.old[pos])
+			}
+		}
+	}
+	adv, _ := Advantages(rewards, turns)
+	for j, r := range c.rows {
+		if r.advantage != adv[j] {
+			t.Errorf("rollout %d advantage %g, want %g", j, r.advantage, adv[j])
+		}
+	}
+	if tokens != col.Tokens || tokens == 0 {
+		t.Fatalf("%d masked tokens, the collection counts %d", tokens, col.Tokens)
+	}
+	// Samples 0..11 are the 6 rollouts twice; 12 is the next collection's.
+	for i := range 12 {
+		s, err := c.Sample(i)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if &s.Tokens[0] != &c.rows[i%6].tokens[0] || s.Labels[5] != s.Tokens[6] {
+			t.Fatalf("sample %d is not rollout %d", i, i%6)
+		}
+	}
+	if _, err := c.Sample(12); err == nil {
+		t.Fatal("sample 12 (the next collection's) read before it was collected")
+	}
+	// The next collection, after the weights moved: the reference stays
+	// the starting weights, and the model keeps its own.
+	w := m.Params()[0].Float32s()
+	for i := range w {
+		w[i] += 0.05
+	}
+	before := append([]float32(nil), w...)
+	if err := c.Prepare(context.Background(), m, eval, 5, 15); err == nil {
+		t.Fatal("a collection started mid-way (at iteration 6 of 4 per collection) was accepted")
+	}
+	if err := c.Prepare(context.Background(), m, eval, 4, 12); err != nil {
+		t.Fatal(err)
+	}
+	for i, v := range m.Params()[0].Float32s() {
+		if v != before[i] {
+			t.Fatalf("the reference forward left parameter 0 element %d at %g, was %g", i, v, before[i])
+		}
+	}
+	differ := false
+	for _, r := range c.rows {
+		for pos, mk := range r.mask {
+			differ = differ || (mk != 0 && r.ref[pos] != r.old[pos])
+		}
+	}
+	if !differ {
+		t.Error("after the weights moved, the reference log-probabilities equal the policy's")
+	}
+}
+
+func toInts(ids []int32) []int {
+	out := make([]int, len(ids))
+	for i, id := range ids {
+		out[i] = int(id)
+	}
+	return out
+}
+
+func TestNewCollectorErrors(t *testing.T) {
+	null, err := tokenizer.NewNull(10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	base := Config{Env: &Env{Tasks: []Countdown{{Target: 1, Nums: []int64{1}}}}, Tokenizer: null,
+		PromptsPerStep: 2, GroupSize: 2, Iterations: 1, GlobalBatchSize: 4, MicroBatchSize: 2, SeqLength: 16, Temperature: 1}
+	for _, c := range []struct {
+		name string
+		edit func(*Config)
+		want string
+	}{
+		{"group of one", func(c *Config) { c.GroupSize = 1; c.GlobalBatchSize = 2 }, "--grpo-group-size=1: want >= 2"},
+		{"no tasks", func(c *Config) { c.Env = &Env{} }, "no environment tasks"},
+		{"batch", func(c *Config) { c.GlobalBatchSize = 3 }, "--global-batch-size=3 must divide"},
+		{"micro-batch", func(c *Config) { c.GlobalBatchSize = 1; c.MicroBatchSize = 3 }, "--micro-batch-size=3 must divide"},
+		{"iterations", func(c *Config) { c.Iterations = 0 }, "--grpo-iterations"},
+		{"huge", func(c *Config) { c.PromptsPerStep = 1 << 40 }, "rollouts per collection"},
+		{"top-k and top-p", func(c *Config) { c.TopK = 5; c.TopP = 0.5 }, "--top-k and --top-p cannot both be set"},
+		{"nan", func(c *Config) { c.Loss.KLBeta = math.NaN() }, "--grpo-kl-beta=NaN"},
+	} {
+		cfg := base
+		c.edit(&cfg)
+		if _, err := NewCollector(cfg); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s: %v, want an error containing %q", c.name, err, c.want)
+		}
+	}
+}
