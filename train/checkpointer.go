@@ -421,17 +421,19 @@ func LoadModel(dir string) (*gpt.Model, RunArgs, error) {
 	return m, ra, nil
 }
 
-// loadWeights checks every parameter's name and shape and reads it whole
-// into m (the model group only: the optimizer state is not read).
-func loadWeights(m Model, r *ckpt.Reader) error {
+// loadWeights checks every parameter's (and buffer's: an MoE router's
+// expert bias) name and shape and reads it whole into m (the model group
+// only: the optimizer state is not read).
+func loadWeights(m *gpt.Model, r *ckpt.Reader) error {
+	ps := append(m.Params(), m.Buffers()...)
 	want := map[string]ckpt.Spec{}
-	for _, p := range m.Params() {
+	for _, p := range ps {
 		want[p.Name] = ckpt.Spec{DType: safetensors.F32, Shape: p.Shape()}
 	}
 	if err := r.Expect(ckpt.GroupModel, want, false); err != nil {
 		return err
 	}
-	for _, p := range m.Params() {
+	for _, p := range ps {
 		if err := staged(p, func(v []float32) error {
 			return r.Read(ckpt.GroupModel, p.Name, p.Shape(), ckpt.Whole(p.Shape()), v)
 		}); err != nil {
@@ -592,10 +594,12 @@ func (ck *checkpointer) loadGotron(root string) error {
 
 // SaveModel writes m alone (no optimizer state) as a checkpoint at the given
 // iteration under dir: what conversion tools produce. train --load resumes
-// from it with --no-load-optim (or --finetune).
+// from it with --no-load-optim (or --finetune). The model's buffers (an MoE
+// router's expert bias) are saved with its parameters, as training saves
+// them.
 func SaveModel(ctx context.Context, dir string, iteration int, m *gpt.Model, seqLength int, cli map[string]any) error {
 	model := map[string]safetensors.Tensor{}
-	for _, p := range m.Params() {
+	for _, p := range append(m.Params(), m.Buffers()...) {
 		model[p.Name] = safetensors.Tensor{DType: safetensors.F32, Shape: p.Shape(), Data: safetensors.Float32Bytes(hostValues(p))}
 	}
 	args, err := json.Marshal(RunArgs{Model: m.Config, SeqLength: seqLength, CLI: cli})

@@ -135,7 +135,7 @@ func boolOr(p *bool, def bool) bool {
 }
 
 // supportedArchs is what archOf accepts, for its errors.
-const supportedArchs = "gpt2 (GPT2LMHeadModel), llama (LlamaForCausalLM), mistral (MistralForCausalLM), mixtral (MixtralForCausalLM), qwen2_moe (Qwen2MoeForCausalLM) or qwen3_moe (Qwen3MoeForCausalLM)"
+const supportedArchs = "gpt2 (GPT2LMHeadModel), llama (LlamaForCausalLM), mistral (MistralForCausalLM), mixtral (MixtralForCausalLM), qwen2_moe (Qwen2MoeForCausalLM), qwen3_moe (Qwen3MoeForCausalLM), deepseek_v2 (DeepseekV2ForCausalLM) or deepseek_v3 (DeepseekV3ForCausalLM)"
 
 // archOf names the table for a config.json: by model_type, which
 // transformers itself dispatches on, else (no model_type) by the first
@@ -156,6 +156,10 @@ func archOf(c *hfConfig) (string, error) {
 			byClass = ArchQwen2MoE
 		case "Qwen3MoeForCausalLM":
 			byClass = ArchQwen3MoE
+		case "DeepseekV2ForCausalLM":
+			byClass = ArchDeepSeekV2
+		case "DeepseekV3ForCausalLM":
+			byClass = ArchDeepSeekV3
 		default:
 			continue
 		}
@@ -178,10 +182,10 @@ func archOf(c *hfConfig) (string, error) {
 			return "", fmt.Errorf("model_type absent, architectures %q: want %s", c.Architectures, supportedArchs)
 		}
 		return byClass, nil
-	case "deepseek_v2", "deepseek_v3":
-		// gotron trains multi-latent attention (--multi-latent-attention) but has no table for
-		// DeepSeek's Hugging Face layout (its MLA projections, YaRN rope_scaling, MoE naming)
-		return "", fmt.Errorf("model_type %q (DeepSeek's multi-latent attention) is not supported: Hugging Face DeepSeek-V2/V3 import is not built (gotron train --multi-latent-attention trains MLA models from scratch); want %s", c.ModelType, supportedArchs)
+	case "deepseek_v2":
+		arch = ArchDeepSeekV2
+	case "deepseek_v3":
+		arch = ArchDeepSeekV3
 	default:
 		return "", fmt.Errorf("model_type %q is not supported: want %s", c.ModelType, supportedArchs)
 	}
@@ -265,6 +269,10 @@ func parseConfig(raw []byte, divisibleBy int) (arch string, cfg gpt.Config, voca
 		return "", gpt.Config{}, 0, nil, err
 	}
 	switch arch {
+	case ArchDeepSeekV2, ArchDeepSeekV3:
+		if cfg, vocab, err = deepseekParse(raw, &c, arch); err != nil {
+			return "", gpt.Config{}, 0, nil, err
+		}
 	case ArchGPT2:
 		vocab = intOr(c.VocabSize, 50257)
 		h := intOr(c.NEmbd, 768)
@@ -389,6 +397,8 @@ func exportConfig(arch string, c gpt.Config, vocab int, dtype string) (owned, te
 		if arch != ArchLlama {
 			moeExportConfig(arch, c, owned, template)
 		}
+	case ArchDeepSeekV2, ArchDeepSeekV3:
+		return deepseekExportConfig(arch, c, vocab, dtype)
 	default:
 		return nil, nil, nil, fmt.Errorf("hf: unknown architecture %q", arch)
 	}

@@ -52,8 +52,8 @@ func TokenizerFileNames() []string {
 // The zero value means "unknown": Export then infers the architecture from
 // the model, writes float32 and keeps the padded vocabulary.
 type Info struct {
-	// Arch is ArchGPT2, ArchLlama, ArchMixtral, ArchQwen2MoE or
-	// ArchQwen3MoE: which name map applies.
+	// Arch is ArchGPT2, ArchLlama, ArchMixtral, ArchQwen2MoE, ArchQwen3MoE,
+	// ArchDeepSeekV2 or ArchDeepSeekV3: which name map applies.
 	Arch string `json:"arch"`
 	// DType is the safetensors dtype of the weights ("F32", "BF16", "F16";
 	// that of the word embeddings when files mix them).
@@ -93,7 +93,7 @@ func LoadModel(dir string) (*gpt.Model, Info, error) {
 	return Import(dir, ImportOptions{})
 }
 
-// Import reads a Hugging Face GPT-2, Llama/Mistral, Mixtral, Qwen2-MoE or Qwen3-MoE checkpoint (config.json
+// Import reads a Hugging Face GPT-2, Llama/Mistral, Mixtral, Qwen2-MoE, Qwen3-MoE or DeepSeek-V2/V3 checkpoint (config.json
 // plus model.safetensors or a sharded index) into a float32 gotron model.
 // Errors name the directory and the tensor or config key at fault.
 func Import(dir string, opts ImportOptions) (*gpt.Model, Info, error) {
@@ -225,10 +225,7 @@ func planImport(set *safetensors.Set, arch string, c gpt.Config, vocab int, dir 
 // fill decodes every planned tensor into m's parameters.
 func fill(m *gpt.Model, plan []planned, dir string, info *Info) error {
 	c := m.Config
-	params := map[string]*tensor.Tensor{}
-	for _, p := range m.Params() {
-		params[p.Name] = p
-	}
+	params := paramsByName(m)
 	dm := dims{h: c.HiddenSize, a: c.NumAttentionHeads, g: c.NumQueryGroups, d: c.KVChannels}
 	for _, e := range plan {
 		p := params[e.Gotron]
@@ -250,6 +247,16 @@ func fill(m *gpt.Model, plan []planned, dir string, info *Info) error {
 		e.Op.toGotron(dm, p.Float32s(), src, shapes)
 	}
 	return nil
+}
+
+// paramsByName maps m's parameters and buffers (the routers' expert biases,
+// host tensors aliasing them) by name.
+func paramsByName(m *gpt.Model) map[string]*tensor.Tensor {
+	params := map[string]*tensor.Tensor{}
+	for _, p := range append(m.Params(), m.Buffers()...) {
+		params[p.Name] = p
+	}
+	return params
 }
 
 // describe summarises a config for error messages.
@@ -276,7 +283,7 @@ func ArchOf(c gpt.Config) (string, error) {
 		return "", err
 	}
 	if c.MLA.Enabled {
-		return "", fmt.Errorf("hf: the model uses --multi-latent-attention; Hugging Face DeepSeek-V2/V3 export and import are not built")
+		return deepseekArchOf(c, "")
 	}
 	if c.GDN.Enabled || c.AttentionOutputGate {
 		return "", fmt.Errorf("hf: the model uses --experimental-attention-variant gated_delta_net or --attention-output-gate; Hugging Face Qwen3-Next export and import are not built")
@@ -343,7 +350,16 @@ func ParseDType(s string) (string, error) {
 func Export(ctx context.Context, dir string, m *gpt.Model, info Info, opts ExportOptions) error {
 	c := m.Config
 	arch := info.Arch
-	if arch == "" || c.LayerNorm1P || c.QKLayerNorm || c.MLA.Enabled || c.GDN.Enabled || c.AttentionOutputGate || c.MuP.Enabled {
+	if c.MLA.Enabled {
+		if err := c.Validate(); err != nil {
+			return err
+		}
+		a, err := deepseekArchOf(c, arch)
+		if err != nil {
+			return err
+		}
+		arch = a
+	} else if arch == "" || arch == ArchDeepSeekV2 || arch == ArchDeepSeekV3 || c.LayerNorm1P || c.QKLayerNorm || c.GDN.Enabled || c.AttentionOutputGate || c.MuP.Enabled {
 		a, err := ArchOf(c)
 		if err != nil {
 			return err
@@ -376,10 +392,7 @@ func Export(ctx context.Context, dir string, m *gpt.Model, info Info, opts Expor
 	if err != nil {
 		return err
 	}
-	params := map[string]*tensor.Tensor{}
-	for _, p := range m.Params() {
-		params[p.Name] = p
-	}
+	params := paramsByName(m)
 	dm := dims{h: c.HiddenSize, a: c.NumAttentionHeads, g: c.NumQueryGroups, d: c.KVChannels}
 	var out []safetensors.Named
 	for _, e := range tab {
@@ -443,7 +456,11 @@ func exportConfigJSON(arch string, c gpt.Config, vocab int, dtype string, origRa
 	if arch == ArchQwen2MoE || arch == ArchQwen3MoE {
 		keepQwenPattern(orig, merged, origRaw, c)
 	}
-	keepRopeParameters(orig, merged, c)
+	if arch == ArchDeepSeekV2 || arch == ArchDeepSeekV3 {
+		keepDeepSeekRope(orig, merged, origRaw, arch, c)
+	} else {
+		keepRopeParameters(orig, merged, c)
+	}
 	b, err := json.MarshalIndent(merged, "", "  ")
 	if err != nil {
 		return nil, err
@@ -456,7 +473,7 @@ func exportConfigJSON(arch string, c gpt.Config, vocab int, dtype string, origRa
 	want := c
 	want.VocabSize = vocab
 	back.VocabSize = backVocab
-	if !sameArch(want, back) {
+	if !sameArch(want, back) || (arch == ArchDeepSeekV2 || arch == ArchDeepSeekV3) && !sameDeepSeek(want, back) {
 		return nil, fmt.Errorf("hf: exported config.json describes %s, want %s", describe(arch, back, vocab), describe(arch, want, vocab))
 	}
 	return b, nil
@@ -514,9 +531,9 @@ func ReadInfo(dir string) (info Info, ok bool, err error) {
 		return Info{}, false, fmt.Errorf("hf: %s: %w", path, err)
 	}
 	switch f.Arch {
-	case "", ArchGPT2, ArchLlama, ArchMixtral, ArchQwen2MoE, ArchQwen3MoE:
+	case "", ArchGPT2, ArchLlama, ArchMixtral, ArchQwen2MoE, ArchQwen3MoE, ArchDeepSeekV2, ArchDeepSeekV3:
 	default:
-		return Info{}, false, fmt.Errorf("hf: %s: arch %q: want %q, %q, %q, %q or %q", path, f.Arch, ArchGPT2, ArchLlama, ArchMixtral, ArchQwen2MoE, ArchQwen3MoE)
+		return Info{}, false, fmt.Errorf("hf: %s: arch %q: want %q, %q, %q, %q, %q, %q or %q", path, f.Arch, ArchGPT2, ArchLlama, ArchMixtral, ArchQwen2MoE, ArchQwen3MoE, ArchDeepSeekV2, ArchDeepSeekV3)
 	}
 	return f.Info, true, nil
 }

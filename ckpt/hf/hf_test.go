@@ -36,6 +36,9 @@ var fixtures = []struct {
 	{"qwen2_moe_step2_tied_f32", 1e-4},
 	{"qwen3_moe_untied_f32", 1e-4},
 	{"qwen3_moe_step2_tied_f32", 1e-4},
+	// tools/golden/hf_deepseek.py: multi-latent attention, YaRN, DeepSeekMoE
+	{"deepseek_v3_untied_f32", 1e-4},
+	{"deepseek_v2_tied_f32", 1e-4},
 }
 
 func fixtureDir(name string) string { return filepath.Join("testdata", name) }
@@ -344,8 +347,8 @@ func TestImportErrors(t *testing.T) {
 		// tensors is not imported as GPT-2.
 		{"model type bert, gpt2 tensors", "gpt2_tied_f32", editConfig(`"model_type": "gpt2"`, `"model_type": "bert"`),
 			`config.json: model_type "bert" is not supported: want gpt2 (GPT2LMHeadModel), llama`},
-		{"model type deepseek", "llama_gqa_untied_f32", editConfig(`"model_type": "llama"`, `"model_type": "deepseek_v3"`),
-			`model_type "deepseek_v3" (DeepSeek's multi-latent attention) is not supported: Hugging Face DeepSeek-V2/V3 import is not built`},
+		{"model type deepseek, llama keys", "llama_gqa_untied_f32", editConfig(`"model_type": "llama"`, `"model_type": "deepseek_v3"`),
+			`model_type "deepseek_v3" contradicts architectures ["LlamaForCausalLM"]`},
 		{"model type contradicts class", "gpt2_tied_f32", editConfig(`"model_type": "gpt2"`, `"model_type": "llama"`), `model_type "llama" contradicts architectures`},
 		{"rope theta 0", "llama_gqa_untied_f32", editConfig(`"rope_theta": 10000.0`, `"rope_theta": 0`), "config.json: rope_theta: 0: want a positive finite number"},
 		{"rope theta negative", "llama_gqa_untied_f32", editConfig(`"rope_theta": 10000.0`, `"rope_theta": -5`), "rope_theta: -5"},
@@ -518,24 +521,6 @@ func TestMistral(t *testing.T) {
 		t.Fatal(err)
 	}
 	CompareHFDirs(t, dir, out)
-}
-
-// TestExportRefusesMLA: a multi-latent attention model has no Hugging Face
-// table here; export says so instead of writing a Llama it is not.
-func TestExportRefusesMLA(t *testing.T) {
-	c := gpt.Config{NumLayers: 1, HiddenSize: 16, NumAttentionHeads: 2, VocabSize: 8, MaxPositionEmbeddings: 8, MLA: gpt.DefaultMLA()}
-	c.MLA.QKHeadDim, c.MLA.QKPosEmbHeadDim, c.MLA.VHeadDim = 4, 2, 4
-	if _, err := ArchOf(c); err == nil || !strings.Contains(err.Error(), "--multi-latent-attention") {
-		t.Fatalf("ArchOf(MLA): %v, want a refusal naming --multi-latent-attention", err)
-	}
-	m, err := gpt.New(c, tensor.NewRNG(1))
-	if err != nil {
-		t.Fatal(err)
-	}
-	err = Export(context.Background(), t.TempDir(), m, Info{Arch: ArchLlama}, ExportOptions{})
-	if err == nil || !strings.Contains(err.Error(), "DeepSeek") {
-		t.Fatalf("Export(MLA) with a Llama arch recorded: %v, want a refusal", err)
-	}
 }
 
 // TestExportRefusesGDN: a hybrid gated delta net model and an output-gated

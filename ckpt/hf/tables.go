@@ -29,8 +29,10 @@ func table(arch string, c gpt.Config, vocab int) ([]entry, error) {
 		return llamaTable(c, vocab), nil
 	case ArchMixtral, ArchQwen2MoE, ArchQwen3MoE:
 		return moeTable(arch, c, vocab), nil
+	case ArchDeepSeekV2, ArchDeepSeekV3:
+		return deepseekTable(c, vocab), nil
 	}
-	return nil, fmt.Errorf("hf: unknown architecture %q (want %s, %s, %s, %s or %s)", arch, ArchGPT2, ArchLlama, ArchMixtral, ArchQwen2MoE, ArchQwen3MoE)
+	return nil, fmt.Errorf("hf: unknown architecture %q (want %s, %s, %s, %s, %s, %s or %s)", arch, ArchGPT2, ArchLlama, ArchMixtral, ArchQwen2MoE, ArchQwen3MoE, ArchDeepSeekV2, ArchDeepSeekV3)
 }
 
 func one(gotron string, o op, name string, shape ...int) entry {

@@ -39,11 +39,13 @@ func TestConvertMegatronMoEToHF(t *testing.T) {
 }
 
 // TestGenerateImportedQwen3MoE: gotron generate runs the Qwen3-MoE
-// fixtures, straight from the HF directory and from their gotron
-// conversion: each greedy token after a prefix of the reference tokens is
-// the argmax of the PyTorch reference's logits at that position.
+// fixtures and the DeepSeek-V3 and -V2 ones (multi-latent attention decoding
+// with its KV cache, YaRN, DeepSeekMoE routing), straight from the HF
+// directory and from their gotron conversion: each greedy token after a
+// prefix of the reference tokens is the argmax of the PyTorch reference's
+// logits at that position.
 func TestGenerateImportedQwen3MoE(t *testing.T) {
-	for _, name := range []string{"qwen3_moe_untied_f32", "qwen3_moe_step2_tied_f32"} {
+	for _, name := range []string{"qwen3_moe_untied_f32", "qwen3_moe_step2_tied_f32", "deepseek_v3_untied_f32", "deepseek_v2_tied_f32"} {
 		t.Run(name, func(t *testing.T) {
 			src := hfFixture(name)
 			g := filepath.Join(t.TempDir(), "gotron")

@@ -34,6 +34,9 @@ var hfFixtures = []struct {
 	{"qwen2_moe_step2_tied_f32", 1e-4},
 	{"qwen3_moe_untied_f32", 1e-4},
 	{"qwen3_moe_step2_tied_f32", 1e-4},
+	// tools/golden/hf_deepseek.py's DeepSeek-V3 and DeepSeek-V2 models (MLA, YaRN, DeepSeekMoE)
+	{"deepseek_v3_untied_f32", 1e-4},
+	{"deepseek_v2_tied_f32", 1e-4},
 }
 
 func hfFixture(name string) string { return filepath.Join("..", "..", "ckpt", "hf", "testdata", name) }
