@@ -615,13 +615,33 @@ func (b cudaBackend) constant(key any, mk func() *Tensor) *Tensor {
 // operands to 16 bits and accumulate in float32 (MatmulBF16's contract);
 // FP32 is full float32 (no TF32, as PyTorch's default).
 func (b cudaBackend) Gemm(prec MatmulPrecision, tA, tB Transpose, alpha float32, a, bm *Tensor, beta float32, c *Tensor) {
+	p, ok := cudaGemmParams(prec, tA, tB, alpha, a, bm, beta, c)
+	if !ok {
+		return
+	}
+	p.A, p.B, p.C = devPtr(bm), devPtr(a), devPtr(c)
+	name := "cublas gemm " + prec.String()
+	if p.AType == cuda.BF16 {
+		name += " (bf16 operands)"
+	}
+	b.rt.timed(name, func() {
+		if err := b.rt.dev.GemmStridedBatched(p); err != nil {
+			panic(fmt.Sprintf("tensor: CUDA Gemm %dx%dx%d (batch %d): %v", p.N, p.M, p.K, p.Batch, err))
+		}
+	})
+}
+
+// cudaGemmParams is Gemm's cuBLAS call without its device addresses (the
+// caller sets A = bm's, B = a's, C = c's): false when c is empty. It takes
+// tensors on any device, so TestCUDAGemmParams checks it without a GPU.
+func cudaGemmParams(prec MatmulPrecision, tA, tB Transpose, alpha float32, a, bm *Tensor, beta float32, c *Tensor) (cuda.GemmParams, bool) {
 	m, n := c.Dim(-2), c.Dim(-1)
 	k := a.Dim(-1)
 	if tA == Trans {
 		k = a.Dim(-2)
 	}
 	if m == 0 || n == 0 {
-		return
+		return cuda.GemmParams{}, false
 	}
 	batch := c.Numel() / (m * n)
 	lda, ldb := a.Dim(-1), bm.Dim(-1)
@@ -637,34 +657,28 @@ func (b cudaBackend) Gemm(prec MatmulPrecision, tA, tB Transpose, alpha float32,
 	case prec == MatmulBF16 && a.dtype == BFloat16 && bm.dtype == BFloat16:
 		// bfloat16 operands (gemm-bf16, bf16_operands.go): CUDA_R_16BF A
 		// and B, CUDA_R_32F C, CUBLAS_COMPUTE_32F — a combination
-		// cublasGemmStridedBatchedEx accepts (cuBLAS's GemmEx table:
-		// compute 32F, scale 32F, A/B 16BF, C 16BF or 32F), which
+		// cublasGemmStridedBatchedEx accepts (cuBLAS's GemmEx type table:
+		// compute 32F, scale 32F, A/B 16BF with C 16BF or 32F), which
 		// internal/cuda's TestGPUGemmBF16 ran on the H100.
 		operands = cuda.BF16
-	case a.dtype != Float32 || bm.dtype != Float32:
-		panic(fmt.Sprintf("tensor: CUDA Gemm of %v by %v under %v: want float32 operands, or bfloat16 ones under bf16", a.dtype, bm.dtype, prec))
+	case a.dtype != Float32 || bm.dtype != Float32 || c.dtype != Float32:
+		panic(fmt.Sprintf("tensor: CUDA Gemm of %v by %v into %v under %v: want float32 operands, or bfloat16 ones under bf16, and a float32 result", a.dtype, bm.dtype, c.dtype, prec))
 	case prec == MatmulBF16:
 		compute = cuda.Compute32FFast16BF
 	case prec == MatmulFP16:
 		compute = cuda.Compute32FFast16F
 	}
-	p := cuda.GemmParams{
+	if c.dtype != Float32 {
+		panic(fmt.Sprintf("tensor: CUDA Gemm into %v: want a float32 result", c.dtype))
+	}
+	return cuda.GemmParams{
 		TransA: tB == Trans, TransB: tA == Trans,
 		M: n, N: m, K: k,
 		Alpha: alpha, Beta: beta,
-		A: devPtr(bm), AType: operands, LDA: ldb, StrideA: sb,
-		B: devPtr(a), BType: operands, LDB: lda, StrideB: sa,
-		C: devPtr(c), CType: cuda.F32, LDC: n, StrideC: int64(m * n),
+		AType: operands, LDA: ldb, StrideA: sb,
+		BType: operands, LDB: lda, StrideB: sa,
+		CType: cuda.F32, LDC: n, StrideC: int64(m * n),
 		Batch:   batch,
 		Compute: compute,
-	}
-	name := "cublas gemm " + prec.String()
-	if operands == cuda.BF16 {
-		name += " (bf16 operands)"
-	}
-	b.rt.timed(name, func() {
-		if err := b.rt.dev.GemmStridedBatched(p); err != nil {
-			panic(fmt.Sprintf("tensor: CUDA Gemm %dx%dx%d (batch %d): %v", m, n, k, batch, err))
-		}
-	})
+	}, true
 }
