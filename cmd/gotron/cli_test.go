@@ -289,6 +289,8 @@ func TestMegatronCompatRefusals(t *testing.T) {
 		{[]string{"--megatron-fsdp-version", "2"}, "needs this part of Megatron-FSDP"},
 		{[]string{"--log-straggler"}, "--log-straggler: needs Megatron's straggler detector"},
 		{[]string{"--inference-max-seq-length", "64"}, "needs Megatron's inference scripts"},
+		{[]string{"--rl-use-sequence-packing"}, "--rl-use-sequence-packing: needs this part of Megatron's RL step, not built in gotron (--perform-rl-step's one-process GRPO is"},
+		{[]string{"--grpo-filter-groups-with-same-reward"}, "--grpo-filter-groups-with-same-reward: needs this part of Megatron's RL step"},
 		{[]string{"--num-distributed-optimizer-instances", "2"}, "--num-distributed-optimizer-instances=2 needs --use-distributed-optimizer (as Megatron)"},
 		{[]string{"--deterministic-mode", "--device", "sim"}, "--deterministic-mode: checked on --device cpu only"},
 		{[]string{"--mup-output-mult", "0.5"}, "--mup-output-mult=0.5 without --use-mup"},

@@ -205,3 +205,32 @@ func TestGRPOTrainErrors(t *testing.T) {
 		}
 	}
 }
+
+// TestGRPOCompatSameNumbers: the RL arguments accepted without effect
+// change no number and say so.
+func TestGRPOCompatSameNumbers(t *testing.T) {
+	dir := t.TempDir()
+	env, tok := rlFixture(t, dir)
+	base := append(tinyGRPO(env, tok), "--train-iters", "1")
+	if _, errs, code := runCLI(t, append(append([]string{}, base...), "--metrics-file", filepath.Join(dir, "plain.jsonl"))...); code != 0 {
+		t.Fatalf("plain run: %s", errs)
+	}
+	_, errs, code := runCLI(t, append(append([]string{}, base...), "--rl-offload-optimizer-during-inference", "--refit-method", "nccl",
+		"--metrics-file", filepath.Join(dir, "compat.jsonl"))...)
+	if code != 0 {
+		t.Fatalf("with Megatron's arguments: exit %d: %s", code, errs)
+	}
+	want, _ := rlMetrics(t, filepath.Join(dir, "plain.jsonl"))
+	got, _ := rlMetrics(t, filepath.Join(dir, "compat.jsonl"))
+	if len(got) != 1 || got[0] != want[0] {
+		t.Errorf("losses %v with the arguments, %v without: want the same numbers", got, want)
+	}
+	for _, line := range []string{
+		"gotron train: --rl-offload-optimizer-during-inference: no effect on the CPU:",
+		"gotron train: --refit-method nccl: no effect in gotron:",
+	} {
+		if strings.Count(errs, line) != 1 {
+			t.Errorf("stderr should have the line %q once:\n%s", line, errs)
+		}
+	}
+}

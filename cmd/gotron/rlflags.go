@@ -57,8 +57,8 @@ func addRLFlags(fs *flag.FlagSet, f *rlFlags) {
 }
 
 // check refuses RL flags without --perform-rl-step and values gotron does
-// not run, and lists the accepted no-ops for the caller's note.
-func (f *rlFlags) check(given map[string]bool) (noOps []string, err error) {
+// not run, and returns a note for each accepted flag without effect.
+func (f *rlFlags) check(given map[string]bool) (notes []string, err error) {
 	if !f.perform {
 		for _, name := range rlOnlyFlags {
 			if given[name] {
@@ -75,13 +75,19 @@ func (f *rlFlags) check(given map[string]bool) (noOps []string, err error) {
 	if given["rl-importance-sampling-truncation-coef"] && !f.isCorrection {
 		return nil, fmt.Errorf("--rl-importance-sampling-truncation-coef needs --rl-inference-logprobs-is-correction (Megatron applies it only then)")
 	}
+	if given["eval-interval"] || given["eval-iters"] {
+		// Megatron's RL loop evaluates the environment's validation prompts
+		// (evaluate_and_print_results_rl) every --eval-interval; it changes
+		// no training number, and gotron has no RL evaluation.
+		notes = append(notes, "--eval-interval/--eval-iters: no effect with --perform-rl-step: Megatron's RL evaluation (its environment's validation prompts) is not built in gotron; training is unchanged")
+	}
 	if given["rl-offload-optimizer-during-inference"] {
-		noOps = append(noOps, "--rl-offload-optimizer-during-inference")
+		notes = append(notes, "--rl-offload-optimizer-during-inference: no effect on the CPU: the optimizer state stays in host memory while gotron generates (the same numbers)")
 	}
 	if given["refit-method"] {
-		noOps = append(noOps, "--refit-method "+f.refitMethod)
+		notes = append(notes, "--refit-method "+f.refitMethod+": no effect in gotron: the rollouts are generated in the training process from a copy of its weights, not through Megatron's copy service (the same numbers)")
 	}
-	return noOps, nil
+	return notes, nil
 }
 
 // collector builds the RL step for cfg with tokenizer tok (whose files

@@ -367,11 +367,13 @@ func cmdTrain(ctx context.Context, env *cli, args []string) error {
 		return fmt.Errorf("--step-batch-size-schedule and --global-batch-size exclude each other (as Megatron: the schedule sets the global batch)")
 	}
 	noOps = append(noOps, f.moe.noOps(given)...)
-	rlNoOps, err := f.rl.check(given)
+	rlNotes, err := f.rl.check(given)
 	if err != nil {
 		return err
 	}
-	noOps = append(noOps, rlNoOps...)
+	for _, n := range rlNotes {
+		fmt.Fprintf(env.stderr, "gotron train: %s\n", n)
+	}
 	if err := f.megatronCompat(env, fs, given); err != nil {
 		return err
 	}
