@@ -99,9 +99,9 @@ func (c *EngineConfig) validate(m *gpt.Model) error {
 }
 
 // bytesPerToken is the KV cache size of one position: keys and values of
-// every attention layer (not the gated delta net layers), float32, of the
-// query groups this rank holds (a tensor-parallel rank caches its own
-// heads).
+// every attention layer m holds (not the gated delta net layers), float32,
+// of the query groups this rank holds (a tensor-parallel rank caches its
+// own heads, a pipeline stage its own layers).
 func (c *EngineConfig) bytesPerToken(m *gpt.Model) int64 {
 	return m.KVBytesPerToken()
 }
@@ -231,6 +231,7 @@ type Engine struct {
 	pool   *kvPool
 	att    *pagedAttention
 	packed *PackedLinears // nil: the model's weights through the general GEMM
+	pipe   *pipeline      // nil: the whole model (or its tensor-parallel slice)
 	maxPos int
 
 	nextID  SeqID
@@ -245,8 +246,9 @@ type Engine struct {
 	// step scratch
 	bufs      gpt.DecodeBuffers
 	plan      []scheduled
-	draws     []Event // by plan index: the token drawn (drawTokens)
-	drawIdx   []int   // plan indices that draw this step
+	draws     []Event      // by plan index: the token drawn (drawTokens)
+	drawIdx   []int        // plan indices that draw this step
+	prompts   []promptRows // the step's prompt log-probabilities
 	drawSpec  []tensor.TokenSampling
 	drawIDs   []int32   // by draw: the drawn token
 	drawLPs   []float32 // by draw: its log-probability
@@ -278,6 +280,11 @@ type scheduled struct {
 // NewEngine allocates the KV pool for m and the buffers of its largest
 // step, and returns an idle engine.
 func NewEngine(m *gpt.Model, cfg EngineConfig) (*Engine, error) {
+	return newEngine(m, cfg, nil)
+}
+
+// newEngine is NewEngine of m, a pipeline stage's model with pipe.
+func newEngine(m *gpt.Model, cfg EngineConfig, pipe *pipeline) (*Engine, error) {
 	if cf := m.Config.MoE.CapacityFactor; m.Config.MoE.Enabled() && cf > 0 {
 		// Capacity is counted over the tokens routed together: a token's
 		// output would depend on which other requests share its step.
@@ -295,10 +302,10 @@ func NewEngine(m *gpt.Model, cfg EngineConfig) (*Engine, error) {
 	}
 	states, _ := cfg.stateBytes(m) // validate checked it
 	blocks := int((cfg.KVCacheBytes - states) / cfg.blockBytes(m))
-	e := &Engine{m: m, cfg: cfg, maxPos: mc.MaxPositionEmbeddings, byID: map[SeqID]*sequence{}}
-	cached := make([]bool, mc.NumLayers)
+	e := &Engine{m: m, cfg: cfg, pipe: pipe, maxPos: mc.MaxPositionEmbeddings, byID: map[SeqID]*sequence{}}
+	cached := make([]bool, len(m.Layers)) // a pipeline stage's layers
 	for i := range cached {
-		cached[i] = !mc.IsGDNLayer(i)
+		cached[i] = m.Layers[i].GDN == nil
 	}
 	e.pool = newKVPool(m.Device(), cached, m.QueryGroupsHere(), m.KVHeadDim(), cfg.BlockTokens, blocks)
 	if states > 0 {
@@ -321,8 +328,9 @@ func NewEngine(m *gpt.Model, cfg EngineConfig) (*Engine, error) {
 		}
 		e.packed = PackLinears(m, dtype)
 	}
-	if m.Sharding != nil {
-		// The warm-up communicates: the ranks first check that their
+	if m.Sharding != nil || pipe != nil {
+		// The warm-up communicates (tensor parallelism), or the engine
+		// steps with the other stages': the ranks first check that their
 		// engines agree (NewLockstep, Follow), then warm up together.
 		return e, nil
 	}
@@ -350,6 +358,9 @@ func (e *Engine) warmUp() error {
 	rows := make([]int, min(n, e.cfg.MaxNumSeqs))
 	for i := range rows {
 		rows[i] = n - len(rows) + i
+	}
+	if e.pipe != nil {
+		return e.pipe.warmUp(e, tokens, positions, rows)
 	}
 	first := *e.m // shares the weights
 	first.Layers = first.Layers[:min(1, len(first.Layers))]
@@ -521,17 +532,24 @@ func (e *Engine) Step() ([]Event, error) {
 		}
 	}
 	e.att.reset(e.spans)
-	var logits *tensor.Tensor // (rows, V) on the model's device
-	var err error
-	if len(e.rows) > 0 {
-		logits, err = e.m.DecodeBatch(&e.bufs, e.tokens, e.positions, e.att, e.rows, e.linears())
-	} else {
+	rows := e.rows
+	if len(rows) == 0 {
 		// Every sequence is mid-prefill: the forward still fills the
 		// cache; ask for one row's logits and ignore them.
-		logits, err = e.m.DecodeBatch(&e.bufs, e.tokens, e.positions, e.att, []int{len(e.tokens) - 1}, e.linears())
+		rows = []int{len(e.tokens) - 1}
+	}
+	var logits *tensor.Tensor // (rows, V) on the model's device; nil on a pipeline stage but the last
+	var err error
+	if e.pipe != nil {
+		logits, err = e.pipe.forward(e, rows)
+	} else {
+		logits, err = e.m.DecodeBatch(&e.bufs, e.tokens, e.positions, e.att, rows, e.linears())
 	}
 	e.stats.Steps++
 	e.stats.BatchedTokens += int64(len(e.tokens))
+	if err == nil {
+		err = e.results(logits)
+	}
 	if err != nil {
 		for _, p := range e.plan {
 			e.emit(p.s, Event{Token: -1, Finish: FinishAbort})
@@ -539,17 +557,10 @@ func (e *Engine) Step() ([]Event, error) {
 		}
 		return e.events, fmt.Errorf("infer: step: %w", err)
 	}
-	V := e.m.Config.VocabSize
-	e.drawTokens(logits, V)
 	for i, p := range e.plan {
 		s := p.s
-		pos0 := s.computed
 		s.computed += p.n
 		e.registerBlocks(s)
-		if s.wantsPromptLogprobs() {
-			var view *tensor.Tape // no gradients: a view of the step's rows
-			s.addPromptLogprobs(pos0, view.Narrow(logits, 0, p.logits0, p.nLogits), e.cfg.VocabSize)
-		}
 		if s.computed < len(s.tokens) {
 			continue // mid-prefill
 		}
@@ -573,25 +584,61 @@ func (e *Engine) Step() ([]Event, error) {
 	return e.events, nil
 }
 
-// drawTokens draws the next token of every planned sequence whose tokens
-// are all computed (except scoring-only ones) into e.draws, by plan index:
-// one tensor.SampleTokens over the step's logits, each sequence with its
-// own sampler's rules and uniform number, so the backend may draw them in
-// any order (the CPU draws them in parallel).
-func (e *Engine) drawTokens(logits *tensor.Tensor, V int) {
+// results computes what the step's logits give, before any sequence
+// advances: the draws (e.draws) and the prompt log-probabilities asked for.
+// On a pipeline stage the last computes them and the others receive them.
+func (e *Engine) results(logits *tensor.Tensor) error {
+	e.prompts = e.prompts[:0]
+	for _, p := range e.plan {
+		if s := p.s; s.wantsPromptLogprobs() {
+			if m := min(p.nLogits, s.nPrompt-1-s.computed); m > 0 {
+				e.prompts = append(e.prompts, promptRows{s: s, pos0: s.computed, m: m})
+			}
+		}
+	}
+	e.drawSpecs()
+	if logits != nil {
+		e.drawTokens(logits)
+		var view *tensor.Tape // no gradients: views of the step's rows
+		for i, p := range e.plan {
+			if s := p.s; s.wantsPromptLogprobs() {
+				s.addPromptLogprobs(s.computed, view.Narrow(logits, 0, e.plan[i].logits0, p.nLogits), e.cfg.VocabSize)
+			}
+		}
+	}
+	if e.pipe == nil {
+		return nil
+	}
+	return e.pipe.shareResults(e)
+}
+
+// drawSpecs lists the planned sequences that draw a token this step (all
+// their tokens computed, not scoring only) into e.drawIdx, with each one's
+// rules and next uniform number (its sampler advances) into e.drawSpec.
+func (e *Engine) drawSpecs() {
 	e.draws = slices.Grow(e.draws[:0], len(e.plan))[:len(e.plan)]
 	e.drawIdx, e.drawSpec = e.drawIdx[:0], e.drawSpec[:0]
-	k := 0
 	for i, p := range e.plan {
 		s := p.s
 		if s.computed+p.n == len(s.tokens) && s.generated < s.req.MaxTokens {
 			d := s.sampler.next(p.logits0 + p.nLogits - 1)
 			d.Logprob = s.req.Logprobs || s.req.TopLogprobs > 0
 			d.TopLogprobs = s.req.TopLogprobs
-			k = max(k, d.TopLogprobs)
 			e.drawIdx = append(e.drawIdx, i)
 			e.drawSpec = append(e.drawSpec, d)
 		}
+	}
+}
+
+// drawTokens draws the next token of every planned sequence whose tokens
+// are all computed (except scoring-only ones) into e.draws, by plan index:
+// one tensor.SampleTokens over the step's logits, each sequence with its
+// own sampler's rules and uniform number, so the backend may draw them in
+// any order (the CPU draws them in parallel).
+func (e *Engine) drawTokens(logits *tensor.Tensor) {
+	k := 0
+	for _, d := range e.drawSpec {
+		k = max(k, d.TopLogprobs)
 	}
 	n := len(e.drawIdx)
 	if n == 0 {

@@ -74,7 +74,7 @@ func NewLockstep(ctx context.Context, e *Engine, pg comm.ProcessGroup) (*Lockste
 		return nil, err
 	}
 	if err := e.warmUp(); err != nil {
-		return nil, fmt.Errorf("infer: tensor-parallel warm-up step: %w", err)
+		return nil, fmt.Errorf("infer: %s warm-up step: %w", e.parallelism(), err)
 	}
 	return l, nil
 }
@@ -137,7 +137,7 @@ func (l *Lockstep) Step() ([]Event, error) {
 	}
 	evs, err := l.eng.Step()
 	if err != nil {
-		l.err = fmt.Errorf("infer: tensor-parallel step: %w", err)
+		l.err = fmt.Errorf("infer: %s step: %w", l.eng.parallelism(), err)
 		return evs, l.err
 	}
 	l.digest = eventsDigest(evs)
@@ -178,14 +178,14 @@ func (l *Lockstep) Close() error {
 func (l *Lockstep) send(kind int64, payload []byte) error {
 	hdr := []int64{kind, int64(len(payload)), int64(l.digest)}
 	if err := l.pg.Broadcast(l.ctx, comm.Int64s(hdr), 0); err != nil {
-		return fmt.Errorf("infer: tensor-parallel leader: broadcast to the group: %w", err)
+		return fmt.Errorf("infer: %s leader: broadcast to the group: %w", l.eng.parallelism(), err)
 	}
 	if len(payload) == 0 {
 		return nil
 	}
 	words := packWords(payload)
 	if err := l.pg.Broadcast(l.ctx, comm.Int32s(words), 0); err != nil {
-		return fmt.Errorf("infer: tensor-parallel leader: broadcast to the group: %w", err)
+		return fmt.Errorf("infer: %s leader: broadcast to the group: %w", l.eng.parallelism(), err)
 	}
 	return nil
 }
@@ -199,7 +199,7 @@ const maxLockstepPayload = 1 << 30
 // (nil), ctx ends, or the ranks fail or drift apart (an error naming the
 // rank and what happened). Call it for each of the leader's Lockstep.
 func Follow(ctx context.Context, e *Engine, pg comm.ProcessGroup) error {
-	me := pg.Rank()
+	me, what := pg.Rank(), e.parallelism()
 	if me == 0 {
 		return errors.New("infer: Follow on rank 0: rank 0 leads (NewLockstep)")
 	}
@@ -207,10 +207,10 @@ func Follow(ctx context.Context, e *Engine, pg comm.ProcessGroup) error {
 	for step := int64(0); ; {
 		kind, payload, leaderDigest, err := receive(ctx, pg)
 		if err != nil {
-			return fmt.Errorf("infer: tensor-parallel rank %d: %w", me, err)
+			return fmt.Errorf("infer: %s rank %d: %w", what, me, err)
 		}
 		if kind != msgHello && step > 0 && leaderDigest != digest {
-			return fmt.Errorf("infer: tensor-parallel rank %d: step %d drew other tokens than rank 0 (the ranks' engines diverged)", me, step)
+			return fmt.Errorf("infer: %s rank %d: step %d drew other tokens than rank 0 (the ranks' engines diverged)", what, me, step)
 		}
 		switch kind {
 		case msgHello:
@@ -218,13 +218,13 @@ func Follow(ctx context.Context, e *Engine, pg comm.ProcessGroup) error {
 			same := mine == string(payload)
 			err := agree(ctx, pg, same)
 			if !same {
-				return fmt.Errorf("infer: tensor-parallel rank %d: engine %s, rank 0's %s (give every rank the same arguments)", me, mine, payload)
+				return fmt.Errorf("infer: %s rank %d: engine %s, rank 0's %s (give every rank the same arguments)", what, me, mine, payload)
 			}
 			if err != nil {
-				return fmt.Errorf("infer: tensor-parallel rank %d: %w", me, err)
+				return fmt.Errorf("infer: %s rank %d: %w", what, me, err)
 			}
 			if err := e.warmUp(); err != nil {
-				return fmt.Errorf("infer: tensor-parallel rank %d: warm-up step: %w", me, err)
+				return fmt.Errorf("infer: %s rank %d: warm-up step: %w", what, me, err)
 			}
 		case msgClose:
 			return nil
@@ -233,7 +233,7 @@ func Follow(ctx context.Context, e *Engine, pg comm.ProcessGroup) error {
 			var ops []lockstepOp
 			if len(payload) > 0 {
 				if err := gob.NewDecoder(bytes.NewReader(payload)).Decode(&ops); err != nil {
-					return fmt.Errorf("infer: tensor-parallel rank %d: decode rank 0's requests: %w", me, err)
+					return fmt.Errorf("infer: %s rank %d: decode rank 0's requests: %w", what, me, err)
 				}
 			}
 			for _, op := range ops {
@@ -242,17 +242,17 @@ func Follow(ctx context.Context, e *Engine, pg comm.ProcessGroup) error {
 					continue
 				}
 				if _, err := e.Add(*op.Add); err != nil {
-					return fmt.Errorf("infer: tensor-parallel rank %d: a request rank 0 accepted: %w", me, err)
+					return fmt.Errorf("infer: %s rank %d: a request rank 0 accepted: %w", what, me, err)
 				}
 			}
 			evs, err := e.Step()
 			if err != nil {
-				return fmt.Errorf("infer: tensor-parallel rank %d: step %d: %w", me, step, err)
+				return fmt.Errorf("infer: %s rank %d: step %d: %w", what, me, step, err)
 			}
 			digest = eventsDigest(evs)
 			step++
 		default:
-			return fmt.Errorf("infer: tensor-parallel rank %d: message kind %d from rank 0: want %d..%d", me, kind, msgHello, msgIdle)
+			return fmt.Errorf("infer: %s rank %d: message kind %d from rank 0: want %d..%d", what, me, kind, msgHello, msgIdle)
 		}
 	}
 }
@@ -298,9 +298,26 @@ func agree(ctx context.Context, pg comm.ProcessGroup, same bool) error {
 func (e *Engine) fingerprint() string {
 	c := e.cfg
 	mc := &e.m.Config
-	return fmt.Sprintf("{kv %d bytes, %d-token blocks, %d tokens/step, %d seqs, prefix caching %t, vocab %d, weights %v, bf16 %t, tokenizer %t; model %d layers, hidden %d, %d heads, %d groups (%d here), vocab %d, %d positions}",
-		c.KVCacheBytes, c.BlockTokens, c.MaxNumBatchedTokens, c.MaxNumSeqs, !c.DisablePrefixCaching, c.VocabSize, c.Weights, c.BF16, c.Decoder != nil,
-		mc.NumLayers, mc.HiddenSize, mc.NumAttentionHeads, mc.NumQueryGroups, e.m.QueryGroupsHere(), mc.VocabSize, mc.MaxPositionEmbeddings)
+	stages := 1
+	if e.pipe != nil {
+		stages = e.pipe.Group.Size()
+	}
+	// The pool's blocks, which the scheduler counts, must agree too: a
+	// pipeline stage sizes its pool by its own layers.
+	return fmt.Sprintf("{kv %d bytes (%d blocks), %d-token blocks, %d tokens/step, %d seqs, prefix caching %t, vocab %d, weights %v, bf16 %t, tokenizer %t; model %d layers (%d stages), hidden %d, %d heads, %d groups (%d here), vocab %d, %d positions}",
+		c.KVCacheBytes, e.pool.numBlocks, c.BlockTokens, c.MaxNumBatchedTokens, c.MaxNumSeqs, !c.DisablePrefixCaching, c.VocabSize, c.Weights, c.BF16, c.Decoder != nil,
+		mc.NumLayers, stages, mc.HiddenSize, mc.NumAttentionHeads, mc.NumQueryGroups, e.m.QueryGroupsHere(), mc.VocabSize, mc.MaxPositionEmbeddings)
+}
+
+// parallelism names how the engines' model is split, for errors.
+func (e *Engine) parallelism() string {
+	switch {
+	case e.pipe == nil:
+		return "tensor-parallel"
+	case e.m.Sharding != nil:
+		return "tensor- and pipeline-parallel"
+	}
+	return "pipeline-parallel"
 }
 
 // eventsDigest hashes what every rank must agree on in a step's events.

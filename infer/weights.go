@@ -74,9 +74,11 @@ func PackLinears(m *gpt.Model, dtype tensor.DType) *PackedLinears {
 			add(w)
 		}
 	}
-	if m.OutputLayer != nil {
+	switch {
+	case m.FinalNorm == nil: // a pipeline stage before the last: no head
+	case m.OutputLayer != nil:
 		add(m.OutputLayer)
-	} else {
+	default:
 		add(m.WordEmb)
 	}
 	return pl
@@ -111,9 +113,11 @@ func PackedBytes(m *gpt.Model, cfg EngineConfig) int64 {
 			}
 		}
 	}
-	if m.OutputLayer != nil {
+	switch {
+	case m.FinalNorm == nil: // a pipeline stage before the last: no head
+	case m.OutputLayer != nil:
 		n += int64(m.OutputLayer.Numel())
-	} else {
+	default:
 		n += int64(m.WordEmb.Numel())
 	}
 	if cfg.BF16 {

@@ -1,6 +1,7 @@
 package gpt
 
 import (
+	"errors"
 	"fmt"
 	"math"
 
@@ -63,6 +64,54 @@ func (b *DecodeBuffers) tapes() (step, layer *tensor.Tape) {
 // keeps their recurrent state (GDNStates). With buf (nil: every buffer from the heap) the
 // logits are valid until the next call with the same buf.
 func (m *Model) DecodeBatch(buf *DecodeBuffers, tokens, positions []int32, att Attender, rows []int, lin Linears) (*tensor.Tensor, error) {
+	return m.decodePart(buf, decodePart{first: true, last: true}, nil, tokens, positions, att, rows, lin)
+}
+
+// DecodeBatch is Model.DecodeBatch for one pipeline stage (pipeline-parallel
+// decoding): the first stage embeds tokens and ignores in; the others start
+// from in, the previous stage's output (n, h) on the model's device. Every
+// stage runs its layers through att, whose layer indices count from the
+// stage's first layer (a stage caches its own layers' keys and values).
+// The last stage returns the logits rows (len(rows), V), as
+// Model.DecodeBatch; the others return the hidden states (n, h) of every
+// token, for the next stage (valid until the next call with buf). The
+// stages' ops are Model.DecodeBatch's, in its order, so a pipeline gives
+// one process's logits. Only single-chunk stages decode (no virtual
+// stages).
+func (s *Stage) DecodeBatch(buf *DecodeBuffers, in *tensor.Tensor, tokens, positions []int32, att Attender, rows []int, lin Linears) (*tensor.Tensor, error) {
+	if s.Chunk != 0 {
+		return nil, fmt.Errorf("gpt: decoding model chunk %d of pipeline rank %d: decoding takes one chunk per rank (no virtual pipeline stages)", s.Chunk, s.Rank)
+	}
+	if !s.first {
+		switch {
+		case in == nil:
+			return nil, fmt.Errorf("gpt: pipeline stage %d decodes no input: want the previous stage's hidden states", s.Rank)
+		case in.NDim() != 2 || in.Dim(0) != len(tokens) || in.Dim(1) != s.Config.HiddenSize:
+			return nil, fmt.Errorf("gpt: pipeline stage %d: input of shape %v for %d tokens: want [%d %d]", s.Rank, in.Shape(), len(tokens), len(tokens), s.Config.HiddenSize)
+		}
+	}
+	return s.view().decodePart(buf, decodePart{first: s.first, last: s.last, firstLayer: s.FirstLayer}, in, tokens, positions, offsetAttender{att, s.FirstLayer}, rows, lin)
+}
+
+// offsetAttender numbers a stage's layers from its first (the model's
+// passes give global layer indices).
+type offsetAttender struct {
+	att   Attender
+	first int
+}
+
+func (a offsetAttender) Attend(layer int, q, k, v, out *tensor.Tensor) {
+	a.att.Attend(layer-a.first, q, k, v, out)
+}
+
+// decodePart is which part of the model a decoding call runs: the
+// embedding (first), the layers from firstLayer, the head (last).
+type decodePart struct {
+	first, last bool
+	firstLayer  int
+}
+
+func (m *Model) decodePart(buf *DecodeBuffers, part decodePart, in *tensor.Tensor, tokens, positions []int32, att Attender, rows []int, lin Linears) (*tensor.Tensor, error) {
 	c := &m.Config
 	if err := c.CheckDecode(); err != nil {
 		return nil, err
@@ -73,7 +122,7 @@ func (m *Model) DecodeBatch(buf *DecodeBuffers, tokens, positions []int32, att A
 		return nil, fmt.Errorf("gpt: decode of no tokens")
 	case len(positions) != n:
 		return nil, fmt.Errorf("gpt: %d positions for %d tokens", len(positions), n)
-	case len(rows) == 0:
+	case len(rows) == 0 && part.last:
 		return nil, fmt.Errorf("gpt: decode asks for no logits")
 	}
 	for i, t := range tokens {
@@ -108,6 +157,9 @@ func (m *Model) DecodeBatch(buf *DecodeBuffers, tokens, positions []int32, att A
 	}
 	p := &pass{positions: posT, core: core, lin: lin, layerTape: lt}
 	if c.GDN.Enabled {
+		if !part.first || !part.last {
+			return nil, errors.New("gpt: decoding a model with gated delta net layers over pipeline stages: not built in gotron")
+		}
 		gs, ok := att.(GDNStates)
 		if !ok {
 			return nil, fmt.Errorf("gpt: decoding a model with gated delta net layers needs an Attender that keeps their state (GDNStates); %T does not", att)
@@ -118,8 +170,19 @@ func (m *Model) DecodeBatch(buf *DecodeBuffers, tokens, positions []int32, att A
 		}
 		p.gdn, p.gdnStart = gs, start
 	}
-	x := m.embed(tp, tensor.FromInt32(append([]int32(nil), tokens...), 1, n).ToDevice(dev), posT, p) // (1, n, h)
-	x = m.block(tp, x, m.Layers, 0, p)
+	var x *tensor.Tensor // (1, n, h)
+	if part.first {
+		x = m.embed(tp, tensor.FromInt32(append([]int32(nil), tokens...), 1, n).ToDevice(dev), posT, p)
+	} else {
+		x = tp.Reshape(in, 1, n, c.HiddenSize)
+	}
+	x = m.block(tp, x, m.Layers, part.firstLayer, p)
+	if !part.last {
+		if err := tp.Err(); err != nil {
+			return nil, fmt.Errorf("gpt: decode: %w", err)
+		}
+		return tp.Reshape(tp.Contiguous(x), n, c.HiddenSize), nil
+	}
 	var last *tensor.Tensor // (1, len(rows), h)
 	if len(rows) == 1 {
 		last = tp.Contiguous(tp.Narrow(x, 1, rows[0], 1))
@@ -139,6 +202,14 @@ func (m *Model) DecodeBatch(buf *DecodeBuffers, tokens, positions []int32, att A
 	}
 	return tp.Reshape(logits, len(rows), c.VocabSize), nil
 }
+
+// DecodeModel returns a Model holding the stage's tensors only (nil where
+// the stage has none: the embedding off the first stage, the final norm and
+// output layer off the last), sharing them: for what a server reads of a
+// model (Config, Layers, Params, Device, QueryGroupsHere). Its own Forward
+// and DecodeBatch run the whole model and need a stage that is both first
+// and last; a pipeline stage decodes with Stage.DecodeBatch.
+func (s *Stage) DecodeModel() *Model { return s.view() }
 
 // QueryGroupsHere is the number of query groups (key/value heads) whose
 // attention this rank computes: all of them, or a tensor-parallel rank's
@@ -179,10 +250,9 @@ func (m *Model) KVHeadDim() int {
 }
 
 // KVBytesPerToken is the KV cache's size of one position on this rank:
-// keys and values of every attention layer (a gated delta net layer keeps
-// a recurrent state instead, GDNStateBytes), float32, of the heads this
-// rank holds.
+// keys and values of every attention layer it holds (a pipeline stage its
+// own; a gated delta net layer keeps a recurrent state instead,
+// GDNStateBytes), float32, of the heads this rank holds.
 func (m *Model) KVBytesPerToken() int64 {
-	c := &m.Config
-	return 2 * int64(c.NumLayers-c.GDN.NumGDNLayers(c.NumLayers)) * int64(m.QueryGroupsHere()) * int64(m.KVHeadDim()) * 4
+	return 2 * int64(len(m.Layers)-m.numGDNLayersHere()) * int64(m.QueryGroupsHere()) * int64(m.KVHeadDim()) * 4
 }

@@ -27,7 +27,9 @@ func (m *Model) NewKVCache(maxLen int) *KVCache {
 		maxLen = c.MaxPositionEmbeddings
 	}
 	kv := &KVCache{MaxLen: maxLen}
-	g := m.QueryGroupsHere() // a tensor-parallel rank caches its heads
+	// A tensor-parallel rank caches its heads, a pipeline stage
+	// (Stage.DecodeModel) its layers.
+	g := m.QueryGroupsHere()
 	d := m.KVHeadDim()
 	kv.gdn = m.NewGDNState()
 	for _, l := range m.Layers {

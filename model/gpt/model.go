@@ -283,7 +283,14 @@ type ParamGather interface {
 }
 
 // Device returns the device holding the model's parameters.
-func (m *Model) Device() tensor.Device { return m.WordEmb.Device() }
+func (m *Model) Device() tensor.Device {
+	if m.WordEmb == nil { // a later pipeline stage's (Stage.DecodeModel)
+		for _, p := range m.Params() {
+			return p.Device()
+		}
+	}
+	return m.WordEmb.Device()
+}
 
 // ToDevice moves every parameter to dev, in place (a model is built on the
 // CPU, from the seed or a checkpoint, then moved): tensor.MoveParams.
