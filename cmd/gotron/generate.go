@@ -12,7 +12,7 @@ import (
 	"github.com/gotron/gotron/tokenizer"
 )
 
-const generateSynopsis = "generate --load DIR --prompt TEXT [--max-new-tokens N --temperature T --top-k K | --top-p P --seed S --bf16 --device cpu|sim --tensor-model-parallel-size N]"
+const generateSynopsis = "generate --load DIR --prompt TEXT [--max-new-tokens N --temperature T --top-k K | --top-p P --seed S --bf16 --device cpu|sim --tensor-model-parallel-size N --pipeline-model-parallel-size P]"
 
 func cmdGenerate(ctx context.Context, env *cli, args []string) error {
 	fs := newFlags("generate", generateSynopsis)
@@ -26,6 +26,7 @@ func cmdGenerate(ctx context.Context, env *cli, args []string) error {
 	seed := fs.Int64("seed", 1234, "sampling seed")
 	bf16 := fs.Bool("bf16", false, "decode with bfloat16 weights: every weight rounded to bf16 (to nearest even; exact for bf16 checkpoints), activations and sums in float32 (as gotron serve --bf16)")
 	tpSize := fs.Int("tensor-model-parallel-size", 1, "split the model over this many ranks started by gotron launch (or torchrun, srun, mpirun), as training splits it; rank 0 reads the prompt and prints")
+	ppSize := fs.Int("pipeline-model-parallel-size", 1, "split the layers evenly into this many pipeline stages, one rank each (times --tensor-model-parallel-size ranks in all); the last stage draws the tokens for all")
 	device := deviceFlag(fs)
 	memFraction := memFractionFlag(fs)
 	var tc tokenizer.Config
@@ -51,7 +52,7 @@ func cmdGenerate(ctx context.Context, env *cli, args []string) error {
 	if err != nil {
 		return err
 	}
-	group, closeGroup, err := joinDecodeGroup(ctx, env, *tpSize, 0, args)
+	group, closeGroup, err := joinDecodeGroup(ctx, env, *tpSize, *ppSize, 0, args)
 	if err != nil {
 		return err
 	}
@@ -73,9 +74,11 @@ func cmdGenerate(ctx context.Context, env *cli, args []string) error {
 	if err := m.Config.CheckDecode(); err != nil {
 		return err
 	}
-	if m, err = shardForDecoding(m, group); err != nil {
+	dm, err := shardForDecoding(m, group)
+	if err != nil {
 		return err
 	}
+	m = dm.m
 	since := tensor.SimTransfers()
 	m.ToDevice(dev)
 	ids := tok.Encode(*prompt)
@@ -86,10 +89,10 @@ func cmdGenerate(ctx context.Context, env *cli, args []string) error {
 	if group != nil {
 		// Every rank decodes rank 0's prompt; the ranks then draw the same
 		// tokens from the same gathered logits, and rank 0 prints them.
-		if p, err = broadcastPrompt(ctx, group, p); err != nil {
+		if p, err = broadcastPrompt(ctx, group.world, p); err != nil {
 			return err
 		}
-		if group.Rank() != 0 {
+		if !group.leader() {
 			env.stdout = io.Discard
 		}
 	}
@@ -97,14 +100,19 @@ func cmdGenerate(ctx context.Context, env *cli, args []string) error {
 	stream := infer.NewTextStream(tok, ids)
 	start := time.Now()
 	n, last := 0, -1
-	err = infer.Generate(ctx, m, p, *maxNew, tok.VocabSize(), tok.EOD(), sampler, func(id int) error {
+	emit := func(id int) error {
 		n, last = n+1, id
 		if id != tok.EOD() {
 			_, err := fmt.Fprint(env.stdout, stream.Add(id))
 			return err
 		}
 		return nil
-	})
+	}
+	if dm.stage != nil {
+		err = generateOnStages(ctx, group, dm, p, *maxNew, tok.VocabSize(), tok.EOD(), s, emit)
+	} else {
+		err = infer.Generate(ctx, m, p, *maxNew, tok.VocabSize(), tok.EOD(), sampler, emit)
+	}
 	fmt.Fprintln(env.stdout)
 	secs := time.Since(start).Seconds()
 	fmt.Fprintf(env.stderr, "gotron generate: %d tokens in %.2f s: %.1f tokens/s (the %d-token prompt's prefill included)\n",
@@ -114,5 +122,51 @@ func cmdGenerate(ctx context.Context, env *cli, args []string) error {
 		fmt.Fprintf(env.stderr, "gotron generate: stopped after %d of --max-new-tokens %d: the model's context of %d positions (--max-position-embeddings) is full\n",
 			n, *maxNew, m.Config.MaxPositionEmbeddings)
 	}
+	return err
+}
+
+// generateOnStages is infer.Generate over pipeline stages: one request
+// through the stages' engines in lockstep, with the model's weights (a lone
+// sequence then decodes with Generate's arithmetic) and the whole prompt in
+// one step. Every rank runs it; the leader's emit sees the tokens. The
+// engine holds the last token drawn in its cache too, so where Generate
+// stops at a full context one token later, this stops one token earlier.
+func generateOnStages(ctx context.Context, g *decodeGroup, dm decodeModel, prompt []int32, maxNew, vocab, stop int, s infer.Sampling, emit func(id int) error) error {
+	ec := infer.EngineConfig{Weights: infer.WeightsModel, VocabSize: vocab, MaxNumSeqs: 1, DisablePrefixCaching: true,
+		MaxNumBatchedTokens: max(512, len(prompt))}
+	eng, err := dm.newEngine(ctx, ec)
+	if err != nil {
+		return err
+	}
+	room := eng.MaxTokens() - len(prompt)
+	if room < 1 {
+		return fmt.Errorf("infer: prompt of %d tokens leaves no room in the model's %d positions", len(prompt), eng.MaxTokens())
+	}
+	req := infer.Request{Prompt: prompt, MaxTokens: min(maxNew, room), Sampling: s}
+	if stop >= 0 {
+		req.StopTokens = []int{stop}
+	}
+	_, err = leadOrFollow(ctx, g, eng, func(eng decodeEngine) error {
+		if _, err := eng.Add(req); err != nil {
+			return err
+		}
+		for eng.HasWork() {
+			if err := ctx.Err(); err != nil {
+				return err
+			}
+			evs, err := eng.Step()
+			if err != nil {
+				return err
+			}
+			for _, ev := range evs {
+				if ev.Token >= 0 {
+					if err := emit(ev.Token); err != nil {
+						return err
+					}
+				}
+			}
+		}
+		return nil
+	})
 	return err
 }

@@ -238,6 +238,11 @@ var inferenceUsed = map[string]bool{
 	"expert-model-parallel-size": true, "dist-ckpt-strictness": true, "distributed-timeout-minutes": true,
 }
 
+// pipelineSplitFlags are training's pipeline-split flags beyond
+// --pipeline-model-parallel-size, which decoding refuses.
+var pipelineSplitFlags = []string{"num-virtual-stages-per-pipeline-rank", "virtual-pipeline-model-parallel-size", "num-layers-per-virtual-pipeline-stage",
+	"decoder-first-pipeline-num-layers", "decoder-last-pipeline-num-layers", "account-for-embedding-in-pipeline-split", "account-for-loss-in-pipeline-split"}
+
 // inferenceRefusedNeeds are the features of Megatron's compatibility
 // refusals that change what inference computes; the others (wandb,
 // profilers, FSDP, ...) are training-only and unused here.
@@ -286,8 +291,8 @@ func parseInference(env *cli, args []string) (*inferenceArgs, *trainFlags, map[s
 			world = n
 		}
 	}
-	if world > 1 && world != f.tpSize {
-		return nil, nil, nil, fmt.Errorf("a world of %d ranks with --tensor-model-parallel-size %d: needs data-parallel inference replicas (Megatron's coordinator over ZMQ), not built in gotron: launch as many ranks as --tensor-model-parallel-size", world, f.tpSize)
+	if mp := f.tpSize * f.ppSize; world > 1 && world != mp { // both checked in 1..MaxInt32
+		return nil, nil, nil, fmt.Errorf("a world of %d ranks with %s: needs data-parallel inference replicas (Megatron's coordinator over ZMQ), not built in gotron: launch as many ranks as the model-parallel sizes' product (%d)", world, decodeSizes(f.tpSize, f.ppSize), mp)
 	}
 	if fs.Lookup("use-coordinator").Value.String() == "true" {
 		lines = append(lines, "--use-coordinator: one engine replica (this process): the coordinator's every request goes to it, the same results as Megatron's coordinator over one data-parallel rank")
@@ -310,14 +315,22 @@ func (a *inferenceArgs) check(fs *flag.FlagSet, given map[string]bool, f *trainF
 	if err := checked.Range("--tensor-model-parallel-size", int64(f.tpSize), 1, math.MaxInt32); err != nil {
 		return nil, err
 	}
+	if err := checked.Range("--pipeline-model-parallel-size", int64(f.ppSize), 1, math.MaxInt32); err != nil {
+		return nil, err
+	}
 	if math.IsNaN(f.timeoutMins) || f.timeoutMins < 0 || f.timeoutMins > 1e6 {
 		return nil, fmt.Errorf("--distributed-timeout-minutes %g: want minutes >= 0 (0: 10 minutes, as Megatron)", f.timeoutMins)
 	}
-	for _, name := range []string{"pipeline-model-parallel-size", "context-parallel-size", "expert-model-parallel-size"} {
+	for _, name := range []string{"context-parallel-size", "expert-model-parallel-size"} {
 		if fl := fs.Lookup(name); fl != nil && given[name] && fl.Value.String() != "1" {
-			what := map[string]string{"pipeline-model-parallel-size": "pipeline-parallel",
-				"context-parallel-size": "context-parallel", "expert-model-parallel-size": "expert-parallel"}[name]
-			return nil, fmt.Errorf("--%s %s: needs %s inference, not built in gotron (gotron inference splits the model over tensor-parallel ranks only)", name, fl.Value, what)
+			what := map[string]string{"context-parallel-size": "context-parallel", "expert-model-parallel-size": "expert-parallel"}[name]
+			return nil, fmt.Errorf("--%s %s: needs %s inference, not built in gotron (gotron inference splits the model over tensor-parallel ranks and pipeline stages only)", name, fl.Value, what)
+		}
+	}
+	// Decoding splits the layers evenly over the stages, one chunk each.
+	for _, name := range pipelineSplitFlags {
+		if fl := fs.Lookup(name); fl != nil && given[name] && fl.Value.String() != "0" && fl.Value.String() != "false" {
+			return nil, fmt.Errorf("--%s %s: needs an uneven or interleaved pipeline split at inference, not built in gotron (gotron inference splits --num-layers evenly over --pipeline-model-parallel-size stages, one model chunk each)", name, fl.Value)
 		}
 	}
 	for _, name := range names {
@@ -442,7 +455,7 @@ func runMegatronInference(ctx context.Context, env *cli, a *inferenceArgs, f *tr
 	if f.cfg.Load == "" {
 		return errors.New("--load is required")
 	}
-	group, closeGroup, err := joinDecodeGroup(ctx, env, f.tpSize, time.Duration(f.timeoutMins*float64(time.Minute)), args)
+	group, closeGroup, err := joinDecodeGroup(ctx, env, f.tpSize, f.ppSize, time.Duration(f.timeoutMins*float64(time.Minute)), args)
 	if err != nil {
 		return err
 	}
@@ -488,11 +501,13 @@ func runMegatronInference(ctx context.Context, env *cli, a *inferenceArgs, f *tr
 	if err := m.Config.CheckDecode(); err != nil {
 		return err
 	}
-	if m, err = shardForDecoding(m, group); err != nil {
+	dm, err := shardForDecoding(m, group)
+	if err != nil {
 		return err
 	}
+	m = dm.m
 	m.ToDevice(dev)
-	leader := group == nil || group.Rank() == 0
+	leader := group.leader()
 
 	// Only rank 0 reads the requests: the others get them from its
 	// broadcasts, so no two ranks can run different prompts.
@@ -528,7 +543,7 @@ func runMegatronInference(ctx context.Context, env *cli, a *inferenceArgs, f *tr
 	}
 	// The pool is the smaller of the buffer and what the running requests
 	// can use (float64: no integer overflow for any flag values).
-	perToken := float64(m.KVBytesPerToken())
+	perToken := float64(m.KVBytesPerToken()) // this rank's layers and heads
 	need := float64(seqs) * float64(m.Config.MaxPositionEmbeddings+ec.BlockTokens) * perToken
 	need += float64(seqs) * float64(m.GDNStateBytes()) // gated delta net layers' states, out of the same budget
 	ec.KVCacheBytes = int64(min(need, a.bufferGB*(1<<30)))
@@ -544,7 +559,7 @@ func runMegatronInference(ctx context.Context, env *cli, a *inferenceArgs, f *tr
 	var prefill int64
 	var peak uint64
 	for rep := 0; rep < a.repeatN; rep++ {
-		eng, err := infer.NewEngine(m, ec)
+		eng, err := dm.newEngine(ctx, ec)
 		if err != nil {
 			return err
 		}
@@ -572,7 +587,7 @@ func runMegatronInference(ctx context.Context, env *cli, a *inferenceArgs, f *tr
 			rep+1, a.repeatN, len(reqs), total, secs, throughputs[rep], stats.Steps)
 	}
 	if !leader {
-		fmt.Fprintf(env.stderr, "gotron inference: tensor-parallel rank %d of %d: followed rank 0, which prints the results\n", group.Rank(), group.Size())
+		fmt.Fprintf(env.stderr, "gotron inference: %s rank %d of %d: followed rank 0, which prints the results\n", group.kind(), group.world.Rank(), group.world.Size())
 		return nil
 	}
 	for i, r := range reqs {

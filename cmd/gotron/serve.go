@@ -17,7 +17,6 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/gotron/gotron/comm"
 	"github.com/gotron/gotron/infer"
 	"github.com/gotron/gotron/infer/server"
 	"github.com/gotron/gotron/internal/checked"
@@ -48,9 +47,10 @@ type serveFlags struct {
 	readTimeout, writeTimeout, idleTimeout time.Duration
 	maxConnections, maxWaitingSeqs         int
 	log                                    *log.Logger // access lines and warnings; nil: none
-	// group is the tensor-parallel group (gotron serve
-	// --tensor-model-parallel-size); nil: one process.
-	group comm.ProcessGroup
+	// group is the model-parallel group (gotron serve
+	// --tensor-model-parallel-size, --pipeline-model-parallel-size); nil:
+	// one process.
+	group *decodeGroup
 }
 
 // checkAdmission checks the admission flags before anything is loaded.
@@ -108,13 +108,14 @@ func cmdServe(ctx context.Context, env *cli, args []string) error {
 	addServeFlags(fs, &f)
 	disableLog := fs.Bool("disable-log-requests", false, "write no access line per request (method, path, status, duration, tokens) and no warning about ignored request fields")
 	tpSize := fs.Int("tensor-model-parallel-size", 1, "split the model over this many ranks started by gotron launch (or torchrun, srun, mpirun), as training splits it; rank 0 serves HTTP, the others step with it")
+	ppSize := fs.Int("pipeline-model-parallel-size", 1, "split the layers evenly into this many pipeline stages, one rank each (times --tensor-model-parallel-size ranks in all); rank 0 serves HTTP, the last stage draws the tokens for all")
 	if err := parseFlags(fs, args, env.stdout, serveSynopsis); err != nil {
 		return err
 	}
 	if f.load == "" {
 		return fmt.Errorf("--load is required")
 	}
-	group, closeGroup, err := joinDecodeGroup(ctx, env, *tpSize, 0, args)
+	group, closeGroup, err := joinDecodeGroup(ctx, env, *tpSize, *ppSize, 0, args)
 	if err != nil {
 		return err
 	}
@@ -128,15 +129,16 @@ func cmdServe(ctx context.Context, env *cli, args []string) error {
 	if err != nil {
 		return err
 	}
-	if group != nil && group.Rank() != 0 {
+	if !group.leader() {
 		// A follower steps with rank 0 until rank 0 closes (its shutdown
 		// included: the launcher's SIGTERM does not stop a follower, whose
 		// leader may still be draining requests) or is lost.
-		fmt.Fprintf(env.stderr, "gotron serve: tensor-parallel rank %d of %d: stepping with rank 0, which serves HTTP\n", group.Rank(), group.Size())
-		if err := infer.Follow(context.WithoutCancel(ctx), runner.Engine(), group); err != nil {
+		me := group.world.Rank()
+		fmt.Fprintf(env.stderr, "gotron serve: %s rank %d of %d: stepping with rank 0, which serves HTTP\n", group.kind(), me, group.world.Size())
+		if err := infer.Follow(context.WithoutCancel(ctx), runner.Engine(), group.world); err != nil {
 			return err
 		}
-		fmt.Fprintf(env.stderr, "gotron serve: tensor-parallel rank %d: rank 0 stopped\n", group.Rank())
+		fmt.Fprintf(env.stderr, "gotron serve: %s rank %d: rank 0 stopped\n", group.kind(), me)
 		return nil
 	}
 	if dev, _ := parseDevice(f.device, f.memFraction); dev == tensor.Sim {
@@ -232,9 +234,11 @@ func buildServer(f *serveFlags, m *gpt.Model, tok tokenizer.Tokenizer, tpl *serv
 	if err := m.Config.CheckDecode(); err != nil {
 		return nil, nil, err
 	}
-	if m, err = shardForDecoding(m, f.group); err != nil {
+	dm, err := shardForDecoding(m, f.group)
+	if err != nil {
 		return nil, nil, err
 	}
+	m = dm.m
 	m.ToDevice(dev) // the engine's KV pool and packed weights follow the model
 	ec.VocabSize, ec.Decoder = tok.VocabSize(), tok
 	if ec.VocabSize > m.Config.VocabSize {
@@ -254,14 +258,14 @@ func buildServer(f *serveFlags, m *gpt.Model, tok tokenizer.Tokenizer, tpl *serv
 			return nil, nil, fmt.Errorf("--kv-cache-memory-fraction=%g leaves no memory for the KV cache beside the packed weights (%d MB)", f.kvCacheFraction, infer.PackedBytes(m, ec)>>20)
 		}
 	}
-	e, err := infer.NewEngine(m, ec)
+	e, err := dm.newEngine(context.Background(), ec)
 	if err != nil {
 		return nil, nil, err
 	}
 	tuneGCForServing()
 	runner := infer.NewRunner(e)
-	if f.group != nil && f.group.Rank() == 0 {
-		ls, err := infer.NewLockstep(context.Background(), e, f.group)
+	if f.group != nil && f.group.leader() {
+		ls, err := infer.NewLockstep(context.Background(), e, f.group.world)
 		if err != nil {
 			return nil, nil, err
 		}
@@ -369,9 +373,9 @@ func serve(ctx context.Context, env *cli, hs *http.Server, srv *server.Server, r
 	case <-ctx.Done():
 	case err = <-served:
 	case <-runDone:
-		// Only a tensor-parallel group's failure ends the runner first
+		// Only a model-parallel group's failure ends the runner first
 		// (a rank lost): no request can run any more.
-		err = fmt.Errorf("the tensor-parallel group failed: %w", runErr)
+		err = fmt.Errorf("the model-parallel group failed: %w", runErr)
 		fmt.Fprintf(env.stdout, "gotron serve: %v\n", err)
 	}
 	srv.Drain()

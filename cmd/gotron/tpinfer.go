@@ -5,29 +5,88 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"strings"
 	"time"
 
 	"github.com/gotron/gotron/comm"
 	"github.com/gotron/gotron/comm/tcp"
 	"github.com/gotron/gotron/infer"
+	"github.com/gotron/gotron/internal/checked"
 	"github.com/gotron/gotron/model/gpt"
+	"github.com/gotron/gotron/parallel"
 	"github.com/gotron/gotron/parallel/tp"
 )
 
-// Tensor-parallel decoding (gotron inference, generate and serve with
-// --tensor-model-parallel-size N): N ranks, started by gotron launch (or
-// torchrun, srun, mpirun; --inproc for goroutines), each load the
-// checkpoint, keep their slice of it (gpt.Parallelize: the split of
-// training) and decode in lockstep; rank 0 takes the requests and prints
-// or serves, the others follow it (infer.Lockstep, infer.Follow).
+// Model-parallel decoding (gotron inference, generate and serve with
+// --tensor-model-parallel-size N and/or --pipeline-model-parallel-size P):
+// N×P ranks, started by gotron launch (or torchrun, srun, mpirun; --inproc
+// for goroutines), each load the checkpoint, keep their part of it (the
+// splits of training: gpt.Parallelize, then gpt.SplitStages) and decode in
+// lockstep; rank 0 takes the requests and prints or serves, the others
+// follow it (infer.Lockstep, infer.Follow). Pipeline stages pass hidden
+// states along and the last one draws the tokens for all
+// (infer.NewPipelineEngine).
 
-// joinDecodeGroup returns the tensor-parallel group of a decoding command:
-// nil for one process (--tensor-model-parallel-size 1), else the launched
-// world, which must have exactly tpSize ranks. args are the command's
-// arguments, whose hash every rank must share.
-func joinDecodeGroup(ctx context.Context, env *cli, tpSize int, timeout time.Duration, args []string) (comm.ProcessGroup, func(), error) {
-	if tpSize < 1 {
-		return nil, nil, fmt.Errorf("--tensor-model-parallel-size=%d: want >= 1", tpSize)
+// decodeGroup is a decoding command's model-parallel layout: the launched
+// world, whose rank 0 leads the lockstep (reads the requests, prints or
+// serves), and this rank's tensor-parallel group and pipeline stage in it
+// (Megatron's rank order: tensor-parallel ranks fastest).
+type decodeGroup struct {
+	world  comm.ProcessGroup
+	groups *parallel.Groups
+	tp, pp int
+}
+
+// kind names the split, for the followers' lines and errors.
+func (g *decodeGroup) kind() string {
+	switch {
+	case g.pp == 1:
+		return "tensor-parallel"
+	case g.tp == 1:
+		return "pipeline-parallel"
+	}
+	return "tensor- and pipeline-parallel"
+}
+
+// leader reports whether this rank leads: rank 0, or one process (g nil).
+func (g *decodeGroup) leader() bool { return g == nil || g.world.Rank() == 0 }
+
+// lockstep is the group the engines step together over: the world (nil
+// for one process).
+func (g *decodeGroup) lockstep() comm.ProcessGroup {
+	if g == nil {
+		return nil
+	}
+	return g.world
+}
+
+// decodeSizes says "--tensor-model-parallel-size N" and/or
+// "--pipeline-model-parallel-size P", the sizes above 1.
+func decodeSizes(tpSize, ppSize int) string {
+	var sizes []string
+	if tpSize > 1 || ppSize == 1 {
+		sizes = append(sizes, fmt.Sprintf("--tensor-model-parallel-size %d", tpSize))
+	}
+	if ppSize > 1 {
+		sizes = append(sizes, fmt.Sprintf("--pipeline-model-parallel-size %d", ppSize))
+	}
+	return strings.Join(sizes, " with ")
+}
+
+// joinDecodeGroup returns the model-parallel group of a decoding command:
+// nil for one process (both sizes 1), else the launched world, which must
+// have exactly tpSize×ppSize ranks. args are the command's arguments,
+// whose hash every rank must share.
+func joinDecodeGroup(ctx context.Context, env *cli, tpSize, ppSize int, timeout time.Duration, args []string) (*decodeGroup, func(), error) {
+	if err := checked.Range("--tensor-model-parallel-size", int64(tpSize), 1, math.MaxInt32); err != nil {
+		return nil, nil, err
+	}
+	if err := checked.Range("--pipeline-model-parallel-size", int64(ppSize), 1, math.MaxInt32); err != nil {
+		return nil, nil, err
+	}
+	want, ok := checked.MulInt(tpSize, ppSize)
+	if !ok {
+		return nil, nil, fmt.Errorf("%s: too many ranks", decodeSizes(tpSize, ppSize))
 	}
 	if timeout <= 0 {
 		timeout = defaultDistributedTimeout
@@ -41,32 +100,79 @@ func joinDecodeGroup(ctx context.Context, env *cli, tpSize int, timeout time.Dur
 		size = world.Size()
 	}
 	switch {
-	case size == 1 && tpSize > 1:
+	case size == 1 && want > 1:
 		closeWorld()
-		return nil, nil, fmt.Errorf("--tensor-model-parallel-size %d needs %d ranks: start them with gotron launch --nproc-per-node %d (or torchrun, srun, mpirun)", tpSize, tpSize, tpSize)
-	case size != tpSize:
+		return nil, nil, fmt.Errorf("%s needs %d ranks: start them with gotron launch --nproc-per-node %d (or torchrun, srun, mpirun)", decodeSizes(tpSize, ppSize), want, want)
+	case size != want:
 		closeWorld()
-		return nil, nil, fmt.Errorf("a world of %d ranks with --tensor-model-parallel-size %d: needs data-parallel inference replicas, not built in gotron: launch as many ranks as --tensor-model-parallel-size", size, tpSize)
+		return nil, nil, fmt.Errorf("a world of %d ranks with %s: needs data-parallel inference replicas, not built in gotron: launch as many ranks as the model-parallel sizes' product (%d)", size, decodeSizes(tpSize, ppSize), want)
 	case size == 1:
 		return nil, closeWorld, nil
 	}
-	return world, closeWorld, nil
+	groups, err := parallel.NewGroups(world, parallel.Config{TP: tpSize, PP: ppSize})
+	if err != nil {
+		closeWorld()
+		return nil, nil, err
+	}
+	return &decodeGroup{world: world, groups: groups, tp: tpSize, pp: ppSize}, closeWorld, nil
 }
 
-// shardForDecoding returns this rank's slice of m over group (m itself
-// without a group), naming the flag a model that does not split refuses.
-func shardForDecoding(m *gpt.Model, group comm.ProcessGroup) (*gpt.Model, error) {
-	if group == nil {
-		return m, nil
+// decodeModel is this rank's part of a model for decoding.
+type decodeModel struct {
+	// m is what the engine reads: the whole model, its tensor-parallel
+	// slice, or the pipeline stage's tensors (gpt.Stage.DecodeModel).
+	m *gpt.Model
+	// stage and pp are the pipeline stage and group (pipeline
+	// parallelism only).
+	stage *gpt.Stage
+	pp    comm.ProcessGroup
+}
+
+// shardForDecoding returns this rank's part of m over g (m itself for one
+// process): its tensor-parallel slice, then its pipeline stage (training's
+// splits), naming the flag a model that does not split refuses.
+func shardForDecoding(m *gpt.Model, g *decodeGroup) (decodeModel, error) {
+	if g == nil {
+		return decodeModel{m: m}, nil
 	}
 	if m.Config.MoE.Enabled() {
-		return nil, fmt.Errorf("--tensor-model-parallel-size %d with an MoE model: needs expert-parallel inference, not built in gotron", group.Size())
+		return decodeModel{}, fmt.Errorf("%s with an MoE model: needs expert-parallel inference, not built in gotron", decodeSizes(g.tp, g.pp))
 	}
-	sliced, err := gpt.Parallelize(m, &tp.Region{Group: group}, nil)
+	if g.pp > 1 {
+		// Checked before the split, whose error would suggest the uneven
+		// split's flags, which decoding does not take.
+		layers := m.Config.NumLayers
+		switch {
+		case g.pp > layers:
+			return decodeModel{}, fmt.Errorf("--pipeline-model-parallel-size %d: more stages than the model's %d layers (--num-layers): every stage needs one", g.pp, layers)
+		case layers%g.pp != 0:
+			return decodeModel{}, fmt.Errorf("--pipeline-model-parallel-size %d: the model's %d layers (--num-layers) are not divisible into %d stages (decoding splits the layers evenly)", g.pp, layers, g.pp)
+		}
+	}
+	if g.tp > 1 {
+		sliced, err := gpt.Parallelize(m, &tp.Region{Group: g.groups.TP}, nil)
+		if err != nil {
+			return decodeModel{}, fmt.Errorf("--tensor-model-parallel-size %d: %w", g.tp, err)
+		}
+		m = sliced
+	}
+	if g.pp == 1 {
+		return decodeModel{m: m}, nil
+	}
+	stages, err := gpt.SplitStages(m, gpt.PipelineSplit{PP: g.pp}, g.groups.Coords.PP)
 	if err != nil {
-		return nil, fmt.Errorf("--tensor-model-parallel-size %d: %w", group.Size(), err)
+		return decodeModel{}, fmt.Errorf("--pipeline-model-parallel-size %d: %w", g.pp, err)
 	}
-	return sliced, nil
+	return decodeModel{m: stages[0].DecodeModel(), stage: stages[0], pp: g.groups.PP}, nil
+}
+
+// newEngine is infer.NewEngine of dm, or infer.NewPipelineEngine of its
+// stage; ctx governs the stages' transfers.
+func (dm decodeModel) newEngine(ctx context.Context, ec infer.EngineConfig) (*infer.Engine, error) {
+	if dm.stage == nil {
+		return infer.NewEngine(dm.m, ec)
+	}
+	return infer.NewPipelineEngine(infer.PipelineStage{Stage: dm.stage, Group: dm.pp, Ctx: ctx}, ec)
 }
 
 // decodeEngine is what a decoding loop calls on its engine: an
@@ -82,10 +188,11 @@ type decodeEngine interface {
 // leadOrFollow runs one engine's work on every rank of group: on rank 0 run
 // with the Lockstep that mirrors its calls (eng itself without a group),
 // elsewhere infer.Follow. It reports whether this rank led.
-func leadOrFollow(ctx context.Context, group comm.ProcessGroup, eng *infer.Engine, run func(decodeEngine) error) (led bool, err error) {
-	if group == nil {
+func leadOrFollow(ctx context.Context, g *decodeGroup, eng *infer.Engine, run func(decodeEngine) error) (led bool, err error) {
+	if g == nil {
 		return true, run(eng)
 	}
+	group := g.world
 	if group.Rank() != 0 {
 		return false, infer.Follow(ctx, eng, group)
 	}
@@ -104,16 +211,16 @@ func leadOrFollow(ctx context.Context, group comm.ProcessGroup, eng *infer.Engin
 func broadcastPrompt(ctx context.Context, group comm.ProcessGroup, p []int32) ([]int32, error) {
 	n := []int64{int64(len(p))}
 	if err := group.Broadcast(ctx, comm.Int64s(n), 0); err != nil {
-		return nil, fmt.Errorf("tensor-parallel rank %d: rank 0's prompt: %w", group.Rank(), err)
+		return nil, fmt.Errorf("rank %d: rank 0's prompt: %w", group.Rank(), err)
 	}
 	if n[0] < 1 || n[0] > math.MaxInt32 {
-		return nil, fmt.Errorf("tensor-parallel rank %d: rank 0's prompt of %d tokens: want 1..%d", group.Rank(), n[0], math.MaxInt32)
+		return nil, fmt.Errorf("rank %d: rank 0's prompt of %d tokens: want 1..%d", group.Rank(), n[0], math.MaxInt32)
 	}
 	if group.Rank() != 0 {
 		p = make([]int32, n[0])
 	}
 	if err := group.Broadcast(ctx, comm.Int32s(p), 0); err != nil {
-		return nil, fmt.Errorf("tensor-parallel rank %d: rank 0's prompt: %w", group.Rank(), err)
+		return nil, fmt.Errorf("rank %d: rank 0's prompt: %w", group.Rank(), err)
 	}
 	return p, nil
 }

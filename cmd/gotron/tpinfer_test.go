@@ -193,7 +193,6 @@ func TestInferenceTensorParallelRefusals(t *testing.T) {
 		{3, []string{"--tensor-model-parallel-size", "3"}, "--num-attention-heads=4 is not divisible by --tensor-model-parallel-size=3"},
 		{2, nil, "a world of 2 ranks with --tensor-model-parallel-size 1: needs data-parallel inference replicas"},
 		{1, []string{"--tensor-model-parallel-size", "0"}, "--tensor-model-parallel-size"},
-		{1, []string{"--pipeline-model-parallel-size", "2"}, "needs pipeline-parallel inference"},
 		{1, []string{"--distributed-timeout-minutes", "-1"}, "--distributed-timeout-minutes -1: want minutes >= 0"},
 	} {
 		args := append(append([]string{}, base...), c.args...)
