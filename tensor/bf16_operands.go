@@ -22,13 +22,14 @@ import (
 //     (NewBF16Weights), cast once after every change of the parameters
 //     (BF16Weights.Invalidate: the trainer calls it when an optimizer step
 //     or a load may have changed them) — at the first product that reads
-//     it, so a parameter that no product reads is never copied and fully
-//     sharded parameters are cast while they are gathered;
+//     it, so a parameter that no product reads is never copied; one whose
+//     storage moved is cast again;
 //   - activations and output gradients: cast once where Linear reads them
 //     (one conversion, Backend.Convert: tensor's round to nearest even),
 //     the cast output gradient read by both the dX and the dW products;
-//   - Linear saves the bfloat16 input for its dW product instead of the
-//     float32 one.
+//   - Linear keeps the bfloat16 input for its dW product instead of the
+//     float32 one (which stays in the tape's arena until it is released,
+//     as before: the bfloat16 input is 2 bytes an element more there).
 //
 // Rounding to bfloat16 is idempotent and the products widen bfloat16
 // exactly, so the numbers are MatmulBF16's bit for bit: the simulated
