@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/gotron/gotron/model/gpt"
+	"github.com/gotron/gotron/parallel/cp"
 	"github.com/gotron/gotron/parallel/ddp"
 	"github.com/gotron/gotron/tensor"
 )
@@ -33,8 +34,8 @@ func simBF16Counts(t *testing.T, what string, fn func()) tensor.BF16OperandCount
 // process with a save and a resume (the copies rebuilt from the loaded
 // float32 parameters, on sim and on the CPU), DP=2 with the distributed
 // optimizer and overlapped parameter gathers, TP=2 with sequence
-// parallelism, PP=2 (1F1B with tied embeddings, and interleaved), and an
-// MoE model.
+// parallelism, CP=2 (p2p ring), PP=2 (1F1B with tied embeddings, and
+// interleaved), and an MoE model.
 func TestSimBF16GemmOperandsMatchCPU(t *testing.T) {
 	cfg := tinyConfig(t)
 	cfg.BF16, cfg.TrainIters = true, 6
@@ -97,6 +98,15 @@ func TestSimBF16GemmOperandsMatchCPU(t *testing.T) {
 	tpModel.HiddenDropout, tpModel.AttentionDropout = 0.1, 0.1
 	layout("TP=2 SP", tpModel, func(c Config) []dpRun {
 		return runTP(t, c, 2, 1, true, ddp.Config{}, train, valid)
+	})
+	cpTrain, cpValid := dpDataset(t, 64)
+	layout("CP=2 p2p", cpModels()["llama"], func(c Config) []dpRun {
+		c.SeqLength, c.MicroBatchSize = 64, 2
+		rs := runCPLayout(t, c, cpLayout{tp: 1, pp: 1, cp: 2, dp: 1, comm: cp.P2P}, cpTrain, cpValid)
+		for i := range rs { // runCPLayout does not record it
+			rs[i].device = c.Device
+		}
+		return rs
 	})
 	ppModel := models["gpt2"]
 	ppModel.NumLayers = 4
