@@ -180,3 +180,83 @@ func TestNewCollectorErrors(t *testing.T) {
 		}
 	}
 }
+
+// TestCollectorLossGradient checks Loss as the tape runs it (a micro-batch
+// of the collection's samples, a scale before backward, as the stepper's)
+// against MicroBatchLoss and TokenLogProbs' gradient from its host
+// gradients.
+func TestCollectorLossGradient(t *testing.T) {
+	c, m := testCollector(t, LossConfig{ClampEpsLower: 0.2, ClampEpsUpper: 0.28, KLBeta: 0.1, EntropyWeight: 0.05,
+		ISCorrection: true, ISTruncation: 1.5})
+	if err := c.Prepare(context.Background(), m, tensor.NewNoGradTape(nil), 0, 0); err != nil {
+		t.Fatal(err)
+	}
+	const b, first = 3, 3 // samples 3..5: the second group
+	seq, V := c.cfg.SeqLength, m.Config.VocabSize
+	var toks, labels []int32
+	for i := range b {
+		s, err := c.Sample(first + i)
+		if err != nil {
+			t.Fatal(err)
+		}
+		toks, labels = append(toks, s.Tokens...), append(labels, s.Labels...)
+	}
+	bt := gpt.Batch{Tokens: tensor.FromInt32(toks, b, seq), Labels: tensor.FromInt32(labels, b, seq)}
+	rng := tensor.NewRNG(11)
+	vals := make([]float32, b*seq*V)
+	rng.Normal(vals, 0, 2)
+	run := func(viaLoss bool) ([]float32, float64) {
+		logits := tensor.FromFloat32(append([]float32(nil), vals...), b, seq, V)
+		logits.SetRequiresGrad(true)
+		tp := tensor.NewTape()
+		var value float64
+		if viaLoss {
+			loss := c.Loss(tp, logits, bt, first)
+			value = float64(loss.Float32s()[0])
+			if err := tp.Backward(tp.Scale(loss, 7)); err != nil {
+				t.Fatal(err)
+			}
+		} else {
+			lp := tp.TokenLogProbs(tp.Reshape(logits, b*seq, V), tensor.FromInt32(labels, b*seq))
+			var tks []Token
+			var mask []float64
+			for i, v := range lp.Float32s() {
+				r := c.rows[first+i/seq]
+				p := i % seq
+				tks = append(tks, Token{Current: float64(v), Old: r.old[p], Ref: r.ref[p], Inference: r.inference[p], Advantage: r.advantage})
+				mask = append(mask, float64(r.mask[p]))
+			}
+			grads := make([]float64, len(tks))
+			s, err := c.cfg.Loss.MicroBatchLoss(tks, mask, grads)
+			if err != nil {
+				t.Fatal(err)
+			}
+			value = s.Loss / s.Tokens
+			g := make([]float32, len(grads))
+			for i, v := range grads {
+				g[i] = float32(7 * v / s.Tokens)
+			}
+			if err := tp.BackwardFrom([]*tensor.Tensor{lp}, []*tensor.Tensor{tensor.FromFloat32(g, b*seq)}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return logits.Grad.Float32s(), value
+	}
+	got, gotLoss := run(true)
+	want, wantLoss := run(false)
+	if math.Abs(gotLoss-wantLoss) > 1e-6*math.Max(1, math.Abs(wantLoss)) {
+		t.Fatalf("Loss %g, MicroBatchLoss %g", gotLoss, wantLoss)
+	}
+	nonzero := 0
+	for i := range want {
+		if math.Abs(float64(got[i]-want[i])) > 1e-6*math.Max(1, math.Abs(float64(want[i]))) {
+			t.Fatalf("d loss / d logits element %d: %g through Loss, %g from the host gradients", i, got[i], want[i])
+		}
+		if want[i] != 0 {
+			nonzero++
+		}
+	}
+	if nonzero == 0 {
+		t.Fatal("no gradient reached the logits")
+	}
+}
