@@ -70,8 +70,9 @@ func (tp *Tape) CausalConvSiLURuns(x, w *Tensor, runs []RecurrentRun) *Tensor {
 // (1, n, heads, dv), g and beta (1, n, heads) whose tokens are runs of
 // sequences, each continuing from its run's state (heads, dk, dv), which
 // it advances (cpu.GatedDeltaRuleStateForward). It returns (1, n, heads,
-// dv). A sequence decoded in pieces gets the bits GatedDeltaRule gives it
-// whole.
+// dv). A sequence decoded in pieces gets the bits GatedDeltaRuleRecurrent
+// gives it whole (and GatedDeltaRule's chunked form within float32
+// rounding).
 func (tp *Tape) GatedDeltaRuleRuns(q, k, v, g, beta *Tensor, scale float64, runs []RecurrentRun) *Tensor {
 	if q.NDim() != 4 || v.NDim() != 4 || q.Dim(0) != 1 {
 		panic(fmt.Sprintf("tensor: GatedDeltaRuleRuns of q %v and v %v: want (1, n, heads, d)", q.shape, v.shape))

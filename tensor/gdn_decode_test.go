@@ -10,7 +10,8 @@ import (
 // and 1 tokens with the other sequence's tokens between them in each call,
 // the state carried from call to call — get from CausalConvSiLURuns and
 // GatedDeltaRuleRuns the bits CausalConvSiLU and GatedDeltaRule give each
-// sequence whole (a kernel of 4, so a run is shorter than its window).
+// sequence whole (a kernel of 4, so a run is shorter than its window; the
+// delta rule's recurrent form, whose arithmetic decoding repeats).
 func TestGDNRunsMatchWhole(t *testing.T) {
 	rng := NewRNG(9)
 	const T, c, k, kh, heads, dk, dv = 7, 6, 4, 1, 2, 3, 4
@@ -32,7 +33,7 @@ func TestGDNRunsMatchWhole(t *testing.T) {
 	for s := range in {
 		wholeConv[s] = tp.CausalConvSiLU(x[s], w).Float32s()
 		e := in[s]
-		wholeRule[s] = tp.GatedDeltaRule(e.q, e.k, e.v, e.g, e.beta, scale, 64).Float32s()
+		wholeRule[s] = tp.GatedDeltaRuleRecurrent(e.q, e.k, e.v, e.g, e.beta, scale, 64).Float32s()
 	}
 	convState := [2][]float32{make([]float32, (k-1)*c), make([]float32, (k-1)*c)}
 	ruleState := [2][]float32{make([]float32, heads*dk*dv), make([]float32, heads*dk*dv)}

@@ -139,12 +139,28 @@ func (f *gdnGates) Backward(tp *Tape, g []*Tensor) []*Tensor {
 	return d
 }
 
-// GatedDeltaRule is the gated delta rule (cpu.GatedDeltaRuleForward) of q,
-// k (b, t, key heads, dk), v (b, t, heads, dv), g and beta (b, t, heads):
-// value head j reads key head j/(heads/key heads), as Megatron's
-// repeat_interleave; scale multiplies the queries. It returns (b, t, heads,
-// dv). The backward recomputes the states from one saved every chunk steps.
+// GatedDeltaRule is the gated delta rule of q, k (b, t, key heads, dk), v
+// (b, t, heads, dv), g and beta (b, t, heads) in its chunked (WY) form, as
+// Megatron's torch_chunk_gated_delta_rule and FLA compute it
+// (cpu.GatedDeltaRuleChunkedForward, chunks of chunk steps; its backward
+// recomputes each chunk from the state saved before it): value head j
+// reads key head j/(heads/key heads), as Megatron's repeat_interleave;
+// scale multiplies the queries. It returns (b, t, heads, dv).
+// GatedDeltaRuleRecurrent computes the same function token by token, the
+// reference.
 func (tp *Tape) GatedDeltaRule(q, k, v, g, beta *Tensor, scale float64, chunk int) *Tensor {
+	return tp.gatedDeltaRule(q, k, v, g, beta, scale, chunk, false)
+}
+
+// GatedDeltaRuleRecurrent is GatedDeltaRule computed by the recurrence,
+// step by step (cpu.GatedDeltaRuleForward; its backward recomputes the
+// states from one saved every chunk steps): the reference of the chunked
+// form, and the arithmetic GatedDeltaRuleRuns (decoding) repeats.
+func (tp *Tape) GatedDeltaRuleRecurrent(q, k, v, g, beta *Tensor, scale float64, chunk int) *Tensor {
+	return tp.gatedDeltaRule(q, k, v, g, beta, scale, chunk, true)
+}
+
+func (tp *Tape) gatedDeltaRule(q, k, v, g, beta *Tensor, scale float64, chunk int, recurrent bool) *Tensor {
 	if q.NDim() != 4 || v.NDim() != 4 {
 		panic(fmt.Sprintf("tensor: GatedDeltaRule of q %v and v %v: want (b, t, heads, d)", q.shape, v.shape))
 	}
@@ -154,7 +170,7 @@ func (tp *Tape) GatedDeltaRule(q, k, v, g, beta *Tensor, scale float64, chunk in
 		g.Numel() != b*t*heads || beta.Numel() != b*t*heads || chunk <= 0 {
 		panic(fmt.Sprintf("tensor: GatedDeltaRule of q %v, k %v, v %v, g %v, beta %v, chunk %d", q.shape, k.shape, v.shape, g.shape, beta.shape, chunk))
 	}
-	f := &deltaRule{s: cpu.DeltaRuleShape{B: b, T: t, Heads: heads, DK: dk, DV: dv, Scale: scale, Chunk: chunk}, keyHeads: kh}
+	f := &deltaRule{s: cpu.DeltaRuleShape{B: b, T: t, Heads: heads, DK: dk, DV: dv, Scale: scale, Chunk: chunk}, keyHeads: kh, recurrent: recurrent}
 	return tp.Apply(f, tp.Contiguous(q), tp.Contiguous(k), tp.Contiguous(v), tp.Contiguous(g), tp.Contiguous(beta))[0]
 }
 
@@ -171,11 +187,12 @@ func sameShape(a, b []int) bool {
 }
 
 type deltaRule struct {
-	s        cpu.DeltaRuleShape
-	keyHeads int
-	in       []*Tensor
-	q, k     []float32 // repeated to s.Heads
-	saved    []float32
+	s         cpu.DeltaRuleShape
+	keyHeads  int
+	recurrent bool // the reference recurrence, not the chunked form
+	in        []*Tensor
+	q, k      []float32 // repeated to s.Heads
+	saved     []float32
 }
 
 func (f *deltaRule) Forward(tp *Tape, in []*Tensor) []*Tensor {
@@ -187,7 +204,11 @@ func (f *deltaRule) Forward(tp *Tape, in []*Tensor) []*Tensor {
 	}
 	f.q, f.k = f.repeat(in[0].f32s()), f.repeat(in[1].f32s())
 	f.saved = make([]float32, s.SavedStates())
-	cpu.GatedDeltaRuleForward(out.f32s(), f.saved, f.q, f.k, in[2].f32s(), in[3].f32s(), in[4].f32s(), s)
+	if f.recurrent {
+		cpu.GatedDeltaRuleForward(out.f32s(), f.saved, f.q, f.k, in[2].f32s(), in[3].f32s(), in[4].f32s(), s)
+	} else {
+		cpu.GatedDeltaRuleChunkedForward(out.f32s(), f.saved, f.q, f.k, in[2].f32s(), in[3].f32s(), in[4].f32s(), s)
+	}
 	return []*Tensor{out}
 }
 
@@ -233,7 +254,11 @@ func (f *deltaRule) Backward(tp *Tape, g []*Tensor) []*Tensor {
 	if f.keyHeads != s.Heads {
 		dq, dk = make([]float32, len(f.q)), make([]float32, len(f.k))
 	}
-	cpu.GatedDeltaRuleBackward(dq, dk, d[2].f32s(), d[3].f32s(), d[4].f32s(), g[0].Contiguous().f32s(), f.saved,
+	bwd := cpu.GatedDeltaRuleChunkedBackward[float32]
+	if f.recurrent {
+		bwd = cpu.GatedDeltaRuleBackward[float32]
+	}
+	bwd(dq, dk, d[2].f32s(), d[3].f32s(), d[4].f32s(), g[0].Contiguous().f32s(), f.saved,
 		f.q, f.k, f.in[2].f32s(), f.in[3].f32s(), f.in[4].f32s(), s)
 	if f.keyHeads != s.Heads {
 		f.fold(d[0].f32s(), dq)

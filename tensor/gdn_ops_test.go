@@ -38,6 +38,9 @@ func TestGDNOpsGradients(t *testing.T) {
 	gradCheck(t, "GatedDeltaRule", []*Tensor{q, k, vv, g, beta}, func(tp *Tape, in []*Tensor) *Tensor {
 		return tp.GatedDeltaRule(in[0], in[1], in[2], in[3], in[4], 1/math.Sqrt(3), 2)
 	})
+	gradCheck(t, "GatedDeltaRuleRecurrent", []*Tensor{q, k, vv, g, beta}, func(tp *Tape, in []*Tensor) *Tensor {
+		return tp.GatedDeltaRuleRecurrent(in[0], in[1], in[2], in[3], in[4], 1/math.Sqrt(3), 2)
+	})
 	o, gate := randParam(rng, "o", 1, 3, 4), randParam(rng, "gate", 1, 3, 4)
 	gradCheck(t, "SigmoidGate", []*Tensor{o, gate}, func(tp *Tape, in []*Tensor) *Tensor { return tp.SigmoidGate(in[0], in[1]) })
 }

@@ -29,9 +29,11 @@ import (
 //	out_proj(norm(o) · silu(z))   (norm: the model's normalisation over dv)
 //
 // The kernels are internal/cpu's (float64-checked); they run on host
-// memory (--device cpu and sim), the recurrence step by step: O(b·t·nv·dk·dv) time, and the
-// backward keeps the state every deltaRuleChunk steps (b·nv·dk·dv·t/64
-// floats) and recomputes the states in between.
+// memory (--device cpu and sim), the delta rule in its chunked (WY) form
+// over chunks of deltaRuleChunk steps (matrix products; the token-by-token
+// recurrence is its reference): O(b·t·nv·dk·dv) time, and the backward
+// keeps the state before each chunk (b·nv·dk·dv·t/64 floats) and
+// recomputes the chunk. Decoding runs the recurrence (gdn_decode.go).
 
 // GDNConfig is the gated delta net's part of Config; the zero value is a
 // model without one.
@@ -51,8 +53,9 @@ type GDNConfig struct {
 	NumValueHeads       int // --linear-num-value-heads; 0 means 32
 }
 
-// deltaRuleChunk is how many steps the delta rule's backward recomputes
-// from one saved state.
+// deltaRuleChunk is the chunk of the delta rule's chunked form (Megatron's
+// chunk_size) and how many steps its backward recomputes from one saved
+// state.
 const deltaRuleChunk = 64
 
 // validate fills Megatron's defaults and checks c (TransformerConfig's

@@ -60,8 +60,13 @@ func TestGDNGolden(t *testing.T) {
 	if err := tp.Backward(loss); err != nil {
 		t.Fatal(err)
 	}
+	// The model's float32 rounding against the float64 golden is large
+	// here (a tiny model, large weights): the gradients are within 2e-4,
+	// the worst 1.4e-4 with the chunked delta rule (the model's), 9e-5
+	// with the recurrent one (the reference), which agree to 1e-12 in
+	// float64 (internal/cpu).
 	for _, p := range m.Params() {
-		closeTo(t, "grad of "+p.Name, p.Grad.Float32s(), g.f32(t, "grad/"+p.Name), 1e-4)
+		closeTo(t, "grad of "+p.Name, p.Grad.Float32s(), g.f32(t, "grad/"+p.Name), 2e-4)
 	}
 }
 
