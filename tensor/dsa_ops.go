@@ -165,6 +165,9 @@ func DSAIndexerTarget(q, k *Tensor, sel *DSASelection, scale float32, sparse boo
 type DSAIndexerLoss struct {
 	Coeff, GradScale float64
 	ReLU, Sparse     bool
+	// PerToken (--calculate-per-token-loss) sums the loss over the rows
+	// instead of averaging it.
+	PerToken bool
 }
 
 // AttachIndexerLoss attaches l's indexer loss to out (see DSAIndexerLoss);
@@ -194,7 +197,7 @@ func (f *indexerLoss) Forward(tp *Tape, in []*Tensor) []*Tensor {
 	s := f.sel
 	if hostOnly(tp, "AttachIndexerLoss", append([]*Tensor{f.target}, in...)...) {
 		f.dlogits = make([]float32, s.B*s.T*s.T)
-		f.loss = cpu.IndexerLoss(f.dlogits, f.target.f32s(), s.Scores, s.Idx, s.B, s.T, s.K, f.l.Sparse)
+		f.loss = cpu.IndexerLoss(f.dlogits, f.target.f32s(), s.Scores, s.Idx, s.B, s.T, s.K, f.l.Sparse, f.l.PerToken)
 	}
 	x := in[0]
 	return []*Tensor{x.view(x.shape, x.strides, x.offset)}

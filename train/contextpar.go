@@ -34,6 +34,11 @@ func (c *Config) checkContextParallel(size, tpSize int) error {
 		// gated delta net over a chunk would miss the earlier chunks' state
 		return fmt.Errorf("train: --context-parallel-size=%d with --experimental-attention-variant gated_delta_net: the gated delta net layers are not built for context parallelism in this release", size)
 	}
+	if c.Model.DSA.Enabled {
+		// Megatron's DSAttention all-gathers the keys and the indexer's
+		// keys over the CP ranks (cp_comm_type allgather); not built here
+		return fmt.Errorf("train: --context-parallel-size=%d with --experimental-attention-variant dsa: DeepSeek sparse attention is not built for context parallelism in this release", size)
+	}
 	if err := cp.Check(size, c.CPCommType, c.SeqLength, c.Model.NumAttentionHeads, c.Model.NumQueryGroups, tpSize); err != nil {
 		return fmt.Errorf("train: %w", err)
 	}

@@ -255,6 +255,11 @@ func (st *stepper) averageMoEMetrics(ctx context.Context, m map[string]float64) 
 		if name == globalLoadBalancingName {
 			m[name] = float64(f[i])
 		}
+		if name == gpt.IndexerLossName {
+			// every TP rank's is the whole loss (its target is summed over
+			// the ranks' heads): Megatron reduces it over PP and DP only
+			m[name] = float64(f[i]) / float64(st.par.DP.Size()*tg.Size())
+		}
 	}
 	return nil
 }

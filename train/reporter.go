@@ -11,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/gotron/gotron/model/gpt"
 	"github.com/gotron/gotron/parallel"
 	"github.com/gotron/gotron/tensor"
 )
@@ -191,7 +192,7 @@ type namedValue struct {
 }
 
 // moeMetricNames are the MoE losses Megatron logs, in its order.
-var moeMetricNames = []string{"load_balancing_loss", "seq_load_balancing_loss", "global_load_balancing_loss", "z_loss"}
+var moeMetricNames = []string{"load_balancing_loss", "seq_load_balancing_loss", "global_load_balancing_loss", "z_loss", gpt.IndexerLossName}
 
 // writeMetrics appends record to the metrics file (nothing for nil).
 func (rp *reporter) writeMetrics(record map[string]any) {

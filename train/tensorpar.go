@@ -144,6 +144,13 @@ func (st *stepper) reduceSequenceParallelGrads(ctx context.Context) error {
 		if !st.replicated(p.Name) || gpt.IsRoutedExpert(p.Name) { // experts: reduced over expert DP
 			return false
 		}
+		if gpt.IsDSAIndexer(p.Name) {
+			// every rank runs the indexer on the whole (gathered) sequence
+			// with the same all-reduced target: its gradients are whole and
+			// equal on every rank (Megatron averages them over TP,
+			// average_gradients_across_tp_domain)
+			return false
+		}
 		if sp {
 			return p.Name != "embedding.position_embeddings.weight"
 		}

@@ -74,7 +74,7 @@ func TestTrainGDNRefusals(t *testing.T) {
 		args []string
 		want string
 	}{
-		{[]string{"--experimental-attention-variant", "dsa"}, "--experimental-attention-variant dsa: not built"},
+		{[]string{"--experimental-attention-variant", "dsa"}, "needs --dsa-indexer-n-heads"},
 		{[]string{"--experimental-attention-variant", "linear"}, "want gated_delta_net"},
 		{[]string{"--linear-attention-freq", "0"}, "--linear-attention-freq=0"},
 		{[]string{"--linear-num-value-heads", "3"}, "must be a multiple of --linear-num-key-heads=2"},

@@ -17,6 +17,7 @@ type gdnFlags struct {
 	conv, keyDim, valueDim, keyHeads int
 	valueHeads                       int
 	outputGate                       bool
+	dsa                              dsaFlags // dsaflags.go: the dsa variant's
 }
 
 // gdnSizeFlags are the gated delta net's size flags, which need the variant.
@@ -24,7 +25,8 @@ var gdnSizeFlags = []string{"linear-attention-freq", "linear-conv-kernel-dim", "
 	"linear-value-head-dim", "linear-num-key-heads", "linear-num-value-heads"}
 
 func addGDNFlags(fs *flag.FlagSet, f *gdnFlags) {
-	fs.StringVar(&f.variant, "experimental-attention-variant", "", "gated_delta_net (or gdn): a hybrid model whose --linear-attention-freq layers are gated delta nets (linear attention with a recurrent state; --device cpu and sim: training, evaluation and decoding)")
+	fs.StringVar(&f.variant, "experimental-attention-variant", "", "gated_delta_net (or gdn): a hybrid model whose --linear-attention-freq layers are gated delta nets (linear attention with a recurrent state; --device cpu and sim: training, evaluation and decoding); dsa: DeepSeek sparse attention in every --multi-latent-attention layer (--dsa-indexer-*; --device cpu and sim: training and evaluation)")
+	addDSAFlags(fs, &f.dsa)
 	fs.StringVar(&f.freq, "linear-attention-freq", "", "gated delta net: N (every Nth layer, from layer N-1, is full attention; the others gated delta nets) or a 0/1 list per layer like \"([1]*3+[0]*1)\" (1: gated delta net)")
 	fs.IntVar(&f.conv, "linear-conv-kernel-dim", 4, "gated delta net: the short causal convolution's kernel size")
 	fs.IntVar(&f.keyDim, "linear-key-head-dim", 128, "gated delta net: query/key head dimension")
@@ -38,7 +40,17 @@ func addGDNFlags(fs *flag.FlagSet, f *gdnFlags) {
 // flags on the command line).
 func (f *gdnFlags) apply(m *gpt.Config, given map[string]bool) error {
 	m.AttentionOutputGate = f.outputGate
+	if err := f.dsa.apply(m, f.variant, given); err != nil {
+		return err
+	}
 	switch f.variant {
+	case "dsa":
+		for _, name := range gdnSizeFlags {
+			if given[name] {
+				return fmt.Errorf("--%s needs --experimental-attention-variant gated_delta_net", name)
+			}
+		}
+		return nil
 	case "":
 		for _, name := range gdnSizeFlags {
 			if given[name] {
@@ -47,10 +59,10 @@ func (f *gdnFlags) apply(m *gpt.Config, given map[string]bool) error {
 		}
 		return nil
 	case "gated_delta_net", "gdn":
-	case "gdn2", "dsa":
-		return fmt.Errorf("--experimental-attention-variant %s: not built in gotron (gated_delta_net is)", f.variant)
+	case "gdn2":
+		return fmt.Errorf("--experimental-attention-variant %s: not built in gotron (gated_delta_net and dsa are)", f.variant)
 	default:
-		return fmt.Errorf("--experimental-attention-variant %q: want gated_delta_net (or gdn; gdn2 and dsa are not built)", f.variant)
+		return fmt.Errorf("--experimental-attention-variant %q: want gated_delta_net (or gdn) or dsa (gdn2 is not built)", f.variant)
 	}
 	m.GDN = gpt.GDNConfig{Enabled: true, LinearAttentionFreq: f.freq, ConvKernel: f.conv, KeyHeadDim: f.keyDim,
 		ValueHeadDim: f.valueDim, NumKeyHeads: f.keyHeads, NumValueHeads: f.valueHeads}

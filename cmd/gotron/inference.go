@@ -246,7 +246,7 @@ var pipelineSplitFlags = []string{"num-virtual-stages-per-pipeline-rank", "virtu
 // inferenceRefusedNeeds are the features of Megatron's compatibility
 // refusals that change what inference computes; the others (wandb,
 // profilers, FSDP, ...) are training-only and unused here.
-var inferenceRefusedNeeds = []string{needFP8, needLinear}
+var inferenceRefusedNeeds = []string{needFP8}
 
 func cmdInference(ctx context.Context, env *cli, args []string) error {
 	a, f, given, err := parseInference(env, args)

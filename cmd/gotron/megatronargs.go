@@ -110,7 +110,6 @@ const (
 	needFSDP      = "this part of Megatron-FSDP, not built in gotron (--use-megatron-fsdp with --data-parallel-sharding-strategy is)"
 	needRL        = "this part of Megatron's RL step, not built in gotron (--perform-rl-step's one-process GRPO is: docs/training.md)"
 	needInference = "Megatron's inference scripts: run this argument list with gotron inference, not gotron train"
-	needLinear    = "the DSA experimental attention variant (DeepSeek sparse attention), not built in gotron (gated_delta_net is)"
 	needExport    = "ModelOpt export and distillation, not built in gotron"
 	needWandB     = "Weights & Biases logging, which cannot be reached from here; use --tensorboard-dir"
 	needProfile   = "the PyTorch profiler; gotron's --profile writes a Go CPU profile of the same iterations"
@@ -182,10 +181,6 @@ var compatArgs = map[string]compatArg{
 	"fp8-recipe":             {kind: compatNeeds, why: needFP8},
 	"fp8-param-gather":       {kind: compatNeeds, why: needFP8},
 	"first-last-layers-bf16": {kind: compatNeeds, why: needFP8},
-	"dsa-indexer-topk":       {kind: compatNeeds, why: needLinear},
-	"dsa-indexer-n-heads":    {kind: compatNeeds, why: needLinear},
-	"dsa-indexer-head-dim":   {kind: compatNeeds, why: needLinear},
-	"dsa-indexer-loss-coeff": {kind: compatNeeds, why: needLinear},
 	"export-te-mcore-model":  {kind: compatNeeds, why: needExport},
 	"export-kd-teacher-load": {kind: compatNeeds, why: needExport},
 	"export-kd-cfg":          {kind: compatNeeds, why: needExport},

@@ -115,6 +115,15 @@ var trainNumberRules = withFIMRules(withTokenizerRules(map[string]numberRule{
 	"mscale":                floatIn(-math.MaxFloat64, math.MaxFloat64, "YaRN's mscale, a finite number"),
 	"mscale-all-dim":        floatIn(-math.MaxFloat64, math.MaxFloat64, "YaRN's mscale_all_dim, a finite number"),
 
+	// DeepSeek sparse attention.
+	"dsa-indexer-n-heads":          intIn(0, 1<<16, "the indexer's heads"),
+	"dsa-indexer-head-dim":         intIn(0, 1<<16, "the indexer's head dimension"),
+	"dsa-indexer-topk":             intIn(0, 1<<30, "keys per query"),
+	"dsa-indexer-topk-freq":        intIn(1, 1<<20, "layers per top-k computation"),
+	"dsa-indexer-skip-topk-offset": intIn(0, 1<<20, "a layer offset"),
+	"dsa-indexer-loss-coeff":       floatIn(0, math.MaxFloat64, "a loss coefficient; 0: none"),
+	"dsa-indexer-k-norm-epsilon":   floatIn(0, math.MaxFloat64, "an epsilon; 0: --norm-epsilon"),
+
 	// Mixture of experts.
 	"num-experts":                         intIn(0, 1<<20, "experts per MoE layer; 0: a dense model"),
 	"linear-conv-kernel-dim":              intDim(1, "gated delta net: the causal convolution's kernel size"),

@@ -276,12 +276,17 @@ func indexerValid(valid []bool, sel []int32, i int, sparse bool) {
 // rank, is L1-normalised per row; the indexer's scores take a log-softmax
 // over the same keys (the causal ones, or with sparse the selected causal
 // ones); the loss is Σ target·(log(max(target, 1e-10)) − log p) over every
-// key and row, divided by the b·t rows. It normalises target in place and
+// key and row, divided by the b·t rows unless perToken
+// (--calculate-per-token-loss: the sum). It normalises target in place and
 // returns the loss; when dlogits (b, t, t) is not nil it also sets it to
 // the loss's gradient with respect to the scores (bwd_fused_indexer_loss_naive's
 // (softmax − target)/(b·t) on the covered keys, zero elsewhere).
-func IndexerLoss[F Float](dlogits, target, scores []F, idx []int32, b, t, K int, sparse bool) float64 {
+func IndexerLoss[F Float](dlogits, target, scores []F, idx []int32, b, t, K int, sparse, perToken bool) float64 {
 	rows := b * t
+	div := float64(rows)
+	if perToken {
+		div = 1
+	}
 	perRow := make([]float64, rows)
 	Parallel(rows, 1, func(lo, hi int) {
 		valid := make([]bool, t)
@@ -323,7 +328,7 @@ func IndexerLoss[F Float](dlogits, target, scores []F, idx []int32, b, t, K int,
 				for j, ok := range valid {
 					d[j] = 0
 					if ok {
-						d[j] = F((math.Exp(logp[j]) - float64(row[j])) / float64(rows))
+						d[j] = F((math.Exp(logp[j]) - float64(row[j])) / div)
 					}
 				}
 			}
@@ -333,7 +338,7 @@ func IndexerLoss[F Float](dlogits, target, scores []F, idx []int32, b, t, K int,
 	for _, v := range perRow {
 		loss += v
 	}
-	return loss / float64(rows)
+	return loss / div
 }
 
 // IndexerScoresBackward adds into dq (b, t, H, D), dk (b, t, D) and dw (b,

@@ -123,9 +123,9 @@ func TestSparseAttentionGradients(t *testing.T) {
 
 func TestIndexerLossGradients(t *testing.T) {
 	for _, c := range []struct {
-		name         string
-		relu, sparse bool
-	}{{"relu dense", true, false}, {"relu sparse", true, true}, {"linear dense", false, false}} {
+		name                   string
+		relu, sparse, perToken bool
+	}{{"relu dense", true, false, false}, {"relu sparse", true, true, false}, {"linear dense per token", false, false, true}} {
 		t.Run(c.name, func(t *testing.T) {
 			rng := rand.New(rand.NewPCG(15, 16))
 			b, tt, H, D, n, dk, K := 2, 5, 3, 4, 2, 3, 3
@@ -151,7 +151,7 @@ func TestIndexerLossGradients(t *testing.T) {
 				IndexerScores(s, q, k, w, b, tt, H, D, c.relu)
 				target := append([]float64(nil), heads...)
 				d := make([]float64, b*tt*tt)
-				return IndexerLoss(d, target, s, idx, b, tt, K, c.sparse), d
+				return IndexerLoss(d, target, s, idx, b, tt, K, c.sparse, c.perToken), d
 			}
 			if l, _ := loss(); !(l > 0) {
 				t.Fatalf("KL loss %g: want > 0", l)

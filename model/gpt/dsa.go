@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"strings"
 
 	"github.com/gotron/gotron/tensor"
 )
@@ -112,6 +113,9 @@ func (d *DSAIndexer) params() []*tensor.Tensor {
 // dsaIndexerPrefix is the indexer's parameter names' part after the layer's.
 const dsaIndexerPrefix = "self_attention.core_attention.indexer."
 
+// IsDSAIndexer reports whether parameter name is a DSA indexer's.
+func IsDSAIndexer(name string) bool { return strings.Contains(name, dsaIndexerPrefix) }
+
 // newDSAIndexer is Megatron's initialisation: the projections init_method,
 // k_norm one and zero (zero with --apply-layernorm-1p: 1 + γ).
 func newDSAIndexer(c *Config, p string, normal func(string, float32, ...int) *tensor.Tensor, ones func(string, int) *tensor.Tensor) *DSAIndexer {
@@ -169,13 +173,21 @@ func (c *Config) dsaParamCount() float64 {
 // all-gather CP layout for the indexer is not built here.
 var ErrDSAContextParallel = errors.New("gpt: --experimental-attention-variant dsa with --context-parallel-size > 1 is not built (Megatron gathers the keys over the context-parallel ranks for the indexer)")
 
+// IndexerLossName is the indexer loss's name in the log and TensorBoard
+// (Megatron's total_loss_dict and add_scalar name).
+const IndexerLossName = "indexer loss"
+
 // DSAState is what DSA layers keep between micro-batches: the backward
 // scale of their indexer losses and the losses to log.
 type DSAState struct {
 	// LossScale is the gradient each indexer loss receives (Megatron's
 	// DSAIndexerLossAutoScaler.main_loss_backward_scale, loss_scale/M).
 	LossScale float64
-	losses    []float64 // per layer, summed over micro-batches
+	// PerTokenLoss is --calculate-per-token-loss: each indexer loss is its
+	// rows' sum, not their mean (Megatron's calculate_per_token_loss), and
+	// LossScale the loss scale alone.
+	PerTokenLoss bool
+	losses       []float64 // per layer, summed over micro-batches
 }
 
 // IndexerLoss returns the iteration's logged indexer loss as Megatron's
@@ -269,7 +281,7 @@ func (m *Model) dsaAttention(tp *tensor.Tape, l *Layer, index int, x, qr, q, k, 
 	// attention_scores are scattered to TP ranks in head dimension
 	target = sh.SumOverRanks(tp, target)
 	o, loss := tp.AttachIndexerLoss(o, qi, ki, w, target, sel, tensor.DSAIndexerLoss{
-		Coeff: d.LossCoeff, GradScale: m.dsa.LossScale, ReLU: !d.NoScoringReLU, Sparse: d.SparseLoss})
+		Coeff: d.LossCoeff, GradScale: m.dsa.LossScale, ReLU: !d.NoScoringReLU, Sparse: d.SparseLoss, PerToken: m.dsa.PerTokenLoss})
 	if m.dsa.losses == nil {
 		m.dsa.losses = make([]float64, c.NumLayers)
 	}

@@ -218,3 +218,31 @@ func TestDSAConfigErrors(t *testing.T) {
 		t.Errorf("CheckDecode: %v, want a refusal naming dsa", err)
 	}
 }
+
+// TestDSAPerTokenLoss: with --calculate-per-token-loss the indexer loss is
+// its rows' sum (Megatron's reduce_indexer_kl_sum), so each layer's loss
+// and the indexer's gradients are b·t times the golden's mean; the rest of
+// the model's gradients are unchanged.
+func TestDSAPerTokenLoss(t *testing.T) {
+	m, bt, g := newDSAGoldenModel(t, "dsa_dense_loss")
+	m.SetPerTokenLoss(true)
+	dsaStep(t, m, bt)
+	rows := float32(bt.Tokens.Numel())
+	scaled := func(name string) []float32 {
+		v := append([]float32(nil), g.f32(t, name)...)
+		for i := range v {
+			v[i] *= rows
+		}
+		return v
+	}
+	for i, l := range m.dsa.losses {
+		closeTo(t, fmt.Sprintf("layer %d indexer loss", i), []float32{float32(l)}, scaled(fmt.Sprintf("indexer_loss/%d", i)), 1e-5)
+	}
+	for _, p := range m.Params() {
+		want := g.f32(t, "grad/"+p.Name)
+		if IsDSAIndexer(p.Name) {
+			want = scaled("grad/" + p.Name)
+		}
+		closeTo(t, "grad of "+p.Name, p.Grad.Float32s(), want, 1e-4)
+	}
+}

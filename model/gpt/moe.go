@@ -454,6 +454,9 @@ func (m *Model) SetPerTokenLoss(on bool) {
 	if m.MoE != nil {
 		m.MoE.PerTokenLoss = on
 	}
+	if m.dsa != nil {
+		m.dsa.PerTokenLoss = on
+	}
 }
 
 // MoEMetrics returns the iteration's logged MoE losses as Megatron's
@@ -461,8 +464,20 @@ func (m *Model) SetPerTokenLoss(on bool) {
 // value/microBatches, divided by the number of MoE layers) and resets them.
 // Names are Megatron's: load_balancing_loss (always present, as Megatron's
 // substring test forces it), seq_load_balancing_loss,
-// global_load_balancing_loss, z_loss.
+// global_load_balancing_loss, z_loss; and with DSA's indexer loss
+// IndexerLossName (dsa.go's IndexerLoss).
 func (m *Model) MoEMetrics(microBatches int) map[string]float64 {
+	out := m.moeMetrics(microBatches)
+	if l, ok := m.IndexerLoss(microBatches); ok {
+		if out == nil {
+			out = map[string]float64{}
+		}
+		out[IndexerLossName] = l
+	}
+	return out
+}
+
+func (m *Model) moeMetrics(microBatches int) map[string]float64 {
 	if m.MoE == nil {
 		return nil
 	}
