@@ -211,7 +211,7 @@ func (c *Collector) Prepare(ctx context.Context, m train.Model, eval *tensor.Tap
 	if c.ref != nil && len(c.ref) != len(gm.Params()) {
 		return fmt.Errorf("rl: the reference model has %d parameters, the model %d", len(c.ref), len(gm.Params()))
 	}
-	col, rows, err := c.collect(ctx, gm, k)
+	col, rows, err := c.collect(gm, k)
 	if err != nil {
 		return err
 	}
@@ -253,7 +253,7 @@ func (c *Collector) seedOf(k int64, salt string) uint64 {
 }
 
 // collect draws the prompts of collection k and generates their rollouts.
-func (c *Collector) collect(ctx context.Context, m *gpt.Model, k int64) (Collection, []row, error) {
+func (c *Collector) collect(m *gpt.Model, k int64) (Collection, []row, error) {
 	P, G, seq := c.cfg.PromptsPerStep, c.cfg.GroupSize, c.cfg.SeqLength
 	rng := rand.New(rand.NewPCG(c.seedOf(k, "prompts"), 0))
 	tok := c.cfg.Tokenizer
@@ -299,10 +299,10 @@ func (c *Collector) collect(ctx context.Context, m *gpt.Model, k int64) (Collect
 			byID[id] = j
 		}
 	}
+	// A signal (ctx) does not stop the generation: the collection is part of
+	// the iteration in flight, which gotron train finishes before it saves
+	// and exits.
 	for eng.HasWork() {
-		if err := ctx.Err(); err != nil {
-			return Collection{}, nil, fmt.Errorf("rl: generation: %w", err)
-		}
 		evs, err := eng.Step()
 		if err != nil {
 			return Collection{}, nil, fmt.Errorf("rl: generation: %w", err)

@@ -57,7 +57,11 @@ func TestCollectorRollouts(t *testing.T) {
 		t.Fatalf("iterations per collection %d, want 2 passes × 6 rollouts / 3", c.IterationsPerCollection())
 	}
 	eval := tensor.NewNoGradTape(nil)
-	if err := c.Prepare(context.Background(), m, eval, 0, 0); err != nil {
+	// A cancelled context (a signal) lets the collection finish: it is part
+	// of the iteration in flight, which train finishes before saving.
+	cancelled, cancel := context.WithCancel(context.Background())
+	cancel()
+	if err := c.Prepare(cancelled, m, eval, 0, 0); err != nil {
 		t.Fatal(err)
 	}
 	col := c.Collections[0]
