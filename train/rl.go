@@ -39,7 +39,7 @@ func (c *Config) validateRL() error {
 		return fmt.Errorf("train: --perform-rl-step with --num-experts: needs an MoE RL step, not built in gotron (a dense model is)")
 	}
 	if c.Device != tensor.CPU {
-		return fmt.Errorf("train: --perform-rl-step on %v: the GRPO loss reads the log-probabilities on the host; not built for a GPU yet (run it on the CPU)", c.Device)
+		return fmt.Errorf("train: --perform-rl-step on --device %v: the GRPO loss reads the log-probabilities on the host: --device cpu only (not built for a GPU yet)", c.Device)
 	}
 	return nil
 }
