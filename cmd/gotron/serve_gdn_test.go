@@ -18,7 +18,8 @@ var gdnDecodeModel = []string{"--num-layers", "3", "--hidden-size", "32", "--num
 
 // TestServeAndGenerateGDN: a trained hybrid gated-delta-net checkpoint
 // generates with gotron generate (one process and TP=2, which prints the
-// same text), gotron serve's greedy completions — two requests at once,
+// same text), gotron inference at TP=2 gives one process's tokens and
+// log-probabilities within 1e-5, and gotron serve's greedy completions — two requests at once,
 // batched in the engine's steps, each with its recurrent state — equal
 // generate's text.
 func TestServeAndGenerateGDN(t *testing.T) {
@@ -45,6 +46,20 @@ func TestServeAndGenerateGDN(t *testing.T) {
 	if got != "[rank0]: "+one {
 		t.Errorf("generate at TP=2 printed %q, one process %q", got, one)
 	}
+	// gotron inference (the engine, its steps batching both prompts) at
+	// TP=2, lockstepped ranks each with its heads' states, as one process
+	inferArgs := func(out string, tp int) []string {
+		return []string{"inference", "--load", dir, "--prompts", prompts[0], prompts[1], "--num-tokens-to-generate", "12", "--top_k", "1",
+			"--return-log-probs", "--termination-id", "-1", "--tensor-model-parallel-size", itoa(tp), "--output-path", out}
+	}
+	oneJSON, tpJSON := filepath.Join(t.TempDir(), "one.json"), filepath.Join(t.TempDir(), "tp2.json")
+	if _, errs, code := runCLI(t, inferArgs(oneJSON, 1)...); code != 0 {
+		t.Fatalf("inference: %s", errs)
+	}
+	if _, errs, code := runCLI(t, append([]string{"launch", "--inproc", "--nproc-per-node", "2", "--"}, inferArgs(tpJSON, 2)...)...); code != 0 {
+		t.Fatalf("inference at TP=2: %s", errs)
+	}
+	compareTPResults(t, "hybrid gated delta net model at TP=2", readTPResults(t, tpJSON), readTPResults(t, oneJSON), 1e-5)
 	base, stop := startServe(t, "--load", dir)
 	defer stop()
 	body := `{"prompt":["` + prompts[0] + `","` + prompts[1] + `"],"max_tokens":12,"temperature":0}`
