@@ -307,7 +307,7 @@ func newEngine(m *gpt.Model, cfg EngineConfig, pipe *pipeline) (*Engine, error) 
 	for i := range cached {
 		cached[i] = m.Layers[i].GDN == nil
 	}
-	e.pool = newKVPool(m.Device(), cached, m.QueryGroupsHere(), m.KVHeadDim(), cfg.BlockTokens, blocks)
+	e.pool = newKVPool(m.Device(), cached, m.QueryGroupsHere(), m.KVHeadDim(), cfg.BlockTokens, blocks, m.SharedKV())
 	if states > 0 {
 		// one slot per sequence that can run; the slices are the
 		// sequences' state while they hold them

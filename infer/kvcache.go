@@ -55,7 +55,7 @@ type blockMeta struct {
 // newKVPool allocates on dev numBlocks blocks, for each layer whose cached
 // entry is true (attention; a gated delta net layer keeps no keys and
 // values), of groups KV heads of dim floats per position.
-func newKVPool(dev tensor.Device, cached []bool, groups, dim, blockTokens, numBlocks int) *kvPool {
+func newKVPool(dev tensor.Device, cached []bool, groups, dim, blockTokens, numBlocks int, sharedKV bool) *kvPool {
 	p := &kvPool{blockTokens: blockTokens, numBlocks: numBlocks, dev: dev,
 		refs: make([]int32, numBlocks), meta: make([]blockMeta, numBlocks), inLRU: make([]bool, numBlocks),
 		index: map[uint64]int32{}, lruHead: -1, lruTail: -1,
@@ -70,8 +70,12 @@ func newKVPool(dev tensor.Device, cached []bool, groups, dim, blockTokens, numBl
 			p.k, p.v = append(p.k, nil), append(p.v, nil)
 			continue
 		}
-		p.k = append(p.k, tensor.NewCommitted(dev, numBlocks, groups, blockTokens, dim))
-		p.v = append(p.v, tensor.NewCommitted(dev, numBlocks, groups, blockTokens, dim))
+		k := tensor.NewCommitted(dev, numBlocks, groups, blockTokens, dim)
+		v := k // sharedKV: the keys are the values (cached MLA latents), kept once
+		if !sharedKV {
+			v = tensor.NewCommitted(dev, numBlocks, groups, blockTokens, dim)
+		}
+		p.k, p.v = append(p.k, k), append(p.v, v)
 	}
 	for b := numBlocks - 1; b >= 0; b-- {
 		p.free = append(p.free, int32(b))

@@ -10,7 +10,7 @@ import (
 // reused by lookup or evicted (least recently released first), and the
 // counts always add up to the pool.
 func TestKVPoolAccounting(t *testing.T) {
-	p := newKVPool(tensor.CPU, []bool{true}, 1, 2, 4, 3)
+	p := newKVPool(tensor.CPU, []bool{true}, 1, 2, 4, 3, false)
 	check := func(used, cached, avail int) {
 		t.Helper()
 		if p.Used() != used || p.cachedCount() != cached || p.Available() != avail {

@@ -26,7 +26,7 @@ import (
 // keys, the shared rotary key in each).
 func tpTestModel(t testing.TB, kind string) *gpt.Model {
 	t.Helper()
-	if kind == "mla" || kind == "mla-plain-q" {
+	if strings.HasPrefix(kind, "mla") {
 		return mlaTestModel(t, kind)
 	}
 	cfg := gpt.Config{NumLayers: 2, HiddenSize: 32, NumAttentionHeads: 4, VocabSize: 64, MaxPositionEmbeddings: 64,
@@ -134,7 +134,7 @@ func runTP(t *testing.T, m *gpt.Model, size int, cfg EngineConfig, reqs []Reques
 // generates the tokens one process does, with log-probabilities within
 // float32 rounding of the reordered sums.
 func TestTensorParallelEngineMatchesOneRank(t *testing.T) {
-	for _, kind := range []string{"gpt2", "llama", "mla"} {
+	for _, kind := range []string{"gpt2", "llama", "mla", "mla-latents"} {
 		m := tpTestModel(t, kind)
 		cfg := EngineConfig{MaxNumBatchedTokens: 24, BlockTokens: 4}
 		eng, err := NewEngine(m, cfg)
@@ -200,7 +200,7 @@ func compareRuns(t *testing.T, got, want tpRun, tol float64) {
 // step over every position of two prompts: the TP ranks' gathered logits
 // are the same bytes on every rank and within 1e-5 of one process's.
 func TestTensorParallelLogitsMatchOneRank(t *testing.T) {
-	for _, kind := range []string{"gpt2", "llama", "mla", "mla-plain-q"} {
+	for _, kind := range []string{"gpt2", "llama", "mla", "mla-plain-q", "mla-latents", "mla-plain-q-latents"} {
 		m := tpTestModel(t, kind)
 		tokens := append(testPrompt(9, 1, 64), testPrompt(6, 2, 64)...)
 		positions := make([]int32, len(tokens))
@@ -212,7 +212,7 @@ func TestTensorParallelLogitsMatchOneRank(t *testing.T) {
 			rows[i] = i
 		}
 		logitsOf := func(m *gpt.Model) ([]float32, error) {
-			pool := newKVPool(tensor.CPU, slices.Repeat([]bool{true}, m.Config.NumLayers), m.QueryGroupsHere(), m.KVHeadDim(), 16, 2)
+			pool := newKVPool(tensor.CPU, slices.Repeat([]bool{true}, m.Config.NumLayers), m.QueryGroupsHere(), m.KVHeadDim(), 16, 2, m.SharedKV())
 			att := newPagedAttention(pool)
 			att.reset([]span{{row: 0, n: 9, pos: 0, table: []int32{0}}, {row: 9, n: 6, pos: 0, table: []int32{1}}})
 			l, err := m.DecodeBatch(nil, tokens, positions, att, rows, nil)

@@ -2,6 +2,7 @@ package infer
 
 import (
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/gotron/gotron/model/gpt"
@@ -12,7 +13,8 @@ import (
 // --q-lora-rank (LayerNorm, learned positions, YaRN factor 40 with
 // DeepSeek-V2's mscales, v narrower than the q/k heads) or without
 // ("mla-plain-q": RMSNorm, SwiGLU, no position table, untied, YaRN factor
-// 4, v wider, so q and k are padded in the cache).
+// 4, v wider, so q and k are padded in the cache); a "-latents" suffix
+// caches the latents (CacheMLALatents).
 func mlaTestModel(t testing.TB, kind string) *gpt.Model {
 	t.Helper()
 	cfg := gpt.Config{NumLayers: 2, HiddenSize: 32, NumAttentionHeads: 4, VocabSize: 64, MaxPositionEmbeddings: 128,
@@ -20,7 +22,7 @@ func mlaTestModel(t testing.TB, kind string) *gpt.Model {
 	mla := &cfg.MLA
 	mla.QLoraRank, mla.KVLoraRank, mla.QKHeadDim, mla.QKPosEmbHeadDim, mla.VHeadDim = 12, 10, 6, 4, 5
 	mla.ScalingFactor, mla.Mscale, mla.MscaleAllDim = 40, 0.707, 0.707
-	if kind == "mla-plain-q" {
+	if kind == "mla-plain-q" || kind == "mla-plain-q-latents" {
 		cfg = gpt.Config{NumLayers: 2, HiddenSize: 32, NumAttentionHeads: 4, FFNHiddenSize: 48, VocabSize: 64,
 			MaxPositionEmbeddings: 128, PositionEmbeddingType: gpt.NoPositionEmbedding, Normalization: gpt.RMSNorm,
 			Activation: gpt.SwiGLU, DisableBiasLinear: true, UntieEmbeddingsAndOutputWeights: true, InitMethodStd: 0.3,
@@ -33,10 +35,13 @@ func mlaTestModel(t testing.TB, kind string) *gpt.Model {
 	if err != nil {
 		t.Fatal(err)
 	}
+	m.CacheMLALatents = strings.HasSuffix(kind, "-latents")
 	return m
 }
 
-var mlaKinds = []string{"mla", "mla-plain-q"}
+// mlaKinds: per-head keys and values cached, or the latents
+// (CacheMLALatents).
+var mlaKinds = []string{"mla", "mla-plain-q", "mla-latents", "mla-plain-q-latents"}
 
 // TestEngineMLAGreedyMatchesForward: MLA models decode in the engine, six
 // requests batched step after step over a paged cache of 4-token blocks,

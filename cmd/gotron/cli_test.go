@@ -277,7 +277,7 @@ func TestMegatronCompatRefusals(t *testing.T) {
 	}{
 		{[]string{"--log-num-zeros-in-grad", "--device", "sim"}, "--log-num-zeros-in-grad: counts the gradients on the host: --device cpu only"},
 		{[]string{"--use-pytorch-profiler"}, "--use-pytorch-profiler: needs the PyTorch profiler"},
-		{[]string{"--cache-mla-latents"}, "--cache-mla-latents: needs caching MLA's latents in Megatron's dynamic inference"},
+		{[]string{"--cache-mla-latents"}, "--cache-mla-latents needs --multi-latent-attention"},
 		{[]string{"--q-lora-rank", "8"}, "--q-lora-rank needs --multi-latent-attention"},
 		{[]string{"--rope-type", "yarn"}, "--rope-type needs --multi-latent-attention"},
 		{[]string{"--multi-latent-attention", "--rope-type", "ntk"}, "--rope-type=\"ntk\": want yarn or rope"},

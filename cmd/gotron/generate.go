@@ -24,6 +24,7 @@ func cmdGenerate(ctx context.Context, env *cli, args []string) error {
 	fs.IntVar(&s.TopK, "top-k", 0, "sample from the k most likely tokens (1: greedy)")
 	fs.Float64Var(&s.TopP, "top-p", 0, "nucleus sampling mass (excludes --top-k > 1)")
 	seed := fs.Int64("seed", 1234, "sampling seed")
+	cacheLatents := fs.Bool("cache-mla-latents", false, cacheMLALatentsUsage)
 	bf16 := fs.Bool("bf16", false, "decode with bfloat16 weights: every weight rounded to bf16 (to nearest even; exact for bf16 checkpoints), activations and sums in float32 (as gotron serve --bf16)")
 	tpSize := fs.Int("tensor-model-parallel-size", 1, "split the model over this many ranks started by gotron launch (or torchrun, srun, mpirun), as training splits it; rank 0 reads the prompt and prints")
 	ppSize := fs.Int("pipeline-model-parallel-size", 1, "split the layers evenly into this many pipeline stages, one rank each (times --tensor-model-parallel-size ranks in all); the last stage draws the tokens for all")
@@ -79,6 +80,9 @@ func cmdGenerate(ctx context.Context, env *cli, args []string) error {
 		return err
 	}
 	m = dm.m
+	if err := applyCacheMLALatents(m, *cacheLatents, *load); err != nil {
+		return err
+	}
 	since := tensor.SimTransfers()
 	m.ToDevice(dev)
 	ids := tok.Encode(*prompt)

@@ -231,7 +231,7 @@ var inferenceModelArgs = []struct {
 // other training argument given is accepted and unused, as Megatron's
 // inference scripts do (their parser is pretrain's).
 var inferenceUsed = map[string]bool{
-	"load": true, "use-checkpoint-args": true, "seed": true, "bf16": true, "device": true, "device-memory-fraction": true,
+	"load": true, "cache-mla-latents": true, "use-checkpoint-args": true, "seed": true, "bf16": true, "device": true, "device-memory-fraction": true,
 	"tokenizer-type": true, "vocab-file": true, "merge-file": true, "tokenizer-model": true, "vocab-size": true,
 	"vocab-extra-ids": true, "tiktoken-pattern": true, "tiktoken-num-special-tokens": true,
 	"tensor-model-parallel-size": true, "pipeline-model-parallel-size": true, "context-parallel-size": true,
@@ -506,6 +506,9 @@ func runMegatronInference(ctx context.Context, env *cli, a *inferenceArgs, f *tr
 		return err
 	}
 	m = dm.m
+	if err := applyCacheMLALatents(m, f.mla.cacheLatents, f.cfg.Load); err != nil {
+		return err
+	}
 	m.ToDevice(dev)
 	leader := group.leader()
 

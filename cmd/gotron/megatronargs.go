@@ -175,7 +175,6 @@ var compatArgs = map[string]compatArg{
 	"wandb-save-dir":         {kind: compatNeeds, why: needWandB},
 	"wandb-exp-name":         {kind: compatNeeds, why: needWandB},
 	"wandb-entity":           {kind: compatNeeds, why: needWandB},
-	"cache-mla-latents":      {kind: compatNeeds, why: "caching MLA's latents in Megatron's dynamic inference (Flash MLA), not built in gotron: gotron's MLA decoding caches per-head keys and values"},
 	"mup-width-mult":         {kind: compatDetail, why: "is recomputed by Megatron as --hidden-size / --mup-base-hidden-size under --use-mup and read nowhere else; gotron computes it the same way"},
 	"fp8-format":             {kind: compatNeeds, why: needFP8},
 	"fp8-recipe":             {kind: compatNeeds, why: needFP8},

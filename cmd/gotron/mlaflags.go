@@ -16,6 +16,7 @@ type mlaFlags struct {
 	qkHeadDim, qkPosEmbHeadDim, vHeadDim int
 	ropeType                             string
 	scalingFactor, mscale, mscaleAllDim  float64
+	cacheLatents                         bool // decoding only: --sample-prompt, inference
 }
 
 // mlaOnlyFlags are the flags that mean something only with
@@ -23,11 +24,12 @@ type mlaFlags struct {
 // and the mscales also for --position-embedding-type yarn, which gotron
 // does not build).
 var mlaOnlyFlags = []string{"q-lora-rank", "kv-lora-rank", "qk-head-dim", "qk-pos-emb-head-dim", "v-head-dim",
-	"rope-type", "rotary-scaling-factor", "mscale", "mscale-all-dim"}
+	"rope-type", "rotary-scaling-factor", "mscale", "mscale-all-dim", "cache-mla-latents"}
 
 func addMLAFlags(fs *flag.FlagSet, f *mlaFlags) {
 	d := gpt.DefaultMLA()
 	fs.BoolVar(&f.on, "multi-latent-attention", false, "MLA: DeepSeek-V2/V3's multi-latent attention (Megatron's MLASelfAttention) in place of fused-QKV attention")
+	fs.BoolVar(&f.cacheLatents, "cache-mla-latents", false, cacheMLALatentsUsage)
 	fs.IntVar(&f.qLoraRank, "q-lora-rank", 0, "MLA: rank of the query's low-rank projection (0 or unset: one plain query projection, Megatron's None)")
 	fs.IntVar(&f.kvLoraRank, "kv-lora-rank", d.KVLoraRank, "MLA: rank of the keys' and values' shared latent")
 	fs.IntVar(&f.qkHeadDim, "qk-head-dim", d.QKHeadDim, "MLA: per-head query/key channels without position")
@@ -61,5 +63,18 @@ func (f *mlaFlags) apply(m *gpt.Config, given map[string]bool) error {
 		mla.Rope = r
 	}
 	m.MLA = mla
+	return nil
+}
+
+// cacheMLALatentsUsage is --cache-mla-latents' help, the same in every command.
+const cacheMLALatentsUsage = "MLA decoding: cache each position's key-value latent and rotary key (kv_lora_rank + qk_pos_emb_head_dim values a layer) instead of every head's key and value, the up-projection absorbed (Megatron's --cache-mla-latents)"
+
+// applyCacheMLALatents sets m's decoding to cache MLA latents
+// (--cache-mla-latents), refusing a model without multi-latent attention.
+func applyCacheMLALatents(m *gpt.Model, on bool, load string) error {
+	if on && !m.Config.MLA.Enabled {
+		return fmt.Errorf("--cache-mla-latents: the model %s has no multi-latent attention (--multi-latent-attention) whose latents could be cached", load)
+	}
+	m.CacheMLALatents = on
 	return nil
 }

@@ -33,7 +33,7 @@ type serveFlags struct {
 	load, host, modelName, chatTemplate string
 	decodeWeights, device               string
 	memFraction                         float64
-	bf16                                bool
+	bf16, cacheLatents                  bool
 	port                                int
 	kvCacheBytes                        string
 	kvCacheFraction                     float64
@@ -87,6 +87,7 @@ func addServeFlags(fs *flag.FlagSet, f *serveFlags) {
 	fs.IntVar(&f.engine.MaxNumSeqs, "max-num-seqs", 256, "sequences batched at once")
 	fs.BoolVar(&f.noPrefixCaching, "no-enable-prefix-caching", false, "turn off the reuse of cached prompt blocks")
 	fs.StringVar(&f.decodeWeights, "decode-weights", "packed", "how decode steps read the linear weights: packed (a copy packed once for the GEMM kernels: faster) or model (the model's own, through the general GEMM: gotron generate's arithmetic on every CPU)")
+	fs.BoolVar(&f.cacheLatents, "cache-mla-latents", false, cacheMLALatentsUsage)
 	fs.BoolVar(&f.bf16, "bf16", false, "serve bfloat16 weights: every weight rounded to bf16 (to nearest even; exact for bf16 checkpoints) and the packed copy stored in bf16, half the bytes per decode step; activations and sums stay float32 (as gotron generate --bf16)")
 	fs.Int64Var(&f.maxRequestBytes, "max-request-bytes", 1<<20, "largest request body (413 beyond)")
 	fs.IntVar(&f.maxPromptTokens, "max-prompt-tokens", 0, "longest prompt in tokens, 413 beyond (default: the model's context)")
@@ -239,6 +240,9 @@ func buildServer(f *serveFlags, m *gpt.Model, tok tokenizer.Tokenizer, tpl *serv
 		return nil, nil, err
 	}
 	m = dm.m
+	if err := applyCacheMLALatents(m, f.cacheLatents, f.load); err != nil {
+		return nil, nil, err
+	}
 	m.ToDevice(dev) // the engine's KV pool and packed weights follow the model
 	ec.VocabSize, ec.Decoder = tok.VocabSize(), tok
 	if ec.VocabSize > m.Config.VocabSize {

@@ -13,7 +13,8 @@ import (
 // heads — decode: gotron serve's greedy completions (two requests batched in
 // the engine's steps) and gotron inference's (Megatron's MLA arguments
 // given, checked against the checkpoint's) equal gotron generate's text;
-// --sample-prompt samples after training.
+// --sample-prompt samples after training. With --cache-mla-latents (the
+// latents cached, the up-projection absorbed) the text is the same.
 func TestServeGenerateAndInferenceMLA(t *testing.T) {
 	tok := filepath.Join(t.TempDir(), "gpt2")
 	if _, errs, code := runCLI(t, "tokenizer", "export-gpt2", tok); code != 0 {
@@ -42,19 +43,24 @@ func TestServeGenerateAndInferenceMLA(t *testing.T) {
 			}
 			prompts := []string{"Once upon a time", "The capital of France is"}
 			want := []string{generateText(t, dir, prompts[0], 10), generateText(t, dir, prompts[1], 10)}
-			base, stop := startServe(t, "--load", dir)
-			defer stop()
-			body := `{"prompt":["` + prompts[0] + `","` + prompts[1] + `"],"max_tokens":10,"temperature":0}`
-			code, b := postJSON(t, base+"/v1/completions", body)
-			var r struct{ Choices []struct{ Text string } }
-			if code != 200 || json.Unmarshal(b, &r) != nil || len(r.Choices) != 2 || r.Choices[0].Text != want[0] || r.Choices[1].Text != want[1] {
-				t.Fatalf("serve: %d %s; generate printed %q", code, b, want)
+			if got := generateText(t, dir, prompts[0], 10, "--cache-mla-latents"); got != want[0] {
+				t.Fatalf("generate --cache-mla-latents printed %q, without %q", got, want[0])
 			}
-			inf := append(append([]string{"inference", "--load", dir, "--top_k", "1", "--num-tokens-to-generate", "10",
-				"--termination-id", "-1", "--prompts", prompts[0], "--output-path", filepath.Join(t.TempDir(), "out.json")}, c.mla...), tokFlags...)
-			so, errs, code := runCLI(t, inf...)
-			if code != 0 || !strings.Contains(so, prompts[0]+want[0]) {
-				t.Fatalf("inference: %d %q %s; generate continued with %q", code, so, errs, want[0])
+			for _, latents := range [][]string{nil, {"--cache-mla-latents"}} {
+				base, stop := startServe(t, append([]string{"--load", dir}, latents...)...)
+				body := `{"prompt":["` + prompts[0] + `","` + prompts[1] + `"],"max_tokens":10,"temperature":0}`
+				code, b := postJSON(t, base+"/v1/completions", body)
+				stop()
+				var r struct{ Choices []struct{ Text string } }
+				if code != 200 || json.Unmarshal(b, &r) != nil || len(r.Choices) != 2 || r.Choices[0].Text != want[0] || r.Choices[1].Text != want[1] {
+					t.Fatalf("serve %v: %d %s; generate printed %q", latents, code, b, want)
+				}
+				inf := append(append(append([]string{"inference", "--load", dir, "--top_k", "1", "--num-tokens-to-generate", "10",
+					"--termination-id", "-1", "--prompts", prompts[0], "--output-path", filepath.Join(t.TempDir(), "out.json")}, c.mla...), latents...), tokFlags...)
+				so, errs, code := runCLI(t, inf...)
+				if code != 0 || !strings.Contains(so, prompts[0]+want[0]) {
+					t.Fatalf("inference %v: %d %q %s; generate continued with %q", latents, code, so, errs, want[0])
+				}
 			}
 			// Megatron's MLA arguments must be the checkpoint's
 			bad := append([]string{"inference", "--load", dir, "--prompts", "x", "--output-path", filepath.Join(t.TempDir(), "o.json"),

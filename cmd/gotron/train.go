@@ -346,6 +346,9 @@ func cmdTrain(ctx context.Context, env *cli, args []string) error {
 	if given["num-workers"] && !f.data.fim.data {
 		fmt.Fprintf(env.stderr, "gotron train: --num-workers %d: no effect without --fim-data: gotron reads samples in the training process (the same samples)\n", f.cfg.NumWorkers)
 	}
+	if given["cache-mla-latents"] && f.promptAfter == "" {
+		fmt.Fprintf(env.stderr, "gotron train: --cache-mla-latents: no effect without --sample-prompt (it changes how decoding caches multi-latent attention, not training)\n")
+	}
 	if given["tensorboard-queue-size"] {
 		fmt.Fprintf(env.stderr, "gotron train: --tensorboard-queue-size has no effect: events are buffered in memory and flushed at every log line\n")
 	}
@@ -591,6 +594,7 @@ func cmdTrain(ctx context.Context, env *cli, args []string) error {
 			fmt.Fprintf(env.stdout, "gotron train: --sample-prompt: no sample under pipeline parallelism (this rank holds one stage); sample the checkpoint with gotron generate --load\n")
 			return nil
 		}
+		tr.Model.CacheMLALatents = f.mla.cacheLatents // --multi-latent-attention checked by mlaFlags.apply
 		return printSample(env, tr.Model, src.tok, f.promptAfter, f.generateTokens, cfg.Seed)
 	}
 	return nil

@@ -155,7 +155,7 @@ func (m *Model) decodePart(buf *DecodeBuffers, part decodePart, in *tensor.Tenso
 		// are padded to KVHeadDim and its scale is its own (YaRN's mscale²).
 		core.qScale = c.MLA.SoftmaxScale() * float32(math.Sqrt(float64(m.KVHeadDim())))
 	}
-	p := &pass{positions: posT, core: core, lin: lin, layerTape: lt}
+	p := &pass{positions: posT, core: core, lin: lin, layerTape: lt, mlaLatents: c.MLA.Enabled && m.CacheMLALatents}
 	if c.GDN.Enabled {
 		if !part.first || !part.last {
 			return nil, errors.New("gpt: decoding a model with gated delta net layers over pipeline stages: not built in gotron")
@@ -217,6 +217,9 @@ func (s *Stage) DecodeModel() *Model { return s.view() }
 // attention does). A KV cache holds these.
 func (m *Model) QueryGroupsHere() int {
 	c := &m.Config
+	if m.SharedKV() {
+		return 1 // cached MLA latents: the latent and rotary key are shared by every head
+	}
 	if m.Sharding == nil || len(m.Layers) == 0 {
 		return c.NumQueryGroups
 	}
@@ -240,9 +243,13 @@ func (m *Model) QueryGroupsHere() int {
 // or with multi-latent attention the wider of the [nope; rope] query-key
 // head and the value head (mlaAttention pads the narrower with zeros, and
 // the cache keeps the padded heads: per head the rotary key shared by the
-// heads is stored with each head's own key).
+// heads is stored with each head's own key), or with its latents cached
+// kv_lora_rank + qk_pos_emb_head_dim.
 func (m *Model) KVHeadDim() int {
 	c := &m.Config
+	if m.SharedKV() {
+		return c.MLA.KVLoraRank + c.MLA.QKPosEmbHeadDim
+	}
 	if c.MLA.Enabled {
 		return max(c.MLA.QHeadDim(), c.MLA.VHeadDim)
 	}
@@ -252,7 +259,17 @@ func (m *Model) KVHeadDim() int {
 // KVBytesPerToken is the KV cache's size of one position on this rank:
 // keys and values of every attention layer it holds (a pipeline stage its
 // own; a gated delta net layer keeps a recurrent state instead,
-// GDNStateBytes), float32, of the heads this rank holds.
+// GDNStateBytes), float32, of the heads this rank holds; cached MLA latents
+// once (they are the keys and the values).
 func (m *Model) KVBytesPerToken() int64 {
-	return 2 * int64(len(m.Layers)-m.numGDNLayersHere()) * int64(m.QueryGroupsHere()) * int64(m.KVHeadDim()) * 4
+	kv := int64(2)
+	if m.SharedKV() {
+		kv = 1
+	}
+	return kv * int64(len(m.Layers)-m.numGDNLayersHere()) * int64(m.QueryGroupsHere()) * int64(m.KVHeadDim()) * 4
 }
+
+// SharedKV reports whether the cache's keys and values are the same values
+// (cached MLA latents serve as both, Model.CacheMLALatents): a cache keeps
+// them once.
+func (m *Model) SharedKV() bool { return m.Config.MLA.Enabled && m.CacheMLALatents }

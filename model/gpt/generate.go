@@ -37,8 +37,12 @@ func (m *Model) NewKVCache(maxLen int) *KVCache {
 			kv.k, kv.v = append(kv.k, nil), append(kv.v, nil)
 			continue
 		}
-		kv.k = append(kv.k, tensor.ZerosOn(m.Device(), 1, g, maxLen, d))
-		kv.v = append(kv.v, tensor.ZerosOn(m.Device(), 1, g, maxLen, d))
+		k := tensor.ZerosOn(m.Device(), 1, g, maxLen, d)
+		v := k // cached MLA latents are the keys and the values
+		if !m.SharedKV() {
+			v = tensor.ZerosOn(m.Device(), 1, g, maxLen, d)
+		}
+		kv.k, kv.v = append(kv.k, k), append(kv.v, v)
 	}
 	return kv
 }

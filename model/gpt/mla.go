@@ -172,6 +172,9 @@ func (m *Model) mlaAttention(tp *tensor.Tape, l *Layer, index int, x *tensor.Ten
 	kvc := p.lin.Linear(tp, x, l.KVDown, nil) // (b, t[/TP], kv_lora_rank + pe)
 	parts := tp.Split(kvc, 2, mla.KVLoraRank, pe)
 	latent := m.norm(tp, parts[0], l.KVNorm, l.KVNormBias)
+	if p.mlaLatents { // decoding with the latents cached (mla_latent.go)
+		return m.mlaLatentAttention(tp, l, index, q, latent, parts[1], p)
+	}
 	kv := sh.ColumnLinear(tp, p.lin, latent, l.KVUp, nil) // (b, t, n·(nope+v)), this rank's heads
 	kpe := sh.EnterRegion(tp, parts[1])                   // (b, t, pe)
 

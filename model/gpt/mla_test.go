@@ -164,16 +164,21 @@ func TestMLAConfigErrors(t *testing.T) {
 }
 
 // TestMLADecodeMatchesFullForward: an MLA model decodes with its per-head
-// keys (the shared rotary key in each) and values in the KV cache: the
+// keys (the shared rotary key in each) and values in the KV cache, or with
+// its latents cached (CacheMLALatents: the up-projection absorbed): the
 // logits of every step — a prefill of 3 tokens, then one token at a time,
 // and DecodeBatch's chunks of several rows — equal the full forward's at
 // the same positions within float32 rounding, with --q-lora-rank (v
 // narrower than the heads, YaRN factor 40, mscale_all_dim in the scale) and
 // without (v wider, padded q and k).
 func TestMLADecodeMatchesFullForward(t *testing.T) {
-	for _, name := range []string{"mla_qlora", "mla_plain_q"} {
-		t.Run(name, func(t *testing.T) {
-			m, bt, _ := newMLAGoldenModel(t, name)
+	for _, tc := range []struct {
+		name    string
+		latents bool
+	}{{"mla_qlora", false}, {"mla_plain_q", false}, {"mla_qlora", true}, {"mla_plain_q", true}} {
+		t.Run(fmt.Sprintf("%s/latents=%v", tc.name, tc.latents), func(t *testing.T) {
+			m, bt, _ := newMLAGoldenModel(t, tc.name)
+			m.CacheMLALatents = tc.latents
 			V, T := m.Config.VocabSize, bt.Tokens.Dim(1)
 			tokens := bt.Tokens.Int32s()[:T]
 			full := m.Forward(nil, Batch{Tokens: tensor.FromInt32(slices.Clone(tokens), 1, T)}, nil, false).Float32s()
@@ -219,6 +224,14 @@ func TestMLADecodeMatchesFullForward(t *testing.T) {
 			}
 			if _, err := m.Decode(kv, tokens[:1]); err == nil {
 				t.Fatal("decode past the cache size did not fail")
+			}
+			c := m.Config.MLA
+			want := int64(2 * m.Config.NumLayers * m.Config.NumAttentionHeads * max(c.QHeadDim(), c.VHeadDim) * 4)
+			if tc.latents {
+				want = int64(m.Config.NumLayers * (c.KVLoraRank + c.QKPosEmbHeadDim) * 4)
+			}
+			if got := m.KVBytesPerToken(); got != want {
+				t.Errorf("KVBytesPerToken = %d, want %d", got, want)
 			}
 		})
 	}

@@ -66,6 +66,14 @@ type Model struct {
 	dsaRope     *tensor.RoPE // the DSA indexer's rotary embedding (dsa.go)
 	dsa         *DSAState    // DSA's loss scale and logged losses; nil without DSA
 
+	// CacheMLALatents (Megatron's --cache-mla-latents) makes decoding of a
+	// multi-latent attention model cache each position's normalised key-value
+	// latent and rotated rotary key (kv_lora_rank + qk_pos_emb_head_dim
+	// values a layer) instead of every head's key and value, the key-value
+	// up-projection absorbed into the queries and the outputs
+	// (mla_latent.go). It changes only decoding.
+	CacheMLALatents bool
+
 	// Sharding is set by a parallelism plan (Parallelize) on a model whose
 	// parameters are one tensor-parallel rank's slices; nil is one rank
 	// (see region).
@@ -386,6 +394,9 @@ type pass struct {
 	// each layer before use.
 	gdn      GDNStates
 	gdnStart []bool
+	// mlaLatents: decoding an MLA model with its latents cached
+	// (Model.CacheMLALatents, mla_latent.go).
+	mlaLatents bool
 }
 
 // trainingPass is the pass of Forward and Stage.Forward: the fused causal
