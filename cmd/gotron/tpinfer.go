@@ -163,6 +163,7 @@ func shardForDecoding(m *gpt.Model, g *decodeGroup) (decodeModel, error) {
 	if err != nil {
 		return decodeModel{}, fmt.Errorf("--pipeline-model-parallel-size %d: %w", g.pp, err)
 	}
+	stages[0].DropOtherStages() // this rank keeps its stage's weights alone
 	return decodeModel{m: stages[0].DecodeModel(), stage: stages[0], pp: g.groups.PP}, nil
 }
 

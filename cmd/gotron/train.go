@@ -147,7 +147,7 @@ func newTrainFlagsWith(name string, extra func(*flag.FlagSet)) (*flag.FlagSet, *
 	fs.IntVar(&f.divisibleBy, "make-vocab-size-divisible-by", 128, "pad the vocabulary to a multiple of this × TP")
 	fs.IntVar(&f.tpSize, "tensor-model-parallel-size", 1, "tensor-parallel size: split every layer's matrices over this many ranks")
 	fs.BoolVar(&c.SequenceParallel, "sequence-parallel", false, "with tensor parallelism: shard norms, dropouts and residuals along the sequence")
-	fs.IntVar(&f.ppSize, "pipeline-model-parallel-size", 1, "pipeline-parallel size: split the layers into this many stages (1F1B schedule)")
+	fs.IntVar(&f.ppSize, "pipeline-model-parallel-size", 1, "pipeline-parallel size: split the layers into this many stages (train: the 1F1B schedule; inference: one rank each, the last draws the tokens)")
 	ps := &c.Pipeline
 	fs.IntVar(&ps.VPP, "num-virtual-stages-per-pipeline-rank", 0, "model chunks per pipeline rank: Megatron's interleaved schedule (0: one)")
 	fs.IntVar(&ps.VPP, "virtual-pipeline-model-parallel-size", 0, "= --num-virtual-stages-per-pipeline-rank (Megatron's older name)")

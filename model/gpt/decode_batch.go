@@ -211,6 +211,28 @@ func (m *Model) decodePart(buf *DecodeBuffers, part decodePart, in *tensor.Tenso
 // and last; a pipeline stage decodes with Stage.DecodeBatch.
 func (s *Stage) DecodeModel() *Model { return s.view() }
 
+// DropOtherStages lets go of the tensors of the full model s was split
+// from (SplitStages) that s does not hold — the other stages' layers, and
+// the embedding or the head off the first or last stage — so that a
+// decoding rank that loaded the whole model keeps its stage's weights
+// alone. The full model and its other stages are unusable afterwards; s
+// keeps working (it reads only the full model's shared state).
+func (s *Stage) DropOtherStages() {
+	full := s.model
+	lo, hi := s.FirstLayer, s.FirstLayer+len(s.Layers)
+	for i := range full.Layers {
+		if i < lo || i >= hi {
+			full.Layers[i] = Layer{}
+		}
+	}
+	if !s.first {
+		full.WordEmb, full.PosEmb = nil, nil
+	}
+	if !s.last {
+		full.FinalNorm, full.FinalNormB, full.OutputLayer = nil, nil, nil
+	}
+}
+
 // QueryGroupsHere is the number of query groups (key/value heads) whose
 // attention this rank computes: all of them, or a tensor-parallel rank's
 // share (read from the QKV weight, or MLA's key-value up-projection, as the

@@ -11,7 +11,8 @@ import (
 // TestStageDecodeBatch: the golden GPT-2 and Llama models cut into two
 // pipeline stages, each with its own KV cache of its layers, chain
 // Stage.DecodeBatch over prefill chunks and decode tokens to the same
-// logits, bit for bit, as Model.DecodeBatch of the whole model.
+// logits, bit for bit, as Model.DecodeBatch of the whole model, also after
+// each stage let go of the rest of its copy of the model.
 func TestStageDecodeBatch(t *testing.T) {
 	for _, preset := range []string{"gpt2", "llama"} {
 		t.Run(preset, func(t *testing.T) {
@@ -23,9 +24,14 @@ func TestStageDecodeBatch(t *testing.T) {
 			var stages []*Stage
 			var caches []*KVCache
 			for r := range pp {
-				ss, err := SplitStages(m, PipelineSplit{PP: pp}, r)
+				own, _ := newGoldenModel(t, g) // each rank loads the whole model
+				ss, err := SplitStages(own, PipelineSplit{PP: pp}, r)
 				if err != nil {
 					t.Fatal(err)
+				}
+				ss[0].DropOtherStages() // and keeps its stage's tensors alone
+				if r == 0 && (own.Layers[1].QKV != nil || own.FinalNorm != nil) {
+					t.Fatal("stage 0 kept the full model's other layers or head")
 				}
 				stages = append(stages, ss[0])
 				caches = append(caches, ss[0].DecodeModel().NewKVCache(8))
