@@ -77,8 +77,9 @@ type Collector struct {
 	rows        []row // the current collection's, group-major
 	current     int64 // its index; -1 before the first
 	ref         []*tensor.Tensor
-	// Collections are the collections this process ran, in order.
-	Collections []Collection
+	// Last is the latest collection (only it: a long run's responses are
+	// not kept).
+	Last Collection
 }
 
 // row is one rollout as a training sample: Megatron's trajectory padded to
@@ -230,7 +231,7 @@ func (c *Collector) Prepare(ctx context.Context, m train.Model, eval *tensor.Tap
 		}
 	}
 	c.rows, c.current = rows, k
-	c.Collections = append(c.Collections, col)
+	c.Last = col
 	if c.cfg.Printf != nil {
 		var mean, lo, hi float64 = 0, math.Inf(1), math.Inf(-1)
 		for _, r := range col.Rewards {

@@ -64,7 +64,7 @@ func TestCollectorRollouts(t *testing.T) {
 	if err := c.Prepare(cancelled, m, eval, 0, 0); err != nil {
 		t.Fatal(err)
 	}
-	col := c.Collections[0]
+	col := c.Last
 	if len(col.Rewards) != 6 || len(c.rows) != 6 {
 		t.Fatalf("%d rewards, %d rows; want 6", len(col.Rewards), len(c.rows))
 	}
