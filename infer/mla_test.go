@@ -117,3 +117,32 @@ func TestEngineMLAMatchesGenerate(t *testing.T) {
 		})
 	}
 }
+
+// TestPackedBytesMLA: PackLinears packs an MLA model's down- and
+// up-projections, and with cached latents not the key-value up-projection,
+// whose halves multiply the queries and the outputs on the model's weight;
+// PackedBytes counts that much less.
+func TestPackedBytesMLA(t *testing.T) {
+	for _, kind := range mlaKinds {
+		m := mlaTestModel(t, kind)
+		pl := PackLinears(m, tensor.Float32)
+		for i, l := range m.Layers {
+			if packed := pl.w[l.KVUp] != nil; packed == m.CacheMLALatents {
+				t.Errorf("%s layer %d: linear_kv_up_proj packed %v with CacheMLALatents %v", kind, i, packed, m.CacheMLALatents)
+			}
+			if pl.w[l.KVDown] == nil || pl.w[l.Proj] == nil {
+				t.Errorf("%s layer %d: linear_kv_down_proj or linear_proj not packed", kind, i)
+			}
+		}
+		full := mlaTestModel(t, strings.TrimSuffix(kind, "-latents"))
+		diff := PackedBytes(full, EngineConfig{}) - PackedBytes(m, EngineConfig{})
+		if want := int64(0); m.CacheMLALatents {
+			want = int64(4 * m.Config.NumLayers * m.Layers[0].KVUp.Numel())
+			if diff != want {
+				t.Errorf("%s: packs %d bytes fewer than the per-head layout, want %d (the up-projections)", kind, diff, want)
+			}
+		} else if diff != want {
+			t.Errorf("%s: %d", kind, diff)
+		}
+	}
+}

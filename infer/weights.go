@@ -70,7 +70,7 @@ func PackLinears(m *gpt.Model, dtype tensor.DType) *PackedLinears {
 		pl.bytes += pw.Bytes()
 	}
 	for i := range m.Layers {
-		for _, w := range packedWeights(&m.Layers[i]) {
+		for _, w := range packedWeights(m, &m.Layers[i]) {
 			add(w)
 		}
 	}
@@ -89,9 +89,16 @@ func PackLinears(m *gpt.Model, dtype tensor.DType) *PackedLinears {
 // attention's down- and up-projections), the MLP's, and an MoE layer's
 // router and shared expert, linear layers of every token. The routed
 // experts run as one grouped GEMM over the step's tokens
-// (tensor.Tape.GroupedLinear) on the model's weights.
-func packedWeights(l *gpt.Layer) []*tensor.Tensor {
-	ws := []*tensor.Tensor{l.QKV, l.QProj, l.QDown, l.QUp, l.KVDown, l.KVUp, l.Proj, l.FC1, l.FC2}
+// (tensor.Tape.GroupedLinear) on the model's weights. With cached MLA
+// latents the key-value up-projection is no linear layer (its halves
+// multiply the queries and the outputs per head, on the model's weight):
+// not packed.
+func packedWeights(m *gpt.Model, l *gpt.Layer) []*tensor.Tensor {
+	kvUp := l.KVUp
+	if m.CacheMLALatents {
+		kvUp = nil
+	}
+	ws := []*tensor.Tensor{l.QKV, l.QProj, l.QDown, l.QUp, l.KVDown, kvUp, l.Proj, l.FC1, l.FC2}
 	if moe := l.MoE; moe != nil {
 		ws = append(ws, moe.Router, moe.SharedFC1, moe.SharedFC2, moe.Gate)
 	}
@@ -107,7 +114,7 @@ func PackedBytes(m *gpt.Model, cfg EngineConfig) int64 {
 	}
 	var n int64
 	for i := range m.Layers {
-		for _, w := range packedWeights(&m.Layers[i]) {
+		for _, w := range packedWeights(m, &m.Layers[i]) {
 			if w != nil {
 				n += int64(w.Numel())
 			}
