@@ -155,3 +155,36 @@ func TestPipelineParallelRefusals(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestPipelineParallelMLA: multi-latent attention models, caching per-head
+// keys and values or the latents (--cache-mla-latents), give one process's
+// tokens and log-probabilities at PP=2, each stage caching its layers the
+// way the whole model does.
+func TestPipelineParallelMLA(t *testing.T) {
+	for _, kind := range mlaKinds {
+		t.Run(kind, func(t *testing.T) {
+			m := mlaTestModel(t, kind)
+			stages, err := gpt.SplitStages(m, gpt.PipelineSplit{PP: 2}, 1)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got, want := stages[0].DecodeModel().KVBytesPerToken(), m.KVBytesPerToken()/2; got != want {
+				t.Fatalf("a stage of one of two layers caches %d bytes a position, want half the model's %d", got, want)
+			}
+			cfg := EngineConfig{MaxNumBatchedTokens: 24, BlockTokens: 4}
+			eng, err := NewEngine(m, cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			want, err := runRequests(t, eng, ppRequests())
+			if err != nil {
+				t.Fatal(err)
+			}
+			got, err := runPP(t, m, 1, 2, cfg, ppRequests())
+			if err != nil {
+				t.Fatal(err)
+			}
+			compareRuns(t, got, want, 0)
+		})
+	}
+}
