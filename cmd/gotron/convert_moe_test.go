@@ -40,10 +40,10 @@ func TestConvertMegatronMoEToHF(t *testing.T) {
 
 // TestGenerateImportedQwen3MoE: gotron generate runs the Qwen3-MoE
 // fixtures and the DeepSeek-V3 and -V2 ones (multi-latent attention decoding
-// with its KV cache, YaRN, DeepSeekMoE routing), straight from the HF
-// directory and from their gotron conversion: each greedy token after a
-// prefix of the reference tokens is the argmax of the PyTorch reference's
-// logits at that position.
+// with its KV cache, per-head or --cache-mla-latents, YaRN, DeepSeekMoE
+// routing), straight from the HF directory and from their gotron
+// conversion: each greedy token after a prefix of the reference tokens is
+// the argmax of the PyTorch reference's logits at that position.
 func TestGenerateImportedQwen3MoE(t *testing.T) {
 	for _, name := range []string{"qwen3_moe_untied_f32", "qwen3_moe_step2_tied_f32", "deepseek_v3_untied_f32", "deepseek_v2_tied_f32"} {
 		t.Run(name, func(t *testing.T) {
@@ -65,11 +65,18 @@ func TestGenerateImportedQwen3MoE(t *testing.T) {
 							want = v
 						}
 					}
-					out := mustGotron(t, "generate", "--load", load, "--tokenizer-type", "NullTokenizer", "--vocab-size", fmt.Sprint(V),
-						"--prompt", strings.Join(prompt, " "), "--top-k", "1", "--max-new-tokens", "1")
-					f := strings.Fields(out)
-					if len(f) != n+1 || f[n] != fmt.Sprint(want) {
-						t.Fatalf("%s, %d-token prompt: generate printed %q, want the prompt then %d (the reference's argmax)", load, n, out, want)
+					args := []string{"generate", "--load", load, "--tokenizer-type", "NullTokenizer", "--vocab-size", fmt.Sprint(V),
+						"--prompt", strings.Join(prompt, " "), "--top-k", "1", "--max-new-tokens", "1"}
+					variants := [][]string{args}
+					if strings.HasPrefix(name, "deepseek") { // and with the MLA latents cached
+						variants = append(variants, append(slices.Clone(args), "--cache-mla-latents"))
+					}
+					for _, a := range variants {
+						out := mustGotron(t, a...)
+						f := strings.Fields(out)
+						if len(f) != n+1 || f[n] != fmt.Sprint(want) {
+							t.Fatalf("%s, %d-token prompt (%v): generate printed %q, want the prompt then %d (the reference's argmax)", load, n, a[len(a)-1], out, want)
+						}
 					}
 				}
 			}
