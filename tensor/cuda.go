@@ -79,9 +79,9 @@ type cudaRuntime struct {
 // experts' products as one cuBLAS grouped GEMM each), "fusion" (the fused
 // bias-activation, bias-dropout-add and residual add + norm kernels),
 // "gemm-bf16" (bfloat16 GEMM operands under --bf16: weights' bfloat16
-// copies, activations cast once, cuBLAS on CUDA_R_16BF operands). The
-// variable is "1" or "all" for every one, or a comma-separated list of
-// names.
+// copies, activations cast once, cuBLAS on CUDA_R_16BF operands),
+// "moe-router" (the MoE router's kernels). The variable is "1" or "all"
+// for every one, or a comma-separated list of names.
 func CUDAUnverified(getenv func(string) string, feature string) bool {
 	v := getenv("GOTRON_CUDA_UNVERIFIED")
 	if v == "1" || v == "all" {
@@ -222,6 +222,9 @@ func OpenCUDA(ordinal int, opts CUDAOptions) error {
 	rt.fewerSyncs = CUDAUnverified(os.Getenv, "fewer-syncs")
 	if CUDAUnverified(os.Getenv, "fusion") {
 		SetCUDAFusedKernels(true)
+	}
+	if CUDAUnverified(os.Getenv, "moe-router") {
+		SetCUDARouter(true)
 	}
 	if CUDAUnverified(os.Getenv, "gemm-bf16") {
 		SetCUDABF16GemmOperands(true)

@@ -144,3 +144,35 @@ func TestFusedArgsMatchPTX(t *testing.T) {
 		}
 	}
 }
+
+// TestMoERouterArgsMatchPTX checks, without a GPU, that the MoE router
+// kernels' launch arguments (cuda_backend_router.go) match moe.cu's PTX
+// parameters, for every score function the kernels take.
+func TestMoERouterArgsMatchPTX(t *testing.T) {
+	for _, arch := range [][2]int{{8, 0}, {9, 0}} {
+		mods, err := kernels.PTX(arch[0], arch[1])
+		if err != nil {
+			t.Fatal(err)
+		}
+		ptx := string(mods["moe"])
+		for _, c := range []*RouterConfig{
+			{Experts: 8, TopK: 2},
+			{Experts: 16, TopK: 4, Score: ScoreSigmoid, NumGroups: 4, GroupTopK: 2, ScalingFactor: 2.5},
+		} {
+			for name, args := range map[string][]any{
+				"moe_route_fwd_f32": moeRouteFwdArgs(1, 1, 1, 1, 1, 3, c.Experts, c),
+				"moe_route_bwd_f32": moeRouteBwdArgs(1, 1, 1, 1, 1, 3, c.Experts, c),
+			} {
+				want := ptxParamBytes(t, ptx, name)
+				if len(want) != len(args) {
+					t.Fatalf("sm_%d%d %s: %d arguments, the PTX has %d parameters", arch[0], arch[1], name, len(args), len(want))
+				}
+				for i, x := range args {
+					if got := argBytes(x); got != want[i] {
+						t.Errorf("sm_%d%d %s argument %d: %T is %d bytes, the PTX parameter %d", arch[0], arch[1], name, i, x, got, want[i])
+					}
+				}
+			}
+		}
+	}
+}

@@ -15,7 +15,9 @@ import (
 // reads the logits back to the host, routes there (internal/cpu's
 // TopKRouter) and copies the probabilities to the logits' device, as
 // Megatron's dispatchers read the token counts back to the host for the
-// split sizes. On the CPU the copies are no-ops.
+// split sizes. On the CPU the copies are no-ops. On the GPU with
+// SetCUDARouter, the configurations moe.cu covers route on the device and
+// only the chosen experts come back (cuda_backend_router.go).
 
 // RouterConfig is one MoE router (Megatron's TopKRouter settings).
 type RouterConfig = cpu.RouterConfig
@@ -107,15 +109,24 @@ type routeFn struct {
 	r    *Routing
 	dev  Device
 	T, E int
+	// logits and sel (T, k int32, the chosen experts) on the GPU when the
+	// device routed (cuda_backend_router.go)
+	logits, sel *Tensor
 }
 
 func (f *routeFn) Forward(tp *Tape, in []*Tensor) []*Tensor {
+	if f.dev == CUDA && cudaRoutable(f.r.cfg) {
+		return []*Tensor{f.routeCUDA(in[0])}
+	}
 	logits := ToHost(in[0].Contiguous())
 	f.r.res = cpu.Route(f.r.cfg, logits.f32s())
 	return []*Tensor{FromFloat32(f.r.res.Probs, f.T, f.E).ToDevice(f.dev)}
 }
 
 func (f *routeFn) Backward(tp *Tape, g []*Tensor) []*Tensor {
+	if f.sel != nil {
+		return []*Tensor{f.backwardCUDA(g[0])}
+	}
 	dp := ToHost(g[0].Contiguous())
 	dl := make([]float32, f.T*f.E)
 	cpu.RouteBackward(f.r.cfg, f.r.res, dp.f32s(), f.r.AuxScale, dl)

@@ -135,7 +135,7 @@ func softmax64(dst, x []float64) {
 	}
 	var s float64
 	for i, v := range x {
-		dst[i] = math.Exp(v - m)
+		dst[i] = RouterExp(v - m)
 		s += dst[i]
 	}
 	for i := range dst {
@@ -145,7 +145,7 @@ func softmax64(dst, x []float64) {
 
 func score64(f ScoreFunction, x float64) float64 {
 	if f == ScoreSigmoid {
-		return 1 / (1 + math.Exp(-x))
+		return 1 / (1 + RouterExp(-x))
 	}
 	return math.Sqrt(softplus64(x))
 }
@@ -155,12 +155,12 @@ func softplus64(x float64) float64 {
 	if x > 20 {
 		return x
 	}
-	return math.Log1p(math.Exp(x))
+	return math.Log1p(RouterExp(x))
 }
 
 // dscore64 is d score/dx.
 func dscore64(f ScoreFunction, x float64) float64 {
-	sg := 1 / (1 + math.Exp(-x))
+	sg := 1 / (1 + RouterExp(-x))
 	if f == ScoreSigmoid {
 		return sg * (1 - sg)
 	}
@@ -279,6 +279,35 @@ func Route64(c *RouterConfig, logits []float64) *RouteResult {
 		c.losses(T, r)
 	}
 	return r
+}
+
+// RouteFromSelection is the routing of T tokens whose experts were chosen
+// elsewhere (the CUDA router, bit for bit Route64's choice): sel (T, k),
+// each token's experts in Route's order. The configuration has no capacity
+// dropping and no losses (what the device routes), so the map is the
+// selection. Probs is nil (the probabilities stay on the device), and the
+// result serves no RouteBackward (the device's backward takes its place).
+func RouteFromSelection(c *RouterConfig, T int, sel []int32) (*RouteResult, error) {
+	E, k := c.Experts, c.TopK
+	if c.CapacityFactor > 0 || c.Losses {
+		return nil, fmt.Errorf("a selection made elsewhere cannot be dropped by capacity or carry losses")
+	}
+	if len(sel) != T*k {
+		return nil, fmt.Errorf("%d chosen experts for %d tokens of top-%d: want %d", len(sel), T, k, T*k)
+	}
+	r := &RouteResult{Map: make([]bool, T*E), TokensPerExpert: make([]float64, E), sel: make([][]int, T)}
+	for t := range T {
+		r.sel[t] = make([]int, k)
+		for j, e := range sel[t*k : (t+1)*k] {
+			if e < 0 || int(e) >= E || r.Map[t*E+int(e)] {
+				return nil, fmt.Errorf("token %d: chosen experts %v: want %d distinct experts of %d", t, sel[t*k:(t+1)*k], k, E)
+			}
+			r.Map[t*E+int(e)] = true
+			r.TokensPerExpert[e]++
+			r.sel[t][j] = int(e)
+		}
+	}
+	return r, nil
 }
 
 // drop is apply_router_token_dropping: per expert, keep the capacity's
@@ -475,7 +504,7 @@ func logSumExp(x []float64) float64 {
 	}
 	var s float64
 	for _, v := range x {
-		s += math.Exp(v - m)
+		s += RouterExp(v - m)
 	}
 	return m + math.Log(s)
 }
@@ -544,7 +573,7 @@ func RouteBackward64(c *RouterConfig, r *RouteResult, dprobs []float32, auxScale
 				den := sum + 1e-20
 				var dot float64
 				for j := range s {
-					dot += dp[j] * s[j]
+					dot += float64(dp[j] * s[j])
 				}
 				for j := range s {
 					ds[j] = dp[j]/den - dot/(den*den)
@@ -553,7 +582,7 @@ func RouteBackward64(c *RouterConfig, r *RouteResult, dprobs []float32, auxScale
 				copy(ds, dp)
 			}
 			for j, e := range sel {
-				d[e] += ds[j] * dscore64(c.Score, l[e])
+				d[e] += float64(ds[j] * dscore64(c.Score, l[e]))
 			}
 		}
 		if c.Losses && auxScale != 0 {
@@ -601,7 +630,7 @@ func RouteBackward64(c *RouterConfig, r *RouteResult, dprobs []float32, auxScale
 func softmaxBack(dx, p, dp []float64) {
 	var dot float64
 	for i := range p {
-		dot += p[i] * dp[i]
+		dot += float64(p[i] * dp[i])
 	}
 	for i := range p {
 		dx[i] = p[i] * (dp[i] - dot)
@@ -625,3 +654,60 @@ func UpdateExpertBias(bias []float32, counts []float64, rate float64) {
 		}
 	}
 }
+
+// RouterExp (exported for the kernels' host test) is e^x from float64 additions, products and one division, each
+// rounded on its own (float64(...) forbids fused multiply-adds): FreeBSD's
+// algorithm, as Go's portable math.exp, with its own power-of-two scaling.
+// The router's scores use it instead of math.Exp, which on amd64 is
+// assembly that uses FMA where the CPU has it, so that the CUDA router
+// (moe.cu's moe_exp, the same operations) computes the same bits and
+// chooses the same experts.
+func RouterExp(x float64) float64 {
+	const (
+		ln2Hi     = 6.93147180369123816490e-01
+		ln2Lo     = 1.90821492927058770002e-10
+		log2e     = 1.44269504088896338700e+00
+		overflow  = 7.09782712893383973096e+02
+		underflow = -7.45133219101941108420e+02
+		nearZero  = 1.0 / (1 << 28)
+		p1        = 1.66666666666666657415e-01
+		p2        = -2.77777777770155933842e-03
+		p3        = 6.61375632143793436117e-05
+		p4        = -1.65339022054652515390e-06
+		p5        = 4.13813679705723846039e-08
+	)
+	switch {
+	case x != x: // NaN
+		return x
+	case x > overflow:
+		return math.Inf(1)
+	case x < underflow:
+		return 0
+	case -nearZero < x && x < nearZero:
+		return 1 + x
+	}
+	var k int
+	switch {
+	case x < 0:
+		k = int(float64(log2e*x) - 0.5)
+	case x > 0:
+		k = int(float64(log2e*x) + 0.5)
+	}
+	hi := x - float64(float64(k)*ln2Hi)
+	lo := float64(float64(k) * ln2Lo)
+	r := hi - lo
+	t := float64(r * r)
+	c := r - float64(t*(p1+float64(t*(p2+float64(t*(p3+float64(t*(p4+float64(t*p5)))))))))
+	y := 1 - ((lo - float64(r*c)/(2-c)) - hi)
+	// y·2^k: exact, or rounded once where the result is subnormal
+	switch {
+	case k < -1021:
+		return float64(y*pow2(k+53)) * pow2(-53)
+	case k > 1023:
+		return float64(y*pow2(1023)) * pow2(k-1023)
+	}
+	return y * pow2(k)
+}
+
+// pow2 is 2^n for -1022 <= n <= 1023.
+func pow2(n int) float64 { return math.Float64frombits(uint64(n+1023) << 52) }

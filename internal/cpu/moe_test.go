@@ -5,6 +5,7 @@ import (
 	"math"
 	"math/rand"
 	"os"
+	"strings"
 	"testing"
 )
 
@@ -311,5 +312,96 @@ func TestRouteBackwardFiniteDifference(t *testing.T) {
 				t.Fatalf("%+v: dlogits[%d] = %g, finite difference %g", c, i, dl[i], fd)
 			}
 		}
+	}
+}
+
+// TestRouterExp: RouterExp is within 2 ulp of math.Exp (each is within
+// one of e^x) over the router's range, and exact at the special cases.
+// (amd64's math.Exp overflows to +Inf before 709.78, so the largest point
+// checked is 709.)
+func TestRouterExp(t *testing.T) {
+	for _, x := range []float64{0, 1, -1, 1e-9, -1e-9, 0.5, -0.5, 10, -10, 700, -700, 709, -744, -745, -745.2, -800, 710, math.Inf(1), math.Inf(-1)} {
+		got, want := RouterExp(x), math.Exp(x)
+		if want == 0 || math.IsInf(want, 0) {
+			if got != want && !(x < -744.4 && got < 5e-324*4) {
+				t.Errorf("RouterExp(%v) = %v, math.Exp %v", x, got, want)
+			}
+			continue
+		}
+		if d := math.Abs(got-want) / want; d > 4.5e-16 {
+			t.Errorf("RouterExp(%v) = %v, math.Exp %v (relative %g)", x, got, want, d)
+		}
+	}
+	rng := rand.New(rand.NewSource(2))
+	for range 100000 {
+		x := (rng.Float64()*2 - 1) * 700
+		got, want := RouterExp(x), math.Exp(x)
+		if d := math.Abs(got-want) / want; d > 4.5e-16 {
+			t.Fatalf("RouterExp(%v) = %v, math.Exp %v (relative %g)", x, got, want, d)
+		}
+	}
+	if v := RouterExp(math.NaN()); !math.IsNaN(v) {
+		t.Errorf("RouterExp(NaN) = %v", v)
+	}
+}
+
+// TestRouteFromSelection: the routing rebuilt from Route's choice of
+// experts (as the CUDA router hands it over) has Route's map and token
+// counts, for the golden configurations without capacity dropping; a
+// selection with an expert out of range, a repeat or the wrong length is
+// refused naming the token.
+func TestRouteFromSelection(t *testing.T) {
+	g := loadMoEGolden(t)
+	logits := f32s(g.Logits)
+	T := len(logits) / g.E
+	n := 0
+	for _, rc := range g.Routes {
+		if rc.CapacityFactor > 0 {
+			continue
+		}
+		n++
+		c := &RouterConfig{Experts: g.E, TopK: rc.TopK, Score: scoreFn(t, rc.Score), PreSoftmax: rc.PreSoftmax,
+			NumGroups: rc.NumGroups, GroupTopK: rc.GroupTopK, ScalingFactor: rc.Scaling, ExpertBias: rc.ExpertBias, Batch: g.B, SeqLen: g.S}
+		r := Route(c, logits)
+		var sel []int32
+		for _, s := range r.sel {
+			for _, e := range s {
+				sel = append(sel, int32(e))
+			}
+		}
+		got, err := RouteFromSelection(c, T, sel)
+		if err != nil {
+			t.Fatalf("%s: %v", rc.Name, err)
+		}
+		for i := range r.Map {
+			if got.Map[i] != r.Map[i] {
+				t.Fatalf("%s: map[%d,%d] = %v, Route's %v", rc.Name, i/g.E, i%g.E, got.Map[i], r.Map[i])
+			}
+		}
+		for e := range r.TokensPerExpert {
+			if got.TokensPerExpert[e] != r.TokensPerExpert[e] {
+				t.Fatalf("%s: expert %d has %v tokens, Route's %v", rc.Name, e, got.TokensPerExpert[e], r.TokensPerExpert[e])
+			}
+		}
+	}
+	if n == 0 {
+		t.Fatal("no golden configuration without capacity dropping")
+	}
+	c := &RouterConfig{Experts: 4, TopK: 2}
+	for _, bad := range []struct {
+		sel  []int32
+		want string
+	}{
+		{[]int32{0, 1, 2}, "3 chosen experts for 2 tokens of top-2: want 4"},
+		{[]int32{0, 1, 3, 3}, "token 1: chosen experts [3 3]: want 2 distinct experts of 4"},
+		{[]int32{0, 4, 1, 2}, "token 0: chosen experts [0 4]"},
+		{[]int32{-1, 0, 1, 2}, "token 0: chosen experts [-1 0]"},
+	} {
+		if _, err := RouteFromSelection(c, 2, bad.sel); err == nil || !strings.Contains(err.Error(), bad.want) {
+			t.Errorf("RouteFromSelection(%v): %v, want an error with %q", bad.sel, err, bad.want)
+		}
+	}
+	if _, err := RouteFromSelection(&RouterConfig{Experts: 4, TopK: 2, CapacityFactor: 1}, 1, []int32{0, 1}); err == nil {
+		t.Error("a selection under capacity dropping was accepted")
 	}
 }

@@ -75,6 +75,34 @@ func TestCUDAMoEMatchesCPU(t *testing.T) {
 	}
 }
 
+// TestCUDAMoERouterMatchesCPU is TestCUDAMoEMatchesCPU with the router on
+// the device (GOTRON_CUDA_UNVERIFIED naming moe-router) for the
+// configurations its kernels take: aux-loss-free balancing (sigmoid scores,
+// the expert bias, groups; no auxiliary losses) and softmax without
+// losses. Built, not yet run on a GPU (tools/gpu/check.sh unverified).
+func TestCUDAMoERouterMatchesCPU(t *testing.T) {
+	if err := tensor.OpenCUDA(0, tensor.CUDAOptions{}); err != nil {
+		t.Skipf("no CUDA device: %v", err)
+	}
+	defer tensor.SetCUDARouter(tensor.SetCUDARouter(true))
+	const tol = 1e-3
+	sigmoid := moeTestConfig()
+	sigmoid.MoE.AuxLossCoeff, sigmoid.MoE.ZLossCoeff = 0, 0
+	sigmoid.MoE.Score, sigmoid.MoE.ExpertBias, sigmoid.MoE.NumGroups, sigmoid.MoE.GroupTopK = ScoreSigmoid, true, 2, 1
+	softmax := moeTestConfig()
+	softmax.MoE.AuxLossCoeff, softmax.MoE.ZLossCoeff = 0, 0
+	for _, cfg := range []Config{sigmoid, softmax} {
+		c, bt := deviceCase(cfg)
+		cl, cg := deviceStep(t, c, bt, tensor.CPU, Recompute{})
+		gl, gg := deviceStep(t, c, bt, tensor.CUDA, Recompute{})
+		cudaClose(t, "moe loss", []float32{gl}, []float32{cl}, tol)
+		params := stageModel(t, c).Params()
+		for i := range cg {
+			cudaClose(t, "moe gradient of "+params[i].Name, gg[i], cg[i], tol)
+		}
+	}
+}
+
 // TestCUDAMoEGroupedMatchesCPU is TestCUDAMoEMatchesCPU with
 // --moe-grouped-gemm and the GPU's grouped GEMM on (GOTRON_CUDA_UNVERIFIED
 // naming moe-grouped): every expert product one cublasGemmGroupedBatchedEx

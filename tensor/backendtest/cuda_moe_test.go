@@ -82,3 +82,77 @@ func param(rng *tensor.RNG, name string, shape ...int) *tensor.Tensor {
 	rng.Normal(p.Float32s(), 0, 1)
 	return p
 }
+
+// TestCUDARouterMatchesCPU: with the MoE router's kernels on
+// (GOTRON_CUDA_UNVERIFIED=moe-router), Route on the GPU chooses the CPU's
+// experts and gives its probabilities and the logits' gradient bit for
+// bit (moe.cu: the CPU's float64 operations, no fused multiply-adds), for
+// softmax after and before the top-k, sigmoid with the expert bias, group
+// limits and scaling, on logits with ties; it reads back only the chosen
+// experts (one copy to the host a route). Built, not yet run on a GPU
+// (tools/gpu/check.sh unverified).
+func TestCUDARouterMatchesCPU(t *testing.T) {
+	if err := tensor.OpenCUDA(0, tensor.CUDAOptions{}); err != nil {
+		t.Skipf("no CUDA device: %v", err)
+	}
+	defer tensor.SetCUDARouter(tensor.SetCUDARouter(true))
+	bias := make([]float32, 16)
+	tensor.NewRNG(8).Normal(bias, 0, 0.1)
+	for _, c := range []struct {
+		name string
+		cfg  tensor.RouterConfig
+		ties bool
+	}{
+		{"softmax-topk-ties", tensor.RouterConfig{Experts: 8, TopK: 2}, true},
+		{"pre-softmax-scaled", tensor.RouterConfig{Experts: 16, TopK: 4, PreSoftmax: true, ScalingFactor: 2.5}, false},
+		{"sigmoid-bias-groups", tensor.RouterConfig{Experts: 16, TopK: 4, Score: tensor.ScoreSigmoid, NumGroups: 4, GroupTopK: 2, ExpertBias: bias}, true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			const T = 515
+			E := c.cfg.Experts
+			run := func(dev tensor.Device) (probs []float32, m []bool, dl []float32, copiesOut int64) {
+				rng := tensor.NewRNG(4)
+				logits := param(rng, "logits", T, E)
+				if c.ties {
+					for i, v := range logits.Float32s() {
+						logits.Float32s()[i] = float32(math.Round(float64(v) * 2))
+					}
+				}
+				g := tensor.New(tensor.Float32, T, E)
+				rng.Normal(g.Float32s(), 0, 1)
+				tensor.MoveParams(dev, logits)
+				cfg := c.cfg
+				tp := tensor.NewTape()
+				before := tensor.CUDATransfers()
+				p, r := tp.Route(logits, &cfg)
+				copiesOut = tensor.CUDATransfers().ToHost - before.ToHost
+				if err := tp.BackwardFrom([]*tensor.Tensor{p}, []*tensor.Tensor{g.ToDevice(dev)}); err != nil {
+					t.Fatal(err)
+				}
+				for tok := range T {
+					for e := range E {
+						m = append(m, r.Map(tok, e))
+					}
+				}
+				return tensor.ToHost(p).Float32s(), m, tensor.ToHost(logits.Grad).Float32s(), copiesOut
+			}
+			wp, wm, wd, _ := run(tensor.CPU)
+			gp, gm, gd, out := run(tensor.CUDA)
+			for i := range wm {
+				if gm[i] != wm[i] {
+					t.Fatalf("token %d expert %d: chosen %v on the GPU, %v on the CPU", i/E, i%E, gm[i], wm[i])
+				}
+			}
+			for what, pair := range map[string][2][]float32{"probabilities": {gp, wp}, "logits' gradient": {gd, wd}} {
+				for i := range pair[1] {
+					if math.Float32bits(pair[0][i]) != math.Float32bits(pair[1][i]) {
+						t.Fatalf("%s[%d] = %v on the GPU, %v on the CPU", what, i, pair[0][i], pair[1][i])
+					}
+				}
+			}
+			if out != 1 {
+				t.Errorf("the GPU's route copied to the host %d times, want 1 (the chosen experts)", out)
+			}
+		})
+	}
+}

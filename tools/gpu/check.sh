@@ -46,6 +46,10 @@ unverified_tests() {
 	run unverified-moe-grouped-blas 120 "$bin/internal_cuda.test" -test.v -test.run 'TestGPUGemmGrouped'
 	run unverified-moe-grouped-op 120 "$bin/tensor_backendtest.test" -test.v -test.run 'TestCUDAGroupedLinearMatchesCPU'
 	run unverified-moe-grouped 180 env GOTRON_CUDA_UNVERIFIED=moe-grouped "$bin/model_gpt.test" -test.v -test.run 'TestCUDAMoEGroupedMatchesCPU'
+	# The MoE router on the device (moe-router: moe.cu): Route against
+	# the CPU bit for bit, then model steps with it on.
+	run unverified-moe-router-op 120 "$bin/tensor_backendtest.test" -test.v -test.run 'TestCUDARouterMatchesCPU'
+	run unverified-moe-router 180 env GOTRON_CUDA_UNVERIFIED=moe-router "$bin/model_gpt.test" -test.v -test.run 'TestCUDAMoERouterMatchesCPU'
 	# The fused bias-GELU, bias-SwiGLU, bias-dropout-add and
 	# bias-dropout-add + LayerNorm/RMSNorm kernels (fused.cu) against the
 	# CPU, then the model's training step with them on (the layer fuses by

@@ -1,0 +1,242 @@
+package kernels_test
+
+import (
+	"bytes"
+	"encoding/binary"
+	"fmt"
+	"math"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"testing"
+
+	"github.com/gotron/gotron/internal/cpu"
+	"github.com/gotron/gotron/tensor"
+)
+
+// TestMoEHostKernels runs moe.cu's router kernels on the host
+// (testdata/moe_host.cc, built with g++ without fused multiply-adds)
+// against internal/cpu's router, bit for bit: the chosen experts (the
+// routing map), the probabilities and the logits' gradient, for softmax
+// after and before the top-k, sigmoid with k 1 and 3, the expert bias,
+// group-limited top-k and the scaling factor, on logits with many ties
+// (rounded to a few values: the CPU's order, lowest index first, must
+// hold) and extreme ones (underflowing softmax terms, saturated sigmoids:
+// equal scores from different logits). This checks the kernels' logic
+// and arithmetic without a GPU; nvcc's code for them (built with the
+// __d*_rn intrinsics, so no contraction: TestMoEPTXHasNoFMA) only a GPU
+// run checks.
+func TestMoEHostKernels(t *testing.T) {
+	bin := moeHostBin(t)
+	bias := func(e int) []float32 {
+		b := make([]float32, e)
+		tensor.NewRNG(8).Normal(b, 0, 0.1)
+		return b
+	}
+	for _, c := range []struct {
+		name  string
+		rc    cpu.RouterConfig
+		logit func(i int, x float32) float32
+	}{
+		{name: "softmax-topk-ties", rc: cpu.RouterConfig{Experts: 8, TopK: 2}, logit: func(_ int, x float32) float32 { return float32(math.Round(float64(x))) }},
+		{name: "softmax-scaled", rc: cpu.RouterConfig{Experts: 16, TopK: 4, ScalingFactor: 2.5}},
+		{name: "pre-softmax-extreme", rc: cpu.RouterConfig{Experts: 16, TopK: 4, PreSoftmax: true}, logit: func(i int, x float32) float32 {
+			if i%5 == 0 {
+				return x * 400 // terms of e^(v − max) that underflow to 0: ties among them
+			}
+			return x
+		}},
+		{name: "sigmoid-top1", rc: cpu.RouterConfig{Experts: 8, TopK: 1, Score: cpu.ScoreSigmoid}},
+		{name: "sigmoid-saturated", rc: cpu.RouterConfig{Experts: 8, TopK: 3, Score: cpu.ScoreSigmoid}, logit: func(i int, x float32) float32 {
+			if i%3 == 0 {
+				return 38 + x*4 // sigmoid rounds to 1 from about 37: equal scores
+			}
+			return x
+		}},
+		{name: "sigmoid-bias-groups", rc: cpu.RouterConfig{Experts: 16, TopK: 4, Score: cpu.ScoreSigmoid, NumGroups: 4, GroupTopK: 2,
+			ExpertBias: bias(16), ScalingFactor: 2.5}, logit: func(_ int, x float32) float32 { return float32(math.Round(float64(x)*2) / 2) }},
+		{name: "softmax-groups-ties", rc: cpu.RouterConfig{Experts: 12, TopK: 4, NumGroups: 3, GroupTopK: 2}, logit: func(_ int, x float32) float32 { return float32(math.Round(float64(x))) }},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			const T = 203
+			rc := c.rc
+			E, k := rc.Experts, rc.TopK
+			logits, dprobs := make([]float32, T*E), make([]float32, T*E)
+			rng := tensor.NewRNG(uint64(len(c.name)))
+			rng.Normal(logits, 0, 2)
+			rng.Normal(dprobs, 0, 1)
+			if c.logit != nil {
+				for i, x := range logits {
+					logits[i] = c.logit(i, x)
+				}
+			}
+			want := cpu.Route(&rc, logits)
+			wantD := make([]float32, T*E)
+			cpu.RouteBackward(&rc, want, dprobs, 0, wantD)
+
+			score, pre := 0, 0
+			if rc.Score == cpu.ScoreSigmoid {
+				score = 1
+			}
+			if rc.PreSoftmax {
+				pre = 1
+			}
+			sc := strconv.FormatFloat(rc.ScalingFactor, 'g', 17, 64)
+			in := f32Bytes(logits)
+			hasBias := "0"
+			if rc.ExpertBias != nil {
+				in, hasBias = append(in, f32Bytes(rc.ExpertBias)...), "1"
+			}
+			out := runMoEHost(t, bin, in, "fwd", T, E, k, score, pre, rc.NumGroups, rc.GroupTopK, sc, hasBias)
+			if len(out) != 4*(T*E+T*k) {
+				t.Fatalf("fwd wrote %d bytes, want %d", len(out), 4*(T*E+T*k))
+			}
+			probs, sel := fromF32Bytes(out[:4*T*E]), fromI32Bytes(out[4*T*E:])
+			for tok := range T {
+				for e := range E {
+					in := false
+					for _, s := range sel[tok*k : (tok+1)*k] {
+						in = in || int(s) == e
+					}
+					if in != want.Map[tok*E+e] {
+						t.Fatalf("token %d expert %d: chosen %v, the CPU's %v (logits %v)", tok, e, in, want.Map[tok*E+e], logits[tok*E:(tok+1)*E])
+					}
+				}
+			}
+			sameBitsF32(t, "probabilities", probs, want.Probs)
+			out = runMoEHost(t, bin, append(append(f32Bytes(logits), i32Bytes(sel)...), f32Bytes(dprobs)...), "bwd", T, E, k, score, pre, sc)
+			sameBitsF32(t, "logits' gradient", fromF32Bytes(out), wantD)
+		})
+	}
+}
+
+// TestMoEHostExp: moe.cu's moe_exp is internal/cpu's RouterExp bit for bit
+// (each of them within an ulp of e^x; amd64's math.Exp, which uses FMA
+// where the CPU has it, is not the same function) over the range the
+// router's scores reach and the special cases.
+func TestMoEHostExp(t *testing.T) {
+	bin := moeHostBin(t)
+	x := []float64{0, -0.0, 1, -1, 1e-9, -1e-9, 700, -700, 709.78, 709.79, -745.1, -745.2, -744.5, math.Inf(1), math.Inf(-1)}
+	u := make([]float32, 200000)
+	tensor.NewRNG(3).Uniform(u, -1, 1)
+	for i, v := range u {
+		x = append(x, float64(v)*float64([]float32{1, 40, 750}[i%3]))
+	}
+	var b bytes.Buffer
+	binary.Write(&b, binary.LittleEndian, x)
+	out := runMoEHost(t, bin, b.Bytes(), "exp", len(x))
+	got := make([]float64, len(x))
+	binary.Read(bytes.NewReader(out), binary.LittleEndian, got)
+	for i, v := range x {
+		if want := cpu.RouterExp(v); math.Float64bits(got[i]) != math.Float64bits(want) {
+			t.Fatalf("moe_exp(%v) = %v, RouterExp %v", v, got[i], want)
+		}
+	}
+}
+
+// TestMoEPTXHasNoFMA: moe.cu's PTX has no fused multiply-add (every
+// operation an __d*_rn intrinsic), so the GPU rounds each as the CPU does.
+func TestMoEPTXHasNoFMA(t *testing.T) {
+	for _, arch := range []string{"sm_80", "sm_90"} {
+		b, err := os.ReadFile(filepath.Join("ptx", arch, "moe.ptx"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if bytes.Contains(b, []byte("fma.")) || bytes.Contains(b, []byte("mad.")) {
+			t.Errorf("%s/moe.ptx has a fused multiply-add", arch)
+		}
+	}
+}
+
+func sameBitsF32(t *testing.T, what string, got, want []float32) {
+	t.Helper()
+	if len(got) != len(want) {
+		t.Fatalf("%s: %d values, want %d", what, len(got), len(want))
+	}
+	for i := range want {
+		if math.Float32bits(got[i]) != math.Float32bits(want[i]) {
+			t.Fatalf("%s[%d] = %v, the CPU's %v", what, i, got[i], want[i])
+		}
+	}
+}
+
+func f32Bytes(x []float32) []byte {
+	var b bytes.Buffer
+	binary.Write(&b, binary.LittleEndian, x)
+	return b.Bytes()
+}
+
+func i32Bytes(x []int32) []byte {
+	var b bytes.Buffer
+	binary.Write(&b, binary.LittleEndian, x)
+	return b.Bytes()
+}
+
+func fromF32Bytes(b []byte) []float32 {
+	x := make([]float32, len(b)/4)
+	binary.Read(bytes.NewReader(b), binary.LittleEndian, x)
+	return x
+}
+
+func fromI32Bytes(b []byte) []int32 {
+	x := make([]int32, len(b)/4)
+	binary.Read(bytes.NewReader(b), binary.LittleEndian, x)
+	return x
+}
+
+func runMoEHost(t *testing.T, bin string, stdin []byte, args ...any) []byte {
+	t.Helper()
+	var sargs []string
+	for _, a := range args {
+		sargs = append(sargs, fmt.Sprint(a))
+	}
+	cmd := exec.Command(bin, sargs...)
+	cmd.Stdin = bytes.NewReader(stdin)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("moe_host %v: %v\n%s", sargs, err, stderr.Bytes())
+	}
+	return out
+}
+
+var moeHost struct {
+	once      sync.Once
+	path, dir string
+	err       error
+}
+
+func moeHostBin(t *testing.T) string {
+	t.Helper()
+	cxx, err := exec.LookPath("g++")
+	if err != nil {
+		t.Skip("g++ not on PATH: cannot build testdata/moe_host.cc to run moe.cu's kernels on the host")
+	}
+	for _, src := range []string{"testdata/moe_host.cc", "moe.cu"} { // for go test's cache
+		if _, err := os.ReadFile(src); err != nil {
+			t.Fatal(err)
+		}
+	}
+	moeHost.once.Do(func() {
+		dir, err := os.MkdirTemp("", "gotron-moe-host-")
+		if err != nil {
+			moeHost.err = err
+			return
+		}
+		moeHost.dir = dir
+		out := filepath.Join(dir, "moe_host")
+		msg, err := exec.Command(cxx, "-std=c++17", "-O2", "-ffp-contract=off", "-o", out, filepath.Join("testdata", "moe_host.cc")).CombinedOutput()
+		if err != nil {
+			moeHost.err = fmt.Errorf("g++ testdata/moe_host.cc: %v\n%s", err, msg)
+			return
+		}
+		moeHost.path = out
+	})
+	if moeHost.err != nil {
+		t.Fatal(moeHost.err)
+	}
+	return moeHost.path
+}

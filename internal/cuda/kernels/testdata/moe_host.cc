@@ -1,0 +1,99 @@
+// moe_host runs moe.cu's router kernels on the host for TestMoEHostKernels
+// (moe_host_test.go): the kernels loop over tokens grid-stride, so one
+// host thread is the whole grid; the __d*_rn intrinsics are the plain
+// IEEE operations (built with -ffp-contract=off: no fused multiply-add).
+// The kernels' source runs unchanged. Built by the test with g++.
+//
+//	moe_host fwd T E k score pre groups groupTopK scaling hasBias
+//	    stdin: logits (T·E float32), bias (E float32, if hasBias) → stdout: probs (T·E float32), sel (T·k int32)
+//	moe_host exp n
+//	    stdin: n float64 → stdout: moe_exp of each
+//	moe_host bwd T E k score pre scaling
+//	    stdin: logits (T·E float32), sel (T·k int32), dprobs (T·E float32) → stdout: dlogits (T·E float32)
+// Little-endian binary; scaling is a decimal float64 printed exactly (%.17g).
+
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <vector>
+
+#define __device__
+#define __global__
+#define __forceinline__ inline
+
+struct moe_dim3 {
+    unsigned x, y, z;
+};
+static const moe_dim3 threadIdx = {0, 0, 0}, blockIdx = {0, 0, 0}, blockDim = {1, 1, 1}, gridDim = {1, 1, 1};
+
+static inline double __dmul_rn(double a, double b) { return a * b; }
+static inline double __dadd_rn(double a, double b) { return a + b; }
+static inline double __dsub_rn(double a, double b) { return a - b; }
+static inline double __ddiv_rn(double a, double b) { return a / b; }
+static inline double __longlong_as_double(long long v) {
+    double d;
+    memcpy(&d, &v, 8);
+    return d;
+}
+
+#include "../moe.cu"
+
+template <typename T>
+static std::vector<T> readN(size_t n) {
+    std::vector<T> v(n);
+    if (n && fread(v.data(), sizeof(T), n, stdin) != n) {
+        fprintf(stderr, "moe_host: short input\n");
+        exit(1);
+    }
+    return v;
+}
+
+template <typename T>
+static void writeAll(const std::vector<T>& v) {
+    fwrite(v.data(), sizeof(T), v.size(), stdout);
+}
+
+int main(int argc, char** argv) {
+    if (argc < 2) return 2;
+    if (strcmp(argv[1], "fwd") == 0 && argc == 11) {
+        long long T = atoll(argv[2]);
+        int E = atoi(argv[3]), k = atoi(argv[4]), score = atoi(argv[5]), pre = atoi(argv[6]), groups = atoi(argv[7]), gk = atoi(argv[8]);
+        double scaling = strtod(argv[9], nullptr);
+        int hasBias = atoi(argv[10]);
+        auto logits = readN<float>(T * E);
+        std::vector<float> bias;
+        if (hasBias) bias = readN<float>(E);
+        std::vector<float> probs(T * E);
+        std::vector<int> sel(T * k);
+        std::vector<double> scratch(T * (E + groups));
+        moe_route_fwd_f32(probs.data(), sel.data(), scratch.data(), logits.data(), hasBias ? bias.data() : nullptr, T, E, k, score, pre,
+                          groups, gk, scaling);
+        writeAll(probs);
+        writeAll(sel);
+        return 0;
+    }
+    if (strcmp(argv[1], "bwd") == 0 && argc == 8) {
+        long long T = atoll(argv[2]);
+        int E = atoi(argv[3]), k = atoi(argv[4]), score = atoi(argv[5]), pre = atoi(argv[6]);
+        double scaling = strtod(argv[7], nullptr);
+        auto logits = readN<float>(T * E);
+        auto sel = readN<int>(T * k);
+        auto dprobs = readN<float>(T * E);
+        std::vector<float> dlogits(T * E);
+        std::vector<double> scratch(T * E);
+        moe_route_bwd_f32(dlogits.data(), scratch.data(), dprobs.data(), logits.data(), sel.data(), T, E, k, score, pre, scaling);
+        writeAll(dlogits);
+        return 0;
+    }
+    if (strcmp(argv[1], "exp") == 0 && argc == 3) {
+        auto x = readN<double>(atoll(argv[2]));
+        for (auto& v : x) v = moe_exp(v);
+        writeAll(x);
+        return 0;
+    }
+    fprintf(stderr, "moe_host: bad arguments\n");
+    return 2;
+}
