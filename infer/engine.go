@@ -407,6 +407,13 @@ func (e *Engine) linears() gpt.Linears {
 	return e.packed
 }
 
+// StateBytes is the memory of the gated delta net layers' state slots,
+// part of EngineConfig.KVCacheBytes (0 without such layers).
+func (e *Engine) StateBytes() int64 {
+	b, _ := e.cfg.stateBytes(e.m) // validate checked it
+	return b
+}
+
 // Config returns the engine's configuration with defaults filled in.
 func (e *Engine) Config() EngineConfig { return e.cfg }
 

@@ -153,6 +153,10 @@ func cmdServe(ctx context.Context, env *cli, args []string) error {
 	st := runner.Stats()
 	fmt.Fprintf(env.stdout, "gotron serve: model %q (--served-model-name) from %s: %d KV blocks of %d tokens (%d positions), up to %d sequences, %d tokens per step, decode weights: %s, GOGC %d\n",
 		srv.ModelName(), f.load, st.KVBlocksTotal, cfg.BlockTokens, st.KVBlocksTotal*cfg.BlockTokens, cfg.MaxNumSeqs, cfg.MaxNumBatchedTokens, weightsDescription(runner.Engine()), gcPercent())
+	if b := runner.Engine().StateBytes(); b > 0 {
+		fmt.Fprintf(env.stdout, "gotron serve: gated delta net layers: %d recurrent-state slots (--max-num-seqs) of %d bytes, %d KiB of --kv-cache-bytes; prefix caching off\n",
+			cfg.MaxNumSeqs, b/int64(cfg.MaxNumSeqs), b>>10)
+	}
 	fmt.Fprintf(env.stdout, "gotron serve: listening on http://%s\n", ln.Addr())
 	hs, ln := httpServer(&f, srv, ln)
 	return serve(ctx, env, hs, srv, runner, ln, f.grace)

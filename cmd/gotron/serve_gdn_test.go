@@ -3,6 +3,7 @@ package main
 import (
 	"encoding/json"
 	"path/filepath"
+	"strings"
 	"testing"
 )
 
@@ -60,7 +61,10 @@ func TestServeAndGenerateGDN(t *testing.T) {
 		t.Fatalf("inference at TP=2: %s", errs)
 	}
 	compareTPResults(t, "hybrid gated delta net model at TP=2", readTPResults(t, tpJSON), readTPResults(t, oneJSON), 1e-5)
-	base, stop := startServe(t, "--load", dir)
+	base, stop, log := startServeLog(t, "--load", dir, "--max-num-seqs", "8")
+	if !strings.Contains(log.String(), "gated delta net layers: 8 recurrent-state slots (--max-num-seqs) of 3584 bytes, 28 KiB") {
+		t.Errorf("serve does not report the state slots:\n%s", log)
+	}
 	defer stop()
 	body := `{"prompt":["` + prompts[0] + `","` + prompts[1] + `"],"max_tokens":12,"temperature":0}`
 	code, b := postJSON(t, base+"/v1/completions", body)
