@@ -26,6 +26,10 @@ var tpModelArgs = map[string][]string{
 	"llama": {"--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "8", "--group-query-attention", "--num-query-groups", "4",
 		"--ffn-hidden-size", "96", "--position-embedding-type", "rope", "--normalization", "RMSNorm", "--swiglu",
 		"--disable-bias-linear", "--untie-embeddings-and-output-weights", "--init-method-std", "0.3"},
+	"mla": {"--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4", "--multi-latent-attention", "--q-lora-rank", "12",
+		"--kv-lora-rank", "10", "--qk-head-dim", "6", "--qk-pos-emb-head-dim", "4", "--v-head-dim", "5", "--rotary-scaling-factor", "40",
+		"--mscale", "0.707", "--mscale-all-dim", "0.707", "--normalization", "RMSNorm", "--swiglu", "--disable-bias-linear",
+		"--position-embedding-type", "none", "--init-method-std", "0.3"},
 }
 
 // trainTPCheckpoint trains kind's model for 2 iterations on tp ranks (gotron
@@ -106,9 +110,10 @@ func compareTPResults(t *testing.T, what string, got, want map[string]tpResult, 
 // TestInferenceTensorParallel: Megatron's inference arguments with
 // --tensor-model-parallel-size 2 and 4 (gotron launch --inproc) give one
 // process's tokens, and log-probabilities within 1e-5, for a GPT-2-style
-// checkpoint trained on one rank and a Llama-style one trained with TP=2
-// (checkpoints hold whole tensors: any TP size loads them); and as real
-// processes over tcp under gotron launch.
+// checkpoint trained on one rank, and a Llama-style one and a multi-latent
+// attention one (YaRN, --q-lora-rank; also with --cache-mla-latents)
+// trained with TP=2 (checkpoints hold whole tensors: any TP size loads
+// them); and as real processes over tcp under gotron launch.
 func TestInferenceTensorParallel(t *testing.T) {
 	dir := t.TempDir()
 	data, vocab, merges := gpt2Corpus(t, dir, 24)
@@ -121,7 +126,7 @@ func TestInferenceTensorParallel(t *testing.T) {
 	for _, c := range []struct {
 		kind    string
 		trainTP int
-	}{{"gpt2", 1}, {"llama", 2}} {
+	}{{"gpt2", 1}, {"llama", 2}, {"mla", 2}} {
 		ck := trainTPCheckpoint(t, dir, c.kind, c.trainTP, data, vocab, merges)
 		one := filepath.Join(dir, c.kind+"-one.json")
 		if _, errs, code := runCLI(t, infer(ck, one, 1)...); code != 0 {
@@ -141,6 +146,13 @@ func TestInferenceTensorParallel(t *testing.T) {
 			if !strings.Contains(errs, "tensor-parallel rank 1 of") {
 				t.Errorf("followers do not say they followed rank 0:\n%s", errs)
 			}
+		}
+		if c.kind == "mla" { // the latents cached: each rank keeps the whole latent
+			out := filepath.Join(dir, "mla-latents-tp2.json")
+			if _, errs, code := runCLI(t, append([]string{"launch", "--inproc", "--nproc-per-node", "2", "--"}, append(infer(ck, out, 2), "--cache-mla-latents")...)...); code != 0 {
+				t.Fatalf("mla --cache-mla-latents at TP=2: %s", errs)
+			}
+			compareTPResults(t, "mla with --cache-mla-latents at TP=2, inproc", readTPResults(t, out), want, 1e-5)
 		}
 		if c.kind != "llama" {
 			continue
