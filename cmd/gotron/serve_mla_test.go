@@ -71,3 +71,20 @@ func TestServeGenerateAndInferenceMLA(t *testing.T) {
 		})
 	}
 }
+
+// TestCacheMLALatentsRefusals: --cache-mla-latents on a model without
+// multi-latent attention is refused naming the model, by generate and
+// serve (train refuses it without --multi-latent-attention:
+// TestMegatronCompatRefusals).
+func TestCacheMLALatentsRefusals(t *testing.T) {
+	ck := hfFixture("llama_gqa_untied_f32")
+	for _, args := range [][]string{
+		{"generate", "--load", ck, "--tokenizer-type", "NullTokenizer", "--vocab-size", "100", "--prompt", "1 2", "--cache-mla-latents"},
+		{"serve", "--load", ck, "--tokenizer-type", "NullTokenizer", "--vocab-size", "100", "--port", "0", "--cache-mla-latents"},
+	} {
+		_, errs, code := runCLI(t, args...)
+		if code == 0 || !strings.Contains(errs, "--cache-mla-latents: the model "+ck+" has no multi-latent attention") {
+			t.Errorf("%s --cache-mla-latents on a Llama: exit %d, %s", args[0], code, errs)
+		}
+	}
+}
