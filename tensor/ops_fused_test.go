@@ -140,7 +140,8 @@ func TestBiasDropoutAddKeepsNoMask(t *testing.T) {
 
 // BenchmarkFusedOps times each fused op's forward and backward against
 // the chain it replaces at GPT-2 124M's shapes for 1024 tokens (fc1's
-// 3072 columns, the residual's 768), alternating the two step by step.
+// 3072 columns, the residual's 768), alternating the two step by step;
+// the add-norm's "unfused" is bias-dropout-add then LayerNorm.
 func BenchmarkFusedOps(b *testing.B) {
 	const rows = 1024
 	for _, c := range []struct {
@@ -156,6 +157,15 @@ func BenchmarkFusedOps(b *testing.B) {
 			func(tp *Tape, r, y, bias *Tensor) *Tensor { return tp.BiasDropoutAdd(r, y, bias, 0.1, NewRNG(1)) },
 			func(tp *Tape, r, y, bias *Tensor) *Tensor {
 				return tp.Add(r, tp.Dropout(tp.Add(y, bias), 0.1, NewRNG(1)))
+			}},
+		{"bias_dropout_add_layernorm", 768, // both outputs feed the backward: sum + norm
+			func(tp *Tape, r, y, bias *Tensor) *Tensor {
+				s, o := tp.BiasDropoutAddNorm(r, y, bias, 0.1, NewRNG(1), Norm{Weight: bias, Bias: bias, Eps: 1e-5})
+				return tp.Add(s, o)
+			},
+			func(tp *Tape, r, y, bias *Tensor) *Tensor {
+				s := tp.BiasDropoutAdd(r, y, bias, 0.1, NewRNG(1))
+				return tp.Add(s, tp.LayerNorm(s, bias, bias, 1e-5))
 			}},
 	} {
 		b.Run(c.name, func(b *testing.B) {
