@@ -11,7 +11,6 @@ import (
 	datagpt "github.com/gotron/gotron/data/gpt"
 	"github.com/gotron/gotron/infer"
 	"github.com/gotron/gotron/internal/checked"
-	"github.com/gotron/gotron/internal/cpu"
 	"github.com/gotron/gotron/model/gpt"
 	"github.com/gotron/gotron/tensor"
 	"github.com/gotron/gotron/tokenizer"
@@ -410,7 +409,7 @@ func (c *Collector) logprobs(m *gpt.Model, tp *tensor.Tape, rows []row, ref bool
 			for t := range seq {
 				v := vals[b*seq+t]
 				if c.cfg.BF16 {
-					v = cpu.RoundBF16(v)
+					v = tensor.BFloat16ToFloat32(tensor.Float32ToBFloat16(v))
 				}
 				out[t] = float64(v)
 			}
