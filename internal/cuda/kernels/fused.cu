@@ -176,7 +176,11 @@ extern "C" __global__ void __launch_bounds__(256) fused_bias_dropout_add_norm_f3
     float* sum, float* out, float* mean, float* rstd, const float* residual, const float* y, const float* b, const float* w,
     const float* nb, long long n, long long c, int dropout, unsigned int k0, unsigned int k1, unsigned long long offset,
     unsigned int thr, float keep, float eps) {
+#ifdef FUSED_HOST_ROW
+    float* row = fh_row.data(); // testdata/fused_host.cc
+#else
     extern __shared__ float row[];
+#endif
     __shared__ double shm[32];
     const bool rms = mean == nullptr;
     for (long long r = blockIdx.x; r < n; r += gridDim.x) {

@@ -198,7 +198,7 @@ func runMoEHost(t *testing.T, bin string, stdin []byte, args ...any) []byte {
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()
 	if err != nil {
-		t.Fatalf("moe_host %v: %v\n%s", sargs, err, stderr.Bytes())
+		t.Fatalf("%s %v: %v\n%s", filepath.Base(bin), sargs, err, stderr.Bytes())
 	}
 	return out
 }
