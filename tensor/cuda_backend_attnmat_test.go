@@ -160,8 +160,10 @@ func TestMoERouterArgsMatchPTX(t *testing.T) {
 			{Experts: 16, TopK: 4, Score: ScoreSigmoid, NumGroups: 4, GroupTopK: 2, ScalingFactor: 2.5},
 		} {
 			for name, args := range map[string][]any{
-				"moe_route_fwd_f32": moeRouteFwdArgs(1, 1, 1, 1, 1, 3, c.Experts, c),
-				"moe_route_bwd_f32": moeRouteBwdArgs(1, 1, 1, 1, 1, 3, c.Experts, c),
+				"moe_route_fwd_f32":      moeRouteFwdArgs(1, 1, 1, 1, 1, 3, c.Experts, c),
+				"moe_route_bwd_f32":      moeRouteBwdArgs(1, 1, 1, 1, 1, 1, 3, c.Experts, c),
+				"moe_route_aux_f32":      moeRouteAuxArgs(1, 1, 1, 3, c.Experts, c),
+				"moe_route_aux_sums_f64": moeRouteAuxSumsArgs(1, 1, c),
 			} {
 				want := ptxParamBytes(t, ptx, name)
 				if len(want) != len(args) {

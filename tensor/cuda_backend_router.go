@@ -3,18 +3,21 @@ package tensor
 import (
 	"fmt"
 	"math"
+	"runtime"
 	"sync/atomic"
 
 	"github.com/gotron/gotron/internal/cpu"
 )
 
-// The MoE router on the GPU (moe.cu): Route's selection, probabilities and
-// backward as device kernels, bit for bit internal/cpu's router (the same
-// float64 operations in the same order, e^x by cpu.RouterExp's
-// operations, no fused multiply-adds, ties lowest index first); the host
-// reads back only the chosen experts (tokens × top-k int32), which the
-// dispatcher's permutation and token counts are built from, where the host
-// router read back the logits (tokens × experts float32). Built but not
+// The MoE router on the GPU (moe.cu): Route's selection, probabilities,
+// load-balancing statistics and backward as device kernels, bit for bit
+// internal/cpu's router (the same float64 operations in the same order,
+// e^x by cpu.RouterExp's operations, no fused multiply-adds, ties lowest
+// index first); the host reads back only the chosen experts (tokens ×
+// top-k int32), which the dispatcher's permutation and token counts are
+// built from, and with losses the aux-loss map and each sequence's score
+// sums, in one copy, where the host router read back the logits (tokens ×
+// experts float32). Built but not
 // yet run on a GPU, so used only while SetCUDARouter is on.
 
 // cudaRouter selects the device router (SetCUDARouter).
@@ -31,19 +34,25 @@ func SetCUDARouter(on bool) bool { return cudaRouter.Swap(on) }
 // top-k takes (a bit mask of the chosen groups).
 const moeRouterMaxGroups = 64
 
-// cudaRoutable reports whether moe.cu routes c: softmax (after or before
-// the top-k) or sigmoid scores, with or without the expert bias, group
-// limits and scaling; not the square-root softplus score, capacity
-// dropping (a sort of each expert's tokens) or the auxiliary losses, which
-// route on the host.
-func cudaRoutable(c *RouterConfig) bool {
-	return cudaRouter.Load() && c.Score != ScoreSqrtSoftplus && c.CapacityFactor <= 0 && !c.Losses &&
+// cudaRoutable reports whether moe.cu routes c over T tokens: softmax
+// (after or before the top-k) or sigmoid scores, with or without the
+// expert bias, group limits, scaling and the load-balancing losses (their
+// statistics on the device: the aux-loss map and each sequence's score
+// sums); not the square-root softplus score, capacity dropping (a sort of
+// each expert's tokens) or the z-loss (a log-sum-exp, which the host's
+// math.Log and the device's log need not round alike), which route on the
+// host.
+func cudaRoutable(c *RouterConfig, T int) bool {
+	losses := !c.Losses || (c.ZLossCoeff == 0 && c.Batch > 0 && c.SeqLen > 0 && c.Batch*c.SeqLen == T)
+	return cudaRouter.Load() && c.Score != ScoreSqrtSoftplus && c.CapacityFactor <= 0 && losses &&
 		(c.GroupTopK <= 0 || c.NumGroups <= moeRouterMaxGroups) && c.Experts <= math.MaxInt32/2
 }
 
-// routeCUDA runs moe_route_fwd_f32 on logits (T, E) on the GPU, reads the
-// chosen experts back into f's routing and keeps them on the device for
-// backwardCUDA; it returns the probabilities (T, E), on the device.
+// routeCUDA runs moe_route_fwd_f32 on logits (T, E) on the GPU (and, with
+// losses, moe_route_aux_f32 and moe_route_aux_sums_f64), reads the chosen
+// experts (and the aux-loss map and score sums) back into f's routing in
+// one copy, and keeps what backwardCUDA needs on the device; it returns the
+// probabilities (T, E), on the device.
 func (f *routeFn) routeCUDA(logits *Tensor) *Tensor {
 	be := cudaBackend{rt: cudaRT()}
 	c := f.r.cfg
@@ -53,29 +62,67 @@ func (f *routeFn) routeCUDA(logits *Tensor) *Tensor {
 		groups = c.NumGroups
 	}
 	logits = logits.Contiguous()
-	probs, sel := be.empty(Float32, T, E), be.empty(Int32, T, k)
+	probs := be.empty(Float32, T, E)
+	// the read-back: sel (T·k int32), then with losses the aux-loss map
+	// (T·k) and the sums (Batch·E float64, 8-byte aligned: 2·T·k words)
+	words := T * k
+	if c.Losses {
+		words = 2*T*k + 2*c.Batch*E
+	}
+	back := be.empty(Int32, words)
 	scratch := be.empty(Float32, 2*T*(E+groups)) // float64 (T, E + groups)
 	var bias *Tensor
 	if c.ExpertBias != nil {
 		bias = toCUDA(FromFloat32(c.ExpertBias, E), "the MoE router's expert bias")
 	}
-	be.launch1D("moe_route_fwd_f32", T, moeRouteFwdArgs(be.ptr(probs), be.ptr(sel), be.ptr(scratch), be.ptr(logits), be.ptr(bias), T, E, c)...)
-	res, err := cpu.RouteFromSelection(c, T, ToHost(sel).i32s())
+	sel := be.ptr(back)
+	be.launch1D("moe_route_fwd_f32", T, moeRouteFwdArgs(be.ptr(probs), sel, be.ptr(scratch), be.ptr(logits), be.ptr(bias), T, E, c)...)
+	if c.Losses {
+		q := be.empty(Float32, 2*T*E) // float64 (T, E)
+		auxSel, sums := sel+uintptr(4*T*k), sel+uintptr(8*T*k)
+		be.launch1D("moe_route_aux_f32", T, moeRouteAuxArgs(auxSel, be.ptr(q), be.ptr(logits), T, E, c)...)
+		be.launch1D("moe_route_aux_sums_f64", c.Batch*E, moeRouteAuxSumsArgs(sums, be.ptr(q), c)...)
+		runtime.KeepAlive(q)
+	}
+	host := ToHost(back).i32s()
+	var auxSel []int32
+	var sums []float64
+	if c.Losses {
+		auxSel = host[T*k : 2*T*k]
+		sums = make([]float64, c.Batch*E)
+		for i := range sums {
+			lo, hi := uint32(host[2*T*k+2*i]), uint32(host[2*T*k+2*i+1])
+			sums[i] = math.Float64frombits(uint64(hi)<<32 | uint64(lo))
+		}
+	}
+	res, err := cpu.RouteFromSelection(c, T, host[:T*k], auxSel, sums)
 	if err != nil {
 		panic("tensor: CUDA MoE router: " + err.Error())
 	}
-	f.r.res, f.logits, f.sel = res, logits, sel
+	f.r.res, f.logits, f.sel = res, logits, back
 	return probs
 }
 
 // backwardCUDA is moe_route_bwd_f32: the logits' gradient (T, E) for the
-// probabilities' gradient dprobs.
+// probabilities' gradient dprobs and the losses' (the routing's AuxScale
+// times their coefficients, uploaded: Batch·E float64).
 func (f *routeFn) backwardCUDA(dprobs *Tensor) *Tensor {
 	be := cudaBackend{rt: cudaRT()}
+	c := f.r.cfg
 	T, E := f.T, f.E
 	dprobs = dprobs.Contiguous()
-	dl, scratch := be.empty(Float32, T, E), be.empty(Float32, 2*T*E)
-	be.launch1D("moe_route_bwd_f32", T, moeRouteBwdArgs(be.ptr(dl), be.ptr(scratch), be.ptr(dprobs), be.ptr(f.logits), be.ptr(f.sel), T, E, f.r.cfg)...)
+	dl, scratch := be.empty(Float32, T, E), be.empty(Float32, 4*T*E) // float64 (T, 2E)
+	var dsc *Tensor
+	if d := f.r.res.LossGradients(c, f.r.AuxScale); d != nil {
+		bits := make([]float32, 2*len(d))
+		for i, v := range d {
+			u := math.Float64bits(v)
+			bits[2*i], bits[2*i+1] = math.Float32frombits(uint32(u)), math.Float32frombits(uint32(u>>32))
+		}
+		dsc = toCUDA(FromFloat32(bits, len(bits)), "the MoE router's loss gradients")
+	}
+	be.launch1D("moe_route_bwd_f32", T, moeRouteBwdArgs(be.ptr(dl), be.ptr(scratch), be.ptr(dprobs), be.ptr(f.logits), be.ptr(f.sel), be.ptr(dsc), T, E, c)...)
+	runtime.KeepAlive(dsc)
 	return dl
 }
 
@@ -91,9 +138,19 @@ func moeRouteFwdArgs(probs, sel, scratch, logits, bias uintptr, T, E int, c *Rou
 	return []any{probs, sel, scratch, logits, bias, int64(T), int32(E), int32(c.TopK), score, pre, groups, groupTopK, c.ScalingFactor}
 }
 
-func moeRouteBwdArgs(dlogits, scratch, dprobs, logits, sel uintptr, T, E int, c *RouterConfig) []any {
+func moeRouteBwdArgs(dlogits, scratch, dprobs, logits, sel, dsc uintptr, T, E int, c *RouterConfig) []any {
 	score, pre := moeRouterScore(c)
-	return []any{dlogits, scratch, dprobs, logits, sel, int64(T), int32(E), int32(c.TopK), score, pre, c.ScalingFactor}
+	seqLen := int64(max(c.SeqLen, 1))
+	return []any{dlogits, scratch, dprobs, logits, sel, dsc, int64(T), seqLen, int32(E), int32(c.TopK), score, pre, c.ScalingFactor}
+}
+
+func moeRouteAuxArgs(auxSel, q, logits uintptr, T, E int, c *RouterConfig) []any {
+	score, _ := moeRouterScore(c)
+	return []any{auxSel, q, logits, int64(T), int32(E), int32(c.TopK), score}
+}
+
+func moeRouteAuxSumsArgs(sums, q uintptr, c *RouterConfig) []any {
+	return []any{sums, q, int64(c.Batch), int64(c.SeqLen), int32(c.Experts)}
 }
 
 // moeRouterScore is moe.cu's score (MOE_SOFTMAX 0, MOE_SIGMOID 1) and pre

@@ -115,7 +115,7 @@ type routeFn struct {
 }
 
 func (f *routeFn) Forward(tp *Tape, in []*Tensor) []*Tensor {
-	if f.dev == CUDA && cudaRoutable(f.r.cfg) {
+	if f.dev == CUDA && cudaRoutable(f.r.cfg, f.T) {
 		return []*Tensor{f.routeCUDA(in[0])}
 	}
 	logits := ToHost(in[0].Contiguous())

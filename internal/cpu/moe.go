@@ -79,6 +79,11 @@ type RouteResult struct {
 	sel       [][]int   // per token, the selected experts (before dropping)
 	auxScores []float64
 	auxCoef   [][]float64 // per Balancing entry, dL/dscore (T, E)
+	// the aux-loss map's counts per expert and per sequence and expert
+	// (nil unless Batch·SeqLen is the tokens), and, for a routing made on
+	// the GPU (auxScores nil), each sequence's sums of the aux scores per
+	// expert (Batch, E)
+	auxCounts, seqCounts, auxSums []float64
 }
 
 // Capacity is Megatron's get_capacity: ceil(tokens/experts·factor).
@@ -284,30 +289,79 @@ func Route64(c *RouterConfig, logits []float64) *RouteResult {
 // RouteFromSelection is the routing of T tokens whose experts were chosen
 // elsewhere (the CUDA router, bit for bit Route64's choice): sel (T, k),
 // each token's experts in Route's order. The configuration has no capacity
-// dropping and no losses (what the device routes), so the map is the
-// selection. Probs is nil (the probabilities stay on the device), and the
-// result serves no RouteBackward (the device's backward takes its place).
-func RouteFromSelection(c *RouterConfig, T int, sel []int32) (*RouteResult, error) {
+// dropping (what the device routes), so the map is the selection. With
+// losses (no z-loss), auxSel (T, k) is the aux-loss map (the top-k of the
+// all-expert aux scores) and auxSums (Batch, E) each sequence's sums of
+// those scores per expert; the coefficients are then Route's and the loss
+// values equal up to float64 rounding (auxDot). Probs is nil (the
+// probabilities stay on the device), and the result serves no
+// RouteBackward (the device's backward takes its place: LossGradients).
+func RouteFromSelection(c *RouterConfig, T int, sel, auxSel []int32, auxSums []float64) (*RouteResult, error) {
 	E, k := c.Experts, c.TopK
-	if c.CapacityFactor > 0 || c.Losses {
-		return nil, fmt.Errorf("a selection made elsewhere cannot be dropped by capacity or carry losses")
+	if c.CapacityFactor > 0 || (c.Losses && c.ZLossCoeff != 0) {
+		return nil, fmt.Errorf("a selection made elsewhere cannot be dropped by capacity or carry the z-loss")
 	}
 	if len(sel) != T*k {
 		return nil, fmt.Errorf("%d chosen experts for %d tokens of top-%d: want %d", len(sel), T, k, T*k)
 	}
-	r := &RouteResult{Map: make([]bool, T*E), TokensPerExpert: make([]float64, E), sel: make([][]int, T)}
+	mapOf := func(what string, sel []int32) ([]bool, error) {
+		m := make([]bool, T*E)
+		for t := range T {
+			for _, e := range sel[t*k : (t+1)*k] {
+				if e < 0 || int(e) >= E || m[t*E+int(e)] {
+					return nil, fmt.Errorf("token %d: %s %v: want %d distinct experts of %d", t, what, sel[t*k:(t+1)*k], k, E)
+				}
+				m[t*E+int(e)] = true
+			}
+		}
+		return m, nil
+	}
+	m, err := mapOf("chosen experts", sel)
+	if err != nil {
+		return nil, err
+	}
+	r := &RouteResult{Map: m, TokensPerExpert: make([]float64, E), sel: make([][]int, T)}
 	for t := range T {
 		r.sel[t] = make([]int, k)
 		for j, e := range sel[t*k : (t+1)*k] {
-			if e < 0 || int(e) >= E || r.Map[t*E+int(e)] {
-				return nil, fmt.Errorf("token %d: chosen experts %v: want %d distinct experts of %d", t, sel[t*k:(t+1)*k], k, E)
-			}
-			r.Map[t*E+int(e)] = true
 			r.TokensPerExpert[e]++
 			r.sel[t][j] = int(e)
 		}
 	}
+	if !c.Losses {
+		return r, nil
+	}
+	if c.Batch <= 0 || c.SeqLen <= 0 || c.Batch*c.SeqLen != T || len(auxSel) != T*k || len(auxSums) != c.Batch*E {
+		return nil, fmt.Errorf("losses over %d tokens (%d sequences of %d) from %d aux-map entries and %d sums: want %d and %d", T, c.Batch, c.SeqLen, len(auxSel), len(auxSums), T*k, c.Batch*E)
+	}
+	amap, err := mapOf("aux-loss experts", auxSel)
+	if err != nil {
+		return nil, err
+	}
+	r.auxSums = auxSums
+	c.balancing(T, r, amap)
 	return r, nil
+}
+
+// LossGradients is the gradient of the losses through the aux scores,
+// auxScale times each loss's coefficients summed over the losses in
+// RouteBackward64's order, per sequence and expert (Batch, E): the
+// coefficients are constant over a sequence's tokens. Nil without losses
+// or with a zero scale (RouteBackward64 adds nothing then).
+func (r *RouteResult) LossGradients(c *RouterConfig, auxScale float64) []float64 {
+	if !c.Losses || auxScale == 0 || len(r.auxCoef) == 0 {
+		return nil
+	}
+	E, S := c.Experts, c.SeqLen
+	d := make([]float64, c.Batch*E)
+	for b := range c.Batch {
+		for i := range r.auxCoef {
+			for e := range E {
+				d[b*E+e] += float64(auxScale * r.auxCoef[i][b*S*E+e])
+			}
+		}
+	}
+	return d
 }
 
 // drop is apply_router_token_dropping: per expert, keep the capacity's
@@ -382,6 +436,22 @@ func (c *RouterConfig) losses(T int, r *RouteResult) {
 		}
 	}
 	r.auxScores = sc
+	c.balancing(T, r, amap)
+	if c.ZLossCoeff != 0 {
+		var z float64
+		for t := range T {
+			lse := logSumExp(r.logits[t*E : (t+1)*E])
+			z += lse * lse
+		}
+		r.Z = z / float64(T) * c.ZLossCoeff
+	}
+}
+
+// balancing computes each load-balancing loss's coefficients (T, E) from
+// the aux-loss map amap (the top-k of the all-expert scores) and its value
+// (auxDot).
+func (c *RouterConfig) balancing(T int, r *RouteResult, amap []bool) {
+	E, k := c.Experts, c.TopK
 	r.Aux = make([]float64, len(c.Balancing))
 	r.auxCoef = make([][]float64, len(c.Balancing))
 	for i, lb := range c.Balancing {
@@ -417,20 +487,44 @@ func (c *RouterConfig) losses(T int, r *RouteResult) {
 				coef[j] = f * n[j%E]
 			}
 		}
-		var loss float64
+		r.Aux[i], r.auxCoef[i] = r.auxDot(c, coef), coef
+	}
+	r.auxCounts = make([]float64, E)
+	r.seqCounts = nil
+	if c.Batch > 0 && c.SeqLen > 0 && c.Batch*c.SeqLen == T {
+		r.seqCounts = make([]float64, c.Batch*E)
+	}
+	for j, on := range amap {
+		if on {
+			r.auxCounts[j%E]++
+			if r.seqCounts != nil {
+				r.seqCounts[j/E/c.SeqLen*E+j%E]++
+			}
+		}
+	}
+}
+
+// auxDot is Σ coef·(aux scores): over the host's scores in (token, expert)
+// order, or, for a routing made on the GPU, over its sums of each
+// sequence's scores per expert (coef is constant over a sequence's tokens:
+// each loss's counts are per sequence or per micro-batch), so the value
+// differs from the host's in float64 rounding only. It is logged, not
+// differentiated: the gradient takes the coefficients.
+func (r *RouteResult) auxDot(c *RouterConfig, coef []float64) float64 {
+	var loss float64
+	if r.auxScores != nil {
 		for j, v := range coef {
-			loss += v * sc[j]
+			loss += v * r.auxScores[j]
 		}
-		r.Aux[i], r.auxCoef[i] = loss, coef
+		return loss
 	}
-	if c.ZLossCoeff != 0 {
-		var z float64
-		for t := range T {
-			lse := logSumExp(r.logits[t*E : (t+1)*E])
-			z += lse * lse
+	E, S := c.Experts, c.SeqLen
+	for b := range len(r.auxSums) / E {
+		for e := range E {
+			loss += coef[b*S*E+e] * r.auxSums[b*E+e]
 		}
-		r.Z = z / float64(T) * c.ZLossCoeff
 	}
+	return loss
 }
 
 // SetGlobalCounts replaces the counts of global_aux_loss entry i by the
@@ -439,29 +533,17 @@ func (c *RouterConfig) losses(T int, r *RouteResult) {
 func (r *RouteResult) SetGlobalCounts(c *RouterConfig, i int, mean []float64, tTot float64) {
 	E := c.Experts
 	f := float64(E) * c.Balancing[i].Coeff / (float64(c.TopK) * tTot * tTot)
-	var loss float64
 	for j := range r.auxCoef[i] {
 		r.auxCoef[i][j] = f * mean[j%E]
-		loss += r.auxCoef[i][j] * r.auxScores[j]
 	}
-	r.Aux[i] = loss
+	r.Aux[i] = r.auxDot(c, r.auxCoef[i])
 }
 
 // SeqAuxCounts returns the aux-loss map's counts per sequence and expert
 // (B, E): seq_aux_loss's counts, for their sum over the ranks holding other
 // parts of the same sequences.
 func (r *RouteResult) SeqAuxCounts(c *RouterConfig) []float64 {
-	E, B, S := c.Experts, c.Batch, c.SeqLen
-	n := make([]float64, B*E)
-	for b := range B {
-		for s := range S {
-			t := b*S + s
-			for _, e := range topK(r.auxScores[t*E:(t+1)*E], c.TopK) {
-				n[b*E+e]++
-			}
-		}
-	}
-	return n
+	return append([]float64(nil), r.seqCounts...)
 }
 
 // SetSeqCounts replaces the counts of seq_aux_loss entry i by counts (B, E)
@@ -470,31 +552,21 @@ func (r *RouteResult) SeqAuxCounts(c *RouterConfig) []float64 {
 func (r *RouteResult) SetSeqCounts(c *RouterConfig, i int, counts []float64, seqLen int) {
 	E, B, S := c.Experts, c.Batch, c.SeqLen
 	f := float64(E) * c.Balancing[i].Coeff / (float64(c.TopK) * float64(seqLen) * float64(seqLen)) / float64(B)
-	var loss float64
 	for b := range B {
 		for s := range S {
 			for e := range E {
 				j := (b*S+s)*E + e
 				r.auxCoef[i][j] = f * counts[b*E+e]
-				loss += r.auxCoef[i][j] * r.auxScores[j]
 			}
 		}
 	}
-	r.Aux[i] = loss
+	r.Aux[i] = r.auxDot(c, r.auxCoef[i])
 }
 
 // AuxCounts returns the aux-loss map's per-expert counts (the top-k of the
 // all-expert scores), for global_aux_loss's running counts.
 func (r *RouteResult) AuxCounts(c *RouterConfig) []float64 {
-	E := c.Experts
-	T := len(r.auxScores) / E
-	n := make([]float64, E)
-	for t := range T {
-		for _, e := range topK(r.auxScores[t*E:(t+1)*E], c.TopK) {
-			n[e]++
-		}
-	}
-	return n
+	return append([]float64(nil), r.auxCounts...)
 }
 
 func logSumExp(x []float64) float64 {
@@ -589,7 +661,7 @@ func RouteBackward64(c *RouterConfig, r *RouteResult, dprobs []float32, auxScale
 			dsc := make([]float64, E)
 			for i := range r.auxCoef {
 				for e := range E {
-					dsc[e] += auxScale * r.auxCoef[i][t*E+e]
+					dsc[e] += float64(auxScale * r.auxCoef[i][t*E+e])
 				}
 			}
 			row := r.auxScores[t*E : (t+1)*E]
@@ -607,10 +679,10 @@ func RouteBackward64(c *RouterConfig, r *RouteResult, dprobs []float32, auxScale
 				}
 				den := sum + 1e-20
 				for e := range E {
-					dot += dsc[e] * tmp[e]
+					dot += float64(dsc[e] * tmp[e])
 				}
 				for e := range E {
-					d[e] += (dsc[e]/den - dot/(den*den)) * dscore64(c.Score, l[e])
+					d[e] += float64((dsc[e]/den - dot/(den*den)) * dscore64(c.Score, l[e]))
 				}
 			}
 			if c.ZLossCoeff != 0 {

@@ -5,6 +5,7 @@ import (
 	"math"
 	"math/rand"
 	"os"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -369,7 +370,7 @@ func TestRouteFromSelection(t *testing.T) {
 				sel = append(sel, int32(e))
 			}
 		}
-		got, err := RouteFromSelection(c, T, sel)
+		got, err := RouteFromSelection(c, T, sel, nil, nil)
 		if err != nil {
 			t.Fatalf("%s: %v", rc.Name, err)
 		}
@@ -397,11 +398,97 @@ func TestRouteFromSelection(t *testing.T) {
 		{[]int32{0, 4, 1, 2}, "token 0: chosen experts [0 4]"},
 		{[]int32{-1, 0, 1, 2}, "token 0: chosen experts [-1 0]"},
 	} {
-		if _, err := RouteFromSelection(c, 2, bad.sel); err == nil || !strings.Contains(err.Error(), bad.want) {
+		if _, err := RouteFromSelection(c, 2, bad.sel, nil, nil); err == nil || !strings.Contains(err.Error(), bad.want) {
 			t.Errorf("RouteFromSelection(%v): %v, want an error with %q", bad.sel, err, bad.want)
 		}
 	}
-	if _, err := RouteFromSelection(&RouterConfig{Experts: 4, TopK: 2, CapacityFactor: 1}, 1, []int32{0, 1}); err == nil {
+	if _, err := RouteFromSelection(&RouterConfig{Experts: 4, TopK: 2, CapacityFactor: 1}, 1, []int32{0, 1}, nil, nil); err == nil {
 		t.Error("a selection under capacity dropping was accepted")
+	}
+	if _, err := RouteFromSelection(&RouterConfig{Experts: 4, TopK: 2, Losses: true, ZLossCoeff: 1e-3}, 1, []int32{0, 1}, nil, nil); err == nil {
+		t.Error("a selection with the z-loss was accepted")
+	}
+	if _, err := RouteFromSelection(&RouterConfig{Experts: 4, TopK: 2, Losses: true, Balancing: []LoadBalancing{{Coeff: 1}}, Batch: 1, SeqLen: 1}, 1, []int32{0, 1}, []int32{0}, []float64{0, 0, 0, 0}); err == nil || !strings.Contains(err.Error(), "from 1 aux-map entries") {
+		t.Errorf("a short aux-loss map: %v", err)
+	}
+}
+
+// TestRouteFromSelectionLosses: with the load-balancing losses, the routing
+// rebuilt from Route's choice, its aux-loss map and each sequence's score
+// sums (what the CUDA router reads back) has Route's counts (per expert
+// and per sequence), coefficients bit for bit, hence LossGradients equal
+// to RouteBackward64's sum (checked through the gradient's difference with
+// and without a scale), and the loss values within float64 rounding —
+// also after SetGlobalCounts and SetSeqCounts — for softmax and sigmoid.
+func TestRouteFromSelectionLosses(t *testing.T) {
+	rng := rand.New(rand.NewSource(5))
+	const B, S, E, k = 3, 11, 8, 2
+	T := B * S
+	logits := make([]float32, T*E)
+	for i := range logits {
+		logits[i] = float32(rng.NormFloat64())
+	}
+	for _, score := range []ScoreFunction{ScoreSoftmax, ScoreSigmoid} {
+		c := &RouterConfig{Experts: E, TopK: k, Score: score, Losses: true, Batch: B, SeqLen: S,
+			Balancing: []LoadBalancing{{Coeff: 0.01}, {Seq: true, Coeff: 0.02}, {Global: true, Coeff: 0.03}}}
+		r := Route(c, logits)
+		var sel, auxSel []int32
+		sums := make([]float64, B*E)
+		for tok := range T {
+			for _, e := range r.sel[tok] {
+				sel = append(sel, int32(e))
+			}
+			for _, e := range topK(r.auxScores[tok*E:(tok+1)*E], k) {
+				auxSel = append(auxSel, int32(e))
+			}
+			for e := range E {
+				sums[tok/S*E+e] += r.auxScores[tok*E+e]
+			}
+		}
+		got, err := RouteFromSelection(c, T, sel, auxSel, sums)
+		if err != nil {
+			t.Fatal(err)
+		}
+		check := func(what string) {
+			t.Helper()
+			for i := range r.Aux {
+				if d := math.Abs(got.Aux[i] - r.Aux[i]); d > 1e-13*math.Abs(r.Aux[i]) {
+					t.Errorf("score %d %s: loss %d = %v, Route's %v", score, what, i, got.Aux[i], r.Aux[i])
+				}
+				for j := range r.auxCoef[i] {
+					if math.Float64bits(got.auxCoef[i][j]) != math.Float64bits(r.auxCoef[i][j]) {
+						t.Fatalf("score %d %s: loss %d coefficient %d = %v, Route's %v", score, what, i, j, got.auxCoef[i][j], r.auxCoef[i][j])
+					}
+				}
+			}
+		}
+		check("rebuilt")
+		if !slices.Equal(got.AuxCounts(c), r.AuxCounts(c)) || !slices.Equal(got.SeqAuxCounts(c), r.SeqAuxCounts(c)) {
+			t.Errorf("score %d: counts %v %v, Route's %v %v", score, got.AuxCounts(c), got.SeqAuxCounts(c), r.AuxCounts(c), r.SeqAuxCounts(c))
+		}
+		mean := []float64{3, 1, 4, 1, 5, 9, 2, 6}
+		got.SetGlobalCounts(c, 2, mean, 99)
+		r.SetGlobalCounts(c, 2, mean, 99)
+		counts := make([]float64, B*E)
+		for i := range counts {
+			counts[i] = float64(i % 5)
+		}
+		got.SetSeqCounts(c, 1, counts, 2*S)
+		r.SetSeqCounts(c, 1, counts, 2*S)
+		check("after SetGlobalCounts and SetSeqCounts")
+		// RouteBackward64's loss part per token is LossGradients' row of
+		// the token's sequence
+		d := got.LossGradients(c, 0.5)
+		for tok := range T {
+			for e := range E {
+				var want float64
+				for i := range r.auxCoef {
+					want += float64(0.5 * r.auxCoef[i][tok*E+e])
+				}
+				if math.Float64bits(d[tok/S*E+e]) != math.Float64bits(want) {
+					t.Fatalf("score %d: loss gradient of token %d expert %d = %v, RouteBackward64's %v", score, tok, e, d[tok/S*E+e], want)
+				}
+			}
+		}
 	}
 }

@@ -88,8 +88,10 @@ func param(rng *tensor.RNG, name string, shape ...int) *tensor.Tensor {
 // experts and gives its probabilities and the logits' gradient bit for
 // bit (moe.cu: the CPU's float64 operations, no fused multiply-adds), for
 // softmax after and before the top-k, sigmoid with the expert bias, group
-// limits and scaling, on logits with ties; it reads back only the chosen
-// experts (one copy to the host a route). Built, not yet run on a GPU
+// limits and scaling, softmax and sigmoid with load-balancing losses (their
+// values within float64 rounding, the gradient at a loss scale bit for
+// bit), on logits with ties; it reads back only the chosen experts and the
+// losses' statistics (one copy to the host a route). Built, not yet run on a GPU
 // (tools/gpu/check.sh unverified).
 func TestCUDARouterMatchesCPU(t *testing.T) {
 	if err := tensor.OpenCUDA(0, tensor.CUDAOptions{}); err != nil {
@@ -106,11 +108,15 @@ func TestCUDARouterMatchesCPU(t *testing.T) {
 		{"softmax-topk-ties", tensor.RouterConfig{Experts: 8, TopK: 2}, true},
 		{"pre-softmax-scaled", tensor.RouterConfig{Experts: 16, TopK: 4, PreSoftmax: true, ScalingFactor: 2.5}, false},
 		{"sigmoid-bias-groups", tensor.RouterConfig{Experts: 16, TopK: 4, Score: tensor.ScoreSigmoid, NumGroups: 4, GroupTopK: 2, ExpertBias: bias}, true},
+		{"softmax-losses", tensor.RouterConfig{Experts: 8, TopK: 2, Losses: true, Batch: 5, SeqLen: 103,
+			Balancing: []tensor.LoadBalancing{{Coeff: 0.01}, {Seq: true, Coeff: 0.02}}}, true},
+		{"sigmoid-losses", tensor.RouterConfig{Experts: 16, TopK: 4, Score: tensor.ScoreSigmoid, Losses: true, Batch: 5, SeqLen: 103,
+			Balancing: []tensor.LoadBalancing{{Coeff: 0.01}, {Global: true, Coeff: 0.03}}}, false},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			const T = 515
 			E := c.cfg.Experts
-			run := func(dev tensor.Device) (probs []float32, m []bool, dl []float32, copiesOut int64) {
+			run := func(dev tensor.Device) (probs []float32, m []bool, dl []float32, copiesOut int64, auxes []float64) {
 				rng := tensor.NewRNG(4)
 				logits := param(rng, "logits", T, E)
 				if c.ties {
@@ -126,6 +132,9 @@ func TestCUDARouterMatchesCPU(t *testing.T) {
 				before := tensor.CUDATransfers()
 				p, r := tp.Route(logits, &cfg)
 				copiesOut = tensor.CUDATransfers().ToHost - before.ToHost
+				r.AuxScale = 0.75
+				aux, _ := r.Aux()
+				auxes = aux
 				if err := tp.BackwardFrom([]*tensor.Tensor{p}, []*tensor.Tensor{g.ToDevice(dev)}); err != nil {
 					t.Fatal(err)
 				}
@@ -134,10 +143,15 @@ func TestCUDARouterMatchesCPU(t *testing.T) {
 						m = append(m, r.Map(tok, e))
 					}
 				}
-				return tensor.ToHost(p).Float32s(), m, tensor.ToHost(logits.Grad).Float32s(), copiesOut
+				return tensor.ToHost(p).Float32s(), m, tensor.ToHost(logits.Grad).Float32s(), copiesOut, auxes
 			}
-			wp, wm, wd, _ := run(tensor.CPU)
-			gp, gm, gd, out := run(tensor.CUDA)
+			wp, wm, wd, _, wa := run(tensor.CPU)
+			gp, gm, gd, out, ga := run(tensor.CUDA)
+			for i := range wa {
+				if d := math.Abs(ga[i] - wa[i]); d > 1e-12*math.Abs(wa[i]) {
+					t.Errorf("loss %d = %v on the GPU, %v on the CPU", i, ga[i], wa[i])
+				}
+			}
 			for i := range wm {
 				if gm[i] != wm[i] {
 					t.Fatalf("token %d expert %d: chosen %v on the GPU, %v on the CPU", i/E, i%E, gm[i], wm[i])
@@ -151,7 +165,7 @@ func TestCUDARouterMatchesCPU(t *testing.T) {
 				}
 			}
 			if out != 1 {
-				t.Errorf("the GPU's route copied to the host %d times, want 1 (the chosen experts)", out)
+				t.Errorf("the GPU's route copied to the host %d times, want 1 (the chosen experts, with the losses' statistics)", out)
 			}
 		})
 	}

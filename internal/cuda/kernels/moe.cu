@@ -165,19 +165,64 @@ extern "C" __global__ void moe_route_fwd_f32(float* probs, int* sel, double* scr
     }
 }
 
+// moe_route_aux_f32: the auxiliary losses' scores of each token, q (T, E)
+// float64 (compute_routing_scores_for_aux_loss: softmax over all experts,
+// or the scores normalized by their sum + 1e-20), and their top-k in
+// auxSel (T, k): the aux-loss map, as internal/cpu's losses.
+extern "C" __global__ void moe_route_aux_f32(int* auxSel, double* q, const float* logits, long long T, int E, int k, int score) {
+    for (long long t = (long long)blockIdx.x * blockDim.x + threadIdx.x; t < T; t += (long long)gridDim.x * blockDim.x) {
+        const float* l = logits + t * E;
+        double* row = q + t * E;
+        int* s = auxSel + t * k;
+        if (score == MOE_SOFTMAX) {
+            moe_softmax(row, l, E);
+        } else {
+            double sum = 0.0;
+            for (int e = 0; e < E; e++) {
+                row[e] = moe_sigmoid((double)l[e]);
+                sum = __dadd_rn(sum, row[e]);
+            }
+            for (int e = 0; e < E; e++) row[e] = __ddiv_rn(row[e], __dadd_rn(sum, 1e-20));
+        }
+        for (int j = 0; j < k; j++) {
+            int best = -1;
+            for (int e = 0; e < E; e++) {
+                if (moe_taken(s, j, e)) continue;
+                if (best < 0 || row[e] > row[best]) best = e;
+            }
+            s[j] = best;
+        }
+    }
+}
+
+// moe_route_aux_sums_f64: sums (B, E) = Σ over each sequence's S tokens of
+// q, in token order (the logged loss values' part from the device).
+extern "C" __global__ void moe_route_aux_sums_f64(double* sums, const double* q, long long B, long long S, int E) {
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < B * E; i += (long long)gridDim.x * blockDim.x) {
+        const long long b = i / E, e = i - b * E;
+        double acc = 0.0;
+        for (long long s = 0; s < S; s++) acc = __dadd_rn(acc, q[(b * S + s) * E + e]);
+        sums[i] = acc;
+    }
+}
+
 // moe_route_bwd_f32: dlogits (T, E) = RouteBackward64's gradient of the
-// logits for the probabilities' gradient dprobs (no losses), float32.
-// scratch as the forward's (E values a token).
+// logits for the probabilities' gradient dprobs and, when dsc (B, E) is not
+// null, the auxiliary losses' gradient of the aux scores (auxScale times
+// each loss's coefficients, summed over the losses in their order: constant
+// over a sequence's seqLen tokens), float32. scratch as the forward's
+// (2E values a token: the scores, the float64 gradient).
 extern "C" __global__ void moe_route_bwd_f32(float* dlogits, double* scratch, const float* dprobs, const float* logits, const int* sel,
-                                             long long T, int E, int k, int score, int pre, double scaling) {
+                                             const double* dsc, long long T, long long seqLen, int E, int k, int score, int pre,
+                                             double scaling) {
     const double sf = scaling != 0.0 ? scaling : 1.0;
     for (long long t = (long long)blockIdx.x * blockDim.x + threadIdx.x; t < T; t += (long long)gridDim.x * blockDim.x) {
         const float* l = logits + t * E;
         const float* g = dprobs + t * E;
         const int* s = sel + t * k;
-        double* sc = scratch + t * (long long)E;
-        float* d = dlogits + t * E;
-        for (int e = 0; e < E; e++) d[e] = 0.0f;
+        double* sc = scratch + t * 2 * (long long)E;
+        double* d = sc + E;
+        for (int e = 0; e < E; e++) d[e] = 0.0;
         if (score == MOE_SOFTMAX && pre) { // softmaxBack over all E, dp at the chosen
             moe_softmax(sc, l, E);
             double dot = 0.0;
@@ -191,7 +236,7 @@ extern "C" __global__ void moe_route_bwd_f32(float* dlogits, double* scratch, co
                 double full = 0.0;
                 for (int j = 0; j < k; j++)
                     if (s[j] == e) full = __dmul_rn((double)g[e], sf);
-                d[e] = (float)__dmul_rn(sc[e], __dsub_rn(full, dot)); // written, not added, as the CPU
+                d[e] = __dmul_rn(sc[e], __dsub_rn(full, dot)); // written, not added, as the CPU
             }
         } else if (score == MOE_SOFTMAX) { // softmaxBack over the chosen
             double m = -__longlong_as_double(0x7ff0000000000000ll), sum = 0.0;
@@ -207,7 +252,7 @@ extern "C" __global__ void moe_route_bwd_f32(float* dlogits, double* scratch, co
             }
             for (int j = 0; j < k; j++) {
                 const double dp = __dmul_rn((double)g[s[j]], sf);
-                d[s[j]] = (float)__dadd_rn(0.0, __dmul_rn(sc[j], __dsub_rn(dp, dot)));
+                d[s[j]] = __dadd_rn(d[s[j]], __dmul_rn(sc[j], __dsub_rn(dp, dot)));
             }
         } else { // the normalized sigmoid scores of the chosen
             double sum = 0.0, dot = 0.0;
@@ -221,8 +266,32 @@ extern "C" __global__ void moe_route_bwd_f32(float* dlogits, double* scratch, co
                 const double dp = __dmul_rn((double)g[s[j]], sf);
                 const double ds = k > 1 ? __dsub_rn(__ddiv_rn(dp, den), __ddiv_rn(dot, __dmul_rn(den, den))) : dp;
                 const double sg = sc[j]; // dscore64: the same sigmoid
-                d[s[j]] = (float)__dadd_rn(0.0, __dmul_rn(ds, __dmul_rn(sg, __dsub_rn(1.0, sg))));
+                d[s[j]] = __dadd_rn(d[s[j]], __dmul_rn(ds, __dmul_rn(sg, __dsub_rn(1.0, sg))));
             }
         }
+        if (dsc != nullptr) { // the losses' gradient through the aux scores
+            const double* D = dsc + (t / seqLen) * E;
+            if (score == MOE_SOFTMAX) {
+                moe_softmax(sc, l, E);
+                double dot = 0.0;
+                for (int e = 0; e < E; e++) dot = __dadd_rn(dot, __dmul_rn(sc[e], D[e]));
+                for (int e = 0; e < E; e++) d[e] = __dadd_rn(d[e], __dmul_rn(sc[e], __dsub_rn(D[e], dot)));
+            } else {
+                double sum = 0.0, dot = 0.0;
+                for (int e = 0; e < E; e++) {
+                    sc[e] = moe_sigmoid((double)l[e]);
+                    sum = __dadd_rn(sum, sc[e]);
+                }
+                const double den = __dadd_rn(sum, 1e-20);
+                for (int e = 0; e < E; e++) dot = __dadd_rn(dot, __dmul_rn(D[e], sc[e]));
+                for (int e = 0; e < E; e++) {
+                    const double sg = sc[e];
+                    const double v = __dsub_rn(__ddiv_rn(D[e], den), __ddiv_rn(dot, __dmul_rn(den, den)));
+                    d[e] = __dadd_rn(d[e], __dmul_rn(v, __dmul_rn(sg, __dsub_rn(1.0, sg))));
+                }
+            }
+        }
+        float* out = dlogits + t * E;
+        for (int e = 0; e < E; e++) out[e] = (float)d[e];
     }
 }

@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"sync"
 	"testing"
@@ -106,9 +107,62 @@ func TestMoEHostKernels(t *testing.T) {
 				}
 			}
 			sameBitsF32(t, "probabilities", probs, want.Probs)
-			out = runMoEHost(t, bin, append(append(f32Bytes(logits), i32Bytes(sel)...), f32Bytes(dprobs)...), "bwd", T, E, k, score, pre, sc)
+			out = runMoEHost(t, bin, append(append(f32Bytes(logits), i32Bytes(sel)...), f32Bytes(dprobs)...), "bwd", T, E, k, score, pre, sc, 1, 0)
 			sameBitsF32(t, "logits' gradient", fromF32Bytes(out), wantD)
 		})
+	}
+}
+
+// TestMoEHostKernelsLosses: with the load-balancing losses (aux, seq-aux,
+// global-aux), the host run of moe.cu's aux kernels gives the routing the
+// CPU's aux-loss counts (per expert and per sequence) and loss values
+// within float64 rounding, and the backward with the losses' gradient
+// (LossGradients of that routing, at a scale) gives the CPU's logits'
+// gradient bit for bit, softmax and sigmoid, on logits with ties.
+func TestMoEHostKernelsLosses(t *testing.T) {
+	bin := moeHostBin(t)
+	const B, S, E, k = 3, 37, 8, 2
+	T := B * S
+	for _, score := range []cpu.ScoreFunction{cpu.ScoreSoftmax, cpu.ScoreSigmoid} {
+		rc := cpu.RouterConfig{Experts: E, TopK: k, Score: score, Losses: true, Batch: B, SeqLen: S,
+			Balancing: []cpu.LoadBalancing{{Coeff: 0.01}, {Seq: true, Coeff: 0.02}, {Global: true, Coeff: 0.03}}}
+		logits, dprobs := make([]float32, T*E), make([]float32, T*E)
+		rng := tensor.NewRNG(uint64(score) + 11)
+		rng.Normal(logits, 0, 2)
+		rng.Normal(dprobs, 0, 1)
+		for i, x := range logits {
+			logits[i] = float32(math.Round(float64(x)))
+		}
+		want := cpu.Route(&rc, logits)
+		const scale = 0.75
+		wantD := make([]float32, T*E)
+		cpu.RouteBackward(&rc, want, dprobs, scale, wantD)
+
+		sc := strconv.FormatFloat(rc.ScalingFactor, 'g', 17, 64)
+		out := runMoEHost(t, bin, f32Bytes(logits), "fwd", T, E, k, int(score), 0, 0, 0, sc, "0")
+		sel := fromI32Bytes(out[4*T*E:])
+		out = runMoEHost(t, bin, f32Bytes(logits), "aux", B, S, E, k, int(score))
+		auxSel := fromI32Bytes(out[:4*T*k])
+		sums := make([]float64, B*E)
+		binary.Read(bytes.NewReader(out[4*T*k:]), binary.LittleEndian, sums)
+		got, err := cpu.RouteFromSelection(&rc, T, sel, auxSel, sums)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !slices.Equal(got.AuxCounts(&rc), want.AuxCounts(&rc)) || !slices.Equal(got.SeqAuxCounts(&rc), want.SeqAuxCounts(&rc)) {
+			t.Fatalf("score %d: aux-loss counts %v, %v; the CPU's %v, %v", score, got.AuxCounts(&rc), got.SeqAuxCounts(&rc), want.AuxCounts(&rc), want.SeqAuxCounts(&rc))
+		}
+		ga, wa := got.Aux, want.Aux
+		for i := range wa {
+			if d := math.Abs(ga[i] - wa[i]); d > 1e-13*math.Abs(wa[i]) {
+				t.Errorf("score %d: loss %d = %v, the CPU's %v", score, i, ga[i], wa[i])
+			}
+		}
+		dsc := got.LossGradients(&rc, scale)
+		var b bytes.Buffer
+		binary.Write(&b, binary.LittleEndian, dsc)
+		out = runMoEHost(t, bin, append(append(append(f32Bytes(logits), i32Bytes(sel)...), f32Bytes(dprobs)...), b.Bytes()...), "bwd", T, E, k, int(score), 0, sc, S, B)
+		sameBitsF32(t, "logits' gradient with the losses", fromF32Bytes(out), wantD)
 	}
 }
 

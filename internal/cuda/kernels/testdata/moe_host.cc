@@ -8,8 +8,11 @@
 //	    stdin: logits (T·E float32), bias (E float32, if hasBias) → stdout: probs (T·E float32), sel (T·k int32)
 //	moe_host exp n
 //	    stdin: n float64 → stdout: moe_exp of each
-//	moe_host bwd T E k score pre scaling
-//	    stdin: logits (T·E float32), sel (T·k int32), dprobs (T·E float32) → stdout: dlogits (T·E float32)
+//	moe_host bwd T E k score pre scaling seqLen dscRows
+//	    stdin: logits (T·E float32), sel (T·k int32), dprobs (T·E float32), dsc (dscRows·E float64)
+//	    → stdout: dlogits (T·E float32)
+//	moe_host aux B S E k score
+//	    stdin: logits (B·S·E float32) → stdout: auxSel (B·S·k int32), sums (B·E float64)
 // Little-endian binary; scaling is a decimal float64 printed exactly (%.17g).
 
 #include <math.h>
@@ -75,17 +78,32 @@ int main(int argc, char** argv) {
         writeAll(sel);
         return 0;
     }
-    if (strcmp(argv[1], "bwd") == 0 && argc == 8) {
+    if (strcmp(argv[1], "bwd") == 0 && argc == 10) {
         long long T = atoll(argv[2]);
         int E = atoi(argv[3]), k = atoi(argv[4]), score = atoi(argv[5]), pre = atoi(argv[6]);
         double scaling = strtod(argv[7], nullptr);
+        long long seqLen = atoll(argv[8]), dscRows = atoll(argv[9]);
         auto logits = readN<float>(T * E);
         auto sel = readN<int>(T * k);
         auto dprobs = readN<float>(T * E);
+        auto dsc = readN<double>(dscRows * E);
         std::vector<float> dlogits(T * E);
-        std::vector<double> scratch(T * E);
-        moe_route_bwd_f32(dlogits.data(), scratch.data(), dprobs.data(), logits.data(), sel.data(), T, E, k, score, pre, scaling);
+        std::vector<double> scratch(T * 2 * E);
+        moe_route_bwd_f32(dlogits.data(), scratch.data(), dprobs.data(), logits.data(), sel.data(), dscRows ? dsc.data() : nullptr, T, seqLen,
+                          E, k, score, pre, scaling);
         writeAll(dlogits);
+        return 0;
+    }
+    if (strcmp(argv[1], "aux") == 0 && argc == 7) {
+        long long B = atoll(argv[2]), S = atoll(argv[3]), T = B * S;
+        int E = atoi(argv[4]), k = atoi(argv[5]), score = atoi(argv[6]);
+        auto logits = readN<float>(T * E);
+        std::vector<int> auxSel(T * k);
+        std::vector<double> q(T * E), sums(B * E);
+        moe_route_aux_f32(auxSel.data(), q.data(), logits.data(), T, E, k, score);
+        moe_route_aux_sums_f64(sums.data(), q.data(), B, S, E);
+        writeAll(auxSel);
+        writeAll(sums);
         return 0;
     }
     if (strcmp(argv[1], "exp") == 0 && argc == 3) {
