@@ -58,3 +58,13 @@ func TestDSAParallelMatchesSingleProcess(t *testing.T) {
 	}
 	check("dsa DP=2", runDP(t, cfg, 2, ddp.Config{}, train, valid))
 }
+
+// TestDSACheckpointResume: a DSA run saved at iteration 5 under TP=2 with
+// SP resumes at TP=2 with SP and at one process with the losses of the
+// uninterrupted run (the indexer's parameters and their optimizer state
+// are in the checkpoint under Megatron's names).
+func TestDSACheckpointResume(t *testing.T) {
+	cfg := dpConfig(dsaModel())
+	cfg.MicroBatchSize = 2
+	checkTPSPResume(t, "DSA", cfg)
+}
