@@ -290,8 +290,11 @@ func newEngine(m *gpt.Model, cfg EngineConfig, pipe *pipeline) (*Engine, error) 
 		// output would depend on which other requests share its step.
 		return nil, fmt.Errorf("infer: MoE model with --moe-expert-capacity-factor %g: a serving step would drop tokens depending on the other requests in it; serve a dropless model (no capacity factor)", cf)
 	}
-	if m.Sharding != nil && m.Config.MoE.Enabled() {
-		return nil, errors.New("infer: an MoE model split over tensor-parallel ranks: needs expert-parallel inference, not built in gotron (serve it with --tensor-model-parallel-size 1)")
+	switch {
+	case m.Experts != nil:
+		return nil, errors.New("infer: an MoE model split over expert-parallel ranks (gpt.Model.SliceExperts): needs expert-parallel inference, not built in gotron (decoding splits each expert over the tensor-parallel ranks: gpt.Model.SplitExpertsOverTP)")
+	case m.Sharding != nil && m.Config.MoE.Enabled() && !m.ExpertsOverTP():
+		return nil, errors.New("infer: an MoE model split over tensor-parallel ranks with its experts whole: split them over the ranks too (gpt.Model.SplitExpertsOverTP)")
 	}
 	if err := cfg.validate(m); err != nil {
 		return nil, err

@@ -101,7 +101,7 @@ func runTP(t *testing.T, m *gpt.Model, size int, cfg EngineConfig, reqs []Reques
 	t.Helper()
 	var got tpRun
 	err := inproc.Run(context.Background(), size, func(ctx context.Context, pg comm.ProcessGroup) error {
-		sliced, err := gpt.Parallelize(m, &tp.Region{Group: pg}, nil)
+		sliced, err := sliceForDecoding(m, pg)
 		if err != nil {
 			return err
 		}
@@ -126,6 +126,17 @@ func runTP(t *testing.T, m *gpt.Model, size int, cfg EngineConfig, reqs []Reques
 		t.Fatal(err)
 	}
 	return got
+}
+
+// sliceForDecoding is rank pg's tensor-parallel slice of m as gotron
+// inference splits it: gpt.Parallelize, and an MoE model's routed experts
+// split over the ranks too.
+func sliceForDecoding(m *gpt.Model, pg comm.ProcessGroup) (*gpt.Model, error) {
+	sliced, err := gpt.Parallelize(m, &tp.Region{Group: pg}, nil)
+	if err != nil || !m.Config.MoE.Enabled() {
+		return sliced, err
+	}
+	return sliced, sliced.SplitExpertsOverTP()
 }
 
 // TestTensorParallelEngineMatchesOneRank: a model split over 2 and 4

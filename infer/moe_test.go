@@ -1,13 +1,19 @@
 package infer
 
 import (
+	"context"
+	"fmt"
+	"maps"
 	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
 
 	"github.com/gotron/gotron/ckpt/hf"
+	"github.com/gotron/gotron/comm"
+	"github.com/gotron/gotron/comm/inproc"
 	"github.com/gotron/gotron/model/gpt"
+	"github.com/gotron/gotron/parallel/tp"
 	"github.com/gotron/gotron/tensor"
 )
 
@@ -148,5 +154,98 @@ func TestPackedBytesMoE(t *testing.T) {
 	}
 	if got := PackedBytes(m, EngineConfig{BF16: true}); got != int64(2*n) {
 		t.Fatalf("PackedBytes bf16 = %d, want %d", got, 2*n)
+	}
+}
+
+// TestTensorParallelMoEMatchesOneRank: MoE models split over 2
+// tensor-parallel ranks (attention as the dense models'; each routed
+// expert's fc1 rows and fc2 columns over the ranks, Megatron's expert
+// tensor parallelism with its size the TP size; the shared expert as the
+// dense MLP; the router replicated, so every rank picks the same experts;
+// the partial outputs all-reduced) generate one process's tokens, with
+// log-probabilities within 1e-5: gotron's Mixtral- and Qwen-MoE-style
+// models and the imported Mixtral, Qwen2-MoE (gated shared expert),
+// Qwen3-MoE and DeepSeek-V3 (multi-latent attention, grouped sigmoid
+// routing with expert bias, a shared expert) fixtures.
+func TestTensorParallelMoEMatchesOneRank(t *testing.T) {
+	models := map[string]func(t *testing.T) *gpt.Model{
+		"mixtral":  func(t *testing.T) *gpt.Model { return moeTestModel(t, "mixtral") },
+		"qwen-moe": func(t *testing.T) *gpt.Model { return moeTestModel(t, "qwen-moe") },
+	}
+	for _, dir := range []string{"mixtral_gqa_untied_f32", "qwen2_moe_untied_f32", "qwen3_moe_untied_f32", "deepseek_v3_untied_f32"} {
+		models[dir] = func(t *testing.T) *gpt.Model {
+			m, _, err := hf.LoadModel(filepath.Join("..", "ckpt", "hf", "testdata", dir))
+			if err != nil {
+				t.Fatal(err)
+			}
+			return m
+		}
+	}
+	for _, name := range slices.Sorted(maps.Keys(models)) {
+		t.Run(name, func(t *testing.T) {
+			m := models[name](t)
+			cfg := EngineConfig{MaxNumBatchedTokens: 24, BlockTokens: 4}
+			eng, err := NewEngine(m, cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			// tpRequests, the prompts cut to the fixtures' 32 positions
+			reqs := tpRequests()
+			for i := range reqs {
+				if n := m.Config.MaxPositionEmbeddings - reqs[i].MaxTokens; len(reqs[i].Prompt) > n {
+					reqs[i].Prompt = reqs[i].Prompt[:n]
+				}
+			}
+			want, err := runRequests(t, eng, reqs)
+			if err != nil {
+				t.Fatal(err)
+			}
+			compareRuns(t, runTP(t, m, 2, cfg, reqs), want, 1e-5)
+		})
+	}
+}
+
+// TestTensorParallelMoERefused: an MoE model's tensor-parallel slice is
+// served only with its experts split over the ranks, once; an expert size
+// the ranks do not divide is refused naming the flag.
+func TestTensorParallelMoERefused(t *testing.T) {
+	m := moeTestModel(t, "mixtral")
+	err := inproc.Run(context.Background(), 2, func(ctx context.Context, pg comm.ProcessGroup) error {
+		sliced, err := gpt.Parallelize(m, &tp.Region{Group: pg}, nil)
+		if err != nil {
+			return err
+		}
+		if _, err := NewEngine(sliced, EngineConfig{}); err == nil || !strings.Contains(err.Error(), "experts whole") {
+			return fmt.Errorf("experts whole: NewEngine error %v", err)
+		}
+		if err := sliced.SplitExpertsOverTP(); err != nil {
+			return err
+		}
+		if err := sliced.SplitExpertsOverTP(); err == nil || !strings.Contains(err.Error(), "split already") {
+			return fmt.Errorf("split twice: error %v", err)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := m.SplitExpertsOverTP(); err == nil || !strings.Contains(err.Error(), "not split over tensor-parallel ranks") {
+		t.Errorf("one rank's model: error %v", err)
+	}
+	cfg := m.Config
+	cfg.MoE.FFNHiddenSize = 9
+	odd, err := gpt.New(cfg, tensor.NewRNG(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = inproc.Run(context.Background(), 2, func(ctx context.Context, pg comm.ProcessGroup) error {
+		sliced, err := gpt.Parallelize(odd, &tp.Region{Group: pg}, nil)
+		if err != nil {
+			return err
+		}
+		return sliced.SplitExpertsOverTP()
+	})
+	if err == nil || !strings.Contains(err.Error(), "--moe-ffn-hidden-size=9 is not divisible by --tensor-model-parallel-size=2") {
+		t.Errorf("moe ffn 9 over 2 ranks: error %v", err)
 	}
 }

@@ -235,7 +235,7 @@ var inferenceUsed = map[string]bool{
 	"tokenizer-type": true, "vocab-file": true, "merge-file": true, "tokenizer-model": true, "vocab-size": true,
 	"vocab-extra-ids": true, "tiktoken-pattern": true, "tiktoken-num-special-tokens": true,
 	"tensor-model-parallel-size": true, "pipeline-model-parallel-size": true, "context-parallel-size": true,
-	"expert-model-parallel-size": true, "dist-ckpt-strictness": true, "distributed-timeout-minutes": true,
+	"expert-model-parallel-size": true, "expert-tensor-parallel-size": true, "dist-ckpt-strictness": true, "distributed-timeout-minutes": true,
 }
 
 // pipelineSplitFlags are training's pipeline-split flags beyond
@@ -463,6 +463,16 @@ func runMegatronInference(ctx context.Context, env *cli, a *inferenceArgs, f *tr
 	m, _, tokDir, err := loadAny(f.cfg.Load)
 	if err != nil {
 		return err
+	}
+	// Decoding splits each expert over the tensor-parallel ranks
+	// (Megatron's default expert tensor-parallel size).
+	if etp := f.moe.etp; given["expert-tensor-parallel-size"] && etp != 0 && etp != f.tpSize {
+		if m.Config.MoE.Enabled() {
+			return fmt.Errorf("--expert-tensor-parallel-size %d with --tensor-model-parallel-size %d: needs an expert tensor-parallel size other than the tensor-parallel one at inference, not built in gotron (decoding splits each expert over the tensor-parallel ranks: leave it unset or give %d)", etp, f.tpSize, f.tpSize)
+		}
+		if group.leader() {
+			fmt.Fprintf(env.stderr, "gotron inference: --expert-tensor-parallel-size %d: the checkpoint has no experts: no effect\n", etp)
+		}
 	}
 	// Model arguments: the checkpoint's under --use-checkpoint-args (as
 	// Megatron's load_args_from_checkpoint), else they must match it

@@ -135,8 +135,8 @@ func shardForDecoding(m *gpt.Model, g *decodeGroup) (decodeModel, error) {
 	if g == nil {
 		return decodeModel{m: m}, nil
 	}
-	if m.Config.MoE.Enabled() {
-		return decodeModel{}, fmt.Errorf("%s with an MoE model: needs expert-parallel inference, not built in gotron", decodeSizes(g.tp, g.pp))
+	if m.Config.MoE.Enabled() && g.pp > 1 {
+		return decodeModel{}, fmt.Errorf("%s with an MoE model: needs MoE layers over pipeline stages at inference, not built in gotron (--tensor-model-parallel-size alone splits an MoE model)", decodeSizes(g.tp, g.pp))
 	}
 	if g.pp > 1 {
 		// Checked before the split, whose error would suggest the uneven
@@ -153,6 +153,14 @@ func shardForDecoding(m *gpt.Model, g *decodeGroup) (decodeModel, error) {
 		sliced, err := gpt.Parallelize(m, &tp.Region{Group: g.groups.TP}, nil)
 		if err != nil {
 			return decodeModel{}, fmt.Errorf("--tensor-model-parallel-size %d: %w", g.tp, err)
+		}
+		if m.Config.MoE.Enabled() {
+			// each routed expert over the tensor-parallel ranks
+			// (Megatron's expert tensor parallelism at its default, the
+			// TP size), no expert parallelism
+			if err := sliced.SplitExpertsOverTP(); err != nil {
+				return decodeModel{}, fmt.Errorf("--tensor-model-parallel-size %d: %w", g.tp, err)
+			}
 		}
 		m = sliced
 	}

@@ -30,6 +30,12 @@ var tpModelArgs = map[string][]string{
 		"--kv-lora-rank", "10", "--qk-head-dim", "6", "--qk-pos-emb-head-dim", "4", "--v-head-dim", "5", "--rotary-scaling-factor", "40",
 		"--mscale", "0.707", "--mscale-all-dim", "0.707", "--normalization", "RMSNorm", "--swiglu", "--disable-bias-linear",
 		"--position-embedding-type", "none", "--init-method-std", "0.3"},
+	// Qwen-MoE-style: 4 experts top-2, grouped GEMM, a shared expert;
+	// training MoE over TP ranks needs sequence parallelism (Megatron's)
+	"moe": {"--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4", "--position-embedding-type", "rope",
+		"--normalization", "RMSNorm", "--swiglu", "--disable-bias-linear", "--num-experts", "4", "--moe-router-topk", "2",
+		"--moe-ffn-hidden-size", "16", "--moe-grouped-gemm", "--moe-shared-expert-intermediate-size", "24", "--moe-aux-loss-coeff", "1e-2",
+		"--sequence-parallel", "--init-method-std", "0.3"},
 }
 
 // trainTPCheckpoint trains kind's model for 2 iterations on tp ranks (gotron
@@ -188,6 +194,57 @@ func TestInferenceTensorParallel(t *testing.T) {
 				t.Errorf("generate %v at TP=2 printed %q, one process %q", sampling, got, one)
 			}
 		}
+	}
+}
+
+// TestInferenceTensorParallelMoE: an MoE checkpoint trained at TP=2 (expert
+// tensor parallelism at the TP size, sequence parallelism) runs gotron
+// inference at TP=2 and 4 (each expert split over the ranks) with one
+// process's tokens and log-probabilities within 2e-6, and gotron generate
+// at TP=2 prints one process's text.
+func TestInferenceTensorParallelMoE(t *testing.T) {
+	dir := t.TempDir()
+	data, vocab, merges := gpt2Corpus(t, dir, 24)
+	tok := []string{"--tokenizer-type", "GPT2BPETokenizer", "--vocab-file", vocab, "--merge-file", merges}
+	ck := trainTPCheckpoint(t, dir, "moe", 2, data, vocab, merges)
+	infer := func(out string, tp int) []string {
+		return append([]string{"inference", "--load", ck, "--num-tokens-to-generate", "10", "--top_k", "1", "--return-log-probs",
+			"--termination-id", "-1", "--tensor-model-parallel-size", fmt.Sprint(tp), "--output-path", out,
+			"--prompts", "the quick brown fox", "Document 3: func main() {", "jumps over"}, tok...)
+	}
+	one := filepath.Join(dir, "moe-one.json")
+	if _, errs, code := runCLI(t, infer(one, 1)...); code != 0 {
+		t.Fatalf("moe on one process: %s", errs)
+	}
+	want := readTPResults(t, one)
+	for _, tp := range []int{2, 4} {
+		out := filepath.Join(dir, fmt.Sprintf("moe-tp%d.json", tp))
+		if _, errs, code := runCLI(t, append([]string{"launch", "--inproc", "--nproc-per-node", fmt.Sprint(tp), "--"}, infer(out, tp)...)...); code != 0 {
+			t.Fatalf("moe at TP=%d: %s", tp, errs)
+		}
+		compareTPResults(t, fmt.Sprintf("moe (trained at TP=2) at TP=%d, inproc", tp), readTPResults(t, out), want, 2e-6)
+	}
+	// expert tensor parallelism other than the TP size: refused for an MoE
+	// checkpoint, without effect for a dense one
+	_, errs, code := runCLI(t, append([]string{"launch", "--inproc", "--nproc-per-node", "2", "--"}, append(infer(filepath.Join(dir, "etp1.json"), 2), "--expert-tensor-parallel-size", "1")...)...)
+	if wantErr := "--expert-tensor-parallel-size 1 with --tensor-model-parallel-size 2: needs an expert tensor-parallel size other than the tensor-parallel one at inference, not built in gotron"; code == 0 || !strings.Contains(errs, wantErr) {
+		t.Errorf("--expert-tensor-parallel-size 1 at TP=2: exit %d, stderr %q; want %q", code, errs, wantErr)
+	}
+	dense, tokFlags := inferenceCheckpoint(t)
+	if _, errs, code := runCLI(t, append([]string{"inference", "--load", dense, "--prompts", "hi", "--num-tokens-to-generate", "1", "--expert-tensor-parallel-size", "2"}, tokFlags...)...); code != 0 || !strings.Contains(errs, "--expert-tensor-parallel-size 2: the checkpoint has no experts: no effect") {
+		t.Errorf("--expert-tensor-parallel-size 2 on a dense checkpoint: exit %d, stderr %q", code, errs)
+	}
+	gen := append([]string{"generate", "--load", ck, "--prompt", "the quick brown", "--max-new-tokens", "12", "--top-k", "1"}, tok...)
+	oneText, errs, code := runCLI(t, gen...)
+	if code != 0 {
+		t.Fatalf("generate: %s", errs)
+	}
+	got, errs, code := runCLI(t, append([]string{"launch", "--inproc", "--nproc-per-node", "2", "--"}, append(gen, "--tensor-model-parallel-size", "2")...)...)
+	if code != 0 {
+		t.Fatalf("generate at TP=2: %s", errs)
+	}
+	if got != "[rank0]: "+oneText {
+		t.Errorf("generate at TP=2 printed %q, one process %q", got, oneText)
 	}
 }
 

@@ -107,6 +107,9 @@ type Model struct {
 	// global_aux_loss sums its counts over it; nil is this rank alone.
 	BatchGroup   TokenGroup
 	otherExperts map[string][]int // the experts other EP ranks hold
+	// expertsOverTP: every routed expert is split over the tensor-parallel
+	// ranks (SplitExpertsOverTP): the experts' outputs are partial sums.
+	expertsOverTP bool
 }
 
 // New builds a model with Megatron's initialisation drawn from rng: weights

@@ -1,6 +1,7 @@
 package gpt
 
 import (
+	"errors"
 	"fmt"
 	"math"
 	"slices"
@@ -631,6 +632,16 @@ func (m *Model) moe(tp *tensor.Tape, l *MoELayer, index int, x *tensor.Tensor, p
 		xp := tp.Embedding(rowsT, xs) // (N, h), expert-major
 		pp := tp.Embedding(tensor.FromInt32(flat, len(flat)).ToDevice(x.Device()), tp.Reshape(probs, T*c.NumExperts, 1))
 		out = tp.IndexAddRows(T, rowsT, m.experts(tp, l, xp, pp, counts))
+		if m.expertsOverTP {
+			// each rank ran its slice of every expert on the same tokens:
+			// the partial outputs sum over the ranks, as the row-parallel
+			// fc2 of the dense MLP. Forward only: the input's gradient
+			// would lack the other ranks' parts.
+			if tp.Recording() {
+				tp.Fail(errors.New("gpt: experts split over the tensor-parallel ranks (SplitExpertsOverTP) are for decoding: training splits them with SliceExperts"))
+			}
+			out = m.region().SumOverRanks(tp, out)
+		}
 	case ep.AllToAllDispatch():
 		out = m.dispatchAllToAll(tp, ep, l, xs, probs, r)
 	default:
@@ -833,6 +844,65 @@ func (m *Model) SliceExperts(ep ExpertParallel) error {
 	m.Experts = ep
 	return nil
 }
+
+// SplitExpertsOverTP splits every routed expert of m, one tensor-parallel
+// rank's model (Parallelize, without sequence parallelism), over its
+// tensor-parallel ranks: this rank's rows of fc1 (of each of SwiGLU's
+// halves) and columns of fc2, the split of Megatron's expert tensor
+// parallelism with --expert-tensor-parallel-size equal to the
+// tensor-parallel size and no expert parallelism. Every rank holds the
+// same tokens and routes them alike (the router is replicated), runs its
+// slice of each chosen expert, and the partial outputs are all-reduced
+// (moe). Decoding splits a model so; training uses SliceExperts, whose
+// dispatchers exchange sequence shards. The whole model's experts are
+// left unchanged.
+func (m *Model) SplitExpertsOverTP() error {
+	s, ok := m.Sharding.(*tpSharding)
+	switch {
+	case !ok:
+		return errors.New("gpt: SplitExpertsOverTP: the model is not split over tensor-parallel ranks (Parallelize)")
+	case s.r.SequenceParallel:
+		return errors.New("gpt: SplitExpertsOverTP: the model is sequence-parallel: each rank holds a shard of the tokens, which expert tensor parallelism over the tensor-parallel ranks alone cannot route")
+	case m.Experts != nil || m.expertsOverTP:
+		return errors.New("gpt: SplitExpertsOverTP: the experts are split already")
+	}
+	Q, rank := s.r.Size(), s.r.Rank()
+	if f := m.Config.MoE.FFNHiddenSize; f%Q != 0 {
+		return fmt.Errorf("gpt: --moe-ffn-hidden-size=%d is not divisible by --tensor-model-parallel-size=%d (each expert is split over the tensor-parallel ranks)", f, Q)
+	}
+	fc1Style := tp.Column
+	if m.Config.Activation == SwiGLU {
+		fc1Style = tp.ColumnGLU
+	}
+	for i := range m.Layers {
+		l := m.Layers[i].MoE
+		if l == nil {
+			continue
+		}
+		E := m.Config.MoE.NumExperts
+		if len(l.FC1) != E || l.FC2[0].Dim(1) != m.Config.MoE.FFNHiddenSize {
+			return fmt.Errorf("gpt: layer %d holds %d experts of %d, not all %d whole: sliced already", i, len(l.FC1), l.FC2[0].Dim(1), E)
+		}
+		// new slices: Parallelize's MoE layer shares the whole model's
+		fc1, fc2 := make([]*tensor.Tensor, E), make([]*tensor.Tensor, E)
+		for k := range E {
+			var err error
+			if fc1[k], err = tp.Shard(l.FC1[k], fc1Style, rank, Q); err != nil {
+				return fmt.Errorf("gpt: layer %d expert %d over the tensor-parallel ranks: %w", i, k, err)
+			}
+			if fc2[k], err = tp.Shard(l.FC2[k], tp.Row, rank, Q); err != nil {
+				return fmt.Errorf("gpt: layer %d expert %d over the tensor-parallel ranks: %w", i, k, err)
+			}
+		}
+		l.FC1, l.FC2 = fc1, fc2
+	}
+	m.expertsOverTP = true
+	return nil
+}
+
+// ExpertsOverTP reports whether the routed experts are split over the
+// tensor-parallel ranks (SplitExpertsOverTP).
+func (m *Model) ExpertsOverTP() bool { return m.expertsOverTP }
 
 // OtherExperts returns the names and shapes of the experts other
 // expert-parallel ranks hold (nil when this rank holds all): what a
