@@ -165,14 +165,17 @@ func TestPackedBytesMoE(t *testing.T) {
 // the partial outputs all-reduced) generate one process's tokens, with
 // log-probabilities within 1e-5: gotron's Mixtral- and Qwen-MoE-style
 // models and the imported Mixtral, Qwen2-MoE (gated shared expert),
-// Qwen3-MoE and DeepSeek-V3 (multi-latent attention, grouped sigmoid
-// routing with expert bias, a shared expert) fixtures.
+// Qwen3-MoE (both also with dense layers between the MoE ones, tied),
+// DeepSeek-V2 (multi-latent attention, two shared experts, the first layer
+// dense) and DeepSeek-V3 (grouped sigmoid routing with expert bias)
+// fixtures.
 func TestTensorParallelMoEMatchesOneRank(t *testing.T) {
 	models := map[string]func(t *testing.T) *gpt.Model{
 		"mixtral":  func(t *testing.T) *gpt.Model { return moeTestModel(t, "mixtral") },
 		"qwen-moe": func(t *testing.T) *gpt.Model { return moeTestModel(t, "qwen-moe") },
 	}
-	for _, dir := range []string{"mixtral_gqa_untied_f32", "qwen2_moe_untied_f32", "qwen3_moe_untied_f32", "deepseek_v3_untied_f32"} {
+	for _, dir := range []string{"mixtral_gqa_untied_f32", "qwen2_moe_untied_f32", "qwen2_moe_step2_tied_f32", "qwen3_moe_untied_f32",
+		"qwen3_moe_step2_tied_f32", "deepseek_v2_tied_f32", "deepseek_v3_untied_f32"} {
 		models[dir] = func(t *testing.T) *gpt.Model {
 			m, _, err := hf.LoadModel(filepath.Join("..", "ckpt", "hf", "testdata", dir))
 			if err != nil {
