@@ -90,7 +90,7 @@ func DSAIndexerTopK(q, k, w *Tensor, topk int, relu bool) (*DSASelection, error)
 	b, t, H, D := q.Dim(0), q.Dim(1), q.Dim(2), q.Dim(3)
 	s := &DSASelection{B: b, T: t, K: min(topk, t), Scores: make([]float32, b*t*t)}
 	s.Idx = make([]int32, b*t*s.K)
-	cpu.IndexerScores(s.Scores, q.Contiguous().f32s(), k.Contiguous().f32s(), w.Contiguous().f32s(), b, t, H, D, relu)
+	cpu.IndexerScoresGEMM(s.Scores, q.Contiguous().f32s(), k.Contiguous().f32s(), w.Contiguous().f32s(), b, t, H, D, relu)
 	cpu.IndexerTopK(s.Idx, s.Scores, b, t, s.K)
 	return s, nil
 }
@@ -212,7 +212,7 @@ func (f *indexerLoss) Backward(tp *Tape, g []*Tensor) []*Tensor {
 			f.dlogits[i] *= a
 		}
 		s := f.sel
-		cpu.IndexerScoresBackward(dq.f32s(), dk.f32s(), dw.f32s(), f.dlogits, q.f32s(), k.f32s(), w.f32s(), s.B, s.T, q.Dim(2), q.Dim(3), f.l.ReLU)
+		cpu.IndexerScoresBackwardGEMM(dq.f32s(), dk.f32s(), dw.f32s(), f.dlogits, q.f32s(), k.f32s(), w.f32s(), s.B, s.T, q.Dim(2), q.Dim(3), f.l.ReLU)
 		f.dlogits = nil
 	}
 	return []*Tensor{g[0], dq, dk, dw}

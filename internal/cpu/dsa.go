@@ -408,3 +408,81 @@ func IndexerScoresBackward[F Float](dq, dk, dw, ds, q, k, w []F, b, t, H, D int,
 		}
 	})
 }
+
+// dsaQueryChunk is how many queries the GEMM form of the indexer scores
+// at once: its products (chunk·H × t floats) stay a few megabytes.
+func dsaQueryChunk(t, H int) int { return max(1, min(t, (1<<22)/max(1, H*t))) }
+
+// IndexerScoresGEMM is IndexerScores in float32 with the products of each
+// chunk of queries' heads with every key from Sgemm (the model's path; the
+// generic IndexerScores is its float64-checked reference).
+func IndexerScoresGEMM(scores, q, k, w []float32, b, t, H, D int, relu bool) {
+	c := dsaQueryChunk(t, H)
+	p := make([]float32, c*H*t)
+	for bi := range b {
+		kb := k[bi*t*D : (bi+1)*t*D]
+		for i0 := 0; i0 < t; i0 += c {
+			n := min(c, t-i0)
+			Sgemm(NoTrans, Trans, n*H, t, D, 1, q[(bi*t+i0)*H*D:], D, kb, D, 0, p, t)
+			Parallel(n, 1, func(lo, hi int) {
+				for r := lo; r < hi; r++ {
+					i := i0 + r
+					row := scores[(bi*t+i)*t : (bi*t+i+1)*t]
+					for j := range row[i+1:] {
+						row[i+1+j] = float32(math.Inf(-1))
+					}
+					clear(row[:i+1])
+					for h := range H {
+						wh := w[(bi*t+i)*H+h]
+						for j, v := range p[(r*H+h)*t : (r*H+h)*t+i+1] {
+							if relu && v < 0 {
+								continue
+							}
+							row[j] += wh * v
+						}
+					}
+				}
+			})
+		}
+	}
+}
+
+// IndexerScoresBackwardGEMM is IndexerScoresBackward in float32 with
+// Sgemm (IndexerScoresGEMM's backward): the products are recomputed per
+// chunk of queries.
+func IndexerScoresBackwardGEMM(dq, dk, dw, ds, q, k, w []float32, b, t, H, D int, relu bool) {
+	c := dsaQueryChunk(t, H)
+	p := make([]float32, c*H*t)
+	for bi := range b {
+		kb, dkb := k[bi*t*D:(bi+1)*t*D], dk[bi*t*D:(bi+1)*t*D]
+		for i0 := 0; i0 < t; i0 += c {
+			n := min(c, t-i0)
+			qc := q[(bi*t+i0)*H*D:]
+			Sgemm(NoTrans, Trans, n*H, t, D, 1, qc, D, kb, D, 0, p, t)
+			// p ← the products' gradient ds·w (·relu'), dw from the products
+			Parallel(n, 1, func(lo, hi int) {
+				for r := lo; r < hi; r++ {
+					i := i0 + r
+					g := ds[(bi*t+i)*t : (bi*t+i)*t+i+1]
+					for h := range H {
+						pr := p[(r*H+h)*t : (r*H+h+1)*t]
+						wh := w[(bi*t+i)*H+h]
+						var gw float32
+						for j, v := range pr[:i+1] {
+							if relu && v <= 0 {
+								pr[j] = 0
+								continue
+							}
+							gw += g[j] * v
+							pr[j] = g[j] * wh
+						}
+						clear(pr[i+1:])
+						dw[(bi*t+i)*H+h] += gw
+					}
+				}
+			})
+			Sgemm(NoTrans, NoTrans, n*H, D, t, 1, p, t, kb, D, 1, dq[(bi*t+i0)*H*D:], D)
+			Sgemm(Trans, NoTrans, t, D, n*H, 1, p, t, qc, D, 1, dkb, D)
+		}
+	}
+}

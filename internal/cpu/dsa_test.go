@@ -169,3 +169,54 @@ func TestIndexerLossGradients(t *testing.T) {
 		})
 	}
 }
+
+// TestIndexerScoresGEMMMatchesReference: the model's Sgemm form of the
+// indexer's scores and their backward equals the float64-checked
+// reference in float32 rounding, in one chunk of queries and in several.
+func TestIndexerScoresGEMMMatchesReference(t *testing.T) {
+	rng := rand.New(rand.NewPCG(17, 18))
+	for _, c := range []struct{ b, t, H, D int }{{2, 7, 3, 4}, {1, 1200, 3, 8}} {
+		if dsaQueryChunk(c.t, c.H) >= c.t && c.t > 100 {
+			t.Fatalf("t=%d H=%d: one chunk, want several", c.t, c.H)
+		}
+		for _, relu := range []bool{true, false} {
+			q, k, w := to32(randF64(rng, c.b*c.t*c.H*c.D, 1)), to32(randF64(rng, c.b*c.t*c.D, 1)), to32(randF64(rng, c.b*c.t*c.H, 1))
+			ds := to32(randF64(rng, c.b*c.t*c.t, 1))
+			want, got := make([]float32, c.b*c.t*c.t), make([]float32, c.b*c.t*c.t)
+			IndexerScores(want, q, k, w, c.b, c.t, c.H, c.D, relu)
+			IndexerScoresGEMM(got, q, k, w, c.b, c.t, c.H, c.D, relu)
+			closeF32(t, "scores", got, want, 1e-5)
+			grads := func(f func(dq, dk, dw []float32)) [3][]float32 {
+				g := [3][]float32{make([]float32, len(q)), make([]float32, len(k)), make([]float32, len(w))}
+				for i := range g {
+					for j := range g[i] {
+						g[i][j] = 0.5 // both accumulate
+					}
+				}
+				f(g[0], g[1], g[2])
+				return g
+			}
+			ref := grads(func(dq, dk, dw []float32) { IndexerScoresBackward(dq, dk, dw, ds, q, k, w, c.b, c.t, c.H, c.D, relu) })
+			gem := grads(func(dq, dk, dw []float32) { IndexerScoresBackwardGEMM(dq, dk, dw, ds, q, k, w, c.b, c.t, c.H, c.D, relu) })
+			for i, name := range []string{"dq", "dk", "dw"} {
+				closeF32(t, name, gem[i], ref[i], 1e-4)
+			}
+		}
+	}
+}
+
+func closeF32(t *testing.T, name string, got, want []float32, tol float64) {
+	t.Helper()
+	var scale float64
+	for _, v := range want {
+		if !math.IsInf(float64(v), 0) {
+			scale = max(scale, math.Abs(float64(v)))
+		}
+	}
+	for i := range want {
+		if math.IsInf(float64(want[i]), -1) != math.IsInf(float64(got[i]), -1) ||
+			(!math.IsInf(float64(want[i]), 0) && math.Abs(float64(got[i]-want[i])) > tol*max(1, scale)) {
+			t.Fatalf("%s[%d] = %g, want %g (scale %g)", name, i, got[i], want[i], scale)
+		}
+	}
+}
