@@ -197,7 +197,9 @@ func TestIndexerScoresGEMMMatchesReference(t *testing.T) {
 				return g
 			}
 			ref := grads(func(dq, dk, dw []float32) { IndexerScoresBackward(dq, dk, dw, ds, q, k, w, c.b, c.t, c.H, c.D, relu) })
-			gem := grads(func(dq, dk, dw []float32) { IndexerScoresBackwardGEMM(dq, dk, dw, ds, q, k, w, c.b, c.t, c.H, c.D, relu) })
+			gem := grads(func(dq, dk, dw []float32) {
+				IndexerScoresBackwardGEMM(dq, dk, dw, ds, q, k, w, c.b, c.t, c.H, c.D, relu)
+			})
 			for i, name := range []string{"dq", "dk", "dw"} {
 				closeF32(t, name, gem[i], ref[i], 1e-4)
 			}
