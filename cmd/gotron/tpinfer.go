@@ -51,15 +51,6 @@ func (g *decodeGroup) kind() string {
 // leader reports whether this rank leads: rank 0, or one process (g nil).
 func (g *decodeGroup) leader() bool { return g == nil || g.world.Rank() == 0 }
 
-// lockstep is the group the engines step together over: the world (nil
-// for one process).
-func (g *decodeGroup) lockstep() comm.ProcessGroup {
-	if g == nil {
-		return nil
-	}
-	return g.world
-}
-
 // decodeSizes says "--tensor-model-parallel-size N" and/or
 // "--pipeline-model-parallel-size P", the sizes above 1.
 func decodeSizes(tpSize, ppSize int) string {

@@ -172,7 +172,7 @@ func TestMoEHostKernelsLosses(t *testing.T) {
 // router's scores reach and the special cases.
 func TestMoEHostExp(t *testing.T) {
 	bin := moeHostBin(t)
-	x := []float64{0, -0.0, 1, -1, 1e-9, -1e-9, 700, -700, 709.78, 709.79, -745.1, -745.2, -744.5, math.Inf(1), math.Inf(-1)}
+	x := []float64{0, math.Copysign(0, -1), 1, -1, 1e-9, -1e-9, 700, -700, 709.78, 709.79, -745.1, -745.2, -744.5, math.Inf(1), math.Inf(-1)}
 	u := make([]float32, 200000)
 	tensor.NewRNG(3).Uniform(u, -1, 1)
 	for i, v := range u {
