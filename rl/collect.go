@@ -8,6 +8,7 @@ import (
 	"math"
 	"math/rand/v2"
 
+	"github.com/gotron/gotron/comm"
 	datagpt "github.com/gotron/gotron/data/gpt"
 	"github.com/gotron/gotron/infer"
 	"github.com/gotron/gotron/internal/checked"
@@ -50,13 +51,18 @@ type Config struct {
 	Reference []*tensor.Tensor
 	// Printf logs a line (the run's log).
 	Printf func(format string, args ...any)
+	// DP is the run's data-parallel group; nil is one process. Each rank
+	// generates, scores and computes the log-probabilities of the rollouts
+	// it trains on (owns), and the ranks all-reduce the rewards so that
+	// every rank computes the whole groups' advantages.
+	DP comm.ProcessGroup
 }
 
 // Collection summarises one rollout collection.
 type Collection struct {
 	Index     int64     // collections since the run began (iteration / iterations per collection)
 	Rewards   []float64 // per rollout, group-major
-	Responses []string  // the generated texts, group-major
+	Responses []string  // the generated texts, group-major ("" for a rollout another data-parallel rank generated)
 	Tokens    int       // loss tokens over all rollouts
 }
 
@@ -123,6 +129,9 @@ func NewCollector(cfg Config) (*Collector, error) {
 	if perCol%cfg.MicroBatchSize != 0 {
 		return nil, fmt.Errorf("rl: --micro-batch-size=%d must divide the %d rollouts per collection (Megatron pads them with empty rows otherwise, not built in gotron)", cfg.MicroBatchSize, perCol)
 	}
+	if dp := dpSize(cfg.DP); perCol%(dp*cfg.MicroBatchSize) != 0 {
+		return nil, fmt.Errorf("rl: the %d rollouts per collection must be a multiple of %d data-parallel ranks × --micro-batch-size=%d (each rank trains on whole micro-batches of every collection)", perCol, dp, cfg.MicroBatchSize)
+	}
 	if err := cfg.Loss.Validate(); err != nil {
 		return nil, err
 	}
@@ -143,6 +152,29 @@ func NewCollector(cfg Config) (*Collector, error) {
 		}
 	}
 	return c, nil
+}
+
+func dpSize(g comm.ProcessGroup) int {
+	if g == nil {
+		return 1
+	}
+	return g.Size()
+}
+
+// owns reports whether this data-parallel rank trains on rollout j of a
+// collection, and so generates it. Sample i of the run is rollout i mod
+// P·G, and gotron's data order gives rank r micro-batch slots r, r+DP,
+// r+2·DP, … of every global batch (train's Consumed + (i·DP + r)·mbs):
+// rollout j is in slot j/mbs, and a global batch is a multiple of DP·mbs
+// rollouts. A global batch is the same rollouts at any DP size, so the
+// run's numbers are one process's. (Megatron's prepare_data_for_update
+// gives rank r the r-th contiguous slice of the rollouts instead, which
+// mixes slices into a global batch when a collection spans several.)
+func (c *Collector) owns(j int) bool {
+	if c.cfg.DP == nil {
+		return true
+	}
+	return (j/c.cfg.MicroBatchSize)%c.cfg.DP.Size() == c.cfg.DP.Rank()
 }
 
 // IterationsPerCollection is how many iterations train on one collection:
@@ -182,7 +214,11 @@ func (c *Collector) rowOf(i int64) (*row, error) {
 	if c.current < 0 || i < base || i >= base+c.samplesPerCollection() {
 		return nil, fmt.Errorf("rl: sample %d is not in collection %d's samples [%d, %d)", i, c.current, base, base+c.samplesPerCollection())
 	}
-	return &c.rows[(i-base)%int64(len(c.rows))], nil
+	j := (i - base) % int64(len(c.rows))
+	if !c.owns(int(j)) {
+		return nil, fmt.Errorf("rl: sample %d (rollout %d of collection %d) belongs to another data-parallel rank than %d", i, j, c.current, c.cfg.DP.Rank())
+	}
+	return &c.rows[j], nil
 }
 
 // Prepare collects the rollouts of iteration+1's collection unless they
@@ -211,7 +247,7 @@ func (c *Collector) Prepare(ctx context.Context, m train.Model, eval *tensor.Tap
 	if c.ref != nil && len(c.ref) != len(gm.Params()) {
 		return fmt.Errorf("rl: the reference model has %d parameters, the model %d", len(c.ref), len(gm.Params()))
 	}
-	col, rows, err := c.collect(gm, k)
+	col, rows, err := c.collect(ctx, gm, k)
 	if err != nil {
 		return err
 	}
@@ -253,11 +289,21 @@ func (c *Collector) seedOf(k int64, salt string) uint64 {
 }
 
 // collect draws the prompts of collection k and generates their rollouts.
-func (c *Collector) collect(m *gpt.Model, k int64) (Collection, []row, error) {
+// Every rank draws all P prompts (one stream, the same on every rank) and
+// generates the rollouts it owns; each rollout samples from its own stream,
+// seeded by the collection and the rollout's index, so its tokens do not
+// depend on which rank generates it nor on what else is in the batch.
+func (c *Collector) collect(ctx context.Context, m *gpt.Model, k int64) (Collection, []row, error) {
 	P, G, seq := c.cfg.PromptsPerStep, c.cfg.GroupSize, c.cfg.SeqLength
 	rng := rand.New(rand.NewPCG(c.seedOf(k, "prompts"), 0))
 	tok := c.cfg.Tokenizer
-	eng, err := infer.NewEngine(m, infer.EngineConfig{MaxNumSeqs: P * G, VocabSize: tok.VocabSize()})
+	owned := 0
+	for j := range P * G {
+		if c.owns(j) {
+			owned++
+		}
+	}
+	eng, err := infer.NewEngine(m, infer.EngineConfig{MaxNumSeqs: owned, VocabSize: tok.VocabSize()})
 	if err != nil {
 		return Collection{}, nil, fmt.Errorf("rl: inference engine: %w", err)
 	}
@@ -291,6 +337,9 @@ func (c *Collector) collect(m *gpt.Model, k int64) (Collection, []row, error) {
 		for g := range G {
 			j := p*G + g
 			outs[j] = rollout{task: task, prompt: ids}
+			if !c.owns(j) {
+				continue
+			}
 			id, err := eng.Add(infer.Request{Prompt: ids, MaxTokens: seq - len(ids), StopTokens: []int{int(c.eod)}, Logprobs: true,
 				Sampling: infer.Sampling{Temperature: c.cfg.Temperature, TopP: c.cfg.TopP, TopK: max(c.cfg.TopK, 0), Seed: c.seedOf(k, fmt.Sprint("rollout/", j))}})
 			if err != nil {
@@ -321,10 +370,11 @@ func (c *Collector) collect(m *gpt.Model, k int64) (Collection, []row, error) {
 			}
 		}
 	}
-	col := Collection{Index: k}
-	rewards := make([][]float64, P)
-	turns := make([][]int, P)
+	col := Collection{Index: k, Rewards: make([]float64, len(outs)), Responses: make([]string, len(outs))}
 	for j, o := range outs {
+		if !c.owns(j) {
+			continue
+		}
 		if !o.done {
 			return Collection{}, nil, fmt.Errorf("rl: rollout %d did not finish", j)
 		}
@@ -336,10 +386,15 @@ func (c *Collector) collect(m *gpt.Model, k int64) (Collection, []row, error) {
 		for i, id := range text {
 			ids[i] = int(id)
 		}
-		resp := tok.Decode(ids)
-		reward := o.task.Score(resp)
-		col.Rewards = append(col.Rewards, reward)
-		col.Responses = append(col.Responses, resp)
+		col.Responses[j] = tok.Decode(ids)
+		col.Rewards[j] = o.task.Score(col.Responses[j])
+	}
+	if err := c.shareRewards(ctx, col.Rewards); err != nil {
+		return Collection{}, nil, err
+	}
+	rewards := make([][]float64, P)
+	turns := make([][]int, P)
+	for j, reward := range col.Rewards {
 		rewards[j/G] = append(rewards[j/G], reward)
 		turns[j/G] = append(turns[j/G], 1)
 	}
@@ -349,6 +404,9 @@ func (c *Collector) collect(m *gpt.Model, k int64) (Collection, []row, error) {
 	}
 	rows := make([]row, len(outs))
 	for j, o := range outs {
+		if !c.owns(j) {
+			continue // another rank's: no tokens
+		}
 		r := row{tokens: make([]int32, seq), mask: make([]float32, seq), inference: make([]float64, seq), advantage: adv[j]}
 		n := copy(r.tokens, o.prompt)
 		n += copy(r.tokens[n:], o.gen)
@@ -366,7 +424,37 @@ func (c *Collector) collect(m *gpt.Model, k int64) (Collection, []row, error) {
 		}
 		rows[j] = r
 	}
+	if c.cfg.DP != nil {
+		n := []int64{int64(col.Tokens)}
+		if err := c.cfg.DP.AllReduce(ctx, comm.Int64s(n), comm.Sum); err != nil {
+			return Collection{}, nil, fmt.Errorf("rl: collection %d: sum the loss tokens over the data-parallel ranks: %w", k, err)
+		}
+		col.Tokens = int(n[0])
+	}
 	return col, rows, nil
+}
+
+// shareRewards gives every data-parallel rank every rollout's reward (each
+// rank scored those it owns, the others are 0): a sum over the ranks of the
+// rewards' float64 bits as integers, where exactly one rank adds a
+// rollout's bits and the rest add 0, so the rewards arrive bit for bit.
+func (c *Collector) shareRewards(ctx context.Context, rewards []float64) error {
+	if c.cfg.DP == nil {
+		return nil
+	}
+	bits := make([]int64, len(rewards))
+	for j, r := range rewards {
+		if c.owns(j) {
+			bits[j] = int64(math.Float64bits(r))
+		}
+	}
+	if err := c.cfg.DP.AllReduce(ctx, comm.Int64s(bits), comm.Sum); err != nil {
+		return fmt.Errorf("rl: gather the rewards from the data-parallel ranks: %w", err)
+	}
+	for j, b := range bits {
+		rewards[j] = math.Float64frombits(uint64(b))
+	}
+	return nil
 }
 
 // logprobs fills the rows' old (or, with ref, reference) log-probabilities:
@@ -389,6 +477,9 @@ func (c *Collector) logprobs(m *gpt.Model, tp *tensor.Tape, rows []row, ref bool
 	}
 	mbs, seq := c.cfg.MicroBatchSize, c.cfg.SeqLength
 	for lo := 0; lo < len(rows); lo += mbs {
+		if !c.owns(lo) {
+			continue // another data-parallel rank's micro-batch
+		}
 		toks := make([]int32, 0, mbs*seq)
 		labels := make([]int32, 0, mbs*seq)
 		for _, r := range rows[lo : lo+mbs] {

@@ -3,9 +3,12 @@ package rl
 import (
 	"context"
 	"math"
+	"slices"
 	"strings"
+	"sync"
 	"testing"
 
+	"github.com/gotron/gotron/comm/inproc"
 	"github.com/gotron/gotron/model/gpt"
 	"github.com/gotron/gotron/tensor"
 	"github.com/gotron/gotron/tokenizer"
@@ -13,7 +16,7 @@ import (
 
 // testCollector is a Collector over two countdown tasks with a byte-level
 // BPE tokenizer learnt from their prompts, and a tiny model.
-func testCollector(t *testing.T, loss LossConfig) (*Collector, *gpt.Model) {
+func testCollector(t *testing.T, loss LossConfig, opts ...func(*Config)) (*Collector, *gpt.Model) {
 	t.Helper()
 	tasks := []Countdown{{Target: 24, Nums: []int64{3, 8, 1}}, {Target: 10, Nums: []int64{2, 5}}}
 	var texts []string
@@ -36,8 +39,12 @@ func testCollector(t *testing.T, loss LossConfig) (*Collector, *gpt.Model) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c, err := NewCollector(Config{Env: &Env{Tasks: tasks}, Tokenizer: tok, PromptsPerStep: 2, GroupSize: 3, Iterations: 2,
-		GlobalBatchSize: 3, MicroBatchSize: 3, SeqLength: 128, Loss: loss, Temperature: 1, Seed: 5})
+	cfg := Config{Env: &Env{Tasks: tasks}, Tokenizer: tok, PromptsPerStep: 2, GroupSize: 3, Iterations: 2,
+		GlobalBatchSize: 3, MicroBatchSize: 3, SeqLength: 128, Loss: loss, Temperature: 1, Seed: 5}
+	for _, o := range opts {
+		o(&cfg)
+	}
+	c, err := NewCollector(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -262,5 +269,108 @@ func TestCollectorLossGradient(t *testing.T) {
 	}
 	if nonzero == 0 {
 		t.Fatal("no gradient reached the logits")
+	}
+}
+
+// TestCollectorDataParallel: two data-parallel ranks (in-process) each
+// generate only the rollouts of their micro-batch slots (with
+// --micro-batch-size 1 a group's rollouts are split between the ranks) and
+// share the rewards; every row a rank owns is one process's, bit for bit
+// (tokens, mask, advantage, engine and training log-probabilities), and a
+// rank refuses the samples of the other.
+func TestCollectorDataParallel(t *testing.T) {
+	loss := LossConfig{ClampEpsLower: 0.2, ClampEpsUpper: 0.2, KLBeta: 0.1}
+	one := func(c *Config) { c.GlobalBatchSize, c.MicroBatchSize = 6, 1 }
+	whole, m := testCollector(t, loss, one)
+	if err := whole.Prepare(context.Background(), m, tensor.NewNoGradTape(nil), 0, 0); err != nil {
+		t.Fatal(err)
+	}
+	groups, err := inproc.NewWorld(2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ranks := make([]*Collector, 2)
+	errs := make([]error, 2)
+	var wg sync.WaitGroup
+	for r := range ranks {
+		c, m := testCollector(t, loss, one, func(c *Config) { c.DP = groups[r] })
+		ranks[r] = c
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs[r] = c.Prepare(context.Background(), m, tensor.NewNoGradTape(nil), 0, 0)
+		}()
+	}
+	wg.Wait()
+	for r, err := range errs {
+		if err != nil {
+			t.Fatalf("rank %d: %v", r, err)
+		}
+	}
+	distinct := map[float64]bool{}
+	for j, want := range whole.rows {
+		distinct[want.advantage] = true
+		for r, c := range ranks {
+			if c.Last.Rewards[j] != whole.Last.Rewards[j] {
+				t.Errorf("rank %d: rollout %d reward %g, one process %g", r, j, c.Last.Rewards[j], whole.Last.Rewards[j])
+			}
+			if c.Last.Tokens != whole.Last.Tokens {
+				t.Errorf("rank %d: %d loss tokens, one process %d", r, c.Last.Tokens, whole.Last.Tokens)
+			}
+			_, err := c.Sample(j)
+			if !c.owns(j) {
+				if err == nil || !strings.Contains(err.Error(), "belongs to another data-parallel rank") {
+					t.Errorf("rank %d: sample %d of rank %d: error %v", r, j, 1-r, err)
+				}
+				continue
+			}
+			if j%2 != r {
+				t.Fatalf("rank %d owns rollout %d: want slots r, r+2, …", r, j)
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			got := c.rows[j]
+			if !slices.Equal(got.tokens, want.tokens) || !slices.Equal(got.mask, want.mask) || got.advantage != want.advantage ||
+				!slices.Equal(got.old, want.old) || !slices.Equal(got.ref, want.ref) || !slices.Equal(got.inference, want.inference) {
+				t.Errorf("rank %d: rollout %d differs from one process's", r, j)
+			}
+		}
+	}
+	if len(distinct) < 2 {
+		t.Logf("advantages %v: all equal, the sharing of rewards is not exercised", distinct)
+	}
+}
+
+// TestShareRewards: every rank ends with every rollout's reward bit for bit
+// (negative, fractional and zero rewards; slots r, r+2, … scored by rank r).
+func TestShareRewards(t *testing.T) {
+	want := []float64{-1.5, 0.1, 1, 0, 1e-300, -0.3, 2.0 / 3, 7}
+	groups, err := inproc.NewWorld(2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := make([][]float64, 2)
+	errs := make([]error, 2)
+	var wg sync.WaitGroup
+	for r := range 2 {
+		c := &Collector{cfg: Config{DP: groups[r], MicroBatchSize: 1}}
+		got[r] = make([]float64, len(want))
+		for j := range want {
+			if c.owns(j) {
+				got[r][j] = want[j]
+			}
+		}
+		wg.Add(1)
+		go func() { defer wg.Done(); errs[r] = c.shareRewards(context.Background(), got[r]) }()
+	}
+	wg.Wait()
+	for r := range 2 {
+		if errs[r] != nil {
+			t.Fatal(errs[r])
+		}
+		if !slices.Equal(got[r], want) {
+			t.Errorf("rank %d: rewards %v, want %v", r, got[r], want)
+		}
 	}
 }

@@ -29,8 +29,9 @@ type RLStep interface {
 
 // validateRL refuses what the RL step is not built for.
 func (c *Config) validateRL() error {
-	if c.Parallel != nil && c.Parallel.World.Size() > 1 {
-		return fmt.Errorf("train: --perform-rl-step on %d ranks: needs Megatron's data/tensor/pipeline-parallel RL step, not built in gotron (GRPO runs in one process)", c.Parallel.World.Size())
+	if p := c.Parallel; p != nil && p.World.Size() > p.DPSize() {
+		l := p.Layout.Config
+		return fmt.Errorf("train: --perform-rl-step with tensor/pipeline/context parallelism (TP=%d, PP=%d, CP=%d): needs Megatron's model-parallel RL step, not built in gotron (GRPO runs data-parallel only)", l.TP, l.PP, l.CP)
 	}
 	if len(c.RampupBatchSize) > 0 || c.StepBatchSizeSchedule != "" {
 		return fmt.Errorf("train: --perform-rl-step with a batch-size ramp or schedule: Megatron's RL step sets the global batch itself; give --global-batch-size")

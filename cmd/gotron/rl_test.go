@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"math"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -232,5 +233,68 @@ func TestGRPOCompatSameNumbers(t *testing.T) {
 		if strings.Count(errs, line) != 1 {
 			t.Errorf("stderr should have the line %q once:\n%s", line, errs)
 		}
+	}
+}
+
+// TestGRPOTrainDataParallel: --perform-rl-step over two worker processes on
+// tcp (gotron launch), data-parallel with and without the distributed
+// optimizer, logs one process's losses and ends at its weights (float
+// tolerance: the gradient sums' order differs). Each rank generates only
+// the rollouts it trains on; two collections of two iterations each, so the
+// second collection's rollouts come from weights the ranks updated.
+func TestGRPOTrainDataParallel(t *testing.T) {
+	bin, err := buildGotron()
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	env, tok := rlFixture(t, dir)
+	// Dropout off: each rank draws its own dropout masks (Megatron's
+	// streams), so only without dropout are the numbers one process's.
+	base := with(tinyGRPO(env, tok), "--grpo-prompts-per-step", "4", "--micro-batch-size", "1", "--train-iters", "4",
+		"--hidden-dropout", "0", "--attention-dropout", "0", "--grpo-kl-beta", "0.1")
+	one := filepath.Join(dir, "one")
+	out, errs, code := runCLI(t, with(base, "--metrics-file", filepath.Join(dir, "one.jsonl"), "--save", one, "--save-interval", "4")...)
+	if code != 0 {
+		t.Fatalf("one process: exit %d: %s\n%s", code, errs, out)
+	}
+	want, _ := rlMetrics(t, filepath.Join(dir, "one.jsonl"))
+	m1, _, err := train.LoadModel(one)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		name  string
+		extra []string
+	}{{"dp2", nil}, {"dp2-distopt", []string{"--use-distributed-optimizer"}}} {
+		ck := filepath.Join(dir, c.name)
+		metrics := filepath.Join(dir, c.name+".jsonl")
+		cmd := exec.Command(bin, append([]string{"launch", "--nproc-per-node", "2", "--master-port", freeTCPPort(t), "--"},
+			with(with(base, c.extra...), "--metrics-file", metrics, "--save", ck, "--save-interval", "4")...)...)
+		cmd.Env = append(os.Environ(), "GOTRON_NUM_THREADS=1")
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			t.Fatalf("%s: gotron launch --nproc-per-node 2 -- train --perform-rl-step: %v\n%s", c.name, err, out)
+		}
+		if n := strings.Count(string(out), "rl: collection 1:"); n != 1 {
+			t.Errorf("%s: %d lines for collection 1, want 1 (the logging rank's):\n%s", c.name, n, out)
+		}
+		got, _ := rlMetrics(t, metrics)
+		sameLosses(t, c.name, got, want)
+		m2, _, err := train.LoadModel(ck)
+		if err != nil {
+			t.Fatal(err)
+		}
+		worst := 0.0
+		for i, p := range m1.Params() {
+			a, b := p.Float32s(), m2.Params()[i].Float32s()
+			for j := range a {
+				worst = max(worst, math.Abs(float64(a[j])-float64(b[j])))
+			}
+		}
+		if worst > 1e-5 {
+			t.Errorf("%s: weights differ from one process's by up to %g", c.name, worst)
+		}
+		t.Logf("%s: losses %v (one process %v), weights within %g", c.name, got, want, worst)
 	}
 }

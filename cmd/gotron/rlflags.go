@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"path/filepath"
 
+	"github.com/gotron/gotron/comm"
 	"github.com/gotron/gotron/infer/server"
 	"github.com/gotron/gotron/rl"
 	"github.com/gotron/gotron/tokenizer"
@@ -37,7 +38,7 @@ var rlOnlyFlags = []string{"langrl-env-config", "grpo-prompts-per-step", "grpo-g
 	"rl-importance-sampling-truncation-coef", "rl-skip-bos-token", "rl-offload-optimizer-during-inference", "refit-method"}
 
 func addRLFlags(fs *flag.FlagSet, f *rlFlags) {
-	fs.BoolVar(&f.perform, "perform-rl-step", false, "Megatron's RL step (train_rl.py): GRPO on rollouts gotron generates with the current weights from --langrl-env-config's environment (one process, the CPU; docs/training.md)")
+	fs.BoolVar(&f.perform, "perform-rl-step", false, "Megatron's RL step (train_rl.py): GRPO on rollouts gotron generates with the current weights from --langrl-env-config's environment (one process or data-parallel ranks, the CPU; docs/training.md)")
 	fs.StringVar(&f.envConfig, "langrl-env-config", "", "RL: a YAML list with one environment, {agent_type: CountdownAgent, agent_args: {dataset_file: TASKS.jsonl}}")
 	fs.IntVar(&f.promptsPerStep, "grpo-prompts-per-step", 32, "RL: prompts drawn per rollout collection")
 	fs.IntVar(&f.groupSize, "grpo-group-size", 2, "RL: rollouts per prompt (a GRPO group; at least 2)")
@@ -123,7 +124,11 @@ func (f *rlFlags) collector(cfg *train.Config, tok tokenizer.Tokenizer, d tokeni
 	if gbs == 0 {
 		gbs = cfg.MicroBatchSize
 	}
-	c, err := rl.NewCollector(rl.Config{Env: env, Tokenizer: tok, Render: render,
+	var dp comm.ProcessGroup
+	if cfg.Parallel != nil {
+		dp = cfg.Parallel.DP
+	}
+	c, err := rl.NewCollector(rl.Config{Env: env, DP: dp, Tokenizer: tok, Render: render,
 		PromptsPerStep: f.promptsPerStep, GroupSize: f.groupSize, Iterations: f.iterations,
 		GlobalBatchSize: gbs, MicroBatchSize: cfg.MicroBatchSize, SeqLength: cfg.SeqLength,
 		Loss: rl.LossConfig{ClampEpsLower: f.epsLower, ClampEpsUpper: f.epsUpper, KLBeta: f.klBeta, EntropyWeight: f.entropyWeight,

@@ -507,7 +507,11 @@ func cmdTrain(ctx context.Context, env *cli, args []string) error {
 	}
 	cfg.Parallel = groups
 	if f.rl.perform {
-		c, err := f.rl.collector(&cfg, src.tok, f.data.tok, func(format string, a ...any) { fmt.Fprintf(env.stdout, format+"\n", a...) })
+		var printf func(string, ...any) // the logging rank's (Megatron's last)
+		if world == nil || world.Rank() == world.Size()-1 {
+			printf = func(format string, a ...any) { fmt.Fprintf(env.stdout, format+"\n", a...) }
+		}
+		c, err := f.rl.collector(&cfg, src.tok, f.data.tok, printf)
 		if err != nil {
 			return err
 		}
