@@ -523,7 +523,13 @@ type Reader struct {
 	// key: a record is verified against its own checksum, never on the
 	// strength of another record that names the same bytes.
 	checked map[string]bool
+	// copied counts the values Read has filled in (ValuesRead).
+	copied int64
 }
+
+// ValuesRead is how many tensor values Read has filled in so far: what a
+// rank that reads its part of a checkpoint took out of it.
+func (r *Reader) ValuesRead() int64 { return r.copied }
 
 // Open opens the checkpoint of iteration in dir (the latest when iteration
 // is negative) for reading. It reads checkpoint.json and checks the sizes
@@ -682,6 +688,7 @@ func (r *Reader) Read(group, name string, shape []int, b Block, dst []float32) e
 		}
 		got += copyOverlap(b, dst, s.Block, sv)
 	}
+	r.copied += int64(got)
 	if got != b.Len() {
 		return fmt.Errorf("%s: the shards cover %d of the %d values of block %v+%v", where, got, b.Len(), b.Offset, b.Shape)
 	}

@@ -421,6 +421,61 @@ func LoadModel(dir string) (*gpt.Model, RunArgs, error) {
 	return m, ra, nil
 }
 
+// LoadModelPart is LoadModel for one decoding rank: it builds only part's
+// tensors (gpt.NewPart: a pipeline stage's, sliced for a tensor-parallel
+// rank) and reads from the checkpoint only the blocks they hold, so the
+// rank never holds the whole model. The values are LoadModel's (the
+// same bits Parallelize and SplitStages would cut from it). It also
+// returns how many values it read. partOf says the part for the
+// checkpoint's model configuration (its error is returned as is).
+func LoadModelPart(dir string, partOf func(gpt.Config) (gpt.Part, error)) (*gpt.Model, RunArgs, int64, error) {
+	r, err := ckpt.Open(dir, -1)
+	if err != nil {
+		return nil, RunArgs{}, 0, err
+	}
+	defer r.Close()
+	var ra RunArgs
+	if err := json.Unmarshal(r.Meta.Args, &ra); err != nil {
+		return nil, RunArgs{}, 0, fmt.Errorf("train: %s: args: %w", dir, err)
+	}
+	part, err := partOf(ra.Model)
+	if err != nil {
+		return nil, RunArgs{}, 0, err
+	}
+	m, err := gpt.NewPart(ra.Model, tensor.NewRNG(0), part)
+	if err != nil {
+		return nil, RunArgs{}, 0, fmt.Errorf("train: %s: %w", dir, err)
+	}
+	rank, size := 0, 1
+	if part.TP != nil {
+		rank, size = part.TP.Rank(), part.TP.Size()
+	}
+	ps := append(m.Params(), m.Buffers()...)
+	want := map[string]ckpt.Spec{}
+	for _, p := range ps {
+		full, _ := sliceBlocks(m.Config.TPStyle(p.Name), p.Shape(), rank, size)
+		want[p.Name] = ckpt.Spec{DType: safetensors.F32, Shape: full}
+	}
+	// The other ranks' tensors are theirs to check.
+	if err := r.Expect(ckpt.GroupModel, want, true); err != nil {
+		return nil, RunArgs{}, 0, err
+	}
+	for _, p := range ps {
+		full, blocks := sliceBlocks(m.Config.TPStyle(p.Name), p.Shape(), rank, size)
+		if err := staged(p, func(v []float32) error {
+			for _, b := range blocks {
+				if err := r.Read(ckpt.GroupModel, p.Name, full, b.Block, v[b.start:b.start+b.Len()]); err != nil {
+					return err
+				}
+			}
+			return nil
+		}); err != nil {
+			return nil, RunArgs{}, 0, fmt.Errorf("train: %w", err)
+		}
+	}
+	return m, ra, r.ValuesRead(), nil
+}
+
 // loadWeights checks every parameter's (and buffer's: an MoE router's
 // expert bias) name and shape and reads it whole into m (the model group
 // only: the optimizer state is not read).

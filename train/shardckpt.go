@@ -46,13 +46,25 @@ type localBlock struct {
 // paramBlocks returns the whole shape of parameter name, whose local slice
 // has shape, and the blocks of it the local slice holds.
 func (ck *checkpointer) paramBlocks(name string, shape []int) ([]int, []localBlock) {
-	full := ck.stepper.fullShape(name, shape)
-	if ck.stepper.region.Size() == 1 || ck.stepper.replicated(name) { // whole on this rank: one block
+	return sliceBlocks(ck.stepper.plan(name), shape, ck.stepper.region.Rank(), ck.stepper.region.Size())
+}
+
+// sliceBlocks returns the whole shape of a tensor whose tensor-parallel
+// slice of the given style, on rank of size ranks, has shape, and the
+// blocks of it the slice holds.
+func sliceBlocks(style tp.Style, shape []int, rank, size int) ([]int, []localBlock) {
+	full := slices.Clone(shape)
+	switch style {
+	case tp.Column, tp.ColumnGLU:
+		full[0] *= size
+	case tp.Row:
+		full[len(full)-1] *= size
+	}
+	if size == 1 || style == tp.Replicated { // whole on this rank: one block
 		return full, []localBlock{{0, ckpt.Whole(full)}}
 	}
-	rank := ck.stepper.region.Rank()
 	b := ckpt.Whole(shape)
-	switch ck.stepper.plan(name) {
+	switch style {
 	case tp.Column:
 		b.Offset[0] = rank * shape[0]
 	case tp.Row:

@@ -58,7 +58,7 @@ func cmdGenerate(ctx context.Context, env *cli, args []string) error {
 		return err
 	}
 	defer closeGroup()
-	m, _, tokDir, err := loadAny(*load) // a gotron checkpoint or a Hugging Face directory
+	m, tokDir, err := loadForDecoding(*load, group) // a gotron checkpoint or a Hugging Face directory
 	if err != nil {
 		return err
 	}

@@ -460,7 +460,7 @@ func runMegatronInference(ctx context.Context, env *cli, a *inferenceArgs, f *tr
 		return err
 	}
 	defer closeGroup()
-	m, _, tokDir, err := loadAny(f.cfg.Load)
+	m, tokDir, err := loadForDecoding(f.cfg.Load, group)
 	if err != nil {
 		return err
 	}

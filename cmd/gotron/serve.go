@@ -177,7 +177,7 @@ func httpServer(f *serveFlags, srv *server.Server, ln net.Listener) (*http.Serve
 // newServer loads the model and tokenizer and builds the engine, its runner
 // and the HTTP server (the runner is not started).
 func newServer(f *serveFlags, stderr io.Writer) (*server.Server, *infer.Runner, error) {
-	m, _, tokDir, err := loadAny(f.load)
+	m, tokDir, err := loadForDecoding(f.load, f.group)
 	if err != nil {
 		return nil, nil, err
 	}

@@ -5,9 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"path/filepath"
 	"strings"
 	"time"
 
+	"github.com/gotron/gotron/ckpt/hf"
+	"github.com/gotron/gotron/ckpt/megatron"
 	"github.com/gotron/gotron/comm"
 	"github.com/gotron/gotron/comm/tcp"
 	"github.com/gotron/gotron/infer"
@@ -15,13 +18,15 @@ import (
 	"github.com/gotron/gotron/model/gpt"
 	"github.com/gotron/gotron/parallel"
 	"github.com/gotron/gotron/parallel/tp"
+	"github.com/gotron/gotron/train"
 )
 
 // Model-parallel decoding (gotron inference, generate and serve with
 // --tensor-model-parallel-size N and/or --pipeline-model-parallel-size P):
 // N×P ranks, started by gotron launch (or torchrun, srun, mpirun; --inproc
-// for goroutines), each load the checkpoint, keep their part of it (the
-// splits of training: gpt.Parallelize, then gpt.SplitStages) and decode in
+// for goroutines), each read their part of the checkpoint (the splits of
+// training: gpt.Parallelize, then gpt.SplitStages; loadForDecoding) and
+// decode in
 // lockstep; rank 0 takes the requests and prints or serves, the others
 // follow it (infer.Lockstep, infer.Follow). Pipeline stages pass hidden
 // states along and the last one draws the tokens for all
@@ -126,24 +131,16 @@ func shardForDecoding(m *gpt.Model, g *decodeGroup) (decodeModel, error) {
 	if g == nil {
 		return decodeModel{m: m}, nil
 	}
-	if m.Config.MoE.Enabled() && g.pp > 1 {
-		return decodeModel{}, fmt.Errorf("%s with an MoE model: needs MoE layers over pipeline stages at inference, not built in gotron (--tensor-model-parallel-size alone splits an MoE model)", decodeSizes(g.tp, g.pp))
-	}
-	if g.pp > 1 {
-		// Checked before the split, whose error would suggest the uneven
-		// split's flags, which decoding does not take.
-		layers := m.Config.NumLayers
-		switch {
-		case g.pp > layers:
-			return decodeModel{}, fmt.Errorf("--pipeline-model-parallel-size %d: more stages than the model's %d layers (--num-layers): every stage needs one", g.pp, layers)
-		case layers%g.pp != 0:
-			return decodeModel{}, fmt.Errorf("--pipeline-model-parallel-size %d: the model's %d layers (--num-layers) are not divisible into %d stages (decoding splits the layers evenly)", g.pp, layers, g.pp)
-		}
+	if err := checkDecodeSplit(&m.Config, g); err != nil {
+		return decodeModel{}, err
 	}
 	if g.tp > 1 {
-		sliced, err := gpt.Parallelize(m, &tp.Region{Group: g.groups.TP}, nil)
-		if err != nil {
-			return decodeModel{}, fmt.Errorf("--tensor-model-parallel-size %d: %w", g.tp, err)
+		sliced := m // sliced by loadForDecoding already
+		if m.Sharding == nil {
+			var err error
+			if sliced, err = gpt.Parallelize(m, &tp.Region{Group: g.groups.TP}, nil); err != nil {
+				return decodeModel{}, fmt.Errorf("--tensor-model-parallel-size %d: %w", g.tp, err)
+			}
 		}
 		if m.Config.MoE.Enabled() {
 			// each routed expert over the tensor-parallel ranks
@@ -164,6 +161,63 @@ func shardForDecoding(m *gpt.Model, g *decodeGroup) (decodeModel, error) {
 	}
 	stages[0].DropOtherStages() // this rank keeps its stage's weights alone
 	return decodeModel{m: stages[0].DecodeModel(), stage: stages[0], pp: g.groups.PP}, nil
+}
+
+// checkDecodeSplit refuses a model that does not split over g, naming the
+// flag.
+func checkDecodeSplit(c *gpt.Config, g *decodeGroup) error {
+	if c.MoE.Enabled() && g.pp > 1 {
+		return fmt.Errorf("%s with an MoE model: needs MoE layers over pipeline stages at inference, not built in gotron (--tensor-model-parallel-size alone splits an MoE model)", decodeSizes(g.tp, g.pp))
+	}
+	if g.pp > 1 {
+		// Checked before the split, whose error would suggest the uneven
+		// split's flags, which decoding does not take.
+		layers := c.NumLayers
+		switch {
+		case g.pp > layers:
+			return fmt.Errorf("--pipeline-model-parallel-size %d: more stages than the model's %d layers (--num-layers): every stage needs one", g.pp, layers)
+		case layers%g.pp != 0:
+			return fmt.Errorf("--pipeline-model-parallel-size %d: the model's %d layers (--num-layers) are not divisible into %d stages (decoding splits the layers evenly)", g.pp, layers, g.pp)
+		}
+	}
+	return nil
+}
+
+// loadForDecoding loads the model under dir for a decoding command over g
+// and returns where its tokenizer files live. A gotron checkpoint decoded
+// over several ranks is read in part (train.LoadModelPart): this rank's
+// pipeline stage, sliced for its tensor-parallel rank, so no rank holds the
+// whole model; shardForDecoding then keeps it as it is. Anything else (one
+// process, a Hugging Face or Megatron-LM directory) is loaded whole.
+func loadForDecoding(dir string, g *decodeGroup) (*gpt.Model, string, error) {
+	if g == nil || hf.IsHFDir(dir) || megatron.IsMegatronDir(dir) {
+		m, _, tokDir, err := loadAny(dir)
+		return m, tokDir, err
+	}
+	m, _, _, err := train.LoadModelPart(dir, g.part)
+	return m, filepath.Join(dir, hf.TokenizerDir), err
+}
+
+// part is this rank's part of a model of configuration c (training's
+// splits: the even layer ranges of gpt.SplitStages, gpt.Parallelize's
+// slices).
+func (g *decodeGroup) part(c gpt.Config) (gpt.Part, error) {
+	if err := checkDecodeSplit(&c, g); err != nil {
+		return gpt.Part{}, err
+	}
+	pp := g.groups.Coords.PP
+	ranges, err := gpt.PipelineSplit{PP: g.pp}.LayerRanges(c.NumLayers, pp)
+	if err != nil {
+		return gpt.Part{}, fmt.Errorf("--pipeline-model-parallel-size %d: %w", g.pp, err)
+	}
+	part := gpt.Part{FirstLayer: ranges[0][0], EndLayer: ranges[0][1], Embedding: pp == 0, Head: pp == g.pp-1}
+	if g.tp > 1 {
+		if err := c.CheckTP(g.tp, false, 0); err != nil {
+			return gpt.Part{}, fmt.Errorf("--tensor-model-parallel-size %d: %w", g.tp, err)
+		}
+		part.TP = &tp.Region{Group: g.groups.TP}
+	}
+	return part, nil
 }
 
 // newEngine is infer.NewEngine of dm, or infer.NewPipelineEngine of its

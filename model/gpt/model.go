@@ -117,10 +117,18 @@ type Model struct {
 // norm weights one. Each parameter draws from its own stream forked by name,
 // so the values do not depend on creation order.
 func New(cfg Config, rng *tensor.RNG) (*Model, error) {
+	return newModel(cfg, rng, nil)
+}
+
+// newModel is New, building only part's tensors when part is set.
+func newModel(cfg Config, rng *tensor.RNG, part *Part) (*Model, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
 	m := &Model{Config: cfg}
+	if err := part.check(&cfg); err != nil {
+		return nil, err
+	}
 	h, d, a, g := cfg.HiddenSize, cfg.KVChannels, cfg.NumAttentionHeads, cfg.NumQueryGroups
 	std := cfg.InitMethodStd
 	outStd := std / float32(math.Sqrt(2*float64(cfg.NumLayers)))
@@ -166,11 +174,17 @@ func New(cfg Config, rng *tensor.RNG) (*Model, error) {
 	if cfg.AttentionOutputGate {
 		qkvRows = g * (2*(a/g) + 2) * d // [q (r·d); gate (r·d); k (d); v (d)]
 	}
-	m.WordEmb = normal("embedding.word_embeddings.weight", embStd, cfg.VocabSize, h)
-	if cfg.PositionEmbeddingType == LearnedAbsolute {
-		m.PosEmb = normal("embedding.position_embeddings.weight", embStd, cfg.MaxPositionEmbeddings, h)
+	if part.wordEmbedding(&cfg) {
+		m.WordEmb = part.shard(normal("embedding.word_embeddings.weight", embStd, cfg.VocabSize, h))
+	}
+	if cfg.PositionEmbeddingType == LearnedAbsolute && part.embedding() {
+		m.PosEmb = part.shard(normal("embedding.position_embeddings.weight", embStd, cfg.MaxPositionEmbeddings, h))
 	}
 	for i := range cfg.NumLayers {
+		if !part.holdsLayer(i) {
+			m.Layers = append(m.Layers, Layer{}) // another rank's
+			continue
+		}
 		p := fmt.Sprintf("decoder.layers.%d.", i)
 		// the parts every layer has; then a dense MLP or an MoE one
 		l := Layer{
@@ -209,15 +223,20 @@ func New(cfg Config, rng *tensor.RNG) (*Model, error) {
 			l.FC2 = normal(p+"mlp.linear_fc2.weight", outStd, h, cfg.FFNHiddenSize)
 			l.FC2Bias = bias(p+"mlp.linear_fc2.bias", h, hasBias)
 		}
+		if part != nil && part.TP != nil {
+			l = shardLayer(&l, part.shard) // the whole layer is garbage now: one at a time
+		}
 		m.Layers = append(m.Layers, l)
 	}
 	if cfg.MoE.Enabled() {
 		m.MoE = newMoEState()
 	}
-	m.FinalNorm = ones("decoder.final_layernorm.weight", h)
-	m.FinalNormB = bias("decoder.final_layernorm.bias", h, ln)
-	if cfg.UntieEmbeddingsAndOutputWeights {
-		m.OutputLayer = normal("output_layer.weight", outLayerStd, cfg.VocabSize, h)
+	if part.head() {
+		m.FinalNorm = part.shard(ones("decoder.final_layernorm.weight", h))
+		m.FinalNormB = part.shard(bias("decoder.final_layernorm.bias", h, ln))
+		if cfg.UntieEmbeddingsAndOutputWeights {
+			m.OutputLayer = part.shard(normal("output_layer.weight", outLayerStd, cfg.VocabSize, h))
+		}
 	}
 	if cfg.MLA.Enabled { // MLA's own rotary embedding, whatever the position embedding type
 		r, err := cfg.mlaRoPE()
@@ -241,6 +260,13 @@ func New(cfg Config, rng *tensor.RNG) (*Model, error) {
 			return nil, err
 		}
 		m.rope = r
+	}
+	if part != nil && part.TP != nil {
+		if part.err != nil {
+			return nil, part.err
+		}
+		size, rank := part.TP.Size(), part.TP.Rank()
+		m.Sharding = &tpSharding{r: part.TP, vocabStart: rank * (cfg.VocabSize / size), headStart: rank * (cfg.NumAttentionHeads / size)}
 	}
 	return m, nil
 }

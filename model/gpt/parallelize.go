@@ -155,18 +155,7 @@ func Parallelize(full *Model, region *tp.Region, rankRNG *tensor.RNG) (*Model, e
 	}
 	m.WordEmb, m.PosEmb = shard(full.WordEmb), shard(full.PosEmb)
 	for i := range full.Layers {
-		l := &full.Layers[i]
-		m.Layers = append(m.Layers, Layer{
-			InputNorm: shard(l.InputNorm), InputNormBias: shard(l.InputNormBias),
-			QKV: shard(l.QKV), QKVBias: shard(l.QKVBias),
-			QNorm: shard(l.QNorm), QNormBias: shard(l.QNormBias), KNorm: shard(l.KNorm), KNormBias: shard(l.KNormBias),
-			Proj: shard(l.Proj), ProjBias: shard(l.ProjBias),
-			QProj: shard(l.QProj), QDown: shard(l.QDown), QUp: shard(l.QUp), KVDown: shard(l.KVDown), KVUp: shard(l.KVUp),
-			KVNorm: shard(l.KVNorm), KVNormBias: shard(l.KVNormBias),
-			MLPNorm: shard(l.MLPNorm), MLPNormBias: shard(l.MLPNormBias),
-			FC1: shard(l.FC1), FC1Bias: shard(l.FC1Bias), FC2: shard(l.FC2), FC2Bias: shard(l.FC2Bias),
-			MoE: shardMoE(l.MoE, shard), GDN: shardGDN(l.GDN, shard), DSA: shardDSA(l.DSA, shard),
-		})
+		m.Layers = append(m.Layers, shardLayer(&full.Layers[i], shard))
 	}
 	m.FinalNorm, m.FinalNormB, m.OutputLayer = shard(full.FinalNorm), shard(full.FinalNormB), shard(full.OutputLayer)
 	if err != nil {
@@ -174,6 +163,21 @@ func Parallelize(full *Model, region *tp.Region, rankRNG *tensor.RNG) (*Model, e
 	}
 	m.Sharding = &tpSharding{r: region, vocabStart: rank * (c.VocabSize / size), headStart: rank * (c.NumAttentionHeads / size), rankRNG: rankRNG}
 	return m, nil
+}
+
+// shardLayer is a layer's tensor-parallel part: each tensor through shard.
+func shardLayer(l *Layer, shard func(*tensor.Tensor) *tensor.Tensor) Layer {
+	return Layer{
+		InputNorm: shard(l.InputNorm), InputNormBias: shard(l.InputNormBias),
+		QKV: shard(l.QKV), QKVBias: shard(l.QKVBias),
+		QNorm: shard(l.QNorm), QNormBias: shard(l.QNormBias), KNorm: shard(l.KNorm), KNormBias: shard(l.KNormBias),
+		Proj: shard(l.Proj), ProjBias: shard(l.ProjBias),
+		QProj: shard(l.QProj), QDown: shard(l.QDown), QUp: shard(l.QUp), KVDown: shard(l.KVDown), KVUp: shard(l.KVUp),
+		KVNorm: shard(l.KVNorm), KVNormBias: shard(l.KVNormBias),
+		MLPNorm: shard(l.MLPNorm), MLPNormBias: shard(l.MLPNormBias),
+		FC1: shard(l.FC1), FC1Bias: shard(l.FC1Bias), FC2: shard(l.FC2), FC2Bias: shard(l.FC2Bias),
+		MoE: shardMoE(l.MoE, shard), GDN: shardGDN(l.GDN, shard), DSA: shardDSA(l.DSA, shard),
+	}
 }
 
 // shardMoE is an MoE layer's tensor-parallel part: the shared expert split

@@ -1,0 +1,79 @@
+package gpt
+
+import (
+	"fmt"
+
+	"github.com/gotron/gotron/parallel/tp"
+	"github.com/gotron/gotron/tensor"
+)
+
+// Part is the share of a model one decoding rank holds: a pipeline stage's
+// layers, with the embedding on the first stage and the final norm and
+// output layer on the last, each tensor sliced for its tensor-parallel
+// rank. NewPart builds only these tensors, so a rank that fills them from a
+// checkpoint (train.LoadModelPart) never holds the whole model.
+type Part struct {
+	// FirstLayer and EndLayer bound the layers held, [FirstLayer,
+	// EndLayer); the others are empty Layers.
+	FirstLayer, EndLayer int
+	// Embedding holds the word (and position) embeddings: the first stage.
+	Embedding bool
+	// Head holds the final norm and output layer (the word embedding with
+	// tied embeddings): the last stage.
+	Head bool
+	// TP, when set, slices each tensor for its rank (Parallelize's slices)
+	// as soon as its layer is built, and gives the model Parallelize's
+	// Sharding over TP (no dropout stream: a decoding model has no
+	// dropout).
+	TP *tp.Region
+
+	cfg Config // the model's, for its TP plan
+	err error  // the first slicing error
+}
+
+// NewPart is New building only part's tensors (from the same seed, so
+// each holds New's values, or Parallelize's slice of them): the model's
+// other layers are empty, its embedding and head nil off the stages that
+// hold them. Parallelize and SplitStages take it as they take New's model
+// (Parallelize once: a part with TP is already sliced).
+func NewPart(cfg Config, rng *tensor.RNG, part Part) (*Model, error) {
+	return newModel(cfg, rng, &part)
+}
+
+func (p *Part) check(c *Config) error {
+	if p == nil {
+		return nil
+	}
+	if p.FirstLayer < 0 || p.FirstLayer >= p.EndLayer || p.EndLayer > c.NumLayers {
+		return fmt.Errorf("gpt: part of layers [%d, %d): want a range within the model's %d layers", p.FirstLayer, p.EndLayer, c.NumLayers)
+	}
+	p.cfg = *c
+	if p.TP != nil {
+		return c.CheckTP(p.TP.Size(), p.TP.SequenceParallel, 0)
+	}
+	return nil
+}
+
+func (p *Part) holdsLayer(i int) bool { return p == nil || (i >= p.FirstLayer && i < p.EndLayer) }
+func (p *Part) embedding() bool       { return p == nil || p.Embedding }
+func (p *Part) head() bool            { return p == nil || p.Head }
+
+// wordEmbedding reports whether the part holds the word embedding: on the
+// first stage, and on the last with tied embeddings (SplitStages copies it
+// to the output layer there).
+func (p *Part) wordEmbedding(c *Config) bool {
+	return p.embedding() || (p.head() && !c.UntieEmbeddingsAndOutputWeights)
+}
+
+// shard is x, or its tensor-parallel slice.
+func (p *Part) shard(x *tensor.Tensor) *tensor.Tensor {
+	if p == nil || p.TP == nil || x == nil || p.err != nil {
+		return x
+	}
+	s, err := tp.Shard(x, p.cfg.TPStyle(x.Name), p.TP.Rank(), p.TP.Size())
+	if err != nil {
+		p.err = err
+		return x
+	}
+	return s
+}
