@@ -135,7 +135,7 @@ func boolOr(p *bool, def bool) bool {
 }
 
 // supportedArchs is what archOf accepts, for its errors.
-const supportedArchs = "gpt2 (GPT2LMHeadModel), llama (LlamaForCausalLM), mistral (MistralForCausalLM), mixtral (MixtralForCausalLM), qwen2_moe (Qwen2MoeForCausalLM), qwen3_moe (Qwen3MoeForCausalLM), deepseek_v2 (DeepseekV2ForCausalLM) or deepseek_v3 (DeepseekV3ForCausalLM)"
+const supportedArchs = "gpt2 (GPT2LMHeadModel), llama (LlamaForCausalLM), mistral (MistralForCausalLM), mixtral (MixtralForCausalLM), qwen2_moe (Qwen2MoeForCausalLM), qwen3_moe (Qwen3MoeForCausalLM), deepseek_v2 (DeepseekV2ForCausalLM), deepseek_v3 (DeepseekV3ForCausalLM) or qwen3_next (Qwen3NextForCausalLM)"
 
 // archOf names the table for a config.json: by model_type, which
 // transformers itself dispatches on, else (no model_type) by the first
@@ -160,6 +160,8 @@ func archOf(c *hfConfig) (string, error) {
 			byClass = ArchDeepSeekV2
 		case "DeepseekV3ForCausalLM":
 			byClass = ArchDeepSeekV3
+		case "Qwen3NextForCausalLM":
+			byClass = ArchQwen3Next
 		default:
 			continue
 		}
@@ -186,6 +188,8 @@ func archOf(c *hfConfig) (string, error) {
 		arch = ArchDeepSeekV2
 	case "deepseek_v3":
 		arch = ArchDeepSeekV3
+	case "qwen3_next":
+		arch = ArchQwen3Next
 	default:
 		return "", fmt.Errorf("model_type %q is not supported: want %s", c.ModelType, supportedArchs)
 	}
@@ -205,6 +209,10 @@ const maxDim = math.MaxInt32
 // or fail later without naming the field.
 func checkFields(c *hfConfig) error {
 	var errs []error
+	experts := c.NumExperts
+	if c.ModelType == "qwen3_next" && experts != nil && *experts == 0 {
+		experts = nil // a dense Qwen3-Next (Qwen3NextDecoderLayer's num_experts > 0 test)
+	}
 	for _, f := range []struct {
 		name string
 		v    *int
@@ -214,7 +222,7 @@ func checkFields(c *hfConfig) error {
 		{"num_hidden_layers", c.NumHiddenLayers}, {"num_attention_heads", c.NumAttentionHeads},
 		{"num_key_value_heads", c.NumKeyValueHeads}, {"head_dim", c.HeadDim}, {"max_position_embeddings", c.MaxPositionEmbeddings},
 		{"sliding_window", c.SlidingWindow}, {"num_local_experts", c.NumLocalExperts}, {"num_experts_per_tok", c.NumExpertsPerTok},
-		{"num_experts", c.NumExperts}, {"moe_intermediate_size", c.MoEIntermediateSize},
+		{"num_experts", experts}, {"moe_intermediate_size", c.MoEIntermediateSize},
 		{"shared_expert_intermediate_size", c.SharedExpertIntermediateSize}, {"decoder_sparse_step", c.DecoderSparseStep},
 	} {
 		if f.v != nil {
@@ -271,6 +279,10 @@ func parseConfig(raw []byte, divisibleBy int) (arch string, cfg gpt.Config, voca
 	switch arch {
 	case ArchDeepSeekV2, ArchDeepSeekV3:
 		if cfg, vocab, err = deepseekParse(raw, &c, arch); err != nil {
+			return "", gpt.Config{}, 0, nil, err
+		}
+	case ArchQwen3Next:
+		if cfg, vocab, err = qwen3NextParse(raw, &c); err != nil {
 			return "", gpt.Config{}, 0, nil, err
 		}
 	case ArchGPT2:
@@ -399,6 +411,8 @@ func exportConfig(arch string, c gpt.Config, vocab int, dtype string) (owned, te
 		}
 	case ArchDeepSeekV2, ArchDeepSeekV3:
 		return deepseekExportConfig(arch, c, vocab, dtype)
+	case ArchQwen3Next:
+		return qwen3NextExportConfig(c, vocab, dtype)
 	default:
 		return nil, nil, nil, fmt.Errorf("hf: unknown architecture %q", arch)
 	}

@@ -53,7 +53,7 @@ func TokenizerFileNames() []string {
 // the model, writes float32 and keeps the padded vocabulary.
 type Info struct {
 	// Arch is ArchGPT2, ArchLlama, ArchMixtral, ArchQwen2MoE, ArchQwen3MoE,
-	// ArchDeepSeekV2 or ArchDeepSeekV3: which name map applies.
+	// ArchDeepSeekV2, ArchDeepSeekV3 or ArchQwen3Next: which name map applies.
 	Arch string `json:"arch"`
 	// DType is the safetensors dtype of the weights ("F32", "BF16", "F16";
 	// that of the word embeddings when files mix them).
@@ -93,7 +93,7 @@ func LoadModel(dir string) (*gpt.Model, Info, error) {
 	return Import(dir, ImportOptions{})
 }
 
-// Import reads a Hugging Face GPT-2, Llama/Mistral, Mixtral, Qwen2-MoE, Qwen3-MoE or DeepSeek-V2/V3 checkpoint (config.json
+// Import reads a Hugging Face GPT-2, Llama/Mistral, Mixtral, Qwen2-MoE, Qwen3-MoE, DeepSeek-V2/V3 or Qwen3-Next checkpoint (config.json
 // plus model.safetensors or a sharded index) into a float32 gotron model.
 // Errors name the directory and the tensor or config key at fault.
 func Import(dir string, opts ImportOptions) (*gpt.Model, Info, error) {
@@ -226,11 +226,11 @@ func planImport(set *safetensors.Set, arch string, c gpt.Config, vocab int, dir 
 func fill(m *gpt.Model, plan []planned, dir string, info *Info) error {
 	c := m.Config
 	params := paramsByName(m)
-	dm := dims{h: c.HiddenSize, a: c.NumAttentionHeads, g: c.NumQueryGroups, d: c.KVChannels}
+	dm := dimsOf(c)
 	for _, e := range plan {
-		p := params[e.Gotron]
-		if p == nil {
-			return fmt.Errorf("hf: internal: no gotron parameter %s", e.Gotron)
+		p, scatter, err := gotronValues(params, e.entry)
+		if err != nil {
+			return fmt.Errorf("hf: internal: %w", err)
 		}
 		src := make([][]float32, len(e.src))
 		shapes := make([][]int, len(e.src))
@@ -244,9 +244,36 @@ func fill(m *gpt.Model, plan []planned, dir string, info *Info) error {
 			}
 			shapes[i] = e.HF[i].Shape
 		}
-		e.Op.toGotron(dm, p.Float32s(), src, shapes)
+		e.Op.toGotron(dm, p, src, shapes)
+		scatter()
 	}
 	return nil
+}
+
+// gotronValues is the values e's op reads and writes: its parameter's, or
+// with e.More a concatenation of the parameters' rows, which scatter (a
+// no-op otherwise) copies back into them.
+func gotronValues(params map[string]*tensor.Tensor, e entry) (vals []float32, scatter func(), err error) {
+	ps := make([]*tensor.Tensor, 0, 1+len(e.More))
+	for _, n := range append([]string{e.Gotron}, e.More...) {
+		p := params[n]
+		if p == nil {
+			return nil, nil, fmt.Errorf("no gotron parameter %s", n)
+		}
+		ps = append(ps, p)
+	}
+	if len(ps) == 1 {
+		return ps[0].Float32s(), func() {}, nil
+	}
+	for _, p := range ps {
+		vals = append(vals, p.Float32s()...)
+	}
+	return vals, func() {
+		o := 0
+		for _, p := range ps {
+			o += copy(p.Float32s(), vals[o:])
+		}
+	}, nil
 }
 
 // paramsByName maps m's parameters and buffers (the routers' expert biases,
@@ -286,7 +313,7 @@ func ArchOf(c gpt.Config) (string, error) {
 		return deepseekArchOf(c, "")
 	}
 	if c.GDN.Enabled || c.AttentionOutputGate {
-		return "", fmt.Errorf("hf: the model uses --experimental-attention-variant gated_delta_net or --attention-output-gate; Hugging Face Qwen3-Next export and import are not built")
+		return qwen3NextArchOf(c)
 	}
 	if c.MuP.Enabled {
 		// Hugging Face's GPT-2 and Llama have no muP attention or logit scale
@@ -393,15 +420,15 @@ func Export(ctx context.Context, dir string, m *gpt.Model, info Info, opts Expor
 		return err
 	}
 	params := paramsByName(m)
-	dm := dims{h: c.HiddenSize, a: c.NumAttentionHeads, g: c.NumQueryGroups, d: c.KVChannels}
+	dm := dimsOf(c)
 	var out []safetensors.Named
 	for _, e := range tab {
 		if err := ctx.Err(); err != nil {
 			return err
 		}
-		p := params[e.Gotron]
-		if p == nil {
-			return fmt.Errorf("hf: model has no parameter %s", e.Gotron)
+		p, _, err := gotronValues(params, e)
+		if err != nil {
+			return fmt.Errorf("hf: model: %w", err)
 		}
 		dst := make([][]float32, len(e.HF))
 		shapes := make([][]int, len(e.HF))
@@ -409,7 +436,7 @@ func Export(ctx context.Context, dir string, m *gpt.Model, info Info, opts Expor
 			dst[i] = make([]float32, numel(ht.Shape))
 			shapes[i] = ht.Shape
 		}
-		e.Op.toHF(dm, dst, p.Float32s(), shapes)
+		e.Op.toHF(dm, dst, p, shapes)
 		for i, ht := range e.HF {
 			st, err := safetensors.FromFloat32(dt, ht.Shape, dst[i])
 			if err != nil {
@@ -453,7 +480,7 @@ func exportConfigJSON(arch string, c gpt.Config, vocab int, dtype string, origRa
 		}
 	}
 	merged := mergeConfig(orig, owned, template, nullMeans)
-	if arch == ArchQwen2MoE || arch == ArchQwen3MoE {
+	if arch == ArchQwen2MoE || arch == ArchQwen3MoE || arch == ArchQwen3Next && c.MoE.Enabled() {
 		keepQwenPattern(orig, merged, origRaw, c)
 	}
 	if arch == ArchDeepSeekV2 || arch == ArchDeepSeekV3 {
@@ -473,7 +500,8 @@ func exportConfigJSON(arch string, c gpt.Config, vocab int, dtype string, origRa
 	want := c
 	want.VocabSize = vocab
 	back.VocabSize = backVocab
-	if !sameArch(want, back) || (arch == ArchDeepSeekV2 || arch == ArchDeepSeekV3) && !sameDeepSeek(want, back) {
+	if !sameArch(want, back) || (arch == ArchDeepSeekV2 || arch == ArchDeepSeekV3) && !sameDeepSeek(want, back) ||
+		arch == ArchQwen3Next && !sameQwen3Next(want, back) {
 		return nil, fmt.Errorf("hf: exported config.json describes %s, want %s", describe(arch, back, vocab), describe(arch, want, vocab))
 	}
 	return b, nil
@@ -531,9 +559,9 @@ func ReadInfo(dir string) (info Info, ok bool, err error) {
 		return Info{}, false, fmt.Errorf("hf: %s: %w", path, err)
 	}
 	switch f.Arch {
-	case "", ArchGPT2, ArchLlama, ArchMixtral, ArchQwen2MoE, ArchQwen3MoE, ArchDeepSeekV2, ArchDeepSeekV3:
+	case "", ArchGPT2, ArchLlama, ArchMixtral, ArchQwen2MoE, ArchQwen3MoE, ArchDeepSeekV2, ArchDeepSeekV3, ArchQwen3Next:
 	default:
-		return Info{}, false, fmt.Errorf("hf: %s: arch %q: want %q, %q, %q, %q, %q, %q or %q", path, f.Arch, ArchGPT2, ArchLlama, ArchMixtral, ArchQwen2MoE, ArchQwen3MoE, ArchDeepSeekV2, ArchDeepSeekV3)
+		return Info{}, false, fmt.Errorf("hf: %s: arch %q: want %q, %q, %q, %q, %q, %q, %q or %q", path, f.Arch, ArchGPT2, ArchLlama, ArchMixtral, ArchQwen2MoE, ArchQwen3MoE, ArchDeepSeekV2, ArchDeepSeekV3, ArchQwen3Next)
 	}
 	return f.Info, true, nil
 }

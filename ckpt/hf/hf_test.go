@@ -39,6 +39,8 @@ var fixtures = []struct {
 	// tools/golden/hf_deepseek.py: multi-latent attention, YaRN, DeepSeekMoE
 	{"deepseek_v3_untied_f32", 1e-4},
 	{"deepseek_v2_tied_f32", 1e-4},
+	// tools/golden/hf_qwen3next.py: gated delta nets, gated attention, MoE with a gated shared expert
+	{"qwen3_next_untied_f32", 1e-4},
 }
 
 func fixtureDir(name string) string { return filepath.Join("testdata", name) }
@@ -521,24 +523,4 @@ func TestMistral(t *testing.T) {
 		t.Fatal(err)
 	}
 	CompareHFDirs(t, dir, out)
-}
-
-// TestExportRefusesGDN: a hybrid gated delta net model and an output-gated
-// attention model have no Hugging Face export here (Qwen3-Next's is not
-// built): ArchOf refuses naming the flags.
-func TestExportRefusesGDN(t *testing.T) {
-	base := gpt.Config{NumLayers: 2, HiddenSize: 16, NumAttentionHeads: 2, VocabSize: 8, MaxPositionEmbeddings: 8,
-		Activation: gpt.SwiGLU, Normalization: gpt.RMSNorm, PositionEmbeddingType: gpt.RoPE, DisableBiasLinear: true}
-	gated := base
-	gated.AttentionOutputGate = true
-	hybrid := base
-	hybrid.GDN = gpt.GDNConfig{Enabled: true, LinearAttentionFreq: "2", KeyHeadDim: 4, ValueHeadDim: 4, NumKeyHeads: 1, NumValueHeads: 2}
-	for _, c := range []gpt.Config{gated, hybrid} {
-		if _, err := ArchOf(c); err == nil || !strings.Contains(err.Error(), "gated_delta_net or --attention-output-gate") {
-			t.Fatalf("ArchOf: %v, want a refusal naming the gated delta net and the output gate", err)
-		}
-	}
-	if _, err := ArchOf(base); err != nil {
-		t.Fatalf("ArchOf of the same model without them: %v", err)
-	}
 }

@@ -1,10 +1,15 @@
 package hf
 
-import "fmt"
+import (
+	"fmt"
+
+	"github.com/gotron/gotron/model/gpt"
+)
 
 // op is how one gotron parameter is assembled from Hugging Face tensors (and
-// split back). Every op is a pure permutation of values (plus zero rows for
-// vocabulary padding), so a round trip reproduces the Hugging Face bytes.
+// split back). Every op but opPlusOne is a pure permutation of values (plus
+// zero rows for vocabulary padding), so a round trip reproduces the Hugging
+// Face bytes.
 type op int
 
 const (
@@ -35,11 +40,73 @@ const (
 	// opSwiGLU: HF gate_proj (f, h), up_proj (f, h)  ↔  gotron linear_fc1
 	// (2·f, h) rows [gate; up].
 	opSwiGLU
+	// opGatedQKV (Qwen3-Next's gated attention): HF q_proj (a·2d, h) rows
+	// per head [q_i (d); gate_i (d)], k_proj, v_proj (g·d, h)  ↔  gotron
+	// linear_qkv.weight with --attention-output-gate, rows per query group
+	// j: [q of heads j·r…j·r+r−1 (r·d); their gates (r·d); k_j; v_j].
+	opGatedQKV
+	// opGDNInProj (Qwen3-Next's gated delta net): HF in_proj_qkvz
+	// (nk·(2dk+2r·dv), h) rows per key head j [q_j (dk); k_j (dk); v (r·dv);
+	// z (r·dv)] of j's r = nv/nk value heads, in_proj_ba (2nv, h) rows per
+	// key head j [b (r); a (r)]  ↔  gotron's in_proj sections query, key,
+	// value, z, beta, alpha concatenated (Megatron's fused in_proj rows).
+	opGDNInProj
+	// opPlusOne: HF w = 1 + gotron γ (a norm weight that is the scale itself
+	// on the Hugging Face side, 1 + γ under --apply-layernorm-1p in gotron).
+	// Not a permutation: exact when w − 1 is (w in [0.5, 2]).
+	opPlusOne
 )
 
 // dims are the sizes the ops need.
 type dims struct {
-	h, a, g, d int // hidden, attention heads, query groups, head dim
+	h, a, g, d     int // hidden, attention heads, query groups, head dim
+	nk, nv, dk, dv int // gated delta net key heads, value heads, key and value head dims
+}
+
+// dimsOf is the ops' sizes for model config c.
+func dimsOf(c gpt.Config) dims {
+	g := c.GDN
+	return dims{h: c.HiddenSize, a: c.NumAttentionHeads, g: c.NumQueryGroups, d: c.KVChannels,
+		nk: g.NumKeyHeads, nv: g.NumValueHeads, dk: g.KeyHeadDim, dv: g.ValueHeadDim}
+}
+
+// rowBlock moves n rows of an HF tensor (src, from row at) to row to of
+// the gotron parameter: the ops that shuffle rows are lists of them.
+type rowBlock struct{ src, at, to, n int }
+
+// blocks is the row moves of opGatedQKV and opGDNInProj.
+func (o op) blocks(dm dims) []rowBlock {
+	var b []rowBlock
+	to := 0
+	add := func(src, at, n int) {
+		b = append(b, rowBlock{src, at, to, n})
+		to += n
+	}
+	switch o {
+	case opGatedQKV:
+		r, d := dm.a/dm.g, dm.d
+		for j := range dm.g {
+			for i := range r {
+				add(0, (j*r+i)*2*d, d)
+			}
+			for i := range r {
+				add(0, (j*r+i)*2*d+d, d)
+			}
+			add(1, j*d, d)
+			add(2, j*d, d)
+		}
+	case opGDNInProj:
+		r := dm.nv / dm.nk
+		per := 2*dm.dk + 2*r*dm.dv
+		for _, part := range []struct{ src, off, n, stride int }{
+			{0, 0, dm.dk, per}, {0, dm.dk, dm.dk, per}, {0, 2 * dm.dk, r * dm.dv, per}, {0, 2*dm.dk + r*dm.dv, r * dm.dv, per},
+			{1, 0, r, 2 * r}, {1, r, r, 2 * r}} {
+			for j := range dm.nk {
+				add(part.src, j*part.stride+part.off, part.n)
+			}
+		}
+	}
+	return b
 }
 
 // toGotron fills dst (the gotron parameter, row-major) from the Hugging Face
@@ -70,6 +137,15 @@ func (o op) toGotron(dm dims, dst []float32, src [][]float32, shapes [][]int) {
 	case opSwiGLU:
 		n := copy(dst, src[0])
 		copy(dst[n:], src[1])
+	case opGatedQKV, opGDNInProj:
+		w := dm.h
+		for _, b := range o.blocks(dm) {
+			copy(dst[b.to*w:(b.to+b.n)*w], src[b.src][b.at*w:(b.at+b.n)*w])
+		}
+	case opPlusOne:
+		for i, x := range src[0] {
+			dst[i] = x - 1
+		}
 	default:
 		panic(fmt.Sprintf("hf: unknown op %d", o))
 	}
@@ -101,6 +177,15 @@ func (o op) toHF(dm dims, dst [][]float32, src []float32, shapes [][]int) {
 	case opSwiGLU:
 		n := copy(dst[0], src)
 		copy(dst[1], src[n:])
+	case opGatedQKV, opGDNInProj:
+		w := dm.h
+		for _, b := range o.blocks(dm) {
+			copy(dst[b.src][b.at*w:(b.at+b.n)*w], src[b.to*w:(b.to+b.n)*w])
+		}
+	case opPlusOne:
+		for i, x := range src {
+			dst[0][i] = x + 1
+		}
 	default:
 		panic(fmt.Sprintf("hf: unknown op %d", o))
 	}

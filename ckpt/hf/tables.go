@@ -2,6 +2,7 @@ package hf
 
 import (
 	"fmt"
+	"strings"
 
 	"github.com/gotron/gotron/model/gpt"
 )
@@ -14,9 +15,13 @@ type hfTensor struct {
 
 // entry maps one gotron parameter to the Hugging Face tensors it is made of.
 type entry struct {
-	Gotron string     // Megatron/gotron parameter name
-	HF     []hfTensor // in the order op takes them
-	Op     op
+	Gotron string // Megatron/gotron parameter name
+	// More are parameters whose rows follow Gotron's: op reads and writes
+	// their concatenation (the gated delta net's in_proj and conv1d
+	// sections, one Hugging Face tensor).
+	More []string
+	HF   []hfTensor // in the order op takes them
+	Op   op
 }
 
 // table returns the name map of arch for a model config (padded vocabulary in
@@ -31,8 +36,10 @@ func table(arch string, c gpt.Config, vocab int) ([]entry, error) {
 		return moeTable(arch, c, vocab), nil
 	case ArchDeepSeekV2, ArchDeepSeekV3:
 		return deepseekTable(c, vocab), nil
+	case ArchQwen3Next:
+		return qwen3NextTable(c, vocab), nil
 	}
-	return nil, fmt.Errorf("hf: unknown architecture %q (want %s, %s, %s, %s, %s, %s or %s)", arch, ArchGPT2, ArchLlama, ArchMixtral, ArchQwen2MoE, ArchQwen3MoE, ArchDeepSeekV2, ArchDeepSeekV3)
+	return nil, fmt.Errorf("hf: unknown architecture %q (want %s, %s, %s, %s, %s, %s, %s or %s)", arch, ArchGPT2, ArchLlama, ArchMixtral, ArchQwen2MoE, ArchQwen3MoE, ArchDeepSeekV2, ArchDeepSeekV3, ArchQwen3Next)
 }
 
 func one(gotron string, o op, name string, shape ...int) entry {
@@ -176,6 +183,10 @@ func ignored(arch, name string, tied bool) bool {
 	case arch == ArchGPT2 && (hasSuffix(name, ".attn.bias") || hasSuffix(name, ".attn.masked_bias")):
 		return true
 	case arch != ArchGPT2 && hasSuffix(name, ".rotary_emb.inv_freq"):
+		return true
+	case arch == ArchQwen3Next && strings.HasPrefix(name, "mtp."):
+		// the multi-token-prediction head, which transformers' Qwen3NextForCausalLM also drops
+		// (_keys_to_ignore_on_load_unexpected)
 		return true
 	}
 	return false

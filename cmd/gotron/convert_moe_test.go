@@ -45,7 +45,7 @@ func TestConvertMegatronMoEToHF(t *testing.T) {
 // conversion: each greedy token after a prefix of the reference tokens is
 // the argmax of the PyTorch reference's logits at that position.
 func TestGenerateImportedQwen3MoE(t *testing.T) {
-	for _, name := range []string{"qwen3_moe_untied_f32", "qwen3_moe_step2_tied_f32", "deepseek_v3_untied_f32", "deepseek_v2_tied_f32"} {
+	for _, name := range []string{"qwen3_moe_untied_f32", "qwen3_moe_step2_tied_f32", "deepseek_v3_untied_f32", "deepseek_v2_tied_f32", "qwen3_next_untied_f32"} {
 		t.Run(name, func(t *testing.T) {
 			src := hfFixture(name)
 			g := filepath.Join(t.TempDir(), "gotron")

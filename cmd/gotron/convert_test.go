@@ -37,6 +37,8 @@ var hfFixtures = []struct {
 	// tools/golden/hf_deepseek.py's DeepSeek-V3 and DeepSeek-V2 models (MLA, YaRN, DeepSeekMoE)
 	{"deepseek_v3_untied_f32", 1e-4},
 	{"deepseek_v2_tied_f32", 1e-4},
+	// tools/golden/hf_qwen3next.py: gated delta nets, gated attention, MoE with a gated shared expert
+	{"qwen3_next_untied_f32", 1e-4},
 }
 
 func hfFixture(name string) string { return filepath.Join("..", "..", "ckpt", "hf", "testdata", name) }
