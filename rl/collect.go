@@ -56,6 +56,10 @@ type Config struct {
 	// it trains on (owns), and the ranks all-reduce the rewards so that
 	// every rank computes the whole groups' advantages.
 	DP comm.ProcessGroup
+	// TP is the run's tensor-parallel group (nil: none). The model each
+	// rank gets is its shard; the ranks generate together (infer.Lockstep)
+	// and compute the log-probabilities over the gathered vocabulary.
+	TP comm.ProcessGroup
 }
 
 // Collection summarises one rollout collection.
@@ -81,7 +85,11 @@ type Collector struct {
 	itersPerCol int64
 	rows        []row // the current collection's, group-major
 	current     int64 // its index; -1 before the first
-	ref         []*tensor.Tensor
+	// sharding is the model's tensor-parallel plan (nil: whole): its
+	// logits hold this rank's vocabulary slice, gathered for the
+	// log-probabilities.
+	sharding gpt.Sharding
+	ref      []*tensor.Tensor
 	// Last is the latest collection (only it: a long run's responses are
 	// not kept).
 	Last Collection
@@ -247,6 +255,10 @@ func (c *Collector) Prepare(ctx context.Context, m train.Model, eval *tensor.Tap
 	if c.ref != nil && len(c.ref) != len(gm.Params()) {
 		return fmt.Errorf("rl: the reference model has %d parameters, the model %d", len(c.ref), len(gm.Params()))
 	}
+	c.sharding = gm.Sharding
+	if (c.sharding != nil) != (c.cfg.TP != nil && c.cfg.TP.Size() > 1) {
+		return fmt.Errorf("rl: the model is split over tensor-parallel ranks (%v) but the collector's tensor-parallel group is %v", c.sharding != nil, c.cfg.TP)
+	}
 	col, rows, err := c.collect(ctx, gm, k)
 	if err != nil {
 		return err
@@ -288,6 +300,163 @@ func (c *Collector) seedOf(k int64, salt string) uint64 {
 	return h.Sum64()
 }
 
+// rollout is one generation of a collection.
+type rollout struct {
+	task     Countdown
+	prompt   []int32
+	gen      []int32
+	logprobs []float64
+	done     bool
+}
+
+// generate runs requests reqs (rollouts byID) on eng and fills their
+// rollouts. Under tensor parallelism every rank of the group holds its
+// shard's engine and they step together (infer.Lockstep, infer.Follow):
+// rank 0 leads and sends the generated tokens and log-probabilities to the
+// others after, so every rank trains on the same rollouts. A signal (ctx)
+// does not stop the generation: the collection is part of the iteration in
+// flight, which gotron train finishes before it saves and exits.
+func (c *Collector) generate(ctx context.Context, eng *infer.Engine, reqs []infer.Request, outs []rollout, byID []int) error {
+	ctx = context.WithoutCancel(ctx)
+	tpg := c.cfg.TP
+	if tpg != nil && tpg.Size() > 1 && tpg.Rank() != 0 {
+		if err := infer.Follow(ctx, eng, tpg); err != nil {
+			return fmt.Errorf("rl: tensor-parallel generation: %w", err)
+		}
+		return c.receiveRollouts(ctx, outs, byID)
+	}
+	type driver interface {
+		Add(infer.Request) (infer.SeqID, error)
+		Step() ([]infer.Event, error)
+		HasWork() bool
+	}
+	var drv driver = eng
+	var ls *infer.Lockstep
+	if tpg != nil && tpg.Size() > 1 {
+		var err error
+		if ls, err = infer.NewLockstep(ctx, eng, tpg); err != nil {
+			return fmt.Errorf("rl: tensor-parallel generation: %w", err)
+		}
+		drv = ls
+	}
+	// The first failure; a leader goes on to close the lockstep and tell
+	// the others, who would otherwise wait for it.
+	var first error
+	seqs := map[infer.SeqID]int{}
+	for i, r := range reqs {
+		id, err := drv.Add(r)
+		if err != nil {
+			first = fmt.Errorf("rl: rollout %d: %w", byID[i], err)
+			break
+		}
+		seqs[id] = byID[i]
+	}
+	for first == nil && drv.HasWork() {
+		evs, err := drv.Step()
+		if err != nil {
+			return fmt.Errorf("rl: generation: %w", err) // a failed lockstep sends nothing more
+		}
+		for _, ev := range evs {
+			o := &outs[seqs[ev.Seq]]
+			if ev.Token >= 0 {
+				o.gen = append(o.gen, int32(ev.Token))
+				o.logprobs = append(o.logprobs, float64(ev.Logprob))
+			}
+			if ev.Finish != "" {
+				if ev.Finish == infer.FinishAbort && first == nil {
+					first = fmt.Errorf("rl: rollout %d was aborted by the inference engine", seqs[ev.Seq])
+				}
+				o.done = true
+			}
+		}
+	}
+	if ls == nil {
+		return first
+	}
+	if err := ls.Close(); err != nil {
+		return fmt.Errorf("rl: tensor-parallel generation: %w", err)
+	}
+	return c.sendRollouts(ctx, outs, byID, first)
+}
+
+// sendRollouts broadcasts, from tensor-parallel rank 0, the owned
+// rollouts' generated tokens and log-probabilities (or that the generation
+// failed, with failed).
+func (c *Collector) sendRollouts(ctx context.Context, outs []rollout, byID []int, failed error) error {
+	hdr := []int64{0, 0}
+	if failed != nil {
+		hdr[0] = 1
+	}
+	lens := make([]int64, len(byID))
+	var toks []int32
+	var lps []float32
+	for i, j := range byID {
+		lens[i] = int64(len(outs[j].gen))
+		toks = append(toks, outs[j].gen...)
+		for _, v := range outs[j].logprobs {
+			lps = append(lps, float32(v)) // the engine's float32
+		}
+	}
+	hdr[1] = int64(len(toks))
+	if err := c.broadcastRollouts(ctx, hdr, lens, toks, lps); err != nil {
+		return err
+	}
+	return failed
+}
+
+// receiveRollouts is sendRollouts' other end.
+func (c *Collector) receiveRollouts(ctx context.Context, outs []rollout, byID []int) error {
+	hdr := make([]int64, 2)
+	if err := c.cfg.TP.Broadcast(ctx, comm.Int64s(hdr), 0); err != nil {
+		return fmt.Errorf("rl: receive the rollouts from tensor-parallel rank 0: %w", err)
+	}
+	if hdr[0] != 0 {
+		return fmt.Errorf("rl: tensor-parallel rank 0's generation failed (its log says why)")
+	}
+	if hdr[1] < 0 || hdr[1] > int64(len(byID))*int64(c.cfg.SeqLength) {
+		return fmt.Errorf("rl: tensor-parallel rank 0 sent %d generated tokens for %d rollouts of at most %d", hdr[1], len(byID), c.cfg.SeqLength)
+	}
+	lens := make([]int64, len(byID))
+	toks := make([]int32, hdr[1])
+	lps := make([]float32, hdr[1])
+	if err := c.broadcastRollouts(ctx, nil, lens, toks, lps); err != nil {
+		return err
+	}
+	at := int64(0)
+	for i, j := range byID {
+		n := lens[i]
+		if n < 0 || at+n > hdr[1] {
+			return fmt.Errorf("rl: tensor-parallel rank 0 sent rollout %d with %d tokens: want 0..%d", j, n, hdr[1]-at)
+		}
+		o := &outs[j]
+		o.gen = toks[at : at+n]
+		for _, v := range lps[at : at+n] {
+			o.logprobs = append(o.logprobs, float64(v))
+		}
+		o.done = true
+		at += n
+	}
+	return nil
+}
+
+// broadcastRollouts broadcasts the header (unless nil), the lengths, tokens
+// and log-probabilities from tensor-parallel rank 0.
+func (c *Collector) broadcastRollouts(ctx context.Context, hdr, lens []int64, toks []int32, lps []float32) error {
+	bufs := []comm.Buffer{comm.Int64s(lens), comm.Int32s(toks), comm.Float32s(lps)}
+	if hdr != nil {
+		bufs = append([]comm.Buffer{comm.Int64s(hdr)}, bufs...)
+	}
+	for _, b := range bufs {
+		if b.Len() == 0 {
+			continue
+		}
+		if err := c.cfg.TP.Broadcast(ctx, b, 0); err != nil {
+			return fmt.Errorf("rl: send the rollouts over the tensor-parallel group: %w", err)
+		}
+	}
+	return nil
+}
+
 // collect draws the prompts of collection k and generates their rollouts.
 // Every rank draws all P prompts (one stream, the same on every rank) and
 // generates the rollouts it owns; each rollout samples from its own stream,
@@ -303,19 +472,22 @@ func (c *Collector) collect(ctx context.Context, m *gpt.Model, k int64) (Collect
 			owned++
 		}
 	}
-	eng, err := infer.NewEngine(m, infer.EngineConfig{MaxNumSeqs: owned, VocabSize: tok.VocabSize()})
+	dm := m
+	if m.Experts != nil && !m.Config.MoE.Enabled() {
+		// train gives a dense model's tensor-parallel shard an (empty)
+		// expert layout, which the engine reads as expert parallelism; the
+		// engine's copy shares the weights without it.
+		cp := *m
+		cp.Experts = nil
+		dm = &cp
+	}
+	eng, err := infer.NewEngine(dm, infer.EngineConfig{MaxNumSeqs: owned, VocabSize: tok.VocabSize()})
 	if err != nil {
 		return Collection{}, nil, fmt.Errorf("rl: inference engine: %w", err)
 	}
-	type rollout struct {
-		task     Countdown
-		prompt   []int32
-		gen      []int32
-		logprobs []float64
-		done     bool
-	}
 	outs := make([]rollout, P*G)
-	byID := map[infer.SeqID]int{}
+	var ops []infer.Request // the owned rollouts' requests
+	var byID []int          // their rollouts
 	for p := range P {
 		task := c.cfg.Env.Tasks[rng.IntN(len(c.cfg.Env.Tasks))]
 		text := task.Prompt()
@@ -340,35 +512,13 @@ func (c *Collector) collect(ctx context.Context, m *gpt.Model, k int64) (Collect
 			if !c.owns(j) {
 				continue
 			}
-			id, err := eng.Add(infer.Request{Prompt: ids, MaxTokens: seq - len(ids), StopTokens: []int{int(c.eod)}, Logprobs: true,
+			ops = append(ops, infer.Request{Prompt: ids, MaxTokens: seq - len(ids), StopTokens: []int{int(c.eod)}, Logprobs: true,
 				Sampling: infer.Sampling{Temperature: c.cfg.Temperature, TopP: c.cfg.TopP, TopK: max(c.cfg.TopK, 0), Seed: c.seedOf(k, fmt.Sprint("rollout/", j))}})
-			if err != nil {
-				return Collection{}, nil, fmt.Errorf("rl: rollout %d: %w", j, err)
-			}
-			byID[id] = j
+			byID = append(byID, j)
 		}
 	}
-	// A signal (ctx) does not stop the generation: the collection is part of
-	// the iteration in flight, which gotron train finishes before it saves
-	// and exits.
-	for eng.HasWork() {
-		evs, err := eng.Step()
-		if err != nil {
-			return Collection{}, nil, fmt.Errorf("rl: generation: %w", err)
-		}
-		for _, ev := range evs {
-			o := &outs[byID[ev.Seq]]
-			if ev.Token >= 0 {
-				o.gen = append(o.gen, int32(ev.Token))
-				o.logprobs = append(o.logprobs, float64(ev.Logprob))
-			}
-			if ev.Finish != "" {
-				if ev.Finish == infer.FinishAbort {
-					return Collection{}, nil, fmt.Errorf("rl: rollout %d was aborted by the inference engine", byID[ev.Seq])
-				}
-				o.done = true
-			}
-		}
+	if err := c.generate(ctx, eng, ops, outs, byID); err != nil {
+		return Collection{}, nil, err
 	}
 	col := Collection{Index: k, Rewards: make([]float64, len(outs)), Responses: make([]string, len(outs))}
 	for j, o := range outs {
@@ -488,7 +638,7 @@ func (c *Collector) logprobs(m *gpt.Model, tp *tensor.Tape, rows []row, ref bool
 			labels = append(labels, c.pad)
 		}
 		bt := gpt.Batch{Tokens: tensor.FromInt32(toks, mbs, seq)}
-		logits := m.Forward(tp, bt, nil, false)
+		logits := c.fullVocab(tp, m.Forward(tp, bt, nil, false))
 		lp := tp.TokenLogProbs(tp.Reshape(logits, mbs*seq, logits.Dim(-1)), tensor.FromInt32(labels, mbs*seq))
 		if err := tp.Err(); err != nil {
 			tp.Reset()
@@ -515,6 +665,16 @@ func (c *Collector) logprobs(m *gpt.Model, tp *tensor.Tape, rows []row, ref bool
 	return nil
 }
 
+// fullVocab all-gathers a tensor-parallel rank's vocabulary slice of the
+// logits (backward: this rank's slice of the gradient), so that every rank
+// computes the log-probabilities, and so the loss, of one process.
+func (c *Collector) fullVocab(tp *tensor.Tape, logits *tensor.Tensor) *tensor.Tensor {
+	if c.sharding == nil {
+		return logits
+	}
+	return c.sharding.GatherVocab(tp, logits)
+}
+
 // Loss is the GRPO loss of logits (b, t, V) over samples first…first+b−1:
 // the mean over their loss tokens of calculate_grpo_loss, as
 // train_rl.loss_func reduces it (Σ mask·loss over max(Σ mask, 1)).
@@ -529,6 +689,7 @@ func (c *Collector) Loss(tp *tensor.Tape, logits *tensor.Tensor, bt gpt.Batch, f
 		}
 		rows[i] = r
 	}
+	logits = c.fullVocab(tp, logits)
 	lp := tp.TokenLogProbs(tp.Reshape(logits, b*seq, logits.Dim(-1)), tp.Reshape(bt.Labels, b*seq))
 	return tp.Apply(&grpoLoss{cfg: c.cfg.Loss, rows: rows, seq: seq}, lp)[0]
 }

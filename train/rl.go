@@ -29,9 +29,14 @@ type RLStep interface {
 
 // validateRL refuses what the RL step is not built for.
 func (c *Config) validateRL() error {
-	if p := c.Parallel; p != nil && p.World.Size() > p.DPSize() {
+	if p := c.Parallel; p != nil {
 		l := p.Layout.Config
-		return fmt.Errorf("train: --perform-rl-step with tensor/pipeline/context parallelism (TP=%d, PP=%d, CP=%d): needs Megatron's model-parallel RL step, not built in gotron (GRPO runs data-parallel only)", l.TP, l.PP, l.CP)
+		if max(l.PP, 1) > 1 || max(l.CP, 1) > 1 {
+			return fmt.Errorf("train: --perform-rl-step with pipeline/context parallelism (PP=%d, CP=%d): needs Megatron's pipeline/context-parallel RL step, not built in gotron (GRPO runs data- and tensor-parallel)", l.PP, l.CP)
+		}
+		if max(l.TP, 1) > 1 && c.SequenceParallel {
+			return fmt.Errorf("train: --perform-rl-step with --sequence-parallel (TP=%d): the rollouts are generated on the training shards, and gotron's decoding does not run a sequence-parallel shard; drop --sequence-parallel", l.TP)
+		}
 	}
 	if len(c.RampupBatchSize) > 0 || c.StepBatchSizeSchedule != "" {
 		return fmt.Errorf("train: --perform-rl-step with a batch-size ramp or schedule: Megatron's RL step sets the global batch itself; give --global-batch-size")

@@ -10,17 +10,20 @@ import (
 	"github.com/gotron/gotron/tensor"
 )
 
-// TestValidateRLParallel: the RL step runs data-parallel and refuses
-// tensor, pipeline and context parallelism naming the sizes.
+// TestValidateRLParallel: the RL step runs data- and tensor-parallel and
+// refuses pipeline and context parallelism, and sequence parallelism,
+// naming the sizes.
 func TestValidateRLParallel(t *testing.T) {
 	for _, c := range []struct {
 		layout parallel.Config
+		sp     bool
 		want   string // "" accepted
 	}{
-		{parallel.Config{}, ""},
-		{parallel.Config{TP: 2}, "TP=2, PP=1, CP=1"},
-		{parallel.Config{PP: 2}, "TP=1, PP=2, CP=1"},
-		{parallel.Config{CP: 2}, "TP=1, PP=1, CP=2"},
+		{parallel.Config{}, false, ""},
+		{parallel.Config{TP: 2}, false, ""},
+		{parallel.Config{TP: 2}, true, "--sequence-parallel (TP=2)"},
+		{parallel.Config{PP: 2}, false, "(PP=2, CP=1)"},
+		{parallel.Config{CP: 2}, false, "(PP=1, CP=2)"},
 	} {
 		pgs, err := inproc.NewWorld(2)
 		if err != nil {
@@ -37,7 +40,7 @@ func TestValidateRLParallel(t *testing.T) {
 					errs[r] = err
 					return
 				}
-				cfg := Config{Parallel: g, Device: tensor.CPU}
+				cfg := Config{Parallel: g, Device: tensor.CPU, SequenceParallel: c.sp}
 				errs[r] = cfg.validateRL()
 			}()
 		}
@@ -46,7 +49,7 @@ func TestValidateRLParallel(t *testing.T) {
 			switch {
 			case c.want == "" && err != nil:
 				t.Errorf("%+v rank %d: %v", c.layout, r, err)
-			case c.want != "" && (err == nil || !strings.Contains(err.Error(), c.want) || !strings.Contains(err.Error(), "data-parallel only")):
+			case c.want != "" && (err == nil || !strings.Contains(err.Error(), c.want)):
 				t.Errorf("%+v rank %d: error %v, want one naming %q", c.layout, r, err, c.want)
 			}
 		}

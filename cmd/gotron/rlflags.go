@@ -38,7 +38,7 @@ var rlOnlyFlags = []string{"langrl-env-config", "grpo-prompts-per-step", "grpo-g
 	"rl-importance-sampling-truncation-coef", "rl-skip-bos-token", "rl-offload-optimizer-during-inference", "refit-method"}
 
 func addRLFlags(fs *flag.FlagSet, f *rlFlags) {
-	fs.BoolVar(&f.perform, "perform-rl-step", false, "Megatron's RL step (train_rl.py): GRPO on rollouts gotron generates with the current weights from --langrl-env-config's environment (one process or data-parallel ranks, the CPU; docs/training.md)")
+	fs.BoolVar(&f.perform, "perform-rl-step", false, "Megatron's RL step (train_rl.py): GRPO on rollouts gotron generates with the current weights from --langrl-env-config's environment (one process, data- and tensor-parallel ranks, the CPU; docs/training.md)")
 	fs.StringVar(&f.envConfig, "langrl-env-config", "", "RL: a YAML list with one environment, {agent_type: CountdownAgent, agent_args: {dataset_file: TASKS.jsonl}}")
 	fs.IntVar(&f.promptsPerStep, "grpo-prompts-per-step", 32, "RL: prompts drawn per rollout collection")
 	fs.IntVar(&f.groupSize, "grpo-group-size", 2, "RL: rollouts per prompt (a GRPO group; at least 2)")
@@ -124,11 +124,11 @@ func (f *rlFlags) collector(cfg *train.Config, tok tokenizer.Tokenizer, d tokeni
 	if gbs == 0 {
 		gbs = cfg.MicroBatchSize
 	}
-	var dp comm.ProcessGroup
+	var dp, tpg comm.ProcessGroup
 	if cfg.Parallel != nil {
-		dp = cfg.Parallel.DP
+		dp, tpg = cfg.Parallel.DP, cfg.Parallel.TP
 	}
-	c, err := rl.NewCollector(rl.Config{Env: env, DP: dp, Tokenizer: tok, Render: render,
+	c, err := rl.NewCollector(rl.Config{Env: env, DP: dp, TP: tpg, Tokenizer: tok, Render: render,
 		PromptsPerStep: f.promptsPerStep, GroupSize: f.groupSize, Iterations: f.iterations,
 		GlobalBatchSize: gbs, MicroBatchSize: cfg.MicroBatchSize, SeqLength: cfg.SeqLength,
 		Loss: rl.LossConfig{ClampEpsLower: f.epsLower, ClampEpsUpper: f.epsUpper, KLBeta: f.klBeta, EntropyWeight: f.entropyWeight,
