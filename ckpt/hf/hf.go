@@ -483,6 +483,9 @@ func exportConfigJSON(arch string, c gpt.Config, vocab int, dtype string, origRa
 	if arch == ArchQwen2MoE || arch == ArchQwen3MoE || arch == ArchQwen3Next && c.MoE.Enabled() {
 		keepQwenPattern(orig, merged, origRaw, c)
 	}
+	if arch == ArchQwen3Next {
+		keepQwen3NextForm(orig, merged, origRaw, c)
+	}
 	if arch == ArchDeepSeekV2 || arch == ArchDeepSeekV3 {
 		keepDeepSeekRope(orig, merged, origRaw, arch, c)
 	} else {

@@ -361,3 +361,26 @@ func sameQwen3Next(a, b gpt.Config) bool {
 	return err1 == nil && err2 == nil && slices.Equal(pa, pb) && ga == gb && a.RotaryPercent == b.RotaryPercent &&
 		a.AttentionOutputGate == b.AttentionOutputGate && a.LayerNorm1P == b.LayerNorm1P
 }
+
+// keepQwen3NextForm keeps the imported config's form where it describes
+// the model: layer kinds given by full_attention_interval alone gain no
+// layer_types, and a partial_rotary_factor inside transformers 5's
+// rope_parameters stays there.
+func keepQwen3NextForm(orig, merged map[string]any, origRaw []byte, c gpt.Config) {
+	var q qwen3NextConfig
+	if orig == nil || decodeInto(origRaw, &q) != nil {
+		return
+	}
+	if _, ok := orig["layer_types"]; !ok && q.FullAttentionInterval != nil {
+		p, err := qwen3NextLayers(&q, c.NumLayers)
+		want, err2 := c.GDN.Pattern(c.NumLayers)
+		if err == nil && err2 == nil && slices.Equal(p, want) {
+			delete(merged, "layer_types")
+			merged["full_attention_interval"] = orig["full_attention_interval"]
+		}
+	}
+	rp, ok := orig["rope_parameters"].(map[string]any)
+	if _, top := orig["partial_rotary_factor"]; ok && !top && sameValue("partial_rotary_factor", rp["partial_rotary_factor"], c.RotaryPercent) {
+		delete(merged, "partial_rotary_factor")
+	}
+}

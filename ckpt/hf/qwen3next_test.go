@@ -143,3 +143,58 @@ func TestQwen3NextExportWithoutInfo(t *testing.T) {
 		}
 	}
 }
+
+// TestQwen3NextConfigForms: the fixture's config.json written without
+// layer_types (full_attention_interval alone) or in transformers 5's form
+// (rope_parameters holding rope_theta and partial_rotary_factor, dtype)
+// imports to the same model and logits.
+func TestQwen3NextConfigForms(t *testing.T) {
+	const fx = "qwen3_next_untied_f32"
+	ref, _, err := LoadModel(fixtureDir(fx))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ids := []int32{3, 17, 42, 99, 5}
+	want := forward(ref, ids)
+	for name, edits := range map[string][][2]string{
+		"interval": {{`"layer_types": [
+    "linear_attention",
+    "full_attention",
+    "linear_attention",
+    "full_attention"
+  ],`, ``}},
+		"transformers 5": {{`"partial_rotary_factor": 0.25,`, ``}, {`"rope_theta": 10000.0,`, `"rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25},`},
+			{`"torch_dtype": "float32"`, `"dtype": "float32"`}},
+	} {
+		t.Run(name, func(t *testing.T) {
+			dir := copyFixture(t, fx)
+			p := filepath.Join(dir, "config.json")
+			b, _ := os.ReadFile(p)
+			for _, e := range edits {
+				if !bytes.Contains(b, []byte(e[0])) {
+					t.Fatalf("config.json lacks %q", e[0])
+				}
+				b = bytes.Replace(b, []byte(e[0]), []byte(e[1]), 1)
+			}
+			os.WriteFile(p, b, 0o644)
+			m, info, err := LoadModel(dir)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !sameArch(m.Config, ref.Config) || !sameQwen3Next(m.Config, ref.Config) {
+				t.Fatalf("config %+v, want %+v", m.Config, ref.Config)
+			}
+			got := forward(m, ids)
+			for i := range want {
+				if got[i] != want[i] {
+					t.Fatalf("logit %d: %g, want %g", i, got[i], want[i])
+				}
+			}
+			out := t.TempDir()
+			if err := Export(context.Background(), out, m, info, ExportOptions{}); err != nil {
+				t.Fatal(err)
+			}
+			CompareHFDirs(t, dir, out)
+		})
+	}
+}

@@ -1,12 +1,15 @@
 package main
 
 import (
+	"encoding/binary"
 	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/gotron/gotron/ckpt/safetensors"
 )
 
 // TestConvertMegatronMoEToHF: a Megatron legacy MoE checkpoint
@@ -81,5 +84,37 @@ func TestGenerateImportedQwen3MoE(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestGenerateImportedQwen3NextGreedy: gotron generate on the Qwen3-Next
+// fixture (tools/golden/hf_qwen3next.py), from the HF directory and from its
+// gotron conversion, continues the 4-token prompt with the reference's 8
+// greedy tokens: the gated delta nets' convolution and recurrent states and
+// the full-attention layers' KV cache carried across decoding steps give
+// what a full forward over each prefix gives in PyTorch.
+func TestGenerateImportedQwen3NextGreedy(t *testing.T) {
+	src := hfFixture("qwen3_next_untied_f32")
+	f, err := safetensors.ReadFile(filepath.Join(src, "golden.safetensors"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	gt, err := f.Tensor("greedy")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := make([]string, gt.NumElements())
+	for i := range want {
+		want[i] = fmt.Sprint(int32(binary.LittleEndian.Uint32(gt.Data[4*i:])))
+	}
+	const prompt = 4
+	g := filepath.Join(t.TempDir(), "gotron")
+	mustGotron(t, "convert", "--from", "hf", "--load", src, "--save", g)
+	for _, load := range []string{src, g} {
+		out := mustGotron(t, "generate", "--load", load, "--tokenizer-type", "NullTokenizer", "--vocab-size", "100",
+			"--prompt", strings.Join(want[:prompt], " "), "--top-k", "1", "--max-new-tokens", fmt.Sprint(len(want)-prompt))
+		if got := strings.Fields(out); !slices.Equal(got, want) {
+			t.Fatalf("%s: generate printed %q, want %q (the reference's greedy tokens)", load, got, want)
+		}
 	}
 }

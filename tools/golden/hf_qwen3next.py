@@ -34,7 +34,9 @@ it; the weight draws and writers are tools/golden/hf.py's:
     sigmoid(shared_expert_gate(x)). Other layers: a SwiGLU MLP.
 
 The forward runs in float64 on float32-rounded weights; golden.safetensors
-holds the float32 logits of hf.TOKENS. CI never runs Python.
+holds the float32 logits of hf.TOKENS and "greedy": hf.TOKENS[:4] followed by
+8 greedy (argmax) tokens, each from a full forward over the sequence so far.
+CI never runs Python.
 """
 
 import os
@@ -46,6 +48,8 @@ import torch.nn.functional as F
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import hf  # noqa: E402  (tools/golden/hf.py)
 import hf_moe  # noqa: E402  (tools/golden/hf_moe.py)
+
+GREEDY_PROMPT, GREEDY_NEW = 4, 8  # golden.safetensors "greedy": the prompt then the greedy tokens
 
 CASES = {
     # four layers: linear, full, linear, full attention; layer 1 dense (mlp_only_layers), the others MoE with a
@@ -245,6 +249,22 @@ def build(name, c, out):
         return None
 
     hf.write_case(name, c, out, model, hf.init_weights(name, model, c, special), config(c))
+    # greedy decoding from the first GREEDY_PROMPT tokens, each step a full forward over the sequence so far
+    ids = list(hf.TOKENS[:GREEDY_PROMPT])
+    gaps = []
+    with torch.no_grad():
+        for _ in range(GREEDY_NEW):
+            last = model(torch.tensor([ids]))[0, -1]
+            top = torch.topk(last, 2).values
+            gaps.append(float(top[0] - top[1]))
+            ids.append(int(last.argmax()))
+        logits = model(torch.tensor([hf.TOKENS]))[0]
+    d = os.path.join(out, name)
+    hf.write_safetensors(os.path.join(d, "golden.safetensors"),
+                         {"logits": logits.float(), "tokens": torch.tensor(hf.TOKENS, dtype=torch.int32),
+                          "greedy": torch.tensor(ids, dtype=torch.int32)},
+                         {"logits": "F32", "tokens": "I32", "greedy": "I32"})
+    print(f"{name}: greedy {ids}, smallest top-2 logit gap {min(gaps):.3g}")
 
 
 def main():
