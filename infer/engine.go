@@ -304,7 +304,21 @@ func newEngine(m *gpt.Model, cfg EngineConfig, pipe *pipeline) (*Engine, error) 
 		cfg.DisablePrefixCaching = true // see EngineConfig.DisablePrefixCaching
 	}
 	states, _ := cfg.stateBytes(m) // validate checked it
-	blocks := int((cfg.KVCacheBytes - states) / cfg.blockBytes(m))
+	// A pipeline stage of gated delta net layers alone caches no keys.
+	blocks := math.MaxInt
+	if bb := cfg.blockBytes(m); bb > 0 {
+		blocks = int((cfg.KVCacheBytes - states) / bb)
+	}
+	if pipe != nil {
+		// Every stage schedules the same blocks: the fewest any holds.
+		var err error
+		if blocks, err = pipe.agreeBlocks(blocks); err != nil {
+			return nil, err
+		}
+	}
+	if blocks == math.MaxInt {
+		return nil, errors.New("infer: a model without attention layers: nothing for the KV cache's blocks to hold, not built in gotron")
+	}
 	e := &Engine{m: m, cfg: cfg, pipe: pipe, maxPos: mc.MaxPositionEmbeddings, byID: map[SeqID]*sequence{}}
 	cached := make([]bool, len(m.Layers)) // a pipeline stage's layers
 	for i := range cached {

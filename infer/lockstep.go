@@ -302,10 +302,16 @@ func (e *Engine) fingerprint() string {
 	if e.pipe != nil {
 		stages = e.pipe.Group.Size()
 	}
-	// The pool's blocks, which the scheduler counts, must agree too: a
-	// pipeline stage sizes its pool by its own layers.
-	return fmt.Sprintf("{kv %d bytes (%d blocks), %d-token blocks, %d tokens/step, %d seqs, prefix caching %t, vocab %d, weights %v, bf16 %t, tokenizer %t; model %d layers (%d stages), hidden %d, %d heads, %d groups (%d here), vocab %d, %d positions}",
-		c.KVCacheBytes, e.pool.numBlocks, c.BlockTokens, c.MaxNumBatchedTokens, c.MaxNumSeqs, !c.DisablePrefixCaching, c.VocabSize, c.Weights, c.BF16, c.Decoder != nil,
+	// The pool's blocks, which the scheduler counts, must agree too. A
+	// pipeline stage sizes its pool by its own layers (a default budget
+	// is its own), and the stages take the fewest blocks of any
+	// (agreeBlocks): its bytes are not compared.
+	kv := fmt.Sprintf("%d bytes", c.KVCacheBytes)
+	if e.pipe != nil {
+		kv = "stage's own"
+	}
+	return fmt.Sprintf("{kv %s (%d blocks), %d-token blocks, %d tokens/step, %d seqs, prefix caching %t, vocab %d, weights %v, bf16 %t, tokenizer %t; model %d layers (%d stages), hidden %d, %d heads, %d groups (%d here), vocab %d, %d positions}",
+		kv, e.pool.numBlocks, c.BlockTokens, c.MaxNumBatchedTokens, c.MaxNumSeqs, !c.DisablePrefixCaching, c.VocabSize, c.Weights, c.BF16, c.Decoder != nil,
 		mc.NumLayers, stages, mc.HiddenSize, mc.NumAttentionHeads, mc.NumQueryGroups, e.m.QueryGroupsHere(), mc.VocabSize, mc.MaxPositionEmbeddings)
 }
 

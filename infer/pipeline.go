@@ -65,16 +65,25 @@ func NewPipelineEngine(ps PipelineStage, cfg EngineConfig) (*Engine, error) {
 		return nil, fmt.Errorf("infer: pipeline stage %d on rank %d of its pipeline group: want the stage's own rank", st.Rank, ps.Group.Rank())
 	case st.IsLast() != (st.Rank == ps.Group.Size()-1):
 		return nil, fmt.Errorf("infer: pipeline stage %d of a group of %d stages: the split's last stage and the group's disagree", st.Rank, ps.Group.Size())
-	case st.Config.MoE.Enabled():
-		return nil, errors.New("infer: an MoE model split over pipeline stages: not built in gotron (serve it with --pipeline-model-parallel-size 1)")
-	case st.Config.GDN.Enabled:
-		return nil, errors.New("infer: a gated delta net model split over pipeline stages: not built in gotron (serve it with --pipeline-model-parallel-size 1)")
 	}
 	p := &pipeline{PipelineStage: ps, ctx: ps.Ctx, first: st.IsFirst(), last: st.IsLast()}
 	if p.ctx == nil {
 		p.ctx = context.Background()
 	}
 	return newEngine(st.DecodeModel(), cfg, p)
+}
+
+// agreeBlocks returns the fewest KV blocks any stage's budget holds
+// (blocks is this stage's; math.MaxInt for a stage without attention
+// layers): the stages' schedulers must count the same blocks, and the
+// stages' layers may cache different bytes a block (a hybrid model's
+// stages hold different numbers of attention layers).
+func (p *pipeline) agreeBlocks(blocks int) (int, error) {
+	v := []int64{int64(blocks)}
+	if err := p.Group.AllReduce(p.ctx, comm.Int64s(v), comm.Min); err != nil {
+		return 0, fmt.Errorf("infer: pipeline stage %d: agree on the KV blocks with the other stages: %w", p.Stage.Rank, err)
+	}
+	return int(v[0]), nil
 }
 
 // forward runs the step's tokens through this stage: it receives the
@@ -111,7 +120,15 @@ func (p *pipeline) warmUp(e *Engine, tokens, positions []int32, rows []int) erro
 	if !p.first {
 		in = tensor.ZerosOn(e.m.Device(), len(tokens), e.m.Config.HiddenSize)
 	}
-	_, err := st.DecodeBatch(&e.bufs, in, tokens, positions, discardAttention{}, rows, e.linears())
+	// A gated delta net layer runs the tokens as sequences with scratch
+	// states, as Engine.warmUp's.
+	var att discardAttention
+	view := st.DecodeModel()
+	for i := 0; i < len(tokens) && view.GDNStateBytes() > 0; i += e.maxPos {
+		att.runs = append(att.runs, gpt.GDNRun{Tokens: min(e.maxPos, len(tokens)-i)})
+		att.states = append(att.states, view.NewGDNState())
+	}
+	_, err := st.DecodeBatch(&e.bufs, in, tokens, positions, att, rows, e.linears())
 	return err
 }
 

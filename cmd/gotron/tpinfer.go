@@ -166,9 +166,6 @@ func shardForDecoding(m *gpt.Model, g *decodeGroup) (decodeModel, error) {
 // checkDecodeSplit refuses a model that does not split over g, naming the
 // flag.
 func checkDecodeSplit(c *gpt.Config, g *decodeGroup) error {
-	if c.MoE.Enabled() && g.pp > 1 {
-		return fmt.Errorf("%s with an MoE model: needs MoE layers over pipeline stages at inference, not built in gotron (--tensor-model-parallel-size alone splits an MoE model)", decodeSizes(g.tp, g.pp))
-	}
 	if g.pp > 1 {
 		// Checked before the split, whose error would suggest the uneven
 		// split's flags, which decoding does not take.

@@ -224,6 +224,16 @@ func TestInferenceTensorParallelMoE(t *testing.T) {
 		}
 		compareTPResults(t, fmt.Sprintf("moe (trained at TP=2) at TP=%d, inproc", tp), readTPResults(t, out), want, 2e-6)
 	}
+	// over two pipeline stages, each rank reading its stage's layers: the
+	// routing is per token, on the stage holding the layer (within the
+	// dense PP test's 2e-6, as TestInferencePipelineParallel: the ranks'
+	// kernels split their threads otherwise; infer's
+	// TestPipelineParallelMoEAndGDN shows the same bits in one process)
+	pp := filepath.Join(dir, "moe-pp2.json")
+	if _, errs, code := runCLI(t, append([]string{"launch", "--inproc", "--nproc-per-node", "2", "--"}, append(infer(pp, 1), "--pipeline-model-parallel-size", "2")...)...); code != 0 {
+		t.Fatalf("moe at PP=2: %s", errs)
+	}
+	compareTPResults(t, "moe (trained at TP=2) at PP=2, inproc", readTPResults(t, pp), want, 2e-6)
 	// expert tensor parallelism other than the TP size: refused for an MoE
 	// checkpoint, without effect for a dense one
 	_, errs, code := runCLI(t, append([]string{"launch", "--inproc", "--nproc-per-node", "2", "--"}, append(infer(filepath.Join(dir, "etp1.json"), 2), "--expert-tensor-parallel-size", "1")...)...)

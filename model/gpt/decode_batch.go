@@ -1,7 +1,6 @@
 package gpt
 
 import (
-	"errors"
 	"fmt"
 	"math"
 
@@ -90,8 +89,21 @@ func (s *Stage) DecodeBatch(buf *DecodeBuffers, in *tensor.Tensor, tokens, posit
 			return nil, fmt.Errorf("gpt: pipeline stage %d: input of shape %v for %d tokens: want [%d %d]", s.Rank, in.Shape(), len(tokens), len(tokens), s.Config.HiddenSize)
 		}
 	}
-	return s.view().decodePart(buf, decodePart{first: s.first, last: s.last, firstLayer: s.FirstLayer}, in, tokens, positions, offsetAttender{att, s.FirstLayer}, rows, lin)
+	var local Attender = offsetAttender{att, s.FirstLayer}
+	if gs, ok := att.(GDNStates); ok {
+		local = offsetGDNAttender{offsetAttender{att, s.FirstLayer}, gs}
+	}
+	return s.view().decodePart(buf, decodePart{first: s.first, last: s.last, firstLayer: s.FirstLayer}, in, tokens, positions, local, rows, lin)
 }
+
+// offsetGDNAttender is offsetAttender of an Attender that keeps gated delta
+// net states: a stage's layers' states, numbered from its first.
+type offsetGDNAttender struct {
+	offsetAttender
+	gs GDNStates
+}
+
+func (a offsetGDNAttender) GDNRuns(layer int) []GDNRun { return a.gs.GDNRuns(layer - a.first) }
 
 // offsetAttender numbers a stage's layers from its first (the model's
 // passes give global layer indices).
@@ -157,14 +169,11 @@ func (m *Model) decodePart(buf *DecodeBuffers, part decodePart, in *tensor.Tenso
 	}
 	p := &pass{positions: posT, core: core, lin: lin, layerTape: lt, mlaLatents: c.MLA.Enabled && m.CacheMLALatents}
 	if c.GDN.Enabled {
-		if !part.first || !part.last {
-			return nil, errors.New("gpt: decoding a model with gated delta net layers over pipeline stages: not built in gotron")
-		}
 		gs, ok := att.(GDNStates)
 		if !ok {
 			return nil, fmt.Errorf("gpt: decoding a model with gated delta net layers needs an Attender that keeps their state (GDNStates); %T does not", att)
 		}
-		start, err := m.checkGDNRuns(gs, positions)
+		start, err := m.checkGDNRuns(gs, positions, part.firstLayer)
 		if err != nil {
 			return nil, err
 		}

@@ -99,14 +99,14 @@ func (m *Model) NewGDNState() *GDNState {
 // checkGDNRuns checks what GDNRuns gives for every gated delta net layer
 // against the step's positions and returns which runs start their
 // sequence: a bad Attender is an error, not a panic in a layer.
-func (m *Model) checkGDNRuns(gs GDNStates, positions []int32) ([]bool, error) {
+func (m *Model) checkGDNRuns(gs GDNStates, positions []int32, firstLayer int) ([]bool, error) {
 	conv, rule := m.GDNStateSize()
 	var start []bool
 	for i, l := range m.Layers {
 		if l.GDN == nil {
 			continue
 		}
-		runs := gs.GDNRuns(i)
+		runs := gs.GDNRuns(firstLayer + i) // the layer's global index, as the pass asks
 		if start == nil {
 			start = make([]bool, len(runs))
 		} else if len(runs) != len(start) {
