@@ -463,6 +463,9 @@ func (c *Collector) broadcastRollouts(ctx context.Context, hdr, lens []int64, to
 // seeded by the collection and the rollout's index, so its tokens do not
 // depend on which rank generates it nor on what else is in the batch.
 func (c *Collector) collect(ctx context.Context, m *gpt.Model, k int64) (Collection, []row, error) {
+	// A signal does not stop the collection (generate), nor the ranks'
+	// exchange of its rewards: every rank finishes the iteration.
+	ctx = context.WithoutCancel(ctx)
 	P, G, seq := c.cfg.PromptsPerStep, c.cfg.GroupSize, c.cfg.SeqLength
 	rng := rand.New(rand.NewPCG(c.seedOf(k, "prompts"), 0))
 	tok := c.cfg.Tokenizer

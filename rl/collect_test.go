@@ -298,7 +298,10 @@ func TestCollectorDataParallel(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			errs[r] = c.Prepare(context.Background(), m, tensor.NewNoGradTape(nil), 0, 0)
+			// cancelled, as by a signal: the ranks still exchange the rewards
+			ctx, cancel := context.WithCancel(context.Background())
+			cancel()
+			errs[r] = c.Prepare(ctx, m, tensor.NewNoGradTape(nil), 0, 0)
 		}()
 	}
 	wg.Wait()
