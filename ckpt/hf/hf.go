@@ -71,6 +71,12 @@ type Info struct {
 type ImportOptions struct {
 	// MakeVocabSizeDivisibleBy is --make-vocab-size-divisible-by; 0 means 128.
 	MakeVocabSizeDivisibleBy int
+	// Part, when set, says the part of the model to import for the
+	// config.json's model (gpt.NewPart: a decoding rank's pipeline
+	// stage): only its tensors are built and decoded from the files.
+	// Tensor-parallel slicing is left to gpt.Parallelize (Part's TP must
+	// be nil): a Hugging Face tensor may fill several gotron ones.
+	Part func(gpt.Config) (gpt.Part, error)
 
 	// machine reports the machine's memory (tests replace it); nil means
 	// meminfo.Read.
@@ -127,12 +133,24 @@ func Import(dir string, opts ImportOptions) (*gpt.Model, Info, error) {
 	if err := checkMemory(dir, cfg, plan, opts.machine); err != nil {
 		return nil, Info{}, err
 	}
-	m, err := gpt.New(cfg, tensor.NewRNG(0))
+	var m *gpt.Model
+	if opts.Part == nil {
+		m, err = gpt.New(cfg, tensor.NewRNG(0))
+	} else {
+		var part gpt.Part
+		if part, err = opts.Part(cfg); err != nil {
+			return nil, Info{}, err
+		}
+		if part.TP != nil {
+			return nil, Info{}, fmt.Errorf("hf: %s: import of a tensor-parallel slice: not built (import the stage, then gpt.Parallelize)", dir)
+		}
+		m, err = gpt.NewPart(cfg, tensor.NewRNG(0), part)
+	}
 	if err != nil {
 		return nil, Info{}, fmt.Errorf("hf: %s: %w", dir, err)
 	}
 	info := Info{Arch: arch, VocabSize: vocab, Config: json.RawMessage(raw), Warnings: warns}
-	if err := fill(m, plan, dir, &info); err != nil {
+	if err := fill(m, plan, dir, &info, opts.Part != nil); err != nil {
 		return nil, Info{}, err
 	}
 	return m, info, nil
@@ -223,11 +241,14 @@ func planImport(set *safetensors.Set, arch string, c gpt.Config, vocab int, dir 
 }
 
 // fill decodes every planned tensor into m's parameters.
-func fill(m *gpt.Model, plan []planned, dir string, info *Info) error {
+func fill(m *gpt.Model, plan []planned, dir string, info *Info, part bool) error {
 	c := m.Config
 	params := paramsByName(m)
 	dm := dimsOf(c)
 	for _, e := range plan {
+		if part && params[e.Gotron] == nil {
+			continue // another rank's (ImportOptions.Part)
+		}
 		p, scatter, err := gotronValues(params, e.entry)
 		if err != nil {
 			return fmt.Errorf("hf: internal: %w", err)

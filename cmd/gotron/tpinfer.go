@@ -184,9 +184,21 @@ func checkDecodeSplit(c *gpt.Config, g *decodeGroup) error {
 // and returns where its tokenizer files live. A gotron checkpoint decoded
 // over several ranks is read in part (train.LoadModelPart): this rank's
 // pipeline stage, sliced for its tensor-parallel rank, so no rank holds the
-// whole model; shardForDecoding then keeps it as it is. Anything else (one
-// process, a Hugging Face or Megatron-LM directory) is loaded whole.
+// whole model; shardForDecoding then keeps it as it is. A Hugging Face
+// directory over pipeline stages is imported in part too (the stage's
+// tensors whole, then sliced). Anything else (one process, a Megatron-LM
+// directory, a Hugging Face one over tensor-parallel ranks alone) is loaded
+// whole.
 func loadForDecoding(dir string, g *decodeGroup) (*gpt.Model, string, error) {
+	if g != nil && g.pp > 1 && hf.IsHFDir(dir) {
+		// the stage's tensors, whole: shardForDecoding slices them
+		m, _, err := hf.Import(dir, hf.ImportOptions{Part: func(c gpt.Config) (gpt.Part, error) {
+			part, err := g.part(c)
+			part.TP = nil
+			return part, err
+		}})
+		return m, dir, err
+	}
 	if g == nil || hf.IsHFDir(dir) || megatron.IsMegatronDir(dir) {
 		m, _, tokDir, err := loadAny(dir)
 		return m, tokDir, err
