@@ -475,16 +475,7 @@ func (c *Collector) collect(ctx context.Context, m *gpt.Model, k int64) (Collect
 			owned++
 		}
 	}
-	dm := m
-	if m.Experts != nil && !m.Config.MoE.Enabled() {
-		// train gives a dense model's tensor-parallel shard an (empty)
-		// expert layout, which the engine reads as expert parallelism; the
-		// engine's copy shares the weights without it.
-		cp := *m
-		cp.Experts = nil
-		dm = &cp
-	}
-	eng, err := infer.NewEngine(dm, infer.EngineConfig{MaxNumSeqs: owned, VocabSize: tok.VocabSize()})
+	eng, err := infer.NewEngine(m, infer.EngineConfig{MaxNumSeqs: owned, VocabSize: tok.VocabSize()})
 	if err != nil {
 		return Collection{}, nil, fmt.Errorf("rl: inference engine: %w", err)
 	}

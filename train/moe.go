@@ -41,6 +41,12 @@ func (st *stepper) sliceExperts(m Model) error {
 			gm.TokenGroup = tokenGroup{st.tokenPG()}
 		}
 		gm.BatchGroup = st.batchGroupOf(gm)
+		if !gm.Config.MoE.Enabled() {
+			// A dense model has no experts to lay out; an (empty) expert
+			// layout would read as expert parallelism to the inference
+			// engine (RL's rollouts decode the training shard).
+			return nil
+		}
 	}
 	if st.par.EP.Size() == 1 && st.par.ExpertTP.Size() == 1 {
 		return nil
