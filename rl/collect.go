@@ -103,6 +103,17 @@ type row struct {
 	mask                []float32 // 1 where token t+1 was generated and is not padding
 	old, ref, inference []float64
 	advantage           float64
+	// advantages, when set, is the advantage per position (a packed bin's
+	// documents have their own).
+	advantages []float64
+}
+
+// advantageAt is the advantage of the token position t predicts.
+func (r *row) advantageAt(t int) float64 {
+	if r.advantages != nil {
+		return r.advantages[t]
+	}
+	return r.advantage
 }
 
 var _ train.RLStep = (*Collector)(nil)
@@ -706,7 +717,7 @@ func (f *grpoLoss) Forward(tp *tensor.Tape, in []*tensor.Tensor) []*tensor.Tenso
 	for i, v := range lp {
 		r := f.rows[i/f.seq]
 		t := i % f.seq
-		toks[i] = Token{Current: float64(v), Old: r.old[t], Ref: r.ref[t], Inference: r.inference[t], Advantage: r.advantage}
+		toks[i] = Token{Current: float64(v), Old: r.old[t], Ref: r.ref[t], Inference: r.inference[t], Advantage: r.advantageAt(t)}
 		mask[i] = float64(r.mask[t])
 	}
 	f.grads = make([]float64, len(lp))

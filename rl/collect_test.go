@@ -31,18 +31,18 @@ func testCollector(t *testing.T, loss LossConfig, opts ...func(*Config)) (*Colle
 	if err != nil {
 		t.Fatal(err)
 	}
-	// The model's vocabulary is the tokenizer's (no padding): the engine's
-	// log-probabilities are over the tokenizer's vocabulary.
-	m, err := gpt.New(gpt.Config{NumLayers: 2, HiddenSize: 32, NumAttentionHeads: 4, VocabSize: tok.VocabSize(), MaxPositionEmbeddings: 128,
-		PositionEmbeddingType: gpt.RoPE, Normalization: gpt.RMSNorm, Activation: gpt.SwiGLU, FFNHiddenSize: 64,
-		DisableBiasLinear: true, InitMethodStd: 0.3}, tensor.NewRNG(3))
-	if err != nil {
-		t.Fatal(err)
-	}
 	cfg := Config{Env: &Env{Tasks: tasks}, Tokenizer: tok, PromptsPerStep: 2, GroupSize: 3, Iterations: 2,
 		GlobalBatchSize: 3, MicroBatchSize: 3, SeqLength: 128, Loss: loss, Temperature: 1, Seed: 5}
 	for _, o := range opts {
 		o(&cfg)
+	}
+	// The model's vocabulary is the tokenizer's (no padding): the engine's
+	// log-probabilities are over the tokenizer's vocabulary.
+	m, err := gpt.New(gpt.Config{NumLayers: 2, HiddenSize: 32, NumAttentionHeads: 4, VocabSize: tok.VocabSize(), MaxPositionEmbeddings: max(128, cfg.SeqLength),
+		PositionEmbeddingType: gpt.RoPE, Normalization: gpt.RMSNorm, Activation: gpt.SwiGLU, FFNHiddenSize: 64,
+		DisableBiasLinear: true, InitMethodStd: 0.3}, tensor.NewRNG(3))
+	if err != nil {
+		t.Fatal(err)
 	}
 	c, err := NewCollector(cfg)
 	if err != nil {
