@@ -22,6 +22,12 @@ import (
 func groupedPrototype(t *testing.T) [][2]string {
 	t.Helper()
 	src, err := os.ReadFile("blas_grouped.go")
+	if os.IsNotExist(err) {
+		// A test binary run away from its sources (tools/gpu/check.sh
+		// on the GPU machine): go test, which runs it in the package's
+		// folder, checks the declaration everywhere else.
+		t.Skip("blas_grouped.go not in the working directory: this source check runs under go test")
+	}
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -15,6 +15,20 @@ set -u
 bin=$(cd "$(dirname "$0")" && pwd)
 out=${OUT:-./gpu-out}
 mkdir -p "$out"
+# build.sh gzips the binaries (the device tool carries 64 MiB at most):
+# unpack them once into a folder of their own, beside the scripts.
+if ls "$bin"/*.gz > /dev/null 2>&1; then
+	unpacked=${TMPDIR:-/tmp}/gotron-gpu-bin
+	mkdir -p "$unpacked"
+	for f in "$bin"/*.gz; do
+		name=$(basename "$f" .gz)
+		if [ ! -x "$unpacked/$name" ] || [ "$f" -nt "$unpacked/$name" ]; then
+			gunzip -c "$f" > "$unpacked/$name" && chmod +x "$unpacked/$name" || { echo "check.sh: cannot unpack $f" >&2; exit 1; }
+		fi
+	done
+	cp "$bin"/*.py "$bin"/check.sh "$unpacked/"
+	bin=$unpacked
+fi
 steps=${*:-runtime nccl conformance model train unverified bench}
 export GOTRON_NUM_THREADS=${GOTRON_NUM_THREADS:-16}
 nvidia-smi > "$out/nvidia-smi.txt" 2>&1 || true
