@@ -112,7 +112,6 @@ type derived struct {
 // unsupported lists arguments whose non-default values change the model
 // in ways gotron cannot represent: name, what it is.
 var unsupported = []struct{ name, what string }{
-	{"multi_latent_attention", "multi-latent attention (MLA)"},
 	{"mtp_num_layers", "multi-token prediction layers"},
 	{"qk_layernorm", "QK layer norm"},
 	{"apply_residual_connection_post_layernorm", "post-norm residual connections"},
@@ -171,6 +170,9 @@ func (a argset) config() (gpt.Config, derived, error) {
 			if u.name == "softmax_scale" {
 				continue // checked below, against the head size
 			}
+			if mla, _ := a.boolOr("multi_latent_attention", false); mla && u.name == "qk_layernorm" {
+				continue // MLA's q_layernorm and kv_layernorm on its latents (mlaConfig)
+			}
 			return fail(u.name, v, u.what+" is not supported by gotron")
 		}
 	}
@@ -225,6 +227,9 @@ func (a argset) config() (gpt.Config, derived, error) {
 		}
 	}
 
+	if err := a.mlaConfig(&cfg); err != nil {
+		return gpt.Config{}, derived{}, err
+	}
 	// Position embeddings: --position-embedding-type, or the older
 	// --use-rotary-position-embeddings / --no-position-embedding.
 	pet, err := a.strOr("position_embedding_type", "")
@@ -243,7 +248,7 @@ func (a argset) config() (gpt.Config, derived, error) {
 	} else if err := cfg.PositionEmbeddingType.Set(pet); err != nil {
 		return fail("position_embedding_type", pet, err.Error())
 	}
-	if cfg.PositionEmbeddingType == gpt.RoPE {
+	if cfg.PositionEmbeddingType == gpt.RoPE || cfg.MLA.Enabled {
 		if cfg.RotaryBase, err = a.floatOr("rotary_base", 10000); err != nil {
 			return gpt.Config{}, derived{}, err
 		}
@@ -253,7 +258,7 @@ func (a argset) config() (gpt.Config, derived, error) {
 		if cfg.RotaryInterleaved, err = a.boolOr("rotary_interleaved", false); err != nil {
 			return gpt.Config{}, derived{}, err
 		}
-		if cfg.MaxPositionEmbeddings == 0 {
+		if cfg.MaxPositionEmbeddings == 0 && cfg.PositionEmbeddingType == gpt.RoPE {
 			cfg.MaxPositionEmbeddings = dv.SeqLength // RoPE has no table: the training length bounds it
 		}
 	}
@@ -373,4 +378,62 @@ func (a argset) config() (gpt.Config, derived, error) {
 		}
 	}
 	return cfg, dv, nil
+}
+
+// mlaConfig reads multi-latent attention's arguments (Megatron's
+// _add_mla_args and MLATransformerConfig's fields) into cfg.MLA when
+// args.multi_latent_attention is set. Arguments a checkpoint lacks take
+// the values Megatron's command line gives (gpt.DefaultMLA).
+func (a argset) mlaConfig(cfg *gpt.Config) error {
+	on, err := a.boolOr("multi_latent_attention", false)
+	if err != nil || !on {
+		return err
+	}
+	mla := gpt.DefaultMLA()
+	for _, f := range []struct {
+		name string
+		dst  *int
+	}{{"q_lora_rank", &mla.QLoraRank}, // None (absent): 0, one plain query projection
+		{"kv_lora_rank", &mla.KVLoraRank}, {"qk_head_dim", &mla.QKHeadDim},
+		{"qk_pos_emb_head_dim", &mla.QKPosEmbHeadDim}, {"v_head_dim", &mla.VHeadDim},
+		{"original_max_position_embeddings", &mla.OriginalMaxPositions}} {
+		n, err := a.intOr(f.name, int64(*f.dst))
+		if err != nil {
+			return err
+		}
+		if n < 0 || n > math.MaxInt32 {
+			return fmt.Errorf("%s: args.%s=%d: want a positive size", a.file, f.name, n)
+		}
+		*f.dst = int(n)
+	}
+	for _, f := range []struct {
+		name string
+		dst  *float64
+	}{{"rotary_scaling_factor", &mla.ScalingFactor}, {"mscale", &mla.Mscale}, {"mscale_all_dim", &mla.MscaleAllDim},
+		{"beta_fast", &mla.BetaFast}, {"beta_slow", &mla.BetaSlow}} {
+		if *f.dst, err = a.floatOr(f.name, *f.dst); err != nil {
+			return err
+		}
+	}
+	rope, err := a.strOr("rope_type", "")
+	if err != nil {
+		return err
+	}
+	if rope != "" {
+		if mla.Rope, err = gpt.ParseRopeType(rope); err != nil {
+			return fmt.Errorf("%s: args.rope_type=%q: %w", a.file, rope, err)
+		}
+	}
+	// Megatron builds MLA's latent norms (q_layernorm, kv_layernorm) only
+	// with --qk-layernorm (mla_qk_norm_config.py); gotron's MLA always has them.
+	if qk, err := a.boolOr("qk_layernorm", false); err != nil {
+		return err
+	} else if !qk {
+		return fmt.Errorf("%s: args.multi_latent_attention=true without args.qk_layernorm: Megatron's MLA then has no q_layernorm/kv_layernorm on its latents, and gotron's MLA always normalises them (the --qk-layernorm form)", a.file)
+	}
+	if fused, _ := a.boolOr("mla_down_proj_fusion", false); fused {
+		return fmt.Errorf("%s: args.mla_down_proj_fusion=true: the fused query/key-value down-projection (FusedMLASelfAttention's linear_qkv_down_proj) is not imported by gotron", a.file)
+	}
+	cfg.MLA = mla
+	return nil
 }

@@ -113,6 +113,41 @@ var layerNames = map[string]struct {
 	"mlp.linear_fc1.bias":                         {"mlp.linear_fc1.bias", rows},
 	"mlp.linear_fc2.weight":                       {"mlp.linear_fc2.weight", cols},
 	"mlp.linear_fc2.bias":                         {"mlp.linear_fc2.bias", replicated},
+	// multi-latent attention (MLASelfAttention): the up-projections are
+	// column-parallel, each rank's rows whole heads ([nope; rope] queries,
+	// [nope; v] key-values); the down-projections are replicated with
+	// TransformerEngine (TELinear, parallel_mode "duplicated") and
+	// column-parallel with the local spec (plan decides by their shape);
+	// q_layernorm and kv_layernorm are fused into the up-projections with
+	// --qk-layernorm under TransformerEngine.
+	"self_attention.linear_q_proj.weight":                {"self_attention.linear_q_proj.weight", rows},
+	"self_attention.linear_q_down_proj.weight":           {"self_attention.linear_q_down_proj.weight", replicated},
+	"self_attention.linear_q_up_proj.weight":             {"self_attention.linear_q_up_proj.weight", rows},
+	"self_attention.linear_q_up_proj.layer_norm_weight":  {"self_attention.q_layernorm.weight", replicated},
+	"self_attention.linear_q_up_proj.layer_norm_bias":    {"self_attention.q_layernorm.bias", replicated},
+	"self_attention.q_layernorm.weight":                  {"self_attention.q_layernorm.weight", replicated},
+	"self_attention.q_layernorm.bias":                    {"self_attention.q_layernorm.bias", replicated},
+	"self_attention.linear_kv_down_proj.weight":          {"self_attention.linear_kv_down_proj.weight", replicated},
+	"self_attention.linear_kv_up_proj.weight":            {"self_attention.linear_kv_up_proj.weight", rows},
+	"self_attention.linear_kv_up_proj.layer_norm_weight": {"self_attention.kv_layernorm.weight", replicated},
+	"self_attention.linear_kv_up_proj.layer_norm_bias":   {"self_attention.kv_layernorm.bias", replicated},
+	"self_attention.kv_layernorm.weight":                 {"self_attention.kv_layernorm.weight", replicated},
+	"self_attention.kv_layernorm.bias":                   {"self_attention.kv_layernorm.bias", replicated},
+}
+
+// downProjRows is the full row count of an MLA down-projection (0 for any
+// other parameter): a tensor-parallel slice of 1/TP of it is the local
+// spec's column-parallel split, a whole one TransformerEngine's replica.
+func downProjRows(cfg gpt.Config, name string) int {
+	switch {
+	case !cfg.MLA.Enabled:
+		return 0
+	case name == "self_attention.linear_q_down_proj.weight":
+		return cfg.MLA.QLoraRank
+	case name == "self_attention.linear_kv_down_proj.weight":
+		return cfg.MLA.KVLoraRank + cfg.MLA.QKPosEmbHeadDim
+	}
+	return 0
 }
 
 // Model converts the checkpoint. Every name and shape is checked against
@@ -335,6 +370,9 @@ func (c *Checkpoint) plan(cfg gpt.Config, dv derived) ([]*source, *source, error
 					return nil, nil, fmt.Errorf("%s: %s: parameter %s is not supported by gotron (%s)", f0.Path, ch.key, k, unsupportedHint(m[2]))
 				}
 				s.name, s.how = fmt.Sprintf("decoder.layers.%d.%s", layerBase+local, ln.name), ln.how
+				if full := downProjRows(cfg, ln.name); c.TP > 1 && len(slices[0].Shape) == 2 && int(slices[0].Shape[0])*c.TP == full {
+					s.how = rows
+				}
 				if ln.name == "mlp.linear_fc1.weight" || ln.name == "mlp.linear_fc1.bias" {
 					if cfg.Activation == gpt.SwiGLU {
 						s.how = glu
@@ -395,6 +433,8 @@ func unsupportedHint(k string) string {
 		return "a mixture-of-experts parameter gotron does not have"
 	case strings.Contains(k, "q_layernorm") || strings.Contains(k, "k_layernorm"):
 		return "QK layer norm"
+	case strings.Contains(k, "linear_qkv_down_proj"):
+		return "FusedMLASelfAttention's fused query/key-value down-projection (--mla-down-proj-fusion) is not imported; re-save without it"
 	case strings.Contains(k, "linear_q_") || strings.Contains(k, "linear_kv_"):
 		return "multi-latent attention"
 	case strings.HasPrefix(k, "mtp"):
@@ -441,6 +481,9 @@ func describe(c gpt.Config) string {
 		if m.SharedExpertFFN > 0 {
 			moe += ", a shared expert"
 		}
+	}
+	if m := c.MLA; m.Enabled {
+		moe += fmt.Sprintf(", multi-latent attention (q_lora_rank %d, kv_lora_rank %d)", m.QLoraRank, m.KVLoraRank)
 	}
 	return fmt.Sprintf("%s, %s, %s positions, biases %v, tied output %v, %s", c.Normalization, c.Activation, c.PositionEmbeddingType, !c.DisableBiasLinear, !c.UntieEmbeddingsAndOutputWeights, moe)
 }

@@ -12,7 +12,7 @@
 //
 // The model configuration comes from args (Megatron's flag names; both the
 // older and the current names of renamed flags), and arguments gotron cannot
-// represent (MLA, QK norm, sliding windows, RoPE scaling,
+// represent (QK norm outside MLA, sliding windows, RoPE scaling,
 // other activations, ...) are refused by name. Parameters keep Megatron
 // core's names, which are gotron's; layer numbers, local to each pipeline
 // stage and virtual chunk, are renumbered in Megatron's layer order (virtual
@@ -25,6 +25,13 @@
 // linear_fc1.layer_norm_weight) map to input_layernorm and pre_mlp_layernorm;
 // _extra_state entries are skipped. With --apply-layernorm-1p the norm
 // weights are stored as 1 + w.
+//
+// Multi-latent attention (MLASelfAttention, with --qk-layernorm: the only
+// form whose latents are normalised as gotron's MLA normalises them) maps
+// its up-projections as column-parallel rows, linear_proj as columns, the
+// latents' norms (standalone, or fused into the up-projections as
+// layer_norm_weight) as replicas, and its down-projections by their shape:
+// TransformerEngine replicates them, the local spec splits their rows.
 //
 // Load converts the weights alone (those of the model state dicts). Import
 // also converts the optimizer state of Megatron's non-distributed optimizer

@@ -154,12 +154,14 @@ func (e *Export) check(cfg gpt.Config) error {
 		return errors.New("--apply-layernorm-1p models are not written in the torch format yet (use --ckpt-format gotron-checkpoint)")
 	case cfg.QKLayerNorm:
 		return errors.New("--qk-layernorm models are not written in the torch format yet (use --ckpt-format gotron-checkpoint)")
-	case cfg.MLA.Enabled:
-		return errors.New("--multi-latent-attention models are not written in the torch format yet (use --ckpt-format gotron-checkpoint)")
+	case cfg.MLA.Enabled && (cfg.DSA.Enabled || cfg.MLA.BetaFast != 32 || cfg.MLA.BetaSlow != 1):
+		return errors.New("--multi-latent-attention models with DeepSeek sparse attention or YaRN betas other than Megatron's 32 and 1 are not written in the torch format yet (use --ckpt-format gotron-checkpoint)")
 	case cfg.MuP.Enabled:
 		return errors.New("--use-mup models are not written in the torch format yet: its args would not record muP (use --ckpt-format gotron-checkpoint)")
 	case cfg.GDN.Enabled || cfg.AttentionOutputGate:
 		return errors.New("gated delta net (--experimental-attention-variant) and --attention-output-gate models are not written in the torch format yet (use --ckpt-format gotron-checkpoint)")
+	case cfg.MLA.Enabled && (cfg.MLA.QLoraRank%e.TP != 0 || (cfg.MLA.KVLoraRank+cfg.MLA.QKPosEmbHeadDim)%e.TP != 0):
+		return fmt.Errorf("--q-lora-rank %d and --kv-lora-rank + --qk-pos-emb-head-dim (%d) must be multiples of the tensor-parallel size %d: Megatron's local spec splits the MLA down-projections' rows", cfg.MLA.QLoraRank, cfg.MLA.KVLoraRank+cfg.MLA.QKPosEmbHeadDim, e.TP)
 	case e.LayerRanges == nil && cfg.NumLayers%(e.PP*e.VP) != 0:
 		return fmt.Errorf("--num-layers %d is not a multiple of pipeline × virtual stages (%d×%d): Megatron's legacy layout splits layers evenly", cfg.NumLayers, e.PP, e.VP)
 	case cfg.VocabSize%e.TP != 0:
@@ -208,10 +210,27 @@ func layerParams(cfg gpt.Config, i int) []paramSpec {
 	}
 	add(true, "input_layernorm.weight", []int{h}, replicated)
 	add(ln, "input_layernorm.bias", []int{h}, replicated)
-	add(true, "self_attention.linear_proj.weight", []int{h, cfg.NumAttentionHeads * kv}, cols)
+	proj := cfg.NumAttentionHeads * kv
+	if cfg.MLA.Enabled {
+		proj = cfg.NumAttentionHeads * cfg.MLA.VHeadDim
+	}
+	add(true, "self_attention.linear_proj.weight", []int{h, proj}, cols)
 	add(bias, "self_attention.linear_proj.bias", []int{h}, replicated)
-	add(true, "self_attention.linear_qkv.weight", []int{qkv, h}, rows)
-	add(bias || cfg.AddQKVBias, "self_attention.linear_qkv.bias", []int{qkv}, rows)
+	if m := cfg.MLA; m.Enabled { // MLASelfAttention's parameters in its order, the local spec's splits (every projection ColumnParallelLinear but linear_proj)
+		a := cfg.NumAttentionHeads
+		add(m.QLoraRank == 0, "self_attention.linear_q_proj.weight", []int{a * m.QHeadDim(), h}, rows)
+		add(m.QLoraRank > 0, "self_attention.linear_q_down_proj.weight", []int{m.QLoraRank, h}, rows)
+		add(m.QLoraRank > 0, "self_attention.linear_q_up_proj.weight", []int{a * m.QHeadDim(), m.QLoraRank}, rows)
+		add(true, "self_attention.linear_kv_down_proj.weight", []int{m.KVLoraRank + m.QKPosEmbHeadDim, h}, rows)
+		add(true, "self_attention.linear_kv_up_proj.weight", []int{a * (m.QKHeadDim + m.VHeadDim), m.KVLoraRank}, rows)
+		add(m.QLoraRank > 0, "self_attention.q_layernorm.weight", []int{m.QLoraRank}, replicated)
+		add(m.QLoraRank > 0 && ln, "self_attention.q_layernorm.bias", []int{m.QLoraRank}, replicated)
+		add(true, "self_attention.kv_layernorm.weight", []int{m.KVLoraRank}, replicated)
+		add(ln, "self_attention.kv_layernorm.bias", []int{m.KVLoraRank}, replicated)
+	} else {
+		add(true, "self_attention.linear_qkv.weight", []int{qkv, h}, rows)
+		add(bias || cfg.AddQKVBias, "self_attention.linear_qkv.bias", []int{qkv}, rows)
+	}
 	add(true, "pre_mlp_layernorm.weight", []int{h}, replicated)
 	add(ln, "pre_mlp_layernorm.bias", []int{h}, replicated)
 	add(true, "mlp.linear_fc1.weight", []int{fc1, h}, fc1how)
@@ -504,6 +523,19 @@ func (e *Export) args() (*torchpt.Object, error) {
 		{"virtual_pipeline_model_parallel_size", vp}, {"use_mcore_models", true}, {"transformer_impl", "local"},
 		{"optimizer", kind}, {"use_distributed_optimizer", false}, {"decoupled_weight_decay", true},
 		{"ckpt_format", "torch"}, {"iteration", e.Iteration},
+	}
+	if m := cfg.MLA; m.Enabled {
+		qLora := any(nil) // Megatron's None: one plain query projection
+		if m.QLoraRank > 0 {
+			qLora = int64(m.QLoraRank)
+		}
+		kv = append(kv, []struct {
+			k string
+			v any
+		}{{"multi_latent_attention", true}, {"qk_layernorm", true}, {"q_lora_rank", qLora}, {"kv_lora_rank", int64(m.KVLoraRank)},
+			{"qk_head_dim", int64(m.QKHeadDim)}, {"qk_pos_emb_head_dim", int64(m.QKPosEmbHeadDim)}, {"v_head_dim", int64(m.VHeadDim)},
+			{"rope_type", m.Rope.String()}, {"rotary_scaling_factor", m.ScalingFactor}, {"mscale", m.Mscale},
+			{"mscale_all_dim", m.MscaleAllDim}, {"original_max_position_embeddings", int64(m.OriginalMaxPositions)}}...)
 	}
 	for _, x := range kv {
 		_ = ns.Set(x.k, x.v)

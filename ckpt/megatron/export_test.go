@@ -29,6 +29,13 @@ var exportCases = []exportCase{
 	{"llama_tp2_pp1_untied_decoupled", gpt.Config{NumLayers: 2, HiddenSize: 16, NumAttentionHeads: 4, NumQueryGroups: 2, FFNHiddenSize: 24, VocabSize: 64, MaxPositionEmbeddings: 32,
 		PositionEmbeddingType: gpt.RoPE, Normalization: gpt.RMSNorm, Activation: gpt.SwiGLU, DisableBiasLinear: true, UntieEmbeddingsAndOutputWeights: true}, 2, 1, 1, 1e-3, nil},
 	{"gpt_tp1_pp4_vp1", gpt.Config{NumLayers: 4, HiddenSize: 8, NumAttentionHeads: 2, VocabSize: 32, MaxPositionEmbeddings: 16}, 1, 4, 1, 5e-4, nil},
+	{"mla_tp2_pp2_qlora_yarn", gpt.Config{NumLayers: 2, HiddenSize: 16, NumAttentionHeads: 4, VocabSize: 64, MaxPositionEmbeddings: 32, PositionEmbeddingType: gpt.RoPE,
+		MLA: gpt.MLAConfig{Enabled: true, QLoraRank: 6, KVLoraRank: 6, QKHeadDim: 3, QKPosEmbHeadDim: 4, VHeadDim: 5, ScalingFactor: 4, Mscale: 0.9, MscaleAllDim: 0.7,
+			OriginalMaxPositions: 8, BetaFast: 32, BetaSlow: 1}}, 2, 2, 1, 0, nil},
+	{"mla_tp2_qproj_rope_rmsnorm", gpt.Config{NumLayers: 2, HiddenSize: 16, NumAttentionHeads: 2, FFNHiddenSize: 24, VocabSize: 64, MaxPositionEmbeddings: 32,
+		PositionEmbeddingType: gpt.RoPE, Normalization: gpt.RMSNorm, Activation: gpt.SwiGLU, DisableBiasLinear: true, UntieEmbeddingsAndOutputWeights: true,
+		MLA: gpt.MLAConfig{Enabled: true, KVLoraRank: 4, QKHeadDim: 2, QKPosEmbHeadDim: 2, VHeadDim: 3, Rope: gpt.PlainRoPE, ScalingFactor: 1, Mscale: 1,
+			OriginalMaxPositions: 4096, BetaFast: 32, BetaSlow: 1}}, 2, 1, 1, 0, nil},
 	{"gpt_pp2_uneven", gpt.Config{NumLayers: 5, HiddenSize: 8, NumAttentionHeads: 2, VocabSize: 32, MaxPositionEmbeddings: 16}, 1, 2, 1, 0, [][][2]int{{{0, 3}}, {{3, 5}}}},
 }
 
@@ -143,6 +150,7 @@ func TestExportRefusals(t *testing.T) {
 		{func(*gpt.Config) {}, 3, 1, 1, nil, "not a multiple of the tensor-parallel size"},
 		{func(c *gpt.Config) { c.QKLayerNorm = true }, 1, 1, 1, nil, "--qk-layernorm"},
 		{func(c *gpt.Config) { c.AttentionOutputGate = true }, 1, 1, 1, nil, "--attention-output-gate models are not written"},
+		{func(c *gpt.Config) { c.MLA = exportCases[3].cfg.MLA; c.MLA.KVLoraRank = 5 }, 2, 1, 1, nil, "--kv-lora-rank + --qk-pos-emb-head-dim (9) must be multiples of the tensor-parallel size 2"},
 		{func(*gpt.Config) {}, 1, 2, 1, func(p int) ([][2]int, error) { return [][][2]int{{{0, 1}}, {{2, 4}}}[p], nil }, "pipeline rank 1 chunk 0 holds layers [2, 4), want them to start at 1"},
 		{func(*gpt.Config) {}, 1, 2, 1, func(p int) ([][2]int, error) { return [][][2]int{{{0, 1}}, {{1, 3}}}[p], nil }, "the pipeline chunks hold 3 layers, the model 4"},
 	} {

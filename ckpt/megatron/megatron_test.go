@@ -6,6 +6,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -19,6 +20,11 @@ import (
 // checkpoints and the logits of a float64 PyTorch forward written from the
 // unsharded weights.
 var fixtures = []string{"llama_tp2_pp2", "gpt_tp2_pp2_vp2", "gpt_tp2", "gpt_tp2_pp2_distopt"}
+
+// mlaFixtures are tools/golden/megatron_mla_ckpt.py's: multi-latent
+// attention models (weights only, no optimizer state) and the logits of
+// tools/golden/mla.py's float64 forward.
+var mlaFixtures = []string{"mla_tp2_pp2_te", "mla_tp2_local"}
 
 // logitTol bounds |gotron − reference| / max(1, |reference|) per logit.
 const logitTol = 1e-5
@@ -60,7 +66,7 @@ func worstError(got []float32, g golden) float64 {
 }
 
 func TestImportMatchesPyTorch(t *testing.T) {
-	for _, name := range fixtures {
+	for _, name := range append(slices.Clip(fixtures), mlaFixtures...) {
 		t.Run(name, func(t *testing.T) {
 			m, info, err := Load(filepath.Join("testdata", name), Options{})
 			if err != nil {
@@ -345,7 +351,7 @@ func TestArgs(t *testing.T) {
 	}{
 		// MoE args over a dense model's files: the files do not match
 		{"num_experts", int64(8), "decoder.layers.0.mlp.linear_fc1.weight is not part of the model the args describe (RMSNorm, swiglu, rope positions, biases false, tied output false, 8 experts in 4 of 4 layers)"},
-		{"multi_latent_attention", true, "args.multi_latent_attention=true"},
+		{"multi_latent_attention", true, "args.multi_latent_attention=true without args.qk_layernorm"},
 		{"qk_layernorm", true, "args.qk_layernorm=true: QK layer norm"},
 		{"use_rope_scaling", true, "args.use_rope_scaling=true"},
 		{"rotary_seq_len_interpolation_factor", int64(4), "args.rotary_seq_len_interpolation_factor=4"},
@@ -386,6 +392,49 @@ func TestArgs(t *testing.T) {
 			}
 		})
 	}
+
+	// Multi-latent attention: what gotron's MLA cannot represent is refused
+	// naming the argument or the tensor.
+	mla := []struct {
+		arg  string
+		val  any
+		want string
+	}{
+		{"qk_layernorm", false, "args.multi_latent_attention=true without args.qk_layernorm: Megatron's MLA then has no q_layernorm/kv_layernorm"},
+		{"mla_down_proj_fusion", true, "args.mla_down_proj_fusion=true: the fused query/key-value down-projection"},
+		{"rope_type", "ntk", `args.rope_type="ntk"`},
+		{"q_lora_rank", nil, "linear_q_down_proj.weight is not part of the model the args describe (LayerNorm, gelu_tanh, learned_absolute positions, biases true, tied output true, no experts, multi-latent attention (q_lora_rank 0, kv_lora_rank 10))"},
+		{"kv_lora_rank", int64(9), "do not form decoder.layers.0.self_attention.linear_kv_down_proj.weight [13 32]"},
+		{"q_lora_rank", int64(-1), "args.q_lora_rank=-1: want a positive size"},
+		{"rotary_scaling_factor", "big", "args.rotary_scaling_factor=big is a string, want a number"},
+		{"experimental_attention_variant", "dsa", "args.experimental_attention_variant=dsa"},
+	}
+	for _, r := range mla {
+		t.Run("mla "+r.arg, func(t *testing.T) {
+			c := open(t, "mla_tp2_pp2_te")
+			if err := c.args.d.Set(r.arg, r.val); err != nil {
+				t.Fatal(err)
+			}
+			_, _, err := c.Model(Options{})
+			if err == nil || !strings.Contains(err.Error(), r.want) {
+				t.Fatalf("err = %v\nwant it to mention %q", err, r.want)
+			}
+			if !strings.Contains(err.Error(), "mp_rank_00_000/model_optim_rng.pt") {
+				t.Errorf("err = %v: does not name the file", err)
+			}
+		})
+	}
+	t.Run("mla config", func(t *testing.T) {
+		m, _, err := open(t, "mla_tp2_pp2_te").Model(Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := gpt.MLAConfig{Enabled: true, QLoraRank: 12, KVLoraRank: 10, QKHeadDim: 6, QKPosEmbHeadDim: 4, VHeadDim: 5,
+			ScalingFactor: 40, Mscale: 0.707, MscaleAllDim: 0.707, OriginalMaxPositions: 4096, BetaFast: 32, BetaSlow: 1}
+		if m.Config.MLA != want || m.Config.QKLayerNorm {
+			t.Errorf("MLA %+v (qk layer norm %v), want %+v", m.Config.MLA, m.Config.QKLayerNorm, want)
+		}
+	})
 
 	// Tied weights: a pipeline-parallel checkpoint's last stage holds a copy
 	// of the embeddings as output_layer.weight; one that differs is
