@@ -60,6 +60,11 @@ type Config struct {
 	// rank gets is its shard; the ranks generate together (infer.Lockstep)
 	// and compute the log-probabilities over the gathered vocabulary.
 	TP comm.ProcessGroup
+	// Packing is --rl-use-sequence-packing: each collection's rollouts are
+	// packed into bins of SeqLength tokens (packRows), at most
+	// MaxSequencesPerBin each, and the iterations run bins (Plan).
+	Packing            bool
+	MaxSequencesPerBin int // --rl-sequence-packing-max-sequences-per-bin
 }
 
 // Collection summarises one rollout collection.
@@ -85,6 +90,11 @@ type Collector struct {
 	itersPerCol int64
 	rows        []row // the current collection's, group-major
 	current     int64 // its index; -1 before the first
+	// With packing: the current collection's bins, how many each
+	// iteration runs, and the iteration Prepare readied.
+	bins        []packedBin
+	binsPerIter int64
+	iteration   int64
 	// sharding is the model's tensor-parallel plan (nil: whole): its
 	// logits hold this rank's vocabulary slice, gathered for the
 	// log-probabilities.
@@ -151,6 +161,17 @@ func NewCollector(cfg Config) (*Collector, error) {
 	if dp := dpSize(cfg.DP); perCol%(dp*cfg.MicroBatchSize) != 0 {
 		return nil, fmt.Errorf("rl: the %d rollouts per collection must be a multiple of %d data-parallel ranks × --micro-batch-size=%d (each rank trains on whole micro-batches of every collection)", perCol, dp, cfg.MicroBatchSize)
 	}
+	if cfg.Packing {
+		if cfg.MicroBatchSize != 1 {
+			return nil, fmt.Errorf("rl: --rl-use-sequence-packing needs --micro-batch-size 1, not %d (a micro-batch is one bin; Megatron asserts it)", cfg.MicroBatchSize)
+		}
+		if dpSize(cfg.DP) > 1 || (cfg.TP != nil && cfg.TP.Size() > 1) {
+			return nil, fmt.Errorf("rl: --rl-use-sequence-packing with %d data-parallel and %d tensor-parallel ranks: gotron runs packed GRPO in one process only (the bins' split over data-parallel ranks, rl.FIFOBins, is not wired into the train loop)", dpSize(cfg.DP), max(dpSize(cfg.TP), 1))
+		}
+		if err := checked.Positive("--rl-sequence-packing-max-sequences-per-bin", int64(cfg.MaxSequencesPerBin)); err != nil {
+			return nil, fmt.Errorf("rl: %w", err)
+		}
+	}
 	if err := cfg.Loss.Validate(); err != nil {
 		return nil, err
 	}
@@ -214,6 +235,9 @@ func (c *Collector) Len() int { return 1 << 62 }
 // collection's P·G rollouts read in order and again for each GRPO iteration
 // (Megatron's cycled loader).
 func (c *Collector) Sample(i int) (datagpt.Sample, error) {
+	if c.cfg.Packing {
+		return c.binSample(int64(i))
+	}
 	r, err := c.rowOf(int64(i))
 	if err != nil {
 		return datagpt.Sample{}, err
@@ -229,6 +253,13 @@ func (c *Collector) Sample(i int) (datagpt.Sample, error) {
 }
 
 func (c *Collector) rowOf(i int64) (*row, error) {
+	if c.cfg.Packing {
+		b, err := c.binOf(i)
+		if err != nil {
+			return nil, err
+		}
+		return &b.row, nil
+	}
 	base := c.current * c.samplesPerCollection()
 	if c.current < 0 || i < base || i >= base+c.samplesPerCollection() {
 		return nil, fmt.Errorf("rl: sample %d is not in collection %d's samples [%d, %d)", i, c.current, base, base+c.samplesPerCollection())
@@ -240,15 +271,60 @@ func (c *Collector) rowOf(i int64) (*row, error) {
 	return &c.rows[j], nil
 }
 
+// Plan is the iteration Prepare readied, with packing: its micro-batches
+// (bins), the sample index of its first (Sample's and Loss's frame: the
+// current collection's bins, cycled as Megatron's loader is, from where
+// the collection's previous iteration stopped) and the sequences its
+// bins hold (Megatron's consumed samples: a bin run again counts again).
+func (c *Collector) Plan() (microBatches int, first, sequences int64, packed bool) {
+	if !c.cfg.Packing {
+		return 0, 0, 0, false
+	}
+	first = (c.iteration % c.itersPerCol) * c.binsPerIter
+	for i := range c.binsPerIter {
+		sequences += int64(len(c.bins[(first+i)%int64(len(c.bins))].seqs))
+	}
+	return int(c.binsPerIter), first, sequences, true
+}
+
+// binOf is sample i of the current collection's packed iterations: bin i
+// mod bins.
+func (c *Collector) binOf(i int64) (*packedBin, error) {
+	if n := c.itersPerCol * c.binsPerIter; c.current < 0 || len(c.bins) == 0 || i < 0 || i >= n {
+		return nil, fmt.Errorf("rl: packed sample %d is not in collection %d's %d bin samples", i, c.current, n)
+	}
+	return &c.bins[i%int64(len(c.bins))], nil
+}
+
+// binSample is a bin as a training sample: its documents' positions each
+// from 0 and attention within a document (DocIDs).
+func (c *Collector) binSample(i int64) (datagpt.Sample, error) {
+	b, err := c.binOf(i)
+	if err != nil {
+		return datagpt.Sample{}, err
+	}
+	seq := c.cfg.SeqLength
+	s := datagpt.Sample{Tokens: b.tokens, Labels: make([]int32, seq), LossMask: b.mask, PositionIDs: b.positions, DocIDs: b.docIDs}
+	copy(s.Labels, b.tokens[1:])
+	s.Labels[seq-1] = c.pad
+	return s, nil
+}
+
 // Prepare collects the rollouts of iteration+1's collection unless they
 // are the current ones (a resumed run collects at its first iteration, as
 // Megatron's, whose rollouts are not in the checkpoint).
 func (c *Collector) Prepare(ctx context.Context, m train.Model, eval *tensor.Tape, iteration, consumed int64) error {
 	k := iteration / c.itersPerCol
+	c.iteration = iteration
 	if k == c.current {
 		return nil
 	}
-	if consumed != k*c.samplesPerCollection() || iteration%c.itersPerCol != 0 {
+	if c.cfg.Packing && iteration%c.itersPerCol != 0 {
+		// The consumed count is in sequences, which depend on the packing.
+		return fmt.Errorf("rl: iteration %d is not the start of a collection of %d iterations: resume from a checkpoint saved at a multiple of %d iterations with the same --global-batch-size and --grpo-* flags",
+			iteration+1, c.itersPerCol, c.itersPerCol)
+	}
+	if !c.cfg.Packing && (consumed != k*c.samplesPerCollection() || iteration%c.itersPerCol != 0) {
 		return fmt.Errorf("rl: iteration %d (%d samples consumed) is not the start of a collection of %d iterations of %d samples: resume from a checkpoint saved at a multiple of %d iterations with the same --global-batch-size and --grpo-* flags",
 			iteration+1, consumed, c.itersPerCol, c.cfg.GlobalBatchSize, c.itersPerCol)
 	}
@@ -286,6 +362,19 @@ func (c *Collector) Prepare(ctx context.Context, m train.Model, eval *tensor.Tap
 		// says; Megatron computes it anyway, gotron skips the forwards.
 		for i := range rows {
 			rows[i].ref = rows[i].old
+		}
+	}
+	if c.cfg.Packing {
+		bins, err := packRows(rows, c.cfg.SeqLength, c.cfg.MaxSequencesPerBin, c.pad)
+		if err != nil {
+			return err
+		}
+		// update_microbatch_calculator: ⌈(global batch / rollouts per
+		// collection) × bins⌉ bins per iteration.
+		perCol := int64(c.cfg.PromptsPerStep * c.cfg.GroupSize)
+		c.bins, c.binsPerIter = bins, (int64(c.cfg.GlobalBatchSize)*int64(len(bins))+perCol-1)/perCol
+		if c.cfg.Printf != nil {
+			c.cfg.Printf("rl: collection %d: %d rollouts packed into %d bins, %d bins per iteration", k, len(rows), len(bins), c.binsPerIter)
 		}
 	}
 	c.rows, c.current = rows, k

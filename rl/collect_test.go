@@ -168,6 +168,10 @@ func TestNewCollectorErrors(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	groups, err := inproc.NewWorld(2)
+	if err != nil {
+		t.Fatal(err)
+	}
 	base := Config{Env: &Env{Tasks: []Countdown{{Target: 1, Nums: []int64{1}}}}, Tokenizer: null,
 		PromptsPerStep: 2, GroupSize: 2, Iterations: 1, GlobalBatchSize: 4, MicroBatchSize: 2, SeqLength: 16, Temperature: 1}
 	for _, c := range []struct {
@@ -183,12 +187,71 @@ func TestNewCollectorErrors(t *testing.T) {
 		{"huge", func(c *Config) { c.PromptsPerStep = 1 << 40 }, "rollouts per collection"},
 		{"top-k and top-p", func(c *Config) { c.TopK = 5; c.TopP = 0.5 }, "--top-k and --top-p cannot both be set"},
 		{"nan", func(c *Config) { c.Loss.KLBeta = math.NaN() }, "--grpo-kl-beta=NaN"},
+		{"packing micro-batch", func(c *Config) { c.Packing, c.MaxSequencesPerBin = true, 50 }, "--rl-use-sequence-packing needs --micro-batch-size 1, not 2"},
+		{"packing bin", func(c *Config) { c.Packing, c.MicroBatchSize = true, 1 }, "--rl-sequence-packing-max-sequences-per-bin"},
+		{"packing data-parallel", func(c *Config) { c.Packing, c.MicroBatchSize, c.MaxSequencesPerBin, c.DP = true, 1, 50, groups[0] },
+			"--rl-use-sequence-packing with 2 data-parallel and 1 tensor-parallel ranks: gotron runs packed GRPO in one process only"},
 	} {
 		cfg := base
 		c.edit(&cfg)
 		if _, err := NewCollector(cfg); err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%s: %v, want an error containing %q", c.name, err, c.want)
 		}
+	}
+}
+
+// TestCollectorPackedPlan: with packing each iteration runs ⌈(global batch
+// / rollouts per collection) × bins⌉ bins, cycling through the
+// collection's bins from where its previous iteration stopped, and counts
+// the sequences in them; a resume is checked against the iteration alone.
+func TestCollectorPackedPlan(t *testing.T) {
+	loss := LossConfig{ClampEpsLower: 0.2, ClampEpsUpper: 0.2}
+	c, m := testCollector(t, loss, func(c *Config) {
+		c.GlobalBatchSize, c.MicroBatchSize, c.SeqLength, c.Packing, c.MaxSequencesPerBin = 3, 1, 512, true, 2
+	})
+	eval := tensor.NewNoGradTape(nil)
+	if c.IterationsPerCollection() != 4 {
+		t.Fatalf("%d iterations per collection, want 2 passes × 6/3", c.IterationsPerCollection())
+	}
+	var cycled []int
+	for it := range int64(4) {
+		if err := c.Prepare(context.Background(), m, eval, it, 0); err != nil {
+			t.Fatal(err)
+		}
+		nb := len(c.bins)
+		if nb < 3 {
+			t.Fatalf("%d bins of at most 2 of 6 rollouts", nb)
+		}
+		micro, first, seqs, packed := c.Plan()
+		if want := (3*nb + 5) / 6; !packed || micro != want || first != it*int64(want) {
+			t.Fatalf("iteration %d: plan %d micro-batches from %d (packed %v), want %d from %d", it, micro, first, packed, want, it*int64(want))
+		}
+		var got int64
+		for i := range int64(micro) {
+			b := c.bins[(first+i)%int64(nb)]
+			got += int64(len(b.seqs))
+			s, err := c.Sample(int(first + i))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !slices.Equal(s.Tokens, b.tokens) || !slices.Equal(s.DocIDs, b.docIDs) || !slices.Equal(s.PositionIDs, b.positions) {
+				t.Fatalf("iteration %d sample %d is not bin %d", it, first+i, (first+i)%int64(nb))
+			}
+			cycled = append(cycled, int((first+i)%int64(nb)))
+		}
+		if seqs != got {
+			t.Errorf("iteration %d: %d sequences, its bins hold %d", it, seqs, got)
+		}
+	}
+	t.Logf("bins run: %v", cycled)
+	if _, err := c.Sample(int(4 * c.binsPerIter)); err == nil {
+		t.Error("a sample past the collection's iterations was served")
+	}
+	if err := c.Prepare(context.Background(), m, eval, 5, 0); err == nil || !strings.Contains(err.Error(), "is not the start of a collection of 4 iterations") {
+		t.Errorf("resume at iteration 6: %v", err)
+	}
+	if err := c.Prepare(context.Background(), m, eval, 8, 12345); err != nil {
+		t.Errorf("resume at iteration 9 (any consumed count: sequences): %v", err)
 	}
 }
 

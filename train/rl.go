@@ -27,6 +27,17 @@ type RLStep interface {
 	Loss(tp *tensor.Tape, logits *tensor.Tensor, bt gpt.Batch, first int64) *tensor.Tensor
 }
 
+// RLPlanner is an RLStep whose iterations may run a number of
+// micro-batches that changes per collection (Megatron's RL sequence
+// packing, update_microbatch_calculator). When Plan says packed, the
+// iteration Prepare readied runs microBatches micro-batches, read from
+// samples first, first+mbs, … (one data-parallel rank), the scheduler
+// advances by the micro-batches' samples (bins) and the consumed count by
+// sequences (the rollouts in them).
+type RLPlanner interface {
+	Plan() (microBatches int, first, sequences int64, packed bool)
+}
+
 // validateRL refuses what the RL step is not built for.
 func (c *Config) validateRL() error {
 	if p := c.Parallel; p != nil {

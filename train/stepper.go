@@ -40,6 +40,9 @@ type stepper struct {
 	*position
 	cfg   *Config
 	train datagpt.Source
+	// rlPlan is the iteration's plan from a packed RL step (RLPlanner);
+	// zero otherwise.
+	rlPlan rlPlan
 	// loaderBatches counts the micro-batches this run has read from each
 	// split: their data-loader worker (Config.NumWorkers).
 	loaderBatches map[datagpt.Source]int64
@@ -262,6 +265,17 @@ func (st *stepper) step(ctx context.Context) (float64, error) {
 	}
 	n, mbs := st.mb.Num(), st.mb.MicroBatchSize()
 	dp, r := st.dpSize(), st.dpRank()
+	st.rlPlan = rlPlan{}
+	if p, ok := st.cfg.RL.(RLPlanner); ok {
+		micro, first, seqs, packed := p.Plan()
+		if packed {
+			if micro <= 0 || first < 0 || seqs < 0 || dp != 1 {
+				return 0, fmt.Errorf("train: iteration %d: the RL step's packed plan of %d micro-batches from sample %d (%d sequences) over %d data-parallel ranks: want micro-batches > 0 on one rank", st.Iteration+1, micro, first, seqs, dp)
+			}
+			st.rlPlan = rlPlan{packed: true, first: first, sequences: seqs}
+			n = micro
+		}
+	}
 	if err := st.reducer.WaitParams(st.cctx); err != nil {
 		return 0, fmt.Errorf("train: iteration %d: %w", st.Iteration+1, err)
 	}
@@ -338,9 +352,15 @@ func (st *stepper) step(ctx context.Context) (float64, error) {
 		moe.FinishMoEIteration()
 	}
 	gbs := int64(st.mb.CurrentRunningGlobalBatchSize())
-	st.FLOPsSoFar += FLOPsPerIteration(st.cfg.Model, int(gbs), st.cfg.SeqLength)
+	// Megatron's scheduler increment is the micro-batches' samples; with
+	// RL packing the consumed count (and the FLOPs' batch) is sequences.
+	sequences := gbs
+	if st.rlPlan.packed {
+		gbs, sequences = int64(n*mbs), st.rlPlan.sequences
+	}
+	st.FLOPsSoFar += FLOPsPerIteration(st.cfg.Model, int(sequences), st.cfg.SeqLength)
 	st.Iteration++
-	st.Consumed += gbs
+	st.Consumed += sequences
 	st.lastLR = st.sched.LR()
 	if st.scaler != nil {
 		st.scaler.Update(g.nonFin)
@@ -437,7 +457,7 @@ func (st *stepper) forwardBackward(ctx context.Context, n, mbs, dp, r int, perTo
 		logits := st.model.Forward(st.tape, bt, st.rng, true)
 		var loss *tensor.Tensor
 		if st.cfg.RL != nil {
-			loss = st.cfg.RL.Loss(st.tape, logits, bt, st.Consumed+int64((i*dp+r)*mbs))
+			loss = st.cfg.RL.Loss(st.tape, logits, bt, st.sampleStart(i, mbs, dp, r))
 			nt = max(nt, 1) // train_rl.loss_func counts an empty micro-batch as one token
 		} else {
 			loss = st.model.Loss(st.tape, logits, bt)
@@ -640,7 +660,7 @@ func (st *stepper) evaluate(src datagpt.Source, consumed *int64) (float64, error
 func (st *stepper) trainBatch(i, mbs, dp, r int) (bt gpt.Batch, tokens int64, err error) {
 	st.tm.start(timerBatchGenerator, 2)
 	defer st.tm.stop(timerBatchGenerator)
-	start := st.Consumed + int64((i*dp+r)*mbs)
+	start := st.sampleStart(i, mbs, dp, r)
 	bt, err = makeWorkerBatch(st.train, start, mbs, st.cfg.SeqLength, st.cfg.Model.VocabSize, st.loaderWorker(st.train))
 	if err == nil {
 		bt, err = st.localTokens(bt) // this CP rank's chunks
@@ -649,6 +669,23 @@ func (st *stepper) trainBatch(i, mbs, dp, r int) (bt gpt.Batch, tokens int64, er
 		return gpt.Batch{}, 0, fmt.Errorf("train: iteration %d: %w", st.Iteration+1, err)
 	}
 	return batchTo(bt, st.cfg.Device), lossTokens(bt), nil
+}
+
+// rlPlan is a packed RL iteration's: its first sample and the sequences
+// its micro-batches hold.
+type rlPlan struct {
+	packed           bool
+	first, sequences int64
+}
+
+// sampleStart is the training source's index of rank r's micro-batch i
+// of the iteration: in the consumed count's frame, or from a packed RL
+// step's plan.
+func (st *stepper) sampleStart(i, mbs, dp, r int) int64 {
+	if st.rlPlan.packed {
+		return st.rlPlan.first + int64(i*mbs)
+	}
+	return st.Consumed + int64((i*dp+r)*mbs)
 }
 
 // lossTokens is the number of tokens of host batch bt that count in the

@@ -106,12 +106,9 @@ type compatArg struct {
 
 // Features not built in gotron, as refusals name them.
 const (
-	needFP8  = "FP8 training (Transformer Engine), not built in gotron"
-	needFSDP = "this part of Megatron-FSDP, not built in gotron (--use-megatron-fsdp with --data-parallel-sharding-strategy is)"
-	needRL   = "this part of Megatron's RL step, not built in gotron (--perform-rl-step's one-process GRPO is: docs/training.md)"
-	// needRLPacking: package rl packs a collection as Megatron does; the
-	// train loop does not yet run a collection's changing number of bins.
-	needRLPacking = "Megatron's RL sequence packing in the train loop, not built in gotron (the packer is, checked against Megatron's: rl.PackBins and the fifo split rl.FIFOBins; the loop's micro-batches per collection, one per bin, and its consumed count in sequences are not): --perform-rl-step trains unpacked rollouts: docs/training.md"
+	needFP8       = "FP8 training (Transformer Engine), not built in gotron"
+	needFSDP      = "this part of Megatron-FSDP, not built in gotron (--use-megatron-fsdp with --data-parallel-sharding-strategy is)"
+	needRL        = "this part of Megatron's RL step, not built in gotron (--perform-rl-step's one-process GRPO is: docs/training.md)"
 	needInference = "Megatron's inference scripts: run this argument list with gotron inference, not gotron train"
 	needExport    = "ModelOpt export and distillation, not built in gotron"
 	needWandB     = "Weights & Biases logging, which cannot be reached from here; use --tensorboard-dir"
@@ -170,25 +167,22 @@ var compatArgs = map[string]compatArg{
 	"apply-wd-to-qk-layernorm": {kind: compatNeeds, why: "weight decay on the query/key layer norms, not built in gotron yet"},
 	// Megatron configures its StragglerDetector only with --log-straggler
 	// (training.py); the count alone changes nothing.
-	"log-straggler":                             {kind: compatNeeds, why: "Megatron's straggler detector (per-rank step times and throughput with the slowest and fastest ranks), not built in gotron"},
-	"straggler-minmax-count":                    {kind: compatSame, why: "how many slowest and fastest ranks Megatron's straggler detector lists; the detector runs only with --log-straggler (not built in gotron), so without it the count does nothing, as in Megatron"},
-	"enable-cuda-graph":                         {kind: compatNeeds, why: needCUDAGraph},
-	"cuda-graph-impl":                           {kind: compatNeeds, why: needCUDAGraph},
-	"use-pytorch-profiler":                      {kind: compatNeeds, why: needProfile},
-	"wandb-save-dir":                            {kind: compatNeeds, why: needWandB},
-	"wandb-exp-name":                            {kind: compatNeeds, why: needWandB},
-	"wandb-entity":                              {kind: compatNeeds, why: needWandB},
-	"mup-width-mult":                            {kind: compatDetail, why: "is recomputed by Megatron as --hidden-size / --mup-base-hidden-size under --use-mup and read nowhere else; gotron computes it the same way"},
-	"fp8-format":                                {kind: compatNeeds, why: needFP8},
-	"fp8-recipe":                                {kind: compatNeeds, why: needFP8},
-	"fp8-param-gather":                          {kind: compatNeeds, why: needFP8},
-	"first-last-layers-bf16":                    {kind: compatNeeds, why: needFP8},
-	"export-te-mcore-model":                     {kind: compatNeeds, why: needExport},
-	"export-kd-teacher-load":                    {kind: compatNeeds, why: needExport},
-	"export-kd-cfg":                             {kind: compatNeeds, why: needExport},
-	"rl-use-sequence-packing":                   {kind: compatNeeds, why: needRLPacking},
-	"rl-sequence-packing-algo":                  {kind: compatNeeds, why: needRLPacking},
-	"rl-sequence-packing-max-sequences-per-bin": {kind: compatNeeds, why: needRLPacking},
+	"log-straggler":          {kind: compatNeeds, why: "Megatron's straggler detector (per-rank step times and throughput with the slowest and fastest ranks), not built in gotron"},
+	"straggler-minmax-count": {kind: compatSame, why: "how many slowest and fastest ranks Megatron's straggler detector lists; the detector runs only with --log-straggler (not built in gotron), so without it the count does nothing, as in Megatron"},
+	"enable-cuda-graph":      {kind: compatNeeds, why: needCUDAGraph},
+	"cuda-graph-impl":        {kind: compatNeeds, why: needCUDAGraph},
+	"use-pytorch-profiler":   {kind: compatNeeds, why: needProfile},
+	"wandb-save-dir":         {kind: compatNeeds, why: needWandB},
+	"wandb-exp-name":         {kind: compatNeeds, why: needWandB},
+	"wandb-entity":           {kind: compatNeeds, why: needWandB},
+	"mup-width-mult":         {kind: compatDetail, why: "is recomputed by Megatron as --hidden-size / --mup-base-hidden-size under --use-mup and read nowhere else; gotron computes it the same way"},
+	"fp8-format":             {kind: compatNeeds, why: needFP8},
+	"fp8-recipe":             {kind: compatNeeds, why: needFP8},
+	"fp8-param-gather":       {kind: compatNeeds, why: needFP8},
+	"first-last-layers-bf16": {kind: compatNeeds, why: needFP8},
+	"export-te-mcore-model":  {kind: compatNeeds, why: needExport},
+	"export-kd-teacher-load": {kind: compatNeeds, why: needExport},
+	"export-kd-cfg":          {kind: compatNeeds, why: needExport},
 }
 
 // compatSwitches are the switches of compatArgs that Megatron's training

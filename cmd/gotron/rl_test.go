@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"math"
 	"os"
 	"os/exec"
@@ -198,11 +199,145 @@ func TestGRPOTrainErrors(t *testing.T) {
 		{"flag without the step", []string{"train", "--grpo-group-size", "4"}, "--grpo-group-size needs --perform-rl-step"},
 		{"truncation without correction", with("--rl-importance-sampling-truncation-coef", "2"), "needs --rl-inference-logprobs-is-correction"},
 		{"bad clamp", with("--grpo-clamp-eps-lower", "-0.1"), "--grpo-clamp-eps-lower"},
-		{"packing", with("--rl-use-sequence-packing"), "--rl-use-sequence-packing"},
+		{"packing micro-batch", with("--rl-use-sequence-packing"), "--rl-use-sequence-packing needs --micro-batch-size 1, not 2"},
+		{"packing round-robin", with("--rl-use-sequence-packing", "--micro-batch-size", "1", "--rl-sequence-packing-algo", "round-robin"), "--rl-sequence-packing-algo \"round-robin\": gotron builds fifo only"},
+		{"packing options alone", with("--rl-sequence-packing-max-sequences-per-bin", "2"), "need --rl-use-sequence-packing"},
+		{"packing bins", with("--rl-use-sequence-packing", "--micro-batch-size", "1", "--rl-sequence-packing-max-sequences-per-bin", "0"), "--rl-sequence-packing-max-sequences-per-bin"},
 	} {
 		_, errs, code := runCLI(t, c.args...)
 		if code == 0 || !strings.Contains(errs, c.want) {
 			t.Errorf("%s: exit %d, stderr %q; want an error containing %q", c.name, code, errs, c.want)
+		}
+	}
+}
+
+// TestGRPOTrainPacked: --rl-use-sequence-packing packs each collection's
+// four rollouts into bins and trains on them. With --global-batch-size the
+// collection's rollouts (every bin each iteration) and per-token loss, an
+// iteration's loss and gradient are the unpacked run's over the same
+// rollouts (float tolerance: the bins' sums run in another order); the
+// consumed count is sequences; and a run resumed from a packed checkpoint
+// ends bit for bit where the uninterrupted one does.
+func TestGRPOTrainPacked(t *testing.T) {
+	dir := t.TempDir()
+	env, tok := rlFixture(t, dir)
+	// Without dropout: the packed run's micro-batches hold the rollouts
+	// in another order, and so other dropout masks. Prompts of this
+	// tokenizer are long: two rollouts fit a bin of 512 tokens.
+	base := append(tinyGRPO(env, tok), "--micro-batch-size", "1", "--hidden-dropout", "0", "--attention-dropout", "0",
+		"--seq-length", "512", "--max-position-embeddings", "512")
+	run := func(name string, args ...string) string {
+		t.Helper()
+		out, errs, code := runCLI(t, append(args, "--metrics-file", filepath.Join(dir, name+".jsonl"))...)
+		if code != 0 {
+			t.Fatalf("%s: exit %d: %s\n%s", name, code, errs, out)
+		}
+		return out
+	}
+	// A random tiny model rarely samples the end of document, and rollouts
+	// that fill --seq-length pack one per bin. The runs start from weights
+	// whose word embeddings share one direction, the end of document's
+	// longer: it follows with probability about 1/3, and the short
+	// rollouts share bins.
+	init := filepath.Join(dir, "init")
+	run("init", append(base, "--train-iters", "1", "--save", init)...)
+	m, _, err := train.LoadModel(init)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tk, err := tokenizer.New(tokenizer.Config{Type: tokenizer.TypeGPT2BPE, VocabFile: tok[3], MergeFile: tok[5]})
+	if err != nil {
+		t.Fatal(err)
+	}
+	emb, h := m.WordEmb.Float32s(), m.WordEmb.Dim(1)
+	for v := range m.WordEmb.Dim(0) {
+		u := float32(0.25)
+		if v == tk.EOD() {
+			u *= 1.6
+		}
+		for j := range h {
+			emb[v*h+j] += u
+		}
+	}
+	crafted := filepath.Join(dir, "crafted")
+	if err := train.SaveModel(context.Background(), crafted, 1, m, 512, nil); err != nil {
+		t.Fatal(err)
+	}
+	base = append(base, "--load", crafted, "--finetune")
+	packed := append(append([]string{}, base...), "--rl-use-sequence-packing", "--rl-sequence-packing-algo", "fifo")
+
+	whole := filepath.Join(dir, "whole")
+	out := run("packed", append(packed, "--train-iters", "2", "--save", whole, "--save-interval", "1")...)
+	for _, want := range []string{"rl: collection 0: 4 rollouts packed into 1 bins, 1 bins per iteration", "rl: collection 1: 4 rollouts packed into", "consumed samples:            4", "consumed samples:            8"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("packed run's output lacks %q:\n%s", want, out)
+		}
+	}
+	uout := run("unpacked", append(base, "--train-iters", "1")...)
+	pl, pn := rlMetrics(t, filepath.Join(dir, "packed.jsonl"))
+	ul, un := rlMetrics(t, filepath.Join(dir, "unpacked.jsonl"))
+	if len(pl) != 2 || len(ul) != 1 {
+		t.Fatalf("%d packed and %d unpacked losses, want 2 and 1", len(pl), len(ul))
+	}
+	t.Logf("iteration 1: packed loss %.9g norm %.9g; unpacked %.9g %.9g", pl[0], pn[0], ul[0], un[0])
+	// The same rollouts and log-probabilities give the same sum of token
+	// losses and of gradients; the mean divides by the loss tokens, where
+	// train_rl.loss_func counts a micro-batch without one as one: an
+	// unpacked rollout that ended at once (e of the four) adds 1, a bin
+	// holding it nothing. Both the logged loss and the gradient norm are
+	// the unpacked run's times (tokens + e) / tokens.
+	var tokens int
+	i := strings.Index(uout, " generated loss tokens")
+	if i < 0 {
+		t.Fatalf("no loss token count in the unpacked run's output:\n%s", uout)
+	}
+	if _, err := fmt.Sscan(uout[strings.LastIndex(uout[:i], " ")+1:i], &tokens); err != nil || tokens <= 0 {
+		t.Fatalf("loss token count %q: %v", uout[strings.LastIndex(uout[:i], " ")+1:i], err)
+	}
+	matched := -1
+	for e := 0; e <= 4; e++ {
+		r := float64(tokens+e) / float64(tokens)
+		if math.Abs(pl[0]-ul[0]*r) <= 1e-6*math.Abs(pl[0]) && math.Abs(pn[0]-un[0]*r) <= 1e-4*pn[0] {
+			matched = e
+		}
+	}
+	if matched < 0 {
+		t.Errorf("iteration 1: packed lm loss %.9g grad norm %.9g, unpacked %.9g and %.9g over %d loss tokens: want the unpacked times (%d + e)/%d, e = 0…4",
+			pl[0], pn[0], ul[0], un[0], tokens, tokens, tokens)
+	}
+	t.Logf("%d loss tokens, %d empty rollouts", tokens, matched)
+
+	// Half the rollouts per iteration: ⌈1/2 × 1 bin⌉ = 1 bin, its four
+	// sequences consumed (two iterations per collection, one collection).
+	out = run("half", append(packed, "--global-batch-size", "2", "--train-iters", "2")...)
+	for _, want := range []string{"1 bins per iteration", "iteration        1/       2 | consumed samples:            4 |", "iteration        2/       2 | consumed samples:            8 |"} {
+		if !strings.Contains(out, want) || strings.Contains(out, "rl: collection 1") {
+			t.Errorf("the run of half a collection per iteration: output lacks %q or collects twice:\n%s", want, out)
+		}
+	}
+
+	first := filepath.Join(dir, "first")
+	run("first", append(packed, "--train-iters", "1", "--save", first)...)
+	resumed := filepath.Join(dir, "resumed")
+	resumedArgs := append(append([]string{}, packed[:len(packed)-6]...), packed[len(packed)-3:]...) // without --load crafted --finetune
+	run("resumed", append(resumedArgs, "--train-iters", "2", "--load", first, "--save", resumed, "--use-checkpoint-opt_param-scheduler")...)
+	if rl2, _ := rlMetrics(t, filepath.Join(dir, "resumed.jsonl")); len(rl2) != 1 || rl2[0] != pl[1] {
+		t.Errorf("resumed iteration 2 lm loss %v, the uninterrupted packed run's %g", rl2, pl[1])
+	}
+	m2, _, err := train.LoadModel(whole)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m3, _, err := train.LoadModel(resumed)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, p := range m2.Params() {
+		a, b := p.Float32s(), m3.Params()[i].Float32s()
+		for j := range a {
+			if a[j] != b[j] {
+				t.Fatalf("parameter %s element %d: %g uninterrupted, %g resumed", p.Name, j, a[j], b[j])
+			}
 		}
 	}
 }

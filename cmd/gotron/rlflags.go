@@ -29,13 +29,17 @@ type rlFlags struct {
 	skipBOS                    bool
 	offloadOptimizer           bool
 	refitMethod                string
+	packing                    bool
+	packingAlgo                string
+	maxPerBin                  int
 }
 
 // rlOnlyFlags need --perform-rl-step.
 var rlOnlyFlags = []string{"langrl-env-config", "grpo-prompts-per-step", "grpo-group-size", "grpo-iterations",
 	"grpo-clamp-eps-lower", "grpo-clamp-eps-upper", "grpo-kl-beta", "grpo-entropy-term-weight",
 	"rl-default-temperature", "rl-default-top-p", "rl-default-top-k", "rl-inference-logprobs-is-correction",
-	"rl-importance-sampling-truncation-coef", "rl-skip-bos-token", "rl-offload-optimizer-during-inference", "refit-method"}
+	"rl-importance-sampling-truncation-coef", "rl-skip-bos-token", "rl-offload-optimizer-during-inference", "refit-method",
+	"rl-use-sequence-packing", "rl-sequence-packing-algo", "rl-sequence-packing-max-sequences-per-bin"}
 
 func addRLFlags(fs *flag.FlagSet, f *rlFlags) {
 	fs.BoolVar(&f.perform, "perform-rl-step", false, "Megatron's RL step (train_rl.py): GRPO on rollouts gotron generates with the current weights from --langrl-env-config's environment (one process, data- and tensor-parallel ranks, the CPU; docs/training.md)")
@@ -54,6 +58,9 @@ func addRLFlags(fs *flag.FlagSet, f *rlFlags) {
 	fs.Float64Var(&f.isTruncation, "rl-importance-sampling-truncation-coef", 0, "RL: upper bound of that weight (with --rl-inference-logprobs-is-correction; unset: none)")
 	fs.BoolVar(&f.skipBOS, "rl-skip-bos-token", false, "RL: no BOS token before the prompt")
 	fs.BoolVar(&f.offloadOptimizer, "rl-offload-optimizer-during-inference", false, "RL: accepted; no effect on the CPU (the optimizer state stays in host memory while gotron generates)")
+	fs.BoolVar(&f.packing, "rl-use-sequence-packing", false, "RL: pack each collection's rollouts into bins of --seq-length tokens and train on bins (needs --micro-batch-size 1; one process)")
+	fs.StringVar(&f.packingAlgo, "rl-sequence-packing-algo", "fifo", "RL: how the bins are dealt to data-parallel ranks: fifo (round-robin is not built)")
+	fs.IntVar(&f.maxPerBin, "rl-sequence-packing-max-sequences-per-bin", 50, "RL: at most this many rollouts in a bin")
 	fs.StringVar(&f.refitMethod, "refit-method", "gloo", "RL: nccl, gloo or nvshmem: accepted; gotron generates in the training process from a copy of its weights")
 }
 
@@ -72,6 +79,12 @@ func (f *rlFlags) check(given map[string]bool) (notes []string, err error) {
 	case "nccl", "gloo", "nvshmem":
 	default:
 		return nil, fmt.Errorf("--refit-method %q: want nccl, gloo or nvshmem", f.refitMethod)
+	}
+	if f.packingAlgo != "fifo" {
+		return nil, fmt.Errorf("--rl-sequence-packing-algo %q: gotron builds fifo only (Megatron's round-robin split of the bins over data-parallel ranks is not built)", f.packingAlgo)
+	}
+	if !f.packing && (given["rl-sequence-packing-algo"] || given["rl-sequence-packing-max-sequences-per-bin"]) {
+		return nil, fmt.Errorf("--rl-sequence-packing-algo and --rl-sequence-packing-max-sequences-per-bin need --rl-use-sequence-packing")
 	}
 	if given["rl-importance-sampling-truncation-coef"] && !f.isCorrection {
 		return nil, fmt.Errorf("--rl-importance-sampling-truncation-coef needs --rl-inference-logprobs-is-correction (Megatron applies it only then)")
@@ -133,7 +146,8 @@ func (f *rlFlags) collector(cfg *train.Config, tok tokenizer.Tokenizer, d tokeni
 		GlobalBatchSize: gbs, MicroBatchSize: cfg.MicroBatchSize, SeqLength: cfg.SeqLength,
 		Loss: rl.LossConfig{ClampEpsLower: f.epsLower, ClampEpsUpper: f.epsUpper, KLBeta: f.klBeta, EntropyWeight: f.entropyWeight,
 			ISCorrection: f.isCorrection, ISTruncation: f.isTruncation},
-		Temperature: f.temperature, TopP: f.topP, TopK: f.topK, SkipBOS: f.skipBOS, Seed: cfg.Seed, BF16: cfg.BF16, Printf: printf})
+		Temperature: f.temperature, TopP: f.topP, TopK: f.topK, SkipBOS: f.skipBOS, Seed: cfg.Seed, BF16: cfg.BF16, Printf: printf,
+		Packing: f.packing, MaxSequencesPerBin: f.maxPerBin})
 	if err != nil {
 		return nil, err
 	}

@@ -202,17 +202,18 @@ var trainNumberRules = withFIMRules(withTokenizerRules(map[string]numberRule{
 	"sample-tokens":            intIn(0, math.MaxInt32, "tokens"),
 
 	// Megatron's RL step (rlflags.go).
-	"grpo-prompts-per-step":                  intIn(1, 1<<20, "prompts per rollout collection"),
-	"grpo-group-size":                        intIn(1, 1<<20, "rollouts per prompt (GRPO needs at least 2; the RL step says why)"),
-	"grpo-iterations":                        intIn(1, 1<<20, "passes over each collection's rollouts"),
-	"grpo-clamp-eps-lower":                   floatIn(0, 1, "the policy ratio's lower clip, 1 - eps"),
-	"grpo-clamp-eps-upper":                   floatIn(0, 1e6, "the policy ratio's upper clip, 1 + eps"),
-	"grpo-kl-beta":                           floatIn(0, 1e6, "the KL term's weight"),
-	"grpo-entropy-term-weight":               floatIn(-1e6, 1e6, "the entropy term's weight"),
-	"rl-default-temperature":                 floatAbove(0, 1e6, "a sampling temperature"),
-	"rl-default-top-p":                       floatIn(0, 1, "a nucleus probability; 0: off"),
-	"rl-default-top-k":                       intIn(-1, math.MaxInt32, "tokens; -1 or 0: off"),
-	"rl-importance-sampling-truncation-coef": floatIn(0, 1e6, "the importance weight's upper bound; 0 (unset): none"),
+	"grpo-prompts-per-step":                     intIn(1, 1<<20, "prompts per rollout collection"),
+	"grpo-group-size":                           intIn(1, 1<<20, "rollouts per prompt (GRPO needs at least 2; the RL step says why)"),
+	"grpo-iterations":                           intIn(1, 1<<20, "passes over each collection's rollouts"),
+	"rl-sequence-packing-max-sequences-per-bin": intIn(1, 1<<20, "rollouts in a packed bin"),
+	"grpo-clamp-eps-lower":                      floatIn(0, 1, "the policy ratio's lower clip, 1 - eps"),
+	"grpo-clamp-eps-upper":                      floatIn(0, 1e6, "the policy ratio's upper clip, 1 + eps"),
+	"grpo-kl-beta":                              floatIn(0, 1e6, "the KL term's weight"),
+	"grpo-entropy-term-weight":                  floatIn(-1e6, 1e6, "the entropy term's weight"),
+	"rl-default-temperature":                    floatAbove(0, 1e6, "a sampling temperature"),
+	"rl-default-top-p":                          floatIn(0, 1, "a nucleus probability; 0: off"),
+	"rl-default-top-k":                          intIn(-1, math.MaxInt32, "tokens; -1 or 0: off"),
+	"rl-importance-sampling-truncation-coef":    floatIn(0, 1e6, "the importance weight's upper bound; 0 (unset): none"),
 }))
 
 // fimNumberRules are the FIM data flags' (train and data samples); the
