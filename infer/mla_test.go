@@ -18,7 +18,7 @@ import (
 func mlaTestModel(t testing.TB, kind string) *gpt.Model {
 	t.Helper()
 	cfg := gpt.Config{NumLayers: 2, HiddenSize: 32, NumAttentionHeads: 4, VocabSize: 64, MaxPositionEmbeddings: 128,
-		Activation: gpt.GELUTanh, InitMethodStd: 0.3, MLA: gpt.DefaultMLA()}
+		Activation: gpt.GELUTanh, InitMethodStd: 0.3, MLA: gpt.DefaultMLA(), QKLayerNorm: true} // the latents' norms (mla-plain-q has none)
 	mla := &cfg.MLA
 	mla.QLoraRank, mla.KVLoraRank, mla.QKHeadDim, mla.QKPosEmbHeadDim, mla.VHeadDim = 12, 10, 6, 4, 5
 	mla.ScalingFactor, mla.Mscale, mla.MscaleAllDim = 40, 0.707, 0.707

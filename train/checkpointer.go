@@ -8,6 +8,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/gotron/gotron/ckpt"
@@ -438,6 +439,12 @@ func LoadModelPart(dir string, partOf func(gpt.Config) (gpt.Part, error)) (*gpt.
 	if err := json.Unmarshal(r.Meta.Args, &ra); err != nil {
 		return nil, RunArgs{}, 0, fmt.Errorf("train: %s: args: %w", dir, err)
 	}
+	if ra.Model.MLA.Enabled && !ra.Model.QKLayerNorm && hasMLALatentNorms(r) {
+		// saved before gotron's MLA built its latent norms only with
+		// --qk-layernorm (as Megatron): the norms are in the checkpoint and
+		// the model had them
+		ra.Model.QKLayerNorm = true
+	}
 	part, err := partOf(ra.Model)
 	if err != nil {
 		return nil, RunArgs{}, 0, err
@@ -788,4 +795,15 @@ func withOrWithout(on bool) string {
 		return "with"
 	}
 	return "without"
+}
+
+// hasMLALatentNorms reports whether r's model holds multi-latent
+// attention's latent norms (q_layernorm or kv_layernorm of an MLA layer).
+func hasMLALatentNorms(r *ckpt.Reader) bool {
+	for name := range r.Tensors(ckpt.GroupModel) {
+		if strings.Contains(name, "self_attention.kv_layernorm.") || strings.Contains(name, "self_attention.q_layernorm.") {
+			return true
+		}
+	}
+	return false
 }

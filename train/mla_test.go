@@ -13,7 +13,8 @@ import (
 // mlaModels are two tiny multi-latent attention models: with --q-lora-rank
 // (LayerNorm, learned positions, biases, tied; YaRN factor 40, v narrower
 // than the q/k heads) and without (RMSNorm, rope positions, no biases,
-// untied; YaRN factor 4 with both mscales, v wider).
+// untied; YaRN factor 4 with both mscales, v wider); the first with the
+// latents' norms (--qk-layernorm), the second without.
 func mlaModels() map[string]gpt.Config {
 	qlora := gpt.DefaultMLA()
 	qlora.QLoraRank, qlora.KVLoraRank, qlora.QKHeadDim, qlora.QKPosEmbHeadDim, qlora.VHeadDim = 12, 10, 6, 4, 5
@@ -23,7 +24,7 @@ func mlaModels() map[string]gpt.Config {
 	plain.ScalingFactor, plain.Mscale, plain.MscaleAllDim, plain.OriginalMaxPositions = 4, 1, 0.5, 8
 	return map[string]gpt.Config{
 		"mla-qlora": {NumLayers: 4, HiddenSize: 32, NumAttentionHeads: 4, VocabSize: 64, MaxPositionEmbeddings: 16,
-			Activation: gpt.GELUTanh, MLA: qlora},
+			Activation: gpt.GELUTanh, MLA: qlora, QKLayerNorm: true}, // the latent norms (mla-plain-q has none)
 		"mla-plain-q": {NumLayers: 4, HiddenSize: 32, NumAttentionHeads: 4, VocabSize: 64, MaxPositionEmbeddings: 16,
 			Normalization: gpt.RMSNorm, Activation: gpt.SwiGLU, PositionEmbeddingType: gpt.RoPE, DisableBiasLinear: true,
 			UntieEmbeddingsAndOutputWeights: true, FFNHiddenSize: 64, MLA: plain},

@@ -454,6 +454,10 @@ func (ck *checkpointer) readOptimizerState(r *ckpt.Reader, st *optim.State) erro
 // strictness allows them (Megatron's --dist-ckpt-strictness).
 func (ck *checkpointer) expectTensors(r *ckpt.Reader, optimizer *optim.State) error {
 	unexpectedOK, logUnexpected := strictness(ck.cfg.DistCkptStrictness)
+	if c := ck.cfg.Model; c.MLA.Enabled && !c.QKLayerNorm && hasMLALatentNorms(r) {
+		// whatever the strictness: dropping the norms would change the model
+		return fmt.Errorf("train: the checkpoint's multi-latent attention has latent norms (q_layernorm/kv_layernorm), which this run's model has only with --qk-layernorm: add --qk-layernorm")
+	}
 	want := map[string]ckpt.Spec{}
 	for _, p := range ck.stepper.model.Params() {
 		want[p.Name] = ckpt.Spec{DType: safetensors.F32, Shape: ck.stepper.fullShape(p.Name, p.Shape())}

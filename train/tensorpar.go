@@ -131,7 +131,11 @@ func (st *stepper) normParams(ps []*optim.Param) []*optim.Param {
 func (st *stepper) reduceSequenceParallelGrads(ctx context.Context) error {
 	// (a gated delta net's out_norm normalises this rank's value heads: a
 	// partial sum too)
-	sp, qk := st.cfg.SequenceParallel, (st.cfg.Model.QKLayerNorm || st.cfg.Model.GDN.Enabled) && st.region != nil && st.region.Size() > 1
+	// (MLA's latent norms, --qk-layernorm with MLA, normalise the whole
+	// latents, whose gradients the column-parallel up-projections reduce:
+	// no partial sums without SP)
+	qkHeads := st.cfg.Model.QKLayerNorm && !st.cfg.Model.MLA.Enabled
+	sp, qk := st.cfg.SequenceParallel, (qkHeads || st.cfg.Model.GDN.Enabled) && st.region != nil && st.region.Size() > 1
 	if !sp && !qk { // (SP needs TP > 1)
 		return nil
 	}

@@ -162,7 +162,8 @@ func deepseekParse(raw []byte, c *hfConfig, arch string) (cfg gpt.Config, vocab 
 	cfg = gpt.Config{NumLayers: layers, HiddenSize: h, NumAttentionHeads: heads, NumQueryGroups: heads, FFNHiddenSize: ffn,
 		MaxPositionEmbeddings: positions, PositionEmbeddingType: gpt.NoPositionEmbedding, RotaryBase: theta,
 		Normalization: gpt.RMSNorm, NormEpsilon: float32(latentNormEps), Activation: gpt.SwiGLU, DisableBiasLinear: true,
-		UntieEmbeddingsAndOutputWeights: !boolOr(c.TieWordEmb, false), MLA: mla}
+		UntieEmbeddingsAndOutputWeights: !boolOr(c.TieWordEmb, false), MLA: mla,
+		QKLayerNorm: true} // q_a_layernorm and kv_a_layernorm: Megatron's MLA has them with --qk-layernorm only
 	if firstDense >= layers {
 		return cfg, vocab, nil // every layer dense: the MoE keys describe no layer
 	}
@@ -441,6 +442,8 @@ func deepseekArchOf(c gpt.Config, prefer string) (string, error) {
 		return "", fmt.Errorf("hf: --norm-epsilon %g: transformers' DeepSeek normalises the MLA latents with 1e-6 whatever rms_norm_eps is; export needs 1e-6", c.NormEpsilon)
 	case c.MuP.Enabled || c.GDN.Enabled:
 		return "", fmt.Errorf("hf: MLA model with muP or gated delta net layers: DeepSeek-V2/V3 have neither")
+	case !c.QKLayerNorm:
+		return "", fmt.Errorf("hf: MLA model without --qk-layernorm: DeepSeek-V2/V3 always normalise the query and key-value latents (q_a_layernorm, kv_a_layernorm), which an MLA model has only with --qk-layernorm")
 	}
 	if m.Enabled() {
 		first := c.NumLayers

@@ -78,7 +78,7 @@ func TestDeepSeekImportErrors(t *testing.T) {
 func TestDeepSeekExportWithoutInfo(t *testing.T) {
 	dense := gpt.Config{NumLayers: 3, HiddenSize: 16, NumAttentionHeads: 4, FFNHiddenSize: 24, VocabSize: 128,
 		MaxPositionEmbeddings: 64, PositionEmbeddingType: gpt.NoPositionEmbedding, Normalization: gpt.RMSNorm, NormEpsilon: 1e-6,
-		Activation: gpt.SwiGLU, DisableBiasLinear: true, UntieEmbeddingsAndOutputWeights: true, RotaryBase: 10000, MLA: gpt.DefaultMLA()}
+		Activation: gpt.SwiGLU, DisableBiasLinear: true, UntieEmbeddingsAndOutputWeights: true, RotaryBase: 10000, MLA: gpt.DefaultMLA(), QKLayerNorm: true}
 	dense.MLA.QLoraRank, dense.MLA.KVLoraRank, dense.MLA.QKHeadDim, dense.MLA.QKPosEmbHeadDim, dense.MLA.VHeadDim = 8, 6, 4, 4, 6
 	dense.MLA.ScalingFactor, dense.MLA.OriginalMaxPositions, dense.MLA.Mscale, dense.MLA.MscaleAllDim = 4, 16, 0.8, 0.6
 	v3 := dense

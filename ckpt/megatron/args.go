@@ -425,12 +425,13 @@ func (a argset) mlaConfig(cfg *gpt.Config) error {
 		}
 	}
 	// Megatron builds MLA's latent norms (q_layernorm, kv_layernorm) only
-	// with --qk-layernorm (mla_qk_norm_config.py); gotron's MLA always has them.
-	if qk, err := a.boolOr("qk_layernorm", false); err != nil {
+	// with --qk-layernorm (gpt_layer_specs.py): without it the checkpoint
+	// has no norm tensors and neither has the model.
+	qk, err := a.boolOr("qk_layernorm", false)
+	if err != nil {
 		return err
-	} else if !qk {
-		return fmt.Errorf("%s: args.multi_latent_attention=true without args.qk_layernorm: Megatron's MLA then has no q_layernorm/kv_layernorm on its latents, and gotron's MLA always normalises them (the --qk-layernorm form)", a.file)
 	}
+	cfg.QKLayerNorm = qk
 	if fused, _ := a.boolOr("mla_down_proj_fusion", false); fused {
 		return fmt.Errorf("%s: args.mla_down_proj_fusion=true: the fused query/key-value down-projection (FusedMLASelfAttention's linear_qkv_down_proj) is not imported by gotron", a.file)
 	}

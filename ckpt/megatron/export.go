@@ -152,7 +152,7 @@ func (e *Export) check(cfg gpt.Config) error {
 		return errors.New("mixture-of-experts models are not written in the torch format yet (use --ckpt-format gotron-checkpoint)")
 	case cfg.LayerNorm1P:
 		return errors.New("--apply-layernorm-1p models are not written in the torch format yet (use --ckpt-format gotron-checkpoint)")
-	case cfg.QKLayerNorm:
+	case cfg.QKLayerNorm && !cfg.MLA.Enabled:
 		return errors.New("--qk-layernorm models are not written in the torch format yet (use --ckpt-format gotron-checkpoint)")
 	case cfg.MLA.Enabled && (cfg.DSA.Enabled || cfg.MLA.BetaFast != 32 || cfg.MLA.BetaSlow != 1):
 		return errors.New("--multi-latent-attention models with DeepSeek sparse attention or YaRN betas other than Megatron's 32 and 1 are not written in the torch format yet (use --ckpt-format gotron-checkpoint)")
@@ -223,10 +223,11 @@ func layerParams(cfg gpt.Config, i int) []paramSpec {
 		add(m.QLoraRank > 0, "self_attention.linear_q_up_proj.weight", []int{a * m.QHeadDim(), m.QLoraRank}, rows)
 		add(true, "self_attention.linear_kv_down_proj.weight", []int{m.KVLoraRank + m.QKPosEmbHeadDim, h}, rows)
 		add(true, "self_attention.linear_kv_up_proj.weight", []int{a * (m.QKHeadDim + m.VHeadDim), m.KVLoraRank}, rows)
-		add(m.QLoraRank > 0, "self_attention.q_layernorm.weight", []int{m.QLoraRank}, replicated)
-		add(m.QLoraRank > 0 && ln, "self_attention.q_layernorm.bias", []int{m.QLoraRank}, replicated)
-		add(true, "self_attention.kv_layernorm.weight", []int{m.KVLoraRank}, replicated)
-		add(ln, "self_attention.kv_layernorm.bias", []int{m.KVLoraRank}, replicated)
+		qk := cfg.QKLayerNorm // the latents' norms: Megatron builds them with --qk-layernorm only
+		add(qk && m.QLoraRank > 0, "self_attention.q_layernorm.weight", []int{m.QLoraRank}, replicated)
+		add(qk && m.QLoraRank > 0 && ln, "self_attention.q_layernorm.bias", []int{m.QLoraRank}, replicated)
+		add(qk, "self_attention.kv_layernorm.weight", []int{m.KVLoraRank}, replicated)
+		add(qk && ln, "self_attention.kv_layernorm.bias", []int{m.KVLoraRank}, replicated)
 	} else {
 		add(true, "self_attention.linear_qkv.weight", []int{qkv, h}, rows)
 		add(bias || cfg.AddQKVBias, "self_attention.linear_qkv.bias", []int{qkv}, rows)
@@ -532,7 +533,7 @@ func (e *Export) args() (*torchpt.Object, error) {
 		kv = append(kv, []struct {
 			k string
 			v any
-		}{{"multi_latent_attention", true}, {"qk_layernorm", true}, {"q_lora_rank", qLora}, {"kv_lora_rank", int64(m.KVLoraRank)},
+		}{{"multi_latent_attention", true}, {"qk_layernorm", cfg.QKLayerNorm}, {"q_lora_rank", qLora}, {"kv_lora_rank", int64(m.KVLoraRank)},
 			{"qk_head_dim", int64(m.QKHeadDim)}, {"qk_pos_emb_head_dim", int64(m.QKPosEmbHeadDim)}, {"v_head_dim", int64(m.VHeadDim)},
 			{"rope_type", m.Rope.String()}, {"rotary_scaling_factor", m.ScalingFactor}, {"mscale", m.Mscale},
 			{"mscale_all_dim", m.MscaleAllDim}, {"original_max_position_embeddings", int64(m.OriginalMaxPositions)}}...)

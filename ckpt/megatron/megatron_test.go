@@ -351,7 +351,7 @@ func TestArgs(t *testing.T) {
 	}{
 		// MoE args over a dense model's files: the files do not match
 		{"num_experts", int64(8), "decoder.layers.0.mlp.linear_fc1.weight is not part of the model the args describe (RMSNorm, swiglu, rope positions, biases false, tied output false, 8 experts in 4 of 4 layers)"},
-		{"multi_latent_attention", true, "args.multi_latent_attention=true without args.qk_layernorm"},
+		{"multi_latent_attention", true, "--group-query-attention (--num-query-groups=2) with --multi-latent-attention"},
 		{"qk_layernorm", true, "args.qk_layernorm=true: QK layer norm"},
 		{"use_rope_scaling", true, "args.use_rope_scaling=true"},
 		{"rotary_seq_len_interpolation_factor", int64(4), "args.rotary_seq_len_interpolation_factor=4"},
@@ -400,7 +400,9 @@ func TestArgs(t *testing.T) {
 		val  any
 		want string
 	}{
-		{"qk_layernorm", false, "args.multi_latent_attention=true without args.qk_layernorm: Megatron's MLA then has no q_layernorm/kv_layernorm"},
+		// without --qk-layernorm Megatron's MLA has no latent norms: the
+		// checkpoint's are tensors the args do not describe
+		{"qk_layernorm", false, "linear_q_up_proj.layer_norm_weight is not part of the model the args describe"},
 		{"mla_down_proj_fusion", true, "args.mla_down_proj_fusion=true: the fused query/key-value down-projection"},
 		{"rope_type", "ntk", `args.rope_type="ntk"`},
 		{"q_lora_rank", nil, "linear_q_down_proj.weight is not part of the model the args describe (LayerNorm, gelu_tanh, learned_absolute positions, biases true, tied output true, no experts, multi-latent attention (q_lora_rank 0, kv_lora_rank 10))"},
@@ -431,7 +433,7 @@ func TestArgs(t *testing.T) {
 		}
 		want := gpt.MLAConfig{Enabled: true, QLoraRank: 12, KVLoraRank: 10, QKHeadDim: 6, QKPosEmbHeadDim: 4, VHeadDim: 5,
 			ScalingFactor: 40, Mscale: 0.707, MscaleAllDim: 0.707, OriginalMaxPositions: 4096, BetaFast: 32, BetaSlow: 1}
-		if m.Config.MLA != want || m.Config.QKLayerNorm {
+		if m.Config.MLA != want || !m.Config.QKLayerNorm {
 			t.Errorf("MLA %+v (qk layer norm %v), want %+v", m.Config.MLA, m.Config.QKLayerNorm, want)
 		}
 	})

@@ -75,7 +75,7 @@ func TestTrainApplyWDToQKLayerNorm(t *testing.T) {
 	// multi-latent attention's q_layernorm matches Megatron's name rule:
 	// decayed, and the line says so (kv_layernorm does not match)
 	mla := []string{"--train-iters", "1", "--eval-iters", "0", "--weight-decay", "0.5", "--attention-dropout", "0", "--hidden-dropout", "0",
-		"--multi-latent-attention", "--q-lora-rank", "8", "--kv-lora-rank", "8", "--qk-head-dim", "4", "--qk-pos-emb-head-dim", "4", "--v-head-dim", "4"}
+		"--multi-latent-attention", "--q-lora-rank", "8", "--kv-lora-rank", "8", "--qk-head-dim", "4", "--qk-pos-emb-head-dim", "4", "--v-head-dim", "4", "--qk-layernorm"}
 	trainCLI(t, append(mla, "--save", filepath.Join(dir, "mla"))...)
 	_, errs = trainCLI(t, append(mla, "--save", filepath.Join(dir, "mla-wd"), "--apply-wd-to-qk-layernorm")...)
 	if !strings.Contains(errs, "--apply-wd-to-qk-layernorm: decays multi-latent attention's q_layernorm") {
@@ -276,5 +276,38 @@ func checkPprof(t *testing.T, path string) {
 	}
 	if duration == 0 {
 		t.Errorf("%s: duration 0", path)
+	}
+}
+
+// TestMLALatentNormsFollowQKLayerNorm: multi-latent attention has its
+// latents' norms (q_layernorm, kv_layernorm) iff --qk-layernorm, as
+// Megatron's layer specs build them; a run resuming a checkpoint that holds
+// them without --qk-layernorm is refused naming the flag (dropping them
+// would change the model, whatever --dist-ckpt-strictness allows).
+func TestMLALatentNormsFollowQKLayerNorm(t *testing.T) {
+	dir := t.TempDir()
+	mla := []string{"--train-iters", "1", "--eval-iters", "0", "--multi-latent-attention", "--q-lora-rank", "8", "--kv-lora-rank", "8",
+		"--qk-head-dim", "4", "--qk-pos-emb-head-dim", "4", "--v-head-dim", "4"}
+	trainCLI(t, append(mla, "--save", filepath.Join(dir, "plain"))...)
+	trainCLI(t, append(mla, "--save", filepath.Join(dir, "qk"), "--qk-layernorm")...)
+	for name, want := range map[string]bool{"plain": false, "qk": true} {
+		m, _, err := train.LoadModel(filepath.Join(dir, name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		norms := 0
+		for _, p := range m.Params() {
+			if strings.Contains(p.Name, "self_attention.q_layernorm.") || strings.Contains(p.Name, "self_attention.kv_layernorm.") {
+				norms++
+			}
+		}
+		if (norms > 0) != want || m.Config.QKLayerNorm != want {
+			t.Errorf("%s: %d latent norm tensors, QKLayerNorm %v; want norms %v", name, norms, m.Config.QKLayerNorm, want)
+		}
+	}
+	args := append(append([]string{}, tinyTrain...), append(mla, "--load", filepath.Join(dir, "qk"), "--train-iters", "2")...)
+	_, errs, code := runCLI(t, args...)
+	if code == 0 || !strings.Contains(errs, "--qk-layernorm: checkpoint true, this run false") {
+		t.Fatalf("resuming a checkpoint with latent norms without --qk-layernorm: exit %d, %s", code, errs)
 	}
 }

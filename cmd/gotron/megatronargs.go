@@ -340,8 +340,8 @@ func (f *trainFlags) megatronCompat(env *cli, fs *flag.FlagSet, given map[string
 	if f.cfg.LogNumZerosInGrad && f.device != "cpu" {
 		return fmt.Errorf("--log-num-zeros-in-grad: counts the gradients on the host: --device cpu only, not --device %s", f.device)
 	}
-	switch mlaQNorm := f.mla.on && f.mla.qLoraRank > 0; {
-	case f.cfg.ApplyWDToQKLayerNorm && mlaQNorm && !f.model.QKLayerNorm:
+	switch mlaQNorm := f.mla.on && f.mla.qLoraRank > 0; { // MLA's latent norms exist with --qk-layernorm only
+	case f.cfg.ApplyWDToQKLayerNorm && mlaQNorm && f.model.QKLayerNorm:
 		// Megatron's predicate is the name: MLA's q_layernorm matches it (its kv_layernorm does not)
 		lines = append(lines, "--apply-wd-to-qk-layernorm: decays multi-latent attention's q_layernorm (not its kv_layernorm), as Megatron's name rule does")
 	case f.cfg.ApplyWDToQKLayerNorm && !f.model.QKLayerNorm:

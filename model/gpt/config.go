@@ -43,7 +43,9 @@ type Config struct {
 	LayerNorm1P bool
 	// QKLayerNorm (--qk-layernorm) normalises each query and key head
 	// before RoPE with the model's normalisation (Megatron's q_layernorm and
-	// k_layernorm; 1 + γ with LayerNorm1P).
+	// k_layernorm; 1 + γ with LayerNorm1P). With MLA it instead gives the
+	// query and key-value latents their norms (q_layernorm, kv_layernorm),
+	// which Megatron's MLA has only with --qk-layernorm.
 	QKLayerNorm bool
 	// Activation of the MLP: GELU (exact erf GELU, Megatron's default; the
 	// zero value), GELUTanh (--openai-gelu, GPT-2's) or SwiGLU (--swiglu:
@@ -230,7 +232,7 @@ func (c *Config) ParamCount() float64 {
 			layer -= qkvRows
 		}
 	}
-	if c.QKLayerNorm { // q_layernorm and k_layernorm, (d) each, and their LayerNorm biases
+	if c.QKLayerNorm && !c.MLA.Enabled { // q_layernorm and k_layernorm, (d) each, and their LayerNorm biases (MLA's latent norms are in mlaParamCount)
 		layer += 2 * norm / h * d
 	}
 	n := v*h + float64(c.NumLayers)*layer + norm

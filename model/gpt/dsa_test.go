@@ -39,6 +39,7 @@ func newDSAGoldenModel(t *testing.T, name string) (*Model, Batch, golden) {
 	}
 	c := fix.Config
 	cfg := c.model(t)
+	cfg.QKLayerNorm = true // tools/golden/dsa.py's layers have the latent norms (Megatron's DSA spec with --qk-layernorm)
 	cfg.DSA = DSAConfig{Enabled: true, IndexerHeads: c.IndexHeads, IndexerHeadDim: c.IndexHeadDim, TopK: c.TopK,
 		LossCoeff: c.LossCoeff, SparseLoss: c.SparseLoss, NoScoringReLU: !c.ReLU, NoRotateActivation: !c.Rotate}
 	if c.KNormEps != nil {

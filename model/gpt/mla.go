@@ -18,7 +18,8 @@ import (
 type MLAConfig struct {
 	Enabled bool // --multi-latent-attention
 	// QLoraRank (--q-lora-rank) is the query latent's width: the queries
-	// are q_up(q_layernorm(q_down(x))); 0 (Megatron's None) is one
+	// are q_up(q_layernorm(q_down(x))), q_layernorm only with
+	// --qk-layernorm (Config.QKLayerNorm); 0 (Megatron's None) is one
 	// projection linear_q_proj.
 	QLoraRank       int
 	KVLoraRank      int // --kv-lora-rank
@@ -91,8 +92,6 @@ func (c *MLAConfig) validate(cfg *Config) error {
 	// what Megatron refuses or gotron's MLA does not build
 	case cfg.NumQueryGroups != cfg.NumAttentionHeads:
 		return fmt.Errorf("gpt: --group-query-attention (--num-query-groups=%d) with --multi-latent-attention: Megatron makes them mutually exclusive", cfg.NumQueryGroups)
-	case cfg.QKLayerNorm:
-		return fmt.Errorf("gpt: --qk-layernorm with --multi-latent-attention is not built (MLA normalises its query and key-value latents with q_layernorm and kv_layernorm)")
 	case cfg.RotaryInterleaved:
 		return fmt.Errorf("gpt: --rotary-interleaved with --multi-latent-attention: Megatron refuses it (MLA de-interleaves its rotary channels itself)")
 	case cfg.RotaryPercent != 1:
@@ -126,7 +125,10 @@ func (c *Config) mlaRoPE() (*tensor.RoPE, error) {
 }
 
 // newMLA fills l's MLA projections and norms with Megatron's initialisation
-// (every projection init_method, the norms one).
+// (every projection init_method, the norms one). The latents' norms
+// (q_layernorm, kv_layernorm) exist only with --qk-layernorm: Megatron's
+// layer specs make them IdentityOp (and the up-projections plain linears)
+// without it.
 func newMLA(c *Config, l *Layer, p string, normal func(string, float32, ...int) *tensor.Tensor, ones func(string, int) *tensor.Tensor,
 	bias func(string, int, bool) *tensor.Tensor) {
 	mla, h, a, std := &c.MLA, c.HiddenSize, c.NumAttentionHeads, c.InitMethodStd
@@ -136,13 +138,26 @@ func newMLA(c *Config, l *Layer, p string, normal func(string, float32, ...int) 
 	} else {
 		l.QDown = normal(p+"self_attention.linear_q_down_proj.weight", std, mla.QLoraRank, h)
 		l.QUp = normal(p+"self_attention.linear_q_up_proj.weight", std, a*mla.QHeadDim(), mla.QLoraRank)
-		l.QNorm = ones(p+"self_attention.q_layernorm.weight", mla.QLoraRank)
-		l.QNormBias = bias(p+"self_attention.q_layernorm.bias", mla.QLoraRank, ln)
+		if c.QKLayerNorm {
+			l.QNorm = ones(p+"self_attention.q_layernorm.weight", mla.QLoraRank)
+			l.QNormBias = bias(p+"self_attention.q_layernorm.bias", mla.QLoraRank, ln)
+		}
 	}
 	l.KVDown = normal(p+"self_attention.linear_kv_down_proj.weight", std, mla.KVLoraRank+mla.QKPosEmbHeadDim, h)
 	l.KVUp = normal(p+"self_attention.linear_kv_up_proj.weight", std, a*(mla.QKHeadDim+mla.VHeadDim), mla.KVLoraRank)
-	l.KVNorm = ones(p+"self_attention.kv_layernorm.weight", mla.KVLoraRank)
-	l.KVNormBias = bias(p+"self_attention.kv_layernorm.bias", mla.KVLoraRank, ln)
+	if c.QKLayerNorm {
+		l.KVNorm = ones(p+"self_attention.kv_layernorm.weight", mla.KVLoraRank)
+		l.KVNormBias = bias(p+"self_attention.kv_layernorm.bias", mla.KVLoraRank, ln)
+	}
+}
+
+// mlaNorm is q_layernorm or kv_layernorm on a latent: the model's norm
+// with --qk-layernorm, the identity (Megatron's IdentityOp) without.
+func (m *Model) mlaNorm(tp *tensor.Tape, x, w, b *tensor.Tensor) *tensor.Tensor {
+	if w == nil {
+		return x
+	}
+	return m.norm(tp, x, w, b)
 }
 
 // mlaAttention is MLASelfAttention's forward (get_query_key_value_tensors,
@@ -166,12 +181,12 @@ func (m *Model) mlaAttention(tp *tensor.Tape, l *Layer, index int, x *tensor.Ten
 		q = sh.ColumnLinear(tp, p.lin, x, l.QProj, nil)
 	} else {
 		qc = p.lin.Linear(tp, x, l.QDown, nil) // (b, t[/TP], q_lora_rank)
-		qc = m.norm(tp, qc, l.QNorm, l.QNormBias)
+		qc = m.mlaNorm(tp, qc, l.QNorm, l.QNormBias)
 		q = sh.ColumnLinear(tp, p.lin, qc, l.QUp, nil)
 	}
 	kvc := p.lin.Linear(tp, x, l.KVDown, nil) // (b, t[/TP], kv_lora_rank + pe)
 	parts := tp.Split(kvc, 2, mla.KVLoraRank, pe)
-	latent := m.norm(tp, parts[0], l.KVNorm, l.KVNormBias)
+	latent := m.mlaNorm(tp, parts[0], l.KVNorm, l.KVNormBias)
 	if p.mlaLatents { // decoding with the latents cached (mla_latent.go)
 		return m.mlaLatentAttention(tp, l, index, q, latent, parts[1], p)
 	}
@@ -217,9 +232,13 @@ func (m *Model) mlaAttention(tp *tensor.Tape, l *Layer, index int, x *tensor.Ten
 }
 
 // mlaParamCount is the parameters of one layer's MLA attention without the
-// output projection.
+// output projection; norm is a norm's parameters per hidden channel, and
+// the latents have norms only with --qk-layernorm.
 func (c *Config) mlaParamCount(norm float64) float64 {
 	mla := &c.MLA
+	if !c.QKLayerNorm {
+		norm = 0
+	}
 	h, a := float64(c.HiddenSize), float64(c.NumAttentionHeads)
 	qd, q, kv := float64(mla.QHeadDim()), float64(mla.QLoraRank), float64(mla.KVLoraRank)
 	n := kv*h + float64(mla.QKPosEmbHeadDim)*h + a*float64(mla.QKHeadDim+mla.VHeadDim)*kv + norm/h*kv

@@ -33,6 +33,7 @@ type mlaGoldenConfig struct {
 	BetaSlow                                      float64 `json:"beta_slow"`
 	Mscale                                        float64
 	MscaleAllDim                                  float64 `json:"mscale_all_dim"`
+	QKLayerNorm                                   bool    `json:"qk_layernorm"`
 }
 
 func (c mlaGoldenConfig) model(t *testing.T) Config {
@@ -50,7 +51,7 @@ func (c mlaGoldenConfig) model(t *testing.T) Config {
 	return Config{NumLayers: c.Layers, HiddenSize: c.Hidden, NumAttentionHeads: c.Heads, FFNHiddenSize: c.FFN,
 		VocabSize: c.Vocab, MaxPositionEmbeddings: c.Seq, PositionEmbeddingType: pos, Normalization: c.Norm,
 		NormEpsilon: c.Eps, Activation: c.Act, DisableBiasLinear: !c.Bias, UntieEmbeddingsAndOutputWeights: !c.Tied,
-		RotaryBase: c.RotaryBase, MLA: mla}
+		RotaryBase: c.RotaryBase, QKLayerNorm: c.QKLayerNorm, MLA: mla}
 }
 
 // newMLAGoldenModel builds tools/golden/mla.py's model name with the
@@ -89,9 +90,11 @@ func newMLAGoldenModel(t *testing.T, name string) (*Model, Batch, golden) {
 // TestMLAGoldenForwardBackward checks multi-latent attention against
 // tools/golden/mla.py's PyTorch model written after Megatron's
 // MLASelfAttention: logits, loss and every parameter's gradient, with and
-// without --q-lora-rank, YaRN on, v narrower and wider than the q/k heads.
+// without --q-lora-rank, YaRN on, v narrower and wider than the q/k heads,
+// and without --qk-layernorm (mla_no_qk_norm: no latent norms, Megatron's
+// IdentityOp).
 func TestMLAGoldenForwardBackward(t *testing.T) {
-	for _, name := range []string{"mla_qlora", "mla_plain_q"} {
+	for _, name := range []string{"mla_qlora", "mla_plain_q", "mla_no_qk_norm"} {
 		t.Run(name, func(t *testing.T) {
 			m, bt, g := newMLAGoldenModel(t, name)
 			tp := tensor.NewTape()
@@ -145,7 +148,6 @@ func TestMLAConfigErrors(t *testing.T) {
 		{func(c *Config) { c.MLA.ScalingFactor = 0 }, "--rotary-scaling-factor=0"},
 		{func(c *Config) { c.MLA.Rope = 9 }, "--rope-type"},
 		{func(c *Config) { c.NumQueryGroups = 1 }, "--group-query-attention"},
-		{func(c *Config) { c.QKLayerNorm = true }, "--qk-layernorm"},
 		{func(c *Config) { c.RotaryInterleaved = true }, "--rotary-interleaved"},
 		{func(c *Config) { c.RotaryPercent = 0.5 }, "--rotary-percent=0.5"},
 		{func(c *Config) { c.MLA.Enabled = false }, "without --multi-latent-attention"},

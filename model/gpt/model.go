@@ -34,7 +34,8 @@ type Layer struct {
 	Proj, ProjBias                     *tensor.Tensor // self_attention.linear_proj: (h, a·d), (h, a·v) with MLA
 	// Multi-latent attention (Config.MLA; QKV nil): linear_q_proj
 	// (a·(nope+rope), h) without --q-lora-rank, else linear_q_down_proj
-	// (q_lora_rank, h), q_layernorm (QNorm, QNormBias: q_lora_rank) and
+	// (q_lora_rank, h), q_layernorm (QNorm, QNormBias: q_lora_rank; with
+	// --qk-layernorm only, as kv_layernorm) and
 	// linear_q_up_proj (a·(nope+rope), q_lora_rank); linear_kv_down_proj
 	// (kv_lora_rank+rope, h), kv_layernorm (kv_lora_rank) and
 	// linear_kv_up_proj (a·(nope+v), kv_lora_rank). Rows are per head.

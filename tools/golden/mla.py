@@ -35,12 +35,19 @@ CONFIGS = {
                       pos="learned_absolute", norm="LayerNorm", act="gelu_tanh", bias=True, tied=True, eps=1e-5,
                       q_lora_rank=12, kv_lora_rank=10, qk_head_dim=6, qk_pos_emb_head_dim=4, v_head_dim=5,
                       rotary_base=10000.0, rotary_scaling_factor=40.0, original_max_position_embeddings=4096,
-                      beta_fast=32.0, beta_slow=1.0, mscale=0.707, mscale_all_dim=0.707),
+                      beta_fast=32.0, beta_slow=1.0, mscale=0.707, mscale_all_dim=0.707, qk_layernorm=True),
+    # Megatron's MLA without --qk-layernorm: q_layernorm and kv_layernorm
+    # are IdentityOp and the up-projections plain linears (gpt_layer_specs.py)
+    "mla_no_qk_norm": dict(layers=2, hidden=32, heads=4, ffn=64, vocab=64, seq=8, batch=2,
+                           pos="learned_absolute", norm="LayerNorm", act="gelu_tanh", bias=True, tied=True, eps=1e-5,
+                           q_lora_rank=12, kv_lora_rank=10, qk_head_dim=6, qk_pos_emb_head_dim=4, v_head_dim=5,
+                           rotary_base=10000.0, rotary_scaling_factor=40.0, original_max_position_embeddings=4096,
+                           beta_fast=32.0, beta_slow=1.0, mscale=0.707, mscale_all_dim=0.707, qk_layernorm=False),
     "mla_plain_q": dict(layers=2, hidden=32, heads=4, ffn=48, vocab=64, seq=8, batch=2,
                         pos="none", norm="RMSNorm", act="swiglu", bias=False, tied=False, eps=1e-5,
                         q_lora_rank=None, kv_lora_rank=12, qk_head_dim=2, qk_pos_emb_head_dim=4, v_head_dim=8,
                         rotary_base=10000.0, rotary_scaling_factor=4.0, original_max_position_embeddings=64,
-                        beta_fast=32.0, beta_slow=1.0, mscale=1.0, mscale_all_dim=0.5),
+                        beta_fast=32.0, beta_slow=1.0, mscale=1.0, mscale_all_dim=0.5, qk_layernorm=True),
 }
 
 
@@ -73,10 +80,12 @@ def params_for(c, gen):
         else:
             normal(s + "linear_q_down_proj.weight", c["q_lora_rank"], h)
             normal(s + "linear_q_up_proj.weight", a * qd, c["q_lora_rank"])
-            norm_params(s + "q_layernorm", c["q_lora_rank"])
+            if c["qk_layernorm"]:
+                norm_params(s + "q_layernorm", c["q_lora_rank"])
         normal(s + "linear_kv_down_proj.weight", c["kv_lora_rank"] + c["qk_pos_emb_head_dim"], h)
         normal(s + "linear_kv_up_proj.weight", a * (c["qk_head_dim"] + c["v_head_dim"]), c["kv_lora_rank"])
-        norm_params(s + "kv_layernorm", c["kv_lora_rank"])
+        if c["qk_layernorm"]:
+            norm_params(s + "kv_layernorm", c["kv_lora_rank"])
         normal(s + "linear_proj.weight", h, a * c["v_head_dim"])
         norm_params(p + "pre_mlp_layernorm", h)
         normal(p + "mlp.linear_fc1.weight", fc1, h)
@@ -148,11 +157,13 @@ def mla(c, P, s, x):
         q = F.linear(x, P[s + "linear_q_proj.weight"])
     else:
         qc = F.linear(x, P[s + "linear_q_down_proj.weight"])
-        qc = norm(c, qc, P[s + "q_layernorm.weight"], get(s + "q_layernorm.bias"))
+        if c["qk_layernorm"]:
+            qc = norm(c, qc, P[s + "q_layernorm.weight"], get(s + "q_layernorm.bias"))
         q = F.linear(qc, P[s + "linear_q_up_proj.weight"])
     kv_combined = F.linear(x, P[s + "linear_kv_down_proj.weight"])
     kv_compressed, k_pos_emb = torch.split(kv_combined, [c["kv_lora_rank"], pe], dim=-1)
-    kv_compressed = norm(c, kv_compressed, P[s + "kv_layernorm.weight"], get(s + "kv_layernorm.bias"))
+    if c["qk_layernorm"]:
+        kv_compressed = norm(c, kv_compressed, P[s + "kv_layernorm.weight"], get(s + "kv_layernorm.bias"))
     q = q.view(B, T, n, qd)
     kv = F.linear(kv_compressed, P[s + "linear_kv_up_proj.weight"]).view(B, T, n, nope + vd)
     k_pos_emb = k_pos_emb.unsqueeze(-2)
