@@ -26,8 +26,8 @@
 // _extra_state entries are skipped. With --apply-layernorm-1p the norm
 // weights are stored as 1 + w.
 //
-// Multi-latent attention (MLASelfAttention, with --qk-layernorm: the only
-// form whose latents are normalised as gotron's MLA normalises them) maps
+// Multi-latent attention (MLASelfAttention; its latents' norms exist only
+// with --qk-layernorm, args.qk_layernorm, in Megatron and in gotron) maps
 // its up-projections as column-parallel rows, linear_proj as columns, the
 // latents' norms (standalone, or fused into the up-projections as
 // layer_norm_weight) as replicas, and its down-projections by their shape:

@@ -15,7 +15,8 @@ import (
 // MLA layer's core attention attends, for each query, only to the
 // --dsa-indexer-topk causal keys a small "lightning indexer" scores
 // highest. One layer on its input x (after input_layernorm) and the query
-// latent qr (q_layernorm's output; x without --q-lora-rank), both detached
+// latent qr (q_layernorm's output, the down-projection's without
+// --qk-layernorm; x without --q-lora-rank), both detached
 // (the indexer trains on its own loss only):
 //
 //	q_I = rope(linear_wq_b(qr))  (b, t, H, D), the first rope channels rotated
