@@ -127,7 +127,7 @@ func newTrainFlagsWith(name string, extra func(*flag.FlagSet)) (*flag.FlagSet, *
 	fs.BoolVar(&m.RotaryInterleaved, "rotary-interleaved", false, "RoPE on (2i, 2i+1) pairs instead of halves")
 	fs.Var(&m.Normalization, "normalization", "LayerNorm or RMSNorm")
 	normEps := fs.Float64("norm-epsilon", 1e-5, "normalisation epsilon")
-	fs.BoolVar(&m.QKLayerNorm, "qk-layernorm", false, "normalise each query and key head before RoPE (Megatron's q_layernorm, k_layernorm)")
+	fs.BoolVar(&m.QKLayerNorm, "qk-layernorm", false, "normalise each query and key head before RoPE (Megatron's q_layernorm, k_layernorm); with --multi-latent-attention, the query and key-value latents (q_layernorm, kv_layernorm)")
 	fs.BoolVar(&m.LayerNorm1P, "apply-layernorm-1p", false, "norms scale by 1 + γ with γ initialised to 0 (Megatron's zero-centred gamma)")
 	fs.BoolVar(&f.swiglu, "swiglu", false, "SwiGLU MLP (fc1 rows [gate; up])")
 	fs.BoolVar(&f.openaiGELU, "openai-gelu", false, "tanh-approximated GELU (GPT-2's)")
