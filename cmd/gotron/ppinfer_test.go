@@ -101,21 +101,7 @@ func TestInferencePipelineParallel(t *testing.T) {
 		// gotron generate: rank 0 prints what one process prints, sampled
 		// tokens included (the last stage draws them with the request's
 		// seeded stream and sends them to the others).
-		for _, sampling := range [][]string{{"--top-k", "1"}, {"--temperature", "0.7", "--seed", "9"}} {
-			gen := append([]string{"generate", "--load", ck, "--tokenizer-type", "GPT2BPETokenizer", "--vocab-file", vocab, "--merge-file", merges,
-				"--prompt", "the quick brown", "--max-new-tokens", "12"}, sampling...)
-			one, errs, code := runCLI(t, gen...)
-			if code != 0 {
-				t.Fatalf("generate: %s", errs)
-			}
-			got, errs, code := runCLI(t, append([]string{"launch", "--inproc", "--nproc-per-node", "2", "--"}, append(gen, "--pipeline-model-parallel-size", "2")...)...)
-			if code != 0 {
-				t.Fatalf("generate at PP=2: %s", errs)
-			}
-			if got != "[rank0]: "+one {
-				t.Errorf("generate %v at PP=2 printed %q, one process %q", sampling, got, one)
-			}
-		}
+		checkGenerateOverTwoRanks(t, ck, vocab, merges, "--pipeline-model-parallel-size", "PP=2")
 	}
 }
 

@@ -179,21 +179,7 @@ func TestInferenceTensorParallel(t *testing.T) {
 
 		// gotron generate: rank 0 prints what one process prints, sampled
 		// tokens included (the ranks draw from the same gathered logits).
-		for _, sampling := range [][]string{{"--top-k", "1"}, {"--temperature", "0.7", "--seed", "9"}} {
-			gen := append([]string{"generate", "--load", ck, "--tokenizer-type", "GPT2BPETokenizer", "--vocab-file", vocab, "--merge-file", merges,
-				"--prompt", "the quick brown", "--max-new-tokens", "12"}, sampling...)
-			one, errs, code := runCLI(t, gen...)
-			if code != 0 {
-				t.Fatalf("generate: %s", errs)
-			}
-			got, errs, code := runCLI(t, append([]string{"launch", "--inproc", "--nproc-per-node", "2", "--"}, append(gen, "--tensor-model-parallel-size", "2")...)...)
-			if code != 0 {
-				t.Fatalf("generate at TP=2: %s", errs)
-			}
-			if got != "[rank0]: "+one {
-				t.Errorf("generate %v at TP=2 printed %q, one process %q", sampling, got, one)
-			}
-		}
+		checkGenerateOverTwoRanks(t, ck, vocab, merges, "--tensor-model-parallel-size", "TP=2")
 	}
 }
 
@@ -392,5 +378,27 @@ func TestServeTensorParallel(t *testing.T) {
 	}
 	if !strings.Contains(errb.String(), "tensor-parallel rank 1: rank 0 stopped") {
 		t.Errorf("the follower did not end with rank 0:\n%s", errb.String())
+	}
+}
+
+// checkGenerateOverTwoRanks: gotron generate with sizeFlag 2 over two ranks
+// (launch --inproc) prints on rank 0 what one process prints, greedy and
+// sampled (seeded), for checkpoint ck.
+func checkGenerateOverTwoRanks(t *testing.T, ck, vocab, merges, sizeFlag, layout string) {
+	t.Helper()
+	for _, sampling := range [][]string{{"--top-k", "1"}, {"--temperature", "0.7", "--seed", "9"}} {
+		gen := append([]string{"generate", "--load", ck, "--tokenizer-type", "GPT2BPETokenizer", "--vocab-file", vocab, "--merge-file", merges,
+			"--prompt", "the quick brown", "--max-new-tokens", "12"}, sampling...)
+		one, errs, code := runCLI(t, gen...)
+		if code != 0 {
+			t.Fatalf("generate: %s", errs)
+		}
+		got, errs, code := runCLI(t, append([]string{"launch", "--inproc", "--nproc-per-node", "2", "--"}, append(gen, sizeFlag, "2")...)...)
+		if code != 0 {
+			t.Fatalf("generate at %s: %s", layout, errs)
+		}
+		if got != "[rank0]: "+one {
+			t.Errorf("generate %v at %s printed %q, one process %q", sampling, layout, got, one)
+		}
 	}
 }
