@@ -49,7 +49,12 @@ type Device struct {
 	// staging is CopyHtoDStaged's ring, made on its first use.
 	staging *stagingRing
 	blas    *blasHandle
-	closed  bool
+	// lt is the cuBLASLt handle (blaslt.go), made at the first LtMatmul
+	// with a workspace of ltWorkspace bytes; ltErr, why it could not be.
+	lt          *ltHandle
+	ltErr       error
+	ltWorkspace int64
+	closed      bool
 }
 
 // DeviceCount returns the number of GPUs the driver sees (after
@@ -163,6 +168,7 @@ func Open(ordinal int, opts Options) (*Device, error) {
 	if workspace == 0 {
 		workspace = 32 << 20
 	}
+	d.ltWorkspace = workspace
 	if d.blas, err = d.newBLAS(workspace); err != nil {
 		d.closeLocked()
 		return nil, err
@@ -196,6 +202,13 @@ func (d *Device) closeLocked() error {
 			errs = append(errs, err)
 		}
 		d.alloc.Free(d.blas.workspace)
+	}
+	if d.lt != nil {
+		if err := d.lt.destroy(); err != nil {
+			errs = append(errs, err)
+		}
+		d.alloc.Free(d.lt.workspace)
+		d.lt = nil
 	}
 	if err := d.alloc.EmptyCache(); err != nil {
 		errs = append(errs, err)
