@@ -158,12 +158,15 @@ func TestMoERouterArgsMatchPTX(t *testing.T) {
 		for _, c := range []*RouterConfig{
 			{Experts: 8, TopK: 2},
 			{Experts: 16, TopK: 4, Score: ScoreSigmoid, NumGroups: 4, GroupTopK: 2, ScalingFactor: 2.5},
+			{Experts: 8, TopK: 2, Losses: true, ZLossCoeff: 1e-3, Batch: 1, SeqLen: 3, Balancing: []LoadBalancing{{Coeff: 0.01}}},
 		} {
 			for name, args := range map[string][]any{
 				"moe_route_fwd_f32":      moeRouteFwdArgs(1, 1, 1, 1, 1, 3, c.Experts, c),
-				"moe_route_bwd_f32":      moeRouteBwdArgs(1, 1, 1, 1, 1, 1, 3, c.Experts, c),
+				"moe_route_bwd_f32":      moeRouteBwdArgs(1, 1, 1, 1, 1, 1, 3, c.Experts, c, 0.5),
 				"moe_route_aux_f32":      moeRouteAuxArgs(1, 1, 1, 3, c.Experts, c),
 				"moe_route_aux_sums_f64": moeRouteAuxSumsArgs(1, 1, c),
+				"moe_route_z_f64":        moeRouteZArgs(1, 1, 3, c.Experts),
+				"moe_route_zsum_f64":     moeRouteZSumArgs(1, 1, 3),
 			} {
 				want := ptxParamBytes(t, ptx, name)
 				if len(want) != len(args) {

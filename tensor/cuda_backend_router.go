@@ -13,11 +13,12 @@ import (
 // load-balancing statistics and backward as device kernels, bit for bit
 // internal/cpu's router (the same float64 operations in the same order,
 // e^x by cpu.RouterExp's operations, no fused multiply-adds, ties lowest
-// index first); the host reads back only the chosen experts (tokens ×
-// top-k int32), which the dispatcher's permutation and token counts are
-// built from, and with losses the aux-loss map and each sequence's score
-// sums, in one copy, where the host router read back the logits (tokens ×
-// experts float32). Built but not
+// index first, the z-loss's log by cpu.RouterLog's operations); the host
+// reads back only the chosen experts (tokens × top-k int32), which the
+// dispatcher's permutation and token counts are built from, and with losses
+// the aux-loss map, each sequence's score sums and the z-loss's sum, in one
+// copy, where the host router read back the logits (tokens × experts
+// float32). Built but not
 // yet run on a GPU, so used only while SetCUDARouter is on.
 
 // cudaRouter selects the device router (SetCUDARouter).
@@ -36,21 +37,21 @@ const moeRouterMaxGroups = 64
 
 // cudaRoutable reports whether moe.cu routes c over T tokens: softmax
 // (after or before the top-k) or sigmoid scores, with or without the
-// expert bias, group limits, scaling and the load-balancing losses (their
+// expert bias, group limits, scaling, the load-balancing losses (their
 // statistics on the device: the aux-loss map and each sequence's score
-// sums); not the square-root softplus score, capacity dropping (a sort of
-// each expert's tokens) or the z-loss (a log-sum-exp, which the host's
-// math.Log and the device's log need not round alike), which route on the
-// host.
+// sums) and the z-loss (its sum over the tokens); not the square-root
+// softplus score or capacity dropping (a sort of each expert's tokens),
+// which route on the host.
 func cudaRoutable(c *RouterConfig, T int) bool {
-	losses := !c.Losses || (c.ZLossCoeff == 0 && c.Batch > 0 && c.SeqLen > 0 && c.Batch*c.SeqLen == T)
+	losses := !c.Losses || (c.Batch > 0 && c.SeqLen > 0 && c.Batch*c.SeqLen == T)
 	return cudaRouter.Load() && c.Score != ScoreSqrtSoftplus && c.CapacityFactor <= 0 && losses &&
 		(c.GroupTopK <= 0 || c.NumGroups <= moeRouterMaxGroups) && c.Experts <= math.MaxInt32/2
 }
 
 // routeCUDA runs moe_route_fwd_f32 on logits (T, E) on the GPU (and, with
-// losses, moe_route_aux_f32 and moe_route_aux_sums_f64), reads the chosen
-// experts (and the aux-loss map and score sums) back into f's routing in
+// losses, moe_route_aux_f32 and moe_route_aux_sums_f64, with the z-loss
+// moe_route_z_f64 and moe_route_zsum_f64), reads the chosen experts (and
+// the aux-loss map, score sums and z-loss sum) back into f's routing in
 // one copy, and keeps what backwardCUDA needs on the device; it returns the
 // probabilities (T, E), on the device.
 func (f *routeFn) routeCUDA(logits *Tensor) *Tensor {
@@ -64,10 +65,11 @@ func (f *routeFn) routeCUDA(logits *Tensor) *Tensor {
 	logits = logits.Contiguous()
 	probs := be.empty(Float32, T, E)
 	// the read-back: sel (T·k int32), then with losses the aux-loss map
-	// (T·k) and the sums (Batch·E float64, 8-byte aligned: 2·T·k words)
+	// (T·k), the sums (Batch·E float64, 8-byte aligned: 2·T·k words) and
+	// the z-loss's sum (one float64)
 	words := T * k
 	if c.Losses {
-		words = 2*T*k + 2*c.Batch*E
+		words = 2*T*k + 2*c.Batch*E + 2
 	}
 	back := be.empty(Int32, words)
 	scratch := be.empty(Float32, 2*T*(E+groups)) // float64 (T, E + groups)
@@ -83,19 +85,29 @@ func (f *routeFn) routeCUDA(logits *Tensor) *Tensor {
 		be.launch1D("moe_route_aux_f32", T, moeRouteAuxArgs(auxSel, be.ptr(q), be.ptr(logits), T, E, c)...)
 		be.launch1D("moe_route_aux_sums_f64", c.Batch*E, moeRouteAuxSumsArgs(sums, be.ptr(q), c)...)
 		runtime.KeepAlive(q)
+		if c.ZLossCoeff != 0 {
+			lse := be.empty(Float32, 2*T) // float64 (T)
+			be.launch1D("moe_route_z_f64", T, moeRouteZArgs(be.ptr(lse), be.ptr(logits), T, E)...)
+			be.launch1D("moe_route_zsum_f64", 1, moeRouteZSumArgs(sums+uintptr(8*c.Batch*E), be.ptr(lse), T)...)
+			runtime.KeepAlive(lse)
+		}
 	}
 	host := ToHost(back).i32s()
 	var auxSel []int32
 	var sums []float64
+	var zSum float64
+	f64 := func(i int) float64 { // the float64 at word i
+		return math.Float64frombits(uint64(uint32(host[i+1]))<<32 | uint64(uint32(host[i])))
+	}
 	if c.Losses {
 		auxSel = host[T*k : 2*T*k]
 		sums = make([]float64, c.Batch*E)
 		for i := range sums {
-			lo, hi := uint32(host[2*T*k+2*i]), uint32(host[2*T*k+2*i+1])
-			sums[i] = math.Float64frombits(uint64(hi)<<32 | uint64(lo))
+			sums[i] = f64(2*T*k + 2*i)
 		}
+		zSum = f64(2*T*k + 2*c.Batch*E)
 	}
-	res, err := cpu.RouteFromSelection(c, T, host[:T*k], auxSel, sums)
+	res, err := cpu.RouteFromSelection(c, T, host[:T*k], auxSel, sums, zSum)
 	if err != nil {
 		panic("tensor: CUDA MoE router: " + err.Error())
 	}
@@ -105,7 +117,8 @@ func (f *routeFn) routeCUDA(logits *Tensor) *Tensor {
 
 // backwardCUDA is moe_route_bwd_f32: the logits' gradient (T, E) for the
 // probabilities' gradient dprobs and the losses' (the routing's AuxScale
-// times their coefficients, uploaded: Batch·E float64).
+// times the load-balancing losses' coefficients, uploaded: Batch·E
+// float64; the z-loss's from its coefficient times the scale).
 func (f *routeFn) backwardCUDA(dprobs *Tensor) *Tensor {
 	be := cudaBackend{rt: cudaRT()}
 	c := f.r.cfg
@@ -121,7 +134,7 @@ func (f *routeFn) backwardCUDA(dprobs *Tensor) *Tensor {
 		}
 		dsc = toCUDA(FromFloat32(bits, len(bits)), "the MoE router's loss gradients")
 	}
-	be.launch1D("moe_route_bwd_f32", T, moeRouteBwdArgs(be.ptr(dl), be.ptr(scratch), be.ptr(dprobs), be.ptr(f.logits), be.ptr(f.sel), be.ptr(dsc), T, E, c)...)
+	be.launch1D("moe_route_bwd_f32", T, moeRouteBwdArgs(be.ptr(dl), be.ptr(scratch), be.ptr(dprobs), be.ptr(f.logits), be.ptr(f.sel), be.ptr(dsc), T, E, c, f.r.AuxScale)...)
 	runtime.KeepAlive(dsc)
 	return dl
 }
@@ -138,11 +151,28 @@ func moeRouteFwdArgs(probs, sel, scratch, logits, bias uintptr, T, E int, c *Rou
 	return []any{probs, sel, scratch, logits, bias, int64(T), int32(E), int32(c.TopK), score, pre, groups, groupTopK, c.ScalingFactor}
 }
 
-func moeRouteBwdArgs(dlogits, scratch, dprobs, logits, sel, dsc uintptr, T, E int, c *RouterConfig) []any {
+// moeRouteBwdArgs: the losses' part runs as RouteBackward64's, when the
+// losses are on and auxScale is not zero; the z-loss's factor is auxScale
+// times its coefficient, rounded as the CPU's product.
+func moeRouteBwdArgs(dlogits, scratch, dprobs, logits, sel, dsc uintptr, T, E int, c *RouterConfig, auxScale float64) []any {
 	score, pre := moeRouterScore(c)
 	seqLen := int64(max(c.SeqLen, 1))
-	return []any{dlogits, scratch, dprobs, logits, sel, dsc, int64(T), seqLen, int32(E), int32(c.TopK), score, pre, c.ScalingFactor}
+	losses, zloss := int32(0), int32(0)
+	if c.Losses && auxScale != 0 {
+		losses = 1
+		if c.ZLossCoeff != 0 {
+			zloss = 1
+		}
+	}
+	return []any{dlogits, scratch, dprobs, logits, sel, dsc, int64(T), seqLen, int32(E), int32(c.TopK), score, pre, c.ScalingFactor,
+		losses, zloss, auxScale * c.ZLossCoeff}
 }
+
+func moeRouteZArgs(lse, logits uintptr, T, E int) []any {
+	return []any{lse, logits, int64(T), int32(E)}
+}
+
+func moeRouteZSumArgs(z, lse uintptr, T int) []any { return []any{z, lse, int64(T)} }
 
 func moeRouteAuxArgs(auxSel, q, logits uintptr, T, E int, c *RouterConfig) []any {
 	score, _ := moeRouterScore(c)

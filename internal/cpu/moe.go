@@ -290,16 +290,18 @@ func Route64(c *RouterConfig, logits []float64) *RouteResult {
 // elsewhere (the CUDA router, bit for bit Route64's choice): sel (T, k),
 // each token's experts in Route's order. The configuration has no capacity
 // dropping (what the device routes), so the map is the selection. With
-// losses (no z-loss), auxSel (T, k) is the aux-loss map (the top-k of the
-// all-expert aux scores) and auxSums (Batch, E) each sequence's sums of
-// those scores per expert; the coefficients are then Route's and the loss
-// values equal up to float64 rounding (auxDot). Probs is nil (the
-// probabilities stay on the device), and the result serves no
+// losses, auxSel (T, k) is the aux-loss map (the top-k of the all-expert
+// aux scores), auxSums (Batch, E) each sequence's sums of those scores per
+// expert and, with the z-loss, zSum the sum over the tokens, in order, of
+// each one's log-sum-exp squared (losses's z before its mean: the z-loss
+// is then Route's bit for bit); the coefficients are Route's and the
+// load-balancing loss values equal up to float64 rounding (auxDot). Probs
+// is nil (the probabilities stay on the device), and the result serves no
 // RouteBackward (the device's backward takes its place: LossGradients).
-func RouteFromSelection(c *RouterConfig, T int, sel, auxSel []int32, auxSums []float64) (*RouteResult, error) {
+func RouteFromSelection(c *RouterConfig, T int, sel, auxSel []int32, auxSums []float64, zSum float64) (*RouteResult, error) {
 	E, k := c.Experts, c.TopK
-	if c.CapacityFactor > 0 || (c.Losses && c.ZLossCoeff != 0) {
-		return nil, fmt.Errorf("a selection made elsewhere cannot be dropped by capacity or carry the z-loss")
+	if c.CapacityFactor > 0 {
+		return nil, fmt.Errorf("a selection made elsewhere cannot be dropped by capacity")
 	}
 	if len(sel) != T*k {
 		return nil, fmt.Errorf("%d chosen experts for %d tokens of top-%d: want %d", len(sel), T, k, T*k)
@@ -340,6 +342,9 @@ func RouteFromSelection(c *RouterConfig, T int, sel, auxSel []int32, auxSums []f
 	}
 	r.auxSums = auxSums
 	c.balancing(T, r, amap)
+	if c.ZLossCoeff != 0 {
+		r.Z = zSum / float64(T) * c.ZLossCoeff
+	}
 	return r, nil
 }
 
@@ -441,7 +446,7 @@ func (c *RouterConfig) losses(T int, r *RouteResult) {
 		var z float64
 		for t := range T {
 			lse := logSumExp(r.logits[t*E : (t+1)*E])
-			z += lse * lse
+			z += float64(lse * lse)
 		}
 		r.Z = z / float64(T) * c.ZLossCoeff
 	}
@@ -569,6 +574,9 @@ func (r *RouteResult) AuxCounts(c *RouterConfig) []float64 {
 	return append([]float64(nil), r.auxCounts...)
 }
 
+// logSumExp is log Σ e^x, the z-loss's: the maximum plus the log of the
+// sum of e^(x − max) in order, by RouterExp and RouterLog (the CUDA
+// router's moe_lse computes the same bits).
 func logSumExp(x []float64) float64 {
 	m := math.Inf(-1)
 	for _, v := range x {
@@ -578,7 +586,7 @@ func logSumExp(x []float64) float64 {
 	for _, v := range x {
 		s += RouterExp(v - m)
 	}
-	return m + math.Log(s)
+	return m + RouterLog(s)
 }
 
 // RouteBackward writes dlogits (T, E) for the probabilities' gradient
@@ -779,6 +787,57 @@ func RouterExp(x float64) float64 {
 		return float64(y*pow2(1023)) * pow2(k-1023)
 	}
 	return y * pow2(k)
+}
+
+// RouterLog (exported for the kernels' host test) is the natural log from
+// float64 additions, products and one division, each rounded on its own
+// (float64(...) forbids fused multiply-adds): FreeBSD's algorithm, as Go's
+// portable math.log, with the reduction x = f·2^k by the bits. The z-loss's
+// log-sum-exp uses it instead of math.Log (assembly on amd64) so that the
+// CUDA router's moe_log, the same operations, computes the same bits.
+func RouterLog(x float64) float64 {
+	const (
+		ln2Hi = 6.93147180369123816490e-01
+		ln2Lo = 1.90821492927058770002e-10
+		l1    = 6.666666666666735130e-01
+		l2    = 3.999999999940941908e-01
+		l3    = 2.857142874366239149e-01
+		l4    = 2.222219843214978396e-01
+		l5    = 1.818357216161805012e-01
+		l6    = 1.531383769920937332e-01
+		l7    = 1.479819860511658591e-01
+	)
+	switch {
+	case x != x || x > math.MaxFloat64: // NaN, +Inf
+		return x
+	case x < 0:
+		return math.NaN()
+	case x == 0:
+		return math.Inf(-1)
+	}
+	// x = f1·2^ki with f1 in [1/√2, √2) (subnormals scaled by 2^52 first)
+	ki := 0
+	if math.Float64bits(x)>>52 == 0 {
+		x *= 1 << 52
+		ki = -52
+	}
+	bits := math.Float64bits(x)
+	ki += int(bits>>52&0x7ff) - 1022
+	f1 := math.Float64frombits(bits&^(0x7ff<<52) | 1022<<52) // in [0.5, 1)
+	if f1 < math.Sqrt2/2 {
+		f1 *= 2
+		ki--
+	}
+	f := f1 - 1
+	k := float64(ki)
+	s := f / (2 + f)
+	s2 := float64(s * s)
+	s4 := float64(s2 * s2)
+	t1 := float64(s2 * (l1 + float64(s4*(l3+float64(s4*(l5+float64(s4*l7)))))))
+	t2 := float64(s4 * (l2 + float64(s4*(l4+float64(s4*l6)))))
+	r := t1 + t2
+	hfsq := float64(float64(0.5*f) * f)
+	return float64(k*ln2Hi) - ((hfsq - (float64(s*(hfsq+r)) + float64(k*ln2Lo))) - f)
 }
 
 // pow2 is 2^n for -1022 <= n <= 1023.

@@ -346,6 +346,43 @@ func TestRouterExp(t *testing.T) {
 	}
 }
 
+// TestRouterLog: RouterLog is within 1 ulp of math.Log (each is within
+// one of log x) on the range the z-loss's sums reach (1 to the number of
+// experts) and far beyond, subnormals included, and exact at the special
+// cases.
+func TestRouterLog(t *testing.T) {
+	for _, c := range []struct{ x, want float64 }{
+		{1, 0}, {math.Inf(1), math.Inf(1)}, {0, math.Inf(-1)}, {math.Copysign(0, -1), math.Inf(-1)},
+	} {
+		if got := RouterLog(c.x); got != c.want {
+			t.Errorf("RouterLog(%v) = %v, want %v", c.x, got, c.want)
+		}
+	}
+	for _, x := range []float64{-1, math.Inf(-1), math.NaN()} {
+		if got := RouterLog(x); !math.IsNaN(got) {
+			t.Errorf("RouterLog(%v) = %v, want NaN", x, got)
+		}
+	}
+	rng := rand.New(rand.NewSource(3))
+	// subnormals against 2^-n's log (amd64's math.Log is -709.09 at 5e-324)
+	for _, n := range []int{1074, 1050, 1023} {
+		x := math.Ldexp(1, -n)
+		if got, want := RouterLog(x), -float64(n)*math.Ln2; math.Abs(got-want) > 1e-13 {
+			t.Errorf("RouterLog(2^-%d) = %v, want %v", n, got, want)
+		}
+	}
+	xs := []float64{math.Sqrt2 / 2, math.Nextafter(math.Sqrt2/2, 0), math.Sqrt2, 2, 0.5, math.SmallestNonzeroFloat64 * (1 << 52), math.MaxFloat64, math.E}
+	for range 200000 {
+		xs = append(xs, 1+rng.Float64()*255, math.Exp((rng.Float64()*2-1)*700), math.Float64frombits(rng.Uint64()>>2|1<<52)) // normal
+	}
+	for _, x := range xs {
+		got, want := RouterLog(x), math.Log(x)
+		if ulp := math.Abs(math.Nextafter(want, math.Inf(1)) - want); math.Abs(got-want) > ulp {
+			t.Fatalf("RouterLog(%v) = %v, math.Log %v", x, got, want)
+		}
+	}
+}
+
 // TestRouteFromSelection: the routing rebuilt from Route's choice of
 // experts (as the CUDA router hands it over) has Route's map and token
 // counts, for the golden configurations without capacity dropping; a
@@ -370,7 +407,7 @@ func TestRouteFromSelection(t *testing.T) {
 				sel = append(sel, int32(e))
 			}
 		}
-		got, err := RouteFromSelection(c, T, sel, nil, nil)
+		got, err := RouteFromSelection(c, T, sel, nil, nil, 0)
 		if err != nil {
 			t.Fatalf("%s: %v", rc.Name, err)
 		}
@@ -398,17 +435,14 @@ func TestRouteFromSelection(t *testing.T) {
 		{[]int32{0, 4, 1, 2}, "token 0: chosen experts [0 4]"},
 		{[]int32{-1, 0, 1, 2}, "token 0: chosen experts [-1 0]"},
 	} {
-		if _, err := RouteFromSelection(c, 2, bad.sel, nil, nil); err == nil || !strings.Contains(err.Error(), bad.want) {
+		if _, err := RouteFromSelection(c, 2, bad.sel, nil, nil, 0); err == nil || !strings.Contains(err.Error(), bad.want) {
 			t.Errorf("RouteFromSelection(%v): %v, want an error with %q", bad.sel, err, bad.want)
 		}
 	}
-	if _, err := RouteFromSelection(&RouterConfig{Experts: 4, TopK: 2, CapacityFactor: 1}, 1, []int32{0, 1}, nil, nil); err == nil {
+	if _, err := RouteFromSelection(&RouterConfig{Experts: 4, TopK: 2, CapacityFactor: 1}, 1, []int32{0, 1}, nil, nil, 0); err == nil {
 		t.Error("a selection under capacity dropping was accepted")
 	}
-	if _, err := RouteFromSelection(&RouterConfig{Experts: 4, TopK: 2, Losses: true, ZLossCoeff: 1e-3}, 1, []int32{0, 1}, nil, nil); err == nil {
-		t.Error("a selection with the z-loss was accepted")
-	}
-	if _, err := RouteFromSelection(&RouterConfig{Experts: 4, TopK: 2, Losses: true, Balancing: []LoadBalancing{{Coeff: 1}}, Batch: 1, SeqLen: 1}, 1, []int32{0, 1}, []int32{0}, []float64{0, 0, 0, 0}); err == nil || !strings.Contains(err.Error(), "from 1 aux-map entries") {
+	if _, err := RouteFromSelection(&RouterConfig{Experts: 4, TopK: 2, Losses: true, Balancing: []LoadBalancing{{Coeff: 1}}, Batch: 1, SeqLen: 1}, 1, []int32{0, 1}, []int32{0}, []float64{0, 0, 0, 0}, 0); err == nil || !strings.Contains(err.Error(), "from 1 aux-map entries") {
 		t.Errorf("a short aux-loss map: %v", err)
 	}
 }
@@ -429,12 +463,15 @@ func TestRouteFromSelectionLosses(t *testing.T) {
 		logits[i] = float32(rng.NormFloat64())
 	}
 	for _, score := range []ScoreFunction{ScoreSoftmax, ScoreSigmoid} {
-		c := &RouterConfig{Experts: E, TopK: k, Score: score, Losses: true, Batch: B, SeqLen: S,
+		c := &RouterConfig{Experts: E, TopK: k, Score: score, Losses: true, Batch: B, SeqLen: S, ZLossCoeff: 0.07,
 			Balancing: []LoadBalancing{{Coeff: 0.01}, {Seq: true, Coeff: 0.02}, {Global: true, Coeff: 0.03}}}
 		r := Route(c, logits)
 		var sel, auxSel []int32
 		sums := make([]float64, B*E)
+		var zSum float64
 		for tok := range T {
+			lse := logSumExp(r.logits[tok*E : (tok+1)*E])
+			zSum += float64(lse * lse)
 			for _, e := range r.sel[tok] {
 				sel = append(sel, int32(e))
 			}
@@ -445,9 +482,12 @@ func TestRouteFromSelectionLosses(t *testing.T) {
 				sums[tok/S*E+e] += r.auxScores[tok*E+e]
 			}
 		}
-		got, err := RouteFromSelection(c, T, sel, auxSel, sums)
+		got, err := RouteFromSelection(c, T, sel, auxSel, sums, zSum)
 		if err != nil {
 			t.Fatal(err)
+		}
+		if math.Float64bits(got.Z) != math.Float64bits(r.Z) || r.Z == 0 {
+			t.Errorf("score %d: z-loss %v, Route's %v", score, got.Z, r.Z)
 		}
 		check := func(what string) {
 			t.Helper()

@@ -78,9 +78,9 @@ func TestCUDAMoEMatchesCPU(t *testing.T) {
 // TestCUDAMoERouterMatchesCPU is TestCUDAMoEMatchesCPU with the router on
 // the device (GOTRON_CUDA_UNVERIFIED naming moe-router) for the
 // configurations its kernels take: aux-loss-free balancing (sigmoid scores,
-// the expert bias, groups), softmax without losses, and softmax with
-// aux_loss and seq_aux_loss (no z-loss). Built, not yet run on a GPU
-// (tools/gpu/check.sh unverified).
+// the expert bias, groups), softmax without losses, softmax with aux_loss
+// and seq_aux_loss, and moeTestConfig's aux_loss with the z-loss. Built,
+// not yet run on a GPU (tools/gpu/check.sh unverified).
 func TestCUDAMoERouterMatchesCPU(t *testing.T) {
 	if err := tensor.OpenCUDA(0, tensor.CUDAOptions{}); err != nil {
 		t.Skipf("no CUDA device: %v", err)
@@ -94,7 +94,8 @@ func TestCUDAMoERouterMatchesCPU(t *testing.T) {
 	softmax.MoE.AuxLossCoeff, softmax.MoE.ZLossCoeff = 0, 0
 	auxLoss := moeTestConfig() // aux_loss and seq_aux_loss: their statistics on the device
 	auxLoss.MoE.ZLossCoeff, auxLoss.MoE.SeqAuxLossCoeff = 0, 0.02
-	for _, cfg := range []Config{sigmoid, softmax, auxLoss} {
+	zLoss := moeTestConfig() // aux_loss and the z-loss (1e-3)
+	for _, cfg := range []Config{sigmoid, softmax, auxLoss, zLoss} {
 		c, bt := deviceCase(cfg)
 		cl, cg := deviceStep(t, c, bt, tensor.CPU, Recompute{})
 		gl, gg := deviceStep(t, c, bt, tensor.CUDA, Recompute{})

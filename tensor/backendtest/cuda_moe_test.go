@@ -90,8 +90,10 @@ func param(rng *tensor.RNG, name string, shape ...int) *tensor.Tensor {
 // softmax after and before the top-k, sigmoid with the expert bias, group
 // limits and scaling, softmax and sigmoid with load-balancing losses (their
 // values within float64 rounding, the gradient at a loss scale bit for
-// bit), on logits with ties; it reads back only the chosen experts and the
-// losses' statistics (one copy to the host a route). Built, not yet run on a GPU
+// bit), softmax and sigmoid with the z-loss (its value bit for bit), with
+// and without load-balancing losses, on logits with ties; it reads back
+// only the chosen experts and the losses' statistics (one copy to the host
+// a route). Built, not yet run on a GPU
 // (tools/gpu/check.sh unverified).
 func TestCUDARouterMatchesCPU(t *testing.T) {
 	if err := tensor.OpenCUDA(0, tensor.CUDAOptions{}); err != nil {
@@ -112,11 +114,14 @@ func TestCUDARouterMatchesCPU(t *testing.T) {
 			Balancing: []tensor.LoadBalancing{{Coeff: 0.01}, {Seq: true, Coeff: 0.02}}}, true},
 		{"sigmoid-losses", tensor.RouterConfig{Experts: 16, TopK: 4, Score: tensor.ScoreSigmoid, Losses: true, Batch: 5, SeqLen: 103,
 			Balancing: []tensor.LoadBalancing{{Coeff: 0.01}, {Global: true, Coeff: 0.03}}}, false},
+		{"softmax-losses-z", tensor.RouterConfig{Experts: 8, TopK: 2, Losses: true, Batch: 5, SeqLen: 103, ZLossCoeff: 1e-3,
+			Balancing: []tensor.LoadBalancing{{Coeff: 0.01}, {Seq: true, Coeff: 0.02}}}, true},
+		{"sigmoid-z-only", tensor.RouterConfig{Experts: 16, TopK: 4, Score: tensor.ScoreSigmoid, Losses: true, Batch: 5, SeqLen: 103, ZLossCoeff: 0.3}, false},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			const T = 515
 			E := c.cfg.Experts
-			run := func(dev tensor.Device) (probs []float32, m []bool, dl []float32, copiesOut int64, auxes []float64) {
+			run := func(dev tensor.Device) (probs []float32, m []bool, dl []float32, copiesOut int64, auxes []float64, z float64) {
 				rng := tensor.NewRNG(4)
 				logits := param(rng, "logits", T, E)
 				if c.ties {
@@ -133,8 +138,7 @@ func TestCUDARouterMatchesCPU(t *testing.T) {
 				p, r := tp.Route(logits, &cfg)
 				copiesOut = tensor.CUDATransfers().ToHost - before.ToHost
 				r.AuxScale = 0.75
-				aux, _ := r.Aux()
-				auxes = aux
+				auxes, z = r.Aux()
 				if err := tp.BackwardFrom([]*tensor.Tensor{p}, []*tensor.Tensor{g.ToDevice(dev)}); err != nil {
 					t.Fatal(err)
 				}
@@ -143,10 +147,13 @@ func TestCUDARouterMatchesCPU(t *testing.T) {
 						m = append(m, r.Map(tok, e))
 					}
 				}
-				return tensor.ToHost(p).Float32s(), m, tensor.ToHost(logits.Grad).Float32s(), copiesOut, auxes
+				return tensor.ToHost(p).Float32s(), m, tensor.ToHost(logits.Grad).Float32s(), copiesOut, auxes, z
 			}
-			wp, wm, wd, _, wa := run(tensor.CPU)
-			gp, gm, gd, out, ga := run(tensor.CUDA)
+			wp, wm, wd, _, wa, wz := run(tensor.CPU)
+			gp, gm, gd, out, ga, gz := run(tensor.CUDA)
+			if math.Float64bits(gz) != math.Float64bits(wz) || (wz != 0) != (c.cfg.ZLossCoeff != 0) {
+				t.Errorf("z-loss %v on the GPU, %v on the CPU", gz, wz)
+			}
 			for i := range wa {
 				if d := math.Abs(ga[i] - wa[i]); d > 1e-12*math.Abs(wa[i]) {
 					t.Errorf("loss %d = %v on the GPU, %v on the CPU", i, ga[i], wa[i])

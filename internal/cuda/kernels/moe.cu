@@ -1,9 +1,9 @@
 // The MoE router of the CUDA backend (tensor/cuda_backend_moe.go): Megatron's
 // TopKRouter as internal/cpu/moe.go's Route64 and RouteBackward64 compute
 // it, for softmax (after or before the top-k) and sigmoid scores, the
-// expert bias, group-limited top-k and the scaling factor, without
-// capacity dropping or the auxiliary losses (those configurations route on
-// the host). One thread per token (grid-stride), every step in the CPU's
+// expert bias, group-limited top-k and the scaling factor, with the
+// load-balancing losses' statistics and the z-loss, without capacity
+// dropping (that routes on the host). One thread per token (grid-stride), every step in the CPU's
 // order and float64 arithmetic, each product, sum and quotient rounded on
 // its own (__dmul_rn and friends: no fused multiply-add), and e^x is
 // moe_exp, the operations of internal/cpu's RouterExp: the experts chosen,
@@ -13,6 +13,10 @@
 // the candidates not yet taken, a strictly larger key replacing the best,
 // so equal keys go lowest index first. NaN keys are never chosen (the CPU's
 // sort leaves them in place); logits are finite in training.
+//
+// The z-loss's log-sum-exp is moe_lse, its log moe_log (internal/cpu's
+// RouterLog, the same operations), its sum over the tokens one thread's in
+// token order: the z-loss and its gradient are the CPU's bit for bit too.
 //
 // sc is a per-token float64 scratch of E + G values (the scores, then the
 // group sums); sel (T, k) int32 the chosen experts in the CPU's order.
@@ -53,6 +57,38 @@ __device__ double moe_exp(double x) {
     return __dmul_rn(y, moe_pow2(k));
 }
 
+// moe_log is internal/cpu's RouterLog: FreeBSD's log x, operation for
+// operation, with x = f·2^k by the bits.
+__device__ double moe_log(double x) {
+    const double ln2Hi = 6.93147180369123816490e-01, ln2Lo = 1.90821492927058770002e-10;
+    const double l1 = 6.666666666666735130e-01, l2 = 3.999999999940941908e-01, l3 = 2.857142874366239149e-01;
+    const double l4 = 2.222219843214978396e-01, l5 = 1.818357216161805012e-01, l6 = 1.531383769920937332e-01;
+    const double l7 = 1.479819860511658591e-01;
+    if (x != x || x > 1.79769313486231570815e+308) return x;
+    if (x < 0) return __longlong_as_double(0x7ff8000000000000ll);
+    if (x == 0) return -__longlong_as_double(0x7ff0000000000000ll);
+    int ki = 0;
+    if ((unsigned long long)__double_as_longlong(x) >> 52 == 0) { // subnormal: scaled by 2^52
+        x = __dmul_rn(x, 4503599627370496.0);
+        ki = -52;
+    }
+    const unsigned long long bits = (unsigned long long)__double_as_longlong(x);
+    ki += (int)(bits >> 52 & 0x7ff) - 1022;
+    double f1 = __longlong_as_double((long long)(bits & ~(0x7ffull << 52) | 1022ull << 52)); // in [0.5, 1)
+    if (f1 < 0.70710678118654752440) { // √2/2
+        f1 = __dmul_rn(f1, 2.0);
+        ki--;
+    }
+    const double f = __dsub_rn(f1, 1.0), k = (double)ki;
+    const double s = __ddiv_rn(f, __dadd_rn(2.0, f));
+    const double s2 = __dmul_rn(s, s), s4 = __dmul_rn(s2, s2);
+    const double t1 = __dmul_rn(s2, __dadd_rn(l1, __dmul_rn(s4, __dadd_rn(l3, __dmul_rn(s4, __dadd_rn(l5, __dmul_rn(s4, l7)))))));
+    const double t2 = __dmul_rn(s4, __dadd_rn(l2, __dmul_rn(s4, __dadd_rn(l4, __dmul_rn(s4, l6)))));
+    const double r = __dadd_rn(t1, t2);
+    const double hfsq = __dmul_rn(__dmul_rn(0.5, f), f);
+    return __dsub_rn(__dmul_rn(k, ln2Hi), __dsub_rn(__dsub_rn(hfsq, __dadd_rn(__dmul_rn(s, __dadd_rn(hfsq, r)), __dmul_rn(k, ln2Lo))), f));
+}
+
 // moe_sigmoid is score64's sigmoid: 1/(1 + e^-x).
 __device__ __forceinline__ double moe_sigmoid(double x) { return __ddiv_rn(1.0, __dadd_rn(1.0, moe_exp(-x))); }
 
@@ -67,6 +103,16 @@ __device__ void moe_softmax(double* dst, const float* l, int n) {
         s = __dadd_rn(s, dst[i]);
     }
     for (int i = 0; i < n; i++) dst[i] = __ddiv_rn(dst[i], s);
+}
+
+// moe_lse is logSumExp of the float32 logits l (n): the maximum plus the
+// log of the sum of e^(v − max) in order (the z-loss's).
+__device__ double moe_lse(const float* l, int n) {
+    double m = -__longlong_as_double(0x7ff0000000000000ll);
+    for (int i = 0; i < n; i++) m = fmax(m, (double)l[i]);
+    double s = 0.0;
+    for (int i = 0; i < n; i++) s = __dadd_rn(s, moe_exp(__dsub_rn((double)l[i], m)));
+    return __dadd_rn(m, moe_log(s));
 }
 
 // moe_taken reports whether i is among idx[0..j).
@@ -206,15 +252,35 @@ extern "C" __global__ void moe_route_aux_sums_f64(double* sums, const double* q,
     }
 }
 
+// moe_route_z_f64: lse (T) float64, each token's log-sum-exp of its
+// logits, the z-loss's.
+extern "C" __global__ void moe_route_z_f64(double* lse, const float* logits, long long T, int E) {
+    for (long long t = (long long)blockIdx.x * blockDim.x + threadIdx.x; t < T; t += (long long)gridDim.x * blockDim.x)
+        lse[t] = moe_lse(logits + t * E, E);
+}
+
+// moe_route_zsum_f64: *z = Σ lse[t]², over the T tokens in order by one
+// thread (the CPU's sum, bit for bit; T products and sums, a few
+// microseconds for a micro-batch's tokens).
+extern "C" __global__ void moe_route_zsum_f64(double* z, const double* lse, long long T) {
+    if ((long long)blockIdx.x * blockDim.x + threadIdx.x != 0) return;
+    double acc = 0.0;
+    for (long long t = 0; t < T; t++) acc = __dadd_rn(acc, __dmul_rn(lse[t], lse[t]));
+    *z = acc;
+}
+
 // moe_route_bwd_f32: dlogits (T, E) = RouteBackward64's gradient of the
-// logits for the probabilities' gradient dprobs and, when dsc (B, E) is not
-// null, the auxiliary losses' gradient of the aux scores (auxScale times
-// each loss's coefficients, summed over the losses in their order: constant
-// over a sequence's seqLen tokens), float32. scratch as the forward's
-// (2E values a token: the scores, the float64 gradient).
+// logits for the probabilities' gradient dprobs and, when losses (the
+// losses attached, with a nonzero scale), the auxiliary losses' gradient of
+// the aux scores dsc (B, E: auxScale times each loss's coefficients, summed
+// over the losses in their order, constant over a sequence's seqLen tokens;
+// null when there are none: zeros, added as the CPU adds them) and, when
+// zloss, the z-loss's: zc (auxScale times its coefficient) · 2·lse/T times
+// the softmax of the logits. float32 out; scratch as the forward's (2E
+// values a token: the scores, the float64 gradient).
 extern "C" __global__ void moe_route_bwd_f32(float* dlogits, double* scratch, const float* dprobs, const float* logits, const int* sel,
                                              const double* dsc, long long T, long long seqLen, int E, int k, int score, int pre,
-                                             double scaling) {
+                                             double scaling, int losses, int zloss, double zc) {
     const double sf = scaling != 0.0 ? scaling : 1.0;
     for (long long t = (long long)blockIdx.x * blockDim.x + threadIdx.x; t < T; t += (long long)gridDim.x * blockDim.x) {
         const float* l = logits + t * E;
@@ -269,13 +335,13 @@ extern "C" __global__ void moe_route_bwd_f32(float* dlogits, double* scratch, co
                 d[s[j]] = __dadd_rn(d[s[j]], __dmul_rn(ds, __dmul_rn(sg, __dsub_rn(1.0, sg))));
             }
         }
-        if (dsc != nullptr) { // the losses' gradient through the aux scores
-            const double* D = dsc + (t / seqLen) * E;
+        if (losses) { // the losses' gradient through the aux scores
+            const double* D = dsc != nullptr ? dsc + (t / seqLen) * E : nullptr;
             if (score == MOE_SOFTMAX) {
                 moe_softmax(sc, l, E);
                 double dot = 0.0;
-                for (int e = 0; e < E; e++) dot = __dadd_rn(dot, __dmul_rn(sc[e], D[e]));
-                for (int e = 0; e < E; e++) d[e] = __dadd_rn(d[e], __dmul_rn(sc[e], __dsub_rn(D[e], dot)));
+                for (int e = 0; e < E; e++) dot = __dadd_rn(dot, __dmul_rn(sc[e], D ? D[e] : 0.0));
+                for (int e = 0; e < E; e++) d[e] = __dadd_rn(d[e], __dmul_rn(sc[e], __dsub_rn(D ? D[e] : 0.0, dot)));
             } else {
                 double sum = 0.0, dot = 0.0;
                 for (int e = 0; e < E; e++) {
@@ -283,12 +349,17 @@ extern "C" __global__ void moe_route_bwd_f32(float* dlogits, double* scratch, co
                     sum = __dadd_rn(sum, sc[e]);
                 }
                 const double den = __dadd_rn(sum, 1e-20);
-                for (int e = 0; e < E; e++) dot = __dadd_rn(dot, __dmul_rn(D[e], sc[e]));
+                for (int e = 0; e < E; e++) dot = __dadd_rn(dot, __dmul_rn(D ? D[e] : 0.0, sc[e]));
                 for (int e = 0; e < E; e++) {
-                    const double sg = sc[e];
-                    const double v = __dsub_rn(__ddiv_rn(D[e], den), __ddiv_rn(dot, __dmul_rn(den, den)));
+                    const double sg = sc[e], De = D ? D[e] : 0.0;
+                    const double v = __dsub_rn(__ddiv_rn(De, den), __ddiv_rn(dot, __dmul_rn(den, den)));
                     d[e] = __dadd_rn(d[e], __dmul_rn(v, __dmul_rn(sg, __dsub_rn(1.0, sg))));
                 }
+            }
+            if (zloss) { // zc·2·lse/T times the softmax of the logits
+                const double f = __ddiv_rn(__dmul_rn(__dmul_rn(zc, 2.0), moe_lse(l, E)), (double)T);
+                moe_softmax(sc, l, E);
+                for (int e = 0; e < E; e++) d[e] = __dadd_rn(d[e], __dmul_rn(f, sc[e]));
             }
         }
         float* out = dlogits + t * E;

@@ -107,31 +107,51 @@ func TestMoEHostKernels(t *testing.T) {
 				}
 			}
 			sameBitsF32(t, "probabilities", probs, want.Probs)
-			out = runMoEHost(t, bin, append(append(f32Bytes(logits), i32Bytes(sel)...), f32Bytes(dprobs)...), "bwd", T, E, k, score, pre, sc, 1, 0)
+			out = runMoEHost(t, bin, append(append(f32Bytes(logits), i32Bytes(sel)...), f32Bytes(dprobs)...), "bwd", T, E, k, score, pre, sc, 1, 0, 0, 0, 0)
 			sameBitsF32(t, "logits' gradient", fromF32Bytes(out), wantD)
 		})
 	}
 }
 
 // TestMoEHostKernelsLosses: with the load-balancing losses (aux, seq-aux,
-// global-aux), the host run of moe.cu's aux kernels gives the routing the
-// CPU's aux-loss counts (per expert and per sequence) and loss values
-// within float64 rounding, and the backward with the losses' gradient
-// (LossGradients of that routing, at a scale) gives the CPU's logits'
-// gradient bit for bit, softmax and sigmoid, on logits with ties.
+// global-aux) and the z-loss, the host run of moe.cu's aux and z kernels
+// gives the routing the CPU's aux-loss counts (per expert and per
+// sequence), load-balancing loss values within float64 rounding and the
+// z-loss bit for bit, and the backward with the losses' gradient
+// (LossGradients of that routing, at a scale, and the z-loss's) gives the
+// CPU's logits' gradient bit for bit, softmax and sigmoid, on logits with
+// ties; also the z-loss alone (no load-balancing loss: the backward adds
+// the CPU's zeros).
 func TestMoEHostKernelsLosses(t *testing.T) {
 	bin := moeHostBin(t)
 	const B, S, E, k = 3, 37, 8, 2
 	T := B * S
-	for _, score := range []cpu.ScoreFunction{cpu.ScoreSoftmax, cpu.ScoreSigmoid} {
-		rc := cpu.RouterConfig{Experts: E, TopK: k, Score: score, Losses: true, Batch: B, SeqLen: S,
-			Balancing: []cpu.LoadBalancing{{Coeff: 0.01}, {Seq: true, Coeff: 0.02}, {Global: true, Coeff: 0.03}}}
+	all := []cpu.LoadBalancing{{Coeff: 0.01}, {Seq: true, Coeff: 0.02}, {Global: true, Coeff: 0.03}}
+	for _, c := range []struct {
+		name  string
+		score cpu.ScoreFunction
+		bal   []cpu.LoadBalancing
+		z     float64
+	}{
+		{"softmax-balancing", cpu.ScoreSoftmax, all, 0},
+		{"sigmoid-balancing", cpu.ScoreSigmoid, all, 0},
+		{"softmax-balancing-z", cpu.ScoreSoftmax, all, 0.05},
+		{"sigmoid-balancing-z", cpu.ScoreSigmoid, all, 1e-3},
+		{"softmax-z-only", cpu.ScoreSoftmax, nil, 0.3},
+		{"sigmoid-z-only", cpu.ScoreSigmoid, nil, 0.3},
+	} {
+		score := c.score
+		rc := cpu.RouterConfig{Experts: E, TopK: k, Score: score, Losses: true, Batch: B, SeqLen: S, Balancing: c.bal, ZLossCoeff: c.z}
 		logits, dprobs := make([]float32, T*E), make([]float32, T*E)
 		rng := tensor.NewRNG(uint64(score) + 11)
 		rng.Normal(logits, 0, 2)
 		rng.Normal(dprobs, 0, 1)
 		for i, x := range logits {
-			logits[i] = float32(math.Round(float64(x)))
+			if i%7 == 0 {
+				logits[i] = x * 60 // softmax terms that underflow, sigmoids that saturate
+			} else {
+				logits[i] = float32(math.Round(float64(x)))
+			}
 		}
 		want := cpu.Route(&rc, logits)
 		const scale = 0.75
@@ -145,24 +165,71 @@ func TestMoEHostKernelsLosses(t *testing.T) {
 		auxSel := fromI32Bytes(out[:4*T*k])
 		sums := make([]float64, B*E)
 		binary.Read(bytes.NewReader(out[4*T*k:]), binary.LittleEndian, sums)
-		got, err := cpu.RouteFromSelection(&rc, T, sel, auxSel, sums)
+		out = runMoEHost(t, bin, f32Bytes(logits), "z", T, E)
+		zs := make([]float64, T+1)
+		binary.Read(bytes.NewReader(out), binary.LittleEndian, zs)
+		got, err := cpu.RouteFromSelection(&rc, T, sel, auxSel, sums, zs[T])
 		if err != nil {
 			t.Fatal(err)
 		}
 		if !slices.Equal(got.AuxCounts(&rc), want.AuxCounts(&rc)) || !slices.Equal(got.SeqAuxCounts(&rc), want.SeqAuxCounts(&rc)) {
-			t.Fatalf("score %d: aux-loss counts %v, %v; the CPU's %v, %v", score, got.AuxCounts(&rc), got.SeqAuxCounts(&rc), want.AuxCounts(&rc), want.SeqAuxCounts(&rc))
+			t.Fatalf("%s: aux-loss counts %v, %v; the CPU's %v, %v", c.name, got.AuxCounts(&rc), got.SeqAuxCounts(&rc), want.AuxCounts(&rc), want.SeqAuxCounts(&rc))
 		}
 		ga, wa := got.Aux, want.Aux
 		for i := range wa {
 			if d := math.Abs(ga[i] - wa[i]); d > 1e-13*math.Abs(wa[i]) {
-				t.Errorf("score %d: loss %d = %v, the CPU's %v", score, i, ga[i], wa[i])
+				t.Errorf("%s: loss %d = %v, the CPU's %v", c.name, i, ga[i], wa[i])
 			}
+		}
+		if math.Float64bits(got.Z) != math.Float64bits(want.Z) || (c.z != 0) != (want.Z != 0) {
+			t.Errorf("%s: z-loss %v, the CPU's %v", c.name, got.Z, want.Z)
 		}
 		dsc := got.LossGradients(&rc, scale)
 		var b bytes.Buffer
 		binary.Write(&b, binary.LittleEndian, dsc)
-		out = runMoEHost(t, bin, append(append(append(f32Bytes(logits), i32Bytes(sel)...), f32Bytes(dprobs)...), b.Bytes()...), "bwd", T, E, k, int(score), 0, sc, S, B)
-		sameBitsF32(t, "logits' gradient with the losses", fromF32Bytes(out), wantD)
+		zloss, zc := 0, strconv.FormatFloat(scale*rc.ZLossCoeff, 'g', 17, 64)
+		if rc.ZLossCoeff != 0 {
+			zloss = 1
+		}
+		out = runMoEHost(t, bin, append(append(append(f32Bytes(logits), i32Bytes(sel)...), f32Bytes(dprobs)...), b.Bytes()...), "bwd", T, E, k, int(score), 0, sc, S,
+			len(dsc)/E, 1, zloss, zc)
+		sameBitsF32(t, c.name+": logits' gradient with the losses", fromF32Bytes(out), wantD)
+	}
+}
+
+// TestMoEHostLog: moe.cu's moe_log is internal/cpu's RouterLog bit for bit
+// (each within an ulp of log x) on the z-loss's range (sums of 1 to E
+// terms in [0, 1]), far beyond it, at the reduction's boundary √2/2 and its
+// neighbours, on subnormals and the special cases.
+func TestMoEHostLog(t *testing.T) {
+	bin := moeHostBin(t)
+	h := math.Sqrt2 / 2
+	x := []float64{0, math.Copysign(0, -1), 1, -1, 2, 0.5, h, math.Nextafter(h, 0), math.Nextafter(h, 1), 2 * h, math.Nextafter(2*h, 0),
+		5e-324, 1e-310, math.MaxFloat64, math.Inf(1), math.Inf(-1), math.NaN()}
+	u := make([]float32, 200000)
+	tensor.NewRNG(5).Uniform(u, 0, 1)
+	for i, v := range u {
+		switch i % 4 {
+		case 0:
+			x = append(x, 1+float64(v)*255)
+		case 1:
+			x = append(x, float64(v)*float64(u[(i+1)%len(u)]))
+		case 2:
+			x = append(x, math.Exp((float64(v)*2-1)*700))
+		default:
+			x = append(x, h*(1+(float64(v)-0.5)*1e-6))
+		}
+	}
+	var b bytes.Buffer
+	binary.Write(&b, binary.LittleEndian, x)
+	out := runMoEHost(t, bin, b.Bytes(), "log", len(x))
+	got := make([]float64, len(x))
+	binary.Read(bytes.NewReader(out), binary.LittleEndian, got)
+	for i, v := range x {
+		want := cpu.RouterLog(v)
+		if math.Float64bits(got[i]) != math.Float64bits(want) && !(math.IsNaN(got[i]) && math.IsNaN(want)) {
+			t.Fatalf("moe_log(%v) = %v, RouterLog %v", v, got[i], want)
+		}
 	}
 }
 

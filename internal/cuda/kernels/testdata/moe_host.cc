@@ -8,12 +8,16 @@
 //	    stdin: logits (T·E float32), bias (E float32, if hasBias) → stdout: probs (T·E float32), sel (T·k int32)
 //	moe_host exp n
 //	    stdin: n float64 → stdout: moe_exp of each
-//	moe_host bwd T E k score pre scaling seqLen dscRows
+//	moe_host log n
+//	    stdin: n float64 → stdout: moe_log of each
+//	moe_host bwd T E k score pre scaling seqLen dscRows losses zloss zc
 //	    stdin: logits (T·E float32), sel (T·k int32), dprobs (T·E float32), dsc (dscRows·E float64)
 //	    → stdout: dlogits (T·E float32)
+//	moe_host z T E
+//	    stdin: logits (T·E float32) → stdout: lse (T float64), z (1 float64)
 //	moe_host aux B S E k score
 //	    stdin: logits (B·S·E float32) → stdout: auxSel (B·S·k int32), sums (B·E float64)
-// Little-endian binary; scaling is a decimal float64 printed exactly (%.17g).
+// Little-endian binary; scaling and zc are decimal float64s printed exactly (%.17g).
 
 #include <math.h>
 #include <stdint.h>
@@ -40,6 +44,11 @@ static inline double __longlong_as_double(long long v) {
     double d;
     memcpy(&d, &v, 8);
     return d;
+}
+static inline long long __double_as_longlong(double d) {
+    long long v;
+    memcpy(&v, &d, 8);
+    return v;
 }
 
 #include "../moe.cu"
@@ -78,11 +87,13 @@ int main(int argc, char** argv) {
         writeAll(sel);
         return 0;
     }
-    if (strcmp(argv[1], "bwd") == 0 && argc == 10) {
+    if (strcmp(argv[1], "bwd") == 0 && argc == 13) {
         long long T = atoll(argv[2]);
         int E = atoi(argv[3]), k = atoi(argv[4]), score = atoi(argv[5]), pre = atoi(argv[6]);
         double scaling = strtod(argv[7], nullptr);
         long long seqLen = atoll(argv[8]), dscRows = atoll(argv[9]);
+        int losses = atoi(argv[10]), zloss = atoi(argv[11]);
+        double zc = strtod(argv[12], nullptr);
         auto logits = readN<float>(T * E);
         auto sel = readN<int>(T * k);
         auto dprobs = readN<float>(T * E);
@@ -90,7 +101,7 @@ int main(int argc, char** argv) {
         std::vector<float> dlogits(T * E);
         std::vector<double> scratch(T * 2 * E);
         moe_route_bwd_f32(dlogits.data(), scratch.data(), dprobs.data(), logits.data(), sel.data(), dscRows ? dsc.data() : nullptr, T, seqLen,
-                          E, k, score, pre, scaling);
+                          E, k, score, pre, scaling, losses, zloss, zc);
         writeAll(dlogits);
         return 0;
     }
@@ -104,6 +115,23 @@ int main(int argc, char** argv) {
         moe_route_aux_sums_f64(sums.data(), q.data(), B, S, E);
         writeAll(auxSel);
         writeAll(sums);
+        return 0;
+    }
+    if (strcmp(argv[1], "z") == 0 && argc == 4) {
+        long long T = atoll(argv[2]);
+        int E = atoi(argv[3]);
+        auto logits = readN<float>(T * E);
+        std::vector<double> lse(T), z(1);
+        moe_route_z_f64(lse.data(), logits.data(), T, E);
+        moe_route_zsum_f64(z.data(), lse.data(), T);
+        writeAll(lse);
+        writeAll(z);
+        return 0;
+    }
+    if (strcmp(argv[1], "log") == 0 && argc == 3) {
+        auto x = readN<double>(atoll(argv[2]));
+        for (auto& v : x) v = moe_log(v);
+        writeAll(x);
         return 0;
     }
     if (strcmp(argv[1], "exp") == 0 && argc == 3) {
