@@ -14,6 +14,7 @@ package train
 import (
 	"errors"
 	"fmt"
+	"github.com/gotron/gotron/internal/fp8"
 	"io"
 	"slices"
 	"time"
@@ -111,6 +112,13 @@ type Config struct {
 	// other op stay float32, like Megatron's fp32 main params and grads.
 	// Evaluation multiplies in float32.
 	BF16 bool
+	// FP8 (--fp8-format, --fp8-recipe, ...), when set, runs the layers'
+	// QKV, attention projection, fc1 and fc2 on FP8 operands, emulated
+	// on the CPU (gpt.FP8Config, tensor.LinearFP8), in training and
+	// evaluation. The delayed recipe's histories are not saved in
+	// checkpoints (TE keeps them in _extra_state): a resumed run restarts
+	// them.
+	FP8 *gpt.FP8Config
 	// FP16 (--fp16) runs the matrix products on fp16-rounded operands
 	// (tensor.MatmulFP16, emulated on the CPU) with float32 accumulation and
 	// float32 master weights, and scales the loss by LossScale's dynamic
@@ -402,6 +410,9 @@ func (c *Config) validate() error {
 	}
 	c.Parallel = c.groups()
 	l := c.Parallel.Layout.Config
+	if err := c.checkFP8(l.TP, l.CP, l.PP, c.Parallel.DPSize()); err != nil {
+		return err
+	}
 	if err := c.checkFSDP(); err != nil {
 		return err
 	}
@@ -485,4 +496,37 @@ func (c *Config) memoryConfig() MemoryConfig {
 	}
 	mc.AccountForEmbedding, mc.AccountForLoss = c.Pipeline.AccountForEmbedding, c.Pipeline.AccountForLoss
 	return mc
+}
+
+// checkFP8 checks the FP8 setting against the run.
+func (c *Config) checkFP8(tpSize, cpSize, ppSize, dpSize int) error {
+	f := c.FP8
+	if f == nil {
+		return nil
+	}
+	if err := f.Validate(c.Model); err != nil {
+		return fmt.Errorf("train: %w", err)
+	}
+	if c.Architecture != nil {
+		if _, ok := c.Architecture.(GPT); !ok {
+			return fmt.Errorf("train: FP8 (--fp8-format) needs the GPT architecture, not %T", c.Architecture)
+		}
+	}
+	if c.Device == tensor.CUDA {
+		return fmt.Errorf("train: --fp8-format on --device cuda: not built (gotron emulates FP8 products on the CPU; no cuBLASLt FP8 GEMM is wired yet)")
+	}
+	if c.FP16 {
+		return fmt.Errorf("train: --fp8-format with --fp16: not built (gotron's FP8 follows Megatron's --bf16 or float32 runs)")
+	}
+	if f.Recipe.Kind == fp8.Delayed {
+		switch {
+		case max(tpSize, 1)*max(cpSize, 1)*max(dpSize, 1) > 1:
+			return fmt.Errorf("train: --fp8-recipe delayed with tensor, context or data parallelism (TP %d, CP %d, DP %d): its amax reduction over the tensor/data/context-parallel group is not built; --fp8-recipe tensorwise is", max(tpSize, 1), max(cpSize, 1), max(dpSize, 1))
+		case ppSize > 1:
+			return fmt.Errorf("train: --fp8-recipe delayed with --pipeline-model-parallel-size %d: the per-micro-batch scale updates of pipeline stages are not built; --fp8-recipe tensorwise is", ppSize)
+		case c.Recompute.Full:
+			return fmt.Errorf("train: --fp8-recipe delayed with --recompute-granularity full: recomputing a layer must reuse its forward's scales (TE's fp8 meta copy for recompute), not built")
+		}
+	}
+	return nil
 }

@@ -99,6 +99,8 @@ type GPT struct {
 	Config    gpt.Config
 	Recompute gpt.Recompute // activation recomputation of every model built
 	Fusions   gpt.Fusions   // the fused ops every model built leaves off
+	// FP8 is the FP8 state every model built shares (nil: no FP8).
+	FP8 *gpt.FP8
 }
 
 // Build implements Architecture.
@@ -107,7 +109,7 @@ func (a GPT) Build(rng *tensor.RNG) (Model, error) {
 	if err != nil {
 		return nil, err
 	}
-	m.Recompute, m.Fusions = a.Recompute, a.Fusions
+	m.Recompute, m.Fusions, m.FP8 = a.Recompute, a.Fusions, a.FP8
 	return m, nil
 }
 
@@ -124,7 +126,7 @@ func (a GPT) Parallelize(full Model, region *tp.Region, rankRNG *tensor.RNG) (Mo
 	if err != nil {
 		return nil, err
 	}
-	sliced.Recompute = m.Recompute
+	sliced.Recompute, sliced.FP8 = m.Recompute, m.FP8
 	return sliced, nil
 }
 
@@ -167,5 +169,9 @@ func (c *Config) architecture() Architecture {
 	if c.Architecture != nil {
 		return c.Architecture
 	}
-	return GPT{Config: c.Model, Recompute: c.Recompute, Fusions: c.Fusions}
+	g := GPT{Config: c.Model, Recompute: c.Recompute, Fusions: c.Fusions}
+	if c.FP8 != nil {
+		g.FP8 = gpt.NewFP8(*c.FP8, c.BF16)
+	}
+	return g
 }

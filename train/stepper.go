@@ -463,6 +463,7 @@ func (st *stepper) forwardBackward(ctx context.Context, n, mbs, dp, r int, perTo
 			loss = st.model.Loss(st.tape, logits, bt)
 		}
 		st.tm.stop(timerForwardCompute)
+		st.fp8().EndForward()
 		if err := st.tape.Err(); err != nil {
 			return agreement{}, fmt.Errorf("train: iteration %d: %w", st.Iteration+1, err)
 		}
@@ -476,6 +477,7 @@ func (st *stepper) forwardBackward(ctx context.Context, n, mbs, dp, r int, perTo
 		st.tm.start(timerBackwardCompute, 2)
 		err = st.tape.Backward(st.tape.Scale(loss, backwardScale(st.lossScale(), perToken, n, nt)))
 		st.tm.stop(timerBackwardCompute)
+		st.fp8().EndBackward()
 		if err != nil {
 			return agreement{}, fmt.Errorf("train: iteration %d: %w", st.Iteration+1, err)
 		}
@@ -616,6 +618,7 @@ func (st *stepper) evaluate(src datagpt.Source, consumed *int64) (float64, error
 				}
 				// the loss is the tape's, released at its Reset: keep a copy
 				pending.add(st.model.Loss(tp, st.model.Forward(tp, dbt, nil, false), dbt), tokens)
+				st.fp8().EndForward() // TE updates delayed scales after evaluation forwards too
 				err := errors.Join(tp.Err(), st.endMicrobatch())
 				tp.Reset()
 				if err != nil {
@@ -877,4 +880,12 @@ func muPGroups(groups []optim.Group, m float64, opt Optimizer, lr, minLR, eps fl
 		extra = append(extra, moved)
 	}
 	return append(out, extra...)
+}
+
+// fp8 is the run's FP8 state (nil without FP8; its methods take nil).
+func (st *stepper) fp8() *gpt.FP8 {
+	if g, ok := st.arch.(GPT); ok {
+		return g.FP8
+	}
+	return nil
 }

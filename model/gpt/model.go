@@ -83,6 +83,9 @@ type Model struct {
 	Recompute Recompute
 	// Fusions turns off fused elementwise ops (fusion.go); zero fuses all.
 	Fusions Fusions
+	// FP8, when set, runs the layers' QKV, projection, fc1 and fc2 on FP8
+	// operands (fp8.go); nil multiplies as the tape's precision says.
+	FP8 *FP8
 	// ParamGather, when set, gathers each unit of layers' parameters
 	// before the unit runs in a training or evaluation forward and releases
 	// them after (a recomputed chunk is one unit); nil: the parameters are
@@ -528,6 +531,7 @@ func (m *Model) layerOn(tp *tensor.Tape, x *tensor.Tensor, l *Layer, index int, 
 // stream alone (recompute checkpoints, the layer tape, parameter gathers,
 // pipeline stages).
 func (m *Model) layer(tp *tensor.Tape, x *tensor.Tensor, l *Layer, index int, p *pass) *tensor.Tensor {
+	p = m.layerPass(p, index)
 	var a, ab *tensor.Tensor
 	if l.GDN != nil {
 		a = m.gatedDeltaNet(tp, l.GDN, index, m.norm(tp, x, l.InputNorm, l.InputNormBias), p)

@@ -424,7 +424,7 @@ func (s *Stage) Loss(tp *tensor.Tape, logits *tensor.Tensor, bt Batch) *tensor.T
 func (s *Stage) view() *Model {
 	return &Model{Config: s.Config, WordEmb: s.WordEmb, PosEmb: s.PosEmb, Layers: s.Layers,
 		FinalNorm: s.FinalNorm, FinalNormB: s.FinalNormB, OutputLayer: s.OutputLayer,
-		rope: s.model.rope, dsaRope: s.model.dsaRope, dsa: s.model.dsa, Sharding: s.Sharding, Recompute: s.model.Recompute, Fusions: s.model.Fusions, ContextParallel: s.model.ContextParallel,
+		rope: s.model.rope, dsaRope: s.model.dsaRope, dsa: s.model.dsa, Sharding: s.Sharding, Recompute: s.model.Recompute, Fusions: s.model.Fusions, FP8: s.model.FP8, ContextParallel: s.model.ContextParallel,
 		MoE: s.model.MoE, Experts: s.model.Experts, TokenGroup: s.model.TokenGroup, BatchGroup: s.model.BatchGroup,
 		CacheMLALatents: s.model.CacheMLALatents, expertsOverTP: s.model.expertsOverTP}
 }

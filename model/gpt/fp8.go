@@ -1,0 +1,148 @@
+package gpt
+
+import (
+	"fmt"
+	"sync"
+
+	"github.com/gotron/gotron/internal/fp8"
+	"github.com/gotron/gotron/tensor"
+)
+
+// FP8Config is Megatron's FP8 setting (--fp8-format, --fp8-recipe and the
+// delayed recipe's flags, --fp8-param-gather, --first-last-layers-bf16):
+// the linear layers Transformer Engine builds — QKV, the attention output
+// projection, fc1 and fc2 — multiply FP8 operands (tensor.LinearFP8); the
+// attention core, the norms, the embedding and the output layer do not, as
+// in Megatron (TE's fp8_autocast covers TE's Linear modules; the output
+// layer is a plain column-parallel linear).
+type FP8Config struct {
+	Recipe fp8.Recipe
+	// ParamGather (--fp8-param-gather) keeps the model's compute weights
+	// in FP8, quantized from the float32 main parameters after each step
+	// (TE's fp8_model_init; Megatron all-gathers them in FP8). In gotron's
+	// single-copy parameters that is: a weight is quantized straight from
+	// the float32 parameter, never rounded to bfloat16 first. Without it,
+	// under --bf16 the weight is Megatron's bfloat16 model weight,
+	// quantized at the product (a double rounding, float32 → bfloat16 →
+	// FP8). Without --bf16 both are the same numbers.
+	ParamGather bool
+	// BF16LayersAtStart and BF16LayersAtEnd (--first-last-layers-bf16 with
+	// --num-layers-at-start-in-bf16 / --num-layers-at-end-in-bf16; 0
+	// without it) are the layers (global indices) that stay out of FP8, as
+	// Megatron's is_first_last_bf16_layer.
+	BF16LayersAtStart, BF16LayersAtEnd int
+}
+
+// Validate checks c against the model.
+func (c FP8Config) Validate(m Config) error {
+	if err := c.Recipe.Validate(); err != nil {
+		return err
+	}
+	if c.BF16LayersAtStart < 0 || c.BF16LayersAtEnd < 0 {
+		return fmt.Errorf("gpt: --num-layers-at-start-in-bf16 %d / --num-layers-at-end-in-bf16 %d: want >= 0", c.BF16LayersAtStart, c.BF16LayersAtEnd)
+	}
+	if c.Recipe.Kind == fp8.Delayed && (c.BF16LayersAtStart > 0 || c.BF16LayersAtEnd > 0) {
+		return fmt.Errorf("gpt: --first-last-layers-bf16 with --fp8-recipe delayed: Megatron refuses it (\"Delayed scaling does not support first / last layer in BF16.\")")
+	}
+	switch {
+	case m.MoE.NumExperts > 0:
+		return fmt.Errorf("gpt: FP8 with mixture of experts (--num-experts): gotron's FP8 covers dense layers only (TE's grouped expert GEMMs are not built)")
+	case m.MLA.Enabled:
+		return fmt.Errorf("gpt: FP8 with --multi-latent-attention: gotron's FP8 covers standard attention's QKV and projection only")
+	case m.GDN.Enabled:
+		return fmt.Errorf("gpt: FP8 with gated delta net layers: gotron's FP8 covers attention and MLP layers only")
+	}
+	return nil
+}
+
+// FP8 is a model's FP8 state (Model.FP8): the configuration and, per
+// linear layer (by weight), the delayed recipe's amax histories. One FP8
+// may serve the models and stages of one rank.
+type FP8 struct {
+	Config FP8Config
+	// BF16 (--bf16): activations and gradients are quantized from their
+	// bfloat16 roundings, and weights too unless ParamGather.
+	BF16 bool
+
+	mu      sync.Mutex
+	linears map[*tensor.Tensor]*tensor.FP8Linear
+	order   []*tensor.FP8Linear // creation order, for the updates
+}
+
+// NewFP8 returns the FP8 state of a run.
+func NewFP8(c FP8Config, bf16 bool) *FP8 {
+	return &FP8{Config: c, BF16: bf16, linears: map[*tensor.Tensor]*tensor.FP8Linear{}}
+}
+
+// InFP8 reports whether layer (a global index) of a model of n layers
+// runs its linear layers in FP8 (Megatron's is_first_last_bf16_layer).
+func (f *FP8) InFP8(layer, n int) bool {
+	return layer >= f.Config.BF16LayersAtStart && layer < n-f.Config.BF16LayersAtEnd
+}
+
+// linear returns weight w's state, made at its first use.
+func (f *FP8) linear(w *tensor.Tensor) *tensor.FP8Linear {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	l, ok := f.linears[w]
+	if !ok {
+		l = tensor.NewFP8Linear(f.Config.Recipe, f.BF16, f.BF16 && !f.Config.ParamGather)
+		f.linears[w] = l
+		f.order = append(f.order, l)
+	}
+	return l
+}
+
+// EndForward ends a forward pass (TE's fp8_autocast exit): under the
+// delayed recipe each linear layer's input and weight histories take the
+// amaxes recorded and update their scales. Nothing under tensorwise.
+func (f *FP8) EndForward() {
+	if f == nil || f.Config.Recipe.Kind != fp8.Delayed {
+		return
+	}
+	r := f.Config.Recipe
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for _, l := range f.order {
+		l.Input.Update(r.ForwardFormat(), r.Margin, r.AmaxAlgo)
+		l.Weight.Update(r.ForwardFormat(), r.Margin, r.AmaxAlgo)
+	}
+}
+
+// EndBackward ends a backward pass: under the delayed recipe the output
+// gradients' histories update (TE's reduce_and_update_fp8_tensors
+// (forward=False) once the region's backward is done).
+func (f *FP8) EndBackward() {
+	if f == nil || f.Config.Recipe.Kind != fp8.Delayed {
+		return
+	}
+	r := f.Config.Recipe
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for _, l := range f.order {
+		l.Grad.Update(r.GradFormat(), r.Margin, r.AmaxAlgo)
+	}
+}
+
+// fp8Linears is the Linears of a layer in FP8: tensor.Tape.LinearFP8 with
+// the weight's state.
+type fp8Linears struct{ f *FP8 }
+
+func (l fp8Linears) Linear(tp *tensor.Tape, x, w, b *tensor.Tensor) *tensor.Tensor {
+	return tp.LinearFP8(x, w, b, l.f.linear(w))
+}
+
+// layerPass returns the pass a layer runs with: p, or under FP8 (a layer
+// not kept in bf16, on the model's own linear layers) a copy whose linear
+// layers multiply FP8 operands.
+func (m *Model) layerPass(p *pass, index int) *pass {
+	if m.FP8 == nil || !m.FP8.InFP8(index, m.Config.NumLayers) {
+		return p
+	}
+	if _, own := p.lin.(tapeLinear); !own {
+		return p
+	}
+	q := *p
+	q.lin = fp8Linears{m.FP8}
+	return &q
+}
