@@ -62,9 +62,12 @@ type Config struct {
 	TP comm.ProcessGroup
 	// Packing is --rl-use-sequence-packing: each collection's rollouts are
 	// packed into bins of SeqLength tokens (packRows), at most
-	// MaxSequencesPerBin each, and the iterations run bins (Plan).
+	// MaxSequencesPerBin each, the bins are dealt to the data-parallel
+	// ranks by PackingAlgo (RankBins; "" is fifo), and the iterations run
+	// bins (Plan).
 	Packing            bool
-	MaxSequencesPerBin int // --rl-sequence-packing-max-sequences-per-bin
+	MaxSequencesPerBin int    // --rl-sequence-packing-max-sequences-per-bin
+	PackingAlgo        string // --rl-sequence-packing-algo
 }
 
 // Collection summarises one rollout collection.
@@ -90,10 +93,13 @@ type Collector struct {
 	itersPerCol int64
 	rows        []row // the current collection's, group-major
 	current     int64 // its index; -1 before the first
-	// With packing: the current collection's bins, how many each
-	// iteration runs, and the iteration Prepare readied.
+	// With packing: this data-parallel rank's bins of the current
+	// collection (empty ones last), how many each iteration runs, the
+	// sequences in every rank's bins (for the consumed count), and the
+	// iteration Prepare readied.
 	bins        []packedBin
 	binsPerIter int64
+	rankSeqs    [][]int
 	iteration   int64
 	// sharding is the model's tensor-parallel plan (nil: whole): its
 	// logits hold this rank's vocabulary slice, gathered for the
@@ -165,8 +171,11 @@ func NewCollector(cfg Config) (*Collector, error) {
 		if cfg.MicroBatchSize != 1 {
 			return nil, fmt.Errorf("rl: --rl-use-sequence-packing needs --micro-batch-size 1, not %d (a micro-batch is one bin; Megatron asserts it)", cfg.MicroBatchSize)
 		}
-		if dpSize(cfg.DP) > 1 || (cfg.TP != nil && cfg.TP.Size() > 1) {
-			return nil, fmt.Errorf("rl: --rl-use-sequence-packing with %d data-parallel and %d tensor-parallel ranks: gotron runs packed GRPO in one process only (the bins' split over data-parallel ranks, rl.FIFOBins, is not wired into the train loop)", dpSize(cfg.DP), max(dpSize(cfg.TP), 1))
+		if cfg.PackingAlgo == "" {
+			cfg.PackingAlgo = PackFIFO
+		}
+		if _, _, err := RankBins(cfg.PackingAlgo, 0, 1, 0); err != nil {
+			return nil, err
 		}
 		if err := checked.Positive("--rl-sequence-packing-max-sequences-per-bin", int64(cfg.MaxSequencesPerBin)); err != nil {
 			return nil, fmt.Errorf("rl: %w", err)
@@ -271,18 +280,22 @@ func (c *Collector) rowOf(i int64) (*row, error) {
 	return &c.rows[j], nil
 }
 
-// Plan is the iteration Prepare readied, with packing: its micro-batches
-// (bins), the sample index of its first (Sample's and Loss's frame: the
-// current collection's bins, cycled as Megatron's loader is, from where
-// the collection's previous iteration stopped) and the sequences its
-// bins hold (Megatron's consumed samples: a bin run again counts again).
+// Plan is the iteration Prepare readied, with packing: this rank's
+// micro-batches (bins), the sample index of its first (Sample's and
+// Loss's frame: this rank's bins of the current collection, cycled as
+// Megatron's loader is, from where the collection's previous iteration
+// stopped) and the sequences the bins of all data-parallel ranks hold
+// (Megatron's consumed samples, get_iteration_sequence_count: a bin run
+// again counts again, an empty bin nothing).
 func (c *Collector) Plan() (microBatches int, first, sequences int64, packed bool) {
 	if !c.cfg.Packing {
 		return 0, 0, 0, false
 	}
 	first = (c.iteration % c.itersPerCol) * c.binsPerIter
-	for i := range c.binsPerIter {
-		sequences += int64(len(c.bins[(first+i)%int64(len(c.bins))].seqs))
+	for _, seqs := range c.rankSeqs {
+		for i := range c.binsPerIter {
+			sequences += int64(seqs[(first+i)%int64(len(seqs))])
+		}
 	}
 	return int(c.binsPerIter), first, sequences, true
 }
@@ -365,16 +378,8 @@ func (c *Collector) Prepare(ctx context.Context, m train.Model, eval *tensor.Tap
 		}
 	}
 	if c.cfg.Packing {
-		bins, err := packRows(rows, c.cfg.SeqLength, c.cfg.MaxSequencesPerBin, c.pad)
-		if err != nil {
+		if err := c.pack(ctx, k, rows); err != nil {
 			return err
-		}
-		// update_microbatch_calculator: ⌈(global batch / rollouts per
-		// collection) × bins⌉ bins per iteration.
-		perCol := int64(c.cfg.PromptsPerStep * c.cfg.GroupSize)
-		c.bins, c.binsPerIter = bins, (int64(c.cfg.GlobalBatchSize)*int64(len(bins))+perCol-1)/perCol
-		if c.cfg.Printf != nil {
-			c.cfg.Printf("rl: collection %d: %d rollouts packed into %d bins, %d bins per iteration", k, len(rows), len(bins), c.binsPerIter)
 		}
 	}
 	c.rows, c.current = rows, k
@@ -388,6 +393,105 @@ func (c *Collector) Prepare(ctx context.Context, m train.Model, eval *tensor.Tap
 		mean /= float64(len(col.Rewards))
 		c.cfg.Printf("rl: collection %d: %d prompts × %d rollouts, reward mean %.4f (min %.4g, max %.4g), %d generated loss tokens",
 			k, c.cfg.PromptsPerStep, c.cfg.GroupSize, mean, lo, hi, col.Tokens)
+	}
+	return nil
+}
+
+// pack packs collection k's rows and keeps this data-parallel rank's
+// bins, as Megatron's pack_all_trajectories: every rank gathers all the
+// rollouts (each rank computed its own rows' log-probabilities; Megatron
+// gathers the trajectories and computes them on its bins), packs them all
+// the same way, and takes its bins by the packing algorithm, padded with
+// empty bins to the most any rank has (distribute_packed_bins). Each
+// iteration then runs update_microbatch_calculator's bins per rank.
+func (c *Collector) pack(ctx context.Context, k int64, rows []row) error {
+	dp, rank := dpSize(c.cfg.DP), 0
+	if c.cfg.DP != nil {
+		rank = c.cfg.DP.Rank()
+		if err := c.gatherRows(ctx, rows); err != nil {
+			return fmt.Errorf("rl: collection %d: %w", k, err)
+		}
+	}
+	all, err := packRows(rows, c.cfg.SeqLength, c.cfg.MaxSequencesPerBin, c.pad)
+	if err != nil {
+		return err
+	}
+	c.rankSeqs = make([][]int, dp)
+	var mine []int
+	var perRank int
+	for r := range dp {
+		idx, per, err := RankBins(c.cfg.PackingAlgo, len(all), dp, r)
+		if err != nil {
+			return err
+		}
+		perRank = per
+		c.rankSeqs[r] = make([]int, per)
+		for i, b := range idx {
+			c.rankSeqs[r][i] = len(all[b].seqs)
+		}
+		if r == rank {
+			mine = idx
+		}
+	}
+	c.bins = make([]packedBin, 0, perRank)
+	for _, b := range mine {
+		c.bins = append(c.bins, all[b])
+	}
+	for len(c.bins) < perRank {
+		c.bins = append(c.bins, emptyBin(c.cfg.SeqLength, c.pad))
+	}
+	c.binsPerIter = int64(BinsPerStep(c.cfg.GlobalBatchSize, c.cfg.PromptsPerStep*c.cfg.GroupSize, perRank))
+	if c.cfg.Printf != nil {
+		line := fmt.Sprintf("rl: collection %d: %d rollouts packed into %d bins, %d bins per iteration", k, len(rows), len(all), c.binsPerIter)
+		if dp > 1 {
+			line += fmt.Sprintf(" on each of %d data-parallel ranks (%s: %d bins per rank, %d empty in all)", dp, c.cfg.PackingAlgo, perRank, dp*perRank-len(all))
+		}
+		c.cfg.Printf("%s", line)
+	}
+	return nil
+}
+
+// gatherRows gives every data-parallel rank every rollout's row (each
+// rank holds those it owns; Megatron's _gather of the trajectories): one
+// sum over the ranks of the rows' tokens and of the bits of their loss
+// masks and log-probabilities as integers, where exactly one rank adds a
+// row's values and the rest add 0, so the rows arrive bit for bit.
+func (c *Collector) gatherRows(ctx context.Context, rows []row) error {
+	ctx = context.WithoutCancel(ctx) // the ranks finish the collection together
+	seq := c.cfg.SeqLength
+	const fields = 5 // tokens, mask, old, ref, inference
+	buf := make([]int64, len(rows)*fields*seq)
+	for j, r := range rows {
+		if !c.owns(j) {
+			continue
+		}
+		at := buf[j*fields*seq:]
+		for t := range seq {
+			at[t] = int64(r.tokens[t])
+			at[seq+t] = int64(math.Float32bits(r.mask[t]))
+			at[2*seq+t] = int64(math.Float64bits(r.old[t]))
+			at[3*seq+t] = int64(math.Float64bits(r.ref[t]))
+			at[4*seq+t] = int64(math.Float64bits(r.inference[t]))
+		}
+	}
+	if err := c.cfg.DP.AllReduce(ctx, comm.Int64s(buf), comm.Sum); err != nil {
+		return fmt.Errorf("gather the rollouts over the data-parallel ranks for packing: %w", err)
+	}
+	for j := range rows {
+		if c.owns(j) {
+			continue
+		}
+		at := buf[j*fields*seq:]
+		r := &rows[j]
+		r.tokens, r.mask = make([]int32, seq), make([]float32, seq)
+		r.old, r.ref, r.inference = make([]float64, seq), make([]float64, seq), make([]float64, seq)
+		for t := range seq {
+			r.tokens[t] = int32(at[t])
+			r.mask[t] = math.Float32frombits(uint32(at[seq+t]))
+			r.old[t] = math.Float64frombits(uint64(at[2*seq+t]))
+			r.ref[t] = math.Float64frombits(uint64(at[3*seq+t]))
+			r.inference[t] = math.Float64frombits(uint64(at[4*seq+t]))
+		}
 	}
 	return nil
 }
@@ -649,7 +753,8 @@ func (c *Collector) collect(ctx context.Context, m *gpt.Model, k int64) (Collect
 	rows := make([]row, len(outs))
 	for j, o := range outs {
 		if !c.owns(j) {
-			continue // another rank's: no tokens
+			rows[j].advantage = adv[j] // another rank's: no tokens
+			continue
 		}
 		r := row{tokens: make([]int32, seq), mask: make([]float32, seq), inference: make([]float64, seq), advantage: adv[j]}
 		n := copy(r.tokens, o.prompt)

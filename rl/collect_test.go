@@ -189,8 +189,15 @@ func TestNewCollectorErrors(t *testing.T) {
 		{"nan", func(c *Config) { c.Loss.KLBeta = math.NaN() }, "--grpo-kl-beta=NaN"},
 		{"packing micro-batch", func(c *Config) { c.Packing, c.MaxSequencesPerBin = true, 50 }, "--rl-use-sequence-packing needs --micro-batch-size 1, not 2"},
 		{"packing bin", func(c *Config) { c.Packing, c.MicroBatchSize = true, 1 }, "--rl-sequence-packing-max-sequences-per-bin"},
-		{"packing data-parallel", func(c *Config) { c.Packing, c.MicroBatchSize, c.MaxSequencesPerBin, c.DP = true, 1, 50, groups[0] },
-			"--rl-use-sequence-packing with 2 data-parallel and 1 tensor-parallel ranks: gotron runs packed GRPO in one process only"},
+		{"packing algorithm", func(c *Config) {
+			c.Packing, c.MicroBatchSize, c.MaxSequencesPerBin, c.PackingAlgo = true, 1, 50, "sorted"
+		},
+			`--rl-sequence-packing-algo "sorted": want fifo or round-robin`},
+		{"packing over ranks", func(c *Config) {
+			c.Packing, c.MicroBatchSize, c.MaxSequencesPerBin, c.DP = true, 1, 50, groups[0]
+			c.PromptsPerStep, c.GroupSize, c.GlobalBatchSize = 3, 3, 3
+		},
+			"the 9 rollouts per collection must be a multiple of 2 data-parallel ranks"},
 	} {
 		cfg := base
 		c.edit(&cfg)
@@ -438,5 +445,101 @@ func TestShareRewards(t *testing.T) {
 		if !slices.Equal(got[r], want) {
 			t.Errorf("rank %d: rewards %v, want %v", r, got[r], want)
 		}
+	}
+}
+
+// TestCollectorPackedDataParallel: with packing over two in-process
+// data-parallel ranks, every rank packs all the rollouts (gathered bit for
+// bit) into one process's bins, keeps those Megatron's
+// distribute_packed_bins deals it (fifo and round-robin; RankBins is
+// checked against Megatron in TestPackingMatchesMegatron), padded with
+// empty bins to the same number, and plans the same micro-batches with the
+// sequences of both ranks' bins.
+func TestCollectorPackedDataParallel(t *testing.T) {
+	loss := LossConfig{ClampEpsLower: 0.2, ClampEpsUpper: 0.2, KLBeta: 0.1}
+	for _, algo := range []string{PackFIFO, PackRoundRobin} {
+		packed := func(c *Config) {
+			c.GlobalBatchSize, c.MicroBatchSize, c.SeqLength, c.Packing, c.MaxSequencesPerBin, c.PackingAlgo = 3, 1, 512, true, 2, algo
+		}
+		whole, m := testCollector(t, loss, packed)
+		if err := whole.Prepare(context.Background(), m, tensor.NewNoGradTape(nil), 0, 0); err != nil {
+			t.Fatal(err)
+		}
+		groups, err := inproc.NewWorld(2)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ranks := make([]*Collector, 2)
+		errs := make([]error, 2)
+		var wg sync.WaitGroup
+		for r := range ranks {
+			c, m := testCollector(t, loss, packed, func(c *Config) { c.DP = groups[r] })
+			ranks[r] = c
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				errs[r] = c.Prepare(context.Background(), m, tensor.NewNoGradTape(nil), 0, 0)
+			}()
+		}
+		wg.Wait()
+		for r, err := range errs {
+			if err != nil {
+				t.Fatalf("%s: rank %d: %v", algo, r, err)
+			}
+		}
+		nb := len(whole.bins)
+		// seqs[r][i]: the sequences in rank r's bin i, by Megatron's split of one process's bins.
+		var seqs [2][]int64
+		for r, c := range ranks {
+			idx, per, err := RankBins(algo, nb, 2, r)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(c.bins) != per {
+				t.Fatalf("%s: rank %d runs %d bins, want %d of %d", algo, r, len(c.bins), per, nb)
+			}
+			seqs[r] = make([]int64, per)
+			for i, b := range idx {
+				seqs[r][i] = int64(len(whole.bins[b].seqs))
+			}
+			for i, b := range c.bins {
+				if i >= len(idx) {
+					if len(b.seqs) != 0 || slices.ContainsFunc(b.mask, func(v float32) bool { return v != 0 }) || b.tokens[0] != c.pad {
+						t.Fatalf("%s: rank %d bin %d: want an empty bin", algo, r, i)
+					}
+					continue
+				}
+				w := whole.bins[idx[i]]
+				if !slices.Equal(b.seqs, w.seqs) || !slices.Equal(b.tokens, w.tokens) || !slices.Equal(b.mask, w.mask) || !slices.Equal(b.old, w.old) ||
+					!slices.Equal(b.ref, w.ref) || !slices.Equal(b.inference, w.inference) || !slices.Equal(b.advantages, w.advantages) ||
+					!slices.Equal(b.positions, w.positions) || !slices.Equal(b.docIDs, w.docIDs) {
+					t.Fatalf("%s: rank %d bin %d is not one process's bin %d", algo, r, i, idx[i])
+				}
+			}
+			if want := int64(BinsPerStep(3, 6, per)); c.binsPerIter != want {
+				t.Errorf("%s: rank %d: %d bins per iteration, want %d", algo, r, c.binsPerIter, want)
+			}
+		}
+		// Both ranks plan the same iterations: this rank's bins from where
+		// the last iteration stopped, cycling, and all ranks' sequences.
+		per, step := int64(len(ranks[0].bins)), ranks[0].binsPerIter
+		for it := range ranks[0].IterationsPerCollection() {
+			var want int64
+			for r := range ranks {
+				for i := range step {
+					want += seqs[r][(it*step+i)%per]
+				}
+			}
+			for r, c := range ranks {
+				if err := c.Prepare(context.Background(), nil, nil, it, 0); err != nil {
+					t.Fatal(err)
+				}
+				micro, first, got, ok := c.Plan()
+				if !ok || int64(micro) != step || first != it*step || got != want {
+					t.Fatalf("%s: rank %d iteration %d: plan %d bins from %d, %d sequences (packed %v); want %d from %d, %d", algo, r, it, micro, first, got, ok, step, it*step, want)
+				}
+			}
+		}
+		t.Logf("%s: %d bins %v, %d per rank, %d per iteration", algo, nb, seqs, per, step)
 	}
 }

@@ -3,6 +3,7 @@ package rl
 import (
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 )
 
@@ -12,8 +13,9 @@ import (
 // other into bins of --seq-length tokens (SequencePacker.pack_sequences);
 // each document's positions restart at 0 and attention does not cross
 // documents (its cu_seqlens; gotron's Batch.DocIDs). The bins are then
-// dealt to the data-parallel ranks in contiguous runs (the "fifo"
-// --rl-sequence-packing-algo, distribute_packed_bins).
+// dealt to the data-parallel ranks (distribute_packed_bins: contiguous
+// runs with --rl-sequence-packing-algo fifo, every dp-th bin with
+// round-robin), every rank running as many bins as the one with most.
 
 // PackBins is SequencePacker.pack_sequences' bin assignment: the indices
 // of the sequences of each bin. Sequences are taken longest first (a
@@ -69,6 +71,46 @@ func FIFOBins(numBins, dp, rank int) (lo, hi, perRank int, err error) {
 		hi = lo + per
 	}
 	return lo, hi, (numBins + dp - 1) / dp, nil
+}
+
+// Packing algorithms (--rl-sequence-packing-algo): how distribute_packed_bins
+// deals the bins to the data-parallel ranks.
+const (
+	PackFIFO       = "fifo"        // contiguous runs (FIFOBins)
+	PackRoundRobin = "round-robin" // rank r gets bins r, r+dp, r+2·dp, …
+)
+
+// RankBins is distribute_packed_bins: the bins (indices into the packer's,
+// in order) data-parallel rank gets of numBins by algo, and perRank, the
+// bins every rank runs (⌈numBins/dp⌉ for both algorithms), a rank with
+// fewer padding with empty bins after its own.
+func RankBins(algo string, numBins, dp, rank int) (bins []int, perRank int, err error) {
+	lo, hi, perRank, err := FIFOBins(numBins, dp, rank)
+	if err != nil {
+		return nil, 0, err
+	}
+	switch algo {
+	case PackFIFO:
+		for b := lo; b < hi; b++ {
+			bins = append(bins, b)
+		}
+	case PackRoundRobin:
+		for b := rank; b < numBins; b += dp {
+			bins = append(bins, b)
+		}
+	default:
+		return nil, 0, fmt.Errorf("rl: --rl-sequence-packing-algo %q: want %s or %s", algo, PackFIFO, PackRoundRobin)
+	}
+	return bins, perRank, nil
+}
+
+// BinsPerStep is update_microbatch_calculator's bins per rank per
+// iteration: ⌈(globalBatch / rolloutsPerCollection) × binsPerRank⌉,
+// computed in float64 as Megatron's Python does (its ratio is a float:
+// 9/11 × 77 is 63.00000000000001, and so 64 bins).
+func BinsPerStep(globalBatch, rolloutsPerCollection, binsPerRank int) int {
+	ratio := float64(globalBatch) / float64(rolloutsPerCollection)
+	return int(math.Ceil(ratio * float64(binsPerRank)))
 }
 
 // packedBin is one bin as a training sample: its rows' per-position data
@@ -143,4 +185,17 @@ func packRows(rows []row, seq, maxPerBin int, pad int32) ([]packedBin, error) {
 		bins[b] = pb
 	}
 	return bins, nil
+}
+
+// emptyBin is create_empty_bins' bin: padding at position 0 with no loss
+// token, which a rank with fewer bins runs so that every rank runs as many
+// micro-batches (its loss is 0 over train_rl.loss_func's one token).
+func emptyBin(seq int, pad int32) packedBin {
+	b := packedBin{positions: make([]int32, seq), docIDs: make([]int32, seq),
+		row: row{tokens: make([]int32, seq), mask: make([]float32, seq), old: make([]float64, seq), ref: make([]float64, seq),
+			inference: make([]float64, seq), advantages: make([]float64, seq)}}
+	for t := range b.tokens {
+		b.tokens[t] = pad
+	}
+	return b
 }

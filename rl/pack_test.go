@@ -6,6 +6,7 @@ import (
 	"math"
 	"os"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/gotron/gotron/model/gpt"
@@ -27,11 +28,12 @@ type packingGolden struct {
 	PositionIDs     [][]int32            `json:"position_ids"`
 	LossMask        [][]float32          `json:"loss_mask"`
 	FIFO            map[string][][][]int `json:"fifo"`
+	RoundRobin      map[string][][][]int `json:"round_robin"`
 }
 
 // TestPackingMatchesMegatron: the bins, the packed tokens, positions and
-// loss masks, and the fifo split over 1–3 data-parallel ranks are
-// Megatron's.
+// loss masks, and the fifo and round-robin splits over 1–3 data-parallel
+// ranks are Megatron's.
 func TestPackingMatchesMegatron(t *testing.T) {
 	raw, err := os.ReadFile("testdata/packing_golden.json")
 	if err != nil {
@@ -86,24 +88,63 @@ func TestPackingMatchesMegatron(t *testing.T) {
 				at += n
 			}
 		}
-		for size, ranks := range c.FIFO {
-			dp := int(size[0] - '0')
-			for r, want := range ranks {
-				lo, hi, per, err := FIFOBins(len(bins), dp, r)
-				if err != nil {
-					t.Fatal(err)
-				}
-				var got [][]int
-				for b := lo; b < hi; b++ {
-					got = append(got, bins[b].seqs)
-				}
-				for len(got) < per {
-					got = append(got, []int{})
-				}
-				if !slices.EqualFunc(got, want, slices.Equal) {
-					t.Fatalf("%s: fifo over %d ranks, rank %d: %v, Megatron %v", c.Name, dp, r, got, want)
+		if len(c.FIFO) != 3 || len(c.RoundRobin) != 3 {
+			t.Fatalf("%s: %d fifo and %d round-robin splits in the golden, want 3 each", c.Name, len(c.FIFO), len(c.RoundRobin))
+		}
+		for algo, splits := range map[string]map[string][][][]int{PackFIFO: c.FIFO, PackRoundRobin: c.RoundRobin} {
+			for size, ranks := range splits {
+				dp := int(size[0] - '0')
+				for r, want := range ranks {
+					idx, per, err := RankBins(algo, len(bins), dp, r)
+					if err != nil {
+						t.Fatal(err)
+					}
+					var got [][]int
+					for _, b := range idx {
+						got = append(got, bins[b].seqs)
+					}
+					for len(got) < per {
+						got = append(got, []int{})
+					}
+					if !slices.EqualFunc(got, want, slices.Equal) {
+						t.Fatalf("%s: %s over %d ranks, rank %d: %v, Megatron %v", c.Name, algo, dp, r, got, want)
+					}
+					if algo == PackFIFO {
+						lo, hi, per2, err := FIFOBins(len(bins), dp, r)
+						if err != nil || per2 != per || hi-lo != len(idx) || (len(idx) > 0 && idx[0] != lo) {
+							t.Fatalf("%s: FIFOBins(%d, %d, %d) = [%d, %d) of %d, RankBins %v of %d (%v)", c.Name, len(bins), dp, r, lo, hi, per2, idx, per, err)
+						}
+					}
 				}
 			}
+		}
+	}
+}
+
+// TestBinsPerStepMatchesMegatron: the bins each rank runs per iteration
+// are update_microbatch_calculator's (rl/testdata/packing_steps_golden.json,
+// tools/golden/rl_packing.py), its float rounding included.
+func TestBinsPerStepMatchesMegatron(t *testing.T) {
+	raw, err := os.ReadFile("testdata/packing_steps_golden.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var cases []struct {
+		GlobalBatch int `json:"global_batch"`
+		Rollouts    int `json:"rollouts"`
+		BinsPerRank int `json:"bins_per_rank"`
+		DP          int `json:"dp"`
+		BinsPerStep int `json:"bins_per_step"`
+	}
+	if err := json.Unmarshal(raw, &cases); err != nil {
+		t.Fatal(err)
+	}
+	if len(cases) == 0 {
+		t.Fatal("no cases")
+	}
+	for _, c := range cases {
+		if got := BinsPerStep(c.GlobalBatch, c.Rollouts, c.BinsPerRank); got != c.BinsPerStep {
+			t.Errorf("BinsPerStep(%d, %d, %d) = %d, Megatron %d (dp %d)", c.GlobalBatch, c.Rollouts, c.BinsPerRank, got, c.BinsPerStep, c.DP)
 		}
 	}
 }
@@ -119,6 +160,12 @@ func TestPackBinsErrors(t *testing.T) {
 	}
 	if _, _, _, err := FIFOBins(3, 2, 2); err == nil {
 		t.Error("FIFOBins rank 2 of 2: no error")
+	}
+	if _, _, err := RankBins("sorted", 3, 2, 0); err == nil || !strings.Contains(err.Error(), "want fifo or round-robin") {
+		t.Errorf("RankBins with an unknown algorithm: %v", err)
+	}
+	if _, _, err := RankBins(PackRoundRobin, 3, 2, -1); err == nil {
+		t.Error("RankBins rank -1: no error")
 	}
 }
 

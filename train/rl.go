@@ -30,10 +30,11 @@ type RLStep interface {
 // RLPlanner is an RLStep whose iterations may run a number of
 // micro-batches that changes per collection (Megatron's RL sequence
 // packing, update_microbatch_calculator). When Plan says packed, the
-// iteration Prepare readied runs microBatches micro-batches, read from
-// samples first, first+mbs, … (one data-parallel rank), the scheduler
-// advances by the micro-batches' samples (bins) and the consumed count by
-// sequences (the rollouts in them).
+// iteration Prepare readied runs microBatches micro-batches on every
+// data-parallel rank, each rank reading samples first, first+mbs, … of its
+// own (the RL step deals each rank its bins), the scheduler advances by
+// the micro-batches' samples of all ranks (bins) and the consumed count by
+// sequences, the rollouts in all ranks' bins.
 type RLPlanner interface {
 	Plan() (microBatches int, first, sequences int64, packed bool)
 }

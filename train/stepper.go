@@ -269,8 +269,8 @@ func (st *stepper) step(ctx context.Context) (float64, error) {
 	if p, ok := st.cfg.RL.(RLPlanner); ok {
 		micro, first, seqs, packed := p.Plan()
 		if packed {
-			if micro <= 0 || first < 0 || seqs < 0 || dp != 1 {
-				return 0, fmt.Errorf("train: iteration %d: the RL step's packed plan of %d micro-batches from sample %d (%d sequences) over %d data-parallel ranks: want micro-batches > 0 on one rank", st.Iteration+1, micro, first, seqs, dp)
+			if micro <= 0 || first < 0 || seqs < 0 {
+				return 0, fmt.Errorf("train: iteration %d: the RL step's packed plan of %d micro-batches from sample %d (%d sequences): want micro-batches > 0 and the rest >= 0", st.Iteration+1, micro, first, seqs)
 			}
 			st.rlPlan = rlPlan{packed: true, first: first, sequences: seqs}
 			n = micro
@@ -356,7 +356,7 @@ func (st *stepper) step(ctx context.Context) (float64, error) {
 	// RL packing the consumed count (and the FLOPs' batch) is sequences.
 	sequences := gbs
 	if st.rlPlan.packed {
-		gbs, sequences = int64(n*mbs), st.rlPlan.sequences
+		gbs, sequences = int64(n*mbs*dp), st.rlPlan.sequences
 	}
 	st.FLOPsSoFar += FLOPsPerIteration(st.cfg.Model, int(sequences), st.cfg.SeqLength)
 	st.Iteration++

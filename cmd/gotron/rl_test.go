@@ -200,7 +200,7 @@ func TestGRPOTrainErrors(t *testing.T) {
 		{"truncation without correction", with("--rl-importance-sampling-truncation-coef", "2"), "needs --rl-inference-logprobs-is-correction"},
 		{"bad clamp", with("--grpo-clamp-eps-lower", "-0.1"), "--grpo-clamp-eps-lower"},
 		{"packing micro-batch", with("--rl-use-sequence-packing"), "--rl-use-sequence-packing needs --micro-batch-size 1, not 2"},
-		{"packing round-robin", with("--rl-use-sequence-packing", "--micro-batch-size", "1", "--rl-sequence-packing-algo", "round-robin"), "--rl-sequence-packing-algo \"round-robin\": gotron builds fifo only"},
+		{"packing algorithm", with("--rl-use-sequence-packing", "--micro-batch-size", "1", "--rl-sequence-packing-algo", "sorted"), "--rl-sequence-packing-algo \"sorted\": want fifo or round-robin"},
 		{"packing options alone", with("--rl-sequence-packing-max-sequences-per-bin", "2"), "need --rl-use-sequence-packing"},
 		{"packing bins", with("--rl-use-sequence-packing", "--micro-batch-size", "1", "--rl-sequence-packing-max-sequences-per-bin", "0"), "--rl-sequence-packing-max-sequences-per-bin"},
 	} {
@@ -211,15 +211,13 @@ func TestGRPOTrainErrors(t *testing.T) {
 	}
 }
 
-// TestGRPOTrainPacked: --rl-use-sequence-packing packs each collection's
-// four rollouts into bins and trains on them. With --global-batch-size the
-// collection's rollouts (every bin each iteration) and per-token loss, an
-// iteration's loss and gradient are the unpacked run's over the same
-// rollouts (float tolerance: the bins' sums run in another order); the
-// consumed count is sequences; and a run resumed from a packed checkpoint
-// ends bit for bit where the uninterrupted one does.
-func TestGRPOTrainPacked(t *testing.T) {
-	dir := t.TempDir()
+// packableGRPO is tinyGRPO with --micro-batch-size 1, without dropout
+// and at --seq-length 512, from weights (written to dir/crafted) whose
+// rollouts end early, so that several share a bin. run runs gotron in
+// process with a --metrics-file dir/NAME.jsonl and fails the test on an
+// error.
+func packableGRPO(t *testing.T, dir string) ([]string, func(name string, args ...string) string) {
+	t.Helper()
 	env, tok := rlFixture(t, dir)
 	// Without dropout: the packed run's micro-batches hold the rollouts
 	// in another order, and so other dropout masks. Prompts of this
@@ -263,7 +261,19 @@ func TestGRPOTrainPacked(t *testing.T) {
 	if err := train.SaveModel(context.Background(), crafted, 1, m, 512, nil); err != nil {
 		t.Fatal(err)
 	}
-	base = append(base, "--load", crafted, "--finetune")
+	return append(base, "--load", crafted, "--finetune"), run
+}
+
+// TestGRPOTrainPacked: --rl-use-sequence-packing packs each collection's
+// four rollouts into bins and trains on them. With --global-batch-size the
+// collection's rollouts (every bin each iteration) and per-token loss, an
+// iteration's loss and gradient are the unpacked run's over the same
+// rollouts (float tolerance: the bins' sums run in another order); the
+// consumed count is sequences; and a run resumed from a packed checkpoint
+// ends bit for bit where the uninterrupted one does.
+func TestGRPOTrainPacked(t *testing.T) {
+	dir := t.TempDir()
+	base, run := packableGRPO(t, dir)
 	packed := append(append([]string{}, base...), "--rl-use-sequence-packing", "--rl-sequence-packing-algo", "fifo")
 
 	whole := filepath.Join(dir, "whole")
@@ -482,4 +492,127 @@ func TestGRPOTrainTensorParallel(t *testing.T) {
 		t.Errorf("tp2: weights differ from one process's by up to %g", worst)
 	}
 	t.Logf("tp2: losses %v (one process %v), weights within %g", got, want, worst)
+}
+
+// TestGRPOTrainPackedParallel: packed GRPO over worker processes on tcp
+// (gotron launch), data-parallel (DP=2) and data- and tensor-parallel
+// (DP=2 × TP=2). Every rank packs all the rollouts as one process does and
+// runs the bins Megatron's fifo split deals it; with
+// --calculate-per-token-loss the ranks' sums of token losses and gradients
+// are then one process's packed run's. With two bins (eight rollouts) the
+// runs log one process's packed loss and gradient norm and end at its
+// weights (float tolerance), and so the unpacked run's loss and norm times
+// (tokens + e) / (tokens + b), e the rollouts and b the bins without a
+// loss token (train_rl.loss_func counts each as one token; here the
+// shortest rollouts, ended at once, share the last bin). With one bin
+// (four rollouts) rank 1 runs an empty bin, which counts one token too:
+// the loss and norm are one process's times tokens / (tokens + 1). The
+// consumed count is the sequences in both ranks' bins.
+func TestGRPOTrainPackedParallel(t *testing.T) {
+	bin, err := buildGotron()
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	base, run := packableGRPO(t, dir)
+	base = with(base, "--train-iters", "1", "--grpo-kl-beta", "0.1")
+	for _, sc := range []struct {
+		name            string
+		prompts, bins   int
+		empty           int
+		layouts         []string
+		compareUnpacked bool
+	}{
+		{name: "two bins", prompts: 4, bins: 2, empty: 0, layouts: []string{"dp2", "dp2tp2"}, compareUnpacked: true},
+		{name: "one bin", prompts: 2, bins: 1, empty: 1, layouts: []string{"dp2"}},
+	} {
+		rollouts := 2 * sc.prompts
+		b := with(base, "--grpo-prompts-per-step", strconv.Itoa(sc.prompts), "--global-batch-size", strconv.Itoa(rollouts))
+		packed := with(b, "--rl-use-sequence-packing")
+		one := filepath.Join(dir, fmt.Sprint("one", sc.prompts))
+		pout := run(fmt.Sprint("packed", sc.prompts), with(packed, "--save", one)...)
+		if want := fmt.Sprintf("rl: collection 0: %d rollouts packed into %d bins, %d bins per iteration\n", rollouts, sc.bins, sc.bins); !strings.Contains(pout, want) {
+			t.Fatalf("%s: the one-process packed run's output lacks %q (the fixture changed?):\n%s", sc.name, want, pout)
+		}
+		pl, pn := rlMetrics(t, filepath.Join(dir, fmt.Sprint("packed", sc.prompts, ".jsonl")))
+		tokens := loggedLossTokens(t, pout)
+		if sc.compareUnpacked {
+			run(fmt.Sprint("unpacked", sc.prompts), b...)
+			ul, un := rlMetrics(t, filepath.Join(dir, fmt.Sprint("unpacked", sc.prompts, ".jsonl")))
+			eu, ep := -1, -1
+			for u := 0; u <= rollouts; u++ {
+				for p := 0; p <= sc.bins; p++ {
+					r := float64(tokens+u) / float64(tokens+p)
+					if math.Abs(pl[0]-ul[0]*r) <= 1e-6*math.Abs(pl[0]) && math.Abs(pn[0]-un[0]*r) <= 1e-4*pn[0] {
+						eu, ep = u, p
+					}
+				}
+			}
+			if eu < 0 {
+				t.Fatalf("%s: one process: packed loss %.9g norm %.9g, unpacked %.9g %.9g over %d tokens: want the unpacked times (%d + e)/(%d + b), e rollouts and b bins without a loss token", sc.name, pl[0], pn[0], ul[0], un[0], tokens, tokens, tokens)
+			}
+			t.Logf("%s: one process: packed loss %.9g norm %.9g = unpacked %.9g %.9g × (%d + %d)/(%d + %d)", sc.name, pl[0], pn[0], ul[0], un[0], tokens, eu, tokens, ep)
+		}
+		m1, _, err := train.LoadModel(one)
+		if err != nil {
+			t.Fatal(err)
+		}
+		scale := float64(tokens) / float64(tokens+sc.empty)
+		for _, layout := range sc.layouts {
+			nproc, extra := 2, []string(nil)
+			if layout == "dp2tp2" {
+				nproc, extra = 4, []string{"--tensor-model-parallel-size", "2"}
+			}
+			name := fmt.Sprint(layout, "-", sc.prompts)
+			ck, metrics := filepath.Join(dir, name), filepath.Join(dir, name+".jsonl")
+			cmd := exec.Command(bin, append([]string{"launch", "--nproc-per-node", strconv.Itoa(nproc), "--master-port", freeTCPPort(t), "--"},
+				with(with(packed, extra...), "--metrics-file", metrics, "--save", ck)...)...)
+			cmd.Env = append(os.Environ(), "GOTRON_NUM_THREADS=1")
+			out, err := cmd.CombinedOutput()
+			if err != nil {
+				t.Fatalf("%s: gotron launch --nproc-per-node %d -- train --perform-rl-step --rl-use-sequence-packing: %v\n%s", name, nproc, err, out)
+			}
+			for _, want := range []string{
+				fmt.Sprintf("rl: collection 0: %d rollouts packed into %d bins, 1 bins per iteration on each of 2 data-parallel ranks (fifo: 1 bins per rank, %d empty in all)", rollouts, sc.bins, sc.empty),
+				fmt.Sprintf("consumed samples: %12d |", rollouts),
+			} {
+				if !strings.Contains(string(out), want) {
+					t.Errorf("%s: output lacks %q:\n%s", name, want, out)
+				}
+			}
+			dl, dn := rlMetrics(t, metrics)
+			if len(dl) != 1 || math.Abs(dl[0]-pl[0]*scale) > 1e-5*math.Abs(pl[0]) || math.Abs(dn[0]-pn[0]*scale) > 1e-4*pn[0] {
+				t.Errorf("%s: loss %v norm %v; want one process's packed %.9g and %.9g times %d/%d", name, dl, dn, pl[0], pn[0], tokens, tokens+sc.empty)
+			}
+			m2, _, err := train.LoadModel(ck)
+			if err != nil {
+				t.Fatal(err)
+			}
+			worst := 0.0
+			for i, p := range m1.Params() {
+				a, b := p.Float32s(), m2.Params()[i].Float32s()
+				for j := range a {
+					worst = max(worst, math.Abs(float64(a[j])-float64(b[j])))
+				}
+			}
+			if sc.empty == 0 && worst > 1e-5 {
+				t.Errorf("%s: weights differ from one process's by up to %g", name, worst)
+			}
+			t.Logf("%s: loss %.9g norm %.9g (one process %.9g %.9g, × %d/%d); weights within %g of one process's", name, dl[0], dn[0], pl[0], pn[0], tokens, tokens+sc.empty, worst)
+		}
+	}
+}
+
+// loggedLossTokens is the loss tokens of the first collection a run logged.
+func loggedLossTokens(t *testing.T, out string) int {
+	t.Helper()
+	i := strings.Index(out, " generated loss tokens")
+	if i < 0 {
+		t.Fatalf("no loss token count in the output:\n%s", out)
+	}
+	var tokens int
+	if _, err := fmt.Sscan(out[strings.LastIndex(out[:i], " ")+1:i], &tokens); err != nil || tokens <= 0 {
+		t.Fatalf("loss token count %q: %v", out[strings.LastIndex(out[:i], " ")+1:i], err)
+	}
+	return tokens
 }

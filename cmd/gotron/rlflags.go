@@ -58,8 +58,8 @@ func addRLFlags(fs *flag.FlagSet, f *rlFlags) {
 	fs.Float64Var(&f.isTruncation, "rl-importance-sampling-truncation-coef", 0, "RL: upper bound of that weight (with --rl-inference-logprobs-is-correction; unset: none)")
 	fs.BoolVar(&f.skipBOS, "rl-skip-bos-token", false, "RL: no BOS token before the prompt")
 	fs.BoolVar(&f.offloadOptimizer, "rl-offload-optimizer-during-inference", false, "RL: accepted; no effect on the CPU (the optimizer state stays in host memory while gotron generates)")
-	fs.BoolVar(&f.packing, "rl-use-sequence-packing", false, "RL: pack each collection's rollouts into bins of --seq-length tokens and train on bins (needs --micro-batch-size 1; one process)")
-	fs.StringVar(&f.packingAlgo, "rl-sequence-packing-algo", "fifo", "RL: how the bins are dealt to data-parallel ranks: fifo (round-robin is not built)")
+	fs.BoolVar(&f.packing, "rl-use-sequence-packing", false, "RL: pack each collection's rollouts into bins of --seq-length tokens and train on bins (needs --micro-batch-size 1)")
+	fs.StringVar(&f.packingAlgo, "rl-sequence-packing-algo", "fifo", "RL: how the bins are dealt to data-parallel ranks: fifo (contiguous runs) or round-robin (every N-th bin)")
 	fs.IntVar(&f.maxPerBin, "rl-sequence-packing-max-sequences-per-bin", 50, "RL: at most this many rollouts in a bin")
 	fs.StringVar(&f.refitMethod, "refit-method", "gloo", "RL: nccl, gloo or nvshmem: accepted; gotron generates in the training process from a copy of its weights")
 }
@@ -80,8 +80,8 @@ func (f *rlFlags) check(given map[string]bool) (notes []string, err error) {
 	default:
 		return nil, fmt.Errorf("--refit-method %q: want nccl, gloo or nvshmem", f.refitMethod)
 	}
-	if f.packingAlgo != "fifo" {
-		return nil, fmt.Errorf("--rl-sequence-packing-algo %q: gotron builds fifo only (Megatron's round-robin split of the bins over data-parallel ranks is not built)", f.packingAlgo)
+	if f.packingAlgo != rl.PackFIFO && f.packingAlgo != rl.PackRoundRobin {
+		return nil, fmt.Errorf("--rl-sequence-packing-algo %q: want %s or %s (Megatron's choices)", f.packingAlgo, rl.PackFIFO, rl.PackRoundRobin)
 	}
 	if !f.packing && (given["rl-sequence-packing-algo"] || given["rl-sequence-packing-max-sequences-per-bin"]) {
 		return nil, fmt.Errorf("--rl-sequence-packing-algo and --rl-sequence-packing-max-sequences-per-bin need --rl-use-sequence-packing")
@@ -147,7 +147,7 @@ func (f *rlFlags) collector(cfg *train.Config, tok tokenizer.Tokenizer, d tokeni
 		Loss: rl.LossConfig{ClampEpsLower: f.epsLower, ClampEpsUpper: f.epsUpper, KLBeta: f.klBeta, EntropyWeight: f.entropyWeight,
 			ISCorrection: f.isCorrection, ISTruncation: f.isTruncation},
 		Temperature: f.temperature, TopP: f.topP, TopK: f.topK, SkipBOS: f.skipBOS, Seed: cfg.Seed, BF16: cfg.BF16, Printf: printf,
-		Packing: f.packing, MaxSequencesPerBin: f.maxPerBin})
+		Packing: f.packing, MaxSequencesPerBin: f.maxPerBin, PackingAlgo: f.packingAlgo})
 	if err != nil {
 		return nil, err
 	}
