@@ -1,15 +1,8 @@
 package kernels_test
 
 import (
-	"bytes"
-	"encoding/binary"
-	"fmt"
 	"math"
-	"os"
-	"os/exec"
-	"path/filepath"
 	"strconv"
-	"sync"
 	"testing"
 
 	"github.com/gotron/gotron/tensor"
@@ -28,7 +21,6 @@ func TestAttntcHostKernels(t *testing.T) {
 	if testing.Short() {
 		t.Skip("-short: building and running the host harness takes a few seconds")
 	}
-	bin := attntcHostBin(t)
 	for _, c := range []struct {
 		name              string
 		B, T, HQ, HKV, D  int
@@ -95,29 +87,24 @@ func TestAttntcHostKernels(t *testing.T) {
 				wDk, wDv = append(wDk, dkT.Float32s()...), append(wDv, dvT.Float32s()...)
 			}
 			// the kernels on the host
-			args := func(mode string, bl int) []string {
+			args := func(mode string, bl int) []any {
 				cfg := cfgOf(bl)
-				a := []string{mode}
-				for _, n := range []int{c.B, c.T, c.HQ, c.HKV, c.D} {
-					a = append(a, strconv.Itoa(n))
-				}
-				a = append(a, strconv.FormatFloat(1/math.Sqrt(float64(c.D)), 'g', -1, 32), b2s(c.causal),
-					strconv.FormatFloat(float64(c.dropout), 'g', -1, 32), "23", strconv.Itoa(c.firstHead),
-					strconv.Itoa(cfg.QPos), strconv.Itoa(cfg.KPos))
+				a := []any{mode, c.B, c.T, c.HQ, c.HKV, c.D, strconv.FormatFloat(1/math.Sqrt(float64(c.D)), 'g', -1, 32), b2i(c.causal),
+					strconv.FormatFloat(float64(c.dropout), 'g', -1, 32), 23, c.firstHead, cfg.QPos, cfg.KPos}
 				if mode == "fwd" {
-					a = append(a, b2s(cfg.Accumulate))
+					a = append(a, b2i(cfg.Accumulate))
 				}
-				return append(a, b2s(c.docs))
+				return append(a, b2i(c.docs))
 			}
 			gOut, gLse := make([]float32, nq), make([]float32, nl)
 			for bl := range blocks {
-				res := runAttntcHost(t, bin, args("fwd", bl), docs, q, ks[bl], vs[bl], gOut, gLse)
+				res := runAttntcHost(t, args("fwd", bl), docs, q, ks[bl], vs[bl], gOut, gLse)
 				gOut, gLse = res[:nq], res[nq:]
 			}
 			gDq := dq0
 			var gDk, gDv []float32
 			for bl := range blocks {
-				res := runAttntcHost(t, bin, args("bwd", bl), docs, q, ks[bl], vs[bl], dout, gOut, gLse, gDq, dk0[bl], dv0[bl])
+				res := runAttntcHost(t, args("bwd", bl), docs, q, ks[bl], vs[bl], dout, gOut, gLse, gDq, dk0[bl], dv0[bl])
 				gDq = res[:nq]
 				gDk, gDv = append(gDk, res[nq:nq+nkv]...), append(gDv, res[nq+nkv:]...)
 			}
@@ -149,74 +136,16 @@ func TestAttntcHostKernels(t *testing.T) {
 	}
 }
 
-func b2s(b bool) string {
-	if b {
-		return "1"
-	}
-	return "0"
-}
-
 // runAttntcHost runs the harness with args, the float32 inputs and then
 // docs on stdin, and returns what it wrote.
-func runAttntcHost(t *testing.T, bin string, args []string, docs []int32, in ...[]float32) []float32 {
+func runAttntcHost(t *testing.T, args []any, docs []int32, in ...[]float32) []float32 {
 	t.Helper()
-	var stdin bytes.Buffer
+	var stdin []byte
 	for _, x := range in {
-		binary.Write(&stdin, binary.LittleEndian, x)
+		stdin = append(stdin, f32Bytes(x)...)
 	}
 	if docs != nil {
-		binary.Write(&stdin, binary.LittleEndian, docs)
+		stdin = append(stdin, i32Bytes(docs)...)
 	}
-	cmd := exec.Command(bin, args...)
-	cmd.Stdin = &stdin
-	var stderr bytes.Buffer
-	cmd.Stderr = &stderr
-	out, err := cmd.Output()
-	if err != nil {
-		t.Fatalf("attntc_host %v: %v\n%s", args, err, stderr.String())
-	}
-	res := make([]float32, len(out)/4)
-	if err := binary.Read(bytes.NewReader(out), binary.LittleEndian, res); err != nil {
-		t.Fatal(err)
-	}
-	return res
-}
-
-var attntcHost struct {
-	once      sync.Once
-	dir, path string
-	err       error
-}
-
-// attntcHostBin builds testdata/attntc_host.cc with g++ once per test binary.
-func attntcHostBin(t *testing.T) string {
-	t.Helper()
-	cxx, err := exec.LookPath("g++")
-	if err != nil {
-		t.Skip("g++ not on PATH: cannot build testdata/attntc_host.cc to run attntc.cu's kernels on the host")
-	}
-	for _, src := range []string{"testdata/attntc_host.cc", "attntc.cu"} { // for go test's cache
-		if _, err := os.ReadFile(src); err != nil {
-			t.Fatal(err)
-		}
-	}
-	attntcHost.once.Do(func() {
-		dir, err := os.MkdirTemp("", "gotron-attntc-host-")
-		if err != nil {
-			attntcHost.err = err
-			return
-		}
-		attntcHost.dir = dir
-		out := filepath.Join(dir, "attntc_host")
-		msg, err := exec.Command(cxx, "-std=c++17", "-O2", "-pthread", "-fno-strict-aliasing", "-o", out, filepath.Join("testdata", "attntc_host.cc")).CombinedOutput()
-		if err != nil {
-			attntcHost.err = fmt.Errorf("g++ testdata/attntc_host.cc: %v\n%s", err, msg)
-			return
-		}
-		attntcHost.path = out
-	})
-	if attntcHost.err != nil {
-		t.Fatal(attntcHost.err)
-	}
-	return attntcHost.path
+	return fromF32Bytes(attntcHost.run(t, stdin, args...))
 }

@@ -3,10 +3,6 @@ package kernels_test
 import (
 	"fmt"
 	"math"
-	"os"
-	"os/exec"
-	"path/filepath"
-	"sync"
 	"testing"
 
 	"github.com/gotron/gotron/tensor"
@@ -27,7 +23,6 @@ func TestFusedAddNormHost(t *testing.T) {
 	if testing.Short() {
 		t.Skip("-short: building and running the host harness takes a few seconds")
 	}
-	bin := fusedHostBin(t)
 	for _, c := range []struct {
 		rows, cols         int
 		p                  float32
@@ -75,7 +70,7 @@ func TestFusedAddNormHost(t *testing.T) {
 			if c.normBia {
 				in = append(in, f32Bytes(nb)...)
 			}
-			got := fromF32Bytes(runFusedHost(t, bin, in, "addnorm", n, cols, 3, threads, dropout, st.Key[0], st.Key[1], st.Offset, thr,
+			got := fromF32Bytes(fusedHost.run(t, in, "addnorm", n, cols, 3, threads, dropout, st.Key[0], st.Key[1], st.Offset, thr,
 				math.Float32bits(keep), "1e-5", b2i(c.rms), b2i(c.bias), b2i(c.normBia)))
 			nStats := 2 * n
 			if c.rms {
@@ -120,54 +115,4 @@ func TestFusedAddNormHost(t *testing.T) {
 			near("rstd", rest, rstd)
 		})
 	}
-}
-
-func b2i(b bool) int {
-	if b {
-		return 1
-	}
-	return 0
-}
-
-func runFusedHost(t *testing.T, bin string, stdin []byte, args ...any) []byte {
-	t.Helper()
-	return runMoEHost(t, bin, stdin, args...)
-}
-
-var fusedHost struct {
-	once      sync.Once
-	path, dir string
-	err       error
-}
-
-func fusedHostBin(t *testing.T) string {
-	t.Helper()
-	cxx, err := exec.LookPath("g++")
-	if err != nil {
-		t.Skip("g++ not on PATH: cannot build testdata/fused_host.cc to run fused.cu's kernel on the host")
-	}
-	for _, src := range []string{"testdata/fused_host.cc", "fused.cu"} { // for go test's cache
-		if _, err := os.ReadFile(src); err != nil {
-			t.Fatal(err)
-		}
-	}
-	fusedHost.once.Do(func() {
-		dir, err := os.MkdirTemp("", "gotron-fused-host-")
-		if err != nil {
-			fusedHost.err = err
-			return
-		}
-		fusedHost.dir = dir
-		out := filepath.Join(dir, "fused_host")
-		msg, err := exec.Command(cxx, "-std=c++17", "-O2", "-pthread", "-ffp-contract=off", "-o", out, filepath.Join("testdata", "fused_host.cc")).CombinedOutput()
-		if err != nil {
-			fusedHost.err = fmt.Errorf("g++ testdata/fused_host.cc: %v\n%s", err, msg)
-			return
-		}
-		fusedHost.path = out
-	})
-	if fusedHost.err != nil {
-		t.Fatal(fusedHost.err)
-	}
-	return fusedHost.path
 }

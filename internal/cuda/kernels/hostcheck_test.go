@@ -6,13 +6,8 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
-	"os"
-	"os/exec"
-	"path/filepath"
 	"runtime"
-	"strconv"
 	"strings"
-	"sync"
 	"testing"
 
 	"github.com/gotron/gotron/internal/half"
@@ -21,66 +16,20 @@ import (
 
 // The kernels' scalar helpers that must match Go bit for bit (dtype
 // conversions, the Philox dropout stream) are __host__ __device__: these
-// tests build testdata/hostcheck.cu for the host with nvcc and compare
-// its output with the Go code the kernels port. Without nvcc they skip.
-
-var hostcheck struct {
-	once sync.Once
-	dir  string
-	path string
-	err  error
-}
-
-// hostcheckBin builds testdata/hostcheck.cu once per test binary.
-func hostcheckBin(t *testing.T) string {
-	t.Helper()
-	nvcc, err := exec.LookPath("nvcc")
-	if err != nil {
-		t.Skip("nvcc not on PATH: cannot build testdata/hostcheck.cu to check the kernels' conversions and Philox stream")
-	}
-	// nvcc reads the sources, not the test binary: read them here too,
-	// so that go test's cache notices when they change.
-	for _, src := range []string{"testdata/hostcheck.cu", "elem.cu", "dropout.cu"} {
-		if _, err := os.ReadFile(src); err != nil {
-			t.Fatal(err)
-		}
-	}
-	hostcheck.once.Do(func() {
-		dir, err := os.MkdirTemp("", "gotron-hostcheck-")
-		if err != nil {
-			hostcheck.err = err
-			return
-		}
-		hostcheck.dir = dir
-		out := filepath.Join(dir, "hostcheck")
-		msg, err := exec.Command(nvcc, "-std=c++14", "-O2", "-o", out, filepath.Join("testdata", "hostcheck.cu")).CombinedOutput()
-		if err != nil {
-			hostcheck.err = fmt.Errorf("nvcc testdata/hostcheck.cu: %v\n%s", err, msg)
-			return
-		}
-		hostcheck.path = out
-	})
-	if hostcheck.err != nil {
-		t.Fatal(hostcheck.err)
-	}
-	return hostcheck.path
-}
+// tests build testdata/hostcheck.cu for the host with nvcc (hostcheck)
+// and compare its output with the Go code the kernels port. Without nvcc
+// they skip.
 
 // runHostcheck runs the harness with args and stdin, returning its lines.
-func runHostcheck(t *testing.T, stdin string, args ...string) []string {
+func runHostcheck(t *testing.T, stdin string, args ...any) []string {
 	t.Helper()
-	cmd := exec.Command(hostcheckBin(t), args...)
-	cmd.Stdin = strings.NewReader(stdin)
-	var stderr bytes.Buffer
-	cmd.Stderr = &stderr
-	out, err := cmd.Output()
-	if err != nil {
-		t.Fatalf("hostcheck %v: %v\n%s", args, err, stderr.String())
-	}
 	var lines []string
-	sc := bufio.NewScanner(bytes.NewReader(out))
+	sc := bufio.NewScanner(bytes.NewReader(hostcheck.run(t, []byte(stdin), args...)))
 	for sc.Scan() {
 		lines = append(lines, sc.Text())
+	}
+	if err := sc.Err(); err != nil {
+		t.Fatal(err)
 	}
 	return lines
 }
@@ -187,8 +136,7 @@ func TestHostDropoutMask(t *testing.T) {
 		// The host's share of tensor.cudaBackend.DropoutMask.
 		keep := 1 / (1 - c.p)
 		thr := uint32(float64(c.p) * (1 << 32))
-		lines := runHostcheck(t, "", "dropout", strconv.FormatUint(uint64(c.key[0]), 10), strconv.FormatUint(uint64(c.key[1]), 10),
-			strconv.FormatUint(c.offset, 10), strconv.FormatUint(uint64(thr), 10), strconv.FormatUint(uint64(math.Float32bits(keep)), 10), strconv.Itoa(c.n))
+		lines := runHostcheck(t, "", "dropout", c.key[0], c.key[1], c.offset, thr, math.Float32bits(keep), c.n)
 		if len(lines) != c.n {
 			t.Fatalf("hostcheck dropout printed %d values, want %d", len(lines), c.n)
 		}
@@ -198,16 +146,4 @@ func TestHostDropoutMask(t *testing.T) {
 			}
 		}
 	}
-}
-
-// TestMain removes the harness's build folder after the tests.
-func TestMain(m *testing.M) {
-	code := m.Run()
-	if hostcheck.dir != "" {
-		os.RemoveAll(hostcheck.dir)
-	}
-	if attntcHost.dir != "" {
-		os.RemoveAll(attntcHost.dir)
-	}
-	os.Exit(code)
 }

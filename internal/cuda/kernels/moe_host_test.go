@@ -3,14 +3,11 @@ package kernels_test
 import (
 	"bytes"
 	"encoding/binary"
-	"fmt"
 	"math"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
-	"sync"
 	"testing"
 
 	"github.com/gotron/gotron/internal/cpu"
@@ -271,93 +268,14 @@ func TestMoEPTXHasNoFMA(t *testing.T) {
 	}
 }
 
-func sameBitsF32(t *testing.T, what string, got, want []float32) {
+// moeHostBin and runMoEHost are the MoE tests' names for moeHost.bin and
+// runHostBin.
+func moeHostBin(t *testing.T) string {
 	t.Helper()
-	if len(got) != len(want) {
-		t.Fatalf("%s: %d values, want %d", what, len(got), len(want))
-	}
-	for i := range want {
-		if math.Float32bits(got[i]) != math.Float32bits(want[i]) {
-			t.Fatalf("%s[%d] = %v, the CPU's %v", what, i, got[i], want[i])
-		}
-	}
-}
-
-func f32Bytes(x []float32) []byte {
-	var b bytes.Buffer
-	binary.Write(&b, binary.LittleEndian, x)
-	return b.Bytes()
-}
-
-func i32Bytes(x []int32) []byte {
-	var b bytes.Buffer
-	binary.Write(&b, binary.LittleEndian, x)
-	return b.Bytes()
-}
-
-func fromF32Bytes(b []byte) []float32 {
-	x := make([]float32, len(b)/4)
-	binary.Read(bytes.NewReader(b), binary.LittleEndian, x)
-	return x
-}
-
-func fromI32Bytes(b []byte) []int32 {
-	x := make([]int32, len(b)/4)
-	binary.Read(bytes.NewReader(b), binary.LittleEndian, x)
-	return x
+	return moeHost.bin(t)
 }
 
 func runMoEHost(t *testing.T, bin string, stdin []byte, args ...any) []byte {
 	t.Helper()
-	var sargs []string
-	for _, a := range args {
-		sargs = append(sargs, fmt.Sprint(a))
-	}
-	cmd := exec.Command(bin, sargs...)
-	cmd.Stdin = bytes.NewReader(stdin)
-	var stderr bytes.Buffer
-	cmd.Stderr = &stderr
-	out, err := cmd.Output()
-	if err != nil {
-		t.Fatalf("%s %v: %v\n%s", filepath.Base(bin), sargs, err, stderr.Bytes())
-	}
-	return out
-}
-
-var moeHost struct {
-	once      sync.Once
-	path, dir string
-	err       error
-}
-
-func moeHostBin(t *testing.T) string {
-	t.Helper()
-	cxx, err := exec.LookPath("g++")
-	if err != nil {
-		t.Skip("g++ not on PATH: cannot build testdata/moe_host.cc to run moe.cu's kernels on the host")
-	}
-	for _, src := range []string{"testdata/moe_host.cc", "moe.cu"} { // for go test's cache
-		if _, err := os.ReadFile(src); err != nil {
-			t.Fatal(err)
-		}
-	}
-	moeHost.once.Do(func() {
-		dir, err := os.MkdirTemp("", "gotron-moe-host-")
-		if err != nil {
-			moeHost.err = err
-			return
-		}
-		moeHost.dir = dir
-		out := filepath.Join(dir, "moe_host")
-		msg, err := exec.Command(cxx, "-std=c++17", "-O2", "-ffp-contract=off", "-o", out, filepath.Join("testdata", "moe_host.cc")).CombinedOutput()
-		if err != nil {
-			moeHost.err = fmt.Errorf("g++ testdata/moe_host.cc: %v\n%s", err, msg)
-			return
-		}
-		moeHost.path = out
-	})
-	if moeHost.err != nil {
-		t.Fatal(moeHost.err)
-	}
-	return moeHost.path
+	return runHostBin(t, bin, stdin, args...)
 }
