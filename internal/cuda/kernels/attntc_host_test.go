@@ -142,10 +142,10 @@ func runAttntcHost(t *testing.T, args []any, docs []int32, in ...[]float32) []fl
 	t.Helper()
 	var stdin []byte
 	for _, x := range in {
-		stdin = append(stdin, f32Bytes(x)...)
+		stdin = append(stdin, leBytes(x)...)
 	}
 	if docs != nil {
-		stdin = append(stdin, i32Bytes(docs)...)
+		stdin = append(stdin, leBytes(docs)...)
 	}
-	return fromF32Bytes(attntcHost.run(t, stdin, args...))
+	return fromLE[float32](attntcHost.run(t, stdin, args...))
 }

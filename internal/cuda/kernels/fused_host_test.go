@@ -62,15 +62,15 @@ func TestFusedAddNormHost(t *testing.T) {
 				dropout = 1
 			}
 			threads := min(256, max(32, ((cols+3)/4+31)/32*32)) // normRowThreads
-			in := append(f32Bytes(r), f32Bytes(y)...)
+			in := append(leBytes(r), leBytes(y)...)
 			if c.bias {
-				in = append(in, f32Bytes(b)...)
+				in = append(in, leBytes(b)...)
 			}
-			in = append(in, f32Bytes(w)...)
+			in = append(in, leBytes(w)...)
 			if c.normBia {
-				in = append(in, f32Bytes(nb)...)
+				in = append(in, leBytes(nb)...)
 			}
-			got := fromF32Bytes(fusedHost.run(t, in, "addnorm", n, cols, 3, threads, dropout, st.Key[0], st.Key[1], st.Offset, thr,
+			got := fromLE[float32](fusedHost.run(t, in, "addnorm", n, cols, 3, threads, dropout, st.Key[0], st.Key[1], st.Offset, thr,
 				math.Float32bits(keep), "1e-5", b2i(c.rms), b2i(c.bias), b2i(c.normBia)))
 			nStats := 2 * n
 			if c.rms {

@@ -144,28 +144,18 @@ func sameBitsF32(t *testing.T, what string, got, want []float32) {
 	}
 }
 
-// f32Bytes, i32Bytes, fromF32Bytes and fromI32Bytes convert the
-// harnesses' inputs and outputs: little-endian values.
-func f32Bytes(x []float32) []byte {
+// leBytes is x in little-endian bytes, as the harnesses read their inputs.
+func leBytes[T int32 | float32 | float64](x []T) []byte {
 	var b bytes.Buffer
 	binary.Write(&b, binary.LittleEndian, x)
 	return b.Bytes()
 }
 
-func i32Bytes(x []int32) []byte {
-	var b bytes.Buffer
-	binary.Write(&b, binary.LittleEndian, x)
-	return b.Bytes()
-}
-
-func fromF32Bytes(b []byte) []float32 {
-	x := make([]float32, len(b)/4)
-	binary.Read(bytes.NewReader(b), binary.LittleEndian, x)
-	return x
-}
-
-func fromI32Bytes(b []byte) []int32 {
-	x := make([]int32, len(b)/4)
+// fromLE is b, little-endian values a harness wrote, as a slice (whole
+// values: a trailing part of one is left out).
+func fromLE[T int32 | float32 | float64](b []byte) []T {
+	var zero T
+	x := make([]T, len(b)/binary.Size(zero))
 	binary.Read(bytes.NewReader(b), binary.LittleEndian, x)
 	return x
 }

@@ -2,7 +2,6 @@ package kernels_test
 
 import (
 	"bytes"
-	"encoding/binary"
 	"math"
 	"os"
 	"path/filepath"
@@ -27,7 +26,6 @@ import (
 // __d*_rn intrinsics, so no contraction: TestMoEPTXHasNoFMA) only a GPU
 // run checks.
 func TestMoEHostKernels(t *testing.T) {
-	bin := moeHostBin(t)
 	bias := func(e int) []float32 {
 		b := make([]float32, e)
 		tensor.NewRNG(8).Normal(b, 0, 0.1)
@@ -82,16 +80,16 @@ func TestMoEHostKernels(t *testing.T) {
 				pre = 1
 			}
 			sc := strconv.FormatFloat(rc.ScalingFactor, 'g', 17, 64)
-			in := f32Bytes(logits)
+			in := leBytes(logits)
 			hasBias := "0"
 			if rc.ExpertBias != nil {
-				in, hasBias = append(in, f32Bytes(rc.ExpertBias)...), "1"
+				in, hasBias = append(in, leBytes(rc.ExpertBias)...), "1"
 			}
-			out := runMoEHost(t, bin, in, "fwd", T, E, k, score, pre, rc.NumGroups, rc.GroupTopK, sc, hasBias)
+			out := moeHost.run(t, in, "fwd", T, E, k, score, pre, rc.NumGroups, rc.GroupTopK, sc, hasBias)
 			if len(out) != 4*(T*E+T*k) {
 				t.Fatalf("fwd wrote %d bytes, want %d", len(out), 4*(T*E+T*k))
 			}
-			probs, sel := fromF32Bytes(out[:4*T*E]), fromI32Bytes(out[4*T*E:])
+			probs, sel := fromLE[float32](out[:4*T*E]), fromLE[int32](out[4*T*E:])
 			for tok := range T {
 				for e := range E {
 					in := false
@@ -104,8 +102,8 @@ func TestMoEHostKernels(t *testing.T) {
 				}
 			}
 			sameBitsF32(t, "probabilities", probs, want.Probs)
-			out = runMoEHost(t, bin, append(append(f32Bytes(logits), i32Bytes(sel)...), f32Bytes(dprobs)...), "bwd", T, E, k, score, pre, sc, 1, 0, 0, 0, 0)
-			sameBitsF32(t, "logits' gradient", fromF32Bytes(out), wantD)
+			out = moeHost.run(t, append(append(leBytes(logits), leBytes(sel)...), leBytes(dprobs)...), "bwd", T, E, k, score, pre, sc, 1, 0, 0, 0, 0)
+			sameBitsF32(t, "logits' gradient", fromLE[float32](out), wantD)
 		})
 	}
 }
@@ -120,7 +118,6 @@ func TestMoEHostKernels(t *testing.T) {
 // ties; also the z-loss alone (no load-balancing loss: the backward adds
 // the CPU's zeros).
 func TestMoEHostKernelsLosses(t *testing.T) {
-	bin := moeHostBin(t)
 	const B, S, E, k = 3, 37, 8, 2
 	T := B * S
 	all := []cpu.LoadBalancing{{Coeff: 0.01}, {Seq: true, Coeff: 0.02}, {Global: true, Coeff: 0.03}}
@@ -156,15 +153,16 @@ func TestMoEHostKernelsLosses(t *testing.T) {
 		cpu.RouteBackward(&rc, want, dprobs, scale, wantD)
 
 		sc := strconv.FormatFloat(rc.ScalingFactor, 'g', 17, 64)
-		out := runMoEHost(t, bin, f32Bytes(logits), "fwd", T, E, k, int(score), 0, 0, 0, sc, "0")
-		sel := fromI32Bytes(out[4*T*E:])
-		out = runMoEHost(t, bin, f32Bytes(logits), "aux", B, S, E, k, int(score))
-		auxSel := fromI32Bytes(out[:4*T*k])
-		sums := make([]float64, B*E)
-		binary.Read(bytes.NewReader(out[4*T*k:]), binary.LittleEndian, sums)
-		out = runMoEHost(t, bin, f32Bytes(logits), "z", T, E)
-		zs := make([]float64, T+1)
-		binary.Read(bytes.NewReader(out), binary.LittleEndian, zs)
+		out := moeHost.run(t, leBytes(logits), "fwd", T, E, k, int(score), 0, 0, 0, sc, "0")
+		sel := fromLE[int32](out[4*T*E:])
+		out = moeHost.run(t, leBytes(logits), "aux", B, S, E, k, int(score))
+		auxSel := fromLE[int32](out[:4*T*k])
+		sums := fromLE[float64](out[4*T*k:])
+		out = moeHost.run(t, leBytes(logits), "z", T, E)
+		zs := fromLE[float64](out)
+		if len(sums) != B*E || len(zs) != T+1 {
+			t.Fatalf("%s: %d sums and %d z terms, want %d and %d", c.name, len(sums), len(zs), B*E, T+1)
+		}
 		got, err := cpu.RouteFromSelection(&rc, T, sel, auxSel, sums, zs[T])
 		if err != nil {
 			t.Fatal(err)
@@ -182,15 +180,13 @@ func TestMoEHostKernelsLosses(t *testing.T) {
 			t.Errorf("%s: z-loss %v, the CPU's %v", c.name, got.Z, want.Z)
 		}
 		dsc := got.LossGradients(&rc, scale)
-		var b bytes.Buffer
-		binary.Write(&b, binary.LittleEndian, dsc)
 		zloss, zc := 0, strconv.FormatFloat(scale*rc.ZLossCoeff, 'g', 17, 64)
 		if rc.ZLossCoeff != 0 {
 			zloss = 1
 		}
-		out = runMoEHost(t, bin, append(append(append(f32Bytes(logits), i32Bytes(sel)...), f32Bytes(dprobs)...), b.Bytes()...), "bwd", T, E, k, int(score), 0, sc, S,
+		out = moeHost.run(t, append(append(append(leBytes(logits), leBytes(sel)...), leBytes(dprobs)...), leBytes(dsc)...), "bwd", T, E, k, int(score), 0, sc, S,
 			len(dsc)/E, 1, zloss, zc)
-		sameBitsF32(t, c.name+": logits' gradient with the losses", fromF32Bytes(out), wantD)
+		sameBitsF32(t, c.name+": logits' gradient with the losses", fromLE[float32](out), wantD)
 	}
 }
 
@@ -199,7 +195,6 @@ func TestMoEHostKernelsLosses(t *testing.T) {
 // terms in [0, 1]), far beyond it, at the reduction's boundary √2/2 and its
 // neighbours, on subnormals and the special cases.
 func TestMoEHostLog(t *testing.T) {
-	bin := moeHostBin(t)
 	h := math.Sqrt2 / 2
 	x := []float64{0, math.Copysign(0, -1), 1, -1, 2, 0.5, h, math.Nextafter(h, 0), math.Nextafter(h, 1), 2 * h, math.Nextafter(2*h, 0),
 		5e-324, 1e-310, math.MaxFloat64, math.Inf(1), math.Inf(-1), math.NaN()}
@@ -217,11 +212,10 @@ func TestMoEHostLog(t *testing.T) {
 			x = append(x, h*(1+(float64(v)-0.5)*1e-6))
 		}
 	}
-	var b bytes.Buffer
-	binary.Write(&b, binary.LittleEndian, x)
-	out := runMoEHost(t, bin, b.Bytes(), "log", len(x))
-	got := make([]float64, len(x))
-	binary.Read(bytes.NewReader(out), binary.LittleEndian, got)
+	got := fromLE[float64](moeHost.run(t, leBytes(x), "log", len(x)))
+	if len(got) != len(x) {
+		t.Fatalf("moe_log of %d values gave %d", len(x), len(got))
+	}
 	for i, v := range x {
 		want := cpu.RouterLog(v)
 		if math.Float64bits(got[i]) != math.Float64bits(want) && !(math.IsNaN(got[i]) && math.IsNaN(want)) {
@@ -235,18 +229,16 @@ func TestMoEHostLog(t *testing.T) {
 // where the CPU has it, is not the same function) over the range the
 // router's scores reach and the special cases.
 func TestMoEHostExp(t *testing.T) {
-	bin := moeHostBin(t)
 	x := []float64{0, math.Copysign(0, -1), 1, -1, 1e-9, -1e-9, 700, -700, 709.78, 709.79, -745.1, -745.2, -744.5, math.Inf(1), math.Inf(-1)}
 	u := make([]float32, 200000)
 	tensor.NewRNG(3).Uniform(u, -1, 1)
 	for i, v := range u {
 		x = append(x, float64(v)*float64([]float32{1, 40, 750}[i%3]))
 	}
-	var b bytes.Buffer
-	binary.Write(&b, binary.LittleEndian, x)
-	out := runMoEHost(t, bin, b.Bytes(), "exp", len(x))
-	got := make([]float64, len(x))
-	binary.Read(bytes.NewReader(out), binary.LittleEndian, got)
+	got := fromLE[float64](moeHost.run(t, leBytes(x), "exp", len(x)))
+	if len(got) != len(x) {
+		t.Fatalf("moe_exp of %d values gave %d", len(x), len(got))
+	}
 	for i, v := range x {
 		if want := cpu.RouterExp(v); math.Float64bits(got[i]) != math.Float64bits(want) {
 			t.Fatalf("moe_exp(%v) = %v, RouterExp %v", v, got[i], want)
@@ -266,16 +258,4 @@ func TestMoEPTXHasNoFMA(t *testing.T) {
 			t.Errorf("%s/moe.ptx has a fused multiply-add", arch)
 		}
 	}
-}
-
-// moeHostBin and runMoEHost are the MoE tests' names for moeHost.bin and
-// runHostBin.
-func moeHostBin(t *testing.T) string {
-	t.Helper()
-	return moeHost.bin(t)
-}
-
-func runMoEHost(t *testing.T, bin string, stdin []byte, args ...any) []byte {
-	t.Helper()
-	return runHostBin(t, bin, stdin, args...)
 }
