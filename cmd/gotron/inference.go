@@ -342,13 +342,15 @@ func (a *inferenceArgs) check(fs *flag.FlagSet, given map[string]bool, f *trainF
 			return nil, fmt.Errorf("--use-mup: needs decoding with muP's attention scale, not built in gotron; gotron trains and scores muP models")
 		case isInferenceFlag(name) && strings.HasPrefix(fl.Usage, "refused: ") && v != "false":
 			return nil, fmt.Errorf("--%s: %s", name, strings.TrimPrefix(fl.Usage, "refused: "))
+		case fp8FlagNames[name] && !atDefault:
+			return nil, fmt.Errorf("--%s: needs FP8 inference, not built in gotron yet (FP8 training is: gotron train --fp8-format)", name)
 		case strings.HasPrefix(fl.Usage, "refused: needs "):
 			why := strings.TrimPrefix(fl.Usage, "refused: needs ")
 			c, compat := lookupCompat(name)
 			switch {
 			case atDefault:
 			case why == needFP8:
-				return nil, fmt.Errorf("--%s: needs FP8 inference (Transformer Engine), not built in gotron", name)
+				return nil, fmt.Errorf("--%s: needs %s", name, why)
 			case contains(inferenceRefusedNeeds, why):
 				return nil, fmt.Errorf("--%s: needs %s", name, why)
 			case compat && c.why == needInference:

@@ -106,7 +106,7 @@ type compatArg struct {
 
 // Features not built in gotron, as refusals name them.
 const (
-	needFP8       = "FP8 training (Transformer Engine), not built in gotron"
+	needFP8       = "a Transformer Engine FP8 feature not built in gotron (gotron builds --fp8-format e4m3/hybrid with --fp8-recipe tensorwise or delayed)"
 	needFSDP      = "this part of Megatron-FSDP, not built in gotron (--use-megatron-fsdp with --data-parallel-sharding-strategy is)"
 	needRL        = "this part of Megatron's RL step, not built in gotron (--perform-rl-step's one-process GRPO is: docs/training.md)"
 	needInference = "Megatron's inference scripts: run this argument list with gotron inference, not gotron train"
@@ -176,10 +176,6 @@ var compatArgs = map[string]compatArg{
 	"wandb-exp-name":         {kind: compatNeeds, why: needWandB},
 	"wandb-entity":           {kind: compatNeeds, why: needWandB},
 	"mup-width-mult":         {kind: compatDetail, why: "is recomputed by Megatron as --hidden-size / --mup-base-hidden-size under --use-mup and read nowhere else; gotron computes it the same way"},
-	"fp8-format":             {kind: compatNeeds, why: needFP8},
-	"fp8-recipe":             {kind: compatNeeds, why: needFP8},
-	"fp8-param-gather":       {kind: compatNeeds, why: needFP8},
-	"first-last-layers-bf16": {kind: compatNeeds, why: needFP8},
 	"export-te-mcore-model":  {kind: compatNeeds, why: needExport},
 	"export-kd-teacher-load": {kind: compatNeeds, why: needExport},
 	"export-kd-cfg":          {kind: compatNeeds, why: needExport},

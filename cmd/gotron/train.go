@@ -38,6 +38,7 @@ type trainFlags struct {
 	tpPPDPMapping          bool // --use-tp-pp-dp-mapping: rank order parallel.TPPPDPOrder
 	distOptInstances       int  // --num-distributed-optimizer-instances
 	cp                     cpFlags
+	fp8                    fp8Flags // fp8flags.go
 	fsdp                   fsdpFlags
 	timeoutMins            float64
 	heartbeat              heartbeatFlags
@@ -160,6 +161,7 @@ func newTrainFlagsWith(name string, extra func(*flag.FlagSet)) (*flag.FlagSet, *
 	fs.BoolVar(&f.tpPPDPMapping, "use-tp-pp-dp-mapping", false, "order the ranks "+parallel.TPPPDPOrder+" (data-parallel replicas farthest apart) instead of "+parallel.DefaultOrder+", as Megatron")
 	fs.IntVar(&f.cpSize, "context-parallel-size", 1, "context-parallel size: each rank holds 2 of 2×N chunks of every sequence; attention runs over the group (--cp-comm-type)")
 	f.cp.add(fs, c)
+	f.fp8.add(fs)
 	f.fsdp.add(fs)
 	fs.BoolVar(&c.DDP.DistributedOptimizer, "use-distributed-optimizer", false, "shard optimizer state over data-parallel ranks (ZeRO-1): reduce-scatter grads, all-gather params")
 	fs.IntVar(&f.distOptInstances, "num-distributed-optimizer-instances", 1, "with --use-distributed-optimizer: cut the data-parallel ranks into this many instances, each sharding the optimizer state over its own ranks; gradients are reduce-scattered within an instance and all-reduced across instances (Megatron's partial distributed optimizer)")
@@ -688,6 +690,9 @@ func (f *trainFlags) build(ctx context.Context, given map[string]bool) (train.Co
 		if !given["seq-length"] && ra.SeqLength > 0 {
 			cfg.SeqLength = ra.SeqLength
 		}
+	}
+	if cfg.FP8, err = f.fp8.config(given, m.NumLayers, f.ppSize, cfg.DDP.DistributedOptimizer); err != nil {
+		return cfg, nil, err
 	}
 	switch f.recomputeGranularity {
 	case train.RecomputeSelective:

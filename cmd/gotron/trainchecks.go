@@ -182,6 +182,10 @@ var trainNumberRules = withFIMRules(withTokenizerRules(map[string]numberRule{
 	"error-injection-rate": intIn(0, math.MaxInt32, "one validation in this many; 0: no injection"),
 	"check-weight-hash-across-dp-replicas-interval": intAtLeast(0, "iterations; 0: never"),
 	"recompute-num-layers":                          intDim(0, "layers"),
+	"fp8-margin":                                    intIn(0, 64, "delayed FP8 recipe: scales divided by 2^margin"),
+	"fp8-amax-history-len":                          intIn(1, 1<<16, "delayed FP8 recipe: amaxes kept per tensor (TE's default 1024)"),
+	"num-layers-at-start-in-bf16":                   intDim(0, "layers kept out of FP8 at the start"),
+	"num-layers-at-end-in-bf16":                     intDim(0, "layers kept out of FP8 at the end"),
 
 	// Evaluation, logging, checkpoints.
 	"eval-interval":            intIn(1, math.MaxInt64, "iterations between evaluations; --eval-iters 0 turns evaluation off"),
