@@ -1,10 +1,6 @@
 package hf
 
 import (
-	"bytes"
-	"context"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 
@@ -15,14 +11,6 @@ import (
 // TestDeepSeekImportErrors: DeepSeek configs gotron cannot compute as
 // transformers does are refused with the config.json field named.
 func TestDeepSeekImportErrors(t *testing.T) {
-	edit := func(t *testing.T, dir, old, new string) {
-		p := filepath.Join(dir, "config.json")
-		b, _ := os.ReadFile(p)
-		if !bytes.Contains(b, []byte(old)) {
-			t.Fatalf("config.json lacks %q", old)
-		}
-		os.WriteFile(p, bytes.Replace(b, []byte(old), []byte(new), 1), 0o644)
-	}
 	const v3, v2 = "deepseek_v3_untied_f32", "deepseek_v2_tied_f32"
 	cases := []struct {
 		name, fixture, old, new, want string
@@ -58,14 +46,8 @@ func TestDeepSeekImportErrors(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			dir := copyFixture(t, c.fixture)
 			// new may go on with more old|new pairs
-			pairs := append([]string{c.old}, strings.Split(c.new, "|")...)
-			for i := 0; i+1 < len(pairs); i += 2 {
-				edit(t, dir, pairs[i], pairs[i+1])
-			}
-			_, _, err := LoadModel(dir)
-			if err == nil || !strings.Contains(err.Error(), c.want) {
-				t.Fatalf("err = %v, want it to mention %q", err, c.want)
-			}
+			editConfig(t, dir, append([]string{c.old}, strings.Split(c.new, "|")...)...)
+			wantImportError(t, dir, c.want)
 		})
 	}
 }
@@ -105,53 +87,11 @@ func TestDeepSeekExportWithoutInfo(t *testing.T) {
 					b.Float32s()[i] = 0.01 * float32(i+1)
 				}
 			}
-			if a, err := ArchOf(m.Config); err != nil || a != tc.arch {
-				t.Fatalf("ArchOf = %q, %v; want %s", a, err, tc.arch)
-			}
-			dir := t.TempDir()
-			if err := Export(context.Background(), dir, m, Info{}, ExportOptions{}); err != nil {
-				t.Fatal(err)
-			}
-			back, info, err := LoadModel(dir)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if info.Arch != tc.arch || !sameArch(back.Config, m.Config) || !sameDeepSeek(back.Config, m.Config) {
-				t.Fatalf("back %s %+v, want %+v", info.Arch, back.Config, m.Config)
-			}
-			want, got := append(m.Params(), m.Buffers()...), append(back.Params(), back.Buffers()...)
-			if len(want) != len(got) {
-				t.Fatalf("%d parameters and buffers back, want %d", len(got), len(want))
-			}
-			for i, p := range want {
-				q := got[i]
-				if q.Name != p.Name || q.Numel() != p.Numel() {
-					t.Fatalf("param %d: %s vs %s", i, q.Name, p.Name)
-				}
-				for j, x := range p.Float32s() {
-					if q.Float32s()[j] != x {
-						t.Fatalf("%s[%d] = %g, want %g", p.Name, j, q.Float32s()[j], x)
-					}
-				}
-			}
-			ids := []int32{3, 1, 4, 1, 5, 9, 2, 6}
-			a, b := forward(m, ids), forward(back, ids)
-			for i := range a {
-				if a[i] != b[i] {
-					t.Fatalf("logit %d: %g after the round trip, %g before", i, b[i], a[i])
-				}
-			}
-			again := t.TempDir()
-			if err := Export(context.Background(), again, back, info, ExportOptions{}); err != nil {
-				t.Fatal(err)
-			}
-			CompareHFDirs(t, dir, again)
+			back := exportRoundTrip(t, m, tc.arch, sameDeepSeek)
+			sameWeights(t, m, back, true)
 		})
 	}
-	for _, bad := range []struct {
-		edit func(c *gpt.Config)
-		want string
-	}{
+	wantArchOfRefusals(t, v3, []archRefusal{
 		{func(c *gpt.Config) { c.Normalization = gpt.LayerNorm }, "DeepSeek-V2/V3 want RMSNorm"},
 		{func(c *gpt.Config) { c.PositionEmbeddingType = gpt.LearnedAbsolute }, "learned_absolute: DeepSeek-V2/V3 have no position table"},
 		{func(c *gpt.Config) { c.NormEpsilon = 1e-5 }, "--norm-epsilon 1e-05"},
@@ -162,16 +102,8 @@ func TestDeepSeekExportWithoutInfo(t *testing.T) {
 		{func(c *gpt.Config) { c.MoE.SharedExpertGate = true }, "DeepSeek's shared experts are not gated"},
 		{func(c *gpt.Config) { c.MaxPositionEmbeddings = 128 }, "YaRN factor 4 with --max-position-embeddings 128 over YaRN's 16 original positions"},
 		{func(c *gpt.Config) { c.MLA.Mscale = 0 }, "--mscale 0 --mscale-all-dim 0.6"},
-	} {
-		c := v3
-		bad.edit(&c)
-		if _, err := ArchOf(c); err == nil || !strings.Contains(err.Error(), bad.want) {
-			t.Errorf("ArchOf: err = %v, want it to mention %q", err, bad.want)
-		}
-	}
-	c := v2
-	c.MoE.PreSoftmax = false
-	if _, err := ArchOf(c); err == nil || !strings.Contains(err.Error(), "DeepSeek-V2 keeps softmax's top-k unnormalised") {
-		t.Errorf("ArchOf(softmax, renormalised): %v", err)
-	}
+	})
+	wantArchOfRefusals(t, v2, []archRefusal{
+		{func(c *gpt.Config) { c.MoE.PreSoftmax = false }, "DeepSeek-V2 keeps softmax's top-k unnormalised"},
+	})
 }

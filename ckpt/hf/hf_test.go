@@ -306,18 +306,124 @@ func copyFixture(t *testing.T, name string) string {
 	return dst
 }
 
+// editConfig replaces in dir's config.json each old of the old, new pairs
+// (the first place it stands, in turn); an old that is not there fails the
+// test, since the edit would then test nothing.
+func editConfig(t *testing.T, dir string, oldNew ...string) {
+	t.Helper()
+	if len(oldNew)%2 != 0 {
+		t.Fatalf("editConfig: %d strings, want old, new pairs", len(oldNew))
+	}
+	p := filepath.Join(dir, "config.json")
+	b, err := os.ReadFile(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < len(oldNew); i += 2 {
+		old, new := []byte(oldNew[i]), []byte(oldNew[i+1])
+		if !bytes.Contains(b, old) {
+			t.Fatalf("config.json lacks %q", old)
+		}
+		b = bytes.Replace(b, old, new, 1)
+	}
+	if err := os.WriteFile(p, b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// wantImportError: LoadModel(dir) fails with an error that mentions want.
+func wantImportError(t *testing.T, dir, want string) {
+	t.Helper()
+	_, _, err := LoadModel(dir)
+	if err == nil || !strings.Contains(err.Error(), want) {
+		t.Fatalf("err = %v, want it to mention %q", err, want)
+	}
+}
+
+// exportRoundTrip exports m, a model never imported (Info{}: the
+// architecture inferred), and imports it back: ArchOf and the import say
+// arch, and the config is m's (sameArch and, if not nil, same, the
+// architecture's own fields); a second export of the import is
+// byte-identical to the first. It returns the imported model.
+func exportRoundTrip(t *testing.T, m *gpt.Model, arch string, same func(a, b gpt.Config) bool) *gpt.Model {
+	t.Helper()
+	if a, err := ArchOf(m.Config); err != nil || a != arch {
+		t.Fatalf("ArchOf = %q, %v; want %s", a, err, arch)
+	}
+	dir := t.TempDir()
+	if err := Export(context.Background(), dir, m, Info{}, ExportOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	back, info, err := LoadModel(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.Arch != arch || !sameArch(back.Config, m.Config) || (same != nil && !same(back.Config, m.Config)) {
+		t.Fatalf("back %s %+v, want %s %+v", info.Arch, back.Config, arch, m.Config)
+	}
+	again := t.TempDir()
+	if err := Export(context.Background(), again, back, info, ExportOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	CompareHFDirs(t, dir, again)
+	return back
+}
+
+// sameWeights: got's parameters and buffers are want's, in order, value
+// for value, and named the same where names is true (an MoE model's
+// experts are named by their layout, grouped or not, which the import may
+// choose differently); and the two models' logits on a few tokens are the
+// same.
+func sameWeights(t *testing.T, want, got *gpt.Model, names bool) {
+	t.Helper()
+	w, g := append(want.Params(), want.Buffers()...), append(got.Params(), got.Buffers()...)
+	if len(w) != len(g) {
+		t.Fatalf("%d parameters and buffers back, want %d", len(g), len(w))
+	}
+	for i, p := range w {
+		q := g[i]
+		if (names && q.Name != p.Name) || q.Numel() != p.Numel() {
+			t.Fatalf("param %d: %s (%d values) vs %s (%d)", i, q.Name, q.Numel(), p.Name, p.Numel())
+		}
+		for j, x := range p.Float32s() {
+			if q.Float32s()[j] != x {
+				t.Fatalf("%s[%d] = %g, want %g", p.Name, j, q.Float32s()[j], x)
+			}
+		}
+	}
+	ids := []int32{3, 1, 4, 1, 5, 9, 2, 6}
+	a, b := forward(want, ids), forward(got, ids)
+	for i := range a {
+		if a[i] != b[i] {
+			t.Fatalf("logit %d: %g after the round trip, %g before", i, b[i], a[i])
+		}
+	}
+}
+
+// archRefusal is a config ArchOf must refuse: edit of a base it accepts,
+// and what the error must mention.
+type archRefusal struct {
+	edit func(c *gpt.Config)
+	want string
+}
+
+// wantArchOfRefusals checks each refusal on a copy of base.
+func wantArchOfRefusals(t *testing.T, base gpt.Config, refusals []archRefusal) {
+	t.Helper()
+	for _, r := range refusals {
+		c := base
+		r.edit(&c)
+		if _, err := ArchOf(c); err == nil || !strings.Contains(err.Error(), r.want) {
+			t.Errorf("ArchOf: err = %v, want it to mention %q", err, r.want)
+		}
+	}
+}
+
 // TestImportErrors: bad directories are errors naming the file and the
 // problem, never panics.
 func TestImportErrors(t *testing.T) {
-	editConfig := func(old, new string) func(t *testing.T, dir string) {
-		return func(t *testing.T, dir string) {
-			p := filepath.Join(dir, "config.json")
-			b, _ := os.ReadFile(p)
-			if !bytes.Contains(b, []byte(old)) {
-				t.Fatalf("config.json lacks %q", old)
-			}
-			os.WriteFile(p, bytes.Replace(b, []byte(old), []byte(new), 1), 0o644)
-		}
+	edit := func(oldNew ...string) func(t *testing.T, dir string) {
+		return func(t *testing.T, dir string) { editConfig(t, dir, oldNew...) }
 	}
 	rewriteTensors := func(edit func(map[string]safetensors.Tensor)) func(t *testing.T, dir string) {
 		return func(t *testing.T, dir string) {
@@ -337,30 +443,27 @@ func TestImportErrors(t *testing.T) {
 		edit          func(t *testing.T, dir string)
 		want          string
 	}{
-		{"rope scaling", "llama_gqa_untied_f32", editConfig(`"rope_scaling": null`, `"rope_scaling": {"type": "linear", "factor": 2.0}`), "rope_scaling"},
-		{"activation", "llama_gqa_untied_f32", editConfig(`"hidden_act": "silu"`, `"hidden_act": "relu"`), "hidden_act"},
-		{"gpt2 activation", "gpt2_tied_f32", editConfig(`"activation_function": "gelu_new"`, `"activation_function": "relu"`), "activation_function"},
-		{"heads", "llama_gqa_untied_f32", editConfig(`"num_key_value_heads": 2`, `"num_key_value_heads": 3`), "num-query-groups"},
-		{"model type", "gpt2_tied_f32", func(t *testing.T, dir string) {
-			editConfig(`"model_type": "gpt2"`, `"model_type": "bert"`)(t, dir)
-			editConfig(`"GPT2LMHeadModel"`, `"BertModel"`)(t, dir)
-		}, "model_type"},
+		{"rope scaling", "llama_gqa_untied_f32", edit(`"rope_scaling": null`, `"rope_scaling": {"type": "linear", "factor": 2.0}`), "rope_scaling"},
+		{"activation", "llama_gqa_untied_f32", edit(`"hidden_act": "silu"`, `"hidden_act": "relu"`), "hidden_act"},
+		{"gpt2 activation", "gpt2_tied_f32", edit(`"activation_function": "gelu_new"`, `"activation_function": "relu"`), "activation_function"},
+		{"heads", "llama_gqa_untied_f32", edit(`"num_key_value_heads": 2`, `"num_key_value_heads": 3`), "num-query-groups"},
+		{"model type", "gpt2_tied_f32", edit(`"model_type": "gpt2"`, `"model_type": "bert"`, `"GPT2LMHeadModel"`, `"BertModel"`), "model_type"},
 		// model_type wins over architectures: a BERT config beside GPT-2
 		// tensors is not imported as GPT-2.
-		{"model type bert, gpt2 tensors", "gpt2_tied_f32", editConfig(`"model_type": "gpt2"`, `"model_type": "bert"`),
+		{"model type bert, gpt2 tensors", "gpt2_tied_f32", edit(`"model_type": "gpt2"`, `"model_type": "bert"`),
 			`config.json: model_type "bert" is not supported: want gpt2 (GPT2LMHeadModel), llama`},
-		{"model type deepseek, llama keys", "llama_gqa_untied_f32", editConfig(`"model_type": "llama"`, `"model_type": "deepseek_v3"`),
+		{"model type deepseek, llama keys", "llama_gqa_untied_f32", edit(`"model_type": "llama"`, `"model_type": "deepseek_v3"`),
 			`model_type "deepseek_v3" contradicts architectures ["LlamaForCausalLM"]`},
-		{"model type contradicts class", "gpt2_tied_f32", editConfig(`"model_type": "gpt2"`, `"model_type": "llama"`), `model_type "llama" contradicts architectures`},
-		{"rope theta 0", "llama_gqa_untied_f32", editConfig(`"rope_theta": 10000.0`, `"rope_theta": 0`), "config.json: rope_theta: 0: want a positive finite number"},
-		{"rope theta negative", "llama_gqa_untied_f32", editConfig(`"rope_theta": 10000.0`, `"rope_theta": -5`), "rope_theta: -5"},
-		{"rms eps 0 in float32", "llama_gqa_untied_f32", editConfig(`"rms_norm_eps": 1e-06`, `"rms_norm_eps": 1e-50`), "rms_norm_eps: 1e-50: want a positive finite number (as float32)"},
-		{"zero layers", "llama_gqa_untied_f32", editConfig(`"num_hidden_layers": 2`, `"num_hidden_layers": 0`), "num_hidden_layers: 0 is out of range: must be between 1 and"},
-		{"huge hidden", "gpt2_tied_f32", editConfig(`"n_layer": 2`, `"n_layer": 2, "n_embd": 4611686018427387904`), "n_embd: 4611686018427387904 is out of range"},
-		{"negative vocab", "gpt2_tied_f32", editConfig(`"vocab_size": 260`, `"vocab_size": -3`), "vocab_size: -3"},
-		{"bad json", "gpt2_tied_f32", editConfig(`{`, `[`), "config.json"},
-		{"layers", "gpt2_tied_f32", editConfig(`"n_layer": 2`, `"n_layer": 3`), "missing tensor transformer.h.2."},
-		{"shape", "gpt2_tied_f32", editConfig(`"n_inner": null`, `"n_inner": 64`), "mlp.c_fc.weight has shape [32 128], config.json implies [32 64]"},
+		{"model type contradicts class", "gpt2_tied_f32", edit(`"model_type": "gpt2"`, `"model_type": "llama"`), `model_type "llama" contradicts architectures`},
+		{"rope theta 0", "llama_gqa_untied_f32", edit(`"rope_theta": 10000.0`, `"rope_theta": 0`), "config.json: rope_theta: 0: want a positive finite number"},
+		{"rope theta negative", "llama_gqa_untied_f32", edit(`"rope_theta": 10000.0`, `"rope_theta": -5`), "rope_theta: -5"},
+		{"rms eps 0 in float32", "llama_gqa_untied_f32", edit(`"rms_norm_eps": 1e-06`, `"rms_norm_eps": 1e-50`), "rms_norm_eps: 1e-50: want a positive finite number (as float32)"},
+		{"zero layers", "llama_gqa_untied_f32", edit(`"num_hidden_layers": 2`, `"num_hidden_layers": 0`), "num_hidden_layers: 0 is out of range: must be between 1 and"},
+		{"huge hidden", "gpt2_tied_f32", edit(`"n_layer": 2`, `"n_layer": 2, "n_embd": 4611686018427387904`), "n_embd: 4611686018427387904 is out of range"},
+		{"negative vocab", "gpt2_tied_f32", edit(`"vocab_size": 260`, `"vocab_size": -3`), "vocab_size: -3"},
+		{"bad json", "gpt2_tied_f32", edit(`{`, `[`), "config.json"},
+		{"layers", "gpt2_tied_f32", edit(`"n_layer": 2`, `"n_layer": 3`), "missing tensor transformer.h.2."},
+		{"shape", "gpt2_tied_f32", edit(`"n_inner": null`, `"n_inner": 64`), "mlp.c_fc.weight has shape [32 128], config.json implies [32 64]"},
 		{"unexpected", "gpt2_tied_f32", rewriteTensors(func(m map[string]safetensors.Tensor) {
 			m["transformer.extra.weight"] = m["transformer.ln_f.weight"]
 		}), "unexpected tensor transformer.extra.weight"},
@@ -376,10 +479,7 @@ func TestImportErrors(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			dir := copyFixture(t, c.fixture)
 			c.edit(t, dir)
-			_, _, err := LoadModel(dir)
-			if err == nil || !strings.Contains(err.Error(), c.want) {
-				t.Fatalf("err = %v, want it to mention %q", err, c.want)
-			}
+			wantImportError(t, dir, c.want)
 		})
 	}
 }
@@ -506,11 +606,7 @@ func jsonEqual(t *testing.T, a, b []byte) bool {
 // gives a warning; export keeps model_type and architectures.
 func TestMistral(t *testing.T) {
 	dir := copyFixture(t, "llama_gqa_untied_f32")
-	p := filepath.Join(dir, "config.json")
-	b, _ := os.ReadFile(p)
-	b = bytes.Replace(b, []byte(`"model_type": "llama"`), []byte(`"model_type": "mistral", "sliding_window": 4`), 1)
-	b = bytes.Replace(b, []byte(`"LlamaForCausalLM"`), []byte(`"MistralForCausalLM"`), 1)
-	os.WriteFile(p, b, 0o644)
+	editConfig(t, dir, `"model_type": "llama"`, `"model_type": "mistral", "sliding_window": 4`, `"LlamaForCausalLM"`, `"MistralForCausalLM"`)
 	m, info, err := LoadModel(dir)
 	if err != nil {
 		t.Fatal(err)

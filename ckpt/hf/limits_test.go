@@ -1,9 +1,6 @@
 package hf
 
 import (
-	"bytes"
-	"os"
-	"path/filepath"
 	"runtime"
 	"strings"
 	"testing"
@@ -14,18 +11,7 @@ import (
 // setVocab rewrites config.json's vocab_size in a fixture copy.
 func setVocab(t *testing.T, dir, vocab string) {
 	t.Helper()
-	p := filepath.Join(dir, "config.json")
-	b, err := os.ReadFile(p)
-	if err != nil {
-		t.Fatal(err)
-	}
-	old := []byte(`"vocab_size": 260`)
-	if !bytes.Contains(b, old) {
-		t.Fatalf("config.json lacks %s", old)
-	}
-	if err := os.WriteFile(p, bytes.Replace(b, old, []byte(`"vocab_size": `+vocab), 1), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	editConfig(t, dir, `"vocab_size": 260`, `"vocab_size": `+vocab)
 }
 
 // TestImportChecksShapesBeforeAllocating: a config.json whose vocab_size

@@ -1,11 +1,6 @@
 package hf
 
 import (
-	"bytes"
-	"context"
-	"os"
-	"path/filepath"
-	"strings"
 	"testing"
 
 	"github.com/gotron/gotron/model/gpt"
@@ -15,14 +10,6 @@ import (
 // TestMoEImportErrors: MoE configs gotron cannot represent are refused
 // with the config.json field named.
 func TestMoEImportErrors(t *testing.T) {
-	edit := func(t *testing.T, dir, old, new string) {
-		p := filepath.Join(dir, "config.json")
-		b, _ := os.ReadFile(p)
-		if !bytes.Contains(b, []byte(old)) {
-			t.Fatalf("config.json lacks %q", old)
-		}
-		os.WriteFile(p, bytes.Replace(b, []byte(old), []byte(new), 1), 0o644)
-	}
 	cases := []struct {
 		name, fixture, old, new, want string
 	}{
@@ -47,18 +34,16 @@ func TestMoEImportErrors(t *testing.T) {
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			dir := copyFixture(t, c.fixture)
-			edit(t, dir, c.old, c.new)
-			_, _, err := LoadModel(dir)
-			if err == nil || !strings.Contains(err.Error(), c.want) {
-				t.Fatalf("err = %v, want it to mention %q", err, c.want)
-			}
+			editConfig(t, dir, c.old, c.new)
+			wantImportError(t, dir, c.want)
 		})
 	}
 }
 
 // TestMoEExportWithoutInfo: MoE models never imported export as Mixtral,
 // Qwen2-MoE or Qwen3-MoE (inferred from the config) and import back to the same
-// config and weights; settings neither has are refused by name.
+// config, weights and logits; a second export is byte-identical. Settings
+// none of them has are refused by name.
 func TestMoEExportWithoutInfo(t *testing.T) {
 	base := gpt.Config{NumLayers: 3, HiddenSize: 16, NumAttentionHeads: 4, NumQueryGroups: 2, FFNHiddenSize: 24, VocabSize: 128,
 		MaxPositionEmbeddings: 8, PositionEmbeddingType: gpt.RoPE, Normalization: gpt.RMSNorm, Activation: gpt.SwiGLU,
@@ -76,47 +61,16 @@ func TestMoEExportWithoutInfo(t *testing.T) {
 		c    gpt.Config
 		arch string
 	}{{mixtral, ArchMixtral}, {qwen, ArchQwen2MoE}, {qwen3, ArchQwen3MoE}} {
-		m, err := gpt.New(tc.c, tensor.NewRNG(3))
-		if err != nil {
-			t.Fatal(err)
-		}
-		if a, err := ArchOf(m.Config); err != nil || a != tc.arch {
-			t.Fatalf("ArchOf = %q, %v; want %s", a, err, tc.arch)
-		}
-		dir := t.TempDir()
-		if err := Export(context.Background(), dir, m, Info{}, ExportOptions{}); err != nil {
-			t.Fatal(err)
-		}
-		back, info, err := LoadModel(dir)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if info.Arch != tc.arch || !sameArch(back.Config, m.Config) {
-			t.Fatalf("%s: back %s %+v, want %+v", tc.arch, info.Arch, back.Config, m.Config)
-		}
-		// names differ where the experts' naming does (grouped or not): compare in order
-		for i, p := range m.Params() {
-			q := back.Params()[i]
-			if q.Numel() != p.Numel() {
-				t.Fatalf("%s: param %d %s vs %s", tc.arch, i, p.Name, q.Name)
+		t.Run(tc.arch, func(t *testing.T) {
+			m, err := gpt.New(tc.c, tensor.NewRNG(3))
+			if err != nil {
+				t.Fatal(err)
 			}
-			for j, x := range p.Float32s() {
-				if q.Float32s()[j] != x {
-					t.Fatalf("%s: %s[%d] = %g, want %g", tc.arch, p.Name, j, q.Float32s()[j], x)
-				}
-			}
-		}
-		// a second export of the import is byte-identical to the first
-		again := t.TempDir()
-		if err := Export(context.Background(), again, back, info, ExportOptions{}); err != nil {
-			t.Fatal(err)
-		}
-		CompareHFDirs(t, dir, again)
+			back := exportRoundTrip(t, m, tc.arch, nil)
+			sameWeights(t, m, back, false) // names differ where the experts' naming does (grouped or not)
+		})
 	}
-	for _, bad := range []struct {
-		edit func(c *gpt.Config)
-		want string
-	}{
+	wantArchOfRefusals(t, mixtral, []archRefusal{
 		{func(c *gpt.Config) { c.MoE.Score = gpt.ScoreSigmoid }, "--moe-router-score-function sigmoid"},
 		{func(c *gpt.Config) { c.MoE.CapacityFactor = 1 }, "--moe-expert-capacity-factor 1"},
 		{func(c *gpt.Config) { c.MoE.LayerFreq = "[1,0,1]" }, "Mixtral's layers are all MoE"},
@@ -126,11 +80,5 @@ func TestMoEExportWithoutInfo(t *testing.T) {
 		{func(c *gpt.Config) { c.MoE.PreSoftmax = true }, "--moe-router-pre-softmax without a shared expert"},
 		{func(c *gpt.Config) { c.MoE.SharedExpertFFN = 8 }, "without --moe-shared-expert-gate"},
 		{func(c *gpt.Config) { c.MoE.SharedExpertFFN, c.MoE.SharedExpertGate = 8, true }, "without --add-qkv-bias"},
-	} {
-		c := mixtral
-		bad.edit(&c)
-		if _, err := ArchOf(c); err == nil || !strings.Contains(err.Error(), bad.want) {
-			t.Errorf("ArchOf: err = %v, want it to mention %q", err, bad.want)
-		}
-	}
+	})
 }

@@ -1,10 +1,7 @@
 package hf
 
 import (
-	"bytes"
 	"context"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 
@@ -39,16 +36,8 @@ func TestQwen3NextImportErrors(t *testing.T) {
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			dir := copyFixture(t, fx)
-			p := filepath.Join(dir, "config.json")
-			b, _ := os.ReadFile(p)
-			if !bytes.Contains(b, []byte(c.old)) {
-				t.Fatalf("config.json lacks %q", c.old)
-			}
-			os.WriteFile(p, bytes.Replace(b, []byte(c.old), []byte(c.new), 1), 0o644)
-			_, _, err := LoadModel(dir)
-			if err == nil || !strings.Contains(err.Error(), c.want) {
-				t.Fatalf("err = %v, want it to mention %q", err, c.want)
-			}
+			editConfig(t, dir, c.old, c.new)
+			wantImportError(t, dir, c.want)
 		})
 	}
 }
@@ -84,50 +73,11 @@ func TestQwen3NextExportWithoutInfo(t *testing.T) {
 					}
 				}
 			}
-			dir := t.TempDir()
-			if err := Export(context.Background(), dir, m, Info{}, ExportOptions{}); err != nil {
-				t.Fatal(err)
-			}
-			back, info, err := LoadModel(dir)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if info.Arch != ArchQwen3Next || !sameArch(back.Config, m.Config) || !sameQwen3Next(back.Config, m.Config) {
-				t.Fatalf("back %s %+v, want %+v", info.Arch, back.Config, m.Config)
-			}
-			want, got := m.Params(), back.Params()
-			if len(want) != len(got) {
-				t.Fatalf("%d parameters back, want %d", len(got), len(want))
-			}
-			for i, p := range want {
-				q := got[i]
-				if q.Name != p.Name || q.Numel() != p.Numel() {
-					t.Fatalf("param %d: %s vs %s", i, q.Name, p.Name)
-				}
-				for j, x := range p.Float32s() {
-					if q.Float32s()[j] != x {
-						t.Fatalf("%s[%d] = %g, want %g", p.Name, j, q.Float32s()[j], x)
-					}
-				}
-			}
-			ids := []int32{3, 1, 4, 1, 5, 9, 2, 6}
-			a, b := forward(m, ids), forward(back, ids)
-			for i := range a {
-				if a[i] != b[i] {
-					t.Fatalf("logit %d: %g after the round trip, %g before", i, b[i], a[i])
-				}
-			}
-			again := t.TempDir()
-			if err := Export(context.Background(), again, back, info, ExportOptions{}); err != nil {
-				t.Fatal(err)
-			}
-			CompareHFDirs(t, dir, again)
+			back := exportRoundTrip(t, m, ArchQwen3Next, sameQwen3Next)
+			sameWeights(t, m, back, true)
 		})
 	}
-	for _, bad := range []struct {
-		edit func(c *gpt.Config)
-		want string
-	}{
+	wantArchOfRefusals(t, moe, []archRefusal{
 		{func(c *gpt.Config) { c.GDN = gpt.GDNConfig{} }, "gated delta net false, attention output gate true: Qwen3-Next has both"},
 		{func(c *gpt.Config) { c.AttentionOutputGate = false }, "gated delta net true, attention output gate false"},
 		{func(c *gpt.Config) { c.LayerNorm1P = false }, "Qwen3-Next wants RMSNorm with --apply-layernorm-1p and --qk-layernorm"},
@@ -135,13 +85,7 @@ func TestQwen3NextExportWithoutInfo(t *testing.T) {
 		{func(c *gpt.Config) { c.RotaryInterleaved = true }, "Qwen3-Next wants rope rotating halves"},
 		{func(c *gpt.Config) { c.MoE.SharedExpertGate = false }, "shared expert 12, gate false"},
 		{func(c *gpt.Config) { c.MoE.Score = gpt.ScoreSigmoid }, "Qwen3-Next routes by softmax top-k"},
-	} {
-		c := moe
-		bad.edit(&c)
-		if _, err := ArchOf(c); err == nil || !strings.Contains(err.Error(), bad.want) {
-			t.Errorf("ArchOf: err = %v, want it to mention %q", err, bad.want)
-		}
-	}
+	})
 }
 
 // TestQwen3NextConfigForms: the fixture's config.json written without
@@ -156,27 +100,19 @@ func TestQwen3NextConfigForms(t *testing.T) {
 	}
 	ids := []int32{3, 17, 42, 99, 5}
 	want := forward(ref, ids)
-	for name, edits := range map[string][][2]string{
-		"interval": {{`"layer_types": [
+	for name, edits := range map[string][]string{
+		"interval": {`"layer_types": [
     "linear_attention",
     "full_attention",
     "linear_attention",
     "full_attention"
-  ],`, ``}},
-		"transformers 5": {{`"partial_rotary_factor": 0.25,`, ``}, {`"rope_theta": 10000.0,`, `"rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25},`},
-			{`"torch_dtype": "float32"`, `"dtype": "float32"`}},
+  ],`, ``},
+		"transformers 5": {`"partial_rotary_factor": 0.25,`, ``, `"rope_theta": 10000.0,`, `"rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25},`,
+			`"torch_dtype": "float32"`, `"dtype": "float32"`},
 	} {
 		t.Run(name, func(t *testing.T) {
 			dir := copyFixture(t, fx)
-			p := filepath.Join(dir, "config.json")
-			b, _ := os.ReadFile(p)
-			for _, e := range edits {
-				if !bytes.Contains(b, []byte(e[0])) {
-					t.Fatalf("config.json lacks %q", e[0])
-				}
-				b = bytes.Replace(b, []byte(e[0]), []byte(e[1]), 1)
-			}
-			os.WriteFile(p, b, 0o644)
+			editConfig(t, dir, edits...)
 			m, info, err := LoadModel(dir)
 			if err != nil {
 				t.Fatal(err)
