@@ -9,7 +9,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 )
@@ -111,27 +110,14 @@ func TestInferencePipelineParallel(t *testing.T) {
 func TestInferencePipelineParallelRefusals(t *testing.T) {
 	dir, tokFlags := inferenceCheckpoint(t) // 2 layers
 	base := append([]string{"inference", "--load", dir, "--prompts", "hi"}, tokFlags...)
-	for _, c := range []struct {
-		launch int
-		args   []string
-		want   string
-	}{
+	checkInferenceRefusals(t, base, []inferenceRefusal{
 		{1, []string{"--pipeline-model-parallel-size", "2"}, "--pipeline-model-parallel-size 2 needs 2 ranks: start them with gotron launch"},
 		{4, []string{"--pipeline-model-parallel-size", "4"}, "--pipeline-model-parallel-size 4: more stages than the model's 2 layers"},
 		{2, []string{"--pipeline-model-parallel-size", "2", "--tensor-model-parallel-size", "2"}, "a world of 2 ranks with --tensor-model-parallel-size 2 with --pipeline-model-parallel-size 2: needs data-parallel inference replicas"},
 		{1, []string{"--pipeline-model-parallel-size", "0"}, "--pipeline-model-parallel-size"},
 		{2, []string{"--pipeline-model-parallel-size", "2", "--num-virtual-stages-per-pipeline-rank", "2"}, "--num-virtual-stages-per-pipeline-rank 2: needs an uneven or interleaved pipeline split at inference, not built"},
 		{2, []string{"--pipeline-model-parallel-size", "2", "--decoder-first-pipeline-num-layers", "1"}, "--decoder-first-pipeline-num-layers 1: needs an uneven or interleaved pipeline split"},
-	} {
-		args := append(append([]string{}, base...), c.args...)
-		if c.launch > 1 {
-			args = append([]string{"launch", "--inproc", "--nproc-per-node", fmt.Sprint(c.launch), "--"}, args...)
-		}
-		_, errs, code := runCLI(t, args...)
-		if code == 0 || !strings.Contains(errs, c.want) {
-			t.Errorf("%v (%d ranks): exit %d, stderr %q; want %q", c.args, c.launch, code, errs, c.want)
-		}
-	}
+	})
 	// Three layers do not split into two stages.
 	ck := serveCheckpointSized(t, 64, 3, 32)
 	_, errs, code := runCLI(t, "launch", "--inproc", "--nproc-per-node", "2", "--", "generate", "--load", ck, "--prompt", "hi", "--pipeline-model-parallel-size", "2")
@@ -144,53 +130,7 @@ func TestInferencePipelineParallelRefusals(t *testing.T) {
 // rank of a PP=2 inference job mid-generation ends the job in seconds,
 // naming rank 1, instead of leaving rank 0 waiting.
 func TestInferencePipelineParallelRankKilled(t *testing.T) {
-	if _, err := os.Stat("/proc/self/environ"); err != nil {
-		t.Skip("needs /proc to find the worker process")
-	}
-	bin, err := buildGotron()
-	if err != nil {
-		t.Fatal(err)
-	}
-	dir, tokFlags := inferenceCheckpoint(t)
-	tag := fmt.Sprintf("%d-ppinfer", os.Getpid())
-	cmd := exec.Command(bin, append([]string{"launch", "--nproc-per-node", "2", "--master-port", freeTCPPort(t), "--",
-		"inference", "--load", dir, "--pipeline-model-parallel-size", "2", "--prompts", "hello", "--num-tokens-to-generate", "120",
-		"--termination-id", "-1", "--inference-logging-step-interval", "1"}, tokFlags...)...)
-	cmd.Env = append(os.Environ(), "GOTRON_NUM_THREADS=1", "GOTRON_TEST_TAG="+tag)
-	w := newLineWaiter("step 3:")
-	cmd.Stdout, cmd.Stderr = w, w
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	defer cmd.Process.Kill()
-	select {
-	case <-w.seen:
-	case <-time.After(2 * time.Minute):
-		t.Fatalf("no step 3 in 2 minutes:\n%s", w.String())
-	}
-	pid := workerPID(tag, 1)
-	if pid == 0 {
-		t.Fatalf("no rank 1 process:\n%s", w.String())
-	}
-	killed := time.Now()
-	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
-		t.Fatal(err)
-	}
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
-	select {
-	case <-exited:
-	case <-time.After(60 * time.Second):
-		t.Fatalf("the job still runs 60 s after rank 1 was killed:\n%s", w.String())
-	}
-	out := w.String()
-	if cmd.ProcessState.ExitCode() == 0 || !strings.Contains(out, "worker rank 1") {
-		t.Errorf("exit %d; want a failure naming rank 1:\n%s", cmd.ProcessState.ExitCode(), out)
-	}
-	if !strings.Contains(out, "[rank0]: gotron inference: infer: pipeline-parallel") || !strings.Contains(out, "rank 1: peer lost") {
-		t.Errorf("rank 0's error does not name rank 1 (peer lost):\n%s", out)
-	}
-	t.Logf("the job ended %.1f s after the kill:\n%s", time.Since(killed).Seconds(), out[max(0, len(out)-1500):])
+	checkInferenceRankKilled(t, "--pipeline-model-parallel-size", "pipeline-parallel")
 }
 
 // TestServePipelineParallel: gotron serve --pipeline-model-parallel-size 2

@@ -249,17 +249,29 @@ func TestInferenceTensorParallelMoE(t *testing.T) {
 func TestInferenceTensorParallelRefusals(t *testing.T) {
 	dir, tokFlags := inferenceCheckpoint(t) // 4 heads, hidden 32, vocabulary 50304
 	base := append([]string{"inference", "--load", dir, "--prompts", "hi"}, tokFlags...)
-	for _, c := range []struct {
-		launch int
-		args   []string
-		want   string
-	}{
+	checkInferenceRefusals(t, base, []inferenceRefusal{
 		{1, []string{"--tensor-model-parallel-size", "2"}, "--tensor-model-parallel-size 2 needs 2 ranks: start them with gotron launch"},
 		{3, []string{"--tensor-model-parallel-size", "3"}, "--num-attention-heads=4 is not divisible by --tensor-model-parallel-size=3"},
 		{2, nil, "a world of 2 ranks with --tensor-model-parallel-size 1: needs data-parallel inference replicas"},
 		{1, []string{"--tensor-model-parallel-size", "0"}, "--tensor-model-parallel-size"},
 		{1, []string{"--distributed-timeout-minutes", "-1"}, "--distributed-timeout-minutes -1: want minutes >= 0"},
-	} {
+	})
+}
+
+// inferenceRefusal is a gotron inference command line that must fail:
+// extra flags, over launch ranks (1: no launch), and what stderr must say.
+type inferenceRefusal struct {
+	launch int
+	args   []string
+	want   string
+}
+
+// checkInferenceRefusals runs base plus each refusal's flags (under gotron
+// launch --inproc where it asks for more than one rank) and wants a
+// failure whose stderr says what the refusal wants.
+func checkInferenceRefusals(t *testing.T, base []string, refusals []inferenceRefusal) {
+	t.Helper()
+	for _, c := range refusals {
 		args := append(append([]string{}, base...), c.args...)
 		if c.launch > 1 {
 			args = append([]string{"launch", "--inproc", "--nproc-per-node", fmt.Sprint(c.launch), "--"}, args...)
@@ -275,6 +287,15 @@ func TestInferenceTensorParallelRefusals(t *testing.T) {
 // inference job mid-generation ends the job, naming rank 1, instead of
 // leaving rank 0 waiting.
 func TestInferenceTensorParallelRankKilled(t *testing.T) {
+	checkInferenceRankKilled(t, "--tensor-model-parallel-size", "tensor-parallel")
+}
+
+// checkInferenceRankKilled runs gotron inference over two ranks (launch,
+// real processes) with sizeFlag 2, SIGKILLs rank 1 once rank 0 has logged
+// step 3, and wants the job to end within 60 s with rank 0's error naming
+// rank 1 and, for the parallelism, "infer: "+what.
+func checkInferenceRankKilled(t *testing.T, sizeFlag, what string) {
+	t.Helper()
 	if _, err := os.Stat("/proc/self/environ"); err != nil {
 		t.Skip("needs /proc to find the worker process")
 	}
@@ -283,9 +304,9 @@ func TestInferenceTensorParallelRankKilled(t *testing.T) {
 		t.Fatal(err)
 	}
 	dir, tokFlags := inferenceCheckpoint(t)
-	tag := fmt.Sprintf("%d-tpinfer", os.Getpid())
+	tag := fmt.Sprintf("%d-%s", os.Getpid(), what)
 	cmd := exec.Command(bin, append([]string{"launch", "--nproc-per-node", "2", "--master-port", freeTCPPort(t), "--",
-		"inference", "--load", dir, "--tensor-model-parallel-size", "2", "--prompts", "hello", "--num-tokens-to-generate", "120",
+		"inference", "--load", dir, sizeFlag, "2", "--prompts", "hello", "--num-tokens-to-generate", "120",
 		"--termination-id", "-1", "--inference-logging-step-interval", "1"}, tokFlags...)...)
 	cmd.Env = append(os.Environ(), "GOTRON_NUM_THREADS=1", "GOTRON_TEST_TAG="+tag)
 	w := newLineWaiter("step 3:")
@@ -303,6 +324,7 @@ func TestInferenceTensorParallelRankKilled(t *testing.T) {
 	if pid == 0 {
 		t.Fatalf("no rank 1 process:\n%s", w.String())
 	}
+	killed := time.Now()
 	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
@@ -317,10 +339,10 @@ func TestInferenceTensorParallelRankKilled(t *testing.T) {
 	if cmd.ProcessState.ExitCode() == 0 || !strings.Contains(out, "worker rank 1") {
 		t.Errorf("exit %d; want a failure naming rank 1:\n%s", cmd.ProcessState.ExitCode(), out)
 	}
-	if !strings.Contains(out, "[rank0]: gotron inference: infer: tensor-parallel") || !strings.Contains(out, "rank 1: peer lost") {
+	if !strings.Contains(out, "[rank0]: gotron inference: infer: "+what) || !strings.Contains(out, "rank 1: peer lost") {
 		t.Errorf("rank 0's error does not name rank 1 (peer lost):\n%s", out)
 	}
-	t.Logf("%s", out[max(0, len(out)-1500):])
+	t.Logf("the job ended %.1f s after the kill:\n%s", time.Since(killed).Seconds(), out[max(0, len(out)-1500):])
 }
 
 // TestServeTensorParallel: gotron serve --tensor-model-parallel-size 2 on
