@@ -168,16 +168,7 @@ func BF16GemmOperandCounts() BF16OperandCounts {
 
 // gemm runs be.Gemm and counts it when it is a MatmulBF16 product.
 func gemm(be Backend, prec MatmulPrecision, tA, tB Transpose, alpha float32, a, b *Tensor, beta float32, c *Tensor) {
-	if prec == MatmulBF16 {
-		n := int64(a.Numel() + b.Numel())
-		if a.dtype == BFloat16 {
-			bf16Counts.bf16Products.Add(1)
-			bf16Counts.bf16Elems.Add(n)
-		} else {
-			bf16Counts.fp32Products.Add(1)
-			bf16Counts.fp32Elems.Add(n)
-		}
-	}
+	countProduct(prec, a, b)
 	be.Gemm(prec, tA, tB, alpha, a, b, beta, c)
 }
 

@@ -80,7 +80,9 @@ type cudaRuntime struct {
 // bias-activation, bias-dropout-add and residual add + norm kernels),
 // "gemm-bf16" (bfloat16 GEMM operands under --bf16: weights' bfloat16
 // copies, activations cast once, cuBLAS on CUDA_R_16BF operands),
-// "moe-router" (the MoE router's kernels). The variable is "1" or "all"
+// "moe-router" (the MoE router's kernels), "cublaslt" (products through
+// cuBLASLt, Linear's bias and bias gradient in its epilogues: cuda_lt.go).
+// The variable is "1" or "all"
 // for every one, or a comma-separated list of names.
 func CUDAUnverified(getenv func(string) string, feature string) bool {
 	v := getenv("GOTRON_CUDA_UNVERIFIED")
@@ -228,6 +230,9 @@ func OpenCUDA(ordinal int, opts CUDAOptions) error {
 	}
 	if CUDAUnverified(os.Getenv, "gemm-bf16") {
 		SetCUDABF16GemmOperands(true)
+	}
+	if CUDAUnverified(os.Getenv, "cublaslt") {
+		SetCUDALt(true)
 	}
 	if os.Getenv("GOTRON_CUDA_PROFILE") != "" {
 		rt.prof = &cudaProfile{byName: map[string]*cudaProfEntry{}}
@@ -618,6 +623,9 @@ func (b cudaBackend) constant(key any, mk func() *Tensor) *Tensor {
 // operands to 16 bits and accumulate in float32 (MatmulBF16's contract);
 // FP32 is full float32 (no TF32, as PyTorch's default).
 func (b cudaBackend) Gemm(prec MatmulPrecision, tA, tB Transpose, alpha float32, a, bm *Tensor, beta float32, c *Tensor) {
+	if cudaLt.Load() && b.ltGemm(prec, tA, tB, alpha, a, bm, beta, c) {
+		return
+	}
 	p, ok := cudaGemmParams(prec, tA, tB, alpha, a, bm, beta, c)
 	if !ok {
 		return

@@ -117,9 +117,16 @@ func (tp *Tape) Linear(x, w, b *Tensor) *Tensor {
 	if bf16 {
 		xa, wa = tp.castBF16(be, x2), tp.bf16Weight(be, w)
 	}
-	gemm(be, prec, NoTrans, Trans, 1, xa, wa, 0, out2)
-	if b != nil {
-		be.Add(out, out, b)
+	// a device with cuBLASLt's epilogues (cuda_lt.go) adds the bias in
+	// the product
+	epi, fused := epiloguesOn(be)
+	if b != nil && fused && epi.GemmBias(prec, NoTrans, Trans, xa, wa, b, out2) {
+		countProduct(prec, xa, wa)
+	} else {
+		gemm(be, prec, NoTrans, Trans, 1, xa, wa, 0, out2)
+		if b != nil {
+			be.Add(out, out, b)
+		}
 	}
 	if tp.recording(x, w, b) {
 		tp.record("linear", func(tp *Tape) {
@@ -138,13 +145,21 @@ func (tp *Tape) Linear(x, w, b *Tensor) *Tensor {
 			if dx := tp.gradFor(x); dx != nil {
 				gemm(be, prec, NoTrans, NoTrans, 1, ga, wb, 1, dx.view([]int{rows, in}, []int{in, 1}, dx.offset))
 			}
+			db := tp.gradFor(b)
 			if dw := tp.gradFor(w); dw != nil {
-				gemm(be, prec, Trans, NoTrans, 1, ga, xa, 1, dw)
+				// the bias gradient in the dW product's epilogue
+				// (cuda_lt.go: float32 products only)
+				if db != nil && fused && prec == MatmulFP32 && epi.GemmBGrad(prec, Trans, NoTrans, ga, xa, dw, db, tp.empty(x.dev, w.Dim(0))) {
+					countProduct(prec, ga, xa)
+					db = nil
+				} else {
+					gemm(be, prec, Trans, NoTrans, 1, ga, xa, 1, dw)
+				}
 			}
 			if ga != g2 {
 				tp.releaseBF16(ga)
 			}
-			if db := tp.gradFor(b); db != nil {
+			if db != nil {
 				be.SumRows(db, g2)
 			}
 		}, out)

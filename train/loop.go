@@ -204,11 +204,16 @@ func (t *Trainer) Run(ctx context.Context) (_ Result, err error) {
 	t.stepper.startTime = t.cfg.Now()
 	var stepCopies tensor.Transfers // host copies made by training steps (--device sim or cuda)
 	if count := transferCounter(t.cfg.Device); count != nil {
-		since := count()
+		since, ltSince := count(), tensor.CUDALtCounts()
 		defer func() {
 			t.reporter.printf("%s", transfers(t.cfg.Device, count(), since, stepCopies, t.Iteration-t.reporter.startIter))
 			if t.cfg.BF16 {
 				t.reporter.printf("%s", bf16OperandsLine(t.cfg.Device, t.stepper.bf16Steps, t.Iteration-t.reporter.startIter))
+			}
+			if t.cfg.Device == tensor.CUDA && tensor.CUDALt() {
+				// GOTRON_CUDA_UNVERIFIED=cublaslt: how many products ran
+				// through cuBLASLt and how many fell back to cuBLAS
+				t.reporter.printf("%v device, %v", t.cfg.Device, tensor.CUDALtCounts().Sub(ltSince))
 			}
 		}()
 	}

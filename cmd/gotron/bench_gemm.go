@@ -15,7 +15,7 @@ import (
 )
 
 const benchGemmSynopsis = "bench gemm [--reps 5] [--threads N] [--isa auto|avx512|avx2|generic] [--peak-gflops 0 (measured)] " +
-	"[--shapes NN:1024x1024x1024,...] [--min-rep-seconds 0.5] [--precision fp32|bf16] [--device cpu|cuda]"
+	"[--shapes NN:1024x1024x1024,...] [--min-rep-seconds 0.5] [--precision fp32|bf16] [--device cpu|cuda] [--library cublas|cublaslt]"
 
 // defaultGemmShapes are the square shapes and the GPT-2 (d=768, 4d=3072)
 // MLP shapes: forward Y = X·W (NN), backward dX = dY·Wᵀ (NT) and
@@ -87,6 +87,7 @@ func benchGemm(ctx context.Context, env *cli, args []string) error {
 	shapeList := fs.String("shapes", defaultGemmShapes, "comma-separated OPS:MxKxN (op(A) M×K, op(B) K×N)")
 	minRep := fs.Float64("min-rep-seconds", 0.5, "each repetition repeats the GEMM until it lasts this long")
 	device := fs.String("device", "cpu", "cpu (the kernels above), or cuda / cuda:N: cuBLAS through the CUDA backend (--threads, --isa and --peak-gflops do not apply; the peak is the GPU's datasheet one)")
+	library := fs.String("library", "cublas", "with --device cuda, what runs the products: cublas (cublasGemmStridedBatchedEx, as training by default) or cublaslt (cublasLtMatmul, as training under GOTRON_CUDA_UNVERIFIED=cublaslt: built, not yet run on a GPU)")
 	fs.String("config", "", "YAML file with flag values")
 	if err := parseFlags(fs, args, env.stdout, benchGemmSynopsis); err != nil {
 		return err
@@ -124,9 +125,20 @@ func benchGemm(ctx context.Context, env *cli, args []string) error {
 	if err != nil {
 		return err
 	}
+	lt := false
+	switch *library {
+	case "cublas":
+	case "cublaslt":
+		lt = true
+		if dev != tensor.CUDA {
+			return fmt.Errorf("--library cublaslt: only with --device cuda (cuBLASLt runs the GPU's products; --device is %s)", *device)
+		}
+	default:
+		return fmt.Errorf("--library %q: want cublas or cublaslt", *library)
+	}
 	switch dev {
 	case tensor.CUDA:
-		return benchGemmCUDA(ctx, env.stdout, shapes, bf16, *reps, *minRep)
+		return benchGemmCUDA(ctx, env.stdout, shapes, bf16, lt, *reps, *minRep)
 	case tensor.Sim:
 		return fmt.Errorf("--device sim: the simulated device runs the CPU kernels; benchmark them with --device cpu")
 	}

@@ -16,16 +16,28 @@ import (
 // repeating the product until it lasts minRep seconds, the stream
 // synchronized before and after. The peak is the GPU's datasheet peak
 // (tensor.CUDAPeakFLOPs; 0 when the GPU is not in gotron's table).
-func benchGemmCUDA(ctx context.Context, w io.Writer, shapes []gemmShape, bf16 bool, reps int, minRep float64) error {
+//
+// With lt the products go through cuBLASLt (tensor.SetCUDALt, for this
+// run), and the output ends with how many did and how many cuBLASLt had no
+// algorithm for (run through cuBLAS instead): the next GPU window compares
+// the two libraries at the same shapes.
+func benchGemmCUDA(ctx context.Context, w io.Writer, shapes []gemmShape, bf16, lt bool, reps int, minRep float64) error {
 	dev := tensor.CUDADevice()
 	be := tensor.CUDABackend()
-	prec, name := tensor.MatmulFP32, "cuBLAS fp32 (no TF32)"
+	lib := "cuBLAS"
+	if lt {
+		lib = "cuBLASLt"
+		defer tensor.SetCUDALt(tensor.SetCUDALt(true))
+		before := tensor.CUDALtCounts()
+		defer func() { fmt.Fprintf(w, "cuBLASLt: %v\n", tensor.CUDALtCounts().Sub(before)) }()
+	}
+	prec, name := tensor.MatmulFP32, lib+" fp32 (no TF32)"
 	operands := tensor.Float32
 	if bf16 {
-		prec, name = tensor.MatmulBF16, "cuBLAS bf16 products, fp32 in and out"
+		prec, name = tensor.MatmulBF16, lib+" bf16 products, fp32 in and out"
 		if tensor.CUDABF16GemmOperands() {
 			// gemm-bf16: the operands training's products read then
-			operands, name = tensor.BFloat16, "cuBLAS bf16 products on bf16 operands (gemm-bf16), fp32 out"
+			operands, name = tensor.BFloat16, lib+" bf16 products on bf16 operands (gemm-bf16), fp32 out"
 		}
 	}
 	peak := tensor.CUDAPeakFLOPs(bf16) / 1e9

@@ -110,6 +110,8 @@ func TestBenchGemmBadFlags(t *testing.T) {
 		{[]string{"--shapes", "NX:1x2x3"}, "--shapes"},
 		{[]string{"--shapes", "NN:1x0x3"}, "--shapes"},
 		{[]string{"--rep", "3"}, "did you mean --reps"},
+		{[]string{"--library", "cublaslt"}, "--library cublaslt: only with --device cuda"},
+		{[]string{"--library", "mkl"}, `--library "mkl": want cublas or cublaslt`},
 	} {
 		_, err := runBenchGemm(t, tc.args...)
 		if err == nil || !strings.Contains(err.Error(), tc.want) {

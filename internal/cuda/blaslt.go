@@ -401,7 +401,15 @@ func (l *ltHandle) entry(pl ltPlan) (*ltEntry, error) {
 }
 
 func (l *ltHandle) build(pl ltPlan, e *ltEntry) error {
-	api := l.api
+	if err := l.api.describe(pl, e); err != nil {
+		return err
+	}
+	return l.pickAlgo(pl, e)
+}
+
+// describe makes pl's matmul descriptor and layouts into e (host objects:
+// no handle, no GPU needed; TestLtDescriptors reads them back).
+func (api *ltAPI) describe(pl ltPlan, e *ltEntry) error {
 	setDesc := func(name string, attr int32, p unsafe.Pointer, size uintptr) error {
 		return blasCheck("cublasLtMatmulDescSetAttribute("+name+")", api.descSet(e.desc, attr, p, size))
 	}
@@ -439,6 +447,13 @@ func (l *ltHandle) build(pl ltPlan, e *ltEntry) error {
 			}
 		}
 	}
+	return nil
+}
+
+// pickAlgo asks cuBLASLt's heuristic for e's algorithm, within the
+// workspace and for pl's alignments.
+func (l *ltHandle) pickAlgo(pl ltPlan, e *ltEntry) error {
+	api := l.api
 	var pref uintptr
 	if err := blasCheck("cublasLtMatmulPreferenceCreate", api.prefCreate(&pref)); err != nil {
 		return err

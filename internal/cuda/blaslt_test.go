@@ -10,6 +10,8 @@ import (
 	"strings"
 	"testing"
 	"unsafe"
+
+	"github.com/ebitengine/purego"
 )
 
 // ltABI is every cublasLt.h value gotron passes: the enum values of
@@ -434,5 +436,110 @@ func TestLtPlan(t *testing.T) {
 	bad.TransA = cublasOpN
 	if err := ltHost(bad, 1, 0, w, x, d, nil, nil); err == nil {
 		t.Error("the emulation ran a plan with A untransposed")
+	}
+}
+
+// TestLtDescriptors builds the descriptors of TestLtPlan's products (and a
+// batched bf16 one) with the installed libcublasLt — descriptors are host
+// objects, no GPU or handle needed; it skips where the library is not
+// installed — and reads every attribute back with cuBLASLt's own
+// GetAttribute functions: the plan rebuilt from what the library holds is
+// the plan (so each attribute's value and size reached cuBLASLt as meant:
+// a wrong size is CUBLAS_STATUS_INVALID_VALUE at the set), and the bias
+// address set as LtMatmul sets it reads back.
+func TestLtDescriptors(t *testing.T) {
+	api, err := loadLt()
+	if err != nil {
+		t.Skip("no cuBLASLt: ", err)
+	}
+	lib, err := purego.Dlopen(api.path, purego.RTLD_NOW|purego.RTLD_GLOBAL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var descGet, layoutGet func(obj uintptr, attr int32, buf unsafe.Pointer, size uintptr, written *uintptr) int32
+	for _, f := range []struct {
+		fp   any
+		name string
+	}{{&descGet, "cublasLtMatmulDescGetAttribute"}, {&layoutGet, "cublasLtMatrixLayoutGetAttribute"}} {
+		addr, err := purego.Dlsym(lib, f.name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		purego.RegisterFunc(f.fp, addr)
+	}
+	get := func(fn func(uintptr, int32, unsafe.Pointer, uintptr, *uintptr) int32, obj uintptr, attr int32, p unsafe.Pointer, size uintptr) {
+		t.Helper()
+		var n uintptr
+		if r := fn(obj, attr, p, size, &n); r != 0 || n != size {
+			t.Fatalf("GetAttribute(%d): status %d, %d bytes written, want %d", attr, r, n, size)
+		}
+	}
+	const rows, in, out = 5, 6, 3
+	linear := GemmParams{TransA: true, M: out, N: rows, K: in, Alpha: 1, A: 256, LDA: in, B: 512, LDB: in, C: 768, LDC: out, AType: F32, BType: F32, CType: F32}
+	batched := GemmParams{M: 64, N: 32, K: 16, Alpha: 1, A: 256, LDA: 64, StrideA: 0, B: 512, LDB: 24, StrideB: 32 * 24, C: 1024, LDC: 64, StrideC: 64 * 32,
+		Batch: 4, AType: BF16, BType: BF16, CType: F32, Compute: Compute32FFastTF32}
+	for _, p := range []LtParams{
+		{GemmParams: linear, Epilogue: EpilogueBias, Bias: 4096},
+		{GemmParams: linear, Epilogue: EpilogueGELUAuxBias, Bias: 4096, Aux: 8192, AuxLD: 8},
+		{GemmParams: GemmParams{TransB: true, M: in, N: out, K: rows, Alpha: 1, Beta: 1, A: 256, LDA: in, B: 512, LDB: out, C: 772, LDC: in,
+			AType: F32, BType: F32, CType: F32}, Epilogue: EpilogueBGradB, Bias: 4096},
+		{GemmParams: batched},
+	} {
+		pl, err := p.plan()
+		if err != nil {
+			t.Fatal(err)
+		}
+		var e ltEntry
+		if err := api.describe(pl, &e); err != nil {
+			t.Fatalf("epilogue %v: %v", pl.Epilogue, err)
+		}
+		back := ltPlan{Align: pl.Align}
+		var compute, scale int32
+		get(descGet, e.desc, 0, unsafe.Pointer(&compute), 4) // CUBLASLT_MATMUL_DESC_COMPUTE_TYPE
+		get(descGet, e.desc, 1, unsafe.Pointer(&scale), 4)   // CUBLASLT_MATMUL_DESC_SCALE_TYPE
+		back.Compute, back.Scale = ComputeType(compute), DataType(scale)
+		get(descGet, e.desc, ltDescTransA, unsafe.Pointer(&back.TransA), 4)
+		get(descGet, e.desc, ltDescTransB, unsafe.Pointer(&back.TransB), 4)
+		get(descGet, e.desc, ltDescEpilogue, unsafe.Pointer(&back.Epilogue), 4)
+		if pl.Epilogue.usesAux() {
+			get(descGet, e.desc, ltDescAuxLD, unsafe.Pointer(&back.AuxLD), 8)
+		}
+		for _, m := range []struct {
+			ly  uintptr
+			dst *ltLayout
+		}{{e.a, &back.A}, {e.b, &back.B}, {e.c, &back.C}} {
+			var typ uint32
+			var order int32
+			get(layoutGet, m.ly, 0, unsafe.Pointer(&typ), 4)   // CUBLASLT_MATRIX_LAYOUT_TYPE
+			get(layoutGet, m.ly, 1, unsafe.Pointer(&order), 4) // CUBLASLT_MATRIX_LAYOUT_ORDER
+			if order != 0 {
+				t.Errorf("layout order %d, want CUBLASLT_ORDER_COL", order)
+			}
+			m.dst.Type = DataType(typ)
+			get(layoutGet, m.ly, 2, unsafe.Pointer(&m.dst.Rows), 8) // ROWS
+			get(layoutGet, m.ly, 3, unsafe.Pointer(&m.dst.Cols), 8) // COLS
+			get(layoutGet, m.ly, 4, unsafe.Pointer(&m.dst.LD), 8)   // LD
+			var n int32
+			get(layoutGet, m.ly, ltLayoutBatchCount, unsafe.Pointer(&n), 4)
+			if n > 1 {
+				m.dst.Batch = n
+				get(layoutGet, m.ly, ltLayoutBatchOff, unsafe.Pointer(&m.dst.Stride), 8)
+			}
+		}
+		if back != pl {
+			t.Errorf("epilogue %v: cuBLASLt holds\n%+v\nwant\n%+v", pl.Epilogue, back, pl)
+		}
+		if pl.Epilogue.readsBias() || pl.Epilogue.writesBias() {
+			bias := uintptr(p.Bias)
+			if r := api.descSet(e.desc, ltDescBiasPointer, unsafe.Pointer(&bias), unsafe.Sizeof(bias)); r != 0 {
+				t.Fatalf("BIAS_POINTER: status %d", r)
+			}
+			var got uintptr
+			get(descGet, e.desc, ltDescBiasPointer, unsafe.Pointer(&got), 8)
+			if got != bias {
+				t.Errorf("bias pointer %#x, want %#x", got, bias)
+			}
+		}
+		(&ltHandle{api: api}).freeEntry(&e)
 	}
 }

@@ -90,17 +90,27 @@ unverified_tests() {
 	run unverified-gemm-bf16 120 "$bin/tensor_backendtest.test" -test.v -test.run 'TestCUDABF16GemmOperandsMatchCPU'
 	run unverified-train-gemm-bf16 240 env GOTRON_CUDA_UNVERIFIED=gemm-bf16 "$bin/train.test" -test.v -test.run 'TestCUDATrainingMatchesCPU'
 	grep -h "bf16 GEMM operands\|final loss" "$out/unverified-train-gemm-bf16.log" | head -4 >> "$out/summary.txt"
+	# Products through cuBLASLt (cublaslt): the library's products and
+	# epilogues (BIAS, BGRADB, GELU_AUX_BIAS, DGELU, DGELU_BGRAD; fp32,
+	# TF32, bf16, fp16) against the host, Linear with the bias and its
+	# gradient in the epilogues against the CPU, then the model's step
+	# and training against the CPU with every product through cuBLASLt.
+	run unverified-cublaslt-lib 120 "$bin/internal_cuda.test" -test.v -test.run 'TestGPULt|TestLt'
+	run unverified-cublaslt-op 120 "$bin/tensor_backendtest.test" -test.v -test.run 'TestCUDALtMatchesCPU'
+	run unverified-model-cublaslt 180 env GOTRON_CUDA_UNVERIFIED=cublaslt "$bin/model_gpt.test" -test.v -test.run '^TestCUDAMatchesCPU$'
+	run unverified-train-cublaslt 240 env GOTRON_CUDA_UNVERIFIED=cublaslt "$bin/train.test" -test.v -test.run 'TestCUDATrainingMatchesCPU'
+	grep -h "cuBLASLt products" "$out/unverified-train-cublaslt.log" | head -4 >> "$out/summary.txt"
 }
 unverified_124m() {
 	# GPT-2 124M bf16 with each feature alone, and the two copy features
 	# together: speed and host copies
-	for feat in staged-copies attn-bf16 fewer-syncs staged-copies,fewer-syncs flash-tc gemm-bf16; do
+	for feat in staged-copies attn-bf16 fewer-syncs staged-copies,fewer-syncs flash-tc gemm-bf16 gemm-bf16,cublaslt; do
 		run "unverified-124m-bf16-$feat" 240 env GOTRON_CUDA_UNVERIFIED=$feat "$bin/gotron" train --device cuda --mock-data \
 			--num-layers 12 --hidden-size 768 --num-attention-heads 12 --seq-length 1024 --max-position-embeddings 1024 \
 			--micro-batch-size 8 --global-batch-size 8 --train-iters 8 --log-interval 1 --vocab-size 50304 --lr 1e-4 --bf16
 		grep -o "lm loss: [0-9.E+-]*\|elapsed time per iteration (ms): [0-9.]*\|tokens/s: [0-9.]*" \
 			"$out/unverified-124m-bf16-$feat.log" | tail -3 | sed "s/^/$feat: /" >> "$out/summary.txt"
-		grep -o "cuda device: .*" "$out/unverified-124m-bf16-$feat.log" | sed "s/^/$feat: /" >> "$out/summary.txt"
+		grep -o "cuda device: .*\|cuda device, cuBLASLt.*" "$out/unverified-124m-bf16-$feat.log" | sed "s/^/$feat: /" >> "$out/summary.txt"
 	done
 	# gemm-bf16's products at GPT-2's shapes, beside the bench step's
 	# bf16 products on float32 operands
@@ -108,6 +118,14 @@ unverified_124m() {
 		--precision bf16 --reps 3 --min-rep-seconds 0.2 \
 		--shapes NN:8192x768x2304,NT:8192x2304x768,TN:768x8192x2304,NN:8192x768x3072,NN:8192x768x50304,NN:8192x8192x8192
 	cat "$out/unverified-gemm-bf16-bench.log" >> "$out/summary.txt"
+	# cuBLASLt's products at the same shapes, beside the bench step's
+	# cuBLAS ones (the last line counts fallbacks to cuBLAS)
+	for prec in fp32 bf16; do
+		run "unverified-cublaslt-bench-$prec" 120 "$bin/gotron" bench gemm --device cuda --library cublaslt \
+			--precision $prec --reps 3 --min-rep-seconds 0.2 \
+			--shapes NN:8192x768x2304,NT:8192x2304x768,TN:768x8192x2304,NN:8192x768x3072,NN:8192x768x50304,NN:8192x8192x8192
+		cat "$out/unverified-cublaslt-bench-$prec.log" >> "$out/summary.txt"
+	done
 }
 unverified_cp() {
 	# --context-parallel-size 2 (two processes on the one GPU, host
