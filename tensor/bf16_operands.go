@@ -28,8 +28,12 @@ import (
 //     (one conversion, Backend.Convert: tensor's round to nearest even),
 //     the cast output gradient read by both the dX and the dW products;
 //   - Linear keeps the bfloat16 input for its dW product instead of the
-//     float32 one (which stays in the tape's arena until it is released,
-//     as before: the bfloat16 input is 2 bytes an element more there).
+//     float32 one, and does not hold the float32 one for its backward:
+//     a norm's or an activation's output that only linear layers read
+//     goes back once the model is done with it (ForwardDone, below), so
+//     the tape holds 2 bytes an element of it instead of 4; other float32
+//     inputs (the attention's output, which its backward reads) stay, the
+//     bfloat16 one 2 bytes an element more beside them.
 //
 // Rounding to bfloat16 is idempotent and the products widen bfloat16
 // exactly, so the numbers are MatmulBF16's bit for bit: the simulated
@@ -363,4 +367,115 @@ func widenBF16(t *Tensor) []float32 {
 		out[i] = BFloat16ToFloat32(h)
 	}
 	return out
+}
+
+// Float32 outputs that only products on bfloat16 operands read again. A
+// norm's or an activation's output feeds the next linear layer; neither
+// the producer's backward (it reads the producer's input and statistics)
+// nor, on bfloat16 operands, Linear's backward (it keeps its own bfloat16
+// input) reads it. Such an output is registered by its producer
+// (forwardOnly) on a device whose products read bfloat16 operands under
+// MatmulBF16; any op that records a backward step reading it pins it
+// (recording), and once the forward pass reads it no more (ForwardDone,
+// said by the model, the same on every device) an unpinned one goes back
+// to the arena or the device's allocator at once, instead of staying to
+// Reset beside the bfloat16 copy. On the CPU nothing is registered (its
+// products round while packing and Linear's backward reads the float32
+// input), so its memory and numbers are as before.
+
+// fwdOperand is one registered output.
+type fwdOperand struct {
+	t *Tensor
+	// pinned: a recorded backward step may read t's storage.
+	pinned bool
+}
+
+// owner is the tape whose live buffers tp's outputs join.
+func (tp *Tape) owner() *Tape {
+	if tp.parent != nil {
+		return tp.parent
+	}
+	return tp
+}
+
+// operandKey identifies t's storage: its device buffer or its host
+// buffer's first element (views share it).
+func operandKey(t *Tensor) unsafe.Pointer {
+	switch {
+	case t.dbuf != nil:
+		return unsafe.Pointer(t.dbuf)
+	case len(t.f32) > 0:
+		return unsafe.Pointer(&t.f32[0])
+	}
+	return nil
+}
+
+// forwardOnly registers out, a float32 output that tp just took from its
+// buffers and that its producer's backward does not read, when products
+// on be read bfloat16 operands under tp's matmul precision.
+func (tp *Tape) forwardOnly(be Backend, out *Tensor) {
+	if tp == nil || tp.matmul != MatmulBF16 || out.offset != 0 || !bf16OperandsOn(be) {
+		return
+	}
+	k := operandKey(out)
+	if k == nil {
+		return
+	}
+	o := tp.owner()
+	if o.operands == nil {
+		o.operands = map[unsafe.Pointer]*fwdOperand{}
+	}
+	o.operands[k] = &fwdOperand{t: out}
+}
+
+// pinOperands marks the registered outputs among in (or whose storage
+// they view) as read by a backward step.
+func (tp *Tape) pinOperands(in ...*Tensor) {
+	if tp == nil {
+		return
+	}
+	m := tp.owner().operands
+	if len(m) == 0 {
+		return
+	}
+	for _, t := range in {
+		if t == nil {
+			continue
+		}
+		if op := m[operandKey(t)]; op != nil {
+			op.pinned = true
+		}
+	}
+}
+
+// ForwardDone tells the tape that the forward pass reads t, and every view
+// of it, no more. When t is a float32 output whose storage nothing
+// recorded will read again — a norm's or an activation's output read only
+// by linear layers whose products take bfloat16 operands (bf16_operands.go)
+// — its buffer goes back now (to the arena, or to the device's allocator,
+// whose stream orders a reuse after the reads already queued), and t must
+// not be read after. Otherwise, and on a nil tape, it does nothing: the
+// buffer stays to Reset (or to its release in backward) as before. Models
+// call it where a norm's or an activation's output goes out of use, on
+// every device.
+func (tp *Tape) ForwardDone(t *Tensor) {
+	if tp == nil || t == nil {
+		return
+	}
+	o := tp.owner()
+	k := operandKey(t)
+	op := o.operands[k]
+	if op == nil || op.t != t || op.pinned {
+		return
+	}
+	delete(o.operands, k)
+	for j := len(o.live) - 1; j >= 0; j-- {
+		b := o.live[j]
+		if (b.dev != nil && unsafe.Pointer(b.dev) == k) || (len(b.host) > 0 && unsafe.Pointer(&b.host[0]) == k) {
+			b.release(o.arena)
+			o.live[j] = liveBuf{}
+			t.f32, t.dbuf = nil, nil // a later read fails instead of reading a reused buffer
+			return
+		}
+	}
 }

@@ -2,6 +2,7 @@ package tensor
 
 import (
 	"math"
+	"slices"
 	"testing"
 )
 
@@ -132,4 +133,102 @@ func TestBF16WeightsRecastWhenStorageMoves(t *testing.T) {
 	if got[1] != 2 { // 2.0039062 rounds to 2 in bfloat16
 		t.Errorf("copy %v, want the bfloat16 rounding [1 2 3 4]", got)
 	}
+}
+
+// forwardDoneRun is a norm, a GELU and a square read by linear layers
+// (and the square also by a product that keeps it) under MatmulBF16 on
+// dev, ForwardDone called on each once read. It returns the tape's float32
+// slots after the forward and what each ForwardDone returned, the loss
+// and the parameters' gradients.
+func forwardDoneRun(t *testing.T, dev Device) (live int, freed []int, loss float32, grads [][]float32) {
+	t.Helper()
+	const rows, h, f = 6, 8, 16
+	rng := NewRNG(5)
+	x, nw, nb, w1, w2, w3 := Param("x", rows, h), Param("nw", h), Param("nb", h), Param("w1", f, h), Param("w2", h, f), Param("w3", h, h)
+	for _, p := range []*Tensor{x, nw, nb, w1, w2, w3} {
+		rng.Fork(p.Name).Normal(p.Float32s(), 0.2, 0.5)
+	}
+	params := []*Tensor{x, nw, nb, w1, w2, w3}
+	MoveParams(dev, params...)
+	NewBF16Weights(params[1:])
+	tp := NewTape()
+	tp.SetMatmulPrecision(MatmulBF16)
+	done := func(t *Tensor) {
+		n := tp.LiveFloats()
+		tp.ForwardDone(t)
+		freed = append(freed, n-tp.LiveFloats())
+	}
+	n := tp.LayerNorm(x, nw, nb, 1e-5)
+	a := tp.GELU(tp.Linear(n, w1, nil), GELUTanh)
+	done(n)
+	y := tp.Linear(a, w2, nil)
+	done(a)
+	s := tp.SquaredReLU(y)
+	z := tp.Mul(tp.Linear(s, w3, nil), s) // Mul's backward reads s: it stays
+	done(s)
+	l := tp.Sum(z)
+	live = tp.LiveFloats()
+	loss = ToHost(l).Float32s()[0]
+	if err := tp.Backward(l); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range params {
+		grads = append(grads, ToHost(p.Grad).Float32s())
+	}
+	return live, freed, loss, grads
+}
+
+// TestForwardDoneReturnsLinearOnlyOutputs: on the simulated device with
+// bfloat16 operands, ForwardDone returns the float32 output of a norm and
+// of an activation that only linear layers read (their backward keeps the
+// bfloat16 cast) and keeps one that another op's backward reads; the
+// loss and gradients stay the CPU's bit for bit. On the CPU, and with the
+// operands off, it returns nothing.
+func TestForwardDoneReturnsLinearOnlyOutputs(t *testing.T) {
+	const rows, h, f = 6, 8, 16
+	cpuLive, cpuFreed, cpuLoss, cpuGrads := forwardDoneRun(t, CPU)
+	simLive, simFreed, simLoss, simGrads := forwardDoneRun(t, Sim)
+	if want := []int{0, 0, 0}; !slices.Equal(cpuFreed, want) {
+		t.Errorf("CPU: ForwardDone returned %v float32 slots, want %v", cpuFreed, want)
+	}
+	if want := []int{rows * h, rows * f, 0}; !slices.Equal(simFreed, want) {
+		t.Errorf("sim: ForwardDone returned %v float32 slots, want %v (the norm's and the GELU's outputs, not the square read by Mul)", simFreed, want)
+	}
+	if math.Float32bits(cpuLoss) != math.Float32bits(simLoss) {
+		t.Errorf("loss: cpu %v, sim %v", cpuLoss, simLoss)
+	}
+	for i := range cpuGrads {
+		if !slices.Equal(cpuGrads[i], simGrads[i]) {
+			t.Errorf("gradient %d: cpu %v, sim %v", i, cpuGrads[i], simGrads[i])
+		}
+	}
+	// the sim's tape: the CPU's, less the two outputs, plus the three
+	// linear layers' bfloat16 inputs (half a slot an element)
+	if want := cpuLive - rows*(h+f) + rows*(h+f+h)/2; simLive != want {
+		t.Errorf("float32 slots after the forward: sim %d, cpu %d: want %d", simLive, cpuLive, want)
+	}
+	prev := SetSimBF16GemmOperands(false)
+	offLive, offFreed, offLoss, _ := forwardDoneRun(t, Sim)
+	SetSimBF16GemmOperands(prev)
+	if !slices.Equal(offFreed, []int{0, 0, 0}) || offLive != cpuLive || offLoss != cpuLoss {
+		t.Errorf("sim on float32 operands: returned %v, %d slots, loss %v: want nothing returned, the CPU's %d and %v", offFreed, offLive, offLoss, cpuLive, cpuLoss)
+	}
+}
+
+// TestForwardDoneReadAfterFails: a returned output cannot be read by
+// mistake (its buffer may hold another tensor's values by then).
+func TestForwardDoneReadAfterFails(t *testing.T) {
+	x, w, w1 := Param("x", 2, 4), Param("w", 4), Param("w1", 3, 4)
+	MoveParams(Sim, x, w, w1)
+	tp := NewTape()
+	tp.SetMatmulPrecision(MatmulBF16)
+	n := tp.RMSNorm(x, w, 1e-5)
+	tp.Linear(n, w1, nil)
+	tp.ForwardDone(n)
+	defer func() {
+		if recover() == nil {
+			t.Error("reading a returned output did not fail")
+		}
+	}()
+	ToHost(n).Float32s()
 }

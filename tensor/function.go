@@ -150,6 +150,9 @@ func (tp *Tape) Checkpoint(fn func(tp *Tape, in []*Tensor) []*Tensor, in []*Tens
 		owner = tp.parent
 	}
 	for _, b := range fwd.live {
+		if b.host == nil && b.dev == nil {
+			continue // returned already (ForwardDone)
+		}
 		if backsAny(b, outs) {
 			owner.live = append(owner.live, b)
 		} else {
@@ -157,6 +160,7 @@ func (tp *Tape) Checkpoint(fn func(tp *Tape, in []*Tensor) []*Tensor, in []*Tens
 		}
 	}
 	fwd.live = nil
+	tp.pinOperands(in...) // the recomputation reads them
 	if !tp.recording(in...) && !tp.recordingParams() {
 		return outs
 	}

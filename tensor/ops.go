@@ -128,7 +128,13 @@ func (tp *Tape) Linear(x, w, b *Tensor) *Tensor {
 			be.Add(out, out, b)
 		}
 	}
-	if tp.recording(x, w, b) {
+	// On bfloat16 operands the backward reads xa, not x: x's storage
+	// may go once the forward is done with it (ForwardDone).
+	rec := tp.wantsGrad(x, w, b)
+	if rec && !bf16 {
+		tp.pinOperands(x)
+	}
+	if rec {
 		tp.record("linear", func(tp *Tape) {
 			g := tp.grad(out)
 			g2 := g.view([]int{rows, w.Dim(0)}, []int{w.Dim(0), 1}, g.offset)
@@ -315,6 +321,7 @@ func (tp *Tape) LayerNorm(x, w, b *Tensor, eps float32) *Tensor {
 	out, mean, rstd := tp.empty(x.dev, x.shape...), tp.empty(x.dev, n), tp.empty(x.dev, n)
 	be := backendFor(x, w, b)
 	be.LayerNormForward(out, mean, rstd, x, w, b, eps)
+	tp.forwardOnly(be, out) // the backward reads x and the statistics
 	if tp.recording(x, w, b) {
 		tp.record("layernorm", func(tp *Tape) {
 			be.LayerNormBackward(tp.gradForOrScratch(x), tp.gradForOrScratch(w), tp.gradFor(b), tp.grad(out), x, w, mean, rstd)
@@ -339,6 +346,7 @@ func (tp *Tape) RMSNorm(x, w *Tensor, eps float32) *Tensor {
 	out, rstd := tp.empty(x.dev, x.shape...), tp.empty(x.dev, n)
 	be := backendFor(x, w)
 	be.RMSNormForward(out, rstd, x, w, eps)
+	tp.forwardOnly(be, out)
 	if tp.recording(x, w) {
 		tp.record("rmsnorm", func(tp *Tape) {
 			be.RMSNormBackward(tp.gradForOrScratch(x), tp.gradForOrScratch(w), tp.grad(out), x, w, rstd)
@@ -363,6 +371,7 @@ func (tp *Tape) GELU(x *Tensor, kind GELUKind) *Tensor {
 	out := tp.empty(x.dev, x.shape...)
 	be := backendFor(x)
 	be.GELUForward(out, x, kind == GELUTanh)
+	tp.forwardOnly(be, out) // the backward reads x
 	if tp.recording(x) {
 		tp.record("gelu", func(tp *Tape) { be.GELUBackward(tp.gradFor(x), tp.grad(out), x, kind == GELUTanh) }, out)
 	}
@@ -387,6 +396,7 @@ func (tp *Tape) SquaredReLU(x *Tensor) *Tensor {
 	out := tp.empty(x.dev, x.shape...)
 	be := backendFor(x)
 	be.SquaredReLUForward(out, x)
+	tp.forwardOnly(be, out)
 	if tp.recording(x) {
 		tp.record("squared_relu", func(tp *Tape) { be.SquaredReLUBackward(tp.gradFor(x), tp.grad(out), x) }, out)
 	}
@@ -401,6 +411,7 @@ func (tp *Tape) SwiGLU(x *Tensor) *Tensor {
 	out := tp.empty(x.dev, shape...)
 	be := backendFor(x)
 	be.SwiGLUForward(out, x)
+	tp.forwardOnly(be, out)
 	if tp.recording(x) {
 		tp.record("swiglu", func(tp *Tape) { be.SwiGLUBackward(tp.gradFor(x), tp.grad(out), x) }, out)
 	}

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math/bits"
 	"sync"
+	"unsafe"
 
 	"github.com/gotron/gotron/internal/cpu"
 )
@@ -39,6 +40,9 @@ type Tape struct {
 	// release: Backward returns each forward buffer to the arena as soon
 	// as the steps that can read it have run (SetReleaseInBackward).
 	release bool
+	// operands: the float32 outputs that only feed products on bfloat16
+	// operands so far, by storage (forwardOnly, ForwardDone).
+	operands map[unsafe.Pointer]*fwdOperand
 }
 
 // tapeRun is what a tape and its child tapes (Apply's, Checkpoint's) share
@@ -235,6 +239,7 @@ func (tp *Tape) Reset() {
 	tp.live = tp.live[:0]
 	clear(tp.steps)
 	tp.steps = tp.steps[:0]
+	clear(tp.operands)
 	for t, g := range tp.grads {
 		delete(tp.grads, t)
 		tp.dropRef(g)
@@ -277,7 +282,19 @@ func (tp *Tape) Len() int {
 	return len(tp.steps)
 }
 
+// recording reports whether an op on in records a backward step; one
+// that does may read any of in then, so their storage stays (pinOperands).
 func (tp *Tape) recording(in ...*Tensor) bool {
+	if !tp.wantsGrad(in...) {
+		return false
+	}
+	tp.pinOperands(in...)
+	return true
+}
+
+// wantsGrad is recording without the promise to read in in backward:
+// Linear on bfloat16 operands keeps its own bfloat16 input instead.
+func (tp *Tape) wantsGrad(in ...*Tensor) bool {
 	if tp == nil || tp.disabled {
 		return false
 	}

@@ -533,13 +533,16 @@ func (m *Model) layerOn(tp *tensor.Tape, x *tensor.Tensor, l *Layer, index int, 
 func (m *Model) layer(tp *tensor.Tape, x *tensor.Tensor, l *Layer, index int, p *pass) *tensor.Tensor {
 	p = m.layerPass(p, index)
 	var a, ab *tensor.Tensor
+	n := m.norm(tp, x, l.InputNorm, l.InputNormBias)
 	if l.GDN != nil {
-		a = m.gatedDeltaNet(tp, l.GDN, index, m.norm(tp, x, l.InputNorm, l.InputNormBias), p)
+		a = m.gatedDeltaNet(tp, l.GDN, index, n, p)
 	} else {
-		a, ab = m.attention(tp, l, index, m.norm(tp, x, l.InputNorm, l.InputNormBias), p)
+		a, ab = m.attention(tp, l, index, n, p)
 	}
+	tp.ForwardDone(n) // the norms' outputs go once read (tensor keeps what backward needs)
 	x, h := m.biasDropoutAddNorm(tp, x, a, ab, p, l.MLPNorm, l.MLPNormBias)
 	f, fb := m.mlp(tp, l, index, h, p)
+	tp.ForwardDone(h)
 	return m.biasDropoutAdd(tp, x, f, fb, p)
 }
 
@@ -600,7 +603,10 @@ func (m *Model) mlp(tp *tensor.Tape, l *Layer, index int, x *tensor.Tensor, p *p
 	fc1Bias, actBias := skipBias(l.FC1Bias, m.fuseBiasActivation())
 	h := sh.ColumnLinear(tp, p.lin, x, l.FC1, fc1Bias)
 	fc2Bias, bias := skipBias(l.FC2Bias, m.fuseBiasDropout(p))
-	return sh.RowLinear(tp, p.lin, m.activate(tp, h, actBias), l.FC2, fc2Bias), bias
+	a := m.activate(tp, h, actBias)
+	out = sh.RowLinear(tp, p.lin, a, l.FC2, fc2Bias)
+	tp.ForwardDone(a)
+	return out, bias
 }
 
 // head is the final norm and the output layer: logits (b, t, V), or this
@@ -608,6 +614,7 @@ func (m *Model) mlp(tp *tensor.Tape, l *Layer, index int, x *tensor.Tensor, p *p
 func (m *Model) head(tp *tensor.Tape, x, out *tensor.Tensor, p *pass) *tensor.Tensor {
 	x = m.norm(tp, x, m.FinalNorm, m.FinalNormB)
 	logits := m.region().ColumnLinear(tp, p.lin, x, out, nil)
+	tp.ForwardDone(x)
 	if s := m.Config.LogitMult(); s != 1 { // muP's mup_output_mult, as GPTModel._scale_logits
 		logits = tp.Scale(logits, float32(s))
 	}
