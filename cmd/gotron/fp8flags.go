@@ -6,6 +6,7 @@ import (
 
 	"github.com/gotron/gotron/internal/fp8"
 	"github.com/gotron/gotron/model/gpt"
+	"github.com/gotron/gotron/tensor"
 )
 
 // fp8Flags are Megatron's FP8 flags (--fp8-format and the flags it
@@ -125,4 +126,38 @@ func (f *fp8Flags) config(given map[string]bool, numLayers, pp int, distOpt bool
 		}
 	}
 	return c, nil
+}
+
+// decodeConfig is config for decoding (gotron inference, generate): the
+// tensorwise recipe only, the delayed one refused (its scales are state a
+// checkpoint would carry).
+func (f *fp8Flags) decodeConfig(given map[string]bool, numLayers, pp int) (*gpt.FP8Config, error) {
+	f.forInference = true
+	c, err := f.config(given, numLayers, pp, false)
+	if err != nil || c == nil {
+		return c, err
+	}
+	if c.Recipe.Kind == fp8.Delayed {
+		return nil, fmt.Errorf("--fp8-recipe delayed at inference: needs Transformer Engine's delayed-scaling state (the amax histories and scales a checkpoint keeps in _extra_state), which gotron does not save or load; --fp8-recipe tensorwise is built")
+	}
+	return c, nil
+}
+
+// applyDecodeFP8 sets m.FP8 from the flags for decoding on dev (nothing
+// without --fp8-format). Under --bf16 the model's weights are bfloat16
+// already (RoundToBF16): --fp8-param-gather quantizes the same values, as
+// Megatron's FP8 parameters loaded from a bfloat16 checkpoint.
+func applyDecodeFP8(m *gpt.Model, f *fp8Flags, given map[string]bool, bf16 bool, pp int, dev tensor.Device) error {
+	c, err := f.decodeConfig(given, m.Config.NumLayers, pp)
+	if err != nil || c == nil {
+		return err
+	}
+	if dev == tensor.CUDA {
+		return fmt.Errorf("--fp8-format on --device cuda: not built (gotron emulates FP8 products on the CPU; no cuBLASLt FP8 GEMM is wired yet)")
+	}
+	if err := c.Validate(m.Config); err != nil {
+		return err
+	}
+	m.FP8 = gpt.NewFP8(*c, bf16)
+	return nil
 }

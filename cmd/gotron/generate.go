@@ -2,8 +2,10 @@ package main
 
 import (
 	"context"
+	"flag"
 	"fmt"
 	"io"
+	"math"
 	"time"
 
 	"github.com/gotron/gotron/infer"
@@ -32,8 +34,15 @@ func cmdGenerate(ctx context.Context, env *cli, args []string) error {
 	memFraction := memFractionFlag(fs)
 	var tc tokenizer.Config
 	addTokenizerFlags(fs, &tc)
+	var f8 fp8Flags
+	f8.add(fs)
 	if err := parseFlags(fs, args, env.stdout, generateSynopsis); err != nil {
 		return err
+	}
+	given := map[string]bool{}
+	fs.Visit(func(fl *flag.Flag) { given[fl.Name] = true })
+	if _, err := f8.decodeConfig(given, math.MaxInt32, 1); err != nil {
+		return err // checked again with the checkpoint's layers
 	}
 	dev, err := parseDevice(*device, *memFraction)
 	if err != nil {
@@ -81,6 +90,9 @@ func cmdGenerate(ctx context.Context, env *cli, args []string) error {
 	}
 	m = dm.m
 	if err := applyCacheMLALatents(m, *cacheLatents, *load); err != nil {
+		return err
+	}
+	if err := applyDecodeFP8(m, &f8, given, *bf16, *ppSize, dev); err != nil {
 		return err
 	}
 	since := tensor.SimTransfers()

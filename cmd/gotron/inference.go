@@ -342,8 +342,7 @@ func (a *inferenceArgs) check(fs *flag.FlagSet, given map[string]bool, f *trainF
 			return nil, fmt.Errorf("--use-mup: needs decoding with muP's attention scale, not built in gotron; gotron trains and scores muP models")
 		case isInferenceFlag(name) && strings.HasPrefix(fl.Usage, "refused: ") && v != "false":
 			return nil, fmt.Errorf("--%s: %s", name, strings.TrimPrefix(fl.Usage, "refused: "))
-		case fp8FlagNames[name] && !atDefault:
-			return nil, fmt.Errorf("--%s: needs FP8 inference, not built in gotron yet (FP8 training is: gotron train --fp8-format)", name)
+		case fp8FlagNames[name]: // decodeConfig below
 		case strings.HasPrefix(fl.Usage, "refused: needs "):
 			why := strings.TrimPrefix(fl.Usage, "refused: needs ")
 			c, compat := lookupCompat(name)
@@ -375,6 +374,9 @@ func (a *inferenceArgs) check(fs *flag.FlagSet, given map[string]bool, f *trainF
 		default:
 			unused = append(unused, "--"+name)
 		}
+	}
+	if _, err := f.fp8.decodeConfig(given, math.MaxInt32, 1); err != nil {
+		return nil, err // checked again with the checkpoint's layers
 	}
 	switch {
 	case a.modelProvider != "gpt":
@@ -519,6 +521,9 @@ func runMegatronInference(ctx context.Context, env *cli, a *inferenceArgs, f *tr
 	}
 	m = dm.m
 	if err := applyCacheMLALatents(m, f.mla.cacheLatents, f.cfg.Load); err != nil {
+		return err
+	}
+	if err := applyDecodeFP8(m, &f.fp8, given, f.cfg.BF16, f.ppSize, dev); err != nil {
 		return err
 	}
 	m.ToDevice(dev)

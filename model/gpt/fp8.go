@@ -133,13 +133,11 @@ func (l fp8Linears) Linear(tp *tensor.Tape, x, w, b *tensor.Tensor) *tensor.Tens
 }
 
 // layerPass returns the pass a layer runs with: p, or under FP8 (a layer
-// not kept in bf16, on the model's own linear layers) a copy whose linear
-// layers multiply FP8 operands.
+// not kept in bf16) a copy whose linear layers multiply FP8 operands
+// quantized from the model's weights (a decoding server's packed copies
+// are for the other products: the output layer, the bf16 layers).
 func (m *Model) layerPass(p *pass, index int) *pass {
 	if m.FP8 == nil || !m.FP8.InFP8(index, m.Config.NumLayers) {
-		return p
-	}
-	if _, own := p.lin.(tapeLinear); !own {
 		return p
 	}
 	q := *p
