@@ -68,6 +68,17 @@ type Config struct {
 	Packing            bool
 	MaxSequencesPerBin int    // --rl-sequence-packing-max-sequences-per-bin
 	PackingAlgo        string // --rl-sequence-packing-algo
+
+	// The rollout engine's settings (Megatron's inference arguments).
+	// KVCacheGB caps its KV cache in GiB (--inference-dynamic-batching-
+	// buffer-size-gb; 0: the engine's default): rollouts that do not fit
+	// wait, the same tokens. MaxSequenceLength caps a rollout's prompt and
+	// generated tokens (--inference-max-seq-length, at most SeqLength; 0:
+	// SeqLength). EngineLogInterval logs the engine's state every that
+	// many steps (--inference-logging-step-interval; 0: never).
+	KVCacheGB         float64
+	MaxSequenceLength int
+	EngineLogInterval int
 }
 
 // Collection summarises one rollout collection.
@@ -180,6 +191,19 @@ func NewCollector(cfg Config) (*Collector, error) {
 		if err := checked.Positive("--rl-sequence-packing-max-sequences-per-bin", int64(cfg.MaxSequencesPerBin)); err != nil {
 			return nil, fmt.Errorf("rl: %w", err)
 		}
+	}
+	if math.IsNaN(cfg.KVCacheGB) || cfg.KVCacheGB < 0 || cfg.KVCacheGB > 1<<20 {
+		return nil, fmt.Errorf("rl: --inference-dynamic-batching-buffer-size-gb=%g: want a size in GiB > 0", cfg.KVCacheGB)
+	}
+	if err := checked.RangeWhy("--inference-max-seq-length", int64(cfg.MaxSequenceLength), 0, int64(cfg.SeqLength),
+		"the rollouts are trained at --seq-length; longer ones would not fit"); err != nil {
+		return nil, fmt.Errorf("rl: %w", err)
+	}
+	if cfg.MaxSequenceLength == 0 {
+		cfg.MaxSequenceLength = cfg.SeqLength
+	}
+	if err := checked.Range("--inference-logging-step-interval", int64(cfg.EngineLogInterval), 0, 1<<30); err != nil {
+		return nil, fmt.Errorf("rl: %w", err)
 	}
 	if err := cfg.Loss.Validate(); err != nil {
 		return nil, err
@@ -555,7 +579,8 @@ func (c *Collector) generate(ctx context.Context, eng *infer.Engine, reqs []infe
 		}
 		seqs[id] = byID[i]
 	}
-	for first == nil && drv.HasWork() {
+	finished := 0
+	for step := int64(1); first == nil && drv.HasWork(); step++ {
 		evs, err := drv.Step()
 		if err != nil {
 			return fmt.Errorf("rl: generation: %w", err) // a failed lockstep sends nothing more
@@ -571,7 +596,14 @@ func (c *Collector) generate(ctx context.Context, eng *infer.Engine, reqs []infe
 					first = fmt.Errorf("rl: rollout %d was aborted by the inference engine", seqs[ev.Seq])
 				}
 				o.done = true
+				finished++
 			}
+		}
+		if iv := int64(c.cfg.EngineLogInterval); iv > 0 && step%iv == 0 && c.cfg.Printf != nil {
+			// gotron inference's line for --inference-logging-step-interval
+			st := eng.Stats()
+			c.cfg.Printf("rl: engine step %d: %d running, %d waiting, %d finished of %d, KV blocks %d/%d used (%d cached)",
+				step, st.Running, st.Waiting, finished, len(reqs), st.KVBlocksUsed, st.KVBlocksTotal, st.KVBlocksCached)
 		}
 	}
 	if ls == nil {
@@ -679,7 +711,16 @@ func (c *Collector) collect(ctx context.Context, m *gpt.Model, k int64) (Collect
 			owned++
 		}
 	}
-	eng, err := infer.NewEngine(m, infer.EngineConfig{MaxNumSeqs: owned, VocabSize: tok.VocabSize()})
+	ec := infer.EngineConfig{MaxNumSeqs: owned, VocabSize: tok.VocabSize()}
+	maxLen := c.cfg.MaxSequenceLength
+	if c.cfg.KVCacheGB > 0 {
+		// As gotron inference sizes it: the smaller of the buffer and what
+		// the rollouts can use (float64: no integer overflow).
+		need := float64(owned) * float64(maxLen+16) * float64(m.KVBytesPerToken())
+		need += float64(owned) * float64(m.GDNStateBytes())
+		ec.KVCacheBytes = int64(max(1, min(need, c.cfg.KVCacheGB*(1<<30))))
+	}
+	eng, err := infer.NewEngine(m, ec)
 	if err != nil {
 		return Collection{}, nil, fmt.Errorf("rl: inference engine: %w", err)
 	}
@@ -701,8 +742,8 @@ func (c *Collector) collect(ctx context.Context, m *gpt.Model, k int64) (Collect
 		for _, id := range tok.Encode(text) {
 			ids = append(ids, int32(id))
 		}
-		if len(ids) >= seq {
-			return Collection{}, nil, fmt.Errorf("rl: a prompt of %d tokens leaves no room to generate within --seq-length=%d", len(ids), seq)
+		if len(ids) >= maxLen {
+			return Collection{}, nil, fmt.Errorf("rl: a prompt of %d tokens leaves no room to generate within %d tokens (--seq-length=%d, --inference-max-seq-length)", len(ids), maxLen, seq)
 		}
 		for g := range G {
 			j := p*G + g
@@ -710,7 +751,7 @@ func (c *Collector) collect(ctx context.Context, m *gpt.Model, k int64) (Collect
 			if !c.owns(j) {
 				continue
 			}
-			ops = append(ops, infer.Request{Prompt: ids, MaxTokens: seq - len(ids), StopTokens: []int{int(c.eod)}, Logprobs: true,
+			ops = append(ops, infer.Request{Prompt: ids, MaxTokens: maxLen - len(ids), StopTokens: []int{int(c.eod)}, Logprobs: true,
 				Sampling: infer.Sampling{Temperature: c.cfg.Temperature, TopP: c.cfg.TopP, TopK: max(c.cfg.TopK, 0), Seed: c.seedOf(k, fmt.Sprint("rollout/", j))}})
 			byID = append(byID, j)
 		}

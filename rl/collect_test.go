@@ -457,14 +457,16 @@ func TestShareRewards(t *testing.T) {
 // sequences of both ranks' bins.
 func TestCollectorPackedDataParallel(t *testing.T) {
 	loss := LossConfig{ClampEpsLower: 0.2, ClampEpsUpper: 0.2, KLBeta: 0.1}
+	packed := func(c *Config) {
+		c.GlobalBatchSize, c.MicroBatchSize, c.SeqLength, c.Packing, c.MaxSequencesPerBin = 3, 1, 256, true, 2
+		c.MaxSequenceLength = 100 // rollouts of at most 100 tokens: two share a bin
+	}
+	// One process's bins (one rank gets them all, whatever the algorithm).
+	whole, m := testCollector(t, loss, packed)
+	if err := whole.Prepare(context.Background(), m, tensor.NewNoGradTape(nil), 0, 0); err != nil {
+		t.Fatal(err)
+	}
 	for _, algo := range []string{PackFIFO, PackRoundRobin} {
-		packed := func(c *Config) {
-			c.GlobalBatchSize, c.MicroBatchSize, c.SeqLength, c.Packing, c.MaxSequencesPerBin, c.PackingAlgo = 3, 1, 512, true, 2, algo
-		}
-		whole, m := testCollector(t, loss, packed)
-		if err := whole.Prepare(context.Background(), m, tensor.NewNoGradTape(nil), 0, 0); err != nil {
-			t.Fatal(err)
-		}
 		groups, err := inproc.NewWorld(2)
 		if err != nil {
 			t.Fatal(err)
@@ -473,7 +475,7 @@ func TestCollectorPackedDataParallel(t *testing.T) {
 		errs := make([]error, 2)
 		var wg sync.WaitGroup
 		for r := range ranks {
-			c, m := testCollector(t, loss, packed, func(c *Config) { c.DP = groups[r] })
+			c, m := testCollector(t, loss, packed, func(c *Config) { c.DP, c.PackingAlgo = groups[r], algo })
 			ranks[r] = c
 			wg.Add(1)
 			go func() {
@@ -541,5 +543,40 @@ func TestCollectorPackedDataParallel(t *testing.T) {
 			}
 		}
 		t.Logf("%s: %d bins %v, %d per rank, %d per iteration", algo, nb, seqs, per, step)
+	}
+}
+
+// TestCollectorMaxSequenceLength: --inference-max-seq-length caps a
+// rollout's prompt and generated tokens below --seq-length (Megatron's
+// engine stops a request at its max sequence length); the rows stay
+// --seq-length long, padded.
+func TestCollectorMaxSequenceLength(t *testing.T) {
+	loss := LossConfig{ClampEpsLower: 0.2, ClampEpsUpper: 0.2}
+	whole, m := testCollector(t, loss)
+	if err := whole.Prepare(context.Background(), m, tensor.NewNoGradTape(nil), 0, 0); err != nil {
+		t.Fatal(err)
+	}
+	prompt := slices.Index(whole.rows[0].mask, 1) + 1
+	limit := prompt + 7
+	c, m := testCollector(t, loss, func(c *Config) { c.MaxSequenceLength = limit })
+	if err := c.Prepare(context.Background(), m, tensor.NewNoGradTape(nil), 0, 0); err != nil {
+		t.Fatal(err)
+	}
+	capped := 0
+	for j, r := range c.rows {
+		n := rolloutLength(r.tokens, c.pad)
+		if n > limit || len(r.tokens) != c.cfg.SeqLength {
+			t.Fatalf("rollout %d: %d tokens of a %d-token row, want at most %d", j, n, len(r.tokens), limit)
+		}
+		if n == limit {
+			capped++
+		}
+	}
+	if capped == 0 {
+		t.Errorf("no rollout reached the cap of %d tokens (prompt %d): the fixture does not exercise it", limit, prompt)
+	}
+	if _, err := NewCollector(Config{Env: c.cfg.Env, Tokenizer: c.cfg.Tokenizer, PromptsPerStep: 2, GroupSize: 3, Iterations: 1, GlobalBatchSize: 3,
+		MicroBatchSize: 3, SeqLength: 128, MaxSequenceLength: 129}); err == nil || !strings.Contains(err.Error(), "--inference-max-seq-length") {
+		t.Errorf("a cap above --seq-length: %v", err)
 	}
 }

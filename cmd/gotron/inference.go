@@ -82,6 +82,7 @@ var inferenceDetails = map[string]string{
 	"cuda-graph-impl":                                           "picks Megatron's CUDA graph implementation",
 	"decode-only-cuda-graphs":                                   "restricts CUDA graphs to decode steps",
 	"inference-dynamic-batching-num-cuda-graphs":                "sizes Megatron's set of CUDA graphs",
+	"inference-dynamic-batching-cuda-graph-sizing-distribution": "spaces the batch sizes of Megatron's CUDA graphs (exponential or linear)",
 	"flash-decode":                                              "picks the flash-decoding attention kernel",
 	"use-flashinfer-fused-rope":                                 "picks a FlashInfer RoPE kernel",
 	"inference-dynamic-batching-sampling-backend":               "picks the sampling kernel (torch or FlashInfer); gotron's sampler follows Megatron's rules",
@@ -149,7 +150,7 @@ func defineInferenceArgs(fs *flag.FlagSet, a *inferenceArgs) {
 			continue
 		}
 		switch name {
-		case "cuda-graph-impl", "inference-dynamic-batching-num-cuda-graphs", "inference-dynamic-batching-unified-memory-level",
+		case "cuda-graph-impl", "inference-dynamic-batching-num-cuda-graphs", "inference-dynamic-batching-cuda-graph-sizing-distribution", "inference-dynamic-batching-unified-memory-level",
 			"inference-dynamic-batching-sampling-backend", "inference-dynamic-batching-async-sched-mode", "max-tokens-to-oom", "attention-backend":
 			fs.String(name, "", "accepted, no effect: it "+why)
 		default:

@@ -108,7 +108,9 @@ type compatArg struct {
 const (
 	needFP8       = "a Transformer Engine FP8 feature not built in gotron (gotron builds --fp8-format e4m3/hybrid with --fp8-recipe tensorwise or delayed)"
 	needFSDP      = "this part of Megatron-FSDP, not built in gotron (--use-megatron-fsdp with --data-parallel-sharding-strategy is)"
-	needRL        = "this part of Megatron's RL step, not built in gotron (--perform-rl-step's one-process GRPO is: docs/training.md)"
+	needRL        = "this part of Megatron's RL step, not built in gotron (--perform-rl-step's GRPO is, data- and tensor-parallel: docs/training.md)"
+	needRLAsync   = "Megatron's asynchronous rollout pipeline (--rl-partial-rollouts: rollouts generated across weight updates, with --rl-generation-lag and the --rl-submission/--rl-consumption-granularity), not built in gotron: gotron generates each collection to the end on the current weights"
+	needRLLayout  = "a separate inference layout for the RL step's rollouts (Megatron's --rl-inference-*-model-parallel-size, with a weight refit between the layouts), not built in gotron: gotron generates on the training layout"
 	needInference = "Megatron's inference scripts: run this argument list with gotron inference, not gotron train"
 	needExport    = "ModelOpt export and distillation, not built in gotron"
 	needWandB     = "Weights & Biases logging, which cannot be reached from here; use --tensorboard-dir"
@@ -179,11 +181,25 @@ var compatArgs = map[string]compatArg{
 	"export-te-mcore-model":  {kind: compatNeeds, why: needExport},
 	"export-kd-teacher-load": {kind: compatNeeds, why: needExport},
 	"export-kd-cfg":          {kind: compatNeeds, why: needExport},
+	// The RL step's features gotron does not have, named more precisely
+	// than the rl- family's needRL.
+	"rl-partial-rollouts":                            {kind: compatNeeds, why: needRLAsync},
+	"rl-generation-lag":                              {kind: compatNeeds, why: needRLAsync},
+	"rl-max-inflight-requests":                       {kind: compatNeeds, why: needRLAsync},
+	"rl-submission-granularity":                      {kind: compatNeeds, why: needRLAsync},
+	"rl-consumption-granularity":                     {kind: compatNeeds, why: needRLAsync},
+	"rl-inference-tensor-model-parallel-size":        {kind: compatNeeds, why: needRLLayout},
+	"rl-inference-pipeline-model-parallel-size":      {kind: compatNeeds, why: needRLLayout},
+	"rl-inference-expert-model-parallel-size":        {kind: compatNeeds, why: needRLLayout},
+	"rl-inference-expert-tensor-model-parallel-size": {kind: compatNeeds, why: needRLLayout},
 }
 
 // compatSwitches are the switches of compatArgs that Megatron's training
-// argument table does not list (ModelOpt's arguments).
-var compatSwitches = map[string]bool{"export-te-mcore-model": true}
+// argument table does not list (ModelOpt's arguments) or lists with a
+// string type (a BooleanOptionalAction without type=bool: it takes no
+// value).
+var compatSwitches = map[string]bool{"export-te-mcore-model": true, "rl-partial-rollouts": true,
+	"rl-offload-inference-model-weights-when-idle": true, "rl-verify-model-weights-swap": true}
 
 // compatPrefixes give the feature for whole families of Megatron arguments.
 var compatPrefixes = []struct{ prefix, why string }{
@@ -329,10 +345,16 @@ func pythonDefault(repr string) string {
 // for combinations gotron would otherwise refuse, printing one line for each
 // to stderr.
 func (f *trainFlags) megatronCompat(env *cli, fs *flag.FlagSet, given map[string]bool) error {
-	lines, err := checkCompatFlags(fs, given, f.compat)
+	// The RL step takes the arguments of its rollout engine.
+	lines, compatGiven, err := f.rl.engineArgs(fs, given)
 	if err != nil {
 		return err
 	}
+	more, err := checkCompatFlags(fs, compatGiven, f.compat)
+	if err != nil {
+		return err
+	}
+	lines = append(lines, more...)
 	if f.cfg.LogNumZerosInGrad && f.device != "cpu" {
 		return fmt.Errorf("--log-num-zeros-in-grad: counts the gradients on the host: --device cpu only, not --device %s", f.device)
 	}

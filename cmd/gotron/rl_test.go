@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"testing"
@@ -195,7 +196,7 @@ func TestGRPOTrainErrors(t *testing.T) {
 		{"batch not dividing", with("--grpo-prompts-per-step", "3"), "--global-batch-size=4 must divide --grpo-prompts-per-step × --grpo-group-size = 6"},
 		{"save interval", with("--grpo-iterations", "2", "--save", filepath.Join(dir, "s"), "--save-interval", "1"), "--save-interval=1 must be a multiple of the 2 iterations"},
 		{"no tokenizer", append(tinyGRPO(env, nil), "--train-iters", "1"), "--perform-rl-step needs --tokenizer-type"},
-		{"data path", with("--mock-data"), "--data-path and --mock-data have no use"},
+		{"data path", with("--data-path", filepath.Join(dir, "corpus")), "--data-path (and --train/--valid/--test-data-path) have no use"},
 		{"flag without the step", []string{"train", "--grpo-group-size", "4"}, "--grpo-group-size needs --perform-rl-step"},
 		{"truncation without correction", with("--rl-importance-sampling-truncation-coef", "2"), "needs --rl-inference-logprobs-is-correction"},
 		{"bad clamp", with("--grpo-clamp-eps-lower", "-0.1"), "--grpo-clamp-eps-lower"},
@@ -353,7 +354,12 @@ func TestGRPOTrainPacked(t *testing.T) {
 }
 
 // TestGRPOCompatSameNumbers: the RL arguments accepted without effect
-// change no number and say so.
+// change no number and say so, once each: Megatron's CUDA-graph arguments
+// of the rollout engine (gotron inference's words), its memory placement
+// and OOM cap, --mock-data and a generation lag of 0. The engine settings
+// gotron applies keep the numbers too: a KV cache too small for all the
+// rollouts at once (they wait for blocks: the same tokens), the rollouts'
+// length cap at --seq-length, and the engine's step log, which logs.
 func TestGRPOCompatSameNumbers(t *testing.T) {
 	dir := t.TempDir()
 	env, tok := rlFixture(t, dir)
@@ -361,8 +367,13 @@ func TestGRPOCompatSameNumbers(t *testing.T) {
 	if _, errs, code := runCLI(t, append(append([]string{}, base...), "--metrics-file", filepath.Join(dir, "plain.jsonl"))...); code != 0 {
 		t.Fatalf("plain run: %s", errs)
 	}
-	_, errs, code := runCLI(t, append(append([]string{}, base...), "--rl-offload-optimizer-during-inference", "--refit-method", "nccl",
-		"--metrics-file", filepath.Join(dir, "compat.jsonl"))...)
+	// 2 layers × K and V × 32 channels × 4 bytes: 256 KiB would hold all
+	// four rollouts of up to 128 tokens; 0.0001 GiB holds one or two.
+	out, errs, code := runCLI(t, append(append([]string{}, base...), "--rl-offload-optimizer-during-inference", "--refit-method", "nccl",
+		"--cuda-graph-impl", "local", "--inference-dynamic-batching-num-cuda-graphs", "1", "--inference-dynamic-batching-cuda-graph-sizing-distribution", "linear",
+		"--rl-training-cuda-graphs", "--inference-dynamic-batching-unified-memory-level", "1", "--max-tokens-to-oom", "3600000", "--mock-data",
+		"--rl-generation-lag", "0", "--inference-dynamic-batching-buffer-size-gb", "0.0001", "--inference-max-seq-length", "128",
+		"--inference-logging-step-interval", "1", "--metrics-file", filepath.Join(dir, "compat.jsonl"))...)
 	if code != 0 {
 		t.Fatalf("with Megatron's arguments: exit %d: %s", code, errs)
 	}
@@ -374,10 +385,55 @@ func TestGRPOCompatSameNumbers(t *testing.T) {
 	for _, line := range []string{
 		"gotron train: --rl-offload-optimizer-during-inference: no effect on the CPU:",
 		"gotron train: --refit-method nccl: no effect in gotron:",
+		"gotron train: --cuda-graph-impl local: no effect in gotron: it picks Megatron's CUDA graph implementation; gotron generates and trains without CUDA graphs, which replay the same kernels (the same numbers)",
+		"gotron train: --inference-dynamic-batching-num-cuda-graphs 1: no effect in gotron: it sizes Megatron's set of CUDA graphs;",
+		"gotron train: --inference-dynamic-batching-cuda-graph-sizing-distribution linear: no effect in gotron: it spaces the batch sizes of Megatron's CUDA graphs",
+		"gotron train: --rl-training-cuda-graphs: no effect in gotron: it keeps Megatron's CUDA graphs on while it trains",
+		"gotron train: --inference-dynamic-batching-unified-memory-level 1: no effect in gotron: it places Megatron's KV buffer in CUDA unified memory;",
+		"gotron train: --max-tokens-to-oom 3600000: no effect in gotron:",
+		"gotron train: --mock-data: no effect with --perform-rl-step:",
+		"gotron train: --rl-generation-lag 0: generation is synchronous, as gotron's",
 	} {
 		if strings.Count(errs, line) != 1 {
 			t.Errorf("stderr should have the line %q once:\n%s", line, errs)
 		}
+	}
+	for _, arg := range []string{"dynamic-batching-buffer-size-gb", "max-seq-length", "logging-step-interval"} {
+		if strings.Contains(errs, "gotron train: --inference-"+arg) {
+			t.Errorf("stderr has a line for --inference-%s, which the RL step applies:\n%s", arg, errs)
+		}
+	}
+	// The engine's log: every step, with rollouts waiting for KV blocks.
+	if !strings.Contains(out, "rl: engine step 1: ") || !regexp.MustCompile(`rl: engine step \d+: \d+ running, [1-9]\d* waiting`).MatchString(out) {
+		t.Errorf("output lacks the engine's step lines with rollouts waiting for the small KV cache:\n%s", out)
+	}
+
+	// Refused, naming what they need.
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--rl-training-cuda-graphs"}, "--rl-training-cuda-graphs without --cuda-graph-impl"},
+		{[]string{"--cuda-graph-impl", "graphs"}, `--cuda-graph-impl "graphs": want none, local, transformer_engine or full_iteration`},
+		{[]string{"--cuda-graph-impl", "local", "--enable-cuda-graph"}, "--enable-cuda-graph with --cuda-graph-impl"},
+		{[]string{"--cuda-graph-impl", "local", "--inference-dynamic-batching-num-cuda-graphs", "0"}, "want a positive integer or -1"},
+		{[]string{"--inference-dynamic-batching-cuda-graph-sizing-distribution", "cubic"}, "want exponential or linear"},
+		{[]string{"--inference-dynamic-batching-buffer-size-gb", "0"}, "want a size in GiB > 0"},
+		{[]string{"--inference-max-seq-length", "129"}, "--inference-max-seq-length"},
+		{[]string{"--inference-logging-step-interval", "-1"}, "--inference-logging-step-interval"},
+		{[]string{"--rl-partial-rollouts", "--rl-generation-lag", "0"}, "needs Megatron's asynchronous rollout pipeline"},
+		{[]string{"--rl-generation-lag", "2"}, "needs Megatron's asynchronous rollout pipeline"},
+		{[]string{"--rl-submission-granularity", "G"}, "needs Megatron's asynchronous rollout pipeline"},
+		{[]string{"--rl-inference-tensor-model-parallel-size", "2"}, "needs a separate inference layout for the RL step's rollouts"},
+	} {
+		_, errs, code := runCLI(t, append(append([]string{}, base...), c.args...)...)
+		if code == 0 || !strings.Contains(errs, c.want) {
+			t.Errorf("%v: exit %d, stderr %q; want an error containing %q", c.args, code, errs, c.want)
+		}
+	}
+	// Outside the RL step gotron train refuses CUDA graphs.
+	if _, errs, code := runCLI(t, "train", "--cuda-graph-impl", "local", "--mock-data", "--train-iters", "1"); code == 0 || !strings.Contains(errs, "--cuda-graph-impl local: needs CUDA graphs, not built in gotron") {
+		t.Errorf("--cuda-graph-impl without --perform-rl-step: exit %d, %s", code, errs)
 	}
 }
 

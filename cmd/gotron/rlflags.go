@@ -1,12 +1,17 @@
 package main
 
 import (
+	"errors"
 	"flag"
 	"fmt"
+	"math"
 	"path/filepath"
+	"sort"
+	"strconv"
 
 	"github.com/gotron/gotron/comm"
 	"github.com/gotron/gotron/infer/server"
+	"github.com/gotron/gotron/internal/checked"
 	"github.com/gotron/gotron/rl"
 	"github.com/gotron/gotron/tokenizer"
 	"github.com/gotron/gotron/train"
@@ -32,6 +37,13 @@ type rlFlags struct {
 	packing                    bool
 	packingAlgo                string
 	maxPerBin                  int
+	// Megatron's rollout engine arguments the RL step applies
+	// (engineArgs): --inference-dynamic-batching-buffer-size-gb,
+	// --inference-max-seq-length and --inference-logging-step-interval
+	// (0: not given).
+	kvCacheGB         float64
+	maxSeqLen         int
+	engineLogInterval int
 }
 
 // rlOnlyFlags need --perform-rl-step.
@@ -95,6 +107,11 @@ func (f *rlFlags) check(given map[string]bool) (notes []string, err error) {
 		// no training number, and gotron has no RL evaluation.
 		notes = append(notes, "--eval-interval/--eval-iters: no effect with --perform-rl-step: Megatron's RL evaluation (its environment's validation prompts) is not built in gotron; training is unchanged")
 	}
+	if given["mock-data"] {
+		// train_rl.py's train_valid_test_datasets_provider builds minimal
+		// placeholder datasets whatever the data arguments say.
+		notes = append(notes, "--mock-data: no effect with --perform-rl-step: the RL step trains on the rollouts it generates (Megatron's train_rl.py builds placeholder datasets whatever the data arguments say)")
+	}
 	if given["rl-offload-optimizer-during-inference"] {
 		notes = append(notes, "--rl-offload-optimizer-during-inference: no effect on the CPU: the optimizer state stays in host memory while gotron generates (the same numbers)")
 	}
@@ -147,7 +164,8 @@ func (f *rlFlags) collector(cfg *train.Config, tok tokenizer.Tokenizer, d tokeni
 		Loss: rl.LossConfig{ClampEpsLower: f.epsLower, ClampEpsUpper: f.epsUpper, KLBeta: f.klBeta, EntropyWeight: f.entropyWeight,
 			ISCorrection: f.isCorrection, ISTruncation: f.isTruncation},
 		Temperature: f.temperature, TopP: f.topP, TopK: f.topK, SkipBOS: f.skipBOS, Seed: cfg.Seed, BF16: cfg.BF16, Printf: printf,
-		Packing: f.packing, MaxSequencesPerBin: f.maxPerBin, PackingAlgo: f.packingAlgo})
+		Packing: f.packing, MaxSequencesPerBin: f.maxPerBin, PackingAlgo: f.packingAlgo,
+		KVCacheGB: f.kvCacheGB, MaxSequenceLength: f.maxSeqLen, EngineLogInterval: f.engineLogInterval})
 	if err != nil {
 		return nil, err
 	}
@@ -168,8 +186,8 @@ func (f *rlFlags) collector(cfg *train.Config, tok tokenizer.Tokenizer, d tokeni
 // openRLTokenizer opens the tokenizer of an RL run, whose data are its
 // rollouts: no --data-path or --mock-data.
 func openRLTokenizer(d *dataArgs, divisor int) (*dataSources, error) {
-	if d.mock || len(d.dataPath.values)+len(d.trainPath.values)+len(d.validPath.values)+len(d.testPath.values) > 0 {
-		return nil, fmt.Errorf("--perform-rl-step trains on the rollouts it generates: --data-path and --mock-data have no use (remove them)")
+	if len(d.dataPath.values)+len(d.trainPath.values)+len(d.validPath.values)+len(d.testPath.values) > 0 {
+		return nil, fmt.Errorf("--perform-rl-step trains on the rollouts it generates: --data-path (and --train/--valid/--test-data-path) have no use (remove them)")
 	}
 	if d.tok.Type == "" && d.tok.VocabFile != "" && d.tok.MergeFile != "" {
 		d.tok.Type = tokenizer.TypeGPT2BPE
@@ -182,4 +200,144 @@ func openRLTokenizer(d *dataArgs, divisor int) (*dataSources, error) {
 		return nil, err
 	}
 	return &dataSources{tok: tok, paddedVocab: tokenizer.PaddedVocabSize(tok.VocabSize(), divisor, 1)}, nil
+}
+
+// rlGraphArgs are Megatron's CUDA-graph arguments that, with
+// --perform-rl-step, change how kernels are launched and not what they
+// compute: Megatron captures CUDA graphs of its rollout engine's steps
+// (and, with --rl-training-cuda-graphs, keeps the training forward's
+// graphs on instead of turning them off after generating, as
+// prepare_data_for_update does); a graph replays the same kernels. gotron
+// generates and trains without CUDA graphs, so each is accepted with one
+// line, in gotron inference's words (inferenceDetails) where it has them.
+// Outside the RL step gotron train refuses them (needCUDAGraph).
+var rlGraphArgs = map[string]string{
+	"cuda-graph-impl":                                           inferenceDetails["cuda-graph-impl"],
+	"enable-cuda-graph":                                         inferenceDetails["enable-cuda-graph"],
+	"decode-only-cuda-graphs":                                   inferenceDetails["decode-only-cuda-graphs"],
+	"inference-dynamic-batching-num-cuda-graphs":                inferenceDetails["inference-dynamic-batching-num-cuda-graphs"],
+	"inference-dynamic-batching-cuda-graph-sizing-distribution": inferenceDetails["inference-dynamic-batching-cuda-graph-sizing-distribution"],
+	"rl-training-cuda-graphs":                                   "keeps Megatron's CUDA graphs on while it trains on the rollouts (it turns them off after generating otherwise)",
+}
+
+// noteRLGraphArgs marks, on gotron train's flags, the CUDA-graph arguments
+// the RL step accepts (their usage says they are refused otherwise).
+func noteRLGraphArgs(fs *flag.FlagSet, defined map[string]bool) {
+	for name, why := range rlGraphArgs {
+		if fl := fs.Lookup(name); fl != nil && defined[name] {
+			fl.Usage += "; with --perform-rl-step accepted, no effect: it " + why
+		}
+	}
+}
+
+// engineArgs takes the RL step's arguments of Megatron's rollout engine:
+// the CUDA-graph arguments (rlGraphArgs), checked as Megatron's
+// validate_args does, the unified-memory level and --max-tokens-to-oom,
+// each accepted with one line (the same numbers: gotron launches no CUDA
+// graph, keeps the KV cache in host memory and sizes it by the buffer
+// size); the KV cache's size, the rollouts' length cap and
+// the engine's step log, which the collector applies; and
+// --rl-generation-lag 0 without --rl-partial-rollouts, Megatron's
+// synchronous generation, which is gotron's. It returns given without
+// these, for the compatibility check that refuses them outside the RL
+// step.
+func (f *rlFlags) engineArgs(fs *flag.FlagSet, given map[string]bool) (lines []string, rest map[string]bool, err error) {
+	if !f.perform {
+		return nil, given, nil
+	}
+	value := func(name string) string {
+		if fl := fs.Lookup(name); fl != nil {
+			return fl.Value.String()
+		}
+		return ""
+	}
+	impl := value("cuda-graph-impl")
+	if !given["cuda-graph-impl"] {
+		impl = "none"
+	}
+	switch impl {
+	case "none", "local", "transformer_engine", "full_iteration":
+	default:
+		return nil, nil, fmt.Errorf("--cuda-graph-impl %q: want none, local, transformer_engine or full_iteration (Megatron's choices)", impl)
+	}
+	if given["enable-cuda-graph"] && value("enable-cuda-graph") == "true" {
+		if impl != "none" {
+			return nil, nil, errors.New("--enable-cuda-graph with --cuda-graph-impl: Megatron refuses both (\"Do not use --enable-cuda-graph or --external-cuda-graph with --cuda-graph-impl\"); --enable-cuda-graph is its deprecated --cuda-graph-impl local")
+		}
+		impl = "local"
+	}
+	if given["rl-training-cuda-graphs"] && value("rl-training-cuda-graphs") == "true" && impl == "none" {
+		return nil, nil, errors.New("--rl-training-cuda-graphs without --cuda-graph-impl: Megatron asserts \"--rl-training-cuda-graphs is set but no CUDA graphs are being built\"")
+	}
+	if d := value("inference-dynamic-batching-cuda-graph-sizing-distribution"); given["inference-dynamic-batching-cuda-graph-sizing-distribution"] && d != "exponential" && d != "linear" {
+		return nil, nil, fmt.Errorf("--inference-dynamic-batching-cuda-graph-sizing-distribution %q: want exponential or linear (Megatron's choices)", d)
+	}
+	intArg := func(name string, lo int64) (int, error) {
+		v := value(name)
+		n, perr := strconv.ParseInt(v, 10, 64)
+		if perr != nil {
+			return 0, fmt.Errorf("--%s %q: want an integer", name, v)
+		}
+		if err := checked.Range("--"+name, n, lo, 1<<30); err != nil {
+			return 0, err
+		}
+		return int(n), nil
+	}
+	if name := "inference-dynamic-batching-num-cuda-graphs"; given[name] {
+		n, perr := strconv.Atoi(value(name))
+		if perr != nil || (impl == "local" && n <= 0 && n != -1) {
+			return nil, nil, fmt.Errorf("--%s %q: want a positive integer or -1 (Megatron asserts it with --cuda-graph-impl local; -1 lets it pick)", name, value(name))
+		}
+	}
+	for _, name := range []string{"inference-dynamic-batching-unified-memory-level", "max-tokens-to-oom"} {
+		if _, err := intArg(name, 0); given[name] && err != nil {
+			return nil, nil, err
+		}
+	}
+	if name := "inference-dynamic-batching-buffer-size-gb"; given[name] {
+		gb, perr := strconv.ParseFloat(value(name), 64)
+		if perr != nil || math.IsNaN(gb) || gb <= 0 || gb > 1<<20 {
+			return nil, nil, fmt.Errorf("--%s %q: want a size in GiB > 0", name, value(name))
+		}
+		f.kvCacheGB = gb
+	}
+	if name := "inference-max-seq-length"; given[name] {
+		if f.maxSeqLen, err = intArg(name, 1); err != nil {
+			return nil, nil, err
+		}
+	}
+	if name := "inference-logging-step-interval"; given[name] {
+		if f.engineLogInterval, err = intArg(name, 0); err != nil {
+			return nil, nil, err
+		}
+	}
+	partial := given["rl-partial-rollouts"] && value("rl-partial-rollouts") == "true"
+	rest = map[string]bool{}
+	names := make([]string, 0, len(given))
+	for name := range given {
+		names = append(names, name)
+	}
+	sort.Strings(names)
+	for _, name := range names {
+		v := value(name)
+		switch why, graph := rlGraphArgs[name]; {
+		case graph && v == "false": // --flag=false asks for nothing
+		case graph:
+			shown := "--" + name
+			if v != "true" {
+				shown += " " + v
+			}
+			lines = append(lines, fmt.Sprintf("%s: no effect in gotron: it %s; gotron generates and trains without CUDA graphs, which replay the same kernels (the same numbers)", shown, why))
+		case name == "inference-dynamic-batching-unified-memory-level":
+			lines = append(lines, fmt.Sprintf("--%s %s: no effect in gotron: it %s; gotron's rollout engine keeps its KV cache in host memory (the same numbers)", name, v, inferenceDetails[name]))
+		case name == "max-tokens-to-oom":
+			lines = append(lines, fmt.Sprintf("--%s %s: no effect in gotron: it %s", name, v, inferenceDetails[name]))
+		case name == "inference-dynamic-batching-buffer-size-gb" || name == "inference-max-seq-length" || name == "inference-logging-step-interval":
+		case name == "rl-generation-lag" && !partial && (v == "0" || v == "0.0"):
+			lines = append(lines, "--rl-generation-lag 0: generation is synchronous, as gotron's: each collection is generated to the end on the current weights (Megatron's behaviour without --rl-partial-rollouts)")
+		default:
+			rest[name] = true
+		}
+	}
+	return lines, rest, nil
 }

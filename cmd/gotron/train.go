@@ -306,6 +306,7 @@ func newTrainFlagsWith(name string, extra func(*flag.FlagSet)) (*flag.FlagSet, *
 		extra(fs)
 	}
 	f.compat = addCompatFlags(fs)
+	noteRLGraphArgs(fs, f.compat)
 	f.finish = func() {
 		m.NormEpsilon, m.AttentionDropout, m.HiddenDropout = float32(*normEps), float32(*attnDrop), float32(*hidDrop)
 		m.InitMethodStd = float32(*initStd)
