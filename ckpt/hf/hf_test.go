@@ -3,7 +3,6 @@ package hf
 import (
 	"bytes"
 	"context"
-	"encoding/binary"
 	"encoding/json"
 	"math"
 	"os"
@@ -14,62 +13,13 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/gotron/gotron/ckpt/hf/hftest"
 	"github.com/gotron/gotron/ckpt/safetensors"
 	"github.com/gotron/gotron/model/gpt"
 	"github.com/gotron/gotron/tensor"
 )
 
-// fixtures are written by tools/golden/hf.py and hf_moe.py: name → logits
-// tolerance.
-var fixtures = []struct {
-	name string
-	tol  float64
-}{
-	{"gpt2_tied_f32", 1e-4},
-	{"gpt2_untied_bf16", 2e-2},
-	{"llama_gqa_untied_f32", 1e-4},
-	{"llama_gqa_tied_bf16", 2e-2},
-	{"llama_mha_untied_f16_sharded", 2e-2},
-	// tools/golden/hf_moe.py: Mixture of Experts
-	{"mixtral_gqa_untied_f32", 1e-4},
-	{"qwen2_moe_untied_f32", 1e-4},
-	{"qwen2_moe_step2_tied_f32", 1e-4},
-	{"qwen3_moe_untied_f32", 1e-4},
-	{"qwen3_moe_step2_tied_f32", 1e-4},
-	// tools/golden/hf_deepseek.py: multi-latent attention, YaRN, DeepSeekMoE
-	{"deepseek_v3_untied_f32", 1e-4},
-	{"deepseek_v2_tied_f32", 1e-4},
-	// tools/golden/hf_qwen3next.py: gated delta nets, gated attention, MoE with a gated shared expert
-	{"qwen3_next_untied_f32", 1e-4},
-}
-
 func fixtureDir(name string) string { return filepath.Join("testdata", name) }
-
-// readGolden returns the reference tokens and logits (T, V) of a fixture.
-func readGolden(t *testing.T, dir string) ([]int32, []float32) {
-	t.Helper()
-	f, err := safetensors.ReadFile(filepath.Join(dir, "golden.safetensors"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	tok, err := f.Tensor("tokens")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ids := make([]int32, tok.NumElements())
-	for i := range ids {
-		ids[i] = int32(binary.LittleEndian.Uint32(tok.Data[4*i:]))
-	}
-	lt, err := f.Tensor("logits")
-	if err != nil {
-		t.Fatal(err)
-	}
-	logits := make([]float32, lt.NumElements())
-	if err := lt.DecodeFloat32(logits); err != nil {
-		t.Fatal(err)
-	}
-	return ids, logits
-}
 
 func forward(m *gpt.Model, ids []int32) []float32 {
 	tp := tensor.NewTape()
@@ -79,14 +29,14 @@ func forward(m *gpt.Model, ids []int32) []float32 {
 // TestImportMatchesPyTorch: logits of the imported model equal those of the
 // PyTorch HF-layout reference, and the padded vocabulary rows are zero.
 func TestImportMatchesPyTorch(t *testing.T) {
-	for _, fx := range fixtures {
-		t.Run(fx.name, func(t *testing.T) {
-			dir := fixtureDir(fx.name)
+	for _, fx := range hftest.Fixtures() {
+		t.Run(fx.Name, func(t *testing.T) {
+			dir := fixtureDir(fx.Name)
 			m, info, err := LoadModel(dir)
 			if err != nil {
 				t.Fatal(err)
 			}
-			ids, want := readGolden(t, dir)
+			ids, want := hftest.Golden(t, dir)
 			V, Vp := info.VocabSize, m.Config.VocabSize
 			if Vp%128 != 0 || Vp < V || len(want) != len(ids)*V {
 				t.Fatalf("vocab %d padded %d, golden %d values for %d tokens", V, Vp, len(want), len(ids))
@@ -104,12 +54,12 @@ func TestImportMatchesPyTorch(t *testing.T) {
 					g, w := float64(got[p*Vp+v]), float64(want[p*V+v])
 					e := math.Abs(g-w) / math.Max(1, math.Abs(w))
 					worst = math.Max(worst, e)
-					if e > fx.tol {
-						t.Fatalf("logit[%d][%d] = %g, want %g (rel err %.3g > %g)", p, v, g, w, e, fx.tol)
+					if e > fx.Tol {
+						t.Fatalf("logit[%d][%d] = %g, want %g (rel err %.3g > %g)", p, v, g, w, e, fx.Tol)
 					}
 				}
 			}
-			t.Logf("%s: max relative logit error %.3g (tolerance %g)", fx.name, worst, fx.tol)
+			t.Logf("%s: max relative logit error %.3g (tolerance %g)", fx.Name, worst, fx.Tol)
 		})
 	}
 }
@@ -146,9 +96,9 @@ func readJSONObject(t *testing.T, path string) map[string]any {
 // TestRoundTripInMemory: Import then Export reproduces every tensor byte
 // for byte and config.json key for key.
 func TestRoundTripInMemory(t *testing.T) {
-	for _, fx := range fixtures {
-		t.Run(fx.name, func(t *testing.T) {
-			dir := fixtureDir(fx.name)
+	for _, fx := range hftest.Fixtures() {
+		t.Run(fx.Name, func(t *testing.T) {
+			dir := fixtureDir(fx.Name)
 			m, info, err := LoadModel(dir)
 			if err != nil {
 				t.Fatal(err)

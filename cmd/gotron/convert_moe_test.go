@@ -1,7 +1,6 @@
 package main
 
 import (
-	"encoding/binary"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -9,6 +8,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/gotron/gotron/ckpt/hf/hftest"
 	"github.com/gotron/gotron/ckpt/safetensors"
 )
 
@@ -53,7 +53,7 @@ func TestGenerateImportedQwen3MoE(t *testing.T) {
 			src := hfFixture(name)
 			g := filepath.Join(t.TempDir(), "gotron")
 			mustGotron(t, "convert", "--from", "hf", "--load", src, "--save", g)
-			ids, logits := golden(t, src)
+			ids, logits := hftest.Golden(t, src)
 			V := len(logits) / len(ids)
 			for _, load := range []string{src, g} {
 				for _, n := range []int{1, 5, len(ids)} {
@@ -99,13 +99,13 @@ func TestGenerateImportedQwen3NextGreedy(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	gt, err := f.Tensor("greedy")
+	greedy, err := hftest.Int32s(f, "greedy")
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := make([]string, gt.NumElements())
-	for i := range want {
-		want[i] = fmt.Sprint(int32(binary.LittleEndian.Uint32(gt.Data[4*i:])))
+	want := make([]string, len(greedy))
+	for i, id := range greedy {
+		want[i] = fmt.Sprint(id)
 	}
 	const prompt = 4
 	g := filepath.Join(t.TempDir(), "gotron")

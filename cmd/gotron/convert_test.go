@@ -13,33 +13,10 @@ import (
 	"testing"
 
 	"github.com/gotron/gotron/ckpt/hf"
+	"github.com/gotron/gotron/ckpt/hf/hftest"
 	"github.com/gotron/gotron/ckpt/safetensors"
 	"github.com/gotron/gotron/train"
 )
-
-// hfFixtures are tools/golden/hf.py's and hf_moe.py's models: name → logits tolerance
-// (relative, 1e-4 for fp32 weights, 2e-2 for 16-bit ones).
-var hfFixtures = []struct {
-	name string
-	tol  float64
-}{
-	{"gpt2_tied_f32", 1e-4},
-	{"gpt2_untied_bf16", 2e-2},
-	{"llama_gqa_untied_f32", 1e-4},
-	{"llama_gqa_tied_bf16", 2e-2},
-	{"llama_mha_untied_f16_sharded", 2e-2},
-	// tools/golden/hf_moe.py's Mixtral, Qwen2-MoE and Qwen3-MoE models
-	{"mixtral_gqa_untied_f32", 1e-4},
-	{"qwen2_moe_untied_f32", 1e-4},
-	{"qwen2_moe_step2_tied_f32", 1e-4},
-	{"qwen3_moe_untied_f32", 1e-4},
-	{"qwen3_moe_step2_tied_f32", 1e-4},
-	// tools/golden/hf_deepseek.py's DeepSeek-V3 and DeepSeek-V2 models (MLA, YaRN, DeepSeekMoE)
-	{"deepseek_v3_untied_f32", 1e-4},
-	{"deepseek_v2_tied_f32", 1e-4},
-	// tools/golden/hf_qwen3next.py: gated delta nets, gated attention, MoE with a gated shared expert
-	{"qwen3_next_untied_f32", 1e-4},
-}
 
 func hfFixture(name string) string { return filepath.Join("..", "..", "ckpt", "hf", "testdata", name) }
 
@@ -95,9 +72,9 @@ func jsonFile(t *testing.T, path string) map[string]any {
 // tensors (F32, BF16, F16, single and sharded input), the same config.json
 // and the same tokenizer files.
 func TestConvertRoundTrip(t *testing.T) {
-	for _, fx := range hfFixtures {
-		t.Run(fx.name, func(t *testing.T) {
-			src, tmp := hfFixture(fx.name), t.TempDir()
+	for _, fx := range hftest.Fixtures() {
+		t.Run(fx.Name, func(t *testing.T) {
+			src, tmp := hfFixture(fx.Name), t.TempDir()
 			g, out := filepath.Join(tmp, "gotron"), filepath.Join(tmp, "hf")
 			mustGotron(t, "convert", "--from", "hf", "--load", src, "--save", g)
 			if _, err := os.Stat(filepath.Join(g, "latest_checkpointed_iteration.txt")); err != nil {

@@ -12,7 +12,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/gotron/gotron/ckpt/safetensors"
+	"github.com/gotron/gotron/ckpt/hf/hftest"
 )
 
 // readNPY parses a .npy v1.0 file of float32 (rows, cols), checking the
@@ -46,24 +46,6 @@ func readNPY(t *testing.T, path string) (x []float32, rows, cols int) {
 	return x, rows, cols
 }
 
-// golden reads a fixture's reference tokens and logits.
-func golden(t *testing.T, dir string) ([]int32, []float32) {
-	t.Helper()
-	f, err := safetensors.ReadFile(filepath.Join(dir, "golden.safetensors"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	tt, _ := f.Tensor("tokens")
-	ids := make([]int32, tt.NumElements())
-	binary.Read(bytes.NewReader(tt.Data), binary.LittleEndian, ids)
-	lt, _ := f.Tensor("logits")
-	logits := make([]float32, lt.NumElements())
-	if err := lt.DecodeFloat32(logits); err != nil {
-		t.Fatal(err)
-	}
-	return ids, logits
-}
-
 var pplRE = regexp.MustCompile(`tokens (\d+) scored (\d+) mean_logprob (\S+) perplexity (\S+)`)
 
 // TestScoreMatchesPyTorch: gotron score on an HF directory and on its
@@ -71,12 +53,12 @@ var pplRE = regexp.MustCompile(`tokens (\d+) scored (\d+) mean_logprob (\S+) per
 // relative for fp32 weights, 2e-2 for bf16/fp16) and the reference
 // log-probabilities and perplexity.
 func TestScoreMatchesPyTorch(t *testing.T) {
-	for _, fx := range hfFixtures {
-		t.Run(fx.name, func(t *testing.T) {
-			src, tmp := hfFixture(fx.name), t.TempDir()
+	for _, fx := range hftest.Fixtures() {
+		t.Run(fx.Name, func(t *testing.T) {
+			src, tmp := hfFixture(fx.Name), t.TempDir()
 			g := filepath.Join(tmp, "gotron")
 			mustGotron(t, "convert", "--from", "hf", "--load", src, "--save", g)
-			ids, want := golden(t, src)
+			ids, want := hftest.Golden(t, src)
 			V := len(want) / len(ids)
 			tokens := filepath.Join(tmp, "tokens.json")
 			js := make([]string, len(ids))
@@ -101,7 +83,7 @@ func TestScoreMatchesPyTorch(t *testing.T) {
 				for i := range got {
 					e := math.Abs(float64(got[i])-float64(want[i])) / math.Max(1, math.Abs(float64(want[i])))
 					worst = math.Max(worst, e)
-					if e > fx.tol {
+					if e > fx.Tol {
 						t.Fatalf("%s: logit %d = %g, want %g", load, i, got[i], want[i])
 					}
 				}
