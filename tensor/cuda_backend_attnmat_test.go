@@ -147,7 +147,8 @@ func TestFusedArgsMatchPTX(t *testing.T) {
 
 // TestMoERouterArgsMatchPTX checks, without a GPU, that the MoE router
 // kernels' launch arguments (cuda_backend_router.go) match moe.cu's PTX
-// parameters, for every score function the kernels take.
+// parameters, for every score function the kernels take, with the losses
+// and the z-loss, and the permutation's.
 func TestMoERouterArgsMatchPTX(t *testing.T) {
 	for _, arch := range [][2]int{{8, 0}, {9, 0}} {
 		mods, err := kernels.PTX(arch[0], arch[1])
@@ -167,6 +168,9 @@ func TestMoERouterArgsMatchPTX(t *testing.T) {
 				"moe_route_aux_sums_f64": moeRouteAuxSumsArgs(1, 1, c),
 				"moe_route_z_f64":        moeRouteZArgs(1, 1, 3, c.Experts),
 				"moe_route_zsum_f64":     moeRouteZSumArgs(1, 1, 3),
+				"moe_perm_count_i32":     moePermCountArgs(1, 1, 3, c.Experts, c.TopK, moePermChunk),
+				"moe_perm_scan_i32":      moePermScanArgs(1, 1, 1, c.Experts),
+				"moe_perm_rows_i32":      moePermRowsArgs(1, 1, 1, 1, 1, 3, c.Experts, c.TopK, moePermChunk),
 			} {
 				want := ptxParamBytes(t, ptx, name)
 				if len(want) != len(args) {

@@ -16,8 +16,9 @@ import (
 // TopKRouter) and copies the probabilities to the logits' device, as
 // Megatron's dispatchers read the token counts back to the host for the
 // split sizes. On the CPU the copies are no-ops. On the GPU with
-// SetCUDARouter, the configurations moe.cu covers route on the device and
-// only the chosen experts come back (cuda_backend_router.go).
+// SetCUDARouter, the configurations moe.cu covers route and permute on the
+// device and only the experts' token counts (and the losses' statistics)
+// come back (cuda_backend_router.go).
 
 // RouterConfig is one MoE router (Megatron's TopKRouter settings).
 type RouterConfig = cpu.RouterConfig
@@ -52,10 +53,26 @@ type Routing struct {
 	// (MoEAuxLossAutoScaler's main_loss_backward_scale); it may be changed
 	// until Backward runs.
 	AuxScale float64
+	// routed on the GPU (cuda_backend_router.go): the chosen experts
+	// (T, k), read back only if the host asks for the map, and the
+	// permutation's rows and probability indices (T·k int32)
+	sel, rows, flat *Tensor
 }
 
 // Map reports whether token t is routed to expert e (after dropping).
-func (r *Routing) Map(t, e int) bool { return r.res.Map[t*r.cfg.Experts+e] }
+func (r *Routing) Map(t, e int) bool { return r.hostMap()[t*r.cfg.Experts+e] }
+
+// hostMap is the routing map (T, E), read back from the device's chosen
+// experts on first use when the GPU routed (a copy Permutation and Map
+// cost there; PermutationOn does not).
+func (r *Routing) hostMap() []bool {
+	if r.res.Map == nil && r.sel != nil {
+		if err := r.res.SetSelection(r.cfg, r.sel.Dim(0), ToHost(r.sel).i32s()); err != nil {
+			panic("tensor: CUDA MoE router: " + err.Error())
+		}
+	}
+	return r.res.Map
+}
 
 // TokensPerExpert is the number of tokens routed to each expert.
 func (r *Routing) TokensPerExpert() []float64 { return r.res.TokensPerExpert }
@@ -91,11 +108,12 @@ func (r *Routing) SetSeqCounts(i int, counts []float64, seqLen int) {
 // each one's probability, and the number of rows of each expert.
 func (r *Routing) Permutation() (rows, flat []int32, counts []int) {
 	E := r.cfg.Experts
-	T := len(r.res.Map) / E
+	m := r.hostMap()
+	T := len(m) / E
 	counts = make([]int, E)
 	for e := range E {
 		for t := range T {
-			if r.res.Map[t*E+e] {
+			if m[t*E+e] {
 				rows = append(rows, int32(t))
 				flat = append(flat, int32(t*E+e))
 				counts[e]++
@@ -103,6 +121,21 @@ func (r *Routing) Permutation() (rows, flat []int32, counts []int) {
 		}
 	}
 	return rows, flat, counts
+}
+
+// PermutationOn is Permutation with rows and flat as int32 tensors on dev
+// (the gathers' indices): built on the GPU when it routed (no copy: the
+// counts came back with the routing), else uploaded from the host's.
+func (r *Routing) PermutationOn(dev Device) (rows, flat *Tensor, counts []int) {
+	if r.rows != nil && dev == CUDA {
+		counts = make([]int, r.cfg.Experts)
+		for e, n := range r.res.TokensPerExpert {
+			counts[e] = int(n)
+		}
+		return r.rows, r.flat, counts
+	}
+	hr, hf, counts := r.Permutation()
+	return FromInt32(hr, len(hr)).ToDevice(dev), FromInt32(hf, len(hf)).ToDevice(dev), counts
 }
 
 type routeFn struct {

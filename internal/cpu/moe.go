@@ -348,6 +348,81 @@ func RouteFromSelection(c *RouterConfig, T int, sel, auxSel []int32, auxSums []f
 	return r, nil
 }
 
+// RouteFromCounts is the routing of T tokens routed and permuted
+// elsewhere (the CUDA router, which keeps the map and the permutation on
+// the device): counts (E) the tokens of each expert and, with losses,
+// seqAux (Batch, E) the aux-loss map's entries per sequence and expert,
+// auxSums and zSum as RouteFromSelection's. No capacity dropping, so the
+// counts sum to T·k and each sequence's aux counts to SeqLen·k. The map is
+// nil until SetSelection; the loss coefficients, the counts and the z-loss
+// are Route's bit for bit (integer counts), the load-balancing losses'
+// values within float64 rounding (auxDot).
+func RouteFromCounts(c *RouterConfig, T int, counts, seqAux []int32, auxSums []float64, zSum float64) (*RouteResult, error) {
+	E, k := c.Experts, c.TopK
+	if c.CapacityFactor > 0 {
+		return nil, fmt.Errorf("a routing made elsewhere cannot be dropped by capacity")
+	}
+	if len(counts) != E {
+		return nil, fmt.Errorf("token counts of %d experts: want %d", len(counts), E)
+	}
+	r := &RouteResult{TokensPerExpert: make([]float64, E)}
+	total := 0
+	for e, n := range counts {
+		if n < 0 || int(n) > T {
+			return nil, fmt.Errorf("expert %d has %d of %d tokens", e, n, T)
+		}
+		total += int(n)
+		r.TokensPerExpert[e] = float64(n)
+	}
+	if total != T*k {
+		return nil, fmt.Errorf("the experts' token counts sum to %d: want %d tokens × top-%d = %d", total, T, k, T*k)
+	}
+	if !c.Losses {
+		return r, nil
+	}
+	B, S := c.Batch, c.SeqLen
+	if B <= 0 || S <= 0 || B*S != T || len(seqAux) != B*E || len(auxSums) != B*E {
+		return nil, fmt.Errorf("losses over %d tokens (%d sequences of %d) from %d aux-map counts and %d sums: want %d each", T, B, S, len(seqAux), len(auxSums), B*E)
+	}
+	n, seq := make([]float64, E), make([]float64, B*E)
+	for b := range B {
+		row := 0
+		for e, v := range seqAux[b*E : (b+1)*E] {
+			if v < 0 || int(v) > S {
+				return nil, fmt.Errorf("sequence %d: expert %d has %d aux-loss map entries of %d tokens", b, e, v, S)
+			}
+			row += int(v)
+			n[e] += float64(v)
+			seq[b*E+e] = float64(v)
+		}
+		if row != S*k {
+			return nil, fmt.Errorf("sequence %d: its aux-loss map counts sum to %d: want %d tokens × top-%d = %d", b, row, S, k, S*k)
+		}
+	}
+	r.auxSums = auxSums
+	c.balancingCounts(T, r, n, seq)
+	if c.ZLossCoeff != 0 {
+		r.Z = zSum / float64(T) * c.ZLossCoeff
+	}
+	return r, nil
+}
+
+// SetSelection gives a routing from RouteFromCounts its map: sel (T, k)
+// each token's experts, which must agree with the counts.
+func (r *RouteResult) SetSelection(c *RouterConfig, T int, sel []int32) error {
+	got, err := RouteFromSelection(&RouterConfig{Experts: c.Experts, TopK: c.TopK}, T, sel, nil, nil, 0)
+	if err != nil {
+		return err
+	}
+	for e, n := range got.TokensPerExpert {
+		if n != r.TokensPerExpert[e] {
+			return fmt.Errorf("expert %d: %v tokens in the selection, %v counted", e, n, r.TokensPerExpert[e])
+		}
+	}
+	r.Map, r.sel = got.Map, got.sel
+	return nil
+}
+
 // LossGradients is the gradient of the losses through the aux scores,
 // auxScale times each loss's coefficients summed over the losses in
 // RouteBackward64's order, per sequence and expert (Batch, E): the
@@ -454,8 +529,31 @@ func (c *RouterConfig) losses(T int, r *RouteResult) {
 
 // balancing computes each load-balancing loss's coefficients (T, E) from
 // the aux-loss map amap (the top-k of the all-expert scores) and its value
-// (auxDot).
+// (auxDot): from its counts, per expert and per sequence.
 func (c *RouterConfig) balancing(T int, r *RouteResult, amap []bool) {
+	E, B, S := c.Experts, c.Batch, c.SeqLen
+	n := make([]float64, E)
+	for j, on := range amap {
+		if on {
+			n[j%E]++
+		}
+	}
+	var seq []float64
+	if B > 0 && S > 0 && B*S <= T {
+		seq = make([]float64, B*E)
+		for j, on := range amap[:B*S*E] {
+			if on {
+				seq[j/E/S*E+j%E]++
+			}
+		}
+	}
+	c.balancingCounts(T, r, n, seq)
+}
+
+// balancingCounts is balancing from the aux-loss map's counts per expert
+// n (E) and per sequence and expert seq (Batch, E; nil when the rows are
+// not Batch sequences of SeqLen tokens, which seq_aux_loss needs).
+func (c *RouterConfig) balancingCounts(T int, r *RouteResult, n, seq []float64) {
 	E, k := c.Experts, c.TopK
 	r.Aux = make([]float64, len(c.Balancing))
 	r.auxCoef = make([][]float64, len(c.Balancing))
@@ -464,29 +562,18 @@ func (c *RouterConfig) balancing(T int, r *RouteResult, amap []bool) {
 		switch {
 		case lb.Seq:
 			B, S := c.Batch, c.SeqLen
+			if seq == nil {
+				panic(fmt.Sprintf("cpu: seq_aux_loss over %d tokens of %d sequences of %d", T, B, S))
+			}
+			f := float64(E) * lb.Coeff / (float64(k) * float64(S) * float64(S)) / float64(B)
 			for b := range B {
-				n := make([]float64, E)
 				for s := range S {
 					for e := range E {
-						if amap[(b*S+s)*E+e] {
-							n[e]++
-						}
-					}
-				}
-				f := float64(E) * lb.Coeff / (float64(k) * float64(S) * float64(S)) / float64(B)
-				for s := range S {
-					for e := range E {
-						coef[(b*S+s)*E+e] = f * n[e]
+						coef[(b*S+s)*E+e] = f * seq[b*E+e]
 					}
 				}
 			}
 		default: // aux_loss; global_aux_loss on one rank and the first micro-batch alike
-			n := make([]float64, E)
-			for j, on := range amap {
-				if on {
-					n[j%E]++
-				}
-			}
 			f := float64(E) * lb.Coeff / (float64(k) * float64(T) * float64(T))
 			for j := range coef {
 				coef[j] = f * n[j%E]
@@ -494,18 +581,10 @@ func (c *RouterConfig) balancing(T int, r *RouteResult, amap []bool) {
 		}
 		r.Aux[i], r.auxCoef[i] = r.auxDot(c, coef), coef
 	}
-	r.auxCounts = make([]float64, E)
+	r.auxCounts = append([]float64(nil), n...)
 	r.seqCounts = nil
 	if c.Batch > 0 && c.SeqLen > 0 && c.Batch*c.SeqLen == T {
-		r.seqCounts = make([]float64, c.Batch*E)
-	}
-	for j, on := range amap {
-		if on {
-			r.auxCounts[j%E]++
-			if r.seqCounts != nil {
-				r.seqCounts[j/E/c.SeqLen*E+j%E]++
-			}
-		}
+		r.seqCounts = append([]float64(nil), seq...)
 	}
 }
 

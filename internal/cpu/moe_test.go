@@ -532,3 +532,109 @@ func TestRouteFromSelectionLosses(t *testing.T) {
 		}
 	}
 }
+
+// TestRouteFromCounts: the routing rebuilt from the token counts and the
+// aux-loss map's per-sequence counts (what the CUDA router reads back when
+// it permutes on the device) has Route's counts, coefficients and z-loss
+// bit for bit and its loss values within float64 rounding; SetSelection
+// then gives it Route's map. Counts that do not add up are refused naming
+// the expert or sequence.
+func TestRouteFromCounts(t *testing.T) {
+	rng := rand.New(rand.NewSource(6))
+	const B, S, E, k = 3, 11, 8, 2
+	T := B * S
+	logits := make([]float32, T*E)
+	for i := range logits {
+		logits[i] = float32(rng.NormFloat64())
+	}
+	for _, score := range []ScoreFunction{ScoreSoftmax, ScoreSigmoid} {
+		c := &RouterConfig{Experts: E, TopK: k, Score: score, Losses: true, Batch: B, SeqLen: S, ZLossCoeff: 0.07,
+			Balancing: []LoadBalancing{{Coeff: 0.01}, {Seq: true, Coeff: 0.02}, {Global: true, Coeff: 0.03}}}
+		r := Route(c, logits)
+		counts, seqAux, sel := make([]int32, E), make([]int32, B*E), []int32(nil)
+		sums := make([]float64, B*E)
+		var zSum float64
+		for e, n := range r.TokensPerExpert {
+			counts[e] = int32(n)
+		}
+		for i, n := range r.SeqAuxCounts(c) {
+			seqAux[i] = int32(n)
+		}
+		for tok := range T {
+			lse := logSumExp(r.logits[tok*E : (tok+1)*E])
+			zSum += float64(lse * lse)
+			for e := range E {
+				sums[tok/S*E+e] += r.auxScores[tok*E+e]
+			}
+			for _, e := range r.sel[tok] {
+				sel = append(sel, int32(e))
+			}
+		}
+		got, err := RouteFromCounts(c, T, counts, seqAux, sums, zSum)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if math.Float64bits(got.Z) != math.Float64bits(r.Z) || !slices.Equal(got.TokensPerExpert, r.TokensPerExpert) ||
+			!slices.Equal(got.AuxCounts(c), r.AuxCounts(c)) || !slices.Equal(got.SeqAuxCounts(c), r.SeqAuxCounts(c)) {
+			t.Errorf("score %d: z %v, counts %v %v %v; Route's %v, %v %v %v", score, got.Z, got.TokensPerExpert, got.AuxCounts(c), got.SeqAuxCounts(c),
+				r.Z, r.TokensPerExpert, r.AuxCounts(c), r.SeqAuxCounts(c))
+		}
+		for i := range r.Aux {
+			if d := math.Abs(got.Aux[i] - r.Aux[i]); d > 1e-13*math.Abs(r.Aux[i]) {
+				t.Errorf("score %d: loss %d = %v, Route's %v", score, i, got.Aux[i], r.Aux[i])
+			}
+			for j := range r.auxCoef[i] {
+				if math.Float64bits(got.auxCoef[i][j]) != math.Float64bits(r.auxCoef[i][j]) {
+					t.Fatalf("score %d: loss %d coefficient %d = %v, Route's %v", score, i, j, got.auxCoef[i][j], r.auxCoef[i][j])
+				}
+			}
+		}
+		if got.Map != nil {
+			t.Fatal("a routing from counts has a map before SetSelection")
+		}
+		if err := got.SetSelection(c, T, sel); err != nil {
+			t.Fatal(err)
+		}
+		if !slices.Equal(got.Map, r.Map) {
+			t.Errorf("score %d: the map after SetSelection differs from Route's", score)
+		}
+		bad := append([]int32(nil), sel...)
+		bad[0] = (bad[0] + 1) % E
+		if bad[0] == bad[1] {
+			bad[0] = (bad[0] + 1) % E
+		}
+		if err := got.SetSelection(c, T, bad); err == nil || !strings.Contains(err.Error(), "counted") {
+			t.Errorf("score %d: a selection that disagrees with the counts: %v", score, err)
+		}
+	}
+	c := &RouterConfig{Experts: 4, TopK: 2}
+	for _, bad := range []struct {
+		counts []int32
+		want   string
+	}{
+		{[]int32{1, 1, 1}, "token counts of 3 experts: want 4"},
+		{[]int32{2, 2, 0, -1}, "expert 3 has -1 of 2 tokens"},
+		{[]int32{3, 1, 0, 0}, "expert 0 has 3 of 2 tokens"},
+		{[]int32{1, 1, 1, 0}, "sum to 3: want 2 tokens × top-2 = 4"},
+	} {
+		if _, err := RouteFromCounts(c, 2, bad.counts, nil, nil, 0); err == nil || !strings.Contains(err.Error(), bad.want) {
+			t.Errorf("RouteFromCounts(%v): %v, want an error with %q", bad.counts, err, bad.want)
+		}
+	}
+	lc := &RouterConfig{Experts: 2, TopK: 1, Losses: true, Balancing: []LoadBalancing{{Seq: true, Coeff: 1}}, Batch: 2, SeqLen: 1}
+	for _, bad := range []struct {
+		seq  []int32
+		want string
+	}{
+		{[]int32{1, 0, 1}, "from 3 aux-map counts and 4 sums: want 4 each"},
+		{[]int32{1, 0, 2, -1}, "sequence 1: expert 0 has 2 aux-loss map entries of 1 tokens"},
+		{[]int32{1, 0, 0, 0}, "sequence 1: its aux-loss map counts sum to 0: want 1 tokens × top-1 = 1"},
+	} {
+		if _, err := RouteFromCounts(lc, 2, []int32{1, 1}, bad.seq, make([]float64, 4), 0); err == nil || !strings.Contains(err.Error(), bad.want) {
+			t.Errorf("RouteFromCounts(aux %v): %v, want an error with %q", bad.seq, err, bad.want)
+		}
+	}
+	if _, err := RouteFromCounts(&RouterConfig{Experts: 4, TopK: 2, CapacityFactor: 1}, 1, []int32{1, 1, 0, 0}, nil, nil, 0); err == nil {
+		t.Error("counts under capacity dropping were accepted")
+	}
+}

@@ -79,8 +79,9 @@ func TestCUDAMoEMatchesCPU(t *testing.T) {
 // the device (GOTRON_CUDA_UNVERIFIED naming moe-router) for the
 // configurations its kernels take: aux-loss-free balancing (sigmoid scores,
 // the expert bias, groups), softmax without losses, softmax with aux_loss
-// and seq_aux_loss, and moeTestConfig's aux_loss with the z-loss. Built,
-// not yet run on a GPU (tools/gpu/check.sh unverified).
+// and seq_aux_loss, and moeTestConfig's aux_loss with the z-loss; the
+// dispatcher's permutation is built on the device (no upload). Built, not
+// yet run on a GPU (tools/gpu/check.sh unverified).
 func TestCUDAMoERouterMatchesCPU(t *testing.T) {
 	if err := tensor.OpenCUDA(0, tensor.CUDAOptions{}); err != nil {
 		t.Skipf("no CUDA device: %v", err)
@@ -98,7 +99,12 @@ func TestCUDAMoERouterMatchesCPU(t *testing.T) {
 	for _, cfg := range []Config{sigmoid, softmax, auxLoss, zLoss} {
 		c, bt := deviceCase(cfg)
 		cl, cg := deviceStep(t, c, bt, tensor.CPU, Recompute{})
+		before := tensor.CUDATransfers()
 		gl, gg := deviceStep(t, c, bt, tensor.CUDA, Recompute{})
+		// the permutation is built on the device: nothing uploaded for it
+		if s := tensor.CUDATransfers().Sub(before).Sites["tensor.(*Routing).PermutationOn"]; s.In != 0 || s.Out != 0 {
+			t.Errorf("the dispatcher's permutation was copied %+v, want none (built on the GPU)", s)
+		}
 		cudaClose(t, "moe loss", []float32{gl}, []float32{cl}, tol)
 		params := stageModel(t, c).Params()
 		for i := range cg {

@@ -627,10 +627,9 @@ func (m *Model) moe(tp *tensor.Tape, l *MoELayer, index int, x *tensor.Tensor, p
 	var out *tensor.Tensor
 	switch ep := m.Experts; {
 	case ep == nil || (ep.Size() == 1 && ep.TensorSize() == 1):
-		rows, flat, counts := r.Permutation()
-		rowsT := tensor.FromInt32(rows, len(rows)).ToDevice(x.Device())
+		rowsT, flatT, counts := r.PermutationOn(x.Device())
 		xp := tp.Embedding(rowsT, xs) // (N, h), expert-major
-		pp := tp.Embedding(tensor.FromInt32(flat, len(flat)).ToDevice(x.Device()), tp.Reshape(probs, T*c.NumExperts, 1))
+		pp := tp.Embedding(flatT, tp.Reshape(probs, T*c.NumExperts, 1))
 		out = tp.IndexAddRows(T, rowsT, m.experts(tp, l, xp, pp, counts))
 		if m.expertsOverTP {
 			// each rank ran its slice of every expert on the same tokens:
@@ -691,7 +690,7 @@ func (m *Model) dispatchAllToAll(tp *tensor.Tape, ep ExpertParallel, l *MoELayer
 	Q, myT := ep.TensorSize(), ep.TensorRank()
 	L := E / P
 	dev := xs.Device()
-	rows, flat, counts := r.Permutation()
+	rowsT, flatT, counts := r.PermutationOn(dev)
 	c32 := make([]int32, E)
 	for e, n := range counts {
 		c32[e] = int32(n)
@@ -713,9 +712,8 @@ func (m *Model) dispatchAllToAll(tp *tensor.Tape, ep ExpertParallel, l *MoELayer
 			}
 		}
 	}
-	rowsT := tensor.FromInt32(rows, len(rows)).ToDevice(dev)
 	xp := tp.Embedding(rowsT, xs)
-	pp := tp.Embedding(tensor.FromInt32(flat, len(flat)).ToDevice(dev), tp.Reshape(probs, T*E, 1))
+	pp := tp.Embedding(flatT, tp.Reshape(probs, T*E, 1))
 	xr := ep.GatherTensorRows(tp, ep.AllToAll(tp, xp, send, recv), tpRows)
 	pr := ep.GatherTensorRows(tp, ep.AllToAll(tp, pp, send, recv), tpRows)
 	// sort_chunks_by_idxs: chunks [t][j][k] into k-major, then t, then j

@@ -126,3 +126,24 @@ func TestSimDeviceMatchesCPU(t *testing.T) {
 		}
 	}
 }
+
+// TestSimMoEMatchesCPU: an MoE model's training step (aux loss and z-loss,
+// the router's gradient through the experts) on the simulated device gives
+// the CPU's loss and gradients bit for bit; the router reads the logits
+// back and routes on the host there, and the dispatcher's permutation
+// (Routing.PermutationOn) is the host's uploaded: two copies in a route,
+// the rows and the probability indices, as before the GPU built them.
+func TestSimMoEMatchesCPU(t *testing.T) {
+	c, bt := deviceCase(moeTestConfig())
+	cl, cg := deviceStep(t, c, bt, tensor.CPU, Recompute{})
+	before := tensor.SimTransfers()
+	sl, sg := deviceStep(t, c, bt, tensor.Sim, Recompute{})
+	d := tensor.SimTransfers().Sub(before)
+	sameBits(t, "moe loss", []float32{sl}, []float32{cl})
+	for i := range cg {
+		sameBits(t, "moe gradient", sg[i], cg[i])
+	}
+	if s := d.Sites["tensor.(*Routing).PermutationOn"]; s.In != 2*int64(c.NumLayers) || s.Out != 0 {
+		t.Errorf("the permutation was copied %+v (all sites %+v), want 2 uploads a layer (the rows and indices)", s, d.Sites)
+	}
+}

@@ -2,6 +2,7 @@ package backendtest
 
 import (
 	"math"
+	"slices"
 	"testing"
 
 	"github.com/gotron/gotron/tensor"
@@ -91,9 +92,12 @@ func param(rng *tensor.RNG, name string, shape ...int) *tensor.Tensor {
 // limits and scaling, softmax and sigmoid with load-balancing losses (their
 // values within float64 rounding, the gradient at a loss scale bit for
 // bit), softmax and sigmoid with the z-loss (its value bit for bit), with
-// and without load-balancing losses, on logits with ties; it reads back
-// only the chosen experts and the losses' statistics (one copy to the host
-// a route). Built, not yet run on a GPU
+// and without load-balancing losses, on logits with ties, and builds the
+// permutation of the routed tokens on the device (PermutationOn: the CPU's
+// rows, probability indices and counts exactly); route and permutation
+// read back only the experts' token counts and the losses' statistics (one
+// copy to the host, its bytes counted) and upload nothing but the expert
+// bias. Built, not yet run on a GPU
 // (tools/gpu/check.sh unverified).
 func TestCUDARouterMatchesCPU(t *testing.T) {
 	if err := tensor.OpenCUDA(0, tensor.CUDAOptions{}); err != nil {
@@ -121,7 +125,16 @@ func TestCUDARouterMatchesCPU(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			const T = 515
 			E := c.cfg.Experts
-			run := func(dev tensor.Device) (probs []float32, m []bool, dl []float32, copiesOut int64, auxes []float64, z float64) {
+			type result struct {
+				probs, dl  []float32
+				m          []bool
+				rows, flat []int32
+				counts     []int
+				copies     tensor.Transfers // Route and PermutationOn's
+				auxes      []float64
+				z          float64
+			}
+			run := func(dev tensor.Device) (res result) {
 				rng := tensor.NewRNG(4)
 				logits := param(rng, "logits", T, E)
 				if c.ties {
@@ -136,43 +149,59 @@ func TestCUDARouterMatchesCPU(t *testing.T) {
 				tp := tensor.NewTape()
 				before := tensor.CUDATransfers()
 				p, r := tp.Route(logits, &cfg)
-				copiesOut = tensor.CUDATransfers().ToHost - before.ToHost
+				rows, flat, counts := r.PermutationOn(dev)
+				res.copies = tensor.CUDATransfers().Sub(before)
+				res.rows, res.flat, res.counts = tensor.ToHost(rows).Int32s(), tensor.ToHost(flat).Int32s(), counts
 				r.AuxScale = 0.75
-				auxes, z = r.Aux()
+				res.auxes, res.z = r.Aux()
 				if err := tp.BackwardFrom([]*tensor.Tensor{p}, []*tensor.Tensor{g.ToDevice(dev)}); err != nil {
 					t.Fatal(err)
 				}
 				for tok := range T {
 					for e := range E {
-						m = append(m, r.Map(tok, e))
+						res.m = append(res.m, r.Map(tok, e))
 					}
 				}
-				return tensor.ToHost(p).Float32s(), m, tensor.ToHost(logits.Grad).Float32s(), copiesOut, auxes, z
+				res.probs, res.dl = tensor.ToHost(p).Float32s(), tensor.ToHost(logits.Grad).Float32s()
+				return res
 			}
-			wp, wm, wd, _, wa, wz := run(tensor.CPU)
-			gp, gm, gd, out, ga, gz := run(tensor.CUDA)
-			if math.Float64bits(gz) != math.Float64bits(wz) || (wz != 0) != (c.cfg.ZLossCoeff != 0) {
-				t.Errorf("z-loss %v on the GPU, %v on the CPU", gz, wz)
+			w, g := run(tensor.CPU), run(tensor.CUDA)
+			if math.Float64bits(g.z) != math.Float64bits(w.z) || (w.z != 0) != (c.cfg.ZLossCoeff != 0) {
+				t.Errorf("z-loss %v on the GPU, %v on the CPU", g.z, w.z)
 			}
-			for i := range wa {
-				if d := math.Abs(ga[i] - wa[i]); d > 1e-12*math.Abs(wa[i]) {
-					t.Errorf("loss %d = %v on the GPU, %v on the CPU", i, ga[i], wa[i])
+			for i := range w.auxes {
+				if d := math.Abs(g.auxes[i] - w.auxes[i]); d > 1e-12*math.Abs(w.auxes[i]) {
+					t.Errorf("loss %d = %v on the GPU, %v on the CPU", i, g.auxes[i], w.auxes[i])
 				}
 			}
-			for i := range wm {
-				if gm[i] != wm[i] {
-					t.Fatalf("token %d expert %d: chosen %v on the GPU, %v on the CPU", i/E, i%E, gm[i], wm[i])
+			for i := range w.m {
+				if g.m[i] != w.m[i] {
+					t.Fatalf("token %d expert %d: chosen %v on the GPU, %v on the CPU", i/E, i%E, g.m[i], w.m[i])
 				}
 			}
-			for what, pair := range map[string][2][]float32{"probabilities": {gp, wp}, "logits' gradient": {gd, wd}} {
+			if !slices.Equal(g.counts, w.counts) || !slices.Equal(g.rows, w.rows) || !slices.Equal(g.flat, w.flat) {
+				t.Fatalf("the GPU's permutation (counts %v) differs from the CPU's (counts %v)", g.counts, w.counts)
+			}
+			for what, pair := range map[string][2][]float32{"probabilities": {g.probs, w.probs}, "logits' gradient": {g.dl, w.dl}} {
 				for i := range pair[1] {
 					if math.Float32bits(pair[0][i]) != math.Float32bits(pair[1][i]) {
 						t.Fatalf("%s[%d] = %v on the GPU, %v on the CPU", what, i, pair[0][i], pair[1][i])
 					}
 				}
 			}
-			if out != 1 {
-				t.Errorf("the GPU's route copied to the host %d times, want 1 (the chosen experts, with the losses' statistics)", out)
+			// one read-back: the token counts (E int32) and with losses
+			// the sums and z sum (float64) and the aux counts (int32)
+			wantBytes := int64(4 * E)
+			if c.cfg.Losses {
+				wantBytes += int64(8*c.cfg.Batch*E + 8 + 4*c.cfg.Batch*E)
+			}
+			wantIn := int64(0)
+			if c.cfg.ExpertBias != nil {
+				wantIn = 1 // the bias
+			}
+			if got := g.copies; got.ToHost != 1 || got.ToHostBytes != wantBytes || got.FromHost != wantIn {
+				t.Errorf("the GPU's route and permutation copied %d times (%d bytes) to the host and %d from it, want 1 (%d bytes: the counts, with the losses' statistics) and %d",
+					got.ToHost, got.ToHostBytes, got.FromHost, wantBytes, wantIn)
 			}
 		})
 	}

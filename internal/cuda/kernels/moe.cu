@@ -366,3 +366,65 @@ extern "C" __global__ void moe_route_bwd_f32(float* dlogits, double* scratch, co
         for (int e = 0; e < E; e++) out[e] = (float)d[e];
     }
 }
+
+// The permutation of the routed tokens on the device (Megatron's permute:
+// the rows of each expert's tokens, expert-major, ascending within an
+// expert), built from sel (T, k) so that only the experts' token counts
+// go to the host: the tokens in chunks of `chunk`, moe_perm_count_i32
+// counts each chunk's tokens per expert, moe_perm_scan_i32 turns those
+// counts into each chunk's first row within its expert (and the expert's
+// total), moe_perm_rows_i32 writes each chunk's rows there in token order.
+// Integers only: the CPU's permutation (tensor's Routing.Permutation)
+// exactly, whatever the chunk. With chunk the sequence length,
+// moe_perm_count_i32 on the aux-loss map is seq_aux_loss's counts per
+// sequence and expert.
+
+// moe_perm_count_i32: cnt (nc, E), nc = ⌈T/chunk⌉: how many of chunk c's
+// tokens have expert e among their k in sel. One thread per (c, e).
+extern "C" __global__ void moe_perm_count_i32(int* cnt, const int* sel, long long T, int E, int k, long long chunk) {
+    const long long nc = (T + chunk - 1) / chunk;
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < nc * E; i += (long long)gridDim.x * blockDim.x) {
+        const long long c = i / E, end = c * chunk + chunk < T ? c * chunk + chunk : T;
+        const int e = (int)(i - c * E);
+        int n = 0;
+        for (long long t = c * chunk; t < end; t++)
+            for (int j = 0; j < k; j++) n += sel[t * k + j] == e;
+        cnt[i] = n;
+    }
+}
+
+// moe_perm_scan_i32: for each expert e (one thread), cnt[c][e] becomes the
+// rows of e before chunk c (an exclusive sum over the chunks in order) and
+// counts[e] e's rows.
+extern "C" __global__ void moe_perm_scan_i32(int* counts, int* cnt, long long nc, int E) {
+    for (long long e = (long long)blockIdx.x * blockDim.x + threadIdx.x; e < E; e += (long long)gridDim.x * blockDim.x) {
+        int n = 0;
+        for (long long c = 0; c < nc; c++) {
+            const int v = cnt[c * E + e];
+            cnt[c * E + e] = n;
+            n += v;
+        }
+        counts[e] = n;
+    }
+}
+
+// moe_perm_rows_i32: rows and flat (T·k): thread (c, e) writes chunk c's
+// tokens routed to e, in token order, from row Σ_{e' < e} counts[e'] +
+// cnt[c][e]: the token t and its probability's index t·E + e.
+extern "C" __global__ void moe_perm_rows_i32(int* rows, int* flat, const int* cnt, const int* counts, const int* sel, long long T, int E,
+                                             int k, long long chunk) {
+    const long long nc = (T + chunk - 1) / chunk;
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < nc * E; i += (long long)gridDim.x * blockDim.x) {
+        const long long c = i / E, end = c * chunk + chunk < T ? c * chunk + chunk : T;
+        const int e = (int)(i - c * E);
+        long long r = cnt[i];
+        for (int a = 0; a < e; a++) r += counts[a];
+        for (long long t = c * chunk; t < end; t++)
+            for (int j = 0; j < k; j++)
+                if (sel[t * k + j] == e) {
+                    rows[r] = (int)t;
+                    flat[r] = (int)(t * E + e);
+                    r++;
+                }
+    }
+}

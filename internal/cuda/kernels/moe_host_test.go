@@ -1,10 +1,10 @@
 package kernels_test
 
 import (
-	"bytes"
 	"math"
 	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strconv"
 	"testing"
@@ -163,9 +163,16 @@ func TestMoEHostKernelsLosses(t *testing.T) {
 		if len(sums) != B*E || len(zs) != T+1 {
 			t.Fatalf("%s: %d sums and %d z terms, want %d and %d", c.name, len(sums), len(zs), B*E, T+1)
 		}
-		got, err := cpu.RouteFromSelection(&rc, T, sel, auxSel, sums, zs[T])
+		// what the device reads back: the token counts (moe_perm_*), the
+		// aux-loss map's counts per sequence, the sums and the z sum
+		counts := fromLE[int32](moeHost.run(t, leBytes(sel), "perm", T, E, k, 128))[:E]
+		seqAux := fromLE[int32](moeHost.run(t, leBytes(auxSel), "auxcounts", B, S, E, k))
+		got, err := cpu.RouteFromCounts(&rc, T, counts, seqAux, sums, zs[T])
 		if err != nil {
 			t.Fatal(err)
+		}
+		if !slices.Equal(got.TokensPerExpert, want.TokensPerExpert) {
+			t.Fatalf("%s: token counts %v, the CPU's %v", c.name, got.TokensPerExpert, want.TokensPerExpert)
 		}
 		if !slices.Equal(got.AuxCounts(&rc), want.AuxCounts(&rc)) || !slices.Equal(got.SeqAuxCounts(&rc), want.SeqAuxCounts(&rc)) {
 			t.Fatalf("%s: aux-loss counts %v, %v; the CPU's %v, %v", c.name, got.AuxCounts(&rc), got.SeqAuxCounts(&rc), want.AuxCounts(&rc), want.SeqAuxCounts(&rc))
@@ -187,6 +194,59 @@ func TestMoEHostKernelsLosses(t *testing.T) {
 		out = moeHost.run(t, append(append(append(leBytes(logits), leBytes(sel)...), leBytes(dprobs)...), leBytes(dsc)...), "bwd", T, E, k, int(score), 0, sc, S,
 			len(dsc)/E, 1, zloss, zc)
 		sameBitsF32(t, c.name+": logits' gradient with the losses", fromLE[float32](out), wantD)
+	}
+}
+
+// TestMoEHostPermutation: moe.cu's permutation kernels, run on the host on
+// the device router's selection, give tensor's Routing.Permutation of the
+// CPU's routing exactly (the rows expert-major and ascending within an
+// expert, each row's probability index, the counts), whatever the chunk
+// of tokens a thread takes (1, 7, 128, all; T not a multiple of it), with
+// experts no token chooses and with every expert chosen by every token.
+func TestMoEHostPermutation(t *testing.T) {
+	for _, c := range []struct {
+		name    string
+		T, E, k int
+		starve  int // experts from this one on get logits −100 (0: none)
+	}{
+		{"top2", 203, 8, 2, 0},
+		{"top1-starved", 1000, 16, 1, 10},
+		{"all-experts", 50, 4, 4, 0},
+		{"top3-starved", 389, 12, 3, 5},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			T, E, k := c.T, c.E, c.k
+			logits := make([]float32, T*E)
+			tensor.NewRNG(uint64(T)).Normal(logits, 0, 2)
+			for i := range logits {
+				if c.starve > 0 && i%E >= c.starve {
+					logits[i] = -100
+				}
+			}
+			rc := cpu.RouterConfig{Experts: E, TopK: k}
+			_, r := tensor.NewTape().Route(tensor.FromFloat32(logits, T, E), &rc)
+			wantRows, wantFlat, wantCounts := r.Permutation()
+			sel := moeHost.run(t, leBytes(logits), "fwd", T, E, k, 0, 0, 0, 0, "0", "0")[4*T*E:]
+			for _, chunk := range []int{1, 7, 128, T} {
+				v := fromLE[int32](moeHost.run(t, sel, "perm", T, E, k, chunk))
+				if len(v) != E+2*T*k {
+					t.Fatalf("chunk %d: perm wrote %d values, want %d", chunk, len(v), E+2*T*k)
+				}
+				counts, rows, flat := v[:E], v[E:E+T*k], v[E+T*k:]
+				for e, n := range wantCounts {
+					if int(counts[e]) != n {
+						t.Fatalf("chunk %d: expert %d has %d rows, the CPU's %d", chunk, e, counts[e], n)
+					}
+				}
+				if !slices.Equal(rows, wantRows) || !slices.Equal(flat, wantFlat) {
+					t.Fatalf("chunk %d: rows %v… flat %v…, the CPU's %v… %v…", chunk, rows[:min(12, len(rows))], flat[:min(12, len(flat))],
+						wantRows[:min(12, len(wantRows))], wantFlat[:min(12, len(wantFlat))])
+				}
+			}
+			if c.starve > 0 && wantCounts[E-1] != 0 {
+				t.Fatalf("expert %d was to have no tokens, has %d", E-1, wantCounts[E-1])
+			}
+		})
 	}
 }
 
@@ -246,16 +306,22 @@ func TestMoEHostExp(t *testing.T) {
 	}
 }
 
-// TestMoEPTXHasNoFMA: moe.cu's PTX has no fused multiply-add (every
-// operation an __d*_rn intrinsic), so the GPU rounds each as the CPU does.
+// TestMoEPTXHasNoFMA: moe.cu's PTX has no floating-point fused
+// multiply-add (every operation an __d*_rn intrinsic), so the GPU rounds
+// each as the CPU does; the permutation's integer index arithmetic
+// (mad.lo.s32) is exact and allowed.
 func TestMoEPTXHasNoFMA(t *testing.T) {
+	fused := regexp.MustCompile(`\b(fma|mad)(\.[a-z]+)*\.f(16|32|64)\b`)
 	for _, arch := range []string{"sm_80", "sm_90"} {
 		b, err := os.ReadFile(filepath.Join("ptx", arch, "moe.ptx"))
 		if err != nil {
 			t.Fatal(err)
 		}
-		if bytes.Contains(b, []byte("fma.")) || bytes.Contains(b, []byte("mad.")) {
-			t.Errorf("%s/moe.ptx has a fused multiply-add", arch)
+		if m := fused.Find(b); m != nil {
+			t.Errorf("%s/moe.ptx has a fused multiply-add: %s", arch, m)
 		}
+	}
+	if !fused.MatchString("\tfma.rn.f64 \t%fd1, %fd2, %fd3, %fd4;") || !fused.MatchString("mad.f32") || fused.MatchString("mad.lo.s32") {
+		t.Fatal("the fused multiply-add pattern does not tell them apart")
 	}
 }

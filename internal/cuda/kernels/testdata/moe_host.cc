@@ -13,6 +13,10 @@
 //	moe_host bwd T E k score pre scaling seqLen dscRows losses zloss zc
 //	    stdin: logits (T·E float32), sel (T·k int32), dprobs (T·E float32), dsc (dscRows·E float64)
 //	    → stdout: dlogits (T·E float32)
+//	moe_host perm T E k chunk
+//	    stdin: sel (T·k int32) → stdout: counts (E int32), rows (T·k int32), flat (T·k int32)
+//	moe_host auxcounts B S E k
+//	    stdin: auxSel (B·S·k int32) → stdout: seqCounts (B·E int32)
 //	moe_host z T E
 //	    stdin: logits (T·E float32) → stdout: lse (T float64), z (1 float64)
 //	moe_host aux B S E k score
@@ -115,6 +119,29 @@ int main(int argc, char** argv) {
         moe_route_aux_sums_f64(sums.data(), q.data(), B, S, E);
         writeAll(auxSel);
         writeAll(sums);
+        return 0;
+    }
+    if (strcmp(argv[1], "perm") == 0 && argc == 6) {
+        long long T = atoll(argv[2]), chunk = atoll(argv[5]);
+        int E = atoi(argv[3]), k = atoi(argv[4]);
+        auto sel = readN<int>(T * k);
+        long long nc = (T + chunk - 1) / chunk;
+        std::vector<int> cnt(nc * E), counts(E), rows(T * k, -1), flat(T * k, -1);
+        moe_perm_count_i32(cnt.data(), sel.data(), T, E, k, chunk);
+        moe_perm_scan_i32(counts.data(), cnt.data(), nc, E);
+        moe_perm_rows_i32(rows.data(), flat.data(), cnt.data(), counts.data(), sel.data(), T, E, k, chunk);
+        writeAll(counts);
+        writeAll(rows);
+        writeAll(flat);
+        return 0;
+    }
+    if (strcmp(argv[1], "auxcounts") == 0 && argc == 6) {
+        long long B = atoll(argv[2]), S = atoll(argv[3]);
+        int E = atoi(argv[4]), k = atoi(argv[5]);
+        auto auxSel = readN<int>(B * S * k);
+        std::vector<int> seq(B * E);
+        moe_perm_count_i32(seq.data(), auxSel.data(), B * S, E, k, S);
+        writeAll(seq);
         return 0;
     }
     if (strcmp(argv[1], "z") == 0 && argc == 4) {
