@@ -71,6 +71,54 @@ func loadRef(t *testing.T) map[string]json.RawMessage {
 	return m
 }
 
+// refCaseOf decodes the case name of ref.json into c and its document
+// sizes into sizes (one dataset's []int, or [][]int for blends).
+func refCaseOf(t *testing.T, ref map[string]json.RawMessage, name string, sizes any) refCase {
+	t.Helper()
+	var c refCase
+	if err := json.Unmarshal(ref[name], &c); err != nil {
+		t.Fatalf("ref.json %s: %v", name, err)
+	}
+	if err := json.Unmarshal(c.Sizes, sizes); err != nil {
+		t.Fatalf("ref.json %s sizes: %v", name, err)
+	}
+	return c
+}
+
+// checkBlendedSplits compares the train and valid splits of ds, blends of
+// the datasets at dir/<stem>0, dir/<stem>1, ..., with Megatron's: the
+// mid-level datasets' lengths, the blending indices and the description
+// (the paths as ref.py's @PATHj@); every sample builds.
+func checkBlendedSplits(t *testing.T, ds *Datasets, c refCase, dir, stem string, n int) {
+	t.Helper()
+	for si, sname := range []string{"train", "valid"} {
+		want := c.Splits[sname]
+		b := ds.Split(Split(si)).(*Blended)
+		var mids []int
+		for _, d := range b.Datasets {
+			mids = append(mids, d.Len())
+		}
+		if !slices.Equal(mids, want.MidLengths) {
+			t.Errorf("%s: mid-level lengths %v, want %v", sname, mids, want.MidLengths)
+		}
+		if !slices.Equal(b.DatasetIndex, want.DatasetIndex) || !slices.Equal(b.DatasetSampleIndex, want.DatasetSampleIndex) {
+			t.Errorf("%s: blending indices %v / %v\nwant %v / %v", sname, b.DatasetIndex, b.DatasetSampleIndex, want.DatasetIndex, want.DatasetSampleIndex)
+		}
+		got := b.Description
+		for j := range n {
+			got = strings.ReplaceAll(got, filepath.Join(dir, fmt.Sprintf("%s%d", stem, j)), fmt.Sprintf("@PATH%d@", j))
+		}
+		if got != want.Desc {
+			t.Errorf("%s: description\n%s\nwant\n%s", sname, got, want.Desc)
+		}
+		for i := 0; i < b.Len(); i++ {
+			if _, err := b.Sample(i); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+}
+
 // docTokens matches doc_tokens in ref.py.
 func docTokens(vocab int, eod int32, k, length int) []int32 {
 	out := make([]int32, 0, length)
@@ -106,14 +154,8 @@ func TestReferenceSingle(t *testing.T) {
 	ref := loadRef(t)
 	for _, name := range []string{"multi_epoch_int32_masks", "separate_final_epoch"} {
 		t.Run(name, func(t *testing.T) {
-			var c refCase
-			if err := json.Unmarshal(ref[name], &c); err != nil {
-				t.Fatal(err)
-			}
 			var sizes []int
-			if err := json.Unmarshal(c.Sizes, &sizes); err != nil {
-				t.Fatal(err)
-			}
+			c := refCaseOf(t, ref, name, &sizes)
 			dir := t.TempDir()
 			prefix := filepath.Join(dir, "ref")
 			writeRefDataset(t, prefix, c.Case.Vocab, c.Case.EOD, sizes)
@@ -191,15 +233,8 @@ func checkItem(t *testing.T, name string, s Sample, want refItem, resetAtt bool)
 }
 
 func TestReferenceBlend3(t *testing.T) {
-	ref := loadRef(t)
-	var c refCase
-	if err := json.Unmarshal(ref["blend3"], &c); err != nil {
-		t.Fatal(err)
-	}
 	var sizes [][]int
-	if err := json.Unmarshal(c.Sizes, &sizes); err != nil {
-		t.Fatal(err)
-	}
+	c := refCaseOf(t, loadRef(t), "blend3", &sizes)
 	dir := t.TempDir()
 	cfg := c.config(t, dir)
 	cfg.Blend.Weights = c.Case.Weights
@@ -213,32 +248,7 @@ func TestReferenceBlend3(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer ds.Close()
-	for si, sname := range []string{"train", "valid"} {
-		want := c.Splits[sname]
-		b := ds.Split(Split(si)).(*Blended)
-		var mids []int
-		for _, d := range b.Datasets {
-			mids = append(mids, d.Len())
-		}
-		if !slices.Equal(mids, want.MidLengths) {
-			t.Errorf("%s: mid-level lengths %v, want %v", sname, mids, want.MidLengths)
-		}
-		if !slices.Equal(b.DatasetIndex, want.DatasetIndex) || !slices.Equal(b.DatasetSampleIndex, want.DatasetSampleIndex) {
-			t.Errorf("%s: blending indices differ", sname)
-		}
-		got := b.Description
-		for j := range sizes {
-			got = strings.ReplaceAll(got, filepath.Join(dir, fmt.Sprintf("m%d", j)), fmt.Sprintf("@PATH%d@", j))
-		}
-		if got != want.Desc {
-			t.Errorf("%s: description\n%s\nwant\n%s", sname, got, want.Desc)
-		}
-		for i := 0; i < b.Len(); i++ {
-			if _, err := b.Sample(i); err != nil {
-				t.Fatal(err)
-			}
-		}
-	}
+	checkBlendedSplits(t, ds, c, dir, "m", len(sizes))
 	if ds.Test != nil {
 		t.Error("test split built for split 98,2,0")
 	}
@@ -266,15 +276,8 @@ func negZero() float64 {
 // TestReferenceUnweightedBlend: --data-path a b c without weights; the train
 // split is sized min(N, Σ lengths), the valid split (N None) is exhaustive.
 func TestReferenceUnweightedBlend(t *testing.T) {
-	ref := loadRef(t)
-	var c refCase
-	if err := json.Unmarshal(ref["unweighted"], &c); err != nil {
-		t.Fatal(err)
-	}
 	var sizes [][]int
-	if err := json.Unmarshal(c.Sizes, &sizes); err != nil {
-		t.Fatal(err)
-	}
+	c := refCaseOf(t, loadRef(t), "unweighted", &sizes)
 	dir := t.TempDir()
 	cfg := c.config(t, dir)
 	for j, s := range sizes {
@@ -287,37 +290,13 @@ func TestReferenceUnweightedBlend(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer ds.Close()
-	for si, sname := range []string{"train", "valid"} {
-		want := c.Splits[sname]
-		b := ds.Split(Split(si)).(*Blended)
-		var mids []int
-		for _, d := range b.Datasets {
-			mids = append(mids, d.Len())
-		}
-		if !slices.Equal(mids, want.MidLengths) || !slices.Equal(b.DatasetIndex, want.DatasetIndex) || !slices.Equal(b.DatasetSampleIndex, want.DatasetSampleIndex) {
-			t.Errorf("%s: lengths %v indices %v / %v\nwant %v %v / %v", sname, mids, b.DatasetIndex, b.DatasetSampleIndex, want.MidLengths, want.DatasetIndex, want.DatasetSampleIndex)
-		}
-		got := b.Description
-		for j := range sizes {
-			got = strings.ReplaceAll(got, filepath.Join(dir, fmt.Sprintf("u%d", j)), fmt.Sprintf("@PATH%d@", j))
-		}
-		if got != want.Desc {
-			t.Errorf("%s: description\n%s\nwant\n%s", sname, got, want.Desc)
-		}
-	}
+	checkBlendedSplits(t, ds, c, dir, "u", len(sizes))
 }
 
 // TestReferencePerSplit: --train-data-path a --valid-data-path b.
 func TestReferencePerSplit(t *testing.T) {
-	ref := loadRef(t)
-	var c refCase
-	if err := json.Unmarshal(ref["per_split"], &c); err != nil {
-		t.Fatal(err)
-	}
 	var sizes [][]int
-	if err := json.Unmarshal(c.Sizes, &sizes); err != nil {
-		t.Fatal(err)
-	}
+	c := refCaseOf(t, loadRef(t), "per_split", &sizes)
 	dir := t.TempDir()
 	cfg := c.config(t, dir)
 	cfg.Split = ""
