@@ -29,11 +29,31 @@ type packingGolden struct {
 	LossMask        [][]float32          `json:"loss_mask"`
 	FIFO            map[string][][][]int `json:"fifo"`
 	RoundRobin      map[string][][][]int `json:"round_robin"`
+	CuSeqlens       [][]int32            `json:"cu_seqlens"`
+	EmptyCuSeqlens  []int32              `json:"empty_cu_seqlens"`
+}
+
+// cuSeqlens is the cumulative document lengths of a bin's document ids,
+// padded to n entries by repeating the last (Megatron's cu_seqlens for
+// the attention kernel, fixed-size for CUDA graphs).
+func cuSeqlens(docIDs []int32, n int) []int32 {
+	cu := []int32{0}
+	for t := 1; t < len(docIDs); t++ {
+		if docIDs[t] != docIDs[t-1] {
+			cu = append(cu, int32(t))
+		}
+	}
+	cu = append(cu, int32(len(docIDs)))
+	for len(cu) < n {
+		cu = append(cu, cu[len(cu)-1])
+	}
+	return cu
 }
 
 // TestPackingMatchesMegatron: the bins, the packed tokens, positions and
-// loss masks, and the fifo and round-robin splits over 1–3 data-parallel
-// ranks are Megatron's.
+// loss masks, the documents attention keeps apart (Megatron's cu_seqlens,
+// an empty bin's too), and the fifo and round-robin splits over 1–3
+// data-parallel ranks are Megatron's.
 func TestPackingMatchesMegatron(t *testing.T) {
 	raw, err := os.ReadFile("testdata/packing_golden.json")
 	if err != nil {
@@ -76,6 +96,9 @@ func TestPackingMatchesMegatron(t *testing.T) {
 			if !slices.Equal(pb.mask[:seq-1], c.LossMask[b][1:]) || pb.mask[seq-1] != 0 {
 				t.Fatalf("%s: bin %d: loss mask %v, Megatron's shifted %v", c.Name, b, pb.mask, c.LossMask[b][1:])
 			}
+			if got := cuSeqlens(pb.docIDs, len(c.CuSeqlens[b])); !slices.Equal(got, c.CuSeqlens[b]) {
+				t.Fatalf("%s: bin %d: documents %v, Megatron's cu_seqlens %v", c.Name, b, got, c.CuSeqlens[b])
+			}
 			at := 0
 			for d, i := range pb.seqs {
 				n := c.SeqLengths[i]
@@ -87,6 +110,10 @@ func TestPackingMatchesMegatron(t *testing.T) {
 				}
 				at += n
 			}
+		}
+		if e := emptyBin(seq, 0); !slices.Equal(cuSeqlens(e.docIDs, len(c.EmptyCuSeqlens)), c.EmptyCuSeqlens) ||
+			slices.ContainsFunc(e.positions, func(p int32) bool { return p != 0 }) {
+			t.Fatalf("%s: an empty bin's documents %v and positions, Megatron's cu_seqlens %v and zeros", c.Name, cuSeqlens(e.docIDs, len(c.EmptyCuSeqlens)), c.EmptyCuSeqlens)
 		}
 		if len(c.FIFO) != 3 || len(c.RoundRobin) != 3 {
 			t.Fatalf("%s: %d fifo and %d round-robin splits in the golden, want 3 each", c.Name, len(c.FIFO), len(c.RoundRobin))

@@ -21,7 +21,9 @@ of the row length with a max sequences per bin, then distributed "fifo" and
 "round-robin" over 1, 2 and 3 data-parallel ranks. Recorded: the packer's bins
 (sequence indices), starts, position ids and loss masks (generation masks: a
 rollout's ids from its prompt length on), and each rank's bins after distribution
-(empty bins included). The steps file holds update_microbatch_calculator's bins per
+(empty bins included), and the attention's document boundaries: each bin's cu_seqlens
+(create_packed_seq_params_for_bin) and an empty bin's (get_default_packed_seq_params, which
+forward_step uses when a bin has none). The steps file holds update_microbatch_calculator's bins per
 rank per iteration (the global batch it reconfigures, over the data-parallel size)
 for global batches, rollouts per collection, bins per rank and data-parallel sizes,
 among them a float ratio whose product rounds up (9/11 × 77 = 63.00000000000001).
@@ -47,7 +49,7 @@ src = subprocess.run(["git", "-C", GIT, "show", "HEAD:" + PATH], check=True,
                      capture_output=True, text=True).stdout
 tree = ast.parse(src)
 names = {"SequencePacker", "get_actual_sequence_lengths", "create_empty_bins", "distribute_packed_bins",
-         "update_microbatch_calculator"}
+         "update_microbatch_calculator", "create_packed_seq_params_for_bin", "get_default_packed_seq_params"}
 keep = [n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef)) and n.name in names]
 assert {n.name for n in keep} == names, {n.name for n in keep}
 
@@ -69,7 +71,15 @@ def reconfigure(rank, global_batch_size, micro_batch_size, data_parallel_size, d
     calc.gbs = global_batch_size
 
 
+class PackedSeqParams:
+    """megatron.core.packed_seq_params.PackedSeqParams' fields, as given."""
+
+    def __init__(self, **kw):
+        self.__dict__.update(kw)
+
+
 env = {
+    "PackedSeqParams": PackedSeqParams,
     "math": __import__("math"),
     "get_num_microbatches": lambda: 0,
     "reconfigure_num_microbatches_calculator": reconfigure,
@@ -84,6 +94,8 @@ env = {
 exec(compile(ast.Module(body=keep, type_ignores=[]), PATH, "exec"), env)
 SequencePacker = env["SequencePacker"]
 update_microbatch_calculator = env["update_microbatch_calculator"]
+create_packed_seq_params_for_bin = env["create_packed_seq_params_for_bin"]
+get_default_packed_seq_params = env["get_default_packed_seq_params"]
 distribute_packed_bins = env["distribute_packed_bins"]
 
 
@@ -104,6 +116,11 @@ def case(name, seq, max_per_bin, rollouts):
            "seq_starts": [info.seq_starts[b] for b in range(len(info.bin_seq_indices))],
            "packed_tokens": packed.tolist(), "position_ids": pos.tolist(), "loss_mask": mask.tolist(),
            "fifo": {}}
+    # The attention's document boundaries: each bin's cu_seqlens, and the
+    # default one forward_step uses for an empty bin (None params).
+    out["cu_seqlens"] = [create_packed_seq_params_for_bin(info, b, seq, max_per_bin, "cpu").cu_seqlens_q.tolist()
+                         for b in range(len(info.bin_seq_indices))]
+    out["empty_cu_seqlens"] = get_default_packed_seq_params(seq, max_per_bin, "cpu").cu_seqlens_q.tolist()
     out["round_robin"] = {}
     for algo, key in (("fifo", "fifo"), ("round-robin", "round_robin")):
         info.packing_algo = algo
