@@ -61,7 +61,8 @@ unverified_tests() {
 	run unverified-moe-grouped-op 120 "$bin/tensor_backendtest.test" -test.v -test.run 'TestCUDAGroupedLinearMatchesCPU'
 	run unverified-moe-grouped 180 env GOTRON_CUDA_UNVERIFIED=moe-grouped "$bin/model_gpt.test" -test.v -test.run 'TestCUDAMoEGroupedMatchesCPU'
 	# The MoE router on the device (moe-router: moe.cu): Route against
-	# the CPU bit for bit (the z-loss included), then model steps with it on.
+	# the CPU bit for bit (the z-loss and the permutation included), then
+	# model steps with it on.
 	run unverified-moe-router-op 120 "$bin/tensor_backendtest.test" -test.v -test.run 'TestCUDARouterMatchesCPU'
 	run unverified-moe-router 180 env GOTRON_CUDA_UNVERIFIED=moe-router "$bin/model_gpt.test" -test.v -test.run 'TestCUDAMoERouterMatchesCPU'
 	# The fused bias-GELU, bias-SwiGLU, bias-dropout-add and
