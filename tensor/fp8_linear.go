@@ -2,7 +2,7 @@ package tensor
 
 import (
 	"fmt"
-	"math"
+	"sync"
 
 	"github.com/gotron/gotron/internal/cpu"
 	"github.com/gotron/gotron/internal/fp8"
@@ -40,6 +40,16 @@ type FP8Linear struct {
 	// Input, Weight and Grad are the delayed recipe's histories (nil under
 	// tensorwise, whose scales come from each tensor's own amax).
 	Input, Weight, Grad *fp8.History
+	// CacheWeight (decoding, tensorwise: weights that never change)
+	// quantizes the weight at the first product and keeps it (a float32
+	// copy of the FP8 values, on the heap) for the later ones: the same
+	// numbers as quantizing it each time.
+	CacheWeight bool
+
+	mu     sync.Mutex
+	wq     *Tensor // the cached quantized weight
+	wqInv  float32
+	wqFrom *Tensor // the weight it was quantized from
 }
 
 // NewFP8Linear returns the state of one linear layer under recipe r: the
@@ -52,10 +62,6 @@ func NewFP8Linear(r fp8.Recipe, bf16Activations, bf16Weight bool) *FP8Linear {
 	return l
 }
 
-// bf16Max is bfloat16's largest finite value: TE's value_for_inf when the
-// quantized tensor is bfloat16.
-var bf16Max = math.Float32frombits(0x7F7F0000)
-
 // quantizeFP8 returns x (contiguous, float32, on a host-memory device)
 // quantized to format f — a tensor of the FP8 values as float32 — and the
 // scale inverse to multiply them by; h is the delayed recipe's history
@@ -63,14 +69,14 @@ var bf16Max = math.Float32frombits(0x7F7F0000)
 func (tp *Tape) quantizeFP8(x *Tensor, f fp8.Format, roundBF16 bool, h *fp8.History) (*Tensor, float32) {
 	src := x.f32s()
 	amax := fp8.Amax(src)
-	valueForInf := float32(math.MaxFloat32)
 	if roundBF16 {
 		amax = cpu.RoundBF16(amax)
-		valueForInf = bf16Max
 	}
 	var scale float32
 	if h == nil {
-		scale = fp8.CurrentScale(amax, f.Max(), false, 0, valueForInf)
+		// current_scaling.cu's compute_scale_from_amax_kernel: the
+		// largest float32 when the scale overflows, whatever the input type
+		scale = fp8.TensorwiseScale(amax, f)
 	} else {
 		scale = h.Scale()
 		h.Observe(amax)
@@ -85,6 +91,22 @@ func (tp *Tape) quantizeFP8(x *Tensor, f fp8.Format, roundBF16 bool, h *fp8.Hist
 		fp8.Quantize(f, dst, src, scale)
 	}
 	return out, fp8.ScaleInv(scale)
+}
+
+// weight returns w quantized to f and its scale inverse: cached under
+// CacheWeight, else quantized on tp.
+func (q *FP8Linear) weight(tp *Tape, w *Tensor, f fp8.Format) (*Tensor, float32) {
+	if !q.CacheWeight || q.Weight != nil {
+		return tp.quantizeFP8(tp.Contiguous(w), f, q.BF16Weight, q.Weight)
+	}
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.wq == nil || q.wqFrom != w {
+		var heap *Tape
+		q.wq, q.wqInv = heap.quantizeFP8(heap.Contiguous(w), f, q.BF16Weight, nil)
+		q.wqFrom = w
+	}
+	return q.wq, q.wqInv
 }
 
 // LinearFP8 is Linear (x·wᵀ + b, w (out, in)) with its products on FP8
@@ -108,7 +130,7 @@ func (tp *Tape) LinearFP8(x, w, b *Tensor, q *FP8Linear) *Tensor {
 	be := backendFor(x, w, b)
 	fwd := q.Recipe.ForwardFormat()
 	xq, xInv := tp.quantizeFP8(x2, fwd, q.BF16Activations, q.Input)
-	wq, wInv := tp.quantizeFP8(tp.Contiguous(w), fwd, q.BF16Weight, q.Weight)
+	wq, wInv := q.weight(tp, w, fwd)
 	gemm(be, MatmulFP32, NoTrans, Trans, xInv*wInv, xq, wq, 0, out2)
 	if b != nil {
 		be.Add(out, out, b)

@@ -150,3 +150,29 @@ func TestLinearFP8Delayed(t *testing.T) {
 		t.Fatalf("second forward: %v, want about 1000", got)
 	}
 }
+
+// TestLinearFP8CachedWeight: a cached weight quantization (decoding) gives
+// the uncached product's numbers, call after call, and is made once.
+func TestLinearFP8CachedWeight(t *testing.T) {
+	rng := tensor.NewRNG(9)
+	x, w := tensor.Zeros(3, 8), tensor.Zeros(4, 8)
+	rng.Normal(x.Float32s(), 0, 1)
+	rng.Normal(w.Float32s(), 0, 1)
+	r := fp8.Recipe{Kind: fp8.Tensorwise, Hybrid: true}
+	var tp *tensor.Tape
+	want := tp.LinearFP8(x, w, nil, tensor.NewFP8Linear(r, true, true)).Float32s()
+	q := tensor.NewFP8Linear(r, true, true)
+	q.CacheWeight = true
+	for range 2 {
+		got := tensor.NewTape().LinearFP8(x, w, nil, q).Float32s()
+		for i := range want {
+			if got[i] != want[i] {
+				t.Fatalf("element %d: %v cached, %v uncached", i, got[i], want[i])
+			}
+		}
+	}
+	w.Float32s()[0] += 100 // a weight that changed in place keeps its first quantization: decoding's contract
+	if got := tp.LinearFP8(x, w, nil, q).Float32s(); got[0] != want[0] {
+		t.Fatalf("the cached quantization was redone: %v, first %v", got[0], want[0])
+	}
+}

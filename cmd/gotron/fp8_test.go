@@ -69,7 +69,7 @@ func TestFP8TrainLayouts(t *testing.T) {
 
 // TestFP8TrainFlags: the delayed recipe's flags reach the run (other
 // losses for another history), and the run prints nothing about them
-// being ignored.
+// being ignored; resuming a delayed run says that its histories restart.
 func TestFP8TrainFlags(t *testing.T) {
 	dir := t.TempDir()
 	run := func(name string, extra ...string) []float64 {
@@ -89,5 +89,13 @@ func TestFP8TrainFlags(t *testing.T) {
 	b := run("max", "--fp8-amax-history-len", "8", "--fp8-amax-compute-algo", "max", "--fp8-margin", "3")
 	if a[len(a)-1] == b[len(b)-1] {
 		t.Errorf("delayed recipe: history 8/max/margin 3 gave the same final loss as the defaults: %v", a)
+	}
+	ck := filepath.Join(dir, "ck")
+	if _, errs, code := runCLI(t, with(tinyTrain, "--train-iters", "3", "--exit-interval", "2", "--fp8-format", "hybrid", "--save", ck)...); code != 0 {
+		t.Fatalf("save: %s", errs)
+	}
+	_, errs, code := runCLI(t, with(tinyTrain, "--train-iters", "3", "--fp8-format", "hybrid", "--load", ck)...)
+	if code != 0 || !strings.Contains(errs, "--fp8-recipe delayed with --load: the amax histories and scales start afresh") {
+		t.Errorf("resume: exit %d, stderr lacks the note on the histories:\n%s", code, errs)
 	}
 }

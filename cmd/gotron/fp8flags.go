@@ -159,5 +159,6 @@ func applyDecodeFP8(m *gpt.Model, f *fp8Flags, given map[string]bool, bf16 bool,
 		return err
 	}
 	m.FP8 = gpt.NewFP8(*c, bf16)
+	m.FP8.CacheWeights = true // decoding: the weights never change
 	return nil
 }

@@ -163,8 +163,44 @@ func (f Format) codeOf(v float64) uint8 {
 	return uint8(e+bias)<<mb | uint8(m)
 }
 
-// Round returns Decode(Encode(x)): x rounded to a value of the format.
-func (f Format) Round(x float32) float32 { return f.Decode(f.Encode(x)) }
+// Round returns Decode(Encode(x)): x rounded to a value of the format
+// (round to nearest even, saturating; NaN stays NaN), computed on x's
+// float32 bits (TestRoundMatchesEncode checks it against Encode).
+func (f Format) Round(x float32) float32 {
+	var drop, minNormalBits uint32
+	var subScale, maxV float32
+	switch f {
+	case E4M3: // 3 mantissa bits; smallest normal 2^-6, subnormal step 2^-9
+		drop, minNormalBits, subScale, maxV = 20, 0x3C800000, 512, 448
+	case E5M2: // 2 mantissa bits; smallest normal 2^-14, subnormal step 2^-16
+		drop, minNormalBits, subScale, maxV = 21, 0x38800000, 65536, 57344
+	default:
+		panic(fmt.Sprintf("fp8: unknown format %d", int(f)))
+	}
+	b := math.Float32bits(x)
+	sign, mag := b&0x80000000, b&0x7FFFFFFF
+	switch {
+	case mag > 0x7F800000: // NaN
+		return float32(math.NaN())
+	case mag >= math.Float32bits(maxV): // beyond the largest finite value (infinities too): saturate
+		return math.Float32frombits(sign | math.Float32bits(maxV))
+	case mag < minNormalBits:
+		// subnormal range: round |x|/step to an integer, ties to even,
+		// with float32's own rounding (adding 2^23 leaves no fraction bits;
+		// |x|/step < 2^mantissa bits, exact)
+		y := math.Float32frombits(mag) * subScale
+		n := (y + 8388608) - 8388608
+		return math.Float32frombits(sign | math.Float32bits(n/subScale))
+	}
+	// normal: round the mantissa to the format's bits, ties to even
+	half := uint32(1)<<(drop-1) - 1
+	mag += half + (mag>>drop)&1
+	mag &^= uint32(1)<<drop - 1
+	if math.Float32frombits(mag) > maxV {
+		mag = math.Float32bits(maxV)
+	}
+	return math.Float32frombits(sign | mag)
+}
 
 // Amax returns the largest magnitude in xs, skipping NaNs as TE's amax
 // kernel (fmaxf) does; zero for an empty slice.

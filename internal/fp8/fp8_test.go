@@ -222,3 +222,26 @@ func TestQuantizeScaled(t *testing.T) {
 		t.Errorf("Amax skips NaN: got %v", got)
 	}
 }
+
+// TestRoundMatchesEncode: Round, computed on float32 bits, is
+// Decode(Encode(x)) for the golden's inputs and a million float32 bit
+// patterns spread over every exponent (NaNs, infinities, subnormals).
+func TestRoundMatchesEncode(t *testing.T) {
+	g := loadGolden(t)
+	var inputs []float32
+	for _, c := range g.Encode {
+		for _, in := range c.Inputs {
+			inputs = append(inputs, f32(t, in))
+		}
+	}
+	for i := uint32(0); i < 1<<20; i++ {
+		inputs = append(inputs, math.Float32frombits(i*4093+i>>7)) // odd stride: every exponent, varied mantissas
+	}
+	for _, f := range []Format{E4M3, E5M2} {
+		for _, x := range inputs {
+			if got, want := f.Round(x), f.Decode(f.Encode(x)); !sameF32(got, want) {
+				t.Fatalf("%v Round(%v [%08x]) = %v, Decode(Encode) %v", f, x, math.Float32bits(x), got, want)
+			}
+		}
+	}
+}

@@ -115,8 +115,9 @@ func (r Recipe) String() string {
 // CurrentScale is TE's compute_scale_from_amax (recipe_common.cuh), the
 // tensorwise recipe's scale: amax floored at epsilon; 1 for a zero,
 // infinite or NaN amax; fmax/amax (float32 division) otherwise, with
-// valueForInf (the largest finite value of the quantized tensor's high
-// precision type) when that overflows; with pow2, the scale's mantissa
+// valueForInf when that overflows (TE's current-scaling kernel passes the
+// largest float32; its block-scaling recipes the input type's largest
+// value); with pow2, the scale's mantissa
 // cleared (rounded down to a power of 2). Megatron's Float8CurrentScaling
 // has epsilon 0 and pow2 off (TE's NVTE_FP8_CURRENT_SCALING_POWER_2_SCALES
 // unset).
@@ -138,7 +139,8 @@ func CurrentScale(amax, fmax float32, pow2 bool, epsilon, valueForInf float32) f
 }
 
 // TensorwiseScale is CurrentScale as Megatron's tensorwise recipe calls it
-// for a float32 tensor: epsilon 0, no power-of-2 rounding.
+// (TE's compute_scale_from_amax_kernel): epsilon 0, no power-of-2
+// rounding, the largest float32 for an overflowing scale.
 func TensorwiseScale(amax float32, f Format) float32 {
 	return CurrentScale(amax, f.Max(), false, 0, math.MaxFloat32)
 }

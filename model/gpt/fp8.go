@@ -63,6 +63,10 @@ type FP8 struct {
 	// BF16 (--bf16): activations and gradients are quantized from their
 	// bfloat16 roundings, and weights too unless ParamGather.
 	BF16 bool
+	// CacheWeights (decoding: weights that never change) keeps each
+	// weight's quantization from its first product (tensor.FP8Linear's
+	// CacheWeight): a float32 copy of every FP8 weight.
+	CacheWeights bool
 
 	mu      sync.Mutex
 	linears map[*tensor.Tensor]*tensor.FP8Linear
@@ -87,6 +91,7 @@ func (f *FP8) linear(w *tensor.Tensor) *tensor.FP8Linear {
 	l, ok := f.linears[w]
 	if !ok {
 		l = tensor.NewFP8Linear(f.Config.Recipe, f.BF16, f.BF16 && !f.Config.ParamGather)
+		l.CacheWeight = f.CacheWeights
 		f.linears[w] = l
 		f.order = append(f.order, l)
 	}
