@@ -4,10 +4,9 @@ import (
 	"fmt"
 	"math"
 	"strings"
-	"sync"
 	"testing"
 
-	"github.com/gotron/gotron/comm"
+	"github.com/gotron/gotron/comm/commtest"
 	"github.com/gotron/gotron/model/gpt"
 	"github.com/gotron/gotron/parallel/cp"
 	"github.com/gotron/gotron/parallel/ddp"
@@ -184,21 +183,11 @@ func TestSimDeviceCollectivesInPlace(t *testing.T) {
 		before := tensor.SimTransfers()
 		staged := runCPLayout(t, cfg, l, train, valid)
 		mid := tensor.SimTransfers()
-		var mu sync.Mutex
-		var groups []*comm.SimDevice
-		l.simCollectives = func(pg comm.ProcessGroup) comm.ProcessGroup {
-			g := comm.NewSimDevice(pg)
-			mu.Lock()
-			groups = append(groups, g)
-			mu.Unlock()
-			return g
-		}
+		sims := &commtest.SimDevices{}
+		l.simCollectives = sims.Wrap
 		inPlace := runCPLayout(t, cfg, l, train, valid)
 		after := tensor.SimTransfers()
-		var calls int64
-		for _, g := range groups {
-			calls += g.Calls()
-		}
+		calls := sims.Calls()
 		sc, ic := mid.Sub(before), after.Sub(mid)
 		t.Logf("%s: host copies in %d iterations and the evaluation, all ranks: staged %d in + %d out, in place %d in + %d out; %d device collectives",
 			label, cfg.TrainIters, sc.FromHost, sc.ToHost, ic.FromHost, ic.ToHost, calls)
@@ -237,21 +226,13 @@ func TestSimDeviceCollectivesInPlace(t *testing.T) {
 		}
 		// a group whose DeviceTensor refuses every tensor: every plan
 		// stages through the host, with the staged run's copies and bits
-		var refusers []*comm.SimDevice
-		l.simCollectives = func(pg comm.ProcessGroup) comm.ProcessGroup {
-			g := comm.NewSimDevice(pg)
-			mu.Lock()
-			refusers = append(refusers, g)
-			mu.Unlock()
-			return refusingGroup{g}
-		}
+		refusers := &commtest.SimDevices{Refuse: true}
+		l.simCollectives = refusers.Wrap
 		before = tensor.SimTransfers()
 		refused := runCPLayout(t, cfg, l, train, valid)
 		rc := tensor.SimTransfers().Sub(before)
-		for _, g := range refusers {
-			if g.Calls() != 0 {
-				t.Errorf("%s: %d device collectives on a refusing group", label, g.Calls())
-			}
+		if calls := refusers.Calls(); calls != 0 {
+			t.Errorf("%s: %d device collectives on a refusing group", label, calls)
 		}
 		if rc.FromHost+rc.ToHost != sc.FromHost+sc.ToHost {
 			t.Errorf("%s: %d host copies with a refusing group, %d staged", label, rc.FromHost+rc.ToHost, sc.FromHost+sc.ToHost)
@@ -264,18 +245,4 @@ func TestSimDeviceCollectivesInPlace(t *testing.T) {
 			}
 		}
 	}
-}
-
-// refusingGroup has DeviceCollectives that accept no tensor (and makes
-// sub-groups like itself): the plans must fall back to host staging.
-type refusingGroup struct{ *comm.SimDevice }
-
-func (refusingGroup) DeviceTensor(*tensor.Tensor) bool { return false }
-
-func (g refusingGroup) NewGroup(ranks []int) (comm.ProcessGroup, error) {
-	sub, err := g.SimDevice.NewGroup(ranks)
-	if err != nil {
-		return nil, err
-	}
-	return refusingGroup{sub.(*comm.SimDevice)}, nil
 }

@@ -7,6 +7,10 @@
 // algorithm; a backend passes only if it moves and combines every element
 // correctly. Call Conformance on every rank of a group (goroutines for
 // inproc, processes for tcp): it returns the first wrong element it saw.
+//
+// SimDevices and Refusing give the parallel plans' tests their groups on
+// the simulated device: with comm.SimDevice's in-place collectives, or
+// with none accepted, so that the plans must stage through the host.
 package commtest
 
 import (

@@ -3,18 +3,13 @@ package ep
 import (
 	"context"
 	"math"
-	"sync"
 	"testing"
 
 	"github.com/gotron/gotron/comm"
+	"github.com/gotron/gotron/comm/commtest"
 	"github.com/gotron/gotron/comm/inproc"
 	"github.com/gotron/gotron/tensor"
 )
-
-// refusing has DeviceCollectives that accept no tensor.
-type refusing struct{ *comm.SimDevice }
-
-func (refusing) DeviceTensor(*tensor.Tensor) bool { return false }
 
 // a2aRun runs AllToAll forward and backward of uneven row blocks (empty
 // ones included) on 3 ranks on dev, over the group wrap makes, and returns
@@ -62,8 +57,6 @@ func a2aRun(t *testing.T, dev tensor.Device, wrap func(comm.ProcessGroup) comm.P
 // stages through the host.
 func TestAllToAllDeviceCollectives(t *testing.T) {
 	want := a2aRun(t, tensor.CPU, func(pg comm.ProcessGroup) comm.ProcessGroup { return pg })
-	var mu sync.Mutex
-	var sims []*comm.SimDevice
 	check := func(what string, wrap func(comm.ProcessGroup) comm.ProcessGroup) int64 {
 		before := tensor.SimTransfers()
 		got := a2aRun(t, tensor.Sim, wrap)
@@ -81,33 +74,16 @@ func TestAllToAllDeviceCollectives(t *testing.T) {
 		return d.ToHost + d.FromHost
 	}
 	staged := check("staged", func(pg comm.ProcessGroup) comm.ProcessGroup { return pg })
-	inPlace := check("in place", func(pg comm.ProcessGroup) comm.ProcessGroup {
-		s := comm.NewSimDevice(pg)
-		mu.Lock()
-		sims = append(sims, s)
-		mu.Unlock()
-		return s
-	})
-	var calls int64
-	for _, s := range sims {
-		calls += s.Calls()
-	}
+	sims := &commtest.SimDevices{}
+	inPlace := check("in place", sims.Wrap)
 	// forward and backward on 3 ranks: one batch each
-	if calls != 6 {
+	if calls := sims.Calls(); calls != 6 {
 		t.Errorf("%d device collectives, want 6", calls)
 	}
-	sims = nil
-	refused := check("refused", func(pg comm.ProcessGroup) comm.ProcessGroup {
-		s := comm.NewSimDevice(pg)
-		mu.Lock()
-		sims = append(sims, s)
-		mu.Unlock()
-		return refusing{s}
-	})
-	for _, s := range sims {
-		if s.Calls() != 0 {
-			t.Errorf("a refusing group ran %d device collectives", s.Calls())
-		}
+	refusers := &commtest.SimDevices{Refuse: true}
+	refused := check("refused", refusers.Wrap)
+	if calls := refusers.Calls(); calls != 0 {
+		t.Errorf("a refusing group ran %d device collectives", calls)
 	}
 	// staging copies each exchange's input out and its output in
 	if inPlace+2*6 != staged || refused != staged {

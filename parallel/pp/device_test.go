@@ -6,17 +6,12 @@ import (
 	"fmt"
 	"math"
 	"strings"
-	"sync"
 	"testing"
 
 	"github.com/gotron/gotron/comm"
+	"github.com/gotron/gotron/comm/commtest"
 	"github.com/gotron/gotron/tensor"
 )
-
-// refusingGroup has DeviceCollectives that accept no tensor.
-type refusingGroup struct{ *comm.SimDevice }
-
-func (refusingGroup) DeviceTensor(*tensor.Tensor) bool { return false }
 
 // simToy is newToy with its inputs and the returned weights on the
 // simulated device.
@@ -46,19 +41,11 @@ func TestExecutorDeviceCollectives(t *testing.T) {
 		for _, mode := range []string{"batched", "unbatched", "refused"} {
 			what := fmt.Sprintf("%+v %s", cfg, mode)
 			tm, ws := simToy(c.PP*c.VPP, c.Microbatches)
-			var mu sync.Mutex
-			var sims []*comm.SimDevice
+			sims := &commtest.SimDevices{Refuse: mode == "refused"}
 			var loss float64
 			before := tensor.SimTransfers()
 			errs := runRanks(t, c.PP, func(ctx context.Context, pg comm.ProcessGroup) error {
-				s := comm.NewSimDevice(pg)
-				mu.Lock()
-				sims = append(sims, s)
-				mu.Unlock()
-				var g comm.ProcessGroup = s
-				if mode == "refused" {
-					g = refusingGroup{s}
-				}
+				g := sims.Wrap(pg)
 				stages, _ := rankStages(tm, cfg, pg.Rank(), ws)
 				e, err := NewExecutor(ExecConfig{Schedule: cfg, Group: g, Stages: stages, Unbatched: mode == "unbatched", Device: tensor.Sim})
 				if err != nil {
@@ -74,10 +61,7 @@ func TestExecutorDeviceCollectives(t *testing.T) {
 				t.Fatalf("%s: %v", what, err)
 			}
 			sites := tensor.SimTransfers().Sub(before).Sites
-			var calls int64
-			for _, s := range sims {
-				calls += s.Calls()
-			}
+			calls := sims.Calls()
 			if loss != wantLoss {
 				t.Errorf("%s: loss %v, CPU %v", what, loss, wantLoss)
 			}

@@ -3,19 +3,13 @@ package tp
 import (
 	"context"
 	"math"
-	"sync"
 	"testing"
 
 	"github.com/gotron/gotron/comm"
+	"github.com/gotron/gotron/comm/commtest"
 	"github.com/gotron/gotron/comm/inproc"
 	"github.com/gotron/gotron/tensor"
 )
-
-// refusing is a group with DeviceCollectives that accepts no tensor: the
-// mappings must stage through the host as without them.
-type refusing struct{ *comm.SimDevice }
-
-func (refusing) DeviceTensor(*tensor.Tensor) bool { return false }
 
 // mapRun runs every mapping and the vocab-parallel cross-entropy forward
 // and backward on dev over the group wrap makes of each rank's, and returns
@@ -76,8 +70,6 @@ func mapRun(t *testing.T, dev tensor.Device, wrap func(comm.ProcessGroup) comm.P
 // stages through the host and gives the same bits.
 func TestMappingsDeviceCollectives(t *testing.T) {
 	want := mapRun(t, tensor.CPU, func(pg comm.ProcessGroup) comm.ProcessGroup { return pg })
-	var mu sync.Mutex
-	var groups []*comm.SimDevice
 	run := func(what string, wrap func(comm.ProcessGroup) comm.ProcessGroup) tensor.Transfers {
 		before := tensor.SimTransfers()
 		got := mapRun(t, tensor.Sim, wrap)
@@ -95,24 +87,10 @@ func TestMappingsDeviceCollectives(t *testing.T) {
 		return used
 	}
 	staged := run("staged", func(pg comm.ProcessGroup) comm.ProcessGroup { return pg })
-	inPlace := run("in place", func(pg comm.ProcessGroup) comm.ProcessGroup {
-		g := comm.NewSimDevice(pg)
-		mu.Lock()
-		groups = append(groups, g)
-		mu.Unlock()
-		return g
-	})
-	refused := run("refused", func(pg comm.ProcessGroup) comm.ProcessGroup {
-		g := comm.NewSimDevice(pg)
-		mu.Lock()
-		groups = append(groups, g)
-		mu.Unlock()
-		return refusing{g}
-	})
-	var calls [2]int64
-	for i, g := range groups {
-		calls[i/2] += g.Calls()
-	}
+	sims, refusers := &commtest.SimDevices{}, &commtest.SimDevices{Refuse: true}
+	inPlace := run("in place", sims.Wrap)
+	refused := run("refused", refusers.Wrap)
+	calls := [2]int64{sims.Calls(), refusers.Calls()}
 	t.Logf("host copies for the 7 mappings and the cross-entropy, forward and backward, on 2 ranks: staged %d, in place %d, refused %d; device collectives %d",
 		staged.ToHost+staged.FromHost, inPlace.ToHost+inPlace.FromHost, refused.ToHost+refused.FromHost, calls[0])
 	// the mappings' 9 collectives forward and backward (copy_to,
