@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -562,8 +563,11 @@ func TestGRPOTrainTensorParallel(t *testing.T) {
 // loss token (train_rl.loss_func counts each as one token; here the
 // shortest rollouts, ended at once, share the last bin). With one bin
 // (four rollouts) rank 1 runs an empty bin, which counts one token too:
-// the loss and norm are one process's times tokens / (tokens + 1). The
-// consumed count is the sequences in both ranks' bins.
+// the loss and norm are one process's times tokens / (tokens + 1). Without
+// --calculate-per-token-loss (each bin's loss its token mean, averaged
+// over the micro-batches and the ranks, Megatron's default) two bins over
+// two ranks give one process's numbers too. The consumed count is the
+// sequences in both ranks' bins.
 func TestGRPOTrainPackedParallel(t *testing.T) {
 	bin, err := buildGotron()
 	if err != nil {
@@ -573,28 +577,35 @@ func TestGRPOTrainPackedParallel(t *testing.T) {
 	base, run := packableGRPO(t, dir)
 	base = with(base, "--train-iters", "1", "--grpo-kl-beta", "0.1")
 	for _, sc := range []struct {
-		name            string
+		name, id        string
 		prompts, bins   int
 		empty           int
 		layouts         []string
 		compareUnpacked bool
+		meanPerBin      bool // without --calculate-per-token-loss
 	}{
-		{name: "two bins", prompts: 4, bins: 2, empty: 0, layouts: []string{"dp2", "dp2tp2"}, compareUnpacked: true},
-		{name: "one bin", prompts: 2, bins: 1, empty: 1, layouts: []string{"dp2"}},
+		{name: "two bins", id: "4", prompts: 4, bins: 2, empty: 0, layouts: []string{"dp2", "dp2tp2"}, compareUnpacked: true},
+		{name: "one bin", id: "2", prompts: 2, bins: 1, empty: 1, layouts: []string{"dp2"}},
+		// Megatron's default normalization: each bin's loss is the mean over
+		// its tokens, averaged over the micro-batches and the ranks.
+		{name: "two bins, mean per bin", id: "4m", prompts: 4, bins: 2, empty: 0, layouts: []string{"dp2"}, meanPerBin: true},
 	} {
 		rollouts := 2 * sc.prompts
 		b := with(base, "--grpo-prompts-per-step", strconv.Itoa(sc.prompts), "--global-batch-size", strconv.Itoa(rollouts))
+		if sc.meanPerBin {
+			b = slices.DeleteFunc(b, func(a string) bool { return a == "--calculate-per-token-loss" })
+		}
 		packed := with(b, "--rl-use-sequence-packing")
-		one := filepath.Join(dir, fmt.Sprint("one", sc.prompts))
-		pout := run(fmt.Sprint("packed", sc.prompts), with(packed, "--save", one)...)
+		one := filepath.Join(dir, "one"+sc.id)
+		pout := run("packed"+sc.id, with(packed, "--save", one)...)
 		if want := fmt.Sprintf("rl: collection 0: %d rollouts packed into %d bins, %d bins per iteration\n", rollouts, sc.bins, sc.bins); !strings.Contains(pout, want) {
 			t.Fatalf("%s: the one-process packed run's output lacks %q (the fixture changed?):\n%s", sc.name, want, pout)
 		}
-		pl, pn := rlMetrics(t, filepath.Join(dir, fmt.Sprint("packed", sc.prompts, ".jsonl")))
+		pl, pn := rlMetrics(t, filepath.Join(dir, "packed"+sc.id+".jsonl"))
 		tokens := loggedLossTokens(t, pout)
 		if sc.compareUnpacked {
-			run(fmt.Sprint("unpacked", sc.prompts), b...)
-			ul, un := rlMetrics(t, filepath.Join(dir, fmt.Sprint("unpacked", sc.prompts, ".jsonl")))
+			run("unpacked"+sc.id, b...)
+			ul, un := rlMetrics(t, filepath.Join(dir, "unpacked"+sc.id+".jsonl"))
 			eu, ep := -1, -1
 			for u := 0; u <= rollouts; u++ {
 				for p := 0; p <= sc.bins; p++ {
@@ -619,7 +630,7 @@ func TestGRPOTrainPackedParallel(t *testing.T) {
 			if layout == "dp2tp2" {
 				nproc, extra = 4, []string{"--tensor-model-parallel-size", "2"}
 			}
-			name := fmt.Sprint(layout, "-", sc.prompts)
+			name := layout + "-" + sc.id
 			ck, metrics := filepath.Join(dir, name), filepath.Join(dir, name+".jsonl")
 			cmd := exec.Command(bin, append([]string{"launch", "--nproc-per-node", strconv.Itoa(nproc), "--master-port", freeTCPPort(t), "--"},
 				with(with(packed, extra...), "--metrics-file", metrics, "--save", ck)...)...)
