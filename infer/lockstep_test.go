@@ -109,23 +109,29 @@ func runTP(t *testing.T, m *gpt.Model, size int, cfg EngineConfig, reqs []Reques
 		if err != nil {
 			return err
 		}
-		if pg.Rank() != 0 {
-			return Follow(ctx, eng, pg)
-		}
-		ls, err := NewLockstep(ctx, eng, pg)
-		if err != nil {
-			return err
-		}
-		got, err = runRequests(t, ls, reqs)
-		if err != nil {
-			return err
-		}
-		return ls.Close()
+		return leadOrFollow(ctx, t, eng, pg, reqs, &got)
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
 	return got
+}
+
+// leadOrFollow is a rank's part in running reqs over pg: rank 0 leads a
+// Lockstep on eng through them (runRequests), keeps its events in *got and
+// closes it; the others Follow.
+func leadOrFollow(ctx context.Context, t testing.TB, eng *Engine, pg comm.ProcessGroup, reqs []Request, got *tpRun) error {
+	if pg.Rank() != 0 {
+		return Follow(ctx, eng, pg)
+	}
+	ls, err := NewLockstep(ctx, eng, pg)
+	if err != nil {
+		return err
+	}
+	if *got, err = runRequests(t, ls, reqs); err != nil {
+		return err
+	}
+	return ls.Close()
 }
 
 // sliceForDecoding is rank pg's tensor-parallel slice of m as gotron

@@ -10,7 +10,6 @@ import (
 	"github.com/gotron/gotron/comm/inproc"
 	"github.com/gotron/gotron/model/gpt"
 	"github.com/gotron/gotron/parallel"
-	"github.com/gotron/gotron/parallel/tp"
 	"github.com/gotron/gotron/tensor"
 )
 
@@ -51,13 +50,8 @@ func runPP(t *testing.T, m *gpt.Model, tpSize, ppSize int, cfg EngineConfig, req
 		}
 		model := m
 		if tpSize > 1 {
-			if model, err = gpt.Parallelize(m, &tp.Region{Group: g.TP}, nil); err != nil {
+			if model, err = sliceForDecoding(m, g.TP); err != nil {
 				return err
-			}
-			if m.Config.MoE.Enabled() {
-				if err := model.SplitExpertsOverTP(); err != nil { // as gotron inference splits them
-					return err
-				}
 			}
 		}
 		stages, err := gpt.SplitStages(model, gpt.PipelineSplit{PP: ppSize}, g.Coords.PP)
@@ -68,18 +62,7 @@ func runPP(t *testing.T, m *gpt.Model, tpSize, ppSize int, cfg EngineConfig, req
 		if err != nil {
 			return err
 		}
-		if world.Rank() != 0 {
-			return Follow(ctx, eng, world)
-		}
-		ls, err := NewLockstep(ctx, eng, world)
-		if err != nil {
-			return err
-		}
-		got, err = runRequests(t, ls, reqs)
-		if err != nil {
-			return err
-		}
-		return ls.Close()
+		return leadOrFollow(ctx, t, eng, world, reqs, &got)
 	})
 	return got, err
 }
