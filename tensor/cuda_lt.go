@@ -25,8 +25,16 @@ import (
 //     output gradient rounded to 16 bits (a bfloat16 copy, or inside
 //     cuBLAS), and the bias gradient is the float32 gradient's sum.
 //
-// cuBLASLt's GELU epilogues are the tanh approximation; gotron does not
-// use them yet (docs/design/cuda.md says why). A product cuBLASLt has no
+//   - LinearGELU (the MLP's fc1, its bias and the tanh GELU under the
+//     bias-GELU fusion): one product with the GELU_AUX_BIAS epilogue,
+//     which stores GELU(x·wᵀ + b) and, for the backward, x·wᵀ + b. Only
+//     the tanh GELU: cuBLASLt's GELU is the tanh approximation (Megatron's
+//     openai_gelu, gotron's gelu_tanh), not the erf GELU that is
+//     Megatron's default. The backward's DGELU epilogue would belong to
+//     fc2's dX product, another op's: the GELU's backward stays the
+//     elementwise kernel.
+//
+// A product cuBLASLt has no
 // algorithm for runs as before (cuBLAS, then the separate add or SumRows),
 // counted in LtCounts.Fallbacks.
 //
@@ -62,10 +70,11 @@ func SetSimLtEpilogues(on bool) bool { return simLt.Swap(on) }
 type LtCounts struct {
 	// Products is cuBLASLt matmuls queued (the GPU only).
 	Products int64
-	// Bias and BGrad are Linear's products that fused the bias add and the
-	// bias gradient (the GPU's BIAS and BGRADB epilogues, or the simulated
+	// Bias, GELU and BGrad are Linear's products that fused the bias add,
+	// the bias add and tanh GELU (LinearGELU), and the bias gradient (the
+	// GPU's BIAS, GELU_AUX_BIAS and BGRADB epilogues, or the simulated
 	// device's same branches).
-	Bias, BGrad int64
+	Bias, GELU, BGrad int64
 	// Fallbacks is products cuBLASLt had no algorithm for, run through
 	// cuBLAS (and the separate epilogue) instead.
 	Fallbacks int64
@@ -73,18 +82,18 @@ type LtCounts struct {
 
 // Sub returns c - d, field by field.
 func (c LtCounts) Sub(d LtCounts) LtCounts {
-	return LtCounts{Products: c.Products - d.Products, Bias: c.Bias - d.Bias, BGrad: c.BGrad - d.BGrad, Fallbacks: c.Fallbacks - d.Fallbacks}
+	return LtCounts{Products: c.Products - d.Products, Bias: c.Bias - d.Bias, GELU: c.GELU - d.GELU, BGrad: c.BGrad - d.BGrad, Fallbacks: c.Fallbacks - d.Fallbacks}
 }
 
 func (c LtCounts) String() string {
-	return fmt.Sprintf("%d cuBLASLt products, %d with the bias epilogue, %d with the bias-gradient epilogue, %d fallbacks to cuBLAS", c.Products, c.Bias, c.BGrad, c.Fallbacks)
+	return fmt.Sprintf("%d cuBLASLt products, %d with the bias epilogue, %d with the bias and GELU epilogue, %d with the bias-gradient epilogue, %d fallbacks to cuBLAS", c.Products, c.Bias, c.GELU, c.BGrad, c.Fallbacks)
 }
 
-var ltCounts struct{ products, bias, bgrad, fallbacks atomic.Int64 }
+var ltCounts struct{ products, bias, gelu, bgrad, fallbacks atomic.Int64 }
 
 // CUDALtCounts returns the process's counts so far.
 func CUDALtCounts() LtCounts {
-	return LtCounts{Products: ltCounts.products.Load(), Bias: ltCounts.bias.Load(), BGrad: ltCounts.bgrad.Load(), Fallbacks: ltCounts.fallbacks.Load()}
+	return LtCounts{Products: ltCounts.products.Load(), Bias: ltCounts.bias.Load(), GELU: ltCounts.gelu.Load(), BGrad: ltCounts.bgrad.Load(), Fallbacks: ltCounts.fallbacks.Load()}
 }
 
 // epilogueGemmer is a backend that can fuse Linear's bias steps into its
@@ -98,6 +107,9 @@ type epilogueGemmer interface {
 	// rows: Σ_k op(a)[i, k]) into dbias; scratch holds as many float32s
 	// as dbias, for the backend's use.
 	GemmBGrad(prec MatmulPrecision, tA, tB Transpose, a, b, c, dbias, scratch *Tensor) bool
+	// GemmBiasGELU sets pre = op(a)·op(b) + bias and act = GELUTanh(pre)
+	// (pre and act of one shape).
+	GemmBiasGELU(prec MatmulPrecision, tA, tB Transpose, a, b, bias, pre, act *Tensor) bool
 }
 
 // epiloguesOn returns be's epilogueGemmer when its fused branches are on.
@@ -144,6 +156,19 @@ func (s simBackend) GemmBias(prec MatmulPrecision, tA, tB Transpose, a, b, bias,
 	return true
 }
 
+// GemmBiasGELU on the simulated device: the CPU's product, add and GELU
+// (Add then GELU is BiasGELU bit for bit on the CPU).
+func (s simBackend) GemmBiasGELU(prec MatmulPrecision, tA, tB Transpose, a, b, bias, pre, act *Tensor) bool {
+	if !biasFusable(bias, pre) {
+		return false
+	}
+	s.Gemm(prec, tA, tB, 1, a, b, 0, pre)
+	s.Add(pre, pre, bias)
+	s.GELUForward(act, pre, true)
+	ltCounts.gelu.Add(1)
+	return true
+}
+
 // GemmBGrad on the simulated device: the CPU's product, then SumRows of
 // op(a) (a transposed: a's rows are op(a)'s columns).
 func (s simBackend) GemmBGrad(prec MatmulPrecision, tA, tB Transpose, a, b, c, dbias, scratch *Tensor) bool {
@@ -173,6 +198,14 @@ func cudaLtParams(prec MatmulPrecision, tA, tB Transpose, alpha float32, a, bm *
 		return cuda.LtParams{}, false
 	}
 	return cuda.LtParams{GemmParams: p, Epilogue: epi}, true
+}
+
+// cudaGELUParams is GemmBiasGELU's cuBLASLt call without addresses: D is
+// act, Aux is pre at leading dimension M (pre's last dim, as D's).
+func cudaGELUParams(prec MatmulPrecision, tA, tB Transpose, a, bm, pre, act *Tensor) (cuda.LtParams, bool) {
+	p, ok := cudaLtParams(prec, tA, tB, 1, a, bm, 0, act, cuda.EpilogueGELUAuxBias)
+	p.AuxLD = pre.Dim(-1)
+	return p, ok
 }
 
 // ltRun queues p (addresses set) through cuBLASLt; false when cuBLASLt has
@@ -216,6 +249,26 @@ func (b cudaBackend) GemmBias(prec MatmulPrecision, tA, tB Transpose, a, bm, bia
 		return false
 	}
 	ltCounts.bias.Add(1)
+	return true
+}
+
+// GemmBiasGELU on the GPU: one product with the GELU_AUX_BIAS epilogue,
+// D = act, the GELU's input stored in Aux = pre (leading dimension M, which
+// cuBLASLt wants a multiple of 8: other widths take the bias epilogue and
+// the GELU kernel).
+func (b cudaBackend) GemmBiasGELU(prec MatmulPrecision, tA, tB Transpose, a, bm, bias, pre, act *Tensor) bool {
+	if !biasFusable(bias, pre) || pre.Dim(-1)%8 != 0 || !act.IsContiguous() || !SameShape(act.shape, pre.shape) {
+		return false
+	}
+	p, ok := cudaGELUParams(prec, tA, tB, a, bm, pre, act)
+	if !ok {
+		return false
+	}
+	p.A, p.B, p.C, p.Bias, p.Aux = devPtr(bm), devPtr(a), devPtr(act), devPtr(bias), devPtr(pre)
+	if !b.ltRun("cublaslt gemm+bias+gelu "+prec.String(), p) {
+		return false
+	}
+	ltCounts.gelu.Add(1)
 	return true
 }
 

@@ -1,6 +1,7 @@
 package tensor
 
 import (
+	"fmt"
 	"math"
 	"testing"
 
@@ -8,11 +9,13 @@ import (
 )
 
 // TestCUDALtParams checks, without a GPU, the cuBLASLt calls of the CUDA
-// backend's GemmBias (Linear's forward with the BIAS epilogue) and
-// GemmBGrad (its dW product with BGRADB): read by a host emulation of
-// cublasLtMatmul's column-major contract (cublasHost for the product, the
-// bias one element per row of D for BIAS, Σ over K of op(B) for BGRADB),
-// they give the CPU's Linear forward and its weight and bias gradients.
+// backend's GemmBias (Linear's forward with the BIAS epilogue),
+// GemmBiasGELU (LinearGELU's, GELU_AUX_BIAS) and GemmBGrad (the dW product
+// with BGRADB): read by a host emulation of cublasLtMatmul's column-major
+// contract (cublasHost for the product, the bias one element per row of D,
+// the tanh GELU of that into D and the sum itself into Aux at AuxLD, Σ over
+// K of op(B) for BGRADB), they give the CPU's Linear forward, its GELU,
+// and its weight and bias gradients.
 // bfloat16 operands keep CUDA_R_16BF A and B; the bias gradient is only
 // fused for float32 products.
 func TestCUDALtParams(t *testing.T) {
@@ -54,6 +57,27 @@ func TestCUDALtParams(t *testing.T) {
 		t.Errorf("bf16 operands with BIAS: %v·%v→%v compute %d", pb.AType, pb.BType, pb.CType, pb.Compute)
 	}
 
+	// LinearGELU's forward: act = GELUTanh(x·wᵀ + b), Aux = x·wᵀ + b
+	wantAct := Zeros(rows, out)
+	cpuBackend{}.GELUForward(wantAct, want, true)
+	pre, act := Zeros(rows, out), Zeros(rows, out)
+	p, ok = cudaGELUParams(MatmulFP32, NoTrans, Trans, x, w, pre, act)
+	if !ok || p.Epilogue != cuda.EpilogueGELUAuxBias || p.AuxLD != p.M || p.Beta != 0 || p.LDC != p.M {
+		t.Fatalf("GELU_AUX_BIAS: %+v", p)
+	}
+	acc := make([]float32, rows*out)
+	cublasHost(p.GemmParams, w.Float32s(), x.Float32s(), acc)
+	gotPre, gotAct := make([]float32, p.AuxLD*p.N), make([]float32, rows*out)
+	for j := range p.N {
+		for i := range p.M {
+			v := acc[i+j*p.LDC] + b.Float32s()[i]
+			gotPre[i+j*p.AuxLD] = v
+			gotAct[i+j*p.LDC] = float32(0.5 * float64(v) * (1 + math.Tanh(0.7978845608028654*(float64(v)+0.044715*float64(v)*float64(v)*float64(v)))))
+		}
+	}
+	near("GELU_AUX_BIAS aux", gotPre, want.Float32s())
+	near("GELU_AUX_BIAS D", gotAct, wantAct.Float32s())
+
 	// backward: dw += gᵀ·x, db = Σ_rows g
 	dw0 := mk(out, in)
 	wantDW := dw0.Clone()
@@ -88,10 +112,11 @@ func TestCUDALtParams(t *testing.T) {
 	}
 }
 
-// TestSimLtEpiloguesMatchCPU: on the simulated device Linear takes the
-// epilogue branches (GemmBias in the forward, GemmBGrad in the float32
-// backward, counted) and gives the CPU's output and gradients bit for bit;
-// with them off, the counts stay and the numbers are the same.
+// TestSimLtEpiloguesMatchCPU: on the simulated device LinearGELU and
+// Linear take the epilogue branches (GemmBiasGELU and GemmBias in the
+// forward, GemmBGrad in the float32 backward, counted) and give the CPU's
+// output and gradients (of x, both weights and both biases) bit for bit;
+// with them off, nothing is counted and the numbers are the same.
 func TestSimLtEpiloguesMatchCPU(t *testing.T) {
 	defer SetSimLtEpilogues(SetSimLtEpilogues(true))
 	rng := NewRNG(4)
@@ -100,20 +125,29 @@ func TestSimLtEpiloguesMatchCPU(t *testing.T) {
 		rng.Normal(x.Float32s(), 0, 1)
 		return x
 	}
-	x0, w0, b0 := mk(3, 4, 6), mk(5, 6), mk(5)
-	run := func(dev Device, prec MatmulPrecision) (out, dx, dw, db []float32) {
+	x0, w0, b0 := mk(3, 4, 6), mk(5, 6), mk(6)
+	run := func(dev Device, prec MatmulPrecision) [][]float32 {
+		// x (3, 4, 6) → LinearGELU 6→5 → Linear 5→6
 		x, w, b := Param("x", 3, 4, 6), Param("w", 5, 6), Param("b", 5)
+		w2, b2 := Param("w2", 6, 5), Param("b2", 6)
 		copy(x.Float32s(), x0.Float32s())
 		copy(w.Float32s(), w0.Float32s())
 		copy(b.Float32s(), b0.Float32s())
-		MoveParams(dev, x, w, b)
+		copy(w2.Float32s(), w0.Float32s())
+		copy(b2.Float32s(), b0.Float32s())
+		MoveParams(dev, x, w, b, w2, b2)
 		tp := NewTape()
 		tp.SetMatmulPrecision(prec)
-		y := tp.Linear(x, w, b)
+		y := tp.LinearGELU(x, w, b, GELUTanh)
+		y = tp.Linear(y, w2, b2)
 		if err := tp.Backward(tp.Sum(tp.Mul(y, y))); err != nil {
 			t.Fatal(err)
 		}
-		return ToHost(y).Float32s(), ToHost(x.Grad).Float32s(), ToHost(w.Grad).Float32s(), ToHost(b.Grad).Float32s()
+		r := [][]float32{ToHost(y).Float32s()}
+		for _, p := range []*Tensor{x, w, b, w2, b2} {
+			r = append(r, ToHost(p.Grad).Float32s())
+		}
+		return r
 	}
 	same := func(name string, got, want []float32) {
 		t.Helper()
@@ -124,26 +158,24 @@ func TestSimLtEpiloguesMatchCPU(t *testing.T) {
 		}
 	}
 	for _, prec := range []MatmulPrecision{MatmulFP32, MatmulBF16} {
-		wo, wx, ww, wb := run(CPU, prec)
+		want := run(CPU, prec)
 		for _, on := range []bool{true, false} {
 			SetSimLtEpilogues(on)
 			before := CUDALtCounts()
-			o, dx, dw, db := run(Sim, prec)
+			got := run(Sim, prec)
 			d := CUDALtCounts().Sub(before)
-			name := prec.String()
-			same(name+" out", o, wo)
-			same(name+" dx", dx, wx)
-			same(name+" dw", dw, ww)
-			same(name+" db", db, wb)
-			wantBias, wantBGrad := int64(0), int64(0)
+			for i, what := range []string{"out", "dx", "dw", "db", "dw2", "db2"} {
+				same(fmt.Sprintf("%v epilogues on=%v %s", prec, on, what), got[i], want[i])
+			}
+			wantCounts := LtCounts{}
 			if on {
-				wantBias = 1
+				wantCounts.Bias, wantCounts.GELU = 1, 1
 				if prec == MatmulFP32 {
-					wantBGrad = 1
+					wantCounts.BGrad = 2
 				}
 			}
-			if d.Bias != wantBias || d.BGrad != wantBGrad || d.Products != 0 {
-				t.Errorf("%s epilogues on=%v: %v, want %d bias and %d bias-gradient branches", name, on, d, wantBias, wantBGrad)
+			if d != wantCounts {
+				t.Errorf("%v epilogues on=%v: %v, want %v", prec, on, d, wantCounts)
 			}
 		}
 	}

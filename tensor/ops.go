@@ -99,6 +99,15 @@ func batchEntry(t *Tensor, i, batch int) *Tensor {
 // read w's bfloat16 copy and x and the output gradient cast once each, and
 // the backward keeps the bfloat16 x instead of the float32 one.
 func (tp *Tape) Linear(x, w, b *Tensor) *Tensor {
+	out, _ := tp.linear(x, w, b, false)
+	return out
+}
+
+// linear is Linear; with gelu (b non-nil, on a device with epilogues,
+// LinearGELU) it also returns act = GELUTanh(out), computed by the same
+// product's epilogue where the device can (GemmBiasGELU), else by
+// GELUForward, with the GELU's backward recorded.
+func (tp *Tape) linear(x, w, b *Tensor, gelu bool) (out, act *Tensor) {
 	in := x.Dim(-1)
 	if w.Dim(1) != in {
 		panic(fmt.Sprintf("tensor: Linear input %v does not match weight %v", x.shape, w.shape))
@@ -107,7 +116,7 @@ func (tp *Tape) Linear(x, w, b *Tensor) *Tensor {
 	rows := x.Numel() / in
 	x2 := x.view([]int{rows, in}, []int{in, 1}, x.offset)
 	shape := append(append([]int(nil), x.shape[:len(x.shape)-1]...), w.Dim(0))
-	out := tp.empty(x.dev, shape...)
+	out = tp.empty(x.dev, shape...)
 	out2 := out.view([]int{rows, w.Dim(0)}, []int{w.Dim(0), 1}, 0)
 	be, prec := backendFor(x, w, b), tp.MatmulPrecision()
 	// xa, wa are the products' operands: x2 and w, or their bfloat16
@@ -120,19 +129,34 @@ func (tp *Tape) Linear(x, w, b *Tensor) *Tensor {
 	// a device with cuBLASLt's epilogues (cuda_lt.go) adds the bias in
 	// the product
 	epi, fused := epiloguesOn(be)
-	if b != nil && fused && epi.GemmBias(prec, NoTrans, Trans, xa, wa, b, out2) {
+	geluDone := false
+	if gelu {
+		act = tp.empty(x.dev, shape...)
+		act2 := act.view([]int{rows, w.Dim(0)}, []int{w.Dim(0), 1}, 0)
+		geluDone = epi.GemmBiasGELU(prec, NoTrans, Trans, xa, wa, b, out2, act2)
+	}
+	switch {
+	case geluDone:
 		countProduct(prec, xa, wa)
-	} else {
+	case b != nil && fused && epi.GemmBias(prec, NoTrans, Trans, xa, wa, b, out2):
+		countProduct(prec, xa, wa)
+	default:
 		gemm(be, prec, NoTrans, Trans, 1, xa, wa, 0, out2)
 		if b != nil {
 			be.Add(out, out, b)
 		}
+	}
+	if gelu && !geluDone {
+		be.GELUForward(act, out, true)
 	}
 	// On bfloat16 operands the backward reads xa, not x: x's storage
 	// may go once the forward is done with it (ForwardDone).
 	rec := tp.wantsGrad(x, w, b)
 	if rec && !bf16 {
 		tp.pinOperands(x)
+	}
+	if gelu {
+		tp.forwardOnly(be, act) // the GELU's backward reads out
 	}
 	if rec {
 		tp.record("linear", func(tp *Tape) {
@@ -169,8 +193,35 @@ func (tp *Tape) Linear(x, w, b *Tensor) *Tensor {
 				be.SumRows(db, g2)
 			}
 		}, out)
+		if gelu {
+			tp.record("gelu", func(tp *Tape) { be.GELUBackward(tp.gradFor(out), tp.grad(act), out, true) }, act)
+		}
 	}
-	return out
+	return out, act
+}
+
+// LinearGELU returns GELU(x·wᵀ + b) of kind for x (..., in), w (out, in)
+// and a bias b (out): BiasGELU(Linear(x, w, nil), b, kind), the MLP's fc1
+// and activation under the bias-GELU fusion. On a device with cuBLASLt's
+// epilogues (cuda_lt.go) and the tanh GELU — the approximation cuBLASLt's
+// GELU epilogue computes, Megatron's openai_gelu — the bias and the GELU
+// are the product's epilogue (GELU_AUX_BIAS, keeping the GELU's input for
+// the backward) where the device can, else its bias epilogue and the GELU
+// kernel; either way the GELU's input x·wᵀ + b is Linear's output, whose
+// backward (the bias gradient included) is Linear's. Add then GELU is the
+// fused op bit for bit on the CPU, so the numbers are BiasGELU's.
+func (tp *Tape) LinearGELU(x, w, b *Tensor, kind GELUKind) *Tensor {
+	if b == nil || kind != GELUTanh {
+		return tp.BiasGELU(tp.Linear(x, w, nil), b, kind)
+	}
+	if _, on := epiloguesOn(backendFor(x, w, b)); !on {
+		return tp.BiasGELU(tp.Linear(x, w, nil), b, kind)
+	}
+	if len(b.shape) != 1 || b.shape[0] != w.Dim(0) || b.dtype != Float32 {
+		panic(fmt.Sprintf("tensor: LinearGELU bias %v %v does not match weight %v (want float32 (%d))", b.dtype, b.shape, w.shape, w.Dim(0)))
+	}
+	_, act := tp.linear(x, w, b, true)
+	return act
 }
 
 // broadcastable checks that b's shape is a suffix of a's.

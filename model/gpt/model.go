@@ -601,12 +601,29 @@ func (m *Model) mlp(tp *tensor.Tape, l *Layer, index int, x *tensor.Tensor, p *p
 	}
 	sh := m.region()
 	fc1Bias, actBias := skipBias(l.FC1Bias, m.fuseBiasActivation())
-	h := sh.ColumnLinear(tp, p.lin, x, l.FC1, fc1Bias)
 	fc2Bias, bias := skipBias(l.FC2Bias, m.fuseBiasDropout(p))
-	a := m.activate(tp, h, actBias)
+	var a *tensor.Tensor
+	if _, tape := p.lin.(tapeLinear); tape && actBias != nil && m.Config.Activation == GELUTanh {
+		// fc1, its bias and the tanh GELU as one op: on a device with
+		// cuBLASLt's epilogues one product (tensor.Tape.LinearGELU), else
+		// the same ops as below
+		a = sh.ColumnLinear(tp, linearGELU{actBias}, x, l.FC1, nil)
+	} else {
+		h := sh.ColumnLinear(tp, p.lin, x, l.FC1, fc1Bias)
+		a = m.activate(tp, h, actBias)
+	}
 	out = sh.RowLinear(tp, p.lin, a, l.FC2, fc2Bias)
 	tp.ForwardDone(a)
 	return out, bias
+}
+
+// linearGELU is the Linears of fc1 under the bias-GELU fusion with the
+// tanh GELU: tanh-GELU(x·wᵀ + bias), the bias its own (the sharding
+// passes none: fc1's bias is this rank's shard, as for the fused op).
+type linearGELU struct{ bias *tensor.Tensor }
+
+func (l linearGELU) Linear(tp *tensor.Tape, x, w, _ *tensor.Tensor) *tensor.Tensor {
+	return tp.LinearGELU(x, w, l.bias, tensor.GELUTanh)
 }
 
 // head is the final norm and the output layer: logits (b, t, V), or this

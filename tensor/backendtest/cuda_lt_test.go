@@ -8,8 +8,8 @@ import (
 )
 
 // ltRun trains a small graph whose two linear layers have biases
-// (embedding, Linear+bias, tanh GELU, Linear+bias, residual add, the tied
-// output layer, cross-entropy) under prec on dev for steps steps, each
+// (embedding, LinearGELU — Linear+bias and tanh GELU —, Linear+bias,
+// residual add, the tied output layer, cross-entropy) under prec on dev for steps steps, each
 // followed by an update made on the host; it returns each step's loss and
 // gradients, and the cuBLASLt counts of the run.
 func ltRun(dev tensor.Device, prec tensor.MatmulPrecision, steps int) (losses []float32, grads [][][]float32, counts tensor.LtCounts, err error) {
@@ -41,7 +41,7 @@ func ltRun(dev tensor.Device, prec tensor.MatmulPrecision, steps int) (losses []
 			p.Grad = nil
 		}
 		x := tp.Embedding(tokens, emb)
-		y := tp.GELU(tp.Linear(x, w1, b1), tensor.GELUTanh)
+		y := tp.LinearGELU(x, w1, b1, tensor.GELUTanh)
 		x = tp.Add(x, tp.Linear(y, w2, b2))
 		logits := tp.Linear(x, emb, nil)
 		l := tp.CrossEntropy(tp.Reshape(logits, b*tt, vocab), targets, tensor.CrossEntropyOptions{})
@@ -66,23 +66,25 @@ func ltRun(dev tensor.Device, prec tensor.MatmulPrecision, steps int) (losses []
 	return losses, grads, tensor.CUDALtCounts().Sub(before), nil
 }
 
-// checkLtCounts: both linear layers with biases took the bias branch in
-// every step, and in float32 the bias-gradient branch too.
+// checkLtCounts: in every step the first linear layer took the bias and
+// GELU branch, the second the bias branch, and in float32 both the
+// bias-gradient branch.
 func checkLtCounts(t *testing.T, what string, prec tensor.MatmulPrecision, steps int, d tensor.LtCounts) {
 	t.Helper()
 	wantBGrad := int64(0)
 	if prec == tensor.MatmulFP32 {
 		wantBGrad = int64(2 * steps)
 	}
-	if d.Bias != int64(2*steps) || d.BGrad != wantBGrad || d.Fallbacks != 0 {
-		t.Errorf("%s %v: %v, want %d bias and %d bias-gradient epilogues, no fallback", what, prec, d, 2*steps, wantBGrad)
+	if d.Bias != int64(steps) || d.GELU != int64(steps) || d.BGrad != wantBGrad || d.Fallbacks != 0 {
+		t.Errorf("%s %v: %v, want %d bias, %d bias and GELU and %d bias-gradient epilogues, no fallback", what, prec, d, steps, steps, wantBGrad)
 	}
 }
 
 // TestCUDALtMatchesCPU runs ltRun's graph on the GPU with its products
-// through cuBLASLt (cublaslt: every Gemm a cublasLtMatmul, the linear
-// layers' biases added by the BIAS epilogue and, in float32, their
-// gradients summed by the dW product's BGRADB epilogue) against the CPU
+// through cuBLASLt (cublaslt: every Gemm a cublasLtMatmul, the first
+// linear layer's bias and tanh GELU by the GELU_AUX_BIAS epilogue, the
+// second's bias by BIAS and, in float32, their bias gradients summed by
+// the dW products' BGRADB epilogue) against the CPU
 // over three steps: float32 within cudaTol every step; --bf16 on float32
 // operands (cuBLAS's _FAST_16BF) and on bfloat16 operands (gemm-bf16)
 // within cudaTolGemmBF16 in the first step and cudaTolBF16 after (as
