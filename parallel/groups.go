@@ -46,6 +46,10 @@ type Groups struct {
 	// and InterDistOpt is nil. IntraExpertDistOpt is the routed experts'
 	// instance (Layout.DistOptExpertInstance; ExpertDP with one instance).
 	IntraDistOpt, InterDistOpt, IntraExpertDistOpt comm.ProcessGroup
+	// AmaxReduction is tensor × data × context parallel (TPDPCP): the
+	// ranks over which the delayed FP8 recipe reduces its amaxes
+	// (Megatron's get_amax_reduction_group(with_context_parallel=True)).
+	AmaxReduction comm.ProcessGroup
 }
 
 // NewGroups builds this rank's groups of the layout cfg (cfg.WorldSize 0
@@ -72,7 +76,7 @@ func NewGroups(world comm.ProcessGroup, cfg Config) (*Groups, error) {
 		kind Kind
 		dst  *comm.ProcessGroup
 	}{{TP, &g.TP}, {PP, &g.PP}, {DP, &g.DP}, {CP, &g.CP}, {DPCP, &g.DPCP}, {TPPP, &g.MP}, {Embedding, &g.Embedding}, {EP, &g.EP}, {ExpertDP, &g.ExpertDP},
-		{ExpertTP, &g.ExpertTP}, {TPEP, &g.ExpertTPEP}, {TPCP, &g.TPCP}} {
+		{ExpertTP, &g.ExpertTP}, {TPEP, &g.ExpertTPEP}, {TPCP, &g.TPCP}, {TPDPCP, &g.AmaxReduction}} {
 		ranks := l.GroupOf(k.kind, rank)
 		if ranks == nil {
 			continue // middle pipeline stages have no embedding group

@@ -410,7 +410,7 @@ func (c *Config) validate() error {
 	}
 	c.Parallel = c.groups()
 	l := c.Parallel.Layout.Config
-	if err := c.checkFP8(l.TP, l.CP, l.PP, c.Parallel.DPSize()); err != nil {
+	if err := c.checkFP8(l.PP); err != nil {
 		return err
 	}
 	if err := c.checkFSDP(); err != nil {
@@ -499,7 +499,7 @@ func (c *Config) memoryConfig() MemoryConfig {
 }
 
 // checkFP8 checks the FP8 setting against the run.
-func (c *Config) checkFP8(tpSize, cpSize, ppSize, dpSize int) error {
+func (c *Config) checkFP8(ppSize int) error {
 	f := c.FP8
 	if f == nil {
 		return nil
@@ -520,8 +520,6 @@ func (c *Config) checkFP8(tpSize, cpSize, ppSize, dpSize int) error {
 	}
 	if f.Recipe.Kind == fp8.Delayed {
 		switch {
-		case max(tpSize, 1)*max(cpSize, 1)*max(dpSize, 1) > 1:
-			return fmt.Errorf("train: --fp8-recipe delayed with tensor, context or data parallelism (TP %d, CP %d, DP %d): its amax reduction over the tensor/data/context-parallel group is not built; --fp8-recipe tensorwise is", max(tpSize, 1), max(cpSize, 1), max(dpSize, 1))
 		case ppSize > 1:
 			return fmt.Errorf("train: --fp8-recipe delayed with --pipeline-model-parallel-size %d: the per-micro-batch scale updates of pipeline stages are not built; --fp8-recipe tensorwise is", ppSize)
 		case c.Recompute.Full:

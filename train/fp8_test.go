@@ -1,12 +1,18 @@
 package train
 
 import (
+	"context"
+	"fmt"
 	"math"
 	"strings"
 	"testing"
 
+	"github.com/gotron/gotron/comm"
+	"github.com/gotron/gotron/comm/inproc"
 	"github.com/gotron/gotron/internal/fp8"
 	"github.com/gotron/gotron/model/gpt"
+	"github.com/gotron/gotron/parallel"
+	"github.com/gotron/gotron/parallel/ddp"
 	"github.com/gotron/gotron/tensor"
 )
 
@@ -109,6 +115,68 @@ func TestFP8Refusals(t *testing.T) {
 		_, err := New(cfg, MockSource{SeqLength: cfg.SeqLength, VocabSize: cfg.Model.VocabSize}, nil)
 		if err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("want an error naming %q, got %v", c.want, err)
+		}
+	}
+}
+
+// TestFP8DelayedAmaxReduction: under the delayed recipe with TP=2 × DP=2
+// (sequence parallel), every rank ends with the same scales for each
+// linear layer's input, weight and output gradient — the amaxes were
+// reduced over the tensor × data-parallel group before each update, as TE
+// reduces them over Megatron's amax reduction group — although the ranks
+// hold different weight shards and data; the losses stay within 1% of the
+// single process's.
+func TestFP8DelayedAmaxReduction(t *testing.T) {
+	train, valid := dpDataset(t, 16)
+	cfg := dpConfig(dpModels()["gpt2"])
+	cfg.TrainIters, cfg.EvalInterval, cfg.MicroBatchSize = 4, 0, 2
+	cfg.BF16 = true
+	cfg.FP8 = &gpt.FP8Config{Recipe: fp8.Recipe{Kind: fp8.Delayed, Hybrid: true, AmaxHistoryLen: 2, AmaxAlgo: fp8.MaxOfHistory}}
+	single := runDP(t, cfg, 0, ddp.Config{}, train, valid)[0].res.Losses
+	const ranks = 4
+	scales := make([][]float32, ranks)
+	losses := make([][]float64, ranks)
+	err := inproc.Run(context.Background(), ranks, func(ctx context.Context, pg comm.ProcessGroup) error {
+		g, err := parallel.NewGroups(pg, parallel.Config{TP: 2})
+		if err != nil {
+			return err
+		}
+		c := cfg
+		c.Parallel, c.SequenceParallel = g, true
+		tr, err := New(c, train, valid)
+		if err != nil {
+			return err
+		}
+		res, err := tr.Run(ctx)
+		if err != nil {
+			return fmt.Errorf("rank %d: %w", pg.Rank(), err)
+		}
+		for _, l := range tr.Model.FP8.Linears() {
+			scales[pg.Rank()] = append(scales[pg.Rank()], l.Input.Scale(), l.Weight.Scale(), l.Grad.Scale())
+		}
+		losses[pg.Rank()] = res.Losses
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(scales[0]) != 3*4*cfg.Model.NumLayers {
+		t.Fatalf("%d scales, want input, weight and gradient of 4 linear layers × %d layers", len(scales[0]), cfg.Model.NumLayers)
+	}
+	for r := 1; r < ranks; r++ {
+		for i, s := range scales[r] {
+			if s != scales[0][i] {
+				t.Fatalf("rank %d: scale %d (linear %d, %s) is %v, rank 0's %v: the amaxes were not reduced", r, i, i/3, [3]string{"input", "weight", "gradient"}[i%3], s, scales[0][i])
+			}
+		}
+	}
+	got := losses[ranks-1]
+	if len(got) != len(single) {
+		t.Fatalf("%d losses, single process %d", len(got), len(single))
+	}
+	for i := range single {
+		if math.Abs(got[i]-single[i]) > 0.01*single[i] {
+			t.Errorf("iteration %d: loss %.5f on TP=2 × DP=2, single process %.5f", i+1, got[i], single[i])
 		}
 	}
 }

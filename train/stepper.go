@@ -463,7 +463,9 @@ func (st *stepper) forwardBackward(ctx context.Context, n, mbs, dp, r int, perTo
 			loss = st.model.Loss(st.tape, logits, bt)
 		}
 		st.tm.stop(timerForwardCompute)
-		st.fp8().EndForward()
+		if err := st.fp8().EndForward(st.amaxReduce()); err != nil {
+			return agreement{}, fmt.Errorf("train: iteration %d: %w", st.Iteration+1, err)
+		}
 		if err := st.tape.Err(); err != nil {
 			return agreement{}, fmt.Errorf("train: iteration %d: %w", st.Iteration+1, err)
 		}
@@ -477,7 +479,9 @@ func (st *stepper) forwardBackward(ctx context.Context, n, mbs, dp, r int, perTo
 		st.tm.start(timerBackwardCompute, 2)
 		err = st.tape.Backward(st.tape.Scale(loss, backwardScale(st.lossScale(), perToken, n, nt)))
 		st.tm.stop(timerBackwardCompute)
-		st.fp8().EndBackward()
+		if err == nil {
+			err = st.fp8().EndBackward(st.amaxReduce())
+		}
 		if err != nil {
 			return agreement{}, fmt.Errorf("train: iteration %d: %w", st.Iteration+1, err)
 		}
@@ -618,8 +622,8 @@ func (st *stepper) evaluate(src datagpt.Source, consumed *int64) (float64, error
 				}
 				// the loss is the tape's, released at its Reset: keep a copy
 				pending.add(st.model.Loss(tp, st.model.Forward(tp, dbt, nil, false), dbt), tokens)
-				st.fp8().EndForward() // TE updates delayed scales after evaluation forwards too
-				err := errors.Join(tp.Err(), st.endMicrobatch())
+				// TE updates delayed scales after evaluation forwards too
+				err := errors.Join(tp.Err(), st.fp8().EndForward(st.amaxReduce()), st.endMicrobatch())
 				tp.Reset()
 				if err != nil {
 					return math.NaN(), fmt.Errorf("train: evaluation at iteration %d: %w", st.Iteration, err)
@@ -880,6 +884,16 @@ func muPGroups(groups []optim.Group, m float64, opt Optimizer, lr, minLR, eps fl
 		extra = append(extra, moved)
 	}
 	return append(out, extra...)
+}
+
+// amaxReduce returns the delayed FP8 recipe's amax reduction over the
+// tensor × data × context-parallel group (nil on one rank).
+func (st *stepper) amaxReduce() func([]float32) error {
+	g := st.par.AmaxReduction
+	if g == nil || g.Size() < 2 {
+		return nil
+	}
+	return func(amax []float32) error { return g.AllReduce(st.cctx, comm.Float32s(amax), comm.Max) }
 }
 
 // fp8 is the run's FP8 state (nil without FP8; its methods take nil).

@@ -98,35 +98,65 @@ func (f *FP8) linear(w *tensor.Tensor) *tensor.FP8Linear {
 	return l
 }
 
-// EndForward ends a forward pass (TE's fp8_autocast exit): under the
-// delayed recipe each linear layer's input and weight histories take the
-// amaxes recorded and update their scales. Nothing under tensorwise.
-func (f *FP8) EndForward() {
-	if f == nil || f.Config.Recipe.Kind != fp8.Delayed {
-		return
-	}
-	r := f.Config.Recipe
+// Linears returns the linear layers' states in the order of their first
+// use (the same on every rank of a tensor/data/context-parallel group).
+func (f *FP8) Linears() []*tensor.FP8Linear {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	for _, l := range f.order {
-		l.Input.Update(r.ForwardFormat(), r.Margin, r.AmaxAlgo)
-		l.Weight.Update(r.ForwardFormat(), r.Margin, r.AmaxAlgo)
-	}
+	return append([]*tensor.FP8Linear(nil), f.order...)
 }
 
-// EndBackward ends a backward pass: under the delayed recipe the output
-// gradients' histories update (TE's reduce_and_update_fp8_tensors
-// (forward=False) once the region's backward is done).
-func (f *FP8) EndBackward() {
+// EndForward ends a forward pass (TE's fp8_autocast exit): under the
+// delayed recipe the amaxes recorded since the last update into the
+// linear layers' input and weight histories are reduced (reduce replaces
+// them by their maximum over the amax reduction group; nil: one rank), then
+// the histories update their scales. Nothing under tensorwise.
+func (f *FP8) EndForward(reduce func([]float32) error) error {
+	return f.update(reduce, false)
+}
+
+// EndBackward ends a backward pass: the same for the output gradients'
+// histories (TE's reduce_and_update_fp8_tensors(forward=False) once the
+// region's backward is done).
+func (f *FP8) EndBackward(reduce func([]float32) error) error {
+	return f.update(reduce, true)
+}
+
+func (f *FP8) update(reduce func([]float32) error, backward bool) error {
 	if f == nil || f.Config.Recipe.Kind != fp8.Delayed {
-		return
+		return nil
 	}
 	r := f.Config.Recipe
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	var hs []*fp8.History
 	for _, l := range f.order {
-		l.Grad.Update(r.GradFormat(), r.Margin, r.AmaxAlgo)
+		if backward {
+			hs = append(hs, l.Grad)
+		} else {
+			hs = append(hs, l.Input, l.Weight)
+		}
 	}
+	if reduce != nil && len(hs) > 0 {
+		amax := make([]float32, len(hs))
+		for i, h := range hs {
+			amax[i] = h.Current()
+		}
+		if err := reduce(amax); err != nil {
+			return fmt.Errorf("gpt: FP8 amax reduction: %w", err)
+		}
+		for i, h := range hs {
+			h.SetCurrent(amax[i])
+		}
+	}
+	format := r.ForwardFormat()
+	if backward {
+		format = r.GradFormat()
+	}
+	for _, h := range hs {
+		h.Update(format, r.Margin, r.AmaxAlgo)
+	}
+	return nil
 }
 
 // fp8Linears is the Linears of a layer in FP8: tensor.Tape.LinearFP8 with
