@@ -113,7 +113,7 @@ func (rp *reporter) logIteration(loss float64) map[string]any {
 		return nil
 	}
 	perIter := now.Sub(rp.lastLog).Seconds() / float64(iters)
-	gbs := rp.stepper.mb.CurrentGlobalBatchSize()
+	gbs := rp.batchSize()
 	flops := FLOPsPerIteration(rp.cfg.Model, gbs, cfg.SeqLength)
 	// Megatron's "throughput per GPU" divides by the world size; MFU is
 	// against each process's peak.
@@ -127,7 +127,7 @@ func (rp *reporter) logIteration(loss float64) map[string]any {
 	}
 	// Megatron counts skipped and NaN iterations per log interval.
 	skipped, nans := rp.Skipped-rp.skippedAtLog, rp.NaNIterations-rp.nanAtLog
-	line := logLine{Time: now, Iteration: rp.Iteration, TrainIters: rp.trainIters, ConsumedSamples: rp.Consumed,
+	line := logLine{Time: now, Iteration: rp.Iteration, TrainIters: rp.trainIters, ConsumedSamples: rp.Consumed, ConsumedBins: rp.stepper.consumedBins,
 		ElapsedMS: perIter * 1e3, LogThroughput: cfg.TensorBoard.LogThroughput, Throughput: tflops,
 		LearningRate: rp.stepper.lastLR, GlobalBatchSize: gbs, LMLoss: avg, LossScale: float64(rp.stepper.lossScale()),
 		GradNorm: rp.stepper.lastGradNorm, NumZeros: rp.stepper.lastNumZeros, HasNumZeros: rp.stepper.lastNumZeros >= 0, ParamsNorm: math.NaN(), SkippedIterations: skipped, NaNIterations: nans,
@@ -171,6 +171,9 @@ func (rp *reporter) logIteration(loss float64) map[string]any {
 			"nan_iterations": nans, "loss_scale": rp.stepper.lossScale(), "tokens_per_second": tokensPerSec, "mfu": mfu,
 			"grad_sync_wait_ms_per_iteration": rp.syncWaitSinceLog(iters),
 			"tp_comm_ms_per_iteration":        rp.tpCommSinceLog(iters),
+		}
+		if rp.stepper.consumedBins > 0 {
+			record["consumed_bins"] = rp.stepper.consumedBins
 		}
 		for name, v := range moe {
 			record[name] = jsonFloat(v)
@@ -369,11 +372,14 @@ type logLine struct {
 	Time                  time.Time
 	Iteration, TrainIters int64
 	ConsumedSamples       int64
-	ElapsedMS             float64 // per iteration
-	LogThroughput         bool    // --log-throughput: print Throughput
-	Throughput            float64 // TFLOP/s per rank
-	LearningRate          float64
-	GlobalBatchSize       int
+	// ConsumedBins is printed after it when > 0 (RL sequence packing:
+	// get_sequence_packing_log_info).
+	ConsumedBins    int64
+	ElapsedMS       float64 // per iteration
+	LogThroughput   bool    // --log-throughput: print Throughput
+	Throughput      float64 // TFLOP/s per rank
+	LearningRate    float64
+	GlobalBatchSize int
 	// LMLoss is the interval's mean loss over the iterations that were not
 	// skipped; NaN (none) leaves it out, as Megatron prints a loss only
 	// when its average is >= 0.
@@ -401,6 +407,7 @@ type logLine struct {
 //	log_string = f" [{datetime.now().strftime('%Y-%m-%d %H:%M:%S.%f')}]"
 //	log_string += ' iteration {:8d}/{:8d} |'.format(iteration, args.train_iters)
 //	log_string += ' consumed samples: {:12d} |'.format(args.consumed_train_samples)
+//	if args.rl_use_sequence_packing: log_string += f' consumed bins: {args.consumed_train_bins:12d} |' (when > 0)
 //	log_string += ' elapsed time per iteration (ms): {:.1f} |'.format(...)
 //	if args.log_throughput: log_string += f' throughput per GPU (TFLOP/s/GPU): {throughput:.1f} |'
 //	log_string += f' learning rate: {learning_rate:.6E} |'
@@ -421,6 +428,9 @@ func (l logLine) String() string {
 	fmt.Fprintf(&b, " [%s]", l.Time.Format("2006-01-02 15:04:05.000000"))
 	fmt.Fprintf(&b, " iteration %8d/%8d |", l.Iteration, l.TrainIters)
 	fmt.Fprintf(&b, " consumed samples: %12d |", l.ConsumedSamples)
+	if l.ConsumedBins > 0 {
+		fmt.Fprintf(&b, " consumed bins: %12d |", l.ConsumedBins)
+	}
 	fmt.Fprintf(&b, " elapsed time per iteration (ms): %s |", pyFixed(l.ElapsedMS, 1))
 	if l.LogThroughput {
 		fmt.Fprintf(&b, " throughput per GPU (TFLOP/s/GPU): %s |", pyFixed(l.Throughput, 1))
@@ -508,4 +518,13 @@ func (rp *reporter) logTimers(first bool) error {
 		rp.rawf("%s", timersLogPrefix+block)
 	}
 	return nil
+}
+
+// batchSize is the logged global batch size: Megatron's mbs × DP ×
+// micro-batches, which with RL packing is the bins the last iteration ran.
+func (rp *reporter) batchSize() int {
+	if rp.stepper.packedBatch > 0 {
+		return rp.stepper.packedBatch
+	}
+	return rp.stepper.mb.CurrentGlobalBatchSize()
 }

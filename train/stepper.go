@@ -43,6 +43,12 @@ type stepper struct {
 	// rlPlan is the iteration's plan from a packed RL step (RLPlanner);
 	// zero otherwise.
 	rlPlan rlPlan
+	// With RL packing: the bins the last iteration ran over all ranks
+	// (Megatron's logged global batch size, mbs × DP × micro-batches; 0
+	// unpacked) and the bins this run has run (consumed_train_bins, which
+	// Megatron does not checkpoint: it counts from 0 in each run).
+	packedBatch  int
+	consumedBins int64
 	// loaderBatches counts the micro-batches this run has read from each
 	// split: their data-loader worker (Config.NumWorkers).
 	loaderBatches map[datagpt.Source]int64
@@ -355,8 +361,11 @@ func (st *stepper) step(ctx context.Context) (float64, error) {
 	// Megatron's scheduler increment is the micro-batches' samples; with
 	// RL packing the consumed count (and the FLOPs' batch) is sequences.
 	sequences := gbs
+	st.packedBatch = 0
 	if st.rlPlan.packed {
 		gbs, sequences = int64(n*mbs*dp), st.rlPlan.sequences
+		st.packedBatch = n * mbs * dp
+		st.consumedBins += gbs
 	}
 	st.FLOPsSoFar += FLOPsPerIteration(st.cfg.Model, int(sequences), st.cfg.SeqLength)
 	st.Iteration++

@@ -83,7 +83,10 @@ func (rp *reporter) tbIteration(loss float64) {
 		return
 	}
 	rp.tbScalar(tensorboard.TagLearningRate, rp.stepper.lastLR, true)
-	rp.tbScalar(tensorboard.TagBatchSize, float64(rp.stepper.mb.CurrentGlobalBatchSize()), true)
+	rp.tbScalar(tensorboard.TagBatchSize, float64(rp.batchSize()), true)
+	if rp.stepper.consumedBins > 0 { // get_sequence_packing_tensorboard_metrics
+		rp.tbScalar(tensorboard.TagConsumedBins, float64(rp.stepper.consumedBins), false)
+	}
 	rp.tbScalar(tensorboard.TagLMLoss, loss, true)
 	rp.tbScalar(tensorboard.TagLossScale, float64(rp.stepper.lossScale()), true)
 	rp.tbScalar(tensorboard.TagGradNorm, rp.stepper.lastGradNorm, true)

@@ -322,7 +322,10 @@ func TestGRPOTrainPacked(t *testing.T) {
 	// Half the rollouts per iteration: ⌈1/2 × 1 bin⌉ = 1 bin, its four
 	// sequences consumed (two iterations per collection, one collection).
 	out = run("half", append(packed, "--global-batch-size", "2", "--train-iters", "2")...)
-	for _, want := range []string{"1 bins per iteration", "iteration        1/       2 | consumed samples:            4 |", "iteration        2/       2 | consumed samples:            8 |"} {
+	// Megatron's log line with packing: the consumed bins after the
+	// consumed samples, and the global batch size in bins.
+	for _, want := range []string{"1 bins per iteration", "iteration        1/       2 | consumed samples:            4 | consumed bins:            1 |",
+		"iteration        2/       2 | consumed samples:            8 | consumed bins:            2 |", "| global batch size:     1 |"} {
 		if !strings.Contains(out, want) || strings.Contains(out, "rl: collection 1") {
 			t.Errorf("the run of half a collection per iteration: output lacks %q or collects twice:\n%s", want, out)
 		}
@@ -641,7 +644,8 @@ func TestGRPOTrainPackedParallel(t *testing.T) {
 			}
 			for _, want := range []string{
 				fmt.Sprintf("rl: collection 0: %d rollouts packed into %d bins, 1 bins per iteration on each of 2 data-parallel ranks (fifo: 1 bins per rank, %d empty in all)", rollouts, sc.bins, sc.empty),
-				fmt.Sprintf("consumed samples: %12d |", rollouts),
+				fmt.Sprintf("consumed samples: %12d | consumed bins: %12d |", rollouts, 2),
+				"| global batch size:     2 |",
 			} {
 				if !strings.Contains(string(out), want) {
 					t.Errorf("%s: output lacks %q:\n%s", name, want, out)

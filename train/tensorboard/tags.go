@@ -12,8 +12,13 @@ const (
 	TagLMLoss = "lm loss"
 	// TagLearningRate is the learning rate (after the scheduler step).
 	TagLearningRate = "learning-rate"
-	// TagBatchSize is the global batch size in samples.
+	// TagBatchSize is the global batch size in samples (with RL sequence
+	// packing, in bins).
 	TagBatchSize = "batch-size"
+	// TagConsumedBins is the bins an RL run with sequence packing has
+	// trained on (consumed_train_bins, from 0 in each run), written when
+	// positive, without a " vs samples" twin.
+	TagConsumedBins = "consumed-bins"
 	// TagLossScale is the loss scale (1 without fp16); Megatron writes it
 	// unless --no-log-loss-scale-to-tensorboard.
 	TagLossScale = "loss-scale"
