@@ -60,33 +60,13 @@ func runCPLayout(t *testing.T, cfg Config, l cpLayout, train, valid datagpt.Sour
 		if err != nil {
 			return fmt.Errorf("rank %d: %w", pg.Rank(), err)
 		}
-		if err := tr.stepper.syncParams(); err != nil {
-			return err
-		}
-		if tr.stepper.pipelined() {
-			if err := tr.gatherPipeline(); err != nil {
-				return err
-			}
-		}
-		run := dpRun{res: res}
-		if !tr.stepper.pipelined() || g.PP.Rank() == 0 {
-			ps, err := wholeFloat32s(tr)
-			if err != nil {
-				return err
-			}
-			run.params = ps
-		}
-		runs[pg.Rank()] = run
-		return nil
+		runs[pg.Rank()], err = pipelineRankRun(tr, g, res)
+		return err
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	for r := range runs {
-		if runs[r].params == nil {
-			runs[r].params = runs[0].params
-		}
-	}
+	shareGatheredParams(runs)
 	return runs
 }
 

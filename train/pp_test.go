@@ -47,37 +47,52 @@ func runPP(t *testing.T, cfg Config, l ppLayout, train, valid datagpt.Source) []
 		if err != nil {
 			return fmt.Errorf("rank %d: %w", pg.Rank(), err)
 		}
-		if err := tr.stepper.syncParams(); err != nil {
-			return err
-		}
-		if tr.stepper.pipelined() {
-			if err := tr.gatherPipeline(); err != nil {
-				return err
-			}
-		}
-		run := dpRun{res: res, device: tr.stepper.localParams()[0].Device()}
-		if d, ok := tr.stepper.reducer.(ddpGrads); ok {
-			run.early = d.EarlyBuckets()
-		}
-		if !tr.stepper.pipelined() || g.PP.Rank() == 0 {
-			ps, err := wholeFloat32s(tr)
-			if err != nil {
-				return err
-			}
-			run.params = ps
-		}
-		runs[pg.Rank()] = run
-		return nil
+		runs[pg.Rank()], err = pipelineRankRun(tr, g, res)
+		return err
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	for r := range runs {
-		if runs[r].params == nil {
-			runs[r].params = runs[0].params // pipeline rank 0 of the first replica gathered them
+	shareGatheredParams(runs)
+	return runs
+}
+
+// pipelineRankRun is a rank's dpRun after tr ran to res: the parameters
+// synced and, pipelined, gathered from the stages to pipeline rank 0,
+// which (as every rank without pipeline parallelism) carries them whole
+// (shareGatheredParams gives them to the others); the device, and the
+// buckets reduced during the last backward.
+func pipelineRankRun(tr *Trainer, g *parallel.Groups, res Result) (dpRun, error) {
+	if err := tr.stepper.syncParams(); err != nil {
+		return dpRun{}, err
+	}
+	if tr.stepper.pipelined() {
+		if err := tr.gatherPipeline(); err != nil {
+			return dpRun{}, err
 		}
 	}
-	return runs
+	run := dpRun{res: res, device: tr.stepper.localParams()[0].Device()}
+	if d, ok := tr.stepper.reducer.(ddpGrads); ok {
+		run.early = d.EarlyBuckets()
+	}
+	if !tr.stepper.pipelined() || g.PP.Rank() == 0 {
+		ps, err := wholeFloat32s(tr)
+		if err != nil {
+			return dpRun{}, err
+		}
+		run.params = ps
+	}
+	return run, nil
+}
+
+// shareGatheredParams gives the ranks without the whole parameters those
+// of rank 0 (pipeline rank 0 of the first replica gathered them).
+func shareGatheredParams(runs []dpRun) {
+	for r := range runs {
+		if runs[r].params == nil {
+			runs[r].params = runs[0].params
+		}
+	}
 }
 
 // TestPipelineParallelMatchesSingleProcess: Megatron's pipeline schedules
