@@ -231,9 +231,6 @@ func OpenCUDA(ordinal int, opts CUDAOptions) error {
 	if CUDAUnverified(os.Getenv, "gemm-bf16") {
 		SetCUDABF16GemmOperands(true)
 	}
-	if CUDAUnverified(os.Getenv, "cublaslt") {
-		SetCUDALt(true)
-	}
 	if os.Getenv("GOTRON_CUDA_PROFILE") != "" {
 		rt.prof = &cudaProfile{byName: map[string]*cudaProfEntry{}}
 	}
@@ -252,6 +249,14 @@ func OpenCUDA(ordinal int, opts CUDAOptions) error {
 			return fmt.Errorf("tensor: CUDA device %d: loading the %s kernels: %w", ordinal, fam, err)
 		}
 		rt.modules = append(rt.modules, m)
+	}
+	if CUDAUnverified(os.Getenv, "cublaslt") {
+		// products through cuBLASLt: load it now, so that a missing
+		// library is this error rather than a failed product
+		if _, _, err := dev.LtVersion(); err != nil {
+			return fmt.Errorf("tensor: CUDA device %d: GOTRON_CUDA_UNVERIFIED turns on cublaslt (products through cuBLASLt): %w", ordinal, err)
+		}
+		SetCUDALt(true)
 	}
 	rt.dev = dev
 	cudaOpen.rt.Store(rt)

@@ -222,6 +222,10 @@ type ltPlan struct {
 	A, B, C        ltLayout // D is C
 	AuxLD          int64    // 0 without an Aux epilogue
 	Align          [4]uint32
+	// BiasAlign and AuxAlign are the bias's and Aux's alignments (0
+	// without): the heuristic reads them from the addresses on the
+	// descriptor, so an algorithm is chosen for them.
+	BiasAlign, AuxAlign uint32
 }
 
 // align is the largest power of two up to 256 dividing p: what the
@@ -302,6 +306,12 @@ func (p LtParams) plan() (ltPlan, error) {
 		pl.AuxLD = int64(p.AuxLD)
 	}
 	pl.Align = [4]uint32{align(p.A), align(p.B), align(p.C), align(p.C)}
+	if e.readsBias() || e.writesBias() {
+		pl.BiasAlign = align(p.Bias)
+	}
+	if e.usesAux() {
+		pl.AuxAlign = align(p.Aux)
+	}
 	return pl, nil
 }
 
@@ -386,13 +396,15 @@ func (l *ltHandle) freeEntry(e *ltEntry) error {
 	return errors.Join(errs...)
 }
 
-// entry returns plan's descriptors and algorithm, made once.
-func (l *ltHandle) entry(pl ltPlan) (*ltEntry, error) {
+// entry returns plan's descriptors and algorithm, made once (for p, the
+// first product of the plan: its bias and Aux addresses are on the
+// descriptor when the heuristic reads their alignment).
+func (l *ltHandle) entry(pl ltPlan, p LtParams) (*ltEntry, error) {
 	if e, ok := l.cache[pl]; ok {
 		return e, nil
 	}
 	e := &ltEntry{}
-	if err := l.build(pl, e); err != nil {
+	if err := l.build(pl, e, p); err != nil {
 		l.freeEntry(e)
 		return nil, err
 	}
@@ -400,11 +412,33 @@ func (l *ltHandle) entry(pl ltPlan) (*ltEntry, error) {
 	return e, nil
 }
 
-func (l *ltHandle) build(pl ltPlan, e *ltEntry) error {
+func (l *ltHandle) build(pl ltPlan, e *ltEntry, p LtParams) error {
 	if err := l.api.describe(pl, e); err != nil {
 		return err
 	}
+	if err := l.api.setPointers(pl, e, p); err != nil {
+		return err
+	}
 	return l.pickAlgo(pl, e)
+}
+
+// setPointers sets p's bias and Aux addresses on e's descriptor, as
+// pl's epilogue reads them: at every call (they change from call to call;
+// host memory, the stream's order is unaffected) and before the heuristic.
+func (api *ltAPI) setPointers(pl ltPlan, e *ltEntry, p LtParams) error {
+	if pl.Epilogue.readsBias() || pl.Epilogue.writesBias() {
+		bias := uintptr(p.Bias)
+		if err := blasCheck("cublasLtMatmulDescSetAttribute(BIAS_POINTER)", api.descSet(e.desc, ltDescBiasPointer, unsafe.Pointer(&bias), unsafe.Sizeof(bias))); err != nil {
+			return err
+		}
+	}
+	if pl.Epilogue.usesAux() {
+		aux := uintptr(p.Aux)
+		if err := blasCheck("cublasLtMatmulDescSetAttribute(EPILOGUE_AUX_POINTER)", api.descSet(e.desc, ltDescAuxPointer, unsafe.Pointer(&aux), unsafe.Sizeof(aux))); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // describe makes pl's matmul descriptor and layouts into e (host objects:
@@ -524,26 +558,15 @@ func (d *Device) LtMatmul(p LtParams) error {
 	if err != nil {
 		return err
 	}
-	e, err := l.entry(pl)
+	e, err := l.entry(pl, p)
 	if err != nil {
 		return fmt.Errorf("cuBLASLt M=%d N=%d K=%d %v·%v→%v epilogue %v: %w", p.M, p.N, p.K, p.AType, p.BType, p.CType, pl.Epilogue, err)
 	}
 	if e.noAlgo != nil {
 		return fmt.Errorf("cuBLASLt M=%d N=%d K=%d %v·%v→%v compute %d epilogue %v: %w", p.M, p.N, p.K, p.AType, p.BType, p.CType, pl.Compute, pl.Epilogue, e.noAlgo)
 	}
-	// The bias and Aux addresses change from call to call: set on the
-	// cached descriptor (host memory; the stream's order is unaffected).
-	if pl.Epilogue.readsBias() || pl.Epilogue.writesBias() {
-		bias := uintptr(p.Bias)
-		if err := blasCheck("cublasLtMatmulDescSetAttribute(BIAS_POINTER)", l.api.descSet(e.desc, ltDescBiasPointer, unsafe.Pointer(&bias), unsafe.Sizeof(bias))); err != nil {
-			return err
-		}
-	}
-	if pl.Epilogue.usesAux() {
-		aux := uintptr(p.Aux)
-		if err := blasCheck("cublasLtMatmulDescSetAttribute(EPILOGUE_AUX_POINTER)", l.api.descSet(e.desc, ltDescAuxPointer, unsafe.Pointer(&aux), unsafe.Sizeof(aux))); err != nil {
-			return err
-		}
+	if err := l.api.setPointers(pl, e, p); err != nil {
+		return err
 	}
 	d.launch.alpha, d.launch.beta = p.Alpha, p.Beta
 	r := call(l.api.matmul, l.h, e.desc,

@@ -342,8 +342,8 @@ func TestLtPlan(t *testing.T) {
 	if pl, err = p.plan(); err != nil {
 		t.Fatal(err)
 	}
-	if pl.Align != [4]uint32{256, 256, 4, 4} {
-		t.Errorf("alignments %v, want 256 256 4 4", pl.Align)
+	if pl.Align != [4]uint32{256, 256, 4, 4} || pl.BiasAlign != 256 || pl.AuxAlign != 0 {
+		t.Errorf("alignments %v, bias %d, aux %d: want 256 256 4 4, 256, none", pl.Align, pl.BiasAlign, pl.AuxAlign)
 	}
 	dw, db := append([]float32(nil), dw0...), make([]float32, out)
 	if err := ltHost(pl, 1, 1, x, g, dw, db, nil); err != nil {
@@ -479,7 +479,7 @@ func TestLtDescriptors(t *testing.T) {
 	batched := GemmParams{M: 64, N: 32, K: 16, Alpha: 1, A: 256, LDA: 64, StrideA: 0, B: 512, LDB: 24, StrideB: 32 * 24, C: 1024, LDC: 64, StrideC: 64 * 32,
 		Batch: 4, AType: BF16, BType: BF16, CType: F32, Compute: Compute32FFastTF32}
 	for _, p := range []LtParams{
-		{GemmParams: linear, Epilogue: EpilogueBias, Bias: 4096},
+		{GemmParams: linear, Epilogue: EpilogueBias, Bias: 4096 + 8},
 		{GemmParams: linear, Epilogue: EpilogueGELUAuxBias, Bias: 4096, Aux: 8192, AuxLD: 8},
 		{GemmParams: GemmParams{TransB: true, M: in, N: out, K: rows, Alpha: 1, Beta: 1, A: 256, LDA: in, B: 512, LDB: out, C: 772, LDC: in,
 			AType: F32, BType: F32, CType: F32}, Epilogue: EpilogueBGradB, Bias: 4096},
@@ -493,7 +493,7 @@ func TestLtDescriptors(t *testing.T) {
 		if err := api.describe(pl, &e); err != nil {
 			t.Fatalf("epilogue %v: %v", pl.Epilogue, err)
 		}
-		back := ltPlan{Align: pl.Align}
+		back := ltPlan{Align: pl.Align, BiasAlign: pl.BiasAlign, AuxAlign: pl.AuxAlign}
 		var compute, scale int32
 		get(descGet, e.desc, 0, unsafe.Pointer(&compute), 4) // CUBLASLT_MATMUL_DESC_COMPUTE_TYPE
 		get(descGet, e.desc, 1, unsafe.Pointer(&scale), 4)   // CUBLASLT_MATMUL_DESC_SCALE_TYPE
@@ -529,16 +529,14 @@ func TestLtDescriptors(t *testing.T) {
 		if back != pl {
 			t.Errorf("epilogue %v: cuBLASLt holds\n%+v\nwant\n%+v", pl.Epilogue, back, pl)
 		}
-		if pl.Epilogue.readsBias() || pl.Epilogue.writesBias() {
-			bias := uintptr(p.Bias)
-			if r := api.descSet(e.desc, ltDescBiasPointer, unsafe.Pointer(&bias), unsafe.Sizeof(bias)); r != 0 {
-				t.Fatalf("BIAS_POINTER: status %d", r)
-			}
-			var got uintptr
-			get(descGet, e.desc, ltDescBiasPointer, unsafe.Pointer(&got), 8)
-			if got != bias {
-				t.Errorf("bias pointer %#x, want %#x", got, bias)
-			}
+		if err := api.setPointers(pl, &e, p); err != nil {
+			t.Fatal(err)
+		}
+		var bias, aux uintptr
+		get(descGet, e.desc, ltDescBiasPointer, unsafe.Pointer(&bias), 8)
+		get(descGet, e.desc, ltDescAuxPointer, unsafe.Pointer(&aux), 8)
+		if bias != uintptr(p.Bias) || aux != uintptr(p.Aux) {
+			t.Errorf("epilogue %v: bias and aux pointers %#x %#x, want %#x %#x", pl.Epilogue, bias, aux, p.Bias, p.Aux)
 		}
 		(&ltHandle{api: api}).freeEntry(&e)
 	}
