@@ -12,11 +12,19 @@ import (
 // OpenCUDA, or SetCUDALt): built, not yet run on a GPU. The CUDA backend's
 // Gemm then calls cublasLtMatmul (internal/cuda's LtMatmul) with the same
 // column-major parameters as cublasGemmStridedBatchedEx (cudaGemmParams),
-// and Linear fuses two steps into its products through cuBLASLt's
-// epilogues:
+// and Linear and LinearGELU fuse steps into their products through
+// cuBLASLt's epilogues:
 //
 //   - forward with a bias: the BIAS epilogue adds the bias in the product
 //     (x·wᵀ + b in one kernel instead of a GEMM and an add);
+//   - LinearGELU (the MLP's fc1, its bias and the tanh GELU under the
+//     bias-GELU fusion): one product with the GELU_AUX_BIAS epilogue,
+//     which stores GELU(x·wᵀ + b) and, for the backward, x·wᵀ + b. Only
+//     the tanh GELU: cuBLASLt's GELU is the tanh approximation (Megatron's
+//     openai_gelu, gotron's gelu_tanh), not the erf GELU that is
+//     Megatron's default. The backward's DGELU epilogue would belong to
+//     fc2's dX product, another op's: the GELU's backward stays the
+//     elementwise kernel;
 //   - backward under MatmulFP32 with a bias: the dW product's BGRADB
 //     epilogue sums the output gradient's rows into the bias gradient
 //     (instead of SumRows' pass over the gradient), into a scratch vector
@@ -25,23 +33,13 @@ import (
 //     output gradient rounded to 16 bits (a bfloat16 copy, or inside
 //     cuBLAS), and the bias gradient is the float32 gradient's sum.
 //
-//   - LinearGELU (the MLP's fc1, its bias and the tanh GELU under the
-//     bias-GELU fusion): one product with the GELU_AUX_BIAS epilogue,
-//     which stores GELU(x·wᵀ + b) and, for the backward, x·wᵀ + b. Only
-//     the tanh GELU: cuBLASLt's GELU is the tanh approximation (Megatron's
-//     openai_gelu, gotron's gelu_tanh), not the erf GELU that is
-//     Megatron's default. The backward's DGELU epilogue would belong to
-//     fc2's dX product, another op's: the GELU's backward stays the
-//     elementwise kernel.
+// A product cuBLASLt has no algorithm for runs as before (cuBLAS, then the
+// separate add, GELU or SumRows), counted in LtCounts.Fallbacks.
 //
-// A product cuBLASLt has no
-// algorithm for runs as before (cuBLAS, then the separate add or SumRows),
-// counted in LtCounts.Fallbacks.
-//
-// The simulated device takes the same branches of Linear (GemmBias,
-// GemmBGrad) and runs each as the CPU's steps — the product, then Add or
-// SumRows — so its numbers stay the CPU's bit for bit while the counts say
-// the fused path was taken (TestSimLtEpiloguesMatchCPU).
+// The simulated device takes the same branches (GemmBias, GemmBiasGELU,
+// GemmBGrad) and runs each as the CPU's steps — the product, then Add,
+// GELU or SumRows — so its numbers stay the CPU's bit for bit while the
+// counts say the fused path was taken (TestSimLtEpiloguesMatchCPU).
 
 // cudaLt turns the CUDA backend's cuBLASLt products on (SetCUDALt).
 var cudaLt atomic.Bool
