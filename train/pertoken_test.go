@@ -383,40 +383,6 @@ func runMoEOn(t *testing.T, cfg Config, src datagpt.Source, world int, pc parall
 	return runs
 }
 
-// sameMoECurve checks got's lm loss, grad norm and MoE losses at every
-// iteration, and the parameters it compares (all with sameParams), against
-// ref within 1e-5 (parameters 1e-4, as TestExpertParallelMatchesOneProcess).
-func sameMoECurve(t *testing.T, name string, ref dpRun, got []dpRun, sameParams bool) {
-	t.Helper()
-	for r, run := range got {
-		if len(run.res.Losses) != len(ref.res.Losses) {
-			t.Fatalf("%s rank %d: %d iterations, want %d", name, r, len(run.res.Losses), len(ref.res.Losses))
-		}
-		for i := range ref.res.Losses {
-			if !relClose(run.res.Losses[i], ref.res.Losses[i], 1e-5) || !relClose(run.res.GradNorms[i], ref.res.GradNorms[i], 1e-5) {
-				t.Fatalf("%s rank %d iteration %d: lm loss %.8g grad norm %.8g, reference %.8g and %.8g", name, r, i+1,
-					run.res.Losses[i], run.res.GradNorms[i], ref.res.Losses[i], ref.res.GradNorms[i])
-			}
-			for _, m := range []string{"load_balancing_loss", "z_loss"} {
-				if g, w := run.res.MoELosses[i][m], ref.res.MoELosses[i][m]; !relClose(g, w, 1e-5) {
-					t.Fatalf("%s rank %d iteration %d: %s %.8g, reference %.8g", name, r, i+1, m, g, w)
-				}
-			}
-		}
-		if !sameParams {
-			continue
-		}
-		for pn, v := range run.params {
-			w := ref.params[pn]
-			for i := range v {
-				if !relClose(float64(v[i]), float64(w[i]), 1e-4) {
-					t.Fatalf("%s rank %d: %s[%d] = %g, reference %g", name, r, pn, i, v[i], w[i])
-				}
-			}
-		}
-	}
-}
-
 // TestPerTokenLossMoE: the routers' aux and z losses under
 // --calculate-per-token-loss are pre-multiplied by their tokens × TP·CP,
 // as Megatron's router, so that the division of the gradients by the
