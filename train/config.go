@@ -410,7 +410,7 @@ func (c *Config) validate() error {
 	}
 	c.Parallel = c.groups()
 	l := c.Parallel.Layout.Config
-	if err := c.checkFP8(l.PP); err != nil {
+	if err := c.checkFP8(); err != nil {
 		return err
 	}
 	if err := c.checkFSDP(); err != nil {
@@ -499,7 +499,7 @@ func (c *Config) memoryConfig() MemoryConfig {
 }
 
 // checkFP8 checks the FP8 setting against the run.
-func (c *Config) checkFP8(ppSize int) error {
+func (c *Config) checkFP8() error {
 	f := c.FP8
 	if f == nil {
 		return nil
@@ -518,13 +518,8 @@ func (c *Config) checkFP8(ppSize int) error {
 	if c.FP16 {
 		return fmt.Errorf("train: --fp8-format with --fp16: not built (gotron's FP8 follows Megatron's --bf16 or float32 runs)")
 	}
-	if f.Recipe.Kind == fp8.Delayed {
-		switch {
-		case ppSize > 1:
-			return fmt.Errorf("train: --fp8-recipe delayed with --pipeline-model-parallel-size %d: the per-micro-batch scale updates of pipeline stages are not built; --fp8-recipe tensorwise is", ppSize)
-		case c.Recompute.Full:
-			return fmt.Errorf("train: --fp8-recipe delayed with --recompute-granularity full: recomputing a layer must reuse its forward's scales (TE's fp8 meta copy for recompute), not built")
-		}
+	if f.Recipe.Kind == fp8.Delayed && c.Recompute.Full {
+		return fmt.Errorf("train: --fp8-recipe delayed with --recompute-granularity full: recomputing a layer must reuse its forward's scales (TE's fp8 meta copy for recompute), not built")
 	}
 	return nil
 }

@@ -2,6 +2,7 @@ package train
 
 import (
 	"context"
+	"errors"
 	"fmt"
 
 	"github.com/gotron/gotron/comm"
@@ -42,7 +43,7 @@ func (st *stepper) splitStages(m Model) error {
 	}
 	st.stages = stages
 	for i, s := range stages {
-		st.runners = append(st.runners, &stageRunner{stage: s, chunk: i, rng: st.rng})
+		st.runners = append(st.runners, &stageRunner{stage: s, chunk: i, rng: st.rng, endForward: st.fp8EndForward})
 	}
 	return nil
 }
@@ -58,6 +59,9 @@ type stageRunner struct {
 	chunk   int         // the stage's model chunk on this rank
 	rng     *tensor.RNG // dropout masks
 	batches []gpt.Batch // the step's micro-batches
+	// endForward ends each forward pass (the delayed FP8 recipe's scale
+	// update)
+	endForward func() error
 }
 
 // Forward runs micro-batch mb from in (nil on the first stage) and returns
@@ -70,6 +74,11 @@ func (r *stageRunner) Forward(tp *tensor.Tape, mb int, in *tensor.Tensor) (*tens
 	out := r.stage.Forward(tp, in, bt, r.rng, true)
 	if r.stage.IsLast() {
 		out = r.stage.Loss(tp, out, bt)
+	}
+	if r.endForward != nil {
+		if err := r.endForward(); err != nil {
+			return nil, err
+		}
 	}
 	return out, nil
 }
@@ -172,8 +181,9 @@ func (st *stepper) executor(m int) (*pp.Executor, error) {
 				st.reducer.StartLastMicrobatch(st.cctx)
 			}
 		},
-		LossScale: st.lossScale,
-		Device:    st.cfg.Device,
+		AfterBackward: func(int) error { return st.fp8().EndBackward(st.amaxReduce()) },
+		LossScale:     st.lossScale,
+		Device:        st.cfg.Device,
 	}
 	if st.cfg.CalculatePerTokenLoss {
 		// each micro-batch's mean loss times its unmasked tokens: the sum
@@ -258,7 +268,7 @@ func (st *stepper) pipelineEval(bt gpt.Batch) (float64, error) {
 		if s.IsLast() {
 			loss = scalar(s.Loss(tp, out, bt))
 		}
-		if err := tp.Err(); err != nil {
+		if err := errors.Join(tp.Err(), st.fp8EndForward()); err != nil {
 			tp.Reset()
 			return 0, fmt.Errorf("train: evaluation: stage %d: %w", chunk*p+rank, err)
 		}

@@ -905,6 +905,10 @@ func (st *stepper) amaxReduce() func([]float32) error {
 	return func(amax []float32) error { return g.AllReduce(st.cctx, comm.Float32s(amax), comm.Max) }
 }
 
+// fp8EndForward ends a forward pass for the FP8 state (the delayed
+// recipe's reduction and update; nothing otherwise).
+func (st *stepper) fp8EndForward() error { return st.fp8().EndForward(st.amaxReduce()) }
+
 // fp8 is the run's FP8 state (nil without FP8; its methods take nil).
 func (st *stepper) fp8() *gpt.FP8 {
 	if g, ok := st.arch.(GPT); ok {

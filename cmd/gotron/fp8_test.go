@@ -16,7 +16,8 @@ import (
 // coarse rounding amplifies from iteration to iteration (1e-3 there);
 // tensor parallelism (TP=2, sequence parallel) stays within 1% but, as
 // in Transformer Engine, scales each rank's weight shard by its own amax,
-// so its losses are not the single process's.
+// so its losses are not the single process's. The delayed recipe under
+// pipeline parallelism logs the single process's delayed losses.
 func TestFP8TrainLayouts(t *testing.T) {
 	dir := t.TempDir()
 	fp8 := with(ppTrain, "--bf16", "--fp8-format", "hybrid", "--fp8-recipe", "tensorwise")
@@ -65,6 +66,18 @@ func TestFP8TrainLayouts(t *testing.T) {
 	if closeTo("FP8 TP=2", run("tp2", 2, with(fp8, "--tensor-model-parallel-size", "2", "--sequence-parallel")), want) {
 		t.Error("FP8 TP=2 gives the single process's losses bit for bit: weight shards should have their own scales")
 	}
+
+	// The delayed recipe updates each stage's (each model chunk's) scales
+	// after its forward and backward of every micro-batch, in the single
+	// process's order: PP=2, and PP=2 with two chunks per rank, log its
+	// losses.
+	delayed := with(ppTrain, "--bf16", "--fp8-format", "hybrid", "--fp8-recipe", "delayed", "--fp8-amax-history-len", "4", "--fp8-amax-compute-algo", "max")
+	dwant := run("delayed", 1, delayed)
+	if closeTo("delayed vs bf16", dwant, bf16) {
+		t.Fatal("delayed FP8 losses equal bf16's bit for bit")
+	}
+	sameLosses(t, "delayed FP8 PP=2", run("delayed-pp2", 2, with(delayed, "--pipeline-model-parallel-size", "2")), dwant)
+	sameLosses(t, "delayed FP8 PP=2 × 2 chunks", run("delayed-vpp", 2, with(delayed, "--pipeline-model-parallel-size", "2", "--num-layers-per-virtual-pipeline-stage", "1")), dwant)
 }
 
 // TestFP8TrainFlags: the delayed recipe's flags reach the run (other

@@ -150,8 +150,9 @@ func TensorwiseScale(amax float32, f Format) float32 {
 // the last update; Update rolls it into the history and computes the next
 // scale. The zero History is not usable: NewHistory.
 type History struct {
-	amax  []float32
-	scale float32
+	amax     []float32
+	scale    float32
+	observed bool // a quantization since the last Update
 }
 
 // NewHistory returns a history of n amaxes (n >= 1), all zero, and scale
@@ -169,10 +170,16 @@ func (h *History) Scale() float32 { return h.scale }
 // Observe records the amax of one quantization: History[0] becomes the
 // larger of the two (TE's atomic max into amax_history[0]; NaNs skipped).
 func (h *History) Observe(amax float32) {
+	h.observed = true
 	if amax > h.amax[0] {
 		h.amax[0] = amax
 	}
 }
+
+// Observed reports whether a quantization was recorded since the last
+// Update: TE updates only the tensors of the modules that ran in the
+// fp8_autocast region ending.
+func (h *History) Observed() bool { return h.observed }
 
 // Current is the amax observed since the last update (History[0]); Reduce
 // replaces it by its maximum over a group before Update, as TE's amax
@@ -193,6 +200,7 @@ func (h *History) Amaxes() []float32 { return append([]float32(nil), h.amax...) 
 // the amax is finite and positive, and stays otherwise, the largest
 // float32 when the division overflows.
 func (h *History) Update(f Format, margin int, algo AmaxAlgo) {
+	h.observed = false
 	last := h.amax[0]
 	var amax float32
 	n := len(h.amax)

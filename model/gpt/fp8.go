@@ -108,7 +108,7 @@ func (f *FP8) Linears() []*tensor.FP8Linear {
 
 // EndForward ends a forward pass (TE's fp8_autocast exit): under the
 // delayed recipe the amaxes recorded since the last update into the
-// linear layers' input and weight histories are reduced (reduce replaces
+// input and weight histories of the linear layers that ran are reduced (reduce replaces
 // them by their maximum over the amax reduction group; nil: one rank), then
 // the histories update their scales. Nothing under tensorwise.
 func (f *FP8) EndForward(reduce func([]float32) error) error {
@@ -129,12 +129,14 @@ func (f *FP8) update(reduce func([]float32) error, backward bool) error {
 	r := f.Config.Recipe
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	// the tensors quantized since the last update: a pipeline rank's
+	// other model chunks, which did not run, keep theirs
 	var hs []*fp8.History
 	for _, l := range f.order {
-		if backward {
-			hs = append(hs, l.Grad)
-		} else {
-			hs = append(hs, l.Input, l.Weight)
+		for _, h := range []*fp8.History{l.Input, l.Weight, l.Grad} {
+			if (h == l.Grad) == backward && h.Observed() {
+				hs = append(hs, h)
+			}
 		}
 	}
 	if reduce != nil && len(hs) > 0 {

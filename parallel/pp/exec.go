@@ -55,6 +55,10 @@ type ExecConfig struct {
 	// chunk's last micro-batch in the step (Megatron enables the chunk's
 	// gradient reduction there, so buckets reduce while it runs).
 	LastBackward func(chunk int)
+	// AfterBackward, if set, is called after each backward pass of a
+	// chunk's micro-batch; an error ends the step (the delayed FP8
+	// recipe's scale update, train/pipeline.go).
+	AfterBackward func(chunk int) error
 	// Unbatched posts each send and receive alone, in list order (Megatron's
 	// even/odd p2p order), instead of each run of consecutive ones as one
 	// comm.BatchSendRecv call. Groups without BatchSendRecv are always
@@ -317,6 +321,9 @@ func (e *Executor) Step(ctx context.Context) (float64, error) {
 				e.cfg.LastBackward(a.Chunk)
 			}
 			err = e.backward(a)
+			if err == nil && e.cfg.AfterBackward != nil {
+				err = e.cfg.AfterBackward(a.Chunk)
+			}
 			e.stats.Backward += e.now().Sub(t)
 			inFlight--
 		}
