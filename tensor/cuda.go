@@ -81,7 +81,10 @@ type cudaRuntime struct {
 // "gemm-bf16" (bfloat16 GEMM operands under --bf16: weights' bfloat16
 // copies, activations cast once, cuBLAS on CUDA_R_16BF operands),
 // "moe-router" (the MoE router's kernels), "cublaslt" (products through
-// cuBLASLt, Linear's bias and bias gradient in its epilogues: cuda_lt.go).
+// cuBLASLt, Linear's bias and bias gradient in its epilogues: cuda_lt.go),
+// "sqrelu" (the squared ReLU's kernels) and "output-gate" (the attention
+// output gate's): those two gpt.Config.CheckDevice reads, as the kernels
+// have no verified fallback.
 // The variable is "1" or "all"
 // for every one, or a comma-separated list of names.
 func CUDAUnverified(getenv func(string) string, feature string) bool {

@@ -94,14 +94,27 @@ func (be cudaBackend) SiLUBackward(dx, dout, x *Tensor) {
 	be.launch1D("elem_silu_bwd_f32", n, be.ptr(dx), be.ptr(dout), be.ptr(x), int64(n))
 }
 
-// SquaredReLUForward has no CUDA kernel yet: callers refuse --squared-relu
-// with --device cuda before building a model (gpt.Config.CheckDevice).
+// SquaredReLUForward and SquaredReLUBackward are elem.cu's squared ReLU,
+// the CPU's bit for bit (hostcheck's TestHostSquaredReLU): built, not yet
+// run on a GPU, so gpt.Config.CheckDevice refuses --squared-relu with
+// --device cuda unless GOTRON_CUDA_UNVERIFIED names sqrelu.
 func (be cudaBackend) SquaredReLUForward(out, x *Tensor) {
-	panic("tensor: SquaredReLU on the cuda backend: no CUDA kernel in this release (--squared-relu runs on --device cpu and sim)")
+	n := x.Numel()
+	be.launch1D("elem_sqrelu_fwd_f32", n, sqreluArgs(be.ptr(out), 0, be.ptr(x), n)...)
 }
 
 func (be cudaBackend) SquaredReLUBackward(dx, dout, x *Tensor) {
-	panic("tensor: SquaredReLU on the cuda backend: no CUDA kernel in this release (--squared-relu runs on --device cpu and sim)")
+	n := x.Numel()
+	be.launch1D("elem_sqrelu_bwd_f32", n, sqreluArgs(be.ptr(dx), be.ptr(dout), be.ptr(x), n)...)
+}
+
+// sqreluArgs are elem_sqrelu_fwd_f32's arguments (dout 0) or
+// elem_sqrelu_bwd_f32's, in their parameter order (TestElemGateArgsMatchPTX).
+func sqreluArgs(out, dout, x uintptr, n int) []any {
+	if dout == 0 {
+		return []any{out, x, int64(n)}
+	}
+	return []any{out, dout, x, int64(n)}
 }
 
 // SwiGLUForward: x (n, 2f) rows [gate | up], out (n, f).

@@ -10,8 +10,9 @@ import (
 // The ops of Megatron's gated delta net layer (model/gpt's hybrid model)
 // and of its attention output gate. They compute with internal/cpu's
 // kernels on host memory (the CPU and the simulated device, whose buffers
-// are host memory); there are no CUDA kernels for them in this release, and
-// a CUDA input fails the tape (gpt.Config.CheckDevice refuses such a model
+// are host memory). Only the output gate has a CUDA kernel
+// (cuda_backend_gate.go: built, not yet run on a GPU); for the others a
+// CUDA input fails the tape (gpt.Config.CheckDevice refuses such a model
 // first). Each is a Function: Forward keeps what Backward needs.
 
 // hostOnly fails tp when x is on a device whose memory the host cannot
@@ -282,6 +283,10 @@ type sigmoidGate struct{ x, gate *Tensor }
 func (f *sigmoidGate) Forward(tp *Tape, in []*Tensor) []*Tensor {
 	f.x, f.gate = in[0], in[1]
 	out := tp.EmptyLike(in[0], in[0].shape...)
+	if in[0].dev == CUDA && in[1].dev == CUDA {
+		cudaSigmoidGateForward(out, in[0], in[1])
+		return []*Tensor{out}
+	}
 	if !hostOnly(tp, "SigmoidGate", in...) {
 		return []*Tensor{out}
 	}
@@ -296,6 +301,10 @@ func (f *sigmoidGate) Forward(tp *Tape, in []*Tensor) []*Tensor {
 
 func (f *sigmoidGate) Backward(tp *Tape, g []*Tensor) []*Tensor {
 	dx, dg := tp.EmptyLike(f.x, f.x.shape...), tp.EmptyLike(f.gate, f.gate.shape...)
+	if f.x.dev == CUDA && f.gate.dev == CUDA {
+		cudaSigmoidGateBackward(dx, dg, g[0].Contiguous(), f.x, f.gate)
+		return []*Tensor{dx, dg}
+	}
 	if !hostOnly(tp, "SigmoidGate", f.x, f.gate) {
 		return []*Tensor{dx, dg}
 	}

@@ -64,13 +64,16 @@ func TestArchitecturePlugsIn(t *testing.T) {
 	}
 }
 
-// TestSquaredReLURefusedOnCUDA: the squared ReLU has no CUDA kernel; a
-// run asking for both is refused before any device work, naming the flags.
+// TestSquaredReLURefusedOnCUDA: the squared ReLU's CUDA kernels have not
+// run on a GPU; a run asking for both is refused before any device work,
+// naming the flags and the GOTRON_CUDA_UNVERIFIED feature that allows it.
 func TestSquaredReLURefusedOnCUDA(t *testing.T) {
+	t.Setenv("GOTRON_CUDA_UNVERIFIED", "")
 	cfg := tinyConfig(t)
 	cfg.Model.Activation, cfg.Device = gpt.SquaredReLU, tensor.CUDA
 	src := MockSource{SeqLength: cfg.SeqLength, VocabSize: cfg.Model.VocabSize}
-	if _, err := New(cfg, src, nil); err == nil || !strings.Contains(err.Error(), "--squared-relu with --device cuda") {
+	if _, err := New(cfg, src, nil); err == nil || !strings.Contains(err.Error(), "--squared-relu with --device cuda") ||
+		!strings.Contains(err.Error(), "GOTRON_CUDA_UNVERIFIED=sqrelu") {
 		t.Fatalf("squared ReLU on CUDA: %v", err)
 	}
 	cfg.Device = tensor.Sim

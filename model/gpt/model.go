@@ -19,6 +19,7 @@ package gpt
 import (
 	"fmt"
 	"math"
+	"os"
 
 	"github.com/gotron/gotron/tensor"
 )
@@ -337,25 +338,46 @@ func (m *Model) Device() tensor.Device {
 // CPU, from the seed or a checkpoint, then moved): tensor.MoveParams.
 func (m *Model) ToDevice(dev tensor.Device) { tensor.MoveParams(dev, m.Params()...) }
 
-// CheckDevice refuses a model the device has no kernels for: the squared
-// ReLU (--squared-relu), the gated delta net and the attention output gate
-// have no CUDA kernels in this release, and multi-latent attention, built
-// from existing ops, has not run on a GPU.
-func (c *Config) CheckDevice(dev tensor.Device) error {
-	if c.DSA.Enabled && dev == tensor.CUDA {
+// CheckDevice refuses a model the device has no kernels for, or whose
+// CUDA kernels have not yet run on a GPU unless GOTRON_CUDA_UNVERIFIED (in
+// the process's environment) names them: CheckDeviceEnv with os.Getenv.
+func (c *Config) CheckDevice(dev tensor.Device) error { return c.CheckDeviceEnv(dev, os.Getenv) }
+
+// CheckDeviceEnv is CheckDevice reading GOTRON_CUDA_UNVERIFIED through
+// getenv. On --device cuda the gated delta net and DSA have no CUDA
+// kernels in this release; the squared ReLU (sqrelu) and the attention
+// output gate (output-gate) have kernels that are built but have not run on
+// a GPU, and run only when the variable names them (tensor.CUDAUnverified).
+// Multi-latent attention is refused: it has not run on a GPU. The CPU and
+// the simulated device run them all.
+func (c *Config) CheckDeviceEnv(dev tensor.Device, getenv func(string) string) error {
+	if dev != tensor.CUDA {
+		return nil
+	}
+	unverified := func(flag, what, feature string) error {
+		if tensor.CUDAUnverified(getenv, feature) {
+			return nil
+		}
+		return fmt.Errorf("gpt: %s with --device cuda: %s CUDA kernels are built but have not run on a GPU in this release; set GOTRON_CUDA_UNVERIFIED=%s to run them anyway, or use --device cpu or sim", flag, what, feature)
+	}
+	if c.DSA.Enabled {
 		return fmt.Errorf("gpt: --experimental-attention-variant dsa with --device cuda: DSA's indexer and sparse attention have no CUDA kernel in this release (they run on --device cpu and sim)")
 	}
-	if c.MLA.Enabled && dev == tensor.CUDA {
+	if c.MLA.Enabled {
 		return fmt.Errorf("gpt: --multi-latent-attention with --device cuda: MLA has not run on a GPU in this release (it runs on --device cpu and sim)")
 	}
-	if c.Activation == SquaredReLU && dev == tensor.CUDA {
-		return fmt.Errorf("gpt: --squared-relu with --device cuda: the squared-ReLU activation has no CUDA kernel in this release (it runs on --device cpu and sim)")
+	if c.Activation == SquaredReLU {
+		if err := unverified("--squared-relu", "the squared-ReLU activation's", "sqrelu"); err != nil {
+			return err
+		}
 	}
-	if c.GDN.Enabled && dev == tensor.CUDA {
+	if c.GDN.Enabled {
 		return fmt.Errorf("gpt: --experimental-attention-variant gated_delta_net with --device cuda: the gated delta net's convolution and delta rule have no CUDA kernel in this release (they run on --device cpu and sim)")
 	}
-	if c.AttentionOutputGate && dev == tensor.CUDA {
-		return fmt.Errorf("gpt: --attention-output-gate with --device cuda: the output gate has no CUDA kernel in this release (it runs on --device cpu and sim)")
+	if c.AttentionOutputGate {
+		if err := unverified("--attention-output-gate", "the attention output gate's", "output-gate"); err != nil {
+			return err
+		}
 	}
 	return nil
 }

@@ -3,6 +3,7 @@ package backendtest
 import (
 	"fmt"
 	"math"
+	"os"
 
 	"github.com/gotron/gotron/tensor"
 )
@@ -26,6 +27,23 @@ type OpCase struct {
 	// with no CUDA kernel yet, refused before a model reaches it); empty
 	// for the cases every backend runs.
 	NoCUDA string
+	// Unverified names the GOTRON_CUDA_UNVERIFIED feature whose kernels,
+	// built but not yet run on a GPU, the case runs on the CUDA backend:
+	// there it runs only while the variable names the feature (or is 1 or
+	// all), as gpt.Config.CheckDevice lets a model use them.
+	Unverified string
+}
+
+// skipOnCUDA says why c does not run on the CUDA backend now (NoCUDA, or an
+// Unverified feature GOTRON_CUDA_UNVERIFIED does not name), or "".
+func (c OpCase) skipOnCUDA() string {
+	if c.NoCUDA != "" {
+		return c.NoCUDA
+	}
+	if c.Unverified != "" && !tensor.CUDAUnverified(os.Getenv, c.Unverified) {
+		return fmt.Sprintf("built, not yet run on a GPU: set GOTRON_CUDA_UNVERIFIED=%s to run it", c.Unverified)
+	}
+	return ""
 }
 
 // normal returns a host parameter of the given shape drawn from N(0, std²).
@@ -40,7 +58,7 @@ func ids(vals []int32, shape ...int) *tensor.Tensor { return tensor.FromInt32(va
 // OpCases covers every core Backend method through the ops that reach it:
 // Gemm (both transpositions, batched, bf16), the bias add and its row sum,
 // broadcast Add and Mul, Scale and Axpy, LayerNorm, RMSNorm, both GELUs,
-// SiLU, the squared ReLU, SwiGLU, the fused bias-GELU, bias-SwiGLU and
+// SiLU, the squared ReLU, the attention output gate, SwiGLU, the fused bias-GELU, bias-SwiGLU and
 // bias-dropout-add, bias-dropout-add with LayerNorm and RMSNorm, Softmax, RoPE with positions, attention (causal,
 // grouped-query, document masks, dropout), cross-entropy (mask, label
 // smoothing), embedding, dropout and the shape ops.
@@ -80,8 +98,17 @@ func OpCases() []OpCase {
 				return tp.Add(tp.Add(tp.GELU(in[0], tensor.GELUErf), tp.GELU(in[0], tensor.GELUTanh)), tp.SiLU(in[0]))
 			}},
 		{Name: "squared-relu", Inputs: func() []*tensor.Tensor { return []*tensor.Tensor{normal("x", 2, 4, 37)} },
-			Run:    func(tp *tensor.Tape, in []*tensor.Tensor) *tensor.Tensor { return tp.SquaredReLU(in[0]) },
-			NoCUDA: "the squared ReLU has no CUDA kernel yet (gpt.Config.CheckDevice refuses --squared-relu with --device cuda)"},
+			Run:        func(tp *tensor.Tape, in []*tensor.Tensor) *tensor.Tensor { return tp.SquaredReLU(in[0]) },
+			Unverified: "sqrelu"},
+		{Name: "sigmoid-gate", Inputs: func() []*tensor.Tensor {
+			return []*tensor.Tensor{normal("o", 1, 2, 5, 3, 7), normal("gate", 3, 2, 5, 3, 7)}
+		},
+			Run: func(tp *tensor.Tape, in []*tensor.Tensor) *tensor.Tensor {
+				// a strided gate, as the attention's split of [q; gate; k; v] gives
+				g := tp.Transpose(in[1], 2, 3)
+				return tp.SigmoidGate(tp.Reshape(in[0], 2, 5, 7, 3), g)
+			},
+			Unverified: "output-gate"},
 		{Name: "swiglu-softmax", Inputs: func() []*tensor.Tensor { return []*tensor.Tensor{normal("x", 2, 3, 2*21)} },
 			Run: func(tp *tensor.Tape, in []*tensor.Tensor) *tensor.Tensor { return tp.Softmax(tp.SwiGLU(in[0])) }},
 		{Name: "bias-gelu", Inputs: func() []*tensor.Tensor { return []*tensor.Tensor{normal("y", 2, 3, 5, 37), normal("b", 1, 37)} },
@@ -194,7 +221,7 @@ func runOp(c OpCase, dev tensor.Device) (res opResult, err error) {
 // states its tolerance per precision (fp32, bf16) beside its call.
 func CheckOps(dev tensor.Device, tol float64) error {
 	for _, c := range OpCases() {
-		if dev == tensor.CUDA && c.NoCUDA != "" {
+		if dev == tensor.CUDA && c.skipOnCUDA() != "" {
 			continue
 		}
 		want, err := runOp(c, tensor.CPU)

@@ -70,6 +70,12 @@ unverified_tests() {
 	# CPU, then the model's training step with them on (the layer fuses by
 	# default).
 	run unverified-fusion 180 "$bin/tensor_backendtest.test" -test.v -test.run 'TestCUDAFusedOps'
+	# The squared ReLU and the attention output gate (elem.cu: sqrelu,
+	# output-gate): the ops against the CPU, then a model step with each
+	# (loss, every gradient, decoding).
+	run unverified-sqrelu-gate-op 120 env GOTRON_CUDA_UNVERIFIED=sqrelu,output-gate "$bin/tensor_backendtest.test" -test.v \
+		-test.run 'TestCUDAOps/(squared-relu|sigmoid-gate)'
+	run unverified-sqrelu-gate 180 env GOTRON_CUDA_UNVERIFIED=sqrelu,output-gate "$bin/model_gpt.test" -test.v -test.run 'TestCUDAVariantsMatchCPU'
 	run unverified-model-fusion 180 env GOTRON_CUDA_UNVERIFIED=fusion "$bin/model_gpt.test" -test.v -test.run '^TestCUDAMatchesCPU$'
 	# Staged host-to-device copies: the runtime test, then training
 	# against the CPU (50 iterations, fp32 and --bf16) with them on.

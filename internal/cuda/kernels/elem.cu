@@ -292,6 +292,86 @@ extern "C" __global__ void elem_swiglu_bwd_f32(float* dx, const float* dout, con
     }
 }
 
+// The squared ReLU (--squared-relu) and the attention output gate
+// (--attention-output-gate), element by element as internal/cpu's
+// SquaredReLU* and tensor's SigmoidGate: __host__ __device__ so that
+// testdata/hostcheck.cu compares them with the Go code without a GPU.
+// Products and sums are rounded one at a time (__fmul_rn, __fadd_rn: no
+// fused multiply-add, as Go on amd64), so the squared ReLU is the CPU's bit
+// for bit; the gate's sigmoid is float64 as the CPU's, equal up to the
+// float64 exp's last bit.
+
+// mul_rn and add_rn are a float32 product and sum, each rounded on its own.
+__host__ __device__ __forceinline__ float mul_rn(float a, float b) {
+#ifdef __CUDA_ARCH__
+    return __fmul_rn(a, b);
+#else
+    return a * b;
+#endif
+}
+
+__host__ __device__ __forceinline__ float add_rn(float a, float b) {
+#ifdef __CUDA_ARCH__
+    return __fadd_rn(a, b);
+#else
+    return a + b;
+#endif
+}
+
+// relu_go is Go's max(v, 0): NaN stays NaN, -0 becomes +0.
+__host__ __device__ __forceinline__ float relu_go(float v) { return v != v ? v : (v > 0.0f ? v : 0.0f); }
+
+// sqrelu_fwd_one is relu(x)².
+__host__ __device__ __forceinline__ float sqrelu_fwd_one(float v) {
+    float r = relu_go(v);
+    return mul_rn(r, r);
+}
+
+// sqrelu_bwd_one is dx + dout·(2·relu(x)).
+__host__ __device__ __forceinline__ float sqrelu_bwd_one(float dx, float dout, float v) {
+    return add_rn(dx, mul_rn(dout, mul_rn(2.0f, relu_go(v))));
+}
+
+// sigmoid_f64 is 1/(1+exp(-g)) in float64, as tensor's SigmoidGate.
+__host__ __device__ __forceinline__ double sigmoid_f64(float g) { return 1.0 / (1.0 + exp(-(double)g)); }
+
+// sgate_fwd_one is x·σ(g), σ rounded to float32 first.
+__host__ __device__ __forceinline__ float sgate_fwd_one(float x, float g) { return mul_rn(x, (float)sigmoid_f64(g)); }
+
+// sgate_bwd_one sets dx = d·σ(g) and dg = d·x·σ(g)(1-σ(g)) (in float64,
+// left to right as the CPU: no sum, so nothing to contract).
+__host__ __device__ __forceinline__ void sgate_bwd_one(float* dx, float* dg, float d, float x, float g) {
+    double s = sigmoid_f64(g);
+    *dx = mul_rn(d, (float)s);
+    *dg = (float)((double)d * (double)x * s * (1.0 - s));
+}
+
+// out = relu(x)².
+extern "C" __global__ void elem_sqrelu_fwd_f32(float* out, const float* x, long long n) {
+    GRID_STRIDE(i, n) { out[i] = sqrelu_fwd_one(x[i]); }
+}
+
+// dx += dout·2·relu(x).
+extern "C" __global__ void elem_sqrelu_bwd_f32(float* dx, const float* dout, const float* x, long long n) {
+    GRID_STRIDE(i, n) { dx[i] = sqrelu_bwd_one(dx[i], dout[i], x[i]); }
+}
+
+// out = x·σ(gate), x and gate dense of n elements.
+extern "C" __global__ void elem_sigmoid_gate_fwd_f32(float* out, const float* x, const float* gate, long long n) {
+    GRID_STRIDE(i, n) { out[i] = sgate_fwd_one(x[i], gate[i]); }
+}
+
+// dx = dout·σ(gate), dgate = dout·x·σ'(gate): written, not accumulated (the
+// tape adds the Function's gradients).
+extern "C" __global__ void elem_sigmoid_gate_bwd_f32(float* dx, float* dgate, const float* dout, const float* x, const float* gate, long long n) {
+    GRID_STRIDE(i, n) {
+        float a, b;
+        sgate_bwd_one(&a, &b, dout[i], x[i], gate[i]);
+        dx[i] = a;
+        dgate[i] = b;
+    }
+}
+
 // dx (n, c) += g[r] on every element of row r.
 extern "C" __global__ void elem_add_row_broadcast_f32(float* dx, const float* g, long long total, long long c) {
     GRID_STRIDE(i, total) { dx[i] += g[div_fast(i, c)]; }

@@ -10,6 +10,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/gotron/gotron/internal/cpu"
 	"github.com/gotron/gotron/internal/half"
 	"github.com/gotron/gotron/tensor"
 )
@@ -146,4 +147,127 @@ func TestHostDropoutMask(t *testing.T) {
 			}
 		}
 	}
+}
+
+// activationBits are float32 bit patterns for the activation checks:
+// zeros of both signs, infinities, NaN, the extremes of every exponent
+// and random patterns.
+func activationBits(rng *rand.Rand, n int) []uint32 {
+	bits := []uint32{0, 0x80000000, 0x7F800000, 0xFF800000, 0x7FC00000, 0xFFC00000, 0x00000001, 0x80000001,
+		0x7F7FFFFF, 0xFF7FFFFF, 0x3F800000, 0xBF800000, 0x5F800000, 0x1F800000, 0x9F800000}
+	for e := range uint32(256) {
+		bits = append(bits, e<<23|rng.Uint32()&0x807FFFFF)
+	}
+	for len(bits) < n {
+		// mostly ordinary magnitudes, as activations are
+		bits = append(bits, math.Float32bits(float32(rng.NormFloat64()*4)))
+	}
+	return bits
+}
+
+// TestHostSquaredReLU: elem.cu's squared ReLU helpers (the bodies of
+// elem_sqrelu_fwd_f32 and _bwd_f32) give internal/cpu's SquaredReLUForward
+// and SquaredReLUBackward bit for bit, signed zeros and infinities
+// included (NaN gives NaN, whatever its payload).
+func TestHostSquaredReLU(t *testing.T) {
+	rng := rand.New(rand.NewPCG(3, 4))
+	n := 20000
+	x, d, dx := activationBits(rng, n), activationBits(rng, n), activationBits(rng, n)
+	rng.Shuffle(len(d), func(i, j int) { d[i], d[j] = d[j], d[i] })
+	rng.Shuffle(len(dx), func(i, j int) { dx[i], dx[j] = dx[j], dx[i] })
+	n = min(len(x), len(d), len(dx))
+	var in strings.Builder
+	xf, df, dxf := make([]float32, n), make([]float32, n), make([]float32, n)
+	for i := range n {
+		fmt.Fprintf(&in, "%x %x %x\n", x[i], d[i], dx[i])
+		xf[i], df[i], dxf[i] = math.Float32frombits(x[i]), math.Float32frombits(d[i]), math.Float32frombits(dx[i])
+	}
+	fwd := make([]float32, n)
+	cpu.SquaredReLUForward(fwd, xf)
+	cpu.SquaredReLUBackward(dxf, df, xf) // accumulates into dxf
+	lines := runHostcheck(t, in.String(), "sqrelu")
+	if len(lines) != n {
+		t.Fatalf("hostcheck sqrelu printed %d lines for %d values", len(lines), n)
+	}
+	for i, line := range lines {
+		// NaN as NaN: its bits are the GPU's canonical NaN there, and
+		// Go's max gives its own
+		if want := fmt.Sprintf("%s %s", nanAlike(fwd[i]), nanAlike(dxf[i])); nanAlikeLine(line) != want {
+			t.Fatalf("x %#08x dout %#08x dx %#08x: the kernel gives %s (forward backward bits), internal/cpu %s", x[i], d[i], dx[i], line, want)
+		}
+	}
+}
+
+// TestHostSigmoidGate: elem.cu's output-gate helpers (the bodies of
+// elem_sigmoid_gate_fwd_f32 and _bwd_f32) against tensor's SigmoidGate on
+// the CPU, forward and both gradients: within one float32 ulp (the
+// host's float64 exp and Go's math.Exp may differ in the last bit, which
+// can move a rounding to float32), and equal for all but a few in a
+// thousand. A wrong formula, order or rounding is off by far more.
+func TestHostSigmoidGate(t *testing.T) {
+	rng := rand.New(rand.NewPCG(5, 6))
+	n := 20000
+	x, g, d := activationBits(rng, n), activationBits(rng, n), activationBits(rng, n)
+	rng.Shuffle(len(g), func(i, j int) { g[i], g[j] = g[j], g[i] })
+	rng.Shuffle(len(d), func(i, j int) { d[i], d[j] = d[j], d[i] })
+	n = min(len(x), len(g), len(d))
+	var in strings.Builder
+	xf, gf, df := make([]float32, n), make([]float32, n), make([]float32, n)
+	for i := range n {
+		fmt.Fprintf(&in, "%x %x %x\n", x[i], g[i], d[i])
+		xf[i], gf[i], df[i] = math.Float32frombits(x[i]), math.Float32frombits(g[i]), math.Float32frombits(d[i])
+	}
+	xp, gp := tensor.Param("x", n), tensor.Param("gate", n)
+	copy(xp.Float32s(), xf)
+	copy(gp.Float32s(), gf)
+	tp := tensor.NewTape()
+	out := tp.SigmoidGate(xp, gp)
+	if err := tp.BackwardFrom([]*tensor.Tensor{out}, []*tensor.Tensor{tensor.FromFloat32(df, n)}); err != nil {
+		t.Fatal(err)
+	}
+	want := [3][]float32{out.Float32s(), xp.Grad.Float32s(), gp.Grad.Float32s()}
+	lines := runHostcheck(t, in.String(), "sgate")
+	if len(lines) != n {
+		t.Fatalf("hostcheck sgate printed %d lines for %d values", len(lines), n)
+	}
+	differ := 0
+	for i, line := range lines {
+		f := strings.Fields(line)
+		for k, what := range []string{"out", "dx", "dgate"} {
+			var u uint32
+			fmt.Sscanf(f[k], "%x", &u)
+			got, w := math.Float32frombits(u), want[k][i]
+			if got == w || got != got && w != w { // ±0 alike: the tape adds the gradient into a zeroed one
+				continue
+			}
+			differ++
+			if ulps := int64(math.Float32bits(got)) - int64(math.Float32bits(w)); got*w <= 0 || ulps > 1 || ulps < -1 {
+				t.Fatalf("x %v gate %v dout %v: the kernel's %s is %v, the CPU's %v", xf[i], gf[i], df[i], what, got, w)
+			}
+		}
+	}
+	if differ > 3*n/1000 {
+		t.Errorf("%d of %d values differ by an ulp from the CPU's: more than the float64 exp's last bit explains", differ, 3*n)
+	}
+	t.Logf("%d of %d values one ulp from the CPU's, the rest equal", differ, 3*n)
+}
+
+// nanAlike is f's bits in hex, or "nan" for every NaN.
+func nanAlike(f float32) string {
+	if f != f {
+		return "nan"
+	}
+	return fmt.Sprintf("%x", math.Float32bits(f))
+}
+
+// nanAlikeLine rewrites a harness line of float32 bits in hex with
+// nanAlike.
+func nanAlikeLine(line string) string {
+	f := strings.Fields(line)
+	for i, s := range f {
+		var u uint32
+		fmt.Sscanf(s, "%x", &u)
+		f[i] = nanAlike(math.Float32frombits(u))
+	}
+	return strings.Join(f, " ")
 }

@@ -6,6 +6,10 @@
 //	hostcheck f32 < hex float32 bits, one a line → "bf16 f16 i32 i64" in hex
 //	hostcheck half         → for each 16-bit h: the float32 bits of bf16 h and f16 h
 //	hostcheck dropout k0 k1 offset thr keepbits n → n mask values' bits
+//	hostcheck sqrelu < "x dout dx" float32 bits in hex, one triple a line
+//	    → "fwd bwd": relu(x)², dx + dout·2·relu(x)
+//	hostcheck sgate < "x gate dout" float32 bits in hex, one triple a line
+//	    → "out dx dgate": the output gate's forward and backward
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -39,6 +43,23 @@ int main(int argc, char** argv) {
         float* mask = (float*)calloc(n + 4, sizeof(float));
         for (long long b = 0; b < (n + 3) / 4; b++) dropout_block(mask, n, b, k0, k1, offset, thr, keep);
         for (long long i = 0; i < n; i++) printf("%x\n", f32_bits(mask[i]));
+        return 0;
+    }
+    if (strcmp(argv[1], "sqrelu") == 0) {
+        unsigned int x, d, dx;
+        while (scanf("%x %x %x", &x, &d, &dx) == 3) {
+            printf("%x %x\n", f32_bits(sqrelu_fwd_one(f32_from_bits(x))),
+                   f32_bits(sqrelu_bwd_one(f32_from_bits(dx), f32_from_bits(d), f32_from_bits(x))));
+        }
+        return 0;
+    }
+    if (strcmp(argv[1], "sgate") == 0) {
+        unsigned int x, g, d;
+        while (scanf("%x %x %x", &x, &g, &d) == 3) {
+            float a, b;
+            sgate_bwd_one(&a, &b, f32_from_bits(d), f32_from_bits(x), f32_from_bits(g));
+            printf("%x %x %x\n", f32_bits(sgate_fwd_one(f32_from_bits(x), f32_from_bits(g))), f32_bits(a), f32_bits(b));
+        }
         return 0;
     }
     return 2;

@@ -1,0 +1,133 @@
+package gpt
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/gotron/gotron/tensor"
+)
+
+// The model variants whose CUDA kernels are built but have not yet run on a
+// GPU, each behind its GOTRON_CUDA_UNVERIFIED feature (CheckDeviceEnv).
+
+// sqreluTiny is gpt2Tiny with the squared ReLU (--squared-relu).
+func sqreluTiny() Config {
+	c := gpt2Tiny()
+	c.Activation = SquaredReLU
+	return c
+}
+
+// outputGateTiny is llamaTiny with the attention output gate
+// (--attention-output-gate).
+func outputGateTiny() Config {
+	c := llamaTiny()
+	c.AttentionOutputGate = true
+	return c
+}
+
+// TestCheckDeviceUnverified: on --device cuda the squared ReLU and the
+// output gate are refused, naming the GOTRON_CUDA_UNVERIFIED feature that
+// allows them and that they have not run on a GPU, and allowed when the
+// variable names them (or is 1 or all); the gated delta net, which has no
+// kernel, stays refused whatever it says. The CPU and the simulated device
+// take them all.
+func TestCheckDeviceUnverified(t *testing.T) {
+	env := func(v string) func(string) string {
+		return func(k string) string {
+			if k == "GOTRON_CUDA_UNVERIFIED" {
+				return v
+			}
+			return ""
+		}
+	}
+	for _, c := range []struct {
+		name    string
+		cfg     Config
+		flag    string
+		feature string
+	}{
+		{"sqrelu", sqreluTiny(), "--squared-relu", "sqrelu"},
+		{"output-gate", outputGateTiny(), "--attention-output-gate", "output-gate"},
+	} {
+		err := c.cfg.CheckDeviceEnv(tensor.CUDA, env(""))
+		if err == nil || !strings.Contains(err.Error(), c.flag+" with --device cuda") ||
+			!strings.Contains(err.Error(), "GOTRON_CUDA_UNVERIFIED="+c.feature) || !strings.Contains(err.Error(), "not run on a GPU") {
+			t.Errorf("%s without GOTRON_CUDA_UNVERIFIED: %v, want a refusal naming %s, the feature and that it has not run on a GPU", c.name, err, c.flag)
+		}
+		if err := c.cfg.CheckDeviceEnv(tensor.CUDA, env("cp,moe-router")); err == nil {
+			t.Errorf("%s with GOTRON_CUDA_UNVERIFIED=cp,moe-router: allowed", c.name)
+		}
+		for _, v := range []string{c.feature, "1", "all", "cp, " + c.feature} {
+			if err := c.cfg.CheckDeviceEnv(tensor.CUDA, env(v)); err != nil {
+				t.Errorf("%s with GOTRON_CUDA_UNVERIFIED=%q: %v", c.name, v, err)
+			}
+		}
+		for _, dev := range []tensor.Device{tensor.CPU, tensor.Sim} {
+			if err := c.cfg.CheckDeviceEnv(dev, env("")); err != nil {
+				t.Errorf("%s on %v: %v", c.name, dev, err)
+			}
+		}
+	}
+	both := outputGateTiny()
+	both.Activation = SquaredReLU
+	if err := both.CheckDeviceEnv(tensor.CUDA, env("sqrelu")); err == nil || !strings.Contains(err.Error(), "output-gate") {
+		t.Errorf("squared ReLU and output gate with only sqrelu named: %v, want the output gate refused", err)
+	}
+	gdn := gdnGoldenConfig()
+	if err := gdn.CheckDeviceEnv(tensor.CUDA, env("1")); err == nil || !strings.Contains(err.Error(), "no CUDA kernel") {
+		t.Errorf("gated delta net with GOTRON_CUDA_UNVERIFIED=1: %v, want a refusal (no kernel)", err)
+	}
+}
+
+// TestSimVariantsMatchCPU: the squared-ReLU and output-gate models' training
+// step and decoding on the simulated device are the CPU's bit for bit.
+func TestSimVariantsMatchCPU(t *testing.T) {
+	for _, cfg := range []Config{sqreluTiny(), outputGateTiny()} {
+		c, bt := deviceCase(cfg)
+		cl, cg := deviceStep(t, c, bt, tensor.CPU, Recompute{Selective: true})
+		sl, sg := deviceStep(t, c, bt, tensor.Sim, Recompute{Selective: true})
+		sameBits(t, "loss", []float32{sl}, []float32{cl})
+		for i := range cg {
+			sameBits(t, "gradient", sg[i], cg[i])
+		}
+		want, got := deviceDecode(t, c, bt, tensor.CPU, false), deviceDecode(t, c, bt, tensor.Sim, false)
+		for i := range want {
+			sameBits(t, "decode logits", got[i], want[i])
+		}
+	}
+}
+
+// TestCUDAVariantsMatchCPU: the squared-ReLU and output-gate models (their
+// CUDA kernels: elem.cu's elem_sqrelu_* and elem_sigmoid_gate_*) give the
+// CPU's loss, every gradient (with each recomputation) and the decoding
+// logits within float32 tolerance on a GPU. It skips without one, and runs
+// each variant only when GOTRON_CUDA_UNVERIFIED names its feature (sqrelu,
+// output-gate), as training does: built, not yet run on a GPU
+// (tools/gpu/check.sh unverified).
+func TestCUDAVariantsMatchCPU(t *testing.T) {
+	if err := tensor.OpenCUDA(0, tensor.CUDAOptions{}); err != nil {
+		t.Skipf("no CUDA device: %v", err)
+	}
+	const tol = 1e-3
+	for name, cfg := range map[string]Config{"sqrelu": sqreluTiny(), "output-gate": outputGateTiny()} {
+		t.Run(name, func(t *testing.T) {
+			if err := cfg.CheckDevice(tensor.CUDA); err != nil {
+				t.Skip(err)
+			}
+			c, bt := deviceCase(cfg)
+			for _, rc := range deviceRecomputes {
+				cl, cg := deviceStep(t, c, bt, tensor.CPU, rc)
+				gl, gg := deviceStep(t, c, bt, tensor.CUDA, rc)
+				cudaClose(t, name+" loss", []float32{gl}, []float32{cl}, tol)
+				params := stageModel(t, c).Params()
+				for i := range cg {
+					cudaClose(t, name+" gradient of "+params[i].Name, gg[i], cg[i], tol)
+				}
+			}
+			want, got := deviceDecode(t, c, bt, tensor.CPU, false), deviceDecode(t, c, bt, tensor.CUDA, false)
+			for i := range want {
+				cudaClose(t, name+" decode logits", got[i], want[i], tol)
+			}
+		})
+	}
+}

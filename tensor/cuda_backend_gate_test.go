@@ -1,0 +1,37 @@
+package tensor
+
+import (
+	"testing"
+
+	"github.com/gotron/gotron/internal/cuda/kernels"
+)
+
+// TestElemGateArgsMatchPTX checks, without a GPU, that the squared ReLU's
+// and the output gate's launch arguments (cuda_backend_elem.go,
+// cuda_backend_gate.go) match elem.cu's PTX parameters, in number and
+// size.
+func TestElemGateArgsMatchPTX(t *testing.T) {
+	for _, arch := range [][2]int{{8, 0}, {9, 0}} {
+		mods, err := kernels.PTX(arch[0], arch[1])
+		if err != nil {
+			t.Fatal(err)
+		}
+		ptx := string(mods["elem"])
+		for name, args := range map[string][]any{
+			"elem_sqrelu_fwd_f32":       sqreluArgs(1, 0, 1, 1),
+			"elem_sqrelu_bwd_f32":       sqreluArgs(1, 1, 1, 1),
+			"elem_sigmoid_gate_fwd_f32": sigmoidGateArgs(1, 0, 0, 1, 1, 1),
+			"elem_sigmoid_gate_bwd_f32": sigmoidGateArgs(1, 1, 1, 1, 1, 1),
+		} {
+			want := ptxParamBytes(t, ptx, name)
+			if len(want) != len(args) {
+				t.Fatalf("sm_%d%d %s: %d arguments, the PTX has %d parameters", arch[0], arch[1], name, len(args), len(want))
+			}
+			for i, x := range args {
+				if got := argBytes(x); got != want[i] {
+					t.Errorf("sm_%d%d %s argument %d: %T is %d bytes, the PTX parameter %d", arch[0], arch[1], name, i, x, got, want[i])
+				}
+			}
+		}
+	}
+}
