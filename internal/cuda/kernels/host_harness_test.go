@@ -20,7 +20,7 @@ import (
 type hostHarness struct {
 	compiler string   // "g++" or "nvcc"; without it on PATH the tests skip
 	src      string   // the harness, under testdata
-	includes []string // the kernel sources src #includes
+	includes []string // the files src #includes: kernel sources, testdata/host_harness.h
 	flags    []string // before -o
 	purpose  string   // what building it is for, for the skip message
 
@@ -34,11 +34,11 @@ type hostHarness struct {
 var (
 	hostcheck = &hostHarness{compiler: "nvcc", src: "hostcheck.cu", includes: []string{"elem.cu", "dropout.cu"},
 		flags: []string{"-std=c++14", "-O2"}, purpose: "check the kernels' conversions and Philox stream"}
-	attntcHost = &hostHarness{compiler: "g++", src: "attntc_host.cc", includes: []string{"attntc.cu"},
+	attntcHost = &hostHarness{compiler: "g++", src: "attntc_host.cc", includes: []string{"attntc.cu", "testdata/host_harness.h"},
 		flags: []string{"-std=c++17", "-O2", "-pthread", "-fno-strict-aliasing"}, purpose: "run attntc.cu's kernels on the host"}
-	fusedHost = &hostHarness{compiler: "g++", src: "fused_host.cc", includes: []string{"fused.cu"},
+	fusedHost = &hostHarness{compiler: "g++", src: "fused_host.cc", includes: []string{"fused.cu", "testdata/host_harness.h"},
 		flags: []string{"-std=c++17", "-O2", "-pthread", "-ffp-contract=off"}, purpose: "run fused.cu's kernel on the host"}
-	moeHost = &hostHarness{compiler: "g++", src: "moe_host.cc", includes: []string{"moe.cu"},
+	moeHost = &hostHarness{compiler: "g++", src: "moe_host.cc", includes: []string{"moe.cu", "testdata/host_harness.h"},
 		flags: []string{"-std=c++17", "-O2", "-ffp-contract=off"}, purpose: "run moe.cu's kernels on the host"}
 
 	hostHarnesses = []*hostHarness{hostcheck, attntcHost, fusedHost, moeHost}

@@ -22,11 +22,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include <condition_variable>
 #include <functional>
-#include <mutex>
 #include <thread>
 #include <vector>
+
+#define HOST_HARNESS_NAME "attntc_host"
+#include "host_harness.h"
 
 #define __device__
 #define __global__
@@ -51,26 +52,6 @@ static inline void __trap() {
     fprintf(stderr, "attntc_host: __trap (dynamic shared memory below the kernel's need)\n");
     abort();
 }
-
-// barrier: n threads meet; reusable (generation count).
-struct barrier {
-    std::mutex mu;
-    std::condition_variable cv;
-    int n, count = 0;
-    unsigned gen = 0;
-    explicit barrier(int n) : n(n) {}
-    void wait() {
-        std::unique_lock<std::mutex> lk(mu);
-        unsigned g = gen;
-        if (++count == n) {
-            count = 0;
-            gen++;
-            cv.notify_all();
-            return;
-        }
-        cv.wait(lk, [&] { return gen != g; });
-    }
-};
 
 static barrier* block_barrier;
 static barrier* warp_barrier[4];
@@ -170,17 +151,6 @@ static void launch(int gx, int gy, int gz, uint32_t smem, const std::function<vo
             }
 }
 
-static std::vector<float> readf(size_t n) {
-    std::vector<float> v(n);
-    if (n && fread(v.data(), 4, n, stdin) != n) {
-        fprintf(stderr, "attntc_host: short input\n");
-        exit(2);
-    }
-    return v;
-}
-
-static void writef(const std::vector<float>& v) { fwrite(v.data(), 4, v.size(), stdout); }
-
 int main(int argc, char** argv) {
     if (argc < 2) return 2;
     const bool fwd = strcmp(argv[1], "fwd") == 0;
@@ -202,11 +172,10 @@ int main(int argc, char** argv) {
     const uint32_t thr = (uint32_t)(p * 4294967296.0);
     const float dscale = (float)(1 / (1 - p));
     const size_t nq = (size_t)B * T * HQ * D, nkv = (size_t)B * T * HKV * D, nl = (size_t)B * HQ * T;
-    std::vector<float> q = readf(nq), k = readf(nkv), v = readf(nkv);
+    std::vector<float> q = readN<float>(nq), k = readN<float>(nkv), v = readN<float>(nkv);
     if (fwd) {
-        std::vector<float> out = readf(nq), lse = readf(nl);
-        std::vector<int32_t> docs(hasDocs ? (size_t)B * T : 0);
-        if (hasDocs && fread(docs.data(), 4, docs.size(), stdin) != docs.size()) return 2;
+        std::vector<float> out = readN<float>(nq), lse = readN<float>(nl);
+        std::vector<int32_t> docs = readN<int32_t>(hasDocs ? (size_t)B * T : 0);
         const int32_t* dp = hasDocs ? docs.data() : nullptr;
         auto run = [&](auto kern, uint32_t smem) {
             launch((T + ATC_BQ - 1) / ATC_BQ, HQ, B, smem, [&] {
@@ -216,14 +185,13 @@ int main(int argc, char** argv) {
         };
         if (D == 64) run(attntc_fwd_d64_bf16, ATC_FWD_SMEM(64));
         else run(attntc_fwd_d128_bf16, ATC_FWD_SMEM(128));
-        writef(out);
-        writef(lse);
+        writeAll(out);
+        writeAll(lse);
         return 0;
     }
-    std::vector<float> dout = readf(nq), out = readf(nq), lse = readf(nl);
-    std::vector<float> dq = readf(nq), dk = readf(nkv), dv = readf(nkv);
-    std::vector<int32_t> docs(hasDocs ? (size_t)B * T : 0);
-    if (hasDocs && fread(docs.data(), 4, docs.size(), stdin) != docs.size()) return 2;
+    std::vector<float> dout = readN<float>(nq), out = readN<float>(nq), lse = readN<float>(nl);
+    std::vector<float> dq = readN<float>(nq), dk = readN<float>(nkv), dv = readN<float>(nkv);
+    std::vector<int32_t> docs = readN<int32_t>(hasDocs ? (size_t)B * T : 0);
     const int32_t* dp = hasDocs ? docs.data() : nullptr;
     // delta = rowsum(dout∘out), attn.cu's attn_bwd_delta_f32 (float32)
     std::vector<float> delta(nl);
@@ -254,8 +222,8 @@ int main(int argc, char** argv) {
         runDq(attntc_bwd_dq_d128_bf16, ATC_DQ_SMEM(128));
         runDkv(attntc_bwd_dkv_d128_bf16, ATC_DKV_SMEM(128, 32));
     }
-    writef(dq);
-    writef(dk);
-    writef(dv);
+    writeAll(dq);
+    writeAll(dk);
+    writeAll(dv);
     return 0;
 }

@@ -17,11 +17,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include <condition_variable>
 #include <functional>
-#include <mutex>
 #include <thread>
 #include <vector>
+
+#define HOST_HARNESS_NAME "fused_host"
+#include "host_harness.h"
 
 #define __device__
 #define __global__
@@ -44,25 +45,6 @@ static inline float __fadd_rn(float a, float b) { return a + b; }
 static inline float __fsub_rn(float a, float b) { return a - b; }
 static inline long long min(long long a, long long b) { return a < b ? a : b; }
 
-struct barrier {
-    std::mutex mu;
-    std::condition_variable cv;
-    int n, count = 0;
-    unsigned gen = 0;
-    explicit barrier(int n) : n(n) {}
-    void wait() {
-        std::unique_lock<std::mutex> lk(mu);
-        unsigned g = gen;
-        if (++count == n) {
-            count = 0;
-            gen++;
-            cv.notify_all();
-            return;
-        }
-        cv.wait(lk, [&] { return gen != g; });
-    }
-};
-
 static barrier* block_barrier;
 static barrier* warp_barrier[8];
 static inline void __syncthreads() { block_barrier->wait(); }
@@ -81,16 +63,6 @@ static std::vector<float> fh_row;
 #define FUSED_HOST_ROW 1
 
 #include "../fused.cu"
-
-template <typename T>
-static std::vector<T> readN(size_t n) {
-    std::vector<T> v(n);
-    if (n && fread(v.data(), sizeof(T), n, stdin) != n) {
-        fprintf(stderr, "fused_host: short input\n");
-        exit(2);
-    }
-    return v;
-}
 
 int main(int argc, char** argv) {
     if (argc != 16 || strcmp(argv[1], "addnorm") != 0) {
@@ -135,9 +107,9 @@ int main(int argc, char** argv) {
         for (auto& t : ts) t.join();
         for (auto* p : warps) delete p;
     }
-    fwrite(sum.data(), 4, sum.size(), stdout);
-    fwrite(out.data(), 4, out.size(), stdout);
-    if (!rms) fwrite(mean.data(), 4, mean.size(), stdout);
-    fwrite(rstd.data(), 4, rstd.size(), stdout);
+    writeAll(sum);
+    writeAll(out);
+    if (!rms) writeAll(mean);
+    writeAll(rstd);
     return 0;
 }

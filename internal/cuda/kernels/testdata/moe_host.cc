@@ -31,6 +31,9 @@
 
 #include <vector>
 
+#define HOST_HARNESS_NAME "moe_host"
+#include "host_harness.h"
+
 #define __device__
 #define __global__
 #define __forceinline__ inline
@@ -56,21 +59,6 @@ static inline long long __double_as_longlong(double d) {
 }
 
 #include "../moe.cu"
-
-template <typename T>
-static std::vector<T> readN(size_t n) {
-    std::vector<T> v(n);
-    if (n && fread(v.data(), sizeof(T), n, stdin) != n) {
-        fprintf(stderr, "moe_host: short input\n");
-        exit(1);
-    }
-    return v;
-}
-
-template <typename T>
-static void writeAll(const std::vector<T>& v) {
-    fwrite(v.data(), sizeof(T), v.size(), stdout);
-}
 
 int main(int argc, char** argv) {
     if (argc < 2) return 2;
