@@ -5,9 +5,12 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"maps"
 	"sort"
 	"strings"
 	"sync"
+
+	"github.com/gotron/gotron/model/gpt"
 )
 
 // megatronArgumentsTSV is Megatron-LM's list of training arguments as its
@@ -164,7 +167,11 @@ var compatArgs = map[string]compatArg{
 	"dist-ckpt-optim-fully-reshardable":           {kind: compatSame, why: "gotron's checkpoints, optimizer state included, load at any parallel layout"},
 	"auto-detect-ckpt-format":                     {kind: compatSame, why: "gotron train loads the format --ckpt-format names: gotron's sharded one, or Megatron's legacy torch files with --ckpt-format torch; --load pointed at the other says which flag loads it"},
 	"no-use-tokenizer-model-from-checkpoint-args": {kind: compatSame, why: "gotron train takes the tokenizer from its flags, not from the checkpoint"},
-	"use-rotary-position-embeddings":              {kind: compatNeeds, why: needNotBuilt + " (the deprecated spelling: use --position-embedding-type rope)"},
+	// Megatron's validate_args: "Legacy RoPE arguments": it sets
+	// position_embedding_type = 'rope'; gotron takes it beside
+	// --position-embedding-type rope (megatronCompat) and refuses it
+	// otherwise.
+	"use-rotary-position-embeddings": {kind: compatNeeds, why: needNotBuilt + " (the deprecated spelling: use --position-embedding-type rope)"},
 	// Features gotron does not have.
 	"apply-wd-to-qk-layernorm": {kind: compatNeeds, why: "weight decay on the query/key layer norms, not built in gotron yet"},
 	// Megatron configures its StragglerDetector only with --log-straggler
@@ -349,6 +356,11 @@ func (f *trainFlags) megatronCompat(env *cli, fs *flag.FlagSet, given map[string
 	lines, compatGiven, err := f.rl.engineArgs(fs, given)
 	if err != nil {
 		return err
+	}
+	if compatGiven["use-rotary-position-embeddings"] && f.compatBool(fs, "use-rotary-position-embeddings") && f.model.PositionEmbeddingType == gpt.RoPE {
+		compatGiven = maps.Clone(compatGiven) // not the caller's
+		delete(compatGiven, "use-rotary-position-embeddings")
+		lines = append(lines, "--use-rotary-position-embeddings: accepted: Megatron's deprecated spelling of --position-embedding-type rope, which this run gives")
 	}
 	more, err := checkCompatFlags(fs, compatGiven, f.compat)
 	if err != nil {

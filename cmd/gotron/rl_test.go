@@ -360,7 +360,9 @@ func TestGRPOTrainPacked(t *testing.T) {
 // TestGRPOCompatSameNumbers: the RL arguments accepted without effect
 // change no number and say so, once each: Megatron's CUDA-graph arguments
 // of the rollout engine (gotron inference's words), its memory placement
-// and OOM cap, --mock-data and a generation lag of 0. The engine settings
+// and OOM cap, --mock-data, a generation lag of 0 with partial rollouts at
+// batch granularity, and the deprecated --use-rotary-position-embeddings
+// beside rope. The engine settings
 // gotron applies keep the numbers too: a KV cache too small for all the
 // rollouts at once (they wait for blocks: the same tokens), the rollouts'
 // length cap at --seq-length, and the engine's step log, which logs.
@@ -376,7 +378,8 @@ func TestGRPOCompatSameNumbers(t *testing.T) {
 	out, errs, code := runCLI(t, append(append([]string{}, base...), "--rl-offload-optimizer-during-inference", "--refit-method", "nccl",
 		"--cuda-graph-impl", "local", "--inference-dynamic-batching-num-cuda-graphs", "1", "--inference-dynamic-batching-cuda-graph-sizing-distribution", "linear",
 		"--rl-training-cuda-graphs", "--inference-dynamic-batching-unified-memory-level", "1", "--max-tokens-to-oom", "3600000", "--mock-data",
-		"--rl-generation-lag", "0", "--inference-dynamic-batching-buffer-size-gb", "0.0001", "--inference-max-seq-length", "128",
+		"--rl-partial-rollouts", "--rl-generation-lag", "0", "--rl-submission-granularity", "B", "--use-rotary-position-embeddings",
+		"--inference-dynamic-batching-buffer-size-gb", "0.0001", "--inference-max-seq-length", "128",
 		"--inference-logging-step-interval", "1", "--metrics-file", filepath.Join(dir, "compat.jsonl"))...)
 	if code != 0 {
 		t.Fatalf("with Megatron's arguments: exit %d: %s", code, errs)
@@ -397,6 +400,9 @@ func TestGRPOCompatSameNumbers(t *testing.T) {
 		"gotron train: --max-tokens-to-oom 3600000: no effect in gotron:",
 		"gotron train: --mock-data: no effect with --perform-rl-step:",
 		"gotron train: --rl-generation-lag 0: generation is synchronous, as gotron's",
+		"gotron train: --rl-partial-rollouts: no effect with --rl-generation-lag 0 and batch (B) submission and consumption:",
+		"gotron train: --rl-submission-granularity B: Megatron's default, nothing to do",
+		"gotron train: --use-rotary-position-embeddings: accepted: Megatron's deprecated spelling of --position-embedding-type rope",
 	} {
 		if strings.Count(errs, line) != 1 {
 			t.Errorf("stderr should have the line %q once:\n%s", line, errs)
@@ -425,7 +431,8 @@ func TestGRPOCompatSameNumbers(t *testing.T) {
 		{[]string{"--inference-dynamic-batching-buffer-size-gb", "0"}, "want a size in GiB > 0"},
 		{[]string{"--inference-max-seq-length", "129"}, "--inference-max-seq-length"},
 		{[]string{"--inference-logging-step-interval", "-1"}, "--inference-logging-step-interval"},
-		{[]string{"--rl-partial-rollouts", "--rl-generation-lag", "0"}, "needs Megatron's asynchronous rollout pipeline"},
+		{[]string{"--rl-partial-rollouts"}, "needs Megatron's asynchronous rollout pipeline"}, // the lag autotuned
+		{[]string{"--rl-partial-rollouts", "--rl-generation-lag", "0", "--rl-consumption-granularity", "G"}, "needs Megatron's asynchronous rollout pipeline"},
 		{[]string{"--rl-generation-lag", "2"}, "needs Megatron's asynchronous rollout pipeline"},
 		{[]string{"--rl-submission-granularity", "G"}, "needs Megatron's asynchronous rollout pipeline"},
 		{[]string{"--rl-inference-tensor-model-parallel-size", "2"}, "needs a separate inference layout for the RL step's rollouts"},
@@ -434,6 +441,10 @@ func TestGRPOCompatSameNumbers(t *testing.T) {
 		if code == 0 || !strings.Contains(errs, c.want) {
 			t.Errorf("%v: exit %d, stderr %q; want an error containing %q", c.args, code, errs, c.want)
 		}
+	}
+	if _, errs, code := runCLI(t, append(append([]string{}, base...), "--position-embedding-type", "learned_absolute", "--use-rotary-position-embeddings")...); code == 0 ||
+		!strings.Contains(errs, "--use-rotary-position-embeddings: needs") {
+		t.Errorf("--use-rotary-position-embeddings with learned positions: exit %d, %s", code, errs)
 	}
 	// Outside the RL step gotron train refuses CUDA graphs.
 	if _, errs, code := runCLI(t, "train", "--cuda-graph-impl", "local", "--mock-data", "--train-iters", "1"); code == 0 || !strings.Contains(errs, "--cuda-graph-impl local: needs CUDA graphs, not built in gotron") {

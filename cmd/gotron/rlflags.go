@@ -237,8 +237,8 @@ func noteRLGraphArgs(fs *flag.FlagSet, defined map[string]bool) {
 // graph, keeps the KV cache in host memory and sizes it by the buffer
 // size); the KV cache's size, the rollouts' length cap and
 // the engine's step log, which the collector applies; and
-// --rl-generation-lag 0 without --rl-partial-rollouts, Megatron's
-// synchronous generation, which is gotron's. It returns given without
+// --rl-generation-lag 0, with --rl-partial-rollouts only at batch
+// granularity: Megatron's synchronous generation, which is gotron's. It returns given without
 // these, for the compatibility check that refuses them outside the RL
 // step.
 func (f *rlFlags) engineArgs(fs *flag.FlagSet, given map[string]bool) (lines []string, rest map[string]bool, err error) {
@@ -312,6 +312,17 @@ func (f *rlFlags) engineArgs(fs *flag.FlagSet, given map[string]bool) (lines []s
 		}
 	}
 	partial := given["rl-partial-rollouts"] && value("rl-partial-rollouts") == "true"
+	lag := value("rl-generation-lag")
+	lagZero := given["rl-generation-lag"] && (lag == "0" || lag == "0.0")
+	batchWise := func(name string) bool { v := value(name); return !given[name] || v == "" || v == "B" }
+	// Megatron's RolloutPipeline with a lag of 0 and whole batches (B)
+	// submitted and consumed: its one gate slot is freed when the trainer
+	// resumes the rollout generator after taking the whole previous
+	// collection, at the next collection, after the weights are refit; so
+	// no rollout is in flight across a weight update, and partial rollouts
+	// are synchronous generation, gotron's. A lag left to Megatron's
+	// autotuning, above 0, or groups (G) are not.
+	syncPartial := partial && lagZero && batchWise("rl-submission-granularity") && batchWise("rl-consumption-granularity")
 	rest = map[string]bool{}
 	names := make([]string, 0, len(given))
 	for name := range given {
@@ -333,8 +344,10 @@ func (f *rlFlags) engineArgs(fs *flag.FlagSet, given map[string]bool) (lines []s
 		case name == "max-tokens-to-oom":
 			lines = append(lines, fmt.Sprintf("--%s %s: no effect in gotron: it %s", name, v, inferenceDetails[name]))
 		case name == "inference-dynamic-batching-buffer-size-gb" || name == "inference-max-seq-length" || name == "inference-logging-step-interval":
-		case name == "rl-generation-lag" && !partial && (v == "0" || v == "0.0"):
-			lines = append(lines, "--rl-generation-lag 0: generation is synchronous, as gotron's: each collection is generated to the end on the current weights (Megatron's behaviour without --rl-partial-rollouts)")
+		case name == "rl-generation-lag" && lagZero && (!partial || syncPartial):
+			lines = append(lines, "--rl-generation-lag 0: generation is synchronous, as gotron's: each collection is generated to the end on the current weights (Megatron's behaviour without --rl-partial-rollouts, and with it at lag 0 and batch granularity)")
+		case name == "rl-partial-rollouts" && syncPartial:
+			lines = append(lines, "--rl-partial-rollouts: no effect with --rl-generation-lag 0 and batch (B) submission and consumption: Megatron's rollout pipeline submits a collection's rollouts only after the trainer has taken the whole previous one, so no rollout is generated across a weight update (the same rollouts as gotron's synchronous generation)")
 		default:
 			rest[name] = true
 		}
