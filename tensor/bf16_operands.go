@@ -99,6 +99,10 @@ type BF16OperandCounts struct {
 	// read as 4 bytes and written as 2).
 	WeightCasts, WeightCastElems int64
 	ActCasts, ActCastElems       int64
+	// Activations a product read as their producer wrote them in
+	// bfloat16 beside float32 (a norm's kernel: no conversion kernel of
+	// their own, no float32 read), and their elements.
+	FusedCasts, FusedCastElems int64
 }
 
 // Sub returns c - d, field by field.
@@ -108,6 +112,7 @@ func (c BF16OperandCounts) Sub(d BF16OperandCounts) BF16OperandCounts {
 		BF16OperandProducts: c.BF16OperandProducts - d.BF16OperandProducts, BF16OperandElems: c.BF16OperandElems - d.BF16OperandElems,
 		WeightCasts: c.WeightCasts - d.WeightCasts, WeightCastElems: c.WeightCastElems - d.WeightCastElems,
 		ActCasts: c.ActCasts - d.ActCasts, ActCastElems: c.ActCastElems - d.ActCastElems,
+		FusedCasts: c.FusedCasts - d.FusedCasts, FusedCastElems: c.FusedCastElems - d.FusedCastElems,
 	}
 }
 
@@ -118,6 +123,7 @@ func (c BF16OperandCounts) Add(d BF16OperandCounts) BF16OperandCounts {
 		BF16OperandProducts: c.BF16OperandProducts + d.BF16OperandProducts, BF16OperandElems: c.BF16OperandElems + d.BF16OperandElems,
 		WeightCasts: c.WeightCasts + d.WeightCasts, WeightCastElems: c.WeightCastElems + d.WeightCastElems,
 		ActCasts: c.ActCasts + d.ActCasts, ActCastElems: c.ActCastElems + d.ActCastElems,
+		FusedCasts: c.FusedCasts + d.FusedCasts, FusedCastElems: c.FusedCastElems + d.FusedCastElems,
 	}
 }
 
@@ -148,9 +154,9 @@ func (c BF16OperandCounts) AsFP32Operands() BF16OperandCounts {
 }
 
 func (c BF16OperandCounts) String() string {
-	return fmt.Sprintf("%d products on float32 operands (%d elements), %d on bfloat16 operands (%d elements); casts: %d of weights (%d elements), %d of activations (%d elements); %d conversions of %d elements, %d bytes read by the products",
+	return fmt.Sprintf("%d products on float32 operands (%d elements), %d on bfloat16 operands (%d elements); casts: %d of weights (%d elements), %d of activations (%d elements), %d written in bfloat16 by their producers (%d elements); %d conversions of %d elements, %d bytes read by the products",
 		c.FP32OperandProducts, c.FP32OperandElems, c.BF16OperandProducts, c.BF16OperandElems,
-		c.WeightCasts, c.WeightCastElems, c.ActCasts, c.ActCastElems, c.Conversions(), c.ConvertedElems(), c.ProductReadBytes())
+		c.WeightCasts, c.WeightCastElems, c.ActCasts, c.ActCastElems, c.FusedCasts, c.FusedCastElems, c.Conversions(), c.ConvertedElems(), c.ProductReadBytes())
 }
 
 var bf16Counts struct {
@@ -158,6 +164,7 @@ var bf16Counts struct {
 	bf16Products, bf16Elems atomic.Int64
 	weightCasts, weightElem atomic.Int64
 	actCasts, actElems      atomic.Int64
+	fusedCasts, fusedElems  atomic.Int64
 }
 
 // BF16GemmOperandCounts returns the process's counts so far.
@@ -167,6 +174,7 @@ func BF16GemmOperandCounts() BF16OperandCounts {
 		BF16OperandProducts: bf16Counts.bf16Products.Load(), BF16OperandElems: bf16Counts.bf16Elems.Load(),
 		WeightCasts: bf16Counts.weightCasts.Load(), WeightCastElems: bf16Counts.weightElem.Load(),
 		ActCasts: bf16Counts.actCasts.Load(), ActCastElems: bf16Counts.actElems.Load(),
+		FusedCasts: bf16Counts.fusedCasts.Load(), FusedCastElems: bf16Counts.fusedElems.Load(),
 	}
 }
 
@@ -305,6 +313,15 @@ func (tp *Tape) castBF16(be Backend, x *Tensor) *Tensor {
 	return out
 }
 
+// castBF16Of is castBF16 of x2 (x viewed as a matrix) unless x's producer
+// wrote its bfloat16 rounding already (operandOf).
+func (tp *Tape) castBF16Of(be Backend, x, x2 *Tensor) *Tensor {
+	if r := tp.operandOf(x); r != nil {
+		return r.view(x2.shape, x2.strides, r.offset)
+	}
+	return tp.castBF16(be, x2)
+}
+
 // emptyBF16 is empty for a bfloat16 tensor: on the host, a float32 arena
 // buffer of half the elements (rounded up) holds it, so the tape returns
 // it at Reset as any other.
@@ -388,6 +405,49 @@ type fwdOperand struct {
 	t *Tensor
 	// pinned: a recorded backward step may read t's storage.
 	pinned bool
+	// bf16 is t rounded to bfloat16, written by t's producer beside t
+	// (a norm's kernel: bf16NormForward), or nil; read is set once a
+	// Linear took it as its operand (and keeps it for its backward).
+	bf16 *Tensor
+	read bool
+}
+
+// bf16NormForward is a backend whose norm kernels also write their output
+// rounded to bfloat16, the operand of the linear layer the output feeds,
+// in the same pass (the CUDA backend: norm.cu's _bf16 kernels; the
+// simulated device emulates them with a conversion). out16 is a
+// contiguous bfloat16 tensor of out's shape.
+type bf16NormForward interface {
+	LayerNormForwardBF16(out, out16, mean, rstd, x, w, b *Tensor, eps float32)
+	RMSNormForwardBF16(out, out16, rstd, x, w *Tensor, eps float32)
+}
+
+// normOperand returns a bfloat16 buffer for a norm's output of shape on
+// be to write beside its float32 one (registered with forwardOnly then),
+// or nil where be's products do not read bfloat16 operands now or its
+// norm kernels cannot write one.
+func (tp *Tape) normOperand(be Backend, dev Device, shape []int) (bf16NormForward, *Tensor) {
+	nb, ok := be.(bf16NormForward)
+	if !ok || tp == nil || tp.matmul != MatmulBF16 || !bf16OperandsOn(be) {
+		return nil, nil
+	}
+	return nb, tp.emptyBF16(dev, shape...)
+}
+
+// operandOf returns x's bfloat16 rounding written by its producer, for a
+// Linear that reads x whole, or nil.
+func (tp *Tape) operandOf(x *Tensor) *Tensor {
+	if tp == nil || x.offset != 0 {
+		return nil
+	}
+	op := tp.owner().operands[operandKey(x)]
+	if op == nil || op.t != x || op.bf16 == nil {
+		return nil
+	}
+	op.read = true
+	bf16Counts.fusedCasts.Add(1)
+	bf16Counts.fusedElems.Add(int64(x.Numel()))
+	return op.bf16
 }
 
 // owner is the tape whose live buffers tp's outputs join.
@@ -413,7 +473,8 @@ func operandKey(t *Tensor) unsafe.Pointer {
 // forwardOnly registers out, a float32 output that tp just took from its
 // buffers and that its producer's backward does not read, when products
 // on be read bfloat16 operands under tp's matmul precision.
-func (tp *Tape) forwardOnly(be Backend, out *Tensor) {
+// out16, when not nil, is out rounded to bfloat16 by its producer.
+func (tp *Tape) forwardOnly(be Backend, out, out16 *Tensor) {
 	if tp == nil || tp.matmul != MatmulBF16 || out.offset != 0 || !bf16OperandsOn(be) {
 		return
 	}
@@ -425,7 +486,7 @@ func (tp *Tape) forwardOnly(be Backend, out *Tensor) {
 	if o.operands == nil {
 		o.operands = map[unsafe.Pointer]*fwdOperand{}
 	}
-	o.operands[k] = &fwdOperand{t: out}
+	o.operands[k] = &fwdOperand{t: out, bf16: out16}
 }
 
 // pinOperands marks the registered outputs among in (or whose storage
@@ -444,6 +505,14 @@ func (tp *Tape) pinOperands(in ...*Tensor) {
 		}
 		if op := m[operandKey(t)]; op != nil {
 			op.pinned = true
+			if op.bf16 != nil && !op.read {
+				// read by another op before any linear layer (a
+				// query/key norm's RoPE, a collective): the bfloat16
+				// rounding is likely no product's operand; a Linear
+				// after casts again
+				tp.releaseBF16(op.bf16)
+				op.bf16 = nil
+			}
 		}
 	}
 }

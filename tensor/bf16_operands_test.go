@@ -187,7 +187,13 @@ func forwardDoneRun(t *testing.T, dev Device) (live int, freed []int, loss float
 func TestForwardDoneReturnsLinearOnlyOutputs(t *testing.T) {
 	const rows, h, f = 6, 8, 16
 	cpuLive, cpuFreed, cpuLoss, cpuGrads := forwardDoneRun(t, CPU)
+	before := BF16GemmOperandCounts()
 	simLive, simFreed, simLoss, simGrads := forwardDoneRun(t, Sim)
+	// the norm's kernel wrote w1's operand; GELU's and the square's
+	// outputs and the three output gradients are cast
+	if d := BF16GemmOperandCounts().Sub(before); d.FusedCasts != 1 || d.FusedCastElems != rows*h || d.ActCasts != 5 {
+		t.Errorf("sim counts %v: want 1 operand written by the norm (%d elements), 5 casts", d, rows*h)
+	}
 	if want := []int{0, 0, 0}; !slices.Equal(cpuFreed, want) {
 		t.Errorf("CPU: ForwardDone returned %v float32 slots, want %v", cpuFreed, want)
 	}
@@ -220,6 +226,7 @@ func TestForwardDoneReturnsLinearOnlyOutputs(t *testing.T) {
 func TestForwardDoneReadAfterFails(t *testing.T) {
 	x, w, w1 := Param("x", 2, 4), Param("w", 4), Param("w1", 3, 4)
 	MoveParams(Sim, x, w, w1)
+	NewBF16Weights([]*Tensor{w1})
 	tp := NewTape()
 	tp.SetMatmulPrecision(MatmulBF16)
 	n := tp.RMSNorm(x, w, 1e-5)
@@ -231,4 +238,28 @@ func TestForwardDoneReadAfterFails(t *testing.T) {
 		}
 	}()
 	ToHost(n).Float32s()
+}
+
+// TestNormOperandDroppedWhenReadFirst: a norm's bfloat16 operand that
+// another op reads before any linear layer (a query/key norm's RoPE, a
+// collective) goes back at once, and a linear layer reading the output
+// after casts it as before.
+func TestNormOperandDroppedWhenReadFirst(t *testing.T) {
+	const rows, h = 4, 6
+	x, w, w1 := Param("x", rows, h), Param("w", h), Param("w1", 3, h)
+	MoveParams(Sim, x, w, w1)
+	NewBF16Weights([]*Tensor{w1})
+	tp := NewTape()
+	tp.SetMatmulPrecision(MatmulBF16)
+	n := tp.RMSNorm(x, w, 1e-5)
+	live := tp.LiveFloats()
+	tp.Mul(n, n)
+	if got, want := tp.LiveFloats(), live+rows*h-rows*h/2; got != want {
+		t.Errorf("after Mul: %d float32 slots, want %d (Mul's output, the norm's bfloat16 operand returned)", got, want)
+	}
+	before := BF16GemmOperandCounts()
+	tp.Linear(n, w1, nil)
+	if d := BF16GemmOperandCounts().Sub(before); d.FusedCasts != 0 || d.ActCasts != 1 {
+		t.Errorf("Linear after: counts %v, want its input cast", d)
+	}
 }

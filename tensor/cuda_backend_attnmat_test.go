@@ -185,3 +185,30 @@ func TestMoERouterArgsMatchPTX(t *testing.T) {
 		}
 	}
 }
+
+// TestNormBF16ArgsMatchPTX checks, without a GPU, that the norm kernels
+// writing a bfloat16 operand beside their output (cuda_backend_norm.go,
+// gemm-bf16) get the arguments norm.cu's PTX declares.
+func TestNormBF16ArgsMatchPTX(t *testing.T) {
+	for _, arch := range [][2]int{{8, 0}, {9, 0}} {
+		mods, err := kernels.PTX(arch[0], arch[1])
+		if err != nil {
+			t.Fatal(err)
+		}
+		ptx := string(mods["norm"])
+		for name, args := range map[string][]any{
+			"norm_layernorm_fwd_f32_bf16": layerNormBF16Args(1, 1, 1, 1, 1, 1, 0, 1, 1, 1e-5),
+			"norm_rmsnorm_fwd_f32_bf16":   rmsNormBF16Args(1, 1, 1, 1, 1, 1, 1, 1e-5),
+		} {
+			want := ptxParamBytes(t, ptx, name)
+			if len(want) != len(args) {
+				t.Fatalf("sm_%d%d %s: %d arguments, the PTX has %d parameters", arch[0], arch[1], name, len(args), len(want))
+			}
+			for i, x := range args {
+				if got := argBytes(x); got != want[i] {
+					t.Errorf("sm_%d%d %s argument %d: %T is %d bytes, the PTX parameter %d", arch[0], arch[1], name, i, x, got, want[i])
+				}
+			}
+		}
+	}
+}

@@ -131,3 +131,32 @@ func (be cudaBackend) rope(r *RoPE, out, x, positions *Tensor, sign float32, acc
 		int32(d), int32(half), interleaved, int32(cfg.MaxPositions), sign, accumulate)
 	runtime.KeepAlive(positions)
 }
+
+// LayerNormForwardBF16 is LayerNormForward that also writes out rounded to
+// bfloat16 into out16 (bf16NormForward: norm.cu's
+// norm_layernorm_fwd_f32_bf16, under gemm-bf16).
+func (be cudaBackend) LayerNormForwardBF16(out, out16, mean, rstd, x, w, b *Tensor, eps float32) {
+	n, c := rowsCols(x)
+	be.launchNormRows("norm_layernorm_fwd_f32_bf16", n, c, layerNormBF16Args(be.ptr(out), be.ptr(out16), be.ptr(mean), be.ptr(rstd),
+		be.ptr(x), be.ptr(w), be.ptr(b), n, c, eps)...)
+}
+
+// RMSNormForwardBF16 is RMSNormForward that also writes out16
+// (norm_rmsnorm_fwd_f32_bf16).
+func (be cudaBackend) RMSNormForwardBF16(out, out16, rstd, x, w *Tensor, eps float32) {
+	n, c := rowsCols(x)
+	be.launchNormRows("norm_rmsnorm_fwd_f32_bf16", n, c, rmsNormBF16Args(be.ptr(out), be.ptr(out16), be.ptr(rstd),
+		be.ptr(x), be.ptr(w), n, c, eps)...)
+}
+
+// layerNormBF16Args are norm_layernorm_fwd_f32_bf16's arguments (b 0: none).
+func layerNormBF16Args(out, out16, mean, rstd, x, w, b uintptr, n, c int, eps float32) []any {
+	return []any{out, out16, mean, rstd, x, w, b, int64(n), int64(c), eps}
+}
+
+// rmsNormBF16Args are norm_rmsnorm_fwd_f32_bf16's arguments.
+func rmsNormBF16Args(out, out16, rstd, x, w uintptr, n, c int, eps float32) []any {
+	return []any{out, out16, rstd, x, w, int64(n), int64(c), eps}
+}
+
+var _ bf16NormForward = cudaBackend{}

@@ -124,7 +124,7 @@ func (tp *Tape) linear(x, w, b *Tensor, gelu bool) (out, act *Tensor) {
 	xa, wa := x2, w
 	bf16 := prec == MatmulBF16 && x.dtype == Float32 && w.dtype == Float32 && bf16OperandsOn(be)
 	if bf16 {
-		xa, wa = tp.castBF16(be, x2), tp.bf16Weight(be, w)
+		xa, wa = tp.castBF16Of(be, x, x2), tp.bf16Weight(be, w)
 	}
 	// a device with cuBLASLt's epilogues (cuda_lt.go) adds the bias in
 	// the product
@@ -156,7 +156,7 @@ func (tp *Tape) linear(x, w, b *Tensor, gelu bool) (out, act *Tensor) {
 		tp.pinOperands(x)
 	}
 	if gelu {
-		tp.forwardOnly(be, act) // the GELU's backward reads out
+		tp.forwardOnly(be, act, nil) // the GELU's backward reads out
 	}
 	if rec {
 		tp.record("linear", func(tp *Tape) {
@@ -371,8 +371,15 @@ func (tp *Tape) LayerNorm(x, w, b *Tensor, eps float32) *Tensor {
 	n, _ := rowsCols(x)
 	out, mean, rstd := tp.empty(x.dev, x.shape...), tp.empty(x.dev, n), tp.empty(x.dev, n)
 	be := backendFor(x, w, b)
-	be.LayerNormForward(out, mean, rstd, x, w, b, eps)
-	tp.forwardOnly(be, out) // the backward reads x and the statistics
+	// on bfloat16 operands the kernel also writes the linear layer's
+	// operand (normOperand)
+	nb, out16 := tp.normOperand(be, x.dev, x.shape)
+	if out16 != nil {
+		nb.LayerNormForwardBF16(out, out16, mean, rstd, x, w, b, eps)
+	} else {
+		be.LayerNormForward(out, mean, rstd, x, w, b, eps)
+	}
+	tp.forwardOnly(be, out, out16) // the backward reads x and the statistics
 	if tp.recording(x, w, b) {
 		tp.record("layernorm", func(tp *Tape) {
 			be.LayerNormBackward(tp.gradForOrScratch(x), tp.gradForOrScratch(w), tp.gradFor(b), tp.grad(out), x, w, mean, rstd)
@@ -396,8 +403,13 @@ func (tp *Tape) RMSNorm(x, w *Tensor, eps float32) *Tensor {
 	n, _ := rowsCols(x)
 	out, rstd := tp.empty(x.dev, x.shape...), tp.empty(x.dev, n)
 	be := backendFor(x, w)
-	be.RMSNormForward(out, rstd, x, w, eps)
-	tp.forwardOnly(be, out)
+	nb, out16 := tp.normOperand(be, x.dev, x.shape)
+	if out16 != nil {
+		nb.RMSNormForwardBF16(out, out16, rstd, x, w, eps)
+	} else {
+		be.RMSNormForward(out, rstd, x, w, eps)
+	}
+	tp.forwardOnly(be, out, out16)
 	if tp.recording(x, w) {
 		tp.record("rmsnorm", func(tp *Tape) {
 			be.RMSNormBackward(tp.gradForOrScratch(x), tp.gradForOrScratch(w), tp.grad(out), x, w, rstd)
@@ -422,7 +434,7 @@ func (tp *Tape) GELU(x *Tensor, kind GELUKind) *Tensor {
 	out := tp.empty(x.dev, x.shape...)
 	be := backendFor(x)
 	be.GELUForward(out, x, kind == GELUTanh)
-	tp.forwardOnly(be, out) // the backward reads x
+	tp.forwardOnly(be, out, nil) // the backward reads x
 	if tp.recording(x) {
 		tp.record("gelu", func(tp *Tape) { be.GELUBackward(tp.gradFor(x), tp.grad(out), x, kind == GELUTanh) }, out)
 	}
@@ -447,7 +459,7 @@ func (tp *Tape) SquaredReLU(x *Tensor) *Tensor {
 	out := tp.empty(x.dev, x.shape...)
 	be := backendFor(x)
 	be.SquaredReLUForward(out, x)
-	tp.forwardOnly(be, out)
+	tp.forwardOnly(be, out, nil)
 	if tp.recording(x) {
 		tp.record("squared_relu", func(tp *Tape) { be.SquaredReLUBackward(tp.gradFor(x), tp.grad(out), x) }, out)
 	}
@@ -462,7 +474,7 @@ func (tp *Tape) SwiGLU(x *Tensor) *Tensor {
 	out := tp.empty(x.dev, shape...)
 	be := backendFor(x)
 	be.SwiGLUForward(out, x)
-	tp.forwardOnly(be, out)
+	tp.forwardOnly(be, out, nil)
 	if tp.recording(x) {
 		tp.record("swiglu", func(tp *Tape) { be.SwiGLUBackward(tp.gradFor(x), tp.grad(out), x) }, out)
 	}

@@ -55,7 +55,7 @@ func (tp *Tape) BiasGELU(y, b *Tensor, kind GELUKind) *Tensor {
 	out := tp.empty(y.dev, y.shape...)
 	be, tanh := backendFor(y, b), kind == GELUTanh
 	be.BiasGELUForward(out, y, b, tanh)
-	tp.forwardOnly(be, out) // the backward reads y and b
+	tp.forwardOnly(be, out, nil) // the backward reads y and b
 	if tp.recording(y, b) {
 		tp.record("bias_gelu", func(tp *Tape) {
 			dy, fresh := tp.ownGrad(y)
@@ -83,7 +83,7 @@ func (tp *Tape) BiasSwiGLU(y, b *Tensor) *Tensor {
 	out := tp.empty(y.dev, shape...)
 	be := backendFor(y, b)
 	be.BiasSwiGLUForward(out, y, b)
-	tp.forwardOnly(be, out)
+	tp.forwardOnly(be, out, nil)
 	if tp.recording(y, b) {
 		tp.record("bias_swiglu", func(tp *Tape) {
 			dy, fresh := tp.ownGrad(y)
@@ -210,7 +210,7 @@ func (tp *Tape) BiasDropoutAddNorm(residual, y, b *Tensor, p float32, rng *RNG, 
 	w, nb := n.Weight, n.Bias
 	be := backendFor(residual, y, b, w, nb)
 	be.BiasDropoutAddNormForward(sum, out, keep, mean, rstd, residual, y, b, w, nb, p, state, n.Eps)
-	tp.forwardOnly(be, out) // the norm's backward reads sum and the statistics
+	tp.forwardOnly(be, out, nil) // the norm's backward reads sum and the statistics
 	if tp.recording(residual, y, b, w, nb) {
 		tp.record("bias_dropout_add_norm", func(tp *Tape) {
 			// the norm's backward, as the LayerNorm or RMSNorm step (which

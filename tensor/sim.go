@@ -352,3 +352,19 @@ func SimBackend() Backend { return simBackend{} }
 func (simBackend) Name() string { return "sim" }
 
 func (simBackend) Device() Device { return Sim }
+
+var _ bf16NormForward = simBackend{}
+
+// LayerNormForwardBF16 emulates the CUDA kernel that writes the norm's
+// output and its bfloat16 rounding in one pass: the CPU's norm, then the
+// conversion (the same bits).
+func (s simBackend) LayerNormForwardBF16(out, out16, mean, rstd, x, w, b *Tensor, eps float32) {
+	s.LayerNormForward(out, mean, rstd, x, w, b, eps)
+	s.Convert(out16, out)
+}
+
+// RMSNormForwardBF16 is LayerNormForwardBF16's RMSNorm.
+func (s simBackend) RMSNormForwardBF16(out, out16, rstd, x, w *Tensor, eps float32) {
+	s.RMSNormForward(out, rstd, x, w, eps)
+	s.Convert(out16, out)
+}

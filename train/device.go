@@ -126,9 +126,9 @@ func bf16OperandsLine(dev tensor.Device, c tensor.BF16OperandCounts, iters int64
 		return fmt.Sprintf("%v device, bf16 GEMM operands: per training iteration %.1f products on float32 operands (converted inside each): %s",
 			dev, per(c.FP32OperandProducts), cost(c))
 	}
-	return fmt.Sprintf("%v device, bf16 GEMM operands: per training iteration %.1f products on bfloat16 operands and %.1f on float32, %.1f weight casts (%.3f M elements) and %.1f activation casts (%.3f M elements): %s; on float32 operands: %s",
+	return fmt.Sprintf("%v device, bf16 GEMM operands: per training iteration %.1f products on bfloat16 operands and %.1f on float32, %.1f weight casts (%.3f M elements), %.1f activation casts (%.3f M elements) and %.1f activations written in bfloat16 by the norms (%.3f M elements): %s; on float32 operands: %s",
 		dev, per(c.BF16OperandProducts), per(c.FP32OperandProducts), per(c.WeightCasts), per(c.WeightCastElems)/1e6, per(c.ActCasts), per(c.ActCastElems)/1e6,
-		cost(c), cost(c.AsFP32Operands()))
+		per(c.FusedCasts), per(c.FusedCastElems)/1e6, cost(c), cost(c.AsFP32Operands()))
 }
 
 // copySites formats the copies of iters iterations by site, per iteration,

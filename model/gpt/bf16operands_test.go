@@ -68,6 +68,19 @@ func TestSimBF16OperandsModelStep(t *testing.T) {
 			if d.FP32OperandProducts != 0 || d.BF16OperandProducts != products || d.WeightCasts != linears {
 				t.Errorf("%s %+v: sim counts %v: want %d products on bfloat16 operands, %d weight casts (once each, recomputation too)", what, rc, d, products, linears)
 			}
+			// the input norms' and the final norm's kernels write the
+			// linear layers' bfloat16 operands (the MLP's norm, fused
+			// with the residual add, and the others are cast), again
+			// when a layer's forward is recomputed
+			fused := int64(c.NumLayers + 1)
+			if rc.Full {
+				fused += int64(c.NumLayers)
+			}
+			// every forward product's input and every output gradient
+			operands := (products - 2*linears) + linears
+			if d.FusedCasts != fused || d.ActCasts+d.FusedCasts != operands {
+				t.Errorf("%s %+v: sim counts %v: want %d operands written by the norms, the rest of the %d linear inputs and output gradients cast", what, rc, d, fused, operands)
+			}
 			if rc != (Recompute{}) {
 				continue
 			}

@@ -149,3 +149,87 @@ func TestSimGemmBF16RunMatchesCPU(t *testing.T) {
 		t.Errorf("counts %v: want %d products on bfloat16 operands, none on float32, %d weight casts", d, 9*steps, 3*steps)
 	}
 }
+
+// normBF16Forward is the backends' norm forward that also writes the
+// output rounded to bfloat16 (gemm-bf16's operand of the next linear
+// layer).
+type normBF16Forward interface {
+	LayerNormForwardBF16(out, out16, mean, rstd, x, w, b *tensor.Tensor, eps float32)
+	RMSNormForwardBF16(out, out16, rstd, x, w *tensor.Tensor, eps float32)
+}
+
+// normBF16Outputs runs LayerNorm (with and without a bias) and RMSNorm of
+// rows × c inputs on be, writing bfloat16 operands unless be is the CPU's
+// (whose norms write none: the reference), and returns each float32
+// output and its bfloat16 one, read back.
+func normBF16Outputs(t *testing.T, be tensor.Backend, rows, c int) (outs [][]float32, outs16 [][]uint16) {
+	t.Helper()
+	dev := be.Device()
+	nb, ok := be.(normBF16Forward)
+	if !ok && dev != tensor.CPU {
+		t.Fatalf("%s backend has no norm forward writing bfloat16", be.Name())
+	}
+	rng := tensor.NewRNG(21)
+	host := func(name string, std float32, shape ...int) *tensor.Tensor {
+		n := 1
+		for _, d := range shape {
+			n *= d
+		}
+		v := make([]float32, n)
+		rng.Fork(name).Normal(v, 0.3, std)
+		return tensor.FromFloat32(v, shape...).ToDevice(dev)
+	}
+	x := host("x", 2, rows, c)
+	w, b := host("w", 1, c), host("b", 0.5, c)
+	for i, bias := range []*tensor.Tensor{b, nil, nil} {
+		out, out16 := tensor.NewOn(dev, tensor.Float32, rows, c), tensor.NewOn(dev, tensor.BFloat16, rows, c)
+		mean, rstd := tensor.NewOn(dev, tensor.Float32, rows), tensor.NewOn(dev, tensor.Float32, rows)
+		switch {
+		case !ok && i < 2:
+			be.LayerNormForward(out, mean, rstd, x, w, bias, 1e-5)
+		case !ok:
+			be.RMSNormForward(out, rstd, x, w, 1e-5)
+		case i < 2:
+			nb.LayerNormForwardBF16(out, out16, mean, rstd, x, w, bias, 1e-5)
+		default:
+			nb.RMSNormForwardBF16(out, out16, rstd, x, w, 1e-5)
+		}
+		outs = append(outs, tensor.ToHost(out).Float32s())
+		outs16 = append(outs16, tensor.ToHost(out16).Uint16s())
+	}
+	return outs, outs16
+}
+
+// checkNormBF16 checks normBF16Outputs on be against the CPU's norms
+// (within tol) and each bfloat16 output against the rounding of the same
+// backend's float32 one, bit for bit.
+func checkNormBF16(t *testing.T, be tensor.Backend, tol float64) {
+	const rows, c = 37, 300 // rows over several blocks, c not a multiple of the block
+	outs, outs16 := normBF16Outputs(t, be, rows, c)
+	cpu, _ := normBF16Outputs(t, tensor.CPUBackend(), rows, c)
+	if err := closeAll(be.Name()+" norm output", outs, cpu, tol); err != nil {
+		t.Error(err)
+	}
+	for i := range outs {
+		for j, v := range outs[i] {
+			if want := tensor.Float32ToBFloat16(v); outs16[i][j] != want {
+				t.Fatalf("%s norm %d element %d: bfloat16 output %#04x, the rounding of its float32 output %v is %#04x", be.Name(), i, j, outs16[i][j], v, want)
+			}
+		}
+	}
+}
+
+// TestCUDANormBF16OperandsMatchCPU: norm.cu's LayerNorm and RMSNorm
+// kernels that also write their output rounded to bfloat16 (gemm-bf16):
+// the float32 output within cudaTol of the CPU's, the bfloat16 one its
+// rounding bit for bit.
+func TestCUDANormBF16OperandsMatchCPU(t *testing.T) {
+	checkNormBF16(t, cudaBackend(t), cudaTol)
+}
+
+// TestSimNormBF16Operands runs TestCUDANormBF16OperandsMatchCPU's check on
+// the simulated device (bit for bit), so its harness is checked without a
+// GPU.
+func TestSimNormBF16Operands(t *testing.T) {
+	checkNormBF16(t, tensor.SimBackend(), 0)
+}

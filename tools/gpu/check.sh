@@ -92,9 +92,11 @@ unverified_tests() {
 	# bfloat16 GEMM operands under --bf16 (gemm-bf16): Linear's products
 	# on the weights' bfloat16 copies and on activations and gradients
 	# cast once (cuBLAS: CUDA_R_16BF A and B, float32 C,
-	# CUBLAS_COMPUTE_32F) against the CPU, then training against the CPU
-	# (50 iterations) with them on.
-	run unverified-gemm-bf16 120 "$bin/tensor_backendtest.test" -test.v -test.run 'TestCUDABF16GemmOperandsMatchCPU'
+	# CUBLAS_COMPUTE_32F) against the CPU, and the norm kernels that write
+	# the next product's bfloat16 operand beside their output (norm.cu's
+	# _bf16 kernels), then training against the CPU (50 iterations) with
+	# them on.
+	run unverified-gemm-bf16 120 "$bin/tensor_backendtest.test" -test.v -test.run 'TestCUDABF16GemmOperandsMatchCPU|TestCUDANormBF16OperandsMatchCPU'
 	run unverified-train-gemm-bf16 240 env GOTRON_CUDA_UNVERIFIED=gemm-bf16 "$bin/train.test" -test.v -test.run 'TestCUDATrainingMatchesCPU'
 	grep -h "bf16 GEMM operands\|final loss" "$out/unverified-train-gemm-bf16.log" | head -4 >> "$out/summary.txt"
 	# Products through cuBLASLt (cublaslt): the library's products and

@@ -35,11 +35,22 @@ __device__ __forceinline__ double norm_block_sum(double v, double* shm) {
     return shm[0];
 }
 
+// norm_bf16_from_f32 rounds to bfloat16 as elem.cu's bf16_from_f32 (internal/half's
+// conversion bit for bit: NaN quieted, ties to even).
+__device__ __forceinline__ uint16_t norm_bf16_from_f32(float f) {
+    uint32_t b = __float_as_uint(f);
+    if ((b & 0x7FFFFFFFu) > 0x7F800000u) return (uint16_t)((b >> 16) | 0x0040u);
+    b += 0x7FFFu + ((b >> 16) & 1u);
+    return (uint16_t)(b >> 16);
+}
+
 // LayerNormForward: out[i,j] = (x[i,j]-mean[i])*rstd[i]*w[j] (+ b[j]) with
 // mean = float32(Σx/c), rstd = float32(1/sqrt(Σ float64(x-mean)²/c + eps));
-// b may be null.
-extern "C" __global__ void __launch_bounds__(256) norm_layernorm_fwd_f32(float* out, float* mean, float* rstd, const float* x,
-                                                  const float* w, const float* b, long long n, long long c, float eps) {
+// b may be null. With BF16 the output is also written rounded to bfloat16
+// into out16: the operand of the linear layer it feeds (gemm-bf16).
+template <bool BF16>
+__device__ __forceinline__ void norm_layernorm_fwd(float* out, uint16_t* out16, float* mean, float* rstd, const float* x,
+                                                   const float* w, const float* b, long long n, long long c, float eps) {
     __shared__ double shm[32];
     for (long long r = blockIdx.x; r < n; r += gridDim.x) {
         const float* xr = x + r * c;
@@ -59,12 +70,24 @@ extern "C" __global__ void __launch_bounds__(256) norm_layernorm_fwd_f32(float* 
             float y = __fmul_rn(__fmul_rn(__fsub_rn(xr[j], m), rs), w[j]);
             if (b != nullptr) y = __fadd_rn(y, b[j]);
             o[j] = y;
+            if (BF16) out16[r * c + j] = norm_bf16_from_f32(y);
         }
         if (threadIdx.x == 0) {
             mean[r] = m;
             rstd[r] = rs;
         }
     }
+}
+
+extern "C" __global__ void __launch_bounds__(256) norm_layernorm_fwd_f32(float* out, float* mean, float* rstd, const float* x,
+                                                  const float* w, const float* b, long long n, long long c, float eps) {
+    norm_layernorm_fwd<false>(out, nullptr, mean, rstd, x, w, b, n, c, eps);
+}
+
+extern "C" __global__ void __launch_bounds__(256) norm_layernorm_fwd_f32_bf16(float* out, uint16_t* out16, float* mean, float* rstd,
+                                                       const float* x, const float* w, const float* b, long long n, long long c,
+                                                       float eps) {
+    norm_layernorm_fwd<true>(out, out16, mean, rstd, x, w, b, n, c, eps);
 }
 
 // LayerNormBackward, the input gradient:
@@ -97,9 +120,11 @@ extern "C" __global__ void __launch_bounds__(256) norm_layernorm_bwd_dx_f32(floa
 }
 
 // RMSNormForward: out[i,j] = x[i,j]*rstd[i]*w[j],
-// rstd = float32(1/sqrt(Σ float64(x)²/c + eps)).
-extern "C" __global__ void __launch_bounds__(256) norm_rmsnorm_fwd_f32(float* out, float* rstd, const float* x, const float* w,
-                                                long long n, long long c, float eps) {
+// rstd = float32(1/sqrt(Σ float64(x)²/c + eps)); with BF16 also out16, as
+// LayerNormForward's.
+template <bool BF16>
+__device__ __forceinline__ void norm_rmsnorm_fwd(float* out, uint16_t* out16, float* rstd, const float* x, const float* w,
+                                                 long long n, long long c, float eps) {
     __shared__ double shm[32];
     for (long long r = blockIdx.x; r < n; r += gridDim.x) {
         const float* xr = x + r * c;
@@ -111,9 +136,23 @@ extern "C" __global__ void __launch_bounds__(256) norm_rmsnorm_fwd_f32(float* ou
         }
         s = norm_block_sum(s, shm);
         const float rs = (float)(1.0 / sqrt(s / (double)c + (double)eps));
-        for (long long j = threadIdx.x; j < c; j += blockDim.x) o[j] = __fmul_rn(__fmul_rn(xr[j], rs), w[j]);
+        for (long long j = threadIdx.x; j < c; j += blockDim.x) {
+            const float y = __fmul_rn(__fmul_rn(xr[j], rs), w[j]);
+            o[j] = y;
+            if (BF16) out16[r * c + j] = norm_bf16_from_f32(y);
+        }
         if (threadIdx.x == 0) rstd[r] = rs;
     }
+}
+
+extern "C" __global__ void __launch_bounds__(256) norm_rmsnorm_fwd_f32(float* out, float* rstd, const float* x, const float* w,
+                                                long long n, long long c, float eps) {
+    norm_rmsnorm_fwd<false>(out, nullptr, rstd, x, w, n, c, eps);
+}
+
+extern "C" __global__ void __launch_bounds__(256) norm_rmsnorm_fwd_f32_bf16(float* out, uint16_t* out16, float* rstd, const float* x,
+                                                     const float* w, long long n, long long c, float eps) {
+    norm_rmsnorm_fwd<true>(out, out16, rstd, x, w, n, c, eps);
 }
 
 // RMSNormBackward, the input gradient: dx += rstd*(w*g - x*k) with
