@@ -103,13 +103,6 @@ func (s *Server) megatronParams(q *megatronRequest) (n int, samp infer.Sampling,
 	return n, samp, nil
 }
 
-func (s *Server) megatronAPI(w http.ResponseWriter, r *http.Request) {
-	start := s.cfg.Now()
-	status := s.megatronStatus(w, r, start)
-	s.metrics.request("api", status)
-	exchangeOf(r.Context()).status = status
-}
-
 func (s *Server) megatronStatus(w http.ResponseWriter, r *http.Request, start time.Time) int {
 	var q megatronRequest
 	fail := func(e *apiError) int { writeError(w, e); return e.Status }

@@ -82,13 +82,6 @@ func (s *Server) checkPromptList(ps [][]int32) ([][]int32, *apiError) {
 	return ps, nil
 }
 
-func (s *Server) completions(w http.ResponseWriter, r *http.Request) {
-	start := s.cfg.Now()
-	status := s.completionsStatus(w, r, start)
-	s.metrics.request("completions", status)
-	exchangeOf(r.Context()).status = status
-}
-
 func (s *Server) completionsStatus(w http.ResponseWriter, r *http.Request, start time.Time) int {
 	var req completionRequest
 	fail := func(e *apiError) int { writeError(w, e); return e.Status }
@@ -465,13 +458,6 @@ func (m chatMessage) text(i int) (string, *apiError) {
 		b.WriteString(*p.Text)
 	}
 	return b.String(), nil
-}
-
-func (s *Server) chatCompletions(w http.ResponseWriter, r *http.Request) {
-	start := s.cfg.Now()
-	status := s.chatStatus(w, r, start)
-	s.metrics.request("chat_completions", status)
-	exchangeOf(r.Context()).status = status
 }
 
 func (s *Server) chatStatus(w http.ResponseWriter, r *http.Request, start time.Time) int {

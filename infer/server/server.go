@@ -143,10 +143,10 @@ func (s *Server) Handler() http.Handler {
 			h(w, r)
 		})
 	}
-	route("/v1/completions", http.MethodPost, s.completions)
-	route("/v1/chat/completions", http.MethodPost, s.chatCompletions)
+	route("/v1/completions", http.MethodPost, s.counted("completions", s.completionsStatus))
+	route("/v1/chat/completions", http.MethodPost, s.counted("chat_completions", s.chatStatus))
 	route("/v1/models", http.MethodGet, s.models)
-	route("/api", http.MethodPut, s.megatronAPI)
+	route("/api", http.MethodPut, s.counted("api", s.megatronStatus))
 	route("/health", http.MethodGet, s.health)
 	route("/v1/health", http.MethodGet, s.health)
 	route("/metrics", http.MethodGet, s.metricsHandler)
@@ -154,6 +154,17 @@ func (s *Server) Handler() http.Handler {
 		writeError(w, errorf(http.StatusNotFound, "invalid_request_error", "not_found", "", "no route %s %s", r.Method, r.URL.Path))
 	})
 	return s.serveHTTP(mux)
+}
+
+// counted is the handler of a generating endpoint: serve answers the
+// request (started at the server clock's now) and returns the status it
+// wrote, which the metrics count under name and the exchange log records.
+func (s *Server) counted(name string, serve func(http.ResponseWriter, *http.Request, time.Time) int) func(http.ResponseWriter, *http.Request) {
+	return func(w http.ResponseWriter, r *http.Request) {
+		status := serve(w, r, s.cfg.Now())
+		s.metrics.request(name, status)
+		exchangeOf(r.Context()).status = status
+	}
 }
 
 // ModelName is the model id the API serves.
