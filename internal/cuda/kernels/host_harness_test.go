@@ -40,8 +40,10 @@ var (
 		flags: []string{"-std=c++17", "-O2", "-pthread", "-ffp-contract=off"}, purpose: "run fused.cu's kernel on the host"}
 	moeHost = &hostHarness{compiler: "g++", src: "moe_host.cc", includes: []string{"moe.cu", "testdata/host_harness.h"},
 		flags: []string{"-std=c++17", "-O2", "-ffp-contract=off"}, purpose: "run moe.cu's kernels on the host"}
+	fp8Host = &hostHarness{compiler: "g++", src: "fp8_host.cc", includes: []string{"fp8.cu"},
+		flags: []string{"-std=c++17", "-O2", "-ffp-contract=off"}, purpose: "run fp8.cu's cast and scale functions on the host"}
 
-	hostHarnesses = []*hostHarness{hostcheck, attntcHost, fusedHost, moeHost}
+	hostHarnesses = []*hostHarness{hostcheck, attntcHost, fusedHost, moeHost, fp8Host}
 )
 
 // name is the harness's program name: its source's without the extension.
