@@ -84,15 +84,17 @@ func cmdGenerate(ctx context.Context, env *cli, args []string) error {
 	if err := m.Config.CheckDecode(); err != nil {
 		return err
 	}
+	// before the split: the tensor-parallel slices and the pipeline
+	// stages share the model's FP8 state
+	if err := applyDecodeFP8(m, &f8, given, *bf16, *ppSize, dev); err != nil {
+		return err
+	}
 	dm, err := shardForDecoding(m, group)
 	if err != nil {
 		return err
 	}
 	m = dm.m
 	if err := applyCacheMLALatents(m, *cacheLatents, *load); err != nil {
-		return err
-	}
-	if err := applyDecodeFP8(m, &f8, given, *bf16, *ppSize, dev); err != nil {
 		return err
 	}
 	since := tensor.SimTransfers()

@@ -516,15 +516,17 @@ func runMegatronInference(ctx context.Context, env *cli, a *inferenceArgs, f *tr
 	if err := m.Config.CheckDecode(); err != nil {
 		return err
 	}
+	// before the split: the tensor-parallel slices and the pipeline
+	// stages share the model's FP8 state
+	if err := applyDecodeFP8(m, &f.fp8, given, f.cfg.BF16, f.ppSize, dev); err != nil {
+		return err
+	}
 	dm, err := shardForDecoding(m, group)
 	if err != nil {
 		return err
 	}
 	m = dm.m
 	if err := applyCacheMLALatents(m, f.mla.cacheLatents, f.cfg.Load); err != nil {
-		return err
-	}
-	if err := applyDecodeFP8(m, &f.fp8, given, f.cfg.BF16, f.ppSize, dev); err != nil {
 		return err
 	}
 	m.ToDevice(dev)

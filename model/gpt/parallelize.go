@@ -143,7 +143,7 @@ func Parallelize(full *Model, region *tp.Region, rankRNG *tensor.RNG) (*Model, e
 		return nil, err
 	}
 	plan := TPPlan(c)
-	m := &Model{Config: c, rope: full.rope, dsaRope: full.dsaRope, dsa: full.dsa, MoE: full.MoE, Fusions: full.Fusions, CacheMLALatents: full.CacheMLALatents}
+	m := &Model{Config: c, rope: full.rope, dsaRope: full.dsaRope, dsa: full.dsa, MoE: full.MoE, Fusions: full.Fusions, CacheMLALatents: full.CacheMLALatents, FP8: full.FP8}
 	var err error
 	shard := func(x *tensor.Tensor) *tensor.Tensor {
 		if x == nil || err != nil {
