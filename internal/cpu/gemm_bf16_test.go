@@ -207,31 +207,9 @@ func TestSgemmStridedBF16(t *testing.T) {
 	rng := rand.New(rand.NewPCG(27, 28))
 	for _, isa := range isasToTest() {
 		withISA(t, isa, func() {
-			for _, tc := range []struct{ m, n, k, batch int }{{64, 64, 64, 12}, {33, 17, 65, 5}, {150, 100, 181, 3}} {
+			for _, tc := range []stridedCase{{64, 64, 64, 12}, {33, 17, 65, 5}, {150, 100, 181, 3}} {
 				for _, tr := range transposes {
-					m, n, k := tc.m, tc.n, tc.k
-					ar, ac, br, bc := m, k, k, n
-					if tr[0] {
-						ar, ac = k, m
-					}
-					if tr[1] {
-						br, bc = n, k
-					}
-					sa, sb, sc := ar*ac+3, br*bc+1, m*n+2
-					a := randSlice(rng, sa*tc.batch)
-					b := randSlice(rng, sb*tc.batch)
-					c := randSlice(rng, sc*tc.batch)
-					want := append([]float32(nil), c...)
-					ra, rb := roundedCopy(a), roundedCopy(b)
-					for i := 0; i < tc.batch; i++ {
-						SgemmRef(tr[0], tr[1], m, n, k, 1.5, ra[i*sa:], ac, rb[i*sb:], bc, 0.5, want[i*sc:], n)
-					}
-					SgemmStridedBF16(tr[0], tr[1], m, n, k, 1.5, a, ac, sa, b, bc, sb, 0.5, c, n, sc, tc.batch)
-					for i := range c {
-						if d := math.Abs(float64(c[i] - want[i])); d > 1e-5*float64(k) {
-							t.Fatalf("%v %v batch %v: c[%d] = %g, want %g", isa, tr, tc, i, c[i], want[i])
-						}
-					}
+					checkStrided(t, rng, isa, tr, tc, SgemmStridedBF16, roundedCopy, 1e-5)
 				}
 			}
 		})

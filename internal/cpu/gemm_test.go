@@ -218,33 +218,51 @@ func TestSgemmStrided(t *testing.T) {
 	rng := rand.New(rand.NewPCG(5, 6))
 	for _, isa := range isasToTest() {
 		withISA(t, isa, func() {
-			for _, tc := range []struct{ m, n, k, batch int }{{64, 64, 64, 12}, {33, 17, 65, 5}, {200, 130, 180, 3}, {5, 5, 5, 1}} {
+			for _, tc := range []stridedCase{{64, 64, 64, 12}, {33, 17, 65, 5}, {200, 130, 180, 3}, {5, 5, 5, 1}} {
 				for _, tr := range transposes {
-					m, n, k := tc.m, tc.n, tc.k
-					ar, ac, br, bc := m, k, k, n
-					if tr[0] {
-						ar, ac = k, m
-					}
-					if tr[1] {
-						br, bc = n, k
-					}
-					sa, sb, sc := ar*ac+3, br*bc+1, m*n+2
-					a := randSlice(rng, sa*tc.batch)
-					b := randSlice(rng, sb*tc.batch)
-					c := randSlice(rng, sc*tc.batch)
-					want := append([]float32(nil), c...)
-					for i := 0; i < tc.batch; i++ {
-						SgemmRef(tr[0], tr[1], m, n, k, 1.5, a[i*sa:], ac, b[i*sb:], bc, 0.5, want[i*sc:], n)
-					}
-					SgemmStrided(tr[0], tr[1], m, n, k, 1.5, a, ac, sa, b, bc, sb, 0.5, c, n, sc, tc.batch)
-					for i := range c {
-						if d := math.Abs(float64(c[i] - want[i])); d > 1e-4*float64(k) {
-							t.Fatalf("%v %v batch %v: c[%d] = %g, want %g", isa, tr, tc, i, c[i], want[i])
-						}
-					}
+					checkStrided(t, rng, isa, tr, tc, SgemmStrided, nil, 1e-4)
 				}
 			}
 		})
+	}
+}
+
+// stridedCase is a batch of m×n×k products.
+type stridedCase struct{ m, n, k, batch int }
+
+// checkStrided runs strided (SgemmStrided or a variant of it) with alpha
+// 1.5 and beta 0.5 on tc.batch items padded apart in every operand, and
+// compares each with SgemmRef on the operands as round gives them (the
+// values the variant multiplies; nil: as they are) within tol·k.
+func checkStrided(t *testing.T, rng *rand.Rand, isa ISA, tr [2]Transpose, tc stridedCase,
+	strided func(tA, tB Transpose, m, n, k int, alpha float32, a []float32, lda, strideA int, b []float32, ldb, strideB int, beta float32, c []float32, ldc, strideC int, batch int),
+	round func([]float32) []float32, tol float64) {
+	t.Helper()
+	m, n, k := tc.m, tc.n, tc.k
+	ar, ac, br, bc := m, k, k, n
+	if tr[0] {
+		ar, ac = k, m
+	}
+	if tr[1] {
+		br, bc = n, k
+	}
+	sa, sb, sc := ar*ac+3, br*bc+1, m*n+2
+	a := randSlice(rng, sa*tc.batch)
+	b := randSlice(rng, sb*tc.batch)
+	c := randSlice(rng, sc*tc.batch)
+	want := append([]float32(nil), c...)
+	ra, rb := a, b
+	if round != nil {
+		ra, rb = round(a), round(b)
+	}
+	for i := 0; i < tc.batch; i++ {
+		SgemmRef(tr[0], tr[1], m, n, k, 1.5, ra[i*sa:], ac, rb[i*sb:], bc, 0.5, want[i*sc:], n)
+	}
+	strided(tr[0], tr[1], m, n, k, 1.5, a, ac, sa, b, bc, sb, 0.5, c, n, sc, tc.batch)
+	for i := range c {
+		if d := math.Abs(float64(c[i] - want[i])); d > tol*float64(k) {
+			t.Fatalf("%v %v batch %v: c[%d] = %g, want %g", isa, tr, tc, i, c[i], want[i])
+		}
 	}
 }
 
