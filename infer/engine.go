@@ -291,10 +291,12 @@ func newEngine(m *gpt.Model, cfg EngineConfig, pipe *pipeline) (*Engine, error) 
 		return nil, fmt.Errorf("infer: MoE model with --moe-expert-capacity-factor %g: a serving step would drop tokens depending on the other requests in it; serve a dropless model (no capacity factor)", cf)
 	}
 	switch {
-	case m.Experts != nil:
-		return nil, errors.New("infer: an MoE model split over expert-parallel ranks (gpt.Model.SliceExperts): needs expert-parallel inference, not built in gotron (decoding splits each expert over the tensor-parallel ranks: gpt.Model.SplitExpertsOverTP)")
-	case m.Sharding != nil && m.Config.MoE.Enabled() && !m.ExpertsOverTP():
-		return nil, errors.New("infer: an MoE model split over tensor-parallel ranks with its experts whole: split them over the ranks too (gpt.Model.SplitExpertsOverTP)")
+	case m.Experts != nil && !m.DecodesExperts():
+		// training's dispatchers exchange each rank's own tokens; the
+		// lockstep ranks hold the same ones
+		return nil, errors.New("infer: an MoE model split over expert-parallel ranks for training (gpt.Model.SliceExperts): split it for decoding (gpt.Model.DecodeExperts)")
+	case m.Sharding != nil && m.Config.MoE.Enabled() && !m.ExpertsOverTP() && !m.DecodesExperts():
+		return nil, errors.New("infer: an MoE model split over tensor-parallel ranks with its experts whole: split them over the ranks too (gpt.Model.SplitExpertsOverTP, or gpt.Model.DecodeExperts)")
 	}
 	if err := cfg.validate(m); err != nil {
 		return nil, err

@@ -424,7 +424,7 @@ func LoadModel(dir string) (*gpt.Model, RunArgs, error) {
 
 // LoadModelPart is LoadModel for one decoding rank: it builds only part's
 // tensors (gpt.NewPart: a pipeline stage's, sliced for a tensor-parallel
-// rank) and reads from the checkpoint only the blocks they hold, so the
+// rank, its experts those of an expert-parallel rank) and reads from the checkpoint only the blocks they hold, so the
 // rank never holds the whole model. The values are LoadModel's (the
 // same bits Parallelize and SplitStages would cut from it). It also
 // returns how many values it read. partOf says the part for the
@@ -453,14 +453,11 @@ func LoadModelPart(dir string, partOf func(gpt.Config) (gpt.Part, error)) (*gpt.
 	if err != nil {
 		return nil, RunArgs{}, 0, fmt.Errorf("train: %s: %w", dir, err)
 	}
-	rank, size := 0, 1
-	if part.TP != nil {
-		rank, size = part.TP.Rank(), part.TP.Size()
-	}
 	ps := append(m.Params(), m.Buffers()...)
 	want := map[string]ckpt.Spec{}
 	for _, p := range ps {
-		full, _ := sliceBlocks(m.Config.TPStyle(p.Name), p.Shape(), rank, size)
+		style, rank, size := part.SliceOf(&m.Config, p.Name)
+		full, _ := sliceBlocks(style, p.Shape(), rank, size)
 		want[p.Name] = ckpt.Spec{DType: safetensors.F32, Shape: full}
 	}
 	// The other ranks' tensors are theirs to check.
@@ -468,7 +465,8 @@ func LoadModelPart(dir string, partOf func(gpt.Config) (gpt.Part, error)) (*gpt.
 		return nil, RunArgs{}, 0, err
 	}
 	for _, p := range ps {
-		full, blocks := sliceBlocks(m.Config.TPStyle(p.Name), p.Shape(), rank, size)
+		style, rank, size := part.SliceOf(&m.Config, p.Name)
+		full, blocks := sliceBlocks(style, p.Shape(), rank, size)
 		if err := staged(p, func(v []float32) error {
 			for _, b := range blocks {
 				if err := r.Read(ckpt.GroupModel, p.Name, full, b.Block, v[b.start:b.start+b.Len()]); err != nil {

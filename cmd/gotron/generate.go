@@ -14,7 +14,7 @@ import (
 	"github.com/gotron/gotron/tokenizer"
 )
 
-const generateSynopsis = "generate --load DIR --prompt TEXT [--max-new-tokens N --temperature T --top-k K | --top-p P --seed S --bf16 --device cpu|sim --tensor-model-parallel-size N --pipeline-model-parallel-size P]"
+const generateSynopsis = "generate --load DIR --prompt TEXT [--max-new-tokens N --temperature T --top-k K | --top-p P --seed S --bf16 --device cpu|sim --tensor-model-parallel-size N --pipeline-model-parallel-size P --expert-model-parallel-size E]"
 
 func cmdGenerate(ctx context.Context, env *cli, args []string) error {
 	fs := newFlags("generate", generateSynopsis)
@@ -30,6 +30,7 @@ func cmdGenerate(ctx context.Context, env *cli, args []string) error {
 	bf16 := fs.Bool("bf16", false, "decode with bfloat16 weights: every weight rounded to bf16 (to nearest even; exact for bf16 checkpoints), activations and sums in float32 (as gotron serve --bf16)")
 	tpSize := fs.Int("tensor-model-parallel-size", 1, "split the model over this many ranks started by gotron launch (or torchrun, srun, mpirun), as training splits it; rank 0 reads the prompt and prints")
 	ppSize := fs.Int("pipeline-model-parallel-size", 1, "split the layers evenly into this many pipeline stages, one rank each (times --tensor-model-parallel-size ranks in all); the last stage draws the tokens for all")
+	epSize, etpSize := expertParallelFlags(fs)
 	device := deviceFlag(fs)
 	memFraction := memFractionFlag(fs)
 	var tc tokenizer.Config
@@ -62,7 +63,7 @@ func cmdGenerate(ctx context.Context, env *cli, args []string) error {
 	if err != nil {
 		return err
 	}
-	group, closeGroup, err := joinDecodeGroup(ctx, env, *tpSize, *ppSize, 0, args)
+	group, closeGroup, err := joinDecodeGroup(ctx, env, decodeLayout{tp: *tpSize, pp: *ppSize, ep: *epSize, etp: *etpSize}, 0, args)
 	if err != nil {
 		return err
 	}

@@ -292,8 +292,11 @@ func parseInference(env *cli, args []string) (*inferenceArgs, *trainFlags, map[s
 			world = n
 		}
 	}
-	if mp := f.tpSize * f.ppSize; world > 1 && world != mp { // both checked in 1..MaxInt32
-		return nil, nil, nil, fmt.Errorf("a world of %d ranks with %s: needs data-parallel inference replicas (Megatron's coordinator over ZMQ), not built in gotron: launch as many ranks as the model-parallel sizes' product (%d)", world, decodeSizes(f.tpSize, f.ppSize), mp)
+	l := f.decodeLayout()
+	if mp, err := l.worldSize(); err != nil {
+		return nil, nil, nil, err
+	} else if world > 1 && world != mp {
+		return nil, nil, nil, fmt.Errorf("a world of %d ranks with %s: needs data-parallel inference replicas (Megatron's coordinator over ZMQ), not built in gotron: launch the layout's %d ranks (%s)", world, l, mp, l.rankRule())
 	}
 	if fs.Lookup("use-coordinator").Value.String() == "true" {
 		lines = append(lines, "--use-coordinator: one engine replica (this process): the coordinator's every request goes to it, the same results as Megatron's coordinator over one data-parallel rank")
@@ -322,11 +325,11 @@ func (a *inferenceArgs) check(fs *flag.FlagSet, given map[string]bool, f *trainF
 	if math.IsNaN(f.timeoutMins) || f.timeoutMins < 0 || f.timeoutMins > 1e6 {
 		return nil, fmt.Errorf("--distributed-timeout-minutes %g: want minutes >= 0 (0: 10 minutes, as Megatron)", f.timeoutMins)
 	}
-	for _, name := range []string{"context-parallel-size", "expert-model-parallel-size"} {
-		if fl := fs.Lookup(name); fl != nil && given[name] && fl.Value.String() != "1" {
-			what := map[string]string{"context-parallel-size": "context-parallel", "expert-model-parallel-size": "expert-parallel"}[name]
-			return nil, fmt.Errorf("--%s %s: needs %s inference, not built in gotron (gotron inference splits the model over tensor-parallel ranks and pipeline stages only)", name, fl.Value, what)
-		}
+	if fl := fs.Lookup("context-parallel-size"); fl != nil && given["context-parallel-size"] && fl.Value.String() != "1" {
+		return nil, fmt.Errorf("--context-parallel-size %s: needs context-parallel inference, not built in gotron (gotron inference splits the model over tensor-parallel ranks, pipeline stages and expert-parallel ranks)", fl.Value)
+	}
+	if err := f.decodeLayout().check(); err != nil {
+		return nil, err
 	}
 	// Decoding splits the layers evenly over the stages, one chunk each.
 	for _, name := range pipelineSplitFlags {
@@ -423,6 +426,11 @@ func (a *inferenceArgs) check(fs *flag.FlagSet, given map[string]bool, f *trainF
 	return lines, nil
 }
 
+// decodeLayout is the model-parallel layout of the flags.
+func (f *trainFlags) decodeLayout() decodeLayout {
+	return decodeLayout{tp: f.tpSize, pp: f.ppSize, ep: f.moe.ep, etp: f.moe.etp}
+}
+
 // isInferenceFlag reports whether name is one of defineInferenceArgs'.
 func isInferenceFlag(name string) bool {
 	fs := flag.NewFlagSet("", flag.ContinueOnError)
@@ -460,7 +468,7 @@ func runMegatronInference(ctx context.Context, env *cli, a *inferenceArgs, f *tr
 	if f.cfg.Load == "" {
 		return errors.New("--load is required")
 	}
-	group, closeGroup, err := joinDecodeGroup(ctx, env, f.tpSize, f.ppSize, time.Duration(f.timeoutMins*float64(time.Minute)), args)
+	group, closeGroup, err := joinDecodeGroup(ctx, env, f.decodeLayout(), time.Duration(f.timeoutMins*float64(time.Minute)), args)
 	if err != nil {
 		return err
 	}
@@ -468,16 +476,6 @@ func runMegatronInference(ctx context.Context, env *cli, a *inferenceArgs, f *tr
 	m, tokDir, err := loadForDecoding(f.cfg.Load, group)
 	if err != nil {
 		return err
-	}
-	// Decoding splits each expert over the tensor-parallel ranks
-	// (Megatron's default expert tensor-parallel size).
-	if etp := f.moe.etp; given["expert-tensor-parallel-size"] && etp != 0 && etp != f.tpSize {
-		if m.Config.MoE.Enabled() {
-			return fmt.Errorf("--expert-tensor-parallel-size %d with --tensor-model-parallel-size %d: needs an expert tensor-parallel size other than the tensor-parallel one at inference, not built in gotron (decoding splits each expert over the tensor-parallel ranks: leave it unset or give %d)", etp, f.tpSize, f.tpSize)
-		}
-		if group.leader() {
-			fmt.Fprintf(env.stderr, "gotron inference: --expert-tensor-parallel-size %d: the checkpoint has no experts: no effect\n", etp)
-		}
 	}
 	// Model arguments: the checkpoint's under --use-checkpoint-args (as
 	// Megatron's load_args_from_checkpoint), else they must match it

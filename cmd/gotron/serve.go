@@ -110,13 +110,14 @@ func cmdServe(ctx context.Context, env *cli, args []string) error {
 	disableLog := fs.Bool("disable-log-requests", false, "write no access line per request (method, path, status, duration, tokens) and no warning about ignored request fields")
 	tpSize := fs.Int("tensor-model-parallel-size", 1, "split the model over this many ranks started by gotron launch (or torchrun, srun, mpirun), as training splits it; rank 0 serves HTTP, the others step with it")
 	ppSize := fs.Int("pipeline-model-parallel-size", 1, "split the layers evenly into this many pipeline stages, one rank each (times --tensor-model-parallel-size ranks in all); rank 0 serves HTTP, the last stage draws the tokens for all")
+	epSize, etpSize := expertParallelFlags(fs)
 	if err := parseFlags(fs, args, env.stdout, serveSynopsis); err != nil {
 		return err
 	}
 	if f.load == "" {
 		return fmt.Errorf("--load is required")
 	}
-	group, closeGroup, err := joinDecodeGroup(ctx, env, *tpSize, *ppSize, 0, args)
+	group, closeGroup, err := joinDecodeGroup(ctx, env, decodeLayout{tp: *tpSize, pp: *ppSize, ep: *epSize, etp: *etpSize}, 0, args)
 	if err != nil {
 		return err
 	}

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"math"
 	"path/filepath"
@@ -17,6 +18,7 @@ import (
 	"github.com/gotron/gotron/internal/checked"
 	"github.com/gotron/gotron/model/gpt"
 	"github.com/gotron/gotron/parallel"
+	"github.com/gotron/gotron/parallel/ep"
 	"github.com/gotron/gotron/parallel/tp"
 	"github.com/gotron/gotron/train"
 )
@@ -31,6 +33,17 @@ import (
 // follow it (infer.Lockstep, infer.Follow). Pipeline stages pass hidden
 // states along and the last one draws the tokens for all
 // (infer.NewPipelineEngine).
+//
+// With --expert-model-parallel-size E (and --expert-tensor-parallel-size
+// Q, Megatron's default the tensor-parallel size) each rank holds the
+// experts of its expert-parallel rank (a slice of each with Q > 1), read
+// alone from a gotron checkpoint. The ranks are Megatron's layout's:
+// P × lcm(N, E·Q), the ranks beyond N×P being data-parallel replicas of the
+// dense layers that decode the same requests (gotron has no data-parallel
+// inference). Every rank of a stage holds the same tokens and routes them
+// alike, so a step's tokens need no all-to-all: each rank runs its experts
+// on the tokens routed to them and the partial outputs are all-reduced over
+// the expert tensor × model parallel group (gpt.Model.DecodeExperts).
 
 // decodeGroup is a decoding command's model-parallel layout: the launched
 // world, whose rank 0 leads the lockstep (reads the requests, prints or
@@ -39,50 +52,123 @@ import (
 type decodeGroup struct {
 	world  comm.ProcessGroup
 	groups *parallel.Groups
-	tp, pp int
+	decodeLayout
+	// experts is this rank's expert-parallel groups, with an expert layout
+	// (decodeLayout.splitsExperts).
+	experts *ep.Group
 }
 
-// kind names the split, for the followers' lines and errors.
-func (g *decodeGroup) kind() string {
-	switch {
-	case g.pp == 1:
-		return "tensor-parallel"
-	case g.tp == 1:
-		return "pipeline-parallel"
+// decodeLayout is a decoding command's model-parallel sizes, its flags'.
+type decodeLayout struct {
+	tp, pp int
+	// ep and etp are the expert-parallel and expert-tensor-parallel sizes
+	// (etp 0: tp, Megatron's default).
+	ep, etp int
+}
+
+// expertTP is the expert-tensor-parallel size.
+func (l decodeLayout) expertTP() int {
+	if l.etp == 0 {
+		return l.tp
 	}
-	return "tensor- and pipeline-parallel"
+	return l.etp
+}
+
+// splitsExperts reports whether the experts split otherwise than each over
+// the tensor-parallel ranks (gpt.Model.SplitExpertsOverTP, the default).
+func (l decodeLayout) splitsExperts() bool { return l.ep > 1 || l.expertTP() != l.tp }
+
+// kind names the split, for the followers' lines and errors.
+func (l decodeLayout) kind() string {
+	var k []string
+	if l.tp > 1 {
+		k = append(k, "tensor")
+	}
+	if l.pp > 1 {
+		k = append(k, "pipeline")
+	}
+	if l.splitsExperts() {
+		k = append(k, "expert")
+	}
+	switch len(k) {
+	case 0:
+		return "model-parallel"
+	case 1:
+		return k[0] + "-parallel"
+	}
+	return strings.Join(k[:len(k)-1], "-, ") + "- and " + k[len(k)-1] + "-parallel"
+}
+
+// check refuses sizes out of range, naming the flag.
+func (l decodeLayout) check() error {
+	for _, c := range []struct {
+		flag string
+		v    int
+		min  int64
+	}{{"--tensor-model-parallel-size", l.tp, 1}, {"--pipeline-model-parallel-size", l.pp, 1},
+		{"--expert-model-parallel-size", l.ep, 1}, {"--expert-tensor-parallel-size", l.etp, 0}} {
+		if err := checked.Range(c.flag, int64(c.v), c.min, math.MaxInt32); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// worldSize is the ranks the layout takes: P × lcm(N, E·Q), Megatron's
+// smallest world for it (divisible by N·P and by E·Q·P). check first.
+func (l decodeLayout) worldSize() (int, error) {
+	eq, ok := checked.MulInt(l.ep, l.expertTP())
+	a, b := l.tp, eq
+	for b != 0 {
+		a, b = b, a%b
+	}
+	lcm := 0
+	if ok {
+		lcm, ok = checked.MulInt(l.tp/a, eq)
+	}
+	if ok {
+		lcm, ok = checked.MulInt(lcm, l.pp)
+	}
+	if !ok || lcm > math.MaxInt32 {
+		return 0, fmt.Errorf("%s: too many ranks", l)
+	}
+	return lcm, nil
 }
 
 // leader reports whether this rank leads: rank 0, or one process (g nil).
 func (g *decodeGroup) leader() bool { return g == nil || g.world.Rank() == 0 }
 
-// decodeSizes says "--tensor-model-parallel-size N" and/or
-// "--pipeline-model-parallel-size P", the sizes above 1.
-func decodeSizes(tpSize, ppSize int) string {
+// String says the layout's flags: "--tensor-model-parallel-size N" and
+// those of the other sizes above 1 (and an expert-tensor-parallel size
+// given other than the tensor-parallel one).
+func (l decodeLayout) String() string {
 	var sizes []string
-	if tpSize > 1 || ppSize == 1 {
-		sizes = append(sizes, fmt.Sprintf("--tensor-model-parallel-size %d", tpSize))
+	if l.tp > 1 || (l.pp == 1 && l.ep == 1) {
+		sizes = append(sizes, fmt.Sprintf("--tensor-model-parallel-size %d", l.tp))
 	}
-	if ppSize > 1 {
-		sizes = append(sizes, fmt.Sprintf("--pipeline-model-parallel-size %d", ppSize))
+	if l.pp > 1 {
+		sizes = append(sizes, fmt.Sprintf("--pipeline-model-parallel-size %d", l.pp))
+	}
+	if l.ep > 1 {
+		sizes = append(sizes, fmt.Sprintf("--expert-model-parallel-size %d", l.ep))
+	}
+	if l.expertTP() != l.tp {
+		sizes = append(sizes, fmt.Sprintf("--expert-tensor-parallel-size %d", l.etp))
 	}
 	return strings.Join(sizes, " with ")
 }
 
 // joinDecodeGroup returns the model-parallel group of a decoding command:
-// nil for one process (both sizes 1), else the launched world, which must
-// have exactly tpSize×ppSize ranks. args are the command's arguments,
-// whose hash every rank must share.
-func joinDecodeGroup(ctx context.Context, env *cli, tpSize, ppSize int, timeout time.Duration, args []string) (*decodeGroup, func(), error) {
-	if err := checked.Range("--tensor-model-parallel-size", int64(tpSize), 1, math.MaxInt32); err != nil {
+// nil for one process (every size 1), else the launched world, which must
+// have exactly the layout's ranks (decodeLayout.worldSize). args are the
+// command's arguments, whose hash every rank must share.
+func joinDecodeGroup(ctx context.Context, env *cli, l decodeLayout, timeout time.Duration, args []string) (*decodeGroup, func(), error) {
+	if err := l.check(); err != nil {
 		return nil, nil, err
 	}
-	if err := checked.Range("--pipeline-model-parallel-size", int64(ppSize), 1, math.MaxInt32); err != nil {
+	want, err := l.worldSize()
+	if err != nil {
 		return nil, nil, err
-	}
-	want, ok := checked.MulInt(tpSize, ppSize)
-	if !ok {
-		return nil, nil, fmt.Errorf("%s: too many ranks", decodeSizes(tpSize, ppSize))
 	}
 	if timeout <= 0 {
 		timeout = defaultDistributedTimeout
@@ -98,19 +184,39 @@ func joinDecodeGroup(ctx context.Context, env *cli, tpSize, ppSize int, timeout 
 	switch {
 	case size == 1 && want > 1:
 		closeWorld()
-		return nil, nil, fmt.Errorf("%s needs %d ranks: start them with gotron launch --nproc-per-node %d (or torchrun, srun, mpirun)", decodeSizes(tpSize, ppSize), want, want)
+		return nil, nil, fmt.Errorf("%s needs %d ranks: start them with gotron launch --nproc-per-node %d (or torchrun, srun, mpirun)", l, want, want)
 	case size != want:
 		closeWorld()
-		return nil, nil, fmt.Errorf("a world of %d ranks with %s: needs data-parallel inference replicas, not built in gotron: launch as many ranks as the model-parallel sizes' product (%d)", size, decodeSizes(tpSize, ppSize), want)
+		return nil, nil, fmt.Errorf("a world of %d ranks with %s: needs data-parallel inference replicas, not built in gotron: launch the layout's %d ranks (%s)", size, l, want, l.rankRule())
 	case size == 1:
 		return nil, closeWorld, nil
 	}
-	groups, err := parallel.NewGroups(world, parallel.Config{TP: tpSize, PP: ppSize})
+	groups, err := parallel.NewGroups(world, parallel.Config{TP: l.tp, PP: l.pp, EP: l.ep, ETP: l.etp})
 	if err != nil {
 		closeWorld()
-		return nil, nil, err
+		return nil, nil, fmt.Errorf("%s: %w", l, err)
 	}
-	return &decodeGroup{world: world, groups: groups, tp: tpSize, pp: ppSize}, closeWorld, nil
+	g := &decodeGroup{world: world, groups: groups, decodeLayout: l}
+	if l.splitsExperts() {
+		g.experts = &ep.Group{PG: groups.EP, TP: groups.ExpertTP, TPEP: groups.ExpertTPEP}
+	}
+	return g, closeWorld, nil
+}
+
+// expertParallelFlags defines generate's and serve's expert-parallel
+// flags (Megatron's names, as training's).
+func expertParallelFlags(fs *flag.FlagSet) (epSize, etpSize *int) {
+	epSize = fs.Int("expert-model-parallel-size", 1, "MoE: split the experts over this many ranks (each holds num-experts/E, read alone from a gotron checkpoint); the ranks are pipeline stages × lcm(tensor-parallel size, E × expert-tensor-parallel size), as Megatron's layout, the ones beyond the tensor × pipeline ranks decoding the same requests")
+	etpSize = fs.Int("expert-tensor-parallel-size", 0, "MoE: split each expert's fc1 rows and fc2 columns over this many ranks (0: the tensor-parallel size, Megatron's default)")
+	return epSize, etpSize
+}
+
+// rankRule says how the layout's world size is found.
+func (l decodeLayout) rankRule() string {
+	if l.ep == 1 && l.expertTP() == l.tp {
+		return "the model-parallel sizes' product"
+	}
+	return "pipeline stages × lcm(tensor-parallel size, expert-parallel × expert-tensor-parallel sizes), as Megatron's layout"
 }
 
 // decodeModel is this rank's part of a model for decoding.
@@ -134,6 +240,7 @@ func shardForDecoding(m *gpt.Model, g *decodeGroup) (decodeModel, error) {
 	if err := checkDecodeSplit(&m.Config, g); err != nil {
 		return decodeModel{}, err
 	}
+	expertsSplit := g.experts != nil && m.Config.MoE.Enabled()
 	if g.tp > 1 {
 		sliced := m // sliced by loadForDecoding already
 		if m.Sharding == nil {
@@ -142,7 +249,7 @@ func shardForDecoding(m *gpt.Model, g *decodeGroup) (decodeModel, error) {
 				return decodeModel{}, fmt.Errorf("--tensor-model-parallel-size %d: %w", g.tp, err)
 			}
 		}
-		if m.Config.MoE.Enabled() {
+		if m.Config.MoE.Enabled() && !expertsSplit {
 			// each routed expert over the tensor-parallel ranks
 			// (Megatron's expert tensor parallelism at its default, the
 			// TP size), no expert parallelism
@@ -151,6 +258,15 @@ func shardForDecoding(m *gpt.Model, g *decodeGroup) (decodeModel, error) {
 			}
 		}
 		m = sliced
+	}
+	if expertsSplit {
+		// each rank's experts, read alone by loadForDecoding from a gotron
+		// checkpoint (else sliced here), the partial outputs summed over
+		// the expert tensor × model parallel group
+		sum := &tp.Region{Group: g.groups.ExpertTPEP}
+		if err := m.DecodeExperts(g.experts, sum.ReduceFrom); err != nil {
+			return decodeModel{}, fmt.Errorf("%s: %w", g.decodeLayout, err)
+		}
 	}
 	if g.pp == 1 {
 		return decodeModel{m: m}, nil
@@ -166,6 +282,17 @@ func shardForDecoding(m *gpt.Model, g *decodeGroup) (decodeModel, error) {
 // checkDecodeSplit refuses a model that does not split over g, naming the
 // flag.
 func checkDecodeSplit(c *gpt.Config, g *decodeGroup) error {
+	if g.splitsExperts() {
+		switch {
+		case !c.MoE.Enabled() && g.ep > 1:
+			return fmt.Errorf("--expert-model-parallel-size %d: the model has no experts (--num-experts)", g.ep)
+		case !c.MoE.Enabled():
+			return fmt.Errorf("--expert-tensor-parallel-size %d: the model has no experts (--num-experts)", g.etp)
+		}
+		if err := c.CheckExpertSplit(g.ep, g.expertTP()); err != nil {
+			return fmt.Errorf("%s: %w", g.decodeLayout, err)
+		}
+	}
 	if g.pp > 1 {
 		// Checked before the split, whose error would suggest the uneven
 		// split's flags, which decoding does not take.
@@ -194,7 +321,7 @@ func loadForDecoding(dir string, g *decodeGroup) (*gpt.Model, string, error) {
 		// the stage's tensors, whole: shardForDecoding slices them
 		m, _, err := hf.Import(dir, hf.ImportOptions{Part: func(c gpt.Config) (gpt.Part, error) {
 			part, err := g.part(c)
-			part.TP = nil
+			part.TP, part.Experts = nil, nil
 			return part, err
 		}})
 		return m, dir, err
@@ -225,6 +352,9 @@ func (g *decodeGroup) part(c gpt.Config) (gpt.Part, error) {
 			return gpt.Part{}, fmt.Errorf("--tensor-model-parallel-size %d: %w", g.tp, err)
 		}
 		part.TP = &tp.Region{Group: g.groups.TP}
+	}
+	if g.experts != nil && c.MoE.Enabled() {
+		part.Experts = g.experts
 	}
 	return part, nil
 }

@@ -115,6 +115,10 @@ type Model struct {
 	// expertsOverTP: every routed expert is split over the tensor-parallel
 	// ranks (SplitExpertsOverTP): the experts' outputs are partial sums.
 	expertsOverTP bool
+	// expertSum, set by DecodeExperts, sums the partial outputs of the
+	// ranks that hold the same tokens and their own experts (decoding's
+	// expert parallelism).
+	expertSum func(*tensor.Tape, *tensor.Tensor) *tensor.Tensor
 }
 
 // New builds a model with Megatron's initialisation drawn from rng: weights
@@ -222,6 +226,10 @@ func newModel(cfg Config, rng *tensor.RNG, part *Part) (*Model, error) {
 		l.MLPNormBias = bias(p+"pre_mlp_layernorm.bias", h, ln)
 		if cfg.MoE.IsMoELayer(i, cfg.NumLayers) {
 			l.MoE = newMoELayer(&cfg, p, normal, std, outStd)
+			if part != nil && part.Experts != nil && part.err == nil {
+				// the other experts are garbage now: one layer at a time
+				part.err = keepExperts(&cfg, i, l.MoE, part.Experts, nil)
+			}
 		} else {
 			l.FC1 = normal(p+"mlp.linear_fc1.weight", std, fc1Rows, h)
 			l.FC1Bias = bias(p+"mlp.linear_fc1.bias", fc1Rows, hasBias)
@@ -266,10 +274,10 @@ func newModel(cfg Config, rng *tensor.RNG, part *Part) (*Model, error) {
 		}
 		m.rope = r
 	}
+	if part != nil && part.err != nil {
+		return nil, part.err
+	}
 	if part != nil && part.TP != nil {
-		if part.err != nil {
-			return nil, part.err
-		}
 		size, rank := part.TP.Size(), part.TP.Rank()
 		m.Sharding = &tpSharding{r: part.TP, vocabStart: rank * (cfg.VocabSize / size), headStart: rank * (cfg.NumAttentionHeads / size)}
 	}

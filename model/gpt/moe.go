@@ -626,6 +626,8 @@ func (m *Model) moe(tp *tensor.Tape, l *MoELayer, index int, x *tensor.Tensor, p
 	}
 	var out *tensor.Tensor
 	switch ep := m.Experts; {
+	case m.expertSum != nil:
+		out = m.decodeExperts(tp, l, xs, probs, r)
 	case ep == nil || (ep.Size() == 1 && ep.TensorSize() == 1):
 		rowsT, flatT, counts := r.PermutationOn(x.Device())
 		xp := tp.Embedding(rowsT, xs) // (N, h), expert-major
@@ -674,6 +676,99 @@ func (m *Model) experts(tp *tensor.Tape, l *MoELayer, xp, pp *tensor.Tensor, cou
 	grouped := m.Config.MoE.GroupedGEMM
 	a := m.activate(tp, tp.GroupedLinear(xp, l.FC1, counts, grouped), nil)
 	return tp.GroupedLinear(tp.ScaleRows(a, pp), l.FC2, counts, grouped)
+}
+
+// decodeExperts is the MoE layer of decoding's expert parallelism
+// (DecodeExperts): every rank holds the same tokens and routed them alike,
+// so no token travels; each runs its experts (slices) on the rows routed to
+// them, in one-process order (expert-major, ascending tokens), sums each
+// token's rows, and the ranks' partial outputs are summed.
+func (m *Model) decodeExperts(tp *tensor.Tape, l *MoELayer, xs, probs *tensor.Tensor, r *tensor.Routing) *tensor.Tensor {
+	E, T := m.Config.MoE.NumExperts, xs.Dim(0)
+	rows, flat, counts := r.Permutation()
+	first, L := l.FirstExpert, len(l.FC1)
+	lo, n := 0, 0
+	for e := range E {
+		switch {
+		case e < first:
+			lo += counts[e]
+		case e < first+L:
+			n += counts[e]
+		}
+	}
+	dev := xs.Device()
+	out := tensor.ZerosOn(dev, T, xs.Dim(1))
+	if n > 0 {
+		rowsT := tensor.FromInt32(rows[lo:lo+n], n).ToDevice(dev)
+		flatT := tensor.FromInt32(flat[lo:lo+n], n).ToDevice(dev)
+		xp := tp.Embedding(rowsT, xs)
+		pp := tp.Embedding(flatT, tp.Reshape(probs, T*E, 1))
+		out = tp.IndexAddRows(T, rowsT, m.experts(tp, l, xp, pp, counts[first:first+L]))
+	}
+	return m.expertSum(tp, out)
+}
+
+// DecodeExperts splits m's experts for decoding over ep, whose ranks all
+// hold the same tokens (one lockstep engine's: no data-parallel replicas
+// with requests of their own): this rank keeps the experts of its
+// expert-parallel rank, sliced for its expert-tensor rank (SliceExperts;
+// a model built by NewPart with Part.Experts holds them already), runs them
+// on the tokens routed to them, and sum all-reduces the partial outputs
+// over the expert tensor × model parallel group (ETP·EP ranks). Forward
+// only, for decoding: training's dispatchers exchange each rank's own
+// tokens instead.
+func (m *Model) DecodeExperts(ep ExpertParallel, sum func(*tensor.Tape, *tensor.Tensor) *tensor.Tensor) error {
+	E, P := m.Config.MoE.NumExperts, ep.Size()
+	switch {
+	case !m.Config.MoE.Enabled():
+		return errors.New("gpt: DecodeExperts: the model has no experts")
+	case m.Experts != nil || m.expertsOverTP || m.expertSum != nil:
+		return errors.New("gpt: DecodeExperts: the experts are split already")
+	case m.region().SequenceParallel():
+		return errors.New("gpt: DecodeExperts: the model is sequence-parallel: its ranks hold different tokens")
+	}
+	if err := m.Config.CheckExpertSplit(P, ep.TensorSize()); err != nil {
+		return err
+	}
+	F := m.Config.MoE.FFNHiddenSize
+	whole := true // every expert whole (New, Parallelize), else a Part's
+	for i := range m.Layers {
+		if l := m.Layers[i].MoE; l != nil {
+			whole = len(l.FC1) == E && l.FC2[0].Dim(1) == F
+			break
+		}
+	}
+	if whole {
+		if err := m.SliceExperts(ep); err != nil {
+			return err
+		}
+	}
+	L, f := E/P, F/ep.TensorSize()
+	for i := range m.Layers {
+		if l := m.Layers[i].MoE; l != nil && (len(l.FC1) != L || l.FirstExpert != ep.Rank()*L || l.FC2[0].Dim(1) != f) {
+			return fmt.Errorf("gpt: DecodeExperts: layer %d holds %d experts from %d of %d columns, not expert-parallel rank %d's %d from %d of %d", i, len(l.FC1), l.FirstExpert, l.FC2[0].Dim(1), ep.Rank(), L, ep.Rank()*L, f)
+		}
+	}
+	m.Experts, m.expertSum = ep, sum
+	return nil
+}
+
+// DecodesExperts reports whether the experts are split for decoding
+// (DecodeExperts).
+func (m *Model) DecodesExperts() bool { return m.expertSum != nil }
+
+// CheckExpertSplit refuses experts that do not split over P
+// expert-parallel and Q expert-tensor-parallel ranks, naming the flags.
+func (c *Config) CheckExpertSplit(P, Q int) error {
+	switch {
+	case P < 1 || Q < 1:
+		return fmt.Errorf("gpt: --expert-model-parallel-size=%d and --expert-tensor-parallel-size=%d: want ≥ 1", P, Q)
+	case c.MoE.NumExperts%P != 0:
+		return fmt.Errorf("gpt: --num-experts=%d is not divisible by --expert-model-parallel-size=%d", c.MoE.NumExperts, P)
+	case c.MoE.FFNHiddenSize%Q != 0:
+		return fmt.Errorf("gpt: --moe-ffn-hidden-size=%d is not divisible by --expert-tensor-parallel-size=%d", c.MoE.FFNHiddenSize, Q)
+	}
+	return nil
 }
 
 // dispatchAllToAll is Megatron's alltoall dispatcher: the tokens, permuted
@@ -799,48 +894,76 @@ func (m *Model) dispatchAllGather(tp *tensor.Tape, ep ExpertParallel, l *MoELaye
 // Parallelize, which leaves them to this), as the trainer builds the model
 // on every rank from the seed.
 func (m *Model) SliceExperts(ep ExpertParallel) error {
-	E, P, Q := m.Config.MoE.NumExperts, ep.Size(), ep.TensorSize()
-	if E%P != 0 {
-		return fmt.Errorf("gpt: --num-experts=%d is not divisible by --expert-model-parallel-size=%d", E, P)
+	if err := m.Config.CheckExpertSplit(ep.Size(), ep.TensorSize()); err != nil {
+		return err
 	}
-	if f := m.Config.MoE.FFNHiddenSize; f%Q != 0 {
-		return fmt.Errorf("gpt: --moe-ffn-hidden-size=%d is not divisible by --expert-tensor-parallel-size=%d", f, Q)
-	}
-	fc1Style := tp.Column
-	if m.Config.Activation == SwiGLU {
-		fc1Style = tp.ColumnGLU
-	}
-	L := E / P
 	m.otherExperts = map[string][]int{}
 	for i := range m.Layers {
 		if l := m.Layers[i].MoE; l != nil {
-			if len(l.FC1) != E || l.FC2[0].Dim(1) != m.Config.MoE.FFNHiddenSize {
-				return fmt.Errorf("gpt: layer %d holds %d experts of %d, not all %d whole: sliced already", i, len(l.FC1), l.FC2[0].Dim(1), E)
+			if err := keepExperts(&m.Config, i, l, ep, m.otherExperts); err != nil {
+				return err
 			}
-			r := ep.Rank()
-			for e := range E {
-				if e/L != r {
-					m.otherExperts[l.FC1[e].Name] = l.FC1[e].Shape()
-					m.otherExperts[l.FC2[e].Name] = l.FC2[e].Shape()
-				}
-			}
-			fc1, fc2 := slices.Clone(l.FC1[r*L:(r+1)*L]), slices.Clone(l.FC2[r*L:(r+1)*L])
-			if Q > 1 {
-				for k := range fc1 {
-					var err error
-					if fc1[k], err = tp.Shard(fc1[k], fc1Style, ep.TensorRank(), Q); err != nil {
-						return fmt.Errorf("gpt: expert tensor parallelism: %w", err)
-					}
-					if fc2[k], err = tp.Shard(fc2[k], tp.Row, ep.TensorRank(), Q); err != nil {
-						return fmt.Errorf("gpt: expert tensor parallelism: %w", err)
-					}
-				}
-			}
-			l.FC1, l.FC2, l.FirstExpert = fc1, fc2, r*L
 		}
 	}
 	m.Experts = ep
 	return nil
+}
+
+// keepExperts keeps in l, layer i's MoE layer with every expert whole, the
+// experts of expert-parallel rank ep.Rank(), sliced for its expert-tensor
+// rank (SliceExperts), recording the others' names and shapes in others
+// (when not nil).
+func keepExperts(c *Config, i int, l *MoELayer, ep ExpertParallel, others map[string][]int) error {
+	E, P, Q := c.MoE.NumExperts, ep.Size(), ep.TensorSize()
+	if len(l.FC1) != E || l.FC2[0].Dim(1) != c.MoE.FFNHiddenSize {
+		return fmt.Errorf("gpt: layer %d holds %d experts of %d, not all %d whole: sliced already", i, len(l.FC1), l.FC2[0].Dim(1), E)
+	}
+	fc1Style := tp.Column
+	if c.Activation == SwiGLU {
+		fc1Style = tp.ColumnGLU
+	}
+	L := E / P
+	r := ep.Rank()
+	if others != nil {
+		for e := range E {
+			if e/L != r {
+				others[l.FC1[e].Name] = l.FC1[e].Shape()
+				others[l.FC2[e].Name] = l.FC2[e].Shape()
+			}
+		}
+	}
+	fc1, fc2 := slices.Clone(l.FC1[r*L:(r+1)*L]), slices.Clone(l.FC2[r*L:(r+1)*L])
+	if Q > 1 {
+		for k := range fc1 {
+			var err error
+			if fc1[k], err = tp.Shard(fc1[k], fc1Style, ep.TensorRank(), Q); err != nil {
+				return fmt.Errorf("gpt: expert tensor parallelism: %w", err)
+			}
+			if fc2[k], err = tp.Shard(fc2[k], tp.Row, ep.TensorRank(), Q); err != nil {
+				return fmt.Errorf("gpt: expert tensor parallelism: %w", err)
+			}
+		}
+	}
+	l.FC1, l.FC2, l.FirstExpert = fc1, fc2, r*L
+	return nil
+}
+
+// ExpertStyle is the split of routed expert weight name over the
+// expert-tensor-parallel ranks (SliceExperts): fc1's rows (of each of
+// SwiGLU's halves), fc2's columns; tp.Replicated for any other name.
+func (c *Config) ExpertStyle(name string) tp.Style {
+	switch {
+	case !IsRoutedExpert(name):
+		return tp.Replicated
+	case strings.Contains(name, "linear_fc1"):
+		if c.Activation == SwiGLU {
+			return tp.ColumnGLU
+		}
+		return tp.Column
+	case strings.Contains(name, "linear_fc2"):
+		return tp.Row
+	}
+	return tp.Replicated
 }
 
 // SplitExpertsOverTP splits every routed expert of m, one tensor-parallel

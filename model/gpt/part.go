@@ -1,6 +1,7 @@
 package gpt
 
 import (
+	"errors"
 	"fmt"
 
 	"github.com/gotron/gotron/parallel/tp"
@@ -26,6 +27,11 @@ type Part struct {
 	// Sharding over TP (no dropout stream: a decoding model has no
 	// dropout).
 	TP *tp.Region
+	// Experts, when set, keeps of each MoE layer the experts of its
+	// expert-parallel rank, sliced for its expert-tensor rank
+	// (SliceExperts' split), as soon as the layer is built; DecodeExperts
+	// takes the model as it is then.
+	Experts ExpertParallel
 
 	cfg Config // the model's, for its TP plan
 	err error  // the first slicing error
@@ -48,10 +54,36 @@ func (p *Part) check(c *Config) error {
 		return fmt.Errorf("gpt: part of layers [%d, %d): want a range within the model's %d layers", p.FirstLayer, p.EndLayer, c.NumLayers)
 	}
 	p.cfg = *c
+	if p.Experts != nil {
+		if !c.MoE.Enabled() {
+			return errors.New("gpt: a part with experts of a model without (--num-experts)")
+		}
+		if err := c.CheckExpertSplit(p.Experts.Size(), p.Experts.TensorSize()); err != nil {
+			return err
+		}
+	}
 	if p.TP != nil {
 		return c.CheckTP(p.TP.Size(), p.TP.SequenceParallel, 0)
 	}
 	return nil
+}
+
+// SliceOf is how the part holds parameter name of its model c: the split's
+// style, this rank's index in it and its size (tp.Replicated, 0, 1: whole).
+// Routed experts split over the expert-tensor-parallel ranks with Experts
+// (and are whole without: tensor parallelism leaves them whole), every
+// other tensor over the tensor-parallel ones.
+func (p Part) SliceOf(c *Config, name string) (style tp.Style, rank, size int) {
+	switch {
+	case IsRoutedExpert(name):
+		if p.Experts == nil || p.Experts.TensorSize() == 1 {
+			return tp.Replicated, 0, 1
+		}
+		return c.ExpertStyle(name), p.Experts.TensorRank(), p.Experts.TensorSize()
+	case p.TP == nil:
+		return tp.Replicated, 0, 1
+	}
+	return c.TPStyle(name), p.TP.Rank(), p.TP.Size()
 }
 
 func (p *Part) holdsLayer(i int) bool { return p == nil || (i >= p.FirstLayer && i < p.EndLayer) }

@@ -426,7 +426,7 @@ func (s *Stage) view() *Model {
 		FinalNorm: s.FinalNorm, FinalNormB: s.FinalNormB, OutputLayer: s.OutputLayer,
 		rope: s.model.rope, dsaRope: s.model.dsaRope, dsa: s.model.dsa, Sharding: s.Sharding, Recompute: s.model.Recompute, Fusions: s.model.Fusions, FP8: s.model.FP8, ContextParallel: s.model.ContextParallel,
 		MoE: s.model.MoE, Experts: s.model.Experts, TokenGroup: s.model.TokenGroup, BatchGroup: s.model.BatchGroup,
-		CacheMLALatents: s.model.CacheMLALatents, expertsOverTP: s.model.expertsOverTP}
+		CacheMLALatents: s.model.CacheMLALatents, expertsOverTP: s.model.expertsOverTP, expertSum: s.model.expertSum}
 }
 
 // ActivationShape is the shape of the hidden states between stages for a
