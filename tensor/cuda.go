@@ -82,9 +82,10 @@ type cudaRuntime struct {
 // copies, activations cast once, cuBLAS on CUDA_R_16BF operands),
 // "moe-router" (the MoE router's kernels), "cublaslt" (products through
 // cuBLASLt, Linear's bias and bias gradient in its epilogues: cuda_lt.go),
-// "sqrelu" (the squared ReLU's kernels) and "output-gate" (the attention
-// output gate's): those two gpt.Config.CheckDevice reads, as the kernels
-// have no verified fallback.
+// "sqrelu" (the squared ReLU's kernels), "output-gate" (the attention
+// output gate's) and "mla" (multi-latent attention; here the attention by
+// chunks of heads, attention_heads.go): gpt.Config.CheckDevice reads
+// those three.
 // The variable is "1" or "all"
 // for every one, or a comma-separated list of names.
 func CUDAUnverified(getenv func(string) string, feature string) bool {
@@ -252,6 +253,9 @@ func OpenCUDA(ordinal int, opts CUDAOptions) error {
 			return fmt.Errorf("tensor: CUDA device %d: loading the %s kernels: %w", ordinal, fam, err)
 		}
 		rt.modules = append(rt.modules, m)
+	}
+	if CUDAUnverified(os.Getenv, "mla") {
+		SetCUDAAttentionHeadChunks(true)
 	}
 	if CUDAUnverified(os.Getenv, "cublaslt") {
 		// products through cuBLASLt: load it now, so that a missing

@@ -79,8 +79,11 @@ func (be cudaBackend) cudaAttnArgs(op string, cfg AttentionConfig) cudaAttn {
 		a.suffix, a.fwdRows, a.bwdRows = "d128", 16, 12
 	case attnmatChunk(cfg) > 0:
 		// the materialized path (cuda_backend_attnmat.go) has no limit
+	case attnByHeads(cfg) > 0:
+		// chunks of heads on the materialized path (attention_heads.go)
 	default:
-		panic(fmt.Sprintf("tensor: %s on the cuda backend: head dimension %d is above the attention kernels' limit of %d", op, cfg.D, attnMaxHeadDim))
+		panic(fmt.Sprintf("tensor: %s on the cuda backend: head dimension %d is above the flash kernels' limit of %d, and one batch row's scores (%d heads × %d² float32) exceed the materialized path's limit of %d bytes (tensor.SetCUDAAttentionScoresLimit); GOTRON_CUDA_UNVERIFIED=mla runs it by chunks of heads (built, not yet run on a GPU)",
+			op, cfg.D, attnMaxHeadDim, cfg.HQ, cfg.T, attnMaterializedMaxBytes.Load()))
 	}
 	if a.scale == 0 {
 		a.scale = float32(1 / math.Sqrt(float64(cfg.D)))
@@ -119,6 +122,10 @@ func (be cudaBackend) AttentionForward(out, lse, q, k, v *Tensor, cfg AttentionC
 		be.attnmatForward(out, lse, q, k, v, cfg, a, bc)
 		return
 	}
+	if hc := attnByHeads(cfg); hc > 0 {
+		attentionForwardByHeads(be, out, lse, q, k, v, cfg, hc)
+		return
+	}
 	be.launch("attn_fwd_"+a.suffix+"_f32", [3]int{attnCeilDiv(cfg.T, a.fwdRows), cfg.HQ, cfg.B}, [3]int{attnThreads, 1, 1}, 0,
 		be.ptr(out), be.ptr(lse), be.ptr(q), be.ptr(k), be.ptr(v), a.docs,
 		int32(cfg.T), int32(cfg.HQ), int32(cfg.HKV), int32(cfg.D), a.scale, a.causal, a.dropout, a.thr, a.dscale, a.seed, a.firstHead)
@@ -135,6 +142,10 @@ func (be cudaBackend) AttentionBackward(dq, dk, dv, dout, q, k, v, out, lse *Ten
 	}
 	if bc := attnmatChunk(cfg); bc > 0 {
 		be.attnmatBackward(dq, dk, dv, dout, q, k, v, out, lse, cfg, a, bc)
+		return
+	}
+	if hc := attnByHeads(cfg); hc > 0 {
+		attentionBackwardByHeads(be, dq, dk, dv, dout, q, k, v, out, lse, cfg, hc)
 		return
 	}
 	// delta_i = dout_i·out_i, (B, HQ, T) like lse (every element written)

@@ -1,6 +1,7 @@
 package gpt
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 
@@ -25,8 +26,8 @@ func outputGateTiny() Config {
 	return c
 }
 
-// TestCheckDeviceUnverified: on --device cuda the squared ReLU and the
-// output gate are refused, naming the GOTRON_CUDA_UNVERIFIED feature that
+// TestCheckDeviceUnverified: on --device cuda the squared ReLU, the
+// output gate and multi-latent attention are refused, naming the GOTRON_CUDA_UNVERIFIED feature that
 // allows them and that they have not run on a GPU, and allowed when the
 // variable names them (or is 1 or all); the gated delta net, which has no
 // kernel, stays refused whatever it says. The CPU and the simulated device
@@ -48,6 +49,8 @@ func TestCheckDeviceUnverified(t *testing.T) {
 	}{
 		{"sqrelu", sqreluTiny(), "--squared-relu", "sqrelu"},
 		{"output-gate", outputGateTiny(), "--attention-output-gate", "output-gate"},
+		{"mla", mlaTiny(), "--multi-latent-attention", "mla"},
+		{"mla-wide", mlaWideTiny(), "--multi-latent-attention", "mla"},
 	} {
 		err := c.cfg.CheckDeviceEnv(tensor.CUDA, env(""))
 		if err == nil || !strings.Contains(err.Error(), c.flag+" with --device cuda") ||
@@ -77,6 +80,28 @@ func TestCheckDeviceUnverified(t *testing.T) {
 	if err := gdn.CheckDeviceEnv(tensor.CUDA, env("1")); err == nil || !strings.Contains(err.Error(), "no CUDA kernel") {
 		t.Errorf("gated delta net with GOTRON_CUDA_UNVERIFIED=1: %v, want a refusal (no kernel)", err)
 	}
+}
+
+// mlaTiny is TestMLASimDeviceMatchesCPU's MLA model: YaRN, a query latent,
+// v heads (5 channels) padded to the q·k heads' 10.
+func mlaTiny() Config {
+	c := gpt2Tiny()
+	c.MLA = DefaultMLA()
+	c.MLA.QLoraRank, c.MLA.KVLoraRank, c.MLA.QKHeadDim, c.MLA.QKPosEmbHeadDim, c.MLA.VHeadDim = 12, 10, 6, 4, 5
+	c.MLA.ScalingFactor, c.MLA.Mscale, c.MLA.MscaleAllDim = 40, 0.707, 0.3
+	return c
+}
+
+// mlaWideTiny is an MLA model whose q·k heads are wider than the CUDA
+// flash kernels take (136 + 8 = 144 > 128 channels, as DeepSeek's 192),
+// four of them, with a plain query projection and the latents' norms
+// (--qk-layernorm).
+func mlaWideTiny() Config {
+	c := gpt2Tiny()
+	c.NumAttentionHeads, c.QKLayerNorm = 4, true
+	c.MLA = DefaultMLA()
+	c.MLA.KVLoraRank, c.MLA.QKHeadDim, c.MLA.QKPosEmbHeadDim, c.MLA.VHeadDim = 12, 136, 8, 16
+	return c
 }
 
 // TestSimVariantsMatchCPU: the squared-ReLU and output-gate models' training
@@ -129,5 +154,90 @@ func TestCUDAVariantsMatchCPU(t *testing.T) {
 				cudaClose(t, name+" decode logits", got[i], want[i], tol)
 			}
 		})
+	}
+}
+
+// mlaDecode decodes bt's first tokens in chunks of 3, 1 and 2 with c's
+// model on dev, the latents cached or not (--cache-mla-latents), and
+// returns the logits of each chunk.
+func mlaDecode(t *testing.T, c Config, bt Batch, dev tensor.Device, latents bool) [][]float32 {
+	t.Helper()
+	m := stageModel(t, c)
+	m.CacheMLALatents = latents
+	m.ToDevice(dev)
+	kv := m.NewKVCache(8)
+	toks := bt.Tokens.Int32s()
+	var out [][]float32
+	for _, n := range []int{3, 1, 2} {
+		l, err := m.Decode(kv, toks[kv.Len:kv.Len+n])
+		if err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, l)
+	}
+	return out
+}
+
+// TestCUDAMLAMatchesCPU: multi-latent attention models give the CPU's loss,
+// every gradient (with each recomputation) and the decoding logits (the
+// latents cached and not) within float32 tolerance on a GPU: mlaTiny (v
+// padded to the q·k heads, YaRN, a query latent) and mlaWideTiny, whose
+// 144-channel heads the flash kernels do not take, with the materialized
+// path's scores limited to two heads of a batch row, so that its attention
+// runs by chunks of two heads (tensor's attention_heads.go) as DeepSeek's
+// 192-channel heads do at long sequences. It skips without a GPU and
+// unless GOTRON_CUDA_UNVERIFIED names mla: built, not yet run on a GPU
+// (tools/gpu/check.sh unverified).
+func TestCUDAMLAMatchesCPU(t *testing.T) {
+	if err := tensor.OpenCUDA(0, tensor.CUDAOptions{}); err != nil {
+		t.Skipf("no CUDA device: %v", err)
+	}
+	if mla := mlaTiny(); mla.CheckDevice(tensor.CUDA) != nil {
+		t.Skip(mla.CheckDevice(tensor.CUDA))
+	}
+	defer tensor.SetCUDAAttentionHeadChunks(tensor.SetCUDAAttentionHeadChunks(true))
+	const tol = 1e-3
+	for name, cfg := range map[string]Config{"mla": mlaTiny(), "mla-wide": mlaWideTiny()} {
+		t.Run(name, func(t *testing.T) {
+			c, bt := deviceCase(cfg)
+			if name == "mla-wide" {
+				T := int64(bt.Tokens.Dim(1))
+				defer tensor.SetCUDAAttentionScoresLimit(tensor.SetCUDAAttentionScoresLimit(2 * T * T * 4))
+			}
+			for _, rc := range deviceRecomputes {
+				cl, cg := deviceStep(t, c, bt, tensor.CPU, rc)
+				gl, gg := deviceStep(t, c, bt, tensor.CUDA, rc)
+				cudaClose(t, name+" loss", []float32{gl}, []float32{cl}, tol)
+				params := stageModel(t, c).Params()
+				for i := range cg {
+					cudaClose(t, name+" gradient of "+params[i].Name, gg[i], cg[i], tol)
+				}
+			}
+			for _, latents := range []bool{false, true} {
+				want, got := mlaDecode(t, c, bt, tensor.CPU, latents), mlaDecode(t, c, bt, tensor.CUDA, latents)
+				for i := range want {
+					cudaClose(t, fmt.Sprintf("%s decode logits (latents cached: %v)", name, latents), got[i], want[i], tol)
+				}
+			}
+		})
+	}
+}
+
+// TestSimMLAWideMatchesCPU: mlaWideTiny's training step and decoding
+// (latents cached and not) on the simulated device are the CPU's bit for
+// bit.
+func TestSimMLAWideMatchesCPU(t *testing.T) {
+	c, bt := deviceCase(mlaWideTiny())
+	cl, cg := deviceStep(t, c, bt, tensor.CPU, Recompute{})
+	sl, sg := deviceStep(t, c, bt, tensor.Sim, Recompute{})
+	sameBits(t, "loss", []float32{sl}, []float32{cl})
+	for i := range cg {
+		sameBits(t, "gradient", sg[i], cg[i])
+	}
+	for _, latents := range []bool{false, true} {
+		want, got := mlaDecode(t, c, bt, tensor.CPU, latents), mlaDecode(t, c, bt, tensor.Sim, latents)
+		for i := range want {
+			sameBits(t, "decode logits", got[i], want[i])
+		}
 	}
 }

@@ -238,7 +238,8 @@ func TestMLADecodeMatchesFullForward(t *testing.T) {
 		})
 	}
 	m, _, _ := newMLAGoldenModel(t, "mla_qlora")
-	if err := m.Config.CheckDevice(tensor.CUDA); err == nil || !strings.Contains(err.Error(), "not run on a GPU") {
+	if err := m.Config.CheckDeviceEnv(tensor.CUDA, func(string) string { return "" }); err == nil || !strings.Contains(err.Error(), "not run on a GPU") ||
+		!strings.Contains(err.Error(), "GOTRON_CUDA_UNVERIFIED=mla") {
 		t.Fatalf("CheckDevice(cuda): %v, want a refusal", err)
 	}
 }

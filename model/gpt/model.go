@@ -353,11 +353,10 @@ func (c *Config) CheckDevice(dev tensor.Device) error { return c.CheckDeviceEnv(
 
 // CheckDeviceEnv is CheckDevice reading GOTRON_CUDA_UNVERIFIED through
 // getenv. On --device cuda the gated delta net and DSA have no CUDA
-// kernels in this release; the squared ReLU (sqrelu) and the attention
-// output gate (output-gate) have kernels that are built but have not run on
-// a GPU, and run only when the variable names them (tensor.CUDAUnverified).
-// Multi-latent attention is refused: it has not run on a GPU. The CPU and
-// the simulated device run them all.
+// kernels in this release; the squared ReLU (sqrelu), the attention output
+// gate (output-gate) and multi-latent attention (mla) are built but have
+// not run on a GPU, and run only when the variable names them
+// (tensor.CUDAUnverified). The CPU and the simulated device run them all.
 func (c *Config) CheckDeviceEnv(dev tensor.Device, getenv func(string) string) error {
 	if dev != tensor.CUDA {
 		return nil
@@ -366,16 +365,18 @@ func (c *Config) CheckDeviceEnv(dev tensor.Device, getenv func(string) string) e
 		if tensor.CUDAUnverified(getenv, feature) {
 			return nil
 		}
-		return fmt.Errorf("gpt: %s with --device cuda: %s CUDA kernels are built but have not run on a GPU in this release; set GOTRON_CUDA_UNVERIFIED=%s to run them anyway, or use --device cpu or sim", flag, what, feature)
+		return fmt.Errorf("gpt: %s with --device cuda: %s built but not run on a GPU in this release; set GOTRON_CUDA_UNVERIFIED=%s to run it anyway, or use --device cpu or sim", flag, what, feature)
 	}
 	if c.DSA.Enabled {
 		return fmt.Errorf("gpt: --experimental-attention-variant dsa with --device cuda: DSA's indexer and sparse attention have no CUDA kernel in this release (they run on --device cpu and sim)")
 	}
 	if c.MLA.Enabled {
-		return fmt.Errorf("gpt: --multi-latent-attention with --device cuda: MLA has not run on a GPU in this release (it runs on --device cpu and sim)")
+		if err := unverified("--multi-latent-attention", "multi-latent attention on the GPU (its ops' kernels, head dimensions above 128 by chunks of heads) is", "mla"); err != nil {
+			return err
+		}
 	}
 	if c.Activation == SquaredReLU {
-		if err := unverified("--squared-relu", "the squared-ReLU activation's", "sqrelu"); err != nil {
+		if err := unverified("--squared-relu", "the squared-ReLU activation's CUDA kernels are", "sqrelu"); err != nil {
 			return err
 		}
 	}
@@ -383,7 +384,7 @@ func (c *Config) CheckDeviceEnv(dev tensor.Device, getenv func(string) string) e
 		return fmt.Errorf("gpt: --experimental-attention-variant gated_delta_net with --device cuda: the gated delta net's convolution and delta rule have no CUDA kernel in this release (they run on --device cpu and sim)")
 	}
 	if c.AttentionOutputGate {
-		if err := unverified("--attention-output-gate", "the attention output gate's", "output-gate"); err != nil {
+		if err := unverified("--attention-output-gate", "the attention output gate's CUDA kernels are", "output-gate"); err != nil {
 			return err
 		}
 	}

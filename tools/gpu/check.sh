@@ -76,6 +76,9 @@ unverified_tests() {
 	run unverified-sqrelu-gate-op 120 env GOTRON_CUDA_UNVERIFIED=sqrelu,output-gate "$bin/tensor_backendtest.test" -test.v \
 		-test.run 'TestCUDAOps/(squared-relu|sigmoid-gate)'
 	run unverified-sqrelu-gate 180 env GOTRON_CUDA_UNVERIFIED=sqrelu,output-gate "$bin/model_gpt.test" -test.v -test.run 'TestCUDAVariantsMatchCPU'
+	# Multi-latent attention (mla): model steps and decoding against the
+	# CPU, 144-channel heads by chunks of heads included.
+	run unverified-mla 180 env GOTRON_CUDA_UNVERIFIED=mla "$bin/model_gpt.test" -test.v -test.run 'TestCUDAMLAMatchesCPU'
 	run unverified-model-fusion 180 env GOTRON_CUDA_UNVERIFIED=fusion "$bin/model_gpt.test" -test.v -test.run '^TestCUDAMatchesCPU$'
 	# Staged host-to-device copies: the runtime test, then training
 	# against the CPU (50 iterations, fp32 and --bf16) with them on.
