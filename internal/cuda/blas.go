@@ -14,7 +14,14 @@ const (
 	F32  DataType = 0  // CUDA_R_32F
 	F16  DataType = 2  // CUDA_R_16F
 	BF16 DataType = 14 // CUDA_R_16BF
+	// FP8 operands, cuBLASLt only (LtMatmul; CUDA 11.8 and newer, a GPU of
+	// compute capability 8.9 or newer to run).
+	F8E4M3 DataType = 28 // CUDA_R_8F_E4M3
+	F8E5M2 DataType = 29 // CUDA_R_8F_E5M2
 )
+
+// fp8 reports whether t is an FP8 type.
+func (t DataType) fp8() bool { return t == F8E4M3 || t == F8E5M2 }
 
 func (t DataType) String() string {
 	switch t {
@@ -24,6 +31,10 @@ func (t DataType) String() string {
 		return "f16"
 	case BF16:
 		return "bf16"
+	case F8E4M3:
+		return "e4m3"
+	case F8E5M2:
+		return "e5m2"
 	}
 	return fmt.Sprintf("cudaDataType(%d)", int32(t))
 }
@@ -226,6 +237,9 @@ func (p GemmParams) check() error {
 func (d *Device) GemmStridedBatched(p GemmParams) error {
 	if err := p.check(); err != nil {
 		return err
+	}
+	if p.AType.fp8() || p.BType.fp8() || p.CType.fp8() {
+		return fmt.Errorf("cuda: GEMM %v·%v→%v: FP8 operands need cuBLASLt (LtMatmul), not cublasGemmStridedBatchedEx", p.AType, p.BType, p.CType)
 	}
 	batch := max(p.Batch, 1)
 	compute := p.Compute

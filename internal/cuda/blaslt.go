@@ -94,6 +94,9 @@ const (
 	ltDescBiasPointer  = 8  // CUBLASLT_MATMUL_DESC_BIAS_POINTER, void*
 	ltDescAuxPointer   = 11 // CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, void*
 	ltDescAuxLD        = 12 // CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, int64
+	ltDescAScale       = 17 // CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, const void* (device float32)
+	ltDescBScale       = 18 // CUBLASLT_MATMUL_DESC_B_SCALE_POINTER
+	ltDescFastAccum    = 25 // CUBLASLT_MATMUL_DESC_FAST_ACCUM, int8
 	ltLayoutBatchCount = 5  // CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, int32
 	ltLayoutBatchOff   = 6  // CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, int64
 	ltPrefMaxWorkspace = 1  // CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, uint64
@@ -192,6 +195,16 @@ type LtParams struct {
 	// the DGELU ones.
 	Aux   Ptr
 	AuxLD int
+	// AScale and BScale are the device addresses of one float32 each that
+	// cuBLASLt multiplies A's and B's values by (A/B_SCALE_POINTER: an FP8
+	// operand's scale inverse, as Transformer Engine passes it), required
+	// with FP8 operands and refused otherwise.
+	AScale, BScale Ptr
+	// FastAccum (FP8 only) lets the FP8 kernels sum without promoting
+	// partial sums to float32 at intervals (FAST_ACCUM): Transformer
+	// Engine's forward product; its dgrad and wgrad keep the split
+	// accumulator (FastAccum false).
+	FastAccum bool
 }
 
 func (p LtParams) epilogue() Epilogue {
@@ -226,7 +239,13 @@ type ltPlan struct {
 	// without): the heuristic reads them from the addresses on the
 	// descriptor, so an algorithm is chosen for them.
 	BiasAlign, AuxAlign uint32
+	// FastAccum is CUBLASLT_MATMUL_DESC_FAST_ACCUM, set only for FP8
+	// operands (where A and B are scaled through AScale and BScale).
+	FastAccum int8
 }
+
+// fp8 reports whether the plan's operands are FP8 (and so scaled).
+func (pl ltPlan) fp8() bool { return pl.A.Type.fp8() }
 
 // align is the largest power of two up to 256 dividing p: what the
 // preference's MIN_ALIGNMENT attributes say (their default, 256, would
@@ -269,6 +288,7 @@ func (p LtParams) plan() (ltPlan, error) {
 	} else if p.Aux != 0 || p.AuxLD != 0 {
 		bad = append(bad, fmt.Sprintf("Aux with epilogue %v, which has none", e))
 	}
+	bad = append(bad, p.fp8Rules()...)
 	if len(bad) > 0 {
 		return ltPlan{}, fmt.Errorf("cuda: cuBLASLt M=%d N=%d K=%d: %s", p.M, p.N, p.K, strings.Join(bad, "; "))
 	}
@@ -291,6 +311,9 @@ func (p LtParams) plan() (ltPlan, error) {
 		return l
 	}
 	pl := ltPlan{Compute: compute, Scale: F32, TransA: op(p.TransA), TransB: op(p.TransB), Epilogue: e}
+	if p.AType.fp8() && p.FastAccum {
+		pl.FastAccum = 1
+	}
 	if p.TransA {
 		pl.A = layout(p.AType, p.K, p.M, p.LDA, p.StrideA)
 	} else {
@@ -313,6 +336,53 @@ func (p LtParams) plan() (ltPlan, error) {
 		pl.AuxAlign = align(p.Aux)
 	}
 	return pl, nil
+}
+
+// fp8Rules returns what is wrong with p's FP8 settings, as cuBLASLt's FP8
+// matmul takes them: both operands FP8 and not both E5M2; the "TN" form
+// (A transposed, B not: both stored with K contiguous); K and the leading
+// dimensions of A and B multiples of 16 (16-byte rows); D float32 or
+// bfloat16; compute float32; the default epilogue; one matrix; both
+// scale addresses. Without FP8 operands, no scale address nor FastAccum.
+func (p LtParams) fp8Rules() []string {
+	if !p.AType.fp8() && !p.BType.fp8() {
+		var bad []string
+		if p.AScale != 0 || p.BScale != 0 || p.FastAccum {
+			bad = append(bad, fmt.Sprintf("AScale, BScale or FastAccum with %v·%v operands (FP8 only)", p.AType, p.BType))
+		}
+		if p.CType.fp8() {
+			bad = append(bad, fmt.Sprintf("an FP8 output (%v) from %v·%v operands", p.CType, p.AType, p.BType))
+		}
+		return bad
+	}
+	var bad []string
+	if !p.AType.fp8() || !p.BType.fp8() {
+		bad = append(bad, fmt.Sprintf("%v·%v: FP8 products take two FP8 operands", p.AType, p.BType))
+	} else if p.AType == F8E5M2 && p.BType == F8E5M2 {
+		bad = append(bad, "e5m2·e5m2: cuBLASLt multiplies E5M2 by E4M3 only")
+	}
+	if !p.TransA || p.TransB {
+		bad = append(bad, fmt.Sprintf("transA=%v transB=%v: FP8 products take A transposed and B not (cuBLASLt's TN form)", p.TransA, p.TransB))
+	}
+	if p.K%16 != 0 || p.LDA%16 != 0 || p.LDB%16 != 0 {
+		bad = append(bad, fmt.Sprintf("K=%d LDA=%d LDB=%d: FP8 products want multiples of 16", p.K, p.LDA, p.LDB))
+	}
+	if p.CType != F32 && p.CType != BF16 {
+		bad = append(bad, fmt.Sprintf("output %v: FP8 products here write f32 or bf16", p.CType))
+	}
+	if p.Compute != 0 && p.Compute != Compute32F {
+		bad = append(bad, fmt.Sprintf("compute %d: FP8 products compute in CUBLAS_COMPUTE_32F", p.Compute))
+	}
+	if p.epilogue() != EpilogueDefault {
+		bad = append(bad, fmt.Sprintf("epilogue %v with FP8 operands (default only here)", p.epilogue()))
+	}
+	if p.Batch > 1 {
+		bad = append(bad, fmt.Sprintf("batch %d with FP8 operands (one matrix)", p.Batch))
+	}
+	if p.AScale == 0 || p.BScale == 0 {
+		bad = append(bad, "FP8 operands need AScale and BScale addresses")
+	}
+	return bad
 }
 
 // ErrLtNoAlgorithm is what LtMatmul returns (wrapped) when cuBLASLt has no
@@ -422,7 +492,7 @@ func (l *ltHandle) build(pl ltPlan, e *ltEntry, p LtParams) error {
 	return l.pickAlgo(pl, e)
 }
 
-// setPointers sets p's bias and Aux addresses on e's descriptor, as
+// setPointers sets p's bias and Aux addresses (and FP8 scale addresses) on e's descriptor, as
 // pl's epilogue reads them: at every call (they change from call to call;
 // host memory, the stream's order is unaffected) and before the heuristic.
 func (api *ltAPI) setPointers(pl ltPlan, e *ltEntry, p LtParams) error {
@@ -435,6 +505,15 @@ func (api *ltAPI) setPointers(pl ltPlan, e *ltEntry, p LtParams) error {
 	if pl.Epilogue.usesAux() {
 		aux := uintptr(p.Aux)
 		if err := blasCheck("cublasLtMatmulDescSetAttribute(EPILOGUE_AUX_POINTER)", api.descSet(e.desc, ltDescAuxPointer, unsafe.Pointer(&aux), unsafe.Sizeof(aux))); err != nil {
+			return err
+		}
+	}
+	if pl.fp8() {
+		as, bs := uintptr(p.AScale), uintptr(p.BScale)
+		if err := errors.Join(
+			blasCheck("cublasLtMatmulDescSetAttribute(A_SCALE_POINTER)", api.descSet(e.desc, ltDescAScale, unsafe.Pointer(&as), unsafe.Sizeof(as))),
+			blasCheck("cublasLtMatmulDescSetAttribute(B_SCALE_POINTER)", api.descSet(e.desc, ltDescBScale, unsafe.Pointer(&bs), unsafe.Sizeof(bs))),
+		); err != nil {
 			return err
 		}
 	}
@@ -461,6 +540,12 @@ func (api *ltAPI) describe(pl ltPlan, e *ltEntry) error {
 	if pl.Epilogue.usesAux() {
 		ld := pl.AuxLD
 		if err := setDesc("EPILOGUE_AUX_LD", ltDescAuxLD, unsafe.Pointer(&ld), unsafe.Sizeof(ld)); err != nil {
+			return err
+		}
+	}
+	if pl.fp8() {
+		fa := pl.FastAccum
+		if err := setDesc("FAST_ACCUM", ltDescFastAccum, unsafe.Pointer(&fa), unsafe.Sizeof(fa)); err != nil {
 			return err
 		}
 	}
@@ -589,4 +674,28 @@ func (d *Device) LtCached() int {
 		return 0
 	}
 	return len(d.lt.cache)
+}
+
+// FP8Operand is an FP8 matrix on the device, row-major with its last
+// dimension (the product's K) contiguous, and the address of the float32
+// its values are multiplied by (its scale inverse).
+type FP8Operand struct {
+	Data     Ptr
+	Type     DataType // F8E4M3 or F8E5M2
+	ScaleInv Ptr
+}
+
+// FP8RowMajor is the product Y = α·(P·Qᵀ)·scaleInv(P)·scaleInv(Q) + β·Y in
+// row-major terms — Y n×m (Type yType), P n×k, Q m×k, each row contiguous
+// — as cuBLASLt's FP8 matmul takes it: the TN form, column-major
+// D (m×n) = Aᵀ·B with A = Q (stored k×m), B = P (stored k×n). A Linear
+// layer's fprop y = x·wᵀ is P = x, Q = w; its dgrad dx = g·w is P = g,
+// Q = wᵀ (the transposed cast of w); its wgrad dw = gᵀ·x is P = gᵀ,
+// Q = xᵀ (transposed casts), as Transformer Engine casts them.
+func FP8RowMajor(n, m, k int, p, q FP8Operand, y Ptr, yType DataType, alpha, beta float32, fastAccum bool) LtParams {
+	return LtParams{
+		GemmParams: GemmParams{TransA: true, M: m, N: n, K: k, Alpha: alpha, Beta: beta,
+			A: q.Data, LDA: k, B: p.Data, LDB: k, C: y, LDC: m, AType: q.Type, BType: p.Type, CType: yType, Compute: Compute32F},
+		AScale: q.ScaleInv, BScale: p.ScaleInv, FastAccum: fastAccum,
+	}
 }

@@ -31,6 +31,9 @@ func ltABI() map[string]int64 {
 		"CUBLASLT_MATMUL_DESC_BIAS_POINTER":                        ltDescBiasPointer,
 		"CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER":                ltDescAuxPointer,
 		"CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD":                     ltDescAuxLD,
+		"CUBLASLT_MATMUL_DESC_A_SCALE_POINTER":                     ltDescAScale,
+		"CUBLASLT_MATMUL_DESC_B_SCALE_POINTER":                     ltDescBScale,
+		"CUBLASLT_MATMUL_DESC_FAST_ACCUM":                          ltDescFastAccum,
 		"CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT":                       ltLayoutBatchCount,
 		"CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET":              ltLayoutBatchOff,
 		"CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES":                 ltPrefMaxWorkspace,
@@ -58,6 +61,8 @@ func ltABI() map[string]int64 {
 		"CUDA_R_32F":                                               int64(F32),
 		"CUDA_R_16F":                                               int64(F16),
 		"CUDA_R_16BF":                                              int64(BF16),
+		"CUDA_R_8F_E4M3":                                           int64(F8E4M3),
+		"CUDA_R_8F_E5M2":                                           int64(F8E5M2),
 	}
 	return m
 }
@@ -80,6 +85,8 @@ var ltABIPinned = map[string]int64{
 	"CUBLAS_OP_N": 0, "CUBLAS_OP_T": 1, "CUBLAS_STATUS_NOT_SUPPORTED": 15,
 	"CUBLAS_COMPUTE_32F": 68, "CUBLAS_COMPUTE_32F_FAST_TF32": 77, "CUBLAS_COMPUTE_32F_FAST_16BF": 75, "CUBLAS_COMPUTE_32F_FAST_16F": 74,
 	"CUDA_R_32F": 0, "CUDA_R_16F": 2, "CUDA_R_16BF": 14,
+	"CUBLASLT_MATMUL_DESC_A_SCALE_POINTER": 17, "CUBLASLT_MATMUL_DESC_B_SCALE_POINTER": 18, "CUBLASLT_MATMUL_DESC_FAST_ACCUM": 25,
+	"CUDA_R_8F_E4M3": 28, "CUDA_R_8F_E5M2": 29,
 }
 
 // TestLtABI holds blaslt.go's cublasLt.h values to the pinned table, and,
@@ -445,8 +452,10 @@ func TestLtPlan(t *testing.T) {
 // installed — and reads every attribute back with cuBLASLt's own
 // GetAttribute functions: the plan rebuilt from what the library holds is
 // the plan (so each attribute's value and size reached cuBLASLt as meant:
-// a wrong size is CUBLAS_STATUS_INVALID_VALUE at the set), and the bias
-// address set as LtMatmul sets it reads back.
+// a wrong size is CUBLAS_STATUS_INVALID_VALUE at the set), and the bias,
+// Aux and FP8 scale addresses set as LtMatmul sets them read back; FP8
+// plans (E5M2·E4M3 to bf16 with fast accumulation, E4M3·E4M3 to f32
+// without) carry their types and FAST_ACCUM.
 func TestLtDescriptors(t *testing.T) {
 	api, err := loadLt()
 	if err != nil {
@@ -484,6 +493,8 @@ func TestLtDescriptors(t *testing.T) {
 		{GemmParams: GemmParams{TransB: true, M: in, N: out, K: rows, Alpha: 1, Beta: 1, A: 256, LDA: in, B: 512, LDB: out, C: 772, LDC: in,
 			AType: F32, BType: F32, CType: F32}, Epilogue: EpilogueBGradB, Bias: 4096},
 		{GemmParams: batched},
+		FP8RowMajor(32, 16, 48, FP8Operand{Data: 256, Type: F8E5M2, ScaleInv: 4096}, FP8Operand{Data: 512, Type: F8E4M3, ScaleInv: 4100}, 1024, BF16, 1, 0, true),
+		FP8RowMajor(32, 16, 48, FP8Operand{Data: 256, Type: F8E4M3, ScaleInv: 4096}, FP8Operand{Data: 512, Type: F8E4M3, ScaleInv: 4100}, 1024, F32, 1, 1, false),
 	} {
 		pl, err := p.plan()
 		if err != nil {
@@ -504,6 +515,7 @@ func TestLtDescriptors(t *testing.T) {
 		if pl.Epilogue.usesAux() {
 			get(descGet, e.desc, ltDescAuxLD, unsafe.Pointer(&back.AuxLD), 8)
 		}
+		get(descGet, e.desc, ltDescFastAccum, unsafe.Pointer(&back.FastAccum), 1)
 		for _, m := range []struct {
 			ly  uintptr
 			dst *ltLayout
@@ -537,6 +549,12 @@ func TestLtDescriptors(t *testing.T) {
 		get(descGet, e.desc, ltDescAuxPointer, unsafe.Pointer(&aux), 8)
 		if bias != uintptr(p.Bias) || aux != uintptr(p.Aux) {
 			t.Errorf("epilogue %v: bias and aux pointers %#x %#x, want %#x %#x", pl.Epilogue, bias, aux, p.Bias, p.Aux)
+		}
+		var as, bs uintptr
+		get(descGet, e.desc, ltDescAScale, unsafe.Pointer(&as), 8)
+		get(descGet, e.desc, ltDescBScale, unsafe.Pointer(&bs), 8)
+		if as != uintptr(p.AScale) || bs != uintptr(p.BScale) {
+			t.Errorf("%v·%v: scale pointers %#x %#x, want %#x %#x", pl.A.Type, pl.B.Type, as, bs, p.AScale, p.BScale)
 		}
 		(&ltHandle{api: api}).freeEntry(&e)
 	}
