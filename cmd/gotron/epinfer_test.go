@@ -2,6 +2,8 @@ package main
 
 import (
 	"fmt"
+	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -38,8 +40,9 @@ func trainEPCheckpoint(t *testing.T, dir, data, vocab, merges string) string {
 }
 
 // TestInferenceExpertParallel: an MoE checkpoint trained at EP=2 runs
-// gotron inference over expert-parallel layouts (gotron launch --inproc:
-// ranks over TCP), each rank reading its experts alone, with one process's
+// gotron inference over expert-parallel layouts (gotron launch --inproc,
+// and TP=2×EP=2 as real processes over tcp), each rank reading its experts
+// alone, with one process's
 // tokens, and log-probabilities within 2e-6 (the tensor- and
 // pipeline-parallel tests' bound), prompts in chunks and decode steps of
 // one token per request alike: EP=2; EP=2 over two pipeline stages; TP=2
@@ -86,6 +89,20 @@ func TestInferenceExpertParallel(t *testing.T) {
 		}
 		compareTPResults(t, "moe (trained at EP=2) at "+layout, readTPResults(t, out), want, 2e-6)
 	}
+	// Real processes over tcp: gotron launch starts 2 gotron inference
+	// processes, the experts folded over the tensor-parallel ranks.
+	bin, err := buildGotron()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := filepath.Join(dir, "ep-tcp.json")
+	cmd := exec.Command(bin, append([]string{"launch", "--nproc-per-node", "2", "--master-port", freeTCPPort(t), "--"},
+		infer(out, "--tensor-model-parallel-size", "2", "--expert-model-parallel-size", "2", "--expert-tensor-parallel-size", "1")...)...)
+	cmd.Env = append(os.Environ(), "GOTRON_NUM_THREADS=1")
+	if b, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("gotron launch --nproc-per-node 2 -- inference at TP=2×EP=2: %v\n%s", err, b)
+	}
+	compareTPResults(t, "moe at TP=2×EP=2, processes over tcp", readTPResults(t, out), want, 2e-6)
 	checkGenerateOverTwoRanks(t, ck, vocab, merges, "--expert-model-parallel-size", "EP=2")
 	// layouts that do not split the model, or lack their ranks, are
 	// refused naming the flag
