@@ -64,22 +64,6 @@ func TestImportMatchesPyTorch(t *testing.T) {
 	}
 }
 
-// tensorBytes reads every tensor of an HF directory as name → dtype+shape+bytes.
-func tensorBytes(t *testing.T, dir string) map[string]safetensors.Tensor {
-	t.Helper()
-	s, err := safetensors.OpenDir(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { s.Close() })
-	out := map[string]safetensors.Tensor{}
-	for _, n := range s.Names() {
-		x, _ := s.Tensor(n)
-		out[n] = x
-	}
-	return out
-}
-
 func readJSONObject(t *testing.T, path string) map[string]any {
 	t.Helper()
 	b, err := os.ReadFile(path)
@@ -116,7 +100,7 @@ func TestRoundTripInMemory(t *testing.T) {
 // shapes, bytes) and an equal config.json.
 func CompareHFDirs(t *testing.T, want, got string) {
 	t.Helper()
-	w, g := tensorBytes(t, want), tensorBytes(t, got)
+	w, g := hftest.Tensors(t, want), hftest.Tensors(t, got)
 	if !slices.Equal(sortedKeys(w), sortedKeys(g)) {
 		t.Fatalf("tensor names differ:\nwant %v\ngot  %v", sortedKeys(w), sortedKeys(g))
 	}

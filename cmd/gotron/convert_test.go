@@ -38,21 +38,6 @@ func mustGotron(t *testing.T, args ...string) string {
 	return out
 }
 
-// hfTensors reads every tensor of an HF directory.
-func hfTensors(t *testing.T, dir string) map[string]safetensors.Tensor {
-	t.Helper()
-	s, err := safetensors.OpenDir(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { s.Close() })
-	out := map[string]safetensors.Tensor{}
-	for _, n := range s.Names() {
-		out[n], _ = s.Tensor(n)
-	}
-	return out
-}
-
 func jsonFile(t *testing.T, path string) map[string]any {
 	t.Helper()
 	b, err := os.ReadFile(path)
@@ -84,7 +69,7 @@ func TestConvertRoundTrip(t *testing.T) {
 				t.Fatalf("gotron checkpoint %s taken for an HF directory", g)
 			}
 			mustGotron(t, "convert", "--to", "hf", "--load", g, "--save", out)
-			want, got := hfTensors(t, src), hfTensors(t, out)
+			want, got := hftest.Tensors(t, src), hftest.Tensors(t, out)
 			if !slices.Equal(sortedNames(want), sortedNames(got)) {
 				t.Fatalf("tensors:\nwant %v\ngot  %v", sortedNames(want), sortedNames(got))
 			}
@@ -134,7 +119,7 @@ func TestConvertDTypeAndShards(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(out, "model.safetensors.index.json")); err != nil {
 		t.Fatalf("no shard index: %v", err)
 	}
-	for n, x := range hfTensors(t, out) {
+	for n, x := range hftest.Tensors(t, out) {
 		if x.DType != safetensors.F16 {
 			t.Fatalf("%s is %s, want F16", n, x.DType)
 		}

@@ -70,6 +70,24 @@ func Golden(t testing.TB, dir string) (tokens []int32, logits []float32) {
 	return tokens, logits
 }
 
+// Tensors reads every tensor of the HF checkpoint in dir (one file or
+// shards), by name; the files stay open until the test ends.
+func Tensors(t testing.TB, dir string) map[string]safetensors.Tensor {
+	t.Helper()
+	s, err := safetensors.OpenDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	out := map[string]safetensors.Tensor{}
+	for _, n := range s.Names() {
+		if out[n], err = s.Tensor(n); err != nil {
+			t.Fatalf("%s: %v", dir, err)
+		}
+	}
+	return out
+}
+
 // Int32s decodes the I32 tensor name of f (the prompt's tokens, or the
 // greedy continuation some references carry).
 func Int32s(f *safetensors.File, name string) ([]int32, error) {
