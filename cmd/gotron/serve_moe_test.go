@@ -1,15 +1,21 @@
 package main
 
 import (
+	"bytes"
+	"context"
 	"encoding/json"
 	"path/filepath"
+	"strings"
 	"testing"
+	"time"
 )
 
 // TestServeAndGenerateMoE: a trained Mixtral-style checkpoint (4 experts,
 // top-2, grouped GEMM) generates with gotron generate, and gotron serve's
 // greedy completions — two requests at once, batched in the engine's steps
-// — equal generate's text.
+// — equal generate's text; so do they over two expert-parallel ranks
+// (--expert-model-parallel-size 2, gotron launch --inproc: rank 0 serves,
+// each rank holds two of the experts).
 func TestServeAndGenerateMoE(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), "tiny-moe")
 	_, errs, code := runCLI(t, "train", "--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4",
@@ -30,5 +36,35 @@ func TestServeAndGenerateMoE(t *testing.T) {
 	var c struct{ Choices []struct{ Text string } }
 	if code != 200 || json.Unmarshal(b, &c) != nil || len(c.Choices) != 2 || c.Choices[0].Text != want[0] || c.Choices[1].Text != want[1] {
 		t.Fatalf("serve: %d %s; generate printed %q", code, b, want)
+	}
+	stop()
+
+	addr := make(chan string, 1)
+	out := &serveLog{addr: addr}
+	var errb bytes.Buffer
+	env := &cli{stdout: out, stderr: &errb, stdin: strings.NewReader(""), getenv: func(string) string { return "" }}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan int, 1)
+	go func() {
+		done <- run(ctx, env, []string{"launch", "--inproc", "--nproc-per-node", "2", "--",
+			"serve", "--load", dir, "--host", "127.0.0.1", "--port", "0", "--expert-model-parallel-size", "2"})
+	}()
+	select {
+	case base = <-addr:
+	case code := <-done:
+		t.Fatalf("serve at EP=2 exited %d: %s%s", code, out, errb.String())
+	case <-time.After(2 * time.Minute):
+		t.Fatalf("serve at EP=2 did not start: %s%s", out, errb.String())
+	}
+	code, b = postJSON(t, base+"/v1/completions", body)
+	c.Choices = nil
+	if code != 200 || json.Unmarshal(b, &c) != nil || len(c.Choices) != 2 || c.Choices[0].Text != want[0] || c.Choices[1].Text != want[1] {
+		t.Errorf("serve at EP=2: %d %s; generate printed %q", code, b, want)
+	}
+	cancel() // as SIGTERM to the launcher: its ranks shut down
+	<-done
+	if !strings.Contains(out.String(), "[rank0]: gotron serve: stopped") || !strings.Contains(errb.String(), "expert-parallel rank 1: rank 0 stopped") {
+		t.Errorf("serve at EP=2 did not stop cleanly:\n%s%s", out, errb.String())
 	}
 }
