@@ -50,7 +50,15 @@ type FP8Linear struct {
 	wq     *Tensor // the cached quantized weight
 	wqInv  float32
 	wqFrom *Tensor // the weight it was quantized from
+	// replay holds, in order, the delayed scales of the forwards that a
+	// checkpoint's backward will recompute (activation recomputation):
+	// the recomputation quantizes with them and records no amax, as TE
+	// replays a recomputed module with its forward's fp8 meta.
+	replay []fp8Scales
 }
+
+// fp8Scales are the input and weight scales of one forward.
+type fp8Scales struct{ input, weight float32 }
 
 // NewFP8Linear returns the state of one linear layer under recipe r: the
 // delayed recipe's three histories, fresh (scale 1, as TE starts).
@@ -67,17 +75,26 @@ func NewFP8Linear(r fp8.Recipe, bf16Activations, bf16Weight bool) *FP8Linear {
 // scale inverse to multiply them by; h is the delayed recipe's history
 // (nil: current scaling from x's own amax).
 func (tp *Tape) quantizeFP8(x *Tensor, f fp8.Format, roundBF16 bool, h *fp8.History) (*Tensor, float32) {
+	return tp.quantizeFP8With(x, f, roundBF16, h, 0)
+}
+
+// quantizeFP8With is quantizeFP8 with a fixed scale when replay is not 0
+// (nothing recorded in h then).
+func (tp *Tape) quantizeFP8With(x *Tensor, f fp8.Format, roundBF16 bool, h *fp8.History, replay float32) (*Tensor, float32) {
 	src := x.f32s()
 	amax := fp8.Amax(src)
 	if roundBF16 {
 		amax = cpu.RoundBF16(amax)
 	}
 	var scale float32
-	if h == nil {
+	switch {
+	case replay != 0:
+		scale = replay
+	case h == nil:
 		// current_scaling.cu's compute_scale_from_amax_kernel: the
 		// largest float32 when the scale overflows, whatever the input type
 		scale = fp8.TensorwiseScale(amax, f)
-	} else {
+	default:
 		scale = h.Scale()
 		h.Observe(amax)
 	}
@@ -109,6 +126,25 @@ func (q *FP8Linear) weight(tp *Tape, w *Tensor, f fp8.Format) (*Tensor, float32)
 	return q.wq, q.wqInv
 }
 
+// replayScales returns the scales for a forward under activation
+// recomputation: the recomputation's (recompute) are the oldest forward's
+// kept; a first forward's are the histories' now (0: record the amaxes),
+// kept for its recomputation.
+func (q *FP8Linear) replayScales(recompute bool) fp8Scales {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if recompute {
+		if len(q.replay) == 0 {
+			panic("tensor: LinearFP8 recomputed without its forward's delayed scales")
+		}
+		s := q.replay[0]
+		q.replay = q.replay[1:]
+		return s
+	}
+	q.replay = append(q.replay, fp8Scales{q.Input.Scale(), q.Weight.Scale()})
+	return fp8Scales{}
+}
+
 // LinearFP8 is Linear (x·wᵀ + b, w (out, in)) with its products on FP8
 // operands as q says (FP8Linear). x, w, b must be on the CPU or the
 // simulated device.
@@ -129,8 +165,17 @@ func (tp *Tape) LinearFP8(x, w, b *Tensor, q *FP8Linear) *Tensor {
 	out2 := out.view([]int{rows, w.Dim(0)}, []int{w.Dim(0), 1}, 0)
 	be := backendFor(x, w, b)
 	fwd := q.Recipe.ForwardFormat()
-	xq, xInv := tp.quantizeFP8(x2, fwd, q.BF16Activations, q.Input)
-	wq, wInv := q.weight(tp, w, fwd)
+	var xq, wq *Tensor
+	var xInv, wInv float32
+	if q.Input != nil && tp != nil && (tp.nested || tp.replayed) {
+		// the delayed recipe under activation recomputation
+		s := q.replayScales(tp.nested)
+		xq, xInv = tp.quantizeFP8With(x2, fwd, q.BF16Activations, q.Input, s.input)
+		wq, wInv = tp.quantizeFP8With(tp.Contiguous(w), fwd, q.BF16Weight, q.Weight, s.weight)
+	} else {
+		xq, xInv = tp.quantizeFP8(x2, fwd, q.BF16Activations, q.Input)
+		wq, wInv = q.weight(tp, w, fwd)
+	}
 	gemm(be, MatmulFP32, NoTrans, Trans, xInv*wInv, xq, wq, 0, out2)
 	if b != nil {
 		be.Add(out, out, b)

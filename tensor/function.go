@@ -143,7 +143,8 @@ func (tp *Tape) Checkpoint(fn func(tp *Tape, in []*Tensor) []*Tensor, in []*Tens
 	// The forward runs on a tape of its own so that its intermediate
 	// buffers go back to the arena as soon as it returns (only the
 	// outputs' buffers stay with tp): the memory recomputation saves.
-	fwd := &Tape{arena: tp.arena, disabled: true, grads: map[*Tensor]gradRef{}, matmul: tp.matmul, ready: tp.ready, run: tp.run, child: true}
+	fwd := &Tape{arena: tp.arena, disabled: true, grads: map[*Tensor]gradRef{}, matmul: tp.matmul, ready: tp.ready, run: tp.run, child: true,
+		replayed: tp.recording(in...) || tp.recordingParams()}
 	outs := fn(fwd, in)
 	owner := tp
 	if tp.parent != nil {

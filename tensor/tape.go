@@ -37,6 +37,9 @@ type Tape struct {
 	nested   bool          // a recomputation tape whose backward runs inside a step of its parent's
 	run      *tapeRun      // context and first failure; shared with child tapes
 	child    bool          // shares its parent's run: Reset leaves the failure to the parent
+	// replayed: a checkpoint's first forward, which its backward runs
+	// again on a nested tape (LinearFP8 keeps its delayed scales for it)
+	replayed bool
 	// release: Backward returns each forward buffer to the arena as soon
 	// as the steps that can read it have run (SetReleaseInBackward).
 	release bool

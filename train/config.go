@@ -14,7 +14,6 @@ package train
 import (
 	"errors"
 	"fmt"
-	"github.com/gotron/gotron/internal/fp8"
 	"io"
 	"slices"
 	"time"
@@ -517,9 +516,6 @@ func (c *Config) checkFP8() error {
 	}
 	if c.FP16 {
 		return fmt.Errorf("train: --fp8-format with --fp16: not built (gotron's FP8 follows Megatron's --bf16 or float32 runs)")
-	}
-	if f.Recipe.Kind == fp8.Delayed && c.Recompute.Full {
-		return fmt.Errorf("train: --fp8-recipe delayed with --recompute-granularity full: recomputing a layer must reuse its forward's scales (TE's fp8 meta copy for recompute), not built")
 	}
 	return nil
 }

@@ -100,10 +100,6 @@ func TestFP8Refusals(t *testing.T) {
 		edit func(*Config)
 		want string
 	}{
-		{func(c *Config) {
-			c.FP8 = &gpt.FP8Config{Recipe: delayed}
-			c.Recompute = gpt.Recompute{Full: true, Method: "uniform", NumLayers: 1}
-		}, "recompute"},
 		{func(c *Config) { c.FP8 = &gpt.FP8Config{Recipe: delayed, BF16LayersAtStart: 1} }, "Delayed scaling does not support first / last layer in BF16"},
 		{func(c *Config) { c.FP8 = &gpt.FP8Config{Recipe: fp8.Recipe{Kind: fp8.Tensorwise, NoWgradFP8: true}} }, "--no-fp8-wgrad"},
 		{func(c *Config) { c.FP8 = &gpt.FP8Config{Recipe: fp8.Recipe{Kind: fp8.Delayed}} }, "--fp8-amax-history-len 0"},
@@ -177,6 +173,31 @@ func TestFP8DelayedAmaxReduction(t *testing.T) {
 	for i := range single {
 		if math.Abs(got[i]-single[i]) > 0.01*single[i] {
 			t.Errorf("iteration %d: loss %.5f on TP=2 × DP=2, single process %.5f", i+1, got[i], single[i])
+		}
+	}
+}
+
+// TestFP8DelayedRecompute: under the delayed recipe, full and selective
+// activation recomputation give the run without recomputation bit for
+// bit: a recomputed layer quantizes with its forward's scales and records
+// no amax (TE's fp8 meta copy for recompute).
+func TestFP8DelayedRecompute(t *testing.T) {
+	cfg := tinyConfig(t)
+	cfg.TrainIters, cfg.EvalInterval = 4, 2
+	cfg.BF16 = true
+	cfg.FP8 = &gpt.FP8Config{Recipe: fp8.Recipe{Kind: fp8.Delayed, Hybrid: true, AmaxHistoryLen: 3, AmaxAlgo: fp8.MaxOfHistory}}
+	ref := runTrainer(t, cfg)
+	for _, r := range []gpt.Recompute{{Full: true, Method: "uniform", NumLayers: 1}, {Full: true, Method: "block", NumLayers: 1}, {Selective: true}} {
+		c := cfg
+		c.Recompute = r
+		got := runTrainer(t, c)
+		for i := range ref.Losses {
+			if got.Losses[i] != ref.Losses[i] {
+				t.Fatalf("%+v: iteration %d: loss %v, without recomputation %v", r, i+1, got.Losses[i], ref.Losses[i])
+			}
+		}
+		if got.ValidLoss != ref.ValidLoss {
+			t.Fatalf("%+v: validation loss %v, without recomputation %v", r, got.ValidLoss, ref.ValidLoss)
 		}
 	}
 }
