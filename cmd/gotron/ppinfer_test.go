@@ -1,8 +1,6 @@
 package main
 
 import (
-	"bytes"
-	"context"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -10,7 +8,6 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
-	"time"
 )
 
 // trainPPCheckpoint trains kind's model (tpModelArgs with layers layers) for
@@ -141,36 +138,13 @@ func TestServePipelineParallel(t *testing.T) {
 	ck := serveCheckpoint(t) // 2 layers
 	prompt := "The capital of France is"
 	want := generateText(t, ck, prompt, 10)
-	addr := make(chan string, 1)
-	out := &serveLog{addr: addr}
-	var errb bytes.Buffer
-	env := &cli{stdout: out, stderr: &errb, stdin: strings.NewReader(""), getenv: func(string) string { return "" }}
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	done := make(chan int, 1)
-	go func() {
-		done <- run(ctx, env, []string{"launch", "--inproc", "--nproc-per-node", "2", "--",
-			"serve", "--load", ck, "--host", "127.0.0.1", "--port", "0", "--pipeline-model-parallel-size", "2"})
-	}()
-	var base string
-	select {
-	case base = <-addr:
-	case code := <-done:
-		t.Fatalf("serve exited %d: %s%s", code, out, errb.String())
-	case <-time.After(2 * time.Minute):
-		t.Fatalf("serve did not start: %s%s", out, errb.String())
-	}
+	base, stop := serveOverTwoRanks(t, ck, "--pipeline-model-parallel-size")
 	code, body := postJSON(t, base+"/v1/completions", `{"prompt":"`+prompt+`","max_tokens":10,"temperature":0}`)
 	var c struct{ Choices []struct{ Text string } }
 	if code != 200 || json.Unmarshal(body, &c) != nil || len(c.Choices) != 1 || c.Choices[0].Text != want {
 		t.Errorf("completion of %q at PP=2: %d %s; one process's generate: %q", prompt, code, body, want)
 	}
-	cancel()
-	<-done
-	if !strings.Contains(out.String(), "[rank0]: gotron serve: stopped") || strings.Contains(out.String(), "group failed") {
-		t.Errorf("rank 0 did not stop cleanly:\n%s%s", out, errb.String())
-	}
-	if !strings.Contains(errb.String(), "pipeline-parallel rank 1: rank 0 stopped") {
-		t.Errorf("the other stage did not end with rank 0:\n%s", errb.String())
+	if errs := stop(); !strings.Contains(errs, "pipeline-parallel rank 1: rank 0 stopped") {
+		t.Errorf("the other stage did not end with rank 0:\n%s", errs)
 	}
 }

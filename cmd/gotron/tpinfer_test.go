@@ -346,25 +346,7 @@ func TestServeTensorParallel(t *testing.T) {
 	for _, p := range prompts {
 		want = append(want, generateText(t, ck, p, 10))
 	}
-	addr := make(chan string, 1)
-	out := &serveLog{addr: addr}
-	var errb bytes.Buffer
-	env := &cli{stdout: out, stderr: &errb, stdin: strings.NewReader(""), getenv: func(string) string { return "" }}
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	done := make(chan int, 1)
-	go func() {
-		done <- run(ctx, env, []string{"launch", "--inproc", "--nproc-per-node", "2", "--",
-			"serve", "--load", ck, "--host", "127.0.0.1", "--port", "0", "--tensor-model-parallel-size", "2"})
-	}()
-	var base string
-	select {
-	case base = <-addr:
-	case code := <-done:
-		t.Fatalf("serve exited %d: %s%s", code, out, errb.String())
-	case <-time.After(2 * time.Minute):
-		t.Fatalf("serve did not start: %s%s", out, errb.String())
-	}
+	base, stop := serveOverTwoRanks(t, ck, "--tensor-model-parallel-size")
 	ask := func() {
 		var wg sync.WaitGroup
 		for i, p := range prompts {
@@ -383,14 +365,46 @@ func TestServeTensorParallel(t *testing.T) {
 	ask()
 	time.Sleep(6 * time.Second) // idle: the leader's keep-alives hold the follower
 	ask()
-	cancel() // as SIGTERM to the launcher: it reports the interruption (exit 1), its ranks shut down
-	<-done
-	if !strings.Contains(out.String(), "[rank0]: gotron serve: stopped") || strings.Contains(out.String(), "group failed") {
-		t.Errorf("rank 0 did not stop cleanly:\n%s%s", out, errb.String())
+	if errs := stop(); !strings.Contains(errs, "tensor-parallel rank 1: rank 0 stopped") {
+		t.Errorf("the follower did not end with rank 0:\n%s", errs)
 	}
-	if !strings.Contains(errb.String(), "tensor-parallel rank 1: rank 0 stopped") {
-		t.Errorf("the follower did not end with rank 0:\n%s", errb.String())
+}
+
+// serveOverTwoRanks starts gotron serve on checkpoint ck with sizeFlag 2
+// over two ranks (gotron launch --inproc, port 0) and returns rank 0's
+// address once it listens. stop cancels the launcher (as SIGTERM: it
+// reports the interruption, its ranks shut down), waits for it, fails the
+// test unless rank 0 stopped cleanly, and returns the ranks' stderr.
+func serveOverTwoRanks(t *testing.T, ck, sizeFlag string) (base string, stop func() string) {
+	t.Helper()
+	addr := make(chan string, 1)
+	out := &serveLog{addr: addr}
+	var errb bytes.Buffer
+	env := &cli{stdout: out, stderr: &errb, stdin: strings.NewReader(""), getenv: func(string) string { return "" }}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan int, 1)
+	go func() {
+		done <- run(ctx, env, []string{"launch", "--inproc", "--nproc-per-node", "2", "--",
+			"serve", "--load", ck, "--host", "127.0.0.1", "--port", "0", sizeFlag, "2"})
+	}()
+	stop = func() string {
+		t.Helper()
+		cancel()
+		<-done
+		if !strings.Contains(out.String(), "[rank0]: gotron serve: stopped") || strings.Contains(out.String(), "group failed") {
+			t.Errorf("rank 0 did not stop cleanly:\n%s%s", out, errb.String())
+		}
+		return errb.String()
 	}
+	t.Cleanup(func() { cancel() })
+	select {
+	case base = <-addr:
+	case code := <-done:
+		t.Fatalf("serve exited %d: %s%s", code, out, errb.String())
+	case <-time.After(2 * time.Minute):
+		t.Fatalf("serve did not start: %s%s", out, errb.String())
+	}
+	return base, stop
 }
 
 // checkGenerateOverTwoRanks: gotron generate with sizeFlag 2 over two ranks
