@@ -85,7 +85,8 @@ type cudaRuntime struct {
 // "sqrelu" (the squared ReLU's kernels), "output-gate" (the attention
 // output gate's) and "mla" (multi-latent attention; here the attention by
 // chunks of heads, attention_heads.go): gpt.Config.CheckDevice reads
-// those three.
+// those three; "gdn" (the gated delta net's kernels, so far its causal
+// convolution) only the op tests read, as the model is still refused.
 // The variable is "1" or "all"
 // for every one, or a comma-separated list of names.
 func CUDAUnverified(getenv func(string) string, feature string) bool {

@@ -35,3 +35,32 @@ func TestElemGateArgsMatchPTX(t *testing.T) {
 		}
 	}
 }
+
+// TestGDNConvArgsMatchPTX checks, without a GPU, that the causal
+// convolution's launch arguments (cuda_backend_gdn.go) match gdn.cu's PTX
+// parameters.
+func TestGDNConvArgsMatchPTX(t *testing.T) {
+	for _, arch := range [][2]int{{8, 0}, {9, 0}} {
+		mods, err := kernels.PTX(arch[0], arch[1])
+		if err != nil {
+			t.Fatal(err)
+		}
+		ptx := string(mods["gdn"])
+		for name, args := range map[string][]any{
+			"gdn_conv_silu_fwd_f32":  gdnConvArgs(1, 0, 1, 1, 1, 0, 1, 1, 1),
+			"gdn_conv_silu_dpre_f32": gdnConvArgs(1, 1, 1, 1, 1, 0, 1, 1, 1),
+			"gdn_conv_silu_dx_f32":   gdnConvArgs(1, 0, 1, 1, 1, 0, 1, 1, 1),
+			"gdn_conv_silu_dw_f32":   gdnConvArgs(1, 0, 1, 1, 1, 1, 1, 1, 1),
+		} {
+			want := ptxParamBytes(t, ptx, name)
+			if len(want) != len(args) {
+				t.Fatalf("sm_%d%d %s: %d arguments, the PTX has %d parameters", arch[0], arch[1], name, len(args), len(want))
+			}
+			for i, x := range args {
+				if got := argBytes(x); got != want[i] {
+					t.Errorf("sm_%d%d %s argument %d: %T is %d bytes, the PTX parameter %d", arch[0], arch[1], name, i, x, got, want[i])
+				}
+			}
+		}
+	}
+}

@@ -10,8 +10,9 @@ import (
 // The ops of Megatron's gated delta net layer (model/gpt's hybrid model)
 // and of its attention output gate. They compute with internal/cpu's
 // kernels on host memory (the CPU and the simulated device, whose buffers
-// are host memory). Only the output gate has a CUDA kernel
-// (cuda_backend_gate.go: built, not yet run on a GPU); for the others a
+// are host memory). The output gate and the causal convolution have CUDA
+// kernels (cuda_backend_gate.go, cuda_backend_gdn.go: built, not yet run on
+// a GPU); for the others a
 // CUDA input fails the tape (gpt.Config.CheckDevice refuses such a model
 // first). Each is a Function: Forward keeps what Backward needs.
 
@@ -56,6 +57,10 @@ type convSiLU struct {
 func (f *convSiLU) Forward(tp *Tape, in []*Tensor) []*Tensor {
 	f.in = in
 	out := tp.EmptyLike(in[0], f.b, f.t, f.c)
+	if in[0].dev == CUDA && in[1].dev == CUDA {
+		cudaCausalConvSiLUForward(out, in[0], in[1].Contiguous(), f.b, f.t, f.c, f.k)
+		return []*Tensor{out}
+	}
 	if hostOnly(tp, "CausalConvSiLU", in...) {
 		cpu.CausalConvSiLUForward(out.f32s(), in[0].f32s(), in[1].f32s(), f.b, f.t, f.c, f.k)
 	}
@@ -64,6 +69,10 @@ func (f *convSiLU) Forward(tp *Tape, in []*Tensor) []*Tensor {
 
 func (f *convSiLU) Backward(tp *Tape, g []*Tensor) []*Tensor {
 	dx, dw := zeroGrad(tp, f.in[0]), zeroGrad(tp, f.in[1])
+	if f.in[0].dev == CUDA && f.in[1].dev == CUDA {
+		cudaCausalConvSiLUBackward(dx, dw, g[0].Contiguous(), f.in[0], f.in[1].Contiguous(), f.b, f.t, f.c, f.k)
+		return []*Tensor{dx, dw}
+	}
 	if hostOnly(tp, "CausalConvSiLU", f.in...) {
 		cpu.CausalConvSiLUBackward(dx.f32s(), dw.f32s(), g[0].Contiguous().f32s(), f.in[0].f32s(), f.in[1].f32s(), f.b, f.t, f.c, f.k)
 	}

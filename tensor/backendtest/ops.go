@@ -58,7 +58,7 @@ func ids(vals []int32, shape ...int) *tensor.Tensor { return tensor.FromInt32(va
 // OpCases covers every core Backend method through the ops that reach it:
 // Gemm (both transpositions, batched, bf16), the bias add and its row sum,
 // broadcast Add and Mul, Scale and Axpy, LayerNorm, RMSNorm, both GELUs,
-// SiLU, the squared ReLU, the attention output gate, SwiGLU, the fused bias-GELU, bias-SwiGLU and
+// SiLU, the squared ReLU, the attention output gate, the gated delta net's causal convolution, SwiGLU, the fused bias-GELU, bias-SwiGLU and
 // bias-dropout-add, bias-dropout-add with LayerNorm and RMSNorm, Softmax, RoPE with positions, attention (causal,
 // grouped-query, document masks, dropout), cross-entropy (mask, label
 // smoothing), embedding, dropout and the shape ops.
@@ -109,6 +109,13 @@ func OpCases() []OpCase {
 				return tp.SigmoidGate(tp.Reshape(in[0], 2, 5, 7, 3), g)
 			},
 			Unverified: "output-gate"},
+		{Name: "causal-conv-silu", Inputs: func() []*tensor.Tensor { return []*tensor.Tensor{normal("x", 1, 2, 9, 5), normal("w", 0.5, 5, 1, 4)} },
+			Run: func(tp *tensor.Tape, in []*tensor.Tensor) *tensor.Tensor {
+				// a strided input, as the projection's split gives
+				x := tp.Narrow(tp.Concat(2, in[0], in[0]), 2, 3, 5)
+				return tp.CausalConvSiLU(x, in[1])
+			},
+			Unverified: "gdn"},
 		{Name: "swiglu-softmax", Inputs: func() []*tensor.Tensor { return []*tensor.Tensor{normal("x", 2, 3, 2*21)} },
 			Run: func(tp *tensor.Tape, in []*tensor.Tensor) *tensor.Tensor { return tp.Softmax(tp.SwiGLU(in[0])) }},
 		{Name: "bias-gelu", Inputs: func() []*tensor.Tensor { return []*tensor.Tensor{normal("y", 2, 3, 5, 37), normal("b", 1, 37)} },

@@ -271,3 +271,58 @@ func nanAlikeLine(line string) string {
 	}
 	return strings.Join(f, " ")
 }
+
+// TestHostCausalConvSiLU: gdn.cu's causal convolution with SiLU (the
+// bodies of gdn_conv_silu_fwd_f32, _dpre_f32, _dx_f32 and _dw_f32, run over
+// every element) against internal/cpu's CausalConvSiLUForward and
+// CausalConvSiLUBackward (accumulating into non-zero dx and dw): equal for
+// all but a few values in a thousand and those within a few ulps (the
+// host's float64 exp and Go's may differ in the last bit, which can move a
+// float32 rounding, and dx, dw sum such values), for kernel widths 1 to 4,
+// one and several batch rows, sequences shorter than the kernel.
+func TestHostCausalConvSiLU(t *testing.T) {
+	for _, c := range []struct{ b, t, c, k int }{{1, 9, 5, 4}, {2, 7, 6, 3}, {3, 2, 4, 4}, {2, 5, 3, 1}} {
+		t.Run(fmt.Sprintf("b%d-t%d-c%d-k%d", c.b, c.t, c.c, c.k), func(t *testing.T) {
+			rng := rand.New(rand.NewPCG(uint64(c.b*c.t), uint64(c.c*c.k)))
+			n, nw := c.b*c.t*c.c, c.c*c.k
+			fill := func(m int, std float64) []float32 {
+				v := make([]float32, m)
+				for i := range v {
+					v[i] = float32(rng.NormFloat64() * std)
+				}
+				return v
+			}
+			x, w, dout, dx, dw := fill(n, 2), fill(nw, 0.7), fill(n, 1), fill(n, 1), fill(nw, 1)
+			var in strings.Builder
+			for _, a := range [][]float32{x, w, dout, dx, dw} {
+				for _, v := range a {
+					fmt.Fprintf(&in, "%x\n", math.Float32bits(v))
+				}
+			}
+			out := make([]float32, n)
+			cpu.CausalConvSiLUForward(out, x, w, c.b, c.t, c.c, c.k)
+			cpu.CausalConvSiLUBackward(dx, dw, dout, x, w, c.b, c.t, c.c, c.k)
+			lines := runHostcheck(t, in.String(), "gdnconv", c.b, c.t, c.c, c.k)
+			want := append(append(out, dx...), dw...)
+			if len(lines) != len(want) {
+				t.Fatalf("hostcheck gdnconv printed %d lines, want %d", len(lines), len(want))
+			}
+			differ := 0
+			for i, line := range lines {
+				var u uint32
+				fmt.Sscanf(line, "%x", &u)
+				got := math.Float32frombits(u)
+				if got == want[i] {
+					continue
+				}
+				differ++
+				if ulps := int64(u) - int64(math.Float32bits(want[i])); got*want[i] <= 0 || ulps > 4 || ulps < -4 {
+					t.Fatalf("value %d (out, dx, dw in turn): the kernel's %v, the CPU's %v", i, got, want[i])
+				}
+			}
+			if differ > max(1, 3*len(want)/1000) {
+				t.Errorf("%d of %d values differ from the CPU's: more than the float64 exp's last bit explains", differ, len(want))
+			}
+		})
+	}
+}

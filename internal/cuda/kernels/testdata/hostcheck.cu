@@ -10,6 +10,9 @@
 //	    → "fwd bwd": relu(x)², dx + dout·2·relu(x)
 //	hostcheck sgate < "x gate dout" float32 bits in hex, one triple a line
 //	    → "out dx dgate": the output gate's forward and backward
+//	hostcheck gdnconv b t c k < x (b·t·c), w (c·k), dout (b·t·c), dx (b·t·c),
+//	    dw (c·k): float32 bits in hex, one a line → out, dx, dw the same way
+//	    (gdn.cu's causal convolution with SiLU, forward and backward)
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -17,6 +20,7 @@
 
 #include "../elem.cu"
 #include "../dropout.cu"
+#include "../gdn.cu"
 
 int main(int argc, char** argv) {
     if (argc < 2) return 2;
@@ -60,6 +64,25 @@ int main(int argc, char** argv) {
             sgate_bwd_one(&a, &b, f32_from_bits(d), f32_from_bits(x), f32_from_bits(g));
             printf("%x %x %x\n", f32_bits(sgate_fwd_one(f32_from_bits(x), f32_from_bits(g))), f32_bits(a), f32_bits(b));
         }
+        return 0;
+    }
+    if (strcmp(argv[1], "gdnconv") == 0 && argc == 6) {
+        const int b = atoi(argv[2]), t = atoi(argv[3]), c = atoi(argv[4]), k = atoi(argv[5]);
+        const long long n = (long long)b * t * c, nw = (long long)c * k;
+        float* buf = (float*)calloc(4 * n + 2 * nw + n, sizeof(float));
+        float *x = buf, *w = x + n, *dout = w + nw, *dx = dout + n, *dw = dx + n, *out = dw + nw, *dpre = out + n;
+        for (long long i = 0; i < 3 * n + 2 * nw; i++) {
+            unsigned int u;
+            if (scanf("%x", &u) != 1) return 3;
+            buf[i] = f32_from_bits(u);
+        }
+        for (long long e = 0; e < n; e++) out[e] = gdn_conv_fwd_one(x, w, e, t, c, k);
+        for (long long e = 0; e < n; e++) dpre[e] = gdn_conv_dpre_one(dout, x, w, e, t, c, k);
+        for (long long e = 0; e < n; e++) dx[e] = gdn_add(dx[e], gdn_conv_dx_one(dpre, w, e, t, c, k));
+        for (long long e = 0; e < nw; e++) dw[e] = gdn_add(dw[e], gdn_conv_dw_one(dpre, x, e, b, t, c, k));
+        for (long long e = 0; e < n; e++) printf("%x\n", f32_bits(out[e]));
+        for (long long e = 0; e < n; e++) printf("%x\n", f32_bits(dx[e]));
+        for (long long e = 0; e < nw; e++) printf("%x\n", f32_bits(dw[e]));
         return 0;
     }
     return 2;
