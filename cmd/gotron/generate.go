@@ -133,6 +133,13 @@ func cmdGenerate(ctx context.Context, env *cli, args []string) error {
 		err = infer.Generate(ctx, m, p, *maxNew, tok.VocabSize(), tok.EOD(), sampler, emit)
 	}
 	fmt.Fprintln(env.stdout)
+	if dm.stage != nil && !group.leader() {
+		// the tokens reached rank 0's emit alone: no count, no stop reason
+		if err == nil {
+			fmt.Fprintf(env.stderr, "gotron generate: %s rank %d of %d: followed rank 0, which prints the text\n", group.kind(), group.world.Rank(), group.world.Size())
+		}
+		return err
+	}
 	secs := time.Since(start).Seconds()
 	fmt.Fprintf(env.stderr, "gotron generate: %d tokens in %.2f s: %.1f tokens/s (the %d-token prompt's prefill included)\n",
 		n, secs, float64(n)/max(secs, 1e-9), len(p))

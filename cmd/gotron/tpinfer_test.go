@@ -409,7 +409,9 @@ func serveOverTwoRanks(t *testing.T, ck, sizeFlag string) (base string, stop fun
 
 // checkGenerateOverTwoRanks: gotron generate with sizeFlag 2 over two ranks
 // (launch --inproc) prints on rank 0 what one process prints, greedy and
-// sampled (seeded), for checkpoint ck.
+// sampled (seeded), for checkpoint ck, and no rank reports a stop short of
+// --max-new-tokens (a pipeline stage's follower, whose emit sees no
+// tokens, once did).
 func checkGenerateOverTwoRanks(t *testing.T, ck, vocab, merges, sizeFlag, layout string) {
 	t.Helper()
 	for _, sampling := range [][]string{{"--top-k", "1"}, {"--temperature", "0.7", "--seed", "9"}} {
@@ -425,6 +427,9 @@ func checkGenerateOverTwoRanks(t *testing.T, ck, vocab, merges, sizeFlag, layout
 		}
 		if got != "[rank0]: "+one {
 			t.Errorf("generate %v at %s printed %q, one process %q", sampling, layout, got, one)
+		}
+		if strings.Contains(errs, "stopped after") {
+			t.Errorf("generate %v at %s: a rank reports a stop short of --max-new-tokens:\n%s", sampling, layout, errs)
 		}
 	}
 }
