@@ -266,6 +266,17 @@ func OpenCUDA(ordinal int, opts CUDAOptions) error {
 		}
 		SetCUDALt(true)
 	}
+	if CUDAUnverified(os.Getenv, "fp8") {
+		// FP8 products (cuda_fp8.go): cuBLASLt's FP8 matmul runs on
+		// compute capability 8.9 (Ada) and newer
+		if major*10+minor < 89 {
+			return fmt.Errorf("tensor: CUDA device %d (%s, compute capability %d.%d): GOTRON_CUDA_UNVERIFIED turns on fp8, whose FP8 products need compute capability 8.9 or newer", ordinal, dev.Name(), major, minor)
+		}
+		if _, _, err := dev.LtVersion(); err != nil {
+			return fmt.Errorf("tensor: CUDA device %d: GOTRON_CUDA_UNVERIFIED turns on fp8 (FP8 products through cuBLASLt): %w", ordinal, err)
+		}
+		SetCUDAFP8(true)
+	}
 	rt.dev = dev
 	cudaOpen.rt.Store(rt)
 	return nil

@@ -146,21 +146,23 @@ func (q *FP8Linear) replayScales(recompute bool) fp8Scales {
 }
 
 // LinearFP8 is Linear (x·wᵀ + b, w (out, in)) with its products on FP8
-// operands as q says (FP8Linear). x, w, b must be on the CPU or the
-// simulated device.
+// operands as q says (FP8Linear): emulated on the CPU and the simulated
+// device; on the CUDA device, cuBLASLt's FP8 matmul (linearFP8CUDA, under
+// GOTRON_CUDA_UNVERIFIED=fp8, the tensorwise recipe only).
 func (tp *Tape) LinearFP8(x, w, b *Tensor, q *FP8Linear) *Tensor {
 	mustF32("LinearFP8", x, w, b)
 	in := x.Dim(-1)
 	if w.NDim() != 2 || w.Dim(1) != in {
 		panic(fmt.Sprintf("tensor: LinearFP8 input %v does not match weight %v", x.shape, w.shape))
 	}
-	if dev := sameDevice("LinearFP8", x, w, b); dev == CUDA {
-		panic("tensor: LinearFP8 on the CUDA device: FP8 GEMMs are emulated on host memory only (CPU, sim)")
-	}
+	dev := sameDevice("LinearFP8", x, w, b)
 	x = tp.Contiguous(x)
 	rows := x.Numel() / in
 	x2 := x.view([]int{rows, in}, []int{in, 1}, x.offset)
 	shape := append(append([]int(nil), x.shape[:len(x.shape)-1]...), w.Dim(0))
+	if dev == CUDA { // quantized on the device, multiplied by cuBLASLt (cuda_fp8.go)
+		return tp.linearFP8CUDA(x, x2, w, b, q, shape)
+	}
 	out := tp.empty(x.dev, shape...)
 	out2 := out.view([]int{rows, w.Dim(0)}, []int{w.Dim(0), 1}, 0)
 	be := backendFor(x, w, b)

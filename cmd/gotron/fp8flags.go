@@ -153,7 +153,7 @@ func applyDecodeFP8(m *gpt.Model, f *fp8Flags, given map[string]bool, bf16 bool,
 		return err
 	}
 	if dev == tensor.CUDA {
-		return fmt.Errorf("--fp8-format on --device cuda: not built (gotron emulates FP8 products on the CPU; no cuBLASLt FP8 GEMM is wired yet)")
+		return fmt.Errorf("--fp8-format on --device cuda: FP8 decoding is not built for the GPU (cuBLASLt's FP8 products need rows in multiples of 16; FP8 training runs there under GOTRON_CUDA_UNVERIFIED=fp8); use --device cpu or sim")
 	}
 	if err := c.Validate(m.Config); err != nil {
 		return err

@@ -531,6 +531,7 @@ func cmdTrain(ctx context.Context, env *cli, args []string) error {
 	cfg.Diag = env.stderr                  // every rank's rerun state machine messages
 	cfg.JobID = env.getenv("SLURM_JOB_ID") // Megatron's progress.txt names the Slurm job
 	cfg.CUDAUnverified = tensor.CUDAUnverified(env.getenv, "cp")
+	cfg.CUDAUnverifiedFP8 = tensor.CUDAUnverified(env.getenv, "fp8")
 	cfg.Args = map[string]any{"argv": args}
 	if cfg.Load != "" && hf.IsHFDir(cfg.Load) {
 		tmp, err := importHFForTraining(ctx, env, &cfg)
