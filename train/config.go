@@ -20,6 +20,7 @@ import (
 
 	"github.com/gotron/gotron/ckpt"
 	datagpt "github.com/gotron/gotron/data/gpt"
+	"github.com/gotron/gotron/internal/fp8"
 	"github.com/gotron/gotron/model/gpt"
 	"github.com/gotron/gotron/optim"
 	"github.com/gotron/gotron/parallel"
