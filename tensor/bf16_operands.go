@@ -420,6 +420,7 @@ type fwdOperand struct {
 type bf16NormForward interface {
 	LayerNormForwardBF16(out, out16, mean, rstd, x, w, b *Tensor, eps float32)
 	RMSNormForwardBF16(out, out16, rstd, x, w *Tensor, eps float32)
+	BiasDropoutAddNormForwardBF16(sum, out, out16, keep, mean, rstd, residual, y, b, w, nb *Tensor, p float32, rng RNGState, eps float32)
 }
 
 // normOperand returns a bfloat16 buffer for a norm's output of shape on

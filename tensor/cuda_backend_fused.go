@@ -148,7 +148,7 @@ const addNormMaxCols = (48<<10 - 32*8) / 4
 // addNormMaxCols) BiasDropoutAddForward then the norm's kernel.
 func (be cudaBackend) BiasDropoutAddNormForward(sum, out, keep, mean, rstd, residual, y, b, w, nb *Tensor, p float32, rng RNGState, eps float32) {
 	n, c := rowsCols(y)
-	if !cudaFusedKernels.Load() || p >= 1 || c > addNormMaxCols {
+	if addNormApart(p, c) {
 		be.BiasDropoutAddForward(sum, keep, residual, y, b, p, rng)
 		if mean == nil {
 			be.RMSNormForward(out, rstd, sum, w, eps)
@@ -163,6 +163,32 @@ func (be cudaBackend) BiasDropoutAddNormForward(sum, out, keep, mean, rstd, resi
 	be.launch("fused_bias_dropout_add_norm_f32", [3]int{min(n, normRowBlocks), 1, 1}, [3]int{normRowThreads(c), 1, 1}, c*4,
 		biasDropoutAddNormArgs(be.ptr(sum), be.ptr(out), be.ptr(mean), be.ptr(rstd), be.ptr(residual), be.ptr(y), be.ptr(b),
 			be.ptr(w), be.ptr(nb), n, c, p, rng, eps)...)
+}
+
+// BiasDropoutAddNormForwardBF16 is BiasDropoutAddNormForward that also
+// writes out rounded to bfloat16 into out16 (bf16NormForward, under
+// gemm-bf16): where the add and the norm run apart, the norm's kernel
+// writes it (norm.cu's _bf16 kernels); fused.cu's kernel writes none, so
+// a conversion follows it (as Linear's cast would).
+func (be cudaBackend) BiasDropoutAddNormForwardBF16(sum, out, out16, keep, mean, rstd, residual, y, b, w, nb *Tensor, p float32, rng RNGState, eps float32) {
+	if _, c := rowsCols(y); addNormApart(p, c) {
+		be.BiasDropoutAddForward(sum, keep, residual, y, b, p, rng)
+		if mean == nil {
+			be.RMSNormForwardBF16(out, out16, rstd, sum, w, eps)
+		} else {
+			be.LayerNormForwardBF16(out, out16, mean, rstd, sum, w, nb, eps)
+		}
+		return
+	}
+	be.BiasDropoutAddNormForward(sum, out, keep, mean, rstd, residual, y, b, w, nb, p, rng, eps)
+	be.Convert(out16, out)
+}
+
+// addNormApart reports whether BiasDropoutAddNormForward runs the add and
+// the norm's kernel apart for dropout p and rows of c: without the fused
+// kernels, or where fused.cu's cannot take them.
+func addNormApart(p float32, c int) bool {
+	return !cudaFusedKernels.Load() || p >= 1 || c > addNormMaxCols
 }
 
 // biasDropoutAddNormArgs are fused_bias_dropout_add_norm_f32's arguments

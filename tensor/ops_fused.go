@@ -209,8 +209,13 @@ func (tp *Tape) BiasDropoutAddNorm(residual, y, b *Tensor, p float32, rng *RNG, 
 	rstd := tp.empty(y.dev, rows)
 	w, nb := n.Weight, n.Bias
 	be := backendFor(residual, y, b, w, nb)
-	be.BiasDropoutAddNormForward(sum, out, keep, mean, rstd, residual, y, b, w, nb, p, state, n.Eps)
-	tp.forwardOnly(be, out, nil) // the norm's backward reads sum and the statistics
+	if nbf, out16 := tp.normOperand(be, y.dev, y.shape); out16 != nil {
+		nbf.BiasDropoutAddNormForwardBF16(sum, out, out16, keep, mean, rstd, residual, y, b, w, nb, p, state, n.Eps)
+		tp.forwardOnly(be, out, out16)
+	} else {
+		be.BiasDropoutAddNormForward(sum, out, keep, mean, rstd, residual, y, b, w, nb, p, state, n.Eps)
+		tp.forwardOnly(be, out, nil) // the norm's backward reads sum and the statistics
+	}
 	if tp.recording(residual, y, b, w, nb) {
 		tp.record("bias_dropout_add_norm", func(tp *Tape) {
 			// the norm's backward, as the LayerNorm or RMSNorm step (which

@@ -363,6 +363,13 @@ func (s simBackend) LayerNormForwardBF16(out, out16, mean, rstd, x, w, b *Tensor
 	s.Convert(out16, out)
 }
 
+// BiasDropoutAddNormForwardBF16 is LayerNormForwardBF16's
+// BiasDropoutAddNormForward.
+func (s simBackend) BiasDropoutAddNormForwardBF16(sum, out, out16, keep, mean, rstd, residual, y, b, w, nb *Tensor, p float32, rng RNGState, eps float32) {
+	s.BiasDropoutAddNormForward(sum, out, keep, mean, rstd, residual, y, b, w, nb, p, rng, eps)
+	s.Convert(out16, out)
+}
+
 // RMSNormForwardBF16 is LayerNormForwardBF16's RMSNorm.
 func (s simBackend) RMSNormForwardBF16(out, out16, rstd, x, w *Tensor, eps float32) {
 	s.RMSNormForward(out, rstd, x, w, eps)

@@ -68,13 +68,13 @@ func TestSimBF16OperandsModelStep(t *testing.T) {
 			if d.FP32OperandProducts != 0 || d.BF16OperandProducts != products || d.WeightCasts != linears {
 				t.Errorf("%s %+v: sim counts %v: want %d products on bfloat16 operands, %d weight casts (once each, recomputation too)", what, rc, d, products, linears)
 			}
-			// the input norms' and the final norm's kernels write the
-			// linear layers' bfloat16 operands (the MLP's norm, fused
-			// with the residual add, and the others are cast), again
-			// when a layer's forward is recomputed
-			fused := int64(c.NumLayers + 1)
+			// the norms' kernels (the input norms', the MLP's fused
+			// with the residual add, the final norm's) write the linear
+			// layers' bfloat16 operands, again when a layer's forward
+			// is recomputed; the others are cast
+			fused := int64(2*c.NumLayers + 1)
 			if rc.Full {
-				fused += int64(c.NumLayers)
+				fused += int64(2 * c.NumLayers)
 			}
 			// every forward product's input and every output gradient
 			operands := (products - 2*linears) + linears

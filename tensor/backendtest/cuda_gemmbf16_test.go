@@ -156,10 +156,12 @@ func TestSimGemmBF16RunMatchesCPU(t *testing.T) {
 type normBF16Forward interface {
 	LayerNormForwardBF16(out, out16, mean, rstd, x, w, b *tensor.Tensor, eps float32)
 	RMSNormForwardBF16(out, out16, rstd, x, w *tensor.Tensor, eps float32)
+	BiasDropoutAddNormForwardBF16(sum, out, out16, keep, mean, rstd, residual, y, b, w, nb *tensor.Tensor, p float32, rng tensor.RNGState, eps float32)
 }
 
 // normBF16Outputs runs LayerNorm (with and without a bias) and RMSNorm of
-// rows × c inputs on be, writing bfloat16 operands unless be is the CPU's
+// rows × c inputs on be, then the residual add with each (without
+// dropout), writing bfloat16 operands unless be is the CPU's
 // (whose norms write none: the reference), and returns each float32
 // output and its bfloat16 one, read back.
 func normBF16Outputs(t *testing.T, be tensor.Backend, rows, c int) (outs [][]float32, outs16 [][]uint16) {
@@ -179,17 +181,25 @@ func normBF16Outputs(t *testing.T, be tensor.Backend, rows, c int) (outs [][]flo
 		rng.Fork(name).Normal(v, 0.3, std)
 		return tensor.FromFloat32(v, shape...).ToDevice(dev)
 	}
-	x := host("x", 2, rows, c)
+	x, res := host("x", 2, rows, c), host("res", 1, rows, c)
 	w, b := host("w", 1, c), host("b", 0.5, c)
-	for i, bias := range []*tensor.Tensor{b, nil, nil} {
+	for i, bias := range []*tensor.Tensor{b, nil, nil, b, nil, nil} {
 		out, out16 := tensor.NewOn(dev, tensor.Float32, rows, c), tensor.NewOn(dev, tensor.BFloat16, rows, c)
 		mean, rstd := tensor.NewOn(dev, tensor.Float32, rows), tensor.NewOn(dev, tensor.Float32, rows)
+		sum := tensor.NewOn(dev, tensor.Float32, rows, c)
+		if i%3 == 2 {
+			mean = nil // RMSNorm
+		}
 		switch {
-		case !ok && i < 2:
+		case i >= 3 && !ok:
+			be.BiasDropoutAddNormForward(sum, out, nil, mean, rstd, res, x, nil, w, bias, 0, tensor.RNGState{}, 1e-5)
+		case i >= 3:
+			nb.BiasDropoutAddNormForwardBF16(sum, out, out16, nil, mean, rstd, res, x, nil, w, bias, 0, tensor.RNGState{}, 1e-5)
+		case !ok && mean != nil:
 			be.LayerNormForward(out, mean, rstd, x, w, bias, 1e-5)
 		case !ok:
 			be.RMSNormForward(out, rstd, x, w, 1e-5)
-		case i < 2:
+		case mean != nil:
 			nb.LayerNormForwardBF16(out, out16, mean, rstd, x, w, bias, 1e-5)
 		default:
 			nb.RMSNormForwardBF16(out, out16, rstd, x, w, 1e-5)
