@@ -23,15 +23,7 @@ func TestAttnmatArgsMatchPTX(t *testing.T) {
 			"attnmat_fwd_f32": attnmatFwdArgs(0, 0, 0, a, 1, 1, 1, 1, 0),
 			"attnmat_bwd_f32": attnmatBwdArgs(0, 0, 0, 0, 0, a, 1, 1, 1, 1, 0),
 		} {
-			want := ptxParamBytes(t, ptx, name)
-			if len(want) != len(args) {
-				t.Fatalf("sm_%d%d %s: %d arguments, the PTX has %d parameters", arch[0], arch[1], name, len(args), len(want))
-			}
-			for i, x := range args {
-				if got := argBytes(x); got != want[i] {
-					t.Errorf("sm_%d%d %s argument %d: %T is %d bytes, the PTX parameter %d", arch[0], arch[1], name, i, x, got, want[i])
-				}
-			}
+			checkArgsMatchPTX(t, arch, ptx, name, args)
 		}
 	}
 }
@@ -55,6 +47,21 @@ func ptxParamBytes(t *testing.T, ptx, entry string) []int {
 		}
 	}
 	return sizes
+}
+
+// checkArgsMatchPTX checks that a kernel's launch arguments match, one
+// for one in size, the parameters of its .entry name in the arch's PTX.
+func checkArgsMatchPTX(t *testing.T, arch [2]int, ptx, name string, args []any) {
+	t.Helper()
+	want := ptxParamBytes(t, ptx, name)
+	if len(want) != len(args) {
+		t.Fatalf("sm_%d%d %s: %d arguments, the PTX has %d parameters", arch[0], arch[1], name, len(args), len(want))
+	}
+	for i, x := range args {
+		if got := argBytes(x); got != want[i] {
+			t.Errorf("sm_%d%d %s argument %d: %T is %d bytes, the PTX parameter %d", arch[0], arch[1], name, i, x, got, want[i])
+		}
+	}
 }
 
 func argBytes(x any) int {
@@ -132,15 +139,7 @@ func TestFusedArgsMatchPTX(t *testing.T) {
 			"fused_dropout_bwd_f32":           dropoutBackwardArgs(1, 1, 1, 0.1, rng),
 			"fused_bias_dropout_add_norm_f32": biasDropoutAddNormArgs(1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0.1, rng, 1e-5),
 		} {
-			want := ptxParamBytes(t, ptx, name)
-			if len(want) != len(args) {
-				t.Fatalf("sm_%d%d %s: %d arguments, the PTX has %d parameters", arch[0], arch[1], name, len(args), len(want))
-			}
-			for i, x := range args {
-				if got := argBytes(x); got != want[i] {
-					t.Errorf("sm_%d%d %s argument %d: %T is %d bytes, the PTX parameter %d", arch[0], arch[1], name, i, x, got, want[i])
-				}
-			}
+			checkArgsMatchPTX(t, arch, ptx, name, args)
 		}
 	}
 }
@@ -172,15 +171,7 @@ func TestMoERouterArgsMatchPTX(t *testing.T) {
 				"moe_perm_scan_i32":      moePermScanArgs(1, 1, 1, c.Experts),
 				"moe_perm_rows_i32":      moePermRowsArgs(1, 1, 1, 1, 1, 3, c.Experts, c.TopK, moePermChunk),
 			} {
-				want := ptxParamBytes(t, ptx, name)
-				if len(want) != len(args) {
-					t.Fatalf("sm_%d%d %s: %d arguments, the PTX has %d parameters", arch[0], arch[1], name, len(args), len(want))
-				}
-				for i, x := range args {
-					if got := argBytes(x); got != want[i] {
-						t.Errorf("sm_%d%d %s argument %d: %T is %d bytes, the PTX parameter %d", arch[0], arch[1], name, i, x, got, want[i])
-					}
-				}
+				checkArgsMatchPTX(t, arch, ptx, name, args)
 			}
 		}
 	}
@@ -200,15 +191,7 @@ func TestNormBF16ArgsMatchPTX(t *testing.T) {
 			"norm_layernorm_fwd_f32_bf16": layerNormBF16Args(1, 1, 1, 1, 1, 1, 0, 1, 1, 1e-5),
 			"norm_rmsnorm_fwd_f32_bf16":   rmsNormBF16Args(1, 1, 1, 1, 1, 1, 1, 1e-5),
 		} {
-			want := ptxParamBytes(t, ptx, name)
-			if len(want) != len(args) {
-				t.Fatalf("sm_%d%d %s: %d arguments, the PTX has %d parameters", arch[0], arch[1], name, len(args), len(want))
-			}
-			for i, x := range args {
-				if got := argBytes(x); got != want[i] {
-					t.Errorf("sm_%d%d %s argument %d: %T is %d bytes, the PTX parameter %d", arch[0], arch[1], name, i, x, got, want[i])
-				}
-			}
+			checkArgsMatchPTX(t, arch, ptx, name, args)
 		}
 	}
 }

@@ -29,15 +29,7 @@ func TestAttntcArgsMatchPTX(t *testing.T) {
 				"dkv": attntcDkvArgs(0, 0, p, a, 1, 1, 1),
 			} {
 				name := attntcName(kind, d)
-				want := ptxParamBytes(t, ptx, name)
-				if len(want) != len(args) {
-					t.Fatalf("sm_%d%d %s: %d arguments, the PTX has %d parameters", arch[0], arch[1], name, len(args), len(want))
-				}
-				for i, x := range args {
-					if got := argBytes(x); got != want[i] {
-						t.Errorf("sm_%d%d %s argument %d: %T is %d bytes, the PTX parameter %d", arch[0], arch[1], name, i, x, got, want[i])
-					}
-				}
+				checkArgsMatchPTX(t, arch, ptx, name, args)
 				body := regexp.MustCompile(`(?s)\.entry ` + name + `\(.*?\n}\n`).FindString(ptx)
 				smem := regexp.MustCompile(`mov\.u32 \s*%r\d+, %dynamic_smem_size;`).FindStringIndex(body)
 				if smem == nil {

@@ -23,15 +23,7 @@ func TestElemGateArgsMatchPTX(t *testing.T) {
 			"elem_sigmoid_gate_fwd_f32": sigmoidGateArgs(1, 0, 0, 1, 1, 1),
 			"elem_sigmoid_gate_bwd_f32": sigmoidGateArgs(1, 1, 1, 1, 1, 1),
 		} {
-			want := ptxParamBytes(t, ptx, name)
-			if len(want) != len(args) {
-				t.Fatalf("sm_%d%d %s: %d arguments, the PTX has %d parameters", arch[0], arch[1], name, len(args), len(want))
-			}
-			for i, x := range args {
-				if got := argBytes(x); got != want[i] {
-					t.Errorf("sm_%d%d %s argument %d: %T is %d bytes, the PTX parameter %d", arch[0], arch[1], name, i, x, got, want[i])
-				}
-			}
+			checkArgsMatchPTX(t, arch, ptx, name, args)
 		}
 	}
 }
@@ -52,15 +44,7 @@ func TestGDNConvArgsMatchPTX(t *testing.T) {
 			"gdn_conv_silu_dx_f32":   gdnConvArgs(1, 0, 1, 1, 1, 0, 1, 1, 1),
 			"gdn_conv_silu_dw_f32":   gdnConvArgs(1, 0, 1, 1, 1, 1, 1, 1, 1),
 		} {
-			want := ptxParamBytes(t, ptx, name)
-			if len(want) != len(args) {
-				t.Fatalf("sm_%d%d %s: %d arguments, the PTX has %d parameters", arch[0], arch[1], name, len(args), len(want))
-			}
-			for i, x := range args {
-				if got := argBytes(x); got != want[i] {
-					t.Errorf("sm_%d%d %s argument %d: %T is %d bytes, the PTX parameter %d", arch[0], arch[1], name, i, x, got, want[i])
-				}
-			}
+			checkArgsMatchPTX(t, arch, ptx, name, args)
 		}
 	}
 }

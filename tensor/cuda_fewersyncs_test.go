@@ -17,16 +17,7 @@ func TestLossMaskScaleDevArgsMatchPTX(t *testing.T) {
 			t.Fatal(err)
 		}
 		const name = "reduce_loss_mask_scale_dev_f32"
-		want := ptxParamBytes(t, string(mods["reduce"]), name)
-		args := lossMaskScaleDevArgs(0, 0, 0, 1)
-		if len(want) != len(args) {
-			t.Fatalf("sm_%d%d %s: %d arguments, the PTX has %d parameters", arch[0], arch[1], name, len(args), len(want))
-		}
-		for i, x := range args {
-			if got := argBytes(x); got != want[i] {
-				t.Errorf("sm_%d%d %s argument %d: %T is %d bytes, the PTX parameter %d", arch[0], arch[1], name, i, x, got, want[i])
-			}
-		}
+		checkArgsMatchPTX(t, arch, string(mods["reduce"]), name, lossMaskScaleDevArgs(0, 0, 0, 1))
 	}
 }
 
@@ -39,16 +30,7 @@ func TestXentVocabBwdDevArgsMatchPTX(t *testing.T) {
 			t.Fatal(err)
 		}
 		const name = "xent_vocab_bwd_dev_f32"
-		want := ptxParamBytes(t, string(mods["xent"]), name)
-		args := xentVocabBwdDevArgs(0, 0, 0, 0, 0, 0, 0, 1, 1, 0)
-		if len(want) != len(args) {
-			t.Fatalf("sm_%d%d %s: %d arguments, the PTX has %d parameters", arch[0], arch[1], name, len(args), len(want))
-		}
-		for i, x := range args {
-			if got := argBytes(x); got != want[i] {
-				t.Errorf("sm_%d%d %s argument %d: %T is %d bytes, the PTX parameter %d", arch[0], arch[1], name, i, x, got, want[i])
-			}
-		}
+		checkArgsMatchPTX(t, arch, string(mods["xent"]), name, xentVocabBwdDevArgs(0, 0, 0, 0, 0, 0, 0, 1, 1, 0))
 	}
 }
 

@@ -22,15 +22,7 @@ func TestFP8ArgsMatchPTX(t *testing.T) {
 			"fp8_cast_f32":           fp8CastArgs(1, 1, 1, 1, fp8.E5M2, false),
 			"fp8_cast_transpose_f32": fp8CastTransposeArgs(1, 1, 1, 1, 1, fp8.E4M3, true),
 		} {
-			want := ptxParamBytes(t, ptx, name)
-			if len(want) != len(args) {
-				t.Fatalf("sm_%d%d %s: %d arguments, the PTX has %d parameters", arch[0], arch[1], name, len(args), len(want))
-			}
-			for i, x := range args {
-				if got := argBytes(x); got != want[i] {
-					t.Errorf("sm_%d%d %s argument %d: %T is %d bytes, the PTX parameter %d", arch[0], arch[1], name, i, x, got, want[i])
-				}
-			}
+			checkArgsMatchPTX(t, arch, ptx, name, args)
 		}
 	}
 }
