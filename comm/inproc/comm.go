@@ -75,6 +75,11 @@ func (c *communicator) has(worldRank int) bool {
 func (c *communicator) fail(r int, err error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	c.failLocked(r, err)
+}
+
+// failLocked is fail with c.mu held.
+func (c *communicator) failLocked(r int, err error) {
 	if c.failErr != nil {
 		return
 	}
@@ -100,6 +105,13 @@ func (c *communicator) sync(ctx context.Context, me int, op string) error {
 		c.mu.Unlock()
 		return c.brokenErr(op)
 	}
+	if err := ctx.Err(); err != nil {
+		// Already over: do not complete a round the caller will not
+		// take part in.
+		c.failLocked(c.members[me], fmt.Errorf("%w: rank %d abandoned %s: %v", comm.ErrPeerLost, c.members[me], op, err))
+		c.mu.Unlock()
+		return &comm.RankError{Rank: c.members[me], Op: op, Err: err}
+	}
 	g := c.gen
 	g.arrived[me] = true
 	g.count++
@@ -117,7 +129,19 @@ func (c *communicator) sync(ctx context.Context, me int, op string) error {
 		return nil
 	case <-c.broken:
 	case <-ctx.Done():
-		c.fail(c.members[me], fmt.Errorf("%w: rank %d abandoned %s: %v", comm.ErrPeerLost, c.members[me], op, ctx.Err()))
+		// The last member may have arrived at the same moment: then the
+		// round is complete and the peers are already past it, reading
+		// and writing this rank's buffers, so this rank must go on with
+		// them. Deciding under the lock that completes rounds makes the
+		// choice one-sided: either the round completed, or it is broken
+		// before anyone else can complete it.
+		c.mu.Lock()
+		if g.count == len(c.members) {
+			c.mu.Unlock()
+			return nil
+		}
+		c.failLocked(c.members[me], fmt.Errorf("%w: rank %d abandoned %s: %v", comm.ErrPeerLost, c.members[me], op, ctx.Err()))
+		c.mu.Unlock()
 		return &comm.RankError{Rank: c.members[me], Op: op, Err: ctx.Err()}
 	case <-t.C:
 		c.mu.Lock()
@@ -139,6 +163,16 @@ func (c *communicator) sync(ctx context.Context, me int, op string) error {
 	default:
 	}
 	return c.brokenErr(op)
+}
+
+// finish is the sync that ends a collective's data phase. Every member has
+// passed the opening sync, so peers may still be reading or writing this
+// rank's buffers: leaving early on ctx would hand the caller memory that
+// another goroutine is writing. So ctx's end does not stop this wait; the
+// peers' work left is a bounded copy or reduction. A broken group and the
+// timeout still do.
+func (c *communicator) finish(ctx context.Context, me int, op string) error {
+	return c.sync(context.WithoutCancel(ctx), me, op)
 }
 
 // timeoutErr is the failure of a point-to-point wait on peer (world rank).

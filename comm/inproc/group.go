@@ -175,7 +175,7 @@ func (g *Group) AllReduce(ctx context.Context, buf comm.Buffer, op comm.ReduceOp
 			comm.ReduceNTo(g.srcs, g.srcs, op)
 		}
 		g.tickets += chunks + int64(size) // each rank also took one ticket too many
-		return c.sync(ctx, g.rank, comm.OpAllReduce)
+		return c.finish(ctx, g.rank, comm.OpAllReduce)
 	})
 }
 
@@ -204,7 +204,7 @@ func (g *Group) ReduceScatter(ctx context.Context, out, in comm.Buffer, op comm.
 			g.srcs[j] = g.c.slots[j].a.Slice(lo, hi)
 		}
 		comm.ReduceN(out, g.srcs, op)
-		return g.c.sync(ctx, g.rank, comm.OpReduceScatter)
+		return g.c.finish(ctx, g.rank, comm.OpReduceScatter)
 	})
 }
 
@@ -231,7 +231,7 @@ func (g *Group) AllGather(ctx context.Context, out, in comm.Buffer, counts []int
 			}
 			copy(dst, g.c.slots[j].a.Data)
 		}
-		return g.c.sync(ctx, g.rank, comm.OpAllGather)
+		return g.c.finish(ctx, g.rank, comm.OpAllGather)
 	})
 }
 
@@ -245,7 +245,7 @@ func (g *Group) Broadcast(ctx context.Context, buf comm.Buffer, root int) error 
 		if g.rank != root {
 			copy(buf.Data, g.c.slots[root].a.Data)
 		}
-		return g.c.sync(ctx, g.rank, comm.OpBroadcast)
+		return g.c.finish(ctx, g.rank, comm.OpBroadcast)
 	})
 }
 
@@ -265,7 +265,7 @@ func (g *Group) Reduce(ctx context.Context, buf comm.Buffer, op comm.ReduceOp, r
 			g.srcs[j] = c.slots[j].a.Slice(lo, hi)
 		}
 		comm.ReduceN(g.srcs[root], g.srcs, op)
-		return c.sync(ctx, g.rank, comm.OpReduce)
+		return c.finish(ctx, g.rank, comm.OpReduce)
 	})
 }
 
@@ -298,7 +298,7 @@ func (g *Group) AllToAll(ctx context.Context, out, in comm.Buffer, sendCounts, r
 			}
 			copy(out.Slice(roff[j], roff[j+1]).Data, sj.a.Slice(soff, soff+sj.counts[g.rank]).Data)
 		}
-		return g.c.sync(ctx, g.rank, comm.OpAllToAll)
+		return g.c.finish(ctx, g.rank, comm.OpAllToAll)
 	})
 }
 

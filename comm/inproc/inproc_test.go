@@ -314,6 +314,80 @@ func TestContextCancel(t *testing.T) {
 	}
 }
 
+// TestCancelRacingCompletion: a rank's context ends just as the last peer
+// arrives. Whatever the rank is told, its buffer is its own again when the
+// call returns: on an error no peer writes it any more (the race detector
+// sees the write below), and on success it holds the sum. A rank that
+// arrives with its context already over never completes the round.
+func TestCancelRacingCompletion(t *testing.T) {
+	for i := range 200 {
+		w, err := inproc.New(inproc.Config{Size: 2, Timeout: time.Minute})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(t.Context())
+		defer cancel()
+		bufs := [2][]float32{{1, 2, 3, 4}, {10, 20, 30, 40}}
+		errs := make([]error, 2)
+		var wg sync.WaitGroup
+		for r := range 2 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				c := t.Context()
+				if r == 0 {
+					c = ctx
+				} else if i%2 == 1 {
+					cancel() // cancel and arrive as close together as can be
+				}
+				errs[r] = w.Group(r).AllReduce(c, comm.Float32s(bufs[r]), comm.Sum)
+				if errs[r] != nil {
+					bufs[r][0] = -1 // the caller's again
+				}
+			}()
+		}
+		if i%2 == 0 {
+			cancel()
+		}
+		wg.Wait()
+		for r, err := range errs {
+			if err == nil && bufs[r][3] != 44 {
+				t.Fatalf("round %d: rank %d succeeded with %v, want the sum", i, r, bufs[r])
+			}
+		}
+		if (errs[0] == nil) != (errs[1] == nil) {
+			t.Fatalf("round %d: one rank succeeded and the other did not: %v, %v", i, errs[0], errs[1])
+		}
+		_ = w.Close()
+	}
+	// Already canceled at the call: the round is broken, not completed.
+	w, err := inproc.New(inproc.Config{Size: 2, Timeout: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	ctx, cancel := context.WithCancel(t.Context())
+	cancel()
+	errs := make([]error, 2)
+	var wg sync.WaitGroup
+	for r := range 2 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			c := t.Context()
+			if r == 1 {
+				c = ctx
+				time.Sleep(5 * time.Millisecond) // rank 0 waits first
+			}
+			errs[r] = w.Group(r).Barrier(c)
+		}()
+	}
+	wg.Wait()
+	if !errors.Is(errs[1], context.Canceled) || !errors.Is(errs[0], comm.ErrPeerLost) {
+		t.Errorf("canceled at the call: got %v and %v, want ErrPeerLost and context.Canceled", errs[0], errs[1])
+	}
+}
+
 func TestAsync(t *testing.T) {
 	err := inproc.Run(t.Context(), 3, func(ctx context.Context, pg comm.ProcessGroup) error {
 		a := comm.NewAsync(pg)
