@@ -141,6 +141,7 @@ type fsdpGrads struct{ *fsdp.FSDP }
 
 func (fsdpGrads) readyHook() func([]*tensor.Tensor)   { return nil }
 func (fsdpGrads) StartLastMicrobatch(context.Context) {}
+func (fsdpGrads) EndMicrobatch()                      {}
 func (fsdpGrads) Finish(context.Context) error        { return nil }
 func (f fsdpGrads) GatherParams(ctx context.Context) error {
 	return f.AfterStep(ctx)

@@ -20,6 +20,10 @@ type gradReducer interface {
 	readyHook() func(ready []*tensor.Tensor)
 	// StartLastMicrobatch arms the reduction of the step's last backward.
 	StartLastMicrobatch(ctx context.Context)
+	// EndMicrobatch follows each micro-batch's backward (under
+	// --grad-reduce-in-bf16 it rounds the accumulated gradients to
+	// bfloat16).
+	EndMicrobatch()
 	// Finish completes the step's gradient reduction.
 	Finish(ctx context.Context) error
 	// GatherParams and WaitParams bring every rank's updated parameters
@@ -42,16 +46,31 @@ func (d ddpGrads) readyHook() func([]*tensor.Tensor) { return d.Hook }
 func (d ddpGrads) syncWait() (time.Duration, bool)   { return d.SyncWait(), true }
 
 // localGrads is gradReducer for a process alone: the parameters' own
-// gradients, nothing to reduce or gather.
-type localGrads struct{ params []*tensor.Tensor }
+// gradients, nothing to reduce or gather. bf16 (--grad-reduce-in-bf16)
+// keeps their values in bfloat16 as ddp does: rounded after every
+// micro-batch.
+type localGrads struct {
+	params []*tensor.Tensor
+	bf16   bool
+}
 
 func (l localGrads) ZeroGrad()                         { tensor.ZeroGrad(l.params) }
 func (localGrads) readyHook() func([]*tensor.Tensor)   { return nil }
 func (localGrads) StartLastMicrobatch(context.Context) {}
-func (localGrads) Finish(context.Context) error        { return nil }
-func (localGrads) GatherParams(context.Context) error  { return nil }
-func (localGrads) WaitParams(context.Context) error    { return nil }
-func (localGrads) syncWait() (time.Duration, bool)     { return 0, false }
+func (l localGrads) EndMicrobatch() {
+	if !l.bf16 {
+		return
+	}
+	for _, p := range l.params {
+		if p.Grad != nil {
+			ddp.RoundBF16(p.Grad.Float32s())
+		}
+	}
+}
+func (localGrads) Finish(context.Context) error       { return nil }
+func (localGrads) GatherParams(context.Context) error { return nil }
+func (localGrads) WaitParams(context.Context) error   { return nil }
+func (localGrads) syncWait() (time.Duration, bool)    { return 0, false }
 func (l localGrads) GradViews(want func(*tensor.Tensor) bool) []*tensor.Tensor {
 	var out []*tensor.Tensor
 	for _, p := range l.params {

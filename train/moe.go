@@ -169,6 +169,7 @@ func (m moeGrads) StartLastMicrobatch(ctx context.Context) {
 	m.dense.StartLastMicrobatch(ctx)
 	m.experts.StartLastMicrobatch(ctx)
 }
+func (m moeGrads) EndMicrobatch() { m.dense.EndMicrobatch(); m.experts.EndMicrobatch() }
 func (m moeGrads) Finish(ctx context.Context) error {
 	if err := m.dense.Finish(ctx); err != nil {
 		return err

@@ -53,7 +53,7 @@ func (st *stepper) setupParallel(ctx context.Context, launched bool) ([]*optim.P
 	}
 	if !launched {
 		ps := optimParams(st.localParams())
-		st.reducer = localGrads{params: st.localParams()}
+		st.reducer = localGrads{params: st.localParams(), bf16: st.cfg.DDP.ReduceInBF16}
 		return ps, nil
 	}
 	// The routed experts of an MoE model are reduced and broadcast over

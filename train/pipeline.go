@@ -181,9 +181,12 @@ func (st *stepper) executor(m int) (*pp.Executor, error) {
 				st.reducer.StartLastMicrobatch(st.cctx)
 			}
 		},
-		AfterBackward: func(int) error { return st.fp8().EndBackward(st.amaxReduce()) },
-		LossScale:     st.lossScale,
-		Device:        st.cfg.Device,
+		AfterBackward: func(int) error {
+			st.reducer.EndMicrobatch()
+			return st.fp8().EndBackward(st.amaxReduce())
+		},
+		LossScale: st.lossScale,
+		Device:    st.cfg.Device,
 	}
 	if st.cfg.CalculatePerTokenLoss {
 		// each micro-batch's mean loss times its unmasked tokens: the sum

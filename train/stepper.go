@@ -497,6 +497,7 @@ func (st *stepper) forwardBackward(ctx context.Context, n, mbs, dp, r int, perTo
 		if err := st.endMicrobatch(); err != nil {
 			return agreement{}, err
 		}
+		st.reducer.EndMicrobatch()
 		st.tape.Reset()
 	}
 	timeUp := st.cfg.ExitDuration > 0 && st.cfg.Now().Sub(st.startTime) >= st.cfg.ExitDuration

@@ -170,7 +170,8 @@ func newTrainFlagsWith(name string, extra func(*flag.FlagSet)) (*flag.FlagSet, *
 	fs.BoolVar(&c.DDP.OverlapParamGather, "overlap-param-gather", false, "with --use-distributed-optimizer: leave parameter all-gathers in flight until the next forward")
 	fs.IntVar(&c.DDP.BucketSize, "ddp-bucket-size", 0, "gradient bucket size in elements (default: max(40M, 1M×DP) with --overlap-grad-reduce, else one bucket)")
 	fs.BoolVar(&c.DDP.AverageInCollective, "ddp-average-in-collective", false, "average gradients in the collective instead of pre-scaling by 1/DP")
-	fs.Bool("accumulate-allreduce-grads-in-fp32", false, "accepted: gradients are accumulated and reduced in float32 already")
+	fs.Bool("accumulate-allreduce-grads-in-fp32", false, "accepted: gradients are accumulated and reduced in float32 unless --grad-reduce-in-bf16 (which overrides it, as in Megatron)")
+	fs.BoolVar(&c.DDP.ReduceInBF16, "grad-reduce-in-bf16", false, "with --bf16: keep the gradient buffer in bfloat16 (rounded after every micro-batch) and reduce it over data parallelism as bfloat16, half the bytes (CPU only)")
 	fs.Float64Var(&f.timeoutMins, "distributed-timeout-minutes", 0, "how long a rank waits for another inside a collective (default 10 minutes, as Megatron)")
 	f.heartbeat.register(fs)
 	fs.StringVar(&f.distBackend, "distributed-backend", "", "collectives between processes: nccl (GPUs, --device cuda: comm/nccl) or gloo/tcp (gotron's TCP process group); default nccl with --device cuda, else tcp; nccl on the CPU (Megatron's GPU configs) runs over tcp, with one line saying so")
@@ -326,7 +327,6 @@ var refusedTakesValue = map[string]bool{"wandb-project": true, "ft-num-warmup-it
 // refusedFlags are Megatron flags for features this release does not run
 // yet: accepting them silently would train something else than asked.
 var refusedFlags = map[string]string{
-	"grad-reduce-in-bf16": "needs bf16 gradient reduction, not built in gotron: gradients are reduced in float32 in this release",
 	"wandb-project":       "Weights & Biases cannot be reached from here (no network but the package registries); use --tensorboard-dir",
 	"calc-ft-timeouts":    ftRefused,
 	"ft-num-warmup-iters": ftRefused,

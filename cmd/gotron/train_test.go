@@ -156,7 +156,7 @@ func TestTrainNoSilentFlags(t *testing.T) {
 	}
 	for flag, want := range map[string]string{
 		"--wandb-project=x":           "Weights & Biases cannot be reached",
-		"--grad-reduce-in-bf16":       "reduced in float32",
+		"--grad-reduce-in-bf16":       "--grad-reduce-in-bf16 needs --bf16",
 		"--tokenizer-model=/nonexist": "need --tokenizer-type",
 	} {
 		_, errs, code := runCLI(t, with(tinyTrain, "--train-iters", "1", flag)...)

@@ -45,6 +45,16 @@ type Config struct {
 	// over every data-parallel rank, pre-scaled by 1/(both sizes). nil
 	// means one instance.
 	Instances comm.ProcessGroup
+	// ReduceInBF16 (--grad-reduce-in-bf16) keeps the gradient buffer's
+	// values in bfloat16, as Megatron's bfloat16 main_grad buffer when
+	// accumulate_allreduce_grads_in_fp32 is off: the buffer is rounded to
+	// bfloat16 after every micro-batch (EndMicrobatch), pre-scaled in
+	// bfloat16, and reduced as bfloat16 (half the bytes on the wire); the
+	// reduced values are widened to float32 for the optimizer. The
+	// reduction's own rounding is the group's (comm: float32 accumulation
+	// of the bfloat16 inputs, rounded once, within a machine; one rounding
+	// per ring step across machines, as NCCL's ring). CPU buffers only.
+	ReduceInBF16 bool
 }
 
 // DDP owns the flat gradient buffer of a model's parameters (and, with the
@@ -94,6 +104,11 @@ type DDP struct {
 	pieces      []piece          // this rank's shard, per parameter piece
 	gathers     []comm.Handle
 	gatherPend  bool
+
+	// ReduceInBF16: per bucket, the bfloat16 values the collective
+	// reduces (the whole bucket, or under the distributed optimizer the
+	// input and this rank's output shard).
+	wire, wireShard [][]uint16
 }
 
 // piece is the part [Lo, Hi) (local indices) of parameter Param that lies in
@@ -116,6 +131,9 @@ func New(params []*tensor.Tensor, group comm.ProcessGroup, cfg Config, tied *ten
 	}
 	if cfg.Instances != nil && !cfg.DistributedOptimizer {
 		return nil, errors.New("ddp: several distributed-optimizer instances need --use-distributed-optimizer")
+	}
+	if cfg.ReduceInBF16 && len(params) > 0 && params[0].Device() != tensor.CPU {
+		return nil, fmt.Errorf("ddp: --grad-reduce-in-bf16 is built for gradients in CPU memory, not on the %v device", params[0].Device())
 	}
 	instances := 1
 	if cfg.Instances != nil {
@@ -165,6 +183,9 @@ func New(params []*tensor.Tensor, group comm.ProcessGroup, cfg Config, tied *ten
 			return nil, fmt.Errorf("ddp: bucket %d: %w", b, err)
 		}
 		d.bucketGrad, d.bucketScale, d.hostGrad = append(d.bucketGrad, g), append(d.bucketScale, sl), append(d.hostGrad, d.staging(g))
+		if cfg.ReduceInBF16 {
+			d.wire = append(d.wire, make([]uint16, bk.End-bk.Start))
+		}
 		for _, i := range bk.Params {
 			p := params[i]
 			r := l.Range[i]
@@ -231,6 +252,9 @@ func (d *DDP) shard() {
 		gs := tensor.ZerosOn(d.grad.Device(), hi-lo)
 		pb := flatView(d.param, bk.Start, bk.End-bk.Start)
 		d.gradShard, d.hostShard = append(d.gradShard, gs), append(d.hostShard, d.staging(gs))
+		if d.cfg.ReduceInBF16 {
+			d.wireShard = append(d.wireShard, make([]uint16, hi-lo))
+		}
 		d.paramShard, d.paramBucket = append(d.paramShard, flatView(d.param, lo, hi-lo)), append(d.paramBucket, pb)
 		send := tensor.Zeros(hi - lo)
 		if d.dc != nil {
@@ -281,16 +305,13 @@ func (d *DDP) StartLastMicrobatch(ctx context.Context) {
 // with DeviceCollectives (queued on the device, so its handle is done),
 // else staged through the host off the CPU.
 func (d *DDP) issue(b int) {
-	op := comm.Sum
-	switch n := d.group.Size() * d.instances(); {
-	case d.cfg.GradientScale != 0:
-		if d.cfg.GradientScale != 1 {
-			tensor.ScaleList(d.bucketScale[b], d.cfg.GradientScale)
-		}
-	case d.cfg.AverageInCollective:
-		op = comm.Avg
-	case n > 1:
-		tensor.ScaleList(d.bucketScale[b], 1/float32(n))
+	if d.cfg.ReduceInBF16 {
+		d.issueBF16(b)
+		return
+	}
+	s, op := d.scale()
+	if s != 1 {
+		tensor.ScaleList(d.bucketScale[b], s)
 	}
 	if d.group.Size() == 1 {
 		if d.cfg.DistributedOptimizer {
@@ -317,6 +338,76 @@ func (d *DDP) issue(b int) {
 	}
 }
 
+// scale is the pre-scale of a bucket before its reduction (1: none) and
+// the reduction's op: Megatron's gradient_scaling_factor, or Avg in the
+// collective.
+func (d *DDP) scale() (float32, comm.ReduceOp) {
+	switch n := d.group.Size() * d.instances(); {
+	case d.cfg.GradientScale != 0:
+		return d.cfg.GradientScale, comm.Sum
+	case d.cfg.AverageInCollective:
+		return 1, comm.Avg
+	case n > 1:
+		return 1 / float32(n), comm.Sum
+	}
+	return 1, comm.Sum
+}
+
+// issueBF16 is issue under ReduceInBF16 (CPU buffers): the bucket's
+// accumulated gradient rounded to bfloat16, pre-scaled in bfloat16
+// (Megatron scales its bfloat16 buffer in place), and reduced as bfloat16.
+// Finish widens the result back into the float32 buffer.
+func (d *DDP) issueBF16(b int) {
+	s, op := d.scale()
+	g, w := d.bucketGrad[b].Float32s(), d.wire[b]
+	for i, v := range g {
+		h := tensor.Float32ToBFloat16(v)
+		if s != 1 {
+			h = tensor.Float32ToBFloat16(tensor.BFloat16ToFloat32(h) * s)
+		}
+		w[i] = h
+	}
+	switch {
+	case d.group.Size() == 1 && d.cfg.DistributedOptimizer:
+		copy(d.wireShard[b], w)
+		d.handles[b] = done{}
+	case d.group.Size() == 1:
+		d.handles[b] = done{}
+	case d.cfg.DistributedOptimizer:
+		d.handles[b] = d.async.ReduceScatterAsync(d.ctx, comm.BFloat16s(d.wireShard[b]), comm.BFloat16s(w), op, nil)
+	default:
+		d.handles[b] = d.async.AllReduceAsync(d.ctx, comm.BFloat16s(w), op)
+	}
+}
+
+// widen copies bfloat16 values into the float32 slice dst.
+func widen(dst []float32, src []uint16) {
+	for i, h := range src {
+		dst[i] = tensor.BFloat16ToFloat32(h)
+	}
+}
+
+// EndMicrobatch ends a micro-batch's backward: under ReduceInBF16 the
+// gradient buffer is rounded to bfloat16, as Megatron's bfloat16 main_grad
+// holds the running sum (Megatron rounds the micro-batch's own gradient
+// to bfloat16 before adding it too; here it is added in float32, one
+// rounding fewer). Nothing happens otherwise, or once the last
+// micro-batch's reduction is armed: its buckets round as they are issued.
+func (d *DDP) EndMicrobatch() {
+	if !d.cfg.ReduceInBF16 || d.armed {
+		return
+	}
+	RoundBF16(d.grad.Float32s())
+}
+
+// RoundBF16 rounds every value of x to bfloat16 (round to nearest even),
+// in place.
+func RoundBF16(x []float32) {
+	for i, v := range x {
+		x[i] = tensor.BFloat16ToFloat32(tensor.Float32ToBFloat16(v))
+	}
+}
+
 // instances is the number of distributed-optimizer instances.
 func (d *DDP) instances() int {
 	if d.cfg.Instances == nil {
@@ -334,6 +425,17 @@ func (d *DDP) reduceInstances(ctx context.Context, b int) error {
 	}
 	if d.interDC != nil {
 		return d.interDC.AllReduceTensor(ctx, d.gradShard[b], op)
+	}
+	if d.cfg.ReduceInBF16 {
+		w, g := d.wireShard[b], d.gradShard[b].Float32s()
+		for i, v := range g {
+			w[i] = tensor.Float32ToBFloat16(v)
+		}
+		if err := d.cfg.Instances.AllReduce(ctx, comm.BFloat16s(w), op); err != nil {
+			return err
+		}
+		widen(g, w)
+		return nil
 	}
 	toHost(d.hostShard[b], d.gradShard[b])
 	if err := d.cfg.Instances.AllReduce(ctx, comm.Float32s(d.hostShard[b].Float32s()), op); err != nil {
@@ -366,9 +468,14 @@ func (d *DDP) Finish(ctx context.Context) error {
 				}
 				continue
 			}
-			if d.cfg.DistributedOptimizer {
+			switch {
+			case d.cfg.ReduceInBF16 && d.cfg.DistributedOptimizer:
+				widen(d.gradShard[b].Float32s(), d.wireShard[b])
+			case d.cfg.ReduceInBF16:
+				widen(d.bucketGrad[b].Float32s(), d.wire[b])
+			case d.cfg.DistributedOptimizer:
 				fromHost(d.gradShard[b], d.hostShard[b])
-			} else {
+			default:
 				fromHost(d.bucketGrad[b], d.hostGrad[b])
 			}
 		}
