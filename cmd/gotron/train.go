@@ -816,6 +816,14 @@ func openData(ctx context.Context, d *dataArgs, cfg train.Config, divisor int, g
 	case d.mock && d.tok.Type == "" && (d.tok.Model != "" || d.tok.VocabFile != "" || d.tok.MergeFile != ""):
 		return nil, fmt.Errorf("--tokenizer-model/--vocab-file/--merge-file need --tokenizer-type (with --mock-data they would be ignored)")
 	case d.mock:
+		if d.split != "" {
+			// checked as with real data, but the synthetic sequences
+			// of each split are drawn on their own
+			if _, err := datagpt.ParseSplit(d.split); err != nil {
+				return nil, err
+			}
+			src.warnings = append(src.warnings, "--split has no effect with --mock-data: gotron draws each split's synthetic sequences on their own (Megatron's mock dataset divides one)")
+		}
 		if vocab == 0 {
 			vocab = 50257
 		}

@@ -154,9 +154,14 @@ func TestTrainNoSilentFlags(t *testing.T) {
 	if code != 0 || !strings.Contains(errs, "--use-flash-attn, --no-masked-softmax-fusion, --no-rope-fusion: no effect on the CPU backend") {
 		t.Errorf("GPU fusion flags: exit %d, stderr %q; want one warning naming them", code, errs)
 	}
+	_, errs, code = runCLI(t, with(tinyTrain, "--train-iters", "1", "--split", "'99,1,0'")...)
+	if code != 0 || !strings.Contains(errs, "--split has no effect with --mock-data") {
+		t.Errorf("--mock-data --split: exit %d, stderr %q; want one warning naming it", code, errs)
+	}
 	for flag, want := range map[string]string{
 		"--wandb-project=x":           "Weights & Biases cannot be reached",
 		"--grad-reduce-in-bf16":       "--grad-reduce-in-bf16 needs --bf16",
+		"--split=1,x,1":               `"x" is not a proportion`, // checked with --mock-data too
 		"--tokenizer-model=/nonexist": "need --tokenizer-type",
 	} {
 		_, errs, code := runCLI(t, with(tinyTrain, "--train-iters", "1", flag)...)

@@ -98,6 +98,9 @@ func TestSplitParsing(t *testing.T) {
 		{"50,50", 5, [3][2]int{{0, 2}, {2, 5}, {-1, -1}}},
 		{"75,25", 10, [3][2]int{{0, 8}, {8, 10}, {-1, -1}}},
 		{"1,1,1", 10, [3][2]int{{0, 3}, {3, 7}, {7, 10}}},
+		// a shell-word-split "--split '99,1,0'" keeps its quotes
+		{"'99,1,0'", 100, [3][2]int{{0, 99}, {99, 100}, {-1, -1}}},
+		{`"99,1,0"`, 100, [3][2]int{{0, 99}, {99, 100}, {-1, -1}}},
 	}
 	for _, c := range cases {
 		v, err := ParseSplit(c.split)
@@ -129,6 +132,7 @@ func TestSplitParsing(t *testing.T) {
 		{"1,x,1", `"x" is not a proportion`},
 		{"NaN,1", `"NaN" is not a proportion`},
 		{"1e308,1e308", "sum to a positive finite number"},
+		{`'99,1,0"`, `"'99" is not a proportion`}, // quotes that do not pair
 	} {
 		_, err := ParseSplit(bad.split)
 		if err == nil || !strings.Contains(err.Error(), bad.want) {

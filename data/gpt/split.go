@@ -42,10 +42,18 @@ type Bookend struct{ Start, End float64 }
 // the vector divided by its sum. Megatron takes every match of [.0-9]+ as
 // a number, so "-1,2,3" silently becomes 1,2,3 and "1e400,1,1" four
 // numbers; gotron reads the comma- (or space-) separated fields as numbers
-// and refuses a negative, non-finite or malformed one, naming it.
+// and refuses a negative, non-finite or malformed one, naming it. One pair
+// of quotes around the whole value is read through, as Megatron's matching
+// does: a launch script's array element "--split '99,1,0'", expanded
+// unquoted, reaches the program as '99,1,0' with its quotes
+// (examples/llama/train_llama3_8b_h100_fp8.sh).
 func ParseSplit(s string) ([3]float64, error) {
 	var v [3]float64
-	fields := strings.FieldsFunc(s, func(r rune) bool { return r == ',' || unicode.IsSpace(r) })
+	body := s
+	if n := len(body); n >= 2 && (body[0] == '\'' || body[0] == '"') && body[n-1] == body[0] {
+		body = body[1 : n-1]
+	}
+	fields := strings.FieldsFunc(body, func(r rune) bool { return r == ',' || unicode.IsSpace(r) })
 	if len(fields) > 3 {
 		return v, fmt.Errorf("gpt: --split %q: want at most 3 proportions (train,valid,test), got %d", s, len(fields))
 	}
