@@ -578,6 +578,9 @@ func (ck *checkpointer) loadGotron(root string) error {
 	if err := ck.readParams(r); err != nil {
 		return err
 	}
+	if err := ck.readFP8State(root, r); err != nil {
+		return err
+	}
 	// the bfloat16 copies are rebuilt from the loaded float32 parameters
 	// (a checkpoint holds no copy of its own, as Megatron's holds its
 	// model parameters once)

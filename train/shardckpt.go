@@ -208,6 +208,14 @@ func (ck *checkpointer) checkpointPieces(st *optim.State) ([]ckpt.Piece, error) 
 			full, blocks := ck.paramBlocks(b.Name, b.Shape())
 			add(ckpt.GroupModel, b.Name, full, blocks, b.Float32s())
 		}
+		// The FP8 delayed recipe's histories and scales, by weight: the
+		// amax reduction group (TP × DP × CP) holds the same, so one
+		// copy per pipeline stage's layers.
+		state := ck.stepper.fp8().DelayedState()
+		for _, name := range slices.Sorted(maps.Keys(state)) {
+			v := state[name]
+			out = append(out, ckpt.Piece{Group: groupFP8, Name: name, GlobalShape: []int{len(v)}, Block: ckpt.Whole([]int{len(v)}), Data: v})
+		}
 	}
 	if st == nil {
 		return out, nil
@@ -518,3 +526,41 @@ func strictness(s string) (unexpectedOK, logUnexpected bool) {
 
 // StrictnessValues are the accepted --dist-ckpt-strictness values.
 var StrictnessValues = []string{"assume_ok_unexpected", "log_unexpected", "log_all", "raise_unexpected", "raise_all", "ignore_all"}
+
+// groupFP8 is the checkpoint group of the FP8 delayed recipe's state:
+// per linear layer, by its weight's name, gpt.FP8.DelayedState's vector
+// (amax histories and scales of its input, weight and output gradient).
+// Transformer Engine keeps the same in each module's _extra_state.
+const groupFP8 = "fp8"
+
+// readFP8State gives a delayed-FP8 run the checkpoint's amax histories and
+// scales for this rank's linear layers, so a resumed run quantizes as the
+// uninterrupted one would. A checkpoint without them (saved before they
+// were kept, or by a run without the delayed recipe) starts them afresh,
+// and says so. Histories of another length are refused naming the flag.
+func (ck *checkpointer) readFP8State(root string, r *ckpt.Reader) error {
+	f := ck.stepper.fp8()
+	if f.DelayedState() == nil {
+		return nil
+	}
+	if !r.Has(groupFP8) {
+		ck.printf("--fp8-recipe delayed: the checkpoint %s keeps no amax histories: they start afresh (scale 1)", root)
+		return nil
+	}
+	saved := map[string][]float32{}
+	have := r.Tensors(groupFP8)
+	for _, p := range ck.stepper.localParams() {
+		if _, ok := have[p.Name]; !ok {
+			continue
+		}
+		v, _, err := r.ReadWhole(groupFP8, p.Name)
+		if err != nil {
+			return fmt.Errorf("train: --load: %w", err)
+		}
+		saved[p.Name] = v
+	}
+	if err := f.RestoreDelayed(saved); err != nil {
+		return fmt.Errorf("train: --load %s: %w", root, err)
+	}
+	return nil
+}

@@ -138,7 +138,7 @@ func (f *fp8Flags) decodeConfig(given map[string]bool, numLayers, pp int) (*gpt.
 		return c, err
 	}
 	if c.Recipe.Kind == fp8.Delayed {
-		return nil, fmt.Errorf("--fp8-recipe delayed at inference: needs Transformer Engine's delayed-scaling state (the amax histories and scales a checkpoint keeps in _extra_state), which gotron does not save or load; --fp8-recipe tensorwise is built")
+		return nil, fmt.Errorf("--fp8-recipe delayed at inference: not built (gotron's checkpoints keep a delayed run's amax histories and scales, but decoding does not run the delayed recipe); --fp8-recipe tensorwise is built")
 	}
 	return c, nil
 }

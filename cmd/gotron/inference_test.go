@@ -270,7 +270,7 @@ func TestInferenceRefusals(t *testing.T) {
 	}{
 		{[]string{"--pipeline-model-parallel-size", "8"}, "--pipeline-model-parallel-size 8 needs 8 ranks: start them with gotron launch"},
 		{[]string{"--context-parallel-size", "2"}, "--context-parallel-size 2: needs context-parallel inference, not built"},
-		{[]string{"--fp8-format", "hybrid"}, "--fp8-recipe delayed at inference: needs Transformer Engine's delayed-scaling state"},
+		{[]string{"--fp8-format", "hybrid"}, "--fp8-recipe delayed at inference: not built"},
 		{[]string{"--fp8-format", "hybrid", "--fp8-recipe", "mxfp8"}, "--fp8-recipe mxfp8: needs TE's MXFP8BlockScaling recipe"},
 		{[]string{"--top_k", "2", "--top_p", "0.5"}, "cannot both be greater than zero"},
 		{[]string{"--num-tokens-to-generate", "-1"}, "--num-tokens-to-generate"},

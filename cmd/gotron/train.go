@@ -16,7 +16,6 @@ import (
 	"github.com/gotron/gotron/ckpt/hf"
 	"github.com/gotron/gotron/comm"
 	datagpt "github.com/gotron/gotron/data/gpt"
-	"github.com/gotron/gotron/internal/fp8"
 	"github.com/gotron/gotron/model/gpt"
 	"github.com/gotron/gotron/optim"
 	"github.com/gotron/gotron/parallel"
@@ -499,9 +498,6 @@ func cmdTrain(ctx context.Context, env *cli, args []string) error {
 		return err
 	}
 	defer src.close()
-	if c := cfg.FP8; c != nil && c.Recipe.Kind == fp8.Delayed && cfg.Load != "" {
-		fmt.Fprintln(env.stderr, "gotron train: --fp8-recipe delayed with --load: the amax histories and scales start afresh (scale 1): gotron's checkpoints do not keep them (TE's _extra_state does)")
-	}
 	if world == nil || world.Rank() == 0 {
 		for _, w := range src.warnings {
 			fmt.Fprintf(env.stderr, "gotron train: %s\n", w)

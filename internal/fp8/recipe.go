@@ -192,6 +192,20 @@ func (h *History) SetCurrent(a float32) { h.amax[0] = a }
 // Amaxes returns a copy of the history, History[0] first.
 func (h *History) Amaxes() []float32 { return append([]float32(nil), h.amax...) }
 
+// Restore sets the history and scale to a saved Amaxes and Scale (a
+// checkpoint's), as between two updates: nothing observed since.
+func (h *History) Restore(amax []float32, scale float32) error {
+	if len(amax) != len(h.amax) {
+		return fmt.Errorf("fp8: a saved amax history of %d, this run's is %d (--fp8-amax-history-len)", len(amax), len(h.amax))
+	}
+	if !(scale > 0) || math.IsInf(float64(scale), 0) {
+		return fmt.Errorf("fp8: saved scale %v: want a positive finite number", scale)
+	}
+	copy(h.amax, amax)
+	h.scale, h.observed = scale, false
+	return nil
+}
+
 // Update is TE's amax_and_scale_update (delayed_scaling.cu): the amax is
 // History[0] (MostRecent) or the largest of the history (MaxOfHistory);
 // the history rolls one place toward its start — History[i] takes

@@ -71,6 +71,77 @@ type FP8 struct {
 	mu      sync.Mutex
 	linears map[*tensor.Tensor]*tensor.FP8Linear
 	order   []*tensor.FP8Linear // creation order, for the updates
+	weights []*tensor.Tensor    // order's weights
+	// saved is delayed-scaling state from a checkpoint (RestoreDelayed)
+	// by weight name, given to each linear layer when it is made.
+	saved map[string][]float32
+}
+
+// DelayedState returns, by weight name, the delayed recipe's state of
+// every linear layer made so far (nil under another recipe): its input's,
+// weight's and output gradient's amax histories and scales, laid out as
+// [input history…, input scale, weight history…, weight scale, gradient
+// history…, gradient scale] (3·(AmaxHistoryLen+1) values). Under the amax
+// reduction group every rank of it holds the same.
+func (f *FP8) DelayedState() map[string][]float32 {
+	if f == nil || f.Config.Recipe.Kind != fp8.Delayed {
+		return nil
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	out := make(map[string][]float32, len(f.order))
+	for i, l := range f.order {
+		var v []float32
+		for _, h := range []*fp8.History{l.Input, l.Weight, l.Grad} {
+			v = append(append(v, h.Amaxes()...), h.Scale())
+		}
+		out[f.weights[i].Name] = v
+	}
+	return out
+}
+
+// DelayedStateLen is the length of one linear layer's DelayedState.
+func (f *FP8) DelayedStateLen() int { return 3 * (f.Config.Recipe.AmaxHistoryLen + 1) }
+
+// RestoreDelayed gives the linear layers the saved delayed-scaling state
+// (DelayedState's layout, by weight name): those made already at once,
+// the others when they are made. A vector of the wrong length is an
+// error naming the weight.
+func (f *FP8) RestoreDelayed(saved map[string][]float32) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	n := f.Config.Recipe.AmaxHistoryLen
+	for name, v := range saved {
+		if len(v) != f.DelayedStateLen() {
+			return fmt.Errorf("gpt: FP8 delayed-scaling state of %s: %d values, want %d (3 × (--fp8-amax-history-len %d + 1))", name, len(v), f.DelayedStateLen(), n)
+		}
+		scratch := fp8.NewHistory(n)
+		for k := range 3 {
+			part := v[k*(n+1) : (k+1)*(n+1)]
+			if err := scratch.Restore(part[:n], part[n]); err != nil {
+				return fmt.Errorf("gpt: FP8 delayed-scaling state of %s (%s): %w", name, [3]string{"input", "weight", "output gradient"}[k], err)
+			}
+		}
+	}
+	f.saved = saved
+	for i, l := range f.order {
+		f.restore(f.weights[i].Name, l)
+	}
+	return nil
+}
+
+// restore sets l's histories from f.saved[name], if any (f.mu held; the
+// values were checked by RestoreDelayed, so Restore cannot fail).
+func (f *FP8) restore(name string, l *tensor.FP8Linear) {
+	v, ok := f.saved[name]
+	if !ok {
+		return
+	}
+	n := f.Config.Recipe.AmaxHistoryLen
+	for k, h := range []*fp8.History{l.Input, l.Weight, l.Grad} {
+		part := v[k*(n+1) : (k+1)*(n+1)]
+		_ = h.Restore(part[:n], part[n])
+	}
 }
 
 // NewFP8 returns the FP8 state of a run.
@@ -92,8 +163,10 @@ func (f *FP8) linear(w *tensor.Tensor) *tensor.FP8Linear {
 	if !ok {
 		l = tensor.NewFP8Linear(f.Config.Recipe, f.BF16, f.BF16 && !f.Config.ParamGather)
 		l.CacheWeight = f.CacheWeights
+		f.restore(w.Name, l)
 		f.linears[w] = l
 		f.order = append(f.order, l)
+		f.weights = append(f.weights, w)
 	}
 	return l
 }
