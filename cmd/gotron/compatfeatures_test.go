@@ -68,6 +68,19 @@ func TestTrainApplyWDToQKLayerNorm(t *testing.T) {
 	if decayed != 4 {
 		t.Fatalf("%d q/k norm weights, want 4 (2 layers)", decayed)
 	}
+	// Megatron's deprecated spelling sets the flag: the same weights.
+	trainCLI(t, append(args, "--save", filepath.Join(dir, "cond"), "--no-weight-decay-cond-type", "apply_wd_to_qk_layernorm")...)
+	cond, _, err := train.LoadModel(filepath.Join(dir, "cond"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range cond.Params() {
+		for i, v := range p.Float32s() {
+			if v != wp[p.Name][i] {
+				t.Fatalf("%s[%d]: %g with --no-weight-decay-cond-type apply_wd_to_qk_layernorm, %g with --apply-wd-to-qk-layernorm", p.Name, i, v, wp[p.Name][i])
+			}
+		}
+	}
 	_, errs := trainCLI(t, "--train-iters", "1", "--eval-iters", "0", "--apply-wd-to-qk-layernorm")
 	if !strings.Contains(errs, "--apply-wd-to-qk-layernorm: no effect without --qk-layernorm") {
 		t.Fatalf("stderr without --qk-layernorm: %q", errs)

@@ -173,7 +173,6 @@ var compatArgs = map[string]compatArg{
 	// otherwise.
 	"use-rotary-position-embeddings": {kind: compatNeeds, why: needNotBuilt + " (the deprecated spelling: use --position-embedding-type rope)"},
 	// Features gotron does not have.
-	"apply-wd-to-qk-layernorm": {kind: compatNeeds, why: "weight decay on the query/key layer norms, not built in gotron yet"},
 	// Megatron configures its StragglerDetector only with --log-straggler
 	// (training.py); the count alone changes nothing.
 	"log-straggler":          {kind: compatNeeds, why: "Megatron's straggler detector (per-rank step times and throughput with the slowest and fastest ranks), not built in gotron"},
@@ -369,6 +368,14 @@ func (f *trainFlags) megatronCompat(env *cli, fs *flag.FlagSet, given map[string
 	lines = append(lines, more...)
 	if f.cfg.LogNumZerosInGrad && f.device != "cpu" {
 		return fmt.Errorf("--log-num-zeros-in-grad: counts the gradients on the host: --device cpu only, not --device %s", f.device)
+	}
+	if given["no-weight-decay-cond-type"] {
+		// Megatron's validate_args: deprecated, mapped onto the flag
+		if f.noWDCond != "apply_wd_to_qk_layernorm" {
+			return fmt.Errorf("--no-weight-decay-cond-type %q: want apply_wd_to_qk_layernorm (Megatron's only choice; deprecated: use --apply-wd-to-qk-layernorm)", f.noWDCond)
+		}
+		f.cfg.ApplyWDToQKLayerNorm = true
+		lines = append(lines, "--no-weight-decay-cond-type apply_wd_to_qk_layernorm: Megatron's deprecated spelling of --apply-wd-to-qk-layernorm, which it sets")
 	}
 	switch mlaQNorm := f.mla.on && f.mla.qLoraRank > 0; { // MLA's latent norms exist with --qk-layernorm only
 	case f.cfg.ApplyWDToQKLayerNorm && mlaQNorm && f.model.QKLayerNorm:

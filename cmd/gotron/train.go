@@ -29,6 +29,7 @@ const trainSynopsis = "train [flags]   (Megatron's pretrain_gpt.py flags; no fla
 // trainFlags are gotron train's flags, by Megatron's names.
 type trainFlags struct {
 	preset                          string
+	noWDCond                        string // --no-weight-decay-cond-type (deprecated)
 	model                           gpt.Config
 	gqa                             bool
 	swiglu, openaiGELU, squaredReLU bool
@@ -198,6 +199,7 @@ func newTrainFlagsWith(name string, extra func(*flag.FlagSet)) (*flag.FlagSet, *
 	fs.Float64Var(&s.LRWarmupFraction, "lr-warmup-fraction", 0, "warmup as a fraction of the decay length")
 	fs.Float64Var(&s.WeightDecay, "weight-decay", 0.01, "weight decay (not on biases and 1-D parameters)")
 	fs.BoolVar(&c.ApplyWDToQKLayerNorm, "apply-wd-to-qk-layernorm", false, "apply weight decay to the --qk-layernorm query/key norms too (Megatron exempts 1-D parameters and biases otherwise)")
+	fs.StringVar(&f.noWDCond, "no-weight-decay-cond-type", "", "apply_wd_to_qk_layernorm: Megatron's deprecated spelling of --apply-wd-to-qk-layernorm")
 	fs.Float64Var(&s.StartWeightDecay, "start-weight-decay", 0, "initial weight decay for linear/cosine increments")
 	fs.Float64Var(&s.EndWeightDecay, "end-weight-decay", 0, "final weight decay for linear/cosine increments")
 	fs.StringVar(&f.wdIncrStyle, "weight-decay-incr-style", "constant", "constant, linear or cosine")
