@@ -13,6 +13,7 @@ import (
 	"github.com/gotron/gotron/infer"
 	"github.com/gotron/gotron/internal/checked"
 	"github.com/gotron/gotron/model/gpt"
+	"github.com/gotron/gotron/parallel/tp"
 	"github.com/gotron/gotron/tensor"
 	"github.com/gotron/gotron/tokenizer"
 	"github.com/gotron/gotron/train"
@@ -60,6 +61,16 @@ type Config struct {
 	// rank gets is its shard; the ranks generate together (infer.Lockstep)
 	// and compute the log-probabilities over the gathered vocabulary.
 	TP comm.ProcessGroup
+	// InferenceTP is the tensor-parallel group of a separate inference
+	// layout (--rl-inference-tensor-model-parallel-size), nil to generate
+	// on the training layout. Built from a training layout without
+	// tensor parallelism (every rank holds the whole model): before each
+	// collection the group's ranks slice the current weights into their
+	// shards (gpt.Parallelize, Megatron's refit) and generate, in
+	// lockstep, the rollouts every data-parallel rank of the group trains
+	// on; the group then shares them. Its ranks are consecutive
+	// data-parallel ranks.
+	InferenceTP comm.ProcessGroup
 	// Packing is --rl-use-sequence-packing: each collection's rollouts are
 	// packed into bins of SeqLength tokens (packRows), at most
 	// MaxSequencesPerBin each, the bins are dealt to the data-parallel
@@ -250,6 +261,28 @@ func (c *Collector) owns(j int) bool {
 	return (j/c.cfg.MicroBatchSize)%c.cfg.DP.Size() == c.cfg.DP.Rank()
 }
 
+// generates reports whether this rank's generation group makes rollout j:
+// the rollouts it owns, or with a separate inference layout those of every
+// data-parallel rank of its inference tensor-parallel group (consecutive
+// data-parallel ranks).
+func (c *Collector) generates(j int) bool {
+	g := c.cfg.InferenceTP
+	if g == nil || c.cfg.DP == nil {
+		return c.owns(j)
+	}
+	owner := (j / c.cfg.MicroBatchSize) % c.cfg.DP.Size()
+	return owner/g.Size() == c.cfg.DP.Rank()/g.Size()
+}
+
+// genGroup is the group whose ranks generate together: the inference
+// layout's tensor-parallel group, else the training's (nil: none).
+func (c *Collector) genGroup() comm.ProcessGroup {
+	if c.cfg.InferenceTP != nil {
+		return c.cfg.InferenceTP
+	}
+	return c.cfg.TP
+}
+
 // IterationsPerCollection is how many iterations train on one collection:
 // --grpo-iterations passes over its P·G rollouts in global batches. Saves
 // and exits must fall on its multiples (Megatron's assertion: the rollouts
@@ -383,7 +416,23 @@ func (c *Collector) Prepare(ctx context.Context, m train.Model, eval *tensor.Tap
 	if (c.sharding != nil) != (c.cfg.TP != nil && c.cfg.TP.Size() > 1) {
 		return fmt.Errorf("rl: the model is split over tensor-parallel ranks (%v) but the collector's tensor-parallel group is %v", c.sharding != nil, c.cfg.TP)
 	}
-	col, rows, err := c.collect(ctx, gm, k)
+	gen := gm
+	if c.cfg.InferenceTP != nil {
+		// Megatron's refit: the inference layout's shards of the
+		// current weights, made afresh for every collection.
+		if c.sharding != nil {
+			return fmt.Errorf("rl: --rl-inference-tensor-model-parallel-size: the separate inference layout is built from a training layout without tensor parallelism")
+		}
+		var err error
+		if gen, err = gpt.Parallelize(gm, &tp.Region{Group: c.cfg.InferenceTP}, nil); err != nil {
+			return fmt.Errorf("rl: the inference layout's model (--rl-inference-tensor-model-parallel-size=%d): %w", c.cfg.InferenceTP.Size(), err)
+		}
+		if c.cfg.Printf != nil {
+			c.cfg.Printf("rl: refit for collection %d: this rank's inference shards hold %d of the model's %d parameters (TP=%d)",
+				k, numel(gen.Params()), numel(gm.Params()), c.cfg.InferenceTP.Size())
+		}
+	}
+	col, rows, err := c.collect(ctx, gm, gen, k)
 	if err != nil {
 		return err
 	}
@@ -546,7 +595,7 @@ type rollout struct {
 // flight, which gotron train finishes before it saves and exits.
 func (c *Collector) generate(ctx context.Context, eng *infer.Engine, reqs []infer.Request, outs []rollout, byID []int) error {
 	ctx = context.WithoutCancel(ctx)
-	tpg := c.cfg.TP
+	tpg := c.genGroup()
 	if tpg != nil && tpg.Size() > 1 && tpg.Rank() != 0 {
 		if err := infer.Follow(ctx, eng, tpg); err != nil {
 			return fmt.Errorf("rl: tensor-parallel generation: %w", err)
@@ -643,7 +692,7 @@ func (c *Collector) sendRollouts(ctx context.Context, outs []rollout, byID []int
 // receiveRollouts is sendRollouts' other end.
 func (c *Collector) receiveRollouts(ctx context.Context, outs []rollout, byID []int) error {
 	hdr := make([]int64, 2)
-	if err := c.cfg.TP.Broadcast(ctx, comm.Int64s(hdr), 0); err != nil {
+	if err := c.genGroup().Broadcast(ctx, comm.Int64s(hdr), 0); err != nil {
 		return fmt.Errorf("rl: receive the rollouts from tensor-parallel rank 0: %w", err)
 	}
 	if hdr[0] != 0 {
@@ -686,7 +735,7 @@ func (c *Collector) broadcastRollouts(ctx context.Context, hdr, lens []int64, to
 		if b.Len() == 0 {
 			continue
 		}
-		if err := c.cfg.TP.Broadcast(ctx, b, 0); err != nil {
+		if err := c.genGroup().Broadcast(ctx, b, 0); err != nil {
 			return fmt.Errorf("rl: send the rollouts over the tensor-parallel group: %w", err)
 		}
 	}
@@ -698,7 +747,7 @@ func (c *Collector) broadcastRollouts(ctx context.Context, hdr, lens []int64, to
 // generates the rollouts it owns; each rollout samples from its own stream,
 // seeded by the collection and the rollout's index, so its tokens do not
 // depend on which rank generates it nor on what else is in the batch.
-func (c *Collector) collect(ctx context.Context, m *gpt.Model, k int64) (Collection, []row, error) {
+func (c *Collector) collect(ctx context.Context, m, gen *gpt.Model, k int64) (Collection, []row, error) {
 	// A signal does not stop the collection (generate), nor the ranks'
 	// exchange of its rewards: every rank finishes the iteration.
 	ctx = context.WithoutCancel(ctx)
@@ -707,7 +756,7 @@ func (c *Collector) collect(ctx context.Context, m *gpt.Model, k int64) (Collect
 	tok := c.cfg.Tokenizer
 	owned := 0
 	for j := range P * G {
-		if c.owns(j) {
+		if c.generates(j) {
 			owned++
 		}
 	}
@@ -716,11 +765,11 @@ func (c *Collector) collect(ctx context.Context, m *gpt.Model, k int64) (Collect
 	if c.cfg.KVCacheGB > 0 {
 		// As gotron inference sizes it: the smaller of the buffer and what
 		// the rollouts can use (float64: no integer overflow).
-		need := float64(owned) * float64(maxLen+16) * float64(m.KVBytesPerToken())
-		need += float64(owned) * float64(m.GDNStateBytes())
+		need := float64(owned) * float64(maxLen+16) * float64(gen.KVBytesPerToken())
+		need += float64(owned) * float64(gen.GDNStateBytes())
 		ec.KVCacheBytes = int64(max(1, min(need, c.cfg.KVCacheGB*(1<<30))))
 	}
-	eng, err := infer.NewEngine(m, ec)
+	eng, err := infer.NewEngine(gen, ec)
 	if err != nil {
 		return Collection{}, nil, fmt.Errorf("rl: inference engine: %w", err)
 	}
@@ -748,7 +797,7 @@ func (c *Collector) collect(ctx context.Context, m *gpt.Model, k int64) (Collect
 		for g := range G {
 			j := p*G + g
 			outs[j] = rollout{task: task, prompt: ids}
-			if !c.owns(j) {
+			if !c.generates(j) {
 				continue
 			}
 			ops = append(ops, infer.Request{Prompt: ids, MaxTokens: maxLen - len(ids), StopTokens: []int{int(c.eod)}, Logprobs: true,
@@ -975,4 +1024,13 @@ func (f *grpoLoss) Backward(tp *tensor.Tape, gradOut []*tensor.Tensor) []*tensor
 		dv[i] = float32(g * v)
 	}
 	return []*tensor.Tensor{d}
+}
+
+// numel is the number of values in ps.
+func numel(ps []*tensor.Tensor) int {
+	n := 0
+	for _, p := range ps {
+		n += p.Numel()
+	}
+	return n
 }

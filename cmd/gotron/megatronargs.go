@@ -113,7 +113,7 @@ const (
 	needFSDP      = "this part of Megatron-FSDP, not built in gotron (--use-megatron-fsdp with --data-parallel-sharding-strategy is)"
 	needRL        = "this part of Megatron's RL step, not built in gotron (--perform-rl-step's GRPO is, data- and tensor-parallel: docs/training.md)"
 	needRLAsync   = "Megatron's asynchronous rollout pipeline (--rl-partial-rollouts: rollouts generated across weight updates, with --rl-generation-lag and the --rl-submission/--rl-consumption-granularity), not built in gotron: gotron generates each collection to the end on the current weights"
-	needRLLayout  = "a separate inference layout for the RL step's rollouts (Megatron's --rl-inference-*-model-parallel-size, with a weight refit between the layouts), not built in gotron: gotron generates on the training layout"
+	needRLLayout  = "a separate inference layout with pipeline or expert parallelism for the RL step's rollouts (Megatron's --rl-inference-pipeline/expert-*-model-parallel-size, with a weight refit between the layouts), not built in gotron: --rl-inference-tensor-model-parallel-size is, from a training layout without tensor parallelism"
 	needInference = "Megatron's inference scripts: run this argument list with gotron inference, not gotron train"
 	needExport    = "ModelOpt export and distillation, not built in gotron"
 	needWandB     = "Weights & Biases logging, which cannot be reached from here; use --tensorboard-dir"
@@ -194,7 +194,6 @@ var compatArgs = map[string]compatArg{
 	"rl-max-inflight-requests":                       {kind: compatNeeds, why: needRLAsync},
 	"rl-submission-granularity":                      {kind: compatNeeds, why: needRLAsync},
 	"rl-consumption-granularity":                     {kind: compatNeeds, why: needRLAsync},
-	"rl-inference-tensor-model-parallel-size":        {kind: compatNeeds, why: needRLLayout},
 	"rl-inference-pipeline-model-parallel-size":      {kind: compatNeeds, why: needRLLayout},
 	"rl-inference-expert-model-parallel-size":        {kind: compatNeeds, why: needRLLayout},
 	"rl-inference-expert-tensor-model-parallel-size": {kind: compatNeeds, why: needRLLayout},

@@ -435,7 +435,9 @@ func TestGRPOCompatSameNumbers(t *testing.T) {
 		{[]string{"--rl-partial-rollouts", "--rl-generation-lag", "0", "--rl-consumption-granularity", "G"}, "needs Megatron's asynchronous rollout pipeline"},
 		{[]string{"--rl-generation-lag", "2"}, "needs Megatron's asynchronous rollout pipeline"},
 		{[]string{"--rl-submission-granularity", "G"}, "needs Megatron's asynchronous rollout pipeline"},
-		{[]string{"--rl-inference-tensor-model-parallel-size", "2"}, "needs a separate inference layout for the RL step's rollouts"},
+		// one process: the inference layout needs the ranks
+		{[]string{"--rl-inference-tensor-model-parallel-size", "2"}, "--rl-inference-tensor-model-parallel-size=2: a separate inference layout of 2 tensor-parallel ranks needs a launched run"},
+		{[]string{"--rl-inference-pipeline-model-parallel-size", "2"}, "needs a separate inference layout with pipeline or expert parallelism"},
 	} {
 		_, errs, code := runCLI(t, append(append([]string{}, base...), c.args...)...)
 		if code == 0 || !strings.Contains(errs, c.want) {
@@ -456,7 +458,9 @@ func TestGRPOCompatSameNumbers(t *testing.T) {
 // tcp (gotron launch), data-parallel with and without the distributed
 // optimizer, logs one process's losses and ends at its weights (float
 // tolerance: the gradient sums' order differs). Each rank generates only
-// the rollouts it trains on; two collections of two iterations each, so the
+// the rollouts it trains on (or, with --rl-inference-tensor-model-parallel-size
+// 2, both generate both ranks' rollouts at TP=2 from slices of their weights:
+// Megatron's separate inference layout); two collections of two iterations each, so the
 // second collection's rollouts come from weights the ranks updated.
 func TestGRPOTrainDataParallel(t *testing.T) {
 	bin, err := buildGotron()
@@ -482,7 +486,10 @@ func TestGRPOTrainDataParallel(t *testing.T) {
 	for _, c := range []struct {
 		name  string
 		extra []string
-	}{{"dp2", nil}, {"dp2-distopt", []string{"--use-distributed-optimizer"}}} {
+	}{{"dp2", nil}, {"dp2-distopt", []string{"--use-distributed-optimizer"}},
+		// Megatron's separate inference layout: both ranks generate
+		// both ranks' rollouts at TP=2 from slices of their weights
+		{"dp2-inference-tp2", []string{"--rl-inference-tensor-model-parallel-size", "2"}}} {
 		ck := filepath.Join(dir, c.name)
 		metrics := filepath.Join(dir, c.name+".jsonl")
 		cmd := exec.Command(bin, append([]string{"launch", "--nproc-per-node", "2", "--master-port", freeTCPPort(t), "--"},
@@ -494,6 +501,23 @@ func TestGRPOTrainDataParallel(t *testing.T) {
 		}
 		if n := strings.Count(string(out), "rl: collection 1:"); n != 1 {
 			t.Errorf("%s: %d lines for collection 1, want 1 (the logging rank's):\n%s", c.name, n, out)
+		}
+		if layout := strings.Contains(string(out), "separate inference layout: groups of 2"); layout != (c.name == "dp2-inference-tp2") {
+			t.Errorf("%s: the line on the separate inference layout printed: %v:\n%s", c.name, layout, out)
+		}
+		if c.name == "dp2-inference-tp2" {
+			// the rollouts came from TP=2 shards, refit before each collection
+			refits := regexp.MustCompile(`refit for collection \d+: this rank's inference shards hold (\d+) of the model's (\d+) parameters`).FindAllStringSubmatch(string(out), -1)
+			if len(refits) != 2 {
+				t.Errorf("%s: %d refit lines, want one per collection (2):\n%s", c.name, len(refits), out)
+			}
+			for _, m := range refits {
+				shard, _ := strconv.Atoi(m[1])
+				whole, _ := strconv.Atoi(m[2])
+				if !(shard > whole/2 && shard < whole) { // halves, plus the replicated norms and biases
+					t.Errorf("%s: an inference shard of %d of %d parameters, want a TP=2 slice", c.name, shard, whole)
+				}
+			}
 		}
 		got, _ := rlMetrics(t, metrics)
 		sameLosses(t, c.name, got, want)

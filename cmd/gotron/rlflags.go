@@ -44,6 +44,8 @@ type rlFlags struct {
 	kvCacheGB         float64
 	maxSeqLen         int
 	engineLogInterval int
+	// inferTP is --rl-inference-tensor-model-parallel-size (0: not given).
+	inferTP int
 }
 
 // rlOnlyFlags need --perform-rl-step.
@@ -51,10 +53,12 @@ var rlOnlyFlags = []string{"langrl-env-config", "grpo-prompts-per-step", "grpo-g
 	"grpo-clamp-eps-lower", "grpo-clamp-eps-upper", "grpo-kl-beta", "grpo-entropy-term-weight",
 	"rl-default-temperature", "rl-default-top-p", "rl-default-top-k", "rl-inference-logprobs-is-correction",
 	"rl-importance-sampling-truncation-coef", "rl-skip-bos-token", "rl-offload-optimizer-during-inference", "refit-method",
-	"rl-use-sequence-packing", "rl-sequence-packing-algo", "rl-sequence-packing-max-sequences-per-bin"}
+	"rl-use-sequence-packing", "rl-sequence-packing-algo", "rl-sequence-packing-max-sequences-per-bin",
+	"rl-inference-tensor-model-parallel-size"}
 
 func addRLFlags(fs *flag.FlagSet, f *rlFlags) {
 	fs.BoolVar(&f.perform, "perform-rl-step", false, "Megatron's RL step (train_rl.py): GRPO on rollouts gotron generates with the current weights from --langrl-env-config's environment (one process, data- and tensor-parallel ranks, the CPU; docs/training.md)")
+	fs.IntVar(&f.inferTP, "rl-inference-tensor-model-parallel-size", 0, "RL: generate the rollouts on a separate inference layout of this tensor-parallel size (from a training layout without tensor parallelism: before each collection the ranks slice the current weights into their shards); 0: the training layout")
 	fs.StringVar(&f.envConfig, "langrl-env-config", "", "RL: a YAML list with one environment, {agent_type: CountdownAgent, agent_args: {dataset_file: TASKS.jsonl}}")
 	fs.IntVar(&f.promptsPerStep, "grpo-prompts-per-step", 32, "RL: prompts drawn per rollout collection")
 	fs.IntVar(&f.groupSize, "grpo-group-size", 2, "RL: rollouts per prompt (a GRPO group; at least 2)")
@@ -158,7 +162,14 @@ func (f *rlFlags) collector(cfg *train.Config, tok tokenizer.Tokenizer, d tokeni
 	if cfg.Parallel != nil {
 		dp, tpg = cfg.Parallel.DP, cfg.Parallel.TP
 	}
-	c, err := rl.NewCollector(rl.Config{Env: env, DP: dp, TP: tpg, Tokenizer: tok, Render: render,
+	inferTP, err := f.inferenceLayout(cfg)
+	if err != nil {
+		return nil, err
+	}
+	if inferTP != nil && printf != nil {
+		printf("rl: the rollouts are generated on a separate inference layout: groups of %d tensor-parallel ranks (the weights are sliced into it before each collection)", inferTP.Size())
+	}
+	c, err := rl.NewCollector(rl.Config{Env: env, DP: dp, TP: tpg, InferenceTP: inferTP, Tokenizer: tok, Render: render,
 		PromptsPerStep: f.promptsPerStep, GroupSize: f.groupSize, Iterations: f.iterations,
 		GlobalBatchSize: gbs, MicroBatchSize: cfg.MicroBatchSize, SeqLength: cfg.SeqLength,
 		Loss: rl.LossConfig{ClampEpsLower: f.epsLower, ClampEpsUpper: f.epsUpper, KLBeta: f.klBeta, EntropyWeight: f.entropyWeight,
@@ -181,6 +192,49 @@ func (f *rlFlags) collector(cfg *train.Config, tok tokenizer.Tokenizer, d tokeni
 		}
 	}
 	return c, nil
+}
+
+// inferenceLayout makes the tensor-parallel group of the separate inference
+// layout --rl-inference-tensor-model-parallel-size asks for (nil when it
+// is not given or is training's size). Built from a training layout of
+// data parallelism only, whose ranks each hold the whole model: inference
+// groups of k consecutive ranks (Megatron's rank order puts the inference
+// tensor-parallel ranks next to each other).
+func (f *rlFlags) inferenceLayout(cfg *train.Config) (comm.ProcessGroup, error) {
+	k := f.inferTP
+	trainTP := 1
+	if cfg.Parallel != nil {
+		trainTP = cfg.Parallel.TP.Size()
+	}
+	if k == 0 || k == trainTP {
+		return nil, nil
+	}
+	const flag = "--rl-inference-tensor-model-parallel-size"
+	if cfg.Parallel == nil || cfg.Parallel.World.Size() == 1 {
+		return nil, fmt.Errorf("%s=%d: a separate inference layout of %d tensor-parallel ranks needs a launched run of at least %d ranks (gotron launch --nproc-per-node %d)", flag, k, k, k, k)
+	}
+	p := cfg.Parallel
+	l := p.Layout.Config
+	switch {
+	case trainTP != 1:
+		return nil, fmt.Errorf("%s=%d with --tensor-model-parallel-size=%d: not built: gotron builds the inference layout from a training layout without tensor parallelism (every rank holding the whole model); generate on the training layout (leave %s out) or train at TP=1", flag, k, trainTP, flag)
+	case max(l.PP, 1) != 1 || max(l.CP, 1) != 1 || max(l.EP, 1) != 1:
+		return nil, fmt.Errorf("%s=%d: not built with pipeline, context or expert parallelism in training (PP=%d, CP=%d, EP=%d): gotron builds the inference layout from data-parallel ranks that each hold the whole model", flag, k, max(l.PP, 1), max(l.CP, 1), max(l.EP, 1))
+	case p.World.Size()%k != 0:
+		return nil, fmt.Errorf("%s=%d does not divide the world of %d ranks (Megatron's inference layout uses every rank)", flag, k, p.World.Size())
+	case p.DP.Size() != p.World.Size():
+		return nil, fmt.Errorf("%s=%d: the data-parallel group (%d ranks) is not the world (%d)", flag, k, p.DP.Size(), p.World.Size())
+	}
+	base := p.World.Rank() / k * k
+	ranks := make([]int, k)
+	for i := range ranks {
+		ranks[i] = base + i
+	}
+	g, err := p.World.NewGroup(ranks)
+	if err != nil {
+		return nil, fmt.Errorf("%s=%d: the inference tensor-parallel group of ranks %v: %w", flag, k, ranks, err)
+	}
+	return g, nil
 }
 
 // openRLTokenizer opens the tokenizer of an RL run, whose data are its

@@ -217,6 +217,7 @@ var trainNumberRules = withFIMRules(withTokenizerRules(map[string]numberRule{
 	"rl-default-temperature":                    floatAbove(0, 1e6, "a sampling temperature"),
 	"rl-default-top-p":                          floatIn(0, 1, "a nucleus probability; 0: off"),
 	"rl-default-top-k":                          intIn(-1, math.MaxInt32, "tokens; -1 or 0: off"),
+	"rl-inference-tensor-model-parallel-size":   intIn(0, 1<<16, "ranks; 0: the training layout's"),
 	"rl-importance-sampling-truncation-coef":    floatIn(0, 1e6, "the importance weight's upper bound; 0 (unset): none"),
 }))
 
