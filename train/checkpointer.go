@@ -67,12 +67,13 @@ type checkpointer struct {
 	printf  func(format string, args ...any)
 	rawf    func(format string, args ...any) // a line without the reporter's timestamp (Megatron's print_rank_0)
 
-	pending     *pendingSave     // the --async-save in flight
-	progress    *progressLog     // --log-progress's job log (world rank 0 with --save); nil otherwise
-	snapshot    []float32        // its copy of this rank's shards, reused by the next
-	tpOffsets   []uint64         // every TP rank's rankRNG offset, for the checkpoint being written
-	rankOffsets [][2]uint64      // every rank's dropout stream offsets under pipelining, for the checkpoint
-	rerun       *RerunCheckpoint // the rerun state machine's state, all ranks', for the checkpoint
+	pending     *pendingSave         // the --async-save in flight
+	progress    *progressLog         // --log-progress's job log (world rank 0 with --save); nil otherwise
+	snapshot    []float32            // its copy of this rank's shards, reused by the next
+	tpOffsets   []uint64             // every TP rank's rankRNG offset, for the checkpoint being written
+	rankOffsets [][2]uint64          // every rank's dropout stream offsets under pipelining, for the checkpoint
+	rerun       *RerunCheckpoint     // the rerun state machine's state, all ranks', for the checkpoint
+	fp8Carried  map[string][]float32 // a loaded checkpoint's FP8 delayed state, rewritten as is (Config.carryFP8)
 
 	// shownRoot and shownFormat, when set, are what the save and load
 	// messages name instead of the directory and format written or read:

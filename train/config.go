@@ -272,6 +272,10 @@ type Config struct {
 
 	// Now is the clock (tests replace it); nil means time.Now.
 	Now func() time.Time
+
+	// carryFP8 (Reshard) writes the loaded checkpoint's FP8 delayed
+	// state back with the next save, for a run that does not use it.
+	carryFP8 bool
 }
 
 // Optimizer is --optimizer.

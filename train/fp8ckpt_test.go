@@ -18,7 +18,8 @@ import (
 // PP=2 with two virtual stages a rank. Resuming on another layout reads
 // the same histories (one copy, the amax reduction made them equal). A
 // checkpoint whose histories have another length is refused naming the
-// flag; one without them starts them afresh, saying so.
+// flag; one without them starts them afresh, saying so. gotron ckpt
+// reshard carries them.
 func TestFP8DelayedResume(t *testing.T) {
 	train, valid := dpDataset(t, 16)
 	m := dpModels()["gpt2"]
@@ -92,6 +93,32 @@ func TestFP8DelayedResume(t *testing.T) {
 	}
 	if n := len(r.Tensors(groupFP8)); n != 4*m.NumLayers {
 		t.Errorf("the checkpoint keeps %d FP8 states, want 4 linear layers × %d layers", n, m.NumLayers)
+	}
+	before := map[string][]float32{}
+	for name := range r.Tensors(groupFP8) {
+		if before[name], _, err = r.ReadWhole(groupFP8, name); err != nil {
+			t.Fatal(err)
+		}
+	}
+	r.Close()
+	// Offline resharding carries them: PP=2 × TP=2 ranks each write
+	// their layers' (TP rank 0's), the same vectors.
+	out := t.TempDir()
+	if _, err := Reshard(t.Context(), saved, out, ReshardLayout{TP: 2, PP: 2}); err != nil {
+		t.Fatal(err)
+	}
+	if r, err = ckpt.Open(out, -1); err != nil {
+		t.Fatal(err)
+	}
+	after := r.Tensors(groupFP8)
+	if len(after) != len(before) {
+		t.Errorf("resharded to TP=2 × PP=2: %d FP8 states, the source %d", len(after), len(before))
+	}
+	for name, want := range before {
+		got, _, err := r.ReadWhole(groupFP8, name)
+		if err != nil || !slices.Equal(got, want) {
+			t.Errorf("resharded FP8 state of %s: %v (%v), the source's %v", name, got, err, want)
+		}
 	}
 	r.Close()
 	var log strings.Builder

@@ -52,7 +52,7 @@ func Reshard(ctx context.Context, src, dst string, l ReshardLayout) (int, error)
 	sf.LR, sf.UseCheckpointOptParamScheduler = 1, true // the checkpoint's schedule
 	cfg := Config{Model: ra.Model, SeqLength: ra.SeqLength, MicroBatchSize: 1, GlobalBatchSize: l.DP * l.PP,
 		TrainSamples: max(consumed, 1), Schedule: sf, Load: src, Args: ra.CLI, FP16: ra.LossScaler != nil,
-		NoLoadOptim: !hasOptim, NoSaveOptim: !hasOptim, EvalIters: 0}
+		NoLoadOptim: !hasOptim, NoSaveOptim: !hasOptim, EvalIters: 0, carryFP8: true}
 	if ra.OptimizerKind == "sgd" {
 		cfg.Optimizer = SGD
 	}

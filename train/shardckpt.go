@@ -212,6 +212,9 @@ func (ck *checkpointer) checkpointPieces(st *optim.State) ([]ckpt.Piece, error) 
 		// amax reduction group (TP × DP × CP) holds the same, so one
 		// copy per pipeline stage's layers.
 		state := ck.stepper.fp8().DelayedState()
+		if state == nil {
+			state = ck.fp8Carried
+		}
 		for _, name := range slices.Sorted(maps.Keys(state)) {
 			v := state[name]
 			out = append(out, ckpt.Piece{Group: groupFP8, Name: name, GlobalShape: []int{len(v)}, Block: ckpt.Whole([]int{len(v)}), Data: v})
@@ -538,12 +541,15 @@ const groupFP8 = "fp8"
 // uninterrupted one would. A checkpoint without them (saved before they
 // were kept, or by a run without the delayed recipe) starts them afresh,
 // and says so. Histories of another length are refused naming the flag.
+// Reshard's run, without FP8, keeps this rank's part as it is read and
+// writes it into the checkpoint it saves (Config.carryFP8).
 func (ck *checkpointer) readFP8State(root string, r *ckpt.Reader) error {
 	f := ck.stepper.fp8()
-	if f.DelayedState() == nil {
+	delayed := f.DelayedState() != nil
+	switch {
+	case !delayed && !(ck.cfg.carryFP8 && r.Has(groupFP8)):
 		return nil
-	}
-	if !r.Has(groupFP8) {
+	case !r.Has(groupFP8):
 		ck.printf("--fp8-recipe delayed: the checkpoint %s keeps no amax histories: they start afresh (scale 1)", root)
 		return nil
 	}
@@ -558,6 +564,10 @@ func (ck *checkpointer) readFP8State(root string, r *ckpt.Reader) error {
 			return fmt.Errorf("train: --load: %w", err)
 		}
 		saved[p.Name] = v
+	}
+	if !delayed {
+		ck.fp8Carried = saved
+		return nil
 	}
 	if err := f.RestoreDelayed(saved); err != nil {
 		return fmt.Errorf("train: --load %s: %w", root, err)
