@@ -14,8 +14,8 @@ import (
 // TestFP8DelayedResume: a delayed-FP8 run stopped at iteration 3 and
 // resumed logs the uninterrupted run's losses bit for bit — the
 // checkpoint keeps every linear layer's amax histories and scales (group
-// "fp8") — in one process, at DP=2 with the distributed optimizer, and on
-// PP=2 with two virtual stages a rank. Resuming on another layout reads
+// "fp8") — in one process, at DP=2 with the distributed optimizer, at
+// TP=2 and on PP=2 with two virtual stages a rank. Resuming on another layout reads
 // the same histories (one copy, the amax reduction made them equal). A
 // checkpoint whose histories have another length is refused naming the
 // flag; one without them starts them afresh, saying so. gotron ckpt
@@ -36,6 +36,7 @@ func TestFP8DelayedResume(t *testing.T) {
 	layouts := []layout{
 		{"one process", func(c Config) []dpRun { return runDP(t, c, 0, ddp.Config{}, train, valid) }},
 		{"DP=2", func(c Config) []dpRun { return runDP(t, c, 2, dist, train, valid) }},
+		{"TP=2", func(c Config) []dpRun { return runPP(t, c, ppLayout{tp: 2, pp: 1, dp: 1}, train, valid) }},
 		{"PP=2 VPP=2", func(c Config) []dpRun {
 			return runPP(t, c, ppLayout{tp: 1, pp: 2, dp: 1, split: gpt.PipelineSplit{PP: 2, VPP: 2}}, train, valid)
 		}},
