@@ -432,7 +432,7 @@ func (c *Collector) Prepare(ctx context.Context, m train.Model, eval *tensor.Tap
 				k, numel(gen.Params()), numel(gm.Params()), c.cfg.InferenceTP.Size())
 		}
 	}
-	col, rows, err := c.collect(ctx, gm, gen, k)
+	col, rows, err := c.collect(ctx, gen, k)
 	if err != nil {
 		return err
 	}
@@ -744,10 +744,11 @@ func (c *Collector) broadcastRollouts(ctx context.Context, hdr, lens []int64, to
 
 // collect draws the prompts of collection k and generates their rollouts.
 // Every rank draws all P prompts (one stream, the same on every rank) and
-// generates the rollouts it owns; each rollout samples from its own stream,
+// generates, with gen (the model, or its inference layout's shards), the
+// rollouts it owns (generates); each rollout samples from its own stream,
 // seeded by the collection and the rollout's index, so its tokens do not
 // depend on which rank generates it nor on what else is in the batch.
-func (c *Collector) collect(ctx context.Context, m, gen *gpt.Model, k int64) (Collection, []row, error) {
+func (c *Collector) collect(ctx context.Context, gen *gpt.Model, k int64) (Collection, []row, error) {
 	// A signal does not stop the collection (generate), nor the ranks'
 	// exchange of its rewards: every rank finishes the iteration.
 	ctx = context.WithoutCancel(ctx)
