@@ -49,7 +49,14 @@ func (tp *Tape) CausalConvSiLURuns(x, w *Tensor, runs []RecurrentRun) *Tensor {
 	k := w.Numel() / c
 	x = tp.Contiguous(x)
 	out := tp.EmptyLike(x, 1, n, c)
-	if !hostOnly(tp, "CausalConvSiLURuns", x, w) || !checkRuns(tp, "CausalConvSiLURuns", runs, n, (k-1)*c) {
+	if !checkRuns(tp, "CausalConvSiLURuns", runs, n, (k-1)*c) {
+		return out
+	}
+	if x.dev == CUDA && w.dev == CUDA {
+		cudaCausalConvSiLURuns(out, x, w.Contiguous(), runs, c, k)
+		return out
+	}
+	if !hostOnly(tp, "CausalConvSiLURuns", x, w) {
 		return out
 	}
 	o, xs, ws := out.f32s(), x.f32s(), w.f32s()
@@ -85,7 +92,19 @@ func (tp *Tape) GatedDeltaRuleRuns(q, k, v, g, beta *Tensor, scale float64, runs
 	}
 	q, k, v, g, beta = tp.Contiguous(q), tp.Contiguous(k), tp.Contiguous(v), tp.Contiguous(g), tp.Contiguous(beta)
 	out := tp.EmptyLike(v, 1, n, heads, dv)
-	if !hostOnly(tp, "GatedDeltaRuleRuns", q, k, v, g, beta) || !checkRuns(tp, "GatedDeltaRuleRuns", runs, n, heads*dk*dv) {
+	if !checkRuns(tp, "GatedDeltaRuleRuns", runs, n, heads*dk*dv) {
+		return out
+	}
+	if allCUDA(q, k, v, g, beta) {
+		qr, kr := cudaRepeatHeads(q, n, kh, heads, dk), cudaRepeatHeads(k, n, kh, heads, dk)
+		cudaGatedDeltaRuleRuns(out, qr, kr, v, g, beta, runs, heads, dk, dv, scale)
+		if kh != heads {
+			qr.dbuf.free()
+			kr.dbuf.free()
+		}
+		return out
+	}
+	if !hostOnly(tp, "GatedDeltaRuleRuns", q, k, v, g, beta) {
 		return out
 	}
 	f := &deltaRule{s: cpu.DeltaRuleShape{B: 1, T: n, Heads: heads, DK: dk, DV: dv}, keyHeads: kh}

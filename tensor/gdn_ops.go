@@ -10,11 +10,11 @@ import (
 // The ops of Megatron's gated delta net layer (model/gpt's hybrid model)
 // and of its attention output gate. They compute with internal/cpu's
 // kernels on host memory (the CPU and the simulated device, whose buffers
-// are host memory). The output gate and the causal convolution have CUDA
-// kernels (cuda_backend_gate.go, cuda_backend_gdn.go: built, not yet run on
-// a GPU); for the others a
-// CUDA input fails the tape (gpt.Config.CheckDevice refuses such a model
-// first). Each is a Function: Forward keeps what Backward needs.
+// are host memory) and with CUDA kernels on the GPU (cuda_backend_gate.go,
+// cuda_backend_gdn.go: built, not yet run on a GPU, so gpt.Config.CheckDevice
+// refuses such a model on --device cuda unless GOTRON_CUDA_UNVERIFIED names
+// gdn or output-gate). Each is a Function: Forward keeps what Backward
+// needs.
 
 // hostOnly fails tp when x is on a device whose memory the host cannot
 // read, naming op; it reports whether the op can run.
@@ -22,6 +22,17 @@ func hostOnly(tp *Tape, op string, xs ...*Tensor) bool {
 	for _, x := range xs {
 		if x.dev == CUDA {
 			tp.Fail(fmt.Errorf("tensor: %s has no CUDA kernel in this release (it runs on the CPU)", op))
+			return false
+		}
+	}
+	return true
+}
+
+// allCUDA reports whether every x is on the GPU (a mix fails the tape in
+// hostOnly).
+func allCUDA(xs ...*Tensor) bool {
+	for _, x := range xs {
+		if x.dev != CUDA {
 			return false
 		}
 	}
@@ -95,6 +106,10 @@ type l2Norm struct {
 func (f *l2Norm) Forward(tp *Tape, in []*Tensor) []*Tensor {
 	f.x = in[0]
 	out := tp.EmptyLike(in[0], in[0].shape...)
+	if in[0].dev == CUDA {
+		cudaL2NormForward(out, in[0], f.n, f.d, f.eps)
+		return []*Tensor{out}
+	}
 	if hostOnly(tp, "L2Norm", in...) {
 		cpu.L2NormForward(out.f32s(), in[0].f32s(), f.n, f.d, f.eps)
 	}
@@ -103,6 +118,10 @@ func (f *l2Norm) Forward(tp *Tape, in []*Tensor) []*Tensor {
 
 func (f *l2Norm) Backward(tp *Tape, g []*Tensor) []*Tensor {
 	dx := zeroGrad(tp, f.x)
+	if f.x.dev == CUDA {
+		cudaL2NormBackward(dx, g[0].Contiguous(), f.x, f.n, f.d, f.eps)
+		return []*Tensor{dx}
+	}
 	if hostOnly(tp, "L2Norm", f.x) {
 		cpu.L2NormBackward(dx.f32s(), g[0].Contiguous().f32s(), f.x.f32s(), f.n, f.d, f.eps)
 	}
@@ -131,6 +150,10 @@ type gdnGates struct {
 func (f *gdnGates) Forward(tp *Tape, in []*Tensor) []*Tensor {
 	f.in = in
 	g, beta := tp.EmptyLike(in[0], f.shape...), tp.EmptyLike(in[0], f.shape...)
+	if allCUDA(in...) {
+		cudaGDNGatesForward(g, beta, in[0], in[1], in[2].Contiguous(), in[3].Contiguous(), f.n, f.h)
+		return []*Tensor{g, beta}
+	}
 	if hostOnly(tp, "GDNGates", in...) {
 		cpu.GDNGatesForward(g.f32s(), beta.f32s(), in[0].f32s(), in[1].f32s(), in[2].f32s(), in[3].f32s(), f.n, f.h)
 	}
@@ -141,6 +164,10 @@ func (f *gdnGates) Backward(tp *Tape, g []*Tensor) []*Tensor {
 	d := make([]*Tensor, 4)
 	for i := range d {
 		d[i] = zeroGrad(tp, f.in[i])
+	}
+	if allCUDA(f.in...) {
+		cudaGDNGatesBackward(d, g[0].Contiguous(), g[1].Contiguous(), f.in[0], f.in[1], f.in[2].Contiguous(), f.in[3].Contiguous(), f.n, f.h)
+		return d
 	}
 	if hostOnly(tp, "GDNGates", f.in...) {
 		cpu.GDNGatesBackward(d[0].f32s(), d[1].f32s(), d[2].f32s(), d[3].f32s(), g[0].Contiguous().f32s(), g[1].Contiguous().f32s(),
@@ -181,7 +208,9 @@ func (tp *Tape) gatedDeltaRule(q, k, v, g, beta *Tensor, scale float64, chunk in
 		panic(fmt.Sprintf("tensor: GatedDeltaRule of q %v, k %v, v %v, g %v, beta %v, chunk %d", q.shape, k.shape, v.shape, g.shape, beta.shape, chunk))
 	}
 	f := &deltaRule{s: cpu.DeltaRuleShape{B: b, T: t, Heads: heads, DK: dk, DV: dv, Scale: scale, Chunk: chunk}, keyHeads: kh, recurrent: recurrent}
-	return tp.Apply(f, tp.Contiguous(q), tp.Contiguous(k), tp.Contiguous(v), tp.Contiguous(g), tp.Contiguous(beta))[0]
+	in := []*Tensor{tp.Contiguous(q), tp.Contiguous(k), tp.Contiguous(v), tp.Contiguous(g), tp.Contiguous(beta)}
+	f.forwardOnly = !tp.wantsGrad(in...)
+	return tp.Apply(f, in...)[0]
 }
 
 func sameShape(a, b []int) bool {
@@ -200,15 +229,34 @@ type deltaRule struct {
 	s         cpu.DeltaRuleShape
 	keyHeads  int
 	recurrent bool // the reference recurrence, not the chunked form
-	in        []*Tensor
-	q, k      []float32 // repeated to s.Heads
-	saved     []float32
+	// forwardOnly: no Backward will run (the GPU keeps no states then)
+	forwardOnly bool
+	in          []*Tensor
+	q, k        []float32 // repeated to s.Heads
+	saved       []float32
+	// On the GPU: q and k repeated to s.Heads (the inputs themselves
+	// without GQA) and the saved states.
+	qDev, kDev, savedDev *Tensor
 }
 
 func (f *deltaRule) Forward(tp *Tape, in []*Tensor) []*Tensor {
 	f.in = in
 	s := f.s
 	out := tp.EmptyLike(in[2], s.B, s.T, s.Heads, s.DV)
+	if allCUDA(in...) {
+		// The GPU runs the recurrence for the chunked form too
+		// (cuda_backend_gdn.go).
+		f.qDev = cudaRepeatHeads(in[0], s.B*s.T, f.keyHeads, s.Heads, s.DK)
+		f.kDev = cudaRepeatHeads(in[1], s.B*s.T, f.keyHeads, s.Heads, s.DK)
+		if f.forwardOnly {
+			s.Chunk = s.T // one saved state a sequence and head, dropped below
+		}
+		f.savedDev = cudaDeltaRuleForward(out, f.qDev, f.kDev, in[2], in[3], in[4], s)
+		if f.forwardOnly {
+			f.freeDev()
+		}
+		return []*Tensor{out}
+	}
 	if !hostOnly(tp, "GatedDeltaRule", in...) {
 		return []*Tensor{out}
 	}
@@ -257,6 +305,10 @@ func (f *deltaRule) Backward(tp *Tape, g []*Tensor) []*Tensor {
 	for i := range d {
 		d[i] = zeroGrad(tp, f.in[i])
 	}
+	if f.savedDev != nil {
+		f.cudaBackward(d, g[0].Contiguous())
+		return d
+	}
 	if !hostOnly(tp, "GatedDeltaRule", f.in...) {
 		return d
 	}
@@ -276,6 +328,35 @@ func (f *deltaRule) Backward(tp *Tape, g []*Tensor) []*Tensor {
 	}
 	f.saved, f.q, f.k = nil, nil, nil
 	return d
+}
+
+// cudaBackward is Backward on the GPU: into d's buffers, through
+// repeated-head scratch with GQA.
+func (f *deltaRule) cudaBackward(d []*Tensor, dout *Tensor) {
+	s := f.s
+	dq, dk := d[0], d[1]
+	if f.keyHeads != s.Heads {
+		dq, dk = NewOn(CUDA, Float32, f.qDev.shape...), NewOn(CUDA, Float32, f.kDev.shape...)
+		defer dq.dbuf.free()
+		defer dk.dbuf.free()
+	}
+	cudaDeltaRuleBackward(dq, dk, d[2], d[3], d[4], dout, f.savedDev, f.qDev, f.kDev, f.in[2], f.in[3], f.in[4], s)
+	if f.keyHeads != s.Heads {
+		cudaFoldHeads(d[0], dq, s.B*s.T, f.keyHeads, s.Heads, s.DK)
+		cudaFoldHeads(d[1], dk, s.B*s.T, f.keyHeads, s.Heads, s.DK)
+	}
+	f.freeDev()
+}
+
+// freeDev returns the GPU scratch the forward kept: the saved states and
+// the repeated heads (not the inputs themselves).
+func (f *deltaRule) freeDev() {
+	if f.keyHeads != f.s.Heads {
+		f.qDev.dbuf.free()
+		f.kDev.dbuf.free()
+	}
+	f.savedDev.dbuf.free()
+	f.savedDev, f.qDev, f.kDev = nil, nil, nil
 }
 
 // SigmoidGate is x·sigmoid(gate) for x and gate of one shape (Megatron's

@@ -26,12 +26,19 @@ func outputGateTiny() Config {
 	return c
 }
 
+// gdnTiny is gdnGoldenConfig's hybrid model (gated delta net layers with
+// GQA, attention layers) without the attention output gate.
+func gdnTiny() Config {
+	c := gdnGoldenConfig()
+	c.AttentionOutputGate = false
+	return c
+}
+
 // TestCheckDeviceUnverified: on --device cuda the squared ReLU, the
-// output gate and multi-latent attention are refused, naming the GOTRON_CUDA_UNVERIFIED feature that
-// allows them and that they have not run on a GPU, and allowed when the
-// variable names them (or is 1 or all); the gated delta net, which has no
-// kernel, stays refused whatever it says. The CPU and the simulated device
-// take them all.
+// output gate, multi-latent attention and the gated delta net are refused,
+// naming the GOTRON_CUDA_UNVERIFIED feature that allows them and that they
+// have not run on a GPU, and allowed when the variable names them (or is 1
+// or all). The CPU and the simulated device take them all.
 func TestCheckDeviceUnverified(t *testing.T) {
 	env := func(v string) func(string) string {
 		return func(k string) string {
@@ -51,6 +58,7 @@ func TestCheckDeviceUnverified(t *testing.T) {
 		{"output-gate", outputGateTiny(), "--attention-output-gate", "output-gate"},
 		{"mla", mlaTiny(), "--multi-latent-attention", "mla"},
 		{"mla-wide", mlaWideTiny(), "--multi-latent-attention", "mla"},
+		{"gdn", gdnTiny(), "--experimental-attention-variant gated_delta_net", "gdn"},
 	} {
 		err := c.cfg.CheckDeviceEnv(tensor.CUDA, env(""))
 		if err == nil || !strings.Contains(err.Error(), c.flag+" with --device cuda") ||
@@ -76,9 +84,9 @@ func TestCheckDeviceUnverified(t *testing.T) {
 	if err := both.CheckDeviceEnv(tensor.CUDA, env("sqrelu")); err == nil || !strings.Contains(err.Error(), "output-gate") {
 		t.Errorf("squared ReLU and output gate with only sqrelu named: %v, want the output gate refused", err)
 	}
-	gdn := gdnGoldenConfig()
-	if err := gdn.CheckDeviceEnv(tensor.CUDA, env("1")); err == nil || !strings.Contains(err.Error(), "no CUDA kernel") {
-		t.Errorf("gated delta net with GOTRON_CUDA_UNVERIFIED=1: %v, want a refusal (no kernel)", err)
+	gated := gdnGoldenConfig() // gated delta net and output gate
+	if err := gated.CheckDeviceEnv(tensor.CUDA, env("gdn")); err == nil || !strings.Contains(err.Error(), "output-gate") {
+		t.Errorf("gated delta net and output gate with only gdn named: %v, want the output gate refused", err)
 	}
 }
 
@@ -104,10 +112,11 @@ func mlaWideTiny() Config {
 	return c
 }
 
-// TestSimVariantsMatchCPU: the squared-ReLU and output-gate models' training
-// step and decoding on the simulated device are the CPU's bit for bit.
+// TestSimVariantsMatchCPU: the squared-ReLU, output-gate and gated delta
+// net models' training step and decoding on the simulated device are the
+// CPU's bit for bit.
 func TestSimVariantsMatchCPU(t *testing.T) {
-	for _, cfg := range []Config{sqreluTiny(), outputGateTiny()} {
+	for _, cfg := range []Config{sqreluTiny(), outputGateTiny(), gdnTiny()} {
 		c, bt := deviceCase(cfg)
 		cl, cg := deviceStep(t, c, bt, tensor.CPU, Recompute{Selective: true})
 		sl, sg := deviceStep(t, c, bt, tensor.Sim, Recompute{Selective: true})
@@ -122,19 +131,21 @@ func TestSimVariantsMatchCPU(t *testing.T) {
 	}
 }
 
-// TestCUDAVariantsMatchCPU: the squared-ReLU and output-gate models (their
-// CUDA kernels: elem.cu's elem_sqrelu_* and elem_sigmoid_gate_*) give the
-// CPU's loss, every gradient (with each recomputation) and the decoding
-// logits within float32 tolerance on a GPU. It skips without one, and runs
-// each variant only when GOTRON_CUDA_UNVERIFIED names its feature (sqrelu,
-// output-gate), as training does: built, not yet run on a GPU
-// (tools/gpu/check.sh unverified).
+// TestCUDAVariantsMatchCPU: the squared-ReLU, output-gate and gated delta
+// net models (their CUDA kernels: elem.cu's elem_sqrelu_* and
+// elem_sigmoid_gate_*, gdn.cu's) give the CPU's loss, every gradient (with
+// each recomputation) and the decoding logits within float32 tolerance on a
+// GPU (the GPU's delta rule is the recurrence, the CPU's training forward
+// the chunked form). It skips without one, and runs each variant only when
+// GOTRON_CUDA_UNVERIFIED names its feature (sqrelu, output-gate, gdn), as
+// training does: built, not yet run on a GPU (tools/gpu/check.sh
+// unverified).
 func TestCUDAVariantsMatchCPU(t *testing.T) {
 	if err := tensor.OpenCUDA(0, tensor.CUDAOptions{}); err != nil {
 		t.Skipf("no CUDA device: %v", err)
 	}
 	const tol = 1e-3
-	for name, cfg := range map[string]Config{"sqrelu": sqreluTiny(), "output-gate": outputGateTiny()} {
+	for name, cfg := range map[string]Config{"sqrelu": sqreluTiny(), "output-gate": outputGateTiny(), "gdn": gdnTiny()} {
 		t.Run(name, func(t *testing.T) {
 			if err := cfg.CheckDevice(tensor.CUDA); err != nil {
 				t.Skip(err)

@@ -119,7 +119,7 @@ func TestGDNConfig(t *testing.T) {
 	if err := one.CheckTP(2, false, 0); err == nil || !strings.Contains(err.Error(), "--linear-num-key-heads=1 is not divisible by --tensor-model-parallel-size=2") {
 		t.Fatalf("CheckTP(2) with one key head: %v", err)
 	}
-	if err := c.CheckDevice(tensor.CUDA); err == nil || !strings.Contains(err.Error(), "no CUDA kernel") {
+	if err := c.CheckDeviceEnv(tensor.CUDA, func(string) string { return "" }); err == nil || !strings.Contains(err.Error(), "GOTRON_CUDA_UNVERIFIED=gdn") {
 		t.Fatalf("CheckDevice(cuda): %v", err)
 	}
 }

@@ -352,10 +352,10 @@ func (m *Model) ToDevice(dev tensor.Device) { tensor.MoveParams(dev, m.Params().
 func (c *Config) CheckDevice(dev tensor.Device) error { return c.CheckDeviceEnv(dev, os.Getenv) }
 
 // CheckDeviceEnv is CheckDevice reading GOTRON_CUDA_UNVERIFIED through
-// getenv. On --device cuda the gated delta net and DSA have no CUDA
-// kernels in this release; the squared ReLU (sqrelu), the attention output
-// gate (output-gate) and multi-latent attention (mla) are built but have
-// not run on a GPU, and run only when the variable names them
+// getenv. On --device cuda DSA has no CUDA kernels in this release; the
+// squared ReLU (sqrelu), the attention output gate (output-gate),
+// multi-latent attention (mla) and the gated delta net (gdn) are built but
+// have not run on a GPU, and run only when the variable names them
 // (tensor.CUDAUnverified). The CPU and the simulated device run them all.
 func (c *Config) CheckDeviceEnv(dev tensor.Device, getenv func(string) string) error {
 	if dev != tensor.CUDA {
@@ -381,7 +381,9 @@ func (c *Config) CheckDeviceEnv(dev tensor.Device, getenv func(string) string) e
 		}
 	}
 	if c.GDN.Enabled {
-		return fmt.Errorf("gpt: --experimental-attention-variant gated_delta_net with --device cuda: the gated delta net's convolution and delta rule have no CUDA kernel in this release (they run on --device cpu and sim)")
+		if err := unverified("--experimental-attention-variant gated_delta_net", "the gated delta net's CUDA kernels (convolution, L2Norm, gates, the delta rule by its recurrence, the decoding runs) are", "gdn"); err != nil {
+			return err
+		}
 	}
 	if c.AttentionOutputGate {
 		if err := unverified("--attention-output-gate", "the attention output gate's CUDA kernels are", "output-gate"); err != nil {

@@ -116,6 +116,30 @@ func OpCases() []OpCase {
 				return tp.CausalConvSiLU(x, in[1])
 			},
 			Unverified: "gdn"},
+		{Name: "l2norm", Inputs: func() []*tensor.Tensor { return []*tensor.Tensor{normal("x", 1.5, 2, 5, 3, 8)} },
+			Run: func(tp *tensor.Tape, in []*tensor.Tensor) *tensor.Tensor {
+				x := tp.Narrow(tp.Concat(2, in[0], in[0]), 2, 2, 3) // strided, as the split of q|k
+				return tp.L2Norm(x, 1e-6)
+			},
+			Unverified: "gdn"},
+		{Name: "gdn-gates", Inputs: func() []*tensor.Tensor {
+			return []*tensor.Tensor{normal("alpha", 3, 2, 5, 4), normal("b", 2, 2, 5, 4), normal("A_log", 0.5, 4), normal("dt_bias", 1, 4)}
+		}, Run: func(tp *tensor.Tape, in []*tensor.Tensor) *tensor.Tensor {
+			alpha := tp.Narrow(tp.Concat(2, in[1], in[0]), 2, 4, 4) // strided
+			g, beta := tp.GDNGates(alpha, in[1], in[2], in[3])
+			return tp.Concat(2, g, beta)
+		}, Unverified: "gdn"},
+		{Name: "gated-delta-rule", Inputs: gatedDeltaRuleInputs,
+			Run: func(tp *tensor.Tape, in []*tensor.Tensor) *tensor.Tensor {
+				// the gated delta net's path: normalised q, k of 2 key heads
+				// for 4 value heads, gates, chunks of 4 steps over 9, in
+				// the chunked form and by the recurrence (the GPU runs the
+				// recurrence for both)
+				q, k, v, g, beta := gatedDeltaRuleOperands(tp, in)
+				o := tp.GatedDeltaRule(q, k, v, g, beta, 0.5, 4)
+				return tp.Add(o, tp.Scale(tp.GatedDeltaRuleRecurrent(q, k, v, g, beta, 0.5, 3), 0.5))
+			},
+			Unverified: "gdn"},
 		{Name: "swiglu-softmax", Inputs: func() []*tensor.Tensor { return []*tensor.Tensor{normal("x", 2, 3, 2*21)} },
 			Run: func(tp *tensor.Tape, in []*tensor.Tensor) *tensor.Tensor { return tp.Softmax(tp.SwiGLU(in[0])) }},
 		{Name: "bias-gelu", Inputs: func() []*tensor.Tensor { return []*tensor.Tensor{normal("y", 2, 3, 5, 37), normal("b", 1, 37)} },
@@ -268,4 +292,20 @@ func closeAll(what string, got, want [][]float32, tol float64) error {
 		}
 	}
 	return nil
+}
+
+// gatedDeltaRuleInputs are the gated-delta-rule case's inputs: q|k (2
+// sequences of 9 steps, 2 key heads each of 4), v (4 heads of 3), the
+// gates' alpha and b, A_log and dt_bias.
+func gatedDeltaRuleInputs() []*tensor.Tensor {
+	return []*tensor.Tensor{normal("qk", 1, 2, 9, 4, 4), normal("v", 1, 2, 9, 4, 3), normal("alpha", 1, 2, 9, 4), normal("beta_in", 1.5, 2, 9, 4),
+		normal("A_log", 0.3, 4), normal("dt_bias", 0.5, 4)}
+}
+
+// gatedDeltaRuleOperands is model/gpt's path to the delta rule's operands.
+func gatedDeltaRuleOperands(tp *tensor.Tape, in []*tensor.Tensor) (q, k, v, g, beta *tensor.Tensor) {
+	qk := tp.L2Norm(in[0], 1e-6)
+	heads := tp.Split(qk, 2, 2, 2)
+	g, beta = tp.GDNGates(in[2], in[3], in[4], in[5])
+	return heads[0], heads[1], in[1], g, beta
 }

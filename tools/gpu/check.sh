@@ -71,12 +71,11 @@ unverified_tests() {
 	# default).
 	run unverified-fusion 180 "$bin/tensor_backendtest.test" -test.v -test.run 'TestCUDAFusedOps'
 	# The squared ReLU and the attention output gate (elem.cu: sqrelu,
-	# output-gate) and the gated delta net's causal convolution (gdn.cu:
-	# gdn): the ops against the CPU, then a model step with each of the
-	# first two (loss, every gradient, decoding).
+	# output-gate) and the gated delta net (gdn.cu: gdn): the ops against
+	# the CPU, then a model step with each (loss, every gradient, decoding).
 	run unverified-sqrelu-gate-op 120 env GOTRON_CUDA_UNVERIFIED=sqrelu,output-gate,gdn "$bin/tensor_backendtest.test" -test.v \
-		-test.run 'TestCUDAOps/(squared-relu|sigmoid-gate|causal-conv-silu)'
-	run unverified-sqrelu-gate 180 env GOTRON_CUDA_UNVERIFIED=sqrelu,output-gate "$bin/model_gpt.test" -test.v -test.run 'TestCUDAVariantsMatchCPU'
+		-test.run 'TestCUDAOps/(squared-relu|sigmoid-gate|causal-conv-silu|l2norm|gdn-gates|gated-delta-rule)'
+	run unverified-sqrelu-gate 180 env GOTRON_CUDA_UNVERIFIED=sqrelu,output-gate,gdn "$bin/model_gpt.test" -test.v -test.run 'TestCUDAVariantsMatchCPU'
 	# Multi-latent attention (mla): model steps and decoding against the
 	# CPU, 144-channel heads by chunks of heads included.
 	run unverified-mla 180 env GOTRON_CUDA_UNVERIFIED=mla "$bin/model_gpt.test" -test.v -test.run 'TestCUDAMLAMatchesCPU'
