@@ -20,11 +20,16 @@ import (
 //     forward, as TE's cast-transpose), split accumulator;
 //   - wgrad dw = gᵀ·x: g's and x's transposed casts, split accumulator;
 //
-// accumulated into the gradients (β = 1), as the CPU's emulation. The
-// tensorwise recipe only: the delayed recipe's histories live on the host
-// (refused on CUDA). cuBLASLt's FP8 matmul needs the rows, in and out
-// features to be multiples of 16, and a GPU of compute capability 8.9 or
-// newer.
+// accumulated into the gradients (β = 1), as the CPU's emulation. Under
+// the tensorwise recipe each operand's scale comes from its own amax on
+// the device; under the delayed recipe from its history (fp8.History,
+// on the host: the scale is written on the stream by fp8_scale_set) and
+// its amax goes, by the amax kernel's atomic maximum, into the linear
+// layer's device amaxes (History[0] of its input, weight and gradient
+// histories), which FoldFP8DeviceAmaxes moves into the histories at the
+// recipe's update: one read-back per update for every layer, none per
+// product. cuBLASLt's FP8 matmul needs the rows, in and out features to
+// be multiples of 16, and a GPU of compute capability 8.9 or newer.
 
 // cudaFP8 turns the CUDA backend's FP8 products on (SetCUDAFP8).
 var cudaFP8 atomic.Bool
@@ -61,19 +66,36 @@ func (q *fp8DevTensor) transposed() cuda.FP8Operand {
 	return cuda.FP8Operand{Data: q.codeT.ptr, Type: q.dataType(), ScaleInv: q.scal.ptr + 8}
 }
 
+// fp8Delayed is the delayed recipe's quantization of one operand: the
+// history's scale (or a recomputation's replayed one) and where its amax
+// goes (0: a replay, which records none).
+type fp8Delayed struct {
+	scale float32
+	amax  cuda.Ptr
+}
+
 // quantizeFP8 quantizes x (contiguous float32 rows×cols on the GPU; bf16:
-// rounded to bfloat16 first) to f with its own tensorwise scale, writing
-// the straight codes, the transposed ones, or both.
-func (b cudaBackend) quantizeFP8(x *Tensor, rows, cols int, f fp8.Format, bf16, straight, transposed bool) *fp8DevTensor {
+// rounded to bfloat16 first) to f, writing the straight codes, the
+// transposed ones, or both: with its own tensorwise scale when d is nil,
+// else with d's scale, its amax into d.amax.
+func (b cudaBackend) quantizeFP8(x *Tensor, rows, cols int, f fp8.Format, bf16, straight, transposed bool, d *fp8Delayed) *fp8DevTensor {
 	n := rows * cols
 	q := &fp8DevTensor{f: f, scal: b.rt.newBuf(12)}
-	b.rt.timed("memset of an FP8 amax", func() {
-		if err := b.rt.dev.Memset(q.scal.ptr, 4); err != nil {
-			panic(fmt.Sprintf("tensor: clearing an FP8 amax on CUDA: %v", err))
+	amaxGrid := [3]int{min((n+255)/256, 65535*8), 1, 1}
+	if d == nil {
+		b.rt.timed("memset of an FP8 amax", func() {
+			if err := b.rt.dev.Memset(q.scal.ptr, 4); err != nil {
+				panic(fmt.Sprintf("tensor: clearing an FP8 amax on CUDA: %v", err))
+			}
+		})
+		b.launch("fp8_amax_f32", amaxGrid, [3]int{256, 1, 1}, 0, fp8AmaxArgs(q.scal.ptr, devPtr(x), n, bf16)...)
+		b.launch("fp8_scale_tensorwise", [3]int{1, 1, 1}, [3]int{32, 1, 1}, 0, fp8ScaleArgs(q.scal.ptr, f)...)
+	} else {
+		if d.amax != 0 {
+			b.launch("fp8_amax_f32", amaxGrid, [3]int{256, 1, 1}, 0, fp8AmaxArgs(d.amax, devPtr(x), n, bf16)...)
 		}
-	})
-	b.launch("fp8_amax_f32", [3]int{min((n+255)/256, 65535*8), 1, 1}, [3]int{256, 1, 1}, 0, fp8AmaxArgs(q.scal.ptr, devPtr(x), n, bf16)...)
-	b.launch("fp8_scale_tensorwise", [3]int{1, 1, 1}, [3]int{32, 1, 1}, 0, fp8ScaleArgs(q.scal.ptr, f)...)
+		b.launch("fp8_scale_set", [3]int{1, 1, 1}, [3]int{32, 1, 1}, 0, fp8ScaleSetArgs(q.scal.ptr, d.scale)...)
+	}
 	if straight {
 		q.codes = b.rt.newBuf(int64(n))
 		b.launch1D("fp8_cast_f32", n, fp8CastArgs(q.codes.ptr, devPtr(x), q.scal.ptr, n, f, bf16)...)
@@ -104,6 +126,10 @@ func fp8ScaleArgs(scal cuda.Ptr, f fp8.Format) []any {
 	return []any{uintptr(scal + 4), uintptr(scal + 8), uintptr(scal), f.Max()}
 }
 
+func fp8ScaleSetArgs(scal cuda.Ptr, scale float32) []any {
+	return []any{uintptr(scal + 4), uintptr(scal + 8), scale, fp8.ScaleInv(scale)}
+}
+
 func fp8CastArgs(out, x, scal cuda.Ptr, n int, f fp8.Format, bf16 bool) []any {
 	return []any{uintptr(out), uintptr(x), uintptr(scal + 4), int64(n), int32(f), int32(b2i32(bf16))}
 }
@@ -126,8 +152,8 @@ func (tp *Tape) linearFP8CUDA(x, x2, w, b *Tensor, q *FP8Linear, shape []int) *T
 	if !cudaFP8.Load() {
 		panic("tensor: LinearFP8 on the CUDA device: FP8 products on the GPU are built but have not run on a GPU; GOTRON_CUDA_UNVERIFIED=fp8 turns them on")
 	}
-	if q.Recipe.Kind != fp8.Tensorwise {
-		panic(fmt.Sprintf("tensor: LinearFP8 on the CUDA device: the %v recipe's amax histories live on the host; only tensorwise runs on the GPU", q.Recipe.Kind))
+	if q.Recipe.Kind != fp8.Tensorwise && q.Recipe.Kind != fp8.Delayed {
+		panic(fmt.Sprintf("tensor: LinearFP8 on the CUDA device: the %v recipe is not built on the GPU", q.Recipe.Kind))
 	}
 	if rows%16 != 0 || in%16 != 0 || outF%16 != 0 {
 		panic(fmt.Sprintf("tensor: LinearFP8 on the CUDA device: %d rows, %d in and %d out features: cuBLASLt's FP8 products need multiples of 16", rows, in, outF))
@@ -136,9 +162,17 @@ func (tp *Tape) linearFP8CUDA(x, x2, w, b *Tensor, q *FP8Linear, shape []int) *T
 	w = tp.Contiguous(w)
 	rec := tp.recording(x, w, b)
 	fwd := q.Recipe.ForwardFormat()
+	var delayedX, delayedW *fp8Delayed // the delayed recipe's scales (nil: tensorwise)
+	if q.Input != nil {
+		var replay fp8Scales
+		if tp != nil && (tp.nested || tp.replayed) { // activation recomputation, as the CPU's
+			replay = q.replayScales(tp.nested)
+		}
+		delayedX, delayedW = q.deviceDelayed(q.Input, 0, replay.input), q.deviceDelayed(q.Weight, 1, replay.weight)
+	}
 	// the backward's transposed casts are made now, as TE's cast-transpose
-	xq := be.quantizeFP8(x2, rows, in, fwd, q.BF16Activations, true, rec)
-	wq := be.quantizeFP8(w, outF, in, fwd, q.BF16Weight, true, rec)
+	xq := be.quantizeFP8(x2, rows, in, fwd, q.BF16Activations, true, rec, delayedX)
+	wq := be.quantizeFP8(w, outF, in, fwd, q.BF16Weight, true, rec, delayedW)
 	out := tp.empty(CUDA, shape...)
 	be.fp8Product(cuda.FP8RowMajor(rows, outF, in, xq.straight(), wq.straight(), devPtr(out), cuda.F32, 1, 0, true))
 	if b != nil {
@@ -150,7 +184,11 @@ func (tp *Tape) linearFP8CUDA(x, x2, w, b *Tensor, q *FP8Linear, shape []int) *T
 			g2 := g.view([]int{rows, outF}, []int{outF, 1}, g.offset)
 			dx, dw := tp.gradFor(x), tp.gradFor(w)
 			if dx != nil || dw != nil {
-				gq := be.quantizeFP8(g2, rows, outF, q.Recipe.GradFormat(), q.BF16Activations, dx != nil, dw != nil)
+				var delayedG *fp8Delayed
+				if q.Grad != nil {
+					delayedG = q.deviceDelayed(q.Grad, 2, 0)
+				}
+				gq := be.quantizeFP8(g2, rows, outF, q.Recipe.GradFormat(), q.BF16Activations, dx != nil, dw != nil, delayedG)
 				if dx != nil {
 					be.fp8Product(cuda.FP8RowMajor(rows, in, outF, gq.straight(), wq.transposed(), devPtr(dx), cuda.F32, 1, 1, false))
 				}
@@ -174,4 +212,61 @@ func (b cudaBackend) fp8Product(p cuda.LtParams) {
 			panic(fmt.Sprintf("tensor: LinearFP8 on CUDA: %v", err))
 		}
 	})
+}
+
+// deviceDelayed is the delayed quantization of one operand under history
+// h, slot (0 input, 1 weight, 2 gradient) of q's device amaxes: replay's
+// scale when not 0 (nothing recorded), else h's scale, h marked observed
+// (its amax comes from the device at the next FoldFP8DeviceAmaxes).
+func (q *FP8Linear) deviceDelayed(h *fp8.History, slot int, replay float32) *fp8Delayed {
+	if replay != 0 {
+		return &fp8Delayed{scale: replay}
+	}
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.devAmax == nil {
+		q.devAmax = newCUDA(Float32, []int{3}, true)
+	}
+	s := h.Scale()
+	h.Observe(0) // observed; 0 leaves History[0] as it is
+	return &fp8Delayed{scale: s, amax: devPtr(q.devAmax) + cuda.Ptr(4*slot)}
+}
+
+// FoldFP8DeviceAmaxes moves the amaxes the GPU observed for ls's delayed
+// histories since the last fold into the histories (History[0] becomes
+// the larger of the two) and clears them on the device: the delayed
+// recipe's update calls it first (gpt.FP8's EndForward and EndBackward),
+// so that the amax reduction and the update see what the CPU's
+// quantizations would have recorded. The device amaxes of every layer go
+// through one buffer and one read-back. Layers without device amaxes
+// (the CPU, the simulated device, tensorwise) are skipped: nothing to do.
+func FoldFP8DeviceAmaxes(ls []*FP8Linear) {
+	var on []*FP8Linear
+	for _, q := range ls {
+		q.mu.Lock()
+		if q.devAmax != nil {
+			on = append(on, q)
+		}
+		q.mu.Unlock()
+	}
+	if len(on) == 0 {
+		return
+	}
+	be := cudaBackend{rt: cudaRT()}
+	staging := be.empty(Float32, 3*len(on))
+	defer staging.dbuf.free()
+	for i, q := range on {
+		be.launch1D("paged_copy_u32", 3, be.ptr(staging)+uintptr(12*i), be.ptr(q.devAmax), int64(3))
+		be.Fill(q.devAmax, 0)
+	}
+	h := New(Float32, 3*len(on))
+	copyFromCUDA(h, staging, "FP8 delayed recipe: device amaxes")
+	v := h.f32s()
+	for i, q := range on {
+		for j, hist := range []*fp8.History{q.Input, q.Weight, q.Grad} {
+			if a := v[3*i+j]; a > hist.Current() {
+				hist.SetCurrent(a)
+			}
+		}
+	}
 }

@@ -19,6 +19,7 @@ func TestFP8ArgsMatchPTX(t *testing.T) {
 		for name, args := range map[string][]any{
 			"fp8_amax_f32":           fp8AmaxArgs(1, 1, 1, true),
 			"fp8_scale_tensorwise":   fp8ScaleArgs(1, fp8.E4M3),
+			"fp8_scale_set":          fp8ScaleSetArgs(1, 2),
 			"fp8_cast_f32":           fp8CastArgs(1, 1, 1, 1, fp8.E5M2, false),
 			"fp8_cast_transpose_f32": fp8CastTransposeArgs(1, 1, 1, 1, 1, fp8.E4M3, true),
 		} {

@@ -55,6 +55,9 @@ type FP8Linear struct {
 	// the recomputation quantizes with them and records no amax, as TE
 	// replays a recomputed module with its forward's fp8 meta.
 	replay []fp8Scales
+	// devAmax (on the GPU, the delayed recipe): the amaxes of the input,
+	// weight and gradient quantized since the last FoldFP8DeviceAmaxes.
+	devAmax *Tensor
 }
 
 // fp8Scales are the input and weight scales of one forward.
@@ -148,7 +151,7 @@ func (q *FP8Linear) replayScales(recompute bool) fp8Scales {
 // LinearFP8 is Linear (x·wᵀ + b, w (out, in)) with its products on FP8
 // operands as q says (FP8Linear): emulated on the CPU and the simulated
 // device; on the CUDA device, cuBLASLt's FP8 matmul (linearFP8CUDA, under
-// GOTRON_CUDA_UNVERIFIED=fp8, the tensorwise recipe only).
+// GOTRON_CUDA_UNVERIFIED=fp8).
 func (tp *Tape) LinearFP8(x, w, b *Tensor, q *FP8Linear) *Tensor {
 	mustF32("LinearFP8", x, w, b)
 	in := x.Dim(-1)

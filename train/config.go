@@ -20,7 +20,6 @@ import (
 
 	"github.com/gotron/gotron/ckpt"
 	datagpt "github.com/gotron/gotron/data/gpt"
-	"github.com/gotron/gotron/internal/fp8"
 	"github.com/gotron/gotron/model/gpt"
 	"github.com/gotron/gotron/optim"
 	"github.com/gotron/gotron/parallel"
@@ -537,9 +536,6 @@ func (c *Config) checkFP8() error {
 	if c.Device == tensor.CUDA {
 		if !c.CUDAUnverifiedFP8 {
 			return fmt.Errorf("train: --fp8-format on --device cuda: the FP8 products through cuBLASLt are built but have not run on a GPU in this release; set GOTRON_CUDA_UNVERIFIED=fp8 to run them anyway, or use --device cpu or sim (the emulation)")
-		}
-		if f.Recipe.Kind != fp8.Tensorwise {
-			return fmt.Errorf("train: --fp8-recipe %v on --device cuda: not built (the delayed recipe's amax histories live on the host); --fp8-recipe tensorwise runs on the GPU", f.Recipe.Kind)
 		}
 	}
 	if c.FP16 {

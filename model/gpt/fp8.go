@@ -89,6 +89,7 @@ func (f *FP8) DelayedState() map[string][]float32 {
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	tensor.FoldFP8DeviceAmaxes(f.order) // the GPU's amaxes since the last update
 	out := make(map[string][]float32, len(f.order))
 	for i, l := range f.order {
 		var v []float32
@@ -202,6 +203,9 @@ func (f *FP8) update(reduce func([]float32) error, backward bool) error {
 	r := f.Config.Recipe
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	// on the GPU the amaxes are on the device until now (tensor's
+	// cuda_fp8.go): one read-back for every layer
+	tensor.FoldFP8DeviceAmaxes(f.order)
 	// the tensors quantized since the last update: a pipeline rank's
 	// other model chunks, which did not run, keep theirs
 	var hs []*fp8.History

@@ -116,7 +116,7 @@ unverified_tests() {
 	# matmul; compute capability 8.9+): the FP8 bindings' descriptors,
 	# then LinearFP8's forward and gradients against the CPU's emulation.
 	run unverified-fp8-lib 120 "$bin/internal_cuda.test" -test.v -test.run 'TestLtPlanFP8|TestLtDescriptors|TestLtABI'
-	run unverified-fp8-op 120 env GOTRON_CUDA_UNVERIFIED=fp8 "$bin/tensor_backendtest.test" -test.v -test.run 'TestCUDALinearFP8MatchesCPU'
+	run unverified-fp8-op 120 env GOTRON_CUDA_UNVERIFIED=fp8 "$bin/tensor_backendtest.test" -test.v -test.run 'TestCUDALinearFP8MatchesCPU|TestCUDALinearFP8DelayedMatchesCPU'
 }
 unverified_124m() {
 	# GPT-2 124M bf16 with each feature alone, and the two copy features
@@ -136,6 +136,14 @@ unverified_124m() {
 		--fp8-format hybrid --fp8-recipe tensorwise
 	grep -o "lm loss: [0-9.E+-]*\|elapsed time per iteration (ms): [0-9.]*\|tokens/s: [0-9.]*" \
 		"$out/unverified-124m-fp8.log" | tail -3 | sed "s/^/fp8: /" >> "$out/summary.txt"
+	# the delayed recipe (Megatron's default, as the Llama 3 FP8 example
+	# runs it): histories on the host, amaxes folded in at each update
+	run unverified-124m-fp8-delayed 240 env GOTRON_CUDA_UNVERIFIED=fp8 "$bin/gotron" train --device cuda --mock-data \
+		--num-layers 12 --hidden-size 768 --num-attention-heads 12 --seq-length 1024 --max-position-embeddings 1024 \
+		--micro-batch-size 8 --global-batch-size 8 --train-iters 8 --log-interval 1 --vocab-size 50304 --lr 1e-4 --bf16 \
+		--fp8-format hybrid --fp8-amax-history-len 1024 --fp8-amax-compute-algo max
+	grep -o "lm loss: [0-9.E+-]*\|elapsed time per iteration (ms): [0-9.]*\|tokens/s: [0-9.]*" \
+		"$out/unverified-124m-fp8-delayed.log" | tail -3 | sed "s/^/fp8-delayed: /" >> "$out/summary.txt"
 	# gemm-bf16's products at GPT-2's shapes, beside the bench step's
 	# bf16 products on float32 operands
 	run unverified-gemm-bf16-bench 120 env GOTRON_CUDA_UNVERIFIED=gemm-bf16 "$bin/gotron" bench gemm --device cuda \

@@ -154,6 +154,15 @@ extern "C" __global__ void fp8_scale_tensorwise(float* scale, float* scaleInv, c
     scaleInv[0] = 1.0f / s;
 }
 
+// scale[0] = s, scaleInv[0] = inv: the delayed recipe's scale, kept by the
+// host's history (fp8.History.Scale) and its inverse (fp8.ScaleInv),
+// written on the stream before the cast that reads them. One thread.
+extern "C" __global__ void fp8_scale_set(float* scale, float* scaleInv, float s, float inv) {
+    if (blockIdx.x != 0 || threadIdx.x != 0) return;
+    scale[0] = s;
+    scaleInv[0] = inv;
+}
+
 // The delayed recipe's update of one history (hist[0..n)) and its scale,
 // scaleInv[0] = 1/scale (fp8.History.Update). One thread.
 extern "C" __global__ void fp8_delayed_update_f32(float* hist, float* scale, float* scaleInv, int n, float scaledMax, int mostRecent) {
