@@ -149,18 +149,41 @@ func b2i32(b bool) int32 {
 // w is out×in, out the result's shape.
 func (tp *Tape) linearFP8CUDA(x, x2, w, b *Tensor, q *FP8Linear, shape []int) *Tensor {
 	rows, in, outF := x2.Dim(0), x2.Dim(1), w.Dim(0)
+	fail := func(format string, args ...any) {
+		panic(&DeviceError{Err: fmt.Errorf("LinearFP8 on the CUDA device: "+format, args...)})
+	}
 	if !cudaFP8.Load() {
-		panic("tensor: LinearFP8 on the CUDA device: FP8 products on the GPU are built but have not run on a GPU; GOTRON_CUDA_UNVERIFIED=fp8 turns them on")
+		fail("FP8 products on the GPU are built but have not run on a GPU; GOTRON_CUDA_UNVERIFIED=fp8 turns them on")
 	}
 	if q.Recipe.Kind != fp8.Tensorwise && q.Recipe.Kind != fp8.Delayed {
-		panic(fmt.Sprintf("tensor: LinearFP8 on the CUDA device: the %v recipe is not built on the GPU", q.Recipe.Kind))
+		fail("the %v recipe is not built on the GPU", q.Recipe.Kind)
 	}
-	if rows%16 != 0 || in%16 != 0 || outF%16 != 0 {
-		panic(fmt.Sprintf("tensor: LinearFP8 on the CUDA device: %d rows, %d in and %d out features: cuBLASLt's FP8 products need multiples of 16", rows, in, outF))
+	rec := tp.recording(x, w, b)
+	if in%16 != 0 || outF%16 != 0 || (rec && rows%16 != 0) {
+		fail("%d rows, %d in and %d out features: cuBLASLt's FP8 products need multiples of 16 (the rows too in training: --micro-batch-size × --seq-length)", rows, in, outF)
 	}
 	be := cudaBackend{rt: cudaRT()}
 	w = tp.Contiguous(w)
-	rec := tp.recording(x, w, b)
+	if !rec && rows%16 != 0 {
+		// decoding: rows (a step's tokens) padded with zeros to a multiple
+		// of 16, which change neither the amax nor the real rows' products
+		if q.Input != nil {
+			fail("%d rows under the delayed recipe: its products need multiples of 16", rows)
+		}
+		pad := (rows + 15) / 16 * 16
+		xp := tp.empty(CUDA, pad, in)
+		be.Fill(xp, 0)
+		be.CopyStrided(xp.view([]int{rows, in}, []int{in, 1}, 0), x2)
+		yp := tp.empty(CUDA, pad, outF)
+		xq := be.quantizeFP8(xp, pad, in, q.Recipe.ForwardFormat(), q.BF16Activations, true, false, nil)
+		wq := q.deviceWeight(be, w, outF, in)
+		be.fp8Product(cuda.FP8RowMajor(pad, outF, in, xq.straight(), wq.straight(), devPtr(yp), cuda.F32, 1, 0, true))
+		out := yp.view(shape, contiguousStrides(shape), 0) // the first rows
+		if b != nil {
+			be.Add(out, out, b)
+		}
+		return out
+	}
 	fwd := q.Recipe.ForwardFormat()
 	var delayedX, delayedW *fp8Delayed // the delayed recipe's scales (nil: tensorwise)
 	if q.Input != nil {
@@ -172,7 +195,12 @@ func (tp *Tape) linearFP8CUDA(x, x2, w, b *Tensor, q *FP8Linear, shape []int) *T
 	}
 	// the backward's transposed casts are made now, as TE's cast-transpose
 	xq := be.quantizeFP8(x2, rows, in, fwd, q.BF16Activations, true, rec, delayedX)
-	wq := be.quantizeFP8(w, outF, in, fwd, q.BF16Weight, true, rec, delayedW)
+	var wq *fp8DevTensor
+	if !rec && delayedW == nil {
+		wq = q.deviceWeight(be, w, outF, in)
+	} else {
+		wq = be.quantizeFP8(w, outF, in, fwd, q.BF16Weight, true, rec, delayedW)
+	}
 	out := tp.empty(CUDA, shape...)
 	be.fp8Product(cuda.FP8RowMajor(rows, outF, in, xq.straight(), wq.straight(), devPtr(out), cuda.F32, 1, 0, true))
 	if b != nil {
@@ -269,4 +297,22 @@ func FoldFP8DeviceAmaxes(ls []*FP8Linear) {
 			}
 		}
 	}
+}
+
+// deviceWeight returns w (outF×in on the GPU) quantized with its own
+// tensorwise scale, straight: under CacheWeight (decoding: weights that
+// never change) quantized at the first product and kept, else each time.
+func (q *FP8Linear) deviceWeight(be cudaBackend, w *Tensor, outF, in int) *fp8DevTensor {
+	quantize := func() *fp8DevTensor {
+		return be.quantizeFP8(w, outF, in, q.Recipe.ForwardFormat(), q.BF16Weight, true, false, nil)
+	}
+	if !q.CacheWeight {
+		return quantize()
+	}
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.wqDev == nil || q.wqFrom != w || q.wqSrc != storageOf(w) {
+		q.wqDev, q.wqFrom, q.wqSrc = quantize(), w, storageOf(w)
+	}
+	return q.wqDev
 }

@@ -50,6 +50,10 @@ type FP8Linear struct {
 	wq     *Tensor // the cached quantized weight
 	wqInv  float32
 	wqFrom *Tensor // the weight it was quantized from
+	// On the GPU (decoding): the cached weight's FP8 codes and scales,
+	// and where the weight's values were when it was quantized.
+	wqDev *fp8DevTensor
+	wqSrc storageRef
 	// replay holds, in order, the delayed scales of the forwards that a
 	// checkpoint's backward will recompute (activation recomputation):
 	// the recomputation quantizes with them and records no amax, as TE

@@ -147,13 +147,13 @@ func (f *fp8Flags) decodeConfig(given map[string]bool, numLayers, pp int) (*gpt.
 // without --fp8-format). Under --bf16 the model's weights are bfloat16
 // already (RoundToBF16): --fp8-param-gather quantizes the same values, as
 // Megatron's FP8 parameters loaded from a bfloat16 checkpoint.
-func applyDecodeFP8(m *gpt.Model, f *fp8Flags, given map[string]bool, bf16 bool, pp int, dev tensor.Device) error {
+func applyDecodeFP8(m *gpt.Model, f *fp8Flags, given map[string]bool, bf16 bool, pp int, dev tensor.Device, getenv func(string) string) error {
 	c, err := f.decodeConfig(given, m.Config.NumLayers, pp)
 	if err != nil || c == nil {
 		return err
 	}
-	if dev == tensor.CUDA {
-		return fmt.Errorf("--fp8-format on --device cuda: FP8 decoding is not built for the GPU (cuBLASLt's FP8 products need rows in multiples of 16; FP8 training runs there under GOTRON_CUDA_UNVERIFIED=fp8); use --device cpu or sim")
+	if dev == tensor.CUDA && !tensor.CUDAUnverified(getenv, "fp8") {
+		return fmt.Errorf("--fp8-format on --device cuda: FP8 decoding through cuBLASLt's FP8 products is built but has not run on a GPU in this release; set GOTRON_CUDA_UNVERIFIED=fp8 to run it anyway, or use --device cpu or sim (the emulation)")
 	}
 	if err := c.Validate(m.Config); err != nil {
 		return err

@@ -87,7 +87,7 @@ func cmdGenerate(ctx context.Context, env *cli, args []string) error {
 	}
 	// before the split: the tensor-parallel slices and the pipeline
 	// stages share the model's FP8 state
-	if err := applyDecodeFP8(m, &f8, given, *bf16, *ppSize, dev); err != nil {
+	if err := applyDecodeFP8(m, &f8, given, *bf16, *ppSize, dev, env.getenv); err != nil {
 		return err
 	}
 	dm, err := shardForDecoding(m, group)

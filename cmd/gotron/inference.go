@@ -516,7 +516,7 @@ func runMegatronInference(ctx context.Context, env *cli, a *inferenceArgs, f *tr
 	}
 	// before the split: the tensor-parallel slices and the pipeline
 	// stages share the model's FP8 state
-	if err := applyDecodeFP8(m, &f.fp8, given, f.cfg.BF16, f.ppSize, dev); err != nil {
+	if err := applyDecodeFP8(m, &f.fp8, given, f.cfg.BF16, f.ppSize, dev, env.getenv); err != nil {
 		return err
 	}
 	dm, err := shardForDecoding(m, group)

@@ -224,3 +224,77 @@ func TestCUDALinearFP8DelayedMatchesCPU(t *testing.T) {
 func TestSimLinearFP8Delayed(t *testing.T) {
 	checkLinearFP8Delayed(t, tensor.Sim, 0, 0)
 }
+
+// linearFP8DecodeRun runs LinearFP8 as decoding does on dev: no gradients,
+// rows that are not a multiple of 16 (a step's tokens; the GPU pads them),
+// the weight quantized once and kept (CacheWeight), two steps of 5 and 3
+// rows; it returns both outputs.
+func linearFP8DecodeRun(dev tensor.Device, r fp8.Recipe) (out [2][]float32, err error) {
+	defer func() {
+		if rec := recover(); rec != nil {
+			err = fmt.Errorf("%v", rec)
+		}
+	}()
+	const in, outF = 64, 32
+	rng := tensor.NewRNG(33)
+	w, b := tensor.New(tensor.Float32, outF, in), tensor.New(tensor.Float32, outF)
+	rng.Fork("w").Normal(w.Float32s(), 0, 0.05)
+	rng.Fork("b").Normal(b.Float32s(), 0, 0.1)
+	tensor.MoveParams(dev, w, b)
+	q := tensor.NewFP8Linear(r, false, false)
+	q.CacheWeight = true
+	for i, rows := range []int{5, 3} {
+		x := tensor.New(tensor.Float32, rows, in)
+		rng.Fork(fmt.Sprint("x", i)).Normal(x.Float32s(), 0, 2)
+		tp := tensor.NewNoGradTape(nil)
+		y := tp.LinearFP8(x.ToDevice(dev), w, b, q)
+		out[i] = append([]float32(nil), tensor.ToHost(y).Float32s()...)
+	}
+	return out, nil
+}
+
+// checkLinearFP8Decode compares linearFP8DecodeRun on dev with the CPU's
+// within tol of each output's largest value.
+func checkLinearFP8Decode(t *testing.T, dev tensor.Device, tol float64) {
+	r := fp8.Recipe{Kind: fp8.Tensorwise, Hybrid: true}
+	want, err := linearFP8DecodeRun(tensor.CPU, r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := linearFP8DecodeRun(dev, r)
+	if err != nil {
+		t.Fatalf("decoding on %v: %v", dev, err)
+	}
+	for i := range want {
+		if len(got[i]) != len(want[i]) {
+			t.Fatalf("step %d: %d outputs on %v, %d on the CPU", i, len(got[i]), dev, len(want[i]))
+		}
+		var scale float64
+		for _, v := range want[i] {
+			scale = math.Max(scale, math.Abs(float64(v)))
+		}
+		for j := range want[i] {
+			if d := math.Abs(float64(got[i][j] - want[i][j])); d > tol*scale {
+				t.Fatalf("step %d: y[%d] = %v on %v, the CPU's %v", i, j, got[i][j], dev, want[i][j])
+			}
+		}
+	}
+}
+
+// TestCUDALinearFP8DecodeMatchesCPU (GOTRON_CUDA_UNVERIFIED=fp8: built,
+// not yet run on a GPU) checks FP8 decoding's products on the GPU — rows
+// padded to 16, the weight's FP8 codes kept on the device — against the
+// CPU's emulation. It skips without a GPU.
+func TestCUDALinearFP8DecodeMatchesCPU(t *testing.T) {
+	cudaBackend(t)
+	if !tensor.CUDAFP8() {
+		t.Skip("FP8 products on the GPU are off: GOTRON_CUDA_UNVERIFIED=fp8 (and a GPU of compute capability 8.9 or newer) turns them on")
+	}
+	checkLinearFP8Decode(t, tensor.CUDA, cudaTolFP8Fprop)
+}
+
+// TestSimLinearFP8Decode runs the decoding check on the simulated device
+// (bit for bit).
+func TestSimLinearFP8Decode(t *testing.T) {
+	checkLinearFP8Decode(t, tensor.Sim, 0)
+}

@@ -116,7 +116,7 @@ unverified_tests() {
 	# matmul; compute capability 8.9+): the FP8 bindings' descriptors,
 	# then LinearFP8's forward and gradients against the CPU's emulation.
 	run unverified-fp8-lib 120 "$bin/internal_cuda.test" -test.v -test.run 'TestLtPlanFP8|TestLtDescriptors|TestLtABI'
-	run unverified-fp8-op 120 env GOTRON_CUDA_UNVERIFIED=fp8 "$bin/tensor_backendtest.test" -test.v -test.run 'TestCUDALinearFP8MatchesCPU|TestCUDALinearFP8DelayedMatchesCPU'
+	run unverified-fp8-op 120 env GOTRON_CUDA_UNVERIFIED=fp8 "$bin/tensor_backendtest.test" -test.v -test.run 'TestCUDALinearFP8MatchesCPU|TestCUDALinearFP8DelayedMatchesCPU|TestCUDALinearFP8DecodeMatchesCPU'
 }
 unverified_124m() {
 	# GPT-2 124M bf16 with each feature alone, and the two copy features
