@@ -74,13 +74,18 @@ type ImportOptions struct {
 	// Part, when set, says the part of the model to import for the
 	// config.json's model (gpt.NewPart: a decoding rank's pipeline
 	// stage): only its tensors are built and decoded from the files.
-	// Tensor-parallel slicing is left to gpt.Parallelize (Part's TP must
-	// be nil): a Hugging Face tensor may fill several gotron ones.
+	// With Part's TP (and Experts) each tensor is its rank's slice, as
+	// gpt.Parallelize (and SliceExperts) cut it from the whole import, and
+	// only the slice's elements are read from the files: a
+	// tensor-parallel rank reads about 1/TP of the tensors it holds.
 	Part func(gpt.Config) (gpt.Part, error)
 
 	// machine reports the machine's memory (tests replace it); nil means
 	// meminfo.Read.
 	machine func() (meminfo.Info, bool)
+	// bytesRead, when set, receives the number of bytes of tensor data
+	// decoded from the files (tests).
+	bytesRead *int64
 }
 
 // IsHFDir reports whether dir looks like a Hugging Face model directory:
@@ -134,24 +139,30 @@ func Import(dir string, opts ImportOptions) (*gpt.Model, Info, error) {
 		return nil, Info{}, err
 	}
 	var m *gpt.Model
+	var part *gpt.Part
 	if opts.Part == nil {
 		m, err = gpt.New(cfg, tensor.NewRNG(0))
 	} else {
-		var part gpt.Part
-		if part, err = opts.Part(cfg); err != nil {
+		p, err := opts.Part(cfg)
+		if err != nil {
 			return nil, Info{}, err
 		}
-		if part.TP != nil {
-			return nil, Info{}, fmt.Errorf("hf: %s: import of a tensor-parallel slice: not built (import the stage, then gpt.Parallelize)", dir)
+		part = &p
+		m, err = gpt.NewPart(cfg, tensor.NewRNG(0), p)
+		if err != nil {
+			return nil, Info{}, fmt.Errorf("hf: %s: %w", dir, err)
 		}
-		m, err = gpt.NewPart(cfg, tensor.NewRNG(0), part)
 	}
 	if err != nil {
 		return nil, Info{}, fmt.Errorf("hf: %s: %w", dir, err)
 	}
 	info := Info{Arch: arch, VocabSize: vocab, Config: json.RawMessage(raw), Warnings: warns}
-	if err := fill(m, plan, dir, &info, opts.Part != nil); err != nil {
+	var read int64
+	if err := fill(m, plan, dir, &info, part, &read); err != nil {
 		return nil, Info{}, err
+	}
+	if opts.bytesRead != nil {
+		*opts.bytesRead = read
 	}
 	return m, info, nil
 }
@@ -240,14 +251,31 @@ func planImport(set *safetensors.Set, arch string, c gpt.Config, vocab int, dir 
 	return plan, nil
 }
 
-// fill decodes every planned tensor into m's parameters.
-func fill(m *gpt.Model, plan []planned, dir string, info *Info, part bool) error {
+// fill decodes every planned tensor into m's parameters: those of part
+// (nil: the whole model), of each only its slice (part's TP and Experts).
+// read counts the bytes decoded from the files.
+func fill(m *gpt.Model, plan []planned, dir string, info *Info, part *gpt.Part, read *int64) error {
 	c := m.Config
 	params := paramsByName(m)
 	dm := dimsOf(c)
 	for _, e := range plan {
-		if part && params[e.Gotron] == nil {
+		if part != nil && params[e.Gotron] == nil {
 			continue // another rank's (ImportOptions.Part)
+		}
+		if e.Gotron == "embedding.word_embeddings.weight" {
+			info.DType = e.src[0].DType.String()
+		}
+		if part != nil {
+			ps, err := slicesOf(*part, &c, params, e.entry)
+			if err != nil {
+				return fmt.Errorf("hf: internal: %w", err)
+			}
+			if ps != nil {
+				if err := fillSlices(dm, e, ps, dir, read); err != nil {
+					return err
+				}
+				continue
+			}
 		}
 		p, scatter, err := gotronValues(params, e.entry)
 		if err != nil {
@@ -256,9 +284,7 @@ func fill(m *gpt.Model, plan []planned, dir string, info *Info, part bool) error
 		src := make([][]float32, len(e.src))
 		shapes := make([][]int, len(e.src))
 		for i, t := range e.src {
-			if e.Gotron == "embedding.word_embeddings.weight" {
-				info.DType = t.DType.String()
-			}
+			*read += int64(len(t.Data))
 			src[i] = make([]float32, t.NumElements())
 			if err := t.DecodeFloat32(src[i]); err != nil {
 				return fmt.Errorf("hf: %s: tensor %s: %w", dir, e.names[i], err)

@@ -292,6 +292,47 @@ func TestFloat32Helpers(t *testing.T) {
 	}
 }
 
+// TestDecodeFloat32At: a range of a tensor's elements decodes as the same
+// range of the whole decode, reading only its bytes; ranges outside the
+// tensor and undecodable dtypes are refused.
+func TestDecodeFloat32At(t *testing.T) {
+	x := make([]float32, 12) // a (3, 4) matrix
+	for i := range x {
+		x[i] = float32(i) - 5.5
+	}
+	for _, dt := range []DType{F32, F64, F16, BF16} {
+		tn, err := FromFloat32(dt, []int{3, 4}, x)
+		if err != nil {
+			t.Fatal(err)
+		}
+		whole := make([]float32, 12)
+		if err := tn.DecodeFloat32(whole); err != nil {
+			t.Fatal(err)
+		}
+		for _, r := range [][2]int{{0, 12}, {4, 8}, {5, 7}, {11, 12}, {12, 12}} {
+			got := make([]float32, r[1]-r[0])
+			n, err := tn.DecodeFloat32At(got, r[0])
+			if err != nil {
+				t.Fatalf("%v %v: %v", dt, r, err)
+			}
+			if !slices.Equal(got, whole[r[0]:r[1]]) || n != len(got)*dt.Bits()/8 {
+				t.Errorf("%v elements %v: %v (%d bytes), want %v (%d bytes)", dt, r, got, n, whole[r[0]:r[1]], len(got)*dt.Bits()/8)
+			}
+		}
+		for _, r := range [][2]int{{-1, 1}, {10, 3}, {13, 0}} {
+			if _, err := tn.DecodeFloat32At(make([]float32, r[1]), r[0]); err == nil || !strings.Contains(err.Error(), "want a range within its 12 elements") {
+				t.Errorf("%v: %d elements from %d: %v", dt, r[1], r[0], err)
+			}
+		}
+	}
+	if _, err := (Tensor{I8, []int{2}, []byte{1, 2}}).DecodeFloat32At(make([]float32, 1), 1); err == nil || !strings.Contains(err.Error(), "cannot decode I8") {
+		t.Errorf("DecodeFloat32At of I8: %v", err)
+	}
+	if _, err := (Tensor{F32, []int{2}, []byte{1, 2}}).DecodeFloat32At(make([]float32, 1), 1); err == nil {
+		t.Error("DecodeFloat32At of a tensor missing bytes succeeded")
+	}
+}
+
 func TestEncodeRejectsBadTensors(t *testing.T) {
 	cases := []struct {
 		tensors map[string]Tensor

@@ -82,25 +82,58 @@ func (t Tensor) DecodeFloat32(dst []float32) error {
 	if n := t.NumElements(); n != len(dst) {
 		return fmt.Errorf("safetensors: DecodeFloat32: tensor %v has %d elements, dst has %d", t.Shape, n, len(dst))
 	}
+	if err := decodeFloat32(dst, t.DType, t.Data); err != nil {
+		return fmt.Errorf("safetensors: DecodeFloat32: %v", err)
+	}
+	return nil
+}
+
+// DecodeFloat32At converts len(dst) consecutive elements of t, from
+// element first (in row-major order), into dst: DecodeFloat32 of a range.
+// A range of rows is one such range, a range of columns one per row. Only
+// those elements' bytes are read: of a tensor from Open, only the pages of
+// the file mapping that hold them. It returns the number of bytes read.
+func (t Tensor) DecodeFloat32At(dst []float32, first int) (int, error) {
+	if err := t.Validate(); err != nil {
+		return 0, fmt.Errorf("safetensors: DecodeFloat32At: %v", err)
+	}
+	if n := t.NumElements(); first < 0 || first > n || len(dst) > n-first {
+		return 0, fmt.Errorf("safetensors: DecodeFloat32At: elements [%d, %d+%d) of tensor %v: want a range within its %d elements", first, first, len(dst), t.Shape, n)
+	}
 	switch t.DType {
+	case F32, F64, F16, BF16:
+	default:
+		return 0, fmt.Errorf("safetensors: DecodeFloat32At: cannot decode %v as float32", t.DType)
+	}
+	size := t.DType.Bits() / 8
+	b := t.Data[first*size : (first+len(dst))*size]
+	if err := decodeFloat32(dst, t.DType, b); err != nil {
+		return 0, fmt.Errorf("safetensors: DecodeFloat32At: %v", err)
+	}
+	return len(b), nil
+}
+
+// decodeFloat32 converts data, len(dst) elements of dtype dt, into dst.
+func decodeFloat32(dst []float32, dt DType, data []byte) error {
+	switch dt {
 	case F32:
 		for i := range dst {
-			dst[i] = math.Float32frombits(binary.LittleEndian.Uint32(t.Data[4*i:]))
+			dst[i] = math.Float32frombits(binary.LittleEndian.Uint32(data[4*i:]))
 		}
 	case F64:
 		for i := range dst {
-			dst[i] = float32(math.Float64frombits(binary.LittleEndian.Uint64(t.Data[8*i:])))
+			dst[i] = float32(math.Float64frombits(binary.LittleEndian.Uint64(data[8*i:])))
 		}
 	case F16:
 		for i := range dst {
-			dst[i] = half.Float16(binary.LittleEndian.Uint16(t.Data[2*i:])).Float32()
+			dst[i] = half.Float16(binary.LittleEndian.Uint16(data[2*i:])).Float32()
 		}
 	case BF16:
 		for i := range dst {
-			dst[i] = half.BFloat16(binary.LittleEndian.Uint16(t.Data[2*i:])).Float32()
+			dst[i] = half.BFloat16(binary.LittleEndian.Uint16(data[2*i:])).Float32()
 		}
 	default:
-		return fmt.Errorf("safetensors: DecodeFloat32: cannot decode %v as float32", t.DType)
+		return fmt.Errorf("cannot decode %v as float32", dt)
 	}
 	return nil
 }

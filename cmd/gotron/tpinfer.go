@@ -308,25 +308,19 @@ func checkDecodeSplit(c *gpt.Config, g *decodeGroup) error {
 }
 
 // loadForDecoding loads the model under dir for a decoding command over g
-// and returns where its tokenizer files live. A gotron checkpoint decoded
-// over several ranks is read in part (train.LoadModelPart): this rank's
-// pipeline stage, sliced for its tensor-parallel rank, so no rank holds the
-// whole model; shardForDecoding then keeps it as it is. A Hugging Face
-// directory over pipeline stages is imported in part too (the stage's
-// tensors whole, then sliced). Anything else (one process, a Megatron-LM
-// directory, a Hugging Face one over tensor-parallel ranks alone) is loaded
-// whole.
+// and returns where its tokenizer files live. A gotron checkpoint or a
+// Hugging Face directory decoded over several ranks is read in part
+// (train.LoadModelPart, hf.ImportOptions.Part): this rank's pipeline stage,
+// sliced for its tensor-parallel rank (and its experts, with an expert
+// layout), so no rank holds or reads the whole model; shardForDecoding
+// then keeps it as it is. Anything else (one process, a Megatron-LM
+// directory) is loaded whole.
 func loadForDecoding(dir string, g *decodeGroup) (*gpt.Model, string, error) {
-	if g != nil && g.pp > 1 && hf.IsHFDir(dir) {
-		// the stage's tensors, whole: shardForDecoding slices them
-		m, _, err := hf.Import(dir, hf.ImportOptions{Part: func(c gpt.Config) (gpt.Part, error) {
-			part, err := g.part(c)
-			part.TP, part.Experts = nil, nil
-			return part, err
-		}})
+	if g != nil && hf.IsHFDir(dir) {
+		m, _, err := hf.Import(dir, hf.ImportOptions{Part: g.part})
 		return m, dir, err
 	}
-	if g == nil || hf.IsHFDir(dir) || megatron.IsMegatronDir(dir) {
+	if g == nil || megatron.IsMegatronDir(dir) {
 		m, _, tokDir, err := loadAny(dir)
 		return m, tokDir, err
 	}
