@@ -18,7 +18,8 @@ import (
 // its own tokenizer, Llama (MHA, sharded F16 files) at TP=2 and TP=2×PP=2,
 // Qwen3-MoE, DeepSeek-V2 (multi-latent attention) and Qwen3-Next (gated
 // delta nets; its reference's greedy tokens) at TP=2, and Qwen3-MoE over two
-// expert-parallel ranks; serve at TP=2 answers what generate prints.
+// expert-parallel ranks; serve at TP=2 answers what generate prints; a
+// TP size the query groups do not divide is refused naming the flags.
 func TestGenerateHFDirTensorParallel(t *testing.T) {
 	gpt2 := hfFixture("gpt2_tied_f32")
 	for _, sampling := range [][]string{{"--top-k", "1"}, {"--temperature", "0.7", "--seed", "9"}} {
@@ -76,6 +77,14 @@ func TestGenerateHFDirTensorParallel(t *testing.T) {
 		if got := strings.Fields(strings.TrimPrefix(out, "[rank0]: ")); !slices.Equal(got, want) {
 			t.Errorf("%s at TP=2: generate printed %q, want %q (the reference's greedy tokens)", src, got, want)
 		}
+	}
+
+	// a size the heads do not divide is refused, naming the flags and sizes
+	gqa := hfFixture("llama_gqa_untied_f32") // 2 query groups
+	_, errs, code := gotronHF(t, "launch", "--inproc", "--nproc-per-node", "4", "--", "generate", "--load", gqa, "--tokenizer-type", "NullTokenizer",
+		"--vocab-size", "100", "--prompt", "1 2", "--max-new-tokens", "2", "--tensor-model-parallel-size", "4")
+	if want := "--num-query-groups=2 is not divisible by --tensor-model-parallel-size=4"; code == 0 || !strings.Contains(errs, want) {
+		t.Errorf("generate from %s at TP=4: exit %d, %q; want an error naming %q", gqa, code, errs, want)
 	}
 
 	prompt := "the" // the fixture's context is 16 tokens

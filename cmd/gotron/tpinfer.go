@@ -37,7 +37,7 @@ import (
 // With --expert-model-parallel-size E (and --expert-tensor-parallel-size
 // Q, Megatron's default the tensor-parallel size) each rank holds the
 // experts of its expert-parallel rank (a slice of each with Q > 1), read
-// alone from a gotron checkpoint. The ranks are Megatron's layout's:
+// alone from a gotron checkpoint or a Hugging Face directory. The ranks are Megatron's layout's:
 // P × lcm(N, E·Q), the ranks beyond N×P being data-parallel replicas of the
 // dense layers that decode the same requests (gotron has no data-parallel
 // inference). Every rank of a stage holds the same tokens and routes them
@@ -261,8 +261,9 @@ func shardForDecoding(m *gpt.Model, g *decodeGroup) (decodeModel, error) {
 	}
 	if expertsSplit {
 		// each rank's experts, read alone by loadForDecoding from a gotron
-		// checkpoint (else sliced here), the partial outputs summed over
-		// the expert tensor × model parallel group
+		// checkpoint or a Hugging Face directory (else sliced here), the
+		// partial outputs summed over the expert tensor × model parallel
+		// group
 		sum := &tp.Region{Group: g.groups.ExpertTPEP}
 		if err := m.DecodeExperts(g.experts, sum.ReduceFrom); err != nil {
 			return decodeModel{}, fmt.Errorf("%s: %w", g.decodeLayout, err)
