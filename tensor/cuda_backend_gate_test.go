@@ -75,3 +75,41 @@ func TestGDNArgsMatchPTX(t *testing.T) {
 		}
 	}
 }
+
+// TestDSAArgsMatchPTX checks, without a GPU, that the launch arguments of
+// every kernel in dsa.cu's PTX (cuda_backend_dsa.go) match its parameters,
+// and that none is left without a case here.
+func TestDSAArgsMatchPTX(t *testing.T) {
+	cases := map[string][]any{
+		"dsa_hadamard_f32":      dsaHadamardArgs(1, 1, 1, 1, 1, 1),
+		"dsa_index_combine_f32": dsaCombineArgs(1, 1, 1, 1, 1, 1, 1, 1, true),
+		"dsa_topk_keys_u64":     dsaTopKKeysArgs(1, 1, 1, 1, 1),
+		"dsa_bitonic_u64":       dsaBitonicArgs(1, 1, 1, 1, 1),
+		"dsa_topk_out_i32":      dsaTopKOutArgs(1, 1, 1, 1, 1),
+		"dsa_sparse_fwd_f32":    dsaSparseRowArgs(1, 1, 1, 1, 1, 1, 1, 1, 1, 1),
+		"dsa_sparse_probs_f32":  dsaSparseRowArgs(1, 1, 1, 1, 1, 1, 1, 1, 1, 1),
+		"dsa_sparse_ds_f32":     dsaSparseDSArgs(1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1),
+		"dsa_target_f32":        dsaTargetArgs(1, 1, 1, 1, 1, 1, 1, true),
+		"dsa_loss_f32":          dsaLossArgs(1, 1, 1, 1, 1, 1, 1, 1, true, 1),
+		"dsa_index_bwd_f32":     dsaIndexBwdArgs(1, 1, 1, 1, 1, 1, 1, 1, 1, true),
+	}
+	for _, arch := range [][2]int{{8, 0}, {9, 0}} {
+		mods, err := kernels.PTX(arch[0], arch[1])
+		if err != nil {
+			t.Fatal(err)
+		}
+		ptx := string(mods["dsa"])
+		entries := regexp.MustCompile(`\.entry (\w+)\(`).FindAllStringSubmatch(ptx, -1)
+		if len(entries) != len(cases) {
+			t.Errorf("sm_%d%d: dsa.cu has %d kernels, the test %d cases", arch[0], arch[1], len(entries), len(cases))
+		}
+		for _, e := range entries {
+			args, ok := cases[e[1]]
+			if !ok {
+				t.Errorf("sm_%d%d: kernel %s has no case here", arch[0], arch[1], e[1])
+				continue
+			}
+			checkArgsMatchPTX(t, arch, ptx, e[1], args)
+		}
+	}
+}

@@ -11,8 +11,10 @@ import (
 // lightning indexer's Hadamard rotation, its top-k selection of keys, the
 // attention restricted to them and the indexer's KL loss. They compute
 // with internal/cpu's kernels on host memory (the CPU and the simulated
-// device); there are no CUDA kernels for them in this release (a CUDA input
-// fails the tape; gpt.Config.CheckDevice refuses such a model first).
+// device) and with dsa.cu's kernels and cuBLAS on the GPU
+// (cuda_backend_dsa.go: built, not yet run on a GPU, so
+// gpt.Config.CheckDevice refuses such a model on --device cuda unless
+// GOTRON_CUDA_UNVERIFIED names dsa).
 
 // Detach returns x as a tensor no recorded op differentiates (torch's
 // .detach()): it shares x's storage, and ops on it record nothing unless
@@ -45,6 +47,10 @@ func (f *hadamard) scale() float64 { return 1 / math.Sqrt(float64(f.d)) }
 func (f *hadamard) Forward(tp *Tape, in []*Tensor) []*Tensor {
 	f.x = in[0]
 	out := tp.EmptyLike(in[0], in[0].shape...)
+	if in[0].dev == CUDA {
+		cudaHadamard(out, in[0], f.n, f.d, f.scale())
+		return []*Tensor{out}
+	}
 	if hostOnly(tp, "Hadamard", in...) {
 		cpu.HadamardTransform(out.f32s(), in[0].f32s(), f.n, f.d, f.scale())
 	}
@@ -53,6 +59,10 @@ func (f *hadamard) Forward(tp *Tape, in []*Tensor) []*Tensor {
 
 func (f *hadamard) Backward(tp *Tape, g []*Tensor) []*Tensor {
 	dx := tp.EmptyLike(f.x, f.x.shape...)
+	if f.x.dev == CUDA {
+		cudaHadamard(dx, g[0].Contiguous(), f.n, f.d, f.scale())
+		return []*Tensor{dx}
+	}
 	if hostOnly(tp, "Hadamard", f.x) {
 		cpu.HadamardTransform(dx.f32s(), g[0].Contiguous().f32s(), f.n, f.d, f.scale())
 	}
@@ -62,12 +72,19 @@ func (f *hadamard) Backward(tp *Tape, g []*Tensor) []*Tensor {
 // DSASelection is the lightning indexer's choice of keys for one layer's
 // micro-batch: Scores (b, t, t) are its causal index scores (−Inf above
 // the diagonal) and Idx (b, t, K) each query's K selected key positions
-// by decreasing score, −1 where a query has fewer than K keys.
+// by decreasing score, −1 where a query has fewer than K keys. On the GPU
+// both stay on the device (Scores and Idx nil).
 type DSASelection struct {
 	B, T, K int
 	Scores  []float32
 	Idx     []int32
+	// scoresDev (b, t, t) and idxDev (b, t, K, int32): the selection on
+	// the GPU (cuda_backend_dsa.go).
+	scoresDev, idxDev *Tensor
 }
+
+// onDevice reports whether s lives on the GPU.
+func (s *DSASelection) onDevice() bool { return s.idxDev != nil }
 
 // DSAIndexerTopK scores every causal (query, key) pair with the indexer's
 // queries q (b, t, H, D), keys k (b, t, D) and head weights w (b, t, H),
@@ -79,15 +96,18 @@ func DSAIndexerTopK(q, k, w *Tensor, topk int, relu bool) (*DSASelection, error)
 		w.Dim(0) != q.Dim(0) || w.Dim(1) != q.Dim(1) || w.Dim(2) != q.Dim(2) {
 		return nil, fmt.Errorf("tensor: DSA indexer of q %v, k %v, weights %v: want (b, t, H, D), (b, t, D), (b, t, H)", q.shape, k.shape, w.shape)
 	}
-	for _, x := range []*Tensor{q, k, w} {
-		if x.dev == CUDA {
-			return nil, fmt.Errorf("tensor: the DSA indexer has no CUDA kernel in this release (it runs on the CPU)")
-		}
-	}
 	if topk <= 0 {
 		return nil, fmt.Errorf("tensor: DSA indexer top-k %d: want > 0", topk)
 	}
 	b, t, H, D := q.Dim(0), q.Dim(1), q.Dim(2), q.Dim(3)
+	if allCUDA(q, k, w) {
+		return cudaDSAIndexerTopK(q.Contiguous(), k.Contiguous(), w.Contiguous(), b, t, H, D, min(topk, t), relu), nil
+	}
+	for _, x := range []*Tensor{q, k, w} {
+		if x.dev == CUDA {
+			return nil, fmt.Errorf("tensor: DSA indexer of tensors on %v, %v and %v: want one device", q.dev, k.dev, w.dev)
+		}
+	}
 	s := &DSASelection{B: b, T: t, K: min(topk, t), Scores: make([]float32, b*t*t)}
 	s.Idx = make([]int32, b*t*s.K)
 	cpu.IndexerScoresGEMM(s.Scores, q.Contiguous().f32s(), k.Contiguous().f32s(), w.Contiguous().f32s(), b, t, H, D, relu)
@@ -121,6 +141,14 @@ func (f *sparseAttention) Forward(tp *Tape, in []*Tensor) []*Tensor {
 	s := f.sel
 	f.out = tp.EmptyLike(in[0], s.B, s.T, f.n, f.dv)
 	f.lse = tp.EmptyLike(in[0], s.B, s.T, f.n)
+	if allCUDA(in...) && s.onDevice() {
+		cudaSparseAttentionForward(f.out, f.lse, in[0], in[1], in[2], s, f.n, f.dk, f.dv, float32(f.scale))
+		return []*Tensor{f.out}
+	}
+	if s.onDevice() {
+		tp.Fail(fmt.Errorf("tensor: SparseAttention of host tensors over a selection on the GPU"))
+		return []*Tensor{f.out}
+	}
 	if hostOnly(tp, "SparseAttention", in...) {
 		cpu.SparseAttentionForward(f.out.f32s(), f.lse.f32s(), in[0].f32s(), in[1].f32s(), in[2].f32s(), s.Idx, s.B, s.T, f.n, f.dk, f.dv, s.K, f.scale)
 	}
@@ -129,6 +157,12 @@ func (f *sparseAttention) Forward(tp *Tape, in []*Tensor) []*Tensor {
 
 func (f *sparseAttention) Backward(tp *Tape, g []*Tensor) []*Tensor {
 	dq, dk, dv := zeroGrad(tp, f.in[0]), zeroGrad(tp, f.in[1]), zeroGrad(tp, f.in[2])
+	if f.sel.onDevice() {
+		if allCUDA(f.in...) {
+			cudaSparseAttentionBackward(dq, dk, dv, g[0].Contiguous(), f.in[0], f.in[1], f.in[2], f.out, f.lse, f.sel, f.n, f.dk, f.dv, float32(f.scale))
+		}
+		return []*Tensor{dq, dk, dv}
+	}
 	if hostOnly(tp, "SparseAttention", f.in...) {
 		s := f.sel
 		cpu.SparseAttentionBackward(dq.f32s(), dk.f32s(), dv.f32s(), g[0].Contiguous().f32s(), f.in[0].f32s(), f.in[1].f32s(), f.in[2].f32s(),
@@ -146,8 +180,11 @@ func DSAIndexerTarget(q, k *Tensor, sel *DSASelection, scale float32, sparse boo
 	if q.NDim() != 4 || !SameShape(q.shape, k.shape) || q.Dim(0) != sel.B || q.Dim(1) != sel.T {
 		return nil, fmt.Errorf("tensor: DSA indexer target of q %v, k %v over a selection of (%d, %d)", q.shape, k.shape, sel.B, sel.T)
 	}
-	if q.dev == CUDA || k.dev == CUDA {
-		return nil, fmt.Errorf("tensor: the DSA indexer loss has no CUDA kernel in this release (it runs on the CPU)")
+	if q.dev == CUDA && k.dev == CUDA && sel.onDevice() {
+		return cudaDSAIndexerTarget(q.Contiguous(), k.Contiguous(), sel, q.Dim(2), q.Dim(3), scale, sparse), nil
+	}
+	if q.dev == CUDA || k.dev == CUDA || sel.onDevice() {
+		return nil, fmt.Errorf("tensor: DSA indexer target of q on %v, k on %v, a selection on the GPU: %v: want one device", q.dev, k.dev, sel.onDevice())
 	}
 	out := Zeros(sel.B, sel.T, sel.T).ToDevice(q.dev)
 	cpu.IndexerTargetHeads(out.f32s(), q.Contiguous().f32s(), k.Contiguous().f32s(), sel.Idx, sel.B, sel.T, q.Dim(2), q.Dim(3), sel.K, float64(scale), sparse)
@@ -189,13 +226,22 @@ type indexerLoss struct {
 	target  *Tensor
 	in      []*Tensor
 	dlogits []float32
-	loss    float64
+	// dlogitsDev is dlogits on the GPU (a selection there)
+	dlogitsDev *Tensor
+	loss       float64
 }
 
 func (f *indexerLoss) Forward(tp *Tape, in []*Tensor) []*Tensor {
 	f.in = in
 	s := f.sel
-	if hostOnly(tp, "AttachIndexerLoss", append([]*Tensor{f.target}, in...)...) {
+	if s.onDevice() {
+		if allCUDA(append([]*Tensor{f.target}, in...)...) {
+			f.dlogitsDev = newCUDA(Float32, []int{s.B, s.T, s.T}, false)
+			f.loss = cudaDSAIndexerLoss(f.dlogitsDev, f.target, s, f.l.Sparse, f.l.PerToken)
+		} else {
+			tp.Fail(fmt.Errorf("tensor: AttachIndexerLoss of host tensors over a selection on the GPU"))
+		}
+	} else if hostOnly(tp, "AttachIndexerLoss", append([]*Tensor{f.target}, in...)...) {
 		f.dlogits = make([]float32, s.B*s.T*s.T)
 		f.loss = cpu.IndexerLoss(f.dlogits, f.target.f32s(), s.Scores, s.Idx, s.B, s.T, s.K, f.l.Sparse, f.l.PerToken)
 	}
@@ -206,6 +252,14 @@ func (f *indexerLoss) Forward(tp *Tape, in []*Tensor) []*Tensor {
 func (f *indexerLoss) Backward(tp *Tape, g []*Tensor) []*Tensor {
 	q, k, w := f.in[1], f.in[2], f.in[3]
 	dq, dk, dw := zeroGrad(tp, q), zeroGrad(tp, k), zeroGrad(tp, w)
+	if f.dlogitsDev != nil {
+		be := cudaBackend{rt: cudaRT()}
+		be.Scale(f.dlogitsDev, float32(f.l.Coeff*f.l.GradScale), f.dlogitsDev)
+		s := f.sel
+		cudaDSAIndexerBackward(dq, dk, dw, f.dlogitsDev, q, k, w, s.B, s.T, q.Dim(2), q.Dim(3), f.l.ReLU)
+		f.dlogitsDev.dbuf.free()
+		f.dlogitsDev = nil
+	}
 	if f.dlogits != nil && hostOnly(tp, "AttachIndexerLoss", f.in...) {
 		a := float32(f.l.Coeff * f.l.GradScale)
 		for i := range f.dlogits {

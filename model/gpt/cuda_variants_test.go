@@ -35,7 +35,8 @@ func gdnTiny() Config {
 }
 
 // TestCheckDeviceUnverified: on --device cuda the squared ReLU, the
-// output gate, multi-latent attention and the gated delta net are refused,
+// output gate, multi-latent attention, the gated delta net and DeepSeek
+// sparse attention are refused,
 // naming the GOTRON_CUDA_UNVERIFIED feature that allows them and that they
 // have not run on a GPU, and allowed when the variable names them (or is 1
 // or all). The CPU and the simulated device take them all.
@@ -83,6 +84,16 @@ func TestCheckDeviceUnverified(t *testing.T) {
 	both.Activation = SquaredReLU
 	if err := both.CheckDeviceEnv(tensor.CUDA, env("sqrelu")); err == nil || !strings.Contains(err.Error(), "output-gate") {
 		t.Errorf("squared ReLU and output gate with only sqrelu named: %v, want the output gate refused", err)
+	}
+	m, _, _ := newDSAGoldenModel(t, "dsa_dense_loss") // DSA on MLA: both named
+	for v, ok := range map[string]bool{"mla": false, "dsa": false, "mla,dsa": true, "1": true} {
+		err := m.Config.CheckDeviceEnv(tensor.CUDA, env(v))
+		if ok != (err == nil) || (!ok && !strings.Contains(err.Error(), "GOTRON_CUDA_UNVERIFIED=")) {
+			t.Errorf("DSA with GOTRON_CUDA_UNVERIFIED=%s: %v", v, err)
+		}
+	}
+	if err := m.Config.CheckDeviceEnv(tensor.CUDA, env("mla")); err == nil || !strings.Contains(err.Error(), "GOTRON_CUDA_UNVERIFIED=dsa") {
+		t.Errorf("DSA with only mla named: %v, want a refusal naming dsa", err)
 	}
 	gated := gdnGoldenConfig() // gated delta net and output gate
 	if err := gated.CheckDeviceEnv(tensor.CUDA, env("gdn")); err == nil || !strings.Contains(err.Error(), "output-gate") {

@@ -352,10 +352,10 @@ func (m *Model) ToDevice(dev tensor.Device) { tensor.MoveParams(dev, m.Params().
 func (c *Config) CheckDevice(dev tensor.Device) error { return c.CheckDeviceEnv(dev, os.Getenv) }
 
 // CheckDeviceEnv is CheckDevice reading GOTRON_CUDA_UNVERIFIED through
-// getenv. On --device cuda DSA has no CUDA kernels in this release; the
-// squared ReLU (sqrelu), the attention output gate (output-gate),
-// multi-latent attention (mla) and the gated delta net (gdn) are built but
-// have not run on a GPU, and run only when the variable names them
+// getenv. On --device cuda the squared ReLU (sqrelu), the attention output
+// gate (output-gate), multi-latent attention (mla), the gated delta net
+// (gdn) and DeepSeek sparse attention (dsa, with mla) are built but have
+// not run on a GPU, and run only when the variable names them
 // (tensor.CUDAUnverified). The CPU and the simulated device run them all.
 func (c *Config) CheckDeviceEnv(dev tensor.Device, getenv func(string) string) error {
 	if dev != tensor.CUDA {
@@ -368,7 +368,9 @@ func (c *Config) CheckDeviceEnv(dev tensor.Device, getenv func(string) string) e
 		return fmt.Errorf("gpt: %s with --device cuda: %s built but not run on a GPU in this release; set GOTRON_CUDA_UNVERIFIED=%s to run it anyway, or use --device cpu or sim", flag, what, feature)
 	}
 	if c.DSA.Enabled {
-		return fmt.Errorf("gpt: --experimental-attention-variant dsa with --device cuda: DSA's indexer and sparse attention have no CUDA kernel in this release (they run on --device cpu and sim)")
+		if err := unverified("--experimental-attention-variant dsa", "DeepSeek sparse attention's CUDA kernels (the indexer, its top-k, the attention over the selected keys, the indexer loss) are", "dsa"); err != nil {
+			return err
+		}
 	}
 	if c.MLA.Enabled {
 		if err := unverified("--multi-latent-attention", "multi-latent attention on the GPU (its ops' kernels, head dimensions above 128 by chunks of heads) is", "mla"); err != nil {

@@ -79,6 +79,9 @@ unverified_tests() {
 	# Multi-latent attention (mla): model steps and decoding against the
 	# CPU, 144-channel heads by chunks of heads included.
 	run unverified-mla 180 env GOTRON_CUDA_UNVERIFIED=mla "$bin/model_gpt.test" -test.v -test.run 'TestCUDAMLAMatchesCPU'
+	# DeepSeek sparse attention (dsa, on mla): the golden models' step
+	# against the PyTorch goldens
+	run unverified-dsa 180 env GOTRON_CUDA_UNVERIFIED=mla,dsa "$bin/model_gpt.test" -test.v -test.run 'TestCUDADSAMatchesGolden'
 	run unverified-model-fusion 180 env GOTRON_CUDA_UNVERIFIED=fusion "$bin/model_gpt.test" -test.v -test.run '^TestCUDAMatchesCPU$'
 	# Staged host-to-device copies: the runtime test, then training
 	# against the CPU (50 iterations, fp32 and --bf16) with them on.

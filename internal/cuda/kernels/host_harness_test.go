@@ -32,7 +32,7 @@ type hostHarness struct {
 // The harnesses the tests run. The g++ ones build without fused
 // multiply-adds where the kernels' results are compared bit for bit.
 var (
-	hostcheck = &hostHarness{compiler: "nvcc", src: "hostcheck.cu", includes: []string{"elem.cu", "dropout.cu", "gdn.cu"},
+	hostcheck = &hostHarness{compiler: "nvcc", src: "hostcheck.cu", includes: []string{"elem.cu", "dropout.cu", "gdn.cu", "dsa.cu"},
 		flags: []string{"-std=c++14", "-O2"}, purpose: "check the kernels' conversions and Philox stream"}
 	attntcHost = &hostHarness{compiler: "g++", src: "attntc_host.cc", includes: []string{"attntc.cu", "testdata/host_harness.h"},
 		flags: []string{"-std=c++17", "-O2", "-pthread", "-fno-strict-aliasing"}, purpose: "run attntc.cu's kernels on the host"}

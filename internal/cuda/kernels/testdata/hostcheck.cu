@@ -25,6 +25,18 @@
 //	    (decimal), x (n·c), w (c·k), conv states (R·(k-1)·c), q, k (n·H·dk),
 //	    v (n·H·dv), g, beta (n·H), rule states (R·H·dk·dv) → conv out,
 //	    conv states, rule out, rule states (the decoding kernels)
+//	hostcheck dsahad n d < x (n·d) → the Hadamard rotation (dsa.cu)
+//	hostcheck dsatopk rows T K < scores (rows·T) → idx (rows·K, decimal)
+//	hostcheck dsaindex B T H D relu < q (B·T·H·D), k (B·T·D), w (B·T·H),
+//	    ds (B·T·T) → scores (B·T·T), dq, dk, dw: the indexer's scores and
+//	    backward, the products by host loops in cuda_backend_dsa.go's
+//	    chunks of queries
+//	hostcheck dsaattn B T N dk dv K scale < q, k (B·T·N·dk), v, dout
+//	    (B·T·N·dv), idx (B·T·K, decimal) → out, lse, dq, dk, dv: the sparse
+//	    attention's forward and backward, the products by host loops
+//	hostcheck dsaloss B T N dk K scale sparse perToken < q, k (B·T·N·dk),
+//	    scores (B·T·T), idx (B·T·K, decimal) → target (normalised),
+//	    dlogits, then the loss (%.17g)
 //	(all float32 bits in hex, one a line, unless said otherwise)
 
 #include <stdio.h>
@@ -34,6 +46,7 @@
 #include "../elem.cu"
 #include "../dropout.cu"
 #include "../gdn.cu"
+#include "../dsa.cu"
 
 // readHex reads n float32s as hex bits, one a line; false on short input.
 static bool readHex(float* dst, long long n) {
@@ -50,6 +63,28 @@ static void printHex(const float* src, long long n) {
 }
 
 static float* floats(long long n) { return (float*)calloc(n > 0 ? n : 1, sizeof(float)); }
+
+static bool readInts(int* dst, long long n) {
+    for (long long i = 0; i < n; i++) {
+        if (scanf("%d", &dst[i]) != 1) return false;
+    }
+    return true;
+}
+
+// hgemm is a host stand-in for cuBLAS's row-major product as
+// tensor/cuda_backend_dsa.go asks for it: C (m×n, row stride ldc) =
+// alpha·op(A)·op(B) + beta·C, A and B row-major with row strides lda, ldb
+// (op: transposed when tA, tB), sums in float32.
+static void hgemm(bool tA, bool tB, int m, int n, int k, float alpha, const float* A, long long lda, const float* B, long long ldb, float beta,
+                  float* C, long long ldc) {
+    for (int i = 0; i < m; i++) {
+        for (int j = 0; j < n; j++) {
+            float acc = 0.0f;
+            for (int c = 0; c < k; c++) acc += (tA ? A[c * lda + i] : A[i * lda + c]) * (tB ? B[j * ldb + c] : B[c * ldb + j]);
+            C[i * ldc + j] = alpha * acc + (beta != 0.0f ? beta * C[i * ldc + j] : 0.0f);
+        }
+    }
+}
 
 int main(int argc, char** argv) {
     if (argc < 2) return 2;
@@ -209,6 +244,138 @@ int main(int argc, char** argv) {
         printHex(cs, R * hw * c);
         printHex(ro, n * H * dv);
         printHex(rs, (long long)R * H * dk * dv);
+        return 0;
+    }
+    if (strcmp(argv[1], "dsahad") == 0 && argc == 4) {
+        const long long n = atoll(argv[2]);
+        const int d = atoi(argv[3]);
+        float *x = floats(n * d), *out = floats(n * d);
+        double* scratch = (double*)calloc(n * d, sizeof(double));
+        if (!readHex(x, n * d)) return 3;
+        for (long long r = 0; r < n; r++) dsa_hadamard_row(out, x, scratch, r, d, 1.0 / sqrt((double)d));
+        printHex(out, n * d);
+        return 0;
+    }
+    if (strcmp(argv[1], "dsatopk") == 0 && argc == 5) {
+        const long long rows = atoll(argv[2]);
+        const int T = atoi(argv[3]), K = atoi(argv[4]);
+        int tp = 1;
+        while (tp < T) tp *= 2;
+        float* scores = floats(rows * T);
+        if (!readHex(scores, rows * T)) return 3;
+        uint64_t* keys = (uint64_t*)calloc(rows * tp, sizeof(uint64_t));
+        int* idx = (int*)calloc(rows * K, sizeof(int));
+        for (long long e = 0; e < rows * tp; e++) keys[e] = dsa_topk_key(scores, e, T, tp);
+        for (int k = 2; k <= tp; k *= 2) {
+            for (int jj = k / 2; jj > 0; jj /= 2) {
+                for (long long e = 0; e < rows * tp; e++) dsa_bitonic_one(keys, e, tp, k, jj);
+            }
+        }
+        for (long long e = 0; e < rows * K; e++) idx[e] = dsa_topk_out_one(keys, e, tp, K);
+        for (long long e = 0; e < rows * K; e++) printf("%d\n", idx[e]);
+        return 0;
+    }
+    if (strcmp(argv[1], "dsaindex") == 0 && argc == 7) {
+        const int B = atoi(argv[2]), T = atoi(argv[3]), H = atoi(argv[4]), D = atoi(argv[5]), relu = atoi(argv[6]);
+        const long long nq = (long long)B * T * H * D, nk = (long long)B * T * D, nw = (long long)B * T * H, ns = (long long)B * T * T;
+        float *q = floats(nq), *k = floats(nk), *w = floats(nw), *ds = floats(ns);
+        if (!readHex(q, nq) || !readHex(k, nk) || !readHex(w, nw) || !readHex(ds, ns)) return 3;
+        float *scores = floats(ns), *dq = floats(nq), *dk = floats(nk), *dw = floats(nw);
+        const int chunk = 3;  // queries a chunk: several chunks, one short
+        float* p = floats((long long)chunk * H * T);
+        for (int b = 0; b < B; b++) {
+            for (int i0 = 0; i0 < T; i0 += chunk) {
+                const int n = T - i0 < chunk ? T - i0 : chunk;
+                const float* qc = q + ((long long)b * T + i0) * H * D;
+                hgemm(false, true, n * H, T, D, 1.0f, qc, D, k + (long long)b * T * D, D, 0.0f, p, T);
+                for (long long e = 0; e < (long long)n * T; e++) scores[((long long)b * T + i0) * T + e] = dsa_combine_one(p, w, e, b, i0, T, H, relu);
+                for (long long e = 0; e < (long long)n * H; e++) dsa_index_bwd_row(p, dw, ds, w, e, b, i0, T, H, relu);
+                hgemm(false, false, n * H, D, T, 1.0f, p, T, k + (long long)b * T * D, D, 1.0f, dq + ((long long)b * T + i0) * H * D, D);
+                hgemm(true, false, T, D, n * H, 1.0f, p, T, qc, D, 1.0f, dk + (long long)b * T * D, D);
+            }
+        }
+        printHex(scores, ns);
+        printHex(dq, nq);
+        printHex(dk, nk);
+        printHex(dw, nw);
+        return 0;
+    }
+    if (strcmp(argv[1], "dsaattn") == 0 && argc == 9) {
+        const int B = atoi(argv[2]), T = atoi(argv[3]), N = atoi(argv[4]), dk = atoi(argv[5]), dv = atoi(argv[6]), K = atoi(argv[7]);
+        const float scale = (float)strtod(argv[8], 0);
+        const long long nq = (long long)B * T * N * dk, nv = (long long)B * T * N * dv, ni = (long long)B * T * K;
+        float *q = floats(nq), *k = floats(nq), *v = floats(nv), *dout = floats(nv);
+        int* idx = (int*)calloc(ni, sizeof(int));
+        if (!readHex(q, nq) || !readHex(k, nq) || !readHex(v, nv) || !readHex(dout, nv) || !readInts(idx, ni)) return 3;
+        float *out = floats(nv), *lse = floats((long long)B * T * N), *dq = floats(nq), *dkk = floats(nq), *dvv = floats(nv);
+        const int hc = 2;  // heads a chunk: several chunks, one short when N is odd
+        float *S = floats((long long)hc * T * T), *dP = floats((long long)hc * T * T), *pk = floats((long long)hc * T * K);
+        for (int b = 0; b < B; b++) {
+            for (int h0 = 0; h0 < N; h0 += hc) {
+                const int n = N - h0 < hc ? N - h0 : hc;
+                const long long qo = (long long)b * T * N, tt = (long long)T * T;
+                for (int hh = 0; hh < n; hh++)
+                    hgemm(false, true, T, T, dk, scale, q + (qo + h0 + hh) * dk, (long long)N * dk, k + (qo + h0 + hh) * dk, (long long)N * dk, 0.0f,
+                          S + hh * tt, T);
+                for (long long e = 0; e < (long long)n * T; e++) dsa_sparse_fwd_row(S, lse, pk, idx, e, b, h0, T, N, K);
+                for (int hh = 0; hh < n; hh++)
+                    hgemm(false, false, T, dv, T, 1.0f, S + hh * tt, T, v + (qo + h0 + hh) * dv, (long long)N * dv, 0.0f, out + (qo + h0 + hh) * dv,
+                          (long long)N * dv);
+            }
+        }
+        for (int b = 0; b < B; b++) {
+            for (int h0 = 0; h0 < N; h0 += hc) {
+                const int n = N - h0 < hc ? N - h0 : hc;
+                const long long qo = (long long)b * T * N, tt = (long long)T * T;
+                for (int hh = 0; hh < n; hh++) {
+                    hgemm(false, true, T, T, dk, scale, q + (qo + h0 + hh) * dk, (long long)N * dk, k + (qo + h0 + hh) * dk, (long long)N * dk, 0.0f,
+                          S + hh * tt, T);
+                    hgemm(false, true, T, T, dv, 1.0f, dout + (qo + h0 + hh) * dv, (long long)N * dv, v + (qo + h0 + hh) * dv, (long long)N * dv, 0.0f,
+                          dP + hh * tt, T);
+                }
+                for (long long e = 0; e < (long long)n * T; e++) dsa_sparse_probs_row(S, lse, pk, idx, e, b, h0, T, N, K);
+                for (long long e = 0; e < (long long)n * T; e++) dsa_sparse_ds_row(dP, S, dout, out, e, b, h0, T, N, dv, scale);
+                for (int hh = 0; hh < n; hh++) {
+                    hgemm(true, false, T, dv, T, 1.0f, S + hh * tt, T, dout + (qo + h0 + hh) * dv, (long long)N * dv, 1.0f, dvv + (qo + h0 + hh) * dv,
+                          (long long)N * dv);
+                    hgemm(false, false, T, dk, T, 1.0f, dP + hh * tt, T, k + (qo + h0 + hh) * dk, (long long)N * dk, 1.0f, dq + (qo + h0 + hh) * dk,
+                          (long long)N * dk);
+                    hgemm(true, false, T, dk, T, 1.0f, dP + hh * tt, T, q + (qo + h0 + hh) * dk, (long long)N * dk, 1.0f, dkk + (qo + h0 + hh) * dk,
+                          (long long)N * dk);
+                }
+            }
+        }
+        printHex(out, nv);
+        printHex(lse, (long long)B * T * N);
+        printHex(dq, nq);
+        printHex(dkk, nq);
+        printHex(dvv, nv);
+        return 0;
+    }
+    if (strcmp(argv[1], "dsaloss") == 0 && argc == 10) {
+        const int B = atoi(argv[2]), T = atoi(argv[3]), N = atoi(argv[4]), dk = atoi(argv[5]), K = atoi(argv[6]);
+        const float scale = (float)strtod(argv[7], 0);
+        const int sparse = atoi(argv[8]), perToken = atoi(argv[9]);
+        const long long nq = (long long)B * T * N * dk, ns = (long long)B * T * T, ni = (long long)B * T * K;
+        float *q = floats(nq), *k = floats(nq), *scores = floats(ns);
+        int* idx = (int*)calloc(ni, sizeof(int));
+        if (!readHex(q, nq) || !readHex(k, nq) || !readHex(scores, ns) || !readInts(idx, ni)) return 3;
+        float *target = floats(ns), *dlogits = floats(ns), *S = floats((long long)T * T);
+        double* rowLoss = (double*)calloc((long long)B * T, sizeof(double));
+        for (int b = 0; b < B; b++) {
+            for (int h = 0; h < N; h++) {  // one head a chunk
+                const long long qo = (long long)b * T * N;
+                hgemm(false, true, T, T, dk, scale, q + (qo + h) * dk, (long long)N * dk, k + (qo + h) * dk, (long long)N * dk, 0.0f, S, T);
+                for (long long i = 0; i < T; i++) dsa_target_row(target, S, idx, i, b, 1, T, K, sparse);
+            }
+        }
+        const double div = perToken ? 1.0 : (double)B * T;
+        for (long long r = 0; r < (long long)B * T; r++) dsa_loss_row(dlogits, rowLoss, target, scores, idx, r, T, K, sparse, div);
+        double loss = 0.0;
+        for (long long r = 0; r < (long long)B * T; r++) loss += rowLoss[r];
+        printHex(target, ns);
+        printHex(dlogits, ns);
+        printf("%.17g\n", loss / div);
         return 0;
     }
     return 2;
