@@ -35,6 +35,22 @@ func Copy(dst, src *Tensor) {
 	backendFor(dst, src).CopyStrided(dst, src)
 }
 
+// Convert writes src's values into dst, a contiguous tensor of the same
+// element count and device and possibly another dtype (float32 to
+// bfloat16 rounds to nearest even; bfloat16 to float32 is exact), with
+// the device's kernel. It records nothing on any tape.
+func Convert(dst, src *Tensor) {
+	switch {
+	case dst.Numel() != src.Numel():
+		panic(fmt.Sprintf("tensor: Convert of %v into %v: element counts differ", src.shape, dst.shape))
+	case dst.dev != src.dev:
+		panic(fmt.Sprintf("tensor: Convert from %v to %v: one device", src.dev, dst.dev))
+	case !dst.IsContiguous() || !src.IsContiguous():
+		panic("tensor: Convert of a strided view")
+	}
+	backendFor(dst, src).Convert(dst, src)
+}
+
 // Zero sets every element of the contiguous tensor t to zero. It records
 // nothing on any tape.
 func Zero(t *Tensor) {

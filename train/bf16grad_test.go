@@ -5,6 +5,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/gotron/gotron/comm/commtest"
 	"github.com/gotron/gotron/model/gpt"
 	"github.com/gotron/gotron/parallel/ddp"
 	"github.com/gotron/gotron/tensor"
@@ -90,15 +91,87 @@ func TestDataParallelBF16GradReduce(t *testing.T) {
 	}
 }
 
+// TestSimBF16GradReduce: --grad-reduce-in-bf16 with the gradient buffer on
+// the simulated device (the device path: rounding, pre-scale and widening
+// by the device's conversions; the bfloat16 buckets reduced in place by
+// comm.SimDevice's device collectives, or staged through the host) gives
+// the CPU run's losses and parameters bit for bit over DP=2, for the
+// all-reduce, the distributed optimizer and overlapped buckets.
+func TestSimBF16GradReduce(t *testing.T) {
+	train, valid := dpDataset(t, 16)
+	cfg := dpConfig(dpModels()["llama"])
+	cfg.BF16, cfg.TrainIters, cfg.EvalInterval = true, 4, 4
+	for _, dc := range []ddp.Config{
+		{ReduceInBF16: true},
+		{ReduceInBF16: true, DistributedOptimizer: true},
+		{ReduceInBF16: true, DistributedOptimizer: true, OverlapGradReduce: true, BucketSize: 1000},
+	} {
+		want := runDP(t, cfg, 2, dc, train, valid)
+		sim := cfg
+		sim.Device = tensor.Sim
+		for _, inPlace := range []bool{false, true} {
+			l := cpLayout{tp: 1, pp: 1, cp: 1, dp: 2, dc: dc}
+			sims := &commtest.SimDevices{}
+			if inPlace {
+				l.simCollectives = sims.Wrap
+			}
+			got := runCPLayout(t, sim, l, train, valid)
+			if inPlace && sims.Calls() == 0 {
+				t.Errorf("%+v: the device collectives were never called", dc)
+			}
+			for r := range want {
+				for it, v := range want[r].res.Losses {
+					if math.Float64bits(got[r].res.Losses[it]) != math.Float64bits(v) {
+						t.Fatalf("%+v in place %v rank %d iteration %d: lm loss %v on sim, %v on the CPU", dc, inPlace, r, it+1, got[r].res.Losses[it], v)
+					}
+				}
+				for pn, wv := range want[r].params {
+					for k, v := range wv {
+						if math.Float32bits(got[r].params[pn][k]) != math.Float32bits(v) {
+							t.Fatalf("%+v in place %v rank %d: %s[%d] = %v on sim, %v on the CPU", dc, inPlace, r, pn, k, got[r].params[pn][k], v)
+						}
+					}
+				}
+			}
+		}
+	}
+}
+
+// TestSimBF16GradReduceAlone: a process alone on the simulated device
+// rounds its gradients to bfloat16 after every micro-batch as the CPU's
+// does: the same losses and parameters bit for bit.
+func TestSimBF16GradReduceAlone(t *testing.T) {
+	cfg := tinyConfig(t)
+	cfg.BF16, cfg.DDP.ReduceInBF16 = true, true
+	cfg.GlobalBatchSize = 4 * cfg.MicroBatchSize // several micro-batches
+	want, got := runOn(t, cfg, tensor.CPU), runOn(t, cfg, tensor.Sim)
+	for it, v := range want.res.Losses {
+		if math.Float64bits(got.res.Losses[it]) != math.Float64bits(v) {
+			t.Fatalf("iteration %d: lm loss %v on sim, %v on the CPU", it+1, got.res.Losses[it], v)
+		}
+	}
+	for pn, wv := range want.params {
+		for k, v := range wv {
+			if math.Float32bits(got.params[pn][k]) != math.Float32bits(v) {
+				t.Fatalf("%s[%d] = %v on sim, %v on the CPU", pn, k, got.params[pn][k], v)
+			}
+		}
+	}
+	plain := cfg
+	plain.DDP.ReduceInBF16 = false
+	if p := runOn(t, plain, tensor.Sim); p.res.Losses[len(p.res.Losses)-1] == got.res.Losses[len(got.res.Losses)-1] {
+		t.Error("on sim, bfloat16 gradients gave float32's last loss exactly: the flag had no effect")
+	}
+}
+
 // TestBF16GradReduceRefusals: Megatron's flag means bfloat16 parameters;
-// without --bf16, with FSDP or off the CPU it is refused by name.
+// without --bf16 or with FSDP it is refused by name.
 func TestBF16GradReduceRefusals(t *testing.T) {
 	for _, c := range []struct {
 		edit func(*Config)
 		want string
 	}{
 		{func(c *Config) {}, "--grad-reduce-in-bf16 needs --bf16"},
-		{func(c *Config) { c.BF16, c.Device = true, tensor.Sim }, "on --device sim: not built"},
 	} {
 		cfg := tinyConfig(nil)
 		cfg.DDP.ReduceInBF16 = true

@@ -422,8 +422,6 @@ func (c *Config) validate() error {
 			return fmt.Errorf("train: --grad-reduce-in-bf16 needs --bf16 (Megatron keeps float32 gradients otherwise)")
 		case c.FSDP != NoFSDP:
 			return fmt.Errorf("train: --grad-reduce-in-bf16 with --use-megatron-fsdp or --use-torch-fsdp2: not built (FSDP reduces float32 gradients)")
-		case c.Device != tensor.CPU:
-			return fmt.Errorf("train: --grad-reduce-in-bf16 on --device %v: not built (bfloat16 gradient buffers are built for the CPU)", c.Device)
 		}
 	}
 	if err := c.Recompute.Validate(c.Model.NumLayers); err != nil {

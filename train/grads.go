@@ -63,7 +63,7 @@ func (l localGrads) EndMicrobatch() {
 	}
 	for _, p := range l.params {
 		if p.Grad != nil {
-			ddp.RoundBF16(p.Grad.Float32s())
+			ddp.RoundBF16Tensor(p.Grad)
 		}
 	}
 }

@@ -107,8 +107,15 @@ type DDP struct {
 
 	// ReduceInBF16: per bucket, the bfloat16 values the collective
 	// reduces (the whole bucket, or under the distributed optimizer the
-	// input and this rank's output shard).
-	wire, wireShard [][]uint16
+	// input and this rank's output shard): in host memory for CPU
+	// gradients; for device gradients wire16 and wireShard16 on the
+	// device (the host slices then stage them when the group has no
+	// device collectives), scale32 a float32 scratch of the largest
+	// bucket for the pre-scale, round16 the whole buffer's bfloat16
+	// rounding at the end of a micro-batch.
+	wire, wireShard     [][]uint16
+	wire16, wireShard16 []*tensor.Tensor
+	scale32, round16    *tensor.Tensor
 }
 
 // piece is the part [Lo, Hi) (local indices) of parameter Param that lies in
@@ -131,9 +138,6 @@ func New(params []*tensor.Tensor, group comm.ProcessGroup, cfg Config, tied *ten
 	}
 	if cfg.Instances != nil && !cfg.DistributedOptimizer {
 		return nil, errors.New("ddp: several distributed-optimizer instances need --use-distributed-optimizer")
-	}
-	if cfg.ReduceInBF16 && len(params) > 0 && params[0].Device() != tensor.CPU {
-		return nil, fmt.Errorf("ddp: --grad-reduce-in-bf16 is built for gradients in CPU memory, not on the %v device", params[0].Device())
 	}
 	instances := 1
 	if cfg.Instances != nil {
@@ -185,6 +189,9 @@ func New(params []*tensor.Tensor, group comm.ProcessGroup, cfg Config, tied *ten
 		d.bucketGrad, d.bucketScale, d.hostGrad = append(d.bucketGrad, g), append(d.bucketScale, sl), append(d.hostGrad, d.staging(g))
 		if cfg.ReduceInBF16 {
 			d.wire = append(d.wire, make([]uint16, bk.End-bk.Start))
+			if d.onDevice() {
+				d.wire16 = append(d.wire16, tensor.NewOn(d.grad.Device(), tensor.BFloat16, bk.End-bk.Start))
+			}
 		}
 		for _, i := range bk.Params {
 			p := params[i]
@@ -254,6 +261,9 @@ func (d *DDP) shard() {
 		d.gradShard, d.hostShard = append(d.gradShard, gs), append(d.hostShard, d.staging(gs))
 		if d.cfg.ReduceInBF16 {
 			d.wireShard = append(d.wireShard, make([]uint16, hi-lo))
+			if d.onDevice() {
+				d.wireShard16 = append(d.wireShard16, tensor.NewOn(d.grad.Device(), tensor.BFloat16, hi-lo))
+			}
 		}
 		d.paramShard, d.paramBucket = append(d.paramShard, flatView(d.param, lo, hi-lo)), append(d.paramBucket, pb)
 		send := tensor.Zeros(hi - lo)
@@ -353,11 +363,19 @@ func (d *DDP) scale() (float32, comm.ReduceOp) {
 	return 1, comm.Sum
 }
 
+// onDevice reports whether the gradient buffer is off the CPU (the
+// simulated device, a GPU).
+func (d *DDP) onDevice() bool { return d.grad.Device() != tensor.CPU }
+
 // issueBF16 is issue under ReduceInBF16 (CPU buffers): the bucket's
 // accumulated gradient rounded to bfloat16, pre-scaled in bfloat16
 // (Megatron scales its bfloat16 buffer in place), and reduced as bfloat16.
 // Finish widens the result back into the float32 buffer.
 func (d *DDP) issueBF16(b int) {
+	if d.onDevice() {
+		d.issueBF16Device(b)
+		return
+	}
 	s, op := d.scale()
 	g, w := d.bucketGrad[b].Float32s(), d.wire[b]
 	for i, v := range g {
@@ -380,6 +398,66 @@ func (d *DDP) issueBF16(b int) {
 	}
 }
 
+// issueBF16Device is issueBF16 on device buffers, with the device's
+// conversions (the same roundings: bfloat16(bfloat16(v)·s) in float32):
+// in place with device collectives, else staged through the host's
+// bfloat16 slices.
+func (d *DDP) issueBF16Device(b int) {
+	s, op := d.scale()
+	g, w := d.bucketGrad[b], d.wire16[b]
+	tensor.Convert(w, g)
+	if s != 1 {
+		n := g.Numel()
+		if d.scale32 == nil {
+			largest := 0
+			for _, bk := range d.Layout.Buckets {
+				largest = max(largest, bk.End-bk.Start)
+			}
+			d.scale32 = tensor.ZerosOn(g.Device(), largest)
+		}
+		tmp := flatView(d.scale32, 0, n)
+		tensor.Convert(tmp, w)
+		sl, err := tensor.NewTensorList(tmp)
+		if err != nil {
+			panic(fmt.Sprintf("ddp: %v", err))
+		}
+		tensor.ScaleList(sl, s)
+		tensor.Convert(w, tmp)
+	}
+	switch {
+	case d.group.Size() == 1 && d.cfg.DistributedOptimizer:
+		tensor.Copy(d.wireShard16[b], w)
+		d.handles[b] = done{}
+	case d.group.Size() == 1:
+		d.handles[b] = done{}
+	case d.dc != nil && d.cfg.DistributedOptimizer:
+		d.handles[b] = done{d.dc.ReduceScatterTensor(d.ctx, d.wireShard16[b], w, op)}
+	case d.dc != nil:
+		d.handles[b] = done{d.dc.AllReduceTensor(d.ctx, w, op)}
+	default:
+		h := tensor.New(tensor.BFloat16, w.Numel())
+		tensor.Copy(h, w)
+		copy(d.wire[b], h.Uint16s())
+		if d.cfg.DistributedOptimizer {
+			d.handles[b] = d.async.ReduceScatterAsync(d.ctx, comm.BFloat16s(d.wireShard[b]), comm.BFloat16s(d.wire[b]), op, nil)
+		} else {
+			d.handles[b] = d.async.AllReduceAsync(d.ctx, comm.BFloat16s(d.wire[b]), op)
+		}
+	}
+}
+
+// widenDevice widens bucket b's reduced bfloat16 values (staged in the
+// host slice when the group has no device collectives) into the float32
+// destination dst on the device.
+func (d *DDP) widenDevice(dst, wire16 *tensor.Tensor, host []uint16) {
+	if d.dc == nil && d.group.Size() > 1 {
+		h := tensor.New(tensor.BFloat16, len(host))
+		copy(h.Uint16s(), host)
+		tensor.Copy(wire16, h)
+	}
+	tensor.Convert(dst, wire16)
+}
+
 // widen copies bfloat16 values into the float32 slice dst.
 func widen(dst []float32, src []uint16) {
 	for i, h := range src {
@@ -397,7 +475,28 @@ func (d *DDP) EndMicrobatch() {
 	if !d.cfg.ReduceInBF16 || d.armed {
 		return
 	}
+	if d.onDevice() {
+		if d.round16 == nil {
+			d.round16 = tensor.NewOn(d.grad.Device(), tensor.BFloat16, d.grad.Numel())
+		}
+		tensor.Convert(d.round16, d.grad)
+		tensor.Convert(d.grad, d.round16)
+		return
+	}
 	RoundBF16(d.grad.Float32s())
+}
+
+// RoundBF16Tensor rounds every value of the contiguous float32 tensor t
+// to bfloat16 in place, on its device (through a bfloat16 copy there off
+// the CPU).
+func RoundBF16Tensor(t *tensor.Tensor) {
+	if t.Device() == tensor.CPU {
+		RoundBF16(t.Float32s())
+		return
+	}
+	r := tensor.NewOn(t.Device(), tensor.BFloat16, t.Numel())
+	tensor.Convert(r, t)
+	tensor.Convert(t, r)
 }
 
 // RoundBF16 rounds every value of x to bfloat16 (round to nearest even),
@@ -422,6 +521,24 @@ func (d *DDP) reduceInstances(ctx context.Context, b int) error {
 	op := comm.Sum
 	if d.cfg.AverageInCollective {
 		op = comm.Avg
+	}
+	if d.cfg.ReduceInBF16 && d.onDevice() {
+		w := d.wireShard16[b]
+		tensor.Convert(w, d.gradShard[b])
+		if d.interDC != nil {
+			if err := d.interDC.AllReduceTensor(ctx, w, op); err != nil {
+				return err
+			}
+		} else {
+			h := tensor.New(tensor.BFloat16, w.Numel())
+			tensor.Copy(h, w)
+			if err := d.cfg.Instances.AllReduce(ctx, comm.BFloat16s(h.Uint16s()), op); err != nil {
+				return err
+			}
+			tensor.Copy(w, h)
+		}
+		tensor.Convert(d.gradShard[b], w)
+		return nil
 	}
 	if d.interDC != nil {
 		return d.interDC.AllReduceTensor(ctx, d.gradShard[b], op)
@@ -469,6 +586,10 @@ func (d *DDP) Finish(ctx context.Context) error {
 				continue
 			}
 			switch {
+			case d.cfg.ReduceInBF16 && d.onDevice() && d.cfg.DistributedOptimizer:
+				d.widenDevice(d.gradShard[b], d.wireShard16[b], d.wireShard[b])
+			case d.cfg.ReduceInBF16 && d.onDevice():
+				d.widenDevice(d.bucketGrad[b], d.wire16[b], d.wire[b])
 			case d.cfg.ReduceInBF16 && d.cfg.DistributedOptimizer:
 				widen(d.gradShard[b].Float32s(), d.wireShard[b])
 			case d.cfg.ReduceInBF16:
