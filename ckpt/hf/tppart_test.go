@@ -57,11 +57,10 @@ func sameTensors(t *testing.T, what string, got, want *gpt.Model) {
 
 // TestImportTensorParallelPart: a tensor-parallel rank's import
 // (ImportOptions.Part with TP) holds, bit for bit, gpt.Parallelize's slice
-// of the whole import, for every architecture at TP=2 and 4 (where the
-// heads divide), and over PP=2 × TP=2; and it reads from the files only its
-// slices: at TP=2 about half of the bytes the whole import reads (all of
-// the norms, biases of row-parallel layers and routed experts, which
-// tensor parallelism leaves whole).
+// of the whole import (then SplitExpertsOverTP's with Part.ExpertsOverTP),
+// for every architecture at TP=2 and 4 (where the heads divide), and over
+// PP=2 × TP=2; and it reads from the files exactly the bytes of the values
+// it holds (checkBytesRead).
 func TestImportTensorParallelPart(t *testing.T) {
 	worlds := map[int][]comm.ProcessGroup{}
 	for _, n := range []int{2, 4} {
@@ -109,6 +108,22 @@ func TestImportTensorParallelPart(t *testing.T) {
 				checkBytesRead(t, what, m, info, rank, size, read)
 				share := float64(read-experts) / float64(wholeRead-experts)
 				t.Logf("%s: read %d of the whole import's %d bytes (%.3f of those outside the routed experts)", what, read, wholeRead, share)
+				if !c.MoE.Enabled() || c.MoE.FFNHiddenSize%size != 0 {
+					continue
+				}
+				// decoding's default expert layout: each expert split over
+				// the tensor-parallel ranks as it is read
+				part.ExpertsOverTP = true
+				if m, _, err = Import(dir, ImportOptions{Part: func(gpt.Config) (gpt.Part, error) { return part, nil }, bytesRead: &read}); err != nil {
+					t.Fatalf("%s with its experts split: %v", what, err)
+				}
+				if err := want.SplitExpertsOverTP(); err != nil {
+					t.Fatal(err)
+				}
+				what += " with the experts split over TP"
+				sameTensors(t, what, m, want)
+				checkBytesRead(t, what, m, info, rank, size, read)
+				t.Logf("%s: read %d of the whole import's %d bytes (%.3f)", what, read, wholeRead, float64(read)/float64(wholeRead))
 			}
 		}
 	}

@@ -249,7 +249,7 @@ func shardForDecoding(m *gpt.Model, g *decodeGroup) (decodeModel, error) {
 				return decodeModel{}, fmt.Errorf("--tensor-model-parallel-size %d: %w", g.tp, err)
 			}
 		}
-		if m.Config.MoE.Enabled() && !expertsSplit {
+		if m.Config.MoE.Enabled() && !expertsSplit && !m.ExpertsOverTP() {
 			// each routed expert over the tensor-parallel ranks
 			// (Megatron's expert tensor parallelism at its default, the
 			// TP size), no expert parallelism
@@ -347,6 +347,10 @@ func (g *decodeGroup) part(c gpt.Config) (gpt.Part, error) {
 			return gpt.Part{}, fmt.Errorf("--tensor-model-parallel-size %d: %w", g.tp, err)
 		}
 		part.TP = &tp.Region{Group: g.groups.TP}
+		// at the default expert layout each routed expert splits over the
+		// tensor-parallel ranks (SplitExpertsOverTP's split), each rank
+		// reading its slices alone
+		part.ExpertsOverTP = g.experts == nil && c.MoE.Enabled()
 	}
 	if g.experts != nil && c.MoE.Enabled() {
 		part.Experts = g.experts

@@ -230,6 +230,9 @@ func newModel(cfg Config, rng *tensor.RNG, part *Part) (*Model, error) {
 				// the other experts are garbage now: one layer at a time
 				part.err = keepExperts(&cfg, i, l.MoE, part.Experts, nil)
 			}
+			if part != nil && part.ExpertsOverTP && part.err == nil {
+				part.err = splitExpertsOverTP(&cfg, i, l.MoE, part.TP.Rank(), part.TP.Size())
+			}
 		} else {
 			l.FC1 = normal(p+"mlp.linear_fc1.weight", std, fc1Rows, h)
 			l.FC1Bias = bias(p+"mlp.linear_fc1.bias", fc1Rows, hasBias)
@@ -278,6 +281,7 @@ func newModel(cfg Config, rng *tensor.RNG, part *Part) (*Model, error) {
 		return nil, part.err
 	}
 	if part != nil && part.TP != nil {
+		m.expertsOverTP = part.ExpertsOverTP && cfg.MoE.Enabled()
 		size, rank := part.TP.Size(), part.TP.Rank()
 		m.Sharding = &tpSharding{r: part.TP, vocabStart: rank * (cfg.VocabSize / size), headStart: rank * (cfg.NumAttentionHeads / size)}
 	}

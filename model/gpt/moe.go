@@ -991,33 +991,40 @@ func (m *Model) SplitExpertsOverTP() error {
 	if f := m.Config.MoE.FFNHiddenSize; f%Q != 0 {
 		return fmt.Errorf("gpt: --moe-ffn-hidden-size=%d is not divisible by --tensor-model-parallel-size=%d (each expert is split over the tensor-parallel ranks)", f, Q)
 	}
-	fc1Style := tp.Column
-	if m.Config.Activation == SwiGLU {
-		fc1Style = tp.ColumnGLU
-	}
 	for i := range m.Layers {
-		l := m.Layers[i].MoE
-		if l == nil {
-			continue
-		}
-		E := m.Config.MoE.NumExperts
-		if len(l.FC1) != E || l.FC2[0].Dim(1) != m.Config.MoE.FFNHiddenSize {
-			return fmt.Errorf("gpt: layer %d holds %d experts of %d, not all %d whole: sliced already", i, len(l.FC1), l.FC2[0].Dim(1), E)
-		}
-		// new slices: Parallelize's MoE layer shares the whole model's
-		fc1, fc2 := make([]*tensor.Tensor, E), make([]*tensor.Tensor, E)
-		for k := range E {
-			var err error
-			if fc1[k], err = tp.Shard(l.FC1[k], fc1Style, rank, Q); err != nil {
-				return fmt.Errorf("gpt: layer %d expert %d over the tensor-parallel ranks: %w", i, k, err)
-			}
-			if fc2[k], err = tp.Shard(l.FC2[k], tp.Row, rank, Q); err != nil {
-				return fmt.Errorf("gpt: layer %d expert %d over the tensor-parallel ranks: %w", i, k, err)
+		if l := m.Layers[i].MoE; l != nil {
+			if err := splitExpertsOverTP(&m.Config, i, l, rank, Q); err != nil {
+				return err
 			}
 		}
-		l.FC1, l.FC2 = fc1, fc2
 	}
 	m.expertsOverTP = true
+	return nil
+}
+
+// splitExpertsOverTP replaces the whole routed experts of l, layer i's MoE
+// layer, with tensor-parallel rank's slices of size (SplitExpertsOverTP).
+func splitExpertsOverTP(c *Config, i int, l *MoELayer, rank, Q int) error {
+	fc1Style := tp.Column
+	if c.Activation == SwiGLU {
+		fc1Style = tp.ColumnGLU
+	}
+	E := c.MoE.NumExperts
+	if len(l.FC1) != E || l.FC2[0].Dim(1) != c.MoE.FFNHiddenSize {
+		return fmt.Errorf("gpt: layer %d holds %d experts of %d, not all %d whole: sliced already", i, len(l.FC1), l.FC2[0].Dim(1), E)
+	}
+	// new slices: Parallelize's MoE layer shares the whole model's
+	fc1, fc2 := make([]*tensor.Tensor, E), make([]*tensor.Tensor, E)
+	for k := range E {
+		var err error
+		if fc1[k], err = tp.Shard(l.FC1[k], fc1Style, rank, Q); err != nil {
+			return fmt.Errorf("gpt: layer %d expert %d over the tensor-parallel ranks: %w", i, k, err)
+		}
+		if fc2[k], err = tp.Shard(l.FC2[k], tp.Row, rank, Q); err != nil {
+			return fmt.Errorf("gpt: layer %d expert %d over the tensor-parallel ranks: %w", i, k, err)
+		}
+	}
+	l.FC1, l.FC2 = fc1, fc2
 	return nil
 }
 

@@ -32,6 +32,11 @@ type Part struct {
 	// (SliceExperts' split), as soon as the layer is built; DecodeExperts
 	// takes the model as it is then.
 	Experts ExpertParallel
+	// ExpertsOverTP, with TP and without Experts, splits every routed
+	// expert over the tensor-parallel ranks as SplitExpertsOverTP does
+	// (decoding's expert layout at its default), as soon as its layer is
+	// built, so a rank never holds whole experts.
+	ExpertsOverTP bool
 
 	cfg Config // the model's, for its TP plan
 	err error  // the first slicing error
@@ -62,6 +67,21 @@ func (p *Part) check(c *Config) error {
 			return err
 		}
 	}
+	if p.ExpertsOverTP {
+		switch {
+		case p.TP == nil:
+			return errors.New("gpt: a part with its experts split over the tensor-parallel ranks and no tensor parallelism (TP)")
+		case p.Experts != nil:
+			return errors.New("gpt: a part with its experts split both over the tensor-parallel ranks and by an expert layout")
+		case !c.MoE.Enabled():
+			return errors.New("gpt: a part with its experts split over the tensor-parallel ranks, of a model without (--num-experts)")
+		case p.TP.SequenceParallel:
+			return errors.New("gpt: a part with its experts split over the tensor-parallel ranks is sequence-parallel: each rank holds a shard of the tokens, which expert tensor parallelism over the tensor-parallel ranks alone cannot route")
+		}
+		if f, Q := c.MoE.FFNHiddenSize, p.TP.Size(); f%Q != 0 {
+			return fmt.Errorf("gpt: --moe-ffn-hidden-size=%d is not divisible by --tensor-model-parallel-size=%d (each expert is split over the tensor-parallel ranks)", f, Q)
+		}
+	}
 	if p.TP != nil {
 		return c.CheckTP(p.TP.Size(), p.TP.SequenceParallel, 0)
 	}
@@ -70,11 +90,14 @@ func (p *Part) check(c *Config) error {
 
 // SliceOf is how the part holds parameter name of its model c: the split's
 // style, this rank's index in it and its size (tp.Replicated, 0, 1: whole).
-// Routed experts split over the expert-tensor-parallel ranks with Experts
-// (and are whole without: tensor parallelism leaves them whole), every
-// other tensor over the tensor-parallel ones.
+// Routed experts split over the expert-tensor-parallel ranks with Experts,
+// over the tensor-parallel ones with ExpertsOverTP (and are whole without
+// either: tensor parallelism leaves them whole), every other tensor over
+// the tensor-parallel ones.
 func (p Part) SliceOf(c *Config, name string) (style tp.Style, rank, size int) {
 	switch {
+	case IsRoutedExpert(name) && p.ExpertsOverTP && p.TP != nil:
+		return c.ExpertStyle(name), p.TP.Rank(), p.TP.Size()
 	case IsRoutedExpert(name):
 		if p.Experts == nil || p.Experts.TensorSize() == 1 {
 			return tp.Replicated, 0, 1
