@@ -135,26 +135,27 @@ func Import(dir string, opts ImportOptions) (*gpt.Model, Info, error) {
 	if err != nil {
 		return nil, Info{}, err
 	}
-	if err := checkMemory(dir, cfg, plan, opts.machine); err != nil {
-		return nil, Info{}, err
-	}
 	var m *gpt.Model
 	var part *gpt.Part
 	if opts.Part == nil {
-		m, err = gpt.New(cfg, tensor.NewRNG(0))
+		if err := checkMemory(dir, cfg, plan, opts.machine); err != nil {
+			return nil, Info{}, err
+		}
+		if m, err = gpt.New(cfg, tensor.NewRNG(0)); err != nil {
+			return nil, Info{}, fmt.Errorf("hf: %s: %w", dir, err)
+		}
 	} else {
 		p, err := opts.Part(cfg)
 		if err != nil {
 			return nil, Info{}, err
 		}
+		if err := checkPartMemory(dir, cfg, plan, p, opts.machine); err != nil {
+			return nil, Info{}, err
+		}
 		part = &p
-		m, err = gpt.NewPart(cfg, tensor.NewRNG(0), p)
-		if err != nil {
+		if m, err = gpt.NewPart(cfg, tensor.NewRNG(0), p); err != nil {
 			return nil, Info{}, fmt.Errorf("hf: %s: %w", dir, err)
 		}
-	}
-	if err != nil {
-		return nil, Info{}, fmt.Errorf("hf: %s: %w", dir, err)
 	}
 	info := Info{Arch: arch, VocabSize: vocab, Config: json.RawMessage(raw), Warnings: warns}
 	var read int64

@@ -5,7 +5,10 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/gotron/gotron/comm/inproc"
 	"github.com/gotron/gotron/internal/meminfo"
+	"github.com/gotron/gotron/model/gpt"
+	"github.com/gotron/gotron/parallel/tp"
 )
 
 // setVocab rewrites config.json's vocab_size in a fixture copy.
@@ -53,5 +56,31 @@ func TestImportRefusesWhatCannotFit(t *testing.T) {
 	roomy := func() (meminfo.Info, bool) { return meminfo.Info{TotalBytes: 2e9, AvailableBytes: 1e9}, true }
 	if _, _, err := Import(dir, ImportOptions{machine: roomy}); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestImportPartChecksItsShare: a rank's part of a model (a pipeline
+// stage's tensor-parallel slice) is checked against the machine's memory
+// for what it holds, not for the whole model: on a machine the whole
+// import does not fit, the part imports.
+func TestImportPartChecksItsShare(t *testing.T) {
+	dir := "testdata/llama_mha_untied_f16_sharded" // 25,760 values
+	world, err := inproc.NewWorld(2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	machine := func() (meminfo.Info, bool) { return meminfo.Info{TotalBytes: 2e6, AvailableBytes: 1e5}, true }
+	if _, _, err := Import(dir, ImportOptions{machine: machine}); err == nil || !strings.Contains(err.Error(), "the float32 model of config.json") {
+		t.Fatalf("the whole import on a machine with 0.1 MB: %v, want it refused", err)
+	}
+	part := func(gpt.Config) (gpt.Part, error) {
+		return gpt.Part{FirstLayer: 1, EndLayer: 2, Head: true, TP: &tp.Region{Group: world[1]}}, nil
+	}
+	if _, _, err := Import(dir, ImportOptions{machine: machine, Part: part}); err != nil {
+		t.Fatalf("the last stage's TP=2 slice on a machine with 0.1 MB: %v", err)
+	}
+	tiny := func() (meminfo.Info, bool) { return meminfo.Info{TotalBytes: 2e6, AvailableBytes: 1e4}, true }
+	if _, _, err := Import(dir, ImportOptions{machine: tiny, Part: part}); err == nil || !strings.Contains(err.Error(), "this rank's part of the float32 model of config.json") {
+		t.Fatalf("the last stage's TP=2 slice on a machine with 0.01 MB: %v, want it refused", err)
 	}
 }

@@ -2,7 +2,10 @@ package hf
 
 import (
 	"fmt"
+	"strconv"
+	"strings"
 
+	"github.com/gotron/gotron/internal/meminfo"
 	"github.com/gotron/gotron/model/gpt"
 	"github.com/gotron/gotron/parallel/tp"
 	"github.com/gotron/gotron/tensor"
@@ -233,4 +236,77 @@ func slicesOf(part gpt.Part, c *gpt.Config, params map[string]*tensor.Tensor, e 
 		return nil, nil
 	}
 	return ps, nil
+}
+
+// checkPartMemory is checkMemory for part of the model: its share of each
+// tensor (partShare), and while each layer is built (gpt.NewPart builds a
+// layer whole, then keeps the part's slices) the largest layer whole, or
+// the largest tensor read whole, whichever is larger.
+func checkPartMemory(dir string, cfg gpt.Config, plan []planned, part gpt.Part, machine func() (meminfo.Info, bool)) error {
+	if err := part.Check(&cfg); err != nil {
+		return fmt.Errorf("hf: %s: %w", dir, err)
+	}
+	var held, largest float64
+	layers := map[int]float64{}
+	for _, p := range plan {
+		n := 0.0
+		for _, t := range p.src {
+			n += float64(t.NumElements())
+		}
+		share := partShare(part, &cfg, p.Gotron)
+		if share == 0 {
+			continue
+		}
+		held += n * share
+		if i, ok := layerOf(p.Gotron); ok {
+			layers[i] += n
+		}
+		if share == 1 {
+			largest = max(largest, n)
+		}
+	}
+	for _, n := range layers {
+		largest = max(largest, n)
+	}
+	if err := meminfo.CheckFloat32Import(machine, held, largest, "this rank's part of the float32 model of config.json"); err != nil {
+		return fmt.Errorf("hf: %s: %w", dir, err)
+	}
+	return nil
+}
+
+// layerOf is the layer index of gotron parameter name, ok false outside
+// the layers.
+func layerOf(name string) (int, bool) {
+	rest, ok := strings.CutPrefix(name, "decoder.layers.")
+	if !ok {
+		return 0, false
+	}
+	i, err := strconv.Atoi(rest[:max(0, strings.IndexByte(rest, '.'))])
+	return i, err == nil
+}
+
+// partShare is the fraction of gotron parameter name's values that part
+// holds: 0 for another stage's (or expert-parallel rank's, on average), 1
+// whole, 1/size of a slice.
+func partShare(part gpt.Part, c *gpt.Config, name string) float64 {
+	held := part.Head // the final norm and output layer
+	switch i, ok := layerOf(name); {
+	case ok:
+		held = i >= part.FirstLayer && i < part.EndLayer
+	case name == "embedding.word_embeddings.weight":
+		held = part.Embedding || part.Head && !c.UntieEmbeddingsAndOutputWeights
+	case strings.HasPrefix(name, "embedding."):
+		held = part.Embedding
+	}
+	if !held {
+		return 0
+	}
+	share := 1.0
+	if gpt.IsRoutedExpert(name) && part.Experts != nil {
+		share /= float64(part.Experts.Size())
+	}
+	if _, _, size := part.SliceOf(c, name); size > 1 {
+		share /= float64(size)
+	}
+	return share
 }

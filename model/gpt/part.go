@@ -51,6 +51,10 @@ func NewPart(cfg Config, rng *tensor.RNG, part Part) (*Model, error) {
 	return newModel(cfg, rng, &part)
 }
 
+// Check reports a part that model c cannot be split into (NewPart's
+// refusals), naming the flags.
+func (p Part) Check(c *Config) error { return p.check(c) }
+
 func (p *Part) check(c *Config) error {
 	if p == nil {
 		return nil
