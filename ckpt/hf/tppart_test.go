@@ -127,15 +127,24 @@ func TestImportTensorParallelPart(t *testing.T) {
 			}
 		}
 	}
-	// a pipeline stage's slice: PP=2 × TP=2
-	dir := "testdata/llama_gqa_untied_f32"
+	// a pipeline stage's slice: PP=2 × TP=2 (the tied model's last stage
+	// holds its word embedding's slice too)
+	for _, fixture := range []string{"llama_gqa_untied_f32", "gpt2_tied_f32"} {
+		ppTimesTP(t, "testdata/"+fixture, worlds[2])
+	}
+}
+
+// ppTimesTP checks each rank of PP=2 × TP=2 imports, bit for bit, what
+// gpt.Parallelize then gpt.SplitStages keep of the whole import.
+func ppTimesTP(t *testing.T, dir string, world []comm.ProcessGroup) {
+	t.Helper()
 	full, _, err := LoadModel(dir)
 	if err != nil {
 		t.Fatal(err)
 	}
 	for stage := range 2 {
 		for rank := range 2 {
-			region := &tp.Region{Group: worlds[2][rank]}
+			region := &tp.Region{Group: world[rank]}
 			L := full.Config.NumLayers
 			part := gpt.Part{FirstLayer: stage * L / 2, EndLayer: (stage + 1) * L / 2, Embedding: stage == 0, Head: stage == 1, TP: region}
 			m, _, err := Import(dir, ImportOptions{Part: func(gpt.Config) (gpt.Part, error) { return part, nil }})
@@ -156,7 +165,7 @@ func TestImportTensorParallelPart(t *testing.T) {
 			for _, p := range want.Params() {
 				byName[p.Name] = p.Float32s()
 			}
-			what := fmt.Sprintf("llama PP=2 stage %d TP=2 rank %d", stage, rank)
+			what := fmt.Sprintf("%s PP=2 stage %d TP=2 rank %d", dir, stage, rank)
 			n := 0
 			for _, p := range m.Params() {
 				w, ok := byName[p.Name]
@@ -178,9 +187,9 @@ func TestImportTensorParallelPart(t *testing.T) {
 }
 
 // checkBytesRead fails unless read is the bytes of m's values (and
-// buffers) in the
-// files' dtype, less the vocabulary padding's (no file holds those):
-// tensor-parallel rank rank of size read exactly what it holds.
+// buffers) in the files' dtype, less the vocabulary padding's (no file
+// holds those): tensor-parallel rank rank of size read exactly what it
+// holds.
 func checkBytesRead(t *testing.T, what string, m *gpt.Model, info Info, rank, size int, read int64) {
 	t.Helper()
 	es := map[string]int64{"F32": 4, "BF16": 2, "F16": 2}[info.DType]
