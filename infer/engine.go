@@ -404,7 +404,7 @@ func (discardAttention) Attend(layer int, q, k, v, out *tensor.Tensor) {}
 
 func (a discardAttention) GDNRuns(layer int) []gpt.GDNRun {
 	for i := range a.runs {
-		a.runs[i].Conv, a.runs[i].Rule = a.states[i].Conv[layer], a.states[i].Rule[layer]
+		a.runs[i] = a.states[i].Run(layer, a.runs[i].Tokens)
 	}
 	return a.runs
 }

@@ -194,20 +194,28 @@ func TestEngineGDNTensorParallel(t *testing.T) {
 
 // TestEngineGDNOnSimMatchesCPU: the hybrid model on the simulated device
 // (its kernels reach the host-memory buffers the gated delta net ops run
-// on) serves every event the CPU does, bit for bit.
+// on; the sequences' states are device tensors, advanced in place) serves
+// every event the CPU does, bit for bit: with a slot for every request,
+// and with two slots, which later requests reuse (a reused state must
+// start from zero).
 func TestEngineGDNOnSimMatchesCPU(t *testing.T) {
-	serve := func(sim bool) tpRun {
-		m := gdnTestModel(t)
-		if sim {
-			m.ToDevice(tensor.Sim)
+	for _, slots := range []int{8, 2} {
+		serve := func(sim bool) tpRun {
+			m := gdnTestModel(t)
+			if sim {
+				m.ToDevice(tensor.Sim)
+			}
+			e := mustEngine(t, m, EngineConfig{BlockTokens: 4, MaxNumBatchedTokens: 16, MaxNumSeqs: slots})
+			if sim && len(e.freeStates) > 0 && e.freeStates[0].ConvDev == nil {
+				t.Fatal("the engine's state slots are in host memory for a model on the simulated device")
+			}
+			got, err := runRequests(t, e, tpRequests())
+			if err != nil {
+				t.Fatal(err)
+			}
+			checkNoLeak(t, e)
+			return got
 		}
-		e := mustEngine(t, m, EngineConfig{BlockTokens: 4, MaxNumBatchedTokens: 16, MaxNumSeqs: 8})
-		got, err := runRequests(t, e, tpRequests())
-		if err != nil {
-			t.Fatal(err)
-		}
-		checkNoLeak(t, e)
-		return got
+		compareRuns(t, serve(true), serve(false), 0)
 	}
-	compareRuns(t, serve(true), serve(false), 0)
 }

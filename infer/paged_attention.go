@@ -85,7 +85,7 @@ func (a *pagedAttention) GDNRuns(layer int) []gpt.GDNRun {
 	for i, st := range a.states {
 		r := gpt.GDNRun{Tokens: int(a.spans[3*i+1])}
 		if st != nil {
-			r.Conv, r.Rule = st.Conv[layer], st.Rule[layer]
+			r = st.Run(layer, r.Tokens)
 		}
 		a.runs = append(a.runs, r)
 	}

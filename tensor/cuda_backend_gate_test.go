@@ -52,7 +52,7 @@ func TestGDNArgsMatchPTX(t *testing.T) {
 	for _, k := range append([]string{"gdn_delta_fwd_f32"}, gdnDeltaBackwardKernels...) {
 		cases[k] = gdnDeltaArgs(k, p, s, 0)
 	}
-	for _, k := range []string{"gdn_conv_runs_f32", "gdn_delta_runs_f32"} {
+	for _, k := range []string{"gdn_conv_runs_f32", "gdn_delta_runs_f32", "gdn_conv_runs_ptr_f32", "gdn_delta_runs_ptr_f32"} {
 		cases[k] = gdnRunsArgs(k, p, 1, 1, 1, 1, 1, 1, 1)
 	}
 	for _, arch := range [][2]int{{8, 0}, {9, 0}} {

@@ -235,6 +235,9 @@ func cudaRuns(runs []RecurrentRun, size int) (starts, states *Tensor) {
 	off := make([]int32, len(runs)+1)
 	packed := make([]float32, 0, len(runs)*size)
 	for i, r := range runs {
+		if r.Dev != nil { // some runs' states on the GPU, others in host memory
+			r.State = ToHost(r.Dev).f32s()
+		}
 		off[i+1] = off[i] + int32(r.Tokens)
 		packed = append(packed, r.State...)
 	}
@@ -245,6 +248,19 @@ func cudaRuns(runs []RecurrentRun, size int) (starts, states *Tensor) {
 		toCUDA(FromFloat32(packed, len(packed)), "gated delta net decoding: states in")
 }
 
+// cudaRunPtrs uploads the runs' token offsets (len(runs)+1, int32) and
+// their device states' addresses (one uint64 a run): the in-place kernels'
+// arguments, two small copies instead of the states.
+func cudaRunPtrs(runs []RecurrentRun) (starts, ptrs *Tensor) {
+	off := make([]int32, len(runs)+1)
+	addr := New(Int64, len(runs))
+	for i, r := range runs {
+		off[i+1] = off[i] + int32(r.Tokens)
+		addr.i64[i] = int64(devPtr(r.Dev))
+	}
+	return toCUDA(FromInt32(off, len(off)), "gated delta net decoding: run offsets"), toCUDA(addr, "gated delta net decoding: state addresses")
+}
+
 // cudaRunsBack copies the advanced states back into the runs' host
 // slices.
 func cudaRunsBack(runs []RecurrentRun, states *Tensor, size int) {
@@ -252,6 +268,10 @@ func cudaRunsBack(runs []RecurrentRun, states *Tensor, size int) {
 	copyFromCUDA(h, states, "gated delta net decoding: states out")
 	v := h.f32s()
 	for i, r := range runs {
+		if r.Dev != nil {
+			Copy(r.Dev, FromFloat32(v[i*size:(i+1)*size], size))
+			continue
+		}
 		copy(r.State, v[i*size:(i+1)*size])
 	}
 }
@@ -261,9 +281,9 @@ func cudaRunsBack(runs []RecurrentRun, states *Tensor, size int) {
 // width k) or of heads heads (the rule).
 func gdnRunsArgs(kernel string, p gdnPtrs, runs, c, k, heads, dk, dv int, scale float64) []any {
 	switch kernel {
-	case "gdn_conv_runs_f32":
+	case "gdn_conv_runs_f32", "gdn_conv_runs_ptr_f32":
 		return []any{p.out, p.state, p.x, p.w, p.starts, int64(runs * c), int32(c), int32(k)}
-	case "gdn_delta_runs_f32":
+	case "gdn_delta_runs_f32", "gdn_delta_runs_ptr_f32":
 		return []any{p.out, p.state, p.q, p.k, p.v, p.g, p.beta, p.starts, int64(runs * heads * dv), int32(heads), int32(dk), int32(dv), float32(scale)}
 	}
 	panic("tensor: no decoding kernel " + kernel)
@@ -274,6 +294,14 @@ func gdnRunsArgs(kernel string, p gdnPtrs, runs, c, k, heads, dk, dv int, scale 
 // RecurrentRun's contract): two copies of runs·(k-1)·c floats a call.
 func cudaCausalConvSiLURuns(out, x, w *Tensor, runs []RecurrentRun, c, k int) {
 	be := cudaBackend{rt: cudaRT()}
+	if devRuns(runs) {
+		starts, ptrs := cudaRunPtrs(runs)
+		defer starts.dbuf.free()
+		defer ptrs.dbuf.free()
+		p := gdnPtrs{out: be.ptr(out), state: be.ptr(ptrs), x: be.ptr(x), w: be.ptr(w), starts: be.ptr(starts)}
+		be.launch1D("gdn_conv_runs_ptr_f32", len(runs)*c, gdnRunsArgs("gdn_conv_runs_ptr_f32", p, len(runs), c, k, 0, 0, 0, 0)...)
+		return
+	}
 	size := (k - 1) * c
 	starts, states := cudaRuns(runs, size)
 	defer starts.dbuf.free()
@@ -290,6 +318,14 @@ func cudaCausalConvSiLURuns(out, x, w *Tensor, runs []RecurrentRun, c, k int) {
 // back.
 func cudaGatedDeltaRuleRuns(out, q, k, v, g, beta *Tensor, runs []RecurrentRun, heads, dk, dv int, scale float64) {
 	be := cudaBackend{rt: cudaRT()}
+	if devRuns(runs) {
+		starts, ptrs := cudaRunPtrs(runs)
+		defer starts.dbuf.free()
+		defer ptrs.dbuf.free()
+		p := gdnPtrs{out: be.ptr(out), state: be.ptr(ptrs), q: be.ptr(q), k: be.ptr(k), v: be.ptr(v), g: be.ptr(g), beta: be.ptr(beta), starts: be.ptr(starts)}
+		be.launch1D("gdn_delta_runs_ptr_f32", len(runs)*heads*dv, gdnRunsArgs("gdn_delta_runs_ptr_f32", p, len(runs), 0, 0, heads, dk, dv, scale)...)
+		return
+	}
 	size := heads * dk * dv
 	starts, states := cudaRuns(runs, size)
 	defer starts.dbuf.free()

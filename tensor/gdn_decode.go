@@ -12,20 +12,53 @@ import (
 // the next. Runs lists the sequences in token order.
 
 // RecurrentRun is one sequence's share of a decode step's tokens and its
-// state, kept by the caller between steps (host memory, float32).
+// state, kept by the caller between steps: host memory (State), or a
+// dense float32 tensor on the step's device (Dev: the GPU advances it in
+// place, no copy a step).
 type RecurrentRun struct {
 	Tokens int // consecutive tokens of the step
 	// State is updated in place: CausalConvSiLURuns' (k-1, channels), the
 	// last k-1 inputs, oldest first; GatedDeltaRuleRuns' (heads, dk, dv).
 	State []float32
+	// Dev, when set, holds the state instead of State (the same layout).
+	Dev *Tensor
 }
 
-// checkRuns fails tp unless runs cover n tokens with states of size each.
-func checkRuns(tp *Tape, op string, runs []RecurrentRun, n, size int) bool {
+// state returns r's state as a host slice: State, or Dev's storage on a
+// host-memory device (the CPU, the simulated device).
+func (r RecurrentRun) state() []float32 {
+	if r.Dev != nil {
+		return r.Dev.f32s()
+	}
+	return r.State
+}
+
+// devRuns reports whether every run keeps its state in a tensor on the
+// GPU (the in-place kernels' case).
+func devRuns(runs []RecurrentRun) bool {
+	for _, r := range runs {
+		if r.Dev == nil || r.Dev.dev != CUDA {
+			return false
+		}
+	}
+	return len(runs) > 0
+}
+
+// checkRuns fails tp unless runs cover n tokens with states of size each,
+// those in tensors on dev, the step's device.
+func checkRuns(tp *Tape, op string, dev Device, runs []RecurrentRun, n, size int) bool {
 	total := 0
 	for i, r := range runs {
-		if r.Tokens <= 0 || len(r.State) != size {
-			tp.Fail(fmt.Errorf("tensor: %s: run %d has %d tokens and a state of %d floats: want > 0 tokens and %d floats", op, i, r.Tokens, len(r.State), size))
+		n := len(r.State)
+		if r.Dev != nil {
+			n = r.Dev.Numel()
+			if r.Dev.dtype != Float32 || !r.Dev.IsContiguous() || r.Dev.dev != dev {
+				tp.Fail(fmt.Errorf("tensor: %s: run %d's state is %v on %v, want a dense float32 tensor on %v, the step's device", op, i, r.Dev, r.Dev.dev, dev))
+				return false
+			}
+		}
+		if r.Tokens <= 0 || n != size {
+			tp.Fail(fmt.Errorf("tensor: %s: run %d has %d tokens and a state of %d floats: want > 0 tokens and %d floats", op, i, r.Tokens, n, size))
 			return false
 		}
 		total += r.Tokens
@@ -49,7 +82,7 @@ func (tp *Tape) CausalConvSiLURuns(x, w *Tensor, runs []RecurrentRun) *Tensor {
 	k := w.Numel() / c
 	x = tp.Contiguous(x)
 	out := tp.EmptyLike(x, 1, n, c)
-	if !checkRuns(tp, "CausalConvSiLURuns", runs, n, (k-1)*c) {
+	if !checkRuns(tp, "CausalConvSiLURuns", x.dev, runs, n, (k-1)*c) {
 		return out
 	}
 	if x.dev == CUDA && w.dev == CUDA {
@@ -67,7 +100,7 @@ func (tp *Tape) CausalConvSiLURuns(x, w *Tensor, runs []RecurrentRun) *Tensor {
 				r0 += r.Tokens
 			}
 			t := runs[i].Tokens
-			cpu.CausalConvSiLUStateForward(o[r0*c:(r0+t)*c], xs[r0*c:(r0+t)*c], ws, runs[i].State, t, c, k)
+			cpu.CausalConvSiLUStateForward(o[r0*c:(r0+t)*c], xs[r0*c:(r0+t)*c], ws, runs[i].state(), t, c, k)
 		}
 	})
 	return out
@@ -92,7 +125,7 @@ func (tp *Tape) GatedDeltaRuleRuns(q, k, v, g, beta *Tensor, scale float64, runs
 	}
 	q, k, v, g, beta = tp.Contiguous(q), tp.Contiguous(k), tp.Contiguous(v), tp.Contiguous(g), tp.Contiguous(beta)
 	out := tp.EmptyLike(v, 1, n, heads, dv)
-	if !checkRuns(tp, "GatedDeltaRuleRuns", runs, n, heads*dk*dv) {
+	if !checkRuns(tp, "GatedDeltaRuleRuns", v.dev, runs, n, heads*dk*dv) {
 		return out
 	}
 	if allCUDA(q, k, v, g, beta) {
@@ -115,7 +148,7 @@ func (tp *Tape) GatedDeltaRuleRuns(q, k, v, g, beta *Tensor, scale float64, runs
 		t := r.Tokens
 		s := cpu.DeltaRuleShape{B: 1, T: t, Heads: heads, DK: dk, DV: dv, Scale: scale, Chunk: 1}
 		qa, kv := r0*heads*dk, r0*heads*dv
-		cpu.GatedDeltaRuleStateForward(o[kv:kv+t*heads*dv], r.State, qs[qa:qa+t*heads*dk], ks[qa:qa+t*heads*dk],
+		cpu.GatedDeltaRuleStateForward(o[kv:kv+t*heads*dv], r.state(), qs[qa:qa+t*heads*dk], ks[qa:qa+t*heads*dk],
 			vs[kv:kv+t*heads*dv], gs[r0*heads:(r0+t)*heads], bs[r0*heads:(r0+t)*heads], s)
 		r0 += t
 	}

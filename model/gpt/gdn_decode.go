@@ -37,12 +37,30 @@ type GDNRun struct {
 	// channels, Model.GDNStateSize's conv); Rule the delta rule's state
 	// (value heads × dk × dv, its rule). Host memory, float32.
 	Conv, Rule []float32
+	// ConvDev and RuleDev hold them instead on the model's device (a
+	// model off the CPU: GDNState's Dev views), advanced there in place.
+	ConvDev, RuleDev *tensor.Tensor
 }
 
 // GDNState is one sequence's recurrent state in every gated delta net
-// layer of a model (nil entries for attention layers), one allocation.
+// layer of a model (nil entries for attention layers), one allocation: in
+// host memory (Conv, Rule) for a model on the CPU, on the model's device
+// (ConvDev, RuleDev: views of one tensor) otherwise, so that decoding on a
+// GPU copies no state a step.
 type GDNState struct {
-	Conv, Rule [][]float32
+	Conv, Rule       [][]float32
+	ConvDev, RuleDev []*tensor.Tensor
+}
+
+// Run is the state's run of tokens in layer (a GDNRun for GDNStates).
+func (s *GDNState) Run(layer, tokens int) GDNRun {
+	r := GDNRun{Tokens: tokens}
+	if s.ConvDev != nil {
+		r.ConvDev, r.RuleDev = s.ConvDev[layer], s.RuleDev[layer]
+	} else {
+		r.Conv, r.Rule = s.Conv[layer], s.Rule[layer]
+	}
+	return r
 }
 
 // GDNStateSize is the floats of one sequence's state in one gated delta
@@ -77,12 +95,27 @@ func (m *Model) numGDNLayersHere() int {
 }
 
 // NewGDNState allocates a zero state for one sequence (nil for a model
-// without gated delta net layers).
+// without gated delta net layers), on the model's device.
 func (m *Model) NewGDNState() *GDNState {
 	conv, rule := m.GDNStateSize()
 	n := m.numGDNLayersHere()
 	if n == 0 {
 		return nil
+	}
+	if dev := m.Device(); dev != tensor.CPU {
+		flat := tensor.ZerosOn(dev, n*(conv+rule))
+		var noGrad *tensor.Tape
+		s := &GDNState{ConvDev: make([]*tensor.Tensor, len(m.Layers)), RuleDev: make([]*tensor.Tensor, len(m.Layers))}
+		off := 0
+		for i, l := range m.Layers {
+			if l.GDN == nil {
+				continue
+			}
+			s.ConvDev[i] = noGrad.Narrow(flat, 0, off, conv)
+			s.RuleDev[i] = noGrad.Narrow(flat, 0, off+conv, rule)
+			off += conv + rule
+		}
+		return s
 	}
 	all := make([]float32, n*(conv+rule))
 	s := &GDNState{Conv: make([][]float32, len(m.Layers)), Rule: make([][]float32, len(m.Layers))}
@@ -117,8 +150,15 @@ func (m *Model) checkGDNRuns(gs GDNStates, positions []int32, firstLayer int) ([
 			if r.Tokens <= 0 || r.Tokens > len(positions)-r0 {
 				return nil, fmt.Errorf("gpt: gated delta net layer %d: sequence %d of %d tokens from token %d of %d", i, j, r.Tokens, r0, len(positions))
 			}
-			if len(r.Conv) != conv || len(r.Rule) != rule {
-				return nil, fmt.Errorf("gpt: gated delta net layer %d: sequence %d's state has %d and %d floats, want %d and %d", i, j, len(r.Conv), len(r.Rule), conv, rule)
+			nc, nr := len(r.Conv), len(r.Rule)
+			if r.ConvDev != nil || r.RuleDev != nil {
+				if r.ConvDev == nil || r.RuleDev == nil || r.Conv != nil || r.Rule != nil {
+					return nil, fmt.Errorf("gpt: gated delta net layer %d: sequence %d's state is partly on the device", i, j)
+				}
+				nc, nr = r.ConvDev.Numel(), r.RuleDev.Numel()
+			}
+			if nc != conv || nr != rule {
+				return nil, fmt.Errorf("gpt: gated delta net layer %d: sequence %d's state has %d and %d floats, want %d and %d", i, j, nc, nr, conv, rule)
 			}
 			for t := 1; t < r.Tokens; t++ {
 				if positions[r0+t] != positions[r0]+int32(t) {
@@ -144,9 +184,14 @@ func (p *pass) gdnRuns(index int) (conv, rule []tensor.RecurrentRun) {
 		if p.gdnStart[i] {
 			clear(r.Conv)
 			clear(r.Rule)
+			for _, t := range []*tensor.Tensor{r.ConvDev, r.RuleDev} {
+				if t != nil {
+					tensor.Zero(t)
+				}
+			}
 		}
-		conv[i] = tensor.RecurrentRun{Tokens: r.Tokens, State: r.Conv}
-		rule[i] = tensor.RecurrentRun{Tokens: r.Tokens, State: r.Rule}
+		conv[i] = tensor.RecurrentRun{Tokens: r.Tokens, State: r.Conv, Dev: r.ConvDev}
+		rule[i] = tensor.RecurrentRun{Tokens: r.Tokens, State: r.Rule, Dev: r.RuleDev}
 	}
 	return conv, rule
 }

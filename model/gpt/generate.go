@@ -107,7 +107,7 @@ func (a *cacheAttender) Attend(layer int, q, k, v, out *tensor.Tensor) {
 
 // GDNRuns is the one sequence's run of new tokens and its state.
 func (a *cacheAttender) GDNRuns(layer int) []GDNRun {
-	return []GDNRun{{Tokens: a.n, Conv: a.kv.gdn.Conv[layer], Rule: a.kv.gdn.Rule[layer]}}
+	return []GDNRun{a.kv.gdn.Run(layer, a.n)}
 }
 
 // RoundToBF16 rounds every parameter of m to bfloat16 (to nearest even),

@@ -496,15 +496,12 @@ extern "C" __global__ void gdn_fold_heads_f32(float* dx, const float* dr, long l
 // rule states (nruns, H, dk, dv); q, k (n, H, dk) repeated; v (n, H, dv);
 // g, beta (n, H).
 
-// gdn_conv_runs_one is work item e = r·c + ch: channel ch of run r over
-// its tokens, then the channel's new window.
-__host__ __device__ __forceinline__ void gdn_conv_runs_one(float* out, float* state, const float* x, const float* w, const int* starts,
-                                                           long long e, int c, int k) {
-    const long long r = e / c;
-    const int ch = (int)(e - r * c), hw = k - 1;
-    const long long r0 = starts[r];
-    const int t = starts[r + 1] - starts[r];
-    float* st = state + r * hw * c + ch;
+// gdn_conv_runs_col runs channel ch of one run (tokens r0 .. r0+t-1 of
+// x) from its state st (the run's (k-1, c) window, offset to channel ch),
+// then leaves the channel's new window in st.
+__host__ __device__ __forceinline__ void gdn_conv_runs_col(float* out, float* st, const float* x, const float* w, long long r0, int t, int ch,
+                                                           int c, int k) {
+    const int hw = k - 1;
     for (int s = 0; s < t; s++) {
         float acc = 0.0f;
         for (int j = 0; j < k; j++) {
@@ -520,18 +517,35 @@ __host__ __device__ __forceinline__ void gdn_conv_runs_one(float* out, float* st
     }
 }
 
-// gdn_delta_runs_one is work item e = (r·H + h)·dv + c: column c of run
-// r's state of head h over its tokens.
+// gdn_conv_runs_one is work item e = r·c + ch with the runs' states packed
+// run after run.
+__host__ __device__ __forceinline__ void gdn_conv_runs_one(float* out, float* state, const float* x, const float* w, const int* starts,
+                                                           long long e, int c, int k) {
+    const long long r = e / c;
+    const int ch = (int)(e - r * c);
+    gdn_conv_runs_col(out, state + r * (k - 1) * c + ch, x, w, starts[r], starts[r + 1] - starts[r], ch, c, k);
+}
+
+// gdn_delta_runs_col runs column c of head h of one run (tokens starts
+// .. end-1) from its state S (the run's (H, dk, dv) state, offset to head
+// h's column c).
+__host__ __device__ __forceinline__ void gdn_delta_runs_col(float* out, float* S, const float* q, const float* k, const float* v, const float* g,
+                                                            const float* beta, long long t0, long long t1, int h, int c, int H, int dk, int dv,
+                                                            float sc) {
+    for (long long t = t0; t < t1; t++) {
+        const long long row = t * H + h;
+        out[row * dv + c] = gdn_delta_step_col(S, dv, k + row * dk, q + row * dk, v[row * dv + c], g[row], beta[row], sc, dk);
+    }
+}
+
+// gdn_delta_runs_one is work item e = (r·H + h)·dv + c with the runs'
+// states packed run after run.
 __host__ __device__ __forceinline__ void gdn_delta_runs_one(float* out, float* state, const float* q, const float* k, const float* v,
                                                             const float* g, const float* beta, const int* starts, long long e, int H, int dk,
                                                             int dv, float sc) {
     const long long rh = e / dv, r = rh / H;
     const int c = (int)(e - rh * dv), h = (int)(rh % H);
-    float* S = state + rh * dk * dv + c;
-    for (long long t = starts[r]; t < starts[r + 1]; t++) {
-        const long long row = t * H + h;
-        out[row * dv + c] = gdn_delta_step_col(S, dv, k + row * dk, q + row * dk, v[row * dv + c], g[row], beta[row], sc, dk);
-    }
+    gdn_delta_runs_col(out, state + rh * dk * dv + c, q, k, v, g, beta, starts[r], starts[r + 1], h, c, H, dk, dv, sc);
 }
 
 // n = nruns·c.
@@ -544,4 +558,30 @@ extern "C" __global__ void gdn_conv_runs_f32(float* out, float* state, const flo
 extern "C" __global__ void gdn_delta_runs_f32(float* out, float* state, const float* q, const float* k, const float* v, const float* g,
                                               const float* beta, const int* starts, long long n, int H, int dk, int dv, float sc) {
     GDN_GRID_STRIDE(e, n) { gdn_delta_runs_one(out, state, q, k, v, g, beta, starts, e, H, dk, dv, sc); }
+}
+
+// The same with each run's state where the sequence keeps it on the device
+// (statePtrs: one device address a run), advanced in place: no copy of
+// the states a step.
+
+// n = nruns·c.
+extern "C" __global__ void gdn_conv_runs_ptr_f32(float* out, const unsigned long long* statePtrs, const float* x, const float* w,
+                                                 const int* starts, long long n, int c, int k) {
+    GDN_GRID_STRIDE(e, n) {
+        const long long r = e / c;
+        const int ch = (int)(e - r * c);
+        gdn_conv_runs_col(out, (float*)statePtrs[r] + ch, x, w, starts[r], starts[r + 1] - starts[r], ch, c, k);
+    }
+}
+
+// n = nruns·H·dv.
+extern "C" __global__ void gdn_delta_runs_ptr_f32(float* out, const unsigned long long* statePtrs, const float* q, const float* k,
+                                                  const float* v, const float* g, const float* beta, const int* starts, long long n, int H, int dk,
+                                                  int dv, float sc) {
+    GDN_GRID_STRIDE(e, n) {
+        const long long rh = e / dv, r = rh / H;
+        const int c = (int)(e - rh * dv), h = (int)(rh % H);
+        gdn_delta_runs_col(out, (float*)statePtrs[r] + (long long)h * dk * dv + c, q, k, v, g, beta, starts[r], starts[r + 1], h, c, H, dk, dv,
+                           sc);
+    }
 }
