@@ -171,7 +171,7 @@ func newTrainFlagsWith(name string, extra func(*flag.FlagSet)) (*flag.FlagSet, *
 	fs.IntVar(&c.DDP.BucketSize, "ddp-bucket-size", 0, "gradient bucket size in elements (default: max(40M, 1M×DP) with --overlap-grad-reduce, else one bucket)")
 	fs.BoolVar(&c.DDP.AverageInCollective, "ddp-average-in-collective", false, "average gradients in the collective instead of pre-scaling by 1/DP")
 	fs.Bool("accumulate-allreduce-grads-in-fp32", false, "accepted: gradients are accumulated and reduced in float32 unless --grad-reduce-in-bf16 (which overrides it, as in Megatron)")
-	fs.BoolVar(&c.DDP.ReduceInBF16, "grad-reduce-in-bf16", false, "with --bf16: keep the gradient buffer in bfloat16 (rounded after every micro-batch) and reduce it over data parallelism as bfloat16, half the bytes (CPU only)")
+	fs.BoolVar(&c.DDP.ReduceInBF16, "grad-reduce-in-bf16", false, "with --bf16: keep the gradient buffer in bfloat16 (rounded after every micro-batch) and reduce it over data parallelism as bfloat16, half the bytes")
 	fs.Float64Var(&f.timeoutMins, "distributed-timeout-minutes", 0, "how long a rank waits for another inside a collective (default 10 minutes, as Megatron)")
 	f.heartbeat.register(fs)
 	fs.StringVar(&f.distBackend, "distributed-backend", "", "collectives between processes: nccl (GPUs, --device cuda: comm/nccl) or gloo/tcp (gotron's TCP process group); default nccl with --device cuda, else tcp; nccl on the CPU (Megatron's GPU configs) runs over tcp, with one line saying so")
