@@ -75,3 +75,23 @@ func TestGDNRunsMatchWhole(t *testing.T) {
 		t.Fatalf("short runs: %v", err)
 	}
 }
+
+// TestGDNRunsStateOnAnotherDevice: a run whose state tensor is not on the
+// step's device, or is not float32, fails the tape naming the run and the
+// devices instead of reading the wrong memory.
+func TestGDNRunsStateOnAnotherDevice(t *testing.T) {
+	const n, c, k = 2, 3, 2
+	x, w := New(Float32, 1, n, c), New(Float32, c, k)
+	for _, st := range []*Tensor{ZerosOn(Sim, (k-1)*c), New(Int32, (k-1)*c)} {
+		tp := NewTape()
+		tp.CausalConvSiLURuns(x, w, []RecurrentRun{{Tokens: n, Dev: st}})
+		if err := tp.Err(); err == nil || !strings.Contains(err.Error(), "run 0's state") || !strings.Contains(err.Error(), "the step's device") {
+			t.Errorf("state %v on %v: %v, want an error naming run 0 and the step's device", st, st.Device(), err)
+		}
+	}
+	tp := NewTape() // the same state on the step's device runs
+	tp.CausalConvSiLURuns(x, w, []RecurrentRun{{Tokens: n, Dev: ZerosOn(CPU, (k-1)*c)}})
+	if err := tp.Err(); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -145,6 +145,9 @@ func TestGDNDecodeBadAttender(t *testing.T) {
 		{[]GDNRun{ok(4)}, pos, "sequence 0 of 4 tokens"},
 		{[]GDNRun{{Tokens: 3, Conv: make([]float32, 1), Rule: make([]float32, rule)}}, pos, "want 120 and 96"},
 		{[]GDNRun{ok(3)}, []int32{0, 2, 3}, "not at consecutive positions"},
+		// a state half on the device, half in host memory
+		{[]GDNRun{{Tokens: 3, ConvDev: tensor.ZerosOn(tensor.Sim, conv), Rule: make([]float32, rule)}}, pos, "partly on the device"},
+		{[]GDNRun{{Tokens: 3, ConvDev: tensor.ZerosOn(tensor.Sim, conv), RuleDev: tensor.ZerosOn(tensor.Sim, 1)}}, pos, "want 120 and 96"},
 	} {
 		if _, err := m.DecodeBatch(nil, tok, c.pos, badRuns{runs: c.runs}, []int{2}, nil); err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("runs %v: %v, want an error containing %q", c.runs, err, c.want)
