@@ -90,9 +90,8 @@ func TestRendezvousFailsFast(t *testing.T) {
 				wg.Add(1)
 				go func() {
 					defer wg.Done()
-					if i > 0 {
-						time.Sleep(50 * time.Millisecond) // rank 0 of the first entry serves the store
-					}
+					// The ranks start together, in no set order: a rank
+					// that comes before rank 0 serves the store waits for it.
 					g, err := tcp.Join(t.Context(), tcp.Config{Rank: r.rank, WorldSize: r.size, MasterPort: port, FlagsHash: r.flags,
 						Timeout: time.Minute, JoinTimeout: time.Minute})
 					if err == nil {
